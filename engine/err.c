@@ -1,0 +1,35 @@
+/* err.c - per-thread error message (see err.h). */
+#include "err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char rd_msg[512];
+
+int rd_fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rd_msg, sizeof rd_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *rd_errmsg(void) { return rd_msg; }
+
+const char *rd_strerror(int code)
+{
+    switch (code) {
+    case RD_OK: return "ok";
+    case RD_EINVAL: return "invalid argument";
+    case RD_ENOMEM: return "out of memory";
+    case RD_EIO: return "i/o error";
+    case RD_EFORMAT: return "bad format";
+    case RD_ERANGE: return "out of range";
+    case RD_ENOTSUP: return "not supported";
+    case RD_ENOENT: return "not found";
+    case RD_EBUSY: return "busy";
+    case RD_ENODEV: return "no device";
+    default: return "unknown error";
+    }
+}

@@ -1,0 +1,43 @@
+"""Shared helpers for the Python tests: PASS/FAIL lines counted by tests/run.sh.
+
+A test file defines functions decorated with @case and ends with main(); a case
+fails when it raises (assert or otherwise)."""
+import os
+import subprocess
+import sys
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(ROOT, os.environ.get("RD_BUILD", "build"))
+MODEL = os.path.join(ROOT, os.environ.get("RD_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+TMP = os.environ.get("RD_TMP") or "/tmp"
+
+_cases = []
+
+
+def case(fn):
+    _cases.append(fn)
+    return fn
+
+
+def run(args, **kw):
+    """Runs a command, returning CompletedProcess (text mode); raises with its
+    stderr when it fails unless check=False is passed."""
+    check = kw.pop("check", True)
+    p = subprocess.run(args, capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
+    return p
+
+
+def main():
+    failed = 0
+    for fn in _cases:
+        try:
+            fn()
+            print(f"PASS {fn.__name__}", flush=True)
+        except Exception as e:  # a failing case, not a crash of the runner
+            failed += 1
+            tb = traceback.format_exc().strip().splitlines()[-3:]
+            print(f"FAIL {fn.__name__}: {e!r} | {' / '.join(tb)}"[:2000], flush=True)
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs the test suite: every C unit test binary in BUILD/tests, then the Python
+# tests in tests/py (oracles: NumPy, llama.cpp through llama-cpp-python).
+# Each prints PASS/FAIL lines; this script counts them and ends with
+# "N passed, N failed", exiting non-zero on any failure.
+#   tests/run.sh [BUILD] [--unit-only]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+MODE=${2:-}
+PY=${PYTHON:-python3}
+export RD_BUILD=$BUILD
+export RD_MODEL=${RD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+export RD_TMP=${RD_TMP:-$(mktemp -d)}
+trap 'rm -rf "$RD_TMP"' EXIT
+
+passed=0
+failed=0
+run_one() {
+  local name=$1; shift
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) ' | sed "s|^|[$name] |"
+  local p f
+  p=$(printf '%s\n' "$out" | grep -c '^PASS ')
+  f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    # Crashed or failed without a FAIL line: show the tail and count it.
+    printf '%s\n' "$out" | tail -n 20 | sed "s|^|[$name] |"
+    echo "[$name] FAIL (exit $rc)"
+    f=1
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  run_one "$(basename "$t")" "$t"
+done
+
+if [ "$MODE" != "--unit-only" ]; then
+  for t in tests/py/test_*.py; do
+    [ -f "$t" ] || continue
+    run_one "$(basename "$t" .py)" "$PY" "$t"
+  done
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
