@@ -12,11 +12,11 @@ BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp $(WARN) -I. -MMD -MP
-LDLIBS  += -lopenblas -lpcre2-8 -lm -lpthread -fopenmp
+LDLIBS  += -lcjson -lopenblas -lpcre2-8 -lm -lpthread -fopenmp
 
 LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-TOOLS   := $(BUILD)/rollout-gen $(BUILD)/rollout-bench $(BUILD)/rollout-logits
+TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c))
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
 ifeq ($(CUDA),1)

@@ -1,0 +1,698 @@
+/* engine.c - scheduler, step loop and request API (see engine.h).
+ *
+ * A request with n samples enters as one sequence (sample 0, fork_n = n).
+ * Its prompt is prefilled once; the logits of the last prompt token give the
+ * first token of every sample, and samples 1..n-1 fork from it sharing the
+ * prompt's KV blocks (reference counts; a shared partial block is copied
+ * before a sample writes into it). */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+#include "engine/kv.h"
+#include "engine/runner.h"
+
+typedef struct {
+    seq *head, *tail;
+    int32_t count;
+} seq_list;
+
+struct engine {
+    model *m;
+    eng_config cfg;
+    runner run;
+    kv_pool kv;
+    int32_t eos;                /* model EOS id, -1 if unknown */
+    int64_t next_id;
+    seq_list waiting, running, done;
+    eng_stats st;
+    /* per-step scratch (host) */
+    int32_t *tok, *pos, *slot, *q_start, *ctx_len, *tables, *logit_rows;
+    int32_t tables_cap;         /* entries in tables */
+    seq **sched;                /* [max_num_seqs] scheduled sequences in row order */
+    int32_t *cow_src, *cow_dst; /* copy-on-write pairs this step */
+    int32_t n_cow;
+    float *logits;              /* [max_num_seqs][vocab] */
+    void *samp_scratch;
+};
+
+/* ---- lists ---- */
+
+static void list_remove(seq_list *l, seq *s)
+{
+    if (s->prev) s->prev->next = s->next; else l->head = s->next;
+    if (s->next) s->next->prev = s->prev; else l->tail = s->prev;
+    s->next = s->prev = NULL;
+    l->count--;
+}
+
+static void list_push_back(seq_list *l, seq *s)
+{
+    s->next = NULL;
+    s->prev = l->tail;
+    if (l->tail) l->tail->next = s; else l->head = s;
+    l->tail = s;
+    l->count++;
+}
+
+static void list_push_front(seq_list *l, seq *s)
+{
+    s->prev = NULL;
+    s->next = l->head;
+    if (l->head) l->head->prev = s; else l->tail = s;
+    l->head = s;
+    l->count++;
+}
+
+static void list_insert_after(seq_list *l, seq *at, seq *s)
+{
+    s->prev = at;
+    s->next = at->next;
+    if (at->next) at->next->prev = s; else l->tail = s;
+    at->next = s;
+    l->count++;
+}
+
+/* ---- sequences ---- */
+
+static void seq_destroy(seq *s)
+{
+    if (!s)
+        return;
+    free(s->tokens);
+    free(s->blocks);
+    free(s->logprobs);
+    free(s->logprobs_proc);
+    free(s->top_ids);
+    free(s->top_lps);
+    seq_req *r = s->req;
+    if (r && --r->live == 0) {
+        free(r->prompt);
+        free(r);
+    }
+    free(s);
+}
+
+static seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
+{
+    seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->req = r;
+    r->live++;
+    s->sample_idx = sample_idx;
+    s->fork_n = 1;
+    s->cap = cap;
+    int32_t k = r->sp.logprobs_topk;
+    s->tokens = malloc(sizeof(int32_t) * cap);
+    s->logprobs = malloc(sizeof(float) * cap);
+    s->blocks_cap = 8;
+    s->blocks = malloc(sizeof(int32_t) * s->blocks_cap);
+    if (r->sp.processed_logprobs)
+        s->logprobs_proc = malloc(sizeof(float) * cap);
+    if (k > 0) {
+        s->top_ids = malloc(sizeof(int32_t) * (size_t)cap * k);
+        s->top_lps = malloc(sizeof(float) * (size_t)cap * k);
+    }
+    if (!s->tokens || !s->logprobs || !s->blocks || (r->sp.processed_logprobs && !s->logprobs_proc) ||
+        (k > 0 && (!s->top_ids || !s->top_lps))) {
+        seq_destroy(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void seq_release_blocks(engine *e, seq *s)
+{
+    for (int32_t i = 0; i < s->n_blocks; i++)
+        kv_unref(&e->kv, s->blocks[i]);
+    s->n_blocks = 0;
+}
+
+static int seq_push_block(seq *s, int32_t b)
+{
+    if (s->n_blocks == s->blocks_cap) {
+        int32_t nc = s->blocks_cap * 2;
+        int32_t *nb = realloc(s->blocks, sizeof(int32_t) * nc);
+        if (!nb)
+            return RD_ENOMEM;
+        s->blocks = nb;
+        s->blocks_cap = nc;
+    }
+    s->blocks[s->n_blocks++] = b;
+    return 0;
+}
+
+/* ---- configuration and lifecycle ---- */
+
+eng_config eng_default_config(void)
+{
+    return (eng_config){
+        .backend = "cpu",
+        .n_threads = 0,
+        .kv_cache_bytes = (int64_t)1 << 30,
+        .block_size = 16,
+        .max_num_seqs = 64,
+        .max_batch_tokens = 512,
+        .max_waiting = 4096,
+        .eos_id = -1,
+    };
+}
+
+int eng_create(model *m, const eng_config *cfg, engine **out)
+{
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    if (cfg->block_size < 1 || cfg->block_size > 1024)
+        return rd_fail(RD_EINVAL, "engine: block_size %d must be in 1..1024", cfg->block_size);
+    if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > 4096)
+        return rd_fail(RD_EINVAL, "engine: max_num_seqs %d must be in 1..4096", cfg->max_num_seqs);
+    if (cfg->max_batch_tokens < cfg->max_num_seqs || cfg->max_batch_tokens > 65536)
+        return rd_fail(RD_EINVAL, "engine: max_batch_tokens %d must be in max_num_seqs (%d)..65536",
+                       cfg->max_batch_tokens, cfg->max_num_seqs);
+    if (cfg->max_waiting < 1)
+        return rd_fail(RD_EINVAL, "engine: max_waiting %d must be >= 1", cfg->max_waiting);
+    int64_t block_bytes = model_kv_bytes_per_token(c) * cfg->block_size;
+    int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
+    if (n_blocks < 1 || n_blocks > INT32_MAX / cfg->block_size)
+        return rd_fail(RD_EINVAL, "engine: kv_cache_bytes %lld gives %lld blocks of %lld bytes (need >= 1)",
+                       (long long)cfg->kv_cache_bytes, (long long)n_blocks, (long long)block_bytes);
+
+    engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return rd_fail(RD_ENOMEM, "engine: out of memory");
+    e->m = m;
+    e->cfg = *cfg;
+    e->eos = cfg->eos_id;
+    e->next_id = 1;
+    int rc = kv_init(&e->kv, (int32_t)n_blocks, cfg->block_size);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, cfg->max_num_seqs);
+    if (rc) {
+        kv_free(&e->kv);
+        free(e);
+        return rc;
+    }
+    int32_t T = cfg->max_batch_tokens, S = cfg->max_num_seqs;
+    e->tok = malloc(sizeof(int32_t) * T);
+    e->pos = malloc(sizeof(int32_t) * T);
+    e->slot = malloc(sizeof(int32_t) * T);
+    e->q_start = malloc(sizeof(int32_t) * (S + 1));
+    e->ctx_len = malloc(sizeof(int32_t) * S);
+    e->logit_rows = malloc(sizeof(int32_t) * S);
+    e->sched = malloc(sizeof(seq *) * S);
+    e->cow_src = malloc(sizeof(int32_t) * T);
+    e->cow_dst = malloc(sizeof(int32_t) * T);
+    e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
+    e->samp_scratch = malloc(samp_scratch_bytes(c->vocab));
+    if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows || !e->sched ||
+        !e->cow_src || !e->cow_dst || !e->logits || !e->samp_scratch) {
+        eng_destroy(e);
+        return rd_fail(RD_ENOMEM, "engine: cannot allocate step buffers");
+    }
+    *out = e;
+    return 0;
+}
+
+void eng_destroy(engine *e)
+{
+    if (!e)
+        return;
+    seq_list *lists[] = {&e->waiting, &e->running, &e->done};
+    for (int i = 0; i < 3; i++)
+        while (lists[i]->head) {
+            seq *s = lists[i]->head;
+            list_remove(lists[i], s);
+            seq_destroy(s);
+        }
+    runner_free(&e->run);
+    kv_free(&e->kv);
+    free(e->tok);
+    free(e->pos);
+    free(e->slot);
+    free(e->q_start);
+    free(e->ctx_len);
+    free(e->tables);
+    free(e->logit_rows);
+    free(e->sched);
+    free(e->cow_src);
+    free(e->cow_dst);
+    free(e->logits);
+    free(e->samp_scratch);
+    free(e);
+}
+
+const model *eng_model(const engine *e) { return e->m; }
+
+/* ---- admission ---- */
+
+int eng_add(engine *e, const eng_request *r, int64_t *id)
+{
+    const model_config *c = &e->m->cfg;
+    if (!r->prompt || r->n_prompt < 1)
+        return rd_fail(RD_EINVAL, "request: prompt is empty (need at least 1 token)");
+    if (r->n_prompt >= c->max_ctx)
+        return rd_fail(RD_ERANGE, "request: prompt of %d tokens leaves no room in the context of %d",
+                       r->n_prompt, c->max_ctx);
+    if (r->n < 1 || r->n > e->cfg.max_num_seqs)
+        return rd_fail(RD_EINVAL, "request: n = %d must be in 1..%d (max_num_seqs)", r->n, e->cfg.max_num_seqs);
+    if (r->max_tokens < 1)
+        return rd_fail(RD_EINVAL, "request: max_tokens = %d must be >= 1", r->max_tokens);
+    if (r->n_stop < 0 || r->n_stop > SEQ_MAX_STOP)
+        return rd_fail(RD_EINVAL, "request: %d stop ids (at most %d)", r->n_stop, SEQ_MAX_STOP);
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab)
+            return rd_fail(RD_ERANGE, "request: prompt token %d at index %d is outside the vocabulary 0..%d",
+                           r->prompt[i], i, c->vocab - 1);
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= c->vocab)
+            return rd_fail(RD_ERANGE, "request: stop id %d is outside the vocabulary 0..%d", r->stop_ids[i],
+                           c->vocab - 1);
+    int rc = samp_validate(&r->sp);
+    if (rc)
+        return rd_fail(rc, "request: %s", rd_errmsg());
+    int64_t total = (int64_t)r->n_prompt + r->max_tokens;
+    if (total > c->max_ctx)
+        total = c->max_ctx;
+    int64_t need = (total + e->cfg.block_size - 1) / e->cfg.block_size;
+    if (need > e->kv.n_blocks)
+        return rd_fail(RD_ERANGE, "request: %lld tokens need %lld KV blocks; the pool has %d",
+                       (long long)total, (long long)need, e->kv.n_blocks);
+    if (e->waiting.count >= e->cfg.max_waiting)
+        return rd_fail(RD_EBUSY, "request: %d requests already waiting (max_waiting)", e->waiting.count);
+
+    seq_req *q = calloc(1, sizeof *q);
+    if (!q)
+        return rd_fail(RD_ENOMEM, "request: out of memory");
+    q->prompt = malloc(sizeof(int32_t) * r->n_prompt);
+    if (!q->prompt) {
+        free(q);
+        return rd_fail(RD_ENOMEM, "request: out of memory");
+    }
+    memcpy(q->prompt, r->prompt, sizeof(int32_t) * r->n_prompt);
+    q->id = e->next_id++;
+    q->tag = r->tag;
+    q->n = r->n;
+    q->max_tokens = r->max_tokens;
+    q->sp = r->sp;
+    q->n_prompt = r->n_prompt;
+    q->arrival = q->id;
+    q->n_stop = r->n_stop;
+    memcpy(q->stop_ids, r->stop_ids ? r->stop_ids : q->stop_ids, sizeof(int32_t) * r->n_stop);
+    if (!r->ignore_eos && e->eos >= 0 && q->n_stop < SEQ_MAX_STOP)
+        q->stop_ids[q->n_stop++] = e->eos;
+
+    seq *s = seq_new(q, 0, (int32_t)total + 1);
+    if (!s) {
+        free(q->prompt);
+        free(q);
+        return rd_fail(RD_ENOMEM, "request: out of memory");
+    }
+    memcpy(s->tokens, q->prompt, sizeof(int32_t) * q->n_prompt);
+    s->n_tokens = q->n_prompt;
+    s->fork_n = q->n;
+    s->state = SEQ_WAITING;
+    list_push_back(&e->waiting, s);
+    *id = q->id;
+    return 0;
+}
+
+int eng_busy(const engine *e) { return e->waiting.count + e->running.count > 0; }
+
+/* ---- scheduling ---- */
+
+/* Makes slots for positions [n_computed, n_computed + rows) writable: new
+ * blocks where the table is short, a private copy of a shared block that will
+ * be written. All or nothing: RD_ENOMEM leaves the sequence as it was. */
+static int seq_reserve(engine *e, seq *s, int32_t rows)
+{
+    const int32_t bs = e->kv.block_size;
+    int32_t need_blocks = (s->n_computed + rows + bs - 1) / bs;
+    int32_t first = s->n_computed / bs; /* block receiving the first new slot */
+    int cow = first < s->n_blocks && e->kv.refs[s->blocks[first]] > 1;
+    int32_t fresh = need_blocks - s->n_blocks;
+    if (fresh < 0)
+        fresh = 0;
+    if (e->kv.n_free < fresh + cow)
+        return RD_ENOMEM;
+    if (cow) {
+        int32_t old = s->blocks[first], nb;
+        kv_alloc(&e->kv, &nb);
+        e->cow_src[e->n_cow] = old;
+        e->cow_dst[e->n_cow] = nb;
+        e->n_cow++;
+        if (e->kv.fill[old] > 0)
+            kv_mark(&e->kv, nb, e->kv.fill[old] - 1);
+        kv_unref(&e->kv, old);
+        s->blocks[first] = nb;
+    }
+    for (int32_t i = 0; i < fresh; i++) {
+        int32_t b;
+        kv_alloc(&e->kv, &b);
+        if (seq_push_block(s, b)) {
+            kv_unref(&e->kv, b);
+            return RD_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* Recompute preemption: drop the KV, keep tokens and log-probs, requeue at the head. */
+static void preempt(engine *e, seq *s)
+{
+    seq_release_blocks(e, s);
+    s->n_computed = 0;
+    s->n_preempt++;
+    s->sched_rows = 0;
+    s->state = SEQ_WAITING;
+    list_remove(&e->running, s);
+    list_push_front(&e->waiting, s);
+    e->st.preemptions++;
+}
+
+static int32_t schedule(engine *e)
+{
+    int32_t budget = e->cfg.max_batch_tokens, n_sched = 0;
+    int preempted = 0;
+    e->n_cow = 0;
+
+    for (seq *s = e->running.head; s && budget > 0 && n_sched < e->cfg.max_num_seqs;) {
+        seq *next = s->next;
+        int32_t rows = s->n_tokens - s->n_computed;
+        if (rows > budget)
+            rows = budget;
+        int self = 0;
+        while (seq_reserve(e, s, rows) != 0) {
+            seq *victim = e->running.tail;
+            preempted = 1;
+            if (victim == s) {
+                self = 1;
+                preempt(e, s);
+                break;
+            }
+            if (victim == next)
+                next = NULL; /* the loop would have reached it; it is gone now */
+            preempt(e, victim);
+        }
+        if (self)
+            break;
+        s->sched_rows = rows;
+        budget -= rows;
+        e->sched[n_sched++] = s;
+        s = next;
+    }
+
+    if (!preempted) {
+        int32_t slots = 0; /* sequences the running ones will be once forked */
+        for (seq *s = e->running.head; s; s = s->next)
+            slots += s->fork_n;
+        for (seq *s = e->waiting.head; s && budget > 0 && n_sched < e->cfg.max_num_seqs;) {
+            seq *next = s->next;
+            if (slots > 0 && slots + s->fork_n > e->cfg.max_num_seqs)
+                break;
+            int32_t rows = s->n_tokens - s->n_computed;
+            if (rows > budget)
+                rows = budget;
+            if (seq_reserve(e, s, rows) != 0)
+                break;
+            list_remove(&e->waiting, s);
+            list_push_back(&e->running, s);
+            s->state = SEQ_RUNNING;
+            slots += s->fork_n;
+            s->sched_rows = rows;
+            budget -= rows;
+            e->sched[n_sched++] = s;
+            s = next;
+        }
+    }
+    return n_sched;
+}
+
+/* ---- step ---- */
+
+static int ensure_tables(engine *e, int32_t n_seqs, int32_t max_blocks)
+{
+    int32_t need = n_seqs * max_blocks;
+    if (need <= e->tables_cap)
+        return 0;
+    int32_t *t = realloc(e->tables, sizeof(int32_t) * need);
+    if (!t)
+        return rd_fail(RD_ENOMEM, "engine: cannot grow block tables to %d entries", need);
+    e->tables = t;
+    e->tables_cap = need;
+    return 0;
+}
+
+static void finish(engine *e, seq *s, finish_reason why)
+{
+    seq_release_blocks(e, s);
+    list_remove(s->state == SEQ_WAITING ? &e->waiting : &e->running, s);
+    s->finish = why;
+    s->state = SEQ_FINISHED;
+    list_push_back(&e->done, s);
+    if (why == FINISH_ABORT)
+        e->st.aborted++;
+    else
+        e->st.completed++;
+}
+
+/* Appends a sampled token; finishes the sequence on a stop id or a limit. */
+static void append_token(engine *e, seq *s, const samp_result *r)
+{
+    const seq_req *q = s->req;
+    int32_t g = s->n_tokens - q->n_prompt; /* index among generated tokens */
+    s->tokens[s->n_tokens++] = r->token;
+    s->logprobs[g] = r->logprob;
+    if (s->logprobs_proc)
+        s->logprobs_proc[g] = r->logprob_processed;
+    int32_t k = q->sp.logprobs_topk;
+    for (int32_t j = 0; j < k; j++) {
+        s->top_ids[(size_t)g * k + j] = j < r->n_top ? r->top_ids[j] : -1;
+        s->top_lps[(size_t)g * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
+    }
+    e->st.generated_tokens++;
+    for (int32_t i = 0; i < q->n_stop; i++)
+        if (r->token == q->stop_ids[i]) {
+            finish(e, s, FINISH_STOP);
+            return;
+        }
+    if (g + 1 >= q->max_tokens || s->n_tokens >= e->m->cfg.max_ctx)
+        finish(e, s, FINISH_LENGTH);
+}
+
+/* A prefilled group parent becomes fork_n samples sharing its blocks. */
+static int fork_group(engine *e, seq *parent, const float *logits)
+{
+    const seq_req *q = parent->req;
+    const int32_t vocab = e->m->cfg.vocab;
+    seq *kids[4096];
+    int32_t n = parent->fork_n;
+    parent->fork_n = 1;
+    seq *at = parent;
+    for (int32_t i = 1; i < n; i++) {
+        seq *c = seq_new(parent->req, parent->sample_idx + i, parent->cap);
+        if (!c)
+            return rd_fail(RD_ENOMEM, "engine: cannot fork sample %d", i);
+        memcpy(c->tokens, parent->tokens, sizeof(int32_t) * parent->n_tokens);
+        c->n_tokens = parent->n_tokens;
+        c->n_computed = parent->n_computed;
+        for (int32_t b = 0; b < parent->n_blocks; b++) {
+            seq_push_block(c, parent->blocks[b]);
+            kv_ref(&e->kv, parent->blocks[b]);
+        }
+        c->state = SEQ_RUNNING;
+        list_insert_after(&e->running, at, c);
+        at = c;
+        kids[i] = c;
+    }
+    kids[0] = parent;
+    for (int32_t i = 0; i < n; i++) {
+        samp_result r;
+        int rc = samp_sample(&q->sp, logits, vocab, (uint32_t)kids[i]->sample_idx, (uint32_t)kids[i]->n_tokens,
+                             e->samp_scratch, &r);
+        if (rc)
+            return rc;
+        append_token(e, kids[i], &r);
+    }
+    return 0;
+}
+
+int eng_step(engine *e)
+{
+    int32_t n_sched = schedule(e);
+    if (n_sched == 0)
+        return 0;
+    const int32_t bs = e->kv.block_size;
+    int32_t max_blocks = 1;
+    for (int32_t i = 0; i < n_sched; i++)
+        if (e->sched[i]->n_blocks > max_blocks)
+            max_blocks = e->sched[i]->n_blocks;
+    int rc = ensure_tables(e, n_sched, max_blocks);
+    if (rc)
+        return rc;
+
+    /* Rows in sequence order; a sequence that catches up gets a logit row. */
+    int32_t M = 0, n_logits = 0;
+    for (int32_t i = 0; i < n_sched; i++) {
+        seq *s = e->sched[i];
+        e->q_start[i] = M;
+        for (int32_t j = 0; j < s->sched_rows; j++, M++) {
+            int32_t p = s->n_computed + j;
+            e->tok[M] = s->tokens[p];
+            e->pos[M] = p;
+            e->slot[M] = s->blocks[p / bs] * bs + p % bs;
+        }
+        e->ctx_len[i] = s->n_computed + s->sched_rows;
+        memcpy(e->tables + (size_t)i * max_blocks, s->blocks, sizeof(int32_t) * s->n_blocks);
+        if (e->ctx_len[i] == s->n_tokens)
+            e->logit_rows[n_logits++] = M - 1;
+    }
+    e->q_start[n_sched] = M;
+
+    if ((rc = runner_copy_blocks(&e->run, e->cow_src, e->cow_dst, e->n_cow)))
+        return rc;
+    rd_step step = {
+        .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
+        .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
+    };
+    if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->logits)))
+        return rc;
+
+    e->st.steps++;
+    e->st.rows_total += M;
+    e->st.seqs_total += n_sched;
+    int32_t li = 0;
+    for (int32_t i = 0; i < n_sched; i++) {
+        seq *s = e->sched[i];
+        for (int32_t j = 0; j < s->sched_rows; j++) {
+            int32_t p = s->n_computed + j;
+            kv_mark(&e->kv, s->blocks[p / bs], p % bs);
+            if (p < s->req->n_prompt)
+                e->st.prompt_tokens++;
+        }
+        s->n_computed += s->sched_rows;
+        s->sched_rows = 0;
+        if (s->n_computed != s->n_tokens)
+            continue;
+        const float *lg = e->logits + (size_t)li++ * e->m->cfg.vocab;
+        if (s->fork_n > 1) {
+            if ((rc = fork_group(e, s, lg)))
+                return rc;
+            continue;
+        }
+        samp_result r;
+        rc = samp_sample(&s->req->sp, lg, e->m->cfg.vocab, (uint32_t)s->sample_idx, (uint32_t)s->n_tokens,
+                         e->samp_scratch, &r);
+        if (rc)
+            return rc;
+        append_token(e, s, &r);
+    }
+    return M;
+}
+
+/* ---- results ---- */
+
+int eng_abort(engine *e, int64_t id)
+{
+    int found = 0;
+    seq_list *lists[] = {&e->waiting, &e->running};
+    for (int li = 0; li < 2; li++) {
+        for (seq *s = lists[li]->head; s;) {
+            seq *next = s->next;
+            if (s->req->id == id) {
+                found = 1;
+                /* An unforked group parent stands for all its samples. */
+                for (int32_t i = 1; i < s->fork_n; i++) {
+                    seq *c = seq_new(s->req, s->sample_idx + i, 1);
+                    if (!c)
+                        return rd_fail(RD_ENOMEM, "abort: out of memory");
+                    c->n_tokens = s->req->n_prompt;
+                    c->finish = FINISH_ABORT;
+                    c->state = SEQ_FINISHED;
+                    list_push_back(&e->done, c);
+                    e->st.aborted++;
+                }
+                s->fork_n = 1;
+                finish(e, s, FINISH_ABORT);
+            }
+            s = next;
+        }
+    }
+    return found ? 0 : rd_fail(RD_ENOENT, "abort: request %lld is not waiting or running", (long long)id);
+}
+
+int eng_collect(engine *e, eng_result *out, int max)
+{
+    int n = 0;
+    while (n < max && e->done.head) {
+        seq *s = e->done.head;
+        list_remove(&e->done, s);
+        const seq_req *q = s->req;
+        eng_result *r = &out[n++];
+        memset(r, 0, sizeof *r);
+        int32_t g = s->n_tokens - q->n_prompt;
+        if (g < 0)
+            g = 0;
+        r->req_id = q->id;
+        r->tag = q->tag;
+        r->sample_idx = s->sample_idx;
+        r->n_prompt = q->n_prompt;
+        r->prompt_ids = malloc(sizeof(int32_t) * q->n_prompt);
+        if (r->prompt_ids)
+            memcpy(r->prompt_ids, q->prompt, sizeof(int32_t) * q->n_prompt);
+        r->n_tokens = g;
+        r->token_ids = malloc(sizeof(int32_t) * (g + 1));
+        r->logprobs = malloc(sizeof(float) * (g + 1));
+        if (r->token_ids && g)
+            memcpy(r->token_ids, s->tokens + q->n_prompt, sizeof(int32_t) * g);
+        if (r->logprobs && g)
+            memcpy(r->logprobs, s->logprobs, sizeof(float) * g);
+        if (s->logprobs_proc) {
+            r->logprobs_proc = malloc(sizeof(float) * (g + 1));
+            if (r->logprobs_proc && g)
+                memcpy(r->logprobs_proc, s->logprobs_proc, sizeof(float) * g);
+        }
+        int32_t k = q->sp.logprobs_topk;
+        if (k > 0 && s->top_ids) {
+            r->n_top = k;
+            r->top_ids = malloc(sizeof(int32_t) * ((size_t)g * k + 1));
+            r->top_logprobs = malloc(sizeof(float) * ((size_t)g * k + 1));
+            if (r->top_ids && g)
+                memcpy(r->top_ids, s->top_ids, sizeof(int32_t) * (size_t)g * k);
+            if (r->top_logprobs && g)
+                memcpy(r->top_logprobs, s->top_lps, sizeof(float) * (size_t)g * k);
+        }
+        r->finish = s->finish;
+        r->n_preempt = s->n_preempt;
+        seq_destroy(s);
+    }
+    return n;
+}
+
+void eng_result_free(eng_result *r)
+{
+    free(r->prompt_ids);
+    free(r->token_ids);
+    free(r->logprobs);
+    free(r->logprobs_proc);
+    free(r->top_ids);
+    free(r->top_logprobs);
+    memset(r, 0, sizeof *r);
+}
+
+void eng_get_stats(const engine *e, eng_stats *s)
+{
+    *s = e->st;
+    s->running = e->running.count;
+    s->waiting = e->waiting.count;
+    s->kv_blocks_total = e->kv.n_blocks;
+    s->kv_blocks_used = kv_used(&e->kv);
+    s->kv_peak_blocks = e->kv.peak_used;
+    s->kv_waste_at_peak = e->kv.waste_at_peak;
+}

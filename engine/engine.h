@@ -1,0 +1,96 @@
+/* engine.h - the request API: add requests, step, collect rollouts, abort.
+ *
+ * Single-threaded: one thread owns an engine (the daemon's engine thread).
+ * Each step schedules by vLLM's rule (running first, then waiting, within a
+ * token budget and max_num_seqs; chunked prefill falls out), runs one forward
+ * pass over all scheduled tokens, samples, and moves finished samples to the
+ * completed queue. */
+#ifndef RD_ENGINE_H
+#define RD_ENGINE_H
+
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/seq.h"
+
+typedef struct {
+    const char *backend;        /* "cpu" (default) or "cuda" */
+    int n_threads;              /* 0 = all cores */
+    int64_t kv_cache_bytes;     /* KV pool budget (default 1 GiB) */
+    int32_t block_size;         /* tokens per KV block (default 16) */
+    int32_t max_num_seqs;       /* sequences per step (default 64) */
+    int32_t max_batch_tokens;   /* token budget per step (default 512) */
+    int32_t max_waiting;        /* queued requests before add returns RD_EBUSY (default 4096) */
+    int32_t eos_id;             /* stops generation unless a request ignores it; -1 = none */
+} eng_config;
+
+typedef struct {
+    const int32_t *prompt;      /* [n_prompt] token ids */
+    int32_t n_prompt;
+    int32_t n;                  /* samples (>= 1) */
+    int32_t max_tokens;         /* >= 1 */
+    samp_params sp;
+    const int32_t *stop_ids;    /* [n_stop] extra stop tokens */
+    int32_t n_stop;
+    int ignore_eos;             /* do not stop at the model's EOS */
+    uint64_t tag;               /* caller's id, returned with results */
+} eng_request;
+
+/* One finished sample. Arrays are owned by the result (eng_result_free). */
+typedef struct {
+    int64_t req_id;
+    uint64_t tag;
+    int32_t sample_idx;
+    int32_t n_prompt;
+    int32_t *prompt_ids;        /* [n_prompt] */
+    int32_t n_tokens;           /* generated tokens (a stop token is included) */
+    int32_t *token_ids;         /* [n_tokens] */
+    float *logprobs;            /* [n_tokens] raw log-probs (fp32, temperature 1) */
+    float *logprobs_proc;       /* [n_tokens] processed log-probs, or NULL */
+    int32_t n_top;              /* alternatives per token (0 if not asked) */
+    int32_t *top_ids;           /* [n_tokens][n_top] */
+    float *top_logprobs;        /* [n_tokens][n_top] */
+    finish_reason finish;
+    int32_t n_preempt;
+} eng_result;
+
+typedef struct {
+    int64_t steps;              /* forward passes */
+    int64_t prompt_tokens;      /* prompt rows computed (incl. recompute) */
+    int64_t generated_tokens;   /* tokens sampled */
+    int64_t preemptions;
+    int64_t rows_total;         /* sum of rows over steps */
+    int64_t seqs_total;         /* sum of running sequences over decode steps */
+    int32_t running, waiting;   /* sequences now */
+    int32_t kv_blocks_total, kv_blocks_used, kv_peak_blocks;
+    double kv_waste_at_peak;    /* fraction of slots unused in the used blocks at peak */
+    int64_t completed, aborted; /* samples */
+} eng_stats;
+
+typedef struct engine engine;
+
+eng_config eng_default_config(void);
+/* Creates an engine over a loaded model (not owned). */
+int eng_create(model *m, const eng_config *cfg, engine **out);
+void eng_destroy(engine *e);
+
+/* Validates and queues a request; *id is its engine id. Errors (RD_EINVAL /
+ * RD_ERANGE with a message) leave the engine untouched; RD_EBUSY when the
+ * waiting queue is full. */
+int eng_add(engine *e, const eng_request *r, int64_t *id);
+/* Runs one step. Returns the number of rows computed (0 when idle) or < 0. */
+int eng_step(engine *e);
+/* 1 if any request is waiting or running. */
+int eng_busy(const engine *e);
+/* Moves up to max finished samples into out; returns how many. */
+int eng_collect(engine *e, eng_result *out, int max);
+void eng_result_free(eng_result *r);
+/* Aborts a request: its samples finish with FINISH_ABORT and what they had
+ * generated. RD_ENOENT if unknown or already finished. */
+int eng_abort(engine *e, int64_t id);
+void eng_get_stats(const engine *e, eng_stats *s);
+const model *eng_model(const engine *e);
+
+#endif

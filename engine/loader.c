@@ -1,0 +1,37 @@
+/* loader.c - see loader.h. */
+#include "engine/loader.h"
+
+#include <string.h>
+
+#include "engine/err.h"
+
+int rd_load(const char *path, const char *backend, int n_threads, rd_loaded *out)
+{
+    memset(out, 0, sizeof *out);
+    int rc = gguf_open(path, &out->gguf);
+    if (rc)
+        return rc;
+    if ((rc = rd_backend_create(backend, n_threads, &out->be)))
+        goto fail;
+    if ((rc = model_load_gguf(out->gguf, out->be, &out->m)))
+        goto fail;
+    if (gguf_find_kv(out->gguf, "tokenizer.ggml.model") && (rc = tok_load(out->gguf, &out->tok)))
+        goto fail;
+    return 0;
+fail:
+    rd_unload(out);
+    return rc;
+}
+
+void rd_unload(rd_loaded *l)
+{
+    if (l->tok)
+        tok_free(l->tok);
+    if (l->m)
+        model_free(l->m);
+    if (l->be)
+        rd_backend_destroy(l->be);
+    if (l->gguf)
+        gguf_close(l->gguf);
+    memset(l, 0, sizeof *l);
+}

@@ -1,0 +1,60 @@
+/* model.h - Llama-family model: config and weights in the backend.
+ *
+ * Weights are held in the canonical Hugging Face layout (q_proj rows in
+ * rotate-half order); the GGUF loader undoes llama.cpp's Q/K row permutation.
+ * Q, K and V are stored fused as one linear [(n_heads + 2 n_kv_heads) head_dim][dim]
+ * and gate/up as one [2 ffn][dim], so a layer runs 4 GEMMs per step. */
+#ifndef RD_MODEL_H
+#define RD_MODEL_H
+
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/gguf.h"
+
+typedef struct {
+    char arch[32];              /* "llama" */
+    int32_t n_layers;
+    int32_t dim;                /* hidden size */
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;           /* dim / n_heads */
+    int32_t ffn_dim;            /* SwiGLU intermediate size */
+    int32_t vocab;
+    int32_t max_ctx;            /* tokens (llama.context_length) */
+    float rope_theta;
+    float norm_eps;
+    int tied_embeddings;        /* 1: lm_head is token_embd */
+} model_config;
+
+typedef struct {
+    void *qkv;                  /* linear [(nh + 2 nkv) hd][dim] */
+    void *o;                    /* linear [dim][nh hd] */
+    void *gate_up;              /* linear [2 ffn][dim]: gate rows then up rows */
+    void *down;                 /* linear [dim][ffn] */
+    float *attn_norm;           /* backend [dim] */
+    float *ffn_norm;            /* backend [dim] */
+} model_layer;
+
+typedef struct {
+    model_config cfg;
+    rd_backend *be;             /* not owned */
+    void *embed;                /* linear [vocab][dim]; also the LM head when tied */
+    void *lm_head;              /* linear [vocab][dim]; == embed when tied */
+    float *out_norm;            /* backend [dim] */
+    float *rope;                /* backend [max_ctx][hd/2][2] cos, sin */
+    model_layer *layers;        /* [n_layers] */
+    int64_t n_params;           /* parameter count (tied counted once) */
+} model;
+
+/* Reads the config from GGUF metadata (general.architecture must be llama). */
+int model_config_from_gguf(const gguf_file *g, model_config *cfg);
+
+/* Loads weights from an open GGUF file into backend be. */
+int model_load_gguf(const gguf_file *g, rd_backend *be, model **out);
+void model_free(model *m);
+
+/* Bytes of K+V per token across all layers at fp32. */
+int64_t model_kv_bytes_per_token(const model_config *c);
+
+#endif

@@ -1,0 +1,55 @@
+/* seq.h - one sequence (one sample of a request) as the scheduler sees it. */
+#ifndef RD_SEQ_H
+#define RD_SEQ_H
+
+#include <stdint.h>
+
+#include "engine/sampler.h"
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT } finish_reason;
+
+#define SEQ_MAX_STOP 16
+
+typedef struct seq_req seq_req;
+
+/* What a request asked for; shared by its samples (refcounted). */
+struct seq_req {
+    int64_t id;                 /* engine request id */
+    uint64_t tag;               /* caller's id, passed through */
+    int32_t n;                  /* samples */
+    int32_t max_tokens;         /* generated tokens per sample */
+    samp_params sp;
+    int32_t n_stop;
+    int32_t stop_ids[SEQ_MAX_STOP];
+    int32_t n_prompt;
+    int32_t *prompt;            /* [n_prompt] */
+    int32_t live;               /* sequences not yet collected */
+    int64_t arrival;            /* admission order */
+};
+
+typedef struct seq {
+    seq_req *req;
+    int32_t sample_idx;         /* 0..n-1 */
+    int32_t fork_n;             /* > 1: prefill once, then fork into samples sample_idx..fork_n-1 */
+    seq_state state;
+    finish_reason finish;
+    int32_t n_tokens;           /* prompt + generated */
+    int32_t cap;                /* capacity of tokens[] */
+    int32_t *tokens;            /* [cap] */
+    int32_t n_computed;         /* tokens whose K/V are in the cache */
+    int32_t n_blocks;           /* entries used in blocks[] */
+    int32_t blocks_cap;
+    int32_t *blocks;            /* block table */
+    /* per generated token */
+    float *logprobs;            /* [cap] raw log-prob (temperature 1) */
+    float *logprobs_proc;       /* [cap] processed log-prob, or NULL */
+    int32_t *top_ids;           /* [cap][sp.logprobs_topk], or NULL */
+    float *top_lps;             /* [cap][sp.logprobs_topk], or NULL */
+    int32_t n_preempt;          /* times preempted */
+    int32_t sched_rows;         /* rows given this step */
+    struct seq *next;           /* list link (waiting, running or done) */
+    struct seq *prev;
+} seq;
+
+#endif

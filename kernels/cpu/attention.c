@@ -1,0 +1,113 @@
+/* attention.c - paged causal attention over the block-table KV cache.
+ *
+ * For a row at position p of sequence s and a query head h (kv head
+ * h / group): scores over keys 0..p gathered through the block table, a
+ * max-subtracted softmax summed in key order, then the weighted sum of values
+ * in key order. Work is split over (row, kv head) pairs; the K and V of one kv
+ * head are read once for all query heads of its group (GQA). */
+#include "kernels/cpu/attention.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+
+/* Dot product of two head vectors, in a fixed order: 8 lanes over strided
+ * elements, then the lanes summed left to right. */
+static inline float dot_hd(const float *a, const float *b, int32_t hd)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int32_t j = 0;
+    for (; j + 8 <= hd; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float s = 0.0f;
+    for (int i = 0; i < 8; i++)
+        s += lanes[i];
+    for (; j < hd; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+/* Row index -> sequence index, by scanning q_start (rows are grouped). */
+static int32_t row_seq(const rd_step_dev *s, int32_t row)
+{
+    int32_t lo = 0, hi = s->n_seqs - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (s->q_start[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+void cpu_attention(rd_backend *be, const rd_attn_shape *a, const float *q, int32_t stride,
+                   const rd_step_dev *s, const float *k_cache, const float *v_cache, float *out)
+{
+    const int32_t hd = a->head_dim, bs = a->block_size, nkv = a->n_kv_heads;
+    const int32_t group = a->n_heads / nkv;
+    const int32_t n_items = s->n_rows * nkv;
+    int32_t max_ctx = 0;
+    for (int32_t i = 0; i < s->n_rows; i++)
+        if (s->positions[i] + 1 > max_ctx)
+            max_ctx = s->positions[i] + 1;
+
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (size_t)max_ctx * group);
+        float *acc = malloc(sizeof(float) * (size_t)hd * group);
+#pragma omp for schedule(dynamic, 4)
+        for (int32_t item = 0; item < n_items; item++) {
+            int32_t row = item / nkv, kvh = item % nkv;
+            int32_t seq = row_seq(s, row);
+            int32_t n = s->positions[row] + 1;
+            const int32_t *table = s->block_tables + (size_t)seq * s->max_blocks;
+            const float *qrow = q + (size_t)row * stride;
+
+            /* scores[g][j] = q_g . k_j * scale */
+            for (int32_t j = 0; j < n; j++) {
+                size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
+                const float *kj = k_cache + off;
+                for (int32_t g = 0; g < group; g++)
+                    scores[(size_t)g * n + j] = dot_hd(qrow + (size_t)(kvh * group + g) * hd, kj, hd) * a->scale;
+            }
+            /* softmax per query head, summed in key order */
+            for (int32_t g = 0; g < group; g++) {
+                float *sc = scores + (size_t)g * n;
+                float mx = -INFINITY;
+                for (int32_t j = 0; j < n; j++)
+                    mx = sc[j] > mx ? sc[j] : mx;
+                float sum = 0.0f;
+                for (int32_t j = 0; j < n; j++) {
+                    sc[j] = expf(sc[j] - mx);
+                    sum += sc[j];
+                }
+                float inv = 1.0f / sum;
+                for (int32_t j = 0; j < n; j++)
+                    sc[j] *= inv;
+                for (int32_t d = 0; d < hd; d++)
+                    acc[(size_t)g * hd + d] = 0.0f;
+            }
+            /* out_g = sum_j p_gj v_j, in key order */
+            for (int32_t j = 0; j < n; j++) {
+                size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
+                const float *vj = v_cache + off;
+                for (int32_t g = 0; g < group; g++) {
+                    float p = scores[(size_t)g * n + j];
+                    float *ag = acc + (size_t)g * hd;
+                    for (int32_t d = 0; d < hd; d++)
+                        ag[d] = fmaf(p, vj[d], ag[d]);
+                }
+            }
+            for (int32_t g = 0; g < group; g++) {
+                float *o = out + (size_t)row * a->n_heads * hd + (size_t)(kvh * group + g) * hd;
+                for (int32_t d = 0; d < hd; d++)
+                    o[d] = acc[(size_t)g * hd + d];
+            }
+        }
+        free(scores);
+        free(acc);
+    }
+}

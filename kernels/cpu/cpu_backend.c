@@ -1,0 +1,204 @@
+/* cpu_backend.c - the CPU implementation of rd_backend_ops.
+ *
+ * "Device" memory is host memory. Linear layers use the packed batch-invariant
+ * GEMM (gemm.c); the rest are plain C loops parallelised over rows with
+ * OpenMP. Every reduction runs in a fixed order inside one row, so a row's
+ * result never depends on which other rows share the step. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/err.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
+
+static void *cpu_alloc(rd_backend *be, size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(rd_backend *be, void *p) { free(p); }
+
+static int cpu_copy(rd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_sync(rd_backend *be) { return 0; }
+
+static int cpu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t in, void **handle)
+{
+    gemm_weight *g = calloc(1, sizeof *g);
+    if (!g)
+        return rd_fail(RD_ENOMEM, "cpu: cannot allocate a weight handle");
+    int rc = gemm_pack(w, out, in, g);
+    if (rc) {
+        free(g);
+        return rc;
+    }
+    *handle = g;
+    return 0;
+}
+
+static void cpu_linear_free(rd_backend *be, void *handle)
+{
+    if (!handle)
+        return;
+    gemm_release(handle);
+    free(handle);
+}
+
+static int cpu_linear_read(rd_backend *be, const void *handle, float *w_host)
+{
+    gemm_unpack(handle, w_host);
+    return 0;
+}
+
+static void cpu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
+{
+    gemm_forward(w, x, m, y, accumulate);
+}
+
+static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out)
+{
+    const gemm_weight *g = w;
+    for (int32_t i = 0; i < m; i++)
+        gemm_row(g, ids[i], out + (size_t)i * g->in);
+}
+
+static void cpu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
+                        float *out)
+{
+#pragma omp parallel for schedule(static) if (m > 8)
+    for (int32_t i = 0; i < m; i++) {
+        const float *xi = x + (size_t)i * d;
+        float *oi = out + (size_t)i * d;
+        double ss = 0.0;
+        for (int32_t j = 0; j < d; j++)
+            ss += (double)xi[j] * xi[j];
+        float inv = (float)(1.0 / sqrt(ss / d + eps));
+        for (int32_t j = 0; j < d; j++)
+            oi[j] = (xi[j] * inv) * w[j];
+    }
+}
+
+static void cpu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                     const int32_t *positions, const float *cos_sin)
+{
+    const int32_t half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (m > 8)
+    for (int32_t i = 0; i < m; i++) {
+        const float *cs = cos_sin + (size_t)positions[i] * half * 2;
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)i * stride + (size_t)h * head_dim;
+            for (int32_t j = 0; j < half; j++) {
+                float c = cs[2 * j], s = cs[2 * j + 1];
+                float a = v[j], b = v[j + half];
+                v[j] = a * c - b * s;
+                v[j + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+static void cpu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
+{
+#pragma omp parallel for schedule(static) if (m > 8)
+    for (int32_t i = 0; i < m; i++) {
+        const float *g = gu + (size_t)i * 2 * f, *u = g + f;
+        float *o = out + (size_t)i * f;
+        for (int32_t j = 0; j < f; j++)
+            o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+static void cpu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, int32_t n, int32_t d,
+                            float *out)
+{
+    for (int32_t i = 0; i < n; i++)
+        memcpy(out + (size_t)i * d, x + (size_t)rows[i] * d, (size_t)d * sizeof(float));
+}
+
+static void cpu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, const float *v,
+                         int32_t stride, const rd_step_dev *s, float *k_cache, float *v_cache)
+{
+    const int32_t hd = a->head_dim, bs = a->block_size;
+    for (int32_t i = 0; i < s->n_rows; i++) {
+        int32_t block = s->slots[i] / bs, off = s->slots[i] % bs;
+        for (int32_t h = 0; h < a->n_kv_heads; h++) {
+            size_t dst = (((size_t)block * a->n_kv_heads + h) * bs + off) * hd;
+            memcpy(k_cache + dst, k + (size_t)i * stride + (size_t)h * hd, (size_t)hd * sizeof(float));
+            memcpy(v_cache + dst, v + (size_t)i * stride + (size_t)h * hd, (size_t)hd * sizeof(float));
+        }
+    }
+}
+
+static void cpu_copy_blocks(rd_backend *be, const rd_attn_shape *a, float *k_cache, float *v_cache,
+                            const int32_t *src, const int32_t *dst, int32_t n)
+{
+    size_t per_block = (size_t)a->n_kv_heads * a->block_size * a->head_dim;
+    for (int32_t i = 0; i < n; i++) {
+        memcpy(k_cache + (size_t)dst[i] * per_block, k_cache + (size_t)src[i] * per_block,
+               per_block * sizeof(float));
+        memcpy(v_cache + (size_t)dst[i] * per_block, v_cache + (size_t)src[i] * per_block,
+               per_block * sizeof(float));
+    }
+}
+
+static int cpu_step_upload(rd_backend *be, const rd_step *h, rd_step_dev *d)
+{
+    /* Host memory is device memory: the views alias the caller's arrays. */
+    d->n_rows = h->n_rows;
+    d->n_seqs = h->n_seqs;
+    d->max_blocks = h->max_blocks;
+    d->token_ids = h->token_ids;
+    d->positions = h->positions;
+    d->slots = h->slots;
+    d->q_start = h->q_start;
+    d->ctx_len = h->ctx_len;
+    d->block_tables = h->block_tables;
+    return 0;
+}
+
+static void cpu_destroy(rd_backend *be) { free(be); }
+
+static const rd_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .h2d = cpu_copy,
+    .d2h = cpu_copy,
+    .sync = cpu_sync,
+    .linear_load = cpu_linear_load,
+    .linear_free = cpu_linear_free,
+    .linear_read = cpu_linear_read,
+    .linear = cpu_linear,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .gather_rows = cpu_gather_rows,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .copy_blocks = cpu_copy_blocks,
+    .step_upload = cpu_step_upload,
+    .destroy = cpu_destroy,
+};
+
+int rd_backend_cpu_create(int n_threads, rd_backend **out)
+{
+    rd_backend *be = calloc(1, sizeof *be);
+    if (!be)
+        return rd_fail(RD_ENOMEM, "cpu backend: out of memory");
+    be->ops = &cpu_ops;
+    be->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    omp_set_num_threads(be->n_threads);
+    *out = be;
+    return 0;
+}

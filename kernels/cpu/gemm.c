@@ -1,0 +1,155 @@
+/* gemm.c - packed, batch-invariant fp32 GEMM (see gemm.h).
+ *
+ * Layout: W is packed in panels of 16 output columns, each panel [in][16], so
+ * the inner loop loads 16 consecutive weights per k and broadcasts one x value
+ * per row. Every y[r][c] is acc = fma(x[r][k], w[c][k], acc) for k in order,
+ * starting from 0: the tile shape (4 rows x 16 columns, or 1 row x 64 columns)
+ * only decides how many chains run side by side, never the order inside one. */
+#include "gemm.h"
+
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+
+#define ROW_CHUNK 64            /* rows of x kept hot in L2 while panels stream */
+
+int gemm_pack(const float *w, int32_t out, int32_t in, gemm_weight *g)
+{
+    if (out <= 0 || in <= 0)
+        return rd_fail(RD_EINVAL, "gemm_pack: shape [%d][%d] must be positive", out, in);
+    g->out = out;
+    g->in = in;
+    g->n_panels = (out + GEMM_PANEL - 1) / GEMM_PANEL;
+    size_t n = (size_t)g->n_panels * in * GEMM_PANEL;
+    g->packed = aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(size_t)63);
+    if (!g->packed)
+        return rd_fail(RD_ENOMEM, "gemm_pack: cannot allocate %zu bytes", n * sizeof(float));
+    memset(g->packed, 0, n * sizeof(float));
+    for (int32_t c = 0; c < out; c++) {
+        float *panel = g->packed + (size_t)(c / GEMM_PANEL) * in * GEMM_PANEL;
+        int lane = c % GEMM_PANEL;
+        const float *src = w + (size_t)c * in;
+        for (int32_t k = 0; k < in; k++)
+            panel[(size_t)k * GEMM_PANEL + lane] = src[k];
+    }
+    return 0;
+}
+
+void gemm_release(gemm_weight *g)
+{
+    free(g->packed);
+    g->packed = NULL;
+}
+
+void gemm_row(const gemm_weight *g, int32_t r, float *dst)
+{
+    const float *panel = g->packed + (size_t)(r / GEMM_PANEL) * g->in * GEMM_PANEL;
+    int lane = r % GEMM_PANEL;
+    for (int32_t k = 0; k < g->in; k++)
+        dst[k] = panel[(size_t)k * GEMM_PANEL + lane];
+}
+
+void gemm_unpack(const gemm_weight *g, float *w)
+{
+    for (int32_t r = 0; r < g->out; r++)
+        gemm_row(g, r, w + (size_t)r * g->in);
+}
+
+/* Stores 16 results for columns [c0, c0+16) of one row, clipped to out. */
+static inline void store16(float *yrow, int32_t c0, int32_t out, __m256 a, __m256 b, int accumulate)
+{
+    float tmp[16];
+    _mm256_storeu_ps(tmp, a);
+    _mm256_storeu_ps(tmp + 8, b);
+    int32_t n = out - c0 < 16 ? out - c0 : 16;
+    if (accumulate)
+        for (int32_t j = 0; j < n; j++)
+            yrow[c0 + j] += tmp[j];
+    else
+        memcpy(yrow + c0, tmp, (size_t)n * sizeof(float));
+}
+
+/* 4 rows x 1 panel: 8 independent chains. */
+static void tile_4x16(const gemm_weight *g, const float *x, int32_t p, float *y, int accumulate)
+{
+    const int32_t in = g->in;
+    const float *w = g->packed + (size_t)p * in * GEMM_PANEL;
+    const float *x0 = x, *x1 = x + in, *x2 = x + 2 * (size_t)in, *x3 = x + 3 * (size_t)in;
+    __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps();
+    __m256 a1 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps();
+    __m256 a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    for (int32_t k = 0; k < in; k++, w += GEMM_PANEL) {
+        __m256 wl = _mm256_load_ps(w), wh = _mm256_load_ps(w + 8);
+        __m256 v;
+        v = _mm256_broadcast_ss(x0 + k); a0 = _mm256_fmadd_ps(v, wl, a0); b0 = _mm256_fmadd_ps(v, wh, b0);
+        v = _mm256_broadcast_ss(x1 + k); a1 = _mm256_fmadd_ps(v, wl, a1); b1 = _mm256_fmadd_ps(v, wh, b1);
+        v = _mm256_broadcast_ss(x2 + k); a2 = _mm256_fmadd_ps(v, wl, a2); b2 = _mm256_fmadd_ps(v, wh, b2);
+        v = _mm256_broadcast_ss(x3 + k); a3 = _mm256_fmadd_ps(v, wl, a3); b3 = _mm256_fmadd_ps(v, wh, b3);
+    }
+    int32_t c0 = p * GEMM_PANEL, out = g->out;
+    store16(y, c0, out, a0, b0, accumulate);
+    store16(y + out, c0, out, a1, b1, accumulate);
+    store16(y + 2 * (size_t)out, c0, out, a2, b2, accumulate);
+    store16(y + 3 * (size_t)out, c0, out, a3, b3, accumulate);
+}
+
+/* 1 row x up to 4 panels: enough chains to hide FMA latency when M is 1. */
+static void tile_1x64(const gemm_weight *g, const float *x, int32_t p0, int32_t np, float *y,
+                      int accumulate)
+{
+    const int32_t in = g->in;
+    const size_t ps = (size_t)in * GEMM_PANEL;
+    const float *w = g->packed + (size_t)p0 * ps;
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++)
+        acc[i] = _mm256_setzero_ps();
+    if (np == 4) {
+        for (int32_t k = 0; k < in; k++) {
+            __m256 v = _mm256_broadcast_ss(x + k);
+            const float *wk = w + (size_t)k * GEMM_PANEL;
+            acc[0] = _mm256_fmadd_ps(v, _mm256_load_ps(wk), acc[0]);
+            acc[1] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + 8), acc[1]);
+            acc[2] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + ps), acc[2]);
+            acc[3] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + ps + 8), acc[3]);
+            acc[4] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + 2 * ps), acc[4]);
+            acc[5] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + 2 * ps + 8), acc[5]);
+            acc[6] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + 3 * ps), acc[6]);
+            acc[7] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + 3 * ps + 8), acc[7]);
+        }
+    } else {
+        for (int32_t k = 0; k < in; k++) {
+            __m256 v = _mm256_broadcast_ss(x + k);
+            const float *wk = w + (size_t)k * GEMM_PANEL;
+            for (int32_t j = 0; j < np; j++) {
+                acc[2 * j] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + j * ps), acc[2 * j]);
+                acc[2 * j + 1] = _mm256_fmadd_ps(v, _mm256_load_ps(wk + j * ps + 8), acc[2 * j + 1]);
+            }
+        }
+    }
+    for (int32_t j = 0; j < np; j++)
+        store16(y, (p0 + j) * GEMM_PANEL, g->out, acc[2 * j], acc[2 * j + 1], accumulate);
+}
+
+void gemm_forward(const gemm_weight *g, const float *x, int32_t m, float *y, int accumulate)
+{
+    const int32_t in = g->in, out = g->out;
+    /* Work items are groups of 4 panels so single rows get 8 chains. */
+    const int32_t n_groups = (g->n_panels + 3) / 4;
+    for (int32_t r0 = 0; r0 < m; r0 += ROW_CHUNK) {
+        int32_t r1 = r0 + ROW_CHUNK < m ? r0 + ROW_CHUNK : m;
+#pragma omp parallel for schedule(static)
+        for (int32_t grp = 0; grp < n_groups; grp++) {
+            int32_t p0 = grp * 4;
+            int32_t np = g->n_panels - p0 < 4 ? g->n_panels - p0 : 4;
+            int32_t r = r0;
+            for (; r + 4 <= r1; r += 4)
+                for (int32_t p = p0; p < p0 + np; p++)
+                    tile_4x16(g, x + (size_t)r * in, p, y + (size_t)r * out, accumulate);
+            for (; r < r1; r++)
+                tile_1x64(g, x + (size_t)r * in, p0, np, y + (size_t)r * out, accumulate);
+        }
+    }
+}

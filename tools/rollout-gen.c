@@ -1,0 +1,180 @@
+/* rollout-gen - offline rollouts from a model file, through the engine.
+ *   rollout-gen --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT]
+ *               [-n N] [--max-tokens K] [--temperature T] [--top-p P] [--top-k K] [--min-p P]
+ *               [--seed S] [--logprobs K] [--ignore-eos] [--json] [--threads N] [--backend cpu]
+ * Prints the text of each sample, or with --json one object per sample per
+ * line: prompt_ids, token_ids, logprobs, text, finish_reason (+ sample, seed,
+ * top_logprobs when asked). --temperature 0 is greedy. Without --seed a seed
+ * is drawn from the clock and reported in the JSON. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/err.h"
+#include "engine/loader.h"
+#include "tools/cli.h"
+
+static const char *P = "rollout-gen";
+
+static const char *finish_name(finish_reason f)
+{
+    return f == FINISH_STOP ? "stop" : f == FINISH_LENGTH ? "length" : f == FINISH_ABORT ? "abort" : "none";
+}
+
+static char *decode(const tok_tokenizer *tok, const int32_t *ids, int32_t n)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (!tok || tok_decode(tok, ids, (size_t)n, &text, &len))
+        return NULL;
+    return text;
+}
+
+static void print_json(const tok_tokenizer *tok, const eng_result *r, uint64_t seed)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "sample", r->sample_idx);
+    cJSON_AddItemToObject(o, "prompt_ids", cJSON_CreateIntArray(r->prompt_ids, r->n_prompt));
+    cJSON_AddItemToObject(o, "token_ids", cJSON_CreateIntArray(r->token_ids, r->n_tokens));
+    cJSON *lp = cJSON_AddArrayToObject(o, "logprobs");
+    for (int32_t i = 0; i < r->n_tokens; i++)
+        cJSON_AddItemToArray(lp, cJSON_CreateNumber((double)r->logprobs[i]));
+    if (r->logprobs_proc) {
+        cJSON *pp = cJSON_AddArrayToObject(o, "logprobs_processed");
+        for (int32_t i = 0; i < r->n_tokens; i++)
+            cJSON_AddItemToArray(pp, cJSON_CreateNumber((double)r->logprobs_proc[i]));
+    }
+    if (r->n_top > 0) {
+        cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+        for (int32_t i = 0; i < r->n_tokens; i++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int32_t j = 0; j < r->n_top; j++) {
+                cJSON *pair = cJSON_CreateArray();
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(r->top_ids[(size_t)i * r->n_top + j]));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)r->top_logprobs[(size_t)i * r->n_top + j]));
+                cJSON_AddItemToArray(row, pair);
+            }
+            cJSON_AddItemToArray(tops, row);
+        }
+    }
+    char *text = decode(tok, r->token_ids, r->n_tokens);
+    cJSON_AddStringToObject(o, "text", text ? text : "");
+    free(text);
+    cJSON_AddStringToObject(o, "finish_reason", finish_name(r->finish));
+    cJSON_AddNumberToObject(o, "seed", (double)seed);
+    char *s = cJSON_PrintUnformatted(o);
+    puts(s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *prompt = NULL, *system = NULL, *backend = "cpu";
+    int32_t *ids = NULL, n_ids = 0;
+    int chat = 0, json = 0, threads = 0, ignore_eos = 0, have_seed = 0;
+    int32_t n = 1, max_tokens = 64;
+    samp_params sp = samp_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--model")) model_path = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--prompt")) prompt = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--prompt-ids")) ids = cli_ids(P, a, cli_value(P, argc, argv, &i), &n_ids);
+        else if (!strcmp(a, "--system")) system = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n")) n = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
+        else if (!strcmp(a, "--max-tokens")) max_tokens = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--temperature")) sp.temperature = (float)cli_float(P, a, cli_value(P, argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--top-p")) sp.top_p = (float)cli_float(P, a, cli_value(P, argc, argv, &i), 1e-6, 1);
+        else if (!strcmp(a, "--top-k")) sp.top_k = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 1 << 20);
+        else if (!strcmp(a, "--min-p")) sp.min_p = (float)cli_float(P, a, cli_value(P, argc, argv, &i), 0, 1);
+        else if (!strcmp(a, "--seed")) { sp.seed = (uint64_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX); have_seed = 1; }
+        else if (!strcmp(a, "--logprobs")) sp.logprobs_topk = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 20);
+        else if (!strcmp(a, "--processed-logprobs")) sp.processed_logprobs = 1;
+        else if (!strcmp(a, "--threads")) threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "--backend")) backend = cli_value(P, argc, argv, &i);
+        else cli_die(P, "unknown flag '%s'%s (see the comment at the top of tools/rollout-gen.c)", a, "");
+    }
+    if (!model_path || (!prompt == !ids))
+        cli_die(P, "usage: rollout-gen --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]%s%s", "", "");
+    if (chat && !prompt)
+        cli_die(P, "--chat needs --prompt TEXT%s%s", "", "");
+    if (!have_seed)
+        sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+
+    rd_loaded L;
+    if (rd_load(model_path, backend, threads, &L)) {
+        fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+        return 1;
+    }
+    if (prompt) {
+        if (!L.tok) {
+            fprintf(stderr, "%s: %s has no tokenizer; use --prompt-ids\n", P, model_path);
+            return 1;
+        }
+        size_t nn = 0;
+        int rc = chat ? tok_chatml(L.tok, system, prompt, &ids, &nn)
+                      : tok_encode(L.tok, prompt, strlen(prompt), 1, &ids, &nn);
+        if (rc) {
+            fprintf(stderr, "%s: cannot tokenize the prompt: %s\n", P, rd_errmsg());
+            return 1;
+        }
+        n_ids = (int32_t)nn;
+    }
+
+    eng_config cfg = eng_default_config();
+    cfg.backend = backend;
+    cfg.eos_id = L.tok ? tok_eos(L.tok) : -1;
+    if (n > cfg.max_num_seqs)
+        cfg.max_num_seqs = n;
+    if (cfg.max_batch_tokens < cfg.max_num_seqs)
+        cfg.max_batch_tokens = cfg.max_num_seqs;
+    engine *e;
+    if (eng_create(L.m, &cfg, &e)) {
+        fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+        return 1;
+    }
+    eng_request req = {.prompt = ids, .n_prompt = n_ids, .n = n, .max_tokens = max_tokens, .sp = sp,
+                       .ignore_eos = ignore_eos};
+    int64_t id;
+    if (eng_add(e, &req, &id)) {
+        fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+        return 2;
+    }
+    eng_result *res = calloc((size_t)n, sizeof *res);
+    int got = 0;
+    while (got < n) {
+        int rc = eng_step(e);
+        if (rc < 0) {
+            fprintf(stderr, "%s: step failed: %s\n", P, rd_errmsg());
+            return 1;
+        }
+        got += eng_collect(e, res + got, n - got);
+    }
+    /* Print in sample order. */
+    for (int32_t want = 0; want < n; want++)
+        for (int i = 0; i < n; i++) {
+            if (res[i].sample_idx != want)
+                continue;
+            if (json) {
+                print_json(L.tok, &res[i], sp.seed);
+            } else {
+                char *text = decode(L.tok, res[i].token_ids, res[i].n_tokens);
+                if (n > 1)
+                    printf("--- sample %d (%s)\n", want, finish_name(res[i].finish));
+                printf("%s\n", text ? text : "");
+                free(text);
+            }
+            eng_result_free(&res[i]);
+        }
+    free(res);
+    free(ids);
+    eng_destroy(e);
+    rd_unload(&L);
+    return 0;
+}
