@@ -33,7 +33,8 @@ typedef struct {
 typedef struct {
     gguf_str key;
     gguf_vtype type;            /* value type; GGUF_ARRAY for arrays */
-    const uint8_t *val;         /* scalar: the value's bytes; array: first element */
+    const uint8_t *val;         /* scalar: the value's bytes (string: u64 length, then the bytes);
+                                   array: first element. Little-endian, unaligned */
     /* arrays only */
     gguf_vtype arr_type;        /* element type (nested arrays are parsed, not indexed) */
     uint64_t arr_n;             /* element count */
@@ -78,20 +79,27 @@ const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 
 /* Typed getters. Integers accept any integer type whose value fits; floats
- * accept FLOAT32/FLOAT64. RD_ENOENT if absent, RD_EFORMAT on a type mismatch. */
+ * accept FLOAT32/FLOAT64. RD_ENOENT if absent, RD_EFORMAT on a type mismatch
+ * or a value that does not fit. */
 int gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out);
 int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out);
 int gguf_get_f32(const gguf_file *f, const char *key, float *out);
 int gguf_get_bool(const gguf_file *f, const char *key, int *out);
 int gguf_get_str(const gguf_file *f, const char *key, gguf_str *out);
 
-/* Element i of an integer array kv (any integer element type) as int64. */
+/* Element i of an integer array kv (any integer element type) as int64.
+ * RD_EFORMAT if kv is not an integer array, RD_ERANGE if i >= arr_n. */
 int gguf_arr_i64(const gguf_kv *kv, uint64_t i, int64_t *out);
 
 /* Bytes of one row of ne0 elements of type t; 0 if t is unsupported or ne0 is
  * not a multiple of its block size. */
 size_t ggml_row_bytes(ggml_type t, uint64_t ne0);
-const char *ggml_type_name(ggml_type t);
+const char *ggml_type_name(ggml_type t);   /* ggml's name ("q4_1", "q6_K"), "unknown" if none */
+
+/* Block layout of any ggml type a file may hold, including ones the engine
+ * cannot dequantize (the reader sizes every tensor with it): elements and
+ * bytes per block. RD_EFORMAT for a code ggml does not define. */
+int ggml_type_layout(ggml_type t, uint32_t *blck, uint32_t *bytes);
 
 /* Dequantizes all n_elems of t into out (fp32). */
 int gguf_dequant(const gguf_tensor *t, float *out);

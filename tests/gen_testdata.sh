@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Generates the tiny GGUF models the tests use into OUTDIR (default
+# build/testdata):
+#   tiny-<dtype>.gguf   for f32 f16 bf16 q8_0 q4_0 q4_1 (GGUF v3, tied embeddings)
+#   tiny-v2.gguf        q8_0, GGUF version 2, general.alignment = 64
+#   tiny-untied.gguf    q4_0 with a separate output.weight
+# Next to each model X.gguf: X/ (expected dequantized values from the gguf
+# package, meta.json with the config) and X.npz (the HF-layout state_dict).
+# Deterministic (fixed seeds); a second run with nothing changed does nothing.
+#   tests/gen_testdata.sh [OUTDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-build/testdata}
+PY=${PYTHON:-python3}
+GEN=tools/gen_tiny_model.py
+STAMP=$OUT/.complete
+
+if [ -f "$STAMP" ] && [ "$STAMP" -nt "$GEN" ] && [ "$STAMP" -nt "$0" ]; then
+  exit 0
+fi
+mkdir -p "$OUT"
+rm -f "$STAMP"
+
+SHAPE=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 300 --ctx 256 --rope-theta 10000)
+gen() {   # name, extra args...
+  local name=$1; shift
+  rm -rf "${OUT:?}/$name"
+  "$PY" "$GEN" --out "$OUT/$name.gguf" "${SHAPE[@]}" --expect-out "$OUT/$name" --hf-out "$OUT/$name.npz" "$@"
+}
+
+pids=()
+seed=1
+for dt in f32 f16 bf16 q8_0 q4_0 q4_1; do
+  gen "tiny-$dt" --dtype "$dt" --seed "$seed" & pids+=($!)
+  seed=$((seed + 1))
+done
+gen tiny-v2 --dtype q8_0 --seed 11 --version 2 --alignment 64 & pids+=($!)
+gen tiny-untied --dtype q4_0 --seed 12 --untied & pids+=($!)
+
+fail=0
+for p in "${pids[@]}"; do
+  wait "$p" || fail=1
+done
+if [ "$fail" -ne 0 ]; then
+  echo "gen_testdata: generating a model failed" >&2
+  exit 1
+fi
+touch "$STAMP"
+echo "gen_testdata: wrote $(ls "$OUT"/*.gguf | wc -l) models to $OUT"

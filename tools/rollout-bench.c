@@ -1,0 +1,244 @@
+/* rollout-bench - throughput of the engine on a seeded rollout workload.
+ *   rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--max-num-seqs B]
+ *                 [--threads T] [--kv-cache-mb MB] [--decode-batches 1,32] [--json]
+ * Workload: R prompts (random token ids, lengths 16-256) x n samples, each
+ * sample generating a fixed length (16-256, long-tailed), EOS ignored so both
+ * runs do the same work. It runs once with continuous batching and once as
+ * static batches of the same size (a batch is admitted only when the previous
+ * one has fully finished, so it runs until its longest member ends), and
+ * reports both side by side with the speedup. --decode-batches also times
+ * pure decode steps at the given batch sizes (prompt 32, 64 new tokens). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/err.h"
+#include "engine/loader.h"
+#include "tools/cli.h"
+
+static const char *P = "rollout-bench";
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* splitmix64: the workload generator (not the sampler's RNG). */
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s) { return (mix(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+typedef struct {
+    int32_t n_prompt, gen;
+    int32_t *prompt;
+} work_item;
+
+/* Long tail: log-uniform between 16 and 256, so the median is 64 and a few run to 256. */
+static int32_t tail_len(uint64_t *s) { return (int32_t)floor(16.0 * pow(16.0, unif(s))); }
+
+typedef struct {
+    double seconds, tokens_per_s, mean_batch, kv_waste;
+    int64_t decode_steps, tokens, kv_peak;
+} run_stats;
+
+static int run_workload(model *m, const eng_config *cfg, const work_item *w, int R, int n, int static_batch,
+                        uint64_t seed, run_stats *out)
+{
+    engine *e;
+    if (eng_create(m, cfg, &e))
+        return -1;
+    int per_batch = cfg->max_num_seqs / n;
+    if (per_batch < 1)
+        per_batch = 1;
+    eng_result res[256];
+    int next = 0;
+    double t0 = now_s();
+    while (next < R || eng_busy(e)) {
+        if (!static_batch || !eng_busy(e)) {
+            int limit = static_batch ? per_batch : R;
+            for (int k = 0; k < limit && next < R; k++, next++) {
+                samp_params sp = samp_default();
+                sp.seed = seed + (uint64_t)next;
+                eng_request rq = {.prompt = w[next].prompt, .n_prompt = w[next].n_prompt, .n = n,
+                                  .max_tokens = w[next].gen, .sp = sp, .ignore_eos = 1};
+                int64_t id;
+                if (eng_add(e, &rq, &id)) {
+                    fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+                    return -1;
+                }
+            }
+        }
+        if (eng_step(e) < 0) {
+            fprintf(stderr, "%s: step failed: %s\n", P, rd_errmsg());
+            return -1;
+        }
+        int got;
+        while ((got = eng_collect(e, res, 256)) > 0)
+            for (int i = 0; i < got; i++)
+                eng_result_free(&res[i]);
+    }
+    double dt = now_s() - t0;
+    eng_stats st;
+    eng_get_stats(e, &st);
+    out->seconds = dt;
+    out->tokens = st.generated_tokens;
+    out->tokens_per_s = st.generated_tokens / dt;
+    out->decode_steps = st.steps;
+    out->mean_batch = st.steps ? (double)st.seqs_total / st.steps : 0;
+    out->kv_peak = st.kv_peak_blocks;
+    out->kv_waste = st.kv_waste_at_peak;
+    eng_destroy(e);
+    return 0;
+}
+
+/* Decode-only throughput at batch B: B distinct prompts of 32 tokens are
+ * prefilled, then the 64 steps that each add one token per sequence are timed. */
+static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng)
+{
+    eng_config cfg = *base;
+    cfg.max_num_seqs = B > cfg.max_num_seqs ? B : cfg.max_num_seqs;
+    if (cfg.max_batch_tokens < 32 * B)
+        cfg.max_batch_tokens = 32 * B;
+    engine *e;
+    if (eng_create(m, &cfg, &e))
+        return -1;
+    int32_t prompt[32];
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < 32; i++)
+            prompt[i] = 100 + (int32_t)(mix(rng) % 20000);
+        samp_params sp = samp_default();
+        sp.seed = (uint64_t)b;
+        eng_request rq = {.prompt = prompt, .n_prompt = 32, .n = 1, .max_tokens = 65, .sp = sp, .ignore_eos = 1};
+        int64_t id;
+        if (eng_add(e, &rq, &id))
+            return -1;
+    }
+    if (eng_step(e) < 0) /* the prefill of all B prompts and their first token */
+        return -1;
+    double t0 = now_s();
+    int64_t toks = 0;
+    for (int i = 0; i < 64; i++) {
+        int rc = eng_step(e);
+        if (rc < 0)
+            return -1;
+        toks += rc;
+    }
+    double dt = now_s() - t0;
+    eng_destroy(e);
+    return toks / dt;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL;
+    int R = 64, n = 4, json = 0, threads = 0, max_seqs = 64;
+    int64_t kv_mb = 1024;
+    uint64_t seed = 1;
+    int32_t *dec_b = NULL, n_dec = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--model")) model_path = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--requests")) R = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100000);
+        else if (!strcmp(a, "--n")) n = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX);
+        else if (!strcmp(a, "--max-num-seqs")) max_seqs = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
+        else if (!strcmp(a, "--threads")) threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "--kv-cache-mb")) kv_mb = cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "--decode-batches")) dec_b = cli_ids(P, a, cli_value(P, argc, argv, &i), &n_dec);
+        else if (!strcmp(a, "--json")) json = 1;
+        else cli_die(P, "unknown flag '%s'%s (see the comment at the top of tools/rollout-bench.c)", a, "");
+    }
+    if (!model_path)
+        cli_die(P, "usage: rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--json]%s%s", "", "");
+    if (n > max_seqs)
+        cli_die(P, "--n must not exceed --max-num-seqs%s%s", "", "");
+    for (int32_t i = 0; i < n_dec; i++)
+        if (dec_b[i] < 1 || dec_b[i] > 1024)
+            cli_die(P, "--decode-batches expects sizes in 1..1024%s%s", "", "");
+
+    rd_loaded L;
+    if (rd_load(model_path, "cpu", threads, &L)) {
+        fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+        return 1;
+    }
+    const model_config *mc = &L.m->cfg;
+    uint64_t rng = seed;
+    work_item *w = calloc((size_t)R, sizeof *w);
+    int64_t work_tokens = 0;
+    for (int r = 0; r < R; r++) {
+        w[r].n_prompt = tail_len(&rng);
+        w[r].gen = tail_len(&rng);
+        w[r].prompt = malloc(sizeof(int32_t) * w[r].n_prompt);
+        for (int32_t i = 0; i < w[r].n_prompt; i++)
+            w[r].prompt[i] = 100 + (int32_t)(mix(&rng) % (uint64_t)(mc->vocab - 100));
+        work_tokens += (int64_t)w[r].gen * n;
+    }
+
+    eng_config cfg = eng_default_config();
+    cfg.max_num_seqs = max_seqs;
+    cfg.max_batch_tokens = 512 > max_seqs ? 512 : max_seqs;
+    cfg.kv_cache_bytes = kv_mb << 20;
+    run_stats cont, stat;
+    if (run_workload(L.m, &cfg, w, R, n, 0, seed, &cont) || run_workload(L.m, &cfg, w, R, n, 1, seed, &stat))
+        return 1;
+    double speedup = cont.tokens_per_s / stat.tokens_per_s;
+
+    double *dec = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec);
+    for (int32_t i = 0; i < n_dec; i++)
+        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng)) < 0) {
+            fprintf(stderr, "%s: decode benchmark failed: %s\n", P, rd_errmsg());
+            return 1;
+        }
+
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        const run_stats *rs[2] = {&cont, &stat};
+        const char *names[2] = {"continuous", "static"};
+        for (int k = 0; k < 2; k++) {
+            cJSON *x = cJSON_AddObjectToObject(o, names[k]);
+            cJSON_AddNumberToObject(x, "tokens_per_s", rs[k]->tokens_per_s);
+            cJSON_AddNumberToObject(x, "decode_steps", (double)rs[k]->decode_steps);
+            cJSON_AddNumberToObject(x, "mean_batch", rs[k]->mean_batch);
+            cJSON_AddNumberToObject(x, "kv_peak_blocks", (double)rs[k]->kv_peak);
+            cJSON_AddNumberToObject(x, "kv_waste_frac", rs[k]->kv_waste);
+            cJSON_AddNumberToObject(x, "seconds", rs[k]->seconds);
+            cJSON_AddNumberToObject(x, "generated_tokens", (double)rs[k]->tokens);
+        }
+        cJSON_AddNumberToObject(o, "speedup", speedup);
+        cJSON *d = cJSON_AddObjectToObject(o, "decode_tokens_per_s");
+        for (int32_t i = 0; i < n_dec; i++) {
+            char k[32];
+            snprintf(k, sizeof k, "batch_%d", dec_b[i]);
+            cJSON_AddNumberToObject(d, k, dec[i]);
+        }
+        char *s = cJSON_PrintUnformatted(o);
+        puts(s);
+        free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("workload: %d requests x n=%d, %lld generated tokens, max_num_seqs %d, %d threads\n", R, n,
+               (long long)work_tokens, max_seqs, L.be->n_threads);
+        printf("%-12s %12s %8s %8s %10s %10s %8s\n", "mode", "tokens/s", "steps", "batch", "kv_peak", "kv_waste", "secs");
+        const run_stats *rs[2] = {&cont, &stat};
+        const char *names[2] = {"continuous", "static"};
+        for (int k = 0; k < 2; k++)
+            printf("%-12s %12.1f %8lld %8.1f %10lld %9.2f%% %8.1f\n", names[k], rs[k]->tokens_per_s,
+                   (long long)rs[k]->decode_steps, rs[k]->mean_batch, (long long)rs[k]->kv_peak,
+                   100 * rs[k]->kv_waste, rs[k]->seconds);
+        printf("speedup (continuous / static): %.2fx\n", speedup);
+        for (int32_t i = 0; i < n_dec; i++)
+            printf("decode batch %-4d %10.1f tokens/s\n", dec_b[i], dec[i]);
+    }
+    return 0;
+}
