@@ -11,8 +11,8 @@ OPT     ?= -O2
 BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fopenmp $(WARN) -I. -MMD -MP
-LDLIBS  += -lcjson -lopenblas -lpcre2-8 -lm -lpthread -fopenmp
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
+LDLIBS  += -lcjson -lopenblas -lpcre2-8 -lm -lpthread
 
 LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -24,7 +24,7 @@ CU_SRC  := $(wildcard kernels/cuda/*.cu)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 NVFLAGS := -O2 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
-CFLAGS  += -DRD_HAVE_CUDA=1
+CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
 

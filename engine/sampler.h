@@ -6,6 +6,7 @@
 #ifndef RD_SAMPLER_H
 #define RD_SAMPLER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -21,9 +22,11 @@ typedef struct {
 typedef struct {
     int32_t token;
     float logprob;              /* raw: log softmax(logits) at temperature 1 */
-    float logprob_processed;    /* after temperature and truncation (renormalised); NAN if not asked */
-    int32_t n_top;              /* entries used in top_ids/top_logprobs */
-    int32_t top_ids[20];        /* highest raw log-probs, descending */
+    float logprob_processed;    /* after temperature and truncation (renormalised); NAN if not
+                                   asked; 0 for greedy (a point mass on the argmax) */
+    int32_t n_top;              /* entries used in top_ids/top_logprobs:
+                                   min(logprobs_topk, finite logits) */
+    int32_t top_ids[20];        /* highest raw log-probs, descending, ties to the lower id */
     float top_logprobs[20];
 } samp_result;
 
@@ -34,11 +37,22 @@ samp_params samp_default(void);
  * top_k >= 0, logprobs_topk in 0..20). */
 int samp_validate(const samp_params *p);
 
-/* Uniform double in [0,1) from (seed, sample index, position); a pure function. */
+/* Uniform double in [0,1) from (seed, sample index, position); a pure function:
+ * Philox4x32-10 with key {seed lo, seed hi}, counter {sample_idx, pos, 0, 0},
+ * u = ((out[1] << 32 | out[0]) >> 11) * 2^-53 (sampler.c has the details). */
 double samp_uniform(uint64_t seed, uint32_t sample_idx, uint32_t pos);
 
-/* Chooses a token from logits[vocab] (not modified). scratch must hold
- * 2*vocab floats + vocab ints (samp_scratch_bytes). Deterministic given its inputs. */
+/* The Philox4x32-10 block function (Random123's philox4x32_R(10, ctr, key)),
+ * exposed for known-answer tests and for checking the CUDA copy against it. */
+void samp_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* Chooses a token from logits[vocab] (not modified), vocab in 1..2^30.
+ * Logits must be finite or -inf (a masked token: never chosen, never listed
+ * in top_ids), at least one finite. scratch must hold samp_scratch_bytes(vocab)
+ * bytes (about 12 per token; 0 means vocab is out of range), 8-byte aligned as
+ * malloc returns; its contents on entry do not matter. No allocation.
+ * Deterministic given its inputs. The draw walks the kept tokens in ascending
+ * index order (inverse CDF); sampler.c states the exact rules. */
 size_t samp_scratch_bytes(int32_t vocab);
 int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
                 uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out);

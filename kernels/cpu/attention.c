@@ -10,6 +10,9 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/pool.h"
 
 /* Dot product of two head vectors, in a fixed order: 8 lanes over strided
  * elements, then the lanes summed left to right. */
@@ -43,71 +46,88 @@ static int32_t row_seq(const rd_step_dev *s, int32_t row)
     return lo;
 }
 
+typedef struct {
+    const rd_attn_shape *a;
+    const float *q;
+    int32_t stride;
+    const rd_step_dev *s;
+    const float *k_cache, *v_cache;
+    float *out;
+    int32_t max_ctx;            /* longest context in the step */
+    float *scratch;             /* [workers][max_ctx * group + head_dim * group] */
+} attn_job;
+
+/* One task: one (row, kv head) pair, all query heads of its group. */
+static void attn_task(void *ctx, int32_t item, int32_t worker)
+{
+    const attn_job *J = ctx;
+    const rd_attn_shape *a = J->a;
+    const rd_step_dev *s = J->s;
+    const int32_t hd = a->head_dim, bs = a->block_size, nkv = a->n_kv_heads;
+    const int32_t group = a->n_heads / nkv;
+    float *scores = J->scratch + (size_t)worker * ((size_t)J->max_ctx * group + (size_t)hd * group);
+    float *acc = scores + (size_t)J->max_ctx * group;
+
+    int32_t row = item / nkv, kvh = item % nkv;
+    int32_t seq = row_seq(s, row);
+    int32_t n = s->positions[row] + 1;
+    const int32_t *table = s->block_tables + (size_t)seq * s->max_blocks;
+    const float *qrow = J->q + (size_t)row * J->stride;
+
+    /* scores[g][j] = q_g . k_j * scale */
+    for (int32_t j = 0; j < n; j++) {
+        size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
+        const float *kj = J->k_cache + off;
+        for (int32_t g = 0; g < group; g++)
+            scores[(size_t)g * n + j] = dot_hd(qrow + (size_t)(kvh * group + g) * hd, kj, hd) * a->scale;
+    }
+    /* softmax per query head, summed in key order */
+    for (int32_t g = 0; g < group; g++) {
+        float *sc = scores + (size_t)g * n;
+        float mx = -INFINITY;
+        for (int32_t j = 0; j < n; j++)
+            mx = sc[j] > mx ? sc[j] : mx;
+        float sum = 0.0f;
+        for (int32_t j = 0; j < n; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float inv = 1.0f / sum;
+        for (int32_t j = 0; j < n; j++)
+            sc[j] *= inv;
+        for (int32_t d = 0; d < hd; d++)
+            acc[(size_t)g * hd + d] = 0.0f;
+    }
+    /* out_g = sum_j p_gj v_j, in key order */
+    for (int32_t j = 0; j < n; j++) {
+        size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
+        const float *vj = J->v_cache + off;
+        for (int32_t g = 0; g < group; g++) {
+            float p = scores[(size_t)g * n + j];
+            float *ag = acc + (size_t)g * hd;
+            for (int32_t d = 0; d < hd; d++)
+                ag[d] = fmaf(p, vj[d], ag[d]);
+        }
+    }
+    for (int32_t g = 0; g < group; g++) {
+        float *o = J->out + (size_t)row * a->n_heads * hd + (size_t)(kvh * group + g) * hd;
+        memcpy(o, acc + (size_t)g * hd, sizeof(float) * hd);
+    }
+}
+
 void cpu_attention(rd_backend *be, const rd_attn_shape *a, const float *q, int32_t stride,
                    const rd_step_dev *s, const float *k_cache, const float *v_cache, float *out)
 {
-    const int32_t hd = a->head_dim, bs = a->block_size, nkv = a->n_kv_heads;
-    const int32_t group = a->n_heads / nkv;
-    const int32_t n_items = s->n_rows * nkv;
-    int32_t max_ctx = 0;
+    const int32_t group = a->n_heads / a->n_kv_heads;
+    int32_t max_ctx = 1;
     for (int32_t i = 0; i < s->n_rows; i++)
         if (s->positions[i] + 1 > max_ctx)
             max_ctx = s->positions[i] + 1;
-
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * (size_t)max_ctx * group);
-        float *acc = malloc(sizeof(float) * (size_t)hd * group);
-#pragma omp for schedule(dynamic, 4)
-        for (int32_t item = 0; item < n_items; item++) {
-            int32_t row = item / nkv, kvh = item % nkv;
-            int32_t seq = row_seq(s, row);
-            int32_t n = s->positions[row] + 1;
-            const int32_t *table = s->block_tables + (size_t)seq * s->max_blocks;
-            const float *qrow = q + (size_t)row * stride;
-
-            /* scores[g][j] = q_g . k_j * scale */
-            for (int32_t j = 0; j < n; j++) {
-                size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
-                const float *kj = k_cache + off;
-                for (int32_t g = 0; g < group; g++)
-                    scores[(size_t)g * n + j] = dot_hd(qrow + (size_t)(kvh * group + g) * hd, kj, hd) * a->scale;
-            }
-            /* softmax per query head, summed in key order */
-            for (int32_t g = 0; g < group; g++) {
-                float *sc = scores + (size_t)g * n;
-                float mx = -INFINITY;
-                for (int32_t j = 0; j < n; j++)
-                    mx = sc[j] > mx ? sc[j] : mx;
-                float sum = 0.0f;
-                for (int32_t j = 0; j < n; j++) {
-                    sc[j] = expf(sc[j] - mx);
-                    sum += sc[j];
-                }
-                float inv = 1.0f / sum;
-                for (int32_t j = 0; j < n; j++)
-                    sc[j] *= inv;
-                for (int32_t d = 0; d < hd; d++)
-                    acc[(size_t)g * hd + d] = 0.0f;
-            }
-            /* out_g = sum_j p_gj v_j, in key order */
-            for (int32_t j = 0; j < n; j++) {
-                size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
-                const float *vj = v_cache + off;
-                for (int32_t g = 0; g < group; g++) {
-                    float p = scores[(size_t)g * n + j];
-                    float *ag = acc + (size_t)g * hd;
-                    for (int32_t d = 0; d < hd; d++)
-                        ag[d] = fmaf(p, vj[d], ag[d]);
-                }
-            }
-            for (int32_t g = 0; g < group; g++) {
-                float *o = out + (size_t)row * a->n_heads * hd + (size_t)(kvh * group + g) * hd;
-                for (int32_t d = 0; d < hd; d++)
-                    o[d] = acc[(size_t)g * hd + d];
-            }
-        }
-        free(scores);
-        free(acc);
-    }
+    size_t per_worker = (size_t)max_ctx * group + (size_t)a->head_dim * group;
+    float *scratch = malloc(sizeof(float) * per_worker * pool_size());
+    if (!scratch)
+        return; /* out of memory: the caller's step fails on its next allocation */
+    attn_job J = {a, q, stride, s, k_cache, v_cache, out, max_ctx, scratch};
+    pool_run(s->n_rows * a->n_kv_heads, attn_task, &J);
+    free(scratch);
 }

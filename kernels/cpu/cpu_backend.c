@@ -5,14 +5,15 @@
  * OpenMP. Every reduction runs in a fixed order inside one row, so a row's
  * result never depends on which other rows share the step. */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/err.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/pool.h"
 
 static void *cpu_alloc(rd_backend *be, size_t bytes)
 {
@@ -75,7 +76,6 @@ static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t
 static void cpu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
                         float *out)
 {
-#pragma omp parallel for schedule(static) if (m > 8)
     for (int32_t i = 0; i < m; i++) {
         const float *xi = x + (size_t)i * d;
         float *oi = out + (size_t)i * d;
@@ -92,7 +92,6 @@ static void cpu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_
                      const int32_t *positions, const float *cos_sin)
 {
     const int32_t half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (m > 8)
     for (int32_t i = 0; i < m; i++) {
         const float *cs = cos_sin + (size_t)positions[i] * half * 2;
         for (int32_t h = 0; h < n_heads; h++) {
@@ -107,15 +106,29 @@ static void cpu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_
     }
 }
 
+typedef struct {
+    const float *gu;
+    int32_t m, f;
+    float *out;
+} swiglu_job;
+
+static void swiglu_task(void *ctx, int32_t t, int32_t worker)
+{
+    const swiglu_job *j = ctx;
+    int32_t r1 = (t + 1) * 8 < j->m ? (t + 1) * 8 : j->m;
+    for (int32_t i = t * 8; i < r1; i++) {
+        const float *g = j->gu + (size_t)i * 2 * j->f, *u = g + j->f;
+        float *o = j->out + (size_t)i * j->f;
+        for (int32_t c = 0; c < j->f; c++)
+            o[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+    }
+}
+
+/* The one elementwise op with real cost (an exp per element): 8 rows a task. */
 static void cpu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
 {
-#pragma omp parallel for schedule(static) if (m > 8)
-    for (int32_t i = 0; i < m; i++) {
-        const float *g = gu + (size_t)i * 2 * f, *u = g + f;
-        float *o = out + (size_t)i * f;
-        for (int32_t j = 0; j < f; j++)
-            o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-    }
+    swiglu_job j = {gu, m, f, out};
+    pool_run((m + 7) / 8, swiglu_task, &j);
 }
 
 static void cpu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, int32_t n, int32_t d,
@@ -197,8 +210,9 @@ int rd_backend_cpu_create(int n_threads, rd_backend **out)
     if (!be)
         return rd_fail(RD_ENOMEM, "cpu backend: out of memory");
     be->ops = &cpu_ops;
-    be->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
-    omp_set_num_threads(be->n_threads);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    pool_init(n_threads > 0 ? n_threads : (int)(cores > 0 ? cores : 1));
+    be->n_threads = pool_size();
     *out = be;
     return 0;
 }

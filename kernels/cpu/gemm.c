@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/err.h"
+#include "kernels/cpu/pool.h"
 
 #define ROW_CHUNK 64            /* rows of x kept hot in L2 while panels stream */
 
@@ -133,23 +134,36 @@ static void tile_1x64(const gemm_weight *g, const float *x, int32_t p0, int32_t 
         store16(y, (p0 + j) * GEMM_PANEL, g->out, acc[2 * j], acc[2 * j + 1], accumulate);
 }
 
+typedef struct {
+    const gemm_weight *g;
+    const float *x;
+    float *y;
+    int32_t r0, r1;             /* rows of this chunk */
+    int accumulate;
+} gemm_job;
+
+/* One task: a group of 4 panels over the chunk's rows. */
+static void gemm_task(void *ctx, int32_t grp, int32_t worker)
+{
+    const gemm_job *j = ctx;
+    const gemm_weight *g = j->g;
+    const int32_t in = g->in, out = g->out;
+    int32_t p0 = grp * 4;
+    int32_t np = g->n_panels - p0 < 4 ? g->n_panels - p0 : 4;
+    int32_t r = j->r0;
+    for (; r + 4 <= j->r1; r += 4)
+        for (int32_t p = p0; p < p0 + np; p++)
+            tile_4x16(g, j->x + (size_t)r * in, p, j->y + (size_t)r * out, j->accumulate);
+    for (; r < j->r1; r++)
+        tile_1x64(g, j->x + (size_t)r * in, p0, np, j->y + (size_t)r * out, j->accumulate);
+}
+
 void gemm_forward(const gemm_weight *g, const float *x, int32_t m, float *y, int accumulate)
 {
-    const int32_t in = g->in, out = g->out;
     /* Work items are groups of 4 panels so single rows get 8 chains. */
     const int32_t n_groups = (g->n_panels + 3) / 4;
     for (int32_t r0 = 0; r0 < m; r0 += ROW_CHUNK) {
-        int32_t r1 = r0 + ROW_CHUNK < m ? r0 + ROW_CHUNK : m;
-#pragma omp parallel for schedule(static)
-        for (int32_t grp = 0; grp < n_groups; grp++) {
-            int32_t p0 = grp * 4;
-            int32_t np = g->n_panels - p0 < 4 ? g->n_panels - p0 : 4;
-            int32_t r = r0;
-            for (; r + 4 <= r1; r += 4)
-                for (int32_t p = p0; p < p0 + np; p++)
-                    tile_4x16(g, x + (size_t)r * in, p, y + (size_t)r * out, accumulate);
-            for (; r < r1; r++)
-                tile_1x64(g, x + (size_t)r * in, p0, np, y + (size_t)r * out, accumulate);
-        }
+        gemm_job j = {g, x, y, r0, r0 + ROW_CHUNK < m ? r0 + ROW_CHUNK : m, accumulate};
+        pool_run(n_groups, gemm_task, &j);
     }
 }

@@ -1,0 +1,129 @@
+/* pool.c - see pool.h.
+ *
+ * One job at a time. `claim` packs (generation << 32 | next task): a worker
+ * claims a task with a CAS that also proves the job is still the one it read,
+ * so a late worker can never run a task of a newer job with an older fn. */
+#include "kernels/cpu/pool.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "engine/err.h"
+
+static struct {
+    int n;                              /* threads incl. the caller */
+    pthread_t tid[POOL_MAX_THREADS];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic uint64_t claim;             /* generation << 32 | next task */
+    _Atomic int32_t done;               /* tasks finished in this generation */
+    pool_fn fn;
+    void *ctx;
+    int32_t n_tasks;
+} P = {.n = 0, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Runs tasks of generation gen until none are left; returns how many ran. */
+static int32_t drain(uint32_t gen, int32_t worker)
+{
+    pool_fn fn = P.fn;
+    void *ctx = P.ctx;
+    int32_t n = P.n_tasks, ran = 0;
+    uint64_t v = atomic_load_explicit(&P.claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(v >> 32) != gen || (int32_t)(v & 0xffffffffu) >= n)
+            break;
+        if (!atomic_compare_exchange_weak_explicit(&P.claim, &v, v + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(ctx, (int32_t)(v & 0xffffffffu), worker);
+        atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+        ran++;
+        v = atomic_load_explicit(&P.claim, memory_order_acquire);
+    }
+    return ran;
+}
+
+static void *worker_main(void *arg)
+{
+    int32_t me = (int32_t)(intptr_t)arg;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t gen = seen;
+        /* Spin a little: the next job of a step usually follows within microseconds. */
+        for (int i = 0; i < 4000; i++) {
+            gen = (uint32_t)(atomic_load_explicit(&P.claim, memory_order_acquire) >> 32);
+            if (gen != seen)
+                break;
+            _mm_pause();
+        }
+        if (gen == seen) {
+            pthread_mutex_lock(&P.mu);
+            while ((gen = (uint32_t)(atomic_load(&P.claim) >> 32)) == seen)
+                pthread_cond_wait(&P.cv, &P.mu);
+            pthread_mutex_unlock(&P.mu);
+        }
+        seen = gen;
+        drain(gen, me);
+    }
+    return NULL;
+}
+
+int pool_init(int n_threads)
+{
+    pthread_mutex_lock(&init_mu);
+    if (P.n == 0) {
+        if (n_threads < 1)
+            n_threads = 1;
+        if (n_threads > POOL_MAX_THREADS)
+            n_threads = POOL_MAX_THREADS;
+        P.n = 1;
+        for (int i = 1; i < n_threads; i++) {
+            pthread_attr_t at;
+            pthread_attr_init(&at);
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            int rc = pthread_create(&P.tid[i], &at, worker_main, (void *)(intptr_t)i);
+            pthread_attr_destroy(&at);
+            if (rc)
+                break;
+            P.n++;
+        }
+    }
+    pthread_mutex_unlock(&init_mu);
+    return 0;
+}
+
+int pool_size(void) { return P.n > 0 ? P.n : 1; }
+
+void pool_run(int32_t n_tasks, pool_fn fn, void *ctx)
+{
+    if (n_tasks <= 0)
+        return;
+    if (P.n <= 1 || n_tasks == 1) {
+        for (int32_t t = 0; t < n_tasks; t++)
+            fn(ctx, t, 0);
+        return;
+    }
+    /* The previous job is complete (we waited for it), so no worker reads
+     * fn/ctx/n_tasks for it any more except to find its claim exhausted. */
+    P.fn = fn;
+    P.ctx = ctx;
+    P.n_tasks = n_tasks;
+    atomic_store_explicit(&P.done, 0, memory_order_relaxed);
+    uint64_t gen = (atomic_load(&P.claim) >> 32) + 1;
+    pthread_mutex_lock(&P.mu);
+    atomic_store_explicit(&P.claim, gen << 32, memory_order_release);
+    pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.mu);
+
+    drain((uint32_t)gen, 0);
+    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n_tasks; spins++) {
+        if (spins < 20000)
+            _mm_pause();
+        else
+            sched_yield(); /* a worker holding a task was descheduled */
+    }
+}
