@@ -28,7 +28,7 @@ CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
 
-.PHONY: all test asan bench model fuzz clean setup
+.PHONY: all test asan asan-build bench model fuzz clean setup demo
 all: $(BUILD)/librollout.a $(TOOLS) $(TESTS)
 
 $(BUILD)/obj/%.o: %.c
@@ -54,17 +54,30 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/librollout.a
 model:
 	@tools/fetch_model.sh
 
-test: all
-	tests/run.sh $(BUILD)
+ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
-# The unit tests under AddressSanitizer + UBSan, in their own build dir.
-asan:
-	$(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-	    LDLIBS_EXTRA= CUDA=0 all
-	RD_ASAN=1 tests/run.sh build/asan --unit-only
+# The whole suite: unit tests (plain and ASan/UBSan builds) and the Python
+# oracle tests (NumPy reference, llama.cpp). Needs the default model.
+test: all asan-build model
+	RD_ASAN_BUILD=build/asan tests/run.sh $(BUILD)
 
-bench: all
-	$(BUILD)/rollout-bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --requests 64 --n 4
+asan-build:
+	$(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" CUDA=0 all
+
+# The unit tests alone under AddressSanitizer + UBSan.
+asan: asan-build
+	tests/run.sh build/asan --unit-only
+
+MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# Continuous vs static batching, then decode tokens/s at batch 1 and 32 next
+# to llama.cpp on the same file and thread count.
+bench: all model
+	tools/bench.sh $(MODEL)
+
+# A small batch of rollouts from the default model, with log-probs.
+demo: all model
+	tools/demo.sh $(MODEL)
 
 # libFuzzer target for the GGUF parser (clang).
 fuzz:

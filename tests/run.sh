@@ -34,10 +34,22 @@ run_one() {
   failed=$((failed + f))
 }
 
+# Tiny random models for the unit tests (idempotent, a few seconds).
+export RD_TESTDATA=${RD_TESTDATA:-build/testdata}
+tests/gen_testdata.sh "$RD_TESTDATA" >/dev/null || { echo "FAIL gen_testdata"; failed=$((failed + 1)); }
+
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   run_one "$(basename "$t")" "$t"
 done
+
+# The same unit tests built with AddressSanitizer + UBSan (make asan-build).
+if [ -n "${RD_ASAN_BUILD:-}" ]; then
+  for t in "$RD_ASAN_BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    run_one "asan:$(basename "$t")" "$t"
+  done
+fi
 
 if [ "$MODE" != "--unit-only" ]; then
   for t in tests/py/test_*.py; do

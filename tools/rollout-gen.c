@@ -33,6 +33,12 @@ static char *decode(const tok_tokenizer *tok, const int32_t *ids, int32_t n)
     return text;
 }
 
+/* The stop token stays in token_ids (the learner trains on it) but not in the text. */
+static int32_t text_len(const eng_result *r)
+{
+    return r->finish == FINISH_STOP && r->n_tokens > 0 ? r->n_tokens - 1 : r->n_tokens;
+}
+
 static void print_json(const tok_tokenizer *tok, const eng_result *r, uint64_t seed)
 {
     cJSON *o = cJSON_CreateObject();
@@ -60,7 +66,7 @@ static void print_json(const tok_tokenizer *tok, const eng_result *r, uint64_t s
             cJSON_AddItemToArray(tops, row);
         }
     }
-    char *text = decode(tok, r->token_ids, r->n_tokens);
+    char *text = decode(tok, r->token_ids, text_len(r));
     cJSON_AddStringToObject(o, "text", text ? text : "");
     free(text);
     cJSON_AddStringToObject(o, "finish_reason", finish_name(r->finish));
@@ -164,7 +170,7 @@ int main(int argc, char **argv)
             if (json) {
                 print_json(L.tok, &res[i], sp.seed);
             } else {
-                char *text = decode(L.tok, res[i].token_ids, res[i].n_tokens);
+                char *text = decode(L.tok, res[i].token_ids, text_len(&res[i]));
                 if (n > 1)
                     printf("--- sample %d (%s)\n", want, finish_name(res[i].finish));
                 printf("%s\n", text ? text : "");
