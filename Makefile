@@ -31,11 +31,18 @@ endif
 .PHONY: all test asan asan-build bench model fuzz clean setup demo
 all: $(BUILD)/librollout.a $(TOOLS) $(TESTS)
 
-$(BUILD)/obj/%.o: %.c
+# Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
+# ARCH= rebuilds them instead of mixing old and new objects.
+FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(CUDA)' | md5sum | cut -c1-10)
+$(FLAGS_STAMP):
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/flags.* && touch $@
+
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
