@@ -456,7 +456,7 @@ static void finish(engine *e, seq *s, finish_reason why)
     s->finish = why;
     s->state = SEQ_FINISHED;
     list_push_back(&e->done, s);
-    if (why == FINISH_ABORT)
+    if (why == FINISH_ABORT || why == FINISH_ERROR)
         e->st.aborted++;
     else
         e->st.completed++;
@@ -514,11 +514,11 @@ static int fork_group(engine *e, seq *parent, const float *logits)
     kids[0] = parent;
     for (int32_t i = 0; i < n; i++) {
         samp_result r;
-        int rc = samp_sample(&q->sp, logits, vocab, (uint32_t)kids[i]->sample_idx, (uint32_t)kids[i]->n_tokens,
-                             e->samp_scratch, &r);
-        if (rc)
-            return rc;
-        append_token(e, kids[i], &r);
+        if (samp_sample(&q->sp, logits, vocab, (uint32_t)kids[i]->sample_idx, (uint32_t)kids[i]->n_tokens,
+                        e->samp_scratch, &r))
+            finish(e, kids[i], FINISH_ERROR);
+        else
+            append_token(e, kids[i], &r);
     }
     return 0;
 }
@@ -587,11 +587,11 @@ int eng_step(engine *e)
             continue;
         }
         samp_result r;
-        rc = samp_sample(&s->req->sp, lg, e->m->cfg.vocab, (uint32_t)s->sample_idx, (uint32_t)s->n_tokens,
-                         e->samp_scratch, &r);
-        if (rc)
-            return rc;
-        append_token(e, s, &r);
+        if (samp_sample(&s->req->sp, lg, e->m->cfg.vocab, (uint32_t)s->sample_idx, (uint32_t)s->n_tokens,
+                        e->samp_scratch, &r))
+            finish(e, s, FINISH_ERROR);
+        else
+            append_token(e, s, &r);
     }
     return M;
 }

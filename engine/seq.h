@@ -7,7 +7,9 @@
 #include "engine/sampler.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
-typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT } finish_reason;
+/* FINISH_ERROR: the model produced logits the sampler refuses (NaN/inf),
+ * e.g. after bad weights; the sample ends with what it had. */
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR } finish_reason;
 
 #define SEQ_MAX_STOP 16
 

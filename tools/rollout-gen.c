@@ -21,7 +21,7 @@ static const char *P = "rollout-gen";
 
 static const char *finish_name(finish_reason f)
 {
-    return f == FINISH_STOP ? "stop" : f == FINISH_LENGTH ? "length" : f == FINISH_ABORT ? "abort" : "none";
+    return f == FINISH_STOP ? "stop" : f == FINISH_LENGTH ? "length" : f == FINISH_ABORT ? "abort" : f == FINISH_ERROR ? "error" : "none";
 }
 
 static char *decode(const tok_tokenizer *tok, const int32_t *ids, int32_t n)
