@@ -266,6 +266,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         return rd_fail(RD_EINVAL, "request: max_tokens = %d must be >= 1", r->max_tokens);
     if (r->n_stop < 0 || r->n_stop > SEQ_MAX_STOP)
         return rd_fail(RD_EINVAL, "request: %d stop ids (at most %d)", r->n_stop, SEQ_MAX_STOP);
+    if (r->n_stop > 0 && !r->stop_ids)
+        return rd_fail(RD_EINVAL, "request: n_stop is %d but stop_ids is NULL", r->n_stop);
     for (int32_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab)
             return rd_fail(RD_ERANGE, "request: prompt token %d at index %d is outside the vocabulary 0..%d",
