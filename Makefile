@@ -14,7 +14,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
 LDLIBS  += -lcjson -lopenblas -lpcre2-8 -lm -lpthread
 
-LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c) $(wildcard proto/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c))
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
