@@ -1,0 +1,380 @@
+/* proto.h - the learner wire protocol: message structs, encode and decode.
+ *
+ * proto/PROTOCOL.md is the specification (byte layouts, state machine, error
+ * codes); this file is its C implementation, shared by the daemon and the C
+ * client. tools/python/rolloutd/proto.py is the Python one; both decode the
+ * golden vectors in proto/testdata/.
+ *
+ * A frame is a 16-byte header (magic "RLDP", u16 version, u16 type, u32 body
+ * length, u32 flags = 0) and a body of little-endian fixed-width fields,
+ * u32-length-prefixed UTF-8 strings and u32-count-prefixed arrays.
+ *
+ * Decoding copies every array and string out of the frame into memory owned
+ * by the proto_msg (an arena freed by proto_msg_free), so the received buffer
+ * can be freed as soon as proto_decode returns, and arrays are aligned for
+ * direct use (int32_t token ids, float log-probs). Every count is checked
+ * against the bytes left in the frame before anything is allocated: arena
+ * memory stays below PROTO_ARENA_BOUND(frame bytes).
+ *
+ * Encoding appends one frame to a growable proto_buf. Arrays in the structs
+ * are read, never owned: the daemon can point a proto_result at an engine
+ * result's arrays and encode without copying them first. */
+#ifndef RD_PROTO_H
+#define RD_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
+#define PROTO_VERSION 1                     /* the only version this code speaks */
+#define PROTO_HEADER_BYTES 16
+#define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
+#define PROTO_MAX_CLIENT_NAME 256           /* bytes; a longer HELLO name is INVALID_PARAMS */
+#define PROTO_MAX_ERROR_MESSAGE 4096        /* bytes; proto_encode_error cuts longer ones */
+/* Arena bytes a decode of a frame of n bytes allocates (at most; once, at the
+ * first array or string). */
+#define PROTO_ARENA_BOUND(n) (2 * (size_t)(n) + 256)
+
+/* Message types. A reply's type is its request's | 0x80. */
+typedef enum {
+    PROTO_HELLO = 0x01,
+    PROTO_SUBMIT = 0x02,
+    PROTO_FETCH = 0x03,
+    PROTO_ABORT = 0x04,
+    PROTO_STATUS = 0x05,
+    PROTO_BYE = 0x06,
+    PROTO_UPDATE_BEGIN = 0x10,      /* reserved for weight updates (issue 4): not implemented */
+    PROTO_UPDATE_CHUNK = 0x11,
+    PROTO_UPDATE_COMMIT = 0x12,
+    PROTO_UPDATE_ABORT = 0x13,
+    PROTO_HELLO_OK = 0x81,
+    PROTO_SUBMIT_OK = 0x82,
+    PROTO_RESULTS = 0x83,
+    PROTO_ABORT_OK = 0x84,
+    PROTO_STATUS_OK = 0x85,
+    PROTO_BYE_OK = 0x86,
+    PROTO_UPDATE_BEGIN_OK = 0x90,   /* reserved (issue 4) */
+    PROTO_UPDATE_CHUNK_OK = 0x91,
+    PROTO_UPDATE_COMMIT_OK = 0x92,
+    PROTO_UPDATE_ABORT_OK = 0x93,
+    PROTO_ERROR = 0xFF,
+} proto_type;
+
+/* Error codes carried by ERROR replies and by SUBMIT_OK items (PROTOCOL.md,
+ * "Error codes", says when each is sent). */
+typedef enum {
+    PROTO_E_BAD_MAGIC = 1,
+    PROTO_E_UNSUPPORTED_VERSION = 2,
+    PROTO_E_MALFORMED = 3,          /* truncated, trailing bytes, bad count, bad UTF-8, reserved != 0 */
+    PROTO_E_TOO_LARGE = 4,          /* frame or declared length above the receiver's limit */
+    PROTO_E_UNKNOWN_TYPE = 5,
+    PROTO_E_UNEXPECTED = 6,         /* valid message, wrong state or direction */
+    PROTO_E_INVALID_PARAMS = 7,
+    PROTO_E_BUSY = 8,
+    PROTO_E_UNKNOWN_CLIENT = 9,
+    PROTO_E_UNKNOWN_REQUEST = 10,
+    PROTO_E_SHUTTING_DOWN = 11,
+    PROTO_E_INTERNAL = 12,
+    PROTO_E_CHECKSUM = 13,          /* reserved (issue 4) */
+    PROTO_E_STALE_VERSION = 14,     /* reserved (issue 4) */
+    PROTO_E_UPDATE_CONFLICT = 15,   /* reserved (issue 4) */
+} proto_err;
+
+/* Flag bits. Bits not listed must be 0 (PROTOCOL.md says which message checks them). */
+#define PROTO_HELLO_OK_RESUMED 0x1u     /* client_id was known: its requests and results were kept */
+#define PROTO_HELLO_OK_TEXT 0x2u        /* the daemon tokenizes text prompts */
+#define PROTO_HELLO_OK_CHAT 0x4u        /* the daemon can apply the model's chat template */
+#define PROTO_HELLO_OK_FLAGS 0x7u
+
+#define PROTO_REQ_HAS_SEED 0x1u         /* seed is used; else the daemon picks one (returned in results) */
+#define PROTO_REQ_PROCESSED_LOGPROBS 0x2u
+#define PROTO_REQ_IGNORE_EOS 0x4u
+#define PROTO_REQ_PROMPT_IS_TEXT 0x8u   /* prompt is UTF-8 text, else token ids */
+#define PROTO_REQ_CHAT_TEMPLATE 0x10u   /* wrap the text as a user turn in the chat template */
+#define PROTO_REQ_FLAGS 0x1Fu
+
+#define PROTO_SUBMIT_DUPLICATE 0x1u     /* client_req_id was already known: accepted, not run twice */
+#define PROTO_SUBMIT_OK_FLAGS 0x1u
+
+#define PROTO_RESULT_PROCESSED 0x1u     /* logprobs_processed is present */
+#define PROTO_RESULT_FLAGS 0x1u
+
+#define PROTO_ABORT_ALL 0x1u            /* abort every request of the client (client_req_id must be 0) */
+#define PROTO_ABORT_FLAGS 0x1u
+
+#define PROTO_BYE_DISCARD 0x1u          /* abort in-flight work, drop retained results, forget now */
+#define PROTO_BYE_FLAGS 0x1u
+
+/* Finish reasons in results (same numbers as the engine's finish_reason). */
+enum { PROTO_FINISH_STOP = 1, PROTO_FINISH_LENGTH = 2, PROTO_FINISH_ABORT = 3, PROTO_FINISH_ERROR = 4 };
+
+/* A UTF-8 string. Decoded strings are followed by a NUL (not counted in len),
+ * so ptr is also a C string when the text has no NUL inside. For encoding,
+ * ptr may be NULL when len is 0. */
+typedef struct {
+    const char *ptr;
+    uint32_t len;               /* bytes */
+} proto_str;
+
+/* HELLO: client -> daemon. */
+typedef struct {
+    uint64_t client_id;         /* 0 = new client; else the id to resume */
+    uint16_t min_version;       /* protocol versions the client speaks */
+    uint16_t max_version;
+    uint32_t flags;             /* none defined: 0 */
+    proto_str client_name;      /* free text for logs and /status */
+} proto_hello;
+
+/* HELLO_OK: the model, the limits and the client's id. */
+typedef struct {
+    uint64_t client_id;         /* assigned (HELLO had 0) or resumed */
+    uint16_t version;           /* protocol version chosen for this client */
+    uint32_t flags;             /* PROTO_HELLO_OK_* */
+    uint64_t features;          /* feature bits; none defined in version 1: 0 */
+    uint64_t weight_version;    /* policy version now serving */
+    uint32_t vocab_size;        /* token ids are 0..vocab_size-1 */
+    uint32_t max_context;       /* tokens: prompt + generated */
+    uint32_t n_layers;
+    uint32_t dim;               /* hidden size */
+    uint32_t n_heads;
+    uint32_t n_kv_heads;
+    int32_t eos_id;             /* -1 = none */
+    uint32_t max_prompt_tokens;
+    uint64_t max_message_bytes; /* largest frame (header included) either side may send */
+    uint32_t max_n;             /* samples per request */
+    uint32_t max_requests_per_submit;
+    uint32_t max_tokens;        /* generated tokens per sample */
+    uint32_t max_stop_ids;
+    uint32_t max_logprobs_topk;
+    uint32_t retention_results; /* results kept per client until acked (plus reserved in-flight) */
+    uint64_t retention_bytes;   /* bytes of encoded results likewise */
+    uint32_t max_wait_ms;       /* FETCH wait_ms is capped at this */
+    uint32_t client_ttl_s;      /* a client silent this long is forgotten */
+    uint32_t pending_results;   /* results held for this client now (a resumed client) */
+    uint32_t inflight_samples;  /* samples of this client not finished yet */
+    proto_str model_name;
+    proto_str architecture;     /* "llama", ... */
+    proto_str backend;          /* "cpu", "cuda" */
+    proto_str server;           /* software and version, e.g. "rolloutd 0.1.0" */
+} proto_hello_ok;
+
+/* One request of a SUBMIT: a prompt and how to sample n continuations. */
+typedef struct {
+    uint64_t client_req_id;     /* the client's id, unique per client */
+    uint32_t n;                 /* samples, >= 1 */
+    uint32_t max_tokens;        /* generated tokens per sample, >= 1 */
+    float temperature;          /* 0 = greedy */
+    float top_p;                /* (0, 1]; 1 = off */
+    int32_t top_k;              /* >= 0; 0 = off */
+    float min_p;                /* [0, 1]; 0 = off */
+    uint64_t seed;              /* used when flags has PROTO_REQ_HAS_SEED */
+    uint32_t logprobs_topk;     /* alternatives reported per token */
+    uint32_t flags;             /* PROTO_REQ_*; checked by proto_check_request, not by decode */
+    uint32_t n_stop;
+    const int32_t *stop_ids;    /* [n_stop] extra stop token ids */
+    uint32_t n_prompt;          /* token prompt (flags without PROMPT_IS_TEXT); 0 for text */
+    const int32_t *prompt;      /* [n_prompt] token ids */
+    proto_str text;             /* text prompt (flags with PROMPT_IS_TEXT); empty otherwise */
+} proto_request;
+
+/* SUBMIT: client -> daemon. */
+typedef struct {
+    uint64_t client_id;
+    uint32_t n_requests;
+    const proto_request *requests; /* [n_requests] */
+} proto_submit;
+
+/* SUBMIT_OK: one item per request, in the SUBMIT's order. */
+typedef struct {
+    uint64_t client_req_id;
+    uint32_t status;            /* 0 = accepted, else a PROTO_E_* code */
+    uint32_t flags;             /* PROTO_SUBMIT_DUPLICATE */
+    proto_str message;          /* why it was refused; empty when accepted */
+} proto_submit_item;
+
+typedef struct {
+    uint32_t n_items;
+    const proto_submit_item *items; /* [n_items] */
+} proto_submit_ok;
+
+/* FETCH: client -> daemon; a long-poll for results, carrying the ack. */
+typedef struct {
+    uint64_t client_id;
+    uint64_t ack_seq;           /* every result with seq <= ack_seq was received (0 = none) */
+    uint32_t max_results;       /* 0 = only ack, return at once */
+    uint32_t wait_ms;           /* wait this long for a first result (capped at max_wait_ms) */
+    uint64_t max_bytes;         /* RESULTS frame budget; 0 = max_message_bytes */
+} proto_fetch;
+
+/* A policy-version span: generated tokens [start, end) came from version. */
+typedef struct {
+    uint32_t start;             /* token index into token_ids */
+    uint32_t end;               /* exclusive */
+    uint64_t version;
+} proto_span;
+
+/* One finished sample. */
+typedef struct {
+    uint64_t seq;               /* per-client sequence number, from 1, gapless */
+    uint64_t client_req_id;
+    uint32_t sample_idx;        /* 0..n-1 */
+    uint8_t finish;             /* PROTO_FINISH_* */
+    uint8_t flags;              /* PROTO_RESULT_PROCESSED */
+    uint16_t top_k;             /* alternatives per token in top_ids/top_logprobs (0 = none) */
+    uint32_t n_preempt;         /* times the sample was preempted and recomputed */
+    uint32_t n_prompt;          /* prompt tokens (after tokenizing a text prompt) */
+    uint64_t seed;              /* the seed sampling used (the request's, or the daemon's pick) */
+    uint64_t version_admit;     /* weight version when the request was admitted */
+    uint64_t version_finish;    /* weight version when the sample finished */
+    uint64_t queued_us;         /* microseconds from acceptance to first scheduled */
+    uint64_t first_token_us;    /* from acceptance to the first generated token (0: none) */
+    uint64_t total_us;          /* from acceptance to finish */
+    uint32_t n_tokens;          /* generated tokens (a stop token is included) */
+    const int32_t *token_ids;   /* [n_tokens] */
+    const float *logprobs;      /* [n_tokens] raw log-prob (temperature 1), fp32 */
+    const float *logprobs_processed; /* [n_tokens] when flags has PROCESSED, else NULL */
+    const int32_t *top_ids;     /* [n_tokens][top_k], row-major; -1 pads rows with fewer */
+    const float *top_logprobs;  /* [n_tokens][top_k]; -inf pads */
+    uint32_t n_spans;           /* 0 when n_tokens is 0, else >= 1 */
+    const proto_span *spans;    /* [n_spans] contiguous, covering [0, n_tokens), versions increasing */
+} proto_result;
+
+/* RESULTS: the reply to FETCH. */
+typedef struct {
+    uint64_t ack_seq;           /* the client's acknowledged seq as the daemon now has it */
+    uint32_t pending_results;   /* results held after these (not in this reply) */
+    uint32_t inflight_samples;  /* accepted samples not finished yet */
+    uint32_t n_results;
+    const proto_result *results; /* [n_results], seq increasing */
+} proto_results;
+
+/* ABORT: client -> daemon. */
+typedef struct {
+    uint64_t client_id;
+    uint64_t client_req_id;     /* 0 with PROTO_ABORT_ALL */
+    uint32_t flags;             /* PROTO_ABORT_ALL */
+} proto_abort;
+
+typedef struct {
+    uint32_t n_requests;        /* requests aborted now */
+    uint32_t n_samples;         /* their unfinished samples, delivered later with finish = abort */
+} proto_abort_ok;
+
+/* STATUS has no body. STATUS_OK carries the /status JSON document. */
+typedef struct {
+    proto_str json;
+} proto_status_ok;
+
+/* BYE: client -> daemon. */
+typedef struct {
+    uint64_t client_id;
+    uint32_t flags;             /* PROTO_BYE_DISCARD */
+} proto_bye;
+
+typedef struct {
+    uint32_t pending_results;   /* still to be fetched (0 and 0: forgotten now) */
+    uint32_t inflight_samples;
+} proto_bye_ok;
+
+/* ERROR: the reply to any request that failed as a whole. */
+typedef struct {
+    uint32_t code;              /* PROTO_E_*, >= 1 */
+    uint16_t request_type;      /* the failed request's type, 0 if its header was unreadable */
+    uint16_t version_max;       /* highest protocol version the sender speaks */
+    proto_str message;          /* what was wrong and what was expected */
+} proto_error;
+
+typedef struct proto_block proto_block;
+
+/* One message. For encoding set type and the matching member; for decoding
+ * proto_decode fills it. */
+typedef struct {
+    uint16_t type;              /* proto_type */
+    uint32_t wire_error;        /* after a failed decode: the PROTO_E_* code to reply with */
+    union {
+        proto_hello hello;
+        proto_hello_ok hello_ok;
+        proto_submit submit;
+        proto_submit_ok submit_ok;
+        proto_fetch fetch;
+        proto_results results;
+        proto_abort abort_req;
+        proto_abort_ok abort_ok;
+        proto_status_ok status_ok;
+        proto_bye bye;
+        proto_bye_ok bye_ok;
+        proto_error error;
+    };
+    proto_block *arena;         /* decoded arrays and strings (proto_msg_free) */
+    size_t arena_bytes;         /* bytes allocated for them */
+} proto_msg;
+
+/* Decodes one frame of len bytes. max_len is the receiver's limit in bytes
+ * (0 = no limit beyond the format's). Never reads outside buf[0..len).
+ * On success returns 0: out holds the message and owns its arrays until
+ * proto_msg_free(out); buf is not referenced. On failure returns a negative
+ * RD_E* code, rd_errmsg() says what was wrong and what was expected,
+ * out->wire_error is the PROTO_E_* code for the ERROR reply, out->type is the
+ * header's type when the header was readable (else 0), and nothing is held.
+ * Checks in this order: size (TOO_LARGE), header length (MALFORMED), magic,
+ * version, body length (TOO_LARGE above max_len, else MALFORMED if it differs
+ * from len - 16), header flags (MALFORMED), type (UNKNOWN_TYPE), then the body
+ * (MALFORMED). */
+int proto_decode(const uint8_t *buf, size_t len, size_t max_len, proto_msg *out);
+
+/* Frees what a decode allocated; safe on a zeroed or failed message. */
+void proto_msg_free(proto_msg *m);
+
+/* A growable byte buffer frames are appended to. */
+typedef struct {
+    uint8_t *data;
+    size_t len;                 /* bytes used */
+    size_t cap;                 /* bytes allocated */
+} proto_buf;
+
+void proto_buf_init(proto_buf *b);
+void proto_buf_reset(proto_buf *b);     /* len = 0, keeps the memory */
+void proto_buf_free(proto_buf *b);
+
+/* Appends one frame encoding m (m->type selects the member). Refuses (RD_EINVAL,
+ * nothing appended) what the decoder would reject: invalid UTF-8, unknown flag
+ * bits (except request flags), finish out of range, bad spans, a text flag
+ * with token ids, a body over 4 GiB; RD_ENOTSUP for a reserved or unknown
+ * type; RD_ENOMEM if the buffer cannot grow. */
+int proto_encode(proto_buf *b, const proto_msg *m);
+
+/* Appends an ERROR frame: code (PROTO_E_*; 0 becomes INTERNAL), the failed
+ * request's type (0 if unknown), version_max = PROTO_VERSION, and message
+ * (NUL-terminated, may be NULL) cut to PROTO_MAX_ERROR_MESSAGE bytes; each byte
+ * of invalid UTF-8 (a character cut at the limit included) becomes '?'. */
+int proto_encode_error(proto_buf *b, uint32_t code, uint16_t request_type, const char *message);
+
+/* Encoded size in bytes of one result inside RESULTS, and the largest a
+ * result of a request with these parameters can be (spans included), for
+ * packing replies under FETCH.max_bytes and reserving retention. A RESULTS
+ * frame is PROTO_RESULTS_OVERHEAD bytes plus its results. */
+#define PROTO_RESULTS_OVERHEAD (PROTO_HEADER_BYTES + 24)
+uint64_t proto_result_bytes(const proto_result *r);
+uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t logprobs_topk);
+
+/* Checks one decoded request against the daemon's limits and model (lim is the
+ * HELLO_OK the daemon sends): flags, n, max_tokens, sampling ranges (NaN
+ * refused), stop ids and prompt ids in 0..vocab_size-1, prompt length,
+ * prompt + max_tokens within the context, the largest result within
+ * max_message_bytes, text/chat support. Returns 0 or RD_EINVAL with a
+ * message; the SUBMIT_OK item then carries PROTO_E_INVALID_PARAMS. */
+int proto_check_request(const proto_request *r, const proto_hello_ok *lim);
+/* The length part alone, for a text prompt once the daemon has tokenized it. */
+int proto_check_lengths(uint32_t n_prompt, uint32_t max_tokens, const proto_hello_ok *lim);
+
+/* "HELLO", "RESULTS", ...; NULL for a type this version does not define. */
+const char *proto_type_name(uint16_t type);
+/* "BAD_MAGIC", ...; "UNKNOWN" for others. */
+const char *proto_err_name(uint32_t code);
+/* 1 for the request types a daemon serves (HELLO..BYE), else 0. */
+int proto_is_request(uint16_t type);
+/* The wire code for a library error (RD_EINVAL/RD_ERANGE -> INVALID_PARAMS,
+ * RD_EBUSY -> BUSY, RD_ENOENT -> UNKNOWN_REQUEST, else INTERNAL). */
+uint32_t proto_err_from_rd(int rc);
+
+#endif

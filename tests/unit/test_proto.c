@@ -1,0 +1,1240 @@
+/* test_proto.c - the wire protocol codec against its golden vectors and under
+ * abuse.
+ *
+ * proto/testdata/vectors.json (written by tools/python/rolloutd/gen_golden.py
+ * with the Python codec) lists valid frames with their decoded fields and
+ * invalid frames with the error code a decoder must return. Here: every valid
+ * frame decodes to its fields and re-encodes to the same bytes; the fields
+ * built from the JSON encode to the same bytes; every invalid frame gives its
+ * code; request checks give the listed codes; random messages of every type
+ * round-trip; every truncation of every golden frame is refused; random byte
+ * mutations never crash and whatever decodes re-encodes to the same bytes.
+ * Run from the repository root (RD_PROTO_TESTDATA overrides the folder). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+#include "proto/proto.h"
+#include "tests/unit/test.h"
+
+/* ---- small helpers: files, a pool of test allocations, an RNG ---- */
+
+static const char *testdata(void)
+{
+    const char *d = getenv("RD_PROTO_TESTDATA");
+    return d && *d ? d : "proto/testdata";
+}
+
+static uint8_t *read_file(const char *name, size_t *len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", testdata(), name);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
+    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static void *pool[1 << 16];
+static int pool_n;
+
+static void *palloc(size_t n)
+{
+    void *p = calloc(1, n ? n : 1);
+    if (pool_n < (int)(sizeof pool / sizeof pool[0]))
+        pool[pool_n++] = p;
+    return p;
+}
+
+static void pool_free(void)
+{
+    while (pool_n)
+        free(pool[--pool_n]);
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+static uint32_t rnd_below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
+
+static cJSON *vectors;
+
+static int load_vectors(void)
+{
+    if (vectors)
+        return 0;
+    size_t len;
+    char *text = (char *)read_file("vectors.json", &len);
+    if (!text)
+        return -1;
+    char *z = realloc(text, len + 1);
+    z[len] = 0;
+    vectors = cJSON_Parse(z);
+    free(z);
+    return vectors ? 0 : -1;
+}
+
+/* ---- JSON (the form of proto.py to_json) -> proto_msg ---- */
+
+static char jerr[256];
+
+static const cJSON *jget(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v && !jerr[0])
+        snprintf(jerr, sizeof jerr, "missing key %s", k);
+    return v;
+}
+static double jnum(const cJSON *o, const char *k)
+{
+    const cJSON *v = jget(o, k);
+    return v && cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+static uint64_t ju64(const cJSON *o, const char *k)
+{
+    const cJSON *v = jget(o, k);
+    return v && cJSON_IsString(v) ? strtoull(v->valuestring, NULL, 10) : 0;
+}
+static float jf32v(const cJSON *v)
+{
+    if (cJSON_IsString(v)) {
+        if (!strcmp(v->valuestring, "nan")) return NAN;
+        if (!strcmp(v->valuestring, "inf")) return INFINITY;
+        return -INFINITY;
+    }
+    return (float)v->valuedouble;
+}
+static float jf32(const cJSON *o, const char *k)
+{
+    const cJSON *v = jget(o, k);
+    return v ? jf32v(v) : 0;
+}
+static proto_str jstr(const cJSON *o, const char *k)
+{
+    const cJSON *v = jget(o, k);
+    proto_str s = {"", 0};
+    if (v && cJSON_IsString(v)) {
+        s.ptr = v->valuestring;
+        s.len = (uint32_t)strlen(v->valuestring);
+    }
+    return s;
+}
+static const int32_t *ji32s(const cJSON *o, const char *k, uint32_t *n)
+{
+    const cJSON *a = jget(o, k);
+    *n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
+    if (!*n)
+        return NULL;
+    int32_t *d = palloc(*n * sizeof *d);
+    uint32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) d[i++] = (int32_t)e->valuedouble;
+    return d;
+}
+static const float *jf32s(const cJSON *o, const char *k, uint32_t *n)
+{
+    const cJSON *a = jget(o, k);
+    *n = a && cJSON_IsArray(a) ? (uint32_t)cJSON_GetArraySize(a) : 0;
+    if (!*n)
+        return NULL;
+    float *d = palloc(*n * sizeof *d);
+    uint32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) d[i++] = jf32v(e);
+    return d;
+}
+
+static uint16_t type_by_name(const char *name)
+{
+    for (int t = 0; t < 0x100; t++) {
+        const char *n = proto_type_name((uint16_t)t);
+        if (n && !strcmp(n, name))
+            return (uint16_t)t;
+    }
+    return 0;
+}
+
+static void json_to_msg(const cJSON *o, proto_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *t = jget(o, "type");
+    m->type = t && cJSON_IsString(t) ? type_by_name(t->valuestring) : 0;
+    switch (m->type) {
+    case PROTO_HELLO: {
+        proto_hello *h = &m->hello;
+        h->client_id = ju64(o, "client_id");
+        h->min_version = (uint16_t)jnum(o, "min_version");
+        h->max_version = (uint16_t)jnum(o, "max_version");
+        h->flags = (uint32_t)jnum(o, "flags");
+        h->client_name = jstr(o, "client_name");
+        break;
+    }
+    case PROTO_HELLO_OK: {
+        proto_hello_ok *h = &m->hello_ok;
+        h->client_id = ju64(o, "client_id");
+        h->version = (uint16_t)jnum(o, "version");
+        h->flags = (uint32_t)jnum(o, "flags");
+        h->features = ju64(o, "features");
+        h->weight_version = ju64(o, "weight_version");
+        h->vocab_size = (uint32_t)jnum(o, "vocab_size");
+        h->max_context = (uint32_t)jnum(o, "max_context");
+        h->n_layers = (uint32_t)jnum(o, "n_layers");
+        h->dim = (uint32_t)jnum(o, "dim");
+        h->n_heads = (uint32_t)jnum(o, "n_heads");
+        h->n_kv_heads = (uint32_t)jnum(o, "n_kv_heads");
+        h->eos_id = (int32_t)jnum(o, "eos_id");
+        h->max_prompt_tokens = (uint32_t)jnum(o, "max_prompt_tokens");
+        h->max_message_bytes = ju64(o, "max_message_bytes");
+        h->max_n = (uint32_t)jnum(o, "max_n");
+        h->max_requests_per_submit = (uint32_t)jnum(o, "max_requests_per_submit");
+        h->max_tokens = (uint32_t)jnum(o, "max_tokens");
+        h->max_stop_ids = (uint32_t)jnum(o, "max_stop_ids");
+        h->max_logprobs_topk = (uint32_t)jnum(o, "max_logprobs_topk");
+        h->retention_results = (uint32_t)jnum(o, "retention_results");
+        h->retention_bytes = ju64(o, "retention_bytes");
+        h->max_wait_ms = (uint32_t)jnum(o, "max_wait_ms");
+        h->client_ttl_s = (uint32_t)jnum(o, "client_ttl_s");
+        h->pending_results = (uint32_t)jnum(o, "pending_results");
+        h->inflight_samples = (uint32_t)jnum(o, "inflight_samples");
+        h->model_name = jstr(o, "model_name");
+        h->architecture = jstr(o, "architecture");
+        h->backend = jstr(o, "backend");
+        h->server = jstr(o, "server");
+        break;
+    }
+    case PROTO_SUBMIT: {
+        m->submit.client_id = ju64(o, "client_id");
+        const cJSON *a = jget(o, "requests");
+        uint32_t n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
+        proto_request *rs = n ? palloc(n * sizeof *rs) : NULL;
+        uint32_t i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, a) {
+            proto_request *r = &rs[i++];
+            r->client_req_id = ju64(e, "client_req_id");
+            r->n = (uint32_t)jnum(e, "n");
+            r->max_tokens = (uint32_t)jnum(e, "max_tokens");
+            r->temperature = jf32(e, "temperature");
+            r->top_p = jf32(e, "top_p");
+            r->top_k = (int32_t)jnum(e, "top_k");
+            r->min_p = jf32(e, "min_p");
+            r->seed = ju64(e, "seed");
+            r->logprobs_topk = (uint32_t)jnum(e, "logprobs_topk");
+            r->flags = (uint32_t)jnum(e, "flags");
+            r->stop_ids = ji32s(e, "stop_ids", &r->n_stop);
+            r->prompt = ji32s(e, "prompt_ids", &r->n_prompt);
+            r->text = jstr(e, "prompt_text");
+        }
+        m->submit.n_requests = n;
+        m->submit.requests = rs;
+        break;
+    }
+    case PROTO_SUBMIT_OK: {
+        const cJSON *a = jget(o, "items");
+        uint32_t n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
+        proto_submit_item *it = n ? palloc(n * sizeof *it) : NULL;
+        uint32_t i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, a) {
+            it[i].client_req_id = ju64(e, "client_req_id");
+            it[i].status = (uint32_t)jnum(e, "status");
+            it[i].flags = (uint32_t)jnum(e, "flags");
+            it[i].message = jstr(e, "message");
+            i++;
+        }
+        m->submit_ok.n_items = n;
+        m->submit_ok.items = it;
+        break;
+    }
+    case PROTO_FETCH:
+        m->fetch.client_id = ju64(o, "client_id");
+        m->fetch.ack_seq = ju64(o, "ack_seq");
+        m->fetch.max_results = (uint32_t)jnum(o, "max_results");
+        m->fetch.wait_ms = (uint32_t)jnum(o, "wait_ms");
+        m->fetch.max_bytes = ju64(o, "max_bytes");
+        break;
+    case PROTO_RESULTS: {
+        m->results.ack_seq = ju64(o, "ack_seq");
+        m->results.pending_results = (uint32_t)jnum(o, "pending_results");
+        m->results.inflight_samples = (uint32_t)jnum(o, "inflight_samples");
+        const cJSON *a = jget(o, "results");
+        uint32_t n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
+        proto_result *rs = n ? palloc(n * sizeof *rs) : NULL;
+        uint32_t i = 0, cnt;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, a) {
+            proto_result *r = &rs[i++];
+            r->seq = ju64(e, "seq");
+            r->client_req_id = ju64(e, "client_req_id");
+            r->sample_idx = (uint32_t)jnum(e, "sample_idx");
+            r->finish = (uint8_t)jnum(e, "finish");
+            r->flags = (uint8_t)jnum(e, "flags");
+            r->top_k = (uint16_t)jnum(e, "top_k");
+            r->n_preempt = (uint32_t)jnum(e, "n_preempt");
+            r->n_prompt = (uint32_t)jnum(e, "n_prompt");
+            r->seed = ju64(e, "seed");
+            r->version_admit = ju64(e, "version_admit");
+            r->version_finish = ju64(e, "version_finish");
+            r->queued_us = ju64(e, "queued_us");
+            r->first_token_us = ju64(e, "first_token_us");
+            r->total_us = ju64(e, "total_us");
+            r->token_ids = ji32s(e, "token_ids", &r->n_tokens);
+            r->logprobs = jf32s(e, "logprobs", &cnt);
+            r->logprobs_processed = jf32s(e, "logprobs_processed", &cnt);
+            r->top_ids = ji32s(e, "top_ids", &cnt);
+            r->top_logprobs = jf32s(e, "top_logprobs", &cnt);
+            const cJSON *sp = jget(e, "spans"), *s;
+            r->n_spans = sp ? (uint32_t)cJSON_GetArraySize(sp) : 0;
+            proto_span *spans = r->n_spans ? palloc(r->n_spans * sizeof *spans) : NULL;
+            uint32_t k = 0;
+            cJSON_ArrayForEach(s, sp) {
+                spans[k].start = (uint32_t)jnum(s, "start");
+                spans[k].end = (uint32_t)jnum(s, "end");
+                spans[k].version = ju64(s, "version");
+                k++;
+            }
+            r->spans = spans;
+        }
+        m->results.n_results = n;
+        m->results.results = rs;
+        break;
+    }
+    case PROTO_ABORT:
+        m->abort_req.client_id = ju64(o, "client_id");
+        m->abort_req.client_req_id = ju64(o, "client_req_id");
+        m->abort_req.flags = (uint32_t)jnum(o, "flags");
+        break;
+    case PROTO_ABORT_OK:
+        m->abort_ok.n_requests = (uint32_t)jnum(o, "n_requests");
+        m->abort_ok.n_samples = (uint32_t)jnum(o, "n_samples");
+        break;
+    case PROTO_STATUS_OK: m->status_ok.json = jstr(o, "json"); break;
+    case PROTO_BYE:
+        m->bye.client_id = ju64(o, "client_id");
+        m->bye.flags = (uint32_t)jnum(o, "flags");
+        break;
+    case PROTO_BYE_OK:
+        m->bye_ok.pending_results = (uint32_t)jnum(o, "pending_results");
+        m->bye_ok.inflight_samples = (uint32_t)jnum(o, "inflight_samples");
+        break;
+    case PROTO_ERROR:
+        m->error.code = (uint32_t)jnum(o, "code");
+        m->error.request_type = (uint16_t)jnum(o, "request_type");
+        m->error.version_max = (uint16_t)jnum(o, "version_max");
+        m->error.message = jstr(o, "message");
+        break;
+    }
+}
+
+/* ---- deep equality (floats compared bit for bit) ---- */
+
+static char neq[200];
+
+#define FIELD(a, b, name)                                                                  \
+    do {                                                                                   \
+        if ((a) != (b)) {                                                                  \
+            snprintf(neq, sizeof neq, "%s: %llu != %llu", name, (unsigned long long)(a),   \
+                     (unsigned long long)(b));                                             \
+            return 0;                                                                      \
+        }                                                                                  \
+    } while (0)
+
+static int f32_eq(float a, float b) { return memcmp(&a, &b, 4) == 0; }
+
+#define FFIELD(a, b, name)                                                                 \
+    do {                                                                                   \
+        if (!f32_eq((a), (b))) {                                                           \
+            snprintf(neq, sizeof neq, "%s: %.9g != %.9g", name, (double)(a), (double)(b)); \
+            return 0;                                                                      \
+        }                                                                                  \
+    } while (0)
+
+static int str_eq(proto_str a, proto_str b, const char *name)
+{
+    if (a.len != b.len || (a.len && memcmp(a.ptr, b.ptr, a.len))) {
+        snprintf(neq, sizeof neq, "%s: '%.*s' != '%.*s'", name, (int)(a.len < 60 ? a.len : 60), a.ptr ? a.ptr : "",
+                 (int)(b.len < 60 ? b.len : 60), b.ptr ? b.ptr : "");
+        return 0;
+    }
+    return 1;
+}
+#define SFIELD(a, b, name) do { if (!str_eq((a), (b), (name))) return 0; } while (0)
+
+static int arr_eq(const void *a, const void *b, uint64_t n, const char *name)
+{
+    if (n && (!a || !b || memcmp(a, b, n * 4))) {
+        snprintf(neq, sizeof neq, "%s: arrays of %llu differ", name, (unsigned long long)n);
+        return 0;
+    }
+    return 1;
+}
+#define AFIELD(a, b, n, name) do { if (!arr_eq((a), (b), (n), (name))) return 0; } while (0)
+
+static int request_eq(const proto_request *a, const proto_request *b)
+{
+    FIELD(a->client_req_id, b->client_req_id, "client_req_id");
+    FIELD(a->n, b->n, "n");
+    FIELD(a->max_tokens, b->max_tokens, "max_tokens");
+    FFIELD(a->temperature, b->temperature, "temperature");
+    FFIELD(a->top_p, b->top_p, "top_p");
+    FIELD(a->top_k, b->top_k, "top_k");
+    FFIELD(a->min_p, b->min_p, "min_p");
+    FIELD(a->seed, b->seed, "seed");
+    FIELD(a->logprobs_topk, b->logprobs_topk, "logprobs_topk");
+    FIELD(a->flags, b->flags, "flags");
+    FIELD(a->n_stop, b->n_stop, "n_stop");
+    AFIELD(a->stop_ids, b->stop_ids, a->n_stop, "stop_ids");
+    FIELD(a->n_prompt, b->n_prompt, "n_prompt");
+    AFIELD(a->prompt, b->prompt, a->n_prompt, "prompt");
+    SFIELD(a->text, b->text, "text");
+    return 1;
+}
+
+static int result_eq(const proto_result *a, const proto_result *b)
+{
+    FIELD(a->seq, b->seq, "seq");
+    FIELD(a->client_req_id, b->client_req_id, "client_req_id");
+    FIELD(a->sample_idx, b->sample_idx, "sample_idx");
+    FIELD(a->finish, b->finish, "finish");
+    FIELD(a->flags, b->flags, "flags");
+    FIELD(a->top_k, b->top_k, "top_k");
+    FIELD(a->n_preempt, b->n_preempt, "n_preempt");
+    FIELD(a->n_prompt, b->n_prompt, "n_prompt");
+    FIELD(a->seed, b->seed, "seed");
+    FIELD(a->version_admit, b->version_admit, "version_admit");
+    FIELD(a->version_finish, b->version_finish, "version_finish");
+    FIELD(a->queued_us, b->queued_us, "queued_us");
+    FIELD(a->first_token_us, b->first_token_us, "first_token_us");
+    FIELD(a->total_us, b->total_us, "total_us");
+    FIELD(a->n_tokens, b->n_tokens, "n_tokens");
+    uint64_t n = a->n_tokens, nk = n * a->top_k;
+    AFIELD(a->token_ids, b->token_ids, n, "token_ids");
+    AFIELD(a->logprobs, b->logprobs, n, "logprobs");
+    if (a->flags & PROTO_RESULT_PROCESSED)
+        AFIELD(a->logprobs_processed, b->logprobs_processed, n, "logprobs_processed");
+    AFIELD(a->top_ids, b->top_ids, nk, "top_ids");
+    AFIELD(a->top_logprobs, b->top_logprobs, nk, "top_logprobs");
+    FIELD(a->n_spans, b->n_spans, "n_spans");
+    for (uint32_t i = 0; i < a->n_spans; i++) {
+        FIELD(a->spans[i].start, b->spans[i].start, "span start");
+        FIELD(a->spans[i].end, b->spans[i].end, "span end");
+        FIELD(a->spans[i].version, b->spans[i].version, "span version");
+    }
+    return 1;
+}
+
+static int msg_eq(const proto_msg *a, const proto_msg *b)
+{
+    neq[0] = 0;
+    FIELD(a->type, b->type, "type");
+    switch (a->type) {
+    case PROTO_HELLO:
+        FIELD(a->hello.client_id, b->hello.client_id, "client_id");
+        FIELD(a->hello.min_version, b->hello.min_version, "min_version");
+        FIELD(a->hello.max_version, b->hello.max_version, "max_version");
+        FIELD(a->hello.flags, b->hello.flags, "flags");
+        SFIELD(a->hello.client_name, b->hello.client_name, "client_name");
+        return 1;
+    case PROTO_HELLO_OK: {
+        const proto_hello_ok *x = &a->hello_ok, *y = &b->hello_ok;
+        FIELD(x->client_id, y->client_id, "client_id");
+        FIELD(x->version, y->version, "version");
+        FIELD(x->flags, y->flags, "flags");
+        FIELD(x->features, y->features, "features");
+        FIELD(x->weight_version, y->weight_version, "weight_version");
+        FIELD(x->vocab_size, y->vocab_size, "vocab_size");
+        FIELD(x->max_context, y->max_context, "max_context");
+        FIELD(x->n_layers, y->n_layers, "n_layers");
+        FIELD(x->dim, y->dim, "dim");
+        FIELD(x->n_heads, y->n_heads, "n_heads");
+        FIELD(x->n_kv_heads, y->n_kv_heads, "n_kv_heads");
+        FIELD(x->eos_id, y->eos_id, "eos_id");
+        FIELD(x->max_prompt_tokens, y->max_prompt_tokens, "max_prompt_tokens");
+        FIELD(x->max_message_bytes, y->max_message_bytes, "max_message_bytes");
+        FIELD(x->max_n, y->max_n, "max_n");
+        FIELD(x->max_requests_per_submit, y->max_requests_per_submit, "max_requests_per_submit");
+        FIELD(x->max_tokens, y->max_tokens, "max_tokens");
+        FIELD(x->max_stop_ids, y->max_stop_ids, "max_stop_ids");
+        FIELD(x->max_logprobs_topk, y->max_logprobs_topk, "max_logprobs_topk");
+        FIELD(x->retention_results, y->retention_results, "retention_results");
+        FIELD(x->retention_bytes, y->retention_bytes, "retention_bytes");
+        FIELD(x->max_wait_ms, y->max_wait_ms, "max_wait_ms");
+        FIELD(x->client_ttl_s, y->client_ttl_s, "client_ttl_s");
+        FIELD(x->pending_results, y->pending_results, "pending_results");
+        FIELD(x->inflight_samples, y->inflight_samples, "inflight_samples");
+        SFIELD(x->model_name, y->model_name, "model_name");
+        SFIELD(x->architecture, y->architecture, "architecture");
+        SFIELD(x->backend, y->backend, "backend");
+        SFIELD(x->server, y->server, "server");
+        return 1;
+    }
+    case PROTO_SUBMIT:
+        FIELD(a->submit.client_id, b->submit.client_id, "client_id");
+        FIELD(a->submit.n_requests, b->submit.n_requests, "n_requests");
+        for (uint32_t i = 0; i < a->submit.n_requests; i++)
+            if (!request_eq(&a->submit.requests[i], &b->submit.requests[i]))
+                return 0;
+        return 1;
+    case PROTO_SUBMIT_OK:
+        FIELD(a->submit_ok.n_items, b->submit_ok.n_items, "n_items");
+        for (uint32_t i = 0; i < a->submit_ok.n_items; i++) {
+            const proto_submit_item *x = &a->submit_ok.items[i], *y = &b->submit_ok.items[i];
+            FIELD(x->client_req_id, y->client_req_id, "client_req_id");
+            FIELD(x->status, y->status, "status");
+            FIELD(x->flags, y->flags, "flags");
+            SFIELD(x->message, y->message, "message");
+        }
+        return 1;
+    case PROTO_FETCH:
+        FIELD(a->fetch.client_id, b->fetch.client_id, "client_id");
+        FIELD(a->fetch.ack_seq, b->fetch.ack_seq, "ack_seq");
+        FIELD(a->fetch.max_results, b->fetch.max_results, "max_results");
+        FIELD(a->fetch.wait_ms, b->fetch.wait_ms, "wait_ms");
+        FIELD(a->fetch.max_bytes, b->fetch.max_bytes, "max_bytes");
+        return 1;
+    case PROTO_RESULTS:
+        FIELD(a->results.ack_seq, b->results.ack_seq, "ack_seq");
+        FIELD(a->results.pending_results, b->results.pending_results, "pending_results");
+        FIELD(a->results.inflight_samples, b->results.inflight_samples, "inflight_samples");
+        FIELD(a->results.n_results, b->results.n_results, "n_results");
+        for (uint32_t i = 0; i < a->results.n_results; i++)
+            if (!result_eq(&a->results.results[i], &b->results.results[i]))
+                return 0;
+        return 1;
+    case PROTO_ABORT:
+        FIELD(a->abort_req.client_id, b->abort_req.client_id, "client_id");
+        FIELD(a->abort_req.client_req_id, b->abort_req.client_req_id, "client_req_id");
+        FIELD(a->abort_req.flags, b->abort_req.flags, "flags");
+        return 1;
+    case PROTO_ABORT_OK:
+        FIELD(a->abort_ok.n_requests, b->abort_ok.n_requests, "n_requests");
+        FIELD(a->abort_ok.n_samples, b->abort_ok.n_samples, "n_samples");
+        return 1;
+    case PROTO_STATUS: return 1;
+    case PROTO_STATUS_OK: SFIELD(a->status_ok.json, b->status_ok.json, "json"); return 1;
+    case PROTO_BYE:
+        FIELD(a->bye.client_id, b->bye.client_id, "client_id");
+        FIELD(a->bye.flags, b->bye.flags, "flags");
+        return 1;
+    case PROTO_BYE_OK:
+        FIELD(a->bye_ok.pending_results, b->bye_ok.pending_results, "pending_results");
+        FIELD(a->bye_ok.inflight_samples, b->bye_ok.inflight_samples, "inflight_samples");
+        return 1;
+    case PROTO_ERROR:
+        FIELD(a->error.code, b->error.code, "code");
+        FIELD(a->error.request_type, b->error.request_type, "request_type");
+        FIELD(a->error.version_max, b->error.version_max, "version_max");
+        SFIELD(a->error.message, b->error.message, "message");
+        return 1;
+    }
+    snprintf(neq, sizeof neq, "type 0x%x not compared", a->type);
+    return 0;
+}
+
+/* ---- golden vectors ---- */
+
+static void test_golden_valid(void)
+{
+    CHECK(load_vectors() == 0, "cannot read %s/vectors.json (run from the repository root)", testdata());
+    const cJSON *valid = cJSON_GetObjectItem(vectors, "valid"), *v;
+    CHECK(cJSON_GetArraySize(valid) >= 20, "only %d valid vectors", cJSON_GetArraySize(valid));
+    proto_buf b;
+    proto_buf_init(&b);
+    int types_seen[0x100] = {0};
+    cJSON_ArrayForEach(v, valid) {
+        const char *file = cJSON_GetObjectItem(v, "file")->valuestring;
+        size_t len;
+        uint8_t *data = read_file(file, &len);
+        CHECK(data, "cannot read %s", file);
+        proto_msg got, want;
+        int rc = proto_decode(data, len, PROTO_DEFAULT_MAX_MESSAGE, &got);
+        CHECK(rc == 0, "%s: decode failed: %s", file, rd_errmsg());
+        jerr[0] = 0;
+        json_to_msg(cJSON_GetObjectItem(v, "message"), &want);
+        CHECK(!jerr[0], "%s: vectors.json: %s", file, jerr);
+        CHECK(msg_eq(&got, &want), "%s: decoded field differs from vectors.json: %s", file, neq);
+        types_seen[got.type] = 1;
+        /* decoded -> encoded: the same bytes */
+        proto_buf_reset(&b);
+        CHECK_OK(proto_encode(&b, &got));
+        CHECK(b.len == len && !memcmp(b.data, data, len), "%s: re-encoding the decoded message gives %zu bytes "
+              "(%s), the file has %zu", file, b.len, b.len == len ? "different" : "a different size", len);
+        /* fields from the JSON -> encoded: the same bytes */
+        proto_buf_reset(&b);
+        CHECK_OK(proto_encode(&b, &want));
+        CHECK(b.len == len && !memcmp(b.data, data, len), "%s: encoding the vectors.json fields differs", file);
+        proto_msg_free(&got);
+        free(data);
+        pool_free();
+    }
+    proto_buf_free(&b);
+    static const uint16_t all[] = {PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH,
+                                   PROTO_RESULTS, PROTO_ABORT, PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK,
+                                   PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        CHECK(types_seen[all[i]], "no golden vector of type %s", proto_type_name(all[i]));
+}
+
+static void test_golden_invalid(void)
+{
+    CHECK(load_vectors() == 0, "cannot read vectors.json");
+    const cJSON *inv = cJSON_GetObjectItem(vectors, "invalid"), *v;
+    CHECK(cJSON_GetArraySize(inv) >= 15, "only %d invalid vectors", cJSON_GetArraySize(inv));
+    cJSON_ArrayForEach(v, inv) {
+        const char *file = cJSON_GetObjectItem(v, "file")->valuestring;
+        uint32_t code = (uint32_t)cJSON_GetObjectItem(v, "error")->valuedouble;
+        size_t max_len = (size_t)cJSON_GetObjectItem(v, "max_len")->valuedouble;
+        size_t len;
+        uint8_t *data = read_file(file, &len);
+        CHECK(data, "cannot read %s", file);
+        proto_msg m;
+        rd_fail(0, "%s", "");
+        int rc = proto_decode(data, len, max_len, &m);
+        CHECK(rc < 0, "%s: decoded, expected error %u", file, code);
+        CHECK(m.wire_error == code, "%s: error %u (%s), expected %u (%s): %s", file, m.wire_error,
+              proto_err_name(m.wire_error), code, proto_err_name(code), rd_errmsg());
+        CHECK(strlen(rd_errmsg()) > 20, "%s: no useful message: '%s'", file, rd_errmsg());
+        CHECK(m.arena == NULL && m.arena_bytes == 0, "%s: a failed decode holds memory", file);
+        proto_msg_free(&m);
+        free(data);
+    }
+}
+
+/* proto_check_request against hello_ok.bin's limits gives the codes listed. */
+static void test_golden_check_request(void)
+{
+    CHECK(load_vectors() == 0, "cannot read vectors.json");
+    const char *limits_file = cJSON_GetObjectItem(vectors, "check_limits")->valuestring;
+    size_t len;
+    uint8_t *ldata = read_file(limits_file, &len);
+    CHECK(ldata, "cannot read %s", limits_file);
+    proto_msg lim;
+    CHECK_OK(proto_decode(ldata, len, 0, &lim));
+    const cJSON *valid = cJSON_GetObjectItem(vectors, "valid"), *v;
+    int checked = 0;
+    cJSON_ArrayForEach(v, valid) {
+        const cJSON *expect = cJSON_GetObjectItem(v, "check_request");
+        if (!expect)
+            continue;
+        const char *file = cJSON_GetObjectItem(v, "file")->valuestring;
+        uint8_t *data = read_file(file, &len);
+        proto_msg m;
+        CHECK_OK(proto_decode(data, len, 0, &m));
+        CHECK(m.type == PROTO_SUBMIT && (int)m.submit.n_requests == cJSON_GetArraySize(expect), "%s", file);
+        for (uint32_t i = 0; i < m.submit.n_requests; i++) {
+            int want = (int)cJSON_GetArrayItem(expect, (int)i)->valuedouble;
+            int rc = proto_check_request(&m.submit.requests[i], &lim.hello_ok);
+            int got = rc ? (int)proto_err_from_rd(rc) : 0;
+            CHECK(got == want, "%s request %u: code %d, expected %d (%s)", file, i, got, want, rc ? rd_errmsg() : "ok");
+            if (rc)
+                CHECK(strstr(rd_errmsg(), "expected") || strstr(rd_errmsg(), "limit") || strstr(rd_errmsg(), "exceeds") ||
+                      strstr(rd_errmsg(), "send token ids") || strstr(rd_errmsg(), "needs"),
+                      "%s request %u: message does not say what was expected: %s", file, i, rd_errmsg());
+            checked++;
+        }
+        proto_msg_free(&m);
+        free(data);
+    }
+    CHECK(checked >= 10, "only %d requests checked", checked);
+    /* lengths alone: what the daemon calls after tokenizing a text prompt */
+    CHECK(proto_check_lengths(1, lim.hello_ok.max_context - 1, &lim.hello_ok) == 0, "fits exactly");
+    CHECK(proto_check_lengths(2, lim.hello_ok.max_context - 1, &lim.hello_ok) == RD_EINVAL, "one past the context");
+    CHECK(proto_check_lengths(0, 1, &lim.hello_ok) == RD_EINVAL, "empty prompt");
+    CHECK(proto_check_lengths(lim.hello_ok.max_prompt_tokens + 1, 1, &lim.hello_ok) == RD_EINVAL, "long prompt");
+    proto_msg_free(&lim);
+    free(ldata);
+}
+
+/* Every prefix of every golden frame is refused, both as is (the header's
+ * length no longer matches) and with the header's length patched to the
+ * prefix (so the body parser meets the cut). Each prefix is copied into an
+ * allocation of exactly its size so ASan sees any read past it. */
+static void test_truncation(void)
+{
+    CHECK(load_vectors() == 0, "cannot read vectors.json");
+    const cJSON *valid = cJSON_GetObjectItem(vectors, "valid"), *v;
+    long tried = 0;
+    cJSON_ArrayForEach(v, valid) {
+        const char *file = cJSON_GetObjectItem(v, "file")->valuestring;
+        size_t len;
+        uint8_t *data = read_file(file, &len);
+        for (size_t k = 0; k < len; k++) {
+            uint8_t *cut = malloc(k ? k : 1);
+            memcpy(cut, data, k);
+            proto_msg m;
+            int rc = proto_decode(cut, k, 0, &m);
+            CHECK(rc < 0 && m.wire_error == PROTO_E_MALFORMED, "%s cut at %zu: rc %d, error %u", file, k, rc,
+                  m.wire_error);
+            if (k >= PROTO_HEADER_BYTES) {
+                uint32_t body = (uint32_t)(k - PROTO_HEADER_BYTES);
+                memcpy(cut + 8, &body, 4);  /* little-endian host assumed by this test only */
+                rc = proto_decode(cut, k, 0, &m);
+                CHECK(rc < 0 && m.wire_error == PROTO_E_MALFORMED, "%s cut at %zu with patched length: rc %d, "
+                      "error %u", file, k, rc, m.wire_error);
+                CHECK(strstr(rd_errmsg(), "truncated") || strstr(rd_errmsg(), "needs"),
+                      "%s cut at %zu: message should say truncated: %s", file, k, rd_errmsg());
+            }
+            free(cut);
+            tried++;
+        }
+        free(data);
+    }
+    CHECK(tried > 1000, "only %ld prefixes", tried);
+}
+
+/* Random byte mutations never crash; whatever still decodes re-encodes to the
+ * very same bytes (the encoding is canonical). */
+static void test_mutations(void)
+{
+    CHECK(load_vectors() == 0, "cannot read vectors.json");
+    const cJSON *valid = cJSON_GetObjectItem(vectors, "valid"), *v;
+    proto_buf b;
+    proto_buf_init(&b);
+    long decoded = 0, total = 0;
+    rng_state = 12345;
+    cJSON_ArrayForEach(v, valid) {
+        const char *file = cJSON_GetObjectItem(v, "file")->valuestring;
+        size_t len;
+        uint8_t *data = read_file(file, &len);
+        uint8_t *mut = malloc(len);
+        for (int iter = 0; iter < 10000; iter++) {
+            memcpy(mut, data, len);
+            int flips = 1 + (int)rnd_below(4);
+            for (int f = 0; f < flips; f++) {
+                size_t at = rnd_below((uint32_t)len);
+                switch (rnd_below(4)) {
+                case 0: mut[at] ^= (uint8_t)(1u << rnd_below(8)); break;
+                case 1: mut[at] = (uint8_t)rnd(); break;
+                case 2: mut[at] = 0xFF; break;
+                default: mut[at] = 0; break;
+                }
+            }
+            size_t mlen = rnd_below(8) == 0 ? rnd_below((uint32_t)len + 1) : len;
+            uint8_t *exact = malloc(mlen ? mlen : 1);
+            memcpy(exact, mut, mlen);
+            proto_msg m;
+            total++;
+            if (proto_decode(exact, mlen, 0, &m) == 0) {
+                decoded++;
+                proto_buf_reset(&b);
+                CHECK(proto_encode(&b, &m) == 0, "%s: a mutated frame decoded but does not re-encode: %s", file,
+                      rd_errmsg());
+                CHECK(b.len == mlen && !memcmp(b.data, exact, mlen), "%s iteration %d: decoded but re-encodes "
+                      "differently (%zu vs %zu bytes)", file, iter, b.len, mlen);
+                CHECK(m.arena_bytes <= PROTO_ARENA_BOUND(mlen), "arena %zu > bound", m.arena_bytes);
+                proto_msg_free(&m);
+            } else {
+                CHECK(m.wire_error >= 1 && m.wire_error <= PROTO_E_INTERNAL, "error code %u", m.wire_error);
+                CHECK(m.wire_error != PROTO_E_INTERNAL, "%s: internal error on a mutated frame: %s", file, rd_errmsg());
+            }
+            free(exact);
+        }
+        free(mut);
+        free(data);
+    }
+    proto_buf_free(&b);
+    CHECK(decoded > 100 && decoded < total, "decoded %ld of %ld mutations", decoded, total);
+}
+
+/* ---- random messages of every type ---- */
+
+static proto_str rnd_str(uint32_t max_chars)
+{
+    static const char *pieces[] = {"a", "Z", "0", " ", "\n", "é", "ß", "中", "文", "✓", "🚀", "π", "\x7f"};
+    uint32_t n = rnd_below(max_chars + 1);
+    char *s = palloc(n * 4 + 1);
+    size_t len = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *p = pieces[rnd_below(sizeof pieces / sizeof pieces[0])];
+        memcpy(s + len, p, strlen(p));
+        len += strlen(p);
+    }
+    proto_str r = {s, (uint32_t)len};
+    return r;
+}
+
+static uint64_t rnd_u64(void)
+{
+    switch (rnd_below(4)) {
+    case 0: return 0;
+    case 1: return UINT64_MAX;
+    case 2: return rnd_below(1000);
+    default: return rnd();
+    }
+}
+
+static float rnd_f32(void)
+{
+    uint32_t u = (uint32_t)rnd();
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static int32_t *rnd_i32s(uint64_t n)
+{
+    if (!n)
+        return NULL;
+    int32_t *a = palloc(n * 4);
+    for (uint64_t i = 0; i < n; i++)
+        a[i] = (int32_t)rnd();
+    return a;
+}
+
+static float *rnd_f32s(uint64_t n)
+{
+    if (!n)
+        return NULL;
+    float *a = palloc(n * 4);
+    for (uint64_t i = 0; i < n; i++)
+        a[i] = rnd_f32();
+    return a;
+}
+
+static void rnd_request(proto_request *r)
+{
+    r->client_req_id = rnd_u64();
+    r->n = (uint32_t)rnd();
+    r->max_tokens = (uint32_t)rnd();
+    r->temperature = rnd_f32();
+    r->top_p = rnd_f32();
+    r->top_k = (int32_t)rnd();
+    r->min_p = rnd_f32();
+    r->seed = rnd_u64();
+    r->logprobs_topk = (uint32_t)rnd();
+    r->flags = (uint32_t)rnd() & (rnd_below(2) ? PROTO_REQ_FLAGS : 0xFFFFFFFFu);
+    r->n_stop = rnd_below(5);
+    r->stop_ids = rnd_i32s(r->n_stop);
+    if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
+        r->text = rnd_str(30);
+    } else {
+        r->n_prompt = rnd_below(40);
+        r->prompt = rnd_i32s(r->n_prompt);
+    }
+}
+
+static void rnd_result(proto_result *r)
+{
+    r->seq = rnd_u64();
+    r->client_req_id = rnd_u64();
+    r->sample_idx = (uint32_t)rnd();
+    r->finish = (uint8_t)(1 + rnd_below(4));
+    r->flags = (uint8_t)rnd_below(2);
+    r->top_k = (uint16_t)rnd_below(5);
+    r->n_preempt = (uint32_t)rnd();
+    r->n_prompt = (uint32_t)rnd();
+    r->seed = rnd_u64();
+    r->version_admit = rnd_u64();
+    r->version_finish = rnd_u64();
+    r->queued_us = rnd_u64();
+    r->first_token_us = rnd_u64();
+    r->total_us = rnd_u64();
+    r->n_tokens = rnd_below(4) == 0 ? 0 : rnd_below(50);
+    uint64_t n = r->n_tokens, nk = n * r->top_k;
+    r->token_ids = rnd_i32s(n);
+    r->logprobs = rnd_f32s(n);
+    r->logprobs_processed = (r->flags & PROTO_RESULT_PROCESSED) ? rnd_f32s(n) : NULL;
+    r->top_ids = rnd_i32s(nk);
+    r->top_logprobs = rnd_f32s(nk);
+    /* contiguous spans over [0, n) with increasing versions */
+    proto_span *s = n ? palloc(n * sizeof *s) : NULL;
+    uint32_t k = 0, at = 0;
+    uint64_t version = rnd_below(100);
+    while (at < n) {
+        uint32_t len = 1 + rnd_below((uint32_t)(n - at));
+        s[k].start = at;
+        s[k].end = at + len;
+        s[k].version = version;
+        version += 1 + rnd_below(3);
+        at += len;
+        k++;
+    }
+    r->n_spans = k;
+    r->spans = s;
+}
+
+static void rnd_msg(uint16_t type, proto_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    switch (type) {
+    case PROTO_HELLO:
+        m->hello.client_id = rnd_u64();
+        m->hello.min_version = (uint16_t)rnd();
+        m->hello.max_version = (uint16_t)rnd();
+        m->hello.client_name = rnd_str(20);
+        break;
+    case PROTO_HELLO_OK: {
+        proto_hello_ok *h = &m->hello_ok;
+        h->client_id = rnd_u64();
+        h->version = (uint16_t)rnd();
+        h->flags = (uint32_t)rnd() & PROTO_HELLO_OK_FLAGS;
+        h->features = rnd_u64();
+        h->weight_version = rnd_u64();
+        h->vocab_size = (uint32_t)rnd();
+        h->max_context = (uint32_t)rnd();
+        h->n_layers = (uint32_t)rnd();
+        h->dim = (uint32_t)rnd();
+        h->n_heads = (uint32_t)rnd();
+        h->n_kv_heads = (uint32_t)rnd();
+        h->eos_id = (int32_t)rnd();
+        h->max_prompt_tokens = (uint32_t)rnd();
+        h->max_message_bytes = rnd_u64();
+        h->max_n = (uint32_t)rnd();
+        h->max_requests_per_submit = (uint32_t)rnd();
+        h->max_tokens = (uint32_t)rnd();
+        h->max_stop_ids = (uint32_t)rnd();
+        h->max_logprobs_topk = (uint32_t)rnd();
+        h->retention_results = (uint32_t)rnd();
+        h->retention_bytes = rnd_u64();
+        h->max_wait_ms = (uint32_t)rnd();
+        h->client_ttl_s = (uint32_t)rnd();
+        h->pending_results = (uint32_t)rnd();
+        h->inflight_samples = (uint32_t)rnd();
+        h->model_name = rnd_str(30);
+        h->architecture = rnd_str(8);
+        h->backend = rnd_str(5);
+        h->server = rnd_str(20);
+        break;
+    }
+    case PROTO_SUBMIT: {
+        m->submit.client_id = rnd_u64();
+        m->submit.n_requests = rnd_below(6);
+        proto_request *r = m->submit.n_requests ? palloc(m->submit.n_requests * sizeof *r) : NULL;
+        for (uint32_t i = 0; i < m->submit.n_requests; i++)
+            rnd_request(&r[i]);
+        m->submit.requests = r;
+        break;
+    }
+    case PROTO_SUBMIT_OK: {
+        m->submit_ok.n_items = rnd_below(6);
+        proto_submit_item *it = m->submit_ok.n_items ? palloc(m->submit_ok.n_items * sizeof *it) : NULL;
+        for (uint32_t i = 0; i < m->submit_ok.n_items; i++) {
+            it[i].client_req_id = rnd_u64();
+            it[i].status = (uint32_t)rnd();
+            it[i].flags = (uint32_t)rnd() & PROTO_SUBMIT_OK_FLAGS;
+            it[i].message = rnd_str(40);
+        }
+        m->submit_ok.items = it;
+        break;
+    }
+    case PROTO_FETCH:
+        m->fetch.client_id = rnd_u64();
+        m->fetch.ack_seq = rnd_u64();
+        m->fetch.max_results = (uint32_t)rnd();
+        m->fetch.wait_ms = (uint32_t)rnd();
+        m->fetch.max_bytes = rnd_u64();
+        break;
+    case PROTO_RESULTS: {
+        m->results.ack_seq = rnd_u64();
+        m->results.pending_results = (uint32_t)rnd();
+        m->results.inflight_samples = (uint32_t)rnd();
+        m->results.n_results = rnd_below(5);
+        proto_result *r = m->results.n_results ? palloc(m->results.n_results * sizeof *r) : NULL;
+        for (uint32_t i = 0; i < m->results.n_results; i++)
+            rnd_result(&r[i]);
+        m->results.results = r;
+        break;
+    }
+    case PROTO_ABORT:
+        m->abort_req.client_id = rnd_u64();
+        m->abort_req.client_req_id = rnd_u64();
+        m->abort_req.flags = (uint32_t)rnd() & PROTO_ABORT_FLAGS;
+        break;
+    case PROTO_ABORT_OK:
+        m->abort_ok.n_requests = (uint32_t)rnd();
+        m->abort_ok.n_samples = (uint32_t)rnd();
+        break;
+    case PROTO_STATUS: break;
+    case PROTO_STATUS_OK: m->status_ok.json = rnd_str(100); break;
+    case PROTO_BYE:
+        m->bye.client_id = rnd_u64();
+        m->bye.flags = (uint32_t)rnd() & PROTO_BYE_FLAGS;
+        break;
+    case PROTO_BYE_OK:
+        m->bye_ok.pending_results = (uint32_t)rnd();
+        m->bye_ok.inflight_samples = (uint32_t)rnd();
+        break;
+    case PROTO_ERROR:
+        m->error.code = 1 + rnd_below(100);
+        m->error.request_type = (uint16_t)rnd();
+        m->error.version_max = (uint16_t)rnd();
+        m->error.message = rnd_str(60);
+        break;
+    }
+}
+
+static void test_random_roundtrip(void)
+{
+    static const uint16_t types[] = {PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH,
+                                     PROTO_RESULTS, PROTO_ABORT, PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK,
+                                     PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR};
+    proto_buf b, b2;
+    proto_buf_init(&b);
+    proto_buf_init(&b2);
+    rng_state = 777;
+    for (int iter = 0; iter < 2000; iter++) {
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+            proto_msg m, d;
+            rnd_msg(types[t], &m);
+            proto_buf_reset(&b);
+            CHECK(proto_encode(&b, &m) == 0, "%s iteration %d: encode: %s", proto_type_name(types[t]), iter,
+                  rd_errmsg());
+            CHECK(proto_decode(b.data, b.len, b.len, &d) == 0, "%s iteration %d: decode: %s",
+                  proto_type_name(types[t]), iter, rd_errmsg());
+            CHECK(msg_eq(&d, &m), "%s iteration %d: round trip differs: %s", proto_type_name(types[t]), iter, neq);
+            CHECK(d.arena_bytes <= PROTO_ARENA_BOUND(b.len), "arena %zu for a %zu-byte frame", d.arena_bytes, b.len);
+            proto_buf_reset(&b2);
+            CHECK_OK(proto_encode(&b2, &d));
+            CHECK(b2.len == b.len && !memcmp(b2.data, b.data, b.len), "%s: re-encode differs",
+                  proto_type_name(types[t]));
+            if (types[t] == PROTO_RESULTS)
+                for (uint32_t i = 0; i < m.results.n_results; i++) {
+                    proto_buf_reset(&b2);
+                    proto_msg one = {.type = PROTO_RESULTS};
+                    one.results.n_results = 1;
+                    one.results.results = &m.results.results[i];
+                    CHECK_OK(proto_encode(&b2, &one));
+                    CHECK(b2.len == PROTO_RESULTS_OVERHEAD + proto_result_bytes(&m.results.results[i]),
+                          "proto_result_bytes is off: frame %zu", b2.len);
+                }
+            proto_msg_free(&d);
+            pool_free();
+        }
+    }
+    /* several frames appended to one buffer decode one by one */
+    proto_buf_reset(&b);
+    proto_msg a, c;
+    rnd_msg(PROTO_FETCH, &a);
+    CHECK_OK(proto_encode(&b, &a));
+    size_t first = b.len;
+    rnd_msg(PROTO_ERROR, &c);
+    CHECK_OK(proto_encode(&b, &c));
+    proto_msg d;
+    CHECK_OK(proto_decode(b.data, first, 0, &d));
+    CHECK(msg_eq(&d, &a), "first frame: %s", neq);
+    CHECK_OK(proto_decode(b.data + first, b.len - first, 0, &d));
+    CHECK(msg_eq(&d, &c), "second frame: %s", neq);
+    proto_msg_free(&d);
+    pool_free();
+    proto_buf_free(&b);
+    proto_buf_free(&b2);
+}
+
+/* The densest frames of each array-bearing message decode within the arena,
+ * and a huge count is refused without allocating. */
+static void test_dense_frames(void)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m, d;
+    /* 20000 minimal requests, each with a 1-byte text prompt */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_SUBMIT;
+    m.submit.n_requests = 20000;
+    proto_request *r = palloc(20000 * sizeof *r);
+    for (int i = 0; i < 20000; i++) {
+        r[i].flags = PROTO_REQ_PROMPT_IS_TEXT;
+        r[i].text.ptr = "x";
+        r[i].text.len = 1;
+    }
+    m.submit.requests = r;
+    CHECK_OK(proto_encode(&b, &m));
+    CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense SUBMIT: %s", rd_errmsg());
+    CHECK(d.arena_bytes <= PROTO_ARENA_BOUND(b.len), "arena");
+    proto_msg_free(&d);
+    /* 1-token, 1-span results */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_RESULTS;
+    m.results.n_results = 20000;
+    proto_result *res = palloc(20000 * sizeof *res);
+    static const int32_t tok = 5;
+    static const float lp = -1;
+    static const proto_span span = {0, 1, 3};
+    for (int i = 0; i < 20000; i++) {
+        res[i].finish = PROTO_FINISH_STOP;
+        res[i].n_tokens = 1;
+        res[i].token_ids = &tok;
+        res[i].logprobs = &lp;
+        res[i].n_spans = 1;
+        res[i].spans = &span;
+    }
+    m.results.results = res;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &m));
+    CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense RESULTS: %s", rd_errmsg());
+    proto_msg_free(&d);
+    /* items with 1-byte messages */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_SUBMIT_OK;
+    m.submit_ok.n_items = 20000;
+    proto_submit_item *it = palloc(20000 * sizeof *it);
+    for (int i = 0; i < 20000; i++) {
+        it[i].message.ptr = "y";
+        it[i].message.len = 1;
+    }
+    m.submit_ok.items = it;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &m));
+    CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense SUBMIT_OK: %s", rd_errmsg());
+    proto_msg_free(&d);
+    pool_free();
+    /* the limit: a frame one byte over max_len is TOO_LARGE, at max_len it decodes */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_STATUS_OK;
+    m.status_ok.json.ptr = "{}";
+    m.status_ok.json.len = 2;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &m));
+    CHECK(proto_decode(b.data, b.len, b.len, &d) == 0, "at the limit: %s", rd_errmsg());
+    proto_msg_free(&d);
+    CHECK(proto_decode(b.data, b.len, b.len - 1, &d) == RD_ERANGE && d.wire_error == PROTO_E_TOO_LARGE, "over");
+    proto_buf_free(&b);
+}
+
+/* The encoder refuses what the decoder would, appending nothing. */
+static void test_encode_refuses(void)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m;
+    CHECK_OK(proto_encode(&b, &(proto_msg){.type = PROTO_STATUS}));
+    size_t len0 = b.len;
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HELLO;
+    m.hello.client_name.ptr = "\xc0\x80";
+    m.hello.client_name.len = 2;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "bad UTF-8 accepted");
+    m.hello.client_name.len = 0;
+    m.hello.flags = 1;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "HELLO flags accepted");
+
+    proto_request r = {.flags = PROTO_REQ_PROMPT_IS_TEXT, .n_prompt = 1, .prompt = (const int32_t[]){1}};
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_SUBMIT;
+    m.submit.n_requests = 1;
+    m.submit.requests = &r;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "text flag with token ids accepted");
+    r.flags = 0;
+    r.n_prompt = 3;
+    r.prompt = NULL;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "NULL prompt with n_prompt 3 accepted");
+
+    proto_result res = {.finish = 0};
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_RESULTS;
+    m.results.n_results = 1;
+    m.results.results = &res;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "finish 0 accepted");
+    static const int32_t toks[3] = {1, 2, 3};
+    static const float lps[3] = {-1, -2, -3};
+    proto_span bad[2] = {{0, 2, 5}, {2, 3, 5}};
+    res = (proto_result){.finish = PROTO_FINISH_STOP, .n_tokens = 3, .token_ids = toks, .logprobs = lps,
+                         .n_spans = 2, .spans = bad};
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "spans with equal versions accepted");
+    CHECK(strstr(rd_errmsg(), "increasing"), "message: %s", rd_errmsg());
+    bad[1].version = 6;
+    CHECK_OK(proto_encode(&b, &m));
+    b.len = len0;
+    res.n_spans = 0;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "tokens without spans accepted");
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_UPDATE_BEGIN;
+    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "reserved type encoded");
+    m.type = 0x77;
+    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "undefined type encoded");
+    m.type = PROTO_ERROR;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "error code 0 encoded");
+    proto_buf_free(&b);
+}
+
+static void test_encode_error(void)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    CHECK_OK(proto_encode_error(&b, PROTO_E_BUSY, PROTO_SUBMIT, "retention full: 10 of 10 results; fetch first"));
+    proto_msg m;
+    CHECK_OK(proto_decode(b.data, b.len, 0, &m));
+    CHECK(m.type == PROTO_ERROR && m.error.code == PROTO_E_BUSY && m.error.request_type == PROTO_SUBMIT &&
+          m.error.version_max == PROTO_VERSION, "fields");
+    CHECK(!strcmp(m.error.message.ptr, "retention full: 10 of 10 results; fetch first"), "message");
+    proto_msg_free(&m);
+    /* long, with invalid UTF-8 and a multi-byte character cut at the 4096-byte limit */
+    char *big = malloc(6000);
+    memset(big, 'a', 6000);
+    big[10] = (char)0xff;
+    memcpy(big + 4094, "中", 3);
+    big[5999] = 0;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode_error(&b, PROTO_E_INTERNAL, 0, big));
+    CHECK_OK(proto_decode(b.data, b.len, 0, &m));
+    CHECK(m.error.message.len == 4096 && m.error.message.ptr[10] == '?' && m.error.message.ptr[4094] == '?' &&
+          m.error.message.ptr[4095] == '?', "len %u", m.error.message.len);
+    proto_msg_free(&m);
+    free(big);
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode_error(&b, 0, 0, NULL));
+    CHECK_OK(proto_decode(b.data, b.len, 0, &m));
+    CHECK(m.error.code == PROTO_E_INTERNAL && m.error.message.len == 0, "code 0 becomes INTERNAL");
+    proto_msg_free(&m);
+    proto_buf_free(&b);
+}
+
+static void test_names(void)
+{
+    CHECK(!strcmp(proto_type_name(PROTO_RESULTS), "RESULTS"), "type name");
+    CHECK(proto_type_name(0x42) == NULL, "undefined type has a name");
+    CHECK(!strcmp(proto_err_name(PROTO_E_BUSY), "BUSY") && !strcmp(proto_err_name(999), "UNKNOWN"), "err names");
+    CHECK(proto_is_request(PROTO_HELLO) && proto_is_request(PROTO_BYE) && !proto_is_request(PROTO_HELLO_OK) &&
+          !proto_is_request(PROTO_UPDATE_BEGIN) && !proto_is_request(PROTO_ERROR), "is_request");
+    CHECK(proto_err_from_rd(RD_EBUSY) == PROTO_E_BUSY && proto_err_from_rd(RD_EINVAL) == PROTO_E_INVALID_PARAMS &&
+          proto_err_from_rd(RD_ENOENT) == PROTO_E_UNKNOWN_REQUEST && proto_err_from_rd(RD_EIO) == PROTO_E_INTERNAL,
+          "err_from_rd");
+    CHECK(proto_result_max_bytes(10, 1, 2) == 88 + 10 * (8 + 4 + 16 + 16), "result_max_bytes");
+    /* a failed decode reports the header's type for the ERROR reply */
+    uint8_t frame[17] = {'R', 'L', 'D', 'P', 1, 0, PROTO_STATUS, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9};
+    proto_msg m;
+    CHECK(proto_decode(frame, sizeof frame, 0, &m) == RD_EFORMAT && m.type == PROTO_STATUS &&
+          m.wire_error == PROTO_E_MALFORMED, "type %u error %u", m.type, m.wire_error);
+}
+
+int main(void)
+{
+    RUN(test_golden_valid);
+    RUN(test_golden_invalid);
+    RUN(test_golden_check_request);
+    RUN(test_truncation);
+    RUN(test_mutations);
+    RUN(test_random_roundtrip);
+    RUN(test_dense_frames);
+    RUN(test_encode_refuses);
+    RUN(test_encode_error);
+    RUN(test_names);
+    pool_free();
+    cJSON_Delete(vectors);
+    TEST_EXIT();
+}

@@ -1,0 +1,284 @@
+"""Writes the protocol's golden vectors: proto/testdata/*.bin and vectors.json.
+
+    python3 tools/python/rolloutd/gen_golden.py [--out proto/testdata]
+
+Valid frames are encoded by the Python codec; vectors.json gives each file's
+decoded fields in the JSON form of proto.to_json. Invalid frames are built
+byte by byte, each with the error code a decoder must return. The C test
+(tests/unit/test_proto.c) and the Python test (tests/py/test_proto.py) both
+check every vector. Deterministic: a second run writes identical files.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rolloutd import proto as P  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+LIMITS = P.HelloOk(
+    client_id=0x0123456789ABCDEF, version=1, flags=P.HELLO_OK_TEXT | P.HELLO_OK_CHAT, features=0,
+    weight_version=7, vocab_size=49152, max_context=8192, n_layers=30, dim=576, n_heads=9, n_kv_heads=3,
+    eos_id=2, max_prompt_tokens=4096, max_message_bytes=64 << 20, max_n=64, max_requests_per_submit=1024,
+    max_tokens=8192, max_stop_ids=16, max_logprobs_topk=20, retention_results=65536, retention_bytes=1 << 30,
+    max_wait_ms=30000, client_ttl_s=600, pending_results=0, inflight_samples=0,
+    model_name="SmolLM2-135M-Instruct", architecture="llama", backend="cpu", server="rolloutd 0.1.0")
+
+
+def req(rid, prompt=None, text=None, **kw):
+    q = P.Request(client_req_id=rid, **kw)
+    if text is not None:
+        q.flags |= P.REQ_PROMPT_IS_TEXT
+        q.prompt_text = text
+    else:
+        q.prompt_ids = np.array(prompt, dtype="<i4")
+    q.stop_ids = np.array(kw.get("stop_ids", []), dtype="<i4")
+    return q
+
+
+def result(seq, rid, n_tokens, spans, top_k=0, processed=False, finish=P.FINISH_STOP, **kw):
+    rng = np.random.default_rng(seq)
+    x = P.Result(seq=seq, client_req_id=rid, finish=finish, top_k=top_k, **kw)
+    # log-probs with few mantissa bits, so the JSON text is short and exact
+    x.token_ids = rng.integers(0, 49152, n_tokens).astype("<i4")
+    x.logprobs = (-rng.integers(0, 4096, n_tokens) / 256.0).astype("<f4")
+    if processed:
+        x.flags |= P.RESULT_PROCESSED
+        x.logprobs_processed = (-rng.integers(0, 4096, n_tokens) / 512.0).astype("<f4")
+    x.top_ids = rng.integers(0, 49152, (n_tokens, top_k)).astype("<i4")
+    x.top_logprobs = np.sort(-rng.integers(0, 4096, (n_tokens, top_k)) / 128.0, axis=1)[:, ::-1].astype("<f4")
+    x.spans = spans
+    return x
+
+
+def valid_vectors():
+    V = []
+
+    def add(name, msg, desc, **extra):
+        V.append((name, msg, desc, extra))
+
+    add("hello_new", P.Hello(client_id=0, client_name="trainer-0"), "a new client: client_id 0")
+    add("hello_resume_unicode", P.Hello(client_id=0xDEADBEEFCAFEF00D, min_version=1, max_version=3,
+                                        client_name="learner-π-学习-🚀"),
+        "a reconnecting client presenting its id; a version range; a non-ASCII name")
+    add("hello_ok", LIMITS, "the daemon's reply: model, limits, text and chat flags")
+    resumed = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
+    resumed.flags |= P.HELLO_OK_RESUMED
+    resumed.pending_results, resumed.inflight_samples, resumed.weight_version = 3, 12, 2 ** 64 - 1
+    resumed.backend, resumed.eos_id = "cuda", -1
+    add("hello_ok_resumed", resumed, "a resumed client with results pending; eos_id -1; max u64 version")
+
+    add("submit_tokens", P.Submit(client_id=0x0123456789ABCDEF, requests=[
+        req(1, [1, 9690, 314, 253], n=8, max_tokens=256, temperature=0.75, top_p=0.875, top_k=50, min_p=0.0625,
+            seed=1234, logprobs_topk=5, flags=P.REQ_HAS_SEED | P.REQ_PROCESSED_LOGPROBS, stop_ids=[2, 0]),
+        req(2, [5], n=1, max_tokens=1, temperature=0.0, flags=P.REQ_IGNORE_EOS),
+    ]), "two token-id requests: seed, processed log-probs, top-k, stop ids; greedy with ignore_eos",
+        check=[0, 0])
+    add("submit_text", P.Submit(client_id=42, requests=[
+        req(2 ** 64 - 1, text="What is 7 × 8? Answer in 中文 ✓ 🚀", n=4, max_tokens=64, temperature=1.0,
+            flags=P.REQ_CHAT_TEMPLATE, seed=2 ** 64 - 1),
+    ]), "a UTF-8 text prompt through the chat template; max u64 client_req_id and seed (no has_seed flag)",
+        check=[0])
+    add("submit_empty", P.Submit(client_id=42, requests=[]), "a SUBMIT with no requests", check=[])
+    add("submit_invalid_params", P.Submit(client_id=42, requests=[
+        req(10, [1, 2, 3], n=0),
+        req(11, [1, 2, 3], max_tokens=8190),
+        req(12, [1, 49152, 3]),
+        req(13, [1, 2, 3], temperature=math.nan),
+        req(14, [1, 2, 3], top_p=0.0),
+        req(15, [1, 2, 3], flags=0x20),
+        req(16, [1, 2, 3], flags=P.REQ_CHAT_TEMPLATE),
+        req(17, [1, 2, 3], stop_ids=list(range(17))),
+        req(18, [], max_tokens=4),
+        req(19, [1, 2, 3], top_k=-1),
+        req(20, [1, 2, 3], min_p=1.5),
+        req(21, [1, 2, 3], logprobs_topk=21),
+        req(22, [1, 2, 3], temperature=math.inf),
+        req(23, [-1, 2, 3]),
+        req(24, text="", max_tokens=4),
+        req(25, [1, 2, 3], n=64, max_tokens=4096, temperature=2.0, top_p=1.0),
+    ]), "well-formed requests that proto_check_request refuses against hello_ok's limits (all but the last)",
+        check=[7] * 15 + [0])
+
+    add("submit_ok", P.SubmitOk(items=[
+        P.SubmitItem(client_req_id=1, status=0),
+        P.SubmitItem(client_req_id=2, status=0, flags=P.SUBMIT_DUPLICATE),
+        P.SubmitItem(client_req_id=3, status=P.E.INVALID_PARAMS,
+                     message="request 3: n = 0; expected 1..64"),
+        P.SubmitItem(client_req_id=4, status=P.E.BUSY,
+                     message="client retention full (65536 results); fetch and ack, then retry"),
+    ]), "accepted, accepted as a duplicate, invalid, busy")
+    add("submit_ok_empty", P.SubmitOk(items=[]), "the reply to an empty SUBMIT")
+    add("fetch", P.Fetch(client_id=0x0123456789ABCDEF, ack_seq=41, max_results=256, wait_ms=1000,
+                         max_bytes=8 << 20), "a long-poll acking everything up to seq 41")
+    add("fetch_ack_only", P.Fetch(client_id=7, ack_seq=2 ** 64 - 1, max_results=0, wait_ms=0, max_bytes=0),
+        "max_results 0: acknowledge only")
+
+    add("results_empty", P.Results(ack_seq=41, pending_results=0, inflight_samples=5),
+        "a long-poll that timed out: no results, 5 samples still running")
+    add("results_basic", P.Results(ack_seq=41, pending_results=2, inflight_samples=3, results=[
+        result(42, 1, 6, [(0, 6, 7)], sample_idx=0, n_prompt=4, seed=1234, version_admit=7, version_finish=7,
+               queued_us=150, first_token_us=2100, total_us=9800),
+        result(43, 1, 4, [(0, 4, 7)], sample_idx=1, finish=P.FINISH_LENGTH, n_prompt=4, seed=1234,
+               version_admit=7, version_finish=7, queued_us=151, first_token_us=2200, total_us=7000),
+    ]), "two samples of one request: raw log-probs only, one span each")
+    add("results_topk", P.Results(ack_seq=43, pending_results=0, inflight_samples=0, results=[
+        result(44, 2, 5, [(0, 2, 7), (2, 5, 8)], top_k=3, processed=True, sample_idx=3, n_preempt=2,
+               n_prompt=17, seed=99, version_admit=7, version_finish=8, queued_us=10, first_token_us=300,
+               total_us=4000),
+    ]), "processed log-probs, top-3 alternatives, a weight update mid-sequence (two spans), 2 preemptions")
+    padded = result(45, 2, 2, [(0, 2, 8)], top_k=4, processed=True, sample_idx=0, n_prompt=3, seed=5,
+                    version_admit=8, version_finish=8, queued_us=1, first_token_us=2, total_us=3)
+    padded.top_ids = np.array([[17, 3, -1, -1], [4, 9, 11, -1]], dtype="<i4")
+    padded.top_logprobs = np.array([[-0.25, -1.5, -np.inf, -np.inf], [-0.5, -0.75, -3.0, -np.inf]], dtype="<f4")
+    padded.logprobs_processed = np.array([0.0, np.nan], dtype="<f4")
+    add("results_topk_padded", P.Results(ack_seq=44, results=[padded]),
+        "top-k rows padded with -1 / -inf; a NaN and a 0 processed log-prob")
+    add("results_abort_empty", P.Results(ack_seq=0, pending_results=1, inflight_samples=0, results=[
+        result(1, 9, 0, [], finish=P.FINISH_ABORT, n_prompt=12, seed=3, version_admit=2, version_finish=2,
+               queued_us=5000, first_token_us=0, total_us=5000),
+    ]), "an aborted sample that generated nothing: 0 tokens, 0 spans")
+
+    add("abort", P.Abort(client_id=42, client_req_id=7), "abort one request")
+    add("abort_all", P.Abort(client_id=42, client_req_id=0, flags=P.ABORT_ALL), "abort every request of the client")
+    add("abort_ok", P.AbortOk(n_requests=3, n_samples=17), "3 requests aborted, 17 partial samples to come")
+    add("status", P.Status(), "STATUS has an empty body")
+    add("status_ok", P.StatusOk(json=json.dumps({"model": "SmolLM2-135M-Instruct", "backend": "cpu",
+                                                 "weight_version": 7, "uptime_s": 12.5, "note": "ünïcödé ✓"},
+                                                ensure_ascii=False)), "the /status document")
+    add("bye", P.Bye(client_id=42), "a client leaving after fetching everything")
+    add("bye_discard", P.Bye(client_id=42, flags=P.BYE_DISCARD), "leave now, dropping results")
+    add("bye_ok", P.ByeOk(pending_results=0, inflight_samples=0), "forgotten")
+    add("error", P.Error(code=P.E.INVALID_PARAMS, request_type=P.T.SUBMIT, version_max=1,
+                         message="SUBMIT: 2000 requests; the limit is max_requests_per_submit = 1024"),
+        "an ERROR reply naming what was wrong and what was expected")
+    add("error_unknown_request", P.Error(code=P.E.BAD_MAGIC, request_type=0, version_max=1,
+                                         message="magic is 47 45 54 20; expected 52 4c 44 50 (\"RLDP\")"),
+        "an ERROR for a frame whose header was unreadable: request_type 0")
+    return V
+
+
+def frame(type_, body, version=P.VERSION, flags=0, magic=P.MAGIC, body_len=None):
+    return struct.pack("<4sHHII", magic, version, type_, len(body) if body_len is None else body_len, flags) + body
+
+
+def invalid_vectors(valid_frames):
+    submit = valid_frames["submit_tokens"]
+    results = valid_frames["results_basic"]
+    hello_body = valid_frames["hello_new"][16:]
+    I = []
+
+    def add(name, data, code, desc, max_len=P.DEFAULT_MAX_MESSAGE):
+        I.append((name, data, code, desc, max_len))
+
+    add("empty", b"", P.E.MALFORMED, "zero bytes")
+    add("truncated_header", submit[:10], P.E.MALFORMED, "10 bytes: shorter than the 16-byte header")
+    add("bad_magic", b"GET / HTTP/1.1\r\n\r\n", P.E.BAD_MAGIC, "an HTTP request sent to the learner port")
+    add("bad_magic_case", frame(P.T.STATUS, b"", magic=b"rldp"), P.E.BAD_MAGIC, "magic in the wrong case")
+    add("bad_version", frame(P.T.HELLO, hello_body, version=2), P.E.UNSUPPORTED_VERSION, "protocol version 2")
+    add("bad_version_zero", frame(P.T.HELLO, hello_body, version=0), P.E.UNSUPPORTED_VERSION, "protocol version 0")
+    add("truncated_body", submit[:-5], P.E.MALFORMED, "a SUBMIT missing its last 5 bytes (header unchanged)")
+    add("length_larger_than_frame", frame(P.T.FETCH, valid_frames["fetch"][16:], body_len=32 + 100), P.E.MALFORMED,
+        "the header declares 100 more body bytes than the frame carries")
+    add("length_smaller_than_frame", frame(P.T.FETCH, valid_frames["fetch"][16:], body_len=28), P.E.MALFORMED,
+        "the header declares 4 fewer body bytes than the frame carries")
+    add("length_over_limit", frame(P.T.SUBMIT, submit[16:], body_len=0xFFFFFFF0), P.E.TOO_LARGE,
+        "the header declares a 4 GiB body, above the 64 MiB limit")
+    add("frame_over_limit", valid_frames["status_ok"], P.E.TOO_LARGE, "a whole frame above a 64-byte limit",
+        max_len=64)
+    add("header_flags", frame(P.T.STATUS, b"", flags=1), P.E.MALFORMED, "header flags 1 (reserved, must be 0)")
+    add("unknown_type", frame(0x42, b""), P.E.UNKNOWN_TYPE, "message type 0x42")
+    add("unknown_type_zero", frame(0, b""), P.E.UNKNOWN_TYPE, "message type 0")
+    add("reserved_type", frame(P.T.UPDATE_BEGIN, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        "UPDATE_BEGIN: reserved for weight updates, not implemented")
+    add("trailing_bytes", frame(P.T.FETCH, valid_frames["fetch"][16:] + b"\0\0\0\0"), P.E.MALFORMED,
+        "a FETCH with 4 bytes after its last field (length field consistent)")
+    add("status_with_body", frame(P.T.STATUS, b"\0"), P.E.MALFORMED, "STATUS must have an empty body")
+    add("huge_request_count", frame(P.T.SUBMIT, struct.pack("<QI", 42, 0xFFFFFFFF)), P.E.MALFORMED,
+        "n_requests = 2^32-1 in a 12-byte body: refused before any allocation")
+    rbody = bytearray(results[16:])
+    struct.pack_into("<I", rbody, 24 + 80, 0x40000000)
+    add("huge_token_count", frame(P.T.RESULTS, bytes(rbody)), P.E.MALFORMED,
+        "a result claiming 2^30 tokens")
+    sbody = bytearray(submit[16:])
+    struct.pack_into("<I", sbody, 12 + 48, 0xFFFFFFFF)
+    add("huge_stop_count", frame(P.T.SUBMIT, bytes(sbody)), P.E.MALFORMED, "a request claiming 2^32-1 stop ids")
+    steal = struct.pack("<QI", 42, 16) + bytes(48) + struct.pack("<I", 260) + bytes(1040) + bytes(4)
+    add("array_steals_bytes", frame(P.T.SUBMIT, steal), P.E.MALFORMED,
+        "16 requests, the first claiming 260 stop ids: bytes the other 15 requests need at least")
+    add("huge_string", frame(P.T.HELLO, struct.pack("<QHHII", 0, 1, 1, 0, 0x7FFFFFFF) + b"abc"), P.E.MALFORMED,
+        "a client_name claiming 2 GiB")
+    for name, raw, desc in (("bad_utf8_overlong", b"\xc0\x80", "an overlong encoding of NUL"),
+                            ("bad_utf8_surrogate", b"\xed\xa0\x80", "a UTF-16 surrogate (U+D800)"),
+                            ("bad_utf8_truncated", b"ab\xe4\xb8", "a 3-byte sequence cut after 2 bytes"),
+                            ("bad_utf8_above_max", b"\xf4\x90\x80\x80", "a code point above U+10FFFF")):
+        add(name, frame(P.T.HELLO, struct.pack("<QHHII", 0, 1, 1, 0, len(raw)) + raw), P.E.MALFORMED,
+            f"client_name with {desc}")
+    add("hello_flags", frame(P.T.HELLO, struct.pack("<QHHII", 0, 1, 1, 4, 0)), P.E.MALFORMED,
+        "HELLO flags 4 (no flags are defined)")
+    rbody = bytearray(results[16:])
+    rbody[24 + 20] = 9
+    add("bad_finish", frame(P.T.RESULTS, bytes(rbody)), P.E.MALFORMED, "finish reason 9")
+    rbody = bytearray(results[16:])
+    span_end = 24 + 84 + 6 * 8 + 4 + 4   # body header, fixed fields, 6 tokens x (id, log-prob), n_spans, start
+    assert struct.unpack_from("<I", rbody, span_end)[0] == 6
+    struct.pack_into("<I", rbody, span_end, 5)
+    add("bad_spans_gap", frame(P.T.RESULTS, bytes(rbody)), P.E.MALFORMED,
+        "spans [0,5) for 6 tokens: not covering the tokens")
+    add("error_code_zero", frame(P.T.ERROR, struct.pack("<IHHI", 0, 1, 1, 0)), P.E.MALFORMED, "ERROR with code 0")
+    add("abort_flags", frame(P.T.ABORT, struct.pack("<QQI", 1, 2, 0x80)), P.E.MALFORMED, "ABORT flags 0x80")
+    return I
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "proto", "testdata"))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    doc = {"magic": P.MAGIC.decode(), "version": P.VERSION, "default_max_len": P.DEFAULT_MAX_MESSAGE,
+           "check_limits": "hello_ok.bin", "valid": [], "invalid": []}
+    frames = {}
+    for name, msg, desc, extra in valid_vectors():
+        data = P.encode(msg)
+        back = P.decode(data)
+        assert P.encode(back) == data, name
+        frames[name] = data
+        entry = {"file": name + ".bin", "description": desc, "message": P.to_json(back)}
+        if "check" in extra:
+            got = []
+            for q in back.requests:
+                try:
+                    P.check_request(q, LIMITS)
+                    got.append(0)
+                except P.ProtoError as e:
+                    got.append(e.code)
+            assert got == extra["check"], (name, got)
+            entry["check_request"] = got
+        doc["valid"].append(entry)
+        with open(os.path.join(a.out, entry["file"]), "wb") as f:
+            f.write(data)
+    for name, data, code, desc, max_len in invalid_vectors(frames):
+        try:
+            P.decode(data, max_len)
+            raise AssertionError(f"{name} decoded")
+        except P.ProtoError as e:
+            assert e.code == code, (name, e.code, code, e.message)
+        doc["invalid"].append({"file": name + ".bin", "description": desc, "error": int(code),
+                               "error_name": P.E(code).name, "max_len": max_len})
+        with open(os.path.join(a.out, name + ".bin"), "wb") as f:
+            f.write(data)
+    with open(os.path.join(a.out, "vectors.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"gen_golden: {len(doc['valid'])} valid and {len(doc['invalid'])} invalid frames in {a.out}")
+
+
+if __name__ == "__main__":
+    main()
