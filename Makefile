@@ -12,11 +12,18 @@ BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
-LDLIBS  += -lcjson -lopenblas -lpcre2-8 -lm -lpthread
+LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lm -lpthread
 
-LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c) $(wildcard proto/*.c)
+LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c) $(wildcard proto/*.c) $(wildcard tools/client/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c))
+TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c) $(wildcard tools/rolloutctl.c))
+# The daemon: daemon/*.c plus llhttp's C sources as Debian's node-llhttp ships them.
+LLHTTP_DIR ?= /usr/share/llhttp
+LLHTTP_INC ?= /usr/share/include/llhttp
+DAEMON_SRC := $(wildcard daemon/*.c)
+DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/obj/%.o)
+LLHTTP_OBJ := $(if $(DAEMON_SRC),$(BUILD)/obj/llhttp/llhttp.o $(BUILD)/obj/llhttp/api.o $(BUILD)/obj/llhttp/http.o)
+DAEMON  := $(if $(DAEMON_SRC),$(BUILD)/rolloutd)
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
 ifeq ($(CUDA),1)
@@ -29,7 +36,7 @@ LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart 
 endif
 
 .PHONY: all test asan asan-build bench model fuzz clean setup demo
-all: $(BUILD)/librollout.a $(TOOLS) $(TESTS)
+all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
 # ARCH= rebuilds them instead of mixing old and new objects.
@@ -45,6 +52,18 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/obj/daemon/%.o: daemon/%.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(LLHTTP_INC) -c $< -o $@
+
+# Third-party C: our warning set is not theirs, so only -w here.
+$(BUILD)/obj/llhttp/%.o: $(LLHTTP_DIR)/%.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(OPT) -w -I$(LLHTTP_INC) -c $< -o $@
+
+$(BUILD)/rolloutd: $(DAEMON_OBJ) $(LLHTTP_OBJ) $(BUILD)/librollout.a
+	$(CC) $(CFLAGS) $(DAEMON_OBJ) $(LLHTTP_OBJ) -o $@ $(BUILD)/librollout.a $(LDLIBS)
 
 $(BUILD)/librollout.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
