@@ -1,12 +1,15 @@
 /* rollout-bench - throughput of the engine on a seeded rollout workload.
  *   rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--max-num-seqs B]
- *                 [--threads T] [--kv-cache-mb MB] [--decode-batches 1,32] [--json]
+ *                 [--threads T] [--kv-cache-mb MB] [--block-size 16] [--decode-batches 1,32] [--json]
  * Workload: R prompts (random token ids, lengths 16-256) x n samples, each
  * sample generating a fixed length (16-256, long-tailed), EOS ignored so both
  * runs do the same work. It runs once with continuous batching and once as
  * static batches of the same size (a batch is admitted only when the previous
  * one has fully finished, so it runs until its longest member ends), and
- * reports both side by side with the speedup. --decode-batches also times
+ * reports both side by side with the speedup. Static batching is modelled as
+ * padded batches do it: every member computes until the batch's longest
+ * member ends (its extra tokens are padding and do not count as output).
+ * --decode-batches also times
  * pure decode steps at the given batch sizes (prompt 32, 64 new tokens). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -48,7 +51,7 @@ typedef struct {
 static int32_t tail_len(uint64_t *s) { return (int32_t)floor(16.0 * pow(16.0, unif(s))); }
 
 typedef struct {
-    double seconds, tokens_per_s, mean_batch, kv_waste;
+    double seconds, tokens_per_s, mean_batch, kv_waste; /* tokens: requested output, padding excluded */
     int64_t decode_steps, tokens, kv_peak;
 } run_stats;
 
@@ -63,15 +66,21 @@ static int run_workload(model *m, const eng_config *cfg, const work_item *w, int
         per_batch = 1;
     eng_result res[256];
     int next = 0;
+    int64_t useful = 0;
     double t0 = now_s();
     while (next < R || eng_busy(e)) {
         if (!static_batch || !eng_busy(e)) {
             int limit = static_batch ? per_batch : R;
+            int32_t longest = 0;
+            for (int k = 0; k < limit && next + k < R; k++)
+                longest = w[next + k].gen > longest ? w[next + k].gen : longest;
             for (int k = 0; k < limit && next < R; k++, next++) {
                 samp_params sp = samp_default();
                 sp.seed = seed + (uint64_t)next;
+                useful += (int64_t)w[next].gen * n;
                 eng_request rq = {.prompt = w[next].prompt, .n_prompt = w[next].n_prompt, .n = n,
-                                  .max_tokens = w[next].gen, .sp = sp, .ignore_eos = 1};
+                                  .max_tokens = static_batch ? longest : w[next].gen, .sp = sp,
+                                  .ignore_eos = 1};
                 int64_t id;
                 if (eng_add(e, &rq, &id)) {
                     fprintf(stderr, "%s: %s\n", P, rd_errmsg());
@@ -92,8 +101,8 @@ static int run_workload(model *m, const eng_config *cfg, const work_item *w, int
     eng_stats st;
     eng_get_stats(e, &st);
     out->seconds = dt;
-    out->tokens = st.generated_tokens;
-    out->tokens_per_s = st.generated_tokens / dt;
+    out->tokens = useful;
+    out->tokens_per_s = useful / dt;
     out->decode_steps = st.steps;
     out->mean_batch = st.steps ? (double)st.seqs_total / st.steps : 0;
     out->kv_peak = st.kv_peak_blocks;
@@ -144,6 +153,7 @@ int main(int argc, char **argv)
     const char *model_path = NULL;
     int R = 64, n = 4, json = 0, threads = 0, max_seqs = 64;
     int64_t kv_mb = 1024;
+    int32_t block_size = 16;
     uint64_t seed = 1;
     int32_t *dec_b = NULL, n_dec = 0;
     for (int i = 1; i < argc; i++) {
@@ -154,6 +164,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX);
         else if (!strcmp(a, "--max-num-seqs")) max_seqs = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
         else if (!strcmp(a, "--threads")) threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "--block-size")) block_size = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--kv-cache-mb")) kv_mb = cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1 << 24);
         else if (!strcmp(a, "--decode-batches")) dec_b = cli_ids(P, a, cli_value(P, argc, argv, &i), &n_dec);
         else if (!strcmp(a, "--json")) json = 1;
@@ -189,6 +200,7 @@ int main(int argc, char **argv)
     cfg.max_num_seqs = max_seqs;
     cfg.max_batch_tokens = 512 > max_seqs ? 512 : max_seqs;
     cfg.kv_cache_bytes = kv_mb << 20;
+    cfg.block_size = block_size;
     run_stats cont, stat;
     if (run_workload(L.m, &cfg, w, R, n, 0, seed, &cont) || run_workload(L.m, &cfg, w, R, n, 1, seed, &stat))
         return 1;
@@ -216,6 +228,8 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(x, "generated_tokens", (double)rs[k]->tokens);
         }
         cJSON_AddNumberToObject(o, "speedup", speedup);
+        cJSON_AddNumberToObject(o, "block_size", block_size);
+        cJSON_AddNumberToObject(o, "threads", L.be->n_threads);
         cJSON *d = cJSON_AddObjectToObject(o, "decode_tokens_per_s");
         for (int32_t i = 0; i < n_dec; i++) {
             char k[32];
@@ -227,8 +241,8 @@ int main(int argc, char **argv)
         free(s);
         cJSON_Delete(o);
     } else {
-        printf("workload: %d requests x n=%d, %lld generated tokens, max_num_seqs %d, %d threads\n", R, n,
-               (long long)work_tokens, max_seqs, L.be->n_threads);
+        printf("workload: %d requests x n=%d, %lld generated tokens, max_num_seqs %d, block size %d, %d threads\n",
+               R, n, (long long)work_tokens, max_seqs, block_size, L.be->n_threads);
         printf("%-12s %12s %8s %8s %10s %10s %8s\n", "mode", "tokens/s", "steps", "batch", "kv_peak", "kv_waste", "secs");
         const run_stats *rs[2] = {&cont, &stat};
         const char *names[2] = {"continuous", "static"};

@@ -1,0 +1,61 @@
+/* bridge.h - the NNG side of the learner socket: one rep0 socket, many
+ * contexts, each holding one request at a time.
+ *
+ * NNG callbacks run on NNG's threads: they only put the context on a queue,
+ * wake the loop (uv_async_send) and re-arm receives; the loop thread drains the
+ * whole queue on each wake (sends coalesce), decodes, and answers with
+ * br_reply. A context stays with its request until it is answered, which is how
+ * a FETCH long-poll parks (its uv_timer bounds the wait). */
+#ifndef RD_DAEMON_BRIDGE_H
+#define RD_DAEMON_BRIDGE_H
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "proto/proto.h"
+
+typedef enum { BR_RECV, BR_WORK, BR_SEND } br_state;
+
+typedef struct br_ctx {
+    struct bridge *b;
+    nng_ctx ctx;
+    nng_aio *aio;
+    br_state state;
+    nng_msg *msg;               /* the request while BR_WORK */
+    struct br_ctx *qnext;       /* the ready queue */
+    uv_timer_t timer;           /* parked FETCH deadline (loop thread) */
+    int parked;                 /* a FETCH waits here */
+    uint64_t client_id;         /* of the parked FETCH */
+    proto_fetch fetch;          /* the parked FETCH */
+} br_ctx;
+
+typedef struct bridge {
+    nng_socket sock;
+    nng_listener listener;
+    int open;
+    br_ctx *ctxs;               /* [n] */
+    int n;
+    pthread_mutex_t mu;
+    br_ctx *q, *q_tail;         /* received, waiting for the loop */
+    uv_async_t *wake;
+    size_t max_msg;             /* bytes */
+} bridge;
+
+/* Opens the socket, listens on url with RECVMAXSZ = max_msg, starts n
+ * contexts. Timers are initialised on loop (the caller's thread). */
+int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake);
+/* Pops one received request (loop thread); NULL when none. */
+br_ctx *br_next(bridge *b);
+/* Sends a reply frame from the context (copied into an nng_msg); the
+ * context then waits for its next request. */
+int br_reply(br_ctx *c, const uint8_t *frame, size_t len);
+/* Closes the socket and stops every aio (waits for running callbacks); frees
+ * requests still queued. After this no callback runs and the async is not
+ * touched. Timers are left for the loop's uv_walk. */
+void br_close(bridge *b);
+
+#endif

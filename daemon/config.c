@@ -1,0 +1,282 @@
+/* config.c - see config.h. One table lists every key: its type, range and
+ * where it lives; the JSON reader and the flag parser both walk it, so a key
+ * and its flag (--key-with-dashes) can never disagree. */
+#include "daemon/config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+
+typedef enum { CFG_INT, CFG_TEXT } cfg_kind;
+
+typedef struct {
+    const char *key;            /* JSON key; the flag is --key with '_' -> '-' */
+    cfg_kind kind;
+    size_t off;                 /* offset in cfg_daemon */
+    int64_t lo, hi;             /* CFG_INT: inclusive range; CFG_TEXT: hi = buffer bytes */
+    const char *what;           /* shown in --help */
+} cfg_field;
+
+#define I(k, lo, hi, what) {#k, CFG_INT, offsetof(cfg_daemon, k), lo, hi, what}
+#define S(k, what) {#k, CFG_TEXT, offsetof(cfg_daemon, k), 1, sizeof(((cfg_daemon *)0)->k), what}
+
+static const cfg_field FIELDS[] = {
+    S(model, "GGUF model file"),
+    S(backend, "\"cpu\" or \"cuda\""),
+    S(listen, "learner socket NNG URL (tcp://HOST:PORT)"),
+    S(status_listen, "HTTP status HOST:PORT"),
+    I(threads, 0, 1024, "engine threads (0 = all cores)"),
+    I(kv_cache_bytes, 1 << 20, (int64_t)1 << 50, "KV cache budget in bytes"),
+    I(block_size, 1, 1024, "tokens per KV block"),
+    I(max_num_seqs, 1, 65536, "sequences per engine step"),
+    I(max_batch_tokens, 1, 1 << 24, "tokens per engine step"),
+    I(max_queued_requests, 1, 1 << 24, "unfinished requests before SUBMIT gets BUSY"),
+    I(max_requests_per_submit, 1, 1 << 20, "requests in one SUBMIT"),
+    I(max_n, 1, 65536, "samples per request"),
+    I(max_tokens, 0, 1 << 24, "generated tokens per sample (0 = context - 1)"),
+    I(max_prompt_tokens, 0, 1 << 24, "prompt tokens (0 = context - 1)"),
+    I(max_message_bytes, 4096, (int64_t)1 << 32, "largest protocol frame in bytes"),
+    I(result_retention, 1, 1 << 24, "results held per client until acknowledged"),
+    I(retention_bytes, 4096, (int64_t)1 << 40, "bytes of results held per client"),
+    I(max_wait_ms, 0, 3600000, "FETCH long-poll cap in ms"),
+    I(client_ttl_s, 1, 30 * 86400, "seconds before a silent client is forgotten"),
+    I(max_clients, 1, 1 << 20, "known clients"),
+    I(nng_contexts, 1, 4096, "concurrent protocol requests (parked FETCHes included)"),
+    I(drain_s, 0, 86400, "SIGTERM: seconds in-flight requests may still run"),
+    I(shutdown_grace_s, 0, 86400, "SIGTERM: seconds to deliver results after the drain"),
+    I(http_max_connections, 1, 65536, "concurrent status connections"),
+};
+#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+void cfg_defaults(cfg_daemon *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->model, sizeof c->model, "%s", "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    snprintf(c->backend, sizeof c->backend, "%s", "cpu");
+    snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
+    snprintf(c->status_listen, sizeof c->status_listen, "%s", "127.0.0.1:7071");
+    c->threads = 0;
+    c->kv_cache_bytes = (int64_t)1 << 30;
+    c->block_size = 16;
+    c->max_num_seqs = 64;
+    c->max_batch_tokens = 512;
+    c->max_queued_requests = 4096;
+    c->max_requests_per_submit = 1024;
+    c->max_n = 64;
+    c->max_tokens = 0;
+    c->max_prompt_tokens = 0;
+    c->max_message_bytes = 64 << 20;
+    c->result_retention = 4096;
+    c->retention_bytes = (int64_t)256 << 20;
+    c->max_wait_ms = 30000;
+    c->client_ttl_s = 600;
+    c->max_clients = 1024;
+    c->nng_contexts = 64;
+    c->drain_s = 30;
+    c->shutdown_grace_s = 10;
+    c->http_max_connections = 64;
+}
+
+static const cfg_field *find_key(const char *key)
+{
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (!strcmp(FIELDS[i].key, key))
+            return &FIELDS[i];
+    return NULL;
+}
+
+static int set_int(cfg_daemon *c, const cfg_field *f, double v, const char *origin)
+{
+    /* JSON numbers are doubles: refuse fractions and anything past 2^53,
+     * where a double stops holding every integer. */
+    if (!isfinite(v) || v != floor(v) || v < (double)f->lo || v > (double)f->hi || fabs(v) > 9007199254740992.0)
+        return rd_fail(RD_EINVAL, "%s: key \"%s\" = %.17g; expected an integer in %lld..%lld (%s)", origin, f->key,
+                       v, (long long)f->lo, (long long)f->hi, f->what);
+    *(int64_t *)((char *)c + f->off) = (int64_t)v;
+    return 0;
+}
+
+static int set_text(cfg_daemon *c, const cfg_field *f, const char *v, const char *origin)
+{
+    size_t n = strlen(v);
+    if (n == 0 || n >= (size_t)f->hi)
+        return rd_fail(RD_EINVAL, "%s: key \"%s\" has %zu bytes; expected a non-empty string under %lld bytes (%s)",
+                       origin, f->key, n, (long long)f->hi, f->what);
+    memcpy((char *)c + f->off, v, n + 1);
+    return 0;
+}
+
+int cfg_parse_json(cfg_daemon *c, const char *text, const char *origin)
+{
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = at ? (long)(at - text) : -1;
+        return rd_fail(RD_EINVAL, "%s: not valid JSON (near byte %ld); expected one JSON object", origin, off);
+    }
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        rc = rd_fail(RD_EINVAL, "%s: the top level is not a JSON object; expected {\"key\": value, ...}", origin);
+        goto out;
+    }
+    for (cJSON *it = root->child; it; it = it->next) {
+        const cfg_field *f = find_key(it->string);
+        if (!f) {
+            rc = rd_fail(RD_EINVAL, "%s: unknown key \"%s\" (see configs/rolloutd.json for the known keys)", origin,
+                         it->string);
+            goto out;
+        }
+        if (f->kind == CFG_INT) {
+            if (!cJSON_IsNumber(it)) {
+                rc = rd_fail(RD_EINVAL, "%s: key \"%s\" is not a number; expected an integer in %lld..%lld (%s)",
+                             origin, f->key, (long long)f->lo, (long long)f->hi, f->what);
+                goto out;
+            }
+            if ((rc = set_int(c, f, it->valuedouble, origin)))
+                goto out;
+        } else {
+            if (!cJSON_IsString(it)) {
+                rc = rd_fail(RD_EINVAL, "%s: key \"%s\" is not a string; expected %s", origin, f->key, f->what);
+                goto out;
+            }
+            if ((rc = set_text(c, f, it->valuestring, origin)))
+                goto out;
+        }
+    }
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int cfg_load_file(cfg_daemon *c, const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return rd_fail(RD_EINVAL, "config %s: cannot open (%s)", path, strerror(errno));
+    /* A config is a few hundred bytes; 1 MiB is a generous cap against a wrong path. */
+    char *buf = malloc((1 << 20) + 1);
+    if (!buf) {
+        fclose(fp);
+        return rd_fail(RD_ENOMEM, "config %s: out of memory", path);
+    }
+    size_t n = fread(buf, 1, 1 << 20, fp);
+    int big = n == (1 << 20) && fgetc(fp) != EOF;
+    fclose(fp);
+    if (big) {
+        free(buf);
+        return rd_fail(RD_EINVAL, "config %s: larger than 1 MiB; expected a small JSON object", path);
+    }
+    buf[n] = 0;
+    char origin[CFG_STR + 16];
+    snprintf(origin, sizeof origin, "config %s", path);
+    int rc = cfg_parse_json(c, buf, origin);
+    free(buf);
+    return rc;
+}
+
+/* "--kv-cache-bytes" -> the field "kv_cache_bytes". */
+static const cfg_field *find_flag(const char *flag)
+{
+    if (strncmp(flag, "--", 2) != 0 || strlen(flag) >= 64)
+        return NULL;
+    char key[64];
+    size_t i = 0;
+    for (const char *p = flag + 2; *p; p++)
+        key[i++] = *p == '-' ? '_' : *p;
+    key[i] = 0;
+    return find_key(key);
+}
+
+int cfg_from_args(cfg_daemon *c, int argc, char **argv, int *help)
+{
+    cfg_defaults(c);
+    *help = 0;
+    /* The file first, wherever --config appears, so every other flag overrides it. */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            *help = 1;
+            return 0;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc)
+                return rd_fail(RD_EINVAL, "flag --config needs a value (a JSON file)");
+            int rc = cfg_load_file(c, argv[++i]);
+            if (rc)
+                return rc;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) {
+            i++;
+            continue;
+        }
+        const cfg_field *f = find_flag(argv[i]);
+        if (!f)
+            return rd_fail(RD_EINVAL, "unknown flag '%s' (rolloutd --help lists them)", argv[i]);
+        if (i + 1 >= argc)
+            return rd_fail(RD_EINVAL, "flag %s needs a value (%s)", argv[i], f->what);
+        const char *v = argv[++i];
+        char origin[80];
+        snprintf(origin, sizeof origin, "flag %s", argv[i - 1]);
+        if (f->kind == CFG_TEXT) {
+            int rc = set_text(c, f, v, origin);
+            if (rc)
+                return rc;
+        } else {
+            char *end;
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            if (errno || end == v || *end)
+                return rd_fail(RD_EINVAL, "%s: '%s' is not an integer; expected an integer in %lld..%lld (%s)", origin,
+                               v, (long long)f->lo, (long long)f->hi, f->what);
+            int rc = set_int(c, f, (double)x, origin);
+            if (rc)
+                return rc;
+        }
+    }
+    return cfg_validate(c);
+}
+
+int cfg_validate(const cfg_daemon *c)
+{
+    if (strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
+        return rd_fail(RD_EINVAL, "key \"backend\" = \"%s\"; expected \"cpu\" or \"cuda\"", c->backend);
+    if (strncmp(c->listen, "tcp://", 6) && strncmp(c->listen, "ipc://", 6))
+        return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\"; expected an NNG URL like tcp://127.0.0.1:7070", c->listen);
+    const char *colon = strrchr(c->status_listen, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == c->status_listen || !end || *end || port < 0 || port > 65535 || end == colon + 1)
+        return rd_fail(RD_EINVAL, "key \"status_listen\" = \"%s\"; expected HOST:PORT like 127.0.0.1:7071",
+                       c->status_listen);
+    if (c->max_batch_tokens < c->max_num_seqs)
+        return rd_fail(RD_EINVAL, "key \"max_batch_tokens\" = %lld is below max_num_seqs = %lld; expected >= it "
+                       "(every running sequence needs a token per step)",
+                       (long long)c->max_batch_tokens, (long long)c->max_num_seqs);
+    return 0;
+}
+
+const char *cfg_usage(void)
+{
+    static char text[4096];
+    if (text[0])
+        return text;
+    size_t n = (size_t)snprintf(text, sizeof text,
+                                "usage: rolloutd [--config FILE.json] [--KEY VALUE ...]\n"
+                                "Every config key is also a flag (--kv-cache-bytes for kv_cache_bytes):\n");
+    for (size_t i = 0; i < N_FIELDS && n < sizeof text; i++) {
+        char flag[64];
+        size_t k = 0;
+        for (const char *p = FIELDS[i].key; *p && k < sizeof flag - 1; p++)
+            flag[k++] = *p == '_' ? '-' : *p;
+        flag[k] = 0;
+        n += (size_t)snprintf(text + n, sizeof text - n, "  --%-26s %s\n", flag, FIELDS[i].what);
+    }
+    return text;
+}

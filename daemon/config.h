@@ -1,0 +1,57 @@
+/* config.h - rolloutd's settings: defaults, a JSON config file (cJSON) and
+ * command-line overrides. An unknown key, a wrong type or an out-of-range
+ * value is refused with a message naming the key and what was expected. */
+#ifndef RD_DAEMON_CONFIG_H
+#define RD_DAEMON_CONFIG_H
+
+#include <stdint.h>
+
+#define CFG_STR 512                 /* bytes for path and address strings */
+
+typedef struct {
+    char model[CFG_STR];            /* GGUF file */
+    char backend[16];               /* "cpu" or "cuda" */
+    char listen[CFG_STR];           /* NNG URL of the learner socket, e.g. tcp://127.0.0.1:7070 */
+    char status_listen[CFG_STR];    /* HOST:PORT of the HTTP status server */
+    int64_t threads;                /* engine threads; 0 = all cores */
+    int64_t kv_cache_bytes;         /* KV pool budget, bytes */
+    int64_t block_size;             /* tokens per KV block */
+    int64_t max_num_seqs;           /* sequences per engine step */
+    int64_t max_batch_tokens;       /* token budget per engine step */
+    int64_t max_queued_requests;    /* accepted, unfinished requests (all clients) before BUSY */
+    int64_t max_requests_per_submit;
+    int64_t max_n;                  /* samples per request (also capped by max_num_seqs) */
+    int64_t max_tokens;             /* generated tokens per sample; 0 = context - 1 */
+    int64_t max_prompt_tokens;      /* 0 = context - 1 */
+    int64_t max_message_bytes;      /* largest frame either side may send */
+    int64_t result_retention;       /* results held per client (unacked + reserved in-flight) */
+    int64_t retention_bytes;        /* the same bound in encoded bytes */
+    int64_t max_wait_ms;            /* FETCH long-poll cap */
+    int64_t client_ttl_s;           /* a silent client is forgotten after this */
+    int64_t max_clients;            /* known clients before HELLO(0) is refused BUSY */
+    int64_t nng_contexts;           /* concurrent requests (and parked FETCHes) on the socket */
+    int64_t drain_s;                /* SIGTERM: seconds in-flight requests may run before abort */
+    int64_t shutdown_grace_s;       /* then seconds left for clients to fetch their results */
+    int64_t http_max_connections;   /* concurrent status connections */
+} cfg_daemon;
+
+/* The defaults (configs/rolloutd.json spells the same values). */
+void cfg_defaults(cfg_daemon *c);
+
+/* Applies a JSON object's keys over c. RD_EINVAL with a message naming the key. */
+int cfg_parse_json(cfg_daemon *c, const char *text, const char *origin);
+
+/* Reads and applies a JSON file. */
+int cfg_load_file(cfg_daemon *c, const char *path);
+
+/* Full command line: defaults, then the --config file (if given), then the
+ * other flags in order. *help is set for --help. */
+int cfg_from_args(cfg_daemon *c, int argc, char **argv, int *help);
+
+/* Cross-field checks once everything is applied. */
+int cfg_validate(const cfg_daemon *c);
+
+/* The usage text. */
+const char *cfg_usage(void);
+
+#endif

@@ -1,0 +1,65 @@
+/* daemon.h - the daemon's state, owned by the loop thread (main.c builds it,
+ * loop.c serves the protocol, the timers and the signals). */
+#ifndef RD_DAEMON_DAEMON_H
+#define RD_DAEMON_DAEMON_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/bridge.h"
+#include "daemon/clients.h"
+#include "daemon/config.h"
+#include "daemon/engine_thread.h"
+#include "daemon/http.h"
+#include "daemon/metrics.h"
+#include "engine/loader.h"
+#include "proto/proto.h"
+
+#define RD_SERVER_NAME "rolloutd 0.1.0"
+
+typedef enum { D_SERVING, D_DRAINING, D_EXITING } d_state;
+
+typedef struct {
+    cfg_daemon cfg;
+    rd_loaded L;                /* backend, model, tokenizer */
+    engine *eng;                /* run by the engine thread */
+    char model_name[256];
+    proto_hello_ok lim;         /* model description and limits (HELLO_OK minus the per-client fields) */
+    int32_t kv_blocks_total;    /* for admission: a request must fit the whole pool */
+    uint64_t weight_version;    /* policy version serving (0 until weight updates, issue 4) */
+    uint64_t t_start_us;
+
+    uv_loop_t loop;
+    uv_async_t wake;            /* NNG requests and engine results are ready */
+    uv_timer_t tick;            /* 1 s: throughput window, client TTL */
+    uv_timer_t drain_timer;     /* SIGTERM + drain_s: abort what still runs */
+    uv_timer_t grace_timer;     /* then shutdown_grace_s to deliver results */
+    uv_signal_t sigint, sigterm;
+    bridge br;
+    http_server http;
+    et_thread et;
+    cl_table clients;
+    mx_window win;
+    eng_stats stats;            /* latest engine snapshot */
+
+    d_state state;
+    int drain_expired;          /* the drain time passed: everything unfinished was aborted */
+    int grace_started;
+    int n_signals;
+    int64_t accepted, rejected, errors;
+    proto_buf out;              /* encoding scratch for replies */
+    int exit_code;
+} rd_daemon;
+
+/* loop.c */
+void loop_on_wake(uv_async_t *h);
+void loop_on_tick(uv_timer_t *t);
+void loop_on_signal(uv_signal_t *s, int signum);
+void loop_on_fetch_timeout(uv_timer_t *t);
+/* Closes NNG, stops the engine thread, then closes every libuv handle so
+ * uv_run returns. */
+void loop_shutdown(rd_daemon *d);
+char *loop_status_json(void *ud);
+char *loop_metrics_text(void *ud);
+
+#endif

@@ -1,0 +1,250 @@
+/* engine_thread.c - see engine_thread.h. */
+#include "daemon/engine_thread.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/err.h"
+#include "daemon/log.h"
+
+uint64_t et_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void free_cmd(et_cmd *c)
+{
+    free((void *)c->req.prompt);
+    free((void *)c->req.stop_ids);
+    free(c);
+}
+
+void et_done_free(et_done *d)
+{
+    eng_result_free(&d->r);
+    free(d);
+}
+
+/* Caller holds mu. */
+static void push_done(et_thread *t, et_done *d)
+{
+    if (t->done_tail)
+        t->done_tail->next = d;
+    else
+        t->done = d;
+    t->done_tail = d;
+}
+
+/* A request the engine refused after the loop accepted it (out of memory, a
+ * limit the loop did not check): its samples still come back, as errors with no
+ * tokens, so the client gets one result per sample. Caller holds mu. */
+static void refuse(et_thread *t, const et_cmd *c, uint64_t now)
+{
+    log_line("engine refused request key %llu: %s", (unsigned long long)c->key, rd_errmsg());
+    for (int32_t i = 0; i < c->req.n; i++) {
+        et_done *d = calloc(1, sizeof *d);
+        if (!d)
+            continue;
+        d->r.tag = c->key;
+        d->r.sample_idx = i;
+        d->r.n_prompt = c->req.n_prompt;
+        d->r.token_ids = malloc(sizeof(int32_t));
+        d->r.logprobs = malloc(sizeof(float));
+        d->r.finish = FINISH_ERROR;
+        d->t_added_us = d->t_finish_us = now;
+        push_done(t, d);
+    }
+}
+
+/* Runs the queued commands. Caller holds mu; eng_add copies what it needs, so
+ * holding the lock only costs the copy. */
+static void run_cmds(et_thread *t)
+{
+    while (t->cmds) {
+        et_cmd *c = t->cmds;
+        t->cmds = c->next;
+        if (!t->cmds)
+            t->cmds_tail = NULL;
+        t->n_cmds--;
+        uint64_t now = et_now_us();
+        if (c->kind == ET_ADD) {
+            int64_t id;
+            eng_request r = c->req;
+            r.tag = c->key;
+            et_live *l = calloc(1, sizeof *l);
+            if (l && eng_add(t->eng, &r, &id) == 0) {
+                l->id = id;
+                l->t_added_us = now;
+                l->left = r.n;
+                if (umap_put(&t->live, c->key, l)) {
+                    /* Cannot track it: it still runs, only abort and timing lose it. */
+                    free(l);
+                }
+            } else {
+                if (!l)
+                    rd_fail(RD_ENOMEM, "engine thread: out of memory");
+                free(l);
+                refuse(t, c, now);
+            }
+        } else {
+            et_live *l = umap_get(&t->live, c->key);
+            if (l)
+                eng_abort(t->eng, l->id); /* RD_ENOENT: finished meanwhile, fine */
+        }
+        free_cmd(c);
+    }
+}
+
+static void collect(et_thread *t, uint64_t now)
+{
+    eng_result rs[64];
+    int n;
+    while ((n = eng_collect(t->eng, rs, 64)) > 0) {
+        for (int i = 0; i < n; i++) {
+            et_done *d = calloc(1, sizeof *d);
+            if (!d) {
+                eng_result_free(&rs[i]);
+                continue;
+            }
+            d->r = rs[i];
+            et_live *l = umap_get(&t->live, rs[i].tag);
+            d->t_added_us = l ? l->t_added_us : now;
+            d->t_finish_us = now;
+            if (l && --l->left <= 0)
+                free(umap_del(&t->live, rs[i].tag));
+            push_done(t, d);
+        }
+    }
+}
+
+static void engine_main(void *arg)
+{
+    et_thread *t = arg;
+    pthread_mutex_lock(&t->mu);
+    while (!t->stop) {
+        run_cmds(t);
+        /* An abort finishes samples without a step: collect them now, or an
+         * engine left idle by the abort would sleep on them. */
+        collect(t, et_now_us());
+        if (!eng_busy(t->eng)) {
+            eng_get_stats(t->eng, &t->stats);
+            if (t->done)
+                uv_async_send(t->wake);
+            pthread_cond_wait(&t->cv, &t->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&t->mu);
+        int rc = eng_step(t->eng);
+        pthread_mutex_lock(&t->mu);
+        if (rc < 0)
+            log_line("engine step failed: %s", rd_errmsg());
+        collect(t, et_now_us());
+        eng_get_stats(t->eng, &t->stats);
+        uv_async_send(t->wake);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+int et_start(et_thread *t, engine *e, uv_async_t *wake)
+{
+    memset(t, 0, sizeof *t);
+    t->eng = e;
+    t->wake = wake;
+    umap_init(&t->live);
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    eng_get_stats(e, &t->stats);
+    if (uv_thread_create(&t->thread, engine_main, t))
+        return rd_fail(RD_ENOMEM, "cannot start the engine thread");
+    t->started = 1;
+    return 0;
+}
+
+void et_stop(et_thread *t)
+{
+    if (!t->started)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    uv_thread_join(&t->thread);
+    t->started = 0;
+    for (et_cmd *c = t->cmds, *nx; c; c = nx) {
+        nx = c->next;
+        free_cmd(c);
+    }
+    for (et_done *d = t->done, *nx; d; d = nx) {
+        nx = d->next;
+        et_done_free(d);
+    }
+    t->cmds = t->cmds_tail = NULL;
+    t->done = t->done_tail = NULL;
+    for (size_t i = 0; i < t->live.cap; i++)
+        if (t->live.keys[i])
+            free(t->live.vals[i]);
+    umap_free(&t->live);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+}
+
+static void push_cmd(et_thread *t, et_cmd *c)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->cmds_tail)
+        t->cmds_tail->next = c;
+    else
+        t->cmds = c;
+    t->cmds_tail = c;
+    t->n_cmds++;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+int et_add(et_thread *t, uint64_t key, const eng_request *r)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(r->n_prompt > 0 ? r->n_prompt : 1));
+    int32_t *stop = malloc(sizeof(int32_t) * (size_t)(r->n_stop > 0 ? r->n_stop : 1));
+    if (!c || !prompt || !stop) {
+        free(c);
+        free(prompt);
+        free(stop);
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    }
+    memcpy(prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    if (r->n_stop > 0)
+        memcpy(stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
+    c->kind = ET_ADD;
+    c->key = key;
+    c->req = *r;
+    c->req.prompt = prompt;
+    c->req.stop_ids = stop;
+    push_cmd(t, c);
+    return 0;
+}
+
+int et_abort(et_thread *t, uint64_t key)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    c->kind = ET_ABORT;
+    c->key = key;
+    push_cmd(t, c);
+    return 0;
+}
+
+et_done *et_take(et_thread *t, eng_stats *stats)
+{
+    pthread_mutex_lock(&t->mu);
+    et_done *d = t->done;
+    t->done = t->done_tail = NULL;
+    if (stats)
+        *stats = t->stats;
+    pthread_mutex_unlock(&t->mu);
+    return d;
+}

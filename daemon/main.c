@@ -1,0 +1,168 @@
+/* main.c - rolloutd: load the model, start the engine thread, the learner
+ * socket and the status server, run the libuv loop until shutdown.
+ *   rolloutd [--config FILE.json] [--model PATH] [--listen URL] [--status-listen HOST:PORT] [...]
+ * Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT, everything drained),
+ * 1 when startup fails (model, ports) or on a second signal, 2 for a bad
+ * config or flag. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+
+/* The model's name: the file's base name without ".gguf" (general.name in
+ * GGUF files is often a training-run label), kept to printable ASCII so it is
+ * valid UTF-8 on the wire and safe in a Prometheus label. */
+static void model_name(rd_daemon *d)
+{
+    const char *base = strrchr(d->cfg.model, '/');
+    snprintf(d->model_name, sizeof d->model_name, "%.200s", base ? base + 1 : d->cfg.model);
+    size_t n = strlen(d->model_name);
+    if (n > 5 && !strcmp(d->model_name + n - 5, ".gguf"))
+        d->model_name[n - 5] = 0;
+    for (char *p = d->model_name; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
+            *p = '?';
+}
+
+static uint32_t min_u32(int64_t a, int64_t b) { return (uint32_t)(a < b ? a : b); }
+
+/* HELLO_OK's model description and limits, from the model and the config. */
+static void limits(rd_daemon *d)
+{
+    const model_config *mc = &d->L.m->cfg;
+    proto_hello_ok *h = &d->lim;
+    memset(h, 0, sizeof *h);
+    h->version = PROTO_VERSION;
+    if (d->L.tok) {
+        h->flags |= PROTO_HELLO_OK_TEXT;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tok_chatml(d->L.tok, NULL, "x", &ids, &n) == 0)
+            h->flags |= PROTO_HELLO_OK_CHAT;
+        free(ids);
+    }
+    h->vocab_size = (uint32_t)mc->vocab;
+    h->max_context = (uint32_t)mc->max_ctx;
+    h->n_layers = (uint32_t)mc->n_layers;
+    h->dim = (uint32_t)mc->dim;
+    h->n_heads = (uint32_t)mc->n_heads;
+    h->n_kv_heads = (uint32_t)mc->n_kv_heads;
+    h->eos_id = d->L.tok ? tok_eos(d->L.tok) : -1;
+    h->max_prompt_tokens = d->cfg.max_prompt_tokens ? min_u32(d->cfg.max_prompt_tokens, mc->max_ctx - 1)
+                                                    : (uint32_t)(mc->max_ctx - 1);
+    h->max_message_bytes = (uint64_t)d->cfg.max_message_bytes;
+    /* The engine runs a request's n samples side by side: n <= max_num_seqs. */
+    h->max_n = min_u32(d->cfg.max_n, d->cfg.max_num_seqs);
+    h->max_requests_per_submit = (uint32_t)d->cfg.max_requests_per_submit;
+    h->max_tokens = d->cfg.max_tokens ? min_u32(d->cfg.max_tokens, mc->max_ctx - 1) : (uint32_t)(mc->max_ctx - 1);
+    /* The engine holds 16 stop ids and adds EOS as one of them. */
+    h->max_stop_ids = SEQ_MAX_STOP - 1;
+    h->max_logprobs_topk = 20;
+    h->retention_results = (uint32_t)d->cfg.result_retention;
+    h->retention_bytes = (uint64_t)d->cfg.retention_bytes;
+    h->max_wait_ms = (uint32_t)d->cfg.max_wait_ms;
+    h->client_ttl_s = (uint32_t)d->cfg.client_ttl_s;
+    h->model_name = (proto_str){d->model_name, (uint32_t)strlen(d->model_name)};
+    h->architecture = (proto_str){mc->arch, (uint32_t)strlen(mc->arch)};
+    h->backend = (proto_str){d->cfg.backend, (uint32_t)strlen(d->cfg.backend)};
+    h->server = (proto_str){RD_SERVER_NAME, (uint32_t)strlen(RD_SERVER_NAME)};
+}
+
+static int start(rd_daemon *d)
+{
+    eng_config ec = eng_default_config();
+    ec.backend = d->cfg.backend;
+    ec.n_threads = (int)d->cfg.threads;
+    ec.kv_cache_bytes = d->cfg.kv_cache_bytes;
+    ec.block_size = (int32_t)d->cfg.block_size;
+    ec.max_num_seqs = (int32_t)d->cfg.max_num_seqs;
+    ec.max_batch_tokens = (int32_t)d->cfg.max_batch_tokens;
+    /* The loop bounds queued requests itself (BUSY); the engine must never refuse. */
+    ec.max_waiting = (int32_t)d->cfg.max_queued_requests + 1;
+    ec.eos_id = d->L.tok ? tok_eos(d->L.tok) : -1; /* as rollout-gen: same results for the same request */
+    int rc = eng_create(d->L.m, &ec, &d->eng);
+    if (rc)
+        return rc;
+    eng_get_stats(d->eng, &d->stats);
+    d->kv_blocks_total = d->stats.kv_blocks_total;
+
+    uv_async_init(&d->loop, &d->wake, loop_on_wake);
+    d->wake.data = d;
+    uv_timer_init(&d->loop, &d->tick);
+    uv_timer_init(&d->loop, &d->drain_timer);
+    uv_timer_init(&d->loop, &d->grace_timer);
+    d->tick.data = d->drain_timer.data = d->grace_timer.data = d;
+    uv_timer_start(&d->tick, loop_on_tick, 1000, 1000);
+    uv_signal_init(&d->loop, &d->sigint);
+    uv_signal_init(&d->loop, &d->sigterm);
+    d->sigint.data = d->sigterm.data = d;
+    uv_signal_start(&d->sigint, loop_on_signal, SIGINT);
+    uv_signal_start(&d->sigterm, loop_on_signal, SIGTERM);
+
+    if ((rc = et_start(&d->et, d->eng, &d->wake)))
+        return rc;
+    if ((rc = br_open(&d->br, &d->loop, d->cfg.listen, (int)d->cfg.nng_contexts, (size_t)d->cfg.max_message_bytes,
+                      &d->wake)))
+        return rc;
+    http_routes routes = {loop_status_json, loop_metrics_text, d};
+    if ((rc = http_start(&d->http, &d->loop, d->cfg.status_listen, (int)d->cfg.http_max_connections, &routes)))
+        return rc;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    /* NNG sends with MSG_NOSIGNAL; libuv's writes can still raise SIGPIPE. */
+    signal(SIGPIPE, SIG_IGN);
+    static rd_daemon D;
+    rd_daemon *d = &D;
+    int help;
+    if (cfg_from_args(&d->cfg, argc, argv, &help)) {
+        fprintf(stderr, "rolloutd: %s\n", rd_errmsg());
+        return 2;
+    }
+    if (help) {
+        fputs(cfg_usage(), stdout);
+        return 0;
+    }
+    d->t_start_us = et_now_us();
+    log_line("loading %s (backend %s)", d->cfg.model, d->cfg.backend);
+    if (rd_load(d->cfg.model, d->cfg.backend, (int)d->cfg.threads, &d->L)) {
+        fprintf(stderr, "rolloutd: cannot load the model: %s\n", rd_errmsg());
+        return 1;
+    }
+    model_name(d);
+    limits(d);
+    cl_init(&d->clients, d->lim.retention_results, d->lim.retention_bytes);
+    proto_buf_init(&d->out);
+    uv_loop_init(&d->loop);
+
+    int rc = start(d);
+    if (rc) {
+        fprintf(stderr, "rolloutd: %s\n", rd_errmsg());
+        d->exit_code = 1;
+        d->state = D_DRAINING;
+        loop_shutdown(d);
+    } else {
+        log_line("model %s: %d layers, vocab %d, context %d; KV cache %d blocks of %lld tokens",
+                 d->model_name, d->L.m->cfg.n_layers, d->L.m->cfg.vocab, d->L.m->cfg.max_ctx, d->kv_blocks_total,
+                 (long long)d->cfg.block_size);
+        log_line("listening on %s (learners), http://%s (status)", d->cfg.listen, d->cfg.status_listen);
+    }
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&d->loop))
+        log_line("warning: libuv handles still open at exit");
+    free(d->br.ctxs);
+    pthread_mutex_destroy(&d->br.mu);
+    cl_free(&d->clients);
+    proto_buf_free(&d->out);
+    if (d->eng)
+        eng_destroy(d->eng);
+    rd_unload(&d->L);
+    log_line("exit %d", d->exit_code);
+    return d->exit_code;
+}

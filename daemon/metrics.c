@@ -1,0 +1,173 @@
+/* metrics.c - see metrics.h. Counts in /status "requests" are samples (the
+ * engine's unit: a request with n = 8 is 8 sequences). */
+#include "daemon/metrics.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mx_window_push(mx_window *w, double t, int64_t prompt_tokens, int64_t gen_tokens)
+{
+    w->t[w->head] = t;
+    w->prompt[w->head] = prompt_tokens;
+    w->gen[w->head] = gen_tokens;
+    w->head = (w->head + 1) % MX_WINDOW;
+    if (w->n < MX_WINDOW)
+        w->n++;
+}
+
+void mx_window_rates(const mx_window *w, double *prompt_per_s, double *gen_per_s)
+{
+    *prompt_per_s = *gen_per_s = 0;
+    if (w->n < 2)
+        return;
+    int newest = (w->head + MX_WINDOW - 1) % MX_WINDOW;
+    int oldest = (w->head + MX_WINDOW - w->n) % MX_WINDOW;
+    double dt = w->t[newest] - w->t[oldest];
+    if (dt <= 0)
+        return;
+    *prompt_per_s = (double)(w->prompt[newest] - w->prompt[oldest]) / dt;
+    *gen_per_s = (double)(w->gen[newest] - w->gen[oldest]) / dt;
+}
+
+static double usage(const mx_snapshot *s)
+{
+    return s->eng.kv_blocks_total > 0 ? (double)s->eng.kv_blocks_used / s->eng.kv_blocks_total : 0.0;
+}
+
+char *mx_status_json(const mx_snapshot *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddStringToObject(o, "model", s->model);
+    cJSON_AddStringToObject(o, "model_path", s->model_path);
+    cJSON_AddStringToObject(o, "backend", s->backend);
+    cJSON_AddStringToObject(o, "state", s->state);
+    cJSON_AddNumberToObject(o, "weight_version", (double)s->weight_version);
+    cJSON_AddNumberToObject(o, "uptime_s", s->uptime_s);
+    cJSON *rq = cJSON_AddObjectToObject(o, "requests");
+    cJSON_AddNumberToObject(rq, "waiting", s->eng.waiting + s->queued);
+    cJSON_AddNumberToObject(rq, "running", s->eng.running);
+    cJSON_AddNumberToObject(rq, "completed", (double)s->eng.completed);
+    cJSON_AddNumberToObject(rq, "aborted", (double)s->eng.aborted);
+    cJSON_AddNumberToObject(rq, "accepted", (double)s->requests_accepted);
+    cJSON_AddNumberToObject(rq, "rejected", (double)s->requests_rejected);
+    cJSON *tp = cJSON_AddObjectToObject(o, "throughput");
+    cJSON_AddNumberToObject(tp, "prompt_tokens_per_s", s->prompt_tokens_per_s);
+    cJSON_AddNumberToObject(tp, "generated_tokens_per_s", s->generated_tokens_per_s);
+    cJSON_AddNumberToObject(tp, "window_s", MX_WINDOW - 1);
+    cJSON *tk = cJSON_AddObjectToObject(o, "tokens");
+    cJSON_AddNumberToObject(tk, "prompt_total", (double)s->eng.prompt_tokens);
+    cJSON_AddNumberToObject(tk, "generated_total", (double)s->eng.generated_tokens);
+    cJSON_AddNumberToObject(tk, "preemptions_total", (double)s->eng.preemptions);
+    cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache");
+    cJSON_AddNumberToObject(kv, "block_size", s->block_size);
+    cJSON_AddNumberToObject(kv, "blocks_total", s->eng.kv_blocks_total);
+    cJSON_AddNumberToObject(kv, "blocks_used", s->eng.kv_blocks_used);
+    cJSON_AddNumberToObject(kv, "usage", usage(s));
+    cJSON_AddNumberToObject(kv, "peak_blocks", s->eng.kv_peak_blocks);
+    cJSON_AddNumberToObject(o, "learners", s->learners);
+    cJSON_AddNumberToObject(o, "protocol_errors", (double)s->protocol_errors);
+    cJSON_AddNullToObject(o, "last_weight_update"); /* weight updates arrive with issue 4 */
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int oom;
+} mx_text;
+
+static void put(mx_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(mx_text *t, const char *fmt, ...)
+{
+    if (t->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->oom = 1;
+            return;
+        }
+        if ((size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = t->cap * 2 + (size_t)n;
+        char *b = realloc(t->buf, cap);
+        if (!b) {
+            t->oom = 1;
+            return;
+        }
+        t->buf = b;
+        t->cap = cap;
+    }
+}
+
+/* One metric: # HELP, # TYPE and a sample line. Names follow vLLM's
+ * (vllm:num_requests_running, ...) under our own prefix. */
+static void metric(mx_text *t, const char *name, const char *type, const char *help, const char *labels, double v)
+{
+    put(t, "# HELP rolloutd:%s %s\n# TYPE rolloutd:%s %s\n", name, help, name, type);
+    put(t, "rolloutd:%s{%s} %.17g\n", name, labels, v);
+}
+
+char *mx_prometheus(const mx_snapshot *s)
+{
+    mx_text t = {malloc(4096), 0, 4096, 0};
+    if (!t.buf)
+        return NULL;
+    t.buf[0] = 0;
+    char labels[600];
+    /* The model name is the one label (low cardinality, as vLLM's model_name). */
+    char esc[512];
+    size_t k = 0;
+    for (const char *p = s->model; *p && k < sizeof esc - 3; p++) {
+        if (*p == '\\' || *p == '"')
+            esc[k++] = '\\';
+        if (*p == '\n') {
+            esc[k++] = '\\';
+            esc[k++] = 'n';
+            continue;
+        }
+        esc[k++] = *p;
+    }
+    esc[k] = 0;
+    snprintf(labels, sizeof labels, "model_name=\"%s\"", esc);
+    metric(&t, "num_requests_running", "gauge", "Sequences in the running batch.", labels, s->eng.running);
+    metric(&t, "num_requests_waiting", "gauge", "Sequences waiting to be scheduled (queued included).", labels,
+           s->eng.waiting + s->queued);
+    metric(&t, "kv_cache_usage_perc", "gauge", "KV cache usage: blocks used / blocks total (1 = full).", labels,
+           usage(s));
+    metric(&t, "kv_cache_blocks_used", "gauge", "KV cache blocks in use.", labels, s->eng.kv_blocks_used);
+    metric(&t, "kv_cache_blocks_total", "gauge", "KV cache blocks in the pool.", labels, s->eng.kv_blocks_total);
+    metric(&t, "prompt_tokens_total", "counter", "Prompt tokens computed (recomputation after preemption included).",
+           labels, (double)s->eng.prompt_tokens);
+    metric(&t, "generation_tokens_total", "counter", "Tokens generated.", labels, (double)s->eng.generated_tokens);
+    metric(&t, "num_preemptions_total", "counter", "Sequences preempted (recompute).", labels,
+           (double)s->eng.preemptions);
+    metric(&t, "prefix_cache_hits_total", "counter",
+           "Prompt tokens served from the prefix cache (always 0: the engine has no prefix cache yet).", labels, 0);
+    metric(&t, "request_success_total", "counter", "Samples finished (stop, length or error).", labels,
+           (double)s->eng.completed);
+    metric(&t, "request_aborted_total", "counter", "Samples finished by abort.", labels, (double)s->eng.aborted);
+    metric(&t, "engine_steps_total", "counter", "Engine forward passes.", labels, (double)s->eng.steps);
+    metric(&t, "weight_version", "gauge", "Policy (weight) version now serving.", labels, (double)s->weight_version);
+    metric(&t, "learners_connected", "gauge", "Clients known to the daemon.", labels, s->learners);
+    metric(&t, "protocol_errors_total", "counter", "ERROR replies sent on the learner socket.", labels,
+           (double)s->protocol_errors);
+    metric(&t, "uptime_seconds", "gauge", "Seconds since the daemon started.", labels, s->uptime_s);
+    if (t.oom) {
+        free(t.buf);
+        return NULL;
+    }
+    return t.buf;
+}

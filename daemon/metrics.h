@@ -1,0 +1,46 @@
+/* metrics.h - what /status (JSON) and /metrics (Prometheus text 0.0.4) say,
+ * rendered from one snapshot, plus the throughput window the 1 s timer feeds. */
+#ifndef RD_DAEMON_METRICS_H
+#define RD_DAEMON_METRICS_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+#define MX_WINDOW 11            /* samples kept: a 10 s window at 1 s ticks */
+
+/* Token counters sampled once a second. */
+typedef struct {
+    double t[MX_WINDOW];        /* seconds (monotonic) */
+    int64_t prompt[MX_WINDOW];  /* prompt tokens computed so far */
+    int64_t gen[MX_WINDOW];     /* tokens generated so far */
+    int n;                      /* samples held */
+    int head;                   /* next slot to write */
+} mx_window;
+
+void mx_window_push(mx_window *w, double t, int64_t prompt_tokens, int64_t gen_tokens);
+/* Tokens per second between the oldest and newest sample (0 with fewer than 2). */
+void mx_window_rates(const mx_window *w, double *prompt_per_s, double *gen_per_s);
+
+typedef struct {
+    const char *model;          /* model name */
+    const char *model_path;
+    const char *backend;
+    const char *state;          /* "serving" or "draining" */
+    uint64_t weight_version;
+    double uptime_s;
+    eng_stats eng;              /* latest engine snapshot */
+    int32_t queued;             /* accepted requests not yet taken by the engine */
+    int32_t block_size;         /* tokens per KV block */
+    double prompt_tokens_per_s, generated_tokens_per_s;
+    uint32_t learners;          /* clients known to the daemon */
+    int64_t requests_accepted;  /* requests accepted since start */
+    int64_t requests_rejected;  /* SUBMIT items refused (INVALID_PARAMS, BUSY) */
+    int64_t protocol_errors;    /* ERROR replies sent */
+} mx_snapshot;
+
+/* malloc'd, NUL-terminated; NULL when out of memory. */
+char *mx_status_json(const mx_snapshot *s);
+char *mx_prometheus(const mx_snapshot *s);
+
+#endif

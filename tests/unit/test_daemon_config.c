@@ -1,0 +1,122 @@
+/* test_daemon_config.c - the daemon's config: defaults, JSON keys, the
+ * messages for unknown keys and bad values, flag overrides. The daemon is not
+ * in librollout.a, so its config module is compiled in here. */
+#include "daemon/config.c"
+
+#include "engine/err.h"
+#include "tests/unit/test.h"
+
+static void defaults_match_the_issue(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:7070"), "%.100s", c.listen);
+    CHECK(!strcmp(c.status_listen, "127.0.0.1:7071"), "%.100s", c.status_listen);
+    CHECK(!strcmp(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf"), "%.100s", c.model);
+    CHECK(c.block_size == 16 && c.max_num_seqs == 64 && c.kv_cache_bytes == (int64_t)1 << 30, "sizes");
+    CHECK_OK(cfg_validate(&c));
+}
+
+static void json_keys_apply(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK_OK(cfg_parse_json(&c, "{\"kv_cache_bytes\": 67108864, \"listen\": \"tcp://127.0.0.1:9\", \"drain_s\": 0}",
+                            "t"));
+    CHECK(c.kv_cache_bytes == 64 << 20 && c.drain_s == 0, "%lld", (long long)c.kv_cache_bytes);
+    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:9"), "%.100s", c.listen);
+    CHECK(c.max_num_seqs == 64, "untouched keys keep defaults");
+}
+
+static void refusals_name_the_key(void)
+{
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {
+        {"{\"kv_cache_byte\": 1}", "unknown key \"kv_cache_byte\""},
+        {"{\"max_num_seqs\": \"8\"}", "\"max_num_seqs\" is not a number"},
+        {"{\"max_num_seqs\": 0}", "\"max_num_seqs\" = 0"},
+        {"{\"max_num_seqs\": 2.5}", "expected an integer"},
+        {"{\"threads\": -1}", "\"threads\""},
+        {"{\"listen\": 7070}", "\"listen\" is not a string"},
+        {"{\"model\": \"\"}", "\"model\""},
+        {"[1, 2]", "not a JSON object"},
+        {"{\"drain_s\": 1,", "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg_daemon c;
+        cfg_defaults(&c);
+        int rc = cfg_parse_json(&c, bad[i].json, "t");
+        CHECK(rc == RD_EINVAL, "%s accepted", bad[i].json);
+        CHECK(strstr(rd_errmsg(), bad[i].needle), "%s: message '%s' lacks '%s'", bad[i].json, rd_errmsg(),
+              bad[i].needle);
+    }
+    cfg_daemon c;
+    cfg_defaults(&c);
+    snprintf(c.backend, sizeof c.backend, "tpu");
+    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"backend\""), "%s", rd_errmsg());
+    cfg_defaults(&c);
+    snprintf(c.status_listen, sizeof c.status_listen, "localhost");
+    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"status_listen\""), "%s", rd_errmsg());
+    cfg_defaults(&c);
+    c.max_batch_tokens = 8;
+    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "max_batch_tokens"), "%s", rd_errmsg());
+}
+
+static void flags_override_the_file(void)
+{
+    const char *path = "/tmp/test_daemon_config.json";
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    fputs("{\"max_num_seqs\": 8, \"max_batch_tokens\": 64, \"threads\": 3}", f);
+    fclose(f);
+    /* Flags before --config still override it. */
+    char *argv[] = {"rolloutd", "--threads", "2", "--config", (char *)path, "--listen", "tcp://127.0.0.1:1234",
+                    "--status-listen", "127.0.0.1:1235", "--kv-cache-bytes", "33554432", "--result-retention",
+                    "99", NULL};
+    int argc = (int)(sizeof argv / sizeof argv[0]) - 1, help = 0;
+    cfg_daemon c;
+    CHECK_OK(cfg_from_args(&c, argc, argv, &help));
+    CHECK(!help, "help");
+    CHECK(c.max_num_seqs == 8 && c.max_batch_tokens == 64, "file values");
+    CHECK(c.threads == 2, "flag beats file: %lld", (long long)c.threads);
+    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:1234") && !strcmp(c.status_listen, "127.0.0.1:1235"), "addresses");
+    CHECK(c.kv_cache_bytes == 32 << 20 && c.result_retention == 99, "sizes");
+
+    char *bad1[] = {"rolloutd", "--max-num-seqs", "lots", NULL};
+    CHECK(cfg_from_args(&c, 3, bad1, &help) == RD_EINVAL && strstr(rd_errmsg(), "--max-num-seqs"), "%s",
+          rd_errmsg());
+    char *bad2[] = {"rolloutd", "--frobnicate", "1", NULL};
+    CHECK(cfg_from_args(&c, 3, bad2, &help) == RD_EINVAL && strstr(rd_errmsg(), "--frobnicate"), "%s", rd_errmsg());
+    char *bad3[] = {"rolloutd", "--threads", NULL};
+    CHECK(cfg_from_args(&c, 2, bad3, &help) == RD_EINVAL && strstr(rd_errmsg(), "needs a value"), "%s",
+          rd_errmsg());
+    char *bad4[] = {"rolloutd", "--config", "/nonexistent/x.json", NULL};
+    CHECK(cfg_from_args(&c, 3, bad4, &help) == RD_EINVAL && strstr(rd_errmsg(), "/nonexistent/x.json"), "%s",
+          rd_errmsg());
+    char *h[] = {"rolloutd", "--help", NULL};
+    CHECK_OK(cfg_from_args(&c, 2, h, &help));
+    CHECK(help && strstr(cfg_usage(), "--kv-cache-bytes"), "usage");
+    remove(path);
+}
+
+static void shipped_configs_load(void)
+{
+    const char *files[] = {"configs/rolloutd.json", "configs/test.json"};
+    for (int i = 0; i < 2; i++) {
+        cfg_daemon c;
+        cfg_defaults(&c);
+        CHECK_OK(cfg_load_file(&c, files[i]));
+        CHECK_OK(cfg_validate(&c));
+    }
+}
+
+int main(void)
+{
+    RUN(defaults_match_the_issue);
+    RUN(json_keys_apply);
+    RUN(refusals_name_the_key);
+    RUN(flags_override_the_file);
+    RUN(shipped_configs_load);
+    TEST_EXIT();
+}
