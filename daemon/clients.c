@@ -219,7 +219,8 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
     p->version_admit = q->version_admit;
     p->version_finish = weight_version;
     p->queued_us = t_added_us > q->t_accept_us ? t_added_us - q->t_accept_us : 0;
-    p->first_token_us = 0; /* the engine API does not report it yet */
+    p->first_token_us = r->er.t_first_token_us > (int64_t)q->t_accept_us
+                            ? (uint64_t)r->er.t_first_token_us - q->t_accept_us : 0;
     p->total_us = t_finish_us > q->t_accept_us ? t_finish_us - q->t_accept_us : 0;
     p->n_tokens = (uint32_t)r->er.n_tokens;
     p->token_ids = r->er.token_ids;

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/err.h"
 #include "engine/kv.h"
@@ -479,6 +480,11 @@ static void append_token(engine *e, seq *s, const samp_result *r)
         s->top_lps[(size_t)g * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
     }
     e->st.generated_tokens++;
+    if (g == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s->t_first_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    }
     for (int32_t i = 0; i < q->n_stop; i++)
         if (r->token == q->stop_ids[i]) {
             finish(e, s, FINISH_STOP);
@@ -672,6 +678,7 @@ int eng_collect(engine *e, eng_result *out, int max)
         }
         r->finish = s->finish;
         r->n_preempt = s->n_preempt;
+        r->t_first_token_us = s->t_first_us;
         seq_destroy(s);
     }
     return n;

@@ -54,6 +54,7 @@ typedef struct {
     float *top_logprobs;        /* [n_tokens][n_top] */
     finish_reason finish;
     int32_t n_preempt;
+    int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
 } eng_result;
 
 typedef struct {

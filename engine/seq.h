@@ -50,6 +50,7 @@ typedef struct seq {
     float *top_lps;             /* [cap][sp.logprobs_topk], or NULL */
     int32_t n_preempt;          /* times preempted */
     int32_t sched_rows;         /* rows given this step */
+    int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     struct seq *next;           /* list link (waiting, running or done) */
     struct seq *prev;
 } seq;

@@ -1,0 +1,121 @@
+"""The Python client against a live rolloutd: stream order, generate's
+shape, abort returning partial rollouts, daemon errors surfaced with their
+code, resume, status."""
+import os
+import sys
+import time
+
+import numpy as np
+
+import harness
+from harness import ROOT, case, main
+
+_n_cases = len(harness._cases)
+from test_integration import Daemon  # noqa: E402
+del harness._cases[_n_cases:]        # only the daemon helper: its cases run in their own file
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+from rolloutd import Client, DaemonError  # noqa: E402
+
+_d = None
+
+
+def url():
+    global _d
+    if _d is None:
+        _d = Daemon()
+    return _d.url
+
+
+@case
+def stream_yields_each_sample_once_in_seq_order():
+    with Client(url()) as c:
+        prompts = [[100 + i, 101 + i, 102 + i] for i in range(5)]
+        st = c.stream(prompts, n=3, max_tokens=4, temperature=1.0, seed=11)
+        got = list(st)
+        assert len(got) == 15
+        assert [s.seq for s in got] == sorted(s.seq for s in got), "stream must yield in completion (seq) order"
+        assert len({(s.index, s.sample_idx) for s in got}) == 15
+        assert {s.client_req_id for s in got} == set(st.req_ids)
+        for s in got:
+            assert s.token_ids.dtype == np.int32 and s.logprobs.dtype == np.float32
+            assert len(s.token_ids) == len(s.logprobs) <= 4
+            assert s.finish_reason in ("stop", "length") and s.n_prompt == 3
+            assert np.all(s.logprobs <= 0)
+            assert s.spans and s.spans[0][0] == 0 and s.spans[-1][1] == len(s.token_ids)
+
+
+@case
+def generate_sorted_and_text_prompts():
+    with Client(url()) as c:
+        out = c.generate([[100, 200, 300], "What is 1 + 1?"], n=2, max_tokens=3, temperature=0.0)
+        assert [(s.index, s.sample_idx) for s in out] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert out[0].token_ids.tolist() == out[1].token_ids.tolist(), "greedy samples agree"
+        chat = c.generate(["What is 1 + 1?"], max_tokens=3, temperature=0.0, chat=True)
+        assert chat[0].n_prompt > out[2].n_prompt, "the chat template adds tokens"
+
+
+@case
+def abort_returns_partial_rollouts():
+    with Client(url()) as c:
+        k = min(400, c.info.max_tokens)
+        st = c.stream([[100, 101, 102], [200, 201]], n=2, max_tokens=k, temperature=1.0, seed=1, ignore_eos=True)
+        time.sleep(0.5)                                # submitted by stream(): let them run a little
+        n_samples = st.abort()
+        rest = list(st)
+        assert len(rest) == 4
+        aborted = [s for s in rest if s.finish_reason == "abort"]
+        assert aborted and n_samples == len(aborted), (n_samples, [s.finish_reason for s in rest])
+        for s in aborted:
+            assert len(s.token_ids) < k and len(s.token_ids) == len(s.logprobs)
+
+
+@case
+def invalid_params_raise_daemon_errors():
+    with Client(url()) as c:
+        vocab, ctx = c.info.vocab_size, c.info.max_context
+        bad = [dict(n=0), dict(temperature=float("nan")), dict(max_tokens=ctx + 10), dict(top_p=0.0)]
+        for params in bad:
+            try:
+                c.generate([[1, 2, 3]], **{"max_tokens": 2, **params})
+                raise AssertionError(f"{params} was accepted")
+            except DaemonError as e:
+                assert e.code == 7 and e.name == "INVALID_PARAMS" and e.message, (params, e)
+        try:
+            c.generate([[1, vocab]], max_tokens=2)
+            raise AssertionError("a token id >= vocab was accepted")
+        except DaemonError as e:
+            assert e.code == 7 and str(vocab) in str(e), e
+        try:
+            c.abort(10 ** 12)
+            raise AssertionError("abort of an unknown request succeeded")
+        except DaemonError as e:
+            assert e.code == 10, e
+        assert len(c.generate([[1, 2, 3]], max_tokens=2)) == 1, "the client still works after errors"
+
+
+@case
+def unknown_client_and_resume():
+    with Client(url()) as c:
+        try:
+            Client(url(), client_id=0x1234567)
+            raise AssertionError("resuming an unknown client id succeeded")
+        except DaemonError as e:
+            assert e.code == 9, e
+        ok = c.resume()
+        assert ok.client_id == c.client_id and ok.flags & 1
+
+
+@case
+def status_document():
+    with Client(url()) as c:
+        s = c.status()
+        assert s["kv_cache"]["blocks_total"] > 0 and "requests" in s and "throughput" in s
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        if _d is not None:
+            _d.stop()
