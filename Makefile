@@ -35,7 +35,7 @@ CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
 
-.PHONY: all test asan asan-build bench model fuzz clean setup demo
+.PHONY: all test asan asan-build bench model fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -101,8 +101,12 @@ MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 bench: all model
 	tools/bench.sh $(MODEL)
 
-# A small batch of rollouts from the default model, with log-probs.
+# The main job: rolloutd with the default model, driven by the GRPO demo learner.
 demo: all model
+	tools/run_demo.sh
+
+# A small batch of rollouts through the offline engine, with log-probs.
+demo-offline: all model
 	tools/demo.sh $(MODEL)
 
 # libFuzzer target for the GGUF parser (clang).
