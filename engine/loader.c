@@ -2,13 +2,35 @@
 #include "engine/loader.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/err.h"
+
+/* An HF checkpoint: a folder, or a file named *.safetensors. Anything else
+ * takes the GGUF path exactly as before (and its error messages). */
+static int is_hf(const char *path)
+{
+    struct stat sb;
+    size_t n = strlen(path);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return 1;
+    return n >= 12 && !strcmp(path + n - 12, ".safetensors");
+}
 
 int rd_load(const char *path, const char *backend, int n_threads, rd_loaded *out)
 {
     memset(out, 0, sizeof *out);
-    int rc = gguf_open(path, &out->gguf);
+    int rc;
+    if (is_hf(path)) {
+        /* No tokenizer from an HF folder yet: tok stays NULL. */
+        if ((rc = rd_backend_create(backend, n_threads, &out->be)) ||
+            (rc = model_load_hf(path, out->be, &out->m))) {
+            rd_unload(out);
+            return rc;
+        }
+        return 0;
+    }
+    rc = gguf_open(path, &out->gguf);
     if (rc)
         return rc;
     if ((rc = rd_backend_create(backend, n_threads, &out->be)))

@@ -1,4 +1,5 @@
-/* model.c - Llama config and weights from GGUF (see model.h). */
+/* model.c - Llama config and weights from GGUF (see model.h); the HF
+ * safetensors source and export live in model_hf.c. */
 #include "engine/model.h"
 
 #include <math.h>
@@ -145,7 +146,62 @@ static int build_rope(model *m)
     return rc;
 }
 
-static int load_layer(const gguf_file *g, model *m, int32_t l, float *buf, float *tmp)
+/* GGUF as a source of HF-named fp32 tensors: the name is mapped to
+ * llama.cpp's, the tensor dequantized, and Q/K rows un-permuted, so
+ * model_build sees exactly what an HF checkpoint would hold. */
+typedef struct {
+    const gguf_file *g;
+    const model_config *cfg;
+    float *tmp;                 /* [head_dim][dim] scratch for unpermute_rows */
+} gguf_source;
+
+static const struct {
+    const char *hf, *gg;
+    int permute;                /* 1: q (n_heads), 2: k (n_kv_heads) */
+} LAYER_NAMES[] = {
+    {"self_attn.q_proj.weight", "attn_q.weight", 1},
+    {"self_attn.k_proj.weight", "attn_k.weight", 2},
+    {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
+    {"mlp.up_proj.weight", "ffn_up.weight", 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", 0},
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+};
+
+static int gguf_fetch(void *ctx, const char *hf, int64_t rows, int64_t cols, float *dst)
+{
+    gguf_source *src = ctx;
+    char name[128];
+    int permute = 0, layer, n = 0;
+    if (!strcmp(hf, "model.embed_tokens.weight")) {
+        snprintf(name, sizeof name, "token_embd.weight");
+    } else if (!strcmp(hf, "lm_head.weight")) {
+        snprintf(name, sizeof name, "output.weight");
+    } else if (!strcmp(hf, "model.norm.weight")) {
+        snprintf(name, sizeof name, "output_norm.weight");
+    } else if (sscanf(hf, "model.layers.%d.%n", &layer, &n) == 1 && n > 0) {
+        size_t k = 0, nk = sizeof LAYER_NAMES / sizeof LAYER_NAMES[0];
+        while (k < nk && strcmp(hf + n, LAYER_NAMES[k].hf))
+            k++;
+        if (k == nk)
+            return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
+        snprintf(name, sizeof name, "blk.%d.%s", layer, LAYER_NAMES[k].gg);
+        permute = LAYER_NAMES[k].permute;
+    } else {
+        return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
+    }
+    int rc = load_matrix(src->g, name, rows, cols, dst);
+    if (rc)
+        return rc;
+    if (permute)
+        unpermute_rows(dst, permute == 1 ? src->cfg->n_heads : src->cfg->n_kv_heads, src->cfg->head_dim,
+                       (int32_t)cols, src->tmp);
+    return 0;
+}
+
+static int load_layer(model *m, int32_t l, float *buf, model_fetch_fn fetch, void *ctx)
 {
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
@@ -154,47 +210,42 @@ static int load_layer(const gguf_file *g, model *m, int32_t l, float *buf, float
     char name[96];
     int rc;
 
-#define TNAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+#define TNAME(s) (snprintf(name, sizeof name, "model.layers.%d." s, l), name)
     /* fused QKV: rows q (nh hd), k (nkv hd), v (nkv hd) */
     float *q = buf, *k = q + (size_t)nh * hd * d, *v = k + (size_t)nkv * hd * d;
-    if ((rc = load_matrix(g, TNAME("attn_q.weight"), (int64_t)nh * hd, d, q))) return rc;
-    if ((rc = load_matrix(g, TNAME("attn_k.weight"), (int64_t)nkv * hd, d, k))) return rc;
-    if ((rc = load_matrix(g, TNAME("attn_v.weight"), (int64_t)nkv * hd, d, v))) return rc;
-    unpermute_rows(q, nh, hd, d, tmp);
-    unpermute_rows(k, nkv, hd, d, tmp);
+    if ((rc = fetch(ctx, TNAME("self_attn.q_proj.weight"), (int64_t)nh * hd, d, q))) return rc;
+    if ((rc = fetch(ctx, TNAME("self_attn.k_proj.weight"), (int64_t)nkv * hd, d, k))) return rc;
+    if ((rc = fetch(ctx, TNAME("self_attn.v_proj.weight"), (int64_t)nkv * hd, d, v))) return rc;
     if ((rc = be->ops->linear_load(be, buf, (nh + 2 * nkv) * hd, d, &L->qkv))) return rc;
 
-    if ((rc = load_matrix(g, TNAME("attn_output.weight"), d, (int64_t)nh * hd, buf))) return rc;
+    if ((rc = fetch(ctx, TNAME("self_attn.o_proj.weight"), d, (int64_t)nh * hd, buf))) return rc;
     if ((rc = be->ops->linear_load(be, buf, d, nh * hd, &L->o))) return rc;
 
-    if ((rc = load_matrix(g, TNAME("ffn_gate.weight"), f, d, buf))) return rc;
-    if ((rc = load_matrix(g, TNAME("ffn_up.weight"), f, d, buf + (size_t)f * d))) return rc;
+    if ((rc = fetch(ctx, TNAME("mlp.gate_proj.weight"), f, d, buf))) return rc;
+    if ((rc = fetch(ctx, TNAME("mlp.up_proj.weight"), f, d, buf + (size_t)f * d))) return rc;
     if ((rc = be->ops->linear_load(be, buf, 2 * f, d, &L->gate_up))) return rc;
 
-    if ((rc = load_matrix(g, TNAME("ffn_down.weight"), d, f, buf))) return rc;
+    if ((rc = fetch(ctx, TNAME("mlp.down_proj.weight"), d, f, buf))) return rc;
     if ((rc = be->ops->linear_load(be, buf, d, f, &L->down))) return rc;
 
-    if ((rc = load_matrix(g, TNAME("attn_norm.weight"), 1, d, buf))) return rc;
+    if ((rc = fetch(ctx, TNAME("input_layernorm.weight"), 1, d, buf))) return rc;
     if ((rc = upload_vector(be, buf, d, &L->attn_norm))) return rc;
-    if ((rc = load_matrix(g, TNAME("ffn_norm.weight"), 1, d, buf))) return rc;
+    if ((rc = fetch(ctx, TNAME("post_attention_layernorm.weight"), 1, d, buf))) return rc;
     if ((rc = upload_vector(be, buf, d, &L->ffn_norm))) return rc;
 #undef TNAME
     return 0;
 }
 
-int model_load_gguf(const gguf_file *g, rd_backend *be, model **out)
+int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, void *ctx, model **out)
 {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
     if (!m)
         return rd_fail(RD_ENOMEM, "model: out of memory");
     m->be = be;
-    int rc = model_config_from_gguf(g, &m->cfg);
-    if (rc) {
-        free(m);
-        return rc;
-    }
+    m->cfg = *cfg;
     const model_config *c = &m->cfg;
+    int rc;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
 
     /* One host buffer big enough for the largest matrix (fused or embedding). */
@@ -204,37 +255,49 @@ int model_load_gguf(const gguf_file *g, rd_backend *be, model **out)
     size_t big = qkv > gu ? qkv : gu;
     big = big > emb ? big : emb;
     float *buf = malloc(big * sizeof(float));
-    float *tmp = malloc((size_t)c->head_dim * c->dim * sizeof(float));
-    if (!m->layers || !buf || !tmp) {
+    if (!m->layers || !buf) {
         rc = rd_fail(RD_ENOMEM, "model: cannot allocate %zu bytes of load buffers", big * sizeof(float));
         goto fail;
     }
 
-    if ((rc = load_matrix(g, "token_embd.weight", c->vocab, c->dim, buf))) goto fail;
+    if ((rc = fetch(ctx, "model.embed_tokens.weight", c->vocab, c->dim, buf))) goto fail;
     if ((rc = be->ops->linear_load(be, buf, c->vocab, c->dim, &m->embed))) goto fail;
     if (c->tied_embeddings) {
         m->lm_head = m->embed;
     } else {
-        if ((rc = load_matrix(g, "output.weight", c->vocab, c->dim, buf))) goto fail;
+        if ((rc = fetch(ctx, "lm_head.weight", c->vocab, c->dim, buf))) goto fail;
         if ((rc = be->ops->linear_load(be, buf, c->vocab, c->dim, &m->lm_head))) goto fail;
     }
-    if ((rc = load_matrix(g, "output_norm.weight", 1, c->dim, buf))) goto fail;
+    if ((rc = fetch(ctx, "model.norm.weight", 1, c->dim, buf))) goto fail;
     if ((rc = upload_vector(be, buf, c->dim, &m->out_norm))) goto fail;
     for (int32_t l = 0; l < c->n_layers; l++)
-        if ((rc = load_layer(g, m, l, buf, tmp))) goto fail;
+        if ((rc = load_layer(m, l, buf, fetch, ctx))) goto fail;
     if ((rc = build_rope(m))) goto fail;
 
     int64_t per_layer = (int64_t)qkv + (int64_t)c->dim * c->n_heads * c->head_dim + (int64_t)gu +
                         (int64_t)c->dim * c->ffn_dim + 2 * c->dim;
     m->n_params = per_layer * c->n_layers + (int64_t)emb * (c->tied_embeddings ? 1 : 2) + c->dim;
     free(buf);
-    free(tmp);
     *out = m;
     return 0;
 fail:
     free(buf);
-    free(tmp);
     model_free(m);
+    return rc;
+}
+
+int model_load_gguf(const gguf_file *g, rd_backend *be, model **out)
+{
+    *out = NULL;
+    model_config cfg;
+    int rc = model_config_from_gguf(g, &cfg);
+    if (rc)
+        return rc;
+    gguf_source src = {.g = g, .cfg = &cfg, .tmp = malloc((size_t)cfg.head_dim * cfg.dim * sizeof(float))};
+    if (!src.tmp)
+        return rd_fail(RD_ENOMEM, "model: out of memory");
+    rc = model_build(&cfg, be, gguf_fetch, &src, out);
+    free(src.tmp);
     return rc;
 }
 

@@ -57,4 +57,30 @@ void model_free(model *m);
 /* Bytes of K+V per token across all layers at fp32. */
 int64_t model_kv_bytes_per_token(const model_config *c);
 
+
+/* ---- Shared model construction and the Hugging Face source/export (model_hf.c). */
+#include "engine/safetensors.h"
+
+/* Fills dst with the fp32 tensor of HF name hf_name in HF layout, checking it
+ * is [rows][cols] (rows == 1: a vector of cols). */
+typedef int (*model_fetch_fn)(void *ctx, const char *hf_name, int64_t rows, int64_t cols, float *dst);
+
+/* Builds a model from HF-named fp32 tensors: the one place that decides the
+ * fused layout (q|k|v, gate|up), so GGUF and safetensors loads agree bit for bit. */
+int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, void *ctx, model **out);
+
+/* Config from an HF config.json text (LlamaForCausalLM). RD_ENOTSUP for
+ * another architecture, rope_scaling, biases or partial head_dim. */
+int model_config_from_hf_json(const char *json, model_config *cfg);
+/* The config as HF config.json text (malloc'd). */
+int model_config_to_hf_json(const model_config *cfg, const char *torch_dtype, char **out);
+
+/* Loads from an HF folder (config.json + *.safetensors, possibly sharded) or
+ * a .safetensors file with config.json next to it. */
+int model_load_hf(const char *path, rd_backend *be, model **out);
+
+/* Writes dir/config.json and dir/model.safetensors (HF names and layout,
+ * dtype ST_F32 / ST_F16 / ST_BF16) from the weights in the backend. */
+int model_export_hf(const model *m, const char *dir, st_dtype dtype);
+
 #endif

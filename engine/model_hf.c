@@ -1,0 +1,363 @@
+/* model_hf.c - Llama models from and to Hugging Face checkpoints
+ * (config.json + safetensors), the format learners save and push.
+ *
+ * HF layout is the canonical one (DESIGN.md), so tensors go to model_build
+ * as they are: no permutation. Export reads the weights back from the
+ * backend and splits the fused linears, so a GGUF-loaded model exported here
+ * and reloaded gives the same packed weights, hence bit-identical outputs. */
+#include "engine/model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/err.h"
+
+/* ---------------------------------------------------------------- config */
+
+static int cfg_int(const cJSON *root, const char *key, int required, int32_t dflt, int32_t *v)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!j || cJSON_IsNull(j)) {
+        if (required)
+            return rd_fail(RD_EFORMAT, "model: config.json: \"%s\" missing (expected a positive integer)", key);
+        *v = dflt;
+        return 0;
+    }
+    double d = cJSON_IsNumber(j) ? j->valuedouble : -1;
+    if (!(d >= 1) || d > 1e9 || d != floor(d))
+        return rd_fail(RD_EFORMAT, "model: config.json: \"%s\" must be a positive integer", key);
+    *v = (int32_t)d;
+    return 0;
+}
+
+static int cfg_float(const cJSON *root, const char *key, double dflt, float *v)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!j || cJSON_IsNull(j)) {
+        *v = (float)dflt;
+        return 0;
+    }
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble) || !(j->valuedouble > 0))
+        return rd_fail(RD_EFORMAT, "model: config.json: \"%s\" must be a positive number", key);
+    *v = (float)j->valuedouble;
+    return 0;
+}
+
+static int cfg_true(const cJSON *root, const char *key)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, key));
+}
+
+static int check_config(const cJSON *root, model_config *c)
+{
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    int llama = 0;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arch) if (cJSON_IsString(a) && !strcmp(a->valuestring, "LlamaForCausalLM")) llama = 1;
+    if (!arch && cJSON_IsString(type) && !strcmp(type->valuestring, "llama"))
+        llama = 1;
+    if (!llama) {
+        const cJSON *first = cJSON_GetArrayItem(arch, 0);
+        return rd_fail(RD_ENOTSUP, "model: config.json: architecture '%.40s' is not supported (expected LlamaForCausalLM)",
+                       cJSON_IsString(first) ? first->valuestring
+                       : cJSON_IsString(type) ? type->valuestring : "(none)");
+    }
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs))
+        return rd_fail(RD_ENOTSUP, "model: config.json: rope_scaling is set; only plain RoPE (rope_scaling null) is supported");
+    if (cfg_true(root, "attention_bias") || cfg_true(root, "mlp_bias"))
+        return rd_fail(RD_ENOTSUP, "model: config.json: attention_bias/mlp_bias are not supported (Llama has none)");
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
+        return rd_fail(RD_ENOTSUP, "model: config.json: hidden_act must be \"silu\" (SwiGLU)");
+
+    int rc;
+    strcpy(c->arch, "llama");
+    if ((rc = cfg_int(root, "hidden_size", 1, 0, &c->dim))) return rc;
+    if ((rc = cfg_int(root, "intermediate_size", 1, 0, &c->ffn_dim))) return rc;
+    if ((rc = cfg_int(root, "num_attention_heads", 1, 0, &c->n_heads))) return rc;
+    if ((rc = cfg_int(root, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads))) return rc;
+    if ((rc = cfg_int(root, "num_hidden_layers", 1, 0, &c->n_layers))) return rc;
+    if ((rc = cfg_int(root, "vocab_size", 1, 0, &c->vocab))) return rc;
+    if ((rc = cfg_int(root, "max_position_embeddings", 1, 0, &c->max_ctx))) return rc;
+    /* Defaults are transformers' LlamaConfig defaults. */
+    if ((rc = cfg_float(root, "rms_norm_eps", 1e-6, &c->norm_eps))) return rc;
+    if ((rc = cfg_float(root, "rope_theta", 10000.0, &c->rope_theta))) return rc;
+    c->tied_embeddings = cfg_true(root, "tie_word_embeddings");
+
+    if (c->n_layers > 512 || c->dim % c->n_heads || c->n_heads % c->n_kv_heads || c->max_ctx > (1 << 24))
+        return rd_fail(RD_EFORMAT,
+                       "model: config.json: inconsistent shape: layers %d hidden %d heads %d kv_heads %d ctx %d "
+                       "(need hidden %% heads == 0, heads %% kv_heads == 0, layers <= 512)",
+                       c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->max_ctx);
+    c->head_dim = c->dim / c->n_heads;
+    if (c->head_dim % 2)
+        return rd_fail(RD_EFORMAT, "model: config.json: head_dim %d must be even for RoPE", c->head_dim);
+    int32_t hd;
+    if ((rc = cfg_int(root, "head_dim", 0, c->head_dim, &hd))) return rc;
+    if (hd != c->head_dim)
+        return rd_fail(RD_ENOTSUP, "model: config.json: head_dim %d != hidden_size / num_attention_heads = %d", hd,
+                       c->head_dim);
+    return 0;
+}
+
+int model_config_from_hf_json(const char *json, model_config *c)
+{
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_Parse(json);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return rd_fail(RD_EFORMAT, "model: config.json is not a JSON object");
+    }
+    int rc = check_config(root, c);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int model_config_to_hf_json(const model_config *c, const char *torch_dtype, char **out)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", "llama");
+    cJSON_AddNumberToObject(o, "hidden_size", c->dim);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->ffn_dim);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_ctx);
+    /* Written as the double of the float: cJSON prints enough digits to
+     * round-trip it, so a reload gets the identical float. */
+    cJSON_AddNumberToObject(o, "rms_norm_eps", (double)c->norm_eps);
+    cJSON_AddNumberToObject(o, "rope_theta", (double)c->rope_theta);
+    cJSON_AddNullToObject(o, "rope_scaling");
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddBoolToObject(o, "attention_bias", 0);
+    cJSON_AddBoolToObject(o, "mlp_bias", 0);
+    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype);
+    *out = cJSON_Print(o);
+    cJSON_Delete(o);
+    return *out ? 0 : rd_fail(RD_ENOMEM, "model: cannot print config.json");
+}
+
+/* ------------------------------------------------------------------ load */
+
+typedef struct {
+    const st_set *s;
+    const char *path;
+} st_source;
+
+static int st_fetch(void *ctx, const char *name, int64_t rows, int64_t cols, float *dst)
+{
+    const st_source *src = ctx;
+    const st_tensor *t = st_set_find(src->s, name);
+    if (!t)
+        return rd_fail(RD_EFORMAT, "model: tensor '%s' missing from '%s'", name, src->path);
+    int ok = rows == 1 ? t->n_dims == 1 && t->shape[0] == cols
+                       : t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols;
+    if (!ok) {
+        char got[96] = "[";
+        for (int i = 0; i < t->n_dims && i < 4; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s]", t->n_dims > 4 ? ", ..." : "");
+        if (rows == 1)
+            return rd_fail(RD_EFORMAT, "model: tensor '%s' has shape %s, expected [%lld]", name, got, (long long)cols);
+        return rd_fail(RD_EFORMAT, "model: tensor '%s' has shape %s, expected [%lld, %lld]", name, got,
+                       (long long)rows, (long long)cols);
+    }
+    return st_read_f32(t, dst);
+}
+
+static char *read_file(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (cap - n < 4097) {
+            char *nb = realloc(buf, cap = cap * 2 + 8192);
+            if (!nb) {
+                free(buf);
+                fclose(fp);
+                return NULL;
+            }
+            buf = nb;
+        }
+        got = fread(buf + n, 1, cap - n - 1, fp);
+        n += got;
+    } while (got > 0);
+    fclose(fp);
+    buf[n] = 0;
+    return buf;
+}
+
+int model_load_hf(const char *path, rd_backend *be, model **out)
+{
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return rd_fail(RD_EIO, "model: cannot open '%s': %s", path, strerror(errno));
+    /* config.json is in the folder, or next to a lone .safetensors file. */
+    char cfg_path[4096];
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(cfg_path, sizeof cfg_path, "%s/config.json", path);
+    } else {
+        const char *slash = strrchr(path, '/');
+        if (slash)
+            snprintf(cfg_path, sizeof cfg_path, "%.*s/config.json", (int)(slash - path), path);
+        else
+            snprintf(cfg_path, sizeof cfg_path, "config.json");
+    }
+    char *json = read_file(cfg_path);
+    if (!json)
+        return rd_fail(RD_EIO, "model: cannot read '%s' (an HF model needs config.json): %s", cfg_path,
+                       strerror(errno));
+    model_config cfg;
+    int rc = model_config_from_hf_json(json, &cfg);
+    free(json);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", rd_errmsg());
+        return rd_fail(rc, "%s: %s", cfg_path, msg);
+    }
+    st_set *s;
+    if ((rc = st_set_open(path, &s)))
+        return rc;
+    st_source src = {.s = s, .path = path};
+    rc = model_build(&cfg, be, st_fetch, &src, out);
+    st_set_close(s);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- export */
+
+typedef struct {
+    const void *linear;         /* backend linear handle, or NULL for a vector */
+    const float *vec;           /* backend vector */
+    int64_t row0, rows, cols;   /* slice of the linear's rows (a vector: rows 1) */
+} ex_part;
+
+typedef struct {
+    const model *m;
+    const ex_part *parts;
+    float *buf;                 /* one whole linear read back */
+    const void *cached;         /* the linear now in buf (q/k/v and gate/up share one read) */
+} ex_ctx;
+
+static int ex_fill(void *ctx, size_t i, float *dst)
+{
+    ex_ctx *x = ctx;
+    const ex_part *p = &x->parts[i];
+    rd_backend *be = x->m->be;
+    if (!p->linear)
+        return be->ops->d2h(be, dst, p->vec, sizeof(float) * (size_t)p->cols);
+    if (x->cached != p->linear) {
+        int rc = be->ops->linear_read(be, p->linear, x->buf);
+        if (rc)
+            return rc;
+        x->cached = p->linear;
+    }
+    memcpy(dst, x->buf + (size_t)p->row0 * p->cols, sizeof(float) * (size_t)(p->rows * p->cols));
+    return 0;
+}
+
+int model_export_hf(const model *m, const char *dir, st_dtype dtype)
+{
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
+        return rd_fail(RD_EINVAL, "model: export dtype %s is not f32, f16 or bf16", st_dtype_name(dtype));
+    if (!be->ops->linear_read)
+        return rd_fail(RD_ENOTSUP, "model: the %s backend cannot read weights back", be->ops->name);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return rd_fail(RD_EIO, "model: cannot create '%s': %s", dir, strerror(errno));
+
+    const int32_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
+    size_t n = (size_t)c->n_layers * 9 + 3;
+    st_spec *specs = calloc(n, sizeof *specs);
+    ex_part *parts = calloc(n, sizeof *parts);
+    char (*names)[96] = calloc(n, sizeof *names);
+    size_t qkv = (size_t)(nh + 2 * nkv) * hd * d, gu = (size_t)2 * f * d, emb = (size_t)c->vocab * d;
+    size_t big = qkv > gu ? qkv : gu;
+    big = big > emb ? big : emb;
+    float *buf = malloc(big * sizeof(float));
+    char *json = NULL;
+    int rc = 0;
+    if (!specs || !parts || !names || !buf) {
+        rc = rd_fail(RD_ENOMEM, "model: export: out of memory");
+        goto out;
+    }
+    size_t k = 0;
+#define ADD(nm_fmt, lay, lin, vec_, r0, r, cl)                                          \
+    do {                                                                                \
+        snprintf(names[k], sizeof names[k], nm_fmt, lay);                               \
+        specs[k] = (st_spec){.name = names[k], .dtype = dtype, .n_dims = (lin) ? 2 : 1}; \
+        if (lin) {                                                                      \
+            specs[k].shape[0] = (r);                                                    \
+            specs[k].shape[1] = (cl);                                                   \
+        } else {                                                                        \
+            specs[k].shape[0] = (cl);                                                   \
+        }                                                                               \
+        parts[k] = (ex_part){.linear = (lin), .vec = (vec_), .row0 = (r0), .rows = (r), .cols = (cl)}; \
+        k++;                                                                            \
+    } while (0)
+    ADD("model.embed_tokens.weight%.0d", 0, m->embed, NULL, 0, c->vocab, d);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        ADD("model.layers.%d.self_attn.q_proj.weight", l, L->qkv, NULL, 0, nh * hd, d);
+        ADD("model.layers.%d.self_attn.k_proj.weight", l, L->qkv, NULL, nh * hd, nkv * hd, d);
+        ADD("model.layers.%d.self_attn.v_proj.weight", l, L->qkv, NULL, (nh + nkv) * hd, nkv * hd, d);
+        ADD("model.layers.%d.self_attn.o_proj.weight", l, L->o, NULL, 0, d, nh * hd);
+        ADD("model.layers.%d.mlp.gate_proj.weight", l, L->gate_up, NULL, 0, f, d);
+        ADD("model.layers.%d.mlp.up_proj.weight", l, L->gate_up, NULL, f, f, d);
+        ADD("model.layers.%d.mlp.down_proj.weight", l, L->down, NULL, 0, d, f);
+        ADD("model.layers.%d.input_layernorm.weight", l, (const void *)NULL, L->attn_norm, 0, 1, d);
+        ADD("model.layers.%d.post_attention_layernorm.weight", l, (const void *)NULL, L->ffn_norm, 0, 1, d);
+    }
+    ADD("model.norm.weight%.0d", 0, (const void *)NULL, m->out_norm, 0, 1, d);
+    if (!c->tied_embeddings)
+        ADD("lm_head.weight%.0d", 0, m->lm_head, NULL, 0, c->vocab, d);
+#undef ADD
+
+    const char *torch = dtype == ST_F32 ? "float32" : dtype == ST_BF16 ? "bfloat16" : "float16";
+    char path[4096], tmp[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((rc = model_config_to_hf_json(c, torch, &json)))
+        goto out;
+    FILE *fp = fopen(path, "w");
+    if (!fp || fputs(json, fp) == EOF || fputc('\n', fp) == EOF || fclose(fp)) {
+        rc = rd_fail(RD_EIO, "model: cannot write '%s': %s", path, strerror(errno));
+        goto out;
+    }
+    if ((rc = be->ops->sync(be)))
+        goto out;
+    /* Written under a temporary name and renamed, so a failed export never
+     * leaves a truncated model.safetensors that looks complete. */
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s/model.safetensors.partial", dir);
+    ex_ctx x = {.m = m, .parts = parts, .buf = buf};
+    if ((rc = st_write(tmp, specs, k, "{\"format\":\"pt\"}", ex_fill, &x))) {
+        remove(tmp);
+        goto out;
+    }
+    if (rename(tmp, path) != 0)
+        rc = rd_fail(RD_EIO, "model: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+out:
+    free(json);
+    free(buf);
+    free(names);
+    free(parts);
+    free(specs);
+    return rc;
+}
