@@ -30,7 +30,9 @@ static char *decode(const tok_tokenizer *tok, const int32_t *ids, int32_t n)
     size_t len = 0;
     if (!tok || tok_decode(tok, ids, (size_t)n, &text, &len))
         return NULL;
-    return text;
+    char *clean = cli_utf8_clean(text, len);
+    free(text);
+    return clean;
 }
 
 /* The stop token stays in token_ids (the learner trains on it) but not in the text. */

@@ -89,7 +89,9 @@ static char *decode(const tok_tokenizer *tok, const int32_t *ids, uint32_t n)
     size_t len = 0;
     if (tok_decode(tok, ids, n, &text, &len))
         return NULL;
-    return text;
+    char *clean = cli_utf8_clean(text, len);
+    free(text);
+    return clean;
 }
 
 /* The stop token stays in token_ids (the learner trains on it) but not in the text. */
