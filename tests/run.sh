@@ -56,6 +56,11 @@ if [ "$MODE" != "--unit-only" ]; then
     [ -f "$t" ] || continue
     run_one "$(basename "$t" .py)" "$PY" "$t"
   done
+  # The daemon's abuse and shutdown tests again against the ASan/UBSan build.
+  if [ -n "${RD_ASAN_BUILD:-}" ] && [ -x "$RD_ASAN_BUILD/rolloutd" ]; then
+    run_one "asan:test_daemon_basic" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_daemon_basic.py
+  fi
 fi
 
 echo "$passed passed, $failed failed"
