@@ -113,7 +113,7 @@ demo-offline: all model
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
-	    tests/fuzz/fuzz_gguf.c engine/gguf.c engine/dequant.c engine/err.c -o $(BUILD)/fuzz/fuzz_gguf -lm
+	    tests/fuzz/fuzz_gguf.c engine/gguf.c engine/dequant.c engine/mapfile.c engine/err.c -o $(BUILD)/fuzz/fuzz_gguf -lm
 
 setup:
 	tools/setup.sh

@@ -7,6 +7,7 @@
  * make us read outside the buffer or allocate more than the file could hold. */
 #include "gguf.h"
 #include "err.h"
+#include "mapfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -543,33 +544,21 @@ fail:
 
 int gguf_open(const char *path, gguf_file **out)
 {
-    struct stat st;
+    const void *base;
+    size_t size;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return rd_fail(RD_EIO, "gguf: cannot open '%s': %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        close(fd);
-        return rd_fail(RD_EIO, "gguf: '%s' is not a regular file%s%s", path, e ? ": " : "", e ? strerror(e) : "");
-    }
-    if (st.st_size == 0) {
-        close(fd);
+    int rc = rd_map_file("gguf", path, &base, &size);
+    if (rc)
+        return rc;
+    if (size == 0)
         return rd_fail(RD_EFORMAT, "gguf: '%s' is empty (size 0)", path);
-    }
-    size_t size = (size_t)st.st_size;
-    void *base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);   /* the mapping keeps the file alive */
-    if (base == MAP_FAILED)
-        return rd_fail(RD_EIO, "gguf: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(e));
 
     gguf_file *f;
-    int rc = gguf_parse(base, size, &f);
+    rc = gguf_parse(base, size, &f);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rd_errmsg());
-        munmap(base, size);
+        rd_unmap_file(base, size);
         return rd_fail(rc, "%s: %s", path, msg);
     }
     f->mapped = 1;
@@ -586,7 +575,7 @@ void gguf_close(gguf_file *f)
     free(f->kv);
     free(f->tensors);
     if (f->mapped)
-        munmap((void *)f->base, f->size);
+        rd_unmap_file(f->base, f->size);
     free(f);
 }
 

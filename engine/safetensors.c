@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "engine/err.h"
+#include "engine/mapfile.h"
 #include "engine/gguf.h"
 
 /* The reference implementation refuses headers over 100 MB; so do we, so a
@@ -235,31 +236,22 @@ done:
 
 int st_open(const char *path, st_file **out)
 {
-    struct stat sb;
+    const void *base;
+    size_t size;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return rd_fail(RD_EIO, "safetensors: cannot open '%s': %s", path, strerror(errno));
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return rd_fail(RD_EIO, "safetensors: '%s' is not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int rc = rd_map_file("safetensors", path, &base, &size);
+    if (rc)
+        return rc;
     if (size < 8) {
-        close(fd);
+        rd_unmap_file(base, size);
         return rd_fail(RD_EFORMAT, "safetensors: '%s' is %zu bytes, shorter than the 8-byte header length", path, size);
     }
-    void *base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);   /* the mapping keeps the file alive */
-    if (base == MAP_FAILED)
-        return rd_fail(RD_EIO, "safetensors: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(e));
     st_file *f;
-    int rc = st_parse(base, size, &f);
+    rc = st_parse(base, size, &f);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rd_errmsg());
-        munmap(base, size);
+        rd_unmap_file(base, size);
         return rd_fail(rc, "%s: %s", path, msg);
     }
     f->mapped = 1;
@@ -275,7 +267,7 @@ void st_close(st_file *f)
         free(f->tensors[i].name);
     free(f->tensors);
     if (f->mapped)
-        munmap((void *)f->base, f->size);
+        rd_unmap_file(f->base, f->size);
     free(f);
 }
 
