@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/err.h"
 
 typedef enum { CFG_INT, CFG_TEXT } cfg_kind;
@@ -62,10 +63,12 @@ void cfg_defaults(cfg_daemon *c)
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
     snprintf(c->status_listen, sizeof c->status_listen, "%s", "127.0.0.1:7071");
     c->threads = 0;
-    c->kv_cache_bytes = (int64_t)1 << 30;
-    c->block_size = 16;
-    c->max_num_seqs = 64;
-    c->max_batch_tokens = 512;
+    /* The engine's own defaults, so the daemon and the offline tools agree. */
+    eng_config ec = eng_default_config();
+    c->kv_cache_bytes = ec.kv_cache_bytes;
+    c->block_size = ec.block_size;
+    c->max_num_seqs = ec.max_num_seqs;
+    c->max_batch_tokens = ec.max_batch_tokens;
     c->max_queued_requests = 4096;
     c->max_requests_per_submit = 1024;
     c->max_n = 64;

@@ -305,7 +305,6 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     q->max_tokens = r->max_tokens;
     q->sp = r->sp;
     q->n_prompt = r->n_prompt;
-    q->arrival = q->id;
     q->n_stop = r->n_stop;
     memcpy(q->stop_ids, r->stop_ids ? r->stop_ids : q->stop_ids, sizeof(int32_t) * r->n_stop);
     if (!r->ignore_eos && e->eos >= 0 && q->n_stop < SEQ_MAX_STOP)

@@ -27,7 +27,6 @@ struct seq_req {
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
-    int64_t arrival;            /* admission order */
 };
 
 typedef struct seq {
