@@ -1,8 +1,12 @@
 /* pool.c - see pool.h.
  *
  * One job at a time. `claim` packs (generation << 32 | next task): a worker
- * claims a task with a CAS that also proves the job is still the one it read,
- * so a late worker can never run a task of a newer job with an older fn. */
+ * claims a task with a CAS that also proves the job is still the one it saw.
+ * Publishing a job first closes the claim under the new generation (task
+ * CLOSED, never claimable), then writes fn/ctx/n_tasks, then opens it at task
+ * 0: a late worker of the previous job can no longer claim anything while the
+ * fields change, and fn/ctx are read only after a successful claim, when the
+ * job cannot move on until that task is done. */
 #include "kernels/cpu/pool.h"
 
 #include <immintrin.h>
@@ -19,30 +23,36 @@ static struct {
     pthread_cond_t cv;
     _Atomic uint64_t claim;             /* generation << 32 | next task */
     _Atomic int32_t done;               /* tasks finished in this generation */
-    pool_fn fn;
+    pool_fn fn;                         /* stable while any task of the job is claimed */
     void *ctx;
-    int32_t n_tasks;
+    _Atomic uint32_t n_tasks;
 } P = {.n = 0, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 
+#define CLOSED 0xffffffffu
+
 /* Runs tasks of generation gen until none are left; returns how many ran. */
 static int32_t drain(uint32_t gen, int32_t worker)
 {
-    pool_fn fn = P.fn;
-    void *ctx = P.ctx;
-    int32_t n = P.n_tasks, ran = 0;
-    uint64_t v = atomic_load_explicit(&P.claim, memory_order_acquire);
+    int32_t ran = 0;
     for (;;) {
-        if ((uint32_t)(v >> 32) != gen || (int32_t)(v & 0xffffffffu) >= n)
+        uint64_t v = atomic_load_explicit(&P.claim, memory_order_acquire);
+        if ((uint32_t)(v >> 32) != gen)
+            break;
+        uint32_t idx = (uint32_t)v;
+        if (idx == CLOSED) { /* the job is being published: it opens in a moment */
+            _mm_pause();
+            continue;
+        }
+        if (idx >= atomic_load_explicit(&P.n_tasks, memory_order_relaxed))
             break;
         if (!atomic_compare_exchange_weak_explicit(&P.claim, &v, v + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
-        fn(ctx, (int32_t)(v & 0xffffffffu), worker);
+        P.fn(P.ctx, (int32_t)idx, worker);
         atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
         ran++;
-        v = atomic_load_explicit(&P.claim, memory_order_acquire);
     }
     return ran;
 }
@@ -107,13 +117,13 @@ void pool_run(int32_t n_tasks, pool_fn fn, void *ctx)
             fn(ctx, t, 0);
         return;
     }
-    /* The previous job is complete (we waited for it), so no worker reads
-     * fn/ctx/n_tasks for it any more except to find its claim exhausted. */
+    /* The previous job is complete (we waited for it): close, fill, open. */
+    uint64_t gen = (uint32_t)((atomic_load(&P.claim) >> 32) + 1);
+    atomic_store_explicit(&P.claim, (gen << 32) | CLOSED, memory_order_seq_cst);
     P.fn = fn;
     P.ctx = ctx;
-    P.n_tasks = n_tasks;
+    atomic_store_explicit(&P.n_tasks, (uint32_t)n_tasks, memory_order_relaxed);
     atomic_store_explicit(&P.done, 0, memory_order_relaxed);
-    uint64_t gen = (atomic_load(&P.claim) >> 32) + 1;
     pthread_mutex_lock(&P.mu);
     atomic_store_explicit(&P.claim, gen << 32, memory_order_release);
     pthread_cond_broadcast(&P.cv);
