@@ -43,7 +43,7 @@ typedef enum {
     PROTO_ABORT = 0x04,
     PROTO_STATUS = 0x05,
     PROTO_BYE = 0x06,
-    PROTO_UPDATE_BEGIN = 0x10,      /* reserved for weight updates (issue 4): not implemented */
+    PROTO_UPDATE_BEGIN = 0x10,      /* weight updates (PROTOCOL.md §10), behind HELLO_OK feature bit 0 */
     PROTO_UPDATE_CHUNK = 0x11,
     PROTO_UPDATE_COMMIT = 0x12,
     PROTO_UPDATE_ABORT = 0x13,
@@ -53,7 +53,7 @@ typedef enum {
     PROTO_ABORT_OK = 0x84,
     PROTO_STATUS_OK = 0x85,
     PROTO_BYE_OK = 0x86,
-    PROTO_UPDATE_BEGIN_OK = 0x90,   /* reserved (issue 4) */
+    PROTO_UPDATE_BEGIN_OK = 0x90,
     PROTO_UPDATE_CHUNK_OK = 0x91,
     PROTO_UPDATE_COMMIT_OK = 0x92,
     PROTO_UPDATE_ABORT_OK = 0x93,
@@ -75,9 +75,9 @@ typedef enum {
     PROTO_E_UNKNOWN_REQUEST = 10,
     PROTO_E_SHUTTING_DOWN = 11,
     PROTO_E_INTERNAL = 12,
-    PROTO_E_CHECKSUM = 13,          /* reserved (issue 4) */
-    PROTO_E_STALE_VERSION = 14,     /* reserved (issue 4) */
-    PROTO_E_UPDATE_CONFLICT = 15,   /* reserved (issue 4) */
+    PROTO_E_CHECKSUM = 13,          /* a chunk's or a tensor's crc32c does not match its bytes */
+    PROTO_E_STALE_VERSION = 14,     /* an update version not above the serving (or committing) one */
+    PROTO_E_UPDATE_CONFLICT = 15,   /* another weight transfer is in progress */
 } proto_err;
 
 /* Flag bits. Bits not listed must be 0 (PROTOCOL.md says which message checks them). */
@@ -101,6 +101,18 @@ typedef enum {
 
 #define PROTO_ABORT_ALL 0x1u            /* abort every request of the client (client_req_id must be 0) */
 #define PROTO_ABORT_FLAGS 0x1u
+
+#define PROTO_FEATURE_WEIGHT_UPDATE 0x1u /* HELLO_OK.features: UPDATE_* messages are served */
+
+#define PROTO_CHUNK_OK_DUPLICATE 0x1u   /* the same chunk was already staged: acknowledged, no effect */
+#define PROTO_CHUNK_OK_FLAGS 0x1u
+
+/* Weight-update modes (UPDATE_BEGIN.mode). */
+enum { PROTO_MODE_CONTINUE = 0, PROTO_MODE_DRAIN = 1, PROTO_MODE_ABORT = 2 };
+/* Tensor dtypes in an update manifest. */
+enum { PROTO_DTYPE_F32 = 0, PROTO_DTYPE_F16 = 1, PROTO_DTYPE_BF16 = 2 };
+#define PROTO_MAX_DIMS 4
+#define PROTO_MAX_TENSOR_NAME 256       /* bytes; a longer name is MALFORMED */
 
 #define PROTO_BYE_DISCARD 0x1u          /* abort in-flight work, drop retained results, forget now */
 #define PROTO_BYE_FLAGS 0x1u
@@ -284,6 +296,73 @@ typedef struct {
     proto_str message;          /* what was wrong and what was expected */
 } proto_error;
 
+/* One tensor of an update manifest (HF name and layout). */
+typedef struct {
+    proto_str name;             /* e.g. "model.layers.0.self_attn.q_proj.weight" */
+    uint8_t dtype;              /* PROTO_DTYPE_* */
+    uint8_t n_dims;             /* 1..PROTO_MAX_DIMS */
+    uint64_t shape[PROTO_MAX_DIMS]; /* [n_dims], outermost first; unused entries 0 */
+    uint64_t nbytes;            /* product of shape x dtype size */
+    uint32_t crc32c;            /* of the tensor's nbytes bytes */
+} proto_tensor;
+
+/* UPDATE_BEGIN: client -> daemon; opens a weight transfer. */
+typedef struct {
+    uint64_t client_id;
+    uint64_t version;           /* the new policy version; above the serving one */
+    uint8_t mode;               /* PROTO_MODE_* */
+    uint32_t window;            /* chunks the sender wants in flight, >= 1 */
+    uint32_t max_chunk_bytes;   /* largest chunk data the sender will send, >= 1 */
+    uint64_t total_bytes;       /* sum of the tensors' nbytes */
+    uint32_t n_tensors;
+    const proto_tensor *tensors; /* [n_tensors] */
+} proto_update_begin;
+
+typedef struct {
+    uint64_t xfer_id;           /* names the transfer in CHUNK/COMMIT/ABORT; never 0 */
+    uint32_t window;            /* chunks the daemon stages at once (<= requested) */
+    uint32_t max_chunk_bytes;   /* granted (<= requested) */
+    uint64_t staging_bytes;     /* bytes the daemon set aside */
+} proto_update_begin_ok;
+
+/* UPDATE_CHUNK: a slice of one tensor's bytes. The data points into the
+ * received frame (the one exception to "decoded data lives in the arena"):
+ * keep the frame until data is consumed. */
+typedef struct {
+    uint64_t xfer_id;
+    uint32_t chunk_seq;         /* the sender's chunk number, echoed in the ack */
+    uint32_t tensor_index;      /* into the manifest */
+    uint64_t offset;            /* bytes into the tensor */
+    uint32_t crc32c;            /* of data */
+    uint32_t len;               /* bytes of data */
+    const uint8_t *data;        /* [len] */
+} proto_update_chunk;
+
+typedef struct {
+    uint64_t xfer_id;
+    uint32_t chunk_seq;
+    uint32_t flags;             /* PROTO_CHUNK_OK_DUPLICATE */
+    uint64_t bytes_staged;      /* of the transfer so far */
+    uint64_t total_bytes;
+} proto_update_chunk_ok;
+
+/* UPDATE_COMMIT and UPDATE_ABORT carry only the transfer id. */
+typedef struct {
+    uint64_t xfer_id;
+} proto_update_ref;
+
+typedef struct {
+    uint64_t version;           /* now serving */
+    uint64_t stall_us;          /* the engine did not step for this long to swap */
+    uint64_t wait_us;           /* from the COMMIT's arrival to the swap (one step in continue mode) */
+    uint64_t staged_us;         /* from UPDATE_BEGIN to the COMMIT */
+    uint32_t n_aborted;         /* samples aborted by an abort-mode swap */
+} proto_update_commit_ok;
+
+typedef struct {
+    uint64_t bytes_freed;       /* staging memory released */
+} proto_update_abort_ok;
+
 typedef struct proto_block proto_block;
 
 /* One message. For encoding set type and the matching member; for decoding
@@ -304,6 +383,14 @@ typedef struct {
         proto_bye bye;
         proto_bye_ok bye_ok;
         proto_error error;
+        proto_update_begin update_begin;
+        proto_update_begin_ok update_begin_ok;
+        proto_update_chunk update_chunk;
+        proto_update_chunk_ok update_chunk_ok;
+        proto_update_ref update_commit;
+        proto_update_commit_ok update_commit_ok;
+        proto_update_ref update_abort;
+        proto_update_abort_ok update_abort_ok;
     };
     proto_block *arena;         /* decoded arrays and strings (proto_msg_free) */
     size_t arena_bytes;         /* bytes allocated for them */
@@ -371,7 +458,9 @@ int proto_check_lengths(uint32_t n_prompt, uint32_t max_tokens, const proto_hell
 const char *proto_type_name(uint16_t type);
 /* "BAD_MAGIC", ...; "UNKNOWN" for others. */
 const char *proto_err_name(uint32_t code);
-/* 1 for the request types a daemon serves (HELLO..BYE), else 0. */
+/* Bytes per element of a PROTO_DTYPE_* (0 for an unknown one). */
+uint32_t proto_dtype_size(uint8_t dtype);
+/* 1 for the request types a daemon serves (HELLO..BYE, UPDATE_*), else 0. */
 int proto_is_request(uint16_t type);
 /* The wire code for a library error (RD_EINVAL/RD_ERANGE -> INVALID_PARAMS,
  * RD_EBUSY -> BUSY, RD_ENOENT -> UNKNOWN_REQUEST, else INTERNAL). */
