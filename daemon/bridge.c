@@ -45,6 +45,31 @@ static void on_aio(void *arg)
     uv_async_send(b->wake);
 }
 
+/* NNG thread: a connection went away. A weight transfer tied to it ends. */
+static void on_pipe_rem(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    bridge *b = arg;
+    pthread_mutex_lock(&b->mu);
+    if (b->n_closed == (int)(sizeof b->closed / sizeof b->closed[0])) {
+        memmove(b->closed, b->closed + 1, sizeof b->closed - sizeof b->closed[0]);
+        b->n_closed--;
+    }
+    b->closed[b->n_closed++] = nng_pipe_id(p);
+    pthread_mutex_unlock(&b->mu);
+    uv_async_send(b->wake);
+}
+
+int br_take_closed(bridge *b, uint32_t *out, int max)
+{
+    pthread_mutex_lock(&b->mu);
+    int n = b->n_closed < max ? b->n_closed : max;
+    memcpy(out, b->closed, sizeof *out * (size_t)n);
+    memmove(b->closed, b->closed + n, sizeof *b->closed * (size_t)(b->n_closed - n));
+    b->n_closed -= n;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}
+
 int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake)
 {
     memset(b, 0, sizeof *b);
@@ -55,6 +80,7 @@ int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, 
     if (rv)
         return rd_fail(RD_EIO, "nng rep0 socket: %s", nng_strerror(rv));
     b->open = 1;
+    nng_pipe_notify(b->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, b);
     if ((rv = nng_listener_create(&b->listener, b->sock, url)) ||
         (rv = nng_listener_set_size(b->listener, NNG_OPT_RECVMAXSZ, max_msg)) ||
         (rv = nng_listener_start(b->listener, 0))) {

@@ -43,6 +43,8 @@ typedef struct bridge {
     br_ctx *q, *q_tail;         /* received, waiting for the loop */
     uv_async_t *wake;
     size_t max_msg;             /* bytes */
+    uint32_t closed[256];       /* ids of pipes that closed, not yet taken (a ring would drop; this drops the oldest) */
+    int n_closed;
 } bridge;
 
 /* Opens the socket, listens on url with RECVMAXSZ = max_msg, starts n
@@ -53,6 +55,9 @@ br_ctx *br_next(bridge *b);
 /* Sends a reply frame from the context (copied into an nng_msg); the
  * context then waits for its next request. */
 int br_reply(br_ctx *c, const uint8_t *frame, size_t len);
+/* Takes up to max ids of connections (NNG pipes) that closed since the last
+ * call (loop thread); returns how many. */
+int br_take_closed(bridge *b, uint32_t *out, int max);
 /* Closes the socket and stops every aio (waits for running callbacks); frees
  * requests still queued. After this no callback runs and the async is not
  * touched. Timers are left for the loop's uv_walk. */

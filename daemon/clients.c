@@ -22,6 +22,8 @@ void cl_init(cl_table *t, uint32_t retention_results, uint64_t retention_bytes)
 static void free_result(cl_result *r)
 {
     eng_result_free(&r->er);
+    if (r->spans != &r->one)
+        free(r->spans);
     free(r);
 }
 
@@ -217,7 +219,7 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
     p->n_prompt = q->n_prompt;
     p->seed = q->seed;
     p->version_admit = q->version_admit;
-    p->version_finish = weight_version;
+    p->version_finish = r->er.n_spans > 0 || r->er.version_finish ? r->er.version_finish : weight_version;
     p->queued_us = t_added_us > q->t_accept_us ? t_added_us - q->t_accept_us : 0;
     p->first_token_us = r->er.t_first_token_us > (int64_t)q->t_accept_us
                             ? (uint64_t)r->er.t_first_token_us - q->t_accept_us : 0;
@@ -228,10 +230,20 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
     p->logprobs_processed = r->er.logprobs_proc;
     p->top_ids = p->top_k ? r->er.top_ids : NULL;
     p->top_logprobs = p->top_k ? r->er.top_logprobs : NULL;
-    if (p->n_tokens > 0) {
-        r->span = (proto_span){0, p->n_tokens, weight_version};
+    if (p->n_tokens > 0 && r->er.n_spans > 0 && (r->spans = malloc(sizeof *r->spans * (size_t)r->er.n_spans))) {
+        for (int32_t i = 0; i < r->er.n_spans; i++)
+            r->spans[i] = (proto_span){(uint32_t)r->er.spans[i].start, (uint32_t)r->er.spans[i].end,
+                                       r->er.spans[i].version};
+        p->n_spans = (uint32_t)r->er.n_spans;
+        p->spans = r->spans;
+    } else if (p->n_tokens > 0) {
+        /* No spans from the engine (or no memory for them): one span at the finish version. */
+        r->one = (proto_span){0, p->n_tokens, p->version_finish};
+        r->spans = &r->one;
         p->n_spans = 1;
-        p->spans = &r->span;
+        p->spans = r->spans;
+    } else {
+        r->spans = &r->one;
     }
     r->bytes = proto_result_bytes(p);
     if (c->held_tail)

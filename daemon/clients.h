@@ -25,7 +25,8 @@ typedef struct cl_result {
     struct cl_result *next;     /* held list, seq increasing */
     cl_req *req;                /* alive while any of its results is held */
     eng_result er;              /* owned arrays (token ids, log-probs, ...) */
-    proto_span span;            /* the one span [0, n_tokens) */
+    proto_span *spans;          /* [pr.n_spans]: the engine's version spans, or &one */
+    proto_span one;             /* the span [0, n_tokens) of a result without engine spans */
     proto_result pr;            /* wire view; arrays point into er */
     uint64_t bytes;             /* proto_result_bytes(&pr) */
 } cl_result;

@@ -52,6 +52,9 @@ static const cfg_field FIELDS[] = {
     I(drain_s, 0, 86400, "SIGTERM: seconds in-flight requests may still run"),
     I(shutdown_grace_s, 0, 86400, "SIGTERM: seconds to deliver results after the drain"),
     I(http_max_connections, 1, 65536, "concurrent status connections"),
+    I(max_staging_bytes, 0, (int64_t)1 << 50, "bytes a weight update may stage (0 = updates refused)"),
+    I(update_window, 1, 1024, "weight-update chunks staged at once"),
+    I(update_idle_s, 1, 86400, "seconds before a silent weight transfer is aborted"),
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -84,6 +87,9 @@ void cfg_defaults(cfg_daemon *c)
     c->drain_s = 30;
     c->shutdown_grace_s = 10;
     c->http_max_connections = 64;
+    c->max_staging_bytes = (int64_t)4 << 30;
+    c->update_window = 8;
+    c->update_idle_s = 60;
 }
 
 static const cfg_field *find_key(const char *key)

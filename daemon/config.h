@@ -33,6 +33,9 @@ typedef struct {
     int64_t drain_s;                /* SIGTERM: seconds in-flight requests may run before abort */
     int64_t shutdown_grace_s;       /* then seconds left for clients to fetch their results */
     int64_t http_max_connections;   /* concurrent status connections */
+    int64_t max_staging_bytes;      /* weight update: bytes a transfer may stage */
+    int64_t update_window;          /* weight update: chunks staged at once */
+    int64_t update_idle_s;          /* weight update: a transfer silent this long is aborted */
 } cfg_daemon;
 
 /* The defaults (configs/rolloutd.json spells the same values). */

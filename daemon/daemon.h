@@ -19,6 +19,10 @@
 
 typedef enum { D_SERVING, D_DRAINING, D_EXITING } d_state;
 
+typedef struct up_xfer up_xfer;
+
+
+
 typedef struct {
     cfg_daemon cfg;
     rd_loaded L;                /* backend, model, tokenizer */
@@ -48,10 +52,19 @@ typedef struct {
     int n_signals;
     int64_t accepted, rejected, errors;
     proto_buf out;              /* encoding scratch for replies */
+    /* weight updates (update.c) */
+    up_xfer *xfer;              /* the open transfer (staging or committing), or NULL */
+    up_last last_update;
+    uint64_t updates_ok, updates_failed, update_bytes_total;
+    uint64_t last_commit_xfer;  /* a repeated COMMIT of it gets the same reply */
+    proto_update_commit_ok last_commit_ok;
+    uint64_t last_aborted_xfer; /* a repeated UPDATE_ABORT of it gets ABORT_OK 0 */
     int exit_code;
 } rd_daemon;
 
 /* loop.c */
+void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, const char *msg);
+void loop_reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m);
 void loop_on_wake(uv_async_t *h);
 void loop_on_tick(uv_timer_t *t);
 void loop_on_signal(uv_signal_t *s, int signum);
@@ -61,5 +74,20 @@ void loop_on_fetch_timeout(uv_timer_t *t);
 void loop_shutdown(rd_daemon *d);
 char *loop_status_json(void *ud);
 char *loop_metrics_text(void *ud);
+
+/* update.c: the weight-update messages (PROTOCOL.md §10), loop thread. */
+void up_on_begin(rd_daemon *d, br_ctx *x, const proto_update_begin *b, uint32_t pipe);
+/* Takes the request message: the chunk's data points into it. */
+void up_on_chunk(rd_daemon *d, br_ctx *x, const proto_update_chunk *c, nng_msg *msg);
+void up_on_commit(rd_daemon *d, br_ctx *x, const proto_update_ref *r);
+void up_on_abort(rd_daemon *d, br_ctx *x, const proto_update_ref *r);
+/* The engine thread swapped: reply to the COMMIT. */
+void up_on_wake(rd_daemon *d);
+void up_on_pipe_closed(rd_daemon *d, uint32_t pipe);
+void up_on_tick(rd_daemon *d);
+void up_on_client_forgotten(rd_daemon *d, uint64_t client_id);
+/* Fields for the status snapshot: an update in progress. */
+void up_progress(const rd_daemon *d, int *active, uint64_t *version, uint64_t *staged, uint64_t *total,
+                 int *committing);
 
 #endif

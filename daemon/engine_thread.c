@@ -17,6 +17,8 @@ uint64_t et_now_us(void)
 
 static void free_cmd(et_cmd *c)
 {
+    if (c->kind == ET_SWAP && c->swap.patch)
+        upd_patch_free(c->swap.m->be, c->swap.patch);
     free((void *)c->req.prompt);
     free((void *)c->req.stop_ids);
     free(c);
@@ -89,6 +91,12 @@ static void run_cmds(et_thread *t)
                 free(l);
                 refuse(t, c, now);
             }
+        } else if (c->kind == ET_SWAP) {
+            t->swap = c->swap;
+            c->swap.patch = NULL;
+            /* Drain: nothing new starts while started work finishes on the old weights. */
+            if (t->swap.mode == UPD_DRAIN)
+                eng_hold_new(t->eng, 1);
         } else {
             et_live *l = umap_get(&t->live, c->key);
             if (l)
@@ -120,12 +128,34 @@ static void collect(et_thread *t, uint64_t now)
     }
 }
 
+/* Swaps the weights if the pending swap's moment has come: at once in continue
+ * and abort mode (this is a step boundary), in drain mode once nothing started
+ * is left. Caller holds mu. */
+static void maybe_swap(et_thread *t)
+{
+    et_swap *w = &t->swap;
+    if (!w->active || (w->mode == UPD_DRAIN && eng_started(t->eng) > 0))
+        return;
+    uint64_t t0 = et_now_us();
+    int32_t n_aborted = w->mode == UPD_ABORT ? eng_abort_started(t->eng) : 0;
+    upd_apply(w->m, w->patch);
+    eng_set_version(t->eng, w->version);
+    eng_hold_new(t->eng, 0);
+    uint64_t t1 = et_now_us();
+    t->swapped = (et_swapped){.version = w->version, .t_applied_us = t1, .stall_us = t1 - t0,
+                              .n_aborted = n_aborted, .old = w->patch};
+    t->swapped_ready = 1;
+    memset(w, 0, sizeof *w);
+    uv_async_send(t->wake);
+}
+
 static void engine_main(void *arg)
 {
     et_thread *t = arg;
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         run_cmds(t);
+        maybe_swap(t);
         /* An abort finishes samples without a step: collect them now, or an
          * engine left idle by the abort would sleep on them. */
         collect(t, et_now_us());
@@ -183,6 +213,13 @@ void et_stop(et_thread *t)
     }
     t->cmds = t->cmds_tail = NULL;
     t->done = t->done_tail = NULL;
+    /* A swap that never happened frees its new buffers; one that did, the old. */
+    if (t->swap.active)
+        upd_patch_free(t->swap.m->be, t->swap.patch);
+    if (t->swapped_ready && t->swapped.old)
+        upd_patch_free(eng_model(t->eng)->be, t->swapped.old);
+    t->swapped_ready = 0;
+    memset(&t->swap, 0, sizeof t->swap);
     for (size_t i = 0; i < t->live.cap; i++)
         if (t->live.keys[i])
             free(t->live.vals[i]);
@@ -247,4 +284,28 @@ et_done *et_take(et_thread *t, eng_stats *stats)
         *stats = t->stats;
     pthread_mutex_unlock(&t->mu);
     return d;
+}
+
+int et_swap_weights(et_thread *t, model *m, upd_patch *patch, uint64_t version, int mode)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    c->kind = ET_SWAP;
+    c->swap = (et_swap){.active = 1, .patch = patch, .m = m, .version = version, .mode = mode};
+    push_cmd(t, c);
+    return 0;
+}
+
+int et_take_swapped(et_thread *t, et_swapped *out)
+{
+    pthread_mutex_lock(&t->mu);
+    int ready = t->swapped_ready;
+    if (ready) {
+        *out = t->swapped;
+        t->swapped_ready = 0;
+        memset(&t->swapped, 0, sizeof t->swapped);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return ready;
 }

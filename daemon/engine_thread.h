@@ -14,14 +14,34 @@
 
 #include "daemon/u64map.h"
 #include "engine/engine.h"
+#include "engine/update.h"
 
-typedef enum { ET_ADD, ET_ABORT } et_kind;
+typedef enum { ET_ADD, ET_ABORT, ET_SWAP } et_kind;
+
+/* A weight swap the engine thread performs at a step boundary (PROTOCOL.md §10.6). */
+typedef struct {
+    int active;
+    upd_patch *patch;           /* new weights; after the swap, the old ones */
+    model *m;                   /* the engine's model (written only between steps) */
+    uint64_t version;
+    int mode;                   /* PROTO_MODE_* */
+} et_swap;
+
+/* What the loop learns once the swap happened. */
+typedef struct {
+    uint64_t version;
+    uint64_t t_applied_us;      /* monotonic µs when the new weights were in */
+    uint64_t stall_us;          /* the engine thread spent this long swapping instead of stepping */
+    int32_t n_aborted;          /* samples ended by an abort-mode swap */
+    upd_patch *old;             /* the replaced buffers, for the loop to free off-thread */
+} et_swapped;
 
 typedef struct et_cmd {
     struct et_cmd *next;
     et_kind kind;
     uint64_t key;               /* daemon request key (the engine tag) */
     eng_request req;            /* ET_ADD; prompt and stop_ids are owned (freed after eng_add) */
+    et_swap swap;               /* ET_SWAP */
 } et_cmd;
 
 /* A finished sample with the engine thread's timestamps. */
@@ -51,8 +71,11 @@ typedef struct {
     uint32_t n_cmds;            /* commands not yet taken by the engine */
     int stop;
     int started;
+    int swapped_ready;          /* swapped holds a finished swap for the loop */
+    et_swapped swapped;
     /* engine thread only */
     u64map live;                /* key -> et_live, while the engine has samples of it */
+    et_swap swap;               /* a swap waiting for its step boundary (drain: for started work to end) */
 } et_thread;
 
 int et_start(et_thread *t, engine *e, uv_async_t *wake);
@@ -62,6 +85,12 @@ void et_stop(et_thread *t);
 /* Queue commands (loop thread). et_add copies the prompt and stop ids. */
 int et_add(et_thread *t, uint64_t key, const eng_request *r);
 int et_abort(et_thread *t, uint64_t key);
+/* Hands a built patch to the engine thread; it swaps at the next step
+ * boundary (continue, abort) or once started work has finished (drain), then
+ * wakes the loop (et_take_swapped). The patch is the thread's from here on. */
+int et_swap_weights(et_thread *t, model *m, upd_patch *patch, uint64_t version, int mode);
+/* 1 and *out filled when a swap has happened since the last call. */
+int et_take_swapped(et_thread *t, et_swapped *out);
 
 /* Takes every finished sample (a list the caller frees with et_done_free) and
  * copies the latest stats. */

@@ -25,7 +25,7 @@ static void send_out(rd_daemon *d, br_ctx *x)
     br_reply(x, d->out.data, d->out.len);
 }
 
-static void reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, const char *msg)
+void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, const char *msg)
 {
     d->errors++;
     proto_buf_reset(&d->out);
@@ -36,14 +36,14 @@ static void reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, c
     send_out(d, x);
 }
 
-static void reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m)
+void loop_reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m)
 {
     proto_buf_reset(&d->out);
     if (proto_encode(&d->out, m)) {
         char why[600];
         snprintf(why, sizeof why, "cannot encode the %s reply: %s", proto_type_name(m->type), rd_errmsg());
         log_line("%s", why);
-        reply_error(d, x, PROTO_E_INTERNAL, (uint16_t)(m->type & 0x7f), why);
+        loop_reply_error(d, x, PROTO_E_INTERNAL, (uint16_t)(m->type & 0x7f), why);
         return;
     }
     send_out(d, x);
@@ -60,7 +60,7 @@ static void answer_fetch(rd_daemon *d, br_ctx *x, cl_client *c, const proto_fetc
     uint32_t cap = f->max_results < c->n_held ? f->max_results : c->n_held;
     proto_result *rs = cap ? malloc(sizeof *rs * cap) : NULL;
     if (cap && !rs) {
-        reply_error(d, x, PROTO_E_INTERNAL, PROTO_FETCH, "out of memory building RESULTS; retry the FETCH");
+        loop_reply_error(d, x, PROTO_E_INTERNAL, PROTO_FETCH, "out of memory building RESULTS; retry the FETCH");
         return;
     }
     uint32_t k = 0;
@@ -77,7 +77,7 @@ static void answer_fetch(rd_daemon *d, br_ctx *x, cl_client *c, const proto_fetc
     m.results.inflight_samples = c->reserved;
     m.results.n_results = k;
     m.results.results = rs;
-    reply_msg(d, x, &m);
+    loop_reply_msg(d, x, &m);
     free(rs);
 }
 
@@ -115,11 +115,12 @@ static void forget_client(rd_daemon *d, cl_client *c, const char *why)
         br_ctx *x = c->parked;
         c->parked = NULL;
         unpark(d, x);
-        reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_FETCH, "the client was forgotten while this FETCH waited");
+        loop_reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_FETCH, "the client was forgotten while this FETCH waited");
     }
     for (cl_req *q = c->reqs; q; q = q->next)
         abort_req(d, q);
     log_line("client %016llx (%s) forgotten: %s", (unsigned long long)c->id, c->name, why);
+    up_on_client_forgotten(d, c->id);
     cl_forget(&d->clients, c);
 }
 
@@ -156,21 +157,21 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
         char why[200];
         snprintf(why, sizeof why, "HELLO offers versions %u..%u; this daemon speaks %d", h->min_version,
                  h->max_version, PROTO_VERSION);
-        reply_error(d, x, PROTO_E_UNSUPPORTED_VERSION, PROTO_HELLO, why);
+        loop_reply_error(d, x, PROTO_E_UNSUPPORTED_VERSION, PROTO_HELLO, why);
         return;
     }
     if (h->client_name.len > PROTO_MAX_CLIENT_NAME) {
         char why[200];
         snprintf(why, sizeof why, "HELLO client_name has %u bytes; expected at most %d", h->client_name.len,
                  PROTO_MAX_CLIENT_NAME);
-        reply_error(d, x, PROTO_E_INVALID_PARAMS, PROTO_HELLO, why);
+        loop_reply_error(d, x, PROTO_E_INVALID_PARAMS, PROTO_HELLO, why);
         return;
     }
     cl_client *c;
     uint32_t flags = 0;
     if (h->client_id == 0) {
         if (d->state != D_SERVING) {
-            reply_error(d, x, PROTO_E_SHUTTING_DOWN, PROTO_HELLO,
+            loop_reply_error(d, x, PROTO_E_SHUTTING_DOWN, PROTO_HELLO,
                         "the daemon is shutting down: no new clients (a known client_id may resume)");
             return;
         }
@@ -178,11 +179,11 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
             char why[200];
             snprintf(why, sizeof why, "%u clients known (max_clients); retry later or resume an existing client_id",
                      d->clients.n_clients);
-            reply_error(d, x, PROTO_E_BUSY, PROTO_HELLO, why);
+            loop_reply_error(d, x, PROTO_E_BUSY, PROTO_HELLO, why);
             return;
         }
         if (cl_new(&d->clients, h->client_name.ptr, now_us(), &c)) {
-            reply_error(d, x, PROTO_E_INTERNAL, PROTO_HELLO, rd_errmsg());
+            loop_reply_error(d, x, PROTO_E_INTERNAL, PROTO_HELLO, rd_errmsg());
             return;
         }
         log_line("client %016llx hello (%s): new", (unsigned long long)c->id, c->name);
@@ -192,7 +193,7 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
             char why[200];
             snprintf(why, sizeof why, "client_id %016llx is not known (never assigned, expired, or the daemon "
                      "restarted); HELLO with client_id 0 and resubmit", (unsigned long long)h->client_id);
-            reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_HELLO, why);
+            loop_reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_HELLO, why);
             return;
         }
         flags |= PROTO_HELLO_OK_RESUMED;
@@ -207,9 +208,11 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
     m.hello_ok.client_id = c->id;
     m.hello_ok.flags |= flags;
     m.hello_ok.weight_version = d->weight_version;
+    if (d->cfg.max_staging_bytes > 0)
+        m.hello_ok.features |= PROTO_FEATURE_WEIGHT_UPDATE;
     m.hello_ok.pending_results = c->n_held;
     m.hello_ok.inflight_samples = c->reserved;
-    reply_msg(d, x, &m);
+    loop_reply_msg(d, x, &m);
 }
 
 /* One SUBMIT request: 0 accepted, else the item's code with msg filled. */
@@ -334,16 +337,16 @@ static void on_submit(rd_daemon *d, br_ctx *x, const proto_submit *s)
 {
     cl_client *c = cl_find(&d->clients, s->client_id);
     if (!c) {
-        reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_SUBMIT, "SUBMIT from an unknown client_id; HELLO first");
+        loop_reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_SUBMIT, "SUBMIT from an unknown client_id; HELLO first");
         return;
     }
     c->last_seen_us = now_us();
     if (c->leaving) {
-        reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_SUBMIT, "SUBMIT after BYE; HELLO again to resume first");
+        loop_reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_SUBMIT, "SUBMIT after BYE; HELLO again to resume first");
         return;
     }
     if (d->state != D_SERVING) {
-        reply_error(d, x, PROTO_E_SHUTTING_DOWN, PROTO_SUBMIT,
+        loop_reply_error(d, x, PROTO_E_SHUTTING_DOWN, PROTO_SUBMIT,
                     "the daemon is shutting down: no new requests (FETCH still delivers results)");
         return;
     }
@@ -351,7 +354,7 @@ static void on_submit(rd_daemon *d, br_ctx *x, const proto_submit *s)
         char why[200];
         snprintf(why, sizeof why, "SUBMIT has %u requests; expected at most %u (max_requests_per_submit)",
                  s->n_requests, d->lim.max_requests_per_submit);
-        reply_error(d, x, PROTO_E_INVALID_PARAMS, PROTO_SUBMIT, why);
+        loop_reply_error(d, x, PROTO_E_INVALID_PARAMS, PROTO_SUBMIT, why);
         return;
     }
     enum { MSG = 512 };
@@ -361,7 +364,7 @@ static void on_submit(rd_daemon *d, br_ctx *x, const proto_submit *s)
     if (!items || !msgs) {
         free(items);
         free(msgs);
-        reply_error(d, x, PROTO_E_INTERNAL, PROTO_SUBMIT, "out of memory; retry the SUBMIT");
+        loop_reply_error(d, x, PROTO_E_INTERNAL, PROTO_SUBMIT, "out of memory; retry the SUBMIT");
         return;
     }
     int busy = 0;
@@ -384,7 +387,7 @@ static void on_submit(rd_daemon *d, br_ctx *x, const proto_submit *s)
     proto_msg m = {.type = PROTO_SUBMIT_OK};
     m.submit_ok.n_items = n;
     m.submit_ok.items = items;
-    reply_msg(d, x, &m);
+    loop_reply_msg(d, x, &m);
     free(items);
     free(msgs);
 }
@@ -393,7 +396,7 @@ static void on_fetch(rd_daemon *d, br_ctx *x, const proto_fetch *f)
 {
     cl_client *c = cl_find(&d->clients, f->client_id);
     if (!c) {
-        reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_FETCH, "FETCH from an unknown client_id; HELLO first");
+        loop_reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_FETCH, "FETCH from an unknown client_id; HELLO first");
         return;
     }
     c->last_seen_us = now_us();
@@ -401,7 +404,7 @@ static void on_fetch(rd_daemon *d, br_ctx *x, const proto_fetch *f)
         char why[200];
         snprintf(why, sizeof why, "FETCH ack_seq = %llu is above the last seq assigned to this client (%llu)",
                  (unsigned long long)f->ack_seq, (unsigned long long)c->last_seq);
-        reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_FETCH, why);
+        loop_reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_FETCH, why);
         return;
     }
     cl_ack(&d->clients, c, f->ack_seq);
@@ -432,7 +435,7 @@ void loop_on_fetch_timeout(uv_timer_t *t)
     x->parked = 0;
     cl_client *c = cl_find(&d->clients, x->client_id);
     if (!c) {
-        reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_FETCH, "the client was forgotten while this FETCH waited");
+        loop_reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_FETCH, "the client was forgotten while this FETCH waited");
         return;
     }
     if (c->parked == x)
@@ -445,14 +448,14 @@ static void on_abort(rd_daemon *d, br_ctx *x, const proto_abort *a)
 {
     cl_client *c = cl_find(&d->clients, a->client_id);
     if (!c) {
-        reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_ABORT, "ABORT from an unknown client_id; HELLO first");
+        loop_reply_error(d, x, PROTO_E_UNKNOWN_CLIENT, PROTO_ABORT, "ABORT from an unknown client_id; HELLO first");
         return;
     }
     c->last_seen_us = now_us();
     proto_msg m = {.type = PROTO_ABORT_OK};
     if (a->flags & PROTO_ABORT_ALL) {
         if (a->client_req_id != 0) {
-            reply_error(d, x, PROTO_E_INVALID_PARAMS, PROTO_ABORT,
+            loop_reply_error(d, x, PROTO_E_INVALID_PARAMS, PROTO_ABORT,
                         "ABORT with the ALL flag must have client_req_id 0");
             return;
         }
@@ -469,26 +472,26 @@ static void on_abort(rd_daemon *d, br_ctx *x, const proto_abort *a)
             char why[200];
             snprintf(why, sizeof why, "ABORT of client_req_id %llu: no such request (never submitted, or finished "
                      "and acknowledged)", (unsigned long long)a->client_req_id);
-            reply_error(d, x, PROTO_E_UNKNOWN_REQUEST, PROTO_ABORT, why);
+            loop_reply_error(d, x, PROTO_E_UNKNOWN_REQUEST, PROTO_ABORT, why);
             return;
         }
         uint32_t k = abort_req(d, q);
         m.abort_ok.n_requests = k ? 1 : 0;
         m.abort_ok.n_samples = k;
     }
-    reply_msg(d, x, &m);
+    loop_reply_msg(d, x, &m);
 }
 
 static void on_status(rd_daemon *d, br_ctx *x)
 {
     char *json = loop_status_json(d);
     if (!json) {
-        reply_error(d, x, PROTO_E_INTERNAL, PROTO_STATUS, "out of memory building the status");
+        loop_reply_error(d, x, PROTO_E_INTERNAL, PROTO_STATUS, "out of memory building the status");
         return;
     }
     proto_msg m = {.type = PROTO_STATUS_OK};
     m.status_ok.json = (proto_str){json, (uint32_t)strlen(json)};
-    reply_msg(d, x, &m);
+    loop_reply_msg(d, x, &m);
     free(json);
 }
 
@@ -510,7 +513,7 @@ static void on_bye(rd_daemon *d, br_ctx *x, const proto_bye *b)
                      c->name, c->n_held, c->reserved);
         }
     }
-    reply_msg(d, x, &m);
+    loop_reply_msg(d, x, &m);
     maybe_exit(d);
 }
 
@@ -520,7 +523,16 @@ static void serve(rd_daemon *d, br_ctx *x)
     size_t len = nng_msg_len(x->msg);
     proto_msg m;
     if (proto_decode(body, len, d->lim.max_message_bytes, &m)) {
-        reply_error(d, x, m.wire_error, m.type, rd_errmsg());
+        loop_reply_error(d, x, m.wire_error, m.type, rd_errmsg());
+        return;
+    }
+    uint32_t pipe = nng_pipe_id(nng_msg_get_pipe(x->msg));
+    if (m.type == PROTO_UPDATE_CHUNK) {
+        /* The chunk's data points into the message: the staging job frees it. */
+        nng_msg *msg = x->msg;
+        x->msg = NULL;
+        up_on_chunk(d, x, &m.update_chunk, msg);
+        proto_msg_free(&m);
         return;
     }
     /* The request's bytes were copied into m's arena: free the message now. */
@@ -533,11 +545,14 @@ static void serve(rd_daemon *d, br_ctx *x)
     case PROTO_ABORT: on_abort(d, x, &m.abort_req); break;
     case PROTO_STATUS: on_status(d, x); break;
     case PROTO_BYE: on_bye(d, x, &m.bye); break;
+    case PROTO_UPDATE_BEGIN: up_on_begin(d, x, &m.update_begin, pipe); break;
+    case PROTO_UPDATE_COMMIT: up_on_commit(d, x, &m.update_commit); break;
+    case PROTO_UPDATE_ABORT: up_on_abort(d, x, &m.update_abort); break;
     default: {
         char why[200];
         snprintf(why, sizeof why, "%s (0x%02x) is a reply type; expected a request (HELLO..BYE)",
                  proto_type_name(m.type) ? proto_type_name(m.type) : "?", m.type);
-        reply_error(d, x, PROTO_E_UNEXPECTED, m.type, why);
+        loop_reply_error(d, x, PROTO_E_UNEXPECTED, m.type, why);
     }
     }
     proto_msg_free(&m);
@@ -548,6 +563,12 @@ void loop_on_wake(uv_async_t *h)
     rd_daemon *d = h->data;
     /* Results first, so a FETCH in this batch sees them. */
     take_results(d);
+    up_on_wake(d);
+    uint32_t pipes[64];
+    int np;
+    while ((np = br_take_closed(&d->br, pipes, 64)) > 0)
+        for (int i = 0; i < np; i++)
+            up_on_pipe_closed(d, pipes[i]);
     br_ctx *x;
     while ((x = br_next(&d->br)))
         serve(d, x);
@@ -578,6 +599,12 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->requests_accepted = d->accepted;
     s->requests_rejected = d->rejected;
     s->protocol_errors = d->errors;
+    up_progress(d, &s->update_active, &s->update_version, &s->update_staged, &s->update_total,
+                &s->update_committing);
+    s->last_update = &d->last_update;
+    s->updates_ok = d->updates_ok;
+    s->updates_failed = d->updates_failed;
+    s->update_bytes_total = d->update_bytes_total;
 }
 
 char *loop_status_json(void *ud)
@@ -604,6 +631,7 @@ void loop_on_tick(uv_timer_t *t)
     st = d->et.stats;
     pthread_mutex_unlock(&d->et.mu);
     mx_window_push(&d->win, (double)now_us() / 1e6, st.prompt_tokens, st.generated_tokens);
+    up_on_tick(d);
     /* Client TTL: a parked FETCH counts as activity. */
     uint64_t now = now_us(), ttl = (uint64_t)d->cfg.client_ttl_s * 1000000u;
     u64map *m = &d->clients.clients;

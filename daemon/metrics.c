@@ -71,7 +71,39 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(kv, "peak_blocks", s->eng.kv_peak_blocks);
     cJSON_AddNumberToObject(o, "learners", s->learners);
     cJSON_AddNumberToObject(o, "protocol_errors", (double)s->protocol_errors);
-    cJSON_AddNullToObject(o, "last_weight_update"); /* weight updates arrive with issue 4 */
+    cJSON_AddNumberToObject(o, "engine_steps", (double)s->eng.steps);
+    cJSON *wu = cJSON_AddObjectToObject(o, "weight_update");
+    cJSON_AddBoolToObject(wu, "in_progress", s->update_active);
+    if (s->update_active) {
+        cJSON_AddNumberToObject(wu, "version", (double)s->update_version);
+        cJSON_AddStringToObject(wu, "phase", s->update_committing ? "committing" : "staging");
+        cJSON_AddNumberToObject(wu, "bytes_staged", (double)s->update_staged);
+        cJSON_AddNumberToObject(wu, "bytes_total", (double)s->update_total);
+    }
+    cJSON_AddNumberToObject(wu, "updates_ok", (double)s->updates_ok);
+    cJSON_AddNumberToObject(wu, "updates_failed", (double)s->updates_failed);
+    const up_last *l = s->last_update;
+    if (l && l->happened) {
+        static const char *MODES[] = {"continue", "drain", "abort"};
+        cJSON *lw = cJSON_AddObjectToObject(o, "last_weight_update");
+        cJSON_AddBoolToObject(lw, "ok", l->ok);
+        cJSON_AddNumberToObject(lw, "version", (double)l->version);
+        cJSON_AddStringToObject(lw, "mode", l->mode >= 0 && l->mode <= 2 ? MODES[l->mode] : "?");
+        cJSON_AddNumberToObject(lw, "bytes", (double)l->bytes);
+        cJSON_AddNumberToObject(lw, "tensors", l->n_tensors);
+        cJSON_AddNumberToObject(lw, "staged_s", (double)l->staged_us / 1e6);
+        cJSON_AddNumberToObject(lw, "build_s", (double)l->build_us / 1e6);
+        cJSON_AddNumberToObject(lw, "duration_s", (double)(l->staged_us + l->wait_us) / 1e6);
+        cJSON_AddNumberToObject(lw, "swap_wait_ms", (double)l->wait_us / 1e3);
+        cJSON_AddNumberToObject(lw, "stall_us", (double)l->stall_us);
+        cJSON_AddNumberToObject(lw, "samples_aborted", l->n_aborted);
+        cJSON_AddNumberToObject(lw, "engine_steps_during", (double)l->steps_during);
+        cJSON_AddNumberToObject(lw, "ended_at_uptime_s", l->at_s);
+        if (!l->ok)
+            cJSON_AddStringToObject(lw, "error", l->error);
+    } else {
+        cJSON_AddNullToObject(o, "last_weight_update");
+    }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return text;
@@ -161,6 +193,22 @@ char *mx_prometheus(const mx_snapshot *s)
     metric(&t, "request_aborted_total", "counter", "Samples finished by abort.", labels, (double)s->eng.aborted);
     metric(&t, "engine_steps_total", "counter", "Engine forward passes.", labels, (double)s->eng.steps);
     metric(&t, "weight_version", "gauge", "Policy (weight) version now serving.", labels, (double)s->weight_version);
+    metric(&t, "weight_updates_total", "counter", "Weight updates swapped in.", labels, (double)s->updates_ok);
+    metric(&t, "weight_update_failures_total", "counter", "Weight transfers aborted or refused at commit.", labels,
+           (double)s->updates_failed);
+    metric(&t, "weight_update_bytes_total", "counter", "Bytes of weight updates swapped in.", labels,
+           (double)s->update_bytes_total);
+    metric(&t, "weight_update_in_progress", "gauge", "1 while a weight transfer is open.", labels, s->update_active);
+    metric(&t, "weight_update_staged_bytes", "gauge", "Bytes of the open weight transfer staged so far.", labels,
+           (double)s->update_staged);
+    metric(&t, "weight_update_total_bytes", "gauge", "Bytes of the open weight transfer.", labels,
+           (double)s->update_total);
+    const up_last *lu = s->last_update;
+    int have = lu && lu->happened && lu->ok;
+    metric(&t, "weight_update_last_stall_seconds", "gauge", "Engine stall of the last swap.", labels,
+           have ? (double)lu->stall_us / 1e6 : 0);
+    metric(&t, "weight_update_last_duration_seconds", "gauge", "UPDATE_BEGIN to swap of the last update.", labels,
+           have ? (double)(lu->staged_us + lu->wait_us) / 1e6 : 0);
     metric(&t, "learners_connected", "gauge", "Clients known to the daemon.", labels, s->learners);
     metric(&t, "protocol_errors_total", "counter", "ERROR replies sent on the learner socket.", labels,
            (double)s->protocol_errors);

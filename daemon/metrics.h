@@ -22,6 +22,24 @@ void mx_window_push(mx_window *w, double t, int64_t prompt_tokens, int64_t gen_t
 /* Tokens per second between the oldest and newest sample (0 with fewer than 2). */
 void mx_window_rates(const mx_window *w, double *prompt_per_s, double *gen_per_s);
 
+/* The last weight update, for /status and /metrics. */
+typedef struct {
+    int happened;               /* 0 until the first update ends */
+    int ok;                     /* 1: swapped in; 0: failed or aborted (error says why) */
+    uint64_t version;
+    int mode;                   /* PROTO_MODE_* */
+    uint64_t bytes;             /* manifest bytes */
+    uint32_t n_tensors;
+    uint64_t staged_us;         /* UPDATE_BEGIN -> COMMIT */
+    uint64_t build_us;          /* COMMIT -> new weights built */
+    uint64_t wait_us;           /* COMMIT -> swapped */
+    uint64_t stall_us;          /* the engine thread swapping instead of stepping */
+    int32_t n_aborted;          /* samples an abort-mode swap ended */
+    uint64_t steps_during;      /* engine steps between UPDATE_BEGIN and the swap */
+    double at_s;                /* uptime when it ended */
+    char error[256];
+} up_last;
+
 typedef struct {
     const char *model;          /* model name */
     const char *model_path;
@@ -37,6 +55,13 @@ typedef struct {
     int64_t requests_accepted;  /* requests accepted since start */
     int64_t requests_rejected;  /* SUBMIT items refused (INVALID_PARAMS, BUSY) */
     int64_t protocol_errors;    /* ERROR replies sent */
+    /* weight updates */
+    int update_active;          /* a transfer is open */
+    int update_committing;      /* ... and committing (converting or waiting for the swap) */
+    uint64_t update_version;    /* its version */
+    uint64_t update_staged, update_total; /* bytes */
+    const up_last *last_update;
+    uint64_t updates_ok, updates_failed, update_bytes_total;
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */

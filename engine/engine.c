@@ -28,6 +28,8 @@ struct engine {
     kv_pool kv;
     int32_t eos;                /* model EOS id, -1 if unknown */
     int64_t next_id;
+    uint64_t version;           /* weight version new tokens are sampled under */
+    int hold_new;               /* drain: requests not started stay queued */
     seq_list waiting, running, done;
     eng_stats st;
     /* per-step scratch (host) */
@@ -89,6 +91,7 @@ static void seq_destroy(seq *s)
     free(s->logprobs_proc);
     free(s->top_ids);
     free(s->top_lps);
+    free(s->spans);
     seq_req *r = s->req;
     if (r && --r->live == 0) {
         free(r->prompt);
@@ -145,6 +148,13 @@ static int seq_push_block(seq *s, int32_t b)
     }
     s->blocks[s->n_blocks++] = b;
     return 0;
+}
+
+/* Started: it was running, or it is a forked sample or has generated tokens
+ * (a preempted one). A group parent whose prefill never ran has not. */
+static int seq_started(const seq *s)
+{
+    return s->state == SEQ_RUNNING || s->n_tokens > s->req->n_prompt || s->sample_idx > 0;
 }
 
 /* ---- configuration and lifecycle ---- */
@@ -418,6 +428,8 @@ static int32_t schedule(engine *e)
             seq *next = s->next;
             if (slots > 0 && slots + s->fork_n > e->cfg.max_num_seqs)
                 break;
+            if (e->hold_new && !seq_started(s))
+                break; /* FCFS: nothing behind a held request overtakes it */
             int32_t rows = s->n_tokens - s->n_computed;
             if (rows > budget)
                 rows = budget;
@@ -453,6 +465,7 @@ static int ensure_tables(engine *e, int32_t n_seqs, int32_t max_blocks)
 
 static void finish(engine *e, seq *s, finish_reason why)
 {
+    s->version_finish = e->version;
     seq_release_blocks(e, s);
     list_remove(s->state == SEQ_WAITING ? &e->waiting : &e->running, s);
     s->finish = why;
@@ -479,6 +492,19 @@ static void append_token(engine *e, seq *s, const samp_result *r)
         s->top_lps[(size_t)g * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
     }
     e->st.generated_tokens++;
+    if (s->n_spans == 0 || s->spans[s->n_spans - 1].version != e->version) {
+        if (s->n_spans == s->spans_cap) {
+            int32_t nc = s->spans_cap ? 2 * s->spans_cap : 2;
+            seq_span *ns = realloc(s->spans, sizeof *ns * (size_t)nc);
+            if (!ns) {
+                finish(e, s, FINISH_ERROR); /* the token is kept; its version could not be recorded */
+                return;
+            }
+            s->spans = ns;
+            s->spans_cap = nc;
+        }
+        s->spans[s->n_spans++] = (seq_span){.start = g, .version = e->version};
+    }
     if (g == 0) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -605,6 +631,28 @@ int eng_step(engine *e)
 
 /* ---- results ---- */
 
+/* Finishes s with FINISH_ABORT; returns the samples that ended. */
+static int32_t abort_seq(engine *e, seq *s)
+{
+    /* An unforked group parent stands for all its samples. */
+    int32_t n = 1;
+    for (int32_t i = 1; i < s->fork_n; i++) {
+        seq *c = seq_new(s->req, s->sample_idx + i, 1);
+        if (!c)
+            continue; /* out of memory: the sample is lost rather than the engine */
+        c->n_tokens = s->req->n_prompt;
+        c->finish = FINISH_ABORT;
+        c->version_finish = e->version;
+        c->state = SEQ_FINISHED;
+        list_push_back(&e->done, c);
+        e->st.aborted++;
+        n++;
+    }
+    s->fork_n = 1;
+    finish(e, s, FINISH_ABORT);
+    return n;
+}
+
 int eng_abort(engine *e, int64_t id)
 {
     int found = 0;
@@ -614,24 +662,41 @@ int eng_abort(engine *e, int64_t id)
             seq *next = s->next;
             if (s->req->id == id) {
                 found = 1;
-                /* An unforked group parent stands for all its samples. */
-                for (int32_t i = 1; i < s->fork_n; i++) {
-                    seq *c = seq_new(s->req, s->sample_idx + i, 1);
-                    if (!c)
-                        return rd_fail(RD_ENOMEM, "abort: out of memory");
-                    c->n_tokens = s->req->n_prompt;
-                    c->finish = FINISH_ABORT;
-                    c->state = SEQ_FINISHED;
-                    list_push_back(&e->done, c);
-                    e->st.aborted++;
-                }
-                s->fork_n = 1;
-                finish(e, s, FINISH_ABORT);
+                abort_seq(e, s);
             }
             s = next;
         }
     }
     return found ? 0 : rd_fail(RD_ENOENT, "abort: request %lld is not waiting or running", (long long)id);
+}
+
+/* ---- weight updates ---- */
+
+void eng_set_version(engine *e, uint64_t version) { e->version = version; }
+uint64_t eng_version(const engine *e) { return e->version; }
+void eng_hold_new(engine *e, int hold) { e->hold_new = hold != 0; }
+
+int32_t eng_started(const engine *e)
+{
+    int32_t n = e->running.count;
+    for (const seq *s = e->waiting.head; s; s = s->next)
+        n += seq_started(s);
+    return n;
+}
+
+int32_t eng_abort_started(engine *e)
+{
+    int32_t n = 0;
+    seq_list *lists[] = {&e->waiting, &e->running};
+    for (int li = 0; li < 2; li++) {
+        for (seq *s = lists[li]->head; s;) {
+            seq *next = s->next;
+            if (s->state == SEQ_RUNNING || seq_started(s))
+                n += abort_seq(e, s);
+            s = next;
+        }
+    }
+    return n;
 }
 
 int eng_collect(engine *e, eng_result *out, int max)
@@ -676,6 +741,17 @@ int eng_collect(engine *e, eng_result *out, int max)
                 memcpy(r->top_logprobs, s->top_lps, sizeof(float) * (size_t)g * k);
         }
         r->finish = s->finish;
+        r->version_finish = s->version_finish;
+        if (g > 0 && s->n_spans > 0) {
+            r->spans = malloc(sizeof *r->spans * (size_t)s->n_spans);
+            if (r->spans) {
+                r->n_spans = s->n_spans;
+                for (int32_t i = 0; i < s->n_spans; i++)
+                    r->spans[i] = (eng_span){.start = s->spans[i].start,
+                                             .end = i + 1 < s->n_spans ? s->spans[i + 1].start : g,
+                                             .version = s->spans[i].version};
+            }
+        }
         r->n_preempt = s->n_preempt;
         r->t_first_token_us = s->t_first_us;
         seq_destroy(s);
@@ -691,6 +767,7 @@ void eng_result_free(eng_result *r)
     free(r->logprobs_proc);
     free(r->top_ids);
     free(r->top_logprobs);
+    free(r->spans);
     memset(r, 0, sizeof *r);
 }
 

@@ -38,6 +38,12 @@ typedef struct {
     uint64_t tag;               /* caller's id, returned with results */
 } eng_request;
 
+/* Generated tokens [start, end) were sampled under weight version. */
+typedef struct {
+    int32_t start, end;
+    uint64_t version;
+} eng_span;
+
 /* One finished sample. Arrays are owned by the result (eng_result_free). */
 typedef struct {
     int64_t req_id;
@@ -55,6 +61,9 @@ typedef struct {
     finish_reason finish;
     int32_t n_preempt;
     int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
+    uint64_t version_finish;    /* weight version when the sample finished */
+    int32_t n_spans;            /* 0 when n_tokens is 0 */
+    eng_span *spans;            /* [n_spans] tiling [0, n_tokens), versions increasing */
 } eng_result;
 
 typedef struct {
@@ -92,6 +101,21 @@ void eng_result_free(eng_result *r);
  * generated. RD_ENOENT if unknown or already finished. */
 int eng_abort(engine *e, int64_t id);
 void eng_get_stats(const engine *e, eng_stats *s);
+
+/* ---- weight updates (the swap itself is upd_apply on the model, between steps) */
+
+/* The version tokens sampled from now on carry (after a swap). */
+void eng_set_version(engine *e, uint64_t version);
+uint64_t eng_version(const engine *e);
+/* Drain mode: while held, requests that have not started stay queued;
+ * started ones (running, or preempted with tokens) still run. */
+void eng_hold_new(engine *e, int hold);
+/* Sequences started and not finished: running, or waiting with generated
+ * tokens (preempted). A drain is over when this is 0. */
+int32_t eng_started(const engine *e);
+/* Abort mode: finishes every started sequence with FINISH_ABORT and what it
+ * has; returns how many samples that ended. */
+int32_t eng_abort_started(engine *e);
 const model *eng_model(const engine *e);
 
 #endif

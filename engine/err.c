@@ -30,6 +30,7 @@ const char *rd_strerror(int code)
     case RD_ENOENT: return "not found";
     case RD_EBUSY: return "busy";
     case RD_ENODEV: return "no device";
+    case RD_ECHECKSUM: return "checksum mismatch";
     default: return "unknown error";
     }
 }

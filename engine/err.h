@@ -17,6 +17,7 @@ enum {
     RD_ENOENT = -7,   /* key, tensor or request not found */
     RD_EBUSY = -8,    /* no capacity right now; retry later */
     RD_ENODEV = -9,   /* backend device not available */
+    RD_ECHECKSUM = -10, /* data does not match its checksum */
 };
 
 /* Records the message (printf-style) and returns code, so callers can write

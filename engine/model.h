@@ -45,6 +45,8 @@ typedef struct {
     float *rope;                /* backend [max_ctx][hd/2][2] cos, sin */
     model_layer *layers;        /* [n_layers] */
     int64_t n_params;           /* parameter count (tied counted once) */
+    uint64_t weights_gen;       /* bumped whenever weight pointers change (an update swap): a
+                                   backend that caches them (CUDA graphs) must re-capture */
 } model;
 
 /* Reads the config from GGUF metadata (general.architecture must be llama). */
@@ -78,6 +80,21 @@ int model_config_to_hf_json(const model_config *cfg, const char *torch_dtype, ch
 /* Loads from an HF folder (config.json + *.safetensors, possibly sharded) or
  * a .safetensors file with config.json next to it. */
 int model_load_hf(const char *path, rd_backend *be, model **out);
+
+/* One weight as an HF tensor in memory (export to a learner-side format). */
+typedef struct {
+    char name[96];
+    st_dtype dtype;             /* ST_F32, ST_F16 or ST_BF16 */
+    int n_dims;                 /* 1 or 2 */
+    int64_t shape[2];
+    size_t nbytes;
+    uint8_t *data;              /* [nbytes], owned */
+} model_hf_tensor;
+
+/* Every weight of the model as HF tensors in dtype (*n of them, HF names and
+ * layout): what a learner would push. Free with model_hf_tensors_free. */
+int model_export_mem(const model *m, st_dtype dtype, model_hf_tensor **out, size_t *n);
+void model_hf_tensors_free(model_hf_tensor *t, size_t n);
 
 /* Writes dir/config.json and dir/model.safetensors (HF names and layout,
  * dtype ST_F32 / ST_F16 / ST_BF16) from the weights in the backend. */

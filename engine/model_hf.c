@@ -361,3 +361,102 @@ out:
     free(specs);
     return rc;
 }
+
+/* ------------------------------------------------------- export to memory */
+
+typedef struct {
+    model_hf_tensor *t;
+} mem_ctx;
+
+int model_export_mem(const model *m, st_dtype dtype, model_hf_tensor **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
+        return rd_fail(RD_EINVAL, "model: export dtype %s is not f32, f16 or bf16", st_dtype_name(dtype));
+    if (!be->ops->linear_read)
+        return rd_fail(RD_ENOTSUP, "model: the %s backend cannot read weights back", be->ops->name);
+    const int32_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
+    size_t n = (size_t)c->n_layers * 9 + 3;
+    model_hf_tensor *ts = calloc(n, sizeof *ts);
+    ex_part *parts = calloc(n, sizeof *parts);
+    size_t qkv = (size_t)(nh + 2 * nkv) * hd * d, gu = (size_t)2 * f * d, emb = (size_t)c->vocab * d;
+    size_t big = qkv > gu ? qkv : gu;
+    big = big > emb ? big : emb;
+    float *buf = malloc(big * sizeof(float)), *one = malloc(big * sizeof(float));
+    int rc = 0;
+    size_t k = 0;
+    if (!ts || !parts || !buf || !one) {
+        rc = rd_fail(RD_ENOMEM, "model: export: out of memory");
+        goto out;
+    }
+#define ADDM(nm_fmt, lay, lin, vec_, r0, r, cl)                                              \
+    do {                                                                                     \
+        snprintf(ts[k].name, sizeof ts[k].name, nm_fmt, lay);                                \
+        ts[k].dtype = dtype;                                                                 \
+        ts[k].n_dims = (lin) ? 2 : 1;                                                        \
+        ts[k].shape[0] = (lin) ? (r) : (cl);                                                 \
+        ts[k].shape[1] = (lin) ? (cl) : 0;                                                   \
+        parts[k] = (ex_part){.linear = (lin), .vec = (vec_), .row0 = (r0), .rows = (r), .cols = (cl)}; \
+        k++;                                                                                 \
+    } while (0)
+    ADDM("model.embed_tokens.weight%.0d", 0, m->embed, NULL, 0, c->vocab, d);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        ADDM("model.layers.%d.self_attn.q_proj.weight", l, L->qkv, NULL, 0, nh * hd, d);
+        ADDM("model.layers.%d.self_attn.k_proj.weight", l, L->qkv, NULL, nh * hd, nkv * hd, d);
+        ADDM("model.layers.%d.self_attn.v_proj.weight", l, L->qkv, NULL, (nh + nkv) * hd, nkv * hd, d);
+        ADDM("model.layers.%d.self_attn.o_proj.weight", l, L->o, NULL, 0, d, nh * hd);
+        ADDM("model.layers.%d.mlp.gate_proj.weight", l, L->gate_up, NULL, 0, f, d);
+        ADDM("model.layers.%d.mlp.up_proj.weight", l, L->gate_up, NULL, f, f, d);
+        ADDM("model.layers.%d.mlp.down_proj.weight", l, L->down, NULL, 0, d, f);
+        ADDM("model.layers.%d.input_layernorm.weight", l, (const void *)NULL, L->attn_norm, 0, 1, d);
+        ADDM("model.layers.%d.post_attention_layernorm.weight", l, (const void *)NULL, L->ffn_norm, 0, 1, d);
+    }
+    ADDM("model.norm.weight%.0d", 0, (const void *)NULL, m->out_norm, 0, 1, d);
+    if (!c->tied_embeddings)
+        ADDM("lm_head.weight%.0d", 0, m->lm_head, NULL, 0, c->vocab, d);
+#undef ADDM
+    if ((rc = be->ops->sync(be)))
+        goto out;
+    ex_ctx x = {.m = m, .parts = parts, .buf = buf};
+    for (size_t i = 0; i < k; i++) {
+        size_t elems = (size_t)(parts[i].rows * parts[i].cols);
+        size_t esz = dtype == ST_F32 ? 4 : 2;
+        ts[i].nbytes = elems * esz;
+        ts[i].data = malloc(ts[i].nbytes);
+        if (!ts[i].data) {
+            rc = rd_fail(RD_ENOMEM, "model: export: out of memory for '%s'", ts[i].name);
+            goto out;
+        }
+        if ((rc = ex_fill(&x, i, one)))
+            goto out;
+        if (dtype == ST_F32) {
+            memcpy(ts[i].data, one, ts[i].nbytes);
+        } else {
+            uint16_t *h = (uint16_t *)ts[i].data;
+            for (size_t e = 0; e < elems; e++)
+                h[e] = dtype == ST_BF16 ? rd_f32_to_bf16(one[e]) : st_f32_to_f16(one[e]);
+        }
+    }
+out:
+    free(buf);
+    free(one);
+    free(parts);
+    if (rc) {
+        model_hf_tensors_free(ts, k);
+        return rc;
+    }
+    *out = ts;
+    *n_out = k;
+    return 0;
+}
+
+void model_hf_tensors_free(model_hf_tensor *t, size_t n)
+{
+    for (size_t i = 0; t && i < n; i++)
+        free(t[i].data);
+    free(t);
+}

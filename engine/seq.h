@@ -15,6 +15,13 @@ typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH
 
 typedef struct seq_req seq_req;
 
+/* Generated tokens from start on were sampled under weight version (until the
+ * next span's start). */
+typedef struct {
+    int32_t start;              /* index among generated tokens */
+    uint64_t version;
+} seq_span;
+
 /* What a request asked for; shared by its samples (refcounted). */
 struct seq_req {
     int64_t id;                 /* engine request id */
@@ -47,6 +54,9 @@ typedef struct seq {
     float *logprobs_proc;       /* [cap] processed log-prob, or NULL */
     int32_t *top_ids;           /* [cap][sp.logprobs_topk], or NULL */
     float *top_lps;             /* [cap][sp.logprobs_topk], or NULL */
+    seq_span *spans;            /* [n_spans], starts increasing */
+    int32_t n_spans, spans_cap;
+    uint64_t version_finish;    /* weight version when it finished */
     int32_t n_preempt;          /* times preempted */
     int32_t sched_rows;         /* rows given this step */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */

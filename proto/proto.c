@@ -1,7 +1,8 @@
 /* proto.c - encode and decode of the learner wire protocol (see proto.h and
  * PROTOCOL.md). Reads top to bottom: names, byte order and UTF-8, the decode
- * arena and cursor, one decoder per message, proto_decode, the byte buffer,
- * one encoder per message, proto_encode, sizes and request checks. */
+ * arena and cursor, one decoder per message (the weight-update ones last),
+ * proto_decode, the byte buffer, one encoder per message, proto_encode, sizes
+ * and request checks. */
 #include "proto/proto.h"
 
 #include <math.h>
@@ -63,14 +64,23 @@ const char *proto_err_name(uint32_t code)
     }
 }
 
-int proto_is_request(uint16_t type) { return type >= PROTO_HELLO && type <= PROTO_BYE; }
-
-/* Types this version encodes and decodes (the weight-update ones are reserved). */
-static int type_implemented(uint16_t type)
+int proto_is_request(uint16_t type)
 {
-    return (type >= PROTO_HELLO && type <= PROTO_BYE) || (type >= PROTO_HELLO_OK && type <= PROTO_BYE_OK) ||
-           type == PROTO_ERROR;
+    return (type >= PROTO_HELLO && type <= PROTO_BYE) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_UPDATE_ABORT);
 }
+
+uint32_t proto_dtype_size(uint8_t dtype)
+{
+    switch (dtype) {
+    case PROTO_DTYPE_F32: return 4;
+    case PROTO_DTYPE_F16:
+    case PROTO_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+/* Types this version encodes and decodes: every defined one. */
+static int type_implemented(uint16_t type) { return proto_type_name(type) != NULL; }
 
 uint32_t proto_err_from_rd(int rc)
 {
@@ -137,10 +147,13 @@ static size_t utf8_check(const uint8_t *s, size_t len)
 /* ---- decode: arena ---- */
 
 /* One block per message, malloc'd at the first array or string and sized
- * from the frame: PROTO_ARENA_BOUND(frame bytes) covers the densest encoding
- * of every message (at most about 1.9 arena bytes per wire byte: a 56-byte
- * request becomes a 96-byte proto_request, a 20-byte SUBMIT_OK item with a
- * 1-byte message 32 + 8 bytes). Pages never written are never touched. */
+ * from the frame: 2 x frame + 256 bytes covers the densest encoding of every
+ * message but UPDATE_BEGIN (at most about 1.9 arena bytes per wire byte: a
+ * 56-byte request becomes a 96-byte proto_request, a 20-byte SUBMIT_OK item
+ * with a 1-byte message 32 + 8 bytes); an UPDATE_BEGIN gets
+ * PROTO_ARENA_BOUND = 3 x frame + 256 (a 29-byte manifest tensor with a
+ * 1-byte name becomes a 72-byte proto_tensor + 8 bytes). Pages never written
+ * are never touched. */
 struct proto_block {
     size_t cap;                 /* bytes in data */
     size_t used;                /* bytes handed out, each piece 8-byte aligned */
@@ -177,13 +190,16 @@ static const char *where(const cursor *c, char *tmp, size_t cap)
     return tmp;
 }
 
+/* Arena bytes for every message but UPDATE_BEGIN (see proto_block). */
+#define ARENA_CAP_2X(n) (2 * (size_t)(n) + 256)
+
 #define MALFORMED(c, ...) (((c)->m->wire_error = PROTO_E_MALFORMED), rd_fail(RD_EFORMAT, __VA_ARGS__))
 
 static void *arena_alloc(cursor *c, size_t bytes)
 {
     proto_msg *m = c->m;
     if (!m->arena) {
-        size_t cap = PROTO_ARENA_BOUND(c->frame_len);
+        size_t cap = m->type == PROTO_UPDATE_BEGIN ? PROTO_ARENA_BOUND(c->frame_len) : ARENA_CAP_2X(c->frame_len);
         m->arena = malloc(sizeof(proto_block) + cap);
         if (!m->arena) {
             m->wire_error = PROTO_E_INTERNAL;
@@ -284,12 +300,18 @@ static int zero_bits(cursor *c, uint64_t v, uint64_t allowed, const char *field)
 
 static const char empty_str[1] = "";
 
-/* str: u32 byte length, then that many bytes of UTF-8. */
-static int rdstr(cursor *c, proto_str *s, const char *field)
+/* str: u32 byte length, then that many bytes of UTF-8. A length outside
+ * min_len..max_len is refused before the bytes are looked at. */
+static int rdstr_len(cursor *c, proto_str *s, const char *field, uint32_t min_len, uint32_t max_len)
 {
     uint32_t n;
     int rc = rd32(c, &n, field);
     if (rc) return rc;
+    if (n < min_len || n > max_len) {
+        char tmp[96];
+        return MALFORMED(c, "%s: %s is %u bytes long; expected %u..%u bytes", where(c, tmp, sizeof tmp), field, n,
+                         min_len, max_len);
+    }
     if ((rc = need(c, n, field))) return rc;
     const uint8_t *src = c->p + c->off;
     size_t bad = utf8_check(src, n);
@@ -312,6 +334,8 @@ static int rdstr(cursor *c, proto_str *s, const char *field)
     c->off += n;
     return 0;
 }
+
+static int rdstr(cursor *c, proto_str *s, const char *field) { return rdstr_len(c, s, field, 0, UINT32_MAX); }
 
 /* count elements of 4 bytes each (i32 or f32 bits), already checked against
  * the frame by the caller or here; copied into aligned arena memory. */
@@ -638,6 +662,110 @@ static int dec_error(cursor *c, proto_error *e)
     return rdstr(c, &e->message, "message");
 }
 
+/* ---- decode: weight updates (PROTOCOL.md §10) ---- */
+
+#define UPDATE_BEGIN_MIN_BYTES 40
+#define TENSOR_MIN_BYTES 28     /* name length 4 + dtype, n_dims, reserved 4 + one dim 8 + nbytes 8 + crc32c 4 */
+
+_Static_assert(sizeof(proto_tensor) + 8 <= 3 * (TENSOR_MIN_BYTES + 1), "proto_tensor outgrew the arena bound");
+
+static int dec_tensor(cursor *c, proto_tensor *t)
+{
+    char tmp[96];
+    uint16_t reserved;
+    TRY(rdstr_len(c, &t->name, "name", 1, PROTO_MAX_TENSOR_NAME));
+    TRY(rd8(c, &t->dtype, "dtype"));
+    if (t->dtype > PROTO_DTYPE_BF16)
+        return MALFORMED(c, "%s: dtype is %u; expected 0 (f32), 1 (f16) or 2 (bf16)", where(c, tmp, sizeof tmp),
+                         t->dtype);
+    TRY(rd8(c, &t->n_dims, "n_dims"));
+    if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS)
+        return MALFORMED(c, "%s: n_dims is %u; expected 1..%d", where(c, tmp, sizeof tmp), t->n_dims,
+                         PROTO_MAX_DIMS);
+    TRY(rd16(c, &reserved, "reserved"));
+    TRY(zero_bits(c, reserved, 0, "reserved"));
+    for (uint32_t d = 0; d < t->n_dims; d++)
+        TRY(rd64(c, &t->shape[d], "shape"));
+    TRY(rd64(c, &t->nbytes, "nbytes"));
+    return rd32(c, &t->crc32c, "crc32c");
+}
+
+static int dec_update_begin(cursor *c, proto_update_begin *u)
+{
+    uint8_t r0, r1, r2;
+    TRY(rd64(c, &u->client_id, "client_id"));
+    TRY(rd64(c, &u->version, "version"));
+    TRY(rd8(c, &u->mode, "mode"));
+    if (u->mode > PROTO_MODE_ABORT)
+        return MALFORMED(c, "%s: mode is %u; expected 0 (continue), 1 (drain) or 2 (abort)", c->type, u->mode);
+    TRY(rd8(c, &r0, "reserved"));
+    TRY(rd8(c, &r1, "reserved"));
+    TRY(rd8(c, &r2, "reserved"));
+    TRY(zero_bits(c, (uint32_t)r0 | (uint32_t)r1 << 8 | (uint32_t)r2 << 16, 0, "reserved"));
+    TRY(rd32(c, &u->window, "window"));
+    TRY(rd32(c, &u->max_chunk_bytes, "max_chunk_bytes"));
+    TRY(rd64(c, &u->total_bytes, "total_bytes"));
+    TRY(rdcount(c, &u->n_tensors, TENSOR_MIN_BYTES, "n_tensors"));
+    if (u->n_tensors == 0)
+        return 0;
+    proto_tensor *t;
+    ALLOC(c, u->n_tensors, t);
+    u->tensors = t;
+    c->arr = "tensors";
+    c->owed = (uint64_t)u->n_tensors * TENSOR_MIN_BYTES;
+    for (uint32_t i = 0; i < u->n_tensors; i++) {
+        c->idx = i;
+        c->owed -= TENSOR_MIN_BYTES;
+        TRY(dec_tensor(c, &t[i]));
+    }
+    c->arr = NULL;
+    return 0;
+}
+
+static int dec_update_begin_ok(cursor *c, proto_update_begin_ok *u)
+{
+    TRY(rd64(c, &u->xfer_id, "xfer_id"));
+    TRY(rd32(c, &u->window, "window"));
+    TRY(rd32(c, &u->max_chunk_bytes, "max_chunk_bytes"));
+    return rd64(c, &u->staging_bytes, "staging_bytes");
+}
+
+/* The data is not copied: it points into the frame (proto_update_chunk). */
+static int dec_update_chunk(cursor *c, proto_update_chunk *u)
+{
+    TRY(rd64(c, &u->xfer_id, "xfer_id"));
+    TRY(rd32(c, &u->chunk_seq, "chunk_seq"));
+    TRY(rd32(c, &u->tensor_index, "tensor_index"));
+    TRY(rd64(c, &u->offset, "offset"));
+    TRY(rd32(c, &u->crc32c, "crc32c"));
+    TRY(rdcount(c, &u->len, 1, "len"));
+    u->data = c->p + c->off;
+    c->off += u->len;
+    return 0;
+}
+
+static int dec_update_chunk_ok(cursor *c, proto_update_chunk_ok *u)
+{
+    TRY(rd64(c, &u->xfer_id, "xfer_id"));
+    TRY(rd32(c, &u->chunk_seq, "chunk_seq"));
+    TRY(rd32(c, &u->flags, "flags"));
+    TRY(zero_bits(c, u->flags, PROTO_CHUNK_OK_FLAGS, "flags"));
+    TRY(rd64(c, &u->bytes_staged, "bytes_staged"));
+    return rd64(c, &u->total_bytes, "total_bytes");
+}
+
+static int dec_update_commit_ok(cursor *c, proto_update_commit_ok *u)
+{
+    uint32_t reserved;
+    TRY(rd64(c, &u->version, "version"));
+    TRY(rd64(c, &u->stall_us, "stall_us"));
+    TRY(rd64(c, &u->wait_us, "wait_us"));
+    TRY(rd64(c, &u->staged_us, "staged_us"));
+    TRY(rd32(c, &u->n_aborted, "n_aborted"));
+    TRY(rd32(c, &reserved, "reserved"));
+    return zero_bits(c, reserved, 0, "reserved");
+}
+
 static int dec_body(cursor *c)
 {
     proto_msg *m = c->m;
@@ -655,6 +783,14 @@ static int dec_body(cursor *c)
     case PROTO_BYE: return dec_bye(c, &m->bye);
     case PROTO_BYE_OK: return dec_bye_ok(c, &m->bye_ok);
     case PROTO_ERROR: return dec_error(c, &m->error);
+    case PROTO_UPDATE_BEGIN: return dec_update_begin(c, &m->update_begin);
+    case PROTO_UPDATE_BEGIN_OK: return dec_update_begin_ok(c, &m->update_begin_ok);
+    case PROTO_UPDATE_CHUNK: return dec_update_chunk(c, &m->update_chunk);
+    case PROTO_UPDATE_CHUNK_OK: return dec_update_chunk_ok(c, &m->update_chunk_ok);
+    case PROTO_UPDATE_COMMIT: return rd64(c, &m->update_commit.xfer_id, "xfer_id");
+    case PROTO_UPDATE_COMMIT_OK: return dec_update_commit_ok(c, &m->update_commit_ok);
+    case PROTO_UPDATE_ABORT: return rd64(c, &m->update_abort.xfer_id, "xfer_id");
+    case PROTO_UPDATE_ABORT_OK: return rd64(c, &m->update_abort_ok.bytes_freed, "bytes_freed");
     default: return MALFORMED(c, "%s: no decoder (internal)", c->type);
     }
 }
@@ -697,15 +833,11 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
                          rd_fail(RD_EFORMAT, "header flags are 0x%x; expected 0 in protocol version %d", flags,
                                  PROTO_VERSION));
     const char *name = proto_type_name(type);
-    if (!type_implemented(type)) {
-        if (name)
-            return fail_wire(out, PROTO_E_UNKNOWN_TYPE,
-                             rd_fail(RD_ENOTSUP, "message type 0x%02x (%s) is reserved for weight updates and not "
-                                     "implemented by this peer", type, name));
+    if (!type_implemented(type))
         return fail_wire(out, PROTO_E_UNKNOWN_TYPE,
                          rd_fail(RD_ENOTSUP, "message type 0x%02x is not defined; expected HELLO..BYE (0x01..0x06), "
-                                 "their replies (0x81..0x86) or ERROR (0xff)", type));
-    }
+                                 "UPDATE_BEGIN..UPDATE_ABORT (0x10..0x13), their replies (0x81..0x86, 0x90..0x93) "
+                                 "or ERROR (0xff)", type));
     cursor c = {.p = buf + PROTO_HEADER_BYTES, .len = body_len, .frame_len = len, .type = name, .m = out};
     int rc = dec_body(&c);
     if (rc)
@@ -866,13 +998,31 @@ static int result_ok(const proto_result *r)
     return 0;
 }
 
+/* A manifest tensor: what dec_tensor checks. */
+static int tensor_size(const proto_tensor *t, uint32_t i, uint64_t *size)
+{
+    const char *m = "UPDATE_BEGIN tensors";
+    if (t->name.len < 1 || t->name.len > PROTO_MAX_TENSOR_NAME)
+        return rd_fail(RD_EINVAL, "%s[%u]: name is %u bytes long; expected 1..%d bytes", m, i, t->name.len,
+                       PROTO_MAX_TENSOR_NAME);
+    TRY(enc_str_ok(m, "name", t->name));
+    if (t->dtype > PROTO_DTYPE_BF16)
+        return rd_fail(RD_EINVAL, "%s[%u] '%.*s': dtype is %u; expected 0 (f32), 1 (f16) or 2 (bf16)", m, i,
+                       (int)t->name.len, t->name.ptr, t->dtype);
+    if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS)
+        return rd_fail(RD_EINVAL, "%s[%u] '%.*s': n_dims is %u; expected 1..%d", m, i, (int)t->name.len,
+                       t->name.ptr, t->n_dims, PROTO_MAX_DIMS);
+    *size = TENSOR_MIN_BYTES - 8 + (uint64_t)t->name.len + 8 * (uint64_t)t->n_dims;
+    return 0;
+}
+
 /* Validates m and returns its body size in bytes. */
 static int body_size(const proto_msg *m, uint64_t *size)
 {
     const char *name = proto_type_name(m->type);
     if (!type_implemented(m->type))
-        return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x (%s): not implemented in protocol version %d",
-                       m->type, name ? name : "undefined", PROTO_VERSION);
+        return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x: not defined in protocol version %d", m->type,
+                       PROTO_VERSION);
     switch (m->type) {
     case PROTO_HELLO:
         TRY(enc_flags_ok(name, "flags", m->hello.flags, 0));
@@ -946,6 +1096,34 @@ static int body_size(const proto_msg *m, uint64_t *size)
         TRY(enc_str_ok(name, "message", m->error.message));
         *size = 12 + (uint64_t)m->error.message.len;
         return 0;
+    case PROTO_UPDATE_BEGIN: {
+        const proto_update_begin *u = &m->update_begin;
+        if (u->mode > PROTO_MODE_ABORT)
+            return rd_fail(RD_EINVAL, "UPDATE_BEGIN: mode is %u; expected 0 (continue), 1 (drain) or 2 (abort)",
+                           u->mode);
+        TRY(enc_arr_ok(name, "tensors", u->tensors, u->n_tensors));
+        uint64_t total = UPDATE_BEGIN_MIN_BYTES;
+        for (uint32_t i = 0; i < u->n_tensors; i++) {
+            uint64_t one = 0;
+            TRY(tensor_size(&u->tensors[i], i, &one));
+            total += one;
+        }
+        *size = total;
+        return 0;
+    }
+    case PROTO_UPDATE_BEGIN_OK: *size = 24; return 0;
+    case PROTO_UPDATE_CHUNK:
+        TRY(enc_arr_ok(name, "data", m->update_chunk.data, m->update_chunk.len));
+        *size = 32 + (uint64_t)m->update_chunk.len;
+        return 0;
+    case PROTO_UPDATE_CHUNK_OK:
+        TRY(enc_flags_ok(name, "flags", m->update_chunk_ok.flags, PROTO_CHUNK_OK_FLAGS));
+        *size = 32;
+        return 0;
+    case PROTO_UPDATE_COMMIT: *size = 8; return 0;
+    case PROTO_UPDATE_COMMIT_OK: *size = 40; return 0;
+    case PROTO_UPDATE_ABORT: *size = 8; return 0;
+    case PROTO_UPDATE_ABORT_OK: *size = 8; return 0;
     default:
         return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x", m->type);
     }
@@ -1108,6 +1286,67 @@ static void put_body(writer *w, const proto_msg *m)
         w16(w, m->error.version_max);
         wstr(w, m->error.message);
         break;
+    case PROTO_UPDATE_BEGIN: {
+        const proto_update_begin *u = &m->update_begin;
+        w64(w, u->client_id);
+        w64(w, u->version);
+        w8(w, u->mode);
+        w8(w, 0);
+        w16(w, 0);
+        w32(w, u->window);
+        w32(w, u->max_chunk_bytes);
+        w64(w, u->total_bytes);
+        w32(w, u->n_tensors);
+        for (uint32_t i = 0; i < u->n_tensors; i++) {
+            const proto_tensor *t = &u->tensors[i];
+            wstr(w, t->name);
+            w8(w, t->dtype);
+            w8(w, t->n_dims);
+            w16(w, 0);
+            for (uint32_t d = 0; d < t->n_dims; d++)
+                w64(w, t->shape[d]);
+            w64(w, t->nbytes);
+            w32(w, t->crc32c);
+        }
+        break;
+    }
+    case PROTO_UPDATE_BEGIN_OK:
+        w64(w, m->update_begin_ok.xfer_id);
+        w32(w, m->update_begin_ok.window);
+        w32(w, m->update_begin_ok.max_chunk_bytes);
+        w64(w, m->update_begin_ok.staging_bytes);
+        break;
+    case PROTO_UPDATE_CHUNK: {
+        const proto_update_chunk *u = &m->update_chunk;
+        w64(w, u->xfer_id);
+        w32(w, u->chunk_seq);
+        w32(w, u->tensor_index);
+        w64(w, u->offset);
+        w32(w, u->crc32c);
+        w32(w, u->len);
+        if (u->len)
+            memcpy(w->p, u->data, u->len);
+        w->p += u->len;
+        break;
+    }
+    case PROTO_UPDATE_CHUNK_OK:
+        w64(w, m->update_chunk_ok.xfer_id);
+        w32(w, m->update_chunk_ok.chunk_seq);
+        w32(w, m->update_chunk_ok.flags);
+        w64(w, m->update_chunk_ok.bytes_staged);
+        w64(w, m->update_chunk_ok.total_bytes);
+        break;
+    case PROTO_UPDATE_COMMIT: w64(w, m->update_commit.xfer_id); break;
+    case PROTO_UPDATE_COMMIT_OK:
+        w64(w, m->update_commit_ok.version);
+        w64(w, m->update_commit_ok.stall_us);
+        w64(w, m->update_commit_ok.wait_us);
+        w64(w, m->update_commit_ok.staged_us);
+        w32(w, m->update_commit_ok.n_aborted);
+        w32(w, 0);
+        break;
+    case PROTO_UPDATE_ABORT: w64(w, m->update_abort.xfer_id); break;
+    case PROTO_UPDATE_ABORT_OK: w64(w, m->update_abort_ok.bytes_freed); break;
     }
 }
 

@@ -12,9 +12,11 @@
  * Decoding copies every array and string out of the frame into memory owned
  * by the proto_msg (an arena freed by proto_msg_free), so the received buffer
  * can be freed as soon as proto_decode returns, and arrays are aligned for
- * direct use (int32_t token ids, float log-probs). Every count is checked
- * against the bytes left in the frame before anything is allocated: arena
- * memory stays below PROTO_ARENA_BOUND(frame bytes).
+ * direct use (int32_t token ids, float log-probs). The one exception is
+ * UPDATE_CHUNK: its data points into the received buffer (weight bytes are
+ * not copied twice), so that buffer must outlive the use of the data. Every
+ * count is checked against the bytes left in the frame before anything is
+ * allocated: arena memory stays below PROTO_ARENA_BOUND(frame bytes).
  *
  * Encoding appends one frame to a growable proto_buf. Arrays in the structs
  * are read, never owned: the daemon can point a proto_result at an engine
@@ -32,8 +34,10 @@
 #define PROTO_MAX_CLIENT_NAME 256           /* bytes; a longer HELLO name is INVALID_PARAMS */
 #define PROTO_MAX_ERROR_MESSAGE 4096        /* bytes; proto_encode_error cuts longer ones */
 /* Arena bytes a decode of a frame of n bytes allocates (at most; once, at the
- * first array or string). */
-#define PROTO_ARENA_BOUND(n) (2 * (size_t)(n) + 256)
+ * first array or string): 3n + 256 for an UPDATE_BEGIN (a 29-byte manifest
+ * tensor becomes a 72-byte proto_tensor plus its name), 2n + 256 for every
+ * other message. */
+#define PROTO_ARENA_BOUND(n) (3 * (size_t)(n) + 256)
 
 /* Message types. A reply's type is its request's | 0x80. */
 typedef enum {
@@ -142,7 +146,7 @@ typedef struct {
     uint64_t client_id;         /* assigned (HELLO had 0) or resumed */
     uint16_t version;           /* protocol version chosen for this client */
     uint32_t flags;             /* PROTO_HELLO_OK_* */
-    uint64_t features;          /* feature bits; none defined in version 1: 0 */
+    uint64_t features;          /* PROTO_FEATURE_* bits (optional features the daemon serves) */
     uint64_t weight_version;    /* policy version now serving */
     uint32_t vocab_size;        /* token ids are 0..vocab_size-1 */
     uint32_t max_context;       /* tokens: prompt + generated */
@@ -325,9 +329,10 @@ typedef struct {
     uint64_t staging_bytes;     /* bytes the daemon set aside */
 } proto_update_begin_ok;
 
-/* UPDATE_CHUNK: a slice of one tensor's bytes. The data points into the
- * received frame (the one exception to "decoded data lives in the arena"):
- * keep the frame until data is consumed. */
+/* UPDATE_CHUNK: a slice of one tensor's bytes. The decoded data points into
+ * the received frame, unaligned and not copied (the one exception to "decoded
+ * data lives in the arena"): keep the frame until data is consumed. For
+ * encoding, data may be NULL when len is 0. */
 typedef struct {
     uint64_t xfer_id;
     uint32_t chunk_seq;         /* the sender's chunk number, echoed in the ack */
@@ -399,14 +404,15 @@ typedef struct {
 /* Decodes one frame of len bytes. max_len is the receiver's limit in bytes
  * (0 = no limit beyond the format's). Never reads outside buf[0..len).
  * On success returns 0: out holds the message and owns its arrays until
- * proto_msg_free(out); buf is not referenced. On failure returns a negative
+ * proto_msg_free(out); buf is not referenced, except by an UPDATE_CHUNK's
+ * data, which points into buf (keep buf while it is used). On failure returns a negative
  * RD_E* code, rd_errmsg() says what was wrong and what was expected,
  * out->wire_error is the PROTO_E_* code for the ERROR reply, out->type is the
  * header's type when the header was readable (else 0), and nothing is held.
  * Checks in this order: size (TOO_LARGE), header length (MALFORMED), magic,
  * version, body length (TOO_LARGE above max_len, else MALFORMED if it differs
- * from len - 16), header flags (MALFORMED), type (UNKNOWN_TYPE), then the body
- * (MALFORMED). */
+ * from len - 16), header flags (MALFORMED), type (UNKNOWN_TYPE: not defined),
+ * then the body (MALFORMED). */
 int proto_decode(const uint8_t *buf, size_t len, size_t max_len, proto_msg *out);
 
 /* Frees what a decode allocated; safe on a zeroed or failed message. */
@@ -426,8 +432,10 @@ void proto_buf_free(proto_buf *b);
 /* Appends one frame encoding m (m->type selects the member). Refuses (RD_EINVAL,
  * nothing appended) what the decoder would reject: invalid UTF-8, unknown flag
  * bits (except request flags), finish out of range, bad spans, a text flag
- * with token ids, a body over 4 GiB; RD_ENOTSUP for a reserved or unknown
- * type; RD_ENOMEM if the buffer cannot grow. */
+ * with token ids, an update mode, tensor dtype or n_dims out of range, a tensor
+ * name not 1..PROTO_MAX_TENSOR_NAME bytes, an array with a count but no data,
+ * a body over 4 GiB; RD_ENOTSUP for an undefined type; RD_ENOMEM if the buffer
+ * cannot grow. */
 int proto_encode(proto_buf *b, const proto_msg *m);
 
 /* Appends an ERROR frame: code (PROTO_E_*; 0 becomes INTERNAL), the failed

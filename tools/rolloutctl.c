@@ -5,7 +5,17 @@
  *   rolloutctl [--connect URL] status [--json]
  *   rolloutctl [--connect URL] bench [--clients C] [--requests R] [--n N] [--window W] [--seed S]
  *              [--max-tokens K] [--json]
+ *   rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]
+ *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--json]
  * The default URL is tcp://127.0.0.1:7070.
+ *
+ * push-weights sends FILE (a .gguf, a .safetensors file or an HF folder) to
+ * every daemon at once as weight version V (PROTOCOL.md §10), with a progress
+ * line per daemon, and prints each daemon's result. A GGUF is dequantized and
+ * sent as HF tensors in --dtype (default f32: bit-identical to the GGUF the
+ * daemon may have loaded); safetensors go as stored (f32/f16/bf16).
+ * --perturb EPS (GGUF only) multiplies every weight by 1 + EPS*u, u uniform in
+ * [-1, 1) from --seed: a stand-in for a learner's gradient step.
  *
  * generate prints what rollout-gen prints: the text of each sample, or with
  * --json one object per sample per line (sample, prompt_ids, token_ids,
@@ -38,6 +48,9 @@
 #include "engine/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/client/rd_client.h"
+#include "tools/client/rd_push.h"
+#include "engine/loader.h"
+#include "engine/safetensors.h"
 
 static const char *P = "rolloutctl";
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -560,6 +573,176 @@ static int cmd_bench(const char *url, int argc, char **argv)
     return 0;
 }
 
+/* Deterministic noise for --perturb: splitmix64 of (seed, tensor, element). */
+static double noise(uint64_t seed, uint64_t t, uint64_t e)
+{
+    uint64_t z = seed ^ (t * 0x9e3779b97f4a7c15ull) ^ (e * 0xbf58476d1ce4e5b9ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+}
+
+static int cmd_push(const char *urls, int argc, char **argv)
+{
+    const char *file = NULL;
+    long long version = -1;
+    int mode = PROTO_MODE_CONTINUE, json = 0;
+    st_dtype dtype = ST_F32;
+    double perturb = 0;
+    uint64_t seed = 1;
+    rdp_options o = {.window = 4, .chunk_bytes = 16u << 20, .client_name = "rolloutctl push-weights"};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--version")) version = cli_int(P, a, cli_value(P, argc, argv, &i), 1, INT64_MAX);
+        else if (!strcmp(a, "--mode")) {
+            const char *v = cli_value(P, argc, argv, &i);
+            if (!strcmp(v, "continue")) mode = PROTO_MODE_CONTINUE;
+            else if (!strcmp(v, "drain")) mode = PROTO_MODE_DRAIN;
+            else if (!strcmp(v, "abort")) mode = PROTO_MODE_ABORT;
+            else cli_die(P, "--mode '%s'%s: expected continue, drain or abort", v, "");
+        } else if (!strcmp(a, "--dtype")) {
+            const char *v = cli_value(P, argc, argv, &i);
+            if (st_dtype_parse(v, &dtype) || (dtype != ST_F32 && dtype != ST_BF16 && dtype != ST_F16))
+                cli_die(P, "--dtype '%s'%s: expected f32, bf16 or f16", v, "");
+        } else if (!strcmp(a, "--window")) o.window = (uint32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1024);
+        else if (!strcmp(a, "--chunk-mb")) o.chunk_bytes = (uint32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1024) << 20;
+        else if (!strcmp(a, "--perturb")) {
+            const char *v = cli_value(P, argc, argv, &i);
+            char *end;
+            perturb = strtod(v, &end);
+            if (*end || !(perturb >= 0 && perturb < 1))
+                cli_die(P, "--perturb '%s'%s: expected a number in [0, 1)", v, "");
+        } else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX);
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (a[0] == '-') cli_die(P, "push-weights: unknown flag '%s'%s", a, "");
+        else if (!file) file = a;
+        else cli_die(P, "push-weights: a second FILE '%s'%s; expected one", a, "");
+    }
+    if (!file || version < 1)
+        cli_die(P, "usage: rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode M]%s%s", "", "");
+    o.version = (uint64_t)version;
+    o.mode = (uint8_t)mode;
+    o.progress = !json;
+
+    /* The tensors: dequantized from GGUF, or mapped from safetensors. */
+    size_t len = strlen(file);
+    int is_gguf = len > 5 && !strcmp(file + len - 5, ".gguf");
+    rd_loaded L = {0};
+    model_hf_tensor *mt = NULL;
+    size_t n_mt = 0;
+    st_set *ss = NULL;
+    rdp_tensor *ts = NULL;
+    int n_ts = 0, rc;
+    if (is_gguf) {
+        if ((rc = rd_load(file, "cpu", 0, &L)) || (rc = model_export_mem(L.m, perturb > 0 ? ST_F32 : dtype, &mt, &n_mt))) {
+            fprintf(stderr, "%s: %s: %s\n", P, file, rd_errmsg());
+            rd_unload(&L);
+            return 1;
+        }
+        ts = calloc(n_mt, sizeof *ts);
+        for (size_t i = 0; ts && i < n_mt; i++) {
+            model_hf_tensor *t = &mt[i];
+            if (perturb > 0) {
+                /* Perturb in f32, then convert to the wire dtype in place. */
+                float *w = (float *)t->data;
+                size_t ne = t->nbytes / 4;
+                for (size_t e = 0; e < ne; e++)
+                    w[e] = (float)(w[e] * (1.0 + perturb * noise(seed, i, e)));
+                if (dtype != ST_F32) {
+                    uint16_t *h = (uint16_t *)t->data;
+                    for (size_t e = 0; e < ne; e++)
+                        h[e] = dtype == ST_BF16 ? rd_f32_to_bf16(w[e]) : st_f32_to_f16(w[e]);
+                    t->nbytes = ne * 2;
+                    t->dtype = dtype;
+                }
+            }
+            ts[n_ts++] = (rdp_tensor){.name = t->name, .dtype = t->dtype == ST_F32 ? PROTO_DTYPE_F32
+                                                               : t->dtype == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F16,
+                                      .n_dims = (uint8_t)t->n_dims, .nbytes = t->nbytes, .data = t->data,
+                                      .shape = {(uint64_t)t->shape[0], (uint64_t)t->shape[1]}};
+        }
+    } else {
+        if (perturb > 0)
+            cli_die(P, "--perturb works on a .gguf source only, got '%s'%s", file, "");
+        if ((rc = st_set_open(file, &ss))) {
+            fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+            return 1;
+        }
+        size_t total = 0;
+        for (size_t f = 0; f < ss->n_files; f++)
+            total += ss->files[f]->n_tensors;
+        ts = calloc(total ? total : 1, sizeof *ts);
+        for (size_t f = 0; ts && f < ss->n_files; f++)
+            for (size_t k = 0; k < ss->files[f]->n_tensors; k++) {
+                const st_tensor *t = &ss->files[f]->tensors[k];
+                if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16) {
+                    fprintf(stderr, "%s: tensor '%s' is %s; weights are pushed as F32, F16 or BF16\n", P, t->name,
+                            st_dtype_name(t->dtype));
+                    st_set_close(ss);
+                    free(ts);
+                    return 1;
+                }
+                if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS) {
+                    fprintf(stderr, "%s: tensor '%s' has %d dimensions; expected 1..%d\n", P, t->name, t->n_dims,
+                            PROTO_MAX_DIMS);
+                    st_set_close(ss);
+                    free(ts);
+                    return 1;
+                }
+                rdp_tensor *r = &ts[n_ts++];
+                *r = (rdp_tensor){.name = t->name, .dtype = t->dtype == ST_F32 ? PROTO_DTYPE_F32
+                                                   : t->dtype == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F16,
+                                  .n_dims = (uint8_t)t->n_dims, .nbytes = t->end - t->begin, .data = t->data};
+                for (int dd = 0; dd < t->n_dims; dd++)
+                    r->shape[dd] = (uint64_t)t->shape[dd];
+            }
+    }
+    if (!ts) {
+        fprintf(stderr, "%s: out of memory\n", P);
+        return 1;
+    }
+
+    /* The daemons: a comma-separated list. */
+    char *list = strdup(urls);
+    int n_targets = 0;
+    rdp_target targets[64];
+    for (char *save = NULL, *u = strtok_r(list, ",", &save); u && n_targets < 64; u = strtok_r(NULL, ",", &save))
+        targets[n_targets++] = (rdp_target){.url = u};
+    rc = rdp_push(targets, n_targets, ts, n_ts, &o);
+    for (int i = 0; i < n_targets; i++) {
+        rdp_target *t = &targets[i];
+        double mbps = t->seconds > 0 ? (double)t->bytes_acked / 1e6 / t->seconds : 0;
+        if (json) {
+            printf("{\"url\":\"%s\",\"ok\":%s,\"version\":%llu,\"bytes\":%llu,\"wire_bytes\":%llu,"
+                   "\"seconds\":%.6f,\"mb_per_s\":%.3f,\"stall_us\":%llu,\"wait_us\":%llu,\"staged_us\":%llu,"
+                   "\"n_aborted\":%u,\"retries\":%u,\"error_code\":%u,\"error\":",
+                   t->url, t->rc ? "false" : "true", (unsigned long long)t->commit.version,
+                   (unsigned long long)t->bytes_acked, (unsigned long long)t->wire_bytes, t->seconds, mbps,
+                   (unsigned long long)t->commit.stall_us, (unsigned long long)t->commit.wait_us,
+                   (unsigned long long)t->commit.staged_us, t->commit.n_aborted, t->retries, t->err_code);
+            cJSON *e = cJSON_CreateString(t->error);
+            char *es = cJSON_PrintUnformatted(e);
+            printf("%s}\n", es ? es : "\"\"");
+            free(es);
+            cJSON_Delete(e);
+        } else if (t->rc) {
+            printf("%s: FAILED: %s\n", t->url, t->error);
+        } else {
+            printf("%s: version %llu serving; %.1f MB in %.2f s (%.0f MB/s), swap wait %.1f ms, stall %llu us%s\n",
+                   t->url, (unsigned long long)t->commit.version, (double)t->bytes_acked / 1e6, t->seconds, mbps,
+                   (double)t->commit.wait_us / 1e3, (unsigned long long)t->commit.stall_us,
+                   t->commit.n_aborted ? ", samples aborted" : "");
+        }
+    }
+    free(list);
+    free(ts);
+    model_hf_tensors_free(mt, n_mt);
+    st_set_close(ss);
+    rd_unload(&L);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *url = RDC_DEFAULT_URL;
@@ -567,13 +750,13 @@ int main(int argc, char **argv)
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--connect")) url = cli_value(P, argc, argv, &i);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: rolloutctl [--connect URL] (generate | status | bench) [flags]\n"
+            printf("usage: rolloutctl [--connect URL] (generate | status | bench | push-weights) [flags]\n"
                    "see the comment at the top of tools/rolloutctl.c for each command's flags\n");
             return 0;
         } else break;
     }
     if (i >= argc)
-        cli_die(P, "usage: rolloutctl [--connect URL] (generate | status | bench) [flags]%s%s", "", "");
+        cli_die(P, "usage: rolloutctl [--connect URL] (generate | status | bench | push-weights) [flags]%s%s", "", "");
     const char *cmd = argv[i++];
     /* --connect is also accepted after the command. */
     int n = 0;
@@ -588,7 +771,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "generate")) rc = cmd_generate(url, n, rest);
     else if (!strcmp(cmd, "status")) rc = cmd_status(url, n, rest);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(url, n, rest);
-    else cli_die(P, "unknown command '%s'%s; expected generate, status or bench", cmd, "");
+    else if (!strcmp(cmd, "push-weights")) rc = cmd_push(url, n, rest);
+    else cli_die(P, "unknown command '%s'%s; expected generate, status, bench or push-weights", cmd, "");
     free(rest);
     return rc;
 }

@@ -90,47 +90,49 @@ void rdc_close(rdc_client *c)
     free(c);
 }
 
-/* One exchange: encode req, send, wait timeout_ms for the reply, decode it
- * into reply (type must be want, an ERROR becomes RDC_EDAEMON). */
-static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)
+/* One exchange on a context: encode req into buf, send, wait timeout_ms for
+ * the reply, decode it into reply (type must be want, an ERROR becomes
+ * RDC_EDAEMON with *err_code set). */
+static int exchange_on(nng_ctx ctx, nng_aio *aio, proto_buf *buf, uint64_t max_msg, uint32_t *err_code,
+                       const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)
 {
     const char *name = proto_type_name(req->type);
     memset(reply, 0, sizeof *reply);
-    c->err_code = 0;
-    proto_buf_reset(&c->buf);
-    int rc = proto_encode(&c->buf, req);
+    *err_code = 0;
+    proto_buf_reset(buf);
+    int rc = proto_encode(buf, req);
     if (rc)
         return rc;
-    if (c->buf.len > c->max_msg)
-        return rd_fail(RD_ERANGE, "%s is %zu bytes; the daemon accepts at most %llu", name, c->buf.len,
-                       (unsigned long long)c->max_msg);
+    if (buf->len > max_msg)
+        return rd_fail(RD_ERANGE, "%s is %zu bytes; the daemon accepts at most %llu", name, buf->len,
+                       (unsigned long long)max_msg);
     nng_msg *m;
     int rv = nng_msg_alloc(&m, 0);
-    if (rv || (rv = nng_msg_append(m, c->buf.data, c->buf.len))) {
+    if (rv || (rv = nng_msg_append(m, buf->data, buf->len))) {
         if (!rv)
             nng_msg_free(m);
         return rd_fail(RD_ENOMEM, "%s: cannot build the message: %s", name, nng_strerror(rv));
     }
-    nng_aio_set_msg(c->aio, m);
-    nng_aio_set_timeout(c->aio, RDC_TIMEOUT_MS);
-    nng_ctx_send(c->ctx, c->aio);
-    nng_aio_wait(c->aio);
-    if ((rv = nng_aio_result(c->aio))) {
-        nng_msg_free(nng_aio_get_msg(c->aio));
+    nng_aio_set_msg(aio, m);
+    nng_aio_set_timeout(aio, RDC_TIMEOUT_MS);
+    nng_ctx_send(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio))) {
+        nng_msg_free(nng_aio_get_msg(aio));
         return nng_fail(rv, name);
     }
-    nng_aio_set_timeout(c->aio, timeout_ms);
-    nng_ctx_recv(c->ctx, c->aio);
-    nng_aio_wait(c->aio);
-    if ((rv = nng_aio_result(c->aio)))
+    nng_aio_set_timeout(aio, timeout_ms);
+    nng_ctx_recv(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)))
         return nng_fail(rv, name);
-    m = nng_aio_get_msg(c->aio);
-    rc = proto_decode(nng_msg_body(m), nng_msg_len(m), c->max_msg, reply);
+    m = nng_aio_get_msg(aio);
+    rc = proto_decode(nng_msg_body(m), nng_msg_len(m), max_msg, reply);
     nng_msg_free(m);
     if (rc)
         return rd_fail(RD_EFORMAT, "the reply to %s does not decode: %s", name, rd_errmsg());
     if (reply->type == PROTO_ERROR) {
-        c->err_code = reply->error.code;
+        *err_code = reply->error.code;
         rc = rd_fail(RDC_EDAEMON, "daemon error %s (%u) to %s: %s", proto_err_name(reply->error.code),
                      reply->error.code, name, reply->error.message.ptr ? reply->error.message.ptr : "");
         proto_msg_free(reply);
@@ -144,6 +146,61 @@ static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int time
         return rc;
     }
     return 0;
+}
+
+static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)
+{
+    return exchange_on(c->ctx, c->aio, &c->buf, c->max_msg, &c->err_code, req, want, timeout_ms, reply);
+}
+
+int rdc_call(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)
+{
+    return exchange(c, req, want, timeout_ms, reply);
+}
+
+struct rdc_stream {
+    rdc_client *c;
+    nng_ctx ctx;
+    nng_aio *aio;
+    proto_buf buf;
+    uint32_t err_code;
+};
+
+int rdc_stream_open(rdc_client *c, rdc_stream **out)
+{
+    *out = NULL;
+    rdc_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return rd_fail(RD_ENOMEM, "rdc_stream_open: out of memory");
+    s->c = c;
+    proto_buf_init(&s->buf);
+    int rv = nng_ctx_open(&s->ctx, c->sock);
+    if (!rv && !(rv = nng_ctx_set_ms(s->ctx, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)))
+        rv = nng_aio_alloc(&s->aio, NULL, NULL);
+    if (rv) {
+        rdc_stream_close(s);
+        return nng_fail(rv, "cannot open a req0 context");
+    }
+    *out = s;
+    return 0;
+}
+
+int rdc_stream_call(rdc_stream *s, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)
+{
+    return exchange_on(s->ctx, s->aio, &s->buf, s->c->max_msg, &s->err_code, req, want, timeout_ms, reply);
+}
+
+uint32_t rdc_stream_error_code(const rdc_stream *s) { return s->err_code; }
+
+void rdc_stream_close(rdc_stream *s)
+{
+    if (!s)
+        return;
+    if (s->aio)
+        nng_aio_free(s->aio);
+    nng_ctx_close(s->ctx);
+    proto_buf_free(&s->buf);
+    free(s);
 }
 
 int rdc_hello(rdc_client *c, uint64_t client_id, const char *client_name)

@@ -62,6 +62,18 @@ uint64_t rdc_next_req_id(rdc_client *c);
 uint64_t rdc_last_seq(const rdc_client *c);
 void rdc_set_last_seq(rdc_client *c, uint64_t seq);
 
+/* Any request: encode req, wait timeout_ms for the reply, which must be of
+ * type want (ERROR → RDC_EDAEMON). The caller frees reply with proto_msg_free. */
+int rdc_call(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply);
+
+/* A stream is one more req0 context on the client's socket, for requests in
+ * parallel (weight chunks in a window). Use each stream from one thread. */
+typedef struct rdc_stream rdc_stream;
+int rdc_stream_open(rdc_client *c, rdc_stream **out);
+int rdc_stream_call(rdc_stream *s, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply);
+uint32_t rdc_stream_error_code(const rdc_stream *s);
+void rdc_stream_close(rdc_stream *s);
+
 /* The PROTO_E_* code of the last ERROR reply (0 if the last call got none). */
 uint32_t rdc_error_code(const rdc_client *c);
 

@@ -9,7 +9,9 @@ refuse the same invalid frames with the same error codes.
 
 Decoded token ids and log-probs are numpy arrays (int32 / float32) that view
 the frame's bytes (read-only when the frame is `bytes`); copy them to keep
-them writable. Scalar f32 fields (temperature, top_p, min_p) decode as
+them writable. An UPDATE_CHUNK's data likewise decodes as a memoryview of the
+frame (no copy); encoding takes bytes, bytearray, memoryview or a C-contiguous
+numpy array (its raw bytes). Scalar f32 fields (temperature, top_p, min_p) decode as
 numpy.float32, bit-exact. Encoding accepts lists or numpy arrays. Encoding refuses what
 decoding would refuse (ValueError), so encode(m) always decodes back to m.
 """
@@ -38,7 +40,7 @@ class T(enum.IntEnum):
     ABORT = 0x04
     STATUS = 0x05
     BYE = 0x06
-    UPDATE_BEGIN = 0x10      # reserved for weight updates (issue 4): not implemented
+    UPDATE_BEGIN = 0x10      # weight updates (PROTOCOL.md §10), behind HELLO_OK feature bit 0
     UPDATE_CHUNK = 0x11
     UPDATE_COMMIT = 0x12
     UPDATE_ABORT = 0x13
@@ -55,10 +57,6 @@ class T(enum.IntEnum):
     ERROR = 0xFF
 
 
-_RESERVED = {T.UPDATE_BEGIN, T.UPDATE_CHUNK, T.UPDATE_COMMIT, T.UPDATE_ABORT,
-             T.UPDATE_BEGIN_OK, T.UPDATE_CHUNK_OK, T.UPDATE_COMMIT_OK, T.UPDATE_ABORT_OK}
-
-
 class E(enum.IntEnum):
     """Error codes of ERROR replies and SUBMIT_OK items."""
     BAD_MAGIC = 1
@@ -73,9 +71,9 @@ class E(enum.IntEnum):
     UNKNOWN_REQUEST = 10
     SHUTTING_DOWN = 11
     INTERNAL = 12
-    CHECKSUM = 13            # reserved (issue 4)
-    STALE_VERSION = 14       # reserved (issue 4)
-    UPDATE_CONFLICT = 15     # reserved (issue 4)
+    CHECKSUM = 13            # a chunk's or a tensor's CRC-32C does not match its bytes
+    STALE_VERSION = 14       # an update version not above the serving one
+    UPDATE_CONFLICT = 15     # another weight transfer is in progress
 
 
 # Flag bits (bits not listed must be 0).
@@ -100,6 +98,17 @@ ABORT_FLAGS = 0x1
 BYE_DISCARD = 0x1
 BYE_FLAGS = 0x1
 
+FEATURE_WEIGHT_UPDATE = 0x1  # HELLO_OK.features: UPDATE_* messages are served
+CHUNK_OK_DUPLICATE = 0x1     # the same chunk was already staged: acknowledged, no effect
+CHUNK_OK_FLAGS = 0x1
+MODE_CONTINUE, MODE_DRAIN, MODE_ABORT = 0, 1, 2
+MODE_NAMES = {0: "continue", 1: "drain", 2: "abort"}
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
+DTYPE_SIZES = {0: 4, 1: 2, 2: 2}
+MAX_DIMS = 4
+MAX_TENSOR_NAME = 256        # bytes; a longer (or empty) name is MALFORMED
+
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR = 1, 2, 3, 4
 FINISH_NAMES = {1: "stop", 2: "length", 3: "abort", 4: "error"}
 
@@ -107,6 +116,13 @@ REQUEST_MIN_BYTES = 56
 SUBMIT_ITEM_MIN_BYTES = 20
 RESULT_MIN_BYTES = 88
 SPAN_BYTES = 16
+UPDATE_BEGIN_MIN_BYTES = 40
+TENSOR_MIN_BYTES = 28        # empty name, one dimension
+
+
+def dtype_size(dtype):
+    """Bytes per element of a DTYPE_* (0 for an unknown one), as proto_dtype_size."""
+    return DTYPE_SIZES.get(dtype, 0)
 
 
 class ProtoError(Exception):
@@ -311,8 +327,96 @@ class Error:
     TYPE = T.ERROR
 
 
+@dataclass
+class Tensor:
+    """One tensor of an UPDATE_BEGIN manifest (Hugging Face name and layout)."""
+    name: str = ""
+    dtype: int = DTYPE_F32
+    shape: List[int] = field(default_factory=list)    # 1..4 dims, outermost first
+    nbytes: int = 0          # product of shape x dtype size
+    crc32c: int = 0          # of the tensor's nbytes bytes
+
+
+@dataclass
+class UpdateBegin:
+    client_id: int = 0
+    version: int = 0         # the new policy version
+    mode: int = MODE_CONTINUE
+    window: int = 1          # chunks the sender wants in flight
+    max_chunk_bytes: int = 0
+    total_bytes: int = 0     # sum of the tensors' nbytes
+    tensors: List[Tensor] = field(default_factory=list)
+    TYPE = T.UPDATE_BEGIN
+
+
+@dataclass
+class UpdateBeginOk:
+    xfer_id: int = 0
+    window: int = 0
+    max_chunk_bytes: int = 0
+    staging_bytes: int = 0
+    TYPE = T.UPDATE_BEGIN_OK
+
+
+@dataclass
+class UpdateChunk:
+    xfer_id: int = 0
+    chunk_seq: int = 0
+    tensor_index: int = 0
+    offset: int = 0          # bytes into the tensor
+    crc32c: int = 0          # of data
+    data: bytes = b""        # decoded: a memoryview of the frame
+    TYPE = T.UPDATE_CHUNK
+
+
+@dataclass
+class UpdateChunkOk:
+    xfer_id: int = 0
+    chunk_seq: int = 0
+    flags: int = 0           # CHUNK_OK_DUPLICATE
+    bytes_staged: int = 0
+    total_bytes: int = 0
+    TYPE = T.UPDATE_CHUNK_OK
+
+
+@dataclass
+class UpdateCommit:
+    xfer_id: int = 0
+    TYPE = T.UPDATE_COMMIT
+
+
+@dataclass
+class UpdateCommitOk:
+    version: int = 0         # now serving
+    stall_us: int = 0
+    wait_us: int = 0
+    staged_us: int = 0
+    n_aborted: int = 0
+    TYPE = T.UPDATE_COMMIT_OK
+
+
+@dataclass
+class UpdateAbort:
+    xfer_id: int = 0
+    TYPE = T.UPDATE_ABORT
+
+
+@dataclass
+class UpdateAbortOk:
+    bytes_freed: int = 0
+    TYPE = T.UPDATE_ABORT_OK
+
+
 CLASSES = {c.TYPE: c for c in (Hello, HelloOk, Submit, SubmitOk, Fetch, Results, Abort, AbortOk,
-                               Status, StatusOk, Bye, ByeOk, Error)}
+                               Status, StatusOk, Bye, ByeOk, Error, UpdateBegin, UpdateBeginOk, UpdateChunk,
+                               UpdateChunkOk, UpdateCommit, UpdateCommitOk, UpdateAbort, UpdateAbortOk)}
+REQUEST_TYPES = frozenset({T.HELLO, T.SUBMIT, T.FETCH, T.ABORT, T.STATUS, T.BYE, T.UPDATE_BEGIN, T.UPDATE_CHUNK,
+                           T.UPDATE_COMMIT, T.UPDATE_ABORT})
+
+
+def is_request(type_):
+    """True for the request types a daemon serves (proto_is_request)."""
+    return type_ in REQUEST_TYPES
 
 
 # ---- decode ----
@@ -369,8 +473,10 @@ class _Reader:
             raise self.malformed(f"{fld} = {n} needs at least {n * min_bytes} bytes, but {left} are left in the body")
         return n
 
-    def string(self, fld):
+    def string(self, fld, min_len=0, max_len=None):
         n = self.u32(fld)
+        if n < min_len or (max_len is not None and n > max_len):
+            raise self.malformed(f"{fld} is {n} bytes long; expected {min_len}..{max_len} bytes")
         self.need(n, fld)
         raw = bytes(self.buf[self.off:self.off + n])
         try:
@@ -380,6 +486,16 @@ class _Reader:
                                  "strings must be UTF-8") from None
         self.off += n
         return s
+
+    def raw(self, n, fld):
+        """n bytes as a memoryview of the frame (no copy)."""
+        self.need(n, fld)
+        mv = memoryview(self.buf)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        v = mv[self.off:self.off + n]
+        self.off += n
+        return v
 
     def array(self, n, dtype, fld):
         self.need(4 * n, fld)
@@ -557,6 +673,62 @@ def _dec_error(r):
                  message=r.string("message"))
 
 
+def _dec_tensor(r):
+    t = Tensor(name=r.string("name", 1, MAX_TENSOR_NAME))
+    t.dtype = r.u8("dtype")
+    if t.dtype > DTYPE_BF16:
+        raise r.malformed(f"dtype is {t.dtype}; expected 0 (f32), 1 (f16) or 2 (bf16)")
+    n_dims = r.u8("n_dims")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise r.malformed(f"n_dims is {n_dims}; expected 1..{MAX_DIMS}")
+    r.zero_bits(r.u16("reserved"), 0, "reserved")
+    t.shape = [r.u64("shape") for _ in range(n_dims)]
+    t.nbytes = r.u64("nbytes")
+    t.crc32c = r.u32("crc32c")
+    return t
+
+
+def _dec_update_begin(r):
+    m = UpdateBegin(client_id=r.u64("client_id"), version=r.u64("version"))
+    m.mode = r.u8("mode")
+    if m.mode > MODE_ABORT:
+        raise r.malformed(f"mode is {m.mode}; expected 0 (continue), 1 (drain) or 2 (abort)")
+    reserved = r.u8("reserved") | r.u8("reserved") << 8 | r.u8("reserved") << 16
+    r.zero_bits(reserved, 0, "reserved")
+    m.window = r.u32("window")
+    m.max_chunk_bytes = r.u32("max_chunk_bytes")
+    m.total_bytes = r.u64("total_bytes")
+    n = r.count(TENSOR_MIN_BYTES, "n_tensors")
+    r.arr = "tensors"
+    for i in range(n):
+        r.idx = i
+        m.tensors.append(_dec_tensor(r))
+    r.arr = None
+    return m
+
+
+def _dec_update_chunk(r):
+    m = UpdateChunk(xfer_id=r.u64("xfer_id"), chunk_seq=r.u32("chunk_seq"), tensor_index=r.u32("tensor_index"),
+                    offset=r.u64("offset"), crc32c=r.u32("crc32c"))
+    m.data = r.raw(r.count(1, "len"), "data")
+    return m
+
+
+def _dec_update_chunk_ok(r):
+    m = UpdateChunkOk(xfer_id=r.u64("xfer_id"), chunk_seq=r.u32("chunk_seq"), flags=r.u32("flags"))
+    r.zero_bits(m.flags, CHUNK_OK_FLAGS, "flags")
+    m.bytes_staged = r.u64("bytes_staged")
+    m.total_bytes = r.u64("total_bytes")
+    return m
+
+
+def _dec_update_commit_ok(r):
+    m = UpdateCommitOk(version=r.u64("version"), stall_us=r.u64("stall_us"), wait_us=r.u64("wait_us"),
+                       staged_us=r.u64("staged_us"), n_aborted=r.u32("n_aborted"))
+    r.zero_bits(r.u32("reserved"), 0, "reserved")
+    return m
+
+
 _DECODERS = {
     T.HELLO: _dec_hello,
     T.HELLO_OK: _dec_hello_ok,
@@ -571,6 +743,16 @@ _DECODERS = {
     T.BYE: _dec_bye,
     T.BYE_OK: lambda r: ByeOk(pending_results=r.u32("pending_results"), inflight_samples=r.u32("inflight_samples")),
     T.ERROR: _dec_error,
+    T.UPDATE_BEGIN: _dec_update_begin,
+    T.UPDATE_BEGIN_OK: lambda r: UpdateBeginOk(xfer_id=r.u64("xfer_id"), window=r.u32("window"),
+                                               max_chunk_bytes=r.u32("max_chunk_bytes"),
+                                               staging_bytes=r.u64("staging_bytes")),
+    T.UPDATE_CHUNK: _dec_update_chunk,
+    T.UPDATE_CHUNK_OK: _dec_update_chunk_ok,
+    T.UPDATE_COMMIT: lambda r: UpdateCommit(xfer_id=r.u64("xfer_id")),
+    T.UPDATE_COMMIT_OK: _dec_update_commit_ok,
+    T.UPDATE_ABORT: lambda r: UpdateAbort(xfer_id=r.u64("xfer_id")),
+    T.UPDATE_ABORT_OK: lambda r: UpdateAbortOk(bytes_freed=r.u64("bytes_freed")),
 }
 
 
@@ -599,11 +781,9 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
     if flags != 0:
         raise ProtoError(E.MALFORMED, f"header flags are {flags:#x}; expected 0 in protocol version {VERSION}", type_)
     if type_ not in _DECODERS:
-        if type_ in T._value2member_map_:
-            raise ProtoError(E.UNKNOWN_TYPE, f"message type {type_:#04x} ({T(type_).name}) is reserved for weight "
-                             "updates and not implemented by this peer", type_)
         raise ProtoError(E.UNKNOWN_TYPE, f"message type {type_:#04x} is not defined; expected HELLO..BYE "
-                         "(0x01..0x06), their replies (0x81..0x86) or ERROR (0xff)", type_)
+                         "(0x01..0x06), UPDATE_BEGIN..UPDATE_ABORT (0x10..0x13), their replies (0x81..0x86, "
+                         "0x90..0x93) or ERROR (0xff)", type_)
     r = _Reader(buf, HEADER_BYTES, n, T(type_).name)
     try:
         msg = _DECODERS[type_](r)
@@ -670,6 +850,39 @@ def _enc_request(out, q):
     else:
         out.append(struct.pack("<I", len(ids)))
         out.append(ids.tobytes())
+
+
+def raw_bytes(x, what="data"):
+    """x as a flat bytes-like view: bytes, bytearray, memoryview (any format,
+    C-contiguous) or a C-contiguous numpy array of any dtype (its raw bytes)."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{what}: a numpy array must be C-contiguous")
+        return memoryview(x.reshape(-1).view(np.uint8))
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise ValueError(f"{what} must be bytes-like or a numpy array, got {type(x).__name__}") from None
+    if mv.format != "B" or mv.ndim != 1:
+        if not mv.c_contiguous:
+            raise ValueError(f"{what}: a memoryview must be C-contiguous")
+        mv = mv.cast("B")
+    return mv
+
+
+def _enc_tensor(out, i, t):
+    what = f"UPDATE_BEGIN tensors[{i}]"
+    name = _utf8(t.name, f"{what} name")
+    if not 1 <= len(name) <= MAX_TENSOR_NAME:
+        raise ValueError(f"{what}: name is {len(name)} bytes long; expected 1..{MAX_TENSOR_NAME} bytes")
+    if not 0 <= t.dtype <= DTYPE_BF16:
+        raise ValueError(f"{what} {t.name!r}: dtype is {t.dtype}; expected 0 (f32), 1 (f16) or 2 (bf16)")
+    shape = [int(d) for d in t.shape]
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise ValueError(f"{what} {t.name!r}: {len(shape)} dimensions; expected 1..{MAX_DIMS}")
+    out.append(struct.pack("<I", len(name)))
+    out.append(name)
+    out.append(struct.pack(f"<BBH{len(shape)}QQI", t.dtype, len(shape), 0, *shape, t.nbytes, t.crc32c))
 
 
 def result_bytes(x):
@@ -777,6 +990,28 @@ def _enc_body(m, out):
             raise ValueError("ERROR code is 0; expected an error code >= 1")
         out.append(struct.pack("<IHH", m.code, m.request_type, m.version_max))
         _str(out, m.message, "message")
+    elif t == T.UPDATE_BEGIN:
+        if not 0 <= m.mode <= MODE_ABORT:
+            raise ValueError(f"UPDATE_BEGIN mode is {m.mode}; expected 0 (continue), 1 (drain) or 2 (abort)")
+        out.append(struct.pack("<QQB3xIIQI", m.client_id, m.version, m.mode, m.window, m.max_chunk_bytes,
+                               m.total_bytes, len(m.tensors)))
+        for i, x in enumerate(m.tensors):
+            _enc_tensor(out, i, x)
+    elif t == T.UPDATE_BEGIN_OK:
+        out.append(struct.pack("<QIIQ", m.xfer_id, m.window, m.max_chunk_bytes, m.staging_bytes))
+    elif t == T.UPDATE_CHUNK:
+        data = raw_bytes(m.data, "UPDATE_CHUNK data")
+        out.append(struct.pack("<QIIQII", m.xfer_id, m.chunk_seq, m.tensor_index, m.offset, m.crc32c, len(data)))
+        out.append(data)
+    elif t == T.UPDATE_CHUNK_OK:
+        _flags_ok(m.flags, CHUNK_OK_FLAGS, "UPDATE_CHUNK_OK flags")
+        out.append(struct.pack("<QIIQQ", m.xfer_id, m.chunk_seq, m.flags, m.bytes_staged, m.total_bytes))
+    elif t in (T.UPDATE_COMMIT, T.UPDATE_ABORT):
+        out.append(struct.pack("<Q", m.xfer_id))
+    elif t == T.UPDATE_COMMIT_OK:
+        out.append(struct.pack("<4QII", m.version, m.stall_us, m.wait_us, m.staged_us, m.n_aborted, 0))
+    elif t == T.UPDATE_ABORT_OK:
+        out.append(struct.pack("<Q", m.bytes_freed))
     else:
         raise ValueError(f"cannot encode message type {t:#04x}")
 
@@ -883,7 +1118,10 @@ def _check_ids(what, rid, ids, vocab):
 
 _U64 = {"client_id", "client_req_id", "seed", "features", "weight_version", "max_message_bytes",
         "retention_bytes", "ack_seq", "max_bytes", "seq", "version_admit", "version_finish", "queued_us",
-        "first_token_us", "total_us"}
+        "first_token_us", "total_us", "xfer_id", "total_bytes", "staging_bytes", "offset", "bytes_staged",
+        "stall_us", "wait_us", "staged_us", "bytes_freed", "nbytes"}
+# "version" is a u16 in HELLO_OK but a u64 here
+_U64_BY_TYPE = {T.UPDATE_BEGIN: _U64 | {"version"}, T.UPDATE_COMMIT_OK: _U64 | {"version"}}
 
 
 def _jf(x):
@@ -909,11 +1147,11 @@ def _jil(a):
     return [int(x) for x in np.asarray(a).reshape(-1)]
 
 
-def _scalars(obj, names):
+def _scalars(obj, names, u64=_U64):
     d = {}
     for n in names:
         v = getattr(obj, n)
-        d[n] = str(int(v)) if n in _U64 else (_jf(v) if isinstance(v, float) else v)
+        d[n] = str(int(v)) if n in u64 else (_jf(v) if isinstance(v, float) else v)
     return d
 
 
@@ -935,7 +1173,16 @@ _FIELDS = {
     T.BYE: ["client_id", "flags"],
     T.BYE_OK: ["pending_results", "inflight_samples"],
     T.ERROR: ["code", "request_type", "version_max", "message"],
+    T.UPDATE_BEGIN: ["client_id", "version", "mode", "window", "max_chunk_bytes", "total_bytes"],
+    T.UPDATE_BEGIN_OK: ["xfer_id", "window", "max_chunk_bytes", "staging_bytes"],
+    T.UPDATE_CHUNK: ["xfer_id", "chunk_seq", "tensor_index", "offset", "crc32c"],
+    T.UPDATE_CHUNK_OK: ["xfer_id", "chunk_seq", "flags", "bytes_staged", "total_bytes"],
+    T.UPDATE_COMMIT: ["xfer_id"],
+    T.UPDATE_COMMIT_OK: ["version", "stall_us", "wait_us", "staged_us", "n_aborted"],
+    T.UPDATE_ABORT: ["xfer_id"],
+    T.UPDATE_ABORT_OK: ["bytes_freed"],
 }
+_TENSOR_FIELDS = ["name", "dtype", "nbytes", "crc32c"]     # and shape, a list of u64 strings
 _REQ_FIELDS = ["client_req_id", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                "logprobs_topk", "flags"]
 _RES_FIELDS = ["seq", "client_req_id", "sample_idx", "finish", "flags", "top_k", "n_preempt", "n_prompt", "seed",
@@ -945,7 +1192,7 @@ _RES_FIELDS = ["seq", "client_req_id", "sample_idx", "finish", "flags", "top_k",
 def to_json(m):
     """The message as a JSON-ready dict (the form vectors.json uses)."""
     d = {"type": m.TYPE.name}
-    d.update(_scalars(m, _FIELDS[m.TYPE]))
+    d.update(_scalars(m, _FIELDS[m.TYPE], _U64_BY_TYPE.get(m.TYPE, _U64)))
     if m.TYPE == T.SUBMIT:
         d["requests"] = []
         for q in m.requests:
@@ -968,13 +1215,22 @@ def to_json(m):
             r["top_logprobs"] = _jfl(x.top_logprobs)
             r["spans"] = [{"start": int(s), "end": int(e), "version": str(int(v))} for s, e, v in x.spans]
             d["results"].append(r)
+    elif m.TYPE == T.UPDATE_BEGIN:
+        d["tensors"] = []
+        for x in m.tensors:
+            r = _scalars(x, ["name", "dtype"])
+            r["shape"] = [str(int(v)) for v in x.shape]
+            r.update(_scalars(x, ["nbytes", "crc32c"]))
+            d["tensors"].append(r)
+    elif m.TYPE == T.UPDATE_CHUNK:
+        d["data"] = bytes(raw_bytes(m.data)).hex()
     return d
 
 
-def _set(obj, d, names):
+def _set(obj, d, names, u64=_U64):
     for n in names:
         v = d[n]
-        if n in _U64:
+        if n in u64:
             v = int(v)
         setattr(obj, n, v)
 
@@ -983,7 +1239,7 @@ def from_json(d):
     """The inverse of to_json."""
     t = T[d["type"]]
     m = CLASSES[t]()
-    _set(m, d, _FIELDS[t])
+    _set(m, d, _FIELDS[t], _U64_BY_TYPE.get(t, _U64))
     if t == T.SUBMIT:
         for r in d["requests"]:
             q = Request()
@@ -1011,4 +1267,12 @@ def from_json(d):
             x.top_logprobs = np.array([_fj(v) for v in r["top_logprobs"]], dtype="<f4").reshape(n, x.top_k)
             x.spans = [(s["start"], s["end"], int(s["version"])) for s in r["spans"]]
             m.results.append(x)
+    elif t == T.UPDATE_BEGIN:
+        for r in d["tensors"]:
+            x = Tensor()
+            _set(x, r, _TENSOR_FIELDS)
+            x.shape = [int(v) for v in r["shape"]]
+            m.tensors.append(x)
+    elif t == T.UPDATE_CHUNK:
+        m.data = bytes.fromhex(d["data"])
     return m

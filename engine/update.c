@@ -1,0 +1,490 @@
+/* update.c - staging, conversion and swap of a live weight update (update.h). */
+#include "engine/update.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/crc32c.h"
+#include "engine/err.h"
+#include "engine/gguf.h"
+
+/* ---------------------------------------------------------------- names */
+
+/* The model weights an HF name can address. Fused groups (q|k|v, gate|up) are
+ * one backend buffer; a tensor is a row range of its group. */
+enum { K_EMBED, K_LM_HEAD, K_NORM, K_Q, K_K, K_V, K_O, K_GATE, K_UP, K_DOWN, K_ATTN_NORM, K_FFN_NORM };
+enum { G_EMBED, G_LM_HEAD, G_NORM, G_QKV, G_O, G_GU, G_DOWN, G_ANORM, G_FNORM, G_COUNT };
+
+static const struct {
+    const char *suffix;         /* after "model.layers.N." */
+    int kind;
+} LAYER_TENSORS[] = {
+    {"self_attn.q_proj.weight", K_Q},       {"self_attn.k_proj.weight", K_K},
+    {"self_attn.v_proj.weight", K_V},       {"self_attn.o_proj.weight", K_O},
+    {"mlp.gate_proj.weight", K_GATE},       {"mlp.up_proj.weight", K_UP},
+    {"mlp.down_proj.weight", K_DOWN},       {"input_layernorm.weight", K_ATTN_NORM},
+    {"post_attention_layernorm.weight", K_FFN_NORM},
+};
+
+static int group_of(int kind)
+{
+    static const int g[] = {G_EMBED, G_LM_HEAD, G_NORM, G_QKV, G_QKV, G_QKV, G_O, G_GU, G_GU, G_DOWN, G_ANORM, G_FNORM};
+    return g[kind];
+}
+
+/* Resolves an HF name: kind, layer (-1 for model-wide), shape [rows][cols]
+ * (rows 0: a vector of cols) and the first row inside its fused group. */
+static int resolve(const model_config *c, const char *name, int *kind, int *layer, int64_t *rows, int64_t *cols,
+                   int64_t *row0)
+{
+    const int64_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
+    int l = -1, n = 0;
+    *row0 = 0;
+    if (!strcmp(name, "model.embed_tokens.weight")) {
+        *kind = K_EMBED, *rows = c->vocab, *cols = d;
+    } else if (!strcmp(name, "lm_head.weight") && !c->tied_embeddings) {
+        *kind = K_LM_HEAD, *rows = c->vocab, *cols = d;
+    } else if (!strcmp(name, "model.norm.weight")) {
+        *kind = K_NORM, *rows = 0, *cols = d;
+    } else if (sscanf(name, "model.layers.%d.%n", &l, &n) == 1 && n > 0 && l >= 0 && l < c->n_layers) {
+        size_t k = 0, nk = sizeof LAYER_TENSORS / sizeof LAYER_TENSORS[0];
+        while (k < nk && strcmp(name + n, LAYER_TENSORS[k].suffix))
+            k++;
+        if (k == nk)
+            return -1;
+        /* The layer number must be written canonically ("3", not "03"). */
+        char canon[32];
+        snprintf(canon, sizeof canon, "model.layers.%d.", l);
+        if ((int)strlen(canon) != n || strncmp(canon, name, (size_t)n))
+            return -1;
+        *kind = LAYER_TENSORS[k].kind;
+        switch (*kind) {
+        case K_Q: *rows = nh * hd, *cols = d; break;
+        case K_K: *rows = nkv * hd, *cols = d, *row0 = nh * hd; break;
+        case K_V: *rows = nkv * hd, *cols = d, *row0 = (nh + nkv) * hd; break;
+        case K_O: *rows = d, *cols = nh * hd; break;
+        case K_GATE: *rows = f, *cols = d; break;
+        case K_UP: *rows = f, *cols = d, *row0 = f; break;
+        case K_DOWN: *rows = d, *cols = f; break;
+        default: *rows = 0, *cols = d; break;
+        }
+    } else {
+        return -1;
+    }
+    *layer = l;
+    return 0;
+}
+
+static uint32_t dtype_size(int dtype) { return dtype == UPD_F32 ? 4 : dtype == UPD_F16 || dtype == UPD_BF16 ? 2 : 0; }
+
+/* ---------------------------------------------------------------- stage */
+
+void upd_stage_free(upd_stage *s)
+{
+    if (!s)
+        return;
+    for (int32_t i = 0; i < s->n; i++) {
+        free(s->t[i].name);
+        free(s->t[i].data);
+        free(s->t[i].ranges);
+    }
+    free(s->t);
+    free(s);
+}
+
+static void shape_str(const upd_spec *sp, char *out, size_t cap)
+{
+    size_t k = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < sp->n_dims && k < cap; i++)
+        k += (size_t)snprintf(out + k, cap - k, "%s%llu", i ? ", " : "", (unsigned long long)sp->shape[i]);
+    if (k < cap)
+        snprintf(out + k, cap - k, "]");
+}
+
+int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
+                     uint64_t max_bytes, upd_stage **out)
+{
+    *out = NULL;
+    if (n < 1)
+        return rd_fail(RD_EINVAL, "update: the manifest has no tensors; expected at least 1");
+    uint64_t sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const upd_spec *sp = &specs[i];
+        int kind, layer;
+        int64_t rows, cols, row0;
+        char got[128], want[64];
+        if (resolve(c, sp->name, &kind, &layer, &rows, &cols, &row0))
+            return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (expected HF Llama "
+                           "names such as model.layers.0.self_attn.q_proj.weight%s)",
+                           i, sp->name, c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
+        for (int32_t j = 0; j < i; j++)
+            if (!strcmp(specs[j].name, sp->name))
+                return rd_fail(RD_EINVAL, "update: tensor '%.200s' appears twice in the manifest (%d and %d)",
+                               sp->name, j, i);
+        if (!dtype_size(sp->dtype))
+            return rd_fail(RD_EINVAL, "update: tensor '%.200s' has dtype %d; expected f32, f16 or bf16", sp->name,
+                           sp->dtype);
+        shape_str(sp, got, sizeof got);
+        if (rows)
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+        else
+            snprintf(want, sizeof want, "[%lld]", (long long)cols);
+        int ok = rows ? sp->n_dims == 2 && sp->shape[0] == (uint64_t)rows && sp->shape[1] == (uint64_t)cols
+                      : sp->n_dims == 1 && sp->shape[0] == (uint64_t)cols;
+        if (!ok)
+            return rd_fail(RD_EINVAL, "update: tensor '%.200s' has shape %s; the model's is %s", sp->name, got, want);
+        uint64_t elems = (uint64_t)(rows ? rows : 1) * (uint64_t)cols;
+        if (sp->nbytes != elems * dtype_size(sp->dtype))
+            return rd_fail(RD_EINVAL, "update: tensor '%.200s' declares %llu bytes; %s of %s is %llu", sp->name,
+                           (unsigned long long)sp->nbytes, got,
+                           sp->dtype == UPD_F32 ? "f32" : sp->dtype == UPD_F16 ? "f16" : "bf16",
+                           (unsigned long long)(elems * dtype_size(sp->dtype)));
+        sum += sp->nbytes;
+    }
+    if (sum != total_bytes)
+        return rd_fail(RD_EINVAL, "update: total_bytes is %llu; the tensors add up to %llu",
+                       (unsigned long long)total_bytes, (unsigned long long)sum);
+    if (sum > max_bytes)
+        return rd_fail(RD_EINVAL, "update: %llu bytes to stage; this daemon stages at most %llu (max_staging_bytes)",
+                       (unsigned long long)sum, (unsigned long long)max_bytes);
+
+    upd_stage *s = calloc(1, sizeof *s);
+    if (!s || !(s->t = calloc((size_t)n, sizeof *s->t))) {
+        free(s);
+        return rd_fail(RD_ENOMEM, "update: out of memory for the manifest");
+    }
+    s->n = n;
+    s->total_bytes = sum;
+    for (int32_t i = 0; i < n; i++) {
+        const upd_spec *sp = &specs[i];
+        upd_tensor *t = &s->t[i];
+        int64_t rows, cols, row0;
+        resolve(c, sp->name, &t->kind, &t->layer, &rows, &cols, &row0);
+        t->name = strdup(sp->name);
+        t->dtype = sp->dtype;
+        t->n_dims = sp->n_dims;
+        memcpy(t->shape, sp->shape, sizeof t->shape);
+        t->nbytes = sp->nbytes;
+        t->crc32c = sp->crc32c;
+        t->data = malloc(sp->nbytes ? sp->nbytes : 1);
+        if (!t->name || !t->data) {
+            upd_stage_free(s);
+            return rd_fail(RD_ENOMEM, "update: cannot allocate %llu bytes of staging memory",
+                           (unsigned long long)sum);
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+/* Index of the first range with off >= x. */
+static int32_t lower_bound(const upd_tensor *t, uint64_t x)
+{
+    int32_t lo = 0, hi = t->n_ranges;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (t->ranges[mid].off < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int upd_chunk_claim(upd_stage *s, uint32_t ti, uint64_t off, uint32_t len, uint32_t crc, int *dup)
+{
+    *dup = 0;
+    if (ti >= (uint32_t)s->n)
+        return rd_fail(RD_EINVAL, "chunk: tensor_index %u; the manifest has %d tensors", ti, s->n);
+    upd_tensor *t = &s->t[ti];
+    if (len == 0 || off > t->nbytes || len > t->nbytes - off)
+        return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s'; the tensor has %llu bytes (expected a "
+                       "non-empty range inside it)", (unsigned long long)off, (unsigned long long)(off + len),
+                       t->name, (unsigned long long)t->nbytes);
+    /* Bounds the bookkeeping: only a tensor's last chunk may be tiny. */
+    if (len < UPD_MIN_CHUNK && off + len != t->nbytes)
+        return rd_fail(RD_EINVAL, "chunk: %u bytes at %llu of '%.200s'; chunks must be at least %d bytes unless "
+                       "they end the tensor", len, (unsigned long long)off, t->name, UPD_MIN_CHUNK);
+    int32_t i = lower_bound(t, off);
+    if (i < t->n_ranges) {
+        const upd_range *r = &t->ranges[i];
+        if (r->off == off && r->len == len && r->crc32c == crc && r->done) {
+            *dup = 1;
+            return 0;
+        }
+        if (r->off < off + len)
+            return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s' overlap a chunk %s at [%llu, %llu) "
+                           "with other data; expected each byte sent once (a resend must repeat the same chunk)",
+                           (unsigned long long)off, (unsigned long long)(off + len), t->name,
+                           r->done ? "staged" : "being staged", (unsigned long long)r->off,
+                           (unsigned long long)(r->off + r->len));
+    }
+    if (i > 0) {
+        const upd_range *r = &t->ranges[i - 1];
+        if (r->off + r->len > off)
+            return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s' overlap a chunk at [%llu, %llu)",
+                           (unsigned long long)off, (unsigned long long)(off + len), t->name,
+                           (unsigned long long)r->off, (unsigned long long)(r->off + r->len));
+    }
+    if (t->n_ranges == t->cap_ranges) {
+        int32_t nc = t->cap_ranges ? t->cap_ranges * 2 : 16;
+        upd_range *nr = realloc(t->ranges, sizeof *nr * (size_t)nc);
+        if (!nr)
+            return rd_fail(RD_ENOMEM, "chunk: out of memory");
+        t->ranges = nr;
+        t->cap_ranges = nc;
+    }
+    memmove(t->ranges + i + 1, t->ranges + i, sizeof *t->ranges * (size_t)(t->n_ranges - i));
+    t->ranges[i] = (upd_range){.off = off, .len = len, .crc32c = crc, .done = 0};
+    t->n_ranges++;
+    s->pending++;
+    return 0;
+}
+
+int upd_chunk_fill(upd_stage *s, uint32_t ti, uint64_t off, const void *data, uint32_t len, uint32_t crc)
+{
+    upd_tensor *t = &s->t[ti];
+    uint32_t got = crc32c(0, data, len);
+    if (got != crc)
+        return rd_fail(RD_ECHECKSUM, "chunk: bytes [%llu, %llu) of '%.200s' have CRC-32C %08x; the chunk says %08x "
+                       "(resend it)", (unsigned long long)off, (unsigned long long)(off + len), t->name, got, crc);
+    memcpy(t->data + off, data, len);
+    return 0;
+}
+
+void upd_chunk_settle(upd_stage *s, uint32_t ti, uint64_t off, int ok)
+{
+    upd_tensor *t = &s->t[ti];
+    int32_t i = lower_bound(t, off);
+    if (i >= t->n_ranges || t->ranges[i].off != off || t->ranges[i].done)
+        return;
+    s->pending--;
+    if (ok) {
+        t->ranges[i].done = 1;
+        t->staged += t->ranges[i].len;
+        s->staged_bytes += t->ranges[i].len;
+        return;
+    }
+    memmove(t->ranges + i, t->ranges + i + 1, sizeof *t->ranges * (size_t)(t->n_ranges - i - 1));
+    t->n_ranges--;
+}
+
+int upd_stage_verify(const upd_stage *s)
+{
+    if (s->pending)
+        return rd_fail(RD_EINVAL, "commit: %d chunks are still being staged; expected every chunk acknowledged first",
+                       s->pending);
+    for (int32_t i = 0; i < s->n; i++) {
+        const upd_tensor *t = &s->t[i];
+        uint64_t at = 0;
+        uint32_t crc = 0;
+        for (int32_t k = 0; k < t->n_ranges; k++) {
+            const upd_range *r = &t->ranges[k];
+            if (r->off != at)
+                break;
+            crc = crc32c_combine(crc, r->crc32c, r->len);
+            at += r->len;
+        }
+        if (at != t->nbytes)
+            return rd_fail(RD_EINVAL, "commit: tensor '%.200s' is missing bytes from offset %llu (%llu of %llu "
+                           "staged); expected every byte of every manifest tensor", t->name,
+                           (unsigned long long)at, (unsigned long long)t->staged, (unsigned long long)t->nbytes);
+        if (crc != t->crc32c)
+            return rd_fail(RD_ECHECKSUM, "commit: tensor '%.200s' has CRC-32C %08x; the manifest says %08x", t->name,
+                           crc, t->crc32c);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- build */
+
+typedef struct {
+    int group, layer;
+    int is_linear;              /* 1: a linear handle; 0: a backend vector */
+    void *ptr;                  /* the new buffer until applied, then the old one */
+    uint64_t bytes;
+} upd_entry;
+
+struct upd_patch {
+    upd_entry *e;               /* [n] */
+    int32_t n;
+    int applied;
+};
+
+/* The slot in the model that holds a group's buffer. */
+static void **slot_of(model *m, int group, int layer)
+{
+    switch (group) {
+    case G_EMBED: return &m->embed;
+    case G_LM_HEAD: return &m->lm_head;
+    case G_NORM: return (void **)&m->out_norm;
+    case G_QKV: return &m->layers[layer].qkv;
+    case G_O: return &m->layers[layer].o;
+    case G_GU: return &m->layers[layer].gate_up;
+    case G_DOWN: return &m->layers[layer].down;
+    case G_ANORM: return (void **)&m->layers[layer].attn_norm;
+    default: return (void **)&m->layers[layer].ffn_norm;
+    }
+}
+
+/* Rows and columns of a group's buffer (rows 0: a vector). */
+static void group_shape(const model_config *c, int group, int64_t *rows, int64_t *cols)
+{
+    const int64_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
+    switch (group) {
+    case G_EMBED:
+    case G_LM_HEAD: *rows = c->vocab, *cols = d; break;
+    case G_QKV: *rows = (nh + 2 * nkv) * hd, *cols = d; break;
+    case G_O: *rows = d, *cols = nh * hd; break;
+    case G_GU: *rows = 2 * f, *cols = d; break;
+    case G_DOWN: *rows = d, *cols = f; break;
+    default: *rows = 0, *cols = d; break;
+    }
+}
+
+/* Converts a staged tensor to fp32, refusing non-finite values: a NaN weight
+ * would make every sequence fail, so it never reaches the model. */
+static int to_f32(const upd_tensor *t, float *dst, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        float v;
+        if (t->dtype == UPD_F32) {
+            memcpy(&v, t->data + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * i, 2);
+            v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+        }
+        if (!isfinite(v))
+            return rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
+                           t->name, (unsigned long long)i, isnan(v) ? "NaN" : "infinite");
+        dst[i] = v;
+    }
+    return 0;
+}
+
+void upd_patch_free(rd_backend *be, upd_patch *p)
+{
+    if (!p)
+        return;
+    for (int32_t i = 0; i < p->n; i++) {
+        if (!p->e[i].ptr)
+            continue;
+        if (p->e[i].is_linear)
+            be->ops->linear_free(be, p->e[i].ptr);
+        else
+            be->ops->free(be, p->e[i].ptr);
+    }
+    free(p->e);
+    free(p);
+}
+
+uint64_t upd_patch_bytes(const upd_patch *p)
+{
+    uint64_t b = 0;
+    for (int32_t i = 0; p && i < p->n; i++)
+        b += p->e[i].bytes;
+    return b;
+}
+
+int upd_build(const model *m, const upd_stage *s, upd_patch **out)
+{
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    /* The groups touched, in model order; each once. */
+    int32_t n_slots = G_COUNT * (c->n_layers + 1);
+    uint8_t *touched = calloc((size_t)n_slots, 1);
+    upd_patch *p = calloc(1, sizeof *p);
+    int64_t big = 0;
+    for (int g = 0; g < G_COUNT; g++) {
+        int64_t r, cl;
+        group_shape(c, g, &r, &cl);
+        if ((r ? r : 1) * cl > big)
+            big = (r ? r : 1) * cl;
+    }
+    float *buf = malloc(sizeof(float) * (size_t)big);
+    if (!touched || !p || !buf || !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
+        free(touched);
+        free(buf);
+        upd_patch_free(be, p);
+        return rd_fail(RD_ENOMEM, "commit: out of memory converting the update");
+    }
+    int rc = 0;
+    for (int32_t i = 0; i < s->n && !rc; i++) {
+        const upd_tensor *t0 = &s->t[i];
+        int g = group_of(t0->kind), l = t0->layer;
+        int32_t key = g * (c->n_layers + 1) + (l + 1);
+        if (touched[key])
+            continue;
+        touched[key] = 1;
+        int64_t rows, cols;
+        group_shape(c, g, &rows, &cols);
+        /* Rows of the group the stage covers; read the rest from the model. */
+        int64_t covered = 0;
+        for (int32_t j = i; j < s->n; j++)
+            if (group_of(s->t[j].kind) == g && s->t[j].layer == l)
+                covered += (int64_t)(s->t[j].nbytes / dtype_size(s->t[j].dtype));
+        int64_t elems = (rows ? rows : 1) * cols;
+        void **slot = slot_of((model *)m, g, l);
+        if (covered < elems) {
+            if (rows && (rc = be->ops->linear_read(be, *slot, buf)))
+                break;
+            if (!rows && (rc = be->ops->d2h(be, buf, *slot, sizeof(float) * (size_t)cols)))
+                break;
+        }
+        for (int32_t j = i; j < s->n && !rc; j++) {
+            const upd_tensor *t = &s->t[j];
+            if (group_of(t->kind) != g || t->layer != l)
+                continue;
+            int kind, layer;
+            int64_t tr, tc, row0;
+            resolve(c, t->name, &kind, &layer, &tr, &tc, &row0);
+            rc = to_f32(t, buf + row0 * cols, (uint64_t)((tr ? tr : 1) * tc));
+        }
+        if (rc)
+            break;
+        upd_entry *e = &p->e[p->n];
+        e->group = g;
+        e->layer = l;
+        e->is_linear = rows != 0;
+        e->bytes = sizeof(float) * (uint64_t)elems;
+        if (rows) {
+            rc = be->ops->linear_load(be, buf, (int32_t)rows, (int32_t)cols, &e->ptr);
+        } else {
+            e->ptr = be->ops->alloc(be, sizeof(float) * (size_t)cols);
+            rc = e->ptr ? be->ops->h2d(be, e->ptr, buf, sizeof(float) * (size_t)cols)
+                        : rd_fail(RD_ENOMEM, "commit: cannot allocate a %lld-float vector", (long long)cols);
+        }
+        if (e->ptr)
+            p->n++;
+    }
+    if (!rc)
+        rc = be->ops->sync(be);
+    free(touched);
+    free(buf);
+    if (rc) {
+        upd_patch_free(be, p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void upd_apply(model *m, upd_patch *p)
+{
+    if (p->applied)
+        return;
+    for (int32_t i = 0; i < p->n; i++) {
+        void **slot = slot_of(m, p->e[i].group, p->e[i].layer);
+        void *old = *slot;
+        *slot = p->e[i].ptr;
+        p->e[i].ptr = old;
+    }
+    if (m->cfg.tied_embeddings)
+        m->lm_head = m->embed;
+    m->weights_gen++;
+    p->applied = 1;
+}

@@ -1,0 +1,341 @@
+/* rd_push.c - see rd_push.h. */
+#include "tools/client/rd_push.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/crc32c.h"
+#include "engine/err.h"
+#include "tools/client/rd_client.h"
+
+#define RDP_CHUNK_TIMEOUT_MS 60000
+#define RDP_COMMIT_TIMEOUT_MS 600000    /* drain mode waits for running sequences to finish */
+#define RDP_MAX_RESENDS 100
+
+typedef struct {
+    uint32_t tensor;
+    uint64_t off;
+    uint32_t len;
+    uint32_t crc;
+} rdp_chunk;
+
+/* The shared, read-only plan. */
+typedef struct {
+    const rdp_tensor *tensors;
+    int n_tensors;
+    proto_tensor *manifest;     /* [n_tensors] */
+    rdp_chunk *chunks;
+    uint32_t n_chunks;
+    uint64_t total;
+    const rdp_options *o;
+} rdp_plan;
+
+/* One daemon's push. */
+typedef struct {
+    const rdp_plan *p;
+    rdp_target *t;
+    rdc_client *c;
+    uint64_t xfer;
+    uint32_t window, max_chunk;
+    atomic_uint next;           /* next chunk to send */
+    atomic_int failed;
+    _Atomic uint64_t acked, wire;
+    atomic_uint retries;
+    atomic_int done;            /* the target thread has finished */
+    pthread_mutex_t mu;         /* t->error */
+    pthread_t thread;
+} rdp_job;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fail_job(rdp_job *j, int rc, uint32_t code, const char *msg)
+{
+    pthread_mutex_lock(&j->mu);
+    if (!atomic_load(&j->failed)) {
+        j->t->rc = rc;
+        j->t->err_code = code;
+        snprintf(j->t->error, sizeof j->t->error, "%s", msg);
+        atomic_store(&j->failed, 1);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* One slot of the window: takes chunks until none are left. */
+static void *slot_main(void *arg)
+{
+    rdp_job *j = arg;
+    const rdp_plan *p = j->p;
+    rdc_stream *s;
+    int rc = rdc_stream_open(j->c, &s);
+    if (rc) {
+        fail_job(j, rc, 0, rd_errmsg());
+        return NULL;
+    }
+    for (;;) {
+        uint32_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= p->n_chunks || atomic_load(&j->failed))
+            break;
+        const rdp_chunk *ch = &p->chunks[i];
+        proto_msg q = {.type = PROTO_UPDATE_CHUNK};
+        q.update_chunk = (proto_update_chunk){.xfer_id = j->xfer, .chunk_seq = i, .tensor_index = ch->tensor,
+                                              .offset = ch->off, .crc32c = ch->crc, .len = ch->len,
+                                              .data = p->tensors[ch->tensor].data + ch->off};
+        for (int attempt = 0;; attempt++) {
+            proto_msg r;
+            atomic_fetch_add(&j->wire, (uint64_t)PROTO_HEADER_BYTES + 32 + ch->len);
+            rc = rdc_stream_call(s, &q, PROTO_UPDATE_CHUNK_OK, RDP_CHUNK_TIMEOUT_MS, &r);
+            if (rc == 0) {
+                proto_msg_free(&r);
+                atomic_fetch_add(&j->acked, ch->len);
+                break;
+            }
+            uint32_t code = rdc_stream_error_code(s);
+            /* BUSY (window full), a damaged chunk and a lost reply are all safe to resend. */
+            int again = rc == RDC_ETIMEDOUT || (rc == RDC_EDAEMON && (code == PROTO_E_BUSY || code == PROTO_E_CHECKSUM));
+            if (!again || attempt >= RDP_MAX_RESENDS) {
+                fail_job(j, rc, code, rd_errmsg());
+                break;
+            }
+            atomic_fetch_add(&j->retries, 1);
+            if (code == PROTO_E_BUSY)
+                nanosleep(&(struct timespec){0, 2000000}, NULL);
+        }
+    }
+    rdc_stream_close(s);
+    return NULL;
+}
+
+static void *target_main(void *arg)
+{
+    rdp_job *j = arg;
+    const rdp_plan *p = j->p;
+    const rdp_options *o = p->o;
+    rdp_target *t = j->t;
+    double t0 = now_s();
+    proto_msg r;
+    int rc;
+    if (!j->c)
+        goto out; /* the connection failed: rdp_push recorded why */
+    if (!(rdc_info(j->c)->features & PROTO_FEATURE_WEIGHT_UPDATE)) {
+        fail_job(j, RD_ENOTSUP, 0, "the daemon does not take weight updates (HELLO_OK feature bit 0 is off)");
+        goto out;
+    }
+    proto_msg q = {.type = PROTO_UPDATE_BEGIN};
+    q.update_begin = (proto_update_begin){.client_id = rdc_client_id(j->c), .version = o->version, .mode = o->mode,
+                                          .window = o->window, .max_chunk_bytes = o->chunk_bytes,
+                                          .total_bytes = p->total, .n_tensors = (uint32_t)p->n_tensors,
+                                          .tensors = p->manifest};
+    if ((rc = rdc_call(j->c, &q, PROTO_UPDATE_BEGIN_OK, 60000, &r))) {
+        fail_job(j, rc, rdc_error_code(j->c), rd_errmsg());
+        goto out;
+    }
+    j->xfer = r.update_begin_ok.xfer_id;
+    j->window = r.update_begin_ok.window;
+    j->max_chunk = r.update_begin_ok.max_chunk_bytes;
+    proto_msg_free(&r);
+    if (j->max_chunk < o->chunk_bytes) {
+        char why[200];
+        snprintf(why, sizeof why, "the daemon grants chunks of %u bytes; this push was planned with %u (use a smaller "
+                 "chunk size)", j->max_chunk, o->chunk_bytes);
+        fail_job(j, RD_ERANGE, 0, why);
+    } else {
+        pthread_t slots[1024];
+        uint32_t n = j->window < 1024 ? j->window : 1024, started = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (pthread_create(&slots[started], NULL, slot_main, j) == 0)
+                started++;
+        if (started == 0)
+            fail_job(j, RD_ENOMEM, 0, "cannot start a sender thread");
+        for (uint32_t i = 0; i < started; i++)
+            pthread_join(slots[i], NULL);
+    }
+    if (atomic_load(&j->failed)) {
+        proto_msg a = {.type = PROTO_UPDATE_ABORT};
+        a.update_abort.xfer_id = j->xfer;
+        if (rdc_call(j->c, &a, PROTO_UPDATE_ABORT_OK, 10000, &r) == 0)
+            proto_msg_free(&r);
+        goto out;
+    }
+    proto_msg cm = {.type = PROTO_UPDATE_COMMIT};
+    cm.update_commit.xfer_id = j->xfer;
+    for (int attempt = 0;; attempt++) {
+        rc = rdc_call(j->c, &cm, PROTO_UPDATE_COMMIT_OK, RDP_COMMIT_TIMEOUT_MS, &r);
+        /* A repeated COMMIT gets the same reply (the daemon remembers it); BUSY: still committing. */
+        int again = rc == RDC_ETIMEDOUT || (rc == RDC_EDAEMON && rdc_error_code(j->c) == PROTO_E_BUSY);
+        if (!again || attempt >= 100)
+            break;
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+    }
+    if (rc) {
+        fail_job(j, rc, rdc_error_code(j->c), rd_errmsg());
+        goto out;
+    }
+    t->commit = r.update_commit_ok;
+    proto_msg_free(&r);
+    proto_msg bye = {.type = PROTO_BYE};
+    bye.bye.client_id = rdc_client_id(j->c);
+    bye.bye.flags = PROTO_BYE_DISCARD;
+    if (rdc_call(j->c, &bye, PROTO_BYE_OK, 5000, &r) == 0)
+        proto_msg_free(&r);
+out:
+    t->bytes_acked = atomic_load(&j->acked);
+    t->wire_bytes = atomic_load(&j->wire);
+    t->retries = atomic_load(&j->retries);
+    t->seconds = now_s() - t0;
+    rdc_close(j->c);
+    j->c = NULL;
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+/* Splits every tensor into chunks and checksums them, once for all daemons. */
+static int make_plan(rdp_plan *p, const rdp_tensor *ts, int n, const rdp_options *o)
+{
+    memset(p, 0, sizeof *p);
+    p->tensors = ts;
+    p->n_tensors = n;
+    p->o = o;
+    if (n < 1)
+        return rd_fail(RD_EINVAL, "push: no tensors to push");
+    uint64_t n_chunks = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i].nbytes)
+            return rd_fail(RD_EINVAL, "push: tensor '%s' is empty", ts[i].name);
+        n_chunks += (ts[i].nbytes + o->chunk_bytes - 1) / o->chunk_bytes;
+        p->total += ts[i].nbytes;
+    }
+    if (n_chunks > UINT32_MAX)
+        return rd_fail(RD_ERANGE, "push: %llu chunks; use larger chunks", (unsigned long long)n_chunks);
+    p->manifest = calloc((size_t)n, sizeof *p->manifest);
+    p->chunks = calloc(n_chunks ? (size_t)n_chunks : 1, sizeof *p->chunks);
+    if (!p->manifest || !p->chunks)
+        return rd_fail(RD_ENOMEM, "push: out of memory for the plan");
+    for (int i = 0; i < n; i++) {
+        const rdp_tensor *t = &ts[i];
+        uint32_t crc = 0;
+        for (uint64_t off = 0; off < t->nbytes; off += o->chunk_bytes) {
+            uint64_t len = t->nbytes - off < o->chunk_bytes ? t->nbytes - off : o->chunk_bytes;
+            rdp_chunk *c = &p->chunks[p->n_chunks++];
+            *c = (rdp_chunk){.tensor = (uint32_t)i, .off = off, .len = (uint32_t)len};
+            c->crc = crc32c(0, t->data + off, (size_t)len);
+            crc = crc32c_combine(crc, c->crc, len);
+        }
+        proto_tensor *m = &p->manifest[i];
+        m->name = (proto_str){t->name, (uint32_t)strlen(t->name)};
+        m->dtype = t->dtype;
+        m->n_dims = t->n_dims;
+        memcpy(m->shape, t->shape, sizeof m->shape);
+        m->nbytes = t->nbytes;
+        m->crc32c = crc;
+    }
+    return 0;
+}
+
+static void print_progress(rdp_job *jobs, int n, double t0, int final)
+{
+    double dt = now_s() - t0;
+    fputc('\r', stderr);
+    for (int i = 0; i < n; i++) {
+        uint64_t a = atomic_load(&jobs[i].acked), tot = jobs[i].p->total;
+        fprintf(stderr, "%s%s %5.1f%% %.0f/%.0f MB %.0f MB/s", i ? " | " : "", jobs[i].t->url,
+                tot ? 100.0 * (double)a / (double)tot : 100.0, (double)a / 1e6, (double)tot / 1e6,
+                dt > 0 ? (double)a / 1e6 / dt : 0.0);
+    }
+    fputs(final ? "\n" : "   ", stderr);
+    fflush(stderr);
+}
+
+int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int n_tensors, const rdp_options *o_in)
+{
+    rdp_options o = *o_in;
+    if (!o.window)
+        o.window = 4;
+    if (!o.chunk_bytes)
+        o.chunk_bytes = 16u << 20;
+    if (o.chunk_bytes < 4096)
+        return rd_fail(RD_EINVAL, "push: chunk size %u; expected at least 4096 bytes", o.chunk_bytes);
+    rdp_plan p;
+    memset(&p, 0, sizeof p);
+    rdp_job *jobs = calloc((size_t)n_targets, sizeof *jobs);
+    if (!jobs)
+        return rd_fail(RD_ENOMEM, "push: out of memory");
+    double t0 = now_s();
+    /* Connect first: chunks must fit the smallest max_message_bytes announced. */
+    for (int i = 0; i < n_targets; i++) {
+        rdp_job *j = &jobs[i];
+        j->p = &p;
+        j->t = &targets[i];
+        j->t->rc = 0;
+        j->t->err_code = 0;
+        j->t->error[0] = 0;
+        pthread_mutex_init(&j->mu, NULL);
+        int rc = rdc_open(j->t->url, &j->c);
+        if (!rc)
+            rc = rdc_hello(j->c, 0, o.client_name ? o.client_name : "rd_push");
+        if (rc) {
+            fail_job(j, rc, j->c ? rdc_error_code(j->c) : 0, rd_errmsg());
+            rdc_close(j->c);
+            j->c = NULL;
+            continue;
+        }
+        uint64_t room = rdc_info(j->c)->max_message_bytes - 64;
+        if (o.chunk_bytes > room)
+            o.chunk_bytes = (uint32_t)room;
+    }
+    int rc = make_plan(&p, tensors, n_tensors, &o);
+    if (rc) {
+        for (int i = 0; i < n_targets; i++) {
+            rdc_close(jobs[i].c);
+            pthread_mutex_destroy(&jobs[i].mu);
+        }
+        free(jobs);
+        free(p.manifest);
+        free(p.chunks);
+        return rc;
+    }
+    for (int i = 0; i < n_targets; i++) {
+        rdp_job *j = &jobs[i];
+        j->t->total_bytes = p.total;
+        if (pthread_create(&j->thread, NULL, target_main, j)) {
+            fail_job(j, RD_ENOMEM, 0, "cannot start a push thread");
+            j->thread = 0;
+        }
+    }
+    if (o.progress) {
+        for (;;) {
+            int running = 0;
+            for (int i = 0; i < n_targets; i++)
+                running += jobs[i].thread && !atomic_load(&jobs[i].done);
+            if (!running)
+                break;
+            print_progress(jobs, n_targets, t0, 0);
+            nanosleep(&(struct timespec){0, 250000000}, NULL);
+        }
+    }
+    for (int i = 0; i < n_targets; i++)
+        if (jobs[i].thread)
+            pthread_join(jobs[i].thread, NULL);
+    if (o.progress)
+        print_progress(jobs, n_targets, t0, 1);
+    rc = 0;
+    for (int i = 0; i < n_targets; i++) {
+        if (!rc && targets[i].rc)
+            rc = targets[i].rc;
+        pthread_mutex_destroy(&jobs[i].mu);
+    }
+    free(jobs);
+    free(p.manifest);
+    free(p.chunks);
+    if (rc)
+        rd_fail(rc, "push failed on at least one daemon");
+    return rc;
+}
