@@ -52,6 +52,8 @@ static const cfg_field FIELDS[] = {
     I(drain_s, 0, 86400, "SIGTERM: seconds in-flight requests may still run"),
     I(shutdown_grace_s, 0, 86400, "SIGTERM: seconds to deliver results after the drain"),
     I(http_max_connections, 1, 65536, "concurrent status connections"),
+    {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
+     "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
     I(max_staging_bytes, 0, (int64_t)1 << 50, "bytes a weight update may stage (0 = updates refused)"),
     I(update_window, 1, 1024, "weight-update chunks staged at once"),
     I(update_idle_s, 1, 86400, "seconds before a silent weight transfer is aborted"),
@@ -114,9 +116,9 @@ static int set_int(cfg_daemon *c, const cfg_field *f, double v, const char *orig
 static int set_text(cfg_daemon *c, const cfg_field *f, const char *v, const char *origin)
 {
     size_t n = strlen(v);
-    if (n == 0 || n >= (size_t)f->hi)
-        return rd_fail(RD_EINVAL, "%s: key \"%s\" has %zu bytes; expected a non-empty string under %lld bytes (%s)",
-                       origin, f->key, n, (long long)f->hi, f->what);
+    if (n < (size_t)f->lo || n >= (size_t)f->hi)
+        return rd_fail(RD_EINVAL, "%s: key \"%s\" has %zu bytes; expected a %sstring under %lld bytes (%s)",
+                       origin, f->key, n, f->lo ? "non-empty " : "", (long long)f->hi, f->what);
     memcpy((char *)c + f->off, v, n + 1);
     return 0;
 }

@@ -59,6 +59,8 @@ typedef struct {
     uint64_t last_commit_xfer;  /* a repeated COMMIT of it gets the same reply */
     proto_update_commit_ok last_commit_ok;
     uint64_t last_aborted_xfer; /* a repeated UPDATE_ABORT of it gets ABORT_OK 0 */
+    struct lane_server *lane;   /* the data lane (lane.c), NULL when off */
+    uint16_t lane_port;         /* its TCP port, announced in UPDATE_BEGIN_OK */
     int exit_code;
 } rd_daemon;
 
@@ -77,10 +79,36 @@ char *loop_metrics_text(void *ud);
 
 /* update.c: the weight-update messages (PROTOCOL.md §10), loop thread. */
 void up_on_begin(rd_daemon *d, br_ctx *x, const proto_update_begin *b, uint32_t pipe);
+/* Where a chunk's reply goes: an NNG context, or (send set) the data lane. */
+typedef struct {
+    br_ctx *ctx;
+    void (*send)(rd_daemon *d, void *arg, uint32_t code, const char *why, const proto_update_chunk_ok *ok);
+    void *arg;
+} up_sink;
+
 /* Takes the request message: the chunk's data points into it. */
 void up_on_chunk(rd_daemon *d, br_ctx *x, const proto_update_chunk *c, nng_msg *msg);
 void up_on_commit(rd_daemon *d, br_ctx *x, const proto_update_ref *r);
 void up_on_abort(rd_daemon *d, br_ctx *x, const proto_update_ref *r);
+/* The data lane's path (lane.c): claim a chunk by its head; 0 and *dest =
+ * where its bytes go in the staging area (or *dup: already staged), else a
+ * PROTO_E_* code with why. Then up_chunk_filled once the bytes are there, or
+ * up_chunk_abandon if they never arrive. */
+int up_chunk_claim(rd_daemon *d, const proto_update_chunk *c, up_xfer **x, uint8_t **dest, int *dup, char *why,
+                   size_t why_cap);
+void up_chunk_filled(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, const up_sink *sink);
+void up_chunk_abandon(rd_daemon *d, up_xfer *x, const proto_update_chunk *c);
+void up_chunk_duplicate(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, const up_sink *sink);
+uint64_t up_xfer_id(const up_xfer *x);
+int up_xfer_has_room(const up_xfer *x);
+/* lane.c: the data lane's TCP server. */
+int lane_start(rd_daemon *d);
+void lane_stop(rd_daemon *d);
+/* A chunk settled: readers paused for the window may go on. */
+void lane_on_room(rd_daemon *d);
+
+/* The data lane's connection closed mid-chunk: the transfer is aborted. */
+void up_on_lane_broken(rd_daemon *d, uint64_t xfer_id, const char *why);
 /* The engine thread swapped: reply to the COMMIT. */
 void up_on_wake(rd_daemon *d);
 void up_on_pipe_closed(rd_daemon *d, uint32_t pipe);

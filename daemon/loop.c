@@ -726,6 +726,7 @@ void loop_shutdown(rd_daemon *d)
     br_close(&d->br);
     et_stop(&d->et);
     http_stop(&d->http);
+    lane_stop(d);
     log_line("shutdown: socket closed, engine stopped");
     uv_walk(&d->loop, close_one, NULL);
 }

@@ -108,6 +108,8 @@ static int start(rd_daemon *d)
     if ((rc = br_open(&d->br, &d->loop, d->cfg.listen, (int)d->cfg.nng_contexts, (size_t)d->cfg.max_message_bytes,
                       &d->wake)))
         return rc;
+    if ((rc = lane_start(d)))
+        return rc;
     http_routes routes = {loop_status_json, loop_metrics_text, d};
     if ((rc = http_start(&d->http, &d->loop, d->cfg.status_listen, (int)d->cfg.http_max_connections, &routes)))
         return rc;
@@ -152,11 +154,14 @@ int main(int argc, char **argv)
                  d->model_name, d->L.m->cfg.n_layers, d->L.m->cfg.vocab, d->L.m->cfg.max_ctx, d->kv_blocks_total,
                  (long long)d->cfg.block_size);
         log_line("listening on %s (learners), http://%s (status)", d->cfg.listen, d->cfg.status_listen);
+        if (d->lane)
+            log_line("weight-update data lane on TCP port %u", d->lane_port);
     }
     uv_run(&d->loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&d->loop))
         log_line("warning: libuv handles still open at exit");
     free(d->br.ctxs);
+    free(d->lane);
     pthread_mutex_destroy(&d->br.mu);
     cl_free(&d->clients);
     proto_buf_free(&d->out);

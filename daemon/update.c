@@ -39,8 +39,9 @@ typedef struct {
     uv_work_t w;
     rd_daemon *d;
     up_xfer *x;
-    br_ctx *ctx;
-    nng_msg *msg;               /* holds the chunk data */
+    up_sink sink;               /* where the chunk's reply goes */
+    nng_msg *msg;               /* holds the chunk data (NNG path), or NULL */
+    int in_place;               /* 1: the data is already in the staging area (data lane): verify only */
     proto_update_chunk c;
     int rc;
     char err[512];
@@ -193,16 +194,37 @@ void up_on_begin(rd_daemon *d, br_ctx *ctx, const proto_update_begin *b, uint32_
              x->mode == PROTO_MODE_DRAIN ? "drain" : x->mode == PROTO_MODE_ABORT ? "abort" : "continue", x->window);
     proto_msg m = {.type = PROTO_UPDATE_BEGIN_OK};
     m.update_begin_ok = (proto_update_begin_ok){.xfer_id = x->id, .window = x->window,
-                                                .max_chunk_bytes = x->max_chunk, .staging_bytes = st->total_bytes};
+                                                .max_chunk_bytes = x->max_chunk, .staging_bytes = st->total_bytes,
+                                                .data_port = d->lane_port};
     loop_reply_msg(d, ctx, &m);
 }
 
 /* ---- UPDATE_CHUNK ---- */
 
+static void sink_reply(rd_daemon *d, const up_sink *k, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
+{
+    if (k->send) {
+        k->send(d, k->arg, code, why, ok);
+        return;
+    }
+    if (code) {
+        loop_reply_error(d, k->ctx, code, PROTO_UPDATE_CHUNK, why);
+        return;
+    }
+    proto_msg m = {.type = PROTO_UPDATE_CHUNK_OK};
+    m.update_chunk_ok = *ok;
+    loop_reply_msg(d, k->ctx, &m);
+}
+
 static void chunk_work(uv_work_t *w)
 {
     up_chunk_job *j = w->data;
-    j->rc = upd_chunk_fill(j->x->st, j->c.tensor_index, j->c.offset, j->c.data, j->c.len, j->c.crc32c);
+    upd_tensor *t = &j->x->st->t[j->c.tensor_index];
+    if (j->in_place)
+        j->rc = upd_chunk_check(j->x->st, j->c.tensor_index, j->c.offset, t->data + j->c.offset, j->c.len,
+                                j->c.crc32c);
+    else
+        j->rc = upd_chunk_fill(j->x->st, j->c.tensor_index, j->c.offset, j->c.data, j->c.len, j->c.crc32c);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }
@@ -212,11 +234,11 @@ static void chunk_done(uv_work_t *w, int status)
     up_chunk_job *j = w->data;
     rd_daemon *d = j->d;
     up_xfer *x = j->x;
-    nng_msg_free(j->msg);
+    if (j->msg)
+        nng_msg_free(j->msg);
     x->inflight--;
     if (x->dead) {
-        loop_reply_error(d, j->ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_CHUNK,
-                         "the transfer was aborted while this chunk was staged");
+        sink_reply(d, &j->sink, PROTO_E_UNEXPECTED, "the transfer was aborted while this chunk was staged", NULL);
         if (x->inflight == 0)
             xfer_free(x);
         free(j);
@@ -226,81 +248,130 @@ static void chunk_done(uv_work_t *w, int status)
     upd_chunk_settle(x->st, j->c.tensor_index, j->c.offset, ok);
     x->t_last_us = now_us();
     if (!ok) {
-        loop_reply_error(d, j->ctx, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL, PROTO_UPDATE_CHUNK,
-                         status ? "the chunk's staging job was cancelled" : j->err);
+        sink_reply(d, &j->sink, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL,
+                   status ? "the chunk's staging job was cancelled" : j->err, NULL);
     } else {
-        proto_msg m = {.type = PROTO_UPDATE_CHUNK_OK};
-        m.update_chunk_ok = (proto_update_chunk_ok){.xfer_id = x->id, .chunk_seq = j->c.chunk_seq,
-                                                    .bytes_staged = x->st->staged_bytes,
-                                                    .total_bytes = x->st->total_bytes};
-        loop_reply_msg(d, j->ctx, &m);
+        proto_update_chunk_ok r = {.xfer_id = x->id, .chunk_seq = j->c.chunk_seq,
+                                   .bytes_staged = x->st->staged_bytes, .total_bytes = x->st->total_bytes};
+        sink_reply(d, &j->sink, 0, NULL, &r);
     }
     free(j);
+    lane_on_room(d);
 }
 
-void up_on_chunk(rd_daemon *d, br_ctx *ctx, const proto_update_chunk *c, nng_msg *msg)
+int up_chunk_claim(rd_daemon *d, const proto_update_chunk *c, up_xfer **xo, uint8_t **dest, int *dup, char *why,
+                   size_t why_cap)
 {
-    char why[600];
+    *xo = NULL;
+    *dest = NULL;
+    *dup = 0;
     up_xfer *x = d->xfer;
     if (!x || x->id != c->xfer_id || x->committing) {
-        snprintf(why, sizeof why, "UPDATE_CHUNK for xfer_id %016llx: %s", (unsigned long long)c->xfer_id,
+        snprintf(why, why_cap, "UPDATE_CHUNK for xfer_id %016llx: %s", (unsigned long long)c->xfer_id,
                  x && x->id == c->xfer_id ? "the transfer is committing; no more chunks"
                                           : "no such open transfer (UPDATE_BEGIN first; it may have been aborted)");
-        nng_msg_free(msg);
-        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_CHUNK, why);
-        return;
+        return PROTO_E_UNEXPECTED;
     }
     x->t_last_us = now_us();
     cl_client *cl = cl_find(&d->clients, x->client_id);
     if (cl)
         cl->last_seen_us = x->t_last_us;
     if (c->len > x->max_chunk) {
-        snprintf(why, sizeof why, "chunk %u has %u bytes of data; the granted max_chunk_bytes is %u", c->chunk_seq,
+        snprintf(why, why_cap, "chunk %u has %u bytes of data; the granted max_chunk_bytes is %u", c->chunk_seq,
                  c->len, x->max_chunk);
-        nng_msg_free(msg);
-        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_CHUNK, why);
+        return PROTO_E_INVALID_PARAMS;
+    }
+    int rc = upd_chunk_claim(x->st, c->tensor_index, c->offset, c->len, c->crc32c, dup);
+    if (rc) {
+        snprintf(why, why_cap, "%s", rd_errmsg());
+        return rc == RD_EBUSY ? PROTO_E_BUSY : PROTO_E_INVALID_PARAMS;
+    }
+    *xo = x;
+    if (!*dup) {
+        x->inflight++; /* the claimed range is in use until its job settles it */
+        *dest = x->st->t[c->tensor_index].data + c->offset;
+    }
+    return 0;
+}
+
+uint64_t up_xfer_id(const up_xfer *x) { return x->id; }
+int up_xfer_has_room(const up_xfer *x) { return (uint32_t)x->inflight < x->window; }
+
+void up_chunk_duplicate(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, const up_sink *sink)
+{
+    proto_update_chunk_ok r = {.xfer_id = x->id, .chunk_seq = c->chunk_seq, .flags = PROTO_CHUNK_OK_DUPLICATE,
+                               .bytes_staged = x->st->staged_bytes, .total_bytes = x->st->total_bytes};
+    sink_reply(d, sink, 0, NULL, &r);
+}
+
+/* Queues the check (and for NNG the copy) of a claimed chunk; the reply goes
+ * to sink when it is done. */
+static void chunk_queue(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, nng_msg *msg, int in_place,
+                        const up_sink *sink)
+{
+    up_chunk_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->w.data = j;
+        j->d = d;
+        j->x = x;
+        j->sink = *sink;
+        j->msg = msg;
+        j->in_place = in_place;
+        j->c = *c;
+    }
+    if (!j || uv_queue_work(&d->loop, &j->w, chunk_work, chunk_done)) {
+        x->inflight--;
+        upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
+        if (msg)
+            nng_msg_free(msg);
+        free(j);
+        sink_reply(d, sink, PROTO_E_INTERNAL, "cannot queue the chunk's staging job", NULL);
+    }
+}
+
+void up_chunk_filled(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, const up_sink *sink)
+{
+    chunk_queue(d, x, c, NULL, 1, sink);
+}
+
+void up_chunk_abandon(rd_daemon *d, up_xfer *x, const proto_update_chunk *c)
+{
+    x->inflight--;
+    if (x->dead) {
+        if (x->inflight == 0)
+            xfer_free(x);
         return;
     }
+    upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
+}
+
+void up_on_chunk(rd_daemon *d, br_ctx *ctx, const proto_update_chunk *c, nng_msg *msg)
+{
+    char why[600];
+    up_sink sink = {.ctx = ctx};
+    up_xfer *x;
+    uint8_t *dest;
     int dup;
-    if (upd_chunk_claim(x->st, c->tensor_index, c->offset, c->len, c->crc32c, &dup)) {
+    uint32_t code = up_chunk_claim(d, c, &x, &dest, &dup, why, sizeof why);
+    if (code) {
         nng_msg_free(msg);
-        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_CHUNK, rd_errmsg());
+        sink_reply(d, &sink, code, why, NULL);
         return;
     }
     if (dup) {
         nng_msg_free(msg);
-        proto_msg m = {.type = PROTO_UPDATE_CHUNK_OK};
-        m.update_chunk_ok = (proto_update_chunk_ok){.xfer_id = x->id, .chunk_seq = c->chunk_seq,
-                                                    .flags = PROTO_CHUNK_OK_DUPLICATE,
-                                                    .bytes_staged = x->st->staged_bytes,
-                                                    .total_bytes = x->st->total_bytes};
-        loop_reply_msg(d, ctx, &m);
+        up_chunk_duplicate(d, x, c, &sink);
         return;
     }
-    up_chunk_job *j = NULL;
-    if ((uint32_t)x->inflight >= x->window || !(j = calloc(1, sizeof *j))) {
-        upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
+    if ((uint32_t)x->inflight > x->window) {
         snprintf(why, sizeof why, "%d chunks are being staged (the window is %u); resend chunk %u after a reply",
-                 x->inflight, x->window, c->chunk_seq);
+                 x->inflight - 1, x->window, c->chunk_seq);
+        up_chunk_abandon(d, x, c);
         nng_msg_free(msg);
-        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_UPDATE_CHUNK, why);
+        sink_reply(d, &sink, PROTO_E_BUSY, why, NULL);
         return;
     }
-    j->w.data = j;
-    j->d = d;
-    j->x = x;
-    j->ctx = ctx;
-    j->msg = msg;
-    j->c = *c;
-    x->inflight++;
-    int rv = uv_queue_work(&d->loop, &j->w, chunk_work, chunk_done);
-    if (rv) {
-        x->inflight--;
-        upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
-        nng_msg_free(msg);
-        free(j);
-        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_CHUNK, "cannot queue the chunk's staging job");
-    }
+    chunk_queue(d, x, c, msg, 0, &sink);
 }
 
 /* ---- UPDATE_COMMIT ---- */
@@ -512,4 +583,10 @@ void up_progress(const rd_daemon *d, int *active, uint64_t *version, uint64_t *s
     *staged = x && x->st ? x->st->staged_bytes : x ? x->bytes : 0;
     *total = x ? x->bytes : 0;
     *committing = x ? x->committing : 0;
+}
+
+void up_on_lane_broken(rd_daemon *d, uint64_t xfer_id, const char *why)
+{
+    if (d->xfer && d->xfer->id == xfer_id && !d->xfer->committing)
+        abort_xfer(d, why);
 }

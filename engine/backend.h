@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/sampler.h"
+
 typedef struct rd_backend rd_backend;
 
 /* Per-step metadata, host copies. The backend uploads it (step_upload) and
@@ -34,6 +36,11 @@ typedef struct {
     const int32_t *block_tables;/* [n_seqs][max_blocks] physical block ids */
 } rd_step;
 
+/* Padding (CUDA graphs run a decode step padded to a fixed batch size): rows
+ * past q_start[n_seqs] belong to no sequence; they carry token id -1 and
+ * slot -1, write no KV and attend to nothing. Only backends with graph ops
+ * ever see them. */
+
 /* Device-side views of an uploaded rd_step (same shapes). */
 typedef struct {
     int32_t n_rows, n_seqs, max_blocks;
@@ -48,6 +55,13 @@ typedef struct {
     int32_t block_size;         /* tokens per KV block */
     float scale;                /* 1/sqrt(head_dim) */
 } rd_attn_shape;
+
+/* One device sampling request (ops.sample). */
+typedef struct rd_sample_req {
+    int32_t row;                /* logit row */
+    uint32_t sample_idx, pos;   /* the RNG counter, as samp_sample's */
+    const samp_params *sp;
+} rd_sample_req;
 
 typedef struct rd_backend_ops {
     const char *name;           /* "cpu", "cuda" */
@@ -105,7 +119,41 @@ typedef struct rd_backend_ops {
     int (*step_upload)(rd_backend *be, const rd_step *host, rd_step_dev *dev);
 
     void (*destroy)(rd_backend *be);
+
+    /* ---- Optional: zero / NULL where a backend does not provide them. ---- */
+
+    /* Bytes per K/V element in the cache (0 means 4, fp32). The runner sizes
+     * k_cache/v_cache with it; the CUDA backend stores bf16 (2). */
+    int32_t kv_elem_bytes;
+    /* The LM head: y[M][out] = x[M][in] . W^T with fp32 x, fp32 products and
+     * fp32 accumulation (the runner calls linear when this is NULL). */
+    void (*lm_head)(rd_backend *be, const void *w, const float *x, int32_t m, float *y);
+    /* Backend-to-backend memory copy, enqueued in order. */
+    int (*d2d)(rd_backend *be, void *dst, const void *src, size_t bytes);
+    /* Free and total device memory in bytes. */
+    int (*mem_info)(rd_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* One line naming the device and its configuration (for logs, benchmarks). */
+    int (*describe)(rd_backend *be, char *buf, size_t cap);
+    /* Graphs: the ops enqueued between graph_begin and graph_end (on the same
+     * thread; no h2d, d2h, sync, alloc or free in between) are recorded, not
+     * run; graph_launch replays them with the same arguments, reading
+     * whatever the step buffers of the latest step_upload hold. graph_launch
+     * returns RD_GRAPH_STALE (> 0, nothing run) when buffers the graph
+     * refers to were reallocated since its capture: capture again. */
+    int (*graph_begin)(rd_backend *be);
+    int (*graph_end)(rd_backend *be, void **graph);
+    int (*graph_launch)(rd_backend *be, void *graph);
+    void (*graph_free)(rd_backend *be, void *graph);
+    /* Samples n requests from logits rows [.][vocab] held by the backend, by
+     * samp_sample's rules (same token for the same logits and seed up to
+     * double rounding of its sums, see kernels/cuda/cuda_sample.cu); a row
+     * whose logits samp_sample would reject gets token -1. Synchronous. */
+    int (*sample)(rd_backend *be, const float *logits, int32_t vocab, const rd_sample_req *reqs,
+                  int32_t n, samp_result *out);
 } rd_backend_ops;
+
+#define RD_GRAPH_STALE 1
+
 
 struct rd_backend {
     const rd_backend_ops *ops;
@@ -117,5 +165,16 @@ struct rd_backend {
  * not built in or no device is present. */
 int rd_backend_create(const char *name, int n_threads, rd_backend **out);
 void rd_backend_destroy(rd_backend *be);
+
+/* Bytes per KV cache element of this backend (ops.kv_elem_bytes, or 4). */
+int32_t rd_backend_kv_elem_bytes(const rd_backend *be);
+
+/* KV pool bytes from a fraction of the device memory that is free now (call
+ * it after the model is loaded): floor(util * free) - reserve_bytes, at least
+ * 0. util in (0, 1]. RD_ENOTSUP for a backend without mem_info (the CPU:
+ * size the pool in bytes instead). */
+int rd_backend_kv_budget(rd_backend *be, double util, int64_t reserve_bytes, int64_t *bytes);
+/* The arithmetic of rd_backend_kv_budget. */
+int64_t rd_kv_budget_bytes(int64_t free_bytes, double util, int64_t reserve_bytes);
 
 #endif

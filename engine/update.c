@@ -210,9 +210,14 @@ int upd_chunk_claim(upd_stage *s, uint32_t ti, uint64_t off, uint32_t len, uint3
     int32_t i = lower_bound(t, off);
     if (i < t->n_ranges) {
         const upd_range *r = &t->ranges[i];
-        if (r->off == off && r->len == len && r->crc32c == crc && r->done) {
-            *dup = 1;
-            return 0;
+        if (r->off == off && r->len == len && r->crc32c == crc) {
+            if (r->done) {
+                *dup = 1;
+                return 0;
+            }
+            /* A resend (after a timeout) while the first copy is still being checked. */
+            return rd_fail(RD_EBUSY, "chunk: bytes [%llu, %llu) of '%.200s' are being staged from an earlier copy; "
+                           "resend after its reply", (unsigned long long)off, (unsigned long long)(off + len), t->name);
         }
         if (r->off < off + len)
             return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s' overlap a chunk %s at [%llu, %llu) "
@@ -251,6 +256,15 @@ int upd_chunk_fill(upd_stage *s, uint32_t ti, uint64_t off, const void *data, ui
         return rd_fail(RD_ECHECKSUM, "chunk: bytes [%llu, %llu) of '%.200s' have CRC-32C %08x; the chunk says %08x "
                        "(resend it)", (unsigned long long)off, (unsigned long long)(off + len), t->name, got, crc);
     memcpy(t->data + off, data, len);
+    return 0;
+}
+
+int upd_chunk_check(upd_stage *s, uint32_t ti, uint64_t off, const void *data, uint32_t len, uint32_t crc)
+{
+    uint32_t got = crc32c(0, data, len);
+    if (got != crc)
+        return rd_fail(RD_ECHECKSUM, "chunk: bytes [%llu, %llu) of '%.200s' have CRC-32C %08x; the chunk says %08x "
+                       "(resend it)", (unsigned long long)off, (unsigned long long)(off + len), s->t[ti].name, got, crc);
     return 0;
 }
 

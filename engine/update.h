@@ -81,12 +81,16 @@ void upd_stage_free(upd_stage *s);
 
 /* Claims [off, off+len) of tensor ti for a chunk with checksum crc.
  * 0: claimed (fill, then settle it). *dup = 1 instead when exactly this range
- * with this crc is already staged: nothing to do. RD_EINVAL: out of the tensor
- * or overlapping another range. */
+ * with this crc is already staged: nothing to do. RD_EBUSY: the same chunk is
+ * still being staged (a resend). RD_EINVAL: out of the tensor or overlapping
+ * another range. */
 int upd_chunk_claim(upd_stage *s, uint32_t ti, uint64_t off, uint32_t len, uint32_t crc, int *dup);
 /* Verifies data against crc and copies it into the claimed range. Safe on any
  * thread while other ranges are filled. RD_ECHECKSUM when it does not match. */
 int upd_chunk_fill(upd_stage *s, uint32_t ti, uint64_t off, const void *data, uint32_t len, uint32_t crc);
+/* Verifies bytes already written into the claimed range (a reader that put
+ * them there directly). RD_ECHECKSUM when they do not match. */
+int upd_chunk_check(upd_stage *s, uint32_t ti, uint64_t off, const void *data, uint32_t len, uint32_t crc);
 /* Marks the claimed range staged (ok) or releases it (the chunk may be resent). */
 void upd_chunk_settle(upd_stage *s, uint32_t ti, uint64_t off, int ok);
 

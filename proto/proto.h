@@ -327,6 +327,7 @@ typedef struct {
     uint32_t window;            /* chunks the daemon stages at once (<= requested) */
     uint32_t max_chunk_bytes;   /* granted (<= requested) */
     uint64_t staging_bytes;     /* bytes the daemon set aside */
+    uint16_t data_port;         /* TCP port of the data lane on the daemon's host (§10.10); 0 = none */
 } proto_update_begin_ok;
 
 /* UPDATE_CHUNK: a slice of one tensor's bytes. The decoded data points into
@@ -473,5 +474,16 @@ int proto_is_request(uint16_t type);
 /* The wire code for a library error (RD_EINVAL/RD_ERANGE -> INVALID_PARAMS,
  * RD_EBUSY -> BUSY, RD_ENOENT -> UNKNOWN_REQUEST, else INTERNAL). */
 uint32_t proto_err_from_rd(int rc);
+
+/* ---- The data lane (PROTOCOL.md §10.10): UPDATE_CHUNK frames on a plain TCP
+ * stream, read head first so the data can land straight in the staging area. */
+#define PROTO_CHUNK_HEAD_BYTES (PROTO_HEADER_BYTES + 32) /* frame header + the chunk's fixed fields */
+/* Writes the head of an UPDATE_CHUNK frame for c (c->len bytes of data follow it). */
+void proto_lane_encode_head(uint8_t out[PROTO_CHUNK_HEAD_BYTES], const proto_update_chunk *c);
+/* Reads a head: the frame header must say version 1, type UPDATE_CHUNK, flags
+ * 0 and body_len = 32 + len within max_len. On failure returns RD_EFORMAT with
+ * *wire_error the PROTO_E_* code; c->data is left NULL. */
+int proto_lane_decode_head(const uint8_t in[PROTO_CHUNK_HEAD_BYTES], size_t max_len, proto_update_chunk *c,
+                           uint32_t *wire_error);
 
 #endif

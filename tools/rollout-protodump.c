@@ -2,13 +2,18 @@
  * for debugging and for checking the C decoder against the Python one.
  *
  *   rollout-protodump [--max-len BYTES] FILE...
+ *   rollout-protodump --crc32c FILE...
  *
  * Each FILE holds one frame. For each, one line: the message in the JSON form
  * of tools/python/rolloutd/proto.py to_json (u64 fields as decimal strings,
- * f32 values as numbers or "nan"/"inf"/"-inf", top-k arrays flat), or
- * {"error": CODE, "error_name": NAME, "message": WHY} when the decoder refuses
- * the frame. Exit status 0 when every frame decoded, 1 when any was refused,
- * 2 on bad usage or an unreadable file. */
+ * f32 values as numbers or "nan"/"inf"/"-inf", top-k arrays flat, chunk data
+ * as lowercase hex), or {"error": CODE, "error_name": NAME, "message": WHY}
+ * when the decoder refuses the frame. Exit status 0 when every frame decoded,
+ * 1 when any was refused, 2 on bad usage or an unreadable file.
+ *
+ * With --crc32c, each FILE is any file: one line "CRC SIZE FILE", the CRC-32C
+ * of its bytes as 8 lowercase hex digits (engine/crc32c.h, the checksum of
+ * weight updates) and its size in bytes. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +22,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "engine/crc32c.h"
 #include "engine/err.h"
 #include "proto/proto.h"
 #include "tools/cli.h"
@@ -156,6 +162,39 @@ static cJSON *result_json(const proto_result *r)
     return o;
 }
 
+static cJSON *tensor_json(const proto_tensor *t)
+{
+    cJSON *o = cJSON_CreateObject();
+    add_str(o, "name", t->name);
+    add_num(o, "dtype", t->dtype);
+    cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+    for (uint32_t d = 0; d < t->n_dims; d++) {
+        char s[24];
+        snprintf(s, sizeof s, "%llu", (unsigned long long)t->shape[d]);
+        cJSON_AddItemToArray(shape, cJSON_CreateString(s));
+    }
+    add_u64(o, "nbytes", t->nbytes);
+    add_num(o, "crc32c", t->crc32c);
+    return o;
+}
+
+static void add_hex(cJSON *o, const char *k, const uint8_t *p, uint32_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    char *s = malloc(2 * (size_t)n + 1);
+    if (!s) {
+        fprintf(stderr, "rollout-protodump: out of memory\n");
+        exit(2);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        s[2 * i] = digits[p[i] >> 4];
+        s[2 * i + 1] = digits[p[i] & 15];
+    }
+    s[2 * (size_t)n] = 0;
+    cJSON_AddStringToObject(o, k, s);
+    free(s);
+}
+
 static cJSON *msg_json(const proto_msg *m)
 {
     cJSON *o = cJSON_CreateObject();
@@ -230,6 +269,50 @@ static cJSON *msg_json(const proto_msg *m)
         add_num(o, "version_max", m->error.version_max);
         add_str(o, "message", m->error.message);
         break;
+    case PROTO_UPDATE_BEGIN: {
+        const proto_update_begin *u = &m->update_begin;
+        add_u64(o, "client_id", u->client_id);
+        add_u64(o, "version", u->version);
+        add_num(o, "mode", u->mode);
+        add_num(o, "window", u->window);
+        add_num(o, "max_chunk_bytes", u->max_chunk_bytes);
+        add_u64(o, "total_bytes", u->total_bytes);
+        cJSON *a = cJSON_AddArrayToObject(o, "tensors");
+        for (uint32_t i = 0; i < u->n_tensors; i++)
+            cJSON_AddItemToArray(a, tensor_json(&u->tensors[i]));
+        break;
+    }
+    case PROTO_UPDATE_BEGIN_OK:
+        add_u64(o, "xfer_id", m->update_begin_ok.xfer_id);
+        add_num(o, "window", m->update_begin_ok.window);
+        add_num(o, "max_chunk_bytes", m->update_begin_ok.max_chunk_bytes);
+        add_u64(o, "staging_bytes", m->update_begin_ok.staging_bytes);
+        break;
+    case PROTO_UPDATE_CHUNK:
+        add_u64(o, "xfer_id", m->update_chunk.xfer_id);
+        add_num(o, "chunk_seq", m->update_chunk.chunk_seq);
+        add_num(o, "tensor_index", m->update_chunk.tensor_index);
+        add_u64(o, "offset", m->update_chunk.offset);
+        add_num(o, "crc32c", m->update_chunk.crc32c);
+        add_hex(o, "data", m->update_chunk.data, m->update_chunk.len);
+        break;
+    case PROTO_UPDATE_CHUNK_OK:
+        add_u64(o, "xfer_id", m->update_chunk_ok.xfer_id);
+        add_num(o, "chunk_seq", m->update_chunk_ok.chunk_seq);
+        add_num(o, "flags", m->update_chunk_ok.flags);
+        add_u64(o, "bytes_staged", m->update_chunk_ok.bytes_staged);
+        add_u64(o, "total_bytes", m->update_chunk_ok.total_bytes);
+        break;
+    case PROTO_UPDATE_COMMIT: add_u64(o, "xfer_id", m->update_commit.xfer_id); break;
+    case PROTO_UPDATE_COMMIT_OK:
+        add_u64(o, "version", m->update_commit_ok.version);
+        add_u64(o, "stall_us", m->update_commit_ok.stall_us);
+        add_u64(o, "wait_us", m->update_commit_ok.wait_us);
+        add_u64(o, "staged_us", m->update_commit_ok.staged_us);
+        add_num(o, "n_aborted", m->update_commit_ok.n_aborted);
+        break;
+    case PROTO_UPDATE_ABORT: add_u64(o, "xfer_id", m->update_abort.xfer_id); break;
+    case PROTO_UPDATE_ABORT_OK: add_u64(o, "bytes_freed", m->update_abort_ok.bytes_freed); break;
     }
     return o;
 }
@@ -271,23 +354,40 @@ int main(int argc, char **argv)
 {
     const char *prog = "rollout-protodump";
     size_t max_len = PROTO_DEFAULT_MAX_MESSAGE;
-    int first = 1, any_refused = 0;
+    int first = 1, any_refused = 0, crc_mode = 0;
     for (; first < argc && argv[first][0] == '-' && argv[first][1]; first++) {
-        if (!strcmp(argv[first], "--max-len")) {
+        if (!strcmp(argv[first], "--crc32c")) {
+            crc_mode = 1;
+        } else if (!strcmp(argv[first], "--max-len")) {
             const char *v = cli_value(prog, argc, argv, &first);
             max_len = (size_t)cli_int(prog, "--max-len", v, 0, (long long)1 << 40);
         } else if (!strcmp(argv[first], "-h") || !strcmp(argv[first], "--help")) {
             printf("usage: rollout-protodump [--max-len BYTES] FILE...\n"
-                   "  prints each frame's decoded fields as one JSON line (or its error)\n");
+                   "       rollout-protodump --crc32c FILE...\n"
+                   "  prints each frame's decoded fields as one JSON line (or its error);\n"
+                   "  with --crc32c, each file's CRC-32C (8 hex digits), its size and its name\n");
             return 0;
         } else {
-            fprintf(stderr, "%s: unknown flag %s; expected --max-len or files\n", prog, argv[first]);
+            fprintf(stderr, "%s: unknown flag %s; expected --max-len, --crc32c or files\n", prog, argv[first]);
             return 2;
         }
     }
     if (first >= argc) {
-        fprintf(stderr, "usage: rollout-protodump [--max-len BYTES] FILE...\n");
+        fprintf(stderr, "usage: rollout-protodump [--max-len BYTES] FILE... | --crc32c FILE...\n");
         return 2;
+    }
+    if (crc_mode) {
+        for (int i = first; i < argc; i++) {
+            uint8_t *data = NULL;
+            size_t len = 0;
+            if (read_file(argv[i], &data, &len)) {
+                fprintf(stderr, "%s: %s\n", prog, rd_errmsg());
+                return 2;
+            }
+            printf("%08x %zu %s\n", crc32c(0, data, len), len, argv[i]);
+            free(data);
+        }
+        return 0;
     }
     for (int i = first; i < argc; i++) {
         uint8_t *data = NULL;

@@ -4,7 +4,8 @@ Every valid vector in proto/testdata decodes to the fields vectors.json lists
 and re-encodes to the same bytes; every invalid one gives its error code;
 request checks give the listed codes. build/rollout-protodump (the C decoder)
 prints the same fields and error codes as the Python decoder for every
-vector, every truncation of one, random mutations and random messages.
+vector, every truncation of one, random mutations and random messages. The
+weight-update messages (PROTOCOL.md §10) are among all of these.
 """
 import json
 import math
@@ -228,6 +229,33 @@ def rnd_message(rng, t):
         return P.Bye(rnd_u64(rng), rng.getrandbits(1))
     if t == P.T.BYE_OK:
         return P.ByeOk(rng.getrandbits(32), rng.getrandbits(32))
+    if t == P.T.UPDATE_BEGIN:
+        tensors = []
+        for _ in range(rng.randrange(5)):
+            name = ""
+            while not 1 <= len(name.encode()) <= P.MAX_TENSOR_NAME:
+                name = rnd_str(rng, 70)
+            tensors.append(P.Tensor(name, rng.randrange(3), [rnd_u64(rng) for _ in range(rng.randint(1, 4))],
+                                    rnd_u64(rng), rng.getrandbits(32)))
+        return P.UpdateBegin(rnd_u64(rng), rnd_u64(rng), rng.randrange(3), rng.getrandbits(32), rng.getrandbits(32),
+                             rnd_u64(rng), tensors)
+    if t == P.T.UPDATE_BEGIN_OK:
+        return P.UpdateBeginOk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng))
+    if t == P.T.UPDATE_CHUNK:
+        data = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, rng.randrange(300)])))
+        return P.UpdateChunk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng),
+                             rng.getrandbits(32), data)
+    if t == P.T.UPDATE_CHUNK_OK:
+        return P.UpdateChunkOk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(1), rnd_u64(rng), rnd_u64(rng))
+    if t == P.T.UPDATE_COMMIT:
+        return P.UpdateCommit(rnd_u64(rng))
+    if t == P.T.UPDATE_COMMIT_OK:
+        return P.UpdateCommitOk(rnd_u64(rng), rnd_u64(rng), rnd_u64(rng), rnd_u64(rng), rng.getrandbits(32))
+    if t == P.T.UPDATE_ABORT:
+        return P.UpdateAbort(rnd_u64(rng))
+    if t == P.T.UPDATE_ABORT_OK:
+        return P.UpdateAbortOk(rnd_u64(rng))
+    assert t == P.T.ERROR, t
     return P.Error(rng.randint(1, 100), rng.getrandbits(16), rng.getrandbits(16), rnd_str(rng, 50))
 
 
@@ -256,6 +284,16 @@ def encode_refuses():
         P.Results(results=[P.Result(token_ids=[1], logprobs=[-1.0], spans=[(0, 1, 1)], flags=P.RESULT_PROCESSED)]),
         P.Error(code=0),
         P.Hello(client_name="\ud800"),
+        P.UpdateBegin(mode=3),
+        P.UpdateBegin(tensors=[P.Tensor("w", 3, [1], 4)]),
+        P.UpdateBegin(tensors=[P.Tensor("w", 0, [], 4)]),
+        P.UpdateBegin(tensors=[P.Tensor("w", 0, [1, 1, 1, 1, 1], 4)]),
+        P.UpdateBegin(tensors=[P.Tensor("", 0, [1], 4)]),
+        P.UpdateBegin(tensors=[P.Tensor("w" * 257, 0, [1], 4)]),
+        P.UpdateBegin(tensors=[P.Tensor("\udc80", 0, [1], 4)]),
+        P.UpdateChunkOk(flags=2),
+        P.UpdateChunk(data=np.zeros((4, 4), dtype="<f4")[:, ::2]),
+        P.UpdateChunk(data=[1, 2, 3]),
     ]
     for m in bad:
         try:
@@ -268,6 +306,40 @@ def encode_refuses():
     assert e.message.endswith("x" * 4000), "the cut character is dropped whole"
     e = P.decode(P.encode_error(P.E.INTERNAL, 0, "x" * 4094 + "中"))
     assert e.message == "x" * 4094 + "??", "each byte of a cut character becomes '?', as in C"
+
+
+@case
+def update_messages():
+    """Weight-update specifics: the types are requests (4) and replies (4);
+    chunk data decodes as a view of the frame; encoding takes any bytes-like
+    data or a C-contiguous numpy array as raw bytes; the name limit is in bytes."""
+    assert all(P.is_request(t) for t in (P.T.UPDATE_BEGIN, P.T.UPDATE_CHUNK, P.T.UPDATE_COMMIT, P.T.UPDATE_ABORT))
+    assert not any(P.is_request(t) for t in (P.T.UPDATE_BEGIN_OK, P.T.UPDATE_ABORT_OK, P.T.ERROR, 0x14))
+    frame = bytearray(frame_bytes("update_chunk.bin"))
+    m = P.decode(frame)
+    assert isinstance(m.data, memoryview) and len(m.data) == len(frame) - 48
+    frame[48] ^= 0xFF                                   # the view sees the frame change: no copy
+    assert m.data[0] == frame[48]
+    w = np.arange(12, dtype="<f4").reshape(3, 4)
+    for data in (w, w.tobytes(), bytearray(w.tobytes()), memoryview(w), memoryview(w.tobytes())):
+        f = P.encode(P.UpdateChunk(xfer_id=5, data=data))
+        assert f[48:] == w.tobytes() and P.decode(f).data == w.tobytes(), type(data)
+    assert P.to_json(P.decode(P.encode(P.UpdateChunk(data=b"\x00\xabZ"))))["data"] == "00ab5a"
+    name = "é" * 128                                    # 256 bytes, 128 characters
+    P.encode(P.UpdateBegin(tensors=[P.Tensor(name, 0, [1], 4)]))
+    try:
+        P.encode(P.UpdateBegin(tensors=[P.Tensor(name + "x", 0, [1], 4)]))
+        raise AssertionError("a 257-byte name encoded")
+    except ValueError:
+        pass
+    assert P.dtype_size(P.DTYPE_BF16) == 2 and P.dtype_size(P.DTYPE_F32) == 4 and P.dtype_size(3) == 0
+    # undefined types next to the update range are UNKNOWN_TYPE, the update types decode
+    for t, code in ((0x14, P.E.UNKNOWN_TYPE), (0x94, P.E.UNKNOWN_TYPE), (0x12, P.E.MALFORMED)):
+        try:
+            P.decode(b"RLDP" + bytes([1, 0, t, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
+            raise AssertionError(f"type {t:#x} decoded with an empty body")
+        except P.ProtoError as e:
+            assert e.code == code, (t, e)
 
 
 @case

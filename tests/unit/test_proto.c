@@ -9,6 +9,9 @@
  * code; request checks give the listed codes; random messages of every type
  * round-trip; every truncation of every golden frame is refused; random byte
  * mutations never crash and whatever decodes re-encodes to the same bytes.
+ * The weight-update messages (PROTOCOL.md §10) go through all of it, plus
+ * their own checks: chunk data points into the frame, dense manifests stay
+ * within the arena bound, the encoder refuses bad modes, dtypes and names.
  * Run from the repository root (RD_PROTO_TESTDATA overrides the folder). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/crc32c.h"
 #include "engine/err.h"
 #include "proto/proto.h"
 #include "tests/unit/test.h"
@@ -165,6 +169,25 @@ static const float *jf32s(const cJSON *o, const char *k, uint32_t *n)
     cJSON_ArrayForEach(e, a) d[i++] = jf32v(e);
     return d;
 }
+
+static const uint8_t *jhex(const cJSON *o, const char *k, uint32_t *n)
+{
+    const cJSON *v = jget(o, k);
+    *n = 0;
+    if (!v || !cJSON_IsString(v))
+        return NULL;
+    size_t len = strlen(v->valuestring);
+    *n = (uint32_t)(len / 2);
+    uint8_t *d = palloc(*n);
+    for (uint32_t i = 0; i < *n; i++) {
+        unsigned x = 0;
+        sscanf(v->valuestring + 2 * i, "%2x", &x);
+        d[i] = (uint8_t)x;
+    }
+    return d;
+}
+
+static uint64_t ju64v(const cJSON *v) { return cJSON_IsString(v) ? strtoull(v->valuestring, NULL, 10) : 0; }
 
 static uint16_t type_by_name(const char *name)
 {
@@ -345,6 +368,69 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
         m->error.version_max = (uint16_t)jnum(o, "version_max");
         m->error.message = jstr(o, "message");
         break;
+    case PROTO_UPDATE_BEGIN: {
+        proto_update_begin *u = &m->update_begin;
+        u->client_id = ju64(o, "client_id");
+        u->version = ju64(o, "version");
+        u->mode = (uint8_t)jnum(o, "mode");
+        u->window = (uint32_t)jnum(o, "window");
+        u->max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
+        u->total_bytes = ju64(o, "total_bytes");
+        const cJSON *a = jget(o, "tensors");
+        uint32_t n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
+        proto_tensor *t = n ? palloc(n * sizeof *t) : NULL;
+        uint32_t i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, a) {
+            t[i].name = jstr(e, "name");
+            t[i].dtype = (uint8_t)jnum(e, "dtype");
+            const cJSON *sh = jget(e, "shape"), *d;
+            t[i].n_dims = sh ? (uint8_t)cJSON_GetArraySize(sh) : 0;
+            uint32_t k = 0;
+            cJSON_ArrayForEach(d, sh) {
+                if (k < PROTO_MAX_DIMS)
+                    t[i].shape[k] = ju64v(d);
+                k++;
+            }
+            t[i].nbytes = ju64(e, "nbytes");
+            t[i].crc32c = (uint32_t)jnum(e, "crc32c");
+            i++;
+        }
+        u->n_tensors = n;
+        u->tensors = t;
+        break;
+    }
+    case PROTO_UPDATE_BEGIN_OK:
+        m->update_begin_ok.xfer_id = ju64(o, "xfer_id");
+        m->update_begin_ok.window = (uint32_t)jnum(o, "window");
+        m->update_begin_ok.max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
+        m->update_begin_ok.staging_bytes = ju64(o, "staging_bytes");
+        break;
+    case PROTO_UPDATE_CHUNK:
+        m->update_chunk.xfer_id = ju64(o, "xfer_id");
+        m->update_chunk.chunk_seq = (uint32_t)jnum(o, "chunk_seq");
+        m->update_chunk.tensor_index = (uint32_t)jnum(o, "tensor_index");
+        m->update_chunk.offset = ju64(o, "offset");
+        m->update_chunk.crc32c = (uint32_t)jnum(o, "crc32c");
+        m->update_chunk.data = jhex(o, "data", &m->update_chunk.len);
+        break;
+    case PROTO_UPDATE_CHUNK_OK:
+        m->update_chunk_ok.xfer_id = ju64(o, "xfer_id");
+        m->update_chunk_ok.chunk_seq = (uint32_t)jnum(o, "chunk_seq");
+        m->update_chunk_ok.flags = (uint32_t)jnum(o, "flags");
+        m->update_chunk_ok.bytes_staged = ju64(o, "bytes_staged");
+        m->update_chunk_ok.total_bytes = ju64(o, "total_bytes");
+        break;
+    case PROTO_UPDATE_COMMIT: m->update_commit.xfer_id = ju64(o, "xfer_id"); break;
+    case PROTO_UPDATE_COMMIT_OK:
+        m->update_commit_ok.version = ju64(o, "version");
+        m->update_commit_ok.stall_us = ju64(o, "stall_us");
+        m->update_commit_ok.wait_us = ju64(o, "wait_us");
+        m->update_commit_ok.staged_us = ju64(o, "staged_us");
+        m->update_commit_ok.n_aborted = (uint32_t)jnum(o, "n_aborted");
+        break;
+    case PROTO_UPDATE_ABORT: m->update_abort.xfer_id = ju64(o, "xfer_id"); break;
+    case PROTO_UPDATE_ABORT_OK: m->update_abort_ok.bytes_freed = ju64(o, "bytes_freed"); break;
     }
 }
 
@@ -548,12 +634,76 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
         FIELD(a->error.version_max, b->error.version_max, "version_max");
         SFIELD(a->error.message, b->error.message, "message");
         return 1;
+    case PROTO_UPDATE_BEGIN: {
+        const proto_update_begin *x = &a->update_begin, *y = &b->update_begin;
+        FIELD(x->client_id, y->client_id, "client_id");
+        FIELD(x->version, y->version, "version");
+        FIELD(x->mode, y->mode, "mode");
+        FIELD(x->window, y->window, "window");
+        FIELD(x->max_chunk_bytes, y->max_chunk_bytes, "max_chunk_bytes");
+        FIELD(x->total_bytes, y->total_bytes, "total_bytes");
+        FIELD(x->n_tensors, y->n_tensors, "n_tensors");
+        for (uint32_t i = 0; i < x->n_tensors; i++) {
+            const proto_tensor *s = &x->tensors[i], *t = &y->tensors[i];
+            SFIELD(s->name, t->name, "tensor name");
+            FIELD(s->dtype, t->dtype, "tensor dtype");
+            FIELD(s->n_dims, t->n_dims, "tensor n_dims");
+            for (uint32_t d = 0; d < s->n_dims && d < PROTO_MAX_DIMS; d++)
+                FIELD(s->shape[d], t->shape[d], "tensor shape");
+            FIELD(s->nbytes, t->nbytes, "tensor nbytes");
+            FIELD(s->crc32c, t->crc32c, "tensor crc32c");
+        }
+        return 1;
+    }
+    case PROTO_UPDATE_BEGIN_OK:
+        FIELD(a->update_begin_ok.xfer_id, b->update_begin_ok.xfer_id, "xfer_id");
+        FIELD(a->update_begin_ok.window, b->update_begin_ok.window, "window");
+        FIELD(a->update_begin_ok.max_chunk_bytes, b->update_begin_ok.max_chunk_bytes, "max_chunk_bytes");
+        FIELD(a->update_begin_ok.staging_bytes, b->update_begin_ok.staging_bytes, "staging_bytes");
+        return 1;
+    case PROTO_UPDATE_CHUNK:
+        FIELD(a->update_chunk.xfer_id, b->update_chunk.xfer_id, "xfer_id");
+        FIELD(a->update_chunk.chunk_seq, b->update_chunk.chunk_seq, "chunk_seq");
+        FIELD(a->update_chunk.tensor_index, b->update_chunk.tensor_index, "tensor_index");
+        FIELD(a->update_chunk.offset, b->update_chunk.offset, "offset");
+        FIELD(a->update_chunk.crc32c, b->update_chunk.crc32c, "crc32c");
+        FIELD(a->update_chunk.len, b->update_chunk.len, "len");
+        if (a->update_chunk.len && memcmp(a->update_chunk.data, b->update_chunk.data, a->update_chunk.len)) {
+            snprintf(neq, sizeof neq, "data: %u bytes differ", a->update_chunk.len);
+            return 0;
+        }
+        return 1;
+    case PROTO_UPDATE_CHUNK_OK:
+        FIELD(a->update_chunk_ok.xfer_id, b->update_chunk_ok.xfer_id, "xfer_id");
+        FIELD(a->update_chunk_ok.chunk_seq, b->update_chunk_ok.chunk_seq, "chunk_seq");
+        FIELD(a->update_chunk_ok.flags, b->update_chunk_ok.flags, "flags");
+        FIELD(a->update_chunk_ok.bytes_staged, b->update_chunk_ok.bytes_staged, "bytes_staged");
+        FIELD(a->update_chunk_ok.total_bytes, b->update_chunk_ok.total_bytes, "total_bytes");
+        return 1;
+    case PROTO_UPDATE_COMMIT: FIELD(a->update_commit.xfer_id, b->update_commit.xfer_id, "xfer_id"); return 1;
+    case PROTO_UPDATE_COMMIT_OK:
+        FIELD(a->update_commit_ok.version, b->update_commit_ok.version, "version");
+        FIELD(a->update_commit_ok.stall_us, b->update_commit_ok.stall_us, "stall_us");
+        FIELD(a->update_commit_ok.wait_us, b->update_commit_ok.wait_us, "wait_us");
+        FIELD(a->update_commit_ok.staged_us, b->update_commit_ok.staged_us, "staged_us");
+        FIELD(a->update_commit_ok.n_aborted, b->update_commit_ok.n_aborted, "n_aborted");
+        return 1;
+    case PROTO_UPDATE_ABORT: FIELD(a->update_abort.xfer_id, b->update_abort.xfer_id, "xfer_id"); return 1;
+    case PROTO_UPDATE_ABORT_OK:
+        FIELD(a->update_abort_ok.bytes_freed, b->update_abort_ok.bytes_freed, "bytes_freed");
+        return 1;
     }
     snprintf(neq, sizeof neq, "type 0x%x not compared", a->type);
     return 0;
 }
 
 /* ---- golden vectors ---- */
+
+static const uint16_t all_types[] = {
+    PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH, PROTO_RESULTS, PROTO_ABORT,
+    PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK, PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR, PROTO_UPDATE_BEGIN,
+    PROTO_UPDATE_BEGIN_OK, PROTO_UPDATE_CHUNK, PROTO_UPDATE_CHUNK_OK, PROTO_UPDATE_COMMIT, PROTO_UPDATE_COMMIT_OK,
+    PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK};
 
 static void test_golden_valid(void)
 {
@@ -590,11 +740,8 @@ static void test_golden_valid(void)
         pool_free();
     }
     proto_buf_free(&b);
-    static const uint16_t all[] = {PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH,
-                                   PROTO_RESULTS, PROTO_ABORT, PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK,
-                                   PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        CHECK(types_seen[all[i]], "no golden vector of type %s", proto_type_name(all[i]));
+    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++)
+        CHECK(types_seen[all_types[i]], "no golden vector of type %s", proto_type_name(all_types[i]));
 }
 
 static void test_golden_invalid(void)
@@ -983,20 +1130,79 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         m->error.version_max = (uint16_t)rnd();
         m->error.message = rnd_str(60);
         break;
+    case PROTO_UPDATE_BEGIN: {
+        proto_update_begin *u = &m->update_begin;
+        u->client_id = rnd_u64();
+        u->version = rnd_u64();
+        u->mode = (uint8_t)rnd_below(3);
+        u->window = (uint32_t)rnd();
+        u->max_chunk_bytes = (uint32_t)rnd();
+        u->total_bytes = rnd_u64();
+        u->n_tensors = rnd_below(6);
+        proto_tensor *t = u->n_tensors ? palloc(u->n_tensors * sizeof *t) : NULL;
+        for (uint32_t i = 0; i < u->n_tensors; i++) {
+            do
+                t[i].name = rnd_str(60);
+            while (t[i].name.len == 0 || t[i].name.len > PROTO_MAX_TENSOR_NAME);
+            t[i].dtype = (uint8_t)rnd_below(3);
+            t[i].n_dims = (uint8_t)(1 + rnd_below(PROTO_MAX_DIMS));
+            for (uint32_t d = 0; d < t[i].n_dims; d++)
+                t[i].shape[d] = rnd_u64();
+            t[i].nbytes = rnd_u64();
+            t[i].crc32c = (uint32_t)rnd();
+        }
+        u->tensors = t;
+        break;
+    }
+    case PROTO_UPDATE_BEGIN_OK:
+        m->update_begin_ok.xfer_id = rnd_u64();
+        m->update_begin_ok.window = (uint32_t)rnd();
+        m->update_begin_ok.max_chunk_bytes = (uint32_t)rnd();
+        m->update_begin_ok.staging_bytes = rnd_u64();
+        break;
+    case PROTO_UPDATE_CHUNK: {
+        proto_update_chunk *u = &m->update_chunk;
+        u->xfer_id = rnd_u64();
+        u->chunk_seq = (uint32_t)rnd();
+        u->tensor_index = (uint32_t)rnd();
+        u->offset = rnd_u64();
+        u->crc32c = (uint32_t)rnd();
+        u->len = rnd_below(4) == 0 ? 0 : rnd_below(300);
+        uint8_t *d = u->len ? palloc(u->len) : NULL;
+        for (uint32_t i = 0; i < u->len; i++)
+            d[i] = (uint8_t)rnd();
+        u->data = d;
+        break;
+    }
+    case PROTO_UPDATE_CHUNK_OK:
+        m->update_chunk_ok.xfer_id = rnd_u64();
+        m->update_chunk_ok.chunk_seq = (uint32_t)rnd();
+        m->update_chunk_ok.flags = (uint32_t)rnd() & PROTO_CHUNK_OK_FLAGS;
+        m->update_chunk_ok.bytes_staged = rnd_u64();
+        m->update_chunk_ok.total_bytes = rnd_u64();
+        break;
+    case PROTO_UPDATE_COMMIT: m->update_commit.xfer_id = rnd_u64(); break;
+    case PROTO_UPDATE_COMMIT_OK:
+        m->update_commit_ok.version = rnd_u64();
+        m->update_commit_ok.stall_us = rnd_u64();
+        m->update_commit_ok.wait_us = rnd_u64();
+        m->update_commit_ok.staged_us = rnd_u64();
+        m->update_commit_ok.n_aborted = (uint32_t)rnd();
+        break;
+    case PROTO_UPDATE_ABORT: m->update_abort.xfer_id = rnd_u64(); break;
+    case PROTO_UPDATE_ABORT_OK: m->update_abort_ok.bytes_freed = rnd_u64(); break;
     }
 }
 
 static void test_random_roundtrip(void)
 {
-    static const uint16_t types[] = {PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH,
-                                     PROTO_RESULTS, PROTO_ABORT, PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK,
-                                     PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR};
+    const uint16_t *types = all_types;
     proto_buf b, b2;
     proto_buf_init(&b);
     proto_buf_init(&b2);
     rng_state = 777;
     for (int iter = 0; iter < 2000; iter++) {
-        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        for (size_t t = 0; t < sizeof all_types / sizeof all_types[0]; t++) {
             proto_msg m, d;
             rnd_msg(types[t], &m);
             proto_buf_reset(&b);
@@ -1063,7 +1269,7 @@ static void test_dense_frames(void)
     m.submit.requests = r;
     CHECK_OK(proto_encode(&b, &m));
     CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense SUBMIT: %s", rd_errmsg());
-    CHECK(d.arena_bytes <= PROTO_ARENA_BOUND(b.len), "arena");
+    CHECK(d.arena_bytes <= 2 * b.len + 256, "arena: every message but UPDATE_BEGIN keeps 2 x frame + 256");
     proto_msg_free(&d);
     /* 1-token, 1-span results */
     memset(&m, 0, sizeof m);
@@ -1100,6 +1306,36 @@ static void test_dense_frames(void)
     CHECK_OK(proto_encode(&b, &m));
     CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense SUBMIT_OK: %s", rd_errmsg());
     proto_msg_free(&d);
+    /* a manifest of 1-dimensional tensors with 1-byte names (29 wire bytes,
+     * 72 + 8 arena bytes each): the densest UPDATE_BEGIN */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_UPDATE_BEGIN;
+    m.update_begin.n_tensors = 20000;
+    proto_tensor *t = palloc(20000 * sizeof *t);
+    for (int i = 0; i < 20000; i++) {
+        t[i].name.ptr = "w";
+        t[i].name.len = 1;
+        t[i].n_dims = 1;
+        t[i].shape[0] = (uint64_t)i;
+    }
+    m.update_begin.tensors = t;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &m));
+    CHECK(b.len == 16 + 40 + 20000 * 29, "dense UPDATE_BEGIN is %zu bytes", b.len);
+    CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense UPDATE_BEGIN: %s", rd_errmsg());
+    CHECK(d.arena_bytes <= PROTO_ARENA_BOUND(b.len), "arena %zu > bound %zu", d.arena_bytes,
+          PROTO_ARENA_BOUND(b.len));
+    CHECK(d.update_begin.tensors[19999].shape[0] == 19999 && !strcmp(d.update_begin.tensors[7].name.ptr, "w"),
+          "fields");
+    proto_msg_free(&d);
+    /* a count the bytes cannot hold is refused without allocating */
+    uint32_t n_fit = (uint32_t)((b.len - 16 - 40) / 28);
+    memcpy(b.data + 16 + 36, &n_fit, 4);    /* little-endian host assumed by this test only */
+    n_fit++;
+    memcpy(b.data + 16 + 36, &n_fit, 4);
+    CHECK(proto_decode(b.data, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena,
+          "n_tensors past the bytes: %s", rd_errmsg());
+    CHECK(strstr(rd_errmsg(), "n_tensors"), "message: %s", rd_errmsg());
     pool_free();
     /* the limit: a frame one byte over max_len is TOO_LARGE, at max_len it decodes */
     memset(&m, 0, sizeof m);
@@ -1162,9 +1398,56 @@ static void test_encode_refuses(void)
     res.n_spans = 0;
     CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "tokens without spans accepted");
 
+    /* weight updates */
+    proto_tensor t = {.name = {"model.norm.weight", 17}, .dtype = PROTO_DTYPE_BF16, .n_dims = 1, .shape = {576},
+                      .nbytes = 1152};
     memset(&m, 0, sizeof m);
     m.type = PROTO_UPDATE_BEGIN;
-    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "reserved type encoded");
+    m.update_begin.n_tensors = 1;
+    m.update_begin.tensors = &t;
+    CHECK_OK(proto_encode(&b, &m));
+    CHECK(b.len == len0 + 16 + 40 + 4 + 17 + 4 + 8 + 12, "UPDATE_BEGIN size %zu", b.len - len0);
+    b.len = len0;
+    m.update_begin.mode = 3;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "mode 3 accepted");
+    m.update_begin.mode = PROTO_MODE_ABORT;
+    t.dtype = 3;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "dtype 3 accepted");
+    t.dtype = PROTO_DTYPE_F32;
+    t.n_dims = 0;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "n_dims 0 accepted");
+    t.n_dims = 5;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "n_dims 5 accepted");
+    t.n_dims = 4;
+    t.name.len = 0;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "empty name accepted");
+    char longname[PROTO_MAX_TENSOR_NAME + 1];
+    memset(longname, 'n', sizeof longname);
+    t.name.ptr = longname;
+    t.name.len = PROTO_MAX_TENSOR_NAME + 1;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "257-byte name accepted");
+    t.name.len = PROTO_MAX_TENSOR_NAME;
+    CHECK_OK(proto_encode(&b, &m));
+    b.len = len0;
+    t.name.ptr = "a\xed\xa0\x80";
+    t.name.len = 4;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "surrogate in a name accepted");
+    m.update_begin.tensors = NULL;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "tensors NULL with n_tensors 1 accepted");
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_UPDATE_CHUNK;
+    m.update_chunk.len = 5;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "chunk data NULL with len 5 accepted");
+    m.update_chunk.len = 0;
+    CHECK_OK(proto_encode(&b, &m));
+    b.len = len0;
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_UPDATE_CHUNK_OK;
+    m.update_chunk_ok.flags = 2;
+    CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "CHUNK_OK flags 2 accepted");
+    m.type = 0x14;
+    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x14 encoded");
+    memset(&m, 0, sizeof m);
     m.type = 0x77;
     CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "undefined type encoded");
     m.type = PROTO_ERROR;
@@ -1204,13 +1487,53 @@ static void test_encode_error(void)
     proto_buf_free(&b);
 }
 
+/* An UPDATE_CHUNK's data points into the frame (not copied), unaligned, and
+ * its crc32c field is the CRC-32C (engine/crc32c.h) of those bytes. */
+static void test_update_chunk_data(void)
+{
+    size_t len;
+    uint8_t *data = read_file("update_chunk.bin", &len);
+    CHECK(data, "cannot read update_chunk.bin");
+    proto_msg m;
+    CHECK_OK(proto_decode(data, len, 0, &m));
+    CHECK(m.type == PROTO_UPDATE_CHUNK && m.update_chunk.len == len - 48, "len %u", m.update_chunk.len);
+    CHECK(m.update_chunk.data == data + 48, "data does not point into the frame");
+    CHECK(m.arena == NULL && m.arena_bytes == 0, "a chunk decode allocated %zu bytes", m.arena_bytes);
+    CHECK(crc32c(0, m.update_chunk.data, m.update_chunk.len) == m.update_chunk.crc32c,
+          "crc32c of the data 0x%08x, field 0x%08x", crc32c(0, m.update_chunk.data, m.update_chunk.len),
+          m.update_chunk.crc32c);
+    proto_msg_free(&m);
+    /* at an odd address too */
+    uint8_t *odd = malloc(len + 1);
+    memcpy(odd + 1, data, len);
+    CHECK_OK(proto_decode(odd + 1, len, 0, &m));
+    CHECK(m.update_chunk.data == odd + 1 + 48 && !memcmp(m.update_chunk.data, data + 48, len - 48), "odd");
+    free(odd);
+    free(data);
+}
+
 static void test_names(void)
 {
     CHECK(!strcmp(proto_type_name(PROTO_RESULTS), "RESULTS"), "type name");
     CHECK(proto_type_name(0x42) == NULL, "undefined type has a name");
     CHECK(!strcmp(proto_err_name(PROTO_E_BUSY), "BUSY") && !strcmp(proto_err_name(999), "UNKNOWN"), "err names");
     CHECK(proto_is_request(PROTO_HELLO) && proto_is_request(PROTO_BYE) && !proto_is_request(PROTO_HELLO_OK) &&
-          !proto_is_request(PROTO_UPDATE_BEGIN) && !proto_is_request(PROTO_ERROR), "is_request");
+          proto_is_request(PROTO_UPDATE_BEGIN) && proto_is_request(PROTO_UPDATE_CHUNK) &&
+          proto_is_request(PROTO_UPDATE_COMMIT) && proto_is_request(PROTO_UPDATE_ABORT) &&
+          !proto_is_request(PROTO_UPDATE_BEGIN_OK) && !proto_is_request(PROTO_UPDATE_ABORT_OK) &&
+          !proto_is_request(0x07) && !proto_is_request(0x14) && !proto_is_request(PROTO_ERROR), "is_request");
+    static const char *update_names[] = {"UPDATE_BEGIN", "UPDATE_CHUNK", "UPDATE_COMMIT", "UPDATE_ABORT"};
+    for (int i = 0; i < 4; i++) {
+        char ok[32];
+        snprintf(ok, sizeof ok, "%s_OK", update_names[i]);
+        CHECK(!strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN + i)), update_names[i]) &&
+              !strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN_OK + i)), ok), "update type names");
+    }
+    CHECK(proto_type_name(0x14) == NULL && proto_type_name(0x94) == NULL, "0x14/0x94 have names");
+    CHECK(!strcmp(proto_err_name(13), "CHECKSUM") && !strcmp(proto_err_name(14), "STALE_VERSION") &&
+          !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNKNOWN"), "update errors");
+    CHECK(proto_dtype_size(PROTO_DTYPE_F32) == 4 && proto_dtype_size(PROTO_DTYPE_F16) == 2 &&
+          proto_dtype_size(PROTO_DTYPE_BF16) == 2 && proto_dtype_size(3) == 0, "dtype sizes");
     CHECK(proto_err_from_rd(RD_EBUSY) == PROTO_E_BUSY && proto_err_from_rd(RD_EINVAL) == PROTO_E_INVALID_PARAMS &&
           proto_err_from_rd(RD_ENOENT) == PROTO_E_UNKNOWN_REQUEST && proto_err_from_rd(RD_EIO) == PROTO_E_INTERNAL,
           "err_from_rd");
@@ -1233,6 +1556,7 @@ int main(void)
     RUN(test_dense_frames);
     RUN(test_encode_refuses);
     RUN(test_encode_error);
+    RUN(test_update_chunk_data);
     RUN(test_names);
     pool_free();
     cJSON_Delete(vectors);

@@ -1,7 +1,14 @@
 /* rd_push.c - see rd_push.h. */
 #include "tools/client/rd_push.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +53,14 @@ typedef struct {
     _Atomic uint64_t acked, wire;
     atomic_uint retries;
     atomic_int done;            /* the target thread has finished */
+    uint16_t lane_port;         /* the daemon's data lane (0: none) */
+    /* data lane state (lane_send / lane_reader) */
+    int fd;
+    pthread_cond_t cv;
+    uint32_t outstanding;       /* chunks written and not answered */
+    uint32_t *resend;           /* chunk indices to write again */
+    uint32_t n_resend;
+    int reader_done;
     pthread_mutex_t mu;         /* t->error */
     pthread_t thread;
 } rdp_job;
@@ -114,6 +129,175 @@ static void *slot_main(void *arg)
     return NULL;
 }
 
+/* Reads the daemon's replies on the data lane until the stream ends. */
+static void *lane_reader(void *arg)
+{
+    rdp_job *j = arg;
+    const rdp_plan *p = j->p;
+    uint8_t head[PROTO_HEADER_BYTES];
+    uint8_t *frame = NULL;
+    for (;;) {
+        size_t got = 0;
+        while (got < sizeof head) {
+            ssize_t n = read(j->fd, head + got, sizeof head - got);
+            if (n <= 0)
+                goto out;
+            got += (size_t)n;
+        }
+        uint32_t body = (uint32_t)head[8] | (uint32_t)head[9] << 8 | (uint32_t)head[10] << 16 | (uint32_t)head[11] << 24;
+        if (body > 65536) {
+            fail_job(j, RD_EFORMAT, 0, "data lane: a reply frame over 64 KiB");
+            goto out;
+        }
+        uint8_t *nf = realloc(frame, sizeof head + body);
+        if (!nf)
+            goto out;
+        frame = nf;
+        memcpy(frame, head, sizeof head);
+        got = 0;
+        while (got < body) {
+            ssize_t n = read(j->fd, frame + sizeof head + got, body - got);
+            if (n <= 0)
+                goto out;
+            got += (size_t)n;
+        }
+        proto_msg m;
+        if (proto_decode(frame, sizeof head + body, 0, &m)) {
+            char why[600];
+            snprintf(why, sizeof why, "data lane: a reply does not decode: %s", rd_errmsg());
+            fail_job(j, RD_EFORMAT, 0, why);
+            goto out;
+        }
+        pthread_mutex_lock(&j->mu);
+        if (m.type == PROTO_UPDATE_CHUNK_OK && m.update_chunk_ok.chunk_seq < p->n_chunks) {
+            atomic_fetch_add(&j->acked, p->chunks[m.update_chunk_ok.chunk_seq].len);
+            j->outstanding--;
+        } else if (m.type == PROTO_ERROR && m.error.code == PROTO_E_CHECKSUM) {
+            /* The message names no chunk: the oldest unanswered one is this one (replies keep order per
+             * checksum job completion, so resend conservatively: the daemon answers a resend of a chunk
+             * it already staged as a duplicate). */
+            j->outstanding--;
+            atomic_fetch_add(&j->retries, 1);
+        } else {
+            char why[600];
+            snprintf(why, sizeof why, "daemon error %s (%u) on the data lane: %s",
+                     m.type == PROTO_ERROR ? proto_err_name(m.error.code) : "?",
+                     m.type == PROTO_ERROR ? m.error.code : 0,
+                     m.type == PROTO_ERROR && m.error.message.ptr ? m.error.message.ptr : "unexpected reply");
+            pthread_mutex_unlock(&j->mu);
+            fail_job(j, RDC_EDAEMON, m.type == PROTO_ERROR ? m.error.code : 0, why);
+            pthread_mutex_lock(&j->mu);
+        }
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        proto_msg_free(&m);
+    }
+out:
+    free(frame);
+    pthread_mutex_lock(&j->mu);
+    j->reader_done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+static int write_all(int fd, struct iovec *iov, int n)
+{
+    while (n > 0) {
+        ssize_t w = writev(fd, iov, n);
+        if (w < 0)
+            return -1;
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+/* Sends every chunk on the data lane: a head and the tensor's bytes as they
+ * are (no copy), at most a window unanswered. CRC mismatches are resent. */
+static int lane_send(rdp_job *j, const char *url)
+{
+    const rdp_plan *p = j->p;
+    char host[256];
+    const char *h = strncmp(url, "tcp://", 6) ? NULL : url + 6;
+    const char *colon = h ? strrchr(h, ':') : NULL;
+    if (!h || !colon || (size_t)(colon - h) >= sizeof host)
+        return rd_fail(RD_EINVAL, "data lane: cannot take a host from '%s'", url);
+    memcpy(host, h, (size_t)(colon - h));
+    host[colon - h] = 0;
+    char port[16];
+    snprintf(port, sizeof port, "%u", j->lane_port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
+    if (getaddrinfo(host, port, &hints, &ai))
+        return rd_fail(RD_EIO, "data lane: cannot resolve %s", host);
+    j->fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    int one = 1;
+    if (j->fd < 0 || connect(j->fd, ai->ai_addr, ai->ai_addrlen)) {
+        freeaddrinfo(ai);
+        if (j->fd >= 0)
+            close(j->fd);
+        return rd_fail(RD_EIO, "data lane: cannot connect to %s:%s", host, port);
+    }
+    freeaddrinfo(ai);
+    setsockopt(j->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pthread_t reader;
+    if (pthread_create(&reader, NULL, lane_reader, j)) {
+        close(j->fd);
+        return rd_fail(RD_ENOMEM, "data lane: cannot start the reply reader");
+    }
+    int rc = 0;
+    uint32_t window = j->window ? j->window : 1;
+    uint64_t sent_bytes = 0;
+    /* Pass 1 sends everything; while bytes are missing (a checksum failure), pass again:
+     * chunks already staged come back as duplicates and cost only their bytes. */
+    for (int pass = 0; pass < 4 && !atomic_load(&j->failed); pass++) {
+        uint32_t retries_before = atomic_load(&j->retries);
+        for (uint32_t i = 0; i < p->n_chunks && !atomic_load(&j->failed); i++) {
+            const rdp_chunk *ch = &p->chunks[i];
+            pthread_mutex_lock(&j->mu);
+            while (j->outstanding >= window && !j->reader_done && !atomic_load(&j->failed))
+                pthread_cond_wait(&j->cv, &j->mu);
+            int stop = j->reader_done || atomic_load(&j->failed);
+            if (!stop)
+                j->outstanding++;
+            pthread_mutex_unlock(&j->mu);
+            if (stop)
+                break;
+            proto_update_chunk c = {.xfer_id = j->xfer, .chunk_seq = i, .tensor_index = ch->tensor, .offset = ch->off,
+                                    .crc32c = ch->crc, .len = ch->len};
+            uint8_t head[PROTO_CHUNK_HEAD_BYTES];
+            proto_lane_encode_head(head, &c);
+            struct iovec iov[2] = {{head, sizeof head}, {(void *)(p->tensors[ch->tensor].data + ch->off), ch->len}};
+            if (write_all(j->fd, iov, 2)) {
+                fail_job(j, RD_EIO, 0, "data lane: the connection broke while sending");
+                break;
+            }
+            sent_bytes += sizeof head + ch->len;
+        }
+        pthread_mutex_lock(&j->mu);
+        while (j->outstanding > 0 && !j->reader_done && !atomic_load(&j->failed))
+            pthread_cond_wait(&j->cv, &j->mu);
+        pthread_mutex_unlock(&j->mu);
+        if (atomic_load(&j->retries) == retries_before)
+            break;
+        atomic_store(&j->acked, 0); /* the next pass counts every chunk again (duplicates included) */
+    }
+    atomic_fetch_add(&j->wire, sent_bytes);
+    shutdown(j->fd, SHUT_WR);
+    pthread_join(reader, NULL);
+    close(j->fd);
+    if (!atomic_load(&j->failed) && atomic_load(&j->acked) < p->total)
+        fail_job(j, RD_EIO, 0, "data lane: the daemon closed the stream before answering every chunk");
+    return rc;
+}
+
 static void *target_main(void *arg)
 {
     rdp_job *j = arg;
@@ -141,12 +325,15 @@ static void *target_main(void *arg)
     j->xfer = r.update_begin_ok.xfer_id;
     j->window = r.update_begin_ok.window;
     j->max_chunk = r.update_begin_ok.max_chunk_bytes;
+    j->lane_port = o->no_lane ? 0 : r.update_begin_ok.data_port;
     proto_msg_free(&r);
     if (j->max_chunk < o->chunk_bytes) {
         char why[200];
         snprintf(why, sizeof why, "the daemon grants chunks of %u bytes; this push was planned with %u (use a smaller "
                  "chunk size)", j->max_chunk, o->chunk_bytes);
         fail_job(j, RD_ERANGE, 0, why);
+    } else if (j->lane_port) {
+        lane_send(j, t->url);
     } else {
         pthread_t slots[1024];
         uint32_t n = j->window < 1024 ? j->window : 1024, started = 0;
@@ -278,6 +465,7 @@ int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int 
         j->t->err_code = 0;
         j->t->error[0] = 0;
         pthread_mutex_init(&j->mu, NULL);
+        pthread_cond_init(&j->cv, NULL);
         int rc = rdc_open(j->t->url, &j->c);
         if (!rc)
             rc = rdc_hello(j->c, 0, o.client_name ? o.client_name : "rd_push");
@@ -331,6 +519,7 @@ int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int 
         if (!rc && targets[i].rc)
             rc = targets[i].rc;
         pthread_mutex_destroy(&jobs[i].mu);
+        pthread_cond_destroy(&jobs[i].cv);
     }
     free(jobs);
     free(p.manifest);

@@ -29,6 +29,7 @@ typedef struct {
     uint32_t chunk_bytes;       /* default 16 MiB */
     const char *client_name;
     int progress;               /* 1: a progress line per daemon on stderr */
+    int no_lane;                /* 1: send chunks over NNG even when the daemon offers a data lane */
 } rdp_options;
 
 /* One daemon's side of a push; url is set by the caller, the rest is filled. */

@@ -20,6 +20,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rolloutd import proto as P  # noqa: E402
+from rolloutd.crc32c import crc32c  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -61,7 +62,9 @@ def result(seq, rid, n_tokens, spans, top_k=0, processed=False, finish=P.FINISH_
 def valid_vectors():
     V = []
 
-    def add(name, msg, desc, **extra):
+    def add(name, msg, desc, total=False, **extra):
+        if total:
+            msg.total_bytes = sum(t.nbytes for t in msg.tensors)
         V.append((name, msg, desc, extra))
 
     add("hello_new", P.Hello(client_id=0, client_name="trainer-0"), "a new client: client_id 0")
@@ -162,7 +165,53 @@ def valid_vectors():
     add("error_unknown_request", P.Error(code=P.E.BAD_MAGIC, request_type=0, version_max=1,
                                          message="magic is 47 45 54 20; expected 52 4c 44 50 (\"RLDP\")"),
         "an ERROR for a frame whose header was unreadable: request_type 0")
+
+    # weight updates (PROTOCOL.md §10)
+    add("update_begin", P.UpdateBegin(client_id=0x0123456789ABCDEF, version=8, mode=P.MODE_CONTINUE, window=8,
+                                      max_chunk_bytes=4 << 20, total_bytes=0, tensors=[
+        tensor("model.embed_tokens.weight", P.DTYPE_BF16, [49152, 576], 0x6A09E667),
+        tensor("model.layers.0.self_attn.q_proj.weight", P.DTYPE_F16, [576, 576], 0xBB67AE85),
+        tensor("model.norm.weight", P.DTYPE_F32, [576], 0x3C6EF372),
+    ]), "a manifest of 3 tensors: bf16 and f16 matrices, an f32 vector; total_bytes is their sum", total=True)
+    add("update_begin_4d", P.UpdateBegin(client_id=42, version=2 ** 64 - 1, mode=P.MODE_ABORT, window=1,
+                                         max_chunk_bytes=1, total_bytes=2 ** 64 - 1, tensors=[
+        tensor("π." + "x" * 250 + "✓", P.DTYPE_F32, [2 ** 64 - 1, 3, 1, 0], 0xFFFFFFFF),
+    ]), "abort mode; one 4-dimensional tensor with a 256-byte non-ASCII name; max u64 version, shape and sizes "
+        "(the decoder checks structure only)")
+    add("update_begin_drain_empty", P.UpdateBegin(client_id=7, version=3, mode=P.MODE_DRAIN, window=0,
+                                                  max_chunk_bytes=0, total_bytes=0),
+        "drain mode and no tensors: well-formed (the daemon answers INVALID_PARAMS)")
+    add("update_begin_ok", P.UpdateBeginOk(xfer_id=0xFEDCBA9876543210, window=4, max_chunk_bytes=4 << 20,
+                                           staging_bytes=57288960),
+        "transfer opened for update_begin: a smaller window than asked (8), staging = total_bytes")
+    data = np.arange(-16, 16, dtype="<f4").astype("<f2").tobytes() + bytes([0x00, 0xFF, 0x7F, 0x80])
+    add("update_chunk", P.UpdateChunk(xfer_id=0xFEDCBA9876543210, chunk_seq=17, tensor_index=2, offset=1024,
+                                      crc32c=crc32c(data), data=data),
+        "68 bytes of tensor 2 at offset 1024, with their CRC-32C")
+    add("update_chunk_empty", P.UpdateChunk(xfer_id=1, chunk_seq=0, tensor_index=0, offset=2 ** 64 - 1,
+                                            crc32c=0, data=b""),
+        "a chunk with no data: well-formed (the daemon answers INVALID_PARAMS)")
+    add("update_chunk_ok", P.UpdateChunkOk(xfer_id=0xFEDCBA9876543210, chunk_seq=17, flags=0,
+                                           bytes_staged=1 << 20, total_bytes=57288960), "a chunk staged")
+    add("update_chunk_ok_duplicate", P.UpdateChunkOk(xfer_id=0xFEDCBA9876543210, chunk_seq=18,
+                                                     flags=P.CHUNK_OK_DUPLICATE, bytes_staged=1 << 20,
+                                                     total_bytes=57288960),
+        "a resent chunk that was already staged: DUPLICATE")
+    add("update_commit", P.UpdateCommit(xfer_id=0xFEDCBA9876543210), "commit the transfer")
+    add("update_commit_ok", P.UpdateCommitOk(version=8, stall_us=1500, wait_us=42000, staged_us=3100000,
+                                             n_aborted=0), "version 8 serves; the engine stalled 1.5 ms")
+    add("update_commit_ok_aborted", P.UpdateCommitOk(version=2 ** 64 - 1, stall_us=0, wait_us=0, staged_us=0,
+                                                     n_aborted=0xFFFFFFFF), "abort mode: samples aborted; max values")
+    add("update_abort", P.UpdateAbort(xfer_id=0xFEDCBA9876543210), "drop the transfer")
+    add("update_abort_ok", P.UpdateAbortOk(bytes_freed=57288960), "its staging memory released")
     return V
+
+
+def tensor(name, dtype, shape, crc):
+    n = P.dtype_size(dtype)
+    for d in shape:
+        n = n * d % 2 ** 64
+    return P.Tensor(name=name, dtype=dtype, shape=shape, nbytes=n, crc32c=crc)
 
 
 def frame(type_, body, version=P.VERSION, flags=0, magic=P.MAGIC, body_len=None):
@@ -196,8 +245,10 @@ def invalid_vectors(valid_frames):
     add("header_flags", frame(P.T.STATUS, b"", flags=1), P.E.MALFORMED, "header flags 1 (reserved, must be 0)")
     add("unknown_type", frame(0x42, b""), P.E.UNKNOWN_TYPE, "message type 0x42")
     add("unknown_type_zero", frame(0, b""), P.E.UNKNOWN_TYPE, "message type 0")
-    add("reserved_type", frame(P.T.UPDATE_BEGIN, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "UPDATE_BEGIN: reserved for weight updates, not implemented")
+    add("unknown_type_after_updates", frame(0x14, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        "message type 0x14, just past UPDATE_ABORT")
+    add("unknown_type_reply_after_updates", frame(0x94, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        "message type 0x94, just past UPDATE_ABORT_OK")
     add("trailing_bytes", frame(P.T.FETCH, valid_frames["fetch"][16:] + b"\0\0\0\0"), P.E.MALFORMED,
         "a FETCH with 4 bytes after its last field (length field consistent)")
     add("status_with_body", frame(P.T.STATUS, b"\0"), P.E.MALFORMED, "STATUS must have an empty body")
@@ -234,7 +285,73 @@ def invalid_vectors(valid_frames):
         "spans [0,5) for 6 tokens: not covering the tokens")
     add("error_code_zero", frame(P.T.ERROR, struct.pack("<IHHI", 0, 1, 1, 0)), P.E.MALFORMED, "ERROR with code 0")
     add("abort_flags", frame(P.T.ABORT, struct.pack("<QQI", 1, 2, 0x80)), P.E.MALFORMED, "ABORT flags 0x80")
+    update_invalid(valid_frames, add)
     return I
+
+
+def update_invalid(valid_frames, add):
+    """Invalid weight-update frames: each a valid one with one thing broken."""
+    begin = valid_frames["update_begin"][16:]
+    t0 = 40                                     # first tensor in the body
+    name0 = struct.unpack_from("<I", begin, t0)[0]
+    dt0 = t0 + 4 + name0                        # its dtype byte; n_dims, reserved u16 and shape follow
+
+    def patched(body, at, fmt, value):
+        b = bytearray(body)
+        struct.pack_into(fmt, b, at, value)
+        return bytes(b)
+
+    B = P.T.UPDATE_BEGIN
+    add("update_begin_bad_mode", frame(B, patched(begin, 16, "<B", 3)), P.E.MALFORMED, "UPDATE_BEGIN mode 3")
+    add("update_begin_mode_ff", frame(B, patched(begin, 16, "<B", 0xFF)), P.E.MALFORMED, "UPDATE_BEGIN mode 255")
+    add("update_begin_reserved", frame(B, patched(begin, 18, "<B", 1)), P.E.MALFORMED,
+        "UPDATE_BEGIN reserved byte 2 of 3 is 1")
+    add("update_begin_bad_dtype", frame(B, patched(begin, dt0, "<B", 3)), P.E.MALFORMED, "tensor 0 dtype 3")
+    add("update_begin_n_dims_0", frame(B, patched(begin, dt0 + 1, "<B", 0)), P.E.MALFORMED, "tensor 0 n_dims 0")
+    add("update_begin_n_dims_5", frame(B, patched(begin, dt0 + 1, "<B", 5)), P.E.MALFORMED, "tensor 0 n_dims 5")
+    add("update_begin_tensor_reserved", frame(B, patched(begin, dt0 + 2, "<H", 0x100)), P.E.MALFORMED,
+        "tensor 0 reserved u16 is 0x100")
+    add("update_begin_huge_tensor_count", frame(B, patched(begin, 36, "<I", 0xFFFFFFFF)), P.E.MALFORMED,
+        "n_tensors = 2^32-1: refused before any allocation")
+    n_fit = (len(begin) - 40) // 28
+    add("update_begin_tensor_count_over_bytes", frame(B, patched(begin, 36, "<I", n_fit + 1)), P.E.MALFORMED,
+        f"n_tensors = {n_fit + 1}: {n_fit + 1} x 28 bytes do not fit the {len(begin) - 40} bytes left")
+    add("update_begin_one_tensor_too_many", frame(B, patched(begin, 36, "<I", 4)), P.E.MALFORMED,
+        "n_tensors = 4 with 3 tensors in the body")
+    add("update_begin_truncated", frame(B, begin[:-1]), P.E.MALFORMED, "the last tensor's crc32c cut by 1 byte")
+    add("update_begin_trailing_byte", frame(B, begin + b"\0"), P.E.MALFORMED, "a byte after the last tensor")
+    fixed = begin[:36] + struct.pack("<I", 1)
+    tail = struct.pack("<BBHQQI", P.DTYPE_F32, 1, 0, 4, 16, 0)
+    add("update_begin_empty_name", frame(B, fixed + struct.pack("<I", 0) + tail), P.E.MALFORMED,
+        "a tensor with an empty name")
+    add("update_begin_name_too_long", frame(B, fixed + struct.pack("<I", 257) + b"w" * 257 + tail), P.E.MALFORMED,
+        "a tensor name of 257 bytes (the limit is 256)")
+    add("update_begin_name_bad_utf8", frame(B, fixed + struct.pack("<I", 3) + b"a\xc0\x80" + tail), P.E.MALFORMED,
+        "a tensor name with an overlong NUL")
+    add("update_begin_name_huge", frame(B, fixed + struct.pack("<I", 0x7FFFFFFF) + tail), P.E.MALFORMED,
+        "a tensor name claiming 2 GiB")
+    add("update_begin_short", frame(B, begin[:39]), P.E.MALFORMED, "39 bytes: below the 40-byte minimum")
+
+    chunk = valid_frames["update_chunk"][16:]
+    C = P.T.UPDATE_CHUNK
+    add("update_chunk_truncated_data", frame(C, chunk[:-1]), P.E.MALFORMED, "len says 68 bytes of data, 67 follow")
+    add("update_chunk_len_huge", frame(C, patched(chunk, 28, "<I", 0xFFFFFFFF)), P.E.MALFORMED,
+        "len = 2^32-1")
+    add("update_chunk_trailing_byte", frame(C, patched(chunk, 28, "<I", len(chunk) - 33)), P.E.MALFORMED,
+        "len one short of the data: a byte after the last field")
+    add("update_chunk_ok_flags", frame(P.T.UPDATE_CHUNK_OK, patched(valid_frames["update_chunk_ok"][16:], 12, "<I", 2)),
+        P.E.MALFORMED, "UPDATE_CHUNK_OK flags 2 (only DUPLICATE is defined)")
+    add("update_commit_ok_reserved", frame(P.T.UPDATE_COMMIT_OK,
+                                           patched(valid_frames["update_commit_ok"][16:], 36, "<I", 1)),
+        P.E.MALFORMED, "UPDATE_COMMIT_OK reserved is 1")
+    add("update_commit_trailing_byte", frame(P.T.UPDATE_COMMIT, valid_frames["update_commit"][16:] + b"\0"),
+        P.E.MALFORMED, "UPDATE_COMMIT with 9 bytes")
+    add("update_abort_short", frame(P.T.UPDATE_ABORT, valid_frames["update_abort"][16:23]), P.E.MALFORMED,
+        "UPDATE_ABORT with 7 bytes")
+    add("update_begin_ok_short", frame(P.T.UPDATE_BEGIN_OK, valid_frames["update_begin_ok"][16:-1]), P.E.MALFORMED,
+        "UPDATE_BEGIN_OK with 23 bytes")
+    add("update_abort_ok_trailing", frame(P.T.UPDATE_ABORT_OK, valid_frames["update_abort_ok"][16:] + b"\0" * 8),
+        P.E.MALFORMED, "UPDATE_ABORT_OK with 16 bytes")
 
 
 def main():

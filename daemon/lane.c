@@ -1,0 +1,330 @@
+/* lane.c - the weight-update data lane (PROTOCOL.md §10.10).
+ *
+ * A plain TCP stream of UPDATE_CHUNK frames, next to the NNG socket, for the
+ * bulk of an update. NNG would copy every chunk into a message on both sides;
+ * here the loop thread reads a frame's 48-byte head, claims the chunk's range
+ * of the staging area, and has the kernel read the data straight into that
+ * range (libuv's alloc callback hands out the staging memory itself). A worker
+ * then checks the CRC-32C, and the reply (UPDATE_CHUNK_OK or ERROR, the same
+ * frames as on NNG) goes back on the same stream. Reading pauses while the
+ * transfer's window of chunks is being checked, so a sender can never be
+ * more than a window ahead. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+
+#define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
+
+typedef struct lane_conn {
+    uv_tcp_t tcp;
+    struct lane_server *srv;
+    struct lane_conn *next, *prev;
+    uint8_t head[PROTO_CHUNK_HEAD_BYTES];
+    size_t head_got;
+    int in_data;                /* reading a chunk's data */
+    proto_update_chunk c;       /* the chunk being read */
+    up_xfer *x;                 /* its transfer when the range was claimed */
+    uint8_t *dest;              /* where the data goes; NULL: discard it */
+    uint64_t got;               /* data bytes read */
+    uint32_t code;              /* a refusal to send once the data is consumed (0: none) */
+    int dup;                    /* ... or a DUPLICATE ack */
+    char why[512];
+    int paused;                 /* reading stopped for the window */
+    int closed;                 /* uv_close called */
+    int refs;                   /* chunk jobs that will reply here */
+    uint8_t discard[LANE_DISCARD];
+} lane_conn;
+
+typedef struct lane_server {
+    rd_daemon *d;
+    uv_tcp_t listener;
+    lane_conn *conns;
+} lane_server;
+
+static void conn_free_if_done(lane_conn *c)
+{
+    if (c->closed == 2 && c->refs == 0)
+        free(c);
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    lane_conn *c = h->data;
+    lane_server *s = c->srv;
+    if (c->prev) c->prev->next = c->next; else if (s) s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    c->closed = 2;
+    conn_free_if_done(c);
+}
+
+static void conn_close(lane_conn *c, const char *why)
+{
+    if (c->closed)
+        return;
+    if (c->in_data && c->x) {
+        /* The stream ended inside a chunk: the sender is gone mid-transfer. */
+        proto_update_chunk ch = c->c;
+        up_xfer *x = c->x;
+        c->x = NULL;
+        uint64_t id = up_xfer_id(x);
+        up_chunk_abandon(c->srv->d, x, &ch);
+        up_on_lane_broken(c->srv->d, id, why);
+    }
+    c->closed = 1;
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+typedef struct {
+    uv_write_t w;
+    lane_conn *c;
+    uint8_t *buf;
+} lane_write;
+
+static void on_written(uv_write_t *w, int status)
+{
+    lane_write *lw = (lane_write *)w;
+    free(lw->buf);
+    free(lw);
+}
+
+/* Sends one reply frame (UPDATE_CHUNK_OK or ERROR). */
+static void send_reply(lane_conn *c, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
+{
+    if (c->closed)
+        return;
+    proto_buf b;
+    proto_buf_init(&b);
+    int rc;
+    if (code) {
+        rc = proto_encode_error(&b, code, PROTO_UPDATE_CHUNK, why);
+    } else {
+        proto_msg m = {.type = PROTO_UPDATE_CHUNK_OK};
+        m.update_chunk_ok = *ok;
+        rc = proto_encode(&b, &m);
+    }
+    lane_write *lw = rc ? NULL : calloc(1, sizeof *lw);
+    if (!lw) {
+        proto_buf_free(&b);
+        conn_close(c, "cannot build a reply on the data lane");
+        return;
+    }
+    lw->c = c;
+    lw->buf = b.data; /* handed to the write */
+    uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
+    if (uv_write(&lw->w, (uv_stream_t *)&c->tcp, &ub, 1, on_written)) {
+        free(lw->buf);
+        free(lw);
+        conn_close(c, "the data lane's connection failed");
+    }
+}
+
+/* A chunk job finished: its reply goes out on this stream. */
+static void job_reply(rd_daemon *d, void *arg, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
+{
+    lane_conn *c = arg;
+    c->refs--;
+    send_reply(c, code, why, ok);
+    conn_free_if_done(c);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    lane_conn *c = h->data;
+    if (!c->in_data) {
+        *buf = uv_buf_init((char *)c->head + c->head_got, (unsigned)(PROTO_CHUNK_HEAD_BYTES - c->head_got));
+        return;
+    }
+    uint64_t left = c->c.len - c->got;
+    if (c->dest) {
+        *buf = uv_buf_init((char *)c->dest + c->got, (unsigned)(left < (1u << 30) ? left : (1u << 30)));
+        return;
+    }
+    *buf = uv_buf_init((char *)c->discard, (unsigned)(left < LANE_DISCARD ? left : LANE_DISCARD));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* The window has room again (or the transfer ended): paused readers go on. */
+void lane_on_room(rd_daemon *d)
+{
+    lane_server *s = d->lane;
+    if (!s)
+        return;
+    for (lane_conn *c = s->conns; c; c = c->next) {
+        if (!c->paused || c->closed || (d->xfer && !up_xfer_has_room(d->xfer)))
+            continue;
+        c->paused = 0;
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read))
+            conn_close(c, "cannot resume reading the data lane");
+    }
+}
+
+/* A whole chunk has been read: hand it on, or answer why it was not taken. */
+static void chunk_complete(lane_conn *c)
+{
+    rd_daemon *d = c->srv->d;
+    up_sink sink = {.send = job_reply, .arg = c};
+    proto_update_chunk ch = c->c;
+    up_xfer *x = c->x;
+    c->in_data = 0;
+    c->head_got = 0;
+    c->x = NULL;
+    c->dest = NULL;
+    if (c->code) {
+        send_reply(c, c->code, c->why, NULL);
+    } else if (c->dup) {
+        c->refs++;
+        up_chunk_duplicate(d, x, &ch, &sink);
+    } else {
+        c->refs++;
+        up_chunk_filled(d, x, &ch, &sink);
+    }
+    if (!c->closed && d->xfer && !up_xfer_has_room(d->xfer)) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->paused = 1;
+    }
+}
+
+/* A head has been read: decode it and claim the chunk's range. */
+static int head_complete(lane_conn *c)
+{
+    rd_daemon *d = c->srv->d;
+    uint32_t code;
+    if (proto_lane_decode_head(c->head, d->lim.max_message_bytes, &c->c, &code)) {
+        /* The framing is lost: say why, then close. */
+        send_reply(c, code, rd_errmsg(), NULL);
+        conn_close(c, "bad frame on the data lane");
+        return -1;
+    }
+    c->in_data = 1;
+    c->got = 0;
+    c->code = (uint32_t)up_chunk_claim(d, &c->c, &c->x, &c->dest, &c->dup, c->why, sizeof c->why);
+    if (c->code)
+        c->x = NULL;
+    if (c->c.len == 0)
+        chunk_complete(c);
+    return 0;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    lane_conn *c = st->data;
+    if (nread < 0) {
+        conn_close(c, nread == UV_EOF ? "the sender closed the data lane mid-chunk"
+                                      : "the data lane's connection failed mid-chunk");
+        return;
+    }
+    if (!c->in_data) {
+        c->head_got += (size_t)nread;
+        if (c->head_got == PROTO_CHUNK_HEAD_BYTES)
+            head_complete(c);
+        return;
+    }
+    c->got += (uint64_t)nread;
+    if (c->got == c->c.len)
+        chunk_complete(c);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    lane_server *s = server->data;
+    if (status < 0)
+        return;
+    lane_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = s;
+    uv_tcp_init(server->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp)) {
+        c->closed = 1;
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read))
+        conn_close(c, "cannot read the data lane");
+}
+
+/* HOST for the lane: update_listen's, or the learner socket's (tcp://HOST:PORT). */
+static int lane_addr(const rd_daemon *d, struct sockaddr_storage *addr)
+{
+    char host[256] = "";
+    int port = 0;
+    const char *spec = d->cfg.update_listen;
+    if (spec[0]) {
+        const char *colon = strrchr(spec, ':');
+        size_t hl = colon ? (size_t)(colon - spec) : 0;
+        if (!colon || hl == 0 || hl >= sizeof host)
+            return rd_fail(RD_EINVAL, "update_listen \"%s\": expected HOST:PORT (or \"\" or \"off\")", spec);
+        memcpy(host, spec, hl);
+        port = atoi(colon + 1);
+    } else {
+        const char *u = d->cfg.listen;
+        if (strncmp(u, "tcp://", 6))
+            return rd_fail(RD_EINVAL, "the data lane needs a tcp:// learner socket (listen is \"%s\"); set update_listen",
+                           u);
+        u += 6;
+        const char *colon = strrchr(u, ':');
+        size_t hl = colon ? (size_t)(colon - u) : 0;
+        if (!colon || hl == 0 || hl >= sizeof host)
+            return rd_fail(RD_EINVAL, "listen \"%s\": expected tcp://HOST:PORT", d->cfg.listen);
+        memcpy(host, u, hl);
+    }
+    if (!strcmp(host, "*"))
+        strcpy(host, "0.0.0.0");
+    int rc = strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)addr)
+                               : uv_ip4_addr(host, port, (struct sockaddr_in *)addr);
+    if (rc)
+        return rd_fail(RD_EINVAL, "data lane: %s is not a numeric IP address", host);
+    return 0;
+}
+
+int lane_start(rd_daemon *d)
+{
+    if (!strcmp(d->cfg.update_listen, "off") || d->cfg.max_staging_bytes == 0)
+        return 0;
+    struct sockaddr_storage addr;
+    int rc = lane_addr(d, &addr);
+    if (rc)
+        return rc;
+    lane_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return rd_fail(RD_ENOMEM, "data lane: out of memory");
+    s->d = d;
+    uv_tcp_init(&d->loop, &s->listener);
+    s->listener.data = s;
+    if ((rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0)) ||
+        (rc = uv_listen((uv_stream_t *)&s->listener, 16, on_connection))) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        d->lane = s; /* freed by lane_stop once the close is done */
+        return rd_fail(RD_EIO, "data lane: cannot listen: %s", uv_strerror(rc));
+    }
+    struct sockaddr_storage got;
+    int len = sizeof got;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
+    d->lane_port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                   : ((struct sockaddr_in *)&got)->sin_port);
+    d->lane = s;
+    return 0;
+}
+
+void lane_stop(rd_daemon *d)
+{
+    lane_server *s = d->lane;
+    if (!s)
+        return;
+    if (!uv_is_closing((uv_handle_t *)&s->listener))
+        uv_close((uv_handle_t *)&s->listener, NULL);
+    for (lane_conn *c = s->conns; c; c = c->next)
+        conn_close(c, "the daemon is shutting down");
+    /* Connections unlink themselves as they close; s stays until exit (main frees it). */
+}

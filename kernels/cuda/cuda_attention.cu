@@ -1,0 +1,216 @@
+// cuda_attention.cu - paged causal attention, one kernel for prefill and
+// decode rows alike.
+//
+// A row at position p attends to keys 0..p of its sequence through the block
+// table. The keys are cut into partitions of CUPLAN_ATTN_PART (fixed size,
+// never a fixed count). k_attn_part computes, for one (row, kv head,
+// partition), for each of the GQA group's query heads: the partition's max
+// score m, its sum of exp s and its unnormalised P.V o; K and V are read once
+// for the whole group. k_attn_combine folds the partitions in index order:
+//   M = max_p m_p, w_p = exp(m_p - M), out = (sum_p w_p o_p) / (sum_p w_p s_p).
+// Every sum has an order fixed by the row's own length and the constant block
+// size, so a row's output is the same in a prefill step, a decode step, a
+// CUDA graph of any bucket or next to any other rows. The grid's z dimension
+// (CTAs per row and kv head) only decides which CTA computes which partition.
+#include "kernels/cuda/cuda_internal.h"
+
+namespace RD_NS {
+
+#define AP CUPLAN_ATTN_PART
+#define AT CUPLAN_ATTN_THREADS
+
+template <int GMAX>
+__global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
+{
+    const int32_t row = blockIdx.x, kvh = blockIdx.y;
+    const int32_t seq = P.row_seq[row];
+    if (seq < 0)
+        return; // padding row: the combine kernel writes zeros
+    const int32_t n = P.positions[row] + 1;
+    int32_t n_parts = cuplan_attn_parts(n);
+    if (n_parts > P.parts_cap)
+        n_parts = P.parts_cap; // never: the host sizes parts_cap; the combine writes NaN then
+    if ((int32_t)blockIdx.z >= n_parts)
+        return;
+    const int32_t hd = P.head_dim, bs = P.block_size, nkv = P.n_kv;
+    const int32_t g = P.n_heads / nkv;
+    const cuplan_attn L = cuplan_attn_layout(g, hd);
+    const int32_t *table = P.block_tables + (int64_t)seq * *P.table_stride;
+    const int32_t tid = threadIdx.x;
+
+    RD_DYN_SMEM(float, smem);
+    float *qs = smem;                    // [g][hd]
+    float *sc = qs + g * hd;             // [g][AP]
+    float *red = sc + g * AP;            // [kl][g][hd]
+
+    const float *qrow = P.q + (int64_t)row * P.q_stride + (int64_t)kvh * g * hd;
+    for (int32_t i = tid; i < g * hd; i += AT)
+        qs[i] = qrow[i];
+    __syncthreads();
+
+    const int32_t grp = tid / L.tg, li = tid % L.tg, d0 = li * 8;
+    const bool lane_on = d0 < hd;
+    const int32_t dpi = tid % L.dp, kli = tid / L.dp;
+    const bool pv_on = kli < L.kl;
+
+    for (int32_t p = blockIdx.z; p < n_parts; p += P.z) {
+        const int32_t j0 = p * AP;
+        const int32_t len = n - j0 < AP ? n - j0 : AP;
+
+        // 1. scores: L.tg lanes per key, L.ng keys per round.
+        for (int32_t base = 0; base < len; base += L.ng) {
+            const int32_t jj = base + grp;
+            const bool valid = jj < len;
+            float kf[8];
+            for (int e = 0; e < 8; e++)
+                kf[e] = 0.0f;
+            if (valid && lane_on) {
+                const int32_t j = j0 + jj;
+                const int64_t blk = table[j / bs];
+                const uint16_t *kp = P.k_cache + ((blk * nkv + kvh) * bs + j % bs) * hd + d0;
+                load_bf16x8(kp, kf);
+            }
+#pragma unroll
+            for (int gi = 0; gi < GMAX; gi++) {
+                if (gi >= g)
+                    break;
+                float part = 0.0f;
+                if (lane_on)
+                    for (int e = 0; e < 8; e++)
+                        part = fmaf(qs[gi * hd + d0 + e], kf[e], part);
+                for (int o = L.tg / 2; o > 0; o >>= 1)
+                    part += __shfl_xor_sync(0xffffffffu, part, o);
+                if (valid && li == 0)
+                    sc[gi * AP + jj] = part * P.scale;
+            }
+        }
+        __syncthreads();
+
+        // 2. per query head: max, exp, sum.
+        for (int32_t gi = 0; gi < g; gi++) {
+            float mx = -INFINITY;
+            for (int32_t jj = tid; jj < len; jj += AT)
+                mx = fmaxf(mx, sc[gi * AP + jj]);
+            mx = block_allreduce(mx, op_max());
+            float sum = 0.0f;
+            for (int32_t jj = tid; jj < len; jj += AT) {
+                const float e = expf(sc[gi * AP + jj] - mx);
+                sc[gi * AP + jj] = e;
+                sum += e;
+            }
+            sum = block_allreduce(sum, op_add());
+            if (tid == 0) {
+                float *ms = P.part_ms + (((int64_t)row * P.n_heads + kvh * g + gi) * P.parts_cap + p) * 2;
+                ms[0] = mx;
+                ms[1] = sum;
+            }
+        }
+        __syncthreads();
+
+        // 3. P.V: thread (kli, dpi) takes keys kli, kli + kl, ... and the bf16
+        //    pair dpi; the kl partial sums then meet in order.
+        float acc[GMAX][2];
+#pragma unroll
+        for (int gi = 0; gi < GMAX; gi++)
+            acc[gi][0] = acc[gi][1] = 0.0f;
+        if (pv_on) {
+            for (int32_t jj = kli; jj < len; jj += L.kl) {
+                const int32_t j = j0 + jj;
+                const int64_t blk = table[j / bs];
+                const uint32_t vv =
+                    *(const uint32_t *)(P.v_cache + ((blk * nkv + kvh) * bs + j % bs) * hd + 2 * dpi);
+                const float v0 = rd_u2f(vv << 16), v1 = rd_u2f(vv & 0xffff0000u);
+#pragma unroll
+                for (int gi = 0; gi < GMAX; gi++) {
+                    if (gi >= g)
+                        break;
+                    const float e = sc[gi * AP + jj];
+                    acc[gi][0] = fmaf(e, v0, acc[gi][0]);
+                    acc[gi][1] = fmaf(e, v1, acc[gi][1]);
+                }
+            }
+#pragma unroll
+            for (int gi = 0; gi < GMAX; gi++) {
+                if (gi >= g)
+                    break;
+                red[(kli * g + gi) * hd + 2 * dpi] = acc[gi][0];
+                red[(kli * g + gi) * hd + 2 * dpi + 1] = acc[gi][1];
+            }
+        }
+        __syncthreads();
+        for (int32_t i = tid; i < g * hd; i += AT) {
+            const int32_t gi = i / hd, d = i % hd;
+            float s = red[gi * hd + d];
+            for (int32_t k = 1; k < L.kl; k++)
+                s += red[(k * g + gi) * hd + d];
+            P.part_o[(((int64_t)row * P.n_heads + kvh * g + gi) * P.parts_cap + p) * hd + d] = s;
+        }
+        __syncthreads(); // sc and red are reused by the next partition
+    }
+}
+
+__global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
+{
+    const int32_t row = blockIdx.x, h = blockIdx.y, hd = P.head_dim;
+    float *out = P.out + (int64_t)row * P.n_heads * hd + (int64_t)h * hd;
+    uint16_t *out_bf = P.out_bf ? P.out_bf + (int64_t)row * P.n_heads * hd + (int64_t)h * hd : nullptr;
+    if (P.row_seq[row] < 0) {
+        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+            out[d] = 0.0f;
+            if (out_bf)
+                out_bf[d] = 0;
+        }
+        return;
+    }
+    const int32_t n_parts = cuplan_attn_parts(P.positions[row] + 1);
+    if (n_parts > P.parts_cap) {
+        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
+            out[d] = NAN;
+        return;
+    }
+    const int64_t base = ((int64_t)row * P.n_heads + h) * P.parts_cap;
+    const float *ms = P.part_ms + base * 2;
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < n_parts; p++)
+        mx = fmaxf(mx, ms[2 * p]);
+    float s = 0.0f;
+    for (int32_t p = 0; p < n_parts; p++)
+        s = fmaf(ms[2 * p + 1], expf(ms[2 * p] - mx), s);
+    const float *po = P.part_o + base * hd;
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int32_t p = 0; p < n_parts; p++)
+            o = fmaf(po[(int64_t)p * hd + d], expf(ms[2 * p] - mx), o);
+        const float v = o / s;
+        out[d] = v;
+        if (out_bf)
+            out_bf[d] = rd_f32_to_bf16(v);
+    }
+}
+
+template <int GMAX> static void launch_part(cudaStream_t s, const attn_params &p, size_t smem)
+{
+    auto kern = k_attn_part<GMAX>;
+    RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
+}
+
+void launch_attention(cudaStream_t s, const attn_params &p)
+{
+    if (p.rows <= 0)
+        return;
+    const int32_t g = p.n_heads / p.n_kv;
+    const size_t smem = cuplan_attn_layout(g, p.head_dim).smem;
+    if (g <= 1)
+        launch_part<1>(s, p, smem);
+    else if (g <= 2)
+        launch_part<2>(s, p, smem);
+    else if (g <= 4)
+        launch_part<4>(s, p, smem);
+    else if (g <= 8)
+        launch_part<8>(s, p, smem);
+    else
+        launch_part<16>(s, p, smem);
+    RD_LAUNCH(k_attn_combine, dim3(p.rows, p.n_heads), dim3(AT), 0, s, p);
+}
+
+}  // namespace RD_NS

@@ -1,0 +1,97 @@
+// cuda_common.cuh - what every .cu file of the backend includes: the CUDA
+// runtime (or its host emulation when RD_CUDA_EMU is defined, see cuemu.h),
+// the launch and shared-memory macros that read the same in both, and the
+// fixed-order warp/block reductions.
+//
+// Reductions: a warp reduces by an xor butterfly (offsets 16, 8, 4, 2, 1); a
+// block folds its warps' results left to right. Both orders depend only on
+// the block size (a constant per kernel), never on the data, the grid or the
+// batch, and every thread ends with the same bits (a + b == b + a in IEEE).
+#ifndef RD_CUDA_COMMON_CUH
+#define RD_CUDA_COMMON_CUH
+
+#include <stdint.h>
+
+#ifdef RD_CUDA_EMU
+#include "kernels/cuda/cuemu.h"
+#define RD_NS rdcu_emu
+// kern(args) runs once per emulated thread; arguments are copied, as for a launch.
+#define RD_LAUNCH(kern, grid, block, smem, stream, ...) \
+    cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); })
+#define RD_DYN_SMEM(T, name) T *name = (T *)cuemu::dyn_smem()
+#else
+#include <cuda_runtime.h>
+#define RD_NS rdcu
+#define RD_LAUNCH(kern, grid, block, smem, stream, ...) kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define RD_DYN_SMEM(T, name)                                        \
+    extern __shared__ __align__(16) unsigned char rd_dyn_smem_[]; \
+    T *name = (T *)rd_dyn_smem_
+#endif
+
+#include "kernels/cuda/cuda_math.h"
+
+#define RD_DEV __device__ __forceinline__
+
+namespace RD_NS {
+
+struct op_add {
+    template <class T> RD_DEV T operator()(T a, T b) const { return a + b; }
+};
+struct op_max {
+    template <class T> RD_DEV T operator()(T a, T b) const { return a > b ? a : b; }
+};
+struct op_min {
+    template <class T> RD_DEV T operator()(T a, T b) const { return a < b ? a : b; }
+};
+
+// All 32 lanes must call it.
+template <class T, class Op> RD_DEV T warp_allreduce(T v, Op op)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Every thread of the block must call it (blockDim.x a multiple of 32).
+template <class T, class Op> RD_DEV T block_allreduce(T v, Op op)
+{
+    __shared__ T red[32];
+    v = warp_allreduce(v, op);
+    const int nw = (int)(blockDim.x + 31) / 32;
+    __syncthreads(); // a previous call's readers are done with red
+    if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = v;
+    __syncthreads();
+    T r = red[0];
+    for (int w = 1; w < nw; w++)
+        r = op(r, red[w]);
+    return r;
+}
+
+// 8 bf16 (16 bytes, 16-byte aligned) to floats.
+RD_DEV void load_bf16x8(const uint16_t *p, float *f)
+{
+    uint4 u = *(const uint4 *)p;
+    f[0] = rd_u2f(u.x << 16), f[1] = rd_u2f(u.x & 0xffff0000u);
+    f[2] = rd_u2f(u.y << 16), f[3] = rd_u2f(u.y & 0xffff0000u);
+    f[4] = rd_u2f(u.z << 16), f[5] = rd_u2f(u.z & 0xffff0000u);
+    f[6] = rd_u2f(u.w << 16), f[7] = rd_u2f(u.w & 0xffff0000u);
+}
+
+// 8 floats (32 bytes, 16-byte aligned).
+RD_DEV void load_f32x8(const float *p, float *f)
+{
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+RD_DEV void load_x8(const uint16_t *p, float *f) { load_bf16x8(p, f); }
+RD_DEV void load_x8(const float *p, float *f) { load_f32x8(p, f); }
+RD_DEV float load_x1(const uint16_t *p) { return rd_bf16_to_f32(*p); }
+RD_DEV float load_x1(const float *p) { return *p; }
+
+}  // namespace RD_NS
+
+#endif

@@ -1,0 +1,92 @@
+// cuda_internal.h - launchers shared by the backend's .cu files. Each launcher
+// enqueues its kernel(s) on stream s and returns at once; shapes and layouts
+// are those of rd_backend_ops (engine/backend.h), activations fp32 row-major,
+// weights and the KV cache bf16 (uint16_t). A NULL out_bf means "no bf16 copy".
+#ifndef RD_CUDA_INTERNAL_H
+#define RD_CUDA_INTERNAL_H
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_plan.h"
+
+namespace RD_NS {
+
+// ---- elementwise and row kernels (cuda_kernels.cu) ----
+// out[i] = W[ids[i]] (zeros for an id outside [0, vocab): a padding row).
+void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
+                  float *out);
+// RMSNorm per row, the sum of squares in double, as the CPU backend.
+void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
+                    uint16_t *out_bf);
+void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                 const int32_t *positions, const float *cos_sin);
+void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf);
+void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out);
+// Rows with slot < 0 (padding) are skipped.
+void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
+                     int32_t m, int32_t n_kv, int32_t head_dim, int32_t block_size, uint16_t *k_cache,
+                     uint16_t *v_cache);
+void launch_copy_blocks(cudaStream_t s, uint16_t *k_cache, uint16_t *v_cache, const int32_t *src,
+                        const int32_t *dst, int32_t n, int64_t block_elems);
+void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out);
+void launch_from_bf16(cudaStream_t s, const uint16_t *x, int64_t n, float *out);
+// y[m][out] = x[m][in] . W^T (+ y when acc), fp32 accumulation in a fixed
+// order per output element (independent of m): the fallback GEMM and the
+// emulator's. x is bf16 or fp32.
+void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const uint16_t *x, int32_t m, int32_t out, int32_t in,
+                        float *y, int acc);
+void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32_t m, int32_t out, int32_t in,
+                        float *y, int acc);
+// Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
+void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
+void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);
+// *count += number of rows r < m where a[r][:] and b[r][:] (n floats each,
+// row strides lda / ldb) differ bitwise.
+void launch_count_mismatch(cudaStream_t s, const float *a, int64_t lda, const float *b, int64_t ldb, int32_t m,
+                           int32_t n, unsigned *count);
+
+// ---- paged attention (cuda_attention.cu) ----
+struct attn_params {
+    const float *q;             // [rows] at q + row * q_stride: n_heads heads of head_dim
+    int32_t q_stride;
+    const uint16_t *k_cache, *v_cache; // [n_blocks][n_kv][block_size][head_dim]
+    const int32_t *positions;   // [rows]
+    const int32_t *row_seq;     // [rows] sequence of each row; -1 = padding
+    const int32_t *block_tables; // [seqs][*table_stride]
+    const int32_t *table_stride; // device scalar (read at run time: CUDA graphs)
+    int32_t n_heads, n_kv, head_dim, block_size;
+    float scale;
+    int32_t rows;
+    int32_t z;                  // CTAs per (row, kv head)
+    int32_t parts_cap;          // partitions stored per (row, head)
+    float *part_o;              // [rows][n_heads][parts_cap][head_dim] unnormalised P.V
+    float *part_ms;             // [rows][n_heads][parts_cap][2] max score, sum of exp
+    float *out;                 // [rows][n_heads * head_dim]
+    uint16_t *out_bf;           // same, bf16 (may be NULL)
+};
+void launch_attention(cudaStream_t s, const attn_params &p);
+
+// ---- sampling (cuda_sample.cu) ----
+struct sample_req {
+    int32_t row;                // logit row
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+    uint32_t seed_lo, seed_hi;
+    uint32_t sample_idx, pos;
+    int32_t n_top;              // alternatives (0..20)
+};
+struct sample_res {
+    int32_t token;              // -1: invalid logits (err says why)
+    int32_t err;                // 0 ok, 1 NaN or +inf present, 2 all -inf
+    float logprob, logprob_proc;
+    int32_t n_top;
+    int32_t top_ids[20];
+    float top_lp[20];
+};
+#define RD_SAMPLE_THREADS 1024
+void launch_sample(cudaStream_t s, const float *logits, int32_t vocab, const sample_req *reqs, int32_t n,
+                   sample_res *res);
+
+}  // namespace RD_NS
+
+#endif

@@ -1,0 +1,386 @@
+// cuda_kernels.cu - the row and elementwise kernels of the CUDA backend and
+// the fallback GEMM. Each computes what the CPU backend's op computes
+// (kernels/cpu/cpu_backend.c); where the CPU order of operations can be kept
+// (RoPE, RMSNorm's scaling, SwiGLU's formula) it is kept with round-to-nearest
+// intrinsics, so the two backends differ only where bf16 storage or a
+// different exp implementation says they must.
+#include "kernels/cuda/cuda_internal.h"
+
+namespace RD_NS {
+
+static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// ------------------------------------------------------------------ embed
+
+__global__ void k_embed(const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, float *out)
+{
+    const int32_t row = blockIdx.x;
+    const int32_t id = ids[row];
+    float *o = out + (int64_t)row * dim;
+    if (id < 0 || id >= vocab) {
+        for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
+            o[j] = 0.0f;
+        return;
+    }
+    const uint16_t *src = w + (int64_t)id * dim;
+    for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
+        o[j] = rd_bf16_to_f32(src[j]);
+}
+
+void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
+                  float *out)
+{
+    if (m <= 0)
+        return;
+    RD_LAUNCH(k_embed, dim3(m), dim3(128), 0, s, w, vocab, dim, ids, out);
+}
+
+// ------------------------------------------------------------------ rmsnorm
+
+#define RMS_THREADS 256
+
+__global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const float *w, int32_t d, float eps,
+                                                         float *out, uint16_t *out_bf)
+{
+    const int64_t row = blockIdx.x;
+    const float *xi = x + row * d;
+    double ss = 0.0;
+    for (int32_t j = threadIdx.x; j < d; j += blockDim.x)
+        ss += (double)xi[j] * (double)xi[j];
+    ss = block_allreduce(ss, op_add());
+    const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    float *oi = out + row * d;
+    for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = RD_FMUL(RD_FMUL(xi[j], inv), w[j]);
+        oi[j] = v;
+        if (out_bf)
+            out_bf[row * d + j] = rd_f32_to_bf16(v);
+    }
+}
+
+void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
+                    uint16_t *out_bf)
+{
+    if (m <= 0)
+        return;
+    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf);
+}
+
+// ------------------------------------------------------------------ rope
+
+__global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t half, const int32_t *positions,
+                       const float *cos_sin)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t total = (int64_t)m * n_heads * half;
+    if (idx >= total)
+        return;
+    const int32_t j = (int32_t)(idx % half);
+    const int32_t h = (int32_t)((idx / half) % n_heads);
+    const int64_t i = idx / ((int64_t)half * n_heads);
+    const float *cs = cos_sin + (int64_t)positions[i] * half * 2;
+    float *v = x + i * stride + (int64_t)h * 2 * half;
+    const float c = cs[2 * j], sn = cs[2 * j + 1];
+    const float a = v[j], b = v[j + half];
+    v[j] = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
+    v[j + half] = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
+}
+
+void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                 const int32_t *positions, const float *cos_sin)
+{
+    const int64_t total = (int64_t)m * n_heads * (head_dim / 2);
+    if (total <= 0)
+        return;
+    RD_LAUNCH(k_rope, dim3(blocks_for(total, 256)), dim3(256), 0, s, x, stride, m, n_heads, head_dim / 2, positions,
+              cos_sin);
+}
+
+// ------------------------------------------------------------------ swiglu
+
+__global__ void k_swiglu(const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)m * f)
+        return;
+    const int64_t i = idx / f;
+    const int32_t c = (int32_t)(idx % f);
+    const float g = gu[i * 2 * f + c], u = gu[i * 2 * f + f + c];
+    const float v = RD_FMUL(RD_FDIV(g, RD_FADD(1.0f, expf(-g))), u);
+    out[idx] = v;
+    if (out_bf)
+        out_bf[idx] = rd_f32_to_bf16(v);
+}
+
+void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf)
+{
+    const int64_t total = (int64_t)m * f;
+    if (total <= 0)
+        return;
+    RD_LAUNCH(k_swiglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf);
+}
+
+// ------------------------------------------------------------------ gather
+
+__global__ void k_gather(const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n * d)
+        return;
+    const int64_t i = idx / d;
+    out[idx] = x[(int64_t)rows[i] * d + idx % d];
+}
+
+void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)
+{
+    const int64_t total = (int64_t)n * d;
+    if (total <= 0)
+        return;
+    RD_LAUNCH(k_gather, dim3(blocks_for(total, 256)), dim3(256), 0, s, x, rows, n, d, out);
+}
+
+// ------------------------------------------------------------------ KV cache
+
+__global__ void k_kv_write(const float *k, const float *v, int32_t stride, const int32_t *slots, int32_t m,
+                           int32_t n_kv, int32_t hd, int32_t bs, uint16_t *kc, uint16_t *vc)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)m * n_kv * hd)
+        return;
+    const int32_t d = (int32_t)(idx % hd);
+    const int32_t h = (int32_t)((idx / hd) % n_kv);
+    const int64_t i = idx / ((int64_t)hd * n_kv);
+    const int32_t slot = slots[i];
+    if (slot < 0)
+        return;
+    const int64_t block = slot / bs, off = slot % bs;
+    const int64_t dst = ((block * n_kv + h) * bs + off) * hd + d;
+    const int64_t src = i * stride + (int64_t)h * hd + d;
+    kc[dst] = rd_f32_to_bf16(k[src]);
+    vc[dst] = rd_f32_to_bf16(v[src]);
+}
+
+void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
+                     int32_t m, int32_t n_kv, int32_t head_dim, int32_t block_size, uint16_t *k_cache,
+                     uint16_t *v_cache)
+{
+    const int64_t total = (int64_t)m * n_kv * head_dim;
+    if (total <= 0)
+        return;
+    RD_LAUNCH(k_kv_write, dim3(blocks_for(total, 256)), dim3(256), 0, s, k, v, stride, slots, m, n_kv, head_dim,
+              block_size, k_cache, v_cache);
+}
+
+// Copies 8 bf16 (one uint4) per thread; block_elems is a multiple of 8.
+__global__ void k_copy_blocks(uint16_t *kc, uint16_t *vc, const int32_t *src, const int32_t *dst, int64_t vecs)
+{
+    const int32_t i = blockIdx.y;
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= vecs)
+        return;
+    const int64_t from = (int64_t)src[i] * vecs + j, to = (int64_t)dst[i] * vecs + j;
+    ((uint4 *)kc)[to] = ((const uint4 *)kc)[from];
+    ((uint4 *)vc)[to] = ((const uint4 *)vc)[from];
+}
+
+void launch_copy_blocks(cudaStream_t s, uint16_t *k_cache, uint16_t *v_cache, const int32_t *src,
+                        const int32_t *dst, int32_t n, int64_t block_elems)
+{
+    if (n <= 0)
+        return;
+    const int64_t vecs = block_elems / 8;
+    RD_LAUNCH(k_copy_blocks, dim3(blocks_for(vecs, 256), n), dim3(256), 0, s, k_cache, v_cache, src, dst, vecs);
+}
+
+// ------------------------------------------------------------------ conversions
+
+__global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = rd_f32_to_bf16(x[i]);
+}
+
+__global__ void k_from_bf16(const uint16_t *x, int64_t n, float *out)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = rd_bf16_to_f32(x[i]);
+}
+
+void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out)
+{
+    if (n > 0)
+        RD_LAUNCH(k_to_bf16, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, out);
+}
+
+void launch_from_bf16(cudaStream_t s, const uint16_t *x, int64_t n, float *out)
+{
+    if (n > 0)
+        RD_LAUNCH(k_from_bf16, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, out);
+}
+
+// ------------------------------------------------------------------ fallback GEMM
+//
+// y[r][o] = sum_k x[r][k] W[o][k]. A warp owns GEMM_GO output features and a
+// CTA GEMM_RT rows. Lane l accumulates the 8-element chunks l, l+32, l+64, ...
+// (8 fmaf each, in order), then the scalar tail k = 8*chunks + l, + 32, ...;
+// the 32 lane sums meet in the warp butterfly. That order depends only on
+// `in`, so a row's result is the same whatever m or the row's place in it.
+
+#define GEMM_RT 4
+#define GEMM_GO 2
+#define GEMM_WARPS 4
+
+template <typename XT, bool VEC>
+__global__ void __launch_bounds__(32 * GEMM_WARPS)
+    k_gemm_simple(const uint16_t *w, const XT *x, int32_t m, int32_t out, int32_t in, float *y, int acc)
+{
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int32_t o0 = (blockIdx.x * GEMM_WARPS + warp) * GEMM_GO;
+    const int32_t r0 = blockIdx.y * GEMM_RT;
+    if (o0 >= out)
+        return; // the whole warp: no shuffles below for it
+    float a[GEMM_RT][GEMM_GO];
+#pragma unroll
+    for (int r = 0; r < GEMM_RT; r++)
+#pragma unroll
+        for (int g = 0; g < GEMM_GO; g++)
+            a[r][g] = 0.0f;
+    const int32_t chunks = VEC ? in / 8 : 0;
+    for (int32_t c = lane; c < chunks; c += 32) {
+        float wv[GEMM_GO][8];
+#pragma unroll
+        for (int g = 0; g < GEMM_GO; g++) {
+            if (o0 + g < out)
+                load_bf16x8(w + (int64_t)(o0 + g) * in + (int64_t)c * 8, wv[g]);
+            else
+                for (int e = 0; e < 8; e++)
+                    wv[g][e] = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < GEMM_RT; r++) {
+            if (r0 + r >= m)
+                break;
+            float xv[8];
+            load_x8(x + (int64_t)(r0 + r) * in + (int64_t)c * 8, xv);
+#pragma unroll
+            for (int g = 0; g < GEMM_GO; g++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    a[r][g] = fmaf(xv[e], wv[g][e], a[r][g]);
+        }
+    }
+    for (int32_t k = chunks * 8 + lane; k < in; k += 32) {
+        float wk[GEMM_GO];
+#pragma unroll
+        for (int g = 0; g < GEMM_GO; g++)
+            wk[g] = o0 + g < out ? rd_bf16_to_f32(w[(int64_t)(o0 + g) * in + k]) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < GEMM_RT; r++) {
+            if (r0 + r >= m)
+                break;
+            const float xk = load_x1(x + (int64_t)(r0 + r) * in + k);
+#pragma unroll
+            for (int g = 0; g < GEMM_GO; g++)
+                a[r][g] = fmaf(xk, wk[g], a[r][g]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMM_RT; r++)
+#pragma unroll
+        for (int g = 0; g < GEMM_GO; g++) {
+            const float v = warp_allreduce(a[r][g], op_add());
+            if (lane == 0 && r0 + r < m && o0 + g < out) {
+                float *dst = y + (int64_t)(r0 + r) * out + o0 + g;
+                *dst = acc ? RD_FADD(*dst, v) : v;
+            }
+        }
+}
+
+template <typename XT>
+static void gemm_simple(cudaStream_t s, const uint16_t *w, const XT *x, int32_t m, int32_t out, int32_t in, float *y,
+                        int acc)
+{
+    if (m <= 0 || out <= 0)
+        return;
+    const dim3 grid(blocks_for(out, GEMM_WARPS * GEMM_GO), blocks_for(m, GEMM_RT));
+    const bool vec = in % 8 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0;
+    if (vec) {
+        auto kern = k_gemm_simple<XT, true>;
+        RD_LAUNCH(kern, grid, dim3(32 * GEMM_WARPS), 0, s, w, x, m, out, in, y, acc);
+    } else {
+        auto kern = k_gemm_simple<XT, false>;
+        RD_LAUNCH(kern, grid, dim3(32 * GEMM_WARPS), 0, s, w, x, m, out, in, y, acc);
+    }
+}
+
+void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const uint16_t *x, int32_t m, int32_t out, int32_t in,
+                        float *y, int acc)
+{
+    gemm_simple(s, w, x, m, out, in, y, acc);
+}
+
+void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32_t m, int32_t out, int32_t in,
+                        float *y, int acc)
+{
+    gemm_simple(s, w, x, m, out, in, y, acc);
+}
+
+// ------------------------------------------------------------------ self-test helpers
+
+RD_DEV float hash_unit(uint64_t i, uint32_t seed)
+{
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) * (1.0 / 8388608.0) - 1.0); // [-1, 1)
+}
+
+__global__ void k_fill_bf16(uint16_t *p, int64_t n, uint32_t seed)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        p[i] = rd_f32_to_bf16(hash_unit((uint64_t)i, seed));
+}
+
+__global__ void k_fill_f32(float *p, int64_t n, uint32_t seed)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        p[i] = hash_unit((uint64_t)i, seed);
+}
+
+void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed)
+{
+    if (n > 0)
+        RD_LAUNCH(k_fill_bf16, dim3(blocks_for(n, 256)), dim3(256), 0, s, p, n, seed);
+}
+
+void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed)
+{
+    if (n > 0)
+        RD_LAUNCH(k_fill_f32, dim3(blocks_for(n, 256)), dim3(256), 0, s, p, n, seed);
+}
+
+__global__ void k_count_mismatch(const float *a, int64_t lda, const float *b, int64_t ldb, int32_t n,
+                                 unsigned *count)
+{
+    const int64_t r = blockIdx.x;
+    int bad = 0;
+    for (int32_t j = threadIdx.x; j < n; j += blockDim.x)
+        bad |= rd_f2u(a[r * lda + j]) != rd_f2u(b[r * ldb + j]);
+    bad = block_allreduce(bad, op_max());
+    if (threadIdx.x == 0 && bad)
+        atomicAdd(count, 1u);
+}
+
+void launch_count_mismatch(cudaStream_t s, const float *a, int64_t lda, const float *b, int64_t ldb, int32_t m,
+                           int32_t n, unsigned *count)
+{
+    if (m > 0)
+        RD_LAUNCH(k_count_mismatch, dim3(m), dim3(256), 0, s, a, lda, b, ldb, n, count);
+}
+
+}  // namespace RD_NS

@@ -1,0 +1,66 @@
+/* cuda_plan.c - see cuda_plan.h. */
+#include "kernels/cuda/cuda_plan.h"
+
+#include "engine/err.h"
+#include "kernels/cuda/cuda_math.h"
+
+int cuplan_attn_check(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim)
+{
+    if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads)
+        return rd_fail(RD_ENOTSUP, "cuda: %d heads / %d kv heads: need a whole number of query heads per kv head",
+                       n_heads, n_kv_heads);
+    if (n_heads / n_kv_heads > CUPLAN_ATTN_MAX_GROUP)
+        return rd_fail(RD_ENOTSUP, "cuda: %d query heads per kv head; the attention kernel takes at most %d",
+                       n_heads / n_kv_heads, CUPLAN_ATTN_MAX_GROUP);
+    if (head_dim <= 0 || head_dim % 8 || head_dim > CUPLAN_ATTN_MAX_HD)
+        return rd_fail(RD_ENOTSUP, "cuda: head_dim %d; the attention kernel takes multiples of 8 up to %d",
+                       head_dim, CUPLAN_ATTN_MAX_HD);
+    return 0;
+}
+
+int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32_t n_sm)
+{
+    int64_t base = (int64_t)(rows > 0 ? rows : 1) * (n_kv_heads > 0 ? n_kv_heads : 1);
+    int64_t want = 2 * (int64_t)(n_sm > 0 ? n_sm : 1);
+    int64_t z = (want + base - 1) / base;
+    if (z > CUPLAN_ATTN_MAX_Z)
+        z = CUPLAN_ATTN_MAX_Z;
+    if (max_parts > 0 && z > max_parts)
+        z = max_parts;
+    return z < 1 ? 1 : (int32_t)z;
+}
+
+void cuplan_to_bf16(const float *src, size_t n, uint16_t *dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = rd_f32_to_bf16(src[i]);
+}
+
+void cuplan_from_bf16(const uint16_t *src, size_t n, float *dst)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = rd_bf16_to_f32(src[i]);
+}
+
+int cuplan_pick_gemm(const cuplan_gemm_cand *c, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (!c[i].invariant || !(c[i].t_small >= 0) || !(c[i].t_mid >= 0))
+            continue;
+        if (best < 0 || c[i].t_small + c[i].t_mid < c[best].t_small + c[best].t_mid)
+            best = i;
+    }
+    return best;
+}
+
+int cuplan_gemm_check_sizes(int32_t *out, int cap)
+{
+    static const int32_t sizes[] = {1, 2, 3, 5, 8, 13, 16, 24, 31, 32, 64, 100, 128, 200, 256, 512};
+    int n = (int)(sizeof sizes / sizeof sizes[0]);
+    if (n > cap)
+        n = cap;
+    for (int i = 0; i < n; i++)
+        out[i] = sizes[i];
+    return n;
+}

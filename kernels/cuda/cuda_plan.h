@@ -1,0 +1,88 @@
+/* cuda_plan.h - host-side planning for the CUDA backend, in plain C so it is
+ * compiled into every build and unit-tested on the CPU (tests/unit/
+ * test_cuda_host.c): how paged attention splits its work, how much shared
+ * memory a launch needs, which cuBLAS candidate to keep, weight conversion.
+ * Nothing here touches a device. */
+#ifndef RD_CUDA_PLAN_H
+#define RD_CUDA_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_math.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Paged attention works on fixed-size KV partitions: a row's keys
+ * [p*CUPLAN_ATTN_PART, (p+1)*CUPLAN_ATTN_PART) form partition p whatever the
+ * batch, so the reduction order of a row depends only on its own length. */
+#define CUPLAN_ATTN_PART 256
+#define CUPLAN_ATTN_THREADS 128     /* threads per partition CTA */
+#define CUPLAN_ATTN_MAX_GROUP 16    /* query heads per KV head */
+#define CUPLAN_ATTN_MAX_HD 256      /* head_dim, a multiple of 8 */
+#define CUPLAN_ATTN_MAX_Z 16        /* CTAs sharing one (row, kv head) */
+
+/* How one partition CTA splits its 128 threads (see cuda_attention.cu). */
+typedef struct {
+    int32_t tg;                 /* lanes per key in the QK^T phase: pow2 >= head_dim/8, <= 32 */
+    int32_t ng;                 /* keys scored at once: threads / tg */
+    int32_t dp;                 /* bf16 pairs per head: head_dim / 2 */
+    int32_t kl;                 /* key lanes in the PV phase: threads / dp */
+    size_t smem;                /* dynamic shared memory bytes */
+} cuplan_attn;
+
+/* 0, or RD_ENOTSUP with a message for shapes the kernels do not take. */
+int cuplan_attn_check(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim);
+
+/* Computed on the host (launch size) and in the kernel alike. */
+RD_HD cuplan_attn cuplan_attn_layout(int32_t group, int32_t head_dim)
+{
+    cuplan_attn a;
+    int32_t vec = head_dim / 8; /* 16-byte loads per key */
+    a.tg = 1;
+    while (a.tg < vec)
+        a.tg *= 2;
+    a.ng = CUPLAN_ATTN_THREADS / a.tg;
+    a.dp = head_dim / 2;
+    a.kl = CUPLAN_ATTN_THREADS / a.dp;
+    /* q [group][hd] + scores [group][PART] + P.V partials [kl][group][hd], floats */
+    a.smem = sizeof(float) * ((size_t)group * head_dim + (size_t)group * CUPLAN_ATTN_PART +
+                              (size_t)a.kl * group * head_dim);
+    return a;
+}
+
+/* Partitions of a row with ctx keys (>= 1 for ctx >= 1). */
+RD_HD int32_t cuplan_attn_parts(int32_t ctx) { return (ctx + CUPLAN_ATTN_PART - 1) / CUPLAN_ATTN_PART; }
+
+/* CTAs per (row, kv head): enough to fill about two waves of the SMs, at most
+ * the partitions there are (max_parts; 0 = unknown, as when a CUDA graph is
+ * captured for later, longer contexts) and CUPLAN_ATTN_MAX_Z. Only the
+ * schedule depends on it, never a result: each partition is computed alone. */
+int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32_t n_sm);
+
+/* fp32 -> bf16 (round to nearest even) for n values; host loop. */
+void cuplan_to_bf16(const float *src, size_t n, uint16_t *dst);
+void cuplan_from_bf16(const uint16_t *src, size_t n, float *dst);
+
+/* GEMM algorithm choice. A candidate qualifies when its results for every
+ * tested batch size equal, row for row and bit for bit, its results at the
+ * largest one (batch invariance); among those the fastest at small and
+ * moderate batch wins (sum of its two timings). Returns the index of the
+ * winner or -1 if none qualifies. */
+typedef struct {
+    int invariant;              /* 1: passed the bitwise check */
+    double t_small, t_mid;      /* seconds for M = 1 and M = 64 */
+} cuplan_gemm_cand;
+int cuplan_pick_gemm(const cuplan_gemm_cand *c, int n);
+
+/* Batch sizes the GEMM invariance check runs, ascending; the last is the
+ * reference. Returns the count written to out (at most cap). */
+int cuplan_gemm_check_sizes(int32_t *out, int cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,235 @@
+// cuda_sample.cu - token selection and log-probs on the device, by the rules
+// of engine/sampler.c (its header comment states them), one CTA per request.
+//
+// What is bit-identical to the CPU sampler: the argmax (lowest index), the
+// fp32 weights w_i = exp_nonpos((x_i - m) / t) (cuda_math.h is a copy of the
+// CPU's expression, without FMA contraction), the uniform u (Philox4x32-10,
+// the same counter and key), the rank order (logit descending, ties to the
+// lower index) and so the top-k set and the alternatives. What is equal up
+// to double rounding: the sums (Z, the top-p mass) are taken in a fixed
+// parallel order rather than the CPU's lanes, so a token can differ from the
+// CPU's only if u*Z falls within ~1e-16 (relative) of a CDF boundary.
+//
+// Kept set (as the CPU): finite tokens with rank key >= K_cut, w > 0 and
+// w >= min_p, where K_cut is the k-th largest key (top-k) and/or the key of
+// the token whose running mass in rank order first reaches top_p * total
+// (the crossing token is kept). Keys are found by bitwise binary search over
+// the 64-bit rank keys, each step a block-wide count or mass. The draw walks
+// the kept tokens in ascending index order: thread t sums its contiguous
+// chunk, thread 0 scans the chunk sums, then walks the crossing chunk.
+#include "kernels/cuda/cuda_internal.h"
+
+namespace RD_NS {
+
+#define ST RD_SAMPLE_THREADS
+
+struct kept_rule {
+    uint64_t k_cut;             // keep keys >= k_cut (0: no rank cut)
+    float min_w;
+    float m, t;
+};
+
+RD_DEV bool finite_logit(float x) { return x > -INFINITY; } // NaN/+inf rejected before
+
+RD_DEV bool rule_keeps(const kept_rule &r, float x, int32_t i, float *w_out)
+{
+    if (!finite_logit(x))
+        return false;
+    const float w = rd_scaled_weight(x, r.m, r.t);
+    *w_out = w;
+    return w > 0.0f && w >= r.min_w && rd_rank_key(x, i) >= r.k_cut;
+}
+
+// Mass (double, fixed order) of finite tokens with key >= k and key >= floor_key.
+RD_DEV double mass_ge(const float *x, int32_t vocab, uint64_t k, uint64_t floor_key, float m, float t)
+{
+    double s = 0.0;
+    for (int32_t i = threadIdx.x; i < vocab; i += ST) {
+        const float xi = x[i];
+        if (!finite_logit(xi))
+            continue;
+        const uint64_t key = rd_rank_key(xi, i);
+        if (key >= k && key >= floor_key)
+            s += (double)rd_scaled_weight(xi, m, t);
+    }
+    return block_allreduce(s, op_add());
+}
+
+RD_DEV int32_t count_ge(const float *x, int32_t vocab, uint64_t k)
+{
+    int32_t c = 0;
+    for (int32_t i = threadIdx.x; i < vocab; i += ST) {
+        const float xi = x[i];
+        c += finite_logit(xi) && rd_rank_key(xi, i) >= k;
+    }
+    return block_allreduce(c, op_add());
+}
+
+// The largest key K with mass(keys >= max(K, floor_key)) >= target; 0 if none.
+RD_DEV uint64_t mass_cut(const float *x, int32_t vocab, uint64_t floor_key, double target, float m, float t)
+{
+    uint64_t k = 0;
+    for (int bit = 63; bit >= 0; bit--) {
+        const uint64_t cand = k | ((uint64_t)1 << bit);
+        if (mass_ge(x, vocab, cand, floor_key, m, t) >= target)
+            k = cand;
+    }
+    return k;
+}
+
+__global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t vocab, const sample_req *reqs,
+                                               sample_res *res)
+{
+    const sample_req q = reqs[blockIdx.x];
+    sample_res *out = res + blockIdx.x;
+    const float *x = logits + (int64_t)q.row * vocab;
+    const int32_t tid = threadIdx.x;
+    __shared__ double chunk_sum[ST];
+
+    // 1. scan: max logit order, bad logits.
+    const int32_t ord_pinf = rd_logit_order(INFINITY), ord_ninf = rd_logit_order(-INFINITY);
+    int32_t best = INT32_MIN, bad = 0;
+    for (int32_t i = tid; i < vocab; i += ST) {
+        const int32_t o = rd_logit_order(x[i]);
+        bad |= o >= ord_pinf || o < ord_ninf;
+        best = o > best ? o : best;
+    }
+    best = block_allreduce(best, op_max());
+    bad = block_allreduce(bad, op_max());
+    if (bad || best == ord_ninf) {
+        if (tid == 0) {
+            out->token = -1;
+            out->err = bad ? 1 : 2;
+            out->n_top = 0;
+        }
+        return;
+    }
+    int32_t amax = INT32_MAX;
+    for (int32_t i = tid; i < vocab; i += ST)
+        if (rd_logit_order(x[i]) == best && i < amax)
+            amax = i;
+    amax = block_allreduce(amax, op_min());
+    const float m = x[amax];
+
+    // 2. raw log-probs: S = sum exp(x - m) in double.
+    double s_raw = 0.0;
+    for (int32_t i = tid; i < vocab; i += ST)
+        s_raw += (double)rd_exp_nonpos(RD_FSUB(x[i], m));
+    s_raw = block_allreduce(s_raw, op_add());
+    const float log_s = (float)log(s_raw);
+
+    // 3. alternatives: the n_top largest rank keys among finite logits.
+    int32_t n_alt = 0;
+    uint64_t prev = ~(uint64_t)0;
+    for (int32_t j = 0; j < q.n_top && j < 20; j++) {
+        uint64_t bk = 0;
+        for (int32_t i = tid; i < vocab; i += ST) {
+            const float xi = x[i];
+            if (!finite_logit(xi))
+                continue;
+            const uint64_t key = rd_rank_key(xi, i);
+            if (key < prev && key > bk)
+                bk = key;
+        }
+        bk = block_allreduce(bk, op_max());
+        if (bk == 0)
+            break;
+        if (tid == 0) {
+            const int32_t id = rd_key_index(bk);
+            out->top_ids[j] = id;
+            out->top_lp[j] = RD_FSUB(RD_FSUB(x[id], m), log_s);
+        }
+        prev = bk;
+        n_alt++;
+    }
+
+    // 4./5. the token.
+    int32_t tok;
+    float lp_proc;
+    const float t = q.temperature;
+    if (t == 0.0f) {
+        tok = amax;
+        lp_proc = 0.0f;
+    } else {
+        const double u = rd_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
+        kept_rule rule = {0, q.min_p, m, t};
+        if (q.top_k > 0 && q.top_k < vocab) {
+            // The k-th largest key among finite tokens (all of them if fewer).
+            uint64_t kk = 0;
+            if (count_ge(x, vocab, 1) > q.top_k) {
+                for (int bit = 63; bit >= 0; bit--) {
+                    const uint64_t cand = kk | ((uint64_t)1 << bit);
+                    if (count_ge(x, vocab, cand) >= q.top_k)
+                        kk = cand;
+                }
+            }
+            rule.k_cut = kk;
+            if (q.top_p < 1.0f) {
+                const double z = mass_ge(x, vocab, 0, kk, m, t);
+                const uint64_t kc = mass_cut(x, vocab, kk, (double)q.top_p * z, m, t);
+                if (kc > kk)
+                    rule.k_cut = kc;
+            }
+        } else if (q.top_p < 1.0f) {
+            const double z = mass_ge(x, vocab, 0, 0, m, t);
+            rule.k_cut = mass_cut(x, vocab, 0, (double)q.top_p * z, m, t);
+        }
+
+        // Kept mass in ascending index chunks (thread t owns one chunk).
+        const int32_t chunk = (vocab + ST - 1) / ST;
+        const int32_t c0 = tid * chunk, c1 = c0 + chunk < vocab ? c0 + chunk : vocab;
+        double cs = 0.0;
+        int32_t last = -1;
+        for (int32_t i = c0; i < c1; i++) {
+            float w;
+            if (rule_keeps(rule, x[i], i, &w)) {
+                cs += (double)w;
+                last = i;
+            }
+        }
+        chunk_sum[tid] = cs;
+        last = block_allreduce(last, op_max()); // also orders chunk_sum's writes
+        double z_kept = 0.0;
+        for (int32_t c = 0; c < ST; c++)
+            z_kept += chunk_sum[c];
+        // Thread 0 walks: whole chunks while they stay at or under the
+        // target, then token by token.
+        __shared__ int32_t tok_s;
+        if (tid == 0) {
+            const double target = u * z_kept;
+            double cum = 0.0;
+            int32_t c = 0;
+            while (c < ST - 1 && !(cum + chunk_sum[c] > target))
+                cum += chunk_sum[c++];
+            int32_t found = -1;
+            for (int32_t i = c * chunk; i < vocab && found < 0; i++) {
+                float w;
+                if (rule_keeps(rule, x[i], i, &w)) {
+                    cum += (double)w;
+                    if (cum > target)
+                        found = i;
+                }
+            }
+            tok_s = found >= 0 ? found : last;
+        }
+        __syncthreads();
+        tok = tok_s;
+        lp_proc = (float)((double)RD_FDIV(RD_FSUB(x[tok], m), t) - log(z_kept));
+    }
+    if (tid == 0) {
+        out->token = tok;
+        out->err = 0;
+        out->logprob = RD_FSUB(RD_FSUB(x[tok], m), log_s);
+        out->logprob_proc = lp_proc;
+        out->n_top = n_alt;
+    }
+}
+
+void launch_sample(cudaStream_t s, const float *logits, int32_t vocab, const sample_req *reqs, int32_t n,
+                   sample_res *res)
+{
+    if (n > 0)
+        RD_LAUNCH(k_sample, dim3(n), dim3(ST), 0, s, logits, vocab, reqs, res);
+}
+
+}  // namespace RD_NS

@@ -1,0 +1,563 @@
+// cuemu.cc - the host emulation of CUDA (see cuemu.h). Tests only.
+#include "kernels/cuda/cuemu.h"
+
+#include <sys/mman.h>
+#include <time.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CUEMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUEMU_ASAN 1
+#endif
+#endif
+#ifdef CUEMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace cuemu {
+
+[[noreturn]] static void die(const char *what)
+{
+    std::fprintf(stderr, "cuemu: %s\n", what);
+    std::fflush(stderr);
+    std::abort();
+}
+
+// ---------------------------------------------------------------- fibers
+
+enum { F_RUN, F_BLOCK_BAR, F_WARP_BAR, F_DONE };
+
+#ifdef __x86_64__
+// Saves the callee-saved registers and the stack pointer in *from, loads to.
+extern "C" void cuemu_switch(void **from, void *to);
+asm(R"(
+    .text
+    .globl cuemu_switch
+    .type cuemu_switch,@function
+cuemu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cuemu_switch, .-cuemu_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+#endif
+
+struct fiber {
+    cuemu_uint3 tid;
+    unsigned lin;               // linear thread index in the block
+    int state;
+    char *stack;
+    size_t stack_size;
+#ifdef __x86_64__
+    void *sp;
+#else
+    ucontext_t ctx;
+#endif
+};
+
+fiber *cur;
+cuemu_uint3 block_idx;
+dim3 block_dim, grid_dim;
+
+static const size_t STACK = 256 * 1024;
+static std::vector<fiber> fibers;
+static std::vector<uint64_t> xch(1024);
+static std::vector<unsigned char> smem_buf(48 * 1024);
+static const std::function<void()> *body;
+static std::mutex launch_mu;            // one launch at a time, whatever the thread
+#ifdef __x86_64__
+static void *sched_sp;
+#else
+static ucontext_t sched_ctx;
+#endif
+#ifdef CUEMU_ASAN
+static const void *main_stack_bottom;
+static size_t main_stack_size;
+#endif
+static uint64_t n_launches;
+
+const cuemu_uint3 &thread_idx()
+{
+    if (!cur)
+        die("threadIdx read outside a kernel");
+    return cur->tid;
+}
+
+unsigned lane_id() { return cur->lin % 32; }
+unsigned char *dyn_smem() { return smem_buf.data(); }
+
+static void to_scheduler(int exiting)
+{
+#ifdef CUEMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, main_stack_bottom, main_stack_size);
+#else
+    (void)exiting;
+#endif
+#ifdef __x86_64__
+    cuemu_switch(&cur->sp, sched_sp);
+#else
+    swapcontext(&cur->ctx, &sched_ctx);
+#endif
+#ifdef CUEMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, &main_stack_bottom, &main_stack_size);
+#endif
+}
+
+static void fiber_main()
+{
+#ifdef CUEMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &main_stack_bottom, &main_stack_size);
+#endif
+    (*body)();
+    cur->state = F_DONE;
+    to_scheduler(1);
+    die("a finished fiber was resumed");
+}
+
+static void fiber_init(fiber *f)
+{
+    if (!f->stack) {
+        void *p = mmap(nullptr, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            die("cannot map a fiber stack");
+        f->stack = (char *)p;
+        f->stack_size = STACK;
+    }
+#ifdef __x86_64__
+    // Frame popped by cuemu_switch: mxcsr/fcw word, r15..rbp, return address;
+    // after the ret, rsp = top - 8, as at the entry of a called function.
+    uintptr_t top = ((uintptr_t)(f->stack + f->stack_size)) & ~(uintptr_t)15;
+    uint64_t *sp = (uint64_t *)(top - 72);
+    uint32_t csr[2];
+    asm volatile("stmxcsr %0" : "=m"(csr[0]));
+    asm volatile("fnstcw %0" : "=m"(csr[1]));
+    std::memcpy(&sp[0], csr, 8);
+    for (int i = 1; i <= 6; i++)
+        sp[i] = 0;
+    sp[7] = (uint64_t)(uintptr_t)&fiber_main;
+    sp[8] = 0;                  // fiber_main's (never used) return address
+    f->sp = sp;
+#else
+    getcontext(&f->ctx);
+    f->ctx.uc_stack.ss_sp = f->stack;
+    f->ctx.uc_stack.ss_size = f->stack_size;
+    f->ctx.uc_link = nullptr;
+    makecontext(&f->ctx, (void (*)())fiber_main, 0);
+#endif
+    f->state = F_RUN;
+}
+
+static void run_fiber(fiber *f)
+{
+    cur = f;
+#ifdef CUEMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f->stack, f->stack_size);
+#endif
+#ifdef __x86_64__
+    cuemu_switch(&sched_sp, f->sp);
+#else
+    swapcontext(&sched_ctx, &f->ctx);
+#endif
+#ifdef CUEMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+    cur = nullptr;
+}
+
+void syncthreads()
+{
+    if (!cur)
+        die("__syncthreads outside a kernel");
+    cur->state = F_BLOCK_BAR;
+    to_scheduler(0);
+}
+
+uint64_t warp_exchange(uint64_t v, unsigned src_lane)
+{
+    if (!cur)
+        die("warp operation outside a kernel");
+    fiber *me = cur;
+    unsigned base = me->lin - me->lin % 32;
+    xch[me->lin] = v;
+    me->state = F_WARP_BAR;
+    to_scheduler(0);
+    unsigned src = base + src_lane;
+    if (src >= fibers.size() || src >= block_dim.x * block_dim.y * block_dim.z)
+        die("shuffle from a lane past the end of the block");
+    uint64_t r = xch[src];
+    me->state = F_WARP_BAR;     // nobody overwrites xch until every lane has read
+    to_scheduler(0);
+    return r;
+}
+
+static void run_block(unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        fiber_init(&fibers[i]);
+    }
+    // Poison dynamic shared memory: reading it before writing gives NaN.
+    std::memset(smem_buf.data(), 0xff, smem_buf.size());
+    for (;;) {
+        for (unsigned i = 0; i < n; i++)
+            if (fibers[i].state == F_RUN)
+                run_fiber(&fibers[i]);
+        unsigned done = 0, at_block = 0;
+        for (unsigned i = 0; i < n; i++) {
+            done += fibers[i].state == F_DONE;
+            at_block += fibers[i].state == F_BLOCK_BAR;
+        }
+        if (done == n)
+            return;
+        int released = 0;
+        for (unsigned w = 0; w * 32 < n; w++) {
+            unsigned lo = w * 32, hi = lo + 32 < n ? lo + 32 : n, waiting = 0, exited = 0, live = 0;
+            for (unsigned i = lo; i < hi; i++) {
+                waiting += fibers[i].state == F_WARP_BAR;
+                exited += fibers[i].state == F_DONE;
+                live += fibers[i].state != F_DONE;
+            }
+            if (waiting && waiting == live) {
+                if (exited)
+                    die("warp shuffle/__syncwarp while some lanes of the warp have exited");
+                for (unsigned i = lo; i < hi; i++)
+                    fibers[i].state = F_RUN;
+                released = 1;
+            }
+        }
+        if (released)
+            continue;
+        if (at_block == n - done) {
+            if (done)
+                die("__syncthreads reached after some threads of the block returned");
+            for (unsigned i = 0; i < n; i++)
+                fibers[i].state = F_RUN;
+            continue;
+        }
+        die("deadlock: threads wait at different barriers (divergent __syncthreads or warp op)");
+    }
+}
+
+static void run_grid(dim3 grid, dim3 block, const std::function<void()> &fn)
+{
+    unsigned n = block.x * block.y * block.z;
+    if (fibers.size() < n)
+        fibers.resize(n);
+    for (unsigned i = 0; i < n; i++) {
+        fibers[i].lin = i;
+        fibers[i].tid = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+    }
+    block_dim = block;
+    grid_dim = grid;
+    body = &fn;
+    // Blocks in reverse order: a kernel that relies on block order shows it.
+    for (unsigned z = grid.z; z-- > 0;)
+        for (unsigned y = grid.y; y-- > 0;)
+            for (unsigned x = grid.x; x-- > 0;) {
+                block_idx = {x, y, z};
+                run_block(n);
+            }
+    body = nullptr;
+    n_launches++;
+}
+
+// ---------------------------------------------------------------- streams, graphs
+
+struct stream_t {
+    int capturing;
+    std::vector<std::function<void()>> *rec;
+};
+
+static thread_local cudaError_t last_error;
+static int fail_malloc;
+static int capturing_streams;
+
+static cudaError_t set_err(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        last_error = e;
+    return e;
+}
+
+static int enqueue(stream_t *s, std::function<void()> op)
+{
+    if (s && s->capturing) {
+        s->rec->push_back(std::move(op));
+        return 1;
+    }
+    op();
+    return 0;
+}
+
+void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> fn)
+{
+    unsigned n = block.x * block.y * block.z;
+    if (n == 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || smem > smem_buf.size()) {
+        std::fprintf(stderr, "cuemu: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", grid.x, grid.y,
+                     grid.z, block.x, block.y, block.z, smem);
+        set_err(cudaErrorInvalidConfiguration);
+        die("invalid launch configuration");
+    }
+    enqueue(s, [grid, block, fn]() {
+        std::lock_guard<std::mutex> g(launch_mu);
+        run_grid(grid, block, fn);
+    });
+}
+
+uint64_t launches() { return n_launches; }
+void fail_next_malloc() { fail_malloc = 1; }
+
+}  // namespace cuemu
+
+using namespace cuemu;
+
+struct cuemu_graph {
+    std::vector<std::function<void()>> ops;
+};
+struct cuemu_graph_exec {
+    std::vector<std::function<void()>> ops;
+};
+struct cuemu_event {
+    double t;
+};
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorIllegalState: return "illegal state";
+    default: return "unknown error";
+    }
+}
+
+cudaError_t cudaGetLastError()
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d)
+{
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int)
+{
+    std::memset(p, 0, sizeof *p);
+    std::snprintf(p->name, sizeof p->name, "cuemu (host emulation)");
+    p->totalGlobalMem = (size_t)16 << 30;
+    p->multiProcessorCount = 4;
+    p->major = 9;
+    p->minor = 0;
+    p->sharedMemPerBlock = 48 * 1024;
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    *free_b = (size_t)12 << 30;
+    *total_b = (size_t)16 << 30;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize()
+{
+    if (capturing_streams)
+        return set_err(cudaErrorStreamCaptureUnsupported);
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    *p = nullptr;
+    if (capturing_streams)
+        return set_err(cudaErrorStreamCaptureUnsupported);
+    if (fail_malloc) {
+        fail_malloc = 0;
+        return set_err(cudaErrorMemoryAllocation);
+    }
+    // Uninitialised device memory reads as NaN-ish garbage, as on a GPU.
+    void *q = std::aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    if (!q)
+        return set_err(cudaErrorMemoryAllocation);
+    std::memset(q, 0xff, bytes);
+    *p = q;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p)
+{
+    if (capturing_streams)
+        return set_err(cudaErrorStreamCaptureUnsupported);
+    std::free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes)
+{
+    *p = std::malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : set_err(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void *p)
+{
+    std::free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind)
+{
+    if (capturing_streams)
+        return set_err(cudaErrorStreamCaptureUnsupported);
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s)
+{
+    if (s && s->capturing && (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToHost))
+        return set_err(cudaErrorStreamCaptureUnsupported); // pageable host copies cannot be captured
+    enqueue(s, [dst, src, bytes]() { std::memmove(dst, src, bytes); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s)
+{
+    enqueue(s, [dst, v, bytes]() { std::memset(dst, v, bytes); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *dst, int v, size_t bytes)
+{
+    std::memset(dst, v, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
+{
+    *s = new stream_t{0, nullptr};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    if (s && s->capturing)
+        return set_err(cudaErrorIllegalState);
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    if (s && s->capturing)
+        return set_err(cudaErrorStreamCaptureUnsupported);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode)
+{
+    if (!s || s->capturing)
+        return set_err(cudaErrorIllegalState);
+    s->capturing = 1;
+    s->rec = new std::vector<std::function<void()>>();
+    capturing_streams++;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    *g = nullptr;
+    if (!s || !s->capturing)
+        return set_err(cudaErrorIllegalState);
+    s->capturing = 0;
+    capturing_streams--;
+    *g = new cuemu_graph{std::move(*s->rec)};
+    delete s->rec;
+    s->rec = nullptr;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *st)
+{
+    *st = s && s->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long)
+{
+    *e = new cuemu_graph_exec{g->ops};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
+{
+    if (s && s->capturing)
+        return set_err(cudaErrorStreamCaptureUnsupported);
+    for (auto &op : e->ops)
+        op();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    delete g;
+    return cudaSuccess;
+}
+static double now_ms()
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = new cuemu_event{0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
+{
+    e->t = now_ms();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    *ms = (float)(b->t - a->t);
+    return cudaSuccess;
+}

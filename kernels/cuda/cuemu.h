@@ -1,0 +1,222 @@
+// cuemu.h - a host emulation of the CUDA subset the backend uses, so the
+// kernels and the backend's host logic run (slowly) on a machine without a
+// GPU. Only for tests: build the .cu files with g++ -x c++ -DRD_CUDA_EMU.
+//
+// Model: a launch runs its blocks one after another on the calling thread;
+// each CUDA thread of a block is a fiber with its own stack. __syncthreads
+// and warp operations (shuffles, __syncwarp) are barriers at which the fibers
+// yield; a barrier releases when every live thread of its scope (block or
+// warp) has reached it. The emulator aborts with a message on what CUDA
+// leaves undefined and our kernels must never do: a warp operation with a
+// lane that has exited, a __syncthreads after some threads returned, threads
+// of one warp waiting at different barriers (deadlock), more than 1024
+// threads or 48 KiB of dynamic shared memory, cudaMalloc/synchronize during
+// stream capture. Device memory is host memory; streams are in-order queues
+// executed immediately; graphs record closures and replay them.
+#ifndef RD_CUEMU_H
+#define RD_CUEMU_H
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct cuemu_uint3 {
+    unsigned x, y, z;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+struct float4 {
+    float x, y, z, w;
+};
+struct float2 {
+    float x, y;
+};
+
+namespace cuemu {
+struct fiber;
+extern fiber *cur;
+extern cuemu_uint3 block_idx;
+extern dim3 block_dim, grid_dim;
+const cuemu_uint3 &thread_idx();
+void syncthreads();
+// Warp exchange: every live lane of the warp publishes v, then reads lane src's value.
+uint64_t warp_exchange(uint64_t v, unsigned src_lane);
+unsigned lane_id();
+unsigned char *dyn_smem();
+struct stream_t;
+void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body);
+}  // namespace cuemu
+
+#define threadIdx (cuemu::thread_idx())
+#define blockIdx (cuemu::block_idx)
+#define blockDim (cuemu::block_dim)
+#define gridDim (cuemu::grid_dim)
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+inline void __syncthreads() { cuemu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    (void)mask;
+    (void)cuemu::warp_exchange(0, cuemu::lane_id());
+}
+
+template <class T> inline T cuemu_shfl(T v, unsigned src)
+{
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof v);
+    uint64_t r = cuemu::warp_exchange(b, src);
+    T out;
+    std::memcpy(&out, &r, sizeof out);
+    return out;
+}
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32)
+{
+    (void)mask;
+    unsigned lane = cuemu::lane_id();
+    unsigned src = lane ^ (unsigned)lane_mask;
+    if ((src & ~(unsigned)(width - 1)) != (lane & ~(unsigned)(width - 1)))
+        src = lane;
+    return cuemu_shfl(v, src);
+}
+template <class T> inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32)
+{
+    (void)mask;
+    unsigned lane = cuemu::lane_id();
+    unsigned src = (lane & ~(unsigned)(width - 1)) + ((unsigned)src_lane & (unsigned)(width - 1));
+    return cuemu_shfl(v, src);
+}
+
+inline float __int_as_float(int i)
+{
+    float f;
+    std::memcpy(&f, &i, sizeof f);
+    return f;
+}
+inline int __float_as_int(float f)
+{
+    int i;
+    std::memcpy(&i, &f, sizeof i);
+    return i;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double __longlong_as_double(long long v)
+{
+    double d;
+    std::memcpy(&d, &v, sizeof d);
+    return d;
+}
+inline int atomicAdd(int *p, int v)
+{
+    int old = *p;
+    *p = old + v;
+    return old;
+}
+inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+    unsigned long long old = *p;
+    *p = old + v;
+    return old;
+}
+
+// ---- runtime API subset ----
+typedef int cudaError_t;
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorIllegalState = 401,
+};
+typedef cuemu::stream_t *cudaStream_t;
+struct cuemu_graph;
+struct cuemu_graph_exec;
+typedef cuemu_graph *cudaGraph_t;
+typedef cuemu_graph_exec *cudaGraphExec_t;
+struct cuemu_event;
+typedef cuemu_event *cudaEvent_t;
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+};
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                             cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
+                               cudaStreamCaptureStatusInvalidated = 2 };
+#define cudaStreamNonBlocking 0x1u
+#define cudaHostAllocDefault 0u
+
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    int multiProcessorCount;
+    int major, minor;
+    size_t sharedMemPerBlock;
+};
+
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDevice(int *d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t bytes);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s);
+cudaError_t cudaMemset(void *dst, int v, size_t bytes);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *st);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+
+namespace cuemu {
+// Test hooks: launches run so far; make the next cudaMalloc fail (for error paths).
+uint64_t launches();
+void fail_next_malloc();
+}  // namespace cuemu
+
+#endif
