@@ -727,7 +727,14 @@ static int dec_update_begin_ok(cursor *c, proto_update_begin_ok *u)
     TRY(rd64(c, &u->xfer_id, "xfer_id"));
     TRY(rd32(c, &u->window, "window"));
     TRY(rd32(c, &u->max_chunk_bytes, "max_chunk_bytes"));
-    return rd64(c, &u->staging_bytes, "staging_bytes");
+    TRY(rd64(c, &u->staging_bytes, "staging_bytes"));
+    TRY(rd16(c, &u->data_port, "data_port"));
+    uint16_t r16;
+    uint32_t r32;
+    TRY(rd16(c, &r16, "reserved"));
+    TRY(zero_bits(c, r16, 0, "reserved"));
+    TRY(rd32(c, &r32, "reserved"));
+    return zero_bits(c, r32, 0, "reserved");
 }
 
 /* The data is not copied: it points into the frame (proto_update_chunk). */
@@ -1111,7 +1118,7 @@ static int body_size(const proto_msg *m, uint64_t *size)
         *size = total;
         return 0;
     }
-    case PROTO_UPDATE_BEGIN_OK: *size = 24; return 0;
+    case PROTO_UPDATE_BEGIN_OK: *size = 32; return 0;
     case PROTO_UPDATE_CHUNK:
         TRY(enc_arr_ok(name, "data", m->update_chunk.data, m->update_chunk.len));
         *size = 32 + (uint64_t)m->update_chunk.len;
@@ -1315,6 +1322,9 @@ static void put_body(writer *w, const proto_msg *m)
         w32(w, m->update_begin_ok.window);
         w32(w, m->update_begin_ok.max_chunk_bytes);
         w64(w, m->update_begin_ok.staging_bytes);
+        w16(w, m->update_begin_ok.data_port);
+        w16(w, 0);
+        w32(w, 0);
         break;
     case PROTO_UPDATE_CHUNK: {
         const proto_update_chunk *u = &m->update_chunk;

@@ -287,6 +287,7 @@ static cJSON *msg_json(const proto_msg *m)
         add_num(o, "window", m->update_begin_ok.window);
         add_num(o, "max_chunk_bytes", m->update_begin_ok.max_chunk_bytes);
         add_u64(o, "staging_bytes", m->update_begin_ok.staging_bytes);
+        add_num(o, "data_port", m->update_begin_ok.data_port);
         break;
     case PROTO_UPDATE_CHUNK:
         add_u64(o, "xfer_id", m->update_chunk.xfer_id);

@@ -6,7 +6,8 @@
  *   rolloutctl [--connect URL] bench [--clients C] [--requests R] [--n N] [--window W] [--seed S]
  *              [--max-tokens K] [--json]
  *   rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]
- *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--json]
+ *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]
+ *              [--json]
  * The default URL is tcp://127.0.0.1:7070.
  *
  * push-weights sends FILE (a .gguf, a .safetensors file or an HF folder) to
@@ -15,7 +16,8 @@
  * sent as HF tensors in --dtype (default f32: bit-identical to the GGUF the
  * daemon may have loaded); safetensors go as stored (f32/f16/bf16).
  * --perturb EPS (GGUF only) multiplies every weight by 1 + EPS*u, u uniform in
- * [-1, 1) from --seed: a stand-in for a learner's gradient step.
+ * [-1, 1) from --seed: a stand-in for a learner's gradient step. Chunks go
+ * over the daemon's data lane when it offers one (--no-lane: over NNG).
  *
  * generate prints what rollout-gen prints: the text of each sample, or with
  * --json one object per sample per line (sample, prompt_ids, token_ids,
@@ -615,6 +617,7 @@ static int cmd_push(const char *urls, int argc, char **argv)
                 cli_die(P, "--perturb '%s'%s: expected a number in [0, 1)", v, "");
         } else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX);
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--no-lane")) o.no_lane = 1;
         else if (a[0] == '-') cli_die(P, "push-weights: unknown flag '%s'%s", a, "");
         else if (!file) file = a;
         else cli_die(P, "push-weights: a second FILE '%s'%s; expected one", a, "");

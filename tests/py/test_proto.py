@@ -240,7 +240,7 @@ def rnd_message(rng, t):
         return P.UpdateBegin(rnd_u64(rng), rnd_u64(rng), rng.randrange(3), rng.getrandbits(32), rng.getrandbits(32),
                              rnd_u64(rng), tensors)
     if t == P.T.UPDATE_BEGIN_OK:
-        return P.UpdateBeginOk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng))
+        return P.UpdateBeginOk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng), rng.getrandbits(16))
     if t == P.T.UPDATE_CHUNK:
         data = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, rng.randrange(300)])))
         return P.UpdateChunk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng),

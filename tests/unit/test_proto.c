@@ -405,6 +405,7 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
         m->update_begin_ok.window = (uint32_t)jnum(o, "window");
         m->update_begin_ok.max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
         m->update_begin_ok.staging_bytes = ju64(o, "staging_bytes");
+        m->update_begin_ok.data_port = (uint16_t)jnum(o, "data_port");
         break;
     case PROTO_UPDATE_CHUNK:
         m->update_chunk.xfer_id = ju64(o, "xfer_id");
@@ -660,6 +661,7 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
         FIELD(a->update_begin_ok.window, b->update_begin_ok.window, "window");
         FIELD(a->update_begin_ok.max_chunk_bytes, b->update_begin_ok.max_chunk_bytes, "max_chunk_bytes");
         FIELD(a->update_begin_ok.staging_bytes, b->update_begin_ok.staging_bytes, "staging_bytes");
+        FIELD(a->update_begin_ok.data_port, b->update_begin_ok.data_port, "data_port");
         return 1;
     case PROTO_UPDATE_CHUNK:
         FIELD(a->update_chunk.xfer_id, b->update_chunk.xfer_id, "xfer_id");
@@ -1159,6 +1161,7 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         m->update_begin_ok.window = (uint32_t)rnd();
         m->update_begin_ok.max_chunk_bytes = (uint32_t)rnd();
         m->update_begin_ok.staging_bytes = rnd_u64();
+        m->update_begin_ok.data_port = (uint16_t)rnd();
         break;
     case PROTO_UPDATE_CHUNK: {
         proto_update_chunk *u = &m->update_chunk;

@@ -182,7 +182,7 @@ def valid_vectors():
                                                   max_chunk_bytes=0, total_bytes=0),
         "drain mode and no tensors: well-formed (the daemon answers INVALID_PARAMS)")
     add("update_begin_ok", P.UpdateBeginOk(xfer_id=0xFEDCBA9876543210, window=4, max_chunk_bytes=4 << 20,
-                                           staging_bytes=57288960),
+                                           staging_bytes=57288960, data_port=40123),
         "transfer opened for update_begin: a smaller window than asked (8), staging = total_bytes")
     data = np.arange(-16, 16, dtype="<f4").astype("<f2").tobytes() + bytes([0x00, 0xFF, 0x7F, 0x80])
     add("update_chunk", P.UpdateChunk(xfer_id=0xFEDCBA9876543210, chunk_seq=17, tensor_index=2, offset=1024,
@@ -349,7 +349,11 @@ def update_invalid(valid_frames, add):
     add("update_abort_short", frame(P.T.UPDATE_ABORT, valid_frames["update_abort"][16:23]), P.E.MALFORMED,
         "UPDATE_ABORT with 7 bytes")
     add("update_begin_ok_short", frame(P.T.UPDATE_BEGIN_OK, valid_frames["update_begin_ok"][16:-1]), P.E.MALFORMED,
-        "UPDATE_BEGIN_OK with 23 bytes")
+        "UPDATE_BEGIN_OK with 31 bytes")
+    bad = bytearray(valid_frames["update_begin_ok"][16:])
+    bad[26] = 1
+    add("update_begin_ok_reserved", frame(P.T.UPDATE_BEGIN_OK, bytes(bad)), P.E.MALFORMED,
+        "UPDATE_BEGIN_OK with a reserved byte after data_port set")
     add("update_abort_ok_trailing", frame(P.T.UPDATE_ABORT_OK, valid_frames["update_abort_ok"][16:] + b"\0" * 8),
         P.E.MALFORMED, "UPDATE_ABORT_OK with 16 bytes")
 

@@ -355,6 +355,7 @@ class UpdateBeginOk:
     window: int = 0
     max_chunk_bytes: int = 0
     staging_bytes: int = 0
+    data_port: int = 0       # TCP port of the data lane (§10.10); 0 = none
     TYPE = T.UPDATE_BEGIN_OK
 
 
@@ -729,6 +730,14 @@ def _dec_update_commit_ok(r):
     return m
 
 
+
+def _dec_update_begin_ok(r):
+    m = UpdateBeginOk(xfer_id=r.u64("xfer_id"), window=r.u32("window"), max_chunk_bytes=r.u32("max_chunk_bytes"),
+                      staging_bytes=r.u64("staging_bytes"), data_port=r.u16("data_port"))
+    r.zero_bits(r.u16("reserved"), 0, "reserved")
+    r.zero_bits(r.u32("reserved"), 0, "reserved")
+    return m
+
 _DECODERS = {
     T.HELLO: _dec_hello,
     T.HELLO_OK: _dec_hello_ok,
@@ -744,9 +753,7 @@ _DECODERS = {
     T.BYE_OK: lambda r: ByeOk(pending_results=r.u32("pending_results"), inflight_samples=r.u32("inflight_samples")),
     T.ERROR: _dec_error,
     T.UPDATE_BEGIN: _dec_update_begin,
-    T.UPDATE_BEGIN_OK: lambda r: UpdateBeginOk(xfer_id=r.u64("xfer_id"), window=r.u32("window"),
-                                               max_chunk_bytes=r.u32("max_chunk_bytes"),
-                                               staging_bytes=r.u64("staging_bytes")),
+    T.UPDATE_BEGIN_OK: _dec_update_begin_ok,
     T.UPDATE_CHUNK: _dec_update_chunk,
     T.UPDATE_CHUNK_OK: _dec_update_chunk_ok,
     T.UPDATE_COMMIT: lambda r: UpdateCommit(xfer_id=r.u64("xfer_id")),
@@ -998,7 +1005,7 @@ def _enc_body(m, out):
         for i, x in enumerate(m.tensors):
             _enc_tensor(out, i, x)
     elif t == T.UPDATE_BEGIN_OK:
-        out.append(struct.pack("<QIIQ", m.xfer_id, m.window, m.max_chunk_bytes, m.staging_bytes))
+        out.append(struct.pack("<QIIQH2x4x", m.xfer_id, m.window, m.max_chunk_bytes, m.staging_bytes, m.data_port))
     elif t == T.UPDATE_CHUNK:
         data = raw_bytes(m.data, "UPDATE_CHUNK data")
         out.append(struct.pack("<QIIQII", m.xfer_id, m.chunk_seq, m.tensor_index, m.offset, m.crc32c, len(data)))
@@ -1174,7 +1181,7 @@ _FIELDS = {
     T.BYE_OK: ["pending_results", "inflight_samples"],
     T.ERROR: ["code", "request_type", "version_max", "message"],
     T.UPDATE_BEGIN: ["client_id", "version", "mode", "window", "max_chunk_bytes", "total_bytes"],
-    T.UPDATE_BEGIN_OK: ["xfer_id", "window", "max_chunk_bytes", "staging_bytes"],
+    T.UPDATE_BEGIN_OK: ["xfer_id", "window", "max_chunk_bytes", "staging_bytes", "data_port"],
     T.UPDATE_CHUNK: ["xfer_id", "chunk_seq", "tensor_index", "offset", "crc32c"],
     T.UPDATE_CHUNK_OK: ["xfer_id", "chunk_seq", "flags", "bytes_staged", "total_bytes"],
     T.UPDATE_COMMIT: ["xfer_id"],
