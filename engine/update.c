@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/crc32c.h"
 #include "engine/err.h"
@@ -87,9 +88,10 @@ void upd_stage_free(upd_stage *s)
         return;
     for (int32_t i = 0; i < s->n; i++) {
         free(s->t[i].name);
-        free(s->t[i].data);
         free(s->t[i].ranges);
     }
+    if (s->mem)
+        munmap(s->mem, s->mem_bytes);
     free(s->t);
     free(s);
 }
@@ -157,6 +159,23 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
     }
     s->n = n;
     s->total_bytes = sum;
+    /* One anonymous mapping for all tensors, on huge pages where the kernel
+     * allows: the first touch of 4 KiB pages (a fault each, 130k for 500 MB)
+     * would otherwise cost more than the copy into them. */
+    size_t bytes = 0;
+    for (int32_t i = 0; i < n; i++)
+        bytes += (specs[i].nbytes + 63) & ~(uint64_t)63;
+    s->mem_bytes = bytes ? bytes : 64;
+    s->mem = mmap(NULL, s->mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s->mem == MAP_FAILED) {
+        s->mem = NULL;
+        upd_stage_free(s);
+        return rd_fail(RD_ENOMEM, "update: cannot map %llu bytes of staging memory", (unsigned long long)sum);
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(s->mem, s->mem_bytes, MADV_HUGEPAGE);
+#endif
+    size_t at = 0;
     for (int32_t i = 0; i < n; i++) {
         const upd_spec *sp = &specs[i];
         upd_tensor *t = &s->t[i];
@@ -168,8 +187,9 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         memcpy(t->shape, sp->shape, sizeof t->shape);
         t->nbytes = sp->nbytes;
         t->crc32c = sp->crc32c;
-        t->data = malloc(sp->nbytes ? sp->nbytes : 1);
-        if (!t->name || !t->data) {
+        t->data = (uint8_t *)s->mem + at;
+        at += (sp->nbytes + 63) & ~(uint64_t)63;
+        if (!t->name) {
             upd_stage_free(s);
             return rd_fail(RD_ENOMEM, "update: cannot allocate %llu bytes of staging memory",
                            (unsigned long long)sum);

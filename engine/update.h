@@ -57,7 +57,7 @@ typedef struct {
     uint64_t nbytes;
     uint32_t crc32c;            /* expected, from the manifest */
     int kind, layer;            /* which model weight (update.c's table) */
-    uint8_t *data;              /* staging copy [nbytes] */
+    uint8_t *data;              /* staging copy [nbytes], inside upd_stage.mem */
     upd_range *ranges;          /* [n_ranges], sorted by off, never overlapping */
     int32_t n_ranges, cap_ranges;
     uint64_t staged;            /* bytes in done ranges */
@@ -69,6 +69,8 @@ typedef struct {
     uint64_t total_bytes;       /* sum of nbytes */
     uint64_t staged_bytes;      /* verified bytes */
     int32_t pending;            /* chunks claimed but not settled */
+    void *mem;                  /* one mapping holding every tensor's data */
+    size_t mem_bytes;
 } upd_stage;
 
 /* Checks the manifest against the model (every name known, no name twice,
