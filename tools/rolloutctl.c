@@ -718,10 +718,11 @@ static int cmd_push(const char *urls, int argc, char **argv)
         double mbps = t->seconds > 0 ? (double)t->bytes_acked / 1e6 / t->seconds : 0;
         if (json) {
             printf("{\"url\":\"%s\",\"ok\":%s,\"version\":%llu,\"bytes\":%llu,\"wire_bytes\":%llu,"
-                   "\"seconds\":%.6f,\"mb_per_s\":%.3f,\"stall_us\":%llu,\"wait_us\":%llu,\"staged_us\":%llu,"
+                   "\"seconds\":%.6f,\"transfer_seconds\":%.6f,\"mb_per_s\":%.3f,\"stall_us\":%llu,\"wait_us\":%llu,\"staged_us\":%llu,"
                    "\"n_aborted\":%u,\"retries\":%u,\"error_code\":%u,\"error\":",
                    t->url, t->rc ? "false" : "true", (unsigned long long)t->commit.version,
-                   (unsigned long long)t->bytes_acked, (unsigned long long)t->wire_bytes, t->seconds, mbps,
+                   (unsigned long long)t->bytes_acked, (unsigned long long)t->wire_bytes, t->seconds,
+                   t->transfer_seconds, mbps,
                    (unsigned long long)t->commit.stall_us, (unsigned long long)t->commit.wait_us,
                    (unsigned long long)t->commit.staged_us, t->commit.n_aborted, t->retries, t->err_code);
             cJSON *e = cJSON_CreateString(t->error);

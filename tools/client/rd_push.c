@@ -326,6 +326,7 @@ static void *target_main(void *arg)
     j->window = r.update_begin_ok.window;
     j->max_chunk = r.update_begin_ok.max_chunk_bytes;
     j->lane_port = o->no_lane ? 0 : r.update_begin_ok.data_port;
+    double t_xfer = now_s();
     proto_msg_free(&r);
     if (j->max_chunk < o->chunk_bytes) {
         char why[200];
@@ -352,6 +353,7 @@ static void *target_main(void *arg)
             proto_msg_free(&r);
         goto out;
     }
+    t->transfer_seconds = now_s() - t_xfer;
     proto_msg cm = {.type = PROTO_UPDATE_COMMIT};
     cm.update_commit.xfer_id = j->xfer;
     for (int attempt = 0;; attempt++) {

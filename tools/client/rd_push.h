@@ -43,6 +43,7 @@ typedef struct {
     uint64_t total_bytes;
     uint32_t retries;           /* chunks resent (BUSY, CHECKSUM) */
     double seconds;             /* connect to COMMIT_OK */
+    double transfer_seconds;    /* UPDATE_BEGIN_OK to the last chunk acknowledged */
     proto_update_commit_ok commit;
 } rdp_target;
 
