@@ -52,6 +52,7 @@ static const cfg_field FIELDS[] = {
     I(drain_s, 0, 86400, "SIGTERM: seconds in-flight requests may still run"),
     I(shutdown_grace_s, 0, 86400, "SIGTERM: seconds to deliver results after the drain"),
     I(http_max_connections, 1, 65536, "concurrent status connections"),
+    I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
     I(max_staging_bytes, 0, (int64_t)1 << 50, "bytes a weight update may stage (0 = updates refused)"),
@@ -89,6 +90,7 @@ void cfg_defaults(cfg_daemon *c)
     c->drain_s = 30;
     c->shutdown_grace_s = 10;
     c->http_max_connections = 64;
+    c->prefix_cache = ec.prefix_cache;
     c->max_staging_bytes = (int64_t)4 << 30;
     c->update_window = 8;
     c->update_idle_s = 60;

@@ -33,6 +33,7 @@ typedef struct {
     int64_t drain_s;                /* SIGTERM: seconds in-flight requests may run before abort */
     int64_t shutdown_grace_s;       /* then seconds left for clients to fetch their results */
     int64_t http_max_connections;   /* concurrent status connections */
+    int64_t prefix_cache;           /* 1: reuse cached full prompt blocks (salted with the weight version) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */
     int64_t max_staging_bytes;      /* weight update: bytes a transfer may stage */
     int64_t update_window;          /* weight update: chunks staged at once */

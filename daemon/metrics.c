@@ -69,6 +69,8 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(kv, "blocks_used", s->eng.kv_blocks_used);
     cJSON_AddNumberToObject(kv, "usage", usage(s));
     cJSON_AddNumberToObject(kv, "peak_blocks", s->eng.kv_peak_blocks);
+    cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens", (double)s->eng.prefix_query_tokens);
+    cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
     cJSON_AddNumberToObject(o, "learners", s->learners);
     cJSON_AddNumberToObject(o, "protocol_errors", (double)s->protocol_errors);
     cJSON_AddNumberToObject(o, "engine_steps", (double)s->eng.steps);
@@ -186,8 +188,11 @@ char *mx_prometheus(const mx_snapshot *s)
     metric(&t, "generation_tokens_total", "counter", "Tokens generated.", labels, (double)s->eng.generated_tokens);
     metric(&t, "num_preemptions_total", "counter", "Sequences preempted (recompute).", labels,
            (double)s->eng.preemptions);
-    metric(&t, "prefix_cache_hits_total", "counter",
-           "Prompt tokens served from the prefix cache (always 0: the engine has no prefix cache yet).", labels, 0);
+    metric(&t, "prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the prefix cache (full blocks, salted with the weight version).", labels,
+           (double)s->eng.prefix_query_tokens);
+    metric(&t, "prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache, not recomputed.",
+           labels, (double)s->eng.prefix_hit_tokens);
     metric(&t, "request_success_total", "counter", "Samples finished (stop, length or error).", labels,
            (double)s->eng.completed);
     metric(&t, "request_aborted_total", "counter", "Samples finished by abort.", labels, (double)s->eng.aborted);

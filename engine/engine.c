@@ -95,6 +95,7 @@ static void seq_destroy(seq *s)
     seq_req *r = s->req;
     if (r && --r->live == 0) {
         free(r->prompt);
+        free(r->hashes);
         free(r);
     }
     free(s);
@@ -170,6 +171,7 @@ eng_config eng_default_config(void)
         .max_batch_tokens = 512,
         .max_waiting = 4096,
         .eos_id = -1,
+        .prefix_cache = 1,
     };
 }
 
@@ -186,7 +188,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
                        cfg->max_batch_tokens, cfg->max_num_seqs);
     if (cfg->max_waiting < 1)
         return rd_fail(RD_EINVAL, "engine: max_waiting %d must be >= 1", cfg->max_waiting);
-    int64_t block_bytes = model_kv_bytes_per_token(c) * cfg->block_size;
+    int64_t block_bytes = model_kv_bytes_per_token(c) / (int64_t)sizeof(float) * rd_backend_kv_elem_bytes(m->be) *
+                          cfg->block_size;
     int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
     if (n_blocks < 1 || n_blocks > INT32_MAX / cfg->block_size)
         return rd_fail(RD_EINVAL, "engine: kv_cache_bytes %lld gives %lld blocks of %lld bytes (need >= 1)",
@@ -375,11 +378,64 @@ static int seq_reserve(engine *e, seq *s, int32_t rows)
     return 0;
 }
 
+/* ---- prefix cache ---- */
+
+/* Takes the longest cached prefix of s's prompt (full blocks, under the
+ * serving weight version) into its empty block table. */
+static void prefix_lookup(engine *e, seq *s)
+{
+    seq_req *q = s->req;
+    const int32_t bs = e->kv.block_size;
+    s->kv_version = e->version;
+    s->n_published = 0;
+    if (!e->cfg.prefix_cache)
+        return;
+    if (!q->hashes || q->hash_version != e->version) {
+        int32_t n = (q->n_prompt - 1) / bs; /* at least one prompt token is always computed: its logits */
+        uint64_t *h = q->hashes ? q->hashes : malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
+        if (!h)
+            return;
+        for (int32_t i = 0; i < n; i++)
+            h[i] = kv_block_hash(i ? h[i - 1] : 0, q->prompt + (size_t)i * bs, bs, e->version);
+        q->hashes = h;
+        q->n_hashed = n;
+        q->hash_version = e->version;
+    }
+    e->st.prefix_query_tokens += (int64_t)q->n_hashed * bs;
+    for (int32_t i = 0; i < q->n_hashed; i++) {
+        int32_t b = kv_lookup(&e->kv, q->hashes[i], i ? q->hashes[i - 1] : 0, q->prompt + (size_t)i * bs);
+        if (b < 0)
+            break;
+        if (seq_push_block(s, b)) {
+            kv_unref(&e->kv, b);
+            break;
+        }
+        s->n_computed += bs;
+        s->n_published++;
+        e->st.prefix_hit_tokens += bs;
+    }
+}
+
+/* Publishes the full prompt blocks s has computed, if its KV is all from the
+ * serving weights (a swap mid-prefill leaves mixed KV that nobody should reuse). */
+static void prefix_publish(engine *e, seq *s)
+{
+    const seq_req *q = s->req;
+    const int32_t bs = e->kv.block_size;
+    if (!e->cfg.prefix_cache || !q->hashes || q->hash_version != e->version || s->kv_version != e->version)
+        return;
+    while (s->n_published < q->n_hashed && (s->n_published + 1) * bs <= s->n_computed) {
+        int32_t i = s->n_published++;
+        kv_publish(&e->kv, s->blocks[i], q->hashes[i], i ? q->hashes[i - 1] : 0, q->prompt + (size_t)i * bs);
+    }
+}
+
 /* Recompute preemption: drop the KV, keep tokens and log-probs, requeue at the head. */
 static void preempt(engine *e, seq *s)
 {
     seq_release_blocks(e, s);
     s->n_computed = 0;
+    s->n_published = 0;
     s->n_preempt++;
     s->sched_rows = 0;
     s->state = SEQ_WAITING;
@@ -430,11 +486,18 @@ static int32_t schedule(engine *e)
                 break;
             if (e->hold_new && !seq_started(s))
                 break; /* FCFS: nothing behind a held request overtakes it */
+            if (s->n_blocks == 0 && s->n_computed == 0)
+                prefix_lookup(e, s);
             int32_t rows = s->n_tokens - s->n_computed;
             if (rows > budget)
                 rows = budget;
-            if (seq_reserve(e, s, rows) != 0)
+            if (seq_reserve(e, s, rows) != 0) {
+                /* Waiting sequences hold no blocks (only running ones can be preempted). */
+                seq_release_blocks(e, s);
+                s->n_computed = 0;
+                s->n_published = 0;
                 break;
+            }
             list_remove(&e->waiting, s);
             list_push_back(&e->running, s);
             s->state = SEQ_RUNNING;
@@ -535,6 +598,8 @@ static int fork_group(engine *e, seq *parent, const float *logits)
         memcpy(c->tokens, parent->tokens, sizeof(int32_t) * parent->n_tokens);
         c->n_tokens = parent->n_tokens;
         c->n_computed = parent->n_computed;
+        c->n_published = parent->n_published;
+        c->kv_version = parent->kv_version;
         for (int32_t b = 0; b < parent->n_blocks; b++) {
             seq_push_block(c, parent->blocks[b]);
             kv_ref(&e->kv, parent->blocks[b]);
@@ -611,6 +676,7 @@ int eng_step(engine *e)
         }
         s->n_computed += s->sched_rows;
         s->sched_rows = 0;
+        prefix_publish(e, s);
         if (s->n_computed != s->n_tokens)
             continue;
         const float *lg = e->logits + (size_t)li++ * e->m->cfg.vocab;

@@ -24,6 +24,7 @@ typedef struct {
     int32_t max_batch_tokens;   /* token budget per step (default 512) */
     int32_t max_waiting;        /* queued requests before add returns RD_EBUSY (default 4096) */
     int32_t eos_id;             /* stops generation unless a request ignores it; -1 = none */
+    int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
 } eng_config;
 
 typedef struct {
@@ -77,6 +78,8 @@ typedef struct {
     int32_t kv_blocks_total, kv_blocks_used, kv_peak_blocks;
     double kv_waste_at_peak;    /* fraction of slots unused in the used blocks at peak */
     int64_t completed, aborted; /* samples */
+    int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache */
+    int64_t prefix_hit_tokens;  /* of those, served from it (not recomputed) */
 } eng_stats;
 
 typedef struct engine engine;

@@ -11,6 +11,17 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 
+/* A decode step captured as a backend graph (CUDA), one per batch bucket. */
+typedef struct {
+    int32_t bucket;             /* rows the step is padded to (0: slot unused) */
+    void *graph;                /* backend graph, or NULL before capture */
+    uint64_t weights_gen;       /* model->weights_gen it was captured with */
+    int seen;                   /* the bucket ran once uncaptured since weights_gen */
+} runner_graph;
+
+#define RUNNER_MAX_GRAPHS 40
+#define RUNNER_GRAPH_MAX_BATCH 256
+
 typedef struct {
     model *m;                   /* not owned */
     rd_backend *be;             /* not owned */
@@ -30,6 +41,14 @@ typedef struct {
     float *logits;              /* [max_logits][vocab] */
     int32_t *logit_rows_dev;    /* [max_logits] */
     int32_t *cow_dev;           /* [2][max_rows] copy-on-write src, dst */
+    int32_t last_logits;        /* logit rows the last forward left in logits */
+    /* CUDA graphs for decode steps (backends with graph ops; RD_GRAPHS=0 turns them off) */
+    int use_graphs;
+    int32_t graph_cap;          /* largest bucket: min(max_rows, max_logits, 256) */
+    runner_graph graphs[RUNNER_MAX_GRAPHS];
+    int32_t *iota_dev;          /* [graph_cap] 0, 1, 2, ...: the logit rows of a padded step */
+    int32_t *pad_host;          /* [3][graph_cap] token, position, slot of a padded step */
+    int64_t graph_replays, graph_captures, graph_eager; /* decode steps by how they ran */
 } runner;
 
 /* Allocates n_blocks KV blocks of block_size tokens and buffers for steps
@@ -42,8 +61,24 @@ void runner_free(runner *r);
 int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_t n);
 
 /* Runs the model over step s, writing the new rows' K/V into their slots,
- * and fills logits_host[n_logits][vocab] (fp32) for rows logit_rows[]. */
+ * and fills logits_host[n_logits][vocab] (fp32) for rows logit_rows[]
+ * (logits_host NULL: they stay in the backend for runner_sample).
+ * A pure decode step (one row per sequence, every row a logit row, in order)
+ * runs as a backend graph when the backend has them: padded to its bucket,
+ * uncaptured the first time a bucket is seen (and after a weight swap),
+ * captured the second, replayed after. Results do not depend on which. */
 int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32_t n_logits,
                    float *logits_host);
+
+/* The rows a graph-run decode step of m rows is padded to: the smallest of
+ * 1, 2, 4 and the multiples of 8 up to 256 that holds m, or cap when that is
+ * smaller; 0 when m > min(cap, 256) (the step runs uncaptured). */
+int32_t runner_graph_bucket(int32_t m, int32_t cap);
+
+/* Samples from the logit rows the last runner_forward left in the backend:
+ * request i takes row reqs[i].row. On the device when the backend samples
+ * (ops.sample), else on the host with samp_sample. A row whose logits the
+ * sampler rejects gets token -1. */
+int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *out);
 
 #endif

@@ -34,6 +34,10 @@ struct seq_req {
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
+    /* prefix cache: chained hashes of the full prompt blocks that leave at least one token to compute */
+    uint64_t *hashes;           /* [n_hashed], or NULL before the first lookup */
+    int32_t n_hashed;
+    uint64_t hash_version;      /* the weight version they are salted with */
 };
 
 typedef struct seq {
@@ -47,6 +51,8 @@ typedef struct seq {
     int32_t *tokens;            /* [cap] */
     int32_t n_computed;         /* tokens whose K/V are in the cache */
     int32_t n_blocks;           /* entries used in blocks[] */
+    int32_t n_published;        /* leading prompt blocks already in the prefix cache */
+    uint64_t kv_version;        /* weight version its KV was computed under (from n_computed 0) */
     int32_t blocks_cap;
     int32_t *blocks;            /* block table */
     /* per generated token */

@@ -152,6 +152,37 @@ def self_push_is_bit_identical_perturbed_push_changes_outputs():
     assert st["weight_update"]["updates_ok"] == 3 and not st["weight_update"]["in_progress"], st
 
 
+def prefix_hits(d):
+    return status(d)["kv_cache"]["prefix_cache_hit_tokens"]
+
+
+@case
+def prefix_cache_is_salted_with_the_weight_version():
+    d = daemon_a()
+    long_prompt = [1] + [(37 * i) % 3000 + 200 for i in range(40)]  # 2 full blocks before the last token
+    first = generate(d, [long_prompt])
+    h0 = prefix_hits(d)
+    assert same_outputs(first, generate(d, [long_prompt]))
+    assert prefix_hits(d) - h0 == 32, "a repeated prompt must reuse its 2 cached blocks"
+    # The same weights under a new version: the cached blocks belong to the old version.
+    v = status(d)["weight_version"]
+    w = read_safetensors(os.path.join(export_dir(), "model.safetensors"))
+    a = np.ascontiguousarray(w["model.layers.3.input_layernorm.weight"])
+    s = d.sock()
+    cid = hello(s).client_id
+    ok = begin(s, cid, v + 1, [("model.layers.3.input_layernorm.weight", a, proto.DTYPE_F32)])
+    assert isinstance(ok, proto.UpdateBeginOk), ok
+    assert isinstance(chunk(s, ok.xfer_id, 0, a, 0, a.nbytes), proto.UpdateChunkOk)
+    assert isinstance(rpc(s, proto.UpdateCommit(xfer_id=ok.xfer_id)), proto.UpdateCommitOk)
+    s.close()
+    h1 = prefix_hits(d)
+    again = generate(d, [long_prompt])
+    assert prefix_hits(d) == h1, "a block computed under the old version was reused after an update"
+    generate(d, [long_prompt])
+    assert prefix_hits(d) - h1 == 32, "blocks computed under the new version are reused"
+    assert again.keys() == first.keys()
+
+
 @case
 def stale_version_is_refused():
     d = daemon_a()
@@ -185,8 +216,17 @@ def faults_leave_the_old_weights_serving():
     d = Daemon()
     try:
         faults(d)
+        stop_cleanly(d)
     finally:
         d.kill()
+
+
+def stop_cleanly(d):
+    """SIGTERM exits 0; under the ASan build LeakSanitizer would report staging or weights not freed."""
+    d.proc.send_signal(signal.SIGTERM)
+    rc = d.proc.wait(timeout=60)
+    log = d.tail()
+    assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
 
 
 def faults(d):
@@ -376,11 +416,7 @@ def one_push_reaches_two_daemons():
 @case
 def shutdown_is_clean():
     """SIGTERM exits 0 (under the ASan build: no leak of staging or weights)."""
-    d = daemon_a()
-    d.proc.send_signal(signal.SIGTERM)
-    rc = d.proc.wait(timeout=60)
-    log = d.tail()
-    assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
+    stop_cleanly(daemon_a())
 
 
 if __name__ == "__main__":

@@ -531,10 +531,14 @@ static void chunk_cases(upd_stage *s, uint8_t **src)
     uint32_t crc = crc32c(0, src[2], 4096);
     CHECK_OK(upd_chunk_claim(s, 2, 0, 4096, crc ^ 0x10u, &dup));
     CHECK(dup == 0 && s->pending == 1, "pending %d", s->pending);
-    /* While it is being staged: the same range again is refused, and verify says pending. */
+    /* While it is being staged: the same chunk again (a resend) is BUSY, other data over it is refused,
+     * and verify says pending. */
     rc = upd_chunk_claim(s, 2, 0, 4096, crc ^ 0x10u, &dup);
-    CHECK(rc == RD_EINVAL && dup == 0 && strstr(rd_errmsg(), "being staged"), "claim while staged: rc %d: %s", rc,
+    CHECK(rc == RD_EBUSY && dup == 0 && strstr(rd_errmsg(), "being staged"), "resend while staged: rc %d: %s", rc,
           rd_errmsg());
+    rc = upd_chunk_claim(s, 2, 0, 4096, crc, &dup);
+    CHECK(rc == RD_EINVAL && dup == 0 && strstr(rd_errmsg(), "being staged"), "other data while staged: rc %d: %s",
+          rc, rd_errmsg());
     rc = upd_stage_verify(s);
     CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "still being staged"), "verify while pending: rc %d: %s", rc,
           rd_errmsg());
