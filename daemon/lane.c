@@ -27,7 +27,7 @@ typedef struct lane_conn {
     size_t head_got;
     int in_data;                /* reading a chunk's data */
     proto_update_chunk c;       /* the chunk being read */
-    up_xfer *x;                 /* its transfer when the range was claimed */
+    up_xfer *x;                 /* its transfer while a range is claimed (dest set), else NULL */
     uint8_t *dest;              /* where the data goes; NULL: discard it */
     uint64_t got;               /* data bytes read */
     uint32_t code;              /* a refusal to send once the data is consumed (0: none) */
@@ -65,14 +65,14 @@ static void conn_close(lane_conn *c, const char *why)
 {
     if (c->closed)
         return;
-    if (c->in_data && c->x) {
+    if (c->in_data) {
         /* The stream ended inside a chunk: the sender is gone mid-transfer. */
         proto_update_chunk ch = c->c;
-        up_xfer *x = c->x;
+        if (c->dest)
+            up_chunk_abandon(c->srv->d, c->x, &ch); /* the claimed range (x is alive while it is claimed) */
         c->x = NULL;
-        uint64_t id = up_xfer_id(x);
-        up_chunk_abandon(c->srv->d, x, &ch);
-        up_on_lane_broken(c->srv->d, id, why);
+        c->dest = NULL;
+        up_on_lane_broken(c->srv->d, ch.xfer_id, why);
     }
     c->closed = 1;
     uv_close((uv_handle_t *)&c->tcp, on_closed);
@@ -177,8 +177,13 @@ static void chunk_complete(lane_conn *c)
     if (c->code) {
         send_reply(c, c->code, c->why, NULL);
     } else if (c->dup) {
-        c->refs++;
-        up_chunk_duplicate(d, x, &ch, &sink);
+        /* No claim was held while the bytes were read: the transfer may have ended meanwhile. */
+        if (d->xfer && up_xfer_id(d->xfer) == ch.xfer_id) {
+            c->refs++;
+            up_chunk_duplicate(d, d->xfer, &ch, &sink);
+        } else {
+            send_reply(c, PROTO_E_UNEXPECTED, "the transfer ended while this chunk was read", NULL);
+        }
     } else {
         c->refs++;
         up_chunk_filled(d, x, &ch, &sink);
@@ -203,8 +208,8 @@ static int head_complete(lane_conn *c)
     c->in_data = 1;
     c->got = 0;
     c->code = (uint32_t)up_chunk_claim(d, &c->c, &c->x, &c->dest, &c->dup, c->why, sizeof c->why);
-    if (c->code)
-        c->x = NULL;
+    if (c->code || c->dup)
+        c->x = NULL; /* only a claimed range (dest) keeps its transfer alive */
     if (c->c.len == 0)
         chunk_complete(c);
     return 0;

@@ -62,7 +62,7 @@ if [ "$MODE" != "--unit-only" ]; then
       "$PY" tests/py/test_daemon_basic.py
     # Weight-update faults against the ASan daemon, which must then exit with no leak.
     run_one "asan:test_weight_update" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
-      RD_CASES=faults_leave_the_old_weights_serving "$PY" tests/py/test_weight_update.py
+      RD_CASES=faults_leave_the_old_weights_serving,data_lane_refuses_garbage_and_keeps_serving "$PY" tests/py/test_weight_update.py
   fi
 fi
 

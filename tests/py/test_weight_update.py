@@ -320,6 +320,70 @@ def faults(d):
     s.close()
 
 
+def read_frame(sock):
+    head = b""
+    while len(head) < 16:
+        got = sock.recv(16 - len(head))
+        if not got:
+            return None
+        head += got
+    (n,) = struct.unpack("<I", head[8:12])
+    body = b""
+    while len(body) < n:
+        got = sock.recv(n - len(body))
+        assert got, "the daemon closed the data lane inside a reply"
+        body += got
+    return proto.decode(head + body)
+
+
+@case
+def data_lane_refuses_garbage_and_keeps_serving():
+    d = Daemon()
+    try:
+        data_lane_abuse(d)
+        stop_cleanly(d)
+    finally:
+        d.kill()
+
+
+def data_lane_abuse(d):
+    import socket as so
+    s = d.sock()
+    cid = hello(s).client_id
+    a = np.arange(576, dtype=np.float32)
+    ok = begin(s, cid, status(d)["weight_version"] + 1, [("model.norm.weight", a, proto.DTYPE_F32)])
+    assert isinstance(ok, proto.UpdateBeginOk) and ok.data_port > 0, ok
+    # Random bytes: one ERROR frame, then the daemon closes the connection.
+    c = so.create_connection(("127.0.0.1", ok.data_port), timeout=10)
+    c.sendall(os.urandom(48))
+    r = read_frame(c)
+    assert isinstance(r, proto.Error) and r.code in (proto.E.BAD_MAGIC, proto.E.UNSUPPORTED_VERSION,
+                                                     proto.E.UNEXPECTED, proto.E.MALFORMED, proto.E.TOO_LARGE), r
+    assert read_frame(c) is None, "the connection stays open after a bad frame"
+    c.close()
+    # A well-formed chunk for an unknown transfer: its bytes are read and refused; the stream goes on.
+    c = so.create_connection(("127.0.0.1", ok.data_port), timeout=10)
+    data = a.tobytes()
+    bad = proto.encode(proto.UpdateChunk(xfer_id=ok.xfer_id ^ 1, chunk_seq=1, tensor_index=0, offset=0,
+                                         crc32c=crc32c(data), data=data))
+    good = proto.encode(proto.UpdateChunk(xfer_id=ok.xfer_id, chunk_seq=2, tensor_index=0, offset=0,
+                                          crc32c=crc32c(data), data=data))
+    c.sendall(bad + good)
+    r1, r2 = read_frame(c), read_frame(c)
+    assert isinstance(r1, proto.Error) and r1.code == proto.E.UNEXPECTED, r1
+    assert isinstance(r2, proto.UpdateChunkOk) and r2.chunk_seq == 2 and r2.bytes_staged == a.nbytes, r2
+    # A sender that vanishes inside a chunk aborts the transfer.
+    c.sendall(good[:100])
+    c.close()
+    deadline = time.time() + 10
+    while status(d)["weight_update"]["in_progress"]:
+        assert time.time() < deadline, "a stream cut inside a chunk left the transfer open"
+        time.sleep(0.05)
+    assert isinstance(rpc(s, proto.UpdateCommit(xfer_id=ok.xfer_id)), proto.Error)
+    s.close()
+    assert generate(d, [PROMPT])  # still serving
+
+
 # ---------------------------------------------------------------- modes under load
 
 def submit_load(d, n_req, n, max_tokens, first_id=1):
