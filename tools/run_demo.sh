@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job's demo: builds what is missing, fetches the default model, starts
-# rolloutd with it and runs a GRPO-style round through the Python client
+# rolloutd with it and runs GRPO-style rounds, with a weight push between them, through the Python client
 # (tools/demo_learner.py), then shuts the daemon down cleanly.
 #   tools/run_demo.sh [demo_learner.py flags]
 set -euo pipefail

@@ -18,16 +18,34 @@ repeated, which the protocol makes safe. Each finished sample has a per-client
 seq; the client skips seqs it has processed and acks the highest in its next
 FETCH, so a resumed client (Client(url, client_id=...)) gets exactly the
 results it had not processed. A Client is used by one thread at a time.
+
+Weight updates (PROTOCOL.md §10):
+
+    res = c.push_weights({"model.norm.weight": w, ...}, version=1)   # HF names -> arrays
+    res.version, res.stall_us, res.mb_per_s
+
+numpy float32 -> f32, float16 -> f16, uint16 -> raw bf16 bits (see
+bf16_bits()), torch tensors when torch is installed (bfloat16 included). The
+bytes are checksummed once (prepare_update(); a PreparedUpdate can be pushed
+again, or to many daemons: rolloutd.Pool), sent over the daemon's data lane
+when it offers one (else as UPDATE_CHUNKs over NNG, `window` req contexts at
+once), then committed. Any failure aborts the transfer (the old weights keep
+serving) and raises DaemonError (.code from proto.E) or TimeoutError_.
 """
 import json
+import socket
+import struct
+import sys
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pynng
 
 from . import proto as P
+from .crc32c import crc32c, crc32c_combine
 
 DEFAULT_URL = "tcp://127.0.0.1:7070"
 TIMEOUT_MS = 30000          # reply timeout of every request but FETCH
@@ -35,6 +53,13 @@ FETCH_MARGIN_MS = 10000     # FETCH waits wait_ms plus this
 FETCH_WAIT_MS = 1000        # long-poll
 RETRIES = 5                 # consecutive timeouts before giving up
 SP_HEADER_MARGIN = 64       # NNG counts the req0 header in the message size
+CHUNK_ROOM = 64             # a chunk's data is at most max_message_bytes - 64 (PROTOCOL.md §10.2)
+MIN_CHUNK = 4096            # only a tensor's last chunk may be shorter (§10.4)
+BEGIN_TIMEOUT_MS = 60000
+CHUNK_TIMEOUT_MS = 60000    # one chunk's reply (NNG) or any reply while chunks are unanswered (lane)
+COMMIT_TIMEOUT_MS = 600000  # drain mode waits for running sequences to finish
+MAX_RESENDS = 100           # per chunk over NNG, after CHECKSUM refusals or lost replies (BUSY: until the timeout)
+LANE_PASSES = 8             # data lane: passes over the chunks not acknowledged yet
 
 
 class DaemonError(Exception):
@@ -339,3 +364,573 @@ class Client:
         out = list(self.stream(prompts, **params))
         out.sort(key=lambda s: (s.index, s.sample_idx))
         return out
+
+    # ---- weight updates (PROTOCOL.md §10) ----
+
+    def prepare(self, tensors, chunk_bytes=16 << 20) -> "PreparedUpdate":
+        """The tensors checksummed once, in chunks this daemon accepts (push it
+        with push_weights, as often as needed)."""
+        room = self._max - CHUNK_ROOM
+        if isinstance(tensors, PreparedUpdate):
+            return tensors if tensors.chunk_bytes <= room else tensors.rechunk(room)
+        return PreparedUpdate(tensors, min(int(chunk_bytes), room))
+
+    def push_weights(self, tensors, version, mode="continue", window=4, chunk_bytes=16 << 20, lane=True,
+                     progress=None) -> "PushResult":
+        """Pushes tensors to the daemon as policy `version` and commits them.
+
+        tensors: a dict (or a list of (name, array) pairs) of HF tensor name ->
+        numpy array (float32 -> f32, float16 -> f16, uint16 -> raw bf16 bits)
+        or torch tensor (float32, float16, bfloat16), or a PreparedUpdate
+        (prepare_update(): already checksummed, e.g. to push it again or to
+        several daemons). mode: "continue", "drain" or "abort" (§10.6).
+        window: chunks in flight (the daemon may grant fewer); chunk_bytes:
+        largest chunk (clamped to what the daemon accepts). lane: use the
+        daemon's data lane when it offers one (False: UPDATE_CHUNKs over NNG).
+        progress: a callable(bytes_done, total), called from this thread, or
+        True for a line on stderr.
+
+        Returns a PushResult. On any failure the transfer is aborted (the old
+        weights keep serving) and DaemonError (.code, e.g. STALE_VERSION),
+        TimeoutError_ or ConnectionError is raised."""
+        if not (self.info.features & P.FEATURE_WEIGHT_UPDATE):
+            raise DaemonError(P.E.UNKNOWN_TYPE, "the daemon does not take weight updates (HELLO_OK feature bit 0 "
+                              "is off)", "UPDATE_BEGIN")
+        mode_v = _mode(mode)
+        if int(window) < 1:
+            raise ValueError(f"window = {window}; expected >= 1")
+        prep = self.prepare(tensors, chunk_bytes)
+        if progress is True:
+            progress = _stderr_progress(self.url)
+            newline = True
+        else:
+            newline = False
+        try:
+            return _Push(self, prep, int(version), mode_v, int(window), lane, progress).run()
+        finally:
+            if newline:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+
+
+# ---- weight updates: tensors, the prepared update, the push ----
+
+MODES = {"continue": P.MODE_CONTINUE, "drain": P.MODE_DRAIN, "abort": P.MODE_ABORT}
+
+
+def _mode(mode):
+    if isinstance(mode, str):
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}; expected 'continue', 'drain' or 'abort'")
+        return MODES[mode]
+    if int(mode) not in P.MODE_NAMES:
+        raise ValueError(f"mode {mode}; expected 0 (continue), 1 (drain) or 2 (abort)")
+    return int(mode)
+
+
+def bf16_bits(a):
+    """The bfloat16 bit patterns (a uint16 array, what push_weights sends as
+    bf16) of a float array, rounded to nearest even; NaN stays NaN."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32)
+    out = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
+
+
+def _wire_tensor(name, x):
+    """(dtype code, shape, flat uint8 memoryview of the little-endian bytes) of
+    one tensor; copies only what must be (device, layout, byte order)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch  # only when the caller already uses it
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            a, dt = t.view(torch.int16).numpy().view(np.uint16), P.DTYPE_BF16
+        elif t.dtype == torch.float32:
+            a, dt = t.numpy(), P.DTYPE_F32
+        elif t.dtype == torch.float16:
+            a, dt = t.numpy(), P.DTYPE_F16
+        else:
+            raise TypeError(f"tensor {name!r}: torch dtype {t.dtype}; expected float32, float16 or bfloat16")
+    else:
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+        if a.dtype.name == "bfloat16":     # e.g. ml_dtypes: the same bits
+            a, dt = np.ascontiguousarray(a).view(np.uint16), P.DTYPE_BF16
+        elif a.dtype.kind == "f" and a.dtype.itemsize == 4:
+            dt = P.DTYPE_F32
+        elif a.dtype.kind == "f" and a.dtype.itemsize == 2:
+            dt = P.DTYPE_F16
+        elif a.dtype.kind == "u" and a.dtype.itemsize == 2:
+            dt = P.DTYPE_BF16
+        else:
+            raise TypeError(f"tensor {name!r}: dtype {a.dtype}; expected float32 (f32), float16 (f16) or uint16 "
+                            f"(bf16 bits: bf16_bits(a) converts floats)")
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    if not 1 <= a.ndim <= P.MAX_DIMS:
+        raise ValueError(f"tensor {name!r}: {a.ndim} dimensions; expected 1..{P.MAX_DIMS}")
+    if a.size == 0:
+        raise ValueError(f"tensor {name!r} is empty")
+    return dt, [int(d) for d in a.shape], memoryview(a.reshape(-1).view(np.uint8))
+
+
+class PreparedUpdate:
+    """Tensors ready to push: their bytes (views, not copies), the manifest
+    (P.Tensor per tensor, with its CRC-32C) and the chunks (tensor index,
+    offset, length, CRC-32C), every byte checksummed once. Push it with
+    Client.push_weights or Pool.push_weights, as often as needed."""
+
+    def __init__(self, tensors, chunk_bytes=16 << 20):
+        t0 = time.perf_counter()
+        items = list(tensors.items()) if hasattr(tensors, "items") else list(tensors)
+        if not items:
+            raise ValueError("push: no tensors")
+        self.manifest = []
+        self.data = []              # flat uint8 memoryviews, one per tensor
+        seen = set()
+        for name, x in items:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"tensor name {name!r}; expected a non-empty string (the HF name)")
+            if name in seen:
+                raise ValueError(f"tensor {name!r} is listed twice")
+            seen.add(name)
+            dt, shape, mv = _wire_tensor(name, x)
+            self.manifest.append(P.Tensor(name=name, dtype=dt, shape=shape, nbytes=len(mv)))
+            self.data.append(mv)
+        self.total_bytes = sum(t.nbytes for t in self.manifest)
+        self._chunk(chunk_bytes, None)
+        self.prepare_seconds = time.perf_counter() - t0
+
+    def _chunk(self, chunk_bytes, expect):
+        cb = int(chunk_bytes)
+        if cb < MIN_CHUNK:
+            raise ValueError(f"chunk size {cb}; expected at least {MIN_CHUNK} bytes")
+        self.chunk_bytes = cb
+        self.chunks = []            # (tensor index, offset, len, crc32c)
+        for i, mv in enumerate(self.data):
+            crc = 0
+            for off in range(0, len(mv), cb):
+                n = min(cb, len(mv) - off)
+                c = crc32c(mv[off:off + n])
+                self.chunks.append((i, off, n, c))
+                crc = crc32c_combine(crc, c, n)
+            if expect is None:
+                self.manifest[i].crc32c = crc
+            elif crc != expect[i].crc32c:
+                raise RuntimeError(f"tensor {expect[i].name!r} changed after it was prepared (CRC-32C "
+                                   f"{crc:08x}, prepared {expect[i].crc32c:08x})")
+
+    def rechunk(self, chunk_bytes):
+        """The same update in chunks of at most chunk_bytes (checksums them again)."""
+        new = object.__new__(PreparedUpdate)
+        new.manifest, new.data, new.total_bytes = self.manifest, self.data, self.total_bytes
+        t0 = time.perf_counter()
+        new._chunk(chunk_bytes, self.manifest)
+        new.prepare_seconds = time.perf_counter() - t0
+        return new
+
+    @property
+    def names(self):
+        return [t.name for t in self.manifest]
+
+    def __len__(self):
+        return len(self.manifest)
+
+    def __repr__(self):
+        return (f"PreparedUpdate({len(self.manifest)} tensors, {self.total_bytes / 1e6:.1f} MB, "
+                f"{len(self.chunks)} chunks of <= {self.chunk_bytes} bytes)")
+
+
+def prepare_update(tensors, chunk_bytes=16 << 20) -> PreparedUpdate:
+    """Checksums tensors once for one or more pushes (see Client.push_weights)."""
+    return PreparedUpdate(tensors, chunk_bytes)
+
+
+@dataclass
+class PushResult:
+    """One daemon's completed push."""
+    url: str
+    version: int                # now serving
+    stall_us: int               # the engine did not step because of the swap
+    wait_us: int                # COMMIT's arrival to the swap
+    staged_us: int              # UPDATE_BEGIN to COMMIT, on the daemon
+    n_aborted: int              # samples returned aborted (abort mode)
+    bytes: int                  # tensor bytes pushed
+    seconds: float              # UPDATE_BEGIN to COMMIT_OK, here
+    transfer_seconds: float     # first chunk sent to last chunk acknowledged
+    lane: bool                  # chunks went over the data lane
+    window: int                 # chunks in flight, as granted
+    chunk_bytes: int
+    retries: int = 0            # chunks sent again (BUSY, CHECKSUM, timeouts)
+    wire_bytes: int = 0         # chunk frame bytes sent (resends included)
+
+    @property
+    def mb_per_s(self):
+        """Tensor MB (1e6 bytes) per second, UPDATE_BEGIN to COMMIT_OK."""
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def transfer_mb_per_s(self):
+        return self.bytes / 1e6 / self.transfer_seconds if self.transfer_seconds > 0 else 0.0
+
+    def as_dict(self):
+        d = asdict(self)
+        d["mb_per_s"] = self.mb_per_s
+        return d
+
+    def __getitem__(self, k):   # res["version"] works too
+        return getattr(self, k)
+
+
+def _stderr_progress(url):
+    t0 = time.perf_counter()
+
+    def show(done, total):
+        dt = time.perf_counter() - t0
+        sys.stderr.write(f"\r{url} {100.0 * done / total if total else 100.0:5.1f}% {done / 1e6:.0f}/"
+                         f"{total / 1e6:.0f} MB {done / 1e6 / dt if dt > 0 else 0.0:.0f} MB/s   ")
+        sys.stderr.flush()
+    return show
+
+
+def _url_host(url):
+    """The host of a tcp:// URL (where the data lane listens), or None."""
+    for scheme in ("tcp://", "tcp4://", "tcp6://"):
+        if url.startswith(scheme):
+            hp = url[len(scheme):]
+            host = hp.rsplit(":", 1)[0] if ":" in hp else hp
+            if host.startswith("[") and host.endswith("]"):
+                host = host[1:-1]
+            return host or "127.0.0.1"
+    return None
+
+
+def _chunk_head(xfer, seq, ti, off, crc, n):
+    """An UPDATE_CHUNK frame without its data: header + 32 fixed bytes (proto_lane_encode_head)."""
+    return struct.pack("<4sHHIIQIIQII", P.MAGIC, P.VERSION, P.T.UPDATE_CHUNK, 32 + n, 0, xfer, seq, ti, off, crc, n)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None if got == 0 else b""
+        got += k
+    return bytes(buf)
+
+
+def _send_all(sock, parts):
+    sent = sock.sendmsg(parts)
+    for p in parts:
+        if sent >= len(p):
+            sent -= len(p)
+            continue
+        sock.sendall(memoryview(p)[sent:])
+        sent = 0
+
+
+class _Push:
+    """One daemon's push: BEGIN, the chunks (lane or NNG), COMMIT; ABORT on failure."""
+
+    def __init__(self, client, prep, version, mode, window, lane, progress):
+        self.c, self.p, self.version, self.mode = client, prep, version, mode
+        self.want_window, self.want_lane, self.progress = window, lane, progress
+        self.cv = threading.Condition()
+        self.acked = bytearray(len(prep.chunks))
+        self.done_bytes = 0
+        self.outstanding = 0
+        self.retries = 0
+        self.wire = 0
+        self.error = None
+        self.sock = None            # the data lane's socket
+        self.ctxs = []              # the NNG req contexts
+
+    # shared state, under cv
+    def ack(self, i):
+        with self.cv:
+            if not self.acked[i]:
+                self.acked[i] = 1
+                self.done_bytes += self.p.chunks[i][2]
+            self.cv.notify_all()
+
+    def count(self, wire=0, retries=0):
+        with self.cv:
+            self.wire += wire
+            self.retries += retries
+
+    def fail(self, exc):
+        with self.cv:
+            if self.error is None:
+                self.error = exc
+            self.cv.notify_all()
+
+    def run(self):
+        c, p = self.c, self.p
+        t0 = time.perf_counter()
+        ok = c._call(P.UpdateBegin(client_id=c.client_id, version=self.version, mode=self.mode,
+                                   window=self.want_window, max_chunk_bytes=p.chunk_bytes, total_bytes=p.total_bytes,
+                                   tensors=p.manifest), P.T.UPDATE_BEGIN_OK, BEGIN_TIMEOUT_MS, retries=1)
+        self.xfer, self.window = ok.xfer_id, max(1, ok.window)
+        try:
+            if ok.max_chunk_bytes < p.chunk_bytes:      # the daemon grants less than it announced room for
+                self.p = p = p.rechunk(ok.max_chunk_bytes)
+                self.acked = bytearray(len(p.chunks))
+            host = _url_host(c.url)
+            use_lane = bool(self.want_lane and ok.data_port and host)
+            t1 = time.perf_counter()
+            sock = None
+            if use_lane:
+                try:
+                    sock = socket.create_connection((host, ok.data_port), timeout=CHUNK_TIMEOUT_MS / 1000)
+                except OSError:
+                    use_lane = False     # no route to the lane: the same chunks over NNG
+            worker = threading.Thread(target=self._lane if use_lane else self._nng, args=(sock,) if use_lane else (),
+                                      name="rolloutd-push", daemon=True)
+            worker.start()
+            try:
+                while worker.is_alive():
+                    worker.join(0.25)
+                    if self.progress:
+                        self.progress(self.done_bytes, p.total_bytes)
+                if self.progress:
+                    self.progress(self.done_bytes, p.total_bytes)
+            except BaseException as e:  # KeyboardInterrupt (or progress raised): stop the senders, abort
+                self.fail(e)
+                self._interrupt()
+                worker.join()
+                raise
+            if self.error is None and self.done_bytes != p.total_bytes:
+                self.fail(RuntimeError(f"push: {self.done_bytes} of {p.total_bytes} bytes acknowledged"))
+            if self.error is not None:
+                raise self.error
+            t2 = time.perf_counter()
+            r = self._commit()
+        except BaseException:
+            try:
+                c._call(P.UpdateAbort(xfer_id=self.xfer), P.T.UPDATE_ABORT_OK, 10000, retries=1)
+            except Exception:
+                pass    # gone already (a failed COMMIT aborts the transfer) or unreachable
+            raise
+        return PushResult(url=c.url, version=r.version, stall_us=r.stall_us, wait_us=r.wait_us,
+                          staged_us=r.staged_us, n_aborted=r.n_aborted, bytes=p.total_bytes,
+                          seconds=time.perf_counter() - t0, transfer_seconds=t2 - t1, lane=use_lane,
+                          window=self.window, chunk_bytes=p.chunk_bytes, retries=self.retries, wire_bytes=self.wire)
+
+    def _interrupt(self):
+        """Unblocks the sender threads (they see self.error and end)."""
+        try:
+            if self.sock is not None:
+                self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for x in list(self.ctxs):
+            try:
+                x.close()
+            except pynng.NNGException:
+                pass
+
+    def _commit(self):
+        deadline = time.monotonic() + COMMIT_TIMEOUT_MS / 1000
+        while True:
+            try:
+                return self.c._call(P.UpdateCommit(xfer_id=self.xfer), P.T.UPDATE_COMMIT_OK, COMMIT_TIMEOUT_MS,
+                                    retries=2)
+            except DaemonError as e:
+                # BUSY: a repeated COMMIT while the first is still committing; the reply will come.
+                if e.code != P.E.BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    # ---- UPDATE_CHUNKs over NNG: `window` req contexts, each with one chunk outstanding ----
+
+    def _nng(self):
+        c, p = self.c, self.p
+        with c._lock:   # a context takes the socket's receive timeout when it opens
+            c._sock.recv_timeout = CHUNK_TIMEOUT_MS
+            ctxs = self.ctxs = [c._sock.new_context() for _ in range(self.window)]
+        nxt = iter(range(len(p.chunks)))
+        nxt_lock = threading.Lock()
+
+        def slot(ctx):
+            while self.error is None:
+                with nxt_lock:
+                    i = next(nxt, None)
+                if i is None:
+                    return
+                ti, off, n, crc = p.chunks[i]
+                frame = b"".join((_chunk_head(self.xfer, i, ti, off, crc, n), p.data[ti][off:off + n]))
+                deadline = time.monotonic() + CHUNK_TIMEOUT_MS / 1000
+                last, resends, busy, timeouts = None, 0, 0, 0
+                while True:
+                    if self.error is not None:
+                        return
+                    if timeouts >= RETRIES:
+                        self.fail(TimeoutError_(f"UPDATE_CHUNK {i}: no reply from {c.url} after {timeouts} tries"))
+                        return
+                    if resends > MAX_RESENDS or (busy and time.monotonic() > deadline):
+                        why = f"not accepted after {resends} resends and {busy} BUSY replies"
+                        self.fail(DaemonError(last.code, f"{last.message} ({why})", f"UPDATE_CHUNK {i}"))
+                        return
+                    try:
+                        self.count(wire=len(frame))
+                        ctx.send(frame)
+                        buf = ctx.recv()
+                    except pynng.Timeout:
+                        self.count(retries=1)   # a lost reply: the resend is safe (§8)
+                        timeouts += 1
+                        continue
+                    except Exception as e:  # pynng.NNGException, or the context closed by _interrupt
+                        self.fail(ConnectionError(f"{c.url}: UPDATE_CHUNK {i}: {e}"))
+                        return
+                    try:
+                        m = P.decode(buf, c._max)
+                    except P.ProtoError as e:
+                        self.fail(e)
+                        return
+                    if isinstance(m, P.UpdateChunkOk):
+                        self.ack(i)
+                        break
+                    if isinstance(m, P.Error) and m.code in (P.E.BUSY, P.E.CHECKSUM):
+                        self.count(retries=1)   # window full, or damaged on the way: send it again
+                        last, timeouts = m, 0
+                        if m.code == P.E.BUSY:  # resent until the chunk timeout
+                            busy += 1
+                            time.sleep(min(0.05, 0.002 * busy))
+                        else:
+                            resends += 1
+                        continue
+                    if isinstance(m, P.Error):
+                        self.fail(DaemonError(m.code, m.message, f"UPDATE_CHUNK {i}"))
+                    else:
+                        self.fail(P.ProtoError(P.E.UNEXPECTED, f"UPDATE_CHUNK answered with {m.TYPE.name}"))
+                    return
+
+        threads = [threading.Thread(target=slot, args=(x,), daemon=True) for x in ctxs]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for x in ctxs:
+                try:
+                    x.close()
+                except pynng.NNGException:
+                    pass
+
+    # ---- the data lane (§10.10): chunk heads + the tensors' bytes on one TCP stream ----
+
+    def _lane(self, sock):
+        p = self.p
+        self.sock = sock
+        self.sending = True
+        self.reader_done = False
+        self.reader_done_early = False     # the stream ended while chunks were being sent
+        self.refusal = None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader = threading.Thread(target=self._lane_reader, args=(sock,), daemon=True)
+            reader.start()
+            for _ in range(LANE_PASSES):    # later passes resend what was refused (CHECKSUM, BUSY)
+                todo = [i for i in range(len(p.chunks)) if not self.acked[i]]
+                if not todo:
+                    break
+                for i in todo:
+                    with self.cv:
+                        while self.outstanding >= self.window and self.error is None and not self.reader_done:
+                            self.cv.wait(1.0)
+                        if self.error is not None or self.reader_done:
+                            break
+                        self.outstanding += 1
+                    ti, off, n, crc = p.chunks[i]
+                    try:
+                        _send_all(sock, [_chunk_head(self.xfer, i, ti, off, crc, n), p.data[ti][off:off + n]])
+                    except OSError as e:
+                        self.fail(ConnectionError(f"{self.c.url}: data lane: the connection broke while "
+                                                  f"sending: {e}"))
+                        break
+                    self.count(wire=P.HEADER_BYTES + 32 + n)
+                with self.cv:
+                    while self.outstanding > 0 and self.error is None and not self.reader_done:
+                        self.cv.wait(1.0)
+                    if self.error is not None or self.reader_done:
+                        self.reader_done_early = self.reader_done
+                        break
+            self.sending = False
+            if self.error is None:
+                try:
+                    sock.shutdown(socket.SHUT_WR)   # done: the daemon closes its side
+                except OSError:
+                    pass
+            else:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            reader.join()
+            if self.error is None and not all(self.acked):
+                left = len(self.acked) - sum(self.acked)
+                if self.refusal is not None and not self.reader_done_early:
+                    self.fail(DaemonError(self.refusal.code, f"{self.refusal.message} ({left} chunks still refused "
+                                          f"after {LANE_PASSES} passes)", "UPDATE_CHUNK (data lane)"))
+                else:
+                    self.fail(ConnectionError(f"{self.c.url}: data lane: the daemon closed the stream with {left} "
+                                              f"chunks not acknowledged"))
+        except BaseException as e:
+            self.fail(e)
+        finally:
+            sock.close()
+
+    def _lane_reader(self, sock):
+        p = self.p
+        try:
+            while True:
+                try:
+                    head = _recv_exact(sock, P.HEADER_BYTES)
+                    if not head:
+                        break
+                    body_len = struct.unpack_from("<I", head, 8)[0]
+                    if body_len > 65536:
+                        raise P.ProtoError(P.E.TOO_LARGE, f"data lane: a {body_len}-byte reply")
+                    body = _recv_exact(sock, body_len) if body_len else b""
+                    if body is None or len(body) != body_len:
+                        break
+                except socket.timeout:
+                    with self.cv:
+                        if self.outstanding == 0 and self.sending:
+                            continue
+                        if self.outstanding == 0:
+                            break
+                    raise TimeoutError_(f"{self.c.url}: data lane: no reply in {CHUNK_TIMEOUT_MS / 1000:.0f} s")
+                m = P.decode(head + body, 0)
+                if isinstance(m, P.UpdateChunkOk) and m.xfer_id == self.xfer and m.chunk_seq < len(p.chunks):
+                    with self.cv:
+                        self.outstanding -= 1
+                    self.ack(m.chunk_seq)
+                elif isinstance(m, P.Error) and m.code in (P.E.CHECKSUM, P.E.BUSY):
+                    with self.cv:   # the error names no chunk: the next pass resends what is not acknowledged
+                        self.outstanding -= 1
+                        self.retries += 1
+                        self.refusal = m
+                        self.cv.notify_all()
+                elif isinstance(m, P.Error):
+                    raise DaemonError(m.code, m.message, "UPDATE_CHUNK (data lane)")
+                else:
+                    raise P.ProtoError(P.E.UNEXPECTED, f"data lane: an unexpected reply {m}")
+        except (OSError, ValueError) as e:
+            with self.cv:
+                quiet = self.error is not None or not self.sending and self.outstanding == 0
+            if not quiet:
+                self.fail(ConnectionError(f"{self.c.url}: data lane: {e}"))
+        except Exception as e:
+            self.fail(e)
+        finally:
+            with self.cv:
+                self.reader_done = True
+                self.cv.notify_all()
