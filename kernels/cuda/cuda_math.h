@@ -35,7 +35,7 @@
 #define RD_FDIV(a, b) ((float)(a) / (float)(b))
 #endif
 
-RD_HD uint32_t rd_f2u(float f)
+RD_HD uint32_t cm_f2u(float f)
 {
 #if defined(__CUDA_ARCH__)
     return __float_as_uint(f);
@@ -46,7 +46,7 @@ RD_HD uint32_t rd_f2u(float f)
 #endif
 }
 
-RD_HD float rd_u2f(uint32_t u)
+RD_HD float cm_u2f(uint32_t u)
 {
 #if defined(__CUDA_ARCH__)
     return __uint_as_float(u);
@@ -61,20 +61,20 @@ RD_HD float rd_u2f(uint32_t u)
 
 /* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN with its sign;
  * values past the largest bf16 round to +-inf as IEEE rounding says. */
-RD_HD uint16_t rd_f32_to_bf16(float f)
+RD_HD uint16_t cm_f32_to_bf16(float f)
 {
-    uint32_t u = rd_f2u(f);
+    uint32_t u = cm_f2u(f);
     if ((u & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((u >> 16) | 0x0040u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
 
-RD_HD float rd_bf16_to_f32(uint16_t h) { return rd_u2f((uint32_t)h << 16); }
+RD_HD float cm_bf16_to_f32(uint16_t h) { return cm_u2f((uint32_t)h << 16); }
 
 /* ---- the sampler's counter-based RNG (engine/sampler.c has the spec) ---- */
 
-RD_HD void rd_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+RD_HD void cm_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
 {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
     uint32_t k0 = key[0], k1 = key[1];
@@ -99,12 +99,12 @@ RD_HD void rd_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32
 }
 
 /* samp_uniform: a double in [0,1) with 53 random bits, exact in double. */
-RD_HD double rd_uniform(uint64_t seed, uint32_t sample_idx, uint32_t pos)
+RD_HD double cm_uniform(uint64_t seed, uint32_t sample_idx, uint32_t pos)
 {
     const uint32_t ctr[4] = {sample_idx, pos, 0u, 0u};
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     uint32_t out[4];
-    rd_philox4x32_10(ctr, key, out);
+    cm_philox4x32_10(ctr, key, out);
     uint64_t bits = ((uint64_t)out[1] << 32 | out[0]) >> 11;
     return (double)bits * (1.0 / 9007199254740992.0); /* 2^-53 */
 }
@@ -112,9 +112,9 @@ RD_HD double rd_uniform(uint64_t seed, uint32_t sample_idx, uint32_t pos)
 /* ---- the sampler's ordering and weights (bit-exact copies of sampler.c) ---- */
 
 /* An int32 whose signed order is the float order; -0 maps to +0. */
-RD_HD int32_t rd_logit_order(float x)
+RD_HD int32_t cm_logit_order(float x)
 {
-    uint32_t u = rd_f2u(x);
+    uint32_t u = cm_f2u(x);
     if (u == 0x80000000u)
         u = 0;
     return (u & 0x80000000u) ? (int32_t)(u ^ 0x7fffffffu) : (int32_t)u;
@@ -122,21 +122,21 @@ RD_HD int32_t rd_logit_order(float x)
 
 /* Rank key: larger = earlier in rank order (logit descending, ties to the
  * lower index). */
-RD_HD uint64_t rd_rank_key(float x, int32_t i)
+RD_HD uint64_t cm_rank_key(float x, int32_t i)
 {
-    return ((uint64_t)((uint32_t)rd_logit_order(x) ^ 0x80000000u) << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
+    return ((uint64_t)((uint32_t)cm_logit_order(x) ^ 0x80000000u) << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
 }
 
-RD_HD int32_t rd_key_index(uint64_t k) { return (int32_t)(0xffffffffu - (uint32_t)k); }
+RD_HD int32_t cm_key_index(uint64_t k) { return (int32_t)(0xffffffffu - (uint32_t)k); }
 
 /* exp(x) for x <= 0 (and -inf) as sampler.c's exp_nonpos: Cephes' expf with
  * plain IEEE operations; x < -87 and -inf give exactly 0, exp(0) = 1. */
-RD_HD float rd_exp_nonpos(float x)
+RD_HD float cm_exp_nonpos(float x)
 {
-    uint32_t ux = rd_f2u(x);
+    uint32_t ux = cm_f2u(x);
     uint32_t under = (uint32_t)0 - (uint32_t)(ux > 0xC2AE0000u);
     ux = (ux & ~under) | (0xC2AE0000u & under);
-    float xc = rd_u2f(ux);
+    float xc = cm_u2f(ux);
     float n = RD_FSUB(RD_FADD(RD_FMUL(xc, 1.44269504088896341f), 12582912.0f), 12582912.0f);
     float r = RD_FSUB(RD_FSUB(xc, RD_FMUL(n, 0.693359375f)), RD_FMUL(n, -2.12194440e-4f));
     float y = 1.9875691500e-4f;
@@ -147,11 +147,11 @@ RD_HD float rd_exp_nonpos(float x)
     y = RD_FADD(RD_FMUL(y, r), 5.0000001201e-1f);
     y = RD_FADD(RD_FADD(RD_FMUL(y, RD_FMUL(r, r)), r), 1.0f);
     uint32_t scale_bits = (uint32_t)((int32_t)n + 127) << 23;
-    float res = RD_FMUL(y, rd_u2f(scale_bits));
-    return rd_u2f(rd_f2u(res) & ~under);
+    float res = RD_FMUL(y, cm_u2f(scale_bits));
+    return cm_u2f(cm_f2u(res) & ~under);
 }
 
 /* p_i / p_max = exp((x_i - m) / t), division as sampler.c does it. */
-RD_HD float rd_scaled_weight(float x, float m, float t) { return rd_exp_nonpos(RD_FDIV(RD_FSUB(x, m), t)); }
+RD_HD float cm_scaled_weight(float x, float m, float t) { return cm_exp_nonpos(RD_FDIV(RD_FSUB(x, m), t)); }
 
 #endif

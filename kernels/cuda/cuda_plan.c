@@ -33,22 +33,22 @@ int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32
 void cuplan_to_bf16(const float *src, size_t n, uint16_t *dst)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = rd_f32_to_bf16(src[i]);
+        dst[i] = cm_f32_to_bf16(src[i]);
 }
 
 void cuplan_from_bf16(const uint16_t *src, size_t n, float *dst)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = rd_bf16_to_f32(src[i]);
+        dst[i] = cm_bf16_to_f32(src[i]);
 }
 
 int cuplan_pick_gemm(const cuplan_gemm_cand *c, int n)
 {
     int best = -1;
     for (int i = 0; i < n; i++) {
-        if (!c[i].invariant || !(c[i].t_small >= 0) || !(c[i].t_mid >= 0))
+        if (!c[i].invariant || !(c[i].t_small >= 0) || !(c[i].t_mid >= 0) || !(c[i].t_large >= 0))
             continue;
-        if (best < 0 || c[i].t_small + c[i].t_mid < c[best].t_small + c[best].t_mid)
+        if (best < 0 || c[i].t_small + c[i].t_mid + c[i].t_large < c[best].t_small + c[best].t_mid + c[best].t_large)
             best = i;
     }
     return best;

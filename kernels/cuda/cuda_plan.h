@@ -68,12 +68,12 @@ void cuplan_from_bf16(const uint16_t *src, size_t n, float *dst);
 
 /* GEMM algorithm choice. A candidate qualifies when its results for every
  * tested batch size equal, row for row and bit for bit, its results at the
- * largest one (batch invariance); among those the fastest at small and
- * moderate batch wins (sum of its two timings). Returns the index of the
- * winner or -1 if none qualifies. */
+ * largest one (batch invariance); among those the one with the least total
+ * time over a small, a moderate and a large batch wins. Returns the index of
+ * the winner or -1 if none qualifies. */
 typedef struct {
     int invariant;              /* 1: passed the bitwise check */
-    double t_small, t_mid;      /* seconds for M = 1 and M = 64 */
+    double t_small, t_mid, t_large; /* seconds for M = 1, 64 and 256 */
 } cuplan_gemm_cand;
 int cuplan_pick_gemm(const cuplan_gemm_cand *c, int n);
 

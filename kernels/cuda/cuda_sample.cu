@@ -35,9 +35,9 @@ RD_DEV bool rule_keeps(const kept_rule &r, float x, int32_t i, float *w_out)
 {
     if (!finite_logit(x))
         return false;
-    const float w = rd_scaled_weight(x, r.m, r.t);
+    const float w = cm_scaled_weight(x, r.m, r.t);
     *w_out = w;
-    return w > 0.0f && w >= r.min_w && rd_rank_key(x, i) >= r.k_cut;
+    return w > 0.0f && w >= r.min_w && cm_rank_key(x, i) >= r.k_cut;
 }
 
 // Mass (double, fixed order) of finite tokens with key >= k and key >= floor_key.
@@ -48,9 +48,9 @@ RD_DEV double mass_ge(const float *x, int32_t vocab, uint64_t k, uint64_t floor_
         const float xi = x[i];
         if (!finite_logit(xi))
             continue;
-        const uint64_t key = rd_rank_key(xi, i);
+        const uint64_t key = cm_rank_key(xi, i);
         if (key >= k && key >= floor_key)
-            s += (double)rd_scaled_weight(xi, m, t);
+            s += (double)cm_scaled_weight(xi, m, t);
     }
     return block_allreduce(s, op_add());
 }
@@ -60,21 +60,72 @@ RD_DEV int32_t count_ge(const float *x, int32_t vocab, uint64_t k)
     int32_t c = 0;
     for (int32_t i = threadIdx.x; i < vocab; i += ST) {
         const float xi = x[i];
-        c += finite_logit(xi) && rd_rank_key(xi, i) >= k;
+        c += finite_logit(xi) && cm_rank_key(xi, i) >= k;
     }
     return block_allreduce(c, op_add());
 }
 
-// The largest key K with mass(keys >= max(K, floor_key)) >= target; 0 if none.
-RD_DEV uint64_t mass_cut(const float *x, int32_t vocab, uint64_t floor_key, double target, float m, float t)
+// Finite tokens whose key has high half hi, and the largest such key.
+RD_DEV int32_t count_hi(const float *x, int32_t vocab, uint32_t hi, uint64_t *max_key)
+{
+    int32_t c = 0;
+    uint64_t mk = 0;
+    for (int32_t i = threadIdx.x; i < vocab; i += ST) {
+        const float xi = x[i];
+        if (!finite_logit(xi))
+            continue;
+        const uint64_t key = cm_rank_key(xi, i);
+        if ((uint32_t)(key >> 32) == hi) {
+            c++;
+            mk = key > mk ? key : mk;
+        }
+    }
+    *max_key = block_allreduce(mk, op_max());
+    return block_allreduce(c, op_add());
+}
+
+// The largest key K with pred(K) true, pred non-increasing in K; 0 if none.
+// Bitwise search over the high half (the logit order) first; the low half
+// (the index) only when several tokens share the logit at the cut.
+template <class Pred> RD_DEV uint64_t key_search(const float *x, int32_t vocab, Pred pred)
 {
     uint64_t k = 0;
-    for (int bit = 63; bit >= 0; bit--) {
+    for (int bit = 63; bit >= 32; bit--) {
         const uint64_t cand = k | ((uint64_t)1 << bit);
-        if (mass_ge(x, vocab, cand, floor_key, m, t) >= target)
+        if (pred(cand))
+            k = cand;
+    }
+    uint64_t only = 0;
+    const int32_t n = count_hi(x, vocab, (uint32_t)(k >> 32), &only);
+    if (n <= 1)
+        return n == 1 ? only : k; // one token in [k, k + 2^32): the answer is its key
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint64_t cand = k | ((uint64_t)1 << bit);
+        if (pred(cand))
             k = cand;
     }
     return k;
+}
+
+struct mass_pred {
+    const float *x;
+    int32_t vocab;
+    uint64_t floor_key;
+    double target;
+    float m, t;
+    RD_DEV bool operator()(uint64_t k) const { return mass_ge(x, vocab, k, floor_key, m, t) >= target; }
+};
+
+struct count_pred {
+    const float *x;
+    int32_t vocab, k;
+    RD_DEV bool operator()(uint64_t key) const { return count_ge(x, vocab, key) >= k; }
+};
+
+// The largest key K with mass(keys >= max(K, floor_key)) >= target; 0 if none.
+RD_DEV uint64_t mass_cut(const float *x, int32_t vocab, uint64_t floor_key, double target, float m, float t)
+{
+    return key_search(x, vocab, mass_pred{x, vocab, floor_key, target, m, t});
 }
 
 __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t vocab, const sample_req *reqs,
@@ -87,10 +138,10 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
     __shared__ double chunk_sum[ST];
 
     // 1. scan: max logit order, bad logits.
-    const int32_t ord_pinf = rd_logit_order(INFINITY), ord_ninf = rd_logit_order(-INFINITY);
+    const int32_t ord_pinf = cm_logit_order(INFINITY), ord_ninf = cm_logit_order(-INFINITY);
     int32_t best = INT32_MIN, bad = 0;
     for (int32_t i = tid; i < vocab; i += ST) {
-        const int32_t o = rd_logit_order(x[i]);
+        const int32_t o = cm_logit_order(x[i]);
         bad |= o >= ord_pinf || o < ord_ninf;
         best = o > best ? o : best;
     }
@@ -106,7 +157,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
     }
     int32_t amax = INT32_MAX;
     for (int32_t i = tid; i < vocab; i += ST)
-        if (rd_logit_order(x[i]) == best && i < amax)
+        if (cm_logit_order(x[i]) == best && i < amax)
             amax = i;
     amax = block_allreduce(amax, op_min());
     const float m = x[amax];
@@ -114,7 +165,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
     // 2. raw log-probs: S = sum exp(x - m) in double.
     double s_raw = 0.0;
     for (int32_t i = tid; i < vocab; i += ST)
-        s_raw += (double)rd_exp_nonpos(RD_FSUB(x[i], m));
+        s_raw += (double)cm_exp_nonpos(RD_FSUB(x[i], m));
     s_raw = block_allreduce(s_raw, op_add());
     const float log_s = (float)log(s_raw);
 
@@ -127,7 +178,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
             const float xi = x[i];
             if (!finite_logit(xi))
                 continue;
-            const uint64_t key = rd_rank_key(xi, i);
+            const uint64_t key = cm_rank_key(xi, i);
             if (key < prev && key > bk)
                 bk = key;
         }
@@ -135,7 +186,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
         if (bk == 0)
             break;
         if (tid == 0) {
-            const int32_t id = rd_key_index(bk);
+            const int32_t id = cm_key_index(bk);
             out->top_ids[j] = id;
             out->top_lp[j] = RD_FSUB(RD_FSUB(x[id], m), log_s);
         }
@@ -151,18 +202,13 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
         tok = amax;
         lp_proc = 0.0f;
     } else {
-        const double u = rd_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
+        const double u = cm_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
         kept_rule rule = {0, q.min_p, m, t};
         if (q.top_k > 0 && q.top_k < vocab) {
             // The k-th largest key among finite tokens (all of them if fewer).
             uint64_t kk = 0;
-            if (count_ge(x, vocab, 1) > q.top_k) {
-                for (int bit = 63; bit >= 0; bit--) {
-                    const uint64_t cand = kk | ((uint64_t)1 << bit);
-                    if (count_ge(x, vocab, cand) >= q.top_k)
-                        kk = cand;
-                }
-            }
+            if (count_ge(x, vocab, 1) > q.top_k)
+                kk = key_search(x, vocab, count_pred{x, vocab, q.top_k});
             rule.k_cut = kk;
             if (q.top_p < 1.0f) {
                 const double z = mass_ge(x, vocab, 0, kk, m, t);

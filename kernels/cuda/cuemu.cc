@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #endif
 #endif
 #ifdef CUEMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -76,6 +78,7 @@ struct fiber {
     cuemu_uint3 tid;
     unsigned lin;               // linear thread index in the block
     int state;
+    unsigned phase;             // warp exchanges done (selects the slot)
     char *stack;
     size_t stack_size;
 #ifdef __x86_64__
@@ -91,7 +94,7 @@ dim3 block_dim, grid_dim;
 
 static const size_t STACK = 256 * 1024;
 static std::vector<fiber> fibers;
-static std::vector<uint64_t> xch(1024);
+static std::vector<uint64_t> xch(2 * 1024);
 static std::vector<unsigned char> smem_buf(48 * 1024);
 static const std::function<void()> *body;
 static std::mutex launch_mu;            // one launch at a time, whatever the thread
@@ -154,6 +157,11 @@ static void fiber_init(fiber *f)
         f->stack = (char *)p;
         f->stack_size = STACK;
     }
+#ifdef CUEMU_ASAN
+    // A fiber never returns from fiber_main: its frames' redzones stay
+    // poisoned until the stack is reused here.
+    __asan_unpoison_memory_region(f->stack, f->stack_size);
+#endif
 #ifdef __x86_64__
     // Frame popped by cuemu_switch: mxcsr/fcw word, r15..rbp, return address;
     // after the ret, rsp = top - 8, as at the entry of a called function.
@@ -176,6 +184,7 @@ static void fiber_init(fiber *f)
     makecontext(&f->ctx, (void (*)())fiber_main, 0);
 #endif
     f->state = F_RUN;
+    f->phase = 0;
 }
 
 static void run_fiber(fiber *f)
@@ -204,22 +213,23 @@ void syncthreads()
     to_scheduler(0);
 }
 
+// Two exchange slots per thread, used alternately: a lane can write the next
+// exchange's slot while slower lanes still read this one's, and it cannot get
+// two exchanges ahead, because the next barrier waits for every lane. So one
+// barrier per exchange suffices.
 uint64_t warp_exchange(uint64_t v, unsigned src_lane)
 {
     if (!cur)
         die("warp operation outside a kernel");
     fiber *me = cur;
-    unsigned base = me->lin - me->lin % 32;
-    xch[me->lin] = v;
+    unsigned base = me->lin - me->lin % 32, ph = me->phase++ & 1;
+    xch[2 * me->lin + ph] = v;
     me->state = F_WARP_BAR;
     to_scheduler(0);
     unsigned src = base + src_lane;
-    if (src >= fibers.size() || src >= block_dim.x * block_dim.y * block_dim.z)
+    if (src >= block_dim.x * block_dim.y * block_dim.z)
         die("shuffle from a lane past the end of the block");
-    uint64_t r = xch[src];
-    me->state = F_WARP_BAR;     // nobody overwrites xch until every lane has read
-    to_scheduler(0);
-    return r;
+    return xch[2 * src + ph];
 }
 
 static void run_block(unsigned n)
@@ -293,15 +303,25 @@ static void run_grid(dim3 grid, dim3 block, const std::function<void()> &fn)
 }
 
 // ---------------------------------------------------------------- streams, graphs
+//
+// A stream is a queue: work enqueued on it runs only when something waits
+// for it (cudaStreamSynchronize, an event wait, a copy to pageable host
+// memory, cudaFree, cudaDeviceSynchronize), in order. So a missing wait or a
+// read through another stream sees stale data here as it would on a GPU.
+// Copies from pageable host memory are staged at the call (as CUDA does);
+// pinned memory (cudaMallocHost) is read and written when the copy runs.
 
 struct stream_t {
     int capturing;
     std::vector<std::function<void()>> *rec;
+    std::vector<std::function<void()>> q;
 };
 
 static thread_local cudaError_t last_error;
 static int fail_malloc;
 static int capturing_streams;
+static std::vector<stream_t *> streams;
+static std::vector<std::pair<const char *, size_t>> pinned;
 
 static cudaError_t set_err(cudaError_t e)
 {
@@ -310,13 +330,42 @@ static cudaError_t set_err(cudaError_t e)
     return e;
 }
 
+static void drain(stream_t *s)
+{
+    if (!s)
+        return;
+    // Ops may enqueue nothing themselves; take the queue first.
+    std::vector<std::function<void()>> q;
+    q.swap(s->q);
+    for (auto &op : q)
+        op();
+}
+
+static void drain_all()
+{
+    for (stream_t *s : streams)
+        drain(s);
+}
+
+static bool is_pinned(const void *p, size_t bytes)
+{
+    const char *c = (const char *)p;
+    for (auto &r : pinned)
+        if (c >= r.first && c + bytes <= r.first + r.second)
+            return true;
+    return false;
+}
+
 static int enqueue(stream_t *s, std::function<void()> op)
 {
     if (s && s->capturing) {
         s->rec->push_back(std::move(op));
         return 1;
     }
-    op();
+    if (s)
+        s->q.push_back(std::move(op));
+    else
+        op(); // the legacy stream: at once
     return 0;
 }
 
@@ -351,6 +400,7 @@ struct cuemu_graph_exec {
 };
 struct cuemu_event {
     double t;
+    cuemu::stream_t *s;
 };
 
 const char *cudaGetErrorString(cudaError_t e)
@@ -407,6 +457,7 @@ cudaError_t cudaDeviceSynchronize()
 {
     if (capturing_streams)
         return set_err(cudaErrorStreamCaptureUnsupported);
+    drain_all();
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t bytes)
@@ -430,19 +481,32 @@ cudaError_t cudaFree(void *p)
 {
     if (capturing_streams)
         return set_err(cudaErrorStreamCaptureUnsupported);
+    drain_all(); // cudaFree synchronises the device
     std::free(p);
     return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t bytes)
 {
     *p = std::malloc(bytes ? bytes : 1);
-    return *p ? cudaSuccess : set_err(cudaErrorMemoryAllocation);
+    if (!*p)
+        return set_err(cudaErrorMemoryAllocation);
+    pinned.push_back({(const char *)*p, bytes});
+    return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void *p)
 {
+    if (!p)
+        return cudaSuccess;
+    drain_all();
+    for (size_t i = 0; i < pinned.size(); i++)
+        if (pinned[i].first == p) {
+            pinned.erase(pinned.begin() + (long)i);
+            break;
+        }
     std::free(p);
     return cudaSuccess;
 }
+// The legacy default stream does not wait for non-blocking streams.
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind)
 {
     if (capturing_streams)
@@ -452,8 +516,21 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind)
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s)
 {
-    if (s && s->capturing && (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToHost))
+    const bool host_src = k == cudaMemcpyHostToDevice, host_dst = k == cudaMemcpyDeviceToHost;
+    if (s && s->capturing && ((host_src && !is_pinned(src, bytes)) || (host_dst && !is_pinned(dst, bytes))))
         return set_err(cudaErrorStreamCaptureUnsupported); // pageable host copies cannot be captured
+    if (host_src && !is_pinned(src, bytes)) {
+        // Staged now: the caller may reuse src as soon as this returns.
+        auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + bytes);
+        enqueue(s, [dst, staged, bytes]() { std::memcpy(dst, staged->data(), bytes); });
+        return cudaSuccess;
+    }
+    if (host_dst && !is_pinned(dst, bytes)) {
+        // To pageable memory: returns when the copy is done.
+        drain(s);
+        std::memmove(dst, src, bytes);
+        return cudaSuccess;
+    }
     enqueue(s, [dst, src, bytes]() { std::memmove(dst, src, bytes); });
     return cudaSuccess;
 }
@@ -469,13 +546,22 @@ cudaError_t cudaMemset(void *dst, int v, size_t bytes)
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
 {
-    *s = new stream_t{0, nullptr};
+    *s = new stream_t{0, nullptr, {}};
+    streams.push_back(*s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    if (s && s->capturing)
+    if (!s)
+        return set_err(cudaErrorInvalidValue);
+    if (s->capturing)
         return set_err(cudaErrorIllegalState);
+    drain(s);
+    for (size_t i = 0; i < streams.size(); i++)
+        if (streams[i] == s) {
+            streams.erase(streams.begin() + (long)i);
+            break;
+        }
     delete s;
     return cudaSuccess;
 }
@@ -483,6 +569,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     if (s && s->capturing)
         return set_err(cudaErrorStreamCaptureUnsupported);
+    drain(s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode)
@@ -520,8 +607,11 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
 {
     if (s && s->capturing)
         return set_err(cudaErrorStreamCaptureUnsupported);
-    for (auto &op : e->ops)
-        op();
+    auto ops = std::make_shared<std::vector<std::function<void()>>>(e->ops);
+    enqueue(s, [ops]() {
+        for (auto &op : *ops)
+            op();
+    });
     return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
@@ -542,7 +632,7 @@ static double now_ms()
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e)
 {
-    *e = new cuemu_event{0};
+    *e = new cuemu_event{0, nullptr};
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e)
@@ -550,12 +640,22 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
     delete e;
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     e->t = now_ms();
+    e->s = s;
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+// Waits for (at least) everything enqueued on the recorded stream.
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    bool known = false;
+    for (stream_t *s : streams)
+        known |= s == e->s;
+    if (known)
+        drain(e->s);
+    return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
     *ms = (float)(b->t - a->t);

