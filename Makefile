@@ -159,3 +159,5 @@ clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+# Tests and tools that #include sources of their own (test_daemon_config includes daemon/config.c).
+-include $(wildcard $(BUILD)/tests/*.d $(BUILD)/*.d)

@@ -14,7 +14,7 @@
 #include "engine/engine.h"
 #include "engine/err.h"
 
-typedef enum { CFG_INT, CFG_TEXT } cfg_kind;
+typedef enum { CFG_INT, CFG_TEXT, CFG_REAL } cfg_kind;
 
 typedef struct {
     const char *key;            /* JSON key; the flag is --key with '_' -> '-' */
@@ -25,6 +25,7 @@ typedef struct {
 } cfg_field;
 
 #define I(k, lo, hi, what) {#k, CFG_INT, offsetof(cfg_daemon, k), lo, hi, what}
+#define R(k, lo, hi, what) {#k, CFG_REAL, offsetof(cfg_daemon, k), lo, hi, what}
 #define S(k, what) {#k, CFG_TEXT, offsetof(cfg_daemon, k), 1, sizeof(((cfg_daemon *)0)->k), what}
 
 static const cfg_field FIELDS[] = {
@@ -55,6 +56,8 @@ static const cfg_field FIELDS[] = {
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
+    R(gpu_memory_utilization, 0, 1, "cuda: size the KV pool as this fraction of free device memory after the "
+      "weights (0 = use kv_cache_bytes)"),
     I(max_staging_bytes, 0, (int64_t)1 << 50, "bytes a weight update may stage (0 = updates refused)"),
     I(update_window, 1, 1024, "weight-update chunks staged at once"),
     I(update_idle_s, 1, 86400, "seconds before a silent weight transfer is aborted"),
@@ -115,6 +118,15 @@ static int set_int(cfg_daemon *c, const cfg_field *f, double v, const char *orig
     return 0;
 }
 
+static int set_real(cfg_daemon *c, const cfg_field *f, double v, const char *origin)
+{
+    if (!isfinite(v) || v < (double)f->lo || v > (double)f->hi)
+        return rd_fail(RD_EINVAL, "%s: key \"%s\" = %.17g; expected a number in %lld..%lld (%s)", origin, f->key, v,
+                       (long long)f->lo, (long long)f->hi, f->what);
+    *(double *)((char *)c + f->off) = v;
+    return 0;
+}
+
 static int set_text(cfg_daemon *c, const cfg_field *f, const char *v, const char *origin)
 {
     size_t n = strlen(v);
@@ -145,13 +157,15 @@ int cfg_parse_json(cfg_daemon *c, const char *text, const char *origin)
                          it->string);
             goto out;
         }
-        if (f->kind == CFG_INT) {
+        if (f->kind == CFG_INT || f->kind == CFG_REAL) {
             if (!cJSON_IsNumber(it)) {
-                rc = rd_fail(RD_EINVAL, "%s: key \"%s\" is not a number; expected an integer in %lld..%lld (%s)",
-                             origin, f->key, (long long)f->lo, (long long)f->hi, f->what);
+                rc = rd_fail(RD_EINVAL, "%s: key \"%s\" is not a number; expected %s in %lld..%lld (%s)", origin,
+                             f->key, f->kind == CFG_INT ? "an integer" : "a number", (long long)f->lo,
+                             (long long)f->hi, f->what);
                 goto out;
             }
-            if ((rc = set_int(c, f, it->valuedouble, origin)))
+            rc = f->kind == CFG_INT ? set_int(c, f, it->valuedouble, origin) : set_real(c, f, it->valuedouble, origin);
+            if (rc)
                 goto out;
         } else {
             if (!cJSON_IsString(it)) {
@@ -239,6 +253,16 @@ int cfg_from_args(cfg_daemon *c, int argc, char **argv, int *help)
         snprintf(origin, sizeof origin, "flag %s", argv[i - 1]);
         if (f->kind == CFG_TEXT) {
             int rc = set_text(c, f, v, origin);
+            if (rc)
+                return rc;
+        } else if (f->kind == CFG_REAL) {
+            char *end;
+            errno = 0;
+            double x = strtod(v, &end);
+            if (errno || end == v || *end)
+                return rd_fail(RD_EINVAL, "%s: '%s' is not a number; expected a number in %lld..%lld (%s)", origin, v,
+                               (long long)f->lo, (long long)f->hi, f->what);
+            int rc = set_real(c, f, x, origin);
             if (rc)
                 return rc;
         } else {

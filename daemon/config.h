@@ -35,6 +35,7 @@ typedef struct {
     int64_t http_max_connections;   /* concurrent status connections */
     int64_t prefix_cache;           /* 1: reuse cached full prompt blocks (salted with the weight version) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */
+    double gpu_memory_utilization;  /* cuda: KV pool = this fraction of free device memory (0 = kv_cache_bytes) */
     int64_t max_staging_bytes;      /* weight update: bytes a transfer may stage */
     int64_t update_window;          /* weight update: chunks staged at once */
     int64_t update_idle_s;          /* weight update: a transfer silent this long is aborted */

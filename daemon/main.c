@@ -78,6 +78,17 @@ static int start(rd_daemon *d)
     ec.backend = d->cfg.backend;
     ec.n_threads = (int)d->cfg.threads;
     ec.kv_cache_bytes = d->cfg.kv_cache_bytes;
+    if (d->cfg.gpu_memory_utilization > 0) {
+        /* The weights are loaded: the pool takes the fraction of what is left, minus room for the fp32 LM
+         * head copy and the step buffers. */
+        const model_config *mc = &d->L.m->cfg;
+        int64_t reserve = (int64_t)mc->vocab * mc->dim * 4 + ((int64_t)256 << 20);
+        int rc = rd_backend_kv_budget(d->L.be, d->cfg.gpu_memory_utilization, reserve, &ec.kv_cache_bytes);
+        if (rc)
+            return rc;
+        log_line("gpu_memory_utilization %.2f: KV pool of %lld bytes", d->cfg.gpu_memory_utilization,
+                 (long long)ec.kv_cache_bytes);
+    }
     ec.block_size = (int32_t)d->cfg.block_size;
     ec.max_num_seqs = (int32_t)d->cfg.max_num_seqs;
     ec.max_batch_tokens = (int32_t)d->cfg.max_batch_tokens;

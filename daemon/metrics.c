@@ -69,8 +69,13 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(kv, "blocks_used", s->eng.kv_blocks_used);
     cJSON_AddNumberToObject(kv, "usage", usage(s));
     cJSON_AddNumberToObject(kv, "peak_blocks", s->eng.kv_peak_blocks);
+    cJSON_AddNumberToObject(kv, "bytes", (double)s->kv_bytes);
     cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens", (double)s->eng.prefix_query_tokens);
     cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
+    cJSON *mem = cJSON_AddObjectToObject(o, "memory");
+    cJSON_AddNumberToObject(mem, "weights_bytes", (double)s->weights_bytes);
+    cJSON_AddNumberToObject(mem, "kv_cache_bytes", (double)s->kv_bytes);
+    cJSON_AddNumberToObject(mem, "gpu_memory_utilization", s->gpu_memory_utilization);
     cJSON_AddNumberToObject(o, "learners", s->learners);
     cJSON_AddNumberToObject(o, "protocol_errors", (double)s->protocol_errors);
     cJSON_AddNumberToObject(o, "engine_steps", (double)s->eng.steps);

@@ -50,6 +50,9 @@ typedef struct {
     eng_stats eng;              /* latest engine snapshot */
     int32_t queued;             /* accepted requests not yet taken by the engine */
     int32_t block_size;         /* tokens per KV block */
+    int64_t kv_bytes;           /* the KV pool's device (or host) memory */
+    int64_t weights_bytes;      /* the model's weights in the backend */
+    double gpu_memory_utilization; /* the config's fraction (0: the pool came from kv_cache_bytes) */
     double prompt_tokens_per_s, generated_tokens_per_s;
     uint32_t learners;          /* clients known to the daemon */
     int64_t requests_accepted;  /* requests accepted since start */
