@@ -272,45 +272,18 @@ static int ex_fill(void *ctx, size_t i, float *dst)
     return 0;
 }
 
-int model_export_hf(const model *m, const char *dir, st_dtype dtype)
+/* Every weight as an HF tensor: its name and where it lives in the backend
+ * (a row slice of a fused linear, or a vector). names and parts hold
+ * n_layers * 9 + 3 entries; returns how many were filled. */
+static size_t export_plan(const model *m, char (*names)[96], ex_part *parts)
 {
     const model_config *c = &m->cfg;
-    rd_backend *be = m->be;
-    if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
-        return rd_fail(RD_EINVAL, "model: export dtype %s is not f32, f16 or bf16", st_dtype_name(dtype));
-    if (!be->ops->linear_read)
-        return rd_fail(RD_ENOTSUP, "model: the %s backend cannot read weights back", be->ops->name);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return rd_fail(RD_EIO, "model: cannot create '%s': %s", dir, strerror(errno));
-
     const int32_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
-    size_t n = (size_t)c->n_layers * 9 + 3;
-    st_spec *specs = calloc(n, sizeof *specs);
-    ex_part *parts = calloc(n, sizeof *parts);
-    char (*names)[96] = calloc(n, sizeof *names);
-    size_t qkv = (size_t)(nh + 2 * nkv) * hd * d, gu = (size_t)2 * f * d, emb = (size_t)c->vocab * d;
-    size_t big = qkv > gu ? qkv : gu;
-    big = big > emb ? big : emb;
-    float *buf = malloc(big * sizeof(float));
-    char *json = NULL;
-    int rc = 0;
-    if (!specs || !parts || !names || !buf) {
-        rc = rd_fail(RD_ENOMEM, "model: export: out of memory");
-        goto out;
-    }
     size_t k = 0;
-#define ADD(nm_fmt, lay, lin, vec_, r0, r, cl)                                          \
-    do {                                                                                \
-        snprintf(names[k], sizeof names[k], nm_fmt, lay);                               \
-        specs[k] = (st_spec){.name = names[k], .dtype = dtype, .n_dims = (lin) ? 2 : 1}; \
-        if (lin) {                                                                      \
-            specs[k].shape[0] = (r);                                                    \
-            specs[k].shape[1] = (cl);                                                   \
-        } else {                                                                        \
-            specs[k].shape[0] = (cl);                                                   \
-        }                                                                               \
-        parts[k] = (ex_part){.linear = (lin), .vec = (vec_), .row0 = (r0), .rows = (r), .cols = (cl)}; \
-        k++;                                                                            \
+#define ADD(nm_fmt, lay, lin, vec_, r0, r, cl)                                                          \
+    do {                                                                                                \
+        snprintf(names[k], sizeof names[k], nm_fmt, lay);                                               \
+        parts[k++] = (ex_part){.linear = (lin), .vec = (vec_), .row0 = (r0), .rows = (r), .cols = (cl)}; \
     } while (0)
     ADD("model.embed_tokens.weight%.0d", 0, m->embed, NULL, 0, c->vocab, d);
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -329,6 +302,46 @@ int model_export_hf(const model *m, const char *dir, st_dtype dtype)
     if (!c->tied_embeddings)
         ADD("lm_head.weight%.0d", 0, m->lm_head, NULL, 0, c->vocab, d);
 #undef ADD
+    return k;
+}
+
+/* Floats of the largest linear read back whole (fused q|k|v, gate|up, or the embedding). */
+static size_t export_buf_floats(const model_config *c)
+{
+    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim * c->dim;
+    size_t gu = (size_t)2 * c->ffn_dim * c->dim, emb = (size_t)c->vocab * c->dim;
+    size_t big = qkv > gu ? qkv : gu;
+    return big > emb ? big : emb;
+}
+
+int model_export_hf(const model *m, const char *dir, st_dtype dtype)
+{
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
+        return rd_fail(RD_EINVAL, "model: export dtype %s is not f32, f16 or bf16", st_dtype_name(dtype));
+    if (!be->ops->linear_read)
+        return rd_fail(RD_ENOTSUP, "model: the %s backend cannot read weights back", be->ops->name);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return rd_fail(RD_EIO, "model: cannot create '%s': %s", dir, strerror(errno));
+
+    size_t n = (size_t)c->n_layers * 9 + 3;
+    st_spec *specs = calloc(n, sizeof *specs);
+    ex_part *parts = calloc(n, sizeof *parts);
+    char (*names)[96] = calloc(n, sizeof *names);
+    float *buf = malloc(export_buf_floats(c) * sizeof(float));
+    char *json = NULL;
+    int rc = 0;
+    if (!specs || !parts || !names || !buf) {
+        rc = rd_fail(RD_ENOMEM, "model: export: out of memory");
+        goto out;
+    }
+    size_t k = export_plan(m, names, parts);
+    for (size_t i = 0; i < k; i++) {
+        specs[i] = (st_spec){.name = names[i], .dtype = dtype, .n_dims = parts[i].linear ? 2 : 1};
+        specs[i].shape[0] = parts[i].linear ? parts[i].rows : parts[i].cols;
+        specs[i].shape[1] = parts[i].linear ? parts[i].cols : 0;
+    }
 
     const char *torch = dtype == ST_F32 ? "float32" : dtype == ST_BF16 ? "bfloat16" : "float16";
     char path[4096], tmp[4096];
@@ -364,10 +377,6 @@ out:
 
 /* ------------------------------------------------------- export to memory */
 
-typedef struct {
-    model_hf_tensor *t;
-} mem_ctx;
-
 int model_export_mem(const model *m, st_dtype dtype, model_hf_tensor **out, size_t *n_out)
 {
     *out = NULL;
@@ -378,47 +387,26 @@ int model_export_mem(const model *m, st_dtype dtype, model_hf_tensor **out, size
         return rd_fail(RD_EINVAL, "model: export dtype %s is not f32, f16 or bf16", st_dtype_name(dtype));
     if (!be->ops->linear_read)
         return rd_fail(RD_ENOTSUP, "model: the %s backend cannot read weights back", be->ops->name);
-    const int32_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
     size_t n = (size_t)c->n_layers * 9 + 3;
     model_hf_tensor *ts = calloc(n, sizeof *ts);
     ex_part *parts = calloc(n, sizeof *parts);
-    size_t qkv = (size_t)(nh + 2 * nkv) * hd * d, gu = (size_t)2 * f * d, emb = (size_t)c->vocab * d;
-    size_t big = qkv > gu ? qkv : gu;
-    big = big > emb ? big : emb;
+    char (*names)[96] = calloc(n, sizeof *names);
+    size_t big = export_buf_floats(c);
     float *buf = malloc(big * sizeof(float)), *one = malloc(big * sizeof(float));
     int rc = 0;
     size_t k = 0;
-    if (!ts || !parts || !buf || !one) {
+    if (!ts || !parts || !names || !buf || !one) {
         rc = rd_fail(RD_ENOMEM, "model: export: out of memory");
         goto out;
     }
-#define ADDM(nm_fmt, lay, lin, vec_, r0, r, cl)                                              \
-    do {                                                                                     \
-        snprintf(ts[k].name, sizeof ts[k].name, nm_fmt, lay);                                \
-        ts[k].dtype = dtype;                                                                 \
-        ts[k].n_dims = (lin) ? 2 : 1;                                                        \
-        ts[k].shape[0] = (lin) ? (r) : (cl);                                                 \
-        ts[k].shape[1] = (lin) ? (cl) : 0;                                                   \
-        parts[k] = (ex_part){.linear = (lin), .vec = (vec_), .row0 = (r0), .rows = (r), .cols = (cl)}; \
-        k++;                                                                                 \
-    } while (0)
-    ADDM("model.embed_tokens.weight%.0d", 0, m->embed, NULL, 0, c->vocab, d);
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        ADDM("model.layers.%d.self_attn.q_proj.weight", l, L->qkv, NULL, 0, nh * hd, d);
-        ADDM("model.layers.%d.self_attn.k_proj.weight", l, L->qkv, NULL, nh * hd, nkv * hd, d);
-        ADDM("model.layers.%d.self_attn.v_proj.weight", l, L->qkv, NULL, (nh + nkv) * hd, nkv * hd, d);
-        ADDM("model.layers.%d.self_attn.o_proj.weight", l, L->o, NULL, 0, d, nh * hd);
-        ADDM("model.layers.%d.mlp.gate_proj.weight", l, L->gate_up, NULL, 0, f, d);
-        ADDM("model.layers.%d.mlp.up_proj.weight", l, L->gate_up, NULL, f, f, d);
-        ADDM("model.layers.%d.mlp.down_proj.weight", l, L->down, NULL, 0, d, f);
-        ADDM("model.layers.%d.input_layernorm.weight", l, (const void *)NULL, L->attn_norm, 0, 1, d);
-        ADDM("model.layers.%d.post_attention_layernorm.weight", l, (const void *)NULL, L->ffn_norm, 0, 1, d);
+    k = export_plan(m, names, parts);
+    for (size_t i = 0; i < k; i++) {
+        snprintf(ts[i].name, sizeof ts[i].name, "%s", names[i]);
+        ts[i].dtype = dtype;
+        ts[i].n_dims = parts[i].linear ? 2 : 1;
+        ts[i].shape[0] = parts[i].linear ? parts[i].rows : parts[i].cols;
+        ts[i].shape[1] = parts[i].linear ? parts[i].cols : 0;
     }
-    ADDM("model.norm.weight%.0d", 0, (const void *)NULL, m->out_norm, 0, 1, d);
-    if (!c->tied_embeddings)
-        ADDM("lm_head.weight%.0d", 0, m->lm_head, NULL, 0, c->vocab, d);
-#undef ADDM
     if ((rc = be->ops->sync(be)))
         goto out;
     ex_ctx x = {.m = m, .parts = parts, .buf = buf};
@@ -444,6 +432,7 @@ int model_export_mem(const model *m, st_dtype dtype, model_hf_tensor **out, size
 out:
     free(buf);
     free(one);
+    free(names);
     free(parts);
     if (rc) {
         model_hf_tensors_free(ts, k);
