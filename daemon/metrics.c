@@ -45,6 +45,7 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddStringToObject(o, "model", s->model);
     cJSON_AddStringToObject(o, "model_path", s->model_path);
     cJSON_AddStringToObject(o, "backend", s->backend);
+    cJSON_AddStringToObject(o, "sampling", s->eng.device_sampling ? "device" : "host");
     cJSON_AddStringToObject(o, "state", s->state);
     cJSON_AddNumberToObject(o, "weight_version", (double)s->weight_version);
     cJSON_AddNumberToObject(o, "uptime_s", s->uptime_s);

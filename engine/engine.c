@@ -38,8 +38,15 @@ struct engine {
     seq **sched;                /* [max_num_seqs] scheduled sequences in row order */
     int32_t *cow_src, *cow_dst; /* copy-on-write pairs this step */
     int32_t n_cow;
-    float *logits;              /* [max_num_seqs][vocab] */
+    float *logits;              /* [max_num_seqs][vocab] host logits (host sampling only) */
     void *samp_scratch;
+    /* this step's token draws: one per sequence that caught up, one per sample of a group
+       that forks now; grown as needed */
+    int device_sampling;        /* the backend samples on the device: logits never leave it */
+    rd_sample_req *sreq;        /* [draws_cap] */
+    samp_result *sres;          /* [draws_cap] */
+    seq **sseq;                 /* [draws_cap] the sequence each draw extends */
+    int32_t draws_cap;
 };
 
 /* ---- lists ---- */
@@ -223,10 +230,16 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->sched = malloc(sizeof(seq *) * S);
     e->cow_src = malloc(sizeof(int32_t) * T);
     e->cow_dst = malloc(sizeof(int32_t) * T);
-    e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
-    e->samp_scratch = malloc(samp_scratch_bytes(c->vocab));
+    /* A backend that samples keeps the logits on the device (RD_HOST_SAMPLING=1 forces
+       the download and samp_sample, to compare the two). */
+    const char *hs = getenv("RD_HOST_SAMPLING");
+    e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
+    if (!e->device_sampling) {
+        e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
+        e->samp_scratch = malloc(samp_scratch_bytes(c->vocab));
+    }
     if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows || !e->sched ||
-        !e->cow_src || !e->cow_dst || !e->logits || !e->samp_scratch) {
+        !e->cow_src || !e->cow_dst || (!e->device_sampling && (!e->logits || !e->samp_scratch))) {
         eng_destroy(e);
         return rd_fail(RD_ENOMEM, "engine: cannot allocate step buffers");
     }
@@ -259,6 +272,9 @@ void eng_destroy(engine *e)
     free(e->cow_dst);
     free(e->logits);
     free(e->samp_scratch);
+    free(e->sreq);
+    free(e->sres);
+    free(e->sseq);
     free(e);
 }
 
@@ -582,16 +598,50 @@ static void append_token(engine *e, seq *s, const samp_result *r)
         finish(e, s, FINISH_LENGTH);
 }
 
-/* A prefilled group parent becomes fork_n samples sharing its blocks. */
-static int fork_group(engine *e, seq *parent, const float *logits)
+static int ensure_draws(engine *e, int32_t n)
 {
-    const seq_req *q = parent->req;
-    const int32_t vocab = e->m->cfg.vocab;
-    seq *kids[4096];
+    if (n <= e->draws_cap)
+        return 0;
+    int32_t cap = e->draws_cap ? e->draws_cap : 64;
+    while (cap < n)
+        cap *= 2;
+    rd_sample_req *q = realloc(e->sreq, sizeof *q * (size_t)cap);
+    if (q)
+        e->sreq = q;
+    samp_result *r = realloc(e->sres, sizeof *r * (size_t)cap);
+    if (r)
+        e->sres = r;
+    seq **ss = realloc(e->sseq, sizeof *ss * (size_t)cap);
+    if (ss)
+        e->sseq = ss;
+    if (!q || !r || !ss)
+        return rd_fail(RD_ENOMEM, "engine: cannot grow the step's draws to %d", n);
+    e->draws_cap = cap;
+    return 0;
+}
+
+/* Queues a draw for s from logit row `row`: the RNG counter is (sample index,
+ * position of the token to be drawn), as on every backend. */
+static int add_draw(engine *e, int32_t *n, seq *s, int32_t row)
+{
+    int rc = ensure_draws(e, *n + 1);
+    if (rc)
+        return rc;
+    e->sreq[*n] = (rd_sample_req){
+        .row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)s->n_tokens, .sp = &s->req->sp};
+    e->sseq[(*n)++] = s;
+    return 0;
+}
+
+/* A prefilled group parent becomes fork_n samples sharing its blocks; each
+ * queues a draw of its first token from the parent's logit row. */
+static int fork_group(engine *e, seq *parent, int32_t row, int32_t *n_draws)
+{
     int32_t n = parent->fork_n;
     parent->fork_n = 1;
+    int rc = add_draw(e, n_draws, parent, row);
     seq *at = parent;
-    for (int32_t i = 1; i < n; i++) {
+    for (int32_t i = 1; i < n && !rc; i++) {
         seq *c = seq_new(parent->req, parent->sample_idx + i, parent->cap);
         if (!c)
             return rd_fail(RD_ENOMEM, "engine: cannot fork sample %d", i);
@@ -607,16 +657,35 @@ static int fork_group(engine *e, seq *parent, const float *logits)
         c->state = SEQ_RUNNING;
         list_insert_after(&e->running, at, c);
         at = c;
-        kids[i] = c;
+        rc = add_draw(e, n_draws, c, row);
     }
-    kids[0] = parent;
+    return rc;
+}
+
+/* Draws every queued token, on the device when the backend samples there,
+ * then appends them; a row the sampler rejects finishes its sequence. */
+static int draw_tokens(engine *e, int32_t n)
+{
+    const int32_t vocab = e->m->cfg.vocab;
+    if (n == 0)
+        return 0;
+    if (e->device_sampling) {
+        int rc = runner_sample(&e->run, e->sreq, n, e->sres);
+        if (rc)
+            return rc;
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            const rd_sample_req *q = &e->sreq[i];
+            if (samp_sample(q->sp, e->logits + (size_t)q->row * vocab, vocab, q->sample_idx, q->pos,
+                            e->samp_scratch, &e->sres[i]))
+                e->sres[i].token = -1;
+        }
+    }
     for (int32_t i = 0; i < n; i++) {
-        samp_result r;
-        if (samp_sample(&q->sp, logits, vocab, (uint32_t)kids[i]->sample_idx, (uint32_t)kids[i]->n_tokens,
-                        e->samp_scratch, &r))
-            finish(e, kids[i], FINISH_ERROR);
+        if (e->sres[i].token < 0)
+            finish(e, e->sseq[i], FINISH_ERROR);
         else
-            append_token(e, kids[i], &r);
+            append_token(e, e->sseq[i], &e->sres[i]);
     }
     return 0;
 }
@@ -659,13 +728,13 @@ int eng_step(engine *e)
         .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
         .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
     };
-    if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->logits)))
+    if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->device_sampling ? NULL : e->logits)))
         return rc;
 
     e->st.steps++;
     e->st.rows_total += M;
     e->st.seqs_total += n_sched;
-    int32_t li = 0;
+    int32_t li = 0, n_draws = 0;
     for (int32_t i = 0; i < n_sched; i++) {
         seq *s = e->sched[i];
         for (int32_t j = 0; j < s->sched_rows; j++) {
@@ -679,19 +748,13 @@ int eng_step(engine *e)
         prefix_publish(e, s);
         if (s->n_computed != s->n_tokens)
             continue;
-        const float *lg = e->logits + (size_t)li++ * e->m->cfg.vocab;
-        if (s->fork_n > 1) {
-            if ((rc = fork_group(e, s, lg)))
-                return rc;
-            continue;
-        }
-        samp_result r;
-        if (samp_sample(&s->req->sp, lg, e->m->cfg.vocab, (uint32_t)s->sample_idx, (uint32_t)s->n_tokens,
-                        e->samp_scratch, &r))
-            finish(e, s, FINISH_ERROR);
-        else
-            append_token(e, s, &r);
+        /* A group parent forks now; each sample draws its first token from the parent's row. */
+        if ((rc = s->fork_n > 1 ? fork_group(e, s, li, &n_draws) : add_draw(e, &n_draws, s, li)))
+            return rc;
+        li++;
     }
+    if ((rc = draw_tokens(e, n_draws)))
+        return rc;
     return M;
 }
 
@@ -846,4 +909,5 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->kv_blocks_used = kv_used(&e->kv);
     s->kv_peak_blocks = e->kv.peak_used;
     s->kv_waste_at_peak = e->kv.waste_at_peak;
+    s->device_sampling = e->device_sampling;
 }

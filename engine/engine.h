@@ -80,6 +80,7 @@ typedef struct {
     int64_t completed, aborted; /* samples */
     int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache */
     int64_t prefix_hit_tokens;  /* of those, served from it (not recomputed) */
+    int device_sampling;        /* 1: tokens are drawn on the device (logits stay there) */
 } eng_stats;
 
 typedef struct engine engine;

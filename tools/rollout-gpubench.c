@@ -5,6 +5,7 @@
  *   rollout-gpubench parity     --model PATH [--prompts 8] [--tokens 32] [--tol 0.05]
  *   rollout-gpubench invariance --model PATH [--tokens 32]
  *   rollout-gpubench sampler    --model PATH
+ *   rollout-gpubench engine     --model PATH [--batches 1,32] [--tokens 128]
  *   rollout-gpubench bench      (--model PATH | --synthetic 1b|tiny) [--batches 1,8,32,128,256]
  *                               [--prompt 128] [--steps 32] [--bw GBPS] [--label NAME]
  * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU).
@@ -19,6 +20,10 @@
  *   and with CUDA graphs off: tokens and log-probs bit-identical.
  * sampler: the device sampler (runner_sample) against samp_sample on the
  *   same real logits, over temperatures, top-k, top-p, min-p and seeds.
+ * engine: decode tokens/s through the whole engine (scheduler, block tables,
+ *   CUDA graphs, sampling) for --batches greedy requests of --tokens tokens,
+ *   timed from the step after every request has its first token; once with
+ *   device sampling and once with RD_HOST_SAMPLING=1, side by side.
  * bench: decode tokens/s at each batch size (prompt tokens prefilled, then
  *   --steps timed decode steps, each a forward pass plus greedy device
  *   sampling), against the memory roofline: bytes a step must read (weights
@@ -807,11 +812,128 @@ static int cmd_bench(const opts *o)
     return rc ? rc : wj;
 }
 
+/* ------------------------------------------------------------------ engine throughput */
+
+typedef struct {
+    double tokens_per_s, step_ms;
+    int64_t tokens, steps;
+    int device_sampling;
+} engine_run;
+
+/* B greedy requests of T tokens; decode timed once every request has its first token. */
+static int engine_decode(model *m, const prompt_t *pr, int32_t B, int32_t T, engine_run *out)
+{
+    eng_config cfg = eng_default_config();
+    cfg.max_num_seqs = B;
+    cfg.max_batch_tokens = B > 512 ? B : 512;
+    int64_t ctx = 0;
+    for (int32_t i = 0; i < B; i++)
+        ctx += pr[i % 8].n + T + 16;
+    cfg.kv_cache_bytes = ctx * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) + (64 << 20);
+    engine *e;
+    int rc = eng_create(m, &cfg, &e);
+    if (rc)
+        return rc;
+    for (int32_t i = 0; i < B && !rc; i++) {
+        eng_request r = greedy_req(&pr[i % 8], T, (uint64_t)i, 0);
+        int64_t id;
+        rc = eng_add(e, &r, &id);
+    }
+    eng_stats st;
+    double t0 = 0;
+    int64_t tok0 = 0, steps = 0;
+    eng_result res;
+    while (!rc && eng_busy(e)) {
+        int n = eng_step(e);
+        if (n < 0)
+            rc = n;
+        while (eng_collect(e, &res, 1) == 1)
+            eng_result_free(&res);
+        eng_get_stats(e, &st);
+        if (t0 == 0 && st.generated_tokens >= B) {
+            t0 = now_s();
+            tok0 = st.generated_tokens;
+        } else if (t0 > 0) {
+            steps++;
+        }
+    }
+    double dt = now_s() - t0;
+    eng_get_stats(e, &st);
+    eng_destroy(e);
+    if (rc)
+        return rc;
+    out->tokens = st.generated_tokens - tok0;
+    out->steps = steps;
+    out->tokens_per_s = dt > 0 ? out->tokens / dt : 0;
+    out->step_ms = steps > 0 ? dt / steps * 1e3 : 0;
+    out->device_sampling = st.device_sampling;
+    return 0;
+}
+
+static int cmd_engine(const opts *o)
+{
+    rd_loaded l;
+    if (rd_load(o->model, o->backend, o->threads, &l))
+        return setup_fail("load");
+    prompt_t pr[8];
+    if (make_prompts(&l, 8, pr)) {
+        rd_unload(&l);
+        return setup_fail("tokenize");
+    }
+    const char *name = strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 : o->model;
+    cJSON *doc = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(doc, "runs");
+    cJSON_AddStringToObject(doc, "model", name);
+    cJSON_AddStringToObject(doc, "backend", l.be->ops->name);
+    cJSON_AddNumberToObject(doc, "tokens", o->tokens);
+    int rc = 0;
+    for (int32_t bi = 0; bi < o->n_batches && !rc; bi++) {
+        const int32_t B = o->batches[bi];
+        engine_run run[2];
+        int n_runs = 1;
+        rc = engine_decode(l.m, pr, B, o->tokens, &run[0]);
+        if (!rc && run[0].device_sampling) { /* the same on the host, to price the device sampler */
+            setenv("RD_HOST_SAMPLING", "1", 1);
+            rc = engine_decode(l.m, pr, B, o->tokens, &run[1]);
+            unsetenv("RD_HOST_SAMPLING");
+            n_runs = 2;
+        }
+        if (rc) {
+            printf("batch %d: %s\n", B, rd_errmsg());
+            printf("TABLE|engine %s|batch %d|failed: %s|\n", name, B, rd_errmsg());
+            break;
+        }
+        for (int k = 0; k < n_runs; k++) {
+            const char *where = run[k].device_sampling ? "device" : "host";
+            printf("batch %4d, %s sampling: %9.1f tokens/s, %.3f ms/step (%lld tokens, %lld steps)\n", B, where,
+                   run[k].tokens_per_s, run[k].step_ms, (long long)run[k].tokens, (long long)run[k].steps);
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "batch", B);
+            cJSON_AddStringToObject(e, "sampling", where);
+            cJSON_AddNumberToObject(e, "tokens_per_s", run[k].tokens_per_s);
+            cJSON_AddNumberToObject(e, "step_ms", run[k].step_ms);
+            cJSON_AddNumberToObject(e, "tokens", (double)run[k].tokens);
+            cJSON_AddItemToArray(arr, e);
+        }
+        if (n_runs == 2)
+            printf("TABLE|engine %s%s|batch %d|%.0f tok/s (device sampling), %.0f tok/s (host sampling): %.2fx|\n",
+                   name, o->label ? o->label : "", B, run[0].tokens_per_s, run[1].tokens_per_s,
+                   run[1].tokens_per_s > 0 ? run[0].tokens_per_s / run[1].tokens_per_s : 0);
+        else
+            printf("TABLE|engine %s%s|batch %d|%.0f tok/s (host sampling)|\n", name, o->label ? o->label : "", B,
+                   run[0].tokens_per_s);
+    }
+    for (int i = 0; i < 8; i++)
+        free(pr[i].ids);
+    rd_unload(&l);
+    int wj = write_json(o, doc);
+    return rc ? setup_fail("engine run") : wj;
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: %s info|copybw|parity|invariance|sampler|bench [flags] (see the source header)\n", P);
+    fprintf(stderr, "usage: %s info|copybw|parity|invariance|sampler|engine|bench [flags] (see the source header)\n", P);
     exit(2);
 }
 
@@ -853,6 +975,7 @@ int main(int argc, char **argv)
             return 2;
         }
     int need_model = !strcmp(cmd, "parity") || !strcmp(cmd, "invariance") || !strcmp(cmd, "sampler") ||
+                     !strcmp(cmd, "engine") ||
                      (!strcmp(cmd, "bench") && !o.synthetic);
     if (need_model && !o.model) {
         fprintf(stderr, "%s %s: --model PATH is required\n", P, cmd);
@@ -863,6 +986,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "parity")) return cmd_parity(&o);
     if (!strcmp(cmd, "invariance")) return cmd_invariance(&o);
     if (!strcmp(cmd, "sampler")) return cmd_sampler(&o);
+    if (!strcmp(cmd, "engine")) return cmd_engine(&o);
     if (!strcmp(cmd, "bench")) return cmd_bench(&o);
     usage();
     return 2;

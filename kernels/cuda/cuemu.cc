@@ -390,6 +390,9 @@ void fail_next_malloc() { fail_malloc = 1; }
 
 }  // namespace cuemu
 
+// For the C tests: kernels run so far.
+extern "C" uint64_t cuemu_launch_count(void) { return cuemu::launches(); }
+
 using namespace cuemu;
 
 struct cuemu_graph {

