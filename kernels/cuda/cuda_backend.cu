@@ -5,7 +5,9 @@
 // bf16 x bf16 GEMM (cuBLASLt, fp32 accumulation and output) as two bf16
 // halves, hi = bf16(x) and lo = bf16(x - hi), stacked as 2M rows of one GEMM
 // (the weights are read once) and summed after: ~16 bits of the input, so the
-// products are those of fp32 activations and bf16 weights to ~2^-17.
+// products are those of fp32 activations and bf16 weights to ~2^-17. The sum
+// is deferred into the next kernel that reads the output (RMSNorm, RoPE,
+// SwiGLU; see settle and take_split), so the split adds no kernel.
 // RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM).
 // On SmolLM2-135M (8 prompts x 32 greedy tokens, emulated) the split keeps
 // chosen-token log-probs within 0.046 nats of the fp32 CPU backend; hi only
@@ -139,6 +141,12 @@ struct cuda_be {
     bool split;                 // GEMM inputs as bf16 hi + lo (default; RD_CUDA_ACT=bf16: hi only)
     float *ysplit;              // [2][rows][out] the split GEMM's two halves
     size_t ysplit_cap;          // bytes
+    // The last split GEMM's sum, deferred: RMSNorm, RoPE or SwiGLU reading
+    // pend_y completes it as it loads (one kernel less per GEMM); any other
+    // op, copy or sync launches it first (settle). RD_CUDA_FUSE=0: never deferred.
+    bool fuse_split;
+    float *pend_y;              // destination of the deferred sum; NULL: none
+    split_sum pend;
     bool gemm_simple_only;
     std::mutex choice_mu;
     std::vector<gemm_choice *> choices;
@@ -189,6 +197,39 @@ static bool check_launch(cuda_be *b, const char *what)
         return false;
     }
     return true;
+}
+
+// Launches the deferred split sum, if any (on the owner thread's stream).
+static void settle(cuda_be *b)
+{
+    if (!b->pend_y)
+        return;
+    launch_add_split(b->st, b->pend.t, b->pend.n, b->pend_y, b->pend.acc);
+    b->pend_y = nullptr;
+    check_launch(b, "add_split");
+}
+
+// A compute op that reads no deferred sum: it is launched first.
+static cuda_be *compute_op(rd_backend *be)
+{
+    cuda_be *b = compute(be);
+    settle(b);
+    return b;
+}
+
+// For an op that reads y[n] first: the deferred sum if it is y's (the op
+// completes it), else none (and any other is launched first).
+static split_sum take_split(cuda_be *b, const float *y, int64_t n)
+{
+    split_sum none = {nullptr, 0, 0};
+    if (!b->pend_y)
+        return none;
+    if (b->pend_y != y || b->pend.n != n) {
+        settle(b);
+        return none;
+    }
+    b->pend_y = nullptr;
+    return b->pend;
 }
 
 // Reports (and clears) the sticky error.
@@ -366,6 +407,7 @@ static int copy(cuda_be *b, void *dst, const void *src, size_t bytes, cudaMemcpy
             fail(b, "cuda: %s during graph capture", what);
             return take_err(b);
         }
+        settle(b);
         if (kind != cudaMemcpyDeviceToHost)
             shadow_written(b, dst, bytes);
         e = cudaMemcpyAsync(dst, src, bytes, kind, b->st);
@@ -406,6 +448,7 @@ static int cu_sync(rd_backend *be)
         fail(b, "cuda: sync during graph capture");
         return take_err(b);
     }
+    settle(b);
     cudaError_t e = cudaStreamSynchronize(b->st);
     if (e != cudaSuccess)
         return cuda_fail(e, "stream synchronize");
@@ -767,7 +810,7 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 
 static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
     if (m <= 0)
         return;
@@ -793,13 +836,15 @@ static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, 
     if (!grow(b, (void **)&b->ysplit, &b->ysplit_cap, 2 * n_out * sizeof(float), "the split GEMM output"))
         return;
     gemm(b, W->ch, W->w, xb, 2 * m, b->ysplit, 0);
-    launch_add_split(b->st, b->ysplit, (int64_t)n_out, y, accumulate);
-    check_launch(b, "add_split");
+    b->pend_y = y;
+    b->pend = split_sum{b->ysplit, (int64_t)n_out, accumulate};
+    if (!b->fuse_split)
+        settle(b);
 }
 
 static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m, float *y)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     weight *W = (weight *)w;
     if (m <= 0)
         return;
@@ -836,7 +881,7 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
 
 static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
     shadow_written(b, out, (size_t)m * W->in * sizeof(float));
     launch_embed(b->st, W->w, W->out, W->in, ids, m, out);
@@ -847,8 +892,9 @@ static void cu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m
 {
     cuda_be *b = compute(be);
     const size_t n = (size_t)m * d;
+    const split_sum ss = take_split(b, x, (int64_t)n); // x is then written: the op's x is the residual stream
     uint16_t *bf = shadow_claim(b, out, n);
-    launch_rmsnorm(b->st, x, w, m, d, eps, out, bf, b->split ? (int64_t)n : 0);
+    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, out, bf, b->split ? (int64_t)n : 0, ss);
     if (check_launch(b, "rmsnorm") && bf)
         shadow_commit(b, out, n);
 }
@@ -857,8 +903,9 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
                     const int32_t *positions, const float *cos_sin)
 {
     cuda_be *b = compute(be);
+    const split_sum ss = take_split(b, x, (int64_t)m * stride);
     shadow_written(b, x, (size_t)m * stride * sizeof(float));
-    launch_rope(b->st, x, stride, m, n_heads, head_dim, positions, cos_sin);
+    launch_rope(b->st, x, stride, m, n_heads, head_dim, positions, cos_sin, ss);
     check_launch(b, "rope");
 }
 
@@ -866,15 +913,16 @@ static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, flo
 {
     cuda_be *b = compute(be);
     const size_t n = (size_t)m * f;
+    const split_sum ss = take_split(b, gu, (int64_t)n * 2);
     uint16_t *bf = shadow_claim(b, out, n);
-    launch_swiglu(b->st, gu, m, f, out, bf, b->split ? (int64_t)n : 0);
+    launch_swiglu(b->st, (float *)gu, m, f, out, bf, b->split ? (int64_t)n : 0, ss);
     if (check_launch(b, "swiglu") && bf)
         shadow_commit(b, out, n);
 }
 
 static void cu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     shadow_written(b, out, (size_t)n * d * sizeof(float));
     launch_gather(b->st, x, rows, n, d, out);
     check_launch(b, "gather_rows");
@@ -883,7 +931,7 @@ static void cu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, 
 static void cu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, const float *v, int32_t stride,
                         const rd_step_dev *s, float *k_cache, float *v_cache)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     launch_kv_write(b->st, k, v, stride, s->slots, s->n_rows, a->n_kv_heads, a->head_dim, a->block_size,
                     (uint16_t *)k_cache, (uint16_t *)v_cache);
     check_launch(b, "kv_write");
@@ -892,7 +940,7 @@ static void cu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, 
 static void cu_copy_blocks(rd_backend *be, const rd_attn_shape *a, float *k_cache, float *v_cache,
                            const int32_t *src, const int32_t *dst, int32_t n)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     launch_copy_blocks(b->st, (uint16_t *)k_cache, (uint16_t *)v_cache, src, dst, n,
                        (int64_t)a->n_kv_heads * a->block_size * a->head_dim);
     check_launch(b, "copy_blocks");
@@ -933,7 +981,7 @@ static bool ensure_parts(cuda_be *b, int32_t rows, int32_t heads, int32_t hd, in
 static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q, int32_t stride, const rd_step_dev *s,
                          const float *k_cache, const float *v_cache, float *out)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     if (!b->attn_checked) {
         if (cuplan_attn_check(a->n_heads, a->n_kv_heads, a->head_dim)) {
             fail(b, "%s", rd_errmsg());
@@ -998,7 +1046,7 @@ static step_layout layout_for(int32_t rows_cap, int32_t tables_cap)
 
 static int cu_step_upload(rd_backend *be, const rd_step *h, rd_step_dev *d)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     if (b->capturing)
         return rd_fail(RD_EINVAL, "cuda: step_upload during graph capture");
     const int32_t n = h->n_rows, ns = h->n_seqs, mb = h->max_blocks;
@@ -1087,7 +1135,7 @@ static int cu_step_upload(rd_backend *be, const rd_step *h, rd_step_dev *d)
 
 static int cu_graph_begin(rd_backend *be)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     if (b->capturing)
         return rd_fail(RD_EINVAL, "cuda: graph_begin while already capturing");
     int rc = take_err(b);
@@ -1108,6 +1156,7 @@ static int cu_graph_end(rd_backend *be, void **graph)
     *graph = nullptr;
     if (!b->capturing)
         return rd_fail(RD_EINVAL, "cuda: graph_end without graph_begin");
+    settle(b); // part of the captured step
     cudaGraph_t g = nullptr;
     cudaError_t e = cudaStreamEndCapture(b->st, &g);
     b->capturing = false;
@@ -1137,7 +1186,7 @@ static int cu_graph_end(rd_backend *be, void **graph)
 
 static int cu_graph_launch(rd_backend *be, void *graph)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     graph_h *h = (graph_h *)graph;
     if (h->epoch != b->epoch)
         return RD_GRAPH_STALE;
@@ -1162,7 +1211,7 @@ static void cu_graph_free(rd_backend *be, void *graph)
 static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const rd_sample_req *reqs, int32_t n,
                      samp_result *out)
 {
-    cuda_be *b = compute(be);
+    cuda_be *b = compute_op(be);
     if (n <= 0)
         return 0;
     if (vocab <= 0)
@@ -1360,6 +1409,8 @@ static int create(int n_threads, rd_backend **out)
     b->use_shadow = !(sh && !strcmp(sh, "0"));
     const char *act = env("RD_CUDA_ACT");
     b->split = !(act && !strcmp(act, "bf16")); // default: split (see the header comment)
+    const char *fu = env("RD_CUDA_FUSE");
+    b->fuse_split = !(fu && !strcmp(fu, "0"));
     const char *gm = env("RD_CUDA_GEMM");
     b->gemm_simple_only = gm && !strcmp(gm, "simple");
 #ifdef RD_CUDA_EMU

@@ -12,16 +12,28 @@
 namespace RD_NS {
 
 // ---- elementwise and row kernels (cuda_kernels.cu) ----
+// A split GEMM's output not yet summed (the backend defers the sum into the
+// next kernel that reads it): element k of its destination is
+// t[k] + t[n + k], added to the destination's value when acc. t NULL: none.
+struct split_sum {
+    const float *t;
+    int64_t n;
+    int acc;
+};
 // out[i] = W[ids[i]] (zeros for an id outside [0, vocab): a padding row).
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
                   float *out);
-// RMSNorm per row, the sum of squares in double, as the CPU backend.
-void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
-                    uint16_t *out_bf, int64_t lo_off);
+// RMSNorm per row, the sum of squares in double, as the CPU backend. With
+// ss.t, x is first completed from the split sum (and written back).
+void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
+                    uint16_t *out_bf, int64_t lo_off, split_sum ss);
+// Rotates the first n_heads heads of each row in place. With ss.t, every
+// element of the rows [m][stride] is first completed from the split sum.
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                 const int32_t *positions, const float *cos_sin);
-void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf,
-                   int64_t lo_off);
+                 const int32_t *positions, const float *cos_sin, split_sum ss);
+// With ss.t, gu is first completed from the split sum (and written back).
+void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
+                   split_sum ss);
 void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out);
 // Rows with slot < 0 (padding) are skipped.
 void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,

@@ -35,18 +35,32 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
     RD_LAUNCH(k_embed, dim3(m), dim3(128), 0, s, w, vocab, dim, ids, out);
 }
 
+// ------------------------------------------------------------------ split sums
+
+// Element k of a split GEMM's destination y: the halves' sum, added to y[k]
+// when acc, in the order k_add_split uses, so a fused consumer sees the bits
+// the separate kernel would have written.
+RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
+{
+    const float p = RD_FADD(ss.t[k], ss.t[ss.n + k]);
+    return ss.acc ? RD_FADD(y[k], p) : p;
+}
+
 // ------------------------------------------------------------------ rmsnorm
 
 #define RMS_THREADS 256
 
-__global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const float *w, int32_t d, float eps,
-                                                         float *out, uint16_t *out_bf, int64_t lo_off)
+__global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps,
+                                                         float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
 {
     const int64_t row = blockIdx.x;
-    const float *xi = x + row * d;
+    float *xi = x + row * d;
     double ss = 0.0;
-    for (int32_t j = threadIdx.x; j < d; j += blockDim.x)
+    for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
+        if (sp.t) // the thread reads back only what it wrote
+            xi[j] = split_value(sp, x, row * d + j);
         ss += (double)xi[j] * (double)xi[j];
+    }
     ss = block_allreduce(ss, op_add());
     const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     float *oi = out + row * d;
@@ -58,67 +72,85 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
     }
 }
 
-void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
-                    uint16_t *out_bf, int64_t lo_off)
+void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
+                    uint16_t *out_bf, int64_t lo_off, split_sum ss)
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf, lo_off);
+    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf, lo_off, ss);
 }
 
 // ------------------------------------------------------------------ rope
 
+// Threads [0, m * n_heads * half) rotate a pair each; with a split sum, the
+// threads after them complete the rows' remaining columns (V of a qkv row).
 __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t half, const int32_t *positions,
-                       const float *cos_sin)
+                       const float *cos_sin, split_sum sp)
 {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t total = (int64_t)m * n_heads * half;
-    if (idx >= total)
+    const int64_t n_rot = (int64_t)m * n_heads * half;
+    if (idx >= n_rot) {
+        const int32_t tail = stride - n_heads * 2 * half;
+        if (!sp.t || tail <= 0 || idx - n_rot >= (int64_t)m * tail)
+            return;
+        const int64_t r = idx - n_rot, k = r / tail * stride + n_heads * 2 * half + r % tail;
+        x[k] = split_value(sp, x, k);
         return;
+    }
     const int32_t j = (int32_t)(idx % half);
     const int32_t h = (int32_t)((idx / half) % n_heads);
     const int64_t i = idx / ((int64_t)half * n_heads);
     const float *cs = cos_sin + (int64_t)positions[i] * half * 2;
-    float *v = x + i * stride + (int64_t)h * 2 * half;
+    const int64_t o = i * stride + (int64_t)h * 2 * half;
+    float *v = x + o;
     const float c = cs[2 * j], sn = cs[2 * j + 1];
-    const float a = v[j], b = v[j + half];
+    const float a = sp.t ? split_value(sp, x, o + j) : v[j];
+    const float b = sp.t ? split_value(sp, x, o + j + half) : v[j + half];
     v[j] = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
     v[j + half] = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
 }
 
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                 const int32_t *positions, const float *cos_sin)
+                 const int32_t *positions, const float *cos_sin, split_sum ss)
 {
-    const int64_t total = (int64_t)m * n_heads * (head_dim / 2);
+    int64_t total = (int64_t)m * n_heads * (head_dim / 2);
+    if (ss.t)
+        total += (int64_t)m * (stride - n_heads * (head_dim / 2) * 2);
     if (total <= 0)
         return;
     RD_LAUNCH(k_rope, dim3(blocks_for(total, 256)), dim3(256), 0, s, x, stride, m, n_heads, head_dim / 2, positions,
-              cos_sin);
+              cos_sin, ss);
 }
 
 // ------------------------------------------------------------------ swiglu
 
-__global__ void k_swiglu(const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off)
+__global__ void k_swiglu(float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
+                         split_sum sp)
 {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)m * f)
         return;
     const int64_t i = idx / f;
     const int32_t c = (int32_t)(idx % f);
-    const float g = gu[i * 2 * f + c], u = gu[i * 2 * f + f + c];
+    const int64_t kg = i * 2 * f + c, ku = kg + f;
+    if (sp.t) {
+        gu[kg] = split_value(sp, gu, kg);
+        gu[ku] = split_value(sp, gu, ku);
+    }
+    const float g = gu[kg], u = gu[ku];
     const float v = RD_FMUL(RD_FDIV(g, RD_FADD(1.0f, expf(-g))), u);
     out[idx] = v;
     if (out_bf)
         store_bf(out_bf, idx, lo_off, v);
 }
 
-void launch_swiglu(cudaStream_t s, const float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf,
-                   int64_t lo_off)
+void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
+                   split_sum ss)
 {
     const int64_t total = (int64_t)m * f;
     if (total <= 0)
         return;
-    RD_LAUNCH(k_swiglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf, lo_off);
+    RD_LAUNCH(k_swiglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf, lo_off, ss);
 }
 
 // ------------------------------------------------------------------ gather

@@ -676,22 +676,26 @@ static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, i
 
 static void runner_case(const char *name, int split)
 {
-    rd_loaded lc, le;
+    rd_loaded lc, le, lnf;
     if (!split)
         setenv("RD_CUDA_ACT", "bf16", 1);
     int okc = load_model(name, "cpu", &lc), oke = okc && load_model(name, "cuda-emu", &le);
+    setenv("RD_CUDA_FUSE", "0", 1); /* the split GEMMs' sums as kernels of their own */
+    int oknf = oke && load_model(name, "cuda-emu", &lnf);
+    unsetenv("RD_CUDA_FUSE");
     unsetenv("RD_CUDA_ACT");
-    CHECK(okc && oke, "cannot load %s (run tests/gen_testdata.sh): %s", name, rd_errmsg());
+    CHECK(okc && oke && oknf, "cannot load %s (run tests/gen_testdata.sh): %s", name, rd_errmsg());
     const model_config *c = &lc.m->cfg;
     const int32_t V = c->vocab, NS = 3;
     int32_t lens[3] = {14, 5, 23}, base[3] = {0, 4, 8}, t0[40], t1[40], t2[40];
     for (int i = 0; i < 40; i++)
         t0[i] = (int32_t)(rnd() % V), t1[i] = (int32_t)(rnd() % V), t2[i] = (int32_t)(rnd() % V);
     const int32_t *toks[3] = {t0, t1, t2};
-    runner rcpu, re, rg;
+    runner rcpu, re, rg, rnf;
     setenv("RD_GRAPHS", "0", 1);
     CHECK_OK(runner_init(&rcpu, lc.m, 16, 16, 64, 64));
     CHECK_OK(runner_init(&re, le.m, 16, 16, 64, 64));
+    CHECK_OK(runner_init(&rnf, lnf.m, 16, 16, 64, 64));
     unsetenv("RD_GRAPHS");
     CHECK_OK(runner_init(&rg, le.m, 16, 16, 64, 64));
     CHECK(!rcpu.use_graphs && !re.use_graphs && rg.use_graphs, "graph switch");
@@ -728,6 +732,9 @@ static void runner_case(const char *name, int split)
     CHECK(agree == M && clear >= M / 2, "%s: argmax differs on %d rows with a clear CPU margin (%d clear rows)", name,
           M - agree, clear);
     CHECK(!memcmp(lemu, lgr, sizeof(float) * M * V), "prefill with and without graphs enabled differ");
+    /* The split sums folded into RMSNorm, RoPE and SwiGLU give the bits of separate kernels. */
+    CHECK_OK(prefill(&rnf, toks, lens, NS, base, 0, tmp));
+    CHECK(!memcmp(lemu, tmp, sizeof(float) * M * V), "prefill with fused split sums differs from unfused");
 
     /* chunked prefill = one-step prefill, bitwise */
     int32_t from_lens[3] = {9, 3, 17};
@@ -763,17 +770,20 @@ static void runner_case(const char *name, int split)
         CHECK_OK(runner_forward(&re, &st, rows, nb, lemu));
         if (step == 0) {
             /* Kernels per decode step: what a CUDA graph replays, and at batch 1 the
-               step's cost floor (launch latency). A bound, to catch a change that
-               adds kernels per layer unnoticed. */
+               step's cost floor (launch latency). 11 per layer (the split GEMMs'
+               sums folded into the next kernel) plus the embedding and head: a
+               change that adds kernels per layer fails here. */
             uint64_t k = cuemu_launch_count() - k0;
             const int32_t L = c->n_layers;
             printf("# %s%s: a decode step is %llu kernels (%d layers)\n", name, split ? "" : " (bf16 activations)",
                    (unsigned long long)k, L);
-            CHECK(k <= (uint64_t)(16 * L + 8), "a decode step launches %llu kernels for %d layers",
+            CHECK(k <= (uint64_t)(11 * L + 5), "a decode step launches %llu kernels for %d layers",
                   (unsigned long long)k, L);
         }
         CHECK_OK(runner_forward(&rg, &st, rows, nb, lgr));
         CHECK(!memcmp(lemu, lgr, sizeof(float) * nb * V), "decode step %d: graph path differs from eager", step);
+        CHECK_OK(runner_forward(&rnf, &st, rows, nb, tmp));
+        CHECK(!memcmp(lemu, tmp, sizeof(float) * nb * V), "decode step %d: fused split sums differ", step);
         CHECK_OK(runner_forward(&rcpu, &st, rows, nb, lcpu));
         /* device sampling through the runner = samp_sample on the logits */
         samp_params sp = samp_default();
@@ -800,9 +810,11 @@ static void runner_case(const char *name, int split)
     runner_free(&rcpu);
     runner_free(&re);
     runner_free(&rg);
+    runner_free(&rnf);
     free(lcpu), free(lemu), free(lgr), free(tmp);
     rd_unload(&lc);
     rd_unload(&le);
+    rd_unload(&lnf);
 }
 
 static void test_runner_tiny(void)
