@@ -79,8 +79,8 @@ static int start(rd_daemon *d)
     ec.n_threads = (int)d->cfg.threads;
     ec.kv_cache_bytes = d->cfg.kv_cache_bytes;
     if (d->cfg.gpu_memory_utilization > 0) {
-        /* The weights are loaded: the pool takes the fraction of what is left, minus room for the fp32 LM
-         * head copy and the step buffers. */
+        /* The weights are loaded: the pool takes the fraction of what is left, minus room for the LM
+         * head's scratch (at most an fp32 copy of the table) and the step buffers. */
         const model_config *mc = &d->L.m->cfg;
         int64_t reserve = (int64_t)mc->vocab * mc->dim * 4 + ((int64_t)256 << 20);
         int rc = rd_backend_kv_budget(d->L.be, d->cfg.gpu_memory_utilization, reserve, &ec.kv_cache_bytes);

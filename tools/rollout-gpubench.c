@@ -702,11 +702,14 @@ static int cmd_bench(const opts *o)
     double bw = o->bw;
     if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
         bw = 0;
-    const int elem = rd_backend_kv_elem_bytes(be); /* 2: bf16 weights and KV, fp32 LM head */
+    const int elem = rd_backend_kv_elem_bytes(be); /* 2: bf16 weights and KV */
+    /* The LM head reads the table as stored: bf16 (fp32 on the CPU, or with RD_CUDA_HEAD=fp32). */
+    const char *head = getenv("RD_CUDA_HEAD");
+    const double head_elem = head && !strcmp(head, "fp32") ? 4.0 : elem;
     const int64_t hd = c->head_dim;
     const int64_t per_layer = ((int64_t)(c->n_heads + 2 * c->n_kv_heads) * hd * c->dim + (int64_t)c->dim * c->n_heads * hd +
                                2 * (int64_t)c->ffn_dim * c->dim + (int64_t)c->dim * c->ffn_dim);
-    const double weight_bytes = (double)per_layer * c->n_layers * elem + (double)c->vocab * c->dim * 4.0;
+    const double weight_bytes = (double)per_layer * c->n_layers * elem + (double)c->vocab * c->dim * head_elem;
     const double kv_per_token = (double)c->n_layers * 2 * c->n_kv_heads * hd * elem;
     char desc[4096] = "";
     if (be->ops->describe)

@@ -145,6 +145,9 @@ struct cuda_be {
     // pend_y completes it as it loads (one kernel less per GEMM); any other
     // op, copy or sync launches it first (settle). RD_CUDA_FUSE=0: never deferred.
     bool fuse_split;
+    bool head_fp32;             // RD_CUDA_HEAD=fp32: the LM head from an fp32 copy of the table
+    float *yhead;               // [3][HEAD_ROWS][vocab] the LM head's three partial products
+    size_t yhead_cap;           // bytes
     float *pend_y;              // destination of the deferred sum; NULL: none
     split_sum pend;
     bool gemm_simple_only;
@@ -842,13 +845,17 @@ static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, 
         settle(b);
 }
 
-static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m, float *y)
+// The LM head: fp32 hidden state times the bf16 table with fp32 products
+// and sums. x goes in as three bf16 pieces (hi + mid + lo = x exactly),
+// stacked as 3 x rows of one GEMM with the bf16 table, so every product is
+// exact and the sums are fp32: the logits of an fp32 GEMM up to summation
+// order, at half the bytes of an fp32 table and on tensor cores. Rows go in
+// chunks of HEAD_ROWS to bound the scratch. RD_CUDA_HEAD=fp32: an fp32 copy
+// of the table and an fp32 GEMM instead (made on first use).
+#define HEAD_ROWS 128
+
+static void lm_head_fp32(cuda_be *b, weight *W, const float *x, int32_t m, float *y)
 {
-    cuda_be *b = compute_op(be);
-    weight *W = (weight *)w;
-    if (m <= 0)
-        return;
-    shadow_written(b, y, (size_t)m * W->out * sizeof(float));
 #ifndef RD_CUDA_EMU
     if (!W->ch32 && !b->gemm_simple_only) {
         if (b->capturing) {
@@ -877,6 +884,32 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
     // bf16 weights, fp32 x, fp32 products and sums: the same math in a fixed order.
     launch_gemm_simple(b->st, W->w, x, m, W->out, W->in, y, 0);
     check_launch(b, "lm_head");
+}
+
+static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m, float *y)
+{
+    cuda_be *b = compute_op(be);
+    weight *W = (weight *)w;
+    if (m <= 0)
+        return;
+    shadow_written(b, y, (size_t)m * W->out * sizeof(float));
+    if (b->head_fp32) {
+        lm_head_fp32(b, W, x, m, y);
+        return;
+    }
+    const int32_t rows = m < HEAD_ROWS ? m : HEAD_ROWS;
+    size_t xb_bytes = b->xb_cap * sizeof(uint16_t);
+    const bool ok = grow(b, (void **)&b->xb, &xb_bytes, (size_t)3 * rows * W->in * sizeof(uint16_t), "the LM head input");
+    b->xb_cap = xb_bytes / sizeof(uint16_t);
+    if (!ok || !grow(b, (void **)&b->yhead, &b->yhead_cap, (size_t)3 * rows * W->out * sizeof(float), "the LM head pieces"))
+        return;
+    for (int32_t r0 = 0; r0 < m; r0 += rows) {
+        const int32_t mc = m - r0 < rows ? m - r0 : rows;
+        launch_to_bf16x3(b->st, x + (size_t)r0 * W->in, (int64_t)mc * W->in, b->xb);
+        gemm(b, W->ch, W->w, b->xb, 3 * mc, b->yhead, 0);
+        launch_add3(b->st, b->yhead, (int64_t)mc * W->out, y + (size_t)r0 * W->out);
+        check_launch(b, "lm_head");
+    }
 }
 
 static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out)
@@ -1317,6 +1350,7 @@ static void cu_destroy(rd_backend *be)
             cudaFree(s.bf);
     if (b->xb) cudaFree(b->xb);
     if (b->ysplit) cudaFree(b->ysplit);
+    if (b->yhead) cudaFree(b->yhead);
     if (b->part_o) cudaFree(b->part_o);
     if (b->part_ms) cudaFree(b->part_ms);
     if (b->d_step) cudaFree(b->d_step);
@@ -1409,6 +1443,8 @@ static int create(int n_threads, rd_backend **out)
     b->use_shadow = !(sh && !strcmp(sh, "0"));
     const char *act = env("RD_CUDA_ACT");
     b->split = !(act && !strcmp(act, "bf16")); // default: split (see the header comment)
+    const char *hd = env("RD_CUDA_HEAD");
+    b->head_fp32 = hd && !strcmp(hd, "fp32");
     const char *fu = env("RD_CUDA_FUSE");
     b->fuse_split = !(fu && !strcmp(fu, "0"));
     const char *gm = env("RD_CUDA_GEMM");

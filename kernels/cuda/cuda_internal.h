@@ -45,6 +45,11 @@ void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out, in
 // y[i] = t[i] + t[n + i] (+ y[i] first summed when acc): the split GEMM's halves.
 void launch_add_split(cudaStream_t s, const float *t, int64_t n, float *y, int acc);
 void launch_from_bf16(cudaStream_t s, const uint16_t *x, int64_t n, float *out);
+// out[0..n) = hi, out[n..2n) = mid, out[2n..3n) = lo, with hi + mid + lo = x[i]
+// exactly: an fp32 GEMM input as three bf16 rows (the LM head).
+void launch_to_bf16x3(cudaStream_t s, const float *x, int64_t n, uint16_t *out);
+// y[i] = (t[i] + t[n + i]) + t[2n + i]: the three pieces' products.
+void launch_add3(cudaStream_t s, const float *t, int64_t n, float *y);
 // y[m][out] = x[m][in] . W^T (+ y when acc), fp32 accumulation in a fixed
 // order per output element (independent of m): the fallback GEMM and the
 // emulator's. x is bf16 or fp32.

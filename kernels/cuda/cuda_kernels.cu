@@ -249,6 +249,41 @@ void launch_add_split(cudaStream_t s, const float *t, int64_t n, float *y, int a
         RD_LAUNCH(k_add_split, dim3(blocks_for(n, 256)), dim3(256), 0, s, t, n, y, acc);
 }
 
+// x = hi + mid + lo exactly (bf16 has fp32's exponent range; each residual
+// is exact in fp32 and holds at most the bits the next piece can).
+__global__ void k_to_bf16x3(const float *x, int64_t n, uint16_t *out)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float v = x[i];
+    const uint16_t hi = cm_f32_to_bf16(v);
+    const float r = RD_FSUB(v, cm_bf16_to_f32(hi));
+    const uint16_t mid = cm_f32_to_bf16(r);
+    out[i] = hi;
+    out[n + i] = mid;
+    out[2 * n + i] = cm_f32_to_bf16(RD_FSUB(r, cm_bf16_to_f32(mid)));
+}
+
+__global__ void k_add3(const float *t, int64_t n, float *y)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = RD_FADD(RD_FADD(t[i], t[n + i]), t[2 * n + i]);
+}
+
+void launch_to_bf16x3(cudaStream_t s, const float *x, int64_t n, uint16_t *out)
+{
+    if (n > 0)
+        RD_LAUNCH(k_to_bf16x3, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, out);
+}
+
+void launch_add3(cudaStream_t s, const float *t, int64_t n, float *y)
+{
+    if (n > 0)
+        RD_LAUNCH(k_add3, dim3(blocks_for(n, 256)), dim3(256), 0, s, t, n, y);
+}
+
 __global__ void k_from_bf16(const uint16_t *x, int64_t n, float *out)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
