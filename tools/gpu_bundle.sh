@@ -4,8 +4,9 @@
 # two git-ignored folders that travel as the device tool's `carry` paths:
 #
 #   .gpu-bundle/  sysroot.tar.gz  the build packages' headers, shared
-#                                 libraries and llhttp sources (Debian's own
-#                                 .debs, unpacked; no static libraries, docs)
+#                                 libraries and llhttp sources, and make
+#                                 (Debian's own .debs, unpacked; no static
+#                                 libraries, docs)
 #                 wheels/         the gguf wheel (tiny test models)
 #                 model.part2     the default model from byte SPLIT on
 #   .gpu-model/   model.part1     the default model's first SPLIT bytes
@@ -22,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(libuv1 libuv1-dev libnng1 libnng-dev libmbedcrypto7 libmbedtls14 libmbedx509-1 libcjson1 libcjson-dev
-      libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libpcre2-8-0 libpcre2-dev node-llhttp)
+      libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libpcre2-8-0 libpcre2-dev node-llhttp make)
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 SPLIT=$((56 << 20))
 PY=${PYTHON:-python3}
@@ -41,7 +42,8 @@ n=$(ls "$tmp"/debs/*.deb 2>/dev/null | wc -l)
 [ "$n" -eq "${#PKGS[@]}" ] || { echo "gpu_bundle: got $n of ${#PKGS[@]} packages (run tools/setup.sh first)" >&2; exit 1; }
 for d in "$tmp"/debs/*.deb; do dpkg -x "$d" "$tmp/root"; done
 (cd "$tmp/root" && find . -name '*.a' -delete &&
-  rm -rf usr/share/doc usr/share/man usr/share/lintian usr/share/nodejs usr/share/gdb usr/bin \
+  find usr/bin -type f ! -name make -delete &&
+  rm -rf usr/share/doc usr/share/man usr/share/lintian usr/share/nodejs usr/share/gdb usr/share/info usr/share/locale \
     usr/lib/x86_64-linux-gnu/cmake usr/lib/x86_64-linux-gnu/openblas-pthread/cmake \
     usr/lib/x86_64-linux-gnu/openblas-pthread/liblapack*)
 tar -czf .gpu-bundle/sysroot.tar.gz -C "$tmp/root" .

@@ -4,8 +4,8 @@
 # as on a GPU machine with none of the build packages and no network.
 #
 # As root, in a private mount namespace: every header, library and llhttp
-# source of the bundled packages is hidden (an empty directory or /dev/null
-# mounted over it), the tree is copied without build/ or models/, and
+# source of the bundled packages, and make, is hidden (an empty directory or
+# /dev/null mounted over it), the tree is copied without build/ or models/, and
 # `run.sh --dry-run` runs there with GPU_BUNDLE=1 and the model joined from
 # the two parts. Passes when that run passes and its build used nothing of
 # the hidden paths. Needs unshare(1) and root; takes ~5 minutes.
@@ -29,7 +29,7 @@ exec unshare -m --propagation private bash -euo pipefail -c '
   L=/usr/lib/x86_64-linux-gnu
   # A bind mount over a symlink covers its target: the pcre2 libraries stay (the
   # system itself runs on them; its link-time name points at the same file).
-  for f in /usr/include/uv.h /usr/include/pcre2.h /usr/include/x86_64-linux-gnu/cblas.h $L/libopenblas.so* \
+  for f in /usr/bin/make /usr/include/uv.h /usr/include/pcre2.h /usr/include/x86_64-linux-gnu/cblas.h $L/libopenblas.so* \
            $L/libuv.so* $L/libnng.so* $L/libcjson.so* $L/libmbed*.so*; do
     [ -e "$f" ] && mount --bind /dev/null "$f" && hidden=$((hidden + 1))
   done

@@ -117,7 +117,7 @@ fi
 # tools/gpu_bundle.sh if it is here (no network needed), else apt and pip.
 APT_NEED=(libuv1-dev libnng-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp)
 missing=()
-for t in cc make; do command -v "$t" >/dev/null 2>&1 || missing+=("$t(command)"); done
+for t in cc make; do "$t" --version >/dev/null 2>&1 || missing+=("$t(command)"); done
 for p in "${APT_NEED[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 PY=${PYTHON:-python3}
 py_missing=()
@@ -135,6 +135,7 @@ use_bundle() {
   export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
   export LDLIBS="-L$lib -L$lib/openblas-pthread -Wl,-rpath,$lib -Wl,-rpath,$lib/openblas-pthread"
   MAKE_VARS=(LLHTTP_DIR="$sr/usr/share/llhttp" LLHTTP_INC="$sr/usr/share/include/llhttp")
+  make --version >/dev/null 2>&1 || export PATH=$sr/usr/bin:$PATH # the image may lack make (bin holds make alone)
   if [ "${#py_missing[@]}" -gt 0 ] || [ "${GPU_BUNDLE:-0}" = 1 ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/rd-site "$BUNDLE"/wheels/*.whl || return 1
     export PYTHONPATH=/tmp/rd-site${PYTHONPATH:+:$PYTHONPATH}
