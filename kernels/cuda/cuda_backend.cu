@@ -8,7 +8,9 @@
 // products are those of fp32 activations and bf16 weights to ~2^-17. The sum
 // is deferred into the next kernel that reads the output (RMSNorm, RoPE,
 // SwiGLU; see settle and take_split), so the split adds no kernel.
-// RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM).
+// RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM);
+// RD_CUDA_ACT=mixed splits only the GEMMs with in > out (in a Llama block,
+// the down projection: about a quarter of the FLOPs), hi only elsewhere.
 // On SmolLM2-135M (8 prompts x 32 greedy tokens, emulated) the split keeps
 // chosen-token log-probs within 0.046 nats of the fp32 CPU backend; hi only
 // drifts to 0.071. The LM head runs in fp32 (fp32 hidden state times the
@@ -138,7 +140,8 @@ struct cuda_be {
     shadow sh[N_SHADOW];
     uint64_t sh_tick;
     bool use_shadow;
-    bool split;                 // GEMM inputs as bf16 hi + lo (default; RD_CUDA_ACT=bf16: hi only)
+    bool split;                 // bf16 copies of GEMM inputs hold hi + lo (RD_CUDA_ACT=bf16: hi only)
+    bool split_contracting_only; // RD_CUDA_ACT=mixed: only GEMMs with in > out (down) use lo
     float *ysplit;              // [2][rows][out] the split GEMM's two halves
     size_t ysplit_cap;          // bytes
     // The last split GEMM's sum, deferred: RMSNorm, RoPE or SwiGLU reading
@@ -830,8 +833,8 @@ static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, 
     }
     const size_t n_out = (size_t)m * W->out;
     shadow_written(b, y, n_out * sizeof(float));
-    if (!b->split) {
-        gemm(b, W->ch, W->w, xb, m, y, accumulate);
+    if (!b->split || (b->split_contracting_only && W->in <= W->out)) {
+        gemm(b, W->ch, W->w, xb, m, y, accumulate); // rows [0, m): the hi halves
         return;
     }
     // Rows [0, m) are the hi halves, [m, 2m) the lo halves: one GEMM over 2m
@@ -1443,6 +1446,7 @@ static int create(int n_threads, rd_backend **out)
     b->use_shadow = !(sh && !strcmp(sh, "0"));
     const char *act = env("RD_CUDA_ACT");
     b->split = !(act && !strcmp(act, "bf16")); // default: split (see the header comment)
+    b->split_contracting_only = act && !strcmp(act, "mixed");
     const char *hd = env("RD_CUDA_HEAD");
     b->head_fp32 = hd && !strcmp(hd, "fp32");
     const char *fu = env("RD_CUDA_FUSE");

@@ -7,8 +7,8 @@
 #   info      device, memory, the GEMM algorithm chosen per weight shape
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda
 #   parity    greedy tokens and chosen-token log-probs vs the CPU backend,
-#             8 prompts x 32 tokens, tol 0.05 nats (and, reported only, the
-#             faster RD_CUDA_ACT=bf16 mode)
+#             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
+#             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
 #   invariance rollouts bit-identical alone / in a batch of 48 / without graphs
 #   sampler   device sampling vs samp_sample on the same logits
 #   copybw    device-to-device copy bandwidth (the roofline's denominator)
@@ -16,7 +16,8 @@
 #             the default model, device vs host sampling side by side
 #   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
 #             roofline, on the default model and a synthetic 1.24 B Llama
-#             (and the 1B at 1, 32, 256 in the RD_CUDA_ACT=bf16 mode)
+#             (and, at the end, the 1B at 1, 32, 128, 256 with
+#             RD_CUDA_ACT=bf16 and =mixed)
 # Every stage has a timeout and the run goes on after a failure; the last
 # thing printed is a table. $OUT (default ./gpu-out) holds stages.tsv,
 # table.txt, summary.json and logs.tar.gz (one log and JSON per stage, from
@@ -60,11 +61,11 @@ FAILED=0
 
 log() { printf '[gpu %3ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 
-# record NAME STATUS NOTE (stages named *-bf16act are informative: they do not fail the run)
+# record NAME STATUS NOTE (stages named *-bf16act, *-mixedact are informative: they do not fail the run)
 record() {
   printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$OUT/stages.tsv"
   log "$1: $2${3:+ ($3)}"
-  case "$1:$2" in *-bf16act:*) ;; *:FAIL|*:ERROR|*:TIMEOUT) FAILED=1 ;; esac
+  case "$1:$2" in *-bf16act:*|*-mixedact:*) ;; *:FAIL|*:ERROR|*:TIMEOUT) FAILED=1 ;; esac
   tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null || true # current even if the call is cut short
 }
 
@@ -249,9 +250,6 @@ fi
 
 if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
   run parity 90 "$BENCH" parity --model "$MODEL" --json "$LOGS/parity.json" || true
-  # The faster mode (GEMM inputs rounded to bf16): reported, not required.
-  RD_CUDA_ACT=bf16 run parity-bf16act 90 "$BENCH" parity --model "$MODEL" --label " (bf16 activations)" \
-    --json "$LOGS/parity-bf16act.json" || true
   if ! run invariance 120 "$BENCH" invariance --model "$MODEL" --json "$LOGS/invariance.json"; then
     # Which part breaks it: the same run with the fallback GEMM kernel.
     RD_CUDA_GEMM=simple run invariance-simple-gemm 90 "$BENCH" invariance --model "$MODEL" \
@@ -259,7 +257,7 @@ if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
   fi
   run sampler 60 "$BENCH" sampler --model "$MODEL" --json "$LOGS/sampler.json" || true
 elif [ "$DRY" = 0 ]; then
-  for s in parity parity-bf16act invariance sampler; do record "$s" SKIP "no model file"; done
+  for s in parity invariance sampler; do record "$s" SKIP "no model file"; done
 else
   # Dry run: the tool's logic on the CPU backend (CPU against itself).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -268,7 +266,7 @@ else
   fi
   run tool-bench-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --batches 1,8 --prompt 16 --steps 4 --mib 64 --iters 3 \
     --json "$LOGS/tool-bench-cpu.json" || true
-  for s in parity parity-bf16act invariance sampler; do skip_gpu "$s"; done
+  for s in parity invariance sampler; do skip_gpu "$s"; done
 fi
 
 BW=0
@@ -289,15 +287,26 @@ if [ "$DRY" = 0 ]; then
   else
     record engine-default SKIP "no model file"
   fi
-  # What the default's precision costs: the same with plain bf16 GEMM inputs.
-  RD_CUDA_ACT=bf16 run bench-1b-bf16act 120 "$BENCH" bench --synthetic 1b --label " bf16act" --batches 1,32,256 \
-    --steps 16 --bw "$BW" --json "$LOGS/bench-1b-bf16act.json" || true
+  # Informative, last (the budget may cut them): what the default's precision
+  # costs, against plain bf16 GEMM inputs and against the split on the down
+  # projection alone (RD_CUDA_ACT=mixed), in speed on the 1B and in parity.
+  for act in bf16 mixed; do
+    RD_CUDA_ACT=$act run bench-1b-${act}act 120 "$BENCH" bench --synthetic 1b --label " ${act}act" --batches 1,32,128,256 \
+      --steps 16 --bw "$BW" --json "$LOGS/bench-1b-${act}act.json" || true
+  done
+  if [ "$HAVE_MODEL" = 1 ]; then
+    for act in bf16 mixed; do
+      RD_CUDA_ACT=$act run parity-${act}act 90 "$BENCH" parity --model "$MODEL" --label " ($act activations)" \
+        --json "$LOGS/parity-${act}act.json" || true
+    done
+  fi
 else
   if [ "$HAVE_MODEL" = 1 ]; then
     run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
       --json "$LOGS/tool-engine-cpu.json" || true
   fi
-  for s in copybw bench-default bench-1b engine-default bench-1b-bf16act; do skip_gpu "$s"; done
+  for s in copybw bench-default bench-1b engine-default bench-1b-bf16act bench-1b-mixedact parity-bf16act \
+    parity-mixedact; do skip_gpu "$s"; done
 fi
 
 # ------------------------------------------------------------------ summary

@@ -202,6 +202,48 @@ static void test_gemm(void)
     gemm_case(emu, 13, 20, 5);
 }
 
+/* RD_CUDA_ACT=mixed: a contracting GEMM (in > out) gets the split's bits, any
+ * other the plain bf16 GEMM's. */
+static void linear_bits(rd_backend *be, const float *w, int32_t out, int32_t in, const float *x, int32_t m, float *y)
+{
+    void *W;
+    CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+    float *dx = up(be, x, sizeof(float) * m * in), *dy = up(be, NULL, sizeof(float) * m * out);
+    be->ops->linear(be, W, dx, m, dy, 0);
+    CHECK_OK(down(be, y, dy, sizeof(float) * m * out));
+    be->ops->free(be, dx);
+    be->ops->free(be, dy);
+    be->ops->linear_free(be, W);
+}
+
+static void test_mixed_activations(void)
+{
+    rd_backend *mixed;
+    setenv("RD_CUDA_ACT", "mixed", 1);
+    int rc = rd_backend_create("cuda-emu", 1, &mixed);
+    unsetenv("RD_CUDA_ACT");
+    CHECK_OK(rc);
+    const int32_t a = 24, b = 72, M = 5;
+    float *w = malloc(sizeof(float) * a * b), *x = malloc(sizeof(float) * M * b);
+    float *y_mixed = malloc(sizeof(float) * M * b), *y_ref = malloc(sizeof(float) * M * b);
+    for (int64_t i = 0; i < (int64_t)a * b; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * b; i++)
+        x[i] = frand() * 2.0f;
+    /* [a][b], in = b > out = a: contracting */
+    linear_bits(mixed, w, a, b, x, M, y_mixed);
+    linear_bits(emu, w, a, b, x, M, y_ref);
+    CHECK(!memcmp(y_mixed, y_ref, sizeof(float) * M * a), "mixed: a contracting GEMM differs from the split one");
+    linear_bits(emu_bf16, w, a, b, x, M, y_ref);
+    CHECK(memcmp(y_mixed, y_ref, sizeof(float) * M * a) != 0, "mixed: the split made no difference (test too weak)");
+    /* [b][a], in = a < out = b: plain bf16 */
+    linear_bits(mixed, w, b, a, x, M, y_mixed);
+    linear_bits(emu_bf16, w, b, a, x, M, y_ref);
+    CHECK(!memcmp(y_mixed, y_ref, sizeof(float) * M * b), "mixed: an expanding GEMM differs from the bf16 one");
+    free(w), free(x), free(y_mixed), free(y_ref);
+    rd_backend_destroy(mixed);
+}
+
 /* The LM head over more rows than one chunk (128): every row equals the row
  * alone, and all are within fp32 rounding of the exact sum. */
 static void test_lm_head_chunks(void)
@@ -1012,6 +1054,7 @@ int main(void)
     ensure_testdata();
     RUN(test_gemm);
     RUN(test_lm_head_chunks);
+    RUN(test_mixed_activations);
     RUN(test_row_ops);
     RUN(test_attention);
     RUN(test_attention_alone_vs_batched);
