@@ -90,6 +90,25 @@ static uint32_t fbits(float f)
 
 /* ------------------------------------------------------------------ GEMM */
 
+/* Worst error of an LM head's y[M][out] relative to the summed magnitudes of
+ * its terms, against double sums of fp32 x times the bf16 weights. */
+static double lm_head_error(const float *w, const float *x, const float *y, int32_t out, int32_t in, int32_t M)
+{
+    double worst = 0;
+    for (int32_t r = 0; r < M; r++)
+        for (int32_t o = 0; o < out; o++) {
+            double s = 0, mag = 0;
+            for (int32_t k = 0; k < in; k++) {
+                double t = (double)x[(int64_t)r * in + k] * bf(w[(int64_t)o * in + k]);
+                s += t;
+                mag += fabs(t);
+            }
+            double err = fabs(y[(int64_t)r * out + o] - s) / (mag + 1e-30);
+            worst = err > worst ? err : worst;
+        }
+    return worst;
+}
+
 static void gemm_case(rd_backend *emu, int32_t out, int32_t in, int32_t M)
 {
     const int split = emu != emu_bf16;
@@ -147,18 +166,7 @@ static void gemm_case(rd_backend *emu, int32_t out, int32_t in, int32_t M)
     /* LM head: bf16 weights, fp32 x (three exact bf16 pieces), fp32 sums */
     emu->ops->lm_head(emu, W, dx, M, dy);
     CHECK_OK(down(emu, y2, dy, sizeof(float) * M * out));
-    worst = 0;
-    for (int32_t r = 0; r < M; r++)
-        for (int32_t o = 0; o < out; o++) {
-            double s = 0, mag = 0;
-            for (int32_t k = 0; k < in; k++) {
-                double t = (double)x[(int64_t)r * in + k] * bf(w[(int64_t)o * in + k]);
-                s += t;
-                mag += fabs(t);
-            }
-            double err = fabs(y2[(int64_t)r * out + o] - s) / (mag + 1e-30);
-            worst = err > worst ? err : worst;
-        }
+    worst = lm_head_error(w, x, y2, out, in, M);
     CHECK(worst < 1e-6, "lm_head [%d x %d]: relative error %.3g", out, in, worst);
     emu->ops->lm_head(emu, W, dx, 1, dy);
     CHECK_OK(down(emu, ys, dy, sizeof(float) * out));
@@ -260,18 +268,7 @@ static void test_lm_head_chunks(void)
     float *dx = up(emu, x, sizeof(float) * M * in), *dy = up(emu, NULL, sizeof(float) * M * out);
     emu->ops->lm_head(emu, W, dx, M, dy);
     CHECK_OK(down(emu, y, dy, sizeof(float) * M * out));
-    double worst = 0;
-    for (int32_t r = 0; r < M; r++)
-        for (int32_t o = 0; o < out; o++) {
-            double s = 0, mag = 0;
-            for (int32_t k = 0; k < in; k++) {
-                double t = (double)x[(int64_t)r * in + k] * bf(w[(int64_t)o * in + k]);
-                s += t;
-                mag += fabs(t);
-            }
-            double err = fabs(y[(int64_t)r * out + o] - s) / (mag + 1e-30);
-            worst = err > worst ? err : worst;
-        }
+    double worst = lm_head_error(w, x, y, out, in, M);
     CHECK(worst < 1e-6, "lm_head over %d rows: relative error %.3g", M, worst);
     const int32_t rows[] = {0, 127, 128, 255, 256, 299};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
