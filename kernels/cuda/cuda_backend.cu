@@ -7,7 +7,8 @@
 // (the weights are read once) and summed after: ~16 bits of the input, so the
 // products are those of fp32 activations and bf16 weights to ~2^-17. The sum
 // is deferred into the next kernel that reads the output (RMSNorm, RoPE,
-// SwiGLU; see settle and take_split), so the split adds no kernel.
+// SwiGLU; see settle and take_split), so the split adds no kernel. RoPE is
+// deferred in turn, so that the KV write runs inside it (cu_kv_write).
 // RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM);
 // RD_CUDA_ACT=mixed splits only the GEMMs with in > out (in a Llama block,
 // the down projection: about a quarter of the FLOPs), hi only elsewhere.
@@ -146,13 +147,23 @@ struct cuda_be {
     size_t ysplit_cap;          // bytes
     // The last split GEMM's sum, deferred: RMSNorm, RoPE or SwiGLU reading
     // pend_y completes it as it loads (one kernel less per GEMM); any other
-    // op, copy or sync launches it first (settle). RD_CUDA_FUSE=0: never deferred.
+    // op, copy or sync launches it first (settle). RD_CUDA_FUSE=0: nothing
+    // is deferred (neither sums nor RoPE).
     bool fuse_split;
     bool head_fp32;             // RD_CUDA_HEAD=fp32: the LM head from an fp32 copy of the table
     float *yhead;               // [3][HEAD_ROWS][vocab] the LM head's three partial products
     size_t yhead_cap;           // bytes
     float *pend_y;              // destination of the deferred sum; NULL: none
     split_sum pend;
+    // A RoPE deferred the same way (with the sum it took, if any): the KV
+    // write that follows on the same q|k|v rows runs inside it.
+    struct {
+        float *x;               // NULL: none
+        int32_t stride, m, n_heads, head_dim;
+        const int32_t *positions;
+        const float *cos_sin;
+        split_sum ss;
+    } pend_rope;
     bool gemm_simple_only;
     std::mutex choice_mu;
     std::vector<gemm_choice *> choices;
@@ -206,8 +217,18 @@ static bool check_launch(cuda_be *b, const char *what)
 }
 
 // Launches the deferred split sum, if any (on the owner thread's stream).
+static void launch_pending_rope(cuda_be *b, kv_out kv)
+{
+    const auto &r = b->pend_rope;
+    launch_rope(b->st, r.x, r.stride, r.m, r.n_heads, r.head_dim, r.positions, r.cos_sin, r.ss, kv);
+    b->pend_rope.x = nullptr;
+    check_launch(b, "rope");
+}
+
 static void settle(cuda_be *b)
 {
+    if (b->pend_rope.x)
+        launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
     if (!b->pend_y)
         return;
     launch_add_split(b->st, b->pend.t, b->pend.n, b->pend_y, b->pend.acc);
@@ -940,9 +961,14 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
 {
     cuda_be *b = compute(be);
     const split_sum ss = take_split(b, x, (int64_t)m * stride);
+    settle(b); // an earlier RoPE (none in a forward pass)
     shadow_written(b, x, (size_t)m * stride * sizeof(float));
-    launch_rope(b->st, x, stride, m, n_heads, head_dim, positions, cos_sin, ss);
-    check_launch(b, "rope");
+    b->pend_rope.x = x;
+    b->pend_rope.stride = stride, b->pend_rope.m = m, b->pend_rope.n_heads = n_heads;
+    b->pend_rope.head_dim = head_dim, b->pend_rope.positions = positions, b->pend_rope.cos_sin = cos_sin;
+    b->pend_rope.ss = ss;
+    if (!b->fuse_split)
+        settle(b);
 }
 
 static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
@@ -967,9 +993,19 @@ static void cu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, 
 static void cu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, const float *v, int32_t stride,
                         const rd_step_dev *s, float *k_cache, float *v_cache)
 {
-    cuda_be *b = compute_op(be);
-    launch_kv_write(b->st, k, v, stride, s->slots, s->n_rows, a->n_kv_heads, a->head_dim, a->block_size,
-                    (uint16_t *)k_cache, (uint16_t *)v_cache);
+    cuda_be *b = compute(be);
+    const auto &r = b->pend_rope;
+    const int32_t hd = a->head_dim, nkv = a->n_kv_heads;
+    if (r.x && !b->pend_y && r.m == s->n_rows && r.stride == stride && r.head_dim == hd && r.n_heads > nkv &&
+        k == r.x + (size_t)(r.n_heads - nkv) * hd && v == r.x + (size_t)r.n_heads * hd &&
+        stride - r.n_heads * hd == nkv * hd) {
+        // K is the deferred RoPE's last n_kv heads, V the columns after them: one kernel.
+        launch_pending_rope(b, kv_out{s->slots, nkv, a->block_size, (uint16_t *)k_cache, (uint16_t *)v_cache});
+        return;
+    }
+    settle(b);
+    launch_kv_write(b->st, k, v, stride, s->slots, s->n_rows, nkv, hd, a->block_size, (uint16_t *)k_cache,
+                    (uint16_t *)v_cache);
     check_launch(b, "kv_write");
 }
 

@@ -27,10 +27,18 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
 // ss.t, x is first completed from the split sum (and written back).
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
                     uint16_t *out_bf, int64_t lo_off, split_sum ss);
+// The KV cache a RoPE launch also writes (kc NULL: none): the last n_kv of
+// the rotated heads are K, the n_kv * head_dim columns after them V; row i
+// goes to slots[i] (skipped when < 0), as launch_kv_write writes them.
+struct kv_out {
+    const int32_t *slots;
+    int32_t n_kv, block_size;
+    uint16_t *kc, *vc;
+};
 // Rotates the first n_heads heads of each row in place. With ss.t, every
 // element of the rows [m][stride] is first completed from the split sum.
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                 const int32_t *positions, const float *cos_sin, split_sum ss);
+                 const int32_t *positions, const float *cos_sin, split_sum ss, kv_out kv);
 // With ss.t, gu is first completed from the split sum (and written back).
 void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
                    split_sum ss);

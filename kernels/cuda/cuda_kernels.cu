@@ -82,44 +82,66 @@ void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t
 
 // ------------------------------------------------------------------ rope
 
-// Threads [0, m * n_heads * half) rotate a pair each; with a split sum, the
-// threads after them complete the rows' remaining columns (V of a qkv row).
+// Threads [0, m * n_heads * half) rotate a pair each; the threads after them
+// complete the rows' remaining columns (V of a qkv row) from a split sum
+// and/or copy them to the V cache. With a KV cache, a pair of a K head is
+// written there too, rotated: RoPE and the KV write in one kernel.
+RD_DEV int64_t kv_dst(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int32_t hd)
+{
+    const int64_t block = slot / kv.block_size, off = slot % kv.block_size;
+    return ((block * kv.n_kv + h) * kv.block_size + off) * hd + d;
+}
+
 __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t half, const int32_t *positions,
-                       const float *cos_sin, split_sum sp)
+                       const float *cos_sin, split_sum sp, kv_out kv)
 {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n_rot = (int64_t)m * n_heads * half;
+    const int32_t hd = 2 * half;
     if (idx >= n_rot) {
-        const int32_t tail = stride - n_heads * 2 * half;
-        if (!sp.t || tail <= 0 || idx - n_rot >= (int64_t)m * tail)
+        const int32_t tail = stride - n_heads * hd;
+        if ((!sp.t && !kv.kc) || tail <= 0 || idx - n_rot >= (int64_t)m * tail)
             return;
-        const int64_t r = idx - n_rot, k = r / tail * stride + n_heads * 2 * half + r % tail;
-        x[k] = split_value(sp, x, k);
+        const int64_t r = idx - n_rot, i = r / tail;
+        const int32_t c = (int32_t)(r % tail);
+        const int64_t k = i * stride + n_heads * hd + c;
+        const float v = sp.t ? split_value(sp, x, k) : x[k];
+        if (sp.t)
+            x[k] = v;
+        if (kv.kc && kv.slots[i] >= 0)
+            kv.vc[kv_dst(kv, kv.slots[i], c / hd, c % hd, hd)] = cm_f32_to_bf16(v);
         return;
     }
     const int32_t j = (int32_t)(idx % half);
     const int32_t h = (int32_t)((idx / half) % n_heads);
     const int64_t i = idx / ((int64_t)half * n_heads);
     const float *cs = cos_sin + (int64_t)positions[i] * half * 2;
-    const int64_t o = i * stride + (int64_t)h * 2 * half;
+    const int64_t o = i * stride + (int64_t)h * hd;
     float *v = x + o;
     const float c = cs[2 * j], sn = cs[2 * j + 1];
     const float a = sp.t ? split_value(sp, x, o + j) : v[j];
     const float b = sp.t ? split_value(sp, x, o + j + half) : v[j + half];
-    v[j] = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
-    v[j + half] = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
+    const float ra = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
+    const float rb = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
+    v[j] = ra;
+    v[j + half] = rb;
+    const int32_t kh = h - (n_heads - kv.n_kv);
+    if (kv.kc && kh >= 0 && kv.slots[i] >= 0) {
+        kv.kc[kv_dst(kv, kv.slots[i], kh, j, hd)] = cm_f32_to_bf16(ra);
+        kv.kc[kv_dst(kv, kv.slots[i], kh, j + half, hd)] = cm_f32_to_bf16(rb);
+    }
 }
 
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                 const int32_t *positions, const float *cos_sin, split_sum ss)
+                 const int32_t *positions, const float *cos_sin, split_sum ss, kv_out kv)
 {
     int64_t total = (int64_t)m * n_heads * (head_dim / 2);
-    if (ss.t)
+    if (ss.t || kv.kc)
         total += (int64_t)m * (stride - n_heads * (head_dim / 2) * 2);
     if (total <= 0)
         return;
     RD_LAUNCH(k_rope, dim3(blocks_for(total, 256)), dim3(256), 0, s, x, stride, m, n_heads, head_dim / 2, positions,
-              cos_sin, ss);
+              cos_sin, ss, kv);
 }
 
 // ------------------------------------------------------------------ swiglu
