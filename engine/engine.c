@@ -671,8 +671,12 @@ static int draw_tokens(engine *e, int32_t n)
         return 0;
     if (e->device_sampling) {
         int rc = runner_sample(&e->run, e->sreq, n, e->sres);
-        if (rc)
+        if (rc) {
+            /* Their logits are gone: they end (with what they have) rather than wait forever. */
+            for (int32_t i = 0; i < n; i++)
+                finish(e, e->sseq[i], FINISH_ERROR);
             return rc;
+        }
     } else {
         for (int32_t i = 0; i < n; i++) {
             const rd_sample_req *q = &e->sreq[i];

@@ -390,8 +390,9 @@ void fail_next_malloc() { fail_malloc = 1; }
 
 }  // namespace cuemu
 
-// For the C tests: kernels run so far.
+// For the C tests: kernels run so far; make the next cudaMalloc fail.
 extern "C" uint64_t cuemu_launch_count(void) { return cuemu::launches(); }
+extern "C" void cuemu_fail_next_malloc(void) { cuemu::fail_next_malloc(); }
 
 using namespace cuemu;
 

@@ -32,7 +32,8 @@
 #include "kernels/cuda/cuda_math.h"
 #include "tests/unit/test.h"
 
-uint64_t cuemu_launch_count(void); /* kernels/cuda/cuemu.cc */
+uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
+void cuemu_fail_next_malloc(void);
 
 static rd_backend *cpu, *emu, *emu_bf16; /* emu: the default (split activations); emu_bf16: RD_CUDA_ACT=bf16 */
 
@@ -1029,6 +1030,62 @@ static void test_engine_device_sampling(void)
     rd_unload(&l);
 }
 
+/* A draw that fails on the device (here: its buffers cannot grow) ends the
+ * samples it was for with FINISH_ERROR and what they had; none is left
+ * waiting, and the engine serves the next request. */
+static void test_engine_draw_failure(void)
+{
+    rd_loaded l;
+    CHECK(load_model("tiny-f32", "cuda-emu", &l), "cannot load tiny-f32: %s", rd_errmsg());
+    eng_config cfg = eng_default_config();
+    cfg.kv_cache_bytes = 64 * model_kv_bytes_per_token(&l.m->cfg) / 4 * rd_backend_kv_elem_bytes(l.m->be) * 16;
+    cfg.max_num_seqs = 128;
+    cfg.max_batch_tokens = 128;
+    engine *e;
+    CHECK_OK(eng_create(l.m, &cfg, &e));
+    int32_t prompt[12];
+    for (int i = 0; i < 12; i++)
+        prompt[i] = 5 + 3 * i;
+    eng_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = prompt, q.n_prompt = 12, q.n = 1, q.max_tokens = 2, q.sp = samp_default(), q.ignore_eos = 1;
+    int64_t id;
+    eng_result r[128];
+    int got = 0;
+    /* warm-up: the same prompt once, so the next prefill allocates nothing before the draw */
+    CHECK_OK(eng_add(e, &q, &id));
+    while (eng_busy(e))
+        CHECK(eng_step(e) >= 0, "warm-up step: %s", rd_errmsg());
+    got = eng_collect(e, r, 128);
+    CHECK(got == 1 && r[0].finish == FINISH_LENGTH, "warm-up: %d results", got);
+    eng_result_free(&r[0]);
+    /* 100 forked samples need more draw buffers than the warm-up made: that allocation fails */
+    q.n = 100;
+    CHECK_OK(eng_add(e, &q, &id));
+    cuemu_fail_next_malloc();
+    int rc = eng_step(e);
+    CHECK(rc < 0, "the step with the failing draw returned %d", rc);
+    CHECK(!eng_busy(e), "samples are still waiting after the failed draw");
+    got = eng_collect(e, r, 128);
+    CHECK(got == 100, "%d results after the failed draw (want 100)", got);
+    for (int i = 0; i < got; i++) {
+        CHECK(r[i].finish == FINISH_ERROR && r[i].n_tokens == 0, "sample %d: finish %d, %d tokens", r[i].sample_idx,
+              r[i].finish, r[i].n_tokens);
+        eng_result_free(&r[i]);
+    }
+    /* and the engine goes on */
+    q.n = 2;
+    CHECK_OK(eng_add(e, &q, &id));
+    while (eng_busy(e))
+        CHECK(eng_step(e) >= 0, "step after the failure: %s", rd_errmsg());
+    got = eng_collect(e, r, 128);
+    CHECK(got == 2 && r[0].finish == FINISH_LENGTH && r[0].n_tokens == 2, "after the failure: %d results", got);
+    for (int i = 0; i < got; i++)
+        eng_result_free(&r[i]);
+    eng_destroy(e);
+    rd_unload(&l);
+}
+
 static void ensure_testdata(void)
 {
     char cmd[600];
@@ -1063,6 +1120,7 @@ int main(void)
     RUN(test_runner_tiny);
     RUN(test_runner_tiny_bf16);
     RUN(test_engine_device_sampling);
+    RUN(test_engine_draw_failure);
     rd_backend_destroy(emu_bf16);
     rd_backend_destroy(emu);
     rd_backend_destroy(cpu);
