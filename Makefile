@@ -104,7 +104,16 @@ $(BUILD)/emutests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/libroll
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
 
-.PHONY: test-cuda-emu
+# rollout-gpubench with the emulated backend (--backend cuda-emu): precision
+# checks without a GPU, e.g. RD_CUDA_ACT=mixed build/emutests/rollout-gpubench
+# parity --backend cuda-emu --model $(MODEL) (~15 minutes on one core).
+$(BUILD)/emutests/rollout-gpubench: tools/rollout-gpubench.c $(BUILD)/librollout.a $(EMU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
+
+.PHONY: test-cuda-emu gpubench-emu
+gpubench-emu: $(BUILD)/emutests/rollout-gpubench
+
 test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 	tests/gen_testdata.sh build/testdata >/dev/null
 	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu
