@@ -94,6 +94,13 @@ static int write_json(const opts *o, cJSON *doc)
     return rc;
 }
 
+/* The file name of a path (the model's label in tables). */
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
 static int setup_fail(const char *what)
 {
     fprintf(stderr, "%s: %s: %s\n", P, what, rd_errmsg());
@@ -693,7 +700,7 @@ static int cmd_bench(const opts *o)
     } else {
         if (rd_load(o->model, o->backend, o->threads, &l))
             return setup_fail("load");
-        name = strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 : o->model;
+        name = base_name(o->model);
     }
     m = l.m;
     double t_load = now_s() - t_load0;
@@ -852,12 +859,14 @@ static int engine_decode(model *m, const prompt_t *pr, int32_t B, int32_t T, eng
             rc = n;
         while (eng_collect(e, &res, 1) == 1)
             eng_result_free(&res);
-        eng_get_stats(e, &st);
-        if (t0 == 0 && st.generated_tokens >= B) {
+        if (t0 > 0) {
+            steps++;
+            continue;
+        }
+        eng_get_stats(e, &st); /* only until the timed part starts */
+        if (st.generated_tokens >= B) {
             t0 = now_s();
             tok0 = st.generated_tokens;
-        } else if (t0 > 0) {
-            steps++;
         }
     }
     double dt = now_s() - t0;
@@ -883,7 +892,7 @@ static int cmd_engine(const opts *o)
         rd_unload(&l);
         return setup_fail("tokenize");
     }
-    const char *name = strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 : o->model;
+    const char *name = base_name(o->model);
     cJSON *doc = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(doc, "runs");
     cJSON_AddStringToObject(doc, "model", name);
     cJSON_AddStringToObject(doc, "backend", l.be->ops->name);

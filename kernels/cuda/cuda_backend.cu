@@ -145,14 +145,14 @@ struct cuda_be {
     bool split_contracting_only; // RD_CUDA_ACT=mixed: only GEMMs with in > out (down) use lo
     float *ysplit;              // [2][rows][out] the split GEMM's two halves
     size_t ysplit_cap;          // bytes
-    // The last split GEMM's sum, deferred: RMSNorm, RoPE or SwiGLU reading
-    // pend_y completes it as it loads (one kernel less per GEMM); any other
-    // op, copy or sync launches it first (settle). RD_CUDA_FUSE=0: nothing
-    // is deferred (neither sums nor RoPE).
-    bool fuse_split;
     bool head_fp32;             // RD_CUDA_HEAD=fp32: the LM head from an fp32 copy of the table
     float *yhead;               // [3][HEAD_ROWS][vocab] the LM head's three partial products
     size_t yhead_cap;           // bytes
+    // The last split GEMM's sum, deferred: RMSNorm, RoPE or SwiGLU reading
+    // pend_y completes it as it loads (one kernel less per GEMM); any other
+    // op, copy or sync launches it first (settle). RD_CUDA_FUSE=0
+    // (fuse_split false): nothing is deferred, neither sums nor RoPE.
+    bool fuse_split;
     float *pend_y;              // destination of the deferred sum; NULL: none
     split_sum pend;
     // A RoPE deferred the same way (with the sum it took, if any): the KV
@@ -216,7 +216,7 @@ static bool check_launch(cuda_be *b, const char *what)
     return true;
 }
 
-// Launches the deferred split sum, if any (on the owner thread's stream).
+// Launches the deferred RoPE, writing the KV cache too when kv.kc is set.
 static void launch_pending_rope(cuda_be *b, kv_out kv)
 {
     const auto &r = b->pend_rope;
@@ -225,6 +225,7 @@ static void launch_pending_rope(cuda_be *b, kv_out kv)
     check_launch(b, "rope");
 }
 
+// Launches whatever is deferred (on the owner thread's stream).
 static void settle(cuda_be *b)
 {
     if (b->pend_rope.x)

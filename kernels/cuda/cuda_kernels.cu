@@ -82,15 +82,18 @@ void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t
 
 // ------------------------------------------------------------------ rope
 
-// Threads [0, m * n_heads * half) rotate a pair each; the threads after them
-// complete the rows' remaining columns (V of a qkv row) from a split sum
-// and/or copy them to the V cache. With a KV cache, a pair of a K head is
-// written there too, rotated: RoPE and the KV write in one kernel.
+// Element d of KV head h at a slot, in the cache layout
+// [n_blocks][n_kv][block_size][head_dim] (k_kv_write and k_rope).
 RD_DEV int64_t kv_dst(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int32_t hd)
 {
     const int64_t block = slot / kv.block_size, off = slot % kv.block_size;
     return ((block * kv.n_kv + h) * kv.block_size + off) * hd + d;
 }
+
+// Threads [0, m * n_heads * half) rotate a pair each; the threads after them
+// complete the rows' remaining columns (V of a qkv row) from a split sum
+// and/or copy them to the V cache. With a KV cache, a pair of a K head is
+// written there too, rotated: RoPE and the KV write in one kernel.
 
 __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t half, const int32_t *positions,
                        const float *cos_sin, split_sum sp, kv_out kv)
@@ -196,23 +199,21 @@ void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t 
 
 // ------------------------------------------------------------------ KV cache
 
-__global__ void k_kv_write(const float *k, const float *v, int32_t stride, const int32_t *slots, int32_t m,
-                           int32_t n_kv, int32_t hd, int32_t bs, uint16_t *kc, uint16_t *vc)
+__global__ void k_kv_write(const float *k, const float *v, int32_t stride, int32_t m, int32_t hd, kv_out kv)
 {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)m * n_kv * hd)
+    if (idx >= (int64_t)m * kv.n_kv * hd)
         return;
     const int32_t d = (int32_t)(idx % hd);
-    const int32_t h = (int32_t)((idx / hd) % n_kv);
-    const int64_t i = idx / ((int64_t)hd * n_kv);
-    const int32_t slot = slots[i];
+    const int32_t h = (int32_t)((idx / hd) % kv.n_kv);
+    const int64_t i = idx / ((int64_t)hd * kv.n_kv);
+    const int32_t slot = kv.slots[i];
     if (slot < 0)
         return;
-    const int64_t block = slot / bs, off = slot % bs;
-    const int64_t dst = ((block * n_kv + h) * bs + off) * hd + d;
+    const int64_t dst = kv_dst(kv, slot, h, d, hd);
     const int64_t src = i * stride + (int64_t)h * hd + d;
-    kc[dst] = cm_f32_to_bf16(k[src]);
-    vc[dst] = cm_f32_to_bf16(v[src]);
+    kv.kc[dst] = cm_f32_to_bf16(k[src]);
+    kv.vc[dst] = cm_f32_to_bf16(v[src]);
 }
 
 void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
@@ -222,8 +223,8 @@ void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t str
     const int64_t total = (int64_t)m * n_kv * head_dim;
     if (total <= 0)
         return;
-    RD_LAUNCH(k_kv_write, dim3(blocks_for(total, 256)), dim3(256), 0, s, k, v, stride, slots, m, n_kv, head_dim,
-              block_size, k_cache, v_cache);
+    RD_LAUNCH(k_kv_write, dim3(blocks_for(total, 256)), dim3(256), 0, s, k, v, stride, m, head_dim,
+              kv_out{slots, n_kv, block_size, k_cache, v_cache});
 }
 
 // Copies 8 bf16 (one uint4) per thread; block_elems is a multiple of 8.

@@ -211,8 +211,7 @@ static void test_gemm(void)
     gemm_case(emu, 13, 20, 5);
 }
 
-/* RD_CUDA_ACT=mixed: a contracting GEMM (in > out) gets the split's bits, any
- * other the plain bf16 GEMM's. */
+/* y[m][out] from a fresh linear layer of weights w on backend be. */
 static void linear_bits(rd_backend *be, const float *w, int32_t out, int32_t in, const float *x, int32_t m, float *y)
 {
     void *W;
@@ -225,6 +224,8 @@ static void linear_bits(rd_backend *be, const float *w, int32_t out, int32_t in,
     be->ops->linear_free(be, W);
 }
 
+/* RD_CUDA_ACT=mixed: a contracting GEMM (in > out) gets the split's bits, any
+ * other the plain bf16 GEMM's. */
 static void test_mixed_activations(void)
 {
     rd_backend *mixed;
