@@ -95,6 +95,14 @@ typedef struct rd_backend_ops {
      * [max_pos][head_dim/2][2] (cos, sin). */
     void (*rope)(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads,
                  int32_t head_dim, const int32_t *positions, const float *cos_sin);
+    /* y[i][j] += b[j] for j < n on the rows at y + i*stride (a linear's bias,
+     * added to the rounded product: Qwen2's q|k|v). */
+    void (*add_bias)(rd_backend *be, float *y, int32_t stride, int32_t m, int32_t n, const float *b);
+    /* RMSNorm of each head in place, as rmsnorm over d = head_dim: the
+     * n_heads heads of head_dim floats at x + row*stride + h*head_dim, each
+     * with the same weight w[head_dim] (Qwen3's q_norm / k_norm, before RoPE). */
+    void (*head_rmsnorm)(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads,
+                         int32_t head_dim, const float *w, float eps);
     /* out[M][f] = silu(gu[:, :f]) * gu[:, f:] (gu is [M][2f]) */
     void (*swiglu)(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out);
     /* out[i] = x[rows[i]] for n rows of d floats */

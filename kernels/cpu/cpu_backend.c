@@ -88,6 +88,31 @@ static void cpu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t 
     }
 }
 
+static void cpu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int32_t n, const float *b)
+{
+    for (int32_t i = 0; i < m; i++) {
+        float *yi = y + (size_t)i * stride;
+        for (int32_t j = 0; j < n; j++)
+            yi[j] += b[j];
+    }
+}
+
+/* The same arithmetic as cpu_rmsnorm, one head at a time, in place. */
+static void cpu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads,
+                             int32_t head_dim, const float *w, float eps)
+{
+    for (int32_t i = 0; i < m; i++)
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)i * stride + (size_t)h * head_dim;
+            double ss = 0.0;
+            for (int32_t j = 0; j < head_dim; j++)
+                ss += (double)v[j] * v[j];
+            float inv = (float)(1.0 / sqrt(ss / head_dim + eps));
+            for (int32_t j = 0; j < head_dim; j++)
+                v[j] = (v[j] * inv) * w[j];
+        }
+}
+
 static void cpu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
                      const int32_t *positions, const float *cos_sin)
 {
@@ -194,6 +219,8 @@ static const rd_backend_ops cpu_ops = {
     .linear = cpu_linear,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
+    .add_bias = cpu_add_bias,
+    .head_rmsnorm = cpu_head_rmsnorm,
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .gather_rows = cpu_gather_rows,
