@@ -14,7 +14,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
 LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lm -lpthread
 
-LIB_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) \
+LIB_SRC := $(wildcard engine/*.c) $(wildcard engine/arch/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) \
            $(wildcard tools/client/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c) $(wildcard tools/rolloutctl.c))

@@ -42,7 +42,7 @@ typedef struct {
  * ever see them. */
 
 /* Device-side views of an uploaded rd_step (same shapes). */
-typedef struct {
+typedef struct rd_step_dev {
     int32_t n_rows, n_seqs, max_blocks;
     const int32_t *token_ids, *positions, *slots, *q_start, *ctx_len, *block_tables;
 } rd_step_dev;

@@ -21,50 +21,156 @@ static int get_u32(const gguf_file *g, const char *arch, const char *suffix, uin
     return 0;
 }
 
+int model_rope_divisors(model_config *c)
+{
+    const int32_t half = c->head_dim / 2;
+    if (c->rope_type == ROPE_FREQS)
+        return 0;
+    if (c->rope_type == ROPE_LINEAR && !(c->rope_factor > 0 && isfinite(c->rope_factor)))
+        return rd_fail(RD_EINVAL, "model: linear rope_scaling factor %g; expected a positive number", c->rope_factor);
+    if (c->rope_type == ROPE_LLAMA3 &&
+        !(c->rope_factor > 0 && isfinite(c->rope_factor) && c->rope_low_freq > 0 &&
+          c->rope_high_freq > c->rope_low_freq && isfinite(c->rope_high_freq) && c->rope_orig_ctx > 0))
+        return rd_fail(RD_EINVAL, "model: llama3 rope_scaling factor %g, low_freq_factor %g, high_freq_factor %g, "
+                       "original_max_position_embeddings %d; expected factor > 0, 0 < low < high, orig > 0",
+                       c->rope_factor, c->rope_low_freq, c->rope_high_freq, c->rope_orig_ctx);
+    for (int32_t i = 0; i < half; i++) {
+        double div = 1.0;
+        if (c->rope_type == ROPE_LINEAR) {
+            div = c->rope_factor;
+        } else if (c->rope_type == ROPE_LLAMA3) {
+            /* transformers' _compute_llama3_parameters, as a divisor of the angle
+             * (what llama.cpp's converter writes into rope_freqs.weight). */
+            const double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+            const double wl = 2.0 * M_PI / inv, orig = c->rope_orig_ctx;
+            const double lo = c->rope_low_freq, hi = c->rope_high_freq, f = c->rope_factor;
+            if (wl < orig / hi) {
+                div = 1.0;
+            } else if (wl > orig / lo) {
+                div = f;
+            } else {
+                double sm = (orig / wl - lo) / (hi - lo);
+                div = 1.0 / ((1.0 - sm) / f + sm);
+            }
+        }
+        c->rope_div[i] = (float)div;
+    }
+    return 0;
+}
+
+/* RoPE scaling from GGUF: llama.cpp's converter writes Llama 3's as the
+ * tensor rope_freqs.weight (per-frequency divisors), linear scaling as keys. */
+static int rope_from_gguf(const gguf_file *g, const char *arch, model_config *c)
+{
+    char key[128];
+    gguf_str type = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    int have_type = gguf_get_str(g, key, &type) == 0;
+    float factor = 0.0f, attn = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    int have_factor = gguf_get_f32(g, key, &factor) == 0;
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+    if (gguf_get_f32(g, key, &attn) == 0 && attn != 1.0f)
+        return rd_fail(RD_ENOTSUP, "model: %s is %g; RoPE attention factors are not supported (expected 1)", key, attn);
+    int none = have_type && type.len == 4 && !memcmp(type.ptr, "none", 4);
+    int linear = have_type && type.len == 6 && !memcmp(type.ptr, "linear", 6);
+    if (have_type && !none && !linear)
+        return rd_fail(RD_ENOTSUP, "model: %s.rope.scaling.type is \"%.*s\"; supported are \"none\" and \"linear\" "
+                       "(Llama 3 scaling comes as rope_freqs.weight)", arch, (int)(type.len > 32 ? 32 : type.len),
+                       type.ptr);
+    c->rope_type = ROPE_PLAIN;
+    if (have_factor && factor != 1.0f && factor != 0.0f) {
+        if (none)
+            return rd_fail(RD_ENOTSUP, "model: %s.rope.scaling.type is \"none\" but the factor is %g; expected 1",
+                           arch, factor);
+        c->rope_type = ROPE_LINEAR;
+        c->rope_factor = factor;
+    }
+    const gguf_tensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    if (!t)
+        return model_rope_divisors(c);
+    if (c->rope_type != ROPE_PLAIN)
+        return rd_fail(RD_ENOTSUP, "model: rope_freqs.weight together with linear RoPE scaling is not supported");
+    if (t->n_dims != 1 || (int64_t)t->ne[0] != c->head_dim / 2)
+        return rd_fail(RD_EFORMAT, "model: tensor 'rope_freqs.weight' has %u dims, %llu entries; expected a vector "
+                       "of head_dim / 2 = %d", t->n_dims, (unsigned long long)t->ne[0], c->head_dim / 2);
+    int rc = gguf_dequant(t, c->rope_div);
+    if (rc)
+        return rd_fail(rc, "model: tensor 'rope_freqs.weight': %s", rd_errmsg());
+    for (int32_t i = 0; i < c->head_dim / 2; i++)
+        if (!(c->rope_div[i] > 0) || !isfinite(c->rope_div[i]))
+            return rd_fail(RD_EFORMAT, "model: rope_freqs.weight[%d] is %g; expected a positive divisor", i,
+                           c->rope_div[i]);
+    c->rope_type = ROPE_FREQS;
+    return 0;
+}
+
 int model_config_from_gguf(const gguf_file *g, model_config *c)
 {
     memset(c, 0, sizeof *c);
     gguf_str arch;
     if (gguf_get_str(g, "general.architecture", &arch))
         return rd_fail(RD_EFORMAT, "model: general.architecture missing or not a string");
-    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return rd_fail(RD_ENOTSUP, "model: architecture '%.*s' is not supported (expected llama)",
-                       (int)(arch.len > 30 ? 30 : arch.len), arch.ptr);
-    strcpy(c->arch, "llama");
+    const arch_desc *a = arch_by_name(arch.ptr, arch.len);
+    if (!a)
+        return rd_fail(RD_ENOTSUP, "model: architecture '%.*s' is not supported (supported: %s)",
+                       (int)(arch.len > 30 ? 30 : arch.len), arch.ptr, arch_names());
+    snprintf(c->arch, sizeof c->arch, "%s", a->name);
+    const char *an = a->name;
 
     uint32_t v;
     int rc;
-    if ((rc = get_u32(g, "llama", "block_count", &v, 1))) return rc;
+    if ((rc = get_u32(g, an, "block_count", &v, 1))) return rc;
     c->n_layers = (int32_t)v;
-    if ((rc = get_u32(g, "llama", "embedding_length", &v, 1))) return rc;
+    if ((rc = get_u32(g, an, "embedding_length", &v, 1))) return rc;
     c->dim = (int32_t)v;
-    if ((rc = get_u32(g, "llama", "attention.head_count", &v, 1))) return rc;
+    if ((rc = get_u32(g, an, "attention.head_count", &v, 1))) return rc;
     c->n_heads = (int32_t)v;
-    rc = get_u32(g, "llama", "attention.head_count_kv", &v, 0);
+    rc = get_u32(g, an, "attention.head_count_kv", &v, 0);
     if (rc && rc != RD_ENOENT) return rc;
     c->n_kv_heads = rc == RD_ENOENT ? c->n_heads : (int32_t)v;
-    if ((rc = get_u32(g, "llama", "feed_forward_length", &v, 1))) return rc;
+    if ((rc = get_u32(g, an, "feed_forward_length", &v, 1))) return rc;
     c->ffn_dim = (int32_t)v;
-    if ((rc = get_u32(g, "llama", "context_length", &v, 1))) return rc;
+    if ((rc = get_u32(g, an, "context_length", &v, 1))) return rc;
     c->max_ctx = (int32_t)v;
 
-    if (gguf_get_f32(g, "llama.rope.freq_base", &c->rope_theta))
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.freq_base", an);
+    if (gguf_get_f32(g, key, &c->rope_theta))
         c->rope_theta = 10000.0f; /* llama.cpp's default when absent */
-    if (gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->norm_eps))
-        return rd_fail(RD_EFORMAT, "model: llama.attention.layer_norm_rms_epsilon missing");
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", an);
+    if (gguf_get_f32(g, key, &c->norm_eps))
+        return rd_fail(RD_EFORMAT, "model: %s missing", key);
 
     if (c->n_layers <= 0 || c->n_layers > 512 || c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
-        c->ffn_dim <= 0 || c->max_ctx <= 0 || c->dim % c->n_heads || c->n_heads % c->n_kv_heads)
+        c->ffn_dim <= 0 || c->max_ctx <= 0 || c->n_heads % c->n_kv_heads)
         return rd_fail(RD_EFORMAT,
                        "model: inconsistent shape: layers %d dim %d heads %d kv_heads %d ffn %d ctx %d "
-                       "(need dim %% heads == 0 and heads %% kv_heads == 0)",
+                       "(need heads %% kv_heads == 0)",
                        c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim, c->max_ctx);
-    c->head_dim = c->dim / c->n_heads;
-    if (c->head_dim % 2)
-        return rd_fail(RD_EFORMAT, "model: head_dim %d must be even for RoPE", c->head_dim);
-    rc = get_u32(g, "llama", "rope.dimension_count", &v, 0);
+    /* head_dim: attention.key_length where given (Qwen3), else dim / heads. */
+    rc = get_u32(g, an, "attention.key_length", &v, 0);
+    if (rc && rc != RD_ENOENT) return rc;
+    if (rc == 0) {
+        c->head_dim = (int32_t)v;
+        uint32_t vl;
+        rc = get_u32(g, an, "attention.value_length", &vl, 0);
+        if (rc && rc != RD_ENOENT) return rc;
+        if (rc == 0 && vl != v)
+            return rd_fail(RD_ENOTSUP, "model: %s.attention.value_length %u != key_length %u (expected equal)", an,
+                           vl, v);
+    } else {
+        if (c->dim % c->n_heads)
+            return rd_fail(RD_EFORMAT, "model: embedding_length %d is not a multiple of head_count %d and "
+                           "%s.attention.key_length is absent: no head_dim", c->dim, c->n_heads, an);
+        c->head_dim = c->dim / c->n_heads;
+    }
+    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > MODEL_MAX_HEAD_DIM)
+        return rd_fail(RD_EFORMAT, "model: head_dim %d; expected an even number up to %d", c->head_dim,
+                       MODEL_MAX_HEAD_DIM);
+    rc = get_u32(g, an, "rope.dimension_count", &v, 0);
     if (rc == 0 && (int32_t)v != c->head_dim)
-        return rd_fail(RD_ENOTSUP, "model: llama.rope.dimension_count %u != head_dim %d (partial RoPE unsupported)",
+        return rd_fail(RD_ENOTSUP, "model: %s.rope.dimension_count %u != head_dim %d (partial RoPE unsupported)", an,
                        v, c->head_dim);
 
     const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
@@ -74,7 +180,9 @@ int model_config_from_gguf(const gguf_file *g, model_config *c)
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     if (!isfinite(c->rope_theta) || c->rope_theta <= 0 || !(c->norm_eps > 0))
         return rd_fail(RD_EFORMAT, "model: rope theta %g / rms eps %g out of range", c->rope_theta, c->norm_eps);
-    return 0;
+    if ((rc = rope_from_gguf(g, an, c)))
+        return rc;
+    return a->check_gguf ? a->check_gguf(g, c) : 0;
 }
 
 int64_t model_kv_bytes_per_token(const model_config *c)
@@ -122,8 +230,8 @@ static int upload_vector(rd_backend *be, const float *src, int32_t n, float **ds
     return be->ops->h2d(be, *dst, src, sizeof(float) * (size_t)n);
 }
 
-/* cos/sin of pos * theta^(-2i/hd), computed in double so every backend gets
- * the same table. */
+/* cos/sin of pos * theta^(-2i/hd) / rope_div[i], computed in double so
+ * every backend gets the same table. */
 static int build_rope(model *m)
 {
     const model_config *c = &m->cfg;
@@ -134,7 +242,7 @@ static int build_rope(model *m)
         return rd_fail(RD_ENOMEM, "model: cannot allocate RoPE table");
     for (int32_t p = 0; p < c->max_ctx; p++)
         for (int32_t i = 0; i < half; i++) {
-            double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+            double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim) / (double)c->rope_div[i];
             double ang = p * inv;
             t[((size_t)p * half + i) * 2] = (float)cos(ang);
             t[((size_t)p * half + i) * 2 + 1] = (float)sin(ang);
@@ -147,136 +255,139 @@ static int build_rope(model *m)
 }
 
 /* GGUF as a source of HF-named fp32 tensors: the name is mapped to
- * llama.cpp's, the tensor dequantized, and Q/K rows un-permuted, so
+ * llama.cpp's through the family's table, the tensor dequantized, and Q/K
+ * rows un-permuted where the family's converter permutes them, so
  * model_build sees exactly what an HF checkpoint would hold. */
 typedef struct {
     const gguf_file *g;
     const model_config *cfg;
+    const arch_desc *arch;
     float *tmp;                 /* [head_dim][dim] scratch for unpermute_rows */
 } gguf_source;
-
-static const struct {
-    const char *hf, *gg;
-    int permute;                /* 1: q (n_heads), 2: k (n_kv_heads) */
-} LAYER_NAMES[] = {
-    {"self_attn.q_proj.weight", "attn_q.weight", 1},
-    {"self_attn.k_proj.weight", "attn_k.weight", 2},
-    {"self_attn.v_proj.weight", "attn_v.weight", 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", 0},
-    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
-    {"mlp.up_proj.weight", "ffn_up.weight", 0},
-    {"mlp.down_proj.weight", "ffn_down.weight", 0},
-    {"input_layernorm.weight", "attn_norm.weight", 0},
-    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
-};
 
 static int gguf_fetch(void *ctx, const char *hf, int64_t rows, int64_t cols, float *dst)
 {
     gguf_source *src = ctx;
-    char name[128];
-    int permute = 0, layer, n = 0;
-    if (!strcmp(hf, "model.embed_tokens.weight")) {
-        snprintf(name, sizeof name, "token_embd.weight");
-    } else if (!strcmp(hf, "lm_head.weight")) {
-        snprintf(name, sizeof name, "output.weight");
-    } else if (!strcmp(hf, "model.norm.weight")) {
-        snprintf(name, sizeof name, "output_norm.weight");
-    } else if (sscanf(hf, "model.layers.%d.%n", &layer, &n) == 1 && n > 0) {
-        size_t k = 0, nk = sizeof LAYER_NAMES / sizeof LAYER_NAMES[0];
-        while (k < nk && strcmp(hf + n, LAYER_NAMES[k].hf))
-            k++;
-        if (k == nk)
-            return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
-        snprintf(name, sizeof name, "blk.%d.%s", layer, LAYER_NAMES[k].gg);
-        permute = LAYER_NAMES[k].permute;
-    } else {
+    const arch_tensor *t;
+    int32_t layer;
+    if (arch_resolve_hf(src->arch, src->cfg, hf, &t, &layer))
         return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
-    }
+    char name[128];
+    arch_gguf_name(t, layer, name, sizeof name);
     int rc = load_matrix(src->g, name, rows, cols, dst);
     if (rc)
         return rc;
-    if (permute)
-        unpermute_rows(dst, permute == 1 ? src->cfg->n_heads : src->cfg->n_kv_heads, src->cfg->head_dim,
-                       (int32_t)cols, src->tmp);
+    if (t->flags & (AT_PERMUTE_Q | AT_PERMUTE_K))
+        unpermute_rows(dst, (t->flags & AT_PERMUTE_Q) ? src->cfg->n_heads : src->cfg->n_kv_heads,
+                       src->cfg->head_dim, (int32_t)cols, src->tmp);
     return 0;
 }
 
-static int load_layer(model *m, int32_t l, float *buf, model_fetch_fn fetch, void *ctx)
+void **model_weight_slot(model *m, arch_group g, int32_t layer)
+{
+    model_layer *L = arch_group_per_layer(g) ? &m->layers[layer] : NULL;
+    switch (g) {
+    case AG_EMBED: return &m->embed;
+    case AG_LM_HEAD: return &m->lm_head;
+    case AG_OUT_NORM: return (void **)&m->out_norm;
+    case AG_QKV: return &L->qkv;
+    case AG_QKV_BIAS: return (void **)&L->qkv_bias;
+    case AG_O: return &L->o;
+    case AG_GATE_UP: return &L->gate_up;
+    case AG_DOWN: return &L->down;
+    case AG_ATTN_NORM: return (void **)&L->attn_norm;
+    case AG_FFN_NORM: return (void **)&L->ffn_norm;
+    case AG_Q_NORM: return (void **)&L->q_norm;
+    case AG_K_NORM: return (void **)&L->k_norm;
+    case AG_COUNT: break;
+    }
+    return NULL;
+}
+
+/* Fetches every member of group g (layer l) into buf at its place in the
+ * fused layout and loads the group into the backend. */
+static int load_group(model *m, arch_group g, int32_t l, float *buf, model_fetch_fn fetch, void *ctx)
 {
     const model_config *c = &m->cfg;
+    const arch_desc *a = m->arch;
     rd_backend *be = m->be;
-    const int32_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
-    model_layer *L = &m->layers[l];
-    char name[96];
-    int rc;
-
-#define TNAME(s) (snprintf(name, sizeof name, "model.layers.%d." s, l), name)
-    /* fused QKV: rows q (nh hd), k (nkv hd), v (nkv hd) */
-    float *q = buf, *k = q + (size_t)nh * hd * d, *v = k + (size_t)nkv * hd * d;
-    if ((rc = fetch(ctx, TNAME("self_attn.q_proj.weight"), (int64_t)nh * hd, d, q))) return rc;
-    if ((rc = fetch(ctx, TNAME("self_attn.k_proj.weight"), (int64_t)nkv * hd, d, k))) return rc;
-    if ((rc = fetch(ctx, TNAME("self_attn.v_proj.weight"), (int64_t)nkv * hd, d, v))) return rc;
-    if ((rc = be->ops->linear_load(be, buf, (nh + 2 * nkv) * hd, d, &L->qkv))) return rc;
-
-    if ((rc = fetch(ctx, TNAME("self_attn.o_proj.weight"), d, (int64_t)nh * hd, buf))) return rc;
-    if ((rc = be->ops->linear_load(be, buf, d, nh * hd, &L->o))) return rc;
-
-    if ((rc = fetch(ctx, TNAME("mlp.gate_proj.weight"), f, d, buf))) return rc;
-    if ((rc = fetch(ctx, TNAME("mlp.up_proj.weight"), f, d, buf + (size_t)f * d))) return rc;
-    if ((rc = be->ops->linear_load(be, buf, 2 * f, d, &L->gate_up))) return rc;
-
-    if ((rc = fetch(ctx, TNAME("mlp.down_proj.weight"), d, f, buf))) return rc;
-    if ((rc = be->ops->linear_load(be, buf, d, f, &L->down))) return rc;
-
-    if ((rc = fetch(ctx, TNAME("input_layernorm.weight"), 1, d, buf))) return rc;
-    if ((rc = upload_vector(be, buf, d, &L->attn_norm))) return rc;
-    if ((rc = fetch(ctx, TNAME("post_attention_layernorm.weight"), 1, d, buf))) return rc;
-    if ((rc = upload_vector(be, buf, d, &L->ffn_norm))) return rc;
-#undef TNAME
-    return 0;
+    int64_t rows, cols;
+    arch_group_shape(a, c, g, &rows, &cols);
+    if (rows == 0 || (g == AG_LM_HEAD && c->tied_embeddings))
+        return 0;
+    const int linear = arch_group_is_linear(g);
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const arch_tensor *t = &a->tensors[i];
+        if (t->group != g)
+            continue;
+        char name[128];
+        arch_hf_name(t, l, name, sizeof name);
+        int64_t at = arch_tensor_row0(a, c, t);
+        int64_t tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
+        int rc = fetch(ctx, name, linear ? tr : 1, tc, linear ? buf + at * cols : buf + at);
+        if (rc)
+            return rc;
+    }
+    void **slot = model_weight_slot(m, g, l);
+    if (linear)
+        return be->ops->linear_load(be, buf, (int32_t)rows, (int32_t)cols, slot);
+    return upload_vector(be, buf, (int32_t)cols, (float **)slot);
 }
 
 int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, void *ctx, model **out)
 {
     *out = NULL;
+    const arch_desc *a = arch_by_name(cfg->arch, strlen(cfg->arch));
+    if (!a)
+        return rd_fail(RD_ENOTSUP, "model: architecture '%.31s' is not supported (supported: %s)", cfg->arch,
+                       arch_names());
     model *m = calloc(1, sizeof *m);
     if (!m)
         return rd_fail(RD_ENOMEM, "model: out of memory");
     m->be = be;
     m->cfg = *cfg;
+    m->arch = a;
     const model_config *c = &m->cfg;
-    int rc;
+    /* The divisors follow the scaling parameters (a config built by hand
+     * need not fill them); only given ones (ROPE_FREQS) are kept. */
+    int rc = c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= MODEL_MAX_HEAD_DIM
+                 ? model_rope_divisors(&m->cfg)
+                 : rd_fail(RD_EINVAL, "model: head_dim %d; expected an even number up to %d", c->head_dim,
+                           MODEL_MAX_HEAD_DIM);
+    if (rc) {
+        free(m);
+        return rc;
+    }
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
 
-    /* One host buffer big enough for the largest matrix (fused or embedding). */
-    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim * c->dim;
-    size_t gu = (size_t)2 * c->ffn_dim * c->dim;
-    size_t emb = (size_t)c->vocab * c->dim;
-    size_t big = qkv > gu ? qkv : gu;
-    big = big > emb ? big : emb;
+    /* One host buffer big enough for the largest group (fused or embedding). */
+    size_t big = 0;
+    for (int g = 0; g < AG_COUNT; g++) {
+        int64_t rows, cols;
+        arch_group_shape(a, c, (arch_group)g, &rows, &cols);
+        if ((size_t)(rows * cols) > big)
+            big = (size_t)(rows * cols);
+    }
     float *buf = malloc(big * sizeof(float));
     if (!m->layers || !buf) {
         rc = rd_fail(RD_ENOMEM, "model: cannot allocate %zu bytes of load buffers", big * sizeof(float));
         goto fail;
     }
-
-    if ((rc = fetch(ctx, "model.embed_tokens.weight", c->vocab, c->dim, buf))) goto fail;
-    if ((rc = be->ops->linear_load(be, buf, c->vocab, c->dim, &m->embed))) goto fail;
-    if (c->tied_embeddings) {
+    for (int g = 0; g < AG_FIRST_LAYER; g++)
+        if ((rc = load_group(m, (arch_group)g, -1, buf, fetch, ctx))) goto fail;
+    if (c->tied_embeddings)
         m->lm_head = m->embed;
-    } else {
-        if ((rc = fetch(ctx, "lm_head.weight", c->vocab, c->dim, buf))) goto fail;
-        if ((rc = be->ops->linear_load(be, buf, c->vocab, c->dim, &m->lm_head))) goto fail;
-    }
-    if ((rc = fetch(ctx, "model.norm.weight", 1, c->dim, buf))) goto fail;
-    if ((rc = upload_vector(be, buf, c->dim, &m->out_norm))) goto fail;
     for (int32_t l = 0; l < c->n_layers; l++)
-        if ((rc = load_layer(m, l, buf, fetch, ctx))) goto fail;
+        for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
+            if ((rc = load_group(m, (arch_group)g, l, buf, fetch, ctx))) goto fail;
     if ((rc = build_rope(m))) goto fail;
 
-    int64_t per_layer = (int64_t)qkv + (int64_t)c->dim * c->n_heads * c->head_dim + (int64_t)gu +
-                        (int64_t)c->dim * c->ffn_dim + 2 * c->dim;
-    m->n_params = per_layer * c->n_layers + (int64_t)emb * (c->tied_embeddings ? 1 : 2) + c->dim;
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const arch_tensor *t = &a->tensors[i];
+        if (arch_tensor_present(c, t))
+            m->n_params += arch_dim_value(c, t->rows) * arch_dim_value(c, t->cols) *
+                           (arch_group_per_layer(t->group) ? c->n_layers : 1);
+    }
     free(buf);
     *out = m;
     return 0;
@@ -293,7 +404,8 @@ int model_load_gguf(const gguf_file *g, rd_backend *be, model **out)
     int rc = model_config_from_gguf(g, &cfg);
     if (rc)
         return rc;
-    gguf_source src = {.g = g, .cfg = &cfg, .tmp = malloc((size_t)cfg.head_dim * cfg.dim * sizeof(float))};
+    gguf_source src = {.g = g, .cfg = &cfg, .arch = arch_by_name(cfg.arch, strlen(cfg.arch)),
+                       .tmp = malloc((size_t)cfg.head_dim * cfg.dim * sizeof(float))};
     if (!src.tmp)
         return rd_fail(RD_ENOMEM, "model: out of memory");
     rc = model_build(&cfg, be, gguf_fetch, &src, out);
@@ -301,27 +413,33 @@ int model_load_gguf(const gguf_file *g, rd_backend *be, model **out)
     return rc;
 }
 
+static void free_slot(model *m, arch_group g, int32_t l)
+{
+    void **slot = model_weight_slot(m, g, l);
+    if (!*slot)
+        return;
+    if (arch_group_is_linear(g))
+        m->be->ops->linear_free(m->be, *slot);
+    else
+        m->be->ops->free(m->be, *slot);
+    *slot = NULL;
+}
+
 void model_free(model *m)
 {
     if (!m)
         return;
     rd_backend *be = m->be;
-    if (m->layers) {
-        for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-            model_layer *L = &m->layers[l];
-            be->ops->linear_free(be, L->qkv);
-            be->ops->linear_free(be, L->o);
-            be->ops->linear_free(be, L->gate_up);
-            be->ops->linear_free(be, L->down);
-            be->ops->free(be, L->attn_norm);
-            be->ops->free(be, L->ffn_norm);
-        }
-        free(m->layers);
-    }
-    if (m->lm_head != m->embed)
-        be->ops->linear_free(be, m->lm_head);
-    be->ops->linear_free(be, m->embed);
-    be->ops->free(be, m->out_norm);
-    be->ops->free(be, m->rope);
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+        for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
+            free_slot(m, (arch_group)g, l);
+    free(m->layers);
+    m->layers = NULL;
+    if (m->lm_head == m->embed)
+        m->lm_head = NULL;
+    for (int g = 0; g < AG_FIRST_LAYER; g++)
+        free_slot(m, (arch_group)g, -1);
+    if (m->rope)
+        be->ops->free(be, m->rope);
     free(m);
 }

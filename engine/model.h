@@ -1,43 +1,65 @@
-/* model.h - Llama-family model: config and weights in the backend.
+/* model.h - a decoder model: config and weights in the backend.
  *
- * Weights are held in the canonical Hugging Face layout (q_proj rows in
- * rotate-half order); the GGUF loader undoes llama.cpp's Q/K row permutation.
- * Q, K and V are stored fused as one linear [(n_heads + 2 n_kv_heads) head_dim][dim]
+ * Which tensors a model has, and how they are fused, is its family's table
+ * (engine/arch.h, engine/arch/<family>.c). Weights are held in the canonical
+ * Hugging Face layout (q_proj rows in rotate-half order); the GGUF loader
+ * undoes llama.cpp's Q/K row permutation where the family has one. Q, K and
+ * V are stored fused as one linear [(n_heads + 2 n_kv_heads) head_dim][dim]
  * and gate/up as one [2 ffn][dim], so a layer runs 4 GEMMs per step. */
 #ifndef RD_MODEL_H
 #define RD_MODEL_H
 
 #include <stdint.h>
 
+#include "engine/arch.h"
 #include "engine/backend.h"
 #include "engine/gguf.h"
 
-typedef struct {
-    char arch[32];              /* "llama" */
+#define MODEL_MAX_HEAD_DIM 256
+
+/* How RoPE angles are scaled: angle(pos, i) = pos * theta^(-2i/hd) / rope_div[i]. */
+typedef enum {
+    ROPE_PLAIN = 0,             /* rope_div all 1 */
+    ROPE_LINEAR = 1,            /* rope_div all rope_factor */
+    ROPE_LLAMA3 = 2,            /* Llama 3.x: rope_div from (factor, low, high, orig) */
+    ROPE_FREQS = 3,             /* divisors given as they are (a GGUF rope_freqs.weight), parameters unknown */
+} model_rope_type;
+
+typedef struct model_config {
+    char arch[32];              /* family (arch_desc.name): "llama", "qwen2", "qwen3" */
     int32_t n_layers;
     int32_t dim;                /* hidden size */
     int32_t n_heads;
     int32_t n_kv_heads;
-    int32_t head_dim;           /* dim / n_heads */
+    int32_t head_dim;           /* explicit (Qwen3) or dim / n_heads; n_heads * head_dim need not be dim */
     int32_t ffn_dim;            /* SwiGLU intermediate size */
     int32_t vocab;
-    int32_t max_ctx;            /* tokens (llama.context_length) */
+    int32_t max_ctx;            /* tokens (context_length / max_position_embeddings) */
     float rope_theta;
     float norm_eps;
     int tied_embeddings;        /* 1: lm_head is token_embd */
+    int32_t rope_type;          /* model_rope_type */
+    float rope_factor;          /* ROPE_LINEAR, ROPE_LLAMA3: factor */
+    float rope_low_freq;        /* ROPE_LLAMA3: low_freq_factor */
+    float rope_high_freq;       /* ROPE_LLAMA3: high_freq_factor */
+    int32_t rope_orig_ctx;      /* ROPE_LLAMA3: original_max_position_embeddings (tokens) */
+    float rope_div[MODEL_MAX_HEAD_DIM / 2]; /* [head_dim / 2] angle divisors (all 1 for ROPE_PLAIN) */
 } model_config;
 
 typedef struct {
     void *qkv;                  /* linear [(nh + 2 nkv) hd][dim] */
+    float *qkv_bias;            /* backend [(nh + 2 nkv) hd], or NULL (Qwen2 has one) */
     void *o;                    /* linear [dim][nh hd] */
     void *gate_up;              /* linear [2 ffn][dim]: gate rows then up rows */
     void *down;                 /* linear [dim][ffn] */
     float *attn_norm;           /* backend [dim] */
     float *ffn_norm;            /* backend [dim] */
+    float *q_norm, *k_norm;     /* backend [hd] per-head norms, or NULL (Qwen3 has them) */
 } model_layer;
 
 typedef struct {
     model_config cfg;
+    const arch_desc *arch;      /* the family (cfg.arch) */
     rd_backend *be;             /* not owned */
     void *embed;                /* linear [vocab][dim]; also the LM head when tied */
     void *lm_head;              /* linear [vocab][dim]; == embed when tied */
@@ -49,7 +71,15 @@ typedef struct {
                                    backend that caches them (CUDA graphs) must re-capture */
 } model;
 
-/* Reads the config from GGUF metadata (general.architecture must be llama). */
+/* The model's slot for group g (layer ignored for model-wide groups). */
+void **model_weight_slot(model *m, arch_group g, int32_t layer);
+
+/* Fills c->rope_div from c->rope_type and its parameters (not ROPE_FREQS,
+ * whose divisors are given). RD_EINVAL names what is out of range. */
+int model_rope_divisors(model_config *c);
+
+/* Reads the config from GGUF metadata (general.architecture one of the
+ * families, arch_names()). */
 int model_config_from_gguf(const gguf_file *g, model_config *cfg);
 
 /* Loads weights from an open GGUF file into backend be. */
@@ -71,8 +101,9 @@ typedef int (*model_fetch_fn)(void *ctx, const char *hf_name, int64_t rows, int6
  * fused layout (q|k|v, gate|up), so GGUF and safetensors loads agree bit for bit. */
 int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, void *ctx, model **out);
 
-/* Config from an HF config.json text (LlamaForCausalLM). RD_ENOTSUP for
- * another architecture, rope_scaling, biases or partial head_dim. */
+/* Config from an HF config.json text (a family's class, arch_by_hf).
+ * RD_ENOTSUP names what is not supported (an architecture, a rope_scaling
+ * type, a flag the family refuses). */
 int model_config_from_hf_json(const char *json, model_config *cfg);
 /* The config as HF config.json text (malloc'd). */
 int model_config_to_hf_json(const model_config *cfg, const char *torch_dtype, char **out);

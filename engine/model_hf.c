@@ -48,37 +48,104 @@ static int cfg_float(const cJSON *root, const char *key, double dflt, float *v)
     return 0;
 }
 
+/* A required positive number; shown names the key in messages. */
+static int cfg_float_req(const cJSON *obj, const char *shown, const char *key, float *v)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble) || !(j->valuedouble > 0))
+        return rd_fail(RD_EFORMAT, "model: config.json: \"%s\" %s (expected a positive number)", shown,
+                       j ? "is not a positive number" : "missing");
+    *v = (float)j->valuedouble;
+    return 0;
+}
+
 static int cfg_true(const cJSON *root, const char *key)
 {
     return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, key));
+}
+
+/* rope_scaling: null, {"rope_type"|"type": "default"}, "linear" {factor}
+ * or "llama3" {factor, low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}. Anything else names the type: the
+ * engine never serves a scaled model with plain RoPE. */
+static int rope_from_hf(const cJSON *root, model_config *c)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    c->rope_type = ROPE_PLAIN;
+    if (rs && !cJSON_IsNull(rs)) {
+        if (!cJSON_IsObject(rs))
+            return rd_fail(RD_EFORMAT, "model: config.json: rope_scaling must be null or an object");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!ty)
+            ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        if (!cJSON_IsString(ty))
+            return rd_fail(RD_EFORMAT, "model: config.json: rope_scaling has no \"rope_type\" string");
+        const char *t = ty->valuestring;
+        int rc;
+        if (!strcmp(t, "default")) {
+            c->rope_type = ROPE_PLAIN;
+        } else if (!strcmp(t, "linear")) {
+            c->rope_type = ROPE_LINEAR;
+            if ((rc = cfg_float_req(rs, "rope_scaling.factor", "factor", &c->rope_factor))) return rc;
+        } else if (!strcmp(t, "llama3")) {
+            c->rope_type = ROPE_LLAMA3;
+            if ((rc = cfg_float_req(rs, "rope_scaling.factor", "factor", &c->rope_factor))) return rc;
+            if ((rc = cfg_float_req(rs, "rope_scaling.low_freq_factor", "low_freq_factor", &c->rope_low_freq)))
+                return rc;
+            if ((rc = cfg_float_req(rs, "rope_scaling.high_freq_factor", "high_freq_factor", &c->rope_high_freq)))
+                return rc;
+            if ((rc = cfg_int(rs, "original_max_position_embeddings", 1, 0, &c->rope_orig_ctx))) return rc;
+        } else {
+            return rd_fail(RD_ENOTSUP, "model: config.json: rope_scaling type \"%.40s\" is not supported "
+                                       "(supported: default, linear, llama3)", t);
+        }
+    }
+    int rc = model_rope_divisors(c);
+    if (rc)
+        return rc;
+    /* Exact divisors written by an export whose source gave them as they
+     * are (a GGUF rope_freqs.weight): they take precedence, bit for bit. */
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(root, "rolloutd_rope_divisors");
+    if (!ex || cJSON_IsNull(ex))
+        return 0;
+    if (!cJSON_IsArray(ex) || cJSON_GetArraySize(ex) != c->head_dim / 2)
+        return rd_fail(RD_EFORMAT, "model: config.json: rolloutd_rope_divisors must be an array of head_dim / 2 = %d "
+                       "numbers", c->head_dim / 2);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ex)
+    {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0) || !isfinite(e->valuedouble))
+            return rd_fail(RD_EFORMAT, "model: config.json: rolloutd_rope_divisors[%d] must be a positive number", i);
+        c->rope_div[i++] = (float)e->valuedouble;
+    }
+    if (c->rope_type == ROPE_PLAIN)
+        c->rope_type = ROPE_FREQS;
+    return 0;
 }
 
 static int check_config(const cJSON *root, model_config *c)
 {
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    int llama = 0;
+    const arch_desc *fam = NULL;
     const cJSON *a;
-    cJSON_ArrayForEach(a, arch) if (cJSON_IsString(a) && !strcmp(a->valuestring, "LlamaForCausalLM")) llama = 1;
-    if (!arch && cJSON_IsString(type) && !strcmp(type->valuestring, "llama"))
-        llama = 1;
-    if (!llama) {
+    cJSON_ArrayForEach(a, arch) if (!fam && cJSON_IsString(a)) fam = arch_by_hf(a->valuestring, NULL);
+    if (!arch && cJSON_IsString(type))
+        fam = arch_by_hf(NULL, type->valuestring);
+    if (!fam) {
         const cJSON *first = cJSON_GetArrayItem(arch, 0);
-        return rd_fail(RD_ENOTSUP, "model: config.json: architecture '%.40s' is not supported (expected LlamaForCausalLM)",
+        return rd_fail(RD_ENOTSUP, "model: config.json: architecture '%.40s' is not supported (expected "
+                       "LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM)",
                        cJSON_IsString(first) ? first->valuestring
                        : cJSON_IsString(type) ? type->valuestring : "(none)");
     }
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    if (rs && !cJSON_IsNull(rs))
-        return rd_fail(RD_ENOTSUP, "model: config.json: rope_scaling is set; only plain RoPE (rope_scaling null) is supported");
-    if (cfg_true(root, "attention_bias") || cfg_true(root, "mlp_bias"))
-        return rd_fail(RD_ENOTSUP, "model: config.json: attention_bias/mlp_bias are not supported (Llama has none)");
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
         return rd_fail(RD_ENOTSUP, "model: config.json: hidden_act must be \"silu\" (SwiGLU)");
 
     int rc;
-    strcpy(c->arch, "llama");
+    snprintf(c->arch, sizeof c->arch, "%s", fam->name);
     if ((rc = cfg_int(root, "hidden_size", 1, 0, &c->dim))) return rc;
     if ((rc = cfg_int(root, "intermediate_size", 1, 0, &c->ffn_dim))) return rc;
     if ((rc = cfg_int(root, "num_attention_heads", 1, 0, &c->n_heads))) return rc;
@@ -91,20 +158,28 @@ static int check_config(const cJSON *root, model_config *c)
     if ((rc = cfg_float(root, "rope_theta", 10000.0, &c->rope_theta))) return rc;
     c->tied_embeddings = cfg_true(root, "tie_word_embeddings");
 
-    if (c->n_layers > 512 || c->dim % c->n_heads || c->n_heads % c->n_kv_heads || c->max_ctx > (1 << 24))
+    if (c->n_layers > 512 || c->n_heads % c->n_kv_heads || c->max_ctx > (1 << 24))
         return rd_fail(RD_EFORMAT,
                        "model: config.json: inconsistent shape: layers %d hidden %d heads %d kv_heads %d ctx %d "
-                       "(need hidden %% heads == 0, heads %% kv_heads == 0, layers <= 512)",
+                       "(need heads %% kv_heads == 0, layers <= 512)",
                        c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->max_ctx);
-    c->head_dim = c->dim / c->n_heads;
-    if (c->head_dim % 2)
-        return rd_fail(RD_EFORMAT, "model: config.json: head_dim %d must be even for RoPE", c->head_dim);
-    int32_t hd;
-    if ((rc = cfg_int(root, "head_dim", 0, c->head_dim, &hd))) return rc;
-    if (hd != c->head_dim)
-        return rd_fail(RD_ENOTSUP, "model: config.json: head_dim %d != hidden_size / num_attention_heads = %d", hd,
-                       c->head_dim);
-    return 0;
+    /* head_dim is explicit in Qwen3 (and may make the q width differ from
+     * hidden_size); otherwise hidden_size / num_attention_heads. */
+    const cJSON *hdj = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+    if (hdj && !cJSON_IsNull(hdj)) {
+        if ((rc = cfg_int(root, "head_dim", 1, 0, &c->head_dim))) return rc;
+    } else {
+        if (c->dim % c->n_heads)
+            return rd_fail(RD_EFORMAT, "model: config.json: hidden_size %d is not a multiple of num_attention_heads "
+                           "%d and head_dim is absent", c->dim, c->n_heads);
+        c->head_dim = c->dim / c->n_heads;
+    }
+    if (c->head_dim % 2 || c->head_dim > MODEL_MAX_HEAD_DIM)
+        return rd_fail(RD_EFORMAT, "model: config.json: head_dim %d; expected an even number up to %d", c->head_dim,
+                       MODEL_MAX_HEAD_DIM);
+    if ((rc = rope_from_hf(root, c)))
+        return rc;
+    return fam->check_hf ? fam->check_hf(root, c) : 0;
 }
 
 int model_config_from_hf_json(const char *json, model_config *c)
@@ -120,12 +195,79 @@ int model_config_from_hf_json(const char *json, model_config *c)
     return rc;
 }
 
+/* Llama 3 parameters that reproduce divisors given as they are (a GGUF
+ * rope_freqs.weight): every released Llama 3.x uses low 1, high 4 and an
+ * original context of 8192; the factor is the largest divisor. 0 and *exact
+ * when they reproduce every divisor bit for bit, 0 when within 1e-5, -1 when
+ * no candidate fits. */
+static int recover_llama3(const model_config *c, model_config *out, int *exact)
+{
+    static const int32_t origs[] = {8192, 4096, 2048, 16384, 32768, 65536};
+    float fmax = 0;
+    for (int32_t i = 0; i < c->head_dim / 2; i++)
+        fmax = c->rope_div[i] > fmax ? c->rope_div[i] : fmax;
+    for (size_t k = 0; k < sizeof origs / sizeof origs[0]; k++) {
+        model_config t = *c;
+        t.rope_type = ROPE_LLAMA3;
+        t.rope_factor = fmax;
+        t.rope_low_freq = 1.0f;
+        t.rope_high_freq = 4.0f;
+        t.rope_orig_ctx = origs[k];
+        if (model_rope_divisors(&t))
+            continue;
+        int close = 1, same = 1;
+        for (int32_t i = 0; i < c->head_dim / 2; i++) {
+            same &= t.rope_div[i] == c->rope_div[i];
+            close &= fabs((double)t.rope_div[i] - c->rope_div[i]) <= 1e-5 * c->rope_div[i];
+        }
+        if (close) {
+            *out = t;
+            *exact = same;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int rope_to_hf(const model_config *c, cJSON *o)
+{
+    model_config p = *c;
+    int exact = 1;
+    if (c->rope_type == ROPE_FREQS && recover_llama3(c, &p, &exact))
+        return rd_fail(RD_ENOTSUP, "model: export: the RoPE divisors (rope_freqs.weight) match no llama3 "
+                                   "rope_scaling (low 1, high 4); config.json cannot express them");
+    if (p.rope_type == ROPE_PLAIN) {
+        cJSON_AddNullToObject(o, "rope_scaling");
+        return 0;
+    }
+    cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+    cJSON_AddStringToObject(rs, "rope_type", p.rope_type == ROPE_LINEAR ? "linear" : "llama3");
+    cJSON_AddNumberToObject(rs, "factor", (double)p.rope_factor);
+    if (p.rope_type == ROPE_LLAMA3) {
+        cJSON_AddNumberToObject(rs, "low_freq_factor", (double)p.rope_low_freq);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", (double)p.rope_high_freq);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", p.rope_orig_ctx);
+    }
+    /* Divisors the parameters reproduce only to rounding travel as they
+     * are, so a reload is bit-identical (model_config_from_hf_json prefers them). */
+    if (!exact) {
+        cJSON *ex = cJSON_AddArrayToObject(o, "rolloutd_rope_divisors");
+        for (int32_t i = 0; i < c->head_dim / 2; i++)
+            cJSON_AddItemToArray(ex, cJSON_CreateNumber((double)c->rope_div[i]));
+    }
+    return 0;
+}
+
 int model_config_to_hf_json(const model_config *c, const char *torch_dtype, char **out)
 {
+    *out = NULL;
+    const arch_desc *fam = arch_by_name(c->arch, strlen(c->arch));
+    if (!fam)
+        return rd_fail(RD_ENOTSUP, "model: export: architecture '%.31s' is not supported", c->arch);
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-    cJSON_AddStringToObject(o, "model_type", "llama");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(fam->hf_class));
+    cJSON_AddStringToObject(o, "model_type", fam->hf_model_type);
     cJSON_AddNumberToObject(o, "hidden_size", c->dim);
     cJSON_AddNumberToObject(o, "intermediate_size", c->ffn_dim);
     cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
@@ -138,11 +280,15 @@ int model_config_to_hf_json(const model_config *c, const char *torch_dtype, char
      * round-trip it, so a reload gets the identical float. */
     cJSON_AddNumberToObject(o, "rms_norm_eps", (double)c->norm_eps);
     cJSON_AddNumberToObject(o, "rope_theta", (double)c->rope_theta);
-    cJSON_AddNullToObject(o, "rope_scaling");
+    int rc = rope_to_hf(c, o);
+    if (rc) {
+        cJSON_Delete(o);
+        return rc;
+    }
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
-    cJSON_AddBoolToObject(o, "attention_bias", 0);
-    cJSON_AddBoolToObject(o, "mlp_bias", 0);
+    if (fam->hf_extra)
+        fam->hf_extra(o, c);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype);
     *out = cJSON_Print(o);
     cJSON_Delete(o);
@@ -234,6 +380,10 @@ int model_load_hf(const char *path, rd_backend *be, model **out)
     st_set *s;
     if ((rc = st_set_open(path, &s)))
         return rc;
+    /* A checkpoint without lm_head.weight ties it to the embedding whatever
+     * tie_word_embeddings says (as transformers does when loading it). */
+    if (!cfg.tied_embeddings && !st_set_find(s, "lm_head.weight"))
+        cfg.tied_embeddings = 1;
     st_source src = {.s = s, .path = path};
     rc = model_build(&cfg, be, st_fetch, &src, out);
     st_set_close(s);
@@ -272,46 +422,68 @@ static int ex_fill(void *ctx, size_t i, float *dst)
     return 0;
 }
 
-/* Every weight as an HF tensor: its name and where it lives in the backend
- * (a row slice of a fused linear, or a vector). names and parts hold
- * n_layers * 9 + 3 entries; returns how many were filled. */
-static size_t export_plan(const model *m, char (*names)[96], ex_part *parts)
+/* Tensors the model exports (the family's table, each layer's once). */
+static size_t export_count(const model *m)
+{
+    size_t n = 0;
+    for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+        const arch_tensor *t = &m->arch->tensors[i];
+        if (arch_tensor_present(&m->cfg, t))
+            n += arch_group_per_layer(t->group) ? (size_t)m->cfg.n_layers : 1;
+    }
+    return n;
+}
+
+static size_t plan_one(const model *m, const arch_tensor *t, int32_t l, char (*names)[96], ex_part *parts, size_t k)
 {
     const model_config *c = &m->cfg;
-    const int32_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
+    arch_hf_name(t, l, names[k], sizeof names[k]);
+    void *buf = *model_weight_slot((model *)m, t->group, l);
+    int64_t at = arch_tensor_row0(m->arch, c, t);
+    if (arch_group_is_linear(t->group))
+        parts[k] = (ex_part){.linear = buf, .row0 = at, .rows = arch_dim_value(c, t->rows),
+                             .cols = arch_dim_value(c, t->cols)};
+    else
+        parts[k] = (ex_part){.vec = (const float *)buf + at, .rows = 1, .cols = arch_dim_value(c, t->cols)};
+    return k + 1;
+}
+
+/* Every weight as an HF tensor: its name and where it lives in the backend
+ * (a row slice of a fused linear, or a slice of a vector), in the table's
+ * order: the model-wide tensors listed before the layers, every layer's,
+ * then the rest. names and parts hold export_count() entries; returns how
+ * many were filled. */
+static size_t export_plan(const model *m, char (*names)[96], ex_part *parts)
+{
+    const arch_desc *a = m->arch;
+    int32_t first = 0;
+    while (first < a->n_tensors && !arch_group_per_layer(a->tensors[first].group))
+        first++;
     size_t k = 0;
-#define ADD(nm_fmt, lay, lin, vec_, r0, r, cl)                                                          \
-    do {                                                                                                \
-        snprintf(names[k], sizeof names[k], nm_fmt, lay);                                               \
-        parts[k++] = (ex_part){.linear = (lin), .vec = (vec_), .row0 = (r0), .rows = (r), .cols = (cl)}; \
-    } while (0)
-    ADD("model.embed_tokens.weight%.0d", 0, m->embed, NULL, 0, c->vocab, d);
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        ADD("model.layers.%d.self_attn.q_proj.weight", l, L->qkv, NULL, 0, nh * hd, d);
-        ADD("model.layers.%d.self_attn.k_proj.weight", l, L->qkv, NULL, nh * hd, nkv * hd, d);
-        ADD("model.layers.%d.self_attn.v_proj.weight", l, L->qkv, NULL, (nh + nkv) * hd, nkv * hd, d);
-        ADD("model.layers.%d.self_attn.o_proj.weight", l, L->o, NULL, 0, d, nh * hd);
-        ADD("model.layers.%d.mlp.gate_proj.weight", l, L->gate_up, NULL, 0, f, d);
-        ADD("model.layers.%d.mlp.up_proj.weight", l, L->gate_up, NULL, f, f, d);
-        ADD("model.layers.%d.mlp.down_proj.weight", l, L->down, NULL, 0, d, f);
-        ADD("model.layers.%d.input_layernorm.weight", l, (const void *)NULL, L->attn_norm, 0, 1, d);
-        ADD("model.layers.%d.post_attention_layernorm.weight", l, (const void *)NULL, L->ffn_norm, 0, 1, d);
-    }
-    ADD("model.norm.weight%.0d", 0, (const void *)NULL, m->out_norm, 0, 1, d);
-    if (!c->tied_embeddings)
-        ADD("lm_head.weight%.0d", 0, m->lm_head, NULL, 0, c->vocab, d);
-#undef ADD
+    for (int32_t i = 0; i < first; i++)
+        if (arch_tensor_present(&m->cfg, &a->tensors[i]))
+            k = plan_one(m, &a->tensors[i], -1, names, parts, k);
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int32_t i = first; i < a->n_tensors; i++)
+            if (arch_group_per_layer(a->tensors[i].group))
+                k = plan_one(m, &a->tensors[i], l, names, parts, k);
+    for (int32_t i = first; i < a->n_tensors; i++)
+        if (!arch_group_per_layer(a->tensors[i].group) && arch_tensor_present(&m->cfg, &a->tensors[i]))
+            k = plan_one(m, &a->tensors[i], -1, names, parts, k);
     return k;
 }
 
 /* Floats of the largest linear read back whole (fused q|k|v, gate|up, or the embedding). */
-static size_t export_buf_floats(const model_config *c)
+static size_t export_buf_floats(const model *m)
 {
-    size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim * c->dim;
-    size_t gu = (size_t)2 * c->ffn_dim * c->dim, emb = (size_t)c->vocab * c->dim;
-    size_t big = qkv > gu ? qkv : gu;
-    return big > emb ? big : emb;
+    size_t big = 0;
+    for (int g = 0; g < AG_COUNT; g++) {
+        int64_t rows, cols;
+        arch_group_shape(m->arch, &m->cfg, (arch_group)g, &rows, &cols);
+        if ((size_t)(rows * cols) > big)
+            big = (size_t)(rows * cols);
+    }
+    return big;
 }
 
 int model_export_hf(const model *m, const char *dir, st_dtype dtype)
@@ -325,11 +497,11 @@ int model_export_hf(const model *m, const char *dir, st_dtype dtype)
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return rd_fail(RD_EIO, "model: cannot create '%s': %s", dir, strerror(errno));
 
-    size_t n = (size_t)c->n_layers * 9 + 3;
+    size_t n = export_count(m);
     st_spec *specs = calloc(n, sizeof *specs);
     ex_part *parts = calloc(n, sizeof *parts);
     char (*names)[96] = calloc(n, sizeof *names);
-    float *buf = malloc(export_buf_floats(c) * sizeof(float));
+    float *buf = malloc(export_buf_floats(m) * sizeof(float));
     char *json = NULL;
     int rc = 0;
     if (!specs || !parts || !names || !buf) {
@@ -381,17 +553,16 @@ int model_export_mem(const model *m, st_dtype dtype, model_hf_tensor **out, size
 {
     *out = NULL;
     *n_out = 0;
-    const model_config *c = &m->cfg;
     rd_backend *be = m->be;
     if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
         return rd_fail(RD_EINVAL, "model: export dtype %s is not f32, f16 or bf16", st_dtype_name(dtype));
     if (!be->ops->linear_read)
         return rd_fail(RD_ENOTSUP, "model: the %s backend cannot read weights back", be->ops->name);
-    size_t n = (size_t)c->n_layers * 9 + 3;
+    size_t n = export_count(m);
     model_hf_tensor *ts = calloc(n, sizeof *ts);
     ex_part *parts = calloc(n, sizeof *parts);
     char (*names)[96] = calloc(n, sizeof *names);
-    size_t big = export_buf_floats(c);
+    size_t big = export_buf_floats(m);
     float *buf = malloc(big * sizeof(float)), *one = malloc(big * sizeof(float));
     int rc = 0;
     size_t k = 0;

@@ -1,7 +1,8 @@
 /* runner.c - the forward pass (see runner.h). Data flow per step:
- * embed -> for each layer [rmsnorm -> qkv -> rope -> kv_write -> attention ->
- * o (+residual) -> rmsnorm -> gate_up -> swiglu -> down (+residual)] ->
- * gather logit rows -> rmsnorm -> lm_head -> host. */
+ * embed -> for each layer the family's recipe (runner_layer_decoder: rmsnorm
+ * -> qkv -> rope -> kv_write -> attention -> o (+residual) -> rmsnorm ->
+ * gate_up -> swiglu -> down (+residual)) -> gather logit rows -> rmsnorm ->
+ * lm_head -> host. */
 #include "engine/runner.h"
 
 #include <math.h>
@@ -27,6 +28,11 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
     if (n_blocks <= 0 || block_size <= 0 || max_rows <= 0 || max_logits <= 0)
         return rd_fail(RD_EINVAL, "runner: blocks %d, block size %d, rows %d, logits %d must be positive",
                        n_blocks, block_size, max_rows, max_logits);
+    /* A backend without an op the family's layers use cannot run the model. */
+    for (int32_t l = 0; l < c->n_layers; l++)
+        if ((m->layers[l].qkv_bias && !m->be->ops->add_bias) || (m->layers[l].q_norm && !m->be->ops->head_rmsnorm))
+            return rd_fail(RD_ENOTSUP, "runner: the %s backend has no %s op, which %s models need", m->be->ops->name,
+                           m->layers[l].qkv_bias ? "add_bias" : "head_rmsnorm", c->arch);
     r->m = m;
     r->be = m->be;
     r->attn = (rd_attn_shape){c->n_heads, c->n_kv_heads, c->head_dim, block_size,
@@ -140,8 +146,7 @@ int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_
     return 0;
 }
 
-/* embed -> layers over the step's M rows (step metadata already uploaded). */
-static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
+void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
 {
     const model *m = r->m;
     const model_config *c = &m->cfg;
@@ -149,23 +154,36 @@ static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
     const rd_backend_ops *op = be->ops;
     const int32_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     const int32_t qkv_dim = (nh + 2 * nkv) * hd;
+    const model_layer *L = &m->layers[l];
 
-    op->embed(be, m->embed, sd->token_ids, M, r->x);
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, r->xn);
-        op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
-        /* q and k heads are adjacent in a qkv row: one call rotates both */
-        op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, m->rope);
-        op->kv_write(be, &r->attn, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd,
-                     r->k_cache[l], r->v_cache[l]);
-        op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
-        op->linear(be, L->o, r->att, M, r->x, 1);
-        op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, r->xn);
-        op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
-        op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
-        op->linear(be, L->down, r->ff, M, r->x, 1);
+    op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, r->xn);
+    op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
+    if (L->qkv_bias)
+        op->add_bias(be, r->qkv, qkv_dim, M, qkv_dim, L->qkv_bias);
+    if (L->q_norm) {
+        op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps);
+        op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps);
     }
+    /* q and k heads are adjacent in a qkv row: one call rotates both */
+    op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, m->rope);
+    op->kv_write(be, &r->attn, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l],
+                 r->v_cache[l]);
+    op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
+    op->linear(be, L->o, r->att, M, r->x, 1);
+    op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, r->xn);
+    op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
+    op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
+    op->linear(be, L->down, r->ff, M, r->x, 1);
+}
+
+/* embed -> the family's layer recipe for each layer (step metadata already uploaded). */
+static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
+{
+    const model *m = r->m;
+    rd_backend *be = r->be;
+    be->ops->embed(be, m->embed, sd->token_ids, M, r->x);
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        m->arch->layer(r, sd, M, l);
 }
 
 /* gather the logit rows -> final norm -> LM head (fp32 where the backend has one). */

@@ -22,7 +22,7 @@ typedef struct {
 #define RUNNER_MAX_GRAPHS 40
 #define RUNNER_GRAPH_MAX_BATCH 256
 
-typedef struct {
+typedef struct runner {
     model *m;                   /* not owned */
     rd_backend *be;             /* not owned */
     rd_attn_shape attn;
@@ -74,6 +74,12 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
  * 1, 2, 4 and the multiples of 8 up to 256 that holds m, or cap when that is
  * smaller; 0 when m > min(cap, 256) (the step runs uncaptured). */
 int32_t runner_graph_bucket(int32_t m, int32_t cap);
+
+/* The pre-norm decoder layer (Llama, Qwen2, Qwen3) over M rows of layer l:
+ * rmsnorm -> q|k|v (+ bias where the layer has one) -> per-head q/k norms
+ * (where it has them) -> RoPE -> KV write -> attention -> o (+residual) ->
+ * rmsnorm -> gate|up -> SwiGLU -> down (+residual). A family's arch_desc.layer. */
+void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
 
 /* Samples from the logit rows the last runner_forward left in the backend:
  * request i takes row reqs[i].row. On the device when the backend samples

@@ -13,69 +13,35 @@
 
 /* ---------------------------------------------------------------- names */
 
-/* The model weights an HF name can address. Fused groups (q|k|v, gate|up) are
- * one backend buffer; a tensor is a row range of its group. */
-enum { K_EMBED, K_LM_HEAD, K_NORM, K_Q, K_K, K_V, K_O, K_GATE, K_UP, K_DOWN, K_ATTN_NORM, K_FFN_NORM };
-enum { G_EMBED, G_LM_HEAD, G_NORM, G_QKV, G_O, G_GU, G_DOWN, G_ANORM, G_FNORM, G_COUNT };
-
-static const struct {
-    const char *suffix;         /* after "model.layers.N." */
-    int kind;
-} LAYER_TENSORS[] = {
-    {"self_attn.q_proj.weight", K_Q},       {"self_attn.k_proj.weight", K_K},
-    {"self_attn.v_proj.weight", K_V},       {"self_attn.o_proj.weight", K_O},
-    {"mlp.gate_proj.weight", K_GATE},       {"mlp.up_proj.weight", K_UP},
-    {"mlp.down_proj.weight", K_DOWN},       {"input_layernorm.weight", K_ATTN_NORM},
-    {"post_attention_layernorm.weight", K_FFN_NORM},
-};
-
-static int group_of(int kind)
+/* Resolves an HF name through the family's table: the tensor (its index,
+ * kind), layer (-1 for model-wide), shape [rows][cols] (rows 0: a vector of
+ * cols) and its first element inside its group's buffer. */
+static int resolve(const model_config *c, const char *name, int *kind, int *layer, int64_t *rows, int64_t *cols,
+                   int64_t *elem0)
 {
-    static const int g[] = {G_EMBED, G_LM_HEAD, G_NORM, G_QKV, G_QKV, G_QKV, G_O, G_GU, G_GU, G_DOWN, G_ANORM, G_FNORM};
-    return g[kind];
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    const arch_tensor *t;
+    int32_t l;
+    if (!a || arch_resolve_hf(a, c, name, &t, &l))
+        return -1;
+    *kind = (int)(t - a->tensors);
+    *layer = l;
+    int linear = arch_group_is_linear(t->group);
+    *rows = linear ? arch_dim_value(c, t->rows) : 0;
+    *cols = arch_dim_value(c, t->cols);
+    int64_t at = arch_tensor_row0(a, c, t);
+    if (linear) {
+        int64_t gr, gc;
+        arch_group_shape(a, c, t->group, &gr, &gc);
+        at *= gc;
+    }
+    *elem0 = at;
+    return 0;
 }
 
-/* Resolves an HF name: kind, layer (-1 for model-wide), shape [rows][cols]
- * (rows 0: a vector of cols) and the first row inside its fused group. */
-static int resolve(const model_config *c, const char *name, int *kind, int *layer, int64_t *rows, int64_t *cols,
-                   int64_t *row0)
+static int group_of(const model_config *c, int kind)
 {
-    const int64_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
-    int l = -1, n = 0;
-    *row0 = 0;
-    if (!strcmp(name, "model.embed_tokens.weight")) {
-        *kind = K_EMBED, *rows = c->vocab, *cols = d;
-    } else if (!strcmp(name, "lm_head.weight") && !c->tied_embeddings) {
-        *kind = K_LM_HEAD, *rows = c->vocab, *cols = d;
-    } else if (!strcmp(name, "model.norm.weight")) {
-        *kind = K_NORM, *rows = 0, *cols = d;
-    } else if (sscanf(name, "model.layers.%d.%n", &l, &n) == 1 && n > 0 && l >= 0 && l < c->n_layers) {
-        size_t k = 0, nk = sizeof LAYER_TENSORS / sizeof LAYER_TENSORS[0];
-        while (k < nk && strcmp(name + n, LAYER_TENSORS[k].suffix))
-            k++;
-        if (k == nk)
-            return -1;
-        /* The layer number must be written canonically ("3", not "03"). */
-        char canon[32];
-        snprintf(canon, sizeof canon, "model.layers.%d.", l);
-        if ((int)strlen(canon) != n || strncmp(canon, name, (size_t)n))
-            return -1;
-        *kind = LAYER_TENSORS[k].kind;
-        switch (*kind) {
-        case K_Q: *rows = nh * hd, *cols = d; break;
-        case K_K: *rows = nkv * hd, *cols = d, *row0 = nh * hd; break;
-        case K_V: *rows = nkv * hd, *cols = d, *row0 = (nh + nkv) * hd; break;
-        case K_O: *rows = d, *cols = nh * hd; break;
-        case K_GATE: *rows = f, *cols = d; break;
-        case K_UP: *rows = f, *cols = d, *row0 = f; break;
-        case K_DOWN: *rows = d, *cols = f; break;
-        default: *rows = 0, *cols = d; break;
-        }
-    } else {
-        return -1;
-    }
-    *layer = l;
-    return 0;
+    return (int)arch_by_name(c->arch, strlen(c->arch))->tensors[kind].group;
 }
 
 static uint32_t dtype_size(int dtype) { return dtype == UPD_F32 ? 4 : dtype == UPD_F16 || dtype == UPD_BF16 ? 2 : 0; }
@@ -118,9 +84,9 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         int64_t rows, cols, row0;
         char got[128], want[64];
         if (resolve(c, sp->name, &kind, &layer, &rows, &cols, &row0))
-            return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (expected HF Llama "
-                           "names such as model.layers.0.self_attn.q_proj.weight%s)",
-                           i, sp->name, c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
+            return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (a %s model; expected "
+                           "its HF names such as model.layers.0.self_attn.q_proj.weight%s)",
+                           i, sp->name, c->arch, c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
         for (int32_t j = 0; j < i; j++)
             if (!strcmp(specs[j].name, sp->name))
                 return rd_fail(RD_EINVAL, "update: tensor '%.200s' appears twice in the manifest (%d and %d)",
@@ -347,35 +313,12 @@ struct upd_patch {
     int applied;
 };
 
-/* The slot in the model that holds a group's buffer. */
-static void **slot_of(model *m, int group, int layer)
-{
-    switch (group) {
-    case G_EMBED: return &m->embed;
-    case G_LM_HEAD: return &m->lm_head;
-    case G_NORM: return (void **)&m->out_norm;
-    case G_QKV: return &m->layers[layer].qkv;
-    case G_O: return &m->layers[layer].o;
-    case G_GU: return &m->layers[layer].gate_up;
-    case G_DOWN: return &m->layers[layer].down;
-    case G_ANORM: return (void **)&m->layers[layer].attn_norm;
-    default: return (void **)&m->layers[layer].ffn_norm;
-    }
-}
-
 /* Rows and columns of a group's buffer (rows 0: a vector). */
 static void group_shape(const model_config *c, int group, int64_t *rows, int64_t *cols)
 {
-    const int64_t d = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, f = c->ffn_dim;
-    switch (group) {
-    case G_EMBED:
-    case G_LM_HEAD: *rows = c->vocab, *cols = d; break;
-    case G_QKV: *rows = (nh + 2 * nkv) * hd, *cols = d; break;
-    case G_O: *rows = d, *cols = nh * hd; break;
-    case G_GU: *rows = 2 * f, *cols = d; break;
-    case G_DOWN: *rows = d, *cols = f; break;
-    default: *rows = 0, *cols = d; break;
-    }
+    arch_group_shape(arch_by_name(c->arch, strlen(c->arch)), c, (arch_group)group, rows, cols);
+    if (!arch_group_is_linear((arch_group)group))
+        *rows = 0;
 }
 
 /* Converts a staged tensor to fp32, refusing non-finite values: a NaN weight
@@ -429,11 +372,11 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
     /* The groups touched, in model order; each once. */
-    int32_t n_slots = G_COUNT * (c->n_layers + 1);
+    int32_t n_slots = AG_COUNT * (c->n_layers + 1);
     uint8_t *touched = calloc((size_t)n_slots, 1);
     upd_patch *p = calloc(1, sizeof *p);
     int64_t big = 0;
-    for (int g = 0; g < G_COUNT; g++) {
+    for (int g = 0; g < AG_COUNT; g++) {
         int64_t r, cl;
         group_shape(c, g, &r, &cl);
         if ((r ? r : 1) * cl > big)
@@ -449,7 +392,7 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
     int rc = 0;
     for (int32_t i = 0; i < s->n && !rc; i++) {
         const upd_tensor *t0 = &s->t[i];
-        int g = group_of(t0->kind), l = t0->layer;
+        int g = group_of(c, t0->kind), l = t0->layer;
         int32_t key = g * (c->n_layers + 1) + (l + 1);
         if (touched[key])
             continue;
@@ -459,10 +402,10 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         /* Rows of the group the stage covers; read the rest from the model. */
         int64_t covered = 0;
         for (int32_t j = i; j < s->n; j++)
-            if (group_of(s->t[j].kind) == g && s->t[j].layer == l)
+            if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l)
                 covered += (int64_t)(s->t[j].nbytes / dtype_size(s->t[j].dtype));
         int64_t elems = (rows ? rows : 1) * cols;
-        void **slot = slot_of((model *)m, g, l);
+        void **slot = model_weight_slot((model *)m, (arch_group)g, l);
         if (covered < elems) {
             if (rows && (rc = be->ops->linear_read(be, *slot, buf)))
                 break;
@@ -471,12 +414,12 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         }
         for (int32_t j = i; j < s->n && !rc; j++) {
             const upd_tensor *t = &s->t[j];
-            if (group_of(t->kind) != g || t->layer != l)
+            if (group_of(c, t->kind) != g || t->layer != l)
                 continue;
             int kind, layer;
-            int64_t tr, tc, row0;
-            resolve(c, t->name, &kind, &layer, &tr, &tc, &row0);
-            rc = to_f32(t, buf + row0 * cols, (uint64_t)((tr ? tr : 1) * tc));
+            int64_t tr, tc, elem0;
+            resolve(c, t->name, &kind, &layer, &tr, &tc, &elem0);
+            rc = to_f32(t, buf + elem0, (uint64_t)((tr ? tr : 1) * tc));
         }
         if (rc)
             break;
@@ -512,7 +455,7 @@ void upd_apply(model *m, upd_patch *p)
     if (p->applied)
         return;
     for (int32_t i = 0; i < p->n; i++) {
-        void **slot = slot_of(m, p->e[i].group, p->e[i].layer);
+        void **slot = model_weight_slot(m, (arch_group)p->e[i].group, p->e[i].layer);
         void *old = *slot;
         *slot = p->e[i].ptr;
         p->e[i].ptr = old;

@@ -317,19 +317,90 @@ static void test_hf_config(void)
     int rc = model_config_from_hf_json(text, &c2);
     free(text);
     CHECK(rc == 0 && !memcmp(&c, &c2, sizeof c), "config round trip");
+    /* linear scaling: every divisor is the factor */
     snprintf(j, sizeof j, base, ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}");
-    CHECK(model_config_from_hf_json(j, &c) == RD_ENOTSUP && strstr(rd_errmsg(), "rope_scaling"), "%s", rd_errmsg());
+    CHECK_OK(model_config_from_hf_json(j, &c));
+    CHECK(c.rope_type == ROPE_LINEAR && c.rope_div[0] == 2.0f && c.rope_div[7] == 2.0f, "linear divisors");
+    /* a type the engine does not implement is an error naming it, never plain RoPE */
+    snprintf(j, sizeof j, base, ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}");
+    CHECK(model_config_from_hf_json(j, &c) == RD_ENOTSUP && strstr(rd_errmsg(), "yarn"), "%s", rd_errmsg());
+    snprintf(j, sizeof j, base, ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}");
+    CHECK(model_config_from_hf_json(j, &c) == RD_EFORMAT && strstr(rd_errmsg(), "low_freq_factor"), "%s",
+          rd_errmsg());
     snprintf(j, sizeof j, base, ",\"rope_scaling\":null");
     CHECK_OK(model_config_from_hf_json(j, &c));
-    CHECK(model_config_from_hf_json("{\"architectures\":[\"Qwen2ForCausalLM\"]}", &c) == RD_ENOTSUP &&
-              strstr(rd_errmsg(), "Qwen2ForCausalLM"),
+    CHECK(model_config_from_hf_json("{\"architectures\":[\"MistralForCausalLM\"]}", &c) == RD_ENOTSUP &&
+              strstr(rd_errmsg(), "MistralForCausalLM"),
           "%s", rd_errmsg());
     CHECK(model_config_from_hf_json("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64}", &c) ==
                   RD_EFORMAT &&
               strstr(rd_errmsg(), "intermediate_size"),
           "%s", rd_errmsg());
+    /* an explicit head_dim sets the q width (4 x 32 = 128 over hidden 64) */
     snprintf(j, sizeof j, base, ",\"head_dim\":32");
-    CHECK(model_config_from_hf_json(j, &c) == RD_ENOTSUP && strstr(rd_errmsg(), "head_dim"), "%s", rd_errmsg());
+    CHECK_OK(model_config_from_hf_json(j, &c));
+    CHECK(c.head_dim == 32 && c.dim == 64, "explicit head_dim");
+    snprintf(j, sizeof j, base, ",\"head_dim\":7");
+    CHECK(model_config_from_hf_json(j, &c) == RD_EFORMAT && strstr(rd_errmsg(), "head_dim"), "%s", rd_errmsg());
+    snprintf(j, sizeof j, base, ",\"attention_bias\":true");
+    CHECK(model_config_from_hf_json(j, &c) == RD_ENOTSUP && strstr(rd_errmsg(), "attention_bias"), "%s",
+          rd_errmsg());
+}
+
+/* The families' own rules and the round trip of each family's config. */
+static void test_hf_config_families(void)
+{
+    const char *base = "{\"architectures\":[\"%s\"],\"hidden_size\":64,\"intermediate_size\":128,"
+                       "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":2,"
+                       "\"vocab_size\":300,\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-06,"
+                       "\"rope_theta\":500000.0,\"tie_word_embeddings\":false%s}";
+    char j[1024];
+    model_config c, c2;
+    snprintf(j, sizeof j, base, "Qwen2ForCausalLM", ",\"use_sliding_window\":false");
+    CHECK_OK(model_config_from_hf_json(j, &c));
+    CHECK(!strcmp(c.arch, "qwen2"), "qwen2 arch %s", c.arch);
+    snprintf(j, sizeof j, base, "Qwen2ForCausalLM", ",\"use_sliding_window\":true");
+    CHECK(model_config_from_hf_json(j, &c) == RD_ENOTSUP && strstr(rd_errmsg(), "use_sliding_window"), "%s",
+          rd_errmsg());
+    snprintf(j, sizeof j, base, "Qwen3ForCausalLM", ",\"head_dim\":32,\"attention_bias\":false");
+    CHECK_OK(model_config_from_hf_json(j, &c));
+    CHECK(!strcmp(c.arch, "qwen3") && c.head_dim == 32, "qwen3 %s hd %d", c.arch, c.head_dim);
+    snprintf(j, sizeof j, base, "Qwen3ForCausalLM", ",\"attention_bias\":true");
+    CHECK(model_config_from_hf_json(j, &c) == RD_ENOTSUP && strstr(rd_errmsg(), "attention_bias"), "%s",
+          rd_errmsg());
+
+    /* Llama 3: the divisors follow transformers' rule: 1 above the high
+     * frequency cut, the factor below the low one, smooth in between. */
+    snprintf(j, sizeof j, base, "LlamaForCausalLM",
+             ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+             "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}");
+    CHECK_OK(model_config_from_hf_json(j, &c));
+    CHECK(c.rope_type == ROPE_LLAMA3 && c.rope_div[0] == 1.0f && c.rope_div[7] == 8.0f, "llama3 ends %g %g",
+          c.rope_div[0], c.rope_div[7]);
+    int smooth = 0;
+    for (int i = 0; i < 8; i++) {
+        double inv = pow(500000.0, -2.0 * i / 16), wl = 2 * M_PI / inv;
+        if (wl >= 64 / 4.0 && wl <= 64 / 1.0) {
+            double s = (64 / wl - 1.0) / 3.0, want = 1.0 / ((1 - s) / 8.0 + s);
+            CHECK(fabs(c.rope_div[i] - want) < 1e-6 * want, "smooth divisor %d: %g vs %g", i, c.rope_div[i], want);
+            smooth++;
+        }
+    }
+    CHECK(smooth > 0, "no divisor in the smooth region: the case checks nothing");
+    const char *fams[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    for (int f = 0; f < 3; f++) {
+        snprintf(j, sizeof j, base, fams[f], f == 0 ? ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+                                                      "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                                                      "\"original_max_position_embeddings\":64}"
+                                                    : f == 2 ? ",\"head_dim\":32" : "");
+        CHECK_OK(model_config_from_hf_json(j, &c));
+        char *text;
+        CHECK_OK(model_config_to_hf_json(&c, "bfloat16", &text));
+        int rc = model_config_from_hf_json(text, &c2);
+        CHECK(rc == 0 && !memcmp(&c, &c2, sizeof c), "%s config round trip: %s", fams[f], text);
+        CHECK(strstr(text, fams[f]) != NULL, "%s: exported class", fams[f]);
+        free(text);
+    }
 }
 
 int main(void)
@@ -344,5 +415,6 @@ int main(void)
     RUN(test_writer_round_trip);
     RUN(test_sharded_folder);
     RUN(test_hf_config);
+    RUN(test_hf_config_families);
     TEST_EXIT();
 }
