@@ -195,47 +195,92 @@ int model_config_from_hf_json(const char *json, model_config *c)
     return rc;
 }
 
-/* Llama 3 parameters that reproduce divisors given as they are (a GGUF
- * rope_freqs.weight): every released Llama 3.x uses low 1, high 4 and an
- * original context of 8192; the factor is the largest divisor. 0 and *exact
- * when they reproduce every divisor bit for bit, 0 when within 1e-5, -1 when
- * no candidate fits. */
-static int recover_llama3(const model_config *c, model_config *out, int *exact)
+/* Scaling parameters that reproduce divisors given as they are (a GGUF
+ * rope_freqs.weight), for config.json. All 1: plain; all equal: linear;
+ * else llama3, whose divisors are 1, the factor, or 1 / ((1-s)/f + s) with
+ * s = (orig/wl - low) / (high - low) linear in 1/wl. Only the line matters
+ * (low, high and orig scaled together give the same divisors), so low is
+ * taken as 1 and the line fitted through the smooth divisors; with fewer
+ * than two of them high = 4, as in every released Llama 3.x. 0 and *exact
+ * when they reproduce every divisor bit for bit, 0 when within 1e-5, -1
+ * when none fit. */
+static int recover_scaling(const model_config *c, model_config *out, int *exact)
 {
-    static const int32_t origs[] = {8192, 4096, 2048, 16384, 32768, 65536};
-    float fmax = 0;
-    for (int32_t i = 0; i < c->head_dim / 2; i++)
+    const int32_t half = c->head_dim / 2;
+    float fmax = 0, fmin = INFINITY;
+    for (int32_t i = 0; i < half; i++) {
         fmax = c->rope_div[i] > fmax ? c->rope_div[i] : fmax;
-    for (size_t k = 0; k < sizeof origs / sizeof origs[0]; k++) {
-        model_config t = *c;
+        fmin = c->rope_div[i] < fmin ? c->rope_div[i] : fmin;
+    }
+    model_config t = *c;
+    if (fmin == fmax) {
+        t.rope_type = fmax == 1.0f ? ROPE_PLAIN : ROPE_LINEAR;
+        t.rope_factor = fmax;
+    } else {
+        /* (x, s) of the smooth divisors: x = 1/wl */
+        double x0 = 0, s0 = 0, x1 = 0, s1 = 0;
+        int n = 0;
+        for (int32_t i = 0; i < half; i++) {
+            double d = c->rope_div[i];
+            if (d <= 1.0 * (1 + 1e-6) || d >= fmax * (1 - 1e-6))
+                continue;
+            double x = pow((double)c->rope_theta, -2.0 * i / c->head_dim) / (2.0 * M_PI);
+            double sm = (1.0 / d - 1.0 / fmax) / (1.0 - 1.0 / fmax);
+            if (n++ == 0)
+                x0 = x, s0 = sm;
+            else
+                x1 = x, s1 = sm;
+        }
+        double high = 4.0, orig;
+        if (n >= 2) {
+            double A = (s1 - s0) / (x1 - x0), B = A * x0 - s0; /* s = A x - B */
+            if (!(B > 0) || !(A > 0))
+                return -1;
+            high = 1.0 + 1.0 / B;
+            orig = A / B;
+        } else if (n == 1) {
+            orig = (s0 * (high - 1.0) + 1.0) / x0;
+        } else {
+            /* no smooth divisor: any orig between the last kept and the first
+             * scaled wavelength (times high) fits; take their geometric mean */
+            double wl_keep = 0, wl_scaled = INFINITY;
+            for (int32_t i = 0; i < half; i++) {
+                double wl = 2.0 * M_PI / pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+                if (c->rope_div[i] == 1.0f && wl > wl_keep)
+                    wl_keep = wl;
+                if (c->rope_div[i] == fmax && wl < wl_scaled)
+                    wl_scaled = wl;
+            }
+            orig = sqrt(wl_keep * high * wl_scaled);
+        }
+        if (!(orig >= 1 && orig < 1e9))
+            return -1;
         t.rope_type = ROPE_LLAMA3;
         t.rope_factor = fmax;
         t.rope_low_freq = 1.0f;
-        t.rope_high_freq = 4.0f;
-        t.rope_orig_ctx = origs[k];
-        if (model_rope_divisors(&t))
-            continue;
-        int close = 1, same = 1;
-        for (int32_t i = 0; i < c->head_dim / 2; i++) {
-            same &= t.rope_div[i] == c->rope_div[i];
-            close &= fabs((double)t.rope_div[i] - c->rope_div[i]) <= 1e-5 * c->rope_div[i];
-        }
-        if (close) {
-            *out = t;
-            *exact = same;
-            return 0;
-        }
+        t.rope_high_freq = (float)high;
+        t.rope_orig_ctx = (int32_t)lround(orig);
     }
-    return -1;
+    if (model_rope_divisors(&t))
+        return -1;
+    int same = 1;
+    for (int32_t i = 0; i < half; i++) {
+        same &= t.rope_div[i] == c->rope_div[i];
+        if (!(fabs((double)t.rope_div[i] - c->rope_div[i]) <= 1e-5 * c->rope_div[i]))
+            return -1;
+    }
+    *out = t;
+    *exact = same;
+    return 0;
 }
 
 static int rope_to_hf(const model_config *c, cJSON *o)
 {
     model_config p = *c;
     int exact = 1;
-    if (c->rope_type == ROPE_FREQS && recover_llama3(c, &p, &exact))
-        return rd_fail(RD_ENOTSUP, "model: export: the RoPE divisors (rope_freqs.weight) match no llama3 "
-                                   "rope_scaling (low 1, high 4); config.json cannot express them");
+    if (c->rope_type == ROPE_FREQS && recover_scaling(c, &p, &exact))
+        return rd_fail(RD_ENOTSUP, "model: export: the RoPE divisors (rope_freqs.weight) fit no llama3 or linear "
+                                   "rope_scaling; config.json cannot express them");
     if (p.rope_type == ROPE_PLAIN) {
         cJSON_AddNullToObject(o, "rope_scaling");
         return 0;

@@ -6,7 +6,7 @@
  *   rollout-gpubench invariance --model PATH [--tokens 32]
  *   rollout-gpubench sampler    --model PATH
  *   rollout-gpubench engine     --model PATH [--batches 1,32] [--tokens 128]
- *   rollout-gpubench bench      (--model PATH | --synthetic 1b|tiny) [--batches 1,8,32,128,256]
+ *   rollout-gpubench bench      (--model PATH | --synthetic 1b|qwen3-1.7b|qwen3-0.6b|tiny) [--batches 1,8,32,128,256]
  *                               [--prompt 128] [--steps 32] [--bw GBPS] [--label NAME]
  * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU).
  *
@@ -665,6 +665,17 @@ static int synth_config(const char *which, model_config *c)
     } else if (!strcmp(which, "tiny")) {
         c->n_layers = 2, c->dim = 64, c->n_heads = 4, c->n_kv_heads = 2, c->ffn_dim = 128;
         c->vocab = 300, c->max_ctx = 1024, c->rope_theta = 10000.0f;
+    } else if (!strcmp(which, "qwen3-1.7b") || !strcmp(which, "qwen3-0.6b")) {
+        /* Qwen3's shapes: q width 16 x 128 = 2048 (1.7B: = hidden; 0.6B: over
+         * hidden 1024), per-head q/k norms, tied embeddings, 151,936 tokens. */
+        strcpy(c->arch, "qwen3");
+        int big = !strcmp(which, "qwen3-1.7b");
+        c->n_layers = 28, c->dim = big ? 2048 : 1024, c->n_heads = 16, c->n_kv_heads = 8;
+        c->ffn_dim = big ? 6144 : 3072, c->vocab = 151936, c->max_ctx = 4096, c->rope_theta = 1000000.0f;
+        c->head_dim = 128;
+        c->norm_eps = 1e-6f;
+        c->tied_embeddings = 1;
+        return 0;
     } else {
         return -1;
     }
@@ -686,7 +697,7 @@ static int cmd_bench(const opts *o)
     if (o->synthetic) {
         model_config cfg;
         if (synth_config(o->synthetic, &cfg)) {
-            fprintf(stderr, "%s: --synthetic expects 1b or tiny\n", P);
+            fprintf(stderr, "%s: --synthetic expects 1b, qwen3-1.7b, qwen3-0.6b or tiny\n", P);
             return 2;
         }
         if (rd_backend_create(o->backend, o->threads, &l.be))

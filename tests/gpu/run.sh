@@ -15,7 +15,8 @@
 #   engine    decode tokens/s through the whole engine at batch 1 and 32 on
 #             the default model, device vs host sampling side by side
 #   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
-#             roofline, on the default model and a synthetic 1.24 B Llama
+#             roofline, on the default model, a synthetic 1.24 B Llama and a
+#             synthetic Qwen3-1.7B
 #             (and, at the end, the 1B at 1, 32, 128, 256 with
 #             RD_CUDA_ACT=bf16 and =mixed)
 # Every stage has a timeout and the run goes on after a failure; the last
@@ -281,6 +282,9 @@ if [ "$DRY" = 0 ]; then
     record bench-default SKIP "no model file"
   fi
   run bench-1b 200 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
+  # Qwen3-1.7B's shape: head_dim 128, per-head q/k norms, a 151,936-row LM head.
+  run bench-qwen3-1.7b 200 "$BENCH" bench --synthetic qwen3-1.7b --bw "$BW" --batches 1,32,128 \
+    --json "$LOGS/bench-qwen3-1.7b.json" || true
   if [ "$HAVE_MODEL" = 1 ]; then
     run engine-default 60 "$BENCH" engine --model "$MODEL" --batches 1,32 --tokens 128 \
       --json "$LOGS/engine-default.json" || true

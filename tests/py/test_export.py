@@ -226,8 +226,16 @@ def corrupt_files_fail_cleanly():
     t = dict(w)
     t["model.layers.0.self_attn.k_proj.weight"] = t["model.layers.0.self_attn.k_proj.weight"][:16]
     bad("shape", "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [16, 64], expected [32, 64]", tensors=t)
-    bad("rope", "rope_scaling", cfg=lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0}))
-    bad("arch", "not supported", cfg=lambda c: c.update(architectures=["Qwen2ForCausalLM"]))
+    bad("rope", "rope_scaling type \"yarn\" is not supported",
+        cfg=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    bad("arch", "not supported", cfg=lambda c: c.update(architectures=["MistralForCausalLM"]))
+    # Llama tensors under a Qwen2 config: the family's table asks for the q bias
+    bad("qwen2-no-bias", "tensor 'model.layers.0.self_attn.q_proj.bias' missing",
+        cfg=lambda c: c.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
+    bad("qwen3-no-norm", "tensor 'model.layers.0.self_attn.q_norm.weight' missing",
+        cfg=lambda c: c.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3"))
+    bad("sliding", "use_sliding_window",
+        cfg=lambda c: c.update(architectures=["Qwen2ForCausalLM"], use_sliding_window=True))
     # no config.json at all
     d = os.path.join(WORK, "bad-noconfig")
     os.makedirs(d, exist_ok=True)

@@ -935,6 +935,32 @@ static void test_batch_invariance_tiny(void)
     CHECK(ok, "%s", why);
 }
 
+/* Every family: a greedy and a seeded sequence alone and inside a batch of
+ * 16 mixed-length requests, bit-identical (the Qwen2 bias, the Qwen3
+ * per-head norms and the scaled RoPE table are all row-local). */
+static const char *FAMILY_MODELS[] = {"tiny-qwen2", "tiny-qwen3", "tiny-llama3"};
+
+static void test_batch_invariance_families(void)
+{
+    for (size_t f = 0; f < sizeof FAMILY_MODELS / sizeof FAMILY_MODELS[0]; f++) {
+        rd_loaded l;
+        CHECK(load_tiny(FAMILY_MODELS[f], &l), "%s is not loaded (run tests/gen_testdata.sh %s): %s",
+              FAMILY_MODELS[f], testdata(), rd_errmsg());
+        bi_req *reqs = calloc(18, sizeof *reqs);
+        int ok = 0;
+        char why[400] = "oom";
+        if (reqs) {
+            make_batch(l.m, reqs, 3, l.m->cfg.vocab, 0, 1);
+            int order[18] = {2, 3, 4, 5, 6, 0, 7, 8, 9, 10, 11, 12, 1, 13, 14, 15, 16, 17};
+            int gaps[18] = {0, 0, 0, 1, 0, 2, 0, 0, 3, 0, 0, 1, 0, 2, 0, 0, 1, 0};
+            batch_case(l.m, reqs, 18, order, gaps, 64, 128, 1, why, sizeof why, &ok);
+        }
+        free(reqs);
+        rd_unload(&l);
+        CHECK(ok, "%s: %s", FAMILY_MODELS[f], why);
+    }
+}
+
 static rd_loaded real;
 static int real_ok = -1; /* -1: not tried */
 
@@ -1667,6 +1693,7 @@ int main(void)
     RUN(test_chunked_prefill_bitwise);
     RUN(test_preemption);
     RUN(test_batch_invariance_tiny);
+    RUN(test_batch_invariance_families);
     RUN(test_groups);
     RUN(test_bad_input);
     RUN(test_abort);
