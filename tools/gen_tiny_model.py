@@ -1,12 +1,29 @@
 #!/usr/bin/env python3
-"""Writes a tiny random Llama-architecture GGUF file, of any shape and dtype.
+"""Writes a tiny random GGUF file of the Llama, Qwen2 or Qwen3 family, of any shape and dtype.
 
 The model is made in Hugging Face layout (q_proj/k_proj rows in rotate-half
-order) and Q/K are permuted the way llama.cpp's convert_hf_to_gguf.py does,
-so a loader has to undo that exactly as it does for real files. 2-D weights
-(token_embd too) use --dtype; norm weights stay F32. The quantizers below
-follow ggml's reference ones (quantize_row_*_ref); the file is written with
-the `gguf` package's GGUFWriter.
+order). For --arch llama, Q/K are permuted the way llama.cpp's
+convert_hf_to_gguf.py does (llama.cpp runs Llama with interleaved-pair RoPE),
+so a loader has to undo that exactly as it does for real files; qwen2/qwen3
+run NEOX (rotate-half) RoPE in llama.cpp and the converter writes their rows
+unchanged. 2-D weights (token_embd too) use --dtype; 1-D tensors (norms,
+Qwen2's q/k/v biases, Qwen3's q_norm/k_norm, rope_freqs) stay F32. The
+quantizers below follow ggml's reference ones (quantize_row_*_ref); the file
+is written with the `gguf` package's GGUFWriter.
+
+Families (--arch; GGUF general.architecture and the `<arch>.` key prefix):
+  llama  no biases; rope.dimension_count written; Q/K permuted.
+  qwen2  blk.N.attn_{q,k,v}.bias (none on attn_output); needs heads*head_dim == dim
+         (llama.cpp's qwen2 loader shapes attn_q as [dim, dim]).
+  qwen3  blk.N.attn_{q,k}_norm.weight [head_dim], no biases; --head-dim may make
+         the q width heads*head_dim differ from --dim; attention.key_length and
+         value_length = head_dim.
+--rope-scaling llama3:FACTOR:LOW:HIGH:ORIG (llama only: llama.cpp's qwen graphs
+take no frequency factors and its loader rejects a file with an unused tensor)
+writes rope_freqs.weight [head_dim/2] F32, the per-frequency divisors of
+convert_hf_to_gguf.py (1, FACTOR or 1/((1-s)/FACTOR + s)), and no scaling key;
+--rope-scaling linear:FACTOR writes `<arch>.rope.scaling.type` = "linear" and
+`<arch>.rope.scaling.factor` (llama.cpp: freq_scale = 1/FACTOR), any family.
 
 The tokenizer is a small GPT-2 byte-level BPE: three control tokens, the 256
 byte tokens, then tokens learnt by BPE on a fixed text up to --vocab, with
@@ -18,9 +35,21 @@ little-endian float32, ggml row order) and DIR/meta.json with the config: an
 independent check of a C dequantizer.
 --hf-out FILE.npz writes the weights as the learner would hold them: the
 file's dequantized values with the Q/K permutation undone, under HF names.
+--hf-dir DIR writes the same values as a Hugging Face folder: DIR/config.json
+(the family's config, rope_scaling included) and DIR/model.safetensors (F32,
+or BF16 with --hf-dtype bf16, which rounds every weight to bf16 before the GGUF
+is written so that both files hold the same values; it needs --dtype f32 or
+bf16).
+
+The tokenizer's pre-tokenizer name (tokenizer.ggml.pre) is "smollm" for llama,
+"llama-bpe" for llama with llama3 scaling, "qwen2" for qwen2/qwen3; --pre
+overrides it.
 
   gen_tiny_model.py --out F.gguf --dtype q4_1 --layers 2 --dim 64 --heads 4 \\
       --kv-heads 2 --ffn 128 --vocab 300 --ctx 256 --rope-theta 10000 --seed 1
+  gen_tiny_model.py --arch qwen3 --out F.gguf --dim 64 --heads 4 --kv-heads 2 \\
+      --head-dim 32 --ctx 1024 --rope-theta 1e6 --hf-dir F.hf
+  gen_tiny_model.py --out F.gguf --rope-scaling llama3:8:1:4:256 --rope-theta 1000 --ctx 1024
 """
 import argparse
 import json
@@ -37,6 +66,7 @@ except ImportError:
     sys.exit("gen_tiny_model: the Python package `gguf` is missing (make setup)")
 
 DTYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1}
+ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}   # llama_ftype
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
@@ -213,8 +243,11 @@ def unpermute(w, n_head):
 def make_weights(a, rng):
     """HF state_dict (float32). Projections use std 1/sqrt(fan_in) so that
     activations stay O(1); embeddings use 2/sqrt(dim) so that (tied) logits
-    have a spread of a couple of units rather than all being ~equal."""
-    hd = a.dim // a.heads
+    have a spread of a couple of units rather than all being ~equal. The
+    tensors only Qwen has (biases, q_norm/k_norm) come from a second stream so
+    that a llama file's values do not depend on them."""
+    hd = a.head_dim
+    extra = np.random.default_rng([a.seed, 0x9E3779B9])
 
     def lin(out_f, in_f):
         return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)
@@ -234,23 +267,61 @@ def make_weights(a, rng):
         w[p + "mlp.gate_proj.weight"] = lin(a.ffn, a.dim)
         w[p + "mlp.up_proj.weight"] = lin(a.ffn, a.dim)
         w[p + "mlp.down_proj.weight"] = lin(a.dim, a.ffn)
+        if a.arch == "qwen2":
+            # Real Qwen2 biases are large next to the weights (q/k ones above
+            # all); 0.5 makes a missing bias show in every logit.
+            for n, rows in (("q", a.heads * hd), ("k", a.kv_heads * hd), ("v", a.kv_heads * hd)):
+                w[p + f"self_attn.{n}_proj.bias"] = (0.5 * extra.standard_normal(rows)).astype(np.float32)
+        if a.arch == "qwen3":
+            for n in ("q", "k"):
+                w[p + f"self_attn.{n}_norm.weight"] = (1.0 + 0.3 * extra.standard_normal(hd)).astype(np.float32)
     w["model.norm.weight"] = norm()
     if not a.tied:
         w["lm_head.weight"] = (rng.standard_normal((a.vocab, a.dim)) * 2 / np.sqrt(a.dim)).astype(np.float32)
     return w
 
 
+def llama3_divisors(theta, head_dim, factor, low, high, orig):
+    """rope_freqs.weight as convert_hf_to_gguf.py writes it for rope_type
+    "llama3": for each inv_i = theta^(-2i/d), wavelength wl = 2 pi / inv_i,
+    divisor 1 if wl < orig/high, FACTOR if wl > orig/low, otherwise
+    1 / ((1 - s)/FACTOR + s) with s = (orig/wl - low)/(high - low). Computed in
+    float64 (the converter uses float32 frequencies; the stored float32 values
+    agree except perhaps in the last bit), stored as float32."""
+    out = np.empty(head_dim // 2, dtype=np.float64)
+    for i in range(head_dim // 2):
+        inv = float(theta) ** (-2.0 * i / head_dim)
+        wl = 2.0 * np.pi / inv
+        if wl < orig / high:
+            out[i] = 1.0
+        elif wl > orig / low:
+            out[i] = factor
+        else:
+            sm = (orig / wl - low) / (high - low)
+            out[i] = 1.0 / ((1.0 - sm) / factor + sm)
+    return out.astype(np.float32)
+
+
 def gguf_tensors(a, hf):
-    """[(gguf name, hf name, array in GGUF row order, permute heads or 0)]."""
+    """[(gguf name, hf name or None, array in GGUF row order, permute heads or 0)].
+    Q/K are permuted only for llama (llama.cpp's LLAMA rope type is the
+    interleaved one; qwen2/qwen3 are NEOX, HF's rotate-half)."""
+    perm = a.arch == "llama"
     out = [("token_embd.weight", "model.embed_tokens.weight", 0)]
     for i in range(a.layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         out += [
             (b + "attn_norm.weight", p + "input_layernorm.weight", 0),
-            (b + "attn_q.weight", p + "self_attn.q_proj.weight", a.heads),
-            (b + "attn_k.weight", p + "self_attn.k_proj.weight", a.kv_heads),
+            (b + "attn_q.weight", p + "self_attn.q_proj.weight", a.heads if perm else 0),
+            (b + "attn_k.weight", p + "self_attn.k_proj.weight", a.kv_heads if perm else 0),
             (b + "attn_v.weight", p + "self_attn.v_proj.weight", 0),
-            (b + "attn_output.weight", p + "self_attn.o_proj.weight", 0),
+        ]
+        if a.arch == "qwen2":
+            out += [(b + f"attn_{n}.bias", p + f"self_attn.{n}_proj.bias", 0) for n in "qkv"]
+        out.append((b + "attn_output.weight", p + "self_attn.o_proj.weight", 0))
+        if a.arch == "qwen3":
+            out += [(b + f"attn_{n}_norm.weight", p + f"self_attn.{n}_norm.weight", 0) for n in "qk"]
+        out += [
             (b + "ffn_norm.weight", p + "post_attention_layernorm.weight", 0),
             (b + "ffn_gate.weight", p + "mlp.gate_proj.weight", 0),
             (b + "ffn_up.weight", p + "mlp.up_proj.weight", 0),
@@ -259,42 +330,95 @@ def gguf_tensors(a, hf):
     out.append(("output_norm.weight", "model.norm.weight", 0))
     if not a.tied:
         out.append(("output.weight", "lm_head.weight", 0))
-    return [(g, h, permute(hf[h], n) if n else hf[h], n) for g, h, n in out]
+    tensors = [(g, h, permute(hf[h], n) if n else hf[h], n) for g, h, n in out]
+    if a.rope_scaling and a.rope_scaling[0] == "llama3":
+        # The converter yields it before the model's own tensors.
+        tensors.insert(0, ("rope_freqs.weight", None, llama3_divisors(a.rope_theta, a.head_dim, *a.rope_scaling[1:]), 0))
+    return tensors
+
+
+def bf16_round(x):
+    """float32 values rounded to the nearest bf16 (ties to even), as float32."""
+    bits = quant_bf16(np.atleast_2d(x)).view(np.uint16).astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(np.shape(x))
 
 
 # --------------------------------------------------------------------------
 
+def parse_rope_scaling(text):
+    """'llama3:FACTOR:LOW:HIGH:ORIG' -> ('llama3', f, low, high, orig); 'linear:FACTOR' -> ('linear', f)."""
+    parts = text.split(":")
+    try:
+        if parts[0] == "llama3" and len(parts) == 5:
+            f, lo, hi, orig = float(parts[1]), float(parts[2]), float(parts[3]), int(parts[4])
+            if f >= 1 and 0 < lo < hi and orig > 0:
+                return ("llama3", f, lo, hi, orig)
+        elif parts[0] == "linear" and len(parts) == 2:
+            f = float(parts[1])
+            if f > 0:
+                return ("linear", f)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: expected llama3:FACTOR:LOW:HIGH:ORIG (FACTOR >= 1, 0 < LOW < HIGH, ORIG > 0) or linear:FACTOR")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--arch", default="llama", choices=list(ARCHS))
     p.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=0, help="per-head size (default dim/heads)")
     p.add_argument("--ffn", type=int, default=128)
     p.add_argument("--vocab", type=int, default=300)
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--rope-theta", type=float, default=10000.0)
+    p.add_argument("--rope-scaling", type=parse_rope_scaling, default=None,
+                   help="llama3:FACTOR:LOW:HIGH:ORIG or linear:FACTOR")
     p.add_argument("--eps", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--alignment", type=int, default=0, help="write general.alignment (power of two)")
     p.add_argument("--version", type=int, default=3, choices=[2, 3])
+    p.add_argument("--pre", default=None, help="tokenizer.ggml.pre (default: by family)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tied", dest="tied", action="store_true", default=True)
     g.add_argument("--untied", dest="tied", action="store_false")
     p.add_argument("--expect-out")
     p.add_argument("--hf-out")
+    p.add_argument("--hf-dir")
+    p.add_argument("--hf-dtype", default="f32", choices=["f32", "bf16"])
     a = p.parse_args(argv)
     need = len(CONTROL_TOKENS) + 256
     if a.vocab < need:
         p.error(f"--vocab must be at least {need} (control + byte tokens)")
-    if a.dim % a.heads or (a.dim // a.heads) % 2 or a.heads % a.kv_heads:
-        p.error("--dim must be a multiple of --heads with an even head dim, and --heads a multiple of --kv-heads")
-    if a.dtype in ("q8_0", "q4_0", "q4_1") and (a.dim % 32 or a.ffn % 32):
-        p.error(f"{a.dtype} needs --dim and --ffn to be multiples of 32 (the block size)")
+    explicit_hd = a.head_dim != 0
+    if not explicit_hd:
+        if a.dim % a.heads:
+            p.error("--dim must be a multiple of --heads (or give --head-dim)")
+        a.head_dim = a.dim // a.heads
+    if a.head_dim <= 0 or a.head_dim % 2 or a.heads % a.kv_heads:
+        p.error("the head dim must be even and positive, and --heads a multiple of --kv-heads")
+    if a.arch == "qwen2" and a.heads * a.head_dim != a.dim:
+        p.error("qwen2 needs heads * head_dim == dim (llama.cpp's qwen2 loader shapes attn_q as [dim, dim])")
+    q_width = a.heads * a.head_dim
+    if a.dtype in ("q8_0", "q4_0", "q4_1") and (a.dim % 32 or a.ffn % 32 or q_width % 32):
+        p.error(f"{a.dtype} needs --dim, --ffn and heads*head_dim to be multiples of 32 (the block size)")
     if a.alignment and (a.alignment & (a.alignment - 1)):
         p.error("--alignment must be a power of two")
+    if a.rope_scaling and a.rope_scaling[0] == "llama3" and a.arch != "llama":
+        p.error("llama3 rope scaling is for --arch llama only (llama.cpp's qwen graphs ignore rope_freqs "
+                "and its loader rejects the unused tensor)")
+    if a.hf_dtype == "bf16" and a.dtype not in ("f32", "bf16"):
+        p.error("--hf-dtype bf16 needs --dtype f32 or bf16 (other dtypes' values are not bf16-exact)")
+    # llama keeps its original keys (no key_length unless the head dim is not dim/heads).
+    a.write_head_dim = a.arch == "qwen3" or a.head_dim * a.heads != a.dim
+    if a.pre is None:
+        a.pre = ("qwen2" if a.arch in ("qwen2", "qwen3")
+                 else "llama-bpe" if a.rope_scaling and a.rope_scaling[0] == "llama3" else "smollm")
     return a
 
 
@@ -302,13 +426,15 @@ def main(argv):
     a = parse_args(argv)
     rng = np.random.default_rng(a.seed)
     hf = make_weights(a, rng)
+    if a.hf_dtype == "bf16":
+        hf = {k: bf16_round(v) for k, v in hf.items()}
     tokens, merges = train_bpe(a.vocab)
-    hd = a.dim // a.heads
+    hd = a.head_dim
 
-    w = gguf.GGUFWriter(a.out, arch="llama")
+    w = gguf.GGUFWriter(a.out, arch=a.arch)
     if a.alignment:
         w.add_custom_alignment(a.alignment)
-    w.add_name(f"tiny-llama-{a.dtype}")
+    w.add_name(f"tiny-{a.arch}-{a.dtype}")
     w.add_file_type(FILE_TYPES[a.dtype])
     w.add_context_length(a.ctx)
     w.add_embedding_length(a.dim)
@@ -318,10 +444,17 @@ def main(argv):
     w.add_head_count_kv(a.kv_heads)
     w.add_layer_norm_rms_eps(a.eps)
     w.add_rope_freq_base(a.rope_theta)
-    w.add_rope_dimension_count(hd)
+    if a.arch == "llama":          # the converter writes it for Llama only
+        w.add_rope_dimension_count(hd)
+    if a.write_head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if a.rope_scaling and a.rope_scaling[0] == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(a.rope_scaling[1])
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(a.pre)
     w.add_token_list(tokens)
     w.add_token_types([3] * len(CONTROL_TOKENS) + [1] * (len(tokens) - len(CONTROL_TOKENS)))
     w.add_token_merges(merges)
@@ -335,7 +468,7 @@ def main(argv):
     tensors = gguf_tensors(a, hf)
     for name, _, arr, _ in tensors:
         if arr.ndim == 1:
-            w.add_tensor(name, arr.astype(np.float32))      # norms stay F32
+            w.add_tensor(name, arr.astype(np.float32))      # norms, biases, rope_freqs stay F32
         else:
             data, raw = encode(arr, a.dtype)
             w.add_tensor(name, data, raw_dtype=raw)
@@ -344,7 +477,7 @@ def main(argv):
     w.write_tensors_to_file()
     w.close()
 
-    if a.expect_out or a.hf_out:
+    if a.expect_out or a.hf_out or a.hf_dir:
         write_checks(a, tensors)
     if a.version != 3:
         # v2 and v3 have the same layout (v3 only allowed big-endian files).
@@ -369,19 +502,107 @@ def write_checks(a, tensors):
                  "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight"]
         names += ["blk.1.ffn_gate.weight"] if a.layers > 1 else []
         names += [] if a.tied else ["output.weight"]
+        names += ["blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"] if a.arch == "qwen2" else []
+        names += ["blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"] if a.arch == "qwen3" else []
+        names += ["rope_freqs.weight"] if "rope_freqs.weight" in by_name else []
         for n in names:
             values(n).astype("<f4").tofile(os.path.join(a.expect_out, n + ".f32"))
         meta = {"dtype": a.dtype, "layers": a.layers, "dim": a.dim, "heads": a.heads, "kv_heads": a.kv_heads,
-                "head_dim": a.dim // a.heads, "ffn": a.ffn, "vocab": a.vocab, "ctx": a.ctx,
+                "head_dim": a.head_dim, "ffn": a.ffn, "vocab": a.vocab, "ctx": a.ctx,
                 "rope_theta": a.rope_theta, "eps": a.eps, "seed": a.seed, "tied": a.tied, "version": a.version,
                 "alignment": a.alignment or 32, "bos": 1, "eos": 2, "expected": names}
+        if a.arch != "llama":               # llama's meta.json stays as it was
+            meta["arch"] = a.arch
+        if a.rope_scaling:
+            meta["rope_scaling"] = list(a.rope_scaling)
         with open(os.path.join(a.expect_out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
             f.write("\n")
-    if a.hf_out:
+    if a.hf_out or a.hf_dir:
         state = {h: (unpermute(values(g).reshape(arr.shape), n) if n else values(g).reshape(arr.shape))
-                 for g, h, arr, n in tensors}
-        np.savez(a.hf_out, **state)
+                 for g, h, arr, n in tensors if h is not None}
+        if a.hf_out:
+            np.savez(a.hf_out, **state)
+        if a.hf_dir:
+            write_hf_dir(a, state)
+
+
+# --------------------------------------------------------------------------
+# Hugging Face folder: config.json + model.safetensors
+
+def hf_config(a):
+    arch = ARCHS[a.arch]
+    rs = None
+    if a.rope_scaling and a.rope_scaling[0] == "llama3":
+        _, f, lo, hi, orig = a.rope_scaling
+        rs = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
+              "original_max_position_embeddings": orig}
+    elif a.rope_scaling:
+        rs = {"rope_type": "linear", "factor": a.rope_scaling[1]}
+    c = {
+        "architectures": [arch],
+        "model_type": a.arch,
+        "hidden_size": a.dim,
+        "intermediate_size": a.ffn,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "num_hidden_layers": a.layers,
+        "head_dim": a.head_dim,
+        "vocab_size": a.vocab,
+        "max_position_embeddings": a.ctx,
+        "rms_norm_eps": a.eps,
+        "rope_theta": a.rope_theta,
+        "rope_scaling": rs,
+        "tie_word_embeddings": a.tied,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[a.hf_dtype],
+    }
+    if a.arch == "llama":
+        c.update(attention_bias=False, mlp_bias=False)
+    elif a.arch == "qwen2":
+        # Qwen2's q/k/v biases are hard-coded in HF (no flag); the sliding
+        # window is configured but off, as in the released checkpoints.
+        c.update(use_sliding_window=False, sliding_window=a.ctx, max_window_layers=a.layers)
+    else:
+        c.update(attention_bias=False, use_sliding_window=False, sliding_window=None)
+    return c
+
+
+def write_safetensors(path, state, dtype):
+    """The safetensors format: u64 little-endian header length, a JSON header
+    {name: {dtype, shape, data_offsets [begin, end) into the data}}, padded with
+    spaces to a multiple of 8, then the raw little-endian tensor bytes."""
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, arr in state.items():
+        x = np.ascontiguousarray(arr, dtype="<f4")
+        if dtype == "bf16":
+            bits = x.view("<u4")
+            if (bits & 0xFFFF).any():
+                raise ValueError(f"{name}: values are not bf16-exact")
+            raw = (bits >> 16).astype("<u2").tobytes()
+        else:
+            raw = x.tobytes()
+        header[name] = {"dtype": "BF16" if dtype == "bf16" else "F32", "shape": list(x.shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def write_hf_dir(a, state):
+    os.makedirs(a.hf_dir, exist_ok=True)
+    with open(os.path.join(a.hf_dir, "config.json"), "w") as f:
+        json.dump(hf_config(a), f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(a.hf_dir, "model.safetensors"), state, a.hf_dtype)
 
 
 if __name__ == "__main__":

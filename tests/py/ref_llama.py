@@ -1,18 +1,33 @@
-"""A float64 NumPy reference of a Llama-family decoder, read from a GGUF file.
+"""A float64 NumPy reference of the Llama-style decoders (llama, qwen2, qwen3),
+read from a GGUF file or from a Hugging Face folder.
 
-Independent of the C engine: the file is parsed with the `gguf` package
-(GGUFReader) and every tensor is dequantized with gguf.quants.dequantize. The
-weights are brought into Hugging Face layout (llama.cpp's Q/K row permutation
-is undone) and the forward pass is HF Llama's: RMSNorm, rotate-half RoPE,
-GQA causal attention scaled by 1/sqrt(head_dim), SwiGLU, tied embeddings when
-output.weight is absent. Everything is computed in float64 from the
-dequantized (float32-exact) weights.
+Independent of the C engine: a GGUF is parsed with the `gguf` package
+(GGUFReader) and every tensor is dequantized with gguf.quants.dequantize; an
+HF folder (config.json + model.safetensors) is read with the small
+safetensors reader below. The weights are brought into Hugging Face layout
+(llama.cpp's Q/K row permutation is undone for llama; Qwen GGUFs are not
+permuted) and the forward pass is HF's: RMSNorm, rotate-half RoPE, GQA causal
+attention scaled by 1/sqrt(head_dim), SwiGLU, tied embeddings when
+output.weight / lm_head.weight is absent. Per family:
+  qwen2  q/k/v projections add their bias (attn_{q,k,v}.bias; none on o_proj).
+  qwen3  q_norm/k_norm: RMSNorm over head_dim of each head after the
+         projection and before RoPE (eps = rms_norm_eps); head_dim explicit
+         (attention.key_length), so the q width may differ from hidden.
+RoPE: angle_i = pos * theta^(-2i/head_dim) / div_i, where div_i is
+rope_freqs.weight[i] when the GGUF has it (Llama 3 scaling, as llama.cpp
+applies it; from an HF config the same float32 divisors are computed from
+rope_scaling {rope_type: llama3, ...}), times 1/factor for linear scaling
+(`<arch>.rope.scaling.type` "linear" / rope_type "linear"). Everything is
+computed in float64 from the dequantized (float32-exact) weights; eps, theta
+and the divisors are the float32 values llama.cpp and the engine use.
 
-    model = load("model.gguf")
+    model = load("model.gguf")            # or load_hf("folder/")
     out = logits(model, [1, 2, 3])        # np.ndarray [3, vocab] float64
 
-load(path, unpermute_qk=False) keeps llama.cpp's row order for Q/K: a deliberately
-wrong reference, used to show that the parity tests are sensitive to it.
+load(path, unpermute_qk=False) keeps llama.cpp's row order for Q/K on a llama
+file, and unpermute_qk=True un-permutes a Qwen file that was never permuted:
+deliberately wrong references, used to show that the parity tests are
+sensitive to the layout.
 
 f32_copy(src, dst) writes the GGUF with every tensor dequantized to F32 (same
 values): llama.cpp on that copy, with an F32 KV cache and flash attention off,
@@ -20,7 +35,7 @@ computes in fp32 and agrees with this reference to ~1e-4 (on the Q4_1 file
 itself it quantizes activations to 8 bits and differs by up to a few logits).
 
 Command line:
-  python3 tests/py/ref_llama.py MODEL.gguf 1,2,3            top-5 logits per position
+  python3 tests/py/ref_llama.py MODEL.gguf|HF_DIR 1,2,3     top-5 logits per position
   python3 tests/py/ref_llama.py MODEL.gguf 1,2,3 --llamacpp also max |ref - llama.cpp|
       on the file and on its F32 copy (written next to /tmp)
 """
@@ -30,6 +45,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
+
+
+ARCHS = ("llama", "qwen2", "qwen3")
+HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
 @dataclass
@@ -44,17 +63,19 @@ class Config:
     eps: float          # RMSNorm epsilon
     theta: float        # RoPE base frequency
     ctx: int            # trained context length (informational)
+    arch: str = "llama"  # llama | qwen2 | qwen3
+    rope_scaling: str = "none"  # none | linear | llama3 (informational; inv_freq has it)
 
 
 @dataclass
 class Model:
     cfg: Config
     tok_embd: np.ndarray                    # [vocab, dim] float64
-    layers: list = field(default_factory=list)  # dicts of HF-layout float64 weights
+    layers: list = field(default_factory=list)  # dicts of HF-layout float64 weights (bq/bk/bv, q_norm/k_norm or None)
     norm: np.ndarray = None                 # [dim]
     lm_head: np.ndarray = None              # [vocab, dim] (tok_embd when tied)
     tied: bool = False                      # output.weight absent
-    inv_freq: np.ndarray = None             # [head_dim/2] RoPE inverse frequencies
+    inv_freq: np.ndarray = None             # [head_dim/2] RoPE inverse frequencies, scaling included
 
 
 # ---------------------------------------------------------------------------
@@ -84,63 +105,233 @@ def _tensor(t):
 def unpermute(w, n_head):
     """Inverse of convert_hf_to_gguf's LlamaModel.permute: llama.cpp stores the
     rows of each head as interleaved (x0,x1),(x2,x3)... pairs for its "normal"
-    RoPE; HF keeps the first and second half of each head apart."""
+    RoPE; HF keeps the first and second half of each head apart. Works on a
+    1-D bias too."""
+    if w.ndim == 1:
+        return unpermute(w[:, None], n_head)[:, 0]
     rows, cols = w.shape
     return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def load(path, unpermute_qk=True):
-    """Reads a llama-architecture GGUF. unpermute_qk=False keeps llama.cpp's Q/K
-    row order (a wrong reference, for sensitivity checks)."""
+def base_inv_freq(theta, head_dim):
+    """theta^(-2i/head_dim), i < head_dim/2, in float64."""
+    return float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+
+def llama3_divisors(theta, head_dim, factor, low, high, orig):
+    """Llama 3 scaling as per-frequency divisors of the base inverse frequency,
+    computed in float64 from the config and rounded to float32 (what a GGUF's
+    rope_freqs.weight holds): wavelength wl = 2 pi / inv; 1 below orig/high,
+    factor above orig/low, in between 1/((1-s)/factor + s) with
+    s = (orig/wl - low)/(high - low) (transformers' _compute_llama3_parameters,
+    written as a divisor)."""
+    wl = 2.0 * np.pi / base_inv_freq(theta, head_dim)
+    s = (orig / wl - low) / (high - low)
+    div = np.where(wl < orig / high, 1.0, np.where(wl > orig / low, factor, 1.0 / ((1.0 - s) / factor + s)))
+    return div.astype(np.float32).astype(np.float64)
+
+
+def _assemble(cfg, tok, get, has, norm, lm_head, unpermute_qk, rope_div):
+    """Builds the Model from tensors in GGUF naming, get(name) -> float64 array in
+    HF (numpy) order; rope_div: per-frequency divisors or None."""
+    if unpermute_qk is None:
+        unpermute_qk = cfg.arch == "llama"
+    m = Model(cfg=cfg, tok_embd=tok)
+    q_width, kv_width = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    for i in range(cfg.n_layer):
+        g = lambda n: get(f"blk.{i}.{n}")  # noqa: E731
+        opt = lambda n: get(f"blk.{i}.{n}") if has(f"blk.{i}.{n}") else None  # noqa: E731
+        L = dict(
+            attn_norm=g("attn_norm.weight"), wq=g("attn_q.weight"), wk=g("attn_k.weight"), wv=g("attn_v.weight"),
+            wo=g("attn_output.weight"), ffn_norm=g("ffn_norm.weight"), w_gate=g("ffn_gate.weight"),
+            w_up=g("ffn_up.weight"), w_down=g("ffn_down.weight"),
+            bq=opt("attn_q.bias"), bk=opt("attn_k.bias"), bv=opt("attn_v.bias"),
+            q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
+        )
+        if unpermute_qk:
+            L["wq"], L["wk"] = unpermute(L["wq"], cfg.n_head), unpermute(L["wk"], cfg.n_head_kv)
+            if L["bq"] is not None:
+                L["bq"], L["bk"] = unpermute(L["bq"], cfg.n_head), unpermute(L["bk"], cfg.n_head_kv)
+        assert L["wq"].shape == (q_width, cfg.dim), L["wq"].shape
+        assert L["wk"].shape == (kv_width, cfg.dim), L["wk"].shape
+        assert L["wv"].shape == (kv_width, cfg.dim), L["wv"].shape
+        assert L["wo"].shape == (cfg.dim, q_width), L["wo"].shape
+        if cfg.arch == "qwen2":
+            missing = [n for n in ("bq", "bk", "bv") if L[n] is None]
+            assert not missing, f"qwen2 layer {i}: biases {missing} missing"
+        if cfg.arch == "qwen3":
+            assert L["q_norm"] is not None and L["k_norm"] is not None, f"qwen3 layer {i}: q_norm/k_norm missing"
+            assert L["q_norm"].shape == L["k_norm"].shape == (cfg.head_dim,), L["q_norm"].shape
+        m.layers.append(L)
+    m.norm = norm
+    if lm_head is not None:
+        m.lm_head = lm_head
+    else:
+        m.lm_head, m.tied = tok, True
+    inv_freq = base_inv_freq(cfg.theta, cfg.head_dim)
+    if rope_div is not None:
+        inv_freq = inv_freq / rope_div
+    m.inv_freq = inv_freq
+    return m
+
+
+def load(path, unpermute_qk=None):
+    """Reads a llama/qwen2/qwen3 GGUF. unpermute_qk: None = the family's layout
+    (undo llama.cpp's permutation for llama only); True/False forces it (a wrong
+    reference, for sensitivity checks)."""
     r = GGUFReader(path)
     arch = _field(r, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r}, expected 'llama'")
+    if arch not in ARCHS:
+        raise ValueError(f"{path}: architecture {arch!r}, expected one of {ARCHS}")
     tensors = {t.name: t for t in r.tensors}
-    dim = int(_field(r, "llama.embedding_length"))
-    n_head = int(_field(r, "llama.attention.head_count"))
-    n_head_kv = int(_field(r, "llama.attention.head_count_kv", n_head))
-    head_dim = int(_field(r, "llama.attention.key_length", dim // n_head))
-    rope_dim = int(_field(r, "llama.rope.dimension_count", head_dim))
+    k = lambda key, default=None: _field(r, f"{arch}.{key}", default)  # noqa: E731
+    dim = int(k("embedding_length"))
+    n_head = int(k("attention.head_count"))
+    n_head_kv = int(k("attention.head_count_kv", n_head))
+    head_dim = int(k("attention.key_length", dim // n_head))
+    if int(k("attention.value_length", head_dim)) != head_dim:
+        raise ValueError("value_length != key_length not supported")
+    rope_dim = int(k("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise ValueError(f"partial rotary (rope dim {rope_dim} != head dim {head_dim}) not supported")
     tok = _tensor(tensors["token_embd.weight"])
+    # llama.cpp: rope.scaling.type defaults to "linear", freq_scale = 1/factor
+    # (1 without the key); rope_freqs.weight (Llama 3) divides theta_i further.
+    scaling = k("rope.scaling.type", "linear")
+    factor = float(k("rope.scaling.factor", 0.0))
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"{path}: rope scaling {scaling!r} not supported by the reference")
+    rope_div, kinds = None, []
+    if "rope_freqs.weight" in tensors:
+        # ggml_rope_ext's freq factors, for LLM_ARCH_LLAMA; llama.cpp's qwen2/qwen3
+        # graphs take none and its loader refuses the unused tensor.
+        if arch != "llama":
+            raise ValueError(f"{path}: rope_freqs.weight in a {arch} file (llama.cpp would not load it)")
+        rope_div = _tensor(tensors["rope_freqs.weight"])
+        assert rope_div.shape == (head_dim // 2,), rope_div.shape
+        kinds.append("llama3")
+    if scaling == "linear" and factor not in (0.0, 1.0):
+        rope_div = (rope_div if rope_div is not None else np.ones(head_dim // 2)) * factor
+        kinds.append("linear")
     cfg = Config(
-        n_layer=int(_field(r, "llama.block_count")),
+        n_layer=int(k("block_count")),
         dim=dim,
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
-        ffn=int(_field(r, "llama.feed_forward_length")),
+        ffn=int(k("feed_forward_length")),
         vocab=tok.shape[0],
-        eps=float(_field(r, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        theta=float(_field(r, "llama.rope.freq_base", 10000.0)),
-        ctx=int(_field(r, "llama.context_length", 2048)),
+        eps=float(k("attention.layer_norm_rms_epsilon", 1e-5)),
+        theta=float(k("rope.freq_base", 10000.0)),
+        ctx=int(k("context_length", 2048)),
+        arch=arch,
+        rope_scaling="+".join(kinds) or "none",
     )
     # The exact float32 values are what llama.cpp uses; keep eps/theta as stored.
-    m = Model(cfg=cfg, tok_embd=tok)
-    for i in range(cfg.n_layer):
-        g = lambda n: _tensor(tensors[f"blk.{i}.{n}.weight"])  # noqa: E731
-        q, k = g("attn_q"), g("attn_k")
-        if unpermute_qk:
-            q = unpermute(q, n_head)
-            k = unpermute(k, n_head_kv)
-        m.layers.append(dict(
-            attn_norm=g("attn_norm"), wq=q, wk=k, wv=g("attn_v"), wo=g("attn_output"),
-            ffn_norm=g("ffn_norm"), w_gate=g("ffn_gate"), w_up=g("ffn_up"), w_down=g("ffn_down"),
-        ))
-        assert q.shape == (n_head * head_dim, dim), q.shape
-        assert k.shape == (n_head_kv * head_dim, dim), k.shape
-    m.norm = _tensor(tensors["output_norm.weight"])
-    if "output.weight" in tensors:
-        m.lm_head = _tensor(tensors["output.weight"])
+    get = lambda n: _tensor(tensors[n])  # noqa: E731
+    lm = _tensor(tensors["output.weight"]) if "output.weight" in tensors else None
+    return _assemble(cfg, tok, get, lambda n: n in tensors, _tensor(tensors["output_norm.weight"]), lm,
+                     unpermute_qk, rope_div)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face folder reading (config.json + model.safetensors)
+
+
+def read_safetensors(path):
+    """{name: float64 array} from a .safetensors file: u64 LE header length, JSON
+    header {name: {dtype, shape, data_offsets}}, then the data (F32/F16/BF16)."""
+    import json
+    with open(path, "rb") as f:
+        buf = f.read()
+    n = int.from_bytes(buf[:8], "little")
+    hdr = json.loads(buf[8:8 + n])
+    data = memoryview(buf)[8 + n:]
+    out = {}
+    for name, e in hdr.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        raw = data[b:end]
+        if e["dtype"] == "F32":
+            a = np.frombuffer(raw, dtype="<f4")
+        elif e["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2")
+        elif e["dtype"] == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name}: dtype {e['dtype']} not supported")
+        out[name] = a.astype(np.float64).reshape(e["shape"])
+    return out
+
+
+# HF name -> GGUF name (the converter's mapping), per layer.
+_HF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def load_hf(folder):
+    """Reads an HF folder (config.json, model.safetensors or an index of shards).
+    eps, theta and the llama3 divisors are rounded to float32, as the GGUF holds
+    them, so that a GGUF and the same weights as an HF folder give identical
+    logits."""
+    import json
+    import os
+    with open(os.path.join(folder, "config.json")) as f:
+        c = json.load(f)
+    archs = c.get("architectures") or []
+    arch = next((HF_ARCHS[x] for x in archs if x in HF_ARCHS), None) or c.get("model_type")
+    if arch not in ARCHS:
+        raise ValueError(f"{folder}: architecture {archs or c.get('model_type')!r} not supported")
+    idx = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
     else:
-        m.lm_head, m.tied = tok, True
-    inv_freq = cfg.theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    if "rope_freqs.weight" in tensors:  # llama3-style scaling: llama.cpp divides theta_i by the factor
-        inv_freq = inv_freq / _tensor(tensors["rope_freqs.weight"])
-    m.inv_freq = inv_freq
-    return m
+        files = ["model.safetensors"]
+    w = {}
+    for fn in files:
+        w.update(read_safetensors(os.path.join(folder, fn)))
+    f32 = lambda x: float(np.float32(x))  # noqa: E731
+    dim, n_head = int(c["hidden_size"]), int(c["num_attention_heads"])
+    head_dim = int(c.get("head_dim") or dim // n_head)
+    theta = f32(c.get("rope_theta", 10000.0))
+    rs = c.get("rope_scaling") or None
+    rope_div, scaling = None, "none"
+    if rs:
+        scaling = rs.get("rope_type", rs.get("type"))
+        if scaling == "llama3":
+            rope_div = llama3_divisors(theta, head_dim, float(rs["factor"]), float(rs.get("low_freq_factor", 1.0)),
+                                       float(rs.get("high_freq_factor", 4.0)),
+                                       float(rs.get("original_max_position_embeddings", 8192)))
+        elif scaling == "linear":
+            rope_div = np.full(head_dim // 2, f32(rs["factor"]))
+        else:
+            raise ValueError(f"{folder}: rope_scaling {scaling!r} not supported by the reference")
+    tok = w["model.embed_tokens.weight"]
+    cfg = Config(
+        n_layer=int(c["num_hidden_layers"]), dim=dim, n_head=n_head,
+        n_head_kv=int(c.get("num_key_value_heads") or n_head), head_dim=head_dim,
+        ffn=int(c["intermediate_size"]), vocab=tok.shape[0], eps=f32(c.get("rms_norm_eps", 1e-6)), theta=theta,
+        ctx=int(c.get("max_position_embeddings", 2048)), arch=arch, rope_scaling=scaling,
+    )
+    g2h = {"output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+    for i in range(cfg.n_layer):
+        for h, g in _HF_LAYER.items():
+            g2h[f"blk.{i}.{g}"] = f"model.layers.{i}.{h}"
+    has = lambda n: g2h.get(n) in w  # noqa: E731
+    get = lambda n: w[g2h[n]]  # noqa: E731
+    tied = bool(c.get("tie_word_embeddings", False)) or "lm_head.weight" not in w
+    lm = None if tied else w["lm_head.weight"]
+    return _assemble(cfg, tok, get, has, w["model.norm.weight"], lm, False, rope_div)
 
 
 # ---------------------------------------------------------------------------
@@ -184,9 +375,15 @@ def logits(model, ids):
     scale = 1.0 / np.sqrt(c.head_dim)
     for L in model.layers:
         h = rmsnorm(x, L["attn_norm"], c.eps)
-        q = (h @ L["wq"].T).reshape(T, c.n_head, c.head_dim)
-        k = (h @ L["wk"].T).reshape(T, c.n_head_kv, c.head_dim)
-        v = (h @ L["wv"].T).reshape(T, c.n_head_kv, c.head_dim)
+        q, k, v = h @ L["wq"].T, h @ L["wk"].T, h @ L["wv"].T
+        if L.get("bq") is not None:                                # qwen2
+            q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+        q = q.reshape(T, c.n_head, c.head_dim)
+        k = k.reshape(T, c.n_head_kv, c.head_dim)
+        v = v.reshape(T, c.n_head_kv, c.head_dim)
+        if L.get("q_norm") is not None:                            # qwen3: per head, before RoPE
+            q = rmsnorm(q, L["q_norm"], c.eps)
+            k = rmsnorm(k, L["k_norm"], c.eps)
         q = rope(q, pos, model.inv_freq)
         k = rope(k, pos, model.inv_freq)
         k = np.repeat(k, group, axis=1)                            # head j uses kv head j // group
@@ -241,9 +438,10 @@ def _llamacpp_logits(path, ids, fp32):
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     if len(args) != 2:
-        sys.exit("usage: ref_llama.py MODEL.gguf ID,ID,... [--llamacpp]")
+        sys.exit("usage: ref_llama.py MODEL.gguf|HF_DIR ID,ID,... [--llamacpp]")
     ids = [int(t) for t in args[1].split(",")]
-    mdl = load(args[0])
+    import os as _os
+    mdl = load_hf(args[0]) if _os.path.isdir(args[0]) else load(args[0])
     out = logits(mdl, ids)
     print(mdl.cfg, "tied" if mdl.tied else "untied")
     for i, row in enumerate(out):
