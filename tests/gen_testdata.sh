@@ -4,6 +4,7 @@
 #   tiny-<dtype>.gguf   for f32 f16 bf16 q8_0 q4_0 q4_1 (GGUF v3, tied embeddings)
 #   tiny-v2.gguf        q8_0, GGUF version 2, general.alignment = 64
 #   tiny-untied.gguf    q4_0 with a separate output.weight
+#   tiny-qwen2.gguf, tiny-qwen3.gguf, tiny-llama3.gguf: one per family (and X.hf/)
 # Next to each model X.gguf: X/ (expected dequantized values from the gguf
 # package, meta.json with the config) and X.npz (the HF-layout state_dict).
 # Deterministic (fixed seeds); a second run with nothing changed does nothing.
@@ -36,6 +37,13 @@ for dt in f32 f16 bf16 q8_0 q4_0 q4_1; do
 done
 gen tiny-v2 --dtype q8_0 --seed 11 --version 2 --alignment 64 & pids+=($!)
 gen tiny-untied --dtype q4_0 --seed 12 --untied & pids+=($!)
+# One per family (each with its HF folder X.hf/): Qwen2 with q|k|v biases,
+# untied; Qwen3 with a q width (4 x 32) over hidden 64; Llama 3 RoPE scaling
+# (rope_freqs.weight) with a context where all three frequency bands matter.
+gen tiny-qwen2 --arch qwen2 --dtype q8_0 --untied --seed 21 --hf-dir "$OUT/tiny-qwen2.hf" & pids+=($!)
+gen tiny-qwen3 --arch qwen3 --head-dim 32 --dtype f16 --seed 22 --hf-dir "$OUT/tiny-qwen3.hf" & pids+=($!)
+gen tiny-llama3 --dtype q4_1 --rope-theta 500000 --rope-scaling llama3:8:1:4:64 --ctx 1024 --seed 23 \
+  --hf-dir "$OUT/tiny-llama3.hf" & pids+=($!)
 
 fail=0
 for p in "${pids[@]}"; do
