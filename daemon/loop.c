@@ -229,8 +229,8 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *b
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
         /* Tokenizing here is cheap for prompts (proto bounds them by the frame size). */
         int rc = (r->flags & PROTO_REQ_CHAT_TEMPLATE)
-                     ? tok_chatml(d->L.tok, NULL, r->text.ptr, &ids, &n_ids)
-                     : tok_encode(d->L.tok, r->text.ptr, r->text.len, 1, &ids, &n_ids);
+                     ? tok_chat(d->L.tok, NULL, r->text.ptr, &ids, &n_ids)
+                     : tok_encode_prompt(d->L.tok, r->text.ptr, r->text.len, &ids, &n_ids);
         if (rc) {
             snprintf(msg, msg_cap, "request %llu: cannot tokenize the prompt: %s",
                      (unsigned long long)r->client_req_id, rd_errmsg());

@@ -39,11 +39,8 @@ static void limits(rd_daemon *d)
     h->version = PROTO_VERSION;
     if (d->L.tok) {
         h->flags |= PROTO_HELLO_OK_TEXT;
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (tok_chatml(d->L.tok, NULL, "x", &ids, &n) == 0)
+        if (tok_chat_kind(d->L.tok) != TOK_CHAT_NONE)
             h->flags |= PROTO_HELLO_OK_CHAT;
-        free(ids);
     }
     h->vocab_size = (uint32_t)mc->vocab;
     h->max_context = (uint32_t)mc->max_ctx;
@@ -59,8 +56,10 @@ static void limits(rd_daemon *d)
     h->max_n = min_u32(d->cfg.max_n, d->cfg.max_num_seqs);
     h->max_requests_per_submit = (uint32_t)d->cfg.max_requests_per_submit;
     h->max_tokens = d->cfg.max_tokens ? min_u32(d->cfg.max_tokens, mc->max_ctx - 1) : (uint32_t)(mc->max_ctx - 1);
-    /* The engine holds 16 stop ids and adds EOS as one of them. */
-    h->max_stop_ids = SEQ_MAX_STOP - 1;
+    /* The engine holds 16 stop ids and adds EOS as one of them, and the chat
+     * format's end of turn as another where that is a different token. */
+    int32_t eot = d->L.tok ? tok_eot(d->L.tok) : -1;
+    h->max_stop_ids = SEQ_MAX_STOP - 1 - (eot >= 0 && eot != h->eos_id);
     h->max_logprobs_topk = 20;
     h->retention_results = (uint32_t)d->cfg.result_retention;
     h->retention_bytes = (uint64_t)d->cfg.retention_bytes;
@@ -96,6 +95,7 @@ static int start(rd_daemon *d)
     /* The loop bounds queued requests itself (BUSY); the engine must never refuse. */
     ec.max_waiting = (int32_t)d->cfg.max_queued_requests + 1;
     ec.eos_id = d->L.tok ? tok_eos(d->L.tok) : -1; /* as rollout-gen: same results for the same request */
+    ec.eot_id = d->L.tok ? tok_eot(d->L.tok) : -1;
     int rc = eng_create(d->L.m, &ec, &d->eng);
     if (rc)
         return rc;

@@ -27,6 +27,7 @@ struct engine {
     runner run;
     kv_pool kv;
     int32_t eos;                /* model EOS id, -1 if unknown */
+    int32_t eot;                /* the chat format's end-of-turn id when it is not eos, else -1 */
     int64_t next_id;
     uint64_t version;           /* weight version new tokens are sampled under */
     int hold_new;               /* drain: requests not started stay queued */
@@ -178,6 +179,7 @@ eng_config eng_default_config(void)
         .max_batch_tokens = 512,
         .max_waiting = 4096,
         .eos_id = -1,
+        .eot_id = -1,
         .prefix_cache = 1,
     };
 }
@@ -208,6 +210,7 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->m = m;
     e->cfg = *cfg;
     e->eos = cfg->eos_id;
+    e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
     e->next_id = 1;
     int rc = kv_init(&e->kv, (int32_t)n_blocks, cfg->block_size);
     if (rc) {
@@ -338,6 +341,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     memcpy(q->stop_ids, r->stop_ids ? r->stop_ids : q->stop_ids, sizeof(int32_t) * r->n_stop);
     if (!r->ignore_eos && e->eos >= 0 && q->n_stop < SEQ_MAX_STOP)
         q->stop_ids[q->n_stop++] = e->eos;
+    if (!r->ignore_eos && e->eot >= 0 && q->n_stop < SEQ_MAX_STOP)
+        q->stop_ids[q->n_stop++] = e->eot;
 
     seq *s = seq_new(q, 0, (int32_t)total + 1);
     if (!s) {

@@ -24,6 +24,8 @@ typedef struct {
     int32_t max_batch_tokens;   /* token budget per step (default 512) */
     int32_t max_waiting;        /* queued requests before add returns RD_EBUSY (default 4096) */
     int32_t eos_id;             /* stops generation unless a request ignores it; -1 = none */
+    int32_t eot_id;             /* a second such stop: the chat format's end of turn (tok_eot) where it is
+                                   not eos_id (Llama 3 files whose eos is <|end_of_text|>); -1 = none */
     int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
 } eng_config;
 
@@ -35,7 +37,7 @@ typedef struct {
     samp_params sp;
     const int32_t *stop_ids;    /* [n_stop] extra stop tokens */
     int32_t n_stop;
-    int ignore_eos;             /* do not stop at the model's EOS */
+    int ignore_eos;             /* do not stop at the model's EOS (nor at eot_id) */
     uint64_t tag;               /* caller's id, returned with results */
 } eng_request;
 

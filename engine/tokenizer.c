@@ -7,12 +7,15 @@
  *      (Python str) could not have produced it either.
  *   2. special tokens: literal occurrences are cut out, longest token first, the
  *      same order llama.cpp uses; the text between them is tokenized alone.
- *   3. pre-tokenization with PCRE2: "smollm" first cuts every \p{N} code point
- *      into its own piece, then the GPT-2 pattern splits each remaining piece;
- *      "gpt2" applies the GPT-2 pattern only. Other names are refused.
+ *   3. pre-tokenization with PCRE2, one pattern per pre-tokenizer (the table
+ *      PRE below): "smollm" first cuts every \p{N} code point into its own
+ *      piece, then the GPT-2 pattern splits each remaining piece; "gpt2"
+ *      applies the GPT-2 pattern only; "qwen2" and "llama-bpe" apply their own
+ *      patterns (llama.cpp's, from src/llama-vocab.cpp). Other names are refused.
  *   4. BPE: each byte of a piece starts as one symbol (its byte-level char);
  *      the adjacent pair with the lowest merge rank, leftmost on ties, merges
- *      until no pair has a rank.
+ *      until no pair has a rank. With ignore_merges ("llama-bpe") a piece
+ *      whose byte-level text is itself a token is that token, merges or not.
  *
  * The character classes come from the PCRE2 library's Unicode tables. Against
  * llama.cpp's own tables (Debian's PCRE2 10.42 vs llama.cpp in 2025) they
@@ -25,6 +28,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +49,38 @@ enum {
 static const char SPLIT_GPT2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 static const char SPLIT_DIGIT[] = "\\p{N}";
+/* Llama 3's pattern as llama.cpp writes it: the tokenizer.json original has
+ * (?i:'s|'t|...), spelled out as [sS] pairs so that only ASCII letters fold
+ * (a caseless 's' would also match U+017F, which llama.cpp's matcher does
+ * not). Digits go in runs of at most three; a run of whitespace ending in a
+ * newline is a piece of its own. */
+static const char SPLIT_LLAMA3[] =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Qwen2's (also Qwen2.5 and Qwen3): Llama 3's with every digit its own piece. */
+static const char SPLIT_QWEN2[] =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/* The pre-tokenizers accepted, with what llama.cpp's llama_vocab::load sets
+ * for each (src/llama-vocab.cpp). Its clean_spaces flag (true for gpt2 and
+ * llama-bpe) only tidies detokenized text; tok_decode returns the exact
+ * bytes for every pre-tokenizer, as llama.cpp's token_to_piece does. */
+typedef struct {
+    const char *name;       /* tokenizer.ggml.pre */
+    const char *isolate;    /* matches become pieces of their own before split runs; NULL = none */
+    const char *split;      /* the split pattern */
+    int ignore_merges;      /* a piece that is a token is emitted whole (llama.cpp ignore_merges) */
+    int add_bos;            /* add_bos when the file has no tokenizer.ggml.add_bos_token */
+} pre_kind;
+
+static const pre_kind PRE[] = {
+    {"smollm", SPLIT_DIGIT, SPLIT_GPT2, 0, 0},
+    {"gpt2", NULL, SPLIT_GPT2, 0, 0},
+    {"qwen2", NULL, SPLIT_QWEN2, 0, 0},
+    {"llama-bpe", NULL, SPLIT_LLAMA3, 1, 1},
+};
+#define PRE_NAMES "\"smollm\", \"gpt2\", \"qwen2\" and \"llama-bpe\""
 
 /* One call encodes at most this much. BPE scratch takes a few tens of bytes
  * per byte of the longest piece (a run of spaces can be one piece), so the cap
@@ -77,9 +113,15 @@ struct tok_tokenizer {
 
     int32_t bos, eos;           /* ids, -1 if the file names none */
     int32_t im_start, im_end;   /* ids of <|im_start|> and <|im_end|>, -1 if absent */
-    int add_bos;                /* tokenizer.ggml.add_bos_token */
-    pcre2_code *re_digit;       /* \p{N}; NULL for the plain gpt2 pre-tokenizer */
-    pcre2_code *re_split;       /* the GPT-2 pattern */
+    int32_t start_header;       /* ids of Llama 3's <|start_header_id|>, */
+    int32_t end_header;         /* <|end_header_id|> */
+    int32_t eot_id;             /* and <|eot_id|>; -1 if absent */
+    tok_chat_format chat;       /* the turn format the markers allow (Llama 3 first) */
+    int add_bos;                /* tokenizer.ggml.add_bos_token, else the pre-tokenizer's default */
+    const pre_kind *pre;        /* the entry of PRE this vocab names */
+    uint32_t max_text_len;      /* bytes of the longest token text (bounds the ignore_merges lookup) */
+    pcre2_code *re_isolate;     /* pre->isolate compiled; NULL when it has none */
+    pcre2_code *re_split;       /* pre->split compiled */
 };
 
 #define MERGE_EMPTY UINT64_MAX
@@ -269,6 +311,16 @@ static int kv_equals(gguf_str s, const char *want)
     return s.len == n && memcmp(s.ptr, want, n) == 0;
 }
 
+static pcre2_code *compile_pattern(const char *pattern, int *err, PCRE2_SIZE *err_at)
+{
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, err, err_at,
+                                   NULL);
+    /* JIT is an optional speed-up: pcre2_match uses the interpreter without it. */
+    if (re)
+        pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    return re;
+}
+
 /* Model and pre-tokenizer names: only the ones whose behaviour is checked
  * against llama.cpp are accepted, so an unknown vocab fails loudly instead of
  * silently tokenizing differently from the model's training. */
@@ -288,30 +340,27 @@ static int load_kind(tok_tokenizer *t, const gguf_file *g)
     rc = gguf_get_str(g, "tokenizer.ggml.pre", &pre);
     if (rc == RD_ENOENT)
         return rd_fail(RD_ENOTSUP, "tokenizer: the file has no tokenizer.ggml.pre; supported pre-tokenizers are "
-                                   "\"smollm\" and \"gpt2\" (regenerate the GGUF with a current converter)");
+                                   PRE_NAMES " (regenerate the GGUF with a current converter)");
     if (rc)
         return rc;
-    int smollm = kv_equals(pre, "smollm");
-    if (!smollm && !kv_equals(pre, "gpt2"))
-        return rd_fail(RD_ENOTSUP,
-                       "tokenizer: pre-tokenizer \"%.*s\" is not supported; supported are \"smollm\" and \"gpt2\"",
+    for (size_t i = 0; i < sizeof PRE / sizeof PRE[0] && !t->pre; i++)
+        if (kv_equals(pre, PRE[i].name))
+            t->pre = &PRE[i];
+    if (!t->pre)
+        return rd_fail(RD_ENOTSUP, "tokenizer: pre-tokenizer \"%.*s\" is not supported; supported are " PRE_NAMES,
                        (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
 
-    int err;
-    PCRE2_SIZE err_at;
-    t->re_split = pcre2_compile((PCRE2_SPTR)SPLIT_GPT2, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &err_at, NULL);
-    if (smollm)
-        t->re_digit = pcre2_compile((PCRE2_SPTR)SPLIT_DIGIT, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &err_at, NULL);
-    if (!t->re_split || (smollm && !t->re_digit)) {
+    int err = 0;
+    PCRE2_SIZE err_at = 0;
+    t->re_split = compile_pattern(t->pre->split, &err, &err_at);
+    if (t->re_split && t->pre->isolate)
+        t->re_isolate = compile_pattern(t->pre->isolate, &err, &err_at);
+    if (!t->re_split || (t->pre->isolate && !t->re_isolate)) {
         char msg[128];
         pcre2_get_error_message(err, (PCRE2_UCHAR *)msg, sizeof msg);
-        return rd_fail(RD_ENOTSUP, "tokenizer: PCRE2 cannot compile the split pattern (%s at %zu); "
-                                   "it needs Unicode support", msg, (size_t)err_at);
+        return rd_fail(RD_ENOTSUP, "tokenizer: PCRE2 cannot compile the %s split pattern (%s at %zu); "
+                                   "it needs Unicode support", t->pre->name, msg, (size_t)err_at);
     }
-    /* JIT is an optional speed-up: pcre2_match uses the interpreter without it. */
-    pcre2_jit_compile(t->re_split, PCRE2_JIT_COMPLETE);
-    if (t->re_digit)
-        pcre2_jit_compile(t->re_digit, PCRE2_JIT_COMPLETE);
     return 0;
 }
 
@@ -351,6 +400,8 @@ static int load_tokens(tok_tokenizer *t, const gguf_file *g)
         gguf_str s = kv->arr_str[i];
         t->text_off[i] = at;
         t->text_len[i] = (uint32_t)s.len;
+        if (t->text_len[i] > t->max_text_len)
+            t->max_text_len = t->text_len[i];
         memcpy(t->text + at, s.ptr, s.len);
         t->text[at + s.len] = 0;
         at += (uint32_t)s.len + 1;
@@ -556,6 +607,23 @@ static int load_id(const gguf_file *g, const char *key, int32_t n_vocab, int32_t
     return 0;
 }
 
+/* The turn format from the vocabulary's markers: Llama 3's when all three of
+ * its markers are there, else ChatML's. Both sets appear in fine-tunes that
+ * added ChatML to a Llama 3 vocabulary (Hermes 2 Pro); there the file's own
+ * tokenizer.chat_template decides, when it uses ChatML's markers only. */
+static tok_chat_format chat_format(const tok_tokenizer *t, const gguf_file *g)
+{
+    int llama3 = t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0;
+    int chatml = t->im_start >= 0 && t->im_end >= 0;
+    if (llama3 && chatml) {
+        gguf_str tmpl;
+        if (gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 &&
+            memmem(tmpl.ptr, tmpl.len, "<|im_start|>", 12) && !memmem(tmpl.ptr, tmpl.len, "<|start_header_id|>", 19))
+            return TOK_CHAT_CHATML;
+    }
+    return llama3 ? TOK_CHAT_LLAMA3 : chatml ? TOK_CHAT_CHATML : TOK_CHAT_NONE;
+}
+
 int tok_load(const gguf_file *g, tok_tokenizer **out)
 {
     if (!out)
@@ -583,7 +651,7 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
     if (!rc) {
         rc = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
         if (rc == RD_ENOENT) {
-            t->add_bos = 0;
+            t->add_bos = t->pre->add_bos; /* llama.cpp's default for the pre-tokenizer */
             rc = 0;
         }
     }
@@ -599,6 +667,10 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
     }
     t->im_start = vocab_find(t, "<|im_start|>", 12);
     t->im_end = vocab_find(t, "<|im_end|>", 10);
+    t->start_header = vocab_find(t, "<|start_header_id|>", 19);
+    t->end_header = vocab_find(t, "<|end_header_id|>", 17);
+    t->eot_id = vocab_find(t, "<|eot_id|>", 10);
+    t->chat = chat_format(t, g);
     *out = t;
     return 0;
 }
@@ -608,7 +680,7 @@ void tok_free(tok_tokenizer *t)
     if (!t)
         return;
     pcre2_code_free(t->re_split);
-    pcre2_code_free(t->re_digit);
+    pcre2_code_free(t->re_isolate);
     free(t->text);
     free(t->text_off);
     free(t->text_len);
@@ -677,6 +749,8 @@ typedef struct {
     size_t sym_cap;
     bpe_pair *heap;     /* min-heap on (rank, left); grows as needed */
     size_t heap_n, heap_cap;
+    char *text;         /* the piece in byte-level form, for the ignore_merges lookup */
+    size_t text_cap;
 } tok_work;
 
 static void work_free(tok_work *w)
@@ -686,6 +760,7 @@ static void work_free(tok_work *w)
     free(w->next);
     free(w->prev);
     free(w->heap);
+    free(w->text);
 }
 
 static int work_reserve(tok_work *w, size_t n)
@@ -766,6 +841,29 @@ static int push_pair(const tok_tokenizer *t, tok_work *w, int32_t left)
     return heap_push(w, (bpe_pair){rank, left, a, b});
 }
 
+/* *id = the token whose text is the byte-level form of p[0..n), or -1. For
+ * ignore_merges: llama.cpp looks the whole piece up among all its tokens
+ * (any type) before merging, as Hugging Face's BPE does with that option. */
+static int piece_token(const tok_tokenizer *t, tok_work *w, const uint8_t *p, size_t n, int32_t *id)
+{
+    *id = -1;
+    /* Each byte becomes 1 or 2 bytes of text, so a longer piece cannot be a token. */
+    if (n > t->max_text_len)
+        return 0;
+    if (2 * n > w->text_cap) {
+        char *s = realloc(w->text, 2 * n);
+        if (!s)
+            return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a piece of %zu bytes", n);
+        w->text = s;
+        w->text_cap = 2 * n;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += utf8_put(byte_to_cp(p[i]), w->text + k);
+    *id = vocab_find(t, w->text, k);
+    return 0;
+}
+
 /* BPE over one piece of raw bytes, appending its tokens. A byte whose
  * byte-level char is not in the vocab is dropped, as llama.cpp and Hugging
  * Face (no unk token in a gpt2 vocab) both do. */
@@ -775,7 +873,15 @@ static int bpe_piece(const tok_tokenizer *t, tok_work *w, const uint8_t *p, size
         return 0;
     if (n == 1)
         return t->byte_tok[p[0]] >= 0 ? ids_push(out, t->byte_tok[p[0]]) : 0;
-    int rc = work_reserve(w, n);
+    int rc;
+    if (t->pre->ignore_merges) {
+        int32_t whole;
+        if ((rc = piece_token(t, w, p, n, &whole)))
+            return rc;
+        if (whole >= 0)
+            return ids_push(out, whole);
+    }
+    rc = work_reserve(w, n);
     if (rc)
         return rc;
     int32_t m = (int32_t)n;
@@ -820,10 +926,10 @@ static int pcre_fail(int code)
     return rd_fail(RD_ENOMEM, "tokenizer: the split pattern failed to match (PCRE2: %s)", msg);
 }
 
-/* Splits s[0..len) with the GPT-2 pattern and runs BPE on each piece. The
- * subject is exactly this fragment, so (?!\S) at its end sees the end of the
- * text, not the digit or special token that follows it. */
-static int split_gpt2(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, id_list *out)
+/* Splits s[0..len) with the pre-tokenizer's pattern and runs BPE on each
+ * piece. The subject is exactly this fragment, so (?!\S) at its end sees the
+ * end of the text, not the digit or special token that follows it. */
+static int split_pieces(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, id_list *out)
 {
     size_t at = 0;
     int rc;
@@ -853,19 +959,19 @@ static int split_gpt2(const tok_tokenizer *t, tok_work *w, const char *s, size_t
  * between them (llama.cpp applies its regex list in sequence like this). */
 static int encode_fragment(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, id_list *out)
 {
-    if (!t->re_digit)
-        return split_gpt2(t, w, s, len, out);
+    if (!t->re_isolate)
+        return split_pieces(t, w, s, len, out);
     size_t at = 0;
     int rc;
     while (at < len) {
-        int m = pcre2_match(t->re_digit, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, w->md, NULL);
+        int m = pcre2_match(t->re_isolate, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, w->md, NULL);
         if (m == PCRE2_ERROR_NOMATCH)
-            return split_gpt2(t, w, s + at, len - at, out);
+            return split_pieces(t, w, s + at, len - at, out);
         if (m < 0)
             return pcre_fail(m);
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
         size_t start = ov[0], end = ov[1];
-        if (start > at && (rc = split_gpt2(t, w, s + at, start - at, out)))
+        if (start > at && (rc = split_pieces(t, w, s + at, start - at, out)))
             return rc;
         if ((rc = bpe_piece(t, w, (const uint8_t *)s + start, end - start, out)))
             return rc;
@@ -1054,41 +1160,99 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **
     return 0;
 }
 
-/* One "<|im_start|>{role}\n{content}<|im_end|>\n" turn. The content is never
- * searched for control tokens, so a prompt cannot open or close turns; the ids
- * equal those of the rendered template tokenized with special parsing
- * whenever the content holds no control-token text. */
-static int chatml_turn(const tok_tokenizer *t, tok_work *w, const char *role, const char *content, id_list *out)
+/* Appends the ids of role + sep + content, a stretch of plain text between
+ * two markers. The content is never searched for control tokens, so a prompt
+ * cannot open or close turns; the ids equal those of the rendered template
+ * tokenized with special parsing whenever the content holds no control-token
+ * text. */
+static int chat_text(const tok_tokenizer *t, tok_work *w, const char *role, const char *sep, const char *content,
+                     id_list *out)
 {
-    size_t nr = strlen(role), nc = strlen(content);
-    char *buf = malloc(nr + 1 + nc);
+    size_t nr = strlen(role), ns = strlen(sep), nc = strlen(content);
+    char *buf = malloc(nr + ns + nc + 1);
     if (!buf)
-        return rd_fail(RD_ENOMEM, "tok_chatml: out of memory");
+        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a chat turn of %zu bytes", nc);
     memcpy(buf, role, nr);
-    buf[nr] = '\n';
-    memcpy(buf + nr + 1, content, nc);
-    int rc = ids_push(out, t->im_start);
-    if (!rc)
-        rc = encode_into(t, w, buf, nr + 1 + nc, 0, out);
-    if (!rc)
-        rc = ids_push(out, t->im_end);
-    if (!rc)
-        rc = encode_into(t, w, "\n", 1, 0, out);
+    memcpy(buf + nr, sep, ns);
+    memcpy(buf + nr + ns, content, nc);
+    int rc = encode_into(t, w, buf, nr + ns + nc, 0, out);
     free(buf);
     return rc;
 }
 
-int tok_chatml(const tok_tokenizer *t, const char *system, const char *user, int32_t **ids, size_t *n_ids)
+/* One "<|im_start|>{role}\n{content}<|im_end|>\n" turn. */
+static int chatml_turn(const tok_tokenizer *t, tok_work *w, const char *role, const char *content, id_list *out)
+{
+    int rc = ids_push(out, t->im_start);
+    if (!rc)
+        rc = chat_text(t, w, role, "\n", content, out);
+    if (!rc)
+        rc = ids_push(out, t->im_end);
+    if (!rc)
+        rc = encode_into(t, w, "\n", 1, 0, out);
+    return rc;
+}
+
+/* One "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
+ * turn; with content NULL only the header and its "\n\n" (the assistant's
+ * turn left open). The role sits alone between two markers, so it is a
+ * fragment of its own, as in the rendered text. */
+static int llama3_turn(const tok_tokenizer *t, tok_work *w, const char *role, const char *content, id_list *out)
+{
+    int rc = ids_push(out, t->start_header);
+    if (!rc)
+        rc = encode_into(t, w, role, strlen(role), 0, out);
+    if (!rc)
+        rc = ids_push(out, t->end_header);
+    if (!rc)
+        rc = chat_text(t, w, "", "\n\n", content ? content : "", out);
+    if (!rc && content)
+        rc = ids_push(out, t->eot_id);
+    return rc;
+}
+
+/* Which markers of a format the vocabulary lacks, for the error message. */
+static void missing_markers(const tok_tokenizer *t, tok_chat_format f, char *msg, size_t cap)
+{
+    const char *name[3];
+    int32_t id[3];
+    int n = f == TOK_CHAT_LLAMA3 ? 3 : 2;
+    if (f == TOK_CHAT_LLAMA3) {
+        name[0] = "<|start_header_id|>", name[1] = "<|end_header_id|>", name[2] = "<|eot_id|>";
+        id[0] = t->start_header, id[1] = t->end_header, id[2] = t->eot_id;
+    } else {
+        name[0] = "<|im_start|>", name[1] = "<|im_end|>";
+        id[0] = t->im_start, id[1] = t->im_end;
+    }
+    size_t at = 0;
+    msg[0] = 0;
+    for (int i = 0; i < n && at < cap; i++)
+        if (id[i] < 0)
+            at += (size_t)snprintf(msg + at, cap - at, "%s%s", at ? ", " : "", name[i]);
+}
+
+/* The prompt in format f: a system turn when system is not NULL, the user's
+ * turn, and the assistant's turn opened for the model to write. */
+static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn, const char *system,
+                       const char *user, int32_t **ids, size_t *n_ids)
 {
     if (!ids || !n_ids)
-        return rd_fail(RD_EINVAL, "tok_chatml: ids and n_ids must not be NULL");
+        return rd_fail(RD_EINVAL, "%s: ids and n_ids must not be NULL", fn);
     *ids = NULL;
     *n_ids = 0;
     if (!t || !user)
-        return rd_fail(RD_EINVAL, "tok_chatml: the tokenizer and user must not be NULL");
-    if (t->im_start < 0 || t->im_end < 0)
-        return rd_fail(RD_ENOTSUP, "tok_chatml: the vocabulary has no <|im_start|> or <|im_end|> token, "
-                                   "so it cannot write a ChatML prompt");
+        return rd_fail(RD_EINVAL, "%s: the tokenizer and user must not be NULL", fn);
+    if (f == TOK_CHAT_NONE) {
+        char l3[96], cm[64];
+        missing_markers(t, TOK_CHAT_LLAMA3, l3, sizeof l3);
+        missing_markers(t, TOK_CHAT_CHATML, cm, sizeof cm);
+        return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no chat format: Llama 3's needs <|start_header_id|>, "
+                                   "<|end_header_id|> and <|eot_id|> (it lacks %s); ChatML's needs <|im_start|> and "
+                                   "<|im_end|> (it lacks %s)", fn, l3, cm);
+    }
+    if (f == TOK_CHAT_CHATML && (t->im_start < 0 || t->im_end < 0)) /* only tok_chatml asks for it regardless */
+        return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no <|im_start|> or <|im_end|> token, "
+                                   "so it cannot write a ChatML prompt", fn);
     int rc;
     if ((system && (rc = check_utf8("the system message", system, strlen(system)))) ||
         (rc = check_utf8("the user message", user, strlen(user))))
@@ -1097,18 +1261,74 @@ int tok_chatml(const tok_tokenizer *t, const char *system, const char *user, int
     tok_work w;
     id_list out = {0};
     rc = work_init(t, &w);
-    if (!rc && system)
-        rc = chatml_turn(t, &w, "system", system, &out);
-    if (!rc)
-        rc = chatml_turn(t, &w, "user", user, &out);
-    if (!rc)
-        rc = ids_push(&out, t->im_start);
-    if (!rc)
-        rc = encode_into(t, &w, "assistant\n", 10, 0, &out);
+    if (f == TOK_CHAT_CHATML) {
+        if (!rc && system)
+            rc = chatml_turn(t, &w, "system", system, &out);
+        if (!rc)
+            rc = chatml_turn(t, &w, "user", user, &out);
+        if (!rc)
+            rc = ids_push(&out, t->im_start);
+        if (!rc)
+            rc = encode_into(t, &w, "assistant\n", 10, 0, &out);
+    } else {
+        /* The template's bos_token opens the conversation (<|begin_of_text|>
+         * in Llama 3 files); callers add no other BOS. */
+        if (!rc && t->bos >= 0)
+            rc = ids_push(&out, t->bos);
+        if (!rc && system)
+            rc = llama3_turn(t, &w, "system", system, &out);
+        if (!rc)
+            rc = llama3_turn(t, &w, "user", user, &out);
+        if (!rc)
+            rc = llama3_turn(t, &w, "assistant", NULL, &out);
+    }
     work_free(&w);
     if (!rc)
         rc = ids_finish(&out, ids, n_ids);
     if (rc)
         free(out.v);
     return rc;
+}
+
+int tok_chatml(const tok_tokenizer *t, const char *system, const char *user, int32_t **ids, size_t *n_ids)
+{
+    return chat_prompt(t, TOK_CHAT_CHATML, "tok_chatml", system, user, ids, n_ids);
+}
+
+int tok_chat(const tok_tokenizer *t, const char *system, const char *user, int32_t **ids, size_t *n_ids)
+{
+    return chat_prompt(t, t ? t->chat : TOK_CHAT_NONE, "tok_chat", system, user, ids, n_ids);
+}
+
+tok_chat_format tok_chat_kind(const tok_tokenizer *t) { return t->chat; }
+
+const char *tok_chat_name(tok_chat_format f)
+{
+    return f == TOK_CHAT_LLAMA3 ? "llama3" : f == TOK_CHAT_CHATML ? "chatml" : "none";
+}
+
+int32_t tok_eot(const tok_tokenizer *t)
+{
+    return t->chat == TOK_CHAT_LLAMA3 ? t->eot_id : t->chat == TOK_CHAT_CHATML ? t->im_end : -1;
+}
+
+int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids)
+{
+    int rc = tok_encode(t, text, len, 1, ids, n_ids);
+    /* A text that starts with the BOS token's own text keeps a single BOS. */
+    if (rc || !t->add_bos || t->bos < 0 || (*n_ids > 0 && (*ids)[0] == t->bos))
+        return rc;
+    int32_t *v = realloc(*ids, sizeof(int32_t) * (*n_ids + 1));
+    if (!v) {
+        rc = rd_fail(RD_ENOMEM, "tok_encode_prompt: out of memory for %zu ids", *n_ids + 1);
+        free(*ids);
+        *ids = NULL;
+        *n_ids = 0;
+        return rc;
+    }
+    memmove(v + 1, v, sizeof(int32_t) * *n_ids);
+    v[0] = t->bos;
+    *ids = v;
+    *n_ids += 1;
+    return 0;
 }

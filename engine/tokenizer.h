@@ -1,11 +1,17 @@
 /* tokenizer.h - GPT-2 byte-level BPE from GGUF metadata.
  *
  * Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos_token_id,
- * eos_token_id,...}. Pre-tokenization runs with PCRE2 (UTF + UCP): for the
- * "smollm" pre-tokenizer every digit is its own piece, then the GPT-2 split
- * pattern applies; "gpt2" applies the GPT-2 pattern alone; any other
- * pre-tokenizer (or none) is refused with RD_ENOTSUP. Merges are applied
- * lowest rank first, leftmost on ties. */
+ * eos_token_id,add_bos_token}. Pre-tokenization runs with PCRE2 (UTF + UCP),
+ * with llama.cpp's patterns (src/llama-vocab.cpp) for each pre-tokenizer:
+ *   "smollm"     every \p{N} is its own piece, then the GPT-2 pattern (SmolLM2);
+ *   "gpt2"       the GPT-2 pattern alone;
+ *   "qwen2"      Qwen2's pattern, every \p{N} its own piece (Qwen2, Qwen2.5, Qwen3);
+ *   "llama-bpe"  Llama 3's pattern, digits in runs of up to three (Llama 3.x);
+ *                also ignore_merges (a piece that is itself a token is that
+ *                token, whatever the merges would make of it) and add_bos
+ *                true unless the file says otherwise, as llama.cpp sets them.
+ * Any other pre-tokenizer (or none) is refused with RD_ENOTSUP naming these.
+ * Merges are applied lowest rank first, leftmost on ties. */
 #ifndef RD_TOKENIZER_H
 #define RD_TOKENIZER_H
 
@@ -16,13 +22,22 @@
 
 typedef struct tok_tokenizer tok_tokenizer;
 
+/* The turn format a vocabulary's markers allow, fixed at load. */
+typedef enum {
+    TOK_CHAT_NONE = 0,    /* neither set of markers */
+    TOK_CHAT_CHATML = 1,  /* <|im_start|>, <|im_end|>: Qwen2/2.5/3, SmolLM2 */
+    TOK_CHAT_LLAMA3 = 2,  /* <|start_header_id|>, <|end_header_id|>, <|eot_id|>: Llama 3.x */
+} tok_chat_format;
+
 int tok_load(const gguf_file *g, tok_tokenizer **out);
 void tok_free(tok_tokenizer *t);
 
 int32_t tok_vocab_size(const tok_tokenizer *t);
 int32_t tok_bos(const tok_tokenizer *t);   /* -1 if none */
-int32_t tok_eos(const tok_tokenizer *t);   /* -1 if none */
-int tok_add_bos(const tok_tokenizer *t);   /* tokenizer.ggml.add_bos_token (default 0) */
+int32_t tok_eos(const tok_tokenizer *t);   /* tokenizer.ggml.eos_token_id; -1 if none */
+/* tokenizer.ggml.add_bos_token; without the key, llama.cpp's default for the
+ * pre-tokenizer: 1 for llama-bpe, else 0. */
+int tok_add_bos(const tok_tokenizer *t);
 
 /* Encodes len bytes of UTF-8 text. With parse_special, control tokens
  * written literally in the text ("<|im_start|>") become their ids; otherwise
@@ -35,20 +50,52 @@ int tok_add_bos(const tok_tokenizer *t);   /* tokenizer.ggml.add_bos_token (defa
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
                int32_t **ids, size_t *n_ids);
 
+/* A plain-text prompt as the model expects it: tok_encode with parse_special,
+ * after the BOS when tok_add_bos says so (as llama.cpp and Hugging Face add
+ * it), unless the text already starts with the BOS token's text. */
+int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids);
+
 /* Decodes ids to UTF-8 bytes (byte-level pieces mapped back to raw bytes;
  * control tokens rendered as their text; generated ids may end inside a UTF-8
- * sequence, and the bytes are returned as they are). An id outside the
- * vocabulary is RD_EINVAL. *text is malloc'd and NUL-terminated. */
+ * sequence, and the bytes are returned as they are). No clean-up of spaces
+ * (llama.cpp's clean_spaces) for any pre-tokenizer: the bytes are exact. An
+ * id outside the vocabulary is RD_EINVAL. *text is malloc'd and NUL-terminated. */
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **text, size_t *len);
 
 /* The text of one token as stored in the vocabulary (byte-level form), or NULL. */
 const char *tok_piece(const tok_tokenizer *t, int32_t id);
 
-/* ChatML prompt for an Instruct model:
- * "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
- * system may be NULL (the system turn is then omitted). The contents are
- * never parsed for control tokens; otherwise the ids equal tok_encode of the
- * rendered text with parse_special. RD_ENOTSUP if the vocab lacks the markers. */
+/* The chat format of the vocabulary: Llama 3 when it has <|start_header_id|>,
+ * <|end_header_id|> and <|eot_id|>; else ChatML when it has <|im_start|> and
+ * <|im_end|>; else TOK_CHAT_NONE. A vocabulary with both sets is Llama 3
+ * unless its tokenizer.chat_template uses ChatML's markers and not Llama 3's. */
+tok_chat_format tok_chat_kind(const tok_tokenizer *t);
+const char *tok_chat_name(tok_chat_format f);   /* "chatml", "llama3" or "none" */
+
+/* The token that ends a turn in the chat format: <|eot_id|> (Llama 3) or
+ * <|im_end|> (ChatML); -1 for TOK_CHAT_NONE. A generation should stop at it as
+ * at tok_eos (the file's eos may be <|end_of_text|> in a Llama 3 Instruct
+ * GGUF, or <|endoftext|> in a Qwen one); for SmolLM2 they are the same token. */
+int32_t tok_eot(const tok_tokenizer *t);
+
+/* The prompt for an Instruct model in the vocabulary's chat format, one user
+ * turn after an optional system turn (system NULL: no system turn), ending
+ * with the assistant's turn opened:
+ *   ChatML:  "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+ *            "<|im_start|>assistant\n"                 (bit for bit tok_chatml)
+ *   Llama 3: "{bos}<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
+ *            "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>"
+ *            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+ *            where {bos} is tok_bos (<|begin_of_text|>), omitted when the file
+ *            names none. The BOS is part of the prompt: add no other.
+ * No default system message is written and the contents are not trimmed.
+ * The contents are never parsed for control tokens; otherwise the ids equal
+ * tok_encode of the rendered text with parse_special. RD_ENOTSUP for
+ * TOK_CHAT_NONE, naming the markers the vocabulary lacks. */
+int tok_chat(const tok_tokenizer *t, const char *system, const char *user, int32_t **ids, size_t *n_ids);
+
+/* The ChatML prompt whatever tok_chat_kind says (see tok_chat); RD_ENOTSUP if
+ * the vocab lacks <|im_start|> or <|im_end|>. Callers want tok_chat. */
 int tok_chatml(const tok_tokenizer *t, const char *system, const char *user,
                int32_t **ids, size_t *n_ids);
 

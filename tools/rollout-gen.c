@@ -126,8 +126,8 @@ int main(int argc, char **argv)
             return 1;
         }
         size_t nn = 0;
-        int rc = chat ? tok_chatml(L.tok, system, prompt, &ids, &nn)
-                      : tok_encode(L.tok, prompt, strlen(prompt), 1, &ids, &nn);
+        int rc = chat ? tok_chat(L.tok, system, prompt, &ids, &nn)
+                      : tok_encode_prompt(L.tok, prompt, strlen(prompt), &ids, &nn);
         if (rc) {
             fprintf(stderr, "%s: cannot tokenize the prompt: %s\n", P, rd_errmsg());
             return 1;
@@ -138,6 +138,7 @@ int main(int argc, char **argv)
     eng_config cfg = eng_default_config();
     cfg.backend = backend;
     cfg.eos_id = L.tok ? tok_eos(L.tok) : -1;
+    cfg.eot_id = L.tok ? tok_eot(L.tok) : -1; /* as rolloutd: a chat turn ends at its own marker too */
     if (n > cfg.max_num_seqs)
         cfg.max_num_seqs = n;
     if (cfg.max_batch_tokens < cfg.max_num_seqs)

@@ -2,13 +2,20 @@
  * for checking prompts by hand.
  *
  *   rollout-tokenize --model PATH [--special]   < hex lines  > id lines
+ *   rollout-tokenize --model PATH --prompt      < hex lines  > id lines
+ *   rollout-tokenize --model PATH --chat        < [hex:]hex lines > id lines
  *   rollout-tokenize --model PATH --decode      < id lines   > hex lines
+ *   rollout-tokenize --model PATH --info        > "key value" lines
  *
  * Each input line is one request. Encoding reads the text as hex (so any bytes,
  * newlines included, fit on a line) and prints the ids comma-separated;
+ * --prompt encodes as a plain-text prompt (tok_encode_prompt: BOS when the
+ * vocab asks for it, special tokens parsed); --chat reads "USER" or
+ * "SYSTEM:USER" (each hex) and prints the chat prompt's ids (tok_chat);
  * decoding reads comma-separated ids and prints the bytes as hex. An empty line
  * is the empty text or the empty id list. A request that fails prints
  * "error: <why>" on its line and the tool goes on; the exit status is then 1.
+ * --info prints the vocabulary's size, bos, eos, eot, add_bos and chat format.
  * Bad flags exit with status 2. */
 #include <errno.h>
 #include <stdint.h>
@@ -22,11 +29,14 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: rollout-tokenize --model PATH [--special] [--decode]\n"
+    fprintf(f, "usage: rollout-tokenize --model PATH [--special | --prompt | --chat | --decode | --info]\n"
                "  stdin: one request per line; stdout: one result per line\n"
                "  encode (default): hex-encoded UTF-8 text in, comma-separated token ids out\n"
                "  --special         text like <|im_start|> becomes its control token\n"
-               "  --decode          comma-separated token ids in, hex-encoded bytes out\n");
+               "  --prompt          as a plain-text prompt: --special, after the BOS if the vocab adds one\n"
+               "  --chat            USER or SYSTEM:USER (hex) in, the chat prompt's ids out\n"
+               "  --decode          comma-separated token ids in, hex-encoded bytes out\n"
+               "  --info            print vocab, bos, eos, eot, add_bos and chat (no input)\n");
 }
 
 static int hex_value(char c)
@@ -98,18 +108,56 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return 0;
 }
 
-static int encode_line(const tok_tokenizer *t, char *line, size_t n, int special)
+enum { MODE_ENCODE, MODE_SPECIAL, MODE_PROMPT, MODE_CHAT, MODE_DECODE, MODE_INFO };
+
+static void print_ids(const int32_t *ids, size_t n_ids)
+{
+    for (size_t i = 0; i < n_ids; i++)
+        printf(i ? ",%d" : "%d", ids[i]);
+    putchar('\n');
+}
+
+static int encode_line(const tok_tokenizer *t, char *line, size_t n, int mode)
 {
     size_t len = 0, n_ids = 0;
     int32_t *ids = NULL;
     int rc = unhex(line, n, &len);
     if (!rc)
-        rc = tok_encode(t, line, len, special, &ids, &n_ids);
+        rc = mode == MODE_PROMPT ? tok_encode_prompt(t, line, len, &ids, &n_ids)
+                                 : tok_encode(t, line, len, mode == MODE_SPECIAL, &ids, &n_ids);
     if (rc)
         return rc;
-    for (size_t i = 0; i < n_ids; i++)
-        printf(i ? ",%d" : "%d", ids[i]);
-    putchar('\n');
+    print_ids(ids, n_ids);
+    free(ids);
+    return 0;
+}
+
+/* "USER" or "SYSTEM:USER", each hex; the messages are C strings, so a NUL in
+ * one is refused rather than cutting it short. */
+static int chat_line(const tok_tokenizer *t, char *line, size_t n)
+{
+    char *colon = memchr(line, ':', n);
+    char *system = NULL, *user = line;
+    size_t len = 0, sys_len = 0, n_ids = 0;
+    int rc = 0;
+    if (colon) {
+        *colon = 0;
+        system = line;
+        user = colon + 1;
+        rc = unhex(system, (size_t)(colon - line), &sys_len);
+        system[sys_len] = 0;
+    }
+    if (!rc)
+        rc = unhex(user, n - (size_t)(user - line), &len);
+    if (rc)
+        return rc;
+    user[len] = 0;
+    if (strlen(user) != len || (system && strlen(system) != sys_len))
+        return rd_fail(RD_EINVAL, "a chat message holds a NUL byte");
+    int32_t *ids = NULL;
+    if ((rc = tok_chat(t, system, user, &ids, &n_ids)))
+        return rc;
+    print_ids(ids, n_ids);
     free(ids);
     return 0;
 }
@@ -135,19 +183,28 @@ static int decode_line(const tok_tokenizer *t, const char *line)
 
 int main(int argc, char **argv)
 {
+    static const char *const mode_flag[] = {"", "--special", "--prompt", "--chat", "--decode", "--info"}; /* [MODE_*] */
     const char *model = NULL;
-    int special = 0, decode = 0;
+    int mode = MODE_ENCODE;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--model") == 0) {
+        int m = -1;
+        for (int k = 1; k < (int)(sizeof mode_flag / sizeof mode_flag[0]); k++)
+            if (strcmp(argv[i], mode_flag[k]) == 0)
+                m = k;
+        if (m > 0) {
+            if (mode != MODE_ENCODE && mode != m) {
+                fprintf(stderr, "rollout-tokenize: %s and %s do not go together (one mode per run; --special "
+                                "applies to encoding, decoding always writes control tokens as their text)\n",
+                        mode_flag[mode], argv[i]);
+                return 2;
+            }
+            mode = m;
+        } else if (strcmp(argv[i], "--model") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "rollout-tokenize: --model needs a path\n");
                 return 2;
             }
             model = argv[++i];
-        } else if (strcmp(argv[i], "--special") == 0) {
-            special = 1;
-        } else if (strcmp(argv[i], "--decode") == 0) {
-            decode = 1;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return 0;
@@ -160,11 +217,6 @@ int main(int argc, char **argv)
     if (!model) {
         fprintf(stderr, "rollout-tokenize: --model PATH is required\n");
         usage(stderr);
-        return 2;
-    }
-    if (special && decode) {
-        fprintf(stderr, "rollout-tokenize: --special applies to encoding; decoding always writes control "
-                        "tokens as their text\n");
         return 2;
     }
 
@@ -182,6 +234,13 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    if (mode == MODE_INFO) {
+        printf("vocab %d\nbos %d\neos %d\neot %d\nadd_bos %d\nchat %s\n", tok_vocab_size(t), tok_bos(t), tok_eos(t),
+               tok_eot(t), tok_add_bos(t), tok_chat_name(tok_chat_kind(t)));
+        tok_free(t);
+        return 0;
+    }
+
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -189,7 +248,9 @@ int main(int argc, char **argv)
     while ((n = getline(&line, &cap, stdin)) >= 0) {
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
             line[--n] = 0;
-        rc = decode ? decode_line(t, line) : encode_line(t, line, (size_t)n, special);
+        rc = mode == MODE_DECODE ? decode_line(t, line)
+             : mode == MODE_CHAT ? chat_line(t, line, (size_t)n)
+                                 : encode_line(t, line, (size_t)n, mode);
         if (rc) {
             printf("error: %s\n", rd_errmsg());
             failed = 1;

@@ -198,8 +198,8 @@ static int cmd_generate(const char *url, int argc, char **argv)
     /* The prompt ids to print; a text prompt is still sent as text for the daemon to tokenize. */
     if (prompt) {
         size_t nn = 0;
-        int rc = chat ? tok_chatml(lt.tok, NULL, prompt, &ids, &nn)
-                      : tok_encode(lt.tok, prompt, strlen(prompt), 1, &ids, &nn);
+        int rc = chat ? tok_chat(lt.tok, NULL, prompt, &ids, &nn)
+                      : tok_encode_prompt(lt.tok, prompt, strlen(prompt), &ids, &nn);
         if (rc) {
             fprintf(stderr, "%s: cannot tokenize the prompt: %s\n", P, rd_errmsg());
             return 1;

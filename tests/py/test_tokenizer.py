@@ -3,13 +3,19 @@
 Our ids come from build/rollout-tokenize (hex text in, ids out; --decode for the
 way back). Every string is compared with and without special-token parsing,
 and decode(encode(s)) == s is checked for all of them.
+
+The qwen2 and llama-bpe pre-tokenizers and the two chat formats are compared
+the same way on vocab-only copies of the real model's file (no tensors), with
+tokenizer.ggml.pre rewritten and a few tokens appended: multi-digit tokens (so
+that digit grouping shows in the ids), tokens no merge produces (so that
+llama-bpe's ignore_merges shows), and, for Llama 3, its control tokens.
 """
 import os
 import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, MODEL, case, main, run  # noqa: E402
+from harness import BUILD, MODEL, TMP, case, main, run  # noqa: E402
 
 TOOL = os.path.join(BUILD, "rollout-tokenize")
 
@@ -142,10 +148,19 @@ STRINGS = PROSE + CONTRACTIONS + DIGITS + WHITESPACE + UNICODE + EMOJI + CODE + 
 DROPPED = ["a\x04b", "\x06\x13\x14\x16\x1d"]
 
 
-def encode(texts, special):
-    args = [TOOL, "--model", MODEL] + (["--special"] if special else [])
-    inp = "".join(t.encode("utf-8", "surrogatepass").hex() + "\n" if isinstance(t, str) else t.hex() + "\n"
-                  for t in texts)
+def hexline(t):
+    return (t.encode("utf-8", "surrogatepass") if isinstance(t, str) else t).hex()
+
+
+def encode(texts, special, model=None, mode=None):
+    """Our ids for each text (or "error: ..."), and the tool's exit status.
+    mode: None (encode, --special if special), "--prompt" or "--chat" (each
+    text then a (system or None, user) pair)."""
+    args = [TOOL, "--model", model or MODEL] + ([mode] if mode else ["--special"] if special else [])
+    if mode == "--chat":
+        inp = "".join((hexline(s) + ":" if s is not None else "") + hexline(u) + "\n" for s, u in texts)
+    else:
+        inp = "".join(hexline(t) + "\n" for t in texts)
     p = run(args, input=inp, check=False)
     lines = p.stdout.split("\n")[:-1]
     assert len(lines) == len(texts), f"{len(texts)} inputs gave {len(lines)} lines; stderr: {p.stderr[-500:]}"
@@ -160,27 +175,32 @@ def decode(id_lists):
     return [bytes.fromhex(line) for line in lines]
 
 
-_llama = None
+def quiet(fn):
+    """fn() with fd 2 sent to /dev/null: llama.cpp warns there even with
+    verbose=False; keep it out of the PASS/FAIL lines."""
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        return fn()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
-def llama():
-    global _llama
-    if _llama is None:
+_llama = {}
+
+
+def llama(model=None):
+    model = model or MODEL
+    if model not in _llama:
         try:
             import llama_cpp
         except ImportError as e:
             raise AssertionError("the oracle llama_cpp (llama-cpp-python) is not importable; run `make setup`") from e
-        # llama.cpp warns about the context size on fd 2 even with verbose=False;
-        # keep it out of the PASS/FAIL lines.
-        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 2)
-        try:
-            _llama = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(null)
-    return _llama
+        # llama.cpp warns about the context size on fd 2 even with verbose=False.
+        _llama[model] = quiet(lambda: llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False))
+    return _llama[model]
 
 
 def show(ids, at):
@@ -189,9 +209,9 @@ def show(ids, at):
     return ("..." if lo else "") + str(ids[lo:at + 6])[1:-1] + ("..." if at + 6 < len(ids) else "")
 
 
-def compare(texts, special):
-    ours, rc = encode(texts, special)
-    ref = llama()
+def compare(texts, special, model=None):
+    ours, rc = encode(texts, special, model)
+    ref = llama(model)
     bad = []
     for text, got in zip(texts, ours):
         want = ref.tokenize(text.encode("utf-8"), add_bos=False, special=special)
@@ -204,7 +224,8 @@ def compare(texts, special):
     if bad:
         head = "; ".join(f"{t[:60]!r}: first difference at {at}: ours [{show(g, at) if isinstance(g, list) else g}]"
                          f" llama.cpp [{show(w, at)}]" for t, g, w, at in bad[:4])
-        raise AssertionError(f"{len(bad)} of {len(texts)} strings differ from llama.cpp (special={special}): {head}")
+        raise AssertionError(f"{len(bad)} of {len(texts)} strings differ from llama.cpp (special={special}, "
+                             f"{os.path.basename(model or MODEL)}): {head}")
     assert rc == 0, f"rollout-tokenize exited {rc}"
     return len(texts)
 
@@ -284,6 +305,279 @@ def test_cli_rejects_bad_usage():
     lines = p.stdout.splitlines()
     assert p.returncode == 1 and len(lines) == 4 and all(x.startswith("error:") for x in lines), p.stdout
     assert "49152" in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------------------
+# qwen2 and llama-bpe, Llama 3 and ChatML chat prompts.
+
+def byte_level(text):
+    """GPT-2's byte-level form of text (the way the vocabulary writes tokens):
+    printable Latin-1 bytes stand for themselves, the other 68 bytes take
+    U+0100.. in byte order."""
+    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
+# Appended to the vocabulary: multi-digit tokens with merges (SmolLM2's vocab
+# has single digits only, so grouping would not show), and tokens that no merge
+# produces: with ignore_merges (llama-bpe) a piece equal to one is that token,
+# without it (qwen2) the merges split it.
+DIGIT_TOKENS = [("12", "1 2"), ("123", "12 3"), ("45", "4 5"), ("456", "45 6"), ("78", "7 8")]
+UNMERGED = ["999", " supercalifragilistic", "supercalifragilistic", "\u65e5\u672c\u8a9e", "!?!"]
+LLAMA3_CONTROL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+_copies = {}
+
+
+def vocab_copy(name, pre, control=(), eos=None, add_bos=None, drop=()):
+    """A vocab-only copy of the real model's file (every key, no tensors) with
+    tokenizer.ggml.pre = pre, DIGIT_TOKENS and UNMERGED appended as normal
+    tokens and `control` as control tokens; bos = the first control token if
+    any; eos = the named token; add_bos_token as given; keys in drop left
+    out. Returns (path, token text -> id of the appended tokens)."""
+    if name in _copies:
+        return _copies[name]
+    import gguf
+    r = gguf.GGUFReader(MODEL)
+    tokens = list(r.get_field("tokenizer.ggml.tokens").contents())
+    types = list(r.get_field("tokenizer.ggml.token_type").contents())
+    merges = list(r.get_field("tokenizer.ggml.merges").contents())
+    have = set(tokens)
+    ids = {}
+    for text, ttype in [(t, 1) for t, _ in DIGIT_TOKENS] + [(t, 1) for t in UNMERGED] + [(t, 3) for t in control]:
+        form = byte_level(text) if ttype == 1 else text
+        assert form not in have, f"{text!r} is already in the vocabulary; pick another test token"
+        ids[text] = len(tokens)
+        tokens.append(form)
+        types.append(ttype)
+    merges += [m for _, m in DIGIT_TOKENS]
+    new = {"tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+           "tokenizer.ggml.merges": merges}
+    if control:
+        new["tokenizer.ggml.bos_token_id"] = ids[control[0]]
+    if eos is not None:
+        new["tokenizer.ggml.eos_token_id"] = ids[eos]
+    if add_bos is not None:
+        new["tokenizer.ggml.add_bos_token"] = add_bos
+    path = os.path.join(TMP, f"tokenizer-{name}.gguf")
+    w = gguf.GGUFWriter(path, r.get_field("general.architecture").contents())
+    for f in r.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF.") or f.name in drop:
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, new.get(f.name, f.contents()), vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    _copies[name] = (path, ids)
+    return _copies[name]
+
+
+def qwen2_copy():
+    """Qwen-like: qwen2 pre-tokenizer, ChatML (SmolLM2's markers), eos <|im_end|>."""
+    return vocab_copy("qwen2", "qwen2")
+
+
+def llama3_copy(eos="<|eot_id|>"):
+    """Llama 3-like: llama-bpe, its control tokens, BOS <|begin_of_text|> added
+    to prompts, eos as given; SmolLM2's ChatML chat template left out (with
+    both marker sets and a ChatML template the vocabulary would count as ChatML)."""
+    return vocab_copy("llama3-" + eos.strip("<|>"), "llama-bpe", LLAMA3_CONTROL, eos, True,
+                      drop=("tokenizer.chat_template",))
+
+
+# Strings where qwen2 and llama-bpe split differently from the GPT-2 pattern or
+# from each other: digit runs, contractions in either case, whitespace and
+# newline runs, punctuation before newlines, a non-letter before a word, the
+# appended tokens alone and inside text, and Llama 3's control tokens.
+PRE_STRINGS = [
+    "12345678", "1234567", "123 4567 89", "0" * 10, "x12y345z", "3.14159 2,718,281", "v1.2.34", "999", "9999",
+    " 999", "a999b", "\u0661\u0662\u0663\u0664\u0665 Arabic-Indic", "\u00bd\u00bc \u2460\u2461\u2462",
+    "IT'S YOU'RE WE'VE I'M THEY'LL HE'D DON'T", "'S 'T 'RE 'VE 'M 'LL 'D", "'s 'll 'Ll 'lL", "x'\u017f long s",
+    "a\n\nb", "a \n\n b", "\n\n\n\tfoo", "x\r\n\r\ny", "  \n  \n  ", "foo  \n", "end\n\n", "}\n\n\n}", ";\n",
+    "!!!\n\n", "?\r\n", "  hello", "\thello", "\u00a0hello", "(hello)", "$hello", "\u2014word and \u2013dash",
+    "_private __dunder__", "#include", "@user", "\U0001f600hello", "\u3000\u4e2d\u6587",
+    "Hello\nWorld", "1\n2\n\n3", " supercalifragilistic", "supercalifragilistic!", "a supercalifragilistic b",
+    "\u65e5\u672c\u8a9e", "\u65e5\u672c\u8a9e\u306e", " \u65e5\u672c\u8a9e", "!?!", " !?!", "!?!?", "!?!\n",
+    "if (x) {\n\treturn 1;\n}\n", "def f():\n    pass\n\n\n", "a  =  b", "x" + " " * 17 + "y", " " * 33,
+    "<|begin_of_text|>Hi<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+    "<|eot_id|><|eot_id|> <|end_of_text|>", "<|begin_of_text |> not special",
+]
+
+
+def family_strings():
+    texts = STRINGS + DROPPED + PRE_STRINGS + random_texts()
+    assert len(texts) >= 100, len(texts)
+    return texts
+
+
+@case
+def test_qwen2_matches_llama_cpp():
+    path, _ = qwen2_copy()
+    n = compare(family_strings(), special=False, model=path)
+    n += compare(family_strings(), special=True, model=path)
+    assert n >= 200, n
+
+
+@case
+def test_llama_bpe_matches_llama_cpp():
+    path, _ = llama3_copy()
+    n = compare(family_strings(), special=False, model=path)
+    n += compare(family_strings(), special=True, model=path)
+    assert n >= 200, n
+
+
+@case
+def test_digit_groups_and_ignore_merges():
+    """The differences the pre-tokenizers are about, in our ids: qwen2 cuts
+    every digit, llama-bpe groups up to three; llama-bpe takes a piece that is
+    a token whole where qwen2's merges split it."""
+    qpath, qid = qwen2_copy()
+    lpath, lid = llama3_copy()
+    texts = ["12345678", "999", " supercalifragilistic", "\u65e5\u672c\u8a9e", "!?!"]
+    (q8, q9, qs, qj, qp), _ = encode(texts, False, qpath)
+    (l8, l9, ls, lj, lp), _ = encode(texts, False, lpath)
+    assert len(q8) == 8 and l8 == [lid["123"], lid["456"], lid["78"]], (q8, l8)
+    assert l9 == [lid["999"]] and len(q9) == 3, (l9, q9)
+    assert ls == [lid[" supercalifragilistic"]] and len(qs) > 1 and lid[" supercalifragilistic"] not in qs, (ls, qs)
+    assert lj == [lid["\u65e5\u672c\u8a9e"]] and len(qj) > 1, (lj, qj)
+    assert lp == [lid["!?!"]] and len(qp) > 1, (lp, qp)
+    lref, qref = llama(lpath), llama(qpath)
+    assert [lref.tokenize(t.encode(), add_bos=False, special=False) for t in texts] == [l8, l9, ls, lj, lp]
+    assert [qref.tokenize(t.encode(), add_bos=False, special=False) for t in texts] == [q8, q9, qs, qj, qp]
+
+
+@case
+def test_cli_chat_prompt_info_usage():
+    p = run([TOOL, "--model", MODEL, "--chat", "--decode"], check=False)
+    assert p.returncode == 2 and "--chat" in p.stderr and "--decode" in p.stderr, p.stderr
+    p = run([TOOL, "--model", MODEL, "--chat"], input="zz\n" + "61:62:63\n" + "6100:62\n" + "6869\n", check=False)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 1 and len(lines) == 4, p.stdout
+    assert lines[0].startswith("error:") and lines[1].startswith("error:"), lines
+    assert lines[2].startswith("error:") and "NUL" in lines[2], lines[2]
+    assert lines[3] == ",".join(map(str, encode([(None, "hi")], False, MODEL, "--chat")[0][0])), lines[3]
+    p = run([TOOL, "--model", MODEL, "--info"])
+    assert "chat chatml" in p.stdout.splitlines(), p.stdout
+
+
+def render_llama3(bos, system, user):
+    s = bos
+    if system is not None:
+        s += f"<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
+    return s + f"<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>" \
+               "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def render_chatml(system, user):
+    s = f"<|im_start|>system\n{system}<|im_end|>\n" if system is not None else ""
+    return s + f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+CHATS = [
+    (None, "What is 2+2?"),
+    ("You are a helpful assistant.", "Hello!"),
+    ("", ""),
+    (None, "  leading and trailing spaces  "),
+    ("Answer in one word.", "\n\nStarts with newlines and ends with one\n"),
+    (None, "12345678 digits and 3.14159"),
+    ("\u4f60\u662f\u4e00\u4e2a\u52a9\u624b\u3002", "\u65e5\u672c\u8a9e\u306e\u8cea\u554f \U0001f600 \u00e9\u00e8"),
+    (None, "I'm sure YOU'LL see it's fine"),
+    (None, "def f(x):\n    return x ** 2\n\n"),
+    ("sys", " supercalifragilistic !?! 999"),
+    (None, "x" * 300),
+]
+
+
+@case
+def test_llama3_chat_matches_llama_cpp():
+    """tok_chat on a vocabulary with Llama 3's markers is the header format,
+    and its ids are llama.cpp's tokenization of the rendered text with special
+    tokens parsed, BOS included once."""
+    path, ids = llama3_copy()
+    info = dict(line.split(" ", 1) for line in run([TOOL, "--model", path, "--info"]).stdout.splitlines())
+    assert info["chat"] == "llama3", info
+    ours, rc = encode(CHATS, False, path, "--chat")
+    assert rc == 0, ours
+    ref = llama(path)
+    bos = "<|begin_of_text|>"
+    for (system, user), got in zip(CHATS, ours):
+        want = ref.tokenize(render_llama3(bos, system, user).encode(), add_bos=False, special=True)
+        assert got == want, f"chat {system!r} / {user[:40]!r}:\n  ours      {got}\n  llama.cpp {want}"
+        assert got.count(ids[bos]) == 1 and got[0] == ids[bos], got[:4]
+        assert got.count(ids["<|eot_id|>"]) == (2 if system is not None else 1), got
+        assert got[-1] == ref.tokenize(b"\n\n", add_bos=False, special=False)[-1]
+
+
+@case
+def test_chatml_chat_matches_llama_cpp():
+    """The same on the qwen2 copy: ChatML, and the ids are llama.cpp's."""
+    path, _ = qwen2_copy()
+    ours, rc = encode(CHATS, False, path, "--chat")
+    assert rc == 0, ours
+    ref = llama(path)
+    for (system, user), got in zip(CHATS, ours):
+        want = ref.tokenize(render_chatml(system, user).encode(), add_bos=False, special=True)
+        assert got == want, f"chat {system!r} / {user[:40]!r}:\n  ours      {got}\n  llama.cpp {want}"
+        assert got[0] == 1, got[:3]
+
+
+@case
+def test_prompt_bos_matches_llama_cpp():
+    """A plain-text prompt on a vocabulary that adds a BOS (Llama 3) starts
+    with it, as llama.cpp's tokenize with add_bos; written out in the text it
+    is kept once (llama.cpp would give two)."""
+    path, ids = llama3_copy()
+    texts = ["Hello world", "12345678", "", "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"]
+    ours, rc = encode(texts, True, path, "--prompt")
+    assert rc == 0, ours
+    ref = llama(path)
+    for t, got in zip(texts, ours):
+        assert got == ref.tokenize(t.encode(), add_bos=True, special=True), (t, got)
+    (once,), _ = encode(["<|begin_of_text|>Hello"], True, path, "--prompt")
+    twice = quiet(lambda: ref.tokenize(b"<|begin_of_text|>Hello", add_bos=True, special=True))
+    assert twice[:2] == [ids["<|begin_of_text|>"]] * 2 and once == twice[1:], (once, twice)
+    # SmolLM2 adds none: --prompt is --special.
+    plain, _ = encode(texts[:2], True)
+    prompt, _ = encode(texts[:2], True, None, "--prompt")
+    assert plain == prompt, (plain, prompt)
+
+
+@case
+def test_stop_tokens_per_family():
+    """eos is the file's; eot the chat format's end of turn. A Llama 3 file
+    whose eos is <|end_of_text|> still has <|eot_id|> as its end of turn (the
+    engine stops at both); SmolLM2 and the Qwen-like copy end turns at
+    <|im_end|> = eos."""
+    def info(model):
+        p = run([TOOL, "--model", model, "--info"])
+        return {k: v for k, v in (line.split(" ", 1) for line in p.stdout.splitlines())}
+    smol = info(MODEL)
+    assert smol == {**smol, "chat": "chatml", "eos": "2", "eot": "2", "add_bos": "0", "bos": "1"}, smol
+    qpath, _ = qwen2_copy()
+    q = info(qpath)
+    assert q["chat"] == "chatml" and q["eot"] == q["eos"] == "2", q
+    for eos in ("<|eot_id|>", "<|end_of_text|>"):
+        path, ids = llama3_copy(eos)
+        i = info(path)
+        want = {"chat": "llama3", "bos": str(ids["<|begin_of_text|>"]), "eos": str(ids[eos]),
+                "eot": str(ids["<|eot_id|>"]), "add_bos": "1"}
+        assert {k: i[k] for k in want} == want, (eos, i, want)
+        # llama.cpp agrees on eos, and ends generation at <|eot_id|> and <|end_of_text|> either way.
+        import llama_cpp
+        ref = llama(path)
+        assert ref.token_eos() == ids[eos], (ref.token_eos(), ids[eos])
+        for t in ("<|eot_id|>", "<|end_of_text|>"):
+            assert llama_cpp.llama_vocab_is_eog(ref._model.vocab, ids[t]), (eos, t)
 
 
 if __name__ == "__main__":

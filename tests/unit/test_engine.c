@@ -1477,6 +1477,26 @@ static void stop_case(float temp, uint64_t seed, char *why, size_t cap, int *ok)
         FAIL("ignore_eos: %s", w);
     res_free(r);
 
+    /* The chat format's end of turn (eot_id) stops as EOS does when EOS is
+     * another token (a Llama 3 file whose eos is <|end_of_text|>), and
+     * ignore_eos ignores it as well. */
+    ec = big;
+    ec.eos_id = stops[0];
+    ec.eot_id = stop;
+    r = res_new();
+    if (run_alone(m, &ec, &rq, r) || r->n != 1)
+        FAIL("eot run: %s", rd_errmsg());
+    a = &r->r[0];
+    if (a->finish != FINISH_STOP || a->n_tokens != j + 1 || !is_prefix(a, f, w, sizeof w))
+        FAIL("eot_id %d: %d tokens, finish %d (want %d, FINISH_STOP)", stop, a->n_tokens, a->finish, j + 1);
+    res_free(r);
+    r = res_new();
+    if (run_alone(m, &ec, &ir, r) || r->n != 1)
+        FAIL("ignore_eos run with eot_id: %s", rd_errmsg());
+    if (!same_rollout(&r->r[0], f, w, sizeof w))
+        FAIL("ignore_eos with eot_id: %s", w);
+    res_free(r);
+
     /* max_tokens: FINISH_LENGTH with exactly that many tokens. */
     int32_t mts[] = {1, 2, 7, 33};
     for (int k = 0; k < 4; k++) {
