@@ -40,8 +40,8 @@ gen tiny-untied --dtype q4_0 --seed 12 --untied & pids+=($!)
 # One per family (each with its HF folder X.hf/): Qwen2 with q|k|v biases,
 # untied; Qwen3 with a q width (4 x 32) over hidden 64; Llama 3 RoPE scaling
 # (rope_freqs.weight) with a context where all three frequency bands matter.
-gen tiny-qwen2 --arch qwen2 --dtype q8_0 --untied --seed 21 --hf-dir "$OUT/tiny-qwen2.hf" & pids+=($!)
-gen tiny-qwen3 --arch qwen3 --head-dim 32 --dtype f16 --seed 22 --hf-dir "$OUT/tiny-qwen3.hf" & pids+=($!)
+gen tiny-qwen2 --arch qwen2 --dtype q8_0 --untied --ctx 1024 --seed 21 --hf-dir "$OUT/tiny-qwen2.hf" & pids+=($!)
+gen tiny-qwen3 --arch qwen3 --head-dim 32 --dtype f16 --ctx 1024 --seed 22 --hf-dir "$OUT/tiny-qwen3.hf" & pids+=($!)
 gen tiny-llama3 --dtype q4_1 --rope-theta 500000 --rope-scaling llama3:8:1:4:64 --ctx 1024 --seed 23 \
   --hf-dir "$OUT/tiny-llama3.hf" & pids+=($!)
 

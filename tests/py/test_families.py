@@ -17,7 +17,7 @@ Part 1, independent of our C code (runs always):
   - ref_llama.load_hf(folder) gives the same logits as ref_llama.load(gguf)
     (<= 1e-12) for every family, quantized files' folders included.
 
-Part 2, the engine (RD_FAMILIES_ENGINE=1; printed as SKIP lines otherwise):
+Part 2, the engine:
   - build/rollout-logits vs the reference, < ENGINE_TOL at every position, for
     the GGUF of every generator dtype per family and for the HF folders;
   - build/rollout-gen greedy (24 tokens, prompts up to 700 tokens) on the F32
@@ -40,7 +40,6 @@ import ref_llama  # noqa: E402
 GEN = os.path.join(ROOT, "tools", "gen_tiny_model.py")
 LOGITS = os.path.join(BUILD, "rollout-logits")
 ROLLOUT_GEN = os.path.join(BUILD, "rollout-gen")
-ENGINE = os.environ.get("RD_FAMILIES_ENGINE") == "1"
 
 REF_TOL = 1e-4       # reference vs llama.cpp F32 (measured <= ~4e-5 at 700 tokens)
 FAR = 1e-2           # a wrong reference variant must miss llama.cpp by more than this
@@ -383,14 +382,11 @@ def hf_folder_equals_gguf():
 
 
 # ---------------------------------------------------------------------------
-# Part 2: the engine (gated until the C families land)
-
-ENGINE_CASES = []
+# Part 2: the engine
 
 
 def engine_case(fn):
-    ENGINE_CASES.append(fn.__name__)
-    return case(fn) if ENGINE else fn
+    return case(fn)
 
 
 def engine_logits(path, ids):
@@ -472,7 +468,4 @@ for _fam in FAMILIES:
 
 
 if __name__ == "__main__":
-    if not ENGINE:
-        for _n in ENGINE_CASES:
-            print(f"SKIP {_n}: RD_FAMILIES_ENGINE != 1 (the engine's families are not merged yet)", flush=True)
     main()

@@ -30,7 +30,7 @@ from harness import BUILD, ROOT, TMP, case, main, run  # noqa: E402
 from rdtest import Daemon  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
-from rolloutd import Client, RolloutError  # noqa: E402
+from rolloutd import Client, DaemonError  # noqa: E402
 
 DATA = os.environ.get("RD_TESTDATA", os.path.join(ROOT, "build", "testdata"))
 EXPORT = os.path.join(BUILD, "rollout-export")
@@ -172,18 +172,18 @@ def pushes_are_bit_identical_and_reach_every_family_tensor():
                 try:
                     c.push_weights(bad, 4)
                     raise AssertionError(f"{name}: a {k0} of the wrong length was accepted")
-                except RolloutError as e:
+                except DaemonError as e:
                     assert k0 in str(e) and "shape" in str(e), str(e)
                 foreign = "model.layers.0.self_attn.q_norm.weight" if name != "tiny-qwen3" else \
                     "model.layers.0.self_attn.q_proj.bias"
                 try:
                     c.push_weights({foreign: np.ones(32, np.float32)}, 4)
                     raise AssertionError(f"{name}: {foreign} was accepted")
-                except RolloutError as e:
+                except DaemonError as e:
                     assert foreign in str(e) and "not a weight of this model" in str(e), str(e)
                 assert same(base, greedy(c)) and c.status()["weight_version"] == 3
         finally:
-            d.stop()
+            d.kill()
 
 
 if __name__ == "__main__":
