@@ -73,19 +73,23 @@ static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t
         gemm_row(g, ids[i], out + (size_t)i * g->in);
 }
 
+/* One RMSNorm row: the sum of squares in double, then (x * inv) * w. out
+ * may be x (in place). */
+static void rms_row(const float *x, const float *w, int32_t d, float eps, float *out)
+{
+    double ss = 0.0;
+    for (int32_t j = 0; j < d; j++)
+        ss += (double)x[j] * x[j];
+    float inv = (float)(1.0 / sqrt(ss / d + eps));
+    for (int32_t j = 0; j < d; j++)
+        out[j] = (x[j] * inv) * w[j];
+}
+
 static void cpu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
                         float *out)
 {
-    for (int32_t i = 0; i < m; i++) {
-        const float *xi = x + (size_t)i * d;
-        float *oi = out + (size_t)i * d;
-        double ss = 0.0;
-        for (int32_t j = 0; j < d; j++)
-            ss += (double)xi[j] * xi[j];
-        float inv = (float)(1.0 / sqrt(ss / d + eps));
-        for (int32_t j = 0; j < d; j++)
-            oi[j] = (xi[j] * inv) * w[j];
-    }
+    for (int32_t i = 0; i < m; i++)
+        rms_row(x + (size_t)i * d, w, d, eps, out + (size_t)i * d);
 }
 
 static void cpu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int32_t n, const float *b)
@@ -104,12 +108,7 @@ static void cpu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m
     for (int32_t i = 0; i < m; i++)
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + (size_t)i * stride + (size_t)h * head_dim;
-            double ss = 0.0;
-            for (int32_t j = 0; j < head_dim; j++)
-                ss += (double)v[j] * v[j];
-            float inv = (float)(1.0 / sqrt(ss / head_dim + eps));
-            for (int32_t j = 0; j < head_dim; j++)
-                v[j] = (v[j] * inv) * w[j];
+            rms_row(v, w, head_dim, eps, v);
         }
 }
 
