@@ -972,6 +972,37 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
         settle(b);
 }
 
+// Qwen2's q|k|v bias, on the linear's output: the deferred sum of that
+// linear (y's whole [m][stride]) is completed in the same kernel.
+static void cu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int32_t n, const float *bias)
+{
+    cuda_be *b = compute(be);
+    if (m <= 0 || n <= 0)
+        return;
+    const split_sum ss = take_split(b, y, (int64_t)m * stride);
+    const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + n;
+    shadow_written(b, y, (size_t)span * sizeof(float));
+    launch_add_bias(b->st, y, stride, m, n, bias, ss);
+    check_launch(b, "add_bias");
+}
+
+// Qwen3's q_norm / k_norm, before RoPE. Called on Q first (x = the q|k|v
+// rows the linear wrote), it completes the deferred sum of the whole rows, so
+// the K call and the RoPE after it find none; the RoPE is still deferred and
+// runs with the KV write.
+static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                            const float *w, float eps)
+{
+    cuda_be *b = compute(be);
+    if (m <= 0 || n_heads <= 0)
+        return;
+    const split_sum ss = take_split(b, x, (int64_t)m * stride);
+    const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + (int64_t)n_heads * head_dim;
+    shadow_written(b, x, (size_t)span * sizeof(float));
+    launch_head_rmsnorm(b->st, x, stride, m, n_heads, head_dim, w, eps, ss);
+    check_launch(b, "head_rmsnorm");
+}
+
 static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
 {
     cuda_be *b = compute(be);
@@ -1427,6 +1458,8 @@ static rd_backend_ops make_ops()
     o.linear = cu_linear;
     o.embed = cu_embed;
     o.rmsnorm = cu_rmsnorm;
+    o.add_bias = cu_add_bias;
+    o.head_rmsnorm = cu_head_rmsnorm;
     o.rope = cu_rope;
     o.swiglu = cu_swiglu;
     o.gather_rows = cu_gather_rows;
