@@ -498,6 +498,9 @@ static void qwen_chain_case(rd_backend *be, const char *mode, const qkv_shape *q
     float *w = malloc(sizeof(float) * S * in), *xin = malloc(sizeof(float) * M * in), *bias = malloc(sizeof(float) * S);
     float *qn = malloc(sizeof(float) * q->hd), *kn = malloc(sizeof(float) * q->hd);
     float *p = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    float *poison = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        poison[i] = NAN;
     for (int64_t i = 0; i < (int64_t)S * in; i++)
         w[i] = frand() * 0.5f;
     for (int64_t i = 0; i < (int64_t)M * in; i++)
@@ -527,6 +530,7 @@ static void qwen_chain_case(rd_backend *be, const char *mode, const qkv_shape *q
         cpu->ops->h2d(cpu, cp, p, sizeof(float) * n);
         qkv_ops(cpu, q, cp, chains[c].nb, cb, chains[c].norms ? cqn : NULL, ckn, chains[c].k_first);
         CHECK_OK(down(cpu, want, cp, sizeof(float) * n));
+        be->ops->h2d(be, dy, poison, sizeof(float) * n); /* a column the sum misses shows */
         be->ops->linear(be, W, dx, M, dy, 0);
         qkv_ops(be, q, dy, chains[c].nb, db, chains[c].norms ? dqn : NULL, dkn, chains[c].k_first);
         CHECK_OK(down(be, got, dy, sizeof(float) * n));
@@ -538,7 +542,7 @@ static void qwen_chain_case(rd_backend *be, const char *mode, const qkv_shape *q
     cpu->ops->free(cpu, cp), cpu->ops->free(cpu, cb), cpu->ops->free(cpu, cqn), cpu->ops->free(cpu, ckn);
     be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, db), be->ops->free(be, dqn), be->ops->free(be, dkn);
     be->ops->linear_free(be, W);
-    free(w), free(xin), free(bias), free(qn), free(kn), free(p), free(want), free(got);
+    free(w), free(xin), free(bias), free(qn), free(kn), free(p), free(want), free(got), free(poison);
 }
 
 /* A layer's entry, Qwen2 (bias) or Qwen3 (q/k norms): linear(q|k|v), the
@@ -616,6 +620,9 @@ static void qwen_entry_case(rd_backend *be, const char *mode, const qkv_shape *q
     }
     rd_step_dev sd;
     CHECK_OK(be->ops->step_upload(be, &st, &sd));
+    for (size_t i = 0; i < n; i++)
+        got[i] = NAN;
+    be->ops->h2d(be, dy, got, sizeof(float) * n); /* a column the sum misses shows */
     CHECK_OK(be->ops->sync(be)); /* the emulator counts kernels as they run, at a sync */
     uint64_t k0 = cuemu_launch_count();
     be->ops->linear(be, W, dx, M, dy, 0);
