@@ -246,10 +246,14 @@ static cuda_be *compute_op(rd_backend *be)
 }
 
 // For an op that reads y[n] first: the deferred sum if it is y's (the op
-// completes it), else none (and any other is launched first).
+// completes it), else none. Everything else deferred (another sum, a RoPE:
+// the op may read what it rotates) is launched first, so the op comes after
+// it on the stream.
 static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
+    if (b->pend_rope.x)
+        launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
     if (!b->pend_y)
         return none;
     if (b->pend_y != y || b->pend.n != n) {
@@ -961,8 +965,7 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
                     const int32_t *positions, const float *cos_sin)
 {
     cuda_be *b = compute(be);
-    const split_sum ss = take_split(b, x, (int64_t)m * stride);
-    settle(b); // an earlier RoPE (none in a forward pass)
+    const split_sum ss = take_split(b, x, (int64_t)m * stride); // (and an earlier RoPE: none in a forward pass)
     shadow_written(b, x, (size_t)m * stride * sizeof(float));
     b->pend_rope.x = x;
     b->pend_rope.stride = stride, b->pend_rope.m = m, b->pend_rope.n_heads = n_heads;

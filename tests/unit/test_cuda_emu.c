@@ -487,6 +487,65 @@ static void test_qwen_ops_drop_shadows(void)
     free(x), free(nw), free(bias), free(hw), free(w), free(mid), free(got), free(want);
 }
 
+/* RoPE is deferred (to run with the KV write); an op that reads the rotated
+ * rows next must still see them rotated: RMSNorm, SwiGLU, add_bias and
+ * head_rmsnorm right after a RoPE on their input give the CPU's result. */
+static void test_rope_then_row_op(void)
+{
+    const int32_t M = 5, NH = 4, HD = 64, S = NH * HD, MAXPOS = 40, F = S / 2;
+    const size_t n = (size_t)M * S;
+    float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * S), *cs = malloc(sizeof(float) * MAXPOS * HD);
+    int32_t pos[5] = {0, 3, 39, 17, 8};
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * 3;
+    for (int32_t i = 0; i < S; i++)
+        w[i] = 1.0f + 0.5f * frand();
+    for (int32_t p = 0; p < MAXPOS; p++)
+        for (int32_t i = 0; i < HD / 2; i++) {
+            double ang = p * pow(1e4, -2.0 * i / HD);
+            cs[(p * HD / 2 + i) * 2] = (float)cos(ang);
+            cs[(p * HD / 2 + i) * 2 + 1] = (float)sin(ang);
+        }
+    const char *what[4] = {"rmsnorm", "swiglu", "add_bias", "head_rmsnorm"};
+    float *res[2][4];
+    rd_backend *bes[2] = {cpu, emu};
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        float *dx = up(be, x, sizeof(float) * n), *dw = up(be, w, sizeof(float) * S), *dout = up(be, NULL, sizeof(float) * n);
+        float *dcs = up(be, cs, sizeof(float) * MAXPOS * HD);
+        int32_t *dpos = up(be, pos, sizeof pos);
+        for (int op = 0; op < 4; op++) {
+            res[k][op] = malloc(sizeof(float) * n);
+            be->ops->h2d(be, dx, x, sizeof(float) * n);
+            be->ops->rope(be, dx, S, M, NH, HD, dpos, dcs);
+            float *from = dout;
+            size_t nr = n;
+            if (op == 0)
+                be->ops->rmsnorm(be, dx, dw, M, S, 1e-5f, dout);
+            else if (op == 1)
+                be->ops->swiglu(be, dx, M, F, dout), nr = (size_t)M * F;
+            else if (op == 2)
+                be->ops->add_bias(be, dx, S, M, S, dw), from = dx;
+            else
+                be->ops->head_rmsnorm(be, dx, S, M, NH, HD, dw, 1e-6f), from = dx;
+            CHECK_OK(down(be, res[k][op], from, sizeof(float) * nr));
+            if (nr < n)
+                memset(res[k][op] + nr, 0, sizeof(float) * (n - nr));
+        }
+        be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dout), be->ops->free(be, dcs);
+        be->ops->free(be, dpos);
+    }
+    for (int op = 0; op < 4; op++) {
+        int64_t ulps = max_ulps(res[0][op], res[1][op], n);
+        CHECK(ulps <= 1, "rope then %s differs from the CPU by %lld ulps (did the op run before the RoPE?)", what[op],
+              (long long)ulps);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int op = 0; op < 4; op++)
+            free(res[k][op]);
+    free(x), free(w), free(cs);
+}
+
 /* The ops on a linear layer's output, as the runner calls them, in one
  * activation mode. With split activations the GEMM's sum is still deferred
  * when the op runs, and the op completes it; whatever the mode, the result is
@@ -1601,6 +1660,7 @@ int main(void)
     RUN(test_qwen_ops);
     RUN(test_qwen_ops_drop_shadows);
     RUN(test_qwen_ops_after_linear);
+    RUN(test_rope_then_row_op);
     RUN(test_attention);
     RUN(test_attention_alone_vs_batched);
     RUN(test_attention_vs_cpu);
