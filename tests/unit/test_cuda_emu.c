@@ -760,6 +760,9 @@ static void test_qwen_ops_after_linear(void)
     for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
         for (size_t si = 0; si < N_QKV_SHAPES; si++) {
             const qkv_shape *q = &qkv_shapes[si];
+            /* mixed differs from bf16 only on a contracting GEMM: the first shape's */
+            if ((modes[mi].be == mixed && si > 0) || (light && si == 3))
+                continue;
             /* in > out for the first shape: a contracting GEMM, split in the mixed mode too */
             qwen_chain_case(modes[mi].be, modes[mi].name, q, si == 0 ? qkv_stride(q) + 8 : 40);
             if (test_case_failed)
