@@ -7,8 +7,9 @@
 // (the weights are read once) and summed after: ~16 bits of the input, so the
 // products are those of fp32 activations and bf16 weights to ~2^-17. The sum
 // is deferred into the next kernel that reads the output (RMSNorm, RoPE,
-// SwiGLU; see settle and take_split), so the split adds no kernel. RoPE is
-// deferred in turn, so that the KV write runs inside it (cu_kv_write).
+// SwiGLU, a bias, the per-head norms; see settle and take_split), so the
+// split adds no kernel. RoPE is deferred in turn, so that the KV write runs
+// inside it (cu_kv_write).
 // RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM);
 // RD_CUDA_ACT=mixed splits only the GEMMs with in > out (in a Llama block,
 // the down projection: about a quarter of the FLOPs), hi only elsewhere.

@@ -9,7 +9,10 @@
  *   - every op: GEMM (and accumulate, and the fp32 LM head), embed, RMSNorm,
  *     RoPE, SwiGLU, gather, KV write, copy-on-write, paged attention over
  *     several partitions with GQA, scrambled block tables, poisoned unused
- *     slots and padding rows;
+ *     slots and padding rows (and against the CPU backend at head_dim 128
+ *     and 256); Qwen's q|k|v bias and per-head norms against the CPU backend,
+ *     on a linear's output in every activation mode (the deferred sum, the
+ *     RoPE + KV write fusion after them, graph capture);
  *   - batch invariance: a row's bits do not depend on the other rows;
  *   - the device sampler against samp_sample (same token, log-probs);
  *   - the runner on the tiny models: logits close to the CPU backend's,
