@@ -7,8 +7,9 @@
 // (the weights are read once) and summed after: ~16 bits of the input, so the
 // products are those of fp32 activations and bf16 weights to ~2^-17. The sum
 // is deferred into the next kernel that reads the output (RMSNorm, RoPE,
-// SwiGLU; see settle and take_split), so the split adds no kernel. RoPE is
-// deferred in turn, so that the KV write runs inside it (cu_kv_write).
+// SwiGLU, a bias, the per-head norms; see settle and take_split), so the
+// split adds no kernel. RoPE is deferred in turn, so that the KV write runs
+// inside it (cu_kv_write).
 // RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM);
 // RD_CUDA_ACT=mixed splits only the GEMMs with in > out (in a Llama block,
 // the down projection: about a quarter of the FLOPs), hi only elsewhere.
@@ -246,10 +247,14 @@ static cuda_be *compute_op(rd_backend *be)
 }
 
 // For an op that reads y[n] first: the deferred sum if it is y's (the op
-// completes it), else none (and any other is launched first).
+// completes it), else none. Everything else deferred (another sum, a RoPE:
+// the op may read what it rotates) is launched first, so the op comes after
+// it on the stream.
 static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
+    if (b->pend_rope.x)
+        launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
     if (!b->pend_y)
         return none;
     if (b->pend_y != y || b->pend.n != n) {
@@ -961,8 +966,7 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
                     const int32_t *positions, const float *cos_sin)
 {
     cuda_be *b = compute(be);
-    const split_sum ss = take_split(b, x, (int64_t)m * stride);
-    settle(b); // an earlier RoPE (none in a forward pass)
+    const split_sum ss = take_split(b, x, (int64_t)m * stride); // (and an earlier RoPE: none in a forward pass)
     shadow_written(b, x, (size_t)m * stride * sizeof(float));
     b->pend_rope.x = x;
     b->pend_rope.stride = stride, b->pend_rope.m = m, b->pend_rope.n_heads = n_heads;
@@ -970,6 +974,37 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
     b->pend_rope.ss = ss;
     if (!b->fuse_split)
         settle(b);
+}
+
+// Qwen2's q|k|v bias, on the linear's output: the deferred sum of that
+// linear (y's whole [m][stride]) is completed in the same kernel.
+static void cu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int32_t n, const float *bias)
+{
+    cuda_be *b = compute(be);
+    if (m <= 0 || n <= 0)
+        return;
+    const split_sum ss = take_split(b, y, (int64_t)m * stride);
+    const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + n;
+    shadow_written(b, y, (size_t)span * sizeof(float));
+    launch_add_bias(b->st, y, stride, m, n, bias, ss);
+    check_launch(b, "add_bias");
+}
+
+// Qwen3's q_norm / k_norm, before RoPE. Called on Q first (x = the q|k|v
+// rows the linear wrote), it completes the deferred sum of the whole rows, so
+// the K call and the RoPE after it find none; the RoPE is still deferred and
+// runs with the KV write.
+static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                            const float *w, float eps)
+{
+    cuda_be *b = compute(be);
+    if (m <= 0 || n_heads <= 0)
+        return;
+    const split_sum ss = take_split(b, x, (int64_t)m * stride);
+    const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + (int64_t)n_heads * head_dim;
+    shadow_written(b, x, (size_t)span * sizeof(float));
+    launch_head_rmsnorm(b->st, x, stride, m, n_heads, head_dim, w, eps, ss);
+    check_launch(b, "head_rmsnorm");
 }
 
 static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
@@ -1427,6 +1462,8 @@ static rd_backend_ops make_ops()
     o.linear = cu_linear;
     o.embed = cu_embed;
     o.rmsnorm = cu_rmsnorm;
+    o.add_bias = cu_add_bias;
+    o.head_rmsnorm = cu_head_rmsnorm;
     o.rope = cu_rope;
     o.swiglu = cu_swiglu;
     o.gather_rows = cu_gather_rows;

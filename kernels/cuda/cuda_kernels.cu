@@ -80,6 +80,85 @@ void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t
     RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf, lo_off, ss);
 }
 
+// ------------------------------------------------------------------ bias
+
+// y[i][j] += b[j] for j < n on each row; with a split sum, every column
+// of the rows [m][stride] is completed first and the bias added to that
+// rounded value, as the CPU adds it to its GEMM's rounded output.
+__global__ void k_add_bias(float *y, int32_t stride, int32_t m, int32_t n, int32_t cols, const float *b,
+                           split_sum sp)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)m * cols)
+        return;
+    const int64_t i = idx / cols;
+    const int32_t j = (int32_t)(idx % cols);
+    const int64_t k = i * stride + j;
+    float v = sp.t ? split_value(sp, y, k) : y[k];
+    if (j < n)
+        v = RD_FADD(v, b[j]);
+    y[k] = v;
+}
+
+void launch_add_bias(cudaStream_t s, float *y, int32_t stride, int32_t m, int32_t n, const float *b, split_sum ss)
+{
+    const int32_t cols = ss.t ? stride : n; // the split's columns past n still need their sum
+    const int64_t total = (int64_t)m * cols;
+    if (total <= 0)
+        return;
+    RD_LAUNCH(k_add_bias, dim3(blocks_for(total, 256)), dim3(256), 0, s, y, stride, m, n, cols, b, ss);
+}
+
+// ------------------------------------------------------------------ head rmsnorm
+
+// One warp per (row, head), HNORM_WARPS heads per block: lane l sums the
+// squares of the head's elements l, l + 32, ... in double, the lanes meet in
+// the butterfly, and the scaling is k_rmsnorm's. The order depends only on
+// head_dim. Blocks with blockIdx.y >= head_blocks complete the rest of the
+// row (the columns after the n_heads heads: K and V behind Q) from the split
+// sum, so no column of the GEMM's output is left without its sum.
+#define HNORM_WARPS 4
+
+__global__ void __launch_bounds__(32 * HNORM_WARPS)
+    k_head_rmsnorm(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, float eps,
+                   int32_t head_blocks, split_sum sp)
+{
+    const int64_t row = blockIdx.x;
+    if ((int32_t)blockIdx.y >= head_blocks) {
+        const int64_t c = (int64_t)n_heads * hd + (int64_t)(blockIdx.y - head_blocks) * blockDim.x + threadIdx.x;
+        if (c < stride)
+            x[row * stride + c] = split_value(sp, x, row * stride + c);
+        return;
+    }
+    const int32_t h = blockIdx.y * HNORM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (h >= n_heads)
+        return; // the whole warp: no shuffle below for it
+    const int64_t o = row * stride + (int64_t)h * hd;
+    float *v = x + o;
+    double ss = 0.0;
+    for (int32_t j = lane; j < hd; j += 32) {
+        if (sp.t) // the lane reads back only what it wrote
+            v[j] = split_value(sp, x, o + j);
+        ss += (double)v[j] * (double)v[j];
+    }
+    ss = warp_allreduce(ss, op_add());
+    const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+    for (int32_t j = lane; j < hd; j += 32)
+        v[j] = RD_FMUL(RD_FMUL(v[j], inv), w[j]);
+}
+
+void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                         const float *w, float eps, split_sum ss)
+{
+    if (m <= 0 || n_heads <= 0 || head_dim <= 0)
+        return;
+    const int32_t head_blocks = (n_heads + HNORM_WARPS - 1) / HNORM_WARPS;
+    const int64_t tail = ss.t ? (int64_t)stride - (int64_t)n_heads * head_dim : 0;
+    const int32_t tail_blocks = tail > 0 ? (int32_t)blocks_for(tail, 32 * HNORM_WARPS) : 0;
+    RD_LAUNCH(k_head_rmsnorm, dim3(m, head_blocks + tail_blocks), dim3(32 * HNORM_WARPS), 0, s, x, stride, n_heads,
+              head_dim, w, eps, head_blocks, ss);
+}
+
 // ------------------------------------------------------------------ rope
 
 // Element d of KV head h at a slot, in the cache layout

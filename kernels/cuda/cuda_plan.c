@@ -15,6 +15,10 @@ int cuplan_attn_check(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim)
     if (head_dim <= 0 || head_dim % 8 || head_dim > CUPLAN_ATTN_MAX_HD)
         return rd_fail(RD_ENOTSUP, "cuda: head_dim %d; the attention kernel takes multiples of 8 up to %d",
                        head_dim, CUPLAN_ATTN_MAX_HD);
+    const size_t smem = cuplan_attn_layout(n_heads / n_kv_heads, head_dim).smem;
+    if (smem > CUPLAN_ATTN_MAX_SMEM)
+        return rd_fail(RD_ENOTSUP, "cuda: %d query heads per kv head at head_dim %d need %zu bytes of shared memory; "
+                       "the attention kernel has %d", n_heads / n_kv_heads, head_dim, smem, CUPLAN_ATTN_MAX_SMEM);
     return 0;
 }
 

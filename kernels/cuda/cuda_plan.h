@@ -23,6 +23,12 @@ extern "C" {
 #define CUPLAN_ATTN_MAX_GROUP 16    /* query heads per KV head */
 #define CUPLAN_ATTN_MAX_HD 256      /* head_dim, a multiple of 8 */
 #define CUPLAN_ATTN_MAX_Z 16        /* CTAs sharing one (row, kv head) */
+/* Dynamic shared memory a partition CTA may ask for: a block gets 48 KiB
+ * without opting in (cudaFuncSetAttribute), static arrays included, and the
+ * kernel's reductions hold two (block_allreduce's, 128 bytes each); 1 KiB
+ * is left for them. Only 16 query heads per KV head at head_dim 256 (no
+ * known model) need more. */
+#define CUPLAN_ATTN_MAX_SMEM (48 * 1024 - 1024)
 
 /* How one partition CTA splits its 128 threads (see cuda_attention.cu). */
 typedef struct {

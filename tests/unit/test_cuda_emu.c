@@ -9,7 +9,10 @@
  *   - every op: GEMM (and accumulate, and the fp32 LM head), embed, RMSNorm,
  *     RoPE, SwiGLU, gather, KV write, copy-on-write, paged attention over
  *     several partitions with GQA, scrambled block tables, poisoned unused
- *     slots and padding rows;
+ *     slots and padding rows (and against the CPU backend at head_dim 128
+ *     and 256); Qwen's q|k|v bias and per-head norms against the CPU backend,
+ *     on a linear's output in every activation mode (the deferred sum, the
+ *     RoPE + KV write fusion after them, graph capture);
  *   - batch invariance: a row's bits do not depend on the other rows;
  *   - the device sampler against samp_sample (same token, log-probs);
  *   - the runner on the tiny models: logits close to the CPU backend's,
@@ -340,6 +343,450 @@ static void test_row_ops(void)
     free(x), free(w), free(a), free(b), free(cs);
 }
 
+/* ------------------------------------------------------------------ Qwen's ops: q|k|v bias, per-head RMSNorm */
+
+/* Largest distance in ulps between a[i] and b[i] (finite floats). */
+static int64_t max_ulps(const float *a, const float *b, size_t n)
+{
+    int64_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t ia, ib;
+        memcpy(&ia, &a[i], 4);
+        memcpy(&ib, &b[i], 4);
+        /* sign-magnitude to a line ordered like the floats */
+        int64_t la = ia < 0 ? (int64_t)INT32_MIN - ia : ia, lb = ib < 0 ? (int64_t)INT32_MIN - ib : ib;
+        int64_t d = la > lb ? la - lb : lb - la;
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+/* q|k|v rows as the runner lays them out: nh query heads, then nkv K heads
+ * and nkv V heads of hd floats, then pad columns (0 in the runner; here also
+ * > 0, so that a stride wider than the heads is covered). */
+typedef struct {
+    int32_t hd, nh, nkv, m, pad;
+} qkv_shape;
+static const qkv_shape qkv_shapes[] = {
+    {64, 5, 1, 7, 0}, {128, 4, 2, 5, 8}, {256, 3, 1, 3, 0}, {128, 16, 8, 3, 0} /* Qwen3-0.6B's heads */
+};
+#define N_QKV_SHAPES (sizeof qkv_shapes / sizeof qkv_shapes[0])
+static int32_t qkv_stride(const qkv_shape *q) { return (q->nh + 2 * q->nkv) * q->hd + q->pad; }
+
+/* The per-head norm weights of a Qwen3 checkpoint are near 1. */
+static void fill_norm_weights(float *w, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        w[i] = 1.0f + 0.5f * frand();
+}
+
+/* On rows [m][S] of be: add_bias(nb columns) when nb > 0, then the norms on
+ * the Q heads and the K heads when qn (Qwen2: bias only; Qwen3: norms only). */
+static void qkv_ops(rd_backend *be, const qkv_shape *q, float *dx, int32_t nb, const float *db, const float *dqn,
+                    const float *dkn, int k_first)
+{
+    const int32_t S = qkv_stride(q);
+    if (nb > 0)
+        be->ops->add_bias(be, dx, S, q->m, nb, db);
+    if (!dqn)
+        return;
+    if (k_first) /* K first: while the split sum is deferred, x is not its destination */
+        be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f);
+    be->ops->head_rmsnorm(be, dx, S, q->m, q->nh, q->hd, dqn, 1e-6f);
+    if (!k_first)
+        be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f);
+}
+
+/* add_bias and head_rmsnorm on the emulated backend vs the CPU backend on the
+ * same rows: the bias bit for bit (one fp32 add), the norms within 1 ulp
+ * (double sums in another order; on these rows bit for bit too). Columns the
+ * ops do not cover (V, padding, the bias's last 5) come back unchanged. */
+static void test_qwen_ops(void)
+{
+    rd_backend *bes[2] = {cpu, emu};
+    int64_t worst = 0;
+    for (size_t si = 0; si < N_QKV_SHAPES; si++) {
+        const qkv_shape *q = &qkv_shapes[si];
+        const int32_t S = qkv_stride(q), nb = S - 5;
+        const size_t n = (size_t)q->m * S;
+        float *x = malloc(sizeof(float) * n), *bias = malloc(sizeof(float) * S);
+        float *qn = malloc(sizeof(float) * q->hd), *kn = malloc(sizeof(float) * q->hd);
+        for (size_t i = 0; i < n; i++)
+            x[i] = frand() * 3;
+        for (int32_t i = 0; i < S; i++)
+            bias[i] = frand();
+        fill_norm_weights(qn, q->hd);
+        fill_norm_weights(kn, q->hd);
+        float *res[2][2];
+        for (int k = 0; k < 2; k++) {
+            rd_backend *be = bes[k];
+            float *dx = up(be, x, sizeof(float) * n), *db = up(be, bias, sizeof(float) * S);
+            float *dqn = up(be, qn, sizeof(float) * q->hd), *dkn = up(be, kn, sizeof(float) * q->hd);
+            res[k][0] = malloc(sizeof(float) * n);
+            res[k][1] = malloc(sizeof(float) * n);
+            qkv_ops(be, q, dx, nb, db, NULL, NULL, 0);
+            CHECK_OK(down(be, res[k][0], dx, sizeof(float) * n));
+            be->ops->h2d(be, dx, x, sizeof(float) * n);
+            qkv_ops(be, q, dx, 0, NULL, dqn, dkn, 0);
+            CHECK_OK(down(be, res[k][1], dx, sizeof(float) * n));
+            be->ops->free(be, dx), be->ops->free(be, db), be->ops->free(be, dqn), be->ops->free(be, dkn);
+        }
+        CHECK(!memcmp(res[0][0], res[1][0], sizeof(float) * n), "hd %d: add_bias differs from the CPU", q->hd);
+        int64_t ulps = max_ulps(res[0][1], res[1][1], n);
+        CHECK(ulps <= 1, "hd %d, %d+%d heads, stride %d: head_rmsnorm differs from the CPU by %lld ulps", q->hd, q->nh,
+              q->nkv, S, (long long)ulps);
+        worst = ulps > worst ? ulps : worst;
+        int changed = 0;
+        for (size_t i = 0; i < n; i++)
+            changed += res[1][1][i] != x[i];
+        CHECK(changed > (int)(n / 2), "head_rmsnorm changed only %d of %zu values", changed, n);
+        for (int k = 0; k < 2; k++)
+            free(res[k][0]), free(res[k][1]);
+        free(x), free(bias), free(qn), free(kn);
+    }
+    printf("# head_rmsnorm, emulated CUDA vs CPU: at most %lld ulps (hd 64, 128, 256)\n", (long long)worst);
+}
+
+/* An op that changes a buffer in place drops the bf16 copy an earlier op
+ * (RMSNorm) left of it: a GEMM reading the buffer next sees the new values. */
+static void test_qwen_ops_drop_shadows(void)
+{
+    const qkv_shape *q = &qkv_shapes[1];
+    const int32_t S = qkv_stride(q), M = q->m, OUT = 24;
+    const size_t n = (size_t)M * S;
+    float *x = malloc(sizeof(float) * n), *nw = malloc(sizeof(float) * S), *bias = malloc(sizeof(float) * S);
+    float *hw = malloc(sizeof(float) * q->hd), *w = malloc(sizeof(float) * OUT * S), *mid = malloc(sizeof(float) * n);
+    float *got = malloc(sizeof(float) * M * OUT), *want = malloc(sizeof(float) * M * OUT);
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * 3;
+    for (int32_t i = 0; i < S; i++)
+        nw[i] = 1.0f + 0.5f * frand(), bias[i] = frand();
+    fill_norm_weights(hw, q->hd);
+    for (int32_t i = 0; i < OUT * S; i++)
+        w[i] = frand() * 0.5f;
+    float *dx = up(emu, x, sizeof(float) * n), *dy = up(emu, NULL, sizeof(float) * n), *dm = up(emu, NULL, sizeof(float) * n);
+    float *dnw = up(emu, nw, sizeof(float) * S), *db = up(emu, bias, sizeof(float) * S);
+    float *dhw = up(emu, hw, sizeof(float) * q->hd), *dout = up(emu, NULL, sizeof(float) * M * OUT);
+    void *W;
+    CHECK_OK(emu->ops->linear_load(emu, w, OUT, S, &W));
+    for (int op = 0; op < 2; op++) {
+        emu->ops->rmsnorm(emu, dx, dnw, M, S, 1e-5f, dy); /* dy gets a bf16 copy */
+        if (op == 0)
+            emu->ops->add_bias(emu, dy, S, M, S, db);
+        else
+            emu->ops->head_rmsnorm(emu, dy + q->hd, S, M, 2, q->hd, dhw, 1e-6f);
+        emu->ops->linear(emu, W, dy, M, dout, 0);
+        CHECK_OK(down(emu, got, dout, sizeof(float) * M * OUT));
+        CHECK_OK(down(emu, mid, dy, sizeof(float) * n));
+        emu->ops->h2d(emu, dm, mid, sizeof(float) * n); /* the same values in a buffer with no copy */
+        emu->ops->linear(emu, W, dm, M, dout, 0);
+        CHECK_OK(down(emu, want, dout, sizeof(float) * M * OUT));
+        CHECK(!memcmp(got, want, sizeof(float) * M * OUT), "a GEMM after %s read a stale bf16 copy of its input",
+              op == 0 ? "add_bias" : "head_rmsnorm");
+    }
+    emu->ops->linear_free(emu, W);
+    emu->ops->free(emu, dx), emu->ops->free(emu, dy), emu->ops->free(emu, dm), emu->ops->free(emu, dnw);
+    emu->ops->free(emu, db), emu->ops->free(emu, dhw), emu->ops->free(emu, dout);
+    free(x), free(nw), free(bias), free(hw), free(w), free(mid), free(got), free(want);
+}
+
+/* RoPE is deferred (to run with the KV write); an op that reads the rotated
+ * rows next must still see them rotated: RMSNorm, SwiGLU, add_bias and
+ * head_rmsnorm right after a RoPE on their input give the CPU's result. */
+static void test_rope_then_row_op(void)
+{
+    const int32_t M = 5, NH = 4, HD = 64, S = NH * HD, MAXPOS = 40, F = S / 2;
+    const size_t n = (size_t)M * S;
+    float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * S), *cs = malloc(sizeof(float) * MAXPOS * HD);
+    int32_t pos[5] = {0, 3, 39, 17, 8};
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * 3;
+    for (int32_t i = 0; i < S; i++)
+        w[i] = 1.0f + 0.5f * frand();
+    for (int32_t p = 0; p < MAXPOS; p++)
+        for (int32_t i = 0; i < HD / 2; i++) {
+            double ang = p * pow(1e4, -2.0 * i / HD);
+            cs[(p * HD / 2 + i) * 2] = (float)cos(ang);
+            cs[(p * HD / 2 + i) * 2 + 1] = (float)sin(ang);
+        }
+    const char *what[4] = {"rmsnorm", "swiglu", "add_bias", "head_rmsnorm"};
+    float *res[2][4];
+    rd_backend *bes[2] = {cpu, emu};
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        float *dx = up(be, x, sizeof(float) * n), *dw = up(be, w, sizeof(float) * S), *dout = up(be, NULL, sizeof(float) * n);
+        float *dcs = up(be, cs, sizeof(float) * MAXPOS * HD);
+        int32_t *dpos = up(be, pos, sizeof pos);
+        for (int op = 0; op < 4; op++) {
+            res[k][op] = malloc(sizeof(float) * n);
+            be->ops->h2d(be, dx, x, sizeof(float) * n);
+            be->ops->rope(be, dx, S, M, NH, HD, dpos, dcs);
+            float *from = dout;
+            size_t nr = n;
+            if (op == 0)
+                be->ops->rmsnorm(be, dx, dw, M, S, 1e-5f, dout);
+            else if (op == 1)
+                be->ops->swiglu(be, dx, M, F, dout), nr = (size_t)M * F;
+            else if (op == 2)
+                be->ops->add_bias(be, dx, S, M, S, dw), from = dx;
+            else
+                be->ops->head_rmsnorm(be, dx, S, M, NH, HD, dw, 1e-6f), from = dx;
+            CHECK_OK(down(be, res[k][op], from, sizeof(float) * nr));
+            if (nr < n)
+                memset(res[k][op] + nr, 0, sizeof(float) * (n - nr));
+        }
+        be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dout), be->ops->free(be, dcs);
+        be->ops->free(be, dpos);
+    }
+    for (int op = 0; op < 4; op++) {
+        int64_t ulps = max_ulps(res[0][op], res[1][op], n);
+        CHECK(ulps <= 1, "rope then %s differs from the CPU by %lld ulps (did the op run before the RoPE?)", what[op],
+              (long long)ulps);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int op = 0; op < 4; op++)
+            free(res[k][op]);
+    free(x), free(w), free(cs);
+}
+
+/* The ops on a linear layer's output, as the runner calls them, in one
+ * activation mode. With split activations the GEMM's sum is still deferred
+ * when the op runs, and the op completes it; whatever the mode, the result is
+ * the CPU ops' on the product this backend computes alone (downloaded first). */
+static void qwen_chain_case(rd_backend *be, const char *mode, const qkv_shape *q, int32_t in)
+{
+    const int32_t S = qkv_stride(q), M = q->m;
+    const size_t n = (size_t)M * S;
+    float *w = malloc(sizeof(float) * S * in), *xin = malloc(sizeof(float) * M * in), *bias = malloc(sizeof(float) * S);
+    float *qn = malloc(sizeof(float) * q->hd), *kn = malloc(sizeof(float) * q->hd);
+    float *p = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    float *poison = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        poison[i] = NAN;
+    for (int64_t i = 0; i < (int64_t)S * in; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * in; i++)
+        xin[i] = frand() * 2.0f;
+    for (int32_t i = 0; i < S; i++)
+        bias[i] = frand();
+    fill_norm_weights(qn, q->hd);
+    fill_norm_weights(kn, q->hd);
+    void *W;
+    CHECK_OK(be->ops->linear_load(be, w, S, in, &W));
+    float *dx = up(be, xin, sizeof(float) * M * in), *dy = up(be, NULL, sizeof(float) * n);
+    float *db = up(be, bias, sizeof(float) * S), *dqn = up(be, qn, sizeof(float) * q->hd);
+    float *dkn = up(be, kn, sizeof(float) * q->hd);
+    be->ops->linear(be, W, dx, M, dy, 0);
+    CHECK_OK(down(be, p, dy, sizeof(float) * n)); /* the product alone: d2h completes any deferred sum */
+    float *cp = up(cpu, p, sizeof(float) * n), *cb = up(cpu, bias, sizeof(float) * S);
+    float *cqn = up(cpu, qn, sizeof(float) * q->hd), *ckn = up(cpu, kn, sizeof(float) * q->hd);
+    /* (nb, norms, K first): Qwen2 (bias over all columns), Qwen3 (norms), a
+       bias over Q|K only then the norms, and the norms K first. */
+    const struct {
+        int32_t nb;
+        int norms, k_first;
+        const char *what;
+    } chains[] = {{S, 0, 0, "bias"}, {0, 1, 0, "q/k norms"}, {(q->nh + q->nkv) * q->hd, 1, 0, "q|k bias, norms"},
+                  {0, 1, 1, "norms, K first"}};
+    for (size_t c = 0; c < sizeof chains / sizeof chains[0]; c++) {
+        cpu->ops->h2d(cpu, cp, p, sizeof(float) * n);
+        qkv_ops(cpu, q, cp, chains[c].nb, cb, chains[c].norms ? cqn : NULL, ckn, chains[c].k_first);
+        CHECK_OK(down(cpu, want, cp, sizeof(float) * n));
+        be->ops->h2d(be, dy, poison, sizeof(float) * n); /* a column the sum misses shows */
+        be->ops->linear(be, W, dx, M, dy, 0);
+        qkv_ops(be, q, dy, chains[c].nb, db, chains[c].norms ? dqn : NULL, dkn, chains[c].k_first);
+        CHECK_OK(down(be, got, dy, sizeof(float) * n));
+        int64_t ulps = max_ulps(want, got, n);
+        CHECK(chains[c].norms ? ulps <= 1 : ulps == 0,
+              "%s, hd %d, %d+%d heads, stride %d: linear then %s differs from the CPU ops on its product by %lld ulps",
+              mode, q->hd, q->nh, q->nkv, S, chains[c].what, (long long)ulps);
+    }
+    cpu->ops->free(cpu, cp), cpu->ops->free(cpu, cb), cpu->ops->free(cpu, cqn), cpu->ops->free(cpu, ckn);
+    be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, db), be->ops->free(be, dqn), be->ops->free(be, dkn);
+    be->ops->linear_free(be, W);
+    free(w), free(xin), free(bias), free(qn), free(kn), free(p), free(want), free(got), free(poison);
+}
+
+/* A layer's entry, Qwen2 (bias) or Qwen3 (q/k norms): linear(q|k|v), the
+ * ops, RoPE over the Q and K heads, KV write. The result is the CPU ops' on
+ * this backend's product (rows within 1 ulp, the cache the bf16 of the
+ * CPU's); `kernels` is the number of launches the sequence must take (an
+ * op that settled the deferred sum or RoPE instead of taking it adds one);
+ * with graphs, a captured replay gives the eager bits. */
+static void qwen_entry_case(rd_backend *be, const char *mode, const qkv_shape *q, int qwen3, int64_t kernels,
+                            int graphs)
+{
+    const int32_t S = qkv_stride(q), M = q->m, IN = 48, BS = 16, MAXB = 4, MAXPOS = 64, half = q->hd / 2;
+    const size_t n = (size_t)M * S, cache = (size_t)M * MAXB * q->nkv * BS * q->hd;
+    float *w = malloc(sizeof(float) * S * IN), *xin = malloc(sizeof(float) * M * IN), *bias = malloc(sizeof(float) * S);
+    float *qn = malloc(sizeof(float) * q->hd), *kn = malloc(sizeof(float) * q->hd);
+    float *cs = malloc(sizeof(float) * MAXPOS * q->hd), *p = malloc(sizeof(float) * n);
+    float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n), *got2 = malloc(sizeof(float) * n);
+    float *ckc = malloc(sizeof(float) * cache), *cvc = malloc(sizeof(float) * cache);
+    uint16_t *kc = malloc(2 * cache), *vc = malloc(2 * cache), *kc2 = malloc(2 * cache), *vc2 = malloc(2 * cache);
+    int32_t *tok = malloc(sizeof(int32_t) * M), *pos = malloc(sizeof(int32_t) * M), *slot = malloc(sizeof(int32_t) * M);
+    int32_t *qs = malloc(sizeof(int32_t) * (M + 1)), *ctx = malloc(sizeof(int32_t) * M);
+    int32_t *tab = malloc(sizeof(int32_t) * M * MAXB);
+    for (int64_t i = 0; i < (int64_t)S * IN; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * IN; i++)
+        xin[i] = frand() * 2.0f;
+    for (int32_t i = 0; i < S; i++)
+        bias[i] = frand();
+    fill_norm_weights(qn, q->hd);
+    fill_norm_weights(kn, q->hd);
+    for (int32_t t = 0; t < MAXPOS; t++)
+        for (int32_t i = 0; i < half; i++) {
+            double ang = t * pow(1e6, -2.0 * i / q->hd);
+            cs[(t * half + i) * 2] = (float)cos(ang);
+            cs[(t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    /* one row per sequence, each at its own position and block */
+    for (int32_t i = 0; i < M; i++) {
+        tok[i] = i;
+        pos[i] = (i * 37 + 3) % MAXPOS;
+        qs[i] = i;
+        ctx[i] = pos[i] + 1;
+        for (int32_t b = 0; b < MAXB; b++)
+            tab[i * MAXB + b] = i * MAXB + b;
+        slot[i] = tab[i * MAXB + pos[i] / BS] * BS + pos[i] % BS;
+    }
+    qs[M] = M;
+    rd_step st = {M, M, MAXB, tok, pos, slot, qs, ctx, tab};
+    rd_attn_shape a = {q->nh, q->nkv, q->hd, BS, (float)(1.0 / sqrt((double)q->hd))};
+    const int32_t nb = qwen3 ? 0 : S;
+    void *W;
+    CHECK_OK(be->ops->linear_load(be, w, S, IN, &W));
+    float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
+    float *db = up(be, bias, sizeof(float) * S), *dqn = up(be, qn, sizeof(float) * q->hd);
+    float *dkn = up(be, kn, sizeof(float) * q->hd), *dcs = up(be, cs, sizeof(float) * MAXPOS * q->hd);
+    float *dk = up(be, NULL, 2 * cache), *dv = up(be, NULL, 2 * cache);
+    be->ops->linear(be, W, dx, M, dy, 0);
+    CHECK_OK(down(be, p, dy, sizeof(float) * n));
+    /* the CPU ops on that product */
+    {
+        rd_step_dev cd;
+        CHECK_OK(cpu->ops->step_upload(cpu, &st, &cd));
+        float *cp = up(cpu, p, sizeof(float) * n), *cb = up(cpu, bias, sizeof(float) * S);
+        float *cqn = up(cpu, qn, sizeof(float) * q->hd), *ckn = up(cpu, kn, sizeof(float) * q->hd);
+        float *ccs = up(cpu, cs, sizeof(float) * MAXPOS * q->hd);
+        float *ck = up(cpu, NULL, sizeof(float) * cache), *cv = up(cpu, NULL, sizeof(float) * cache);
+        qkv_ops(cpu, q, cp, nb, cb, qwen3 ? cqn : NULL, ckn, 0);
+        cpu->ops->rope(cpu, cp, S, M, q->nh + q->nkv, q->hd, cd.positions, ccs);
+        cpu->ops->kv_write(cpu, &a, cp + q->nh * q->hd, cp + (q->nh + q->nkv) * q->hd, S, &cd, ck, cv);
+        CHECK_OK(down(cpu, want, cp, sizeof(float) * n));
+        CHECK_OK(down(cpu, ckc, ck, sizeof(float) * cache));
+        CHECK_OK(down(cpu, cvc, cv, sizeof(float) * cache));
+        cpu->ops->free(cpu, cp), cpu->ops->free(cpu, cb), cpu->ops->free(cpu, cqn), cpu->ops->free(cpu, ckn);
+        cpu->ops->free(cpu, ccs), cpu->ops->free(cpu, ck), cpu->ops->free(cpu, cv);
+    }
+    rd_step_dev sd;
+    CHECK_OK(be->ops->step_upload(be, &st, &sd));
+    for (size_t i = 0; i < n; i++)
+        got[i] = NAN;
+    be->ops->h2d(be, dy, got, sizeof(float) * n); /* a column the sum misses shows */
+    CHECK_OK(be->ops->sync(be)); /* the emulator counts kernels as they run, at a sync */
+    uint64_t k0 = cuemu_launch_count();
+    be->ops->linear(be, W, dx, M, dy, 0);
+    qkv_ops(be, q, dy, nb, db, qwen3 ? dqn : NULL, dkn, 0);
+    be->ops->rope(be, dy, S, M, q->nh + q->nkv, q->hd, sd.positions, dcs);
+    be->ops->kv_write(be, &a, dy + q->nh * q->hd, dy + (q->nh + q->nkv) * q->hd, S, &sd, dk, dv);
+    CHECK_OK(be->ops->sync(be));
+    const uint64_t launched = cuemu_launch_count() - k0;
+    CHECK_OK(down(be, got, dy, sizeof(float) * n));
+    CHECK_OK(down(be, kc, dk, 2 * cache));
+    CHECK_OK(down(be, vc, dv, 2 * cache));
+    const char *fam = qwen3 ? "Qwen3 (q/k norms)" : "Qwen2 (bias)";
+    int64_t ulps = max_ulps(want, got, n);
+    CHECK(ulps <= 1, "%s, %s, hd %d: q|k|v rows after RoPE differ from the CPU by %lld ulps", mode, fam, q->hd,
+          (long long)ulps);
+    size_t bad = 0;
+    for (size_t i = 0; i < cache; i++)
+        bad += kc[i] != cm_f32_to_bf16(ckc[i]) || vc[i] != cm_f32_to_bf16(cvc[i]);
+    CHECK(bad == 0, "%s, %s, hd %d: %zu KV cache values differ from the CPU's", mode, fam, q->hd, bad);
+    CHECK(launched == (uint64_t)kernels, "%s, %s, hd %d: %llu kernels after the linear (want %lld)", mode, fam,
+          q->hd, (unsigned long long)launched, (long long)kernels);
+    if (graphs) {
+        void *g;
+        CHECK_OK(be->ops->graph_begin(be));
+        be->ops->linear(be, W, dx, M, dy, 0);
+        qkv_ops(be, q, dy, nb, db, qwen3 ? dqn : NULL, dkn, 0);
+        be->ops->rope(be, dy, S, M, q->nh + q->nkv, q->hd, sd.positions, dcs);
+        be->ops->kv_write(be, &a, dy + q->nh * q->hd, dy + (q->nh + q->nkv) * q->hd, S, &sd, dk, dv);
+        CHECK_OK(be->ops->graph_end(be, &g));
+        for (size_t i = 0; i < n; i++)
+            got2[i] = NAN;
+        memset(kc2, 0xff, 2 * cache);
+        be->ops->h2d(be, dy, got2, sizeof(float) * n);
+        be->ops->h2d(be, dk, kc2, 2 * cache);
+        be->ops->h2d(be, dv, kc2, 2 * cache);
+        CHECK_OK(be->ops->graph_launch(be, g));
+        CHECK_OK(down(be, got2, dy, sizeof(float) * n));
+        CHECK_OK(down(be, kc2, dk, 2 * cache));
+        CHECK_OK(down(be, vc2, dv, 2 * cache));
+        be->ops->graph_free(be, g);
+        /* unwritten cache slots hold the poison: compare the written ones */
+        bad = 0;
+        for (int32_t i = 0; i < M; i++)
+            for (int32_t h = 0; h < q->nkv; h++) {
+                size_t at = (((size_t)(slot[i] / BS) * q->nkv + h) * BS + slot[i] % BS) * q->hd;
+                bad += memcmp(kc + at, kc2 + at, 2 * q->hd) != 0 || memcmp(vc + at, vc2 + at, 2 * q->hd) != 0;
+            }
+        CHECK(!memcmp(got, got2, sizeof(float) * n) && bad == 0,
+              "%s, %s, hd %d: a graph replay differs from the eager run (%zu KV heads)", mode, fam, q->hd, bad);
+    }
+    be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, db), be->ops->free(be, dqn);
+    be->ops->free(be, dkn), be->ops->free(be, dcs), be->ops->free(be, dk), be->ops->free(be, dv);
+    be->ops->linear_free(be, W);
+    free(w), free(xin), free(bias), free(qn), free(kn), free(cs), free(p), free(want), free(got), free(got2);
+    free(ckc), free(cvc), free(kc), free(vc), free(kc2), free(vc2);
+    free(tok), free(pos), free(slot), free(qs), free(ctx), free(tab);
+}
+
+/* Every activation mode: split (the default), bf16, mixed, and RD_CUDA_FUSE=0. */
+static void test_qwen_ops_after_linear(void)
+{
+    rd_backend *mixed = NULL, *nofuse = NULL;
+    setenv("RD_CUDA_ACT", "mixed", 1);
+    int rc = rd_backend_create("cuda-emu", 1, &mixed);
+    unsetenv("RD_CUDA_ACT");
+    CHECK_OK(rc);
+    setenv("RD_CUDA_FUSE", "0", 1);
+    rc = rd_backend_create("cuda-emu", 1, &nofuse);
+    unsetenv("RD_CUDA_FUSE");
+    CHECK_OK(rc);
+    struct {
+        rd_backend *be;
+        const char *name;
+        int fused;
+    } modes[] = {{emu, "split", 1}, {emu_bf16, "bf16", 1}, {mixed, "mixed", 1}, {nofuse, "RD_CUDA_FUSE=0", 0}};
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+        for (size_t si = 0; si < N_QKV_SHAPES; si++) {
+            const qkv_shape *q = &qkv_shapes[si];
+            /* mixed differs from bf16 only on a contracting GEMM: the first shape's */
+            if ((modes[mi].be == mixed && si > 0) || (light && si == 3))
+                continue;
+            /* in > out for the first shape: a contracting GEMM, split in the mixed mode too */
+            qwen_chain_case(modes[mi].be, modes[mi].name, q, si == 0 ? qkv_stride(q) + 8 : 40);
+            if (test_case_failed)
+                return;
+            for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
+                /* kernels: the linear's conversion and GEMM (and its sum when not fused:
+                   else the next op completes it), the ops (bias: 1; norms: 2), then RoPE
+                   with the KV write inside it, or (not fused, or rows wider than q|k|v)
+                   RoPE and KV write */
+                const int fused = modes[mi].fused;
+                const int64_t k = 2 + !fused + (qwen3 ? 2 : 1) + (fused && q->pad == 0 ? 1 : 2);
+                qwen_entry_case(modes[mi].be, modes[mi].name, q, qwen3, k, mi == 0);
+                if (test_case_failed)
+                    return;
+            }
+        }
+    }
+    rd_backend_destroy(mixed);
+    rd_backend_destroy(nofuse);
+}
+
 /* ------------------------------------------------------------------ attention */
 
 typedef struct {
@@ -541,6 +988,109 @@ static void test_attention_alone_vs_batched(void)
     free(a), free(b);
     CHECK(same, "the first sequence's row differs alone vs in a batch of 4 with padding");
     CHECK(w1 < 2e-5 && w2 < 2e-5, "errors %.3g %.3g", w1, w2);
+}
+
+/* Paged attention on the emulated backend vs the CPU backend, for the head
+ * sizes of Qwen3 (128) and Gemma 3 (256): the whole context goes through
+ * kv_write in one step (K and V rounded to bf16 first, so the CPU's fp32
+ * cache and the device's bf16 one hold the same values), then the last rows
+ * of each sequence attend in a second step, their q rows strided as in q|k|v.
+ * The two backends differ only in summation order and partitioning. */
+static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, double *worst_out)
+{
+    const int32_t bs = 16, ns = 4;
+    const seq_spec sp[4] = {{300, 2}, {37, 37}, {1, 1}, {513, 1}}; /* 2 and 3 partitions of 256 keys */
+    const int32_t qdim = (nh + 2 * nkv) * hd;
+    int32_t ma = 0, mb = 0, maxb = 0, n_blocks = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        ma += sp[s].ctx;
+        mb += sp[s].new_rows;
+        int32_t nbk = (sp[s].ctx + bs - 1) / bs;
+        maxb = nbk > maxb ? nbk : maxb;
+        n_blocks += nbk;
+    }
+    int32_t *tables = calloc((size_t)ns * maxb, sizeof(int32_t));
+    int32_t *tok = malloc(sizeof(int32_t) * ma), *pos = malloc(sizeof(int32_t) * ma), *slot = malloc(sizeof(int32_t) * ma);
+    int32_t qs_a[5], qs_b[5], ctx[4];
+    float *kv = malloc(sizeof(float) * ma * qdim), *q = malloc(sizeof(float) * mb * qdim);
+    int32_t next = 0, ra = 0, rb = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        int32_t nbk = (sp[s].ctx + bs - 1) / bs;
+        for (int32_t b = 0; b < nbk; b++) /* blocks in reverse order: the tables matter */
+            tables[s * maxb + b] = n_blocks - 1 - next++;
+        ctx[s] = sp[s].ctx;
+        qs_a[s] = ra;
+        qs_b[s] = rb;
+        for (int32_t t = 0; t < sp[s].ctx; t++, ra++) {
+            tok[ra] = 1;
+            pos[ra] = t;
+            slot[ra] = tables[s * maxb + t / bs] * bs + t % bs;
+            for (int32_t i = 0; i < qdim; i++)
+                kv[(size_t)ra * qdim + i] = bf(hval(7, s, t, i));
+            if (t >= sp[s].ctx - sp[s].new_rows) {
+                for (int32_t i = 0; i < qdim; i++)
+                    q[(size_t)rb * qdim + i] = i < nh * hd ? hval(8, s, t, i) : NAN; /* K|V columns: unread */
+                rb++;
+            }
+        }
+    }
+    qs_a[ns] = ra;
+    qs_b[ns] = rb;
+    /* step B: the rows of step A at the last new_rows positions of each sequence */
+    int32_t *pos_b = malloc(sizeof(int32_t) * mb), *slot_b = malloc(sizeof(int32_t) * mb);
+    for (int32_t s = 0, r = 0; s < ns; s++)
+        for (int32_t t = sp[s].ctx - sp[s].new_rows; t < sp[s].ctx; t++, r++) {
+            pos_b[r] = t;
+            slot_b[r] = tables[s * maxb + t / bs] * bs + t % bs;
+        }
+    rd_step st_a = {ma, ns, maxb, tok, pos, slot, qs_a, ctx, tables};
+    rd_step st_b = {mb, ns, maxb, tok, pos_b, slot_b, qs_b, ctx, tables};
+    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd))};
+    const size_t cache = (size_t)n_blocks * nkv * bs * hd, no = (size_t)mb * nh * hd;
+    float *out[2];
+    rd_backend *bes[2] = {cpu, emu};
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        const size_t eb = (size_t)rd_backend_kv_elem_bytes(be);
+        float *dkv = up(be, kv, sizeof(float) * ma * qdim), *dq = up(be, q, sizeof(float) * mb * qdim);
+        float *dk = up(be, NULL, eb * cache), *dv = up(be, NULL, eb * cache), *dout = up(be, NULL, sizeof(float) * no);
+        rd_step_dev sd;
+        out[k] = malloc(sizeof(float) * no);
+        CHECK_OK(be->ops->step_upload(be, &st_a, &sd));
+        be->ops->kv_write(be, &a, dkv + nh * hd, dkv + (nh + nkv) * hd, qdim, &sd, dk, dv);
+        CHECK_OK(be->ops->sync(be));
+        CHECK_OK(be->ops->step_upload(be, &st_b, &sd));
+        be->ops->attention(be, &a, dq, qdim, &sd, dk, dv, dout);
+        CHECK_OK(down(be, out[k], dout, sizeof(float) * no));
+        be->ops->free(be, dkv), be->ops->free(be, dq), be->ops->free(be, dk), be->ops->free(be, dv);
+        be->ops->free(be, dout);
+    }
+    double worst = 0;
+    for (size_t i = 0; i < no; i++) {
+        double d = fabs((double)out[0][i] - out[1][i]);
+        if (!(d <= worst))
+            worst = d; /* NaN too */
+    }
+    *worst_out = worst;
+    free(out[0]), free(out[1]);
+    free(tables), free(tok), free(pos), free(slot), free(kv), free(q), free(pos_b), free(slot_b);
+}
+
+static void test_attention_vs_cpu(void)
+{
+    const struct {
+        int32_t nh, nkv, hd;
+    } shapes[] = {{8, 2, 128} /* Qwen3-4B's group of 4 */, {16, 1, 128}, {8, 2, 256}, {8, 1, 256}, {6, 1, 128}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double worst = 0;
+        attn_vs_cpu_case(shapes[i].nh, shapes[i].nkv, shapes[i].hd, &worst);
+        if (test_case_failed)
+            return;
+        printf("# attention %d/%d heads, hd %d: emulated CUDA vs CPU max |diff| %.3g\n", shapes[i].nh, shapes[i].nkv,
+               shapes[i].hd, worst);
+        CHECK(worst < 1e-5, "heads %d/%d, hd %d: attention differs from the CPU by %.3g", shapes[i].nh, shapes[i].nkv,
+              shapes[i].hd, worst);
+    }
 }
 
 static void test_copy_blocks(void)
@@ -1113,8 +1663,13 @@ int main(void)
     RUN(test_lm_head_chunks);
     RUN(test_mixed_activations);
     RUN(test_row_ops);
+    RUN(test_qwen_ops);
+    RUN(test_qwen_ops_drop_shadows);
+    RUN(test_qwen_ops_after_linear);
+    RUN(test_rope_then_row_op);
     RUN(test_attention);
     RUN(test_attention_alone_vs_batched);
+    RUN(test_attention_vs_cpu);
     RUN(test_copy_blocks);
     RUN(test_sampler);
     RUN(test_sampler_many_draws);

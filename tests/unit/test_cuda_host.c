@@ -165,14 +165,27 @@ static void test_attention_plan(void)
     CHECK(cuplan_attn_check(64, 2, 64) == RD_ENOTSUP, "group of 32");
     CHECK(cuplan_attn_check(4, 2, 12) == RD_ENOTSUP, "head_dim 12");
     CHECK(cuplan_attn_check(4, 2, 512) == RD_ENOTSUP, "head_dim 512");
+    /* Qwen2.5 0.5B / 7B, Qwen3 0.6B / 4B / 14B / 32B, Gemma 3 270M / 4B */
+    CHECK(cuplan_attn_check(14, 2, 64) == 0 && cuplan_attn_check(28, 4, 128) == 0, "Qwen2.5 shapes");
+    CHECK(cuplan_attn_check(16, 8, 128) == 0 && cuplan_attn_check(32, 8, 128) == 0 &&
+          cuplan_attn_check(40, 8, 128) == 0 && cuplan_attn_check(64, 8, 128) == 0, "Qwen3 shapes");
+    CHECK(cuplan_attn_check(4, 1, 256) == 0 && cuplan_attn_check(8, 4, 256) == 0, "Gemma 3 shapes");
+    CHECK(cuplan_attn_check(16, 1, 256) == RD_ENOTSUP, "group of 16 at head_dim 256: over 47 KiB of shared memory");
+    int accepted = 0;
     for (int32_t hd = 8; hd <= CUPLAN_ATTN_MAX_HD; hd += 8)
         for (int32_t g = 1; g <= CUPLAN_ATTN_MAX_GROUP; g++) {
             cuplan_attn a = cuplan_attn_layout(g, hd);
             CHECK(a.tg >= 1 && a.tg <= 32 && (a.tg & (a.tg - 1)) == 0 && a.tg * 8 >= hd, "tg %d for hd %d", a.tg, hd);
             CHECK(a.ng * a.tg == CUPLAN_ATTN_THREADS, "ng");
             CHECK(a.dp * 2 == hd && a.kl >= 1 && a.kl * a.dp <= CUPLAN_ATTN_THREADS, "pv split for hd %d", hd);
-            CHECK(a.smem <= 48 * 1024, "hd %d group %d needs %zu bytes of shared memory", hd, g, a.smem);
+            /* every shape the check accepts launches without a shared-memory opt-in */
+            const int ok = cuplan_attn_check(g, 1, hd) == 0;
+            CHECK(ok == (a.smem <= CUPLAN_ATTN_MAX_SMEM), "hd %d group %d: %zu bytes of shared memory, check %d", hd,
+                  g, a.smem, ok);
+            accepted += ok;
         }
+    CHECK(accepted == 32 * CUPLAN_ATTN_MAX_GROUP - 1, "%d shapes accepted: only group 16 at hd 256 is refused",
+          accepted);
     CHECK(cuplan_attn_parts(1) == 1 && cuplan_attn_parts(CUPLAN_ATTN_PART) == 1 &&
           cuplan_attn_parts(CUPLAN_ATTN_PART + 1) == 2, "parts");
     CHECK(cuplan_attn_z(1, 3, 0, 132) == CUPLAN_ATTN_MAX_Z, "batch 1 spreads");
