@@ -1409,9 +1409,11 @@ static void runner_case(const char *name, int split)
                adds kernels fails here. */
             uint64_t k = cuemu_launch_count() - k0;
             const int32_t L = c->n_layers;
+            /* Qwen2's bias is one kernel more per layer, Qwen3's q and k norms two. */
+            const int32_t per_layer = 10 + (lc.m->layers[0].qkv_bias ? 1 : 0) + (lc.m->layers[0].q_norm ? 2 : 0);
             printf("# %s%s: a decode step is %llu kernels (%d layers)\n", name, split ? "" : " (bf16 activations)",
                    (unsigned long long)k, L);
-            CHECK(k <= (uint64_t)(10 * L + 7), "a decode step launches %llu kernels for %d layers",
+            CHECK(k <= (uint64_t)(per_layer * L + 7), "a decode step launches %llu kernels for %d layers",
                   (unsigned long long)k, L);
         }
         CHECK_OK(runner_forward(&rg, &st, rows, nb, lgr));
@@ -1457,6 +1459,23 @@ static void test_runner_tiny(void)
     if (test_case_failed || light)
         return;
     runner_case("tiny-untied", 1);
+}
+
+/* Every family's layer recipe on the emulated backend against the CPU: the
+ * Qwen2 bias, the Qwen3 per-head norms over a q width (4 x 32) wider than
+ * hidden, the Llama 3 scaled RoPE table. */
+static void test_runner_families(void)
+{
+    runner_case("tiny-qwen2", 1);
+    if (test_case_failed)
+        return;
+    runner_case("tiny-qwen3", 1);
+    if (test_case_failed || light)
+        return;
+    runner_case("tiny-llama3", 1);
+    if (test_case_failed)
+        return;
+    runner_case("tiny-qwen3", 0);
 }
 
 static void test_runner_tiny_bf16(void)
@@ -1675,6 +1694,7 @@ int main(void)
     RUN(test_sampler_many_draws);
     RUN(test_runner_tiny);
     RUN(test_runner_tiny_bf16);
+    RUN(test_runner_families);
     RUN(test_engine_device_sampling);
     RUN(test_engine_draw_failure);
     rd_backend_destroy(emu_bf16);
