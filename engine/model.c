@@ -325,7 +325,7 @@ static int load_group(model *m, arch_group g, int32_t l, float *buf, model_fetch
         int64_t at = arch_tensor_row0(a, c, t);
         int64_t tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
         int rc = fetch(ctx, name, linear ? tr : 1, tc, linear ? buf + at * cols : buf + at);
-        if (rc == RD_EFORMAT && (t->rows == AD_Q || t->rows == AD_KV || t->cols == AD_Q || t->cols == AD_KV ||
+        if (rc == RD_EFORMAT && strstr(rd_errmsg(), "has shape") && (t->rows == AD_Q || t->rows == AD_KV || t->cols == AD_Q || t->cols == AD_KV ||
                                  t->cols == AD_HEAD)) {
             /* A shape that follows from head_dim: say where the expectation comes from. */
             char msg[512];

@@ -34,6 +34,7 @@ int main(int argc, char **argv)
     rd_loaded L;
     if (rd_load(model_path, backend, threads, &L)) {
         fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+        free(ids);
         return 1;
     }
     const model_config *c = &L.m->cfg;
