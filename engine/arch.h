@@ -54,6 +54,7 @@ typedef enum {
 #define AT_PERMUTE_Q 1u         /* GGUF rows interleaved per head for llama.cpp's NORM RoPE (n_heads) */
 #define AT_PERMUTE_K 2u         /* the same over n_kv_heads */
 #define AT_UNTIED 4u            /* present only when the embeddings are untied */
+#define AT_NORM_1P 8u           /* GGUF holds 1 + w (Gemma's norms): the GGUF source subtracts 1 */
 
 typedef struct {
     const char *hf;             /* HF name; "%d" is the layer: "model.layers.%d.self_attn.q_proj.weight" */
@@ -79,6 +80,10 @@ typedef struct arch_desc {
     /* Adds the family's own config.json fields to an export (a cJSON object). */
     void (*hf_extra)(void *json, const struct model_config *c);
     arch_layer_fn layer;
+    /* Added to every RMSNorm weight when it is applied: 0, or 1 for Gemma's
+     * (1 + w) norms (weights are held as HF's w; GGUF stores 1 + w and the
+     * GGUF source subtracts it, AT_NORM_1P). */
+    float norm_offset;
 } arch_desc;
 
 /* The families, by GGUF architecture or HF class / model_type. NULL: none. */

@@ -53,7 +53,9 @@ typedef struct {
     int32_t n_kv_heads;         /* key/value heads (GQA: n_heads % n_kv_heads == 0) */
     int32_t head_dim;           /* elements per head */
     int32_t block_size;         /* tokens per KV block */
-    float scale;                /* 1/sqrt(head_dim) */
+    float scale;                /* applied to q.k: 1/sqrt(head_dim), or the family's */
+    int32_t window;             /* sliding window in tokens: a query at position p sees keys
+                                   p-window+1 .. p; 0: the whole context (causal) */
 } rd_attn_shape;
 
 /* One device sampling request (ops.sample). */
@@ -87,9 +89,11 @@ typedef struct rd_backend_ops {
                    int accumulate);
     /* out[M][d] = W[ids[i]] */
     void (*embed)(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out);
-    /* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, per row of d */
+    /* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * (w + w_offset), per row of d.
+     * w_offset is 0, or 1 for Gemma's (1 + w) norms (the weights stay HF's w;
+     * with 0 the weight is used as it is). */
     void (*rmsnorm)(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d,
-                    float eps, float *out);
+                    float eps, float w_offset, float *out);
     /* Rotate-half RoPE in place on n_heads heads of head_dim starting at
      * x + row*stride, for each row at positions[row]; cos_sin is the table
      * [max_pos][head_dim/2][2] (cos, sin). */
@@ -102,9 +106,17 @@ typedef struct rd_backend_ops {
      * n_heads heads of head_dim floats at x + row*stride + h*head_dim, each
      * with the same weight w[head_dim] (Qwen3's q_norm / k_norm, before RoPE). */
     void (*head_rmsnorm)(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads,
-                         int32_t head_dim, const float *w, float eps);
+                         int32_t head_dim, const float *w, float eps, float w_offset);
     /* out[M][f] = silu(gu[:, :f]) * gu[:, f:] (gu is [M][2f]) */
     void (*swiglu)(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out);
+    /* out[M][f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's gated FFN), with
+     * gelu_tanh(g) = 0.5 g (1 + tanh(0.7978845608 (g + 0.044715 g^3))). */
+    void (*geglu)(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out);
+    /* y[i] += x[i] for n floats (a residual added after a norm: Gemma's
+     * post-attention and post-FFN norms). */
+    void (*add)(rd_backend *be, float *y, const float *x, int64_t n);
+    /* x[i] *= s for n floats (Gemma's embedding scale, sqrt(hidden)). */
+    void (*scale)(rd_backend *be, float *x, int64_t n, float s);
     /* out[i] = x[rows[i]] for n rows of d floats */
     void (*gather_rows)(rd_backend *be, const float *x, const int32_t *rows, int32_t n,
                         int32_t d, float *out);
@@ -115,7 +127,8 @@ typedef struct rd_backend_ops {
     void (*kv_write)(rd_backend *be, const rd_attn_shape *a, const float *k, const float *v,
                      int32_t stride, const rd_step_dev *s, float *k_cache, float *v_cache);
     /* Causal attention of every row over its sequence's cached context
-     * (positions 0..positions[row]); q rows at q + row*stride; out [M][n_heads*head_dim]. */
+     * (positions 0..positions[row], or the last a->window of them); q rows at
+     * q + row*stride; out [M][n_heads*head_dim]. */
     void (*attention)(rd_backend *be, const rd_attn_shape *a, const float *q, int32_t stride,
                       const rd_step_dev *s, const float *k_cache, const float *v_cache,
                       float *out);

@@ -230,9 +230,14 @@ static int upload_vector(rd_backend *be, const float *src, int32_t n, float **ds
     return be->ops->h2d(be, *dst, src, sizeof(float) * (size_t)n);
 }
 
-/* cos/sin of pos * theta^(-2i/hd) / rope_div[i], computed in double so
- * every backend gets the same table. */
-static int build_rope(model *m)
+int model_layer_is_local(const model_config *c, int32_t l)
+{
+    return c->sliding_window > 0 && c->swa_period > 0 && l % c->swa_period != c->swa_period - 1;
+}
+
+/* cos/sin of pos * theta^(-2i/hd) / div[i] (div NULL: 1), computed in
+ * double so every backend gets the same table. */
+static int build_rope_table(model *m, double theta, const float *div, float **out)
 {
     const model_config *c = &m->cfg;
     int32_t half = c->head_dim / 2;
@@ -242,15 +247,26 @@ static int build_rope(model *m)
         return rd_fail(RD_ENOMEM, "model: cannot allocate RoPE table");
     for (int32_t p = 0; p < c->max_ctx; p++)
         for (int32_t i = 0; i < half; i++) {
-            double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim) / (double)c->rope_div[i];
+            double inv = pow(theta, -2.0 * i / c->head_dim) / (div ? (double)div[i] : 1.0);
             double ang = p * inv;
             t[((size_t)p * half + i) * 2] = (float)cos(ang);
             t[((size_t)p * half + i) * 2 + 1] = (float)sin(ang);
         }
-    m->rope = m->be->ops->alloc(m->be, n * sizeof(float));
-    int rc = m->rope ? m->be->ops->h2d(m->be, m->rope, t, n * sizeof(float))
-                     : rd_fail(RD_ENOMEM, "model: backend alloc for RoPE table failed");
+    *out = m->be->ops->alloc(m->be, n * sizeof(float));
+    int rc = *out ? m->be->ops->h2d(m->be, *out, t, n * sizeof(float))
+                  : rd_fail(RD_ENOMEM, "model: backend alloc for RoPE table failed");
     free(t);
+    return rc;
+}
+
+/* The global table (with the scaling divisors) and, for a model with
+ * sliding-window layers, the local one at its own base without scaling. */
+static int build_rope(model *m)
+{
+    const model_config *c = &m->cfg;
+    int rc = build_rope_table(m, c->rope_theta, c->rope_div, &m->rope);
+    if (!rc && c->sliding_window > 0)
+        rc = build_rope_table(m, c->rope_local_theta, NULL, &m->rope_local);
     return rc;
 }
 
@@ -449,5 +465,7 @@ void model_free(model *m)
         free_slot(m, (arch_group)g, -1);
     if (m->rope)
         be->ops->free(be, m->rope);
+    if (m->rope_local)
+        be->ops->free(be, m->rope_local);
     free(m);
 }

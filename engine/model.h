@@ -44,6 +44,12 @@ typedef struct model_config {
     float rope_high_freq;       /* ROPE_LLAMA3: high_freq_factor */
     int32_t rope_orig_ctx;      /* ROPE_LLAMA3: original_max_position_embeddings (tokens) */
     float rope_div[MODEL_MAX_HEAD_DIM / 2]; /* [head_dim / 2] angle divisors (all 1 for ROPE_PLAIN) */
+    /* Sliding-window attention (Gemma 3): 0 / 0 for none. */
+    int32_t sliding_window;     /* tokens a local layer's query sees (itself included) */
+    int32_t swa_period;         /* layer l is global when l % swa_period == swa_period - 1, else local */
+    float rope_local_theta;     /* RoPE base of the local layers (no scaling) */
+    float attn_scale;           /* q.k scale; 0: 1/sqrt(head_dim) */
+    float embed_scale;          /* embeddings multiplied by it (Gemma: sqrt(dim)); 0: not scaled */
 } model_config;
 
 typedef struct {
@@ -65,11 +71,15 @@ typedef struct {
     void *lm_head;              /* linear [vocab][dim]; == embed when tied */
     float *out_norm;            /* backend [dim] */
     float *rope;                /* backend [max_ctx][hd/2][2] cos, sin */
+    float *rope_local;          /* the same at rope_local_theta, or NULL (no local layers) */
     model_layer *layers;        /* [n_layers] */
     int64_t n_params;           /* parameter count (tied counted once) */
     uint64_t weights_gen;       /* bumped whenever weight pointers change (an update swap): a
                                    backend that caches them (CUDA graphs) must re-capture */
 } model;
+
+/* 1 if layer l attends through the sliding window. */
+int model_layer_is_local(const model_config *c, int32_t l);
 
 /* The model's slot for group g (layer ignored for model-wide groups). */
 void **model_weight_slot(model *m, arch_group g, int32_t layer);

@@ -35,8 +35,10 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
                            m->layers[l].qkv_bias ? "add_bias" : "head_rmsnorm", c->arch);
     r->m = m;
     r->be = m->be;
-    r->attn = (rd_attn_shape){c->n_heads, c->n_kv_heads, c->head_dim, block_size,
-                              (float)(1.0 / sqrt((double)c->head_dim))};
+    r->attn = (rd_attn_shape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                              .block_size = block_size,
+                              .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)c->head_dim)),
+                              .window = 0};
     r->n_blocks = n_blocks;
     r->max_rows = max_rows;
     r->max_logits = max_logits;
@@ -156,13 +158,13 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
     const int32_t qkv_dim = (nh + 2 * nkv) * hd;
     const model_layer *L = &m->layers[l];
 
-    op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, r->xn);
+    op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
     op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
     if (L->qkv_bias)
         op->add_bias(be, r->qkv, qkv_dim, M, qkv_dim, L->qkv_bias);
     if (L->q_norm) {
-        op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps);
-        op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps);
+        op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps, 0.0f);
+        op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps, 0.0f);
     }
     /* q and k heads are adjacent in a qkv row: one call rotates both */
     op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, m->rope);
@@ -170,7 +172,7 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
                  r->v_cache[l]);
     op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
     op->linear(be, L->o, r->att, M, r->x, 1);
-    op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, r->xn);
+    op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
     op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
     op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
     op->linear(be, L->down, r->ff, M, r->x, 1);
@@ -194,7 +196,7 @@ static void enqueue_head(runner *r, const int32_t *rows_dev, int32_t n)
     rd_backend *be = r->be;
     const rd_backend_ops *op = be->ops;
     op->gather_rows(be, r->x, rows_dev, n, c->dim, r->xn);
-    op->rmsnorm(be, r->xn, m->out_norm, n, c->dim, c->norm_eps, r->sel);
+    op->rmsnorm(be, r->xn, m->out_norm, n, c->dim, c->norm_eps, m->arch->norm_offset, r->sel);
     if (op->lm_head)
         op->lm_head(be, m->lm_head, r->sel, n, r->logits);
     else

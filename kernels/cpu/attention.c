@@ -70,13 +70,17 @@ static void attn_task(void *ctx, int32_t item, int32_t worker)
 
     int32_t row = item / nkv, kvh = item % nkv;
     int32_t seq = row_seq(s, row);
-    int32_t n = s->positions[row] + 1;
+    /* Keys j0 .. positions[row]: all of them, or the last `window` (the
+     * scores and values below are indexed from j0). */
+    int32_t end = s->positions[row] + 1;
+    int32_t j0 = a->window > 0 && end > a->window ? end - a->window : 0;
+    int32_t n = end - j0;
     const int32_t *table = s->block_tables + (size_t)seq * s->max_blocks;
     const float *qrow = J->q + (size_t)row * J->stride;
 
     /* scores[g][j] = q_g . k_j * scale */
     for (int32_t j = 0; j < n; j++) {
-        size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
+        size_t off = (((size_t)table[(j0 + j) / bs] * nkv + kvh) * bs + (j0 + j) % bs) * hd;
         const float *kj = J->k_cache + off;
         for (int32_t g = 0; g < group; g++)
             scores[(size_t)g * n + j] = dot_hd(qrow + (size_t)(kvh * group + g) * hd, kj, hd) * a->scale;
@@ -100,7 +104,7 @@ static void attn_task(void *ctx, int32_t item, int32_t worker)
     }
     /* out_g = sum_j p_gj v_j, in key order */
     for (int32_t j = 0; j < n; j++) {
-        size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + j % bs) * hd;
+        size_t off = (((size_t)table[(j0 + j) / bs] * nkv + kvh) * bs + (j0 + j) % bs) * hd;
         const float *vj = J->v_cache + off;
         for (int32_t g = 0; g < group; g++) {
             float p = scores[(size_t)g * n + j];

@@ -73,23 +73,27 @@ static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t
         gemm_row(g, ids[i], out + (size_t)i * g->in);
 }
 
-/* One RMSNorm row: the sum of squares in double, then (x * inv) * w. out
- * may be x (in place). */
-static void rms_row(const float *x, const float *w, int32_t d, float eps, float *out)
+/* One RMSNorm row: the sum of squares in double, then (x * inv) * w, with
+ * w + off where off is not 0 (Gemma's 1 + w). out may be x (in place). */
+static void rms_row(const float *x, const float *w, int32_t d, float eps, float off, float *out)
 {
     double ss = 0.0;
     for (int32_t j = 0; j < d; j++)
         ss += (double)x[j] * x[j];
     float inv = (float)(1.0 / sqrt(ss / d + eps));
-    for (int32_t j = 0; j < d; j++)
-        out[j] = (x[j] * inv) * w[j];
+    if (off == 0.0f)
+        for (int32_t j = 0; j < d; j++)
+            out[j] = (x[j] * inv) * w[j];
+    else
+        for (int32_t j = 0; j < d; j++)
+            out[j] = (x[j] * inv) * (w[j] + off);
 }
 
 static void cpu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
-                        float *out)
+                        float w_offset, float *out)
 {
     for (int32_t i = 0; i < m; i++)
-        rms_row(x + (size_t)i * d, w, d, eps, out + (size_t)i * d);
+        rms_row(x + (size_t)i * d, w, d, eps, w_offset, out + (size_t)i * d);
 }
 
 static void cpu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int32_t n, const float *b)
@@ -103,13 +107,25 @@ static void cpu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, in
 
 /* The same arithmetic as cpu_rmsnorm, one head at a time, in place. */
 static void cpu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads,
-                             int32_t head_dim, const float *w, float eps)
+                             int32_t head_dim, const float *w, float eps, float w_offset)
 {
     for (int32_t i = 0; i < m; i++)
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + (size_t)i * stride + (size_t)h * head_dim;
-            rms_row(v, w, head_dim, eps, v);
+            rms_row(v, w, head_dim, eps, w_offset, v);
         }
+}
+
+static void cpu_add(rd_backend *be, float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += x[i];
+}
+
+static void cpu_scale(rd_backend *be, float *x, int64_t n, float s)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
 }
 
 static void cpu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
@@ -153,6 +169,27 @@ static void cpu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, fl
 {
     swiglu_job j = {gu, m, f, out};
     pool_run((m + 7) / 8, swiglu_task, &j);
+}
+
+static void geglu_task(void *ctx, int32_t t, int32_t worker)
+{
+    const swiglu_job *j = ctx;
+    int32_t r1 = (t + 1) * 8 < j->m ? (t + 1) * 8 : j->m;
+    for (int32_t i = t * 8; i < r1; i++) {
+        const float *g = j->gu + (size_t)i * 2 * j->f, *u = g + j->f;
+        float *o = j->out + (size_t)i * j->f;
+        for (int32_t c = 0; c < j->f; c++) {
+            float x = g[c];
+            float inner = 0.7978845608f * (x + 0.044715f * x * x * x);
+            o[c] = 0.5f * x * (1.0f + tanhf(inner)) * u[c];
+        }
+    }
+}
+
+static void cpu_geglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
+{
+    swiglu_job j = {gu, m, f, out};
+    pool_run((m + 7) / 8, geglu_task, &j);
 }
 
 static void cpu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, int32_t n, int32_t d,
@@ -222,6 +259,9 @@ static const rd_backend_ops cpu_ops = {
     .head_rmsnorm = cpu_head_rmsnorm,
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .add = cpu_add,
+    .scale = cpu_scale,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -951,13 +951,14 @@ static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t 
     check_launch(b, "embed");
 }
 
-static void cu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps, float *out)
+static void cu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps, float w_off,
+                       float *out)
 {
     cuda_be *b = compute(be);
     const size_t n = (size_t)m * d;
     const split_sum ss = take_split(b, x, (int64_t)n); // x is then written: the op's x is the residual stream
     uint16_t *bf = shadow_claim(b, out, n);
-    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, out, bf, b->split ? (int64_t)n : 0, ss);
+    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, bf, b->split ? (int64_t)n : 0, ss);
     if (check_launch(b, "rmsnorm") && bf)
         shadow_commit(b, out, n);
 }
@@ -995,7 +996,7 @@ static void cu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int
 // the K call and the RoPE after it find none; the RoPE is still deferred and
 // runs with the KV write.
 static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                            const float *w, float eps)
+                            const float *w, float eps, float w_off)
 {
     cuda_be *b = compute(be);
     if (m <= 0 || n_heads <= 0)
@@ -1003,7 +1004,7 @@ static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m,
     const split_sum ss = take_split(b, x, (int64_t)m * stride);
     const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + (int64_t)n_heads * head_dim;
     shadow_written(b, x, (size_t)span * sizeof(float));
-    launch_head_rmsnorm(b->st, x, stride, m, n_heads, head_dim, w, eps, ss);
+    launch_head_rmsnorm(b->st, x, stride, m, n_heads, head_dim, w, eps, w_off, ss);
     check_launch(b, "head_rmsnorm");
 }
 

@@ -25,7 +25,7 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
                   float *out);
 // RMSNorm per row, the sum of squares in double, as the CPU backend. With
 // ss.t, x is first completed from the split sum (and written back).
-void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
+void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off, float *out,
                     uint16_t *out_bf, int64_t lo_off, split_sum ss);
 // y[i][j] += b[j] for j < n on the rows at y + i * stride (a linear's bias).
 // With ss.t, every element of the rows [m][stride] is first completed from
@@ -36,7 +36,7 @@ void launch_add_bias(cudaStream_t s, float *y, int32_t stride, int32_t m, int32_
 // arithmetic of launch_rmsnorm. With ss.t, every element of the rows
 // [m][stride] is first completed from the split sum, heads or not.
 void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                         const float *w, float eps, split_sum ss);
+                         const float *w, float eps, float w_off, split_sum ss);
 // The KV cache a RoPE launch also writes (kc NULL: none): the last n_kv of
 // the rotated heads are K, the n_kv * head_dim columns after them V; row i
 // goes to slots[i] (skipped when < 0), as launch_kv_write writes them.

@@ -50,7 +50,7 @@ RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
 
 #define RMS_THREADS 256
 
-__global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps,
+__global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,
                                                          float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
 {
     const int64_t row = blockIdx.x;
@@ -65,19 +65,20 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *
     const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     float *oi = out + row * d;
     for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        float v = RD_FMUL(RD_FMUL(xi[j], inv), w[j]);
+        // w + 0 is not computed: the weight goes in as it is (the sign of a zero kept)
+        float v = RD_FMUL(RD_FMUL(xi[j], inv), w_off == 0.0f ? w[j] : RD_FADD(w[j], w_off));
         oi[j] = v;
         if (out_bf)
             store_bf(out_bf, row * d + j, lo_off, v);
     }
 }
 
-void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float *out,
-                    uint16_t *out_bf, int64_t lo_off, split_sum ss)
+void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off,
+                    float *out, uint16_t *out_bf, int64_t lo_off, split_sum ss)
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, out, out_bf, lo_off, ss);
+    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
 }
 
 // ------------------------------------------------------------------ bias
@@ -120,7 +121,7 @@ void launch_add_bias(cudaStream_t s, float *y, int32_t stride, int32_t m, int32_
 #define HNORM_WARPS 4
 
 __global__ void __launch_bounds__(32 * HNORM_WARPS)
-    k_head_rmsnorm(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, float eps,
+    k_head_rmsnorm(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, float eps, float w_off,
                    int32_t head_blocks, split_sum sp)
 {
     const int64_t row = blockIdx.x;
@@ -144,11 +145,11 @@ __global__ void __launch_bounds__(32 * HNORM_WARPS)
     ss = warp_allreduce(ss, op_add());
     const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
     for (int32_t j = lane; j < hd; j += 32)
-        v[j] = RD_FMUL(RD_FMUL(v[j], inv), w[j]);
+        v[j] = RD_FMUL(RD_FMUL(v[j], inv), w_off == 0.0f ? w[j] : RD_FADD(w[j], w_off));
 }
 
 void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                         const float *w, float eps, split_sum ss)
+                         const float *w, float eps, float w_off, split_sum ss)
 {
     if (m <= 0 || n_heads <= 0 || head_dim <= 0)
         return;
@@ -156,7 +157,7 @@ void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, in
     const int64_t tail = ss.t ? (int64_t)stride - (int64_t)n_heads * head_dim : 0;
     const int32_t tail_blocks = tail > 0 ? (int32_t)blocks_for(tail, 32 * HNORM_WARPS) : 0;
     RD_LAUNCH(k_head_rmsnorm, dim3(m, head_blocks + tail_blocks), dim3(32 * HNORM_WARPS), 0, s, x, stride, n_heads,
-              head_dim, w, eps, head_blocks, ss);
+              head_dim, w, eps, w_off, head_blocks, ss);
 }
 
 // ------------------------------------------------------------------ rope

@@ -316,7 +316,7 @@ static void test_row_ops(void)
         float *dcs = up(be, cs, sizeof(float) * MAXPOS * HD);
         for (int j = 0; j < 4; j++)
             res[k][j] = malloc(sizeof(float) * M * STRIDE * 2);
-        be->ops->rmsnorm(be, dx, dw, M, D, 1e-5f, dout);
+        be->ops->rmsnorm(be, dx, dw, M, D, 1e-5f, 0.0f, dout);
         down(be, res[k][0], dout, sizeof(float) * M * D);
         be->ops->h2d(be, dout, x, sizeof(float) * M * D);
         be->ops->rope(be, dout, STRIDE, M, NH, HD, dpos, dcs);
@@ -391,10 +391,10 @@ static void qkv_ops(rd_backend *be, const qkv_shape *q, float *dx, int32_t nb, c
     if (!dqn)
         return;
     if (k_first) /* K first: while the split sum is deferred, x is not its destination */
-        be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f);
-    be->ops->head_rmsnorm(be, dx, S, q->m, q->nh, q->hd, dqn, 1e-6f);
+        be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f, 0.0f);
+    be->ops->head_rmsnorm(be, dx, S, q->m, q->nh, q->hd, dqn, 1e-6f, 0.0f);
     if (!k_first)
-        be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f);
+        be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f, 0.0f);
 }
 
 /* add_bias and head_rmsnorm on the emulated backend vs the CPU backend on the
@@ -470,11 +470,11 @@ static void test_qwen_ops_drop_shadows(void)
     void *W;
     CHECK_OK(emu->ops->linear_load(emu, w, OUT, S, &W));
     for (int op = 0; op < 2; op++) {
-        emu->ops->rmsnorm(emu, dx, dnw, M, S, 1e-5f, dy); /* dy gets a bf16 copy */
+        emu->ops->rmsnorm(emu, dx, dnw, M, S, 1e-5f, 0.0f, dy); /* dy gets a bf16 copy */
         if (op == 0)
             emu->ops->add_bias(emu, dy, S, M, S, db);
         else
-            emu->ops->head_rmsnorm(emu, dy + q->hd, S, M, 2, q->hd, dhw, 1e-6f);
+            emu->ops->head_rmsnorm(emu, dy + q->hd, S, M, 2, q->hd, dhw, 1e-6f, 0.0f);
         emu->ops->linear(emu, W, dy, M, dout, 0);
         CHECK_OK(down(emu, got, dout, sizeof(float) * M * OUT));
         CHECK_OK(down(emu, mid, dy, sizeof(float) * n));
@@ -524,13 +524,13 @@ static void test_rope_then_row_op(void)
             float *from = dout;
             size_t nr = n;
             if (op == 0)
-                be->ops->rmsnorm(be, dx, dw, M, S, 1e-5f, dout);
+                be->ops->rmsnorm(be, dx, dw, M, S, 1e-5f, 0.0f, dout);
             else if (op == 1)
                 be->ops->swiglu(be, dx, M, F, dout), nr = (size_t)M * F;
             else if (op == 2)
                 be->ops->add_bias(be, dx, S, M, S, dw), from = dx;
             else
-                be->ops->head_rmsnorm(be, dx, S, M, NH, HD, dw, 1e-6f), from = dx;
+                be->ops->head_rmsnorm(be, dx, S, M, NH, HD, dw, 1e-6f, 0.0f), from = dx;
             CHECK_OK(down(be, res[k][op], from, sizeof(float) * nr));
             if (nr < n)
                 memset(res[k][op] + nr, 0, sizeof(float) * (n - nr));
@@ -653,7 +653,7 @@ static void qwen_entry_case(rd_backend *be, const char *mode, const qkv_shape *q
     }
     qs[M] = M;
     rd_step st = {M, M, MAXB, tok, pos, slot, qs, ctx, tab};
-    rd_attn_shape a = {q->nh, q->nkv, q->hd, BS, (float)(1.0 / sqrt((double)q->hd))};
+    rd_attn_shape a = {q->nh, q->nkv, q->hd, BS, (float)(1.0 / sqrt((double)q->hd)), 0};
     const int32_t nb = qwen3 ? 0 : S;
     void *W;
     CHECK_OK(be->ops->linear_load(be, w, S, IN, &W));
@@ -867,7 +867,7 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
     float *dk = up(emu, kc, 2 * cache_elems), *dv = up(emu, vc, 2 * cache_elems);
     rd_step st = {M, ns, maxb, tok, pos, slot, qs, ctx, tables};
     rd_step_dev sd;
-    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd))};
+    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), 0};
     int rc = emu->ops->step_upload(emu, &st, &sd);
     if (!rc) {
         emu->ops->kv_write(emu, &a, dq + nh * hd, dq + (nh + nkv) * hd, qdim, &sd, dk, dv);
@@ -1045,7 +1045,7 @@ static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, double *worst_
         }
     rd_step st_a = {ma, ns, maxb, tok, pos, slot, qs_a, ctx, tables};
     rd_step st_b = {mb, ns, maxb, tok, pos_b, slot_b, qs_b, ctx, tables};
-    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd))};
+    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), 0};
     const size_t cache = (size_t)n_blocks * nkv * bs * hd, no = (size_t)mb * nh * hd;
     float *out[2];
     rd_backend *bes[2] = {cpu, emu};
@@ -1095,7 +1095,7 @@ static void test_attention_vs_cpu(void)
 
 static void test_copy_blocks(void)
 {
-    rd_attn_shape a = {4, 2, 16, 8, 0.25f};
+    rd_attn_shape a = {4, 2, 16, 8, 0.25f, 0};
     const int32_t nb = 6;
     const size_t per = (size_t)a.n_kv_heads * a.block_size * a.head_dim, n = per * nb;
     uint16_t *k = malloc(2 * n), *v = malloc(2 * n), *k2 = malloc(2 * n), *v2 = malloc(2 * n);
