@@ -5,11 +5,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "engine/err.h"
 #include "engine/model.h"
 
-extern const arch_desc arch_llama, arch_qwen2, arch_qwen3;
+extern const arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma3;
 
-static const arch_desc *const FAMILIES[] = {&arch_llama, &arch_qwen2, &arch_qwen3};
+static const arch_desc *const FAMILIES[] = {&arch_llama, &arch_qwen2, &arch_qwen3, &arch_gemma3};
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
 const arch_desc *arch_by_name(const char *name, size_t len)
@@ -29,7 +32,7 @@ const arch_desc *arch_by_hf(const char *hf_class, const char *model_type)
     return NULL;
 }
 
-const char *arch_names(void) { return "llama, qwen2, qwen3"; }
+const char *arch_names(void) { return "llama, qwen2, qwen3, gemma3"; }
 
 int64_t arch_dim_value(const model_config *c, arch_dim d)
 {
@@ -138,4 +141,12 @@ int arch_resolve_hf(const arch_desc *a, const model_config *c, const char *name,
         return 0;
     }
     return -1;
+}
+
+int arch_hf_check_str(const void *json, const char *key, const char *want, const char *what)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(json, key);
+    if (j && !(cJSON_IsString(j) && !strcmp(j->valuestring, want)))
+        return rd_fail(RD_ENOTSUP, "model: config.json: %s must be \"%s\" (%s)", key, want, what);
+    return 0;
 }

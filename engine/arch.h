@@ -45,6 +45,8 @@ typedef enum {
     AG_FFN_NORM,                /* vector [dim] */
     AG_Q_NORM,                  /* vector [head_dim] */
     AG_K_NORM,                  /* vector [head_dim] */
+    AG_POST_ATTN_NORM,          /* vector [dim] (Gemma 3) */
+    AG_POST_FFN_NORM,           /* vector [dim] (Gemma 3) */
     AG_COUNT
 } arch_group;
 
@@ -114,5 +116,9 @@ int64_t arch_tensor_row0(const arch_desc *a, const struct model_config *c, const
  * untied-only tensors do not resolve for a tied model. -1 if none. */
 int arch_resolve_hf(const arch_desc *a, const struct model_config *c, const char *name, const arch_tensor **t,
                     int32_t *layer);
+
+/* config.json key (absent is fine) must be the string want, else RD_ENOTSUP
+ * naming it (the families' activation checks). */
+int arch_hf_check_str(const void *json, const char *key, const char *want, const char *what);
 
 #endif

@@ -296,6 +296,11 @@ static int gguf_fetch(void *ctx, const char *hf, int64_t rows, int64_t cols, flo
     if (t->flags & (AT_PERMUTE_Q | AT_PERMUTE_K))
         unpermute_rows(dst, (t->flags & AT_PERMUTE_Q) ? src->cfg->n_heads : src->cfg->n_kv_heads,
                        src->cfg->head_dim, (int32_t)cols, src->tmp);
+    /* The one place Gemma's norm convention is converted: llama.cpp's
+     * converter stores 1 + w, the model holds HF's w (the norm ops add 1). */
+    if (t->flags & AT_NORM_1P)
+        for (int64_t i = 0; i < rows * cols; i++)
+            dst[i] -= 1.0f;
     return 0;
 }
 
@@ -315,6 +320,8 @@ void **model_weight_slot(model *m, arch_group g, int32_t layer)
     case AG_FFN_NORM: return (void **)&L->ffn_norm;
     case AG_Q_NORM: return (void **)&L->q_norm;
     case AG_K_NORM: return (void **)&L->k_norm;
+    case AG_POST_ATTN_NORM: return (void **)&L->post_attn_norm;
+    case AG_POST_FFN_NORM: return (void **)&L->post_ffn_norm;
     case AG_COUNT: break;
     }
     return NULL;

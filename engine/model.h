@@ -48,12 +48,14 @@ typedef struct model_config {
     int32_t sliding_window;     /* tokens a local layer's query sees (itself included) */
     int32_t swa_period;         /* layer l is global when l % swa_period == swa_period - 1, else local */
     float rope_local_theta;     /* RoPE base of the local layers (no scaling) */
-    float attn_scale;           /* q.k scale; 0: 1/sqrt(head_dim) */
+    float attn_scalar;          /* q.k is scaled by attn_scalar^-0.5 (Gemma's query_pre_attn_scalar); 0: head_dim */
     float embed_scale;          /* embeddings multiplied by it (Gemma: sqrt(dim)); 0: not scaled */
 } model_config;
 
 typedef struct {
     void *qkv;                  /* linear [(nh + 2 nkv) hd][dim] */
+    float *post_attn_norm;      /* backend [dim], or NULL (Gemma 3 norms the attention output) */
+    float *post_ffn_norm;       /* backend [dim], or NULL (and the FFN output) */
     float *qkv_bias;            /* backend [(nh + 2 nkv) hd], or NULL (Qwen2 has one) */
     void *o;                    /* linear [dim][nh hd] */
     void *gate_up;              /* linear [2 ffn][dim]: gate rows then up rows */

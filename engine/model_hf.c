@@ -136,13 +136,10 @@ static int check_config(const cJSON *root, model_config *c)
     if (!fam) {
         const cJSON *first = cJSON_GetArrayItem(arch, 0);
         return rd_fail(RD_ENOTSUP, "model: config.json: architecture '%.40s' is not supported (expected "
-                       "LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM)",
+                       "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM)",
                        cJSON_IsString(first) ? first->valuestring
                        : cJSON_IsString(type) ? type->valuestring : "(none)");
     }
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
-        return rd_fail(RD_ENOTSUP, "model: config.json: hidden_act must be \"silu\" (SwiGLU)");
 
     int rc;
     snprintf(c->arch, sizeof c->arch, "%s", fam->name);
@@ -331,7 +328,6 @@ int model_config_to_hf_json(const model_config *c, const char *torch_dtype, char
         return rc;
     }
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
-    cJSON_AddStringToObject(o, "hidden_act", "silu");
     if (fam->hf_extra)
         fam->hf_extra(o, c);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype);

@@ -29,15 +29,25 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
         return rd_fail(RD_EINVAL, "runner: blocks %d, block size %d, rows %d, logits %d must be positive",
                        n_blocks, block_size, max_rows, max_logits);
     /* A backend without an op the family's layers use cannot run the model. */
-    for (int32_t l = 0; l < c->n_layers; l++)
-        if ((m->layers[l].qkv_bias && !m->be->ops->add_bias) || (m->layers[l].q_norm && !m->be->ops->head_rmsnorm))
-            return rd_fail(RD_ENOTSUP, "runner: the %s backend has no %s op, which %s models need", m->be->ops->name,
-                           m->layers[l].qkv_bias ? "add_bias" : "head_rmsnorm", c->arch);
+    const rd_backend_ops *ops = m->be->ops;
+    const char *missing = NULL;
+    if (m->layers[0].qkv_bias && !ops->add_bias)
+        missing = "add_bias";
+    else if (m->layers[0].q_norm && !ops->head_rmsnorm)
+        missing = "head_rmsnorm";
+    else if (m->layers[0].post_attn_norm && (!ops->add || !ops->geglu))
+        missing = !ops->add ? "add" : "geglu";
+    else if (c->embed_scale != 0.0f && !ops->scale)
+        missing = "scale";
+    if (missing)
+        return rd_fail(RD_ENOTSUP, "runner: the %s backend has no %s op, which %s models need", ops->name, missing,
+                       c->arch);
     r->m = m;
     r->be = m->be;
     r->attn = (rd_attn_shape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                               .block_size = block_size,
-                              .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)c->head_dim)),
+                              .scale = (float)(1.0 / sqrt(c->attn_scalar > 0 ? (double)c->attn_scalar
+                                                                             : (double)c->head_dim)),
                               .window = 0};
     r->n_blocks = n_blocks;
     r->max_rows = max_rows;
@@ -52,6 +62,7 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
     r->att = balloc(be, rows * c->n_heads * c->head_dim * sizeof(float), &failed);
     r->gu = balloc(be, rows * 2 * c->ffn_dim * sizeof(float), &failed);
     r->ff = balloc(be, rows * c->ffn_dim * sizeof(float), &failed);
+    r->tmp = balloc(be, rows * c->dim * sizeof(float), &failed);
     r->sel = balloc(be, (size_t)max_logits * c->dim * sizeof(float), &failed);
     r->logits = balloc(be, (size_t)max_logits * c->vocab * sizeof(float), &failed);
     r->logit_rows_dev = balloc(be, (size_t)max_logits * sizeof(int32_t), &failed);
@@ -112,7 +123,8 @@ void runner_free(runner *r)
     if (!r->be)
         return;
     rd_backend *be = r->be;
-    void *bufs[] = {r->x, r->xn, r->qkv, r->att, r->gu, r->ff, r->sel, r->logits, r->logit_rows_dev, r->cow_dev};
+    void *bufs[] = {r->x, r->xn, r->qkv, r->att, r->gu, r->ff, r->tmp, r->sel, r->logits, r->logit_rows_dev,
+                    r->cow_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -178,12 +190,47 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
     op->linear(be, L->down, r->ff, M, r->x, 1);
 }
 
-/* embed -> the family's layer recipe for each layer (step metadata already uploaded). */
+void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
+{
+    const model *m = r->m;
+    const model_config *c = &m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const int32_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, d = c->dim;
+    const int32_t qkv_dim = (nh + 2 * nkv) * hd;
+    const float eps = c->norm_eps, one = m->arch->norm_offset;
+    const model_layer *L = &m->layers[l];
+    const int local = model_layer_is_local(c, l);
+    rd_attn_shape a = r->attn;
+    a.window = local ? c->sliding_window : 0;
+
+    op->rmsnorm(be, r->x, L->attn_norm, M, d, eps, one, r->xn);
+    op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
+    op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, eps, one);
+    op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, eps, one);
+    op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, local ? m->rope_local : m->rope);
+    op->kv_write(be, &a, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l], r->v_cache[l]);
+    op->attention(be, &a, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
+    op->linear(be, L->o, r->att, M, r->tmp, 0);
+    op->rmsnorm(be, r->tmp, L->post_attn_norm, M, d, eps, one, r->xn);
+    op->add(be, r->x, r->xn, (int64_t)M * d);
+    op->rmsnorm(be, r->x, L->ffn_norm, M, d, eps, one, r->xn);
+    op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
+    op->geglu(be, r->gu, M, c->ffn_dim, r->ff);
+    op->linear(be, L->down, r->ff, M, r->tmp, 0);
+    op->rmsnorm(be, r->tmp, L->post_ffn_norm, M, d, eps, one, r->xn);
+    op->add(be, r->x, r->xn, (int64_t)M * d);
+}
+
+/* embed (scaled where the family scales it) -> the family's layer recipe
+ * for each layer (step metadata already uploaded). */
 static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
 {
     const model *m = r->m;
     rd_backend *be = r->be;
     be->ops->embed(be, m->embed, sd->token_ids, M, r->x);
+    if (m->cfg.embed_scale != 0.0f)
+        be->ops->scale(be, r->x, (int64_t)M * m->cfg.dim, m->cfg.embed_scale);
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
         m->arch->layer(r, sd, M, l);
 }

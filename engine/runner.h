@@ -37,6 +37,7 @@ typedef struct runner {
     float *att;                 /* [rows][nh hd] */
     float *gu;                  /* [rows][2 ffn] */
     float *ff;                  /* [rows][ffn] */
+    float *tmp;                 /* [rows][dim] a sublayer's output before its post-norm (Gemma 3) */
     float *sel;                 /* [max_logits][dim] rows that get logits */
     float *logits;              /* [max_logits][vocab] */
     int32_t *logit_rows_dev;    /* [max_logits] */
@@ -80,6 +81,11 @@ int32_t runner_graph_bucket(int32_t m, int32_t cap);
  * (where it has them) -> RoPE -> KV write -> attention -> o (+residual) ->
  * rmsnorm -> gate|up -> SwiGLU -> down (+residual). A family's arch_desc.layer. */
 void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
+
+/* Gemma 3's layer: (1 + w) norms around both sublayers (pre and post),
+ * per-head q/k norms, the sliding window and local RoPE base on local
+ * layers, GELU-tanh gated FFN. */
+void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
 
 /* Samples from the logit rows the last runner_forward left in the backend:
  * request i takes row reqs[i].row. On the device when the backend samples

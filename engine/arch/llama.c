@@ -28,6 +28,9 @@ static const arch_tensor TENSORS[] = {
 
 static int check_hf(const void *json, model_config *c)
 {
+    int rc = arch_hf_check_str(json, "hidden_act", "silu", "SwiGLU");
+    if (rc)
+        return rc;
     const cJSON *root = json;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias")) ||
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "mlp_bias")))
@@ -38,6 +41,7 @@ static int check_hf(const void *json, model_config *c)
 
 static void hf_extra(void *json, const model_config *c)
 {
+    cJSON_AddStringToObject(json, "hidden_act", "silu");
     cJSON_AddBoolToObject(json, "attention_bias", 0);
     cJSON_AddBoolToObject(json, "mlp_bias", 0);
 }

@@ -30,6 +30,9 @@ static const arch_tensor TENSORS[] = {
 
 static int check_hf(const void *json, model_config *c)
 {
+    int rc = arch_hf_check_str(json, "hidden_act", "silu", "SwiGLU");
+    if (rc)
+        return rc;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(json, "use_sliding_window")))
         return rd_fail(RD_ENOTSUP, "model: config.json: use_sliding_window is true; sliding-window attention is "
                                    "not supported yet (expected false: full attention)");
@@ -38,6 +41,7 @@ static int check_hf(const void *json, model_config *c)
 
 static void hf_extra(void *json, const model_config *c)
 {
+    cJSON_AddStringToObject(json, "hidden_act", "silu");
     cJSON_AddBoolToObject(json, "use_sliding_window", 0);
 }
 

@@ -28,6 +28,9 @@ static const arch_tensor TENSORS[] = {
 
 static int check_hf(const void *json, model_config *c)
 {
+    int rc = arch_hf_check_str(json, "hidden_act", "silu", "SwiGLU");
+    if (rc)
+        return rc;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(json, "attention_bias")))
         return rd_fail(RD_ENOTSUP, "model: config.json: attention_bias is true; Qwen3 has no attention biases "
                                    "(expected false)");
@@ -39,6 +42,7 @@ static int check_hf(const void *json, model_config *c)
 
 static void hf_extra(void *json, const model_config *c)
 {
+    cJSON_AddStringToObject(json, "hidden_act", "silu");
     cJSON_AddBoolToObject(json, "attention_bias", 0);
     cJSON_AddBoolToObject(json, "use_sliding_window", 0);
 }

@@ -6,7 +6,7 @@
 #include "engine/model.h"
 #include "tests/unit/test.h"
 
-static const char *FAMS[] = {"llama", "qwen2", "qwen3"};
+static const char *FAMS[] = {"llama", "qwen2", "qwen3", "gemma3"};
 
 /* A Qwen3-4B-like shape: q width (4 x 32) != hidden (96). */
 static model_config shape(const char *fam, int tied)
@@ -129,7 +129,7 @@ static void test_groups_tile(void)
 
 static void test_unknown_family(void)
 {
-    CHECK(arch_by_name("gemma3", 6) == NULL && arch_by_name("llam", 4) == NULL, "lookup");
+    CHECK(arch_by_name("gemma2", 6) == NULL && arch_by_name("llam", 4) == NULL, "lookup");
     CHECK(arch_by_hf("MistralForCausalLM", NULL) == NULL, "hf lookup");
     model_config c = shape("mamba", 0);
     model *m = NULL;
