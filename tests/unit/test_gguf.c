@@ -11,6 +11,7 @@
 #include "engine/gguf.h"
 #include "tests/unit/test.h"
 
+#include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -1086,6 +1087,169 @@ out:
     CHECK(ok, "%s", why);
 }
 
+/* ---------------------------------------------------------------------------
+ * Gemma 3 270M Q4_K_M (tools/fetch_gemma3.sh, pinned by sha256), when present:
+ * the reader opens it and dequantizes every tensor bit for bit as the gguf
+ * package does. The architecture itself does not run yet; this is the GGUF
+ * layer only. tests/py/gguf_digests.py writes the package's values as one
+ * exact fingerprint per tensor (sum of bits(y[i]) * (2i+1) mod 2^64) into
+ * $RD_TESTDATA, once per model file. */
+
+static const char *gemma3_model(void)
+{
+    const char *m = getenv("RD_GEMMA3_MODEL");
+    return m && *m ? m : "models/gemma-3-270m-q4_k_m.gguf";
+}
+
+static int newer(const char *a, const char *b)   /* a exists and is not older than b */
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && (stat(b, &sb) != 0 || sa.st_mtime >= sb.st_mtime);
+}
+
+/* Fingerprint of n values (see gguf_digests.py), continuing from *acc at element `start`. */
+static void digest_values(const float *y, uint64_t n, uint64_t start, uint64_t *acc)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &y[i], 4);
+        *acc += (uint64_t)bits * (2 * (start + i) + 1);
+    }
+}
+
+static int json_u32_at(const cJSON *arr, int i, uint32_t *out)
+{
+    const cJSON *v = cJSON_GetArrayItem(arr, i);
+    if (!cJSON_IsNumber(v))
+        return 0;
+    *out = (uint32_t)v->valuedouble;
+    return 1;
+}
+
+static void test_gemma3_file(void)
+{
+    const char *model = gemma3_model();
+    char digests[400], cmd[2400];
+    snprintf(digests, sizeof digests, "%s/gemma-3-270m-q4_k_m.digests.json", testdata());
+    if (!newer(digests, model) || !newer(digests, "tests/py/gguf_digests.py")) {
+        const char *py = getenv("PYTHON");
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s' && %s tests/py/gguf_digests.py '%s' '%s.tmp' >/dev/null && mv '%s.tmp' '%s'",
+                 testdata(), py && *py ? py : "python3", model, digests, digests, digests);
+        CHECK(system(cmd) == 0, "%.300s failed", cmd);
+    }
+    size_t jn;
+    char *text = (char *)read_file(digests, &jn);
+    CHECK(text, "read %.200s", digests);
+    text = realloc(text, jn + 1);
+    text[jn] = 0;
+    cJSON *want = cJSON_Parse(text);
+    free(text);
+    CHECK(cJSON_IsArray(want), "%.200s: not a JSON array", digests);
+
+    gguf_file *f;
+    int rc = gguf_open(model, &f);
+    if (rc) {
+        cJSON_Delete(want);
+        CHECK_OK(rc);
+    }
+    char why[400] = "";
+    int ok = 0;
+    float *y = NULL;
+    uint32_t u;
+    float x;
+    gguf_str s;
+#define REQ(cond, ...) do { if (!(cond)) { snprintf(why, sizeof why, __VA_ARGS__); goto out; } } while (0)
+    REQ(f->version == 3 && f->n_tensors == 236, "v%u, %" PRIu64 " tensors", f->version, f->n_tensors);
+    REQ(gguf_get_str(f, "general.architecture", &s) == 0 && s.len == 6 && !memcmp(s.ptr, "gemma3", 6), "arch");
+    REQ(gguf_get_u32(f, "gemma3.block_count", &u) == 0 && u == 18, "block_count");
+    REQ(gguf_get_u32(f, "gemma3.embedding_length", &u) == 0 && u == 640, "embedding_length");
+    REQ(gguf_get_u32(f, "gemma3.feed_forward_length", &u) == 0 && u == 2048, "ffn");
+    REQ(gguf_get_u32(f, "gemma3.attention.head_count", &u) == 0 && u == 4, "heads");
+    REQ(gguf_get_u32(f, "gemma3.attention.head_count_kv", &u) == 0 && u == 1, "kv heads");
+    REQ(gguf_get_u32(f, "gemma3.attention.key_length", &u) == 0 && u == 256, "key_length");
+    REQ(gguf_get_u32(f, "gemma3.attention.sliding_window", &u) == 0 && u == 512, "sliding_window");
+    REQ(gguf_get_u32(f, "gemma3.context_length", &u) == 0 && u == 32768, "context_length");
+    REQ(gguf_get_f32(f, "gemma3.rope.freq_base", &x) == 0 && x == 1e6f, "freq_base");
+    REQ(gguf_find_tensor(f, "output.weight") == NULL, "output.weight (the output is tied)");
+
+    /* Type census: F32 norms, Q5_0 for rows of 640 (not a multiple of 256),
+     * Q4_K / Q6_K for rows of 1024 and 2048, Q8_0 for token_embd and some attn_v. */
+    static const struct { ggml_type t; int n; } census[] = {
+        {GGML_F32, 109}, {GGML_Q5_0, 81}, {GGML_Q4_K, 27}, {GGML_Q8_0, 10}, {GGML_Q6_K, 9},
+    };
+    int counted = 0;
+    for (size_t c = 0; c < sizeof census / sizeof census[0]; c++) {
+        int n = 0;
+        for (uint64_t i = 0; i < f->n_tensors; i++)
+            n += f->tensors[i].type == census[c].t;
+        REQ(n == census[c].n, "%d %s tensors, expected %d", n, ggml_type_name(census[c].t), census[c].n);
+        counted += n;
+    }
+    REQ(counted == 236, "tensors of other types: %d", 236 - counted);
+    REQ(cJSON_GetArraySize(want) == 236, "%.200s holds %d tensors", digests, cJSON_GetArraySize(want));
+
+    uint64_t total = 0;
+    const size_t whole_max = (size_t)1 << 22;     /* dequantize whole tensors up to this, larger ones by rows */
+    y = malloc(whole_max * sizeof *y);
+    REQ(y, "out of memory");
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        const cJSON *w = cJSON_GetArrayItem(want, (int)i);
+        const cJSON *name = cJSON_GetObjectItem(w, "name"), *type = cJSON_GetObjectItem(w, "type");
+        const cJSON *ne = cJSON_GetObjectItem(w, "ne"), *dg = cJSON_GetObjectItem(w, "digest");
+        const cJSON *head = cJSON_GetObjectItem(w, "head"), *tail = cJSON_GetObjectItem(w, "tail");
+        REQ(cJSON_IsString(name) && cJSON_IsNumber(type) && cJSON_IsArray(ne) && cJSON_IsString(dg) &&
+            cJSON_IsArray(head) && cJSON_IsArray(tail), "%.200s: entry %" PRIu64 " malformed", digests, i);
+        REQ(strlen(name->valuestring) == t->name.len && !memcmp(name->valuestring, t->name.ptr, t->name.len) &&
+            type->valueint == (int)t->type && cJSON_GetArraySize(ne) == (int)t->n_dims,
+            "tensor %" PRIu64 " '%.*s' %s: the gguf package says '%s' type %d", i, (int)t->name.len, t->name.ptr,
+            ggml_type_name(t->type), name->valuestring, type->valueint);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            REQ((uint64_t)cJSON_GetArrayItem(ne, (int)d)->valuedouble == t->ne[d], "%s: ne[%u]", name->valuestring, d);
+        uint64_t acc = 0, ne0 = t->ne[0], rows = t->n_elems / ne0;
+        uint32_t h[4], tl[4], hw = 0, tw = 0;
+        if (t->n_elems <= whole_max) {
+            REQ(gguf_dequant(t, y) == 0, "%s: %s", name->valuestring, rd_errmsg());
+            digest_values(y, t->n_elems, 0, &acc);
+            for (int k = 0; k < 4; k++) {
+                memcpy(&h[k], &y[k], 4);
+                memcpy(&tl[k], &y[t->n_elems - 4 + k], 4);
+            }
+        } else {
+            size_t rb = ggml_row_bytes(t->type, ne0);
+            REQ(rb && rb * rows == t->nbytes && ne0 <= whole_max, "%s: row bytes %zu", name->valuestring, rb);
+            for (uint64_t r = 0; r < rows; r++) {
+                REQ(ggml_dequant_row(t->type, t->data + rb * r, y, ne0) == 0, "%s: %s", name->valuestring,
+                    rd_errmsg());
+                digest_values(y, ne0, r * ne0, &acc);
+                if (r == 0)
+                    memcpy(h, y, sizeof h);
+            }
+            memcpy(tl, y + ne0 - 4, sizeof tl);
+        }
+        for (int k = 0; k < 4; k++) {
+            REQ(json_u32_at(head, k, &hw) && json_u32_at(tail, k, &tw), "%s: head/tail malformed", name->valuestring);
+            REQ(hw == h[k], "%s (%s): value %d is bits 0x%08x, the gguf package's 0x%08x", name->valuestring,
+                ggml_type_name(t->type), k, h[k], hw);
+            REQ(tw == tl[k], "%s (%s): value %d from the end is bits 0x%08x, the gguf package's 0x%08x",
+                name->valuestring, ggml_type_name(t->type), 4 - k, tl[k], tw);
+        }
+        char got[24];
+        snprintf(got, sizeof got, "%" PRIu64, acc);
+        REQ(strcmp(got, dg->valuestring) == 0, "%s (%s, %" PRIu64 " values): fingerprint %s, the gguf package %s",
+            name->valuestring, ggml_type_name(t->type), t->n_elems, got, dg->valuestring);
+        total += t->n_elems;
+    }
+    printf("# gemma-3-270m-q4_k_m: 236 tensors, %" PRIu64 " values, every one as the gguf package reads it\n", total);
+    ok = 1;
+out:
+#undef REQ
+    free(y);
+    gguf_close(f);
+    cJSON_Delete(want);
+    CHECK(ok, "%s", why);
+}
+
 static void test_open_errors(void)
 {
     gguf_file *f = (gguf_file *)1;
@@ -1111,6 +1275,10 @@ int main(void)
         RUN(test_real_model);
     else
         printf("SKIP test_real_model: %s not found (make model)\n", real_model());
+    if (file_exists(gemma3_model()))
+        RUN(test_gemma3_file);
+    else
+        printf("SKIP test_gemma3_file: %s not found (make model-gemma3)\n", gemma3_model());
     ensure_testdata();
     RUN(test_models_open);
     RUN(test_model_v2);
