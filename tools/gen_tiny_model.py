@@ -8,8 +8,11 @@ so a loader has to undo that exactly as it does for real files; qwen2/qwen3
 run NEOX (rotate-half) RoPE in llama.cpp and the converter writes their rows
 unchanged. 2-D weights (token_embd too) use --dtype; 1-D tensors (norms,
 Qwen2's q/k/v biases, Qwen3's q_norm/k_norm, rope_freqs) stay F32. The
-quantizers below follow ggml's reference ones (quantize_row_*_ref); the file
-is written with the `gguf` package's GGUFWriter.
+quantizers below follow ggml's reference ones (quantize_row_*_ref) for the
+32-element blocks (q8_0, q4_0, q4_1, q5_0, q5_1); the K-quants (q4_k, q5_k,
+q6_k: super-blocks of 256, so --dim, --ffn and heads*head_dim must be
+multiples of 256) use simple quantizers of our own. The file is written with
+the `gguf` package's GGUFWriter.
 
 Families (--arch; GGUF general.architecture and the `<arch>.` key prefix):
   llama  no biases; rope.dimension_count written; Q/K permuted.
