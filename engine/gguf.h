@@ -22,7 +22,9 @@ typedef enum {
 /* Tensor types (ggml codes) the engine can dequantize. */
 typedef enum {
     GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3,
-    GGML_Q8_0 = 8, GGML_BF16 = 30,
+    GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+    GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14,
+    GGML_BF16 = 30,
 } ggml_type;
 
 typedef struct {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Generates the tiny GGUF models the tests use into OUTDIR (default
 # build/testdata):
-#   tiny-<dtype>.gguf   for f32 f16 bf16 q8_0 q4_0 q4_1 (GGUF v3, tied embeddings)
+#   tiny-<dtype>.gguf   for f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 (GGUF v3, tied embeddings)
+#   tiny-<dtype>.gguf   for q4_k q5_k q6_k: the same with --dim 256 --ffn 512
+#                       (K-quant rows are multiples of 256)
 #   tiny-v2.gguf        q8_0, GGUF version 2, general.alignment = 64
 #   tiny-untied.gguf    q4_0 with a separate output.weight
 #   tiny-qwen2.gguf, tiny-qwen3.gguf, tiny-llama3.gguf: one per family (and X.hf/)
@@ -33,6 +35,15 @@ pids=()
 seed=1
 for dt in f32 f16 bf16 q8_0 q4_0 q4_1; do
   gen "tiny-$dt" --dtype "$dt" --seed "$seed" & pids+=($!)
+  seed=$((seed + 1))
+done
+# Appended after the loop above so that the earlier files keep their seeds.
+gen tiny-q5_0 --dtype q5_0 --seed 7 & pids+=($!)
+gen tiny-q5_1 --dtype q5_1 --seed 8 & pids+=($!)
+KSHAPE=(--dim 256 --ffn 512)
+seed=31
+for dt in q4_k q5_k q6_k; do
+  gen "tiny-$dt" "${KSHAPE[@]}" --dtype "$dt" --seed "$seed" & pids+=($!)
   seed=$((seed + 1))
 done
 gen tiny-v2 --dtype q8_0 --seed 11 --version 2 --alignment 64 & pids+=($!)

@@ -8,8 +8,11 @@ so a loader has to undo that exactly as it does for real files; qwen2/qwen3
 run NEOX (rotate-half) RoPE in llama.cpp and the converter writes their rows
 unchanged. 2-D weights (token_embd too) use --dtype; 1-D tensors (norms,
 Qwen2's q/k/v biases, Qwen3's q_norm/k_norm, rope_freqs) stay F32. The
-quantizers below follow ggml's reference ones (quantize_row_*_ref); the file
-is written with the `gguf` package's GGUFWriter.
+quantizers below follow ggml's reference ones (quantize_row_*_ref) for the
+32-element blocks (q8_0, q4_0, q4_1, q5_0, q5_1); the K-quants (q4_k, q5_k,
+q6_k: super-blocks of 256, so --dim, --ffn and heads*head_dim must be
+multiples of 256) use simple quantizers of our own. The file is written with
+the `gguf` package's GGUFWriter.
 
 Families (--arch; GGUF general.architecture and the `<arch>.` key prefix):
   llama  no biases; rope.dimension_count written; Q/K permuted.
@@ -65,9 +68,12 @@ try:
 except ImportError:
     sys.exit("gen_tiny_model: the Python package `gguf` is missing (make setup)")
 
-DTYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1}
+DTYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
+          "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K}
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}   # llama_ftype
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32,   # llama_ftype
+              "q5_0": 8, "q5_1": 9, "q4_k": 14, "q5_k": 16, "q6_k": 18}          # (K: the _S variants)
+BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -75,8 +81,9 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
 
 
 # --------------------------------------------------------------------------
-# Quantizers (ggml's reference ones, one block of 32 per row slice). Each
-# returns the raw bytes, shape (rows, bytes per row).
+# Quantizers (ggml's reference ones for the 32-element blocks; simple ones of
+# our own for the K-quants, below). Each returns the raw bytes, shape (rows,
+# bytes per row).
 
 def f32_to_f16_bits(x):
     return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint8)
@@ -127,6 +134,114 @@ def quant_q4_1(w):
     return np.concatenate([f32_to_f16_bits(d), f32_to_f16_bits(lo), packed], axis=1).reshape(w.shape[0], -1)
 
 
+def pack_5bit(q):
+    """(blocks, 32) values 0..31 -> (qh u32 little-endian as 4 bytes, qs[16]):
+    low nibbles as q4_0 (j, j+16 in byte j), the fifth bit of element j in bit j of qh."""
+    qs = (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
+    bits = (q >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+    qh = np.bitwise_or.reduce(bits, axis=1).astype("<u4").view(np.uint8).reshape(-1, 4)
+    return qh, qs.astype(np.uint8)
+
+
+def quant_q5_0(w):
+    b = blocks_of(w)
+    mx = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)
+    d = (mx / np.float32(-16)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    q = np.minimum(31, np.trunc(b * inv + np.float32(16.5))).astype(np.uint8)
+    qh, qs = pack_5bit(q)
+    return np.concatenate([f32_to_f16_bits(d), qh, qs], axis=1).reshape(w.shape[0], -1)
+
+
+def quant_q5_1(w):
+    b = blocks_of(w)
+    lo = b.min(axis=1, keepdims=True)
+    hi = b.max(axis=1, keepdims=True)
+    d = ((hi - lo) / np.float32(31)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    q = np.minimum(31, np.trunc((b - lo) * inv + np.float32(0.5))).astype(np.uint8)
+    qh, qs = pack_5bit(q)
+    return np.concatenate([f32_to_f16_bits(d), f32_to_f16_bits(lo), qh, qs], axis=1).reshape(w.shape[0], -1)
+
+
+# K-quants: super-blocks of 256. Not ggml's quantizers (which search for the
+# best scales); straightforward min/max ones that still use every field in
+# full: 6-bit sub-block scales and mins up to 63 (so the high bits packed for
+# sub-blocks 4-7 are exercised), Q6_K's int8 scales down to -128 and quants
+# from -32. Any valid block bytes serve: the tests compare dequantized values.
+
+def f16_round(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+def safe_div(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b == 0, np.float32(0), a / np.where(b == 0, np.float32(1), b)).astype(np.float32)
+
+
+def quant_kx(w, nmax):
+    """Q4_K (nmax 15) / Q5_K (nmax 31): y = d*sc * q - dmin*m per sub-block of 32.
+    Returns (d, dmin, scales[12], q (blocks, 256) in 0..nmax)."""
+    b = blocks_of(w, 256).reshape(-1, 8, 32)
+    lo = np.minimum(b.min(axis=2), np.float32(0))           # the min is subtracted: m >= 0
+    scale = ((b.max(axis=2) - lo) / np.float32(nmax)).astype(np.float32)
+    mn = -lo
+    d = f16_round(scale.max(axis=1, keepdims=True) / np.float32(63))
+    dmin = f16_round(mn.max(axis=1, keepdims=True) / np.float32(63))
+    ls = np.clip(roundf(safe_div(scale, d)), 0, 63).astype(np.uint8)
+    lm = np.clip(roundf(safe_div(mn, dmin)), 0, 63).astype(np.uint8)
+    es = (d * ls).astype(np.float32)[:, :, None]
+    em = (dmin * lm).astype(np.float32)[:, :, None]
+    q = np.clip(roundf(safe_div(b + em, np.broadcast_to(es, b.shape))), 0, nmax).astype(np.uint8)
+    # ggml's get_scale_min_k4 layout: bytes 0-3 scales 0-3 (+ top bits of
+    # scales 4-7), 4-7 mins 0-3 (+ top bits of mins 4-7), 8-11 the low
+    # nibbles of scale (low) and min (high) 4-7.
+    sc = np.concatenate([ls[:, :4] | ((ls[:, 4:] >> 4) << 6), lm[:, :4] | ((lm[:, 4:] >> 4) << 6),
+                         (ls[:, 4:] & 15) | ((lm[:, 4:] & 15) << 4)], axis=1).astype(np.uint8)
+    return d, dmin, sc, q.reshape(-1, 256)
+
+
+def pack_k_nibbles(q):
+    """(blocks, 256) -> qs[128]: per 64 elements c, byte 32c+l = q[64c+l] | q[64c+32+l] << 4."""
+    q = q.reshape(-1, 4, 2, 32) & 15
+    return (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128).astype(np.uint8)
+
+
+def quant_q4_k(w):
+    d, dmin, sc, q = quant_kx(w, 15)
+    out = np.concatenate([f32_to_f16_bits(d), f32_to_f16_bits(dmin), sc, pack_k_nibbles(q)], axis=1)
+    return out.reshape(w.shape[0], -1)
+
+
+def quant_q5_k(w):
+    d, dmin, sc, q = quant_kx(w, 31)
+    hi = (q >> 4).reshape(-1, 4, 2, 32).astype(np.uint8)     # bit 2c (low nibble) and 2c+1 (high) of qh[l]
+    shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)[None, :, :, None]
+    qh = np.bitwise_or.reduce((hi << shift).reshape(-1, 8, 32), axis=1).astype(np.uint8)
+    out = np.concatenate([f32_to_f16_bits(d), f32_to_f16_bits(dmin), sc, qh, pack_k_nibbles(q)], axis=1)
+    return out.reshape(w.shape[0], -1)
+
+
+def quant_q6_k(w):
+    """y = d * sc * (L - 32), sc int8 per sub-block of 16, L 0..63."""
+    b = blocks_of(w, 256).reshape(-1, 16, 16)
+    mx = np.take_along_axis(b, np.abs(b).argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+    s = (mx / np.float32(-32)).astype(np.float32)             # the extreme of each sub-block -> -32
+    smax = np.take_along_axis(s, np.abs(s).argmax(axis=1)[:, None], axis=1)
+    d = f16_round(smax / np.float32(-128))                    # the largest scale -> -128
+    sc = np.clip(roundf(safe_div(s, d)), -128, 127).astype(np.int8)
+    es = (d * sc.astype(np.float32)).astype(np.float32)[:, :, None]
+    L = (np.clip(roundf(safe_div(b, np.broadcast_to(es, b.shape))), -32, 31) + 32).astype(np.uint8)
+    L = L.reshape(-1, 2, 4, 32)                               # half, quarter, l
+    ql = np.concatenate([L[:, :, 0] & 15 | (L[:, :, 2] & 15) << 4,
+                         L[:, :, 1] & 15 | (L[:, :, 3] & 15) << 4], axis=2).reshape(-1, 128)
+    qh = (L[:, :, 0] >> 4 | (L[:, :, 1] >> 4) << 2 | (L[:, :, 2] >> 4) << 4 | (L[:, :, 3] >> 4) << 6).reshape(-1, 64)
+    out = np.concatenate([ql.astype(np.uint8), qh.astype(np.uint8), sc.view(np.uint8), f32_to_f16_bits(d)], axis=1)
+    return out.reshape(w.shape[0], -1)
+
+
 def quant_bf16(w):
     u = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32).astype(np.uint64)
     is_nan = (u & 0x7FFFFFFF) > 0x7F800000
@@ -141,7 +256,8 @@ def encode(w, dtype):
         return np.ascontiguousarray(w, dtype=np.float32), None
     if dtype == "f16":
         return np.ascontiguousarray(w, dtype=np.float32).astype(np.float16), None   # rounds to nearest even
-    quant = {"bf16": quant_bf16, "q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1}[dtype]
+    quant = {"bf16": quant_bf16, "q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1, "q5_0": quant_q5_0,
+             "q5_1": quant_q5_1, "q4_k": quant_q4_k, "q5_k": quant_q5_k, "q6_k": quant_q6_k}[dtype]
     return np.ascontiguousarray(quant(w)), DTYPES[dtype]
 
 
@@ -405,8 +521,9 @@ def parse_args(argv):
     if a.arch == "qwen2" and a.heads * a.head_dim != a.dim:
         p.error("qwen2 needs heads * head_dim == dim (llama.cpp's qwen2 loader shapes attn_q as [dim, dim])")
     q_width = a.heads * a.head_dim
-    if a.dtype in ("q8_0", "q4_0", "q4_1") and (a.dim % 32 or a.ffn % 32 or q_width % 32):
-        p.error(f"{a.dtype} needs --dim, --ffn and heads*head_dim to be multiples of 32 (the block size)")
+    qk = BLOCK.get(a.dtype)
+    if qk and (a.dim % qk or a.ffn % qk or q_width % qk):
+        p.error(f"{a.dtype} needs --dim, --ffn and heads*head_dim to be multiples of {qk} (the block size)")
     if a.alignment and (a.alignment & (a.alignment - 1)):
         p.error("--alignment must be a power of two")
     if a.rope_scaling and a.rope_scaling[0] == "llama3" and a.arch != "llama":

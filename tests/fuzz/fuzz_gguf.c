@@ -58,8 +58,30 @@ static void touch_tensors(const gguf_file *f)
     }
 }
 
+/* The input as whole blocks of each runnable type (at most 16 KiB of it). */
+static void touch_raw_blocks(const uint8_t *data, size_t size)
+{
+    static const ggml_type types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0,
+                                      GGML_Q5_1, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    static float y[16384];
+    if (size > 16384)
+        size = 16384;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint32_t blck, bytes;
+        if (ggml_type_layout(types[i], &blck, &bytes) != 0)
+            abort();
+        uint64_t n = (uint64_t)(size / bytes) * blck;
+        if (n == 0 || n > sizeof y / sizeof y[0])
+            continue;
+        if (ggml_row_bytes(types[i], n) != size / bytes * bytes || ggml_dequant_row(types[i], data, y, n) != 0)
+            abort();   /* a runnable type must size and decode whole blocks */
+        sink += y[0] + y[n - 1];
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    touch_raw_blocks(data, size);
     gguf_file *f = NULL;
     int rc = gguf_parse(data, size, &f);
     if (rc != 0) {

@@ -26,14 +26,15 @@ VOCAB = 300
 _models = {}
 
 
-def tiny(dtype, heads=4, kv_heads=2, tied=False, seed=1, theta=10000):
+def tiny(dtype, heads=4, kv_heads=2, tied=False, seed=1, theta=10000, dim=64, ffn=128):
     """Generates (once) a tiny model and loads its reference."""
-    key = (dtype, heads, kv_heads, tied, seed, theta)
+    key = (dtype, heads, kv_heads, tied, seed, theta, dim, ffn)
     if key not in _models:
-        name = f"tiny_{dtype}_h{heads}kv{kv_heads}_{'tied' if tied else 'untied'}_s{seed}_t{theta}.gguf"
+        shape = "" if (dim, ffn) == (64, 128) else f"_d{dim}f{ffn}"
+        name = f"tiny_{dtype}_h{heads}kv{kv_heads}_{'tied' if tied else 'untied'}_s{seed}_t{theta}{shape}.gguf"
         path = os.path.join(TMP, name)  # regenerated each run: the generator may change
-        run([sys.executable, GEN, "--out", path, "--dtype", dtype, "--layers", "2", "--dim", "64",
-             "--heads", str(heads), "--kv-heads", str(kv_heads), "--ffn", "128", "--vocab", str(VOCAB),
+        run([sys.executable, GEN, "--out", path, "--dtype", dtype, "--layers", "2", "--dim", str(dim),
+             "--heads", str(heads), "--kv-heads", str(kv_heads), "--ffn", str(ffn), "--vocab", str(VOCAB),
              "--ctx", "256", "--rope-theta", str(theta), "--seed", str(seed),
              "--tied" if tied else "--untied"])
         m = ref_llama.load(path)
@@ -104,6 +105,34 @@ def q4_0_gqa_untied():
 @case
 def q4_1_gqa_tied():
     check("q4_1", tied=True)
+
+
+@case
+def q5_0_gqa_untied():
+    check("q5_0", tied=False, seed=4)
+
+
+@case
+def q5_1_gqa_tied():
+    check("q5_1", tied=True, seed=5)
+
+
+K_SHAPE = dict(dim=256, ffn=512)
+
+
+@case
+def q4_k_gqa_tied():
+    check("q4_k", tied=True, seed=6, **K_SHAPE)
+
+
+@case
+def q5_k_gqa_untied():
+    check("q5_k", tied=False, seed=7, **K_SHAPE)
+
+
+@case
+def q6_k_gqa_untied():
+    check("q6_k", tied=False, seed=8, **K_SHAPE)
 
 
 @case

@@ -11,6 +11,7 @@
 #include "engine/gguf.h"
 #include "tests/unit/test.h"
 
+#include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -329,21 +330,34 @@ static void test_block_layouts(void)
     CHECK(ggml_row_bytes(GGML_Q4_0, 64) == 36, "q4_0");
     CHECK(ggml_row_bytes(GGML_Q4_1, 64) == 40, "q4_1");
     CHECK(ggml_row_bytes(GGML_Q4_1, 48) == 0, "not a multiple of the block");
-    CHECK(ggml_row_bytes((ggml_type)14, 256) == 0, "q6_K is not run");
-    CHECK(strcmp(ggml_type_name((ggml_type)14), "q6_K") == 0, "name %s", ggml_type_name((ggml_type)14));
+    CHECK(ggml_row_bytes(GGML_Q5_0, 64) == 44, "q5_0");
+    CHECK(ggml_row_bytes(GGML_Q5_1, 64) == 48, "q5_1");
+    CHECK(ggml_row_bytes(GGML_Q4_K, 512) == 288, "q4_K");
+    CHECK(ggml_row_bytes(GGML_Q5_K, 512) == 352, "q5_K");
+    CHECK(ggml_row_bytes(GGML_Q6_K, 512) == 420, "q6_K");
+    CHECK(ggml_row_bytes(GGML_Q5_0, 48) == 0, "q5_0: not a multiple of 32");
+    CHECK(ggml_row_bytes(GGML_Q4_K, 64) == 0 && ggml_row_bytes(GGML_Q5_K, 288) == 0 &&
+          ggml_row_bytes(GGML_Q6_K, 128) == 0, "K-quants: not a multiple of 256");
+    CHECK(ggml_row_bytes((ggml_type)11, 256) == 0, "q3_K is not run");
+    CHECK(strcmp(ggml_type_name((ggml_type)11), "q3_K") == 0, "name %s", ggml_type_name((ggml_type)11));
+    CHECK(strcmp(ggml_type_name(GGML_Q6_K), "q6_K") == 0 && strcmp(ggml_type_name(GGML_Q4_K), "q4_K") == 0 &&
+          strcmp(ggml_type_name(GGML_Q5_K), "q5_K") == 0 && strcmp(ggml_type_name(GGML_Q5_0), "q5_0") == 0 &&
+          strcmp(ggml_type_name(GGML_Q5_1), "q5_1") == 0, "new type names");
     CHECK(strcmp(ggml_type_name(GGML_BF16), "bf16") == 0, "bf16 name");
     CHECK(strcmp(ggml_type_name((ggml_type)4), "unknown") == 0, "removed code 4");
     uint32_t blck, bytes;
-    CHECK_OK(ggml_type_layout((ggml_type)14, &blck, &bytes));
-    CHECK(blck == 256 && bytes == 210, "q6_K layout %u %u", blck, bytes);
+    CHECK_OK(ggml_type_layout((ggml_type)11, &blck, &bytes));
+    CHECK(blck == 256 && bytes == 110, "q3_K layout %u %u", blck, bytes);
     CHECK(ggml_type_layout((ggml_type)5, &blck, &bytes) == RD_EFORMAT, "removed code 5");
     CHECK(ggml_type_layout((ggml_type)1000, &blck, &bytes) == RD_EFORMAT, "code 1000");
 
-    float y[32];
-    uint8_t blk[34];
-    CHECK(ggml_dequant_row((ggml_type)14, blk, y, 256) == RD_ENOTSUP, "q6_K dequant");
-    CHECK(strstr(rd_errmsg(), "q6_K") != NULL, "message names the type: %s", rd_errmsg());
+    float y[256];
+    uint8_t blk[210] = {0};
+    CHECK(ggml_dequant_row((ggml_type)11, blk, y, 256) == RD_ENOTSUP, "q3_K dequant");
+    CHECK(strstr(rd_errmsg(), "q3_K") != NULL, "message names the type: %s", rd_errmsg());
     CHECK(ggml_dequant_row(GGML_Q8_0, blk, y, 16) == RD_EINVAL, "partial block");
+    CHECK(ggml_dequant_row(GGML_Q6_K, blk, y, 32) == RD_EINVAL, "partial K block");
+    CHECK(strstr(rd_errmsg(), "q6_K block size 256") != NULL, "message: %s", rd_errmsg());
 }
 
 /* Low nibble of byte j is element j, the high nibble element j+16. */
@@ -373,6 +387,107 @@ static void test_quant_blocks(void)
     CHECK_OK(ggml_dequant_row(GGML_Q8_0, b, y, 32));
     for (int j = 0; j < 32; j++)
         CHECK(y[j] == (float)(j * 8 - 128) * 0.5f, "q8_0 y[%d] = %g", j, y[j]);
+}
+
+/* The five-bit blocks: the fifth bit of element j is bit j of the u32 qh. */
+static void test_q5_blocks(void)
+{
+    uint8_t b[24];
+    float y[32];
+    uint32_t qh = 0xa5c3f00fu;                 /* a mix of set and clear bits in every byte */
+    b[0] = 0x00; b[1] = 0x3c;                  /* q5_0: d = 1.0 */
+    memcpy(b + 2, &qh, 4);
+    for (int j = 0; j < 16; j++)
+        b[6 + j] = (uint8_t)(j | (15 - j) << 4);
+    CHECK_OK(ggml_dequant_row(GGML_Q5_0, b, y, 32));
+    for (int j = 0; j < 16; j++) {
+        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+        CHECK(y[j] == (float)((j | h0 << 4) - 16), "q5_0 y[%d] = %g", j, y[j]);
+        CHECK(y[j + 16] == (float)(((15 - j) | h1 << 4) - 16), "q5_0 y[%d] = %g", j + 16, y[j + 16]);
+    }
+    b[0] = 0x00; b[1] = 0x38;                  /* q5_1: d = 0.5, m = -4.0 */
+    b[2] = 0x00; b[3] = 0xc4;
+    memcpy(b + 4, &qh, 4);
+    for (int j = 0; j < 16; j++)
+        b[8 + j] = (uint8_t)(j | (15 - j) << 4);
+    CHECK_OK(ggml_dequant_row(GGML_Q5_1, b, y, 32));
+    for (int j = 0; j < 16; j++) {
+        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+        CHECK(y[j] == (float)(j | h0 << 4) * 0.5f - 4, "q5_1 y[%d] = %g", j, y[j]);
+        CHECK(y[j + 16] == (float)((15 - j) | h1 << 4) * 0.5f - 4, "q5_1 y[%d] = %g", j + 16, y[j + 16]);
+    }
+}
+
+/* K-quant scales and mins of sub-block j, written the way ggml's
+ * get_scale_min_k4 reads them (the independent statement of the packing). */
+static void pack_scale_min_k4(uint8_t q[12], const int sc[8], const int m[8])
+{
+    memset(q, 0, 12);
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        q[j + 4] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+        q[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+}
+
+/* Element e of a Q4_K/Q5_K block is in sub-block e/32; within each 64, the
+ * first 32 are the low nibbles of 32 bytes, the next 32 the high ones. */
+static void test_k_blocks(void)
+{
+    static const int sc[8] = {1, 63, 17, 32, 5, 48, 63, 30}, mn[8] = {0, 63, 9, 40, 33, 2, 16, 63};
+    uint8_t b[210];
+    float y[256];
+    int q[256];
+    for (int e = 0; e < 256; e++)
+        q[e] = (e * 7 + e / 32) & 31;          /* 5-bit values; Q4_K takes the low 4 */
+    /* q4_K: d = 0.25 (0x3400), dmin = 0.125 (0x3000) */
+    b[0] = 0x00; b[1] = 0x34; b[2] = 0x00; b[3] = 0x30;
+    pack_scale_min_k4(b + 4, sc, mn);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++)
+            b[16 + 32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
+    CHECK_OK(ggml_dequant_row(GGML_Q4_K, b, y, 256));
+    for (int e = 0; e < 256; e++) {
+        float want = 0.25f * (float)sc[e / 32] * (float)(q[e] & 15) - 0.125f * (float)mn[e / 32];
+        CHECK(y[e] == want, "q4_K y[%d] = %g, want %g", e, y[e], want);
+    }
+    /* q5_K: the same plus qh: element 64c+l's fifth bit is bit 2c of qh[l], 64c+32+l's bit 2c+1 */
+    memset(b + 16, 0, 160);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            b[16 + l] |= (uint8_t)((q[64 * c + l] >> 4) << (2 * c) | (q[64 * c + 32 + l] >> 4) << (2 * c + 1));
+            b[48 + 32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
+        }
+    CHECK_OK(ggml_dequant_row(GGML_Q5_K, b, y, 256));
+    for (int e = 0; e < 256; e++) {
+        float want = 0.25f * (float)sc[e / 32] * (float)q[e] - 0.125f * (float)mn[e / 32];
+        CHECK(y[e] == want, "q5_K y[%d] = %g, want %g", e, y[e], want);
+    }
+    /* q6_K: sub-blocks of 16 with int8 scales; per 128: ql[l] holds l (low) and
+     * l+64 (high), ql[l+32] holds l+32 and l+96, qh[l] the top 2 bits of l,
+     * l+32, l+64, l+96 in bits 0-1, 2-3, 4-5, 6-7. d = 2^-10 (0x1400). */
+    int q6[256];
+    int8_t s6[16];
+    for (int e = 0; e < 256; e++)
+        q6[e] = (e * 37 + 11) & 63;
+    for (int j = 0; j < 16; j++)
+        s6[j] = (int8_t)(j == 0 ? -128 : j == 1 ? 127 : j * 13 - 100);
+    memset(b, 0, sizeof b);
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const int *Q = q6 + 128 * h;
+            b[64 * h + l] = (uint8_t)((Q[l] & 15) | (Q[l + 64] & 15) << 4);
+            b[64 * h + 32 + l] = (uint8_t)((Q[l + 32] & 15) | (Q[l + 96] & 15) << 4);
+            b[128 + 32 * h + l] = (uint8_t)(Q[l] >> 4 | (Q[l + 32] >> 4) << 2 | (Q[l + 64] >> 4) << 4 |
+                                            (Q[l + 96] >> 4) << 6);
+        }
+    memcpy(b + 192, s6, 16);
+    b[208] = 0x00; b[209] = 0x14;
+    CHECK_OK(ggml_dequant_row(GGML_Q6_K, b, y, 256));
+    for (int e = 0; e < 256; e++) {
+        float want = 0x1p-10f * (float)s6[e / 16] * (float)(q6[e] - 32);
+        CHECK(y[e] == want, "q6_K y[%d] = %g, want %g", e, y[e], want);
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -569,11 +684,70 @@ static void test_corrupt_counts(void)
     CHECK(rejects(&b, "not a multiple of the q4_0 block size"), "%s", rd_errmsg());
 }
 
+/* One tensor 'w' [ne0, ne1] of type t followed by data_bytes bytes of data. */
+static buf one_tensor(ggml_type t, uint64_t ne0, uint64_t ne1, size_t data_bytes)
+{
+    buf b = {0};
+    header(&b, 1, 0);
+    put_str(&b, "w");
+    put_u32(&b, 2);
+    put_u64(&b, ne0);
+    put_u64(&b, ne1);
+    put_u32(&b, t);
+    put_u64(&b, 0);
+    pad_to(&b, 32);
+    for (size_t i = 0; i < data_bytes; i++)
+        put_u8(&b, (uint8_t)(i * 131 + 7));   /* any bytes are valid blocks */
+    return b;
+}
+
+/* The new types: exact sizes parse and dequantize; one byte short is an
+ * error naming the tensor; a row that is not a whole number of blocks (32
+ * for q5_0/q5_1, 256 for the K-quants) is an error naming the type. */
+static void test_new_types_bounds(void)
+{
+    static const struct { ggml_type t; uint32_t blck, bytes; uint64_t bad_ne0; } ty[] = {
+        {GGML_Q5_0, 32, 22, 48}, {GGML_Q5_1, 32, 24, 16}, {GGML_Q4_K, 256, 144, 128},
+        {GGML_Q5_K, 256, 176, 32}, {GGML_Q6_K, 256, 210, 320},
+    };
+    for (size_t i = 0; i < sizeof ty / sizeof ty[0]; i++) {
+        const char *name = ggml_type_name(ty[i].t);
+        uint64_t ne0 = 2 * ty[i].blck, ne1 = 3;
+        size_t need = (size_t)(ne0 / ty[i].blck * ne1) * ty[i].bytes;
+        buf b = one_tensor(ty[i].t, ne0, ne1, need);
+        gguf_file *f = NULL;
+        CHECK(parse_exact(b.p, b.n, &f) == 0, "%s: %s", name, rd_errmsg());
+        free(b.p);
+        const gguf_tensor *t = &f->tensors[0];
+        uint64_t nbytes = t->nbytes;
+        int ok = t->type == ty[i].t && nbytes == need && ggml_row_bytes(t->type, ne0) * ne1 == need;
+        float *y = malloc(ne0 * ne1 * sizeof *y);
+        int rc = gguf_dequant(t, y);
+        int finite = 1;
+        for (uint64_t j = 0; rc == 0 && j < ne0 * ne1; j++)
+            finite &= isfinite(y[j]) != 0;   /* these bytes make no inf/nan scales */
+        free(y);
+        free_parsed(f);
+        CHECK(ok && rc == 0 && finite, "%s: nbytes %" PRIu64 " (want %zu), dequant rc %d finite %d: %s", name,
+              nbytes, need, rc, finite, rd_errmsg());
+        b = one_tensor(ty[i].t, ne0, ne1, need - 1);
+        CHECK(rejects(&b, "tensor 'w' at offset"), "%s short: %s", name, rd_errmsg());
+        CHECK(strstr(rd_errmsg(), "past end of file"), "%s short: %s", name, rd_errmsg());
+        b = one_tensor(ty[i].t, ty[i].bad_ne0, 1, 4096);
+        char frag[64];
+        snprintf(frag, sizeof frag, "not a multiple of the %s block size %u", name, ty[i].blck);
+        CHECK(rejects(&b, frag), "%s ne0 %" PRIu64 ": %s", name, ty[i].bad_ne0, rd_errmsg());
+        CHECK(strstr(rd_errmsg(), "tensor 'w'"), "%s: %s", name, rd_errmsg());
+    }
+}
+
 /* ---------------------------------------------------------------------------
  * The generated tiny models. */
 
-static const char *dtypes[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"};
-static const ggml_type dtype_codes[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1};
+static const char *dtypes[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
+static const ggml_type dtype_codes[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                        GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+#define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
 
 static int have_testdata;
 
@@ -680,7 +854,7 @@ static void test_models_open(void)
     char why[600] = "";
     int ok;
     NEED_TESTDATA();
-    for (int i = 0; i < 6; i++) {
+    for (size_t i = 0; i < N_DTYPES; i++) {
         char name[64];
         snprintf(name, sizeof name, "tiny-%s", dtypes[i]);
         check_model(name, dtype_codes[i], 3, 1, why, sizeof why, &ok);
@@ -757,7 +931,8 @@ static void test_dequant_matches_gguf_py(void)
 {
     NEED_TESTDATA();
     const char *names[] = {"tiny-f32", "tiny-f16", "tiny-bf16", "tiny-q8_0", "tiny-q4_0", "tiny-q4_1",
-                           "tiny-v2", "tiny-untied"};
+                           "tiny-q5_0", "tiny-q5_1", "tiny-q4_k", "tiny-q5_k", "tiny-q6_k", "tiny-v2",
+                           "tiny-untied"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char why[700] = "";
         int n;
@@ -912,6 +1087,169 @@ out:
     CHECK(ok, "%s", why);
 }
 
+/* ---------------------------------------------------------------------------
+ * Gemma 3 270M Q4_K_M (tools/fetch_gemma3.sh, pinned by sha256), when present:
+ * the reader opens it and dequantizes every tensor bit for bit as the gguf
+ * package does. The architecture itself does not run yet; this is the GGUF
+ * layer only. tests/py/gguf_digests.py writes the package's values as one
+ * exact fingerprint per tensor (sum of bits(y[i]) * (2i+1) mod 2^64) into
+ * $RD_TESTDATA, once per model file. */
+
+static const char *gemma3_model(void)
+{
+    const char *m = getenv("RD_GEMMA3_MODEL");
+    return m && *m ? m : "models/gemma-3-270m-q4_k_m.gguf";
+}
+
+static int newer(const char *a, const char *b)   /* a exists and is not older than b */
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && (stat(b, &sb) != 0 || sa.st_mtime >= sb.st_mtime);
+}
+
+/* Fingerprint of n values (see gguf_digests.py), continuing from *acc at element `start`. */
+static void digest_values(const float *y, uint64_t n, uint64_t start, uint64_t *acc)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &y[i], 4);
+        *acc += (uint64_t)bits * (2 * (start + i) + 1);
+    }
+}
+
+static int json_u32_at(const cJSON *arr, int i, uint32_t *out)
+{
+    const cJSON *v = cJSON_GetArrayItem(arr, i);
+    if (!cJSON_IsNumber(v))
+        return 0;
+    *out = (uint32_t)v->valuedouble;
+    return 1;
+}
+
+static void test_gemma3_file(void)
+{
+    const char *model = gemma3_model();
+    char digests[400], cmd[2400];
+    snprintf(digests, sizeof digests, "%s/gemma-3-270m-q4_k_m.digests.json", testdata());
+    if (!newer(digests, model) || !newer(digests, "tests/py/gguf_digests.py")) {
+        const char *py = getenv("PYTHON");
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s' && %s tests/py/gguf_digests.py '%s' '%s.tmp' >/dev/null && mv '%s.tmp' '%s'",
+                 testdata(), py && *py ? py : "python3", model, digests, digests, digests);
+        CHECK(system(cmd) == 0, "%.300s failed", cmd);
+    }
+    size_t jn;
+    char *text = (char *)read_file(digests, &jn);
+    CHECK(text, "read %.200s", digests);
+    text = realloc(text, jn + 1);
+    text[jn] = 0;
+    cJSON *want = cJSON_Parse(text);
+    free(text);
+    CHECK(cJSON_IsArray(want), "%.200s: not a JSON array", digests);
+
+    gguf_file *f;
+    int rc = gguf_open(model, &f);
+    if (rc) {
+        cJSON_Delete(want);
+        CHECK_OK(rc);
+    }
+    char why[400] = "";
+    int ok = 0;
+    float *y = NULL;
+    uint32_t u;
+    float x;
+    gguf_str s;
+#define REQ(cond, ...) do { if (!(cond)) { snprintf(why, sizeof why, __VA_ARGS__); goto out; } } while (0)
+    REQ(f->version == 3 && f->n_tensors == 236, "v%u, %" PRIu64 " tensors", f->version, f->n_tensors);
+    REQ(gguf_get_str(f, "general.architecture", &s) == 0 && s.len == 6 && !memcmp(s.ptr, "gemma3", 6), "arch");
+    REQ(gguf_get_u32(f, "gemma3.block_count", &u) == 0 && u == 18, "block_count");
+    REQ(gguf_get_u32(f, "gemma3.embedding_length", &u) == 0 && u == 640, "embedding_length");
+    REQ(gguf_get_u32(f, "gemma3.feed_forward_length", &u) == 0 && u == 2048, "ffn");
+    REQ(gguf_get_u32(f, "gemma3.attention.head_count", &u) == 0 && u == 4, "heads");
+    REQ(gguf_get_u32(f, "gemma3.attention.head_count_kv", &u) == 0 && u == 1, "kv heads");
+    REQ(gguf_get_u32(f, "gemma3.attention.key_length", &u) == 0 && u == 256, "key_length");
+    REQ(gguf_get_u32(f, "gemma3.attention.sliding_window", &u) == 0 && u == 512, "sliding_window");
+    REQ(gguf_get_u32(f, "gemma3.context_length", &u) == 0 && u == 32768, "context_length");
+    REQ(gguf_get_f32(f, "gemma3.rope.freq_base", &x) == 0 && x == 1e6f, "freq_base");
+    REQ(gguf_find_tensor(f, "output.weight") == NULL, "output.weight (the output is tied)");
+
+    /* Type census: F32 norms, Q5_0 for rows of 640 (not a multiple of 256),
+     * Q4_K / Q6_K for rows of 1024 and 2048, Q8_0 for token_embd and some attn_v. */
+    static const struct { ggml_type t; int n; } census[] = {
+        {GGML_F32, 109}, {GGML_Q5_0, 81}, {GGML_Q4_K, 27}, {GGML_Q8_0, 10}, {GGML_Q6_K, 9},
+    };
+    int counted = 0;
+    for (size_t c = 0; c < sizeof census / sizeof census[0]; c++) {
+        int n = 0;
+        for (uint64_t i = 0; i < f->n_tensors; i++)
+            n += f->tensors[i].type == census[c].t;
+        REQ(n == census[c].n, "%d %s tensors, expected %d", n, ggml_type_name(census[c].t), census[c].n);
+        counted += n;
+    }
+    REQ(counted == 236, "tensors of other types: %d", 236 - counted);
+    REQ(cJSON_GetArraySize(want) == 236, "%.200s holds %d tensors", digests, cJSON_GetArraySize(want));
+
+    uint64_t total = 0;
+    const size_t whole_max = (size_t)1 << 22;     /* dequantize whole tensors up to this, larger ones by rows */
+    y = malloc(whole_max * sizeof *y);
+    REQ(y, "out of memory");
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        const cJSON *w = cJSON_GetArrayItem(want, (int)i);
+        const cJSON *name = cJSON_GetObjectItem(w, "name"), *type = cJSON_GetObjectItem(w, "type");
+        const cJSON *ne = cJSON_GetObjectItem(w, "ne"), *dg = cJSON_GetObjectItem(w, "digest");
+        const cJSON *head = cJSON_GetObjectItem(w, "head"), *tail = cJSON_GetObjectItem(w, "tail");
+        REQ(cJSON_IsString(name) && cJSON_IsNumber(type) && cJSON_IsArray(ne) && cJSON_IsString(dg) &&
+            cJSON_IsArray(head) && cJSON_IsArray(tail), "%.200s: entry %" PRIu64 " malformed", digests, i);
+        REQ(strlen(name->valuestring) == t->name.len && !memcmp(name->valuestring, t->name.ptr, t->name.len) &&
+            type->valueint == (int)t->type && cJSON_GetArraySize(ne) == (int)t->n_dims,
+            "tensor %" PRIu64 " '%.*s' %s: the gguf package says '%s' type %d", i, (int)t->name.len, t->name.ptr,
+            ggml_type_name(t->type), name->valuestring, type->valueint);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            REQ((uint64_t)cJSON_GetArrayItem(ne, (int)d)->valuedouble == t->ne[d], "%s: ne[%u]", name->valuestring, d);
+        uint64_t acc = 0, ne0 = t->ne[0], rows = t->n_elems / ne0;
+        uint32_t h[4], tl[4], hw = 0, tw = 0;
+        if (t->n_elems <= whole_max) {
+            REQ(gguf_dequant(t, y) == 0, "%s: %s", name->valuestring, rd_errmsg());
+            digest_values(y, t->n_elems, 0, &acc);
+            for (int k = 0; k < 4; k++) {
+                memcpy(&h[k], &y[k], 4);
+                memcpy(&tl[k], &y[t->n_elems - 4 + k], 4);
+            }
+        } else {
+            size_t rb = ggml_row_bytes(t->type, ne0);
+            REQ(rb && rb * rows == t->nbytes && ne0 <= whole_max, "%s: row bytes %zu", name->valuestring, rb);
+            for (uint64_t r = 0; r < rows; r++) {
+                REQ(ggml_dequant_row(t->type, t->data + rb * r, y, ne0) == 0, "%s: %s", name->valuestring,
+                    rd_errmsg());
+                digest_values(y, ne0, r * ne0, &acc);
+                if (r == 0)
+                    memcpy(h, y, sizeof h);
+            }
+            memcpy(tl, y + ne0 - 4, sizeof tl);
+        }
+        for (int k = 0; k < 4; k++) {
+            REQ(json_u32_at(head, k, &hw) && json_u32_at(tail, k, &tw), "%s: head/tail malformed", name->valuestring);
+            REQ(hw == h[k], "%s (%s): value %d is bits 0x%08x, the gguf package's 0x%08x", name->valuestring,
+                ggml_type_name(t->type), k, h[k], hw);
+            REQ(tw == tl[k], "%s (%s): value %d from the end is bits 0x%08x, the gguf package's 0x%08x",
+                name->valuestring, ggml_type_name(t->type), 4 - k, tl[k], tw);
+        }
+        char got[24];
+        snprintf(got, sizeof got, "%" PRIu64, acc);
+        REQ(strcmp(got, dg->valuestring) == 0, "%s (%s, %" PRIu64 " values): fingerprint %s, the gguf package %s",
+            name->valuestring, ggml_type_name(t->type), t->n_elems, got, dg->valuestring);
+        total += t->n_elems;
+    }
+    printf("# gemma-3-270m-q4_k_m: 236 tensors, %" PRIu64 " values, every one as the gguf package reads it\n", total);
+    ok = 1;
+out:
+#undef REQ
+    free(y);
+    gguf_close(f);
+    cJSON_Delete(want);
+    CHECK(ok, "%s", why);
+}
+
 static void test_open_errors(void)
 {
     gguf_file *f = (gguf_file *)1;
@@ -926,14 +1264,21 @@ int main(void)
     RUN(test_bf16_rounding);
     RUN(test_block_layouts);
     RUN(test_quant_blocks);
+    RUN(test_q5_blocks);
+    RUN(test_k_blocks);
     RUN(test_memory_image_all_types);
     RUN(test_corrupt_cases);
     RUN(test_corrupt_counts);
+    RUN(test_new_types_bounds);
     RUN(test_open_errors);
     if (file_exists(real_model()))
         RUN(test_real_model);
     else
         printf("SKIP test_real_model: %s not found (make model)\n", real_model());
+    if (file_exists(gemma3_model()))
+        RUN(test_gemma3_file);
+    else
+        printf("SKIP test_gemma3_file: %s not found (make model-gemma3)\n", gemma3_model());
     ensure_testdata();
     RUN(test_models_open);
     RUN(test_model_v2);
