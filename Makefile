@@ -130,8 +130,9 @@ model-gemma3:
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 # The whole suite: unit tests (plain and ASan/UBSan builds) and the Python
-# oracle tests (NumPy reference, llama.cpp). Needs the default model.
-test: all asan-build model
+# oracle tests (NumPy reference, llama.cpp). Needs the default model and Gemma 3
+# 270M (make model-gemma3).
+test: all asan-build model model-gemma3
 	RD_ASAN_BUILD=build/asan tests/run.sh $(BUILD)
 
 asan-build:
