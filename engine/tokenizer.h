@@ -1,8 +1,11 @@
-/* tokenizer.h - GPT-2 byte-level BPE from GGUF metadata.
+/* tokenizer.h - the tokenizers of GGUF vocabularies, from their metadata.
  *
- * Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos_token_id,
- * eos_token_id,add_bos_token}. Pre-tokenization runs with PCRE2 (UTF + UCP),
- * with llama.cpp's patterns (src/llama-vocab.cpp) for each pre-tokenizer:
+ * Two algorithms, by tokenizer.ggml.model:
+ *
+ * "gpt2": GPT-2 byte-level BPE. Reads tokenizer.ggml.{model,pre,tokens,
+ * token_type,merges,bos_token_id,eos_token_id,add_bos_token}. Pre-tokenization
+ * runs with PCRE2 (UTF + UCP), with llama.cpp's patterns (src/llama-vocab.cpp)
+ * for each pre-tokenizer:
  *   "smollm"     every \p{N} is its own piece, then the GPT-2 pattern (SmolLM2);
  *   "gpt2"       the GPT-2 pattern alone;
  *   "qwen2"      Qwen2's pattern, every \p{N} its own piece (Qwen2, Qwen2.5, Qwen3);
@@ -11,7 +14,19 @@
  *                token, whatever the merges would make of it) and add_bos
  *                true unless the file says otherwise, as llama.cpp sets them.
  * Any other pre-tokenizer (or none) is refused with RD_ENOTSUP naming these.
- * Merges are applied lowest rank first, leftmost on ties. */
+ * Merges are applied lowest rank first, leftmost on ties.
+ *
+ * "llama": SentencePiece-style BPE by token score, llama.cpp's
+ * llm_tokenizer_spm (Llama 2, Gemma 3). Reads tokenizer.ggml.{tokens,scores,
+ * token_type,bos_token_id,eos_token_id,add_bos_token,add_space_prefix};
+ * tokenizer.ggml.pre is ignored (llama.cpp gives SPM no pre-tokenizer). Each
+ * stretch of text between special tokens gets a leading space when
+ * add_space_prefix (default true; false in Gemma 3) and it opens the text or
+ * follows a special token; every " " becomes U+2581; the UTF-8 characters are
+ * merged pairwise, the pair whose concatenation is the token of highest score
+ * first (leftmost on ties), as long as any pair is a token; a character left
+ * that is no token is written as its bytes, <0xXX> (byte fallback). Without
+ * the keys, llama.cpp's SPM defaults apply: bos 1, eos 2, add_bos true. */
 #ifndef RD_TOKENIZER_H
 #define RD_TOKENIZER_H
 
@@ -35,8 +50,8 @@ void tok_free(tok_tokenizer *t);
 int32_t tok_vocab_size(const tok_tokenizer *t);
 int32_t tok_bos(const tok_tokenizer *t);   /* -1 if none */
 int32_t tok_eos(const tok_tokenizer *t);   /* tokenizer.ggml.eos_token_id; -1 if none */
-/* tokenizer.ggml.add_bos_token; without the key, llama.cpp's default for the
- * pre-tokenizer: 1 for llama-bpe, else 0. */
+/* tokenizer.ggml.add_bos_token; without the key, llama.cpp's default: 1 for
+ * SPM ("llama") and the llama-bpe pre-tokenizer, else 0. */
 int tok_add_bos(const tok_tokenizer *t);
 
 /* Encodes len bytes of UTF-8 text. With parse_special, control tokens
@@ -44,8 +59,10 @@ int tok_add_bos(const tok_tokenizer *t);
  * they are tokenized as plain text. User-defined tokens (type 4) are matched
  * either way, as llama.cpp and Hugging Face do. No BOS is added.
  * Text that is not valid UTF-8 is RD_EINVAL, the message naming the byte
- * offset. A byte the vocabulary has no token for is dropped (as llama.cpp
- * does). At most 64 MiB per call. *ids is malloc'd (caller frees); it is
+ * offset. In a gpt2 vocab a byte the vocabulary has no token for is dropped
+ * (as llama.cpp does); in an SPM vocab a character with no token and no byte
+ * token for one of its bytes is RD_EINVAL (llama.cpp throws). At most 64 MiB
+ * per call. *ids is malloc'd (caller frees); it is
  * never NULL on success, even for 0 ids. Thread-safe. */
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
                int32_t **ids, size_t *n_ids);
@@ -55,11 +72,18 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_s
  * it), unless the text already starts with the BOS token's text. */
 int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids);
 
-/* Decodes ids to UTF-8 bytes (byte-level pieces mapped back to raw bytes;
- * control tokens rendered as their text; generated ids may end inside a UTF-8
- * sequence, and the bytes are returned as they are). No clean-up of spaces
- * (llama.cpp's clean_spaces) for any pre-tokenizer: the bytes are exact. An
- * id outside the vocabulary is RD_EINVAL. *text is malloc'd and NUL-terminated. */
+/* Decodes ids to UTF-8 bytes: the concatenation of llama.cpp's
+ * token_to_piece(special = true, lstrip = 0) of each id. gpt2: byte-level
+ * pieces mapped back to raw bytes; SPM: U+2581 in a normal token becomes " ",
+ * a byte token <0xXX> its byte. Control, user-defined and other special
+ * tokens are rendered as their text (also unused ones, which llama.cpp
+ * renders as nothing). Generated ids may end inside a UTF-8 sequence, and the
+ * bytes are returned as they are. No clean-up of spaces (llama.cpp's
+ * clean_spaces) and, with add_space_prefix, no removal of the leading space
+ * the encoder added (llama.cpp's detokenize drops one): the bytes are exact,
+ * so that the pieces of a stream of ids add up to the decode of all of them.
+ * An id outside the vocabulary is RD_EINVAL. *text is malloc'd and
+ * NUL-terminated. */
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **text, size_t *len);
 
 /* The text of one token as stored in the vocabulary (byte-level form), or NULL. */
