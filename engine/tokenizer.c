@@ -678,21 +678,42 @@ static int load_id(const gguf_file *g, const char *key, int32_t n_vocab, int32_t
     return 0;
 }
 
-/* The turn format from the vocabulary's markers: Llama 3's when all three of
- * its markers are there, else ChatML's. Both sets appear in fine-tunes that
- * added ChatML to a Llama 3 vocabulary (Hermes 2 Pro); there the file's own
- * tokenizer.chat_template decides, when it uses ChatML's markers only. */
+/* The turn format from the vocabulary's markers: each format whose markers
+ * are all there is a candidate, Llama 3 first, then ChatML, then Gemma. More
+ * than one appear in fine-tunes that added ChatML to a Llama 3 vocabulary
+ * (Hermes 2 Pro); there the file's own tokenizer.chat_template decides, when
+ * it uses the opening marker of exactly one candidate. */
 static tok_chat_format chat_format(const tok_tokenizer *t, const gguf_file *g)
 {
-    int llama3 = t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0;
-    int chatml = t->im_start >= 0 && t->im_end >= 0;
-    if (llama3 && chatml) {
-        gguf_str tmpl;
-        if (gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 &&
-            memmem(tmpl.ptr, tmpl.len, "<|im_start|>", 12) && !memmem(tmpl.ptr, tmpl.len, "<|start_header_id|>", 19))
-            return TOK_CHAT_CHATML;
+    static const struct {
+        tok_chat_format f;
+        const char *marker; /* looked for in the template */
+    } order[] = {
+        {TOK_CHAT_LLAMA3, "<|start_header_id|>"},
+        {TOK_CHAT_CHATML, "<|im_start|>"},
+        {TOK_CHAT_GEMMA, "<start_of_turn>"},
+    };
+    int has[3] = {
+        t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0,
+        t->im_start >= 0 && t->im_end >= 0,
+        t->start_turn >= 0 && t->end_turn >= 0,
+    };
+    int n_has = has[0] + has[1] + has[2], first = -1, used = -1, n_used = 0;
+    gguf_str tmpl;
+    int have_tmpl = n_has > 1 && gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0;
+    for (int i = 0; i < 3; i++) {
+        if (!has[i])
+            continue;
+        if (first < 0)
+            first = i;
+        if (have_tmpl && memmem(tmpl.ptr, tmpl.len, order[i].marker, strlen(order[i].marker))) {
+            used = i;
+            n_used++;
+        }
     }
-    return llama3 ? TOK_CHAT_LLAMA3 : chatml ? TOK_CHAT_CHATML : TOK_CHAT_NONE;
+    if (first < 0)
+        return TOK_CHAT_NONE;
+    return order[n_used == 1 ? used : first].f;
 }
 
 int tok_load(const gguf_file *g, tok_tokenizer **out)
@@ -759,6 +780,8 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
     t->start_header = vocab_find(t, "<|start_header_id|>", 19);
     t->end_header = vocab_find(t, "<|end_header_id|>", 17);
     t->eot_id = vocab_find(t, "<|eot_id|>", 10);
+    t->start_turn = vocab_find(t, "<start_of_turn>", 15);
+    t->end_turn = vocab_find(t, "<end_of_turn>", 13);
     t->chat = chat_format(t, g);
     *out = t;
     return 0;
@@ -1568,6 +1591,37 @@ static int llama3_turn(const tok_tokenizer *t, tok_work *w, const char *role, co
     return rc;
 }
 
+/* One "<start_of_turn>{role}\n{prefix}\n\n{content}<end_of_turn>\n" turn
+ * (without "{prefix}\n\n" when prefix is NULL); with content NULL only
+ * "<start_of_turn>{role}\n", the model's turn left open. */
+static int gemma_turn(const tok_tokenizer *t, tok_work *w, const char *role, const char *prefix,
+                      const char *content, id_list *out)
+{
+    int rc = ids_push(out, t->start_turn);
+    if (rc)
+        return rc;
+    if (!content)
+        return chat_text(t, w, role, "\n", "", out);
+    size_t np = prefix ? strlen(prefix) : 0, nc = strlen(content);
+    char *body = malloc(np + 2 + nc + 1);
+    if (!body)
+        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a chat turn of %zu bytes", np + nc);
+    size_t at = 0;
+    if (prefix) {
+        memcpy(body, prefix, np);
+        memcpy(body + np, "\n\n", 2);
+        at = np + 2;
+    }
+    memcpy(body + at, content, nc + 1);
+    rc = chat_text(t, w, role, "\n", body, out);
+    free(body);
+    if (!rc)
+        rc = ids_push(out, t->end_turn);
+    if (!rc)
+        rc = encode_into(t, w, "\n", 1, 0, out);
+    return rc;
+}
+
 /* Which markers of a format the vocabulary lacks, for the error message. */
 static void missing_markers(const tok_tokenizer *t, tok_chat_format f, char *msg, size_t cap)
 {
@@ -1577,6 +1631,9 @@ static void missing_markers(const tok_tokenizer *t, tok_chat_format f, char *msg
     if (f == TOK_CHAT_LLAMA3) {
         name[0] = "<|start_header_id|>", name[1] = "<|end_header_id|>", name[2] = "<|eot_id|>";
         id[0] = t->start_header, id[1] = t->end_header, id[2] = t->eot_id;
+    } else if (f == TOK_CHAT_GEMMA) {
+        name[0] = "<start_of_turn>", name[1] = "<end_of_turn>";
+        id[0] = t->start_turn, id[1] = t->end_turn;
     } else {
         name[0] = "<|im_start|>", name[1] = "<|im_end|>";
         id[0] = t->im_start, id[1] = t->im_end;
@@ -1600,12 +1657,14 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
     if (!t || !user)
         return rd_fail(RD_EINVAL, "%s: the tokenizer and user must not be NULL", fn);
     if (f == TOK_CHAT_NONE) {
-        char l3[96], cm[64];
+        char l3[96], cm[64], gm[64];
         missing_markers(t, TOK_CHAT_LLAMA3, l3, sizeof l3);
         missing_markers(t, TOK_CHAT_CHATML, cm, sizeof cm);
+        missing_markers(t, TOK_CHAT_GEMMA, gm, sizeof gm);
         return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no chat format: Llama 3's needs <|start_header_id|>, "
                                    "<|end_header_id|> and <|eot_id|> (it lacks %s); ChatML's needs <|im_start|> and "
-                                   "<|im_end|> (it lacks %s)", fn, l3, cm);
+                                   "<|im_end|> (it lacks %s); Gemma's needs <start_of_turn> and <end_of_turn> "
+                                   "(it lacks %s)", fn, l3, cm, gm);
     }
     if (f == TOK_CHAT_CHATML && (t->im_start < 0 || t->im_end < 0)) /* only tok_chatml asks for it regardless */
         return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no <|im_start|> or <|im_end|> token, "
@@ -1627,6 +1686,16 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
             rc = ids_push(&out, t->im_start);
         if (!rc)
             rc = encode_into(t, &w, "assistant\n", 10, 0, &out);
+    } else if (f == TOK_CHAT_GEMMA) {
+        /* Hugging Face's Gemma 3 template: bos_token, then the turns; the
+         * system message opens the first user turn, followed by "\n\n"; the
+         * assistant's role is "model". */
+        if (!rc && t->bos >= 0)
+            rc = ids_push(&out, t->bos);
+        if (!rc)
+            rc = gemma_turn(t, &w, "user", system, user, &out);
+        if (!rc)
+            rc = gemma_turn(t, &w, "model", NULL, NULL, &out);
     } else {
         /* The template's bos_token opens the conversation (<|begin_of_text|>
          * in Llama 3 files); callers add no other BOS. */
@@ -1661,12 +1730,18 @@ tok_chat_format tok_chat_kind(const tok_tokenizer *t) { return t->chat; }
 
 const char *tok_chat_name(tok_chat_format f)
 {
-    return f == TOK_CHAT_LLAMA3 ? "llama3" : f == TOK_CHAT_CHATML ? "chatml" : "none";
+    return f == TOK_CHAT_LLAMA3   ? "llama3"
+           : f == TOK_CHAT_CHATML ? "chatml"
+           : f == TOK_CHAT_GEMMA  ? "gemma"
+                                  : "none";
 }
 
 int32_t tok_eot(const tok_tokenizer *t)
 {
-    return t->chat == TOK_CHAT_LLAMA3 ? t->eot_id : t->chat == TOK_CHAT_CHATML ? t->im_end : -1;
+    return t->chat == TOK_CHAT_LLAMA3   ? t->eot_id
+           : t->chat == TOK_CHAT_CHATML ? t->im_end
+           : t->chat == TOK_CHAT_GEMMA  ? t->end_turn
+                                        : -1;
 }
 
 int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids)

@@ -42,6 +42,7 @@ typedef enum {
     TOK_CHAT_NONE = 0,    /* neither set of markers */
     TOK_CHAT_CHATML = 1,  /* <|im_start|>, <|im_end|>: Qwen2/2.5/3, SmolLM2 */
     TOK_CHAT_LLAMA3 = 2,  /* <|start_header_id|>, <|end_header_id|>, <|eot_id|>: Llama 3.x */
+    TOK_CHAT_GEMMA = 3,   /* <start_of_turn>, <end_of_turn>: Gemma 2 and 3 */
 } tok_chat_format;
 
 int tok_load(const gguf_file *g, tok_tokenizer **out);
@@ -89,17 +90,20 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **
 /* The text of one token as stored in the vocabulary (byte-level form), or NULL. */
 const char *tok_piece(const tok_tokenizer *t, int32_t id);
 
-/* The chat format of the vocabulary: Llama 3 when it has <|start_header_id|>,
- * <|end_header_id|> and <|eot_id|>; else ChatML when it has <|im_start|> and
- * <|im_end|>; else TOK_CHAT_NONE. A vocabulary with both sets is Llama 3
- * unless its tokenizer.chat_template uses ChatML's markers and not Llama 3's. */
+/* The chat format of the vocabulary, by the marker tokens it has: Llama 3
+ * (<|start_header_id|>, <|end_header_id|> and <|eot_id|>), ChatML
+ * (<|im_start|> and <|im_end|>), Gemma (<start_of_turn> and <end_of_turn>);
+ * TOK_CHAT_NONE when it has no complete set. A vocabulary with more than one
+ * set takes the one whose markers its tokenizer.chat_template uses, when it
+ * uses those of exactly one of them; else the first in the order above. */
 tok_chat_format tok_chat_kind(const tok_tokenizer *t);
-const char *tok_chat_name(tok_chat_format f);   /* "chatml", "llama3" or "none" */
+const char *tok_chat_name(tok_chat_format f);   /* "chatml", "llama3", "gemma" or "none" */
 
-/* The token that ends a turn in the chat format: <|eot_id|> (Llama 3) or
- * <|im_end|> (ChatML); -1 for TOK_CHAT_NONE. A generation should stop at it as
- * at tok_eos (the file's eos may be <|end_of_text|> in a Llama 3 Instruct
- * GGUF, or <|endoftext|> in a Qwen one); for SmolLM2 they are the same token. */
+/* The token that ends a turn in the chat format: <|eot_id|> (Llama 3),
+ * <|im_end|> (ChatML) or <end_of_turn> (Gemma); -1 for TOK_CHAT_NONE. A
+ * generation should stop at it as at tok_eos (the file's eos may be
+ * <|end_of_text|> in a Llama 3 Instruct GGUF, <|endoftext|> in a Qwen one,
+ * <eos> in Gemma's); for SmolLM2 they are the same token. */
 int32_t tok_eot(const tok_tokenizer *t);
 
 /* The prompt for an Instruct model in the vocabulary's chat format, one user
@@ -112,6 +116,12 @@ int32_t tok_eot(const tok_tokenizer *t);
  *            "<|start_header_id|>assistant<|end_header_id|>\n\n"
  *            where {bos} is tok_bos (<|begin_of_text|>), omitted when the file
  *            names none. The BOS is part of the prompt: add no other.
+ *   Gemma:   "{bos}<start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n"
+ *            "<start_of_turn>model\n"
+ *            (Gemma has no system turn: Hugging Face's template puts the system
+ *            message and "\n\n" at the start of the first user turn; without
+ *            one, "{bos}<start_of_turn>user\n{user}<end_of_turn>\n..."). {bos}
+ *            as for Llama 3.
  * No default system message is written and the contents are not trimmed.
  * The contents are never parsed for control tokens; otherwise the ids equal
  * tok_encode of the rendered text with parse_special. RD_ENOTSUP for
