@@ -26,7 +26,13 @@
  * merged pairwise, the pair whose concatenation is the token of highest score
  * first (leftmost on ties), as long as any pair is a token; a character left
  * that is no token is written as its bytes, <0xXX> (byte fallback). Without
- * the keys, llama.cpp's SPM defaults apply: bos 1, eos 2, add_bos true. */
+ * the keys, llama.cpp's SPM defaults apply: bos 1, eos 2, add_bos true.
+ *
+ * Token types are the file's (tokenizer.ggml.token_type). llama.cpp's load
+ * also marks tokens whose text is on its end-of-generation list as control;
+ * in Gemma 3 that hits the user-defined "</s>" (212), which llama.cpp then
+ * spells out without special parsing where we (as SentencePiece and Hugging
+ * Face) take the token. */
 #ifndef RD_TOKENIZER_H
 #define RD_TOKENIZER_H
 
