@@ -1,6 +1,7 @@
-/* tokenizer.c - GPT-2 byte-level BPE from GGUF metadata (see tokenizer.h).
+/* tokenizer.c - GPT-2 byte-level BPE and SentencePiece-style BPE from GGUF
+ * metadata (see tokenizer.h).
  *
- * Encoding runs in four stages, in data-flow order below:
+ * Encoding a gpt2 vocab runs in four stages, in data-flow order below:
  *   1. validate: the text must be UTF-8 (RFC 3629: no overlongs, surrogates or
  *      code points above U+10FFFF). Anything else is RD_EINVAL naming the byte
  *      offset: PCRE2 in UTF mode cannot match it, and the learner's tokenizer
@@ -16,6 +17,10 @@
  *      the adjacent pair with the lowest merge rank, leftmost on ties, merges
  *      until no pair has a rank. With ignore_merges ("llama-bpe") a piece
  *      whose byte-level text is itself a token is that token, merges or not.
+ * An SPM vocab ("llama") shares stages 1 and 2 and then runs llama.cpp's
+ * llm_tokenizer_spm on each stretch of text (spm_fragment): no pre-tokenizer,
+ * no merge list; pairs of adjacent symbols merge by the score of the token
+ * they make, found in the same hash table as every other text lookup.
  *
  * The character classes come from the PCRE2 library's Unicode tables. Against
  * llama.cpp's own tables (Debian's PCRE2 10.42 vs llama.cpp in 2025) they
@@ -106,7 +111,12 @@ struct tok_tokenizer {
     int32_t n_merges;           /* merges kept */
     int32_t n_merges_skipped;   /* merges naming a text that is not a token (they can never apply) */
 
-    int32_t byte_tok[256];      /* token of each raw byte's byte-level char, -1 if the vocab lacks it */
+    int32_t byte_tok[256];      /* gpt2: token of each raw byte's byte-level char; SPM: <0xXX>, else the
+                                   byte itself as a token (llama.cpp's byte_to_token); -1 if none */
+
+    int spm;                    /* tokenizer.ggml.model "llama": SentencePiece-style (else gpt2) */
+    float *score;               /* [n_vocab] SPM: tokenizer.ggml.scores (0 where the file has none) */
+    int add_space_prefix;       /* SPM: tokenizer.ggml.add_space_prefix, default 1 */
 
     int32_t *special;           /* [n_special] control, unknown and user-defined ids, longest text first */
     size_t n_special;
@@ -116,9 +126,11 @@ struct tok_tokenizer {
     int32_t start_header;       /* ids of Llama 3's <|start_header_id|>, */
     int32_t end_header;         /* <|end_header_id|> */
     int32_t eot_id;             /* and <|eot_id|>; -1 if absent */
+    int32_t start_turn;         /* Gemma's <start_of_turn> */
+    int32_t end_turn;           /* and <end_of_turn>; -1 if absent */
     tok_chat_format chat;       /* the turn format the markers allow (Llama 3 first) */
-    int add_bos;                /* tokenizer.ggml.add_bos_token, else the pre-tokenizer's default */
-    const pre_kind *pre;        /* the entry of PRE this vocab names */
+    int add_bos;                /* tokenizer.ggml.add_bos_token, else llama.cpp's default */
+    const pre_kind *pre;        /* gpt2: the entry of PRE this vocab names; NULL for SPM */
     uint32_t max_text_len;      /* bytes of the longest token text (bounds the ignore_merges lookup) */
     pcre2_code *re_isolate;     /* pre->isolate compiled; NULL when it has none */
     pcre2_code *re_split;       /* pre->split compiled */
@@ -329,12 +341,19 @@ static int load_kind(tok_tokenizer *t, const gguf_file *g)
     gguf_str model, pre;
     int rc = gguf_get_str(g, "tokenizer.ggml.model", &model);
     if (rc == RD_ENOENT)
-        return rd_fail(RD_ENOTSUP, "tokenizer: the file has no tokenizer.ggml.model; expected \"gpt2\"");
+        return rd_fail(RD_ENOTSUP, "tokenizer: the file has no tokenizer.ggml.model; expected \"gpt2\" or \"llama\"");
     if (rc)
         return rc;
+    if (kv_equals(model, "llama")) {
+        /* SentencePiece-style: llama.cpp gives it no pre-tokenizer and reads
+         * no tokenizer.ggml.pre (Gemma 3 files say "default"). */
+        t->spm = 1;
+        return 0;
+    }
     if (!kv_equals(model, "gpt2"))
         return rd_fail(RD_ENOTSUP,
-                       "tokenizer: tokenizer.ggml.model is \"%.*s\"; only \"gpt2\" (byte-level BPE) is supported",
+                       "tokenizer: tokenizer.ggml.model is \"%.*s\"; supported are \"gpt2\" (byte-level BPE) and "
+                       "\"llama\" (SentencePiece-style BPE)",
                        (int)(model.len > 64 ? 64 : model.len), model.ptr);
 
     rc = gguf_get_str(g, "tokenizer.ggml.pre", &pre);
@@ -420,9 +439,18 @@ static int load_tokens(tok_tokenizer *t, const gguf_file *g)
         return rd_fail(RD_EFORMAT, "tokenizer: tokenizer.ggml.token_type must be an array of %d integers", n);
     for (int32_t i = 0; i < n; i++) {
         int64_t v;
-        int rc = gguf_arr_i64(types, i, &v);
-        if (rc)
-            return rc;
+        if (types->arr_type == GGUF_INT32) {
+            /* The usual element type, read in place: gguf_arr_i64 formats an
+             * error context on every call, a quarter of the load time of a
+             * 262,144-token vocabulary. */
+            int32_t x;
+            memcpy(&x, types->val + 4 * (size_t)i, 4);
+            v = x;
+        } else {
+            int rc = gguf_arr_i64(types, i, &v);
+            if (rc)
+                return rc;
+        }
         if (v < TYPE_NORMAL || v > TYPE_BYTE)
             return rd_fail(RD_EFORMAT, "tokenizer: token %d has type %lld, expected 1..6", i, (long long)v);
         t->type[i] = (uint8_t)v;
@@ -485,6 +513,34 @@ static int load_merges(tok_tokenizer *t, const gguf_file *g)
     return 0;
 }
 
+/* SPM: the score of each token (tokenizer.ggml.scores, float32 or int32 as
+ * llama.cpp accepts); every score 0 when the file has none. */
+static int load_scores(tok_tokenizer *t, const gguf_file *g)
+{
+    t->score = calloc((size_t)t->n_vocab, sizeof(float));
+    if (!t->score)
+        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for %d scores", t->n_vocab);
+    const gguf_kv *kv = gguf_find_kv(g, "tokenizer.ggml.scores");
+    if (!kv)
+        return 0;
+    if (kv->type != GGUF_ARRAY || (kv->arr_type != GGUF_FLOAT32 && kv->arr_type != GGUF_INT32))
+        return rd_fail(RD_EFORMAT, "tokenizer: tokenizer.ggml.scores must be an array of float32 (or int32)");
+    if (kv->arr_n < (uint64_t)t->n_vocab)
+        return rd_fail(RD_EFORMAT, "tokenizer: tokenizer.ggml.scores has %llu entries for %d tokens",
+                       (unsigned long long)kv->arr_n, t->n_vocab);
+    /* The array's bytes are in the mapping, little-endian and maybe unaligned. */
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        if (kv->arr_type == GGUF_FLOAT32) {
+            memcpy(&t->score[i], kv->val + 4 * (size_t)i, 4);
+        } else {
+            int32_t v;
+            memcpy(&v, kv->val + 4 * (size_t)i, 4);
+            t->score[i] = (float)v;
+        }
+    }
+    return 0;
+}
+
 static int hex_digit(uint8_t c)
 {
     if (c >= '0' && c <= '9')
@@ -496,8 +552,10 @@ static int hex_digit(uint8_t c)
     return -1;
 }
 
-/* The bytes each token decodes to: byte-level text mapped back to raw bytes;
- * control, user-defined and other special tokens as their literal text. */
+/* The bytes each token decodes to. gpt2: byte-level text mapped back to raw
+ * bytes; SPM: U+2581 in a normal token is a space (llama.cpp's
+ * llama_unescape_whitespace). Both: <0xXX> byte tokens as their byte; control,
+ * user-defined and other special tokens as their literal text. */
 static int load_decode_table(tok_tokenizer *t)
 {
     uint64_t total = 0;
@@ -515,7 +573,18 @@ static int load_decode_table(tok_tokenizer *t)
         uint32_t n = t->text_len[i];
         t->raw_off[i] = at;
         int literal = 1;
-        if (t->type[i] == TYPE_NORMAL) {
+        if (t->spm && t->type[i] == TYPE_NORMAL) {
+            /* U+2581 is three bytes, a space one: never longer than the text. */
+            for (uint32_t k = 0; k < n;) {
+                if (k + 3 <= n && s[k] == 0xE2 && s[k + 1] == 0x96 && s[k + 2] == 0x81) {
+                    t->raw[at++] = ' ';
+                    k += 3;
+                } else {
+                    t->raw[at++] = s[k++];
+                }
+            }
+            literal = 0;
+        } else if (t->type[i] == TYPE_NORMAL) {
             /* Byte-level when every char is in the alphabet; else kept as is. */
             uint32_t k = 0, o = at;
             while (k < n) {
@@ -590,13 +659,15 @@ static int load_specials(tok_tokenizer *t)
     return 0;
 }
 
-/* An optional token id key: -1 when absent, an error when out of range. */
-static int load_id(const gguf_file *g, const char *key, int32_t n_vocab, int32_t *out)
+/* An optional token id key: dflt when absent (-1, or llama.cpp's default
+ * where it has one and the vocabulary is large enough), an error when out of
+ * range. */
+static int load_id(const gguf_file *g, const char *key, int32_t n_vocab, int32_t dflt, int32_t *out)
 {
     uint32_t v;
     int rc = gguf_get_u32(g, key, &v);
     if (rc == RD_ENOENT) {
-        *out = -1;
+        *out = dflt < n_vocab ? dflt : -1;
         return 0;
     }
     if (rc)
@@ -607,21 +678,42 @@ static int load_id(const gguf_file *g, const char *key, int32_t n_vocab, int32_t
     return 0;
 }
 
-/* The turn format from the vocabulary's markers: Llama 3's when all three of
- * its markers are there, else ChatML's. Both sets appear in fine-tunes that
- * added ChatML to a Llama 3 vocabulary (Hermes 2 Pro); there the file's own
- * tokenizer.chat_template decides, when it uses ChatML's markers only. */
+/* The turn format from the vocabulary's markers: each format whose markers
+ * are all there is a candidate, Llama 3 first, then ChatML, then Gemma. More
+ * than one appear in fine-tunes that added ChatML to a Llama 3 vocabulary
+ * (Hermes 2 Pro); there the file's own tokenizer.chat_template decides, when
+ * it uses the opening marker of exactly one candidate. */
 static tok_chat_format chat_format(const tok_tokenizer *t, const gguf_file *g)
 {
-    int llama3 = t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0;
-    int chatml = t->im_start >= 0 && t->im_end >= 0;
-    if (llama3 && chatml) {
-        gguf_str tmpl;
-        if (gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 &&
-            memmem(tmpl.ptr, tmpl.len, "<|im_start|>", 12) && !memmem(tmpl.ptr, tmpl.len, "<|start_header_id|>", 19))
-            return TOK_CHAT_CHATML;
+    static const struct {
+        tok_chat_format f;
+        const char *marker; /* looked for in the template */
+    } order[] = {
+        {TOK_CHAT_LLAMA3, "<|start_header_id|>"},
+        {TOK_CHAT_CHATML, "<|im_start|>"},
+        {TOK_CHAT_GEMMA, "<start_of_turn>"},
+    };
+    int has[3] = {
+        t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0,
+        t->im_start >= 0 && t->im_end >= 0,
+        t->start_turn >= 0 && t->end_turn >= 0,
+    };
+    int n_has = has[0] + has[1] + has[2], first = -1, used = -1, n_used = 0;
+    gguf_str tmpl;
+    int have_tmpl = n_has > 1 && gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0;
+    for (int i = 0; i < 3; i++) {
+        if (!has[i])
+            continue;
+        if (first < 0)
+            first = i;
+        if (have_tmpl && memmem(tmpl.ptr, tmpl.len, order[i].marker, strlen(order[i].marker))) {
+            used = i;
+            n_used++;
+        }
     }
-    return llama3 ? TOK_CHAT_LLAMA3 : chatml ? TOK_CHAT_CHATML : TOK_CHAT_NONE;
+    if (first < 0)
+        return TOK_CHAT_NONE;
+    return order[n_used == 1 ? used : first].f;
 }
 
 int tok_load(const gguf_file *g, tok_tokenizer **out)
@@ -639,19 +731,27 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
     if (!rc)
         rc = load_tokens(t, g);
     if (!rc)
-        rc = load_merges(t, g);
+        rc = t->spm ? load_scores(t, g) : load_merges(t, g);
     if (!rc)
         rc = load_decode_table(t);
     if (!rc)
         rc = load_specials(t);
+    /* llama.cpp's SPM defaults: bos 1, eos 2 (Llama 2's <s> and </s>). */
     if (!rc)
-        rc = load_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos);
+        rc = load_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, t->spm ? 1 : -1, &t->bos);
     if (!rc)
-        rc = load_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos);
+        rc = load_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, t->spm ? 2 : -1, &t->eos);
     if (!rc) {
         rc = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
         if (rc == RD_ENOENT) {
-            t->add_bos = t->pre->add_bos; /* llama.cpp's default for the pre-tokenizer */
+            t->add_bos = t->spm ? 1 : t->pre->add_bos; /* llama.cpp's default for the model / pre-tokenizer */
+            rc = 0;
+        }
+    }
+    if (!rc && t->spm) {
+        rc = gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
+        if (rc == RD_ENOENT) {
+            t->add_space_prefix = 1; /* llama.cpp's default for SPM */
             rc = 0;
         }
     }
@@ -661,7 +761,17 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
     }
 
     for (int b = 0; b < 256; b++) {
-        char s[2];
+        char s[7];
+        if (t->spm) {
+            /* llama.cpp's byte_to_token: "<0xXX>" (upper-case hex), else the byte itself. */
+            snprintf(s, sizeof s, "<0x%02X>", b);
+            t->byte_tok[b] = vocab_find(t, s, 6);
+            if (t->byte_tok[b] < 0) {
+                s[0] = (char)b;
+                t->byte_tok[b] = vocab_find(t, s, 1);
+            }
+            continue;
+        }
         size_t n = utf8_put(byte_to_cp(b), s);
         t->byte_tok[b] = vocab_find(t, s, n);
     }
@@ -670,6 +780,8 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
     t->start_header = vocab_find(t, "<|start_header_id|>", 19);
     t->end_header = vocab_find(t, "<|end_header_id|>", 17);
     t->eot_id = vocab_find(t, "<|eot_id|>", 10);
+    t->start_turn = vocab_find(t, "<start_of_turn>", 15);
+    t->end_turn = vocab_find(t, "<end_of_turn>", 13);
     t->chat = chat_format(t, g);
     *out = t;
     return 0;
@@ -692,6 +804,7 @@ void tok_free(tok_tokenizer *t)
     free(t->merge_rank);
     free(t->merge_out);
     free(t->special);
+    free(t->score);
     free(t);
 }
 
@@ -740,6 +853,17 @@ typedef struct {
     int32_t right_tok;
 } bpe_pair;
 
+/* SPM: a candidate merge of symbol left with symbol right (its successor when
+ * pushed), by the score of the token their concatenation is. Stale once
+ * either symbol has changed, which shows in their lengths: a live symbol only
+ * grows, by taking in its successor, so the same two live symbols with the
+ * same total length are the same pair (llama.cpp's test). */
+typedef struct {
+    float score;
+    int32_t left, right;
+    uint32_t size;      /* bytes of the concatenation */
+} spm_pair;
+
 typedef struct {
     pcre2_match_data *md;
     /* Symbols of the piece being merged, indexed by byte offset. */
@@ -749,8 +873,15 @@ typedef struct {
     size_t sym_cap;
     bpe_pair *heap;     /* min-heap on (rank, left); grows as needed */
     size_t heap_n, heap_cap;
-    char *text;         /* the piece in byte-level form, for the ignore_merges lookup */
+    char *text;         /* gpt2: the piece in byte-level form, for the ignore_merges lookup;
+                           SPM: the fragment with its spaces written U+2581 */
     size_t text_cap;
+    /* SPM: symbols are UTF-8 characters of text, linked by next and prev. */
+    uint32_t *sym_off;  /* byte offset in text */
+    uint32_t *sym_len;  /* bytes; 0 once merged into its predecessor */
+    size_t spm_cap;
+    spm_pair *sheap;    /* max-heap on (score, then lower left) */
+    size_t sheap_n, sheap_cap;
 } tok_work;
 
 static void work_free(tok_work *w)
@@ -761,6 +892,9 @@ static void work_free(tok_work *w)
     free(w->prev);
     free(w->heap);
     free(w->text);
+    free(w->sym_off);
+    free(w->sym_len);
+    free(w->sheap);
 }
 
 static int work_reserve(tok_work *w, size_t n)
@@ -980,6 +1114,184 @@ static int encode_fragment(const tok_tokenizer *t, tok_work *w, const char *s, s
     return 0;
 }
 
+
+/* ------------------------------------------------------------------------
+ * SPM (tokenizer.ggml.model "llama"): llama.cpp's llm_tokenizer_spm_session. */
+
+static int spm_reserve(tok_work *w, size_t n_sym, size_t n_text)
+{
+    int rc = work_reserve(w, n_sym);
+    if (rc)
+        return rc;
+    if (n_sym > w->spm_cap) {
+        size_t cap = n_sym < 256 ? 256 : n_sym;
+        uint32_t *off = realloc(w->sym_off, sizeof(uint32_t) * cap);
+        if (off)
+            w->sym_off = off;
+        uint32_t *len = realloc(w->sym_len, sizeof(uint32_t) * cap);
+        if (len)
+            w->sym_len = len;
+        if (!off || !len)
+            return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a text of %zu characters", n_sym);
+        w->spm_cap = cap;
+    }
+    if (n_text > w->text_cap) {
+        char *p = realloc(w->text, n_text);
+        if (!p)
+            return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a text of %zu bytes", n_text);
+        w->text = p;
+        w->text_cap = n_text;
+    }
+    return 0;
+}
+
+/* a is popped before b: higher score, then the left-most (llama.cpp's
+ * llm_bigram_spm::comparator). */
+static int spm_before(const spm_pair *a, const spm_pair *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static int spm_push(tok_work *w, spm_pair p)
+{
+    if (w->sheap_n == w->sheap_cap) {
+        size_t cap = w->sheap_cap ? 2 * w->sheap_cap : 256;
+        spm_pair *h = realloc(w->sheap, sizeof(spm_pair) * cap);
+        if (!h)
+            return rd_fail(RD_ENOMEM, "tokenizer: out of memory for %zu merge candidates", cap);
+        w->sheap = h;
+        w->sheap_cap = cap;
+    }
+    size_t i = w->sheap_n++;
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (!spm_before(&p, &w->sheap[up]))
+            break;
+        w->sheap[i] = w->sheap[up];
+        i = up;
+    }
+    w->sheap[i] = p;
+    return 0;
+}
+
+static spm_pair spm_pop(tok_work *w)
+{
+    spm_pair top = w->sheap[0];
+    spm_pair last = w->sheap[--w->sheap_n];
+    size_t i = 0, n = w->sheap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && spm_before(&w->sheap[c + 1], &w->sheap[c]))
+            c++;
+        if (!spm_before(&w->sheap[c], &last))
+            break;
+        w->sheap[i] = w->sheap[c];
+        i = c;
+    }
+    w->sheap[i] = last;
+    return top;
+}
+
+/* Queues the merge of symbols left and right (adjacent, in that order) when
+ * their concatenation is a token, of any type (llama.cpp's try_add_bigram). */
+static int spm_try_pair(const tok_tokenizer *t, tok_work *w, int32_t left, int32_t right)
+{
+    if (left < 0 || right < 0)
+        return 0;
+    uint32_t size = w->sym_len[left] + w->sym_len[right];
+    if (size > t->max_text_len)
+        return 0; /* longer than any token */
+    int32_t id = vocab_find(t, w->text + w->sym_off[left], size);
+    if (id < 0)
+        return 0;
+    return spm_push(w, (spm_pair){t->score[id], left, right, size});
+}
+
+/* One stretch of text between special tokens, appending its tokens: a space
+ * first when prefix is set, each " " as U+2581, then the merges by score. A
+ * symbol left at the end is its token, or else the bytes of its text as byte
+ * tokens. (llama.cpp's resegment would first split such a symbol back along
+ * the merges that made it, but every merge makes a token, so only a single
+ * character that is no token is ever left over: its bytes are all there is.) */
+static int spm_fragment(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, int prefix, id_list *out)
+{
+    /* Each byte is at most 3 bytes escaped and at most one symbol. */
+    if (len + (prefix != 0) == 0)
+        return 0;
+    int rc = spm_reserve(w, len + 1, 3 * (len + 1));
+    if (rc)
+        return rc;
+    size_t n = 0;
+    if (prefix) {
+        memcpy(w->text, "\xe2\x96\x81", 3);
+        n = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == ' ') {
+            memcpy(w->text + n, "\xe2\x96\x81", 3);
+            n += 3;
+        } else {
+            w->text[n++] = s[i];
+        }
+    }
+    /* The text is valid UTF-8 (checked by the caller), so each lead byte
+     * gives its character's length, as llama.cpp's unicode_len_utf8 does. */
+    int32_t m = 0;
+    for (size_t at = 0; at < n; m++) {
+        size_t k = utf8_seq((const uint8_t *)w->text + at, n - at);
+        if (k == 0)
+            k = 1; /* not reached for valid UTF-8 */
+        w->sym_off[m] = (uint32_t)at;
+        w->sym_len[m] = (uint32_t)k;
+        w->prev[m] = m - 1;
+        at += k;
+    }
+    for (int32_t i = 0; i < m; i++)
+        w->next[i] = i + 1 < m ? i + 1 : -1;
+
+    w->sheap_n = 0;
+    for (int32_t i = 1; i < m; i++)
+        if ((rc = spm_try_pair(t, w, i - 1, i)))
+            return rc;
+    while (w->sheap_n > 0) {
+        spm_pair p = spm_pop(w);
+        uint32_t ll = w->sym_len[p.left], rl = w->sym_len[p.right];
+        if (ll == 0 || rl == 0 || ll + rl != p.size)
+            continue;
+        /* The right symbol joins the left one. */
+        w->sym_len[p.left] = ll + rl;
+        w->sym_len[p.right] = 0;
+        int32_t after = w->next[p.right];
+        w->next[p.left] = after;
+        if (after >= 0)
+            w->prev[after] = p.left;
+        if ((rc = spm_try_pair(t, w, w->prev[p.left], p.left)) || (rc = spm_try_pair(t, w, p.left, after)))
+            return rc;
+    }
+
+    for (int32_t i = 0; i >= 0; i = w->next[i]) {
+        const char *sym = w->text + w->sym_off[i];
+        uint32_t k = w->sym_len[i];
+        int32_t id = vocab_find(t, sym, k);
+        if (id >= 0) {
+            if ((rc = ids_push(out, id)))
+                return rc;
+            continue;
+        }
+        for (uint32_t b = 0; b < k; b++) {
+            int32_t bt = t->byte_tok[(uint8_t)sym[b]];
+            if (bt < 0)
+                return rd_fail(RD_EINVAL, "tokenizer: the vocabulary has no token for the character \"%.*s\" and no "
+                                          "byte token <0x%02X> to write it with", (int)k, sym, (uint8_t)sym[b]);
+            if ((rc = ids_push(out, bt)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
 /* A stretch of the text: raw text to pre-tokenize (id -1) or one special token. */
 typedef struct {
     size_t off, len;    /* bytes */
@@ -1005,6 +1317,57 @@ static int frags_push(fragment_list *l, size_t off, size_t len, int32_t id)
     return 0;
 }
 
+/* A quick test of whether a special token can occur in a text, for vocabs
+ * with thousands of them (Gemma 3: 6,414, most <unusedN>), where a memmem of
+ * each over the whole text would cost more than tokenizing it: every pair of
+ * adjacent bytes of the text, and a hash of every four, as bitsets. A token
+ * whose first pair, first four or last four bytes are not among them cannot
+ * occur; one that passes is looked for with memmem as before. */
+#define GRAM_WORDS 1024 /* 65,536 bits each */
+#define GRAM_MIN_SPECIALS 64
+#define GRAM_MIN_TEXT 64
+
+typedef struct {
+    uint64_t pair[GRAM_WORDS];
+    uint64_t quad[GRAM_WORDS];
+} gram_filter;
+
+static uint32_t gram_pair(const char *p) { return (uint32_t)(uint8_t)p[0] << 8 | (uint8_t)p[1]; }
+
+static uint32_t gram_quad(const char *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return (x * 0x9E3779B1u) >> 16;
+}
+
+static void gram_fill(gram_filter *f, const char *s, size_t n)
+{
+    memset(f, 0, sizeof *f);
+    for (size_t i = 0; i + 1 < n; i++) {
+        uint32_t b = gram_pair(s + i);
+        f->pair[b >> 6] |= 1ull << (b & 63);
+    }
+    for (size_t i = 0; i + 3 < n; i++) {
+        uint32_t b = gram_quad(s + i);
+        f->quad[b >> 6] |= 1ull << (b & 63);
+    }
+}
+
+/* 0 when st[0..sn) cannot occur in the text f was filled from. */
+static int gram_may_hold(const gram_filter *f, const char *st, size_t sn)
+{
+    if (sn < 2)
+        return 1;
+    uint32_t b = gram_pair(st), e = gram_pair(st + sn - 2);
+    if (!(f->pair[b >> 6] >> (b & 63) & 1) || !(f->pair[e >> 6] >> (e & 63) & 1))
+        return 0;
+    if (sn < 4)
+        return 1;
+    b = gram_quad(st), e = gram_quad(st + sn - 4);
+    return (f->quad[b >> 6] >> (b & 63) & 1) && (f->quad[e >> 6] >> (e & 63) & 1);
+}
+
 /* Cuts special tokens out of the text, one token at a time, longest first:
  * every occurrence of a longer token is taken before shorter ones are looked
  * for (llama.cpp's order). Control and unknown tokens count only with
@@ -1017,13 +1380,19 @@ static int split_specials(const tok_tokenizer *t, const char *text, size_t len, 
     frags->n = 0;
     if (len > 0 && (rc = frags_push(frags, 0, len, -1)))
         return rc;
+    gram_filter *gf = NULL;
+    if (t->n_special >= GRAM_MIN_SPECIALS && len >= GRAM_MIN_TEXT) {
+        gf = malloc(sizeof *gf); /* without it (out of memory), every token is looked for */
+        if (gf)
+            gram_fill(gf, text, len);
+    }
     for (size_t k = 0; k < t->n_special && rc == 0; k++) {
         int32_t id = t->special[k];
         if (!parse_special && t->type[id] != TYPE_USER)
             continue;
         const char *st = tok_text(t, id);
         size_t sn = t->text_len[id];
-        if (!memmem(text, len, st, sn))
+        if (sn > len || (gf && !gram_may_hold(gf, st, sn)) || !memmem(text, len, st, sn))
             continue; /* the common case: one scan, no rebuild */
         tmp.n = 0;
         for (size_t f = 0; f < frags->n && rc == 0; f++) {
@@ -1049,6 +1418,7 @@ static int split_specials(const tok_tokenizer *t, const char *text, size_t len, 
         *frags = tmp;
         tmp = swap;
     }
+    free(gf);
     free(tmp.v);
     return rc;
 }
@@ -1068,9 +1438,19 @@ static int encode_into(const tok_tokenizer *t, tok_work *w, const char *text, si
 {
     fragment_list frags = {0};
     int rc = split_specials(t, text, len, parse_special, &frags);
+    /* SPM: a stretch of text gets the space prefix at the start and after a
+     * special token (llama.cpp's is_prev_special); there is never one right
+     * after another. */
+    int prev_special = 1;
     for (size_t f = 0; f < frags.n && rc == 0; f++) {
         fragment fr = frags.v[f];
-        rc = fr.id >= 0 ? ids_push(out, fr.id) : encode_fragment(t, w, text + fr.off, fr.len, out);
+        if (fr.id >= 0)
+            rc = ids_push(out, fr.id);
+        else if (t->spm)
+            rc = spm_fragment(t, w, text + fr.off, fr.len, t->add_space_prefix && prev_special, out);
+        else
+            rc = encode_fragment(t, w, text + fr.off, fr.len, out);
+        prev_special = fr.id >= 0;
     }
     free(frags.v);
     return rc;
@@ -1211,6 +1591,37 @@ static int llama3_turn(const tok_tokenizer *t, tok_work *w, const char *role, co
     return rc;
 }
 
+/* One "<start_of_turn>{role}\n{prefix}\n\n{content}<end_of_turn>\n" turn
+ * (without "{prefix}\n\n" when prefix is NULL); with content NULL only
+ * "<start_of_turn>{role}\n", the model's turn left open. */
+static int gemma_turn(const tok_tokenizer *t, tok_work *w, const char *role, const char *prefix,
+                      const char *content, id_list *out)
+{
+    int rc = ids_push(out, t->start_turn);
+    if (rc)
+        return rc;
+    if (!content)
+        return chat_text(t, w, role, "\n", "", out);
+    size_t np = prefix ? strlen(prefix) : 0, nc = strlen(content);
+    char *body = malloc(np + 2 + nc + 1);
+    if (!body)
+        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a chat turn of %zu bytes", np + nc);
+    size_t at = 0;
+    if (prefix) {
+        memcpy(body, prefix, np);
+        memcpy(body + np, "\n\n", 2);
+        at = np + 2;
+    }
+    memcpy(body + at, content, nc + 1);
+    rc = chat_text(t, w, role, "\n", body, out);
+    free(body);
+    if (!rc)
+        rc = ids_push(out, t->end_turn);
+    if (!rc)
+        rc = encode_into(t, w, "\n", 1, 0, out);
+    return rc;
+}
+
 /* Which markers of a format the vocabulary lacks, for the error message. */
 static void missing_markers(const tok_tokenizer *t, tok_chat_format f, char *msg, size_t cap)
 {
@@ -1220,6 +1631,9 @@ static void missing_markers(const tok_tokenizer *t, tok_chat_format f, char *msg
     if (f == TOK_CHAT_LLAMA3) {
         name[0] = "<|start_header_id|>", name[1] = "<|end_header_id|>", name[2] = "<|eot_id|>";
         id[0] = t->start_header, id[1] = t->end_header, id[2] = t->eot_id;
+    } else if (f == TOK_CHAT_GEMMA) {
+        name[0] = "<start_of_turn>", name[1] = "<end_of_turn>";
+        id[0] = t->start_turn, id[1] = t->end_turn;
     } else {
         name[0] = "<|im_start|>", name[1] = "<|im_end|>";
         id[0] = t->im_start, id[1] = t->im_end;
@@ -1243,12 +1657,14 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
     if (!t || !user)
         return rd_fail(RD_EINVAL, "%s: the tokenizer and user must not be NULL", fn);
     if (f == TOK_CHAT_NONE) {
-        char l3[96], cm[64];
+        char l3[96], cm[64], gm[64];
         missing_markers(t, TOK_CHAT_LLAMA3, l3, sizeof l3);
         missing_markers(t, TOK_CHAT_CHATML, cm, sizeof cm);
+        missing_markers(t, TOK_CHAT_GEMMA, gm, sizeof gm);
         return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no chat format: Llama 3's needs <|start_header_id|>, "
                                    "<|end_header_id|> and <|eot_id|> (it lacks %s); ChatML's needs <|im_start|> and "
-                                   "<|im_end|> (it lacks %s)", fn, l3, cm);
+                                   "<|im_end|> (it lacks %s); Gemma's needs <start_of_turn> and <end_of_turn> "
+                                   "(it lacks %s)", fn, l3, cm, gm);
     }
     if (f == TOK_CHAT_CHATML && (t->im_start < 0 || t->im_end < 0)) /* only tok_chatml asks for it regardless */
         return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no <|im_start|> or <|im_end|> token, "
@@ -1270,6 +1686,16 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
             rc = ids_push(&out, t->im_start);
         if (!rc)
             rc = encode_into(t, &w, "assistant\n", 10, 0, &out);
+    } else if (f == TOK_CHAT_GEMMA) {
+        /* Hugging Face's Gemma 3 template: bos_token, then the turns; the
+         * system message opens the first user turn, followed by "\n\n"; the
+         * assistant's role is "model". */
+        if (!rc && t->bos >= 0)
+            rc = ids_push(&out, t->bos);
+        if (!rc)
+            rc = gemma_turn(t, &w, "user", system, user, &out);
+        if (!rc)
+            rc = gemma_turn(t, &w, "model", NULL, NULL, &out);
     } else {
         /* The template's bos_token opens the conversation (<|begin_of_text|>
          * in Llama 3 files); callers add no other BOS. */
@@ -1304,12 +1730,18 @@ tok_chat_format tok_chat_kind(const tok_tokenizer *t) { return t->chat; }
 
 const char *tok_chat_name(tok_chat_format f)
 {
-    return f == TOK_CHAT_LLAMA3 ? "llama3" : f == TOK_CHAT_CHATML ? "chatml" : "none";
+    return f == TOK_CHAT_LLAMA3   ? "llama3"
+           : f == TOK_CHAT_CHATML ? "chatml"
+           : f == TOK_CHAT_GEMMA  ? "gemma"
+                                  : "none";
 }
 
 int32_t tok_eot(const tok_tokenizer *t)
 {
-    return t->chat == TOK_CHAT_LLAMA3 ? t->eot_id : t->chat == TOK_CHAT_CHATML ? t->im_end : -1;
+    return t->chat == TOK_CHAT_LLAMA3   ? t->eot_id
+           : t->chat == TOK_CHAT_CHATML ? t->im_end
+           : t->chat == TOK_CHAT_GEMMA  ? t->end_turn
+                                        : -1;
 }
 
 int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids)

@@ -1,6 +1,9 @@
-/* test_tokenizer.c - the GPT-2 BPE tokenizer on the real model (env RD_MODEL)
- * and on toy vocabularies written as in-memory GGUF files. The token-by-token
- * comparison with llama.cpp lives in tests/py/test_tokenizer.py. */
+/* test_tokenizer.c - the GPT-2 BPE tokenizer on the real model (env RD_MODEL),
+ * the SentencePiece-style one (tokenizer.ggml.model "llama") on the Gemma 3
+ * file when it is there (env RD_GEMMA_MODEL, else models/gemma-3-270m-q4_k_m.gguf),
+ * and both on toy vocabularies written as in-memory GGUF files. The
+ * token-by-token comparisons with llama.cpp live in tests/py/test_tokenizer.py
+ * and tests/py/test_tokenizer_gemma.py. */
 #include <pthread.h>
 #include <stdint.h>
 
@@ -303,6 +306,15 @@ static void kv_i32s(buf *b, const char *key, const int32_t *v, size_t n)
     put(b, v, 4 * n);
 }
 
+static void kv_f32s(buf *b, const char *key, const float *v, size_t n)
+{
+    put_str(b, key);
+    put_u32(b, GGUF_ARRAY);
+    put_u32(b, GGUF_FLOAT32);
+    put_u64(b, n);
+    put(b, v, 4 * n);
+}
+
 static void kv_u32(buf *b, const char *key, uint32_t v)
 {
     put_str(b, key);
@@ -500,9 +512,11 @@ static void test_toy_refusals(void)
     tok_tokenizer *t;
     gguf_file *g = NULL;
     buf f;
-    int rc = toy_load("llama", "gpt2", none, 0, none, 0, &t, &f, &g);
+    int rc = toy_load("bert", "gpt2", none, 0, none, 0, &t, &f, &g);
     toy_free(t, &f, g);
-    CHECK(rc == RD_ENOTSUP && strstr(rd_errmsg(), "llama"), "model llama: %d %s", rc, rd_errmsg());
+    CHECK(rc == RD_ENOTSUP && strstr(rd_errmsg(), "\"bert\"") && strstr(rd_errmsg(), "\"gpt2\"") &&
+              strstr(rd_errmsg(), "\"llama\""),
+          "model bert: %d %s", rc, rd_errmsg());
     /* An unknown pre-tokenizer is refused by name, the message listing the supported ones. */
     rc = toy_load("gpt2", "deepseek-llm", none, 0, none, 0, &t, &f, &g);
     toy_free(t, &f, g);
@@ -786,6 +800,558 @@ static void test_chat_smollm(void)
         }
 }
 
+
+/* ------------------------------------------------------------------------
+ * SentencePiece-style BPE ("llama") on toy vocabularies. */
+
+#define SPM_MAX 600
+#define U2581 "\xe2\x96\x81"
+
+/* An extra token: its text, score and type (0: normal). */
+typedef struct {
+    const char *text;
+    float score;
+    int32_t type;
+} spm_tok;
+
+/* A toy SPM vocabulary: 0 <unk> (unknown), 1 <s>, 2 </s> (control), then with
+ * bytes set the 256 byte tokens <0x00>..<0xFF> at 3 + byte, then the extras
+ * (from SPM_X, or from 3 without bytes). Keys: add_space_prefix, bos, eos,
+ * add_bos -1 leave the key out; scores 0 float32, 1 int32, 2 absent, 3 one
+ * short; pre and chat_template NULL leave the key out. */
+typedef struct {
+    const spm_tok *extra;
+    size_t n_extra;
+    int bytes;
+    int space_prefix;
+    int32_t bos, eos;
+    int add_bos;
+    int scores;
+    const char *pre;
+    const char *chat_template;
+} spm_spec;
+
+#define SPM_X 259
+#define SPM_BYTE(b) (3 + (int32_t)(b))
+
+static int spm_build(const spm_spec *sp, tok_tokenizer **out, buf *file, gguf_file **g)
+{
+    static char hex[256][7];
+    const char *tokens[SPM_MAX];
+    float score[SPM_MAX];
+    int32_t iscore[SPM_MAX], type[SPM_MAX];
+    size_t n = 0;
+    const char *base[] = {"<unk>", "<s>", "</s>"};
+    const int32_t base_type[] = {2, 3, 3};
+    for (int i = 0; i < 3; i++, n++) {
+        tokens[n] = base[i];
+        score[n] = 0;
+        type[n] = base_type[i];
+    }
+    if (sp->bytes)
+        for (int b = 0; b < 256; b++, n++) {
+            snprintf(hex[b], sizeof hex[b], "<0x%02X>", b);
+            tokens[n] = hex[b];
+            score[n] = 0;
+            type[n] = 6;
+        }
+    if (n + sp->n_extra > SPM_MAX)
+        return RD_EINVAL;
+    for (size_t i = 0; i < sp->n_extra; i++, n++) {
+        tokens[n] = sp->extra[i].text;
+        score[n] = sp->extra[i].score;
+        type[n] = sp->extra[i].type ? sp->extra[i].type : 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        iscore[i] = (int32_t)score[i];
+    memset(file, 0, sizeof *file);
+    put(file, "GGUF", 4);
+    put_u32(file, 3);
+    put_u64(file, 0);
+    put_u64(file, 3 + (sp->scores != 2) + (sp->space_prefix >= 0) + (sp->bos >= 0) + (sp->eos >= 0) +
+                      (sp->add_bos >= 0) + (sp->pre != NULL) + (sp->chat_template != NULL));
+    kv_str(file, "tokenizer.ggml.model", "llama");
+    if (sp->pre)
+        kv_str(file, "tokenizer.ggml.pre", sp->pre);
+    kv_strs(file, "tokenizer.ggml.tokens", tokens, n);
+    kv_i32s(file, "tokenizer.ggml.token_type", type, n);
+    if (sp->scores == 0 || sp->scores == 3)
+        kv_f32s(file, "tokenizer.ggml.scores", score, sp->scores == 3 ? n - 1 : n);
+    else if (sp->scores == 1)
+        kv_i32s(file, "tokenizer.ggml.scores", iscore, n);
+    if (sp->space_prefix >= 0)
+        kv_bool(file, "tokenizer.ggml.add_space_prefix", sp->space_prefix);
+    if (sp->bos >= 0)
+        kv_u32(file, "tokenizer.ggml.bos_token_id", (uint32_t)sp->bos);
+    if (sp->eos >= 0)
+        kv_u32(file, "tokenizer.ggml.eos_token_id", (uint32_t)sp->eos);
+    if (sp->add_bos >= 0)
+        kv_bool(file, "tokenizer.ggml.add_bos_token", sp->add_bos);
+    if (sp->chat_template)
+        kv_str(file, "tokenizer.chat_template", sp->chat_template);
+    *out = NULL;
+    int rc = gguf_parse(file->p, file->n, g);
+    if (rc == 0)
+        rc = tok_load(*g, out);
+    return rc;
+}
+
+/* The extras alone, with byte tokens, add_space_prefix as given, the other keys out. */
+static int spm_load(const spm_tok *extra, size_t n_extra, int space_prefix, tok_tokenizer **t, buf *f, gguf_file **g)
+{
+    spm_spec sp = {extra, n_extra, 1, space_prefix, -1, -1, -1, 0, NULL, NULL};
+    return spm_build(&sp, t, f, g);
+}
+
+static int spm_ids(const tok_tokenizer *t, const char *s, int special, const int32_t *want, size_t n)
+{
+    return toy_ids_special(t, s, special, want, n);
+}
+
+static void test_spm_scores_pick_the_merge(void)
+{
+    /* 259 a, 260 b, 261 c, 262 ab, 263 bc, 264 abc (the last in one vocab only). */
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    spm_tok v[] = {{"a", -10, 0}, {"b", -10, 0}, {"c", -10, 0}, {"ab", -1, 0}, {"bc", -2, 0}, {"abc", -3, 0}};
+    CHECK_OK(spm_load(v, 5, 0, &t, &f, &g));
+    int ab_first = spm_ids(t, "abc", 0, (int32_t[]){262, 261}, 2);
+    toy_free(t, &f, g);
+    v[3].score = -2, v[4].score = -1;
+    CHECK_OK(spm_load(v, 5, 0, &t, &f, &g));
+    int bc_first = spm_ids(t, "abc", 0, (int32_t[]){259, 263}, 2);
+    toy_free(t, &f, g);
+    /* Equal scores: the left-most pair first (llama.cpp's comparator). */
+    v[3].score = v[4].score = -1;
+    CHECK_OK(spm_load(v, 5, 0, &t, &f, &g));
+    int tie_left = spm_ids(t, "abc", 0, (int32_t[]){262, 261}, 2) &&
+                   spm_ids(t, "cabcab", 0, (int32_t[]){261, 262, 261, 262}, 4);
+    toy_free(t, &f, g);
+    /* A merge makes a symbol that merges on: ab + c = abc, whatever abc's score. */
+    v[3].score = -1, v[4].score = -2;
+    CHECK_OK(spm_load(v, 6, 0, &t, &f, &g));
+    int chain = spm_ids(t, "abc", 0, (int32_t[]){264}, 1) && spm_ids(t, "abcabc", 0, (int32_t[]){264, 264}, 2);
+    toy_free(t, &f, g);
+    /* Scores as int32 are read as llama.cpp does (cast to float). */
+    spm_tok w[] = {{"a", -10, 0}, {"b", -10, 0}, {"c", -10, 0}, {"ab", -2, 0}, {"bc", -1, 0}};
+    spm_spec sp = {w, 5, 1, 0, -1, -1, -1, 1, NULL, NULL};
+    CHECK_OK(spm_build(&sp, &t, &f, &g));
+    int int_scores = spm_ids(t, "abc", 0, (int32_t[]){259, 263}, 2);
+    toy_free(t, &f, g);
+    /* No scores at all: every pair 0, so merges go left to right. */
+    sp.scores = 2;
+    CHECK_OK(spm_build(&sp, &t, &f, &g));
+    int no_scores = spm_ids(t, "abc", 0, (int32_t[]){262, 261}, 2);
+    toy_free(t, &f, g);
+    CHECK(ab_first, "the higher-scored ab merges first");
+    CHECK(bc_first, "the higher-scored bc merges first");
+    CHECK(tie_left, "equal scores: leftmost first");
+    CHECK(chain, "ab then abc");
+    CHECK(int_scores, "int32 scores");
+    CHECK(no_scores, "no scores: all equal");
+}
+
+static void test_spm_byte_fallback(void)
+{
+    /* 259 a, 260 b, 261 c, 262 ab, 263 bc; no token for e-acute, the euro sign or an emoji. */
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    spm_tok v[] = {{"a", -10, 0}, {"b", -10, 0}, {"c", -10, 0}, {"ab", -1, 0}, {"bc", -2, 0}};
+    CHECK_OK(spm_load(v, 5, 0, &t, &f, &g));
+    int acute = spm_ids(t, "a\xc3\xa9" "b", 0, (int32_t[]){259, SPM_BYTE(0xC3), SPM_BYTE(0xA9), 260}, 4);
+    /* A character with no token splits the merges: ab on its left, bc on its right. */
+    int between = spm_ids(t, "ab\xe2\x82\xac" "bc", 0,
+                          (int32_t[]){262, SPM_BYTE(0xE2), SPM_BYTE(0x82), SPM_BYTE(0xAC), 263}, 5);
+    int emoji = spm_ids(t, "\xf0\x9f\x98\x80", 0,
+                        (int32_t[]){SPM_BYTE(0xF0), SPM_BYTE(0x9F), SPM_BYTE(0x98), SPM_BYTE(0x80)}, 4);
+    /* A control character and NUL: their byte tokens, like any other. */
+    int nul = toy_ids_special(t, "x", 0, (int32_t[]){SPM_BYTE('x')}, 1);
+    int32_t *ids = NULL;
+    size_t n = 0, len = 0;
+    char *text = NULL;
+    int rc = tok_encode(t, "a\0b", 3, 0, &ids, &n);
+    int nul_ok = rc == 0 && same_ids(ids, n, (int32_t[]){259, SPM_BYTE(0), 260}, 3);
+    /* The byte tokens decode to their bytes, so the text comes back. */
+    int back = rc == 0 && tok_decode(t, ids, n, &text, &len) == 0 && len == 3 && memcmp(text, "a\0b", 3) == 0;
+    free(ids);
+    free(text);
+    toy_free(t, &f, g);
+
+    /* Without <0xXX> tokens, llama.cpp's byte_to_token takes the byte itself
+     * as a token; with neither, the text cannot be encoded. */
+    spm_tok raw[] = {{"a", -10, 0}, {"\xc3", -10, 0}, {"\xa9", -10, 0}};
+    spm_spec sp = {raw, 3, 0, 0, -1, -1, -1, 0, NULL, NULL};
+    CHECK_OK(spm_build(&sp, &t, &f, &g));
+    int raw_bytes = spm_ids(t, "a\xc3\xa9", 0, (int32_t[]){3, 4, 5}, 3);
+    rc = tok_encode(t, "a\xe2\x82\xac", 4, 0, &ids, &n);
+    int refused = rc == RD_EINVAL && ids == NULL && strstr(rd_errmsg(), "<0xE2>");
+    toy_free(t, &f, g);
+    CHECK(acute, "e-acute as <0xC3><0xA9>");
+    CHECK(between, "euro sign between merges");
+    CHECK(emoji, "a 4-byte character as 4 byte tokens");
+    CHECK(nul, "x as its byte token");
+    CHECK(nul_ok, "NUL as <0x00>");
+    CHECK(back, "byte tokens decode to their bytes");
+    CHECK(raw_bytes, "the raw byte as a token when <0xXX> is missing");
+    CHECK(refused, "no token for a byte: %d %s", rc, rd_errmsg());
+}
+
+static void test_spm_left_over_symbols(void)
+{
+    /* The symbols left when no pair merges any more: each merged symbol is a
+     * token (a pair only merges into one), and a single character that is no
+     * token goes out as its bytes: llama.cpp's resegment, whose split-back
+     * along the merges never applies to a merged symbol for that reason.
+     * 259 x, 260 y, 261 xy, 262 xyx (no "yx"): "xyxyx" merges xy, xy, then
+     * xy + x -> xyx, leaving xy | xyx. */
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    spm_tok v[] = {{"x", -10, 0}, {"y", -10, 0}, {"xy", -1, 0}, {"xyx", -5, 0}};
+    CHECK_OK(spm_load(v, 4, 0, &t, &f, &g));
+    int left = spm_ids(t, "xyxyx", 0, (int32_t[]){261, 262}, 2);
+    /* z has no token: its byte; it also blocks the merges around it. */
+    int z = spm_ids(t, "xzyx", 0, (int32_t[]){259, SPM_BYTE('z'), 260, 259}, 4);
+    toy_free(t, &f, g);
+    CHECK(left, "xyxyx");
+    CHECK(z, "xzyx");
+}
+
+static void test_spm_space_prefix(void)
+{
+    /* 259 U+2581, 260 a, 261 b, 262 U+2581a, 263 U+2581b, 264 <t> (control),
+     * 265 <u> (user-defined), 266 "x" U+2581 "y" (user-defined). */
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    spm_tok v[] = {{U2581, -5, 0},   {"a", -10, 0},   {"b", -10, 0},
+                   {U2581 "a", -1, 0}, {U2581 "b", -1, 0}, {"<t>", 0, 3}, {"<u>", 0, 4}, {"x" U2581 "y", 0, 4}};
+    CHECK_OK(spm_load(v, 8, 0, &t, &f, &g));
+    int off = spm_ids(t, "a b", 0, (int32_t[]){260, 263}, 2) && spm_ids(t, " a", 0, (int32_t[]){262}, 1) &&
+              spm_ids(t, "<t>a", 1, (int32_t[]){264, 260}, 2) && spm_ids(t, "a  b", 0, (int32_t[]){260, 259, 263}, 3);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = tok_decode(t, (int32_t[]){262, 263, 259, 264, 265, 266}, 6, &text, &len);
+    const char *want = " a b <t><u>x" U2581 "y";
+    int decode = rc == 0 && len == strlen(want) && memcmp(text, want, len) == 0;
+    free(text);
+    int trip = roundtrips(t, "a b  a<u>b", 10, 0) && roundtrips(t, " b<t>a", 6, 1);
+    toy_free(t, &f, g);
+
+    /* With add_space_prefix, a space opens the text and each stretch after a
+     * special token, control or user-defined; no other stretch. */
+    CHECK_OK(spm_load(v, 8, 1, &t, &f, &g));
+    int on = spm_ids(t, "a b", 0, (int32_t[]){262, 263}, 2) && spm_ids(t, " a", 0, (int32_t[]){259, 262}, 2) &&
+             spm_ids(t, "a<t>b", 1, (int32_t[]){262, 264, 263}, 3) &&
+             spm_ids(t, "a<t>b", 0, (int32_t[]){262, SPM_BYTE('<'), SPM_BYTE('t'), SPM_BYTE('>'), 261}, 5) &&
+             spm_ids(t, "a<u>b", 0, (int32_t[]){262, 265, 263}, 3) && spm_ids(t, "<u>", 0, (int32_t[]){265}, 1);
+    /* Decoding keeps the spaces the encoder added: the bytes are exact. */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tok_encode(t, "a b", 3, 0, &ids, &n);
+    int kept = rc == 0 && tok_decode(t, ids, n, &text, &len) == 0 && len == 4 && memcmp(text, " a b", 4) == 0;
+    free(ids);
+    free(text);
+    toy_free(t, &f, g);
+    /* Without the key: llama.cpp's default, true. */
+    CHECK_OK(spm_load(v, 8, -1, &t, &f, &g));
+    int dflt = spm_ids(t, "a b", 0, (int32_t[]){262, 263}, 2);
+    toy_free(t, &f, g);
+    CHECK(off, "add_space_prefix false");
+    CHECK(decode, "U+2581 decodes to a space in normal tokens only");
+    CHECK(trip, "round trips without the prefix");
+    CHECK(on, "add_space_prefix true");
+    CHECK(kept, "the added space is decoded");
+    CHECK(dflt, "add_space_prefix defaults to true");
+}
+
+static void test_spm_keys_and_refusals(void)
+{
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    spm_tok v[] = {{"a", -1, 0}, {"b", -1, 0}};
+    /* No bos / eos / add_bos keys: llama.cpp's SPM defaults <s> 1, </s> 2, add_bos. */
+    spm_spec sp = {v, 2, 1, 0, -1, -1, -1, 0, NULL, NULL};
+    CHECK_OK(spm_build(&sp, &t, &f, &g));
+    int dflt = tok_bos(t) == 1 && tok_eos(t) == 2 && tok_add_bos(t) == 1 && tok_vocab_size(t) == SPM_X + 2 &&
+               tok_chat_kind(t) == TOK_CHAT_NONE;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tok_encode_prompt(t, "ab", 2, &ids, &n);
+    int prompt = rc == 0 && same_ids(ids, n, (int32_t[]){1, SPM_X, SPM_X + 1}, 3);
+    free(ids);
+    rc = tok_encode_prompt(t, "<s>a", 4, &ids, &n);
+    int once = rc == 0 && same_ids(ids, n, (int32_t[]){1, SPM_X}, 2);
+    free(ids);
+    toy_free(t, &f, g);
+    /* The file's keys win; any tokenizer.ggml.pre is ignored. */
+    spm_spec keyed = {v, 2, 1, 0, 2, 1, 0, 0, "default", NULL};
+    CHECK_OK(spm_build(&keyed, &t, &f, &g));
+    int keys = tok_bos(t) == 2 && tok_eos(t) == 1 && tok_add_bos(t) == 0;
+    rc = tok_encode_prompt(t, "ab", 2, &ids, &n);
+    int no_bos = rc == 0 && same_ids(ids, n, (int32_t[]){SPM_X, SPM_X + 1}, 2);
+    free(ids);
+    toy_free(t, &f, g);
+    sp.scores = 3;
+    rc = spm_build(&sp, &t, &f, &g);
+    toy_free(t, &f, g);
+    int short_scores = rc == RD_EFORMAT && strstr(rd_errmsg(), "scores");
+    /* Invalid UTF-8 is refused with its offset, as for gpt2. */
+    CHECK_OK(spm_build(&keyed, &t, &f, &g));
+    rc = tok_encode(t, "ab\xff", 3, 0, &ids, &n);
+    int utf8 = rc == RD_EINVAL && strstr(rd_errmsg(), "offset 2");
+    rc = tok_encode(t, "", 0, 1, &ids, &n);
+    int empty = rc == 0 && n == 0 && ids != NULL;
+    free(ids);
+    toy_free(t, &f, g);
+    CHECK(dflt, "defaults: bos %d eos %d add_bos %d", tok_bos(t), tok_eos(t), tok_add_bos(t));
+    CHECK(prompt, "the prompt starts with the default BOS");
+    CHECK(once, "a prompt written with <s> keeps one");
+    CHECK(keys, "the file's bos, eos and add_bos");
+    CHECK(no_bos, "add_bos false");
+    CHECK(short_scores, "too few scores: %d %s", rc, rd_errmsg());
+    CHECK(utf8, "invalid UTF-8");
+    CHECK(empty, "the empty text");
+}
+
+/* The SPM algorithm written the slow way: while any adjacent pair's
+ * concatenation is a token, merge the pair of highest score, the leftmost on
+ * ties; then each symbol is its token or its bytes' tokens. texts[i] and
+ * score[i] are token i's; n tokens. */
+static long naive_find(const char **texts, size_t n, const char *s, size_t len)
+{
+    for (size_t id = 0; id < n; id++)
+        if (strlen(texts[id]) == len && memcmp(texts[id], s, len) == 0)
+            return (long)id;
+    return -1;
+}
+
+static size_t naive_spm(const char **texts, const float *score, size_t n, const char *s, int32_t *out)
+{
+    /* Symbols are stretches of s: off[i], len[i]. */
+    size_t off[256], len[256], m = 0, total = strlen(s);
+    for (size_t at = 0; at < total; m++) {
+        size_t k = (uint8_t)s[at] < 0x80 ? 1 : (uint8_t)s[at] < 0xE0 ? 2 : (uint8_t)s[at] < 0xF0 ? 3 : 4;
+        off[m] = at;
+        len[m] = k;
+        at += k;
+    }
+    for (;;) {
+        long best = -1;
+        float best_score = 0;
+        for (size_t i = 0; i + 1 < m; i++) {
+            long id = naive_find(texts, n, s + off[i], len[i] + len[i + 1]);
+            if (id >= 0 && (best < 0 || score[id] > best_score)) {
+                best = (long)i;
+                best_score = score[id];
+            }
+        }
+        if (best < 0)
+            break;
+        len[best] += len[best + 1];
+        for (size_t i = (size_t)best + 1; i + 1 < m; i++) {
+            off[i] = off[i + 1];
+            len[i] = len[i + 1];
+        }
+        m--;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m; i++) {
+        long id = naive_find(texts, n, s + off[i], len[i]);
+        if (id >= 0) {
+            out[k++] = (int32_t)id;
+            continue;
+        }
+        for (size_t b = 0; b < len[i]; b++)
+            out[k++] = SPM_BYTE((uint8_t)s[off[i] + b]);
+    }
+    return k;
+}
+
+static void test_spm_matches_slow_reference(void)
+{
+    /* Random tokens over a small alphabet (two of them multi-byte), random
+     * scores with many ties, random texts: the heap must agree with the slow
+     * way on every one. */
+    static const char *alpha[] = {"a", "b", "c", "d", U2581, "\xc3\xa9"};
+    static char store[200][64];
+    spm_tok v[200];
+    const char *all[SPM_MAX];
+    float score[SPM_MAX];
+    uint32_t seed = 12345;
+#define RND() (seed = seed * 1103515245u + 12345u, (seed >> 16) & 0x7fff)
+    size_t nv = 0;
+    for (int i = 0; i < 5; i++) /* every single character but e-acute, which falls back to bytes */
+        v[nv++] = (spm_tok){alpha[i], -100, 0};
+    while (nv < 200) {
+        size_t k = 2 + RND() % 4;
+        store[nv][0] = 0;
+        for (size_t j = 0; j < k; j++)
+            strcat(store[nv], alpha[RND() % 6]);
+        int dup = 0;
+        for (size_t j = 0; j < nv; j++)
+            dup |= strcmp(v[j].text, store[nv]) == 0;
+        if (dup)
+            continue;
+        v[nv] = (spm_tok){store[nv], -(float)(RND() % 8), 0};
+        nv++;
+    }
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    CHECK_OK(spm_load(v, nv, 0, &t, &f, &g));
+    size_t n_all = 0;
+    for (int32_t id = 0; id < tok_vocab_size(t); id++) {
+        all[n_all] = tok_piece(t, id);
+        score[n_all++] = id >= SPM_X ? v[id - SPM_X].score : 0;
+    }
+    int bad = -1;
+    for (int it = 0; it < 300 && bad < 0; it++) {
+        char text[256] = "", spaced[256];
+        size_t k = 1 + RND() % 30;
+        for (size_t j = 0; j < k; j++)
+            strcat(text, alpha[RND() % 6]);
+        /* The tokenizer sees spaces; the vocab and the slow way U+2581. */
+        size_t o = 0;
+        for (const char *p = text; *p;) {
+            if (strncmp(p, U2581, 3) == 0) {
+                spaced[o++] = ' ';
+                p += 3;
+            } else {
+                spaced[o++] = *p++;
+            }
+        }
+        spaced[o] = 0;
+        int32_t want[256], *ids = NULL;
+        size_t nw = naive_spm(all, score, n_all, text, want), n = 0;
+        if (tok_encode(t, spaced, o, 0, &ids, &n) != 0 || !same_ids(ids, n, want, nw))
+            bad = it;
+        free(ids);
+    }
+#undef RND
+    toy_free(t, &f, g);
+    CHECK(bad < 0, "text %d differs from the slow way", bad);
+}
+
+static void test_spm_gemma_chat(void)
+{
+    /* Gemma's markers: 259 <start_of_turn>, 260 <end_of_turn> (control); 261
+     * "\n" user-defined as in Gemma; letters; BOS 1. */
+    static const spm_tok v[] = {{"<start_of_turn>", 0, 3}, {"<end_of_turn>", 0, 3}, {"\n", 0, 4},
+                                {"u", -1, 0}, {"s", -1, 0}, {"e", -1, 0}, {"r", -1, 0}, {"m", -1, 0},
+                                {"o", -1, 0}, {"d", -1, 0}, {"l", -1, 0}, {"H", -1, 0}, {"i", -1, 0},
+                                {"user", -2, 0}, {"us", -3, 0}, {"er", -3, 0}, {U2581, -4, 0}};
+    tok_tokenizer *t;
+    gguf_file *g = NULL;
+    buf f;
+    spm_spec sp = {v, sizeof v / sizeof v[0], 1, 0, 1, 2, 1, 0, NULL, NULL};
+    CHECK_OK(spm_build(&sp, &t, &f, &g));
+    tok_chat_format fmt = tok_chat_kind(t);
+    int kind = fmt == TOK_CHAT_GEMMA && strcmp(tok_chat_name(fmt), "gemma") == 0 && tok_eot(t) == 260;
+    const int32_t S = SPM_X, E = SPM_X + 1, NL = SPM_X + 2, USER = SPM_X + 13;
+    int32_t *ids = NULL, *direct = NULL;
+    size_t n = 0, n_direct = 0, len = 0;
+    char *text = NULL;
+    /* BOS, <start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n */
+    const int32_t want[] = {1, S, USER, NL, SPM_X + 11, SPM_X + 12, E, NL, S,
+                            SPM_X + 7, SPM_X + 8, SPM_X + 9, SPM_X + 5, SPM_X + 10, NL};
+    int rc = tok_chat(t, NULL, "Hi", &ids, &n);
+    int user_only = rc == 0 && same_ids(ids, n, want, sizeof want / sizeof want[0]);
+    free(ids);
+    /* The system message opens the user turn, then "\n\n". */
+    const char *rendered = "<s><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n";
+    rc = tok_chat(t, "Be brief.", "Hi there", &ids, &n);
+    int rendered_ok = rc == 0 && tok_decode(t, ids, n, &text, &len) == 0 && len == strlen(rendered) &&
+                      memcmp(text, rendered, len) == 0;
+    int as_encode = rc == 0 && tok_encode(t, rendered, strlen(rendered), 1, &direct, &n_direct) == 0 &&
+                    same_ids(ids, n, direct, n_direct);
+    int structure = rc == 0 && ids[0] == 1 && count_id(ids, n, 1) == 1 && count_id(ids, n, S) == 2 &&
+                    count_id(ids, n, E) == 1;
+    free(ids);
+    free(direct);
+    free(text);
+    /* An empty system message still writes its "\n\n" (as the template does). */
+    rc = tok_chat(t, "", "Hi", &ids, &n);
+    int empty_sys = rc == 0 && n == sizeof want / sizeof want[0] + 2 && ids[3] == NL && ids[4] == NL && ids[5] == NL;
+    free(ids);
+    /* The contents are never parsed for control tokens. */
+    rc = tok_chat(t, NULL, "<end_of_turn><start_of_turn>", &ids, &n);
+    int literal = rc == 0 && count_id(ids, n, E) == 1 && count_id(ids, n, S) == 2;
+    free(ids);
+    toy_free(t, &f, g);
+
+    /* Gemma's and ChatML's markers: ChatML (first in the order), unless the
+     * template uses Gemma's only. */
+    static const spm_tok both[] = {{"<start_of_turn>", 0, 3}, {"<end_of_turn>", 0, 3}, {"<|im_start|>", 0, 3},
+                                   {"<|im_end|>", 0, 3}};
+    spm_spec sb = {both, 4, 1, 0, -1, -1, -1, 0, NULL, NULL};
+    CHECK_OK(spm_build(&sb, &t, &f, &g));
+    int chatml_first = tok_chat_kind(t) == TOK_CHAT_CHATML && tok_eot(t) == SPM_X + 3;
+    toy_free(t, &f, g);
+    sb.chat_template = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{% endfor %}";
+    CHECK_OK(spm_build(&sb, &t, &f, &g));
+    int tmpl_gemma = tok_chat_kind(t) == TOK_CHAT_GEMMA && tok_eot(t) == SPM_X + 1;
+    toy_free(t, &f, g);
+    /* Only <start_of_turn>: no format; the message names what Gemma's lacks. */
+    spm_spec half = {both, 1, 1, 0, -1, -1, -1, 0, NULL, NULL};
+    CHECK_OK(spm_build(&half, &t, &f, &g));
+    rc = tok_chat(t, NULL, "x", &ids, &n);
+    int refused = rc == RD_ENOTSUP && tok_chat_kind(t) == TOK_CHAT_NONE && strstr(rd_errmsg(), "lacks <end_of_turn>");
+    toy_free(t, &f, g);
+    CHECK(kind, "chat kind %d", fmt);
+    CHECK(user_only, "user-only prompt ids");
+    CHECK(rendered_ok, "the prompt decodes to the rendered template");
+    CHECK(as_encode, "ids differ from encoding the rendered template with special parsing");
+    CHECK(structure, "one BOS first, two <start_of_turn>, one <end_of_turn>");
+    CHECK(empty_sys, "an empty system message");
+    CHECK(literal, "control-token text in the user message was parsed");
+    CHECK(chatml_first, "Gemma and ChatML markers, no template: ChatML");
+    CHECK(tmpl_gemma, "a Gemma template: Gemma");
+    CHECK(refused, "half of Gemma's markers: %d %s", rc, rd_errmsg());
+}
+
+/* ------------------------------------------------------------------------
+ * The real Gemma 3 vocabulary, when the file is there. */
+
+static const char *gemma_path(void)
+{
+    const char *p = getenv("RD_GEMMA_MODEL");
+    return p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
+}
+
+static void test_gemma_vocab(void)
+{
+    gguf_file *g = NULL;
+    tok_tokenizer *t = NULL;
+    CHECK_OK(gguf_open(gemma_path(), &g));
+    int rc = tok_load(g, &t);
+    gguf_close(g); /* the tokenizer keeps copies */
+    CHECK(rc == 0, "tok_load: %s", rd_errmsg());
+    int header = tok_vocab_size(t) == 262144 && tok_bos(t) == 2 && tok_eos(t) == 1 && tok_add_bos(t) == 1 &&
+                 tok_chat_kind(t) == TOK_CHAT_GEMMA && tok_eot(t) == 106 &&
+                 strcmp(tok_piece(t, 105), "<start_of_turn>") == 0;
+    /* Checked against llama.cpp (tests/py/test_tokenizer_gemma.py has many more). */
+    int hello = spm_ids(t, "Hello world", 0, (int32_t[]){9259, 1902}, 2);
+    int rare = spm_ids(t, "\xf0\xa0\x80\x80", 0, (int32_t[]){238 + 0xF0, 238 + 0xA0, 238 + 0x80, 238 + 0x80}, 4);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tok_chat(t, NULL, "Hi", &ids, &n);
+    int chat = rc == 0 && n > 4 && ids[0] == 2 && ids[1] == 105 && count_id(ids, n, 106) == 1;
+    free(ids);
+    const char *mixed = "Caf\xc3\xa9  \t\n\n<b>x</b> \xe6\x97\xa5\xe6\x9c\xac \xf0\xa0\x80\x80";
+    const char *turns = "<start_of_turn>user\nHi<end_of_turn>\n";
+    int trip = roundtrips(t, mixed, strlen(mixed), 0) && roundtrips(t, turns, strlen(turns), 1);
+    tok_free(t);
+    CHECK(header, "vocab / bos / eos / add_bos / chat / eot");
+    CHECK(hello, "Hello world");
+    CHECK(rare, "U+20000 as its bytes");
+    CHECK(chat, "the chat prompt");
+    CHECK(trip, "round trips");
+}
+
 int main(void)
 {
     const char *path = getenv("RD_MODEL");
@@ -815,6 +1381,20 @@ int main(void)
     RUN(test_toy_chat_choice);
     RUN(test_encode_prompt_bos);
     RUN(test_chat_smollm);
+    RUN(test_spm_scores_pick_the_merge);
+    RUN(test_spm_byte_fallback);
+    RUN(test_spm_left_over_symbols);
+    RUN(test_spm_space_prefix);
+    RUN(test_spm_keys_and_refusals);
+    RUN(test_spm_matches_slow_reference);
+    RUN(test_spm_gemma_chat);
+    FILE *gemma = fopen(gemma_path(), "rb");
+    if (gemma) {
+        fclose(gemma);
+        RUN(test_gemma_vocab);
+    } else {
+        printf("SKIP test_gemma_vocab: %s not found (make model-gemma3, or set RD_GEMMA_MODEL)\n", gemma_path());
+    }
     tok_free(model_tok);
     gguf_close(model_file);
     TEST_EXIT();
