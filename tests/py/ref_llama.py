@@ -513,7 +513,8 @@ def logits(model, ids):
         x = x * c.embd_scale
     group = c.n_head // c.n_head_kv
     mask = np.triu(np.full((T, T), -np.inf), k=1)                  # causal
-    if c.sliding_window > 0:                                       # and a key p - W or older is out
+    mask_local = mask                                              # local layers (gemma3): a key p - W
+    if c.sliding_window > 0:                                       # or older is out too
         mask_local = mask + np.tril(np.full((T, T), -np.inf), k=-c.sliding_window)
     scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
     gelu = gelu_ggml_f16 if model.gelu == "ggml_f16" else gelu_tanh
