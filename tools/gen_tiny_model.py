@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a tiny random GGUF file of the Llama, Qwen2 or Qwen3 family, of any shape and dtype.
+"""Writes a tiny random GGUF file of the Llama, Qwen2, Qwen3 or Gemma 3 family, of any shape and dtype.
 
 The model is made in Hugging Face layout (q_proj/k_proj rows in rotate-half
 order). For --arch llama, Q/K are permuted the way llama.cpp's
@@ -21,6 +21,23 @@ Families (--arch; GGUF general.architecture and the `<arch>.` key prefix):
   qwen3  blk.N.attn_{q,k}_norm.weight [head_dim], no biases; --head-dim may make
          the q width heads*head_dim differ from --dim; attention.key_length and
          value_length = head_dim.
+  gemma3 Gemma3ForCausalLM: blk.N.attn_{q,k}_norm.weight [head_dim], two more
+         norms per layer (post_attention_norm after attention, post_ffw_norm
+         after the FFN; ffn_norm is HF's pre_feedforward_layernorm), GELU-tanh
+         gate, no biases, tied; key_length/value_length = head_dim;
+         `gemma3.attention.sliding_window` = --sliding-window (default 8, so
+         tiny prompts cross it). Layer i is local (windowed, RoPE base 10000)
+         when i % 6 < 5 and global (rope.freq_base) otherwise: llama.cpp's
+         defaults, so neither the pattern nor the local base is written (as
+         convert_hf_to_gguf.py's Gemma3Model does); use --layers 6 or more for
+         a global layer. Every norm is stored as 1 + w (the converter adds 1
+         to each `*norm.weight`; HF's Gemma3RMSNorm multiplies by 1 + w and
+         the folder keeps w). The norm weights w are multiples of 1/64 in
+         [-0.5, 1], so w, 1 + w and the way back are exact in float32 (and
+         bf16). Q/K rows unpermuted (NEOX RoPE). llama.cpp scales the
+         embeddings by sqrt(dim) and attention by 1/sqrt(head_dim) (the
+         non-27B rule; the folder's query_pre_attn_scalar = head_dim says the
+         same).
 --rope-scaling llama3:FACTOR:LOW:HIGH:ORIG (llama only: llama.cpp's qwen graphs
 take no frequency factors and its loader rejects a file with an unused tensor)
 writes rope_freqs.weight [head_dim/2] F32, the per-frequency divisors of
@@ -45,14 +62,19 @@ is written so that both files hold the same values; it needs --dtype f32 or
 bf16).
 
 The tokenizer's pre-tokenizer name (tokenizer.ggml.pre) is "smollm" for llama,
-"llama-bpe" for llama with llama3 scaling, "qwen2" for qwen2/qwen3; --pre
-overrides it.
+"llama-bpe" for llama with llama3 scaling, "qwen2" for qwen2/qwen3, "smollm"
+for gemma3 (llama.cpp takes a GPT-2 vocab in a gemma3 file, as the converter
+writes one for a Gemma 3 folder without tokenizer.model; it knows GPT-2's own
+split as "gpt-2", not "gpt2", and "smollm" is the split this vocab was learnt
+with. Real Gemma 3 files carry a SentencePiece vocab); --pre overrides it.
 
   gen_tiny_model.py --out F.gguf --dtype q4_1 --layers 2 --dim 64 --heads 4 \\
       --kv-heads 2 --ffn 128 --vocab 300 --ctx 256 --rope-theta 10000 --seed 1
   gen_tiny_model.py --arch qwen3 --out F.gguf --dim 64 --heads 4 --kv-heads 2 \\
       --head-dim 32 --ctx 1024 --rope-theta 1e6 --hf-dir F.hf
   gen_tiny_model.py --out F.gguf --rope-scaling llama3:8:1:4:256 --rope-theta 1000 --ctx 1024
+  gen_tiny_model.py --arch gemma3 --out F.gguf --layers 6 --dim 64 --heads 4 --kv-heads 1 \\
+      --head-dim 32 --ctx 1024 --rope-theta 1e6 --eps 1e-6 --sliding-window 8 --hf-dir F.hf
 """
 import argparse
 import json
@@ -78,6 +100,7 @@ CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
           "{% endif %}")
+ARCHS["gemma3"] = "Gemma3ForCausalLM"     # its own parts: the "Gemma 3" section below
 
 
 # --------------------------------------------------------------------------
@@ -362,6 +385,8 @@ def make_weights(a, rng):
     have a spread of a couple of units rather than all being ~equal. The
     tensors only Qwen has (biases, q_norm/k_norm) come from a second stream so
     that a llama file's values do not depend on them."""
+    if a.arch == "gemma3":
+        return gemma3_weights(a, rng)
     hd = a.head_dim
     extra = np.random.default_rng([a.seed, 0x9E3779B9])
 
@@ -422,6 +447,8 @@ def gguf_tensors(a, hf):
     """[(gguf name, hf name or None, array in GGUF row order, permute heads or 0)].
     Q/K are permuted only for llama (llama.cpp's LLAMA rope type is the
     interleaved one; qwen2/qwen3 are NEOX, HF's rotate-half)."""
+    if a.arch == "gemma3":
+        return gemma3_tensors(a, hf)
     perm = a.arch == "llama"
     out = [("token_embd.weight", "model.embed_tokens.weight", 0)]
     for i in range(a.layers):
@@ -451,6 +478,116 @@ def gguf_tensors(a, hf):
         # The converter yields it before the model's own tensors.
         tensors.insert(0, ("rope_freqs.weight", None, llama3_divisors(a.rope_theta, a.head_dim, *a.rope_scaling[1:]), 0))
     return tensors
+
+
+# --------------------------------------------------------------------------
+# Gemma 3 (--arch gemma3): llama.cpp src/models/gemma3.cpp, HF Gemma3DecoderLayer.
+
+GEMMA3_SWA_PERIOD = 6             # layer i is local when i % 6 < 5 (llama.cpp's default, HF's sliding_window_pattern)
+GEMMA3_LOCAL_THETA = 10000.0      # local layers' RoPE base (llama.cpp's default, HF's rope_local_base_freq)
+
+# (GGUF name, HF name) per layer, in the order the tensors are written.
+GEMMA3_LAYER = [
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("attn_q.weight", "self_attn.q_proj.weight"),
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+    ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+    ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+    ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+]
+
+
+def norm_shift(a, hf_name):
+    """What the GGUF adds to an HF tensor: 1 for every Gemma 3 `*norm.weight`
+    (convert_hf_to_gguf.py's Gemma3Model.norm_shift), else 0."""
+    return 1.0 if a.arch == "gemma3" and hf_name is not None and hf_name.endswith("norm.weight") else 0.0
+
+
+def gemma3_weights(a, rng):
+    """HF state_dict (float32) of a Gemma 3 text model. Projections and
+    embeddings as for the other families (the embeddings are scaled by
+    sqrt(dim) in the forward pass). Norm weights are HF's w (the layer
+    multiplies by 1 + w): multiples of 1/64 in [-0.5, 1], spread 0.25, so
+    that w + 1 and (w + 1) - 1 are exact in float32 and in bf16."""
+    hd = a.head_dim
+
+    def lin(out_f, in_f):
+        return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)
+
+    def norm(n):
+        k = np.clip(np.round(16.0 * rng.standard_normal(n)), -32, 64)
+        return (k / 64.0).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": (rng.standard_normal((a.vocab, a.dim)) * 2 / np.sqrt(a.dim)).astype(np.float32)}
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(a.dim)
+        w[p + "self_attn.q_proj.weight"] = lin(a.heads * hd, a.dim)
+        w[p + "self_attn.k_proj.weight"] = lin(a.kv_heads * hd, a.dim)
+        w[p + "self_attn.v_proj.weight"] = lin(a.kv_heads * hd, a.dim)
+        w[p + "self_attn.q_norm.weight"] = norm(hd)
+        w[p + "self_attn.k_norm.weight"] = norm(hd)
+        w[p + "self_attn.o_proj.weight"] = lin(a.dim, a.heads * hd)
+        w[p + "post_attention_layernorm.weight"] = norm(a.dim)
+        w[p + "pre_feedforward_layernorm.weight"] = norm(a.dim)
+        w[p + "mlp.gate_proj.weight"] = lin(a.ffn, a.dim)
+        w[p + "mlp.up_proj.weight"] = lin(a.ffn, a.dim)
+        w[p + "mlp.down_proj.weight"] = lin(a.dim, a.ffn)
+        w[p + "post_feedforward_layernorm.weight"] = norm(a.dim)
+    w["model.norm.weight"] = norm(a.dim)
+    return w
+
+
+def gemma3_tensors(a, hf):
+    """gguf_tensors for gemma3: no permutation (NEOX RoPE), every norm + 1, tied."""
+    out = [("token_embd.weight", "model.embed_tokens.weight")]
+    for i in range(a.layers):
+        out += [(f"blk.{i}.{g}", f"model.layers.{i}.{h}") for g, h in GEMMA3_LAYER]
+    out.append(("output_norm.weight", "model.norm.weight"))
+    return [(g, h, (hf[h] + np.float32(norm_shift(a, h))).astype(np.float32), 0) for g, h in out]
+
+
+def gemma3_config(a):
+    """config.json of a Gemma3ForCausalLM (transformers' Gemma3TextConfig names)."""
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": a.dim,
+        "intermediate_size": a.ffn,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "head_dim": a.head_dim,
+        "num_hidden_layers": a.layers,
+        "vocab_size": a.vocab,
+        "max_position_embeddings": a.ctx,
+        "rms_norm_eps": a.eps,
+        "rope_theta": a.rope_theta,
+        "rope_local_base_freq": GEMMA3_LOCAL_THETA,
+        "rope_scaling": None,
+        "sliding_window": a.sliding_window,
+        "sliding_window_pattern": GEMMA3_SWA_PERIOD,
+        "layer_types": ["sliding_attention" if i % GEMMA3_SWA_PERIOD < GEMMA3_SWA_PERIOD - 1 else "full_attention"
+                        for i in range(a.layers)],
+        # llama.cpp scales q by 1/sqrt(head_dim) for every size but the 27B; HF by query_pre_attn_scalar^-0.5
+        "query_pre_attn_scalar": a.head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "attention_bias": False,
+        "use_bidirectional_attention": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+        "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[a.hf_dtype],
+    }
 
 
 def bf16_round(x):
@@ -500,6 +637,8 @@ def parse_args(argv):
     p.add_argument("--alignment", type=int, default=0, help="write general.alignment (power of two)")
     p.add_argument("--version", type=int, default=3, choices=[2, 3])
     p.add_argument("--pre", default=None, help="tokenizer.ggml.pre (default: by family)")
+    p.add_argument("--sliding-window", type=int, default=None,
+                   help="gemma3: tokens a local layer's query sees, itself included (default 8)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tied", dest="tied", action="store_true", default=True)
     g.add_argument("--untied", dest="tied", action="store_false")
@@ -531,10 +670,21 @@ def parse_args(argv):
                 "and its loader rejects the unused tensor)")
     if a.hf_dtype == "bf16" and a.dtype not in ("f32", "bf16"):
         p.error("--hf-dtype bf16 needs --dtype f32 or bf16 (other dtypes' values are not bf16-exact)")
+    if a.arch == "gemma3":
+        if a.sliding_window is None:
+            a.sliding_window = 8
+        if a.sliding_window < 1:
+            p.error("--sliding-window must be at least 1")
+        if not a.tied:
+            p.error("gemma3 is tied (llama.cpp would take an output.weight, the HF class has no lm_head)")
+        if a.rope_scaling:
+            p.error("--rope-scaling is not written for gemma3")
+    elif a.sliding_window is not None:
+        p.error("--sliding-window is for --arch gemma3")
     # llama keeps its original keys (no key_length unless the head dim is not dim/heads).
-    a.write_head_dim = a.arch == "qwen3" or a.head_dim * a.heads != a.dim
+    a.write_head_dim = a.arch in ("qwen3", "gemma3") or a.head_dim * a.heads != a.dim
     if a.pre is None:
-        a.pre = ("qwen2" if a.arch in ("qwen2", "qwen3")
+        a.pre = ("qwen2" if a.arch in ("qwen2", "qwen3") else "smollm" if a.arch == "gemma3"
                  else "llama-bpe" if a.rope_scaling and a.rope_scaling[0] == "llama3" else "smollm")
     return a
 
@@ -569,6 +719,8 @@ def main(argv):
     if a.rope_scaling and a.rope_scaling[0] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(a.rope_scaling[1])
+    if a.arch == "gemma3":        # the pattern (6) and the local base (10000) are llama.cpp's defaults
+        w.add_sliding_window(a.sliding_window)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(a.pre)
@@ -620,7 +772,8 @@ def write_checks(a, tensors):
         names += ["blk.1.ffn_gate.weight"] if a.layers > 1 else []
         names += [] if a.tied else ["output.weight"]
         names += ["blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"] if a.arch == "qwen2" else []
-        names += ["blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"] if a.arch == "qwen3" else []
+        names += ["blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"] if a.arch in ("qwen3", "gemma3") else []
+        names += ["blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight"] if a.arch == "gemma3" else []
         names += ["rope_freqs.weight"] if "rope_freqs.weight" in by_name else []
         for n in names:
             values(n).astype("<f4").tofile(os.path.join(a.expect_out, n + ".f32"))
@@ -632,12 +785,17 @@ def write_checks(a, tensors):
             meta["arch"] = a.arch
         if a.rope_scaling:
             meta["rope_scaling"] = list(a.rope_scaling)
+        if a.arch == "gemma3":
+            meta["sliding_window"] = a.sliding_window
         with open(os.path.join(a.expect_out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
             f.write("\n")
     if a.hf_out or a.hf_dir:
         state = {h: (unpermute(values(g).reshape(arr.shape), n) if n else values(g).reshape(arr.shape))
                  for g, h, arr, n in tensors if h is not None}
+        for h in state:                      # Gemma 3 norms: the file holds 1 + w, HF w (exact: see gemma3_weights)
+            if norm_shift(a, h):
+                state[h] = (state[h] - np.float32(norm_shift(a, h))).astype(np.float32)
         if a.hf_out:
             np.savez(a.hf_out, **state)
         if a.hf_dir:
@@ -648,6 +806,8 @@ def write_checks(a, tensors):
 # Hugging Face folder: config.json + model.safetensors
 
 def hf_config(a):
+    if a.arch == "gemma3":
+        return gemma3_config(a)
     arch = ARCHS[a.arch]
     rs = None
     if a.rope_scaling and a.rope_scaling[0] == "llama3":

@@ -1,5 +1,5 @@
-"""A float64 NumPy reference of the Llama-style decoders (llama, qwen2, qwen3),
-read from a GGUF file or from a Hugging Face folder.
+"""A float64 NumPy reference of the Llama-style decoders (llama, qwen2, qwen3)
+and Gemma 3 (gemma3), read from a GGUF file or from a Hugging Face folder.
 
 Independent of the C engine: a GGUF is parsed with the `gguf` package
 (GGUFReader) and every tensor is dequantized with gguf.quants.dequantize; an
@@ -13,6 +13,27 @@ output.weight / lm_head.weight is absent. Per family:
   qwen3  q_norm/k_norm: RMSNorm over head_dim of each head after the
          projection and before RoPE (eps = rms_norm_eps); head_dim explicit
          (attention.key_length), so the q width may differ from hidden.
+  gemma3 (llama.cpp src/models/gemma3.cpp = HF Gemma3DecoderLayer) x =
+         embed * sqrt(dim) (the float32 sqrtf(n_embd) llama.cpp uses); every
+         RMSNorm multiplies by 1 + w: a GGUF holds 1 + w (the converter adds
+         1), an HF folder w (load_hf adds 1 in float32); q_norm/k_norm per
+         head before RoPE; NEOX (rotate-half) RoPE with base
+         `rope.freq_base_swa` (default 10000; HF rope_local_base_freq) on
+         local layers and rope.freq_base on global ones; q scaled by
+         f_attention_scale = 1/sqrt(head_dim) (1/sqrt(dim/heads) for the
+         62-layer 27B, as llama.cpp; HF query_pre_attn_scalar^-0.5), float32;
+         local layers attend to keys p-W+1..p (W = attention.sliding_window);
+         layer i is local when i % 6 < 5 (or as
+         attention.sliding_window_pattern / HF layer_types say); o_proj ->
+         post_attention_norm -> + residual; ffn_norm (HF
+         pre_feedforward_layernorm) -> down(gelu_tanh(gate) * up) ->
+         post_ffw_norm -> + residual; final norm; tied head; linear RoPE
+         scaling on global layers only; final_logit_softcapping if present.
+         GELU: model.gelu "tanh" (float64, HF's gelu_pytorch_tanh, the
+         default) or "ggml_f16": llama.cpp's CPU GEGLU, which rounds the gate
+         to fp16 and reads GELU from a table of fp16 values (ggml-cpu vec.h,
+         GGML_GELU_FP16), used to show everything else agrees with llama.cpp
+         to fp32 rounding.
 RoPE: angle_i = pos * theta^(-2i/head_dim) / div_i, where div_i is
 rope_freqs.weight[i] when the GGUF has it (Llama 3 scaling, as llama.cpp
 applies it; from an HF config the same float32 divisors are computed from
@@ -47,8 +68,10 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 
-ARCHS = ("llama", "qwen2", "qwen3")
-HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "Gemma3ForCausalLM": "gemma3"}
+HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
 
 
 @dataclass
@@ -65,6 +88,12 @@ class Config:
     ctx: int            # trained context length (informational)
     arch: str = "llama"  # llama | qwen2 | qwen3
     rope_scaling: str = "none"  # none | linear | llama3 (informational; inv_freq has it)
+    # Gemma 3 (defaults: the other families)
+    sliding_window: int = 0     # tokens a local layer's query sees, itself included; 0: none
+    theta_local: float = 0.0    # RoPE base of local layers
+    attn_scale: float = 0.0     # q scale; 0: 1/sqrt(head_dim)
+    embd_scale: float = 1.0     # embeddings multiplied by it (float32 value)
+    final_softcap: float = 0.0  # final logit soft-capping; 0: none
 
 
 @dataclass
@@ -76,6 +105,8 @@ class Model:
     lm_head: np.ndarray = None              # [vocab, dim] (tok_embd when tied)
     tied: bool = False                      # output.weight absent
     inv_freq: np.ndarray = None             # [head_dim/2] RoPE inverse frequencies, scaling included
+    inv_freq_local: np.ndarray = None       # gemma3: local layers' ones (layers with L["local"])
+    gelu: str = "tanh"                      # gemma3: "tanh" (exact) | "ggml_f16" (llama.cpp's CPU table)
 
 
 # ---------------------------------------------------------------------------
@@ -131,9 +162,10 @@ def llama3_divisors(theta, head_dim, factor, low, high, orig):
     return div.astype(np.float32).astype(np.float64)
 
 
-def _assemble(cfg, tok, get, has, norm, lm_head, unpermute_qk, rope_div):
+def _assemble(cfg, tok, get, has, norm, lm_head, unpermute_qk, rope_div, local=None):
     """Builds the Model from tensors in GGUF naming, get(name) -> float64 array in
-    HF (numpy) order; rope_div: per-frequency divisors or None."""
+    HF (numpy) order; rope_div: per-frequency divisors or None (global layers
+    only for gemma3); local: per layer, True for a sliding-window layer."""
     if unpermute_qk is None:
         unpermute_qk = cfg.arch == "llama"
     m = Model(cfg=cfg, tok_embd=tok)
@@ -147,6 +179,8 @@ def _assemble(cfg, tok, get, has, norm, lm_head, unpermute_qk, rope_div):
             w_up=g("ffn_up.weight"), w_down=g("ffn_down.weight"),
             bq=opt("attn_q.bias"), bk=opt("attn_k.bias"), bv=opt("attn_v.bias"),
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
+            post_attn_norm=opt("post_attention_norm.weight"), post_ffw_norm=opt("post_ffw_norm.weight"),
+            local=bool(local and local[i]),
         )
         if unpermute_qk:
             L["wq"], L["wk"] = unpermute(L["wq"], cfg.n_head), unpermute(L["wk"], cfg.n_head_kv)
@@ -162,6 +196,10 @@ def _assemble(cfg, tok, get, has, norm, lm_head, unpermute_qk, rope_div):
         if cfg.arch == "qwen3":
             assert L["q_norm"] is not None and L["k_norm"] is not None, f"qwen3 layer {i}: q_norm/k_norm missing"
             assert L["q_norm"].shape == L["k_norm"].shape == (cfg.head_dim,), L["q_norm"].shape
+        if cfg.arch == "gemma3":
+            missing = [n for n in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm") if L[n] is None]
+            assert not missing, f"gemma3 layer {i}: {missing} missing"
+            assert L["q_norm"].shape == L["k_norm"].shape == (cfg.head_dim,), L["q_norm"].shape
         m.layers.append(L)
     m.norm = norm
     if lm_head is not None:
@@ -172,7 +210,26 @@ def _assemble(cfg, tok, get, has, norm, lm_head, unpermute_qk, rope_div):
     if rope_div is not None:
         inv_freq = inv_freq / rope_div
     m.inv_freq = inv_freq
+    if cfg.arch == "gemma3":
+        m.inv_freq_local = base_inv_freq(cfg.theta_local, cfg.head_dim)
     return m
+
+
+def gemma3_local_layers(n_layer, pattern=6):
+    """llama.cpp's set_swa_pattern(n, dense_first=false): layer i is local when
+    i % n < n - 1 (every layer when n == 0); a list of booleans is taken as is."""
+    if isinstance(pattern, (list, tuple, np.ndarray)):
+        assert len(pattern) == n_layer, (len(pattern), n_layer)
+        return [bool(x) for x in pattern]
+    n = int(pattern)
+    return [n == 0 or i % n < n - 1 for i in range(n_layer)]
+
+
+def gemma3_attn_scale(n_layer, dim, n_head, head_dim):
+    """llama.cpp's f_attention_scale (float32): 1/sqrt(n_embd/n_head) for the
+    62-layer 27B, 1/sqrt(head_dim) otherwise."""
+    d = dim // n_head if n_layer == 62 else head_dim
+    return float(np.float32(1.0) / np.sqrt(np.float32(d)))
 
 
 def load(path, unpermute_qk=None):
@@ -213,6 +270,21 @@ def load(path, unpermute_qk=None):
     if scaling == "linear" and factor not in (0.0, 1.0):
         rope_div = (rope_div if rope_div is not None else np.ones(head_dim // 2)) * factor
         kinds.append("linear")
+    gemma, local = {}, None
+    if arch == "gemma3":
+        n_layer = int(k("block_count"))
+        window = int(k("attention.sliding_window", 0))
+        if window > 0:
+            pat = r.fields.get(f"{arch}.attention.sliding_window_pattern")
+            if pat is not None and len(pat.types) > 1:          # an array of booleans
+                pattern = [bool(pat.parts[j][0]) for j in pat.data]
+            else:
+                pattern = int(k("attention.sliding_window_pattern", 6))
+            local = gemma3_local_layers(n_layer, pattern)
+        gemma = dict(sliding_window=window, theta_local=float(k("rope.freq_base_swa", 10000.0)),
+                     attn_scale=gemma3_attn_scale(n_layer, dim, n_head, head_dim),
+                     embd_scale=float(np.sqrt(np.float32(dim))),
+                     final_softcap=float(k("final_logit_softcapping", 0.0)))
     cfg = Config(
         n_layer=int(k("block_count")),
         dim=dim,
@@ -226,12 +298,13 @@ def load(path, unpermute_qk=None):
         ctx=int(k("context_length", 2048)),
         arch=arch,
         rope_scaling="+".join(kinds) or "none",
+        **gemma,
     )
     # The exact float32 values are what llama.cpp uses; keep eps/theta as stored.
     get = lambda n: _tensor(tensors[n])  # noqa: E731
     lm = _tensor(tensors["output.weight"]) if "output.weight" in tensors else None
     return _assemble(cfg, tok, get, lambda n: n in tensors, _tensor(tensors["output_norm.weight"]), lm,
-                     unpermute_qk, rope_div)
+                     unpermute_qk, rope_div, local)
 
 
 # ---------------------------------------------------------------------------
@@ -276,6 +349,12 @@ _HF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# Gemma 3: post_attention_layernorm is the norm after attention, not before the FFN.
+_HF_LAYER_GEMMA3 = dict(_HF_LAYER, **{
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+})
 
 
 def load_hf(folder):
@@ -289,6 +368,7 @@ def load_hf(folder):
         c = json.load(f)
     archs = c.get("architectures") or []
     arch = next((HF_ARCHS[x] for x in archs if x in HF_ARCHS), None) or c.get("model_type")
+    arch = HF_MODEL_TYPES.get(arch, arch)
     if arch not in ARCHS:
         raise ValueError(f"{folder}: architecture {archs or c.get('model_type')!r} not supported")
     idx = os.path.join(folder, "model.safetensors.index.json")
@@ -305,6 +385,10 @@ def load_hf(folder):
     head_dim = int(c.get("head_dim") or dim // n_head)
     theta = f32(c.get("rope_theta", 10000.0))
     rs = c.get("rope_scaling") or None
+    rp = c.get("rope_parameters") or None
+    if arch == "gemma3" and rp and "full_attention" in rp:       # transformers v5: per layer type
+        theta = f32(rp["full_attention"].get("rope_theta", c.get("rope_theta", 1e6)))
+        rs = rs or (rp["full_attention"] if rp["full_attention"].get("rope_type", "default") != "default" else None)
     rope_div, scaling = None, "none"
     if rs:
         scaling = rs.get("rope_type", rs.get("type"))
@@ -317,21 +401,46 @@ def load_hf(folder):
         else:
             raise ValueError(f"{folder}: rope_scaling {scaling!r} not supported by the reference")
     tok = w["model.embed_tokens.weight"]
+    n_layer = int(c["num_hidden_layers"])
+    gemma, local, layer_map = {}, None, _HF_LAYER
+    if arch == "gemma3":
+        layer_map = _HF_LAYER_GEMMA3
+        if c.get("hidden_activation", c.get("hidden_act", "gelu_pytorch_tanh")) != "gelu_pytorch_tanh":
+            raise ValueError(f"{folder}: hidden_activation {c.get('hidden_activation')!r} not supported")
+        if c.get("attn_logit_softcapping") is not None:
+            raise ValueError(f"{folder}: attn_logit_softcapping not supported (Gemma 3 has none)")
+        window = int(c.get("sliding_window") or 0)
+        if window > 0:
+            if c.get("layer_types"):
+                local = [t == "sliding_attention" for t in c["layer_types"]]
+            else:
+                local = gemma3_local_layers(n_layer, c.get("sliding_window_pattern",
+                                                           c.get("_sliding_window_pattern", 6)))
+        theta_local = c.get("rope_local_base_freq", 10000.0)
+        if rp and "sliding_attention" in rp:
+            theta_local = rp["sliding_attention"].get("rope_theta", theta_local)
+        gemma = dict(sliding_window=window, theta_local=f32(theta_local),
+                     attn_scale=float(np.float32(float(c.get("query_pre_attn_scalar", head_dim)) ** -0.5)),
+                     embd_scale=float(np.sqrt(np.float32(dim))), final_softcap=float(c.get("final_logit_softcapping") or 0.0))
+        # Gemma3RMSNorm multiplies by 1 + w: bring w to what a GGUF holds, in float32 as the converter does.
+        for name in list(w):
+            if name.endswith("norm.weight"):
+                w[name] = (w[name].astype(np.float32) + np.float32(1.0)).astype(np.float64)
     cfg = Config(
-        n_layer=int(c["num_hidden_layers"]), dim=dim, n_head=n_head,
+        n_layer=n_layer, dim=dim, n_head=n_head,
         n_head_kv=int(c.get("num_key_value_heads") or n_head), head_dim=head_dim,
         ffn=int(c["intermediate_size"]), vocab=tok.shape[0], eps=f32(c.get("rms_norm_eps", 1e-6)), theta=theta,
-        ctx=int(c.get("max_position_embeddings", 2048)), arch=arch, rope_scaling=scaling,
+        ctx=int(c.get("max_position_embeddings", 2048)), arch=arch, rope_scaling=scaling, **gemma,
     )
     g2h = {"output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
     for i in range(cfg.n_layer):
-        for h, g in _HF_LAYER.items():
+        for h, g in layer_map.items():
             g2h[f"blk.{i}.{g}"] = f"model.layers.{i}.{h}"
     has = lambda n: g2h.get(n) in w  # noqa: E731
     get = lambda n: w[g2h[n]]  # noqa: E731
     tied = bool(c.get("tie_word_embeddings", False)) or "lm_head.weight" not in w
     lm = None if tied else w["lm_head.weight"]
-    return _assemble(cfg, tok, get, has, w["model.norm.weight"], lm, False, rope_div)
+    return _assemble(cfg, tok, get, has, w["model.norm.weight"], lm, False, rope_div, local)
 
 
 # ---------------------------------------------------------------------------
@@ -358,6 +467,36 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x):
+    """HF gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+_GELU_F16_TABLE = None
+
+
+def gelu_ggml_f16(x):
+    """llama.cpp's CPU GELU (ggml-cpu vec.h with GGML_GELU_FP16): x <= -10 -> 0,
+    x >= 10 -> x, else the fp16 table value at fp16(x), the table being
+    fp16(ggml_gelu_f32(v)) computed in float32 (tanhf as the correctly rounded
+    float32 tanh: numpy's own float32 tanh is less accurate, and 1 + tanh
+    cancels for negative v; this way the table equals a C build's bit for
+    bit)."""
+    global _GELU_F16_TABLE
+    if _GELU_F16_TABLE is None:
+        f = np.float32
+        v = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            arg = f(0.79788456080286535587989211986876) * v * (f(1.0) + f(0.044715) * v * v)
+            g = f(0.5) * v * (f(1.0) + np.tanh(arg.astype(np.float64)).astype(np.float32))
+        _GELU_F16_TABLE = g.astype(np.float16).astype(np.float64)
+    x32 = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        idx = x32.astype(np.float16).view(np.uint16)
+    y = _GELU_F16_TABLE[idx]
+    return np.where(x32 <= -10, 0.0, np.where(x32 >= 10, np.asarray(x, dtype=np.float64), y))
+
+
 def logits(model, ids):
     """Returns float64 logits [len(ids), vocab] for every position of `ids`
     (one causal sequence starting at position 0)."""
@@ -370,9 +509,15 @@ def logits(model, ids):
         raise ValueError(f"token id out of range [0, {c.vocab})")
     pos = np.arange(T)
     x = model.tok_embd[ids].copy()                                 # [T, dim]
+    if c.embd_scale != 1.0:                                        # gemma3
+        x = x * c.embd_scale
     group = c.n_head // c.n_head_kv
     mask = np.triu(np.full((T, T), -np.inf), k=1)                  # causal
-    scale = 1.0 / np.sqrt(c.head_dim)
+    mask_local = mask                                              # local layers (gemma3): a key p - W
+    if c.sliding_window > 0:                                       # or older is out too
+        mask_local = mask + np.tril(np.full((T, T), -np.inf), k=-c.sliding_window)
+    scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
+    gelu = gelu_ggml_f16 if model.gelu == "ggml_f16" else gelu_tanh
     for L in model.layers:
         h = rmsnorm(x, L["attn_norm"], c.eps)
         q, k, v = h @ L["wq"].T, h @ L["wk"].T, h @ L["wv"].T
@@ -384,20 +529,30 @@ def logits(model, ids):
         if L.get("q_norm") is not None:                            # qwen3: per head, before RoPE
             q = rmsnorm(q, L["q_norm"], c.eps)
             k = rmsnorm(k, L["k_norm"], c.eps)
-        q = rope(q, pos, model.inv_freq)
-        k = rope(k, pos, model.inv_freq)
+        inv_freq = model.inv_freq_local if L.get("local") else model.inv_freq
+        q = rope(q, pos, inv_freq)
+        k = rope(k, pos, inv_freq)
         k = np.repeat(k, group, axis=1)                            # head j uses kv head j // group
         v = np.repeat(v, group, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) * scale + mask         # [H, T, T]
+        s = np.einsum("thd,shd->hts", q, k) * scale + (mask_local if L.get("local") else mask)   # [H, T, T]
         s = s - s.max(axis=-1, keepdims=True)
         p = np.exp(s)
         p /= p.sum(axis=-1, keepdims=True)
         o = np.einsum("hts,shd->thd", p, v).reshape(T, c.n_head * c.head_dim)
+        if c.arch == "gemma3":
+            x = x + rmsnorm(o @ L["wo"].T, L["post_attn_norm"], c.eps)
+            h = rmsnorm(x, L["ffn_norm"], c.eps)
+            f = (gelu(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
+            x = x + rmsnorm(f, L["post_ffw_norm"], c.eps)
+            continue
         x = x + o @ L["wo"].T
         h = rmsnorm(x, L["ffn_norm"], c.eps)
         x = x + (silu(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
     x = rmsnorm(x, model.norm, c.eps)
-    return x @ model.lm_head.T
+    z = x @ model.lm_head.T
+    if c.final_softcap:
+        z = c.final_softcap * np.tanh(z / c.final_softcap)
+    return z
 
 
 def log_softmax(z):
@@ -406,9 +561,11 @@ def log_softmax(z):
     return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
 
 
-def f32_copy(src, dst):
+def f32_copy(src, dst, scale=None):
     """Writes src with every tensor dequantized to F32 (metadata unchanged except
-    general.file_type), for running llama.cpp without activation quantization."""
+    general.file_type), for running llama.cpp without activation quantization.
+    scale: {tensor name suffix: factor} multiplies those tensors (a power of two
+    keeps the values exact)."""
     import gguf
     r = GGUFReader(src)
     w = gguf.GGUFWriter(dst, arch=_field(r, "general.architecture"))
@@ -420,7 +577,11 @@ def f32_copy(src, dst):
         w.add_key_value(f.name, 0 if f.name == "general.file_type" else f.contents(), vt, sub_type=st)
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        w.add_tensor(t.name, np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
+        a = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        for suffix, factor in (scale or {}).items():
+            if t.name.endswith(suffix):
+                a = (a * np.float32(factor)).astype(np.float32)
+        w.add_tensor(t.name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
