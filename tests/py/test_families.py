@@ -41,7 +41,7 @@ past it; hidden 64, 4 heads of 32 over 1 KV head):
     reference with llama.cpp's fp16 table (ref_llama.gelu_ggml_f16) closer
     still; the reference's GELU is the tanh one llama.cpp tabulates (every
     table entry within fp16 rounding of it, erf-GELU outside at thousands);
-  - the engine (behind RD_GEMMA_ENGINE=1 until the C side lands): logits vs
+  - the engine: logits vs
     the reference < ENGINE_TOL for every dtype and the HF folders, greedy vs
     llama.cpp on the gate-scaled file with MARGIN / LOGPROB_TOL and on the
     file itself with GEMMA_MARGIN / GEMMA_LOGPROB_TOL (its fp16 GELU).
@@ -726,14 +726,7 @@ for _fam in FAMILIES:
 
 
 def gemma_engine_case(fn):
-    """Gemma 3's engine cases wait for the C side: RD_GEMMA_ENGINE=1 runs them."""
-    def gated():
-        if os.environ.get("RD_GEMMA_ENGINE") != "1":
-            print(f"SKIP {fn.__name__}: RD_GEMMA_ENGINE is not 1 (the engine's gemma3 has not landed)", flush=True)
-            return
-        fn()
-    gated.__name__ = fn.__name__
-    return engine_case(gated)
+    return engine_case(fn)
 
 
 @gemma_engine_case

@@ -12,8 +12,14 @@ tokenized by llama.cpp, our greedy 24-token continuation (build/rollout-gen)
 is teacher-forced into llama.cpp. At every generated position, where
 llama.cpp's top-2 margin exceeds MARGIN its argmax must be our token, and our
 log-prob must be within LOGPROB nats of llama.cpp's log_softmax there:
-F32: 0.05 / 0.01 nats; Q4_K_M: SmolLM2's Q4_1 bounds (0.5 / 0.3), since
-llama.cpp quantizes activations for its quantized matmuls.
+F32: 0.05 / 0.01 nats. Q4_K_M: margin 0.5 as SmolLM2's Q4_1 check, but 1.0
+nats instead of its 0.3: llama.cpp quantizes activations for its quantized
+matmuls (Q8_K for the K-quants, Q8_0 for Q5_0), and on these prompts its own
+Q4_K_M and F32 paths, on identical weights, differ by up to 0.67 nats at our
+tokens (printed as "llama.cpp f32 vs q4_k_m"), so no exact engine can be
+within 0.3 of it. The F32 oracle carries llama.cpp's fp16 GELU table
+(GGML_GELU_FP16), a few 1e-3 of its own error (tests/py/test_families.py
+measures it on tiny Gemma 3 models).
 
 Skipped (SKIP lines) when the model file is absent."""
 import json
@@ -29,7 +35,7 @@ import ref_llama  # noqa: E402
 MODEL = os.environ.get("RD_GEMMA3", os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
 GEN = os.path.join(BUILD, "rollout-gen")
 N_GEN = 24
-BOUNDS = {"f32": dict(margin=0.05, logprob=0.01), "q4_k_m": dict(margin=0.5, logprob=0.3)}
+BOUNDS = {"f32": dict(margin=0.05, logprob=0.01), "q4_k_m": dict(margin=0.5, logprob=1.0)}
 
 
 def turns(*ts):
@@ -108,12 +114,16 @@ def our_greedy(ids):
     return [int(t) for t in r["token_ids"]], np.array(r["logprobs"], dtype=np.float64)
 
 
-def compare(name, kind, ids, ours, our_lp):
-    b = BOUNDS[kind]
+def llama_rows(kind, ids, ours):
+    """llama.cpp's logits at the rows that predict our tokens (row j predicts ours[j])."""
     m = llm(kind)
     m.reset()
     m.eval(ids + ours)
-    z = np.array(m.scores[len(ids) - 1:len(ids) - 1 + N_GEN], dtype=np.float64)  # row j predicts ours[j]
+    return np.array(m.scores[len(ids) - 1:len(ids) - 1 + N_GEN], dtype=np.float64)
+
+
+def compare(name, kind, ids, ours, our_lp, z):
+    b = BOUNDS[kind]
     ref_lp = log_softmax(z)[np.arange(N_GEN), ours]
     d = np.abs(our_lp - ref_lp)
     mg, top = margins(z), z.argmax(axis=-1)
@@ -141,7 +151,10 @@ def _case(name):
         ids = tokenize(PROMPTS[name])
         ours, lp = our_greedy(ids)
         assert np.isfinite(lp).all() and (lp <= 1e-6).all(), lp[:4]
-        errs = compare(name, "f32", ids, ours, lp) + compare(name, "q4_k_m", ids, ours, lp)
+        zf, zq = llama_rows("f32", ids, ours), llama_rows("q4_k_m", ids, ours)
+        gap = np.abs(log_softmax(zf) - log_softmax(zq))[np.arange(N_GEN), ours]
+        print(f"# {name}: llama.cpp f32 vs q4_k_m at our tokens: max|dlogprob| {gap.max():.3f}", flush=True)
+        errs = compare(name, "f32", ids, ours, lp, zf) + compare(name, "q4_k_m", ids, ours, lp, zq)
         assert not errs, "; ".join(errs)
     fn.__name__ = f"greedy_{name}"
     return case(fn)
