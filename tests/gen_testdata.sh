@@ -6,7 +6,7 @@
 #                       (K-quant rows are multiples of 256)
 #   tiny-v2.gguf        q8_0, GGUF version 2, general.alignment = 64
 #   tiny-untied.gguf    q4_0 with a separate output.weight
-#   tiny-qwen2.gguf, tiny-qwen3.gguf, tiny-llama3.gguf: one per family (and X.hf/)
+#   tiny-qwen2.gguf, tiny-qwen3.gguf, tiny-llama3.gguf, tiny-gemma3.gguf: one per family (and X.hf/)
 # Next to each model X.gguf: X/ (expected dequantized values from the gguf
 # package, meta.json with the config) and X.npz (the HF-layout state_dict).
 # Deterministic (fixed seeds); a second run with nothing changed does nothing.
@@ -53,6 +53,9 @@ gen tiny-untied --dtype q4_0 --seed 12 --untied & pids+=($!)
 # (rope_freqs.weight) with a context where all three frequency bands matter.
 gen tiny-qwen2 --arch qwen2 --dtype q8_0 --untied --ctx 1024 --seed 21 --hf-dir "$OUT/tiny-qwen2.hf" & pids+=($!)
 gen tiny-qwen3 --arch qwen3 --head-dim 32 --dtype f16 --ctx 1024 --seed 22 --hf-dir "$OUT/tiny-qwen3.hf" & pids+=($!)
+# Gemma 3: 6 layers (5 local, 1 global), window 8, q width 4 x 32 over hidden 64.
+gen tiny-gemma3 --arch gemma3 --layers 6 --kv-heads 1 --head-dim 32 --dtype q8_0 --ctx 1024 --rope-theta 1000000 \
+  --eps 1e-6 --sliding-window 8 --seed 24 --hf-dir "$OUT/tiny-gemma3.hf" & pids+=($!)
 gen tiny-llama3 --dtype q4_1 --rope-theta 500000 --rope-scaling llama3:8:1:4:64 --ctx 1024 --seed 23 \
   --hf-dir "$OUT/tiny-llama3.hf" & pids+=($!)
 

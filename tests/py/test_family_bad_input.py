@@ -124,6 +124,22 @@ def qwen3_without_q_norm_and_bad_head_dim():
 
 
 @case
+def gemma3_window_and_norms():
+    refused(rewrite(src("tiny-gemma3"), dst("win0"), keys={"gemma3.attention.sliding_window": (VT.UINT32, 0)}),
+            "gemma3.attention.sliding_window is 0", "positive sliding window")
+    refused(rewrite(src("tiny-gemma3"), dst("nowin"), drop_keys={"gemma3.attention.sliding_window"}),
+            "gemma3.attention.sliding_window missing")
+    refused(rewrite(src("tiny-gemma3"), dst("softcap"),
+                    keys={"gemma3.final_logit_softcapping": (VT.FLOAT32, 30.0)}),
+            "final_logit_softcapping", "not supported")
+    refused(rewrite(src("tiny-gemma3"), dst("gnorm-len"),
+                    tensors={"blk.2.post_ffw_norm.weight": np.ones(60, np.float32)}),
+            "blk.2.post_ffw_norm.weight", "expected [64, 1]")
+    refused(rewrite(src("tiny-gemma3"), dst("no-post"), drop_tensors={"blk.3.post_attention_norm.weight"}),
+            "tensor 'blk.3.post_attention_norm.weight' missing")
+
+
+@case
 def qwen2_bias_of_the_wrong_length():
     refused(rewrite(src("tiny-qwen2"), dst("bias-len"),
                     tensors={"blk.1.attn_k.bias": tensor(src("tiny-qwen2"), "blk.1.attn_k.bias")[:30]}),

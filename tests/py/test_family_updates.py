@@ -37,7 +37,8 @@ EXPORT = os.path.join(BUILD, "rollout-export")
 LOGITS = os.path.join(BUILD, "rollout-logits")
 GEN = os.path.join(BUILD, "rollout-gen")
 WORK = tempfile.mkdtemp(prefix="rd-famup-", dir=TMP)
-FAMILIES = {"tiny-qwen2": "Qwen2ForCausalLM", "tiny-qwen3": "Qwen3ForCausalLM", "tiny-llama3": "LlamaForCausalLM"}
+FAMILIES = {"tiny-qwen2": "Qwen2ForCausalLM", "tiny-qwen3": "Qwen3ForCausalLM", "tiny-llama3": "LlamaForCausalLM",
+            "tiny-gemma3": "Gemma3ForCausalLM"}
 # 300 tokens: past the Llama 3 model's original context (64), so its scaled
 # frequencies are exercised far from position 0.
 PROMPT = np.random.default_rng(7).integers(3, 300, 300).tolist()
@@ -72,6 +73,11 @@ def read_safetensors(path):
     return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
                              dtype=np.float32).reshape(v["shape"])
             for k, v in hdr.items() if k != "__metadata__"}
+
+
+def read_gguf_norm(path, name):
+    import gguf
+    return np.array(next(t.data for t in gguf.GGUFReader(path).tensors if t.name == name), dtype=np.float32)
 
 
 _exports = {}
@@ -113,6 +119,12 @@ def export_reload_is_bit_identical_for_every_family():
             assert tensors["model.layers.0.self_attn.o_proj.weight"].shape == (64, 128)
             assert tensors["model.layers.1.self_attn.q_norm.weight"].shape == (32,)
             assert not any(k.endswith(".bias") for k in tensors)
+        if name == "tiny-gemma3":
+            assert cfg["sliding_window"] == 8 and cfg["sliding_window_pattern"] == 6, cfg
+            assert cfg["layer_types"][5] == "full_attention" and cfg["layer_types"][4] == "sliding_attention"
+            # HF's w, not the GGUF's 1 + w
+            g = read_gguf_norm(model(name), "blk.0.post_ffw_norm.weight")
+            assert np.array_equal(tensors["model.layers.0.post_feedforward_layernorm.weight"], g - np.float32(1))
         if name == "tiny-llama3":
             rs = cfg["rope_scaling"]
             assert rs["rope_type"] == "llama3" and rs["factor"] == 8 and \
@@ -174,8 +186,8 @@ def pushes_are_bit_identical_and_reach_every_family_tensor():
                     raise AssertionError(f"{name}: a {k0} of the wrong length was accepted")
                 except DaemonError as e:
                     assert k0 in str(e) and "shape" in str(e), str(e)
-                foreign = "model.layers.0.self_attn.q_norm.weight" if name != "tiny-qwen3" else \
-                    "model.layers.0.self_attn.q_proj.bias"
+                foreign = "model.layers.0.self_attn.q_norm.weight" if name not in ("tiny-qwen3", "tiny-gemma3") \
+                    else "model.layers.0.self_attn.q_proj.bias"
                 try:
                     c.push_weights({foreign: np.ones(32, np.float32)}, 4)
                     raise AssertionError(f"{name}: {foreign} was accepted")
