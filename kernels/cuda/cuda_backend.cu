@@ -1123,8 +1123,12 @@ static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q,
     p.head_dim = a->head_dim;
     p.block_size = a->block_size;
     p.scale = a->scale;
+    p.window = a->window > 0 ? a->window : 0;
     p.rows = rows;
-    p.z = cuplan_attn_z(rows, a->n_kv_heads, b->capturing ? 0 : b->step_max_parts, b->n_sm);
+    // (parts_cap holds the step's rows without a window: a windowed layer's
+    // need no more)
+    p.z = cuplan_attn_z(rows, a->n_kv_heads, cuplan_attn_layer_parts(b->capturing ? 0 : b->step_max_parts, p.window),
+                        b->n_sm);
     p.parts_cap = b->parts_cap;
     p.part_o = b->part_o;
     p.part_ms = b->part_ms;

@@ -94,6 +94,7 @@ struct attn_params {
     const int32_t *table_stride; // device scalar (read at run time: CUDA graphs)
     int32_t n_heads, n_kv, head_dim, block_size;
     float scale;
+    int32_t window;             // sliding window (keys pos - window + 1 .. pos); 0: all
     int32_t rows;
     int32_t z;                  // CTAs per (row, kv head)
     int32_t parts_cap;          // partitions stored per (row, head)

@@ -33,6 +33,7 @@
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "kernels/cuda/cuda_math.h"
+#include "kernels/cuda/cuda_plan.h"
 #include "tests/unit/test.h"
 
 uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
@@ -90,6 +91,15 @@ static uint32_t fbits(float f)
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
+}
+
+/* The larger of a running worst error and err; a NaN stays (a plain
+ * !(err <= worst) test lets the next finite error replace it). */
+static double worse(double worst, double err)
+{
+    if (isnan(worst) || isnan(err))
+        return NAN;
+    return err > worst ? err : worst;
 }
 
 /* ------------------------------------------------------------------ GEMM */
@@ -794,11 +804,22 @@ typedef struct {
     int32_t new_rows;           /* rows computed in the step (the last ones) */
 } seq_spec;
 
+/* Options of attn_case_opt: a sliding window (0: none); the data key of each
+ * sequence (its values are drawn from its key, so a sequence gets the same
+ * data alone or among others; NULL: its index); and poisoning (NaN) of the
+ * cached keys no row of the step may see (before every row's window). */
+typedef struct {
+    int32_t window;
+    const int32_t *keys;
+    int poison_outside;
+} attn_opts;
+
 /* Runs kv_write + attention for seqs on the emulated backend and checks every
  * row against a double reference over bf16 K/V; returns the output. */
-static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const seq_spec *sp, int32_t ns,
-                        int32_t pad_rows, uint64_t seed, double *worst_out, int *ok)
+static float *attn_case_opt(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const seq_spec *sp, int32_t ns,
+                            int32_t pad_rows, uint64_t seed, const attn_opts *opt, double *worst_out, int *ok)
 {
+    const int32_t W = opt ? opt->window : 0;
     *ok = 0;
     rs = seed;
     int32_t M = pad_rows, maxb = 1, total_blocks = 0;
@@ -829,6 +850,9 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
     int32_t next_block = 0, row = 0;
     for (int32_t s = 0; s < ns; s++) {
         int32_t nb = (sp[s].ctx + bs - 1) / bs;
+        const int32_t key = opt && opt->keys ? opt->keys[s] : s;
+        /* the first key any of its rows sees (its first new row's window) */
+        const int32_t seen = opt && opt->poison_outside ? cuplan_attn_key0(sp[s].ctx - sp[s].new_rows, W) : 0;
         for (int32_t b = 0; b < nb; b++)
             tables[s * maxb + b] = perm[next_block++];
         qs[s] = row;
@@ -837,7 +861,9 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
             int32_t sl = tables[s * maxb + p / bs] * bs + p % bs;
             float *kvp = kv_all + (size_t)sl * 2 * nkv * hd;
             for (int32_t i = 0; i < 2 * nkv * hd; i++)
-                kvp[i] = hval(seed, s, p, i);
+                kvp[i] = hval(seed, key, p, i);
+            if (p < seen)
+                continue; /* out of every row's window: stays NaN in the cache */
             if (p < sp[s].ctx - sp[s].new_rows) { /* already cached: place it directly */
                 for (int32_t h = 0; h < nkv; h++)
                     for (int32_t d = 0; d < hd; d++) {
@@ -851,7 +877,7 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
                 slot[row] = sl;
                 float *qr = q + (size_t)row * qdim;
                 for (int32_t i = 0; i < nh * hd; i++)
-                    qr[i] = hval(seed + 1, s, p, i);
+                    qr[i] = hval(seed + 1, key, p, i);
                 memcpy(qr + nh * hd, kvp, sizeof(float) * 2 * nkv * hd);
                 row++;
             }
@@ -867,7 +893,7 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
     float *dk = up(emu, kc, 2 * cache_elems), *dv = up(emu, vc, 2 * cache_elems);
     rd_step st = {M, ns, maxb, tok, pos, slot, qs, ctx, tables};
     rd_step_dev sd;
-    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), 0};
+    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), W};
     int rc = emu->ops->step_upload(emu, &st, &sd);
     if (!rc) {
         emu->ops->kv_write(emu, &a, dq + nh * hd, dq + (nh + nkv) * hd, qdim, &sd, dk, dv);
@@ -887,12 +913,13 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
         int32_t s = 0;
         while (qs[s + 1] <= r)
             s++;
-        const int32_t n = pos[r] + 1;
+        /* keys j0 .. pos[r]: the last W with a window */
+        const int32_t j0 = W > 0 && pos[r] + 1 > W ? pos[r] + 1 - W : 0, n = pos[r] + 1;
         double *sc = malloc(sizeof(double) * n);
         for (int32_t h = 0; h < nh; h++) {
             const int32_t kh = h / g;
             double mx = -INFINITY, sum = 0;
-            for (int32_t j = 0; j < n; j++) {
+            for (int32_t j = j0; j < n; j++) {
                 int32_t sl = tables[s * maxb + j / bs] * bs + j % bs;
                 const float *kvp = kv_all + (size_t)sl * 2 * nkv * hd;
                 double d = 0;
@@ -901,17 +928,16 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
                 sc[j] = d * a.scale;
                 mx = sc[j] > mx ? sc[j] : mx;
             }
-            for (int32_t j = 0; j < n; j++)
+            for (int32_t j = j0; j < n; j++)
                 sum += (sc[j] = exp(sc[j] - mx));
             for (int32_t e = 0; e < hd; e++) {
                 double acc = 0;
-                for (int32_t j = 0; j < n; j++) {
+                for (int32_t j = j0; j < n; j++) {
                     int32_t sl = tables[s * maxb + j / bs] * bs + j % bs;
                     acc += sc[j] / sum * bf(kv_all[(size_t)sl * 2 * nkv * hd + nkv * hd + kh * hd + e]);
                 }
                 double err = fabs(o[h * hd + e] - acc);
-                if (!(err <= worst))
-                    worst = err;
+                worst = worse(worst, err);
             }
         }
         free(sc);
@@ -937,6 +963,12 @@ static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const s
         return NULL;
     }
     return out;
+}
+
+static float *attn_case(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, const seq_spec *sp, int32_t ns,
+                        int32_t pad_rows, uint64_t seed, double *worst_out, int *ok)
+{
+    return attn_case_opt(nh, nkv, hd, bs, sp, ns, pad_rows, seed, NULL, worst_out, ok);
 }
 
 static void test_attention(void)
@@ -990,13 +1022,85 @@ static void test_attention_alone_vs_batched(void)
     CHECK(w1 < 2e-5 && w2 < 2e-5, "errors %.3g %.3g", w1, w2);
 }
 
+/* Sliding windows (Gemma 3: 512 on five layers of six): a row at position p
+ * sees keys p-W+1 .. p. For Gemma 3 270m's heads (4 query heads on 1 KV head
+ * of 256) and 8/2 heads of 128, windows 1, 7, 16, 512 and 300 (two
+ * partitions, the second partial), over prefill rows (from position 0, and
+ * the last 3 of 600) and decode rows (at 300, 512 and 0), contexts shorter
+ * and longer than the window: every row against the double reference with
+ * the keys before all windows NaN in the cache (reading one poisons the row);
+ * then each sequence alone, a decode row at the position of a prefill row,
+ * and (W >= context) the same row without a window: bit-identical. */
+static void test_attention_window(void)
+{
+    const struct {
+        int32_t nh, nkv, hd, bs;
+    } shapes[] = {{4, 1, 256, 16}, {8, 2, 128, 16}};
+    const int32_t windows[] = {1, 7, 16, 512, 300};
+    const seq_spec seqs[] = {{600, 3}, {37, 37}, {5, 5}, {513, 1}, {300, 1}, {1, 1}};
+    const int32_t keys[] = {0, 1, 2, 3, 4, 5};
+    const int32_t ns = 6, pad = 2;
+    int32_t first_row[7] = {0};
+    for (int32_t s = 0; s < ns; s++)
+        first_row[s + 1] = first_row[s] + seqs[s].new_rows;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        double shape_worst = 0;
+        for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++) {
+            const int32_t nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd, bs = shapes[si].bs;
+            const int32_t W = windows[wi], nhd = nh * hd;
+            const uint64_t seed = 500 + si;
+            attn_opts o = {W, keys, 1};
+            double worst;
+            int ok;
+            float *all = attn_case_opt(nh, nkv, hd, bs, seqs, ns, pad, seed, &o, &worst, &ok);
+            CHECK(ok && all, "heads %d/%d hd %d W %d: failed or non-zero padding (%s)", nh, nkv, hd, W, rd_errmsg());
+            CHECK(worst < 2e-5, "heads %d/%d hd %d W %d: max error %.3g vs the double reference (NaN: a key outside "
+                  "the window was read)", nh, nkv, hd, W, worst);
+            shape_worst = worse(shape_worst, worst);
+            /* each sequence alone (no padding, NaN outside its windows) */
+            for (int32_t s = 0; s < ns; s++) {
+                if (light && s != 0 && s != 3)
+                    continue;
+                attn_opts os = {W, &keys[s], 1};
+                float *one = attn_case_opt(nh, nkv, hd, bs, &seqs[s], 1, 0, seed, &os, &worst, &ok);
+                CHECK(ok && one, "W %d: sequence %d alone failed", W, s);
+                int same = !memcmp(one, all + (size_t)first_row[s] * nhd, sizeof(float) * seqs[s].new_rows * nhd);
+                free(one);
+                CHECK(same, "heads %d/%d hd %d W %d: sequence %d (context %d, %d rows) alone differs from the batch",
+                      nh, nkv, hd, W, s, seqs[s].ctx, seqs[s].new_rows);
+            }
+            /* a decode row at 599 = the last prefill row of sequence 0 */
+            const seq_spec dec = {600, 1};
+            float *one = attn_case_opt(nh, nkv, hd, bs, &dec, 1, 3, seed, &o, &worst, &ok);
+            CHECK(ok && one, "W %d: decode row failed", W);
+            int same = !memcmp(one, all + (size_t)(first_row[1] - 1) * nhd, sizeof(float) * nhd);
+            free(one);
+            CHECK(same, "heads %d/%d hd %d W %d: a decode row at 599 differs from the prefill row at 599", nh, nkv, hd,
+                  W);
+            /* W >= the context (300 keys): the same bits as no window */
+            if (W >= 300) {
+                attn_opts on = {0, &keys[4], 0};
+                one = attn_case_opt(nh, nkv, hd, bs, &seqs[4], 1, 0, seed, &on, &worst, &ok);
+                CHECK(ok && one, "no window: failed");
+                same = !memcmp(one, all + (size_t)first_row[4] * nhd, sizeof(float) * nhd);
+                free(one);
+                CHECK(same, "heads %d/%d hd %d: W %d over a context of 300 differs from no window", nh, nkv, hd, W);
+            }
+            free(all);
+        }
+        printf("# attention %d/%d heads, hd %d, windows 1, 7, 16, 512, 300: max |error| %.3g vs the double "
+               "reference; alone = batched, decode = prefill, W >= context = no window, bit for bit\n",
+               shapes[si].nh, shapes[si].nkv, shapes[si].hd, shape_worst);
+    }
+}
+
 /* Paged attention on the emulated backend vs the CPU backend, for the head
  * sizes of Qwen3 (128) and Gemma 3 (256): the whole context goes through
  * kv_write in one step (K and V rounded to bf16 first, so the CPU's fp32
  * cache and the device's bf16 one hold the same values), then the last rows
  * of each sequence attend in a second step, their q rows strided as in q|k|v.
  * The two backends differ only in summation order and partitioning. */
-static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, double *worst_out)
+static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, int32_t window, double *worst_out)
 {
     const int32_t bs = 16, ns = 4;
     const seq_spec sp[4] = {{300, 2}, {37, 37}, {1, 1}, {513, 1}}; /* 2 and 3 partitions of 256 keys */
@@ -1045,7 +1149,7 @@ static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, double *worst_
         }
     rd_step st_a = {ma, ns, maxb, tok, pos, slot, qs_a, ctx, tables};
     rd_step st_b = {mb, ns, maxb, tok, pos_b, slot_b, qs_b, ctx, tables};
-    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), 0};
+    rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), window};
     const size_t cache = (size_t)n_blocks * nkv * bs * hd, no = (size_t)mb * nh * hd;
     float *out[2];
     rd_backend *bes[2] = {cpu, emu};
@@ -1068,8 +1172,7 @@ static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, double *worst_
     double worst = 0;
     for (size_t i = 0; i < no; i++) {
         double d = fabs((double)out[0][i] - out[1][i]);
-        if (!(d <= worst))
-            worst = d; /* NaN too */
+        worst = worse(worst, d);
     }
     *worst_out = worst;
     free(out[0]), free(out[1]);
@@ -1083,7 +1186,7 @@ static void test_attention_vs_cpu(void)
     } shapes[] = {{8, 2, 128} /* Qwen3-4B's group of 4 */, {16, 1, 128}, {8, 2, 256}, {8, 1, 256}, {6, 1, 128}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         double worst = 0;
-        attn_vs_cpu_case(shapes[i].nh, shapes[i].nkv, shapes[i].hd, &worst);
+        attn_vs_cpu_case(shapes[i].nh, shapes[i].nkv, shapes[i].hd, 0, &worst);
         if (test_case_failed)
             return;
         printf("# attention %d/%d heads, hd %d: emulated CUDA vs CPU max |diff| %.3g\n", shapes[i].nh, shapes[i].nkv,
@@ -1091,6 +1194,20 @@ static void test_attention_vs_cpu(void)
         CHECK(worst < 1e-5, "heads %d/%d, hd %d: attention differs from the CPU by %.3g", shapes[i].nh, shapes[i].nkv,
               shapes[i].hd, worst);
     }
+    /* sliding windows: Gemma 3 270m's heads and 8/2 of 128 */
+    const int32_t windows[] = {1, 7, 16, 512};
+    for (int si = 0; si < 2; si++)
+        for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++) {
+            const int32_t nh = si ? 8 : 4, nkv = si ? 2 : 1, hd = si ? 128 : 256;
+            double worst = 0;
+            attn_vs_cpu_case(nh, nkv, hd, windows[wi], &worst);
+            if (test_case_failed)
+                return;
+            printf("# attention %d/%d heads, hd %d, window %d: emulated CUDA vs CPU max |diff| %.3g\n", nh, nkv, hd,
+                   windows[wi], worst);
+            CHECK(worst < 1e-5, "heads %d/%d, hd %d, window %d: attention differs from the CPU by %.3g", nh, nkv, hd,
+                  windows[wi], worst);
+        }
 }
 
 static void test_copy_blocks(void)
@@ -1664,6 +1781,28 @@ static void ensure_testdata(void)
         fprintf(stderr, "test_cuda_emu: %s failed\n", cmd);
 }
 
+/* RD_TEST_ONLY=name,name,...: run only those cases (when working on one). */
+static int selected(const char *name)
+{
+    const char *only = getenv("RD_TEST_ONLY");
+    if (!only || !*only)
+        return 1;
+    const size_t n = strlen(name);
+    for (const char *p = only; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n))
+            return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+#define RUN_SEL(fn)          \
+    do {                     \
+        if (selected(#fn))   \
+            RUN(fn);         \
+    } while (0)
+
 int main(void)
 {
     int rc = rd_backend_create("cpu", 2, &cpu);
@@ -1678,25 +1817,26 @@ int main(void)
         return 1;
     }
     ensure_testdata();
-    RUN(test_gemm);
-    RUN(test_lm_head_chunks);
-    RUN(test_mixed_activations);
-    RUN(test_row_ops);
-    RUN(test_qwen_ops);
-    RUN(test_qwen_ops_drop_shadows);
-    RUN(test_qwen_ops_after_linear);
-    RUN(test_rope_then_row_op);
-    RUN(test_attention);
-    RUN(test_attention_alone_vs_batched);
-    RUN(test_attention_vs_cpu);
-    RUN(test_copy_blocks);
-    RUN(test_sampler);
-    RUN(test_sampler_many_draws);
-    RUN(test_runner_tiny);
-    RUN(test_runner_tiny_bf16);
-    RUN(test_runner_families);
-    RUN(test_engine_device_sampling);
-    RUN(test_engine_draw_failure);
+    RUN_SEL(test_gemm);
+    RUN_SEL(test_lm_head_chunks);
+    RUN_SEL(test_mixed_activations);
+    RUN_SEL(test_row_ops);
+    RUN_SEL(test_qwen_ops);
+    RUN_SEL(test_qwen_ops_drop_shadows);
+    RUN_SEL(test_qwen_ops_after_linear);
+    RUN_SEL(test_rope_then_row_op);
+    RUN_SEL(test_attention);
+    RUN_SEL(test_attention_alone_vs_batched);
+    RUN_SEL(test_attention_window);
+    RUN_SEL(test_attention_vs_cpu);
+    RUN_SEL(test_copy_blocks);
+    RUN_SEL(test_sampler);
+    RUN_SEL(test_sampler_many_draws);
+    RUN_SEL(test_runner_tiny);
+    RUN_SEL(test_runner_tiny_bf16);
+    RUN_SEL(test_runner_families);
+    RUN_SEL(test_engine_device_sampling);
+    RUN_SEL(test_engine_draw_failure);
     rd_backend_destroy(emu_bf16);
     rd_backend_destroy(emu);
     rd_backend_destroy(cpu);

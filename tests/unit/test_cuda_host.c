@@ -192,6 +192,27 @@ static void test_attention_plan(void)
     CHECK(cuplan_attn_z(1, 3, 2, 132) == 2, "never more CTAs than partitions");
     CHECK(cuplan_attn_z(256, 8, 0, 132) == 1, "big batches need no split");
     CHECK(cuplan_attn_z(0, 0, 0, 0) >= 1, "degenerate input");
+    /* sliding windows: keys max(0, pos - W + 1) .. pos, cut from the first */
+    CHECK(cuplan_attn_key0(0, 0) == 0 && cuplan_attn_key0(5000, 0) == 0 && cuplan_attn_key0(5000, -3) == 0,
+          "no window: from key 0");
+    CHECK(cuplan_attn_key0(0, 1) == 0 && cuplan_attn_key0(9, 1) == 9, "window 1: the row's own key");
+    CHECK(cuplan_attn_key0(510, 512) == 0 && cuplan_attn_key0(511, 512) == 0 && cuplan_attn_key0(512, 512) == 1 &&
+          cuplan_attn_key0(1000, 512) == 489, "window 512");
+    for (int32_t pos = 0; pos < 3000; pos += 7)
+        for (int32_t w = 1; w < 1100; w += 37) {
+            const int32_t n = pos + 1 - cuplan_attn_key0(pos, w);
+            CHECK(n == (pos + 1 < w ? pos + 1 : w), "pos %d window %d: %d keys", pos, w, n);
+            CHECK(cuplan_attn_row_parts(pos, w) == cuplan_attn_parts(n) &&
+                  cuplan_attn_row_parts(pos, w) <= cuplan_attn_parts(w), "pos %d window %d: partitions", pos, w);
+        }
+    CHECK(cuplan_attn_row_parts(5000, 512) == 2 && cuplan_attn_row_parts(5000, 0) == 20 &&
+          cuplan_attn_row_parts(100, 512) == 1, "row partitions");
+    CHECK(cuplan_attn_layer_parts(20, 0) == 20 && cuplan_attn_layer_parts(0, 0) == 0, "no window: the step's");
+    CHECK(cuplan_attn_layer_parts(20, 512) == 2 && cuplan_attn_layer_parts(1, 512) == 1, "window: at most its own");
+    CHECK(cuplan_attn_layer_parts(0, 512) == 2 && cuplan_attn_layer_parts(0, 300) == 2 &&
+          cuplan_attn_layer_parts(0, 16) == 1, "capture (unknown contexts): the window bounds it");
+    CHECK(cuplan_attn_z(1, 1, cuplan_attn_layer_parts(0, 512), 132) == 2,
+          "Gemma 3 at batch 1 on a window of 512: 2 CTAs per (row, kv head)");
 }
 
 static void test_gemm_pick(void)
