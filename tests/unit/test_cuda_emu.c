@@ -12,7 +12,10 @@
  *     slots and padding rows (and against the CPU backend at head_dim 128
  *     and 256); Qwen's q|k|v bias and per-head norms against the CPU backend,
  *     on a linear's output in every activation mode (the deferred sum, the
- *     RoPE + KV write fusion after them, graph capture);
+ *     RoPE + KV write fusion after them, graph capture); Gemma 3's ops: the
+ *     (1 + w) norms, GeGLU (its tanh against libm's), add and scale, alone,
+ *     on a linear's output in every mode and after a deferred RoPE, and the
+ *     bf16 copies they write or drop; sliding-window attention;
  *   - batch invariance: a row's bits do not depend on the other rows;
  *   - the device sampler against samp_sample (same token, log-probs);
  *   - the runner on the tiny models: logits close to the CPU backend's,
@@ -500,9 +503,13 @@ static void test_qwen_ops_drop_shadows(void)
     free(x), free(nw), free(bias), free(hw), free(w), free(mid), free(got), free(want);
 }
 
+static double geglu_compare(const float *gu, int32_t m, int32_t f, const float *cpu_out, const float *dev_out,
+                            double *worst_units, int *ok, char *why, size_t cap);
+
 /* RoPE is deferred (to run with the KV write); an op that reads the rotated
- * rows next must still see them rotated: RMSNorm, SwiGLU, add_bias and
- * head_rmsnorm right after a RoPE on their input give the CPU's result. */
+ * rows next must still see them rotated: RMSNorm, SwiGLU, add_bias,
+ * head_rmsnorm, GeGLU, add (the rows as y and as x) and scale right after a
+ * RoPE on their input give the CPU's result. */
 static void test_rope_then_row_op(void)
 {
     const int32_t M = 5, NH = 4, HD = 64, S = NH * HD, MAXPOS = 40, F = S / 2;
@@ -519,17 +526,18 @@ static void test_rope_then_row_op(void)
             cs[(p * HD / 2 + i) * 2] = (float)cos(ang);
             cs[(p * HD / 2 + i) * 2 + 1] = (float)sin(ang);
         }
-    const char *what[4] = {"rmsnorm", "swiglu", "add_bias", "head_rmsnorm"};
-    float *res[2][4];
+    const char *what[8] = {"rmsnorm", "swiglu", "add_bias", "head_rmsnorm", "geglu", "add(y)", "add(x)", "scale"};
+    float *res[2][8], *rot[2];
     rd_backend *bes[2] = {cpu, emu};
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         float *dx = up(be, x, sizeof(float) * n), *dw = up(be, w, sizeof(float) * S), *dout = up(be, NULL, sizeof(float) * n);
         float *dcs = up(be, cs, sizeof(float) * MAXPOS * HD);
         int32_t *dpos = up(be, pos, sizeof pos);
-        for (int op = 0; op < 4; op++) {
+        for (int op = 0; op < 8; op++) {
             res[k][op] = malloc(sizeof(float) * n);
             be->ops->h2d(be, dx, x, sizeof(float) * n);
+            be->ops->h2d(be, dout, x + 1, sizeof(float) * (n - 1));
             be->ops->rope(be, dx, S, M, NH, HD, dpos, dcs);
             float *from = dout;
             size_t nr = n;
@@ -539,8 +547,19 @@ static void test_rope_then_row_op(void)
                 be->ops->swiglu(be, dx, M, F, dout), nr = (size_t)M * F;
             else if (op == 2)
                 be->ops->add_bias(be, dx, S, M, S, dw), from = dx;
-            else
+            else if (op == 3)
                 be->ops->head_rmsnorm(be, dx, S, M, NH, HD, dw, 1e-6f, 0.0f), from = dx;
+            else if (op == 4) {
+                be->ops->geglu(be, dx, M, F, dout), nr = (size_t)M * F;
+                rot[k] = malloc(sizeof(float) * n);
+                CHECK_OK(down(be, rot[k], dx, sizeof(float) * n));
+            }
+            else if (op == 5)
+                be->ops->add(be, dx, dout, (int64_t)n - 1), from = dx;
+            else if (op == 6)
+                be->ops->add(be, dout, dx, (int64_t)n - 1);
+            else
+                be->ops->scale(be, dx, (int64_t)n, 0.75f), from = dx;
             CHECK_OK(down(be, res[k][op], from, sizeof(float) * nr));
             if (nr < n)
                 memset(res[k][op] + nr, 0, sizeof(float) * (n - nr));
@@ -548,14 +567,25 @@ static void test_rope_then_row_op(void)
         be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dout), be->ops->free(be, dcs);
         be->ops->free(be, dpos);
     }
-    for (int op = 0; op < 4; op++) {
+    for (int op = 0; op < 8; op++) {
+        if (op == 4) { /* geglu: the CPU's tanhf and the device's differ by up to 2 ulps */
+            double worst = 0;
+            int ok;
+            char why[300];
+            CHECK(!memcmp(rot[0], rot[1], sizeof(float) * n), "rope then geglu: the rotated rows differ");
+            geglu_compare(rot[0], M, F, res[0][op], res[1][op], &worst, &ok, why, sizeof why);
+            CHECK(ok, "rope then geglu: %s (did the op run before the RoPE?)", why);
+            continue;
+        }
         int64_t ulps = max_ulps(res[0][op], res[1][op], n);
         CHECK(ulps <= 1, "rope then %s differs from the CPU by %lld ulps (did the op run before the RoPE?)", what[op],
               (long long)ulps);
     }
-    for (int k = 0; k < 2; k++)
-        for (int op = 0; op < 4; op++)
+    for (int k = 0; k < 2; k++) {
+        free(rot[k]);
+        for (int op = 0; op < 8; op++)
             free(res[k][op]);
+    }
     free(x), free(w), free(cs);
 }
 
@@ -795,6 +825,414 @@ static void test_qwen_ops_after_linear(void)
     }
     rd_backend_destroy(mixed);
     rd_backend_destroy(nofuse);
+}
+
+/* ------------------------------------------------------------------ Gemma 3's ops */
+
+/* Bits of a[i] vs b[i] where the CPU keeps the sign of a zero weight. */
+static size_t bit_diffs(const float *a, const float *b, size_t n)
+{
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += fbits(a[i]) != fbits(b[i]);
+    return d;
+}
+
+/* Gemma's norm weights are stored as w and applied as (1 + w): small values
+ * around 0, with a few edge cases (a signed zero, -1 so that 1 + w = 0). */
+static void fill_gemma_norm(float *w, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        w[i] = 0.5f * frand();
+    w[0] = -0.0f;
+    if (n > 3)
+        w[3] = -1.0f, w[2] = 0.0f;
+}
+
+/* rmsnorm and head_rmsnorm with w_offset 1 (Gemma's 1 + w) and 0 (the weight
+ * as it is: a -0 weight keeps its sign) against the CPU backend: Gemma 3
+ * 270m's hidden 640 and an odd width 97; per-head norms on 4 query and 1 key
+ * heads of 256 in q|k|v rows (V after them untouched), and on 5 + 1 heads of
+ * 64 with a padded stride. Within 1 ulp (double sums in another order), zero
+ * weights bit for bit, and against a double reference. */
+static void test_norm_offsets(void)
+{
+    rd_backend *bes[2] = {cpu, emu};
+    const int32_t M = 5, dims[2] = {640, 97};
+    int64_t worst = 0;
+    for (int di = 0; di < 2; di++) {
+        const int32_t D = dims[di];
+        const size_t n = (size_t)M * D;
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * D), *res[2][2];
+        for (size_t i = 0; i < n; i++)
+            x[i] = frand() * 3;
+        fill_gemma_norm(w, D);
+        for (int k = 0; k < 2; k++) {
+            rd_backend *be = bes[k];
+            float *dx = up(be, x, sizeof(float) * n), *dw = up(be, w, sizeof(float) * D), *dout = up(be, NULL, sizeof(float) * n);
+            for (int off = 0; off < 2; off++) {
+                res[k][off] = malloc(sizeof(float) * n);
+                be->ops->rmsnorm(be, dx, dw, M, D, 1e-6f, (float)off, dout);
+                CHECK_OK(down(be, res[k][off], dout, sizeof(float) * n));
+            }
+            be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dout);
+        }
+        for (int off = 0; off < 2; off++) {
+            int64_t ulps = max_ulps(res[0][off], res[1][off], n);
+            worst = ulps > worst ? ulps : worst;
+            CHECK(ulps <= 1, "rmsnorm d %d w_offset %d: %lld ulps from the CPU", D, off, (long long)ulps);
+            size_t zdiff = 0;
+            for (int32_t r = 0; r < M; r++)
+                for (int32_t j = 0; j < D; j++)
+                    if (w[j] == 0.0f || w[j] == -1.0f)
+                        zdiff += fbits(res[0][off][r * D + j]) != fbits(res[1][off][r * D + j]);
+            CHECK(zdiff == 0, "rmsnorm d %d w_offset %d: %zu outputs of zero (or -1) weights differ in sign", D, off,
+                  zdiff);
+            double rel = 0;
+            for (int32_t r = 0; r < M; r++) {
+                double ss = 0;
+                for (int32_t j = 0; j < D; j++)
+                    ss += (double)x[r * D + j] * x[r * D + j];
+                const double inv = 1.0 / sqrt(ss / D + 1e-6);
+                for (int32_t j = 0; j < D; j++) {
+                    const double want = x[r * D + j] * inv * ((double)w[j] + off);
+                    const double e = fabs(res[1][off][r * D + j] - want) / (fabs(x[r * D + j] * inv) + 1e-30);
+                    rel = e > rel ? e : rel;
+                }
+            }
+            CHECK(rel < 1e-6, "rmsnorm d %d w_offset %d: %.3g from the double reference", D, off, rel);
+        }
+        CHECK(bit_diffs(res[1][0], res[1][1], n) > n / 2, "d %d: w_offset 1 changed only %zu of %zu outputs", D,
+              bit_diffs(res[1][0], res[1][1], n), n);
+        for (int k = 0; k < 2; k++)
+            free(res[k][0]), free(res[k][1]);
+        free(x), free(w);
+    }
+    const qkv_shape shapes[2] = {{256, 4, 1, 3, 0}, {64, 5, 1, 4, 8}};
+    for (int si = 0; si < 2; si++) {
+        const qkv_shape *q = &shapes[si];
+        const int32_t S = qkv_stride(q);
+        const size_t n = (size_t)q->m * S;
+        float *x = malloc(sizeof(float) * n), *qn = malloc(sizeof(float) * q->hd), *kn = malloc(sizeof(float) * q->hd);
+        float *res[2][2];
+        for (size_t i = 0; i < n; i++)
+            x[i] = frand() * 3;
+        fill_gemma_norm(qn, q->hd);
+        fill_gemma_norm(kn, q->hd);
+        for (int k = 0; k < 2; k++) {
+            rd_backend *be = bes[k];
+            float *dx = up(be, x, sizeof(float) * n), *dqn = up(be, qn, sizeof(float) * q->hd);
+            float *dkn = up(be, kn, sizeof(float) * q->hd);
+            for (int off = 0; off < 2; off++) {
+                res[k][off] = malloc(sizeof(float) * n);
+                be->ops->h2d(be, dx, x, sizeof(float) * n);
+                be->ops->head_rmsnorm(be, dx, S, q->m, q->nh, q->hd, dqn, 1e-6f, (float)off);
+                be->ops->head_rmsnorm(be, dx + q->nh * q->hd, S, q->m, q->nkv, q->hd, dkn, 1e-6f, (float)off);
+                CHECK_OK(down(be, res[k][off], dx, sizeof(float) * n));
+            }
+            be->ops->free(be, dx), be->ops->free(be, dqn), be->ops->free(be, dkn);
+        }
+        for (int off = 0; off < 2; off++) {
+            int64_t ulps = max_ulps(res[0][off], res[1][off], n);
+            worst = ulps > worst ? ulps : worst;
+            CHECK(ulps <= 1, "head_rmsnorm hd %d w_offset %d: %lld ulps from the CPU", q->hd, off, (long long)ulps);
+            size_t zdiff = 0, vchanged = 0;
+            for (int32_t r = 0; r < q->m; r++)
+                for (int32_t c = 0; c < S; c++) {
+                    const size_t i = (size_t)r * S + c;
+                    if (c >= (q->nh + q->nkv) * q->hd) {
+                        vchanged += fbits(res[1][off][i]) != fbits(x[i]);
+                        continue;
+                    }
+                    const float wv = c < q->nh * q->hd ? qn[c % q->hd] : kn[c % q->hd];
+                    if (wv == 0.0f || wv == -1.0f)
+                        zdiff += fbits(res[0][off][i]) != fbits(res[1][off][i]);
+                }
+            CHECK(zdiff == 0 && vchanged == 0, "head_rmsnorm hd %d w_offset %d: %zu zero-weight signs differ, %zu V or "
+                  "pad columns changed", q->hd, off, zdiff, vchanged);
+        }
+        CHECK(bit_diffs(res[1][0], res[1][1], n) > n / 3, "head_rmsnorm hd %d: w_offset 1 changed too little", q->hd);
+        for (int k = 0; k < 2; k++)
+            free(res[k][0]), free(res[k][1]);
+        free(x), free(qn), free(kn);
+    }
+    printf("# rmsnorm and head_rmsnorm with w_offset 0 and 1, emulated CUDA vs CPU: at most %lld ulps\n",
+           (long long)worst);
+}
+
+/* geglu(g, u) of the emulated backend vs the CPU backend's (tanhf): every
+ * element either the same bits, or within the tanh's 2 ulps (<= 2^-23 on
+ * 1 + t) times |0.5 g u| plus the products' rounding; and always the bits of
+ * cm_geglu computed here (the kernel's expression). Returns the share of
+ * identical elements. */
+static double geglu_compare(const float *gu, int32_t m, int32_t f, const float *cpu_out, const float *dev_out,
+                            double *worst_units, int *ok, char *why, size_t cap)
+{
+    size_t same = 0;
+    *ok = 1;
+    for (int32_t r = 0; r < m && *ok; r++)
+        for (int32_t c = 0; c < f; c++) {
+            const float g = gu[(size_t)r * 2 * f + c], u = gu[(size_t)r * 2 * f + f + c];
+            const size_t i = (size_t)r * f + c;
+            const float ref = cm_geglu(g, u), a = cpu_out[i], b = dev_out[i];
+            if (isnan(ref) ? !isnan(b) : fbits(ref) != fbits(b)) {
+                snprintf(why, cap, "row %d col %d: geglu(%a, %a) = %a, the kernel's expression gives %a", r, c, g, u, b,
+                         ref);
+                *ok = 0;
+                break;
+            }
+            if ((isnan(a) && isnan(b)) || fbits(a) == fbits(b)) {
+                same++;
+                continue;
+            }
+            const double lim = fabs(0.5 * g * u) * 0x1.0p-22 + 4.0 * fabs(a) * 0x1.0p-24;
+            const double d = fabs((double)a - b);
+            if (!(d <= lim)) {
+                snprintf(why, cap, "row %d col %d: geglu(%a, %a) = %a vs the CPU's %a", r, c, g, u, b, a);
+                *ok = 0;
+                break;
+            }
+            const double units = d / (fabs(0.5 * g * u) * 0x1.0p-24);
+            *worst_units = units > *worst_units ? units : *worst_units;
+        }
+    return (double)same / ((double)m * f);
+}
+
+/* geglu, add and scale on plain buffers (no deferred sum) vs the CPU
+ * backend, odd sizes: geglu over g in [-8, 8) and special values (+-inf,
+ * NaN, +-1e20, -0, a subnormal), add bit for bit (and y += y), scale bit for
+ * bit (Gemma's sqrt(640)). */
+static void test_gemma_elementwise(void)
+{
+    const int32_t M = 7, F = 333;
+    const size_t ngu = (size_t)M * 2 * F, n = (size_t)M * F;
+    float *gu = malloc(sizeof(float) * ngu), *y = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < ngu; i++)
+        gu[i] = frand() * 8.0f;
+    const float special[] = {INFINITY, -INFINITY, NAN, 1e20f, -1e20f, -0.0f, 0x1p-140f, -3.5f, -9.5f, 12.0f};
+    for (size_t k = 0; k < sizeof special / sizeof special[0]; k++)
+        gu[k * 5] = special[k], gu[F + k * 7] = special[k]; /* gates of row 0, ups of row 0 */
+    for (size_t i = 0; i < n; i++)
+        y[i] = frand() * 100.0f, x[i] = frand();
+    float *res[2][4];
+    rd_backend *bes[2] = {cpu, emu};
+    const float sc = sqrtf(640.0f);
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        float *dgu = up(be, gu, sizeof(float) * ngu), *dout = up(be, NULL, sizeof(float) * n);
+        float *dy = up(be, y, sizeof(float) * n), *dx = up(be, x, sizeof(float) * n);
+        for (int j = 0; j < 4; j++)
+            res[k][j] = malloc(sizeof(float) * n);
+        be->ops->geglu(be, dgu, M, F, dout);
+        CHECK_OK(down(be, res[k][0], dout, sizeof(float) * n));
+        be->ops->add(be, dy, dx, (int64_t)n);
+        CHECK_OK(down(be, res[k][1], dy, sizeof(float) * n));
+        be->ops->add(be, dy, dy, (int64_t)n - 2); /* the last two left alone */
+        CHECK_OK(down(be, res[k][2], dy, sizeof(float) * n));
+        be->ops->scale(be, dy, (int64_t)n - 1, sc);
+        CHECK_OK(down(be, res[k][3], dy, sizeof(float) * n));
+        be->ops->free(be, dgu), be->ops->free(be, dout), be->ops->free(be, dy), be->ops->free(be, dx);
+    }
+    double worst = 0;
+    int ok;
+    char why[300];
+    const double same = geglu_compare(gu, M, F, res[0][0], res[1][0], &worst, &ok, why, sizeof why);
+    CHECK(ok, "geglu: %s", why);
+    printf("# geglu, emulated CUDA vs CPU (tanhf): %.2f%% bit-identical, the rest within %.2f x |0.5 g u| 2^-24\n",
+           100.0 * same, worst);
+    CHECK(same > 0.9, "geglu: only %.1f%% identical to the CPU", 100.0 * same);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(fbits(res[1][1][i]) == fbits(y[i] + x[i]) && fbits(res[0][1][i]) == fbits(res[1][1][i]), "add at %zu", i);
+        const float yy = i < n - 2 ? res[1][1][i] + res[1][1][i] : res[1][1][i];
+        CHECK(fbits(res[1][2][i]) == fbits(yy) && fbits(res[0][2][i]) == fbits(yy), "add(y, y) at %zu", i);
+        const float ys = i < n - 1 ? yy * sc : yy;
+        CHECK(fbits(res[1][3][i]) == fbits(ys) && fbits(res[0][3][i]) == fbits(ys), "scale at %zu", i);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++)
+            free(res[k][j]);
+    free(gu), free(y), free(x);
+}
+
+/* Gemma's ops on a linear layer's output as the runner calls them, in one
+ * activation mode: rmsnorm (+1) of the o/down projection's output, geglu of
+ * gate|up, add with the output as y and as x, scale. With split activations
+ * the GEMM's sum is still deferred when the op runs and the op completes it
+ * (one kernel: `kernels` checks that nothing was launched apart); whatever the
+ * mode, the result is the CPU ops' on the product computed alone (geglu: the
+ * kernel's expression exactly, the CPU within the tanh's rounding), and the
+ * product itself is left completed in the linear's output. */
+static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
+{
+    const int32_t M = 5, F = 37, OUT = 2 * F, IN = 80; /* in > out: contracting (split in the mixed mode too) */
+    const size_t n = (size_t)M * OUT;
+    float *w = malloc(sizeof(float) * OUT * IN), *xin = malloc(sizeof(float) * M * IN), *nw = malloc(sizeof(float) * OUT);
+    float *z = malloc(sizeof(float) * n), *p = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+    float *got = malloc(sizeof(float) * n), *got2 = malloc(sizeof(float) * n), *poison = malloc(sizeof(float) * n);
+    for (int64_t i = 0; i < (int64_t)OUT * IN; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * IN; i++)
+        xin[i] = frand() * 2.0f;
+    for (size_t i = 0; i < n; i++)
+        z[i] = frand() * 4.0f, poison[i] = NAN;
+    fill_gemma_norm(nw, OUT);
+    void *W;
+    CHECK_OK(be->ops->linear_load(be, w, OUT, IN, &W));
+    float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
+    float *dz = up(be, z, sizeof(float) * n), *dnw = up(be, nw, sizeof(float) * OUT), *dout = up(be, NULL, sizeof(float) * n);
+    be->ops->linear(be, W, dx, M, dy, 0);
+    CHECK_OK(down(be, p, dy, sizeof(float) * n)); /* the product alone */
+    float *cp = up(cpu, p, sizeof(float) * n), *cz = up(cpu, z, sizeof(float) * n), *cnw = up(cpu, nw, sizeof(float) * OUT);
+    float *cout = up(cpu, NULL, sizeof(float) * n);
+    const char *what[5] = {"rmsnorm(+1)", "geglu", "add(y = product)", "add(x = product)", "scale"};
+    const float sc = sqrtf(640.0f);
+    for (int op = 0; op < 5; op++) {
+        size_t nr = op == 1 ? (size_t)M * F : n;
+        /* the CPU on the product */
+        cpu->ops->h2d(cpu, cp, p, sizeof(float) * n);
+        cpu->ops->h2d(cpu, cz, z, sizeof(float) * n);
+        const float *cres = cout;
+        if (op == 0)
+            cpu->ops->rmsnorm(cpu, cp, cnw, M, OUT, 1e-6f, 1.0f, cout);
+        else if (op == 1)
+            cpu->ops->geglu(cpu, cp, M, F, cout);
+        else if (op == 2)
+            cpu->ops->add(cpu, cp, cz, (int64_t)n), cres = cp;
+        else if (op == 3)
+            cpu->ops->add(cpu, cz, cp, (int64_t)n), cres = cz;
+        else
+            cpu->ops->scale(cpu, cp, (int64_t)n, sc), cres = cp;
+        CHECK_OK(down(cpu, want, cres, sizeof(float) * nr));
+        /* the backend on the linear's fresh output */
+        be->ops->h2d(be, dy, poison, sizeof(float) * n); /* a column the sum misses shows */
+        be->ops->h2d(be, dz, z, sizeof(float) * n);
+        CHECK_OK(be->ops->sync(be));
+        const uint64_t k0 = cuemu_launch_count();
+        be->ops->linear(be, W, dx, M, dy, 0);
+        const float *res = dout;
+        if (op == 0)
+            be->ops->rmsnorm(be, dy, dnw, M, OUT, 1e-6f, 1.0f, dout);
+        else if (op == 1)
+            be->ops->geglu(be, dy, M, F, dout);
+        else if (op == 2)
+            be->ops->add(be, dy, dz, (int64_t)n), res = dy;
+        else if (op == 3)
+            be->ops->add(be, dz, dy, (int64_t)n), res = dz;
+        else
+            be->ops->scale(be, dy, (int64_t)n, sc), res = dy;
+        CHECK_OK(be->ops->sync(be));
+        const uint64_t launched = cuemu_launch_count() - k0;
+        CHECK_OK(down(be, got, res, sizeof(float) * nr));
+        CHECK_OK(down(be, got2, dy, sizeof(float) * n));
+        if (op == 1) {
+            double worst = 0;
+            int ok;
+            char why[300];
+            geglu_compare(p, M, F, want, got, &worst, &ok, why, sizeof why);
+            CHECK(ok, "%s: linear then geglu: %s", mode, why);
+        } else {
+            int64_t ulps = max_ulps(want, got, nr);
+            CHECK(op == 0 ? ulps <= 1 : bit_diffs(want, got, nr) == 0,
+                  "%s: linear then %s differs from the CPU op on its product (%lld ulps)", mode, what[op],
+                  (long long)ulps);
+        }
+        if (op == 0 || op == 1 || op == 3) /* the product is completed in place (ops 2 and 4 overwrite it) */
+            CHECK(!memcmp(got2, p, sizeof(float) * n), "%s: after linear then %s the linear's output is not the "
+                  "product", mode, what[op]);
+        /* the linear's conversion and GEMM, the op; the sum alone when not fused */
+        CHECK(launched == (uint64_t)(3 + !fused), "%s: linear then %s took %llu kernels (want %d)", mode, what[op],
+              (unsigned long long)launched, 3 + !fused);
+    }
+    cpu->ops->free(cpu, cp), cpu->ops->free(cpu, cz), cpu->ops->free(cpu, cnw), cpu->ops->free(cpu, cout);
+    be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dz), be->ops->free(be, dnw), be->ops->free(be, dout);
+    be->ops->linear_free(be, W);
+    free(w), free(xin), free(nw), free(z), free(p), free(want), free(got), free(got2), free(poison);
+}
+
+static void test_gemma_ops_after_linear(void)
+{
+    rd_backend *mixed = NULL, *nofuse = NULL;
+    setenv("RD_CUDA_ACT", "mixed", 1);
+    int rc = rd_backend_create("cuda-emu", 1, &mixed);
+    unsetenv("RD_CUDA_ACT");
+    CHECK_OK(rc);
+    setenv("RD_CUDA_FUSE", "0", 1);
+    rc = rd_backend_create("cuda-emu", 1, &nofuse);
+    unsetenv("RD_CUDA_FUSE");
+    CHECK_OK(rc);
+    gemma_chain_case(emu, "split", 1);
+    if (!test_case_failed)
+        gemma_chain_case(emu_bf16, "bf16", 1);
+    if (!test_case_failed)
+        gemma_chain_case(mixed, "mixed", 1);
+    if (!test_case_failed)
+        gemma_chain_case(nofuse, "RD_CUDA_FUSE=0", 0);
+    rd_backend_destroy(mixed);
+    rd_backend_destroy(nofuse);
+}
+
+/* bf16 copies: add and scale drop the copy an earlier RMSNorm left of the
+ * buffer they change (a GEMM reading it next sees the new values), add leaves
+ * its x's copy alone, and geglu's copy of its output serves the down
+ * projection (no conversion kernel) with the bits of a fresh conversion. */
+static void test_gemma_shadows(void)
+{
+    const int32_t M = 4, S = 48, OUT = 24, F = S / 2;
+    const size_t n = (size_t)M * S;
+    float *x = malloc(sizeof(float) * n), *nw = malloc(sizeof(float) * S), *z = malloc(sizeof(float) * n);
+    float *w = malloc(sizeof(float) * OUT * S), *wd = malloc(sizeof(float) * OUT * F), *mid = malloc(sizeof(float) * n);
+    float *got = malloc(sizeof(float) * M * OUT), *want = malloc(sizeof(float) * M * OUT);
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * 3, z[i] = frand();
+    fill_gemma_norm(nw, S);
+    for (int32_t i = 0; i < OUT * S; i++)
+        w[i] = frand() * 0.5f;
+    for (int32_t i = 0; i < OUT * F; i++)
+        wd[i] = frand() * 0.5f;
+    float *dx = up(emu, x, sizeof(float) * n), *dy = up(emu, NULL, sizeof(float) * n), *dm = up(emu, NULL, sizeof(float) * n);
+    float *dz = up(emu, z, sizeof(float) * n), *dnw = up(emu, nw, sizeof(float) * S);
+    float *dout = up(emu, NULL, sizeof(float) * M * OUT);
+    void *W, *Wd;
+    CHECK_OK(emu->ops->linear_load(emu, w, OUT, S, &W));
+    CHECK_OK(emu->ops->linear_load(emu, wd, OUT, F, &Wd));
+    const char *what[3] = {"add(y, z)", "scale(y)", "add(z, y)"};
+    for (int op = 0; op < 3; op++) {
+        emu->ops->rmsnorm(emu, dx, dnw, M, S, 1e-6f, 1.0f, dy); /* dy gets a bf16 copy */
+        float *target = dy;
+        if (op == 0)
+            emu->ops->add(emu, dy, dz, (int64_t)n);
+        else if (op == 1)
+            emu->ops->scale(emu, dy, (int64_t)n, 25.3f);
+        else
+            emu->ops->add(emu, dz, dy, (int64_t)n); /* dy unchanged: its copy is still good */
+        emu->ops->linear(emu, W, target, M, dout, 0);
+        CHECK_OK(down(emu, got, dout, sizeof(float) * M * OUT));
+        CHECK_OK(down(emu, mid, target, sizeof(float) * n));
+        emu->ops->h2d(emu, dm, mid, sizeof(float) * n); /* the same values in a buffer with no copy */
+        emu->ops->linear(emu, W, dm, M, dout, 0);
+        CHECK_OK(down(emu, want, dout, sizeof(float) * M * OUT));
+        CHECK(!memcmp(got, want, sizeof(float) * M * OUT), "a GEMM after %s read a stale bf16 copy of its input",
+              what[op]);
+    }
+    /* geglu's copy: gu = x as [M][2F] */
+    emu->ops->geglu(emu, dx, M, F, dy);
+    CHECK_OK(emu->ops->sync(emu));
+    const uint64_t k0 = cuemu_launch_count();
+    emu->ops->linear(emu, Wd, dy, M, dout, 0);
+    CHECK_OK(down(emu, got, dout, sizeof(float) * M * OUT));
+    const uint64_t launched = cuemu_launch_count() - k0;
+    CHECK(launched == 2, "the down projection after geglu took %llu kernels (want the GEMM and its sum)",
+          (unsigned long long)launched);
+    CHECK_OK(down(emu, mid, dy, sizeof(float) * M * F));
+    emu->ops->h2d(emu, dm, mid, sizeof(float) * M * F);
+    emu->ops->linear(emu, Wd, dm, M, dout, 0);
+    CHECK_OK(down(emu, want, dout, sizeof(float) * M * OUT));
+    CHECK(!memcmp(got, want, sizeof(float) * M * OUT), "geglu's bf16 copy differs from converting its output");
+    emu->ops->linear_free(emu, W);
+    emu->ops->linear_free(emu, Wd);
+    emu->ops->free(emu, dx), emu->ops->free(emu, dy), emu->ops->free(emu, dm), emu->ops->free(emu, dz);
+    emu->ops->free(emu, dnw), emu->ops->free(emu, dout);
+    free(x), free(nw), free(z), free(w), free(wd), free(mid), free(got), free(want);
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -1825,6 +2263,10 @@ int main(void)
     RUN_SEL(test_qwen_ops_drop_shadows);
     RUN_SEL(test_qwen_ops_after_linear);
     RUN_SEL(test_rope_then_row_op);
+    RUN_SEL(test_norm_offsets);
+    RUN_SEL(test_gemma_elementwise);
+    RUN_SEL(test_gemma_ops_after_linear);
+    RUN_SEL(test_gemma_shadows);
     RUN_SEL(test_attention);
     RUN_SEL(test_attention_alone_vs_batched);
     RUN_SEL(test_attention_window);
