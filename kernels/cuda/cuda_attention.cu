@@ -1,15 +1,17 @@
 // cuda_attention.cu - paged causal attention, one kernel for prefill and
 // decode rows alike.
 //
-// A row at position p attends to keys 0..p of its sequence through the block
-// table. The keys are cut into partitions of CUPLAN_ATTN_PART (fixed size,
-// never a fixed count). k_attn_part computes, for one (row, kv head,
+// A row at position p attends to keys k0..p of its sequence through the
+// block table: k0 = 0, or p - window + 1 on a sliding-window layer
+// (cuplan_attn_key0). The keys are cut into partitions of CUPLAN_ATTN_PART
+// from k0 on (fixed size, never a fixed count; a windowed row has at most
+// ceil(window / CUPLAN_ATTN_PART)). k_attn_part computes, for one (row, kv head,
 // partition), for each of the GQA group's query heads: the partition's max
 // score m, its sum of exp s and its unnormalised P.V o; K and V are read once
 // for the whole group. k_attn_combine folds the partitions in index order:
 //   M = max_p m_p, w_p = exp(m_p - M), out = (sum_p w_p o_p) / (sum_p w_p s_p).
-// Every sum has an order fixed by the row's own length and the constant block
-// size, so a row's output is the same in a prefill step, a decode step, a
+// Every sum has an order fixed by the row's own position, the layer's window
+// and the constant partition size, so a row's output is the same in a prefill step, a decode step, a
 // CUDA graph of any bucket or next to any other rows. The grid's z dimension
 // (CTAs per row and kv head) only decides which CTA computes which partition.
 #include "kernels/cuda/cuda_internal.h"
@@ -26,7 +28,8 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
     const int32_t seq = P.row_seq[row];
     if (seq < 0)
         return; // padding row: the combine kernel writes zeros
-    const int32_t n = P.positions[row] + 1;
+    const int32_t pos = P.positions[row];
+    const int32_t k0 = cuplan_attn_key0(pos, P.window), n = pos + 1 - k0; // keys k0 .. pos
     int32_t n_parts = cuplan_attn_parts(n);
     if (n_parts > P.parts_cap)
         n_parts = P.parts_cap; // never: the host sizes parts_cap; the combine writes NaN then
@@ -54,8 +57,8 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
     const bool pv_on = kli < L.kl;
 
     for (int32_t p = blockIdx.z; p < n_parts; p += P.z) {
-        const int32_t j0 = p * AP;
-        const int32_t len = n - j0 < AP ? n - j0 : AP;
+        const int32_t j0 = k0 + p * AP; // the partition's first key
+        const int32_t len = n - p * AP < AP ? n - p * AP : AP;
 
         // 1. scores: L.tg lanes per key, L.ng keys per round.
         for (int32_t base = 0; base < len; base += L.ng) {
@@ -162,7 +165,7 @@ __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
         }
         return;
     }
-    const int32_t n_parts = cuplan_attn_parts(P.positions[row] + 1);
+    const int32_t n_parts = cuplan_attn_row_parts(P.positions[row], P.window);
     if (n_parts > P.parts_cap) {
         for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
             out[d] = NAN;

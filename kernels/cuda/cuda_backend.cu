@@ -7,9 +7,9 @@
 // (the weights are read once) and summed after: ~16 bits of the input, so the
 // products are those of fp32 activations and bf16 weights to ~2^-17. The sum
 // is deferred into the next kernel that reads the output (RMSNorm, RoPE,
-// SwiGLU, a bias, the per-head norms; see settle and take_split), so the
-// split adds no kernel. RoPE is deferred in turn, so that the KV write runs
-// inside it (cu_kv_write).
+// SwiGLU, GeGLU, a bias, the per-head norms, add, scale; see settle and
+// take_split), so the split adds no kernel. RoPE is deferred in turn, so
+// that the KV write runs inside it (cu_kv_write).
 // RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM);
 // RD_CUDA_ACT=mixed splits only the GEMMs with in > out (in a Llama block,
 // the down projection: about a quarter of the FLOPs), hi only elsewhere.
@@ -310,9 +310,9 @@ static bool grow(cuda_be *b, void **p, size_t *cap_bytes, size_t need, const cha
 
 // ------------------------------------------------------------------ shadows
 //
-// rmsnorm, attention and swiglu write a bf16 copy of their fp32 output next
-// to it; a linear layer whose input is that buffer (same pointer, same
-// element count) reads the copy instead of converting. The copy is exactly
+// rmsnorm, attention, swiglu and geglu write a bf16 copy of their fp32
+// output next to it; a linear layer whose input is that buffer (same pointer,
+// same element count) reads the copy instead of converting. The copy is exactly
 // what the conversion would produce (same rounding), so this only saves a
 // kernel. Any write to a range drops the copies that overlap it.
 
@@ -1019,6 +1019,49 @@ static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, flo
         shadow_commit(b, out, n);
 }
 
+// Gemma's gated FFN, as cu_swiglu: completes gate|up's deferred sum and
+// writes the bf16 copy of its output for the down projection.
+static void cu_geglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
+{
+    cuda_be *b = compute(be);
+    const size_t n = (size_t)m * f;
+    const split_sum ss = take_split(b, gu, (int64_t)n * 2);
+    uint16_t *bf = shadow_claim(b, out, n);
+    launch_geglu(b->st, (float *)gu, m, f, out, bf, b->split ? (int64_t)n : 0, ss);
+    if (check_launch(b, "geglu") && bf)
+        shadow_commit(b, out, n);
+}
+
+// y += x (Gemma's residual adds after its post-norms). A deferred sum whose
+// destination is y, or x, over exactly these n floats is completed in the
+// same kernel (x is then written back too); any other is launched first.
+// The bf16 copies of what it writes are dropped.
+static void cu_add(rd_backend *be, float *y, const float *x, int64_t n)
+{
+    cuda_be *b = compute(be);
+    if (n <= 0)
+        return;
+    const int on_x = x != y && b->pend_y == x && b->pend.n == n;
+    const split_sum ss = take_split(b, on_x ? x : y, n);
+    shadow_written(b, y, (size_t)n * sizeof(float));
+    if (ss.t && on_x)
+        shadow_written(b, x, (size_t)n * sizeof(float));
+    launch_add(b->st, y, (float *)x, n, ss, on_x);
+    check_launch(b, "add");
+}
+
+// x *= s (Gemma's embedding scale), completing x's deferred sum if it has one.
+static void cu_scale(rd_backend *be, float *x, int64_t n, float s)
+{
+    cuda_be *b = compute(be);
+    if (n <= 0)
+        return;
+    const split_sum ss = take_split(b, x, n);
+    shadow_written(b, x, (size_t)n * sizeof(float));
+    launch_scale(b->st, x, n, s, ss);
+    check_launch(b, "scale");
+}
+
 static void cu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)
 {
     cuda_be *b = compute_op(be);
@@ -1123,8 +1166,12 @@ static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q,
     p.head_dim = a->head_dim;
     p.block_size = a->block_size;
     p.scale = a->scale;
+    p.window = a->window > 0 ? a->window : 0;
     p.rows = rows;
-    p.z = cuplan_attn_z(rows, a->n_kv_heads, b->capturing ? 0 : b->step_max_parts, b->n_sm);
+    // (parts_cap holds the step's rows without a window: a windowed layer's
+    // need no more)
+    p.z = cuplan_attn_z(rows, a->n_kv_heads, cuplan_attn_layer_parts(b->capturing ? 0 : b->step_max_parts, p.window),
+                        b->n_sm);
     p.parts_cap = b->parts_cap;
     p.part_o = b->part_o;
     p.part_ms = b->part_ms;
@@ -1467,6 +1514,9 @@ static rd_backend_ops make_ops()
     o.head_rmsnorm = cu_head_rmsnorm;
     o.rope = cu_rope;
     o.swiglu = cu_swiglu;
+    o.geglu = cu_geglu;
+    o.add = cu_add;
+    o.scale = cu_scale;
     o.gather_rows = cu_gather_rows;
     o.kv_write = cu_kv_write;
     o.attention = cu_attention;

@@ -52,6 +52,15 @@ void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_
 // With ss.t, gu is first completed from the split sum (and written back).
 void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
                    split_sum ss);
+// out = gelu_tanh(gu[:, :f]) * gu[:, f:] (cm_geglu); otherwise as launch_swiglu.
+void launch_geglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
+                  split_sum ss);
+// y[i] += x[i] for n floats (x == y allowed, no other overlap). With ss.t,
+// the split sum is y's (on_x 0) or x's (on_x 1: x is completed and written
+// back first).
+void launch_add(cudaStream_t s, float *y, float *x, int64_t n, split_sum ss, int on_x);
+// x[i] *= f for n floats; with ss.t, x is completed from the split sum first.
+void launch_scale(cudaStream_t s, float *x, int64_t n, float f, split_sum ss);
 void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out);
 // Rows with slot < 0 (padding) are skipped.
 void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
@@ -94,6 +103,7 @@ struct attn_params {
     const int32_t *table_stride; // device scalar (read at run time: CUDA graphs)
     int32_t n_heads, n_kv, head_dim, block_size;
     float scale;
+    int32_t window;             // sliding window (keys pos - window + 1 .. pos); 0: all
     int32_t rows;
     int32_t z;                  // CTAs per (row, kv head)
     int32_t parts_cap;          // partitions stored per (row, head)

@@ -258,6 +258,78 @@ void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, 
     RD_LAUNCH(k_swiglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf, lo_off, ss);
 }
 
+// ------------------------------------------------------------------ geglu
+
+// Gemma's gated FFN: gelu_tanh(g) * u, the CPU's expression (cm_geglu) with
+// cm_tanhf for tanhf; otherwise as k_swiglu.
+__global__ void k_geglu(float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)m * f)
+        return;
+    const int64_t i = idx / f;
+    const int32_t c = (int32_t)(idx % f);
+    const int64_t kg = i * 2 * f + c, ku = kg + f;
+    if (sp.t) {
+        gu[kg] = split_value(sp, gu, kg);
+        gu[ku] = split_value(sp, gu, ku);
+    }
+    const float v = cm_geglu(gu[kg], gu[ku]);
+    out[idx] = v;
+    if (out_bf)
+        store_bf(out_bf, idx, lo_off, v);
+}
+
+void launch_geglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
+                  split_sum ss)
+{
+    const int64_t total = (int64_t)m * f;
+    if (total <= 0)
+        return;
+    RD_LAUNCH(k_geglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf, lo_off, ss);
+}
+
+// ------------------------------------------------------------------ add, scale
+
+// y[i] += x[i]. The split sum, if any, is y's (on_x 0) or x's (on_x 1, and
+// x is written back completed); x == y reads the one value twice.
+__global__ void k_add(float *y, float *x, int64_t n, split_sum sp, int on_x)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float yv = sp.t && !on_x ? split_value(sp, y, i) : y[i];
+    float xv;
+    if (x == y) {
+        xv = yv;
+    } else if (sp.t && on_x) {
+        xv = split_value(sp, x, i);
+        x[i] = xv;
+    } else {
+        xv = x[i];
+    }
+    y[i] = RD_FADD(yv, xv);
+}
+
+void launch_add(cudaStream_t s, float *y, float *x, int64_t n, split_sum ss, int on_x)
+{
+    if (n > 0)
+        RD_LAUNCH(k_add, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n, ss, on_x);
+}
+
+__global__ void k_scale(float *x, int64_t n, float f, split_sum sp)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = RD_FMUL(sp.t ? split_value(sp, x, i) : x[i], f);
+}
+
+void launch_scale(cudaStream_t s, float *x, int64_t n, float f, split_sum ss)
+{
+    if (n > 0)
+        RD_LAUNCH(k_scale, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, f, ss);
+}
+
 // ------------------------------------------------------------------ gather
 
 __global__ void k_gather(const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)

@@ -35,6 +35,19 @@
 #define RD_FDIV(a, b) ((float)(a) / (float)(b))
 #endif
 
+/* The same in double (tanh's internals). */
+#if defined(__CUDA_ARCH__)
+#define RD_DMUL(a, b) __dmul_rn((a), (b))
+#define RD_DADD(a, b) __dadd_rn((a), (b))
+#define RD_DSUB(a, b) __dsub_rn((a), (b))
+#define RD_DDIV(a, b) __ddiv_rn((a), (b))
+#else
+#define RD_DMUL(a, b) ((double)(a) * (double)(b))
+#define RD_DADD(a, b) ((double)(a) + (double)(b))
+#define RD_DSUB(a, b) ((double)(a) - (double)(b))
+#define RD_DDIV(a, b) ((double)(a) / (double)(b))
+#endif
+
 RD_HD uint32_t cm_f2u(float f)
 {
 #if defined(__CUDA_ARCH__)
@@ -153,5 +166,66 @@ RD_HD float cm_exp_nonpos(float x)
 
 /* p_i / p_max = exp((x_i - m) / t), division as sampler.c does it. */
 RD_HD float cm_scaled_weight(float x, float m, float t) { return cm_exp_nonpos(RD_FDIV(RD_FSUB(x, m), t)); }
+
+/* ---- GELU (tanh form), Gemma's gated FFN ---- */
+
+/* expm1(y) for |y| <= ln2/2 + a little: Taylor to degree 13 (the next term
+ * is < 2e-17 relative), Horner in double. */
+RD_HD double cm_expm1_small(double y)
+{
+    double p = 0x1.6124613a86d09p-33;   /* 1/13! */
+    p = RD_DADD(RD_DMUL(p, y), 0x1.1eed8eff8d898p-29);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.ae64567f544e4p-26);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.27e4fb7789f5cp-22);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.71de3a556c734p-19);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.a01a01a01a01ap-16);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.a01a01a01a01ap-13);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.6c16c16c16c17p-10);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.1111111111111p-7);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.5555555555555p-5);
+    p = RD_DADD(RD_DMUL(p, y), 0x1.5555555555555p-3);
+    p = RD_DADD(RD_DMUL(p, y), 0.5);
+    p = RD_DADD(RD_DMUL(p, y), 1.0);
+    return RD_DMUL(p, y);
+}
+
+/* tanh of a float, computed in double with plain IEEE operations (so the
+ * device, the emulator and the host give the same bits) and rounded once to
+ * float: tanh(a) = e / (e + 2) with e = expm1(2a), relative error ~1e-15
+ * before the rounding, so the result is the correctly rounded tanh except
+ * within ~1e-15 of a rounding boundary. Against glibc 2.36's tanhf (the CPU
+ * backend's) it is measured in tests/unit/test_cuda_host.c. */
+RD_HD float cm_tanhf(float x)
+{
+    const uint32_t ux = cm_f2u(x), ua = ux & 0x7fffffffu;
+    if (ua > 0x7f800000u)
+        return RD_FADD(x, x); /* NaN */
+    float r = 1.0f;           /* |x| >= 10 (and inf): tanh rounds to 1 past 9.011 */
+    if (ua < 0x41200000u) {
+        const double y = 2.0 * (double)cm_u2f(ua); /* exact */
+        double em1;
+        if (y < 0.34657359027997264) {
+            em1 = cm_expm1_small(y);
+        } else {
+            /* y = k ln2 + t, |t| <= ln2/2, k <= 29; ln2's high part has 32
+             * bits, so k * LN2_HI is exact */
+            const double kd = RD_DSUB(RD_DADD(RD_DMUL(y, 0x1.71547652b82fep+0), 0x1.8p52), 0x1.8p52);
+            const double t = RD_DSUB(RD_DSUB(y, RD_DMUL(kd, 0x1.62e42feep-1)), RD_DMUL(kd, 0x1.a39ef35793c76p-33));
+            const double two_k = (double)(1u << (int)kd);
+            em1 = RD_DSUB(RD_DMUL(RD_DADD(cm_expm1_small(t), 1.0), two_k), 1.0);
+        }
+        r = (float)RD_DDIV(em1, RD_DADD(em1, 2.0));
+    }
+    return cm_u2f(cm_f2u(r) | (ux & 0x80000000u));
+}
+
+/* gelu_tanh(g) * u as the CPU backend writes it (kernels/cpu/cpu_backend.c,
+ * geglu_task): 0.5 g (1 + tanh(0.7978845608 (g + 0.044715 g^3))) u, left to
+ * right, with cm_tanhf for tanhf. */
+RD_HD float cm_geglu(float g, float u)
+{
+    const float inner = RD_FMUL(0.7978845608f, RD_FADD(g, RD_FMUL(RD_FMUL(RD_FMUL(0.044715f, g), g), g)));
+    return RD_FMUL(RD_FMUL(RD_FMUL(0.5f, g), RD_FADD(1.0f, cm_tanhf(inner))), u);
+}
 
 #endif

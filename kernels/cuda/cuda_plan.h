@@ -16,8 +16,10 @@ extern "C" {
 #endif
 
 /* Paged attention works on fixed-size KV partitions: a row's keys
- * [p*CUPLAN_ATTN_PART, (p+1)*CUPLAN_ATTN_PART) form partition p whatever the
- * batch, so the reduction order of a row depends only on its own length. */
+ * [k0 + p*CUPLAN_ATTN_PART, k0 + (p+1)*CUPLAN_ATTN_PART) form partition p
+ * whatever the batch, where k0 is the row's first key (0, or with a sliding
+ * window its position - window + 1), so the reduction order of a row depends
+ * only on its own position and the layer's window. */
 #define CUPLAN_ATTN_PART 256
 #define CUPLAN_ATTN_THREADS 128     /* threads per partition CTA */
 #define CUPLAN_ATTN_MAX_GROUP 16    /* query heads per KV head */
@@ -61,6 +63,32 @@ RD_HD cuplan_attn cuplan_attn_layout(int32_t group, int32_t head_dim)
 
 /* Partitions of a row with ctx keys (>= 1 for ctx >= 1). */
 RD_HD int32_t cuplan_attn_parts(int32_t ctx) { return (ctx + CUPLAN_ATTN_PART - 1) / CUPLAN_ATTN_PART; }
+
+/* The first key a query at position pos sees: max(0, pos - window + 1), or 0
+ * without a window (window <= 0), as the CPU backend's attention. */
+RD_HD int32_t cuplan_attn_key0(int32_t pos, int32_t window)
+{
+    return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+/* Partitions of the row at position pos: its keys key0 .. pos, cut from key0
+ * on (a windowed row has at most cuplan_attn_parts(window)). */
+RD_HD int32_t cuplan_attn_row_parts(int32_t pos, int32_t window)
+{
+    return cuplan_attn_parts(pos + 1 - cuplan_attn_key0(pos, window));
+}
+
+/* The most partitions a row of a layer with this window can have in a step
+ * whose rows have at most step_parts without a window (0: unknown, as when a
+ * CUDA graph is captured for later, longer contexts; a window still bounds
+ * it). For cuplan_attn_z. */
+RD_HD int32_t cuplan_attn_layer_parts(int32_t step_parts, int32_t window)
+{
+    if (window <= 0)
+        return step_parts;
+    const int32_t w = cuplan_attn_parts(window);
+    return step_parts > 0 && step_parts < w ? step_parts : w;
+}
 
 /* CTAs per (row, kv head): enough to fill about two waves of the SMs, at most
  * the partitions there are (max_parts; 0 = unknown, as when a CUDA graph is

@@ -1,6 +1,6 @@
 /* test_cuda_host.c - the CUDA backend's host-side logic, on the CPU: bf16
  * rounding, the device sampler's RNG and ordering against engine/sampler.c,
- * attention planning, GEMM candidate choice, graph buckets, KV budget.
+ * the GELU's tanh against libm's, attention planning (sliding windows too), GEMM candidate choice, graph buckets, KV budget.
  * Reference values are computed here independently (double arithmetic,
  * brute force), never copied from the code under test. */
 #include <math.h>
@@ -155,6 +155,76 @@ static void test_exp_nonpos(void)
     CHECK(cm_scaled_weight(2.0f, 2.0f, 0.5f) == 1.0f, "weight at the max is 1");
 }
 
+/* Distance in ulps between two finite floats (or infinities). */
+static int64_t ulp_dist(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    int64_t la = ia < 0 ? (int64_t)INT32_MIN - ia : ia, lb = ib < 0 ? (int64_t)INT32_MIN - ib : ib;
+    return la > lb ? la - lb : lb - la;
+}
+
+/* cm_tanhf (the GELU's tanh on the device) against the libm the CPU backend
+ * uses: every 61st float of either sign. Measured over all 2^31 finite
+ * non-negative floats once (2026-12-01, glibc 2.36): identical to
+ * (float)tanh((double)x) everywhere, and to tanhf on 97.23%, 1 ulp away on
+ * 2.76%, 2 ulps on 0.017%, never more (glibc's tanhf is the 2-ulp one). */
+static void test_tanh(void)
+{
+    uint64_t n = 0, same = 0, same_cr = 0;
+    int64_t worst = 0, worst_cr = 0;
+    float at = 0;
+    for (uint64_t u = 0; u < 0x7f800000u; u += 61) {
+        for (int sign = 0; sign < 2; sign++) {
+            const float x = bits_f((uint32_t)u | (sign ? 0x80000000u : 0));
+            const float t = cm_tanhf(x), g = tanhf(x), c = (float)tanh((double)x);
+            const int64_t d = ulp_dist(t, g), dc = ulp_dist(t, c);
+            n++;
+            same += d == 0;
+            same_cr += dc == 0;
+            if (d > worst)
+                worst = d, at = x;
+            worst_cr = dc > worst_cr ? dc : worst_cr;
+        }
+    }
+    printf("# cm_tanhf vs glibc tanhf over %llu floats: %.4f%% identical, at most %lld ulps (at %a); vs "
+           "(float)tanh((double)x): %.4f%% identical, at most %lld ulps\n", (unsigned long long)n,
+           100.0 * (double)same / (double)n, (long long)worst, at, 100.0 * (double)same_cr / (double)n,
+           (long long)worst_cr);
+    CHECK(worst <= 2, "cm_tanhf is %lld ulps from tanhf at %a", (long long)worst, at);
+    CHECK(worst_cr <= 1 && (double)same_cr >= 0.9999 * (double)n, "cm_tanhf vs the rounded double tanh: %lld ulps, "
+          "%llu of %llu identical", (long long)worst_cr, (unsigned long long)same_cr, (unsigned long long)n);
+    CHECK((double)same >= 0.95 * (double)n, "only %llu of %llu identical to tanhf", (unsigned long long)same,
+          (unsigned long long)n);
+    CHECK(isnan(cm_tanhf(NAN)) && cm_tanhf(INFINITY) == 1.0f && cm_tanhf(-INFINITY) == -1.0f, "NaN and infinities");
+    CHECK(f_bits(cm_tanhf(0.0f)) == 0 && f_bits(cm_tanhf(-0.0f)) == 0x80000000u, "signed zeros");
+    CHECK(cm_tanhf(0x1p-149f) == 0x1p-149f && cm_tanhf(-0x1p-130f) == -0x1p-130f, "subnormals: tanh(x) = x");
+    CHECK(cm_tanhf(9.1f) == 1.0f && cm_tanhf(10.0f) == 1.0f && cm_tanhf(-1e30f) == -1.0f && cm_tanhf(9.0f) < 1.0f,
+          "saturation");
+    /* The GELU as the CPU backend writes it (tanhf) vs cm_geglu: equal where
+     * the tanh agrees, else within the tanh's 2 ulps (<= 2^-23 on 1 + t, exact
+     * or rounded) times |0.5 g u|, plus the products' rounding. */
+    uint64_t gs = 0, gn = 0;
+    double gworst = 0;
+    for (int i = 0; i < 2000000; i++) {
+        const float g = (float)((double)(next_u64() >> 11) * 0x1.0p-53 * 24.0 - 16.0);
+        const float u = (float)((double)(next_u64() >> 11) * 0x1.0p-53 * 4.0 - 2.0);
+        const float inner = 0.7978845608f * (g + 0.044715f * g * g * g);
+        const float cpu = 0.5f * g * (1.0f + tanhf(inner)) * u;
+        const float dev = cm_geglu(g, u);
+        gn++;
+        gs += f_bits(cpu) == f_bits(dev);
+        const double scale = fabs(0.5 * g * u) * 0x1.0p-24;
+        const double err = fabs((double)cpu - dev) / (scale > 0 ? scale : 1e-45);
+        gworst = err > gworst ? err : gworst;
+        CHECK(fabs((double)cpu - dev) <= fabs(0.5 * g * u) * 0x1.0p-22 + 4.0 * fabs(cpu) * 0x1.0p-24,
+              "gelu(%a) * %a: %a vs the CPU formula's %a", g, u, dev, cpu);
+    }
+    printf("# cm_geglu vs the CPU's formula (g in [-16, 8), u in [-2, 2)): %.3f%% identical, at most %.2f x "
+           "|0.5 g u| 2^-24 apart\n", 100.0 * (double)gs / (double)gn, gworst);
+}
+
 static void test_attention_plan(void)
 {
     CHECK(cuplan_attn_check(9, 3, 64) == 0, "SmolLM2 shape");
@@ -192,6 +262,27 @@ static void test_attention_plan(void)
     CHECK(cuplan_attn_z(1, 3, 2, 132) == 2, "never more CTAs than partitions");
     CHECK(cuplan_attn_z(256, 8, 0, 132) == 1, "big batches need no split");
     CHECK(cuplan_attn_z(0, 0, 0, 0) >= 1, "degenerate input");
+    /* sliding windows: keys max(0, pos - W + 1) .. pos, cut from the first */
+    CHECK(cuplan_attn_key0(0, 0) == 0 && cuplan_attn_key0(5000, 0) == 0 && cuplan_attn_key0(5000, -3) == 0,
+          "no window: from key 0");
+    CHECK(cuplan_attn_key0(0, 1) == 0 && cuplan_attn_key0(9, 1) == 9, "window 1: the row's own key");
+    CHECK(cuplan_attn_key0(510, 512) == 0 && cuplan_attn_key0(511, 512) == 0 && cuplan_attn_key0(512, 512) == 1 &&
+          cuplan_attn_key0(1000, 512) == 489, "window 512");
+    for (int32_t pos = 0; pos < 3000; pos += 7)
+        for (int32_t w = 1; w < 1100; w += 37) {
+            const int32_t n = pos + 1 - cuplan_attn_key0(pos, w);
+            CHECK(n == (pos + 1 < w ? pos + 1 : w), "pos %d window %d: %d keys", pos, w, n);
+            CHECK(cuplan_attn_row_parts(pos, w) == cuplan_attn_parts(n) &&
+                  cuplan_attn_row_parts(pos, w) <= cuplan_attn_parts(w), "pos %d window %d: partitions", pos, w);
+        }
+    CHECK(cuplan_attn_row_parts(5000, 512) == 2 && cuplan_attn_row_parts(5000, 0) == 20 &&
+          cuplan_attn_row_parts(100, 512) == 1, "row partitions");
+    CHECK(cuplan_attn_layer_parts(20, 0) == 20 && cuplan_attn_layer_parts(0, 0) == 0, "no window: the step's");
+    CHECK(cuplan_attn_layer_parts(20, 512) == 2 && cuplan_attn_layer_parts(1, 512) == 1, "window: at most its own");
+    CHECK(cuplan_attn_layer_parts(0, 512) == 2 && cuplan_attn_layer_parts(0, 300) == 2 &&
+          cuplan_attn_layer_parts(0, 16) == 1, "capture (unknown contexts): the window bounds it");
+    CHECK(cuplan_attn_z(1, 1, cuplan_attn_layer_parts(0, 512), 132) == 2,
+          "Gemma 3 at batch 1 on a window of 512: 2 CTAs per (row, kv head)");
 }
 
 static void test_gemm_pick(void)
@@ -282,6 +373,7 @@ int main(void)
     RUN(test_rng_matches_cpu_sampler);
     RUN(test_order_and_keys);
     RUN(test_exp_nonpos);
+    RUN(test_tanh);
     RUN(test_attention_plan);
     RUN(test_gemm_pick);
     RUN(test_graph_buckets);
