@@ -2231,7 +2231,9 @@ static void runner_case(const char *name, int split)
             uint64_t k = cuemu_launch_count() - k0;
             const int32_t L = c->n_layers;
             /* Qwen2's bias is one kernel more per layer, Qwen3's q and k norms two. */
-            const int32_t per_layer = 10 + (lc.m->layers[0].qkv_bias ? 1 : 0) + (lc.m->layers[0].q_norm ? 2 : 0);
+            /* Gemma 3's layer is 16: its post-norms and residual adds are kernels of their own. */
+            const int32_t per_layer = lc.m->layers[0].post_attn_norm ? 16
+                                      : 10 + (lc.m->layers[0].qkv_bias ? 1 : 0) + (lc.m->layers[0].q_norm ? 2 : 0);
             printf("# %s%s: a decode step is %llu kernels (%d layers)\n", name, split ? "" : " (bf16 activations)",
                    (unsigned long long)k, L);
             CHECK(k <= (uint64_t)(per_layer * L + 7), "a decode step launches %llu kernels for %d layers",
@@ -2284,13 +2286,17 @@ static void test_runner_tiny(void)
 
 /* Every family's layer recipe on the emulated backend against the CPU: the
  * Qwen2 bias, the Qwen3 per-head norms over a q width (4 x 32) wider than
- * hidden, the Llama 3 scaled RoPE table. */
+ * hidden, the Llama 3 scaled RoPE table, Gemma 3's window of 8 (prompts of
+ * 5..23 tokens and decode past them) and local RoPE base. */
 static void test_runner_families(void)
 {
     runner_case("tiny-qwen2", 1);
     if (test_case_failed)
         return;
     runner_case("tiny-qwen3", 1);
+    if (test_case_failed)
+        return;
+    runner_case("tiny-gemma3", 1);
     if (test_case_failed || light)
         return;
     runner_case("tiny-llama3", 1);
