@@ -25,7 +25,7 @@ struct engine {
     model *m;
     eng_config cfg;
     runner run;
-    kv_pool kv;
+    kv_pool *kv;                /* the block manager */
     int32_t eos;                /* model EOS id, -1 if unknown */
     int32_t eot;                /* the chat format's end-of-turn id when it is not eos, else -1 */
     int64_t next_id;
@@ -93,8 +93,7 @@ static void seq_destroy(seq *s)
 {
     if (!s)
         return;
-    free(s->tokens);
-    free(s->blocks);
+    free(s->tokens); /* its blocks went back with kv_free_seq */
     free(s->logprobs);
     free(s->logprobs_proc);
     free(s->top_ids);
@@ -103,7 +102,7 @@ static void seq_destroy(seq *s)
     seq_req *r = s->req;
     if (r && --r->live == 0) {
         free(r->prompt);
-        free(r->hashes);
+        kv_prefix_free(&r->prefix);
         free(r);
     }
     free(s);
@@ -122,41 +121,18 @@ static seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
     int32_t k = r->sp.logprobs_topk;
     s->tokens = malloc(sizeof(int32_t) * cap);
     s->logprobs = malloc(sizeof(float) * cap);
-    s->blocks_cap = 8;
-    s->blocks = malloc(sizeof(int32_t) * s->blocks_cap);
     if (r->sp.processed_logprobs)
         s->logprobs_proc = malloc(sizeof(float) * cap);
     if (k > 0) {
         s->top_ids = malloc(sizeof(int32_t) * (size_t)cap * k);
         s->top_lps = malloc(sizeof(float) * (size_t)cap * k);
     }
-    if (!s->tokens || !s->logprobs || !s->blocks || (r->sp.processed_logprobs && !s->logprobs_proc) ||
+    if (!s->tokens || !s->logprobs || (r->sp.processed_logprobs && !s->logprobs_proc) ||
         (k > 0 && (!s->top_ids || !s->top_lps))) {
         seq_destroy(s);
         return NULL;
     }
     return s;
-}
-
-static void seq_release_blocks(engine *e, seq *s)
-{
-    for (int32_t i = 0; i < s->n_blocks; i++)
-        kv_unref(&e->kv, s->blocks[i]);
-    s->n_blocks = 0;
-}
-
-static int seq_push_block(seq *s, int32_t b)
-{
-    if (s->n_blocks == s->blocks_cap) {
-        int32_t nc = s->blocks_cap * 2;
-        int32_t *nb = realloc(s->blocks, sizeof(int32_t) * nc);
-        if (!nb)
-            return RD_ENOMEM;
-        s->blocks = nb;
-        s->blocks_cap = nc;
-    }
-    s->blocks[s->n_blocks++] = b;
-    return 0;
 }
 
 /* Started: it was running, or it is a forked sample or has generated tokens
@@ -212,14 +188,14 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->eos = cfg->eos_id;
     e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
     e->next_id = 1;
-    int rc = kv_init(&e->kv, (int32_t)n_blocks, cfg->block_size);
+    int rc = kv_create((int32_t)n_blocks, cfg->block_size, &e->kv);
     if (rc) {
         free(e);
         return rc;
     }
     rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, cfg->max_num_seqs);
     if (rc) {
-        kv_free(&e->kv);
+        kv_destroy(e->kv);
         free(e);
         return rc;
     }
@@ -259,10 +235,11 @@ void eng_destroy(engine *e)
         while (lists[i]->head) {
             seq *s = lists[i]->head;
             list_remove(lists[i], s);
+            kv_free_seq(e->kv, &s->blocks);
             seq_destroy(s);
         }
     runner_free(&e->run);
-    kv_free(&e->kv);
+    kv_destroy(e->kv);
     free(e->tok);
     free(e->pos);
     free(e->slot);
@@ -316,9 +293,11 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     if (total > c->max_ctx)
         total = c->max_ctx;
     int64_t need = (total + e->cfg.block_size - 1) / e->cfg.block_size;
-    if (need > e->kv.n_blocks)
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    if (need > ks.blocks_total)
         return rd_fail(RD_ERANGE, "request: %lld tokens need %lld KV blocks; the pool has %d",
-                       (long long)total, (long long)need, e->kv.n_blocks);
+                       (long long)total, (long long)need, ks.blocks_total);
     if (e->waiting.count >= e->cfg.max_waiting)
         return rd_fail(RD_EBUSY, "request: %d requests already waiting (max_waiting)", e->waiting.count);
 
@@ -363,39 +342,14 @@ int eng_busy(const engine *e) { return e->waiting.count + e->running.count > 0; 
 
 /* ---- scheduling ---- */
 
-/* Makes slots for positions [n_computed, n_computed + rows) writable: new
- * blocks where the table is short, a private copy of a shared block that will
- * be written. All or nothing: RD_ENOMEM leaves the sequence as it was. */
+/* Reserves the slots of s's next rows tokens, queueing the copy of a shared
+ * block this step must make first. */
 static int seq_reserve(engine *e, seq *s, int32_t rows)
 {
-    const int32_t bs = e->kv.block_size;
-    int32_t need_blocks = (s->n_computed + rows + bs - 1) / bs;
-    int32_t first = s->n_computed / bs; /* block receiving the first new slot */
-    int cow = first < s->n_blocks && e->kv.refs[s->blocks[first]] > 1;
-    int32_t fresh = need_blocks - s->n_blocks;
-    if (fresh < 0)
-        fresh = 0;
-    if (e->kv.n_free < fresh + cow)
-        return RD_ENOMEM;
-    if (cow) {
-        int32_t old = s->blocks[first], nb;
-        kv_alloc(&e->kv, &nb);
-        e->cow_src[e->n_cow] = old;
-        e->cow_dst[e->n_cow] = nb;
-        e->n_cow++;
-        if (e->kv.fill[old] > 0)
-            kv_mark(&e->kv, nb, e->kv.fill[old] - 1);
-        kv_unref(&e->kv, old);
-        s->blocks[first] = nb;
-    }
-    for (int32_t i = 0; i < fresh; i++) {
-        int32_t b;
-        kv_alloc(&e->kv, &b);
-        if (seq_push_block(s, b)) {
-            kv_unref(&e->kv, b);
-            return RD_ENOMEM;
-        }
-    }
+    int rc = kv_reserve(e->kv, &s->blocks, s->n_computed, rows, e->cow_src + e->n_cow, e->cow_dst + e->n_cow);
+    if (rc < 0)
+        return rc;
+    e->n_cow += rc;
     return 0;
 }
 
@@ -406,55 +360,33 @@ static int seq_reserve(engine *e, seq *s, int32_t rows)
 static void prefix_lookup(engine *e, seq *s)
 {
     seq_req *q = s->req;
-    const int32_t bs = e->kv.block_size;
+    const int32_t bs = e->cfg.block_size;
     s->kv_version = e->version;
     s->n_published = 0;
     if (!e->cfg.prefix_cache)
         return;
-    if (!q->hashes || q->hash_version != e->version) {
-        int32_t n = (q->n_prompt - 1) / bs; /* at least one prompt token is always computed: its logits */
-        uint64_t *h = q->hashes ? q->hashes : malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
-        if (!h)
-            return;
-        for (int32_t i = 0; i < n; i++)
-            h[i] = kv_block_hash(i ? h[i - 1] : 0, q->prompt + (size_t)i * bs, bs, e->version);
-        q->hashes = h;
-        q->n_hashed = n;
-        q->hash_version = e->version;
-    }
-    e->st.prefix_query_tokens += (int64_t)q->n_hashed * bs;
-    for (int32_t i = 0; i < q->n_hashed; i++) {
-        int32_t b = kv_lookup(&e->kv, q->hashes[i], i ? q->hashes[i - 1] : 0, q->prompt + (size_t)i * bs);
-        if (b < 0)
-            break;
-        if (seq_push_block(s, b)) {
-            kv_unref(&e->kv, b);
-            break;
-        }
-        s->n_computed += bs;
-        s->n_published++;
-        e->st.prefix_hit_tokens += bs;
-    }
+    int hit = kv_prefix_lookup(e->kv, &q->prefix, q->prompt, q->n_prompt, e->version, &s->blocks);
+    if (hit < 0)
+        return;
+    e->st.prefix_query_tokens += (int64_t)q->prefix.n * bs;
+    e->st.prefix_hit_tokens += (int64_t)hit * bs;
+    s->n_computed = hit * bs;
+    s->n_published = hit;
 }
 
 /* Publishes the full prompt blocks s has computed, if its KV is all from the
  * serving weights (a swap mid-prefill leaves mixed KV that nobody should reuse). */
 static void prefix_publish(engine *e, seq *s)
 {
-    const seq_req *q = s->req;
-    const int32_t bs = e->kv.block_size;
-    if (!e->cfg.prefix_cache || !q->hashes || q->hash_version != e->version || s->kv_version != e->version)
-        return;
-    while (s->n_published < q->n_hashed && (s->n_published + 1) * bs <= s->n_computed) {
-        int32_t i = s->n_published++;
-        kv_publish(&e->kv, s->blocks[i], q->hashes[i], i ? q->hashes[i - 1] : 0, q->prompt + (size_t)i * bs);
-    }
+    if (e->cfg.prefix_cache && s->kv_version == e->version)
+        kv_prefix_publish(e->kv, &s->req->prefix, s->req->prompt, &s->blocks, s->n_computed, e->version,
+                          &s->n_published);
 }
 
 /* Recompute preemption: drop the KV, keep tokens and log-probs, requeue at the head. */
 static void preempt(engine *e, seq *s)
 {
-    seq_release_blocks(e, s);
+    kv_free_seq(e->kv, &s->blocks);
     s->n_computed = 0;
     s->n_published = 0;
     s->n_preempt++;
@@ -507,14 +439,14 @@ static int32_t schedule(engine *e)
                 break;
             if (e->hold_new && !seq_started(s))
                 break; /* FCFS: nothing behind a held request overtakes it */
-            if (s->n_blocks == 0 && s->n_computed == 0)
+            if (s->blocks.n == 0 && s->n_computed == 0)
                 prefix_lookup(e, s);
             int32_t rows = s->n_tokens - s->n_computed;
             if (rows > budget)
                 rows = budget;
             if (seq_reserve(e, s, rows) != 0) {
                 /* Waiting sequences hold no blocks (only running ones can be preempted). */
-                seq_release_blocks(e, s);
+                kv_free_seq(e->kv, &s->blocks);
                 s->n_computed = 0;
                 s->n_published = 0;
                 break;
@@ -550,7 +482,7 @@ static int ensure_tables(engine *e, int32_t n_seqs, int32_t max_blocks)
 static void finish(engine *e, seq *s, finish_reason why)
 {
     s->version_finish = e->version;
-    seq_release_blocks(e, s);
+    kv_free_seq(e->kv, &s->blocks);
     list_remove(s->state == SEQ_WAITING ? &e->waiting : &e->running, s);
     s->finish = why;
     s->state = SEQ_FINISHED;
@@ -655,9 +587,9 @@ static int fork_group(engine *e, seq *parent, int32_t row, int32_t *n_draws)
         c->n_computed = parent->n_computed;
         c->n_published = parent->n_published;
         c->kv_version = parent->kv_version;
-        for (int32_t b = 0; b < parent->n_blocks; b++) {
-            seq_push_block(c, parent->blocks[b]);
-            kv_ref(&e->kv, parent->blocks[b]);
+        if ((rc = kv_fork(e->kv, &parent->blocks, &c->blocks))) {
+            seq_destroy(c);
+            return rc;
         }
         c->state = SEQ_RUNNING;
         list_insert_after(&e->running, at, c);
@@ -704,11 +636,11 @@ int eng_step(engine *e)
     int32_t n_sched = schedule(e);
     if (n_sched == 0)
         return 0;
-    const int32_t bs = e->kv.block_size;
+    const int32_t bs = e->cfg.block_size;
     int32_t max_blocks = 1;
     for (int32_t i = 0; i < n_sched; i++)
-        if (e->sched[i]->n_blocks > max_blocks)
-            max_blocks = e->sched[i]->n_blocks;
+        if (e->sched[i]->blocks.n > max_blocks)
+            max_blocks = e->sched[i]->blocks.n;
     int rc = ensure_tables(e, n_sched, max_blocks);
     if (rc)
         return rc;
@@ -722,10 +654,10 @@ int eng_step(engine *e)
             int32_t p = s->n_computed + j;
             e->tok[M] = s->tokens[p];
             e->pos[M] = p;
-            e->slot[M] = s->blocks[p / bs] * bs + p % bs;
+            e->slot[M] = s->blocks.ids[p / bs] * bs + p % bs;
         }
         e->ctx_len[i] = s->n_computed + s->sched_rows;
-        memcpy(e->tables + (size_t)i * max_blocks, s->blocks, sizeof(int32_t) * s->n_blocks);
+        memcpy(e->tables + (size_t)i * max_blocks, s->blocks.ids, sizeof(int32_t) * s->blocks.n);
         if (e->ctx_len[i] == s->n_tokens)
             e->logit_rows[n_logits++] = M - 1;
     }
@@ -746,12 +678,10 @@ int eng_step(engine *e)
     int32_t li = 0, n_draws = 0;
     for (int32_t i = 0; i < n_sched; i++) {
         seq *s = e->sched[i];
-        for (int32_t j = 0; j < s->sched_rows; j++) {
-            int32_t p = s->n_computed + j;
-            kv_mark(&e->kv, s->blocks[p / bs], p % bs);
-            if (p < s->req->n_prompt)
-                e->st.prompt_tokens++;
-        }
+        kv_written(e->kv, &s->blocks, s->n_computed, s->sched_rows);
+        int32_t prompt_rows = s->req->n_prompt - s->n_computed; /* recomputed ones included */
+        if (prompt_rows > 0)
+            e->st.prompt_tokens += prompt_rows < s->sched_rows ? prompt_rows : s->sched_rows;
         s->n_computed += s->sched_rows;
         s->sched_rows = 0;
         prefix_publish(e, s);
@@ -914,9 +844,11 @@ void eng_get_stats(const engine *e, eng_stats *s)
     *s = e->st;
     s->running = e->running.count;
     s->waiting = e->waiting.count;
-    s->kv_blocks_total = e->kv.n_blocks;
-    s->kv_blocks_used = kv_used(&e->kv);
-    s->kv_peak_blocks = e->kv.peak_used;
-    s->kv_waste_at_peak = e->kv.waste_at_peak;
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    s->kv_blocks_total = ks.blocks_total;
+    s->kv_blocks_used = ks.blocks_used;
+    s->kv_peak_blocks = ks.peak_used;
+    s->kv_waste_at_peak = ks.waste_at_peak;
     s->device_sampling = e->device_sampling;
 }

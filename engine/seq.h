@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "engine/kv.h"
 #include "engine/sampler.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
@@ -34,10 +35,7 @@ struct seq_req {
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
-    /* prefix cache: chained hashes of the full prompt blocks that leave at least one token to compute */
-    uint64_t *hashes;           /* [n_hashed], or NULL before the first lookup */
-    int32_t n_hashed;
-    uint64_t hash_version;      /* the weight version they are salted with */
+    kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
 };
 
 typedef struct seq {
@@ -50,11 +48,9 @@ typedef struct seq {
     int32_t cap;                /* capacity of tokens[] */
     int32_t *tokens;            /* [cap] */
     int32_t n_computed;         /* tokens whose K/V are in the cache */
-    int32_t n_blocks;           /* entries used in blocks[] */
+    kv_table blocks;            /* the KV blocks holding tokens [0, n_computed) and the slots reserved after */
     int32_t n_published;        /* leading prompt blocks already in the prefix cache */
     uint64_t kv_version;        /* weight version its KV was computed under (from n_computed 0) */
-    int32_t blocks_cap;
-    int32_t *blocks;            /* block table */
     /* per generated token */
     float *logprobs;            /* [cap] raw log-prob (temperature 1) */
     float *logprobs_proc;       /* [cap] processed log-prob, or NULL */
