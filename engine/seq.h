@@ -1,4 +1,5 @@
-/* seq.h - one sequence (one sample of a request) as the scheduler sees it. */
+/* seq.h - one sequence (one sample of a request) as the scheduler sees it,
+ * and the lists that queue sequences (waiting, running, done). */
 #ifndef RD_SEQ_H
 #define RD_SEQ_H
 
@@ -65,5 +66,27 @@ typedef struct seq {
     struct seq *next;           /* list link (waiting, running or done) */
     struct seq *prev;
 } seq;
+
+/* A doubly linked queue of sequences through seq.next/prev; a sequence is on
+ * at most one. */
+typedef struct {
+    seq *head, *tail;           /* NULL when empty */
+    int32_t count;              /* sequences on it */
+} seq_list;
+
+void seq_list_remove(seq_list *l, seq *s);
+void seq_list_push_back(seq_list *l, seq *s);
+void seq_list_push_front(seq_list *l, seq *s);
+void seq_list_insert_after(seq_list *l, seq *at, seq *s);
+
+/* A sequence of request r (one more reference to it) with room for cap
+ * tokens and their log-probs; NULL when memory runs out. */
+seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap);
+/* Frees s and, with its last sequence, the request. Its block table must be
+ * empty already (kv_free_seq): freeing blocks needs the pool. */
+void seq_destroy(seq *s);
+/* Started: it was running, or it is a forked sample or has generated tokens
+ * (a preempted one). A group parent whose prefill never ran has not. */
+int seq_started(const seq *s);
 
 #endif
