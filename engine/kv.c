@@ -274,6 +274,8 @@ void kv_written(kv_pool *p, const kv_table *t, int32_t from, int32_t n)
 
 int kv_fork(kv_pool *p, const kv_table *src, kv_table *dst)
 {
+    if (dst->n != 0)
+        return rd_fail(RD_EINVAL, "kv: fork into a table that holds %d blocks", dst->n);
     if (table_grow(dst, src->n))
         return rd_fail(RD_ENOMEM, "kv: cannot grow a forked block table to %d blocks", src->n);
     for (int32_t i = 0; i < src->n; i++) {

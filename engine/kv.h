@@ -14,9 +14,9 @@
  * freed first to be reused) until the pool needs it; a later request with the
  * same prefix takes it back instead of recomputing it.
  *
- * Errors: 0 or a negative RD_* code. Running out of blocks is RD_ENOMEM with
- * no message recorded: under load it is expected, and the scheduler answers
- * it by preempting. */
+ * Errors are negative RD_* codes (success is 0, or a count where stated).
+ * Running out of blocks is RD_ENOMEM with no message recorded: under load it
+ * is expected, and the scheduler answers it by preempting. */
 #ifndef RD_KV_H
 #define RD_KV_H
 
@@ -69,7 +69,8 @@ int kv_reserve(kv_pool *p, kv_table *t, int32_t n_computed, int32_t n_new, int32
  * occupancy and waste figures of kv_stats). */
 void kv_written(kv_pool *p, const kv_table *t, int32_t from, int32_t n);
 /* Empty dst shares every block of src (one more reference each): a forked
- * sample. RD_ENOMEM (dst stays empty) if dst cannot grow. */
+ * sample. RD_ENOMEM (dst stays empty) if dst cannot grow; RD_EINVAL if dst
+ * is not empty. */
 int kv_fork(kv_pool *p, const kv_table *src, kv_table *dst);
 /* Drops t's references in table order (a block nobody else holds becomes
  * free, or cached if published) and leaves t empty, owning no memory. */

@@ -139,6 +139,7 @@ static void test_fork_refcounts(void)
     CHECK_OK(kv_fork(p, &par, &c2));
     CHECK(c1.n == 2 && c2.n == 2 && c1.ids[0] == par.ids[0] && c2.ids[1] == par.ids[1], "forks do not share");
     CHECK(stats(p).blocks_used == 2, "a fork took blocks: used %d", stats(p).blocks_used);
+    CHECK(kv_fork(p, &par, &c1) == RD_EINVAL && c1.n == 2, "fork into a held table");
     /* Blocks stay in use until their last holder lets go, in any order. */
     kv_free_seq(p, &par);
     CHECK(stats(p).blocks_used == 2, "freeing the parent freed shared blocks: used %d", stats(p).blocks_used);
