@@ -1,4 +1,7 @@
-/* engine.c - scheduler, step loop and request API (see engine.h).
+/* engine.c - the request API and the step (see engine.h): admission, one
+ * step (the scheduler's batch -> the runner's forward pass -> draws), results,
+ * aborts and the weight version. The rule choosing each step's rows is in
+ * sched.c, the block accounting behind it in kv.c.
  *
  * A request with n samples enters as one sequence (sample 0, fork_n = n).
  * Its prompt is prefilled once; the logits of the last prompt token give the
@@ -15,30 +18,23 @@
 #include "engine/err.h"
 #include "engine/kv.h"
 #include "engine/runner.h"
-
-typedef struct {
-    seq *head, *tail;
-    int32_t count;
-} seq_list;
+#include "engine/sched.h"
 
 struct engine {
     model *m;
     eng_config cfg;
     runner run;
-    kv_pool kv;
+    kv_pool *kv;                /* the block manager */
+    sched sched;                /* waiting and running queues, and each step's batch */
     int32_t eos;                /* model EOS id, -1 if unknown */
     int32_t eot;                /* the chat format's end-of-turn id when it is not eos, else -1 */
     int64_t next_id;
     uint64_t version;           /* weight version new tokens are sampled under */
-    int hold_new;               /* drain: requests not started stay queued */
-    seq_list waiting, running, done;
+    seq_list done;              /* finished samples not yet collected */
     eng_stats st;
     /* per-step scratch (host) */
     int32_t *tok, *pos, *slot, *q_start, *ctx_len, *tables, *logit_rows;
     int32_t tables_cap;         /* entries in tables */
-    seq **sched;                /* [max_num_seqs] scheduled sequences in row order */
-    int32_t *cow_src, *cow_dst; /* copy-on-write pairs this step */
-    int32_t n_cow;
     float *logits;              /* [max_num_seqs][vocab] host logits (host sampling only) */
     void *samp_scratch;
     /* this step's token draws: one per sequence that caught up, one per sample of a group
@@ -49,122 +45,6 @@ struct engine {
     seq **sseq;                 /* [draws_cap] the sequence each draw extends */
     int32_t draws_cap;
 };
-
-/* ---- lists ---- */
-
-static void list_remove(seq_list *l, seq *s)
-{
-    if (s->prev) s->prev->next = s->next; else l->head = s->next;
-    if (s->next) s->next->prev = s->prev; else l->tail = s->prev;
-    s->next = s->prev = NULL;
-    l->count--;
-}
-
-static void list_push_back(seq_list *l, seq *s)
-{
-    s->next = NULL;
-    s->prev = l->tail;
-    if (l->tail) l->tail->next = s; else l->head = s;
-    l->tail = s;
-    l->count++;
-}
-
-static void list_push_front(seq_list *l, seq *s)
-{
-    s->prev = NULL;
-    s->next = l->head;
-    if (l->head) l->head->prev = s; else l->tail = s;
-    l->head = s;
-    l->count++;
-}
-
-static void list_insert_after(seq_list *l, seq *at, seq *s)
-{
-    s->prev = at;
-    s->next = at->next;
-    if (at->next) at->next->prev = s; else l->tail = s;
-    at->next = s;
-    l->count++;
-}
-
-/* ---- sequences ---- */
-
-static void seq_destroy(seq *s)
-{
-    if (!s)
-        return;
-    free(s->tokens);
-    free(s->blocks);
-    free(s->logprobs);
-    free(s->logprobs_proc);
-    free(s->top_ids);
-    free(s->top_lps);
-    free(s->spans);
-    seq_req *r = s->req;
-    if (r && --r->live == 0) {
-        free(r->prompt);
-        free(r->hashes);
-        free(r);
-    }
-    free(s);
-}
-
-static seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
-{
-    seq *s = calloc(1, sizeof *s);
-    if (!s)
-        return NULL;
-    s->req = r;
-    r->live++;
-    s->sample_idx = sample_idx;
-    s->fork_n = 1;
-    s->cap = cap;
-    int32_t k = r->sp.logprobs_topk;
-    s->tokens = malloc(sizeof(int32_t) * cap);
-    s->logprobs = malloc(sizeof(float) * cap);
-    s->blocks_cap = 8;
-    s->blocks = malloc(sizeof(int32_t) * s->blocks_cap);
-    if (r->sp.processed_logprobs)
-        s->logprobs_proc = malloc(sizeof(float) * cap);
-    if (k > 0) {
-        s->top_ids = malloc(sizeof(int32_t) * (size_t)cap * k);
-        s->top_lps = malloc(sizeof(float) * (size_t)cap * k);
-    }
-    if (!s->tokens || !s->logprobs || !s->blocks || (r->sp.processed_logprobs && !s->logprobs_proc) ||
-        (k > 0 && (!s->top_ids || !s->top_lps))) {
-        seq_destroy(s);
-        return NULL;
-    }
-    return s;
-}
-
-static void seq_release_blocks(engine *e, seq *s)
-{
-    for (int32_t i = 0; i < s->n_blocks; i++)
-        kv_unref(&e->kv, s->blocks[i]);
-    s->n_blocks = 0;
-}
-
-static int seq_push_block(seq *s, int32_t b)
-{
-    if (s->n_blocks == s->blocks_cap) {
-        int32_t nc = s->blocks_cap * 2;
-        int32_t *nb = realloc(s->blocks, sizeof(int32_t) * nc);
-        if (!nb)
-            return RD_ENOMEM;
-        s->blocks = nb;
-        s->blocks_cap = nc;
-    }
-    s->blocks[s->n_blocks++] = b;
-    return 0;
-}
-
-/* Started: it was running, or it is a forked sample or has generated tokens
- * (a preempted one). A group parent whose prefill never ran has not. */
-static int seq_started(const seq *s)
-{
-    return s->state == SEQ_RUNNING || s->n_tokens > s->req->n_prompt || s->sample_idx > 0;
-}
 
 /* ---- configuration and lifecycle ---- */
 
@@ -212,15 +92,14 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->eos = cfg->eos_id;
     e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
     e->next_id = 1;
-    int rc = kv_init(&e->kv, (int32_t)n_blocks, cfg->block_size);
+    /* eng_destroy takes a partly built engine apart (each free accepts what was never made). */
+    int rc = kv_create((int32_t)n_blocks, cfg->block_size, &e->kv);
+    if (!rc)
+        rc = sched_init(&e->sched, e->kv, cfg->max_num_seqs, cfg->max_batch_tokens, cfg->prefix_cache);
+    if (!rc)
+        rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, cfg->max_num_seqs);
     if (rc) {
-        free(e);
-        return rc;
-    }
-    rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, cfg->max_num_seqs);
-    if (rc) {
-        kv_free(&e->kv);
-        free(e);
+        eng_destroy(e);
         return rc;
     }
     int32_t T = cfg->max_batch_tokens, S = cfg->max_num_seqs;
@@ -230,9 +109,6 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->q_start = malloc(sizeof(int32_t) * (S + 1));
     e->ctx_len = malloc(sizeof(int32_t) * S);
     e->logit_rows = malloc(sizeof(int32_t) * S);
-    e->sched = malloc(sizeof(seq *) * S);
-    e->cow_src = malloc(sizeof(int32_t) * T);
-    e->cow_dst = malloc(sizeof(int32_t) * T);
     /* A backend that samples keeps the logits on the device (RD_HOST_SAMPLING=1 forces
        the download and samp_sample, to compare the two). */
     const char *hs = getenv("RD_HOST_SAMPLING");
@@ -241,8 +117,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
         e->samp_scratch = malloc(samp_scratch_bytes(c->vocab));
     }
-    if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows || !e->sched ||
-        !e->cow_src || !e->cow_dst || (!e->device_sampling && (!e->logits || !e->samp_scratch))) {
+    if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows ||
+        (!e->device_sampling && (!e->logits || !e->samp_scratch))) {
         eng_destroy(e);
         return rd_fail(RD_ENOMEM, "engine: cannot allocate step buffers");
     }
@@ -254,15 +130,17 @@ void eng_destroy(engine *e)
 {
     if (!e)
         return;
-    seq_list *lists[] = {&e->waiting, &e->running, &e->done};
+    seq_list *lists[] = {&e->sched.waiting, &e->sched.running, &e->done};
     for (int i = 0; i < 3; i++)
         while (lists[i]->head) {
             seq *s = lists[i]->head;
-            list_remove(lists[i], s);
+            seq_list_remove(lists[i], s);
+            kv_free_seq(e->kv, &s->blocks);
             seq_destroy(s);
         }
     runner_free(&e->run);
-    kv_free(&e->kv);
+    sched_free(&e->sched);
+    kv_destroy(e->kv);
     free(e->tok);
     free(e->pos);
     free(e->slot);
@@ -270,9 +148,6 @@ void eng_destroy(engine *e)
     free(e->ctx_len);
     free(e->tables);
     free(e->logit_rows);
-    free(e->sched);
-    free(e->cow_src);
-    free(e->cow_dst);
     free(e->logits);
     free(e->samp_scratch);
     free(e->sreq);
@@ -316,11 +191,13 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     if (total > c->max_ctx)
         total = c->max_ctx;
     int64_t need = (total + e->cfg.block_size - 1) / e->cfg.block_size;
-    if (need > e->kv.n_blocks)
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    if (need > ks.blocks_total)
         return rd_fail(RD_ERANGE, "request: %lld tokens need %lld KV blocks; the pool has %d",
-                       (long long)total, (long long)need, e->kv.n_blocks);
-    if (e->waiting.count >= e->cfg.max_waiting)
-        return rd_fail(RD_EBUSY, "request: %d requests already waiting (max_waiting)", e->waiting.count);
+                       (long long)total, (long long)need, ks.blocks_total);
+    if (e->sched.waiting.count >= e->cfg.max_waiting)
+        return rd_fail(RD_EBUSY, "request: %d requests already waiting (max_waiting)", e->sched.waiting.count);
 
     seq_req *q = calloc(1, sizeof *q);
     if (!q)
@@ -354,183 +231,12 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     s->n_tokens = q->n_prompt;
     s->fork_n = q->n;
     s->state = SEQ_WAITING;
-    list_push_back(&e->waiting, s);
+    sched_add(&e->sched, s);
     *id = q->id;
     return 0;
 }
 
-int eng_busy(const engine *e) { return e->waiting.count + e->running.count > 0; }
-
-/* ---- scheduling ---- */
-
-/* Makes slots for positions [n_computed, n_computed + rows) writable: new
- * blocks where the table is short, a private copy of a shared block that will
- * be written. All or nothing: RD_ENOMEM leaves the sequence as it was. */
-static int seq_reserve(engine *e, seq *s, int32_t rows)
-{
-    const int32_t bs = e->kv.block_size;
-    int32_t need_blocks = (s->n_computed + rows + bs - 1) / bs;
-    int32_t first = s->n_computed / bs; /* block receiving the first new slot */
-    int cow = first < s->n_blocks && e->kv.refs[s->blocks[first]] > 1;
-    int32_t fresh = need_blocks - s->n_blocks;
-    if (fresh < 0)
-        fresh = 0;
-    if (e->kv.n_free < fresh + cow)
-        return RD_ENOMEM;
-    if (cow) {
-        int32_t old = s->blocks[first], nb;
-        kv_alloc(&e->kv, &nb);
-        e->cow_src[e->n_cow] = old;
-        e->cow_dst[e->n_cow] = nb;
-        e->n_cow++;
-        if (e->kv.fill[old] > 0)
-            kv_mark(&e->kv, nb, e->kv.fill[old] - 1);
-        kv_unref(&e->kv, old);
-        s->blocks[first] = nb;
-    }
-    for (int32_t i = 0; i < fresh; i++) {
-        int32_t b;
-        kv_alloc(&e->kv, &b);
-        if (seq_push_block(s, b)) {
-            kv_unref(&e->kv, b);
-            return RD_ENOMEM;
-        }
-    }
-    return 0;
-}
-
-/* ---- prefix cache ---- */
-
-/* Takes the longest cached prefix of s's prompt (full blocks, under the
- * serving weight version) into its empty block table. */
-static void prefix_lookup(engine *e, seq *s)
-{
-    seq_req *q = s->req;
-    const int32_t bs = e->kv.block_size;
-    s->kv_version = e->version;
-    s->n_published = 0;
-    if (!e->cfg.prefix_cache)
-        return;
-    if (!q->hashes || q->hash_version != e->version) {
-        int32_t n = (q->n_prompt - 1) / bs; /* at least one prompt token is always computed: its logits */
-        uint64_t *h = q->hashes ? q->hashes : malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
-        if (!h)
-            return;
-        for (int32_t i = 0; i < n; i++)
-            h[i] = kv_block_hash(i ? h[i - 1] : 0, q->prompt + (size_t)i * bs, bs, e->version);
-        q->hashes = h;
-        q->n_hashed = n;
-        q->hash_version = e->version;
-    }
-    e->st.prefix_query_tokens += (int64_t)q->n_hashed * bs;
-    for (int32_t i = 0; i < q->n_hashed; i++) {
-        int32_t b = kv_lookup(&e->kv, q->hashes[i], i ? q->hashes[i - 1] : 0, q->prompt + (size_t)i * bs);
-        if (b < 0)
-            break;
-        if (seq_push_block(s, b)) {
-            kv_unref(&e->kv, b);
-            break;
-        }
-        s->n_computed += bs;
-        s->n_published++;
-        e->st.prefix_hit_tokens += bs;
-    }
-}
-
-/* Publishes the full prompt blocks s has computed, if its KV is all from the
- * serving weights (a swap mid-prefill leaves mixed KV that nobody should reuse). */
-static void prefix_publish(engine *e, seq *s)
-{
-    const seq_req *q = s->req;
-    const int32_t bs = e->kv.block_size;
-    if (!e->cfg.prefix_cache || !q->hashes || q->hash_version != e->version || s->kv_version != e->version)
-        return;
-    while (s->n_published < q->n_hashed && (s->n_published + 1) * bs <= s->n_computed) {
-        int32_t i = s->n_published++;
-        kv_publish(&e->kv, s->blocks[i], q->hashes[i], i ? q->hashes[i - 1] : 0, q->prompt + (size_t)i * bs);
-    }
-}
-
-/* Recompute preemption: drop the KV, keep tokens and log-probs, requeue at the head. */
-static void preempt(engine *e, seq *s)
-{
-    seq_release_blocks(e, s);
-    s->n_computed = 0;
-    s->n_published = 0;
-    s->n_preempt++;
-    s->sched_rows = 0;
-    s->state = SEQ_WAITING;
-    list_remove(&e->running, s);
-    list_push_front(&e->waiting, s);
-    e->st.preemptions++;
-}
-
-static int32_t schedule(engine *e)
-{
-    int32_t budget = e->cfg.max_batch_tokens, n_sched = 0;
-    int preempted = 0;
-    e->n_cow = 0;
-
-    for (seq *s = e->running.head; s && budget > 0 && n_sched < e->cfg.max_num_seqs;) {
-        seq *next = s->next;
-        int32_t rows = s->n_tokens - s->n_computed;
-        if (rows > budget)
-            rows = budget;
-        int self = 0;
-        while (seq_reserve(e, s, rows) != 0) {
-            seq *victim = e->running.tail;
-            preempted = 1;
-            if (victim == s) {
-                self = 1;
-                preempt(e, s);
-                break;
-            }
-            if (victim == next)
-                next = NULL; /* the loop would have reached it; it is gone now */
-            preempt(e, victim);
-        }
-        if (self)
-            break;
-        s->sched_rows = rows;
-        budget -= rows;
-        e->sched[n_sched++] = s;
-        s = next;
-    }
-
-    if (!preempted) {
-        int32_t slots = 0; /* sequences the running ones will be once forked */
-        for (seq *s = e->running.head; s; s = s->next)
-            slots += s->fork_n;
-        for (seq *s = e->waiting.head; s && budget > 0 && n_sched < e->cfg.max_num_seqs;) {
-            seq *next = s->next;
-            if (slots > 0 && slots + s->fork_n > e->cfg.max_num_seqs)
-                break;
-            if (e->hold_new && !seq_started(s))
-                break; /* FCFS: nothing behind a held request overtakes it */
-            if (s->n_blocks == 0 && s->n_computed == 0)
-                prefix_lookup(e, s);
-            int32_t rows = s->n_tokens - s->n_computed;
-            if (rows > budget)
-                rows = budget;
-            if (seq_reserve(e, s, rows) != 0) {
-                /* Waiting sequences hold no blocks (only running ones can be preempted). */
-                seq_release_blocks(e, s);
-                s->n_computed = 0;
-                s->n_published = 0;
-                break;
-            }
-            list_remove(&e->waiting, s);
-            list_push_back(&e->running, s);
-            s->state = SEQ_RUNNING;
-            slots += s->fork_n;
-            s->sched_rows = rows;
-            budget -= rows;
-            e->sched[n_sched++] = s;
-            s = next;
-        }
-    }
-    return n_sched;
-}
+int eng_busy(const engine *e) { return e->sched.waiting.count + e->sched.running.count > 0; }
 
 /* ---- step ---- */
 
@@ -550,11 +256,11 @@ static int ensure_tables(engine *e, int32_t n_seqs, int32_t max_blocks)
 static void finish(engine *e, seq *s, finish_reason why)
 {
     s->version_finish = e->version;
-    seq_release_blocks(e, s);
-    list_remove(s->state == SEQ_WAITING ? &e->waiting : &e->running, s);
+    kv_free_seq(e->kv, &s->blocks);
+    sched_remove(&e->sched, s);
     s->finish = why;
     s->state = SEQ_FINISHED;
-    list_push_back(&e->done, s);
+    seq_list_push_back(&e->done, s);
     if (why == FINISH_ABORT || why == FINISH_ERROR)
         e->st.aborted++;
     else
@@ -655,12 +361,14 @@ static int fork_group(engine *e, seq *parent, int32_t row, int32_t *n_draws)
         c->n_computed = parent->n_computed;
         c->n_published = parent->n_published;
         c->kv_version = parent->kv_version;
-        for (int32_t b = 0; b < parent->n_blocks; b++) {
-            seq_push_block(c, parent->blocks[b]);
-            kv_ref(&e->kv, parent->blocks[b]);
+        if ((rc = kv_fork(e->kv, &parent->blocks, &c->blocks))) {
+            seq_destroy(c);
+            return rc;
         }
         c->state = SEQ_RUNNING;
-        list_insert_after(&e->running, at, c);
+        /* Next to its parent: the running queue stays in admission order, so
+           preemption still takes the newest request first. */
+        seq_list_insert_after(&e->sched.running, at, c);
         at = c;
         rc = add_draw(e, n_draws, c, row);
     }
@@ -701,14 +409,15 @@ static int draw_tokens(engine *e, int32_t n)
 
 int eng_step(engine *e)
 {
-    int32_t n_sched = schedule(e);
+    int32_t n_sched = sched_step(&e->sched, e->version);
+    seq **batch = e->sched.batch;
     if (n_sched == 0)
         return 0;
-    const int32_t bs = e->kv.block_size;
+    const int32_t bs = e->cfg.block_size;
     int32_t max_blocks = 1;
     for (int32_t i = 0; i < n_sched; i++)
-        if (e->sched[i]->n_blocks > max_blocks)
-            max_blocks = e->sched[i]->n_blocks;
+        if (batch[i]->blocks.n > max_blocks)
+            max_blocks = batch[i]->blocks.n;
     int rc = ensure_tables(e, n_sched, max_blocks);
     if (rc)
         return rc;
@@ -716,22 +425,22 @@ int eng_step(engine *e)
     /* Rows in sequence order; a sequence that catches up gets a logit row. */
     int32_t M = 0, n_logits = 0;
     for (int32_t i = 0; i < n_sched; i++) {
-        seq *s = e->sched[i];
+        seq *s = batch[i];
         e->q_start[i] = M;
         for (int32_t j = 0; j < s->sched_rows; j++, M++) {
             int32_t p = s->n_computed + j;
             e->tok[M] = s->tokens[p];
             e->pos[M] = p;
-            e->slot[M] = s->blocks[p / bs] * bs + p % bs;
+            e->slot[M] = s->blocks.ids[p / bs] * bs + p % bs;
         }
         e->ctx_len[i] = s->n_computed + s->sched_rows;
-        memcpy(e->tables + (size_t)i * max_blocks, s->blocks, sizeof(int32_t) * s->n_blocks);
+        memcpy(e->tables + (size_t)i * max_blocks, s->blocks.ids, sizeof(int32_t) * s->blocks.n);
         if (e->ctx_len[i] == s->n_tokens)
             e->logit_rows[n_logits++] = M - 1;
     }
     e->q_start[n_sched] = M;
 
-    if ((rc = runner_copy_blocks(&e->run, e->cow_src, e->cow_dst, e->n_cow)))
+    if ((rc = runner_copy_blocks(&e->run, e->sched.cow_src, e->sched.cow_dst, e->sched.n_cow)))
         return rc;
     rd_step step = {
         .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
@@ -745,16 +454,11 @@ int eng_step(engine *e)
     e->st.seqs_total += n_sched;
     int32_t li = 0, n_draws = 0;
     for (int32_t i = 0; i < n_sched; i++) {
-        seq *s = e->sched[i];
-        for (int32_t j = 0; j < s->sched_rows; j++) {
-            int32_t p = s->n_computed + j;
-            kv_mark(&e->kv, s->blocks[p / bs], p % bs);
-            if (p < s->req->n_prompt)
-                e->st.prompt_tokens++;
-        }
-        s->n_computed += s->sched_rows;
-        s->sched_rows = 0;
-        prefix_publish(e, s);
+        seq *s = batch[i];
+        int32_t prompt_rows = s->req->n_prompt - s->n_computed; /* recomputed ones included */
+        if (prompt_rows > 0)
+            e->st.prompt_tokens += prompt_rows < s->sched_rows ? prompt_rows : s->sched_rows;
+        sched_commit(&e->sched, s, e->version);
         if (s->n_computed != s->n_tokens)
             continue;
         /* A group parent forks now; each sample draws its first token from the parent's row. */
@@ -782,7 +486,7 @@ static int32_t abort_seq(engine *e, seq *s)
         c->finish = FINISH_ABORT;
         c->version_finish = e->version;
         c->state = SEQ_FINISHED;
-        list_push_back(&e->done, c);
+        seq_list_push_back(&e->done, c);
         e->st.aborted++;
         n++;
     }
@@ -794,7 +498,7 @@ static int32_t abort_seq(engine *e, seq *s)
 int eng_abort(engine *e, int64_t id)
 {
     int found = 0;
-    seq_list *lists[] = {&e->waiting, &e->running};
+    seq_list *lists[] = {&e->sched.waiting, &e->sched.running};
     for (int li = 0; li < 2; li++) {
         for (seq *s = lists[li]->head; s;) {
             seq *next = s->next;
@@ -812,12 +516,12 @@ int eng_abort(engine *e, int64_t id)
 
 void eng_set_version(engine *e, uint64_t version) { e->version = version; }
 uint64_t eng_version(const engine *e) { return e->version; }
-void eng_hold_new(engine *e, int hold) { e->hold_new = hold != 0; }
+void eng_hold_new(engine *e, int hold) { e->sched.hold_new = hold != 0; }
 
 int32_t eng_started(const engine *e)
 {
-    int32_t n = e->running.count;
-    for (const seq *s = e->waiting.head; s; s = s->next)
+    int32_t n = e->sched.running.count;
+    for (const seq *s = e->sched.waiting.head; s; s = s->next)
         n += seq_started(s);
     return n;
 }
@@ -825,7 +529,7 @@ int32_t eng_started(const engine *e)
 int32_t eng_abort_started(engine *e)
 {
     int32_t n = 0;
-    seq_list *lists[] = {&e->waiting, &e->running};
+    seq_list *lists[] = {&e->sched.waiting, &e->sched.running};
     for (int li = 0; li < 2; li++) {
         for (seq *s = lists[li]->head; s;) {
             seq *next = s->next;
@@ -842,7 +546,7 @@ int eng_collect(engine *e, eng_result *out, int max)
     int n = 0;
     while (n < max && e->done.head) {
         seq *s = e->done.head;
-        list_remove(&e->done, s);
+        seq_list_remove(&e->done, s);
         const seq_req *q = s->req;
         eng_result *r = &out[n++];
         memset(r, 0, sizeof *r);
@@ -912,11 +616,16 @@ void eng_result_free(eng_result *r)
 void eng_get_stats(const engine *e, eng_stats *s)
 {
     *s = e->st;
-    s->running = e->running.count;
-    s->waiting = e->waiting.count;
-    s->kv_blocks_total = e->kv.n_blocks;
-    s->kv_blocks_used = kv_used(&e->kv);
-    s->kv_peak_blocks = e->kv.peak_used;
-    s->kv_waste_at_peak = e->kv.waste_at_peak;
+    s->running = e->sched.running.count;
+    s->waiting = e->sched.waiting.count;
+    s->preemptions = e->sched.preemptions;
+    s->prefix_query_tokens = e->sched.prefix_query_tokens;
+    s->prefix_hit_tokens = e->sched.prefix_hit_tokens;
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    s->kv_blocks_total = ks.blocks_total;
+    s->kv_blocks_used = ks.blocks_used;
+    s->kv_peak_blocks = ks.peak_used;
+    s->kv_waste_at_peak = ks.waste_at_peak;
     s->device_sampling = e->device_sampling;
 }

@@ -1,4 +1,8 @@
-/* kv.c - paged KV block manager and prefix cache (see kv.h). */
+/* kv.c - paged KV block manager and prefix cache (see kv.h).
+ *
+ * In data-flow order: the pool, the hash map and LRU list behind the prefix
+ * cache, single blocks, then what sequences call (reserve, fork, free) and
+ * the prefix cache's lookup and publish. */
 #include "engine/kv.h"
 
 #include <stdlib.h>
@@ -6,11 +10,38 @@
 
 #include "engine/err.h"
 
-int kv_init(kv_pool *p, int32_t n_blocks, int32_t block_size)
+struct kv_pool {
+    int32_t block_size;         /* tokens per block */
+    int32_t n_blocks;           /* blocks in the pool */
+    int32_t n_free;             /* blocks that can be allocated: the free stack plus cached unused ones */
+    int32_t n_stack;            /* entries in free_list */
+    int32_t *free_list;         /* [n_blocks] stack of free, uncached block ids */
+    int32_t *refs;              /* [n_blocks] references (0 = free or cached) */
+    int32_t *fill;              /* [n_blocks] slots written (0..block_size) */
+    /* prefix cache */
+    uint64_t *hash;             /* [n_blocks] published hash, 0 = none */
+    uint64_t *parent;           /* [n_blocks] the hash before it in its chain */
+    int32_t *tokens;            /* [n_blocks][block_size] the tokens it holds (checked on a hit) */
+    int32_t *lru_prev, *lru_next; /* [n_blocks] cached blocks with no reference, oldest first */
+    int32_t lru_head, lru_tail; /* -1 when empty */
+    int32_t n_cached;           /* blocks on the LRU list */
+    uint64_t *map_key;          /* [map_cap] open addressing: hash -> block; key 0 = empty slot */
+    int32_t *map_val;           /* [map_cap] */
+    uint32_t map_cap;           /* power of two, >= 2 n_blocks */
+    /* occupancy */
+    int32_t peak_used;          /* most blocks in use at once */
+    int64_t filled_slots;       /* sum of fill over used blocks */
+    double waste_at_peak;       /* 1 - filled/(used*block_size) when peak_used was reached */
+};
+
+int kv_create(int32_t n_blocks, int32_t block_size, kv_pool **out)
 {
-    memset(p, 0, sizeof *p);
+    *out = NULL;
     if (n_blocks <= 0 || block_size <= 0)
         return rd_fail(RD_EINVAL, "kv: %d blocks of %d tokens: both must be positive", n_blocks, block_size);
+    kv_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return rd_fail(RD_ENOMEM, "kv: cannot allocate bookkeeping for %d blocks", n_blocks);
     p->block_size = block_size;
     p->n_blocks = n_blocks;
     p->map_cap = 16;
@@ -28,7 +59,7 @@ int kv_init(kv_pool *p, int32_t n_blocks, int32_t block_size)
     p->map_val = calloc(p->map_cap, sizeof(int32_t));
     if (!p->free_list || !p->refs || !p->fill || !p->hash || !p->parent || !p->tokens || !p->lru_prev ||
         !p->lru_next || !p->map_key || !p->map_val) {
-        kv_free(p);
+        kv_destroy(p);
         return rd_fail(RD_ENOMEM, "kv: cannot allocate bookkeeping for %d blocks", n_blocks);
     }
     /* Low ids first out of the stack, so small runs touch little memory. */
@@ -36,11 +67,14 @@ int kv_init(kv_pool *p, int32_t n_blocks, int32_t block_size)
         p->free_list[i] = n_blocks - 1 - i;
     p->n_stack = p->n_free = n_blocks;
     p->lru_head = p->lru_tail = -1;
+    *out = p;
     return 0;
 }
 
-void kv_free(kv_pool *p)
+void kv_destroy(kv_pool *p)
 {
+    if (!p)
+        return;
     free(p->free_list);
     free(p->refs);
     free(p->fill);
@@ -51,17 +85,30 @@ void kv_free(kv_pool *p)
     free(p->lru_next);
     free(p->map_key);
     free(p->map_val);
-    memset(p, 0, sizeof *p);
+    free(p);
 }
 
-int32_t kv_used(const kv_pool *p) { return p->n_blocks - p->n_free; }
+static int32_t used_blocks(const kv_pool *p) { return p->n_blocks - p->n_free; }
 
-double kv_waste(const kv_pool *p)
+static double waste_now(const kv_pool *p)
 {
-    int32_t used = kv_used(p);
+    int32_t used = used_blocks(p);
     if (used == 0)
         return 0.0;
     return 1.0 - (double)p->filled_slots / ((double)used * p->block_size);
+}
+
+void kv_get_stats(const kv_pool *p, kv_stats *s)
+{
+    *s = (kv_stats){
+        .block_size = p->block_size,
+        .blocks_total = p->n_blocks,
+        .blocks_used = used_blocks(p),
+        .blocks_cached = p->n_cached,
+        .peak_used = p->peak_used,
+        .waste = waste_now(p),
+        .waste_at_peak = p->waste_at_peak,
+    };
 }
 
 /* ---- the hash map (linear probing, backward-shift deletion: no tombstones) */
@@ -113,6 +160,7 @@ static void lru_remove(kv_pool *p, int32_t b)
 {
     if (p->lru_prev[b] >= 0) p->lru_next[p->lru_prev[b]] = p->lru_next[b]; else p->lru_head = p->lru_next[b];
     if (p->lru_next[b] >= 0) p->lru_prev[p->lru_next[b]] = p->lru_prev[b]; else p->lru_tail = p->lru_prev[b];
+    p->n_cached--;
 }
 
 static void lru_push(kv_pool *p, int32_t b)
@@ -121,64 +169,141 @@ static void lru_push(kv_pool *p, int32_t b)
     p->lru_next[b] = -1;
     if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b; else p->lru_head = b;
     p->lru_tail = b;
+    p->n_cached++;
 }
 
-/* ---- blocks */
+/* ---- single blocks */
 
-int kv_alloc(kv_pool *p, int32_t *block)
+/* Takes a free block (refs = 1, fill = 0), evicting the cached block freed
+ * longest ago when the stack is empty. Callers check n_free first. */
+static int32_t block_alloc(kv_pool *p)
 {
     int32_t b;
     if (p->n_stack > 0) {
         b = p->free_list[--p->n_stack];
-    } else if (p->lru_head >= 0) {
-        /* Evict the cached block freed longest ago. */
+    } else {
         b = p->lru_head;
         lru_remove(p, b);
         map_del(p, p->hash[b]);
         p->hash[b] = 0;
-    } else {
-        return RD_ENOMEM; /* expected under load: the scheduler preempts */
     }
     p->n_free--;
     p->refs[b] = 1;
     p->fill[b] = 0;
-    *block = b;
+    return b;
+}
+
+static void block_unref(kv_pool *p, int32_t b)
+{
+    if (--p->refs[b] > 0)
+        return;
+    p->filled_slots -= p->fill[b];
+    p->n_free++;
+    if (p->hash[b]) {
+        lru_push(p, b); /* keeps its contents (and fill) for a later hit */
+        return;
+    }
+    p->fill[b] = 0;
+    p->free_list[p->n_stack++] = b;
+}
+
+/* Records that slot off of block b was written. */
+static void block_mark(kv_pool *p, int32_t b, int32_t off)
+{
+    if (off + 1 > p->fill[b]) {
+        p->filled_slots += off + 1 - p->fill[b];
+        p->fill[b] = off + 1;
+    }
+    /* Waste is judged at the peak, after the step's slots are written. */
+    int32_t used = used_blocks(p);
+    if (used >= p->peak_used) {
+        p->peak_used = used;
+        p->waste_at_peak = waste_now(p);
+    }
+}
+
+/* ---- block tables */
+
+/* Room for n entries in t (capacity doubles from 8, as a table grows one
+ * block at a time while a sequence decodes). */
+static int table_grow(kv_table *t, int32_t n)
+{
+    if (n <= t->cap)
+        return 0;
+    int32_t cap = t->cap ? t->cap : 8;
+    while (cap < n)
+        cap *= 2;
+    int32_t *ids = realloc(t->ids, sizeof(int32_t) * (size_t)cap);
+    if (!ids)
+        return RD_ENOMEM;
+    t->ids = ids;
+    t->cap = cap;
     return 0;
 }
 
-void kv_ref(kv_pool *p, int32_t block) { p->refs[block]++; }
-
-void kv_unref(kv_pool *p, int32_t block)
+int kv_reserve(kv_pool *p, kv_table *t, int32_t n_computed, int32_t n_new, int32_t *copy_src,
+               int32_t *copy_dst)
 {
-    if (--p->refs[block] > 0)
-        return;
-    p->filled_slots -= p->fill[block];
-    p->n_free++;
-    if (p->hash[block]) {
-        lru_push(p, block); /* keeps its contents (and fill) for a later hit */
-        return;
+    const int32_t bs = p->block_size;
+    int32_t need = (n_computed + n_new + bs - 1) / bs;
+    int32_t first = n_computed / bs; /* block receiving the first new slot */
+    int cow = first < t->n && p->refs[t->ids[first]] > 1;
+    int32_t fresh = need > t->n ? need - t->n : 0;
+    if (p->n_free < fresh + cow || table_grow(t, t->n + fresh))
+        return RD_ENOMEM;
+    if (cow) {
+        int32_t old = t->ids[first], nb = block_alloc(p);
+        if (p->fill[old] > 0)
+            block_mark(p, nb, p->fill[old] - 1); /* the copy holds what the original holds */
+        block_unref(p, old);                     /* others still hold it: refs was > 1 */
+        t->ids[first] = nb;
+        *copy_src = old;
+        *copy_dst = nb;
     }
-    p->fill[block] = 0;
-    p->free_list[p->n_stack++] = block;
+    for (int32_t i = 0; i < fresh; i++)
+        t->ids[t->n++] = block_alloc(p);
+    return cow;
 }
 
-void kv_mark(kv_pool *p, int32_t block, int32_t off)
+void kv_written(kv_pool *p, const kv_table *t, int32_t from, int32_t n)
 {
-    if (off + 1 > p->fill[block]) {
-        p->filled_slots += off + 1 - p->fill[block];
-        p->fill[block] = off + 1;
+    const int32_t bs = p->block_size;
+    for (int32_t pos = from; pos < from + n; pos++)
+        block_mark(p, t->ids[pos / bs], pos % bs);
+}
+
+int kv_fork(kv_pool *p, const kv_table *src, kv_table *dst)
+{
+    if (dst->n != 0)
+        return rd_fail(RD_EINVAL, "kv: fork into a table that holds %d blocks", dst->n);
+    if (table_grow(dst, src->n))
+        return rd_fail(RD_ENOMEM, "kv: cannot grow a forked block table to %d blocks", src->n);
+    for (int32_t i = 0; i < src->n; i++) {
+        dst->ids[i] = src->ids[i];
+        p->refs[src->ids[i]]++;
     }
-    /* Waste is judged at the peak, after the step's slots are written. */
-    int32_t used = kv_used(p);
-    if (used >= p->peak_used) {
-        p->peak_used = used;
-        p->waste_at_peak = kv_waste(p);
-    }
+    dst->n = src->n;
+    return 0;
+}
+
+void kv_free_seq(kv_pool *p, kv_table *t)
+{
+    /* In table order, which is the order its cached blocks join the LRU list
+       and so the order they are evicted in (vLLM frees a chain tail first,
+       so a partly evicted chain keeps its usable head; not done here, to
+       keep the engine's behaviour as it was). */
+    for (int32_t i = 0; i < t->n; i++)
+        block_unref(p, t->ids[i]);
+    free(t->ids);
+    *t = (kv_table){0};
 }
 
 /* ---- prefix cache */
 
-uint64_t kv_block_hash(uint64_t parent, const int32_t *tokens, int32_t n, uint64_t salt)
+/* The chained hash of a full block: parent (0 for the first block), the
+ * block's tokens, and salt (the weight version). Never 0 (0 marks an empty
+ * map slot and an unpublished block). */
+static uint64_t block_hash(uint64_t parent, const int32_t *tokens, int32_t n, uint64_t salt)
 {
     /* FNV-1a over the words, finished with a splitmix64 round; a hit is also
      * checked against the stored tokens and parent, so a collision costs a miss. */
@@ -194,7 +319,9 @@ uint64_t kv_block_hash(uint64_t parent, const int32_t *tokens, int32_t n, uint64
     return h ? h : 1;
 }
 
-int32_t kv_lookup(kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens)
+/* The cached block holding exactly this chain link, with a reference taken
+ * (a cached unused block comes back into use); -1 if none. */
+static int32_t cache_get(kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens)
 {
     int32_t b = map_get(p, hash);
     if (b < 0 || p->parent[b] != parent ||
@@ -209,12 +336,60 @@ int32_t kv_lookup(kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tok
     return b;
 }
 
-void kv_publish(kv_pool *p, int32_t block, uint64_t hash, uint64_t parent, const int32_t *tokens)
+/* Publishes full block b under hash (no effect if that hash is already cached). */
+static void cache_put(kv_pool *p, int32_t b, uint64_t hash, uint64_t parent, const int32_t *tokens)
 {
-    if (p->hash[block] || map_get(p, hash) >= 0)
+    if (p->hash[b] || map_get(p, hash) >= 0)
         return;
-    p->hash[block] = hash;
-    p->parent[block] = parent;
-    memcpy(p->tokens + (size_t)block * p->block_size, tokens, sizeof(int32_t) * (size_t)p->block_size);
-    map_put(p, hash, block);
+    p->hash[b] = hash;
+    p->parent[b] = parent;
+    memcpy(p->tokens + (size_t)b * p->block_size, tokens, sizeof(int32_t) * (size_t)p->block_size);
+    map_put(p, hash, b);
+}
+
+int kv_prefix_lookup(kv_pool *p, kv_prefix *h, const int32_t *prompt, int32_t n_prompt, uint64_t salt,
+                     kv_table *t)
+{
+    const int32_t bs = p->block_size;
+    if (t->n != 0)
+        return rd_fail(RD_EINVAL, "kv: prefix lookup into a table that holds %d blocks", t->n);
+    if (!h->hashes || h->salt != salt) {
+        int32_t n = (n_prompt - 1) / bs; /* at least one prompt token is always computed: its logits */
+        uint64_t *hs = h->hashes ? h->hashes : malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
+        if (!hs)
+            return RD_ENOMEM;
+        for (int32_t i = 0; i < n; i++)
+            hs[i] = block_hash(i ? hs[i - 1] : 0, prompt + (size_t)i * bs, bs, salt);
+        h->hashes = hs;
+        h->n = n;
+        h->salt = salt;
+    }
+    if (table_grow(t, h->n))
+        return RD_ENOMEM;
+    while (t->n < h->n) {
+        int32_t i = t->n;
+        int32_t b = cache_get(p, h->hashes[i], i ? h->hashes[i - 1] : 0, prompt + (size_t)i * bs);
+        if (b < 0)
+            break;
+        t->ids[t->n++] = b;
+    }
+    return t->n;
+}
+
+void kv_prefix_publish(kv_pool *p, const kv_prefix *h, const int32_t *prompt, const kv_table *t,
+                       int32_t n_computed, uint64_t salt, int32_t *n_published)
+{
+    const int32_t bs = p->block_size;
+    if (!h->hashes || h->salt != salt)
+        return;
+    while (*n_published < h->n && (*n_published + 1) * bs <= n_computed) {
+        int32_t i = (*n_published)++;
+        cache_put(p, t->ids[i], h->hashes[i], i ? h->hashes[i - 1] : 0, prompt + (size_t)i * bs);
+    }
+}
+
+void kv_prefix_free(kv_prefix *h)
+{
+    free(h->hashes);
+    *h = (kv_prefix){0};
 }

@@ -1,9 +1,11 @@
-/* seq.h - one sequence (one sample of a request) as the scheduler sees it. */
+/* seq.h - one sequence (one sample of a request) as the scheduler sees it,
+ * and the lists that queue sequences (waiting, running, done). */
 #ifndef RD_SEQ_H
 #define RD_SEQ_H
 
 #include <stdint.h>
 
+#include "engine/kv.h"
 #include "engine/sampler.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
@@ -34,10 +36,7 @@ struct seq_req {
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
-    /* prefix cache: chained hashes of the full prompt blocks that leave at least one token to compute */
-    uint64_t *hashes;           /* [n_hashed], or NULL before the first lookup */
-    int32_t n_hashed;
-    uint64_t hash_version;      /* the weight version they are salted with */
+    kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
 };
 
 typedef struct seq {
@@ -50,11 +49,9 @@ typedef struct seq {
     int32_t cap;                /* capacity of tokens[] */
     int32_t *tokens;            /* [cap] */
     int32_t n_computed;         /* tokens whose K/V are in the cache */
-    int32_t n_blocks;           /* entries used in blocks[] */
+    kv_table blocks;            /* the KV blocks holding tokens [0, n_computed) and the slots reserved after */
     int32_t n_published;        /* leading prompt blocks already in the prefix cache */
     uint64_t kv_version;        /* weight version its KV was computed under (from n_computed 0) */
-    int32_t blocks_cap;
-    int32_t *blocks;            /* block table */
     /* per generated token */
     float *logprobs;            /* [cap] raw log-prob (temperature 1) */
     float *logprobs_proc;       /* [cap] processed log-prob, or NULL */
@@ -69,5 +66,27 @@ typedef struct seq {
     struct seq *next;           /* list link (waiting, running or done) */
     struct seq *prev;
 } seq;
+
+/* A doubly linked queue of sequences through seq.next/prev; a sequence is on
+ * at most one. */
+typedef struct {
+    seq *head, *tail;           /* NULL when empty */
+    int32_t count;              /* sequences on it */
+} seq_list;
+
+void seq_list_remove(seq_list *l, seq *s);
+void seq_list_push_back(seq_list *l, seq *s);
+void seq_list_push_front(seq_list *l, seq *s);
+void seq_list_insert_after(seq_list *l, seq *at, seq *s);
+
+/* A sequence of request r (one more reference to it) with room for cap
+ * tokens and their log-probs; NULL when memory runs out. */
+seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap);
+/* Frees s and, with its last sequence, the request. Its block table must be
+ * empty already (kv_free_seq): freeing blocks needs the pool. */
+void seq_destroy(seq *s);
+/* Started: it was running, or it is a forked sample or has generated tokens
+ * (a preempted one). A group parent whose prefill never ran has not. */
+int seq_started(const seq *s);
 
 #endif
