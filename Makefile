@@ -44,7 +44,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-push model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: all test asan asan-build bench bench-qwen3 bench-push model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -148,6 +148,11 @@ MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 # to llama.cpp on the same file and thread count.
 bench: all model
 	tools/bench.sh $(MODEL)
+
+# A synthetic Qwen3-0.6B-shaped Q8_0 GGUF (generated once under build/): decode
+# tokens/s at batch 1 and 32 next to llama.cpp, alternating (build/bench-qwen3.json).
+bench-qwen3: all
+	tools/bench_qwen3.sh
 
 # Weight pushes: loopback baselines, 1/2/4 daemons, the stall under load (build/bench-push.json).
 bench-push: all model

@@ -61,6 +61,16 @@ or BF16 with --hf-dtype bf16, which rounds every weight to bf16 before the GGUF
 is written so that both files hold the same values; it needs --dtype f32 or
 bf16).
 
+--init-std S (S > 0) draws every 2-D weight (token_embd too) from N(0, S^2)
+and sets every norm (q_norm/k_norm too) to 1, as a freshly initialised model
+(S = 0.02 is HF's initializer_range); each tensor has its own random stream
+(seed, tensor name), so tensors are made one at a time while the file is
+written and memory stays at about one fp32 tensor: this is the mode for
+full-size files (tools/bench_qwen3.sh writes a Qwen3-0.6B-shaped one). Without
+it (the default) the scales are the ones described in make_weights and the
+output is what it has always been. --vocab 151936 is fine (the BPE below runs
+out of text and extends tokens by a letter; 0.1 s).
+
 The tokenizer's pre-tokenizer name (tokenizer.ggml.pre) is "smollm" for llama,
 "llama-bpe" for llama with llama3 scaling, "qwen2" for qwen2/qwen3, "smollm"
 for gemma3 (llama.cpp takes a GPT-2 vocab in a gemma3 file, as the converter
@@ -81,6 +91,7 @@ import json
 import os
 import re
 import sys
+import zlib
 
 import numpy as np
 
@@ -273,15 +284,41 @@ def quant_bf16(w):
     return bits.view(np.uint8).reshape(w.shape[0], -1)
 
 
+QUANT_BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "bf16": (1, 2),   # values, bytes
+               "q5_0": (32, 22), "q5_1": (32, 24), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210)}
+ENCODE_CHUNK = 1 << 22          # values quantized at a time (the quantizers' temporaries are a few times that)
+
+
 def encode(w, dtype):
-    """(array to hand to GGUFWriter, raw_dtype or None)."""
+    """(array to hand to GGUFWriter, raw_dtype or None). Quantized row by
+    row in chunks (every block is independent, so the bytes are the same as
+    in one go) to bound the temporaries on large tensors."""
     if dtype == "f32":
         return np.ascontiguousarray(w, dtype=np.float32), None
     if dtype == "f16":
         return np.ascontiguousarray(w, dtype=np.float32).astype(np.float16), None   # rounds to nearest even
     quant = {"bf16": quant_bf16, "q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_1": quant_q4_1, "q5_0": quant_q5_0,
              "q5_1": quant_q5_1, "q4_k": quant_q4_k, "q5_k": quant_q5_k, "q6_k": quant_q6_k}[dtype]
-    return np.ascontiguousarray(quant(w)), DTYPES[dtype]
+    rows, cols = w.shape
+    step = max(1, ENCODE_CHUNK // cols)
+    if rows <= step:
+        return np.ascontiguousarray(quant(w)), DTYPES[dtype]
+    qk, nb = QUANT_BLOCK[dtype]
+    out = np.empty((rows, cols // qk * nb), dtype=np.uint8)
+    for r in range(0, rows, step):
+        out[r:r + step] = quant(w[r:r + step])
+    return out, DTYPES[dtype]
+
+
+def encoded_spec(shape, dtype):
+    """(shape, numpy dtype, bytes, raw_dtype) of encode()'s result for a 2-D
+    tensor of this shape: GGUFWriter's tensor info, written before the data."""
+    rows, cols = shape
+    if dtype in ("f32", "f16"):
+        npt = np.float32 if dtype == "f32" else np.float16
+        return (rows, cols), np.dtype(npt), rows * cols * np.dtype(npt).itemsize, None
+    qk, nb = QUANT_BLOCK[dtype]
+    return (rows, cols // qk * nb), np.dtype(np.uint8), rows * (cols // qk) * nb, DTYPES[dtype]
 
 
 # --------------------------------------------------------------------------
@@ -379,6 +416,62 @@ def unpermute(w, n_head):
     return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+class Lazy:
+    """A tensor made when called (--init-std): its shape is known up front."""
+
+    def __init__(self, shape, fn):
+        self.shape, self.fn = tuple(shape), fn
+
+    def __call__(self):
+        return self.fn()
+
+
+def value(x):
+    return x() if isinstance(x, Lazy) else x
+
+
+def make_weights_init_std(a):
+    """HF state_dict of --init-std: 2-D weights N(0, S^2), float32, each from
+    its own stream (seed, name) and made only when the file is written; norms 1."""
+    hd = a.head_dim
+    std = np.float32(a.init_std)
+
+    def lin(name, out_f, in_f):
+        def make():
+            rng = np.random.default_rng([a.seed, 0x1D57D, zlib.crc32(name.encode())])
+            x = rng.standard_normal((out_f, in_f), dtype=np.float32)
+            x *= std
+            return x
+        return Lazy((out_f, in_f), make)
+
+    shapes = {"model.embed_tokens.weight": (a.vocab, a.dim)}
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (a.heads * hd, a.dim),
+                       p + "self_attn.k_proj.weight": (a.kv_heads * hd, a.dim),
+                       p + "self_attn.v_proj.weight": (a.kv_heads * hd, a.dim),
+                       p + "self_attn.o_proj.weight": (a.dim, a.heads * hd),
+                       p + "mlp.gate_proj.weight": (a.ffn, a.dim),
+                       p + "mlp.up_proj.weight": (a.ffn, a.dim),
+                       p + "mlp.down_proj.weight": (a.dim, a.ffn)})
+    if not a.tied:
+        shapes["lm_head.weight"] = (a.vocab, a.dim)
+    w = {name: lin(name, *shape) for name, shape in shapes.items()}
+    ones = np.ones(a.dim, dtype=np.float32)
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = ones
+        w[p + "post_attention_layernorm.weight"] = ones
+        if a.arch == "qwen2":
+            for n, rows in (("q", a.heads * hd), ("k", a.kv_heads * hd), ("v", a.kv_heads * hd)):
+                w[p + f"self_attn.{n}_proj.bias"] = np.zeros(rows, dtype=np.float32)
+        if a.arch == "qwen3":
+            for n in ("q", "k"):
+                w[p + f"self_attn.{n}_norm.weight"] = np.ones(hd, dtype=np.float32)
+    w["model.norm.weight"] = ones
+    return w
+
+
 def make_weights(a, rng):
     """HF state_dict (float32). Projections use std 1/sqrt(fan_in) so that
     activations stay O(1); embeddings use 2/sqrt(dim) so that (tied) logits
@@ -473,7 +566,12 @@ def gguf_tensors(a, hf):
     out.append(("output_norm.weight", "model.norm.weight", 0))
     if not a.tied:
         out.append(("output.weight", "lm_head.weight", 0))
-    tensors = [(g, h, permute(hf[h], n) if n else hf[h], n) for g, h, n in out]
+    def perm(x, n):
+        if isinstance(x, Lazy):
+            return Lazy(x.shape, lambda: permute(x(), n))
+        return permute(x, n)
+
+    tensors = [(g, h, perm(hf[h], n) if n else hf[h], n) for g, h, n in out]
     if a.rope_scaling and a.rope_scaling[0] == "llama3":
         # The converter yields it before the model's own tensors.
         tensors.insert(0, ("rope_freqs.weight", None, llama3_divisors(a.rope_theta, a.head_dim, *a.rope_scaling[1:]), 0))
@@ -634,6 +732,8 @@ def parse_args(argv):
                    help="llama3:FACTOR:LOW:HIGH:ORIG or linear:FACTOR")
     p.add_argument("--eps", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--init-std", type=float, default=0.0,
+                   help="2-D weights N(0, S^2), norms 1, made tensor by tensor (default: the tiny-model scales)")
     p.add_argument("--alignment", type=int, default=0, help="write general.alignment (power of two)")
     p.add_argument("--version", type=int, default=3, choices=[2, 3])
     p.add_argument("--pre", default=None, help="tokenizer.ggml.pre (default: by family)")
@@ -668,6 +768,8 @@ def parse_args(argv):
     if a.rope_scaling and a.rope_scaling[0] == "llama3" and a.arch != "llama":
         p.error("llama3 rope scaling is for --arch llama only (llama.cpp's qwen graphs ignore rope_freqs "
                 "and its loader rejects the unused tensor)")
+    if a.init_std < 0:
+        p.error("--init-std must be >= 0")
     if a.hf_dtype == "bf16" and a.dtype not in ("f32", "bf16"):
         p.error("--hf-dtype bf16 needs --dtype f32 or bf16 (other dtypes' values are not bf16-exact)")
     if a.arch == "gemma3":
@@ -691,10 +793,13 @@ def parse_args(argv):
 
 def main(argv):
     a = parse_args(argv)
-    rng = np.random.default_rng(a.seed)
-    hf = make_weights(a, rng)
+    if a.init_std > 0:
+        hf = make_weights_init_std(a)
+    else:
+        hf = make_weights(a, np.random.default_rng(a.seed))
     if a.hf_dtype == "bf16":
-        hf = {k: bf16_round(v) for k, v in hf.items()}
+        hf = {k: (Lazy(v.shape, lambda v=v: bf16_round(v())) if isinstance(v, Lazy) else bf16_round(v))
+              for k, v in hf.items()}
     tokens, merges = train_bpe(a.vocab)
     hd = a.head_dim
 
@@ -734,16 +839,26 @@ def main(argv):
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
 
+    # Tensor infos first, then each tensor is made, encoded and written in
+    # turn (what add_tensor + write_tensors_to_file write, without holding
+    # every tensor in memory).
     tensors = gguf_tensors(a, hf)
+    del hf
     for name, _, arr, _ in tensors:
-        if arr.ndim == 1:
-            w.add_tensor(name, arr.astype(np.float32))      # norms, biases, rope_freqs stay F32
+        if len(arr.shape) == 1:                              # norms, biases, rope_freqs stay F32
+            w.add_tensor_info(name, arr.shape, np.dtype(np.float32), arr.shape[0] * 4)
         else:
-            data, raw = encode(arr, a.dtype)
-            w.add_tensor(name, data, raw_dtype=raw)
+            shape, npt, nbytes, raw = encoded_spec(arr.shape, a.dtype)
+            w.add_tensor_info(name, shape, npt, nbytes, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for name, _, arr, _ in tensors:
+        if len(arr.shape) == 1:
+            w.write_tensor_data(np.ascontiguousarray(arr, dtype=np.float32))
+        else:
+            data, _ = encode(value(arr), a.dtype)
+            w.write_tensor_data(data)
     w.close()
 
     if a.expect_out or a.hf_out or a.hf_dir:

@@ -1,6 +1,7 @@
 /* rollout-bench - throughput of the engine on a seeded rollout workload.
  *   rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--max-num-seqs B]
- *                 [--threads T] [--kv-cache-mb MB] [--block-size 16] [--decode-batches 1,32] [--json]
+ *                 [--threads T] [--kv-cache-mb MB] [--block-size 16] [--decode-batches 1,32]
+ *                 [--decode-only] [--json]
  * Workload: R prompts (random token ids, lengths 16-256) x n samples, each
  * sample generating a fixed length (16-256, long-tailed), EOS ignored so both
  * runs do the same work. It runs once with continuous batching and once as
@@ -10,7 +11,9 @@
  * padded batches do it: every member computes until the batch's longest
  * member ends (its extra tokens are padding and do not count as output).
  * --decode-batches also times
- * pure decode steps at the given batch sizes (prompt 32, 64 new tokens). */
+ * pure decode steps at the given batch sizes (prompt 32, 64 new tokens);
+ * --decode-only skips the two workload runs (the JSON then has no
+ * "continuous", "static" or "speedup"); the decode prompts are the same. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -111,9 +114,18 @@ static int run_workload(model *m, const eng_config *cfg, const work_item *w, int
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Decode-only throughput at batch B: B distinct prompts of 32 tokens are
- * prefilled, then the 64 steps that each add one token per sequence are timed. */
-static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng)
+ * prefilled, then the 64 steps that each add one token per sequence are timed.
+ * Returns tokens / (total time); *median_tps gets B / (median step time),
+ * which a stall on a shared machine moves less (bench_llamacpp.py reports
+ * the same pair). */
+static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng, double *median_tps)
 {
     eng_config cfg = *base;
     cfg.max_num_seqs = B > cfg.max_num_seqs ? B : cfg.max_num_seqs;
@@ -135,23 +147,27 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng)
     }
     if (eng_step(e) < 0) /* the prefill of all B prompts and their first token */
         return -1;
-    double t0 = now_s();
+    double t0 = now_s(), step_s[64];
     int64_t toks = 0;
     for (int i = 0; i < 64; i++) {
+        double ts = now_s();
         int rc = eng_step(e);
         if (rc < 0)
             return -1;
+        step_s[i] = now_s() - ts;
         toks += rc;
     }
     double dt = now_s() - t0;
     eng_destroy(e);
+    qsort(step_s, 64, sizeof step_s[0], cmp_double);
+    *median_tps = B / (0.5 * (step_s[31] + step_s[32]));
     return toks / dt;
 }
 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL;
-    int R = 64, n = 4, json = 0, threads = 0, max_seqs = 64;
+    int R = 64, n = 4, json = 0, threads = 0, max_seqs = 64, decode_only = 0;
     int64_t kv_mb = 1024;
     int32_t block_size = 16;
     uint64_t seed = 1;
@@ -167,6 +183,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--block-size")) block_size = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--kv-cache-mb")) kv_mb = cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1 << 24);
         else if (!strcmp(a, "--decode-batches")) dec_b = cli_ids(P, a, cli_value(P, argc, argv, &i), &n_dec);
+        else if (!strcmp(a, "--decode-only")) decode_only = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else cli_die(P, "unknown flag '%s'%s (see the comment at the top of tools/rollout-bench.c)", a, "");
     }
@@ -174,6 +191,8 @@ int main(int argc, char **argv)
         cli_die(P, "usage: rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--json]%s%s", "", "");
     if (n > max_seqs)
         cli_die(P, "--n must not exceed --max-num-seqs%s%s", "", "");
+    if (decode_only && n_dec == 0)
+        cli_die(P, "--decode-only needs --decode-batches%s%s", "", "");
     for (int32_t i = 0; i < n_dec; i++)
         if (dec_b[i] < 1 || dec_b[i] > 1024)
             cli_die(P, "--decode-batches expects sizes in 1..1024%s%s", "", "");
@@ -201,14 +220,18 @@ int main(int argc, char **argv)
     cfg.max_batch_tokens = 512 > max_seqs ? 512 : max_seqs;
     cfg.kv_cache_bytes = kv_mb << 20;
     cfg.block_size = block_size;
-    run_stats cont, stat;
-    if (run_workload(L.m, &cfg, w, R, n, 0, seed, &cont) || run_workload(L.m, &cfg, w, R, n, 1, seed, &stat))
-        return 1;
-    double speedup = cont.tokens_per_s / stat.tokens_per_s;
+    run_stats cont = {0}, stat = {0};
+    double speedup = 0;
+    if (!decode_only) {
+        if (run_workload(L.m, &cfg, w, R, n, 0, seed, &cont) || run_workload(L.m, &cfg, w, R, n, 1, seed, &stat))
+            return 1;
+        speedup = cont.tokens_per_s / stat.tokens_per_s;
+    }
 
     double *dec = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec);
+    double *dec_med = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec_med);
     for (int32_t i = 0; i < n_dec; i++)
-        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng)) < 0) {
+        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng, &dec_med[i])) < 0) {
             fprintf(stderr, "%s: decode benchmark failed: %s\n", P, rd_errmsg());
             return 1;
         }
@@ -217,7 +240,7 @@ int main(int argc, char **argv)
         cJSON *o = cJSON_CreateObject();
         const run_stats *rs[2] = {&cont, &stat};
         const char *names[2] = {"continuous", "static"};
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2 && !decode_only; k++) {
             cJSON *x = cJSON_AddObjectToObject(o, names[k]);
             cJSON_AddNumberToObject(x, "tokens_per_s", rs[k]->tokens_per_s);
             cJSON_AddNumberToObject(x, "decode_steps", (double)rs[k]->decode_steps);
@@ -227,7 +250,8 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(x, "seconds", rs[k]->seconds);
             cJSON_AddNumberToObject(x, "generated_tokens", (double)rs[k]->tokens);
         }
-        cJSON_AddNumberToObject(o, "speedup", speedup);
+        if (!decode_only)
+            cJSON_AddNumberToObject(o, "speedup", speedup);
         cJSON_AddNumberToObject(o, "block_size", block_size);
         cJSON_AddNumberToObject(o, "threads", L.be->n_threads);
         cJSON *d = cJSON_AddObjectToObject(o, "decode_tokens_per_s");
@@ -236,23 +260,32 @@ int main(int argc, char **argv)
             snprintf(k, sizeof k, "batch_%d", dec_b[i]);
             cJSON_AddNumberToObject(d, k, dec[i]);
         }
+        cJSON *dm = cJSON_AddObjectToObject(o, "decode_tokens_per_s_median_step");
+        for (int32_t i = 0; i < n_dec; i++) {
+            char k[32];
+            snprintf(k, sizeof k, "batch_%d", dec_b[i]);
+            cJSON_AddNumberToObject(dm, k, dec_med[i]);
+        }
         char *s = cJSON_PrintUnformatted(o);
         puts(s);
         free(s);
         cJSON_Delete(o);
     } else {
-        printf("workload: %d requests x n=%d, %lld generated tokens, max_num_seqs %d, block size %d, %d threads\n",
-               R, n, (long long)work_tokens, max_seqs, block_size, L.be->n_threads);
-        printf("%-12s %12s %8s %8s %10s %10s %8s\n", "mode", "tokens/s", "steps", "batch", "kv_peak", "kv_waste", "secs");
-        const run_stats *rs[2] = {&cont, &stat};
-        const char *names[2] = {"continuous", "static"};
-        for (int k = 0; k < 2; k++)
-            printf("%-12s %12.1f %8lld %8.1f %10lld %9.2f%% %8.1f\n", names[k], rs[k]->tokens_per_s,
-                   (long long)rs[k]->decode_steps, rs[k]->mean_batch, (long long)rs[k]->kv_peak,
-                   100 * rs[k]->kv_waste, rs[k]->seconds);
-        printf("speedup (continuous / static): %.2fx\n", speedup);
+        if (!decode_only) {
+            printf("workload: %d requests x n=%d, %lld generated tokens, max_num_seqs %d, block size %d, %d threads\n",
+                   R, n, (long long)work_tokens, max_seqs, block_size, L.be->n_threads);
+            printf("%-12s %12s %8s %8s %10s %10s %8s\n", "mode", "tokens/s", "steps", "batch", "kv_peak", "kv_waste", "secs");
+            const run_stats *rs[2] = {&cont, &stat};
+            const char *names[2] = {"continuous", "static"};
+            for (int k = 0; k < 2; k++)
+                printf("%-12s %12.1f %8lld %8.1f %10lld %9.2f%% %8.1f\n", names[k], rs[k]->tokens_per_s,
+                       (long long)rs[k]->decode_steps, rs[k]->mean_batch, (long long)rs[k]->kv_peak,
+                       100 * rs[k]->kv_waste, rs[k]->seconds);
+            printf("speedup (continuous / static): %.2fx\n", speedup);
+        }
         for (int32_t i = 0; i < n_dec; i++)
-            printf("decode batch %-4d %10.1f tokens/s\n", dec_b[i], dec[i]);
+            printf("decode batch %-4d %10.1f tokens/s (median step: %.1f), %d threads\n", dec_b[i], dec[i],
+                   dec_med[i], L.be->n_threads);
     }
     return 0;
 }
