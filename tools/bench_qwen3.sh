@@ -3,7 +3,8 @@
 # batch 1 and 32, rolloutd's engine (rollout-bench --decode-only) next to
 # llama.cpp (tools/bench_llamacpp.py) on the same file and thread count.
 #   tools/bench_qwen3.sh [THREADS]        (default: nproc)
-#   env: ROUNDS (default 3), PRE (tokenizer.ggml.pre, default smollm), PYTHON
+#   env: ROUNDS (default 3), PRE (tokenizer.ggml.pre, default smollm), PYTHON,
+#        QUIET (default 0.4), QUIET_WAIT (default 300; 0: do not wait): see below
 # The file (28 layers, hidden 1024, 16 heads, 8 KV heads, head_dim 128, FFN
 # 3072, vocab 151,936, tied embeddings, rope theta 1e6, eps 1e-6, Q8_0 weights
 # drawn from N(0, 0.02^2), norms 1) is generated once under build/ and reused
@@ -24,6 +25,11 @@
 # it than the engine's pool: with ~2 other busy processes on 2 cores, its
 # batch-1 steps took 4-10x their median. (nice does not help against other
 # sessions: with autogroup scheduling it only ranks processes of one session.)
+# So before each measurement the script waits (up to QUIET_WAIT seconds) for
+# a 2-second window in which other processes keep at most QUIET cores busy,
+# and the summary of a batch size uses the rounds in which both sides'
+# measurements of it stayed at or under QUIET ("clean"), or all rounds,
+# flagged, when none did.
 # Writes build/bench-qwen3.json and prints a table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +37,8 @@ THREADS=${1:-$(nproc)}
 ROUNDS=${ROUNDS:-3}
 PRE=${PRE:-smollm}
 PY=${PYTHON:-python3}
+QUIET=${QUIET:-0.4}
+QUIET_WAIT=${QUIET_WAIT:-300}
 GEN=tools/gen_tiny_model.py
 MODEL=build/qwen3-0.6b-synth-q8_0-$PRE.gguf
 SHAPE=(--arch qwen3 --dtype q8_0 --layers 28 --dim 1024 --heads 16 --kv-heads 8 --head-dim 128 --ffn 3072
@@ -47,9 +55,20 @@ LOG=build/bench-qwen3.rounds.jsonl
 TIMES=build/bench-qwen3.time
 : > "$LOG"
 busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }    # user nice system irq softirq, 1/100 s
+wait_quiet() {
+  local t=0 b0 o
+  while [ "$t" -lt "$QUIET_WAIT" ]; do
+    b0=$(busy); sleep 2; t=$((t + 2))
+    o=$(awk -v d=$(($(busy) - b0)) 'BEGIN{printf "%.2f", d / 200}')
+    if awk -v o="$o" -v q="$QUIET" 'BEGIN{exit !(o <= q)}'; then return 0; fi
+    [ $((t % 30)) -ne 2 ] || echo "    waiting for a quiet machine (other processes: $o cores busy)" >&2
+  done
+  echo "    still busy after ${QUIET_WAIT}s; measuring anyway" >&2
+}
 measure() {   # round, batch, side, command...: runs it, appends a line to $LOG
   local round=$1 b=$2 side=$3 j b0 b1
   shift 3
+  wait_quiet
   b0=$(busy)
   j=$(/usr/bin/time -f '%e %U %S' -o "$TIMES" "$@" | tail -n 1)
   b1=$(busy)
@@ -73,16 +92,21 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 END=$(date -u +%FT%TZ)
 
-MODEL="$MODEL" THREADS="$THREADS" START="$START" END="$END" LOG="$LOG" "$PY" - <<'PYEOF'
+MODEL="$MODEL" THREADS="$THREADS" QUIET="$QUIET" START="$START" END="$END" LOG="$LOG" "$PY" - <<'PYEOF'
 import json, os, platform, statistics
 rows = [json.loads(l) for l in open(os.environ["LOG"])]
 model = os.environ["MODEL"]
+quiet = float(os.environ["QUIET"])
+rounds = sorted({x["round"] for x in rows})
+clean = {b: [r for r in rounds if all(x["other_cores"] <= quiet for x in rows if x["round"] == r and x["batch"] == b)]
+         for b in (1, 32)}
+used = {b: clean[b] or rounds for b in (1, 32)}
 
 def rates(side, b):
     """[(tokens/s, median-step tokens/s, other processes' cores)] per round."""
     out = []
     for x in rows:
-        if x["side"] != side or x["batch"] != b:
+        if x["side"] != side or x["batch"] != b or x["round"] not in used[b]:
             continue
         r = x["r"]
         if side == "rolloutd":
@@ -100,13 +124,16 @@ per_layer = D * H * HD * 2 + D * KV * HD * 2 + 3 * D * F
 params = L * per_layer + V * D                       # tied: the LM head is the embedding table
 flops_per_token = 2 * params
 summary = {}
+for b in (1, 32):
+    print(f"batch {b}: rounds {used[b]} of {rounds}" + ("" if clean[b] else
+          f"  (WARNING: in no round were other processes at <= {quiet} busy cores on both sides; disturbed)"))
 print(f"{'':<10}{'rolloutd':>10}{'llama.cpp':>11}{'ratio':>8}   {'median-step rate':>16}{'ratio':>8}"
       "   rounds: ours/theirs tok/s (other busy cores)")
 for b in (1, 32):
     o, t = rates("rolloutd", b), rates("llama_cpp", b)
     om, tm = statistics.median(x[0] for x in o), statistics.median(x[0] for x in t)
     os_, ts_ = statistics.median(x[1] for x in o), statistics.median(x[1] for x in t)
-    summary[f"batch_{b}"] = {"rolloutd": om, "llama_cpp": tm, "ratio": om / tm,
+    summary[f"batch_{b}"] = {"rounds_used": used[b], "clean": bool(clean[b]), "rolloutd": om, "llama_cpp": tm, "ratio": om / tm,
                             "rolloutd_median_step": os_, "llama_cpp_median_step": ts_, "ratio_median_step": os_ / ts_,
                             "rounds_rolloutd": o, "rounds_llama_cpp": t}
     per = " ".join(f"{a[0]:.1f}/{c[0]:.1f} ({a[2]:.1f}/{c[2]:.1f})" for a, c in zip(o, t))
@@ -120,7 +147,7 @@ for b in (1, 32):
            if b == 1 else ""))
 out = {"model": model, "model_bytes": os.path.getsize(model), "threads": int(os.environ["THREADS"]),
        "start": os.environ["START"], "end": os.environ["END"], "host": platform.node(),
-       "params": params, "flops_per_token": flops_per_token,
+       "quiet_cores": quiet, "params": params, "flops_per_token": flops_per_token,
        "weight_bytes_per_step": {"rolloutd_fp32": params * 4, "llama_cpp_q8_0": params * 34 // 32},
        "summary": summary, "runs": rows}
 with open("build/bench-qwen3.json", "w") as f:
