@@ -3,16 +3,17 @@
 # batch 1 and 32, rolloutd's engine (rollout-bench --decode-only) next to
 # llama.cpp (tools/bench_llamacpp.py) on the same file and thread count.
 #   tools/bench_qwen3.sh [THREADS]        (default: nproc)
-#   env: ROUNDS (default 3), PRE (tokenizer.ggml.pre, default smollm), PYTHON,
+#   env: ROUNDS (default 3), PRE (tokenizer.ggml.pre, default qwen2), PYTHON,
 #        QUIET (default 0.4), QUIET_WAIT (default 300; 0: do not wait): see below
 # The file (28 layers, hidden 1024, 16 heads, 8 KV heads, head_dim 128, FFN
 # 3072, vocab 151,936, tied embeddings, rope theta 1e6, eps 1e-6, Q8_0 weights
 # drawn from N(0, 0.02^2), norms 1) is generated once under build/ and reused
 # while tools/gen_tiny_model.py is older than it (~15 s, ~1 GB of memory).
 # The token ids of the benchmark prompts are random, so the pre-tokenizer does
-# not matter for the numbers; it only has to be one both loaders accept:
-# "smollm" today (llama.cpp has no "gpt2" pre-tokenizer, it spells it "gpt-2";
-# our tokenizer takes "qwen2", Qwen3's own, once that lands).
+# not matter for the numbers; "qwen2" is Qwen3's own and both loaders take it
+# (the runs in docs/PERF.md of 2026-12-01 used "smollm", before our tokenizer
+# had "qwen2": same weights, same outputs; llama.cpp has no "gpt2", it spells
+# it "gpt-2").
 # Each round runs, per batch size, the engine then llama.cpp (even rounds:
 # llama.cpp first), each timing 64 decode steps after a 32-token prompt;
 # llama.cpp runs one untimed repetition first. The summary is the median
@@ -22,8 +23,8 @@
 # meanwhile ("other_cores": busy time in /proc/stat minus the benchmark's own
 # CPU time, over its wall time): on a shared machine that says which rounds
 # were disturbed. llama.cpp (OpenMP, spinning barriers) suffers far more from
-# it than the engine's pool: with ~2 other busy processes on 2 cores, its
-# batch-1 steps took 4-10x their median. (nice does not help against other
+# it than the engine's pool: with ~1 core kept busy by other work, its
+# batch-32 rate fell 13x, the engine's 2.2x. (nice does not help against other
 # sessions: with autogroup scheduling it only ranks processes of one session.)
 # So before each measurement the script waits (up to QUIET_WAIT seconds) for
 # a 2-second window in which other processes keep at most QUIET cores busy,
@@ -35,7 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}
 ROUNDS=${ROUNDS:-3}
-PRE=${PRE:-smollm}
+PRE=${PRE:-qwen2}
 PY=${PYTHON:-python3}
 QUIET=${QUIET:-0.4}
 QUIET_WAIT=${QUIET_WAIT:-300}
