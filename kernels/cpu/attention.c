@@ -15,7 +15,7 @@
 #include "kernels/cpu/pool.h"
 
 /* Dot product of two head vectors, in a fixed order: 8 lanes over strided
- * elements, then the lanes summed left to right. */
+ * elements, then the lanes summed left to right, then the tail. */
 static inline float dot_hd(const float *a, const float *b, int32_t hd)
 {
     __m256 acc = _mm256_setzero_ps();
@@ -30,6 +30,46 @@ static inline float dot_hd(const float *a, const float *b, int32_t hd)
     for (; j < hd; j++)
         s += a[j] * b[j];
     return s;
+}
+
+/* dot_hd of one query against 4 keys at once: the same operations per key,
+ * as 4 independent chains so the FMA latency is hidden. */
+static inline void dot_hd4(const float *a, const float *const b[4], int32_t hd, float out[4])
+{
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int32_t j = 0;
+    for (; j + 8 <= hd; j += 8) {
+        __m256 q = _mm256_loadu_ps(a + j);
+        for (int t = 0; t < 4; t++)
+            acc[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(b[t] + j), acc[t]);
+    }
+    for (int t = 0; t < 4; t++) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[t]);
+        float s = 0.0f;
+        for (int i = 0; i < 8; i++)
+            s += lanes[i];
+        for (int32_t e = j; e < hd; e++)
+            s += a[e] * b[t][e];
+        out[t] = s;
+    }
+}
+
+/* acc[d] = fma(p, v[d], acc[d]) for d < hd: independent per d, so the vector
+ * width changes nothing in the result. */
+static inline void axpy_hd(float p, const float *v, float *acc, int32_t hd)
+{
+    int32_t d = 0;
+#if defined(__AVX512F__)
+    __m512 p16 = _mm512_set1_ps(p);
+    for (; d + 16 <= hd; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(p16, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+#endif
+    __m256 p8 = _mm256_set1_ps(p);
+    for (; d + 8 <= hd; d += 8)
+        _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(p8, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+    for (; d < hd; d++)
+        acc[d] = fmaf(p, v[d], acc[d]);
 }
 
 /* Row index -> sequence index, by scanning q_start (rows are grouped). */
@@ -78,8 +118,20 @@ static void attn_task(void *ctx, int32_t item, int32_t worker)
     const int32_t *table = s->block_tables + (size_t)seq * s->max_blocks;
     const float *qrow = J->q + (size_t)row * J->stride;
 
-    /* scores[g][j] = q_g . k_j * scale */
-    for (int32_t j = 0; j < n; j++) {
+    /* scores[g][j] = q_g . k_j * scale, 4 keys at a time */
+    int32_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *kj[4];
+        for (int t = 0; t < 4; t++)
+            kj[t] = J->k_cache + (((size_t)table[(j0 + j + t) / bs] * nkv + kvh) * bs + (j0 + j + t) % bs) * hd;
+        for (int32_t g = 0; g < group; g++) {
+            float d4[4];
+            dot_hd4(qrow + (size_t)(kvh * group + g) * hd, kj, hd, d4);
+            for (int t = 0; t < 4; t++)
+                scores[(size_t)g * n + j + t] = d4[t] * a->scale;
+        }
+    }
+    for (; j < n; j++) {
         size_t off = (((size_t)table[(j0 + j) / bs] * nkv + kvh) * bs + (j0 + j) % bs) * hd;
         const float *kj = J->k_cache + off;
         for (int32_t g = 0; g < group; g++)
@@ -107,10 +159,7 @@ static void attn_task(void *ctx, int32_t item, int32_t worker)
         size_t off = (((size_t)table[(j0 + j) / bs] * nkv + kvh) * bs + (j0 + j) % bs) * hd;
         const float *vj = J->v_cache + off;
         for (int32_t g = 0; g < group; g++) {
-            float p = scores[(size_t)g * n + j];
-            float *ag = acc + (size_t)g * hd;
-            for (int32_t d = 0; d < hd; d++)
-                ag[d] = fmaf(p, vj[d], ag[d]);
+            axpy_hd(scores[(size_t)g * n + j], vj, acc + (size_t)g * hd, hd);
         }
     }
     for (int32_t g = 0; g < group; g++) {

@@ -3,8 +3,9 @@
  * Layout: W is packed in panels of 16 output columns, each panel [in][16], so
  * the inner loop loads 16 consecutive weights per k and broadcasts one x value
  * per row. Every y[r][c] is acc = fma(x[r][k], w[c][k], acc) for k in order,
- * starting from 0: the tile shape (4 rows x 16 columns, or 1 row x 64 columns)
- * only decides how many chains run side by side, never the order inside one. */
+ * starting from 0: the tile shape (AVX2: 4 rows x 16 columns or 1 row x 64;
+ * AVX-512: up to 8 rows x 32 columns or 3 rows x 64) only decides how many
+ * chains run side by side, never the order inside one. */
 #include "gemm.h"
 
 #include <immintrin.h>
@@ -58,6 +59,96 @@ void gemm_unpack(const gemm_weight *g, float *w)
         gemm_row(g, r, w + (size_t)r * g->in);
 }
 
+#if defined(__AVX512F__)
+/* AVX-512: a tile is R rows x NP panels, one 16-lane register per (row,
+ * panel), so R * NP chains run side by side (up to 16 of the 32 registers).
+ * Each lane is still one output's FMA chain over k in order from 0, the same
+ * chain the AVX2 tiles below compute, so both builds give the same bits. */
+
+/* Stores one panel's 16 results for columns [c0, c0+16) of one row, clipped
+ * to out. */
+static inline void store_panel(float *yrow, int32_t c0, int32_t out, __m512 a, int accumulate)
+{
+    int32_t n = out - c0 < 16 ? out - c0 : 16;
+    __mmask16 m = (__mmask16)((1u << n) - 1);
+    if (accumulate)
+        a = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yrow + c0), a);
+    _mm512_mask_storeu_ps(yrow + c0, m, a);
+}
+
+/* Inlined with constant R and NP so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void tile_z(const gemm_weight *g, const float *x, int32_t p0,
+                                                         float *y, int accumulate, const int R, const int NP)
+{
+    const int32_t in = g->in;
+    const size_t ps = (size_t)in * GEMM_PANEL;
+    const float *w = g->packed + (size_t)p0 * ps;
+    __m512 acc[8][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            acc[r][j] = _mm512_setzero_ps();
+    for (int32_t k = 0; k < in; k++) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            wv[j] = _mm512_load_ps(w + j * ps + (size_t)k * GEMM_PANEL);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 v = _mm512_set1_ps(x[(size_t)r * in + k]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; j++)
+                acc[r][j] = _mm512_fmadd_ps(v, wv[j], acc[r][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            store_panel(y + (size_t)r * g->out, (p0 + j) * GEMM_PANEL, g->out, acc[r][j], accumulate);
+}
+
+typedef void (*tile_fn)(const gemm_weight *g, const float *x, int32_t p0, float *y, int accumulate);
+#define TILE(R, NP) \
+    static void tile_##R##x##NP(const gemm_weight *g, const float *x, int32_t p0, float *y, int accumulate) \
+    { \
+        tile_z(g, x, p0, y, accumulate, R, NP); \
+    }
+TILE(1, 1) TILE(1, 2) TILE(1, 3) TILE(1, 4)
+TILE(2, 1) TILE(2, 2) TILE(2, 3) TILE(2, 4)
+TILE(3, 1) TILE(3, 2) TILE(3, 3) TILE(3, 4)
+TILE(4, 1) TILE(4, 2) TILE(5, 1) TILE(5, 2) TILE(6, 1) TILE(6, 2)
+TILE(7, 1) TILE(7, 2) TILE(8, 1) TILE(8, 2)
+#undef TILE
+/* [R - 1][NP - 1]; NULL where R * NP would pass 16 chains. */
+static const tile_fn tiles[8][4] = {
+    {tile_1x1, tile_1x2, tile_1x3, tile_1x4}, {tile_2x1, tile_2x2, tile_2x3, tile_2x4},
+    {tile_3x1, tile_3x2, tile_3x3, tile_3x4}, {tile_4x1, tile_4x2, NULL, NULL},
+    {tile_5x1, tile_5x2, NULL, NULL},         {tile_6x1, tile_6x2, NULL, NULL},
+    {tile_7x1, tile_7x2, NULL, NULL},         {tile_8x1, tile_8x2, NULL, NULL},
+};
+
+/* Rows [r, r1) over panels [p0, p0 + np), np <= 4: 8-row tiles over panel
+ * pairs, then the rest of the rows; 1-3 rows take all np panels at once so
+ * a single decode row still has 4 chains in flight. */
+static void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+                      int32_t np, int accumulate)
+{
+    const int32_t in = g->in, out = g->out;
+    while (r < r1) {
+        int32_t R = r1 - r < 8 ? r1 - r : 8;
+        const float *xr = x + (size_t)r * in;
+        float *yr = y + (size_t)r * out;
+        if (R <= 3)
+            tiles[R - 1][np - 1](g, xr, p0, yr, accumulate);
+        else
+            for (int32_t p = p0; p < p0 + np; p += 2)
+                tiles[R - 1][(p0 + np - p < 2 ? p0 + np - p : 2) - 1](g, xr, p, yr, accumulate);
+        r += R;
+    }
+}
+#else
 /* Stores 16 results for columns [c0, c0+16) of one row, clipped to out. */
 static inline void store16(float *yrow, int32_t c0, int32_t out, __m256 a, __m256 b, int accumulate)
 {
@@ -134,6 +225,19 @@ static void tile_1x64(const gemm_weight *g, const float *x, int32_t p0, int32_t 
         store16(y, (p0 + j) * GEMM_PANEL, g->out, acc[2 * j], acc[2 * j + 1], accumulate);
 }
 
+/* AVX2: 4-row x 1-panel tiles, then single rows over all np panels. */
+static void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+                      int32_t np, int accumulate)
+{
+    const int32_t in = g->in, out = g->out;
+    for (; r + 4 <= r1; r += 4)
+        for (int32_t p = p0; p < p0 + np; p++)
+            tile_4x16(g, x + (size_t)r * in, p, y + (size_t)r * out, accumulate);
+    for (; r < r1; r++)
+        tile_1x64(g, x + (size_t)r * in, p0, np, y + (size_t)r * out, accumulate);
+}
+#endif
+
 typedef struct {
     const gemm_weight *g;
     const float *x;
@@ -146,16 +250,9 @@ typedef struct {
 static void gemm_task(void *ctx, int32_t grp, int32_t worker)
 {
     const gemm_job *j = ctx;
-    const gemm_weight *g = j->g;
-    const int32_t in = g->in, out = g->out;
     int32_t p0 = grp * 4;
-    int32_t np = g->n_panels - p0 < 4 ? g->n_panels - p0 : 4;
-    int32_t r = j->r0;
-    for (; r + 4 <= j->r1; r += 4)
-        for (int32_t p = p0; p < p0 + np; p++)
-            tile_4x16(g, j->x + (size_t)r * in, p, j->y + (size_t)r * out, j->accumulate);
-    for (; r < j->r1; r++)
-        tile_1x64(g, j->x + (size_t)r * in, p0, np, j->y + (size_t)r * out, j->accumulate);
+    int32_t np = j->g->n_panels - p0 < 4 ? j->g->n_panels - p0 : 4;
+    gemm_rows(j->g, j->x, j->y, j->r0, j->r1, p0, np, j->accumulate);
 }
 
 void gemm_forward(const gemm_weight *g, const float *x, int32_t m, float *y, int accumulate)

@@ -4,6 +4,9 @@
  *   is not a multiple of the 16-column panel and for M = 1..70;
  * - row r of the result is bit-identical for every M from 1 to 300, wherever
  *   the row sits in the batch, and for 1 vs 2 threads (batch invariance);
+ * - every output is bit-identical to one scalar fmaf chain over k in order
+ *   from 0 (so the AVX2 and AVX-512 tilings agree with each other and with
+ *   any host), for M = 1..70 and shapes with every tile tail;
  * - accumulate = 1 equals a separate float add of the product;
  * - pack/unpack/row round-trip, and the output outside y[M][out] is never
  *   written (canaries) nor read when accumulate = 0 (y poisoned with NaN).
@@ -187,6 +190,47 @@ static void test_matches_openblas(void)
 }
 
 /* ---------------------------------------------------------------------------
+ * The contract itself: acc = fmaf(x[k], w[k], acc) for k = 0..in-1. */
+
+static void test_scalar_chain(void)
+{
+    /* out: 1 panel, a partial one, odd numbers of panels (the 2-panel and
+     * 4-panel tiles' tails); in: 1, odd, and longer than a cache line. */
+    const shape shapes[] = {{1, 1}, {15, 7}, {16, 33}, {17, 64}, {47, 5}, {49, 129}, {80, 96}, {113, 300}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0];
+    float *x = malloc(sizeof(float) * 70 * 300), *w = malloc(sizeof(float) * 113 * 300);
+    float *y = malloc(sizeof(float) * (70 * 113 + CANARY));
+    CHECK(x && w && y, "oom");
+    fill(x, 70 * 300, 6);
+    int same = 1;
+    char why[200] = "";
+    for (int s = 0; s < n_shapes && same; s++) {
+        const int32_t out = shapes[s].out, in = shapes[s].in;
+        fill(w, (size_t)out * in, 60 + s);
+        gemm_weight g;
+        CHECK_OK(gemm_pack(w, out, in, &g));
+        for (int32_t m = 1; m <= 70 && same; m++) {
+            forward_checked(&g, x, m, y);
+            for (int32_t r = 0; r < m && same; r++)
+                for (int32_t c = 0; c < out; c++) {
+                    float acc = 0.0f;
+                    for (int32_t k = 0; k < in; k++)
+                        acc = fmaf(x[(size_t)r * in + k], w[(size_t)c * in + k], acc);
+                    if (memcmp(&acc, &y[(size_t)r * out + c], sizeof acc) != 0) {
+                        same = 0;
+                        snprintf(why, sizeof why, "shape %dx%d M=%d y[%d][%d] = %.9g, chain %.9g", out, in, m, r,
+                                 c, y[(size_t)r * out + c], acc);
+                        break;
+                    }
+                }
+        }
+        gemm_release(&g);
+    }
+    free(x), free(w), free(y);
+    CHECK(same, "not the scalar FMA chain: %s", why);
+}
+
+/* ---------------------------------------------------------------------------
  * Batch invariance: row r of the result for every M, at any position. */
 
 static void row_invariance(int32_t out, int32_t in, int all_m, char *why, size_t cap, int *ok)
@@ -337,6 +381,7 @@ int main(void)
     RUN(test_thread_invariance); /* first: needs the serial (unstarted) state */
     RUN(test_pack_roundtrip);
     RUN(test_matches_openblas);
+    RUN(test_scalar_chain);
     RUN(test_row_invariance);
     RUN(test_accumulate);
     TEST_EXIT();
