@@ -19,6 +19,7 @@
 #include "engine/kv.h"
 #include "engine/runner.h"
 #include "engine/sched.h"
+#include "kernels/cpu/pool.h"
 
 struct engine {
     model *m;
@@ -36,7 +37,8 @@ struct engine {
     int32_t *tok, *pos, *slot, *q_start, *ctx_len, *tables, *logit_rows;
     int32_t tables_cap;         /* entries in tables */
     float *logits;              /* [max_num_seqs][vocab] host logits (host sampling only) */
-    void *samp_scratch;
+    void *samp_scratch;         /* [samp_workers][samp_stride(vocab)] */
+    int samp_workers;           /* host draws run on the CPU pool, one scratch per thread */
     /* this step's token draws: one per sequence that caught up, one per sample of a group
        that forks now; grown as needed */
     int device_sampling;        /* the backend samples on the device: logits never leave it */
@@ -63,6 +65,10 @@ eng_config eng_default_config(void)
         .prefix_cache = 1,
     };
 }
+
+/* Bytes between the workers' sampler scratch areas (each 64-byte aligned:
+ * samp_sample needs 8). */
+static size_t samp_stride(int32_t vocab) { return (samp_scratch_bytes(vocab) + 63) & ~(size_t)63; }
 
 int eng_create(model *m, const eng_config *cfg, engine **out)
 {
@@ -115,7 +121,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
     if (!e->device_sampling) {
         e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
-        e->samp_scratch = malloc(samp_scratch_bytes(c->vocab));
+        e->samp_workers = pool_size();
+        e->samp_scratch = malloc(samp_stride(c->vocab) * (size_t)e->samp_workers);
     }
     if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows ||
         (!e->device_sampling && (!e->logits || !e->samp_scratch))) {
@@ -377,9 +384,20 @@ static int fork_group(engine *e, seq *parent, int32_t row, int32_t *n_draws)
 
 /* Draws every queued token, on the device when the backend samples there,
  * then appends them; a row the sampler rejects finishes its sequence. */
+/* One host draw; rows are independent, so which thread runs it changes nothing. */
+static void draw_task(void *ctx, int32_t i, int32_t worker)
+{
+    engine *e = ctx;
+    const int32_t vocab = e->m->cfg.vocab;
+    const rd_sample_req *q = &e->sreq[i];
+    void *scratch = (char *)e->samp_scratch + samp_stride(vocab) * (size_t)worker;
+    if (samp_sample(q->sp, e->logits + (size_t)q->row * vocab, vocab, q->sample_idx, q->pos, scratch,
+                    &e->sres[i]))
+        e->sres[i].token = -1;
+}
+
 static int draw_tokens(engine *e, int32_t n)
 {
-    const int32_t vocab = e->m->cfg.vocab;
     if (n == 0)
         return 0;
     if (e->device_sampling) {
@@ -390,13 +408,11 @@ static int draw_tokens(engine *e, int32_t n)
                 finish(e, e->sseq[i], FINISH_ERROR);
             return rc;
         }
+    } else if (n > 1 && e->samp_workers > 1 && pool_size() <= e->samp_workers) {
+        pool_run(n, draw_task, e);
     } else {
-        for (int32_t i = 0; i < n; i++) {
-            const rd_sample_req *q = &e->sreq[i];
-            if (samp_sample(q->sp, e->logits + (size_t)q->row * vocab, vocab, q->sample_idx, q->pos,
-                            e->samp_scratch, &e->sres[i]))
-                e->sres[i].token = -1;
-        }
+        for (int32_t i = 0; i < n; i++)
+            draw_task(e, i, 0);
     }
     for (int32_t i = 0; i < n; i++) {
         if (e->sres[i].token < 0)
@@ -466,7 +482,12 @@ int eng_step(engine *e)
             return rc;
         li++;
     }
-    if ((rc = draw_tokens(e, n_draws)))
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = draw_tokens(e, n_draws);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    e->st.ns_sample += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    if (rc)
         return rc;
     return M;
 }
@@ -628,4 +649,6 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->kv_peak_blocks = ks.peak_used;
     s->kv_waste_at_peak = ks.waste_at_peak;
     s->device_sampling = e->device_sampling;
+    s->ns_layers = e->run.ns_layers;
+    s->ns_head = e->run.ns_head;
 }

@@ -83,6 +83,11 @@ typedef struct {
     int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache */
     int64_t prefix_hit_tokens;  /* of those, served from it (not recomputed) */
     int device_sampling;        /* 1: tokens are drawn on the device (logits stay there) */
+    /* Wall time of steps by phase, nanoseconds summed over steps: the layers,
+     * the head (final norm, LM head, logits out) and drawing the tokens
+     * (log-softmax, top-k/p, log-probs, alternatives). See runner.h for what
+     * the first two mean on an asynchronous backend. */
+    int64_t ns_layers, ns_head, ns_sample;
 } eng_stats;
 
 typedef struct engine engine;

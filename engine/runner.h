@@ -50,6 +50,12 @@ typedef struct runner {
     int32_t *iota_dev;          /* [graph_cap] 0, 1, 2, ...: the logit rows of a padded step */
     int32_t *pad_host;          /* [3][graph_cap] token, position, slot of a padded step */
     int64_t graph_replays, graph_captures, graph_eager; /* decode steps by how they ran */
+    /* Wall time of the forward passes by phase, nanoseconds, summed over steps:
+     * the layers (embedding included) and the head (gather, final norm, LM
+     * head, logits to the host, sync). On a backend whose ops run when called
+     * (CPU) the split is exact; on an asynchronous one (CUDA) queued layer work
+     * finishes inside the head's sync, and a graph replay counts as layers. */
+    int64_t ns_layers, ns_head;
 } runner;
 
 /* Allocates n_blocks KV blocks of block_size tokens and buffers for steps

@@ -13,7 +13,10 @@
  * --decode-batches also times
  * pure decode steps at the given batch sizes (prompt 32, 64 new tokens);
  * --decode-only skips the two workload runs (the JSON then has no
- * "continuous", "static" or "speedup"); the decode prompts are the same. */
+ * "continuous", "static" or "speedup"); the decode prompts are the same.
+ * Each decode batch also reports where its steps' wall time went (engine
+ * phase timers, eng_stats): the layers, the head (final norm + LM head +
+ * logits out), drawing the tokens, and the rest (scheduling, bookkeeping). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -125,7 +128,13 @@ static int cmp_double(const void *a, const void *b)
  * Returns tokens / (total time); *median_tps gets B / (median step time),
  * which a stall on a shared machine moves less (bench_llamacpp.py reports
  * the same pair). */
-static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng, double *median_tps)
+/* Shares of the timed decode steps' wall time (eng_stats phases). */
+typedef struct {
+    double layers, head, sample, other;
+} phase_share;
+
+static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng, double *median_tps,
+                         phase_share *ph)
 {
     eng_config cfg = *base;
     cfg.max_num_seqs = B > cfg.max_num_seqs ? B : cfg.max_num_seqs;
@@ -147,6 +156,8 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng,
     }
     if (eng_step(e) < 0) /* the prefill of all B prompts and their first token */
         return -1;
+    eng_stats s0, s1;
+    eng_get_stats(e, &s0);
     double t0 = now_s(), step_s[64];
     int64_t toks = 0;
     for (int i = 0; i < 64; i++) {
@@ -158,7 +169,12 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng,
         toks += rc;
     }
     double dt = now_s() - t0;
+    eng_get_stats(e, &s1);
     eng_destroy(e);
+    ph->layers = (s1.ns_layers - s0.ns_layers) * 1e-9 / dt;
+    ph->head = (s1.ns_head - s0.ns_head) * 1e-9 / dt;
+    ph->sample = (s1.ns_sample - s0.ns_sample) * 1e-9 / dt;
+    ph->other = 1.0 - ph->layers - ph->head - ph->sample;
     qsort(step_s, 64, sizeof step_s[0], cmp_double);
     *median_tps = B / (0.5 * (step_s[31] + step_s[32]));
     return toks / dt;
@@ -230,8 +246,9 @@ int main(int argc, char **argv)
 
     double *dec = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec);
     double *dec_med = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec_med);
+    phase_share *ph = calloc((size_t)(n_dec ? n_dec : 1), sizeof *ph);
     for (int32_t i = 0; i < n_dec; i++)
-        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng, &dec_med[i])) < 0) {
+        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng, &dec_med[i], &ph[i])) < 0) {
             fprintf(stderr, "%s: decode benchmark failed: %s\n", P, rd_errmsg());
             return 1;
         }
@@ -266,6 +283,16 @@ int main(int argc, char **argv)
             snprintf(k, sizeof k, "batch_%d", dec_b[i]);
             cJSON_AddNumberToObject(dm, k, dec_med[i]);
         }
+        cJSON *dp = cJSON_AddObjectToObject(o, "decode_phase_share");
+        for (int32_t i = 0; i < n_dec; i++) {
+            char k[32];
+            snprintf(k, sizeof k, "batch_%d", dec_b[i]);
+            cJSON *x = cJSON_AddObjectToObject(dp, k);
+            cJSON_AddNumberToObject(x, "layers", ph[i].layers);
+            cJSON_AddNumberToObject(x, "head", ph[i].head);
+            cJSON_AddNumberToObject(x, "sample", ph[i].sample);
+            cJSON_AddNumberToObject(x, "other", ph[i].other);
+        }
         char *s = cJSON_PrintUnformatted(o);
         puts(s);
         free(s);
@@ -284,8 +311,10 @@ int main(int argc, char **argv)
             printf("speedup (continuous / static): %.2fx\n", speedup);
         }
         for (int32_t i = 0; i < n_dec; i++)
-            printf("decode batch %-4d %10.1f tokens/s (median step: %.1f), %d threads\n", dec_b[i], dec[i],
-                   dec_med[i], L.be->n_threads);
+            printf("decode batch %-4d %10.1f tokens/s (median step: %.1f), %d threads; step time: layers %.1f%%, "
+                   "head (norm, LM head) %.1f%%, sampling %.1f%%, other %.1f%%\n",
+                   dec_b[i], dec[i], dec_med[i], L.be->n_threads, 100 * ph[i].layers, 100 * ph[i].head,
+                   100 * ph[i].sample, 100 * ph[i].other);
     }
     return 0;
 }
