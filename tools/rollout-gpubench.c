@@ -2,12 +2,15 @@
  *
  *   rollout-gpubench info       [--backend cuda]
  *   rollout-gpubench copybw     [--mib 1024] [--iters 20]
- *   rollout-gpubench parity     --model PATH [--prompts 8] [--tokens 32] [--tol 0.05]
- *   rollout-gpubench invariance --model PATH [--tokens 32]
- *   rollout-gpubench sampler    --model PATH
- *   rollout-gpubench engine     --model PATH [--batches 1,32] [--tokens 128]
- *   rollout-gpubench bench      (--model PATH | --synthetic 1b|qwen3-1.7b|qwen3-0.6b|tiny) [--batches 1,8,32,128,256]
+ *   rollout-gpubench parity     MODEL [--prompts 8] [--tokens 32] [--tol 0.05]
+ *   rollout-gpubench invariance MODEL [--tokens 32]
+ *   rollout-gpubench sampler    MODEL
+ *   rollout-gpubench engine     MODEL [--batches 1,32] [--tokens 128]
+ *   rollout-gpubench bench      MODEL [--batches 1,8,32,128,256]
  *                               [--prompt 128] [--steps 32] [--bw GBPS] [--label NAME]
+ * MODEL: --model PATH, or --synthetic 1b|qwen3-1.7b|qwen3-0.6b|gemma3-270m|tiny,
+ * that shape with random weights built in memory (no tokenizer: prompts are
+ * random ids, half of them longer than a sliding window where there is one).
  * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU).
  *
  * parity: greedy rollouts of 8 fixed prompts on the CPU backend and on the
@@ -209,6 +212,100 @@ typedef struct {
     int32_t *ids;
 } prompt_t;
 
+#define SYNTH_NAMES "1b, qwen3-1.7b, qwen3-0.6b, gemma3-270m or tiny"
+
+/* ------------------------------------------------------------------ synthetic models */
+
+typedef struct {
+    uint64_t seed;
+} synth_ctx;
+
+static int synth_fetch(void *ctx, const char *name, int64_t rows, int64_t cols, float *dst)
+{
+    const synth_ctx *c = ctx;
+    uint64_t h = 1469598103934665603ull ^ c->seed;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    int64_t n = rows * cols;
+    if (rows == 1 && strstr(name, "norm")) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = 1.0f;
+        return 0;
+    }
+    /* uniform with std 0.02, as a freshly initialised Llama */
+    const float a = 0.02f * 1.7320508f;
+    uint64_t x = h | 1;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        dst[i] = (float)((double)(x >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) * a;
+    }
+    return 0;
+}
+
+static int synth_config(const char *which, model_config *c)
+{
+    memset(c, 0, sizeof *c);
+    strcpy(c->arch, "llama");
+    if (!strcmp(which, "1b")) { /* Llama 3.2 1B's shape: 1.24 B parameters */
+        c->n_layers = 16, c->dim = 2048, c->n_heads = 32, c->n_kv_heads = 8, c->ffn_dim = 8192;
+        c->vocab = 128256, c->max_ctx = 4096, c->rope_theta = 500000.0f;
+    } else if (!strcmp(which, "tiny")) {
+        c->n_layers = 2, c->dim = 64, c->n_heads = 4, c->n_kv_heads = 2, c->ffn_dim = 128;
+        c->vocab = 300, c->max_ctx = 1024, c->rope_theta = 10000.0f;
+    } else if (!strcmp(which, "qwen3-1.7b") || !strcmp(which, "qwen3-0.6b")) {
+        /* Qwen3's shapes: q width 16 x 128 = 2048 (1.7B: = hidden; 0.6B: over
+         * hidden 1024), per-head q/k norms, tied embeddings, 151,936 tokens. */
+        strcpy(c->arch, "qwen3");
+        int big = !strcmp(which, "qwen3-1.7b");
+        c->n_layers = 28, c->dim = big ? 2048 : 1024, c->n_heads = 16, c->n_kv_heads = 8;
+        c->ffn_dim = big ? 6144 : 3072, c->vocab = 151936, c->max_ctx = 4096, c->rope_theta = 1000000.0f;
+        c->head_dim = 128;
+        c->norm_eps = 1e-6f;
+        c->tied_embeddings = 1;
+        return 0;
+    } else if (!strcmp(which, "gemma3-270m")) {
+        /* Gemma 3 270M's shape: 18 layers of 4 heads x 256 over 1 KV head,
+         * a 512-token window on 5 of every 6 layers, 262,144 tokens. */
+        strcpy(c->arch, "gemma3");
+        c->n_layers = 18, c->dim = 640, c->n_heads = 4, c->n_kv_heads = 1, c->head_dim = 256;
+        c->ffn_dim = 2048, c->vocab = 262144, c->max_ctx = 4096, c->rope_theta = 1000000.0f;
+        c->norm_eps = 1e-6f;
+        c->tied_embeddings = 1;
+        c->sliding_window = 512, c->swa_period = 6, c->rope_local_theta = 10000.0f;
+        c->attn_scalar = 256.0f, c->embed_scale = sqrtf(640.0f);
+        return 0;
+    } else {
+        return -1;
+    }
+    c->head_dim = c->dim / c->n_heads;
+    c->norm_eps = 1e-5f;
+    c->tied_embeddings = 1;
+    return 0;
+}
+
+/* --model PATH, or with --synthetic NAME that shape with random weights (no
+ * tokenizer: prompts are random ids). */
+static int load_any(const opts *o, const char *backend, rd_loaded *l)
+{
+    memset(l, 0, sizeof *l);
+    if (!o->synthetic)
+        return rd_load(o->model, backend, o->threads, l);
+    model_config cfg;
+    if (synth_config(o->synthetic, &cfg))
+        return rd_fail(RD_EINVAL, "--synthetic expects " SYNTH_NAMES ", not '%s'", o->synthetic);
+    int rc = rd_backend_create(backend, o->threads, &l->be);
+    if (rc)
+        return rc;
+    synth_ctx sc = {12345};
+    if ((rc = model_build(&cfg, l->be, synth_fetch, &sc, &l->m))) {
+        rd_backend_destroy(l->be);
+        l->be = NULL;
+    }
+    return rc;
+}
+
 static int make_prompts(const rd_loaded *l, int32_t n, prompt_t *out)
 {
     uint64_t s = 7;
@@ -222,7 +319,10 @@ static int make_prompts(const rd_loaded *l, int32_t n, prompt_t *out)
             out[i].ids = ids;
             out[i].n = (int32_t)ni;
         } else {
-            out[i].n = 8 + i;
+            /* Random ids; with a sliding window, every other prompt is longer
+             * than it so the windowed attention path runs. */
+            int32_t w = l->m->cfg.sliding_window;
+            out[i].n = w > 0 && i % 2 ? w + 88 + 8 * i : 8 + i;
             out[i].ids = malloc(sizeof(int32_t) * out[i].n);
             for (int32_t j = 0; j < out[i].n; j++)
                 out[i].ids[j] = (int32_t)(mix(&s) % (uint64_t)l->m->cfg.vocab);
@@ -286,9 +386,9 @@ static eng_request greedy_req(const prompt_t *p, int32_t max_tokens, uint64_t ta
 static int cmd_parity(const opts *o)
 {
     rd_loaded lc, lg;
-    if (rd_load(o->model, "cpu", o->threads, &lc))
+    if (load_any(o, "cpu", &lc))
         return setup_fail("load (cpu)");
-    if (rd_load(o->model, o->backend, o->threads, &lg)) {
+    if (load_any(o, o->backend, &lg)) {
         rd_unload(&lc);
         return setup_fail("load");
     }
@@ -396,7 +496,7 @@ static int same_result(const eng_result *a, const eng_result *b)
 static int cmd_invariance(const opts *o)
 {
     rd_loaded l;
-    if (rd_load(o->model, o->backend, o->threads, &l))
+    if (load_any(o, o->backend, &l))
         return setup_fail("load");
     const int32_t N = 8, F = 40, T = o->tokens;
     prompt_t pr[8], fill[40];
@@ -548,7 +648,7 @@ static int decode_step(runner *r, batch_t *b)
 static int cmd_sampler(const opts *o)
 {
     rd_loaded l;
-    if (rd_load(o->model, o->backend, o->threads, &l))
+    if (load_any(o, o->backend, &l))
         return setup_fail("load");
     const int32_t B = 8, V = l.m->cfg.vocab, len = 24;
     runner r;
@@ -625,66 +725,6 @@ static int cmd_sampler(const opts *o)
     return pass ? wj : 1;
 }
 
-/* ------------------------------------------------------------------ synthetic models */
-
-typedef struct {
-    uint64_t seed;
-} synth_ctx;
-
-static int synth_fetch(void *ctx, const char *name, int64_t rows, int64_t cols, float *dst)
-{
-    const synth_ctx *c = ctx;
-    uint64_t h = 1469598103934665603ull ^ c->seed;
-    for (const char *p = name; *p; p++)
-        h = (h ^ (unsigned char)*p) * 1099511628211ull;
-    int64_t n = rows * cols;
-    if (rows == 1 && strstr(name, "norm")) {
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = 1.0f;
-        return 0;
-    }
-    /* uniform with std 0.02, as a freshly initialised Llama */
-    const float a = 0.02f * 1.7320508f;
-    uint64_t x = h | 1;
-    for (int64_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        dst[i] = (float)((double)(x >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) * a;
-    }
-    return 0;
-}
-
-static int synth_config(const char *which, model_config *c)
-{
-    memset(c, 0, sizeof *c);
-    strcpy(c->arch, "llama");
-    if (!strcmp(which, "1b")) { /* Llama 3.2 1B's shape: 1.24 B parameters */
-        c->n_layers = 16, c->dim = 2048, c->n_heads = 32, c->n_kv_heads = 8, c->ffn_dim = 8192;
-        c->vocab = 128256, c->max_ctx = 4096, c->rope_theta = 500000.0f;
-    } else if (!strcmp(which, "tiny")) {
-        c->n_layers = 2, c->dim = 64, c->n_heads = 4, c->n_kv_heads = 2, c->ffn_dim = 128;
-        c->vocab = 300, c->max_ctx = 1024, c->rope_theta = 10000.0f;
-    } else if (!strcmp(which, "qwen3-1.7b") || !strcmp(which, "qwen3-0.6b")) {
-        /* Qwen3's shapes: q width 16 x 128 = 2048 (1.7B: = hidden; 0.6B: over
-         * hidden 1024), per-head q/k norms, tied embeddings, 151,936 tokens. */
-        strcpy(c->arch, "qwen3");
-        int big = !strcmp(which, "qwen3-1.7b");
-        c->n_layers = 28, c->dim = big ? 2048 : 1024, c->n_heads = 16, c->n_kv_heads = 8;
-        c->ffn_dim = big ? 6144 : 3072, c->vocab = 151936, c->max_ctx = 4096, c->rope_theta = 1000000.0f;
-        c->head_dim = 128;
-        c->norm_eps = 1e-6f;
-        c->tied_embeddings = 1;
-        return 0;
-    } else {
-        return -1;
-    }
-    c->head_dim = c->dim / c->n_heads;
-    c->norm_eps = 1e-5f;
-    c->tied_embeddings = 1;
-    return 0;
-}
-
 /* ------------------------------------------------------------------ decode benchmark */
 
 static int cmd_bench(const opts *o)
@@ -694,25 +734,9 @@ static int cmd_bench(const opts *o)
     model *m = NULL;
     const char *name;
     double t_load0 = now_s();
-    if (o->synthetic) {
-        model_config cfg;
-        if (synth_config(o->synthetic, &cfg)) {
-            fprintf(stderr, "%s: --synthetic expects 1b, qwen3-1.7b, qwen3-0.6b or tiny\n", P);
-            return 2;
-        }
-        if (rd_backend_create(o->backend, o->threads, &l.be))
-            return setup_fail("backend");
-        synth_ctx sc = {12345};
-        if (model_build(&cfg, l.be, synth_fetch, &sc, &l.m)) {
-            rd_backend_destroy(l.be);
-            return setup_fail("building the synthetic model");
-        }
-        name = o->synthetic;
-    } else {
-        if (rd_load(o->model, o->backend, o->threads, &l))
-            return setup_fail("load");
-        name = base_name(o->model);
-    }
+    if (load_any(o, o->backend, &l))
+        return setup_fail(o->synthetic ? "building the synthetic model" : "load");
+    name = o->synthetic ? o->synthetic : base_name(o->model);
     m = l.m;
     double t_load = now_s() - t_load0;
     const model_config *c = &m->cfg;
@@ -823,12 +847,7 @@ static int cmd_bench(const opts *o)
         batch_free(&b);
         runner_free(&r);
     }
-    if (o->synthetic) {
-        model_free(l.m);
-        rd_backend_destroy(l.be);
-    } else {
-        rd_unload(&l);
-    }
+    rd_unload(&l);
     int wj = write_json(o, doc);
     return rc ? rc : wj;
 }
@@ -896,7 +915,7 @@ static int engine_decode(model *m, const prompt_t *pr, int32_t B, int32_t T, eng
 static int cmd_engine(const opts *o)
 {
     rd_loaded l;
-    if (rd_load(o->model, o->backend, o->threads, &l))
+    if (load_any(o, o->backend, &l))
         return setup_fail("load");
     prompt_t pr[8];
     if (make_prompts(&l, 8, pr)) {
@@ -998,10 +1017,9 @@ int main(int argc, char **argv)
             return 2;
         }
     int need_model = !strcmp(cmd, "parity") || !strcmp(cmd, "invariance") || !strcmp(cmd, "sampler") ||
-                     !strcmp(cmd, "engine") ||
-                     (!strcmp(cmd, "bench") && !o.synthetic);
-    if (need_model && !o.model) {
-        fprintf(stderr, "%s %s: --model PATH is required\n", P, cmd);
+                     !strcmp(cmd, "engine") || !strcmp(cmd, "bench");
+    if (need_model && !o.model && !o.synthetic) {
+        fprintf(stderr, "%s %s: --model PATH or --synthetic NAME is required\n", P, cmd);
         return 2;
     }
     if (!strcmp(cmd, "info")) return cmd_info(&o);

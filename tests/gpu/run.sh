@@ -10,13 +10,15 @@
 #             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
 #             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
 #   invariance rollouts bit-identical alone / in a batch of 48 / without graphs
+#   gemma3    parity and invariance on Gemma 3 270M's shape (random weights,
+#             built in memory; half the prompts pass its 512-token window)
 #   sampler   device sampling vs samp_sample on the same logits
 #   copybw    device-to-device copy bandwidth (the roofline's denominator)
 #   engine    decode tokens/s through the whole engine at batch 1 and 32 on
 #             the default model, device vs host sampling side by side
 #   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
-#             roofline, on the default model, a synthetic 1.24 B Llama and a
-#             synthetic Qwen3-1.7B
+#             roofline, on the default model, a synthetic 1.24 B Llama, a
+#             synthetic Qwen3-1.7B and a synthetic Gemma 3 270M
 #             (and, at the end, the 1B at 1, 32, 128, 256 with
 #             RD_CUDA_ACT=bf16 and =mixed)
 # Every stage has a timeout and the run goes on after a failure; the last
@@ -259,6 +261,15 @@ if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
   run sampler 60 "$BENCH" sampler --model "$MODEL" --json "$LOGS/sampler.json" || true
 elif [ "$DRY" = 0 ]; then
   for s in parity invariance sampler; do record "$s" SKIP "no model file"; done
+fi
+if [ "$DRY" = 0 ]; then
+  # Gemma 3's ops (windowed attention: half the prompts are longer than its
+  # 512-token window; GeGLU, the (1 + w) and per-head norms, the 262,144-row
+  # head) on Gemma 3 270M's shape with random weights, built in memory: the
+  # real file (253 MB) does not fit the device tool's 64 MiB carry.
+  run parity-gemma3 150 "$BENCH" parity --synthetic gemma3-270m --label " gemma3-270m shape" \
+    --json "$LOGS/parity-gemma3.json" || true
+  run invariance-gemma3 150 "$BENCH" invariance --synthetic gemma3-270m --json "$LOGS/invariance-gemma3.json" || true
 else
   # Dry run: the tool's logic on the CPU backend (CPU against itself).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -267,7 +278,9 @@ else
   fi
   run tool-bench-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --batches 1,8 --prompt 16 --steps 4 --mib 64 --iters 3 \
     --json "$LOGS/tool-bench-cpu.json" || true
-  for s in parity invariance sampler; do skip_gpu "$s"; done
+  run tool-parity-gemma3-cpu 120 "$BENCH" parity --backend cpu --synthetic gemma3-270m --prompts 2 --tokens 4 \
+    --json "$LOGS/tool-parity-gemma3-cpu.json" || true
+  for s in parity invariance sampler parity-gemma3 invariance-gemma3; do skip_gpu "$s"; done
 fi
 
 BW=0
@@ -291,6 +304,8 @@ if [ "$DRY" = 0 ]; then
   # Qwen3-1.7B's shape: head_dim 128, per-head q/k norms, a 151,936-row LM head.
   run bench-qwen3-1.7b 150 "$BENCH" bench --synthetic qwen3-1.7b --bw "$BW" --batches 1,32,128 \
     --json "$LOGS/bench-qwen3-1.7b.json" || true
+  run bench-gemma3-270m 120 "$BENCH" bench --synthetic gemma3-270m --bw "$BW" --batches 1,32,128 \
+    --json "$LOGS/bench-gemma3-270m.json" || true
   # Informative, last (the budget may cut them): what the default's precision
   # costs, against plain bf16 GEMM inputs and against the split on the down
   # projection alone (RD_CUDA_ACT=mixed), in speed on the 1B and in parity.
@@ -309,7 +324,7 @@ else
     run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
       --json "$LOGS/tool-engine-cpu.json" || true
   fi
-  for s in copybw bench-default bench-1b engine-default bench-1b-bf16act bench-1b-mixedact parity-bf16act \
+  for s in copybw bench-default bench-1b engine-default bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act \
     parity-mixedact; do skip_gpu "$s"; done
 fi
 
