@@ -173,11 +173,15 @@ demo: all model
 demo-offline: all model
 	tools/demo.sh $(MODEL)
 
-# libFuzzer target for the GGUF parser (clang).
+# libFuzzer targets (clang): the GGUF parser, protocol messages, the data
+# lane's frame head. Run each as build/fuzz/NAME -runs=N CORPUS (see each file).
+FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
-	    tests/fuzz/fuzz_gguf.c engine/gguf.c engine/dequant.c engine/mapfile.c engine/err.c -o $(BUILD)/fuzz/fuzz_gguf -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/gguf.c engine/dequant.c engine/mapfile.c engine/err.c \
+	    -o $(BUILD)/fuzz/fuzz_gguf -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c engine/err.c -o $(BUILD)/fuzz/fuzz_proto -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c engine/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
 
 setup:
 	tools/setup.sh

@@ -3,15 +3,21 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char rd_msg[512];
 
 int rd_fail(int code, const char *fmt, ...)
 {
+    /* Formatted into a local buffer first: callers that add context pass the
+     * previous message as an argument (rd_fail(rc, "loading x: %s",
+     * rd_errmsg())), and vsnprintf into the buffer it reads is undefined. */
+    char buf[sizeof rd_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(rd_msg, sizeof rd_msg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(rd_msg, buf, sizeof rd_msg);
     return code;
 }
 

@@ -21,7 +21,10 @@ enum {
 };
 
 /* Records the message (printf-style) and returns code, so callers can write
- * `return rd_fail(RD_EINVAL, "n must be >= 1, got %d", n);`. */
+ * `return rd_fail(RD_EINVAL, "n must be >= 1, got %d", n);`. The arguments
+ * may include rd_errmsg() itself, to add context to a callee's message
+ * (`rd_fail(rc, "loading %s: %s", path, rd_errmsg())`); the result is cut at
+ * 511 bytes. */
 int rd_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The last message recorded on this thread ("" if none). */

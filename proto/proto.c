@@ -897,27 +897,73 @@ static int buf_reserve(proto_buf *b, uint64_t extra)
     return 0;
 }
 
-/* ---- encode: writers (space reserved beforehand by the size pass) ---- */
+/* ---- encode: writers ----
+ * A message is written by one description (put_body) run twice: first with a
+ * counting writer (p NULL: only n grows), which gives the body's size, then
+ * into exactly that many reserved bytes. Every write checks the end pointer,
+ * so even a description that wrote more on its second run than on its first
+ * could not pass the reservation; proto_encode then refuses the frame. */
 
 typedef struct {
-    uint8_t *p;                 /* next byte to write */
+    uint8_t *p;                 /* next byte to write; NULL while counting */
+    uint8_t *end;               /* one past the reserved bytes */
+    uint64_t n;                 /* bytes written (or counted) so far */
+    int overflow;               /* a write did not fit before end (nothing was written past it) */
 } writer;
 
-static void w8(writer *w, uint8_t v) { *w->p++ = v; }
-static void w16(writer *w, uint16_t v) { st16(w->p, v); w->p += 2; }
-static void w32(writer *w, uint32_t v) { st32(w->p, v); w->p += 4; }
-static void w64(writer *w, uint64_t v) { st64(w->p, v); w->p += 8; }
+/* Accounts for k bytes; 1 if they are to be written at p now. */
+static int wroom(writer *w, uint64_t k)
+{
+    if (!w->p) {
+        w->n += k;
+        return 0;
+    }
+    if ((uint64_t)(w->end - w->p) < k) {
+        w->overflow = 1;
+        return 0;
+    }
+    w->n += k;
+    return 1;
+}
+static void wbytes(writer *w, const void *src, uint64_t k)
+{
+    if (wroom(w, k) && k) {
+        memcpy(w->p, src, k);
+        w->p += k;
+    }
+}
+static void w8(writer *w, uint8_t v) { wbytes(w, &v, 1); }
+static void w16(writer *w, uint16_t v)
+{
+    uint8_t b[2];
+    st16(b, v);
+    wbytes(w, b, 2);
+}
+static void w32(writer *w, uint32_t v)
+{
+    uint8_t b[4];
+    st32(b, v);
+    wbytes(w, b, 4);
+}
+static void w64(writer *w, uint64_t v)
+{
+    uint8_t b[8];
+    st64(b, v);
+    wbytes(w, b, 8);
+}
 static void wf32(writer *w, float v) { w32(w, f32_bits(v)); }
 static void wstr(writer *w, proto_str s)
 {
     w32(w, s.len);
-    if (s.len)
-        memcpy(w->p, s.ptr, s.len);
-    w->p += s.len;
+    wbytes(w, s.ptr, s.len);
 }
 static void warr32(writer *w, const void *a, uint64_t n)
 {
     const uint8_t *src = a;
+    if (!w->p) {
+        w->n += 4 * n;
+        return;
+    }
     for (uint64_t i = 0; i < n; i++) {
         uint32_t v;
         memcpy(&v, src + 4 * i, 4);
@@ -953,7 +999,7 @@ static int enc_arr_ok(const char *msg, const char *field, const void *p, uint64_
     return 0;
 }
 
-static int request_size(const proto_request *r, uint64_t *size)
+static int request_ok(const proto_request *r)
 {
     const char *m = "SUBMIT request";
     int text = (r->flags & PROTO_REQ_PROMPT_IS_TEXT) != 0;
@@ -968,14 +1014,16 @@ static int request_size(const proto_request *r, uint64_t *size)
         TRY(enc_str_ok(m, "prompt_text", r->text));
     else
         TRY(enc_arr_ok(m, "prompt_ids", r->prompt, r->n_prompt));
-    *size = REQUEST_MIN_BYTES + 4 * (uint64_t)r->n_stop + (text ? r->text.len : 4 * (uint64_t)r->n_prompt);
     return 0;
 }
 
+static void put_result(writer *w, const proto_result *r);
+
 uint64_t proto_result_bytes(const proto_result *r)
 {
-    uint64_t per_token = 8 + ((r->flags & PROTO_RESULT_PROCESSED) ? 4 : 0) + 8 * (uint64_t)r->top_k;
-    return RESULT_MIN_BYTES + per_token * r->n_tokens + SPAN_BYTES * (uint64_t)r->n_spans;
+    writer c = {0};
+    put_result(&c, r);
+    return c.n;
 }
 
 uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t logprobs_topk)
@@ -1006,7 +1054,7 @@ static int result_ok(const proto_result *r)
 }
 
 /* A manifest tensor: what dec_tensor checks. */
-static int tensor_size(const proto_tensor *t, uint32_t i, uint64_t *size)
+static int tensor_ok(const proto_tensor *t, uint32_t i)
 {
     const char *m = "UPDATE_BEGIN tensors";
     if (t->name.len < 1 || t->name.len > PROTO_MAX_TENSOR_NAME)
@@ -1019,12 +1067,11 @@ static int tensor_size(const proto_tensor *t, uint32_t i, uint64_t *size)
     if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS)
         return rd_fail(RD_EINVAL, "%s[%u] '%.*s': n_dims is %u; expected 1..%d", m, i, (int)t->name.len,
                        t->name.ptr, t->n_dims, PROTO_MAX_DIMS);
-    *size = TENSOR_MIN_BYTES - 8 + (uint64_t)t->name.len + 8 * (uint64_t)t->n_dims;
     return 0;
 }
 
-/* Validates m and returns its body size in bytes. */
-static int body_size(const proto_msg *m, uint64_t *size)
+/* Validates m (its size comes from the counting pass of put_body). */
+static int msg_ok(const proto_msg *m)
 {
     const char *name = proto_type_name(m->type);
     if (!type_implemented(m->type))
@@ -1034,7 +1081,6 @@ static int body_size(const proto_msg *m, uint64_t *size)
     case PROTO_HELLO:
         TRY(enc_flags_ok(name, "flags", m->hello.flags, 0));
         TRY(enc_str_ok(name, "client_name", m->hello.client_name));
-        *size = 20 + (uint64_t)m->hello.client_name.len;
         return 0;
     case PROTO_HELLO_OK: {
         const proto_hello_ok *h = &m->hello_ok;
@@ -1043,65 +1089,48 @@ static int body_size(const proto_msg *m, uint64_t *size)
         TRY(enc_str_ok(name, "architecture", h->architecture));
         TRY(enc_str_ok(name, "backend", h->backend));
         TRY(enc_str_ok(name, "server", h->server));
-        *size = 136 + (uint64_t)h->model_name.len + h->architecture.len + h->backend.len + h->server.len;
         return 0;
     }
     case PROTO_SUBMIT: {
         const proto_submit *s = &m->submit;
         TRY(enc_arr_ok(name, "requests", s->requests, s->n_requests));
-        uint64_t total = 12;
-        for (uint32_t i = 0; i < s->n_requests; i++) {
-            uint64_t one = 0;
-            TRY(request_size(&s->requests[i], &one));
-            total += one;
-        }
-        *size = total;
+        for (uint32_t i = 0; i < s->n_requests; i++)
+            TRY(request_ok(&s->requests[i]));
         return 0;
     }
     case PROTO_SUBMIT_OK: {
         const proto_submit_ok *s = &m->submit_ok;
         TRY(enc_arr_ok(name, "items", s->items, s->n_items));
-        uint64_t total = 4;
         for (uint32_t i = 0; i < s->n_items; i++) {
             TRY(enc_flags_ok(name, "item flags", s->items[i].flags, PROTO_SUBMIT_OK_FLAGS));
             TRY(enc_str_ok(name, "item message", s->items[i].message));
-            total += SUBMIT_ITEM_MIN_BYTES + s->items[i].message.len;
         }
-        *size = total;
         return 0;
     }
-    case PROTO_FETCH: *size = 32; return 0;
+    case PROTO_FETCH: return 0;
     case PROTO_RESULTS: {
         const proto_results *r = &m->results;
         TRY(enc_arr_ok(name, "results", r->results, r->n_results));
-        uint64_t total = PROTO_RESULTS_OVERHEAD - PROTO_HEADER_BYTES;
-        for (uint32_t i = 0; i < r->n_results; i++) {
+        for (uint32_t i = 0; i < r->n_results; i++)
             TRY(result_ok(&r->results[i]));
-            total += proto_result_bytes(&r->results[i]);
-        }
-        *size = total;
         return 0;
     }
     case PROTO_ABORT:
         TRY(enc_flags_ok(name, "flags", m->abort_req.flags, PROTO_ABORT_FLAGS));
-        *size = 20;
         return 0;
-    case PROTO_ABORT_OK: *size = 8; return 0;
-    case PROTO_STATUS: *size = 0; return 0;
+    case PROTO_ABORT_OK: return 0;
+    case PROTO_STATUS: return 0;
     case PROTO_STATUS_OK:
         TRY(enc_str_ok(name, "json", m->status_ok.json));
-        *size = 4 + (uint64_t)m->status_ok.json.len;
         return 0;
     case PROTO_BYE:
         TRY(enc_flags_ok(name, "flags", m->bye.flags, PROTO_BYE_FLAGS));
-        *size = 12;
         return 0;
-    case PROTO_BYE_OK: *size = 8; return 0;
+    case PROTO_BYE_OK: return 0;
     case PROTO_ERROR:
         if (m->error.code == 0)
             return rd_fail(RD_EINVAL, "ERROR: code is 0; expected a PROTO_E_* code >= 1");
         TRY(enc_str_ok(name, "message", m->error.message));
-        *size = 12 + (uint64_t)m->error.message.len;
         return 0;
     case PROTO_UPDATE_BEGIN: {
         const proto_update_begin *u = &m->update_begin;
@@ -1109,28 +1138,21 @@ static int body_size(const proto_msg *m, uint64_t *size)
             return rd_fail(RD_EINVAL, "UPDATE_BEGIN: mode is %u; expected 0 (continue), 1 (drain) or 2 (abort)",
                            u->mode);
         TRY(enc_arr_ok(name, "tensors", u->tensors, u->n_tensors));
-        uint64_t total = UPDATE_BEGIN_MIN_BYTES;
-        for (uint32_t i = 0; i < u->n_tensors; i++) {
-            uint64_t one = 0;
-            TRY(tensor_size(&u->tensors[i], i, &one));
-            total += one;
-        }
-        *size = total;
+        for (uint32_t i = 0; i < u->n_tensors; i++)
+            TRY(tensor_ok(&u->tensors[i], i));
         return 0;
     }
-    case PROTO_UPDATE_BEGIN_OK: *size = 32; return 0;
+    case PROTO_UPDATE_BEGIN_OK: return 0;
     case PROTO_UPDATE_CHUNK:
         TRY(enc_arr_ok(name, "data", m->update_chunk.data, m->update_chunk.len));
-        *size = 32 + (uint64_t)m->update_chunk.len;
         return 0;
     case PROTO_UPDATE_CHUNK_OK:
         TRY(enc_flags_ok(name, "flags", m->update_chunk_ok.flags, PROTO_CHUNK_OK_FLAGS));
-        *size = 32;
         return 0;
-    case PROTO_UPDATE_COMMIT: *size = 8; return 0;
-    case PROTO_UPDATE_COMMIT_OK: *size = 40; return 0;
-    case PROTO_UPDATE_ABORT: *size = 8; return 0;
-    case PROTO_UPDATE_ABORT_OK: *size = 8; return 0;
+    case PROTO_UPDATE_COMMIT: return 0;
+    case PROTO_UPDATE_COMMIT_OK: return 0;
+    case PROTO_UPDATE_ABORT: return 0;
+    case PROTO_UPDATE_ABORT_OK: return 0;
     default:
         return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x", m->type);
     }
@@ -1334,9 +1356,7 @@ static void put_body(writer *w, const proto_msg *m)
         w64(w, u->offset);
         w32(w, u->crc32c);
         w32(w, u->len);
-        if (u->len)
-            memcpy(w->p, u->data, u->len);
-        w->p += u->len;
+        wbytes(w, u->data, u->len);
         break;
     }
     case PROTO_UPDATE_CHUNK_OK:
@@ -1364,20 +1384,26 @@ static void put_body(writer *w, const proto_msg *m)
 
 int proto_encode(proto_buf *b, const proto_msg *m)
 {
-    uint64_t size = 0;
-    TRY(body_size(m, &size));
+    TRY(msg_ok(m));
+    writer count = {0};
+    put_body(&count, m);
+    uint64_t size = count.n;
     if (size > UINT32_MAX)
         return rd_fail(RD_EINVAL, "%s: body would be %llu bytes; the format allows at most %u",
                        proto_type_name(m->type), (unsigned long long)size, UINT32_MAX);
     TRY(buf_reserve(b, PROTO_HEADER_BYTES + size));
-    writer w = {b->data + b->len};
-    memcpy(w.p, PROTO_MAGIC, 4);
-    w.p += 4;
+    uint8_t *start = b->data + b->len;
+    writer w = {start, start + PROTO_HEADER_BYTES + size, 0, 0};
+    wbytes(&w, PROTO_MAGIC, 4);
     w16(&w, PROTO_VERSION);
     w16(&w, m->type);
     w32(&w, (uint32_t)size);
     w32(&w, 0);
     put_body(&w, m);
+    if (w.overflow || w.p != w.end)
+        return rd_fail(RD_EINVAL, "%s: wrote %llu bytes into a frame of %llu (the message changed while it was "
+                       "encoded?); nothing was sent", proto_type_name(m->type), (unsigned long long)w.n,
+                       (unsigned long long)(PROTO_HEADER_BYTES + size));
     b->len += PROTO_HEADER_BYTES + size;
     return 0;
 }
