@@ -96,6 +96,7 @@ static int start(rd_daemon *d)
     ec.max_waiting = (int32_t)d->cfg.max_queued_requests + 1;
     ec.eos_id = d->L.tok ? tok_eos(d->L.tok) : -1; /* as rollout-gen: same results for the same request */
     ec.eot_id = d->L.tok ? tok_eot(d->L.tok) : -1;
+    ec.tok = d->L.tok; /* stop strings (HTTP API) */
     int rc = eng_create(d->L.m, &ec, &d->eng);
     if (rc)
         return rc;

@@ -19,6 +19,7 @@
 #include "engine/kv.h"
 #include "engine/runner.h"
 #include "engine/sched.h"
+#include "engine/tokenizer.h"
 #include "kernels/cpu/pool.h"
 
 struct engine {
@@ -191,6 +192,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         if (r->stop_ids[i] < 0 || r->stop_ids[i] >= c->vocab)
             return rd_fail(RD_ERANGE, "request: stop id %d is outside the vocabulary 0..%d", r->stop_ids[i],
                            c->vocab - 1);
+    if (r->n_stop_strs > 0 && !e->cfg.tok)
+        return rd_fail(RD_EINVAL, "request: stop strings need a tokenizer; the model was loaded without one");
     int rc = samp_validate(&r->sp);
     if (rc)
         return rd_fail(rc, "request: %s", rd_errmsg());
@@ -209,8 +212,13 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     seq_req *q = calloc(1, sizeof *q);
     if (!q)
         return rd_fail(RD_ENOMEM, "request: out of memory");
+    if ((rc = stop_set_init(&q->stops, r->stop_strs, r->n_stop_strs))) {
+        free(q);
+        return rd_fail(rc, "request: %s", rd_errmsg());
+    }
     q->prompt = malloc(sizeof(int32_t) * r->n_prompt);
     if (!q->prompt) {
+        stop_set_free(&q->stops);
         free(q);
         return rd_fail(RD_ENOMEM, "request: out of memory");
     }
@@ -230,6 +238,7 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
 
     seq *s = seq_new(q, 0, (int32_t)total + 1);
     if (!s) {
+        stop_set_free(&q->stops);
         free(q->prompt);
         free(q);
         return rd_fail(RD_ENOMEM, "request: out of memory");
@@ -312,6 +321,15 @@ static void append_token(engine *e, seq *s, const samp_result *r)
             finish(e, s, FINISH_STOP);
             return;
         }
+    if (q->stops.n > 0) {
+        size_t len;
+        const char *bytes = tok_token_bytes(e->cfg.tok, r->token, &len);
+        int m = stop_scan_push(&s->scan, &q->stops, bytes, len);
+        if (m != 0) {
+            finish(e, s, m > 0 ? FINISH_STOP : FINISH_ERROR);
+            return;
+        }
+    }
     if (g + 1 >= q->max_tokens || s->n_tokens >= e->m->cfg.max_ctx)
         finish(e, s, FINISH_LENGTH);
 }
@@ -604,6 +622,8 @@ int eng_collect(engine *e, eng_result *out, int max)
                 memcpy(r->top_logprobs, s->top_lps, sizeof(float) * (size_t)g * k);
         }
         r->finish = s->finish;
+        r->stop_str = s->scan.matched;
+        r->stop_text_offset = s->scan.matched >= 0 ? s->scan.match_at : 0;
         r->version_finish = s->version_finish;
         if (g > 0 && s->n_spans > 0) {
             r->spans = malloc(sizeof *r->spans * (size_t)s->n_spans);

@@ -27,6 +27,8 @@ typedef struct {
     int32_t eot_id;             /* a second such stop: the chat format's end of turn (tok_eot) where it is
                                    not eos_id (Llama 3 files whose eos is <|end_of_text|>); -1 = none */
     int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
+    const struct tok_tokenizer *tok; /* decodes generated tokens for stop strings; NULL: requests with
+                                        stop strings are refused */
 } eng_config;
 
 typedef struct {
@@ -38,6 +40,9 @@ typedef struct {
     const int32_t *stop_ids;    /* [n_stop] extra stop tokens */
     int32_t n_stop;
     int ignore_eos;             /* do not stop at the model's EOS (nor at eot_id) */
+    const char *const *stop_strs; /* [n_stop_strs] UTF-8: a sample stops at the token whose text completes
+                                     one (engine/stopstr.h); the token is kept */
+    int32_t n_stop_strs;
     uint64_t tag;               /* caller's id, returned with results */
 } eng_request;
 
@@ -62,6 +67,9 @@ typedef struct {
     int32_t *top_ids;           /* [n_tokens][n_top] */
     float *top_logprobs;        /* [n_tokens][n_top] */
     finish_reason finish;
+    int32_t stop_str;           /* index into the request's stop_strs that ended it, or -1 */
+    int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before
+                                   the match, where a client's text is cut */
     int32_t n_preempt;
     int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
     uint64_t version_finish;    /* weight version when the sample finished */

@@ -52,9 +52,11 @@ void seq_destroy(seq *s)
     free(s->top_ids);
     free(s->top_lps);
     free(s->spans);
+    stop_scan_free(&s->scan);
     seq_req *r = s->req;
     if (r && --r->live == 0) {
         free(r->prompt);
+        stop_set_free(&r->stops);
         kv_prefix_free(&r->prefix);
         free(r);
     }
@@ -71,6 +73,7 @@ seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
     s->sample_idx = sample_idx;
     s->fork_n = 1;
     s->cap = cap;
+    stop_scan_init(&s->scan);
     int32_t k = r->sp.logprobs_topk;
     s->tokens = malloc(sizeof(int32_t) * cap);
     s->logprobs = malloc(sizeof(float) * cap);

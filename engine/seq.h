@@ -7,6 +7,7 @@
 
 #include "engine/kv.h"
 #include "engine/sampler.h"
+#include "engine/stopstr.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
 /* FINISH_ERROR: the model produced logits the sampler refuses (NaN/inf),
@@ -33,6 +34,7 @@ struct seq_req {
     samp_params sp;
     int32_t n_stop;
     int32_t stop_ids[SEQ_MAX_STOP];
+    stop_set stops;             /* stop strings (matched on the generated text) */
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
@@ -63,6 +65,7 @@ typedef struct seq {
     int32_t n_preempt;          /* times preempted */
     int32_t sched_rows;         /* rows given this step */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
+    stop_scan scan;             /* the generated text against req->stops */
     struct seq *next;           /* list link (waiting, running or done) */
     struct seq *prev;
 } seq;

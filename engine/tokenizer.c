@@ -1508,6 +1508,15 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_s
 /* ------------------------------------------------------------------------
  * Decoding and the chat prompt. */
 
+const char *tok_token_bytes(const tok_tokenizer *t, int32_t id, size_t *len)
+{
+    *len = 0;
+    if (!t || id < 0 || id >= t->n_vocab)
+        return NULL;
+    *len = t->raw_off[id + 1] - t->raw_off[id];
+    return (const char *)t->raw + t->raw_off[id];
+}
+
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **text, size_t *len)
 {
     if (!text || !len)

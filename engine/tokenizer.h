@@ -93,6 +93,10 @@ int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int3
  * NUL-terminated. */
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **text, size_t *len);
 
+/* The bytes tok_decode gives for one id (not NUL-terminated; *len of them),
+ * or NULL for an id outside the vocabulary. Valid while t lives. */
+const char *tok_token_bytes(const tok_tokenizer *t, int32_t id, size_t *len);
+
 /* The text of one token as stored in the vocabulary (byte-level form), or NULL. */
 const char *tok_piece(const tok_tokenizer *t, int32_t id);
 

@@ -1,10 +1,13 @@
 /* rollout-gen - offline rollouts from a model file, through the engine.
  *   rollout-gen --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT]
  *               [-n N] [--max-tokens K] [--temperature T] [--top-p P] [--top-k K] [--min-p P]
- *               [--seed S] [--logprobs K] [--ignore-eos] [--json] [--threads N] [--backend cpu]
+ *               [--seed S] [--logprobs K] [--ignore-eos] [--stop TEXT]... [--json] [--threads N]
+ *               [--backend cpu]
  * Prints the text of each sample, or with --json one object per sample per
  * line: prompt_ids, token_ids, logprobs, text, finish_reason (+ sample, seed,
- * top_logprobs when asked). --temperature 0 is greedy. Without --seed a seed
+ * top_logprobs when asked, stop_str and stop_text_offset when a --stop string
+ * ended it). A stop string cuts the text where it starts; the token that
+ * completed it stays in token_ids. --temperature 0 is greedy. Without --seed a seed
  * is drawn from the clock and reported in the JSON. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -35,13 +38,22 @@ static char *decode(const tok_tokenizer *tok, const int32_t *ids, int32_t n)
     return clean;
 }
 
-/* The stop token stays in token_ids (the learner trains on it) but not in the text. */
-static int32_t text_len(const eng_result *r)
+/* The stop token stays in token_ids (the learner trains on it) but not in the
+ * text; after a stop string the text ends where the string starts. */
+static char *sample_text(const tok_tokenizer *tok, const eng_result *r)
 {
-    return r->finish == FINISH_STOP && r->n_tokens > 0 ? r->n_tokens - 1 : r->n_tokens;
+    if (r->stop_str < 0)
+        return decode(tok, r->token_ids, r->finish == FINISH_STOP && r->n_tokens > 0 ? r->n_tokens - 1 : r->n_tokens);
+    char *text = NULL;
+    size_t len = 0;
+    if (!tok || tok_decode(tok, r->token_ids, (size_t)r->n_tokens, &text, &len))
+        return NULL;
+    char *clean = cli_utf8_clean(text, (size_t)r->stop_text_offset < len ? (size_t)r->stop_text_offset : len);
+    free(text);
+    return clean;
 }
 
-static void print_json(const tok_tokenizer *tok, const eng_result *r, uint64_t seed)
+static void print_json(const tok_tokenizer *tok, const eng_result *r, uint64_t seed, const char *const *stops)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "sample", r->sample_idx);
@@ -68,10 +80,14 @@ static void print_json(const tok_tokenizer *tok, const eng_result *r, uint64_t s
             cJSON_AddItemToArray(tops, row);
         }
     }
-    char *text = decode(tok, r->token_ids, text_len(r));
+    char *text = sample_text(tok, r);
     cJSON_AddStringToObject(o, "text", text ? text : "");
     free(text);
     cJSON_AddStringToObject(o, "finish_reason", finish_name(r->finish));
+    if (r->stop_str >= 0) {
+        cJSON_AddStringToObject(o, "stop_str", stops[r->stop_str]);
+        cJSON_AddNumberToObject(o, "stop_text_offset", (double)r->stop_text_offset);
+    }
     cJSON_AddNumberToObject(o, "seed", (double)seed);
     char *s = cJSON_PrintUnformatted(o);
     puts(s);
@@ -84,7 +100,8 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *backend = "cpu";
     int32_t *ids = NULL, n_ids = 0;
     int chat = 0, json = 0, threads = 0, ignore_eos = 0, have_seed = 0;
-    int32_t n = 1, max_tokens = 64;
+    int32_t n = 1, max_tokens = 64, n_stops = 0;
+    const char *stops[STOP_MAX_STRS];
     samp_params sp = samp_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -95,6 +112,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
+        else if (!strcmp(a, "--stop")) {
+            if (n_stops == STOP_MAX_STRS)
+                cli_die(P, "at most 16 --stop strings (STOP_MAX_STRS)%s%s", "", "");
+            stops[n_stops++] = cli_value(P, argc, argv, &i);
+        }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n")) n = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
         else if (!strcmp(a, "--max-tokens")) max_tokens = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--temperature")) sp.temperature = (float)cli_float(P, a, cli_value(P, argc, argv, &i), 0, 100);
@@ -139,6 +161,7 @@ int main(int argc, char **argv)
     cfg.backend = backend;
     cfg.eos_id = L.tok ? tok_eos(L.tok) : -1;
     cfg.eot_id = L.tok ? tok_eot(L.tok) : -1; /* as rolloutd: a chat turn ends at its own marker too */
+    cfg.tok = L.tok;
     if (n > cfg.max_num_seqs)
         cfg.max_num_seqs = n;
     if (cfg.max_batch_tokens < cfg.max_num_seqs)
@@ -149,7 +172,7 @@ int main(int argc, char **argv)
         return 1;
     }
     eng_request req = {.prompt = ids, .n_prompt = n_ids, .n = n, .max_tokens = max_tokens, .sp = sp,
-                       .ignore_eos = ignore_eos};
+                       .ignore_eos = ignore_eos, .stop_strs = stops, .n_stop_strs = n_stops};
     int64_t id;
     if (eng_add(e, &req, &id)) {
         fprintf(stderr, "%s: %s\n", P, rd_errmsg());
@@ -171,9 +194,9 @@ int main(int argc, char **argv)
             if (res[i].sample_idx != want)
                 continue;
             if (json) {
-                print_json(L.tok, &res[i], sp.seed);
+                print_json(L.tok, &res[i], sp.seed, stops);
             } else {
-                char *text = decode(L.tok, res[i].token_ids, text_len(&res[i]));
+                char *text = sample_text(L.tok, &res[i]);
                 if (n > 1)
                     printf("--- sample %d (%s)\n", want, finish_name(res[i].finish));
                 printf("%s\n", text ? text : "");
