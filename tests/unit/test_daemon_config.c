@@ -11,7 +11,7 @@ static void defaults_match_the_issue(void)
     cfg_daemon c;
     cfg_defaults(&c);
     CHECK(!strcmp(c.listen, "tcp://127.0.0.1:7070"), "%.100s", c.listen);
-    CHECK(!strcmp(c.status_listen, "127.0.0.1:7071"), "%.100s", c.status_listen);
+    CHECK(!strcmp(c.http_listen, "127.0.0.1:7071"), "%.100s", c.http_listen);
     CHECK(!strcmp(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf"), "%.100s", c.model);
     CHECK(c.block_size == 16 && c.max_num_seqs == 64 && c.kv_cache_bytes == (int64_t)1 << 30, "sizes");
     CHECK_OK(cfg_validate(&c));
@@ -56,8 +56,8 @@ static void refusals_name_the_key(void)
     snprintf(c.backend, sizeof c.backend, "tpu");
     CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"backend\""), "%s", rd_errmsg());
     cfg_defaults(&c);
-    snprintf(c.status_listen, sizeof c.status_listen, "localhost");
-    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"status_listen\""), "%s", rd_errmsg());
+    snprintf(c.http_listen, sizeof c.http_listen, "localhost");
+    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"http_listen\""), "%s", rd_errmsg());
     cfg_defaults(&c);
     c.max_batch_tokens = 8;
     CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "max_batch_tokens"), "%s", rd_errmsg());
@@ -80,7 +80,7 @@ static void flags_override_the_file(void)
     CHECK(!help, "help");
     CHECK(c.max_num_seqs == 8 && c.max_batch_tokens == 64, "file values");
     CHECK(c.threads == 2, "flag beats file: %lld", (long long)c.threads);
-    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:1234") && !strcmp(c.status_listen, "127.0.0.1:1235"), "addresses");
+    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:1234") && !strcmp(c.http_listen, "127.0.0.1:1235"), "addresses");
     CHECK(c.kv_cache_bytes == 32 << 20 && c.result_retention == 99, "sizes");
 
     char *bad1[] = {"rolloutd", "--max-num-seqs", "lots", NULL};
