@@ -74,6 +74,7 @@ typedef struct http_conn {
     int closing;                /* finished: no more parsing or answers (uv_close done or scheduled) */
     int closed;                 /* uv_close called */
     int in_run;                 /* inside conn_run (a synchronous answer must not re-enter it) */
+    int kick;                   /* the timer is due at once to parse the next pipelined request */
     int open_handles;           /* tcp + timer; freed when both are closed */
 } http_conn;
 
@@ -299,6 +300,9 @@ static int conn_answer_error(http_conn *c, int status, const char *what, const c
 static void conn_set_state(http_conn *c, conn_state st)
 {
     http_server *s = c->srv;
+    if (c->closing)
+        return; /* the timer belongs to the pending close */
+    c->kick = 0;
     c->state = st;
     c->since_ms = uv_now(s->loop);
     switch (st) {
@@ -388,7 +392,13 @@ static void conn_done(http_conn *c)
     h->conn = NULL;
     res_unref(h);
     conn_set_state(c, C_IDLE);
-    conn_run(c);
+    /* A pipelined request already waiting is parsed from the loop (inside
+     * conn_run its loop goes on), so a route's handler never runs inside
+     * another route's http_respond. */
+    if (!c->in_run && c->pend_off < c->pend_len) {
+        c->kick = 1;
+        uv_timer_start(&c->timer, on_timer, 0, 0);
+    }
 }
 
 /* A parser callback or check set c->fail: answer it and close. */
@@ -896,6 +906,12 @@ static void on_timer(uv_timer_t *t)
         conn_close(c);
         return;
     }
+    if (c->kick && c->state == C_IDLE) {
+        c->kick = 0;
+        uv_timer_start(&c->timer, on_timer, c->srv->cfg.idle_timeout_ms, 0);
+        conn_run(c);
+        return;
+    }
     switch (c->state) {
     case C_HEAD:
     case C_BODY: c->srv->n_timeouts++; conn_close(c); break;
@@ -915,7 +931,8 @@ static http_conn *pick_victim(http_server *s, http_conn *except)
         if (c == except || c->closing || c->refused || c->state == C_SERVING)
             continue;
         int rank = c->state == C_LINGER ? 2 : 1;
-        if (!best || rank > best_rank || (rank == best_rank && c->since_ms < best->since_ms)) {
+        /* The list is newest first: on a tie the later (older) one wins. */
+        if (!best || rank > best_rank || (rank == best_rank && c->since_ms <= best->since_ms)) {
             best = c;
             best_rank = rank;
         }

@@ -48,7 +48,9 @@
  * method 405 with Allow, both with the JSON error shape
  * {"error": "...", "detail": "..."}. The handler gets the parsed request and an
  * opaque handle, and answers at once or later, from any loop-thread callback
- * (an engine result, a timer):
+ * (an engine result, a timer). A handler is never called from inside another
+ * route's http_* call (a pipelined request waiting behind a late answer is
+ * parsed on the next loop turn). The answers:
  *   - http_respond / http_respond_error: one whole response;
  *   - http_stream_begin, http_stream_send..., http_stream_end: a streamed
  *     response (Server-Sent Events). Framing: chunked transfer encoding on

@@ -617,6 +617,8 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->http_insecure = !d->http.key_len && !d->http.loopback;
     s->http_connections = d->http.n_conns;
     s->http_requests = d->http.n_requests;
+    s->http_evicted = d->http.n_evicted;
+    s->http_timed_out = d->http.n_timeouts;
 }
 
 char *loop_status_json(void *ud)

@@ -71,6 +71,8 @@ typedef struct {
     int http_insecure;          /* serving a non-loopback address without a key (http_insecure) */
     int32_t http_connections;   /* open connections */
     uint64_t http_requests;     /* requests routed since start */
+    uint64_t http_evicted;      /* connections closed to admit new ones at http_max_connections */
+    uint64_t http_timed_out;    /* connections closed by the header or body timeout */
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */
