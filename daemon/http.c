@@ -88,6 +88,9 @@ typedef struct {
 static void conn_run(http_conn *c);
 static void conn_close(http_conn *c);
 static void conn_read_start(http_conn *c);
+static int authorized(const http_server *s, const http_res *h);
+static const http_route *find_route(const http_server *s, const char *method, const char *path, size_t path_len,
+                                    int *path_known);
 
 /* ---- small helpers ---- */
 
@@ -408,8 +411,13 @@ static void conn_fail(http_conn *c)
     c->keep_alive = 0;
     c->head_only = 0;
     char detail[200];
-    const char *what = "bad request";
+    const char *what = "bad request", *extra = NULL;
     switch (st) {
+    case 401:
+        what = "unauthorized";
+        snprintf(detail, sizeof detail, "expected Authorization: Bearer <key> (the body was not read)");
+        extra = "WWW-Authenticate: Bearer\r\n";
+        break;
     case 413:
         what = "payload too large";
         snprintf(detail, sizeof detail, "the request body is over max_http_body_bytes = %zu bytes",
@@ -433,7 +441,7 @@ static void conn_fail(http_conn *c)
         snprintf(detail, sizeof detail, "not a valid HTTP/1.x request (llhttp: %.80s)",
                  llhttp_errno_name(llhttp_get_errno(&c->parser)));
     }
-    conn_answer_error(c, st, what, detail, NULL);
+    conn_answer_error(c, st, what, detail, extra);
     if (!c->closing)
         conn_linger(c);
 }
@@ -555,6 +563,18 @@ static int on_headers_complete(llhttp_t *p)
         return -1;
     }
     if (chunked || p->content_length > 0) {
+        /* A body for a route that needs the key, without it: refused before
+         * the body is read, so unauthenticated clients cannot make the server
+         * hold bodies. */
+        if (s->key_len && !authorized(s, h)) {
+            int known;
+            const http_route *r = find_route(s, llhttp_method_name((llhttp_method_t)p->method), h->arena,
+                                             strcspn(h->arena, "?#"), &known);
+            if (!r || !(r->flags & HTTP_ROUTE_PUBLIC)) {
+                c->fail = 401;
+                return -1;
+            }
+        }
         if (!chunked) {
             h->body = malloc((size_t)p->content_length + 1);
             if (!h->body) {
@@ -679,6 +699,22 @@ static void answer_wrong_method(http_conn *c, const char *method, const char *pa
     conn_answer_error(c, 405, "method not allowed", detail, allow);
 }
 
+/* The route for (method, path[0..path_len)); *path_known: some route has the path. */
+static const http_route *find_route(const http_server *s, const char *method, const char *path, size_t path_len,
+                                    int *path_known)
+{
+    *path_known = 0;
+    for (int i = 0; i < s->n_routes; i++) {
+        const char *rp = s->routes[i].path;
+        if (strlen(rp) != path_len || memcmp(rp, path, path_len))
+            continue;
+        *path_known = 1;
+        if (method_matches(s->routes[i].method, method))
+            return &s->routes[i];
+    }
+    return NULL;
+}
+
 static int authorized(const http_server *s, const http_res *h)
 {
     if (!s->key_len)
@@ -731,17 +767,8 @@ static void dispatch(http_conn *c)
         r->path = h->arena;
         r->query = "";
     }
-    const http_route *route = NULL;
-    int path_known = 0;
-    for (int i = 0; i < s->n_routes; i++) {
-        if (strcmp(s->routes[i].path, r->path))
-            continue;
-        path_known = 1;
-        if (method_matches(s->routes[i].method, r->method)) {
-            route = &s->routes[i];
-            break;
-        }
-    }
+    int path_known;
+    const http_route *route = find_route(s, r->method, r->path, strlen(r->path), &path_known);
     if (!(route && (route->flags & HTTP_ROUTE_PUBLIC)) && !authorized(s, h)) {
         conn_answer_error(c, 401, "unauthorized",
                           r->authorization ? "the Bearer key does not match" : "expected Authorization: Bearer <key>",

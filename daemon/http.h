@@ -20,16 +20,17 @@
  * max_body_bytes; a declared Content-Length over it is answered 413 as soon as
  * the headers are in, without reading the body; a chunked body that grows past
  * it gets 413. Anything llhttp refuses gets 400. Every error answer carries
- * Connection: close: the write side is shut down after it and the rest of the
- * input is read and dropped for up to HTTP_LINGER_MS, so the client sees the
- * answer instead of a reset.
+ * Connection: close. After any answer that closes the connection the write
+ * side is shut down and the rest of the input is read and dropped for up to
+ * HTTP_LINGER_MS, so the client sees the answer instead of a reset.
  *
  * Timeouts. A request's line and headers must arrive within header_timeout_ms
  * of its first byte (a new connection's first request: of the accept); its
  * body may not stall for longer than header_timeout_ms between two reads; a
  * keep-alive connection waiting for its next request is closed after
  * idle_timeout_ms. A request held by its route has no timeout (a generation
- * may run for minutes).
+ * may run for minutes); EOF from its client then counts as the client leaving
+ * (a half-closed client is treated as gone).
  *
  * Connection limit. At most max_conns connections. At the limit a new
  * connection evicts the open connection that has waited longest while not
@@ -39,7 +40,9 @@
  *
  * Auth. With an api_key, every route without HTTP_ROUTE_PUBLIC, and every
  * unknown path, needs "Authorization: Bearer <key>" (compared in constant
- * time); else 401 with WWW-Authenticate: Bearer. Without a key http_start
+ * time); else 401 with WWW-Authenticate: Bearer. A request with a body and
+ * without the key gets its 401 as soon as its headers are in, and the
+ * connection is closed, so the body is never read. Without a key http_start
  * refuses an address that is not loopback unless insecure is set.
  *
  * Route API. A route is (method, exact path) -> handler; a GET route also
@@ -66,8 +69,8 @@
  * an answer sends 500 (or cuts a started stream by closing the connection).
  * When the client goes away (EOF, reset, write error, the stream queue limit,
  * http_stop) while the route holds the handle, the callback set with
- * http_on_close runs once, from the loop, never from inside one of these
- * calls; from then on respond and send are no-ops that return RD_EIO, and the
+ * http_on_close runs once, from a loop callback (or http_stop), never from
+ * inside one of the route's own http_* calls; from then on respond and send are no-ops that return RD_EIO, and the
  * route still finishes the handle (in the callback or later, e.g. when the
  * engine's abort completes). The callback never runs after the route has
  * finished the handle.
@@ -179,8 +182,8 @@ int http_connected(const http_res *h);
 /* The callback for the client going away (see the header comment). */
 void http_on_close(http_res *h, http_close_cb cb, void *ud);
 
-/* A whole response: body (len bytes, copied) with Content-Type content_type.
- * Finishes the handle. RD_EIO when the client is gone, RD_EINVAL when a
+/* A whole response: body (len bytes, copied) with Content-Type content_type
+ * (NULL: application/octet-stream). Finishes the handle. RD_EIO when the client is gone, RD_EINVAL when a
  * stream was begun or content_type holds CR or LF. */
 int http_respond(http_res *h, int status, const char *content_type, const void *body, size_t len);
 /* The JSON error shape {"error": what, "detail": detail}. Finishes the handle. */

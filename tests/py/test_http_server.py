@@ -286,6 +286,12 @@ def bearer_key_guards_every_route_but_health():
                 assert json.loads(body)["error"] == "unauthorized", body
                 c.close()
         assert a.http("/health")[0] == 200  # probes carry no key
+        # A body without the key: 401 before the body is sent, then close.
+        with raw(a) as s:
+            s.sendall(b"POST /status HTTP/1.1\r\nHost: t\r\nContent-Length: 50000000\r\n\r\n")
+            st, h, body = read_response(s.makefile("rb"))
+            assert st == 401 and h["www-authenticate"] == "Bearer" and h["connection"] == "close", (st, h)
+            assert closed_within(s, 10)
         doc = status(a, good)
         assert doc["http"]["auth"] is True and doc["http"]["insecure"] is False, doc["http"]
         c = http.client.HTTPConnection("127.0.0.1", a.http_port, timeout=10)

@@ -983,6 +983,17 @@ static void bearer_auth(void)
                   k->hdrs, k->body);
     }
     cl_close(k);
+    /* A body without the key is refused before it is read, and the connection closed. */
+    k = cl_open(SC.port);
+    CHECK(!cl_sends(k, "POST /echo HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n"), "send");
+    CHECK(cl_read(k, 0, 5000) == 401 && hdr(k, "www-authenticate: Bearer") && hdr(k, "connection: close"), "%d %.200s",
+          k->status, k->hdrs);
+    CHECK(cl_closed_within(k, 5000), "left open after an early 401");
+    cl_close(k);
+    k = cl_open(SC.port);
+    CHECK(!cl_sends(k, "POST /echo HTTP/1.1\r\nAuthorization: Bearer s3cret-key\r\nContent-Length: 4\r\n\r\nbody"), "send");
+    CHECK(cl_read(k, 0, 5000) == 200 && !strcmp(k->body, "body"), "%d", k->status);
+    cl_close(k);
 }
 
 static void bind_rule_and_addresses(void)
