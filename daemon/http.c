@@ -438,8 +438,9 @@ static void conn_fail(http_conn *c)
         break;
     default:
         st = 400;
-        snprintf(detail, sizeof detail, "not a valid HTTP/1.x request (llhttp: %.80s)",
-                 llhttp_errno_name(llhttp_get_errno(&c->parser)));
+        snprintf(detail, sizeof detail, "not a valid HTTP/1.x request (llhttp: %.40s: %.80s)",
+                 llhttp_errno_name(llhttp_get_errno(&c->parser)),
+                 llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser) : "");
     }
     conn_answer_error(c, st, what, detail, extra);
     if (!c->closing)
