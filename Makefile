@@ -93,6 +93,12 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/librollout.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/librollout.a $(LDLIBS)
 
+# test_http includes daemon/http.c (the HTTP server on an in-process loop), so it
+# needs llhttp's header and objects.
+$(BUILD)/tests/test_http: tests/unit/test_http.c $(LLHTTP_OBJ) $(BUILD)/librollout.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(LLHTTP_INC) $< -o $@ $(LLHTTP_OBJ) $(BUILD)/librollout.a $(LDLIBS)
+
 # Unit tests against the emulated CUDA backend ("cuda-emu"): test_cuda_emu
 # runs with the suite; the engine tests on the emulator take ~10 minutes, so
 # they live outside build/tests and run with `make test-cuda-emu`.

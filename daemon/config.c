@@ -32,7 +32,9 @@ static const cfg_field FIELDS[] = {
     S(model, "GGUF model file"),
     S(backend, "\"cpu\" or \"cuda\""),
     S(listen, "learner socket NNG URL (tcp://HOST:PORT)"),
-    S(status_listen, "HTTP status HOST:PORT"),
+    S(http_listen, "HTTP server HOST:PORT (/status, /metrics, /health)"),
+    {"status_listen", CFG_TEXT, offsetof(cfg_daemon, http_listen), 1, sizeof(((cfg_daemon *)0)->http_listen),
+     "old name of http_listen"},
     I(threads, 0, 1024, "engine threads (0 = all cores)"),
     I(kv_cache_bytes, 1 << 20, (int64_t)1 << 50, "KV cache budget in bytes"),
     I(block_size, 1, 1024, "tokens per KV block"),
@@ -52,7 +54,14 @@ static const cfg_field FIELDS[] = {
     I(nng_contexts, 1, 4096, "concurrent protocol requests (parked FETCHes included)"),
     I(drain_s, 0, 86400, "SIGTERM: seconds in-flight requests may still run"),
     I(shutdown_grace_s, 0, 86400, "SIGTERM: seconds to deliver results after the drain"),
-    I(http_max_connections, 1, 65536, "concurrent status connections"),
+    I(http_max_connections, 1, 65536, "open HTTP connections (beyond: the oldest idle one is evicted)"),
+    I(max_http_body_bytes, 0, (int64_t)1 << 40, "HTTP request body in bytes (larger: 413)"),
+    I(http_header_timeout_ms, 1, 3600000, "ms for a request's line and headers; also the longest body stall"),
+    I(http_idle_timeout_ms, 1, 86400000, "ms a keep-alive HTTP connection may wait for its next request"),
+    I(http_stream_queue_bytes, 4096, (int64_t)1 << 40, "bytes queued to a slow HTTP stream client before it is cut"),
+    {"api_key_file", CFG_TEXT, offsetof(cfg_daemon, api_key_file), 0, sizeof(((cfg_daemon *)0)->api_key_file),
+     "file holding the HTTP Bearer key (\"\" = no auth, loopback only)"},
+    I(http_insecure, 0, 1, "1: allow HTTP on a non-loopback address without api_key_file"),
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
@@ -70,7 +79,7 @@ void cfg_defaults(cfg_daemon *c)
     snprintf(c->model, sizeof c->model, "%s", "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     snprintf(c->backend, sizeof c->backend, "%s", "cpu");
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
-    snprintf(c->status_listen, sizeof c->status_listen, "%s", "127.0.0.1:7071");
+    snprintf(c->http_listen, sizeof c->http_listen, "%s", "127.0.0.1:7071");
     c->threads = 0;
     /* The engine's own defaults, so the daemon and the offline tools agree. */
     eng_config ec = eng_default_config();
@@ -92,7 +101,11 @@ void cfg_defaults(cfg_daemon *c)
     c->nng_contexts = 64;
     c->drain_s = 30;
     c->shutdown_grace_s = 10;
-    c->http_max_connections = 64;
+    c->http_max_connections = 1024;
+    c->max_http_body_bytes = 64 << 20;
+    c->http_header_timeout_ms = 10000;
+    c->http_idle_timeout_ms = 60000;
+    c->http_stream_queue_bytes = 4 << 20;
     c->prefix_cache = ec.prefix_cache;
     c->max_staging_bytes = (int64_t)4 << 30;
     c->update_window = 8;
@@ -150,6 +163,15 @@ int cfg_parse_json(cfg_daemon *c, const char *text, const char *origin)
         rc = rd_fail(RD_EINVAL, "%s: the top level is not a JSON object; expected {\"key\": value, ...}", origin);
         goto out;
     }
+    /* An old name and its new one in the same object must agree (a later
+     * source, such as a flag, may still override either). */
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "http_listen");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "status_listen");
+    if (cJSON_IsString(a) && cJSON_IsString(b) && strcmp(a->valuestring, b->valuestring)) {
+        rc = rd_fail(RD_EINVAL, "%s: \"http_listen\" = \"%.200s\" and its old name \"status_listen\" = \"%.200s\" "
+                     "differ; expected one of them", origin, a->valuestring, b->valuestring);
+        goto out;
+    }
     for (cJSON *it = root->child; it; it = it->next) {
         const cfg_field *f = find_key(it->string);
         if (!f) {
@@ -157,7 +179,10 @@ int cfg_parse_json(cfg_daemon *c, const char *text, const char *origin)
                          it->string);
             goto out;
         }
-        if (f->kind == CFG_INT || f->kind == CFG_REAL) {
+        if (f->kind == CFG_INT && f->lo == 0 && f->hi == 1 && cJSON_IsBool(it)) {
+            /* A 0/1 switch also takes true/false. */
+            *(int64_t *)((char *)c + f->off) = cJSON_IsTrue(it) ? 1 : 0;
+        } else if (f->kind == CFG_INT || f->kind == CFG_REAL) {
             if (!cJSON_IsNumber(it)) {
                 rc = rd_fail(RD_EINVAL, "%s: key \"%s\" is not a number; expected %s in %lld..%lld (%s)", origin,
                              f->key, f->kind == CFG_INT ? "an integer" : "a number", (long long)f->lo,
@@ -238,6 +263,7 @@ int cfg_from_args(cfg_daemon *c, int argc, char **argv, int *help)
                 return rc;
         }
     }
+    const char *new_name = NULL, *old_name = NULL; /* --http-listen, --status-listen */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
             i++;
@@ -249,6 +275,13 @@ int cfg_from_args(cfg_daemon *c, int argc, char **argv, int *help)
         if (i + 1 >= argc)
             return rd_fail(RD_EINVAL, "flag %s needs a value (%s)", argv[i], f->what);
         const char *v = argv[++i];
+        if (!strcmp(f->key, "http_listen"))
+            new_name = v;
+        if (!strcmp(f->key, "status_listen"))
+            old_name = v;
+        if (new_name && old_name && strcmp(new_name, old_name))
+            return rd_fail(RD_EINVAL, "flags --http-listen %.200s and its old name --status-listen %.200s differ; "
+                           "expected one of them", new_name, old_name);
         char origin[80];
         snprintf(origin, sizeof origin, "flag %s", argv[i - 1]);
         if (f->kind == CFG_TEXT) {
@@ -265,6 +298,8 @@ int cfg_from_args(cfg_daemon *c, int argc, char **argv, int *help)
             int rc = set_real(c, f, x, origin);
             if (rc)
                 return rc;
+        } else if (f->lo == 0 && f->hi == 1 && (!strcmp(v, "true") || !strcmp(v, "false"))) {
+            *(int64_t *)((char *)c + f->off) = !strcmp(v, "true");
         } else {
             char *end;
             errno = 0;
@@ -286,12 +321,12 @@ int cfg_validate(const cfg_daemon *c)
         return rd_fail(RD_EINVAL, "key \"backend\" = \"%s\"; expected \"cpu\" or \"cuda\"", c->backend);
     if (strncmp(c->listen, "tcp://", 6) && strncmp(c->listen, "ipc://", 6))
         return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\"; expected an NNG URL like tcp://127.0.0.1:7070", c->listen);
-    const char *colon = strrchr(c->status_listen, ':');
+    const char *colon = strrchr(c->http_listen, ':');
     char *end = NULL;
     long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (!colon || colon == c->status_listen || !end || *end || port < 0 || port > 65535 || end == colon + 1)
-        return rd_fail(RD_EINVAL, "key \"status_listen\" = \"%s\"; expected HOST:PORT like 127.0.0.1:7071",
-                       c->status_listen);
+    if (!colon || colon == c->http_listen || !end || *end || port < 0 || port > 65535 || end == colon + 1)
+        return rd_fail(RD_EINVAL, "key \"http_listen\" (or status_listen) = \"%s\"; expected HOST:PORT like "
+                       "127.0.0.1:7071", c->http_listen);
     if (c->max_batch_tokens < c->max_num_seqs)
         return rd_fail(RD_EINVAL, "key \"max_batch_tokens\" = %lld is below max_num_seqs = %lld; expected >= it "
                        "(every running sequence needs a token per step)",
@@ -301,7 +336,7 @@ int cfg_validate(const cfg_daemon *c)
 
 const char *cfg_usage(void)
 {
-    static char text[4096];
+    static char text[8192];
     if (text[0])
         return text;
     size_t n = (size_t)snprintf(text, sizeof text,

@@ -12,7 +12,7 @@ typedef struct {
     char model[CFG_STR];            /* GGUF file */
     char backend[16];               /* "cpu" or "cuda" */
     char listen[CFG_STR];           /* NNG URL of the learner socket, e.g. tcp://127.0.0.1:7070 */
-    char status_listen[CFG_STR];    /* HOST:PORT of the HTTP status server */
+    char http_listen[CFG_STR];      /* HOST:PORT of the HTTP server (status_listen is its old name) */
     int64_t threads;                /* engine threads; 0 = all cores */
     int64_t kv_cache_bytes;         /* KV pool budget, bytes */
     int64_t block_size;             /* tokens per KV block */
@@ -32,7 +32,13 @@ typedef struct {
     int64_t nng_contexts;           /* concurrent requests (and parked FETCHes) on the socket */
     int64_t drain_s;                /* SIGTERM: seconds in-flight requests may run before abort */
     int64_t shutdown_grace_s;       /* then seconds left for clients to fetch their results */
-    int64_t http_max_connections;   /* concurrent status connections */
+    int64_t http_max_connections;   /* open HTTP connections (the oldest idle one is evicted beyond) */
+    int64_t max_http_body_bytes;    /* request body, bytes (decoded), before 413 */
+    int64_t http_header_timeout_ms; /* request line + headers must arrive within this; also the longest body stall */
+    int64_t http_idle_timeout_ms;   /* a keep-alive connection waiting for its next request is closed after this */
+    int64_t http_stream_queue_bytes; /* bytes queued to one slow client before its stream is cut */
+    char api_key_file[CFG_STR];     /* file holding the HTTP Bearer key; "" = no auth */
+    int64_t http_insecure;          /* 1: serve HTTP on a non-loopback address without a key */
     int64_t prefix_cache;           /* 1: reuse cached full prompt blocks (salted with the weight version) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */
     double gpu_memory_utilization;  /* cuda: KV pool = this fraction of free device memory (0 = kv_cache_bytes) */

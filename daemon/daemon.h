@@ -76,6 +76,8 @@ void loop_on_fetch_timeout(uv_timer_t *t);
 void loop_shutdown(rd_daemon *d);
 char *loop_status_json(void *ud);
 char *loop_metrics_text(void *ud);
+/* The HTTP server with the daemon's route table (/status, /metrics, /health). */
+int loop_http_start(rd_daemon *d);
 
 /* update.c: the weight-update messages (PROTOCOL.md §10), loop thread. */
 void up_on_begin(rd_daemon *d, br_ctx *x, const proto_update_begin *b, uint32_t pipe);

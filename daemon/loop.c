@@ -612,6 +612,13 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->updates_ok = d->updates_ok;
     s->updates_failed = d->updates_failed;
     s->update_bytes_total = d->update_bytes_total;
+    s->http_listen = d->cfg.http_listen;
+    s->http_auth = d->http.key_len > 0;
+    s->http_insecure = !d->http.key_len && !d->http.loopback;
+    s->http_connections = d->http.n_conns;
+    s->http_requests = d->http.n_requests;
+    s->http_evicted = d->http.n_evicted;
+    s->http_timed_out = d->http.n_timeouts;
 }
 
 char *loop_status_json(void *ud)
@@ -626,6 +633,73 @@ char *loop_metrics_text(void *ud)
     mx_snapshot s;
     snapshot(ud, &s);
     return mx_prometheus(&s);
+}
+
+/* ---- HTTP routes (http.h); the generation routes join this table ---- */
+
+static void answer_doc(http_res *h, char *doc, const char *ctype, const char *what)
+{
+    if (!doc) {
+        char detail[100];
+        snprintf(detail, sizeof detail, "out of memory building %s", what);
+        http_respond_error(h, 500, "internal error", detail);
+        return;
+    }
+    http_respond(h, 200, ctype, doc, strlen(doc));
+    free(doc);
+}
+
+static void route_status(http_res *h, const http_req *r, void *ud)
+{
+    answer_doc(h, loop_status_json(ud), "application/json", "the status");
+}
+
+static void route_metrics(http_res *h, const http_req *r, void *ud)
+{
+    answer_doc(h, loop_metrics_text(ud), "text/plain; version=0.0.4; charset=utf-8", "the metrics");
+}
+
+static void route_health(http_res *h, const http_req *r, void *ud)
+{
+    static const char ok[] = "{\"status\":\"ok\"}\n";
+    http_respond(h, 200, "application/json", ok, sizeof ok - 1);
+}
+
+int loop_http_start(rd_daemon *d)
+{
+    static const http_route routes[] = {
+        {"GET", "/status", route_status, NULL, 0},
+        {"GET", "/metrics", route_metrics, NULL, 0},
+        {"GET", "/health", route_health, NULL, HTTP_ROUTE_PUBLIC}, /* probes carry no key */
+    };
+    enum { N = sizeof routes / sizeof routes[0] };
+    http_route table[N];
+    for (int i = 0; i < N; i++) {
+        table[i] = routes[i];
+        table[i].ud = d;
+    }
+    char key[HTTP_MAX_KEY + 1] = "";
+    size_t key_len = 0;
+    int rc;
+    if (d->cfg.api_key_file[0] && (rc = http_read_key(d->cfg.api_key_file, key, &key_len)))
+        return rc;
+    http_config hc = {
+        .listen = d->cfg.http_listen,
+        .max_conns = (int)d->cfg.http_max_connections,
+        .max_body_bytes = (size_t)d->cfg.max_http_body_bytes,
+        .header_timeout_ms = (uint64_t)d->cfg.http_header_timeout_ms,
+        .idle_timeout_ms = (uint64_t)d->cfg.http_idle_timeout_ms,
+        .stream_queue_bytes = (size_t)d->cfg.http_stream_queue_bytes,
+        .api_key = key,
+        .insecure = (int)d->cfg.http_insecure,
+    };
+    rc = http_start(&d->http, &d->loop, &hc, table, N);
+    memset(key, 0, sizeof key); /* the server keeps its own copy */
+    if (rc)
+        return rc;
+    if (!d->http.key_len && !d->http.loopback)
+        log_line("warning: HTTP on %s without auth (http_insecure)", d->cfg.http_listen);
+    return 0;
 }
 
 /* ---- timers ---- */

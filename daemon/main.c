@@ -1,6 +1,6 @@
 /* main.c - rolloutd: load the model, start the engine thread, the learner
- * socket and the status server, run the libuv loop until shutdown.
- *   rolloutd [--config FILE.json] [--model PATH] [--listen URL] [--status-listen HOST:PORT] [...]
+ * socket and the HTTP server, run the libuv loop until shutdown.
+ *   rolloutd [--config FILE.json] [--model PATH] [--listen URL] [--http-listen HOST:PORT] [...]
  * Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT, everything drained),
  * 1 when startup fails (model, ports) or on a second signal, 2 for a bad
  * config or flag. */
@@ -123,8 +123,7 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = lane_start(d)))
         return rc;
-    http_routes routes = {loop_status_json, loop_metrics_text, d};
-    if ((rc = http_start(&d->http, &d->loop, d->cfg.status_listen, (int)d->cfg.http_max_connections, &routes)))
+    if ((rc = loop_http_start(d)))
         return rc;
     return 0;
 }
@@ -166,7 +165,8 @@ int main(int argc, char **argv)
         log_line("model %s: %d layers, vocab %d, context %d; KV cache %d blocks of %lld tokens",
                  d->model_name, d->L.m->cfg.n_layers, d->L.m->cfg.vocab, d->L.m->cfg.max_ctx, d->kv_blocks_total,
                  (long long)d->cfg.block_size);
-        log_line("listening on %s (learners), http://%s (status)", d->cfg.listen, d->cfg.status_listen);
+        log_line("listening on %s (learners), http://%s (HTTP, %s)", d->cfg.listen, d->cfg.http_listen,
+                 d->http.key_len ? "Bearer key required" : "no auth");
         if (d->lane)
             log_line("weight-update data lane on TCP port %u", d->lane_port);
     }

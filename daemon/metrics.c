@@ -112,6 +112,16 @@ char *mx_status_json(const mx_snapshot *s)
     } else {
         cJSON_AddNullToObject(o, "last_weight_update");
     }
+    if (s->http_listen) {
+        cJSON *h = cJSON_AddObjectToObject(o, "http");
+        cJSON_AddStringToObject(h, "listen", s->http_listen);
+        cJSON_AddBoolToObject(h, "auth", s->http_auth);
+        cJSON_AddBoolToObject(h, "insecure", s->http_insecure);
+        cJSON_AddNumberToObject(h, "connections", s->http_connections);
+        cJSON_AddNumberToObject(h, "requests", (double)s->http_requests);
+        cJSON_AddNumberToObject(h, "evicted", (double)s->http_evicted);
+        cJSON_AddNumberToObject(h, "timed_out", (double)s->http_timed_out);
+    }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return text;

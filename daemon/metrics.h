@@ -65,6 +65,14 @@ typedef struct {
     uint64_t update_staged, update_total; /* bytes */
     const up_last *last_update;
     uint64_t updates_ok, updates_failed, update_bytes_total;
+    /* the HTTP server */
+    const char *http_listen;    /* HOST:PORT as configured */
+    int http_auth;              /* a Bearer key is required (api_key_file) */
+    int http_insecure;          /* serving a non-loopback address without a key (http_insecure) */
+    int32_t http_connections;   /* open connections */
+    uint64_t http_requests;     /* requests routed since start */
+    uint64_t http_evicted;      /* connections closed to admit new ones at http_max_connections */
+    uint64_t http_timed_out;    /* connections closed by the header or body timeout */
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */

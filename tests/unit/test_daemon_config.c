@@ -11,7 +11,7 @@ static void defaults_match_the_issue(void)
     cfg_daemon c;
     cfg_defaults(&c);
     CHECK(!strcmp(c.listen, "tcp://127.0.0.1:7070"), "%.100s", c.listen);
-    CHECK(!strcmp(c.status_listen, "127.0.0.1:7071"), "%.100s", c.status_listen);
+    CHECK(!strcmp(c.http_listen, "127.0.0.1:7071"), "%.100s", c.http_listen);
     CHECK(!strcmp(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf"), "%.100s", c.model);
     CHECK(c.block_size == 16 && c.max_num_seqs == 64 && c.kv_cache_bytes == (int64_t)1 << 30, "sizes");
     CHECK_OK(cfg_validate(&c));
@@ -56,8 +56,8 @@ static void refusals_name_the_key(void)
     snprintf(c.backend, sizeof c.backend, "tpu");
     CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"backend\""), "%s", rd_errmsg());
     cfg_defaults(&c);
-    snprintf(c.status_listen, sizeof c.status_listen, "localhost");
-    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"status_listen\""), "%s", rd_errmsg());
+    snprintf(c.http_listen, sizeof c.http_listen, "localhost");
+    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "\"http_listen\""), "%s", rd_errmsg());
     cfg_defaults(&c);
     c.max_batch_tokens = 8;
     CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "max_batch_tokens"), "%s", rd_errmsg());
@@ -80,7 +80,7 @@ static void flags_override_the_file(void)
     CHECK(!help, "help");
     CHECK(c.max_num_seqs == 8 && c.max_batch_tokens == 64, "file values");
     CHECK(c.threads == 2, "flag beats file: %lld", (long long)c.threads);
-    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:1234") && !strcmp(c.status_listen, "127.0.0.1:1235"), "addresses");
+    CHECK(!strcmp(c.listen, "tcp://127.0.0.1:1234") && !strcmp(c.http_listen, "127.0.0.1:1235"), "addresses");
     CHECK(c.kv_cache_bytes == 32 << 20 && c.result_retention == 99, "sizes");
 
     char *bad1[] = {"rolloutd", "--max-num-seqs", "lots", NULL};
@@ -100,6 +100,73 @@ static void flags_override_the_file(void)
     remove(path);
 }
 
+static void http_keys_and_the_old_listen_name(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK(c.http_max_connections == 1024 && c.max_http_body_bytes == 64 << 20, "limits");
+    CHECK(c.http_header_timeout_ms == 10000 && c.http_idle_timeout_ms == 60000, "timeouts");
+    CHECK(c.http_stream_queue_bytes == 4 << 20 && c.api_key_file[0] == 0 && c.http_insecure == 0, "stream, auth");
+    /* status_listen is the old name of http_listen: both set the same field. */
+    CHECK_OK(cfg_parse_json(&c, "{\"status_listen\": \"127.0.0.1:9\"}", "t"));
+    CHECK(!strcmp(c.http_listen, "127.0.0.1:9"), "%.100s", c.http_listen);
+    CHECK_OK(cfg_parse_json(&c, "{\"http_listen\": \"127.0.0.1:8\", \"status_listen\": \"127.0.0.1:8\"}", "t"));
+    CHECK(!strcmp(c.http_listen, "127.0.0.1:8"), "%.100s", c.http_listen);
+    int rc = cfg_parse_json(&c, "{\"http_listen\": \"127.0.0.1:8\", \"status_listen\": \"127.0.0.1:9\"}", "t");
+    CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "\"http_listen\"") && strstr(rd_errmsg(), "\"status_listen\""), "%s",
+          rd_errmsg());
+    /* 0/1 switches take true/false too; other values are refused. */
+    CHECK_OK(cfg_parse_json(&c, "{\"http_insecure\": true, \"prefix_cache\": false}", "t"));
+    CHECK(c.http_insecure == 1 && c.prefix_cache == 0, "bools");
+    CHECK_OK(cfg_parse_json(&c, "{\"http_insecure\": 0, \"api_key_file\": \"/etc/rolloutd.key\"}", "t"));
+    CHECK(c.http_insecure == 0 && !strcmp(c.api_key_file, "/etc/rolloutd.key"), "key file");
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {
+        {"{\"http_insecure\": 2}", "\"http_insecure\""},
+        {"{\"http_insecure\": \"yes\"}", "\"http_insecure\" is not a number"},
+        {"{\"max_http_body_bytes\": -1}", "\"max_http_body_bytes\""},
+        {"{\"http_header_timeout_ms\": 0}", "\"http_header_timeout_ms\""},
+        {"{\"http_idle_timeout_ms\": 0}", "\"http_idle_timeout_ms\""},
+        {"{\"http_stream_queue_bytes\": 10}", "\"http_stream_queue_bytes\""},
+        {"{\"http_max_connections\": 0}", "\"http_max_connections\""},
+        {"{\"api_key_file\": 1}", "\"api_key_file\" is not a string"},
+        {"{\"threads\": true}", "\"threads\" is not a number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg_defaults(&c);
+        rc = cfg_parse_json(&c, bad[i].json, "t");
+        CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), bad[i].needle), "%s: %d '%s'", bad[i].json, rc, rd_errmsg());
+    }
+    /* Flags: the two names must agree on one command line; a flag overrides the file's old name. */
+    int help;
+    char *a1[] = {"rolloutd", "--http-listen", "127.0.0.1:1", "--status-listen", "127.0.0.1:2", NULL};
+    rc = cfg_from_args(&c, 5, a1, &help);
+    CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "--http-listen") && strstr(rd_errmsg(), "--status-listen"), "%s",
+          rd_errmsg());
+    char *a2[] = {"rolloutd", "--config", "configs/test.json", "--http-listen", "127.0.0.1:5", "--http-insecure",
+                  "true", "--max-http-body-bytes", "1024", NULL};
+    CHECK_OK(cfg_from_args(&c, 9, a2, &help));
+    CHECK(!strcmp(c.http_listen, "127.0.0.1:5") && c.http_insecure == 1 && c.max_http_body_bytes == 1024, "%.100s",
+          c.http_listen);
+    CHECK(strstr(cfg_usage(), "--http-listen") && strstr(cfg_usage(), "--api-key-file") &&
+              strstr(cfg_usage(), "--update-idle-s"), "usage is cut");
+}
+
+static void shipped_config_spells_the_defaults(void)
+{
+    cfg_daemon c, d;
+    cfg_defaults(&c);
+    cfg_defaults(&d);
+    CHECK_OK(cfg_load_file(&c, "configs/rolloutd.json"));
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const cfg_field *f = &FIELDS[i];
+        const char *a = (const char *)&c + f->off, *b = (const char *)&d + f->off;
+        size_t n = f->kind == CFG_TEXT ? (size_t)f->hi : f->kind == CFG_INT ? sizeof(int64_t) : sizeof(double);
+        CHECK(!memcmp(a, b, n), "configs/rolloutd.json: \"%s\" differs from the default", f->key);
+    }
+}
+
 static void shipped_configs_load(void)
 {
     const char *files[] = {"configs/rolloutd.json", "configs/test.json"};
@@ -117,6 +184,8 @@ int main(void)
     RUN(json_keys_apply);
     RUN(refusals_name_the_key);
     RUN(flags_override_the_file);
+    RUN(http_keys_and_the_old_listen_name);
+    RUN(shipped_config_spells_the_defaults);
     RUN(shipped_configs_load);
     TEST_EXIT();
 }
