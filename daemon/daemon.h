@@ -62,6 +62,7 @@ typedef struct {
     struct lane_server *lane;   /* the data lane (lane.c), NULL when off */
     uint16_t lane_port;         /* its TCP port, announced in UPDATE_BEGIN_OK */
     int exit_code;
+    int exposed;                /* the learner socket or the lane is on a non-loopback address (insecure) */
 } rd_daemon;
 
 /* loop.c */

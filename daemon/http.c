@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "daemon/log.h"
+#include "daemon/netaddr.h"
 #include "engine/err.h"
 
 /* What a connection is doing; each state owns the timer in its own way. */
@@ -1155,14 +1156,6 @@ void http_release(http_res *h)
 
 /* ---- start and stop ---- */
 
-static int is_loopback(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
-}
-
 int http_read_key(const char *path, char *key, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -1232,7 +1225,7 @@ int http_start(http_server *s, uv_loop_t *loop, const http_config *cfg, const ht
                                : uv_ip4_addr(host, (int)port, (struct sockaddr_in *)&addr);
     if (rc)
         return rd_fail(RD_EINVAL, "http_listen \"%s\": %s is not a numeric IP address", s->listen, host);
-    s->loopback = is_loopback((const struct sockaddr *)&addr);
+    s->loopback = net_is_loopback((const struct sockaddr *)&addr);
     if (!s->loopback && !s->key_len && !cfg->insecure)
         return rd_fail(RD_EINVAL, "http_listen \"%s\" is not a loopback address and no api key is set: set "
                        "api_key_file (a file holding the Bearer key), or http_insecure to serve without auth "

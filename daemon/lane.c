@@ -15,6 +15,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "daemon/netaddr.h"
 #include "engine/err.h"
 
 #define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
@@ -301,6 +302,12 @@ int lane_start(rd_daemon *d)
     int rc = lane_addr(d, &addr);
     if (rc)
         return rc;
+    if (!net_is_loopback((const struct sockaddr *)&addr)) {
+        if (!d->cfg.insecure)
+            return rd_fail(RD_EINVAL, "the data lane would listen on a non-loopback address and has no "
+                           "authentication yet: set update_listen to a loopback HOST:PORT or \"off\", or insecure = 1");
+        d->exposed = 1;
+    }
     lane_server *s = calloc(1, sizeof *s);
     if (!s)
         return rd_fail(RD_ENOMEM, "data lane: out of memory");

@@ -615,6 +615,7 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->http_listen = d->cfg.http_listen;
     s->http_auth = d->http.key_len > 0;
     s->http_insecure = !d->http.key_len && !d->http.loopback;
+    s->insecure = d->exposed;
     s->http_connections = d->http.n_conns;
     s->http_requests = d->http.n_requests;
     s->http_evicted = d->http.n_evicted;

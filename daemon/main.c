@@ -11,6 +11,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "daemon/netaddr.h"
 #include "engine/err.h"
 
 /* The model's name: the file's base name without ".gguf" (general.name in
@@ -71,6 +72,24 @@ static void limits(rd_daemon *d)
     h->server = (proto_str){RD_SERVER_NAME, (uint32_t)strlen(RD_SERVER_NAME)};
 }
 
+/* The learner socket, once bound: a non-loopback address needs insecure
+ * (netaddr.h). The lane checks its own address in lane_start. */
+static int check_exposure(rd_daemon *d)
+{
+    nng_sockaddr sa;
+    if (nng_listener_get_addr(d->br.listener, NNG_OPT_LOCADDR, &sa) != 0)
+        return rd_fail(RD_EIO, "listen \"%s\": cannot read the bound address", d->cfg.listen);
+    if (net_nng_is_loopback(&sa))
+        return 0;
+    if (!d->cfg.insecure)
+        return rd_fail(RD_EINVAL, "listen \"%s\" is not a loopback address: the learner socket has no "
+                       "authentication yet, so anyone who reaches it could replace the policy; set insecure = 1 "
+                       "(--insecure 1) to serve it on a network anyway", d->cfg.listen);
+    d->exposed = 1;
+    log_line("warning: the learner socket %s faces the network without authentication (insecure)", d->cfg.listen);
+    return 0;
+}
+
 static int start(rd_daemon *d)
 {
     eng_config ec = eng_default_config();
@@ -120,6 +139,8 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = br_open(&d->br, &d->loop, d->cfg.listen, (int)d->cfg.nng_contexts, (size_t)d->cfg.max_message_bytes,
                       &d->wake)))
+        return rc;
+    if ((rc = check_exposure(d)))
         return rc;
     if ((rc = lane_start(d)))
         return rc;

@@ -112,6 +112,8 @@ char *mx_status_json(const mx_snapshot *s)
     } else {
         cJSON_AddNullToObject(o, "last_weight_update");
     }
+    /* true when any socket faces a network without authentication */
+    cJSON_AddBoolToObject(o, "insecure", s->insecure || s->http_insecure);
     if (s->http_listen) {
         cJSON *h = cJSON_AddObjectToObject(o, "http");
         cJSON_AddStringToObject(h, "listen", s->http_listen);

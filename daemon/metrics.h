@@ -69,6 +69,7 @@ typedef struct {
     const char *http_listen;    /* HOST:PORT as configured */
     int http_auth;              /* a Bearer key is required (api_key_file) */
     int http_insecure;          /* serving a non-loopback address without a key (http_insecure) */
+    int insecure;               /* the learner socket or the data lane faces a network without auth (insecure) */
     int32_t http_connections;   /* open connections */
     uint64_t http_requests;     /* requests routed since start */
     uint64_t http_evicted;      /* connections closed to admit new ones at http_max_connections */

@@ -8,6 +8,7 @@
  * are parsed with llhttp (HTTP_RESPONSE), not by hand. */
 #include "daemon/http.c"
 #include "daemon/log.c"
+#include "daemon/netaddr.c"
 
 #include <netinet/tcp.h>
 #include <poll.h>
