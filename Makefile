@@ -12,7 +12,7 @@ BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
-LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lm -lpthread
+LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedcrypto -lm -lpthread
 
 LIB_SRC := $(wildcard engine/*.c) $(wildcard engine/arch/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) \
            $(wildcard tools/client/*.c)

@@ -62,8 +62,11 @@ static const cfg_field FIELDS[] = {
     {"api_key_file", CFG_TEXT, offsetof(cfg_daemon, api_key_file), 0, sizeof(((cfg_daemon *)0)->api_key_file),
      "file holding the HTTP Bearer key (\"\" = no auth, loopback only)"},
     I(http_insecure, 0, 1, "1: allow HTTP on a non-loopback address without api_key_file"),
-    I(insecure, 0, 1, "1: allow the learner socket and the data lane on a non-loopback address (they have no "
-      "authentication yet; /status shows it)"),
+    {"auth_token_file", CFG_TEXT, offsetof(cfg_daemon, auth_token_file), 0, sizeof(((cfg_daemon *)0)->auth_token_file),
+     "file holding the shared secret: learner connections must prove it (HMAC, PROTOCOL.md section 14); the HTTP "
+     "Bearer key too unless api_key_file is set (\"\" = none, loopback only)"},
+    I(insecure, 0, 1, "1: allow the learner socket and the data lane on a non-loopback address without "
+      "auth_token_file (/status shows it)"),
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},

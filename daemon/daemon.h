@@ -13,6 +13,7 @@
 #include "daemon/http.h"
 #include "daemon/metrics.h"
 #include "engine/loader.h"
+#include "proto/auth.h"
 #include "proto/proto.h"
 
 #define RD_SERVER_NAME "rolloutd 0.1.0"
@@ -63,6 +64,11 @@ typedef struct {
     uint16_t lane_port;         /* its TCP port, announced in UPDATE_BEGIN_OK */
     int exit_code;
     int exposed;                /* the learner socket or the lane is on a non-loopback address (insecure) */
+    /* the shared secret (auth.c; auth_token_file): 0 auth_len = no authentication */
+    char auth_secret[PROTO_AUTH_MAX_SECRET + 1];
+    size_t auth_len;
+    u64map auth_pipes;          /* NNG pipe id -> its handshake state */
+    uint64_t auth_failures;     /* wrong proofs */
 } rd_daemon;
 
 /* loop.c */
@@ -79,6 +85,15 @@ char *loop_status_json(void *ud);
 char *loop_metrics_text(void *ud);
 /* The HTTP server with the daemon's route table (/status, /metrics, /health). */
 int loop_http_start(rd_daemon *d);
+
+/* auth.c: the learner socket's handshake (PROTOCOL.md §14). */
+int auth_load(rd_daemon *d);
+/* 1 when the connection may send other requests (authenticated, or no secret). */
+int auth_pipe_ok(rd_daemon *d, uint32_t pipe);
+/* AUTH_BEGIN and AUTH. */
+void auth_on_message(rd_daemon *d, br_ctx *x, const proto_msg *m, uint32_t pipe);
+void auth_on_pipe_closed(rd_daemon *d, uint32_t pipe);
+void auth_free(rd_daemon *d);
 
 /* update.c: the weight-update messages (PROTOCOL.md §10), loop thread. */
 void up_on_begin(rd_daemon *d, br_ctx *x, const proto_update_begin *b, uint32_t pipe);

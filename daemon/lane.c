@@ -298,6 +298,12 @@ int lane_start(rd_daemon *d)
 {
     if (!strcmp(d->cfg.update_listen, "off") || d->cfg.max_staging_bytes == 0)
         return 0;
+    /* Its connections cannot prove the secret yet: with one, chunks go over
+     * the authenticated learner socket instead (clients see data_port 0). */
+    if (d->auth_len) {
+        log_line("data lane off: auth_token_file is set and the lane has no authentication yet");
+        return 0;
+    }
     struct sockaddr_storage addr;
     int rc = lane_addr(d, &addr);
     if (rc)

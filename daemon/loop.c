@@ -527,6 +527,18 @@ static void serve(rd_daemon *d, br_ctx *x)
         return;
     }
     uint32_t pipe = nng_pipe_id(nng_msg_get_pipe(x->msg));
+    if (m.type == PROTO_AUTH_BEGIN || m.type == PROTO_AUTH || !auth_pipe_ok(d, pipe)) {
+        if (m.type == PROTO_AUTH_BEGIN || m.type == PROTO_AUTH) {
+            auth_on_message(d, x, &m, pipe);
+        } else {
+            char why[200];
+            snprintf(why, sizeof why, "%s on a connection that has not authenticated: this daemon needs the shared "
+                     "secret (AUTH_BEGIN, then AUTH; PROTOCOL.md section 14)", proto_type_name(m.type));
+            loop_reply_error(d, x, PROTO_E_UNAUTHORIZED, m.type, why);
+        }
+        proto_msg_free(&m);
+        return;
+    }
     if (m.type == PROTO_UPDATE_CHUNK) {
         /* The chunk's data points into the message: the staging job frees it. */
         nng_msg *msg = x->msg;
@@ -567,8 +579,10 @@ void loop_on_wake(uv_async_t *h)
     uint32_t pipes[64];
     int np;
     while ((np = br_take_closed(&d->br, pipes, 64)) > 0)
-        for (int i = 0; i < np; i++)
+        for (int i = 0; i < np; i++) {
             up_on_pipe_closed(d, pipes[i]);
+            auth_on_pipe_closed(d, pipes[i]);
+        }
     br_ctx *x;
     while ((x = br_next(&d->br)))
         serve(d, x);
@@ -684,6 +698,10 @@ int loop_http_start(rd_daemon *d)
     int rc;
     if (d->cfg.api_key_file[0] && (rc = http_read_key(d->cfg.api_key_file, key, &key_len)))
         return rc;
+    if (!d->cfg.api_key_file[0] && d->auth_len) { /* one secret for every socket (DESIGN.md) */
+        memcpy(key, d->auth_secret, d->auth_len + 1);
+        key_len = d->auth_len;
+    }
     http_config hc = {
         .listen = d->cfg.http_listen,
         .max_conns = (int)d->cfg.http_max_connections,

@@ -72,19 +72,20 @@ static void limits(rd_daemon *d)
     h->server = (proto_str){RD_SERVER_NAME, (uint32_t)strlen(RD_SERVER_NAME)};
 }
 
-/* The learner socket, once bound: a non-loopback address needs insecure
- * (netaddr.h). The lane checks its own address in lane_start. */
+/* The learner socket, once bound: a non-loopback address needs the shared
+ * secret or insecure (netaddr.h). The lane checks its own address in
+ * lane_start. */
 static int check_exposure(rd_daemon *d)
 {
     nng_sockaddr sa;
     if (nng_listener_get_addr(d->br.listener, NNG_OPT_LOCADDR, &sa) != 0)
         return rd_fail(RD_EIO, "listen \"%s\": cannot read the bound address", d->cfg.listen);
-    if (net_nng_is_loopback(&sa))
+    if (net_nng_is_loopback(&sa) || d->auth_len)
         return 0;
     if (!d->cfg.insecure)
-        return rd_fail(RD_EINVAL, "listen \"%s\" is not a loopback address: the learner socket has no "
-                       "authentication yet, so anyone who reaches it could replace the policy; set insecure = 1 "
-                       "(--insecure 1) to serve it on a network anyway", d->cfg.listen);
+        return rd_fail(RD_EINVAL, "listen \"%s\" is not a loopback address and no auth_token_file is set: anyone "
+                       "who reaches it could replace the policy; set auth_token_file (a shared secret the clients "
+                       "prove), or insecure = 1 (--insecure 1) to serve it without", d->cfg.listen);
     d->exposed = 1;
     log_line("warning: the learner socket %s faces the network without authentication (insecure)", d->cfg.listen);
     return 0;
@@ -136,6 +137,8 @@ static int start(rd_daemon *d)
     uv_signal_start(&d->sigterm, loop_on_signal, SIGTERM);
 
     if ((rc = et_start(&d->et, d->eng, &d->wake)))
+        return rc;
+    if ((rc = auth_load(d)))
         return rc;
     if ((rc = br_open(&d->br, &d->loop, d->cfg.listen, (int)d->cfg.nng_contexts, (size_t)d->cfg.max_message_bytes,
                       &d->wake)))
@@ -198,6 +201,7 @@ int main(int argc, char **argv)
     free(d->lane);
     pthread_mutex_destroy(&d->br.mu);
     cl_free(&d->clients);
+    auth_free(d);
     proto_buf_free(&d->out);
     if (d->eng)
         eng_destroy(d->eng);

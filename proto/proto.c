@@ -23,6 +23,8 @@ const char *proto_type_name(uint16_t type)
     case PROTO_ABORT: return "ABORT";
     case PROTO_STATUS: return "STATUS";
     case PROTO_BYE: return "BYE";
+    case PROTO_AUTH_BEGIN: return "AUTH_BEGIN";
+    case PROTO_AUTH: return "AUTH";
     case PROTO_UPDATE_BEGIN: return "UPDATE_BEGIN";
     case PROTO_UPDATE_CHUNK: return "UPDATE_CHUNK";
     case PROTO_UPDATE_COMMIT: return "UPDATE_COMMIT";
@@ -33,6 +35,8 @@ const char *proto_type_name(uint16_t type)
     case PROTO_ABORT_OK: return "ABORT_OK";
     case PROTO_STATUS_OK: return "STATUS_OK";
     case PROTO_BYE_OK: return "BYE_OK";
+    case PROTO_AUTH_CHALLENGE: return "AUTH_CHALLENGE";
+    case PROTO_AUTH_OK: return "AUTH_OK";
     case PROTO_UPDATE_BEGIN_OK: return "UPDATE_BEGIN_OK";
     case PROTO_UPDATE_CHUNK_OK: return "UPDATE_CHUNK_OK";
     case PROTO_UPDATE_COMMIT_OK: return "UPDATE_COMMIT_OK";
@@ -60,13 +64,14 @@ const char *proto_err_name(uint32_t code)
     case PROTO_E_CHECKSUM: return "CHECKSUM";
     case PROTO_E_STALE_VERSION: return "STALE_VERSION";
     case PROTO_E_UPDATE_CONFLICT: return "UPDATE_CONFLICT";
+    case PROTO_E_UNAUTHORIZED: return "UNAUTHORIZED";
     default: return "UNKNOWN";
     }
 }
 
 int proto_is_request(uint16_t type)
 {
-    return (type >= PROTO_HELLO && type <= PROTO_BYE) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_UPDATE_ABORT);
+    return (type >= PROTO_HELLO && type <= PROTO_AUTH) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_UPDATE_ABORT);
 }
 
 uint32_t proto_dtype_size(uint8_t dtype)
@@ -652,6 +657,14 @@ static int dec_bye_ok(cursor *c, proto_bye_ok *b)
     return rd32(c, &b->inflight_samples, "inflight_samples");
 }
 
+static int dec_auth(cursor *c, proto_auth *a)
+{
+    TRY(need(c, PROTO_AUTH_BYTES, "bytes"));
+    memcpy(a->bytes, c->p + c->off, PROTO_AUTH_BYTES);
+    c->off += PROTO_AUTH_BYTES;
+    return 0;
+}
+
 static int dec_error(cursor *c, proto_error *e)
 {
     TRY(rd32(c, &e->code, "code"));
@@ -789,6 +802,10 @@ static int dec_body(cursor *c)
     case PROTO_STATUS_OK: return rdstr(c, &m->status_ok.json, "json");
     case PROTO_BYE: return dec_bye(c, &m->bye);
     case PROTO_BYE_OK: return dec_bye_ok(c, &m->bye_ok);
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK: return dec_auth(c, &m->auth);
     case PROTO_ERROR: return dec_error(c, &m->error);
     case PROTO_UPDATE_BEGIN: return dec_update_begin(c, &m->update_begin);
     case PROTO_UPDATE_BEGIN_OK: return dec_update_begin_ok(c, &m->update_begin_ok);
@@ -1127,6 +1144,10 @@ static int msg_ok(const proto_msg *m)
         TRY(enc_flags_ok(name, "flags", m->bye.flags, PROTO_BYE_FLAGS));
         return 0;
     case PROTO_BYE_OK: return 0;
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK: return 0;
     case PROTO_ERROR:
         if (m->error.code == 0)
             return rd_fail(RD_EINVAL, "ERROR: code is 0; expected a PROTO_E_* code >= 1");
@@ -1309,6 +1330,10 @@ static void put_body(writer *w, const proto_msg *m)
         w32(w, m->bye_ok.pending_results);
         w32(w, m->bye_ok.inflight_samples);
         break;
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK: wbytes(w, m->auth.bytes, PROTO_AUTH_BYTES); break;
     case PROTO_ERROR:
         w32(w, m->error.code);
         w16(w, m->error.request_type);

@@ -47,6 +47,8 @@ typedef enum {
     PROTO_ABORT = 0x04,
     PROTO_STATUS = 0x05,
     PROTO_BYE = 0x06,
+    PROTO_AUTH_BEGIN = 0x07,        /* authentication (PROTOCOL.md §14) */
+    PROTO_AUTH = 0x08,
     PROTO_UPDATE_BEGIN = 0x10,      /* weight updates (PROTOCOL.md §10), behind HELLO_OK feature bit 0 */
     PROTO_UPDATE_CHUNK = 0x11,
     PROTO_UPDATE_COMMIT = 0x12,
@@ -57,6 +59,8 @@ typedef enum {
     PROTO_ABORT_OK = 0x84,
     PROTO_STATUS_OK = 0x85,
     PROTO_BYE_OK = 0x86,
+    PROTO_AUTH_CHALLENGE = 0x87,
+    PROTO_AUTH_OK = 0x88,
     PROTO_UPDATE_BEGIN_OK = 0x90,
     PROTO_UPDATE_CHUNK_OK = 0x91,
     PROTO_UPDATE_COMMIT_OK = 0x92,
@@ -82,6 +86,7 @@ typedef enum {
     PROTO_E_CHECKSUM = 13,          /* a chunk's or a tensor's crc32c does not match its bytes */
     PROTO_E_STALE_VERSION = 14,     /* an update version not above the serving (or committing) one */
     PROTO_E_UPDATE_CONFLICT = 15,   /* another weight transfer is in progress */
+    PROTO_E_UNAUTHORIZED = 16,      /* the connection has not proved the shared secret (§14) */
 } proto_err;
 
 /* Flag bits. Bits not listed must be 0 (PROTOCOL.md says which message checks them). */
@@ -292,6 +297,13 @@ typedef struct {
     uint32_t inflight_samples;
 } proto_bye_ok;
 
+/* AUTH_BEGIN (client nonce), AUTH_CHALLENGE (daemon nonce), AUTH (the
+ * client's proof) and AUTH_OK (the daemon's): 32 bytes each (§14). */
+#define PROTO_AUTH_BYTES 32
+typedef struct {
+    uint8_t bytes[PROTO_AUTH_BYTES];
+} proto_auth;
+
 /* ERROR: the reply to any request that failed as a whole. */
 typedef struct {
     uint32_t code;              /* PROTO_E_*, >= 1 */
@@ -388,6 +400,7 @@ typedef struct {
         proto_status_ok status_ok;
         proto_bye bye;
         proto_bye_ok bye_ok;
+        proto_auth auth;        /* the four AUTH_* types */
         proto_error error;
         proto_update_begin update_begin;
         proto_update_begin_ok update_begin_ok;

@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(libuv1 libuv1-dev libnng1 libnng-dev libmbedcrypto7 libmbedtls14 libmbedx509-1 libcjson1 libcjson-dev
+PKGS=(libuv1 libuv1-dev libnng1 libnng-dev libmbedcrypto7 libmbedtls14 libmbedx509-1 libmbedtls-dev libcjson1 libcjson-dev
       libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libpcre2-8-0 libpcre2-dev node-llhttp make)
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 SPLIT=$((56 << 20))

@@ -314,6 +314,10 @@ static cJSON *msg_json(const proto_msg *m)
         break;
     case PROTO_UPDATE_ABORT: add_u64(o, "xfer_id", m->update_abort.xfer_id); break;
     case PROTO_UPDATE_ABORT_OK: add_u64(o, "bytes_freed", m->update_abort_ok.bytes_freed); break;
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK: add_hex(o, "bytes", m->auth.bytes, PROTO_AUTH_BYTES); break;
     }
     return o;
 }

@@ -8,7 +8,10 @@
  *   rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]
  *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]
  *              [--json]
- * The default URL is tcp://127.0.0.1:7070.
+ * The default URL is tcp://127.0.0.1:7070. --auth-token-file F (or the
+ * environment's ROLLOUTD_AUTH_TOKEN_FILE, or ROLLOUTD_AUTH_TOKEN holding the
+ * secret itself) proves the daemon's shared secret (PROTOCOL.md §14) on every
+ * connection.
  *
  * push-weights sends FILE (a .gguf, a .safetensors file or an HF folder) to
  * every daemon at once as weight version V (PROTOCOL.md §10), with a progress
@@ -753,8 +756,10 @@ int main(int argc, char **argv)
     int i = 1;
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--connect")) url = cli_value(P, argc, argv, &i);
+        else if (!strcmp(argv[i], "--auth-token-file")) setenv("ROLLOUTD_AUTH_TOKEN_FILE", cli_value(P, argc, argv, &i), 1);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: rolloutctl [--connect URL] (generate | status | bench | push-weights) [flags]\n"
+            printf("usage: rolloutctl [--connect URL] [--auth-token-file F] (generate | status | bench | push-weights) "
+                   "[flags]\n"
                    "see the comment at the top of tools/rolloutctl.c for each command's flags\n");
             return 0;
         } else break;

@@ -119,7 +119,7 @@ fi
 # PyPI package, which only the CPU-side oracle tests need) and the PyPI
 # packages the tiny test models need. Where they are missing: the bundle from
 # tools/gpu_bundle.sh if it is here (no network needed), else apt and pip.
-APT_NEED=(libuv1-dev libnng-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp)
+APT_NEED=(libuv1-dev libnng-dev libmbedtls-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp)
 missing=()
 for t in cc make; do "$t" --version >/dev/null 2>&1 || missing+=("$t(command)"); done
 for p in "${APT_NEED[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

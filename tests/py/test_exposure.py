@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Loopback by default (DESIGN.md, Security): the learner socket and the data
-lane have no authentication yet, so the daemon refuses to put either on a
-non-loopback address unless started with insecure = 1, and /status then says
-"insecure": true. Real daemons on this machine's addresses; the refusals are
+"""Loopback by default (DESIGN.md, Security): without a shared secret
+(auth_token_file, test_auth.py) the daemon refuses to put the learner socket
+or the data lane on a non-loopback address unless started with insecure = 1,
+and /status then says "insecure": true. Real daemons on this machine's addresses; the refusals are
 checked by exit status and the message naming the key."""
 import json
 import os

@@ -255,6 +255,8 @@ def rnd_message(rng, t):
         return P.UpdateAbort(rnd_u64(rng))
     if t == P.T.UPDATE_ABORT_OK:
         return P.UpdateAbortOk(rnd_u64(rng))
+    if t in P.AUTH_TYPES:
+        return P.CLASSES[t](bytes(rng.getrandbits(8) for _ in range(P.AUTH_BYTES)))
     assert t == P.T.ERROR, t
     return P.Error(rng.randint(1, 100), rng.getrandbits(16), rng.getrandbits(16), rnd_str(rng, 50))
 

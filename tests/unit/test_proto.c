@@ -432,6 +432,16 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
         break;
     case PROTO_UPDATE_ABORT: m->update_abort.xfer_id = ju64(o, "xfer_id"); break;
     case PROTO_UPDATE_ABORT_OK: m->update_abort_ok.bytes_freed = ju64(o, "bytes_freed"); break;
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK: {
+        uint32_t n;
+        const uint8_t *b = jhex(o, "bytes", &n);
+        if (b && n == PROTO_AUTH_BYTES)
+            memcpy(m->auth.bytes, b, PROTO_AUTH_BYTES);
+        break;
+    }
     }
 }
 
@@ -694,6 +704,15 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
     case PROTO_UPDATE_ABORT_OK:
         FIELD(a->update_abort_ok.bytes_freed, b->update_abort_ok.bytes_freed, "bytes_freed");
         return 1;
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK:
+        if (memcmp(a->auth.bytes, b->auth.bytes, PROTO_AUTH_BYTES)) {
+            snprintf(neq, sizeof neq, "bytes differ");
+            return 0;
+        }
+        return 1;
     }
     snprintf(neq, sizeof neq, "type 0x%x not compared", a->type);
     return 0;
@@ -705,7 +724,7 @@ static const uint16_t all_types[] = {
     PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH, PROTO_RESULTS, PROTO_ABORT,
     PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK, PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR, PROTO_UPDATE_BEGIN,
     PROTO_UPDATE_BEGIN_OK, PROTO_UPDATE_CHUNK, PROTO_UPDATE_CHUNK_OK, PROTO_UPDATE_COMMIT, PROTO_UPDATE_COMMIT_OK,
-    PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK};
+    PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK, PROTO_AUTH_BEGIN, PROTO_AUTH_CHALLENGE, PROTO_AUTH, PROTO_AUTH_OK};
 
 static void test_golden_valid(void)
 {
@@ -1194,6 +1213,13 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         break;
     case PROTO_UPDATE_ABORT: m->update_abort.xfer_id = rnd_u64(); break;
     case PROTO_UPDATE_ABORT_OK: m->update_abort_ok.bytes_freed = rnd_u64(); break;
+    case PROTO_AUTH_BEGIN:
+    case PROTO_AUTH:
+    case PROTO_AUTH_CHALLENGE:
+    case PROTO_AUTH_OK:
+        for (int i = 0; i < PROTO_AUTH_BYTES; i++)
+            m->auth.bytes[i] = (uint8_t)rnd();
+        break;
     }
 }
 
@@ -1523,8 +1549,10 @@ static void test_names(void)
     CHECK(proto_is_request(PROTO_HELLO) && proto_is_request(PROTO_BYE) && !proto_is_request(PROTO_HELLO_OK) &&
           proto_is_request(PROTO_UPDATE_BEGIN) && proto_is_request(PROTO_UPDATE_CHUNK) &&
           proto_is_request(PROTO_UPDATE_COMMIT) && proto_is_request(PROTO_UPDATE_ABORT) &&
-          !proto_is_request(PROTO_UPDATE_BEGIN_OK) && !proto_is_request(PROTO_UPDATE_ABORT_OK) &&
-          !proto_is_request(0x07) && !proto_is_request(0x14) && !proto_is_request(PROTO_ERROR), "is_request");
+          !proto_is_request(PROTO_UPDATE_BEGIN_OK) && !proto_is_request(PROTO_UPDATE_ABORT_OK), "is_request");
+    CHECK(proto_is_request(PROTO_AUTH_BEGIN) && proto_is_request(PROTO_AUTH) && !proto_is_request(PROTO_AUTH_OK) &&
+          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x14) &&
+          !proto_is_request(PROTO_ERROR), "is_request (auth)");
     static const char *update_names[] = {"UPDATE_BEGIN", "UPDATE_CHUNK", "UPDATE_COMMIT", "UPDATE_ABORT"};
     for (int i = 0; i < 4; i++) {
         char ok[32];
@@ -1534,7 +1562,7 @@ static void test_names(void)
     }
     CHECK(proto_type_name(0x14) == NULL && proto_type_name(0x94) == NULL, "0x14/0x94 have names");
     CHECK(!strcmp(proto_err_name(13), "CHECKSUM") && !strcmp(proto_err_name(14), "STALE_VERSION") &&
-          !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNKNOWN"), "update errors");
+          !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNAUTHORIZED") && !strcmp(proto_err_name(17), "UNKNOWN"), "update errors");
     CHECK(proto_dtype_size(PROTO_DTYPE_F32) == 4 && proto_dtype_size(PROTO_DTYPE_F16) == 2 &&
           proto_dtype_size(PROTO_DTYPE_BF16) == 2 && proto_dtype_size(3) == 0, "dtype sizes");
     CHECK(proto_err_from_rd(RD_EBUSY) == PROTO_E_BUSY && proto_err_from_rd(RD_EINVAL) == PROTO_E_INVALID_PARAMS &&

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/err.h"
+#include "proto/auth.h"
 
 /* NNG's TCP framing counts the req0 header (a 4-byte request id) in the
  * message, so RECVMAXSZ is the frame limit plus a little. */
@@ -28,6 +29,8 @@ struct rdc_client {
     uint64_t last_seq;          /* highest result seq processed (acked by the next FETCH) */
     uint64_t max_msg;           /* bytes: decode limit (64 MiB until HELLO_OK) */
     uint32_t err_code;          /* PROTO_E_* of the last ERROR reply, else 0 */
+    char secret[PROTO_AUTH_MAX_SECRET + 1]; /* the shared secret (PROTOCOL.md §14) */
+    size_t secret_len;          /* 0: the daemon is not asked to authenticate us */
 };
 
 static int nng_fail(int rv, const char *what)
@@ -68,14 +71,64 @@ int rdc_open(const char *url, rdc_client **out)
         rc = nng_fail(rv, "cannot disable req resends on the context");
     else if ((rv = nng_aio_alloc(&c->aio, NULL, NULL)))
         rc = nng_fail(rv, "cannot allocate an aio");
+    if (!rc && !(rc = rdc_auth_secret(NULL, c->secret, &c->secret_len)) && c->secret_len)
+        rc = rdc_auth(c);
     if (rc) {
+        if (c->aio)
+            nng_aio_free(c->aio);
         nng_close(c->sock);
         proto_buf_free(&c->buf);
+        memset(c->secret, 0, sizeof c->secret);
         free(c);
         return rc;
     }
     *out = c;
     return 0;
+}
+
+int rdc_auth_secret(const char *path, char *secret, size_t *len)
+{
+    *len = 0;
+    const char *tok = path ? NULL : getenv("ROLLOUTD_AUTH_TOKEN");
+    if (tok && *tok) {
+        size_t n = strlen(tok);
+        if (n > PROTO_AUTH_MAX_SECRET)
+            return rd_fail(RD_EINVAL, "ROLLOUTD_AUTH_TOKEN is %zu bytes; at most %d", n, PROTO_AUTH_MAX_SECRET);
+        memcpy(secret, tok, n + 1);
+        *len = n;
+        return 0;
+    }
+    if (!path)
+        path = getenv("ROLLOUTD_AUTH_TOKEN_FILE");
+    if (!path || !*path)
+        return 0;
+    return proto_auth_read_secret(path, secret, len);
+}
+
+static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply);
+
+int rdc_auth(rdc_client *c)
+{
+    if (!c->secret_len)
+        return rd_fail(RD_EINVAL, "rdc_auth: no shared secret (ROLLOUTD_AUTH_TOKEN or ROLLOUTD_AUTH_TOKEN_FILE)");
+    proto_msg m = {.type = PROTO_AUTH_BEGIN}, r;
+    uint8_t cn[PROTO_AUTH_BYTES], dn[PROTO_AUTH_BYTES], want[PROTO_AUTH_BYTES];
+    int rc = proto_auth_nonce(cn);
+    if (rc)
+        return rc;
+    memcpy(m.auth.bytes, cn, PROTO_AUTH_BYTES);
+    if ((rc = exchange(c, &m, PROTO_AUTH_CHALLENGE, RDC_TIMEOUT_MS, &r)))
+        return rc;
+    memcpy(dn, r.auth.bytes, PROTO_AUTH_BYTES);
+    proto_msg_free(&r);
+    m.type = PROTO_AUTH;
+    if ((rc = proto_auth_proof((const uint8_t *)c->secret, c->secret_len, 0, cn, dn, m.auth.bytes)) ||
+        (rc = exchange(c, &m, PROTO_AUTH_OK, RDC_TIMEOUT_MS, &r)))
+        return rc;
+    int same = !proto_auth_proof((const uint8_t *)c->secret, c->secret_len, 1, cn, dn, want) &&
+               proto_auth_equal(want, r.auth.bytes);
+    proto_msg_free(&r);
+    return same ? 0 : rd_fail(RDC_EDAEMON, "AUTH: the daemon's proof is not of our secret (a different daemon?)");
 }
 
 void rdc_close(rdc_client *c)
@@ -150,7 +203,13 @@ static int exchange_on(nng_ctx ctx, nng_aio *aio, proto_buf *buf, uint64_t max_m
 
 static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)
 {
-    return exchange_on(c->ctx, c->aio, &c->buf, c->max_msg, &c->err_code, req, want, timeout_ms, reply);
+    int rc = exchange_on(c->ctx, c->aio, &c->buf, c->max_msg, &c->err_code, req, want, timeout_ms, reply);
+    /* A new connection (NNG redialed) has to prove the secret again; then the
+     * request is repeated, which is always safe (PROTOCOL.md §8). */
+    if (rc == RDC_EDAEMON && c->err_code == PROTO_E_UNAUTHORIZED && c->secret_len && req->type != PROTO_AUTH &&
+        req->type != PROTO_AUTH_BEGIN && !rdc_auth(c))
+        rc = exchange_on(c->ctx, c->aio, &c->buf, c->max_msg, &c->err_code, req, want, timeout_ms, reply);
+    return rc;
 }
 
 int rdc_call(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply)

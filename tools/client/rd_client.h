@@ -39,6 +39,14 @@ typedef struct rdc_client rdc_client;
  * long FETCH or a large SUBMIT) and NNG_OPT_RECVMAXSZ on the dialer to the
  * default 64 MiB until HELLO_OK announces max_message_bytes. */
 int rdc_open(const char *url, rdc_client **out);
+/* With $ROLLOUTD_AUTH_TOKEN (the secret) or $ROLLOUTD_AUTH_TOKEN_FILE (a
+ * file holding it) set, rdc_open also proves the shared secret
+ * (PROTOCOL.md §14) and does so again whenever a request meets UNAUTHORIZED
+ * on a new connection. rdc_auth runs that handshake now; rdc_auth_secret
+ * reads the secret from path, or (path NULL) from the environment (*len 0:
+ * none given). */
+int rdc_auth(rdc_client *c);
+int rdc_auth_secret(const char *path, char *secret, size_t *len);
 
 /* Closes the socket and frees everything (does not send BYE). Safe on NULL. */
 void rdc_close(rdc_client *c);

@@ -32,7 +32,10 @@ when it offers one (else as UPDATE_CHUNKs over NNG, `window` req contexts at
 once), then committed. Any failure aborts the transfer (the old weights keep
 serving) and raises DaemonError (.code from proto.E) or TimeoutError_.
 """
+import hashlib
+import hmac
 import json
+import os
 import socket
 import struct
 import sys
@@ -193,9 +196,35 @@ class Stream:
         return n
 
 
+def auth_secret(auth_token=None, auth_token_file=None):
+    """The shared secret (PROTOCOL.md §14) as bytes: auth_token, else the first
+    line of auth_token_file, else $ROLLOUTD_AUTH_TOKEN, else the file named by
+    $ROLLOUTD_AUTH_TOKEN_FILE; None when none is given."""
+    if auth_token is None and auth_token_file is None:
+        auth_token = os.environ.get("ROLLOUTD_AUTH_TOKEN")
+        auth_token_file = os.environ.get("ROLLOUTD_AUTH_TOKEN_FILE") if auth_token is None else None
+    if auth_token is not None:
+        return auth_token.encode() if isinstance(auth_token, str) else bytes(auth_token)
+    if auth_token_file:
+        with open(auth_token_file, "rb") as f:
+            return f.read().strip(b" \t\r\n")
+    return None
+
+
+def auth_proof(secret, daemon_side, client_nonce, daemon_nonce):
+    """HMAC-SHA256 proof of PROTOCOL.md §14 (proto/auth.h)."""
+    if daemon_side:
+        data = b"rolloutd auth v1 daemon" + client_nonce + daemon_nonce
+    else:
+        data = b"rolloutd auth v1 client" + daemon_nonce + client_nonce
+    return hmac.new(secret, data, hashlib.sha256).digest()
+
+
 class Client:
-    def __init__(self, url=DEFAULT_URL, client_id=0, name="rolloutd-python", timeout_ms=TIMEOUT_MS):
+    def __init__(self, url=DEFAULT_URL, client_id=0, name="rolloutd-python", timeout_ms=TIMEOUT_MS,
+                 auth_token=None, auth_token_file=None):
         self.url = url
+        self._secret = auth_secret(auth_token, auth_token_file)
         self.timeout_ms = timeout_ms
         self.client_id = 0
         self.info = None             # proto.HelloOk
@@ -209,11 +238,24 @@ class Client:
         except pynng.NNGException as e:
             self._sock.close()
             raise ConnectionError(f"cannot connect to {url}: {e} (is rolloutd running there?)") from None
+        if self._secret is not None:
+            self.authenticate()
         self.hello(client_id, name)
 
     # ---- one exchange ----
 
-    def _call(self, msg, want, timeout_ms=None, retries=RETRIES):
+    def authenticate(self):
+        """AUTH_BEGIN + AUTH on the current connection; checks the daemon's
+        proof. Raises DaemonError UNAUTHORIZED for a wrong secret."""
+        if self._secret is None:
+            raise ValueError("no shared secret: pass auth_token or auth_token_file")
+        cn = os.urandom(P.AUTH_BYTES)
+        ch = self._call(P.AuthBegin(bytes=cn), P.T.AUTH_CHALLENGE, reauth=False)
+        ok = self._call(P.Auth(bytes=auth_proof(self._secret, False, cn, ch.bytes)), P.T.AUTH_OK, reauth=False)
+        if not hmac.compare_digest(ok.bytes, auth_proof(self._secret, True, cn, ch.bytes)):
+            raise DaemonError(P.E.UNAUTHORIZED, f"{self.url} answered AUTH with a proof of another secret", "AUTH")
+
+    def _call(self, msg, want, timeout_ms=None, retries=RETRIES, reauth=True):
         frame = P.encode(msg)
         if len(frame) > self._max:
             raise ValueError(f"{msg.TYPE.name} is {len(frame)} bytes; the daemon accepts at most {self._max}")
@@ -229,6 +271,10 @@ class Client:
             else:
                 raise TimeoutError_(f"{msg.TYPE.name}: no reply from {self.url} after {retries} tries")
         reply = P.decode(buf, self._max)
+        if isinstance(reply, P.Error) and reply.code == P.E.UNAUTHORIZED and reauth and self._secret is not None:
+            # a new connection (NNG redialed): prove the secret on it and repeat (PROTOCOL.md §8)
+            self.authenticate()
+            return self._call(msg, want, timeout_ms, retries, reauth=False)
         if isinstance(reply, P.Error):
             raise DaemonError(reply.code, reply.message, msg.TYPE.name)
         if reply.TYPE != want:

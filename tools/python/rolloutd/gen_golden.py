@@ -166,6 +166,15 @@ def valid_vectors():
                                          message="magic is 47 45 54 20; expected 52 4c 44 50 (\"RLDP\")"),
         "an ERROR for a frame whose header was unreadable: request_type 0")
 
+    # authentication (PROTOCOL.md §14)
+    add("auth_begin", P.AuthBegin(bytes=bytes(range(32))), "the client's 32-byte nonce")
+    add("auth_challenge", P.AuthChallenge(bytes=bytes(range(0xA0, 0xC0))), "the daemon's 32-byte nonce")
+    add("auth", P.Auth(bytes=bytes(range(0x40, 0x60))), "the client's proof, HMAC-SHA256 over both nonces")
+    add("auth_ok", P.AuthOk(bytes=bytes(range(0xE0, 0x100))), "the daemon's proof")
+    add("error_unauthorized", P.Error(code=P.E.UNAUTHORIZED, request_type=P.T.SUBMIT, version_max=1,
+                                      message="SUBMIT before AUTH: this daemon needs the shared secret (§14)"),
+        "an ERROR for a request on a connection that has not authenticated")
+
     # weight updates (PROTOCOL.md §10)
     add("update_begin", P.UpdateBegin(client_id=0x0123456789ABCDEF, version=8, mode=P.MODE_CONTINUE, window=8,
                                       max_chunk_bytes=4 << 20, total_bytes=0, tensors=[
@@ -249,6 +258,9 @@ def invalid_vectors(valid_frames):
         "message type 0x14, just past UPDATE_ABORT")
     add("unknown_type_reply_after_updates", frame(0x94, b"\0" * 8), P.E.UNKNOWN_TYPE,
         "message type 0x94, just past UPDATE_ABORT_OK")
+    add("auth_short", frame(P.T.AUTH, b"\1" * 31), P.E.MALFORMED, "an AUTH proof of 31 bytes")
+    add("auth_trailing", frame(P.T.AUTH_BEGIN, b"\2" * 33), P.E.MALFORMED, "an AUTH_BEGIN nonce with a byte after it")
+    add("unknown_type_after_auth", frame(0x09, b""), P.E.UNKNOWN_TYPE, "message type 0x09, just past AUTH")
     add("trailing_bytes", frame(P.T.FETCH, valid_frames["fetch"][16:] + b"\0\0\0\0"), P.E.MALFORMED,
         "a FETCH with 4 bytes after its last field (length field consistent)")
     add("status_with_body", frame(P.T.STATUS, b"\0"), P.E.MALFORMED, "STATUS must have an empty body")

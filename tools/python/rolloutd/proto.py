@@ -40,6 +40,8 @@ class T(enum.IntEnum):
     ABORT = 0x04
     STATUS = 0x05
     BYE = 0x06
+    AUTH_BEGIN = 0x07        # authentication (PROTOCOL.md §14)
+    AUTH = 0x08
     UPDATE_BEGIN = 0x10      # weight updates (PROTOCOL.md §10), behind HELLO_OK feature bit 0
     UPDATE_CHUNK = 0x11
     UPDATE_COMMIT = 0x12
@@ -50,6 +52,8 @@ class T(enum.IntEnum):
     ABORT_OK = 0x84
     STATUS_OK = 0x85
     BYE_OK = 0x86
+    AUTH_CHALLENGE = 0x87
+    AUTH_OK = 0x88
     UPDATE_BEGIN_OK = 0x90
     UPDATE_CHUNK_OK = 0x91
     UPDATE_COMMIT_OK = 0x92
@@ -74,6 +78,7 @@ class E(enum.IntEnum):
     CHECKSUM = 13            # a chunk's or a tensor's CRC-32C does not match its bytes
     STALE_VERSION = 14       # an update version not above the serving one
     UPDATE_CONFLICT = 15     # another weight transfer is in progress
+    UNAUTHORIZED = 16        # the connection has not proved the shared secret (§14)
 
 
 # Flag bits (bits not listed must be 0).
@@ -408,11 +413,40 @@ class UpdateAbortOk:
     TYPE = T.UPDATE_ABORT_OK
 
 
+AUTH_BYTES = 32
+
+
+@dataclass
+class AuthBegin:
+    bytes: bytes = b"\0" * AUTH_BYTES     # the client's nonce
+    TYPE = T.AUTH_BEGIN
+
+
+@dataclass
+class AuthChallenge:
+    bytes: bytes = b"\0" * AUTH_BYTES     # the daemon's nonce
+    TYPE = T.AUTH_CHALLENGE
+
+
+@dataclass
+class Auth:
+    bytes: bytes = b"\0" * AUTH_BYTES     # the client's proof
+    TYPE = T.AUTH
+
+
+@dataclass
+class AuthOk:
+    bytes: bytes = b"\0" * AUTH_BYTES     # the daemon's proof
+    TYPE = T.AUTH_OK
+
+
 CLASSES = {c.TYPE: c for c in (Hello, HelloOk, Submit, SubmitOk, Fetch, Results, Abort, AbortOk,
                                Status, StatusOk, Bye, ByeOk, Error, UpdateBegin, UpdateBeginOk, UpdateChunk,
-                               UpdateChunkOk, UpdateCommit, UpdateCommitOk, UpdateAbort, UpdateAbortOk)}
-REQUEST_TYPES = frozenset({T.HELLO, T.SUBMIT, T.FETCH, T.ABORT, T.STATUS, T.BYE, T.UPDATE_BEGIN, T.UPDATE_CHUNK,
-                           T.UPDATE_COMMIT, T.UPDATE_ABORT})
+                               UpdateChunkOk, UpdateCommit, UpdateCommitOk, UpdateAbort, UpdateAbortOk,
+                               AuthBegin, AuthChallenge, Auth, AuthOk)}
+REQUEST_TYPES = frozenset({T.HELLO, T.SUBMIT, T.FETCH, T.ABORT, T.STATUS, T.BYE, T.AUTH_BEGIN, T.AUTH,
+                           T.UPDATE_BEGIN, T.UPDATE_CHUNK, T.UPDATE_COMMIT, T.UPDATE_ABORT})
+AUTH_TYPES = (T.AUTH_BEGIN, T.AUTH_CHALLENGE, T.AUTH, T.AUTH_OK)
 
 
 def is_request(type_):
@@ -760,6 +794,10 @@ _DECODERS = {
     T.UPDATE_COMMIT_OK: _dec_update_commit_ok,
     T.UPDATE_ABORT: lambda r: UpdateAbort(xfer_id=r.u64("xfer_id")),
     T.UPDATE_ABORT_OK: lambda r: UpdateAbortOk(bytes_freed=r.u64("bytes_freed")),
+    T.AUTH_BEGIN: lambda r: AuthBegin(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
+    T.AUTH_CHALLENGE: lambda r: AuthChallenge(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
+    T.AUTH: lambda r: Auth(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
+    T.AUTH_OK: lambda r: AuthOk(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
 }
 
 
@@ -1019,6 +1057,11 @@ def _enc_body(m, out):
         out.append(struct.pack("<4QII", m.version, m.stall_us, m.wait_us, m.staged_us, m.n_aborted, 0))
     elif t == T.UPDATE_ABORT_OK:
         out.append(struct.pack("<Q", m.bytes_freed))
+    elif t in AUTH_TYPES:
+        b = bytes(m.bytes)
+        if len(b) != AUTH_BYTES:
+            raise ValueError(f"{t.name}: {len(b)} bytes; expected {AUTH_BYTES}")
+        out.append(b)
     else:
         raise ValueError(f"cannot encode message type {t:#04x}")
 
@@ -1188,6 +1231,10 @@ _FIELDS = {
     T.UPDATE_COMMIT_OK: ["version", "stall_us", "wait_us", "staged_us", "n_aborted"],
     T.UPDATE_ABORT: ["xfer_id"],
     T.UPDATE_ABORT_OK: ["bytes_freed"],
+    T.AUTH_BEGIN: [],
+    T.AUTH_CHALLENGE: [],
+    T.AUTH: [],
+    T.AUTH_OK: [],
 }
 _TENSOR_FIELDS = ["name", "dtype", "nbytes", "crc32c"]     # and shape, a list of u64 strings
 _REQ_FIELDS = ["client_req_id", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -1231,6 +1278,8 @@ def to_json(m):
             d["tensors"].append(r)
     elif m.TYPE == T.UPDATE_CHUNK:
         d["data"] = bytes(raw_bytes(m.data)).hex()
+    elif m.TYPE in AUTH_TYPES:
+        d["bytes"] = bytes(m.bytes).hex()
     return d
 
 
@@ -1282,4 +1331,6 @@ def from_json(d):
             m.tensors.append(x)
     elif t == T.UPDATE_CHUNK:
         m.data = bytes.fromhex(d["data"])
+    elif t in AUTH_TYPES:
+        m.bytes = bytes.fromhex(d["bytes"])
     return m

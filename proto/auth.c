@@ -1,0 +1,87 @@
+/* auth.c - see auth.h. */
+#include "proto/auth.h"
+
+#include <errno.h>
+#include <mbedtls/md.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "engine/err.h"
+
+int proto_auth_nonce(uint8_t out[PROTO_AUTH_BYTES])
+{
+    size_t got = 0;
+    while (got < PROTO_AUTH_BYTES) {
+        ssize_t n = getrandom(out + got, PROTO_AUTH_BYTES - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return rd_fail(RD_EIO, "auth: getrandom failed (%s)", strerror(errno));
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+int proto_auth_proof(const uint8_t *secret, size_t secret_len, int daemon_side,
+                     const uint8_t client_nonce[PROTO_AUTH_BYTES], const uint8_t daemon_nonce[PROTO_AUTH_BYTES],
+                     uint8_t out[PROTO_AUTH_BYTES])
+{
+    static const char label_client[] = "rolloutd auth v1 client", label_daemon[] = "rolloutd auth v1 daemon";
+    const char *label = daemon_side ? label_daemon : label_client;
+    const uint8_t *first = daemon_side ? client_nonce : daemon_nonce;
+    const uint8_t *second = daemon_side ? daemon_nonce : client_nonce;
+    const mbedtls_md_info_t *md = mbedtls_md_info_from_type(MBEDTLS_MD_SHA256);
+    mbedtls_md_context_t ctx;
+    mbedtls_md_init(&ctx);
+    int rc = md ? mbedtls_md_setup(&ctx, md, 1) : -1;
+    if (!rc)
+        rc = mbedtls_md_hmac_starts(&ctx, secret, secret_len);
+    if (!rc)
+        rc = mbedtls_md_hmac_update(&ctx, (const unsigned char *)label, sizeof label_client - 1);
+    if (!rc)
+        rc = mbedtls_md_hmac_update(&ctx, first, PROTO_AUTH_BYTES);
+    if (!rc)
+        rc = mbedtls_md_hmac_update(&ctx, second, PROTO_AUTH_BYTES);
+    if (!rc)
+        rc = mbedtls_md_hmac_finish(&ctx, out);
+    mbedtls_md_free(&ctx);
+    return rc ? rd_fail(RD_EINVAL, "auth: HMAC-SHA256 failed (mbedTLS -0x%04x)", (unsigned)-rc) : 0;
+}
+
+int proto_auth_equal(const uint8_t a[PROTO_AUTH_BYTES], const uint8_t b[PROTO_AUTH_BYTES])
+{
+    volatile uint8_t diff = 0;
+    for (int i = 0; i < PROTO_AUTH_BYTES; i++)
+        diff |= a[i] ^ b[i];
+    return diff == 0;
+}
+
+int proto_auth_read_secret(const char *path, char *secret, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return rd_fail(RD_EIO, "auth_token_file %s: cannot open (%s)", path, strerror(errno));
+    char buf[PROTO_AUTH_MAX_SECRET + 2];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    int more = fgetc(f) != EOF;
+    fclose(f);
+    buf[n] = 0;
+    size_t a = 0, b = n;
+    while (a < b && (buf[a] == ' ' || buf[a] == '\t' || buf[a] == '\r' || buf[a] == '\n'))
+        a++;
+    while (b > a && (buf[b - 1] == ' ' || buf[b - 1] == '\t' || buf[b - 1] == '\r' || buf[b - 1] == '\n'))
+        b--;
+    if (more || b - a > PROTO_AUTH_MAX_SECRET)
+        return rd_fail(RD_EINVAL, "auth_token_file %s: longer than %d bytes", path, PROTO_AUTH_MAX_SECRET);
+    if (b - a < 16)
+        return rd_fail(RD_EINVAL, "auth_token_file %s: the secret is %zu bytes; expected at least 16", path, b - a);
+    for (size_t i = a; i < b; i++)
+        if ((unsigned char)buf[i] <= ' ' || buf[i] == 0x7f)
+            return rd_fail(RD_EINVAL, "auth_token_file %s: a space or control character at byte %zu; expected one "
+                           "line without them", path, i);
+    memcpy(secret, buf + a, b - a);
+    secret[b - a] = 0;
+    *len = b - a;
+    return 0;
+}
