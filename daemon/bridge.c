@@ -70,7 +70,8 @@ int br_take_closed(bridge *b, uint32_t *out, int max)
     return n;
 }
 
-int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake)
+int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake,
+            nng_tls_config *tls)
 {
     memset(b, 0, sizeof *b);
     b->wake = wake;
@@ -83,6 +84,7 @@ int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, 
     nng_pipe_notify(b->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, b);
     if ((rv = nng_listener_create(&b->listener, b->sock, url)) ||
         (rv = nng_listener_set_size(b->listener, NNG_OPT_RECVMAXSZ, max_msg)) ||
+        (tls && (rv = nng_listener_set_ptr(b->listener, NNG_OPT_TLS_CONFIG, tls))) ||
         (rv = nng_listener_start(b->listener, 0))) {
         nng_close(b->sock);
         b->open = 0;

@@ -11,6 +11,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,9 +48,10 @@ typedef struct bridge {
     int n_closed;
 } bridge;
 
-/* Opens the socket, listens on url with RECVMAXSZ = max_msg, starts n
- * contexts. Timers are initialised on loop (the caller's thread). */
-int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake);
+/* Opens the socket, listens on url with RECVMAXSZ = max_msg (and, for a
+ * tls+tcp:// url, the server TLS config tls), starts n contexts. Timers are initialised on loop (the caller's thread). */
+int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake,
+            nng_tls_config *tls);
 /* Pops one received request (loop thread); NULL when none. */
 br_ctx *br_next(bridge *b);
 /* Sends a reply frame from the context (copied into an nng_msg); the

@@ -65,6 +65,10 @@ static const cfg_field FIELDS[] = {
     {"auth_token_file", CFG_TEXT, offsetof(cfg_daemon, auth_token_file), 0, sizeof(((cfg_daemon *)0)->auth_token_file),
      "file holding the shared secret: learner connections must prove it (HMAC, PROTOCOL.md section 14); the HTTP "
      "Bearer key too unless api_key_file is set (\"\" = none, loopback only)"},
+    {"tls_cert_file", CFG_TEXT, offsetof(cfg_daemon, tls_cert_file), 0, sizeof(((cfg_daemon *)0)->tls_cert_file),
+     "PEM certificate (chain) for a tls+tcp:// listen address"},
+    {"tls_key_file", CFG_TEXT, offsetof(cfg_daemon, tls_key_file), 0, sizeof(((cfg_daemon *)0)->tls_key_file),
+     "PEM private key of tls_cert_file"},
     I(insecure, 0, 1, "1: allow the learner socket and the data lane on a non-loopback address without "
       "auth_token_file (/status shows it)"),
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
@@ -324,8 +328,12 @@ int cfg_validate(const cfg_daemon *c)
 {
     if (strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
         return rd_fail(RD_EINVAL, "key \"backend\" = \"%s\"; expected \"cpu\" or \"cuda\"", c->backend);
-    if (strncmp(c->listen, "tcp://", 6) && strncmp(c->listen, "ipc://", 6))
-        return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\"; expected an NNG URL like tcp://127.0.0.1:7070", c->listen);
+    if (strncmp(c->listen, "tcp://", 6) && strncmp(c->listen, "tls+tcp://", 10) && strncmp(c->listen, "ipc://", 6))
+        return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\"; expected an NNG URL like tcp://127.0.0.1:7070 (or "
+                       "tls+tcp://, ipc://)", c->listen);
+    if (!strncmp(c->listen, "tls+tcp://", 10) && (!c->tls_cert_file[0] || !c->tls_key_file[0]))
+        return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\" is TLS: set tls_cert_file and tls_key_file (PEM files)",
+                       c->listen);
     const char *colon = strrchr(c->http_listen, ':');
     char *end = NULL;
     long port = colon ? strtol(colon + 1, &end, 10) : -1;

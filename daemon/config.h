@@ -40,6 +40,8 @@ typedef struct {
     char api_key_file[CFG_STR];     /* file holding the HTTP Bearer key; "" = no auth */
     int64_t http_insecure;          /* 1: serve HTTP on a non-loopback address without a key */
     char auth_token_file[CFG_STR];  /* the shared secret; "" = no authentication */
+    char tls_cert_file[CFG_STR];    /* PEM certificate for a tls+tcp:// listen */
+    char tls_key_file[CFG_STR];     /* its PEM key */
     int64_t insecure;               /* 1: the learner socket and data lane may face a network (no auth yet) */
     int64_t prefix_cache;           /* 1: reuse cached full prompt blocks (salted with the weight version) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */

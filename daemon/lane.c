@@ -16,6 +16,7 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
+#include "proto/tls.h"
 #include "engine/err.h"
 
 #define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
@@ -302,6 +303,10 @@ int lane_start(rd_daemon *d)
      * the authenticated learner socket instead (clients see data_port 0). */
     if (d->auth_len) {
         log_line("data lane off: auth_token_file is set and the lane has no authentication yet");
+        return 0;
+    }
+    if (proto_tls_url(d->cfg.listen)) { /* a plain TCP lane would carry the weights in the clear */
+        log_line("data lane off: the learner socket is TLS and the lane is plain TCP");
         return 0;
     }
     struct sockaddr_storage addr;

@@ -12,6 +12,7 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
+#include "proto/tls.h"
 #include "engine/err.h"
 
 /* The model's name: the file's base name without ".gguf" (general.name in
@@ -140,8 +141,14 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = auth_load(d)))
         return rc;
-    if ((rc = br_open(&d->br, &d->loop, d->cfg.listen, (int)d->cfg.nng_contexts, (size_t)d->cfg.max_message_bytes,
-                      &d->wake)))
+    nng_tls_config *tls = NULL;
+    if (proto_tls_url(d->cfg.listen) && (rc = proto_tls_server(d->cfg.tls_cert_file, d->cfg.tls_key_file, &tls)))
+        return rd_fail(rc, "listen %s: %s", d->cfg.listen, rd_errmsg());
+    rc = br_open(&d->br, &d->loop, d->cfg.listen, (int)d->cfg.nng_contexts, (size_t)d->cfg.max_message_bytes,
+                 &d->wake, tls);
+    if (tls)
+        nng_tls_config_free(tls); /* the listener holds its own reference */
+    if (rc)
         return rc;
     if ((rc = check_exposure(d)))
         return rc;

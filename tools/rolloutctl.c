@@ -11,7 +11,8 @@
  * The default URL is tcp://127.0.0.1:7070. --auth-token-file F (or the
  * environment's ROLLOUTD_AUTH_TOKEN_FILE, or ROLLOUTD_AUTH_TOKEN holding the
  * secret itself) proves the daemon's shared secret (PROTOCOL.md §14) on every
- * connection.
+ * connection. A tls+tcp:// URL verifies the daemon's certificate against
+ * --tls-ca-file F (or ROLLOUTD_TLS_CA_FILE).
  *
  * push-weights sends FILE (a .gguf, a .safetensors file or an HF folder) to
  * every daemon at once as weight version V (PROTOCOL.md §10), with a progress
@@ -757,6 +758,7 @@ int main(int argc, char **argv)
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--connect")) url = cli_value(P, argc, argv, &i);
         else if (!strcmp(argv[i], "--auth-token-file")) setenv("ROLLOUTD_AUTH_TOKEN_FILE", cli_value(P, argc, argv, &i), 1);
+        else if (!strcmp(argv[i], "--tls-ca-file")) setenv("ROLLOUTD_TLS_CA_FILE", cli_value(P, argc, argv, &i), 1);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: rolloutctl [--connect URL] [--auth-token-file F] (generate | status | bench | push-weights) "
                    "[flags]\n"
@@ -774,7 +776,8 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--connect")) url = cli_value(P, argc, argv, &i);
         else rest[n++] = argv[i];
     }
-    if (strncmp(url, "tcp://", 6) && strncmp(url, "ipc://", 6) && strncmp(url, "inproc://", 9))
+    if (strncmp(url, "tcp://", 6) && strncmp(url, "tls+tcp://", 10) && strncmp(url, "ipc://", 6) &&
+        strncmp(url, "inproc://", 9))
         cli_die(P, "--connect expects a URL like tcp://127.0.0.1:7070, got '%s'%s", url, "");
     int rc;
     if (!strcmp(cmd, "generate")) rc = cmd_generate(url, n, rest);

@@ -11,6 +11,7 @@
 
 #include "engine/err.h"
 #include "proto/auth.h"
+#include "proto/tls.h"
 
 /* NNG's TCP framing counts the req0 header (a 4-byte request id) in the
  * message, so RECVMAXSZ is the frame limit plus a little. */
@@ -40,6 +41,18 @@ static int nng_fail(int rv, const char *what)
     return rd_fail(RD_EIO, "%s: %s", what, nng_strerror(rv));
 }
 
+/* tls+tcp://: verify the daemon against $ROLLOUTD_TLS_CA_FILE (proto/tls.h). */
+static int set_tls(nng_dialer dialer, const char *url)
+{
+    nng_tls_config *cfg;
+    int rc = proto_tls_client(url, getenv("ROLLOUTD_TLS_CA_FILE"), &cfg);
+    if (rc)
+        return rc;
+    int rv = nng_dialer_set_ptr(dialer, NNG_OPT_TLS_CONFIG, cfg);
+    nng_tls_config_free(cfg); /* the dialer holds its own reference */
+    return rv ? nng_fail(rv, "cannot set the TLS configuration") : 0;
+}
+
 int rdc_open(const char *url, rdc_client **out)
 {
     *out = NULL;
@@ -63,6 +76,8 @@ int rdc_open(const char *url, rdc_client **out)
         rc = rd_fail(RD_EINVAL, "cannot dial '%s': %s (expected e.g. %s)", url, nng_strerror(rv), RDC_DEFAULT_URL);
     else if ((rv = nng_dialer_set_size(c->dialer, NNG_OPT_RECVMAXSZ, PROTO_DEFAULT_MAX_MESSAGE + RDC_SP_HEADER_MARGIN)))
         rc = nng_fail(rv, "cannot set the receive limit");
+    else if (proto_tls_url(url) && (rc = set_tls(c->dialer, url)))
+        ;
     else if ((rv = nng_dialer_start(c->dialer, 0)))
         rc = rd_fail(RD_EIO, "cannot connect to %s: %s (is rolloutd running there?)", url, nng_strerror(rv));
     else if ((rv = nng_ctx_open(&c->ctx, c->sock)))

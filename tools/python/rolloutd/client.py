@@ -220,9 +220,25 @@ def auth_proof(secret, daemon_side, client_nonce, daemon_nonce):
     return hmac.new(secret, data, hashlib.sha256).digest()
 
 
+def tls_client_config(url, tls_ca_file=None):
+    """For a tls+tcp:// URL: a pynng client TLSConfig that verifies the daemon
+    against tls_ca_file (else $ROLLOUTD_TLS_CA_FILE) and the URL's host; None
+    for other URLs."""
+    if not url.startswith("tls+tcp"):
+        return None
+    ca = tls_ca_file or os.environ.get("ROLLOUTD_TLS_CA_FILE")
+    if not ca:
+        raise ValueError(f"{url}: TLS needs the CA file that signed the daemon's certificate "
+                         "(tls_ca_file= or ROLLOUTD_TLS_CA_FILE)")
+    hostport = url.split("://", 1)[1]
+    host = hostport[1:hostport.index("]")] if hostport.startswith("[") else hostport.rsplit(":", 1)[0]
+    return pynng.TLSConfig(pynng.TLSConfig.MODE_CLIENT, server_name=host, ca_files=[ca],
+                           auth_mode=pynng.TLSConfig.AUTH_MODE_REQUIRED)
+
+
 class Client:
     def __init__(self, url=DEFAULT_URL, client_id=0, name="rolloutd-python", timeout_ms=TIMEOUT_MS,
-                 auth_token=None, auth_token_file=None):
+                 auth_token=None, auth_token_file=None, tls_ca_file=None):
         self.url = url
         self._secret = auth_secret(auth_token, auth_token_file)
         self.timeout_ms = timeout_ms
@@ -233,6 +249,9 @@ class Client:
         self._lock = threading.Lock()
         self._max = P.DEFAULT_MAX_MESSAGE
         self._sock = pynng.Req0(resend_time=-1, recv_max_size=P.DEFAULT_MAX_MESSAGE + SP_HEADER_MARGIN)
+        tls = tls_client_config(url, tls_ca_file)
+        if tls is not None:
+            self._sock.tls_config = tls
         try:
             self._sock.dial(url, block=True)
         except pynng.NNGException as e:

@@ -1,0 +1,100 @@
+/* tls.c - see tls.h. */
+#include "proto/tls.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+
+int proto_tls_url(const char *url) { return url && !strncmp(url, "tls+tcp", 7); }
+
+/* A whole PEM file as a NUL-terminated string (at most 1 MiB). */
+static int read_pem(const char *what, const char *path, char **out)
+{
+    *out = NULL;
+    if (!path || !*path)
+        return rd_fail(RD_EINVAL, "TLS: %s is not set (a PEM file)", what);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return rd_fail(RD_EIO, "TLS: %s %s: cannot open (%s)", what, path, strerror(errno));
+    char *buf = malloc((1 << 20) + 1);
+    size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    int more = buf && fgetc(f) != EOF;
+    fclose(f);
+    if (!buf)
+        return rd_fail(RD_ENOMEM, "TLS: out of memory reading %s", path);
+    buf[n] = 0;
+    if (more || !strstr(buf, "-----BEGIN ")) {
+        free(buf);
+        return rd_fail(RD_EFORMAT, "TLS: %s %s is not a PEM file (no \"-----BEGIN\" block, or over 1 MiB)", what,
+                       path);
+    }
+    *out = buf;
+    return 0;
+}
+
+int proto_tls_server(const char *cert_file, const char *key_file, nng_tls_config **out)
+{
+    *out = NULL;
+    char *cert, *key;
+    int rc = read_pem("tls_cert_file", cert_file, &cert);
+    if (rc)
+        return rc;
+    if ((rc = read_pem("tls_key_file", key_file, &key))) {
+        free(cert);
+        return rc;
+    }
+    nng_tls_config *cfg = NULL;
+    int rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_SERVER);
+    if (!rv && (rv = nng_tls_config_own_cert(cfg, cert, key, NULL))) {
+        nng_tls_config_free(cfg);
+        cfg = NULL;
+    }
+    free(cert);
+    memset(key, 0, strlen(key));
+    free(key);
+    if (rv)
+        return rd_fail(RD_EINVAL, "TLS: cannot use certificate %s with key %s: %s", cert_file, key_file,
+                       nng_strerror(rv));
+    *out = cfg;
+    return 0;
+}
+
+int proto_tls_client(const char *url, const char *ca_file, nng_tls_config **out)
+{
+    *out = NULL;
+    /* tls+tcp://HOST:PORT or tls+tcp://[V6]:PORT -> HOST */
+    const char *h = strstr(url, "://");
+    char host[256] = "";
+    if (h) {
+        h += 3;
+        const char *end = *h == '[' ? strchr(h, ']') : strrchr(h, ':');
+        if (*h == '[')
+            h++;
+        size_t n = end ? (size_t)(end - h) : strlen(h);
+        if (n < sizeof host)
+            memcpy(host, h, n), host[n] = 0;
+    }
+    if (!host[0])
+        return rd_fail(RD_EINVAL, "TLS: no host name in %s", url);
+    nng_tls_config *cfg = NULL;
+    int rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT);
+    if (!rv && ca_file && *ca_file) {
+        if (!(rv = nng_tls_config_ca_file(cfg, ca_file)))
+            rv = nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
+    } else if (!rv) {
+        rv = NNG_EINVAL; /* without a CA the daemon cannot be verified */
+    }
+    if (!rv)
+        rv = nng_tls_config_server_name(cfg, host);
+    if (rv) {
+        if (cfg)
+            nng_tls_config_free(cfg);
+        return rd_fail(RD_EINVAL, "TLS: cannot verify %s%s%s: %s", url, ca_file && *ca_file ? " with CA file " : "",
+                       ca_file && *ca_file ? ca_file : " (no CA file: set ROLLOUTD_TLS_CA_FILE)", nng_strerror(rv));
+    }
+    *out = cfg;
+    return 0;
+}
