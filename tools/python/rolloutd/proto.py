@@ -417,27 +417,25 @@ AUTH_BYTES = 32
 
 
 @dataclass
-class AuthBegin:
-    bytes: bytes = b"\0" * AUTH_BYTES     # the client's nonce
-    TYPE = T.AUTH_BEGIN
+class _Auth32:
+    """The four AUTH_* messages (§14): 32 bytes each."""
+    bytes: bytes = b"\0" * AUTH_BYTES
 
 
-@dataclass
-class AuthChallenge:
-    bytes: bytes = b"\0" * AUTH_BYTES     # the daemon's nonce
-    TYPE = T.AUTH_CHALLENGE
+class AuthBegin(_Auth32):
+    TYPE = T.AUTH_BEGIN      # bytes: the client's nonce
 
 
-@dataclass
-class Auth:
-    bytes: bytes = b"\0" * AUTH_BYTES     # the client's proof
-    TYPE = T.AUTH
+class AuthChallenge(_Auth32):
+    TYPE = T.AUTH_CHALLENGE  # bytes: the daemon's nonce
 
 
-@dataclass
-class AuthOk:
-    bytes: bytes = b"\0" * AUTH_BYTES     # the daemon's proof
-    TYPE = T.AUTH_OK
+class Auth(_Auth32):
+    TYPE = T.AUTH            # bytes: the client's proof
+
+
+class AuthOk(_Auth32):
+    TYPE = T.AUTH_OK         # bytes: the daemon's proof
 
 
 CLASSES = {c.TYPE: c for c in (Hello, HelloOk, Submit, SubmitOk, Fetch, Results, Abort, AbortOk,
