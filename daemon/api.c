@@ -48,6 +48,20 @@ void api_answer_error(http_res *h, const api_err *e)
     http_respond_error(h, e->status, status_what(e->status), e->detail);
 }
 
+/* The /v1 routes answer errors in OpenAI's shape, which the openai package
+ * reads ({"error": {"message", "type", "param", "code"}}, as vLLM sends). */
+void api_answer_error_v1(http_res *h, const api_err *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *x = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(x, "message", e->detail);
+    cJSON_AddStringToObject(x, "type", e->status == 400 ? "BadRequestError"
+                                       : e->status == 503 ? "ServiceUnavailableError" : "InternalServerError");
+    cJSON_AddNullToObject(x, "param");
+    cJSON_AddNumberToObject(x, "code", e->status);
+    api_answer_json(h, e->status, o);
+}
+
 void api_answer_json(http_res *h, int status, cJSON *doc)
 {
     char *s = doc ? cJSON_PrintUnformatted(doc) : NULL;
@@ -585,7 +599,10 @@ int api_admit(api_call *c, api_err *e)
 /* Answers a route's refusal and frees the call. */
 void api_refuse(api_call *c, const api_err *e)
 {
-    api_answer_error(c->h, e);
+    if (c->kind == API_COMPLETIONS || c->kind == API_CHAT)
+        api_answer_error_v1(c->h, e);
+    else
+        api_answer_error(c->h, e);
     call_free(c);
 }
 

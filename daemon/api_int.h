@@ -100,6 +100,7 @@ typedef struct {
 
 void api_bad(api_err *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void api_answer_error(http_res *h, const api_err *e);
+void api_answer_error_v1(http_res *h, const api_err *e);
 void api_answer_json(http_res *h, int status, cJSON *doc);
 cJSON *api_parse_body(const http_req *req, api_err *e);
 int api_num(cJSON *o, const char *name, double *out, api_err *e);

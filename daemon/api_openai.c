@@ -222,7 +222,7 @@ static api_call *start(http_res *h, const http_req *req, api *a, api_kind kind, 
     api_err e = {0};
     *root = api_parse_body(req, &e);
     if (!*root) {
-        api_answer_error(h, &e);
+        api_answer_error_v1(h, &e);
         return NULL;
     }
     api_call *c = api_call_new(a, h, kind);
