@@ -333,6 +333,7 @@ static void call_free(api_call *c)
         for (int32_t j = 0; s->res && j < s->n; j++)
             eng_result_free(&s->res[j]);
         free(s->res);
+        free(s->have);
         free(s->prompt);
         free(s->rid);
     }

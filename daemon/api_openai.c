@@ -147,8 +147,9 @@ static cJSON *choice_json(api_call *c, int si, int j, int delta)
     cJSON_AddStringToObject(o, "finish_reason", v.finish);
     if (v.matched_str >= 0)
         cJSON_AddStringToObject(o, "stop_reason", c->p.stop_strs[v.matched_str]);
-    else if (v.matched_id >= 0 && v.matched_id != c->a->d->lim.eos_id)
-        cJSON_AddNumberToObject(o, "stop_reason", v.matched_id); /* vLLM: None for EOS */
+    else if (v.matched_id >= 0 && v.matched_id != c->a->d->lim.eos_id &&
+             (!c->a->d->L.tok || v.matched_id != tok_eot(c->a->d->L.tok)))
+        cJSON_AddNumberToObject(o, "stop_reason", v.matched_id); /* vLLM: None for EOS (and end of turn) */
     else
         cJSON_AddNullToObject(o, "stop_reason");
     if (c->return_token_ids) {
