@@ -311,6 +311,18 @@ def pause_and_continue():
     time.sleep(1.0)
     assert "r" not in q and t2.is_alive(), "a paused server must hold new requests"
     assert get("/status")[1]["requests"]["running"] == 0
+    # A held call that is aborted ends at once with no tokens; one whose client leaves is dropped.
+    held = {}
+    t4 = threading.Thread(target=lambda: held.update(r=post("/generate", {
+        "input_ids": PROMPT, "rid": "held", "sampling_params": {"max_new_tokens": 2}})))
+    t4.start()
+    s = _raw_request({"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 2}}, True)
+    time.sleep(0.3)
+    s.close()
+    assert post("/abort_request", {"rid": "held"})[1]["aborted_requests"] == 1
+    t4.join(10)
+    assert held["r"][1]["output_ids"] == [] and held["r"][1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "r" not in q, "only the aborted call ended"
     assert post("/continue_generation", {})[0] == 200
     t2.join(30)
     assert q["r"][0] == 200 and len(q["r"][1]["output_ids"]) == 2, q
