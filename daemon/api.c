@@ -754,7 +754,9 @@ static cJSON *gen_sample_json(api_call *c, int si, int j)
         cJSON_AddStringToObject(fr, "message", "the engine refused or failed the request (see the daemon log)");
     cJSON_AddNumberToObject(mi, "prompt_tokens", s->n_prompt);
     cJSON_AddNumberToObject(mi, "completion_tokens", r->n_tokens);
-    cJSON_AddNumberToObject(mi, "seed", (double)c->p.seed);
+    char seed[32]; /* printed whole: cJSON would round a 16-digit number to 15 digits */
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)c->p.seed);
+    cJSON_AddRawToObject(mi, "seed", seed);
     if (c->return_logprob) {
         cJSON_AddStringToObject(mi, "logprob_kind", "raw");
         cJSON *lps = cJSON_AddArrayToObject(mi, "output_token_logprobs");
@@ -1166,6 +1168,7 @@ int api_routes(api *a, http_route *t)
         {"GET", "/get_model_info", route_model_info, a, 0},
         {"GET", "/health_generate", route_health_generate, a, 0},
         {"POST", "/flush_cache", route_flush_cache, a, 0},
+        {"POST", "/update_weights_from_disk", api_route_update_disk, a, 0},
         {"GET", "/v1/models", api_route_models, a, 0},
         {"POST", "/v1/completions", api_route_completions, a, 0},
         {"POST", "/v1/chat/completions", api_route_chat, a, 0},

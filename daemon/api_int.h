@@ -122,5 +122,6 @@ void api_send_done(api_call *c);
 void api_route_models(http_res *h, const http_req *req, void *ud);
 void api_route_completions(http_res *h, const http_req *req, void *ud);
 void api_route_chat(http_res *h, const http_req *req, void *ud);
+void api_route_update_disk(http_res *h, const http_req *req, void *ud);
 
 #endif

@@ -22,7 +22,7 @@ import urllib.request
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TMP, case, main  # noqa: E402
+from harness import MODEL, ROOT, TMP, case, main  # noqa: E402
 
 from rdtest import PROMPT, Daemon  # noqa: E402
 
@@ -188,10 +188,16 @@ def slime_style_generate_loop():
             assert [t[1] for t in mi["output_token_logprobs"]] == o["output_ids"]
             assert all(t[0] <= 0 and t[2] is None for t in mi["output_token_logprobs"])
             assert mi["finish_reason"]["type"] in ("stop", "length") and mi["logprob_kind"] == "raw"
+            assert mi["seed"] == 100 + rnd
             assert mi["version_spans"] == [[0, len(o["output_ids"]), 0]] and mi["weight_version"] == "0"
     st, one = post("/generate", {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 3,
                                                                                           "temperature": 0}})
     assert st == 200 and isinstance(one, dict) and len(one["output_ids"]) == 3, one
+    # A seed the daemon picked is reported whole, so the call can be replayed.
+    st, pick = post("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}})
+    st, again = post("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4,
+                                                                           "seed": pick["meta_info"]["seed"]}})
+    assert again["output_ids"] == pick["output_ids"] and again["meta_info"]["seed"] == pick["meta_info"]["seed"]
 
 
 @case
@@ -410,6 +416,24 @@ def model_info_health_generate_flush():
     assert mi["weight_version"] == "0"
     assert get("/health_generate") == (200, {"status": "ok"})
     assert post("/flush_cache", {})[0] == 501
+
+
+@case
+def update_weights_from_disk():
+    st, before = post("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    v = int(get("/get_model_info")[1]["weight_version"])
+    # A file that is not there: refused, the old weights keep serving.
+    st, r = post("/update_weights_from_disk", {"model_path": os.path.join(TMP, "no-such.safetensors")})
+    assert st == 400 and r["success"] is False and "no-such" in r["message"], r
+    assert get("/get_model_info")[1]["weight_version"] == str(v)
+    # The same GGUF again, as the next version, through the daemon's own push path.
+    st, r = post("/update_weights_from_disk", {"model_path": MODEL, "weight_version": str(v + 1)},
+                 timeout=120)
+    assert st == 200 and r["success"] is True and r["weight_version"] == str(v + 1), r
+    st, after = post("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    assert after["output_ids"] == before["output_ids"], "the same weights give the same tokens"
+    assert after["meta_info"]["weight_version"] == str(v + 1)
+    assert after["meta_info"]["version_spans"] == [[0, 6, v + 1]], after["meta_info"]
 
 
 @case
