@@ -71,7 +71,6 @@ struct api_call {
     int n_subs;
     api_sub *subs;              /* [n_subs] */
     int32_t n_total, n_done;    /* samples */
-    int32_t n_streamed;
     void (*fmt_begin)(api_call *c);                 /* stream: headers (and a first event) */
     void (*fmt_sample)(api_call *c, int sub, int j);/* stream: one finished sample */
     void (*fmt_done)(api_call *c);                  /* every sample in: answer or end the stream */
