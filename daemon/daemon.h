@@ -42,6 +42,7 @@ typedef struct {
     uv_signal_t sigint, sigterm;
     bridge br;
     http_server http;
+    struct api *api;            /* the HTTP generation routes (api.h), NULL before loop_http_start */
     et_thread et;
     cl_table clients;
     mx_window win;

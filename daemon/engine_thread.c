@@ -21,6 +21,9 @@ static void free_cmd(et_cmd *c)
         upd_patch_free(c->swap.m->be, c->swap.patch);
     free((void *)c->req.prompt);
     free((void *)c->req.stop_ids);
+    for (int32_t i = 0; c->req.stop_strs && i < c->req.n_stop_strs; i++)
+        free((void *)c->req.stop_strs[i]);
+    free((void *)c->req.stop_strs);
     free(c);
 }
 
@@ -260,6 +263,25 @@ int et_add(et_thread *t, uint64_t key, const eng_request *r)
     c->req = *r;
     c->req.prompt = prompt;
     c->req.stop_ids = stop;
+    /* Stop strings (HTTP API) are copied too: the caller's request may be gone
+     * before the engine thread takes the command. */
+    c->req.stop_strs = NULL;
+    c->req.n_stop_strs = 0;
+    if (r->n_stop_strs > 0) {
+        char **ss = calloc((size_t)r->n_stop_strs, sizeof *ss);
+        if (!ss) {
+            free_cmd(c);
+            return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+        }
+        c->req.stop_strs = (const char *const *)ss;
+        for (int32_t i = 0; i < r->n_stop_strs; i++) {
+            if (!(ss[i] = strdup(r->stop_strs[i]))) {
+                free_cmd(c);
+                return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+            }
+            c->req.n_stop_strs = i + 1;
+        }
+    }
     push_cmd(t, c);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "daemon/api.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "engine/err.h"
@@ -130,7 +131,11 @@ static void take_results(rd_daemon *d)
     int any = 0;
     for (et_done *e = list, *nx; e; e = nx) {
         nx = e->next;
-        if (cl_finish(&d->clients, &e->r, d->weight_version, e->t_added_us, e->t_finish_us))
+        if (e->r.tag & API_KEY_BIT) {
+            /* An HTTP call's sample (its own key space, api.h). */
+            if (d->api)
+                api_on_result(d->api, &e->r);
+        } else if (cl_finish(&d->clients, &e->r, d->weight_version, e->t_added_us, e->t_finish_us))
             any = 1;
         et_done_free(e);
     }
@@ -688,14 +693,17 @@ int loop_http_start(rd_daemon *d)
         {"GET", "/health", route_health, NULL, HTTP_ROUTE_PUBLIC}, /* probes carry no key */
     };
     enum { N = sizeof routes / sizeof routes[0] };
-    http_route table[N];
+    http_route table[N + API_MAX_ROUTES];
     for (int i = 0; i < N; i++) {
         table[i] = routes[i];
         table[i].ud = d;
     }
+    int rc;
+    if (!d->api && (rc = api_create(d, &d->api)))
+        return rc;
+    int n = N + api_routes(d->api, table + N);
     char key[HTTP_MAX_KEY + 1] = "";
     size_t key_len = 0;
-    int rc;
     if (d->cfg.api_key_file[0] && (rc = http_read_key(d->cfg.api_key_file, key, &key_len)))
         return rc;
     if (!d->cfg.api_key_file[0] && d->auth_len) { /* one secret for every socket (DESIGN.md) */
@@ -712,7 +720,7 @@ int loop_http_start(rd_daemon *d)
         .api_key = key,
         .insecure = (int)d->cfg.http_insecure,
     };
-    rc = http_start(&d->http, &d->loop, &hc, table, N);
+    rc = http_start(&d->http, &d->loop, &hc, table, n);
     memset(key, 0, sizeof key); /* the server keeps its own copy */
     if (rc)
         return rc;
@@ -766,6 +774,8 @@ static void on_drain(uv_timer_t *t)
         if (q && abort_req(d, q))
             n++;
     }
+    if (d->api)
+        api_abort_all(d->api);
     log_line("shutdown: drain time over; %u unfinished requests aborted (their partial rollouts are delivered)", n);
     maybe_exit(d);
 }
@@ -774,7 +784,7 @@ static void on_drain(uv_timer_t *t)
  * acknowledged everything (or said BYE), or the grace period ends. */
 static void maybe_exit(rd_daemon *d)
 {
-    if (d->state != D_DRAINING || d->clients.unfinished > 0)
+    if (d->state != D_DRAINING || d->clients.unfinished > 0 || (d->api && api_unfinished(d->api) > 0))
         return;
     int delivered = 1;
     u64map *m = &d->clients.clients;
@@ -825,7 +835,11 @@ void loop_shutdown(rd_daemon *d)
     /* NNG and the engine thread first: both may still call uv_async_send. */
     br_close(&d->br);
     et_stop(&d->et);
+    if (d->api)
+        api_shutdown(d->api); /* no engine results will come: calls still open are cut */
     http_stop(&d->http);
+    api_destroy(d->api);
+    d->api = NULL;
     lane_stop(d);
     log_line("shutdown: socket closed, engine stopped");
     uv_walk(&d->loop, close_one, NULL);

@@ -65,6 +65,9 @@ if [ "$MODE" != "--unit-only" ]; then
       "$PY" tests/py/test_http_server.py
     # The authentication handshake (wrong secrets, replays, reconnects) against the ASan daemon.
     run_one "asan:test_auth" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_auth.py
+    # The generation routes: disconnects mid-request and mid-stream, abort, pause, SIGTERM with an open call.
+    run_one "asan:test_http_api" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_http_api.py
     # Bad model files of every family against the ASan/UBSan tools.
     run_one "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
     # Weight-update faults against the ASan daemon, which must then exit with no leak.

@@ -638,7 +638,7 @@ static int cmd_push(const char *urls, int argc, char **argv)
     rd_loaded L = {0};
     model_hf_tensor *mt = NULL;
     size_t n_mt = 0;
-    st_set *ss = NULL;
+    rdp_source src = {0};
     rdp_tensor *ts = NULL;
     int n_ts = 0, rc;
     if (is_gguf) {
@@ -672,38 +672,13 @@ static int cmd_push(const char *urls, int argc, char **argv)
     } else {
         if (perturb > 0)
             cli_die(P, "--perturb works on a .gguf source only, got '%s'%s", file, "");
-        if ((rc = st_set_open(file, &ss))) {
+        /* Mapped as the daemon's /update_weights_from_disk maps it. */
+        if ((rc = rdp_source_open(file, &src))) {
             fprintf(stderr, "%s: %s\n", P, rd_errmsg());
             return 1;
         }
-        size_t total = 0;
-        for (size_t f = 0; f < ss->n_files; f++)
-            total += ss->files[f]->n_tensors;
-        ts = calloc(total ? total : 1, sizeof *ts);
-        for (size_t f = 0; ts && f < ss->n_files; f++)
-            for (size_t k = 0; k < ss->files[f]->n_tensors; k++) {
-                const st_tensor *t = &ss->files[f]->tensors[k];
-                if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16) {
-                    fprintf(stderr, "%s: tensor '%s' is %s; weights are pushed as F32, F16 or BF16\n", P, t->name,
-                            st_dtype_name(t->dtype));
-                    st_set_close(ss);
-                    free(ts);
-                    return 1;
-                }
-                if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS) {
-                    fprintf(stderr, "%s: tensor '%s' has %d dimensions; expected 1..%d\n", P, t->name, t->n_dims,
-                            PROTO_MAX_DIMS);
-                    st_set_close(ss);
-                    free(ts);
-                    return 1;
-                }
-                rdp_tensor *r = &ts[n_ts++];
-                *r = (rdp_tensor){.name = t->name, .dtype = t->dtype == ST_F32 ? PROTO_DTYPE_F32
-                                                   : t->dtype == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F16,
-                                  .n_dims = (uint8_t)t->n_dims, .nbytes = t->end - t->begin, .data = t->data};
-                for (int dd = 0; dd < t->n_dims; dd++)
-                    r->shape[dd] = (uint64_t)t->shape[dd];
-            }
+        ts = src.ts;
+        n_ts = src.n;
     }
     if (!ts) {
         fprintf(stderr, "%s: out of memory\n", P);
@@ -744,9 +719,10 @@ static int cmd_push(const char *urls, int argc, char **argv)
         }
     }
     free(list);
-    free(ts);
+    if (ts != src.ts)
+        free(ts);
     model_hf_tensors_free(mt, n_mt);
-    st_set_close(ss);
+    rdp_source_close(&src);
     rd_unload(&L);
     return rc ? 1 : 0;
 }

@@ -1,6 +1,10 @@
 /* rd_push.c - see rd_push.h. */
 #include "tools/client/rd_push.h"
 
+#include "engine/loader.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -529,4 +533,85 @@ int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int 
     if (rc)
         rd_fail(rc, "push failed on at least one daemon");
     return rc;
+}
+
+/* ---- a weights file as tensors (the daemon's /update_weights_from_disk) ---- */
+
+static uint8_t wire_dtype(st_dtype t)
+{
+    return t == ST_F32 ? PROTO_DTYPE_F32 : t == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F16;
+}
+
+static int source_gguf(const char *path, rdp_source *s)
+{
+    rd_loaded *L = calloc(1, sizeof *L);
+    if (!L)
+        return rd_fail(RD_ENOMEM, "out of memory");
+    s->gguf = L;
+    model_hf_tensor *mt = NULL;
+    int rc = rd_load(path, "cpu", 1, L);
+    if (rc || (rc = model_export_mem(L->m, ST_F32, &mt, &s->n_mt)))
+        return rd_fail(rc, "%s: %s", path, rd_errmsg());
+    s->mt = mt;
+    if (!(s->ts = calloc(s->n_mt ? s->n_mt : 1, sizeof *s->ts)))
+        return rd_fail(RD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < s->n_mt; i++) {
+        const model_hf_tensor *t = &mt[i];
+        s->ts[s->n++] = (rdp_tensor){.name = t->name, .dtype = wire_dtype(t->dtype), .n_dims = (uint8_t)t->n_dims,
+                                     .nbytes = t->nbytes, .data = t->data,
+                                     .shape = {(uint64_t)t->shape[0], (uint64_t)t->shape[1]}};
+    }
+    return 0;
+}
+
+static int source_st(const char *path, rdp_source *s)
+{
+    st_set *ss = NULL;
+    int rc = st_set_open(path, &ss);
+    if (rc)
+        return rc;
+    s->ss = ss;
+    size_t total = 0;
+    for (size_t f = 0; f < ss->n_files; f++)
+        total += ss->files[f]->n_tensors;
+    if (!(s->ts = calloc(total ? total : 1, sizeof *s->ts)))
+        return rd_fail(RD_ENOMEM, "out of memory");
+    for (size_t f = 0; f < ss->n_files; f++)
+        for (size_t k = 0; k < ss->files[f]->n_tensors; k++) {
+            const st_tensor *t = &ss->files[f]->tensors[k];
+            if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
+                return rd_fail(RD_ENOTSUP, "tensor '%s' is %s; weights are pushed as F32, F16 or BF16", t->name,
+                               st_dtype_name(t->dtype));
+            if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS)
+                return rd_fail(RD_ENOTSUP, "tensor '%s' has %d dimensions; expected 1..%d", t->name, t->n_dims,
+                               PROTO_MAX_DIMS);
+            rdp_tensor *r = &s->ts[s->n++];
+            *r = (rdp_tensor){.name = t->name, .dtype = wire_dtype(t->dtype), .n_dims = (uint8_t)t->n_dims,
+                              .nbytes = t->end - t->begin, .data = t->data};
+            for (int d = 0; d < t->n_dims; d++)
+                r->shape[d] = (uint64_t)t->shape[d];
+        }
+    return 0;
+}
+
+int rdp_source_open(const char *path, rdp_source *s)
+{
+    memset(s, 0, sizeof *s);
+    size_t len = strlen(path);
+    int rc = len > 5 && !strcmp(path + len - 5, ".gguf") ? source_gguf(path, s) : source_st(path, s);
+    if (rc)
+        rdp_source_close(s);
+    return rc;
+}
+
+void rdp_source_close(rdp_source *s)
+{
+    free(s->ts);
+    model_hf_tensors_free(s->mt, s->n_mt);
+    st_set_close(s->ss);
+    if (s->gguf) {
+        rd_unload(s->gguf);
+        free(s->gguf);
+    }
+    memset(s, 0, sizeof *s);
 }

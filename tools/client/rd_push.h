@@ -51,4 +51,19 @@ typedef struct {
  * failing target's rc (each target says its own). */
 int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int n_tensors, const rdp_options *o);
 
+/* A weights file as tensors to push: a .gguf (loaded on the CPU and exported
+ * as HF tensors in F32) or a .safetensors file / HF folder (mapped; F32, F16
+ * and BF16 tensors only). Valid until rdp_source_close. */
+typedef struct {
+    rdp_tensor *ts;             /* [n] */
+    int n;
+    void *gguf;                 /* the loaded model (rd_loaded), or NULL */
+    void *mt;                   /* its exported tensors */
+    size_t n_mt;
+    void *ss;                   /* the mapped safetensors (st_set), or NULL */
+} rdp_source;
+
+int rdp_source_open(const char *path, rdp_source *out);
+void rdp_source_close(rdp_source *s);
+
 #endif

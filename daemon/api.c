@@ -1,0 +1,1219 @@
+/* api.c - the generation routes (api.h): parse a call, queue its engine
+ * requests, collect the finished samples, answer. The JSON shapes of the
+ * answers: SGLang's /generate here, vLLM's /v1 schema in api_openai.c. */
+#include "daemon/api.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "daemon/api_int.h"
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+#include "engine/stopstr.h"
+#include "engine/tokenizer.h"
+
+/* ---- errors: the JSON error shape naming the field ---- */
+
+void api_bad(api_err *e, int status, const char *fmt, ...)
+{
+    if (e->status)
+        return; /* the first problem is the one reported */
+    e->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->detail, sizeof e->detail, fmt, ap);
+    va_end(ap);
+}
+
+static const char *status_what(int status)
+{
+    switch (status) {
+    case 400: return "bad request";
+    case 404: return "not found";
+    case 501: return "not implemented";
+    case 503: return "busy";
+    default: return "internal error";
+    }
+}
+
+void api_answer_error(http_res *h, const api_err *e)
+{
+    http_respond_error(h, e->status, status_what(e->status), e->detail);
+}
+
+/* The /v1 routes answer errors in OpenAI's shape, which the openai package
+ * reads ({"error": {"message", "type", "param", "code"}}, as vLLM sends). */
+void api_answer_error_v1(http_res *h, const api_err *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *x = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(x, "message", e->detail);
+    cJSON_AddStringToObject(x, "type", e->status == 400 ? "BadRequestError"
+                                       : e->status == 503 ? "ServiceUnavailableError" : "InternalServerError");
+    cJSON_AddNullToObject(x, "param");
+    cJSON_AddNumberToObject(x, "code", e->status);
+    api_answer_json(h, e->status, o);
+}
+
+void api_answer_json(http_res *h, int status, cJSON *doc)
+{
+    char *s = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!s) {
+        http_respond_error(h, 500, "internal error", "out of memory building the response");
+        return;
+    }
+    http_respond(h, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+/* ---- field readers: absent fields keep their default ---- */
+
+/* A number field: 0 absent, 1 read, -1 wrong type (reported). */
+int api_num(cJSON *o, const char *name, double *out, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v)) {
+        api_bad(e, 400, "field \"%s\": expected a number", name);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+int api_int(cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out, api_err *e)
+{
+    double x;
+    int rc = api_num(o, name, &x, e);
+    if (rc <= 0)
+        return rc;
+    if (x != floor(x) || x < (double)lo || x > (double)hi) {
+        api_bad(e, 400, "field \"%s\" = %g: expected an integer in %lld..%lld", name, x, (long long)lo,
+                (long long)hi);
+        return -1;
+    }
+    *out = (int64_t)x;
+    return 1;
+}
+
+int api_bool(cJSON *o, const char *name, int *out, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsBool(v)) {
+        api_bad(e, 400, "field \"%s\": expected true or false", name);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* Token ids: a JSON list of integers in 0..vocab-1 (checked later by
+ * proto_check_request against the vocabulary). */
+static int read_ids(cJSON *v, const char *name, int32_t **ids, int32_t *n, api_err *e)
+{
+    int k = cJSON_GetArraySize(v);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)(k > 0 ? k : 1));
+    if (!out) {
+        api_bad(e, 500, "out of memory");
+        return -1;
+    }
+    int i = 0;
+    for (cJSON *x = v->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
+            x->valuedouble > 2147483647.0) {
+            api_bad(e, 400, "field \"%s\"[%d]: expected a token id (an integer >= 0)", name, i);
+            free(out);
+            return -1;
+        }
+        out[i] = (int32_t)x->valuedouble;
+    }
+    *ids = out;
+    *n = (int32_t)k;
+    return 0;
+}
+
+/* stop: a string or a list of strings. */
+static int read_stop(cJSON *o, const char *name, api_params *p, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    cJSON one = {0};
+    cJSON *list = v;
+    if (cJSON_IsString(v)) {
+        one.child = v; /* iterate a lone string as a one-item list, without copying */
+        list = &one;
+    } else if (!cJSON_IsArray(v)) {
+        api_bad(e, 400, "field \"%s\": expected a string or a list of strings", name);
+        return -1;
+    }
+    int i = 0;
+    for (cJSON *x = list->child; x && (list != &one || x == v); x = list == &one ? NULL : x->next, i++) {
+        if (!cJSON_IsString(x) || !x->valuestring[0] || strlen(x->valuestring) > STOP_MAX_LEN) {
+            api_bad(e, 400, "field \"%s\"[%d]: expected a non-empty string of at most %d bytes", name, i,
+                    STOP_MAX_LEN);
+            return -1;
+        }
+        if (p->n_stop_strs >= STOP_MAX_STRS) {
+            api_bad(e, 400, "field \"%s\": at most %d stop strings", name, STOP_MAX_STRS);
+            return -1;
+        }
+        if (!(p->stop_strs[p->n_stop_strs] = strdup(x->valuestring))) {
+            api_bad(e, 500, "out of memory");
+            return -1;
+        }
+        p->n_stop_strs++;
+    }
+    return 0;
+}
+
+static int read_stop_ids(cJSON *o, const char *name, api_params *p, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsArray(v)) {
+        api_bad(e, 400, "field \"%s\": expected a list of token ids", name);
+        return -1;
+    }
+    free(p->stop_ids);
+    p->stop_ids = NULL;
+    return read_ids(v, name, &p->stop_ids, &p->n_stop_ids, e);
+}
+
+void api_params_init(api_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->n = 1;
+    p->max_tokens = -1;
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+}
+
+void api_params_free(api_params *p)
+{
+    for (int i = 0; i < p->n_stop_strs; i++)
+        free(p->stop_strs[i]);
+    free(p->stop_ids);
+    memset(p, 0, sizeof *p);
+}
+
+/* The sampling fields both schemas share (names as vLLM and SGLang spell
+ * them); max_name is "max_tokens" or "max_new_tokens". */
+int api_read_sampling(cJSON *o, const char *max_name, api_params *p, api_err *e)
+{
+    double x;
+    int64_t k;
+    if (api_num(o, "temperature", &x, e) > 0)
+        p->temperature = (float)x;
+    if (api_num(o, "top_p", &x, e) > 0)
+        p->top_p = (float)x;
+    if (api_int(o, "top_k", -1, 1 << 30, &k, e) > 0)
+        p->top_k = k < 0 ? 0 : (int32_t)k; /* -1 is "off" in vLLM and SGLang */
+    if (api_num(o, "min_p", &x, e) > 0)
+        p->min_p = (float)x;
+    if (api_int(o, max_name, 1, 1 << 30, &k, e) > 0)
+        p->max_tokens = (int32_t)k;
+    if (api_int(o, "n", 1, 1 << 20, &k, e) > 0)
+        p->n = (int32_t)k;
+    /* A JSON number holds 53 bits exactly: seeds above that are refused. */
+    if (api_int(o, "seed", 0, ((int64_t)1 << 53) - 1, &k, e) > 0) {
+        p->seed = (uint64_t)k;
+        p->has_seed = 1;
+    }
+    if (api_int(o, "sampling_seed", 0, ((int64_t)1 << 53) - 1, &k, e) > 0) { /* SGLang's name */
+        p->seed = (uint64_t)k;
+        p->has_seed = 1;
+    }
+    api_bool(o, "ignore_eos", &p->ignore_eos, e);
+    read_stop(o, "stop", p, e);
+    read_stop_ids(o, "stop_token_ids", p, e);
+    return e->status ? -1 : 0;
+}
+
+/* ---- prompts ---- */
+
+int api_add_prompt(api_call *c, int32_t *ids, int32_t n, api_err *e)
+{
+    api_sub *s = realloc(c->subs, sizeof *s * (size_t)(c->n_subs + 1));
+    if (!s) {
+        free(ids);
+        api_bad(e, 500, "out of memory");
+        return -1;
+    }
+    c->subs = s;
+    memset(&s[c->n_subs], 0, sizeof *s);
+    s[c->n_subs].prompt = ids;
+    s[c->n_subs].n_prompt = n;
+    c->n_subs++;
+    return 0;
+}
+
+int api_add_text(api_call *c, const char *text, const char *field, api_err *e)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tok_encode_prompt(c->a->d->L.tok, text, strlen(text), &ids, &n)) {
+        api_bad(e, 400, "field \"%s\": cannot tokenize: %s", field, rd_errmsg());
+        free(ids);
+        return -1;
+    }
+    return api_add_prompt(c, ids, (int32_t)n, e);
+}
+
+/* A prompt field: token ids, a list of them (a batch), a string or a list of
+ * strings (tokenized with tok_encode_prompt). */
+int api_read_prompts(api_call *c, cJSON *v, const char *field, api_err *e)
+{
+    if (cJSON_IsString(v))
+        return api_add_text(c, v->valuestring, field, e);
+    if (!cJSON_IsArray(v) || !v->child) {
+        api_bad(e, 400, "field \"%s\": expected a string, a list of strings, a list of token ids or a list of "
+                "lists of token ids (not empty)", field);
+        return -1;
+    }
+    if (cJSON_IsNumber(v->child)) {
+        int32_t *ids;
+        int32_t n;
+        if (read_ids(v, field, &ids, &n, e))
+            return -1;
+        return api_add_prompt(c, ids, n, e);
+    }
+    int i = 0;
+    for (cJSON *x = v->child; x; x = x->next, i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s[%d]", field, i);
+        if (cJSON_IsString(x)) {
+            if (api_add_text(c, x->valuestring, name, e))
+                return -1;
+        } else if (cJSON_IsArray(x)) {
+            int32_t *ids;
+            int32_t n;
+            if (read_ids(x, name, &ids, &n, e) || api_add_prompt(c, ids, n, e))
+                return -1;
+        } else {
+            api_bad(e, 400, "field \"%s\": expected a string or a list of token ids", name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- calls ---- */
+
+api_call *api_call_new(api *a, http_res *h, api_kind kind)
+{
+    api_call *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->a = a;
+    c->h = h;
+    c->kind = kind;
+    c->created = (int64_t)time(NULL);
+    c->serial = ++a->n_calls;
+    api_params_init(&c->p);
+    return c;
+}
+
+static void call_free(api_call *c)
+{
+    for (int i = 0; i < c->n_subs; i++) {
+        api_sub *s = &c->subs[i];
+        for (int32_t j = 0; s->res && j < s->n; j++)
+            eng_result_free(&s->res[j]);
+        free(s->res);
+        free(s->have);
+        free(s->prompt);
+        free(s->rid);
+    }
+    free(c->subs);
+    free(c->rid);
+    api_params_free(&c->p);
+    free(c);
+}
+
+static void link_call(api *a, api_call *c)
+{
+    c->prev = a->tail;
+    c->next = NULL;
+    if (a->tail)
+        a->tail->next = c;
+    else
+        a->head = c;
+    a->tail = c;
+    c->linked = 1;
+}
+
+static void unlink_call(api *a, api_call *c)
+{
+    if (!c->linked)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        a->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        a->tail = c->prev;
+    c->linked = 0;
+}
+
+static void check_pause_wait(api *a);
+
+/* Every sample is in: answer (or end the stream) and free the call. */
+static void call_finish(api *a, api_call *c)
+{
+    unlink_call(a, c);
+    if (c->h) {
+        if (c->gone)
+            http_release(c->h);
+        else if (c->fmt_done)
+            c->fmt_done(c);
+        else
+            http_release(c->h);
+        c->h = NULL;
+    }
+    call_free(c);
+    check_pause_wait(a);
+}
+
+/* A sample is in (r moved into the call). */
+static void take_sample(api *a, api_call *c, api_sub *s, eng_result *r)
+{
+    int32_t j = r->sample_idx;
+    if (j < 0 || j >= s->n || s->have[j]) {
+        eng_result_free(r);
+        return;
+    }
+    s->res[j] = *r;
+    memset(r, 0, sizeof *r);
+    s->have[j] = 1;
+    s->n_done++;
+    c->n_done++;
+    if (s->n_done == s->n) {
+        umap_del(&a->keys, s->key);
+        a->inflight--;
+    }
+    if (c->stream && !c->gone && c->fmt_sample)
+        c->fmt_sample(c, (int)(s - c->subs), j);
+    if (c->n_done == c->n_total)
+        call_finish(a, c);
+}
+
+/* Ends the samples of a call that never reached the engine (abort while
+ * paused, a failed et_add) with no tokens. Returns 1 when that finished (and
+ * freed) the call. */
+static int fake_finish(api *a, api_call *c, api_sub *s, finish_reason why)
+{
+    for (int32_t j = 0; j < s->n; j++) {
+        if (s->have[j])
+            continue;
+        eng_result r = {.tag = s->key, .sample_idx = j, .n_prompt = s->n_prompt, .finish = why, .stop_str = -1};
+        r.version_finish = a->d->weight_version;
+        int last = c->n_done + 1 == c->n_total;
+        take_sample(a, c, s, &r);
+        if (last)
+            return 1;
+    }
+    return 0;
+}
+
+static int submit_sub(api *a, api_call *c, api_sub *s)
+{
+    rd_daemon *d = a->d;
+    eng_request er = {
+        .prompt = s->prompt,
+        .n_prompt = s->n_prompt,
+        .n = s->n,
+        .max_tokens = s->max_tokens,
+        .stop_ids = c->p.stop_ids,
+        .n_stop = c->p.n_stop_ids,
+        .ignore_eos = c->p.ignore_eos,
+        .stop_strs = (const char *const *)c->p.stop_strs,
+        .n_stop_strs = c->p.n_stop_strs,
+        .tag = s->key,
+    };
+    er.sp = samp_default();
+    er.sp.temperature = c->p.temperature;
+    er.sp.top_p = c->p.top_p;
+    er.sp.top_k = c->p.top_k;
+    er.sp.min_p = c->p.min_p;
+    er.sp.seed = c->p.seed;
+    er.sp.logprobs_topk = c->p.top_n;
+    s->submitted = 1;
+    if (et_add(&d->et, s->key, &er)) {
+        log_line("HTTP request %llu not queued: %s", (unsigned long long)s->key, rd_errmsg());
+        return fake_finish(a, c, s, FINISH_ERROR);
+    }
+    return 0;
+}
+
+/* Sends a call's requests to the engine (at admission, or on continue).
+ * Returns 1 when a refusal finished (and freed) the call. */
+static int call_submit(api *a, api_call *c)
+{
+    c->submitted = 1;
+    for (int i = 0; i < c->n_subs; i++)
+        if (submit_sub(a, c, &c->subs[i]))
+            return 1;
+    return 0;
+}
+
+static void on_client_close(http_res *h, void *ud)
+{
+    api_call *c = ud;
+    api *a = c->a;
+    c->gone = 1;
+    if (a->exiting || !c->submitted) {
+        /* Nothing will come back from the engine for it. */
+        http_release(c->h);
+        c->h = NULL;
+        for (int i = 0; i < c->n_subs; i++)
+            if (c->subs[i].n_done < c->subs[i].n && umap_del(&a->keys, c->subs[i].key))
+                a->inflight--;
+        unlink_call(a, c);
+        call_free(c);
+        check_pause_wait(a);
+        return;
+    }
+    /* Abort what runs so its KV blocks return; the partial samples still come
+     * back and then the call is freed (the handle released). */
+    for (int i = 0; i < c->n_subs; i++) {
+        api_sub *s = &c->subs[i];
+        if (s->n_done < s->n && !s->aborted) {
+            s->aborted = 1;
+            et_abort(&a->d->et, s->key);
+        }
+    }
+}
+
+/* Checks a call against the limits, then queues it (or holds it while
+ * paused). On success the call belongs to the API; on failure e says why and
+ * the caller answers and frees. */
+int api_admit(api_call *c, api_err *e)
+{
+    api *a = c->a;
+    rd_daemon *d = a->d;
+    if (d->state != D_SERVING) {
+        api_bad(e, 503, "the daemon is shutting down: no new requests");
+        return -1;
+    }
+    if (c->p.n_stop_strs > 0 && !d->L.tok) {
+        api_bad(e, 400, "field \"stop\": this model has no tokenizer, so stop strings cannot be matched");
+        return -1;
+    }
+    if (c->p.top_n > (int32_t)d->lim.max_logprobs_topk) {
+        api_bad(e, 400, "field \"%s\" = %d: expected at most %u alternatives per token", c->top_field, c->p.top_n,
+                d->lim.max_logprobs_topk);
+        return -1;
+    }
+    c->n_total = 0;
+    for (int i = 0; i < c->n_subs; i++) {
+        api_sub *s = &c->subs[i];
+        s->n = c->p.n;
+        s->max_tokens = c->p.max_tokens;
+        if (s->max_tokens < 0) {
+            /* Unset: as much as the context leaves, within the daemon's cap
+             * (callers set their defaults before admission where the schema has one). */
+            int64_t room = (int64_t)d->lim.max_context - s->n_prompt;
+            s->max_tokens = (int32_t)(room < (int64_t)d->lim.max_tokens ? room : (int64_t)d->lim.max_tokens);
+            if (s->max_tokens < 1)
+                s->max_tokens = 1;
+        }
+        proto_request pr = {
+            .n = (uint32_t)s->n,
+            .max_tokens = (uint32_t)s->max_tokens,
+            .temperature = c->p.temperature,
+            .top_p = c->p.top_p,
+            .top_k = c->p.top_k,
+            .min_p = c->p.min_p,
+            .seed = c->p.seed,
+            .logprobs_topk = (uint32_t)c->p.top_n,
+            .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0),
+            .n_stop = (uint32_t)c->p.n_stop_ids,
+            .stop_ids = c->p.stop_ids,
+            .n_prompt = (uint32_t)s->n_prompt,
+            .prompt = s->prompt,
+        };
+        if (s->n_prompt == 0) {
+            api_bad(e, 400, "prompt %d is empty (no tokens); expected at least 1", i);
+            return -1;
+        }
+        if (proto_check_request(&pr, &d->lim)) {
+            api_bad(e, 400, "prompt %d: %s", i, rd_errmsg());
+            return -1;
+        }
+        uint64_t total = (uint64_t)s->n_prompt + (uint64_t)s->max_tokens;
+        uint64_t need = (total + (uint64_t)d->cfg.block_size - 1) / (uint64_t)d->cfg.block_size;
+        if (need > (uint64_t)d->kv_blocks_total) {
+            api_bad(e, 400, "prompt %d: %llu tokens need %llu KV blocks; the pool has %d (kv_cache_bytes)", i,
+                    (unsigned long long)total, (unsigned long long)need, d->kv_blocks_total);
+            return -1;
+        }
+        c->n_total += s->n;
+    }
+    /* The same bound, and the same words, as an NNG SUBMIT's BUSY. */
+    uint64_t unfinished = d->clients.unfinished + (uint64_t)a->inflight;
+    if (unfinished + (uint64_t)c->n_subs > (uint64_t)d->cfg.max_queued_requests) {
+        api_bad(e, 503, "%llu requests queued or running (max_queued_requests); fetch results and resubmit",
+                (unsigned long long)unfinished);
+        return -1;
+    }
+    if (!c->p.has_seed && getrandom(&c->p.seed, sizeof c->p.seed, 0) != (ssize_t)sizeof c->p.seed)
+        c->p.seed = et_now_us() ^ (c->serial << 32);
+    c->p.seed &= ((uint64_t)1 << 53) - 1; /* reported back as a JSON number */
+    for (int i = 0; i < c->n_subs; i++) {
+        api_sub *s = &c->subs[i];
+        s->res = calloc((size_t)s->n, sizeof *s->res);
+        s->have = calloc((size_t)s->n, 1);
+        s->key = API_KEY_BIT | ++a->next_key;
+        if (!s->res || !s->have || umap_put(&a->keys, s->key, c)) {
+            api_bad(e, 500, "out of memory");
+            for (int k = 0; k <= i; k++)
+                umap_del(&a->keys, c->subs[k].key);
+            return -1;
+        }
+    }
+    a->inflight += c->n_subs;
+    link_call(a, c);
+    http_on_close(c->h, on_client_close, c);
+    if (c->stream && c->fmt_begin)
+        c->fmt_begin(c);
+    if (a->paused && c->kind != API_HEALTH)
+        return 0; /* counted in inflight; queued until /continue_generation */
+    call_submit(a, c);
+    return 0;
+}
+
+/* Answers a route's refusal and frees the call. */
+void api_refuse(api_call *c, const api_err *e)
+{
+    if (c->kind == API_COMPLETIONS || c->kind == API_CHAT)
+        api_answer_error_v1(c->h, e);
+    else
+        api_answer_error(c->h, e);
+    call_free(c);
+}
+
+void api_on_result(api *a, eng_result *r)
+{
+    api_call *c = umap_get(&a->keys, r->tag);
+    if (!c) {
+        eng_result_free(r);
+        return;
+    }
+    for (int i = 0; i < c->n_subs; i++)
+        if (c->subs[i].key == r->tag) {
+            take_sample(a, c, &c->subs[i], r);
+            return;
+        }
+    eng_result_free(r);
+}
+
+/* ---- per-sample text: what the answer shows ---- */
+
+int api_sample_view(api *a, const eng_result *r, sample_view *v)
+{
+    memset(v, 0, sizeof *v);
+    v->matched_id = -1;
+    v->finish = r->finish == FINISH_STOP ? "stop" : r->finish == FINISH_LENGTH ? "length" : "abort";
+    int32_t n_text = r->n_tokens;
+    if (r->finish == FINISH_STOP && r->stop_str < 0 && r->n_tokens > 0) {
+        v->matched_id = r->token_ids[r->n_tokens - 1];
+        n_text--; /* EOS or a stop token: its text is not the completion's */
+    }
+    if (!a->d->L.tok) {
+        v->text = strdup("");
+        return v->text ? 0 : RD_ENOMEM;
+    }
+    int rc = tok_decode(a->d->L.tok, r->token_ids, (size_t)n_text, &v->text, &v->len);
+    if (rc)
+        return rc;
+    if (r->finish == FINISH_STOP && r->stop_str >= 0) {
+        v->matched_str = r->stop_str; /* index; the caller names the string */
+        if (r->stop_text_offset >= 0 && (size_t)r->stop_text_offset < v->len) {
+            v->len = (size_t)r->stop_text_offset;
+            v->text[v->len] = 0;
+        }
+    } else {
+        v->matched_str = -1;
+    }
+    return 0;
+}
+
+/* A token's text for log-prob listings: its bytes when they are valid UTF-8,
+ * else "bytes:\xNN..." as vLLM writes a partial character. */
+static int utf8_ok(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n)
+            return 0;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80)
+                return 0;
+        i += k;
+    }
+    return 1;
+}
+
+char *api_token_text(api *a, int32_t id)
+{
+    size_t n = 0;
+    const char *b = a->d->L.tok ? tok_token_bytes(a->d->L.tok, id, &n) : NULL;
+    if (!b) {
+        char *s = malloc(32);
+        if (s)
+            snprintf(s, 32, "<%d>", id);
+        return s;
+    }
+    if (utf8_ok((const unsigned char *)b, n))
+        return strndup(b, n);
+    char *s = malloc(6 + 4 * n + 1);
+    if (!s)
+        return NULL;
+    strcpy(s, "bytes:");
+    for (size_t i = 0; i < n; i++)
+        sprintf(s + 6 + 4 * i, "\\x%02x", (unsigned char)b[i]);
+    return s;
+}
+
+const char *api_token_bytes(api *a, int32_t id, size_t *n)
+{
+    *n = 0;
+    return a->d->L.tok ? tok_token_bytes(a->d->L.tok, id, n) : NULL;
+}
+
+cJSON *api_spans_json(const eng_result *r)
+{
+    cJSON *spans = cJSON_CreateArray();
+    for (int32_t k = 0; spans && k < r->n_spans; k++) {
+        cJSON *t = cJSON_CreateArray();
+        cJSON_AddItemToArray(t, cJSON_CreateNumber(r->spans[k].start));
+        cJSON_AddItemToArray(t, cJSON_CreateNumber(r->spans[k].end));
+        cJSON_AddItemToArray(t, cJSON_CreateNumber((double)r->spans[k].version));
+        cJSON_AddItemToArray(spans, t);
+    }
+    return spans;
+}
+
+/* ---- SGLang's /generate ---- */
+
+static cJSON *lp_triple(double lp, int32_t id)
+{
+    cJSON *t = cJSON_CreateArray();
+    cJSON_AddItemToArray(t, cJSON_CreateNumber(lp));
+    cJSON_AddItemToArray(t, cJSON_CreateNumber(id));
+    cJSON_AddItemToArray(t, cJSON_CreateNull());
+    return t;
+}
+
+static cJSON *gen_sample_json(api_call *c, int si, int j)
+{
+    api_sub *s = &c->subs[si];
+    const eng_result *r = &s->res[j];
+    sample_view v;
+    if (api_sample_view(c->a, r, &v))
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "text", v.text);
+    free(v.text);
+    cJSON *ids = cJSON_AddArrayToObject(o, "output_ids");
+    for (int32_t k = 0; k < r->n_tokens; k++)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->token_ids[k]));
+    cJSON *mi = cJSON_AddObjectToObject(o, "meta_info");
+    char id[80];
+    const char *rid = s->rid ? s->rid : c->rid;
+    if (!rid) {
+        snprintf(id, sizeof id, "gen-%llu-%d", (unsigned long long)(s->key & ~API_KEY_BIT), j);
+        rid = id;
+    }
+    cJSON_AddStringToObject(mi, "id", rid);
+    cJSON *fr = cJSON_AddObjectToObject(mi, "finish_reason");
+    cJSON_AddStringToObject(fr, "type", v.finish);
+    if (v.matched_str >= 0)
+        cJSON_AddStringToObject(fr, "matched", c->p.stop_strs[v.matched_str]);
+    else if (v.matched_id >= 0)
+        cJSON_AddNumberToObject(fr, "matched", v.matched_id);
+    else
+        cJSON_AddNullToObject(fr, "matched");
+    if (r->finish == FINISH_ERROR)
+        cJSON_AddStringToObject(fr, "message", "the engine refused or failed the request (see the daemon log)");
+    cJSON_AddNumberToObject(mi, "prompt_tokens", s->n_prompt);
+    cJSON_AddNumberToObject(mi, "completion_tokens", r->n_tokens);
+    char seed[32]; /* printed whole: cJSON would round a 16-digit number to 15 digits */
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)c->p.seed);
+    cJSON_AddRawToObject(mi, "seed", seed);
+    if (c->return_logprob) {
+        cJSON_AddStringToObject(mi, "logprob_kind", "raw");
+        cJSON *lps = cJSON_AddArrayToObject(mi, "output_token_logprobs");
+        for (int32_t k = 0; k < r->n_tokens; k++)
+            cJSON_AddItemToArray(lps, lp_triple(r->logprobs[k], r->token_ids[k]));
+        if (c->p.top_n > 0) {
+            cJSON *tops = cJSON_AddArrayToObject(mi, "output_top_logprobs");
+            for (int32_t k = 0; k < r->n_tokens; k++) {
+                cJSON *t = cJSON_CreateArray();
+                for (int32_t q = 0; q < r->n_top; q++)
+                    cJSON_AddItemToArray(t, lp_triple(r->top_logprobs[(size_t)k * r->n_top + q],
+                                                      r->top_ids[(size_t)k * r->n_top + q]));
+                cJSON_AddItemToArray(tops, t);
+            }
+        }
+    }
+    char ver[32];
+    snprintf(ver, sizeof ver, "%llu", (unsigned long long)r->version_finish);
+    cJSON_AddStringToObject(mi, "weight_version", ver);
+    cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
+    return o;
+}
+
+static void gen_begin(api_call *c)
+{
+    http_stream_begin(c->h, 200, NULL);
+}
+
+static void send_event(api_call *c, cJSON *doc)
+{
+    char *s = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!s)
+        return;
+    size_t n = strlen(s);
+    char *ev = malloc(n + 9);
+    if (ev) {
+        memcpy(ev, "data: ", 6);
+        memcpy(ev + 6, s, n);
+        memcpy(ev + 6 + n, "\n\n", 2);
+        http_stream_send(c->h, ev, n + 8);
+        free(ev);
+    }
+    free(s);
+}
+
+void api_send_event(api_call *c, cJSON *doc) { send_event(c, doc); }
+
+void api_send_done(api_call *c)
+{
+    static const char done[] = "data: [DONE]\n\n";
+    http_stream_send(c->h, done, sizeof done - 1);
+    http_stream_end(c->h);
+}
+
+static void gen_sample(api_call *c, int si, int j)
+{
+    cJSON *o = gen_sample_json(c, si, j);
+    if (o) {
+        int index = 0;
+        for (int k = 0; k < si; k++)
+            index += c->subs[k].n;
+        cJSON_AddNumberToObject(o, "index", index + j);
+    }
+    send_event(c, o);
+}
+
+static void gen_done(api_call *c)
+{
+    if (c->stream) {
+        api_send_done(c);
+        return;
+    }
+    cJSON *doc = NULL;
+    if (c->batch || c->p.n > 1) {
+        doc = cJSON_CreateArray();
+        for (int i = 0; doc && i < c->n_subs; i++)
+            for (int32_t j = 0; j < c->subs[i].n; j++)
+                cJSON_AddItemToArray(doc, gen_sample_json(c, i, j));
+    } else {
+        doc = gen_sample_json(c, 0, 0);
+    }
+    api_answer_json(c->h, 200, doc);
+}
+
+static cJSON *parse_body(const http_req *req, api_err *e)
+{
+    cJSON *root = cJSON_ParseWithLength(req->body, req->body_len);
+    if (!root) {
+        api_bad(e, 400, "the body is not JSON (near byte %ld)",
+                cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - req->body) : 0L);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        api_bad(e, 400, "the body must be a JSON object");
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
+cJSON *api_parse_body(const http_req *req, api_err *e) { return parse_body(req, e); }
+
+static void route_generate(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    api_err e = {0};
+    cJSON *root = parse_body(req, &e);
+    if (!root) {
+        api_answer_error(h, &e);
+        return;
+    }
+    api_call *c = api_call_new(a, h, API_GENERATE);
+    if (!c) {
+        cJSON_Delete(root);
+        http_respond_error(h, 500, "internal error", "out of memory");
+        return;
+    }
+    c->fmt_begin = gen_begin;
+    c->fmt_sample = gen_sample;
+    c->fmt_done = gen_done;
+    c->top_field = "top_logprobs_num";
+    cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+    cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text");
+    if (ids && !cJSON_IsNull(ids) && text && !cJSON_IsNull(text)) {
+        api_bad(&e, 400, "fields \"input_ids\" and \"text\": give one, not both");
+    } else if (ids && !cJSON_IsNull(ids)) {
+        if (!cJSON_IsArray(ids) || (ids->child && !cJSON_IsNumber(ids->child) && !cJSON_IsArray(ids->child)))
+            api_bad(&e, 400, "field \"input_ids\": expected a list of token ids or a list of such lists");
+        else
+            api_read_prompts(c, ids, "input_ids", &e);
+        c->batch = ids->child && cJSON_IsArray(ids->child);
+    } else if (text && !cJSON_IsNull(text)) {
+        if (!cJSON_IsString(text) && !cJSON_IsArray(text))
+            api_bad(&e, 400, "field \"text\": expected a string or a list of strings");
+        else
+            api_read_prompts(c, text, "text", &e);
+        c->batch = cJSON_IsArray(text);
+    } else {
+        api_bad(&e, 400, "fields \"input_ids\" / \"text\": one is required");
+    }
+    cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
+    if (sp && !cJSON_IsNull(sp) && !cJSON_IsObject(sp))
+        api_bad(&e, 400, "field \"sampling_params\": expected an object");
+    c->p.max_tokens = 128; /* SGLang's default max_new_tokens */
+    if (!e.status && sp && cJSON_IsObject(sp))
+        api_read_sampling(sp, "max_new_tokens", &c->p, &e);
+    api_bool(root, "return_logprob", &c->return_logprob, &e);
+    int64_t k;
+    if (api_int(root, "top_logprobs_num", 0, 1 << 20, &k, &e) > 0)
+        c->p.top_n = (int32_t)k;
+    api_bool(root, "stream", &c->stream, &e);
+    cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
+    if (rid && cJSON_IsString(rid)) {
+        c->rid = strdup(rid->valuestring);
+    } else if (rid && cJSON_IsArray(rid) && !e.status) {
+        if (cJSON_GetArraySize(rid) != c->n_subs)
+            api_bad(&e, 400, "field \"rid\": a list needs one id per prompt (%d)", c->n_subs);
+        int i = 0;
+        for (cJSON *x = rid->child; x && !e.status && i < c->n_subs; x = x->next, i++) {
+            if (!cJSON_IsString(x))
+                api_bad(&e, 400, "field \"rid\"[%d]: expected a string", i);
+            else
+                c->subs[i].rid = strdup(x->valuestring);
+        }
+    } else if (rid && !cJSON_IsNull(rid)) {
+        api_bad(&e, 400, "field \"rid\": expected a string or a list of strings");
+    }
+    cJSON_Delete(root);
+    if (e.status || api_admit(c, &e)) {
+        api_refuse(c, &e);
+        return;
+    }
+}
+
+/* ---- control routes ---- */
+
+static int rid_matches(const api_call *c, const char *rid)
+{
+    if (c->rid && !strcmp(c->rid, rid))
+        return 1;
+    for (int i = 0; i < c->n_subs; i++)
+        if (c->subs[i].rid && !strcmp(c->subs[i].rid, rid))
+            return 1;
+    return 0;
+}
+
+/* Aborts one call: running samples end with what they have; a call still
+ * held by a pause ends at once with no tokens. Returns 1 if anything was
+ * aborted. The call may be freed on return. */
+static int abort_call(api *a, api_call *c)
+{
+    if (!c->submitted) {
+        for (int i = 0; i < c->n_subs; i++)
+            if (fake_finish(a, c, &c->subs[i], FINISH_ABORT))
+                break;
+        return 1;
+    }
+    int any = 0;
+    for (int i = 0; i < c->n_subs; i++) {
+        api_sub *s = &c->subs[i];
+        if (s->n_done < s->n && !s->aborted) {
+            s->aborted = 1;
+            et_abort(&a->d->et, s->key);
+            any = 1;
+        }
+    }
+    return any;
+}
+
+static int abort_matching(api *a, const char *rid)
+{
+    int n = 0;
+    for (api_call *c = a->head, *nx; c; c = nx) {
+        nx = c->next;
+        if (c->kind == API_HEALTH)
+            continue;
+        if ((!rid || rid_matches(c, rid)) && abort_call(a, c))
+            n++;
+    }
+    return n;
+}
+
+void api_abort_all(api *a) { abort_matching(a, NULL); }
+
+static cJSON *ok_doc(void)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "success", 1);
+    return o;
+}
+
+static void route_abort(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    api_err e = {0};
+    cJSON *root = parse_body(req, &e);
+    if (!root) {
+        api_answer_error(h, &e);
+        return;
+    }
+    int all = 0;
+    api_bool(root, "abort_all", &all, &e);
+    cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
+    if (!e.status && !all && !(rid && cJSON_IsString(rid)))
+        api_bad(&e, 400, "field \"rid\": expected the request's rid (a string), or \"abort_all\": true");
+    if (e.status) {
+        cJSON_Delete(root);
+        api_answer_error(h, &e);
+        return;
+    }
+    int n = abort_matching(a, all ? NULL : rid->valuestring);
+    cJSON_Delete(root);
+    cJSON *o = ok_doc();
+    cJSON_AddNumberToObject(o, "aborted_requests", n);
+    api_answer_json(h, 200, o);
+}
+
+/* A pause in "wait" mode answers once no submitted HTTP call runs. */
+static void check_pause_wait(api *a)
+{
+    if (!a->pause_wait)
+        return;
+    for (api_call *c = a->head; c; c = c->next)
+        if (c->submitted && c->kind != API_HEALTH)
+            return;
+    http_res *h = a->pause_wait;
+    a->pause_wait = NULL;
+    api_answer_json(h, 200, ok_doc());
+}
+
+static void on_pause_close(http_res *h, void *ud)
+{
+    api *a = ud;
+    if (a->pause_wait == h) {
+        a->pause_wait = NULL;
+        http_release(h);
+    }
+}
+
+static void route_pause(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    api_err e = {0};
+    const char *mode = "abort";
+    cJSON *root = NULL;
+    if (req->body_len) {
+        if (!(root = parse_body(req, &e))) {
+            api_answer_error(h, &e);
+            return;
+        }
+        cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
+        if (m && !cJSON_IsNull(m)) {
+            if (cJSON_IsString(m) && (!strcmp(m->valuestring, "abort") || !strcmp(m->valuestring, "wait") ||
+                                      !strcmp(m->valuestring, "keep") || !strcmp(m->valuestring, "in_place")))
+                mode = m->valuestring;
+            else
+                api_bad(&e, 400, "field \"mode\": expected \"abort\", \"wait\" or \"keep\"");
+        }
+    }
+    if (e.status || a->pause_wait) {
+        if (!e.status)
+            api_bad(&e, 400, "a pause in \"wait\" mode is already waiting");
+        cJSON_Delete(root);
+        api_answer_error(h, &e);
+        return;
+    }
+    a->paused = 1;
+    if (!strcmp(mode, "abort")) {
+        abort_matching(a, NULL);
+    } else if (!strcmp(mode, "wait")) {
+        cJSON_Delete(root);
+        a->pause_wait = h;
+        http_on_close(h, on_pause_close, a);
+        check_pause_wait(a);
+        return;
+    }
+    /* keep / in_place: the engine cannot freeze a running sequence, so
+     * running requests go on; new ones wait for /continue_generation. */
+    cJSON_Delete(root);
+    api_answer_json(h, 200, ok_doc());
+}
+
+static void route_continue(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    a->paused = 0;
+    for (api_call *c = a->head, *nx; c; c = nx) {
+        nx = c->next;
+        if (!c->submitted)
+            call_submit(a, c); /* may free c; nx was read before */
+    }
+    api_answer_json(h, 200, ok_doc());
+}
+
+static void route_model_info(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    rd_daemon *d = a->d;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model_path", d->cfg.model);
+    cJSON_AddStringToObject(o, "tokenizer_path", d->cfg.model); /* the GGUF file holds the tokenizer */
+    cJSON_AddBoolToObject(o, "is_generation", 1);
+    char ver[32];
+    snprintf(ver, sizeof ver, "%llu", (unsigned long long)d->weight_version);
+    cJSON_AddStringToObject(o, "weight_version", ver);
+    cJSON_AddStringToObject(o, "model_name", d->model_name);
+    cJSON_AddNumberToObject(o, "max_context", d->lim.max_context);
+    cJSON_AddNumberToObject(o, "vocab_size", d->lim.vocab_size);
+    cJSON_AddNumberToObject(o, "eos_token_id", d->lim.eos_id);
+    cJSON_AddStringToObject(o, "chat_format", d->L.tok ? tok_chat_name(tok_chat_kind(d->L.tok)) : "none");
+    cJSON_AddStringToObject(o, "logprob_kind", "raw");
+    api_answer_json(h, 200, o);
+}
+
+static void health_done(api_call *c)
+{
+    const eng_result *r = &c->subs[0].res[0];
+    if (r->finish == FINISH_ERROR || r->n_tokens < 1) {
+        http_respond_error(c->h, 503, "unhealthy", "the 1-token generation did not produce a token");
+        return;
+    }
+    static const char ok[] = "{\"status\":\"ok\"}\n";
+    http_respond(c->h, 200, "application/json", ok, sizeof ok - 1);
+}
+
+static void route_health_generate(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    api_err e = {0};
+    api_call *c = api_call_new(a, h, API_HEALTH);
+    if (!c) {
+        http_respond_error(h, 500, "internal error", "out of memory");
+        return;
+    }
+    c->fmt_done = health_done;
+    int32_t *ids = malloc(sizeof *ids);
+    int32_t bos = a->d->L.tok ? tok_bos(a->d->L.tok) : -1;
+    if (ids)
+        ids[0] = bos >= 0 ? bos : 0;
+    if (!ids) {
+        api_bad(&e, 500, "out of memory");
+    } else if (!api_add_prompt(c, ids, 1, &e)) {
+        c->p.max_tokens = 1;
+        c->p.temperature = 0.0f;
+        c->p.ignore_eos = 1;
+        c->p.has_seed = 1;
+    }
+    if (e.status || api_admit(c, &e))
+        api_refuse(c, &e);
+}
+
+static void route_flush_cache(http_res *h, const http_req *req, void *ud)
+{
+    http_respond_error(h, 501, "not implemented",
+                       "the engine has no prefix-cache flush; its block hashes are salted with the weight "
+                       "version, so entries from older weights are never reused");
+}
+
+/* ---- the table ---- */
+
+int api_routes(api *a, http_route *t)
+{
+    const http_route r[] = {
+        {"POST", "/generate", route_generate, a, 0},
+        {"POST", "/abort_request", route_abort, a, 0},
+        {"POST", "/pause_generation", route_pause, a, 0},
+        {"POST", "/continue_generation", route_continue, a, 0},
+        {"GET", "/get_model_info", route_model_info, a, 0},
+        {"GET", "/health_generate", route_health_generate, a, 0},
+        {"POST", "/flush_cache", route_flush_cache, a, 0},
+        {"POST", "/update_weights_from_disk", api_route_update_disk, a, 0},
+        {"GET", "/v1/models", api_route_models, a, 0},
+        {"POST", "/v1/completions", api_route_completions, a, 0},
+        {"POST", "/v1/chat/completions", api_route_chat, a, 0},
+    };
+    int n = (int)(sizeof r / sizeof r[0]);
+    for (int i = 0; i < n; i++)
+        t[i] = r[i];
+    return n;
+}
+
+int api_create(void *dv, api **out)
+{
+    api *a = calloc(1, sizeof *a);
+    if (!a)
+        return rd_fail(RD_ENOMEM, "HTTP API: out of memory");
+    a->d = dv;
+    umap_init(&a->keys);
+    *out = a;
+    return 0;
+}
+
+int api_unfinished(const api *a)
+{
+    int n = 0;
+    for (const api_call *c = a->head; c; c = c->next)
+        n++;
+    return n;
+}
+
+void api_shutdown(api *a)
+{
+    a->exiting = 1;
+}
+
+void api_destroy(api *a)
+{
+    if (!a)
+        return;
+    while (a->head) {
+        api_call *c = a->head;
+        unlink_call(a, c);
+        if (c->h)
+            http_release(c->h);
+        call_free(c);
+    }
+    umap_free(&a->keys);
+    free(a);
+}

@@ -1,0 +1,52 @@
+/* api.h - the generation routes of the HTTP server: SGLang's native
+ * /generate family and vLLM's OpenAI-compatible /v1 routes (issue 13).
+ *
+ * Translation only: a route parses its JSON body (cJSON), checks it with the
+ * same limits as an NNG SUBMIT (proto_check_request against the daemon's
+ * HELLO_OK), and queues engine requests with et_add under keys of their own
+ * (API_KEY_BIT set, so they never meet an NNG client's key). loop.c hands
+ * every finished sample with such a key to api_on_result; when a call's
+ * samples are all in, the route answers (or, streaming, has sent one event per
+ * sample as each finished). The engine path is the NNG one, so the same
+ * prompt, parameters and seed give the same token ids and log-probs.
+ *
+ * Choices:
+ *   - log-probs are the raw ones (temperature 1), as in NNG results; responses
+ *     say so ("logprob_kind": "raw" in /generate meta_info);
+ *   - the engine returns a sample only once it has finished, so a stream sends
+ *     each sample whole, as one event, when it finishes (SGLang's cumulative
+ *     form: the event's text is the whole text so far, which is all of it);
+ *   - a stop string cuts the text at the match (the ids keep the token that
+ *     completed it); an EOS or stop token's text is not in the text;
+ *   - pause / continue / abort_request act on requests that came over HTTP;
+ *     NNG clients have their own ABORT and the weight-update modes.
+ * Everything runs on the loop thread. */
+#ifndef RD_DAEMON_API_H
+#define RD_DAEMON_API_H
+
+#include <stdint.h>
+
+#include "daemon/http.h"
+#include "engine/engine.h"
+
+#define API_KEY_BIT (1ull << 63)    /* engine keys of HTTP-owned requests */
+
+typedef struct api api;
+
+/* d is the rd_daemon (daemon.h includes this file). */
+int api_create(void *d, api **out);
+/* Frees what is left (after the engine thread and the HTTP server stopped). */
+void api_destroy(api *a);
+/* Appends the API's routes to table (room for API_MAX_ROUTES); returns how many. */
+#define API_MAX_ROUTES 16
+int api_routes(api *a, http_route *table);
+/* A finished sample whose tag has API_KEY_BIT; takes *r (zeroed on return). */
+void api_on_result(api *a, eng_result *r);
+/* HTTP calls not finished yet (the SIGTERM drain waits for them). */
+int api_unfinished(const api *a);
+/* Aborts every HTTP-owned engine request (drain time over). */
+void api_abort_all(api *a);
+/* The daemon is exiting: no engine results will come; answers nothing more. */
+void api_shutdown(api *a);
+
+#endif

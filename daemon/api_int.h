@@ -1,0 +1,126 @@
+/* api_int.h - what api.c and api_openai.c share: one HTTP call's state, the
+ * field readers and the per-sample text (api.h has the module's contract). */
+#ifndef RD_DAEMON_API_INT_H
+#define RD_DAEMON_API_INT_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "daemon/api.h"
+#include "daemon/daemon.h"
+#include "daemon/u64map.h"
+#include "engine/stopstr.h"
+
+typedef enum { API_GENERATE, API_COMPLETIONS, API_CHAT, API_HEALTH } api_kind;
+
+/* A refusal: HTTP status and the detail naming the field. */
+typedef struct {
+    int status;                 /* 0 = no error */
+    char detail[600];
+} api_err;
+
+/* Sampling as the call asked, in the engine's terms. */
+typedef struct {
+    int32_t n;                  /* samples per prompt */
+    int32_t max_tokens;         /* -1 = what the context leaves (capped by the daemon's max_tokens) */
+    float temperature, top_p, min_p;
+    int32_t top_k;              /* 0 = off */
+    uint64_t seed;              /* 53 bits (a JSON number) */
+    int has_seed;
+    int ignore_eos;
+    int32_t top_n;              /* alternatives per token (logprobs_topk) */
+    char *stop_strs[STOP_MAX_STRS];
+    int32_t n_stop_strs;
+    int32_t *stop_ids;          /* [n_stop_ids] */
+    int32_t n_stop_ids;
+} api_params;
+
+/* One prompt of a call = one engine request of n samples. */
+typedef struct {
+    uint64_t key;               /* engine key (API_KEY_BIT set) */
+    int32_t *prompt;            /* [n_prompt] */
+    int32_t n_prompt;
+    int32_t n;                  /* samples */
+    int32_t max_tokens;
+    int32_t n_done;             /* samples back */
+    eng_result *res;            /* [n], by sample index */
+    uint8_t *have;              /* [n] */
+    char *rid;                  /* SGLang: this prompt's rid (a list of rids), or NULL */
+    int submitted;              /* given to the engine */
+    int aborted;                /* an abort was sent */
+} api_sub;
+
+typedef struct api_call api_call;
+struct api_call {
+    api_call *prev, *next;      /* the API's live calls, in arrival order */
+    int linked;
+    api *a;
+    http_res *h;                /* NULL once finished */
+    api_kind kind;
+    uint64_t serial;
+    int64_t created;            /* unix seconds */
+    int gone;                   /* the client left (http_on_close) */
+    int submitted;              /* 0 while held by a pause */
+    int stream, include_usage;
+    int batch;                  /* the prompt field was a list: answer a list */
+    int return_logprob;         /* SGLang return_logprob; OpenAI logprobs asked */
+    int return_token_ids;       /* vLLM's return_token_ids */
+    const char *top_field;      /* the field name top_n came from (for errors) */
+    char *rid;                  /* SGLang rid (one string) */
+    api_params p;
+    int n_subs;
+    api_sub *subs;              /* [n_subs] */
+    int32_t n_total, n_done;    /* samples */
+    void (*fmt_begin)(api_call *c);                 /* stream: headers (and a first event) */
+    void (*fmt_sample)(api_call *c, int sub, int j);/* stream: one finished sample */
+    void (*fmt_done)(api_call *c);                  /* every sample in: answer or end the stream */
+};
+
+struct api {
+    rd_daemon *d;
+    u64map keys;                /* engine key -> api_call */
+    api_call *head, *tail;
+    uint64_t next_key;
+    uint64_t n_calls;
+    int64_t inflight;           /* subs not finished (held by a pause included) */
+    int paused;
+    int exiting;
+    http_res *pause_wait;       /* a "wait" pause answered once nothing submitted runs */
+};
+
+/* What a sample's answer shows. */
+typedef struct {
+    char *text;                 /* malloc'd: decoded, cut at a stop string, without a stop token */
+    size_t len;
+    const char *finish;         /* "stop", "length", "abort" */
+    int32_t matched_id;         /* the stop or EOS token, or -1 */
+    int32_t matched_str;        /* index into the call's stop strings, or -1 */
+} sample_view;
+
+void api_bad(api_err *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void api_answer_error(http_res *h, const api_err *e);
+void api_answer_error_v1(http_res *h, const api_err *e);
+void api_answer_json(http_res *h, int status, cJSON *doc);
+cJSON *api_parse_body(const http_req *req, api_err *e);
+int api_num(cJSON *o, const char *name, double *out, api_err *e);
+int api_int(cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out, api_err *e);
+int api_bool(cJSON *o, const char *name, int *out, api_err *e);
+int api_read_sampling(cJSON *o, const char *max_name, api_params *p, api_err *e);
+int api_read_prompts(api_call *c, cJSON *v, const char *field, api_err *e);
+int api_add_prompt(api_call *c, int32_t *ids, int32_t n, api_err *e);
+api_call *api_call_new(api *a, http_res *h, api_kind kind);
+int api_admit(api_call *c, api_err *e);
+void api_refuse(api_call *c, const api_err *e);
+int api_sample_view(api *a, const eng_result *r, sample_view *v);
+char *api_token_text(api *a, int32_t id);
+const char *api_token_bytes(api *a, int32_t id, size_t *n);
+cJSON *api_spans_json(const eng_result *r);
+void api_send_event(api_call *c, cJSON *doc);
+void api_send_done(api_call *c);
+
+void api_route_models(http_res *h, const http_req *req, void *ud);
+void api_route_completions(http_res *h, const http_req *req, void *ud);
+void api_route_chat(http_res *h, const http_req *req, void *ud);
+void api_route_update_disk(http_res *h, const http_req *req, void *ud);
+
+#endif

@@ -1,0 +1,377 @@
+/* api_openai.c - vLLM's OpenAI-compatible routes: /v1/completions,
+ * /v1/chat/completions and /v1/models, on the call machinery of api.c.
+ *
+ * Field names and defaults as vLLM's (max_tokens 16 for completions; for chat
+ * what the context leaves), plus vLLM's extras: top_k, min_p,
+ * stop_token_ids, ignore_eos, return_token_ids. The model field is not
+ * checked: the daemon serves one model, whatever name a client sends. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/api_int.h"
+#include "engine/err.h"
+#include "engine/tokenizer.h"
+
+static void usage_add(cJSON *o, const api_call *c)
+{
+    int64_t prompt = 0, gen = 0;
+    for (int i = 0; i < c->n_subs; i++) {
+        prompt += c->subs[i].n_prompt;
+        for (int32_t j = 0; j < c->subs[i].n; j++)
+            gen += c->subs[i].res[j].n_tokens;
+    }
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)gen);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + gen));
+}
+
+static cJSON *envelope(const api_call *c, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llu", c->kind == API_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)c->serial);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)c->created);
+    cJSON_AddStringToObject(o, "model", c->a->d->model_name);
+    return o;
+}
+
+static cJSON *ids_json(const int32_t *ids, int32_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t k = 0; a && k < n; k++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[k]));
+    return a;
+}
+
+/* Completions' logprobs object: tokens, token_logprobs, top_logprobs (the
+ * asked alternatives and the sampled token), text_offset. */
+static cJSON *cmpl_logprobs(api *a, const eng_result *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t off = 0;
+    for (int32_t k = 0; k < r->n_tokens; k++) {
+        char *t = api_token_text(a, r->token_ids[k]);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(r->logprobs[k]));
+        cJSON *d = cJSON_CreateObject();
+        for (int32_t q = 0; q < r->n_top; q++) {
+            char *tq = api_token_text(a, r->top_ids[(size_t)k * r->n_top + q]);
+            if (tq && !cJSON_GetObjectItemCaseSensitive(d, tq))
+                cJSON_AddNumberToObject(d, tq, r->top_logprobs[(size_t)k * r->n_top + q]);
+            free(tq);
+        }
+        if (t && !cJSON_GetObjectItemCaseSensitive(d, t))
+            cJSON_AddNumberToObject(d, t, r->logprobs[k]);
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        size_t n = 0;
+        api_token_bytes(a, r->token_ids[k], &n);
+        off += n;
+        free(t);
+    }
+    return o;
+}
+
+static cJSON *bytes_json(api *a, int32_t id)
+{
+    size_t n = 0;
+    const char *b = api_token_bytes(a, id, &n);
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; b && i < n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber((unsigned char)b[i]));
+    return arr;
+}
+
+static cJSON *chat_entry(api *a, int32_t id, float lp)
+{
+    cJSON *e = cJSON_CreateObject();
+    char *t = api_token_text(a, id);
+    cJSON_AddStringToObject(e, "token", t ? t : "");
+    free(t);
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    cJSON_AddItemToObject(e, "bytes", bytes_json(a, id));
+    return e;
+}
+
+/* Chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}. */
+static cJSON *chat_logprobs(api *a, const eng_result *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+    for (int32_t k = 0; k < r->n_tokens; k++) {
+        cJSON *e = chat_entry(a, r->token_ids[k], r->logprobs[k]);
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int32_t q = 0; q < r->n_top; q++)
+            cJSON_AddItemToArray(tops, chat_entry(a, r->top_ids[(size_t)k * r->n_top + q],
+                                                  r->top_logprobs[(size_t)k * r->n_top + q]));
+        cJSON_AddItemToArray(content, e);
+    }
+    return o;
+}
+
+/* One choice (sample j of prompt si); delta: the streaming form (chat). */
+static cJSON *choice_json(api_call *c, int si, int j, int delta)
+{
+    api_sub *s = &c->subs[si];
+    const eng_result *r = &s->res[j];
+    sample_view v;
+    if (api_sample_view(c->a, r, &v))
+        return NULL;
+    int index = j;
+    for (int k = 0; k < si; k++)
+        index += c->subs[k].n;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", index);
+    if (c->kind == API_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(o, delta ? "delta" : "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", v.text);
+    } else {
+        cJSON_AddStringToObject(o, "text", v.text);
+    }
+    free(v.text);
+    if (!c->return_logprob)
+        cJSON_AddNullToObject(o, "logprobs");
+    else
+        cJSON_AddItemToObject(o, "logprobs", c->kind == API_CHAT ? chat_logprobs(c->a, r) : cmpl_logprobs(c->a, r));
+    cJSON_AddStringToObject(o, "finish_reason", v.finish);
+    if (v.matched_str >= 0)
+        cJSON_AddStringToObject(o, "stop_reason", c->p.stop_strs[v.matched_str]);
+    else if (v.matched_id >= 0 && v.matched_id != c->a->d->lim.eos_id &&
+             (!c->a->d->L.tok || v.matched_id != tok_eot(c->a->d->L.tok)))
+        cJSON_AddNumberToObject(o, "stop_reason", v.matched_id); /* vLLM: None for EOS (and end of turn) */
+    else
+        cJSON_AddNullToObject(o, "stop_reason");
+    if (c->return_token_ids) {
+        cJSON_AddItemToObject(o, "token_ids", ids_json(r->token_ids, r->n_tokens));
+        if (c->kind != API_CHAT)
+            cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(s->prompt, s->n_prompt));
+    }
+    return o;
+}
+
+static void v1_begin(api_call *c)
+{
+    http_stream_begin(c->h, 200, NULL);
+}
+
+static void v1_sample(api_call *c, int si, int j)
+{
+    cJSON *o = envelope(c, c->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToArray(choices, choice_json(c, si, j, 1));
+    if (c->kind == API_CHAT && c->return_token_ids && si == 0 && j == 0)
+        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(c->subs[0].prompt, c->subs[0].n_prompt));
+    api_send_event(c, o);
+}
+
+static void v1_done(api_call *c)
+{
+    if (c->stream) {
+        if (c->include_usage) {
+            cJSON *o = envelope(c, c->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON_AddArrayToObject(o, "choices");
+            usage_add(o, c);
+            api_send_event(c, o);
+        }
+        api_send_done(c);
+        return;
+    }
+    cJSON *o = envelope(c, c->kind == API_CHAT ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < c->n_subs; i++)
+        for (int32_t j = 0; j < c->subs[i].n; j++)
+            cJSON_AddItemToArray(choices, choice_json(c, i, j, 0));
+    usage_add(o, c);
+    if (c->kind == API_CHAT && c->return_token_ids)
+        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(c->subs[0].prompt, c->subs[0].n_prompt));
+    api_answer_json(c->h, 200, o);
+}
+
+/* The fields both routes share; the prompt is already in. */
+static void read_common(api_call *c, cJSON *root, const char *max_name, api_err *e)
+{
+    api_read_sampling(root, max_name, &c->p, e);
+    api_bool(root, "return_token_ids", &c->return_token_ids, e);
+    api_bool(root, "stream", &c->stream, e);
+    cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && cJSON_IsObject(so))
+        api_bool(so, "include_usage", &c->include_usage, e);
+    else if (so && !cJSON_IsNull(so))
+        api_bad(e, 400, "field \"stream_options\": expected an object");
+    int echo = 0;
+    api_bool(root, "echo", &echo, e);
+    if (echo)
+        api_bad(e, 400, "field \"echo\": not supported (the prompt is not repeated in the output)");
+    c->fmt_begin = v1_begin;
+    c->fmt_sample = v1_sample;
+    c->fmt_done = v1_done;
+}
+
+static api_call *start(http_res *h, const http_req *req, api *a, api_kind kind, cJSON **root)
+{
+    api_err e = {0};
+    *root = api_parse_body(req, &e);
+    if (!*root) {
+        api_answer_error_v1(h, &e);
+        return NULL;
+    }
+    api_call *c = api_call_new(a, h, kind);
+    if (!c) {
+        cJSON_Delete(*root);
+        http_respond_error(h, 500, "internal error", "out of memory");
+    }
+    return c;
+}
+
+void api_route_completions(http_res *h, const http_req *req, void *ud)
+{
+    cJSON *root;
+    api_call *c = start(h, req, ud, API_COMPLETIONS, &root);
+    if (!c)
+        return;
+    api_err e = {0};
+    cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!prompt || cJSON_IsNull(prompt))
+        api_bad(&e, 400, "field \"prompt\": required");
+    else
+        api_read_prompts(c, prompt, "prompt", &e);
+    c->p.max_tokens = 16; /* vLLM's default */
+    read_common(c, root, "max_tokens", &e);
+    int64_t k;
+    c->top_field = "logprobs";
+    if (api_int(root, "logprobs", 0, 1 << 20, &k, &e) > 0) {
+        c->return_logprob = 1;
+        c->p.top_n = (int32_t)k;
+    }
+    cJSON_Delete(root);
+    if (e.status || api_admit(c, &e))
+        api_refuse(c, &e);
+}
+
+/* The text of a message's content: a string, or a list of text parts. */
+static char *content_text(cJSON *m, int i, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (v && cJSON_IsString(v))
+        return strdup(v->valuestring);
+    if (!v || !cJSON_IsArray(v)) {
+        api_bad(e, 400, "field \"messages\"[%d].content: expected a string or a list of text parts", i);
+        return NULL;
+    }
+    size_t len = 0;
+    for (cJSON *p = v->child; p; p = p->next) {
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type"), *x = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(x)) {
+            api_bad(e, 400, "field \"messages\"[%d].content: only {\"type\": \"text\", \"text\": ...} parts can be "
+                    "rendered", i);
+            return NULL;
+        }
+        len += strlen(x->valuestring);
+    }
+    char *s = malloc(len + 1);
+    if (!s) {
+        api_bad(e, 500, "out of memory");
+        return NULL;
+    }
+    s[0] = 0;
+    for (cJSON *p = v->child; p; p = p->next)
+        strcat(s, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+    return s;
+}
+
+/* messages: [system?] user. That is what tok_chat renders; anything else is
+ * refused by name rather than rendered differently from the model's template. */
+static void read_messages(api_call *c, cJSON *root, api_err *e)
+{
+    cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!ms || !cJSON_IsArray(ms) || !ms->child) {
+        api_bad(e, 400, "field \"messages\": expected a non-empty list of messages");
+        return;
+    }
+    char *sys = NULL, *user = NULL;
+    int i = 0;
+    for (cJSON *m = ms->child; m && !e->status; m = m->next, i++) {
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+            api_bad(e, 400, "field \"messages\"[%d]: expected an object with a \"role\" string", i);
+            break;
+        }
+        const char *r = role->valuestring;
+        int is_sys = !strcmp(r, "system") || !strcmp(r, "developer");
+        if (is_sys && i == 0 && m->next) {
+            sys = content_text(m, i, e);
+        } else if (!strcmp(r, "user") && !m->next && !user) {
+            user = content_text(m, i, e);
+        } else {
+            api_bad(e, 400, "field \"messages\"[%d]: a \"%s\" message here cannot be rendered: the chat template "
+                    "helper takes one optional system message followed by one user message", i, r);
+        }
+    }
+    if (!e->status && !user)
+        api_bad(e, 400, "field \"messages\": the last message must be the user's");
+    if (!e->status) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (!c->a->d->L.tok || tok_chat(c->a->d->L.tok, sys, user, &ids, &n)) {
+            api_bad(e, 400, "field \"messages\": this model's chat format cannot be rendered: %s",
+                    c->a->d->L.tok ? rd_errmsg() : "no tokenizer");
+            free(ids);
+        } else {
+            api_add_prompt(c, ids, (int32_t)n, e);
+        }
+    }
+    free(sys);
+    free(user);
+}
+
+void api_route_chat(http_res *h, const http_req *req, void *ud)
+{
+    cJSON *root;
+    api_call *c = start(h, req, ud, API_CHAT, &root);
+    if (!c)
+        return;
+    api_err e = {0};
+    read_messages(c, root, &e);
+    int64_t k;
+    if (api_int(root, "max_completion_tokens", 1, 1 << 30, &k, &e) > 0)
+        c->p.max_tokens = (int32_t)k;
+    read_common(c, root, "max_tokens", &e);
+    api_bool(root, "logprobs", &c->return_logprob, &e);
+    c->top_field = "top_logprobs";
+    if (api_int(root, "top_logprobs", 0, 1 << 20, &k, &e) > 0) {
+        if (!c->return_logprob)
+            api_bad(&e, 400, "field \"top_logprobs\": needs \"logprobs\": true");
+        c->p.top_n = (int32_t)k;
+    }
+    cJSON_Delete(root);
+    if (e.status || api_admit(c, &e))
+        api_refuse(c, &e);
+}
+
+void api_route_models(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", a->d->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)time(NULL));
+    cJSON_AddStringToObject(m, "owned_by", "rolloutd");
+    cJSON_AddStringToObject(m, "root", a->d->cfg.model);
+    cJSON_AddNumberToObject(m, "max_model_len", a->d->lim.max_context);
+    cJSON_AddItemToArray(data, m);
+    api_answer_json(h, 200, o);
+}

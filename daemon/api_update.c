@@ -1,0 +1,160 @@
+/* api_update.c - POST /update_weights_from_disk (SGLang's route).
+ *
+ * The daemon pushes the file to itself over its own learner socket, with the
+ * same client code rolloutctl push-weights uses (rdp_source_open, rdp_push),
+ * so the update goes through exactly the staging, checksums, checks and
+ * step-boundary swap of an NNG push (update.c), and a bad file leaves the old
+ * weights serving. The reading and pushing run on a libuv worker thread; the
+ * loop thread keeps serving (it is the push's server). The answer comes when
+ * the new version is serving, or says why not. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/api_int.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+#include "tools/client/rd_push.h"
+
+typedef struct {
+    uv_work_t w;
+    http_res *h;                /* NULL once the client left or the daemon is exiting */
+    rd_daemon *d;
+    char path[CFG_STR];
+    char url[CFG_STR + 16];     /* the daemon's own learner socket, dialled on loopback */
+    uint64_t version;
+    uint8_t mode;               /* PROTO_MODE_* */
+    int rc;
+    char error[600];
+    uint32_t n_aborted;
+} upd_job;
+
+static void upd_work(uv_work_t *w)
+{
+    upd_job *j = w->data;
+    rdp_source src;
+    if ((j->rc = rdp_source_open(j->path, &src))) {
+        snprintf(j->error, sizeof j->error, "model_path: %s", rd_errmsg());
+        return;
+    }
+    rdp_options o = {.version = j->version, .mode = j->mode, .window = 4, .chunk_bytes = 16u << 20,
+                     .client_name = "update_weights_from_disk"};
+    rdp_target t = {.url = j->url};
+    j->rc = rdp_push(&t, 1, src.ts, src.n, &o);
+    if (j->rc)
+        snprintf(j->error, sizeof j->error, "%s", t.error);
+    j->n_aborted = t.commit.n_aborted;
+    rdp_source_close(&src);
+}
+
+static void upd_done(uv_work_t *w, int status)
+{
+    upd_job *j = w->data;
+    if (j->h) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "success", j->rc == 0);
+        char ver[32];
+        snprintf(ver, sizeof ver, "%llu", (unsigned long long)j->d->weight_version);
+        cJSON_AddStringToObject(o, "message", j->rc ? j->error : "weights updated");
+        cJSON_AddStringToObject(o, "weight_version", ver);
+        cJSON_AddNumberToObject(o, "num_aborted_samples", j->n_aborted);
+        api_answer_json(j->h, j->rc ? 400 : 200, o);
+    }
+    free(j);
+}
+
+static void upd_close(http_res *h, void *ud)
+{
+    upd_job *j = ud;
+    /* The push goes on (it cannot be cut halfway safely); nobody hears the end. */
+    http_release(h);
+    j->h = NULL;
+}
+
+/* The learner URL with a wildcard host replaced by loopback. */
+static void own_url(const char *listen, char *out, size_t cap)
+{
+    const char *wild[] = {"tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:"};
+    for (size_t i = 0; i < sizeof wild / sizeof wild[0]; i++) {
+        size_t n = strlen(wild[i]);
+        if (!strncmp(listen, wild[i], n)) {
+            snprintf(out, cap, "tcp://127.0.0.1:%s", listen + n);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", listen);
+}
+
+void api_route_update_disk(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    rd_daemon *d = a->d;
+    api_err e = {0};
+    cJSON *root = api_parse_body(req, &e);
+    if (!root) {
+        api_answer_error(h, &e);
+        return;
+    }
+    cJSON *path = cJSON_GetObjectItemCaseSensitive(root, "model_path");
+    if (!cJSON_IsString(path) || !path->valuestring[0] || strlen(path->valuestring) >= CFG_STR)
+        api_bad(&e, 400, "field \"model_path\": expected a .gguf file, a .safetensors file or an HF folder");
+    int64_t version = (int64_t)d->weight_version + 1;
+    api_int(root, "version", 1, INT64_MAX / 2, &version, &e);
+    cJSON *wv = cJSON_GetObjectItemCaseSensitive(root, "weight_version"); /* SGLang's name, a string */
+    if (wv && cJSON_IsString(wv)) {
+        char *end;
+        long long v = strtoll(wv->valuestring, &end, 10);
+        if (*end || v < 1)
+            api_bad(&e, 400, "field \"weight_version\" = \"%s\": expected a positive integer (the daemon's versions "
+                    "are numbers)", wv->valuestring);
+        version = v;
+    } else if (wv && !cJSON_IsNull(wv)) {
+        api_int(root, "weight_version", 1, INT64_MAX / 2, &version, &e);
+    }
+    uint8_t mode = PROTO_MODE_CONTINUE;
+    int abort_all = 0;
+    api_bool(root, "abort_all_requests", &abort_all, &e);
+    if (abort_all)
+        mode = PROTO_MODE_ABORT;
+    cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
+    if (m && !cJSON_IsNull(m)) {
+        if (cJSON_IsString(m) && !strcmp(m->valuestring, "continue"))
+            mode = PROTO_MODE_CONTINUE;
+        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "drain"))
+            mode = PROTO_MODE_DRAIN;
+        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "abort"))
+            mode = PROTO_MODE_ABORT;
+        else
+            api_bad(&e, 400, "field \"mode\": expected \"continue\", \"drain\" or \"abort\"");
+    }
+    if (!e.status && d->state != D_SERVING)
+        api_bad(&e, 503, "the daemon is shutting down: no weight updates");
+    if (!e.status && d->cfg.max_staging_bytes <= 0)
+        api_bad(&e, 400, "weight updates are off (max_staging_bytes is 0)");
+    upd_job *j = e.status ? NULL : calloc(1, sizeof *j);
+    if (!e.status && !j)
+        api_bad(&e, 500, "out of memory");
+    if (e.status) {
+        cJSON_Delete(root);
+        api_answer_error(h, &e);
+        return;
+    }
+    j->h = h;
+    j->d = d;
+    j->version = (uint64_t)version;
+    j->mode = mode;
+    snprintf(j->path, sizeof j->path, "%s", path->valuestring);
+    own_url(d->cfg.listen, j->url, sizeof j->url);
+    cJSON_Delete(root);
+    j->w.data = j;
+    http_on_close(h, upd_close, j);
+    int rc = uv_queue_work(&d->loop, &j->w, upd_work, upd_done);
+    if (rc) {
+        j->h = NULL;
+        free(j);
+        http_respond_error(h, 500, "internal error", uv_strerror(rc));
+        return;
+    }
+    log_line("HTTP update_weights_from_disk: %s as version %llu", j->path, (unsigned long long)j->version);
+}
