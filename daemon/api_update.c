@@ -39,7 +39,8 @@ static void upd_work(uv_work_t *w)
         return;
     }
     rdp_options o = {.version = j->version, .mode = j->mode, .window = 4, .chunk_bytes = 16u << 20,
-                     .client_name = "update_weights_from_disk"};
+                     .client_name = "update_weights_from_disk", .secret = j->d->auth_len ? j->d->auth_secret : NULL,
+                     .secret_len = j->d->auth_len};
     rdp_target t = {.url = j->url};
     j->rc = rdp_push(&t, 1, src.ts, src.n, &o);
     if (j->rc)
@@ -132,6 +133,11 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         api_bad(&e, 503, "the daemon is shutting down: no weight updates");
     if (!e.status && d->cfg.max_staging_bytes <= 0)
         api_bad(&e, 400, "weight updates are off (max_staging_bytes is 0)");
+    /* The push dials the daemon's own learner socket; over TLS it would have
+     * to verify the daemon's certificate against a CA it is not given. */
+    if (!e.status && !strncmp(d->cfg.listen, "tls+tcp://", 10))
+        api_bad(&e, 501, "update_weights_from_disk is not available while the learner socket is TLS (%s); push "
+                "with rolloutctl push-weights", d->cfg.listen);
     upd_job *j = e.status ? NULL : calloc(1, sizeof *j);
     if (!e.status && !j)
         api_bad(&e, 500, "out of memory");

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TMP, case, main  # noqa: E402
+from harness import BUILD, MODEL, TMP, case, main  # noqa: E402
 from rdtest import Daemon, free_port, greedy, proto, rpc  # noqa: E402
 
 from rolloutd import Client, DaemonError  # noqa: E402
@@ -129,6 +129,19 @@ def right_secret_generates_and_status_counts_nothing_insecure():
     r = subprocess.run([os.path.join(BUILD, "rolloutctl"), "--connect", d.url, "status"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "UNAUTHORIZED" in r.stderr, (r.returncode, r.stderr)
+
+
+@case
+def update_weights_from_disk_proves_the_secret_too():
+    # the route pushes through the daemon's own learner socket, so it must authenticate like any client
+    d = daemon()
+    body = json.dumps({"model_path": MODEL, "weight_version": "7"}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{d.http_port}/update_weights_from_disk", data=body,
+                                 headers={"Authorization": "Bearer " + SECRET.decode(),
+                                          "Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=300) as r:
+        doc = json.loads(r.read())
+    assert doc["success"] is True and doc["weight_version"] == "7", doc
 
 
 @case

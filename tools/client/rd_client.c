@@ -122,6 +122,16 @@ int rdc_auth_secret(const char *path, char *secret, size_t *len)
 
 static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply);
 
+int rdc_set_secret(rdc_client *c, const char *secret, size_t len)
+{
+    if (!secret || len < 1 || len > PROTO_AUTH_MAX_SECRET)
+        return rd_fail(RD_EINVAL, "rdc_set_secret: a secret of %zu bytes; expected 1..%d", len, PROTO_AUTH_MAX_SECRET);
+    memcpy(c->secret, secret, len);
+    c->secret[len] = 0;
+    c->secret_len = len;
+    return 0;
+}
+
 int rdc_auth(rdc_client *c)
 {
     if (!c->secret_len)

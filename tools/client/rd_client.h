@@ -46,6 +46,8 @@ int rdc_open(const char *url, rdc_client **out);
  * reads the secret from path, or (path NULL) from the environment (*len 0:
  * none given). */
 int rdc_auth(rdc_client *c);
+/* Sets the secret rdc_auth proves (instead of the environment's). */
+int rdc_set_secret(rdc_client *c, const char *secret, size_t len);
 int rdc_auth_secret(const char *path, char *secret, size_t *len);
 
 /* Closes the socket and frees everything (does not send BYE). Safe on NULL. */

@@ -473,6 +473,8 @@ int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int 
         pthread_mutex_init(&j->mu, NULL);
         pthread_cond_init(&j->cv, NULL);
         int rc = rdc_open(j->t->url, &j->c);
+        if (!rc && o.secret_len && !(rc = rdc_set_secret(j->c, o.secret, o.secret_len)))
+            rc = rdc_auth(j->c);
         if (!rc)
             rc = rdc_hello(j->c, 0, o.client_name ? o.client_name : "rd_push");
         if (rc) {

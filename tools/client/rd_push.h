@@ -30,6 +30,8 @@ typedef struct {
     const char *client_name;
     int progress;               /* 1: a progress line per daemon on stderr */
     int no_lane;                /* 1: send chunks over NNG even when the daemon offers a data lane */
+    const char *secret;         /* the daemons' shared secret (PROTOCOL.md §14), or NULL: the environment's */
+    size_t secret_len;
 } rdp_options;
 
 /* One daemon's side of a push; url is set by the caller, the rest is filled. */
