@@ -346,19 +346,19 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
         return;
     case GGML_F16:
         for (int32_t kk = 0; kk < nk; kk++)
-            _mm512_store_ps(dst + kk * LANES, ld_f16(pb + (size_t)(kb0 + kk) * LANES * 2));
+            _mm512_storeu_ps(dst + kk * LANES, ld_f16(pb + (size_t)(kb0 + kk) * LANES * 2));
         return;
     case GGML_BF16:
         for (int32_t kk = 0; kk < nk; kk++) {
             __m256i h = _mm256_loadu_si256((const __m256i *)(pb + (size_t)(kb0 + kk) * LANES * 2));
-            _mm512_store_ps(dst + kk * LANES, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+            _mm512_storeu_ps(dst + kk * LANES, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
         }
         return;
     case GGML_Q8_0: {
         const __m512 d = ld_f16(pb);
         for (int kk = 0; kk < 32; kk++) {
             __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb + 32 + kk * LANES)));
-            _mm512_store_ps(dst + kk * LANES, _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
+            _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
         }
         return;
     }
@@ -367,8 +367,8 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
         const __m512i eight = _mm512_set1_epi32(8);
         const uint8_t *hi = NULL;
         NIB_LOOP(pb + 32, hi, {
-            _mm512_store_ps(o0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, eight)), d));
-            _mm512_store_ps(o1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, eight)), d));
+            _mm512_storeu_ps(o0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, eight)), d));
+            _mm512_storeu_ps(o1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, eight)), d));
         })
         return;
     }
@@ -376,8 +376,8 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
         const __m512 d = ld_f16(pb), m = ld_f16(pb + 32);
         const uint8_t *hi = NULL;
         NIB_LOOP(pb + 64, hi, {
-            _mm512_store_ps(o0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d, m));
-            _mm512_store_ps(o1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d, m));
+            _mm512_storeu_ps(o0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d, m));
+            _mm512_storeu_ps(o1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d, m));
         })
         return;
     }
@@ -386,8 +386,8 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
         const __m512i sixteen = _mm512_set1_epi32(16);
         const uint8_t *hi = pb + 32;
         NIB_LOOP(pb + 96, hi, {
-            _mm512_store_ps(o0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, sixteen)), d));
-            _mm512_store_ps(o1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, sixteen)), d));
+            _mm512_storeu_ps(o0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, sixteen)), d));
+            _mm512_storeu_ps(o1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, sixteen)), d));
         })
         return;
     }
@@ -395,8 +395,8 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
         const __m512 d = ld_f16(pb), m = ld_f16(pb + 32);
         const uint8_t *hi = pb + 64;
         NIB_LOOP(pb + 128, hi, {
-            _mm512_store_ps(o0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d, m));
-            _mm512_store_ps(o1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d, m));
+            _mm512_storeu_ps(o0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d, m));
+            _mm512_storeu_ps(o1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d, m));
         })
         return;
     }
@@ -408,8 +408,8 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
         const __m512 mn0 = _mm512_mul_ps(ld_f16(pb + 32), cvt_u8(pb + 192 + s * LANES));
         const uint8_t *hi = q->type == GGML_Q5_K ? pb + 320 + 2 * kb0 : NULL;
         NIB_LOOP(pb + off_q + (kb0 / 2) * LANES, hi, {
-            _mm512_store_ps(o0, _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(c0), mn0));
-            _mm512_store_ps(o1, _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(c1), mn0));
+            _mm512_storeu_ps(o0, _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(c0), mn0));
+            _mm512_storeu_ps(o1, _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(c1), mn0));
         })
         return;
     }
@@ -432,7 +432,7 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
                 __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * j), three), 4);
                 __m512i v = _mm512_sub_epi32(_mm512_or_si512(c[j], hb), n32);
                 int kk = 4 * i + j;
-                _mm512_store_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(v)));
+                _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(v)));
             }
         }
         return;
