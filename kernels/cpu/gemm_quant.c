@@ -454,6 +454,7 @@ void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float 
  * The GEMM. Work items are groups of 4 panels of one part, as gemm.c's. */
 
 #define ROW_CHUNK 64            /* as gemm.c: rows per pass over the weights */
+#define PREFETCH_CHUNKS 8       /* chunks of k the small-batch GEMM prefetches ahead */
 #define SMALL_ROWS 3            /* up to this many rows decode into L1 per chunk of k */
 
 /* Per-worker decode buffers for the larger batches: 4 panels of the widest
@@ -500,8 +501,20 @@ static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++)
             acc[r][j] = _mm512_setzero_ps();
+    /* Batch 1-3 streams the weights once per step, NP panels at a time:
+     * the hardware prefetcher does not run far enough ahead on NP streams
+     * (measured: half the decode time waited on these loads), so fetch each
+     * panel's bytes PREFETCH_CHUNKS chunks ahead of the decoder. */
+    const size_t panel_bytes = (size_t)q->n_blocks * q->pblk, chunk_bytes = q->pblk * GEMMQ_CHUNK / q->blk;
+    const uint8_t *pdata = q->data + (size_t)p0 * panel_bytes;
     for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
         const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+        const size_t ahead = (size_t)(k0 / GEMMQ_CHUNK + PREFETCH_CHUNKS) * chunk_bytes;
+        if (ahead < panel_bytes)
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; j++)
+                for (size_t b = 0; b < chunk_bytes; b += 64)
+                    _mm_prefetch((const char *)pdata + j * panel_bytes + ahead + b, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++)
             decode_avx512(q, p0 + j, k0, nk, buf[j]);
@@ -532,6 +545,110 @@ static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *
             _mm512_mask_storeu_ps(yr, mk, a);
         }
 }
+
+/* One row, 32-weight block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): the
+ * weights are decoded straight into registers, a pair of k at a time, and
+ * fed to the same chains (batch-1 decode is the decoder's throughput: this
+ * saves the store and reload of every weight vector). TYPE is a constant. */
+static inline __attribute__((always_inline)) void qrow1_32(const gemm_qpart *q, const float *x, int32_t p0, float *y,
+                                                           int32_t ncol, int accumulate, const int NP, const int TYPE)
+{
+    const int32_t in = q->in, nb = q->n_blocks;
+    const size_t pblk = q->pblk, panel_bytes = (size_t)nb * pblk;
+    const uint8_t *pdata = q->data + (size_t)p0 * panel_bytes;
+    const int off_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1 ? 32 : 0;
+    const int off_hi = TYPE == GGML_Q5_0 ? 32 : TYPE == GGML_Q5_1 ? 64 : 0;
+    const int off_q = TYPE == GGML_Q8_0 ? 32 : TYPE == GGML_Q4_0 ? 32 : TYPE == GGML_Q4_1 ? 64 : TYPE == GGML_Q5_0 ? 96 : 128;
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (int32_t b = 0; b < nb; b++) {
+        const float *xb = x + (size_t)b * 32;
+        __m512 d[4], m[4];
+        const uint8_t *pb[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++) {
+            pb[j] = pdata + j * panel_bytes + (size_t)b * pblk;
+            if (b + PREFETCH_CHUNKS < nb)
+                for (size_t o = 0; o < pblk; o += 64)
+                    _mm_prefetch((const char *)pb[j] + PREFETCH_CHUNKS * pblk + o, _MM_HINT_T0);
+            d[j] = ld_f16(pb[j]);
+            m[j] = off_m ? ld_f16(pb[j] + off_m) : _mm512_setzero_ps();
+        }
+        if (TYPE == GGML_Q8_0) {
+            for (int kk = 0; kk < 32; kk++) {
+                __m512 v = _mm512_set1_ps(xb[kk]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb[j] + 32 + kk * LANES)));
+                    acc[j] = _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(c), d[j]), acc[j]);
+                }
+            }
+            continue;
+        }
+        for (int i = 0; i < 16; i++) {
+            __m512 v0 = _mm512_set1_ps(xb[2 * i]), v1 = _mm512_set1_ps(xb[2 * i + 1]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; j++) {
+                __m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pb[j] + off_q + i * LANES)));
+                __m512i c0 = _mm512_and_si512(bb, _mm512_set1_epi32(15)), c1 = _mm512_srli_epi32(bb, 4);
+                if (off_hi) {
+                    c0 = _mm512_mask_or_epi32(c0, ld_mask(pb[j] + off_hi + 4 * i), c0, _mm512_set1_epi32(16));
+                    c1 = _mm512_mask_or_epi32(c1, ld_mask(pb[j] + off_hi + 4 * i + 2), c1, _mm512_set1_epi32(16));
+                }
+                __m512 w0, w1;
+                if (TYPE == GGML_Q4_0 || TYPE == GGML_Q5_0) {
+                    const __m512i z = _mm512_set1_epi32(TYPE == GGML_Q4_0 ? 8 : 16);
+                    w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, z)), d[j]);
+                    w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, z)), d[j]);
+                } else {
+                    w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d[j], m[j]);
+                    w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d[j], m[j]);
+                }
+                acc[j] = _mm512_fmadd_ps(v0, w0, acc[j]);
+                acc[j] = _mm512_fmadd_ps(v1, w1, acc[j]);
+            }
+        }
+    }
+    (void)in;
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; j++) {
+        int32_t n = ncol - j * LANES < LANES ? ncol - j * LANES : LANES;
+        __mmask16 mk = (__mmask16)((1u << n) - 1);
+        __m512 a = acc[j];
+        if (accumulate)
+            a = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, y + j * LANES), a);
+        _mm512_mask_storeu_ps(y + j * LANES, mk, a);
+    }
+}
+
+typedef void (*qrow1_fn)(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ncol, int accumulate);
+#define QR(T, NP) \
+    static void qr_##T##_##NP(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ncol, int accumulate) \
+    { \
+        qrow1_32(q, x, p0, y, ncol, accumulate, NP, T); \
+    }
+#define QR4(T) QR(T, 1) QR(T, 2) QR(T, 3) QR(T, 4)
+QR4(GGML_Q8_0) QR4(GGML_Q4_0) QR4(GGML_Q4_1) QR4(GGML_Q5_0) QR4(GGML_Q5_1)
+#undef QR4
+#undef QR
+#define QR_ROW(T) {qr_##T##_1, qr_##T##_2, qr_##T##_3, qr_##T##_4}
+/* [type][NP - 1] for the 32-block types, NULL rows for the others. */
+static qrow1_fn qrow1_for(int32_t type, int32_t np)
+{
+    static const qrow1_fn t[5][4] = {QR_ROW(GGML_Q8_0), QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0),
+                                     QR_ROW(GGML_Q5_1)};
+    switch (type) {
+    case GGML_Q8_0: return t[0][np - 1];
+    case GGML_Q4_0: return t[1][np - 1];
+    case GGML_Q4_1: return t[2][np - 1];
+    case GGML_Q5_0: return t[3][np - 1];
+    case GGML_Q5_1: return t[4][np - 1];
+    }
+    return NULL;
+}
+#undef QR_ROW
 
 typedef void (*qsmall_fn)(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ldy, int32_t ncol,
                           int accumulate);
@@ -564,7 +681,11 @@ static void qtask(void *ctx, int32_t t, int32_t worker)
     float *y = j->y + (size_t)j->r0 * L->out + col0;
 #if defined(__AVX512F__)
     if (rows <= SMALL_ROWS) {
-        qsmall[rows - 1][np - 1](q, x, p0, y, L->out, ncol, j->accumulate);
+        qrow1_fn f = rows == 1 ? qrow1_for(q->type, np) : NULL;
+        if (f)
+            f(q, x, p0, y, ncol, j->accumulate);
+        else
+            qsmall[rows - 1][np - 1](q, x, p0, y, L->out, ncol, j->accumulate);
         return;
     }
 #endif
