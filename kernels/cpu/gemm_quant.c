@@ -546,35 +546,70 @@ static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *
         }
 }
 
-/* One row, 32-weight block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): the
- * weights are decoded straight into registers, a pair of k at a time, and
- * fed to the same chains (batch-1 decode is the decoder's throughput: this
- * saves the store and reload of every weight vector). TYPE is a constant. */
-static inline __attribute__((always_inline)) void qrow1_32(const gemm_qpart *q, const float *x, int32_t p0, float *y,
-                                                           int32_t ncol, int accumulate, const int NP, const int TYPE)
+/* One row: the weights are decoded straight into registers, a chunk of 32 k
+ * at a time, and fed to the same chains as qtile_small's (batch-1 decode is
+ * the decoder's throughput, and this saves the store and reload of every
+ * weight vector). The arithmetic per weight is decode_avx512's. TYPE is a
+ * constant. */
+static inline __attribute__((always_inline)) void qrow1(const gemm_qpart *q, const float *x, int32_t p0, float *y,
+                                                        int32_t ncol, int accumulate, const int NP, const int TYPE)
 {
-    const int32_t in = q->in, nb = q->n_blocks;
-    const size_t pblk = q->pblk, panel_bytes = (size_t)nb * pblk;
+    const int32_t in = q->in, blk = q->blk;
+    const size_t pblk = q->pblk, panel_bytes = (size_t)q->n_blocks * pblk;
     const uint8_t *pdata = q->data + (size_t)p0 * panel_bytes;
-    const int off_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1 ? 32 : 0;
-    const int off_hi = TYPE == GGML_Q5_0 ? 32 : TYPE == GGML_Q5_1 ? 64 : 0;
-    const int off_q = TYPE == GGML_Q8_0 ? 32 : TYPE == GGML_Q4_0 ? 32 : TYPE == GGML_Q4_1 ? 64 : TYPE == GGML_Q5_0 ? 96 : 128;
+    const int kq = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+    /* Field offsets (gemm_quant.h's layouts). */
+    const int off_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1 || kq ? 32 : 0;
+    const int off_hi = TYPE == GGML_Q5_0 ? 32 : TYPE == GGML_Q5_1 ? 64 : TYPE == GGML_Q5_K ? 320 : 0;
+    const int off_q = TYPE == GGML_Q8_0 || TYPE == GGML_Q4_0 ? 32 : TYPE == GGML_Q4_1 ? 64 : TYPE == GGML_Q5_0 ? 96
+                      : TYPE == GGML_Q5_1 ? 128 : TYPE == GGML_Q4_K ? 320 : TYPE == GGML_Q5_K ? 832 : 288;
+    /* Prefetch whole panel-blocks, far enough ahead to cover PREFETCH_CHUNKS chunks. */
+    const int32_t pf_blocks = blk >= PREFETCH_CHUNKS * GEMMQ_CHUNK ? 1 : PREFETCH_CHUNKS * GEMMQ_CHUNK / blk;
     __m512 acc[4];
 #pragma GCC unroll 4
     for (int j = 0; j < NP; j++)
         acc[j] = _mm512_setzero_ps();
-    for (int32_t b = 0; b < nb; b++) {
-        const float *xb = x + (size_t)b * 32;
-        __m512 d[4], m[4];
+    for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+        const int32_t b = k0 / blk, kb0 = k0 % blk;
+        const float *xb = x + k0;
+        __m512 d[4], m[4], d2[4];
         const uint8_t *pb[4];
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++) {
             pb[j] = pdata + j * panel_bytes + (size_t)b * pblk;
-            if (b + PREFETCH_CHUNKS < nb)
+            if (kb0 == 0 && b + pf_blocks < q->n_blocks)
                 for (size_t o = 0; o < pblk; o += 64)
-                    _mm_prefetch((const char *)pb[j] + PREFETCH_CHUNKS * pblk + o, _MM_HINT_T0);
+                    _mm_prefetch((const char *)pb[j] + pf_blocks * pblk + o, _MM_HINT_T0);
+            if (TYPE == GGML_F32 || TYPE == GGML_F16 || TYPE == GGML_BF16)
+                continue;
             d[j] = ld_f16(pb[j]);
             m[j] = off_m ? ld_f16(pb[j] + off_m) : _mm512_setzero_ps();
+            if (kq) {               /* sub-block kb0 / 32: d * sc and dmin * mn, exact */
+                d[j] = _mm512_mul_ps(d[j], cvt_u8(pb[j] + 64 + (kb0 / 32) * LANES));
+                m[j] = _mm512_mul_ps(m[j], cvt_u8(pb[j] + 192 + (kb0 / 32) * LANES));
+            }
+            if (TYPE == GGML_Q6_K) {    /* two sub-blocks of 16: d * sc */
+                const uint8_t *sc = pb[j] + 32 + (kb0 / 16) * LANES;
+                d2[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + LANES)))));
+                d[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc))));
+            }
+        }
+        if (TYPE == GGML_F32 || TYPE == GGML_F16 || TYPE == GGML_BF16) {
+            const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+            for (int32_t kk = 0; kk < nk; kk++) {
+                __m512 v = _mm512_set1_ps(xb[kk]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    const uint8_t *e = pb[j] + (size_t)(kb0 + kk) * LANES * (TYPE == GGML_F32 ? 4 : 2);
+                    __m512 w = TYPE == GGML_F32 ? _mm512_loadu_ps((const float *)e)
+                               : TYPE == GGML_F16
+                                   ? ld_f16(e)
+                                   : _mm512_castsi512_ps(_mm512_slli_epi32(
+                                         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)e)), 16));
+                    acc[j] = _mm512_fmadd_ps(v, w, acc[j]);
+                }
+            }
+            continue;
         }
         if (TYPE == GGML_Q8_0) {
             for (int kk = 0; kk < 32; kk++) {
@@ -587,21 +622,48 @@ static inline __attribute__((always_inline)) void qrow1_32(const gemm_qpart *q, 
             }
             continue;
         }
+        if (TYPE == GGML_Q6_K) {
+            for (int i = 0; i < 8; i++) {       /* 4 k per hi byte, 2 per nibble byte */
+                __m512 v[4];
+                for (int t = 0; t < 4; t++)
+                    v[t] = _mm512_set1_ps(xb[4 * i + t]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    const uint8_t *ql = pb[j] + 288 + (kb0 / 2) * LANES, *qh = pb[j] + 2336 + (kb0 / 4) * LANES;
+                    __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
+                    __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
+                    __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
+                    __m512i c[4] = {_mm512_and_si512(n0, _mm512_set1_epi32(15)), _mm512_srli_epi32(n0, 4),
+                                    _mm512_and_si512(n1, _mm512_set1_epi32(15)), _mm512_srli_epi32(n1, 4)};
+                    for (int t = 0; t < 4; t++) {
+                        __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * t), _mm512_set1_epi32(3)), 4);
+                        __m512i qv = _mm512_sub_epi32(_mm512_or_si512(c[t], hb), _mm512_set1_epi32(32));
+                        __m512 w = _mm512_mul_ps(i < 4 ? d[j] : d2[j], _mm512_cvtepi32_ps(qv));
+                        acc[j] = _mm512_fmadd_ps(v[t], w, acc[j]);
+                    }
+                }
+            }
+            continue;
+        }
         for (int i = 0; i < 16; i++) {
             __m512 v0 = _mm512_set1_ps(xb[2 * i]), v1 = _mm512_set1_ps(xb[2 * i + 1]);
 #pragma GCC unroll 4
             for (int j = 0; j < NP; j++) {
-                __m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pb[j] + off_q + i * LANES)));
+                const uint8_t *qp = pb[j] + off_q + (kb0 / 2) * LANES, *hp = pb[j] + off_hi + 2 * kb0;
+                __m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qp + i * LANES)));
                 __m512i c0 = _mm512_and_si512(bb, _mm512_set1_epi32(15)), c1 = _mm512_srli_epi32(bb, 4);
                 if (off_hi) {
-                    c0 = _mm512_mask_or_epi32(c0, ld_mask(pb[j] + off_hi + 4 * i), c0, _mm512_set1_epi32(16));
-                    c1 = _mm512_mask_or_epi32(c1, ld_mask(pb[j] + off_hi + 4 * i + 2), c1, _mm512_set1_epi32(16));
+                    c0 = _mm512_mask_or_epi32(c0, ld_mask(hp + 4 * i), c0, _mm512_set1_epi32(16));
+                    c1 = _mm512_mask_or_epi32(c1, ld_mask(hp + 4 * i + 2), c1, _mm512_set1_epi32(16));
                 }
                 __m512 w0, w1;
                 if (TYPE == GGML_Q4_0 || TYPE == GGML_Q5_0) {
                     const __m512i z = _mm512_set1_epi32(TYPE == GGML_Q4_0 ? 8 : 16);
                     w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, z)), d[j]);
                     w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, z)), d[j]);
+                } else if (kq) {
+                    w0 = _mm512_fmsub_ps(d[j], _mm512_cvtepi32_ps(c0), m[j]);
+                    w1 = _mm512_fmsub_ps(d[j], _mm512_cvtepi32_ps(c1), m[j]);
                 } else {
                     w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d[j], m[j]);
                     w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d[j], m[j]);
@@ -611,7 +673,6 @@ static inline __attribute__((always_inline)) void qrow1_32(const gemm_qpart *q, 
             }
         }
     }
-    (void)in;
 #pragma GCC unroll 4
     for (int j = 0; j < NP; j++) {
         int32_t n = ncol - j * LANES < LANES ? ncol - j * LANES : LANES;
@@ -627,25 +688,24 @@ typedef void (*qrow1_fn)(const gemm_qpart *q, const float *x, int32_t p0, float 
 #define QR(T, NP) \
     static void qr_##T##_##NP(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ncol, int accumulate) \
     { \
-        qrow1_32(q, x, p0, y, ncol, accumulate, NP, T); \
+        qrow1(q, x, p0, y, ncol, accumulate, NP, T); \
     }
 #define QR4(T) QR(T, 1) QR(T, 2) QR(T, 3) QR(T, 4)
-QR4(GGML_Q8_0) QR4(GGML_Q4_0) QR4(GGML_Q4_1) QR4(GGML_Q5_0) QR4(GGML_Q5_1)
+QR4(GGML_F32) QR4(GGML_F16) QR4(GGML_BF16) QR4(GGML_Q8_0) QR4(GGML_Q4_0) QR4(GGML_Q4_1) QR4(GGML_Q5_0)
+QR4(GGML_Q5_1) QR4(GGML_Q4_K) QR4(GGML_Q5_K) QR4(GGML_Q6_K)
 #undef QR4
 #undef QR
 #define QR_ROW(T) {qr_##T##_1, qr_##T##_2, qr_##T##_3, qr_##T##_4}
-/* [type][NP - 1] for the 32-block types, NULL rows for the others. */
 static qrow1_fn qrow1_for(int32_t type, int32_t np)
 {
-    static const qrow1_fn t[5][4] = {QR_ROW(GGML_Q8_0), QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0),
-                                     QR_ROW(GGML_Q5_1)};
-    switch (type) {
-    case GGML_Q8_0: return t[0][np - 1];
-    case GGML_Q4_0: return t[1][np - 1];
-    case GGML_Q4_1: return t[2][np - 1];
-    case GGML_Q5_0: return t[3][np - 1];
-    case GGML_Q5_1: return t[4][np - 1];
-    }
+    static const qrow1_fn t[11][4] = {QR_ROW(GGML_F32),  QR_ROW(GGML_F16),  QR_ROW(GGML_BF16), QR_ROW(GGML_Q8_0),
+                                      QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0), QR_ROW(GGML_Q5_1),
+                                      QR_ROW(GGML_Q4_K), QR_ROW(GGML_Q5_K), QR_ROW(GGML_Q6_K)};
+    static const int32_t order[11] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    for (int i = 0; i < 11; i++)
+        if (order[i] == type)
+            return t[i][np - 1];
     return NULL;
 }
 #undef QR_ROW
