@@ -68,6 +68,21 @@ int gemm_qtype_ok(int32_t type)
     return layout_of(type, &l) == 0;
 }
 
+/* Panels are stored in groups of 4 (the GEMM's work item), blocks of the
+ * group's panels interleaved: [group][block][panel of the group][pblk], so a
+ * task reads one linear stream (the hardware prefetcher follows it; four
+ * short per-panel streams it did not). The last group may hold fewer. */
+static inline size_t group_bytes(const gemm_qpart *q, int32_t g)
+{
+    int32_t npg = q->n_panels - 4 * g < 4 ? q->n_panels - 4 * g : 4;
+    return (size_t)npg * q->n_blocks * q->pblk;
+}
+static inline size_t pblock_at(const gemm_qpart *q, int32_t p, int32_t b)
+{
+    int32_t g = p / 4, npg = q->n_panels - 4 * g < 4 ? q->n_panels - 4 * g : 4;
+    return ((size_t)g * 4 * q->n_blocks + (size_t)b * npg + p % 4) * q->pblk;
+}
+
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t rd32(const uint8_t *p)
 {
@@ -210,16 +225,16 @@ int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpar
     for (int32_t c = 0; c < out; c++) {
         const uint8_t *row = src + (size_t)c * row_bytes;
         int lane = c % LANES;
-        uint8_t *panel = q->data + (size_t)(c / LANES) * q->n_blocks * L.pblk;
+        const int32_t p = c / LANES;
         if (is_ftype(type)) {
             /* [k][16] elements of L.raw bytes: block b, k within it. */
             for (int32_t k = 0; k < in; k++)
-                memcpy(panel + (size_t)(k / 32) * L.pblk + ((size_t)(k % 32) * LANES + lane) * L.raw,
+                memcpy(q->data + pblock_at(q, p, k / 32) + ((size_t)(k % 32) * LANES + lane) * L.raw,
                        row + (size_t)k * L.raw, L.raw);
             continue;
         }
         for (int32_t b = 0; b < q->n_blocks; b++)
-            pack_block(type, &L, row + (size_t)b * L.raw, panel + (size_t)b * L.pblk, lane);
+            pack_block(type, &L, row + (size_t)b * L.raw, q->data + pblock_at(q, p, b), lane);
     }
     return 0;
 }
@@ -242,7 +257,7 @@ static void decode_lanes(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk,
     qlayout L;
     layout_of(q->type, &L);
     const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
-    const uint8_t *pb = q->data + ((size_t)p * q->n_blocks + b) * q->pblk;
+    const uint8_t *pb = q->data + pblock_at(q, p, b);
     const uint8_t *qq = pb + L.q;
     for (int lane = l0; lane < l1; lane++) {
         float d = rd_f16_to_f32(rd16(pb + 2 * lane));
@@ -339,7 +354,7 @@ static inline __mmask16 ld_mask(const uint8_t *p) { return (__mmask16)rd16(p); }
 static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
 {
     const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
-    const uint8_t *pb = q->data + ((size_t)p * q->n_blocks + b) * q->pblk;
+    const uint8_t *pb = q->data + pblock_at(q, p, b);
     switch (q->type) {
     case GGML_F32:
         memcpy(dst, pb + (size_t)kb0 * LANES * 4, (size_t)nk * LANES * 4);
@@ -454,7 +469,7 @@ void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float 
  * The GEMM. Work items are groups of 4 panels of one part, as gemm.c's. */
 
 #define ROW_CHUNK 64            /* as gemm.c: rows per pass over the weights */
-#define PREFETCH_CHUNKS 8       /* chunks of k the small-batch GEMM prefetches ahead */
+#define PREFETCH_BYTES 4096     /* how far ahead of the small-batch decoder its stream is fetched */
 #define SMALL_ROWS 3            /* up to this many rows decode into L1 per chunk of k */
 
 /* Per-worker decode buffers for the larger batches: 4 panels of the widest
@@ -486,6 +501,34 @@ static void put_rows(const float *t, int32_t tld, int32_t rows, int32_t cols, fl
 }
 
 #if defined(__AVX512F__)
+/* Batch 1-3 streams the weights once per step and is bound by how fast
+ * they arrive: a task's group is one linear stream (pblock_at), which is
+ * fetched PREFETCH_BYTES ahead of the decoder, a chunk's worth per step
+ * (the first PREFETCH_BYTES at the start). */
+typedef struct {
+    const char *base, *end;     /* the group's bytes */
+    const char *next;           /* first byte not yet prefetched */
+    size_t step;                /* bytes the decoder consumes per chunk of k */
+} stream_prefetch;
+
+static inline void prefetch_to(stream_prefetch *s, const char *to)
+{
+    if (to > s->end)
+        to = s->end;
+    for (; s->next < to; s->next += 64)
+        _mm_prefetch(s->next, _MM_HINT_T0);
+}
+
+static inline void stream_start(stream_prefetch *s, const gemm_qpart *q, int32_t g)
+{
+    s->base = s->next = (const char *)q->data + pblock_at(q, 4 * g, 0);
+    s->end = s->base + group_bytes(q, g);
+    s->step = group_bytes(q, g) / ((size_t)(q->in + GEMMQ_CHUNK - 1) / GEMMQ_CHUNK);
+    prefetch_to(s, s->base + PREFETCH_BYTES);
+}
+
+static inline void stream_step(stream_prefetch *s) { prefetch_to(s, s->next + s->step); }
+
 /* R rows (<= 3) x NP panels (<= 4): decode GEMMQ_CHUNK k of each panel into
  * an L1 buffer, run the chains over it, next chunk; chains stay in
  * registers from k = 0 to in - 1, exactly gemm.c's tile_z. */
@@ -501,20 +544,11 @@ static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++)
             acc[r][j] = _mm512_setzero_ps();
-    /* Batch 1-3 streams the weights once per step, NP panels at a time:
-     * the hardware prefetcher does not run far enough ahead on NP streams
-     * (measured: half the decode time waited on these loads), so fetch each
-     * panel's bytes PREFETCH_CHUNKS chunks ahead of the decoder. */
-    const size_t panel_bytes = (size_t)q->n_blocks * q->pblk, chunk_bytes = q->pblk * GEMMQ_CHUNK / q->blk;
-    const uint8_t *pdata = q->data + (size_t)p0 * panel_bytes;
+    stream_prefetch st;
+    stream_start(&st, q, p0 / 4);
     for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
         const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
-        const size_t ahead = (size_t)(k0 / GEMMQ_CHUNK + PREFETCH_CHUNKS) * chunk_bytes;
-        if (ahead < panel_bytes)
-#pragma GCC unroll 4
-            for (int j = 0; j < NP; j++)
-                for (size_t b = 0; b < chunk_bytes; b += 64)
-                    _mm_prefetch((const char *)pdata + j * panel_bytes + ahead + b, _MM_HINT_T0);
+        stream_step(&st);
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++)
             decode_avx512(q, p0 + j, k0, nk, buf[j]);
@@ -555,16 +589,14 @@ static inline __attribute__((always_inline)) void qrow1(const gemm_qpart *q, con
                                                         int32_t ncol, int accumulate, const int NP, const int TYPE)
 {
     const int32_t in = q->in, blk = q->blk;
-    const size_t pblk = q->pblk, panel_bytes = (size_t)q->n_blocks * pblk;
-    const uint8_t *pdata = q->data + (size_t)p0 * panel_bytes;
     const int kq = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
     /* Field offsets (gemm_quant.h's layouts). */
     const int off_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1 || kq ? 32 : 0;
     const int off_hi = TYPE == GGML_Q5_0 ? 32 : TYPE == GGML_Q5_1 ? 64 : TYPE == GGML_Q5_K ? 320 : 0;
     const int off_q = TYPE == GGML_Q8_0 || TYPE == GGML_Q4_0 ? 32 : TYPE == GGML_Q4_1 ? 64 : TYPE == GGML_Q5_0 ? 96
                       : TYPE == GGML_Q5_1 ? 128 : TYPE == GGML_Q4_K ? 320 : TYPE == GGML_Q5_K ? 832 : 288;
-    /* Prefetch whole panel-blocks, far enough ahead to cover PREFETCH_CHUNKS chunks. */
-    const int32_t pf_blocks = blk >= PREFETCH_CHUNKS * GEMMQ_CHUNK ? 1 : PREFETCH_CHUNKS * GEMMQ_CHUNK / blk;
+    stream_prefetch st;
+    stream_start(&st, q, p0 / 4);
     __m512 acc[4];
 #pragma GCC unroll 4
     for (int j = 0; j < NP; j++)
@@ -574,12 +606,10 @@ static inline __attribute__((always_inline)) void qrow1(const gemm_qpart *q, con
         const float *xb = x + k0;
         __m512 d[4], m[4], d2[4];
         const uint8_t *pb[4];
+        stream_step(&st);
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++) {
-            pb[j] = pdata + j * panel_bytes + (size_t)b * pblk;
-            if (kb0 == 0 && b + pf_blocks < q->n_blocks)
-                for (size_t o = 0; o < pblk; o += 64)
-                    _mm_prefetch((const char *)pb[j] + pf_blocks * pblk + o, _MM_HINT_T0);
+            pb[j] = q->data + pblock_at(q, p0 + j, b);
             if (TYPE == GGML_F32 || TYPE == GGML_F16 || TYPE == GGML_BF16)
                 continue;
             d[j] = ld_f16(pb[j]);

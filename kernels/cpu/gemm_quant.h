@@ -31,7 +31,9 @@
  *   Q4_K d[16], dmin[16], sc[8][16] u8, mn[8][16] u8, q pairs [128][16]
  *   Q5_K as Q4_K with hi[256 k] u16 before the pairs
  *   Q6_K d[16], sc[16][16] i8, low nibble pairs [128][16], hi[64 k-quads][16] (2 bits each)
- * Lanes past `out` are zero; K of F32/F16/BF16 is padded to the block with 0. */
+ * Lanes past `out` are zero; K of F32/F16/BF16 is padded to the block with 0.
+ * Panel-blocks are stored by groups of 4 panels (the GEMM's work item), the
+ * group's panels interleaved per block: [group][block][panel][pblk]. */
 typedef struct {
     int32_t type;               /* ggml_type (engine/gguf.h) */
     int32_t out;                /* rows of W (output features) in this part */
@@ -40,7 +42,7 @@ typedef struct {
     int32_t blk;                /* k per block: 32, or 256 for K-quants */
     int32_t n_blocks;           /* ceil(in / blk) */
     size_t pblk;                /* bytes of one panel-block */
-    uint8_t *data;              /* [n_panels][n_blocks][pblk] */
+    uint8_t *data;              /* [n_panels / 4][n_blocks][4][pblk] (the last group may hold fewer panels) */
 } gemm_qpart;
 
 /* A linear layer as parts stacked along out (a fused q|k|v may mix dtypes). */
