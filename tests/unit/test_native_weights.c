@@ -12,11 +12,13 @@
  *   a seeded n = 2 run (token ids and log-probs), each alone and inside a
  *   batch of 4, and the batched runs equal the lone ones (batch invariance);
  * - every tiny model of tests/gen_testdata.sh (all 11 dtypes, every family,
- *   untied, GGUF v2) gives memcmp-equal prompt logits on both paths. */
+ *   untied, GGUF v2) gives memcmp-equal prompt logits on both paths, and so
+ *   do HF checkpoints in F16 and BF16 (held in half the bytes of fp32). */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "engine/err.h"
@@ -267,6 +269,52 @@ static void test_tiny_models(void)
     }
 }
 
+/* An HF checkpoint in F16 and in BF16 (exported from tiny-q8_0) keeps its
+ * dtype natively: half the bytes of fp32, the same logits. */
+static void test_hf_half_checkpoints(void)
+{
+    char path[256], dir[] = "/tmp/rd_native_XXXXXX", why[200] = "";
+    snprintf(path, sizeof path, "%s/tiny-q8_0.gguf", testdata());
+    CHECK(mkdtemp(dir), "mkdtemp");
+    rd_loaded src;
+    CHECK(load(path, 1, &src) == 0, "%.200s: %.200s", path, rd_errmsg());
+    const st_dtype dts[2] = {ST_F16, ST_BF16};
+    const int32_t lens[] = {1, 3, 9};
+    int bad = 0;
+    for (int i = 0; i < 2 && !bad; i++) {
+        char sub[300];
+        snprintf(sub, sizeof sub, "%s/%s", dir, i ? "bf16" : "f16");
+        bad = mkdir(sub, 0700) || model_export_hf(src.m, sub, dts[i]);
+        if (bad) {
+            snprintf(why, sizeof why, "export %.60s: %.100s", sub, rd_errmsg());
+            break;
+        }
+        rd_loaded a, b;
+        if (load(sub, 1, &a) || load(sub, 0, &b)) {
+            snprintf(why, sizeof why, "load %.60s: %.100s", sub, rd_errmsg());
+            bad = 1;
+            break;
+        }
+        bad = compare_logits(a.m, b.m, lens, 3, why, sizeof why);
+        if (!bad && !(b.m->weights_bytes * 3 < a.m->weights_bytes * 2)) {
+            snprintf(why, sizeof why, "%.60s: native %lld bytes, f32 %lld", sub, (long long)b.m->weights_bytes,
+                     (long long)a.m->weights_bytes);
+            bad = 1;
+        }
+        rd_unload(&a);
+        rd_unload(&b);
+        char f[400];
+        snprintf(f, sizeof f, "%s/config.json", sub);
+        unlink(f);
+        snprintf(f, sizeof f, "%s/model.safetensors", sub);
+        unlink(f);
+        rmdir(sub);
+    }
+    rmdir(dir);
+    rd_unload(&src);
+    CHECK(!bad, "%s", why);
+}
+
 int main(void)
 {
     RUN(test_rss_after_load);   /* first: a process that has loaded nothing else */
@@ -278,5 +326,6 @@ int main(void)
         rd_unload(&real_nat);
     }
     RUN(test_tiny_models);
+    RUN(test_hf_half_checkpoints);
     TEST_EXIT();
 }
