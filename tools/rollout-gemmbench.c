@@ -65,6 +65,8 @@ int main(int argc, char **argv)
     for (int32_t i = 0; i < n_rows; i++)
         max_m = rows[i] > max_m ? rows[i] : max_m;
     pool_init(1);
+    if (gemm_qreserve(in))
+        cli_die(P, "%s%s", rd_errmsg(), "");
     size_t rb = ggml_row_bytes(type, (uint64_t)in);
     if (rb == 0)
         cli_die(P, "--in is not a multiple of the %s block%s", tname, "");

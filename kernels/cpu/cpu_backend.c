@@ -99,14 +99,15 @@ static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_pa
         free(w);
         return rc;
     }
-    cpu_lin *L = calloc(1, sizeof *L);
+    int rc = gemm_qreserve(in);
+    cpu_lin *L = rc ? NULL : calloc(1, sizeof *L);
     if (!L)
-        return rd_fail(RD_ENOMEM, "cpu: cannot allocate a weight handle");
+        return rc ? rc : rd_fail(RD_ENOMEM, "cpu: cannot allocate a weight handle");
     L->native = 1;
     L->q.out = out;
     L->q.in = in;
     for (int32_t i = 0; i < n_parts; i++) {
-        int rc = gemm_qpack(parts[i].type, parts[i].data, parts[i].rows, in, &L->q.parts[i]);
+        rc = gemm_qpack(parts[i].type, parts[i].data, parts[i].rows, in, &L->q.parts[i]);
         if (rc) {
             for (int32_t j = 0; j < i; j++)
                 gemm_qrelease(&L->q.parts[j]);

@@ -11,6 +11,7 @@
  * checks every type against ggml_dequant_row bit for bit. */
 #include "gemm_quant.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -473,10 +474,26 @@ void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float 
 #define SMALL_ROWS 3            /* up to this many rows decode into L1 per chunk of k */
 
 /* Per-worker decode buffers for the larger batches: 4 panels of the widest
- * in, fp32 (grown on demand by the worker that owns it, kept for the life
- * of the process: at most 4 * in * 64 bytes per thread). */
+ * in loaded so far, fp32 (4 * in * 64 bytes per thread, 393 KB at in =
+ * 1536), kept for the life of the process. */
 static float *scratch[POOL_MAX_THREADS];
 static size_t scratch_n[POOL_MAX_THREADS];
+
+int gemm_qreserve(int32_t in)
+{
+    const size_t n = (size_t)4 * in * LANES;
+    for (int i = 0; i < pool_size() && i < POOL_MAX_THREADS; i++) {
+        if (scratch_n[i] >= n)
+            continue;
+        float *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+        if (!p)
+            return rd_fail(RD_ENOMEM, "gemm_qreserve: cannot allocate %zu bytes of decode buffer", n * sizeof(float));
+        free(scratch[i]);
+        scratch[i] = p;
+        scratch_n[i] = n;
+    }
+    return 0;
+}
 
 typedef struct {
     const gemm_qlinear *L;
@@ -779,23 +796,37 @@ static void qtask(void *ctx, int32_t t, int32_t worker)
         return;
     }
 #endif
+    float tmp[ROW_CHUNK * 4 * LANES] __attribute__((aligned(64)));
+    float *w = scratch[worker];
+    if (scratch_n[worker] < (size_t)np * in * LANES) {
+        /* No buffer this wide (gemm_qreserve was not called for this in):
+         * the same chains in plain C, a chunk of k at a time. */
+        float buf[GEMMQ_CHUNK * LANES];
+        const int32_t ld = np * LANES;
+        memset(tmp, 0, sizeof(float) * (size_t)rows * ld);
+        for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+            const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+            for (int32_t jj = 0; jj < np; jj++) {
+                gemm_qdecode(q, p0 + jj, k0, nk, buf);
+                for (int32_t r = 0; r < rows; r++)
+                    for (int32_t kk = 0; kk < nk; kk++) {
+                        const float xv = x[(size_t)r * in + k0 + kk];
+                        float *a = tmp + (size_t)r * ld + jj * LANES;
+                        for (int l = 0; l < LANES; l++)
+                            a[l] = fmaf(xv, buf[kk * LANES + l], a[l]);
+                    }
+            }
+        }
+        put_rows(tmp, ld, rows, ncol, y, L->out, j->accumulate);
+        return;
+    }
     /* Decode the group's panels once as gemm.c's fp32 panels, run its tiles
      * over them into a row-chunk buffer, then place the columns. */
-    size_t need = (size_t)np * in * LANES;
-    if (scratch_n[worker] < need) {
-        free(scratch[worker]);
-        scratch[worker] = aligned_alloc(64, ((size_t)4 * in * LANES * sizeof(float) + 63) & ~(size_t)63);
-        scratch_n[worker] = scratch[worker] ? (size_t)4 * in * LANES : 0;
-        if (!scratch[worker])
-            abort();            /* a few hundred KB per thread; nothing sensible to return from a task */
-    }
-    float *w = scratch[worker];
     for (int32_t jj = 0; jj < np; jj++)
         for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK)
             gemm_qdecode(q, p0 + jj, k0, in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK,
                          w + ((size_t)jj * in + k0) * LANES);
     gemm_weight view = {.out = np * LANES, .in = in, .n_panels = np, .packed = w};
-    float tmp[ROW_CHUNK * 4 * LANES] __attribute__((aligned(64)));
     gemm_rows(&view, x, tmp, 0, rows, 0, np, 0);
     put_rows(tmp, np * LANES, rows, ncol, y, L->out, j->accumulate);
 }

@@ -4,9 +4,10 @@
  * A weight is never widened to fp32 in memory: it is repacked, at the same
  * size give or take a few percent, into panels of 16 output columns (as
  * gemm.h's fp32 panels) and blocks along K, so that one k of one block
- * decodes to a 16-lane vector. The GEMM decodes a panel's k-range into an L1
- * buffer (batch 1-3) or a per-thread buffer of whole panels (larger batches)
- * and runs the same FMA chains as gemm.c over it: every decoded weight is the
+ * decodes to a 16-lane vector. The GEMM decodes a single row's weights
+ * straight into registers, 2-3 rows' a chunk of 32 k at a time into an L1
+ * buffer, and larger batches' whole panels into a per-thread buffer of fp32
+ * panels that gemm.c's tiles then run over: every decoded weight is the
  * float engine/dequant.c produces (exact products, one rounding), and every
  * output is acc = fmaf(x[k], w[c][k], acc) for k in order from 0, so results
  * are bit-identical to dequantizing at load and calling gemm_forward, for
@@ -77,6 +78,10 @@ void gemm_qrow(const gemm_qpart *q, int32_t r, float *dst);
 /* y[m][out] = x[m][in] . W^T (+ y when accumulate), on the pool's threads;
  * bit-identical to gemm_forward on the dequantized W. */
 void gemm_qforward(const gemm_qlinear *L, const float *x, int32_t m, float *y, int accumulate);
+/* Sizes the per-thread decode buffers of the larger batches for rows of
+ * `in` (the pool's threads; call it while no GEMM runs, e.g. at load). A
+ * GEMM whose in is wider than the buffers falls back to plain C. */
+int gemm_qreserve(int32_t in);
 /* Row r of the whole W. */
 void gemm_qlinear_row(const gemm_qlinear *L, int32_t r, float *dst);
 /* Sets row0 and task0 from the parts' shapes. */

@@ -18,7 +18,8 @@
  * - the GEMM output is memcmp-equal to gemm_forward on the dequantized
  *   weight for M = 1..65, with out odd / not a multiple of the panel and K
  *   at every tail the type allows, with accumulate 0 and 1, and equal to the
- *   scalar fmaf chain; no write past y[M][out];
+ *   scalar fmaf chain; no write past y[M][out]; also before the decode
+ *   buffers are reserved (gemm_qreserve: the plain-C fallback);
  * - through the CPU backend, a weight of mixed-dtype parts (a fused q|k|v)
  *   gives the same outputs, row reads and embedding rows as the same weight
  *   loaded with RD_CPU_WEIGHTS=f32, and reports fewer bytes.
@@ -561,8 +562,15 @@ static void test_quant_gemm(void)
     fill(res, (size_t)MAXM * 75, 10);
     int ok = 1;
     char why[240] = "";
+    /* Phase 0: before gemm_qreserve (the plain-C path of batches past 3
+     * rows), two types; phase 1: every type with the decode buffers. */
+    for (int phase = 0; phase < 2 && ok; phase++)
     for (int ti = 0; ti < N_QTYPES && ok; ti++) {
         const int32_t t = qtypes[ti];
+        if (phase == 0 && t != GGML_Q4_1 && t != GGML_Q6_K)
+            continue;
+        if (phase == 1 && ti == 0)
+            CHECK_OK(gemm_qreserve(512));
         shape sh[8];
         int ns = qshapes(t, sh);
         for (int s = 0; s < ns && ok; s++) {
