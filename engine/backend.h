@@ -65,6 +65,14 @@ typedef struct rd_sample_req {
     const samp_params *sp;
 } rd_sample_req;
 
+/* Rows of a weight in its file dtype, for linear_load_q. */
+#define RD_WPART_MAX 4
+typedef struct {
+    int32_t type;               /* ggml_type (engine/gguf.h) */
+    int32_t rows;               /* output features in this part */
+    const void *data;           /* rows x ggml_row_bytes(type, in) bytes, row-major, HF row order */
+} rd_wpart;
+
 typedef struct rd_backend_ops {
     const char *name;           /* "cpu", "cuda" */
 
@@ -82,6 +90,14 @@ typedef struct rd_backend_ops {
     void (*linear_free)(rd_backend *be, void *handle);
     /* Reads a loaded weight back to the host as fp32 W[out][in] (export). */
     int (*linear_read)(rd_backend *be, const void *handle, float *w_host);
+    /* The same weight from its file bytes: parts stacked along out (a fused
+     * q|k|v may mix dtypes), each in a ggml dtype (engine/gguf.h). The
+     * backend may keep them in that dtype; every product it computes must
+     * equal the one linear_load of the dequantized W (ggml_dequant_row)
+     * gives, bit for bit. NULL: the loader dequantizes and calls linear_load. */
+    int (*linear_load_q)(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle);
+    /* Bytes of backend memory a loaded weight holds (what /status reports). */
+    int64_t (*linear_bytes)(rd_backend *be, const void *handle);
 
     /* y[M][out] = x[M][in] . W^T, then y += residual when accumulate (the
      * product is rounded first, so accumulate equals a separate add). */

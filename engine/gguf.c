@@ -566,6 +566,12 @@ int gguf_open(const char *path, gguf_file **out)
     return 0;
 }
 
+void gguf_drop_data_pages(const gguf_file *f)
+{
+    if (f && f->mapped && f->data_offset < f->size)
+        rd_map_drop_pages(f->base + f->data_offset, f->size - f->data_offset);
+}
+
 void gguf_close(gguf_file *f)
 {
     if (!f)

@@ -75,6 +75,9 @@ int gguf_open(const char *path, gguf_file **out);
 int gguf_parse(const uint8_t *buf, size_t size, gguf_file **out);
 
 void gguf_close(gguf_file *f);
+/* Drops the resident pages of the tensor data (rd_map_drop_pages) once the
+ * weights have been copied out; tensor views stay valid. */
+void gguf_drop_data_pages(const gguf_file *f);
 
 /* Lookups return NULL when absent. */
 const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);

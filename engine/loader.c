@@ -39,6 +39,8 @@ int rd_load(const char *path, const char *backend, int n_threads, rd_loaded *out
         goto fail;
     if (gguf_find_kv(out->gguf, "tokenizer.ggml.model") && (rc = tok_load(out->gguf, &out->tok)))
         goto fail;
+    /* The backend holds its own copy of every weight now. */
+    gguf_drop_data_pages(out->gguf);
     return 0;
 fail:
     rd_unload(out);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -41,4 +42,14 @@ void rd_unmap_file(const void *base, size_t size)
 {
     if (base)
         munmap((void *)base, size);
+}
+
+void rd_map_drop_pages(const void *p, size_t size)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!p || size == 0 || pg <= 0)
+        return;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1), e = (uintptr_t)p + size;
+    if (e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED);   /* advice: nothing to do if it fails */
 }

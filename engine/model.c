@@ -222,6 +222,20 @@ static void unpermute_rows(float *w, int32_t n_heads, int32_t hd, int32_t cols, 
     }
 }
 
+/* unpermute_rows on rows of row_bytes file bytes (a quantized row holds
+ * whole blocks of one output feature, so rows move as they are). */
+static void unpermute_raw(uint8_t *w, int32_t n_heads, int32_t hd, size_t row_bytes, uint8_t *tmp)
+{
+    const int32_t half = hd / 2;
+    for (int32_t h = 0; h < n_heads; h++) {
+        uint8_t *head = w + (size_t)h * hd * row_bytes;
+        memcpy(tmp, head, row_bytes * (size_t)hd);
+        for (int32_t i = 0; i < half; i++)
+            for (int32_t j = 0; j < 2; j++)
+                memcpy(head + (size_t)(j * half + i) * row_bytes, tmp + (size_t)(2 * i + j) * row_bytes, row_bytes);
+    }
+}
+
 static int upload_vector(rd_backend *be, const float *src, int32_t n, float **dst)
 {
     *dst = be->ops->alloc(be, sizeof(float) * (size_t)n);
@@ -304,6 +318,36 @@ static int gguf_fetch(void *ctx, const char *hf, int64_t rows, int64_t cols, flo
     return 0;
 }
 
+/* The same tensor as its file bytes (row-major, HF row order), for
+ * backends that keep file dtypes. 1 (not an error) when it cannot come raw
+ * (a conversion other than a row permutation): the caller fetches fp32. */
+static int gguf_fetch_raw(void *ctx, const char *hf, int64_t rows, int64_t cols, int32_t *type, uint8_t *dst,
+                          size_t cap, size_t *nbytes)
+{
+    gguf_source *src = ctx;
+    const arch_tensor *t;
+    int32_t layer;
+    if (arch_resolve_hf(src->arch, src->cfg, hf, &t, &layer))
+        return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
+    if (t->flags & AT_NORM_1P)
+        return 1;
+    char name[128];
+    arch_gguf_name(t, layer, name, sizeof name);
+    const gguf_tensor *g = gguf_find_tensor(src->g, name);
+    if (!g || g->n_dims != 2 || (int64_t)g->ne[0] != cols || (int64_t)g->ne[1] != rows)
+        return 1;               /* load_matrix says what is wrong */
+    size_t row_bytes = ggml_row_bytes(g->type, (uint64_t)cols);
+    if (row_bytes == 0 || row_bytes * (size_t)rows != g->nbytes || g->nbytes > cap)
+        return 1;
+    memcpy(dst, g->data, g->nbytes);
+    if (t->flags & (AT_PERMUTE_Q | AT_PERMUTE_K))
+        unpermute_raw(dst, (t->flags & AT_PERMUTE_Q) ? src->cfg->n_heads : src->cfg->n_kv_heads, src->cfg->head_dim,
+                      row_bytes, (uint8_t *)src->tmp);
+    *type = (int32_t)g->type;
+    *nbytes = g->nbytes;
+    return 0;
+}
+
 void **model_weight_slot(model *m, arch_group g, int32_t layer)
 {
     model_layer *L = arch_group_per_layer(g) ? &m->layers[layer] : NULL;
@@ -327,9 +371,58 @@ void **model_weight_slot(model *m, arch_group g, int32_t layer)
     return NULL;
 }
 
+/* Loads linear group g (layer l) from its members' file bytes, packed one
+ * after the other into buf (cap bytes): consecutive members of one dtype
+ * become one part. 1 when some member cannot come raw (the caller takes the
+ * fp32 path), else 0 or an error. */
+static int load_group_raw(model *m, arch_group g, int32_t l, uint8_t *buf, size_t cap, model_fetch_raw_fn fetch_raw,
+                          void *ctx)
+{
+    const model_config *c = &m->cfg;
+    const arch_desc *a = m->arch;
+    rd_backend *be = m->be;
+    int64_t rows, cols;
+    arch_group_shape(a, c, g, &rows, &cols);
+    rd_wpart parts[RD_WPART_MAX];
+    int32_t n_parts = 0;
+    size_t used = 0;
+    int64_t next_row = 0;
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const arch_tensor *t = &a->tensors[i];
+        if (t->group != g)
+            continue;
+        char name[128];
+        arch_hf_name(t, l, name, sizeof name);
+        int64_t at = arch_tensor_row0(a, c, t);
+        int64_t tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
+        if (at != next_row || tc != cols)
+            return 1;           /* members not stacked in table order: the fp32 path places them */
+        int32_t type;
+        size_t nb;
+        int rc = fetch_raw(ctx, name, tr, tc, &type, buf + used, cap - used, &nb);
+        if (rc)
+            return rc;
+        if (n_parts > 0 && parts[n_parts - 1].type == type) {
+            parts[n_parts - 1].rows += (int32_t)tr;
+        } else {
+            if (n_parts == RD_WPART_MAX)
+                return 1;
+            parts[n_parts++] = (rd_wpart){.type = type, .rows = (int32_t)tr, .data = buf + used};
+        }
+        used += (nb + 63) & ~(size_t)63;
+        if (used > cap)
+            return 1;
+        next_row = at + tr;
+    }
+    if (next_row != rows)
+        return 1;
+    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, model_weight_slot(m, g, l));
+}
+
 /* Fetches every member of group g (layer l) into buf at its place in the
  * fused layout and loads the group into the backend. */
-static int load_group(model *m, arch_group g, int32_t l, float *buf, model_fetch_fn fetch, void *ctx)
+static int load_group(model *m, arch_group g, int32_t l, float *buf, size_t buf_floats, model_fetch_fn fetch,
+                      model_fetch_raw_fn fetch_raw, void *ctx)
 {
     const model_config *c = &m->cfg;
     const arch_desc *a = m->arch;
@@ -339,6 +432,11 @@ static int load_group(model *m, arch_group g, int32_t l, float *buf, model_fetch
     if (rows == 0 || (g == AG_LM_HEAD && c->tied_embeddings))
         return 0;
     const int linear = arch_group_is_linear(g);
+    if (linear && fetch_raw && be->ops->linear_load_q) {
+        int rc = load_group_raw(m, g, l, (uint8_t *)buf, buf_floats * sizeof(float), fetch_raw, ctx);
+        if (rc <= 0)
+            return rc;
+    }
     for (int32_t i = 0; i < a->n_tensors; i++) {
         const arch_tensor *t = &a->tensors[i];
         if (t->group != g)
@@ -366,6 +464,12 @@ static int load_group(model *m, arch_group g, int32_t l, float *buf, model_fetch
 }
 
 int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, void *ctx, model **out)
+{
+    return model_build_raw(cfg, be, fetch, NULL, ctx, out);
+}
+
+int model_build_raw(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, model_fetch_raw_fn fetch_raw,
+                    void *ctx, model **out)
 {
     *out = NULL;
     const arch_desc *a = arch_by_name(cfg->arch, strlen(cfg->arch));
@@ -405,12 +509,12 @@ int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, v
         goto fail;
     }
     for (int g = 0; g < AG_FIRST_LAYER; g++)
-        if ((rc = load_group(m, (arch_group)g, -1, buf, fetch, ctx))) goto fail;
+        if ((rc = load_group(m, (arch_group)g, -1, buf, big, fetch, fetch_raw, ctx))) goto fail;
     if (c->tied_embeddings)
         m->lm_head = m->embed;
     for (int32_t l = 0; l < c->n_layers; l++)
         for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
-            if ((rc = load_group(m, (arch_group)g, l, buf, fetch, ctx))) goto fail;
+            if ((rc = load_group(m, (arch_group)g, l, buf, big, fetch, fetch_raw, ctx))) goto fail;
     if ((rc = build_rope(m))) goto fail;
 
     for (int32_t i = 0; i < a->n_tensors; i++) {
@@ -420,6 +524,7 @@ int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, v
                            (arch_group_per_layer(t->group) ? c->n_layers : 1);
     }
     free(buf);
+    model_count_bytes(m);
     *out = m;
     return 0;
 fail:
@@ -439,9 +544,30 @@ int model_load_gguf(const gguf_file *g, rd_backend *be, model **out)
                        .tmp = malloc((size_t)cfg.head_dim * cfg.dim * sizeof(float))};
     if (!src.tmp)
         return rd_fail(RD_ENOMEM, "model: out of memory");
-    rc = model_build(&cfg, be, gguf_fetch, &src, out);
+    rc = model_build_raw(&cfg, be, gguf_fetch, gguf_fetch_raw, &src, out);
     free(src.tmp);
     return rc;
+}
+
+void model_count_bytes(model *m)
+{
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    int64_t n = 0;
+    for (int32_t l = -1; l < c->n_layers; l++)
+        for (int g = l < 0 ? 0 : AG_FIRST_LAYER; g < (l < 0 ? AG_FIRST_LAYER : AG_COUNT); g++) {
+            void **slot = model_weight_slot(m, (arch_group)g, l);
+            if (!*slot || (g == AG_LM_HEAD && m->lm_head == m->embed))
+                continue;
+            int64_t rows, cols;
+            arch_group_shape(m->arch, c, (arch_group)g, &rows, &cols);
+            if (arch_group_is_linear((arch_group)g))
+                n += be->ops->linear_bytes ? be->ops->linear_bytes(be, *slot)
+                                           : rows * cols * (int64_t)sizeof(float);
+            else
+                n += cols * (int64_t)sizeof(float);
+        }
+    __atomic_store_n(&m->weights_bytes, n, __ATOMIC_RELAXED);   /* /status reads it from the loop thread */
 }
 
 static void free_slot(model *m, arch_group g, int32_t l)

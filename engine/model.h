@@ -76,6 +76,8 @@ typedef struct {
     float *rope_local;          /* the same at rope_local_theta, or NULL (no local layers) */
     model_layer *layers;        /* [n_layers] */
     int64_t n_params;           /* parameter count (tied counted once) */
+    int64_t weights_bytes;      /* backend memory the weights hold (linear_bytes, else 4 per parameter);
+                                   set by model_count_bytes at load and after an update swap */
     uint64_t weights_gen;       /* bumped whenever weight pointers change (an update swap): a
                                    backend that caches them (CUDA graphs) must re-capture */
 } model;
@@ -112,6 +114,19 @@ typedef int (*model_fetch_fn)(void *ctx, const char *hf_name, int64_t rows, int6
 /* Builds a model from HF-named fp32 tensors: the one place that decides the
  * fused layout (q|k|v, gate|up), so GGUF and safetensors loads agree bit for bit. */
 int model_build(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, void *ctx, model **out);
+
+/* One weight's file bytes: writes type (ggml_type) and *nbytes bytes
+ * (rows x ggml_row_bytes(type, cols), row-major, HF row order) into dst (cap
+ * bytes). Returns 1 when the tensor does not come raw (fetch it as fp32). */
+typedef int (*model_fetch_raw_fn)(void *ctx, const char *hf_name, int64_t rows, int64_t cols, int32_t *type,
+                                  uint8_t *dst, size_t cap, size_t *nbytes);
+/* model_build where the backend can take linear weights in file dtypes
+ * (ops.linear_load_q): linear groups come through fetch_raw, the rest (and
+ * any group a member of which does not come raw) through fetch. */
+int model_build_raw(const model_config *cfg, rd_backend *be, model_fetch_fn fetch, model_fetch_raw_fn fetch_raw,
+                    void *ctx, model **out);
+/* Sums what the backend holds for the weights into m->weights_bytes. */
+void model_count_bytes(model *m);
 
 /* Config from an HF config.json text (a family's class, arch_by_hf).
  * RD_ENOTSUP names what is not supported (an architecture, a rope_scaling

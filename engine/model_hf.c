@@ -364,6 +364,26 @@ static int st_fetch(void *ctx, const char *name, int64_t rows, int64_t cols, flo
     return st_read_f32(t, dst);
 }
 
+/* A 2-D F32, F16 or BF16 tensor as its file bytes (the same little-endian
+ * element layout as GGUF's), so a backend can keep the checkpoint's dtype;
+ * 1 for anything else (st_fetch converts it). */
+static int st_fetch_raw(void *ctx, const char *name, int64_t rows, int64_t cols, int32_t *type, uint8_t *dst,
+                        size_t cap, size_t *nbytes)
+{
+    const st_source *src = ctx;
+    const st_tensor *t = st_set_find(src->s, name);
+    if (!t || t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols)
+        return 1;               /* st_fetch says what is wrong */
+    int32_t ty = t->dtype == ST_F32 ? GGML_F32 : t->dtype == ST_F16 ? GGML_F16 : t->dtype == ST_BF16 ? GGML_BF16 : -1;
+    size_t n = (size_t)(t->end - t->begin);
+    if (ty < 0 || n != (size_t)rows * cols * (ty == GGML_F32 ? 4 : 2) || n > cap)
+        return 1;
+    memcpy(dst, t->data, n);
+    *type = ty;
+    *nbytes = n;
+    return 0;
+}
+
 static char *read_file(const char *path)
 {
     FILE *fp = fopen(path, "rb");
@@ -426,7 +446,7 @@ int model_load_hf(const char *path, rd_backend *be, model **out)
     if (!cfg.tied_embeddings && !st_set_find(s, "lm_head.weight"))
         cfg.tied_embeddings = 1;
     st_source src = {.s = s, .path = path};
-    rc = model_build(&cfg, be, st_fetch, &src, out);
+    rc = model_build_raw(&cfg, be, st_fetch, st_fetch_raw, &src, out);
     st_set_close(s);
     return rc;
 }

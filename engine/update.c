@@ -463,5 +463,6 @@ void upd_apply(model *m, upd_patch *p)
     if (m->cfg.tied_embeddings)
         m->lm_head = m->embed;
     m->weights_gen++;
+    model_count_bytes(m);       /* a pushed weight is fp32 whatever the one it replaced was */
     p->applied = 1;
 }

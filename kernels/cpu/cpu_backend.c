@@ -12,7 +12,9 @@
 #include "engine/backend.h"
 #include "engine/err.h"
 #include "kernels/cpu/attention.h"
+#include "engine/gguf.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_quant.h"
 #include "kernels/cpu/pool.h"
 
 static void *cpu_alloc(rd_backend *be, size_t bytes)
@@ -33,44 +35,147 @@ static int cpu_copy(rd_backend *be, void *dst, const void *src, size_t bytes)
 
 static int cpu_sync(rd_backend *be) { return 0; }
 
+/* A linear layer's weight: fp32 panels (gemm.h), or its file dtypes
+ * (gemm_quant.h). The embedding table is a linear too (row lookups). */
+typedef struct {
+    int native;                 /* 1: q holds it; 0: f does */
+    gemm_weight f;
+    gemm_qlinear q;
+} cpu_lin;
+
 static int cpu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t in, void **handle)
 {
-    gemm_weight *g = calloc(1, sizeof *g);
-    if (!g)
+    cpu_lin *L = calloc(1, sizeof *L);
+    if (!L)
         return rd_fail(RD_ENOMEM, "cpu: cannot allocate a weight handle");
-    int rc = gemm_pack(w, out, in, g);
+    int rc = gemm_pack(w, out, in, &L->f);
     if (rc) {
-        free(g);
+        free(L);
         return rc;
     }
-    *handle = g;
+    *handle = L;
+    return 0;
+}
+
+/* RD_CPU_WEIGHTS=f32 widens every weight to fp32 at load (the path before
+ * native weights, kept as the oracle the tests compare against); anything
+ * else, or unset, keeps file dtypes. */
+static int cpu_weights_f32(void)
+{
+    const char *v = getenv("RD_CPU_WEIGHTS");
+    return v && !strcmp(v, "f32");
+}
+
+static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
+{
+    *handle = NULL;
+    if (n_parts <= 0 || n_parts > GEMMQ_MAX_PARTS || in <= 0)
+        return rd_fail(RD_EINVAL, "cpu: linear_load_q with %d parts of %d columns (expected 1..%d parts)", n_parts,
+                       in, GEMMQ_MAX_PARTS);
+    int32_t out = 0;
+    int all_f32 = 1, ok = 1;
+    for (int32_t i = 0; i < n_parts; i++) {
+        if (parts[i].rows <= 0 || ggml_row_bytes(parts[i].type, (uint64_t)in) == 0)
+            return rd_fail(RD_EINVAL, "cpu: weight part %d: %d rows of %d %s elements is not a shape the type allows",
+                           i, parts[i].rows, in, ggml_type_name(parts[i].type));
+        out += parts[i].rows;
+        all_f32 &= parts[i].type == GGML_F32;
+        ok &= gemm_qtype_ok(parts[i].type);
+    }
+    if (cpu_weights_f32() || all_f32 || !ok) {
+        /* fp32 panels: dequantize the parts one after the other (an F32
+         * weight is already what the fp32 GEMM wants). */
+        float *w = malloc((size_t)out * in * sizeof(float));
+        if (!w)
+            return rd_fail(RD_ENOMEM, "cpu: cannot allocate a [%d][%d] fp32 weight", out, in);
+        int rc = 0;
+        size_t at = 0;
+        for (int32_t i = 0; i < n_parts && !rc; i++) {
+            rc = ggml_dequant_row(parts[i].type, parts[i].data, w + at, (uint64_t)parts[i].rows * in);
+            at += (size_t)parts[i].rows * in;
+        }
+        if (!rc)
+            rc = cpu_linear_load(be, w, out, in, handle);
+        free(w);
+        return rc;
+    }
+    int rc = gemm_qreserve(in);
+    cpu_lin *L = rc ? NULL : calloc(1, sizeof *L);
+    if (!L)
+        return rc ? rc : rd_fail(RD_ENOMEM, "cpu: cannot allocate a weight handle");
+    L->native = 1;
+    L->q.out = out;
+    L->q.in = in;
+    for (int32_t i = 0; i < n_parts; i++) {
+        rc = gemm_qpack(parts[i].type, parts[i].data, parts[i].rows, in, &L->q.parts[i]);
+        if (rc) {
+            for (int32_t j = 0; j < i; j++)
+                gemm_qrelease(&L->q.parts[j]);
+            free(L);
+            return rc;
+        }
+        L->q.n_parts = i + 1;
+    }
+    gemm_qlinear_index(&L->q);
+    *handle = L;
     return 0;
 }
 
 static void cpu_linear_free(rd_backend *be, void *handle)
 {
-    if (!handle)
+    cpu_lin *L = handle;
+    if (!L)
         return;
-    gemm_release(handle);
-    free(handle);
+    if (L->native)
+        for (int32_t i = 0; i < L->q.n_parts; i++)
+            gemm_qrelease(&L->q.parts[i]);
+    else
+        gemm_release(&L->f);
+    free(L);
+}
+
+static int64_t cpu_linear_bytes(rd_backend *be, const void *handle)
+{
+    const cpu_lin *L = handle;
+    if (!L->native)
+        return (int64_t)L->f.n_panels * L->f.in * GEMM_PANEL * (int64_t)sizeof(float);
+    int64_t n = 0;
+    for (int32_t i = 0; i < L->q.n_parts; i++)
+        n += (int64_t)gemm_qbytes(&L->q.parts[i]);
+    return n;
 }
 
 static int cpu_linear_read(rd_backend *be, const void *handle, float *w_host)
 {
-    gemm_unpack(handle, w_host);
+    const cpu_lin *L = handle;
+    if (!L->native) {
+        gemm_unpack(&L->f, w_host);
+        return 0;
+    }
+    for (int32_t r = 0; r < L->q.out; r++)
+        gemm_qlinear_row(&L->q, r, w_host + (size_t)r * L->q.in);
     return 0;
 }
 
 static void cpu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
 {
-    gemm_forward(w, x, m, y, accumulate);
+    const cpu_lin *L = w;
+    if (L->native)
+        gemm_qforward(&L->q, x, m, y, accumulate);
+    else
+        gemm_forward(&L->f, x, m, y, accumulate);
 }
 
 static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out)
 {
-    const gemm_weight *g = w;
-    for (int32_t i = 0; i < m; i++)
-        gemm_row(g, ids[i], out + (size_t)i * g->in);
+    const cpu_lin *L = w;
+    const int32_t in = L->native ? L->q.in : L->f.in;
+    for (int32_t i = 0; i < m; i++) {
+        if (L->native)
+            gemm_qlinear_row(&L->q, ids[i], out + (size_t)i * in);
+        else
+            gemm_row(&L->f, ids[i], out + (size_t)i * in);
+    }
 }
 
 /* One RMSNorm row: the sum of squares in double, then (x * inv) * w, with
@@ -252,6 +357,8 @@ static const rd_backend_ops cpu_ops = {
     .linear_load = cpu_linear_load,
     .linear_free = cpu_linear_free,
     .linear_read = cpu_linear_read,
+    .linear_load_q = cpu_linear_load_q,
+    .linear_bytes = cpu_linear_bytes,
     .linear = cpu_linear,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

@@ -132,7 +132,7 @@ static const tile_fn tiles[8][4] = {
 /* Rows [r, r1) over panels [p0, p0 + np), np <= 4: 8-row tiles over panel
  * pairs, then the rest of the rows; 1-3 rows take all np panels at once so
  * a single decode row still has 4 chains in flight. */
-static void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
                       int32_t np, int accumulate)
 {
     const int32_t in = g->in, out = g->out;
@@ -226,7 +226,7 @@ static void tile_1x64(const gemm_weight *g, const float *x, int32_t p0, int32_t 
 }
 
 /* AVX2: 4-row x 1-panel tiles, then single rows over all np panels. */
-static void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
                       int32_t np, int accumulate)
 {
     const int32_t in = g->in, out = g->out;

@@ -33,4 +33,10 @@ void gemm_row(const gemm_weight *g, int32_t r, float *dst);
  * panels. */
 void gemm_forward(const gemm_weight *g, const float *x, int32_t m, float *y, int accumulate);
 
+/* One thread's share of gemm_forward: rows [r, r1) of x (rows of in floats)
+ * over panels [p0, p0 + np), np <= 4, into y (rows of out floats). The
+ * quantized GEMM (gemm_quant.c) runs it over panels it has just decoded. */
+void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0, int32_t np,
+               int accumulate);
+
 #endif

@@ -56,6 +56,7 @@
 extern "C" {
 #include "engine/backend.h"
 #include "engine/err.h"
+#include "engine/gguf.h"
 #include "engine/sampler.h"
 }
 
@@ -783,6 +784,32 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
     return 0;
 }
 
+// File dtypes are dequantized on the host (engine/dequant.c) and take the
+// fp32 path: the GPU keeps its bf16 copy either way.
+static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
+{
+    *handle = nullptr;
+    int64_t out = 0;
+    for (int32_t i = 0; i < n_parts; i++)
+        out += parts[i].rows;
+    if (n_parts <= 0 || out <= 0 || in <= 0 || out > INT32_MAX)
+        return rd_fail(RD_EINVAL, "cuda: linear_load_q with %d parts, %lld rows of %d", n_parts, (long long)out, in);
+    float *w = (float *)malloc((size_t)out * in * sizeof(float));
+    if (!w)
+        return rd_fail(RD_ENOMEM, "cuda: out of host memory dequantizing a [%lld][%d] weight", (long long)out, in);
+    int rc = 0;
+    size_t at = 0;
+    for (int32_t i = 0; i < n_parts && !rc; i++) {
+        rc = ggml_dequant_row((ggml_type)parts[i].type, (const uint8_t *)parts[i].data, w + at,
+                              (uint64_t)parts[i].rows * in);
+        at += (size_t)parts[i].rows * in;
+    }
+    if (!rc)
+        rc = cu_linear_load(be, w, (int32_t)out, in, handle);
+    free(w);
+    return rc;
+}
+
 static void cu_linear_free(rd_backend *be, void *handle)
 {
     weight *W = (weight *)handle;
@@ -1507,6 +1534,7 @@ static rd_backend_ops make_ops()
     o.linear_load = cu_linear_load;
     o.linear_free = cu_linear_free;
     o.linear_read = cu_linear_read;
+    o.linear_load_q = cu_linear_load_q;
     o.linear = cu_linear;
     o.embed = cu_embed;
     o.rmsnorm = cu_rmsnorm;

@@ -127,6 +127,10 @@ def http_status_metrics_health_404():
     for k in ("block_size", "blocks_total", "blocks_used", "usage"):
         assert k in doc["kv_cache"], k
     assert set(doc["throughput"]) >= {"prompt_tokens_per_s", "generated_tokens_per_s"}
+    # The CPU backend holds the weights in their file dtype: what it reports is about the file's size
+    # (Q4_1 + Q8_0), not the 4 bytes per parameter of fp32 copies.
+    wb, fsize = doc["memory"]["weights_bytes"], os.path.getsize(MODEL)
+    assert 0.5 * fsize < wb <= 1.1 * fsize, (wb, fsize)
     code, ctype, body = d.http("/metrics")
     assert code == 200 and ctype.startswith("text/plain; version=0.0.4"), (code, ctype)
     m = parse_prometheus(body)

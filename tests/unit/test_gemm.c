@@ -10,6 +10,19 @@
  * - accumulate = 1 equals a separate float add of the product;
  * - pack/unpack/row round-trip, and the output outside y[M][out] is never
  *   written (canaries) nor read when accumulate = 0 (y poisoned with NaN).
+ * Weights in their file dtype (kernels/cpu/gemm_quant.h), for each of F32,
+ * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K on random blocks
+ * (random quants, random finite f16 scales down to subnormals):
+ * - every decoded weight (AVX-512 and plain C decoders, row reads) is the
+ *   float ggml_dequant_row gives, bit for bit, and lanes past out are +-0;
+ * - the GEMM output is memcmp-equal to gemm_forward on the dequantized
+ *   weight for M = 1..65, with out odd / not a multiple of the panel and K
+ *   at every tail the type allows, with accumulate 0 and 1, and equal to the
+ *   scalar fmaf chain; no write past y[M][out]; also before the decode
+ *   buffers are reserved (gemm_qreserve: the plain-C fallback);
+ * - through the CPU backend, a weight of mixed-dtype parts (a fused q|k|v)
+ *   gives the same outputs, row reads and embedding rows as the same weight
+ *   loaded with RD_CPU_WEIGHTS=f32, and reports fewer bytes.
  *
  * Threads: the CPU backend runs the GEMM on its worker pool
  * (kernels/cpu/pool.h, sized by the first pool_init) or, without one, on
@@ -20,8 +33,11 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/err.h"
+#include "engine/gguf.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_quant.h"
 #include "tests/unit/test.h"
 
 #if defined(__has_include)
@@ -376,6 +392,299 @@ static void test_pack_roundtrip(void)
     CHECK(gemm_pack(NULL, 4, -1, &g) == RD_EINVAL && rd_errmsg()[0], "in = -1 accepted");
 }
 
+/* ---------------------------------------------------------------------------
+ * Weights in their file dtype. */
+
+static const int32_t qtypes[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                 GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+#define N_QTYPES ((int)(sizeof qtypes / sizeof qtypes[0]))
+
+static uint64_t lcg(uint64_t *x)
+{
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return *x >> 17;
+}
+
+/* A finite f16 with a random exponent (subnormals included). */
+static uint16_t rand_f16(uint64_t *x)
+{
+    uint16_t h = (uint16_t)lcg(x);
+    if (((h >> 10) & 0x1f) == 0x1f)
+        h ^= 0x4000;
+    return h;
+}
+
+/* Random raw GGUF bytes of [out][in] type t with finite scales; *w gets the
+ * dequantized fp32 weight (ggml_dequant_row, the oracle). NULL on oom. */
+static uint8_t *rand_raw(int32_t t, int32_t out, int32_t in, uint64_t seed, float **w)
+{
+    size_t rb = ggml_row_bytes(t, (uint64_t)in), n = rb * (size_t)out;
+    uint8_t *raw = malloc(n ? n : 1);
+    *w = malloc(sizeof(float) * (size_t)out * in);
+    if (!raw || !*w)
+        return NULL;
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 3;
+    for (size_t i = 0; i < n; i++)
+        raw[i] = (uint8_t)lcg(&x);
+    uint32_t blck, bb;
+    ggml_type_layout(t, &blck, &bb);
+    int f16_at[2] = {-1, -1};
+    switch (t) {
+    case GGML_Q8_0: case GGML_Q4_0: case GGML_Q5_0: f16_at[0] = 0; break;
+    case GGML_Q4_1: case GGML_Q5_1: case GGML_Q4_K: case GGML_Q5_K: f16_at[0] = 0, f16_at[1] = 2; break;
+    case GGML_Q6_K: f16_at[0] = 208; break;
+    }
+    for (size_t b = 0; b < n / bb; b++) {
+        uint8_t *blk = raw + b * bb;
+        if (t == GGML_F32) {
+            float v;
+            fill(&v, 1, seed * 1000003u + b);
+            memcpy(blk, &v, 4);
+        } else if (t == GGML_F16) {
+            uint16_t h = rand_f16(&x);
+            memcpy(blk, &h, 2);
+        } else if (t == GGML_BF16) {
+            uint16_t h = (uint16_t)lcg(&x);
+            if (((h >> 7) & 0xff) == 0xff)
+                h ^= 0x4000;
+            memcpy(blk, &h, 2);
+        }
+        for (int j = 0; j < 2; j++)
+            if (f16_at[j] >= 0) {
+                uint16_t h = rand_f16(&x);
+                memcpy(blk + f16_at[j], &h, 2);
+            }
+    }
+    if (ggml_dequant_row(t, raw, *w, (uint64_t)out * in))
+        return NULL;
+    return raw;
+}
+
+/* The shapes a type allows, with every tail: K-quants K % 256 == 0, 32-blocks
+ * K % 32 == 0, F types any K; out odd, below, at and past a panel. */
+static int qshapes(int32_t t, shape *sh)
+{
+    uint32_t blck, bb;
+    ggml_type_layout(t, &blck, &bb);
+    int n = 0;
+    if (blck == 1) {
+        const shape f[] = {{1, 1}, {31, 7}, {50, 33}, {17, 100}, {16, 64}};
+        for (int i = 0; i < 5; i++) sh[n++] = f[i];
+    } else if (blck == 32) {
+        const shape q[] = {{1, 32}, {33, 64}, {75, 96}, {16, 160}};
+        for (int i = 0; i < 4; i++) sh[n++] = q[i];
+    } else {
+        const shape k[] = {{5, 256}, {47, 512}, {16, 256}};
+        for (int i = 0; i < 3; i++) sh[n++] = k[i];
+    }
+    return n;
+}
+
+static void test_quant_decode(void)
+{
+    int ok = 1;
+    char why[240] = "";
+    for (int ti = 0; ti < N_QTYPES && ok; ti++) {
+        const int32_t t = qtypes[ti];
+        shape sh[8];
+        int ns = qshapes(t, sh);
+        for (int s = 0; s < ns && ok; s++) {
+            const int32_t out = sh[s].out, in = sh[s].in;
+            float *w;
+            uint8_t *raw = rand_raw(t, out, in, 100 + ti * 10 + s, &w);
+            CHECK(raw, "oom / dequant: %s", rd_errmsg());
+            gemm_qpart q;
+            CHECK_OK(gemm_qpack(t, raw, out, in, &q));
+            float a[GEMMQ_CHUNK * GEMM_PANEL], b[GEMMQ_CHUNK * GEMM_PANEL];
+            for (int32_t p = 0; p < q.n_panels && ok; p++)
+                for (int32_t k0 = 0; k0 < in && ok; k0 += GEMMQ_CHUNK) {
+                    int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+                    gemm_qdecode(&q, p, k0, nk, a);
+                    gemm_qdecode_scalar(&q, p, k0, nk, b);
+                    for (int32_t kk = 0; kk < nk && ok; kk++)
+                        for (int l = 0; l < GEMM_PANEL && ok; l++) {
+                            int32_t c = p * GEMM_PANEL + l;
+                            float va = a[kk * GEMM_PANEL + l], vb = b[kk * GEMM_PANEL + l];
+                            /* Lanes past out hold zero codes and scales: +-0, never read back. */
+                            float want = c < out ? w[(size_t)c * in + k0 + kk] : va;
+                            if (memcmp(&va, &want, 4) || memcmp(&vb, &want, 4) || (c >= out && va != 0.0f)) {
+                                ok = 0;
+                                snprintf(why, sizeof why, "%s [%d][%d] w[%d][%d]: decode %.9g, scalar %.9g, dequant %.9g",
+                                         ggml_type_name(t), out, in, c, k0 + kk, va, vb, want);
+                            }
+                        }
+                }
+            float *row = malloc(sizeof(float) * in);
+            for (int32_t r = 0; r < out && ok; r++) {
+                gemm_qrow(&q, r, row);
+                if (memcmp(row, w + (size_t)r * in, sizeof(float) * in)) {
+                    ok = 0;
+                    snprintf(why, sizeof why, "%s [%d][%d]: row %d differs", ggml_type_name(t), out, in, r);
+                }
+            }
+            free(row);
+            gemm_qrelease(&q);
+            free(raw);
+            free(w);
+        }
+    }
+    CHECK(ok, "%s", why);
+    gemm_qpart q;
+    uint8_t z[144] = {0};
+    CHECK(gemm_qpack(GGML_Q4_K, z, 1, 32, &q) == RD_EINVAL && strstr(rd_errmsg(), "multiple"), "K %% 256 accepted");
+    CHECK(gemm_qpack(GGML_Q4_0, z, 1, 40, &q) == RD_EINVAL, "K %% 32 accepted");
+    CHECK(gemm_qpack(11, z, 1, 256, &q) == RD_ENOTSUP, "q3_K accepted");
+}
+
+/* y = x . W^T of a packed file-dtype weight, poisoned and guarded as forward_checked. */
+static int qforward_checked(const gemm_qlinear *L, const float *x, int32_t m, float *y, int accumulate)
+{
+    size_t n = (size_t)m * L->out;
+    if (!accumulate)
+        for (size_t i = 0; i < n; i++)
+            y[i] = NAN;
+    for (int i = 0; i < CANARY; i++)
+        y[n + i] = 12345.0f + i;
+    gemm_qforward(L, x, m, y, accumulate);
+    for (int i = 0; i < CANARY; i++)
+        if (y[n + i] != 12345.0f + i)
+            return -1;
+    return 0;
+}
+
+static void test_quant_gemm(void)
+{
+    const int32_t MAXM = 65;
+    float *x = malloc(sizeof(float) * MAXM * 512), *y = malloc(sizeof(float) * (MAXM * 75 + CANARY));
+    float *ref = malloc(sizeof(float) * (MAXM * 75 + CANARY)), *res = malloc(sizeof(float) * MAXM * 75);
+    CHECK(x && y && ref && res, "oom");
+    fill(x, (size_t)MAXM * 512, 9);
+    fill(res, (size_t)MAXM * 75, 10);
+    int ok = 1;
+    char why[240] = "";
+    /* Phase 0: before gemm_qreserve (the plain-C path of batches past 3
+     * rows), two types; phase 1: every type with the decode buffers. */
+    for (int phase = 0; phase < 2 && ok; phase++)
+    for (int ti = 0; ti < N_QTYPES && ok; ti++) {
+        const int32_t t = qtypes[ti];
+        if (phase == 0 && t != GGML_Q4_1 && t != GGML_Q6_K)
+            continue;
+        if (phase == 1 && ti == 0)
+            CHECK_OK(gemm_qreserve(512));
+        shape sh[8];
+        int ns = qshapes(t, sh);
+        for (int s = 0; s < ns && ok; s++) {
+            const int32_t out = sh[s].out, in = sh[s].in;
+            float *w;
+            uint8_t *raw = rand_raw(t, out, in, 200 + ti * 10 + s, &w);
+            CHECK(raw, "oom / dequant: %s", rd_errmsg());
+            gemm_qlinear L = {.out = out, .in = in, .n_parts = 1};
+            CHECK_OK(gemm_qpack(t, raw, out, in, &L.parts[0]));
+            gemm_qlinear_index(&L);
+            gemm_weight g;
+            CHECK_OK(gemm_pack(w, out, in, &g));
+            for (int32_t m = 1; m <= MAXM && ok; m++)
+                for (int acc = 0; acc < 2 && ok; acc++) {
+                    if (acc && m % 8 != 1 && m != 4)
+                        continue;
+                    size_t n = (size_t)m * out;
+                    if (acc) {
+                        memcpy(y, res, n * sizeof(float));
+                        memcpy(ref, res, n * sizeof(float));
+                    }
+                    gemm_forward(&g, x, m, ref, acc);
+                    if (qforward_checked(&L, x, m, y, acc)) {
+                        ok = 0;
+                        snprintf(why, sizeof why, "%s [%d][%d] M=%d: wrote past y", ggml_type_name(t), out, in, m);
+                        break;
+                    }
+                    for (size_t i = 0; i < n && ok; i++)
+                        if (memcmp(&y[i], &ref[i], 4)) {
+                            ok = 0;
+                            snprintf(why, sizeof why, "%s [%d][%d] M=%d acc=%d: y[%zu][%zu] = %.9g, fp32 GEMM %.9g",
+                                     ggml_type_name(t), out, in, m, acc, i / out, i % out, y[i], ref[i]);
+                        }
+                    /* And the scalar chain itself, for a few M. */
+                    if (!acc && (m == 1 || m == 3 || m == 4 || m == MAXM))
+                        for (int32_t r = 0; r < m && ok; r++)
+                            for (int32_t c = 0; c < out && ok; c++) {
+                                float a = 0.0f;
+                                for (int32_t k = 0; k < in; k++)
+                                    a = fmaf(x[(size_t)r * in + k], w[(size_t)c * in + k], a);
+                                if (memcmp(&a, &y[(size_t)r * out + c], 4)) {
+                                    ok = 0;
+                                    snprintf(why, sizeof why, "%s [%d][%d] M=%d: y[%d][%d] = %.9g, chain %.9g",
+                                             ggml_type_name(t), out, in, m, r, c, y[(size_t)r * out + c], a);
+                                }
+                            }
+                }
+            gemm_release(&g);
+            gemm_qrelease(&L.parts[0]);
+            free(raw);
+            free(w);
+        }
+    }
+    free(x), free(y), free(ref), free(res);
+    CHECK(ok, "%s", why);
+}
+
+/* A fused weight of mixed dtypes through the CPU backend, native vs RD_CPU_WEIGHTS=f32. */
+static void test_quant_backend_parts(void)
+{
+    rd_backend *be;
+    CHECK_OK(rd_backend_create("cpu", 0, &be));
+    const int32_t in = 256, rows[3] = {40, 24, 7}, types[3] = {GGML_Q5_0, GGML_Q8_0, GGML_Q6_K};
+    const int32_t out = 71, MAXM = 65;
+    uint8_t *raw[3];
+    float *w[3];
+    rd_wpart parts[3];
+    for (int i = 0; i < 3; i++) {
+        raw[i] = rand_raw(types[i], rows[i], in, 300 + i, &w[i]);
+        CHECK(raw[i], "oom");
+        parts[i] = (rd_wpart){.type = types[i], .rows = rows[i], .data = raw[i]};
+    }
+    void *hq, *hf;
+    unsetenv("RD_CPU_WEIGHTS");
+    CHECK_OK(be->ops->linear_load_q(be, parts, 3, in, &hq));
+    setenv("RD_CPU_WEIGHTS", "f32", 1);
+    CHECK_OK(be->ops->linear_load_q(be, parts, 3, in, &hf));
+    unsetenv("RD_CPU_WEIGHTS");
+    int64_t bq = be->ops->linear_bytes(be, hq), bf = be->ops->linear_bytes(be, hf);
+    CHECK(bf == (int64_t)5 * 16 * in * 4 && bq < bf / 3, "bytes native %lld, f32 %lld", (long long)bq, (long long)bf);
+    float *x = malloc(sizeof(float) * MAXM * in), *y0 = malloc(sizeof(float) * MAXM * out);
+    float *y1 = malloc(sizeof(float) * MAXM * out), *r0 = malloc(sizeof(float) * out * in);
+    float *r1 = malloc(sizeof(float) * out * in);
+    CHECK(x && y0 && y1 && r0 && r1, "oom");
+    fill(x, (size_t)MAXM * in, 11);
+    for (int32_t m = 1; m <= MAXM; m++)
+        for (int acc = 0; acc < 2; acc++) {
+            fill(y0, (size_t)m * out, 12);
+            fill(y1, (size_t)m * out, 12);
+            be->ops->linear(be, hq, x, m, y0, acc);
+            be->ops->linear(be, hf, x, m, y1, acc);
+            CHECK(!memcmp(y0, y1, sizeof(float) * m * out), "M=%d acc=%d: native and f32 outputs differ", m, acc);
+        }
+    CHECK_OK(be->ops->linear_read(be, hq, r0));
+    CHECK_OK(be->ops->linear_read(be, hf, r1));
+    CHECK(!memcmp(r0, r1, sizeof(float) * out * in), "linear_read differs");
+    CHECK(!memcmp(r0, w[0], sizeof(float) * 40 * in) && !memcmp(r0 + 40 * in, w[1], sizeof(float) * 24 * in) &&
+              !memcmp(r0 + 64 * in, w[2], sizeof(float) * 7 * in),
+          "linear_read is not the dequantized parts");
+    int32_t ids[4] = {70, 0, 39, 40};
+    be->ops->embed(be, hq, ids, 4, y0);
+    be->ops->embed(be, hf, ids, 4, y1);
+    CHECK(!memcmp(y0, y1, sizeof(float) * 4 * in), "embedding rows differ");
+    rd_wpart bad = {.type = GGML_Q4_K, .rows = 3, .data = raw[0]};
+    void *h;
+    CHECK(be->ops->linear_load_q(be, &bad, 1, 96, &h) == RD_EINVAL, "Q4_K with K = 96 accepted");
+    be->ops->linear_free(be, hq);
+    be->ops->linear_free(be, hf);
+    for (int i = 0; i < 3; i++)
+        free(raw[i]), free(w[i]);
+    free(x), free(y0), free(y1), free(r0), free(r1);
+    rd_backend_destroy(be);
+}
+
 int main(void)
 {
     RUN(test_thread_invariance); /* first: needs the serial (unstarted) state */
@@ -384,5 +693,8 @@ int main(void)
     RUN(test_scalar_chain);
     RUN(test_row_invariance);
     RUN(test_accumulate);
+    RUN(test_quant_decode);
+    RUN(test_quant_gemm);
+    RUN(test_quant_backend_parts);
     TEST_EXIT();
 }

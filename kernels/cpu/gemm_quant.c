@@ -1,0 +1,841 @@
+/* gemm_quant.c - packed weights in their file dtype and the GEMM that
+ * decodes them on the fly (see gemm_quant.h).
+ *
+ * Exactness: engine/dequant.c computes every weight as an exact product
+ * (f16 scale times a small integer, or (d * sc) * q for K-quants; at most 24
+ * significant bits) followed by at most one rounded add or subtract of an
+ * exact product. The decoders below compute the same products and the same
+ * single add, so they give the same float per weight. Where they use a fused
+ * multiply-add (q * d + m) the product is exact, so fusing it changes
+ * nothing: fma rounds q*d + m once, as the separate add does. test_gemm
+ * checks every type against ggml_dequant_row bit for bit. */
+#include "gemm_quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "engine/err.h"
+#include "engine/gguf.h"
+#include "kernels/cpu/pool.h"
+
+#define LANES GEMM_PANEL
+
+/* ---------------------------------------------------------------------------
+ * Layouts: k per block, bytes per panel-block, and where each field starts. */
+
+typedef struct {
+    int32_t blk;                /* k per block */
+    uint32_t pblk;              /* bytes per panel-block */
+    uint32_t raw;               /* bytes per raw (GGUF) block of one row; F types: per element */
+    uint32_t d, m, sc, mn, hi, q; /* field offsets in the panel-block */
+} qlayout;
+
+static int layout_of(int32_t type, qlayout *l)
+{
+    memset(l, 0, sizeof *l);
+    l->blk = 32;
+    switch (type) {
+    case GGML_F32: l->pblk = 32 * LANES * 4; l->raw = 4; return 0;
+    case GGML_F16:
+    case GGML_BF16: l->pblk = 32 * LANES * 2; l->raw = 2; return 0;
+    case GGML_Q8_0: l->pblk = 544; l->raw = 34; l->q = 32; return 0;
+    case GGML_Q4_0: l->pblk = 288; l->raw = 18; l->q = 32; return 0;
+    case GGML_Q4_1: l->pblk = 320; l->raw = 20; l->m = 32; l->q = 64; return 0;
+    case GGML_Q5_0: l->pblk = 352; l->raw = 22; l->hi = 32; l->q = 96; return 0;
+    case GGML_Q5_1: l->pblk = 384; l->raw = 24; l->m = 32; l->hi = 64; l->q = 128; return 0;
+    case GGML_Q4_K:
+        l->blk = 256; l->pblk = 2368; l->raw = 144; l->m = 32; l->sc = 64; l->mn = 192; l->q = 320;
+        return 0;
+    case GGML_Q5_K:
+        l->blk = 256; l->pblk = 2880; l->raw = 176; l->m = 32; l->sc = 64; l->mn = 192; l->hi = 320; l->q = 832;
+        return 0;
+    case GGML_Q6_K:
+        l->blk = 256; l->pblk = 3360; l->raw = 210; l->sc = 32; l->q = 288; l->hi = 2336;
+        return 0;
+    }
+    return RD_ENOTSUP;
+}
+
+static int is_ftype(int32_t t) { return t == GGML_F32 || t == GGML_F16 || t == GGML_BF16; }
+
+int gemm_qtype_ok(int32_t type)
+{
+    qlayout l;
+    return layout_of(type, &l) == 0;
+}
+
+/* Panels are stored in groups of 4 (the GEMM's work item), blocks of the
+ * group's panels interleaved: [group][block][panel of the group][pblk], so a
+ * task reads one linear stream (the hardware prefetcher follows it; four
+ * short per-panel streams it did not). The last group may hold fewer. */
+static inline size_t group_bytes(const gemm_qpart *q, int32_t g)
+{
+    int32_t npg = q->n_panels - 4 * g < 4 ? q->n_panels - 4 * g : 4;
+    return (size_t)npg * q->n_blocks * q->pblk;
+}
+static inline size_t pblock_at(const gemm_qpart *q, int32_t p, int32_t b)
+{
+    int32_t g = p / 4, npg = q->n_panels - 4 * g < 4 ? q->n_panels - 4 * g : 4;
+    return ((size_t)g * 4 * q->n_blocks + (size_t)b * npg + p % 4) * q->pblk;
+}
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+/* 4-bit code of k (0..blk) for a lane: pairs of k share a byte. */
+static void put_nib(uint8_t *q, int k, int lane, int v) { q[(k / 2) * LANES + lane] |= (uint8_t)(k & 1 ? v << 4 : v); }
+static int get_nib(const uint8_t *q, int k, int lane)
+{
+    uint8_t b = q[(k / 2) * LANES + lane];
+    return k & 1 ? b >> 4 : b & 15;
+}
+/* One bit per (k, lane): a u16 per k. */
+static void put_bit(uint8_t *hi, int k, int lane) { hi[2 * k + lane / 8] |= (uint8_t)(1u << (lane % 8)); }
+static int get_bit(const uint8_t *hi, int k, int lane) { return (hi[2 * k + lane / 8] >> (lane % 8)) & 1; }
+
+/* K-quant 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+/* One raw block `b` of one row into lane `lane` of panel-block pb. */
+static void pack_block(int32_t type, const qlayout *L, const uint8_t *b, uint8_t *pb, int lane)
+{
+    uint8_t *q = pb + L->q;
+    switch (type) {
+    case GGML_Q8_0:
+        put16(pb + 2 * lane, rd16(b));
+        for (int k = 0; k < 32; k++)
+            q[k * LANES + lane] = b[2 + k];
+        break;
+    case GGML_Q4_0:
+    case GGML_Q4_1: {
+        const uint8_t *qs = b + (type == GGML_Q4_0 ? 2 : 4);
+        put16(pb + 2 * lane, rd16(b));
+        if (type == GGML_Q4_1)
+            put16(pb + L->m + 2 * lane, rd16(b + 2));
+        for (int j = 0; j < 16; j++) {
+            put_nib(q, j, lane, qs[j] & 15);
+            put_nib(q, j + 16, lane, qs[j] >> 4);
+        }
+        break;
+    }
+    case GGML_Q5_0:
+    case GGML_Q5_1: {
+        int one = type == GGML_Q5_1;
+        uint32_t qh = rd32(b + (one ? 4 : 2));
+        const uint8_t *qs = b + (one ? 8 : 6);
+        put16(pb + 2 * lane, rd16(b));
+        if (one)
+            put16(pb + L->m + 2 * lane, rd16(b + 2));
+        for (int j = 0; j < 16; j++) {
+            put_nib(q, j, lane, qs[j] & 15);
+            put_nib(q, j + 16, lane, qs[j] >> 4);
+        }
+        for (int k = 0; k < 32; k++)
+            if ((qh >> k) & 1)
+                put_bit(pb + L->hi, k, lane);
+        break;
+    }
+    case GGML_Q4_K:
+    case GGML_Q5_K: {
+        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (type == GGML_Q4_K ? 16 : 48);
+        put16(pb + 2 * lane, rd16(b));
+        put16(pb + L->m + 2 * lane, rd16(b + 2));
+        for (int s = 0; s < 8; s++) {
+            int sc, m;
+            scale_min_k4(s, scales, &sc, &m);
+            pb[L->sc + s * LANES + lane] = (uint8_t)sc;
+            pb[L->mn + s * LANES + lane] = (uint8_t)m;
+        }
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                put_nib(q, 64 * c + l, lane, qs[32 * c + l] & 15);
+                put_nib(q, 64 * c + 32 + l, lane, qs[32 * c + l] >> 4);
+                if (type == GGML_Q5_K) {
+                    if ((qh[l] >> (2 * c)) & 1)
+                        put_bit(pb + L->hi, 64 * c + l, lane);
+                    if ((qh[l] >> (2 * c + 1)) & 1)
+                        put_bit(pb + L->hi, 64 * c + 32 + l, lane);
+                }
+            }
+        break;
+    }
+    case GGML_Q6_K: {
+        put16(pb + 2 * lane, rd16(b + 208));
+        for (int s = 0; s < 16; s++)
+            pb[L->sc + s * LANES + lane] = b[192 + s];
+        for (int e = 0; e < 256; e++) {
+            int h = e / 128, t = (e % 128) / 32, l = e % 32;
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            int nib = t & 1 ? ql[l + 32] : ql[l];
+            nib = t & 2 ? nib >> 4 : nib & 15;
+            int hb = (qh[l] >> (2 * t)) & 3;
+            put_nib(q, e, lane, nib);
+            pb[L->hi + (e / 4) * LANES + lane] |= (uint8_t)(hb << (2 * (e % 4)));
+        }
+        break;
+    }
+    }
+}
+
+int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpart *q)
+{
+    memset(q, 0, sizeof *q);
+    qlayout L;
+    if (layout_of(type, &L))
+        return rd_fail(RD_ENOTSUP, "gemm_qpack: tensor type %s (%d) is not supported", ggml_type_name(type), type);
+    if (out <= 0 || in <= 0)
+        return rd_fail(RD_EINVAL, "gemm_qpack: shape [%d][%d] must be positive", out, in);
+    if (!is_ftype(type) && in % L.blk)
+        return rd_fail(RD_EINVAL, "gemm_qpack: %s rows of %d elements are not a multiple of its block %d",
+                       ggml_type_name(type), in, L.blk);
+    q->type = type;
+    q->out = out;
+    q->in = in;
+    q->n_panels = (out + LANES - 1) / LANES;
+    q->blk = L.blk;
+    q->n_blocks = (in + L.blk - 1) / L.blk;
+    q->pblk = L.pblk;
+    size_t bytes = (size_t)q->n_panels * q->n_blocks * L.pblk;
+    q->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!q->data)
+        return rd_fail(RD_ENOMEM, "gemm_qpack: cannot allocate %zu bytes", bytes);
+    memset(q->data, 0, bytes);
+    const uint8_t *src = raw;
+    size_t row_bytes = is_ftype(type) ? (size_t)in * L.raw : (size_t)(in / L.blk) * L.raw;
+    for (int32_t c = 0; c < out; c++) {
+        const uint8_t *row = src + (size_t)c * row_bytes;
+        int lane = c % LANES;
+        const int32_t p = c / LANES;
+        if (is_ftype(type)) {
+            /* [k][16] elements of L.raw bytes: block b, k within it. */
+            for (int32_t k = 0; k < in; k++)
+                memcpy(q->data + pblock_at(q, p, k / 32) + ((size_t)(k % 32) * LANES + lane) * L.raw,
+                       row + (size_t)k * L.raw, L.raw);
+            continue;
+        }
+        for (int32_t b = 0; b < q->n_blocks; b++)
+            pack_block(type, &L, row + (size_t)b * L.raw, q->data + pblock_at(q, p, b), lane);
+    }
+    return 0;
+}
+
+void gemm_qrelease(gemm_qpart *q)
+{
+    free(q->data);
+    q->data = NULL;
+}
+
+size_t gemm_qbytes(const gemm_qpart *q) { return (size_t)q->n_panels * q->n_blocks * q->pblk; }
+
+/* ---------------------------------------------------------------------------
+ * Plain C decode: lanes [l0, l1) of panel p, k in [k0, k0 + nk), into
+ * dst[kk * ld + lane - l0]. The operations are dequant.c's, in its order. */
+
+static void decode_lanes(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, int l0, int l1, float *dst,
+                         int ld)
+{
+    qlayout L;
+    layout_of(q->type, &L);
+    const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
+    const uint8_t *pb = q->data + pblock_at(q, p, b);
+    const uint8_t *qq = pb + L.q;
+    for (int lane = l0; lane < l1; lane++) {
+        float d = rd_f16_to_f32(rd16(pb + 2 * lane));
+        float m = rd_f16_to_f32(rd16(pb + L.m + 2 * lane));
+        for (int32_t kk = 0; kk < nk; kk++) {
+            const int k = kb0 + kk;
+            float w = 0.0f;
+            switch (q->type) {
+            case GGML_F32: memcpy(&w, pb + ((size_t)k * LANES + lane) * 4, 4); break;
+            case GGML_F16: w = rd_f16_to_f32(rd16(pb + ((size_t)k * LANES + lane) * 2)); break;
+            case GGML_BF16: w = rd_bf16_to_f32(rd16(pb + ((size_t)k * LANES + lane) * 2)); break;
+            case GGML_Q8_0: w = (float)(int8_t)qq[k * LANES + lane] * d; break;
+            case GGML_Q4_0: w = (float)(get_nib(qq, k, lane) - 8) * d; break;
+            case GGML_Q4_1: w = (float)get_nib(qq, k, lane) * d + m; break;
+            case GGML_Q5_0:
+                w = (float)((get_nib(qq, k, lane) | get_bit(pb + L.hi, k, lane) << 4) - 16) * d;
+                break;
+            case GGML_Q5_1: w = (float)(get_nib(qq, k, lane) | get_bit(pb + L.hi, k, lane) << 4) * d + m; break;
+            case GGML_Q4_K:
+            case GGML_Q5_K: {
+                int s = k / 32, v = get_nib(qq, k, lane);
+                if (q->type == GGML_Q5_K)
+                    v |= get_bit(pb + L.hi, k, lane) << 4;
+                float d0 = d * (float)pb[L.sc + s * LANES + lane], mn0 = m * (float)pb[L.mn + s * LANES + lane];
+                w = d0 * (float)v - mn0;
+                break;
+            }
+            case GGML_Q6_K: {
+                int v = get_nib(qq, k, lane) | ((pb[L.hi + (k / 4) * LANES + lane] >> (2 * (k % 4))) & 3) << 4;
+                w = d * (float)(int8_t)pb[L.sc + (k / 16) * LANES + lane] * (float)(v - 32);
+                break;
+            }
+            }
+            dst[(size_t)kk * ld + lane - l0] = w;
+        }
+    }
+}
+
+void gemm_qdecode_scalar(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
+{
+    decode_lanes(q, p, k0, nk, 0, LANES, dst, LANES);
+}
+
+void gemm_qrow(const gemm_qpart *q, int32_t r, float *dst)
+{
+    for (int32_t k0 = 0; k0 < q->in; k0 += GEMMQ_CHUNK) {
+        int32_t nk = q->in - k0 < GEMMQ_CHUNK ? q->in - k0 : GEMMQ_CHUNK;
+        decode_lanes(q, r / LANES, k0, nk, r % LANES, r % LANES + 1, dst + k0, 1);
+    }
+}
+
+void gemm_qlinear_row(const gemm_qlinear *L, int32_t r, float *dst)
+{
+    int i = L->n_parts - 1;
+    while (i > 0 && L->row0[i] > r)
+        i--;
+    gemm_qrow(&L->parts[i], r - L->row0[i], dst);
+}
+
+void gemm_qlinear_index(gemm_qlinear *L)
+{
+    int32_t row = 0, t = 0;
+    for (int i = 0; i < L->n_parts; i++) {
+        L->row0[i] = row;
+        L->task0[i] = t;
+        row += L->parts[i].out;
+        t += (L->parts[i].n_panels + 3) / 4;
+    }
+    L->task0[L->n_parts] = t;
+}
+
+/* ---------------------------------------------------------------------------
+ * AVX-512 decode of one chunk of GEMMQ_CHUNK k (k0 a multiple of it). */
+
+#if defined(__AVX512F__)
+static inline __m512 cvt_u8(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+static inline __m512 ld_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __mmask16 ld_mask(const uint8_t *p) { return (__mmask16)rd16(p); }
+
+/* The 32 codes of a chunk as 32 vectors of int32: nibble pairs at q (16
+ * rows), plus 16 where the hi bit mask is set (hi NULL: none), minus sub. */
+#define NIB_LOOP(q, hi, BODY)                                                                        \
+    for (int i = 0; i < 16; i++) {                                                                   \
+        __m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((q) + i * LANES)));      \
+        __m512i c0 = _mm512_and_si512(bb, _mm512_set1_epi32(15)), c1 = _mm512_srli_epi32(bb, 4);     \
+        if (hi) {                                                                                    \
+            c0 = _mm512_mask_or_epi32(c0, ld_mask((hi) + 4 * i), c0, _mm512_set1_epi32(16));         \
+            c1 = _mm512_mask_or_epi32(c1, ld_mask((hi) + 4 * i + 2), c1, _mm512_set1_epi32(16));     \
+        }                                                                                            \
+        float *o0 = dst + (2 * i) * LANES, *o1 = o0 + LANES;                                         \
+        BODY                                                                                         \
+    }
+
+static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
+{
+    const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
+    const uint8_t *pb = q->data + pblock_at(q, p, b);
+    switch (q->type) {
+    case GGML_F32:
+        memcpy(dst, pb + (size_t)kb0 * LANES * 4, (size_t)nk * LANES * 4);
+        return;
+    case GGML_F16:
+        for (int32_t kk = 0; kk < nk; kk++)
+            _mm512_storeu_ps(dst + kk * LANES, ld_f16(pb + (size_t)(kb0 + kk) * LANES * 2));
+        return;
+    case GGML_BF16:
+        for (int32_t kk = 0; kk < nk; kk++) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(pb + (size_t)(kb0 + kk) * LANES * 2));
+            _mm512_storeu_ps(dst + kk * LANES, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        }
+        return;
+    case GGML_Q8_0: {
+        const __m512 d = ld_f16(pb);
+        for (int kk = 0; kk < 32; kk++) {
+            __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb + 32 + kk * LANES)));
+            _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
+        }
+        return;
+    }
+    case GGML_Q4_0: {
+        const __m512 d = ld_f16(pb);
+        const __m512i eight = _mm512_set1_epi32(8);
+        const uint8_t *hi = NULL;
+        NIB_LOOP(pb + 32, hi, {
+            _mm512_storeu_ps(o0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, eight)), d));
+            _mm512_storeu_ps(o1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, eight)), d));
+        })
+        return;
+    }
+    case GGML_Q4_1: {
+        const __m512 d = ld_f16(pb), m = ld_f16(pb + 32);
+        const uint8_t *hi = NULL;
+        NIB_LOOP(pb + 64, hi, {
+            _mm512_storeu_ps(o0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d, m));
+            _mm512_storeu_ps(o1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d, m));
+        })
+        return;
+    }
+    case GGML_Q5_0: {
+        const __m512 d = ld_f16(pb);
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        const uint8_t *hi = pb + 32;
+        NIB_LOOP(pb + 96, hi, {
+            _mm512_storeu_ps(o0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, sixteen)), d));
+            _mm512_storeu_ps(o1, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, sixteen)), d));
+        })
+        return;
+    }
+    case GGML_Q5_1: {
+        const __m512 d = ld_f16(pb), m = ld_f16(pb + 32);
+        const uint8_t *hi = pb + 64;
+        NIB_LOOP(pb + 128, hi, {
+            _mm512_storeu_ps(o0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d, m));
+            _mm512_storeu_ps(o1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d, m));
+        })
+        return;
+    }
+    case GGML_Q4_K:
+    case GGML_Q5_K: {
+        const int s = kb0 / 32;
+        const int off_q = q->type == GGML_Q4_K ? 320 : 832;
+        const __m512 d0 = _mm512_mul_ps(ld_f16(pb), cvt_u8(pb + 64 + s * LANES));
+        const __m512 mn0 = _mm512_mul_ps(ld_f16(pb + 32), cvt_u8(pb + 192 + s * LANES));
+        const uint8_t *hi = q->type == GGML_Q5_K ? pb + 320 + 2 * kb0 : NULL;
+        NIB_LOOP(pb + off_q + (kb0 / 2) * LANES, hi, {
+            _mm512_storeu_ps(o0, _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(c0), mn0));
+            _mm512_storeu_ps(o1, _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(c1), mn0));
+        })
+        return;
+    }
+    case GGML_Q6_K: {
+        const __m512 d = ld_f16(pb);
+        const int s = kb0 / 16;
+        const __m512 dsc[2] = {
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb + 32 + s * LANES))))),
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb + 32 + (s + 1) * LANES))))),
+        };
+        const uint8_t *ql = pb + 288 + (kb0 / 2) * LANES, *qh = pb + 2336 + (kb0 / 4) * LANES;
+        const __m512i three = _mm512_set1_epi32(3), n32 = _mm512_set1_epi32(32), f15 = _mm512_set1_epi32(15);
+        for (int i = 0; i < 8; i++) {       /* 4 k per hi byte, 2 per nibble byte */
+            __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
+            __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
+            __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
+            __m512i c[4] = {_mm512_and_si512(n0, f15), _mm512_srli_epi32(n0, 4), _mm512_and_si512(n1, f15),
+                            _mm512_srli_epi32(n1, 4)};
+            for (int j = 0; j < 4; j++) {
+                __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * j), three), 4);
+                __m512i v = _mm512_sub_epi32(_mm512_or_si512(c[j], hb), n32);
+                int kk = 4 * i + j;
+                _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(v)));
+            }
+        }
+        return;
+    }
+    }
+}
+#endif
+
+void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
+{
+#if defined(__AVX512F__)
+    decode_avx512(q, p, k0, nk, dst);
+#else
+    decode_lanes(q, p, k0, nk, 0, LANES, dst, LANES);
+#endif
+}
+
+/* ---------------------------------------------------------------------------
+ * The GEMM. Work items are groups of 4 panels of one part, as gemm.c's. */
+
+#define ROW_CHUNK 64            /* as gemm.c: rows per pass over the weights */
+#define PREFETCH_BYTES 4096     /* how far ahead of the small-batch decoder its stream is fetched */
+#define SMALL_ROWS 3            /* up to this many rows decode into L1 per chunk of k */
+
+/* Per-worker decode buffers for the larger batches: 4 panels of the widest
+ * in loaded so far, fp32 (4 * in * 64 bytes per thread, 393 KB at in =
+ * 1536), kept for the life of the process. */
+static float *scratch[POOL_MAX_THREADS];
+static size_t scratch_n[POOL_MAX_THREADS];
+
+int gemm_qreserve(int32_t in)
+{
+    const size_t n = (size_t)4 * in * LANES;
+    for (int i = 0; i < pool_size() && i < POOL_MAX_THREADS; i++) {
+        if (scratch_n[i] >= n)
+            continue;
+        float *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+        if (!p)
+            return rd_fail(RD_ENOMEM, "gemm_qreserve: cannot allocate %zu bytes of decode buffer", n * sizeof(float));
+        free(scratch[i]);
+        scratch[i] = p;
+        scratch_n[i] = n;
+    }
+    return 0;
+}
+
+typedef struct {
+    const gemm_qlinear *L;
+    const float *x;
+    float *y;
+    int32_t r0, r1;
+    int accumulate;
+} qjob;
+
+/* Writes rows x cols of t (stride tld) into y (stride ldy), or adds them to y. */
+static void put_rows(const float *t, int32_t tld, int32_t rows, int32_t cols, float *y, int32_t ldy, int accumulate)
+{
+    for (int32_t r = 0; r < rows; r++) {
+        const float *tr = t + (size_t)r * tld;
+        float *yr = y + (size_t)r * ldy;
+        if (accumulate)
+            for (int32_t c = 0; c < cols; c++)
+                yr[c] = yr[c] + tr[c];
+        else
+            memcpy(yr, tr, (size_t)cols * sizeof(float));
+    }
+}
+
+#if defined(__AVX512F__)
+/* Batch 1-3 streams the weights once per step and is bound by how fast
+ * they arrive: a task's group is one linear stream (pblock_at), which is
+ * fetched PREFETCH_BYTES ahead of the decoder, a chunk's worth per step
+ * (the first PREFETCH_BYTES at the start). */
+typedef struct {
+    const char *base, *end;     /* the group's bytes */
+    const char *next;           /* first byte not yet prefetched */
+    size_t step;                /* bytes the decoder consumes per chunk of k */
+} stream_prefetch;
+
+static inline void prefetch_to(stream_prefetch *s, const char *to)
+{
+    if (to > s->end)
+        to = s->end;
+    for (; s->next < to; s->next += 64)
+        _mm_prefetch(s->next, _MM_HINT_T0);
+}
+
+static inline void stream_start(stream_prefetch *s, const gemm_qpart *q, int32_t g)
+{
+    s->base = s->next = (const char *)q->data + pblock_at(q, 4 * g, 0);
+    s->end = s->base + group_bytes(q, g);
+    s->step = group_bytes(q, g) / ((size_t)(q->in + GEMMQ_CHUNK - 1) / GEMMQ_CHUNK);
+    prefetch_to(s, s->base + PREFETCH_BYTES);
+}
+
+static inline void stream_step(stream_prefetch *s) { prefetch_to(s, s->next + s->step); }
+
+/* R rows (<= 3) x NP panels (<= 4): decode GEMMQ_CHUNK k of each panel into
+ * an L1 buffer, run the chains over it, next chunk; chains stay in
+ * registers from k = 0 to in - 1, exactly gemm.c's tile_z. */
+static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *q, const float *x, int32_t p0,
+                                                              float *y, int32_t ldy, int32_t ncol, int accumulate,
+                                                              const int R, const int NP)
+{
+    const int32_t in = q->in;
+    float buf[4][GEMMQ_CHUNK * LANES] __attribute__((aligned(64)));
+    __m512 acc[3][4];
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            acc[r][j] = _mm512_setzero_ps();
+    stream_prefetch st;
+    stream_start(&st, q, p0 / 4);
+    for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+        const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+        stream_step(&st);
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            decode_avx512(q, p0 + j, k0, nk, buf[j]);
+        for (int32_t kk = 0; kk < nk; kk++) {
+            __m512 wv[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; j++)
+                wv[j] = _mm512_load_ps(buf[j] + kk * LANES);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) {
+                __m512 v = _mm512_set1_ps(x[(size_t)r * in + k0 + kk]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++)
+                    acc[r][j] = _mm512_fmadd_ps(v, wv[j], acc[r][j]);
+            }
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++) {
+            int32_t n = ncol - j * LANES < LANES ? ncol - j * LANES : LANES;
+            __mmask16 mk = (__mmask16)((1u << n) - 1);
+            float *yr = y + (size_t)r * ldy + j * LANES;
+            __m512 a = acc[r][j];
+            if (accumulate)
+                a = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yr), a);
+            _mm512_mask_storeu_ps(yr, mk, a);
+        }
+}
+
+/* One row: the weights are decoded straight into registers, a chunk of 32 k
+ * at a time, and fed to the same chains as qtile_small's (batch-1 decode is
+ * the decoder's throughput, and this saves the store and reload of every
+ * weight vector). The arithmetic per weight is decode_avx512's. TYPE is a
+ * constant. */
+static inline __attribute__((always_inline)) void qrow1(const gemm_qpart *q, const float *x, int32_t p0, float *y,
+                                                        int32_t ncol, int accumulate, const int NP, const int TYPE)
+{
+    const int32_t in = q->in, blk = q->blk;
+    const int kq = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+    /* Field offsets (gemm_quant.h's layouts). */
+    const int off_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1 || kq ? 32 : 0;
+    const int off_hi = TYPE == GGML_Q5_0 ? 32 : TYPE == GGML_Q5_1 ? 64 : TYPE == GGML_Q5_K ? 320 : 0;
+    const int off_q = TYPE == GGML_Q8_0 || TYPE == GGML_Q4_0 ? 32 : TYPE == GGML_Q4_1 ? 64 : TYPE == GGML_Q5_0 ? 96
+                      : TYPE == GGML_Q5_1 ? 128 : TYPE == GGML_Q4_K ? 320 : TYPE == GGML_Q5_K ? 832 : 288;
+    stream_prefetch st;
+    stream_start(&st, q, p0 / 4);
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+        const int32_t b = k0 / blk, kb0 = k0 % blk;
+        const float *xb = x + k0;
+        __m512 d[4], m[4], d2[4];
+        const uint8_t *pb[4];
+        stream_step(&st);
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++) {
+            pb[j] = q->data + pblock_at(q, p0 + j, b);
+            if (TYPE == GGML_F32 || TYPE == GGML_F16 || TYPE == GGML_BF16)
+                continue;
+            d[j] = ld_f16(pb[j]);
+            m[j] = off_m ? ld_f16(pb[j] + off_m) : _mm512_setzero_ps();
+            if (kq) {               /* sub-block kb0 / 32: d * sc and dmin * mn, exact */
+                d[j] = _mm512_mul_ps(d[j], cvt_u8(pb[j] + 64 + (kb0 / 32) * LANES));
+                m[j] = _mm512_mul_ps(m[j], cvt_u8(pb[j] + 192 + (kb0 / 32) * LANES));
+            }
+            if (TYPE == GGML_Q6_K) {    /* two sub-blocks of 16: d * sc */
+                const uint8_t *sc = pb[j] + 32 + (kb0 / 16) * LANES;
+                d2[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + LANES)))));
+                d[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc))));
+            }
+        }
+        if (TYPE == GGML_F32 || TYPE == GGML_F16 || TYPE == GGML_BF16) {
+            const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+            for (int32_t kk = 0; kk < nk; kk++) {
+                __m512 v = _mm512_set1_ps(xb[kk]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    const uint8_t *e = pb[j] + (size_t)(kb0 + kk) * LANES * (TYPE == GGML_F32 ? 4 : 2);
+                    __m512 w = TYPE == GGML_F32 ? _mm512_loadu_ps((const float *)e)
+                               : TYPE == GGML_F16
+                                   ? ld_f16(e)
+                                   : _mm512_castsi512_ps(_mm512_slli_epi32(
+                                         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)e)), 16));
+                    acc[j] = _mm512_fmadd_ps(v, w, acc[j]);
+                }
+            }
+            continue;
+        }
+        if (TYPE == GGML_Q8_0) {
+            for (int kk = 0; kk < 32; kk++) {
+                __m512 v = _mm512_set1_ps(xb[kk]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb[j] + 32 + kk * LANES)));
+                    acc[j] = _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(c), d[j]), acc[j]);
+                }
+            }
+            continue;
+        }
+        if (TYPE == GGML_Q6_K) {
+            for (int i = 0; i < 8; i++) {       /* 4 k per hi byte, 2 per nibble byte */
+                __m512 v[4];
+                for (int t = 0; t < 4; t++)
+                    v[t] = _mm512_set1_ps(xb[4 * i + t]);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    const uint8_t *ql = pb[j] + 288 + (kb0 / 2) * LANES, *qh = pb[j] + 2336 + (kb0 / 4) * LANES;
+                    __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
+                    __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
+                    __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
+                    __m512i c[4] = {_mm512_and_si512(n0, _mm512_set1_epi32(15)), _mm512_srli_epi32(n0, 4),
+                                    _mm512_and_si512(n1, _mm512_set1_epi32(15)), _mm512_srli_epi32(n1, 4)};
+                    for (int t = 0; t < 4; t++) {
+                        __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * t), _mm512_set1_epi32(3)), 4);
+                        __m512i qv = _mm512_sub_epi32(_mm512_or_si512(c[t], hb), _mm512_set1_epi32(32));
+                        __m512 w = _mm512_mul_ps(i < 4 ? d[j] : d2[j], _mm512_cvtepi32_ps(qv));
+                        acc[j] = _mm512_fmadd_ps(v[t], w, acc[j]);
+                    }
+                }
+            }
+            continue;
+        }
+        for (int i = 0; i < 16; i++) {
+            __m512 v0 = _mm512_set1_ps(xb[2 * i]), v1 = _mm512_set1_ps(xb[2 * i + 1]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; j++) {
+                const uint8_t *qp = pb[j] + off_q + (kb0 / 2) * LANES, *hp = pb[j] + off_hi + 2 * kb0;
+                __m512i bb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qp + i * LANES)));
+                __m512i c0 = _mm512_and_si512(bb, _mm512_set1_epi32(15)), c1 = _mm512_srli_epi32(bb, 4);
+                if (off_hi) {
+                    c0 = _mm512_mask_or_epi32(c0, ld_mask(hp + 4 * i), c0, _mm512_set1_epi32(16));
+                    c1 = _mm512_mask_or_epi32(c1, ld_mask(hp + 4 * i + 2), c1, _mm512_set1_epi32(16));
+                }
+                __m512 w0, w1;
+                if (TYPE == GGML_Q4_0 || TYPE == GGML_Q5_0) {
+                    const __m512i z = _mm512_set1_epi32(TYPE == GGML_Q4_0 ? 8 : 16);
+                    w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, z)), d[j]);
+                    w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, z)), d[j]);
+                } else if (kq) {
+                    w0 = _mm512_fmsub_ps(d[j], _mm512_cvtepi32_ps(c0), m[j]);
+                    w1 = _mm512_fmsub_ps(d[j], _mm512_cvtepi32_ps(c1), m[j]);
+                } else {
+                    w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), d[j], m[j]);
+                    w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), d[j], m[j]);
+                }
+                acc[j] = _mm512_fmadd_ps(v0, w0, acc[j]);
+                acc[j] = _mm512_fmadd_ps(v1, w1, acc[j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; j++) {
+        int32_t n = ncol - j * LANES < LANES ? ncol - j * LANES : LANES;
+        __mmask16 mk = (__mmask16)((1u << n) - 1);
+        __m512 a = acc[j];
+        if (accumulate)
+            a = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, y + j * LANES), a);
+        _mm512_mask_storeu_ps(y + j * LANES, mk, a);
+    }
+}
+
+typedef void (*qrow1_fn)(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ncol, int accumulate);
+#define QR(T, NP) \
+    static void qr_##T##_##NP(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ncol, int accumulate) \
+    { \
+        qrow1(q, x, p0, y, ncol, accumulate, NP, T); \
+    }
+#define QR4(T) QR(T, 1) QR(T, 2) QR(T, 3) QR(T, 4)
+QR4(GGML_F32) QR4(GGML_F16) QR4(GGML_BF16) QR4(GGML_Q8_0) QR4(GGML_Q4_0) QR4(GGML_Q4_1) QR4(GGML_Q5_0)
+QR4(GGML_Q5_1) QR4(GGML_Q4_K) QR4(GGML_Q5_K) QR4(GGML_Q6_K)
+#undef QR4
+#undef QR
+#define QR_ROW(T) {qr_##T##_1, qr_##T##_2, qr_##T##_3, qr_##T##_4}
+static qrow1_fn qrow1_for(int32_t type, int32_t np)
+{
+    static const qrow1_fn t[11][4] = {QR_ROW(GGML_F32),  QR_ROW(GGML_F16),  QR_ROW(GGML_BF16), QR_ROW(GGML_Q8_0),
+                                      QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0), QR_ROW(GGML_Q5_1),
+                                      QR_ROW(GGML_Q4_K), QR_ROW(GGML_Q5_K), QR_ROW(GGML_Q6_K)};
+    static const int32_t order[11] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    for (int i = 0; i < 11; i++)
+        if (order[i] == type)
+            return t[i][np - 1];
+    return NULL;
+}
+#undef QR_ROW
+
+typedef void (*qsmall_fn)(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ldy, int32_t ncol,
+                          int accumulate);
+#define QS(R, NP) \
+    static void qs_##R##x##NP(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ldy, int32_t ncol, \
+                              int accumulate) \
+    { \
+        qtile_small(q, x, p0, y, ldy, ncol, accumulate, R, NP); \
+    }
+QS(1, 1) QS(1, 2) QS(1, 3) QS(1, 4) QS(2, 1) QS(2, 2) QS(2, 3) QS(2, 4) QS(3, 1) QS(3, 2) QS(3, 3) QS(3, 4)
+#undef QS
+static const qsmall_fn qsmall[3][4] = {
+    {qs_1x1, qs_1x2, qs_1x3, qs_1x4}, {qs_2x1, qs_2x2, qs_2x3, qs_2x4}, {qs_3x1, qs_3x2, qs_3x3, qs_3x4}};
+#endif
+
+static void qtask(void *ctx, int32_t t, int32_t worker)
+{
+    const qjob *j = ctx;
+    const gemm_qlinear *L = j->L;
+    int i = 0;
+    while (t >= L->task0[i + 1])
+        i++;
+    const gemm_qpart *q = &L->parts[i];
+    const int32_t p0 = (t - L->task0[i]) * 4;
+    const int32_t np = q->n_panels - p0 < 4 ? q->n_panels - p0 : 4;
+    const int32_t col0 = L->row0[i] + p0 * LANES;
+    const int32_t ncol = q->out - p0 * LANES < np * LANES ? q->out - p0 * LANES : np * LANES;
+    const int32_t rows = j->r1 - j->r0, in = q->in;
+    const float *x = j->x + (size_t)j->r0 * in;
+    float *y = j->y + (size_t)j->r0 * L->out + col0;
+#if defined(__AVX512F__)
+    if (rows <= SMALL_ROWS) {
+        qrow1_fn f = rows == 1 ? qrow1_for(q->type, np) : NULL;
+        if (f)
+            f(q, x, p0, y, ncol, j->accumulate);
+        else
+            qsmall[rows - 1][np - 1](q, x, p0, y, L->out, ncol, j->accumulate);
+        return;
+    }
+#endif
+    float tmp[ROW_CHUNK * 4 * LANES] __attribute__((aligned(64)));
+    float *w = scratch[worker];
+    if (scratch_n[worker] < (size_t)np * in * LANES) {
+        /* No buffer this wide (gemm_qreserve was not called for this in):
+         * the same chains in plain C, a chunk of k at a time. */
+        float buf[GEMMQ_CHUNK * LANES];
+        const int32_t ld = np * LANES;
+        memset(tmp, 0, sizeof(float) * (size_t)rows * ld);
+        for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+            const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+            for (int32_t jj = 0; jj < np; jj++) {
+                gemm_qdecode(q, p0 + jj, k0, nk, buf);
+                for (int32_t r = 0; r < rows; r++)
+                    for (int32_t kk = 0; kk < nk; kk++) {
+                        const float xv = x[(size_t)r * in + k0 + kk];
+                        float *a = tmp + (size_t)r * ld + jj * LANES;
+                        for (int l = 0; l < LANES; l++)
+                            a[l] = fmaf(xv, buf[kk * LANES + l], a[l]);
+                    }
+            }
+        }
+        put_rows(tmp, ld, rows, ncol, y, L->out, j->accumulate);
+        return;
+    }
+    /* Decode the group's panels once as gemm.c's fp32 panels, run its tiles
+     * over them into a row-chunk buffer, then place the columns. */
+    for (int32_t jj = 0; jj < np; jj++)
+        for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK)
+            gemm_qdecode(q, p0 + jj, k0, in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK,
+                         w + ((size_t)jj * in + k0) * LANES);
+    gemm_weight view = {.out = np * LANES, .in = in, .n_panels = np, .packed = w};
+    gemm_rows(&view, x, tmp, 0, rows, 0, np, 0);
+    put_rows(tmp, np * LANES, rows, ncol, y, L->out, j->accumulate);
+}
+
+void gemm_qforward(const gemm_qlinear *L, const float *x, int32_t m, float *y, int accumulate)
+{
+    const int32_t n_tasks = L->task0[L->n_parts];
+    for (int32_t r0 = 0; r0 < m; r0 += ROW_CHUNK) {
+        qjob j = {L, x, y, r0, r0 + ROW_CHUNK < m ? r0 + ROW_CHUNK : m, accumulate};
+        pool_run(n_tasks, qtask, &j);
+    }
+}
