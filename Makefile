@@ -44,7 +44,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-push model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -166,6 +166,10 @@ bench-qwen3: all
 # machine, with the engine's layers / LM head / sampling split (build/bench-gemma3.json).
 bench-gemma3: all model-gemma3
 	BATCHES="1 8 32 64" WORKLOAD="--requests 64 --n 4" NAME=bench-gemma3 tools/bench_decode.sh $(GEMMA3_MODEL)
+
+# HTTP /generate next to the NNG protocol: 64 concurrent streams, and the idle 1-token round trip.
+bench-http: all model
+	python3 tools/bench_http.py
 
 # Weight pushes: loopback baselines, 1/2/4 daemons, the stall under load (build/bench-push.json).
 bench-push: all model
