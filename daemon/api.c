@@ -624,6 +624,83 @@ void api_on_result(api *a, eng_result *r)
 
 /* ---- per-sample text: what the answer shows ---- */
 
+/* Length of the valid UTF-8 sequence at s (1-4), 0 when there is none:
+ * a bad lead byte, a cut or bad continuation, an overlong form, a surrogate,
+ * past U+10FFFF. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (!k || k > n)
+        return 0;
+    uint32_t cp = k == 1 ? c : k == 2 ? c & 0x1f : k == 3 ? c & 0x0f : c & 0x07;
+    for (size_t j = 1; j < k; j++) {
+        if ((s[j] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[j] & 0x3f);
+    }
+    if ((k == 2 && cp < 0x80) || (k == 3 && cp < 0x800) || (k == 4 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+        return 0;
+    return k;
+}
+
+/* Bytes at s (n > 0, not a valid sequence) that make one U+FFFD: the
+ * "maximal subpart" of Unicode's recommended practice (Python's
+ * errors="replace" does the same): a lead byte with the continuation bytes
+ * that could still have completed it, else one byte. */
+static size_t utf8_bad_run(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    if (k == 1 || n < 2)
+        return 1;
+    unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    if (s[1] < lo || s[1] > hi)
+        return 1;
+    size_t j = 2;
+    while (j < k && j < n && (s[j] & 0xC0) == 0x80)
+        j++;
+    return j;
+}
+
+/* JSON strings must be UTF-8, and sampled tokens need not add up to it (a
+ * character cut at the end, byte tokens out of order): each invalid stretch
+ * becomes U+FFFD, as a Python detokenizer (vLLM's, SGLang's) shows it. The
+ * token ids carry the exact bytes. */
+static int utf8_clean(char **text, size_t *len)
+{
+    const unsigned char *s = (const unsigned char *)*text;
+    size_t n = *len, bad = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(s + i, n - i);
+        bad += !k;
+        i += k ? k : utf8_bad_run(s + i, n - i);
+    }
+    if (!bad)
+        return 0;
+    char *out = malloc(n + 2 * bad + 1), *o = out;
+    if (!out)
+        return RD_ENOMEM;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(s + i, n - i);
+        if (k) {
+            memcpy(o, s + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i += utf8_bad_run(s + i, n - i);
+        }
+    }
+    *o = 0;
+    free(*text);
+    *text = out;
+    *len = (size_t)(o - out);
+    return 0;
+}
+
 int api_sample_view(api *a, const eng_result *r, sample_view *v)
 {
     memset(v, 0, sizeof *v);
@@ -650,23 +727,16 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v)
     } else {
         v->matched_str = -1;
     }
-    return 0;
+    return utf8_clean(&v->text, &v->len);
 }
 
 /* A token's text for log-prob listings: its bytes when they are valid UTF-8,
  * else "bytes:\xNN..." as vLLM writes a partial character. */
 static int utf8_ok(const unsigned char *s, size_t n)
 {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!k || i + k > n)
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = utf8_seq(s + i, n - i)))
             return 0;
-        for (size_t j = 1; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80)
-                return 0;
-        i += k;
-    }
     return 1;
 }
 

@@ -85,6 +85,34 @@ def kv_settles():
 # ---- the OpenAI package ----
 
 @case
+def text_is_valid_utf8_whatever_the_tokens():
+    # At a high temperature samples pick byte-level tokens that cut characters. The JSON must stay UTF-8 and
+    # "text" must be the errors="replace" decode of the exact bytes (llama.cpp's detokenizer gives the bytes).
+    import random
+
+    import llama_cpp
+    rng = random.Random(5)
+    ids = [[rng.randrange(100, 40000) for _ in range(16)] for _ in range(8)]
+    st, out = post("/generate", {"input_ids": ids, "sampling_params": {
+        "max_new_tokens": 48, "temperature": 2.0, "n": 8, "seed": 3, "ignore_eos": True}}, timeout=300)
+    assert st == 200, out
+    llm = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
+    invalid = checked = 0
+    for o in out:
+        # llama.cpp renders unused/user-defined tokens as nothing where we give their text (tokenizer.h):
+        # compare the samples without such tokens
+        if any(llm.detokenize([t], special=True) == b"" for t in o["output_ids"]):
+            continue
+        raw = llm.detokenize(o["output_ids"], special=True)
+        want = raw.decode("utf-8", "replace")
+        invalid += want != raw.decode("utf-8", "ignore")
+        checked += 1
+        assert o["text"] == want, f"text {o['text']!r} vs the replace-decode {want!r}"
+    assert checked >= 16, f"only {checked} of {len(out)} samples could be compared"
+    assert invalid > 0, "no sample cut a character: the case did not test the clean-up"
+
+
+@case
 def openai_completions_n_logprobs_token_ids():
     r = oai().completions.create(model="anything", prompt="The capital of France is", max_tokens=6, n=3, seed=7,
                                  temperature=0.9, logprobs=2, extra_body={"return_token_ids": True})
