@@ -31,8 +31,8 @@
 # The roofline figures come from the file's tensors (gguf package): the
 # multiply-adds of a token are the 2-D weights a step multiplies by (the
 # embedding table only when it is also the LM head), and a step streams those
-# weights once: 4 bytes each for the engine (fp32 copies), their GGUF bytes
-# for llama.cpp.
+# weights once: their GGUF bytes for both (the engine keeps the file's dtype;
+# 4 bytes each with RD_CPU_WEIGHTS=f32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: tools/bench_decode.sh MODEL [THREADS]}
@@ -133,6 +133,8 @@ for t in rd.tensors:
     mat_params += int(t.n_elements)
     mat_bytes += int(t.n_bytes)
 flops_per_token = 2 * mat_params
+f32 = os.environ.get("RD_CPU_WEIGHTS") == "f32"
+eng_bytes = mat_params * 4 if f32 else mat_bytes
 summary = {}
 for b in batches:
     print(f"batch {b}: rounds {used[b]} of {rounds}" + ("" if clean[b] else
@@ -162,13 +164,14 @@ for b in batches:
     s = summary[f"batch_{b}"]
     print(f"batch {b}: GFLOP/s rolloutd {s['rolloutd'] * flops_per_token / 1e9:.1f}, "
           f"llama.cpp {s['llama_cpp'] * flops_per_token / 1e9:.1f}" +
-          (f"; weight GB/s rolloutd {s['rolloutd'] * mat_params * 4 / 1e9:.1f} (fp32 {mat_params * 4 / 1e9:.2f} GB/step), "
+          (f"; weight GB/s rolloutd {s['rolloutd'] * eng_bytes / 1e9:.1f} ({'fp32' if f32 else 'file dtype'} "
+           f"{eng_bytes / 1e9:.2f} GB/step), "
            f"llama.cpp {s['llama_cpp'] * mat_bytes / 1e9:.1f} (GGUF {mat_bytes / 1e9:.2f} GB/step)"
            if b == 1 else ""))
 out = {"model": model, "model_bytes": os.path.getsize(model), "threads": int(os.environ["THREADS"]),
        "start": os.environ["START"], "end": os.environ["END"], "host": platform.node(),
        "quiet_cores": quiet, "matrix_params": mat_params, "flops_per_token": flops_per_token,
-       "weight_bytes_per_step": {"rolloutd_fp32": mat_params * 4, "llama_cpp_gguf": mat_bytes},
+       "weight_bytes_per_step": {"rolloutd": eng_bytes, "llama_cpp_gguf": mat_bytes},
        "summary": summary, "workload": work, "runs": rows}
 with open(os.environ["OUTJSON"], "w") as f:
     json.dump(out, f, indent=1)
