@@ -21,6 +21,7 @@
 typedef enum { D_SERVING, D_DRAINING, D_EXITING } d_state;
 
 typedef struct up_xfer up_xfer;
+typedef struct relay relay;
 
 
 
@@ -61,6 +62,8 @@ typedef struct {
     uint64_t last_commit_xfer;  /* a repeated COMMIT of it gets the same reply */
     proto_update_commit_ok last_commit_ok;
     uint64_t last_aborted_xfer; /* a repeated UPDATE_ABORT of it gets ABORT_OK 0 */
+    uint32_t last_abort_code;   /* ... and a PREPARE or COMMIT of it this code and reason */
+    char last_abort_why[512];
     struct lane_server *lane;   /* the data lane (lane.c), NULL when off */
     uint16_t lane_port;         /* its TCP port, announced in UPDATE_BEGIN_OK */
     int exit_code;
@@ -125,6 +128,35 @@ int lane_start(rd_daemon *d);
 void lane_stop(rd_daemon *d);
 /* A chunk settled: readers paused for the window may go on. */
 void lane_on_room(rd_daemon *d);
+
+/* The chain (§10.11): PREPARE verifies and builds without swapping; FORWARD
+ * starts (or moves) the relay of verified chunks to the next daemon. */
+void up_on_prepare(rd_daemon *d, br_ctx *x, const proto_update_ref *r);
+void up_on_forward(rd_daemon *d, br_ctx *x, const proto_update_forward *f);
+/* A verified chunk as the relay resends it. */
+typedef struct {
+    uint32_t tensor_index;
+    uint32_t len;               /* bytes */
+    uint32_t crc32c;
+    uint64_t offset;            /* bytes into the tensor */
+} up_fchunk;
+/* For relay.c: the verified chunks so far (the array may move when more
+ * settle), a chunk's bytes in the staging area, whether every byte is here. */
+const up_fchunk *up_fwd_log(const up_xfer *x, uint32_t *n);
+const uint8_t *up_fwd_data(const up_xfer *x, const up_fchunk *c);
+int up_xfer_complete(const up_xfer *x);
+/* A relay's connection is closed and it reads nothing any more. */
+void up_on_relay_closed(rd_daemon *d, up_xfer *x);
+
+/* relay.c: one transfer's chunks forwarded to the next daemon's lane. */
+int relay_start(rd_daemon *d, up_xfer *x, const char *host, uint16_t port, uint64_t next_xfer_id, uint32_t window,
+                const uint8_t *key, relay **out);
+/* More verified chunks, or the transfer is complete: send what the window allows. */
+void relay_kick(relay *r);
+/* Stops it; up_on_relay_closed follows once its connection is closed. */
+void relay_close(relay *r);
+/* PROTO_FWD_*, the next daemon's error code when it failed, bytes it acknowledged. */
+void relay_state(const relay *r, uint8_t *state, uint32_t *error, uint64_t *acked_bytes);
 
 /* The data lane's connection closed mid-chunk: the transfer is aborted. */
 void up_on_lane_broken(rd_daemon *d, uint64_t xfer_id, const char *why);

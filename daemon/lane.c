@@ -8,7 +8,12 @@
  * then checks the CRC-32C, and the reply (UPDATE_CHUNK_OK or ERROR, the same
  * frames as on NNG) goes back on the same stream. Reading pauses while the
  * transfer's window of chunks is being checked, so a sender can never be
- * more than a window ahead. */
+ * more than a window ahead.
+ *
+ * With a shared secret the daemon opens each connection with an
+ * AUTH_CHALLENGE, and the sender's first frame must be a LANE_AUTH proving
+ * the lane key of one open transfer (§10.12); the connection may then feed
+ * that transfer only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,11 @@ typedef struct lane_conn {
     int paused;                 /* reading stopped for the window */
     int closed;                 /* uv_close called */
     int refs;                   /* chunk jobs that will reply here */
+    int authed;                 /* the LANE_AUTH was right (or the daemon has no secret) */
+    uint64_t auth_xfer;         /* the one transfer it may feed */
+    uint8_t nonce[PROTO_AUTH_BYTES]; /* of the challenge sent */
+    uint8_t auth_frame[PROTO_HEADER_BYTES + 8 + PROTO_AUTH_BYTES];
+    size_t auth_got;
     uint8_t discard[LANE_DISCARD];
 } lane_conn;
 
@@ -93,6 +103,25 @@ static void on_written(uv_write_t *w, int status)
     free(lw);
 }
 
+/* Writes one encoded frame (taking b's memory). */
+static void send_frame(lane_conn *c, proto_buf *b)
+{
+    lane_write *lw = calloc(1, sizeof *lw);
+    if (!lw) {
+        proto_buf_free(b);
+        conn_close(c, "out of memory on the data lane");
+        return;
+    }
+    lw->c = c;
+    lw->buf = b->data; /* handed to the write */
+    uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
+    if (uv_write(&lw->w, (uv_stream_t *)&c->tcp, &ub, 1, on_written)) {
+        free(lw->buf);
+        free(lw);
+        conn_close(c, "the data lane's connection failed");
+    }
+}
+
 /* Sends one reply frame (UPDATE_CHUNK_OK or ERROR). */
 static void send_reply(lane_conn *c, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
 {
@@ -108,20 +137,12 @@ static void send_reply(lane_conn *c, uint32_t code, const char *why, const proto
         m.update_chunk_ok = *ok;
         rc = proto_encode(&b, &m);
     }
-    lane_write *lw = rc ? NULL : calloc(1, sizeof *lw);
-    if (!lw) {
+    if (rc) {
         proto_buf_free(&b);
         conn_close(c, "cannot build a reply on the data lane");
         return;
     }
-    lw->c = c;
-    lw->buf = b.data; /* handed to the write */
-    uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
-    if (uv_write(&lw->w, (uv_stream_t *)&c->tcp, &ub, 1, on_written)) {
-        free(lw->buf);
-        free(lw);
-        conn_close(c, "the data lane's connection failed");
-    }
+    send_frame(c, &b);
 }
 
 /* A chunk job finished: its reply goes out on this stream. */
@@ -136,6 +157,11 @@ static void job_reply(rd_daemon *d, void *arg, uint32_t code, const char *why, c
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     lane_conn *c = h->data;
+    if (!c->authed) { /* the header first, to refuse anything but a LANE_AUTH before reading on */
+        size_t want = c->auth_got < PROTO_HEADER_BYTES ? PROTO_HEADER_BYTES : sizeof c->auth_frame;
+        *buf = uv_buf_init((char *)c->auth_frame + c->auth_got, (unsigned)(want - c->auth_got));
+        return;
+    }
     if (!c->in_data) {
         *buf = uv_buf_init((char *)c->head + c->head_got, (unsigned)(PROTO_CHUNK_HEAD_BYTES - c->head_got));
         return;
@@ -207,6 +233,11 @@ static int head_complete(lane_conn *c)
         conn_close(c, "bad frame on the data lane");
         return -1;
     }
+    if (c->srv->d->auth_len && c->c.xfer_id != c->auth_xfer) {
+        send_reply(c, PROTO_E_UNAUTHORIZED, "this data lane connection authenticated for another transfer", NULL);
+        conn_close(c, "a chunk of another transfer on an authenticated lane");
+        return -1;
+    }
     c->in_data = 1;
     c->got = 0;
     c->code = (uint32_t)up_chunk_claim(d, &c->c, &c->x, &c->dest, &c->dup, c->why, sizeof c->why);
@@ -217,12 +248,54 @@ static int head_complete(lane_conn *c)
     return 0;
 }
 
+/* The sender's LANE_AUTH (all of it, or its header so far): 0 while it is
+ * read or once it is right, -1 when the connection was refused. */
+static int auth_step(lane_conn *c)
+{
+    rd_daemon *d = c->srv->d;
+    if (c->auth_got == PROTO_HEADER_BYTES) {
+        const uint8_t *h = c->auth_frame;
+        uint32_t body = (uint32_t)h[8] | (uint32_t)h[9] << 8 | (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
+        if (memcmp(h, PROTO_MAGIC, 4) || h[6] != PROTO_LANE_AUTH || h[7] != 0 || body != 8 + PROTO_AUTH_BYTES) {
+            d->auth_failures++;
+            send_reply(c, PROTO_E_UNAUTHORIZED, "this data lane needs a LANE_AUTH first (PROTOCOL.md section 10.12)",
+                       NULL);
+            conn_close(c, "no LANE_AUTH on the data lane");
+            return -1;
+        }
+        return 0;
+    }
+    if (c->auth_got < sizeof c->auth_frame)
+        return 0;
+    proto_msg m;
+    uint8_t key[PROTO_AUTH_BYTES], want[PROTO_AUTH_BYTES];
+    int ok = proto_decode(c->auth_frame, sizeof c->auth_frame, 0, &m) == 0 && m.type == PROTO_LANE_AUTH &&
+             d->xfer && up_xfer_id(d->xfer) == m.lane_auth.xfer_id &&
+             !proto_auth_lane_key((const uint8_t *)d->auth_secret, d->auth_len, m.lane_auth.xfer_id, key) &&
+             !proto_auth_lane_proof(key, c->nonce, m.lane_auth.xfer_id, want) &&
+             proto_auth_equal(want, m.lane_auth.proof);
+    if (!ok) {
+        d->auth_failures++;
+        send_reply(c, PROTO_E_UNAUTHORIZED, "LANE_AUTH refused: not the open transfer, or not its lane key", NULL);
+        conn_close(c, "a wrong LANE_AUTH on the data lane");
+        return -1;
+    }
+    c->authed = 1;
+    c->auth_xfer = m.lane_auth.xfer_id;
+    return 0;
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     lane_conn *c = st->data;
     if (nread < 0) {
         conn_close(c, nread == UV_EOF ? "the sender closed the data lane mid-chunk"
                                       : "the data lane's connection failed mid-chunk");
+        return;
+    }
+    if (!c->authed) {
+        c->auth_got += (size_t)nread;
+        auth_step(c);
         return;
     }
     if (!c->in_data) {
@@ -257,6 +330,18 @@ static void on_connection(uv_stream_t *server, int status)
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
+    c->authed = s->d->auth_len == 0;
+    if (!c->authed) {
+        proto_buf b;
+        proto_buf_init(&b);
+        proto_msg m = {.type = PROTO_AUTH_CHALLENGE};
+        if (proto_auth_nonce(c->nonce) || (memcpy(m.auth.bytes, c->nonce, PROTO_AUTH_BYTES), proto_encode(&b, &m))) {
+            proto_buf_free(&b);
+            conn_close(c, "cannot challenge the data lane's sender");
+            return;
+        }
+        send_frame(c, &b);
+    }
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read))
         conn_close(c, "cannot read the data lane");
 }
@@ -299,12 +384,6 @@ int lane_start(rd_daemon *d)
 {
     if (!strcmp(d->cfg.update_listen, "off") || d->cfg.max_staging_bytes == 0)
         return 0;
-    /* Its connections cannot prove the secret yet: with one, chunks go over
-     * the authenticated learner socket instead (clients see data_port 0). */
-    if (d->auth_len) {
-        log_line("data lane off: auth_token_file is set and the lane has no authentication yet");
-        return 0;
-    }
     if (proto_tls_url(d->cfg.listen)) { /* a plain TCP lane would carry the weights in the clear */
         log_line("data lane off: the learner socket is TLS and the lane is plain TCP");
         return 0;
@@ -313,10 +392,10 @@ int lane_start(rd_daemon *d)
     int rc = lane_addr(d, &addr);
     if (rc)
         return rc;
-    if (!net_is_loopback((const struct sockaddr *)&addr)) {
+    if (!net_is_loopback((const struct sockaddr *)&addr) && !d->auth_len) {
         if (!d->cfg.insecure)
-            return rd_fail(RD_EINVAL, "the data lane would listen on a non-loopback address and has no "
-                           "authentication yet: set update_listen to a loopback HOST:PORT or \"off\", or insecure = 1");
+            return rd_fail(RD_EINVAL, "the data lane would listen on a non-loopback address without a "
+                           "secret: set auth_token_file, or update_listen to a loopback HOST:PORT or \"off\", or insecure = 1");
         d->exposed = 1;
     }
     lane_server *s = calloc(1, sizeof *s);

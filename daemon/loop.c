@@ -214,7 +214,7 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
     m.hello_ok.flags |= flags;
     m.hello_ok.weight_version = d->weight_version;
     if (d->cfg.max_staging_bytes > 0)
-        m.hello_ok.features |= PROTO_FEATURE_WEIGHT_UPDATE;
+        m.hello_ok.features |= PROTO_FEATURE_WEIGHT_UPDATE | PROTO_FEATURE_RELAY;
     m.hello_ok.pending_results = c->n_held;
     m.hello_ok.inflight_samples = c->reserved;
     loop_reply_msg(d, x, &m);
@@ -565,6 +565,11 @@ static void serve(rd_daemon *d, br_ctx *x)
     case PROTO_UPDATE_BEGIN: up_on_begin(d, x, &m.update_begin, pipe); break;
     case PROTO_UPDATE_COMMIT: up_on_commit(d, x, &m.update_commit); break;
     case PROTO_UPDATE_ABORT: up_on_abort(d, x, &m.update_abort); break;
+    case PROTO_UPDATE_PREPARE: up_on_prepare(d, x, &m.update_prepare); break;
+    case PROTO_UPDATE_FORWARD: up_on_forward(d, x, &m.update_forward); break;
+    case PROTO_LANE_AUTH:
+        loop_reply_error(d, x, PROTO_E_UNEXPECTED, m.type, "LANE_AUTH belongs on the data lane (PROTOCOL.md 10.12)");
+        break;
     default: {
         char why[200];
         snprintf(why, sizeof why, "%s (0x%02x) is a reply type; expected a request (HELLO..BYE)",

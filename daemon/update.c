@@ -31,8 +31,17 @@ struct up_xfer {
     int dead;                   /* aborted: freed once inflight is 0 */
     int committing;             /* COMMIT accepted: building or swapping */
     br_ctx *commit_ctx;         /* the COMMIT waiting for its reply */
-    uint64_t t_begin_us, t_last_us, t_commit_us, t_built_us;
+    uint64_t t_begin_us, t_last_us, t_commit_us, t_build_us, t_built_us;
     int64_t steps_at_begin;     /* engine steps when the transfer began */
+    /* two-phase commit and the chain (§10.11) */
+    int building;               /* a build job runs (started by PREPARE or COMMIT) */
+    upd_patch *patch;           /* built by PREPARE: COMMIT only swaps it in */
+    up_fchunk *log;             /* [n_log] verified chunks in the order they settled: what a relay sends */
+    uint32_t n_log, cap_log;
+    uint64_t log_bytes;         /* sum of their lens */
+    relay *relay;               /* forwarding to the next daemon, or NULL */
+    int relays_open;            /* relays not yet closed: each may read st */
+    int forwarded;              /* a FORWARD came: st stays until the transfer ends (a reroute resends from it) */
 };
 
 typedef struct {
@@ -72,10 +81,36 @@ static int64_t engine_steps(rd_daemon *d)
     return s;
 }
 
+static void free_patch_later(rd_daemon *d, upd_patch *p);
+
 static void xfer_free(up_xfer *x)
 {
     upd_stage_free(x->st);
+    free(x->log);
     free(x);
+}
+
+/* Frees a transfer that has ended once nothing refers to it any more: no
+ * chunk or build job in the pool, no relay reading its staging memory. */
+static void xfer_maybe_free(up_xfer *x)
+{
+    if (x->dead && x->inflight == 0 && x->relays_open == 0)
+        xfer_free(x);
+}
+
+/* The transfer has ended (swapped or aborted): its relay stops. */
+static void xfer_end(rd_daemon *d, up_xfer *x)
+{
+    x->dead = 1;
+    if (x->relay) {
+        relay_close(x->relay);
+        x->relay = NULL;
+    }
+    if (x->patch) {
+        free_patch_later(d, x->patch);
+        x->patch = NULL;
+    }
+    xfer_maybe_free(x);
 }
 
 static void record_end(rd_daemon *d, const up_xfer *x, int ok, const char *error)
@@ -99,7 +134,7 @@ static void record_end(rd_daemon *d, const up_xfer *x, int ok, const char *error
 
 /* Ends the open transfer without swapping; its staging memory goes now, or
  * once the chunks being staged come back. */
-static void abort_xfer(rd_daemon *d, const char *why)
+static void abort_xfer_code(rd_daemon *d, uint32_t code, const char *why)
 {
     up_xfer *x = d->xfer;
     if (!x)
@@ -107,11 +142,13 @@ static void abort_xfer(rd_daemon *d, const char *why)
     log_line("weight update to version %llu aborted: %s", (unsigned long long)x->version, why);
     record_end(d, x, 0, why);
     d->last_aborted_xfer = x->id;
+    d->last_abort_code = code;
+    snprintf(d->last_abort_why, sizeof d->last_abort_why, "%s", why);
     d->xfer = NULL;
-    x->dead = 1;
-    if (x->inflight == 0)
-        xfer_free(x);
+    xfer_end(d, x);
 }
+
+static void abort_xfer(rd_daemon *d, const char *why) { abort_xfer_code(d, PROTO_E_UNEXPECTED, why); }
 
 /* ---- UPDATE_BEGIN ---- */
 
@@ -216,6 +253,24 @@ static void sink_reply(rd_daemon *d, const up_sink *k, uint32_t code, const char
     loop_reply_msg(d, k->ctx, &m);
 }
 
+/* Remembers a verified chunk for the relay (the first one, or one sent to
+ * reroute around a dead daemon, replays the whole log). */
+static int log_chunk(up_xfer *x, const proto_update_chunk *c)
+{
+    if (x->n_log == x->cap_log) {
+        uint32_t cap = x->cap_log ? 2 * x->cap_log : 256;
+        up_fchunk *n = realloc(x->log, (size_t)cap * sizeof *n);
+        if (!n)
+            return RD_ENOMEM; /* the relay then never sees this chunk: the next daemon's PREPARE shows the gap */
+        x->log = n;
+        x->cap_log = cap;
+    }
+    x->log[x->n_log++] = (up_fchunk){.tensor_index = c->tensor_index, .len = c->len, .crc32c = c->crc32c,
+                                     .offset = c->offset};
+    x->log_bytes += c->len;
+    return 0;
+}
+
 static void chunk_work(uv_work_t *w)
 {
     up_chunk_job *j = w->data;
@@ -239,14 +294,15 @@ static void chunk_done(uv_work_t *w, int status)
     x->inflight--;
     if (x->dead) {
         sink_reply(d, &j->sink, PROTO_E_UNEXPECTED, "the transfer was aborted while this chunk was staged", NULL);
-        if (x->inflight == 0)
-            xfer_free(x);
+        xfer_maybe_free(x);
         free(j);
         return;
     }
     int ok = status == 0 && j->rc == 0;
     upd_chunk_settle(x->st, j->c.tensor_index, j->c.offset, ok);
     x->t_last_us = now_us();
+    if (ok && log_chunk(x, &j->c) == 0 && x->relay)
+        relay_kick(x->relay);
     if (!ok) {
         sink_reply(d, &j->sink, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL,
                    status ? "the chunk's staging job was cancelled" : j->err, NULL);
@@ -266,9 +322,9 @@ int up_chunk_claim(rd_daemon *d, const proto_update_chunk *c, up_xfer **xo, uint
     *dest = NULL;
     *dup = 0;
     up_xfer *x = d->xfer;
-    if (!x || x->id != c->xfer_id || x->committing) {
+    if (!x || x->id != c->xfer_id || x->committing || !x->st) {
         snprintf(why, why_cap, "UPDATE_CHUNK for xfer_id %016llx: %s", (unsigned long long)c->xfer_id,
-                 x && x->id == c->xfer_id ? "the transfer is committing; no more chunks"
+                 x && x->id == c->xfer_id ? "the transfer is committing or built; no more chunks"
                                           : "no such open transfer (UPDATE_BEGIN first; it may have been aborted)");
         return PROTO_E_UNEXPECTED;
     }
@@ -338,8 +394,7 @@ void up_chunk_abandon(rd_daemon *d, up_xfer *x, const proto_update_chunk *c)
 {
     x->inflight--;
     if (x->dead) {
-        if (x->inflight == 0)
-            xfer_free(x);
+        xfer_maybe_free(x);
         return;
     }
     upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
@@ -407,6 +462,19 @@ static void build_work(uv_work_t *w)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }
 
+/* Hands a built patch to the engine thread, which swaps it in at a step
+ * boundary; up_on_wake answers the COMMIT then. */
+static void swap_in(rd_daemon *d, up_xfer *x, upd_patch *patch)
+{
+    if (et_swap_weights(&d->et, d->L.m, patch, x->version, x->mode)) {
+        upd_patch_free(d->L.m->be, patch);
+        br_ctx *ctx = x->commit_ctx;
+        x->committing = 0;
+        abort_xfer_code(d, PROTO_E_INTERNAL, "out of memory queueing the swap");
+        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "out of memory queueing the swap");
+    }
+}
+
 static void build_done(uv_work_t *w, int status)
 {
     up_build_job *j = w->data;
@@ -417,25 +485,88 @@ static void build_done(uv_work_t *w, int status)
     char why[600];
     snprintf(why, sizeof why, "%s", status ? "the conversion job was cancelled" : j->err);
     free(j);
+    x->inflight--;
+    x->building = 0;
+    if (x->dead) { /* aborted while building (a PREPARE's build: no COMMIT waits) */
+        if (patch)
+            free_patch_later(d, patch);
+        xfer_maybe_free(x);
+        return;
+    }
+    uint32_t code = rc == RD_EINVAL ? PROTO_E_INVALID_PARAMS : PROTO_E_INTERNAL;
     if (rc) {
         br_ctx *ctx = x->commit_ctx;
         x->committing = 0;
-        abort_xfer(d, why);
-        loop_reply_error(d, ctx, rc == RD_EINVAL ? PROTO_E_INVALID_PARAMS : PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT,
-                         why);
+        abort_xfer_code(d, code, why);
+        if (ctx)
+            loop_reply_error(d, ctx, code, PROTO_UPDATE_COMMIT, why);
         return;
     }
     x->t_built_us = now_us();
-    /* The staging copy is no longer needed: the patch holds the weights now. */
-    upd_stage_free(x->st);
-    x->st = NULL;
-    if (et_swap_weights(&d->et, d->L.m, patch, x->version, x->mode)) {
-        upd_patch_free(d->L.m->be, patch);
-        br_ctx *ctx = x->commit_ctx;
-        x->committing = 0;
-        abort_xfer(d, "out of memory queueing the swap");
-        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "out of memory queueing the swap");
+    /* The staging copy is no longer needed (the patch holds the weights),
+     * unless a relay may still have to send it to a rerouted successor. */
+    if (!x->forwarded) {
+        upd_stage_free(x->st);
+        x->st = NULL;
     }
+    if (x->commit_ctx)
+        swap_in(d, x, patch);
+    else
+        x->patch = patch; /* prepared: the COMMIT swaps it in */
+}
+
+/* Every byte of the manifest verified here and no chunk in flight. */
+static int staged_all(const up_xfer *x)
+{
+    return x->st && x->st->pending == 0 && x->st->staged_bytes == x->st->total_bytes;
+}
+
+/* Verifies the staged tensors and queues their conversion. 0, or a PROTO_E_*
+ * code with the transfer aborted and why filled. */
+static uint32_t start_build(rd_daemon *d, up_xfer *x, char *why, size_t why_cap)
+{
+    int rc = upd_stage_verify(x->st);
+    if (rc) {
+        uint32_t code = rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INVALID_PARAMS;
+        snprintf(why, why_cap, "%s", rd_errmsg());
+        abort_xfer_code(d, code, why);
+        return code;
+    }
+    up_build_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        snprintf(why, why_cap, "out of memory; repeat the request");
+        return PROTO_E_BUSY;
+    }
+    j->w.data = j;
+    j->d = d;
+    j->x = x;
+    x->building = 1;
+    x->t_build_us = now_us();
+    x->inflight++; /* the job reads st: an abort meanwhile must not free it */
+    if (uv_queue_work(&d->loop, &j->w, build_work, build_done)) {
+        free(j);
+        x->building = 0;
+        x->inflight--;
+        snprintf(why, why_cap, "cannot queue the conversion job");
+        return PROTO_E_INTERNAL;
+    }
+    return 0;
+}
+
+/* The reply to a request naming a transfer that is not open: the reason the
+ * last one was aborted, when it is that one. */
+static void reply_not_open(rd_daemon *d, br_ctx *ctx, uint16_t type, uint64_t xfer_id)
+{
+    char why[800];
+    if (xfer_id != 0 && xfer_id == d->last_aborted_xfer) {
+        snprintf(why, sizeof why, "%s for xfer_id %016llx: the transfer was aborted: %s", proto_type_name(type),
+                 (unsigned long long)xfer_id, d->last_abort_why);
+        loop_reply_error(d, ctx, d->last_abort_code ? d->last_abort_code : PROTO_E_UNEXPECTED, type, why);
+        return;
+    }
+    snprintf(why, sizeof why, "%s for xfer_id %016llx: no such open transfer (UPDATE_BEGIN first, or the transfer "
+             "was aborted)", proto_type_name(type), (unsigned long long)xfer_id);
+    loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, type, why);
 }
 
 void up_on_commit(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
@@ -449,9 +580,7 @@ void up_on_commit(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
     }
     up_xfer *x = d->xfer;
     if (!x || x->id != r->xfer_id) {
-        snprintf(why, sizeof why, "UPDATE_COMMIT for xfer_id %016llx: no such open transfer (commit without "
-                 "UPDATE_BEGIN, or the transfer was aborted)", (unsigned long long)r->xfer_id);
-        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_COMMIT, why);
+        reply_not_open(d, ctx, PROTO_UPDATE_COMMIT, r->xfer_id);
         return;
     }
     if (x->committing) {
@@ -459,30 +588,149 @@ void up_on_commit(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
                          "this transfer is already committing; repeat the COMMIT later for its result");
         return;
     }
-    int rc = upd_stage_verify(x->st);
-    if (rc) {
-        snprintf(why, sizeof why, "%s", rd_errmsg());
-        abort_xfer(d, why);
-        loop_reply_error(d, ctx, rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INVALID_PARAMS, PROTO_UPDATE_COMMIT,
-                         why);
+    if (x->patch) { /* prepared (§10.11): only the swap is left */
+        upd_patch *p = x->patch;
+        x->patch = NULL;
+        x->committing = 1;
+        x->commit_ctx = ctx;
+        x->t_commit_us = now_us();
+        swap_in(d, x, p);
         return;
     }
-    up_build_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_UPDATE_COMMIT, "out of memory; repeat the COMMIT");
-        return;
+    if (!x->building) {
+        uint32_t code = start_build(d, x, why, sizeof why);
+        if (code) {
+            loop_reply_error(d, ctx, code, PROTO_UPDATE_COMMIT, why);
+            return;
+        }
     }
+    /* The build (this COMMIT's or a PREPARE's) swaps when it is done. */
     x->committing = 1;
     x->commit_ctx = ctx;
     x->t_commit_us = now_us();
-    j->w.data = j;
-    j->d = d;
-    j->x = x;
-    if (uv_queue_work(&d->loop, &j->w, build_work, build_done)) {
-        free(j);
-        x->committing = 0;
-        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "cannot queue the conversion job");
+}
+
+/* ---- UPDATE_PREPARE and UPDATE_FORWARD: the chain (§10.11) ---- */
+
+static void fill_prepare_ok(const up_xfer *x, proto_update_prepare_ok *ok)
+{
+    memset(ok, 0, sizeof *ok);
+    ok->xfer_id = x->id;
+    ok->state = x->patch || x->committing ? PROTO_PREP_READY : x->building ? PROTO_PREP_BUILDING
+                                                                          : PROTO_PREP_STAGING;
+    ok->bytes_staged = x->st ? x->st->staged_bytes : x->bytes;
+    ok->total_bytes = x->bytes;
+    if (x->relay)
+        relay_state(x->relay, &ok->forward, &ok->forward_error, &ok->forwarded_bytes);
+}
+
+void up_on_prepare(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
+{
+    char why[600];
+    up_xfer *x = d->xfer;
+    if (!x || x->id != r->xfer_id) {
+        if (r->xfer_id != 0 && r->xfer_id == d->last_commit_xfer) {
+            loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_PREPARE,
+                             "UPDATE_PREPARE: this transfer is committed and serving already");
+            return;
+        }
+        reply_not_open(d, ctx, PROTO_UPDATE_PREPARE, r->xfer_id);
+        return;
     }
+    x->t_last_us = now_us();
+    if (!x->building && !x->patch && !x->committing && staged_all(x)) {
+        uint32_t code = start_build(d, x, why, sizeof why);
+        if (code) {
+            loop_reply_error(d, ctx, code, PROTO_UPDATE_PREPARE, why);
+            return;
+        }
+    }
+    proto_msg m = {.type = PROTO_UPDATE_PREPARE_OK};
+    fill_prepare_ok(x, &m.update_prepare_ok);
+    loop_reply_msg(d, ctx, &m);
+}
+
+int up_xfer_complete(const up_xfer *x) { return x->st && staged_all(x); }
+
+const up_fchunk *up_fwd_log(const up_xfer *x, uint32_t *n)
+{
+    *n = x->n_log;
+    return x->log;
+}
+
+const uint8_t *up_fwd_data(const up_xfer *x, const up_fchunk *c)
+{
+    return x->st ? x->st->t[c->tensor_index].data + c->offset : NULL;
+}
+
+void up_on_relay_closed(rd_daemon *d, up_xfer *x)
+{
+    x->relays_open--;
+    xfer_maybe_free(x);
+}
+
+void up_on_forward(rd_daemon *d, br_ctx *ctx, const proto_update_forward *f)
+{
+    char why[600];
+    up_xfer *x = d->xfer;
+    if (!x || x->id != f->xfer_id) {
+        reply_not_open(d, ctx, PROTO_UPDATE_FORWARD, f->xfer_id);
+        return;
+    }
+    x->t_last_us = now_us();
+    if (f->next_xfer_id == 0) { /* stop forwarding */
+        if (x->relay)
+            relay_close(x->relay);
+        x->relay = NULL;
+        proto_msg m = {.type = PROTO_UPDATE_FORWARD_OK};
+        m.update_forward_ok.xfer_id = x->id;
+        loop_reply_msg(d, ctx, &m);
+        return;
+    }
+    if (x->committing || !x->st) {
+        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_FORWARD,
+                         "UPDATE_FORWARD: the transfer is committing or its staging copy is gone (built without a "
+                         "forward); forward from another daemon or the learner");
+        return;
+    }
+    if (f->port == 0 || f->window == 0 || f->host.len == 0) {
+        snprintf(why, sizeof why, "UPDATE_FORWARD: port %u, window %u, host \"%s\"; expected a lane port, a window "
+                 ">= 1 and the next daemon's numeric IP", f->port, f->window, f->host.ptr);
+        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, why);
+        return;
+    }
+    uint8_t key[PROTO_AUTH_BYTES];
+    int auth = (f->flags & PROTO_FORWARD_AUTH) != 0;
+    if (auth) {
+        memcpy(key, f->key, sizeof key);
+        uint8_t pad[PROTO_AUTH_BYTES];
+        if (d->auth_len) { /* the key travels wrapped in this daemon's pad (§10.12) */
+            if (proto_auth_wrap_pad((const uint8_t *)d->auth_secret, d->auth_len, x->id, f->next_xfer_id, pad)) {
+                loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_FORWARD, rd_errmsg());
+                return;
+            }
+            for (int i = 0; i < PROTO_AUTH_BYTES; i++)
+                key[i] ^= pad[i];
+        }
+    }
+    relay *r;
+    uint32_t window = f->window < 64 ? f->window : 64;
+    if (relay_start(d, x, f->host.ptr, f->port, f->next_xfer_id, window, auth ? key : NULL, &r)) {
+        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, rd_errmsg());
+        return;
+    }
+    if (x->relay) /* a reroute: the new successor gets everything from the start */
+        relay_close(x->relay);
+    x->relay = r;
+    x->relays_open++;
+    x->forwarded = 1;
+    log_line("weight update to version %llu: forwarding to %s:%u (transfer %016llx), %llu bytes staged so far",
+             (unsigned long long)x->version, f->host.ptr, f->port, (unsigned long long)f->next_xfer_id,
+             (unsigned long long)x->log_bytes);
+    proto_msg m = {.type = PROTO_UPDATE_FORWARD_OK};
+    m.update_forward_ok = (proto_update_forward_ok){.xfer_id = x->id, .queued_bytes = x->log_bytes};
+    loop_reply_msg(d, ctx, &m);
+    relay_kick(r);
 }
 
 void up_on_wake(rd_daemon *d)
@@ -507,7 +755,7 @@ void up_on_wake(rd_daemon *d)
     };
     record_end(d, x, 1, NULL);
     up_last *l = &d->last_update;
-    l->build_us = x->t_built_us - x->t_commit_us;
+    l->build_us = x->t_built_us - x->t_build_us; /* a PREPARE's build may end before the COMMIT */
     l->wait_us = ok.wait_us;
     l->stall_us = ok.stall_us;
     l->n_aborted = s.n_aborted;
@@ -524,7 +772,7 @@ void up_on_wake(rd_daemon *d)
     m.update_commit_ok = ok;
     br_ctx *ctx = x->commit_ctx;
     d->xfer = NULL;
-    xfer_free(x);
+    xfer_end(d, x);
     loop_reply_msg(d, ctx, &m);
 }
 

@@ -23,30 +23,71 @@ int proto_auth_nonce(uint8_t out[PROTO_AUTH_BYTES])
     return 0;
 }
 
-int proto_auth_proof(const uint8_t *secret, size_t secret_len, int daemon_side,
-                     const uint8_t client_nonce[PROTO_AUTH_BYTES], const uint8_t daemon_nonce[PROTO_AUTH_BYTES],
-                     uint8_t out[PROTO_AUTH_BYTES])
+/* HMAC-SHA256(key, label || parts...) with mbedTLS: every derivation of §14 and §10.12. */
+static int hmac_parts(const uint8_t *key, size_t key_len, const char *label, const uint8_t *const *parts,
+                      const size_t *lens, int n_parts, uint8_t out[PROTO_AUTH_BYTES])
 {
-    static const char label_client[] = "rolloutd auth v1 client", label_daemon[] = "rolloutd auth v1 daemon";
-    const char *label = daemon_side ? label_daemon : label_client;
-    const uint8_t *first = daemon_side ? client_nonce : daemon_nonce;
-    const uint8_t *second = daemon_side ? daemon_nonce : client_nonce;
     const mbedtls_md_info_t *md = mbedtls_md_info_from_type(MBEDTLS_MD_SHA256);
     mbedtls_md_context_t ctx;
     mbedtls_md_init(&ctx);
     int rc = md ? mbedtls_md_setup(&ctx, md, 1) : -1;
     if (!rc)
-        rc = mbedtls_md_hmac_starts(&ctx, secret, secret_len);
+        rc = mbedtls_md_hmac_starts(&ctx, key, key_len);
     if (!rc)
-        rc = mbedtls_md_hmac_update(&ctx, (const unsigned char *)label, sizeof label_client - 1);
-    if (!rc)
-        rc = mbedtls_md_hmac_update(&ctx, first, PROTO_AUTH_BYTES);
-    if (!rc)
-        rc = mbedtls_md_hmac_update(&ctx, second, PROTO_AUTH_BYTES);
+        rc = mbedtls_md_hmac_update(&ctx, (const unsigned char *)label, strlen(label));
+    for (int i = 0; i < n_parts && !rc; i++)
+        rc = mbedtls_md_hmac_update(&ctx, parts[i], lens[i]);
     if (!rc)
         rc = mbedtls_md_hmac_finish(&ctx, out);
     mbedtls_md_free(&ctx);
     return rc ? rd_fail(RD_EINVAL, "auth: HMAC-SHA256 failed (mbedTLS -0x%04x)", (unsigned)-rc) : 0;
+}
+
+int proto_auth_proof(const uint8_t *secret, size_t secret_len, int daemon_side,
+                     const uint8_t client_nonce[PROTO_AUTH_BYTES], const uint8_t daemon_nonce[PROTO_AUTH_BYTES],
+                     uint8_t out[PROTO_AUTH_BYTES])
+{
+    const uint8_t *parts[2] = {daemon_side ? client_nonce : daemon_nonce, daemon_side ? daemon_nonce : client_nonce};
+    const size_t lens[2] = {PROTO_AUTH_BYTES, PROTO_AUTH_BYTES};
+    return hmac_parts((const uint8_t *)secret, secret_len, daemon_side ? "rolloutd auth v1 daemon"
+                                                                       : "rolloutd auth v1 client",
+                      parts, lens, 2, out);
+}
+
+static void le64(uint8_t out[8], uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)(v >> (8 * i));
+}
+
+int proto_auth_lane_key(const uint8_t *secret, size_t secret_len, uint64_t xfer_id, uint8_t out[PROTO_AUTH_BYTES])
+{
+    uint8_t x[8];
+    le64(x, xfer_id);
+    const uint8_t *parts[1] = {x};
+    const size_t lens[1] = {8};
+    return hmac_parts(secret, secret_len, "rolloutd lane key v1", parts, lens, 1, out);
+}
+
+int proto_auth_lane_proof(const uint8_t key[PROTO_AUTH_BYTES], const uint8_t nonce[PROTO_AUTH_BYTES],
+                          uint64_t xfer_id, uint8_t out[PROTO_AUTH_BYTES])
+{
+    uint8_t x[8];
+    le64(x, xfer_id);
+    const uint8_t *parts[2] = {nonce, x};
+    const size_t lens[2] = {PROTO_AUTH_BYTES, 8};
+    return hmac_parts(key, PROTO_AUTH_BYTES, "rolloutd lane v1", parts, lens, 2, out);
+}
+
+int proto_auth_wrap_pad(const uint8_t *secret, size_t secret_len, uint64_t xfer_id, uint64_t next_xfer_id,
+                        uint8_t out[PROTO_AUTH_BYTES])
+{
+    uint8_t x[8], y[8];
+    le64(x, xfer_id);
+    le64(y, next_xfer_id);
+    const uint8_t *parts[2] = {x, y};
+    const size_t lens[2] = {8, 8};
+    return hmac_parts(secret, secret_len, "rolloutd key wrap v1", parts, lens, 2, out);
 }
 
 int proto_auth_equal(const uint8_t a[PROTO_AUTH_BYTES], const uint8_t b[PROTO_AUTH_BYTES])

@@ -26,6 +26,18 @@ int proto_auth_nonce(uint8_t out[PROTO_AUTH_BYTES]);
 int proto_auth_proof(const uint8_t *secret, size_t secret_len, int daemon_side,
                      const uint8_t client_nonce[PROTO_AUTH_BYTES], const uint8_t daemon_nonce[PROTO_AUTH_BYTES],
                      uint8_t out[PROTO_AUTH_BYTES]);
+/* The data lane's keys (PROTOCOL.md §10.12):
+ *   lane key = HMAC-SHA256(secret, "rolloutd lane key v1" || xfer_id)
+ *   proof    = HMAC-SHA256(lane key, "rolloutd lane v1" || daemon nonce || xfer_id)
+ *   pad      = HMAC-SHA256(secret, "rolloutd key wrap v1" || xfer_id || next_xfer_id)
+ * (u64s little-endian). The learner hands a relaying daemon the next
+ * daemon's lane key XOR its own pad, so the key is not readable on the way
+ * and each daemon needs only its own secret. */
+int proto_auth_lane_key(const uint8_t *secret, size_t secret_len, uint64_t xfer_id, uint8_t out[PROTO_AUTH_BYTES]);
+int proto_auth_lane_proof(const uint8_t key[PROTO_AUTH_BYTES], const uint8_t nonce[PROTO_AUTH_BYTES],
+                          uint64_t xfer_id, uint8_t out[PROTO_AUTH_BYTES]);
+int proto_auth_wrap_pad(const uint8_t *secret, size_t secret_len, uint64_t xfer_id, uint64_t next_xfer_id,
+                        uint8_t out[PROTO_AUTH_BYTES]);
 /* 1 when equal; the time taken does not depend on where they differ. */
 int proto_auth_equal(const uint8_t a[PROTO_AUTH_BYTES], const uint8_t b[PROTO_AUTH_BYTES]);
 /* A secret file: one line, surrounding whitespace dropped, 16..4096 bytes

@@ -29,6 +29,9 @@ const char *proto_type_name(uint16_t type)
     case PROTO_UPDATE_CHUNK: return "UPDATE_CHUNK";
     case PROTO_UPDATE_COMMIT: return "UPDATE_COMMIT";
     case PROTO_UPDATE_ABORT: return "UPDATE_ABORT";
+    case PROTO_UPDATE_FORWARD: return "UPDATE_FORWARD";
+    case PROTO_UPDATE_PREPARE: return "UPDATE_PREPARE";
+    case PROTO_LANE_AUTH: return "LANE_AUTH";
     case PROTO_HELLO_OK: return "HELLO_OK";
     case PROTO_SUBMIT_OK: return "SUBMIT_OK";
     case PROTO_RESULTS: return "RESULTS";
@@ -41,6 +44,8 @@ const char *proto_type_name(uint16_t type)
     case PROTO_UPDATE_CHUNK_OK: return "UPDATE_CHUNK_OK";
     case PROTO_UPDATE_COMMIT_OK: return "UPDATE_COMMIT_OK";
     case PROTO_UPDATE_ABORT_OK: return "UPDATE_ABORT_OK";
+    case PROTO_UPDATE_FORWARD_OK: return "UPDATE_FORWARD_OK";
+    case PROTO_UPDATE_PREPARE_OK: return "UPDATE_PREPARE_OK";
     case PROTO_ERROR: return "ERROR";
     default: return NULL;
     }
@@ -71,7 +76,7 @@ const char *proto_err_name(uint32_t code)
 
 int proto_is_request(uint16_t type)
 {
-    return (type >= PROTO_HELLO && type <= PROTO_AUTH) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_UPDATE_ABORT);
+    return (type >= PROTO_HELLO && type <= PROTO_AUTH) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_LANE_AUTH);
 }
 
 uint32_t proto_dtype_size(uint8_t dtype)
@@ -786,6 +791,53 @@ static int dec_update_commit_ok(cursor *c, proto_update_commit_ok *u)
     return zero_bits(c, reserved, 0, "reserved");
 }
 
+static int dec_update_forward(cursor *c, proto_update_forward *u)
+{
+    TRY(rd64(c, &u->xfer_id, "xfer_id"));
+    TRY(rd64(c, &u->next_xfer_id, "next_xfer_id"));
+    TRY(rd16(c, &u->port, "port"));
+    TRY(rd16(c, &u->flags, "flags"));
+    TRY(zero_bits(c, u->flags, PROTO_FORWARD_FLAGS, "flags"));
+    TRY(rd32(c, &u->window, "window"));
+    TRY(need(c, PROTO_AUTH_BYTES, "key"));
+    memcpy(u->key, c->p + c->off, PROTO_AUTH_BYTES);
+    c->off += PROTO_AUTH_BYTES;
+    return rdstr_len(c, &u->host, "host", 0, 255);
+}
+
+static int dec_update_forward_ok(cursor *c, proto_update_forward_ok *u)
+{
+    TRY(rd64(c, &u->xfer_id, "xfer_id"));
+    return rd64(c, &u->queued_bytes, "queued_bytes");
+}
+
+static int dec_update_prepare_ok(cursor *c, proto_update_prepare_ok *u)
+{
+    uint16_t reserved;
+    TRY(rd64(c, &u->xfer_id, "xfer_id"));
+    TRY(rd8(c, &u->state, "state"));
+    if (u->state > PROTO_PREP_READY)
+        return MALFORMED(c, "%s: state is %u; expected 0 (staging), 1 (building) or 2 (ready)", c->type, u->state);
+    TRY(rd8(c, &u->forward, "forward"));
+    if (u->forward > PROTO_FWD_FAILED)
+        return MALFORMED(c, "%s: forward is %u; expected 0..3", c->type, u->forward);
+    TRY(rd16(c, &reserved, "reserved"));
+    TRY(zero_bits(c, reserved, 0, "reserved"));
+    TRY(rd32(c, &u->forward_error, "forward_error"));
+    TRY(rd64(c, &u->bytes_staged, "bytes_staged"));
+    TRY(rd64(c, &u->total_bytes, "total_bytes"));
+    return rd64(c, &u->forwarded_bytes, "forwarded_bytes");
+}
+
+static int dec_lane_auth(cursor *c, proto_lane_auth *a)
+{
+    TRY(rd64(c, &a->xfer_id, "xfer_id"));
+    TRY(need(c, PROTO_AUTH_BYTES, "proof"));
+    memcpy(a->proof, c->p + c->off, PROTO_AUTH_BYTES);
+    c->off += PROTO_AUTH_BYTES;
+    return 0;
+}
+
 static int dec_body(cursor *c)
 {
     proto_msg *m = c->m;
@@ -815,6 +867,11 @@ static int dec_body(cursor *c)
     case PROTO_UPDATE_COMMIT_OK: return dec_update_commit_ok(c, &m->update_commit_ok);
     case PROTO_UPDATE_ABORT: return rd64(c, &m->update_abort.xfer_id, "xfer_id");
     case PROTO_UPDATE_ABORT_OK: return rd64(c, &m->update_abort_ok.bytes_freed, "bytes_freed");
+    case PROTO_UPDATE_FORWARD: return dec_update_forward(c, &m->update_forward);
+    case PROTO_UPDATE_FORWARD_OK: return dec_update_forward_ok(c, &m->update_forward_ok);
+    case PROTO_UPDATE_PREPARE: return rd64(c, &m->update_prepare.xfer_id, "xfer_id");
+    case PROTO_UPDATE_PREPARE_OK: return dec_update_prepare_ok(c, &m->update_prepare_ok);
+    case PROTO_LANE_AUTH: return dec_lane_auth(c, &m->lane_auth);
     default: return MALFORMED(c, "%s: no decoder (internal)", c->type);
     }
 }
@@ -860,7 +917,7 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
     if (!type_implemented(type))
         return fail_wire(out, PROTO_E_UNKNOWN_TYPE,
                          rd_fail(RD_ENOTSUP, "message type 0x%02x is not defined; expected HELLO..BYE (0x01..0x06), "
-                                 "UPDATE_BEGIN..UPDATE_ABORT (0x10..0x13), their replies (0x81..0x86, 0x90..0x93) "
+                                 "UPDATE_BEGIN..LANE_AUTH (0x10..0x16), their replies (0x81..0x86, 0x90..0x95) "
                                  "or ERROR (0xff)", type));
     cursor c = {.p = buf + PROTO_HEADER_BYTES, .len = body_len, .frame_len = len, .type = name, .m = out};
     int rc = dec_body(&c);
@@ -1174,6 +1231,22 @@ static int msg_ok(const proto_msg *m)
     case PROTO_UPDATE_COMMIT_OK: return 0;
     case PROTO_UPDATE_ABORT: return 0;
     case PROTO_UPDATE_ABORT_OK: return 0;
+    case PROTO_UPDATE_FORWARD: {
+        const proto_update_forward *u = &m->update_forward;
+        TRY(enc_flags_ok(name, "flags", u->flags, PROTO_FORWARD_FLAGS));
+        TRY(enc_str_ok(name, "host", u->host));
+        if (u->host.len > 255)
+            return rd_fail(RD_EINVAL, "UPDATE_FORWARD: host is %u bytes; expected at most 255", u->host.len);
+        return 0;
+    }
+    case PROTO_UPDATE_FORWARD_OK: return 0;
+    case PROTO_UPDATE_PREPARE: return 0;
+    case PROTO_UPDATE_PREPARE_OK:
+        if (m->update_prepare_ok.state > PROTO_PREP_READY || m->update_prepare_ok.forward > PROTO_FWD_FAILED)
+            return rd_fail(RD_EINVAL, "UPDATE_PREPARE_OK: state %u / forward %u out of range",
+                           m->update_prepare_ok.state, m->update_prepare_ok.forward);
+        return 0;
+    case PROTO_LANE_AUTH: return 0;
     default:
         return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x", m->type);
     }
@@ -1402,6 +1475,38 @@ static void put_body(writer *w, const proto_msg *m)
         break;
     case PROTO_UPDATE_ABORT: w64(w, m->update_abort.xfer_id); break;
     case PROTO_UPDATE_ABORT_OK: w64(w, m->update_abort_ok.bytes_freed); break;
+    case PROTO_UPDATE_FORWARD: {
+        const proto_update_forward *u = &m->update_forward;
+        w64(w, u->xfer_id);
+        w64(w, u->next_xfer_id);
+        w16(w, u->port);
+        w16(w, u->flags);
+        w32(w, u->window);
+        wbytes(w, u->key, PROTO_AUTH_BYTES);
+        wstr(w, u->host);
+        break;
+    }
+    case PROTO_UPDATE_FORWARD_OK:
+        w64(w, m->update_forward_ok.xfer_id);
+        w64(w, m->update_forward_ok.queued_bytes);
+        break;
+    case PROTO_UPDATE_PREPARE: w64(w, m->update_prepare.xfer_id); break;
+    case PROTO_UPDATE_PREPARE_OK: {
+        const proto_update_prepare_ok *u = &m->update_prepare_ok;
+        w64(w, u->xfer_id);
+        w8(w, u->state);
+        w8(w, u->forward);
+        w16(w, 0);
+        w32(w, u->forward_error);
+        w64(w, u->bytes_staged);
+        w64(w, u->total_bytes);
+        w64(w, u->forwarded_bytes);
+        break;
+    }
+    case PROTO_LANE_AUTH:
+        w64(w, m->lane_auth.xfer_id);
+        wbytes(w, m->lane_auth.proof, PROTO_AUTH_BYTES);
+        break;
     }
 }
 

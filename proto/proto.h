@@ -53,6 +53,9 @@ typedef enum {
     PROTO_UPDATE_CHUNK = 0x11,
     PROTO_UPDATE_COMMIT = 0x12,
     PROTO_UPDATE_ABORT = 0x13,
+    PROTO_UPDATE_FORWARD = 0x14,    /* chained broadcast (PROTOCOL.md §10.11), behind HELLO_OK feature bit 1 */
+    PROTO_UPDATE_PREPARE = 0x15,
+    PROTO_LANE_AUTH = 0x16,         /* data lane only (§10.12): the sender's proof for one transfer */
     PROTO_HELLO_OK = 0x81,
     PROTO_SUBMIT_OK = 0x82,
     PROTO_RESULTS = 0x83,
@@ -65,6 +68,8 @@ typedef enum {
     PROTO_UPDATE_CHUNK_OK = 0x91,
     PROTO_UPDATE_COMMIT_OK = 0x92,
     PROTO_UPDATE_ABORT_OK = 0x93,
+    PROTO_UPDATE_FORWARD_OK = 0x94,
+    PROTO_UPDATE_PREPARE_OK = 0x95,
     PROTO_ERROR = 0xFF,
 } proto_type;
 
@@ -112,6 +117,14 @@ typedef enum {
 #define PROTO_ABORT_FLAGS 0x1u
 
 #define PROTO_FEATURE_WEIGHT_UPDATE 0x1u /* HELLO_OK.features: UPDATE_* messages are served */
+#define PROTO_FEATURE_RELAY 0x2u        /* UPDATE_FORWARD and UPDATE_PREPARE are served (§10.11) */
+
+#define PROTO_FORWARD_AUTH 0x1u         /* UPDATE_FORWARD: the next daemon's lane challenges; prove with key */
+#define PROTO_FORWARD_FLAGS 0x1u
+
+/* UPDATE_PREPARE_OK.state and .forward */
+enum { PROTO_PREP_STAGING = 0, PROTO_PREP_BUILDING = 1, PROTO_PREP_READY = 2 };
+enum { PROTO_FWD_NONE = 0, PROTO_FWD_SENDING = 1, PROTO_FWD_DONE = 2, PROTO_FWD_FAILED = 3 };
 
 #define PROTO_CHUNK_OK_DUPLICATE 0x1u   /* the same chunk was already staged: acknowledged, no effect */
 #define PROTO_CHUNK_OK_FLAGS 0x1u
@@ -381,6 +394,41 @@ typedef struct {
     uint64_t bytes_freed;       /* staging memory released */
 } proto_update_abort_ok;
 
+/* UPDATE_FORWARD: learner -> daemon; relay every verified chunk of xfer_id
+ * to the next daemon's data lane as its transfer next_xfer_id (§10.11). */
+typedef struct {
+    uint64_t xfer_id;           /* this daemon's open transfer */
+    uint64_t next_xfer_id;      /* the next daemon's transfer; 0 = stop forwarding */
+    uint16_t port;              /* the next daemon's data lane port */
+    uint16_t flags;             /* PROTO_FORWARD_AUTH */
+    uint32_t window;            /* chunks in flight to the next daemon, >= 1 */
+    uint8_t key[PROTO_AUTH_BYTES]; /* the next transfer's lane key, wrapped (§10.12); zeros without AUTH */
+    proto_str host;             /* numeric IP of the next daemon's lane, 1..255 bytes (empty when stopping) */
+} proto_update_forward;
+
+typedef struct {
+    uint64_t xfer_id;
+    uint64_t queued_bytes;      /* bytes already staged here, sent to the next daemon first */
+} proto_update_forward_ok;
+
+/* UPDATE_PREPARE carries the transfer id (proto_update_ref); its reply: */
+typedef struct {
+    uint64_t xfer_id;
+    uint8_t state;              /* PROTO_PREP_*: READY = verified and built, COMMIT only swaps */
+    uint8_t forward;            /* PROTO_FWD_* */
+    uint32_t forward_error;     /* FAILED: the next daemon's PROTO_E_* code, 0 for a broken connection */
+    uint64_t bytes_staged;      /* verified here */
+    uint64_t total_bytes;
+    uint64_t forwarded_bytes;   /* acknowledged by the next daemon */
+} proto_update_prepare_ok;
+
+/* LANE_AUTH: the first frame of a data lane connection to a daemon with a
+ * secret, answering its AUTH_CHALLENGE (§10.12). */
+typedef struct {
+    uint64_t xfer_id;           /* the one transfer this connection may feed */
+    uint8_t proof[PROTO_AUTH_BYTES];
+} proto_lane_auth;
+
 typedef struct proto_block proto_block;
 
 /* One message. For encoding set type and the matching member; for decoding
@@ -410,6 +458,11 @@ typedef struct {
         proto_update_commit_ok update_commit_ok;
         proto_update_ref update_abort;
         proto_update_abort_ok update_abort_ok;
+        proto_update_forward update_forward;
+        proto_update_forward_ok update_forward_ok;
+        proto_update_ref update_prepare;
+        proto_update_prepare_ok update_prepare_ok;
+        proto_lane_auth lane_auth;
     };
     proto_block *arena;         /* decoded arrays and strings (proto_msg_free) */
     size_t arena_bytes;         /* bytes allocated for them */

@@ -318,6 +318,37 @@ static cJSON *msg_json(const proto_msg *m)
     case PROTO_AUTH:
     case PROTO_AUTH_CHALLENGE:
     case PROTO_AUTH_OK: add_hex(o, "bytes", m->auth.bytes, PROTO_AUTH_BYTES); break;
+    case PROTO_UPDATE_FORWARD: {
+        const proto_update_forward *u = &m->update_forward;
+        add_u64(o, "xfer_id", u->xfer_id);
+        add_u64(o, "next_xfer_id", u->next_xfer_id);
+        add_num(o, "port", u->port);
+        add_num(o, "flags", u->flags);
+        add_num(o, "window", u->window);
+        add_str(o, "host", u->host);
+        add_hex(o, "key", u->key, PROTO_AUTH_BYTES);
+        break;
+    }
+    case PROTO_UPDATE_FORWARD_OK:
+        add_u64(o, "xfer_id", m->update_forward_ok.xfer_id);
+        add_u64(o, "queued_bytes", m->update_forward_ok.queued_bytes);
+        break;
+    case PROTO_UPDATE_PREPARE: add_u64(o, "xfer_id", m->update_prepare.xfer_id); break;
+    case PROTO_UPDATE_PREPARE_OK: {
+        const proto_update_prepare_ok *u = &m->update_prepare_ok;
+        add_u64(o, "xfer_id", u->xfer_id);
+        add_num(o, "state", u->state);
+        add_num(o, "forward", u->forward);
+        add_num(o, "forward_error", u->forward_error);
+        add_u64(o, "bytes_staged", u->bytes_staged);
+        add_u64(o, "total_bytes", u->total_bytes);
+        add_u64(o, "forwarded_bytes", u->forwarded_bytes);
+        break;
+    }
+    case PROTO_LANE_AUTH:
+        add_u64(o, "xfer_id", m->lane_auth.xfer_id);
+        add_hex(o, "proof", m->lane_auth.proof, PROTO_AUTH_BYTES);
+        break;
     }
     return o;
 }

@@ -10,14 +10,20 @@ rolloutd started with auth_token_file:
   connection's own AUTH_BEGIN, is refused;
 - the right secret (Python client, rolloutctl through ROLLOUTD_AUTH_TOKEN_FILE)
   works, and the daemon's AUTH_OK proof is of the same secret;
-- with a secret the daemon may bind a non-loopback address, its data lane is
-  off (UPDATE_BEGIN_OK data_port 0), and the same secret is the HTTP Bearer key.
+- with a secret the daemon may bind a non-loopback address and the same
+  secret is the HTTP Bearer key;
+- its data lane challenges every connection (§10.12): no LANE_AUTH, a
+  LANE_AUTH with a wrong proof, one for another transfer, or a replayed one
+  (another connection's challenge) is refused with UNAUTHORIZED and nothing
+  is staged; the right one stages the chunk.
 The proofs are computed here with Python's hmac/hashlib, independently of
 proto/auth.c."""
 import hashlib
 import hmac
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import urllib.error
@@ -28,6 +34,7 @@ from harness import BUILD, MODEL, TMP, case, main  # noqa: E402
 from rdtest import Daemon, free_port, greedy, proto, rpc  # noqa: E402
 
 from rolloutd import Client, DaemonError  # noqa: E402
+from rolloutd.crc32c import crc32c  # noqa: E402
 
 SECRET = b"s3cret-for-the-test-0123456789abcdef"
 _d = {}
@@ -144,19 +151,97 @@ def update_weights_from_disk_proves_the_secret_too():
     assert doc["success"] is True and doc["weight_version"] == "7", doc
 
 
+def lane_key(secret, xfer):
+    return hmac.new(secret, b"rolloutd lane key v1" + struct.pack("<Q", xfer), hashlib.sha256).digest()
+
+
+def lane_proof(key, nonce, xfer):
+    return hmac.new(key, b"rolloutd lane v1" + nonce + struct.pack("<Q", xfer), hashlib.sha256).digest()
+
+
+def recv_frame(sock):
+    head = b""
+    while len(head) < 16:
+        k = sock.recv(16 - len(head))
+        if not k:
+            return None
+        head += k
+    n = struct.unpack_from("<I", head, 8)[0]
+    body = b""
+    while len(body) < n:
+        k = sock.recv(n - len(body))
+        if not k:
+            return None
+        body += k
+    return proto.decode(head + body, 0)
+
+
+def closed(sock):
+    try:
+        return sock.recv(1) == b""
+    except OSError:
+        return True
+
+
 @case
-def with_a_secret_a_network_address_is_allowed_and_the_lane_is_off():
+def with_a_secret_a_network_address_is_allowed_and_the_lane_authenticates():
     port = free_port()
     d = Daemon("--auth-token-file", secret_file("auth-secret-2", SECRET), "--listen", f"tcp://0.0.0.0:{port}")
+    data = bytes(range(256)) * 9                     # 2304 bytes = model.norm.weight in f32 (576 floats)
+    crc = crc32c(data)
     try:
         with Client(f"tcp://127.0.0.1:{port}", auth_token=SECRET) as c:
             ok = c._call(proto.UpdateBegin(client_id=c.client_id, version=5, window=1, max_chunk_bytes=1 << 20,
                                            total_bytes=4 * 576, tensors=[proto.Tensor(name="model.norm.weight", dtype=0,
                                                                                       shape=[576], nbytes=4 * 576,
-                                                                                      crc32c=0)]),
+                                                                                      crc32c=crc)]),
                          proto.T.UPDATE_BEGIN_OK)
-            assert ok.data_port == 0, f"the data lane is on ({ok.data_port}) although it has no authentication"
-            c._call(proto.UpdateAbort(xfer_id=ok.xfer_id), proto.T.UPDATE_ABORT_OK)
+            assert ok.data_port, "with a secret the data lane should be on, authenticated"
+            x = ok.xfer_id
+            chunk = struct.pack("<4sHHIIQIIQII", proto.MAGIC, proto.VERSION, proto.T.UPDATE_CHUNK, 32 + len(data), 0,
+                                x, 0, 0, 0, crc, len(data)) + data
+
+            def staged():
+                return c._call(proto.UpdatePrepare(xfer_id=x), proto.T.UPDATE_PREPARE_OK).bytes_staged
+
+            def lane():
+                s = socket.create_connection(("127.0.0.1", ok.data_port), timeout=20)
+                ch = recv_frame(s)
+                assert isinstance(ch, proto.AuthChallenge), ch
+                return s, ch.bytes
+
+            key = lane_key(SECRET, x)
+            # 1: a chunk with no LANE_AUTH
+            s, nonce = lane()
+            s.sendall(chunk)
+            r = recv_frame(s)
+            assert isinstance(r, proto.Error) and r.code == proto.E.UNAUTHORIZED, r
+            assert closed(s) and staged() == 0
+            # 2: a wrong proof (another secret), 3: the right proof for another transfer id
+            for secret, xid in ((b"not-the-secret-0123456789", x), (SECRET, x + 1)):
+                s, nonce = lane()
+                proof = lane_proof(lane_key(secret, xid), nonce, xid)
+                s.sendall(proto.encode(proto.LaneAuth(xfer_id=xid, proof=proof)) + chunk)
+                r = recv_frame(s)
+                assert isinstance(r, proto.Error) and r.code == proto.E.UNAUTHORIZED, r
+                assert closed(s) and staged() == 0
+            # 4: a proof captured on one connection, replayed on another (a new challenge)
+            s1, nonce1 = lane()
+            captured = proto.encode(proto.LaneAuth(xfer_id=x, proof=lane_proof(key, nonce1, x)))
+            s1.close()
+            s, _ = lane()
+            s.sendall(captured + chunk)
+            r = recv_frame(s)
+            assert isinstance(r, proto.Error) and r.code == proto.E.UNAUTHORIZED, r
+            assert closed(s) and staged() == 0
+            # 5: the right proof on its own challenge stages the chunk
+            s, nonce = lane()
+            s.sendall(proto.encode(proto.LaneAuth(xfer_id=x, proof=lane_proof(key, nonce, x))) + chunk)
+            r = recv_frame(s)
+            assert isinstance(r, proto.UpdateChunkOk) and r.bytes_staged == len(data), r
+            s.close()
+            assert staged() == len(data)
+            c._call(proto.UpdateAbort(xfer_id=x), proto.T.UPDATE_ABORT_OK)
     finally:
         d.kill()
 

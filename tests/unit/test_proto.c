@@ -442,6 +442,44 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             memcpy(m->auth.bytes, b, PROTO_AUTH_BYTES);
         break;
     }
+    case PROTO_UPDATE_FORWARD: {
+        proto_update_forward *u = &m->update_forward;
+        u->xfer_id = ju64(o, "xfer_id");
+        u->next_xfer_id = ju64(o, "next_xfer_id");
+        u->port = (uint16_t)jnum(o, "port");
+        u->flags = (uint16_t)jnum(o, "flags");
+        u->window = (uint32_t)jnum(o, "window");
+        u->host = jstr(o, "host");
+        uint32_t n;
+        const uint8_t *b = jhex(o, "key", &n);
+        if (b && n == PROTO_AUTH_BYTES)
+            memcpy(u->key, b, PROTO_AUTH_BYTES);
+        break;
+    }
+    case PROTO_UPDATE_FORWARD_OK:
+        m->update_forward_ok.xfer_id = ju64(o, "xfer_id");
+        m->update_forward_ok.queued_bytes = ju64(o, "queued_bytes");
+        break;
+    case PROTO_UPDATE_PREPARE: m->update_prepare.xfer_id = ju64(o, "xfer_id"); break;
+    case PROTO_UPDATE_PREPARE_OK: {
+        proto_update_prepare_ok *u = &m->update_prepare_ok;
+        u->xfer_id = ju64(o, "xfer_id");
+        u->state = (uint8_t)jnum(o, "state");
+        u->forward = (uint8_t)jnum(o, "forward");
+        u->forward_error = (uint32_t)jnum(o, "forward_error");
+        u->bytes_staged = ju64(o, "bytes_staged");
+        u->total_bytes = ju64(o, "total_bytes");
+        u->forwarded_bytes = ju64(o, "forwarded_bytes");
+        break;
+    }
+    case PROTO_LANE_AUTH: {
+        m->lane_auth.xfer_id = ju64(o, "xfer_id");
+        uint32_t n;
+        const uint8_t *b = jhex(o, "proof", &n);
+        if (b && n == PROTO_AUTH_BYTES)
+            memcpy(m->lane_auth.proof, b, PROTO_AUTH_BYTES);
+        break;
+    }
     }
 }
 
@@ -713,6 +751,44 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
             return 0;
         }
         return 1;
+    case PROTO_UPDATE_FORWARD: {
+        const proto_update_forward *x = &a->update_forward, *y = &b->update_forward;
+        FIELD(x->xfer_id, y->xfer_id, "xfer_id");
+        FIELD(x->next_xfer_id, y->next_xfer_id, "next_xfer_id");
+        FIELD(x->port, y->port, "port");
+        FIELD(x->flags, y->flags, "flags");
+        FIELD(x->window, y->window, "window");
+        if (!str_eq(x->host, y->host, "host"))
+            return 0;
+        if (memcmp(x->key, y->key, PROTO_AUTH_BYTES)) {
+            snprintf(neq, sizeof neq, "key differs");
+            return 0;
+        }
+        return 1;
+    }
+    case PROTO_UPDATE_FORWARD_OK:
+        FIELD(a->update_forward_ok.xfer_id, b->update_forward_ok.xfer_id, "xfer_id");
+        FIELD(a->update_forward_ok.queued_bytes, b->update_forward_ok.queued_bytes, "queued_bytes");
+        return 1;
+    case PROTO_UPDATE_PREPARE: FIELD(a->update_prepare.xfer_id, b->update_prepare.xfer_id, "xfer_id"); return 1;
+    case PROTO_UPDATE_PREPARE_OK: {
+        const proto_update_prepare_ok *x = &a->update_prepare_ok, *y = &b->update_prepare_ok;
+        FIELD(x->xfer_id, y->xfer_id, "xfer_id");
+        FIELD(x->state, y->state, "state");
+        FIELD(x->forward, y->forward, "forward");
+        FIELD(x->forward_error, y->forward_error, "forward_error");
+        FIELD(x->bytes_staged, y->bytes_staged, "bytes_staged");
+        FIELD(x->total_bytes, y->total_bytes, "total_bytes");
+        FIELD(x->forwarded_bytes, y->forwarded_bytes, "forwarded_bytes");
+        return 1;
+    }
+    case PROTO_LANE_AUTH:
+        FIELD(a->lane_auth.xfer_id, b->lane_auth.xfer_id, "xfer_id");
+        if (memcmp(a->lane_auth.proof, b->lane_auth.proof, PROTO_AUTH_BYTES)) {
+            snprintf(neq, sizeof neq, "proof differs");
+            return 0;
+        }
+        return 1;
     }
     snprintf(neq, sizeof neq, "type 0x%x not compared", a->type);
     return 0;
@@ -724,7 +800,8 @@ static const uint16_t all_types[] = {
     PROTO_HELLO, PROTO_HELLO_OK, PROTO_SUBMIT, PROTO_SUBMIT_OK, PROTO_FETCH, PROTO_RESULTS, PROTO_ABORT,
     PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK, PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR, PROTO_UPDATE_BEGIN,
     PROTO_UPDATE_BEGIN_OK, PROTO_UPDATE_CHUNK, PROTO_UPDATE_CHUNK_OK, PROTO_UPDATE_COMMIT, PROTO_UPDATE_COMMIT_OK,
-    PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK, PROTO_AUTH_BEGIN, PROTO_AUTH_CHALLENGE, PROTO_AUTH, PROTO_AUTH_OK};
+    PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK, PROTO_AUTH_BEGIN, PROTO_AUTH_CHALLENGE, PROTO_AUTH, PROTO_AUTH_OK,
+    PROTO_UPDATE_FORWARD, PROTO_UPDATE_FORWARD_OK, PROTO_UPDATE_PREPARE, PROTO_UPDATE_PREPARE_OK, PROTO_LANE_AUTH};
 
 static void test_golden_valid(void)
 {
@@ -1220,6 +1297,39 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         for (int i = 0; i < PROTO_AUTH_BYTES; i++)
             m->auth.bytes[i] = (uint8_t)rnd();
         break;
+    case PROTO_UPDATE_FORWARD: {
+        proto_update_forward *u = &m->update_forward;
+        u->xfer_id = rnd_u64();
+        u->next_xfer_id = rnd_u64();
+        u->port = (uint16_t)rnd();
+        u->flags = (uint16_t)(rnd() & PROTO_FORWARD_FLAGS);
+        u->window = (uint32_t)rnd();
+        for (int i = 0; i < PROTO_AUTH_BYTES; i++)
+            u->key[i] = (uint8_t)rnd();
+        u->host = (proto_str){"10.1.2.3", 8};
+        break;
+    }
+    case PROTO_UPDATE_FORWARD_OK:
+        m->update_forward_ok.xfer_id = rnd_u64();
+        m->update_forward_ok.queued_bytes = rnd_u64();
+        break;
+    case PROTO_UPDATE_PREPARE: m->update_prepare.xfer_id = rnd_u64(); break;
+    case PROTO_UPDATE_PREPARE_OK: {
+        proto_update_prepare_ok *u = &m->update_prepare_ok;
+        u->xfer_id = rnd_u64();
+        u->state = (uint8_t)rnd_below(3);
+        u->forward = (uint8_t)rnd_below(4);
+        u->forward_error = (uint32_t)rnd();
+        u->bytes_staged = rnd_u64();
+        u->total_bytes = rnd_u64();
+        u->forwarded_bytes = rnd_u64();
+        break;
+    }
+    case PROTO_LANE_AUTH:
+        m->lane_auth.xfer_id = rnd_u64();
+        for (int i = 0; i < PROTO_AUTH_BYTES; i++)
+            m->lane_auth.proof[i] = (uint8_t)rnd();
+        break;
     }
 }
 
@@ -1474,8 +1584,8 @@ static void test_encode_refuses(void)
     m.type = PROTO_UPDATE_CHUNK_OK;
     m.update_chunk_ok.flags = 2;
     CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "CHUNK_OK flags 2 accepted");
-    m.type = 0x14;
-    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x14 encoded");
+    m.type = 0x17;
+    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x17 encoded");
     memset(&m, 0, sizeof m);
     m.type = 0x77;
     CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "undefined type encoded");
@@ -1551,7 +1661,7 @@ static void test_names(void)
           proto_is_request(PROTO_UPDATE_COMMIT) && proto_is_request(PROTO_UPDATE_ABORT) &&
           !proto_is_request(PROTO_UPDATE_BEGIN_OK) && !proto_is_request(PROTO_UPDATE_ABORT_OK), "is_request");
     CHECK(proto_is_request(PROTO_AUTH_BEGIN) && proto_is_request(PROTO_AUTH) && !proto_is_request(PROTO_AUTH_OK) &&
-          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x14) &&
+          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x17) &&
           !proto_is_request(PROTO_ERROR), "is_request (auth)");
     static const char *update_names[] = {"UPDATE_BEGIN", "UPDATE_CHUNK", "UPDATE_COMMIT", "UPDATE_ABORT"};
     for (int i = 0; i < 4; i++) {
@@ -1560,7 +1670,10 @@ static void test_names(void)
         CHECK(!strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN + i)), update_names[i]) &&
               !strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN_OK + i)), ok), "update type names");
     }
-    CHECK(proto_type_name(0x14) == NULL && proto_type_name(0x94) == NULL, "0x14/0x94 have names");
+    CHECK(proto_type_name(0x17) == NULL && proto_type_name(0x96) == NULL, "0x17/0x96 have names");
+    CHECK(proto_is_request(PROTO_UPDATE_FORWARD) && proto_is_request(PROTO_UPDATE_PREPARE) &&
+          proto_is_request(PROTO_LANE_AUTH) && !proto_is_request(PROTO_UPDATE_PREPARE_OK) &&
+          !strcmp(proto_type_name(PROTO_UPDATE_PREPARE_OK), "UPDATE_PREPARE_OK"), "chain types");
     CHECK(!strcmp(proto_err_name(13), "CHECKSUM") && !strcmp(proto_err_name(14), "STALE_VERSION") &&
           !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNAUTHORIZED") && !strcmp(proto_err_name(17), "UNKNOWN"), "update errors");
     CHECK(proto_dtype_size(PROTO_DTYPE_F32) == 4 && proto_dtype_size(PROTO_DTYPE_F16) == 2 &&

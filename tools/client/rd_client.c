@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/err.h"
 #include "proto/auth.h"
@@ -121,6 +122,44 @@ int rdc_auth_secret(const char *path, char *secret, size_t *len)
 }
 
 static int exchange(rdc_client *c, const proto_msg *req, uint16_t want, int timeout_ms, proto_msg *reply);
+
+int rdc_lane_auth(rdc_client *c, int fd, uint64_t xfer_id)
+{
+    if (c->secret_len == 0)
+        return 0;
+    uint8_t in[PROTO_HEADER_BYTES + PROTO_AUTH_BYTES];
+    for (size_t got = 0; got < sizeof in;) {
+        ssize_t n = read(fd, in + got, sizeof in - got);
+        if (n <= 0)
+            return rd_fail(RD_EIO, "data lane: the daemon closed the connection before its challenge");
+        got += (size_t)n;
+    }
+    proto_msg m;
+    if (proto_decode(in, sizeof in, 0, &m) || m.type != PROTO_AUTH_CHALLENGE) {
+        proto_msg_free(&m);
+        return rd_fail(RD_EFORMAT, "data lane: expected an AUTH_CHALLENGE first");
+    }
+    proto_msg a = {.type = PROTO_LANE_AUTH};
+    a.lane_auth.xfer_id = xfer_id;
+    uint8_t key[PROTO_AUTH_BYTES];
+    int rc = proto_auth_lane_key((const uint8_t *)c->secret, c->secret_len, xfer_id, key);
+    if (!rc)
+        rc = proto_auth_lane_proof(key, m.auth.bytes, xfer_id, a.lane_auth.proof);
+    proto_msg_free(&m);
+    proto_buf b;
+    proto_buf_init(&b);
+    if (!rc)
+        rc = proto_encode(&b, &a);
+    for (size_t off = 0; !rc && off < b.len;) {
+        ssize_t n = write(fd, b.data + off, b.len - off);
+        if (n <= 0)
+            rc = rd_fail(RD_EIO, "data lane: cannot send LANE_AUTH");
+        else
+            off += (size_t)n;
+    }
+    proto_buf_free(&b);
+    return rc;
+}
 
 int rdc_set_secret(rdc_client *c, const char *secret, size_t len)
 {

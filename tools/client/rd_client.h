@@ -49,6 +49,10 @@ int rdc_auth(rdc_client *c);
 /* Sets the secret rdc_auth proves (instead of the environment's). */
 int rdc_set_secret(rdc_client *c, const char *secret, size_t len);
 int rdc_auth_secret(const char *path, char *secret, size_t *len);
+/* On a fresh data lane connection fd (PROTOCOL.md §10.12): with a secret,
+ * reads the daemon's AUTH_CHALLENGE and answers with the LANE_AUTH of
+ * transfer xfer_id; without one, does nothing. */
+int rdc_lane_auth(rdc_client *c, int fd, uint64_t xfer_id);
 
 /* Closes the socket and frees everything (does not send BYE). Safe on NULL. */
 void rdc_close(rdc_client *c);

@@ -251,6 +251,11 @@ static int lane_send(rdp_job *j, const char *url)
     }
     freeaddrinfo(ai);
     setsockopt(j->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int arc = rdc_lane_auth(j->c, j->fd, j->xfer);
+    if (arc) {
+        close(j->fd);
+        return arc;
+    }
     pthread_t reader;
     if (pthread_create(&reader, NULL, lane_reader, j)) {
         close(j->fd);

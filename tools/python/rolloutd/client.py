@@ -220,6 +220,35 @@ def auth_proof(secret, daemon_side, client_nonce, daemon_nonce):
     return hmac.new(secret, data, hashlib.sha256).digest()
 
 
+def lane_key(secret, xfer_id):
+    """The data lane key of one transfer (PROTOCOL.md §10.12, proto/auth.h)."""
+    return hmac.new(secret, b"rolloutd lane key v1" + struct.pack("<Q", xfer_id), hashlib.sha256).digest()
+
+
+def lane_proof(key, nonce, xfer_id):
+    return hmac.new(key, b"rolloutd lane v1" + bytes(nonce) + struct.pack("<Q", xfer_id), hashlib.sha256).digest()
+
+
+def wrap_pad(secret, xfer_id, next_xfer_id):
+    """What a relaying daemon XORs with UPDATE_FORWARD.key to read the next lane key."""
+    return hmac.new(secret, b"rolloutd key wrap v1" + struct.pack("<QQ", xfer_id, next_xfer_id),
+                    hashlib.sha256).digest()
+
+
+def lane_authenticate(sock, secret, xfer_id, url=""):
+    """Answers a data lane's AUTH_CHALLENGE with the LANE_AUTH of xfer_id."""
+    head = _recv_exact(sock, P.HEADER_BYTES + P.AUTH_BYTES)
+    if not head:
+        raise ConnectionError(f"{url}: data lane: closed before its challenge")
+    m = P.decode(head, 0)
+    if isinstance(m, P.Error):
+        raise DaemonError(m.code, m.message, "LANE_AUTH")
+    if not isinstance(m, P.AuthChallenge):
+        raise P.ProtoError(P.E.UNEXPECTED, f"{url}: data lane: expected AUTH_CHALLENGE, got {m.TYPE.name}")
+    sock.sendall(P.encode(P.LaneAuth(xfer_id=xfer_id, proof=lane_proof(lane_key(secret, xfer_id), m.bytes,
+                                                                         xfer_id))))
+
+
 def tls_client_config(url, tls_ca_file=None):
     """For a tls+tcp:// URL: a pynng client TLSConfig that verifies the daemon
     against tls_ca_file (else $ROLLOUTD_TLS_CA_FILE) and the URL's host; None
@@ -631,7 +660,9 @@ class PushResult:
     window: int                 # chunks in flight, as granted
     chunk_bytes: int
     retries: int = 0            # chunks sent again (BUSY, CHECKSUM, timeouts)
-    wire_bytes: int = 0         # chunk frame bytes sent (resends included)
+    wire_bytes: int = 0         # chunk frame bytes this process sent to it (resends included)
+    fanout: str = "direct"      # "chain": it got the chunks from the daemon before it (hop > 0)
+    hop: int = 0                # its place in the chain (0: fed by this process)
 
     @property
     def mb_per_s(self):
@@ -735,57 +766,82 @@ class _Push:
                 self.error = exc
             self.cv.notify_all()
 
-    def run(self):
+    def begin(self):
+        """UPDATE_BEGIN; rechunks the update if the daemon grants smaller chunks."""
         c, p = self.c, self.p
-        t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         ok = c._call(P.UpdateBegin(client_id=c.client_id, version=self.version, mode=self.mode,
                                    window=self.want_window, max_chunk_bytes=p.chunk_bytes, total_bytes=p.total_bytes,
                                    tensors=p.manifest), P.T.UPDATE_BEGIN_OK, BEGIN_TIMEOUT_MS, retries=1)
-        self.xfer, self.window = ok.xfer_id, max(1, ok.window)
-        try:
-            if ok.max_chunk_bytes < p.chunk_bytes:      # the daemon grants less than it announced room for
-                self.p = p = p.rechunk(ok.max_chunk_bytes)
-                self.acked = bytearray(len(p.chunks))
-            host = _url_host(c.url)
-            use_lane = bool(self.want_lane and ok.data_port and host)
-            t1 = time.perf_counter()
-            sock = None
-            if use_lane:
-                try:
-                    sock = socket.create_connection((host, ok.data_port), timeout=CHUNK_TIMEOUT_MS / 1000)
-                except OSError:
-                    use_lane = False     # no route to the lane: the same chunks over NNG
-            worker = threading.Thread(target=self._lane if use_lane else self._nng, args=(sock,) if use_lane else (),
-                                      name="rolloutd-push", daemon=True)
-            worker.start()
+        self.xfer, self.window, self.begin_ok = ok.xfer_id, max(1, ok.window), ok
+        if ok.max_chunk_bytes < p.chunk_bytes:      # the daemon grants less than it announced room for
+            self.use(p.rechunk(ok.max_chunk_bytes))
+        return ok
+
+    def use(self, prep):
+        """Sends prep's chunks (the same tensors, another chunk size) from now on."""
+        self.p = prep
+        self.acked = bytearray(len(prep.chunks))
+        self.done_bytes = 0
+
+    def send(self):
+        """Every chunk, over the data lane or NNG, until each is acknowledged."""
+        c, p = self.c, self.p
+        host = _url_host(c.url)
+        self.use_lane = use_lane = bool(self.want_lane and self.begin_ok.data_port and host)
+        self.t1 = time.perf_counter()
+        sock = None
+        if use_lane:
             try:
-                while worker.is_alive():
-                    worker.join(0.25)
-                    if self.progress:
-                        self.progress(self.done_bytes, p.total_bytes)
+                sock = socket.create_connection((host, self.begin_ok.data_port), timeout=CHUNK_TIMEOUT_MS / 1000)
+            except OSError:
+                self.use_lane = use_lane = False     # no route to the lane: the same chunks over NNG
+        worker = threading.Thread(target=self._lane if use_lane else self._nng, args=(sock,) if use_lane else (),
+                                  name="rolloutd-push", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.25)
                 if self.progress:
                     self.progress(self.done_bytes, p.total_bytes)
-            except BaseException as e:  # KeyboardInterrupt (or progress raised): stop the senders, abort
-                self.fail(e)
-                self._interrupt()
-                worker.join()
-                raise
-            if self.error is None and self.done_bytes != p.total_bytes:
-                self.fail(RuntimeError(f"push: {self.done_bytes} of {p.total_bytes} bytes acknowledged"))
-            if self.error is not None:
-                raise self.error
-            t2 = time.perf_counter()
+            if self.progress:
+                self.progress(self.done_bytes, p.total_bytes)
+        except BaseException as e:  # KeyboardInterrupt (or progress raised): stop the senders, abort
+            self.fail(e)
+            self._interrupt()
+            worker.join()
+            raise
+        if self.error is None and self.done_bytes != p.total_bytes:
+            self.fail(RuntimeError(f"push: {self.done_bytes} of {p.total_bytes} bytes acknowledged"))
+        if self.error is not None:
+            raise self.error
+        self.t2 = time.perf_counter()
+
+    def abort(self):
+        try:
+            self.c._call(P.UpdateAbort(xfer_id=self.xfer), P.T.UPDATE_ABORT_OK, 10000, retries=1)
+        except Exception:
+            pass    # gone already (a failed COMMIT aborts the transfer) or unreachable
+
+    def result(self, r, t0=None, t1=None, t2=None, fanout="direct", hop=0):
+        p = self.p
+        t0 = self.t0 if t0 is None else t0
+        return PushResult(url=self.c.url, version=r.version, stall_us=r.stall_us, wait_us=r.wait_us,
+                          staged_us=r.staged_us, n_aborted=r.n_aborted, bytes=p.total_bytes,
+                          seconds=time.perf_counter() - t0,
+                          transfer_seconds=(self.t2 if t2 is None else t2) - (self.t1 if t1 is None else t1),
+                          lane=getattr(self, "use_lane", True), window=self.window, chunk_bytes=p.chunk_bytes,
+                          retries=self.retries, wire_bytes=self.wire, fanout=fanout, hop=hop)
+
+    def run(self):
+        self.begin()
+        try:
+            self.send()
             r = self._commit()
         except BaseException:
-            try:
-                c._call(P.UpdateAbort(xfer_id=self.xfer), P.T.UPDATE_ABORT_OK, 10000, retries=1)
-            except Exception:
-                pass    # gone already (a failed COMMIT aborts the transfer) or unreachable
+            self.abort()
             raise
-        return PushResult(url=c.url, version=r.version, stall_us=r.stall_us, wait_us=r.wait_us,
-                          staged_us=r.staged_us, n_aborted=r.n_aborted, bytes=p.total_bytes,
-                          seconds=time.perf_counter() - t0, transfer_seconds=t2 - t1, lane=use_lane,
-                          window=self.window, chunk_bytes=p.chunk_bytes, retries=self.retries, wire_bytes=self.wire)
+        return self.result(r)
 
     def _interrupt(self):
         """Unblocks the sender threads (they see self.error and end)."""
@@ -900,6 +956,8 @@ class _Push:
         self.refusal = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.c._secret is not None:
+                lane_authenticate(sock, self.c._secret, self.xfer, self.c.url)
             reader = threading.Thread(target=self._lane_reader, args=(sock,), daemon=True)
             reader.start()
             for _ in range(LANE_PASSES):    # later passes resend what was refused (CHECKSUM, BUSY)

@@ -171,6 +171,23 @@ def valid_vectors():
     add("auth_challenge", P.AuthChallenge(bytes=bytes(range(0xA0, 0xC0))), "the daemon's 32-byte nonce")
     add("auth", P.Auth(bytes=bytes(range(0x40, 0x60))), "the client's proof, HMAC-SHA256 over both nonces")
     add("auth_ok", P.AuthOk(bytes=bytes(range(0xE0, 0x100))), "the daemon's proof")
+    # the chain (PROTOCOL.md §10.11, §10.12)
+    add("update_forward", P.UpdateForward(xfer_id=0x1122334455667788, next_xfer_id=0x0102030405060708, port=7072,
+                                          flags=P.FORWARD_AUTH, window=4, key=bytes(range(0x10, 0x30)),
+                                          host="10.0.0.2"), "relay this transfer to 10.0.0.2:7072, key wrapped")
+    add("update_forward_stop", P.UpdateForward(xfer_id=0x1122334455667788), "stop forwarding (next_xfer_id 0)")
+    add("update_forward_ok", P.UpdateForwardOk(xfer_id=0x1122334455667788, queued_bytes=33554432),
+        "32 MiB already staged go to the next daemon first")
+    add("update_prepare", P.UpdatePrepare(xfer_id=0x1122334455667788), "verify and build, do not swap")
+    add("update_prepare_ok", P.UpdatePrepareOk(xfer_id=0x1122334455667788, state=P.PREP_READY, forward=P.FWD_DONE,
+                                               bytes_staged=538000000, total_bytes=538000000,
+                                               forwarded_bytes=538000000), "built here, relayed to the next")
+    add("update_prepare_ok_failed", P.UpdatePrepareOk(xfer_id=0x1122334455667788, state=P.PREP_STAGING,
+                                                      forward=P.FWD_FAILED, forward_error=P.E.UNAUTHORIZED,
+                                                      bytes_staged=4096, total_bytes=538000000),
+        "still staging; the next daemon refused the relay's LANE_AUTH")
+    add("lane_auth", P.LaneAuth(xfer_id=0x1122334455667788, proof=bytes(range(0x60, 0x80))),
+        "a data lane sender's proof for one transfer")
     add("error_unauthorized", P.Error(code=P.E.UNAUTHORIZED, request_type=P.T.SUBMIT, version_max=1,
                                       message="SUBMIT before AUTH: this daemon needs the shared secret (§14)"),
         "an ERROR for a request on a connection that has not authenticated")
@@ -254,10 +271,18 @@ def invalid_vectors(valid_frames):
     add("header_flags", frame(P.T.STATUS, b"", flags=1), P.E.MALFORMED, "header flags 1 (reserved, must be 0)")
     add("unknown_type", frame(0x42, b""), P.E.UNKNOWN_TYPE, "message type 0x42")
     add("unknown_type_zero", frame(0, b""), P.E.UNKNOWN_TYPE, "message type 0")
-    add("unknown_type_after_updates", frame(0x14, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "message type 0x14, just past UPDATE_ABORT")
-    add("unknown_type_reply_after_updates", frame(0x94, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "message type 0x94, just past UPDATE_ABORT_OK")
+    add("unknown_type_after_updates", frame(0x17, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        "message type 0x17, just past LANE_AUTH")
+    add("unknown_type_reply_after_updates", frame(0x96, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        "message type 0x96, just past UPDATE_PREPARE_OK")
+    add("forward_bad_flags", frame(P.T.UPDATE_FORWARD, struct.pack("<QQHHI", 1, 2, 7000, 2, 4) + b"\0" * 32 +
+                                   struct.pack("<I", 9) + b"127.0.0.1"), P.E.MALFORMED,
+        "UPDATE_FORWARD with flag bit 1 (undefined) set")
+    add("forward_long_host", frame(P.T.UPDATE_FORWARD, struct.pack("<QQHHI", 1, 2, 7000, 0, 4) + b"\0" * 32 +
+                                   struct.pack("<I", 256) + b"1" * 256), P.E.MALFORMED,
+        "UPDATE_FORWARD with a 256-byte host (the limit is 255)")
+    add("prepare_ok_bad_state", frame(P.T.UPDATE_PREPARE_OK, struct.pack("<QBBHIQQQ", 1, 3, 0, 0, 0, 0, 0, 0)),
+        P.E.MALFORMED, "UPDATE_PREPARE_OK with state 3 (undefined)")
     add("auth_short", frame(P.T.AUTH, b"\1" * 31), P.E.MALFORMED, "an AUTH proof of 31 bytes")
     add("auth_trailing", frame(P.T.AUTH_BEGIN, b"\2" * 33), P.E.MALFORMED, "an AUTH_BEGIN nonce with a byte after it")
     add("unknown_type_after_auth", frame(0x09, b""), P.E.UNKNOWN_TYPE, "message type 0x09, just past AUTH")

@@ -8,26 +8,39 @@
 generate() and stream() take the parameters of Client.generate(); prompt i goes
 to daemon i mod len(urls) (round robin), the daemons run concurrently (a
 thread each), and samples keep the index of their prompt in the call.
-push_weights() checksums the tensors once (a PreparedUpdate) and pushes them
-to every daemon at once, each with its own window and data lane (PROTOCOL.md
-§10.8); it raises PoolError, holding every daemon's outcome, if any failed.
+push_weights() checksums the tensors once (a PreparedUpdate) and sends them
+either as a chain (fanout="chain", the default for 2 or more daemons): this
+process sends every byte once, to the first daemon, which relays each verified
+chunk to the next, and so on (PROTOCOL.md §10.11), then a two-phase commit; or
+directly (fanout="direct"): to every daemon at once, each with its own window
+and data lane (§10.8). It raises PoolError, holding every daemon's outcome,
+if any failed.
 A Pool is used by one thread at a time (its calls take a lock).
 """
 import queue
+import socket
 import sys
 import threading
 import time
 from typing import List
 
-from .client import DaemonError, PreparedUpdate, PushResult, Sample, TimeoutError_, Client, CHUNK_ROOM  # noqa: F401
+import pynng
+
+from . import proto as P
+from .client import (DaemonError, PreparedUpdate, PushResult, Sample, TimeoutError_, Client, CHUNK_ROOM,  # noqa: F401
+                     CHUNK_TIMEOUT_MS, _Push, _mode, _url_host, lane_key, wrap_pad)
+
+POLL_S = 0.02               # UPDATE_PREPARE polls of a chain push
+POLL_TIMEOUT_MS = 3000      # a daemon that does not answer a poll this fast is taken for dead
 
 
 class PoolError(Exception):
     """At least one daemon failed. outcomes: [(url, PushResult or exception)]
     in the Pool's order; errors: {url: exception} for the failed ones."""
 
-    def __init__(self, what, outcomes):
+    def __init__(self, what, outcomes, committed=()):
         self.outcomes = outcomes
+        self.committed = list(committed)    # URLs serving the new version anyway (on_failure="commit")
         self.errors = {u: r for u, r in outcomes if isinstance(r, BaseException)}
         lines = [f"  {u}: " + (f"failed: {type(r).__name__}: {r}" if isinstance(r, BaseException) else
                                f"ok (version {r.version})" if isinstance(r, PushResult) else "ok")
@@ -192,34 +205,60 @@ class Pool:
         return PreparedUpdate(tensors, min(int(chunk_bytes), room))
 
     def push_weights(self, tensors, version, mode="continue", window=4, chunk_bytes=16 << 20, lane=True,
-                     progress=None) -> List[PushResult]:
-        """Pushes the tensors to every daemon at once as policy `version`
+                     progress=None, fanout=None, on_failure="abort") -> List[PushResult]:
+        """Pushes the tensors to every daemon as policy `version`
         (Client.push_weights' parameters; the checksums are computed once).
+
+        fanout: "chain" (the default for 2 or more daemons) sends each byte
+        once, to the first daemon, and the daemons relay it along the Pool's
+        order; every daemon verifies and builds the update, and only when all
+        have is it committed on all (two-phase). A daemon that dies or fails
+        is routed around. on_failure="abort" (the default) then aborts the
+        update everywhere (the old weights keep serving); "commit" commits it
+        on the daemons that have it. "direct" sends everything to every
+        daemon at once, each committing on its own.
+        A chain needs the daemons' data lanes; where a daemon offers none (TLS)
+        the push is direct.
+
         Returns one PushResult per daemon, in the Pool's order; raises
-        PoolError (every daemon's outcome in .outcomes) if any failed.
-        progress: True for one stderr line with every daemon, or a
+        PoolError (every daemon's outcome in .outcomes, .committed) if any
+        failed. progress: True for one stderr line with every daemon, or a
         callable(url, bytes_done, total)."""
+        if fanout is None:
+            fanout = "chain" if len(self.clients) >= 2 else "direct"
+        if fanout not in ("chain", "direct"):
+            raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
+        if on_failure not in ("abort", "commit"):
+            raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
         with self._lock:
             prep = self.prepare(tensors, chunk_bytes)
-            done = {c.url: 0 for c in self.clients}
-            cb = None
-            if progress:
-                def cb_for(url):
-                    def f(d, total):
-                        done[url] = d
-                        if callable(progress):
-                            progress(url, d, total)
-                    return f
-                cb = cb_for
-            jobs = [(c.url, (lambda c=c: c.push_weights(prep, version, mode=mode, window=window, lane=lane,
-                                                           progress=cb(c.url) if cb else None)))
-                    for c in self.clients]
-            if progress is True:
-                res = self._with_progress_line(jobs, done, prep.total_bytes)
-            else:
-                res = _run_all(jobs)
+            if fanout == "chain" and lane:
+                res = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress).run()
+                if res is not None:
+                    return res
+            return self._push_direct(prep, version, mode, window, lane, progress)
+
+    def _push_direct(self, prep, version, mode, window, lane, progress):
+        done = {c.url: 0 for c in self.clients}
+        cb = None
+        if progress:
+            def cb_for(url):
+                def f(d, total):
+                    done[url] = d
+                    if callable(progress):
+                        progress(url, d, total)
+                return f
+            cb = cb_for
+        jobs = [(c.url, (lambda c=c: c.push_weights(prep, version, mode=mode, window=window, lane=lane,
+                                                       progress=cb(c.url) if cb else None)))
+                for c in self.clients]
+        if progress is True:
+            res = self._with_progress_line(jobs, done, prep.total_bytes)
+        else:
+            res = _run_all(jobs)
         if any(isinstance(r, BaseException) for _, r in res):
-            raise PoolError(f"push of version {version}", res)
+            raise PoolError(f"push of version {version}", res,
+                            [u for u, r in res if isinstance(r, PushResult)])
         return [r for _, r in res]
 
     @staticmethod
@@ -246,3 +285,210 @@ class Pool:
             if isinstance(r, BaseException):
                 raise r
         return [r for _, r in res]
+
+
+def _numeric_host(url):
+    host = _url_host(url) or "127.0.0.1"
+    return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+
+
+class _Chain:
+    """One chained push (PROTOCOL.md §10.11): UPDATE_BEGIN on every daemon,
+    UPDATE_FORWARD from each to the next, this process feeding the first;
+    UPDATE_PREPARE polls until every daemon has verified and built the update;
+    then UPDATE_COMMIT on all (or UPDATE_ABORT on all)."""
+
+    def __init__(self, pool, prep, version, mode, window, on_failure, progress):
+        self.pool, self.prep, self.version, self.mode = pool, prep, version, mode
+        self.window, self.on_failure, self.progress = window, on_failure, progress
+        self.clients = pool.clients
+        self.pushes = [_Push(c, prep, version, mode, window, True, None) for c in self.clients]
+        self.errors = {}            # index -> exception: that daemon is out of the chain
+        self.feeders = {}           # index -> (thread, box): this process sends to that daemon
+        self.next_of = {}           # index -> the index it forwards to
+
+    def alive(self):
+        return [i for i in range(len(self.clients)) if i not in self.errors]
+
+    def run(self):
+        """The PushResults, or None to push directly instead (a daemon without a lane or relay)."""
+        for c in self.clients:
+            if not (c.info.features & P.FEATURE_RELAY):
+                return None
+        t0 = time.perf_counter()
+        begun = _run_all([(k, self.pushes[k].begin) for k in range(len(self.clients))])
+        for k, r in begun:
+            if isinstance(r, BaseException):
+                self.errors[k] = r
+        if any(not isinstance(r, BaseException) and not r.data_port for _, r in begun):
+            for k in self.alive():
+                self.pushes[k].abort()
+            return None     # no data lane (TLS): the direct push
+        try:
+            if self.errors and self.on_failure == "abort":
+                raise _Failed()
+            alive = self.alive()
+            if not alive:
+                raise _Failed()
+            smallest = min(self.pushes[k].begin_ok.max_chunk_bytes for k in alive)
+            prep = self.prep if smallest >= self.prep.chunk_bytes else self.prep.rechunk(smallest)
+            for k in alive:
+                self.pushes[k].use(prep)
+            for a, b in zip(alive, alive[1:]):
+                self.forward(a, b)
+            t1 = time.perf_counter()
+            self.feed(alive[0])
+            self.wait_prepared()
+            t2 = time.perf_counter()
+            if self.errors and self.on_failure == "abort":
+                raise _Failed()
+        except BaseException as e:
+            for k in self.alive():
+                self.pushes[k].abort()
+            self.stop_feeders()
+            if isinstance(e, _Failed):
+                raise PoolError(f"chained push of version {self.version} (aborted everywhere)", self.outcomes({}))
+            raise
+        self.stop_feeders()
+        committed = _run_all([(k, self.pushes[k]._commit) for k in self.alive()])
+        results = {}
+        for k, r in committed:
+            if isinstance(r, BaseException):
+                self.errors[k] = r
+            else:
+                results[k] = self.pushes[k].result(r, t0=t0, t1=t1, t2=t2, fanout="chain",
+                                                   hop=self.hop(k))
+        if self.errors:
+            raise PoolError(f"chained push of version {self.version}", self.outcomes(results),
+                            [self.clients[k].url for k in results])
+        return [results[k] for k in range(len(self.clients))]
+
+    def outcomes(self, results):
+        out = []
+        for k, c in enumerate(self.clients):
+            if k in results:
+                out.append((c.url, results[k]))
+            elif k in self.errors:
+                out.append((c.url, self.errors[k]))
+            else:
+                out.append((c.url, RuntimeError("aborted: another daemon of the chain failed")))
+        return out
+
+    def hop(self, k):
+        """How many daemons the chunks passed before k (0: fed by this process)."""
+        if k in self.feeders:
+            return 0
+        prev = {b: a for a, b in self.next_of.items()}
+        n = 0
+        while k in prev:
+            k = prev[k]
+            n += 1
+        return n
+
+    def forward(self, a, b):
+        """Daemon a relays to daemon b from now on (everything it has first)."""
+        ca, cb = self.clients[a], self.clients[b]
+        pa, pb = self.pushes[a], self.pushes[b]
+        key, flags = b"\0" * P.AUTH_BYTES, 0
+        if cb._secret is not None:
+            key, flags = lane_key(cb._secret, pb.xfer), P.FORWARD_AUTH
+            if ca._secret is not None:      # wrapped: a stays the only one who can read it
+                key = bytes(x ^ y for x, y in zip(key, wrap_pad(ca._secret, pa.xfer, pb.xfer)))
+        ca._call(P.UpdateForward(xfer_id=pa.xfer, next_xfer_id=pb.xfer, port=pb.begin_ok.data_port, flags=flags,
+                                 window=min(self.window, pb.window), key=key, host=_numeric_host(cb.url)),
+                 P.T.UPDATE_FORWARD_OK, POLL_TIMEOUT_MS, retries=2)
+        self.next_of[a] = b
+
+    def feed(self, k):
+        """This process sends every chunk to daemon k (in a thread)."""
+        box = {}
+        push = self.pushes[k]
+
+        def go():
+            try:
+                push.send()
+            except BaseException as e:
+                box["error"] = e
+        t = threading.Thread(target=go, name="rolloutd-chain-feed", daemon=True)
+        t.start()
+        self.feeders[k] = (t, box)
+
+    def stop_feeders(self):
+        for k, (t, _) in list(self.feeders.items()):
+            if t.is_alive():
+                self.pushes[k].fail(RuntimeError("the chained push ended"))
+                self.pushes[k]._interrupt()
+            t.join(10)
+
+    def drop(self, k, err):
+        """Daemon k is out: its predecessor (or this process) feeds its successor."""
+        if k in self.errors:
+            return
+        self.errors[k] = err
+        prev = [a for a, b in self.next_of.items() if b == k]
+        succ = self.next_of.pop(k, None)
+        while succ is not None and succ in self.errors:
+            succ = self.next_of.get(succ)
+        if k in self.feeders:
+            t, _ = self.feeders.pop(k)
+            self.pushes[k].fail(RuntimeError("dropped from the chain"))
+            self.pushes[k]._interrupt()
+        for a in prev:
+            del self.next_of[a]
+        if succ is None:
+            return
+        for a in prev:
+            if a not in self.errors:
+                try:
+                    self.forward(a, succ)
+                    return
+                except (DaemonError, TimeoutError_, ConnectionError, pynng.NNGException):
+                    pass        # a's staging is gone, or a is gone too: this process feeds succ
+        if succ not in self.feeders:
+            self.feed(succ)
+
+    def wait_prepared(self):
+        last, t_last = -1, time.monotonic()
+        while True:
+            if self.errors and self.on_failure == "abort":
+                return      # aborted everywhere by run()
+            states = {}
+            for k in self.alive():
+                try:
+                    states[k] = self.clients[k]._call(P.UpdatePrepare(xfer_id=self.pushes[k].xfer),
+                                                      P.T.UPDATE_PREPARE_OK, POLL_TIMEOUT_MS, retries=1)
+                except (DaemonError, TimeoutError_, ConnectionError, pynng.NNGException, P.ProtoError) as e:
+                    self.drop(k, e)
+            for k, (t, box) in list(self.feeders.items()):
+                if not t.is_alive() and "error" in box and k not in self.errors:
+                    self.drop(k, box["error"])
+            alive = self.alive()
+            if not alive:
+                return
+            if all(k in states and states[k].state == P.PREP_READY for k in alive):
+                return
+            for a, b in list(self.next_of.items()):     # a relay that failed while b still answers: again once
+                st = states.get(a)
+                if st is not None and st.forward == P.FWD_FAILED and b not in self.errors:
+                    try:
+                        self.forward(a, b)
+                    except (DaemonError, TimeoutError_, ConnectionError, pynng.NNGException):
+                        self.drop(b, ConnectionError(f"{self.clients[a].url} cannot relay to "
+                                                     f"{self.clients[b].url}"))
+            done = sum(st.bytes_staged for st in states.values())
+            if callable(self.progress):
+                for k, st in states.items():
+                    self.progress(self.clients[k].url, st.bytes_staged, st.total_bytes)
+            now = time.monotonic()
+            if done != last:
+                last, t_last = done, now
+            elif now - t_last > CHUNK_TIMEOUT_MS / 1000:
+                for k in alive:
+                    if states.get(k) is None or states[k].state != P.PREP_READY:
+                        self.drop(k, TimeoutError_(f"{self.clients[k].url}: no progress of the chained push "
+                                                   f"in {CHUNK_TIMEOUT_MS / 1000:.0f} s"))
+            time.sleep(POLL_S)
+
+
+class _Failed(Exception):
+    """A chain member failed and on_failure is "abort"."""

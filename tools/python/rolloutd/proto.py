@@ -46,6 +46,9 @@ class T(enum.IntEnum):
     UPDATE_CHUNK = 0x11
     UPDATE_COMMIT = 0x12
     UPDATE_ABORT = 0x13
+    UPDATE_FORWARD = 0x14    # chained broadcast (§10.11), behind HELLO_OK feature bit 1
+    UPDATE_PREPARE = 0x15
+    LANE_AUTH = 0x16         # data lane only (§10.12)
     HELLO_OK = 0x81
     SUBMIT_OK = 0x82
     RESULTS = 0x83
@@ -58,6 +61,8 @@ class T(enum.IntEnum):
     UPDATE_CHUNK_OK = 0x91
     UPDATE_COMMIT_OK = 0x92
     UPDATE_ABORT_OK = 0x93
+    UPDATE_FORWARD_OK = 0x94
+    UPDATE_PREPARE_OK = 0x95
     ERROR = 0xFF
 
 
@@ -104,6 +109,11 @@ BYE_DISCARD = 0x1
 BYE_FLAGS = 0x1
 
 FEATURE_WEIGHT_UPDATE = 0x1  # HELLO_OK.features: UPDATE_* messages are served
+FEATURE_RELAY = 0x2          # UPDATE_FORWARD and UPDATE_PREPARE are served (§10.11)
+FORWARD_AUTH = 0x1           # UPDATE_FORWARD: the next lane challenges; prove with the (wrapped) key
+FORWARD_FLAGS = 0x1
+PREP_STAGING, PREP_BUILDING, PREP_READY = 0, 1, 2
+FWD_NONE, FWD_SENDING, FWD_DONE, FWD_FAILED = 0, 1, 2, 3
 CHUNK_OK_DUPLICATE = 0x1     # the same chunk was already staged: acknowledged, no effect
 CHUNK_OK_FLAGS = 0x1
 MODE_CONTINUE, MODE_DRAIN, MODE_ABORT = 0, 1, 2
@@ -417,6 +427,50 @@ AUTH_BYTES = 32
 
 
 @dataclass
+class UpdateForward:
+    xfer_id: int = 0
+    next_xfer_id: int = 0    # 0 = stop forwarding
+    port: int = 0            # the next daemon's data lane
+    flags: int = 0           # FORWARD_AUTH
+    window: int = 1
+    key: bytes = b"\0" * 32  # the next transfer's lane key, wrapped (§10.12)
+    host: str = ""
+    TYPE = T.UPDATE_FORWARD
+
+
+@dataclass
+class UpdateForwardOk:
+    xfer_id: int = 0
+    queued_bytes: int = 0
+    TYPE = T.UPDATE_FORWARD_OK
+
+
+@dataclass
+class UpdatePrepare:
+    xfer_id: int = 0
+    TYPE = T.UPDATE_PREPARE
+
+
+@dataclass
+class UpdatePrepareOk:
+    xfer_id: int = 0
+    state: int = 0           # PREP_*
+    forward: int = 0         # FWD_*
+    forward_error: int = 0
+    bytes_staged: int = 0
+    total_bytes: int = 0
+    forwarded_bytes: int = 0
+    TYPE = T.UPDATE_PREPARE_OK
+
+
+@dataclass
+class LaneAuth:
+    xfer_id: int = 0
+    proof: bytes = b"\0" * 32
+    TYPE = T.LANE_AUTH
+
+
+@dataclass
 class _Auth32:
     """The four AUTH_* messages (§14): 32 bytes each."""
     bytes: bytes = b"\0" * AUTH_BYTES
@@ -441,9 +495,11 @@ class AuthOk(_Auth32):
 CLASSES = {c.TYPE: c for c in (Hello, HelloOk, Submit, SubmitOk, Fetch, Results, Abort, AbortOk,
                                Status, StatusOk, Bye, ByeOk, Error, UpdateBegin, UpdateBeginOk, UpdateChunk,
                                UpdateChunkOk, UpdateCommit, UpdateCommitOk, UpdateAbort, UpdateAbortOk,
-                               AuthBegin, AuthChallenge, Auth, AuthOk)}
+                               AuthBegin, AuthChallenge, Auth, AuthOk, UpdateForward, UpdateForwardOk,
+                               UpdatePrepare, UpdatePrepareOk, LaneAuth)}
 REQUEST_TYPES = frozenset({T.HELLO, T.SUBMIT, T.FETCH, T.ABORT, T.STATUS, T.BYE, T.AUTH_BEGIN, T.AUTH,
-                           T.UPDATE_BEGIN, T.UPDATE_CHUNK, T.UPDATE_COMMIT, T.UPDATE_ABORT})
+                           T.UPDATE_BEGIN, T.UPDATE_CHUNK, T.UPDATE_COMMIT, T.UPDATE_ABORT, T.UPDATE_FORWARD,
+                           T.UPDATE_PREPARE, T.LANE_AUTH})
 AUTH_TYPES = (T.AUTH_BEGIN, T.AUTH_CHALLENGE, T.AUTH, T.AUTH_OK)
 
 
@@ -770,6 +826,31 @@ def _dec_update_begin_ok(r):
     r.zero_bits(r.u32("reserved"), 0, "reserved")
     return m
 
+def _dec_update_forward(r):
+    m = UpdateForward(xfer_id=r.u64("xfer_id"), next_xfer_id=r.u64("next_xfer_id"), port=r.u16("port"),
+                      flags=r.u16("flags"))
+    r.zero_bits(m.flags, FORWARD_FLAGS, "flags")
+    m.window = r.u32("window")
+    m.key = bytes(r.raw(AUTH_BYTES, "key"))
+    m.host = r.string("host", 0, 255)
+    return m
+
+
+def _dec_update_prepare_ok(r):
+    m = UpdatePrepareOk(xfer_id=r.u64("xfer_id"), state=r.u8("state"))
+    if m.state > PREP_READY:
+        raise ProtoError(E.MALFORMED, f"{r.name}: state is {m.state}; expected 0 (staging), 1 (building) or 2 (ready)")
+    m.forward = r.u8("forward")
+    if m.forward > FWD_FAILED:
+        raise ProtoError(E.MALFORMED, f"{r.name}: forward is {m.forward}; expected 0..3")
+    r.zero_bits(r.u16("reserved"), 0, "reserved")
+    m.forward_error = r.u32("forward_error")
+    m.bytes_staged = r.u64("bytes_staged")
+    m.total_bytes = r.u64("total_bytes")
+    m.forwarded_bytes = r.u64("forwarded_bytes")
+    return m
+
+
 _DECODERS = {
     T.HELLO: _dec_hello,
     T.HELLO_OK: _dec_hello_ok,
@@ -796,6 +877,11 @@ _DECODERS = {
     T.AUTH_CHALLENGE: lambda r: AuthChallenge(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
     T.AUTH: lambda r: Auth(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
     T.AUTH_OK: lambda r: AuthOk(bytes=bytes(r.raw(AUTH_BYTES, "bytes"))),
+    T.UPDATE_FORWARD: _dec_update_forward,
+    T.UPDATE_FORWARD_OK: lambda r: UpdateForwardOk(xfer_id=r.u64("xfer_id"), queued_bytes=r.u64("queued_bytes")),
+    T.UPDATE_PREPARE: lambda r: UpdatePrepare(xfer_id=r.u64("xfer_id")),
+    T.UPDATE_PREPARE_OK: _dec_update_prepare_ok,
+    T.LANE_AUTH: lambda r: LaneAuth(xfer_id=r.u64("xfer_id"), proof=bytes(r.raw(AUTH_BYTES, "proof"))),
 }
 
 
@@ -825,8 +911,8 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
         raise ProtoError(E.MALFORMED, f"header flags are {flags:#x}; expected 0 in protocol version {VERSION}", type_)
     if type_ not in _DECODERS:
         raise ProtoError(E.UNKNOWN_TYPE, f"message type {type_:#04x} is not defined; expected HELLO..BYE "
-                         "(0x01..0x06), UPDATE_BEGIN..UPDATE_ABORT (0x10..0x13), their replies (0x81..0x86, "
-                         "0x90..0x93) or ERROR (0xff)", type_)
+                         "(0x01..0x06), UPDATE_BEGIN..LANE_AUTH (0x10..0x16), their replies (0x81..0x86, "
+                         "0x90..0x95) or ERROR (0xff)", type_)
     r = _Reader(buf, HEADER_BYTES, n, T(type_).name)
     try:
         msg = _DECODERS[type_](r)
@@ -1049,7 +1135,28 @@ def _enc_body(m, out):
     elif t == T.UPDATE_CHUNK_OK:
         _flags_ok(m.flags, CHUNK_OK_FLAGS, "UPDATE_CHUNK_OK flags")
         out.append(struct.pack("<QIIQQ", m.xfer_id, m.chunk_seq, m.flags, m.bytes_staged, m.total_bytes))
-    elif t in (T.UPDATE_COMMIT, T.UPDATE_ABORT):
+    elif t == T.UPDATE_FORWARD:
+        _flags_ok(m.flags, FORWARD_FLAGS, "UPDATE_FORWARD flags")
+        key = bytes(m.key)
+        if len(key) != AUTH_BYTES:
+            raise ValueError(f"UPDATE_FORWARD key: {len(key)} bytes; expected {AUTH_BYTES}")
+        out.append(struct.pack("<QQHHI", m.xfer_id, m.next_xfer_id, m.port, m.flags, m.window) + key)
+        if len(m.host.encode()) > 255:
+            raise ValueError("UPDATE_FORWARD host: more than 255 bytes")
+        _str(out, m.host, "host")
+    elif t == T.UPDATE_FORWARD_OK:
+        out.append(struct.pack("<QQ", m.xfer_id, m.queued_bytes))
+    elif t == T.UPDATE_PREPARE_OK:
+        if m.state > PREP_READY or m.forward > FWD_FAILED:
+            raise ValueError(f"UPDATE_PREPARE_OK state {m.state} / forward {m.forward} out of range")
+        out.append(struct.pack("<QBBHIQQQ", m.xfer_id, m.state, m.forward, 0, m.forward_error, m.bytes_staged,
+                               m.total_bytes, m.forwarded_bytes))
+    elif t == T.LANE_AUTH:
+        proof = bytes(m.proof)
+        if len(proof) != AUTH_BYTES:
+            raise ValueError(f"LANE_AUTH proof: {len(proof)} bytes; expected {AUTH_BYTES}")
+        out.append(struct.pack("<Q", m.xfer_id) + proof)
+    elif t in (T.UPDATE_COMMIT, T.UPDATE_ABORT, T.UPDATE_PREPARE):
         out.append(struct.pack("<Q", m.xfer_id))
     elif t == T.UPDATE_COMMIT_OK:
         out.append(struct.pack("<4QII", m.version, m.stall_us, m.wait_us, m.staged_us, m.n_aborted, 0))
@@ -1167,7 +1274,8 @@ def _check_ids(what, rid, ids, vocab):
 _U64 = {"client_id", "client_req_id", "seed", "features", "weight_version", "max_message_bytes",
         "retention_bytes", "ack_seq", "max_bytes", "seq", "version_admit", "version_finish", "queued_us",
         "first_token_us", "total_us", "xfer_id", "total_bytes", "staging_bytes", "offset", "bytes_staged",
-        "stall_us", "wait_us", "staged_us", "bytes_freed", "nbytes"}
+        "stall_us", "wait_us", "staged_us", "bytes_freed", "nbytes", "next_xfer_id", "queued_bytes",
+        "forwarded_bytes"}
 # "version" is a u16 in HELLO_OK but a u64 here
 _U64_BY_TYPE = {T.UPDATE_BEGIN: _U64 | {"version"}, T.UPDATE_COMMIT_OK: _U64 | {"version"}}
 
@@ -1229,6 +1337,12 @@ _FIELDS = {
     T.UPDATE_COMMIT_OK: ["version", "stall_us", "wait_us", "staged_us", "n_aborted"],
     T.UPDATE_ABORT: ["xfer_id"],
     T.UPDATE_ABORT_OK: ["bytes_freed"],
+    T.UPDATE_FORWARD: ["xfer_id", "next_xfer_id", "port", "flags", "window", "host"],
+    T.UPDATE_FORWARD_OK: ["xfer_id", "queued_bytes"],
+    T.UPDATE_PREPARE: ["xfer_id"],
+    T.UPDATE_PREPARE_OK: ["xfer_id", "state", "forward", "forward_error", "bytes_staged", "total_bytes",
+                          "forwarded_bytes"],
+    T.LANE_AUTH: ["xfer_id"],
     T.AUTH_BEGIN: [],
     T.AUTH_CHALLENGE: [],
     T.AUTH: [],
@@ -1278,6 +1392,10 @@ def to_json(m):
         d["data"] = bytes(raw_bytes(m.data)).hex()
     elif m.TYPE in AUTH_TYPES:
         d["bytes"] = bytes(m.bytes).hex()
+    elif m.TYPE == T.UPDATE_FORWARD:
+        d["key"] = bytes(m.key).hex()
+    elif m.TYPE == T.LANE_AUTH:
+        d["proof"] = bytes(m.proof).hex()
     return d
 
 
@@ -1329,6 +1447,10 @@ def from_json(d):
             m.tensors.append(x)
     elif t == T.UPDATE_CHUNK:
         m.data = bytes.fromhex(d["data"])
+    elif t == T.UPDATE_FORWARD:
+        m.key = bytes.fromhex(d["key"])
+    elif t == T.LANE_AUTH:
+        m.proof = bytes.fromhex(d["proof"])
     elif t in AUTH_TYPES:
         m.bytes = bytes.fromhex(d["bytes"])
     return m
