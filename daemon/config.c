@@ -74,6 +74,11 @@ static const cfg_field FIELDS[] = {
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
+    {"weights_from", CFG_TEXT, offsetof(cfg_daemon, weights_from), 0, sizeof(((cfg_daemon *)0)->weights_from),
+     "a peer daemon's learner URL: once serving, ask it to push its current weights here (WEIGHTS_SYNC, "
+     "PROTOCOL.md section 10.13; \"\" = no)"},
+    {"advertise_url", CFG_TEXT, offsetof(cfg_daemon, advertise_url), 0, sizeof(((cfg_daemon *)0)->advertise_url),
+     "the learner URL a peer dials to push weights here (\"\" = listen; needed when listen is a wildcard)"},
     R(gpu_memory_utilization, 0, 1, "cuda: size the KV pool as this fraction of free device memory after the "
       "weights (0 = use kv_cache_bytes)"),
     I(max_staging_bytes, 0, (int64_t)1 << 50, "bytes a weight update may stage (0 = updates refused)"),

@@ -45,6 +45,8 @@ typedef struct {
     int64_t insecure;               /* 1: the learner socket and data lane may face a network (no auth yet) */
     int64_t prefix_cache;           /* 1: reuse cached full prompt blocks (salted with the weight version) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */
+    char weights_from[CFG_STR];     /* a peer's learner URL: at start, ask it for its serving weights; "" = no */
+    char advertise_url[CFG_STR];    /* the learner URL peers dial back (weights_from); "" = listen */
     double gpu_memory_utilization;  /* cuda: KV pool = this fraction of free device memory (0 = kv_cache_bytes) */
     int64_t max_staging_bytes;      /* weight update: bytes a transfer may stage */
     int64_t update_window;          /* weight update: chunks staged at once */

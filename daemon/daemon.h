@@ -3,6 +3,8 @@
 #ifndef RD_DAEMON_DAEMON_H
 #define RD_DAEMON_DAEMON_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -73,6 +75,12 @@ typedef struct {
     size_t auth_len;
     u64map auth_pipes;          /* NNG pipe id -> its handshake state */
     uint64_t auth_failures;     /* wrong proofs */
+    /* weights sync (sync.c, §10.13) */
+    atomic_int sync_running;    /* a push of this daemon's weights to another runs */
+    atomic_int sync_exporting;  /* ... and is still reading the weights: no update may begin */
+    atomic_int sync_stop;       /* shutting down: the weights_from asker gives up */
+    pthread_t sync_thread, sync_ask_thread;
+    int sync_joinable, sync_ask_joinable;
 } rd_daemon;
 
 /* loop.c */
@@ -147,6 +155,12 @@ const uint8_t *up_fwd_data(const up_xfer *x, const up_fchunk *c);
 int up_xfer_complete(const up_xfer *x);
 /* A relay's connection is closed and it reads nothing any more. */
 void up_on_relay_closed(rd_daemon *d, up_xfer *x);
+
+/* sync.c: WEIGHTS_SYNC (push the serving weights to url), and weights_from
+ * (ask a peer for that once serving); sync_stop joins the threads. */
+void sync_on_request(rd_daemon *d, br_ctx *x, const proto_weights_sync *s);
+int sync_start(rd_daemon *d);
+void sync_stop(rd_daemon *d);
 
 /* relay.c: one transfer's chunks forwarded to the next daemon's lane. */
 int relay_start(rd_daemon *d, up_xfer *x, const char *host, uint16_t port, uint64_t next_xfer_id, uint32_t window,

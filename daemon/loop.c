@@ -567,6 +567,7 @@ static void serve(rd_daemon *d, br_ctx *x)
     case PROTO_UPDATE_ABORT: up_on_abort(d, x, &m.update_abort); break;
     case PROTO_UPDATE_PREPARE: up_on_prepare(d, x, &m.update_prepare); break;
     case PROTO_UPDATE_FORWARD: up_on_forward(d, x, &m.update_forward); break;
+    case PROTO_WEIGHTS_SYNC: sync_on_request(d, x, &m.weights_sync); break;
     case PROTO_LANE_AUTH:
         loop_reply_error(d, x, PROTO_E_UNEXPECTED, m.type, "LANE_AUTH belongs on the data lane (PROTOCOL.md 10.12)");
         break;

@@ -156,6 +156,8 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = loop_http_start(d)))
         return rc;
+    if ((rc = sync_start(d)))
+        return rc;
     return 0;
 }
 
@@ -202,6 +204,7 @@ int main(int argc, char **argv)
             log_line("weight-update data lane on TCP port %u", d->lane_port);
     }
     uv_run(&d->loop, UV_RUN_DEFAULT);
+    sync_stop(d);
     if (uv_loop_close(&d->loop))
         log_line("warning: libuv handles still open at exit");
     free(d->br.ctxs);

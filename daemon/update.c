@@ -102,13 +102,16 @@ static void xfer_maybe_free(up_xfer *x)
 static void xfer_end(rd_daemon *d, up_xfer *x)
 {
     x->dead = 1;
-    if (x->relay) {
-        relay_close(x->relay);
-        x->relay = NULL;
-    }
     if (x->patch) {
         free_patch_later(d, x->patch);
         x->patch = NULL;
+    }
+    if (x->relay) {
+        relay *r = x->relay;
+        x->relay = NULL;
+        x->relays_open++; /* relay_close may report its close at once: x is freed below, once */
+        relay_close(r);
+        x->relays_open--;
     }
     xfer_maybe_free(x);
 }
@@ -163,6 +166,11 @@ void up_on_begin(rd_daemon *d, br_ctx *ctx, const proto_update_begin *b, uint32_
     c->last_seen_us = now_us();
     if (d->state != D_SERVING) {
         loop_reply_error(d, ctx, PROTO_E_SHUTTING_DOWN, PROTO_UPDATE_BEGIN, "the daemon is shutting down: no weight updates");
+        return;
+    }
+    if (atomic_load(&d->sync_exporting)) {
+        loop_reply_error(d, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN,
+                         "a weights sync is reading the serving weights (a second or so); retry then");
         return;
     }
     if (d->xfer) {

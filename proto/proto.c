@@ -32,6 +32,7 @@ const char *proto_type_name(uint16_t type)
     case PROTO_UPDATE_FORWARD: return "UPDATE_FORWARD";
     case PROTO_UPDATE_PREPARE: return "UPDATE_PREPARE";
     case PROTO_LANE_AUTH: return "LANE_AUTH";
+    case PROTO_WEIGHTS_SYNC: return "WEIGHTS_SYNC";
     case PROTO_HELLO_OK: return "HELLO_OK";
     case PROTO_SUBMIT_OK: return "SUBMIT_OK";
     case PROTO_RESULTS: return "RESULTS";
@@ -46,6 +47,7 @@ const char *proto_type_name(uint16_t type)
     case PROTO_UPDATE_ABORT_OK: return "UPDATE_ABORT_OK";
     case PROTO_UPDATE_FORWARD_OK: return "UPDATE_FORWARD_OK";
     case PROTO_UPDATE_PREPARE_OK: return "UPDATE_PREPARE_OK";
+    case PROTO_WEIGHTS_SYNC_OK: return "WEIGHTS_SYNC_OK";
     case PROTO_ERROR: return "ERROR";
     default: return NULL;
     }
@@ -76,7 +78,7 @@ const char *proto_err_name(uint32_t code)
 
 int proto_is_request(uint16_t type)
 {
-    return (type >= PROTO_HELLO && type <= PROTO_AUTH) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_LANE_AUTH);
+    return (type >= PROTO_HELLO && type <= PROTO_AUTH) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_WEIGHTS_SYNC);
 }
 
 uint32_t proto_dtype_size(uint8_t dtype)
@@ -872,6 +874,10 @@ static int dec_body(cursor *c)
     case PROTO_UPDATE_PREPARE: return rd64(c, &m->update_prepare.xfer_id, "xfer_id");
     case PROTO_UPDATE_PREPARE_OK: return dec_update_prepare_ok(c, &m->update_prepare_ok);
     case PROTO_LANE_AUTH: return dec_lane_auth(c, &m->lane_auth);
+    case PROTO_WEIGHTS_SYNC:
+        TRY(rd64(c, &m->weights_sync.client_id, "client_id"));
+        return rdstr_len(c, &m->weights_sync.url, "url", 1, 1024);
+    case PROTO_WEIGHTS_SYNC_OK: return rd64(c, &m->weights_sync_ok.version, "version");
     default: return MALFORMED(c, "%s: no decoder (internal)", c->type);
     }
 }
@@ -917,7 +923,7 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
     if (!type_implemented(type))
         return fail_wire(out, PROTO_E_UNKNOWN_TYPE,
                          rd_fail(RD_ENOTSUP, "message type 0x%02x is not defined; expected HELLO..BYE (0x01..0x06), "
-                                 "UPDATE_BEGIN..LANE_AUTH (0x10..0x16), their replies (0x81..0x86, 0x90..0x95) "
+                                 "UPDATE_BEGIN..WEIGHTS_SYNC (0x10..0x17), their replies (0x81..0x86, 0x90..0x95, 0x97) "
                                  "or ERROR (0xff)", type));
     cursor c = {.p = buf + PROTO_HEADER_BYTES, .len = body_len, .frame_len = len, .type = name, .m = out};
     int rc = dec_body(&c);
@@ -1247,6 +1253,12 @@ static int msg_ok(const proto_msg *m)
                            m->update_prepare_ok.state, m->update_prepare_ok.forward);
         return 0;
     case PROTO_LANE_AUTH: return 0;
+    case PROTO_WEIGHTS_SYNC:
+        TRY(enc_str_ok(name, "url", m->weights_sync.url));
+        if (m->weights_sync.url.len < 1 || m->weights_sync.url.len > 1024)
+            return rd_fail(RD_EINVAL, "WEIGHTS_SYNC: url is %u bytes; expected 1..1024", m->weights_sync.url.len);
+        return 0;
+    case PROTO_WEIGHTS_SYNC_OK: return 0;
     default:
         return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x", m->type);
     }
@@ -1507,6 +1519,11 @@ static void put_body(writer *w, const proto_msg *m)
         w64(w, m->lane_auth.xfer_id);
         wbytes(w, m->lane_auth.proof, PROTO_AUTH_BYTES);
         break;
+    case PROTO_WEIGHTS_SYNC:
+        w64(w, m->weights_sync.client_id);
+        wstr(w, m->weights_sync.url);
+        break;
+    case PROTO_WEIGHTS_SYNC_OK: w64(w, m->weights_sync_ok.version); break;
     }
 }
 

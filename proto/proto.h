@@ -56,6 +56,7 @@ typedef enum {
     PROTO_UPDATE_FORWARD = 0x14,    /* chained broadcast (PROTOCOL.md §10.11), behind HELLO_OK feature bit 1 */
     PROTO_UPDATE_PREPARE = 0x15,
     PROTO_LANE_AUTH = 0x16,         /* data lane only (§10.12): the sender's proof for one transfer */
+    PROTO_WEIGHTS_SYNC = 0x17,      /* push the serving weights to another daemon (§10.13) */
     PROTO_HELLO_OK = 0x81,
     PROTO_SUBMIT_OK = 0x82,
     PROTO_RESULTS = 0x83,
@@ -70,6 +71,7 @@ typedef enum {
     PROTO_UPDATE_ABORT_OK = 0x93,
     PROTO_UPDATE_FORWARD_OK = 0x94,
     PROTO_UPDATE_PREPARE_OK = 0x95,
+    PROTO_WEIGHTS_SYNC_OK = 0x97,
     PROTO_ERROR = 0xFF,
 } proto_type;
 
@@ -117,7 +119,7 @@ typedef enum {
 #define PROTO_ABORT_FLAGS 0x1u
 
 #define PROTO_FEATURE_WEIGHT_UPDATE 0x1u /* HELLO_OK.features: UPDATE_* messages are served */
-#define PROTO_FEATURE_RELAY 0x2u        /* UPDATE_FORWARD and UPDATE_PREPARE are served (§10.11) */
+#define PROTO_FEATURE_RELAY 0x2u        /* UPDATE_FORWARD, UPDATE_PREPARE and WEIGHTS_SYNC are served (§10.11) */
 
 #define PROTO_FORWARD_AUTH 0x1u         /* UPDATE_FORWARD: the next daemon's lane challenges; prove with key */
 #define PROTO_FORWARD_FLAGS 0x1u
@@ -429,6 +431,17 @@ typedef struct {
     uint8_t proof[PROTO_AUTH_BYTES];
 } proto_lane_auth;
 
+/* WEIGHTS_SYNC: client (or a restarted daemon) -> daemon; "push the weights
+ * you serve, at their version, to the daemon at url" (§10.13). */
+typedef struct {
+    uint64_t client_id;
+    proto_str url;              /* the target's learner socket, 1..1024 bytes */
+} proto_weights_sync;
+
+typedef struct {
+    uint64_t version;           /* the version that will be pushed */
+} proto_weights_sync_ok;
+
 typedef struct proto_block proto_block;
 
 /* One message. For encoding set type and the matching member; for decoding
@@ -463,6 +476,8 @@ typedef struct {
         proto_update_ref update_prepare;
         proto_update_prepare_ok update_prepare_ok;
         proto_lane_auth lane_auth;
+        proto_weights_sync weights_sync;
+        proto_weights_sync_ok weights_sync_ok;
     };
     proto_block *arena;         /* decoded arrays and strings (proto_msg_free) */
     size_t arena_bytes;         /* bytes allocated for them */

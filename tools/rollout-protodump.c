@@ -345,6 +345,11 @@ static cJSON *msg_json(const proto_msg *m)
         add_u64(o, "forwarded_bytes", u->forwarded_bytes);
         break;
     }
+    case PROTO_WEIGHTS_SYNC:
+        add_u64(o, "client_id", m->weights_sync.client_id);
+        add_str(o, "url", m->weights_sync.url);
+        break;
+    case PROTO_WEIGHTS_SYNC_OK: add_u64(o, "version", m->weights_sync_ok.version); break;
     case PROTO_LANE_AUTH:
         add_u64(o, "xfer_id", m->lane_auth.xfer_id);
         add_hex(o, "proof", m->lane_auth.proof, PROTO_AUTH_BYTES);

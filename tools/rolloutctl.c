@@ -8,6 +8,7 @@
  *   rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]
  *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]
  *              [--json]
+ *   rolloutctl sync --from PEER --to URL [--wait SECONDS]
  * The default URL is tcp://127.0.0.1:7070. --auth-token-file F (or the
  * environment's ROLLOUTD_AUTH_TOKEN_FILE, or ROLLOUTD_AUTH_TOKEN holding the
  * secret itself) proves the daemon's shared secret (PROTOCOL.md §14) on every
@@ -22,6 +23,11 @@
  * --perturb EPS (GGUF only) multiplies every weight by 1 + EPS*u, u uniform in
  * [-1, 1) from --seed: a stand-in for a learner's gradient step. Chunks go
  * over the daemon's data lane when it offers one (--no-lane: over NNG).
+ *
+ * sync asks the daemon at PEER to push the weights it serves, at their
+ * version, to the daemon at URL (WEIGHTS_SYNC, PROTOCOL.md §10.13): a node
+ * that restarted rejoins without the learner sending anything. --wait S
+ * waits up to S seconds until URL serves that version (exit 1 if not).
  *
  * generate prints what rollout-gen prints: the text of each sample, or with
  * --json one object per sample per line (sample, prompt_ids, token_ids,
@@ -727,6 +733,56 @@ static int cmd_push(const char *urls, int argc, char **argv)
     return rc ? 1 : 0;
 }
 
+/* ---- sync ---- */
+
+static int cmd_sync(int argc, char **argv)
+{
+    const char *from = NULL, *to = NULL;
+    double wait_s = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--from")) from = cli_value(P, argc, argv, &i);
+        else if (!strcmp(argv[i], "--to")) to = cli_value(P, argc, argv, &i);
+        else if (!strcmp(argv[i], "--wait")) wait_s = (double)cli_int(P, "--wait", cli_value(P, argc, argv, &i), 0, 86400);
+        else cli_die(P, "sync: unknown flag '%s'%s (expected --from PEER --to URL [--wait S])", argv[i], "");
+    }
+    if (!from || !to)
+        cli_die(P, "usage: rolloutctl sync --from PEER --to URL [--wait SECONDS]%s%s", "", "");
+    rdc_client *c;
+    int rc = connect_hello(from, "rolloutctl sync", &c);
+    if (rc)
+        return fail(from, rc, NULL);
+    proto_msg req = {.type = PROTO_WEIGHTS_SYNC}, rep;
+    req.weights_sync.client_id = rdc_client_id(c);
+    req.weights_sync.url = (proto_str){to, (uint32_t)strlen(to)};
+    if ((rc = rdc_call(c, &req, PROTO_WEIGHTS_SYNC_OK, RDC_TIMEOUT_MS, &rep)))
+        return fail("sync", rc, c);
+    uint64_t version = rep.weights_sync_ok.version;
+    proto_msg_free(&rep);
+    rdc_bye(c, 0, NULL);
+    rdc_close(c);
+    printf("%s is pushing version %llu to %s\n", from, (unsigned long long)version, to);
+    if (wait_s <= 0)
+        return 0;
+    double deadline = now_s() + wait_s;
+    while (now_s() < deadline) {
+        rdc_client *t;
+        if (!connect_hello(to, "rolloutctl sync --wait", &t)) {
+            uint64_t serving = rdc_info(t)->weight_version;
+            rdc_bye(t, 0, NULL);
+            rdc_close(t);
+            if (serving >= version) {
+                printf("%s serves version %llu\n", to, (unsigned long long)serving);
+                return 0;
+            }
+        }
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "%s: sync: %s did not serve version %llu within %.0f s\n", P, to, (unsigned long long)version,
+            wait_s);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *url = RDC_DEFAULT_URL;
@@ -736,8 +792,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--auth-token-file")) setenv("ROLLOUTD_AUTH_TOKEN_FILE", cli_value(P, argc, argv, &i), 1);
         else if (!strcmp(argv[i], "--tls-ca-file")) setenv("ROLLOUTD_TLS_CA_FILE", cli_value(P, argc, argv, &i), 1);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: rolloutctl [--connect URL] [--auth-token-file F] (generate | status | bench | push-weights) "
-                   "[flags]\n"
+            printf("usage: rolloutctl [--connect URL] [--auth-token-file F] (generate | status | bench | push-weights | "
+                   "sync) [flags]\n"
                    "see the comment at the top of tools/rolloutctl.c for each command's flags\n");
             return 0;
         } else break;
@@ -760,7 +816,8 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "status")) rc = cmd_status(url, n, rest);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(url, n, rest);
     else if (!strcmp(cmd, "push-weights")) rc = cmd_push(url, n, rest);
-    else cli_die(P, "unknown command '%s'%s; expected generate, status, bench or push-weights", cmd, "");
+    else if (!strcmp(cmd, "sync")) rc = cmd_sync(n, rest);
+    else cli_die(P, "unknown command '%s'%s; expected generate, status, bench, push-weights or sync", cmd, "");
     free(rest);
     return rc;
 }

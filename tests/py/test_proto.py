@@ -267,6 +267,13 @@ def rnd_message(rng, t):
     if t == P.T.UPDATE_PREPARE_OK:
         return P.UpdatePrepareOk(rnd_u64(rng), rng.randrange(3), rng.randrange(4), rng.getrandbits(32), rnd_u64(rng),
                                  rnd_u64(rng), rnd_u64(rng))
+    if t == P.T.WEIGHTS_SYNC:
+        url = ""
+        while not 1 <= len(url.encode()) <= 1024:
+            url = rnd_str(rng, 40)
+        return P.WeightsSync(rnd_u64(rng), url)
+    if t == P.T.WEIGHTS_SYNC_OK:
+        return P.WeightsSyncOk(rnd_u64(rng))
     if t == P.T.LANE_AUTH:
         return P.LaneAuth(rnd_u64(rng), bytes(rng.getrandbits(8) for _ in range(32)))
     assert t == P.T.ERROR, t
@@ -328,7 +335,7 @@ def update_messages():
     chunk data decodes as a view of the frame; encoding takes any bytes-like
     data or a C-contiguous numpy array as raw bytes; the name limit is in bytes."""
     assert all(P.is_request(t) for t in (P.T.UPDATE_BEGIN, P.T.UPDATE_CHUNK, P.T.UPDATE_COMMIT, P.T.UPDATE_ABORT))
-    assert not any(P.is_request(t) for t in (P.T.UPDATE_BEGIN_OK, P.T.UPDATE_ABORT_OK, P.T.ERROR, 0x17))
+    assert not any(P.is_request(t) for t in (P.T.UPDATE_BEGIN_OK, P.T.UPDATE_ABORT_OK, P.T.ERROR, 0x18))
     assert all(P.is_request(t) for t in (P.T.UPDATE_FORWARD, P.T.UPDATE_PREPARE, P.T.LANE_AUTH))
     frame = bytearray(frame_bytes("update_chunk.bin"))
     m = P.decode(frame)
@@ -349,7 +356,7 @@ def update_messages():
         pass
     assert P.dtype_size(P.DTYPE_BF16) == 2 and P.dtype_size(P.DTYPE_F32) == 4 and P.dtype_size(3) == 0
     # undefined types next to the update range are UNKNOWN_TYPE, the update types decode
-    for t, code in ((0x17, P.E.UNKNOWN_TYPE), (0x96, P.E.UNKNOWN_TYPE), (0x12, P.E.MALFORMED), (0x14, P.E.MALFORMED)):
+    for t, code in ((0x18, P.E.UNKNOWN_TYPE), (0x96, P.E.UNKNOWN_TYPE), (0x12, P.E.MALFORMED), (0x14, P.E.MALFORMED)):
         try:
             P.decode(b"RLDP" + bytes([1, 0, t, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
             raise AssertionError(f"type {t:#x} decoded with an empty body")

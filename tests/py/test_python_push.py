@@ -11,10 +11,8 @@ to real daemons on loopback (PROTOCOL.md §10):
   in prompt order, equal to each daemon's own, all on the new version;
 - the prepared update's checksums against independent computations, and
   bf16_bits rounding."""
-import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -28,41 +26,12 @@ from rdtest import PROMPT, Daemon  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client, DaemonError, Pool, PoolError, bf16_bits, prepare_update, proto  # noqa: E402
 from rolloutd.crc32c import crc32c  # noqa: E402
+from pushdata import perturbed_bf16, weights  # noqa: E402,F401
 
 PROMPTS = [PROMPT, [1, 504, 3458, 282, 4649, 314, 216, 33, 30], [1, 9690, 314], [1, 2914, 28, 1345, 4649]]
 _tmp = tempfile.mkdtemp(prefix="rd-pypush-", dir=TMP)
-_weights = None
 _prepared = None
 _daemons = []
-
-
-def weights():
-    """{HF name: float32 array}: the default model exported once by rollout-export (memory-mapped)."""
-    global _weights
-    if _weights is None:
-        out = os.path.join(_tmp, "hf")
-        run([os.path.join(BUILD, "rollout-export"), "--model", MODEL, "--out", out, "--dtype", "f32"])
-        path = os.path.join(out, "model.safetensors")
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            hdr = json.loads(f.read(n))
-        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-        _weights = {}
-        for k, v in hdr.items():
-            if k != "__metadata__":
-                assert v["dtype"] == "F32", v
-                a, b = v["data_offsets"]
-                _weights[k] = raw[a:b].view(np.float32).reshape(v["shape"])
-    return _weights
-
-
-def perturbed_bf16(seed, eps=0.01):
-    """Every weight times 1 + eps * N(0, 1), as raw bf16 bits (uint16)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for k, w in weights().items():
-        out[k] = bf16_bits(w * (1 + eps * rng.standard_normal(w.shape, dtype=np.float32)))
-    return out
 
 
 def daemon():

@@ -472,6 +472,11 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
         u->forwarded_bytes = ju64(o, "forwarded_bytes");
         break;
     }
+    case PROTO_WEIGHTS_SYNC:
+        m->weights_sync.client_id = ju64(o, "client_id");
+        m->weights_sync.url = jstr(o, "url");
+        break;
+    case PROTO_WEIGHTS_SYNC_OK: m->weights_sync_ok.version = ju64(o, "version"); break;
     case PROTO_LANE_AUTH: {
         m->lane_auth.xfer_id = ju64(o, "xfer_id");
         uint32_t n;
@@ -782,6 +787,12 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
         FIELD(x->forwarded_bytes, y->forwarded_bytes, "forwarded_bytes");
         return 1;
     }
+    case PROTO_WEIGHTS_SYNC:
+        FIELD(a->weights_sync.client_id, b->weights_sync.client_id, "client_id");
+        return str_eq(a->weights_sync.url, b->weights_sync.url, "url");
+    case PROTO_WEIGHTS_SYNC_OK:
+        FIELD(a->weights_sync_ok.version, b->weights_sync_ok.version, "version");
+        return 1;
     case PROTO_LANE_AUTH:
         FIELD(a->lane_auth.xfer_id, b->lane_auth.xfer_id, "xfer_id");
         if (memcmp(a->lane_auth.proof, b->lane_auth.proof, PROTO_AUTH_BYTES)) {
@@ -801,7 +812,8 @@ static const uint16_t all_types[] = {
     PROTO_ABORT_OK, PROTO_STATUS, PROTO_STATUS_OK, PROTO_BYE, PROTO_BYE_OK, PROTO_ERROR, PROTO_UPDATE_BEGIN,
     PROTO_UPDATE_BEGIN_OK, PROTO_UPDATE_CHUNK, PROTO_UPDATE_CHUNK_OK, PROTO_UPDATE_COMMIT, PROTO_UPDATE_COMMIT_OK,
     PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK, PROTO_AUTH_BEGIN, PROTO_AUTH_CHALLENGE, PROTO_AUTH, PROTO_AUTH_OK,
-    PROTO_UPDATE_FORWARD, PROTO_UPDATE_FORWARD_OK, PROTO_UPDATE_PREPARE, PROTO_UPDATE_PREPARE_OK, PROTO_LANE_AUTH};
+    PROTO_UPDATE_FORWARD, PROTO_UPDATE_FORWARD_OK, PROTO_UPDATE_PREPARE, PROTO_UPDATE_PREPARE_OK, PROTO_LANE_AUTH,
+    PROTO_WEIGHTS_SYNC, PROTO_WEIGHTS_SYNC_OK};
 
 static void test_golden_valid(void)
 {
@@ -1325,6 +1337,11 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         u->forwarded_bytes = rnd_u64();
         break;
     }
+    case PROTO_WEIGHTS_SYNC:
+        m->weights_sync.client_id = rnd_u64();
+        m->weights_sync.url = (proto_str){"tcp://10.9.8.7:7070", 19};
+        break;
+    case PROTO_WEIGHTS_SYNC_OK: m->weights_sync_ok.version = rnd_u64(); break;
     case PROTO_LANE_AUTH:
         m->lane_auth.xfer_id = rnd_u64();
         for (int i = 0; i < PROTO_AUTH_BYTES; i++)
@@ -1584,8 +1601,8 @@ static void test_encode_refuses(void)
     m.type = PROTO_UPDATE_CHUNK_OK;
     m.update_chunk_ok.flags = 2;
     CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "CHUNK_OK flags 2 accepted");
-    m.type = 0x17;
-    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x17 encoded");
+    m.type = 0x18;
+    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x18 encoded");
     memset(&m, 0, sizeof m);
     m.type = 0x77;
     CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "undefined type encoded");
@@ -1661,7 +1678,7 @@ static void test_names(void)
           proto_is_request(PROTO_UPDATE_COMMIT) && proto_is_request(PROTO_UPDATE_ABORT) &&
           !proto_is_request(PROTO_UPDATE_BEGIN_OK) && !proto_is_request(PROTO_UPDATE_ABORT_OK), "is_request");
     CHECK(proto_is_request(PROTO_AUTH_BEGIN) && proto_is_request(PROTO_AUTH) && !proto_is_request(PROTO_AUTH_OK) &&
-          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x17) &&
+          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x18) &&
           !proto_is_request(PROTO_ERROR), "is_request (auth)");
     static const char *update_names[] = {"UPDATE_BEGIN", "UPDATE_CHUNK", "UPDATE_COMMIT", "UPDATE_ABORT"};
     for (int i = 0; i < 4; i++) {
@@ -1670,7 +1687,7 @@ static void test_names(void)
         CHECK(!strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN + i)), update_names[i]) &&
               !strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN_OK + i)), ok), "update type names");
     }
-    CHECK(proto_type_name(0x17) == NULL && proto_type_name(0x96) == NULL, "0x17/0x96 have names");
+    CHECK(proto_type_name(0x18) == NULL && proto_type_name(0x96) == NULL, "0x18/0x96 have names");
     CHECK(proto_is_request(PROTO_UPDATE_FORWARD) && proto_is_request(PROTO_UPDATE_PREPARE) &&
           proto_is_request(PROTO_LANE_AUTH) && !proto_is_request(PROTO_UPDATE_PREPARE_OK) &&
           !strcmp(proto_type_name(PROTO_UPDATE_PREPARE_OK), "UPDATE_PREPARE_OK"), "chain types");

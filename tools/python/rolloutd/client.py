@@ -55,6 +55,7 @@ TIMEOUT_MS = 30000          # reply timeout of every request but FETCH
 FETCH_MARGIN_MS = 10000     # FETCH waits wait_ms plus this
 FETCH_WAIT_MS = 1000        # long-poll
 RETRIES = 5                 # consecutive timeouts before giving up
+CLOSE_TIMEOUT_MS = 2000     # close(): the ack and BYE wait at most this per try
 SP_HEADER_MARGIN = 64       # NNG counts the req0 header in the message size
 CHUNK_ROOM = 64             # a chunk's data is at most max_message_bytes - 64 (PROTOCOL.md §10.2)
 MIN_CHUNK = 4096            # only a tensor's last chunk may be shorter (§10.4)
@@ -309,9 +310,10 @@ class Client:
             raise ValueError(f"{msg.TYPE.name} is {len(frame)} bytes; the daemon accepts at most {self._max}")
         with self._lock:
             for attempt in range(retries):
-                self._sock.recv_timeout = timeout_ms or self.timeout_ms
-                self._sock.send(frame)
+                # a send waits for a connection: bounded too, so a dead daemon is a timeout, not a hang
+                self._sock.recv_timeout = self._sock.send_timeout = timeout_ms or self.timeout_ms
                 try:
+                    self._sock.send(frame)
                     buf = self._sock.recv()
                     break
                 except pynng.Timeout:
@@ -391,9 +393,10 @@ class Client:
         if self._sock is None:
             return
         try:
-            if bye and self.client_id:
-                self.ack()
-                self.bye()
+            if bye and self.client_id:     # one short try each: a dead daemon must not hold up close
+                self._call(P.Fetch(client_id=self.client_id, ack_seq=self.last_seq), P.T.RESULTS, CLOSE_TIMEOUT_MS,
+                           retries=1)
+                self._call(P.Bye(client_id=self.client_id), P.T.BYE_OK, CLOSE_TIMEOUT_MS, retries=1)
         except (DaemonError, TimeoutError_, pynng.NNGException):
             pass
         finally:

@@ -186,6 +186,9 @@ def valid_vectors():
                                                       forward=P.FWD_FAILED, forward_error=P.E.UNAUTHORIZED,
                                                       bytes_staged=4096, total_bytes=538000000),
         "still staging; the next daemon refused the relay's LANE_AUTH")
+    add("weights_sync", P.WeightsSync(client_id=42, url="tcp://10.0.0.9:7070"),
+        "push your serving weights to the daemon at tcp://10.0.0.9:7070")
+    add("weights_sync_ok", P.WeightsSyncOk(version=12), "version 12 is on its way")
     add("lane_auth", P.LaneAuth(xfer_id=0x1122334455667788, proof=bytes(range(0x60, 0x80))),
         "a data lane sender's proof for one transfer")
     add("error_unauthorized", P.Error(code=P.E.UNAUTHORIZED, request_type=P.T.SUBMIT, version_max=1,
@@ -271,10 +274,12 @@ def invalid_vectors(valid_frames):
     add("header_flags", frame(P.T.STATUS, b"", flags=1), P.E.MALFORMED, "header flags 1 (reserved, must be 0)")
     add("unknown_type", frame(0x42, b""), P.E.UNKNOWN_TYPE, "message type 0x42")
     add("unknown_type_zero", frame(0, b""), P.E.UNKNOWN_TYPE, "message type 0")
-    add("unknown_type_after_updates", frame(0x17, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "message type 0x17, just past LANE_AUTH")
+    add("unknown_type_after_updates", frame(0x18, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        "message type 0x18, just past WEIGHTS_SYNC")
     add("unknown_type_reply_after_updates", frame(0x96, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "message type 0x96, just past UPDATE_PREPARE_OK")
+        "message type 0x96, between UPDATE_PREPARE_OK and WEIGHTS_SYNC_OK")
+    add("weights_sync_empty_url", frame(P.T.WEIGHTS_SYNC, struct.pack("<QI", 42, 0)), P.E.MALFORMED,
+        "WEIGHTS_SYNC with an empty url")
     add("forward_bad_flags", frame(P.T.UPDATE_FORWARD, struct.pack("<QQHHI", 1, 2, 7000, 2, 4) + b"\0" * 32 +
                                    struct.pack("<I", 9) + b"127.0.0.1"), P.E.MALFORMED,
         "UPDATE_FORWARD with flag bit 1 (undefined) set")

@@ -49,6 +49,7 @@ class T(enum.IntEnum):
     UPDATE_FORWARD = 0x14    # chained broadcast (§10.11), behind HELLO_OK feature bit 1
     UPDATE_PREPARE = 0x15
     LANE_AUTH = 0x16         # data lane only (§10.12)
+    WEIGHTS_SYNC = 0x17      # push the serving weights to another daemon (§10.13)
     HELLO_OK = 0x81
     SUBMIT_OK = 0x82
     RESULTS = 0x83
@@ -63,6 +64,7 @@ class T(enum.IntEnum):
     UPDATE_ABORT_OK = 0x93
     UPDATE_FORWARD_OK = 0x94
     UPDATE_PREPARE_OK = 0x95
+    WEIGHTS_SYNC_OK = 0x97
     ERROR = 0xFF
 
 
@@ -464,6 +466,19 @@ class UpdatePrepareOk:
 
 
 @dataclass
+class WeightsSync:
+    client_id: int = 0
+    url: str = ""            # the daemon to push to
+    TYPE = T.WEIGHTS_SYNC
+
+
+@dataclass
+class WeightsSyncOk:
+    version: int = 0         # what will be pushed
+    TYPE = T.WEIGHTS_SYNC_OK
+
+
+@dataclass
 class LaneAuth:
     xfer_id: int = 0
     proof: bytes = b"\0" * 32
@@ -496,10 +511,10 @@ CLASSES = {c.TYPE: c for c in (Hello, HelloOk, Submit, SubmitOk, Fetch, Results,
                                Status, StatusOk, Bye, ByeOk, Error, UpdateBegin, UpdateBeginOk, UpdateChunk,
                                UpdateChunkOk, UpdateCommit, UpdateCommitOk, UpdateAbort, UpdateAbortOk,
                                AuthBegin, AuthChallenge, Auth, AuthOk, UpdateForward, UpdateForwardOk,
-                               UpdatePrepare, UpdatePrepareOk, LaneAuth)}
+                               UpdatePrepare, UpdatePrepareOk, LaneAuth, WeightsSync, WeightsSyncOk)}
 REQUEST_TYPES = frozenset({T.HELLO, T.SUBMIT, T.FETCH, T.ABORT, T.STATUS, T.BYE, T.AUTH_BEGIN, T.AUTH,
                            T.UPDATE_BEGIN, T.UPDATE_CHUNK, T.UPDATE_COMMIT, T.UPDATE_ABORT, T.UPDATE_FORWARD,
-                           T.UPDATE_PREPARE, T.LANE_AUTH})
+                           T.UPDATE_PREPARE, T.LANE_AUTH, T.WEIGHTS_SYNC})
 AUTH_TYPES = (T.AUTH_BEGIN, T.AUTH_CHALLENGE, T.AUTH, T.AUTH_OK)
 
 
@@ -882,6 +897,8 @@ _DECODERS = {
     T.UPDATE_PREPARE: lambda r: UpdatePrepare(xfer_id=r.u64("xfer_id")),
     T.UPDATE_PREPARE_OK: _dec_update_prepare_ok,
     T.LANE_AUTH: lambda r: LaneAuth(xfer_id=r.u64("xfer_id"), proof=bytes(r.raw(AUTH_BYTES, "proof"))),
+    T.WEIGHTS_SYNC: lambda r: WeightsSync(client_id=r.u64("client_id"), url=r.string("url", 1, 1024)),
+    T.WEIGHTS_SYNC_OK: lambda r: WeightsSyncOk(version=r.u64("version")),
 }
 
 
@@ -911,8 +928,8 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
         raise ProtoError(E.MALFORMED, f"header flags are {flags:#x}; expected 0 in protocol version {VERSION}", type_)
     if type_ not in _DECODERS:
         raise ProtoError(E.UNKNOWN_TYPE, f"message type {type_:#04x} is not defined; expected HELLO..BYE "
-                         "(0x01..0x06), UPDATE_BEGIN..LANE_AUTH (0x10..0x16), their replies (0x81..0x86, "
-                         "0x90..0x95) or ERROR (0xff)", type_)
+                         "(0x01..0x06), UPDATE_BEGIN..WEIGHTS_SYNC (0x10..0x17), their replies (0x81..0x86, "
+                         "0x90..0x95, 0x97) or ERROR (0xff)", type_)
     r = _Reader(buf, HEADER_BYTES, n, T(type_).name)
     try:
         msg = _DECODERS[type_](r)
@@ -1156,6 +1173,13 @@ def _enc_body(m, out):
         if len(proof) != AUTH_BYTES:
             raise ValueError(f"LANE_AUTH proof: {len(proof)} bytes; expected {AUTH_BYTES}")
         out.append(struct.pack("<Q", m.xfer_id) + proof)
+    elif t == T.WEIGHTS_SYNC:
+        if not 1 <= len(m.url.encode()) <= 1024:
+            raise ValueError("WEIGHTS_SYNC url: expected 1..1024 bytes")
+        out.append(struct.pack("<Q", m.client_id))
+        _str(out, m.url, "url")
+    elif t == T.WEIGHTS_SYNC_OK:
+        out.append(struct.pack("<Q", m.version))
     elif t in (T.UPDATE_COMMIT, T.UPDATE_ABORT, T.UPDATE_PREPARE):
         out.append(struct.pack("<Q", m.xfer_id))
     elif t == T.UPDATE_COMMIT_OK:
@@ -1277,7 +1301,8 @@ _U64 = {"client_id", "client_req_id", "seed", "features", "weight_version", "max
         "stall_us", "wait_us", "staged_us", "bytes_freed", "nbytes", "next_xfer_id", "queued_bytes",
         "forwarded_bytes"}
 # "version" is a u16 in HELLO_OK but a u64 here
-_U64_BY_TYPE = {T.UPDATE_BEGIN: _U64 | {"version"}, T.UPDATE_COMMIT_OK: _U64 | {"version"}}
+_U64_BY_TYPE = {T.UPDATE_BEGIN: _U64 | {"version"}, T.UPDATE_COMMIT_OK: _U64 | {"version"},
+                T.WEIGHTS_SYNC_OK: _U64 | {"version"}}
 
 
 def _jf(x):
@@ -1343,6 +1368,8 @@ _FIELDS = {
     T.UPDATE_PREPARE_OK: ["xfer_id", "state", "forward", "forward_error", "bytes_staged", "total_bytes",
                           "forwarded_bytes"],
     T.LANE_AUTH: ["xfer_id"],
+    T.WEIGHTS_SYNC: ["client_id", "url"],
+    T.WEIGHTS_SYNC_OK: ["version"],
     T.AUTH_BEGIN: [],
     T.AUTH_CHALLENGE: [],
     T.AUTH: [],

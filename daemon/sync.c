@@ -1,0 +1,197 @@
+/* sync.c - a daemon hands its serving weights to another daemon
+ * (PROTOCOL.md §10.13), so a node that starts late or restarts rejoins the
+ * fleet at the current policy version without the learner sending anything.
+ *
+ * Two sides, both off the loop thread because they block on the network:
+ *   - the peer, on WEIGHTS_SYNC: a thread exports the model's weights as HF
+ *     f32 tensors (exact: every dtype the CPU backend holds widens to f32
+ *     without rounding, and the native GEMM is bit-identical to the widened
+ *     one) and pushes them to the target like a learner would (rd_push.c),
+ *     at the peer's version. While the export reads the weights no update
+ *     may begin (up_on_begin checks sync_exporting), so nothing is swapped
+ *     and freed under it.
+ *   - the target, with weights_from: once serving, a thread asks the peer
+ *     for a WEIGHTS_SYNC to this daemon's advertised URL; the push then
+ *     arrives through the ordinary update path and is committed there. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+#include "tools/client/rd_client.h"
+#include "tools/client/rd_push.h"
+
+#define SYNC_ASK_TRIES 30           /* the target asks its peer this many times, a second apart */
+
+typedef struct {
+    rd_daemon *d;
+    char url[1025];
+    uint64_t version;
+} sync_job;
+
+static uint8_t wire_dtype(st_dtype t)
+{
+    return t == ST_F16 ? PROTO_DTYPE_F16 : t == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
+}
+
+/* The peer's side: export, then push to the target. */
+static void *push_main(void *arg)
+{
+    sync_job *j = arg;
+    rd_daemon *d = j->d;
+    model_hf_tensor *mt = NULL;
+    size_t n = 0;
+    int rc = model_export_mem(d->L.m, ST_F32, &mt, &n);
+    atomic_store(&d->sync_exporting, 0);
+    rdp_tensor *ts = rc ? NULL : calloc(n, sizeof *ts);
+    if (!rc && !ts)
+        rc = rd_fail(RD_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < n; i++) {
+        ts[i] = (rdp_tensor){.name = mt[i].name, .dtype = wire_dtype(mt[i].dtype), .n_dims = (uint8_t)mt[i].n_dims,
+                             .nbytes = mt[i].nbytes, .data = mt[i].data};
+        for (int k = 0; k < mt[i].n_dims; k++)
+            ts[i].shape[k] = (uint64_t)mt[i].shape[k];
+    }
+    rdp_target t = {.url = j->url};
+    if (!rc) {
+        rdp_options o = {.version = j->version, .mode = PROTO_MODE_CONTINUE, .window = 4, .chunk_bytes = 16u << 20,
+                         .client_name = "rolloutd weights sync", .secret = d->auth_len ? d->auth_secret : NULL,
+                         .secret_len = d->auth_len};
+        rc = rdp_push(&t, 1, ts, (int)n, &o);
+    }
+    if (rc)
+        log_line("weights sync to %s (version %llu) failed: %s", j->url, (unsigned long long)j->version,
+                 t.error[0] ? t.error : rd_errmsg());
+    else
+        log_line("weights sync to %s: version %llu serving there (%.1f MB in %.2f s)", j->url,
+                 (unsigned long long)j->version, (double)t.total_bytes / 1e6, t.seconds);
+    free(ts);
+    model_hf_tensors_free(mt, n);
+    free(j);
+    atomic_store(&d->sync_running, 0);
+    return NULL;
+}
+
+void sync_on_request(rd_daemon *d, br_ctx *ctx, const proto_weights_sync *s)
+{
+    char why[1200];
+    if (!cl_find(&d->clients, s->client_id)) {
+        loop_reply_error(d, ctx, PROTO_E_UNKNOWN_CLIENT, PROTO_WEIGHTS_SYNC, "WEIGHTS_SYNC from an unknown client_id");
+        return;
+    }
+    if (d->state != D_SERVING) {
+        loop_reply_error(d, ctx, PROTO_E_SHUTTING_DOWN, PROTO_WEIGHTS_SYNC, "the daemon is shutting down");
+        return;
+    }
+    if (d->weight_version == 0) {
+        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_WEIGHTS_SYNC,
+                         "this daemon serves its model file (version 0): there is no pushed version to hand on");
+        return;
+    }
+    if (d->xfer) {
+        loop_reply_error(d, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_WEIGHTS_SYNC,
+                         "a weight update is in progress here; ask again when it has ended");
+        return;
+    }
+    if (strncmp(s->url.ptr, "tcp://", 6) && strncmp(s->url.ptr, "tls+tcp://", 10)) {
+        snprintf(why, sizeof why, "WEIGHTS_SYNC url \"%s\": expected tcp://HOST:PORT or tls+tcp://HOST:PORT",
+                 s->url.ptr);
+        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_WEIGHTS_SYNC, why);
+        return;
+    }
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&d->sync_running, &idle, 1)) {
+        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_WEIGHTS_SYNC, "a weights sync is already running; retry later");
+        return;
+    }
+    sync_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->d = d;
+        snprintf(j->url, sizeof j->url, "%s", s->url.ptr);
+        j->version = d->weight_version;
+        atomic_store(&d->sync_exporting, 1);
+    }
+    if (d->sync_joinable) {
+        pthread_join(d->sync_thread, NULL); /* the previous one has ended (sync_running was 0) */
+        d->sync_joinable = 0;
+    }
+    if (!j || pthread_create(&d->sync_thread, NULL, push_main, j)) {
+        free(j);
+        atomic_store(&d->sync_exporting, 0);
+        atomic_store(&d->sync_running, 0);
+        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_WEIGHTS_SYNC, "cannot start the sync thread");
+        return;
+    }
+    d->sync_joinable = 1;
+    log_line("weights sync: pushing version %llu to %s", (unsigned long long)d->weight_version, s->url.ptr);
+    proto_msg m = {.type = PROTO_WEIGHTS_SYNC_OK};
+    m.weights_sync_ok.version = d->weight_version;
+    loop_reply_msg(d, ctx, &m);
+}
+
+/* The target's side: ask the peer until it answers. */
+static void *ask_main(void *arg)
+{
+    rd_daemon *d = arg;
+    const char *me = d->cfg.advertise_url[0] ? d->cfg.advertise_url : d->cfg.listen;
+    for (int attempt = 0; attempt < SYNC_ASK_TRIES && !atomic_load(&d->sync_stop); attempt++) {
+        if (attempt)
+            sleep(1);
+        rdc_client *c = NULL;
+        int rc = rdc_open(d->cfg.weights_from, &c);
+        if (!rc && d->auth_len && !(rc = rdc_set_secret(c, d->auth_secret, d->auth_len)))
+            rc = rdc_auth(c);
+        if (!rc)
+            rc = rdc_hello(c, 0, "rolloutd weights_from");
+        proto_msg req = {.type = PROTO_WEIGHTS_SYNC}, rep;
+        req.weights_sync.client_id = c ? rdc_client_id(c) : 0;
+        req.weights_sync.url = (proto_str){me, (uint32_t)strlen(me)};
+        if (!rc)
+            rc = rdc_call(c, &req, PROTO_WEIGHTS_SYNC_OK, RDC_TIMEOUT_MS, &rep);
+        if (!rc) {
+            log_line("weights_from %s: it is pushing version %llu to %s", d->cfg.weights_from,
+                     (unsigned long long)rep.weights_sync_ok.version, me);
+            proto_msg_free(&rep);
+        } else {
+            log_line("weights_from %s: %s%s", d->cfg.weights_from, rd_errmsg(),
+                     attempt + 1 < SYNC_ASK_TRIES ? " (asking again in 1 s)" : " (giving up)");
+        }
+        uint32_t code = c ? rdc_error_code(c) : 0;
+        if (c)
+            rdc_close(c);
+        /* done, or an answer that asking again will not change */
+        if (!rc || (rc == RDC_EDAEMON && code != PROTO_E_BUSY && code != PROTO_E_UPDATE_CONFLICT))
+            break;
+    }
+    return NULL;
+}
+
+int sync_start(rd_daemon *d)
+{
+    if (!d->cfg.weights_from[0])
+        return 0;
+    const char *me = d->cfg.advertise_url[0] ? d->cfg.advertise_url : d->cfg.listen;
+    const char *host = strstr(me, "://");
+    host = host ? host + 3 : me;
+    if (!strncmp(host, "0.0.0.0:", 8) || !strncmp(host, "*:", 2) || !strncmp(host, "[::]:", 5))
+        return rd_fail(RD_EINVAL, "weights_from: the peer must dial this daemon back, and listen \"%s\" is a "
+                       "wildcard address; set advertise_url to the URL it can reach", me);
+    if (pthread_create(&d->sync_ask_thread, NULL, ask_main, d))
+        return rd_fail(RD_ENOMEM, "weights_from: cannot start a thread");
+    d->sync_ask_joinable = 1;
+    return 0;
+}
+
+void sync_stop(rd_daemon *d)
+{
+    atomic_store(&d->sync_stop, 1);
+    if (d->sync_ask_joinable)
+        pthread_join(d->sync_ask_thread, NULL);
+    if (d->sync_joinable)
+        pthread_join(d->sync_thread, NULL); /* a push in progress ends within its timeouts */
+    d->sync_ask_joinable = d->sync_joinable = 0;
+}
