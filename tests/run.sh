@@ -70,6 +70,10 @@ if [ "$MODE" != "--unit-only" ]; then
       "$PY" tests/py/test_http_api.py
     # Bad model files of every family against the ASan/UBSan tools.
     run_one "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
+    # The chain: a relay whose successor dies, aborts everywhere, lane authentication (ASan daemons).
+    run_one "asan:test_chain" env RD_BUILD="$RD_ASAN_BUILD" \
+      RD_CASES=by_default_a_failure_aborts_the_update_everywhere,with_a_secret_the_chain_authenticates_and_a_wrong_relay_key_is_refused \
+      "$PY" tests/py/test_chain.py
     # Weight-update faults against the ASan daemon, which must then exit with no leak.
     run_one "asan:test_weight_update" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=faults_leave_the_old_weights_serving,data_lane_refuses_garbage_and_keeps_serving "$PY" tests/py/test_weight_update.py

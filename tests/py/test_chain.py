@@ -17,19 +17,20 @@ against real daemons on loopback, driven by rolloutd.Pool:
   holding the wrong lane key is refused (UNAUTHORIZED) and stages nothing."""
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TMP, case, main  # noqa: E402
+from harness import BUILD, ROOT, TMP, case, main  # noqa: E402
 from rdtest import Daemon  # noqa: E402
 from pushdata import perturbed_bf16, weights  # noqa: E402
 
 from rolloutd import Client, Pool, PoolError, proto  # noqa: E402
 import rolloutd.client as rc  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from egress import Egress  # noqa: E402
 
 SECRET = b"chain-secret-for-the-test-0123456789"
 _daemons = []
@@ -57,67 +58,6 @@ def version(d):
         return c.info.weight_version
 
 
-# ---- this process's TCP egress, as the kernel counts it ----
-
-TCP_INFO_BYTES_SENT = 200       # offset of tcpi_bytes_sent (u64) in struct tcp_info (Linux >= 4.19)
-
-
-def bytes_sent(sock):
-    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-    return struct.unpack_from("<Q", info, TCP_INFO_BYTES_SENT)[0]
-
-
-class _CountedSocket(socket.socket):
-    __slots__ = ()
-    closed_bytes = [0]
-
-    def close(self):
-        if self.fileno() >= 0:
-            try:
-                _CountedSocket.closed_bytes[0] += bytes_sent(self)
-            except OSError:
-                pass
-        super().close()
-
-
-def nng_bytes_sent(ports):
-    """tcpi_bytes_sent summed over the established sockets whose peer is one
-    of ports (this process's connections to the daemons' learner sockets)."""
-    total = 0
-    for port in ports:
-        out = subprocess.run(["ss", "-tinH", "state", "established", f"dport = :{port}"], capture_output=True,
-                             text=True, check=True).stdout
-        for field in out.split():
-            if field.startswith("bytes_sent:"):
-                total += int(field.split(":")[1])
-    return total
-
-
-class Egress:
-    """Counts the bytes this process sends over TCP to the daemons while in use:
-    the data lane sockets (kernel counter read just before they close) and
-    the NNG connections (the kernel counters before and after, through ss)."""
-
-    def __init__(self, daemons):
-        self.ports = [d.port for d in daemons]
-
-    def __enter__(self):
-        self._orig = rc.socket.create_connection
-
-        def create_connection(*a, **kw):
-            s = self._orig(*a, **kw)
-            s.__class__ = _CountedSocket
-            return s
-        rc.socket.create_connection = create_connection
-        _CountedSocket.closed_bytes[0] = 0
-        self.nng0 = nng_bytes_sent(self.ports)
-        return self
-
-    def __exit__(self, *exc):
-        rc.socket.create_connection = self._orig
-        self.bytes = _CountedSocket.closed_bytes[0] + nng_bytes_sent(self.ports) - self.nng0
-
-
 def model_bytes(w):
     return sum(a.nbytes for a in w.values())
 
@@ -129,7 +69,7 @@ def chain_of_four_sends_the_model_once():
     size = model_bytes(w)
     with Pool([d.url for d in ds]) as pool:
         before = tokens(greedy(pool.clients[0]))
-        with Egress(ds) as e:
+        with Egress([d.port for d in ds]) as e:
             res = pool.push_weights(w, version=2)
         assert [r.hop for r in res] == [0, 1, 2, 3] and all(r.fanout == "chain" for r in res), res
         assert all(r.version == 2 for r in res) and [version(d) for d in ds] == [2, 2, 2, 2]
@@ -138,7 +78,7 @@ def chain_of_four_sends_the_model_once():
         assert outs[0] != before, "the pushed weights did not change the outputs"
         chain_egress = e.bytes
         assert size <= chain_egress <= 1.05 * size, f"chain egress {chain_egress} for a {size}-byte model"
-        with Egress(ds) as e:
+        with Egress([d.port for d in ds]) as e:
             res = pool.push_weights(w, version=3, fanout="direct")
         assert all(r.fanout == "direct" and r.version == 3 for r in res)
         assert e.bytes >= 4 * size, f"direct egress {e.bytes} for 4 daemons of a {size}-byte model"

@@ -658,7 +658,7 @@ class PushResult:
     n_aborted: int              # samples returned aborted (abort mode)
     bytes: int                  # tensor bytes pushed
     seconds: float              # UPDATE_BEGIN to COMMIT_OK, here
-    transfer_seconds: float     # first chunk sent to last chunk acknowledged
+    transfer_seconds: float     # first chunk sent to last chunk acknowledged (chain: to every daemon having all)
     lane: bool                  # chunks went over the data lane
     window: int                 # chunks in flight, as granted
     chunk_bytes: int

@@ -306,6 +306,7 @@ class _Chain:
         self.errors = {}            # index -> exception: that daemon is out of the chain
         self.feeders = {}           # index -> (thread, box): this process sends to that daemon
         self.next_of = {}           # index -> the index it forwards to
+        self.t_staged = None        # when every daemon had every byte
 
     def alive(self):
         return [i for i in range(len(self.clients)) if i not in self.errors]
@@ -339,7 +340,7 @@ class _Chain:
             t1 = time.perf_counter()
             self.feed(alive[0])
             self.wait_prepared()
-            t2 = time.perf_counter()
+            t2 = self.t_staged or time.perf_counter()
             if self.errors and self.on_failure == "abort":
                 raise _Failed()
         except BaseException as e:
@@ -465,6 +466,9 @@ class _Chain:
             alive = self.alive()
             if not alive:
                 return
+            if self.t_staged is None and all(k in states and states[k].bytes_staged == states[k].total_bytes
+                                             for k in alive):
+                self.t_staged = time.perf_counter()     # every byte everywhere: the transfer's end
             if all(k in states and states[k].state == P.PREP_READY for k in alive):
                 return
             for a, b in list(self.next_of.items()):     # a relay that failed while b still answers: again once
