@@ -288,8 +288,12 @@ class Pool:
 
 
 def _numeric_host(url):
+    """The numeric address a relaying daemon dials for url's daemon (IPv4 first, as the daemons
+    bind what their URLs say)."""
     host = _url_host(url) or "127.0.0.1"
-    return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)
+    return infos[0][4][0]
 
 
 class _Chain:
