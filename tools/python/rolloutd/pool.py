@@ -474,6 +474,8 @@ class _Chain:
                                              for k in alive):
                 self.t_staged = time.perf_counter()     # every byte everywhere: the transfer's end
             if all(k in states and states[k].state == P.PREP_READY for k in alive):
+                if self.progress is True:
+                    sys.stderr.write("\n")
                 return
             for a, b in list(self.next_of.items()):     # a relay that failed while b still answers: again once
                 st = states.get(a)
@@ -487,6 +489,11 @@ class _Chain:
             if callable(self.progress):
                 for k, st in states.items():
                     self.progress(self.clients[k].url, st.bytes_staged, st.total_bytes)
+            elif self.progress:
+                sys.stderr.write("\r" + " | ".join(
+                    f"{self.clients[k].url} {100.0 * st.bytes_staged / max(1, st.total_bytes):5.1f}%"
+                    + (" ready" if st.state == P.PREP_READY else "") for k, st in sorted(states.items())) + "   ")
+                sys.stderr.flush()
             now = time.monotonic()
             if done != last:
                 last, t_last = done, now
