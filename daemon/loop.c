@@ -131,10 +131,15 @@ static void take_results(rd_daemon *d)
     int any = 0;
     for (et_done *e = list, *nx; e; e = nx) {
         nx = e->next;
-        if (e->r.tag & API_KEY_BIT) {
-            /* An HTTP call's sample (its own key space, api.h). */
+        if (e->flush) {
+            if (d->api)
+                api_on_flushed(d->api, e->r.tag, e->n_flushed);
+        } else if (e->r.tag & API_KEY_BIT) {
+            /* An HTTP call's sample or its progress (its own key space, api.h). */
             if (d->api)
                 api_on_result(d->api, &e->r);
+        } else if (e->r.partial) {
+            /* NNG requests never ask for progress; nothing to deliver. */
         } else if (cl_finish(&d->clients, &e->r, d->weight_version, e->t_added_us, e->t_finish_us))
             any = 1;
         et_done_free(e);
