@@ -392,8 +392,12 @@ static char *content_text(cJSON *m, int i, api_err *e)
     return s;
 }
 
-/* messages: [system?] user. That is what tok_chat renders; anything else is
- * refused by name rather than rendered differently from the model's template. */
+/* messages: a conversation of system (or developer), user and assistant
+ * turns, rendered by tok_chat_msgs in the model family's chat format; other
+ * roles (tool, function) are refused by name rather than rendered in a way
+ * the model's template does not. */
+#define API_MAX_MESSAGES 1024
+
 static void read_messages(api_call *c, cJSON *root, api_err *e)
 {
     cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -401,7 +405,16 @@ static void read_messages(api_call *c, cJSON *root, api_err *e)
         api_bad(e, 400, "field \"messages\": expected a non-empty list of messages");
         return;
     }
-    char *sys = NULL, *user = NULL;
+    int n = cJSON_GetArraySize(ms);
+    if (n > API_MAX_MESSAGES) {
+        api_bad(e, 400, "field \"messages\": %d messages; at most %d", n, API_MAX_MESSAGES);
+        return;
+    }
+    tok_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    if (!msgs) {
+        api_bad(e, 500, "out of memory");
+        return;
+    }
     int i = 0;
     for (cJSON *m = ms->child; m && !e->status; m = m->next, i++) {
         cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -410,31 +423,30 @@ static void read_messages(api_call *c, cJSON *root, api_err *e)
             break;
         }
         const char *r = role->valuestring;
-        int is_sys = !strcmp(r, "system") || !strcmp(r, "developer");
-        if (is_sys && i == 0 && m->next) {
-            sys = content_text(m, i, e);
-        } else if (!strcmp(r, "user") && !m->next && !user) {
-            user = content_text(m, i, e);
-        } else {
-            api_bad(e, 400, "field \"messages\"[%d]: a \"%s\" message here cannot be rendered: the chat template "
-                    "helper takes one optional system message followed by one user message", i, r);
-        }
+        if (!strcmp(r, "system") || !strcmp(r, "developer"))
+            msgs[i].role = "system";
+        else if (!strcmp(r, "user") || !strcmp(r, "assistant"))
+            msgs[i].role = !strcmp(r, "user") ? "user" : "assistant";
+        else
+            api_bad(e, 400, "field \"messages\"[%d]: role \"%.40s\" cannot be rendered; expected system, "
+                    "developer, user or assistant", i, r);
+        if (!e->status)
+            msgs[i].content = content_text(m, i, e);
     }
-    if (!e->status && !user)
-        api_bad(e, 400, "field \"messages\": the last message must be the user's");
     if (!e->status) {
         int32_t *ids = NULL;
-        size_t n = 0;
-        if (!c->a->d->L.tok || tok_chat(c->a->d->L.tok, sys, user, &ids, &n)) {
-            api_bad(e, 400, "field \"messages\": this model's chat format cannot be rendered: %s",
-                    c->a->d->L.tok ? rd_errmsg() : "no tokenizer");
+        size_t k = 0;
+        if (!c->a->d->L.tok || tok_chat_msgs(c->a->d->L.tok, msgs, (size_t)n, &ids, &k)) {
+            api_bad(e, 400, "field \"messages\": this conversation cannot be rendered in the model's chat "
+                    "format: %s", c->a->d->L.tok ? rd_errmsg() : "no tokenizer");
             free(ids);
         } else {
-            api_add_prompt(c, ids, (int32_t)n, e);
+            api_add_prompt(c, ids, (int32_t)k, e);
         }
     }
-    free(sys);
-    free(user);
+    for (int j = 0; j < n; j++)
+        free((char *)msgs[j].content);
+    free(msgs);
 }
 
 void api_route_chat(http_res *h, const http_req *req, void *ud)

@@ -33,6 +33,7 @@ import openai  # noqa: E402
 
 KEY = "api-test-key_0123456789"
 D = None
+D_KEYFILE = []
 
 
 def daemon():
@@ -42,6 +43,7 @@ def daemon():
         with open(kf, "w") as f:
             f.write(KEY + "\n")
         os.chmod(kf, 0o600)
+        D_KEYFILE.append(kf)
         D = Daemon("--api-key-file", kf)
     return D
 
@@ -178,14 +180,13 @@ def openai_chat_stream_and_not():
     text = "".join(x.choices[0].delta.content or "" for x in stream if x.choices)
     assert text == ch.message.content, (text, ch.message.content)
     assert stream[-1].choices[0].finish_reason in ("stop", "length")
-    # What the chat helper cannot render is refused by name.
+    # What the chat format cannot render is refused by name.
     try:
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"},
-                                                        {"role": "assistant", "content": "b"},
-                                                        {"role": "user", "content": "c"}])
-        raise AssertionError("a multi-turn conversation must be refused")
+                                                        {"role": "tool", "content": "b"}])
+        raise AssertionError("a tool message must be refused")
     except openai.BadRequestError as e:
-        assert "messages" in e.body["message"] and e.status_code == 400, e.body
+        assert "messages" in e.body["message"] and "tool" in e.body["message"] and e.status_code == 400, e.body
 
 
 @case
@@ -326,6 +327,75 @@ def pause_keep_freezes_and_continue_resumes():
     assert len(spans) == 2 and spans[0][2] == v and spans[1][2] == v + 1 and spans[1][1] == 250, spans
     assert get("/status")[1]["generation_paused"] is False
     kv_settles()
+
+CONVERSATION = [{"role": "system", "content": "You are a patient math tutor."},
+                {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "2+2 is 4."},
+                {"role": "user", "content": "And times 3? Explain step by step."}]
+
+
+def _llama_template(name, msgs):
+    """llama.cpp's built-in chat template `name` applied to msgs (generation prompt added)."""
+    import ctypes
+    import llama_cpp
+    arr = (llama_cpp.llama_chat_message * len(msgs))(
+        *[llama_cpp.llama_chat_message(role=m["role"].encode(), content=m["content"].encode()) for m in msgs])
+    buf = ctypes.create_string_buffer(16384)
+    n = llama_cpp.llama_chat_apply_template(name, arr, len(msgs), True, buf, 16384)
+    assert 0 < n < 16384, n
+    return buf.raw[:n].decode()
+
+
+def _chat_prompt_ids(port, msgs):
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=1, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    return r.model_dump()["prompt_token_ids"]
+
+
+@case
+def multi_turn_chat_matches_the_templates():
+    """A conversation of several turns is rendered by the model's chat format: for SmolLM2 (ChatML) the ids
+    are llama.cpp's tokenization of the GGUF's own Jinja template rendered (and of llama.cpp's built-in
+    chatml); for Gemma 3 of llama.cpp's built-in gemma template after the BOS (no template in that file)."""
+    import gguf
+    import jinja2.sandbox
+    import llama_cpp
+    r = gguf.GGUFReader(MODEL)
+    f = r.fields["tokenizer.chat_template"]
+    tmpl = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        bytes(f.parts[f.data[0]]).decode())
+    text = tmpl.render(messages=CONVERSATION, add_generation_prompt=True)
+    assert text == _llama_template(b"chatml", CONVERSATION), text
+    llm = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
+    want = llm.tokenize(text.encode(), add_bos=False, special=True)
+    got = _chat_prompt_ids(daemon().http_port, CONVERSATION)
+    assert got == want, f"\n  ours      {got}\n  llama.cpp {want}"
+    # developer is OpenAI's newer name for system; text parts are joined.
+    dev = [{"role": "developer", "content": [{"type": "text", "text": "You are a patient "},
+                                             {"type": "text", "text": "math tutor."}]}] + CONVERSATION[1:]
+    assert _chat_prompt_ids(daemon().http_port, dev) == want
+    gemma = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+    if not os.path.exists(gemma):
+        print("  (Gemma 3 not found: its half skipped)")
+        return
+    g = Daemon("--api-key-file", D_KEYFILE[0], model=gemma)
+    try:
+        ref = llama_cpp.Llama(model_path=gemma, vocab_only=True, verbose=False)
+        text = "<bos>" + _llama_template(b"gemma", CONVERSATION)
+        want = ref.tokenize(text.encode(), add_bos=False, special=True)
+        got = _chat_prompt_ids(g.http_port, CONVERSATION)
+        assert got == want, f"\n  ours      {got}\n  llama.cpp {want}"
+        # Hugging Face's Gemma template: user and model turns alternate; anything else is refused by name.
+        bad = CONVERSATION[:2] + [{"role": "user", "content": "again"}]
+        try:
+            _chat_prompt_ids(g.http_port, bad)
+            raise AssertionError("two user turns in a row must be refused for Gemma")
+        except openai.BadRequestError as ex:
+            assert "alternating" in ex.body["message"] and "messages" in ex.body["message"], ex.body
+    finally:
+        g.proc.send_signal(signal.SIGTERM)
+        assert g.proc.wait(60) == 0, g.tail()
 
 @case
 def openai_models_and_auth():
