@@ -646,6 +646,8 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->http_requests = d->http.n_requests;
     s->http_evicted = d->http.n_evicted;
     s->http_timed_out = d->http.n_timeouts;
+    s->http_body_bytes = d->http.body_bytes;
+    s->http_body_refused = d->http.n_body_refused;
 }
 
 char *loop_status_json(void *ud)
@@ -721,6 +723,7 @@ int loop_http_start(rd_daemon *d)
         .listen = d->cfg.http_listen,
         .max_conns = (int)d->cfg.http_max_connections,
         .max_body_bytes = (size_t)d->cfg.max_http_body_bytes,
+        .max_inflight_body_bytes = (size_t)d->cfg.max_http_inflight_body_bytes,
         .header_timeout_ms = (uint64_t)d->cfg.http_header_timeout_ms,
         .idle_timeout_ms = (uint64_t)d->cfg.http_idle_timeout_ms,
         .stream_queue_bytes = (size_t)d->cfg.http_stream_queue_bytes,

@@ -125,6 +125,8 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddNumberToObject(h, "requests", (double)s->http_requests);
         cJSON_AddNumberToObject(h, "evicted", (double)s->http_evicted);
         cJSON_AddNumberToObject(h, "timed_out", (double)s->http_timed_out);
+        cJSON_AddNumberToObject(h, "body_bytes", (double)s->http_body_bytes);
+        cJSON_AddNumberToObject(h, "body_refused", (double)s->http_body_refused);
     }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
