@@ -298,35 +298,6 @@ def flush_cache_drops_the_prefix_cache():
         assert o["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]
 
 
-@case
-def pause_keep_freezes_and_continue_resumes():
-    res = {}
-    t = threading.Thread(target=_long_generate, args=(res, "frozen"))
-    t.start()
-    _wait_running()
-    time.sleep(0.3)
-    assert post("/pause_generation", {"mode": "keep"}) == (200, {"success": True})
-    time.sleep(0.2)  # the step in flight ends
-    s0 = get("/status")[1]
-    assert s0["generation_paused"] is True and s0["requests"]["running"] == 1, s0
-    g0 = s0["tokens"]["generated_total"]
-    time.sleep(1.0)
-    s1 = get("/status")[1]
-    assert s1["tokens"]["generated_total"] == g0, "a frozen sequence made tokens"
-    assert s1["kv_cache"]["blocks_used"] > 0 and "out" not in res, "it keeps its KV and is not answered"
-    # A weight update swaps in between: the sequence goes on under the new version.
-    v = int(get("/get_model_info")[1]["weight_version"])
-    st, r = post("/update_weights_from_disk", {"model_path": MODEL, "weight_version": str(v + 1)}, timeout=120)
-    assert st == 200 and r["success"] is True, r
-    assert get("/status")[1]["tokens"]["generated_total"] == g0
-    assert post("/continue_generation", {})[0] == 200
-    t.join(60)
-    st, o = res["out"]
-    assert st == 200 and o["meta_info"]["finish_reason"]["type"] == "length" and len(o["output_ids"]) == 250, o
-    spans = o["meta_info"]["version_spans"]
-    assert len(spans) == 2 and spans[0][2] == v and spans[1][2] == v + 1 and spans[1][1] == 250, spans
-    assert get("/status")[1]["generation_paused"] is False
-    kv_settles()
 
 CONVERSATION = [{"role": "system", "content": "You are a patient math tutor."},
                 {"role": "user", "content": "What is 2+2?"},
@@ -673,6 +644,38 @@ def update_weights_from_disk():
     assert after["output_ids"] == before["output_ids"], "the same weights give the same tokens"
     assert after["meta_info"]["weight_version"] == str(v + 1)
     assert after["meta_info"]["version_spans"] == [[0, 6, v + 1]], after["meta_info"]
+
+
+# After the cases that expect weight version 0: it swaps in version + 1.
+@case
+def pause_keep_freezes_and_continue_resumes():
+    res = {}
+    t = threading.Thread(target=_long_generate, args=(res, "frozen"))
+    t.start()
+    _wait_running()
+    time.sleep(0.3)
+    assert post("/pause_generation", {"mode": "keep"}) == (200, {"success": True})
+    time.sleep(0.2)  # the step in flight ends
+    s0 = get("/status")[1]
+    assert s0["generation_paused"] is True and s0["requests"]["running"] == 1, s0
+    g0 = s0["tokens"]["generated_total"]
+    time.sleep(1.0)
+    s1 = get("/status")[1]
+    assert s1["tokens"]["generated_total"] == g0, "a frozen sequence made tokens"
+    assert s1["kv_cache"]["blocks_used"] > 0 and "out" not in res, "it keeps its KV and is not answered"
+    # A weight update swaps in between: the sequence goes on under the new version.
+    v = int(get("/get_model_info")[1]["weight_version"])
+    st, r = post("/update_weights_from_disk", {"model_path": MODEL, "weight_version": str(v + 1)}, timeout=120)
+    assert st == 200 and r["success"] is True, r
+    assert get("/status")[1]["tokens"]["generated_total"] == g0
+    assert post("/continue_generation", {})[0] == 200
+    t.join(60)
+    st, o = res["out"]
+    assert st == 200 and o["meta_info"]["finish_reason"]["type"] == "length" and len(o["output_ids"]) == 250, o
+    spans = o["meta_info"]["version_spans"]
+    assert len(spans) == 2 and spans[0][2] == v and spans[1][2] == v + 1 and spans[1][1] == 250, spans
+    assert get("/status")[1]["generation_paused"] is False
+    kv_settles()
 
 
 @case
