@@ -1436,6 +1436,8 @@ int api_unfinished(const api *a)
     return n;
 }
 
+void api_drain(api *a) { set_frozen(a, 0); }
+
 void api_shutdown(api *a)
 {
     a->exiting = 1;

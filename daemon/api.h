@@ -54,6 +54,9 @@ void api_on_flushed(api *a, uint64_t key, int32_t n_flushed);
 int api_unfinished(const api *a);
 /* Aborts every HTTP-owned engine request (drain time over). */
 void api_abort_all(api *a);
+/* SIGTERM's drain began: a keep pause ends, so frozen sequences may finish
+ * within drain_s (calls held by a pause stay held, and are aborted with the rest). */
+void api_drain(api *a);
 /* The daemon is exiting: no engine results will come; answers nothing more. */
 void api_shutdown(api *a);
 

@@ -826,6 +826,8 @@ void loop_on_signal(uv_signal_t *s, int signum)
     log_line("signal %d: draining (no new submits; %lld s for running requests, then abort)", signum,
              (long long)d->cfg.drain_s);
     d->state = D_DRAINING;
+    if (d->api)
+        api_drain(d->api);
     uv_timer_stop(&d->tick);
     uv_timer_start(&d->drain_timer, on_drain, (uint64_t)d->cfg.drain_s * 1000u, 0);
     maybe_exit(d);

@@ -681,17 +681,23 @@ def pause_keep_freezes_and_continue_resumes():
 @case
 def sigterm_exits_zero():
     d = daemon()
-    # One request still running at SIGTERM: the drain aborts it, it is answered, the daemon exits 0.
+    # One request still running at SIGTERM, frozen by a keep pause: the drain unfreezes it (it samples on),
+    # then aborts it; it is answered, the daemon exits 0.
     res = {}
+    g_before = get("/status")[1]["tokens"]["generated_total"]
     t = threading.Thread(target=lambda: res.update(r=post("/generate", {
         "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 250, "ignore_eos": True}})))
     t.start()
     _wait_running()
+    assert post("/pause_generation", {"mode": "keep"})[0] == 200
+    time.sleep(0.3)
+    frozen = get("/status")[1]["tokens"]["generated_total"] - g_before
     d.proc.send_signal(signal.SIGTERM)
     t.join(30)
     rc = d.proc.wait(timeout=60)
     assert rc == 0, (rc, d.tail())
     assert res["r"][0] == 200 and res["r"][1]["meta_info"]["finish_reason"]["type"] in ("abort", "length"), res
+    assert len(res["r"][1]["output_ids"]) > frozen, (frozen, len(res["r"][1]["output_ids"]))
 
 
 if __name__ == "__main__":
