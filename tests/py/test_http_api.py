@@ -228,6 +228,16 @@ def openai_streams_token_by_token():
         assert lps == want_lps, kind
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 32, chunks[-1]
         print(f"  {kind}: {len(body)} chunks, {len(content)} with content, for 32 tokens", flush=True)
+    # The first content chunk comes while the sample still runs (progress, not a finished sample cut up).
+    stream = c.completions.create(model="m", prompt="Once upon a time", max_tokens=200, temperature=0.8, seed=1,
+                                  stream=True, extra_body={"ignore_eos": True})
+    for x in stream:
+        if x.choices and x.choices[0].text:
+            st = get("/status")[1]
+            assert st["requests"]["running"] == 1, st["requests"]
+            break
+    stream.close()  # the client leaves: its request is aborted
+    kv_settles()
 
 
 def _sse(body, path="/generate"):
