@@ -150,8 +150,10 @@ static void collect(et_thread *t, uint64_t now)
 static void collect_progress(et_thread *t, uint64_t now)
 {
     eng_result rs[64];
-    int n;
-    while (t->n_partial == 0 && (n = eng_collect_progress(t->eng, rs, 64)) > 0) {
+    int n, pushed = 0;
+    if (t->n_partial > 0)
+        return; /* the last batch is still untaken: what comes meanwhile goes with the next */
+    while ((n = eng_collect_progress(t->eng, rs, 64)) > 0) {
         for (int i = 0; i < n; i++) {
             et_done *d = calloc(1, sizeof *d);
             if (!d) {
@@ -161,13 +163,12 @@ static void collect_progress(et_thread *t, uint64_t now)
             d->r = rs[i];
             d->t_added_us = d->t_finish_us = now;
             push_done(t, d);
+            pushed++;
         }
         if (n < 64)
             break;
     }
-    /* Whatever went out this step: the next batch waits until the loop took it. */
-    for (et_done *d = t->done; d && !t->n_partial; d = d->next)
-        t->n_partial = d->r.partial;
+    t->n_partial = pushed;
 }
 
 /* Swaps the weights if the pending swap's moment has come: at once in continue
