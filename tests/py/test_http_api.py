@@ -96,7 +96,7 @@ def text_is_valid_utf8_whatever_the_tokens():
     rng = random.Random(5)
     ids = [[rng.randrange(100, 40000) for _ in range(16)] for _ in range(8)]
     st, out = post("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": 48, "temperature": 2.0, "n": 8, "seed": 3, "ignore_eos": True}}, timeout=300)
+        "max_new_tokens": 48, "temperature": 2.0, "n": 8, "seed": 3, "ignore_eos": True}}, timeout=900)
     assert st == 200, out
     llm = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
     invalid = checked = 0
