@@ -332,6 +332,9 @@ static void call_free(api_call *c)
         api_sub *s = &c->subs[i];
         for (int32_t j = 0; s->res && j < s->n; j++)
             eng_result_free(&s->res[j]);
+        for (int32_t j = 0; s->st && j < s->n; j++)
+            api_stream_free(&s->st[j]);
+        free(s->st);
         free(s->res);
         free(s->have);
         free(s->prompt);
@@ -412,6 +415,20 @@ static void take_sample(api *a, api_call *c, api_sub *s, eng_result *r)
         call_finish(a, c);
 }
 
+/* New tokens of a running sample of a streaming call (r freed here). */
+static void take_progress(api_call *c, api_sub *s, eng_result *r)
+{
+    int32_t j = r->sample_idx;
+    if (c->stream && !c->gone && s->st && j >= 0 && j < s->n && !s->have[j] &&
+        r->token_offset == s->st[j].n_tok && c->fmt_progress) {
+        if (api_stream_push(c->a, &s->st[j], r))
+            log_line("HTTP stream %llu: out of memory; its tokens come at the end", (unsigned long long)s->key);
+        else
+            c->fmt_progress(c, (int)(s - c->subs), j);
+    }
+    eng_result_free(r);
+}
+
 /* Ends the samples of a call that never reached the engine (abort while
  * paused, a failed et_add) with no tokens. Returns 1 when that finished (and
  * freed) the call. */
@@ -443,6 +460,7 @@ static int submit_sub(api *a, api_call *c, api_sub *s)
         .ignore_eos = c->p.ignore_eos,
         .stop_strs = (const char *const *)c->p.stop_strs,
         .n_stop_strs = c->p.n_stop_strs,
+        .stream = c->stream && c->fmt_progress,
         .tag = s->key,
     };
     er.sp = samp_default();
@@ -578,8 +596,10 @@ int api_admit(api_call *c, api_err *e)
         api_sub *s = &c->subs[i];
         s->res = calloc((size_t)s->n, sizeof *s->res);
         s->have = calloc((size_t)s->n, 1);
+        if (c->stream)
+            s->st = calloc((size_t)s->n, sizeof *s->st);
         s->key = API_KEY_BIT | ++a->next_key;
-        if (!s->res || !s->have || umap_put(&a->keys, s->key, c)) {
+        if (!s->res || !s->have || (c->stream && !s->st) || umap_put(&a->keys, s->key, c)) {
             api_bad(e, 500, "out of memory");
             for (int k = 0; k <= i; k++)
                 umap_del(&a->keys, c->subs[k].key);
@@ -616,7 +636,10 @@ void api_on_result(api *a, eng_result *r)
     }
     for (int i = 0; i < c->n_subs; i++)
         if (c->subs[i].key == r->tag) {
-            take_sample(a, c, &c->subs[i], r);
+            if (r->partial)
+                take_progress(c, &c->subs[i], r);
+            else
+                take_sample(a, c, &c->subs[i], r);
             return;
         }
     eng_result_free(r);
@@ -701,7 +724,40 @@ static int utf8_clean(char **text, size_t *len)
     return 0;
 }
 
+size_t api_utf8_seq(const unsigned char *s, size_t n) { return utf8_seq(s, n); }
+size_t api_utf8_bad_run(const unsigned char *s, size_t n) { return utf8_bad_run(s, n); }
+
+char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len)
+{
+    size_t n = to > from ? to - from : 0;
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    if (n)
+        memcpy(t, raw + from, n);
+    t[n] = 0;
+    *len = n;
+    if (utf8_clean(&t, len)) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
 int api_sample_view(api *a, const eng_result *r, sample_view *v)
+{
+    int rc = api_sample_raw(a, r, v);
+    if (rc)
+        return rc;
+    rc = utf8_clean(&v->text, &v->len);
+    if (rc) {
+        free(v->text);
+        v->text = NULL;
+    }
+    return rc;
+}
+
+int api_sample_raw(api *a, const eng_result *r, sample_view *v)
 {
     memset(v, 0, sizeof *v);
     v->matched_id = -1;
@@ -727,7 +783,7 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v)
     } else {
         v->matched_str = -1;
     }
-    return utf8_clean(&v->text, &v->len);
+    return 0;
 }
 
 /* A token's text for log-prob listings: its bytes when they are valid UTF-8,
@@ -791,16 +847,14 @@ static cJSON *lp_triple(double lp, int32_t id)
     return t;
 }
 
-static cJSON *gen_sample_json(api_call *c, int si, int j)
+/* Sample j of prompt si: r its tokens, text its text; v the finished
+ * sample's view, or NULL for a running one's progress (a stream's event: no
+ * finish reason yet, and the spans come with the last event). */
+static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sample_view *v, const char *text)
 {
     api_sub *s = &c->subs[si];
-    const eng_result *r = &s->res[j];
-    sample_view v;
-    if (api_sample_view(c->a, r, &v))
-        return NULL;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "text", v.text);
-    free(v.text);
+    cJSON_AddStringToObject(o, "text", text);
     cJSON *ids = cJSON_AddArrayToObject(o, "output_ids");
     for (int32_t k = 0; k < r->n_tokens; k++)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->token_ids[k]));
@@ -812,16 +866,20 @@ static cJSON *gen_sample_json(api_call *c, int si, int j)
         rid = id;
     }
     cJSON_AddStringToObject(mi, "id", rid);
-    cJSON *fr = cJSON_AddObjectToObject(mi, "finish_reason");
-    cJSON_AddStringToObject(fr, "type", v.finish);
-    if (v.matched_str >= 0)
-        cJSON_AddStringToObject(fr, "matched", c->p.stop_strs[v.matched_str]);
-    else if (v.matched_id >= 0)
-        cJSON_AddNumberToObject(fr, "matched", v.matched_id);
-    else
-        cJSON_AddNullToObject(fr, "matched");
-    if (r->finish == FINISH_ERROR)
-        cJSON_AddStringToObject(fr, "message", "the engine refused or failed the request (see the daemon log)");
+    if (!v) {
+        cJSON_AddNullToObject(mi, "finish_reason");
+    } else {
+        cJSON *fr = cJSON_AddObjectToObject(mi, "finish_reason");
+        cJSON_AddStringToObject(fr, "type", v->finish);
+        if (v->matched_str >= 0)
+            cJSON_AddStringToObject(fr, "matched", c->p.stop_strs[v->matched_str]);
+        else if (v->matched_id >= 0)
+            cJSON_AddNumberToObject(fr, "matched", v->matched_id);
+        else
+            cJSON_AddNullToObject(fr, "matched");
+        if (r->finish == FINISH_ERROR)
+            cJSON_AddStringToObject(fr, "message", "the engine refused or failed the request (see the daemon log)");
+    }
     cJSON_AddNumberToObject(mi, "prompt_tokens", s->n_prompt);
     cJSON_AddNumberToObject(mi, "completion_tokens", r->n_tokens);
     char seed[32]; /* printed whole: cJSON would round a 16-digit number to 15 digits */
@@ -844,10 +902,31 @@ static cJSON *gen_sample_json(api_call *c, int si, int j)
         }
     }
     char ver[32];
-    snprintf(ver, sizeof ver, "%llu", (unsigned long long)r->version_finish);
+    snprintf(ver, sizeof ver, "%llu", (unsigned long long)(v ? r->version_finish : c->a->d->weight_version));
     cJSON_AddStringToObject(mi, "weight_version", ver);
-    cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
+    if (v)
+        cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
     return o;
+}
+
+static cJSON *gen_sample_json(api_call *c, int si, int j)
+{
+    const eng_result *r = &c->subs[si].res[j];
+    sample_view v;
+    if (api_sample_view(c->a, r, &v))
+        return NULL;
+    cJSON *o = gen_json(c, si, j, r, &v, v.text);
+    free(v.text);
+    return o;
+}
+
+/* The index of sample j of prompt si among the call's samples. */
+static int sample_index(const api_call *c, int si, int j)
+{
+    int index = j;
+    for (int k = 0; k < si; k++)
+        index += c->subs[k].n;
+    return index;
 }
 
 static void gen_begin(api_call *c)
@@ -885,12 +964,27 @@ void api_send_done(api_call *c)
 static void gen_sample(api_call *c, int si, int j)
 {
     cJSON *o = gen_sample_json(c, si, j);
-    if (o) {
-        int index = 0;
-        for (int k = 0; k < si; k++)
-            index += c->subs[k].n;
-        cJSON_AddNumberToObject(o, "index", index + j);
-    }
+    if (o)
+        cJSON_AddNumberToObject(o, "index", sample_index(c, si, j));
+    send_event(c, o);
+}
+
+/* A running sample's progress, in SGLang's cumulative form: the text, ids and
+ * log-probs so far (the text without a tail a stop string could still claim). */
+static void gen_progress(api_call *c, int si, int j)
+{
+    api_stream *st = &c->subs[si].st[j];
+    size_t safe = api_stream_safe(st, &c->p), n;
+    char *text = api_clean_slice(st->raw, 0, safe, &n);
+    if (!text)
+        return;
+    st->text_sent = safe;
+    eng_result like = {.sample_idx = j, .finish = FINISH_NONE, .stop_str = -1};
+    eng_result view = api_stream_view(st, &like);
+    cJSON *o = gen_json(c, si, j, &view, NULL, text);
+    free(text);
+    if (o)
+        cJSON_AddNumberToObject(o, "index", sample_index(c, si, j));
     send_event(c, o);
 }
 
@@ -947,6 +1041,7 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
     }
     c->fmt_begin = gen_begin;
     c->fmt_sample = gen_sample;
+    c->fmt_progress = gen_progress;
     c->fmt_done = gen_done;
     c->top_field = "top_logprobs_num";
     cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
@@ -1107,6 +1202,18 @@ static void on_pause_close(http_res *h, void *ud)
     }
 }
 
+/* Freezes or unfreezes the engine (pause mode keep), once per change. */
+static void set_frozen(api *a, int frozen)
+{
+    if (a->frozen == frozen)
+        return;
+    if (et_pause(&a->d->et, frozen)) {
+        log_line("HTTP pause: %s", rd_errmsg());
+        return;
+    }
+    a->frozen = frozen;
+}
+
 static void route_pause(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
@@ -1135,6 +1242,8 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         return;
     }
     a->paused = 1;
+    if (strcmp(mode, "keep") && strcmp(mode, "in_place"))
+        set_frozen(a, 0); /* abort ends what a keep froze; wait lets it finish */
     if (!strcmp(mode, "abort")) {
         abort_matching(a, NULL);
     } else if (!strcmp(mode, "wait")) {
@@ -1144,8 +1253,10 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         check_pause_wait(a);
         return;
     }
-    /* keep / in_place: the engine cannot freeze a running sequence, so
-     * running requests go on; new ones wait for /continue_generation. */
+    /* keep / in_place: every sequence freezes where it is, its KV kept, until
+     * /continue_generation (a weight update can swap in between: they go on
+     * under the new version); new calls wait as in every mode. */
+    set_frozen(a, 1);
     cJSON_Delete(root);
     api_answer_json(h, 200, ok_doc());
 }
@@ -1154,6 +1265,7 @@ static void route_continue(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     a->paused = 0;
+    set_frozen(a, 0);
     for (api_call *c = a->head, *nx; c; c = nx) {
         nx = c->next;
         if (!c->submitted)
@@ -1197,6 +1309,10 @@ static void route_health_generate(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     api_err e = {0};
+    if (a->frozen) {
+        http_respond_error(h, 503, "busy", "generation is paused in \"keep\" mode; /continue_generation resumes it");
+        return;
+    }
     api_call *c = api_call_new(a, h, API_HEALTH);
     if (!c) {
         http_respond_error(h, 500, "internal error", "out of memory");
@@ -1219,11 +1335,63 @@ static void route_health_generate(http_res *h, const http_req *req, void *ud)
         api_refuse(c, &e);
 }
 
+/* A /flush_cache call waiting for the engine thread's answer. */
+struct api_flush {
+    struct api_flush *next;
+    uint64_t key;
+    http_res *h;                /* NULL once the client left */
+};
+
+static void on_flush_close(http_res *h, void *ud)
+{
+    api *a = ud;
+    for (struct api_flush *f = a->flushes; f; f = f->next)
+        if (f->h == h) {
+            f->h = NULL;
+            http_release(h);
+        }
+}
+
+/* SGLang refuses a flush while requests run; here it always succeeds, at the
+ * next step boundary: cached blocks nobody holds become free, blocks in use
+ * keep their KV but are never served from the cache again (eng_flush_cache),
+ * so a pause (any mode), flush, weight update sequence is safe too. */
 static void route_flush_cache(http_res *h, const http_req *req, void *ud)
 {
-    http_respond_error(h, 501, "not implemented",
-                       "the engine has no prefix-cache flush; its block hashes are salted with the weight "
-                       "version, so entries from older weights are never reused");
+    api *a = ud;
+    struct api_flush *f = calloc(1, sizeof *f);
+    if (!f) {
+        http_respond_error(h, 500, "internal error", "out of memory");
+        return;
+    }
+    f->key = API_KEY_BIT | ++a->next_key;
+    f->h = h;
+    if (et_flush_cache(&a->d->et, f->key)) {
+        free(f);
+        http_respond_error(h, 500, "internal error", rd_errmsg());
+        return;
+    }
+    f->next = a->flushes;
+    a->flushes = f;
+    http_on_close(h, on_flush_close, a);
+}
+
+void api_on_flushed(api *a, uint64_t key, int32_t n_flushed)
+{
+    for (struct api_flush **pf = &a->flushes; *pf; pf = &(*pf)->next) {
+        struct api_flush *f = *pf;
+        if (f->key != key)
+            continue;
+        *pf = f->next;
+        if (f->h) {
+            cJSON *o = ok_doc();
+            cJSON_AddStringToObject(o, "message", "Cache flushed.");
+            cJSON_AddNumberToObject(o, "flushed_blocks", n_flushed);
+            api_answer_json(f->h, 200, o);
+        }
+        free(f);
+        return;
+    }
 }
 
 /* ---- the table ---- */
@@ -1268,6 +1436,8 @@ int api_unfinished(const api *a)
     return n;
 }
 
+void api_drain(api *a) { set_frozen(a, 0); }
+
 void api_shutdown(api *a)
 {
     a->exiting = 1;
@@ -1283,6 +1453,13 @@ void api_destroy(api *a)
         if (c->h)
             http_release(c->h);
         call_free(c);
+    }
+    while (a->flushes) {
+        struct api_flush *f = a->flushes;
+        a->flushes = f->next;
+        if (f->h)
+            http_release(f->h);
+        free(f);
     }
     umap_free(&a->keys);
     free(a);

@@ -35,6 +35,22 @@ typedef struct {
     int32_t n_stop_ids;
 } api_params;
 
+/* One streamed sample's progress (api_stream.c): the tokens the engine has
+ * handed out while it runs, their bytes, and how much has gone out. */
+typedef struct {
+    int32_t n_tok, cap;         /* tokens received, capacity of the arrays */
+    int32_t n_top;              /* alternatives per token */
+    int32_t *ids;               /* [cap] */
+    float *lps;                 /* [cap] raw log-probs */
+    int32_t *top_ids;           /* [cap][n_top], or NULL */
+    float *top_lps;             /* [cap][n_top], or NULL */
+    char *raw;                  /* the tokens' bytes (tok_token_bytes; they add up to tok_decode) */
+    size_t raw_len, raw_cap;
+    size_t text_sent;           /* bytes of raw whose text has gone out (a closed UTF-8 boundary) */
+    int32_t tok_sent;           /* tokens whose ids and log-probs have gone out */
+    int begun;                  /* OpenAI chat: the role chunk went out */
+} api_stream;
+
 /* One prompt of a call = one engine request of n samples. */
 typedef struct {
     uint64_t key;               /* engine key (API_KEY_BIT set) */
@@ -45,6 +61,7 @@ typedef struct {
     int32_t n_done;             /* samples back */
     eng_result *res;            /* [n], by sample index */
     uint8_t *have;              /* [n] */
+    api_stream *st;             /* [n] streaming calls only */
     char *rid;                  /* SGLang: this prompt's rid (a list of rids), or NULL */
     int submitted;              /* given to the engine */
     int aborted;                /* an abort was sent */
@@ -73,6 +90,7 @@ struct api_call {
     int32_t n_total, n_done;    /* samples */
     void (*fmt_begin)(api_call *c);                 /* stream: headers (and a first event) */
     void (*fmt_sample)(api_call *c, int sub, int j);/* stream: one finished sample */
+    void (*fmt_progress)(api_call *c, int sub, int j);/* stream: new tokens of a running sample (in st) */
     void (*fmt_done)(api_call *c);                  /* every sample in: answer or end the stream */
 };
 
@@ -86,6 +104,9 @@ struct api {
     int paused;
     int exiting;
     http_res *pause_wait;       /* a "wait" pause answered once nothing submitted runs */
+    int frozen;                 /* a "keep" pause froze the engine (et_pause) */
+    struct api_flush *flushes;  /* /flush_cache calls waiting for the engine */
+    uint64_t next_flush;
 };
 
 /* What a sample's answer shows. */
@@ -112,6 +133,25 @@ api_call *api_call_new(api *a, http_res *h, api_kind kind);
 int api_admit(api_call *c, api_err *e);
 void api_refuse(api_call *c, const api_err *e);
 int api_sample_view(api *a, const eng_result *r, sample_view *v);
+/* api_sample_view without the UTF-8 clean-up: the exact bytes (cut at a stop string). */
+int api_sample_raw(api *a, const eng_result *r, sample_view *v);
+/* The clean (valid UTF-8) text of bytes [from, to) of raw, malloc'd. */
+char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len);
+/* UTF-8 helpers of api.c: a valid sequence's length at s (0: none) and the
+ * bytes one U+FFFD replaces. */
+size_t api_utf8_seq(const unsigned char *s, size_t n);
+size_t api_utf8_bad_run(const unsigned char *s, size_t n);
+
+/* api_stream.c */
+/* Appends a partial result's tokens and their bytes; 0 or RD_ENOMEM. */
+int api_stream_push(api *a, api_stream *st, const eng_result *r);
+/* Bytes of st->raw whose text can go out now: never a possible start of a
+ * stop string (the longest tail that is a prefix of one is held back), nor a
+ * character that later bytes could still complete; at or after text_sent. */
+size_t api_stream_safe(const api_stream *st, const api_params *p);
+/* st's tokens [0, n_tok) as a result (arrays borrowed: never freed). */
+eng_result api_stream_view(const api_stream *st, const eng_result *like);
+void api_stream_free(api_stream *st);
 char *api_token_text(api *a, int32_t id);
 const char *api_token_bytes(api *a, int32_t id, size_t *n);
 cJSON *api_spans_json(const eng_result *r);

@@ -51,14 +51,13 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
 
 /* Completions' logprobs object: tokens, token_logprobs, top_logprobs (the
  * asked alternatives and the sampled token), text_offset. */
-static cJSON *cmpl_logprobs(api *a, const eng_result *r)
+static cJSON *cmpl_logprobs(api *a, const eng_result *r, size_t off)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
     cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
-    size_t off = 0;
     for (int32_t k = 0; k < r->n_tokens; k++) {
         char *t = api_token_text(a, r->token_ids[k]);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
@@ -119,14 +118,14 @@ static cJSON *chat_logprobs(api *a, const eng_result *r)
     return o;
 }
 
-/* One choice (sample j of prompt si); delta: the streaming form (chat). */
-static cJSON *choice_json(api_call *c, int si, int j, int delta)
+/* One choice (sample j of prompt si): r the tokens it lists, text_off the
+ * byte offset of r's first token in the sample's text (completions'
+ * text_offset), text its text; v the finished sample's view, or NULL while it
+ * runs (a stream's delta: finish_reason null); delta: the streaming form. */
+static cJSON *choice_json(api_call *c, int si, int j, const eng_result *r, size_t text_off, const char *text,
+                          const sample_view *v, int delta)
 {
     api_sub *s = &c->subs[si];
-    const eng_result *r = &s->res[j];
-    sample_view v;
-    if (api_sample_view(c->a, r, &v))
-        return NULL;
     int index = j;
     for (int k = 0; k < si; k++)
         index += c->subs[k].n;
@@ -134,45 +133,141 @@ static cJSON *choice_json(api_call *c, int si, int j, int delta)
     cJSON_AddNumberToObject(o, "index", index);
     if (c->kind == API_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(o, delta ? "delta" : "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", v.text);
+        if (!delta)
+            cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
     } else {
-        cJSON_AddStringToObject(o, "text", v.text);
+        cJSON_AddStringToObject(o, "text", text);
     }
-    free(v.text);
     if (!c->return_logprob)
         cJSON_AddNullToObject(o, "logprobs");
     else
-        cJSON_AddItemToObject(o, "logprobs", c->kind == API_CHAT ? chat_logprobs(c->a, r) : cmpl_logprobs(c->a, r));
-    cJSON_AddStringToObject(o, "finish_reason", v.finish);
-    if (v.matched_str >= 0)
-        cJSON_AddStringToObject(o, "stop_reason", c->p.stop_strs[v.matched_str]);
-    else if (v.matched_id >= 0 && v.matched_id != c->a->d->lim.eos_id &&
-             (!c->a->d->L.tok || v.matched_id != tok_eot(c->a->d->L.tok)))
-        cJSON_AddNumberToObject(o, "stop_reason", v.matched_id); /* vLLM: None for EOS (and end of turn) */
-    else
+        cJSON_AddItemToObject(o, "logprobs", c->kind == API_CHAT ? chat_logprobs(c->a, r)
+                                                                 : cmpl_logprobs(c->a, r, text_off));
+    if (!v) {
+        cJSON_AddNullToObject(o, "finish_reason");
         cJSON_AddNullToObject(o, "stop_reason");
+    } else {
+        cJSON_AddStringToObject(o, "finish_reason", v->finish);
+        if (v->matched_str >= 0)
+            cJSON_AddStringToObject(o, "stop_reason", c->p.stop_strs[v->matched_str]);
+        else if (v->matched_id >= 0 && v->matched_id != c->a->d->lim.eos_id &&
+                 (!c->a->d->L.tok || v->matched_id != tok_eot(c->a->d->L.tok)))
+            cJSON_AddNumberToObject(o, "stop_reason", v->matched_id); /* vLLM: None for EOS (and end of turn) */
+        else
+            cJSON_AddNullToObject(o, "stop_reason");
+    }
     if (c->return_token_ids) {
         cJSON_AddItemToObject(o, "token_ids", ids_json(r->token_ids, r->n_tokens));
-        if (c->kind != API_CHAT)
+        if (c->kind != API_CHAT && (!delta || !s->st[j].begun))
             cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(s->prompt, s->n_prompt));
     }
+    if (delta)
+        s->st[j].begun = 1;
     return o;
 }
 
-static void v1_begin(api_call *c)
+/* Tokens [from, n_tokens) of r, its arrays borrowed. */
+static eng_result tail_of(const eng_result *r, int32_t from)
 {
-    http_stream_begin(c->h, 200, NULL);
+    eng_result t = *r;
+    t.n_tokens = r->n_tokens - from;
+    t.token_ids = r->token_ids + from;
+    t.logprobs = r->logprobs + from;
+    t.logprobs_proc = NULL;
+    t.top_ids = r->top_ids ? r->top_ids + (size_t)from * r->n_top : NULL;
+    t.top_logprobs = r->top_logprobs ? r->top_logprobs + (size_t)from * r->n_top : NULL;
+    if (!t.top_ids || !t.top_logprobs)
+        t.n_top = 0;
+    return t;
 }
 
-static void v1_sample(api_call *c, int si, int j)
+/* Bytes of r's first n tokens (where token n starts in the sample's bytes). */
+static size_t bytes_before(api *a, const eng_result *r, int32_t n)
+{
+    size_t off = 0;
+    for (int32_t k = 0; k < n; k++) {
+        size_t b = 0;
+        api_token_bytes(a, r->token_ids[k], &b);
+        off += b;
+    }
+    return off;
+}
+
+static void send_chunk(api_call *c, cJSON *choice)
 {
     cJSON *o = envelope(c, c->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToArray(choices, choice_json(c, si, j, 1));
-    if (c->kind == API_CHAT && c->return_token_ids && si == 0 && j == 0)
-        cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(c->subs[0].prompt, c->subs[0].n_prompt));
+    cJSON_AddItemToArray(choices, choice);
     api_send_event(c, o);
+}
+
+/* The stream opens; chat sends each choice's role first, as vLLM does
+ * ({"role": "assistant", "content": ""}, the prompt's ids with the first). */
+static void v1_begin(api_call *c)
+{
+    http_stream_begin(c->h, 200, NULL);
+    if (c->kind != API_CHAT)
+        return;
+    int index = 0;
+    for (int i = 0; i < c->n_subs; i++)
+        for (int32_t j = 0; j < c->subs[i].n; j++, index++) {
+            cJSON *o = envelope(c, "chat.completion.chunk");
+            cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+            cJSON *ch = cJSON_CreateObject();
+            cJSON_AddNumberToObject(ch, "index", index);
+            cJSON *m = cJSON_AddObjectToObject(ch, "delta");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", "");
+            cJSON_AddNullToObject(ch, "logprobs");
+            cJSON_AddNullToObject(ch, "finish_reason");
+            cJSON_AddItemToArray(choices, ch);
+            if (c->return_token_ids && index == 0)
+                cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(c->subs[0].prompt, c->subs[0].n_prompt));
+            api_send_event(c, o);
+        }
+}
+
+/* New tokens of a running sample: one delta chunk with the text that can no
+ * longer change (api_stream_safe) and the tokens not sent yet. */
+static void v1_progress(api_call *c, int si, int j)
+{
+    api_stream *st = &c->subs[si].st[j];
+    size_t safe = api_stream_safe(st, &c->p), n;
+    int any_tokens = st->n_tok > st->tok_sent && (c->return_token_ids || c->return_logprob);
+    if (safe == st->text_sent && !any_tokens)
+        return; /* nothing to show yet: what came goes with the next chunk */
+    char *text = api_clean_slice(st->raw, st->text_sent, safe, &n);
+    if (!text)
+        return;
+    eng_result like = {.sample_idx = j, .finish = FINISH_NONE, .stop_str = -1};
+    eng_result all = api_stream_view(st, &like);
+    eng_result rest = tail_of(&all, st->tok_sent);
+    send_chunk(c, choice_json(c, si, j, &rest, bytes_before(c->a, &all, st->tok_sent), text, NULL, 1));
+    free(text);
+    st->text_sent = safe;
+    st->tok_sent = st->n_tok;
+}
+
+/* A sample finished: in a stream, the last delta (the rest of its text and
+ * tokens) with the finish reason. */
+static void v1_sample(api_call *c, int si, int j)
+{
+    api_sub *s = &c->subs[si];
+    const eng_result *r = &s->res[j];
+    api_stream *st = &s->st[j];
+    sample_view v;
+    if (api_sample_raw(c->a, r, &v))
+        return;
+    size_t n;
+    char *text = api_clean_slice(v.text, st->text_sent < v.len ? st->text_sent : v.len, v.len, &n);
+    free(v.text);
+    if (!text)
+        return;
+    int32_t from = st->tok_sent < r->n_tokens ? st->tok_sent : r->n_tokens;
+    eng_result rest = tail_of(r, from);
+    send_chunk(c, choice_json(c, si, j, &rest, bytes_before(c->a, r, from), text, &v, 1));
+    free(text);
 }
 
 static void v1_done(api_call *c)
@@ -190,8 +285,14 @@ static void v1_done(api_call *c)
     cJSON *o = envelope(c, c->kind == API_CHAT ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < c->n_subs; i++)
-        for (int32_t j = 0; j < c->subs[i].n; j++)
-            cJSON_AddItemToArray(choices, choice_json(c, i, j, 0));
+        for (int32_t j = 0; j < c->subs[i].n; j++) {
+            const eng_result *r = &c->subs[i].res[j];
+            sample_view v;
+            if (api_sample_view(c->a, r, &v))
+                continue;
+            cJSON_AddItemToArray(choices, choice_json(c, i, j, r, 0, v.text, &v, 0));
+            free(v.text);
+        }
     usage_add(o, c);
     if (c->kind == API_CHAT && c->return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(c->subs[0].prompt, c->subs[0].n_prompt));
@@ -215,6 +316,7 @@ static void read_common(api_call *c, cJSON *root, const char *max_name, api_err 
         api_bad(e, 400, "field \"echo\": not supported (the prompt is not repeated in the output)");
     c->fmt_begin = v1_begin;
     c->fmt_sample = v1_sample;
+    c->fmt_progress = v1_progress;
     c->fmt_done = v1_done;
 }
 
@@ -290,8 +392,12 @@ static char *content_text(cJSON *m, int i, api_err *e)
     return s;
 }
 
-/* messages: [system?] user. That is what tok_chat renders; anything else is
- * refused by name rather than rendered differently from the model's template. */
+/* messages: a conversation of system (or developer), user and assistant
+ * turns, rendered by tok_chat_msgs in the model family's chat format; other
+ * roles (tool, function) are refused by name rather than rendered in a way
+ * the model's template does not. */
+#define API_MAX_MESSAGES 1024
+
 static void read_messages(api_call *c, cJSON *root, api_err *e)
 {
     cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -299,7 +405,16 @@ static void read_messages(api_call *c, cJSON *root, api_err *e)
         api_bad(e, 400, "field \"messages\": expected a non-empty list of messages");
         return;
     }
-    char *sys = NULL, *user = NULL;
+    int n = cJSON_GetArraySize(ms);
+    if (n > API_MAX_MESSAGES) {
+        api_bad(e, 400, "field \"messages\": %d messages; at most %d", n, API_MAX_MESSAGES);
+        return;
+    }
+    tok_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    if (!msgs) {
+        api_bad(e, 500, "out of memory");
+        return;
+    }
     int i = 0;
     for (cJSON *m = ms->child; m && !e->status; m = m->next, i++) {
         cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -308,31 +423,30 @@ static void read_messages(api_call *c, cJSON *root, api_err *e)
             break;
         }
         const char *r = role->valuestring;
-        int is_sys = !strcmp(r, "system") || !strcmp(r, "developer");
-        if (is_sys && i == 0 && m->next) {
-            sys = content_text(m, i, e);
-        } else if (!strcmp(r, "user") && !m->next && !user) {
-            user = content_text(m, i, e);
-        } else {
-            api_bad(e, 400, "field \"messages\"[%d]: a \"%s\" message here cannot be rendered: the chat template "
-                    "helper takes one optional system message followed by one user message", i, r);
-        }
+        if (!strcmp(r, "system") || !strcmp(r, "developer"))
+            msgs[i].role = "system";
+        else if (!strcmp(r, "user") || !strcmp(r, "assistant"))
+            msgs[i].role = !strcmp(r, "user") ? "user" : "assistant";
+        else
+            api_bad(e, 400, "field \"messages\"[%d]: role \"%.40s\" cannot be rendered; expected system, "
+                    "developer, user or assistant", i, r);
+        if (!e->status)
+            msgs[i].content = content_text(m, i, e);
     }
-    if (!e->status && !user)
-        api_bad(e, 400, "field \"messages\": the last message must be the user's");
     if (!e->status) {
         int32_t *ids = NULL;
-        size_t n = 0;
-        if (!c->a->d->L.tok || tok_chat(c->a->d->L.tok, sys, user, &ids, &n)) {
-            api_bad(e, 400, "field \"messages\": this model's chat format cannot be rendered: %s",
-                    c->a->d->L.tok ? rd_errmsg() : "no tokenizer");
+        size_t k = 0;
+        if (!c->a->d->L.tok || tok_chat_msgs(c->a->d->L.tok, msgs, (size_t)n, &ids, &k)) {
+            api_bad(e, 400, "field \"messages\": this conversation cannot be rendered in the model's chat "
+                    "format: %s", c->a->d->L.tok ? rd_errmsg() : "no tokenizer");
             free(ids);
         } else {
-            api_add_prompt(c, ids, (int32_t)n, e);
+            api_add_prompt(c, ids, (int32_t)k, e);
         }
     }
-    free(sys);
-    free(user);
+    for (int j = 0; j < n; j++)
+        free((char *)msgs[j].content);
+    free(msgs);
 }
 
 void api_route_chat(http_res *h, const http_req *req, void *ud)

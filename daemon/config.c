@@ -56,6 +56,8 @@ static const cfg_field FIELDS[] = {
     I(shutdown_grace_s, 0, 86400, "SIGTERM: seconds to deliver results after the drain"),
     I(http_max_connections, 1, 65536, "open HTTP connections (beyond: the oldest idle one is evicted)"),
     I(max_http_body_bytes, 0, (int64_t)1 << 40, "HTTP request body in bytes (larger: 413)"),
+    I(max_http_inflight_body_bytes, 0, (int64_t)1 << 40,
+      "HTTP request bodies held at once over all connections, bytes (0 = no bound; beyond: 503)"),
     I(http_header_timeout_ms, 1, 3600000, "ms for a request's line and headers; also the longest body stall"),
     I(http_idle_timeout_ms, 1, 86400000, "ms a keep-alive HTTP connection may wait for its next request"),
     I(http_stream_queue_bytes, 4096, (int64_t)1 << 40, "bytes queued to a slow HTTP stream client before it is cut"),
@@ -117,6 +119,7 @@ void cfg_defaults(cfg_daemon *c)
     c->shutdown_grace_s = 10;
     c->http_max_connections = 1024;
     c->max_http_body_bytes = 64 << 20;
+    c->max_http_inflight_body_bytes = (int64_t)256 << 20;
     c->http_header_timeout_ms = 10000;
     c->http_idle_timeout_ms = 60000;
     c->http_stream_queue_bytes = 4 << 20;

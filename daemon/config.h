@@ -34,6 +34,7 @@ typedef struct {
     int64_t shutdown_grace_s;       /* then seconds left for clients to fetch their results */
     int64_t http_max_connections;   /* open HTTP connections (the oldest idle one is evicted beyond) */
     int64_t max_http_body_bytes;    /* request body, bytes (decoded), before 413 */
+    int64_t max_http_inflight_body_bytes; /* all request bodies held at once, bytes, before 503 (0 = no bound) */
     int64_t http_header_timeout_ms; /* request line + headers must arrive within this; also the longest body stall */
     int64_t http_idle_timeout_ms;   /* a keep-alive connection waiting for its next request is closed after this */
     int64_t http_stream_queue_bytes; /* bytes queued to one slow client before its stream is cut */

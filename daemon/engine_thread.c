@@ -100,6 +100,20 @@ static void run_cmds(et_thread *t)
             /* Drain: nothing new starts while started work finishes on the old weights. */
             if (t->swap.mode == UPD_DRAIN)
                 eng_hold_new(t->eng, 1);
+        } else if (c->kind == ET_PAUSE) {
+            eng_pause(t->eng, c->pause);
+        } else if (c->kind == ET_FLUSH) {
+            et_done *d = calloc(1, sizeof *d);
+            int32_t n = eng_flush_cache(t->eng);
+            if (d) {
+                d->flush = 1;
+                d->n_flushed = n;
+                d->r.tag = c->key;
+                d->t_added_us = d->t_finish_us = now;
+                push_done(t, d);
+            } else {
+                log_line("engine thread: out of memory answering a cache flush");
+            }
         } else {
             et_live *l = umap_get(&t->live, c->key);
             if (l)
@@ -129,6 +143,32 @@ static void collect(et_thread *t, uint64_t now)
             push_done(t, d);
         }
     }
+}
+
+/* The progress of streaming samples, once per step and only when the loop
+ * has taken the last batch. Caller holds mu. */
+static void collect_progress(et_thread *t, uint64_t now)
+{
+    eng_result rs[64];
+    int n, pushed = 0;
+    if (t->n_partial > 0)
+        return; /* the last batch is still untaken: what comes meanwhile goes with the next */
+    while ((n = eng_collect_progress(t->eng, rs, 64)) > 0) {
+        for (int i = 0; i < n; i++) {
+            et_done *d = calloc(1, sizeof *d);
+            if (!d) {
+                eng_result_free(&rs[i]); /* its tokens still come with the final result */
+                continue;
+            }
+            d->r = rs[i];
+            d->t_added_us = d->t_finish_us = now;
+            push_done(t, d);
+            pushed++;
+        }
+        if (n < 64)
+            break;
+    }
+    t->n_partial = pushed;
 }
 
 /* Swaps the weights if the pending swap's moment has come: at once in continue
@@ -162,7 +202,8 @@ static void engine_main(void *arg)
         /* An abort finishes samples without a step: collect them now, or an
          * engine left idle by the abort would sleep on them. */
         collect(t, et_now_us());
-        if (!eng_busy(t->eng)) {
+        /* Paused: frozen sequences wait, like an idle engine, for a command. */
+        if (!eng_busy(t->eng) || eng_paused(t->eng)) {
             eng_get_stats(t->eng, &t->stats);
             if (t->done)
                 uv_async_send(t->wake);
@@ -174,7 +215,9 @@ static void engine_main(void *arg)
         pthread_mutex_lock(&t->mu);
         if (rc < 0)
             log_line("engine step failed: %s", rd_errmsg());
-        collect(t, et_now_us());
+        uint64_t now = et_now_us();
+        collect(t, now);
+        collect_progress(t, now);
         eng_get_stats(t->eng, &t->stats);
         uv_async_send(t->wake);
     }
@@ -297,11 +340,34 @@ int et_abort(et_thread *t, uint64_t key)
     return 0;
 }
 
+int et_pause(et_thread *t, int pause)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    c->kind = ET_PAUSE;
+    c->pause = pause;
+    push_cmd(t, c);
+    return 0;
+}
+
+int et_flush_cache(et_thread *t, uint64_t key)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    c->kind = ET_FLUSH;
+    c->key = key;
+    push_cmd(t, c);
+    return 0;
+}
+
 et_done *et_take(et_thread *t, eng_stats *stats)
 {
     pthread_mutex_lock(&t->mu);
     et_done *d = t->done;
     t->done = t->done_tail = NULL;
+    t->n_partial = 0;
     if (stats)
         *stats = t->stats;
     pthread_mutex_unlock(&t->mu);

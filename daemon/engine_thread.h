@@ -16,7 +16,7 @@
 #include "engine/engine.h"
 #include "engine/update.h"
 
-typedef enum { ET_ADD, ET_ABORT, ET_SWAP } et_kind;
+typedef enum { ET_ADD, ET_ABORT, ET_SWAP, ET_PAUSE, ET_FLUSH } et_kind;
 
 /* A weight swap the engine thread performs at a step boundary (PROTOCOL.md §10.6). */
 typedef struct {
@@ -42,12 +42,16 @@ typedef struct et_cmd {
     uint64_t key;               /* daemon request key (the engine tag) */
     eng_request req;            /* ET_ADD; prompt and stop_ids are owned (freed after eng_add) */
     et_swap swap;               /* ET_SWAP */
+    int pause;                  /* ET_PAUSE: 1 freeze every sequence, 0 go on */
 } et_cmd;
 
-/* A finished sample with the engine thread's timestamps. */
+/* A finished sample with the engine thread's timestamps; or the progress of
+ * a streaming one (r.partial); or (flush set) a prefix-cache flush done. */
 typedef struct et_done {
     struct et_done *next;
     eng_result r;               /* r.tag = key */
+    int flush;                  /* 1: the answer to et_flush_cache(key); only r.tag is set */
+    int32_t n_flushed;          /* flush: prefix-cache entries dropped */
     uint64_t t_added_us;        /* monotonic µs when eng_add took the request */
     uint64_t t_finish_us;       /* when the step that finished it ended */
 } et_done;
@@ -69,6 +73,7 @@ typedef struct {
     et_done *done, *done_tail;  /* engine -> loop */
     eng_stats stats;            /* latest snapshot */
     uint32_t n_cmds;            /* commands not yet taken by the engine */
+    int32_t n_partial;          /* progress results in done (the loop has not taken them yet) */
     int stop;
     int started;
     int swapped_ready;          /* swapped holds a finished swap for the loop */
@@ -85,6 +90,11 @@ void et_stop(et_thread *t);
 /* Queue commands (loop thread). et_add copies the prompt and stop ids. */
 int et_add(et_thread *t, uint64_t key, const eng_request *r);
 int et_abort(et_thread *t, uint64_t key);
+/* Freezes (1) or unfreezes (0) every sequence at the next step boundary (eng_pause). */
+int et_pause(et_thread *t, int pause);
+/* Flushes the prefix cache between steps; the answer comes back through
+ * et_take as an et_done with flush set and r.tag = key. */
+int et_flush_cache(et_thread *t, uint64_t key);
 /* Hands a built patch to the engine thread; it swaps at the next step
  * boundary (continue, abort) or once started work has finished (drain), then
  * wakes the loop (et_take_swapped). The patch is the thread's from here on. */
@@ -93,7 +103,10 @@ int et_swap_weights(et_thread *t, model *m, upd_patch *patch, uint64_t version, 
 int et_take_swapped(et_thread *t, et_swapped *out);
 
 /* Takes every finished sample (a list the caller frees with et_done_free) and
- * copies the latest stats. */
+ * copies the latest stats. Progress of streaming requests comes in the same
+ * list, before its sample's final result: at most one batch per step, and
+ * none while the last batch is still untaken (what the engine samples
+ * meanwhile comes with the next one), so a slow loop gets fewer, larger ones. */
 et_done *et_take(et_thread *t, eng_stats *stats);
 void et_done_free(et_done *d);
 

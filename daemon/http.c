@@ -48,6 +48,7 @@ struct http_res {
     size_t used;                /* arena bytes */
     char *body;                 /* malloc'd, NUL-terminated; NULL when none */
     size_t body_len, body_cap;  /* bytes */
+    struct http_server *srv;    /* whose body budget body_cap is charged to */
     char arena[HTTP_MAX_HEADER_BYTES]; /* target, then NUL-terminated names and values */
 };
 
@@ -192,6 +193,8 @@ static void res_unref(http_res *h)
 {
     if (--h->refs > 0)
         return;
+    if (h->srv)
+        h->srv->body_bytes -= h->body_cap;
     free(h->body);
     free(h);
 }
@@ -419,6 +422,11 @@ static void conn_fail(http_conn *c)
         snprintf(detail, sizeof detail, "expected Authorization: Bearer <key> (the body was not read)");
         extra = "WWW-Authenticate: Bearer\r\n";
         break;
+    case 503:
+        what = "busy";
+        snprintf(detail, sizeof detail, "the server holds %zu bytes of request bodies (max_http_inflight_body_bytes "
+                 "= %zu); retry later", c->srv->body_bytes, c->srv->cfg.max_inflight_body_bytes);
+        break;
     case 413:
         what = "payload too large";
         snprintf(detail, sizeof detail, "the request body is over max_http_body_bytes = %zu bytes",
@@ -471,6 +479,7 @@ static int on_message_begin(llhttp_t *p)
         return -1;
     }
     h->conn = c;
+    h->srv = c->srv;
     h->refs = 1;
     c->cur = h;
     c->head_raw = 0;
@@ -551,6 +560,23 @@ static int on_header_value_complete(llhttp_t *p)
     return 0;
 }
 
+/* 1 when growing h's body buffer to cap bytes would take the server's bodies
+ * past max_inflight_body_bytes (counted as the refusal). */
+static int over_budget(http_server *s, const http_res *h, size_t cap)
+{
+    size_t budget = s->cfg.max_inflight_body_bytes;
+    if (!budget || s->body_bytes - h->body_cap + cap <= budget)
+        return 0;
+    s->n_body_refused++;
+    return 1;
+}
+
+static void body_charge(http_server *s, http_res *h, size_t cap)
+{
+    s->body_bytes = s->body_bytes - h->body_cap + cap;
+    h->body_cap = cap;
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     http_conn *c = p->data;
@@ -578,12 +604,16 @@ static int on_headers_complete(llhttp_t *p)
             }
         }
         if (!chunked) {
+            if (over_budget(s, h, (size_t)p->content_length + 1)) {
+                c->fail = 503;
+                return -1;
+            }
             h->body = malloc((size_t)p->content_length + 1);
             if (!h->body) {
                 c->fail = 500;
                 return -1;
             }
-            h->body_cap = (size_t)p->content_length + 1;
+            body_charge(s, h, (size_t)p->content_length + 1);
         }
         /* The client waits for this before sending the body (curl does for large bodies). */
         const char *expect = find_header(h, "Expect");
@@ -610,13 +640,17 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
             cap *= 2;
         if (cap > c->srv->cfg.max_body_bytes + 1)
             cap = c->srv->cfg.max_body_bytes + 1;
+        if (over_budget(c->srv, h, cap)) {
+            c->fail = 503;
+            return -1;
+        }
         char *b = realloc(h->body, cap);
         if (!b) {
             c->fail = 500;
             return -1;
         }
         h->body = b;
-        h->body_cap = cap;
+        body_charge(c->srv, h, cap);
     }
     memcpy(h->body + h->body_len, at, len);
     h->body_len += len;
@@ -1202,6 +1236,9 @@ int http_start(http_server *s, uv_loop_t *loop, const http_config *cfg, const ht
         memcpy(s->key, cfg->api_key, s->key_len + 1);
     }
     s->cfg.api_key = s->key;
+    /* One body of the largest size must always fit (its buffer holds a NUL too). */
+    if (s->cfg.max_inflight_body_bytes && s->cfg.max_inflight_body_bytes < s->cfg.max_body_bytes + 1)
+        s->cfg.max_inflight_body_bytes = s->cfg.max_body_bytes + 1;
     if (cfg->max_conns < 1 || cfg->header_timeout_ms == 0 || cfg->idle_timeout_ms == 0 || cfg->stream_queue_bytes == 0)
         return rd_fail(RD_EINVAL, "http: max_conns, the timeouts and the stream queue bound must be positive");
     /* HOST:PORT with a numeric host; IPv6 as [::1]:PORT or bare. */

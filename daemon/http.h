@@ -19,7 +19,12 @@
  * fields. Body (Content-Length or chunked, llhttp decodes the chunks):
  * max_body_bytes; a declared Content-Length over it is answered 413 as soon as
  * the headers are in, without reading the body; a chunked body that grows past
- * it gets 413. Anything llhttp refuses gets 400. Every error answer carries
+ * it gets 413. Bodies are also bounded together: every request body buffer
+ * (being read, or held by a route until it finishes the handle) counts toward
+ * max_inflight_body_bytes, and a request whose body would take the total past
+ * it is answered 503 at once (declared Content-Length: before its body is
+ * read; chunked: when it grows past), so many connections sending bodies at
+ * once cannot make the server hold more. Anything llhttp refuses gets 400. Every error answer carries
  * Connection: close. After any answer that closes the connection the write
  * side is shut down and the rest of the input is read and dropped for up to
  * HTTP_LINGER_MS, so the client sees the answer instead of a reset.
@@ -136,6 +141,8 @@ typedef struct {
     const char *listen;         /* HOST:PORT, HOST a numeric IPv4 or IPv6 address ([::1]:7071); port 0 = any */
     int max_conns;              /* open connections */
     size_t max_body_bytes;      /* decoded request body, bytes */
+    size_t max_inflight_body_bytes; /* request bodies held at once over all connections, bytes (read or
+                                   held by a route); 0 = no bound; at least max_body_bytes */
     uint64_t header_timeout_ms; /* request line + headers; also the longest body stall */
     uint64_t idle_timeout_ms;   /* keep-alive wait for the next request */
     size_t stream_queue_bytes;  /* bytes queued to one client before its stream is cut */
@@ -160,6 +167,8 @@ typedef struct http_server {
     uint64_t n_requests;        /* requests parsed and routed */
     uint64_t n_evicted;         /* connections closed to admit a new one */
     uint64_t n_timeouts;        /* connections closed by the header or body timeout */
+    size_t body_bytes;          /* request body buffers allocated now, bytes (max_inflight_body_bytes) */
+    uint64_t n_body_refused;    /* requests answered 503 because the body budget was spent */
     char rbuf[HTTP_READ_BYTES]; /* every read lands here (the loop runs one read at a time) */
 } http_server;
 

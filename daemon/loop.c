@@ -131,10 +131,15 @@ static void take_results(rd_daemon *d)
     int any = 0;
     for (et_done *e = list, *nx; e; e = nx) {
         nx = e->next;
-        if (e->r.tag & API_KEY_BIT) {
-            /* An HTTP call's sample (its own key space, api.h). */
+        if (e->flush) {
+            if (d->api)
+                api_on_flushed(d->api, e->r.tag, e->n_flushed);
+        } else if (e->r.tag & API_KEY_BIT) {
+            /* An HTTP call's sample or its progress (its own key space, api.h). */
             if (d->api)
                 api_on_result(d->api, &e->r);
+        } else if (e->r.partial) {
+            /* NNG requests never ask for progress; nothing to deliver. */
         } else if (cl_finish(&d->clients, &e->r, d->weight_version, e->t_added_us, e->t_finish_us))
             any = 1;
         et_done_free(e);
@@ -647,6 +652,8 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->http_requests = d->http.n_requests;
     s->http_evicted = d->http.n_evicted;
     s->http_timed_out = d->http.n_timeouts;
+    s->http_body_bytes = d->http.body_bytes;
+    s->http_body_refused = d->http.n_body_refused;
 }
 
 char *loop_status_json(void *ud)
@@ -722,6 +729,7 @@ int loop_http_start(rd_daemon *d)
         .listen = d->cfg.http_listen,
         .max_conns = (int)d->cfg.http_max_connections,
         .max_body_bytes = (size_t)d->cfg.max_http_body_bytes,
+        .max_inflight_body_bytes = (size_t)d->cfg.max_http_inflight_body_bytes,
         .header_timeout_ms = (uint64_t)d->cfg.http_header_timeout_ms,
         .idle_timeout_ms = (uint64_t)d->cfg.http_idle_timeout_ms,
         .stream_queue_bytes = (size_t)d->cfg.http_stream_queue_bytes,
@@ -824,6 +832,8 @@ void loop_on_signal(uv_signal_t *s, int signum)
     log_line("signal %d: draining (no new submits; %lld s for running requests, then abort)", signum,
              (long long)d->cfg.drain_s);
     d->state = D_DRAINING;
+    if (d->api)
+        api_drain(d->api);
     uv_timer_stop(&d->tick);
     uv_timer_start(&d->drain_timer, on_drain, (uint64_t)d->cfg.drain_s * 1000u, 0);
     maybe_exit(d);

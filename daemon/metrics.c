@@ -64,10 +64,12 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(tk, "prompt_total", (double)s->eng.prompt_tokens);
     cJSON_AddNumberToObject(tk, "generated_total", (double)s->eng.generated_tokens);
     cJSON_AddNumberToObject(tk, "preemptions_total", (double)s->eng.preemptions);
+    cJSON_AddBoolToObject(o, "generation_paused", s->eng.paused); /* a "keep" pause froze every sequence */
     cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache");
     cJSON_AddNumberToObject(kv, "block_size", s->block_size);
     cJSON_AddNumberToObject(kv, "blocks_total", s->eng.kv_blocks_total);
     cJSON_AddNumberToObject(kv, "blocks_used", s->eng.kv_blocks_used);
+    cJSON_AddNumberToObject(kv, "blocks_cached", s->eng.kv_blocks_cached);
     cJSON_AddNumberToObject(kv, "usage", usage(s));
     cJSON_AddNumberToObject(kv, "peak_blocks", s->eng.kv_peak_blocks);
     cJSON_AddNumberToObject(kv, "bytes", (double)s->kv_bytes);
@@ -123,6 +125,8 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddNumberToObject(h, "requests", (double)s->http_requests);
         cJSON_AddNumberToObject(h, "evicted", (double)s->http_evicted);
         cJSON_AddNumberToObject(h, "timed_out", (double)s->http_timed_out);
+        cJSON_AddNumberToObject(h, "body_bytes", (double)s->http_body_bytes);
+        cJSON_AddNumberToObject(h, "body_refused", (double)s->http_body_refused);
     }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -74,6 +74,8 @@ typedef struct {
     uint64_t http_requests;     /* requests routed since start */
     uint64_t http_evicted;      /* connections closed to admit new ones at http_max_connections */
     uint64_t http_timed_out;    /* connections closed by the header or body timeout */
+    uint64_t http_body_bytes;   /* request bodies held now, bytes */
+    uint64_t http_body_refused; /* requests refused (503) at max_http_inflight_body_bytes */
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */

@@ -32,6 +32,7 @@ struct engine {
     int32_t eot;                /* the chat format's end-of-turn id when it is not eos, else -1 */
     int64_t next_id;
     uint64_t version;           /* weight version new tokens are sampled under */
+    int paused;                 /* eng_pause: nothing is scheduled */
     seq_list done;              /* finished samples not yet collected */
     eng_stats st;
     /* per-step scratch (host) */
@@ -227,6 +228,7 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     q->tag = r->tag;
     q->n = r->n;
     q->max_tokens = r->max_tokens;
+    q->stream = r->stream != 0;
     q->sp = r->sp;
     q->n_prompt = r->n_prompt;
     q->n_stop = r->n_stop;
@@ -443,6 +445,8 @@ static int draw_tokens(engine *e, int32_t n)
 
 int eng_step(engine *e)
 {
+    if (e->paused)
+        return 0;
     int32_t n_sched = sched_step(&e->sched, e->version);
     seq **batch = e->sched.batch;
     if (n_sched == 0)
@@ -554,6 +558,9 @@ int eng_abort(engine *e, int64_t id)
 /* ---- weight updates ---- */
 
 void eng_set_version(engine *e, uint64_t version) { e->version = version; }
+void eng_pause(engine *e, int pause) { e->paused = pause != 0; }
+int eng_paused(const engine *e) { return e->paused; }
+int32_t eng_flush_cache(engine *e) { return kv_prefix_flush(e->kv); }
 uint64_t eng_version(const engine *e) { return e->version; }
 void eng_hold_new(engine *e, int hold) { e->sched.hold_new = hold != 0; }
 
@@ -642,6 +649,68 @@ int eng_collect(engine *e, eng_result *out, int max)
     return n;
 }
 
+/* Copies generated tokens [from, to) of s (ids, log-probs, alternatives)
+ * into a zeroed r; 0 or RD_ENOMEM (r then holds what was allocated). */
+static int copy_tokens(const seq *s, int32_t from, int32_t to, eng_result *r)
+{
+    const seq_req *q = s->req;
+    int32_t g = to - from, k = q->sp.logprobs_topk;
+    r->n_tokens = g;
+    r->token_ids = malloc(sizeof(int32_t) * (size_t)(g + 1));
+    r->logprobs = malloc(sizeof(float) * (size_t)(g + 1));
+    if (!r->token_ids || !r->logprobs)
+        return RD_ENOMEM;
+    memcpy(r->token_ids, s->tokens + q->n_prompt + from, sizeof(int32_t) * (size_t)g);
+    memcpy(r->logprobs, s->logprobs + from, sizeof(float) * (size_t)g);
+    if (s->logprobs_proc) {
+        if (!(r->logprobs_proc = malloc(sizeof(float) * (size_t)(g + 1))))
+            return RD_ENOMEM;
+        memcpy(r->logprobs_proc, s->logprobs_proc + from, sizeof(float) * (size_t)g);
+    }
+    if (k > 0 && s->top_ids) {
+        r->n_top = k;
+        r->top_ids = malloc(sizeof(int32_t) * ((size_t)g * k + 1));
+        r->top_logprobs = malloc(sizeof(float) * ((size_t)g * k + 1));
+        if (!r->top_ids || !r->top_logprobs)
+            return RD_ENOMEM;
+        memcpy(r->top_ids, s->top_ids + (size_t)from * k, sizeof(int32_t) * (size_t)g * k);
+        memcpy(r->top_logprobs, s->top_lps + (size_t)from * k, sizeof(float) * (size_t)g * k);
+    }
+    return 0;
+}
+
+int eng_collect_progress(engine *e, eng_result *out, int max)
+{
+    int n = 0;
+    /* Running sequences, and preempted ones (they keep their tokens, and may
+       have sampled some since the last delivery). */
+    seq_list *lists[] = {&e->sched.running, &e->sched.waiting};
+    for (int li = 0; li < 2; li++)
+        for (seq *s = lists[li]->head; s && n < max; s = s->next) {
+            const seq_req *q = s->req;
+            int32_t g = s->n_tokens - q->n_prompt;
+            if (!q->stream || g <= s->n_streamed)
+                continue;
+            eng_result *r = &out[n];
+            memset(r, 0, sizeof *r);
+            if (copy_tokens(s, s->n_streamed, g, r)) {
+                eng_result_free(r); /* out of memory: the tokens come with the final result instead */
+                continue;
+            }
+            r->partial = 1;
+            r->token_offset = s->n_streamed;
+            r->req_id = q->id;
+            r->tag = q->tag;
+            r->sample_idx = s->sample_idx;
+            r->n_prompt = q->n_prompt;
+            r->finish = FINISH_NONE;
+            r->stop_str = -1;
+            s->n_streamed = g;
+            n++;
+        }
+    return n;
+}
+
 void eng_result_free(eng_result *r)
 {
     free(r->prompt_ids);
@@ -666,6 +735,8 @@ void eng_get_stats(const engine *e, eng_stats *s)
     kv_get_stats(e->kv, &ks);
     s->kv_blocks_total = ks.blocks_total;
     s->kv_blocks_used = ks.blocks_used;
+    s->kv_blocks_cached = ks.blocks_cached;
+    s->paused = e->paused;
     s->kv_peak_blocks = ks.peak_used;
     s->kv_waste_at_peak = ks.waste_at_peak;
     s->device_sampling = e->device_sampling;

@@ -43,6 +43,7 @@ typedef struct {
     const char *const *stop_strs; /* [n_stop_strs] UTF-8: a sample stops at the token whose text completes
                                      one (engine/stopstr.h); the token is kept */
     int32_t n_stop_strs;
+    int stream;                 /* 1: eng_collect_progress hands out its samples' new tokens while they run */
     uint64_t tag;               /* caller's id, returned with results */
 } eng_request;
 
@@ -52,8 +53,12 @@ typedef struct {
     uint64_t version;
 } eng_span;
 
-/* One finished sample. Arrays are owned by the result (eng_result_free). */
+/* One finished sample, or (partial set) the progress of a running one.
+ * Arrays are owned by the result (eng_result_free). */
 typedef struct {
+    int partial;                /* 1: eng_collect_progress's tokens [token_offset, token_offset + n_tokens)
+                                   of a sample still running; the finish fields are unset */
+    int32_t token_offset;       /* partial: index of token_ids[0] among the sample's generated tokens */
     int64_t req_id;
     uint64_t tag;
     int32_t sample_idx;
@@ -86,6 +91,8 @@ typedef struct {
     int64_t seqs_total;         /* sum of running sequences over decode steps */
     int32_t running, waiting;   /* sequences now */
     int32_t kv_blocks_total, kv_blocks_used, kv_peak_blocks;
+    int32_t kv_blocks_cached;   /* prefix-cache blocks nobody holds (counted free; eng_flush_cache drops them) */
+    int paused;                 /* eng_pause holds every sequence */
     double kv_waste_at_peak;    /* fraction of slots unused in the used blocks at peak */
     int64_t completed, aborted; /* samples */
     int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache */
@@ -116,6 +123,24 @@ int eng_busy(const engine *e);
 /* Moves up to max finished samples into out; returns how many. */
 int eng_collect(engine *e, eng_result *out, int max);
 void eng_result_free(eng_result *r);
+/* Progress of streaming requests (eng_request.stream): for each of their
+ * samples that sampled tokens since its last delivery, one partial result
+ * with those tokens (ids, log-probs, alternatives), up to max; returns how
+ * many. Called once per step, it batches what each step added; a sample's
+ * final eng_collect result still holds all its tokens. Requests that did not
+ * ask for it cost nothing here and are never touched. */
+int eng_collect_progress(engine *e, eng_result *out, int max);
+/* Forgets every prefix-cache entry: cached blocks nobody holds become plain
+ * free blocks, and blocks in use are unpublished (their sequences keep their
+ * KV; nothing computed before the flush is reused after it). Returns the
+ * blocks unpublished. */
+int32_t eng_flush_cache(engine *e);
+/* Pause (1) freezes every sequence where it is, KV kept: eng_step schedules
+ * nothing until eng_pause(e, 0). Requests are still added, aborted and
+ * collected, and weights may be swapped in between (the frozen sequences
+ * then go on under the new version, on their old KV). */
+void eng_pause(engine *e, int pause);
+int eng_paused(const engine *e);
 /* Aborts a request: its samples finish with FINISH_ABORT and what they had
  * generated. RD_ENOENT if unknown or already finished. */
 int eng_abort(engine *e, int64_t id);

@@ -393,3 +393,23 @@ void kv_prefix_free(kv_prefix *h)
     free(h->hashes);
     *h = (kv_prefix){0};
 }
+
+int32_t kv_prefix_flush(kv_pool *p)
+{
+    int32_t n = 0;
+    /* Unused cached blocks: off the LRU list onto the free stack (n_free
+     * already counts them, so only where they come from changes). */
+    while (p->lru_head >= 0) {
+        int32_t b = p->lru_head;
+        lru_remove(p, b);
+        p->fill[b] = 0;
+        p->free_list[p->n_stack++] = b;
+    }
+    for (int32_t b = 0; b < p->n_blocks; b++)
+        if (p->hash[b]) {
+            p->hash[b] = 0;
+            n++;
+        }
+    memset(p->map_key, 0, sizeof(uint64_t) * p->map_cap);
+    return n;
+}

@@ -91,5 +91,11 @@ int kv_prefix_lookup(kv_pool *p, kv_prefix *h, const int32_t *prompt, int32_t n_
 void kv_prefix_publish(kv_pool *p, const kv_prefix *h, const int32_t *prompt, const kv_table *t,
                        int32_t n_computed, uint64_t salt, int32_t *n_published);
 void kv_prefix_free(kv_prefix *h);
+/* Drops every prefix-cache entry: a cached block nobody holds goes back to
+ * the free stack, a held one stays with its holders but is unpublished (it
+ * becomes free, not cached, when they let go). Requests keep their kv_prefix
+ * hashes, but a later lookup finds nothing until blocks are published again.
+ * Returns the entries dropped. */
+int32_t kv_prefix_flush(kv_pool *p);
 
 #endif

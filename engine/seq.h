@@ -38,6 +38,7 @@ struct seq_req {
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
+    int stream;                 /* eng_collect_progress delivers its samples' tokens as they come */
     kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
 };
 
@@ -66,6 +67,7 @@ typedef struct seq {
     int32_t sched_rows;         /* rows given this step */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     stop_scan scan;             /* the generated text against req->stops */
+    int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */
     struct seq *next;           /* list link (waiting, running or done) */
     struct seq *prev;
 } seq;

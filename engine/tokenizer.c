@@ -1654,17 +1654,49 @@ static void missing_markers(const tok_tokenizer *t, tok_chat_format f, char *msg
             at += (size_t)snprintf(msg + at, cap - at, "%s%s", at ? ", " : "", name[i]);
 }
 
-/* The prompt in format f: a system turn when system is not NULL, the user's
- * turn, and the assistant's turn opened for the model to write. */
-static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn, const char *system,
-                       const char *user, int32_t **ids, size_t *n_ids)
+/* Checks a conversation against what format f can render (tok_chat_msgs). */
+static int check_msgs(tok_chat_format f, const char *fn, const tok_chat_msg *msgs, size_t n)
+{
+    if (n == 0)
+        return rd_fail(RD_EINVAL, "%s: the conversation has no messages", fn);
+    int turn = 0; /* Gemma: turns after the system message, which must alternate user / assistant */
+    for (size_t i = 0; i < n; i++) {
+        const char *r = msgs[i].role, *c = msgs[i].content;
+        if (!r || !c)
+            return rd_fail(RD_EINVAL, "%s: message %zu has a NULL role or content", fn, i);
+        int sys = !strcmp(r, "system"), user = !strcmp(r, "user"), asst = !strcmp(r, "assistant");
+        if (!sys && !user && !asst)
+            return rd_fail(RD_EINVAL, "%s: message %zu has role \"%.40s\"; expected system, user or assistant", fn,
+                           i, r);
+        int rc = check_utf8(sys ? "a system message" : user ? "a user message" : "an assistant message", c,
+                            strlen(c));
+        if (rc)
+            return rc;
+        if (f != TOK_CHAT_GEMMA)
+            continue;
+        /* Hugging Face's Gemma 3 template: one system message, first, that opens the
+           first user turn; then user and model turns alternate from the user's. */
+        if (sys && i != 0)
+            return rd_fail(RD_EINVAL, "%s: message %zu: Gemma's template takes a system message only first", fn, i);
+        if (!sys && (user != (turn % 2 == 0)))
+            return rd_fail(RD_EINVAL, "%s: message %zu: Gemma's template needs user and assistant turns "
+                                      "alternating, starting with the user's (\"%s\" here)", fn, i, r);
+        turn += !sys;
+    }
+    return 0;
+}
+
+/* The prompt in format f: every message's turn in order, then the
+ * assistant's turn opened for the model to write. */
+static int chat_render(const tok_tokenizer *t, tok_chat_format f, const char *fn, const tok_chat_msg *msgs,
+                       size_t n, int32_t **ids, size_t *n_ids)
 {
     if (!ids || !n_ids)
         return rd_fail(RD_EINVAL, "%s: ids and n_ids must not be NULL", fn);
     *ids = NULL;
     *n_ids = 0;
-    if (!t || !user)
-        return rd_fail(RD_EINVAL, "%s: the tokenizer and user must not be NULL", fn);
+    if (!t || (n && !msgs))
+        return rd_fail(RD_EINVAL, "%s: the tokenizer and the messages must not be NULL", fn);
     if (f == TOK_CHAT_NONE) {
         char l3[96], cm[64], gm[64];
         missing_markers(t, TOK_CHAT_LLAMA3, l3, sizeof l3);
@@ -1678,19 +1710,16 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
     if (f == TOK_CHAT_CHATML && (t->im_start < 0 || t->im_end < 0)) /* only tok_chatml asks for it regardless */
         return rd_fail(RD_ENOTSUP, "%s: the vocabulary has no <|im_start|> or <|im_end|> token, "
                                    "so it cannot write a ChatML prompt", fn);
-    int rc;
-    if ((system && (rc = check_utf8("the system message", system, strlen(system)))) ||
-        (rc = check_utf8("the user message", user, strlen(user))))
+    int rc = check_msgs(f, fn, msgs, n);
+    if (rc)
         return rc;
 
     tok_work w;
     id_list out = {0};
     rc = work_init(t, &w);
     if (f == TOK_CHAT_CHATML) {
-        if (!rc && system)
-            rc = chatml_turn(t, &w, "system", system, &out);
-        if (!rc)
-            rc = chatml_turn(t, &w, "user", user, &out);
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = chatml_turn(t, &w, msgs[i].role, msgs[i].content, &out);
         if (!rc)
             rc = ids_push(&out, t->im_start);
         if (!rc)
@@ -1701,8 +1730,11 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
          * assistant's role is "model". */
         if (!rc && t->bos >= 0)
             rc = ids_push(&out, t->bos);
-        if (!rc)
-            rc = gemma_turn(t, &w, "user", system, user, &out);
+        const char *system = n > 0 && !strcmp(msgs[0].role, "system") ? msgs[0].content : NULL;
+        for (size_t i = system ? 1 : 0, first = 1; i < n && !rc; i++, first = 0) {
+            int user = !strcmp(msgs[i].role, "user");
+            rc = gemma_turn(t, &w, user ? "user" : "model", first ? system : NULL, msgs[i].content, &out);
+        }
         if (!rc)
             rc = gemma_turn(t, &w, "model", NULL, NULL, &out);
     } else {
@@ -1710,10 +1742,8 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
          * in Llama 3 files); callers add no other BOS. */
         if (!rc && t->bos >= 0)
             rc = ids_push(&out, t->bos);
-        if (!rc && system)
-            rc = llama3_turn(t, &w, "system", system, &out);
-        if (!rc)
-            rc = llama3_turn(t, &w, "user", user, &out);
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = llama3_turn(t, &w, msgs[i].role, msgs[i].content, &out);
         if (!rc)
             rc = llama3_turn(t, &w, "assistant", NULL, &out);
     }
@@ -1723,6 +1753,26 @@ static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn
     if (rc)
         free(out.v);
     return rc;
+}
+
+/* The one-turn prompt: a system turn when system is not NULL, the user's. */
+static int chat_prompt(const tok_tokenizer *t, tok_chat_format f, const char *fn, const char *system,
+                       const char *user, int32_t **ids, size_t *n_ids)
+{
+    if (!user) {
+        if (ids && n_ids) {
+            *ids = NULL;
+            *n_ids = 0;
+        }
+        return rd_fail(RD_EINVAL, "%s: the tokenizer and user must not be NULL", fn);
+    }
+    tok_chat_msg m[2] = {{"system", system}, {"user", user}};
+    return system ? chat_render(t, f, fn, m, 2, ids, n_ids) : chat_render(t, f, fn, m + 1, 1, ids, n_ids);
+}
+
+int tok_chat_msgs(const tok_tokenizer *t, const tok_chat_msg *msgs, size_t n, int32_t **ids, size_t *n_ids)
+{
+    return chat_render(t, t ? t->chat : TOK_CHAT_NONE, "tok_chat_msgs", msgs, n, ids, n_ids);
 }
 
 int tok_chatml(const tok_tokenizer *t, const char *system, const char *user, int32_t **ids, size_t *n_ids)

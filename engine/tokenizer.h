@@ -138,6 +138,28 @@ int32_t tok_eot(const tok_tokenizer *t);
  * TOK_CHAT_NONE, naming the markers the vocabulary lacks. */
 int tok_chat(const tok_tokenizer *t, const char *system, const char *user, int32_t **ids, size_t *n_ids);
 
+/* One message of a conversation: role "system", "user" or "assistant". */
+typedef struct {
+    const char *role;
+    const char *content;        /* UTF-8 */
+} tok_chat_msg;
+
+/* A whole conversation in the vocabulary's chat format (several turns, as
+ * Hugging Face's templates render them), ending with the assistant's turn
+ * opened. Each message is one turn, in order, as tok_chat writes its turns:
+ *   ChatML:  "<|im_start|>{role}\n{content}<|im_end|>\n" each, any roles in any order;
+ *   Llama 3: {bos}, then "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>" each;
+ *   Gemma:   {bos}, then "<start_of_turn>{user|model}\n{content}<end_of_turn>\n" each, the
+ *            assistant's role written "model"; a system message may only come first
+ *            and opens the first user turn ("{system}\n\n{content}"); the turns after
+ *            it alternate user / assistant from the user's (Hugging Face's Gemma 3
+ *            template raises otherwise): RD_EINVAL naming the message.
+ * No default system message (SmolLM2's template writes one when the first
+ * message is not a system one), no trimming (Llama 3's and Gemma's templates
+ * trim contents), contents never parsed for control tokens. RD_EINVAL for an
+ * empty conversation or another role; RD_ENOTSUP as tok_chat. */
+int tok_chat_msgs(const tok_tokenizer *t, const tok_chat_msg *msgs, size_t n, int32_t **ids, size_t *n_ids);
+
 /* The ChatML prompt whatever tok_chat_kind says (see tok_chat); RD_ENOTSUP if
  * the vocab lacks <|im_start|> or <|im_end|>. Callers want tok_chat. */
 int tok_chatml(const tok_tokenizer *t, const char *system, const char *user,

@@ -33,6 +33,7 @@ import openai  # noqa: E402
 
 KEY = "api-test-key_0123456789"
 D = None
+D_KEYFILE = []
 
 
 def daemon():
@@ -42,6 +43,7 @@ def daemon():
         with open(kf, "w") as f:
             f.write(KEY + "\n")
         os.chmod(kf, 0o600)
+        D_KEYFILE.append(kf)
         D = Daemon("--api-key-file", kf)
     return D
 
@@ -94,7 +96,7 @@ def text_is_valid_utf8_whatever_the_tokens():
     rng = random.Random(5)
     ids = [[rng.randrange(100, 40000) for _ in range(16)] for _ in range(8)]
     st, out = post("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": 48, "temperature": 2.0, "n": 8, "seed": 3, "ignore_eos": True}}, timeout=300)
+        "max_new_tokens": 48, "temperature": 2.0, "n": 8, "seed": 3, "ignore_eos": True}}, timeout=900)
     assert st == 200, out
     llm = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
     invalid = checked = 0
@@ -150,7 +152,10 @@ def openai_completions_token_prompt_and_batch():
 def openai_completions_stream_with_usage():
     chunks = list(oai().completions.create(model="m", prompt="Once upon a time", max_tokens=5, n=2, seed=3,
                                            stream=True, stream_options={"include_usage": True}))
-    texts = {ch.choices[0].index: ch.choices[0].text for ch in chunks if ch.choices}
+    texts = {}
+    for ch in chunks:
+        if ch.choices:  # deltas: each choice's text is the concatenation of its chunks
+            texts[ch.choices[0].index] = texts.get(ch.choices[0].index, "") + ch.choices[0].text
     assert set(texts) == {0, 1}, chunks
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 2, chunks[-1]
     whole = oai().completions.create(model="m", prompt="Once upon a time", max_tokens=5, n=2, seed=3)
@@ -175,15 +180,203 @@ def openai_chat_stream_and_not():
     text = "".join(x.choices[0].delta.content or "" for x in stream if x.choices)
     assert text == ch.message.content, (text, ch.message.content)
     assert stream[-1].choices[0].finish_reason in ("stop", "length")
-    # What the chat helper cannot render is refused by name.
+    # What the chat format cannot render is refused by name.
     try:
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"},
-                                                        {"role": "assistant", "content": "b"},
-                                                        {"role": "user", "content": "c"}])
-        raise AssertionError("a multi-turn conversation must be refused")
+                                                        {"role": "tool", "content": "b"}])
+        raise AssertionError("a tool message must be refused")
     except openai.BadRequestError as e:
-        assert "messages" in e.body["message"] and e.status_code == 400, e.body
+        assert "messages" in e.body["message"] and "tool" in e.body["message"] and e.status_code == 400, e.body
 
+
+@case
+def openai_streams_token_by_token():
+    """Progress streams while the samples run: many content chunks before the last, whose deltas add up to
+    the answer without streaming (same seed), token ids and log-probs included; the usage chunk ends it."""
+    c = oai()
+    kw = dict(model="m", max_tokens=32, temperature=0.8, seed=11, extra_body={"return_token_ids": True,
+                                                                             "ignore_eos": True})
+    for kind in ("completions", "chat"):
+        if kind == "chat":
+            msgs = [{"role": "system", "content": "You are a storyteller."},
+                    {"role": "user", "content": "Tell me a story about a cat."}]
+            whole = c.chat.completions.create(messages=msgs, logprobs=True, **kw)
+            chunks = list(c.chat.completions.create(messages=msgs, logprobs=True, stream=True,
+                                                    stream_options={"include_usage": True}, **kw))
+            texts = [x.choices[0].delta.content for x in chunks if x.choices]
+            want_text = whole.choices[0].message.content
+            lps = [t.logprob for x in chunks if x.choices and x.choices[0].logprobs
+                   for t in x.choices[0].logprobs.content]
+            want_lps = [t.logprob for t in whole.choices[0].logprobs.content]
+        else:
+            whole = c.completions.create(prompt="Once upon a time", logprobs=0, **kw)
+            chunks = list(c.completions.create(prompt="Once upon a time", logprobs=0, stream=True,
+                                               stream_options={"include_usage": True}, **kw))
+            texts = [x.choices[0].text for x in chunks if x.choices]
+            want_text = whole.choices[0].text
+            lps = [v for x in chunks if x.choices and x.choices[0].logprobs
+                   for v in x.choices[0].logprobs.token_logprobs]
+            want_lps = whole.choices[0].logprobs.token_logprobs
+        body = [x for x in chunks if x.choices]
+        content = [t for t in texts if t]
+        assert len(content) > 4, f"{kind}: only {len(content)} content chunks for 32 tokens: {texts}"
+        assert all(x.choices[0].finish_reason is None for x in body[:-1]), kind
+        assert body[-1].choices[0].finish_reason == "length", body[-1]
+        assert "".join(t or "" for t in texts) == want_text, (kind, texts, want_text)
+        ids = [t for x in body for t in (x.choices[0].model_dump().get("token_ids") or [])]
+        assert ids == whole.choices[0].model_dump()["token_ids"] and len(ids) == 32, (kind, ids)
+        assert lps == want_lps, kind
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 32, chunks[-1]
+        print(f"  {kind}: {len(body)} chunks, {len(content)} with content, for 32 tokens", flush=True)
+    # The first content chunk comes while the sample still runs (progress, not a finished sample cut up).
+    stream = c.completions.create(model="m", prompt="Once upon a time", max_tokens=200, temperature=0.8, seed=1,
+                                  stream=True, extra_body={"ignore_eos": True})
+    for x in stream:
+        if x.choices and x.choices[0].text:
+            st = get("/status")[1]
+            assert st["requests"]["running"] == 1, st["requests"]
+            break
+    stream.close()  # the client leaves: its request is aborted
+    kv_settles()
+
+
+def _sse(body, path="/generate"):
+    """The events of a streamed POST, as parsed JSON (without [DONE])."""
+    d = daemon()
+    c = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=60)
+    c.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {KEY}",
+                                                            "Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.read()
+    out = []
+    for line in r:
+        line = line.strip()
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            out.append(json.loads(line[6:]))
+    c.close()
+    return out
+
+
+@case
+def generate_streams_cumulative_and_holds_back_stop_prefixes():
+    # SGLang's form: every event carries the text, ids and log-probs so far; the last one the finish reason.
+    body = {"input_ids": PROMPT, "return_logprob": True, "stream": True,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+    ev = _sse(body)
+    st, whole = post("/generate", {**body, "stream": False})
+    assert len(ev) > 4, f"only {len(ev)} events for 24 tokens"
+    assert all(e["meta_info"]["finish_reason"] is None for e in ev[:-1])
+    assert ev[-1]["output_ids"] == whole["output_ids"] and ev[-1]["text"] == whole["text"]
+    assert ev[-1]["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+    for a, b in zip(ev, ev[1:]):
+        assert b["text"].startswith(a["text"]) and b["output_ids"][:len(a["output_ids"])] == a["output_ids"]
+    # A stop string: no event shows text past the cut, though the tokens that might begin it were sampled.
+    full = whole["text"]
+    stop = full[len(full) // 2: len(full) // 2 + 6]
+    assert len(stop) == 6 and full.count(stop) == 1, full
+    cut = full.index(stop)
+    ev = _sse({**body, "sampling_params": {**body["sampling_params"], "stop": [stop]}})
+    assert ev[-1]["text"] == full[:cut] and ev[-1]["meta_info"]["finish_reason"]["matched"] == stop, ev[-1]
+    assert all(full[:cut].startswith(e["text"]) for e in ev), [e["text"] for e in ev]
+    # OpenAI deltas with the same stop add up to the cut text.
+    chunks = list(oai().completions.create(model="m", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
+                                           stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(x.choices[0].text for x in chunks if x.choices) == full[:cut]
+    kv_settles()
+
+
+@case
+def flush_cache_drops_the_prefix_cache():
+    long_prompt = PROMPT * 8  # 56 tokens: 3 full blocks of 16 cached after it ran
+    p = {"input_ids": long_prompt, "return_logprob": True, "sampling_params": {"max_new_tokens": 5,
+                                                                               "temperature": 0}}
+    st, first = post("/generate", p)
+    s = kv_settles()
+    assert s["kv_cache"]["blocks_cached"] >= 3, s["kv_cache"]
+    st, hit = post("/generate", p)
+    s2 = kv_settles()
+    assert s2["kv_cache"]["prefix_cache_hit_tokens"] > s["kv_cache"]["prefix_cache_hit_tokens"]
+    st, r = post("/flush_cache", {})
+    assert st == 200 and r["success"] is True and r["flushed_blocks"] >= 3, r
+    s3 = get("/status")[1]
+    assert s3["kv_cache"]["blocks_cached"] == 0 and s3["kv_cache"]["blocks_used"] == 0, s3["kv_cache"]
+    st, after = post("/generate", p)
+    s4 = kv_settles()
+    assert s4["kv_cache"]["prefix_cache_hit_tokens"] == s3["kv_cache"]["prefix_cache_hit_tokens"], "no hit"
+    for o in (hit, after):
+        assert o["output_ids"] == first["output_ids"]
+        assert o["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]
+
+
+
+CONVERSATION = [{"role": "system", "content": "You are a patient math tutor."},
+                {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "2+2 is 4."},
+                {"role": "user", "content": "And times 3? Explain step by step."}]
+
+
+def _llama_template(name, msgs):
+    """llama.cpp's built-in chat template `name` applied to msgs (generation prompt added)."""
+    import ctypes
+    import llama_cpp
+    arr = (llama_cpp.llama_chat_message * len(msgs))(
+        *[llama_cpp.llama_chat_message(role=m["role"].encode(), content=m["content"].encode()) for m in msgs])
+    buf = ctypes.create_string_buffer(16384)
+    n = llama_cpp.llama_chat_apply_template(name, arr, len(msgs), True, buf, 16384)
+    assert 0 < n < 16384, n
+    return buf.raw[:n].decode()
+
+
+def _chat_prompt_ids(port, msgs):
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=1, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    return r.model_dump()["prompt_token_ids"]
+
+
+@case
+def multi_turn_chat_matches_the_templates():
+    """A conversation of several turns is rendered by the model's chat format: for SmolLM2 (ChatML) the ids
+    are llama.cpp's tokenization of the GGUF's own Jinja template rendered (and of llama.cpp's built-in
+    chatml); for Gemma 3 of llama.cpp's built-in gemma template after the BOS (no template in that file)."""
+    import gguf
+    import jinja2.sandbox
+    import llama_cpp
+    r = gguf.GGUFReader(MODEL)
+    f = r.fields["tokenizer.chat_template"]
+    tmpl = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        bytes(f.parts[f.data[0]]).decode())
+    text = tmpl.render(messages=CONVERSATION, add_generation_prompt=True)
+    assert text == _llama_template(b"chatml", CONVERSATION), text
+    llm = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
+    want = llm.tokenize(text.encode(), add_bos=False, special=True)
+    got = _chat_prompt_ids(daemon().http_port, CONVERSATION)
+    assert got == want, f"\n  ours      {got}\n  llama.cpp {want}"
+    # developer is OpenAI's newer name for system; text parts are joined.
+    dev = [{"role": "developer", "content": [{"type": "text", "text": "You are a patient "},
+                                             {"type": "text", "text": "math tutor."}]}] + CONVERSATION[1:]
+    assert _chat_prompt_ids(daemon().http_port, dev) == want
+    gemma = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+    if not os.path.exists(gemma):
+        print("  (Gemma 3 not found: its half skipped)")
+        return
+    g = Daemon("--api-key-file", D_KEYFILE[0], model=gemma)
+    try:
+        ref = llama_cpp.Llama(model_path=gemma, vocab_only=True, verbose=False)
+        text = "<bos>" + _llama_template(b"gemma", CONVERSATION)
+        want = ref.tokenize(text.encode(), add_bos=False, special=True)
+        got = _chat_prompt_ids(g.http_port, CONVERSATION)
+        assert got == want, f"\n  ours      {got}\n  llama.cpp {want}"
+        # Hugging Face's Gemma template: user and model turns alternate; anything else is refused by name.
+        bad = CONVERSATION[:2] + [{"role": "user", "content": "again"}]
+        try:
+            _chat_prompt_ids(g.http_port, bad)
+            raise AssertionError("two user turns in a row must be refused for Gemma")
+        except openai.BadRequestError as ex:
+            assert "alternating" in ex.body["message"] and "messages" in ex.body["message"], ex.body
+    finally:
+        g.proc.send_signal(signal.SIGTERM)
+        assert g.proc.wait(60) == 0, g.tail()
 
 @case
 def openai_models_and_auth():
@@ -443,7 +636,6 @@ def model_info_health_generate_flush():
     assert st == 200 and mi["is_generation"] is True and mi["model_path"].endswith(".gguf"), mi
     assert mi["weight_version"] == "0"
     assert get("/health_generate") == (200, {"status": "ok"})
-    assert post("/flush_cache", {})[0] == 501
 
 
 @case
@@ -464,20 +656,58 @@ def update_weights_from_disk():
     assert after["meta_info"]["version_spans"] == [[0, 6, v + 1]], after["meta_info"]
 
 
+# After the cases that expect weight version 0: it swaps in version + 1.
+@case
+def pause_keep_freezes_and_continue_resumes():
+    res = {}
+    t = threading.Thread(target=_long_generate, args=(res, "frozen"))
+    t.start()
+    _wait_running()
+    time.sleep(0.3)
+    assert post("/pause_generation", {"mode": "keep"}) == (200, {"success": True})
+    time.sleep(0.2)  # the step in flight ends
+    s0 = get("/status")[1]
+    assert s0["generation_paused"] is True and s0["requests"]["running"] == 1, s0
+    g0 = s0["tokens"]["generated_total"]
+    time.sleep(1.0)
+    s1 = get("/status")[1]
+    assert s1["tokens"]["generated_total"] == g0, "a frozen sequence made tokens"
+    assert s1["kv_cache"]["blocks_used"] > 0 and "out" not in res, "it keeps its KV and is not answered"
+    # A weight update swaps in between: the sequence goes on under the new version.
+    v = int(get("/get_model_info")[1]["weight_version"])
+    st, r = post("/update_weights_from_disk", {"model_path": MODEL, "weight_version": str(v + 1)}, timeout=120)
+    assert st == 200 and r["success"] is True, r
+    assert get("/status")[1]["tokens"]["generated_total"] == g0
+    assert post("/continue_generation", {})[0] == 200
+    t.join(60)
+    st, o = res["out"]
+    assert st == 200 and o["meta_info"]["finish_reason"]["type"] == "length" and len(o["output_ids"]) == 250, o
+    spans = o["meta_info"]["version_spans"]
+    assert len(spans) == 2 and spans[0][2] == v and spans[1][2] == v + 1 and spans[1][1] == 250, spans
+    assert get("/status")[1]["generation_paused"] is False
+    kv_settles()
+
+
 @case
 def sigterm_exits_zero():
     d = daemon()
-    # One request still running at SIGTERM: the drain aborts it, it is answered, the daemon exits 0.
+    # One request still running at SIGTERM, frozen by a keep pause: the drain unfreezes it (it samples on),
+    # then aborts it; it is answered, the daemon exits 0.
     res = {}
+    g_before = get("/status")[1]["tokens"]["generated_total"]
     t = threading.Thread(target=lambda: res.update(r=post("/generate", {
         "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 250, "ignore_eos": True}})))
     t.start()
     _wait_running()
+    assert post("/pause_generation", {"mode": "keep"})[0] == 200
+    time.sleep(0.3)
+    frozen = get("/status")[1]["tokens"]["generated_total"] - g_before
     d.proc.send_signal(signal.SIGTERM)
     t.join(30)
     rc = d.proc.wait(timeout=60)
     assert rc == 0, (rc, d.tail())
     assert res["r"][0] == 200 and res["r"][1]["meta_info"]["finish_reason"]["type"] in ("abort", "length"), res
+    assert len(res["r"][1]["output_ids"]) > frozen, (frozen, len(res["r"][1]["output_ids"]))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ HEADER_TIMEOUT_MS = 3000
 IDLE_TIMEOUT_MS = 2000
 MAX_BODY = 1 << 20
 MAX_CONNS = 64
+BODY_BUDGET = 3 * MAX_BODY + 64  # max_http_inflight_body_bytes: three bodies of the largest size
 KEY = "k3y-for-the-test_0123456789"
 
 D = None
@@ -33,7 +34,8 @@ def daemon():
     global D
     if D is None:
         D = Daemon("--http-header-timeout-ms", HEADER_TIMEOUT_MS, "--http-idle-timeout-ms", IDLE_TIMEOUT_MS,
-                   "--max-http-body-bytes", MAX_BODY, "--http-max-connections", MAX_CONNS)
+                   "--max-http-body-bytes", MAX_BODY, "--http-max-connections", MAX_CONNS,
+                   "--max-http-inflight-body-bytes", BODY_BUDGET)
     return D
 
 
@@ -199,6 +201,49 @@ def chunked_body_growing_over_the_limit_gets_413_and_close():
         st, h, body = read_response(s.makefile("rb"))
         assert st == 413 and h["connection"] == "close", (st, h)
         assert closed_within(s, 10)
+    still_serving(d)
+
+
+@case
+def bodies_held_at_once_are_bounded_server_wide():
+    """max_http_inflight_body_bytes: connections that each declare a large body and send it slowly fill the
+    budget; the next large one gets 503 before its body is sent, a small one still fits, and once a held
+    body's connection goes the room is back."""
+    d = daemon()
+    head = (b"POST /status HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % MAX_BODY)
+    slow = []
+    for _ in range(3):
+        s = raw(d)
+        s.sendall(head + b"x" * 100)
+        slow.append(s)
+    time.sleep(0.2)
+    assert status(d)["http"]["body_bytes"] == 3 * (MAX_BODY + 1), status(d)["http"]
+    with raw(d) as s:
+        s.sendall(head)
+        st, h, body = read_response(s.makefile("rb"))
+        assert st == 503 and h["connection"] == "close", (st, h, body)
+        assert "max_http_inflight_body_bytes" in json.loads(body)["detail"], body
+    with raw(d) as s:  # 11 bytes still fit
+        s.sendall(b"POST /status HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n0123456789")
+        st, h, body = read_response(s.makefile("rb"))
+        assert st == 405, (st, body)
+    slow.pop().close()
+    deadline = time.time() + 5
+    while status(d)["http"]["body_bytes"] > 2 * (MAX_BODY + 1):
+        assert time.time() < deadline, status(d)["http"]
+        time.sleep(0.05)
+    with raw(d) as s:
+        s.sendall(head + b"y" * MAX_BODY)
+        st, h, body = read_response(s.makefile("rb"))
+        assert st == 405, (st, body)
+    for s in slow:
+        s.close()
+    deadline = time.time() + 5
+    while status(d)["http"]["body_bytes"] > 0:
+        assert time.time() < deadline, status(d)["http"]
+        time.sleep(0.05)
+    assert status(d)["http"]["body_refused"] >= 1
     still_serving(d)
 
 

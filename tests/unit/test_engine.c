@@ -1703,6 +1703,106 @@ static void test_prefix_cache(void)
     res_free(got);
 }
 
+/* Streaming progress: a streaming group's partial results, per sample, add up
+ * to its final tokens and log-probs, which are bit-identical to the same
+ * request without streaming; a request that did not ask gets none. Pause
+ * freezes every sequence (no rows, no tokens) with its KV kept; the flush
+ * empties the prefix cache and nothing changes in the outputs. */
+static void test_progress_pause_flush(void)
+{
+    NEED(tiny_ok, "tiny-q4_1");
+    model *m = tiny.m;
+    int32_t pa[40];
+    make_prompt(pa, 40, 931, 3, m->cfg.vocab);
+    eng_config cfg = cfg_for(m, 64, 64, 8);
+    eng_request rs = make_req(pa, 40, 3, 12, 1.0f, 55), rn = rs;
+    rs.sp.logprobs_topk = 2;
+    rn.sp.logprobs_topk = 2;
+    rs.stream = 1;
+    res_set *ref = res_new(), *got = res_new();
+    CHECK_OK(run_alone(m, &cfg, &rn, ref));
+    engine *e;
+    CHECK_OK(eng_create(m, &cfg, &e));
+    int64_t id_s, id_n;
+    CHECK_OK(eng_add(e, &rs, &id_s));
+    CHECK_OK(eng_add(e, &rn, &id_n));
+    int32_t ids[3][16], n_got[3] = {0}, n_partials = 0, bad = 0;
+    float lps[3][16];
+    eng_result pr[8];
+    for (int it = 0; it < 1000 && eng_busy(e); it++) {
+        CHECK(eng_step(e) >= 0, "step: %s", rd_errmsg());
+        int n = eng_collect_progress(e, pr, 8);
+        for (int i = 0; i < n; i++) {
+            eng_result *r = &pr[i];
+            int32_t j = r->sample_idx;
+            if (!r->partial || r->req_id != id_s || j < 0 || j > 2 || r->token_offset != n_got[j] ||
+                n_got[j] + r->n_tokens > 12 || r->n_top != 2)
+                bad++;
+            else
+                for (int32_t k = 0; k < r->n_tokens; k++, n_got[j]++) {
+                    ids[j][n_got[j]] = r->token_ids[k];
+                    lps[j][n_got[j]] = r->logprobs[k];
+                }
+            n_partials++;
+            eng_result_free(r);
+        }
+        collect(e, got);
+    }
+    CHECK(bad == 0, "%d partial results out of place", bad);
+    CHECK(n_partials >= 3 * 8, "%d partial results for 3 samples of 12 tokens", n_partials);
+    char why[256];
+    for (int32_t j = 0; j < 3; j++) {
+        const eng_result *a = res_find(got, id_s, j), *b = res_find(got, id_n, j), *w = res_find(ref, ref->r[0].req_id, j);
+        CHECK(a && b && w, "sample %d missing", j);
+        if (!a || !b || !w)
+            continue;
+        CHECK(same_rollout(a, w, why, sizeof why), "streamed sample %d vs alone: %s", j, why);
+        CHECK(same_rollout(b, w, why, sizeof why), "plain sample %d vs alone: %s", j, why);
+        /* The last token finishes the sample: it comes only with the final result. */
+        CHECK(n_got[j] == a->n_tokens - 1 && !memcmp(ids[j], a->token_ids, sizeof(int32_t) * n_got[j]) &&
+              !memcmp(lps[j], a->logprobs, sizeof(float) * n_got[j]), "sample %d: %d streamed tokens of %d", j,
+              n_got[j], a->n_tokens);
+    }
+
+    /* Pause: a running request makes no rows and no tokens, and keeps its blocks. */
+    int64_t id_p;
+    eng_request rp = make_req(pa, 40, 1, 30, 0.0f, 1);
+    CHECK_OK(eng_add(e, &rp, &id_p));
+    CHECK(eng_step(e) > 0 && eng_step(e) > 0, "steps before the pause");
+    eng_stats s0, s1;
+    eng_get_stats(e, &s0);
+    eng_pause(e, 1);
+    for (int i = 0; i < 5; i++)
+        CHECK(eng_step(e) == 0, "a paused engine computed rows");
+    eng_get_stats(e, &s1);
+    CHECK(s1.paused && s1.generated_tokens == s0.generated_tokens && s1.kv_blocks_used == s0.kv_blocks_used &&
+          s1.running == 1 && eng_busy(e), "paused: %lld -> %lld tokens, %d -> %d blocks",
+          (long long)s0.generated_tokens, (long long)s1.generated_tokens, s0.kv_blocks_used, s1.kv_blocks_used);
+    eng_pause(e, 0);
+    CHECK_OK(drive(e, got));
+    const eng_result *rpr = res_find(got, id_p, 0);
+    CHECK(rpr && rpr->finish == FINISH_LENGTH && rpr->n_tokens == 30, "resumed request did not finish");
+
+    /* Flush: the cached prompt blocks go; the next run recomputes them and samples the same. */
+    eng_get_stats(e, &s0);
+    CHECK(s0.kv_blocks_cached >= 2 && s0.kv_blocks_used == 0, "%d cached blocks before the flush",
+          s0.kv_blocks_cached);
+    CHECK(eng_flush_cache(e) >= 2, "flush dropped nothing");
+    eng_get_stats(e, &s1);
+    CHECK(s1.kv_blocks_cached == 0 && s1.kv_blocks_used == 0, "%d cached blocks after the flush", s1.kv_blocks_cached);
+    int64_t id_a;
+    CHECK_OK(eng_add(e, &rn, &id_a));
+    CHECK_OK(drive(e, got));
+    eng_get_stats(e, &s0);
+    CHECK(s0.prefix_hit_tokens == s1.prefix_hit_tokens, "a flushed prefix was hit");
+    for (int32_t j = 0; j < 3; j++)
+        CHECK(same_rollout(res_find(got, id_a, j), res_find(ref, ref->r[0].req_id, j), why, sizeof why),
+              "after the flush, sample %d: %s", j, why);
+    eng_destroy(e);
+    res_free(ref);
+    res_free(got);
+}
+
 int main(void)
 {
     ensure_testdata();
@@ -1720,6 +1820,7 @@ int main(void)
     RUN(test_abort);
     RUN(test_stop_conditions);
     RUN(test_prefix_cache);
+    RUN(test_progress_pause_flush);
 
     if (tiny_ok) rd_unload(&tiny);
     if (tiny32_ok) rd_unload(&tiny32);

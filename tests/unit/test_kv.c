@@ -371,6 +371,46 @@ static void test_prefix_lru_eviction(void)
     kv_destroy(p);
 }
 
+/* kv_prefix_flush: unused cached blocks become plain free blocks, held ones
+ * are unpublished (free, not cached, when let go); lookups miss after it. */
+static void test_prefix_flush(void)
+{
+    kv_pool *p;
+    CHECK_OK(kv_create(16, 4, &p));
+    int32_t prompt[13], other[9];
+    fill_prompt(prompt, 13, 3);
+    fill_prompt(other, 9, 4);
+    kv_prefix h = {0}, h2 = {0}, h3 = {0};
+    kv_table t = {0}, t2 = {0}, t3 = {0};
+    CHECK(compute_and_publish(p, &h, prompt, 13, 7, &t) == 3, "published");
+    kv_free_seq(p, &t);
+    CHECK(compute_and_publish(p, &h2, other, 9, 7, &t2) == 2, "published, held");
+    CHECK(stats(p).blocks_cached == 3 && stats(p).blocks_used == 3, "cached %d used %d", stats(p).blocks_cached,
+          stats(p).blocks_used);
+    CHECK(kv_prefix_flush(p) == 5, "flushed entries");
+    CHECK(stats(p).blocks_cached == 0 && stats(p).blocks_used == 3, "after: cached %d used %d",
+          stats(p).blocks_cached, stats(p).blocks_used);
+    CHECK(kv_prefix_lookup(p, &h, prompt, 13, 7, &t) == 0, "flushed prefix hit");
+    kv_free_seq(p, &t);
+    CHECK(kv_prefix_lookup(p, &h3, other, 9, 7, &t3) == 0, "flushed held prefix hit");
+    kv_free_seq(p, &t3);
+    kv_free_seq(p, &t2);
+    CHECK(stats(p).blocks_cached == 0 && stats(p).blocks_used == 0, "held blocks came back cached");
+    /* Every block can be taken again, and publishing works after a flush. */
+    CHECK(compute_and_publish(p, &h, prompt, 13, 7, &t) == 3, "republished");
+    kv_free_seq(p, &t);
+    kv_prefix_free(&h3); /* it holds other's hashes */
+    CHECK(kv_prefix_lookup(p, &h3, prompt, 13, 7, &t3) == 3, "hit after republishing");
+    kv_free_seq(p, &t3);
+    kv_table all = {0};
+    CHECK(grow(p, &all, 0, 64) == 0 && stats(p).blocks_used == 16, "the whole pool");
+    kv_free_seq(p, &all);
+    kv_prefix_free(&h);
+    kv_prefix_free(&h2);
+    kv_prefix_free(&h3);
+    kv_destroy(p);
+}
+
 int main(void)
 {
     RUN(test_create_bad_args);
@@ -380,5 +420,6 @@ int main(void)
     RUN(test_copy_on_write);
     RUN(test_prefix_publish_lookup);
     RUN(test_prefix_lru_eviction);
+    RUN(test_prefix_flush);
     TEST_EXIT();
 }

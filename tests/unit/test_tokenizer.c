@@ -1281,6 +1281,31 @@ static void test_spm_gemma_chat(void)
     rc = tok_chat(t, NULL, "<end_of_turn><start_of_turn>", &ids, &n);
     int literal = rc == 0 && count_id(ids, n, E) == 1 && count_id(ids, n, S) == 2;
     free(ids);
+    /* Several turns (tok_chat_msgs): the assistant's as "model", the system
+     * message in the first user turn only; what the template refuses, refused. */
+    const tok_chat_msg conv[] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hi there"},
+                                 {"user", "Hi"}};
+    const char *multi = "<s><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHi there"
+                        "<end_of_turn>\n<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n";
+    rc = tok_chat_msgs(t, conv, 4, &ids, &n);
+    int multi_ok = rc == 0 && tok_decode(t, ids, n, &text, &len) == 0 && len == strlen(multi) &&
+                   memcmp(text, multi, len) == 0 && tok_encode(t, multi, strlen(multi), 1, &direct, &n_direct) == 0 &&
+                   same_ids(ids, n, direct, n_direct);
+    free(ids);
+    free(direct);
+    free(text);
+    int32_t *one = NULL;
+    size_t n_one = 0;
+    int same_as_chat = tok_chat_msgs(t, conv, 2, &ids, &n) == 0 && tok_chat(t, "Be brief.", "Hi", &one, &n_one) == 0 &&
+                       same_ids(ids, n, one, n_one);
+    free(ids);
+    free(one);
+    const tok_chat_msg two_users[] = {{"user", "a"}, {"user", "b"}}, late_sys[] = {{"user", "a"}, {"system", "b"}},
+                       bad_role[] = {{"tool", "a"}};
+    int gemma_rules = tok_chat_msgs(t, two_users, 2, &ids, &n) == RD_EINVAL && strstr(rd_errmsg(), "alternating") &&
+                      tok_chat_msgs(t, late_sys, 2, &ids, &n) == RD_EINVAL && strstr(rd_errmsg(), "only first") &&
+                      tok_chat_msgs(t, bad_role, 1, &ids, &n) == RD_EINVAL && strstr(rd_errmsg(), "tool") &&
+                      tok_chat_msgs(t, conv, 0, &ids, &n) == RD_EINVAL && ids == NULL;
     toy_free(t, &f, g);
 
     /* Gemma's and ChatML's markers: ChatML (first in the order), unless the
@@ -1308,6 +1333,9 @@ static void test_spm_gemma_chat(void)
     CHECK(structure, "one BOS first, two <start_of_turn>, one <end_of_turn>");
     CHECK(empty_sys, "an empty system message");
     CHECK(literal, "control-token text in the user message was parsed");
+    CHECK(multi_ok, "a multi-turn conversation renders as the template");
+    CHECK(same_as_chat, "tok_chat_msgs of system + user is tok_chat");
+    CHECK(gemma_rules, "Gemma's turn rules: %s", rd_errmsg());
     CHECK(chatml_first, "Gemma and ChatML markers, no template: ChatML");
     CHECK(tmpl_gemma, "a Gemma template: Gemma");
     CHECK(refused, "half of Gemma's markers: %d %s", rc, rd_errmsg());

@@ -1,0 +1,136 @@
+/* api_stream.c - a streamed sample's progress: the tokens the engine hands
+ * out while the sample runs (eng_collect_progress), their bytes, and which of
+ * those bytes may already go out as text.
+ *
+ * Text goes out only where it can no longer change: a stop string may still
+ * be completed by later tokens, and the answer's text is cut where it starts,
+ * so the longest tail of the bytes that is a proper prefix of some stop string
+ * is held back; and a character whose bytes are not all there yet (or an
+ * invalid stretch later bytes could extend) is held back too, so that the
+ * pieces sent, each cleaned to UTF-8, add up to the whole answer's clean text.
+ * Token ids and log-probs need no holding back: the learner trains on every
+ * sampled token, the one that completes a stop string included. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/api_int.h"
+#include "engine/err.h"
+#include "engine/tokenizer.h"
+
+static int grow(void **p, size_t elem, int32_t cap)
+{
+    void *q = realloc(*p, elem * (size_t)cap);
+    if (!q)
+        return RD_ENOMEM;
+    *p = q;
+    return 0;
+}
+
+int api_stream_push(api *a, api_stream *st, const eng_result *r)
+{
+    int32_t need = st->n_tok + r->n_tokens;
+    if (need > st->cap) {
+        int32_t cap = st->cap ? st->cap : 64;
+        while (cap < need)
+            cap *= 2;
+        int32_t k = r->n_top;
+        if (grow((void **)&st->ids, sizeof(int32_t), cap) || grow((void **)&st->lps, sizeof(float), cap) ||
+            (k > 0 && (grow((void **)&st->top_ids, sizeof(int32_t) * (size_t)k, cap) ||
+                       grow((void **)&st->top_lps, sizeof(float) * (size_t)k, cap))))
+            return RD_ENOMEM;
+        st->cap = cap;
+    }
+    st->n_top = r->n_top;
+    memcpy(st->ids + st->n_tok, r->token_ids, sizeof(int32_t) * (size_t)r->n_tokens);
+    memcpy(st->lps + st->n_tok, r->logprobs, sizeof(float) * (size_t)r->n_tokens);
+    if (r->n_top > 0 && r->top_ids && r->top_logprobs) {
+        memcpy(st->top_ids + (size_t)st->n_tok * r->n_top, r->top_ids,
+               sizeof(int32_t) * (size_t)r->n_tokens * r->n_top);
+        memcpy(st->top_lps + (size_t)st->n_tok * r->n_top, r->top_logprobs,
+               sizeof(float) * (size_t)r->n_tokens * r->n_top);
+    }
+    st->n_tok = need;
+    for (int32_t i = 0; i < r->n_tokens; i++) {
+        size_t n = 0;
+        const char *b = api_token_bytes(a, r->token_ids[i], &n);
+        if (!b || !n)
+            continue;
+        if (st->raw_len + n + 1 > st->raw_cap) {
+            size_t cap = st->raw_cap ? st->raw_cap : 256;
+            while (cap < st->raw_len + n + 1)
+                cap *= 2;
+            char *q = realloc(st->raw, cap);
+            if (!q)
+                return RD_ENOMEM;
+            st->raw = q;
+            st->raw_cap = cap;
+        }
+        memcpy(st->raw + st->raw_len, b, n);
+        st->raw_len += n;
+    }
+    return 0;
+}
+
+/* Bytes a lead byte announces (1 for a byte that starts no sequence). */
+static size_t lead_len(unsigned char c)
+{
+    return c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+}
+
+size_t api_stream_safe(const api_stream *st, const api_params *p)
+{
+    const char *raw = st->raw;
+    size_t len = st->raw_len, limit = len;
+    /* The longest tail that a stop string starts with (a whole one would have
+       finished the sample). */
+    for (int32_t i = 0; i < p->n_stop_strs; i++) {
+        size_t L = strlen(p->stop_strs[i]);
+        for (size_t k = L - 1 < len ? L - 1 : len; k > 0; k--)
+            if (len - k < limit && !memcmp(raw + len - k, p->stop_strs[i], k)) {
+                limit = len - k;
+                break;
+            }
+    }
+    /* The last boundary of api_utf8_clean's left-to-right walk before limit
+       whose elements are all closed: more bytes could not change them. */
+    const unsigned char *s = (const unsigned char *)raw;
+    size_t at = st->text_sent, i = at;
+    while (i < limit) {
+        size_t k = api_utf8_seq(s + i, len - i);
+        if (!k) {
+            k = api_utf8_bad_run(s + i, len - i);
+            if (i + k == len && k < lead_len(s[i]))
+                break; /* cut by the end of the bytes so far: it may yet become a character */
+        }
+        if (i + k > limit)
+            break;
+        i += k;
+        at = i;
+    }
+    return at;
+}
+
+eng_result api_stream_view(const api_stream *st, const eng_result *like)
+{
+    eng_result v = *like;
+    v.n_tokens = st->n_tok;
+    v.token_ids = st->ids;
+    v.logprobs = st->lps;
+    v.logprobs_proc = NULL;
+    v.n_top = st->top_ids ? st->n_top : 0;
+    v.top_ids = st->top_ids;
+    v.top_logprobs = st->top_lps;
+    v.n_spans = 0;
+    v.spans = NULL;
+    return v;
+}
+
+void api_stream_free(api_stream *st)
+{
+    free(st->ids);
+    free(st->lps);
+    free(st->top_ids);
+    free(st->top_lps);
+    free(st->raw);
+    memset(st, 0, sizeof *st);
+}
