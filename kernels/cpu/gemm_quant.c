@@ -198,6 +198,60 @@ static void pack_block(int32_t type, const qlayout *L, const uint8_t *b, uint8_t
     }
 }
 
+/* One 4-panel group (64 rows) of a pack: its bytes zeroed (first touch on
+ * the thread that fills them), then every row's blocks placed. */
+typedef struct {
+    gemm_qpart *q;
+    qlayout L;
+    const uint8_t *src;
+    size_t row_bytes;
+} pack_job;
+
+/* F32/F16/BF16: panel-block [32 k][16 lanes] of es-byte elements; a 16 x 32
+ * transpose per block, rows read in order. */
+static void pack_ftype_panel(const pack_job *j, int32_t p)
+{
+    const gemm_qpart *q = j->q;
+    const size_t es = j->L.raw;
+    const int32_t c0 = p * LANES, nc = q->out - c0 < LANES ? q->out - c0 : LANES;
+    for (int32_t b = 0; b < q->n_blocks; b++) {
+        uint8_t *pb = q->data + pblock_at(q, p, b);
+        const int32_t k0 = b * 32, nk = q->in - k0 < 32 ? q->in - k0 : 32;
+        for (int32_t lane = 0; lane < nc; lane++) {
+            const uint8_t *row = j->src + (size_t)(c0 + lane) * j->row_bytes + (size_t)k0 * es;
+            if (es == 2) {
+                uint16_t *d = (uint16_t *)pb + lane;
+                for (int32_t k = 0; k < nk; k++)
+                    memcpy(d + (size_t)k * LANES, row + 2 * (size_t)k, 2);
+            } else {
+                uint32_t *d = (uint32_t *)pb + lane;
+                for (int32_t k = 0; k < nk; k++)
+                    memcpy(d + (size_t)k * LANES, row + 4 * (size_t)k, 4);
+            }
+        }
+    }
+}
+
+static void pack_task(void *ctx, int32_t g, int32_t worker)
+{
+    const pack_job *j = ctx;
+    gemm_qpart *q = j->q;
+    memset(q->data + (size_t)g * 4 * q->n_blocks * q->pblk, 0, group_bytes(q, g));
+    const int32_t p1 = 4 * g + 4 < q->n_panels ? 4 * g + 4 : q->n_panels;
+    for (int32_t p = 4 * g; p < p1; p++) {
+        if (is_ftype(q->type)) {
+            pack_ftype_panel(j, p);
+            continue;
+        }
+        const int32_t c1 = (p + 1) * LANES < q->out ? (p + 1) * LANES : q->out;
+        for (int32_t c = p * LANES; c < c1; c++) {
+            const uint8_t *row = j->src + (size_t)c * j->row_bytes;
+            for (int32_t b = 0; b < q->n_blocks; b++)
+                pack_block(q->type, &j->L, row + (size_t)b * j->L.raw, q->data + pblock_at(q, p, b), c % LANES);
+        }
+    }
+}
+
 int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpart *q)
 {
     memset(q, 0, sizeof *q);
@@ -220,23 +274,11 @@ int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpar
     q->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!q->data)
         return rd_fail(RD_ENOMEM, "gemm_qpack: cannot allocate %zu bytes", bytes);
-    memset(q->data, 0, bytes);
-    const uint8_t *src = raw;
-    size_t row_bytes = is_ftype(type) ? (size_t)in * L.raw : (size_t)(in / L.blk) * L.raw;
-    for (int32_t c = 0; c < out; c++) {
-        const uint8_t *row = src + (size_t)c * row_bytes;
-        int lane = c % LANES;
-        const int32_t p = c / LANES;
-        if (is_ftype(type)) {
-            /* [k][16] elements of L.raw bytes: block b, k within it. */
-            for (int32_t k = 0; k < in; k++)
-                memcpy(q->data + pblock_at(q, p, k / 32) + ((size_t)(k % 32) * LANES + lane) * L.raw,
-                       row + (size_t)k * L.raw, L.raw);
-            continue;
-        }
-        for (int32_t b = 0; b < q->n_blocks; b++)
-            pack_block(type, &L, row + (size_t)b * L.raw, q->data + pblock_at(q, p, b), lane);
-    }
+    /* On the pool: a weight push repacks ~270 MB (bf16 SmolLM2) at COMMIT,
+     * and the load does the same for the file; groups are independent. */
+    pack_job j = {.q = q, .L = L, .src = raw,
+                  .row_bytes = is_ftype(type) ? (size_t)in * L.raw : (size_t)(in / L.blk) * L.raw};
+    pool_run((q->n_panels + 3) / 4, pack_task, &j);
     return 0;
 }
 
@@ -479,20 +521,36 @@ void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float 
 static float *scratch[POOL_MAX_THREADS];
 static size_t scratch_n[POOL_MAX_THREADS];
 
-int gemm_qreserve(int32_t in)
+typedef struct {
+    int32_t in;
+    int rc;
+} reserve_job;
+
+static void reserve_serial(void *ctx)
 {
-    const size_t n = (size_t)4 * in * LANES;
+    reserve_job *j = ctx;
+    const size_t n = (size_t)4 * j->in * LANES;
     for (int i = 0; i < pool_size() && i < POOL_MAX_THREADS; i++) {
         if (scratch_n[i] >= n)
             continue;
         float *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
-        if (!p)
-            return rd_fail(RD_ENOMEM, "gemm_qreserve: cannot allocate %zu bytes of decode buffer", n * sizeof(float));
+        if (!p) {
+            j->rc = rd_fail(RD_ENOMEM, "gemm_qreserve: cannot allocate %zu bytes of decode buffer", n * sizeof(float));
+            return;
+        }
         free(scratch[i]);
         scratch[i] = p;
         scratch_n[i] = n;
     }
-    return 0;
+}
+
+/* While no job runs: a weight update's build (another thread) may grow the
+ * buffers that the engine's GEMM tasks read. */
+int gemm_qreserve(int32_t in)
+{
+    reserve_job j = {in, 0};
+    pool_serial(reserve_serial, &j);
+    return j.rc;
 }
 
 typedef struct {
