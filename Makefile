@@ -44,7 +44,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push bench-commit model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -174,6 +174,10 @@ bench-http: all model
 # Weight pushes: loopback baselines, 1/2/4 daemons, the stall under load (build/bench-push.json).
 bench-push: all model
 	python3 tools/bench_push.py
+
+# COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
+bench-commit: all model
+	python3 tools/bench_commit.py
 
 # The main job: rolloutd with the default model, driven by the GRPO demo learner.
 demo: all model
