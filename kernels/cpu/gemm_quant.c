@@ -394,6 +394,26 @@ static inline __mmask16 ld_mask(const uint8_t *p) { return (__mmask16)rd16(p); }
         BODY                                                                                         \
     }
 
+/* Q6_K's four k of one hi byte as int8 codes minus 32, per lane: the
+ * 6-bit code is assembled on 16 bytes (low nibble from the pair byte, 2
+ * high bits from the hi byte; 16-bit shifts with byte masks, the masks drop
+ * what crosses a byte) and widened once. The same integers as unpacking in
+ * 32-bit lanes, so the weights are the same floats. */
+static inline __attribute__((always_inline)) void q6k_codes(const uint8_t *ql, const uint8_t *qh, __m512i c[4])
+{
+    const __m128i h = _mm_loadu_si128((const __m128i *)qh), n0 = _mm_loadu_si128((const __m128i *)ql),
+                  n1 = _mm_loadu_si128((const __m128i *)(ql + LANES));
+    const __m128i f = _mm_set1_epi8(15), hm = _mm_set1_epi8(0x30), z = _mm_set1_epi8(32);
+    __m128i b0 = _mm_or_si128(_mm_and_si128(n0, f), _mm_and_si128(_mm_slli_epi16(h, 4), hm));
+    __m128i b1 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n0, 4), f), _mm_and_si128(_mm_slli_epi16(h, 2), hm));
+    __m128i b2 = _mm_or_si128(_mm_and_si128(n1, f), _mm_and_si128(h, hm));
+    __m128i b3 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n1, 4), f), _mm_and_si128(_mm_srli_epi16(h, 2), hm));
+    c[0] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b0, z));
+    c[1] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b1, z));
+    c[2] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b2, z));
+    c[3] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b3, z));
+}
+
 static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
 {
     const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
@@ -479,18 +499,12 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
             _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb + 32 + (s + 1) * LANES))))),
         };
         const uint8_t *ql = pb + 288 + (kb0 / 2) * LANES, *qh = pb + 2336 + (kb0 / 4) * LANES;
-        const __m512i three = _mm512_set1_epi32(3), n32 = _mm512_set1_epi32(32), f15 = _mm512_set1_epi32(15);
         for (int i = 0; i < 8; i++) {       /* 4 k per hi byte, 2 per nibble byte */
-            __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
-            __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
-            __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
-            __m512i c[4] = {_mm512_and_si512(n0, f15), _mm512_srli_epi32(n0, 4), _mm512_and_si512(n1, f15),
-                            _mm512_srli_epi32(n1, 4)};
+            __m512i c[4];
+            q6k_codes(ql + (2 * i) * LANES, qh + i * LANES, c);
             for (int j = 0; j < 4; j++) {
-                __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * j), three), 4);
-                __m512i v = _mm512_sub_epi32(_mm512_or_si512(c[j], hb), n32);
                 int kk = 4 * i + j;
-                _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(v)));
+                _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(c[j])));
             }
         }
         return;
@@ -735,15 +749,10 @@ static inline __attribute__((always_inline)) void qrow1(const gemm_qpart *q, con
 #pragma GCC unroll 4
                 for (int j = 0; j < NP; j++) {
                     const uint8_t *ql = pb[j] + 288 + (kb0 / 2) * LANES, *qh = pb[j] + 2336 + (kb0 / 4) * LANES;
-                    __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
-                    __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
-                    __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
-                    __m512i c[4] = {_mm512_and_si512(n0, _mm512_set1_epi32(15)), _mm512_srli_epi32(n0, 4),
-                                    _mm512_and_si512(n1, _mm512_set1_epi32(15)), _mm512_srli_epi32(n1, 4)};
+                    __m512i c[4];
+                    q6k_codes(ql + (2 * i) * LANES, qh + i * LANES, c);
                     for (int t = 0; t < 4; t++) {
-                        __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * t), _mm512_set1_epi32(3)), 4);
-                        __m512i qv = _mm512_sub_epi32(_mm512_or_si512(c[t], hb), _mm512_set1_epi32(32));
-                        __m512 w = _mm512_mul_ps(i < 4 ? d[j] : d2[j], _mm512_cvtepi32_ps(qv));
+                        __m512 w = _mm512_mul_ps(i < 4 ? d[j] : d2[j], _mm512_cvtepi32_ps(c[t]));
                         acc[j] = _mm512_fmadd_ps(v[t], w, acc[j]);
                     }
                 }
