@@ -83,6 +83,8 @@ static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_pa
         all_f32 &= parts[i].type == GGML_F32;
         ok &= gemm_qtype_ok(parts[i].type);
     }
+    if (all_f32 && n_parts == 1)
+        return cpu_linear_load(be, parts[0].data, out, in, handle);   /* already the fp32 GEMM's input */
     if (cpu_weights_f32() || all_f32 || !ok) {
         /* fp32 panels: dequantize the parts one after the other (an F32
          * weight is already what the fp32 GEMM wants). */
