@@ -11,6 +11,7 @@ arrival to the swap: the repack into the GEMM's layout, then the wait for a step
 Prints a table and writes build/bench-commit.json."""
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -79,6 +80,7 @@ def main():
     finally:
         d.proc.terminate()
         d.proc.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"Q4_1 as loaded: weights_bytes {res['weights_bytes_q4_1']}")
     print(f"{'push':>5} {'decoding':>8} {'MB':>6} {'COMMIT->serving median ms':>26} {'min':>7} {'max':>7} "
           f"{'weights_bytes':>14} {'load':>5}")
