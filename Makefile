@@ -44,7 +44,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push bench-chain-netns model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push bench-chain-netns bench-commit model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -179,6 +179,10 @@ bench-push: all model
 # Chain vs direct pushes to 4 daemons in network namespaces on 1 Gbit/s links (root; ip, tc).
 bench-chain-netns: all model
 	python3 tools/bench_chain.py --netns
+
+# COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
+bench-commit: all model
+	python3 tools/bench_commit.py
 
 # The main job: rolloutd with the default model, driven by the GRPO demo learner.
 demo: all model

@@ -31,6 +31,8 @@ typedef struct {
 static const cfg_field FIELDS[] = {
     S(model, "GGUF model file"),
     S(backend, "\"cpu\" or \"cuda\""),
+    S(kv_dtype, "KV cache element type: \"auto\" (the backend's: f32 on cpu, bf16 on cuda), \"f32\" (exact), "
+      "\"bf16\" or \"f16\" (half the bytes; cpu only for f16, and f32 is cpu only)"),
     S(listen, "learner socket NNG URL (tcp://HOST:PORT)"),
     S(http_listen, "HTTP server HOST:PORT (/status, /metrics, /health)"),
     {"status_listen", CFG_TEXT, offsetof(cfg_daemon, http_listen), 1, sizeof(((cfg_daemon *)0)->http_listen),
@@ -94,6 +96,7 @@ void cfg_defaults(cfg_daemon *c)
     memset(c, 0, sizeof *c);
     snprintf(c->model, sizeof c->model, "%s", "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     snprintf(c->backend, sizeof c->backend, "%s", "cpu");
+    snprintf(c->kv_dtype, sizeof c->kv_dtype, "%s", "auto");
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
     snprintf(c->http_listen, sizeof c->http_listen, "%s", "127.0.0.1:7071");
     c->threads = 0;
@@ -336,6 +339,13 @@ int cfg_validate(const cfg_daemon *c)
 {
     if (strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
         return rd_fail(RD_EINVAL, "key \"backend\" = \"%s\"; expected \"cpu\" or \"cuda\"", c->backend);
+    if (strcmp(c->kv_dtype, "auto") && strcmp(c->kv_dtype, "f32") && strcmp(c->kv_dtype, "bf16") &&
+        strcmp(c->kv_dtype, "f16"))
+        return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\"; expected \"auto\", \"f32\", \"bf16\" or \"f16\"",
+                       c->kv_dtype);
+    if (!strcmp(c->backend, "cuda") && (!strcmp(c->kv_dtype, "f32") || !strcmp(c->kv_dtype, "f16")))
+        return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\" with backend \"cuda\": the CUDA backend stores the KV "
+                       "cache as bf16; expected \"auto\" or \"bf16\"", c->kv_dtype);
     if (strncmp(c->listen, "tcp://", 6) && strncmp(c->listen, "tls+tcp://", 10) && strncmp(c->listen, "ipc://", 6))
         return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\"; expected an NNG URL like tcp://127.0.0.1:7070 (or "
                        "tls+tcp://, ipc://)", c->listen);

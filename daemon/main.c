@@ -182,6 +182,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "rolloutd: cannot load the model: %s\n", rd_errmsg());
         return 1;
     }
+    /* Before the engine sizes its KV pool by the element size. cfg_validate
+     * has checked the name and the backend, so this only fails on a bug. */
+    if (rd_backend_set_kv_dtype(d->L.be, d->cfg.kv_dtype)) {
+        fprintf(stderr, "rolloutd: %s\n", rd_errmsg());
+        rd_unload(&d->L);
+        return 2;
+    }
     model_name(d);
     limits(d);
     cl_init(&d->clients, d->lim.retention_results, d->lim.retention_bytes);

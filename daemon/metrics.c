@@ -73,6 +73,8 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(kv, "usage", usage(s));
     cJSON_AddNumberToObject(kv, "peak_blocks", s->eng.kv_peak_blocks);
     cJSON_AddNumberToObject(kv, "bytes", (double)s->kv_bytes);
+    if (s->kv_dtype)
+        cJSON_AddStringToObject(kv, "dtype", s->kv_dtype);
     cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens", (double)s->eng.prefix_query_tokens);
     cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
     cJSON *mem = cJSON_AddObjectToObject(o, "memory");

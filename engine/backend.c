@@ -7,6 +7,7 @@
 #include "engine/err.h"
 
 int rd_backend_cpu_create(int n_threads, rd_backend **out);
+int rd_backend_cpu_set_kv_dtype(rd_backend *be, int elem_bytes, int is_f16);
 #ifdef RD_HAVE_CUDA
 int rd_backend_cuda_create(int n_threads, rd_backend **out);
 #endif
@@ -40,6 +41,20 @@ void rd_backend_destroy(rd_backend *be)
 int32_t rd_backend_kv_elem_bytes(const rd_backend *be)
 {
     return be && be->ops->kv_elem_bytes > 0 ? be->ops->kv_elem_bytes : (int32_t)sizeof(float);
+}
+
+int rd_backend_set_kv_dtype(rd_backend *be, const char *name)
+{
+    int f32 = !strcmp(name, "f32"), bf16 = !strcmp(name, "bf16"), f16 = !strcmp(name, "f16");
+    if (!f32 && !bf16 && !f16 && strcmp(name, "auto"))
+        return rd_fail(RD_EINVAL, "kv_dtype \"%s\"; expected \"auto\", \"f32\", \"bf16\" or \"f16\"", name);
+    if (!strcmp(be->ops->name, "cpu"))
+        return rd_backend_cpu_set_kv_dtype(be, bf16 || f16 ? 2 : 4, f16);
+    /* CUDA (and its emulator) store bf16 and nothing else. */
+    if (f32 || f16)
+        return rd_fail(RD_ENOTSUP, "kv_dtype \"%s\": the %s backend stores the KV cache as bf16 (use \"bf16\" or "
+                       "\"auto\")", name, be->ops->name);
+    return 0;
 }
 
 int64_t rd_kv_budget_bytes(int64_t free_bytes, double util, int64_t reserve_bytes)

@@ -206,6 +206,14 @@ void rd_backend_destroy(rd_backend *be);
 /* Bytes per KV cache element of this backend (ops.kv_elem_bytes, or 4). */
 int32_t rd_backend_kv_elem_bytes(const rd_backend *be);
 
+/* The KV cache's element type (config key kv_dtype): "auto" (the backend's
+ * own: f32 on the CPU, bf16 on CUDA), "f32", "bf16" or "f16". The CPU
+ * backend stores K/V in that type (rounded to nearest even) and widens them
+ * exactly in attention; CUDA stores bf16 only. Call it before any runner or
+ * engine is created on be (they size and read the cache by it). RD_EINVAL for
+ * another name, RD_ENOTSUP for a type the backend does not store. */
+int rd_backend_set_kv_dtype(rd_backend *be, const char *name);
+
 /* KV pool bytes from a fraction of the device memory that is free now (call
  * it after the model is loaded): floor(util * free) - reserve_bytes, at least
  * 0. util in (0, 1]. RD_ENOTSUP for a backend without mem_info (the CPU:

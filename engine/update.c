@@ -10,6 +10,8 @@
 #include "engine/crc32c.h"
 #include "engine/err.h"
 #include "engine/gguf.h"
+#include "engine/safetensors.h"
+#include "kernels/cpu/pool.h"
 
 /* ---------------------------------------------------------------- names */
 
@@ -321,8 +323,8 @@ static void group_shape(const model_config *c, int group, int64_t *rows, int64_t
         *rows = 0;
 }
 
-/* Converts a staged tensor to fp32, refusing non-finite values: a NaN weight
- * would make every sequence fail, so it never reaches the model. */
+/* Converts a staged tensor to fp32 (check_finite has refused non-finite
+ * values; this second look costs nothing on the fp32 path). */
 static int to_f32(const upd_tensor *t, float *dst, uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++) {
@@ -366,11 +368,197 @@ uint64_t upd_patch_bytes(const upd_patch *p)
     return b;
 }
 
+/* ---- non-finite check, on the pool: every staged byte is read once. */
+
+#define FIN_SLICE (1u << 20)    /* bytes a task checks */
+
+typedef struct {
+    const upd_stage *s;
+    int32_t *first;             /* [n_slices]: its tensor, or -1 when the slice is fine */
+    int32_t n_slices;
+    const int32_t *slice_t;     /* [n_slices] tensor index */
+    const uint64_t *slice_off;  /* [n_slices] byte offset in it */
+} fin_job;
+
+/* 1 if any element of n bytes at p of this dtype is NaN or infinite (the
+ * exponent all ones); a plain loop the compiler vectorizes. */
+static int has_nonfinite(int dtype, const uint8_t *p, uint64_t n)
+{
+    uint32_t bad = 0;
+    if (dtype == UPD_F32) {
+        for (uint64_t i = 0; i + 4 <= n; i += 4) {
+            uint32_t v;
+            memcpy(&v, p + i, 4);
+            bad |= (v & 0x7f800000u) == 0x7f800000u;
+        }
+    } else {
+        const uint16_t e = dtype == UPD_BF16 ? 0x7f80 : 0x7c00;
+        for (uint64_t i = 0; i + 2 <= n; i += 2) {
+            uint16_t v;
+            memcpy(&v, p + i, 2);
+            bad |= (uint16_t)(v & e) == e;
+        }
+    }
+    return bad != 0;
+}
+
+static void fin_task(void *ctx, int32_t i, int32_t worker)
+{
+    fin_job *j = ctx;
+    const upd_tensor *t = &j->s->t[j->slice_t[i]];
+    uint64_t off = j->slice_off[i], n = t->nbytes - off < FIN_SLICE ? t->nbytes - off : FIN_SLICE;
+    j->first[i] = has_nonfinite(t->dtype, t->data + off, n) ? j->slice_t[i] : -1;
+}
+
+/* Refuses non-finite values: a NaN weight would make every sequence fail,
+ * so it never reaches the model. The error names the first such element. */
+static int check_finite(const upd_stage *s)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n; i++)
+        n += (int32_t)((s->t[i].nbytes + FIN_SLICE - 1) / FIN_SLICE);
+    int32_t *first = malloc(sizeof(int32_t) * 2 * (size_t)(n ? n : 1));
+    uint64_t *off = malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (!first || !off) {
+        free(first), free(off);
+        return rd_fail(RD_ENOMEM, "commit: out of memory checking the update");
+    }
+    int32_t *slice_t = first + n, k = 0;
+    for (int32_t i = 0; i < s->n; i++)
+        for (uint64_t o = 0; o < s->t[i].nbytes; o += FIN_SLICE) {
+            slice_t[k] = i;
+            off[k++] = o;
+        }
+    fin_job j = {.s = s, .first = first, .n_slices = n, .slice_t = slice_t, .slice_off = off};
+    pool_run(n, fin_task, &j);
+    int rc = 0;
+    for (int32_t i = 0; i < n && !rc; i++) {
+        if (first[i] < 0)
+            continue;
+        const upd_tensor *t = &s->t[first[i]];
+        uint32_t es = dtype_size(t->dtype);
+        for (uint64_t e = off[i] / es; e < t->nbytes / es; e++) {
+            float v;
+            if (t->dtype == UPD_F32) {
+                memcpy(&v, t->data + 4 * e, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, t->data + 2 * e, 2);
+                v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+            }
+            if (!isfinite(v)) {
+                rc = rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
+                             t->name, (unsigned long long)e, isnan(v) ? "NaN" : "infinite");
+                break;
+            }
+        }
+    }
+    free(first), free(off);
+    return rc;
+}
+
+static int32_t ggml_of(int dtype) { return dtype == UPD_F32 ? GGML_F32 : dtype == UPD_F16 ? GGML_F16 : GGML_BF16; }
+
+/* Narrows n fp32 values to dtype (bf16 or f16) into dst when every one
+ * survives the round trip exactly; 0 if not (dst then holds garbage). */
+static int narrow_exact(const float *src, uint64_t n, int dtype, uint16_t *dst)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t h = dtype == UPD_BF16 ? rd_f32_to_bf16(src[i]) : st_f32_to_f16(src[i]);
+        float back = dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+        if (memcmp(&back, &src[i], sizeof back))
+            return 0;
+        dst[i] = h;
+    }
+    return 1;
+}
+
+/* Builds linear group g (layer l) in the pushed dtypes: one rd_wpart per
+ * member (HF rows as staged: the bytes are what linear_load_q takes), with
+ * members the stage does not cover read back from the model (fp32, or the
+ * pushed neighbour's 16-bit dtype when that is exact: a partial bf16 push
+ * onto bf16 weights stays bf16). Adjacent members of one dtype whose bytes
+ * are contiguous become one part, as a load of the same tensors makes.
+ * 1 (not an error) when the group's members are not stacked in table order:
+ * the caller takes the fp32 path. */
+static int build_group_native(const model *m, const upd_stage *s, int g, int l, float *buf, uint16_t *nbuf,
+                              void **out)
+{
+    const model_config *c = &m->cfg;
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    rd_backend *be = m->be;
+    int64_t rows, cols;
+    arch_group_shape(a, c, (arch_group)g, &rows, &cols);
+    struct { int staged; int dtype; int64_t row0, rows; const uint8_t *data; } mem[RD_WPART_MAX];
+    int n_mem = 0, have_old = 0, any_staged = 0;
+    int64_t next = 0;
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const arch_tensor *t = &a->tensors[i];
+        if ((int)t->group != g)
+            continue;
+        int64_t at = arch_tensor_row0(a, c, t), tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
+        if (at != next || tc != cols || n_mem == RD_WPART_MAX)
+            return 1;
+        next = at + tr;
+        const upd_tensor *st = NULL;
+        for (int32_t j = 0; j < s->n && !st; j++)
+            if (s->t[j].kind == i && s->t[j].layer == l)
+                st = &s->t[j];
+        mem[n_mem].staged = st != NULL;
+        mem[n_mem].dtype = st ? st->dtype : UPD_F32;
+        mem[n_mem].row0 = at;
+        mem[n_mem].rows = tr;
+        mem[n_mem].data = st ? st->data : NULL;
+        any_staged |= st != NULL;
+        n_mem++;
+    }
+    if (next != rows || !any_staged)
+        return 1;
+    uint16_t *nat = nbuf;
+    for (int i = 0; i < n_mem; i++) {
+        if (mem[i].staged)
+            continue;
+        if (!have_old) {
+            int rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l), buf);
+            if (rc)
+                return rc;
+            have_old = 1;
+        }
+        const float *src = buf + mem[i].row0 * cols;
+        uint64_t n = (uint64_t)(mem[i].rows * cols);
+        int want = i > 0 && mem[i - 1].staged ? mem[i - 1].dtype
+                 : i + 1 < n_mem && mem[i + 1].staged ? mem[i + 1].dtype : UPD_F32;
+        if (want != UPD_F32 && narrow_exact(src, n, want, nat)) {
+            mem[i].dtype = want;
+            mem[i].data = (const uint8_t *)nat;
+            nat += n;
+        } else {
+            mem[i].data = (const uint8_t *)src;
+        }
+    }
+    rd_wpart parts[RD_WPART_MAX];
+    int32_t n_parts = 0;
+    for (int i = 0; i < n_mem; i++) {
+        rd_wpart *last = n_parts ? &parts[n_parts - 1] : NULL;
+        if (last && last->type == ggml_of(mem[i].dtype) &&
+            (const uint8_t *)last->data + (size_t)last->rows * cols * dtype_size(mem[i].dtype) == mem[i].data) {
+            last->rows += (int32_t)mem[i].rows;
+            continue;
+        }
+        parts[n_parts++] = (rd_wpart){.type = ggml_of(mem[i].dtype), .rows = (int32_t)mem[i].rows,
+                                      .data = mem[i].data};
+    }
+    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, out);
+}
+
 int upd_build(const model *m, const upd_stage *s, upd_patch **out)
 {
     *out = NULL;
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
+    int rc = check_finite(s);
+    if (rc)
+        return rc;
     /* The groups touched, in model order; each once. */
     int32_t n_slots = AG_COUNT * (c->n_layers + 1);
     uint8_t *touched = calloc((size_t)n_slots, 1);
@@ -383,13 +571,14 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
             big = (r ? r : 1) * cl;
     }
     float *buf = malloc(sizeof(float) * (size_t)big);
-    if (!touched || !p || !buf || !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
+    uint16_t *nbuf = be->ops->linear_load_q ? malloc(sizeof(uint16_t) * (size_t)big) : NULL;
+    if (!touched || !p || !buf || (be->ops->linear_load_q && !nbuf) || !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
         free(touched);
         free(buf);
+        free(nbuf);
         upd_patch_free(be, p);
         return rd_fail(RD_ENOMEM, "commit: out of memory converting the update");
     }
-    int rc = 0;
     for (int32_t i = 0; i < s->n && !rc; i++) {
         const upd_tensor *t0 = &s->t[i];
         int g = group_of(c, t0->kind), l = t0->layer;
@@ -399,12 +588,28 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         touched[key] = 1;
         int64_t rows, cols;
         group_shape(c, g, &rows, &cols);
-        /* Rows of the group the stage covers; read the rest from the model. */
+        int64_t elems = (rows ? rows : 1) * cols;
+        upd_entry *e = &p->e[p->n];
+        e->group = g;
+        e->layer = l;
+        e->is_linear = rows != 0;
+        if (rows && be->ops->linear_load_q) {
+            rc = build_group_native(m, s, g, l, buf, nbuf, &e->ptr);
+            if (rc < 0)
+                break;
+            if (rc == 0) {
+                e->bytes = be->ops->linear_bytes ? (uint64_t)be->ops->linear_bytes(be, e->ptr)
+                                                 : sizeof(float) * (uint64_t)elems;
+                p->n++;
+                continue;
+            }
+            rc = 0;             /* 1: the fp32 path below */
+        }
+        /* fp32: rows of the group the stage covers; read the rest from the model. */
         int64_t covered = 0;
         for (int32_t j = i; j < s->n; j++)
             if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l)
                 covered += (int64_t)(s->t[j].nbytes / dtype_size(s->t[j].dtype));
-        int64_t elems = (rows ? rows : 1) * cols;
         void **slot = model_weight_slot((model *)m, (arch_group)g, l);
         if (covered < elems) {
             if (rows && (rc = be->ops->linear_read(be, *slot, buf)))
@@ -423,13 +628,11 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         }
         if (rc)
             break;
-        upd_entry *e = &p->e[p->n];
-        e->group = g;
-        e->layer = l;
-        e->is_linear = rows != 0;
         e->bytes = sizeof(float) * (uint64_t)elems;
         if (rows) {
             rc = be->ops->linear_load(be, buf, (int32_t)rows, (int32_t)cols, &e->ptr);
+            if (!rc && be->ops->linear_bytes)
+                e->bytes = (uint64_t)be->ops->linear_bytes(be, e->ptr);
         } else {
             e->ptr = be->ops->alloc(be, sizeof(float) * (size_t)cols);
             rc = e->ptr ? be->ops->h2d(be, e->ptr, buf, sizeof(float) * (size_t)cols)
@@ -442,6 +645,7 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         rc = be->ops->sync(be);
     free(touched);
     free(buf);
+    free(nbuf);
     if (rc) {
         upd_patch_free(be, p);
         return rc;
@@ -463,6 +667,6 @@ void upd_apply(model *m, upd_patch *p)
     if (m->cfg.tied_embeddings)
         m->lm_head = m->embed;
     m->weights_gen++;
-    model_count_bytes(m);       /* a pushed weight is fp32 whatever the one it replaced was */
+    model_count_bytes(m);       /* a pushed weight holds its pushed dtype, not the one it replaced */
     p->applied = 1;
 }

@@ -13,6 +13,7 @@
 #include "engine/err.h"
 #include "kernels/cpu/attention.h"
 #include "engine/gguf.h"
+#include "engine/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
 #include "kernels/cpu/pool.h"
@@ -82,6 +83,8 @@ static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_pa
         all_f32 &= parts[i].type == GGML_F32;
         ok &= gemm_qtype_ok(parts[i].type);
     }
+    if (all_f32 && n_parts == 1)
+        return cpu_linear_load(be, parts[0].data, out, in, handle);   /* already the fp32 GEMM's input */
     if (cpu_weights_f32() || all_f32 || !ok) {
         /* fp32 panels: dequantize the parts one after the other (an F32
          * weight is already what the fp32 GEMM wants). */
@@ -304,29 +307,59 @@ static void cpu_gather_rows(rd_backend *be, const float *x, const int32_t *rows,
         memcpy(out + (size_t)i * d, x + (size_t)rows[i] * d, (size_t)d * sizeof(float));
 }
 
+/* The CPU backend: its ops table is its own copy, because kv_dtype changes
+ * kv_elem_bytes per instance. */
+typedef struct {
+    rd_backend be;              /* first: the rd_backend * callers hold */
+    rd_backend_ops ops;
+    int kv_type;                /* CPU_KV_*: what the KV cache stores */
+} cpu_be;
+
+static int kv_type_of(const rd_backend *be) { return ((const cpu_be *)be)->kv_type; }
+
+/* n floats into the cache's type: f32 as they are, bf16 and f16 rounded to
+ * nearest even (what attention then widens back exactly). */
+static void kv_store(int t, void *dst, const float *src, int32_t n)
+{
+    if (t == CPU_KV_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *d = dst;
+    for (int32_t i = 0; i < n; i++)
+        d[i] = t == CPU_KV_BF16 ? rd_f32_to_bf16(src[i]) : st_f32_to_f16(src[i]);
+}
+
 static void cpu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, const float *v,
                          int32_t stride, const rd_step_dev *s, float *k_cache, float *v_cache)
 {
     const int32_t hd = a->head_dim, bs = a->block_size;
+    const int t = kv_type_of(be);
+    const size_t es = t == CPU_KV_F32 ? 4 : 2;
     for (int32_t i = 0; i < s->n_rows; i++) {
         int32_t block = s->slots[i] / bs, off = s->slots[i] % bs;
         for (int32_t h = 0; h < a->n_kv_heads; h++) {
-            size_t dst = (((size_t)block * a->n_kv_heads + h) * bs + off) * hd;
-            memcpy(k_cache + dst, k + (size_t)i * stride + (size_t)h * hd, (size_t)hd * sizeof(float));
-            memcpy(v_cache + dst, v + (size_t)i * stride + (size_t)h * hd, (size_t)hd * sizeof(float));
+            size_t dst = (((size_t)block * a->n_kv_heads + h) * bs + off) * hd * es;
+            kv_store(t, (uint8_t *)k_cache + dst, k + (size_t)i * stride + (size_t)h * hd, hd);
+            kv_store(t, (uint8_t *)v_cache + dst, v + (size_t)i * stride + (size_t)h * hd, hd);
         }
     }
+}
+
+static void cpu_attention_op(rd_backend *be, const rd_attn_shape *a, const float *q, int32_t stride,
+                             const rd_step_dev *s, const float *k_cache, const float *v_cache, float *out)
+{
+    cpu_attention(kv_type_of(be), a, q, stride, s, k_cache, v_cache, out);
 }
 
 static void cpu_copy_blocks(rd_backend *be, const rd_attn_shape *a, float *k_cache, float *v_cache,
                             const int32_t *src, const int32_t *dst, int32_t n)
 {
-    size_t per_block = (size_t)a->n_kv_heads * a->block_size * a->head_dim;
+    size_t per_block = (size_t)a->n_kv_heads * a->block_size * a->head_dim * (kv_type_of(be) == CPU_KV_F32 ? 4 : 2);
+    uint8_t *kc = (uint8_t *)k_cache, *vc = (uint8_t *)v_cache;
     for (int32_t i = 0; i < n; i++) {
-        memcpy(k_cache + (size_t)dst[i] * per_block, k_cache + (size_t)src[i] * per_block,
-               per_block * sizeof(float));
-        memcpy(v_cache + (size_t)dst[i] * per_block, v_cache + (size_t)src[i] * per_block,
-               per_block * sizeof(float));
+        memcpy(kc + (size_t)dst[i] * per_block, kc + (size_t)src[i] * per_block, per_block);
+        memcpy(vc + (size_t)dst[i] * per_block, vc + (size_t)src[i] * per_block, per_block);
     }
 }
 
@@ -345,7 +378,7 @@ static int cpu_step_upload(rd_backend *be, const rd_step *h, rd_step_dev *d)
     return 0;
 }
 
-static void cpu_destroy(rd_backend *be) { free(be); }
+static void cpu_destroy(rd_backend *be) { free((cpu_be *)be); }
 
 static const rd_backend_ops cpu_ops = {
     .name = "cpu",
@@ -371,7 +404,7 @@ static const rd_backend_ops cpu_ops = {
     .scale = cpu_scale,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
-    .attention = cpu_attention,
+    .attention = cpu_attention_op,
     .copy_blocks = cpu_copy_blocks,
     .step_upload = cpu_step_upload,
     .destroy = cpu_destroy,
@@ -379,13 +412,25 @@ static const rd_backend_ops cpu_ops = {
 
 int rd_backend_cpu_create(int n_threads, rd_backend **out)
 {
-    rd_backend *be = calloc(1, sizeof *be);
-    if (!be)
+    cpu_be *cb = calloc(1, sizeof *cb);
+    if (!cb)
         return rd_fail(RD_ENOMEM, "cpu backend: out of memory");
-    be->ops = &cpu_ops;
+    cb->ops = cpu_ops;
+    cb->kv_type = CPU_KV_F32;
+    rd_backend *be = &cb->be;
+    be->ops = &cb->ops;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     pool_init(n_threads > 0 ? n_threads : (int)(cores > 0 ? cores : 1));
     be->n_threads = pool_size();
     *out = be;
+    return 0;
+}
+
+/* kv_dtype (rd_backend_set_kv_dtype): 4-byte f32, or 2-byte bf16 / f16. */
+int rd_backend_cpu_set_kv_dtype(rd_backend *be, int elem_bytes, int is_f16)
+{
+    cpu_be *cb = (cpu_be *)be;
+    cb->kv_type = elem_bytes == 4 ? CPU_KV_F32 : is_f16 ? CPU_KV_F16 : CPU_KV_BF16;
+    cb->ops.kv_elem_bytes = elem_bytes == 4 ? 0 : 2;
     return 0;
 }

@@ -17,6 +17,28 @@
 
 #define ROW_CHUNK 64            /* rows of x kept hot in L2 while panels stream */
 
+typedef struct {
+    const float *w;
+    gemm_weight *g;
+} pack_job;
+
+/* One panel: zeroed (the first touch of its pages, on the thread that fills
+ * it), then its rows transposed in. */
+static void pack_panel(void *ctx, int32_t p, int32_t worker)
+{
+    const pack_job *j = ctx;
+    const gemm_weight *g = j->g;
+    const int32_t in = g->in, c1 = (p + 1) * GEMM_PANEL < g->out ? (p + 1) * GEMM_PANEL : g->out;
+    float *panel = g->packed + (size_t)p * in * GEMM_PANEL;
+    memset(panel, 0, sizeof(float) * (size_t)in * GEMM_PANEL);
+    for (int32_t c = p * GEMM_PANEL; c < c1; c++) {
+        const int lane = c % GEMM_PANEL;
+        const float *src = j->w + (size_t)c * in;
+        for (int32_t k = 0; k < in; k++)
+            panel[(size_t)k * GEMM_PANEL + lane] = src[k];
+    }
+}
+
 int gemm_pack(const float *w, int32_t out, int32_t in, gemm_weight *g)
 {
     if (out <= 0 || in <= 0)
@@ -28,14 +50,9 @@ int gemm_pack(const float *w, int32_t out, int32_t in, gemm_weight *g)
     g->packed = aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(size_t)63);
     if (!g->packed)
         return rd_fail(RD_ENOMEM, "gemm_pack: cannot allocate %zu bytes", n * sizeof(float));
-    memset(g->packed, 0, n * sizeof(float));
-    for (int32_t c = 0; c < out; c++) {
-        float *panel = g->packed + (size_t)(c / GEMM_PANEL) * in * GEMM_PANEL;
-        int lane = c % GEMM_PANEL;
-        const float *src = w + (size_t)c * in;
-        for (int32_t k = 0; k < in; k++)
-            panel[(size_t)k * GEMM_PANEL + lane] = src[k];
-    }
+    /* On the pool: an f32 weight push repacks the whole model at COMMIT. */
+    pack_job j = {w, g};
+    pool_run(g->n_panels, pack_panel, &j);
     return 0;
 }
 

@@ -198,6 +198,60 @@ static void pack_block(int32_t type, const qlayout *L, const uint8_t *b, uint8_t
     }
 }
 
+/* One 4-panel group (64 rows) of a pack: its bytes zeroed (first touch on
+ * the thread that fills them), then every row's blocks placed. */
+typedef struct {
+    gemm_qpart *q;
+    qlayout L;
+    const uint8_t *src;
+    size_t row_bytes;
+} pack_job;
+
+/* F32/F16/BF16: panel-block [32 k][16 lanes] of es-byte elements; a 16 x 32
+ * transpose per block, rows read in order. */
+static void pack_ftype_panel(const pack_job *j, int32_t p)
+{
+    const gemm_qpart *q = j->q;
+    const size_t es = j->L.raw;
+    const int32_t c0 = p * LANES, nc = q->out - c0 < LANES ? q->out - c0 : LANES;
+    for (int32_t b = 0; b < q->n_blocks; b++) {
+        uint8_t *pb = q->data + pblock_at(q, p, b);
+        const int32_t k0 = b * 32, nk = q->in - k0 < 32 ? q->in - k0 : 32;
+        for (int32_t lane = 0; lane < nc; lane++) {
+            const uint8_t *row = j->src + (size_t)(c0 + lane) * j->row_bytes + (size_t)k0 * es;
+            if (es == 2) {
+                uint16_t *d = (uint16_t *)pb + lane;
+                for (int32_t k = 0; k < nk; k++)
+                    memcpy(d + (size_t)k * LANES, row + 2 * (size_t)k, 2);
+            } else {
+                uint32_t *d = (uint32_t *)pb + lane;
+                for (int32_t k = 0; k < nk; k++)
+                    memcpy(d + (size_t)k * LANES, row + 4 * (size_t)k, 4);
+            }
+        }
+    }
+}
+
+static void pack_task(void *ctx, int32_t g, int32_t worker)
+{
+    const pack_job *j = ctx;
+    gemm_qpart *q = j->q;
+    memset(q->data + (size_t)g * 4 * q->n_blocks * q->pblk, 0, group_bytes(q, g));
+    const int32_t p1 = 4 * g + 4 < q->n_panels ? 4 * g + 4 : q->n_panels;
+    for (int32_t p = 4 * g; p < p1; p++) {
+        if (is_ftype(q->type)) {
+            pack_ftype_panel(j, p);
+            continue;
+        }
+        const int32_t c1 = (p + 1) * LANES < q->out ? (p + 1) * LANES : q->out;
+        for (int32_t c = p * LANES; c < c1; c++) {
+            const uint8_t *row = j->src + (size_t)c * j->row_bytes;
+            for (int32_t b = 0; b < q->n_blocks; b++)
+                pack_block(q->type, &j->L, row + (size_t)b * j->L.raw, q->data + pblock_at(q, p, b), c % LANES);
+        }
+    }
+}
+
 int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpart *q)
 {
     memset(q, 0, sizeof *q);
@@ -220,23 +274,11 @@ int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpar
     q->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!q->data)
         return rd_fail(RD_ENOMEM, "gemm_qpack: cannot allocate %zu bytes", bytes);
-    memset(q->data, 0, bytes);
-    const uint8_t *src = raw;
-    size_t row_bytes = is_ftype(type) ? (size_t)in * L.raw : (size_t)(in / L.blk) * L.raw;
-    for (int32_t c = 0; c < out; c++) {
-        const uint8_t *row = src + (size_t)c * row_bytes;
-        int lane = c % LANES;
-        const int32_t p = c / LANES;
-        if (is_ftype(type)) {
-            /* [k][16] elements of L.raw bytes: block b, k within it. */
-            for (int32_t k = 0; k < in; k++)
-                memcpy(q->data + pblock_at(q, p, k / 32) + ((size_t)(k % 32) * LANES + lane) * L.raw,
-                       row + (size_t)k * L.raw, L.raw);
-            continue;
-        }
-        for (int32_t b = 0; b < q->n_blocks; b++)
-            pack_block(type, &L, row + (size_t)b * L.raw, q->data + pblock_at(q, p, b), lane);
-    }
+    /* On the pool: a weight push repacks ~270 MB (bf16 SmolLM2) at COMMIT,
+     * and the load does the same for the file; groups are independent. */
+    pack_job j = {.q = q, .L = L, .src = raw,
+                  .row_bytes = is_ftype(type) ? (size_t)in * L.raw : (size_t)(in / L.blk) * L.raw};
+    pool_run((q->n_panels + 3) / 4, pack_task, &j);
     return 0;
 }
 
@@ -352,6 +394,26 @@ static inline __mmask16 ld_mask(const uint8_t *p) { return (__mmask16)rd16(p); }
         BODY                                                                                         \
     }
 
+/* Q6_K's four k of one hi byte as int8 codes minus 32, per lane: the
+ * 6-bit code is assembled on 16 bytes (low nibble from the pair byte, 2
+ * high bits from the hi byte; 16-bit shifts with byte masks, the masks drop
+ * what crosses a byte) and widened once. The same integers as unpacking in
+ * 32-bit lanes, so the weights are the same floats. */
+static inline __attribute__((always_inline)) void q6k_codes(const uint8_t *ql, const uint8_t *qh, __m512i c[4])
+{
+    const __m128i h = _mm_loadu_si128((const __m128i *)qh), n0 = _mm_loadu_si128((const __m128i *)ql),
+                  n1 = _mm_loadu_si128((const __m128i *)(ql + LANES));
+    const __m128i f = _mm_set1_epi8(15), hm = _mm_set1_epi8(0x30), z = _mm_set1_epi8(32);
+    __m128i b0 = _mm_or_si128(_mm_and_si128(n0, f), _mm_and_si128(_mm_slli_epi16(h, 4), hm));
+    __m128i b1 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n0, 4), f), _mm_and_si128(_mm_slli_epi16(h, 2), hm));
+    __m128i b2 = _mm_or_si128(_mm_and_si128(n1, f), _mm_and_si128(h, hm));
+    __m128i b3 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n1, 4), f), _mm_and_si128(_mm_srli_epi16(h, 2), hm));
+    c[0] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b0, z));
+    c[1] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b1, z));
+    c[2] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b2, z));
+    c[3] = _mm512_cvtepi8_epi32(_mm_sub_epi8(b3, z));
+}
+
 static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
 {
     const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
@@ -437,18 +499,12 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
             _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pb + 32 + (s + 1) * LANES))))),
         };
         const uint8_t *ql = pb + 288 + (kb0 / 2) * LANES, *qh = pb + 2336 + (kb0 / 4) * LANES;
-        const __m512i three = _mm512_set1_epi32(3), n32 = _mm512_set1_epi32(32), f15 = _mm512_set1_epi32(15);
         for (int i = 0; i < 8; i++) {       /* 4 k per hi byte, 2 per nibble byte */
-            __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
-            __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
-            __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
-            __m512i c[4] = {_mm512_and_si512(n0, f15), _mm512_srli_epi32(n0, 4), _mm512_and_si512(n1, f15),
-                            _mm512_srli_epi32(n1, 4)};
+            __m512i c[4];
+            q6k_codes(ql + (2 * i) * LANES, qh + i * LANES, c);
             for (int j = 0; j < 4; j++) {
-                __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * j), three), 4);
-                __m512i v = _mm512_sub_epi32(_mm512_or_si512(c[j], hb), n32);
                 int kk = 4 * i + j;
-                _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(v)));
+                _mm512_storeu_ps(dst + kk * LANES, _mm512_mul_ps(dsc[kk / 16], _mm512_cvtepi32_ps(c[j])));
             }
         }
         return;
@@ -479,20 +535,36 @@ void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float 
 static float *scratch[POOL_MAX_THREADS];
 static size_t scratch_n[POOL_MAX_THREADS];
 
-int gemm_qreserve(int32_t in)
+typedef struct {
+    int32_t in;
+    int rc;
+} reserve_job;
+
+static void reserve_serial(void *ctx)
 {
-    const size_t n = (size_t)4 * in * LANES;
+    reserve_job *j = ctx;
+    const size_t n = (size_t)4 * j->in * LANES;
     for (int i = 0; i < pool_size() && i < POOL_MAX_THREADS; i++) {
         if (scratch_n[i] >= n)
             continue;
         float *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
-        if (!p)
-            return rd_fail(RD_ENOMEM, "gemm_qreserve: cannot allocate %zu bytes of decode buffer", n * sizeof(float));
+        if (!p) {
+            j->rc = rd_fail(RD_ENOMEM, "gemm_qreserve: cannot allocate %zu bytes of decode buffer", n * sizeof(float));
+            return;
+        }
         free(scratch[i]);
         scratch[i] = p;
         scratch_n[i] = n;
     }
-    return 0;
+}
+
+/* While no job runs: a weight update's build (another thread) may grow the
+ * buffers that the engine's GEMM tasks read. */
+int gemm_qreserve(int32_t in)
+{
+    reserve_job j = {in, 0};
+    pool_serial(reserve_serial, &j);
+    return j.rc;
 }
 
 typedef struct {
@@ -677,15 +749,10 @@ static inline __attribute__((always_inline)) void qrow1(const gemm_qpart *q, con
 #pragma GCC unroll 4
                 for (int j = 0; j < NP; j++) {
                     const uint8_t *ql = pb[j] + 288 + (kb0 / 2) * LANES, *qh = pb[j] + 2336 + (kb0 / 4) * LANES;
-                    __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + i * LANES)));
-                    __m512i n0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES)));
-                    __m512i n1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES)));
-                    __m512i c[4] = {_mm512_and_si512(n0, _mm512_set1_epi32(15)), _mm512_srli_epi32(n0, 4),
-                                    _mm512_and_si512(n1, _mm512_set1_epi32(15)), _mm512_srli_epi32(n1, 4)};
+                    __m512i c[4];
+                    q6k_codes(ql + (2 * i) * LANES, qh + i * LANES, c);
                     for (int t = 0; t < 4; t++) {
-                        __m512i hb = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * t), _mm512_set1_epi32(3)), 4);
-                        __m512i qv = _mm512_sub_epi32(_mm512_or_si512(c[t], hb), _mm512_set1_epi32(32));
-                        __m512 w = _mm512_mul_ps(i < 4 ? d[j] : d2[j], _mm512_cvtepi32_ps(qv));
+                        __m512 w = _mm512_mul_ps(i < 4 ? d[j] : d2[j], _mm512_cvtepi32_ps(c[t]));
                         acc[j] = _mm512_fmadd_ps(v[t], w, acc[j]);
                     }
                 }

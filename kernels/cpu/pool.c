@@ -6,7 +6,13 @@
  * CLOSED, never claimable), then writes fn/ctx/n_tasks, then opens it at task
  * 0: a late worker of the previous job can no longer claim anything while the
  * fields change, and fn/ctx are read only after a successful claim, when the
- * job cannot move on until that task is done. */
+ * job cannot move on until that task is done.
+ *
+ * Callers: the engine thread runs its step's jobs, and a weight update's
+ * build (a libuv worker) runs its repacking on the same threads. `run_mu`
+ * makes the jobs of different callers take turns, so one job at a time
+ * still holds; a task that calls pool_run runs its inner job inline (it
+ * already holds the pool, and waiting for itself would deadlock). */
 #include "kernels/cpu/pool.h"
 
 #include <immintrin.h>
@@ -29,6 +35,8 @@ static struct {
 } P = {.n = 0, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER;   /* held by the caller whose job runs */
+static _Thread_local int in_pool;   /* 1 on a worker, and on a caller while it holds run_mu */
 
 #define CLOSED 0xffffffffu
 
@@ -61,6 +69,7 @@ static void *worker_main(void *arg)
 {
     int32_t me = (int32_t)(intptr_t)arg;
     uint32_t seen = 0;
+    in_pool = 1;
     for (;;) {
         uint32_t gen = seen;
         /* Spin a little: the next job of a step usually follows within microseconds. */
@@ -112,9 +121,20 @@ void pool_run(int32_t n_tasks, pool_fn fn, void *ctx)
 {
     if (n_tasks <= 0)
         return;
-    if (P.n <= 1 || n_tasks == 1) {
+    if (in_pool) {              /* nested: this thread already holds the pool */
         for (int32_t t = 0; t < n_tasks; t++)
             fn(ctx, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&run_mu);
+    in_pool = 1;
+    if (P.n <= 1 || n_tasks == 1) {
+        /* Inline, but still under run_mu: the task may use worker 0's
+         * buffers, which another caller's job would use too. */
+        for (int32_t t = 0; t < n_tasks; t++)
+            fn(ctx, t, 0);
+        in_pool = 0;
+        pthread_mutex_unlock(&run_mu);
         return;
     }
     /* The previous job is complete (we waited for it): close, fill, open. */
@@ -136,4 +156,23 @@ void pool_run(int32_t n_tasks, pool_fn fn, void *ctx)
         else
             sched_yield(); /* a worker holding a task was descheduled */
     }
+    in_pool = 0;
+    pthread_mutex_unlock(&run_mu);
+}
+
+typedef struct {
+    void (*fn)(void *ctx);
+    void *ctx;
+} serial_job;
+
+static void serial_task(void *ctx, int32_t t, int32_t worker)
+{
+    serial_job *j = ctx;
+    j->fn(j->ctx);
+}
+
+void pool_serial(void (*fn)(void *ctx), void *ctx)
+{
+    serial_job j = {fn, ctx};
+    pool_run(1, serial_task, &j);
 }

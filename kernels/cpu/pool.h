@@ -22,6 +22,11 @@ typedef void (*pool_fn)(void *ctx, int32_t task, int32_t worker);
 int pool_init(int n_threads);
 /* Threads taking part (>= 1). */
 int pool_size(void);
+/* Safe from any thread: jobs of different callers run one after the other.
+ * Called from inside a task, the inner job runs inline on that thread. */
 void pool_run(int32_t n_tasks, pool_fn fn, void *ctx);
+/* Runs fn(ctx) on the calling thread while no job runs (e.g. to resize
+ * per-worker buffers that running tasks would read). */
+void pool_serial(void (*fn)(void *ctx), void *ctx);
 
 #endif

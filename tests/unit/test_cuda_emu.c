@@ -1538,7 +1538,11 @@ static void test_attention_window(void)
  * cache and the device's bf16 one hold the same values), then the last rows
  * of each sequence attend in a second step, their q rows strided as in q|k|v.
  * The two backends differ only in summation order and partitioning. */
-static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, int32_t window, double *worst_out)
+static rd_backend *cpu_kvbf16;  /* the CPU backend with kv_dtype bf16 */
+
+/* raw: K/V of any float, stored by each backend as bf16 (the CPU with
+ * kv_dtype bf16); else values already bf16, so the f32 CPU cache holds them. */
+static void attn_vs_cpu_case_kv(int32_t nh, int32_t nkv, int32_t hd, int32_t window, int raw, double *worst_out)
 {
     const int32_t bs = 16, ns = 4;
     const seq_spec sp[4] = {{300, 2}, {37, 37}, {1, 1}, {513, 1}}; /* 2 and 3 partitions of 256 keys */
@@ -1568,7 +1572,7 @@ static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, int32_t window
             pos[ra] = t;
             slot[ra] = tables[s * maxb + t / bs] * bs + t % bs;
             for (int32_t i = 0; i < qdim; i++)
-                kv[(size_t)ra * qdim + i] = bf(hval(7, s, t, i));
+                kv[(size_t)ra * qdim + i] = raw ? hval(7, s, t, i) * 1.37f : bf(hval(7, s, t, i));
             if (t >= sp[s].ctx - sp[s].new_rows) {
                 for (int32_t i = 0; i < qdim; i++)
                     q[(size_t)rb * qdim + i] = i < nh * hd ? hval(8, s, t, i) : NAN; /* K|V columns: unread */
@@ -1590,7 +1594,7 @@ static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, int32_t window
     rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), window};
     const size_t cache = (size_t)n_blocks * nkv * bs * hd, no = (size_t)mb * nh * hd;
     float *out[2];
-    rd_backend *bes[2] = {cpu, emu};
+    rd_backend *bes[2] = {raw ? cpu_kvbf16 : cpu, emu};
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         const size_t eb = (size_t)rd_backend_kv_elem_bytes(be);
@@ -1615,6 +1619,44 @@ static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, int32_t window
     *worst_out = worst;
     free(out[0]), free(out[1]);
     free(tables), free(tok), free(pos), free(slot), free(kv), free(q), free(pos_b), free(slot_b);
+}
+
+static void attn_vs_cpu_case(int32_t nh, int32_t nkv, int32_t hd, int32_t window, double *worst_out)
+{
+    attn_vs_cpu_case_kv(nh, nkv, hd, window, 0, worst_out);
+}
+
+/* kv_dtype: the CPU backend's bf16 cache rounds K/V as the CUDA backend's
+ * does, so the two agree on values that are not bf16 to begin with; CUDA
+ * takes "bf16" and "auto" and refuses the types it does not store. */
+static void test_attention_vs_cpu_kv_bf16(void)
+{
+    CHECK(rd_backend_kv_elem_bytes(cpu_kvbf16) == 2 && rd_backend_kv_elem_bytes(emu) == 2, "element bytes");
+    CHECK(rd_backend_set_kv_dtype(emu, "bf16") == 0 && rd_backend_set_kv_dtype(emu, "auto") == 0, "%s",
+          rd_errmsg());
+    CHECK(rd_backend_set_kv_dtype(emu, "f32") == RD_ENOTSUP && strstr(rd_errmsg(), "bf16"), "%s", rd_errmsg());
+    CHECK(rd_backend_set_kv_dtype(emu, "f16") == RD_ENOTSUP, "f16 on CUDA");
+    const struct {
+        int32_t nh, nkv, hd, window;
+    } shapes[] = {{8, 2, 128, 0}, {6, 1, 128, 0}, {4, 1, 256, 7}, {8, 2, 128, 512}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double worst = 0, worst_f32cpu = 0;
+        attn_vs_cpu_case_kv(shapes[i].nh, shapes[i].nkv, shapes[i].hd, shapes[i].window, 1, &worst);
+        if (test_case_failed)
+            return;
+        /* The same inputs against the f32 CPU cache differ by the rounding. */
+        rd_backend *keep = cpu_kvbf16;
+        cpu_kvbf16 = cpu;
+        attn_vs_cpu_case_kv(shapes[i].nh, shapes[i].nkv, shapes[i].hd, shapes[i].window, 1, &worst_f32cpu);
+        cpu_kvbf16 = keep;
+        if (test_case_failed)
+            return;
+        printf("# attention %d/%d heads, hd %d, window %d, unrounded K/V: emulated CUDA vs CPU kv bf16 max |diff| "
+               "%.3g (vs CPU kv f32 %.3g)\n", shapes[i].nh, shapes[i].nkv, shapes[i].hd, shapes[i].window, worst,
+               worst_f32cpu);
+        CHECK(worst < 1e-5 && worst_f32cpu > 1e-4, "heads %d/%d, hd %d: %.3g vs the bf16 CPU cache, %.3g vs f32",
+              shapes[i].nh, shapes[i].nkv, shapes[i].hd, worst, worst_f32cpu);
+    }
 }
 
 static void test_attention_vs_cpu(void)
@@ -2517,6 +2559,10 @@ int main(void)
 {
     int rc = rd_backend_create("cpu", 2, &cpu);
     if (!rc)
+        rc = rd_backend_create("cpu", 2, &cpu_kvbf16);
+    if (!rc)
+        rc = rd_backend_set_kv_dtype(cpu_kvbf16, "bf16");
+    if (!rc)
         rc = rd_backend_create("cuda-emu", 1, &emu);
     setenv("RD_CUDA_ACT", "bf16", 1);
     if (!rc)
@@ -2543,6 +2589,7 @@ int main(void)
     RUN_SEL(test_attention_alone_vs_batched);
     RUN_SEL(test_attention_window);
     RUN_SEL(test_attention_vs_cpu);
+    RUN_SEL(test_attention_vs_cpu_kv_bf16);
     RUN_SEL(test_gemma_layer);
     RUN_SEL(test_copy_blocks);
     RUN_SEL(test_sampler);
@@ -2555,5 +2602,6 @@ int main(void)
     rd_backend_destroy(emu_bf16);
     rd_backend_destroy(emu);
     rd_backend_destroy(cpu);
+    rd_backend_destroy(cpu_kvbf16);
     TEST_EXIT();
 }

@@ -1743,6 +1743,139 @@ static void ensure_testdata(void)
     }
 }
 
+/* Stages every tensor of the bf16 export f (one chunk per tensor; `bad`
+ * >= 0 puts a NaN at element 7 of that tensor) and builds a patch. */
+static int push_export(const model *m, const st_file *f, int bad, upd_patch **out)
+{
+    *out = NULL;
+    const int n = (int)f->n_tensors;
+    upd_spec *sp = calloc((size_t)n, sizeof *sp);
+    uint8_t *badbuf = NULL;
+    if (!sp)
+        return RD_ENOMEM;
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = &f->tensors[i];
+        const uint8_t *d = t->data;
+        if (i == bad) {
+            if (!(badbuf = malloc(t->end - t->begin))) {
+                free(sp);
+                return RD_ENOMEM;
+            }
+            memcpy(badbuf, t->data, t->end - t->begin);
+            uint16_t nan = 0x7fc0;
+            memcpy(badbuf + 14, &nan, 2);
+            d = badbuf;
+        }
+        sp[i] = (upd_spec){.name = t->name, .dtype = t->dtype == ST_BF16 ? UPD_BF16 : -1, .n_dims = t->n_dims,
+                           .shape = {(uint64_t)t->shape[0], t->n_dims == 2 ? (uint64_t)t->shape[1] : 0},
+                           .nbytes = t->end - t->begin, .crc32c = crc32c(0, d, t->end - t->begin)};
+        total += sp[i].nbytes;
+    }
+    upd_stage *s;
+    int rc = upd_stage_create(&m->cfg, sp, n, total, total, &s);
+    for (int i = 0; i < n && !rc; i++) {
+        int dup;
+        rc = send_data(s, (uint32_t)i, i == bad ? badbuf : f->tensors[i].data, 0, (uint32_t)sp[i].nbytes, &dup);
+    }
+    if (!rc)
+        rc = upd_stage_verify(s);
+    if (!rc)
+        rc = upd_build(m, s, out);
+    if (s)
+        upd_stage_free(s);
+    free(sp);
+    free(badbuf);
+    return rc;
+}
+
+/* Issue 12: a bf16 push of every weight onto the Q4_1-loaded default model
+ * serves bf16 weights, bit-identical (prompt logits and a greedy run) to the
+ * model loaded from the same bf16 tensors as an HF folder, and holds their
+ * bytes (the Q4_1 ones freed); a push that fails keeps the Q4_1 weights,
+ * bytes and outputs as they were. */
+static void test_bf16_push_real_model(void)
+{
+    const char *path = getenv("RD_MODEL");
+    path = path && *path ? path : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    rd_loaded live;
+    CHECK(rd_load(path, "cpu", test_threads(0), &live) == 0, "cannot load %s: %s", path, rd_errmsg());
+    model *m = live.m, *ref = NULL;
+    const int32_t V = m->cfg.vocab;
+    int32_t prompt[NP];
+    make_prompt(prompt, NP, 9, V);
+    char dir[600], w[600] = "";
+    tmp_dir("real-bf16", dir, sizeof dir);
+    float *l0 = malloc(sizeof(float) * NP * V), *lm = malloc(sizeof(float) * NP * V);
+    float *lr = malloc(sizeof(float) * NP * V);
+    st_file *f = NULL;
+    upd_patch *p = NULL;
+    char path_st[700];
+    snprintf(path_st, sizeof path_st, "%s/model.safetensors", dir);
+    const int64_t w0 = m->weights_bytes;
+    void *qkv0 = m->layers[0].qkv;
+    int rc = l0 && lm && lr ? model_logits(m, prompt, NP, l0) : RD_ENOMEM;
+    if (!rc)
+        rc = model_export_hf(m, dir, ST_BF16);
+    if (!rc)
+        rc = st_open(path_st, &f);
+    if (rc)
+        goto out;
+    if (f->n_tensors != (size_t)(9 * m->cfg.n_layers + 2)) {
+        rc = rd_fail(RD_EFORMAT, "the bf16 export has %zu tensors", f->n_tensors);
+        goto out;
+    }
+    /* (1) A NaN in the last tensor: the build fails, nothing changes. */
+    int brc = push_export(m, f, (int)f->n_tensors - 1, &p);
+    if (brc != RD_EINVAL || p || !strstr(rd_errmsg(), "NaN") || !strstr(rd_errmsg(), f->tensors[f->n_tensors - 1].name)) {
+        rc = rd_fail(RD_EINVAL, "(1) a NaN push: rc %d, patch %p: %s", brc, (void *)p, rd_errmsg());
+        goto out;
+    }
+    if ((rc = model_logits(m, prompt, NP, lm)))
+        goto out;
+    if (m->weights_bytes != w0 || m->layers[0].qkv != qkv0 || memcmp(l0, lm, sizeof(float) * NP * V)) {
+        rc = rd_fail(RD_EINVAL, "(1) a failed push changed the model: %lld bytes (was %lld)",
+                     (long long)m->weights_bytes, (long long)w0);
+        goto out;
+    }
+    /* (2) The good push. */
+    if ((rc = push_export(m, f, -1, &p)))
+        goto out;
+    upd_apply(m, p);
+    upd_patch_free(m->be, p);   /* the Q4_1 buffers (ASan: freed once, not leaked) */
+    p = NULL;
+    if ((rc = model_load_hf(dir, m->be, &ref)))
+        goto out;
+    printf("  weights_bytes: Q4_1 %lld, after the bf16 push %lld, loaded from bf16 %lld (%lld parameters)\n",
+           (long long)w0, (long long)m->weights_bytes, (long long)ref->weights_bytes, (long long)m->n_params);
+    if (m->weights_bytes != ref->weights_bytes || m->weights_bytes < 2 * m->n_params ||
+        m->weights_bytes > 2 * m->n_params + m->n_params / 50 || w0 * 2 > m->weights_bytes) {
+        rc = rd_fail(RD_EINVAL, "weights_bytes %lld after the push; %lld loaded from bf16, %lld before, %lld "
+                     "parameters", (long long)m->weights_bytes, (long long)ref->weights_bytes, (long long)w0,
+                     (long long)m->n_params);
+        goto out;
+    }
+    if (!same_outputs(m, ref, prompt, lm, lr, w, sizeof w)) {
+        rc = rd_fail(RD_EINVAL, "(2) bf16 push vs bf16 load: %s", w);
+        goto out;
+    }
+    if (!memcmp(l0, lm, sizeof(float) * NP * V)) {
+        rc = rd_fail(RD_EINVAL, "(2) the bf16 push left the Q4_1 logits (nothing swapped?)");
+        goto out;
+    }
+out:
+    snprintf(w, sizeof w, "%s", rd_errmsg());
+    if (p)
+        upd_patch_free(m->be, p);
+    model_free(ref);
+    if (f)
+        st_close(f);
+    rm_dir(dir);
+    free(l0), free(lm), free(lr);
+    rd_unload(&live);
+    CHECK(rc == 0, "rc %d: %.400s", rc, w);
+}
+
 int main(void)
 {
     ensure_testdata();
@@ -1763,6 +1896,7 @@ int main(void)
     RUN(test_abort_started);
     RUN(test_abort_preempted);
     RUN(test_swap_modes);
+    RUN(test_bf16_push_real_model);
 
     if (tiny32_ok)
         rd_unload(&tiny32);
