@@ -119,7 +119,7 @@ static int forward(chain *ch, int a, int b)
         }
     }
     if (!rc)
-        rc = call(ch, a, &q, PROTO_UPDATE_FORWARD_OK, 3, &r);
+        rc = call(ch, a, &q, PROTO_UPDATE_FORWARD_OK, 2, &r);
     memset(f->key, 0, sizeof f->key);
     if (rc)
         return rc;
@@ -236,10 +236,8 @@ static void wait_prepared(chain *ch, double t0)
             proto_msg q = {.type = PROTO_UPDATE_PREPARE}, r;
             q.update_prepare.xfer_id = ch->jobs[k].xfer;
             int rc = call(ch, k, &q, PROTO_UPDATE_PREPARE_OK, 2, &r);
-            if (rc) {
-                char why[600];
-                snprintf(why, sizeof why, "UPDATE_PREPARE: %s", rd_errmsg());
-                drop(ch, k, rc, rdc_error_code(ch->jobs[k].c), why);
+            if (rc) { /* rd_errmsg names the request */
+                drop(ch, k, rc, rdc_error_code(ch->jobs[k].c), rd_errmsg());
                 continue;
             }
             m[k].st = r.update_prepare_ok;
@@ -395,11 +393,8 @@ int rdp_chain(rdp_job *jobs, int n, const rdp_plan *p, double t0)
             break;
         m[a].next = b;
         int rc = forward(&ch, a, b);
-        if (rc) {
-            char why[600];
-            snprintf(why, sizeof why, "UPDATE_FORWARD: %s", rd_errmsg());
-            drop(&ch, a, rc, rdc_error_code(jobs[a].c), why);
-        }
+        if (rc)
+            drop(&ch, a, rc, rdc_error_code(jobs[a].c), rd_errmsg());
     }
     if (failed_any(&ch) && ch.o->on_failure == RDP_ON_FAILURE_ABORT)
         goto abort_all;
