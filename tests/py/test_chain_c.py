@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -45,11 +46,18 @@ _authed = []    # three with SECRET_FILE
 
 
 def daemons(n, *extra):
-    out = []
-    for _ in range(n):
-        d = Daemon(*extra)
-        _daemons.append(d)
-        out.append(d)
+    """n daemons, started at once (each start mostly waits on its model load)."""
+    with ThreadPoolExecutor(n) as ex:
+        futs = [ex.submit(Daemon, *extra) for _ in range(n)]
+    out, err = [], None
+    for f in futs:
+        try:
+            out.append(f.result())
+        except Exception as e:  # the ones that started are still killed at exit
+            err = e
+    _daemons.extend(out)
+    if err:
+        raise err
     return out
 
 
