@@ -9,6 +9,7 @@
 - a daemon that cannot be reached: --on-failure abort (the default) aborts
   the update everywhere (old weights serving, no transfer left open);
   --on-failure commit commits on the others, chained around it (hops 0, 1, 2);
+- the last daemon killed mid-push: the others commit and keep running;
 - daemons with a shared secret (lane keys, wrapped for the relaying daemon):
   the chain works with the secret and fails without it; then the middle
   daemon stops answering (SIGSTOP) once its transfer is open: the first
@@ -41,7 +42,7 @@ with open(SECRET_FILE, "w") as f:
     f.write("chain-test-secret-0123456789abcdef\n")
 os.chmod(SECRET_FILE, 0o600)
 _daemons = []
-_plain = []     # four daemons without a secret
+_plain = []     # five daemons without a secret
 _authed = []    # three with SECRET_FILE
 
 
@@ -62,8 +63,9 @@ def daemons(n, *extra):
 
 
 def plain():
+    """Four daemons without a secret, and a fifth that one case kills."""
     if not _plain:
-        _plain.extend(daemons(4))
+        _plain.extend(daemons(5))
     return _plain
 
 
@@ -147,7 +149,7 @@ def direct_v1():
 
 @case
 def chain_of_three_serves_the_update_like_a_direct_push():
-    a, b, c, d = plain()
+    a, b, c, d, _ = plain()
     base = greedy(a)
     rc, rs = push([a.url, b.url, c.url], 1, 7, "--fanout", "chain")
     assert rc == 0 and [r["url"] for r in rs] == [a.url, b.url, c.url], rs
@@ -167,7 +169,7 @@ def chain_of_three_serves_the_update_like_a_direct_push():
 
 @case
 def unreachable_daemon_aborts_everywhere_or_is_chained_around():
-    a, b, c, _ = plain()
+    a, b, c, _, _ = plain()
     v0 = versions([a])[0][0]
     dead = f"tcp://127.0.0.1:{free_port()}"
     urls = [a.url, dead, b.url, c.url]
@@ -184,6 +186,39 @@ def unreachable_daemon_aborts_everywhere_or_is_chained_around():
     ok = [rs[0], rs[2], rs[3]]
     assert all(r["ok"] and r["version"] == v0 + 1 for r in ok) and [r["hop"] for r in ok] == [0, 1, 2], rs
     assert versions([a, b, c]) == [(v0 + 1, v0 + 1, False)] * 3
+
+
+@case
+def last_daemon_killed_mid_push_survivors_commit_and_keep_serving():
+    """The relay into a dead daemon fails; the survivors commit (--on-failure commit) and keep running.
+    (A daemon whose failed relay is still attached when its transfer ends frees the transfer twice,
+    daemon/update.c xfer_end as of 72b3834; rolloutctl stops such relays first.)"""
+    a, b, _, _, e = plain()
+    v = versions([a])[0][0] + 1
+    p = push([a.url, b.url, e.url], v, 10, "--on-failure", "commit", popen=True)
+    killed = False
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and p.poll() is None:
+            wu = json.loads(e.http("/status")[2])["weight_update"]
+            if wu["in_progress"] and wu.get("bytes_staged", 0) > 0:
+                e.proc.kill()
+                killed = True
+                break
+            time.sleep(0.002)
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert killed, "the push ended before the last daemon got any bytes"
+    rs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert p.returncode == 1 and len(rs) == 3 and not rs[2]["ok"], (p.returncode, out, err[-2000:])
+    assert rs[0]["ok"] and rs[1]["ok"] and [rs[0]["hop"], rs[1]["hop"]] == [0, 1], rs
+    time.sleep(0.5)
+    assert a.proc.poll() is None and b.proc.poll() is None, (a.tail(), b.tail())
+    assert versions([a, b]) == [(v, v, False)] * 2
+    assert same(greedy(a), greedy(b))
+    _daemons.remove(e)
 
 
 @case

@@ -128,6 +128,22 @@ static int forward(chain *ch, int a, int b)
     return 0;
 }
 
+/* Daemon a relays no more (UPDATE_FORWARD with next_xfer_id 0), best effort.
+ * Sent when the daemon after a is out and nothing replaces it, and to every
+ * relaying daemon before its COMMIT or ABORT: a relay that failed (a dead
+ * successor) and is still attached when the transfer ends makes the daemon
+ * free the transfer twice (daemon/update.c xfer_end, as of 72b3834), so the
+ * relay is closed while the transfer is alive. A relay stopped after every
+ * daemon is READY has nothing left to send. */
+static void unlink_relay(chain *ch, int a)
+{
+    proto_msg q = {.type = PROTO_UPDATE_FORWARD}, r;
+    q.update_forward.xfer_id = ch->jobs[a].xfer;
+    q.update_forward.window = 1; /* the links stay noted: they are the hops reported */
+    if (call(ch, a, &q, PROTO_UPDATE_FORWARD_OK, 1, &r) == 0)
+        proto_msg_free(&r);
+}
+
 static void *feeder_main(void *arg)
 {
     rdp_job *j = arg;
@@ -171,13 +187,14 @@ static void drop(chain *ch, int k, int rc, uint32_t code, const char *why)
             prev = a;
             m[a].next = -1;
         }
-    if (succ < 0)
-        return;
+    int relays = prev >= 0 && !m[prev].out;
     /* A failing UPDATE_FORWARD means prev cannot relay (its staging is gone, or it
      * is gone too; the next poll says which): then this process feeds succ. */
-    if (prev >= 0 && !m[prev].out && forward(ch, prev, succ) == 0)
+    if (relays && succ >= 0 && forward(ch, prev, succ) == 0)
         return;
-    if (!m[succ].fed)
+    if (relays)
+        unlink_relay(ch, prev);
+    if (succ >= 0 && !m[succ].fed)
         feed(ch, succ);
 }
 
@@ -412,10 +429,16 @@ int rdp_chain(rdp_job *jobs, int n, const rdp_plan *p, double t0)
     if (failed_any(&ch) && ch.o->on_failure == RDP_ON_FAILURE_ABORT)
         goto abort_all;
     stop_feeders(&ch);
+    for (int k = 0; k < n; k++)
+        if (!m[k].out && m[k].next >= 0)
+            unlink_relay(&ch, k);
     commit_all(&ch);
     goto report;
 abort_all:
     stop_feeders(&ch);
+    for (int k = 0; k < n; k++)
+        if (!m[k].out && m[k].next >= 0)
+            unlink_relay(&ch, k);
     for (int k = 0; k < n; k++) {
         if (m[k].out)
             continue;
