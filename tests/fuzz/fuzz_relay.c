@@ -20,7 +20,8 @@
  *    byte), so the bound's edge is reached by inputs libFuzzer makes.
  * Every parser sees an exactly sized heap copy, so AddressSanitizer catches a
  * read past what was received. Build and run (make fuzz):
- *   build/fuzz/fuzz_relay -runs=10000000 CORPUS proto/testdata */
+ *   python3 tests/fuzz/relay_seeds.py SEEDS
+ *   build/fuzz/fuzz_relay -runs=10000000 -max_len=4096 -rss_limit_mb=4096 CORPUS SEEDS proto/testdata */
 #include "engine/err.h"
 #include "proto/proto.h"
 
