@@ -268,6 +268,15 @@ def chain_with_secrets_and_a_daemon_that_stops_mid_push():
 
 
 @case
+def fanout_and_on_failure_flags_are_validated():
+    for flag, value, want in (("--fanout", "ring", "expected chain or direct"),
+                              ("--on-failure", "maybe", "expected abort or commit")):
+        p = run([CTL, "push-weights", "--connect", "tcp://127.0.0.1:1", MODEL, "--version", "1", flag, value],
+                check=False)
+        assert p.returncode == 2 and want in p.stderr, (p.returncode, p.stderr)
+
+
+@case
 def daemons_stop_cleanly():
     """SIGTERM exits 0 after the chains, the aborts and the stop (under ASan: nothing leaked)."""
     for d in _daemons:
