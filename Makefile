@@ -193,7 +193,7 @@ demo-offline: all model
 	tools/demo.sh $(MODEL)
 
 # libFuzzer targets (clang): the GGUF parser, protocol messages, the data
-# lane's frame head. Run each as build/fuzz/NAME -runs=N CORPUS (see each file).
+# lane's frame head, what the lane server and the relay parse from a peer. Run each as build/fuzz/NAME -runs=N CORPUS (see each file).
 FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
@@ -201,6 +201,7 @@ fuzz:
 	    -o $(BUILD)/fuzz/fuzz_gguf -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c engine/err.c -o $(BUILD)/fuzz/fuzz_proto -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c engine/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c engine/err.c -o $(BUILD)/fuzz/fuzz_relay -lm
 
 setup:
 	tools/setup.sh

@@ -238,15 +238,14 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     r->rgot += (size_t)nread;
-    while (r->rgot >= PROTO_HEADER_BYTES && r->state == PROTO_FWD_SENDING) {
-        uint32_t body = (uint32_t)r->rbuf[8] | (uint32_t)r->rbuf[9] << 8 | (uint32_t)r->rbuf[10] << 16 |
-                        (uint32_t)r->rbuf[11] << 24;
-        if (body > RELAY_MAX_REPLY) {
+    while (r->state == PROTO_FWD_SENDING) {
+        size_t len;
+        int whole = proto_lane_next_frame(r->rbuf, r->rgot, RELAY_MAX_REPLY, &len);
+        if (whole < 0) {
             fail(r, PROTO_E_TOO_LARGE, "the next daemon sent an oversized reply");
             return;
         }
-        size_t len = PROTO_HEADER_BYTES + (size_t)body;
-        if (r->rgot < len)
+        if (!whole)
             return;
         proto_msg m;
         if (proto_decode(r->rbuf, len, 0, &m)) {

@@ -1,6 +1,7 @@
 /* lane.c - the head of an UPDATE_CHUNK frame on its own, for the data lane
  * (PROTOCOL.md §10.10): the reader learns where the data goes before it
- * reads it, and the writer sends the data from the tensor's memory as is. */
+ * reads it, and the writer sends the data from the tensor's memory as is.
+ * Also where one frame ends in a stream of them (the relay's replies). */
 #include <string.h>
 
 #include "engine/err.h"
@@ -68,4 +69,20 @@ int proto_lane_decode_head(const uint8_t in[PROTO_CHUNK_HEAD_BYTES], size_t max_
         return rd_fail(RD_EFORMAT, "data lane: body_len %u does not equal 32 + the chunk's len %u", body, c->len);
     }
     return 0;
+}
+
+int proto_lane_next_frame(const uint8_t *buf, size_t len, size_t max_body, size_t *frame_len)
+{
+    *frame_len = 0;
+    if (len < PROTO_HEADER_BYTES)
+        return 0;
+    uint32_t body = get32(buf + 8);
+    /* Checked before waiting for the body: a reader's buffer holds at most
+     * max_body after the header, so a longer one would never complete. */
+    if (body > max_body)
+        return rd_fail(RD_EFORMAT, "a frame with a %u-byte body; the limit here is %zu", body, max_body);
+    if (len - PROTO_HEADER_BYTES < body)
+        return 0;
+    *frame_len = PROTO_HEADER_BYTES + (size_t)body;
+    return 1;
 }

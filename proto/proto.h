@@ -566,5 +566,11 @@ void proto_lane_encode_head(uint8_t out[PROTO_CHUNK_HEAD_BYTES], const proto_upd
  * *wire_error the PROTO_E_* code; c->data is left NULL. */
 int proto_lane_decode_head(const uint8_t in[PROTO_CHUNK_HEAD_BYTES], size_t max_len, proto_update_chunk *c,
                            uint32_t *wire_error);
+/* Where the first frame of a stream ends: buf holds the len bytes received so
+ * far. 1 when a whole frame is there (*frame_len its bytes, header included),
+ * 0 when more bytes are needed, RD_EFORMAT when its header announces a body
+ * over max_body (the stream cannot be read on). Only the header's body_len is
+ * read; the frame itself is then proto_decode's to check. */
+int proto_lane_next_frame(const uint8_t *buf, size_t len, size_t max_body, size_t *frame_len);
 
 #endif

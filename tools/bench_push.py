@@ -3,8 +3,8 @@
 
 1. Loopback baselines from build/rollout-netbench: raw TCP, NNG req/rep, CRC-32C.
 2. The default model (538 MB as f32 HF tensors) pushed by `rolloutctl push-weights` to 1, 2 and 4
-   daemons over the data lane, and to 1 daemon over NNG chunks: transfer MB/s per daemon, total
-   time, and the learner's egress bytes.
+   daemons over the data lane (directly to each, and as a chain, PROTOCOL.md §10.11), and to 1
+   daemon over NNG chunks: transfer MB/s per daemon, total time, and the learner's egress bytes.
 3. The engine stall at the swap while a daemon decodes (rolloutctl bench load running): the stall
    and the swap wait reported by the daemon, next to its decode step time.
 
@@ -75,7 +75,8 @@ def main():
     version = 0
     rows = []
     try:
-        for n, flags in ((1, ()), (1, ("--no-lane",)), (2, ()), (4, ())):
+        direct, chain = ("--fanout", "direct"), ("--fanout", "chain")
+        for n, flags in ((1, ()), (1, ("--no-lane",)), (2, direct), (4, direct), (2, chain), (4, chain)):
             best = None
             for _ in range(2):  # the better of two: the first push also maps the daemon's staging pages
                 version += 1
@@ -83,7 +84,8 @@ def main():
                 assert all(x["ok"] for x in r), r
                 wall = max(x["seconds"] for x in r)
                 if best is None or wall < best["wall_s"]:
-                    best = {"daemons": n, "path": "nng" if flags else "lane", "wall_s": wall,
+                    path = "nng" if "--no-lane" in flags else "chain" if "chain" in flags else "lane"
+                    best = {"daemons": n, "path": path, "wall_s": wall,
                             "transfer_s": max(x["transfer_seconds"] for x in r),
                             "mb_per_s_per_daemon": min(x["bytes"] / 1e6 / x["transfer_seconds"] for x in r),
                             "egress_bytes": sum(x["wire_bytes"] for x in r),

@@ -7,7 +7,7 @@
  *              [--max-tokens K] [--json]
  *   rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]
  *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]
- *              [--json]
+ *              [--fanout chain|direct] [--on-failure abort|commit] [--json]
  *   rolloutctl sync --from PEER --to URL [--wait SECONDS]
  * The default URL is tcp://127.0.0.1:7070. --auth-token-file F (or the
  * environment's ROLLOUTD_AUTH_TOKEN_FILE, or ROLLOUTD_AUTH_TOKEN holding the
@@ -23,6 +23,16 @@
  * --perturb EPS (GGUF only) multiplies every weight by 1 + EPS*u, u uniform in
  * [-1, 1) from --seed: a stand-in for a learner's gradient step. Chunks go
  * over the daemon's data lane when it offers one (--no-lane: over NNG).
+ * With two or more daemons the push is a chain (PROTOCOL.md §10.11) when
+ * every daemon relays and offers a data lane: this process sends each byte
+ * once, to the first daemon, each daemon relays to the next, and the update
+ * is committed on all only once every one has verified and built it; a
+ * daemon that fails is routed around, and then --on-failure abort (the
+ * default) aborts the update everywhere, commit commits it on the rest.
+ * --fanout direct sends everything to every daemon at once, each committing
+ * on its own (also what a chain falls back to without lanes, e.g. under TLS
+ * or with --no-lane). --json prints one object per daemon, with "fanout"
+ * and "hop" (0: fed by this process, k: k daemons relayed the chunks first).
  *
  * sync asks the daemon at PEER to push the weights it serves, at their
  * version, to the daemon at URL (WEIGHTS_SYNC, PROTOCOL.md §10.13): a node
@@ -628,6 +638,17 @@ static int cmd_push(const char *urls, int argc, char **argv)
         } else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-lane")) o.no_lane = 1;
+        else if (!strcmp(a, "--fanout")) {
+            const char *v = cli_value(P, argc, argv, &i);
+            if (!strcmp(v, "chain")) o.fanout = RDP_FANOUT_CHAIN;
+            else if (!strcmp(v, "direct")) o.fanout = RDP_FANOUT_DIRECT;
+            else cli_die(P, "--fanout '%s'%s: expected chain or direct", v, "");
+        } else if (!strcmp(a, "--on-failure")) {
+            const char *v = cli_value(P, argc, argv, &i);
+            if (!strcmp(v, "abort")) o.on_failure = RDP_ON_FAILURE_ABORT;
+            else if (!strcmp(v, "commit")) o.on_failure = RDP_ON_FAILURE_COMMIT;
+            else cli_die(P, "--on-failure '%s'%s: expected abort or commit", v, "");
+        }
         else if (a[0] == '-') cli_die(P, "push-weights: unknown flag '%s'%s", a, "");
         else if (!file) file = a;
         else cli_die(P, "push-weights: a second FILE '%s'%s; expected one", a, "");
@@ -704,12 +725,13 @@ static int cmd_push(const char *urls, int argc, char **argv)
         if (json) {
             printf("{\"url\":\"%s\",\"ok\":%s,\"version\":%llu,\"bytes\":%llu,\"wire_bytes\":%llu,"
                    "\"seconds\":%.6f,\"transfer_seconds\":%.6f,\"mb_per_s\":%.3f,\"stall_us\":%llu,\"wait_us\":%llu,\"staged_us\":%llu,"
-                   "\"n_aborted\":%u,\"retries\":%u,\"error_code\":%u,\"error\":",
+                   "\"n_aborted\":%u,\"retries\":%u,\"fanout\":\"%s\",\"hop\":%d,\"error_code\":%u,\"error\":",
                    t->url, t->rc ? "false" : "true", (unsigned long long)t->commit.version,
                    (unsigned long long)t->bytes_acked, (unsigned long long)t->wire_bytes, t->seconds,
                    t->transfer_seconds, mbps,
                    (unsigned long long)t->commit.stall_us, (unsigned long long)t->commit.wait_us,
-                   (unsigned long long)t->commit.staged_us, t->commit.n_aborted, t->retries, t->err_code);
+                   (unsigned long long)t->commit.staged_us, t->commit.n_aborted, t->retries,
+                   t->fanout == RDP_FANOUT_CHAIN ? "chain" : "direct", t->hop, t->err_code);
             cJSON *e = cJSON_CreateString(t->error);
             char *es = cJSON_PrintUnformatted(e);
             printf("%s}\n", es ? es : "\"\"");
@@ -718,8 +740,11 @@ static int cmd_push(const char *urls, int argc, char **argv)
         } else if (t->rc) {
             printf("%s: FAILED: %s\n", t->url, t->error);
         } else {
-            printf("%s: version %llu serving; %.1f MB in %.2f s (%.0f MB/s), swap wait %.1f ms, stall %llu us%s\n",
-                   t->url, (unsigned long long)t->commit.version, (double)t->bytes_acked / 1e6, t->seconds, mbps,
+            char how[48] = "";
+            if (t->fanout == RDP_FANOUT_CHAIN)
+                snprintf(how, sizeof how, ", chain hop %d", t->hop);
+            printf("%s: version %llu serving; %.1f MB in %.2f s (%.0f MB/s)%s, swap wait %.1f ms, stall %llu us%s\n",
+                   t->url, (unsigned long long)t->commit.version, (double)t->bytes_acked / 1e6, t->seconds, mbps, how,
                    (double)t->commit.wait_us / 1e3, (unsigned long long)t->commit.stall_us,
                    t->commit.n_aborted ? ", samples aborted" : "");
         }
@@ -794,6 +819,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: rolloutctl [--connect URL] [--auth-token-file F] (generate | status | bench | push-weights | "
                    "sync) [flags]\n"
+                   "  push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]\n"
+                   "      [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]\n"
+                   "      [--fanout chain|direct] [--on-failure abort|commit] [--json]\n"
+                   "      --fanout: chain (the default for 2+ daemons with data lanes) sends each byte once and\n"
+                   "      relays it daemon to daemon, committing on all once all are ready; direct sends to each.\n"
+                   "      --on-failure (chain): abort everywhere (default) or commit on the daemons that have it.\n"
+                   "  sync --from PEER --to URL [--wait SECONDS]: PEER pushes the weights it serves to URL\n"
                    "see the comment at the top of tools/rolloutctl.c for each command's flags\n");
             return 0;
         } else break;

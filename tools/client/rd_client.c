@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "engine/err.h"
@@ -151,7 +152,7 @@ int rdc_lane_auth(rdc_client *c, int fd, uint64_t xfer_id)
     if (!rc)
         rc = proto_encode(&b, &a);
     for (size_t off = 0; !rc && off < b.len;) {
-        ssize_t n = write(fd, b.data + off, b.len - off);
+        ssize_t n = send(fd, b.data + off, b.len - off, MSG_NOSIGNAL); /* a closed lane is an error, not SIGPIPE */
         if (n <= 0)
             rc = rd_fail(RD_EIO, "data lane: cannot send LANE_AUTH");
         else
@@ -159,6 +160,12 @@ int rdc_lane_auth(rdc_client *c, int fd, uint64_t xfer_id)
     }
     proto_buf_free(&b);
     return rc;
+}
+
+const char *rdc_secret(const rdc_client *c, size_t *len)
+{
+    *len = c->secret_len;
+    return c->secret;
 }
 
 int rdc_set_secret(rdc_client *c, const char *secret, size_t len)

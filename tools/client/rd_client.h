@@ -53,6 +53,9 @@ int rdc_auth_secret(const char *path, char *secret, size_t *len);
  * reads the daemon's AUTH_CHALLENGE and answers with the LANE_AUTH of
  * transfer xfer_id; without one, does nothing. */
 int rdc_lane_auth(rdc_client *c, int fd, uint64_t xfer_id);
+/* The secret this client proves (*len 0: none), for what else is keyed by
+ * it: the lane key a chained push hands a relaying daemon (§10.12). */
+const char *rdc_secret(const rdc_client *c, size_t *len);
 
 /* Closes the socket and frees everything (does not send BYE). Safe on NULL. */
 void rdc_close(rdc_client *c);
