@@ -172,8 +172,6 @@ void relay_close(relay *r);
 /* PROTO_FWD_*, the next daemon's error code when it failed, bytes it acknowledged. */
 void relay_state(const relay *r, uint8_t *state, uint32_t *error, uint64_t *acked_bytes);
 
-/* The data lane's connection closed mid-chunk: the transfer is aborted. */
-void up_on_lane_broken(rd_daemon *d, uint64_t xfer_id, const char *why);
 /* The engine thread swapped: reply to the COMMIT. */
 void up_on_wake(rd_daemon *d);
 void up_on_pipe_closed(rd_daemon *d, uint32_t pipe);

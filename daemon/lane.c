@@ -77,14 +77,15 @@ static void conn_close(lane_conn *c, const char *why)
 {
     if (c->closed)
         return;
-    if (c->in_data) {
-        /* The stream ended inside a chunk: the sender is gone mid-transfer. */
+    if (c->in_data && c->dest) {
+        /* The stream ended inside a chunk: its range is released, so the same chunk can come again
+         * from this sender or another (a chain reroutes around a relay that died mid-chunk). A
+         * sender that is gone for good ends the transfer through its NNG connection or
+         * update_idle_s. */
         proto_update_chunk ch = c->c;
-        if (c->dest)
-            up_chunk_abandon(c->srv->d, c->x, &ch); /* the claimed range (x is alive while it is claimed) */
+        up_chunk_abandon(c->srv->d, c->x, &ch); /* x is alive while the range is claimed */
         c->x = NULL;
         c->dest = NULL;
-        up_on_lane_broken(c->srv->d, ch.xfer_id, why);
     }
     c->closed = 1;
     uv_close((uv_handle_t *)&c->tcp, on_closed);

@@ -840,9 +840,3 @@ void up_progress(const rd_daemon *d, int *active, uint64_t *version, uint64_t *s
     *total = x ? x->bytes : 0;
     *committing = x ? x->committing : 0;
 }
-
-void up_on_lane_broken(rd_daemon *d, uint64_t xfer_id, const char *why)
-{
-    if (d->xfer && d->xfer->id == xfer_id && !d->xfer->committing)
-        abort_xfer(d, why);
-}

@@ -234,8 +234,9 @@ def chain_with_secrets_and_a_daemon_that_stops_mid_push():
     assert rc == 1 and all(not r["ok"] and "UNAUTHORIZED" in r["error"] for r in rs), rs
 
     # The middle daemon stops answering after its UPDATE_BEGIN, before any byte reaches it: the first
-    # relays to the third instead. (A relaying daemon lost inside a chunk takes its successor's
-    # transfer with it, PROTOCOL.md §10.10, so a stop that comes later is retried with a new version.)
+    # relays to the third instead. (A daemon stopped, not killed, inside a chunk keeps that chunk's
+    # range claimed on its successor, which then refuses the rerouted copy as BUSY until the
+    # transfer ends, so a stop that comes later is retried with a new version.)
     for version in (2, 3, 4):
         p = push([x.url, y.url, z.url], version, 9, "--on-failure", "commit", secret=True, popen=True)
         wu = {}
