@@ -214,7 +214,7 @@ def abuse_gets_errors_and_daemon_keeps_serving():
             ("length > limit", frame_with(good, body_len=1 << 30), proto.E.TOO_LARGE),
             ("header flags", frame_with(good, flags=1), proto.E.MALFORMED),
             ("unknown type", frame_with(good, mtype=0x42), proto.E.UNKNOWN_TYPE),
-            ("undefined type next to the update types", frame_with(good, mtype=0x17), proto.E.UNKNOWN_TYPE),
+            ("undefined type next to the update types", frame_with(good, mtype=0x18), proto.E.UNKNOWN_TYPE),
             ("a SUBMIT body typed UPDATE_BEGIN", frame_with(good, mtype=0x10), proto.E.MALFORMED),
             ("reply type", proto.encode(proto.AbortOk()), proto.E.UNEXPECTED),
             ("trailing bytes", frame_with(good + b"\0", body_len=len(good) - 15), proto.E.MALFORMED),
