@@ -136,6 +136,8 @@ int lane_start(rd_daemon *d);
 void lane_stop(rd_daemon *d);
 /* A chunk settled: readers paused for the window may go on. */
 void lane_on_room(rd_daemon *d);
+/* Once a second: a connection stalled inside a chunk is closed, releasing its range. */
+void lane_on_tick(rd_daemon *d);
 
 /* The chain (§10.11): PREPARE verifies and builds without swapping; FORWARD
  * starts (or moves) the relay of verified chunks to the next daemon. */
@@ -167,6 +169,8 @@ int relay_start(rd_daemon *d, up_xfer *x, const char *host, uint16_t port, uint6
                 const uint8_t *key, relay **out);
 /* More verified chunks, or the transfer is complete: send what the window allows. */
 void relay_kick(relay *r);
+/* Once a second: a pass that ended with refused chunks starts again. */
+void relay_tick(relay *r);
 /* Stops it; up_on_relay_closed follows once its connection is closed. */
 void relay_close(relay *r);
 /* PROTO_FWD_*, the next daemon's error code when it failed, bytes it acknowledged. */

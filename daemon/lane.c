@@ -25,6 +25,7 @@
 #include "engine/err.h"
 
 #define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
+#define LANE_STALL_US 3000000   /* a sender silent this long inside a chunk is cut (its range is freed) */
 
 typedef struct lane_conn {
     uv_tcp_t tcp;
@@ -37,6 +38,7 @@ typedef struct lane_conn {
     up_xfer *x;                 /* its transfer while a range is claimed (dest set), else NULL */
     uint8_t *dest;              /* where the data goes; NULL: discard it */
     uint64_t got;               /* data bytes read */
+    uint64_t last_read_us;      /* when bytes last came */
     uint32_t code;              /* a refusal to send once the data is consumed (0: none) */
     int dup;                    /* ... or a DUPLICATE ack */
     char why[512];
@@ -289,6 +291,7 @@ static int auth_step(lane_conn *c)
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     lane_conn *c = st->data;
+    c->last_read_us = et_now_us();
     if (nread < 0) {
         conn_close(c, nread == UV_EOF ? "the sender closed the data lane mid-chunk"
                                       : "the data lane's connection failed mid-chunk");
@@ -418,6 +421,20 @@ int lane_start(rd_daemon *d)
                                                    : ((struct sockaddr_in *)&got)->sin_port);
     d->lane = s;
     return 0;
+}
+
+void lane_on_tick(rd_daemon *d)
+{
+    lane_server *s = d->lane;
+    if (!s)
+        return;
+    uint64_t now = et_now_us();
+    for (lane_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        /* Only inside a chunk: between chunks a sender may pause, and a paused reader is ours. */
+        if (!c->closed && c->in_data && c->dest && !c->paused && now - c->last_read_us > LANE_STALL_US)
+            conn_close(c, "the sender stalled inside a chunk");
+    }
 }
 
 void lane_stop(rd_daemon *d)

@@ -18,7 +18,7 @@
 #include "daemon/log.h"
 #include "engine/err.h"
 
-#define RELAY_PASSES 4          /* passes over the log for refused chunks */
+#define RELAY_RETRY_S 30        /* refused chunks (BUSY, CHECKSUM) are sent again, once a second, this long */
 #define RELAY_MAX_REPLY 65536   /* bytes of a reply frame's body (an ERROR's message is far shorter) */
 
 struct relay {
@@ -37,7 +37,8 @@ struct relay {
     uint32_t cap_acked;
     uint32_t next;              /* log entries before it were sent (or acked) in this pass */
     uint32_t outstanding;       /* chunks sent and not yet answered */
-    uint32_t pass;
+    uint64_t retry_until_us;    /* refused chunks: keep passing over them until then (0: none refused yet) */
+    int waiting;                /* a pass ended with chunks refused: the next starts at relay_tick */
     uint64_t acked_bytes;
     int attached;               /* update.c still holds it (relay_close not called) */
     int handle_open;            /* tcp is initialised and not yet closed */
@@ -156,10 +157,23 @@ static void pump(relay *r)
         r->state = PROTO_FWD_DONE; /* the connection stays until the transfer ends: the next daemon sees no EOF */
         return;
     }
-    if (++r->pass >= RELAY_PASSES) {
-        fail(r, PROTO_E_CHECKSUM, "chunks still refused after several passes");
+    /* BUSY usually means another connection still holds the range (a relay that stalled inside
+     * the chunk, until the next daemon's lane times it out): try again a second later. */
+    uint64_t now = et_now_us();
+    if (!r->retry_until_us)
+        r->retry_until_us = now + RELAY_RETRY_S * 1000000ull;
+    if (now > r->retry_until_us) {
+        fail(r, PROTO_E_CHECKSUM, "chunks still refused (BUSY or CHECKSUM) after 30 s of passes");
         return;
     }
+    r->waiting = 1;
+}
+
+void relay_tick(relay *r)
+{
+    if (!r->waiting)
+        return;
+    r->waiting = 0;
     r->next = 0;
     pump(r);
 }

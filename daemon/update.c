@@ -819,6 +819,9 @@ void up_on_pipe_closed(rd_daemon *d, uint32_t pipe)
 
 void up_on_tick(rd_daemon *d)
 {
+    lane_on_tick(d);
+    if (d->xfer && d->xfer->relay)
+        relay_tick(d->xfer->relay);
     up_xfer *x = d->xfer;
     if (x && !x->committing && now_us() - x->t_last_us > (uint64_t)d->cfg.update_idle_s * 1000000u)
         abort_xfer(d, "no message of the transfer for update_idle_s");
