@@ -26,6 +26,7 @@
 
 #define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
 #define LANE_STALL_US 3000000   /* a sender silent this long inside a chunk is cut (its range is freed) */
+#define LANE_AUTH_US 5000000    /* a connection that has not sent its LANE_AUTH this long after accept is cut */
 
 typedef struct lane_conn {
     uv_tcp_t tcp;
@@ -39,6 +40,7 @@ typedef struct lane_conn {
     uint8_t *dest;              /* where the data goes; NULL: discard it */
     uint64_t got;               /* data bytes read */
     uint64_t last_read_us;      /* when bytes last came */
+    uint64_t t_accept_us;
     uint32_t code;              /* a refusal to send once the data is consumed (0: none) */
     int dup;                    /* ... or a DUPLICATE ack */
     char why[512];
@@ -335,6 +337,7 @@ static void on_connection(uv_stream_t *server, int status)
         s->conns->prev = c;
     s->conns = c;
     c->authed = s->d->auth_len == 0;
+    c->t_accept_us = c->last_read_us = et_now_us();
     if (!c->authed) {
         proto_buf b;
         proto_buf_init(&b);
@@ -434,6 +437,10 @@ void lane_on_tick(rd_daemon *d)
         /* Only inside a chunk: between chunks a sender may pause, and a paused reader is ours. */
         if (!c->closed && c->in_data && c->dest && !c->paused && now - c->last_read_us > LANE_STALL_US)
             conn_close(c, "the sender stalled inside a chunk");
+        else if (!c->closed && !c->authed && now - c->t_accept_us > LANE_AUTH_US) {
+            d->auth_failures++; /* a slot held without proving anything */
+            conn_close(c, "no LANE_AUTH in time");
+        }
     }
 }
 

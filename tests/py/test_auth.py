@@ -26,6 +26,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -211,6 +212,11 @@ def with_a_secret_a_network_address_is_allowed_and_the_lane_authenticates():
                 return s, ch.bytes
 
             key = lane_key(SECRET, x)
+            # 0: a connection that never answers its challenge is cut (5 s), not held
+            s, _ = lane()
+            t0 = time.time()
+            s.settimeout(20)
+            assert closed(s) and time.time() - t0 < 12, "a silent lane connection was held open"
             # 1: a chunk with no LANE_AUTH
             s, nonce = lane()
             s.sendall(chunk)
