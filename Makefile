@@ -14,8 +14,9 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
 LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedcrypto -lm -lpthread
 
-LIB_SRC := $(wildcard engine/*.c) $(wildcard engine/arch/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) \
-           $(wildcard tools/client/*.c)
+# The library, floor by floor (docs/LAYOUT.md): base, engine, kernels, proto, client.
+LIB_SRC := $(wildcard base/*.c) $(wildcard engine/*.c) $(wildcard engine/*/*.c) $(wildcard engine/*/*/*.c) \
+           $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) $(wildcard client/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c) $(wildcard tools/rolloutctl.c))
 # The daemon: daemon/*.c plus llhttp's C sources as Debian's node-llhttp ships them.
@@ -197,11 +198,11 @@ demo-offline: all model
 FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/gguf.c engine/dequant.c engine/mapfile.c engine/err.c \
+	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/format/gguf.c engine/model/dequant.c base/mapfile.c base/err.c \
 	    -o $(BUILD)/fuzz/fuzz_gguf -lm
-	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c engine/err.c -o $(BUILD)/fuzz/fuzz_proto -lm
-	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c engine/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
-	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c engine/err.c -o $(BUILD)/fuzz/fuzz_relay -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c -o $(BUILD)/fuzz/fuzz_proto -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c base/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c base/err.c -o $(BUILD)/fuzz/fuzz_relay -lm
 
 setup:
 	tools/setup.sh

@@ -15,9 +15,9 @@
 #include "daemon/api_int.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "engine/err.h"
-#include "engine/stopstr.h"
-#include "engine/tokenizer.h"
+#include "base/err.h"
+#include "engine/text/stopstr.h"
+#include "engine/text/tokenizer.h"
 
 /* ---- errors: the JSON error shape naming the field ---- */
 

@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "daemon/http.h"
-#include "engine/engine.h"
+#include "engine/serve/engine.h"
 
 #define API_KEY_BIT (1ull << 63)    /* engine keys of HTTP-owned requests */
 

@@ -8,8 +8,8 @@
 
 #include "daemon/api.h"
 #include "daemon/daemon.h"
-#include "daemon/u64map.h"
-#include "engine/stopstr.h"
+#include "base/u64map.h"
+#include "engine/text/stopstr.h"
 
 typedef enum { API_GENERATE, API_COMPLETIONS, API_CHAT, API_HEALTH } api_kind;
 

@@ -12,8 +12,8 @@
 #include <time.h>
 
 #include "daemon/api_int.h"
-#include "engine/err.h"
-#include "engine/tokenizer.h"
+#include "base/err.h"
+#include "engine/text/tokenizer.h"
 
 static void usage_add(cJSON *o, const api_call *c)
 {

@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "daemon/api_int.h"
-#include "engine/err.h"
-#include "engine/tokenizer.h"
+#include "base/err.h"
+#include "engine/text/tokenizer.h"
 
 static int grow(void **p, size_t elem, int32_t cap)
 {

@@ -14,8 +14,8 @@
 
 #include "daemon/api_int.h"
 #include "daemon/log.h"
-#include "engine/err.h"
-#include "tools/client/rd_push.h"
+#include "base/err.h"
+#include "client/rd_push.h"
 
 typedef struct {
     uv_work_t w;

@@ -7,7 +7,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "engine/err.h"
+#include "base/err.h"
 #include "proto/auth.h"
 
 typedef struct {

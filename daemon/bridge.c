@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "daemon/log.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 static void on_aio(void *arg)
 {

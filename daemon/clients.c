@@ -7,7 +7,7 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 
 void cl_init(cl_table *t, uint32_t retention_results, uint64_t retention_bytes)
 {

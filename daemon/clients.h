@@ -13,8 +13,8 @@
 
 #include <stdint.h>
 
-#include "daemon/u64map.h"
-#include "engine/engine.h"
+#include "base/u64map.h"
+#include "engine/serve/engine.h"
 #include "proto/proto.h"
 
 typedef struct cl_client cl_client;

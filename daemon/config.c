@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
 
 typedef enum { CFG_INT, CFG_TEXT, CFG_REAL } cfg_kind;
 

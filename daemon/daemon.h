@@ -14,7 +14,7 @@
 #include "daemon/engine_thread.h"
 #include "daemon/http.h"
 #include "daemon/metrics.h"
-#include "engine/loader.h"
+#include "engine/model/loader.h"
 #include "proto/auth.h"
 #include "proto/proto.h"
 

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 #include "daemon/log.h"
 
 uint64_t et_now_us(void)

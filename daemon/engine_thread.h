@@ -12,9 +12,9 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "daemon/u64map.h"
-#include "engine/engine.h"
-#include "engine/update.h"
+#include "base/u64map.h"
+#include "engine/serve/engine.h"
+#include "engine/update/staging.h"
 
 typedef enum { ET_ADD, ET_ABORT, ET_SWAP, ET_PAUSE, ET_FLUSH } et_kind;
 

@@ -19,7 +19,7 @@
 
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 /* What a connection is doing; each state owns the timer in its own way. */
 typedef enum {

@@ -22,7 +22,7 @@
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
 #include "proto/tls.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 #define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
 #define LANE_STALL_US 3000000   /* a sender silent this long inside a chunk is cut (its range is freed) */

@@ -13,7 +13,7 @@
 #include "daemon/api.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 static rd_daemon *of_bridge(bridge *b) { return (rd_daemon *)((char *)b - offsetof(rd_daemon, br)); }
 

@@ -13,7 +13,7 @@
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
 #include "proto/tls.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 /* The model's name: the file's base name without ".gguf" (general.name in
  * GGUF files is often a training-run label), kept to printable ASCII so it is

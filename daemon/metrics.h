@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/serve/engine.h"
 
 #define MX_WINDOW 11            /* samples kept: a 10 s window at 1 s ticks */
 

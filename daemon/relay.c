@@ -16,7 +16,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 #define RELAY_RETRY_S 30        /* refused chunks (BUSY, CHECKSUM) are sent again, once a second, this long */
 #define RELAY_MAX_REPLY 65536   /* bytes of a reply frame's body (an ERROR's message is far shorter) */

@@ -21,9 +21,9 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "engine/err.h"
-#include "tools/client/rd_client.h"
-#include "tools/client/rd_push.h"
+#include "base/err.h"
+#include "client/rd_client.h"
+#include "client/rd_push.h"
 
 #define SYNC_ASK_TRIES 30           /* the target asks its peer this many times, a second apart */
 

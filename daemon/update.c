@@ -14,7 +14,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "engine/err.h"
+#include "base/err.h"
 
 struct up_xfer {
     uint64_t id;                /* xfer_id, random, never 0 */

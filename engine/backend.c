@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 
 int rd_backend_cpu_create(int n_threads, rd_backend **out);
 int rd_backend_cpu_set_kv_dtype(rd_backend *be, int elem_bytes, int is_f16);

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/sampler.h"
+#include "engine/serve/sampler.h"
 
 typedef struct rd_backend rd_backend;
 
@@ -68,7 +68,7 @@ typedef struct rd_sample_req {
 /* Rows of a weight in its file dtype, for linear_load_q. */
 #define RD_WPART_MAX 4
 typedef struct {
-    int32_t type;               /* ggml_type (engine/gguf.h) */
+    int32_t type;               /* ggml_type (engine/format/gguf.h) */
     int32_t rows;               /* output features in this part */
     const void *data;           /* rows x ggml_row_bytes(type, in) bytes, row-major, HF row order */
 } rd_wpart;
@@ -91,7 +91,7 @@ typedef struct rd_backend_ops {
     /* Reads a loaded weight back to the host as fp32 W[out][in] (export). */
     int (*linear_read)(rd_backend *be, const void *handle, float *w_host);
     /* The same weight from its file bytes: parts stacked along out (a fused
-     * q|k|v may mix dtypes), each in a ggml dtype (engine/gguf.h). The
+     * q|k|v may mix dtypes), each in a ggml dtype (engine/format/gguf.h). The
      * backend may keep them in that dtype; every product it computes must
      * equal the one linear_load of the dequantized W (ggml_dequant_row)
      * gives, bit for bit. NULL: the loader dequantizes and calls linear_load. */

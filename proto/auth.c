@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 
 int proto_auth_nonce(uint8_t out[PROTO_AUTH_BYTES])
 {

@@ -4,7 +4,7 @@
  * Also where one frame ends in a stream of them (the relay's replies). */
 #include <string.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 #include "proto/proto.h"
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 
 int proto_tls_url(const char *url) { return url && !strncmp(url, "tls+tcp", 7); }
 

@@ -24,9 +24,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/loader.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-bench";

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/err.h"
-#include "engine/loader.h"
-#include "engine/safetensors.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/format/safetensors.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-export";

@@ -12,11 +12,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/err.h"
-#include "engine/gguf.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
-#include "kernels/cpu/pool.h"
+#include "base/pool.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-gemmbench";

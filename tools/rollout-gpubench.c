@@ -43,10 +43,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/loader.h"
-#include "engine/runner.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/model/runner.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-gpubench";

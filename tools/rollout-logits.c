@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
-#include "engine/loader.h"
-#include "engine/runner.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/model/runner.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-logits";

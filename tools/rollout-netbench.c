@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/crc32c.h"
+#include "base/crc32c.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-netbench";

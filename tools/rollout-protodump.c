@@ -12,7 +12,7 @@
  * 1 when any was refused, 2 on bad usage or an unreadable file.
  *
  * With --crc32c, each FILE is any file: one line "CRC SIZE FILE", the CRC-32C
- * of its bytes as 8 lowercase hex digits (engine/crc32c.h, the checksum of
+ * of its bytes as 8 lowercase hex digits (base/crc32c.h, the checksum of
  * weight updates) and its size in bytes. */
 #include <math.h>
 #include <stdint.h>
@@ -22,8 +22,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/crc32c.h"
-#include "engine/err.h"
+#include "base/crc32c.h"
+#include "base/err.h"
 #include "proto/proto.h"
 #include "tools/cli.h"
 

@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 
 static void usage(FILE *f)
 {

@@ -1,4 +1,4 @@
-/* rolloutctl - command-line client of a running rolloutd (tools/client/rd_client.h).
+/* rolloutctl - command-line client of a running rolloutd (client/rd_client.h).
  *   rolloutctl [--connect URL] generate (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [-n N]
  *              [--max-tokens K] [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
  *              [--logprobs K] [--processed-logprobs] [--ignore-eos] [--json] [--model PATH]
@@ -65,14 +65,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 #include "tools/cli.h"
-#include "tools/client/rd_client.h"
-#include "tools/client/rd_push.h"
-#include "engine/loader.h"
-#include "engine/safetensors.h"
+#include "client/rd_client.h"
+#include "client/rd_push.h"
+#include "engine/model/loader.h"
+#include "engine/format/safetensors.h"
 
 static const char *P = "rolloutctl";
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

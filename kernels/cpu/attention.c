@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/pool.h"
+#include "base/pool.h"
 
 /* 8 (16) cache elements of type T at element index i of p, as floats. */
 static inline __attribute__((always_inline)) __m256 ld8(const void *p, size_t i, int T)

@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
-#include "engine/err.h"
+#include "base/err.h"
 #include "kernels/cpu/attention.h"
-#include "engine/gguf.h"
-#include "engine/safetensors.h"
+#include "engine/format/gguf.h"
+#include "engine/format/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
-#include "kernels/cpu/pool.h"
+#include "base/pool.h"
 
 static void *cpu_alloc(rd_backend *be, size_t bytes)
 {

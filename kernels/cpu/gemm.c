@@ -6,14 +6,14 @@
  * starting from 0: the tile shape (AVX2: 4 rows x 16 columns or 1 row x 64;
  * AVX-512: up to 8 rows x 32 columns or 3 rows x 64) only decides how many
  * chains run side by side, never the order inside one. */
-#include "gemm.h"
+#include "kernels/cpu/gemm.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
-#include "kernels/cpu/pool.h"
+#include "base/err.h"
+#include "base/pool.h"
 
 #define ROW_CHUNK 64            /* rows of x kept hot in L2 while panels stream */
 

@@ -1,7 +1,7 @@
 /* gemm_quant.c - packed weights in their file dtype and the GEMM that
  * decodes them on the fly (see gemm_quant.h).
  *
- * Exactness: engine/dequant.c computes every weight as an exact product
+ * Exactness: engine/model/dequant.c computes every weight as an exact product
  * (f16 scale times a small integer, or (d * sc) * q for K-quants; at most 24
  * significant bits) followed by at most one rounded add or subtract of an
  * exact product. The decoders below compute the same products and the same
@@ -9,7 +9,7 @@
  * multiply-add (q * d + m) the product is exact, so fusing it changes
  * nothing: fma rounds q*d + m once, as the separate add does. test_gemm
  * checks every type against ggml_dequant_row bit for bit. */
-#include "gemm_quant.h"
+#include "kernels/cpu/gemm_quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -19,9 +19,9 @@
 #include <immintrin.h>
 #endif
 
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "kernels/cpu/pool.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "base/pool.h"
 
 #define LANES GEMM_PANEL
 

@@ -8,7 +8,7 @@
  * straight into registers, 2-3 rows' a chunk of 32 k at a time into an L1
  * buffer, and larger batches' whole panels into a per-thread buffer of fp32
  * panels that gemm.c's tiles then run over: every decoded weight is the
- * float engine/dequant.c produces (exact products, one rounding), and every
+ * float engine/model/dequant.c produces (exact products, one rounding), and every
  * output is acc = fmaf(x[k], w[c][k], acc) for k in order from 0, so results
  * are bit-identical to dequantizing at load and calling gemm_forward, for
  * every dtype, batch size and thread count. */
@@ -36,7 +36,7 @@
  * Panel-blocks are stored by groups of 4 panels (the GEMM's work item), the
  * group's panels interleaved per block: [group][block][panel][pblk]. */
 typedef struct {
-    int32_t type;               /* ggml_type (engine/gguf.h) */
+    int32_t type;               /* ggml_type (engine/format/gguf.h) */
     int32_t out;                /* rows of W (output features) in this part */
     int32_t in;                 /* columns of W (input features) */
     int32_t n_panels;           /* ceil(out / GEMM_PANEL) */

@@ -28,7 +28,7 @@
 //
 // Threads: the engine thread runs the compute ops on the backend's stream and
 // owns its CUDA graphs. A weight update builds new weights on a worker thread
-// meanwhile (engine/update.h): alloc, free, h2d, d2h, linear_load and
+// meanwhile (engine/update/staging.h): alloc, free, h2d, d2h, linear_load and
 // linear_read from a thread other than the one that last uploaded a step are
 // synchronous on a second stream, so they never enter the engine's stream or
 // a graph being captured (captures use cudaStreamCaptureModeThreadLocal).
@@ -55,9 +55,9 @@
 
 extern "C" {
 #include "engine/backend.h"
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/sampler.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/serve/sampler.h"
 }
 
 #ifdef RD_CUDA_EMU
@@ -784,7 +784,7 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
     return 0;
 }
 
-// File dtypes are dequantized on the host (engine/dequant.c) and take the
+// File dtypes are dequantized on the host (engine/model/dequant.c) and take the
 // fp32 path: the GPU keeps its bf16 copy either way.
 static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
 {

@@ -2,7 +2,7 @@
  *
  * Written in the common subset of C11, C++17 and CUDA so one copy serves the
  * device (nvcc), the host-side emulator build (g++) and the C unit tests
- * (tests/unit/test_cuda_host.c checks it against engine/sampler.c). Every
+ * (tests/unit/test_cuda_host.c checks it against engine/serve/sampler.c). Every
  * function is a pure function of its arguments.
  *
  * bf16 is stored as uint16_t (the top half of an IEEE float); conversions are
@@ -85,7 +85,7 @@ RD_HD uint16_t cm_f32_to_bf16(float f)
 
 RD_HD float cm_bf16_to_f32(uint16_t h) { return cm_u2f((uint32_t)h << 16); }
 
-/* ---- the sampler's counter-based RNG (engine/sampler.c has the spec) ---- */
+/* ---- the sampler's counter-based RNG (engine/serve/sampler.c has the spec) ---- */
 
 RD_HD void cm_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
 {

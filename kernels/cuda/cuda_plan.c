@@ -1,7 +1,7 @@
 /* cuda_plan.c - see cuda_plan.h. */
 #include "kernels/cuda/cuda_plan.h"
 
-#include "engine/err.h"
+#include "base/err.h"
 #include "kernels/cuda/cuda_math.h"
 
 int cuplan_attn_check(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim)

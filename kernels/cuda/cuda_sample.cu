@@ -1,5 +1,5 @@
 // cuda_sample.cu - token selection and log-probs on the device, by the rules
-// of engine/sampler.c (its header comment states them), one CTA per request.
+// of engine/serve/sampler.c (its header comment states them), one CTA per request.
 //
 // What is bit-identical to the CPU sampler: the argmax (lowest index), the
 // fp32 weights w_i = exp_nonpos((x_i - m) / t) (cuda_math.h is a copy of the

@@ -6,8 +6,8 @@
  * proves that no view the parser handed out points outside the input.
  * A failed parse must leave a message. Seed it with the tiny models:
  *   build/fuzz/fuzz_gguf -max_total_time=60 CORPUS_DIR */
-#include "engine/err.h"
-#include "engine/gguf.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
 
 #include <stdint.h>
 #include <stdio.h>

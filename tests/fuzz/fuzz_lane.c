@@ -8,7 +8,7 @@
  * back to the same 48 bytes (the head is canonical); one that is refused must
  * leave a wire error code and a message. Build and run (make fuzz):
  *   build/fuzz/fuzz_lane -runs=10000000 */
-#include "engine/err.h"
+#include "base/err.h"
 #include "proto/proto.h"
 
 #include <stdint.h>

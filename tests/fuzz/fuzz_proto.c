@@ -7,9 +7,9 @@
  * canonical, so the bytes must come back identical. A refused frame must
  * leave a wire error code, a message and no memory held. Build and run:
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined \
- *       tests/fuzz/fuzz_proto.c proto/proto.c engine/err.c -o build/fuzz/fuzz_proto -lm
+ *       tests/fuzz/fuzz_proto.c proto/proto.c base/err.c -o build/fuzz/fuzz_proto -lm
  *   build/fuzz/fuzz_proto -max_total_time=60 CORPUS_DIR proto/testdata */
-#include "engine/err.h"
+#include "base/err.h"
 #include "proto/proto.h"
 
 #include <stdint.h>

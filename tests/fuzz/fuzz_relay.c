@@ -22,7 +22,7 @@
  * read past what was received. Build and run (make fuzz):
  *   python3 tests/fuzz/relay_seeds.py SEEDS
  *   build/fuzz/fuzz_relay -runs=10000000 -max_len=4096 -rss_limit_mb=4096 CORPUS SEEDS proto/testdata */
-#include "engine/err.h"
+#include "base/err.h"
 #include "proto/proto.h"
 
 #include <stdint.h>

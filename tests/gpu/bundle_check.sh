@@ -42,7 +42,7 @@ exec unshare -m --propagation private bash -euo pipefail -c '
   fi
   ldd build/rollout-gpubench | grep -E "libuv|libnng|libcjson|libopenblas" | grep -v /tmp/rd-sysroot &&
     { echo "bundle_check: FAIL: libraries above do not come from the bundle"; exit 1; }
-  grep -c /tmp/rd-sysroot build/obj/engine/safetensors.d build/obj/daemon/loop.d
+  grep -c /tmp/rd-sysroot build/obj/engine/format/safetensors.d build/obj/daemon/loop.d
   grep -q "model-join	PASS" gpu-out/stages.tsv || { echo "bundle_check: FAIL: the model was not joined"; exit 1; }
   echo "bundle_check: PASS"
 ' bash "$COPY"

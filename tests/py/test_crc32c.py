@@ -1,7 +1,7 @@
 """CRC-32C in numpy (tools/python/rolloutd/crc32c.py): the catalogue's check
 values, a bit-by-bit reference on random data of many lengths and offsets,
 every accepted input type, chaining, combine, and agreement with the C
-implementation (engine/crc32c.c, through `rollout-protodump --crc32c`).
+implementation (base/crc32c.c, through `rollout-protodump --crc32c`).
 Prints the numpy version's speed (informational, not asserted)."""
 import os
 import random

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stop strings through the engine (engine/stopstr.h), on the default model.
+"""Stop strings through the engine (engine/text/stopstr.h), on the default model.
 
 A greedy run without stop strings gives the reference tokens; llama.cpp's
 detokenizer (llama-cpp-python, vocab only) turns them into text. For stop

@@ -1,9 +1,9 @@
-/* test_arch.c - the family tables (engine/arch/) are consistent: names are
+/* test_arch.c - the family tables (engine/model/families/) are consistent: names are
  * well-formed patterns, every tensor resolves back to itself, fused groups
  * tile their buffers exactly, and lookups by GGUF and HF names agree. */
-#include "engine/arch.h"
-#include "engine/err.h"
-#include "engine/model.h"
+#include "engine/model/arch.h"
+#include "base/err.h"
+#include "engine/model/model.h"
 #include "tests/unit/test.h"
 
 static const char *FAMS[] = {"llama", "qwen2", "qwen3", "gemma3"};

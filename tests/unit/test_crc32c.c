@@ -1,4 +1,4 @@
-/* test_crc32c.c - CRC-32C (engine/crc32c.h): the catalogue's check values, a
+/* test_crc32c.c - CRC-32C (base/crc32c.h): the catalogue's check values, a
  * bit-by-bit reference on random data at random lengths and unaligned
  * offsets, the hardware and table paths agreeing (long buffers included, so
  * the interleaved streams and their merging run), chaining, and combine for
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/crc32c.h"
+#include "base/crc32c.h"
 #include "tests/unit/test.h"
 
 /* One bit at a time, straight from the definition (reflected, init and

@@ -30,11 +30,11 @@
 #include <sys/stat.h>
 
 #include "engine/backend.h"
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/loader.h"
-#include "engine/runner.h"
-#include "engine/sampler.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/model/runner.h"
+#include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
 #include "kernels/cuda/cuda_plan.h"
 #include "tests/unit/test.h"

@@ -1,5 +1,5 @@
 /* test_cuda_host.c - the CUDA backend's host-side logic, on the CPU: bf16
- * rounding, the device sampler's RNG and ordering against engine/sampler.c,
+ * rounding, the device sampler's RNG and ordering against engine/serve/sampler.c,
  * the GELU's tanh against libm's, attention planning (sliding windows too), GEMM candidate choice, graph buckets, KV budget.
  * Reference values are computed here independently (double arithmetic,
  * brute force), never copied from the code under test. */
@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "engine/backend.h"
-#include "engine/err.h"
-#include "engine/runner.h"
-#include "engine/sampler.h"
+#include "base/err.h"
+#include "engine/model/runner.h"
+#include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
 #include "kernels/cuda/cuda_plan.h"
 #include "tests/unit/test.h"

@@ -3,7 +3,7 @@
  * librollout.a). */
 #include "daemon/clients.c"
 #include "daemon/metrics.c"
-#include "daemon/u64map.c"
+#include "base/u64map.c"
 
 #include "tests/unit/test.h"
 

@@ -3,7 +3,7 @@
  * in librollout.a, so its config module is compiled in here. */
 #include "daemon/config.c"
 
-#include "engine/err.h"
+#include "base/err.h"
 #include "tests/unit/test.h"
 
 static void defaults_match_the_issue(void)

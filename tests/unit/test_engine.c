@@ -19,12 +19,12 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/kv.h"
-#include "engine/loader.h"
-#include "engine/runner.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/serve/kv.h"
+#include "engine/model/loader.h"
+#include "engine/model/runner.h"
 #include "tests/unit/test.h"
 
 /* ---------------------------------------------------------------------------

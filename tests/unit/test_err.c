@@ -1,4 +1,4 @@
-/* test_err.c - the per-thread error message (engine/err.h).
+/* test_err.c - the per-thread error message (base/err.h).
  *
  * - a message may be built from the previous one (rd_fail(rc, "ctx: %s",
  *   rd_errmsg())), once or several times over, and reads as the
@@ -8,7 +8,7 @@
  * - the code is returned unchanged and the message is per thread. */
 #include <pthread.h>
 
-#include "engine/err.h"
+#include "base/err.h"
 #include "tests/unit/test.h"
 
 static void test_context_from_previous(void)

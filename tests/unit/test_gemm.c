@@ -25,45 +25,30 @@
  *   loaded with RD_CPU_WEIGHTS=f32, and reports fewer bytes.
  *
  * Threads: the CPU backend runs the GEMM on its worker pool
- * (kernels/cpu/pool.h, sized by the first pool_init) or, without one, on
- * OpenMP. The thread case runs first, while the pool is still unstarted
+ * (base/pool.h, sized by the first pool_init). The thread case runs first, while the pool is still unstarted
  * (serial), then starts 2 threads for everything after it. */
 #include <cblas.h>
 #include <float.h>
-#include <omp.h>
 #include <stdint.h>
 
 #include "engine/backend.h"
-#include "engine/err.h"
-#include "engine/gguf.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
 #include "tests/unit/test.h"
 
-#if defined(__has_include)
-#if __has_include("kernels/cpu/pool.h")
-#include "kernels/cpu/pool.h"
-#define HAVE_POOL 1
-#endif
-#endif
+#include "base/pool.h"
 
 static int threads_now(void)
 {
-#ifdef HAVE_POOL
     return pool_size();
-#else
-    return omp_get_max_threads();
-#endif
 }
 
 static void use_threads(int n)
 {
-#ifdef HAVE_POOL
     if (n > 1)
         pool_init(n); /* the first call fixes the size; unstarted = serial */
-#else
-    omp_set_num_threads(n);
-#endif
 }
 
 /* Values in [-1, 1) with a few larger ones, from a fixed LCG. */

@@ -7,8 +7,8 @@
  * Corrupt-file cases build GGUF images in memory and parse them with
  * gguf_parse; each truncated or mutated image is copied into a buffer of
  * exactly its size so that AddressSanitizer catches any read past the end. */
-#include "engine/err.h"
-#include "engine/gguf.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
 #include "tests/unit/test.h"
 
 #include <cjson/cJSON.h>

@@ -1,4 +1,4 @@
-/* test_kv.c - the KV block manager on its own (engine/kv.h): reservation
+/* test_kv.c - the KV block manager on its own (engine/serve/kv.h): reservation
  * and freeing, forks sharing blocks, copy-on-write of a shared partial block,
  * the prefix cache's publish, lookup and LRU eviction, running out of blocks.
  *
@@ -6,8 +6,8 @@
  * small pools (block ids are handed out lowest first from a fresh pool). */
 #include <stdint.h>
 
-#include "engine/err.h"
-#include "engine/kv.h"
+#include "base/err.h"
+#include "engine/serve/kv.h"
 #include "tests/unit/test.h"
 
 static kv_stats stats(const kv_pool *p)

@@ -20,13 +20,13 @@
 #include <string.h>
 
 #include "engine/backend.h"
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/loader.h"
-#include "engine/model.h"
-#include "engine/runner.h"
-#include "engine/safetensors.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/model/loader.h"
+#include "engine/model/model.h"
+#include "engine/model/runner.h"
+#include "engine/format/safetensors.h"
 #include "tests/unit/test.h"
 
 static uint64_t rng(uint64_t *x)

@@ -21,10 +21,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/loader.h"
-#include "engine/runner.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/model/runner.h"
 #include "tests/unit/test.h"
 
 static const char *testdata(void)

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/crc32c.h"
-#include "engine/err.h"
+#include "base/crc32c.h"
+#include "base/err.h"
 #include "proto/proto.h"
 #include "tests/unit/test.h"
 
@@ -1644,7 +1644,7 @@ static void test_encode_error(void)
 }
 
 /* An UPDATE_CHUNK's data points into the frame (not copied), unaligned, and
- * its crc32c field is the CRC-32C (engine/crc32c.h) of those bytes. */
+ * its crc32c field is the CRC-32C (base/crc32c.h) of those bytes. */
 static void test_update_chunk_data(void)
 {
     size_t len;

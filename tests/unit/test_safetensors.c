@@ -5,10 +5,10 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/model/model.h"
+#include "engine/format/safetensors.h"
 #include "tests/unit/test.h"
 
 /* u64 LE header length + header + data_len bytes of data (pattern). */

@@ -1,8 +1,8 @@
 /* test_sampler.c - the sampler: Philox known answers, distribution fit,
  * truncation supports, log-probs against a double reference, determinism,
  * validation, masked logits. */
-#include "engine/err.h"
-#include "engine/sampler.h"
+#include "base/err.h"
+#include "engine/serve/sampler.h"
 #include "tests/unit/test.h"
 
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* test_stopstr.c - stop strings over a token stream (engine/stopstr.h).
+/* test_stopstr.c - stop strings over a token stream (engine/text/stopstr.h).
  *
  * - against a direct reference (the first token whose text prefix contains a
  *   stop string; the leftmost occurrence, the longest at equal starts) on
@@ -7,8 +7,8 @@
  * - a match inside the very first token, one split over three tokens, a
  *   multi-byte character cut between tokens, a piece longer than any window;
  * - refusals: too many strings, empty and over-long ones, NULL. */
-#include "engine/err.h"
-#include "engine/stopstr.h"
+#include "base/err.h"
+#include "engine/text/stopstr.h"
 #include "tests/unit/test.h"
 
 #include <stdint.h>

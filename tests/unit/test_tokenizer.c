@@ -7,9 +7,9 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "engine/err.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
 #include "tests/unit/test.h"
 
 static gguf_file *model_file;

@@ -1,4 +1,4 @@
-/* test_update.c - live weight updates (engine/update.h) and the engine's side
+/* test_update.c - live weight updates (engine/update/staging.h) and the engine's side
  * of them (engine.h: versions, drain, abort of started sequences).
  *
  * Uses the tiny random models of tests/gen_testdata.sh ($RD_TESTDATA, default
@@ -22,14 +22,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/crc32c.h"
-#include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/loader.h"
-#include "engine/model.h"
-#include "engine/runner.h"
-#include "engine/safetensors.h"
-#include "engine/update.h"
+#include "base/crc32c.h"
+#include "engine/serve/engine.h"
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/model/model.h"
+#include "engine/model/runner.h"
+#include "engine/format/safetensors.h"
+#include "engine/update/staging.h"
 #include "tests/unit/test.h"
 
 /* ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@
     crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)
 
 Reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF; the
-same values as engine/crc32c.c. Input: bytes, bytearray, memoryview or a
+same values as base/crc32c.c. Input: bytes, bytearray, memoryview or a
 C-contiguous numpy array of any dtype (its raw bytes).
 
 How it is fast in pure numpy. A CRC register is linear over GF(2): shifting

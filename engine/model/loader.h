@@ -1,0 +1,21 @@
+/* loader.h - opens a model file into a ready backend, model and tokenizer:
+ * the few lines every tool and the daemon start with. */
+#ifndef RD_LOADER_H
+#define RD_LOADER_H
+
+#include "engine/backend.h"
+#include "engine/format/gguf.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
+
+typedef struct {
+    gguf_file *gguf;            /* kept open for the tokenizer's strings */
+    rd_backend *be;
+    model *m;
+    tok_tokenizer *tok;         /* NULL when the file has no tokenizer */
+} rd_loaded;
+
+int rd_load(const char *path, const char *backend, int n_threads, rd_loaded *out);
+void rd_unload(rd_loaded *l);
+
+#endif

@@ -1,0 +1,446 @@
+/* runner.c - the forward pass (see runner.h). Data flow per step:
+ * embed -> for each layer the family's recipe (runner_layer_decoder: rmsnorm
+ * -> qkv -> rope -> kv_write -> attention -> o (+residual) -> rmsnorm ->
+ * gate_up -> swiglu -> down (+residual)) -> gather logit rows -> rmsnorm ->
+ * lm_head -> host. */
+#include "engine/model/runner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/err.h"
+#include "engine/serve/sampler.h"
+
+static void *balloc(rd_backend *be, size_t bytes, int *failed)
+{
+    void *p = be->ops->alloc(be, bytes ? bytes : 1);
+    if (!p)
+        *failed = 1;
+    return p;
+}
+
+int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32_t max_rows,
+                int32_t max_logits)
+{
+    memset(r, 0, sizeof *r);
+    const model_config *c = &m->cfg;
+    if (n_blocks <= 0 || block_size <= 0 || max_rows <= 0 || max_logits <= 0)
+        return rd_fail(RD_EINVAL, "runner: blocks %d, block size %d, rows %d, logits %d must be positive",
+                       n_blocks, block_size, max_rows, max_logits);
+    /* A backend without an op the family's layers use cannot run the model. */
+    const rd_backend_ops *ops = m->be->ops;
+    const char *missing = NULL;
+    if (m->layers[0].qkv_bias && !ops->add_bias)
+        missing = "add_bias";
+    else if (m->layers[0].q_norm && !ops->head_rmsnorm)
+        missing = "head_rmsnorm";
+    else if (m->layers[0].post_attn_norm && (!ops->add || !ops->geglu))
+        missing = !ops->add ? "add" : "geglu";
+    else if (c->embed_scale != 0.0f && !ops->scale)
+        missing = "scale";
+    if (missing)
+        return rd_fail(RD_ENOTSUP, "runner: the %s backend has no %s op, which %s models need", ops->name, missing,
+                       c->arch);
+    r->m = m;
+    r->be = m->be;
+    r->attn = (rd_attn_shape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                              .block_size = block_size,
+                              .scale = (float)(1.0 / sqrt(c->attn_scalar > 0 ? (double)c->attn_scalar
+                                                                             : (double)c->head_dim)),
+                              .window = 0};
+    r->n_blocks = n_blocks;
+    r->max_rows = max_rows;
+    r->max_logits = max_logits;
+    rd_backend *be = r->be;
+    int failed = 0;
+    size_t rows = (size_t)max_rows;
+    size_t qkv_dim = (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    r->x = balloc(be, rows * c->dim * sizeof(float), &failed);
+    r->xn = balloc(be, rows * c->dim * sizeof(float), &failed);
+    r->qkv = balloc(be, rows * qkv_dim * sizeof(float), &failed);
+    r->att = balloc(be, rows * c->n_heads * c->head_dim * sizeof(float), &failed);
+    r->gu = balloc(be, rows * 2 * c->ffn_dim * sizeof(float), &failed);
+    r->ff = balloc(be, rows * c->ffn_dim * sizeof(float), &failed);
+    r->tmp = balloc(be, rows * c->dim * sizeof(float), &failed);
+    r->sel = balloc(be, (size_t)max_logits * c->dim * sizeof(float), &failed);
+    r->logits = balloc(be, (size_t)max_logits * c->vocab * sizeof(float), &failed);
+    r->logit_rows_dev = balloc(be, (size_t)max_logits * sizeof(int32_t), &failed);
+    r->cow_dev = balloc(be, 2 * rows * sizeof(int32_t), &failed);
+    r->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    r->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    if (!r->k_cache || !r->v_cache)
+        failed = 1;
+    size_t layer_bytes = (size_t)n_blocks * c->n_kv_heads * block_size * c->head_dim *
+                         (size_t)rd_backend_kv_elem_bytes(be);
+    for (int32_t l = 0; l < c->n_layers && !failed; l++) {
+        r->k_cache[l] = balloc(be, layer_bytes, &failed);
+        r->v_cache[l] = balloc(be, layer_bytes, &failed);
+    }
+    if (failed) {
+        runner_free(r);
+        return rd_fail(RD_ENOMEM, "runner: cannot allocate KV cache (%d blocks, %zu bytes per layer) or "
+                       "activations for %d rows", n_blocks, 2 * layer_bytes, max_rows);
+    }
+    const rd_backend_ops *op = be->ops;
+    if (op->lm_head) {
+        /* A backend with its own LM head may prepare it on first use (the
+         * CUDA backend makes an fp32 copy of the weights): do it now, not
+         * inside the first step. */
+        op->lm_head(be, m->lm_head, r->sel, 1, r->logits);
+        int rc = op->sync(be);
+        if (rc) {
+            runner_free(r);
+            return rc;
+        }
+    }
+    const char *g = getenv("RD_GRAPHS");
+    if (op->graph_begin && op->graph_end && op->graph_launch && op->graph_free && !(g && !strcmp(g, "0"))) {
+        int32_t cap = max_rows < max_logits ? max_rows : max_logits;
+        r->graph_cap = cap < RUNNER_GRAPH_MAX_BATCH ? cap : RUNNER_GRAPH_MAX_BATCH;
+        r->iota_dev = balloc(be, (size_t)r->graph_cap * sizeof(int32_t), &failed);
+        r->pad_host = malloc(3 * (size_t)r->graph_cap * sizeof(int32_t));
+        if (failed || !r->pad_host) {
+            runner_free(r);
+            return rd_fail(RD_ENOMEM, "runner: cannot allocate graph buffers for %d rows", cap);
+        }
+        for (int32_t i = 0; i < r->graph_cap; i++)
+            r->pad_host[i] = i;
+        int rc = op->h2d(be, r->iota_dev, r->pad_host, (size_t)r->graph_cap * sizeof(int32_t));
+        if (!rc)
+            rc = op->sync(be);
+        if (rc) {
+            runner_free(r);
+            return rc;
+        }
+        r->use_graphs = 1;
+    }
+    return 0;
+}
+
+void runner_free(runner *r)
+{
+    if (!r->be)
+        return;
+    rd_backend *be = r->be;
+    void *bufs[] = {r->x, r->xn, r->qkv, r->att, r->gu, r->ff, r->tmp, r->sel, r->logits, r->logit_rows_dev,
+                    r->cow_dev};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            be->ops->free(be, bufs[i]);
+    for (int32_t l = 0; r->k_cache && l < r->m->cfg.n_layers; l++) {
+        if (r->k_cache[l]) be->ops->free(be, r->k_cache[l]);
+        if (r->v_cache && r->v_cache[l]) be->ops->free(be, r->v_cache[l]);
+    }
+    free(r->k_cache);
+    free(r->v_cache);
+    for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
+        if (r->graphs[i].graph)
+            be->ops->graph_free(be, r->graphs[i].graph);
+    if (r->iota_dev)
+        be->ops->free(be, r->iota_dev);
+    free(r->pad_host);
+    memset(r, 0, sizeof *r);
+}
+
+int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_t n)
+{
+    if (n <= 0)
+        return 0;
+    if (n > r->max_rows)
+        return rd_fail(RD_ERANGE, "runner: %d block copies in one step exceed %d", n, r->max_rows);
+    rd_backend *be = r->be;
+    int rc = be->ops->h2d(be, r->cow_dev, src, (size_t)n * sizeof(int32_t));
+    if (!rc)
+        rc = be->ops->h2d(be, r->cow_dev + r->max_rows, dst, (size_t)n * sizeof(int32_t));
+    if (rc)
+        return rc;
+    for (int32_t l = 0; l < r->m->cfg.n_layers; l++)
+        be->ops->copy_blocks(be, &r->attn, r->k_cache[l], r->v_cache[l], r->cow_dev, r->cow_dev + r->max_rows, n);
+    return 0;
+}
+
+void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
+{
+    const model *m = r->m;
+    const model_config *c = &m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const int32_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    const int32_t qkv_dim = (nh + 2 * nkv) * hd;
+    const model_layer *L = &m->layers[l];
+
+    op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
+    op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
+    if (L->qkv_bias)
+        op->add_bias(be, r->qkv, qkv_dim, M, qkv_dim, L->qkv_bias);
+    if (L->q_norm) {
+        op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps, 0.0f);
+        op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps, 0.0f);
+    }
+    /* q and k heads are adjacent in a qkv row: one call rotates both */
+    op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, m->rope);
+    op->kv_write(be, &r->attn, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l],
+                 r->v_cache[l]);
+    op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
+    op->linear(be, L->o, r->att, M, r->x, 1);
+    op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
+    op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
+    op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
+    op->linear(be, L->down, r->ff, M, r->x, 1);
+}
+
+void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
+{
+    const model *m = r->m;
+    const model_config *c = &m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const int32_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, d = c->dim;
+    const int32_t qkv_dim = (nh + 2 * nkv) * hd;
+    const float eps = c->norm_eps, one = m->arch->norm_offset;
+    const model_layer *L = &m->layers[l];
+    const int local = model_layer_is_local(c, l);
+    rd_attn_shape a = r->attn;
+    a.window = local ? c->sliding_window : 0;
+
+    op->rmsnorm(be, r->x, L->attn_norm, M, d, eps, one, r->xn);
+    op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
+    op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, eps, one);
+    op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, eps, one);
+    op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, local ? m->rope_local : m->rope);
+    op->kv_write(be, &a, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l], r->v_cache[l]);
+    op->attention(be, &a, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
+    op->linear(be, L->o, r->att, M, r->tmp, 0);
+    op->rmsnorm(be, r->tmp, L->post_attn_norm, M, d, eps, one, r->xn);
+    op->add(be, r->x, r->xn, (int64_t)M * d);
+    op->rmsnorm(be, r->x, L->ffn_norm, M, d, eps, one, r->xn);
+    op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
+    op->geglu(be, r->gu, M, c->ffn_dim, r->ff);
+    op->linear(be, L->down, r->ff, M, r->tmp, 0);
+    op->rmsnorm(be, r->tmp, L->post_ffn_norm, M, d, eps, one, r->xn);
+    op->add(be, r->x, r->xn, (int64_t)M * d);
+}
+
+/* embed (scaled where the family scales it) -> the family's layer recipe
+ * for each layer (step metadata already uploaded). */
+static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
+{
+    const model *m = r->m;
+    rd_backend *be = r->be;
+    be->ops->embed(be, m->embed, sd->token_ids, M, r->x);
+    if (m->cfg.embed_scale != 0.0f)
+        be->ops->scale(be, r->x, (int64_t)M * m->cfg.dim, m->cfg.embed_scale);
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        m->arch->layer(r, sd, M, l);
+}
+
+/* gather the logit rows -> final norm -> LM head (fp32 where the backend has one). */
+static void enqueue_head(runner *r, const int32_t *rows_dev, int32_t n)
+{
+    const model *m = r->m;
+    const model_config *c = &m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    op->gather_rows(be, r->x, rows_dev, n, c->dim, r->xn);
+    op->rmsnorm(be, r->xn, m->out_norm, n, c->dim, c->norm_eps, m->arch->norm_offset, r->sel);
+    if (op->lm_head)
+        op->lm_head(be, m->lm_head, r->sel, n, r->logits);
+    else
+        op->linear(be, m->lm_head, r->sel, n, r->logits, 0);
+}
+
+int32_t runner_graph_bucket(int32_t m, int32_t cap)
+{
+    if (cap > RUNNER_GRAPH_MAX_BATCH)
+        cap = RUNNER_GRAPH_MAX_BATCH;
+    if (m <= 0 || m > cap)
+        return 0;
+    int32_t b = m <= 4 ? (m <= 1 ? 1 : m <= 2 ? 2 : 4) : (m + 7) / 8 * 8;
+    return b < cap ? b : cap;
+}
+
+/* A decode step the graph path takes: one row per sequence, every row a
+ * logit row in order, and a bucket that fits. */
+static int graph_eligible(const runner *r, const rd_step *s, const int32_t *logit_rows, int32_t n_logits)
+{
+    if (!r->use_graphs || s->n_rows != s->n_seqs || n_logits != s->n_rows ||
+        runner_graph_bucket(s->n_rows, r->graph_cap) == 0)
+        return 0;
+    for (int32_t i = 0; i < n_logits; i++)
+        if (logit_rows[i] != i || s->q_start[i] != i)
+            return 0;
+    return s->q_start[n_logits] == n_logits;
+}
+
+static runner_graph *graph_slot(runner *r, int32_t bucket)
+{
+    for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
+        if (r->graphs[i].bucket == bucket)
+            return &r->graphs[i];
+    for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
+        if (r->graphs[i].bucket == 0) {
+            r->graphs[i].bucket = bucket;
+            return &r->graphs[i];
+        }
+    return NULL;
+}
+
+static int forward_graph(runner *r, const rd_step *s, float *logits_host)
+{
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const int32_t M = s->n_rows, B = runner_graph_bucket(M, r->graph_cap);
+    runner_graph *g = graph_slot(r, B);
+    if (!g)
+        return rd_fail(RD_ERANGE, "runner: no graph slot for bucket %d", B);
+
+    /* The step padded to B rows: padding rows have token -1, position 0,
+     * slot -1 and no sequence (rows past q_start[n_seqs]). */
+    int32_t *tok = r->pad_host, *pos = tok + r->graph_cap, *slot = pos + r->graph_cap;
+    memcpy(tok, s->token_ids, sizeof(int32_t) * M);
+    memcpy(pos, s->positions, sizeof(int32_t) * M);
+    memcpy(slot, s->slots, sizeof(int32_t) * M);
+    for (int32_t i = M; i < B; i++) {
+        tok[i] = -1;
+        pos[i] = 0;
+        slot[i] = -1;
+    }
+    rd_step padded = *s;
+    padded.n_rows = B;
+    padded.token_ids = tok;
+    padded.positions = pos;
+    padded.slots = slot;
+    rd_step_dev sd;
+    int rc = op->step_upload(be, &padded, &sd);
+    if (rc)
+        return rc;
+
+    if (g->graph && g->weights_gen != r->m->weights_gen) {
+        op->graph_free(be, g->graph);
+        g->graph = NULL;
+        g->seen = 0;
+    }
+    int ran = 0;
+    if (g->graph) {
+        rc = op->graph_launch(be, g->graph);
+        if (rc == RD_GRAPH_STALE) {
+            op->graph_free(be, g->graph);
+            g->graph = NULL;
+        } else if (rc) {
+            return rc;
+        } else {
+            ran = 1;
+            r->graph_replays++;
+        }
+    } else if (g->seen) {
+        rc = op->graph_begin(be);
+        if (!rc) {
+            enqueue_body(r, &sd, B);
+            enqueue_head(r, r->iota_dev, B);
+            rc = op->graph_end(be, &g->graph);
+        }
+        if (!rc) {
+            g->weights_gen = r->m->weights_gen;
+            r->graph_captures++;
+            rc = op->graph_launch(be, g->graph);
+            if (rc)
+                return rc;
+            ran = 1;
+        } else {
+            /* The capture failed: decode uncaptured from now on. */
+            g->graph = NULL;
+            r->use_graphs = 0;
+        }
+    }
+    if (!ran) {
+        enqueue_body(r, &sd, B);
+        enqueue_head(r, r->iota_dev, B);
+        g->seen = 1;
+        r->graph_eager++;
+    }
+    r->last_logits = M;
+    if (logits_host &&
+        (rc = op->d2h(be, logits_host, r->logits, (size_t)M * r->m->cfg.vocab * sizeof(float))))
+        return rc;
+    return op->sync(be);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32_t n_logits, float *logits_host)
+{
+    const model *m = r->m;
+    const model_config *c = &m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const int32_t M = s->n_rows;
+    if (M <= 0 || M > r->max_rows || n_logits < 0 || n_logits > r->max_logits)
+        return rd_fail(RD_ERANGE, "runner: step of %d rows / %d logits exceeds %d / %d", M, n_logits,
+                       r->max_rows, r->max_logits);
+    for (int32_t i = 0; i < M; i++)
+        if (s->positions[i] < 0 || s->positions[i] >= c->max_ctx)
+            return rd_fail(RD_ERANGE, "runner: position %d outside the context of %d", s->positions[i], c->max_ctx);
+    r->last_logits = 0;
+    int64_t t0 = now_ns();
+    if (graph_eligible(r, s, logit_rows, n_logits)) {
+        int rc = forward_graph(r, s, logits_host);
+        r->ns_layers += now_ns() - t0;
+        return rc;
+    }
+
+    rd_step_dev sd;
+    int rc = op->step_upload(be, s, &sd);
+    if (rc)
+        return rc;
+    enqueue_body(r, &sd, M);
+    if (n_logits == 0) {
+        rc = op->sync(be);
+        r->ns_layers += now_ns() - t0;
+        return rc;
+    }
+    int64_t t1 = now_ns();
+    r->ns_layers += t1 - t0;
+    if ((rc = op->h2d(be, r->logit_rows_dev, logit_rows, (size_t)n_logits * sizeof(int32_t))))
+        return rc;
+    enqueue_head(r, r->logit_rows_dev, n_logits);
+    r->last_logits = n_logits;
+    rc = logits_host ? op->d2h(be, logits_host, r->logits, (size_t)n_logits * c->vocab * sizeof(float)) : 0;
+    if (!rc)
+        rc = op->sync(be);
+    r->ns_head += now_ns() - t1;
+    return rc;
+}
+
+int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *out)
+{
+    rd_backend *be = r->be;
+    const int32_t vocab = r->m->cfg.vocab;
+    for (int32_t i = 0; i < n; i++)
+        if (reqs[i].row < 0 || reqs[i].row >= r->last_logits || !reqs[i].sp)
+            return rd_fail(RD_ERANGE, "runner_sample: request %d asks for logit row %d; the last step left %d",
+                           i, reqs[i].row, r->last_logits);
+    if (be->ops->sample)
+        return be->ops->sample(be, r->logits, vocab, reqs, n, out);
+    float *row = malloc(sizeof(float) * (size_t)vocab);
+    void *scratch = malloc(samp_scratch_bytes(vocab));
+    int rc = row && scratch ? 0 : rd_fail(RD_ENOMEM, "runner_sample: out of memory");
+    for (int32_t i = 0; i < n && !rc; i++) {
+        rc = be->ops->d2h(be, row, r->logits + (size_t)reqs[i].row * vocab, sizeof(float) * (size_t)vocab);
+        if (!rc)
+            rc = be->ops->sync(be);
+        if (!rc && samp_sample(reqs[i].sp, row, vocab, reqs[i].sample_idx, reqs[i].pos, scratch, &out[i])) {
+            memset(&out[i], 0, sizeof out[i]);
+            out[i].token = -1;
+        }
+    }
+    free(row);
+    free(scratch);
+    return rc;
+}

@@ -1,0 +1,102 @@
+/* runner.h - one forward pass of the model over a step's rows.
+ *
+ * The runner owns the KV cache memory (per layer, in the backend) and the
+ * activation buffers sized for the largest step. It knows nothing of
+ * requests: the scheduler hands it rows, slots and block tables. */
+#ifndef RD_RUNNER_H
+#define RD_RUNNER_H
+
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/model/model.h"
+
+/* A decode step captured as a backend graph (CUDA), one per batch bucket. */
+typedef struct {
+    int32_t bucket;             /* rows the step is padded to (0: slot unused) */
+    void *graph;                /* backend graph, or NULL before capture */
+    uint64_t weights_gen;       /* model->weights_gen it was captured with */
+    int seen;                   /* the bucket ran once uncaptured since weights_gen */
+} runner_graph;
+
+#define RUNNER_MAX_GRAPHS 40
+#define RUNNER_GRAPH_MAX_BATCH 256
+
+typedef struct runner {
+    model *m;                   /* not owned */
+    rd_backend *be;             /* not owned */
+    rd_attn_shape attn;
+    int32_t n_blocks;           /* KV blocks in the pool */
+    int32_t max_rows;           /* most rows (tokens) per step */
+    int32_t max_logits;         /* most logit rows per step */
+    float **k_cache, **v_cache; /* [n_layers] -> backend [n_blocks][nkv][block_size][hd] */
+    /* activations (backend memory), rows = max_rows unless noted */
+    float *x;                   /* [rows][dim] residual stream */
+    float *xn;                  /* [rows][dim] normed */
+    float *qkv;                 /* [rows][(nh + 2 nkv) hd] */
+    float *att;                 /* [rows][nh hd] */
+    float *gu;                  /* [rows][2 ffn] */
+    float *ff;                  /* [rows][ffn] */
+    float *tmp;                 /* [rows][dim] a sublayer's output before its post-norm (Gemma 3) */
+    float *sel;                 /* [max_logits][dim] rows that get logits */
+    float *logits;              /* [max_logits][vocab] */
+    int32_t *logit_rows_dev;    /* [max_logits] */
+    int32_t *cow_dev;           /* [2][max_rows] copy-on-write src, dst */
+    int32_t last_logits;        /* logit rows the last forward left in logits */
+    /* CUDA graphs for decode steps (backends with graph ops; RD_GRAPHS=0 turns them off) */
+    int use_graphs;
+    int32_t graph_cap;          /* largest bucket: min(max_rows, max_logits, 256) */
+    runner_graph graphs[RUNNER_MAX_GRAPHS];
+    int32_t *iota_dev;          /* [graph_cap] 0, 1, 2, ...: the logit rows of a padded step */
+    int32_t *pad_host;          /* [3][graph_cap] token, position, slot of a padded step */
+    int64_t graph_replays, graph_captures, graph_eager; /* decode steps by how they ran */
+    /* Wall time of the forward passes by phase, nanoseconds, summed over steps:
+     * the layers (embedding included) and the head (gather, final norm, LM
+     * head, logits to the host, sync). On a backend whose ops run when called
+     * (CPU) the split is exact; on an asynchronous one (CUDA) queued layer work
+     * finishes inside the head's sync, and a graph replay counts as layers. */
+    int64_t ns_layers, ns_head;
+} runner;
+
+/* Allocates n_blocks KV blocks of block_size tokens and buffers for steps
+ * of up to max_rows tokens and max_logits logit rows. */
+int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32_t max_rows,
+                int32_t max_logits);
+void runner_free(runner *r);
+
+/* Copies KV blocks src[i] -> dst[i] in every layer (copy-on-write). */
+int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_t n);
+
+/* Runs the model over step s, writing the new rows' K/V into their slots,
+ * and fills logits_host[n_logits][vocab] (fp32) for rows logit_rows[]
+ * (logits_host NULL: they stay in the backend for runner_sample).
+ * A pure decode step (one row per sequence, every row a logit row, in order)
+ * runs as a backend graph when the backend has them: padded to its bucket,
+ * uncaptured the first time a bucket is seen (and after a weight swap),
+ * captured the second, replayed after. Results do not depend on which. */
+int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32_t n_logits,
+                   float *logits_host);
+
+/* The rows a graph-run decode step of m rows is padded to: the smallest of
+ * 1, 2, 4 and the multiples of 8 up to 256 that holds m, or cap when that is
+ * smaller; 0 when m > min(cap, 256) (the step runs uncaptured). */
+int32_t runner_graph_bucket(int32_t m, int32_t cap);
+
+/* The pre-norm decoder layer (Llama, Qwen2, Qwen3) over M rows of layer l:
+ * rmsnorm -> q|k|v (+ bias where the layer has one) -> per-head q/k norms
+ * (where it has them) -> RoPE -> KV write -> attention -> o (+residual) ->
+ * rmsnorm -> gate|up -> SwiGLU -> down (+residual). A family's arch_desc.layer. */
+void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
+
+/* Gemma 3's layer: (1 + w) norms around both sublayers (pre and post),
+ * per-head q/k norms, the sliding window and local RoPE base on local
+ * layers, GELU-tanh gated FFN. */
+void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
+
+/* Samples from the logit rows the last runner_forward left in the backend:
+ * request i takes row reqs[i].row. On the device when the backend samples
+ * (ops.sample), else on the host with samp_sample. A row whose logits the
+ * sampler rejects gets token -1. */
+int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *out);
+
+#endif

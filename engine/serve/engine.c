@@ -1,0 +1,745 @@
+/* engine.c - the request API and the step (see engine.h): admission, one
+ * step (the scheduler's batch -> the runner's forward pass -> draws), results,
+ * aborts and the weight version. The rule choosing each step's rows is in
+ * sched.c, the block accounting behind it in kv.c.
+ *
+ * A request with n samples enters as one sequence (sample 0, fork_n = n).
+ * Its prompt is prefilled once; the logits of the last prompt token give the
+ * first token of every sample, and samples 1..n-1 fork from it sharing the
+ * prompt's KV blocks (reference counts; a shared partial block is copied
+ * before a sample writes into it). */
+#include "engine/serve/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/err.h"
+#include "engine/serve/kv.h"
+#include "engine/model/runner.h"
+#include "engine/serve/sched.h"
+#include "engine/text/tokenizer.h"
+#include "base/pool.h"
+
+struct engine {
+    model *m;
+    eng_config cfg;
+    runner run;
+    kv_pool *kv;                /* the block manager */
+    sched sched;                /* waiting and running queues, and each step's batch */
+    int32_t eos;                /* model EOS id, -1 if unknown */
+    int32_t eot;                /* the chat format's end-of-turn id when it is not eos, else -1 */
+    int64_t next_id;
+    uint64_t version;           /* weight version new tokens are sampled under */
+    int paused;                 /* eng_pause: nothing is scheduled */
+    seq_list done;              /* finished samples not yet collected */
+    eng_stats st;
+    /* per-step scratch (host) */
+    int32_t *tok, *pos, *slot, *q_start, *ctx_len, *tables, *logit_rows;
+    int32_t tables_cap;         /* entries in tables */
+    float *logits;              /* [max_num_seqs][vocab] host logits (host sampling only) */
+    void *samp_scratch;         /* [samp_workers][samp_stride(vocab)] */
+    int samp_workers;           /* host draws run on the CPU pool, one scratch per thread */
+    /* this step's token draws: one per sequence that caught up, one per sample of a group
+       that forks now; grown as needed */
+    int device_sampling;        /* the backend samples on the device: logits never leave it */
+    rd_sample_req *sreq;        /* [draws_cap] */
+    samp_result *sres;          /* [draws_cap] */
+    seq **sseq;                 /* [draws_cap] the sequence each draw extends */
+    int32_t draws_cap;
+};
+
+/* ---- configuration and lifecycle ---- */
+
+eng_config eng_default_config(void)
+{
+    return (eng_config){
+        .backend = "cpu",
+        .n_threads = 0,
+        .kv_cache_bytes = (int64_t)1 << 30,
+        .block_size = 16,
+        .max_num_seqs = 64,
+        .max_batch_tokens = 512,
+        .max_waiting = 4096,
+        .eos_id = -1,
+        .eot_id = -1,
+        .prefix_cache = 1,
+    };
+}
+
+/* Bytes between the workers' sampler scratch areas (each 64-byte aligned:
+ * samp_sample needs 8). */
+static size_t samp_stride(int32_t vocab) { return (samp_scratch_bytes(vocab) + 63) & ~(size_t)63; }
+
+int eng_create(model *m, const eng_config *cfg, engine **out)
+{
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    if (cfg->block_size < 1 || cfg->block_size > 1024)
+        return rd_fail(RD_EINVAL, "engine: block_size %d must be in 1..1024", cfg->block_size);
+    if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > 4096)
+        return rd_fail(RD_EINVAL, "engine: max_num_seqs %d must be in 1..4096", cfg->max_num_seqs);
+    if (cfg->max_batch_tokens < cfg->max_num_seqs || cfg->max_batch_tokens > 65536)
+        return rd_fail(RD_EINVAL, "engine: max_batch_tokens %d must be in max_num_seqs (%d)..65536",
+                       cfg->max_batch_tokens, cfg->max_num_seqs);
+    if (cfg->max_waiting < 1)
+        return rd_fail(RD_EINVAL, "engine: max_waiting %d must be >= 1", cfg->max_waiting);
+    int64_t block_bytes = model_kv_bytes_per_token(c) / (int64_t)sizeof(float) * rd_backend_kv_elem_bytes(m->be) *
+                          cfg->block_size;
+    int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
+    if (n_blocks < 1 || n_blocks > INT32_MAX / cfg->block_size)
+        return rd_fail(RD_EINVAL, "engine: kv_cache_bytes %lld gives %lld blocks of %lld bytes (need >= 1)",
+                       (long long)cfg->kv_cache_bytes, (long long)n_blocks, (long long)block_bytes);
+
+    engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return rd_fail(RD_ENOMEM, "engine: out of memory");
+    e->m = m;
+    e->cfg = *cfg;
+    e->eos = cfg->eos_id;
+    e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
+    e->next_id = 1;
+    /* eng_destroy takes a partly built engine apart (each free accepts what was never made). */
+    int rc = kv_create((int32_t)n_blocks, cfg->block_size, &e->kv);
+    if (!rc)
+        rc = sched_init(&e->sched, e->kv, cfg->max_num_seqs, cfg->max_batch_tokens, cfg->prefix_cache);
+    if (!rc)
+        rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, cfg->max_num_seqs);
+    if (rc) {
+        eng_destroy(e);
+        return rc;
+    }
+    int32_t T = cfg->max_batch_tokens, S = cfg->max_num_seqs;
+    e->tok = malloc(sizeof(int32_t) * T);
+    e->pos = malloc(sizeof(int32_t) * T);
+    e->slot = malloc(sizeof(int32_t) * T);
+    e->q_start = malloc(sizeof(int32_t) * (S + 1));
+    e->ctx_len = malloc(sizeof(int32_t) * S);
+    e->logit_rows = malloc(sizeof(int32_t) * S);
+    /* A backend that samples keeps the logits on the device (RD_HOST_SAMPLING=1 forces
+       the download and samp_sample, to compare the two). */
+    const char *hs = getenv("RD_HOST_SAMPLING");
+    e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
+    if (!e->device_sampling) {
+        e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
+        e->samp_workers = pool_size();
+        e->samp_scratch = malloc(samp_stride(c->vocab) * (size_t)e->samp_workers);
+    }
+    if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows ||
+        (!e->device_sampling && (!e->logits || !e->samp_scratch))) {
+        eng_destroy(e);
+        return rd_fail(RD_ENOMEM, "engine: cannot allocate step buffers");
+    }
+    *out = e;
+    return 0;
+}
+
+void eng_destroy(engine *e)
+{
+    if (!e)
+        return;
+    seq_list *lists[] = {&e->sched.waiting, &e->sched.running, &e->done};
+    for (int i = 0; i < 3; i++)
+        while (lists[i]->head) {
+            seq *s = lists[i]->head;
+            seq_list_remove(lists[i], s);
+            kv_free_seq(e->kv, &s->blocks);
+            seq_destroy(s);
+        }
+    runner_free(&e->run);
+    sched_free(&e->sched);
+    kv_destroy(e->kv);
+    free(e->tok);
+    free(e->pos);
+    free(e->slot);
+    free(e->q_start);
+    free(e->ctx_len);
+    free(e->tables);
+    free(e->logit_rows);
+    free(e->logits);
+    free(e->samp_scratch);
+    free(e->sreq);
+    free(e->sres);
+    free(e->sseq);
+    free(e);
+}
+
+const model *eng_model(const engine *e) { return e->m; }
+
+/* ---- admission ---- */
+
+int eng_add(engine *e, const eng_request *r, int64_t *id)
+{
+    const model_config *c = &e->m->cfg;
+    if (!r->prompt || r->n_prompt < 1)
+        return rd_fail(RD_EINVAL, "request: prompt is empty (need at least 1 token)");
+    if (r->n_prompt >= c->max_ctx)
+        return rd_fail(RD_ERANGE, "request: prompt of %d tokens leaves no room in the context of %d",
+                       r->n_prompt, c->max_ctx);
+    if (r->n < 1 || r->n > e->cfg.max_num_seqs)
+        return rd_fail(RD_EINVAL, "request: n = %d must be in 1..%d (max_num_seqs)", r->n, e->cfg.max_num_seqs);
+    if (r->max_tokens < 1)
+        return rd_fail(RD_EINVAL, "request: max_tokens = %d must be >= 1", r->max_tokens);
+    if (r->n_stop < 0 || r->n_stop > SEQ_MAX_STOP)
+        return rd_fail(RD_EINVAL, "request: %d stop ids (at most %d)", r->n_stop, SEQ_MAX_STOP);
+    if (r->n_stop > 0 && !r->stop_ids)
+        return rd_fail(RD_EINVAL, "request: n_stop is %d but stop_ids is NULL", r->n_stop);
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab)
+            return rd_fail(RD_ERANGE, "request: prompt token %d at index %d is outside the vocabulary 0..%d",
+                           r->prompt[i], i, c->vocab - 1);
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= c->vocab)
+            return rd_fail(RD_ERANGE, "request: stop id %d is outside the vocabulary 0..%d", r->stop_ids[i],
+                           c->vocab - 1);
+    if (r->n_stop_strs > 0 && !e->cfg.tok)
+        return rd_fail(RD_EINVAL, "request: stop strings need a tokenizer; the model was loaded without one");
+    int rc = samp_validate(&r->sp);
+    if (rc)
+        return rd_fail(rc, "request: %s", rd_errmsg());
+    int64_t total = (int64_t)r->n_prompt + r->max_tokens;
+    if (total > c->max_ctx)
+        total = c->max_ctx;
+    int64_t need = (total + e->cfg.block_size - 1) / e->cfg.block_size;
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    if (need > ks.blocks_total)
+        return rd_fail(RD_ERANGE, "request: %lld tokens need %lld KV blocks; the pool has %d",
+                       (long long)total, (long long)need, ks.blocks_total);
+    if (e->sched.waiting.count >= e->cfg.max_waiting)
+        return rd_fail(RD_EBUSY, "request: %d requests already waiting (max_waiting)", e->sched.waiting.count);
+
+    seq_req *q = calloc(1, sizeof *q);
+    if (!q)
+        return rd_fail(RD_ENOMEM, "request: out of memory");
+    if ((rc = stop_set_init(&q->stops, r->stop_strs, r->n_stop_strs))) {
+        free(q);
+        return rd_fail(rc, "request: %s", rd_errmsg());
+    }
+    q->prompt = malloc(sizeof(int32_t) * r->n_prompt);
+    if (!q->prompt) {
+        stop_set_free(&q->stops);
+        free(q);
+        return rd_fail(RD_ENOMEM, "request: out of memory");
+    }
+    memcpy(q->prompt, r->prompt, sizeof(int32_t) * r->n_prompt);
+    q->id = e->next_id++;
+    q->tag = r->tag;
+    q->n = r->n;
+    q->max_tokens = r->max_tokens;
+    q->stream = r->stream != 0;
+    q->sp = r->sp;
+    q->n_prompt = r->n_prompt;
+    q->n_stop = r->n_stop;
+    memcpy(q->stop_ids, r->stop_ids ? r->stop_ids : q->stop_ids, sizeof(int32_t) * r->n_stop);
+    if (!r->ignore_eos && e->eos >= 0 && q->n_stop < SEQ_MAX_STOP)
+        q->stop_ids[q->n_stop++] = e->eos;
+    if (!r->ignore_eos && e->eot >= 0 && q->n_stop < SEQ_MAX_STOP)
+        q->stop_ids[q->n_stop++] = e->eot;
+
+    seq *s = seq_new(q, 0, (int32_t)total + 1);
+    if (!s) {
+        stop_set_free(&q->stops);
+        free(q->prompt);
+        free(q);
+        return rd_fail(RD_ENOMEM, "request: out of memory");
+    }
+    memcpy(s->tokens, q->prompt, sizeof(int32_t) * q->n_prompt);
+    s->n_tokens = q->n_prompt;
+    s->fork_n = q->n;
+    s->state = SEQ_WAITING;
+    sched_add(&e->sched, s);
+    *id = q->id;
+    return 0;
+}
+
+int eng_busy(const engine *e) { return e->sched.waiting.count + e->sched.running.count > 0; }
+
+/* ---- step ---- */
+
+static int ensure_tables(engine *e, int32_t n_seqs, int32_t max_blocks)
+{
+    int32_t need = n_seqs * max_blocks;
+    if (need <= e->tables_cap)
+        return 0;
+    int32_t *t = realloc(e->tables, sizeof(int32_t) * need);
+    if (!t)
+        return rd_fail(RD_ENOMEM, "engine: cannot grow block tables to %d entries", need);
+    e->tables = t;
+    e->tables_cap = need;
+    return 0;
+}
+
+static void finish(engine *e, seq *s, finish_reason why)
+{
+    s->version_finish = e->version;
+    kv_free_seq(e->kv, &s->blocks);
+    sched_remove(&e->sched, s);
+    s->finish = why;
+    s->state = SEQ_FINISHED;
+    seq_list_push_back(&e->done, s);
+    if (why == FINISH_ABORT || why == FINISH_ERROR)
+        e->st.aborted++;
+    else
+        e->st.completed++;
+}
+
+/* Appends a sampled token; finishes the sequence on a stop id or a limit. */
+static void append_token(engine *e, seq *s, const samp_result *r)
+{
+    const seq_req *q = s->req;
+    int32_t g = s->n_tokens - q->n_prompt; /* index among generated tokens */
+    s->tokens[s->n_tokens++] = r->token;
+    s->logprobs[g] = r->logprob;
+    if (s->logprobs_proc)
+        s->logprobs_proc[g] = r->logprob_processed;
+    int32_t k = q->sp.logprobs_topk;
+    for (int32_t j = 0; j < k; j++) {
+        s->top_ids[(size_t)g * k + j] = j < r->n_top ? r->top_ids[j] : -1;
+        s->top_lps[(size_t)g * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
+    }
+    e->st.generated_tokens++;
+    if (s->n_spans == 0 || s->spans[s->n_spans - 1].version != e->version) {
+        if (s->n_spans == s->spans_cap) {
+            int32_t nc = s->spans_cap ? 2 * s->spans_cap : 2;
+            seq_span *ns = realloc(s->spans, sizeof *ns * (size_t)nc);
+            if (!ns) {
+                finish(e, s, FINISH_ERROR); /* the token is kept; its version could not be recorded */
+                return;
+            }
+            s->spans = ns;
+            s->spans_cap = nc;
+        }
+        s->spans[s->n_spans++] = (seq_span){.start = g, .version = e->version};
+    }
+    if (g == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s->t_first_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    }
+    for (int32_t i = 0; i < q->n_stop; i++)
+        if (r->token == q->stop_ids[i]) {
+            finish(e, s, FINISH_STOP);
+            return;
+        }
+    if (q->stops.n > 0) {
+        size_t len;
+        const char *bytes = tok_token_bytes(e->cfg.tok, r->token, &len);
+        int m = stop_scan_push(&s->scan, &q->stops, bytes, len);
+        if (m != 0) {
+            finish(e, s, m > 0 ? FINISH_STOP : FINISH_ERROR);
+            return;
+        }
+    }
+    if (g + 1 >= q->max_tokens || s->n_tokens >= e->m->cfg.max_ctx)
+        finish(e, s, FINISH_LENGTH);
+}
+
+static int ensure_draws(engine *e, int32_t n)
+{
+    if (n <= e->draws_cap)
+        return 0;
+    int32_t cap = e->draws_cap ? e->draws_cap : 64;
+    while (cap < n)
+        cap *= 2;
+    rd_sample_req *q = realloc(e->sreq, sizeof *q * (size_t)cap);
+    if (q)
+        e->sreq = q;
+    samp_result *r = realloc(e->sres, sizeof *r * (size_t)cap);
+    if (r)
+        e->sres = r;
+    seq **ss = realloc(e->sseq, sizeof *ss * (size_t)cap);
+    if (ss)
+        e->sseq = ss;
+    if (!q || !r || !ss)
+        return rd_fail(RD_ENOMEM, "engine: cannot grow the step's draws to %d", n);
+    e->draws_cap = cap;
+    return 0;
+}
+
+/* Queues a draw for s from logit row `row`: the RNG counter is (sample index,
+ * position of the token to be drawn), as on every backend. */
+static int add_draw(engine *e, int32_t *n, seq *s, int32_t row)
+{
+    int rc = ensure_draws(e, *n + 1);
+    if (rc)
+        return rc;
+    e->sreq[*n] = (rd_sample_req){
+        .row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)s->n_tokens, .sp = &s->req->sp};
+    e->sseq[(*n)++] = s;
+    return 0;
+}
+
+/* A prefilled group parent becomes fork_n samples sharing its blocks; each
+ * queues a draw of its first token from the parent's logit row. */
+static int fork_group(engine *e, seq *parent, int32_t row, int32_t *n_draws)
+{
+    int32_t n = parent->fork_n;
+    parent->fork_n = 1;
+    int rc = add_draw(e, n_draws, parent, row);
+    seq *at = parent;
+    for (int32_t i = 1; i < n && !rc; i++) {
+        seq *c = seq_new(parent->req, parent->sample_idx + i, parent->cap);
+        if (!c)
+            return rd_fail(RD_ENOMEM, "engine: cannot fork sample %d", i);
+        memcpy(c->tokens, parent->tokens, sizeof(int32_t) * parent->n_tokens);
+        c->n_tokens = parent->n_tokens;
+        c->n_computed = parent->n_computed;
+        c->n_published = parent->n_published;
+        c->kv_version = parent->kv_version;
+        if ((rc = kv_fork(e->kv, &parent->blocks, &c->blocks))) {
+            seq_destroy(c);
+            return rc;
+        }
+        c->state = SEQ_RUNNING;
+        /* Next to its parent: the running queue stays in admission order, so
+           preemption still takes the newest request first. */
+        seq_list_insert_after(&e->sched.running, at, c);
+        at = c;
+        rc = add_draw(e, n_draws, c, row);
+    }
+    return rc;
+}
+
+/* Draws every queued token, on the device when the backend samples there,
+ * then appends them; a row the sampler rejects finishes its sequence. */
+/* One host draw; rows are independent, so which thread runs it changes nothing. */
+static void draw_task(void *ctx, int32_t i, int32_t worker)
+{
+    engine *e = ctx;
+    const int32_t vocab = e->m->cfg.vocab;
+    const rd_sample_req *q = &e->sreq[i];
+    void *scratch = (char *)e->samp_scratch + samp_stride(vocab) * (size_t)worker;
+    if (samp_sample(q->sp, e->logits + (size_t)q->row * vocab, vocab, q->sample_idx, q->pos, scratch,
+                    &e->sres[i]))
+        e->sres[i].token = -1;
+}
+
+static int draw_tokens(engine *e, int32_t n)
+{
+    if (n == 0)
+        return 0;
+    if (e->device_sampling) {
+        int rc = runner_sample(&e->run, e->sreq, n, e->sres);
+        if (rc) {
+            /* Their logits are gone: they end (with what they have) rather than wait forever. */
+            for (int32_t i = 0; i < n; i++)
+                finish(e, e->sseq[i], FINISH_ERROR);
+            return rc;
+        }
+    } else if (n > 1 && e->samp_workers > 1 && pool_size() <= e->samp_workers) {
+        pool_run(n, draw_task, e);
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            draw_task(e, i, 0);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (e->sres[i].token < 0)
+            finish(e, e->sseq[i], FINISH_ERROR);
+        else
+            append_token(e, e->sseq[i], &e->sres[i]);
+    }
+    return 0;
+}
+
+int eng_step(engine *e)
+{
+    if (e->paused)
+        return 0;
+    int32_t n_sched = sched_step(&e->sched, e->version);
+    seq **batch = e->sched.batch;
+    if (n_sched == 0)
+        return 0;
+    const int32_t bs = e->cfg.block_size;
+    int32_t max_blocks = 1;
+    for (int32_t i = 0; i < n_sched; i++)
+        if (batch[i]->blocks.n > max_blocks)
+            max_blocks = batch[i]->blocks.n;
+    int rc = ensure_tables(e, n_sched, max_blocks);
+    if (rc)
+        return rc;
+
+    /* Rows in sequence order; a sequence that catches up gets a logit row. */
+    int32_t M = 0, n_logits = 0;
+    for (int32_t i = 0; i < n_sched; i++) {
+        seq *s = batch[i];
+        e->q_start[i] = M;
+        for (int32_t j = 0; j < s->sched_rows; j++, M++) {
+            int32_t p = s->n_computed + j;
+            e->tok[M] = s->tokens[p];
+            e->pos[M] = p;
+            e->slot[M] = s->blocks.ids[p / bs] * bs + p % bs;
+        }
+        e->ctx_len[i] = s->n_computed + s->sched_rows;
+        memcpy(e->tables + (size_t)i * max_blocks, s->blocks.ids, sizeof(int32_t) * s->blocks.n);
+        if (e->ctx_len[i] == s->n_tokens)
+            e->logit_rows[n_logits++] = M - 1;
+    }
+    e->q_start[n_sched] = M;
+
+    if ((rc = runner_copy_blocks(&e->run, e->sched.cow_src, e->sched.cow_dst, e->sched.n_cow)))
+        return rc;
+    rd_step step = {
+        .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
+        .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
+    };
+    if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->device_sampling ? NULL : e->logits)))
+        return rc;
+
+    e->st.steps++;
+    e->st.rows_total += M;
+    e->st.seqs_total += n_sched;
+    int32_t li = 0, n_draws = 0;
+    for (int32_t i = 0; i < n_sched; i++) {
+        seq *s = batch[i];
+        int32_t prompt_rows = s->req->n_prompt - s->n_computed; /* recomputed ones included */
+        if (prompt_rows > 0)
+            e->st.prompt_tokens += prompt_rows < s->sched_rows ? prompt_rows : s->sched_rows;
+        sched_commit(&e->sched, s, e->version);
+        if (s->n_computed != s->n_tokens)
+            continue;
+        /* A group parent forks now; each sample draws its first token from the parent's row. */
+        if ((rc = s->fork_n > 1 ? fork_group(e, s, li, &n_draws) : add_draw(e, &n_draws, s, li)))
+            return rc;
+        li++;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = draw_tokens(e, n_draws);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    e->st.ns_sample += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    if (rc)
+        return rc;
+    return M;
+}
+
+/* ---- results ---- */
+
+/* Finishes s with FINISH_ABORT; returns the samples that ended. */
+static int32_t abort_seq(engine *e, seq *s)
+{
+    /* An unforked group parent stands for all its samples. */
+    int32_t n = 1;
+    for (int32_t i = 1; i < s->fork_n; i++) {
+        seq *c = seq_new(s->req, s->sample_idx + i, 1);
+        if (!c)
+            continue; /* out of memory: the sample is lost rather than the engine */
+        c->n_tokens = s->req->n_prompt;
+        c->finish = FINISH_ABORT;
+        c->version_finish = e->version;
+        c->state = SEQ_FINISHED;
+        seq_list_push_back(&e->done, c);
+        e->st.aborted++;
+        n++;
+    }
+    s->fork_n = 1;
+    finish(e, s, FINISH_ABORT);
+    return n;
+}
+
+int eng_abort(engine *e, int64_t id)
+{
+    int found = 0;
+    seq_list *lists[] = {&e->sched.waiting, &e->sched.running};
+    for (int li = 0; li < 2; li++) {
+        for (seq *s = lists[li]->head; s;) {
+            seq *next = s->next;
+            if (s->req->id == id) {
+                found = 1;
+                abort_seq(e, s);
+            }
+            s = next;
+        }
+    }
+    return found ? 0 : rd_fail(RD_ENOENT, "abort: request %lld is not waiting or running", (long long)id);
+}
+
+/* ---- weight updates ---- */
+
+void eng_set_version(engine *e, uint64_t version) { e->version = version; }
+void eng_pause(engine *e, int pause) { e->paused = pause != 0; }
+int eng_paused(const engine *e) { return e->paused; }
+int32_t eng_flush_cache(engine *e) { return kv_prefix_flush(e->kv); }
+uint64_t eng_version(const engine *e) { return e->version; }
+void eng_hold_new(engine *e, int hold) { e->sched.hold_new = hold != 0; }
+
+int32_t eng_started(const engine *e)
+{
+    int32_t n = e->sched.running.count;
+    for (const seq *s = e->sched.waiting.head; s; s = s->next)
+        n += seq_started(s);
+    return n;
+}
+
+int32_t eng_abort_started(engine *e)
+{
+    int32_t n = 0;
+    seq_list *lists[] = {&e->sched.waiting, &e->sched.running};
+    for (int li = 0; li < 2; li++) {
+        for (seq *s = lists[li]->head; s;) {
+            seq *next = s->next;
+            if (s->state == SEQ_RUNNING || seq_started(s))
+                n += abort_seq(e, s);
+            s = next;
+        }
+    }
+    return n;
+}
+
+int eng_collect(engine *e, eng_result *out, int max)
+{
+    int n = 0;
+    while (n < max && e->done.head) {
+        seq *s = e->done.head;
+        seq_list_remove(&e->done, s);
+        const seq_req *q = s->req;
+        eng_result *r = &out[n++];
+        memset(r, 0, sizeof *r);
+        int32_t g = s->n_tokens - q->n_prompt;
+        if (g < 0)
+            g = 0;
+        r->req_id = q->id;
+        r->tag = q->tag;
+        r->sample_idx = s->sample_idx;
+        r->n_prompt = q->n_prompt;
+        r->prompt_ids = malloc(sizeof(int32_t) * q->n_prompt);
+        if (r->prompt_ids)
+            memcpy(r->prompt_ids, q->prompt, sizeof(int32_t) * q->n_prompt);
+        r->n_tokens = g;
+        r->token_ids = malloc(sizeof(int32_t) * (g + 1));
+        r->logprobs = malloc(sizeof(float) * (g + 1));
+        if (r->token_ids && g)
+            memcpy(r->token_ids, s->tokens + q->n_prompt, sizeof(int32_t) * g);
+        if (r->logprobs && g)
+            memcpy(r->logprobs, s->logprobs, sizeof(float) * g);
+        if (s->logprobs_proc) {
+            r->logprobs_proc = malloc(sizeof(float) * (g + 1));
+            if (r->logprobs_proc && g)
+                memcpy(r->logprobs_proc, s->logprobs_proc, sizeof(float) * g);
+        }
+        int32_t k = q->sp.logprobs_topk;
+        if (k > 0 && s->top_ids) {
+            r->n_top = k;
+            r->top_ids = malloc(sizeof(int32_t) * ((size_t)g * k + 1));
+            r->top_logprobs = malloc(sizeof(float) * ((size_t)g * k + 1));
+            if (r->top_ids && g)
+                memcpy(r->top_ids, s->top_ids, sizeof(int32_t) * (size_t)g * k);
+            if (r->top_logprobs && g)
+                memcpy(r->top_logprobs, s->top_lps, sizeof(float) * (size_t)g * k);
+        }
+        r->finish = s->finish;
+        r->stop_str = s->scan.matched;
+        r->stop_text_offset = s->scan.matched >= 0 ? s->scan.match_at : 0;
+        r->version_finish = s->version_finish;
+        if (g > 0 && s->n_spans > 0) {
+            r->spans = malloc(sizeof *r->spans * (size_t)s->n_spans);
+            if (r->spans) {
+                r->n_spans = s->n_spans;
+                for (int32_t i = 0; i < s->n_spans; i++)
+                    r->spans[i] = (eng_span){.start = s->spans[i].start,
+                                             .end = i + 1 < s->n_spans ? s->spans[i + 1].start : g,
+                                             .version = s->spans[i].version};
+            }
+        }
+        r->n_preempt = s->n_preempt;
+        r->t_first_token_us = s->t_first_us;
+        seq_destroy(s);
+    }
+    return n;
+}
+
+/* Copies generated tokens [from, to) of s (ids, log-probs, alternatives)
+ * into a zeroed r; 0 or RD_ENOMEM (r then holds what was allocated). */
+static int copy_tokens(const seq *s, int32_t from, int32_t to, eng_result *r)
+{
+    const seq_req *q = s->req;
+    int32_t g = to - from, k = q->sp.logprobs_topk;
+    r->n_tokens = g;
+    r->token_ids = malloc(sizeof(int32_t) * (size_t)(g + 1));
+    r->logprobs = malloc(sizeof(float) * (size_t)(g + 1));
+    if (!r->token_ids || !r->logprobs)
+        return RD_ENOMEM;
+    memcpy(r->token_ids, s->tokens + q->n_prompt + from, sizeof(int32_t) * (size_t)g);
+    memcpy(r->logprobs, s->logprobs + from, sizeof(float) * (size_t)g);
+    if (s->logprobs_proc) {
+        if (!(r->logprobs_proc = malloc(sizeof(float) * (size_t)(g + 1))))
+            return RD_ENOMEM;
+        memcpy(r->logprobs_proc, s->logprobs_proc + from, sizeof(float) * (size_t)g);
+    }
+    if (k > 0 && s->top_ids) {
+        r->n_top = k;
+        r->top_ids = malloc(sizeof(int32_t) * ((size_t)g * k + 1));
+        r->top_logprobs = malloc(sizeof(float) * ((size_t)g * k + 1));
+        if (!r->top_ids || !r->top_logprobs)
+            return RD_ENOMEM;
+        memcpy(r->top_ids, s->top_ids + (size_t)from * k, sizeof(int32_t) * (size_t)g * k);
+        memcpy(r->top_logprobs, s->top_lps + (size_t)from * k, sizeof(float) * (size_t)g * k);
+    }
+    return 0;
+}
+
+int eng_collect_progress(engine *e, eng_result *out, int max)
+{
+    int n = 0;
+    /* Running sequences, and preempted ones (they keep their tokens, and may
+       have sampled some since the last delivery). */
+    seq_list *lists[] = {&e->sched.running, &e->sched.waiting};
+    for (int li = 0; li < 2; li++)
+        for (seq *s = lists[li]->head; s && n < max; s = s->next) {
+            const seq_req *q = s->req;
+            int32_t g = s->n_tokens - q->n_prompt;
+            if (!q->stream || g <= s->n_streamed)
+                continue;
+            eng_result *r = &out[n];
+            memset(r, 0, sizeof *r);
+            if (copy_tokens(s, s->n_streamed, g, r)) {
+                eng_result_free(r); /* out of memory: the tokens come with the final result instead */
+                continue;
+            }
+            r->partial = 1;
+            r->token_offset = s->n_streamed;
+            r->req_id = q->id;
+            r->tag = q->tag;
+            r->sample_idx = s->sample_idx;
+            r->n_prompt = q->n_prompt;
+            r->finish = FINISH_NONE;
+            r->stop_str = -1;
+            s->n_streamed = g;
+            n++;
+        }
+    return n;
+}
+
+void eng_result_free(eng_result *r)
+{
+    free(r->prompt_ids);
+    free(r->token_ids);
+    free(r->logprobs);
+    free(r->logprobs_proc);
+    free(r->top_ids);
+    free(r->top_logprobs);
+    free(r->spans);
+    memset(r, 0, sizeof *r);
+}
+
+void eng_get_stats(const engine *e, eng_stats *s)
+{
+    *s = e->st;
+    s->running = e->sched.running.count;
+    s->waiting = e->sched.waiting.count;
+    s->preemptions = e->sched.preemptions;
+    s->prefix_query_tokens = e->sched.prefix_query_tokens;
+    s->prefix_hit_tokens = e->sched.prefix_hit_tokens;
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    s->kv_blocks_total = ks.blocks_total;
+    s->kv_blocks_used = ks.blocks_used;
+    s->kv_blocks_cached = ks.blocks_cached;
+    s->paused = e->paused;
+    s->kv_peak_blocks = ks.peak_used;
+    s->kv_waste_at_peak = ks.waste_at_peak;
+    s->device_sampling = e->device_sampling;
+    s->ns_layers = e->run.ns_layers;
+    s->ns_head = e->run.ns_head;
+}

@@ -1,0 +1,165 @@
+/* engine.h - the request API: add requests, step, collect rollouts, abort.
+ *
+ * Single-threaded: one thread owns an engine (the daemon's engine thread).
+ * Each step schedules by vLLM's rule (running first, then waiting, within a
+ * token budget and max_num_seqs; chunked prefill falls out), runs one forward
+ * pass over all scheduled tokens, samples, and moves finished samples to the
+ * completed queue. */
+#ifndef RD_ENGINE_H
+#define RD_ENGINE_H
+
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/model/model.h"
+#include "engine/serve/sampler.h"
+#include "engine/serve/seq.h"
+
+typedef struct {
+    const char *backend;        /* "cpu" (default) or "cuda" */
+    int n_threads;              /* 0 = all cores */
+    int64_t kv_cache_bytes;     /* KV pool budget (default 1 GiB) */
+    int32_t block_size;         /* tokens per KV block (default 16) */
+    int32_t max_num_seqs;       /* sequences per step (default 64) */
+    int32_t max_batch_tokens;   /* token budget per step (default 512) */
+    int32_t max_waiting;        /* queued requests before add returns RD_EBUSY (default 4096) */
+    int32_t eos_id;             /* stops generation unless a request ignores it; -1 = none */
+    int32_t eot_id;             /* a second such stop: the chat format's end of turn (tok_eot) where it is
+                                   not eos_id (Llama 3 files whose eos is <|end_of_text|>); -1 = none */
+    int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
+    const struct tok_tokenizer *tok; /* decodes generated tokens for stop strings; NULL: requests with
+                                        stop strings are refused */
+} eng_config;
+
+typedef struct {
+    const int32_t *prompt;      /* [n_prompt] token ids */
+    int32_t n_prompt;
+    int32_t n;                  /* samples (>= 1) */
+    int32_t max_tokens;         /* >= 1 */
+    samp_params sp;
+    const int32_t *stop_ids;    /* [n_stop] extra stop tokens */
+    int32_t n_stop;
+    int ignore_eos;             /* do not stop at the model's EOS (nor at eot_id) */
+    const char *const *stop_strs; /* [n_stop_strs] UTF-8: a sample stops at the token whose text completes
+                                     one (engine/text/stopstr.h); the token is kept */
+    int32_t n_stop_strs;
+    int stream;                 /* 1: eng_collect_progress hands out its samples' new tokens while they run */
+    uint64_t tag;               /* caller's id, returned with results */
+} eng_request;
+
+/* Generated tokens [start, end) were sampled under weight version. */
+typedef struct {
+    int32_t start, end;
+    uint64_t version;
+} eng_span;
+
+/* One finished sample, or (partial set) the progress of a running one.
+ * Arrays are owned by the result (eng_result_free). */
+typedef struct {
+    int partial;                /* 1: eng_collect_progress's tokens [token_offset, token_offset + n_tokens)
+                                   of a sample still running; the finish fields are unset */
+    int32_t token_offset;       /* partial: index of token_ids[0] among the sample's generated tokens */
+    int64_t req_id;
+    uint64_t tag;
+    int32_t sample_idx;
+    int32_t n_prompt;
+    int32_t *prompt_ids;        /* [n_prompt] */
+    int32_t n_tokens;           /* generated tokens (a stop token is included) */
+    int32_t *token_ids;         /* [n_tokens] */
+    float *logprobs;            /* [n_tokens] raw log-probs (fp32, temperature 1) */
+    float *logprobs_proc;       /* [n_tokens] processed log-probs, or NULL */
+    int32_t n_top;              /* alternatives per token (0 if not asked) */
+    int32_t *top_ids;           /* [n_tokens][n_top] */
+    float *top_logprobs;        /* [n_tokens][n_top] */
+    finish_reason finish;
+    int32_t stop_str;           /* index into the request's stop_strs that ended it, or -1 */
+    int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before
+                                   the match, where a client's text is cut */
+    int32_t n_preempt;
+    int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
+    uint64_t version_finish;    /* weight version when the sample finished */
+    int32_t n_spans;            /* 0 when n_tokens is 0 */
+    eng_span *spans;            /* [n_spans] tiling [0, n_tokens), versions increasing */
+} eng_result;
+
+typedef struct {
+    int64_t steps;              /* forward passes */
+    int64_t prompt_tokens;      /* prompt rows computed (incl. recompute) */
+    int64_t generated_tokens;   /* tokens sampled */
+    int64_t preemptions;
+    int64_t rows_total;         /* sum of rows over steps */
+    int64_t seqs_total;         /* sum of running sequences over decode steps */
+    int32_t running, waiting;   /* sequences now */
+    int32_t kv_blocks_total, kv_blocks_used, kv_peak_blocks;
+    int32_t kv_blocks_cached;   /* prefix-cache blocks nobody holds (counted free; eng_flush_cache drops them) */
+    int paused;                 /* eng_pause holds every sequence */
+    double kv_waste_at_peak;    /* fraction of slots unused in the used blocks at peak */
+    int64_t completed, aborted; /* samples */
+    int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache */
+    int64_t prefix_hit_tokens;  /* of those, served from it (not recomputed) */
+    int device_sampling;        /* 1: tokens are drawn on the device (logits stay there) */
+    /* Wall time of steps by phase, nanoseconds summed over steps: the layers,
+     * the head (final norm, LM head, logits out) and drawing the tokens
+     * (log-softmax, top-k/p, log-probs, alternatives). See runner.h for what
+     * the first two mean on an asynchronous backend. */
+    int64_t ns_layers, ns_head, ns_sample;
+} eng_stats;
+
+typedef struct engine engine;
+
+eng_config eng_default_config(void);
+/* Creates an engine over a loaded model (not owned). */
+int eng_create(model *m, const eng_config *cfg, engine **out);
+void eng_destroy(engine *e);
+
+/* Validates and queues a request; *id is its engine id. Errors (RD_EINVAL /
+ * RD_ERANGE with a message) leave the engine untouched; RD_EBUSY when the
+ * waiting queue is full. */
+int eng_add(engine *e, const eng_request *r, int64_t *id);
+/* Runs one step. Returns the number of rows computed (0 when idle) or < 0. */
+int eng_step(engine *e);
+/* 1 if any request is waiting or running. */
+int eng_busy(const engine *e);
+/* Moves up to max finished samples into out; returns how many. */
+int eng_collect(engine *e, eng_result *out, int max);
+void eng_result_free(eng_result *r);
+/* Progress of streaming requests (eng_request.stream): for each of their
+ * samples that sampled tokens since its last delivery, one partial result
+ * with those tokens (ids, log-probs, alternatives), up to max; returns how
+ * many. Called once per step, it batches what each step added; a sample's
+ * final eng_collect result still holds all its tokens. Requests that did not
+ * ask for it cost nothing here and are never touched. */
+int eng_collect_progress(engine *e, eng_result *out, int max);
+/* Forgets every prefix-cache entry: cached blocks nobody holds become plain
+ * free blocks, and blocks in use are unpublished (their sequences keep their
+ * KV; nothing computed before the flush is reused after it). Returns the
+ * blocks unpublished. */
+int32_t eng_flush_cache(engine *e);
+/* Pause (1) freezes every sequence where it is, KV kept: eng_step schedules
+ * nothing until eng_pause(e, 0). Requests are still added, aborted and
+ * collected, and weights may be swapped in between (the frozen sequences
+ * then go on under the new version, on their old KV). */
+void eng_pause(engine *e, int pause);
+int eng_paused(const engine *e);
+/* Aborts a request: its samples finish with FINISH_ABORT and what they had
+ * generated. RD_ENOENT if unknown or already finished. */
+int eng_abort(engine *e, int64_t id);
+void eng_get_stats(const engine *e, eng_stats *s);
+
+/* ---- weight updates (the swap itself is upd_apply on the model, between steps) */
+
+/* The version tokens sampled from now on carry (after a swap). */
+void eng_set_version(engine *e, uint64_t version);
+uint64_t eng_version(const engine *e);
+/* Drain mode: while held, requests that have not started stay queued;
+ * started ones (running, or preempted with tokens) still run. */
+void eng_hold_new(engine *e, int hold);
+/* Sequences started and not finished: running, or waiting with generated
+ * tokens (preempted). A drain is over when this is 0. */
+int32_t eng_started(const engine *e);
+/* Abort mode: finishes every started sequence with FINISH_ABORT and what it
+ * has; returns how many samples that ended. */
+int32_t eng_abort_started(engine *e);
+const model *eng_model(const engine *e);
+
+#endif

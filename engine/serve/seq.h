@@ -1,0 +1,97 @@
+/* seq.h - one sequence (one sample of a request) as the scheduler sees it,
+ * and the lists that queue sequences (waiting, running, done). */
+#ifndef RD_SEQ_H
+#define RD_SEQ_H
+
+#include <stdint.h>
+
+#include "engine/serve/kv.h"
+#include "engine/serve/sampler.h"
+#include "engine/text/stopstr.h"
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
+/* FINISH_ERROR: the model produced logits the sampler refuses (NaN/inf),
+ * e.g. after bad weights; the sample ends with what it had. */
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR } finish_reason;
+
+#define SEQ_MAX_STOP 16
+
+typedef struct seq_req seq_req;
+
+/* Generated tokens from start on were sampled under weight version (until the
+ * next span's start). */
+typedef struct {
+    int32_t start;              /* index among generated tokens */
+    uint64_t version;
+} seq_span;
+
+/* What a request asked for; shared by its samples (refcounted). */
+struct seq_req {
+    int64_t id;                 /* engine request id */
+    uint64_t tag;               /* caller's id, passed through */
+    int32_t n;                  /* samples */
+    int32_t max_tokens;         /* generated tokens per sample */
+    samp_params sp;
+    int32_t n_stop;
+    int32_t stop_ids[SEQ_MAX_STOP];
+    stop_set stops;             /* stop strings (matched on the generated text) */
+    int32_t n_prompt;
+    int32_t *prompt;            /* [n_prompt] */
+    int32_t live;               /* sequences not yet collected */
+    int stream;                 /* eng_collect_progress delivers its samples' tokens as they come */
+    kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
+};
+
+typedef struct seq {
+    seq_req *req;
+    int32_t sample_idx;         /* 0..n-1 */
+    int32_t fork_n;             /* > 1: prefill once, then fork into samples sample_idx..fork_n-1 */
+    seq_state state;
+    finish_reason finish;
+    int32_t n_tokens;           /* prompt + generated */
+    int32_t cap;                /* capacity of tokens[] */
+    int32_t *tokens;            /* [cap] */
+    int32_t n_computed;         /* tokens whose K/V are in the cache */
+    kv_table blocks;            /* the KV blocks holding tokens [0, n_computed) and the slots reserved after */
+    int32_t n_published;        /* leading prompt blocks already in the prefix cache */
+    uint64_t kv_version;        /* weight version its KV was computed under (from n_computed 0) */
+    /* per generated token */
+    float *logprobs;            /* [cap] raw log-prob (temperature 1) */
+    float *logprobs_proc;       /* [cap] processed log-prob, or NULL */
+    int32_t *top_ids;           /* [cap][sp.logprobs_topk], or NULL */
+    float *top_lps;             /* [cap][sp.logprobs_topk], or NULL */
+    seq_span *spans;            /* [n_spans], starts increasing */
+    int32_t n_spans, spans_cap;
+    uint64_t version_finish;    /* weight version when it finished */
+    int32_t n_preempt;          /* times preempted */
+    int32_t sched_rows;         /* rows given this step */
+    int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
+    stop_scan scan;             /* the generated text against req->stops */
+    int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */
+    struct seq *next;           /* list link (waiting, running or done) */
+    struct seq *prev;
+} seq;
+
+/* A doubly linked queue of sequences through seq.next/prev; a sequence is on
+ * at most one. */
+typedef struct {
+    seq *head, *tail;           /* NULL when empty */
+    int32_t count;              /* sequences on it */
+} seq_list;
+
+void seq_list_remove(seq_list *l, seq *s);
+void seq_list_push_back(seq_list *l, seq *s);
+void seq_list_push_front(seq_list *l, seq *s);
+void seq_list_insert_after(seq_list *l, seq *at, seq *s);
+
+/* A sequence of request r (one more reference to it) with room for cap
+ * tokens and their log-probs; NULL when memory runs out. */
+seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap);
+/* Frees s and, with its last sequence, the request. Its block table must be
+ * empty already (kv_free_seq): freeing blocks needs the pool. */
+void seq_destroy(seq *s);
+/* Started: it was running, or it is a forked sample or has generated tokens
+ * (a preempted one). A group parent whose prefill never ran has not. */
+int seq_started(const seq *s);
+
+#endif

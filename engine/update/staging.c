@@ -1,0 +1,672 @@
+/* update.c - staging, conversion and swap of a live weight update (update.h). */
+#include "engine/update/staging.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "base/crc32c.h"
+#include "base/err.h"
+#include "engine/format/gguf.h"
+#include "engine/format/safetensors.h"
+#include "base/pool.h"
+
+/* ---------------------------------------------------------------- names */
+
+/* Resolves an HF name through the family's table: the tensor (its index,
+ * kind), layer (-1 for model-wide), shape [rows][cols] (rows 0: a vector of
+ * cols) and its first element inside its group's buffer. */
+static int resolve(const model_config *c, const char *name, int *kind, int *layer, int64_t *rows, int64_t *cols,
+                   int64_t *elem0)
+{
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    const arch_tensor *t;
+    int32_t l;
+    if (!a || arch_resolve_hf(a, c, name, &t, &l))
+        return -1;
+    *kind = (int)(t - a->tensors);
+    *layer = l;
+    int linear = arch_group_is_linear(t->group);
+    *rows = linear ? arch_dim_value(c, t->rows) : 0;
+    *cols = arch_dim_value(c, t->cols);
+    int64_t at = arch_tensor_row0(a, c, t);
+    if (linear) {
+        int64_t gr, gc;
+        arch_group_shape(a, c, t->group, &gr, &gc);
+        at *= gc;
+    }
+    *elem0 = at;
+    return 0;
+}
+
+static int group_of(const model_config *c, int kind)
+{
+    return (int)arch_by_name(c->arch, strlen(c->arch))->tensors[kind].group;
+}
+
+static uint32_t dtype_size(int dtype) { return dtype == UPD_F32 ? 4 : dtype == UPD_F16 || dtype == UPD_BF16 ? 2 : 0; }
+
+/* ---------------------------------------------------------------- stage */
+
+void upd_stage_free(upd_stage *s)
+{
+    if (!s)
+        return;
+    for (int32_t i = 0; i < s->n; i++) {
+        free(s->t[i].name);
+        free(s->t[i].ranges);
+    }
+    if (s->mem)
+        munmap(s->mem, s->mem_bytes);
+    free(s->t);
+    free(s);
+}
+
+static void shape_str(const upd_spec *sp, char *out, size_t cap)
+{
+    size_t k = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < sp->n_dims && k < cap; i++)
+        k += (size_t)snprintf(out + k, cap - k, "%s%llu", i ? ", " : "", (unsigned long long)sp->shape[i]);
+    if (k < cap)
+        snprintf(out + k, cap - k, "]");
+}
+
+int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
+                     uint64_t max_bytes, upd_stage **out)
+{
+    *out = NULL;
+    if (n < 1)
+        return rd_fail(RD_EINVAL, "update: the manifest has no tensors; expected at least 1");
+    uint64_t sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const upd_spec *sp = &specs[i];
+        int kind, layer;
+        int64_t rows, cols, row0;
+        char got[128], want[64];
+        if (resolve(c, sp->name, &kind, &layer, &rows, &cols, &row0))
+            return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (a %s model; expected "
+                           "its HF names such as model.layers.0.self_attn.q_proj.weight%s)",
+                           i, sp->name, c->arch, c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
+        for (int32_t j = 0; j < i; j++)
+            if (!strcmp(specs[j].name, sp->name))
+                return rd_fail(RD_EINVAL, "update: tensor '%.200s' appears twice in the manifest (%d and %d)",
+                               sp->name, j, i);
+        if (!dtype_size(sp->dtype))
+            return rd_fail(RD_EINVAL, "update: tensor '%.200s' has dtype %d; expected f32, f16 or bf16", sp->name,
+                           sp->dtype);
+        shape_str(sp, got, sizeof got);
+        if (rows)
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+        else
+            snprintf(want, sizeof want, "[%lld]", (long long)cols);
+        int ok = rows ? sp->n_dims == 2 && sp->shape[0] == (uint64_t)rows && sp->shape[1] == (uint64_t)cols
+                      : sp->n_dims == 1 && sp->shape[0] == (uint64_t)cols;
+        if (!ok)
+            return rd_fail(RD_EINVAL, "update: tensor '%.200s' has shape %s; the model's is %s", sp->name, got, want);
+        uint64_t elems = (uint64_t)(rows ? rows : 1) * (uint64_t)cols;
+        if (sp->nbytes != elems * dtype_size(sp->dtype))
+            return rd_fail(RD_EINVAL, "update: tensor '%.200s' declares %llu bytes; %s of %s is %llu", sp->name,
+                           (unsigned long long)sp->nbytes, got,
+                           sp->dtype == UPD_F32 ? "f32" : sp->dtype == UPD_F16 ? "f16" : "bf16",
+                           (unsigned long long)(elems * dtype_size(sp->dtype)));
+        sum += sp->nbytes;
+    }
+    if (sum != total_bytes)
+        return rd_fail(RD_EINVAL, "update: total_bytes is %llu; the tensors add up to %llu",
+                       (unsigned long long)total_bytes, (unsigned long long)sum);
+    if (sum > max_bytes)
+        return rd_fail(RD_EINVAL, "update: %llu bytes to stage; this daemon stages at most %llu (max_staging_bytes)",
+                       (unsigned long long)sum, (unsigned long long)max_bytes);
+
+    upd_stage *s = calloc(1, sizeof *s);
+    if (!s || !(s->t = calloc((size_t)n, sizeof *s->t))) {
+        free(s);
+        return rd_fail(RD_ENOMEM, "update: out of memory for the manifest");
+    }
+    s->n = n;
+    s->total_bytes = sum;
+    /* One anonymous mapping for all tensors, on huge pages where the kernel
+     * allows: the first touch of 4 KiB pages (a fault each, 130k for 500 MB)
+     * would otherwise cost more than the copy into them. */
+    size_t bytes = 0;
+    for (int32_t i = 0; i < n; i++)
+        bytes += (specs[i].nbytes + 63) & ~(uint64_t)63;
+    s->mem_bytes = bytes ? bytes : 64;
+    s->mem = mmap(NULL, s->mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s->mem == MAP_FAILED) {
+        s->mem = NULL;
+        upd_stage_free(s);
+        return rd_fail(RD_ENOMEM, "update: cannot map %llu bytes of staging memory", (unsigned long long)sum);
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(s->mem, s->mem_bytes, MADV_HUGEPAGE);
+#endif
+    size_t at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const upd_spec *sp = &specs[i];
+        upd_tensor *t = &s->t[i];
+        int64_t rows, cols, row0;
+        resolve(c, sp->name, &t->kind, &t->layer, &rows, &cols, &row0);
+        t->name = strdup(sp->name);
+        t->dtype = sp->dtype;
+        t->n_dims = sp->n_dims;
+        memcpy(t->shape, sp->shape, sizeof t->shape);
+        t->nbytes = sp->nbytes;
+        t->crc32c = sp->crc32c;
+        t->data = (uint8_t *)s->mem + at;
+        at += (sp->nbytes + 63) & ~(uint64_t)63;
+        if (!t->name) {
+            upd_stage_free(s);
+            return rd_fail(RD_ENOMEM, "update: cannot allocate %llu bytes of staging memory",
+                           (unsigned long long)sum);
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+/* Index of the first range with off >= x. */
+static int32_t lower_bound(const upd_tensor *t, uint64_t x)
+{
+    int32_t lo = 0, hi = t->n_ranges;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (t->ranges[mid].off < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int upd_chunk_claim(upd_stage *s, uint32_t ti, uint64_t off, uint32_t len, uint32_t crc, int *dup)
+{
+    *dup = 0;
+    if (ti >= (uint32_t)s->n)
+        return rd_fail(RD_EINVAL, "chunk: tensor_index %u; the manifest has %d tensors", ti, s->n);
+    upd_tensor *t = &s->t[ti];
+    if (len == 0 || off > t->nbytes || len > t->nbytes - off)
+        return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s'; the tensor has %llu bytes (expected a "
+                       "non-empty range inside it)", (unsigned long long)off, (unsigned long long)(off + len),
+                       t->name, (unsigned long long)t->nbytes);
+    /* Bounds the bookkeeping: only a tensor's last chunk may be tiny. */
+    if (len < UPD_MIN_CHUNK && off + len != t->nbytes)
+        return rd_fail(RD_EINVAL, "chunk: %u bytes at %llu of '%.200s'; chunks must be at least %d bytes unless "
+                       "they end the tensor", len, (unsigned long long)off, t->name, UPD_MIN_CHUNK);
+    int32_t i = lower_bound(t, off);
+    if (i < t->n_ranges) {
+        const upd_range *r = &t->ranges[i];
+        if (r->off == off && r->len == len && r->crc32c == crc) {
+            if (r->done) {
+                *dup = 1;
+                return 0;
+            }
+            /* A resend (after a timeout) while the first copy is still being checked. */
+            return rd_fail(RD_EBUSY, "chunk: bytes [%llu, %llu) of '%.200s' are being staged from an earlier copy; "
+                           "resend after its reply", (unsigned long long)off, (unsigned long long)(off + len), t->name);
+        }
+        if (r->off < off + len)
+            return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s' overlap a chunk %s at [%llu, %llu) "
+                           "with other data; expected each byte sent once (a resend must repeat the same chunk)",
+                           (unsigned long long)off, (unsigned long long)(off + len), t->name,
+                           r->done ? "staged" : "being staged", (unsigned long long)r->off,
+                           (unsigned long long)(r->off + r->len));
+    }
+    if (i > 0) {
+        const upd_range *r = &t->ranges[i - 1];
+        if (r->off + r->len > off)
+            return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s' overlap a chunk at [%llu, %llu)",
+                           (unsigned long long)off, (unsigned long long)(off + len), t->name,
+                           (unsigned long long)r->off, (unsigned long long)(r->off + r->len));
+    }
+    if (t->n_ranges == t->cap_ranges) {
+        int32_t nc = t->cap_ranges ? t->cap_ranges * 2 : 16;
+        upd_range *nr = realloc(t->ranges, sizeof *nr * (size_t)nc);
+        if (!nr)
+            return rd_fail(RD_ENOMEM, "chunk: out of memory");
+        t->ranges = nr;
+        t->cap_ranges = nc;
+    }
+    memmove(t->ranges + i + 1, t->ranges + i, sizeof *t->ranges * (size_t)(t->n_ranges - i));
+    t->ranges[i] = (upd_range){.off = off, .len = len, .crc32c = crc, .done = 0};
+    t->n_ranges++;
+    s->pending++;
+    return 0;
+}
+
+int upd_chunk_fill(upd_stage *s, uint32_t ti, uint64_t off, const void *data, uint32_t len, uint32_t crc)
+{
+    upd_tensor *t = &s->t[ti];
+    uint32_t got = crc32c(0, data, len);
+    if (got != crc)
+        return rd_fail(RD_ECHECKSUM, "chunk: bytes [%llu, %llu) of '%.200s' have CRC-32C %08x; the chunk says %08x "
+                       "(resend it)", (unsigned long long)off, (unsigned long long)(off + len), t->name, got, crc);
+    memcpy(t->data + off, data, len);
+    return 0;
+}
+
+int upd_chunk_check(upd_stage *s, uint32_t ti, uint64_t off, const void *data, uint32_t len, uint32_t crc)
+{
+    uint32_t got = crc32c(0, data, len);
+    if (got != crc)
+        return rd_fail(RD_ECHECKSUM, "chunk: bytes [%llu, %llu) of '%.200s' have CRC-32C %08x; the chunk says %08x "
+                       "(resend it)", (unsigned long long)off, (unsigned long long)(off + len), s->t[ti].name, got, crc);
+    return 0;
+}
+
+void upd_chunk_settle(upd_stage *s, uint32_t ti, uint64_t off, int ok)
+{
+    upd_tensor *t = &s->t[ti];
+    int32_t i = lower_bound(t, off);
+    if (i >= t->n_ranges || t->ranges[i].off != off || t->ranges[i].done)
+        return;
+    s->pending--;
+    if (ok) {
+        t->ranges[i].done = 1;
+        t->staged += t->ranges[i].len;
+        s->staged_bytes += t->ranges[i].len;
+        return;
+    }
+    memmove(t->ranges + i, t->ranges + i + 1, sizeof *t->ranges * (size_t)(t->n_ranges - i - 1));
+    t->n_ranges--;
+}
+
+int upd_stage_verify(const upd_stage *s)
+{
+    if (s->pending)
+        return rd_fail(RD_EINVAL, "commit: %d chunks are still being staged; expected every chunk acknowledged first",
+                       s->pending);
+    for (int32_t i = 0; i < s->n; i++) {
+        const upd_tensor *t = &s->t[i];
+        uint64_t at = 0;
+        uint32_t crc = 0;
+        for (int32_t k = 0; k < t->n_ranges; k++) {
+            const upd_range *r = &t->ranges[k];
+            if (r->off != at)
+                break;
+            crc = crc32c_combine(crc, r->crc32c, r->len);
+            at += r->len;
+        }
+        if (at != t->nbytes)
+            return rd_fail(RD_EINVAL, "commit: tensor '%.200s' is missing bytes from offset %llu (%llu of %llu "
+                           "staged); expected every byte of every manifest tensor", t->name,
+                           (unsigned long long)at, (unsigned long long)t->staged, (unsigned long long)t->nbytes);
+        if (crc != t->crc32c)
+            return rd_fail(RD_ECHECKSUM, "commit: tensor '%.200s' has CRC-32C %08x; the manifest says %08x", t->name,
+                           crc, t->crc32c);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- build */
+
+typedef struct {
+    int group, layer;
+    int is_linear;              /* 1: a linear handle; 0: a backend vector */
+    void *ptr;                  /* the new buffer until applied, then the old one */
+    uint64_t bytes;
+} upd_entry;
+
+struct upd_patch {
+    upd_entry *e;               /* [n] */
+    int32_t n;
+    int applied;
+};
+
+/* Rows and columns of a group's buffer (rows 0: a vector). */
+static void group_shape(const model_config *c, int group, int64_t *rows, int64_t *cols)
+{
+    arch_group_shape(arch_by_name(c->arch, strlen(c->arch)), c, (arch_group)group, rows, cols);
+    if (!arch_group_is_linear((arch_group)group))
+        *rows = 0;
+}
+
+/* Converts a staged tensor to fp32 (check_finite has refused non-finite
+ * values; this second look costs nothing on the fp32 path). */
+static int to_f32(const upd_tensor *t, float *dst, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        float v;
+        if (t->dtype == UPD_F32) {
+            memcpy(&v, t->data + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * i, 2);
+            v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+        }
+        if (!isfinite(v))
+            return rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
+                           t->name, (unsigned long long)i, isnan(v) ? "NaN" : "infinite");
+        dst[i] = v;
+    }
+    return 0;
+}
+
+void upd_patch_free(rd_backend *be, upd_patch *p)
+{
+    if (!p)
+        return;
+    for (int32_t i = 0; i < p->n; i++) {
+        if (!p->e[i].ptr)
+            continue;
+        if (p->e[i].is_linear)
+            be->ops->linear_free(be, p->e[i].ptr);
+        else
+            be->ops->free(be, p->e[i].ptr);
+    }
+    free(p->e);
+    free(p);
+}
+
+uint64_t upd_patch_bytes(const upd_patch *p)
+{
+    uint64_t b = 0;
+    for (int32_t i = 0; p && i < p->n; i++)
+        b += p->e[i].bytes;
+    return b;
+}
+
+/* ---- non-finite check, on the pool: every staged byte is read once. */
+
+#define FIN_SLICE (1u << 20)    /* bytes a task checks */
+
+typedef struct {
+    const upd_stage *s;
+    int32_t *first;             /* [n_slices]: its tensor, or -1 when the slice is fine */
+    int32_t n_slices;
+    const int32_t *slice_t;     /* [n_slices] tensor index */
+    const uint64_t *slice_off;  /* [n_slices] byte offset in it */
+} fin_job;
+
+/* 1 if any element of n bytes at p of this dtype is NaN or infinite (the
+ * exponent all ones); a plain loop the compiler vectorizes. */
+static int has_nonfinite(int dtype, const uint8_t *p, uint64_t n)
+{
+    uint32_t bad = 0;
+    if (dtype == UPD_F32) {
+        for (uint64_t i = 0; i + 4 <= n; i += 4) {
+            uint32_t v;
+            memcpy(&v, p + i, 4);
+            bad |= (v & 0x7f800000u) == 0x7f800000u;
+        }
+    } else {
+        const uint16_t e = dtype == UPD_BF16 ? 0x7f80 : 0x7c00;
+        for (uint64_t i = 0; i + 2 <= n; i += 2) {
+            uint16_t v;
+            memcpy(&v, p + i, 2);
+            bad |= (uint16_t)(v & e) == e;
+        }
+    }
+    return bad != 0;
+}
+
+static void fin_task(void *ctx, int32_t i, int32_t worker)
+{
+    fin_job *j = ctx;
+    const upd_tensor *t = &j->s->t[j->slice_t[i]];
+    uint64_t off = j->slice_off[i], n = t->nbytes - off < FIN_SLICE ? t->nbytes - off : FIN_SLICE;
+    j->first[i] = has_nonfinite(t->dtype, t->data + off, n) ? j->slice_t[i] : -1;
+}
+
+/* Refuses non-finite values: a NaN weight would make every sequence fail,
+ * so it never reaches the model. The error names the first such element. */
+static int check_finite(const upd_stage *s)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n; i++)
+        n += (int32_t)((s->t[i].nbytes + FIN_SLICE - 1) / FIN_SLICE);
+    int32_t *first = malloc(sizeof(int32_t) * 2 * (size_t)(n ? n : 1));
+    uint64_t *off = malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (!first || !off) {
+        free(first), free(off);
+        return rd_fail(RD_ENOMEM, "commit: out of memory checking the update");
+    }
+    int32_t *slice_t = first + n, k = 0;
+    for (int32_t i = 0; i < s->n; i++)
+        for (uint64_t o = 0; o < s->t[i].nbytes; o += FIN_SLICE) {
+            slice_t[k] = i;
+            off[k++] = o;
+        }
+    fin_job j = {.s = s, .first = first, .n_slices = n, .slice_t = slice_t, .slice_off = off};
+    pool_run(n, fin_task, &j);
+    int rc = 0;
+    for (int32_t i = 0; i < n && !rc; i++) {
+        if (first[i] < 0)
+            continue;
+        const upd_tensor *t = &s->t[first[i]];
+        uint32_t es = dtype_size(t->dtype);
+        for (uint64_t e = off[i] / es; e < t->nbytes / es; e++) {
+            float v;
+            if (t->dtype == UPD_F32) {
+                memcpy(&v, t->data + 4 * e, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, t->data + 2 * e, 2);
+                v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+            }
+            if (!isfinite(v)) {
+                rc = rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
+                             t->name, (unsigned long long)e, isnan(v) ? "NaN" : "infinite");
+                break;
+            }
+        }
+    }
+    free(first), free(off);
+    return rc;
+}
+
+static int32_t ggml_of(int dtype) { return dtype == UPD_F32 ? GGML_F32 : dtype == UPD_F16 ? GGML_F16 : GGML_BF16; }
+
+/* Narrows n fp32 values to dtype (bf16 or f16) into dst when every one
+ * survives the round trip exactly; 0 if not (dst then holds garbage). */
+static int narrow_exact(const float *src, uint64_t n, int dtype, uint16_t *dst)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t h = dtype == UPD_BF16 ? rd_f32_to_bf16(src[i]) : st_f32_to_f16(src[i]);
+        float back = dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+        if (memcmp(&back, &src[i], sizeof back))
+            return 0;
+        dst[i] = h;
+    }
+    return 1;
+}
+
+/* Builds linear group g (layer l) in the pushed dtypes: one rd_wpart per
+ * member (HF rows as staged: the bytes are what linear_load_q takes), with
+ * members the stage does not cover read back from the model (fp32, or the
+ * pushed neighbour's 16-bit dtype when that is exact: a partial bf16 push
+ * onto bf16 weights stays bf16). Adjacent members of one dtype whose bytes
+ * are contiguous become one part, as a load of the same tensors makes.
+ * 1 (not an error) when the group's members are not stacked in table order:
+ * the caller takes the fp32 path. */
+static int build_group_native(const model *m, const upd_stage *s, int g, int l, float *buf, uint16_t *nbuf,
+                              void **out)
+{
+    const model_config *c = &m->cfg;
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    rd_backend *be = m->be;
+    int64_t rows, cols;
+    arch_group_shape(a, c, (arch_group)g, &rows, &cols);
+    struct { int staged; int dtype; int64_t row0, rows; const uint8_t *data; } mem[RD_WPART_MAX];
+    int n_mem = 0, have_old = 0, any_staged = 0;
+    int64_t next = 0;
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const arch_tensor *t = &a->tensors[i];
+        if ((int)t->group != g)
+            continue;
+        int64_t at = arch_tensor_row0(a, c, t), tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
+        if (at != next || tc != cols || n_mem == RD_WPART_MAX)
+            return 1;
+        next = at + tr;
+        const upd_tensor *st = NULL;
+        for (int32_t j = 0; j < s->n && !st; j++)
+            if (s->t[j].kind == i && s->t[j].layer == l)
+                st = &s->t[j];
+        mem[n_mem].staged = st != NULL;
+        mem[n_mem].dtype = st ? st->dtype : UPD_F32;
+        mem[n_mem].row0 = at;
+        mem[n_mem].rows = tr;
+        mem[n_mem].data = st ? st->data : NULL;
+        any_staged |= st != NULL;
+        n_mem++;
+    }
+    if (next != rows || !any_staged)
+        return 1;
+    uint16_t *nat = nbuf;
+    for (int i = 0; i < n_mem; i++) {
+        if (mem[i].staged)
+            continue;
+        if (!have_old) {
+            int rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l), buf);
+            if (rc)
+                return rc;
+            have_old = 1;
+        }
+        const float *src = buf + mem[i].row0 * cols;
+        uint64_t n = (uint64_t)(mem[i].rows * cols);
+        int want = i > 0 && mem[i - 1].staged ? mem[i - 1].dtype
+                 : i + 1 < n_mem && mem[i + 1].staged ? mem[i + 1].dtype : UPD_F32;
+        if (want != UPD_F32 && narrow_exact(src, n, want, nat)) {
+            mem[i].dtype = want;
+            mem[i].data = (const uint8_t *)nat;
+            nat += n;
+        } else {
+            mem[i].data = (const uint8_t *)src;
+        }
+    }
+    rd_wpart parts[RD_WPART_MAX];
+    int32_t n_parts = 0;
+    for (int i = 0; i < n_mem; i++) {
+        rd_wpart *last = n_parts ? &parts[n_parts - 1] : NULL;
+        if (last && last->type == ggml_of(mem[i].dtype) &&
+            (const uint8_t *)last->data + (size_t)last->rows * cols * dtype_size(mem[i].dtype) == mem[i].data) {
+            last->rows += (int32_t)mem[i].rows;
+            continue;
+        }
+        parts[n_parts++] = (rd_wpart){.type = ggml_of(mem[i].dtype), .rows = (int32_t)mem[i].rows,
+                                      .data = mem[i].data};
+    }
+    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, out);
+}
+
+int upd_build(const model *m, const upd_stage *s, upd_patch **out)
+{
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    int rc = check_finite(s);
+    if (rc)
+        return rc;
+    /* The groups touched, in model order; each once. */
+    int32_t n_slots = AG_COUNT * (c->n_layers + 1);
+    uint8_t *touched = calloc((size_t)n_slots, 1);
+    upd_patch *p = calloc(1, sizeof *p);
+    int64_t big = 0;
+    for (int g = 0; g < AG_COUNT; g++) {
+        int64_t r, cl;
+        group_shape(c, g, &r, &cl);
+        if ((r ? r : 1) * cl > big)
+            big = (r ? r : 1) * cl;
+    }
+    float *buf = malloc(sizeof(float) * (size_t)big);
+    uint16_t *nbuf = be->ops->linear_load_q ? malloc(sizeof(uint16_t) * (size_t)big) : NULL;
+    if (!touched || !p || !buf || (be->ops->linear_load_q && !nbuf) || !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
+        free(touched);
+        free(buf);
+        free(nbuf);
+        upd_patch_free(be, p);
+        return rd_fail(RD_ENOMEM, "commit: out of memory converting the update");
+    }
+    for (int32_t i = 0; i < s->n && !rc; i++) {
+        const upd_tensor *t0 = &s->t[i];
+        int g = group_of(c, t0->kind), l = t0->layer;
+        int32_t key = g * (c->n_layers + 1) + (l + 1);
+        if (touched[key])
+            continue;
+        touched[key] = 1;
+        int64_t rows, cols;
+        group_shape(c, g, &rows, &cols);
+        int64_t elems = (rows ? rows : 1) * cols;
+        upd_entry *e = &p->e[p->n];
+        e->group = g;
+        e->layer = l;
+        e->is_linear = rows != 0;
+        if (rows && be->ops->linear_load_q) {
+            rc = build_group_native(m, s, g, l, buf, nbuf, &e->ptr);
+            if (rc < 0)
+                break;
+            if (rc == 0) {
+                e->bytes = be->ops->linear_bytes ? (uint64_t)be->ops->linear_bytes(be, e->ptr)
+                                                 : sizeof(float) * (uint64_t)elems;
+                p->n++;
+                continue;
+            }
+            rc = 0;             /* 1: the fp32 path below */
+        }
+        /* fp32: rows of the group the stage covers; read the rest from the model. */
+        int64_t covered = 0;
+        for (int32_t j = i; j < s->n; j++)
+            if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l)
+                covered += (int64_t)(s->t[j].nbytes / dtype_size(s->t[j].dtype));
+        void **slot = model_weight_slot((model *)m, (arch_group)g, l);
+        if (covered < elems) {
+            if (rows && (rc = be->ops->linear_read(be, *slot, buf)))
+                break;
+            if (!rows && (rc = be->ops->d2h(be, buf, *slot, sizeof(float) * (size_t)cols)))
+                break;
+        }
+        for (int32_t j = i; j < s->n && !rc; j++) {
+            const upd_tensor *t = &s->t[j];
+            if (group_of(c, t->kind) != g || t->layer != l)
+                continue;
+            int kind, layer;
+            int64_t tr, tc, elem0;
+            resolve(c, t->name, &kind, &layer, &tr, &tc, &elem0);
+            rc = to_f32(t, buf + elem0, (uint64_t)((tr ? tr : 1) * tc));
+        }
+        if (rc)
+            break;
+        e->bytes = sizeof(float) * (uint64_t)elems;
+        if (rows) {
+            rc = be->ops->linear_load(be, buf, (int32_t)rows, (int32_t)cols, &e->ptr);
+            if (!rc && be->ops->linear_bytes)
+                e->bytes = (uint64_t)be->ops->linear_bytes(be, e->ptr);
+        } else {
+            e->ptr = be->ops->alloc(be, sizeof(float) * (size_t)cols);
+            rc = e->ptr ? be->ops->h2d(be, e->ptr, buf, sizeof(float) * (size_t)cols)
+                        : rd_fail(RD_ENOMEM, "commit: cannot allocate a %lld-float vector", (long long)cols);
+        }
+        if (e->ptr)
+            p->n++;
+    }
+    if (!rc)
+        rc = be->ops->sync(be);
+    free(touched);
+    free(buf);
+    free(nbuf);
+    if (rc) {
+        upd_patch_free(be, p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void upd_apply(model *m, upd_patch *p)
+{
+    if (p->applied)
+        return;
+    for (int32_t i = 0; i < p->n; i++) {
+        void **slot = model_weight_slot(m, (arch_group)p->e[i].group, p->e[i].layer);
+        void *old = *slot;
+        *slot = p->e[i].ptr;
+        p->e[i].ptr = old;
+    }
+    if (m->cfg.tied_embeddings)
+        m->lm_head = m->embed;
+    m->weights_gen++;
+    model_count_bytes(m);       /* a pushed weight holds its pushed dtype, not the one it replaced */
+    p->applied = 1;
+}
