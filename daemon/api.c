@@ -2,6 +2,7 @@
  * requests, collect the finished samples, answer. The JSON shapes of the
  * answers: SGLang's /generate here, vLLM's /v1 schema in api_openai.c. */
 #include "daemon/api.h"
+#include "daemon/admit.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -447,29 +448,37 @@ static int fake_finish(api *a, api_call *c, api_sub *s, finish_reason why)
     return 0;
 }
 
+/* A sub-request in the protocol's form, which admission checks and turns
+ * into the engine request (admit.h), as for an NNG SUBMIT. */
+static proto_request sub_request(const api_call *c, const api_sub *s)
+{
+    return (proto_request){
+        .n = (uint32_t)s->n,
+        .max_tokens = (uint32_t)s->max_tokens,
+        .temperature = c->p.temperature,
+        .top_p = c->p.top_p,
+        .top_k = c->p.top_k,
+        .min_p = c->p.min_p,
+        .seed = c->p.seed,
+        .logprobs_topk = (uint32_t)c->p.top_n,
+        .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0),
+        .n_stop = (uint32_t)c->p.n_stop_ids,
+        .stop_ids = c->p.stop_ids,
+        .n_prompt = (uint32_t)s->n_prompt,
+        .prompt = s->prompt,
+    };
+}
+
 static int submit_sub(api *a, api_call *c, api_sub *s)
 {
     rd_daemon *d = a->d;
-    eng_request er = {
-        .prompt = s->prompt,
-        .n_prompt = s->n_prompt,
-        .n = s->n,
-        .max_tokens = s->max_tokens,
-        .stop_ids = c->p.stop_ids,
-        .n_stop = c->p.n_stop_ids,
-        .ignore_eos = c->p.ignore_eos,
-        .stop_strs = (const char *const *)c->p.stop_strs,
-        .n_stop_strs = c->p.n_stop_strs,
-        .stream = c->stream && c->fmt_progress,
-        .tag = s->key,
-    };
-    er.sp = samp_default();
-    er.sp.temperature = c->p.temperature;
-    er.sp.top_p = c->p.top_p;
-    er.sp.top_k = c->p.top_k;
-    er.sp.min_p = c->p.min_p;
-    er.sp.seed = c->p.seed;
-    er.sp.logprobs_topk = c->p.top_n;
+    proto_request pr = sub_request(c, s);
+    eng_request er;
+    adm_engine_request(&pr, s->prompt, (uint32_t)s->n_prompt, c->p.seed, &er);
+    er.stop_strs = (const char *const *)c->p.stop_strs;
+    er.n_stop_strs = c->p.n_stop_strs;
+    er.stream = c->stream && c->fmt_progress;
+    er.tag = s->key;
     s->submitted = 1;
     if (et_add(&d->et, s->key, &er)) {
         log_line("HTTP request %llu not queued: %s", (unsigned long long)s->key, rd_errmsg());
@@ -524,6 +533,7 @@ int api_admit(api_call *c, api_err *e)
 {
     api *a = c->a;
     rd_daemon *d = a->d;
+    adm_limits lim = adm_limits_of(d);
     if (d->state != D_SERVING) {
         api_bad(e, 503, "the daemon is shutting down: no new requests");
         return -1;
@@ -550,47 +560,28 @@ int api_admit(api_call *c, api_err *e)
             if (s->max_tokens < 1)
                 s->max_tokens = 1;
         }
-        proto_request pr = {
-            .n = (uint32_t)s->n,
-            .max_tokens = (uint32_t)s->max_tokens,
-            .temperature = c->p.temperature,
-            .top_p = c->p.top_p,
-            .top_k = c->p.top_k,
-            .min_p = c->p.min_p,
-            .seed = c->p.seed,
-            .logprobs_topk = (uint32_t)c->p.top_n,
-            .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0),
-            .n_stop = (uint32_t)c->p.n_stop_ids,
-            .stop_ids = c->p.stop_ids,
-            .n_prompt = (uint32_t)s->n_prompt,
-            .prompt = s->prompt,
-        };
         if (s->n_prompt == 0) {
             api_bad(e, 400, "prompt %d is empty (no tokens); expected at least 1", i);
             return -1;
         }
-        if (proto_check_request(&pr, &d->lim)) {
-            api_bad(e, 400, "prompt %d: %s", i, rd_errmsg());
-            return -1;
-        }
-        uint64_t total = (uint64_t)s->n_prompt + (uint64_t)s->max_tokens;
-        uint64_t need = (total + (uint64_t)d->cfg.block_size - 1) / (uint64_t)d->cfg.block_size;
-        if (need > (uint64_t)d->kv_blocks_total) {
-            api_bad(e, 400, "prompt %d: %llu tokens need %llu KV blocks; the pool has %d (kv_cache_bytes)", i,
-                    (unsigned long long)total, (unsigned long long)need, d->kv_blocks_total);
+        proto_request pr = sub_request(c, s);
+        char why[600];
+        if (adm_check(&lim, &pr, why, sizeof why) ||
+            adm_fits_kv(&lim, (uint64_t)s->n_prompt, (uint64_t)s->max_tokens, why, sizeof why)) {
+            api_bad(e, 400, "prompt %d: %s", i, why);
             return -1;
         }
         c->n_total += s->n;
     }
     /* The same bound, and the same words, as an NNG SUBMIT's BUSY. */
+    char why[200];
     uint64_t unfinished = d->clients.unfinished + (uint64_t)a->inflight;
-    if (unfinished + (uint64_t)c->n_subs > (uint64_t)d->cfg.max_queued_requests) {
-        api_bad(e, 503, "%llu requests queued or running (max_queued_requests); fetch results and resubmit",
-                (unsigned long long)unfinished);
+    if (adm_queue_room(&lim, unfinished, (uint64_t)c->n_subs, why, sizeof why)) {
+        api_bad(e, 503, "%s", why);
         return -1;
     }
-    if (!c->p.has_seed && getrandom(&c->p.seed, sizeof c->p.seed, 0) != (ssize_t)sizeof c->p.seed)
-        c->p.seed = et_now_us() ^ (c->serial << 32);
+    if (!c->p.has_seed)
+        c->p.seed = adm_random_seed(c->serial);
     c->p.seed &= ((uint64_t)1 << 53) - 1; /* reported back as a JSON number */
     for (int i = 0; i < c->n_subs; i++) {
         api_sub *s = &c->subs[i];

@@ -27,7 +27,7 @@ typedef struct relay relay;
 
 
 
-typedef struct {
+typedef struct rd_daemon {
     cfg_daemon cfg;
     rd_loaded L;                /* backend, model, tokenizer */
     engine *eng;                /* run by the engine thread */

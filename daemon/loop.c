@@ -10,6 +10,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "daemon/admit.h"
 #include "daemon/api.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
@@ -225,15 +226,16 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
     loop_reply_msg(d, x, &m);
 }
 
-/* One SUBMIT request: 0 accepted, else the item's code with msg filled. */
+/* One SUBMIT request: 0 accepted, else the item's code with msg filled. The
+ * checks are admission's (admit.h), shared with the HTTP routes; retention
+ * and the text prompt's tokenization are this door's. */
 static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *busy, char *msg, size_t msg_cap)
 {
+    adm_limits lim = adm_limits_of(d);
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (proto_check_request(r, &d->lim)) {
-        snprintf(msg, msg_cap, "%s", rd_errmsg());
+    if (adm_check(&lim, r, msg, msg_cap))
         return PROTO_E_INVALID_PARAMS;
-    }
     const int32_t *prompt = r->prompt;
     uint32_t n_prompt = r->n_prompt;
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
@@ -257,17 +259,13 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *b
         n_prompt = (uint32_t)n_ids;
     }
     uint32_t code = 0;
+    char why[400];
     int processed = (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0;
     uint64_t max_bytes = proto_result_max_bytes(r->max_tokens, processed, r->logprobs_topk);
-    /* The whole sequence must fit the KV pool, or it could never run. */
-    uint64_t total = (uint64_t)n_prompt + r->max_tokens;
-    if (total > d->lim.max_context)
-        total = d->lim.max_context;
-    uint64_t need = (total + (uint64_t)d->cfg.block_size - 1) / (uint64_t)d->cfg.block_size;
-    if (need > (uint64_t)d->kv_blocks_total) {
-        snprintf(msg, msg_cap, "request %llu: %llu tokens need %llu KV blocks; the pool has %d (kv_cache_bytes)",
-                 (unsigned long long)r->client_req_id, (unsigned long long)total, (unsigned long long)need,
-                 d->kv_blocks_total);
+    /* The whole sequence must fit the KV pool, or it could never run (the
+     * lengths were checked against max_context above). */
+    if (adm_fits_kv(&lim, n_prompt, r->max_tokens, why, sizeof why)) {
+        snprintf(msg, msg_cap, "request %llu: %s", (unsigned long long)r->client_req_id, why);
         code = PROTO_E_INVALID_PARAMS;
         goto out;
     }
@@ -285,9 +283,7 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *b
         code = PROTO_E_BUSY;
         goto out;
     }
-    if (d->clients.unfinished >= (uint64_t)d->cfg.max_queued_requests) {
-        snprintf(msg, msg_cap, "%u requests queued or running (max_queued_requests); fetch results and resubmit",
-                 d->clients.unfinished);
+    if (adm_queue_room(&lim, d->clients.unfinished, 1, msg, msg_cap)) {
         code = PROTO_E_BUSY;
         *busy = 1;
         goto out;
@@ -307,26 +303,9 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *b
     q->t_accept_us = now_us();
     q->version_admit = d->weight_version;
     q->n_prompt = n_prompt;
-    q->seed = r->seed;
-    if (!(r->flags & PROTO_REQ_HAS_SEED) && getrandom(&q->seed, sizeof q->seed, 0) != (ssize_t)sizeof q->seed)
-        q->seed = q->t_accept_us ^ (q->key << 32);
-    eng_request er = {
-        .prompt = prompt,
-        .n_prompt = (int32_t)n_prompt,
-        .n = (int32_t)r->n,
-        .max_tokens = (int32_t)r->max_tokens,
-        .stop_ids = r->stop_ids,
-        .n_stop = (int32_t)r->n_stop,
-        .ignore_eos = (r->flags & PROTO_REQ_IGNORE_EOS) != 0,
-    };
-    er.sp = samp_default();
-    er.sp.temperature = r->temperature;
-    er.sp.top_p = r->top_p;
-    er.sp.top_k = r->top_k;
-    er.sp.min_p = r->min_p;
-    er.sp.seed = q->seed;
-    er.sp.logprobs_topk = (int32_t)r->logprobs_topk;
-    er.sp.processed_logprobs = processed;
+    q->seed = (r->flags & PROTO_REQ_HAS_SEED) ? r->seed : adm_random_seed(q->key);
+    eng_request er;
+    adm_engine_request(r, prompt, n_prompt, q->seed, &er);
     if (et_add(&d->et, q->key, &er)) {
         /* Not queued: undo the admission as if it never happened. */
         snprintf(msg, msg_cap, "%s", rd_errmsg());

@@ -1,0 +1,75 @@
+/* admit.c - the checks both front doors apply before a request is queued. */
+#include "daemon/admit.h"
+
+#include <stdio.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "base/err.h"
+#include "daemon/daemon.h"
+
+adm_limits adm_limits_of(const struct rd_daemon *d)
+{
+    return (adm_limits){.lim = &d->lim, .block_size = d->cfg.block_size, .kv_blocks_total = d->kv_blocks_total,
+                        .max_queued_requests = (uint64_t)d->cfg.max_queued_requests};
+}
+
+int adm_check(const adm_limits *l, const proto_request *r, char *msg, size_t cap)
+{
+    if (proto_check_request(r, l->lim) == 0)
+        return 0;
+    snprintf(msg, cap, "%s", rd_errmsg());
+    return -1;
+}
+
+int adm_fits_kv(const adm_limits *l, uint64_t n_prompt, uint64_t max_tokens, char *msg, size_t cap)
+{
+    uint64_t total = n_prompt + max_tokens;
+    uint64_t need = (total + (uint64_t)l->block_size - 1) / (uint64_t)l->block_size;
+    if (need <= (uint64_t)l->kv_blocks_total)
+        return 0;
+    snprintf(msg, cap, "%llu tokens need %llu KV blocks; the pool has %d (kv_cache_bytes)", (unsigned long long)total,
+             (unsigned long long)need, l->kv_blocks_total);
+    return -1;
+}
+
+int adm_queue_room(const adm_limits *l, uint64_t unfinished, uint64_t adding, char *msg, size_t cap)
+{
+    if (unfinished + adding <= l->max_queued_requests)
+        return 0;
+    snprintf(msg, cap, "%llu requests queued or running (max_queued_requests); fetch results and resubmit",
+             (unsigned long long)unfinished);
+    return -1;
+}
+
+uint64_t adm_random_seed(uint64_t salt)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, 0) == (ssize_t)sizeof seed)
+        return seed;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u) ^ (salt << 32);
+}
+
+void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,
+                        eng_request *er)
+{
+    *er = (eng_request){
+        .prompt = prompt,
+        .n_prompt = (int32_t)n_prompt,
+        .n = (int32_t)r->n,
+        .max_tokens = (int32_t)r->max_tokens,
+        .stop_ids = r->stop_ids,
+        .n_stop = (int32_t)r->n_stop,
+        .ignore_eos = (r->flags & PROTO_REQ_IGNORE_EOS) != 0,
+    };
+    er->sp = samp_default();
+    er->sp.temperature = r->temperature;
+    er->sp.top_p = r->top_p;
+    er->sp.top_k = r->top_k;
+    er->sp.min_p = r->min_p;
+    er->sp.seed = seed;
+    er->sp.logprobs_topk = (int32_t)r->logprobs_topk;
+    er->sp.processed_logprobs = (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0;
+}
