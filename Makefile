@@ -45,7 +45,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push bench-chain-netns bench-commit model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push bench-chain-netns bench-commit model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -203,6 +203,10 @@ fuzz:
 	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c -o $(BUILD)/fuzz/fuzz_proto -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c base/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c base/err.c -o $(BUILD)/fuzz/fuzz_relay -lm
+
+# The include rules of docs/LAYOUT.md (floors, tools/, no circle of modules).
+layers:
+	$(PYTHON) tools/check_layers.py
 
 setup:
 	tools/setup.sh

@@ -8,7 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/err.h"
-#include "engine/model/model.h"
+#include "engine/model/config.h"
 
 extern const arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma3;
 
