@@ -1,9 +1,9 @@
 /* api.h - the generation routes of the HTTP server: SGLang's native
- * /generate family and vLLM's OpenAI-compatible /v1 routes (issue 13).
+ * /generate family and vLLM's OpenAI-compatible /v1 routes.
  *
- * Translation only: a route parses its JSON body (cJSON), checks it with the
- * same limits as an NNG SUBMIT (proto_check_request against the daemon's
- * HELLO_OK), and queues engine requests with et_add under keys of their own
+ * Translation only: a route parses its JSON body (cJSON), passes it through
+ * the admission an NNG SUBMIT goes through (admit.h: the HELLO_OK limits, the
+ * KV pool, the queue bound, the engine request), and queues engine requests with et_add under keys of their own
  * (API_KEY_BIT set, so they never meet an NNG client's key). loop.c hands
  * every finished sample with such a key to api_on_result (and, for a stream,
  * each step's progress of its running samples); when a call's samples are all

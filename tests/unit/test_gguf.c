@@ -1090,8 +1090,8 @@ out:
 /* ---------------------------------------------------------------------------
  * Gemma 3 270M Q4_K_M (tools/fetch_gemma3.sh, pinned by sha256), when present:
  * the reader opens it and dequantizes every tensor bit for bit as the gguf
- * package does. The architecture itself does not run yet; this is the GGUF
- * layer only. tests/py/gguf_digests.py writes the package's values as one
+ * package does. This is the GGUF layer only (tests/py/test_gemma3.py runs the
+ * model against llama.cpp). tests/py/gguf_digests.py writes the package's values as one
  * exact fingerprint per tensor (sum of bits(y[i]) * (2i+1) mod 2^64) into
  * $RD_TESTDATA, once per model file. */
 

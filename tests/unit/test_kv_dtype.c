@@ -1,5 +1,5 @@
 /* test_kv_dtype.c - the CPU backend's KV cache in f32, bf16 or f16 (config
- * key kv_dtype; issue 12):
+ * key kv_dtype):
  *
  * - the kernels: attention over a bf16 (f16) cache equals attention over an
  *   f32 cache holding the same values rounded to bf16 (f16), bit for bit, for

@@ -1789,7 +1789,7 @@ static int push_export(const model *m, const st_file *f, int bad, upd_patch **ou
     return rc;
 }
 
-/* Issue 12: a bf16 push of every weight onto the Q4_1-loaded default model
+/* A bf16 push of every weight onto the Q4_1-loaded default model
  * serves bf16 weights, bit-identical (prompt logits and a greedy run) to the
  * model loaded from the same bf16 tensors as an HF folder, and holds their
  * bytes (the Q4_1 ones freed); a push that fails keeps the Q4_1 weights,
