@@ -1,8 +1,11 @@
 /* proto.c - encode and decode of the learner wire protocol (see proto.h and
- * PROTOCOL.md). Reads top to bottom: names, byte order and UTF-8, the decode
- * arena and cursor, one decoder per message (the weight-update ones last),
- * proto_decode, the byte buffer, one encoder per message, proto_encode, sizes
- * and request checks. */
+ * PROTOCOL.md). The messages are one table, proto/messages.def: this file
+ * walks its field lists (decode, encode, encode checks) and hand-writes only
+ * what the field kinds cannot say, the element tails of REQUEST, RESULT and
+ * TENSOR and UPDATE_CHUNK's data. Reads top to bottom: the table as data and
+ * names, byte order and UTF-8, the decode arena and cursor, the field walker
+ * and the tails, proto_decode, the byte buffer, the writers, encode checks,
+ * the field writer and the tails, proto_encode, sizes and request checks. */
 #include "proto/proto.h"
 
 #include <math.h>
@@ -11,45 +14,188 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "proto/proto_table.h"
+
+/* ---- the table as data ---- */
+
+/* Wire bytes of each field kind (STR and COUNT: their u32 prefix). */
+#define FB_U8 1
+#define FB_U16 2
+#define FB_U32 4
+#define FB_I32 4
+#define FB_U64 8
+#define FB_F32 4
+#define FB_BITS8 1
+#define FB_BITS16 2
+#define FB_BITS32 4
+#define FB_ENUM8 1
+#define FB_RANGE32 4
+#define FB_DIMS8 1
+#define FB_RSV16 2
+#define FB_RSV24 3
+#define FB_RSV32 4
+#define FB_STR 4
+#define FB_BYTES32 PROTO_AUTH_BYTES
+#define FB_COUNT 4
+#define FIELD_BYTES(S, KIND, name, A, B, TEXT) + FB_##KIND
+/* Fixed wire bytes of a field list: a compile-time constant. */
+#define LAYOUT_BYTES(LAYOUT) (0 PROTO_FIELDS_##LAYOUT(FIELD_BYTES, _))
+
+/* Reserved fields have no struct member; the others are checked against
+ * their kind's size, so a table row cannot disagree with proto.h. */
+#define OFF_U8(S, n) offsetof(S, n)
+#define OFF_U16(S, n) offsetof(S, n)
+#define OFF_U32(S, n) offsetof(S, n)
+#define OFF_I32(S, n) offsetof(S, n)
+#define OFF_U64(S, n) offsetof(S, n)
+#define OFF_F32(S, n) offsetof(S, n)
+#define OFF_BITS8(S, n) offsetof(S, n)
+#define OFF_BITS16(S, n) offsetof(S, n)
+#define OFF_BITS32(S, n) offsetof(S, n)
+#define OFF_ENUM8(S, n) offsetof(S, n)
+#define OFF_RANGE32(S, n) offsetof(S, n)
+#define OFF_DIMS8(S, n) offsetof(S, n)
+#define OFF_RSV16(S, n) 0
+#define OFF_RSV24(S, n) 0
+#define OFF_RSV32(S, n) 0
+#define OFF_STR(S, n) offsetof(S, n)
+#define OFF_BYTES32(S, n) offsetof(S, n)
+#define OFF_COUNT(S, n) offsetof(S, n)
+#define SIZE_OK(S, n, bytes) _Static_assert(sizeof(((S *)0)->n) == (bytes), #S "." #n " does not match its kind");
+#define CHK_U8(S, n) SIZE_OK(S, n, 1)
+#define CHK_U16(S, n) SIZE_OK(S, n, 2)
+#define CHK_U32(S, n) SIZE_OK(S, n, 4)
+#define CHK_I32(S, n) SIZE_OK(S, n, 4)
+#define CHK_U64(S, n) SIZE_OK(S, n, 8)
+#define CHK_F32(S, n) SIZE_OK(S, n, 4)
+#define CHK_BITS8(S, n) SIZE_OK(S, n, 1)
+#define CHK_BITS16(S, n) SIZE_OK(S, n, 2)
+#define CHK_BITS32(S, n) SIZE_OK(S, n, 4)
+#define CHK_ENUM8(S, n) SIZE_OK(S, n, 1)
+#define CHK_RANGE32(S, n) SIZE_OK(S, n, 4)
+#define CHK_DIMS8(S, n) SIZE_OK(S, n, 1)
+#define CHK_RSV16(S, n)
+#define CHK_RSV24(S, n)
+#define CHK_RSV32(S, n)
+#define CHK_STR(S, n) SIZE_OK(S, n, sizeof(proto_str))
+#define CHK_BYTES32(S, n) SIZE_OK(S, n, PROTO_AUTH_BYTES)
+#define CHK_COUNT(S, n) SIZE_OK(S, n, 4)
+
+#define FIELD_DESC(S, KIND, name, A, B, TEXT) \
+    {PROTO_FK_##KIND, (uint16_t)OFF_##KIND(S, name), #name, (uint64_t)(A), (uint64_t)(B), TEXT},
+#define FIELD_CHECK(S, KIND, name, A, B, TEXT) CHK_##KIND(S, name)
+
+/* Element field lists and descriptors. */
+#define PROTO_ELEM(NAME, STRUCT, TAIL_MIN)                                                              \
+    PROTO_FIELDS_##NAME(FIELD_CHECK, STRUCT)                                                            \
+    static const proto_field fields_el_##NAME[] = {PROTO_FIELDS_##NAME(FIELD_DESC, STRUCT){0}};         \
+    static const proto_elem_desc elem_##NAME = {PROTO_EL_##NAME, #NAME, fields_el_##NAME, sizeof(STRUCT), \
+                                                 LAYOUT_BYTES(NAME) + (TAIL_MIN)};
+#include "proto/messages.def"
+#undef PROTO_ELEM
+
+#define ELEM_PTR_NONE NULL
+#define ELEM_PTR_BYTES NULL
+#define ELEM_PTR_REQUEST (&elem_REQUEST)
+#define ELEM_PTR_SUBMIT_ITEM (&elem_SUBMIT_ITEM)
+#define ELEM_PTR_RESULT (&elem_RESULT)
+#define ELEM_PTR_TENSOR (&elem_TENSOR)
+#define ARRAY_OFF_none(S) 0
+#define ARRAY_OFF_requests(S) offsetof(S, requests)
+#define ARRAY_OFF_items(S) offsetof(S, items)
+#define ARRAY_OFF_results(S) offsetof(S, results)
+#define ARRAY_OFF_tensors(S) offsetof(S, tensors)
+#define ARRAY_OFF_data(S) offsetof(S, data)
+
+/* Message field lists and rows. */
+#define PROTO_MSG(NAME, CODE, DIR, MEMBER, STRUCT, LAYOUT, ELEM, ARRAY)                                 \
+    PROTO_FIELDS_##LAYOUT(FIELD_CHECK, STRUCT)                                                          \
+    static const proto_field fields_##NAME[] = {PROTO_FIELDS_##LAYOUT(FIELD_DESC, STRUCT){0}};          \
+    static const proto_msg_desc msg_##NAME = {CODE, #NAME, DIR_IS_REQ_##DIR, fields_##NAME, ELEM_PTR_##ELEM, \
+                                              ELEM_RAW_##ELEM, (uint16_t)ARRAY_OFF_##ARRAY(STRUCT), #ARRAY};
+#define DIR_IS_REQ_REQ 1
+#define DIR_IS_REQ_REPLY 0
+#define ELEM_RAW_NONE 0
+#define ELEM_RAW_BYTES 1
+#define ELEM_RAW_REQUEST 0
+#define ELEM_RAW_SUBMIT_ITEM 0
+#define ELEM_RAW_RESULT 0
+#define ELEM_RAW_TENSOR 0
+#include "proto/messages.def"
+#undef PROTO_MSG
+
+const proto_msg_desc *proto_msg_find(uint16_t type)
+{
+    switch (type) {
+#define PROTO_MSG(NAME, CODE, DIR, MEMBER, STRUCT, LAYOUT, ELEM, ARRAY) case CODE: return &msg_##NAME;
+#include "proto/messages.def"
+#undef PROTO_MSG
+    default: return NULL;
+    }
+}
+
+/* The union member each row names is where the codec reads and writes. */
+#define PROTO_MSG(NAME, CODE, DIR, MEMBER, STRUCT, LAYOUT, ELEM, ARRAY) \
+    _Static_assert(offsetof(proto_msg, MEMBER) == offsetof(proto_msg, hello), #MEMBER " is not in the union");
+#include "proto/messages.def"
+#undef PROTO_MSG
+
+/* Element sizes the decoder's bounds are built on (PROTOCOL.md gives them too). */
+#define REQUEST_MIN_BYTES 56    /* fixed fields 48 + stop count 4 + prompt count 4 */
+#define SUBMIT_ITEM_MIN_BYTES 20
+#define RESULT_MIN_BYTES 88     /* fixed fields 80 + token count 4 + span count 4 */
+#define SPAN_BYTES 16
+#define TENSOR_MIN_BYTES 28     /* name length 4 + dtype, n_dims, reserved 4 + one dim 8 + nbytes 8 + crc32c 4 */
+_Static_assert(LAYOUT_BYTES(REQUEST) + 8 == REQUEST_MIN_BYTES, "REQUEST layout changed");
+_Static_assert(LAYOUT_BYTES(SUBMIT_ITEM) == SUBMIT_ITEM_MIN_BYTES, "SUBMIT_ITEM layout changed");
+_Static_assert(LAYOUT_BYTES(RESULT) + 8 == RESULT_MIN_BYTES, "RESULT layout changed");
+_Static_assert(LAYOUT_BYTES(TENSOR) + 20 == TENSOR_MIN_BYTES, "TENSOR layout changed");
+_Static_assert(LAYOUT_BYTES(RESULTS) + PROTO_HEADER_BYTES == PROTO_RESULTS_OVERHEAD, "RESULTS layout changed");
+_Static_assert(LAYOUT_BYTES(UPDATE_CHUNK) + PROTO_HEADER_BYTES == PROTO_CHUNK_HEAD_BYTES, "UPDATE_CHUNK layout changed");
+_Static_assert(PROTO_MAX_DIMS == 4, "TENSOR n_dims text says 1..4");
+
+/* PROTO_ARENA_BOUND holds: each element struct (plus an 8-byte piece for a
+ * 1-byte string or one array element) takes at most twice its wire bytes
+ * (three times for a tensor, see proto_block). */
+_Static_assert(sizeof(proto_request) + 8 <= 2 * (REQUEST_MIN_BYTES + 1), "proto_request outgrew the arena bound");
+_Static_assert(sizeof(proto_submit_item) + 8 <= 2 * (SUBMIT_ITEM_MIN_BYTES + 1), "proto_submit_item outgrew it");
+_Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
+_Static_assert(sizeof(proto_span) <= SPAN_BYTES, "proto_span outgrew the arena bound");
+_Static_assert(sizeof(proto_tensor) + 8 <= 3 * (TENSOR_MIN_BYTES + 1), "proto_tensor outgrew the arena bound");
 
 /* ---- names ---- */
 
 const char *proto_type_name(uint16_t type)
 {
-    switch (type) {
-    case PROTO_HELLO: return "HELLO";
-    case PROTO_SUBMIT: return "SUBMIT";
-    case PROTO_FETCH: return "FETCH";
-    case PROTO_ABORT: return "ABORT";
-    case PROTO_STATUS: return "STATUS";
-    case PROTO_BYE: return "BYE";
-    case PROTO_AUTH_BEGIN: return "AUTH_BEGIN";
-    case PROTO_AUTH: return "AUTH";
-    case PROTO_UPDATE_BEGIN: return "UPDATE_BEGIN";
-    case PROTO_UPDATE_CHUNK: return "UPDATE_CHUNK";
-    case PROTO_UPDATE_COMMIT: return "UPDATE_COMMIT";
-    case PROTO_UPDATE_ABORT: return "UPDATE_ABORT";
-    case PROTO_UPDATE_FORWARD: return "UPDATE_FORWARD";
-    case PROTO_UPDATE_PREPARE: return "UPDATE_PREPARE";
-    case PROTO_LANE_AUTH: return "LANE_AUTH";
-    case PROTO_WEIGHTS_SYNC: return "WEIGHTS_SYNC";
-    case PROTO_HELLO_OK: return "HELLO_OK";
-    case PROTO_SUBMIT_OK: return "SUBMIT_OK";
-    case PROTO_RESULTS: return "RESULTS";
-    case PROTO_ABORT_OK: return "ABORT_OK";
-    case PROTO_STATUS_OK: return "STATUS_OK";
-    case PROTO_BYE_OK: return "BYE_OK";
-    case PROTO_AUTH_CHALLENGE: return "AUTH_CHALLENGE";
-    case PROTO_AUTH_OK: return "AUTH_OK";
-    case PROTO_UPDATE_BEGIN_OK: return "UPDATE_BEGIN_OK";
-    case PROTO_UPDATE_CHUNK_OK: return "UPDATE_CHUNK_OK";
-    case PROTO_UPDATE_COMMIT_OK: return "UPDATE_COMMIT_OK";
-    case PROTO_UPDATE_ABORT_OK: return "UPDATE_ABORT_OK";
-    case PROTO_UPDATE_FORWARD_OK: return "UPDATE_FORWARD_OK";
-    case PROTO_UPDATE_PREPARE_OK: return "UPDATE_PREPARE_OK";
-    case PROTO_WEIGHTS_SYNC_OK: return "WEIGHTS_SYNC_OK";
-    case PROTO_ERROR: return "ERROR";
-    default: return NULL;
+    const proto_msg_desc *d = proto_msg_find(type);
+    return d ? d->name : NULL;
+}
+
+int proto_is_request(uint16_t type)
+{
+    const proto_msg_desc *d = proto_msg_find(type);
+    return d && d->is_request;
+}
+
+void proto_types_expected(char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (unsigned t = 0; t < 0x100; t++) {
+        if (!proto_msg_find((uint16_t)t) || (t > 0 && proto_msg_find((uint16_t)(t - 1))))
+            continue;
+        unsigned end = t;       /* the run of consecutive codes starting at t */
+        while (end + 1 < 0x100 && proto_msg_find((uint16_t)(end + 1)))
+            end++;
+        int k;
+        if (end == t)
+            k = snprintf(out + n, cap - n, "%s%s (0x%02x)", n ? ", " : "", proto_type_name((uint16_t)t), t);
+        else
+            k = snprintf(out + n, cap - n, "%s%s..%s (0x%02x..0x%02x)", n ? ", " : "", proto_type_name((uint16_t)t),
+                         proto_type_name((uint16_t)end), t, end);
+        if (k < 0 || (size_t)k >= cap - n)
+            return;             /* cut: the caller's buffer is too small, the text stays NUL-terminated */
+        n += (size_t)k;
     }
 }
 
@@ -76,11 +222,6 @@ const char *proto_err_name(uint32_t code)
     }
 }
 
-int proto_is_request(uint16_t type)
-{
-    return (type >= PROTO_HELLO && type <= PROTO_AUTH) || (type >= PROTO_UPDATE_BEGIN && type <= PROTO_WEIGHTS_SYNC);
-}
-
 uint32_t proto_dtype_size(uint8_t dtype)
 {
     switch (dtype) {
@@ -91,8 +232,6 @@ uint32_t proto_dtype_size(uint8_t dtype)
     }
 }
 
-/* Types this version encodes and decodes: every defined one. */
-static int type_implemented(uint16_t type) { return proto_type_name(type) != NULL; }
 
 uint32_t proto_err_from_rd(int rc)
 {
@@ -118,8 +257,6 @@ static void st32(uint8_t *p, uint32_t v)
 }
 static void st64(uint8_t *p, uint64_t v) { st32(p, (uint32_t)v); st32(p + 4, (uint32_t)(v >> 32)); }
 
-static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* ---- UTF-8 ---- */
 
@@ -276,13 +413,6 @@ static int rd32(cursor *c, uint32_t *v, const char *f)
     c->off += 4;
     return 0;
 }
-static int rdi32(cursor *c, int32_t *v, const char *f)
-{
-    uint32_t u;
-    int rc = rd32(c, &u, f);
-    *v = (int32_t)u;
-    return rc;
-}
 static int rd64(cursor *c, uint64_t *v, const char *f)
 {
     int rc = need(c, 8, f);
@@ -290,13 +420,6 @@ static int rd64(cursor *c, uint64_t *v, const char *f)
     *v = ld64(c->p + c->off);
     c->off += 8;
     return 0;
-}
-static int rdf32(cursor *c, float *v, const char *f)
-{
-    uint32_t u;
-    int rc = rd32(c, &u, f);
-    *v = bits_f32(u);
-    return rc;
 }
 
 /* A reserved field must be 0; unknown flag bits likewise. */
@@ -383,7 +506,8 @@ static int rdcount(cursor *c, uint32_t *n, uint64_t min_bytes, const char *field
                      (unsigned long long)avail(c), c->owed ? " besides what the later elements need" : "");
 }
 
-/* ---- decode: one function per message body ---- */
+
+/* ---- decode: the field walker ---- */
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 /* Reads a u32-element array into dst (a const int32_t * or const float *). */
@@ -396,67 +520,102 @@ static int rdcount(cursor *c, uint32_t *n, uint64_t min_bytes, const char *field
         (dst) = p_;                                                                   \
     } while (0)
 
-static int dec_hello(cursor *c, proto_hello *h)
+/* A value outside an ENUM8 / RANGE32 / DIMS8 field's range. */
+static int bad_value(cursor *c, const proto_field *f, uint64_t v)
 {
-    TRY(rd64(c, &h->client_id, "client_id"));
-    TRY(rd16(c, &h->min_version, "min_version"));
-    TRY(rd16(c, &h->max_version, "max_version"));
-    TRY(rd32(c, &h->flags, "flags"));
-    TRY(zero_bits(c, h->flags, 0, "flags"));
-    return rdstr(c, &h->client_name, "client_name");
+    char tmp[96];
+    return MALFORMED(c, "%s: %s is %llu; expected %s", where(c, tmp, sizeof tmp), f->name, (unsigned long long)v,
+                     f->text);
 }
 
-static int dec_hello_ok(cursor *c, proto_hello_ok *h)
+/* Reads the fields of list f into the struct at base, checking each as its
+ * kind says, in wire order (so the first bad field is the one reported). */
+static int dec_fields(cursor *c, const proto_field *f, void *base)
 {
-    uint16_t reserved;
-    TRY(rd64(c, &h->client_id, "client_id"));
-    TRY(rd16(c, &h->version, "version"));
-    TRY(rd16(c, &reserved, "reserved"));
-    TRY(zero_bits(c, reserved, 0, "reserved"));
-    TRY(rd32(c, &h->flags, "flags"));
-    TRY(zero_bits(c, h->flags, PROTO_HELLO_OK_FLAGS, "flags"));
-    TRY(rd64(c, &h->features, "features"));
-    TRY(rd64(c, &h->weight_version, "weight_version"));
-    TRY(rd32(c, &h->vocab_size, "vocab_size"));
-    TRY(rd32(c, &h->max_context, "max_context"));
-    TRY(rd32(c, &h->n_layers, "n_layers"));
-    TRY(rd32(c, &h->dim, "dim"));
-    TRY(rd32(c, &h->n_heads, "n_heads"));
-    TRY(rd32(c, &h->n_kv_heads, "n_kv_heads"));
-    TRY(rdi32(c, &h->eos_id, "eos_id"));
-    TRY(rd32(c, &h->max_prompt_tokens, "max_prompt_tokens"));
-    TRY(rd64(c, &h->max_message_bytes, "max_message_bytes"));
-    TRY(rd32(c, &h->max_n, "max_n"));
-    TRY(rd32(c, &h->max_requests_per_submit, "max_requests_per_submit"));
-    TRY(rd32(c, &h->max_tokens, "max_tokens"));
-    TRY(rd32(c, &h->max_stop_ids, "max_stop_ids"));
-    TRY(rd32(c, &h->max_logprobs_topk, "max_logprobs_topk"));
-    TRY(rd32(c, &h->retention_results, "retention_results"));
-    TRY(rd64(c, &h->retention_bytes, "retention_bytes"));
-    TRY(rd32(c, &h->max_wait_ms, "max_wait_ms"));
-    TRY(rd32(c, &h->client_ttl_s, "client_ttl_s"));
-    TRY(rd32(c, &h->pending_results, "pending_results"));
-    TRY(rd32(c, &h->inflight_samples, "inflight_samples"));
-    TRY(rdstr(c, &h->model_name, "model_name"));
-    TRY(rdstr(c, &h->architecture, "architecture"));
-    TRY(rdstr(c, &h->backend, "backend"));
-    return rdstr(c, &h->server, "server");
+    for (; f->kind != PROTO_FK_END; f++) {
+        uint8_t *dst = (uint8_t *)base + f->offset;
+        uint8_t v8;
+        uint16_t v16;
+        uint32_t v32;
+        uint64_t v64;
+        switch ((proto_field_kind)f->kind) {
+        case PROTO_FK_U8: TRY(rd8(c, dst, f->name)); break;
+        case PROTO_FK_U16: TRY(rd16(c, (uint16_t *)dst, f->name)); break;
+        case PROTO_FK_U32:
+        case PROTO_FK_I32:
+        case PROTO_FK_F32:
+            TRY(rd32(c, &v32, f->name));
+            memcpy(dst, &v32, 4);   /* an i32 or f32 member keeps the bits */
+            break;
+        case PROTO_FK_U64: TRY(rd64(c, &v64, f->name)); memcpy(dst, &v64, 8); break;
+        case PROTO_FK_BITS8:
+            TRY(rd8(c, dst, f->name));
+            TRY(zero_bits(c, *dst, f->a, f->name));
+            break;
+        case PROTO_FK_BITS16:
+            TRY(rd16(c, &v16, f->name));
+            TRY(zero_bits(c, v16, f->a, f->name));
+            memcpy(dst, &v16, 2);
+            break;
+        case PROTO_FK_BITS32:
+            TRY(rd32(c, &v32, f->name));
+            TRY(zero_bits(c, v32, f->a, f->name));
+            memcpy(dst, &v32, 4);
+            break;
+        case PROTO_FK_ENUM8:
+        case PROTO_FK_DIMS8:
+            TRY(rd8(c, dst, f->name));
+            if (*dst < f->a || *dst > f->b)
+                return bad_value(c, f, *dst);
+            break;
+        case PROTO_FK_RANGE32:
+            TRY(rd32(c, &v32, f->name));
+            if (v32 < f->a || v32 > f->b)
+                return bad_value(c, f, v32);
+            memcpy(dst, &v32, 4);
+            break;
+        case PROTO_FK_RSV16: TRY(rd16(c, &v16, f->name)); TRY(zero_bits(c, v16, 0, f->name)); break;
+        case PROTO_FK_RSV24:
+            /* byte by byte, so a truncated frame is reported at the byte it ends on */
+            v32 = 0;
+            for (int i = 0; i < 3; i++) {
+                TRY(rd8(c, &v8, f->name));
+                v32 |= (uint32_t)v8 << (8 * i);
+            }
+            TRY(zero_bits(c, v32, 0, f->name));
+            break;
+        case PROTO_FK_RSV32: TRY(rd32(c, &v32, f->name)); TRY(zero_bits(c, v32, 0, f->name)); break;
+        case PROTO_FK_STR: TRY(rdstr_len(c, (proto_str *)dst, f->name, (uint32_t)f->a, (uint32_t)f->b)); break;
+        case PROTO_FK_BYTES32:
+            TRY(need(c, PROTO_AUTH_BYTES, f->name));
+            memcpy(dst, c->p + c->off, PROTO_AUTH_BYTES);
+            c->off += PROTO_AUTH_BYTES;
+            break;
+        case PROTO_FK_COUNT:
+            TRY(rdcount(c, &v32, f->a, f->name));
+            memcpy(dst, &v32, 4);
+            break;
+        case PROTO_FK_END: break;
+        }
+    }
+    return 0;
 }
 
-#define REQUEST_MIN_BYTES 56    /* fixed fields 48 + stop count 4 + prompt count 4 */
-
-static int dec_request(cursor *c, proto_request *r)
+/* The value of a list's COUNT field: how many elements follow. */
+static uint32_t list_count(const proto_field *f, const void *base)
 {
-    TRY(rd64(c, &r->client_req_id, "client_req_id"));
-    TRY(rd32(c, &r->n, "n"));
-    TRY(rd32(c, &r->max_tokens, "max_tokens"));
-    TRY(rdf32(c, &r->temperature, "temperature"));
-    TRY(rdf32(c, &r->top_p, "top_p"));
-    TRY(rdi32(c, &r->top_k, "top_k"));
-    TRY(rdf32(c, &r->min_p, "min_p"));
-    TRY(rd64(c, &r->seed, "seed"));
-    TRY(rd32(c, &r->logprobs_topk, "logprobs_topk"));
-    TRY(rd32(c, &r->flags, "flags"));
+    uint32_t n = 0;
+    for (; f->kind != PROTO_FK_END; f++)
+        if (f->kind == PROTO_FK_COUNT)
+            memcpy(&n, (const uint8_t *)base + f->offset, 4);
+    return n;
+}
+
+/* ---- decode: the element tails (what the field kinds cannot say) ---- */
+
+/* REQUEST: stop ids, then a text prompt or token ids as its flags say. */
+static int dec_request_tail(cursor *c, proto_request *r)
+{
     TRY(rdcount(c, &r->n_stop, 4, "n_stop"));
     RDARR(c, r->n_stop, r->stop_ids, "stop_ids");
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT)
@@ -467,70 +626,6 @@ static int dec_request(cursor *c, proto_request *r)
     RDARR(c, r->n_prompt, r->prompt, "prompt_ids");
     return 0;
 }
-
-static int dec_submit(cursor *c, proto_submit *s)
-{
-    TRY(rd64(c, &s->client_id, "client_id"));
-    TRY(rdcount(c, &s->n_requests, REQUEST_MIN_BYTES, "n_requests"));
-    if (s->n_requests == 0)
-        return 0;
-    proto_request *r;
-    ALLOC(c, s->n_requests, r);
-    s->requests = r;
-    c->arr = "requests";
-    c->owed = (uint64_t)s->n_requests * REQUEST_MIN_BYTES;
-    for (uint32_t i = 0; i < s->n_requests; i++) {
-        c->idx = i;
-        c->owed -= REQUEST_MIN_BYTES;
-        TRY(dec_request(c, &r[i]));
-    }
-    c->arr = NULL;
-    return 0;
-}
-
-#define SUBMIT_ITEM_MIN_BYTES 20
-
-static int dec_submit_ok(cursor *c, proto_submit_ok *s)
-{
-    TRY(rdcount(c, &s->n_items, SUBMIT_ITEM_MIN_BYTES, "n_items"));
-    if (s->n_items == 0)
-        return 0;
-    proto_submit_item *it;
-    ALLOC(c, s->n_items, it);
-    s->items = it;
-    c->arr = "items";
-    c->owed = (uint64_t)s->n_items * SUBMIT_ITEM_MIN_BYTES;
-    for (uint32_t i = 0; i < s->n_items; i++) {
-        c->idx = i;
-        c->owed -= SUBMIT_ITEM_MIN_BYTES;
-        TRY(rd64(c, &it[i].client_req_id, "client_req_id"));
-        TRY(rd32(c, &it[i].status, "status"));
-        TRY(rd32(c, &it[i].flags, "flags"));
-        TRY(zero_bits(c, it[i].flags, PROTO_SUBMIT_OK_FLAGS, "flags"));
-        TRY(rdstr(c, &it[i].message, "message"));
-    }
-    c->arr = NULL;
-    return 0;
-}
-
-static int dec_fetch(cursor *c, proto_fetch *f)
-{
-    TRY(rd64(c, &f->client_id, "client_id"));
-    TRY(rd64(c, &f->ack_seq, "ack_seq"));
-    TRY(rd32(c, &f->max_results, "max_results"));
-    TRY(rd32(c, &f->wait_ms, "wait_ms"));
-    return rd64(c, &f->max_bytes, "max_bytes");
-}
-
-#define RESULT_MIN_BYTES 88     /* fixed fields 80 + token count 4 + span count 4 */
-#define SPAN_BYTES 16
-
-/* PROTO_ARENA_BOUND holds: each element struct (plus an 8-byte piece for a
- * 1-byte string or one array element) takes at most twice its wire bytes. */
-_Static_assert(sizeof(proto_request) + 8 <= 2 * (REQUEST_MIN_BYTES + 1), "proto_request outgrew the arena bound");
-_Static_assert(sizeof(proto_submit_item) + 8 <= 2 * (SUBMIT_ITEM_MIN_BYTES + 1), "proto_submit_item outgrew it");
-_Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
-_Static_assert(sizeof(proto_span) <= SPAN_BYTES, "proto_span outgrew the arena bound");
 
 /* Spans are contiguous, cover [0, n_tokens) and carry increasing versions. */
 static int check_spans(uint32_t n_tokens, uint32_t n_spans, const proto_span *s, char *why, size_t cap)
@@ -564,27 +659,10 @@ static int check_spans(uint32_t n_tokens, uint32_t n_spans, const proto_span *s,
     return 0;
 }
 
-static int dec_result(cursor *c, proto_result *r)
+/* RESULT: the token arrays (their lengths depend on flags and top_k), then spans. */
+static int dec_result_tail(cursor *c, proto_result *r)
 {
     char tmp[96];
-    TRY(rd64(c, &r->seq, "seq"));
-    TRY(rd64(c, &r->client_req_id, "client_req_id"));
-    TRY(rd32(c, &r->sample_idx, "sample_idx"));
-    TRY(rd8(c, &r->finish, "finish"));
-    if (r->finish < PROTO_FINISH_STOP || r->finish > PROTO_FINISH_ERROR)
-        return MALFORMED(c, "%s: finish is %u; expected 1 (stop), 2 (length), 3 (abort) or 4 (error)",
-                         where(c, tmp, sizeof tmp), r->finish);
-    TRY(rd8(c, &r->flags, "flags"));
-    TRY(zero_bits(c, r->flags, PROTO_RESULT_FLAGS, "flags"));
-    TRY(rd16(c, &r->top_k, "top_k"));
-    TRY(rd32(c, &r->n_preempt, "n_preempt"));
-    TRY(rd32(c, &r->n_prompt, "n_prompt"));
-    TRY(rd64(c, &r->seed, "seed"));
-    TRY(rd64(c, &r->version_admit, "version_admit"));
-    TRY(rd64(c, &r->version_finish, "version_finish"));
-    TRY(rd64(c, &r->queued_us, "queued_us"));
-    TRY(rd64(c, &r->first_token_us, "first_token_us"));
-    TRY(rd64(c, &r->total_us, "total_us"));
     /* bytes per token: id + raw log-prob, processed log-prob, top_k (id, log-prob) pairs */
     uint64_t per_token = 8 + ((r->flags & PROTO_RESULT_PROCESSED) ? 4 : 0) + 8 * (uint64_t)r->top_k;
     TRY(rdcount(c, &r->n_tokens, per_token, "n_tokens"));
@@ -612,274 +690,65 @@ static int dec_result(cursor *c, proto_result *r)
     return 0;
 }
 
-static int dec_results(cursor *c, proto_results *r)
+/* TENSOR: n_dims dimensions in mid-element, then nbytes and crc32c. */
+static int dec_tensor_tail(cursor *c, proto_tensor *t)
 {
-    uint32_t flags;
-    TRY(rdcount(c, &r->n_results, RESULT_MIN_BYTES, "n_results"));
-    TRY(rd32(c, &flags, "flags"));
-    TRY(zero_bits(c, flags, 0, "flags"));
-    TRY(rd64(c, &r->ack_seq, "ack_seq"));
-    TRY(rd32(c, &r->pending_results, "pending_results"));
-    TRY(rd32(c, &r->inflight_samples, "inflight_samples"));
-    if (r->n_results == 0)
-        return 0;
-    proto_result *res;
-    ALLOC(c, r->n_results, res);
-    r->results = res;
-    c->arr = "results";
-    c->owed = (uint64_t)r->n_results * RESULT_MIN_BYTES;
-    for (uint32_t i = 0; i < r->n_results; i++) {
-        c->idx = i;
-        c->owed -= RESULT_MIN_BYTES;
-        TRY(dec_result(c, &res[i]));
-    }
-    c->arr = NULL;
-    return 0;
-}
-
-static int dec_abort(cursor *c, proto_abort *a)
-{
-    TRY(rd64(c, &a->client_id, "client_id"));
-    TRY(rd64(c, &a->client_req_id, "client_req_id"));
-    TRY(rd32(c, &a->flags, "flags"));
-    return zero_bits(c, a->flags, PROTO_ABORT_FLAGS, "flags");
-}
-
-static int dec_abort_ok(cursor *c, proto_abort_ok *a)
-{
-    TRY(rd32(c, &a->n_requests, "n_requests"));
-    return rd32(c, &a->n_samples, "n_samples");
-}
-
-static int dec_bye(cursor *c, proto_bye *b)
-{
-    TRY(rd64(c, &b->client_id, "client_id"));
-    TRY(rd32(c, &b->flags, "flags"));
-    return zero_bits(c, b->flags, PROTO_BYE_FLAGS, "flags");
-}
-
-static int dec_bye_ok(cursor *c, proto_bye_ok *b)
-{
-    TRY(rd32(c, &b->pending_results, "pending_results"));
-    return rd32(c, &b->inflight_samples, "inflight_samples");
-}
-
-static int dec_auth(cursor *c, proto_auth *a)
-{
-    TRY(need(c, PROTO_AUTH_BYTES, "bytes"));
-    memcpy(a->bytes, c->p + c->off, PROTO_AUTH_BYTES);
-    c->off += PROTO_AUTH_BYTES;
-    return 0;
-}
-
-static int dec_error(cursor *c, proto_error *e)
-{
-    TRY(rd32(c, &e->code, "code"));
-    if (e->code == 0)
-        return MALFORMED(c, "ERROR: code is 0; expected an error code >= 1");
-    TRY(rd16(c, &e->request_type, "request_type"));
-    TRY(rd16(c, &e->version_max, "version_max"));
-    return rdstr(c, &e->message, "message");
-}
-
-/* ---- decode: weight updates (PROTOCOL.md §10) ---- */
-
-#define UPDATE_BEGIN_MIN_BYTES 40
-#define TENSOR_MIN_BYTES 28     /* name length 4 + dtype, n_dims, reserved 4 + one dim 8 + nbytes 8 + crc32c 4 */
-
-_Static_assert(sizeof(proto_tensor) + 8 <= 3 * (TENSOR_MIN_BYTES + 1), "proto_tensor outgrew the arena bound");
-
-static int dec_tensor(cursor *c, proto_tensor *t)
-{
-    char tmp[96];
-    uint16_t reserved;
-    TRY(rdstr_len(c, &t->name, "name", 1, PROTO_MAX_TENSOR_NAME));
-    TRY(rd8(c, &t->dtype, "dtype"));
-    if (t->dtype > PROTO_DTYPE_BF16)
-        return MALFORMED(c, "%s: dtype is %u; expected 0 (f32), 1 (f16) or 2 (bf16)", where(c, tmp, sizeof tmp),
-                         t->dtype);
-    TRY(rd8(c, &t->n_dims, "n_dims"));
-    if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS)
-        return MALFORMED(c, "%s: n_dims is %u; expected 1..%d", where(c, tmp, sizeof tmp), t->n_dims,
-                         PROTO_MAX_DIMS);
-    TRY(rd16(c, &reserved, "reserved"));
-    TRY(zero_bits(c, reserved, 0, "reserved"));
     for (uint32_t d = 0; d < t->n_dims; d++)
         TRY(rd64(c, &t->shape[d], "shape"));
     TRY(rd64(c, &t->nbytes, "nbytes"));
     return rd32(c, &t->crc32c, "crc32c");
 }
 
-static int dec_update_begin(cursor *c, proto_update_begin *u)
+static int dec_elem_tail(cursor *c, const proto_elem_desc *e, void *el)
 {
-    uint8_t r0, r1, r2;
-    TRY(rd64(c, &u->client_id, "client_id"));
-    TRY(rd64(c, &u->version, "version"));
-    TRY(rd8(c, &u->mode, "mode"));
-    if (u->mode > PROTO_MODE_ABORT)
-        return MALFORMED(c, "%s: mode is %u; expected 0 (continue), 1 (drain) or 2 (abort)", c->type, u->mode);
-    TRY(rd8(c, &r0, "reserved"));
-    TRY(rd8(c, &r1, "reserved"));
-    TRY(rd8(c, &r2, "reserved"));
-    TRY(zero_bits(c, (uint32_t)r0 | (uint32_t)r1 << 8 | (uint32_t)r2 << 16, 0, "reserved"));
-    TRY(rd32(c, &u->window, "window"));
-    TRY(rd32(c, &u->max_chunk_bytes, "max_chunk_bytes"));
-    TRY(rd64(c, &u->total_bytes, "total_bytes"));
-    TRY(rdcount(c, &u->n_tensors, TENSOR_MIN_BYTES, "n_tensors"));
-    if (u->n_tensors == 0)
+    switch ((proto_elem_id)e->id) {
+    case PROTO_EL_REQUEST: return dec_request_tail(c, el);
+    case PROTO_EL_RESULT: return dec_result_tail(c, el);
+    case PROTO_EL_TENSOR: return dec_tensor_tail(c, el);
+    case PROTO_EL_SUBMIT_ITEM: return 0;
+    }
+    return 0;
+}
+
+/* The n elements after a message's fields, into zeroed arena memory. Each
+ * element is held to the bytes the later ones need at least (cursor.owed). */
+static int dec_elems(cursor *c, const proto_msg_desc *d, void *body, uint32_t n)
+{
+    const proto_elem_desc *e = d->elem;
+    if (n == 0)
         return 0;
-    proto_tensor *t;
-    ALLOC(c, u->n_tensors, t);
-    u->tensors = t;
-    c->arr = "tensors";
-    c->owed = (uint64_t)u->n_tensors * TENSOR_MIN_BYTES;
-    for (uint32_t i = 0; i < u->n_tensors; i++) {
+    uint8_t *arr = arena_alloc(c, (size_t)n * e->size);
+    if (!arr)
+        return RD_ENOMEM;
+    memset(arr, 0, (size_t)n * e->size);
+    const void *ptr = arr;
+    memcpy((uint8_t *)body + d->array_offset, &ptr, sizeof ptr);
+    c->arr = d->array_name;
+    c->owed = (uint64_t)n * e->min_bytes;
+    for (uint32_t i = 0; i < n; i++) {
         c->idx = i;
-        c->owed -= TENSOR_MIN_BYTES;
-        TRY(dec_tensor(c, &t[i]));
+        c->owed -= e->min_bytes;
+        void *el = arr + (size_t)i * e->size;
+        TRY(dec_fields(c, e->fields, el));
+        TRY(dec_elem_tail(c, e, el));
     }
     c->arr = NULL;
     return 0;
 }
 
-static int dec_update_begin_ok(cursor *c, proto_update_begin_ok *u)
+static int dec_body(cursor *c, const proto_msg_desc *d)
 {
-    TRY(rd64(c, &u->xfer_id, "xfer_id"));
-    TRY(rd32(c, &u->window, "window"));
-    TRY(rd32(c, &u->max_chunk_bytes, "max_chunk_bytes"));
-    TRY(rd64(c, &u->staging_bytes, "staging_bytes"));
-    TRY(rd16(c, &u->data_port, "data_port"));
-    uint16_t r16;
-    uint32_t r32;
-    TRY(rd16(c, &r16, "reserved"));
-    TRY(zero_bits(c, r16, 0, "reserved"));
-    TRY(rd32(c, &r32, "reserved"));
-    return zero_bits(c, r32, 0, "reserved");
-}
-
-/* The data is not copied: it points into the frame (proto_update_chunk). */
-static int dec_update_chunk(cursor *c, proto_update_chunk *u)
-{
-    TRY(rd64(c, &u->xfer_id, "xfer_id"));
-    TRY(rd32(c, &u->chunk_seq, "chunk_seq"));
-    TRY(rd32(c, &u->tensor_index, "tensor_index"));
-    TRY(rd64(c, &u->offset, "offset"));
-    TRY(rd32(c, &u->crc32c, "crc32c"));
-    TRY(rdcount(c, &u->len, 1, "len"));
-    u->data = c->p + c->off;
-    c->off += u->len;
-    return 0;
-}
-
-static int dec_update_chunk_ok(cursor *c, proto_update_chunk_ok *u)
-{
-    TRY(rd64(c, &u->xfer_id, "xfer_id"));
-    TRY(rd32(c, &u->chunk_seq, "chunk_seq"));
-    TRY(rd32(c, &u->flags, "flags"));
-    TRY(zero_bits(c, u->flags, PROTO_CHUNK_OK_FLAGS, "flags"));
-    TRY(rd64(c, &u->bytes_staged, "bytes_staged"));
-    return rd64(c, &u->total_bytes, "total_bytes");
-}
-
-static int dec_update_commit_ok(cursor *c, proto_update_commit_ok *u)
-{
-    uint32_t reserved;
-    TRY(rd64(c, &u->version, "version"));
-    TRY(rd64(c, &u->stall_us, "stall_us"));
-    TRY(rd64(c, &u->wait_us, "wait_us"));
-    TRY(rd64(c, &u->staged_us, "staged_us"));
-    TRY(rd32(c, &u->n_aborted, "n_aborted"));
-    TRY(rd32(c, &reserved, "reserved"));
-    return zero_bits(c, reserved, 0, "reserved");
-}
-
-static int dec_update_forward(cursor *c, proto_update_forward *u)
-{
-    TRY(rd64(c, &u->xfer_id, "xfer_id"));
-    TRY(rd64(c, &u->next_xfer_id, "next_xfer_id"));
-    TRY(rd16(c, &u->port, "port"));
-    TRY(rd16(c, &u->flags, "flags"));
-    TRY(zero_bits(c, u->flags, PROTO_FORWARD_FLAGS, "flags"));
-    TRY(rd32(c, &u->window, "window"));
-    TRY(need(c, PROTO_AUTH_BYTES, "key"));
-    memcpy(u->key, c->p + c->off, PROTO_AUTH_BYTES);
-    c->off += PROTO_AUTH_BYTES;
-    return rdstr_len(c, &u->host, "host", 0, 255);
-}
-
-static int dec_update_forward_ok(cursor *c, proto_update_forward_ok *u)
-{
-    TRY(rd64(c, &u->xfer_id, "xfer_id"));
-    return rd64(c, &u->queued_bytes, "queued_bytes");
-}
-
-static int dec_update_prepare_ok(cursor *c, proto_update_prepare_ok *u)
-{
-    uint16_t reserved;
-    TRY(rd64(c, &u->xfer_id, "xfer_id"));
-    TRY(rd8(c, &u->state, "state"));
-    if (u->state > PROTO_PREP_READY)
-        return MALFORMED(c, "%s: state is %u; expected 0 (staging), 1 (building) or 2 (ready)", c->type, u->state);
-    TRY(rd8(c, &u->forward, "forward"));
-    if (u->forward > PROTO_FWD_FAILED)
-        return MALFORMED(c, "%s: forward is %u; expected 0..3", c->type, u->forward);
-    TRY(rd16(c, &reserved, "reserved"));
-    TRY(zero_bits(c, reserved, 0, "reserved"));
-    TRY(rd32(c, &u->forward_error, "forward_error"));
-    TRY(rd64(c, &u->bytes_staged, "bytes_staged"));
-    TRY(rd64(c, &u->total_bytes, "total_bytes"));
-    return rd64(c, &u->forwarded_bytes, "forwarded_bytes");
-}
-
-static int dec_lane_auth(cursor *c, proto_lane_auth *a)
-{
-    TRY(rd64(c, &a->xfer_id, "xfer_id"));
-    TRY(need(c, PROTO_AUTH_BYTES, "proof"));
-    memcpy(a->proof, c->p + c->off, PROTO_AUTH_BYTES);
-    c->off += PROTO_AUTH_BYTES;
-    return 0;
-}
-
-static int dec_body(cursor *c)
-{
-    proto_msg *m = c->m;
-    switch (m->type) {
-    case PROTO_HELLO: return dec_hello(c, &m->hello);
-    case PROTO_HELLO_OK: return dec_hello_ok(c, &m->hello_ok);
-    case PROTO_SUBMIT: return dec_submit(c, &m->submit);
-    case PROTO_SUBMIT_OK: return dec_submit_ok(c, &m->submit_ok);
-    case PROTO_FETCH: return dec_fetch(c, &m->fetch);
-    case PROTO_RESULTS: return dec_results(c, &m->results);
-    case PROTO_ABORT: return dec_abort(c, &m->abort_req);
-    case PROTO_ABORT_OK: return dec_abort_ok(c, &m->abort_ok);
-    case PROTO_STATUS: return 0;
-    case PROTO_STATUS_OK: return rdstr(c, &m->status_ok.json, "json");
-    case PROTO_BYE: return dec_bye(c, &m->bye);
-    case PROTO_BYE_OK: return dec_bye_ok(c, &m->bye_ok);
-    case PROTO_AUTH_BEGIN:
-    case PROTO_AUTH:
-    case PROTO_AUTH_CHALLENGE:
-    case PROTO_AUTH_OK: return dec_auth(c, &m->auth);
-    case PROTO_ERROR: return dec_error(c, &m->error);
-    case PROTO_UPDATE_BEGIN: return dec_update_begin(c, &m->update_begin);
-    case PROTO_UPDATE_BEGIN_OK: return dec_update_begin_ok(c, &m->update_begin_ok);
-    case PROTO_UPDATE_CHUNK: return dec_update_chunk(c, &m->update_chunk);
-    case PROTO_UPDATE_CHUNK_OK: return dec_update_chunk_ok(c, &m->update_chunk_ok);
-    case PROTO_UPDATE_COMMIT: return rd64(c, &m->update_commit.xfer_id, "xfer_id");
-    case PROTO_UPDATE_COMMIT_OK: return dec_update_commit_ok(c, &m->update_commit_ok);
-    case PROTO_UPDATE_ABORT: return rd64(c, &m->update_abort.xfer_id, "xfer_id");
-    case PROTO_UPDATE_ABORT_OK: return rd64(c, &m->update_abort_ok.bytes_freed, "bytes_freed");
-    case PROTO_UPDATE_FORWARD: return dec_update_forward(c, &m->update_forward);
-    case PROTO_UPDATE_FORWARD_OK: return dec_update_forward_ok(c, &m->update_forward_ok);
-    case PROTO_UPDATE_PREPARE: return rd64(c, &m->update_prepare.xfer_id, "xfer_id");
-    case PROTO_UPDATE_PREPARE_OK: return dec_update_prepare_ok(c, &m->update_prepare_ok);
-    case PROTO_LANE_AUTH: return dec_lane_auth(c, &m->lane_auth);
-    case PROTO_WEIGHTS_SYNC:
-        TRY(rd64(c, &m->weights_sync.client_id, "client_id"));
-        return rdstr_len(c, &m->weights_sync.url, "url", 1, 1024);
-    case PROTO_WEIGHTS_SYNC_OK: return rd64(c, &m->weights_sync_ok.version, "version");
-    default: return MALFORMED(c, "%s: no decoder (internal)", c->type);
+    void *body = &c->m->hello;
+    TRY(dec_fields(c, d->fields, body));
+    uint32_t n = list_count(d->fields, body);
+    if (d->raw_bytes) {
+        /* UPDATE_CHUNK: the data is not copied, it points into the frame (proto_update_chunk) */
+        const uint8_t *data = c->p + c->off;
+        memcpy((uint8_t *)body + d->array_offset, &data, sizeof data);
+        c->off += n;
+        return 0;
     }
+    return d->elem ? dec_elems(c, d, body, n) : 0;
 }
 
 /* ---- proto_decode ---- */
@@ -919,14 +788,16 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
         return fail_wire(out, PROTO_E_MALFORMED,
                          rd_fail(RD_EFORMAT, "header flags are 0x%x; expected 0 in protocol version %d", flags,
                                  PROTO_VERSION));
-    const char *name = proto_type_name(type);
-    if (!type_implemented(type))
+    const proto_msg_desc *d = proto_msg_find(type);
+    if (!d) {
+        char expected[512];
+        proto_types_expected(expected, sizeof expected);
         return fail_wire(out, PROTO_E_UNKNOWN_TYPE,
-                         rd_fail(RD_ENOTSUP, "message type 0x%02x is not defined; expected HELLO..BYE (0x01..0x06), "
-                                 "UPDATE_BEGIN..WEIGHTS_SYNC (0x10..0x17), their replies (0x81..0x86, 0x90..0x95, 0x97) "
-                                 "or ERROR (0xff)", type));
+                         rd_fail(RD_ENOTSUP, "message type 0x%02x is not defined; expected one of %s", type, expected));
+    }
+    const char *name = d->name;
     cursor c = {.p = buf + PROTO_HEADER_BYTES, .len = body_len, .frame_len = len, .type = name, .m = out};
-    int rc = dec_body(&c);
+    int rc = dec_body(&c, d);
     if (rc)
         return rc;
     if (c.off != c.len)
@@ -1031,7 +902,6 @@ static void w64(writer *w, uint64_t v)
     st64(b, v);
     wbytes(w, b, 8);
 }
-static void wf32(writer *w, float v) { w32(w, f32_bits(v)); }
 static void wstr(writer *w, proto_str s)
 {
     w32(w, s.len);
@@ -1051,7 +921,7 @@ static void warr32(writer *w, const void *a, uint64_t n)
     }
 }
 
-/* ---- encode: validation and body size, one pass per message ---- */
+/* ---- encode: checks (what the decoder would refuse), walking the same lists ---- */
 
 static int enc_str_ok(const char *msg, const char *field, proto_str s)
 {
@@ -1064,14 +934,6 @@ static int enc_str_ok(const char *msg, const char *field, proto_str s)
     return 0;
 }
 
-static int enc_flags_ok(const char *msg, const char *field, uint64_t v, uint64_t allowed)
-{
-    if (v & ~allowed)
-        return rd_fail(RD_EINVAL, "%s: %s 0x%llx has undefined bits 0x%llx; expected them 0", msg, field,
-                       (unsigned long long)v, (unsigned long long)(v & ~allowed));
-    return 0;
-}
-
 static int enc_arr_ok(const char *msg, const char *field, const void *p, uint64_t n)
 {
     if (n && !p)
@@ -1079,7 +941,63 @@ static int enc_arr_ok(const char *msg, const char *field, const void *p, uint64_
     return 0;
 }
 
-static int request_ok(const proto_request *r)
+/* "SUBMIT_OK items[2]" or "HELLO": where an encode check failed. */
+static const char *enc_where(const char *type, const char *arr, uint32_t idx, char *tmp, size_t cap)
+{
+    if (!arr)
+        return type;
+    snprintf(tmp, cap, "%s %s[%u]", type, arr, idx);
+    return tmp;
+}
+
+static int fields_ok(const proto_field *f, const void *base, const char *type, const char *arr, uint32_t idx)
+{
+    char tmp[96];
+    for (; f->kind != PROTO_FK_END; f++) {
+        const uint8_t *src = (const uint8_t *)base + f->offset;
+        uint64_t v = 0;
+        switch ((proto_field_kind)f->kind) {
+        case PROTO_FK_BITS8:
+        case PROTO_FK_ENUM8:
+        case PROTO_FK_DIMS8: v = *src; break;
+        case PROTO_FK_BITS16: { uint16_t x; memcpy(&x, src, 2); v = x; break; }
+        case PROTO_FK_BITS32:
+        case PROTO_FK_RANGE32: { uint32_t x; memcpy(&x, src, 4); v = x; break; }
+        default: break;
+        }
+        switch ((proto_field_kind)f->kind) {
+        case PROTO_FK_BITS8:
+        case PROTO_FK_BITS16:
+        case PROTO_FK_BITS32:
+            if (v & ~f->a)
+                return rd_fail(RD_EINVAL, "%s: %s 0x%llx has undefined bits 0x%llx; expected them 0",
+                               enc_where(type, arr, idx, tmp, sizeof tmp), f->name, (unsigned long long)v,
+                               (unsigned long long)(v & ~f->a));
+            break;
+        case PROTO_FK_ENUM8:
+        case PROTO_FK_DIMS8:
+        case PROTO_FK_RANGE32:
+            if (v < f->a || v > f->b)
+                return rd_fail(RD_EINVAL, "%s: %s is %llu; expected %s", enc_where(type, arr, idx, tmp, sizeof tmp),
+                               f->name, (unsigned long long)v, f->text);
+            break;
+        case PROTO_FK_STR: {
+            proto_str s;
+            memcpy(&s, src, sizeof s);
+            if (s.len < f->a || s.len > f->b)
+                return rd_fail(RD_EINVAL, "%s: %s is %u bytes long; expected %llu..%llu bytes",
+                               enc_where(type, arr, idx, tmp, sizeof tmp), f->name, s.len, (unsigned long long)f->a,
+                               (unsigned long long)f->b);
+            TRY(enc_str_ok(enc_where(type, arr, idx, tmp, sizeof tmp), f->name, s));
+            break;
+        }
+        default: break;
+        }
+    }
+    return 0;
+}
+
+static int request_tail_ok(const proto_request *r)
 {
     const char *m = "SUBMIT request";
     int text = (r->flags & PROTO_REQ_PROMPT_IS_TEXT) != 0;
@@ -1097,29 +1015,9 @@ static int request_ok(const proto_request *r)
     return 0;
 }
 
-static void put_result(writer *w, const proto_result *r);
-
-uint64_t proto_result_bytes(const proto_result *r)
-{
-    writer c = {0};
-    put_result(&c, r);
-    return c.n;
-}
-
-uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t logprobs_topk)
-{
-    /* every token may start a new span, so at most max_tokens spans */
-    uint64_t per_token = 8 + (processed ? 4 : 0) + 8 * (uint64_t)logprobs_topk + SPAN_BYTES;
-    return RESULT_MIN_BYTES + per_token * max_tokens;
-}
-
-static int result_ok(const proto_result *r)
+static int result_tail_ok(const proto_result *r)
 {
     const char *m = "RESULTS result";
-    if (r->finish < PROTO_FINISH_STOP || r->finish > PROTO_FINISH_ERROR)
-        return rd_fail(RD_EINVAL, "%s seq %llu: finish is %u; expected 1..4", m, (unsigned long long)r->seq,
-                       r->finish);
-    TRY(enc_flags_ok(m, "flags", r->flags, PROTO_RESULT_FLAGS));
     TRY(enc_arr_ok(m, "token_ids", r->token_ids, r->n_tokens));
     TRY(enc_arr_ok(m, "logprobs", r->logprobs, r->n_tokens));
     if (r->flags & PROTO_RESULT_PROCESSED)
@@ -1133,151 +1031,83 @@ static int result_ok(const proto_result *r)
     return 0;
 }
 
-/* A manifest tensor: what dec_tensor checks. */
-static int tensor_ok(const proto_tensor *t, uint32_t i)
+static int elem_tail_ok(const proto_elem_desc *e, const void *el)
 {
-    const char *m = "UPDATE_BEGIN tensors";
-    if (t->name.len < 1 || t->name.len > PROTO_MAX_TENSOR_NAME)
-        return rd_fail(RD_EINVAL, "%s[%u]: name is %u bytes long; expected 1..%d bytes", m, i, t->name.len,
-                       PROTO_MAX_TENSOR_NAME);
-    TRY(enc_str_ok(m, "name", t->name));
-    if (t->dtype > PROTO_DTYPE_BF16)
-        return rd_fail(RD_EINVAL, "%s[%u] '%.*s': dtype is %u; expected 0 (f32), 1 (f16) or 2 (bf16)", m, i,
-                       (int)t->name.len, t->name.ptr, t->dtype);
-    if (t->n_dims < 1 || t->n_dims > PROTO_MAX_DIMS)
-        return rd_fail(RD_EINVAL, "%s[%u] '%.*s': n_dims is %u; expected 1..%d", m, i, (int)t->name.len,
-                       t->name.ptr, t->n_dims, PROTO_MAX_DIMS);
+    switch ((proto_elem_id)e->id) {
+    case PROTO_EL_REQUEST: return request_tail_ok(el);
+    case PROTO_EL_RESULT: return result_tail_ok(el);
+    case PROTO_EL_TENSOR:       /* its tail has no value the decoder refuses */
+    case PROTO_EL_SUBMIT_ITEM: return 0;
+    }
     return 0;
 }
 
-/* Validates m (its size comes from the counting pass of put_body). */
-static int msg_ok(const proto_msg *m)
+/* The element pointer of a message with an array (NULL when it has none). */
+static const uint8_t *elems_of(const proto_msg_desc *d, const void *body)
 {
-    const char *name = proto_type_name(m->type);
-    if (!type_implemented(m->type))
-        return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x: not defined in protocol version %d", m->type,
-                       PROTO_VERSION);
-    switch (m->type) {
-    case PROTO_HELLO:
-        TRY(enc_flags_ok(name, "flags", m->hello.flags, 0));
-        TRY(enc_str_ok(name, "client_name", m->hello.client_name));
+    const uint8_t *p;
+    memcpy(&p, (const uint8_t *)body + d->array_offset, sizeof p);
+    return p;
+}
+
+/* Validates m (its size comes from the counting pass of put_body). */
+static int msg_ok(const proto_msg *m, const proto_msg_desc *d)
+{
+    const void *body = &m->hello;
+    TRY(fields_ok(d->fields, body, d->name, NULL, 0));
+    if (!d->elem && !d->raw_bytes)
         return 0;
-    case PROTO_HELLO_OK: {
-        const proto_hello_ok *h = &m->hello_ok;
-        TRY(enc_flags_ok(name, "flags", h->flags, PROTO_HELLO_OK_FLAGS));
-        TRY(enc_str_ok(name, "model_name", h->model_name));
-        TRY(enc_str_ok(name, "architecture", h->architecture));
-        TRY(enc_str_ok(name, "backend", h->backend));
-        TRY(enc_str_ok(name, "server", h->server));
-        return 0;
+    uint32_t n = list_count(d->fields, body);
+    const uint8_t *arr = elems_of(d, body);
+    TRY(enc_arr_ok(d->name, d->array_name, arr, n));
+    for (uint32_t i = 0; d->elem && i < n; i++) {
+        const void *el = arr + (size_t)i * d->elem->size;
+        TRY(fields_ok(d->elem->fields, el, d->name, d->array_name, i));
+        TRY(elem_tail_ok(d->elem, el));
     }
-    case PROTO_SUBMIT: {
-        const proto_submit *s = &m->submit;
-        TRY(enc_arr_ok(name, "requests", s->requests, s->n_requests));
-        for (uint32_t i = 0; i < s->n_requests; i++)
-            TRY(request_ok(&s->requests[i]));
-        return 0;
-    }
-    case PROTO_SUBMIT_OK: {
-        const proto_submit_ok *s = &m->submit_ok;
-        TRY(enc_arr_ok(name, "items", s->items, s->n_items));
-        for (uint32_t i = 0; i < s->n_items; i++) {
-            TRY(enc_flags_ok(name, "item flags", s->items[i].flags, PROTO_SUBMIT_OK_FLAGS));
-            TRY(enc_str_ok(name, "item message", s->items[i].message));
-        }
-        return 0;
-    }
-    case PROTO_FETCH: return 0;
-    case PROTO_RESULTS: {
-        const proto_results *r = &m->results;
-        TRY(enc_arr_ok(name, "results", r->results, r->n_results));
-        for (uint32_t i = 0; i < r->n_results; i++)
-            TRY(result_ok(&r->results[i]));
-        return 0;
-    }
-    case PROTO_ABORT:
-        TRY(enc_flags_ok(name, "flags", m->abort_req.flags, PROTO_ABORT_FLAGS));
-        return 0;
-    case PROTO_ABORT_OK: return 0;
-    case PROTO_STATUS: return 0;
-    case PROTO_STATUS_OK:
-        TRY(enc_str_ok(name, "json", m->status_ok.json));
-        return 0;
-    case PROTO_BYE:
-        TRY(enc_flags_ok(name, "flags", m->bye.flags, PROTO_BYE_FLAGS));
-        return 0;
-    case PROTO_BYE_OK: return 0;
-    case PROTO_AUTH_BEGIN:
-    case PROTO_AUTH:
-    case PROTO_AUTH_CHALLENGE:
-    case PROTO_AUTH_OK: return 0;
-    case PROTO_ERROR:
-        if (m->error.code == 0)
-            return rd_fail(RD_EINVAL, "ERROR: code is 0; expected a PROTO_E_* code >= 1");
-        TRY(enc_str_ok(name, "message", m->error.message));
-        return 0;
-    case PROTO_UPDATE_BEGIN: {
-        const proto_update_begin *u = &m->update_begin;
-        if (u->mode > PROTO_MODE_ABORT)
-            return rd_fail(RD_EINVAL, "UPDATE_BEGIN: mode is %u; expected 0 (continue), 1 (drain) or 2 (abort)",
-                           u->mode);
-        TRY(enc_arr_ok(name, "tensors", u->tensors, u->n_tensors));
-        for (uint32_t i = 0; i < u->n_tensors; i++)
-            TRY(tensor_ok(&u->tensors[i], i));
-        return 0;
-    }
-    case PROTO_UPDATE_BEGIN_OK: return 0;
-    case PROTO_UPDATE_CHUNK:
-        TRY(enc_arr_ok(name, "data", m->update_chunk.data, m->update_chunk.len));
-        return 0;
-    case PROTO_UPDATE_CHUNK_OK:
-        TRY(enc_flags_ok(name, "flags", m->update_chunk_ok.flags, PROTO_CHUNK_OK_FLAGS));
-        return 0;
-    case PROTO_UPDATE_COMMIT: return 0;
-    case PROTO_UPDATE_COMMIT_OK: return 0;
-    case PROTO_UPDATE_ABORT: return 0;
-    case PROTO_UPDATE_ABORT_OK: return 0;
-    case PROTO_UPDATE_FORWARD: {
-        const proto_update_forward *u = &m->update_forward;
-        TRY(enc_flags_ok(name, "flags", u->flags, PROTO_FORWARD_FLAGS));
-        TRY(enc_str_ok(name, "host", u->host));
-        if (u->host.len > 255)
-            return rd_fail(RD_EINVAL, "UPDATE_FORWARD: host is %u bytes; expected at most 255", u->host.len);
-        return 0;
-    }
-    case PROTO_UPDATE_FORWARD_OK: return 0;
-    case PROTO_UPDATE_PREPARE: return 0;
-    case PROTO_UPDATE_PREPARE_OK:
-        if (m->update_prepare_ok.state > PROTO_PREP_READY || m->update_prepare_ok.forward > PROTO_FWD_FAILED)
-            return rd_fail(RD_EINVAL, "UPDATE_PREPARE_OK: state %u / forward %u out of range",
-                           m->update_prepare_ok.state, m->update_prepare_ok.forward);
-        return 0;
-    case PROTO_LANE_AUTH: return 0;
-    case PROTO_WEIGHTS_SYNC:
-        TRY(enc_str_ok(name, "url", m->weights_sync.url));
-        if (m->weights_sync.url.len < 1 || m->weights_sync.url.len > 1024)
-            return rd_fail(RD_EINVAL, "WEIGHTS_SYNC: url is %u bytes; expected 1..1024", m->weights_sync.url.len);
-        return 0;
-    case PROTO_WEIGHTS_SYNC_OK: return 0;
-    default:
-        return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x", m->type);
-    }
+    return 0;
 }
 
 /* ---- encode: writing bodies ---- */
 
-static void put_request(writer *w, const proto_request *r)
+static void put_fields(writer *w, const proto_field *f, const void *base)
 {
-    w64(w, r->client_req_id);
-    w32(w, r->n);
-    w32(w, r->max_tokens);
-    wf32(w, r->temperature);
-    wf32(w, r->top_p);
-    w32(w, (uint32_t)r->top_k);
-    wf32(w, r->min_p);
-    w64(w, r->seed);
-    w32(w, r->logprobs_topk);
-    w32(w, r->flags);
+    for (; f->kind != PROTO_FK_END; f++) {
+        const uint8_t *src = (const uint8_t *)base + f->offset;
+        uint16_t v16;
+        uint32_t v32;
+        uint64_t v64;
+        switch ((proto_field_kind)f->kind) {
+        case PROTO_FK_U8:
+        case PROTO_FK_BITS8:
+        case PROTO_FK_ENUM8:
+        case PROTO_FK_DIMS8: w8(w, *src); break;
+        case PROTO_FK_U16:
+        case PROTO_FK_BITS16: memcpy(&v16, src, 2); w16(w, v16); break;
+        case PROTO_FK_U32:
+        case PROTO_FK_I32:
+        case PROTO_FK_F32:
+        case PROTO_FK_BITS32:
+        case PROTO_FK_RANGE32:
+        case PROTO_FK_COUNT: memcpy(&v32, src, 4); w32(w, v32); break;
+        case PROTO_FK_U64: memcpy(&v64, src, 8); w64(w, v64); break;
+        case PROTO_FK_RSV16: w16(w, 0); break;
+        case PROTO_FK_RSV24: w8(w, 0); w16(w, 0); break;
+        case PROTO_FK_RSV32: w32(w, 0); break;
+        case PROTO_FK_STR: {
+            proto_str s;
+            memcpy(&s, src, sizeof s);
+            wstr(w, s);
+            break;
+        }
+        case PROTO_FK_BYTES32: wbytes(w, src, PROTO_AUTH_BYTES); break;
+        case PROTO_FK_END: break;
+        }
+    }
+}
+
+static void put_request_tail(writer *w, const proto_request *r)
+{
     w32(w, r->n_stop);
     warr32(w, r->stop_ids, r->n_stop);
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
@@ -1288,23 +1118,9 @@ static void put_request(writer *w, const proto_request *r)
     }
 }
 
-static void put_result(writer *w, const proto_result *r)
+static void put_result_tail(writer *w, const proto_result *r)
 {
     uint64_t n = r->n_tokens, nk = n * r->top_k;
-    w64(w, r->seq);
-    w64(w, r->client_req_id);
-    w32(w, r->sample_idx);
-    w8(w, r->finish);
-    w8(w, r->flags);
-    w16(w, r->top_k);
-    w32(w, r->n_preempt);
-    w32(w, r->n_prompt);
-    w64(w, r->seed);
-    w64(w, r->version_admit);
-    w64(w, r->version_finish);
-    w64(w, r->queued_us);
-    w64(w, r->first_token_us);
-    w64(w, r->total_us);
     w32(w, r->n_tokens);
     warr32(w, r->token_ids, n);
     warr32(w, r->logprobs, n);
@@ -1320,224 +1136,72 @@ static void put_result(writer *w, const proto_result *r)
     }
 }
 
-static void put_body(writer *w, const proto_msg *m)
+static void put_tensor_tail(writer *w, const proto_tensor *t)
 {
-    switch (m->type) {
-    case PROTO_HELLO:
-        w64(w, m->hello.client_id);
-        w16(w, m->hello.min_version);
-        w16(w, m->hello.max_version);
-        w32(w, m->hello.flags);
-        wstr(w, m->hello.client_name);
-        break;
-    case PROTO_HELLO_OK: {
-        const proto_hello_ok *h = &m->hello_ok;
-        w64(w, h->client_id);
-        w16(w, h->version);
-        w16(w, 0);
-        w32(w, h->flags);
-        w64(w, h->features);
-        w64(w, h->weight_version);
-        w32(w, h->vocab_size);
-        w32(w, h->max_context);
-        w32(w, h->n_layers);
-        w32(w, h->dim);
-        w32(w, h->n_heads);
-        w32(w, h->n_kv_heads);
-        w32(w, (uint32_t)h->eos_id);
-        w32(w, h->max_prompt_tokens);
-        w64(w, h->max_message_bytes);
-        w32(w, h->max_n);
-        w32(w, h->max_requests_per_submit);
-        w32(w, h->max_tokens);
-        w32(w, h->max_stop_ids);
-        w32(w, h->max_logprobs_topk);
-        w32(w, h->retention_results);
-        w64(w, h->retention_bytes);
-        w32(w, h->max_wait_ms);
-        w32(w, h->client_ttl_s);
-        w32(w, h->pending_results);
-        w32(w, h->inflight_samples);
-        wstr(w, h->model_name);
-        wstr(w, h->architecture);
-        wstr(w, h->backend);
-        wstr(w, h->server);
-        break;
+    for (uint32_t d = 0; d < t->n_dims; d++)
+        w64(w, t->shape[d]);
+    w64(w, t->nbytes);
+    w32(w, t->crc32c);
+}
+
+static void put_elem(writer *w, const proto_elem_desc *e, const void *el)
+{
+    put_fields(w, e->fields, el);
+    switch ((proto_elem_id)e->id) {
+    case PROTO_EL_REQUEST: put_request_tail(w, el); break;
+    case PROTO_EL_RESULT: put_result_tail(w, el); break;
+    case PROTO_EL_TENSOR: put_tensor_tail(w, el); break;
+    case PROTO_EL_SUBMIT_ITEM: break;
     }
-    case PROTO_SUBMIT:
-        w64(w, m->submit.client_id);
-        w32(w, m->submit.n_requests);
-        for (uint32_t i = 0; i < m->submit.n_requests; i++)
-            put_request(w, &m->submit.requests[i]);
-        break;
-    case PROTO_SUBMIT_OK:
-        w32(w, m->submit_ok.n_items);
-        for (uint32_t i = 0; i < m->submit_ok.n_items; i++) {
-            const proto_submit_item *it = &m->submit_ok.items[i];
-            w64(w, it->client_req_id);
-            w32(w, it->status);
-            w32(w, it->flags);
-            wstr(w, it->message);
-        }
-        break;
-    case PROTO_FETCH:
-        w64(w, m->fetch.client_id);
-        w64(w, m->fetch.ack_seq);
-        w32(w, m->fetch.max_results);
-        w32(w, m->fetch.wait_ms);
-        w64(w, m->fetch.max_bytes);
-        break;
-    case PROTO_RESULTS:
-        w32(w, m->results.n_results);
-        w32(w, 0);
-        w64(w, m->results.ack_seq);
-        w32(w, m->results.pending_results);
-        w32(w, m->results.inflight_samples);
-        for (uint32_t i = 0; i < m->results.n_results; i++)
-            put_result(w, &m->results.results[i]);
-        break;
-    case PROTO_ABORT:
-        w64(w, m->abort_req.client_id);
-        w64(w, m->abort_req.client_req_id);
-        w32(w, m->abort_req.flags);
-        break;
-    case PROTO_ABORT_OK:
-        w32(w, m->abort_ok.n_requests);
-        w32(w, m->abort_ok.n_samples);
-        break;
-    case PROTO_STATUS: break;
-    case PROTO_STATUS_OK: wstr(w, m->status_ok.json); break;
-    case PROTO_BYE:
-        w64(w, m->bye.client_id);
-        w32(w, m->bye.flags);
-        break;
-    case PROTO_BYE_OK:
-        w32(w, m->bye_ok.pending_results);
-        w32(w, m->bye_ok.inflight_samples);
-        break;
-    case PROTO_AUTH_BEGIN:
-    case PROTO_AUTH:
-    case PROTO_AUTH_CHALLENGE:
-    case PROTO_AUTH_OK: wbytes(w, m->auth.bytes, PROTO_AUTH_BYTES); break;
-    case PROTO_ERROR:
-        w32(w, m->error.code);
-        w16(w, m->error.request_type);
-        w16(w, m->error.version_max);
-        wstr(w, m->error.message);
-        break;
-    case PROTO_UPDATE_BEGIN: {
-        const proto_update_begin *u = &m->update_begin;
-        w64(w, u->client_id);
-        w64(w, u->version);
-        w8(w, u->mode);
-        w8(w, 0);
-        w16(w, 0);
-        w32(w, u->window);
-        w32(w, u->max_chunk_bytes);
-        w64(w, u->total_bytes);
-        w32(w, u->n_tensors);
-        for (uint32_t i = 0; i < u->n_tensors; i++) {
-            const proto_tensor *t = &u->tensors[i];
-            wstr(w, t->name);
-            w8(w, t->dtype);
-            w8(w, t->n_dims);
-            w16(w, 0);
-            for (uint32_t d = 0; d < t->n_dims; d++)
-                w64(w, t->shape[d]);
-            w64(w, t->nbytes);
-            w32(w, t->crc32c);
-        }
-        break;
+}
+
+static void put_body(writer *w, const proto_msg *m, const proto_msg_desc *d)
+{
+    const void *body = &m->hello;
+    put_fields(w, d->fields, body);
+    if (!d->elem && !d->raw_bytes)
+        return;
+    uint32_t n = list_count(d->fields, body);
+    const uint8_t *arr = elems_of(d, body);
+    if (d->raw_bytes) {
+        wbytes(w, arr, n);
+        return;
     }
-    case PROTO_UPDATE_BEGIN_OK:
-        w64(w, m->update_begin_ok.xfer_id);
-        w32(w, m->update_begin_ok.window);
-        w32(w, m->update_begin_ok.max_chunk_bytes);
-        w64(w, m->update_begin_ok.staging_bytes);
-        w16(w, m->update_begin_ok.data_port);
-        w16(w, 0);
-        w32(w, 0);
-        break;
-    case PROTO_UPDATE_CHUNK: {
-        const proto_update_chunk *u = &m->update_chunk;
-        w64(w, u->xfer_id);
-        w32(w, u->chunk_seq);
-        w32(w, u->tensor_index);
-        w64(w, u->offset);
-        w32(w, u->crc32c);
-        w32(w, u->len);
-        wbytes(w, u->data, u->len);
-        break;
-    }
-    case PROTO_UPDATE_CHUNK_OK:
-        w64(w, m->update_chunk_ok.xfer_id);
-        w32(w, m->update_chunk_ok.chunk_seq);
-        w32(w, m->update_chunk_ok.flags);
-        w64(w, m->update_chunk_ok.bytes_staged);
-        w64(w, m->update_chunk_ok.total_bytes);
-        break;
-    case PROTO_UPDATE_COMMIT: w64(w, m->update_commit.xfer_id); break;
-    case PROTO_UPDATE_COMMIT_OK:
-        w64(w, m->update_commit_ok.version);
-        w64(w, m->update_commit_ok.stall_us);
-        w64(w, m->update_commit_ok.wait_us);
-        w64(w, m->update_commit_ok.staged_us);
-        w32(w, m->update_commit_ok.n_aborted);
-        w32(w, 0);
-        break;
-    case PROTO_UPDATE_ABORT: w64(w, m->update_abort.xfer_id); break;
-    case PROTO_UPDATE_ABORT_OK: w64(w, m->update_abort_ok.bytes_freed); break;
-    case PROTO_UPDATE_FORWARD: {
-        const proto_update_forward *u = &m->update_forward;
-        w64(w, u->xfer_id);
-        w64(w, u->next_xfer_id);
-        w16(w, u->port);
-        w16(w, u->flags);
-        w32(w, u->window);
-        wbytes(w, u->key, PROTO_AUTH_BYTES);
-        wstr(w, u->host);
-        break;
-    }
-    case PROTO_UPDATE_FORWARD_OK:
-        w64(w, m->update_forward_ok.xfer_id);
-        w64(w, m->update_forward_ok.queued_bytes);
-        break;
-    case PROTO_UPDATE_PREPARE: w64(w, m->update_prepare.xfer_id); break;
-    case PROTO_UPDATE_PREPARE_OK: {
-        const proto_update_prepare_ok *u = &m->update_prepare_ok;
-        w64(w, u->xfer_id);
-        w8(w, u->state);
-        w8(w, u->forward);
-        w16(w, 0);
-        w32(w, u->forward_error);
-        w64(w, u->bytes_staged);
-        w64(w, u->total_bytes);
-        w64(w, u->forwarded_bytes);
-        break;
-    }
-    case PROTO_LANE_AUTH:
-        w64(w, m->lane_auth.xfer_id);
-        wbytes(w, m->lane_auth.proof, PROTO_AUTH_BYTES);
-        break;
-    case PROTO_WEIGHTS_SYNC:
-        w64(w, m->weights_sync.client_id);
-        wstr(w, m->weights_sync.url);
-        break;
-    case PROTO_WEIGHTS_SYNC_OK: w64(w, m->weights_sync_ok.version); break;
-    }
+    for (uint32_t i = 0; i < n; i++)
+        put_elem(w, d->elem, arr + (size_t)i * d->elem->size);
+}
+
+/* ---- sizes ---- */
+
+uint64_t proto_result_bytes(const proto_result *r)
+{
+    writer c = {0};
+    put_elem(&c, &elem_RESULT, r);
+    return c.n;
+}
+
+uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t logprobs_topk)
+{
+    /* every token may start a new span, so at most max_tokens spans */
+    uint64_t per_token = 8 + (processed ? 4 : 0) + 8 * (uint64_t)logprobs_topk + SPAN_BYTES;
+    return RESULT_MIN_BYTES + per_token * max_tokens;
 }
 
 /* ---- proto_encode ---- */
 
 int proto_encode(proto_buf *b, const proto_msg *m)
 {
-    TRY(msg_ok(m));
+    const proto_msg_desc *d = proto_msg_find(m->type);
+    if (!d)
+        return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x: not defined in protocol version %d", m->type,
+                       PROTO_VERSION);
+    TRY(msg_ok(m, d));
     writer count = {0};
-    put_body(&count, m);
+    put_body(&count, m, d);
     uint64_t size = count.n;
     if (size > UINT32_MAX)
-        return rd_fail(RD_EINVAL, "%s: body would be %llu bytes; the format allows at most %u",
-                       proto_type_name(m->type), (unsigned long long)size, UINT32_MAX);
+        return rd_fail(RD_EINVAL, "%s: body would be %llu bytes; the format allows at most %u", d->name,
+                       (unsigned long long)size, UINT32_MAX);
     TRY(buf_reserve(b, PROTO_HEADER_BYTES + size));
     uint8_t *start = b->data + b->len;
     writer w = {start, start + PROTO_HEADER_BYTES + size, 0, 0};
@@ -1546,10 +1210,10 @@ int proto_encode(proto_buf *b, const proto_msg *m)
     w16(&w, m->type);
     w32(&w, (uint32_t)size);
     w32(&w, 0);
-    put_body(&w, m);
+    put_body(&w, m, d);
     if (w.overflow || w.p != w.end)
         return rd_fail(RD_EINVAL, "%s: wrote %llu bytes into a frame of %llu (the message changed while it was "
-                       "encoded?); nothing was sent", proto_type_name(m->type), (unsigned long long)w.n,
+                       "encoded?); nothing was sent", d->name, (unsigned long long)w.n,
                        (unsigned long long)(PROTO_HEADER_BYTES + size));
     b->len += PROTO_HEADER_BYTES + size;
     return 0;

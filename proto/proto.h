@@ -39,40 +39,12 @@
  * other message. */
 #define PROTO_ARENA_BOUND(n) (3 * (size_t)(n) + 256)
 
-/* Message types. A reply's type is its request's | 0x80. */
+/* Message types, from the one message table (proto/messages.def, which also
+ * says what each is for). A reply's type is its request's | 0x80. */
 typedef enum {
-    PROTO_HELLO = 0x01,
-    PROTO_SUBMIT = 0x02,
-    PROTO_FETCH = 0x03,
-    PROTO_ABORT = 0x04,
-    PROTO_STATUS = 0x05,
-    PROTO_BYE = 0x06,
-    PROTO_AUTH_BEGIN = 0x07,        /* authentication (PROTOCOL.md §14) */
-    PROTO_AUTH = 0x08,
-    PROTO_UPDATE_BEGIN = 0x10,      /* weight updates (PROTOCOL.md §10), behind HELLO_OK feature bit 0 */
-    PROTO_UPDATE_CHUNK = 0x11,
-    PROTO_UPDATE_COMMIT = 0x12,
-    PROTO_UPDATE_ABORT = 0x13,
-    PROTO_UPDATE_FORWARD = 0x14,    /* chained broadcast (PROTOCOL.md §10.11), behind HELLO_OK feature bit 1 */
-    PROTO_UPDATE_PREPARE = 0x15,
-    PROTO_LANE_AUTH = 0x16,         /* data lane only (§10.12): the sender's proof for one transfer */
-    PROTO_WEIGHTS_SYNC = 0x17,      /* push the serving weights to another daemon (§10.13) */
-    PROTO_HELLO_OK = 0x81,
-    PROTO_SUBMIT_OK = 0x82,
-    PROTO_RESULTS = 0x83,
-    PROTO_ABORT_OK = 0x84,
-    PROTO_STATUS_OK = 0x85,
-    PROTO_BYE_OK = 0x86,
-    PROTO_AUTH_CHALLENGE = 0x87,
-    PROTO_AUTH_OK = 0x88,
-    PROTO_UPDATE_BEGIN_OK = 0x90,
-    PROTO_UPDATE_CHUNK_OK = 0x91,
-    PROTO_UPDATE_COMMIT_OK = 0x92,
-    PROTO_UPDATE_ABORT_OK = 0x93,
-    PROTO_UPDATE_FORWARD_OK = 0x94,
-    PROTO_UPDATE_PREPARE_OK = 0x95,
-    PROTO_WEIGHTS_SYNC_OK = 0x97,
-    PROTO_ERROR = 0xFF,
+#define PROTO_MSG(NAME, CODE, DIR, MEMBER, STRUCT, LAYOUT, ELEM, ARRAY) PROTO_##NAME = CODE,
+#include "proto/messages.def"
+#undef PROTO_MSG
 } proto_type;
 
 /* Error codes carried by ERROR replies and by SUBMIT_OK items (PROTOCOL.md,

@@ -25,6 +25,7 @@
 #include "base/crc32c.h"
 #include "base/err.h"
 #include "proto/proto.h"
+#include "proto/proto_table.h"
 #include "tools/cli.h"
 
 static void add_u64(cJSON *o, const char *k, uint64_t v)
@@ -71,76 +72,17 @@ static void add_f32s(cJSON *o, const char *k, const float *a, uint64_t n)
         cJSON_AddItemToArray(arr, f32_json(a[i]));
 }
 
-static void hello_ok_json(cJSON *o, const proto_hello_ok *h)
+/* The element tails: what the table's field kinds cannot say (proto.c has the same three). */
+static void request_tail_json(cJSON *o, const proto_request *r)
 {
-    add_u64(o, "client_id", h->client_id);
-    add_num(o, "version", h->version);
-    add_num(o, "flags", h->flags);
-    add_u64(o, "features", h->features);
-    add_u64(o, "weight_version", h->weight_version);
-    add_num(o, "vocab_size", h->vocab_size);
-    add_num(o, "max_context", h->max_context);
-    add_num(o, "n_layers", h->n_layers);
-    add_num(o, "dim", h->dim);
-    add_num(o, "n_heads", h->n_heads);
-    add_num(o, "n_kv_heads", h->n_kv_heads);
-    add_num(o, "eos_id", h->eos_id);
-    add_num(o, "max_prompt_tokens", h->max_prompt_tokens);
-    add_u64(o, "max_message_bytes", h->max_message_bytes);
-    add_num(o, "max_n", h->max_n);
-    add_num(o, "max_requests_per_submit", h->max_requests_per_submit);
-    add_num(o, "max_tokens", h->max_tokens);
-    add_num(o, "max_stop_ids", h->max_stop_ids);
-    add_num(o, "max_logprobs_topk", h->max_logprobs_topk);
-    add_num(o, "retention_results", h->retention_results);
-    add_u64(o, "retention_bytes", h->retention_bytes);
-    add_num(o, "max_wait_ms", h->max_wait_ms);
-    add_num(o, "client_ttl_s", h->client_ttl_s);
-    add_num(o, "pending_results", h->pending_results);
-    add_num(o, "inflight_samples", h->inflight_samples);
-    add_str(o, "model_name", h->model_name);
-    add_str(o, "architecture", h->architecture);
-    add_str(o, "backend", h->backend);
-    add_str(o, "server", h->server);
-}
-
-static cJSON *request_json(const proto_request *r)
-{
-    cJSON *o = cJSON_CreateObject();
-    add_u64(o, "client_req_id", r->client_req_id);
-    add_num(o, "n", r->n);
-    add_num(o, "max_tokens", r->max_tokens);
-    add_f32(o, "temperature", r->temperature);
-    add_f32(o, "top_p", r->top_p);
-    add_num(o, "top_k", r->top_k);
-    add_f32(o, "min_p", r->min_p);
-    add_u64(o, "seed", r->seed);
-    add_num(o, "logprobs_topk", r->logprobs_topk);
-    add_num(o, "flags", r->flags);
     add_i32s(o, "stop_ids", r->stop_ids, r->n_stop);
     add_i32s(o, "prompt_ids", r->prompt, r->n_prompt);
     add_str(o, "prompt_text", r->text);
-    return o;
 }
 
-static cJSON *result_json(const proto_result *r)
+static void result_tail_json(cJSON *o, const proto_result *r)
 {
-    cJSON *o = cJSON_CreateObject();
     uint64_t nk = (uint64_t)r->n_tokens * r->top_k;
-    add_u64(o, "seq", r->seq);
-    add_u64(o, "client_req_id", r->client_req_id);
-    add_num(o, "sample_idx", r->sample_idx);
-    add_num(o, "finish", r->finish);
-    add_num(o, "flags", r->flags);
-    add_num(o, "top_k", r->top_k);
-    add_num(o, "n_preempt", r->n_preempt);
-    add_num(o, "n_prompt", r->n_prompt);
-    add_u64(o, "seed", r->seed);
-    add_u64(o, "version_admit", r->version_admit);
-    add_u64(o, "version_finish", r->version_finish);
-    add_u64(o, "queued_us", r->queued_us);
-    add_u64(o, "first_token_us", r->first_token_us);
-    add_u64(o, "total_us", r->total_us);
     add_i32s(o, "token_ids", r->token_ids, r->n_tokens);
     add_f32s(o, "logprobs", r->logprobs, r->n_tokens);
     if (r->logprobs_processed)
@@ -159,14 +101,10 @@ static cJSON *result_json(const proto_result *r)
         add_u64(s, "version", r->spans[i].version);
         cJSON_AddItemToArray(spans, s);
     }
-    return o;
 }
 
-static cJSON *tensor_json(const proto_tensor *t)
+static void tensor_tail_json(cJSON *o, const proto_tensor *t)
 {
-    cJSON *o = cJSON_CreateObject();
-    add_str(o, "name", t->name);
-    add_num(o, "dtype", t->dtype);
     cJSON *shape = cJSON_AddArrayToObject(o, "shape");
     for (uint32_t d = 0; d < t->n_dims; d++) {
         char s[24];
@@ -175,7 +113,6 @@ static cJSON *tensor_json(const proto_tensor *t)
     }
     add_u64(o, "nbytes", t->nbytes);
     add_num(o, "crc32c", t->crc32c);
-    return o;
 }
 
 static void add_hex(cJSON *o, const char *k, const uint8_t *p, uint32_t n)
@@ -195,166 +132,80 @@ static void add_hex(cJSON *o, const char *k, const uint8_t *p, uint32_t n)
     free(s);
 }
 
-static cJSON *msg_json(const proto_msg *m)
+/* The fields of a table layout, in its order; 32-byte fields last, as hex
+ * (the JSON form of proto.py to_json). Reserved fields and counts are not shown. */
+static void fields_json(cJSON *o, const proto_field *f, const void *base)
+{
+    for (const proto_field *x = f; x->kind != PROTO_FK_END; x++) {
+        const uint8_t *src = (const uint8_t *)base + x->offset;
+        uint16_t u16;
+        uint32_t u32;
+        int32_t i32;
+        uint64_t u64;
+        float f32;
+        proto_str str;
+        switch ((proto_field_kind)x->kind) {
+        case PROTO_FK_U8:
+        case PROTO_FK_BITS8:
+        case PROTO_FK_ENUM8: add_num(o, x->name, *src); break;
+        case PROTO_FK_U16:
+        case PROTO_FK_BITS16: memcpy(&u16, src, 2); add_num(o, x->name, u16); break;
+        case PROTO_FK_U32:
+        case PROTO_FK_BITS32:
+        case PROTO_FK_RANGE32: memcpy(&u32, src, 4); add_num(o, x->name, u32); break;
+        case PROTO_FK_I32: memcpy(&i32, src, 4); add_num(o, x->name, i32); break;
+        case PROTO_FK_U64: memcpy(&u64, src, 8); add_u64(o, x->name, u64); break;
+        case PROTO_FK_F32: memcpy(&f32, src, 4); add_f32(o, x->name, f32); break;
+        case PROTO_FK_STR: memcpy(&str, src, sizeof str); add_str(o, x->name, str); break;
+        default: break;         /* reserved, counts, n_dims (shown as the shape), BYTES32 (below) */
+        }
+    }
+    for (const proto_field *x = f; x->kind != PROTO_FK_END; x++)
+        if (x->kind == PROTO_FK_BYTES32)
+            add_hex(o, x->name, (const uint8_t *)base + x->offset, PROTO_AUTH_BYTES);
+}
+
+static uint32_t fields_count(const proto_field *f, const void *base)
+{
+    uint32_t n = 0;
+    for (; f->kind != PROTO_FK_END; f++)
+        if (f->kind == PROTO_FK_COUNT)
+            memcpy(&n, (const uint8_t *)base + f->offset, 4);
+    return n;
+}
+
+static cJSON *elem_json(const proto_elem_desc *e, const void *el)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "type", proto_type_name(m->type));
-    switch (m->type) {
-    case PROTO_HELLO:
-        add_u64(o, "client_id", m->hello.client_id);
-        add_num(o, "min_version", m->hello.min_version);
-        add_num(o, "max_version", m->hello.max_version);
-        add_num(o, "flags", m->hello.flags);
-        add_str(o, "client_name", m->hello.client_name);
-        break;
-    case PROTO_HELLO_OK: hello_ok_json(o, &m->hello_ok); break;
-    case PROTO_SUBMIT: {
-        add_u64(o, "client_id", m->submit.client_id);
-        cJSON *a = cJSON_AddArrayToObject(o, "requests");
-        for (uint32_t i = 0; i < m->submit.n_requests; i++)
-            cJSON_AddItemToArray(a, request_json(&m->submit.requests[i]));
-        break;
+    fields_json(o, e->fields, el);
+    switch ((proto_elem_id)e->id) {
+    case PROTO_EL_REQUEST: request_tail_json(o, el); break;
+    case PROTO_EL_RESULT: result_tail_json(o, el); break;
+    case PROTO_EL_TENSOR: tensor_tail_json(o, el); break;
+    case PROTO_EL_SUBMIT_ITEM: break;
     }
-    case PROTO_SUBMIT_OK: {
-        cJSON *a = cJSON_AddArrayToObject(o, "items");
-        for (uint32_t i = 0; i < m->submit_ok.n_items; i++) {
-            const proto_submit_item *it = &m->submit_ok.items[i];
-            cJSON *x = cJSON_CreateObject();
-            add_u64(x, "client_req_id", it->client_req_id);
-            add_num(x, "status", it->status);
-            add_num(x, "flags", it->flags);
-            add_str(x, "message", it->message);
-            cJSON_AddItemToArray(a, x);
-        }
-        break;
+    return o;
+}
+
+static cJSON *msg_json(const proto_msg *m)
+{
+    const proto_msg_desc *d = proto_msg_find(m->type);
+    const void *body = &m->hello;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", d->name);
+    fields_json(o, d->fields, body);
+    if (!d->elem && !d->raw_bytes)
+        return o;
+    uint32_t n = fields_count(d->fields, body);
+    const uint8_t *arr;
+    memcpy(&arr, (const uint8_t *)body + d->array_offset, sizeof arr);
+    if (d->raw_bytes) {
+        add_hex(o, d->array_name, arr, n);
+        return o;
     }
-    case PROTO_FETCH:
-        add_u64(o, "client_id", m->fetch.client_id);
-        add_u64(o, "ack_seq", m->fetch.ack_seq);
-        add_num(o, "max_results", m->fetch.max_results);
-        add_num(o, "wait_ms", m->fetch.wait_ms);
-        add_u64(o, "max_bytes", m->fetch.max_bytes);
-        break;
-    case PROTO_RESULTS: {
-        add_u64(o, "ack_seq", m->results.ack_seq);
-        add_num(o, "pending_results", m->results.pending_results);
-        add_num(o, "inflight_samples", m->results.inflight_samples);
-        cJSON *a = cJSON_AddArrayToObject(o, "results");
-        for (uint32_t i = 0; i < m->results.n_results; i++)
-            cJSON_AddItemToArray(a, result_json(&m->results.results[i]));
-        break;
-    }
-    case PROTO_ABORT:
-        add_u64(o, "client_id", m->abort_req.client_id);
-        add_u64(o, "client_req_id", m->abort_req.client_req_id);
-        add_num(o, "flags", m->abort_req.flags);
-        break;
-    case PROTO_ABORT_OK:
-        add_num(o, "n_requests", m->abort_ok.n_requests);
-        add_num(o, "n_samples", m->abort_ok.n_samples);
-        break;
-    case PROTO_STATUS: break;
-    case PROTO_STATUS_OK: add_str(o, "json", m->status_ok.json); break;
-    case PROTO_BYE:
-        add_u64(o, "client_id", m->bye.client_id);
-        add_num(o, "flags", m->bye.flags);
-        break;
-    case PROTO_BYE_OK:
-        add_num(o, "pending_results", m->bye_ok.pending_results);
-        add_num(o, "inflight_samples", m->bye_ok.inflight_samples);
-        break;
-    case PROTO_ERROR:
-        add_num(o, "code", m->error.code);
-        add_num(o, "request_type", m->error.request_type);
-        add_num(o, "version_max", m->error.version_max);
-        add_str(o, "message", m->error.message);
-        break;
-    case PROTO_UPDATE_BEGIN: {
-        const proto_update_begin *u = &m->update_begin;
-        add_u64(o, "client_id", u->client_id);
-        add_u64(o, "version", u->version);
-        add_num(o, "mode", u->mode);
-        add_num(o, "window", u->window);
-        add_num(o, "max_chunk_bytes", u->max_chunk_bytes);
-        add_u64(o, "total_bytes", u->total_bytes);
-        cJSON *a = cJSON_AddArrayToObject(o, "tensors");
-        for (uint32_t i = 0; i < u->n_tensors; i++)
-            cJSON_AddItemToArray(a, tensor_json(&u->tensors[i]));
-        break;
-    }
-    case PROTO_UPDATE_BEGIN_OK:
-        add_u64(o, "xfer_id", m->update_begin_ok.xfer_id);
-        add_num(o, "window", m->update_begin_ok.window);
-        add_num(o, "max_chunk_bytes", m->update_begin_ok.max_chunk_bytes);
-        add_u64(o, "staging_bytes", m->update_begin_ok.staging_bytes);
-        add_num(o, "data_port", m->update_begin_ok.data_port);
-        break;
-    case PROTO_UPDATE_CHUNK:
-        add_u64(o, "xfer_id", m->update_chunk.xfer_id);
-        add_num(o, "chunk_seq", m->update_chunk.chunk_seq);
-        add_num(o, "tensor_index", m->update_chunk.tensor_index);
-        add_u64(o, "offset", m->update_chunk.offset);
-        add_num(o, "crc32c", m->update_chunk.crc32c);
-        add_hex(o, "data", m->update_chunk.data, m->update_chunk.len);
-        break;
-    case PROTO_UPDATE_CHUNK_OK:
-        add_u64(o, "xfer_id", m->update_chunk_ok.xfer_id);
-        add_num(o, "chunk_seq", m->update_chunk_ok.chunk_seq);
-        add_num(o, "flags", m->update_chunk_ok.flags);
-        add_u64(o, "bytes_staged", m->update_chunk_ok.bytes_staged);
-        add_u64(o, "total_bytes", m->update_chunk_ok.total_bytes);
-        break;
-    case PROTO_UPDATE_COMMIT: add_u64(o, "xfer_id", m->update_commit.xfer_id); break;
-    case PROTO_UPDATE_COMMIT_OK:
-        add_u64(o, "version", m->update_commit_ok.version);
-        add_u64(o, "stall_us", m->update_commit_ok.stall_us);
-        add_u64(o, "wait_us", m->update_commit_ok.wait_us);
-        add_u64(o, "staged_us", m->update_commit_ok.staged_us);
-        add_num(o, "n_aborted", m->update_commit_ok.n_aborted);
-        break;
-    case PROTO_UPDATE_ABORT: add_u64(o, "xfer_id", m->update_abort.xfer_id); break;
-    case PROTO_UPDATE_ABORT_OK: add_u64(o, "bytes_freed", m->update_abort_ok.bytes_freed); break;
-    case PROTO_AUTH_BEGIN:
-    case PROTO_AUTH:
-    case PROTO_AUTH_CHALLENGE:
-    case PROTO_AUTH_OK: add_hex(o, "bytes", m->auth.bytes, PROTO_AUTH_BYTES); break;
-    case PROTO_UPDATE_FORWARD: {
-        const proto_update_forward *u = &m->update_forward;
-        add_u64(o, "xfer_id", u->xfer_id);
-        add_u64(o, "next_xfer_id", u->next_xfer_id);
-        add_num(o, "port", u->port);
-        add_num(o, "flags", u->flags);
-        add_num(o, "window", u->window);
-        add_str(o, "host", u->host);
-        add_hex(o, "key", u->key, PROTO_AUTH_BYTES);
-        break;
-    }
-    case PROTO_UPDATE_FORWARD_OK:
-        add_u64(o, "xfer_id", m->update_forward_ok.xfer_id);
-        add_u64(o, "queued_bytes", m->update_forward_ok.queued_bytes);
-        break;
-    case PROTO_UPDATE_PREPARE: add_u64(o, "xfer_id", m->update_prepare.xfer_id); break;
-    case PROTO_UPDATE_PREPARE_OK: {
-        const proto_update_prepare_ok *u = &m->update_prepare_ok;
-        add_u64(o, "xfer_id", u->xfer_id);
-        add_num(o, "state", u->state);
-        add_num(o, "forward", u->forward);
-        add_num(o, "forward_error", u->forward_error);
-        add_u64(o, "bytes_staged", u->bytes_staged);
-        add_u64(o, "total_bytes", u->total_bytes);
-        add_u64(o, "forwarded_bytes", u->forwarded_bytes);
-        break;
-    }
-    case PROTO_WEIGHTS_SYNC:
-        add_u64(o, "client_id", m->weights_sync.client_id);
-        add_str(o, "url", m->weights_sync.url);
-        break;
-    case PROTO_WEIGHTS_SYNC_OK: add_u64(o, "version", m->weights_sync_ok.version); break;
-    case PROTO_LANE_AUTH:
-        add_u64(o, "xfer_id", m->lane_auth.xfer_id);
-        add_hex(o, "proof", m->lane_auth.proof, PROTO_AUTH_BYTES);
-        break;
-    }
+    cJSON *a = cJSON_AddArrayToObject(o, d->array_name);
+    for (uint32_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(a, elem_json(d->elem, arr + (size_t)i * d->elem->size));
     return o;
 }
 

@@ -274,10 +274,14 @@ def invalid_vectors(valid_frames):
     add("header_flags", frame(P.T.STATUS, b"", flags=1), P.E.MALFORMED, "header flags 1 (reserved, must be 0)")
     add("unknown_type", frame(0x42, b""), P.E.UNKNOWN_TYPE, "message type 0x42")
     add("unknown_type_zero", frame(0, b""), P.E.UNKNOWN_TYPE, "message type 0")
-    add("unknown_type_after_updates", frame(0x18, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "message type 0x18, just past WEIGHTS_SYNC")
-    add("unknown_type_reply_after_updates", frame(0x96, b"\0" * 8), P.E.UNKNOWN_TYPE,
-        "message type 0x96, between UPDATE_PREPARE_OK and WEIGHTS_SYNC_OK")
+    # the undefined types next to the update requests and replies, from the message table
+    t = P.undefined_type_after(P.T.UPDATE_BEGIN)
+    add("unknown_type_after_updates", frame(t, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        f"message type {t:#04x}, just past {P.T(t - 1).name}")
+    t = P.undefined_type_after(P.T.UPDATE_BEGIN_OK)
+    after = min(x for x in P.T if x > t)
+    add("unknown_type_reply_after_updates", frame(t, b"\0" * 8), P.E.UNKNOWN_TYPE,
+        f"message type {t:#04x}, between {P.T(t - 1).name} and {after.name}")
     add("weights_sync_empty_url", frame(P.T.WEIGHTS_SYNC, struct.pack("<QI", 42, 0)), P.E.MALFORMED,
         "WEIGHTS_SYNC with an empty url")
     add("forward_bad_flags", frame(P.T.UPDATE_FORWARD, struct.pack("<QQHHI", 1, 2, 7000, 2, 4) + b"\0" * 32 +
