@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "base/err.h"
-#include "proto/proto_table.h"
+#include "proto/proto_int.h"
 
 /* ---- the table as data ---- */
 

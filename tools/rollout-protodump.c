@@ -25,7 +25,7 @@
 #include "base/crc32c.h"
 #include "base/err.h"
 #include "proto/proto.h"
-#include "proto/proto_table.h"
+#include "proto/proto_int.h"
 #include "tools/cli.h"
 
 static void add_u64(cJSON *o, const char *k, uint64_t v)

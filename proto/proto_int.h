@@ -1,9 +1,9 @@
-/* proto_table.h - the message table (proto/messages.def) as data, for code
+/* proto_int.h - the message table (proto/messages.def) as data, for code
  * that walks a message's fields instead of naming them: the codec in
  * proto.c and tools/rollout-protodump.c. Not part of the stable API in
  * proto.h: the layout of these descriptors may change with the table. */
-#ifndef RD_PROTO_TABLE_H
-#define RD_PROTO_TABLE_H
+#ifndef RD_PROTO_INT_H
+#define RD_PROTO_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
