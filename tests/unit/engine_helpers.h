@@ -9,10 +9,38 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "base/err.h"
 #include "engine/model/runner.h"
 #include "engine/serve/engine.h"
+
+/* The tiny models of tests/gen_testdata.sh: $RD_TESTDATA, default build/testdata. */
+static inline const char *testdata(void)
+{
+    const char *d = getenv("RD_TESTDATA");
+    return d && *d ? d : "build/testdata";
+}
+
+/* The real model: $RD_MODEL, default the SmolLM2 file of make model. */
+static inline const char *real_model_path(void)
+{
+    const char *m = getenv("RD_MODEL");
+    return m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+static inline int file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* CPU threads for the backend: $RD_TEST_THREADS, default dflt (0: all cores). */
+static inline int test_threads(int dflt)
+{
+    const char *t = getenv("RD_TEST_THREADS");
+    return t && *t ? atoi(t) : dflt;
+}
 
 /* Results of a case; the cases stay far below MAX_RES. */
 #define MAX_RES 256

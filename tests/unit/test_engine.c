@@ -31,31 +31,6 @@
 /* ---------------------------------------------------------------------------
  * Models and small helpers. */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
-
-static const char *real_model_path(void)
-{
-    const char *m = getenv("RD_MODEL");
-    return m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-static int file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-/* CPU threads for the backend: $RD_TEST_THREADS, default all cores (0). */
-static int test_threads(int dflt)
-{
-    const char *t = getenv("RD_TEST_THREADS");
-    return t && *t ? atoi(t) : dflt;
-}
-
 /* Backend of the engine cases: $RD_TEST_BACKEND ("cpu", "cuda", "cuda-emu"),
  * default cpu (the cuda-emu test binary defaults to cuda-emu). A bf16
  * backend (CUDA) is held to the fp32 reference more loosely; every other case

@@ -28,18 +28,6 @@
 #include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
 
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
-
-static const char *real_model_path(void)
-{
-    const char *m = getenv("RD_MODEL");
-    return m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 /* Loads path on the CPU backend, fp32-widened (f32 = 1) or in file dtypes. */
 static int load(const char *path, int f32, rd_loaded *l)
 {

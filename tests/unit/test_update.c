@@ -36,24 +36,6 @@
 /* ---------------------------------------------------------------------------
  * Models, temp dirs, small helpers. */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
-
-static int file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-static int test_threads(int dflt)
-{
-    const char *t = getenv("RD_TEST_THREADS");
-    return t && *t ? atoi(t) : dflt;
-}
-
 static rd_loaded tiny32;        /* tiny-f32 (tied): staging and engine cases */
 static int tiny32_ok;
 
