@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,9 @@ BUILD = os.path.join(ROOT, "build")
 MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+from rdtest import Daemon  # noqa: E402  (the tests' daemon lifecycle, for the loopback daemons)
 SECRET = "bench-chain-secret-0123456789abcdef"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def update(workdir):
@@ -112,6 +105,8 @@ def print_table(title, size, rows):
 
 
 def start_daemon(prefix, listen, http, extra):
+    """A daemon inside a network namespace (prefix: ip netns exec ...) on fixed addresses, which
+    rdtest.Daemon (free loopback ports) does not do."""
     log = open("/tmp/bench-chain-" + listen.split("://")[1].replace(":", "-") + ".log", "w")
     p = subprocess.Popen(prefix + [os.path.join(BUILD, "rolloutd"), "--config", os.path.join(ROOT, "configs/test.json"),
                                    "--model", MODEL, "--listen", listen, "--status-listen", http, "--threads", "1",
@@ -132,16 +127,14 @@ def wait_up(url, secret=None):
 
 def loopback(args):
     work = tempfile.mkdtemp(prefix="bench-chain-")
-    procs = []
+    ds = []
     try:
         w = update(work)
-        n_max = max(args.daemons)
-        ports = [free_port() for _ in range(n_max)]
-        urls = [f"tcp://127.0.0.1:{p}" for p in ports]
-        for u in urls:
-            procs.append(start_daemon([], u, f"127.0.0.1:{free_port()}", []))
-        for u in urls:
-            wait_up(u)
+        # All start at once, then each is waited for.
+        ds = [Daemon("--threads", "1", model=MODEL, wait=False) for _ in range(max(args.daemons))]
+        for d in ds:
+            d.wait_healthy()
+        urls, ports = [d.url for d in ds], [d.port for d in ds]
         print("loopback (one machine: the cores and the loopback are shared by every daemon)")
         size, rows = rows_for(urls, ports, w, [1] + args.daemons, args.chunk_mb)
         print_table("loopback", size, rows)
@@ -149,8 +142,8 @@ def loopback(args):
             json.dump({"date": time.strftime("%Y-%m-%d"), "mode": "loopback", "update_bytes": size,
                        "chunk_mb": args.chunk_mb, "rows": rows}, f, indent=1)
     finally:
-        for p in procs:
-            p.kill()
+        for d in ds:
+            d.kill()
         shutil.rmtree(work, ignore_errors=True)
 
 

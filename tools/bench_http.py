@@ -21,24 +21,16 @@ import http.client
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+from rdtest import Daemon  # noqa: E402  (the tests' daemon lifecycle)
 from rolloutd import Client  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def workload(n, max_tokens, vocab, seed=1):
@@ -111,22 +103,11 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
-    port, hport = free_port(), free_port()
-    log = open(os.path.join(ROOT, "build", "bench_http.rolloutd.log"), "w")
-    d = subprocess.Popen([os.path.join(ROOT, "build", "rolloutd"), "--model", a.model,
-                          "--listen", f"tcp://127.0.0.1:{port}", "--http-listen", f"127.0.0.1:{hport}",
-                          "--max-num-seqs", str(max(64, a.concurrency)), "--max-queued-requests", "100000",
-                          "--threads", str(a.threads)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    d = Daemon("--max-num-seqs", max(64, a.concurrency), "--max-queued-requests", 100000, "--threads", a.threads,
+               config=None, model=a.model, timeout=120)
     try:
-        url = f"tcp://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                c = Client(url, name="bench_http-probe")
-                break
-            except ConnectionError:
-                assert d.poll() is None and time.time() < deadline, "rolloutd did not start"
-                time.sleep(0.2)
+        url, hport = d.url, d.http_port
+        c = Client(url, name="bench_http-probe")
         vocab = c.info.vocab_size
         # idle round trips, 1 generated token
         nng_rtt, http_rtt = [], []
@@ -147,8 +128,7 @@ def main():
                   ("http", run_pass(items, a.concurrency, http_one(hport))),
                   ("nng", run_pass(items, a.concurrency, nng_one(url)))]
     finally:
-        d.terminate()
-        d.wait(timeout=60)
+        d.stop(timeout=60)
     rate = {}
     for name, (tok, sec) in passes:
         rate.setdefault(name, []).append(tok / sec)

@@ -11,53 +11,16 @@
 Prints a table and writes build/bench-push.json."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
 CTL = os.path.join(BUILD, "rolloutctl")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-class Daemon:
-    def __init__(self, *extra):
-        self.port, self.http = free_port(), free_port()
-        self.url = f"tcp://127.0.0.1:{self.port}"
-        self.log = open(f"/tmp/bench-push-{self.port}.log", "w")
-        self.proc = subprocess.Popen([os.path.join(BUILD, "rolloutd"), "--config", os.path.join(ROOT, "configs/test.json"),
-                                      "--model", MODEL, "--listen", self.url, "--status-listen",
-                                      f"127.0.0.1:{self.http}", "--threads", "1", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        for _ in range(600):
-            try:
-                self.status()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise SystemExit(f"rolloutd on {self.url} did not start")
-
-    def status(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/status", timeout=5) as r:
-            return json.loads(r.read())
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+from rdtest import Daemon, status  # noqa: E402  (the tests' daemon lifecycle)
 
 
 def push(urls, version, *flags):
@@ -71,7 +34,7 @@ def main():
     net = json.loads(subprocess.run([os.path.join(BUILD, "rollout-netbench"), "--json"], capture_output=True,
                                     text=True, check=True).stdout)
     res["baseline"] = net
-    daemons = [Daemon() for _ in range(4)]
+    daemons = [Daemon("--threads", "1", model=MODEL) for _ in range(4)]
     version = 0
     rows = []
     try:
@@ -97,15 +60,15 @@ def main():
         load = subprocess.Popen([CTL, "--connect", d.url, "bench", "--clients", "4", "--requests", "32", "--n", "2",
                                  "--max-tokens", "64", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         time.sleep(3)
-        s0, t0 = d.status()["engine_steps"], time.time()
+        s0, t0 = status(d)["engine_steps"], time.time()
         time.sleep(2)
-        step_ms = 2000.0 / max(1, d.status()["engine_steps"] - s0)
+        step_ms = 2000.0 / max(1, status(d)["engine_steps"] - s0)
         version += 1
         (r,) = push([d.url], version)
         load.wait(timeout=600)
         res["under_load"] = {"stall_us": r["stall_us"], "swap_wait_ms": r["wait_us"] / 1e3,
                              "decode_step_ms": step_ms, "transfer_s": r["transfer_seconds"],
-                             "steps_during_transfer": d.status()["last_weight_update"]["engine_steps_during"]}
+                             "steps_during_transfer": status(d)["last_weight_update"]["engine_steps_during"]}
     finally:
         for d in daemons:
             d.stop()

@@ -22,21 +22,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
 #include "engine/model/loader.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-bench";
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* splitmix64: the workload generator (not the sampler's RNG). */
 static uint64_t mix(uint64_t *s)
@@ -73,7 +66,7 @@ static int run_workload(model *m, const eng_config *cfg, const work_item *w, int
     eng_result res[256];
     int next = 0;
     int64_t useful = 0;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     while (next < R || eng_busy(e)) {
         if (!static_batch || !eng_busy(e)) {
             int limit = static_batch ? per_batch : R;
@@ -103,7 +96,7 @@ static int run_workload(model *m, const eng_config *cfg, const work_item *w, int
             for (int i = 0; i < got; i++)
                 eng_result_free(&res[i]);
     }
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     eng_stats st;
     eng_get_stats(e, &st);
     out->seconds = dt;
@@ -158,17 +151,17 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng,
         return -1;
     eng_stats s0, s1;
     eng_get_stats(e, &s0);
-    double t0 = now_s(), step_s[64];
+    double t0 = clock_now_s(), step_s[64];
     int64_t toks = 0;
     for (int i = 0; i < 64; i++) {
-        double ts = now_s();
+        double ts = clock_now_s();
         int rc = eng_step(e);
         if (rc < 0)
             return -1;
-        step_s[i] = now_s() - ts;
+        step_s[i] = clock_now_s() - ts;
         toks += rc;
     }
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     eng_get_stats(e, &s1);
     eng_destroy(e);
     ph->layers = (s1.ns_layers - s0.ns_layers) * 1e-9 / dt;

@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
 #include "engine/model/loader.h"
@@ -50,13 +50,6 @@
 #include "tools/cli.h"
 
 static const char *P = "rollout-gpubench";
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static uint64_t mix(uint64_t *s)
 {
@@ -148,10 +141,10 @@ static int copy_bw(rd_backend *be, int32_t mib, int32_t iters, double *gbps)
             return rd_fail(RD_ENOMEM, "cannot allocate 2 x %d MiB", mib);
         }
         memset(a, 1, bytes), memset(b, 2, bytes);
-        double t0 = now_s();
+        double t0 = clock_now_s();
         for (int i = 0; i < iters; i++)
             memcpy(i & 1 ? a : b, i & 1 ? b : a, bytes);
-        double t = now_s() - t0;
+        double t = clock_now_s() - t0;
         *gbps = t > 0 ? 2.0 * bytes * iters / t / 1e9 : 0;
         free(a), free(b);
         return 0;
@@ -162,12 +155,12 @@ static int copy_bw(rd_backend *be, int32_t mib, int32_t iters, double *gbps)
         rc = be->ops->d2d(be, b, a, bytes);
     if (!rc)
         rc = be->ops->sync(be);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (int i = 0; !rc && i < iters; i++)
         rc = be->ops->d2d(be, i & 1 ? a : b, i & 1 ? b : a, bytes);
     if (!rc)
         rc = be->ops->sync(be);
-    double t = now_s() - t0;
+    double t = clock_now_s() - t0;
     if (!rc && t > 0)
         *gbps = 2.0 * bytes * iters / t / 1e9;
     if (a) be->ops->free(be, a);
@@ -402,12 +395,12 @@ static int cmd_parity(const opts *o)
         return setup_fail("tokenize");
     for (int32_t i = 0; i < N; i++)
         rq[i] = greedy_req(&pr[i], T, (uint64_t)i, 2);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = run_engine(lc.m, rq, N, rcpu);
-    double t1 = now_s();
+    double t1 = clock_now_s();
     if (!rc)
         rc = run_engine(lg.m, rq, N, rg);
-    double t2 = now_s();
+    double t2 = clock_now_s();
     if (rc) {
         rd_unload(&lc);
         rd_unload(&lg);
@@ -519,7 +512,7 @@ static int cmd_invariance(const opts *o)
     eng_result alone[8], mixed[48], nograph[8];
     memset(alone, 0, sizeof alone), memset(mixed, 0, sizeof mixed), memset(nograph, 0, sizeof nograph);
     int rc = 0;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (int32_t i = 0; i < N && !rc; i++) {
         eng_request one = rq[i];
         one.tag = 0;
@@ -532,7 +525,7 @@ static int cmd_invariance(const opts *o)
         rc = run_engine(l.m, rq, N, nograph);
         unsetenv("RD_GRAPHS");
     }
-    double t1 = now_s();
+    double t1 = clock_now_s();
     if (rc) {
         rd_unload(&l);
         return setup_fail("engine run");
@@ -684,9 +677,9 @@ static int cmd_sampler(const opts *o)
         sp.logprobs_topk = 5;
         for (int32_t d = 0; d < DRAWS; d++)
             q[d] = (rd_sample_req){d % B, (uint32_t)(d / B), (uint32_t)(100 + d), &sp};
-        double t0 = now_s();
+        double t0 = clock_now_s();
         rc = runner_sample(&r, q, DRAWS, got);
-        t_dev += now_s() - t0;
+        t_dev += clock_now_s() - t0;
         for (int32_t d = 0; d < DRAWS && !rc; d++) {
             samp_result want;
             if (samp_sample(&sp, logits + (size_t)q[d].row * V, V, q[d].sample_idx, q[d].pos, scratch, &want)) {
@@ -733,12 +726,12 @@ static int cmd_bench(const opts *o)
     memset(&l, 0, sizeof l);
     model *m = NULL;
     const char *name;
-    double t_load0 = now_s();
+    double t_load0 = clock_now_s();
     if (load_any(o, o->backend, &l))
         return setup_fail(o->synthetic ? "building the synthetic model" : "load");
     name = o->synthetic ? o->synthetic : base_name(o->model);
     m = l.m;
-    double t_load = now_s() - t_load0;
+    double t_load = clock_now_s() - t_load0;
     const model_config *c = &m->cfg;
     rd_backend *be = l.be;
     double bw = o->bw;
@@ -787,10 +780,10 @@ static int cmd_bench(const opts *o)
             rc = setup_fail("batch buffers");
             break;
         }
-        double tp0 = now_s();
+        double tp0 = clock_now_s();
         for (int32_t s0 = 0; s0 < B && !rrc; s0 += chunk_seqs)
             rrc = prefill_step(&r, &b, s0, s0 + chunk_seqs < B ? s0 + chunk_seqs : B, Pl, &rng, NULL);
-        double t_prefill = now_s() - tp0;
+        double t_prefill = clock_now_s() - tp0;
         samp_params sp = samp_default();
         sp.temperature = 0.0f;
         rd_sample_req *q = malloc(sizeof(rd_sample_req) * B);
@@ -802,12 +795,12 @@ static int cmd_bench(const opts *o)
             double ctx_sum = 0;
             for (int32_t s = 0; s < B; s++)
                 ctx_sum += b.ctx[s] + 1;
-            double t0 = now_s();
+            double t0 = clock_now_s();
             rrc = decode_step(&r, &b);
-            double t1 = now_s();
+            double t1 = clock_now_s();
             if (!rrc)
                 rrc = runner_sample(&r, q, B, res);
-            double t2 = now_s();
+            double t2 = clock_now_s();
             for (int32_t s = 0; s < B && !rrc; s++)
                 b.next[s] = res[s].token >= 0 ? res[s].token : 0;
             if (it >= warm) {
@@ -895,11 +888,11 @@ static int engine_decode(model *m, const prompt_t *pr, int32_t B, int32_t T, eng
         }
         eng_get_stats(e, &st); /* only until the timed part starts */
         if (st.generated_tokens >= B) {
-            t0 = now_s();
+            t0 = clock_now_s();
             tok0 = st.generated_tokens;
         }
     }
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     eng_get_stats(e, &st);
     eng_destroy(e);
     if (rc)

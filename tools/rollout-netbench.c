@@ -20,20 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/crc32c.h"
 #include "tools/cli.h"
 
 static const char *P = "rollout-netbench";
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ---- raw TCP ---- */
 
@@ -76,7 +69,7 @@ static double bench_tcp(uint64_t bytes, size_t chunk)
     uint8_t *buf = malloc(chunk);
     memset(buf, 0x5a, chunk);
     pthread_t th;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     pthread_create(&th, NULL, tcp_recv, &a);
     for (uint64_t sent = 0; sent < bytes;) {
         size_t n = bytes - sent < chunk ? (size_t)(bytes - sent) : chunk;
@@ -86,7 +79,7 @@ static double bench_tcp(uint64_t bytes, size_t chunk)
         sent += (uint64_t)w;
     }
     pthread_join(th, NULL);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     close(cs);
     close(as);
     close(ls);
@@ -173,12 +166,12 @@ static double bench_nng(uint64_t bytes, size_t chunk, int window)
     atomic_long left = (long)((bytes + chunk - 1) / chunk);
     long total_chunks = left;
     req_arg qa = {.req = req, .data = data, .chunk = chunk, .left = &left};
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (int i = 0; i < nr; i++)
         pthread_create(&qt[i], NULL, req_main, &qa);
     for (int i = 0; i < nr; i++)
         pthread_join(qt[i], NULL);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     nng_close(req);
     nng_close(ra.rep);
     pthread_join(rt[0], NULL);
@@ -192,10 +185,10 @@ static double bench_crc(uint64_t bytes, size_t chunk)
     for (size_t i = 0; i < chunk; i++)
         buf[i] = (uint8_t)(i * 131u);
     uint32_t crc = 0;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (uint64_t done = 0; done < bytes; done += chunk)
         crc = crc32c(crc, buf, chunk);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     free(buf);
     if (crc == 0x12345678)
         fputc(' ', stderr); /* keeps the loop from being optimised away */

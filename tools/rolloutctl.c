@@ -65,6 +65,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "engine/format/gguf.h"
 #include "engine/text/tokenizer.h"
@@ -76,13 +77,6 @@
 
 static const char *P = "rolloutctl";
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* Prints the failure; exit status 2 when the daemon refused a request as invalid, else 1. */
 static int fail(const char *what, int rc, const rdc_client *c)
@@ -396,7 +390,7 @@ static void *bench_main(void *arg)
             proto_request q = sh->reqs[idx];
             q.client_req_id = rdc_next_req_id(c);
             proto_msg reply;
-            double t0 = now_s();
+            double t0 = clock_now_s();
             if ((rc = rdc_submit(c, &q, 1, &reply)))
                 goto out;
             uint32_t st = reply.submit_ok.items[0].status;
@@ -425,7 +419,7 @@ static void *bench_main(void *arg)
         uint32_t first;
         if ((rc = rdc_fetch_new(c, 256, 1000, &reply, &first)))
             goto out;
-        double t = now_s();
+        double t = clock_now_s();
         for (uint32_t i = first; i < reply.results.n_results; i++) {
             const proto_result *r = &reply.results.results[i];
             bt->tokens += r->n_tokens;
@@ -535,7 +529,7 @@ static int cmd_bench(const char *url, int argc, char **argv)
         }
     }
     pthread_barrier_wait(&sh.start);
-    double t0 = now_s(), t_end = t0;
+    double t0 = clock_now_s(), t_end = t0;
     int64_t tokens = 0;
     for (int i = 0; i < C; i++) {
         pthread_join(th[i], NULL);
@@ -788,8 +782,8 @@ static int cmd_sync(int argc, char **argv)
     printf("%s is pushing version %llu to %s\n", from, (unsigned long long)version, to);
     if (wait_s <= 0)
         return 0;
-    double deadline = now_s() + wait_s;
-    while (now_s() < deadline) {
+    double deadline = clock_now_s() + wait_s;
+    while (clock_now_s() < deadline) {
         rdc_client *t;
         if (!connect_hello(to, "rolloutctl sync --wait", &t)) {
             uint64_t serving = rdc_info(t)->weight_version;

@@ -8,8 +8,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "engine/serve/sampler.h"
 
@@ -367,13 +367,6 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
     return op->sync(be);
 }
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32_t n_logits, float *logits_host)
 {
     const model *m = r->m;
@@ -388,10 +381,10 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
         if (s->positions[i] < 0 || s->positions[i] >= c->max_ctx)
             return rd_fail(RD_ERANGE, "runner: position %d outside the context of %d", s->positions[i], c->max_ctx);
     r->last_logits = 0;
-    int64_t t0 = now_ns();
+    int64_t t0 = clock_now_ns();
     if (graph_eligible(r, s, logit_rows, n_logits)) {
         int rc = forward_graph(r, s, logits_host);
-        r->ns_layers += now_ns() - t0;
+        r->ns_layers += clock_now_ns() - t0;
         return rc;
     }
 
@@ -402,10 +395,10 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
     enqueue_body(r, &sd, M);
     if (n_logits == 0) {
         rc = op->sync(be);
-        r->ns_layers += now_ns() - t0;
+        r->ns_layers += clock_now_ns() - t0;
         return rc;
     }
-    int64_t t1 = now_ns();
+    int64_t t1 = clock_now_ns();
     r->ns_layers += t1 - t0;
     if ((rc = op->h2d(be, r->logit_rows_dev, logit_rows, (size_t)n_logits * sizeof(int32_t))))
         return rc;
@@ -414,7 +407,7 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
     rc = logits_host ? op->d2h(be, logits_host, r->logits, (size_t)n_logits * c->vocab * sizeof(float)) : 0;
     if (!rc)
         rc = op->sync(be);
-    r->ns_head += now_ns() - t1;
+    r->ns_head += clock_now_ns() - t1;
     return rc;
 }
 

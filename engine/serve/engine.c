@@ -13,8 +13,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "engine/serve/kv.h"
 #include "engine/model/runner.h"
@@ -313,11 +313,8 @@ static void append_token(engine *e, seq *s, const samp_result *r)
         }
         s->spans[s->n_spans++] = (seq_span){.start = g, .version = e->version};
     }
-    if (g == 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        s->t_first_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-    }
+    if (g == 0)
+        s->t_first_us = clock_now_us();
     for (int32_t i = 0; i < q->n_stop; i++)
         if (r->token == q->stop_ids[i]) {
             finish(e, s, FINISH_STOP);
@@ -504,11 +501,9 @@ int eng_step(engine *e)
             return rc;
         li++;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t t0 = clock_now_ns();
     rc = draw_tokens(e, n_draws);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    e->st.ns_sample += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    e->st.ns_sample += clock_now_ns() - t0;
     if (rc)
         return rc;
     return M;

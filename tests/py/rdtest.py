@@ -1,8 +1,9 @@
-"""Helpers shared by the tests that drive a real rolloutd over the raw
-protocol: a daemon on free loopback ports, rpc over a pynng req0 socket, and
-FETCH loops."""
+"""Helpers shared by the tests (and tools/bench_*.py) that drive a real rolloutd: the one
+daemon lifecycle (start on free loopback ports, wait for /health, stop cleanly on SIGTERM),
+free_port, and for the raw protocol rpc over a pynng req0 socket and FETCH loops."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,38 +23,55 @@ PROMPT = [1, 9690, 314, 253, 1345, 2914, 28]
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback TCP port free right now (the one place the tests and benches pick ports)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Daemon:
-    def __init__(self, *extra, config="configs/test.json", model=None):
+    """build/rolloutd on free loopback ports; its stdout and stderr go to a log under RD_TMP.
+
+    extra: more flags. config: a file under the repository, None for no --config. model: the
+    default model unless given. listen: the learner socket (tcp://127.0.0.1:<free port> unless
+    given). http_host: where the HTTP server binds, on a free port. With wait, returns once
+    /health answers 200 and raises with the log's tail if the daemon exits or timeout s pass;
+    wait=False returns at once (for a start that must fail)."""
+
+    def __init__(self, *extra, config="configs/test.json", model=None, listen=None, http_host="127.0.0.1",
+                 wait=True, timeout=60):
         self.port, self.http_port = free_port(), free_port()
-        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.url = listen or f"tcp://127.0.0.1:{self.port}"
         self.log = open(os.path.join(TMP, f"rolloutd-{self.port}.log"), "w+")
+        cfg = ["--config", os.path.join(ROOT, config)] if config else []
         self.proc = subprocess.Popen(
-            [os.path.join(BUILD, "rolloutd"), "--config", os.path.join(ROOT, config),
-             "--model", model or MODEL, "--listen", self.url, "--status-listen", f"127.0.0.1:{self.http_port}",
-             *map(str, extra)],
+            [os.path.join(BUILD, "rolloutd"), *cfg, "--model", model or MODEL, "--listen", self.url,
+             "--status-listen", f"{http_host}:{self.http_port}", *map(str, extra)],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.time() + 60
+        if wait:
+            self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout=60):
+        deadline = time.time() + timeout
         while True:
             try:
                 if self.http("/health")[0] == 200:
-                    break
+                    return
             except OSError:
                 pass
             if self.proc.poll() is not None or time.time() > deadline:
+                self.kill()
                 raise AssertionError(f"rolloutd did not start: {self.tail()}")
             time.sleep(0.1)
 
-    def tail(self):
+    def output(self):
+        """Everything the daemon has written so far."""
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-3000:]
+        return self.log.read()
+
+    def tail(self):
+        return self.output()[-3000:]
 
     def http(self, path, method="GET"):
         req = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", method=method)
@@ -66,10 +84,40 @@ class Daemon:
     def sock(self):
         return pynng.Req0(dial=self.url, recv_timeout=20000, send_timeout=5000, resend_time=-1)
 
+    def exits_cleanly(self, timeout=60):
+        """After a SIGTERM: exit status 0 within timeout s, and no sanitizer report in the log
+        (under the ASan build: nothing leaked). Fails with the log's tail."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"rolloutd did not exit within {timeout} s of SIGTERM: {self.tail()}")
+        log = self.tail()
+        assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, (rc, log)
+
+    def stop(self, timeout=30):
+        """SIGTERM, killed if still running after timeout s; returns the exit status. For
+        clean-ups and benchmarks: it asserts nothing (exits_cleanly does)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def stop_cleanly(*daemons, timeout=60):
+    """SIGTERM to all the daemons first (they drain at the same time), then each must exit cleanly."""
+    for d in daemons:
+        d.proc.send_signal(signal.SIGTERM)
+    for d in daemons:
+        d.exits_cleanly(timeout)
 
 
 def rpc(s, m):

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, MODEL, ROOT, TMP, case, main, run  # noqa: E402
-from rdtest import PROMPT, Daemon, free_port  # noqa: E402
+from rdtest import PROMPT, Daemon, free_port, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client  # noqa: E402
@@ -277,12 +277,7 @@ def fanout_and_on_failure_flags_are_validated():
 @case
 def daemons_stop_cleanly():
     """SIGTERM exits 0 after the chains, the aborts and the stop (under ASan: nothing leaked)."""
-    for d in _daemons:
-        d.proc.send_signal(signal.SIGTERM)
-    for d in _daemons:
-        rc = d.proc.wait(timeout=60)
-        log = d.tail()
-        assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
+    stop_cleanly(*_daemons)
 
 
 if __name__ == "__main__":

@@ -304,8 +304,7 @@ def sigterm_under_load_exits_zero():
             rpc(s, proto.Fetch(client_id=cid, ack_seq=ack))
         except pynng.exceptions.NNGException:
             pass
-    rc = d.proc.wait(timeout=30)
-    assert rc == 0, (rc, d.tail())
+    d.exits_cleanly(timeout=30)
     log = d.tail()
     assert "draining" in log and "exit 0" in log, log
 

@@ -3,17 +3,14 @@ clients (the Python package, build/rolloutctl), compared with the offline
 engine (build/rollout-gen)."""
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import numpy as np
 
 from harness import BUILD, MODEL, ROOT, case, main, run
+from rdtest import Daemon
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client  # noqa: E402
@@ -22,57 +19,13 @@ GEN = os.path.join(BUILD, "rollout-gen")
 CTL = os.path.join(BUILD, "rolloutctl")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    """build/rolloutd on free loopback ports (configs/test.json when it exists)."""
-
-    def __init__(self, *flags):
-        self.url = f"tcp://127.0.0.1:{free_port()}"
-        self.status = f"127.0.0.1:{free_port()}"
-        cfg = os.path.join(ROOT, "configs", "test.json")
-        cmd = [os.path.join(BUILD, "rolloutd")] + (["--config", cfg] if os.path.exists(cfg) else [])
-        cmd += ["--model", MODEL, "--listen", self.url, "--status-listen", self.status, *flags]
-        self.log = open(os.path.join(os.environ.get("RD_TMP", "/tmp"), f"rolloutd-{os.getpid()}.log"), "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        t0 = time.time()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rolloutd exited with {self.proc.returncode} while starting ({self.log.name})")
-            try:
-                with urllib.request.urlopen(f"http://{self.status}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() - t0 > 120:
-                self.stop()
-                raise RuntimeError("rolloutd did not answer /health within 120 s")
-            time.sleep(0.1)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
-
-
 _daemon = None
 
 
 def daemon():
     global _daemon
     if _daemon is None:
-        _daemon = Daemon()
+        _daemon = Daemon(timeout=120)
     return _daemon
 
 

@@ -8,7 +8,6 @@
   same byte budget holds twice the blocks; their greedy log-probs are close to
   f32's where the tokens agree (the bound test_kv_dtype measures)."""
 import os
-import signal
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, MODEL, ROOT, case, main  # noqa: E402
-from rdtest import PROMPT, Daemon  # noqa: E402
+from rdtest import PROMPT, Daemon, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client  # noqa: E402
@@ -69,12 +68,7 @@ def each_dtype_serves_and_reports_itself():
 
 @case
 def daemons_stop_cleanly():
-    for d in _daemons:
-        d.proc.send_signal(signal.SIGTERM)
-    for d in _daemons:
-        rc = d.proc.wait(timeout=60)
-        log = d.tail()
-        assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
+    stop_cleanly(*_daemons)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ loopback, driven by the Python client:
   and half of what an fp32 copy would hold), so the Q4_1 weights are gone."""
 import json
 import os
-import signal
 import struct
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, MODEL, ROOT, TMP, case, main, run  # noqa: E402
-from rdtest import PROMPT, Daemon  # noqa: E402
+from rdtest import PROMPT, Daemon, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client, DaemonError, proto  # noqa: E402
@@ -143,12 +142,7 @@ def bf16_push_serves_bf16_bit_identical_to_a_bf16_load():
 @case
 def daemons_stop_cleanly():
     """SIGTERM exits 0 after the pushes (under ASan: nothing leaked)."""
-    for d in _daemons:
-        d.proc.send_signal(signal.SIGTERM)
-    for d in _daemons:
-        rc = d.proc.wait(timeout=60)
-        log = d.tail()
-        assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
+    stop_cleanly(*_daemons)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ to real daemons on loopback (PROTOCOL.md §10):
 - the prepared update's checksums against independent computations, and
   bf16_bits rounding."""
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, MODEL, ROOT, TMP, case, main, run  # noqa: E402
-from rdtest import PROMPT, Daemon  # noqa: E402
+from rdtest import PROMPT, Daemon, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client, DaemonError, Pool, PoolError, bf16_bits, prepare_update, proto  # noqa: E402
@@ -244,12 +243,7 @@ def prepared_checksums_match_independent_crcs():
 @case
 def daemons_stop_cleanly():
     """SIGTERM exits 0 after the pushes and the aborted transfers (under ASan: nothing leaked)."""
-    for d in _daemons:
-        d.proc.send_signal(signal.SIGTERM)
-    for d in _daemons:
-        rc = d.proc.wait(timeout=60)
-        log = d.tail()
-        assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
+    stop_cleanly(*_daemons)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ UPDATE_* frames from the Python codec for the faults.
 - one push to two daemons: both serve the new version with equal outputs."""
 import json
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import pynng
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, MODEL, ROOT, TMP, case, main, run  # noqa: E402
-from rdtest import PROMPT, Daemon, fetch_all, greedy, hello, rpc, status  # noqa: E402
+from rdtest import PROMPT, Daemon, fetch_all, greedy, hello, rpc, status, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import proto  # noqa: E402
@@ -219,14 +218,6 @@ def faults_leave_the_old_weights_serving():
         stop_cleanly(d)
     finally:
         d.kill()
-
-
-def stop_cleanly(d):
-    """SIGTERM exits 0; under the ASan build LeakSanitizer would report staging or weights not freed."""
-    d.proc.send_signal(signal.SIGTERM)
-    rc = d.proc.wait(timeout=60)
-    log = d.tail()
-    assert rc == 0 and "LeakSanitizer" not in log and "ERROR: AddressSanitizer" not in log, log
 
 
 def faults(d):

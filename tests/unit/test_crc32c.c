@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/crc32c.h"
 #include "tests/unit/test.h"
 
@@ -196,23 +196,16 @@ static void combine(void)
     CHECK(one == two, "long combine: 0x%08x != 0x%08x", one, two);
 }
 
-static double seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* GB/s of one path over n bytes, best of 3 runs of reps passes. */
 static double gbs(uint32_t (*fn)(uint32_t, const void *, size_t), const uint8_t *buf, size_t n, int reps)
 {
     double best = 0;
     volatile uint32_t sink = 0;
     for (int k = 0; k < 3; k++) {
-        double t0 = seconds();
+        double t0 = clock_now_s();
         for (int r = 0; r < reps; r++)
             sink ^= fn(sink, buf, n);
-        double g = (double)n * reps / (seconds() - t0) / 1e9;
+        double g = (double)n * reps / (clock_now_s() - t0) / 1e9;
         best = g > best ? g : best;
     }
     return best;

@@ -37,6 +37,7 @@
 #include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
 #include "kernels/cuda/cuda_plan.h"
+#include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
 
 uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
@@ -2118,12 +2119,6 @@ static void test_sampler_many_draws(void)
 }
 
 /* ------------------------------------------------------------------ the runner on tiny models */
-
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
 
 typedef struct {
     rd_loaded l;

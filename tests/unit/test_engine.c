@@ -25,35 +25,11 @@
 #include "engine/serve/kv.h"
 #include "engine/model/loader.h"
 #include "engine/model/runner.h"
+#include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
 
 /* ---------------------------------------------------------------------------
  * Models and small helpers. */
-
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
-
-static const char *real_model_path(void)
-{
-    const char *m = getenv("RD_MODEL");
-    return m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-static int file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-/* CPU threads for the backend: $RD_TEST_THREADS, default all cores (0). */
-static int test_threads(int dflt)
-{
-    const char *t = getenv("RD_TEST_THREADS");
-    return t && *t ? atoi(t) : dflt;
-}
 
 /* Backend of the engine cases: $RD_TEST_BACKEND ("cpu", "cuda", "cuda-emu"),
  * default cpu (the cuda-emu test binary defaults to cuda-emu). A bf16
@@ -124,13 +100,6 @@ static eng_config cfg_for(const model *m, int64_t blocks, int32_t max_batch_toke
 /* ---------------------------------------------------------------------------
  * Collecting results. */
 
-#define MAX_RES 256
-
-typedef struct {
-    int n;
-    eng_result r[MAX_RES];
-} res_set;
-
 static res_set *res_new(void) { return calloc(1, sizeof(res_set)); }
 
 static void res_free(res_set *s)
@@ -142,34 +111,6 @@ static void res_free(res_set *s)
     free(s);
 }
 
-/* Moves finished samples into out (the cases stay far below MAX_RES). */
-static void collect(engine *e, res_set *out)
-{
-    int k;
-    while (out->n < MAX_RES && (k = eng_collect(e, out->r + out->n, MAX_RES - out->n)) > 0)
-        out->n += k;
-}
-
-/* Steps until nothing is waiting or running, collecting as it goes. A step
- * may compute nothing right after a preemption; several in a row is a hang. */
-static int drive(engine *e, res_set *out)
-{
-    int idle = 0;
-    for (long it = 0; eng_busy(e); it++) {
-        if (it > 200000)
-            return rd_fail(RD_EINVAL, "drive: still busy after %ld steps", it);
-        int rc = eng_step(e);
-        if (rc < 0)
-            return rc;
-        idle = rc == 0 ? idle + 1 : 0;
-        if (idle > 3)
-            return rd_fail(RD_EINVAL, "drive: %d steps in a row computed nothing while busy", idle);
-        collect(e, out);
-    }
-    collect(e, out);
-    return 0;
-}
-
 static int run_steps(engine *e, int n, res_set *out)
 {
     for (int i = 0; i < n && eng_busy(e); i++) {
@@ -179,14 +120,6 @@ static int run_steps(engine *e, int n, res_set *out)
         collect(e, out);
     }
     return 0;
-}
-
-static const eng_result *res_find(const res_set *s, int64_t req, int32_t sample)
-{
-    for (int i = 0; i < s->n; i++)
-        if (s->r[i].req_id == req && s->r[i].sample_idx == sample)
-            return &s->r[i];
-    return NULL;
 }
 
 /* Runs one request alone in a fresh engine (cfg) and keeps its results. */

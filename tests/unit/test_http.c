@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "tests/unit/test.h"
 
 /* ---- the server side: routes run on the loop thread ---- */
@@ -272,13 +273,6 @@ static int start_servers(void)
 
 /* ---- the client side: blocking sockets, llhttp as the response parser ---- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -466,14 +460,14 @@ static int cl_pump(cl *k, int ms)
 static int cl_read(cl *k, int head, int ms)
 {
     cl_reset(k, head);
-    double end = now_s() + ms / 1e3;
+    double end = clock_now_s() + ms / 1e3;
     for (;;) {
         int r = cl_parse(k);
         if (r < 0)
             return -1;
         if (r > 0)
             return k->status;
-        int left = (int)((end - now_s()) * 1e3);
+        int left = (int)((end - clock_now_s()) * 1e3);
         if (left <= 0)
             return -1;
         if (cl_pump(k, left) < 0)
@@ -484,11 +478,11 @@ static int cl_read(cl *k, int head, int ms)
 /* 1 when the server closes the connection within ms (EOF or reset). */
 static int cl_closed_within(cl *k, int ms)
 {
-    double end = now_s() + ms / 1e3;
-    while (now_s() < end) {
+    double end = clock_now_s() + ms / 1e3;
+    while (clock_now_s() < end) {
         if (k->eof)
             return 1;
-        int left = (int)((end - now_s()) * 1e3);
+        int left = (int)((end - clock_now_s()) * 1e3);
         struct pollfd pf = {k->fd, POLLIN, 0};
         if (poll(&pf, 1, left > 0 ? left : 1) <= 0)
             continue;
@@ -522,8 +516,8 @@ static int get_once(int port, const char *path, cl **out)
 
 static int wait_atomic_at_least(atomic_int *v, int want, int ms)
 {
-    double end = now_s() + ms / 1e3;
-    while (atomic_load(v) < want && now_s() < end)
+    double end = clock_now_s() + ms / 1e3;
+    while (atomic_load(v) < want && clock_now_s() < end)
         sleep_ms(5);
     return atomic_load(v) >= want;
 }
@@ -778,9 +772,9 @@ static void slowloris_is_evicted_and_timed_out(void)
         CHECK(!cl_sends(half[i], "GET /hello HTTP/1.1\r\nHost: t\r\nX-Slow: "), "send %d", i);
     }
     sleep_ms(100);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     CHECK(get_once(SA.port, "/hello", NULL) == 200, "/hello behind %d half requests", HALF);
-    CHECK(now_s() - t0 < 30, "took %.1f s", now_s() - t0);
+    CHECK(clock_now_s() - t0 < 30, "took %.1f s", clock_now_s() - t0);
     CHECK(SA.n_conns <= 64, "%d open", SA.n_conns);
     sleep_ms(100);
     int closed = 0;
@@ -827,14 +821,14 @@ static void idle_keep_alive_is_closed(void)
 {
     cl *k = cl_open(SB.port);
     CHECK(k, "connect");
-    double t0 = now_s();
+    double t0 = clock_now_s();
     CHECK(!cl_sends(k, "GET /hello HTTP/1.1\r\n\r\n") && cl_read(k, 0, 5000) == 200, "first");
     /* Still usable right away (the idle timeout is 500 ms, the header timeout 300 ms: idle uses its own). */
     sleep_ms(350);
     CHECK(!cl_sends(k, "GET /hello HTTP/1.1\r\n\r\n") && cl_read(k, 0, 5000) == 200, "second after 350 ms");
-    double t1 = now_s();
+    double t1 = clock_now_s();
     CHECK(cl_closed_within(k, 10000), "idle connection never closed");
-    CHECK(now_s() - t1 >= 0.45, "closed after %.3f s; expected the 500 ms idle timeout", now_s() - t1);
+    CHECK(clock_now_s() - t1 >= 0.45, "closed after %.3f s; expected the 500 ms idle timeout", clock_now_s() - t1);
     (void)t0;
     cl_close(k);
 }
@@ -852,8 +846,8 @@ static void streams_256_at_once(void)
     }
     /* Every stream sends its first event and then waits: all are open at once. */
     for (int i = 0; i < STREAMS; i++) {
-        double end = now_s() + 20;
-        while (!(k[i]->body && strstr(k[i]->body, "data: 0\n\n")) && now_s() < end) {
+        double end = clock_now_s() + 20;
+        while (!(k[i]->body && strstr(k[i]->body, "data: 0\n\n")) && clock_now_s() < end) {
             if (cl_pump(k[i], 100) < 0)
                 break;
             CHECK(cl_parse(k[i]) >= 0, "parse %d", i);
@@ -867,8 +861,8 @@ static void streams_256_at_once(void)
     /* Then all 20 events each, in order, and the terminating chunk. */
     struct pollfd pf[STREAMS];
     int left = STREAMS;
-    double end = now_s() + 60;
-    while (left > 0 && now_s() < end) {
+    double end = clock_now_s() + 60;
+    while (left > 0 && clock_now_s() < end) {
         for (int i = 0; i < STREAMS; i++)
             pf[i] = (struct pollfd){k[i]->done ? -1 : k[i]->fd, POLLIN, 0};
         poll(pf, STREAMS, 200);
@@ -920,8 +914,8 @@ static void client_leaving_fires_on_close(void)
     cl *k = cl_open(SA.port);
     CHECK(!cl_sends(k, "GET /forever HTTP/1.1\r\n\r\n"), "send");
     cl_reset(k, 0);
-    double end = now_s() + 5;
-    while (!(k->body && strstr(k->body, "data: 3\n\n")) && now_s() < end && cl_pump(k, 100) >= 0)
+    double end = clock_now_s() + 5;
+    while (!(k->body && strstr(k->body, "data: 3\n\n")) && clock_now_s() < end && cl_pump(k, 100) >= 0)
         cl_parse(k);
     CHECK(k->body && strstr(k->body, "data: 3\n\n"), "no events");
     cl_close(k);

@@ -27,6 +27,7 @@
 #include "engine/model/model.h"
 #include "engine/model/runner.h"
 #include "engine/format/safetensors.h"
+#include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
 
 static uint64_t rng(uint64_t *x)
@@ -190,33 +191,6 @@ static void test_names(void)
 
 static rd_loaded real;
 static int real_ok;
-
-/* Logits of one sequence prefilled in one step on m (its backend's kv_dtype). */
-static int seq_logits(model *m, const int32_t *tok, int32_t n, float *out)
-{
-    const int32_t bs = 16, nb = (n + bs - 1) / bs;
-    runner r;
-    int rc = runner_init(&r, m, nb, bs, n, n);
-    if (rc)
-        return rc;
-    int32_t *pos = malloc(sizeof(int32_t) * n), *slot = malloc(sizeof(int32_t) * n);
-    int32_t *rows = malloc(sizeof(int32_t) * n), *table = malloc(sizeof(int32_t) * nb);
-    int32_t qs[2] = {0, n}, ctx = n;
-    if (pos && slot && rows && table) {
-        for (int32_t i = 0; i < n; i++)
-            pos[i] = slot[i] = rows[i] = i;
-        for (int32_t i = 0; i < nb; i++)
-            table[i] = i;
-        rd_step s = {.n_rows = n, .n_seqs = 1, .max_blocks = nb, .token_ids = tok, .positions = pos,
-                     .slots = slot, .q_start = qs, .ctx_len = &ctx, .block_tables = table};
-        rc = runner_forward(&r, &s, rows, n, out);
-    } else {
-        rc = RD_ENOMEM;
-    }
-    free(pos), free(slot), free(rows), free(table);
-    runner_free(&r);
-    return rc;
-}
 
 /* log-softmax of row at id, in double. */
 static double logprob(const float *row, int32_t vocab, int32_t id)

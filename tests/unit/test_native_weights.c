@@ -25,19 +25,8 @@
 #include "base/err.h"
 #include "engine/model/loader.h"
 #include "engine/model/runner.h"
+#include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
-
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
-
-static const char *real_model_path(void)
-{
-    const char *m = getenv("RD_MODEL");
-    return m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 /* Loads path on the CPU backend, fp32-widened (f32 = 1) or in file dtypes. */
 static int load(const char *path, int f32, rd_loaded *l)
@@ -66,27 +55,6 @@ static long vm_rss_kb(void)
     return kb;
 }
 
-/* Logits of every position of one prompt computed as one prefill. */
-static int prompt_logits(model *m, const int32_t *ids, int32_t n, float *logits)
-{
-    const int32_t bs = 16, n_blocks = (n + bs - 1) / bs;
-    runner r;
-    int rc = runner_init(&r, m, n_blocks, bs, n, n);
-    if (rc)
-        return rc;
-    int32_t pos[128], slots[128], rows[128], table[8];
-    for (int32_t i = 0; i < n; i++)
-        pos[i] = slots[i] = rows[i] = i;
-    for (int32_t b = 0; b < n_blocks; b++)
-        table[b] = b;
-    int32_t q_start[2] = {0, n}, ctx[1] = {n};
-    rd_step s = {.n_rows = n, .n_seqs = 1, .max_blocks = n_blocks, .token_ids = ids, .positions = pos,
-                 .slots = slots, .q_start = q_start, .ctx_len = ctx, .block_tables = table};
-    rc = runner_forward(&r, &s, rows, n, logits);
-    runner_free(&r);
-    return rc;
-}
-
 static void make_prompt(int32_t *p, int32_t n, uint32_t salt, int32_t vocab)
 {
     uint64_t x = 0x9E3779B97F4A7C15ull * (salt + 1) + 12345;
@@ -106,7 +74,7 @@ static int compare_logits(model *a, model *b, const int32_t *lens, int n_lens, c
     for (int i = 0; i < n_lens && !bad; i++) {
         int32_t n = lens[i];
         make_prompt(ids, n, (uint32_t)i, vocab);
-        if (prompt_logits(a, ids, n, la) || prompt_logits(b, ids, n, lb)) {
+        if (seq_logits(a, ids, n, la) || seq_logits(b, ids, n, lb)) {
             snprintf(why, cap, "forward: %s", rd_errmsg());
             bad = 1;
         } else if (memcmp(la, lb, sizeof(float) * n * vocab)) {

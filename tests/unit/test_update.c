@@ -30,28 +30,11 @@
 #include "engine/model/runner.h"
 #include "engine/format/safetensors.h"
 #include "engine/update/staging.h"
+#include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
 
 /* ---------------------------------------------------------------------------
  * Models, temp dirs, small helpers. */
-
-static const char *testdata(void)
-{
-    const char *d = getenv("RD_TESTDATA");
-    return d && *d ? d : "build/testdata";
-}
-
-static int file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-static int test_threads(int dflt)
-{
-    const char *t = getenv("RD_TEST_THREADS");
-    return t && *t ? atoi(t) : dflt;
-}
 
 static rd_loaded tiny32;        /* tiny-f32 (tied): staging and engine cases */
 static int tiny32_ok;
@@ -142,74 +125,13 @@ static uint16_t f16_of_k1024(int32_t k)
 }
 
 /* ---------------------------------------------------------------------------
- * Logits of a model: one prefill step over a prompt through the runner. */
-
-static int model_logits(model *m, const int32_t *tok, int32_t n, float *out)
-{
-    const int32_t bs = 16, nb = (n + bs - 1) / bs;
-    runner r;
-    int rc = runner_init(&r, m, nb, bs, n, n);
-    if (rc)
-        return rc;
-    int32_t *pos = malloc(sizeof(int32_t) * n), *slot = malloc(sizeof(int32_t) * n);
-    int32_t *rows = malloc(sizeof(int32_t) * n), *table = malloc(sizeof(int32_t) * nb);
-    int32_t qs[2] = {0, n}, ctx = n;
-    if (pos && slot && rows && table) {
-        for (int32_t i = 0; i < n; i++)
-            pos[i] = slot[i] = rows[i] = i;
-        for (int32_t i = 0; i < nb; i++)
-            table[i] = i;
-        rd_step s = {.n_rows = n, .n_seqs = 1, .max_blocks = nb, .token_ids = tok, .positions = pos,
-                     .slots = slot, .q_start = qs, .ctx_len = &ctx, .block_tables = table};
-        rc = runner_forward(&r, &s, rows, n, out);
-    } else {
-        rc = RD_ENOMEM;
-    }
-    free(pos), free(slot), free(rows), free(table);
-    runner_free(&r);
-    return rc;
-}
-
-/* ---------------------------------------------------------------------------
  * Engine helpers. */
-
-#define MAX_RES 128
-
-typedef struct {
-    int n;
-    eng_result r[MAX_RES];
-} res_set;
 
 static void res_clear(res_set *s)
 {
     for (int i = 0; i < s->n; i++)
         eng_result_free(&s->r[i]);
     s->n = 0;
-}
-
-static void collect(engine *e, res_set *out)
-{
-    int k;
-    while (out->n < MAX_RES && (k = eng_collect(e, out->r + out->n, MAX_RES - out->n)) > 0)
-        out->n += k;
-}
-
-static int drive(engine *e, res_set *out)
-{
-    int idle = 0;
-    for (long it = 0; eng_busy(e); it++) {
-        if (it > 100000)
-            return rd_fail(RD_EINVAL, "drive: still busy after %ld steps", it);
-        int rc = eng_step(e);
-        if (rc < 0)
-            return rc;
-        idle = rc == 0 ? idle + 1 : 0;
-        if (idle > 3)
-            return rd_fail(RD_EINVAL, "drive: %d steps in a row computed nothing while busy", idle);
-        collect(e, out);
-    }
-    collect(e, out);
-    return 0;
 }
 
 static int steps(engine *e, int n, res_set *out)
@@ -221,14 +143,6 @@ static int steps(engine *e, int n, res_set *out)
         collect(e, out);
     }
     return 0;
-}
-
-static const eng_result *res_find(const res_set *s, int64_t req, int32_t sample)
-{
-    for (int i = 0; i < s->n; i++)
-        if (s->r[i].req_id == req && s->r[i].sample_idx == sample)
-            return &s->r[i];
-    return NULL;
 }
 
 /* Results of run_alone: each run is a fresh engine (ids restart at 0), so
@@ -835,9 +749,9 @@ static int push(const model *m, const push_t *p, int n, uint32_t chunk, uint64_t
 static int same_outputs(model *m, model *ref, const int32_t *prompt, float *lm, float *lr, char *w, size_t cap)
 {
     const int32_t V = m->cfg.vocab;
-    int rc = model_logits(m, prompt, NP, lm);
+    int rc = seq_logits(m, prompt, NP, lm);
     if (!rc)
-        rc = model_logits(ref, prompt, NP, lr);
+        rc = seq_logits(ref, prompt, NP, lr);
     if (rc) {
         snprintf(w, cap, "logits: %s", rd_errmsg());
         return 0;
@@ -924,7 +838,7 @@ static void build_apply_case(rd_loaded *live, const char *tag)
     uint8_t *bufs[8] = {0};
     char w[600] = "";
 
-    int rc = l0 && lm && lr ? model_logits(m, prompt, NP, l0) : RD_ENOMEM;
+    int rc = l0 && lm && lr ? seq_logits(m, prompt, NP, l0) : RD_ENOMEM;
     if (!rc)
         rc = hset_from_model(m, dir_x, &h);
     rm_dir(dir_x);
@@ -968,7 +882,7 @@ static void build_apply_case(rd_loaded *live, const char *tag)
         }
         upd_patch_free(m->be, p); /* frees the old buffers (ASan: no leak, no double free) */
         p = NULL;
-        if ((rc = model_logits(m, prompt, NP, lm)))
+        if ((rc = seq_logits(m, prompt, NP, lm)))
             goto out;
         if (memcmp(l0, lm, sizeof(float) * NP * V)) {
             rc = rd_fail(RD_EINVAL, "(a) logits changed after pushing the unmodified weights");
@@ -992,7 +906,7 @@ static void build_apply_case(rd_loaded *live, const char *tag)
         if ((rc = push(m, ps, 2, 4096, 2, &p)))
             goto out;
         /* Still the old outputs until applied. */
-        if ((rc = model_logits(m, prompt, NP, lm)))
+        if ((rc = seq_logits(m, prompt, NP, lm)))
             goto out;
         if (memcmp(l0, lm, sizeof(float) * NP * V)) {
             rc = rd_fail(RD_EINVAL, "(b) logits changed by upd_build alone");
@@ -1100,7 +1014,7 @@ static void build_apply_case(rd_loaded *live, const char *tag)
 
     /* (e) Non-finite values: upd_build fails naming the tensor, the model is untouched. */
     {
-        if ((rc = model_logits(m, prompt, NP, l0)))
+        if ((rc = seq_logits(m, prompt, NP, l0)))
             goto out;
         htensor *q = hset_find(&h, Q0), *nm = hset_find(&h, NORM);
         const struct { int dtype, where; float bad; uint16_t bits; const char *what; } cases[] = {
@@ -1156,7 +1070,7 @@ static void build_apply_case(rd_loaded *live, const char *tag)
                 goto out;
             }
         }
-        if ((rc = model_logits(m, prompt, NP, lm)))
+        if ((rc = seq_logits(m, prompt, NP, lm)))
             goto out;
         if (memcmp(l0, lm, sizeof(float) * NP * V)) {
             rc = rd_fail(RD_EINVAL, "(e) logits changed after failed builds");
@@ -1814,7 +1728,7 @@ static void test_bf16_push_real_model(void)
     snprintf(path_st, sizeof path_st, "%s/model.safetensors", dir);
     const int64_t w0 = m->weights_bytes;
     void *qkv0 = m->layers[0].qkv;
-    int rc = l0 && lm && lr ? model_logits(m, prompt, NP, l0) : RD_ENOMEM;
+    int rc = l0 && lm && lr ? seq_logits(m, prompt, NP, l0) : RD_ENOMEM;
     if (!rc)
         rc = model_export_hf(m, dir, ST_BF16);
     if (!rc)
@@ -1831,7 +1745,7 @@ static void test_bf16_push_real_model(void)
         rc = rd_fail(RD_EINVAL, "(1) a NaN push: rc %d, patch %p: %s", brc, (void *)p, rd_errmsg());
         goto out;
     }
-    if ((rc = model_logits(m, prompt, NP, lm)))
+    if ((rc = seq_logits(m, prompt, NP, lm)))
         goto out;
     if (m->weights_bytes != w0 || m->layers[0].qkv != qkv0 || memcmp(l0, lm, sizeof(float) * NP * V)) {
         rc = rd_fail(RD_EINVAL, "(1) a failed push changed the model: %lld bytes (was %lld)",
