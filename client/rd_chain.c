@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "proto/auth.h"
 #include "client/rd_push_priv.h"
@@ -173,7 +174,7 @@ static void drop(chain *ch, int k, int rc, uint32_t code, const char *why)
     if (m[k].out)
         return;
     m[k].out = 1;
-    m[k].t_end = rdp_now();
+    m[k].t_end = clock_now_s();
     rdp_fail_job(&ch->jobs[k], rc, code, why);
     if (m[k].fed)
         rdp_stop_feeding(&ch->jobs[k]);
@@ -219,7 +220,7 @@ static int hop(const chain *ch, int k)
 
 static void print_progress(const chain *ch, double t0, int final)
 {
-    double dt = rdp_now() - t0;
+    double dt = clock_now_s() - t0;
     uint64_t tot = ch->p->total;
     fputc('\r', stderr);
     for (int k = 0; k < ch->n; k++) {
@@ -242,7 +243,7 @@ static void wait_prepared(chain *ch, double t0)
     member *m = ch->m;
     int n = ch->n;
     uint64_t last = UINT64_MAX;
-    double t_last = rdp_now(), t_print = 0;
+    double t_last = clock_now_s(), t_print = 0;
     for (;;) {
         if (failed_any(ch) && ch->o->on_failure == RDP_ON_FAILURE_ABORT)
             return; /* aborted everywhere by the caller */
@@ -292,7 +293,7 @@ static void wait_prepared(chain *ch, double t0)
         uint64_t done = 0;
         for (int k = 0; k < n; k++)
             done += m[k].have_st ? m[k].st.bytes_staged : 0;
-        double now = rdp_now();
+        double now = clock_now_s();
         if (done != last) {
             last = done;
             t_last = now;
@@ -334,7 +335,7 @@ static void *commit_main(void *arg)
 {
     committer *c = arg;
     rdp_commit(c->j);
-    c->m->t_end = rdp_now();
+    c->m->t_end = clock_now_s();
     return NULL;
 }
 
@@ -352,7 +353,7 @@ static void commit_all(chain *ch)
         }
         if (!cs || !cs[k].started) { /* no thread: commit from here */
             rdp_commit(&ch->jobs[k]);
-            ch->m[k].t_end = rdp_now();
+            ch->m[k].t_end = clock_now_s();
         }
     }
     for (int k = 0; cs && k < ch->n; k++)
@@ -395,7 +396,7 @@ int rdp_chain(rdp_job *jobs, int n, const rdp_plan *p, double t0)
         free(m);
         return 1;
     }
-    double t1 = rdp_now(), t2 = t1;
+    double t1 = clock_now_s(), t2 = t1;
     if (failed_any(&ch) && ch.o->on_failure == RDP_ON_FAILURE_ABORT)
         goto abort_all;
     /* The links in the targets' order, over the ones that began. Each link is
@@ -423,9 +424,9 @@ int rdp_chain(rdp_job *jobs, int n, const rdp_plan *p, double t0)
         if (!m[k].out && !m[k].fed && !has_prev)
             feed(&ch, k);
     }
-    t1 = rdp_now();
+    t1 = clock_now_s();
     wait_prepared(&ch, t0);
-    t2 = rdp_now();
+    t2 = clock_now_s();
     if (failed_any(&ch) && ch.o->on_failure == RDP_ON_FAILURE_ABORT)
         goto abort_all;
     stop_feeders(&ch);
@@ -444,7 +445,7 @@ abort_all:
             continue;
         rdp_abort(&jobs[k]);
         rdp_fail_job(&jobs[k], RDP_EABORTED, 0, "aborted: another daemon of the chain failed");
-        m[k].t_end = rdp_now();
+        m[k].t_end = clock_now_s();
     }
 report:
     if (ch.o->progress)
@@ -458,7 +459,7 @@ report:
         t->wire_bytes = atomic_load(&jobs[k].wire);
         t->retries = atomic_load(&jobs[k].retries);
         t->transfer_seconds = t2 - t1;
-        t->seconds = (m[k].t_end ? m[k].t_end : rdp_now()) - t0;
+        t->seconds = (m[k].t_end ? m[k].t_end : clock_now_s()) - t0;
         if (!rc && t->rc)
             rc = t->rc;
     }

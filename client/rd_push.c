@@ -22,19 +22,13 @@
 
 #include "base/crc32c.h"
 #include "base/err.h"
+#include "base/clock.h"
 #include "client/rd_client.h"
 #include "client/rd_push_priv.h"
 
 #define RDP_CHUNK_TIMEOUT_MS 60000
 #define RDP_COMMIT_TIMEOUT_MS 600000    /* drain mode waits for running sequences to finish */
 #define RDP_MAX_RESENDS 100
-
-double rdp_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 void rdp_fail_job(rdp_job *j, int rc, uint32_t code, const char *msg)
 {
@@ -400,10 +394,10 @@ static void *target_main(void *arg)
 {
     rdp_job *j = arg;
     rdp_target *t = j->t;
-    double t0 = rdp_now();
+    double t0 = clock_now_s();
     if (!j->c || rdp_begin(j))
         goto out; /* no connection (rdp_push recorded why), or refused (recorded) */
-    double t_xfer = rdp_now();
+    double t_xfer = clock_now_s();
     if (j->lane_port) {
         rdp_lane_send(j, t->url);
     } else {
@@ -421,13 +415,13 @@ static void *target_main(void *arg)
         rdp_abort(j);
         goto out;
     }
-    t->transfer_seconds = rdp_now() - t_xfer;
+    t->transfer_seconds = clock_now_s() - t_xfer;
     rdp_commit(j);
 out:
     t->bytes_acked = atomic_load(&j->acked);
     t->wire_bytes = atomic_load(&j->wire);
     t->retries = atomic_load(&j->retries);
-    t->seconds = rdp_now() - t0;
+    t->seconds = clock_now_s() - t0;
     rdc_close(j->c);
     j->c = NULL;
     atomic_store(&j->done, 1);
@@ -479,7 +473,7 @@ static int make_plan(rdp_plan *p, const rdp_tensor *ts, int n, const rdp_options
 
 static void print_progress(rdp_job *jobs, int n, double t0, int final)
 {
-    double dt = rdp_now() - t0;
+    double dt = clock_now_s() - t0;
     fputc('\r', stderr);
     for (int i = 0; i < n; i++) {
         uint64_t a = atomic_load(&jobs[i].acked), tot = jobs[i].p->total;
@@ -557,7 +551,7 @@ int rdp_push(rdp_target *targets, int n_targets, const rdp_tensor *tensors, int 
     rdp_job *jobs = calloc((size_t)n_targets, sizeof *jobs);
     if (!jobs)
         return rd_fail(RD_ENOMEM, "push: out of memory");
-    double t0 = rdp_now();
+    double t0 = clock_now_s();
     /* Connect first: chunks must fit the smallest max_message_bytes announced. */
     for (int i = 0; i < n_targets; i++) {
         rdp_job *j = &jobs[i];

@@ -52,7 +52,6 @@ typedef struct {
     pthread_t thread;
 } rdp_job;
 
-double rdp_now(void);
 /* Records the first failure of a daemon's push (later ones are consequences). */
 void rdp_fail_job(rdp_job *j, int rc, uint32_t code, const char *msg);
 /* UPDATE_BEGIN: sets xfer, window, max_chunk, lane_port; a failure is recorded. */
