@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/utf8.h"
 
 /* The GPT-2 split pattern. The trailing \s+ catches a lone whitespace char
  * before a non-space, which llama.cpp's hand-written matcher also does. */
@@ -102,10 +103,10 @@ int bpe_decode_text(const uint8_t *s, uint32_t n, uint8_t *out, uint32_t *out_le
 {
     uint32_t k = 0, o = 0;
     while (k < n) {
-        size_t len = tok_utf8_seq(s + k, n - k);
-        if (len == 0 || len > 2)
+        uint32_t cp = 0;
+        size_t len = utf8_decode(s + k, n - k, &cp);
+        if (len == 0 || len > 2) /* the alphabet stops at U+0143 */
             return 0;
-        uint32_t cp = len == 1 ? s[k] : (uint32_t)(s[k] & 0x1F) << 6 | (s[k + 1] & 0x3F);
         int b = cp_to_byte(cp);
         if (b < 0)
             return 0;
@@ -404,7 +405,7 @@ static int split_pieces(const tok_tokenizer *t, tok_work *w, const char *s, size
         if (start > at && (rc = bpe_piece(t, w, (const uint8_t *)s + at, start - at, out)))
             return rc;
         if (end <= start) /* no alternative can match empty; never loop forever */
-            end = start + tok_utf8_seq((const uint8_t *)s + start, len - start);
+            end = start + utf8_seq((const uint8_t *)s + start, len - start);
         if ((rc = bpe_piece(t, w, (const uint8_t *)s + start, end - start, out)))
             return rc;
         at = end;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/utf8.h"
 
 /* U+2581 LOWER ONE EIGHTH BLOCK: SentencePiece's written space. */
 static const char SPM_SPACE[] = "\xe2\x96\x81";
@@ -123,7 +124,7 @@ int spm_encode(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, i
      * gives its character's length, as llama.cpp's unicode_len_utf8 does. */
     int32_t m = 0;
     for (size_t at = 0; at < n; m++) {
-        size_t k = tok_utf8_seq((const uint8_t *)w->text + at, n - at);
+        size_t k = utf8_seq((const uint8_t *)w->text + at, n - at);
         if (k == 0)
             k = 1; /* not reached for valid UTF-8 */
         w->sym_off[m] = (uint32_t)at;

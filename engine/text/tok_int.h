@@ -176,9 +176,4 @@ int spm_encode(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, i
 /* chat_template.c: the marker tokens and the turn format, at load. */
 void chat_load(tok_tokenizer *t, const gguf_file *g);
 
-/* UTF-8 (RFC 3629): length of the valid sequence at s[0..n), or 0; the
- * offset of the first byte that starts no valid sequence, or n. */
-size_t tok_utf8_seq(const uint8_t *s, size_t n);
-size_t tok_utf8_invalid_at(const uint8_t *s, size_t n);
-
 #endif

@@ -20,51 +20,13 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/utf8.h"
 #include "engine/text/tok_int.h"
 
 /* One call encodes at most this much. BPE scratch takes a few tens of bytes
  * per byte of the longest piece (a run of spaces can be one piece), so the cap
  * keeps a hostile input to a few GiB; prompts are far smaller. */
 #define TOK_MAX_TEXT ((size_t)64 << 20)
-
-/* ------------------------------------------------------------------------
- * UTF-8. */
-
-size_t tok_utf8_seq(const uint8_t *s, size_t n)
-{
-    uint8_t c = s[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return n >= 2 && (s[1] & 0xC0) == 0x80 ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        /* E0 needs A0.. (no overlongs); ED stops at 9F (no surrogates). */
-        uint8_t lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-        return n >= 3 && s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 ? 3 : 0;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        /* F0 needs 90.. (no overlongs); F4 stops at 8F (nothing above U+10FFFF). */
-        uint8_t lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-        return n >= 4 && s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 && (s[3] & 0xC0) == 0x80 ? 4 : 0;
-    }
-    return 0;
-}
-
-size_t tok_utf8_invalid_at(const uint8_t *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k = tok_utf8_seq(s + i, n - i);
-        if (k == 0)
-            return i;
-        i += k;
-    }
-    return n;
-}
 
 /* ------------------------------------------------------------------------
  * The vocabulary: token text -> id. */
@@ -307,7 +269,7 @@ static int load_specials(tok_tokenizer *t)
         uint8_t ty = t->type[i];
         uint32_t len = t->text_len[i];
         if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER || ty == TOK_TYPE_UNKNOWN) && len > 0 &&
-            tok_utf8_invalid_at((const uint8_t *)tok_text(t, i), len) == len)
+            utf8_invalid_at((const uint8_t *)tok_text(t, i), len) == len)
             e[n++] = (special_entry){len, i};
     }
     qsort(e, n, sizeof *e, special_cmp);
@@ -682,7 +644,7 @@ static int split_specials(const tok_tokenizer *t, const char *text, size_t len, 
 
 int tok_check_utf8(const char *what, const char *s, size_t len)
 {
-    size_t bad = tok_utf8_invalid_at((const uint8_t *)s, len);
+    size_t bad = utf8_invalid_at((const uint8_t *)s, len);
     if (bad < len)
         return rd_fail(RD_EINVAL, "tokenizer: %s is not valid UTF-8 at byte offset %zu (byte 0x%02x)", what, bad,
                        (uint8_t)s[bad]);
