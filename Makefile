@@ -16,7 +16,7 @@ LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedcrypto -lm -lpthread
 
 # The library, floor by floor (docs/LAYOUT.md): base, engine, kernels, proto, client.
 LIB_SRC := $(wildcard base/*.c) $(wildcard engine/*.c) $(wildcard engine/*/*.c) $(wildcard engine/*/*/*.c) \
-           $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) $(wildcard client/*.c)
+           $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) $(wildcard client/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c) $(wildcard tools/rolloutctl.c))
 # The daemon: daemon/*.c plus llhttp's C sources as Debian's node-llhttp ships them.

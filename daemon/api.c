@@ -17,6 +17,7 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "base/err.h"
+#include "base/utf8.h"
 #include "engine/text/stopstr.h"
 #include "engine/text/tokenizer.h"
 
@@ -638,101 +639,14 @@ void api_on_result(api *a, eng_result *r)
 
 /* ---- per-sample text: what the answer shows ---- */
 
-/* Length of the valid UTF-8 sequence at s (1-4), 0 when there is none:
- * a bad lead byte, a cut or bad continuation, an overlong form, a surrogate,
- * past U+10FFFF. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!k || k > n)
-        return 0;
-    uint32_t cp = k == 1 ? c : k == 2 ? c & 0x1f : k == 3 ? c & 0x0f : c & 0x07;
-    for (size_t j = 1; j < k; j++) {
-        if ((s[j] & 0xC0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[j] & 0x3f);
-    }
-    if ((k == 2 && cp < 0x80) || (k == 3 && cp < 0x800) || (k == 4 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-        return 0;
-    return k;
-}
-
-/* Bytes at s (n > 0, not a valid sequence) that make one U+FFFD: the
- * "maximal subpart" of Unicode's recommended practice (Python's
- * errors="replace" does the same): a lead byte with the continuation bytes
- * that could still have completed it, else one byte. */
-static size_t utf8_bad_run(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
-    if (k == 1 || n < 2)
-        return 1;
-    unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-    if (s[1] < lo || s[1] > hi)
-        return 1;
-    size_t j = 2;
-    while (j < k && j < n && (s[j] & 0xC0) == 0x80)
-        j++;
-    return j;
-}
-
 /* JSON strings must be UTF-8, and sampled tokens need not add up to it (a
  * character cut at the end, byte tokens out of order): each invalid stretch
- * becomes U+FFFD, as a Python detokenizer (vLLM's, SGLang's) shows it. The
- * token ids carry the exact bytes. */
-static int utf8_clean(char **text, size_t *len)
-{
-    const unsigned char *s = (const unsigned char *)*text;
-    size_t n = *len, bad = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
-        bad += !k;
-        i += k ? k : utf8_bad_run(s + i, n - i);
-    }
-    if (!bad)
-        return 0;
-    char *out = malloc(n + 2 * bad + 1), *o = out;
-    if (!out)
-        return RD_ENOMEM;
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
-        if (k) {
-            memcpy(o, s + i, k);
-            o += k;
-            i += k;
-        } else {
-            memcpy(o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i += utf8_bad_run(s + i, n - i);
-        }
-    }
-    *o = 0;
-    free(*text);
-    *text = out;
-    *len = (size_t)(o - out);
-    return 0;
-}
-
-size_t api_utf8_seq(const unsigned char *s, size_t n) { return utf8_seq(s, n); }
-size_t api_utf8_bad_run(const unsigned char *s, size_t n) { return utf8_bad_run(s, n); }
-
+ * becomes U+FFFD (utf8_clean), as a Python detokenizer (vLLM's, SGLang's)
+ * shows it. The token ids carry the exact bytes. */
 char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len)
 {
     size_t n = to > from ? to - from : 0;
-    char *t = malloc(n + 1);
-    if (!t)
-        return NULL;
-    if (n)
-        memcpy(t, raw + from, n);
-    t[n] = 0;
-    *len = n;
-    if (utf8_clean(&t, len)) {
-        free(t);
-        return NULL;
-    }
-    return t;
+    return utf8_clean(n ? raw + from : "", n, len);
 }
 
 int api_sample_view(api *a, const eng_result *r, sample_view *v)
@@ -740,12 +654,10 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v)
     int rc = api_sample_raw(a, r, v);
     if (rc)
         return rc;
-    rc = utf8_clean(&v->text, &v->len);
-    if (rc) {
-        free(v->text);
-        v->text = NULL;
-    }
-    return rc;
+    char *clean = utf8_clean(v->text, v->len, &v->len);
+    free(v->text);
+    v->text = clean;
+    return clean ? 0 : RD_ENOMEM;
 }
 
 int api_sample_raw(api *a, const eng_result *r, sample_view *v)
@@ -779,14 +691,6 @@ int api_sample_raw(api *a, const eng_result *r, sample_view *v)
 
 /* A token's text for log-prob listings: its bytes when they are valid UTF-8,
  * else "bytes:\xNN..." as vLLM writes a partial character. */
-static int utf8_ok(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0, k; i < n; i += k)
-        if (!(k = utf8_seq(s + i, n - i)))
-            return 0;
-    return 1;
-}
-
 char *api_token_text(api *a, int32_t id)
 {
     size_t n = 0;
@@ -797,7 +701,7 @@ char *api_token_text(api *a, int32_t id)
             snprintf(s, 32, "<%d>", id);
         return s;
     }
-    if (utf8_ok((const unsigned char *)b, n))
+    if (utf8_invalid_at((const uint8_t *)b, n) == n)
         return strndup(b, n);
     char *s = malloc(6 + 4 * n + 1);
     if (!s)

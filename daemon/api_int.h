@@ -137,10 +137,6 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v);
 int api_sample_raw(api *a, const eng_result *r, sample_view *v);
 /* The clean (valid UTF-8) text of bytes [from, to) of raw, malloc'd. */
 char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len);
-/* UTF-8 helpers of api.c: a valid sequence's length at s (0: none) and the
- * bytes one U+FFFD replaces. */
-size_t api_utf8_seq(const unsigned char *s, size_t n);
-size_t api_utf8_bad_run(const unsigned char *s, size_t n);
 
 /* api_stream.c */
 /* Appends a partial result's tokens and their bytes; 0 or RD_ENOMEM. */

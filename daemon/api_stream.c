@@ -15,6 +15,7 @@
 
 #include "daemon/api_int.h"
 #include "base/err.h"
+#include "base/utf8.h"
 #include "engine/text/tokenizer.h"
 
 static int grow(void **p, size_t elem, int32_t cap)
@@ -71,12 +72,6 @@ int api_stream_push(api *a, api_stream *st, const eng_result *r)
     return 0;
 }
 
-/* Bytes a lead byte announces (1 for a byte that starts no sequence). */
-static size_t lead_len(unsigned char c)
-{
-    return c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
-}
-
 size_t api_stream_safe(const api_stream *st, const api_params *p)
 {
     const char *raw = st->raw;
@@ -91,23 +86,9 @@ size_t api_stream_safe(const api_stream *st, const api_params *p)
                 break;
             }
     }
-    /* The last boundary of api_utf8_clean's left-to-right walk before limit
+    /* The last boundary of utf8_clean's left-to-right walk before limit
        whose elements are all closed: more bytes could not change them. */
-    const unsigned char *s = (const unsigned char *)raw;
-    size_t at = st->text_sent, i = at;
-    while (i < limit) {
-        size_t k = api_utf8_seq(s + i, len - i);
-        if (!k) {
-            k = api_utf8_bad_run(s + i, len - i);
-            if (i + k == len && k < lead_len(s[i]))
-                break; /* cut by the end of the bytes so far: it may yet become a character */
-        }
-        if (i + k > limit)
-            break;
-        i += k;
-        at = i;
-    }
-    return at;
+    return utf8_stream_end((const uint8_t *)raw, len, st->text_sent, limit);
 }
 
 eng_result api_stream_view(const api_stream *st, const eng_result *like)

@@ -1,4 +1,5 @@
-/* backend.c - backend selection by name. */
+/* backend.c - backend selection by name, from the registry the backends
+ * provide (kernels/registry.c), and what every backend shares. */
 #include "engine/backend.h"
 
 #include <math.h>
@@ -6,28 +7,19 @@
 
 #include "base/err.h"
 
-int rd_backend_cpu_create(int n_threads, rd_backend **out);
-int rd_backend_cpu_set_kv_dtype(rd_backend *be, int elem_bytes, int is_f16);
-#ifdef RD_HAVE_CUDA
-int rd_backend_cuda_create(int n_threads, rd_backend **out);
-#endif
-/* The CUDA backend built for the host emulator (tests only): linked into the
- * test binaries that ask for it, absent (NULL) everywhere else. */
-int rd_backend_cudaemu_create(int n_threads, rd_backend **out) __attribute__((weak));
-
 int rd_backend_create(const char *name, int n_threads, rd_backend **out)
 {
     *out = NULL;
-    if (!name || strcmp(name, "cpu") == 0)
-        return rd_backend_cpu_create(n_threads, out);
-    if (strcmp(name, "cuda-emu") == 0 && rd_backend_cudaemu_create)
-        return rd_backend_cudaemu_create(n_threads, out);
-    if (strcmp(name, "cuda") == 0) {
-#ifdef RD_HAVE_CUDA
-        return rd_backend_cuda_create(n_threads, out);
-#else
-        return rd_fail(RD_ENODEV, "backend 'cuda' is not built in (rebuild with nvcc present and CUDA=1)");
-#endif
+    if (!name)
+        name = "cpu";
+    for (const rd_backend_entry *e = rd_backend_registry; e->name; e++) {
+        if (strcmp(name, e->name) != 0)
+            continue;
+        if (e->create)
+            return e->create(n_threads, out);
+        if (e->absent)
+            return rd_fail(RD_ENODEV, "backend '%s' is not built in (%s)", name, e->absent);
+        break;
     }
     return rd_fail(RD_EINVAL, "unknown backend '%s' (expected cpu or cuda)", name);
 }
@@ -45,16 +37,9 @@ int32_t rd_backend_kv_elem_bytes(const rd_backend *be)
 
 int rd_backend_set_kv_dtype(rd_backend *be, const char *name)
 {
-    int f32 = !strcmp(name, "f32"), bf16 = !strcmp(name, "bf16"), f16 = !strcmp(name, "f16");
-    if (!f32 && !bf16 && !f16 && strcmp(name, "auto"))
+    if (strcmp(name, "auto") && strcmp(name, "f32") && strcmp(name, "bf16") && strcmp(name, "f16"))
         return rd_fail(RD_EINVAL, "kv_dtype \"%s\"; expected \"auto\", \"f32\", \"bf16\" or \"f16\"", name);
-    if (!strcmp(be->ops->name, "cpu"))
-        return rd_backend_cpu_set_kv_dtype(be, bf16 || f16 ? 2 : 4, f16);
-    /* CUDA (and its emulator) store bf16 and nothing else. */
-    if (f32 || f16)
-        return rd_fail(RD_ENOTSUP, "kv_dtype \"%s\": the %s backend stores the KV cache as bf16 (use \"bf16\" or "
-                       "\"auto\")", name, be->ops->name);
-    return 0;
+    return be->ops->set_kv_dtype(be, name);
 }
 
 int64_t rd_kv_budget_bytes(int64_t free_bytes, double util, int64_t reserve_bytes)

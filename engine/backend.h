@@ -157,6 +157,11 @@ typedef struct rd_backend_ops {
 
     void (*destroy)(rd_backend *be);
 
+    /* The KV cache's element type (rd_backend_set_kv_dtype, which has
+     * checked that name is "auto", "f32", "bf16" or "f16"): sets it, or
+     * RD_ENOTSUP naming the types the backend stores. */
+    int (*set_kv_dtype)(rd_backend *be, const char *name);
+
     /* ---- Optional: zero / NULL where a backend does not provide them. ---- */
 
     /* Bytes per K/V element in the cache (0 means 4, fp32). The runner sizes
@@ -198,9 +203,25 @@ struct rd_backend {
     void *impl;                 /* backend private state */
 };
 
-/* Creates a backend by name ("cpu" or "cuda"). RD_ENODEV when the backend is
- * not built in or no device is present. */
+/* Creates a backend by name ("cpu" or "cuda"; NULL is "cpu"), from
+ * rd_backend_registry. RD_ENODEV when the backend is not built in or no
+ * device is present. */
 int rd_backend_create(const char *name, int n_threads, rd_backend **out);
+
+/* One backend the build knows, by name. create is NULL where it is not built
+ * in: absent then names how to build it, or is NULL for a backend that is
+ * only ever linked in on purpose (the CUDA emulator of the tests), which
+ * then counts as unknown. */
+typedef struct {
+    const char *name;           /* what rd_backend_create takes: "cpu", "cuda", "cuda-emu" */
+    int (*create)(int n_threads, rd_backend **out);
+    const char *absent;         /* how to build it in, when create is NULL; or NULL */
+} rd_backend_entry;
+
+/* The registry, ended by an entry with name NULL. It lives with the
+ * backends (kernels/registry.c), which the engine does not include: each
+ * backend's header declares its create function there. */
+extern const rd_backend_entry rd_backend_registry[];
 void rd_backend_destroy(rd_backend *be);
 
 /* Bytes per KV cache element of this backend (ops.kv_elem_bytes, or 4). */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/utf8.h"
 #include "proto/proto_int.h"
 
 /* ---- the table as data ---- */
@@ -261,37 +262,9 @@ static void st64(uint8_t *p, uint64_t v) { st32(p, (uint32_t)v); st32(p + 4, (ui
 /* ---- UTF-8 ---- */
 
 /* Returns the byte offset of the first invalid sequence, or len if the text
- * is valid UTF-8 (RFC 3629: no overlongs, no surrogates, nothing past
- * U+10FFFF; the same set Python's strict decoder accepts). */
-static size_t utf8_check(const uint8_t *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint8_t lo = 0x80, hi = 0xBF;  /* allowed range of the second byte */
-        if (c >= 0xC2 && c <= 0xDF) n = 2;
-        else if (c == 0xE0) { n = 3; lo = 0xA0; }
-        else if (c >= 0xE1 && c <= 0xEC) n = 3;
-        else if (c == 0xED) { n = 3; hi = 0x9F; }
-        else if (c >= 0xEE && c <= 0xEF) n = 3;
-        else if (c == 0xF0) { n = 4; lo = 0x90; }
-        else if (c >= 0xF1 && c <= 0xF3) n = 4;
-        else if (c == 0xF4) { n = 4; hi = 0x8F; }
-        else return i;
-        if (len - i < n || s[i + 1] < lo || s[i + 1] > hi)
-            return i;
-        for (size_t k = 2; k < n; k++)
-            if (s[i + k] < 0x80 || s[i + k] > 0xBF)
-                return i;
-        i += n;
-    }
-    return len;
-}
+ * is valid UTF-8 (base/utf8.h: RFC 3629, the set Python's strict decoder
+ * accepts). */
+static size_t utf8_check(const uint8_t *s, size_t len) { return utf8_invalid_at(s, len); }
 
 /* ---- decode: arena ---- */
 

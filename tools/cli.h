@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
+
 static inline void cli_die(const char *prog, const char *fmt, const char *a, const char *b)
 {
     fprintf(stderr, "%s: ", prog);
@@ -81,28 +83,18 @@ static inline int32_t *cli_ids(const char *prog, const char *flag, const char *v
 
 /* Decoded text can end inside a UTF-8 character (byte-level tokens) and
  * JSON needs valid UTF-8: returns a malloc'd copy of s[0..len) with every
- * invalid or truncated sequence replaced by U+FFFD. */
+ * byte that starts no valid sequence (utf8_seq) replaced by U+FFFD, one per
+ * byte (the daemon's answers use utf8_clean, one per maximal subpart). */
 static inline char *cli_utf8_clean(const char *s, size_t len)
 {
     char *out = malloc(len * 3 + 1), *o = out;
     if (!out)
         return NULL;
-    const unsigned char *p = (const unsigned char *)s, *end = p + len;
+    const uint8_t *p = (const uint8_t *)s, *end = p + len;
     while (p < end) {
-        unsigned c = *p;
-        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = n > 0 && p + n <= end;
-        uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
-        for (int i = 1; ok && i < n; i++) {
-            ok = (p[i] & 0xc0) == 0x80;
-            cp = (cp << 6) | (p[i] & 0x3f);
-        }
-        /* reject overlong forms, surrogates and values past U+10FFFF */
-        if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-                   (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff))
-            ok = 0;
-        if (ok) {
-            memcpy(o, p, (size_t)n);
+        size_t n = utf8_seq(p, (size_t)(end - p));
+        if (n) {
+            memcpy(o, p, n);
             o += n;
             p += n;
         } else {

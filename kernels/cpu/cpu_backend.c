@@ -4,6 +4,8 @@
  * GEMM (gemm.c); the rest are plain C loops parallelised over rows with
  * OpenMP. Every reduction runs in a fixed order inside one row, so a row's
  * result never depends on which other rows share the step. */
+#include "kernels/cpu/cpu_backend.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,6 +382,16 @@ static int cpu_step_upload(rd_backend *be, const rd_step *h, rd_step_dev *d)
 
 static void cpu_destroy(rd_backend *be) { free((cpu_be *)be); }
 
+/* kv_dtype: "auto" and "f32" store floats as they are; "bf16" and "f16" round
+ * to nearest even, and attention widens them back exactly. */
+static int cpu_set_kv_dtype(rd_backend *be, const char *name)
+{
+    cpu_be *cb = (cpu_be *)be;
+    cb->kv_type = !strcmp(name, "bf16") ? CPU_KV_BF16 : !strcmp(name, "f16") ? CPU_KV_F16 : CPU_KV_F32;
+    cb->ops.kv_elem_bytes = cb->kv_type == CPU_KV_F32 ? 0 : 2;
+    return 0;
+}
+
 static const rd_backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -408,6 +420,7 @@ static const rd_backend_ops cpu_ops = {
     .copy_blocks = cpu_copy_blocks,
     .step_upload = cpu_step_upload,
     .destroy = cpu_destroy,
+    .set_kv_dtype = cpu_set_kv_dtype,
 };
 
 int rd_backend_cpu_create(int n_threads, rd_backend **out)
@@ -423,14 +436,5 @@ int rd_backend_cpu_create(int n_threads, rd_backend **out)
     pool_init(n_threads > 0 ? n_threads : (int)(cores > 0 ? cores : 1));
     be->n_threads = pool_size();
     *out = be;
-    return 0;
-}
-
-/* kv_dtype (rd_backend_set_kv_dtype): 4-byte f32, or 2-byte bf16 / f16. */
-int rd_backend_cpu_set_kv_dtype(rd_backend *be, int elem_bytes, int is_f16)
-{
-    cpu_be *cb = (cpu_be *)be;
-    cb->kv_type = elem_bytes == 4 ? CPU_KV_F32 : is_f16 ? CPU_KV_F16 : CPU_KV_BF16;
-    cb->ops.kv_elem_bytes = elem_bytes == 4 ? 0 : 2;
     return 0;
 }

@@ -55,6 +55,7 @@
 
 extern "C" {
 #include "engine/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "base/err.h"
 #include "engine/format/gguf.h"
 #include "engine/serve/sampler.h"
@@ -1521,6 +1522,15 @@ static void cu_destroy(rd_backend *be)
     delete b;
 }
 
+// kv_dtype: the cache is bf16 and nothing else.
+static int cu_set_kv_dtype(rd_backend *be, const char *name)
+{
+    if (strcmp(name, "bf16") && strcmp(name, "auto"))
+        return rd_fail(RD_ENOTSUP, "kv_dtype \"%s\": the %s backend stores the KV cache as bf16 (use \"bf16\" or "
+                       "\"auto\")", name, be->ops->name);
+    return 0;
+}
+
 static rd_backend_ops make_ops()
 {
     rd_backend_ops o;
@@ -1551,6 +1561,7 @@ static rd_backend_ops make_ops()
     o.copy_blocks = cu_copy_blocks;
     o.step_upload = cu_step_upload;
     o.destroy = cu_destroy;
+    o.set_kv_dtype = cu_set_kv_dtype;
     o.kv_elem_bytes = 2;
     o.lm_head = cu_lm_head;
     o.d2d = cu_d2d;
