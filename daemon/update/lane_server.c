@@ -4,12 +4,13 @@
  * bulk of an update. NNG would copy every chunk into a message on both sides;
  * here the loop thread reads a frame's 48-byte head, claims the chunk's range
  * of the staging area, and has the kernel read the data straight into that
- * range (libuv's alloc callback hands out the staging memory itself; the
- * lane's sink, transfer.c, claims it and says where). A worker
- * then checks the CRC-32C, and the reply (UPDATE_CHUNK_OK or ERROR, the same
- * frames as on NNG) goes back on the same stream. Reading pauses while the
- * transfer's window of chunks is being checked, so a sender can never be
- * more than a window ahead.
+ * range (libuv's alloc callback hands out the staging memory itself). The
+ * lane knows no transfer: its sink (lane_server.h; transfer.c is one) claims
+ * the range and says where it is. A worker then checks the CRC-32C, and the
+ * reply (UPDATE_CHUNK_OK or ERROR, the same frames as on NNG) goes back on
+ * the same stream. Reading pauses while the transfer's window of chunks is
+ * being checked (the sink's has_room), so a sender can never be more than a
+ * window ahead; the sink's room signal resumes it.
  *
  * With a shared secret the daemon opens each connection with an
  * AUTH_CHALLENGE, and the sender's first frame must be a LANE_AUTH proving

@@ -39,7 +39,7 @@ struct xfer {
     /* two-phase commit and the chain (§10.11) */
     int building;               /* a build job runs (started by PREPARE or COMMIT) */
     upd_patch *patch;           /* built by PREPARE: COMMIT only swaps it in */
-    relay_chunk *log;             /* [n_log] verified chunks in the order they settled: what a relay sends */
+    relay_chunk *log;           /* [n_log] verified chunks in the order they settled: what a relay sends */
     uint32_t n_log, cap_log;
     uint64_t log_bytes;         /* sum of their lens */
     relay *relay;               /* forwarding to the next daemon, or NULL */
@@ -83,15 +83,15 @@ typedef struct {
 static uint64_t now_us(void) { return et_now_us(); }
 
 static void reply_error(xfer_state *s, br_ctx *x, uint32_t code, uint16_t type, const char *why)
-                        {
-                        s->env->reply.error(s->env->reply.ctx, x, code, type, why);
+{
+    s->env->reply.error(s->env->reply.ctx, x, code, type, why);
 }
 
 static void reply_msg(xfer_state *s, br_ctx *x, const proto_msg *m) { s->env->reply.msg(s->env->reply.ctx, x, m); }
-                      
-                      static int64_t engine_steps(xfer_state *s)
-                      {
-                      et_thread *et = s->env->et;
+
+static int64_t engine_steps(xfer_state *s)
+{
+    et_thread *et = s->env->et;
     pthread_mutex_lock(&et->mu);
     int64_t steps = et->stats.steps;
     pthread_mutex_unlock(&et->mu);
@@ -299,7 +299,7 @@ static int log_chunk(xfer *x, const proto_update_chunk *c)
         x->cap_log = cap;
     }
     x->log[x->n_log++] = (relay_chunk){.tensor_index = c->tensor_index, .len = c->len, .crc32c = c->crc32c,
-                                     .offset = c->offset};
+                                       .offset = c->offset};
     x->log_bytes += c->len;
     return 0;
 }
@@ -796,8 +796,9 @@ void xfer_on_forward(xfer_state *s, br_ctx *ctx, const proto_update_forward *f)
     if (auth) {
         memcpy(key, f->key, sizeof key);
         uint8_t pad[PROTO_AUTH_BYTES];
-        if (s->env->secret->len) { /* the key travels wrapped in this daemon's pad (§10.12) */
-            if (proto_auth_wrap_pad((const uint8_t *)s->env->secret->bytes, s->env->secret->len, x->id, f->next_xfer_id, pad)) {
+        const host_secret *sec = s->env->secret;
+        if (sec->len) { /* the key travels wrapped in this daemon's pad (§10.12) */
+            if (proto_auth_wrap_pad((const uint8_t *)sec->bytes, sec->len, x->id, f->next_xfer_id, pad)) {
                 reply_error(s, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_FORWARD, rd_errmsg());
                 return;
             }
