@@ -270,8 +270,8 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
 
 /* ---- UPDATE_CHUNK ---- */
 
-static void sink_reply(xfer_state *s, const xfer_answer *k, uint32_t code, const char *why,
-                       const proto_update_chunk_ok *ok)
+/* Sends a chunk's reply where it came from (NNG or the lane). */
+static void answer(xfer_state *s, const xfer_answer *k, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
 {
     if (k->lane.send) {
         k->lane.send(k->lane.arg, code, why, ok);
@@ -326,7 +326,7 @@ static void chunk_done(uv_work_t *w, int status)
         nng_msg_free(j->msg);
     x->inflight--;
     if (x->dead) {
-        sink_reply(s, &j->sink, PROTO_E_UNEXPECTED, "the transfer was aborted while this chunk was staged", NULL);
+        answer(s, &j->sink, PROTO_E_UNEXPECTED, "the transfer was aborted while this chunk was staged", NULL);
         xfer_maybe_free(x);
         free(j);
         return;
@@ -337,12 +337,12 @@ static void chunk_done(uv_work_t *w, int status)
     if (ok && log_chunk(x, &j->c) == 0 && x->relay)
         relay_kick(x->relay);
     if (!ok) {
-        sink_reply(s, &j->sink, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL,
+        answer(s, &j->sink, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL,
                    status ? "the chunk's staging job was cancelled" : j->err, NULL);
     } else {
         proto_update_chunk_ok r = {.xfer_id = x->id, .chunk_seq = j->c.chunk_seq,
                                    .bytes_staged = x->st->staged_bytes, .total_bytes = x->st->total_bytes};
-        sink_reply(s, &j->sink, 0, NULL, &r);
+        answer(s, &j->sink, 0, NULL, &r);
     }
     free(j);
     if (s->room) /* the lane's readers paused for the window may go on */
@@ -392,7 +392,7 @@ static void chunk_duplicate(xfer_state *s, xfer *x, const proto_update_chunk *c,
 {
     proto_update_chunk_ok r = {.xfer_id = x->id, .chunk_seq = c->chunk_seq, .flags = PROTO_CHUNK_OK_DUPLICATE,
                                .bytes_staged = x->st->staged_bytes, .total_bytes = x->st->total_bytes};
-    sink_reply(s, sink, 0, NULL, &r);
+    answer(s, sink, 0, NULL, &r);
 }
 
 /* Queues the check (and for NNG the copy) of a claimed chunk; the reply goes
@@ -416,7 +416,7 @@ static void chunk_queue(xfer_state *s, xfer *x, const proto_update_chunk *c, nng
         if (msg)
             nng_msg_free(msg);
         free(j);
-        sink_reply(s, sink, PROTO_E_INTERNAL, "cannot queue the chunk's staging job", NULL);
+        answer(s, sink, PROTO_E_INTERNAL, "cannot queue the chunk's staging job", NULL);
     }
 }
 
@@ -440,7 +440,7 @@ void xfer_on_chunk(xfer_state *s, br_ctx *ctx, const proto_update_chunk *c, nng_
     uint32_t code = chunk_claim(s, c, &x, &dest, &dup, why, sizeof why);
     if (code) {
         nng_msg_free(msg);
-        sink_reply(s, &sink, code, why, NULL);
+        answer(s, &sink, code, why, NULL);
         return;
     }
     if (dup) {
@@ -453,15 +453,15 @@ void xfer_on_chunk(xfer_state *s, br_ctx *ctx, const proto_update_chunk *c, nng_
                  x->inflight - 1, x->window, c->chunk_seq);
         chunk_abandon(s, x, c);
         nng_msg_free(msg);
-        sink_reply(s, &sink, PROTO_E_BUSY, why, NULL);
+        answer(s, &sink, PROTO_E_BUSY, why, NULL);
         return;
     }
     chunk_queue(s, x, c, msg, 0, &sink);
 }
 
-/* ---- the data lane's sink (lane_server.h) ---- */
+/* ---- the data lane's sink (lane_server.h): sink_* ---- */
 
-static int lane_claim(void *ctx, const proto_update_chunk *c, void **hold, uint8_t **dest, int *dup, char *why,
+static int sink_claim(void *ctx, const proto_update_chunk *c, void **hold, uint8_t **dest, int *dup, char *why,
                       size_t why_cap)
 {
     xfer *x;
@@ -470,34 +470,34 @@ static int lane_claim(void *ctx, const proto_update_chunk *c, void **hold, uint8
     return code;
 }
 
-static void lane_filled(void *ctx, void *hold, const proto_update_chunk *c, const lane_answer *a)
+static void sink_filled(void *ctx, void *hold, const proto_update_chunk *c, const lane_answer *a)
 {
     xfer_answer sink = {.lane = *a};
     chunk_queue(ctx, hold, c, NULL, 1, &sink);
 }
 
-static void lane_abandon(void *ctx, void *hold, const proto_update_chunk *c) { chunk_abandon(ctx, hold, c); }
+static void sink_abandon(void *ctx, void *hold, const proto_update_chunk *c) { chunk_abandon(ctx, hold, c); }
 
-static int lane_is_open(void *ctx, uint64_t xfer_id)
+static int sink_is_open(void *ctx, uint64_t xfer_id)
 {
     const xfer_state *s = ctx;
     return s->open && s->open->id == xfer_id;
 }
 
-static void lane_duplicate(void *ctx, const proto_update_chunk *c, const lane_answer *a)
+static void sink_duplicate(void *ctx, const proto_update_chunk *c, const lane_answer *a)
 {
     xfer_state *s = ctx;
     xfer_answer sink = {.lane = *a};
     chunk_duplicate(s, s->open, c, &sink);
 }
 
-static int lane_has_room(void *ctx)
+static int sink_has_room(void *ctx)
 {
     const xfer_state *s = ctx;
     return !s->open || (uint32_t)s->open->inflight < s->open->window;
 }
 
-static void lane_watch_room(void *ctx, void (*room)(void *arg), void *arg)
+static void sink_watch_room(void *ctx, void (*room)(void *arg), void *arg)
 {
     xfer_state *s = ctx;
     s->room = room;
@@ -506,8 +506,8 @@ static void lane_watch_room(void *ctx, void (*room)(void *arg), void *arg)
 
 lane_sink xfer_lane_sink(xfer_state *s)
 {
-    return (lane_sink){.claim = lane_claim, .filled = lane_filled, .abandon = lane_abandon, .is_open = lane_is_open,
-                       .duplicate = lane_duplicate, .has_room = lane_has_room, .watch_room = lane_watch_room,
+    return (lane_sink){.claim = sink_claim, .filled = sink_filled, .abandon = sink_abandon, .is_open = sink_is_open,
+                       .duplicate = sink_duplicate, .has_room = sink_has_room, .watch_room = sink_watch_room,
                        .ctx = s};
 }
 
