@@ -19,10 +19,11 @@ LIB_SRC := $(wildcard base/*.c) $(wildcard engine/*.c) $(wildcard engine/*/*.c) 
            $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/cuda/*.c) $(wildcard proto/*.c) $(wildcard client/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS   := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/rollout-*.c) $(wildcard tools/rolloutctl.c))
-# The daemon: daemon/*.c plus llhttp's C sources as Debian's node-llhttp ships them.
+# The daemon: daemon/*.c, its weight-update wing daemon/update/*.c, plus llhttp's C sources as Debian's
+# node-llhttp ships them.
 LLHTTP_DIR ?= /usr/share/llhttp
 LLHTTP_INC ?= /usr/share/include/llhttp
-DAEMON_SRC := $(wildcard daemon/*.c)
+DAEMON_SRC := $(wildcard daemon/*.c) $(wildcard daemon/update/*.c)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/obj/%.o)
 LLHTTP_OBJ := $(if $(DAEMON_SRC),$(BUILD)/obj/llhttp/llhttp.o $(BUILD)/obj/llhttp/api.o $(BUILD)/obj/llhttp/http.o)
 DAEMON  := $(if $(DAEMON_SRC),$(BUILD)/rolloutd)

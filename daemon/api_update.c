@@ -3,7 +3,7 @@
  * The daemon pushes the file to itself over its own learner socket, with the
  * same client code rolloutctl push-weights uses (rdp_source_open, rdp_push),
  * so the update goes through exactly the staging, checksums, checks and
- * step-boundary swap of an NNG push (update.c), and a bad file leaves the old
+ * step-boundary swap of an NNG push (update/transfer.c), and a bad file leaves the old
  * weights serving. The reading and pushing run on a libuv worker thread; the
  * loop thread keeps serving (it is the push's server). The answer comes when
  * the new version is serving, or says why not. */
@@ -39,8 +39,8 @@ static void upd_work(uv_work_t *w)
         return;
     }
     rdp_options o = {.version = j->version, .mode = j->mode, .window = 4, .chunk_bytes = 16u << 20,
-                     .client_name = "update_weights_from_disk", .secret = j->d->auth_len ? j->d->auth_secret : NULL,
-                     .secret_len = j->d->auth_len};
+                     .client_name = "update_weights_from_disk", .secret = j->d->secret.len ? j->d->secret.bytes : NULL,
+                     .secret_len = j->d->secret.len};
     rdp_target t = {.url = j->url};
     j->rc = rdp_push(&t, 1, src.ts, src.n, &o);
     if (j->rc)

@@ -95,11 +95,8 @@ static void run_cmds(et_thread *t)
                 refuse(t, c, now);
             }
         } else if (c->kind == ET_SWAP) {
-            t->swap = c->swap;
+            t->swap = c->swap; /* swap_policy applies it */
             c->swap.patch = NULL;
-            /* Drain: nothing new starts while started work finishes on the old weights. */
-            if (t->swap.mode == UPD_DRAIN)
-                eng_hold_new(t->eng, 1);
         } else if (c->kind == ET_PAUSE) {
             eng_pause(t->eng, c->pause);
         } else if (c->kind == ET_FLUSH) {
@@ -171,14 +168,22 @@ static void collect_progress(et_thread *t, uint64_t now)
     t->n_partial = pushed;
 }
 
-/* Swaps the weights if the pending swap's moment has come: at once in continue
- * and abort mode (this is a step boundary), in drain mode once nothing started
- * is left. Caller holds mu. */
-static void maybe_swap(et_thread *t)
+/* The swap policy, all of it (PROTOCOL.md §10.6), run at every step
+ * boundary while a swap is pending: continue swaps at once, and running
+ * sequences go on under the new weights; abort ends the started sequences
+ * (their partial rollouts are returned), then swaps; drain holds new work
+ * back, so nothing new starts on the old weights, and swaps once nothing
+ * started is left. Caller holds mu. */
+static void swap_policy(et_thread *t)
 {
     et_swap *w = &t->swap;
-    if (!w->active || (w->mode == UPD_DRAIN && eng_started(t->eng) > 0))
+    if (!w->active)
         return;
+    if (w->mode == UPD_DRAIN) {
+        eng_hold_new(t->eng, 1);
+        if (eng_started(t->eng) > 0)
+            return;
+    }
     uint64_t t0 = et_now_us();
     int32_t n_aborted = w->mode == UPD_ABORT ? eng_abort_started(t->eng) : 0;
     upd_apply(w->m, w->patch);
@@ -198,7 +203,7 @@ static void engine_main(void *arg)
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         run_cmds(t);
-        maybe_swap(t);
+        swap_policy(t);
         /* An abort finishes samples without a step: collect them now, or an
          * engine left idle by the abort would sleep on them. */
         collect(t, et_now_us());
@@ -374,7 +379,7 @@ et_done *et_take(et_thread *t, eng_stats *stats)
     return d;
 }
 
-int et_swap_weights(et_thread *t, model *m, upd_patch *patch, uint64_t version, int mode)
+int et_apply_update(et_thread *t, model *m, upd_patch *patch, uint64_t version, upd_mode mode)
 {
     et_cmd *c = calloc(1, sizeof *c);
     if (!c)

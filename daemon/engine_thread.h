@@ -24,7 +24,7 @@ typedef struct {
     upd_patch *patch;           /* new weights; after the swap, the old ones */
     model *m;                   /* the engine's model (written only between steps) */
     uint64_t version;
-    int mode;                   /* PROTO_MODE_* */
+    upd_mode mode;              /* when in-flight sequences meet the new weights */
 } et_swap;
 
 /* What the loop learns once the swap happened. */
@@ -95,10 +95,13 @@ int et_pause(et_thread *t, int pause);
 /* Flushes the prefix cache between steps; the answer comes back through
  * et_take as an et_done with flush set and r.tag = key. */
 int et_flush_cache(et_thread *t, uint64_t key);
-/* Hands a built patch to the engine thread; it swaps at the next step
- * boundary (continue, abort) or once started work has finished (drain), then
- * wakes the loop (et_take_swapped). The patch is the thread's from here on. */
-int et_swap_weights(et_thread *t, model *m, upd_patch *patch, uint64_t version, int mode);
+/* The one call that applies a weight update: hands a built patch to the
+ * engine thread, which applies mode's swap policy (continue: swap at the
+ * next step boundary, running sequences go on under the new weights; abort:
+ * end the started ones, then swap; drain: start nothing new and swap once
+ * started work has finished), then wakes the loop (et_take_swapped). The
+ * patch is the thread's from here on. */
+int et_apply_update(et_thread *t, model *m, upd_patch *patch, uint64_t version, upd_mode mode);
 /* 1 and *out filled when a swap has happened since the last call. */
 int et_take_swapped(et_thread *t, et_swapped *out);
 

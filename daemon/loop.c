@@ -27,7 +27,7 @@ static void send_out(rd_daemon *d, br_ctx *x)
     br_reply(x, d->out.data, d->out.len);
 }
 
-void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, const char *msg)
+static void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, const char *msg)
 {
     d->errors++;
     proto_buf_reset(&d->out);
@@ -38,7 +38,7 @@ void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, con
     send_out(d, x);
 }
 
-void loop_reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m)
+static void loop_reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m)
 {
     proto_buf_reset(&d->out);
     if (proto_encode(&d->out, m)) {
@@ -50,6 +50,15 @@ void loop_reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m)
     }
     send_out(d, x);
 }
+
+static void reply_error_cb(void *ctx, br_ctx *x, uint32_t code, uint16_t type, const char *why)
+{
+    loop_reply_error(ctx, x, code, type, why);
+}
+
+static void reply_msg_cb(void *ctx, br_ctx *x, const proto_msg *m) { loop_reply_msg(ctx, x, m); }
+
+host_reply loop_reply(rd_daemon *d) { return (host_reply){.msg = reply_msg_cb, .error = reply_error_cb, .ctx = d}; }
 
 /* ---- results ---- */
 
@@ -122,7 +131,7 @@ static void forget_client(rd_daemon *d, cl_client *c, const char *why)
     for (cl_req *q = c->reqs; q; q = q->next)
         abort_req(d, q);
     log_line("client %016llx (%s) forgotten: %s", (unsigned long long)c->id, c->name, why);
-    up_on_client_forgotten(d, c->id);
+    wing_on_client_forgotten(&d->wing, c->id);
     cl_forget(&d->clients, c);
 }
 
@@ -516,9 +525,10 @@ static void serve(rd_daemon *d, br_ctx *x)
         return;
     }
     uint32_t pipe = nng_pipe_id(nng_msg_get_pipe(x->msg));
-    if (m.type == PROTO_AUTH_BEGIN || m.type == PROTO_AUTH || !auth_pipe_ok(d, pipe)) {
+    if (m.type == PROTO_AUTH_BEGIN || m.type == PROTO_AUTH || !pipe_auth_ok(&d->auth, &d->secret, pipe)) {
         if (m.type == PROTO_AUTH_BEGIN || m.type == PROTO_AUTH) {
-            auth_on_message(d, x, &m, pipe);
+            host_reply r = loop_reply(d);
+            pipe_auth_on_message(&d->auth, &d->secret, &r, x, &m, pipe);
         } else {
             char why[200];
             snprintf(why, sizeof why, "%s on a connection that has not authenticated: this daemon needs the shared "
@@ -532,7 +542,7 @@ static void serve(rd_daemon *d, br_ctx *x)
         /* The chunk's data points into the message: the staging job frees it. */
         nng_msg *msg = x->msg;
         x->msg = NULL;
-        up_on_chunk(d, x, &m.update_chunk, msg);
+        wing_on_chunk(&d->wing, x, &m.update_chunk, msg);
         proto_msg_free(&m);
         return;
     }
@@ -546,12 +556,12 @@ static void serve(rd_daemon *d, br_ctx *x)
     case PROTO_ABORT: on_abort(d, x, &m.abort_req); break;
     case PROTO_STATUS: on_status(d, x); break;
     case PROTO_BYE: on_bye(d, x, &m.bye); break;
-    case PROTO_UPDATE_BEGIN: up_on_begin(d, x, &m.update_begin, pipe); break;
-    case PROTO_UPDATE_COMMIT: up_on_commit(d, x, &m.update_commit); break;
-    case PROTO_UPDATE_ABORT: up_on_abort(d, x, &m.update_abort); break;
-    case PROTO_UPDATE_PREPARE: up_on_prepare(d, x, &m.update_prepare); break;
-    case PROTO_UPDATE_FORWARD: up_on_forward(d, x, &m.update_forward); break;
-    case PROTO_WEIGHTS_SYNC: sync_on_request(d, x, &m.weights_sync); break;
+    case PROTO_UPDATE_BEGIN:
+    case PROTO_UPDATE_COMMIT:
+    case PROTO_UPDATE_ABORT:
+    case PROTO_UPDATE_PREPARE:
+    case PROTO_UPDATE_FORWARD:
+    case PROTO_WEIGHTS_SYNC: wing_on_message(&d->wing, x, &m, pipe); break;
     case PROTO_LANE_AUTH:
         loop_reply_error(d, x, PROTO_E_UNEXPECTED, m.type, "LANE_AUTH belongs on the data lane (PROTOCOL.md 10.12)");
         break;
@@ -570,13 +580,13 @@ void loop_on_wake(uv_async_t *h)
     rd_daemon *d = h->data;
     /* Results first, so a FETCH in this batch sees them. */
     take_results(d);
-    up_on_wake(d);
+    wing_on_wake(&d->wing);
     uint32_t pipes[64];
     int np;
     while ((np = br_take_closed(&d->br, pipes, 64)) > 0)
         for (int i = 0; i < np; i++) {
-            up_on_pipe_closed(d, pipes[i]);
-            auth_on_pipe_closed(d, pipes[i]);
+            wing_on_pipe_closed(&d->wing, pipes[i]);
+            pipe_auth_on_closed(&d->auth, pipes[i]);
         }
     br_ctx *x;
     while ((x = br_next(&d->br)))
@@ -618,16 +628,11 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->requests_accepted = d->accepted;
     s->requests_rejected = d->rejected;
     s->protocol_errors = d->errors;
-    up_progress(d, &s->update_active, &s->update_version, &s->update_staged, &s->update_total,
-                &s->update_committing);
-    s->last_update = &d->last_update;
-    s->updates_ok = d->updates_ok;
-    s->updates_failed = d->updates_failed;
-    s->update_bytes_total = d->update_bytes_total;
+    wing_snapshot(&d->wing, s);
     s->http_listen = d->cfg.http_listen;
     s->http_auth = d->http.key_len > 0;
     s->http_insecure = !d->http.key_len && !d->http.loopback;
-    s->insecure = d->exposed;
+    s->insecure = d->exposed || wing_exposed(&d->wing);
     s->http_connections = d->http.n_conns;
     s->http_requests = d->http.n_requests;
     s->http_evicted = d->http.n_evicted;
@@ -701,9 +706,9 @@ int loop_http_start(rd_daemon *d)
     size_t key_len = 0;
     if (d->cfg.api_key_file[0] && (rc = http_read_key(d->cfg.api_key_file, key, &key_len)))
         return rc;
-    if (!d->cfg.api_key_file[0] && d->auth_len) { /* one secret for every socket (DESIGN.md) */
-        memcpy(key, d->auth_secret, d->auth_len + 1);
-        key_len = d->auth_len;
+    if (!d->cfg.api_key_file[0] && d->secret.len) { /* one secret for every socket (DESIGN.md) */
+        memcpy(key, d->secret.bytes, d->secret.len + 1);
+        key_len = d->secret.len;
     }
     http_config hc = {
         .listen = d->cfg.http_listen,
@@ -735,7 +740,7 @@ void loop_on_tick(uv_timer_t *t)
     st = d->et.stats;
     pthread_mutex_unlock(&d->et.mu);
     mx_window_push(&d->win, (double)now_us() / 1e6, st.prompt_tokens, st.generated_tokens);
-    up_on_tick(d);
+    wing_on_tick(&d->wing);
     /* Client TTL: a parked FETCH counts as activity. */
     uint64_t now = now_us(), ttl = (uint64_t)d->cfg.client_ttl_s * 1000000u;
     u64map *m = &d->clients.clients;
@@ -838,7 +843,7 @@ void loop_shutdown(rd_daemon *d)
     http_stop(&d->http);
     api_destroy(d->api);
     d->api = NULL;
-    lane_stop(d);
+    wing_stop(&d->wing);
     log_line("shutdown: socket closed, engine stopped");
     uv_walk(&d->loop, close_one, NULL);
 }

@@ -81,7 +81,7 @@ static int check_exposure(rd_daemon *d)
     nng_sockaddr sa;
     if (nng_listener_get_addr(d->br.listener, NNG_OPT_LOCADDR, &sa) != 0)
         return rd_fail(RD_EIO, "listen \"%s\": cannot read the bound address", d->cfg.listen);
-    if (net_nng_is_loopback(&sa) || d->auth_len)
+    if (net_nng_is_loopback(&sa) || d->secret.len)
         return 0;
     if (!d->cfg.insecure)
         return rd_fail(RD_EINVAL, "listen \"%s\" is not a loopback address and no auth_token_file is set: anyone "
@@ -90,6 +90,25 @@ static int check_exposure(rd_daemon *d)
     d->exposed = 1;
     log_line("warning: the learner socket %s faces the network without authentication (insecure)", d->cfg.listen);
     return 0;
+}
+
+/* What the weight-update wing is handed: pointers into d, which lives until exit. */
+static void wing_setup(rd_daemon *d)
+{
+    host_env env = {
+        .reply = loop_reply(d),
+        .cfg = &d->cfg,
+        .loop = &d->loop,
+        .et = &d->et,
+        .m = d->L.m,
+        .clients = &d->clients,
+        .state = &d->state,
+        .weight_version = &d->weight_version,
+        .max_message_bytes = &d->lim.max_message_bytes,
+        .t_start_us = &d->t_start_us,
+        .secret = &d->secret,
+    };
+    wing_init(&d->wing, &env);
 }
 
 static int start(rd_daemon *d)
@@ -139,7 +158,7 @@ static int start(rd_daemon *d)
 
     if ((rc = et_start(&d->et, d->eng, &d->wake)))
         return rc;
-    if ((rc = auth_load(d)))
+    if ((rc = pipe_auth_load(&d->auth, d->cfg.auth_token_file, &d->secret)))
         return rc;
     nng_tls_config *tls = NULL;
     if (proto_tls_url(d->cfg.listen) && (rc = proto_tls_server(d->cfg.tls_cert_file, d->cfg.tls_key_file, &tls)))
@@ -152,11 +171,11 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = check_exposure(d)))
         return rc;
-    if ((rc = lane_start(d)))
+    if ((rc = wing_start_lane(&d->wing)))
         return rc;
     if ((rc = loop_http_start(d)))
         return rc;
-    if ((rc = sync_start(d)))
+    if ((rc = wing_start_sync(&d->wing)))
         return rc;
     return 0;
 }
@@ -194,6 +213,7 @@ int main(int argc, char **argv)
     cl_init(&d->clients, d->lim.retention_results, d->lim.retention_bytes);
     proto_buf_init(&d->out);
     uv_loop_init(&d->loop);
+    wing_setup(d);
 
     int rc = start(d);
     if (rc) {
@@ -207,18 +227,17 @@ int main(int argc, char **argv)
                  (long long)d->cfg.block_size);
         log_line("listening on %s (learners), http://%s (HTTP, %s)", d->cfg.listen, d->cfg.http_listen,
                  d->http.key_len ? "Bearer key required" : "no auth");
-        if (d->lane)
-            log_line("weight-update data lane on TCP port %u", d->lane_port);
+        if (d->wing.lane)
+            log_line("weight-update data lane on TCP port %u", lane_port(d->wing.lane));
     }
     uv_run(&d->loop, UV_RUN_DEFAULT);
-    sync_stop(d);
     if (uv_loop_close(&d->loop))
         log_line("warning: libuv handles still open at exit");
+    wing_free(&d->wing); /* joins the sync threads (they never touch the loop), frees the lane */
     free(d->br.ctxs);
-    free(d->lane);
     pthread_mutex_destroy(&d->br.mu);
     cl_free(&d->clients);
-    auth_free(d);
+    pipe_auth_free(&d->auth, &d->secret);
     proto_buf_free(&d->out);
     if (d->eng)
         eng_destroy(d->eng);

@@ -8,50 +8,61 @@
  *     without rounding, and the native GEMM is bit-identical to the widened
  *     one) and pushes them to the target like a learner would (rd_push.c),
  *     at the peer's version. While the export reads the weights no update
- *     may begin (up_on_begin checks sync_exporting), so nothing is swapped
+ *     may begin (xfer_on_begin checks weights_busy), so nothing is swapped
  *     and freed under it.
  *   - the target, with weights_from: once serving, a thread asks the peer
  *     for a WEIGHTS_SYNC to this daemon's advertised URL; the push then
  *     arrives through the ordinary update path and is committed there. */
-#include <stdatomic.h>
+#include "daemon/update/sync.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
-#include "daemon/log.h"
 #include "base/err.h"
 #include "client/rd_client.h"
 #include "client/rd_push.h"
+#include "daemon/log.h"
+#include "daemon/update/convert.h"
 
 #define SYNC_ASK_TRIES 30           /* the target asks its peer this many times, a second apart */
 
 typedef struct {
-    rd_daemon *d;
+    sync_state *s;
     char url[1025];
     uint64_t version;
 } sync_job;
 
-static uint8_t wire_dtype(st_dtype t)
+static void reply_error(sync_state *s, br_ctx *x, uint32_t code, const char *why)
 {
-    return t == ST_F16 ? PROTO_DTYPE_F16 : t == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
+    s->env->reply.error(s->env->reply.ctx, x, code, PROTO_WEIGHTS_SYNC, why);
+}
+
+void sync_init(sync_state *s, const host_env *env, xfer_state *xfer)
+{
+    memset(s, 0, sizeof *s);
+    s->env = env;
+    s->xfer = xfer;
+    atomic_init(&s->running, 0);
+    atomic_init(&s->stop, 0);
 }
 
 /* The peer's side: export, then push to the target. */
 static void *push_main(void *arg)
 {
     sync_job *j = arg;
-    rd_daemon *d = j->d;
+    sync_state *s = j->s;
+    const host_secret *sec = s->env->secret;
     model_hf_tensor *mt = NULL;
     size_t n = 0;
-    int rc = model_export_mem(d->L.m, ST_F32, &mt, &n);
-    atomic_store(&d->sync_exporting, 0);
+    int rc = model_export_mem(s->env->m, ST_F32, &mt, &n);
+    atomic_store(&s->xfer->weights_busy, 0);
     rdp_tensor *ts = rc ? NULL : calloc(n, sizeof *ts);
     if (!rc && !ts)
         rc = rd_fail(RD_ENOMEM, "out of memory");
     for (size_t i = 0; !rc && i < n; i++) {
-        ts[i] = (rdp_tensor){.name = mt[i].name, .dtype = wire_dtype(mt[i].dtype), .n_dims = (uint8_t)mt[i].n_dims,
+        ts[i] = (rdp_tensor){.name = mt[i].name, .dtype = convert_st_dtype(mt[i].dtype), .n_dims = (uint8_t)mt[i].n_dims,
                              .nbytes = mt[i].nbytes, .data = mt[i].data};
         for (int k = 0; k < mt[i].n_dims; k++)
             ts[i].shape[k] = (uint64_t)mt[i].shape[k];
@@ -59,8 +70,8 @@ static void *push_main(void *arg)
     rdp_target t = {.url = j->url};
     if (!rc) {
         rdp_options o = {.version = j->version, .mode = PROTO_MODE_CONTINUE, .window = 4, .chunk_bytes = 16u << 20,
-                         .client_name = "rolloutd weights sync", .secret = d->auth_len ? d->auth_secret : NULL,
-                         .secret_len = d->auth_len};
+                         .client_name = "rolloutd weights sync", .secret = sec->len ? sec->bytes : NULL,
+                         .secret_len = sec->len};
         rc = rdp_push(&t, 1, ts, (int)n, &o);
     }
     if (rc)
@@ -72,78 +83,81 @@ static void *push_main(void *arg)
     free(ts);
     model_hf_tensors_free(mt, n);
     free(j);
-    atomic_store(&d->sync_running, 0);
+    atomic_store(&s->running, 0);
     return NULL;
 }
 
-void sync_on_request(rd_daemon *d, br_ctx *ctx, const proto_weights_sync *s)
+void sync_on_request(sync_state *s, br_ctx *ctx, const proto_weights_sync *q)
 {
     char why[1200];
-    if (!cl_find(&d->clients, s->client_id)) {
-        loop_reply_error(d, ctx, PROTO_E_UNKNOWN_CLIENT, PROTO_WEIGHTS_SYNC, "WEIGHTS_SYNC from an unknown client_id");
+    uint64_t version = *s->env->weight_version;
+    if (!cl_find(s->env->clients, q->client_id)) {
+        reply_error(s, ctx, PROTO_E_UNKNOWN_CLIENT, "WEIGHTS_SYNC from an unknown client_id");
         return;
     }
-    if (d->state != D_SERVING) {
-        loop_reply_error(d, ctx, PROTO_E_SHUTTING_DOWN, PROTO_WEIGHTS_SYNC, "the daemon is shutting down");
+    if (*s->env->state != D_SERVING) {
+        reply_error(s, ctx, PROTO_E_SHUTTING_DOWN, "the daemon is shutting down");
         return;
     }
-    if (d->weight_version == 0) {
-        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_WEIGHTS_SYNC,
-                         "this daemon serves its model file (version 0): there is no pushed version to hand on");
+    if (version == 0) {
+        reply_error(s, ctx, PROTO_E_UNEXPECTED,
+                    "this daemon serves its model file (version 0): there is no pushed version to hand on");
         return;
     }
-    if (d->xfer) {
-        loop_reply_error(d, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_WEIGHTS_SYNC,
-                         "a weight update is in progress here; ask again when it has ended");
+    if (xfer_active(s->xfer)) {
+        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT,
+                    "a weight update is in progress here; ask again when it has ended");
         return;
     }
-    if (strncmp(s->url.ptr, "tcp://", 6) && strncmp(s->url.ptr, "tls+tcp://", 10)) {
+    if (strncmp(q->url.ptr, "tcp://", 6) && strncmp(q->url.ptr, "tls+tcp://", 10)) {
         snprintf(why, sizeof why, "WEIGHTS_SYNC url \"%s\": expected tcp://HOST:PORT or tls+tcp://HOST:PORT",
-                 s->url.ptr);
-        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_WEIGHTS_SYNC, why);
+                 q->url.ptr);
+        reply_error(s, ctx, PROTO_E_INVALID_PARAMS, why);
         return;
     }
     int idle = 0;
-    if (!atomic_compare_exchange_strong(&d->sync_running, &idle, 1)) {
-        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_WEIGHTS_SYNC, "a weights sync is already running; retry later");
+    if (!atomic_compare_exchange_strong(&s->running, &idle, 1)) {
+        reply_error(s, ctx, PROTO_E_BUSY, "a weights sync is already running; retry later");
         return;
     }
     sync_job *j = calloc(1, sizeof *j);
     if (j) {
-        j->d = d;
-        snprintf(j->url, sizeof j->url, "%s", s->url.ptr);
-        j->version = d->weight_version;
-        atomic_store(&d->sync_exporting, 1);
+        j->s = s;
+        snprintf(j->url, sizeof j->url, "%s", q->url.ptr);
+        j->version = version;
+        atomic_store(&s->xfer->weights_busy, 1);
     }
-    if (d->sync_joinable) {
-        pthread_join(d->sync_thread, NULL); /* the previous one has ended (sync_running was 0) */
-        d->sync_joinable = 0;
+    if (s->joinable) {
+        pthread_join(s->thread, NULL); /* the previous one has ended (running was 0) */
+        s->joinable = 0;
     }
-    if (!j || pthread_create(&d->sync_thread, NULL, push_main, j)) {
+    if (!j || pthread_create(&s->thread, NULL, push_main, j)) {
         free(j);
-        atomic_store(&d->sync_exporting, 0);
-        atomic_store(&d->sync_running, 0);
-        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_WEIGHTS_SYNC, "cannot start the sync thread");
+        atomic_store(&s->xfer->weights_busy, 0);
+        atomic_store(&s->running, 0);
+        reply_error(s, ctx, PROTO_E_INTERNAL, "cannot start the sync thread");
         return;
     }
-    d->sync_joinable = 1;
-    log_line("weights sync: pushing version %llu to %s", (unsigned long long)d->weight_version, s->url.ptr);
+    s->joinable = 1;
+    log_line("weights sync: pushing version %llu to %s", (unsigned long long)version, q->url.ptr);
     proto_msg m = {.type = PROTO_WEIGHTS_SYNC_OK};
-    m.weights_sync_ok.version = d->weight_version;
-    loop_reply_msg(d, ctx, &m);
+    m.weights_sync_ok.version = version;
+    s->env->reply.msg(s->env->reply.ctx, ctx, &m);
 }
 
 /* The target's side: ask the peer until it answers. */
 static void *ask_main(void *arg)
 {
-    rd_daemon *d = arg;
-    const char *me = d->cfg.advertise_url[0] ? d->cfg.advertise_url : d->cfg.listen;
-    for (int attempt = 0; attempt < SYNC_ASK_TRIES && !atomic_load(&d->sync_stop); attempt++) {
+    sync_state *s = arg;
+    const cfg_daemon *cfg = s->env->cfg;
+    const host_secret *sec = s->env->secret;
+    const char *me = cfg->advertise_url[0] ? cfg->advertise_url : cfg->listen;
+    for (int attempt = 0; attempt < SYNC_ASK_TRIES && !atomic_load(&s->stop); attempt++) {
         if (attempt)
             sleep(1);
         rdc_client *c = NULL;
-        int rc = rdc_open(d->cfg.weights_from, &c);
-        if (!rc && d->auth_len && !(rc = rdc_set_secret(c, d->auth_secret, d->auth_len)))
+        int rc = rdc_open(cfg->weights_from, &c);
+        if (!rc && sec->len && !(rc = rdc_set_secret(c, sec->bytes, sec->len)))
             rc = rdc_auth(c);
         if (!rc)
             rc = rdc_hello(c, 0, "rolloutd weights_from");
@@ -153,11 +167,11 @@ static void *ask_main(void *arg)
         if (!rc)
             rc = rdc_call(c, &req, PROTO_WEIGHTS_SYNC_OK, RDC_TIMEOUT_MS, &rep);
         if (!rc) {
-            log_line("weights_from %s: it is pushing version %llu to %s", d->cfg.weights_from,
+            log_line("weights_from %s: it is pushing version %llu to %s", cfg->weights_from,
                      (unsigned long long)rep.weights_sync_ok.version, me);
             proto_msg_free(&rep);
         } else {
-            log_line("weights_from %s: %s%s", d->cfg.weights_from, rd_errmsg(),
+            log_line("weights_from %s: %s%s", cfg->weights_from, rd_errmsg(),
                      attempt + 1 < SYNC_ASK_TRIES ? " (asking again in 1 s)" : " (giving up)");
         }
         uint32_t code = c ? rdc_error_code(c) : 0;
@@ -170,28 +184,29 @@ static void *ask_main(void *arg)
     return NULL;
 }
 
-int sync_start(rd_daemon *d)
+int sync_start(sync_state *s)
 {
-    if (!d->cfg.weights_from[0])
+    const cfg_daemon *cfg = s->env->cfg;
+    if (!cfg->weights_from[0])
         return 0;
-    const char *me = d->cfg.advertise_url[0] ? d->cfg.advertise_url : d->cfg.listen;
+    const char *me = cfg->advertise_url[0] ? cfg->advertise_url : cfg->listen;
     const char *host = strstr(me, "://");
     host = host ? host + 3 : me;
     if (!strncmp(host, "0.0.0.0:", 8) || !strncmp(host, "*:", 2) || !strncmp(host, "[::]:", 5))
         return rd_fail(RD_EINVAL, "weights_from: the peer must dial this daemon back, and listen \"%s\" is a "
                        "wildcard address; set advertise_url to the URL it can reach", me);
-    if (pthread_create(&d->sync_ask_thread, NULL, ask_main, d))
+    if (pthread_create(&s->ask_thread, NULL, ask_main, s))
         return rd_fail(RD_ENOMEM, "weights_from: cannot start a thread");
-    d->sync_ask_joinable = 1;
+    s->ask_joinable = 1;
     return 0;
 }
 
-void sync_stop(rd_daemon *d)
+void sync_stop(sync_state *s)
 {
-    atomic_store(&d->sync_stop, 1);
-    if (d->sync_ask_joinable)
-        pthread_join(d->sync_ask_thread, NULL);
-    if (d->sync_joinable)
-        pthread_join(d->sync_thread, NULL); /* a push in progress ends within its timeouts */
-    d->sync_ask_joinable = d->sync_joinable = 0;
+    atomic_store(&s->stop, 1);
+    if (s->ask_joinable)
+        pthread_join(s->ask_thread, NULL);
+    if (s->joinable)
+        pthread_join(s->thread, NULL); /* a push in progress ends within its timeouts */
+    s->ask_joinable = s->joinable = 0;
 }

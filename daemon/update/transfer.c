@@ -1,4 +1,4 @@
-/* update.c - live weight updates on the loop thread (PROTOCOL.md §10).
+/* transfer.c - live weight updates on the loop thread (PROTOCOL.md §10).
  *
  * One transfer at a time. The loop thread keeps the bookkeeping (which byte
  * ranges are claimed, the window, timeouts); the libuv worker pool does the
@@ -7,20 +7,23 @@
  * weights. The engine thread then swaps pointers at a step boundary
  * (engine_thread.c) and the loop replies to the COMMIT. Decode never waits
  * for bytes in flight. */
+#include "daemon/update/transfer.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
-#include "daemon/daemon.h"
-#include "daemon/log.h"
 #include "base/err.h"
+#include "daemon/log.h"
+#include "daemon/update/convert.h"
+#include "daemon/update/relay.h"
 
-struct up_xfer {
+struct xfer {
     uint64_t id;                /* xfer_id, random, never 0 */
     uint64_t client_id;
     uint64_t version;
-    int mode;                   /* PROTO_MODE_* */
+    uint8_t mode;               /* PROTO_MODE_*, as the sender asked (convert_mode for the engine) */
     uint32_t window;            /* chunks staged at once */
     uint32_t max_chunk;         /* bytes of chunk data */
     uint32_t pipe;              /* NNG pipe id of the UPDATE_BEGIN */
@@ -36,7 +39,7 @@ struct up_xfer {
     /* two-phase commit and the chain (§10.11) */
     int building;               /* a build job runs (started by PREPARE or COMMIT) */
     upd_patch *patch;           /* built by PREPARE: COMMIT only swaps it in */
-    up_fchunk *log;             /* [n_log] verified chunks in the order they settled: what a relay sends */
+    relay_chunk *log;           /* [n_log] verified chunks in the order they settled: what a relay sends */
     uint32_t n_log, cap_log;
     uint64_t log_bytes;         /* sum of their lens */
     relay *relay;               /* forwarding to the next daemon, or NULL */
@@ -44,46 +47,60 @@ struct up_xfer {
     int forwarded;              /* a FORWARD came: st stays until the transfer ends (a reroute resends from it) */
 };
 
+/* Where a chunk's reply goes: an NNG context, or (lane.send set) the data lane. */
+typedef struct {
+    br_ctx *ctx;
+    lane_answer lane;
+} xfer_answer;
+
 typedef struct {
     uv_work_t w;
-    rd_daemon *d;
-    up_xfer *x;
-    up_sink sink;               /* where the chunk's reply goes */
+    xfer_state *s;
+    xfer *x;
+    xfer_answer sink;           /* where the chunk's reply goes */
     nng_msg *msg;               /* holds the chunk data (NNG path), or NULL */
     int in_place;               /* 1: the data is already in the staging area (data lane): verify only */
     proto_update_chunk c;
     int rc;
     char err[512];
-} up_chunk_job;
+} chunk_job;
 
 typedef struct {
     uv_work_t w;
-    rd_daemon *d;
-    up_xfer *x;
+    xfer_state *s;
+    xfer *x;
     upd_patch *patch;
     int rc;
     char err[512];
-} up_build_job;
+} build_job;
 
 typedef struct {
     uv_work_t w;
     rd_backend *be;
     upd_patch *patch;
-} up_free_job;
+} free_job;
 
 static uint64_t now_us(void) { return et_now_us(); }
 
-static int64_t engine_steps(rd_daemon *d)
+static void reply_error(xfer_state *s, br_ctx *x, uint32_t code, uint16_t type, const char *why)
 {
-    pthread_mutex_lock(&d->et.mu);
-    int64_t s = d->et.stats.steps;
-    pthread_mutex_unlock(&d->et.mu);
-    return s;
+    s->env->reply.error(s->env->reply.ctx, x, code, type, why);
 }
 
-static void free_patch_later(rd_daemon *d, upd_patch *p);
+static void reply_msg(xfer_state *s, br_ctx *x, const proto_msg *m) { s->env->reply.msg(s->env->reply.ctx, x, m); }
 
-static void xfer_free(up_xfer *x)
+static int64_t engine_steps(xfer_state *s)
+{
+    et_thread *et = s->env->et;
+    pthread_mutex_lock(&et->mu);
+    int64_t steps = et->stats.steps;
+    pthread_mutex_unlock(&et->mu);
+    return steps;
+}
+
+static void free_patch_later(xfer_state *s, upd_patch *p);
+
+static void xfer_free(xfer *x)
 {
     upd_stage_free(x->st);
     free(x->log);
@@ -92,18 +109,18 @@ static void xfer_free(up_xfer *x)
 
 /* Frees a transfer that has ended once nothing refers to it any more: no
  * chunk or build job in the pool, no relay reading its staging memory. */
-static void xfer_maybe_free(up_xfer *x)
+static void xfer_maybe_free(xfer *x)
 {
     if (x->dead && x->inflight == 0 && x->relays_open == 0)
         xfer_free(x);
 }
 
 /* The transfer has ended (swapped or aborted): its relay stops. */
-static void xfer_end(rd_daemon *d, up_xfer *x)
+static void xfer_end(xfer_state *s, xfer *x)
 {
     x->dead = 1;
     if (x->patch) {
-        free_patch_later(d, x->patch);
+        free_patch_later(s, x->patch);
         x->patch = NULL;
     }
     if (x->relay) {
@@ -116,9 +133,9 @@ static void xfer_end(rd_daemon *d, up_xfer *x)
     xfer_maybe_free(x);
 }
 
-static void record_end(rd_daemon *d, const up_xfer *x, int ok, const char *error)
+static void record_end(xfer_state *s, const xfer *x, int ok, const char *error)
 {
-    up_last *l = &d->last_update;
+    up_last *l = &s->last_update;
     memset(l, 0, sizeof *l);
     l->happened = 1;
     l->ok = ok;
@@ -127,94 +144,101 @@ static void record_end(rd_daemon *d, const up_xfer *x, int ok, const char *error
     l->bytes = x->bytes;
     l->n_tensors = x->n_tensors;
     l->staged_us = (x->t_commit_us ? x->t_commit_us : now_us()) - x->t_begin_us;
-    l->at_s = (double)(now_us() - d->t_start_us) / 1e6;
+    l->at_s = (double)(now_us() - *s->env->t_start_us) / 1e6;
     snprintf(l->error, sizeof l->error, "%s", error ? error : "");
     if (ok)
-        d->updates_ok++;
+        s->updates_ok++;
     else
-        d->updates_failed++;
+        s->updates_failed++;
 }
 
 /* Ends the open transfer without swapping; its staging memory goes now, or
  * once the chunks being staged come back. */
-static void abort_xfer_code(rd_daemon *d, uint32_t code, const char *why)
+static void abort_xfer_code(xfer_state *s, uint32_t code, const char *why)
 {
-    up_xfer *x = d->xfer;
+    xfer *x = s->open;
     if (!x)
         return;
     log_line("weight update to version %llu aborted: %s", (unsigned long long)x->version, why);
-    record_end(d, x, 0, why);
-    d->last_aborted_xfer = x->id;
-    d->last_abort_code = code;
-    snprintf(d->last_abort_why, sizeof d->last_abort_why, "%s", why);
-    d->xfer = NULL;
-    xfer_end(d, x);
+    record_end(s, x, 0, why);
+    s->last_aborted_xfer = x->id;
+    s->last_abort_code = code;
+    snprintf(s->last_abort_why, sizeof s->last_abort_why, "%s", why);
+    s->open = NULL;
+    xfer_end(s, x);
 }
 
-static void abort_xfer(rd_daemon *d, const char *why) { abort_xfer_code(d, PROTO_E_UNEXPECTED, why); }
+static void abort_xfer(xfer_state *s, const char *why) { abort_xfer_code(s, PROTO_E_UNEXPECTED, why); }
+
+void xfer_init(xfer_state *s, const host_env *env)
+{
+    memset(s, 0, sizeof *s);
+    s->env = env;
+    atomic_init(&s->weights_busy, 0);
+}
 
 /* ---- UPDATE_BEGIN ---- */
 
-void up_on_begin(rd_daemon *d, br_ctx *ctx, const proto_update_begin *b, uint32_t pipe)
+void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint32_t pipe)
 {
     char why[600];
-    cl_client *c = cl_find(&d->clients, b->client_id);
+    cl_client *c = cl_find(s->env->clients, b->client_id);
     if (!c) {
-        loop_reply_error(d, ctx, PROTO_E_UNKNOWN_CLIENT, PROTO_UPDATE_BEGIN, "UPDATE_BEGIN from an unknown client_id; HELLO first");
+        reply_error(s, ctx, PROTO_E_UNKNOWN_CLIENT, PROTO_UPDATE_BEGIN, "UPDATE_BEGIN from an unknown client_id; HELLO first");
         return;
     }
     c->last_seen_us = now_us();
-    if (d->state != D_SERVING) {
-        loop_reply_error(d, ctx, PROTO_E_SHUTTING_DOWN, PROTO_UPDATE_BEGIN, "the daemon is shutting down: no weight updates");
+    if (*s->env->state != D_SERVING) {
+        reply_error(s, ctx, PROTO_E_SHUTTING_DOWN, PROTO_UPDATE_BEGIN, "the daemon is shutting down: no weight updates");
         return;
     }
-    if (atomic_load(&d->sync_exporting)) {
-        loop_reply_error(d, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN,
-                         "a weights sync is reading the serving weights (a second or so); retry then");
+    if (atomic_load(&s->weights_busy)) {
+        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN,
+                    "a weights sync is reading the serving weights (a second or so); retry then");
         return;
     }
-    if (d->xfer) {
+    if (s->open) {
         snprintf(why, sizeof why, "a transfer to version %llu is %s; one at a time (UPDATE_ABORT it or wait)",
-                 (unsigned long long)d->xfer->version, d->xfer->committing ? "committing" : "open");
-        loop_reply_error(d, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN, why);
+                 (unsigned long long)s->open->version, s->open->committing ? "committing" : "open");
+        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN, why);
         return;
     }
-    if (b->version <= d->weight_version) {
+    if (b->version <= *s->env->weight_version) {
         snprintf(why, sizeof why, "version %llu is not above the serving version %llu; versions only increase",
-                 (unsigned long long)b->version, (unsigned long long)d->weight_version);
-        loop_reply_error(d, ctx, PROTO_E_STALE_VERSION, PROTO_UPDATE_BEGIN, why);
+                 (unsigned long long)b->version, (unsigned long long)*s->env->weight_version);
+        reply_error(s, ctx, PROTO_E_STALE_VERSION, PROTO_UPDATE_BEGIN, why);
         return;
     }
     if (b->window == 0 || b->max_chunk_bytes == 0 || b->n_tensors == 0) {
         snprintf(why, sizeof why, "UPDATE_BEGIN has window %u, max_chunk_bytes %u, n_tensors %u; each must be >= 1",
                  b->window, b->max_chunk_bytes, b->n_tensors);
-        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN, why);
+        reply_error(s, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN, why);
         return;
     }
     upd_spec *specs = calloc(b->n_tensors, sizeof *specs);
     if (!specs) {
-        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_UPDATE_BEGIN, "out of memory for the manifest; retry later");
+        reply_error(s, ctx, PROTO_E_BUSY, PROTO_UPDATE_BEGIN, "out of memory for the manifest; retry later");
         return;
     }
     for (uint32_t i = 0; i < b->n_tensors; i++) {
         const proto_tensor *t = &b->tensors[i];
-        specs[i] = (upd_spec){.name = t->name.ptr, .dtype = t->dtype, .n_dims = t->n_dims, .nbytes = t->nbytes,
-                              .crc32c = t->crc32c};
+        specs[i] = (upd_spec){.name = t->name.ptr, .dtype = convert_dtype(t->dtype), .n_dims = t->n_dims,
+                              .nbytes = t->nbytes, .crc32c = t->crc32c};
         memcpy(specs[i].shape, t->shape, sizeof specs[i].shape);
     }
     upd_stage *st;
-    int rc = upd_stage_create(&d->L.m->cfg, specs, (int32_t)b->n_tensors, b->total_bytes,
-                              (uint64_t)d->cfg.max_staging_bytes, &st);
+    int rc = upd_stage_create(&s->env->m->cfg, specs, (int32_t)b->n_tensors, b->total_bytes,
+                              (uint64_t)s->env->cfg->max_staging_bytes, &st);
     free(specs);
     if (rc) {
-        loop_reply_error(d, ctx, rc == RD_ENOMEM ? PROTO_E_BUSY : PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN,
-                         rd_errmsg());
+        reply_error(s, ctx, rc == RD_ENOMEM ? PROTO_E_BUSY : PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN,
+                    rd_errmsg());
         return;
     }
-    up_xfer *x = calloc(1, sizeof *x);
+    xfer *x = calloc(1, sizeof *x);
     if (!x) {
         upd_stage_free(st);
-        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_UPDATE_BEGIN, "out of memory; retry later");
+        reply_error(s, ctx, PROTO_E_BUSY, PROTO_UPDATE_BEGIN, "out of memory; retry later");
         return;
     }
     while (x->id == 0 && getrandom(&x->id, sizeof x->id, 0) != (ssize_t)sizeof x->id)
@@ -224,64 +248,65 @@ void up_on_begin(rd_daemon *d, br_ctx *ctx, const proto_update_begin *b, uint32_
     x->client_id = b->client_id;
     x->version = b->version;
     x->mode = b->mode;
-    x->window = b->window < (uint32_t)d->cfg.update_window ? b->window : (uint32_t)d->cfg.update_window;
-    uint64_t room = d->lim.max_message_bytes - 64;
+    x->window = b->window < (uint32_t)s->env->cfg->update_window ? b->window : (uint32_t)s->env->cfg->update_window;
+    uint64_t room = *s->env->max_message_bytes - 64;
     x->max_chunk = b->max_chunk_bytes < room ? b->max_chunk_bytes : (uint32_t)room;
     x->pipe = pipe;
     x->st = st;
     x->bytes = st->total_bytes;
     x->n_tensors = b->n_tensors;
     x->t_begin_us = x->t_last_us = now_us();
-    x->steps_at_begin = engine_steps(d);
-    d->xfer = x;
+    x->steps_at_begin = engine_steps(s);
+    s->open = x;
     log_line("weight update to version %llu begun: %u tensors, %llu bytes, mode %s, window %u",
              (unsigned long long)x->version, b->n_tensors, (unsigned long long)st->total_bytes,
              x->mode == PROTO_MODE_DRAIN ? "drain" : x->mode == PROTO_MODE_ABORT ? "abort" : "continue", x->window);
     proto_msg m = {.type = PROTO_UPDATE_BEGIN_OK};
     m.update_begin_ok = (proto_update_begin_ok){.xfer_id = x->id, .window = x->window,
                                                 .max_chunk_bytes = x->max_chunk, .staging_bytes = st->total_bytes,
-                                                .data_port = d->lane_port};
-    loop_reply_msg(d, ctx, &m);
+                                                .data_port = s->lane_port};
+    reply_msg(s, ctx, &m);
 }
 
 /* ---- UPDATE_CHUNK ---- */
 
-static void sink_reply(rd_daemon *d, const up_sink *k, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
+/* Sends a chunk's reply where it came from (NNG or the lane). */
+static void answer(xfer_state *s, const xfer_answer *k, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
 {
-    if (k->send) {
-        k->send(d, k->arg, code, why, ok);
+    if (k->lane.send) {
+        k->lane.send(k->lane.arg, code, why, ok);
         return;
     }
     if (code) {
-        loop_reply_error(d, k->ctx, code, PROTO_UPDATE_CHUNK, why);
+        reply_error(s, k->ctx, code, PROTO_UPDATE_CHUNK, why);
         return;
     }
     proto_msg m = {.type = PROTO_UPDATE_CHUNK_OK};
     m.update_chunk_ok = *ok;
-    loop_reply_msg(d, k->ctx, &m);
+    reply_msg(s, k->ctx, &m);
 }
 
 /* Remembers a verified chunk for the relay (the first one, or one sent to
  * reroute around a dead daemon, replays the whole log). */
-static int log_chunk(up_xfer *x, const proto_update_chunk *c)
+static int log_chunk(xfer *x, const proto_update_chunk *c)
 {
     if (x->n_log == x->cap_log) {
         uint32_t cap = x->cap_log ? 2 * x->cap_log : 256;
-        up_fchunk *n = realloc(x->log, (size_t)cap * sizeof *n);
+        relay_chunk *n = realloc(x->log, (size_t)cap * sizeof *n);
         if (!n)
             return RD_ENOMEM; /* the relay then never sees this chunk: the next daemon's PREPARE shows the gap */
         x->log = n;
         x->cap_log = cap;
     }
-    x->log[x->n_log++] = (up_fchunk){.tensor_index = c->tensor_index, .len = c->len, .crc32c = c->crc32c,
-                                     .offset = c->offset};
+    x->log[x->n_log++] = (relay_chunk){.tensor_index = c->tensor_index, .len = c->len, .crc32c = c->crc32c,
+                                       .offset = c->offset};
     x->log_bytes += c->len;
     return 0;
 }
 
 static void chunk_work(uv_work_t *w)
 {
-    up_chunk_job *j = w->data;
+    chunk_job *j = w->data;
     upd_tensor *t = &j->x->st->t[j->c.tensor_index];
     if (j->in_place)
         j->rc = upd_chunk_check(j->x->st, j->c.tensor_index, j->c.offset, t->data + j->c.offset, j->c.len,
@@ -294,14 +319,14 @@ static void chunk_work(uv_work_t *w)
 
 static void chunk_done(uv_work_t *w, int status)
 {
-    up_chunk_job *j = w->data;
-    rd_daemon *d = j->d;
-    up_xfer *x = j->x;
+    chunk_job *j = w->data;
+    xfer_state *s = j->s;
+    xfer *x = j->x;
     if (j->msg)
         nng_msg_free(j->msg);
     x->inflight--;
     if (x->dead) {
-        sink_reply(d, &j->sink, PROTO_E_UNEXPECTED, "the transfer was aborted while this chunk was staged", NULL);
+        answer(s, &j->sink, PROTO_E_UNEXPECTED, "the transfer was aborted while this chunk was staged", NULL);
         xfer_maybe_free(x);
         free(j);
         return;
@@ -312,24 +337,29 @@ static void chunk_done(uv_work_t *w, int status)
     if (ok && log_chunk(x, &j->c) == 0 && x->relay)
         relay_kick(x->relay);
     if (!ok) {
-        sink_reply(d, &j->sink, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL,
+        answer(s, &j->sink, j->rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL,
                    status ? "the chunk's staging job was cancelled" : j->err, NULL);
     } else {
         proto_update_chunk_ok r = {.xfer_id = x->id, .chunk_seq = j->c.chunk_seq,
                                    .bytes_staged = x->st->staged_bytes, .total_bytes = x->st->total_bytes};
-        sink_reply(d, &j->sink, 0, NULL, &r);
+        answer(s, &j->sink, 0, NULL, &r);
     }
     free(j);
-    lane_on_room(d);
+    if (s->room) /* the lane's readers paused for the window may go on */
+        s->room(s->room_arg);
 }
 
-int up_chunk_claim(rd_daemon *d, const proto_update_chunk *c, up_xfer **xo, uint8_t **dest, int *dup, char *why,
-                   size_t why_cap)
+/* Claims a chunk by its head (the NNG path and the lane's): 0 and *dest =
+ * where its bytes go in the staging area (or *dup: already staged), else a
+ * PROTO_E_* code with why. Then chunk_queue once the bytes are there, or
+ * chunk_abandon if they never arrive. */
+static int chunk_claim(xfer_state *s, const proto_update_chunk *c, xfer **xo, uint8_t **dest, int *dup, char *why,
+                       size_t why_cap)
 {
     *xo = NULL;
     *dest = NULL;
     *dup = 0;
-    up_xfer *x = d->xfer;
+    xfer *x = s->open;
     if (!x || x->id != c->xfer_id || x->committing || !x->st) {
         snprintf(why, why_cap, "UPDATE_CHUNK for xfer_id %016llx: %s", (unsigned long long)c->xfer_id,
                  x && x->id == c->xfer_id ? "the transfer is committing or built; no more chunks"
@@ -337,7 +367,7 @@ int up_chunk_claim(rd_daemon *d, const proto_update_chunk *c, up_xfer **xo, uint
         return PROTO_E_UNEXPECTED;
     }
     x->t_last_us = now_us();
-    cl_client *cl = cl_find(&d->clients, x->client_id);
+    cl_client *cl = cl_find(s->env->clients, x->client_id);
     if (cl)
         cl->last_seen_us = x->t_last_us;
     if (c->len > x->max_chunk) {
@@ -358,47 +388,39 @@ int up_chunk_claim(rd_daemon *d, const proto_update_chunk *c, up_xfer **xo, uint
     return 0;
 }
 
-uint64_t up_xfer_id(const up_xfer *x) { return x->id; }
-int up_xfer_has_room(const up_xfer *x) { return (uint32_t)x->inflight < x->window; }
-
-void up_chunk_duplicate(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, const up_sink *sink)
+static void chunk_duplicate(xfer_state *s, xfer *x, const proto_update_chunk *c, const xfer_answer *sink)
 {
     proto_update_chunk_ok r = {.xfer_id = x->id, .chunk_seq = c->chunk_seq, .flags = PROTO_CHUNK_OK_DUPLICATE,
                                .bytes_staged = x->st->staged_bytes, .total_bytes = x->st->total_bytes};
-    sink_reply(d, sink, 0, NULL, &r);
+    answer(s, sink, 0, NULL, &r);
 }
 
 /* Queues the check (and for NNG the copy) of a claimed chunk; the reply goes
  * to sink when it is done. */
-static void chunk_queue(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, nng_msg *msg, int in_place,
-                        const up_sink *sink)
+static void chunk_queue(xfer_state *s, xfer *x, const proto_update_chunk *c, nng_msg *msg, int in_place,
+                        const xfer_answer *sink)
 {
-    up_chunk_job *j = calloc(1, sizeof *j);
+    chunk_job *j = calloc(1, sizeof *j);
     if (j) {
         j->w.data = j;
-        j->d = d;
+        j->s = s;
         j->x = x;
         j->sink = *sink;
         j->msg = msg;
         j->in_place = in_place;
         j->c = *c;
     }
-    if (!j || uv_queue_work(&d->loop, &j->w, chunk_work, chunk_done)) {
+    if (!j || uv_queue_work(s->env->loop, &j->w, chunk_work, chunk_done)) {
         x->inflight--;
         upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
         if (msg)
             nng_msg_free(msg);
         free(j);
-        sink_reply(d, sink, PROTO_E_INTERNAL, "cannot queue the chunk's staging job", NULL);
+        answer(s, sink, PROTO_E_INTERNAL, "cannot queue the chunk's staging job", NULL);
     }
 }
 
-void up_chunk_filled(rd_daemon *d, up_xfer *x, const proto_update_chunk *c, const up_sink *sink)
-{
-    chunk_queue(d, x, c, NULL, 1, sink);
-}
-
-void up_chunk_abandon(rd_daemon *d, up_xfer *x, const proto_update_chunk *c)
+static void chunk_abandon(xfer_state *s, xfer *x, const proto_update_chunk *c)
 {
     x->inflight--;
     if (x->dead) {
@@ -408,86 +430,138 @@ void up_chunk_abandon(rd_daemon *d, up_xfer *x, const proto_update_chunk *c)
     upd_chunk_settle(x->st, c->tensor_index, c->offset, 0);
 }
 
-void up_on_chunk(rd_daemon *d, br_ctx *ctx, const proto_update_chunk *c, nng_msg *msg)
+void xfer_on_chunk(xfer_state *s, br_ctx *ctx, const proto_update_chunk *c, nng_msg *msg)
 {
     char why[600];
-    up_sink sink = {.ctx = ctx};
-    up_xfer *x;
+    xfer_answer sink = {.ctx = ctx};
+    xfer *x;
     uint8_t *dest;
     int dup;
-    uint32_t code = up_chunk_claim(d, c, &x, &dest, &dup, why, sizeof why);
+    uint32_t code = chunk_claim(s, c, &x, &dest, &dup, why, sizeof why);
     if (code) {
         nng_msg_free(msg);
-        sink_reply(d, &sink, code, why, NULL);
+        answer(s, &sink, code, why, NULL);
         return;
     }
     if (dup) {
         nng_msg_free(msg);
-        up_chunk_duplicate(d, x, c, &sink);
+        chunk_duplicate(s, x, c, &sink);
         return;
     }
     if ((uint32_t)x->inflight > x->window) {
         snprintf(why, sizeof why, "%d chunks are being staged (the window is %u); resend chunk %u after a reply",
                  x->inflight - 1, x->window, c->chunk_seq);
-        up_chunk_abandon(d, x, c);
+        chunk_abandon(s, x, c);
         nng_msg_free(msg);
-        sink_reply(d, &sink, PROTO_E_BUSY, why, NULL);
+        answer(s, &sink, PROTO_E_BUSY, why, NULL);
         return;
     }
-    chunk_queue(d, x, c, msg, 0, &sink);
+    chunk_queue(s, x, c, msg, 0, &sink);
+}
+
+/* ---- the data lane's sink (lane_server.h): sink_* ---- */
+
+static int sink_claim(void *ctx, const proto_update_chunk *c, void **hold, uint8_t **dest, int *dup, char *why,
+                      size_t why_cap)
+{
+    xfer *x;
+    int code = chunk_claim(ctx, c, &x, dest, dup, why, why_cap);
+    *hold = x; /* alive while the range is claimed: chunk_claim counted it in inflight */
+    return code;
+}
+
+static void sink_filled(void *ctx, void *hold, const proto_update_chunk *c, const lane_answer *a)
+{
+    xfer_answer sink = {.lane = *a};
+    chunk_queue(ctx, hold, c, NULL, 1, &sink);
+}
+
+static void sink_abandon(void *ctx, void *hold, const proto_update_chunk *c) { chunk_abandon(ctx, hold, c); }
+
+static int sink_is_open(void *ctx, uint64_t xfer_id)
+{
+    const xfer_state *s = ctx;
+    return s->open && s->open->id == xfer_id;
+}
+
+static void sink_duplicate(void *ctx, const proto_update_chunk *c, const lane_answer *a)
+{
+    xfer_state *s = ctx;
+    xfer_answer sink = {.lane = *a};
+    chunk_duplicate(s, s->open, c, &sink);
+}
+
+static int sink_has_room(void *ctx)
+{
+    const xfer_state *s = ctx;
+    return !s->open || (uint32_t)s->open->inflight < s->open->window;
+}
+
+static void sink_watch_room(void *ctx, void (*room)(void *arg), void *arg)
+{
+    xfer_state *s = ctx;
+    s->room = room;
+    s->room_arg = arg;
+}
+
+lane_sink xfer_lane_sink(xfer_state *s)
+{
+    return (lane_sink){.claim = sink_claim, .filled = sink_filled, .abandon = sink_abandon, .is_open = sink_is_open,
+                       .duplicate = sink_duplicate, .has_room = sink_has_room, .watch_room = sink_watch_room,
+                       .ctx = s};
 }
 
 /* ---- UPDATE_COMMIT ---- */
 
 static void free_work(uv_work_t *w)
 {
-    up_free_job *j = w->data;
+    free_job *j = w->data;
     upd_patch_free(j->be, j->patch);
 }
 
 static void free_done(uv_work_t *w, int status) { free(w->data); }
 
 /* Frees the replaced weights off the loop thread (large munmaps). */
-static void free_patch_later(rd_daemon *d, upd_patch *p)
+static void free_patch_later(xfer_state *s, upd_patch *p)
 {
-    up_free_job *j = calloc(1, sizeof *j);
+    free_job *j = calloc(1, sizeof *j);
     if (j) {
         j->w.data = j;
-        j->be = d->L.m->be;
+        j->be = s->env->m->be;
         j->patch = p;
     }
-    if (!j || uv_queue_work(&d->loop, &j->w, free_work, free_done)) {
-        upd_patch_free(d->L.m->be, p);
+    if (!j || uv_queue_work(s->env->loop, &j->w, free_work, free_done)) {
+        upd_patch_free(s->env->m->be, p);
         free(j);
     }
 }
 
 static void build_work(uv_work_t *w)
 {
-    up_build_job *j = w->data;
-    j->rc = upd_build(j->d->L.m, j->x->st, &j->patch);
+    build_job *j = w->data;
+    j->rc = upd_build(j->s->env->m, j->x->st, &j->patch);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }
 
 /* Hands a built patch to the engine thread, which swaps it in at a step
- * boundary; up_on_wake answers the COMMIT then. */
-static void swap_in(rd_daemon *d, up_xfer *x, upd_patch *patch)
+ * boundary; xfer_on_wake answers the COMMIT then. */
+static void swap_in(xfer_state *s, xfer *x, upd_patch *patch)
 {
-    if (et_swap_weights(&d->et, d->L.m, patch, x->version, x->mode)) {
-        upd_patch_free(d->L.m->be, patch);
+    if (et_apply_update(s->env->et, s->env->m, patch, x->version, convert_mode(x->mode))) {
+        upd_patch_free(s->env->m->be, patch);
         br_ctx *ctx = x->commit_ctx;
         x->committing = 0;
-        abort_xfer_code(d, PROTO_E_INTERNAL, "out of memory queueing the swap");
-        loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "out of memory queueing the swap");
+        abort_xfer_code(s, PROTO_E_INTERNAL, "out of memory queueing the swap");
+        reply_error(s, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "out of memory queueing the swap");
     }
 }
 
 static void build_done(uv_work_t *w, int status)
 {
-    up_build_job *j = w->data;
-    rd_daemon *d = j->d;
-    up_xfer *x = j->x;
+    build_job *j = w->data;
+    xfer_state *s = j->s;
+    xfer *x = j->x;
     upd_patch *patch = j->patch;
     int rc = status ? RD_EINVAL : j->rc;
     char why[600];
@@ -497,7 +571,7 @@ static void build_done(uv_work_t *w, int status)
     x->building = 0;
     if (x->dead) { /* aborted while building (a PREPARE's build: no COMMIT waits) */
         if (patch)
-            free_patch_later(d, patch);
+            free_patch_later(s, patch);
         xfer_maybe_free(x);
         return;
     }
@@ -505,9 +579,9 @@ static void build_done(uv_work_t *w, int status)
     if (rc) {
         br_ctx *ctx = x->commit_ctx;
         x->committing = 0;
-        abort_xfer_code(d, code, why);
+        abort_xfer_code(s, code, why);
         if (ctx)
-            loop_reply_error(d, ctx, code, PROTO_UPDATE_COMMIT, why);
+            reply_error(s, ctx, code, PROTO_UPDATE_COMMIT, why);
         return;
     }
     x->t_built_us = now_us();
@@ -518,40 +592,40 @@ static void build_done(uv_work_t *w, int status)
         x->st = NULL;
     }
     if (x->commit_ctx)
-        swap_in(d, x, patch);
+        swap_in(s, x, patch);
     else
         x->patch = patch; /* prepared: the COMMIT swaps it in */
 }
 
 /* Every byte of the manifest verified here and no chunk in flight. */
-static int staged_all(const up_xfer *x)
+static int staged_all(const xfer *x)
 {
     return x->st && x->st->pending == 0 && x->st->staged_bytes == x->st->total_bytes;
 }
 
 /* Verifies the staged tensors and queues their conversion. 0, or a PROTO_E_*
  * code with the transfer aborted and why filled. */
-static uint32_t start_build(rd_daemon *d, up_xfer *x, char *why, size_t why_cap)
+static uint32_t start_build(xfer_state *s, xfer *x, char *why, size_t why_cap)
 {
     int rc = upd_stage_verify(x->st);
     if (rc) {
         uint32_t code = rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INVALID_PARAMS;
         snprintf(why, why_cap, "%s", rd_errmsg());
-        abort_xfer_code(d, code, why);
+        abort_xfer_code(s, code, why);
         return code;
     }
-    up_build_job *j = calloc(1, sizeof *j);
+    build_job *j = calloc(1, sizeof *j);
     if (!j) {
         snprintf(why, why_cap, "out of memory; repeat the request");
         return PROTO_E_BUSY;
     }
     j->w.data = j;
-    j->d = d;
+    j->s = s;
     j->x = x;
     x->building = 1;
     x->t_build_us = now_us();
     x->inflight++; /* the job reads st: an abort meanwhile must not free it */
-    if (uv_queue_work(&d->loop, &j->w, build_work, build_done)) {
+    if (uv_queue_work(s->env->loop, &j->w, build_work, build_done)) {
         free(j);
         x->building = 0;
         x->inflight--;
@@ -563,37 +637,37 @@ static uint32_t start_build(rd_daemon *d, up_xfer *x, char *why, size_t why_cap)
 
 /* The reply to a request naming a transfer that is not open: the reason the
  * last one was aborted, when it is that one. */
-static void reply_not_open(rd_daemon *d, br_ctx *ctx, uint16_t type, uint64_t xfer_id)
+static void reply_not_open(xfer_state *s, br_ctx *ctx, uint16_t type, uint64_t xfer_id)
 {
     char why[800];
-    if (xfer_id != 0 && xfer_id == d->last_aborted_xfer) {
+    if (xfer_id != 0 && xfer_id == s->last_aborted_xfer) {
         snprintf(why, sizeof why, "%s for xfer_id %016llx: the transfer was aborted: %s", proto_type_name(type),
-                 (unsigned long long)xfer_id, d->last_abort_why);
-        loop_reply_error(d, ctx, d->last_abort_code ? d->last_abort_code : PROTO_E_UNEXPECTED, type, why);
+                 (unsigned long long)xfer_id, s->last_abort_why);
+        reply_error(s, ctx, s->last_abort_code ? s->last_abort_code : PROTO_E_UNEXPECTED, type, why);
         return;
     }
     snprintf(why, sizeof why, "%s for xfer_id %016llx: no such open transfer (UPDATE_BEGIN first, or the transfer "
              "was aborted)", proto_type_name(type), (unsigned long long)xfer_id);
-    loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, type, why);
+    reply_error(s, ctx, PROTO_E_UNEXPECTED, type, why);
 }
 
-void up_on_commit(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
+void xfer_on_commit(xfer_state *s, br_ctx *ctx, const proto_update_ref *r)
 {
     char why[600];
-    if (r->xfer_id != 0 && r->xfer_id == d->last_commit_xfer) {
+    if (r->xfer_id != 0 && r->xfer_id == s->last_commit_xfer) {
         proto_msg m = {.type = PROTO_UPDATE_COMMIT_OK};
-        m.update_commit_ok = d->last_commit_ok;
-        loop_reply_msg(d, ctx, &m);
+        m.update_commit_ok = s->last_commit_ok;
+        reply_msg(s, ctx, &m);
         return;
     }
-    up_xfer *x = d->xfer;
+    xfer *x = s->open;
     if (!x || x->id != r->xfer_id) {
-        reply_not_open(d, ctx, PROTO_UPDATE_COMMIT, r->xfer_id);
+        reply_not_open(s, ctx, PROTO_UPDATE_COMMIT, r->xfer_id);
         return;
     }
     if (x->committing) {
-        loop_reply_error(d, ctx, PROTO_E_BUSY, PROTO_UPDATE_COMMIT,
-                         "this transfer is already committing; repeat the COMMIT later for its result");
+        reply_error(s, ctx, PROTO_E_BUSY, PROTO_UPDATE_COMMIT,
+                    "this transfer is already committing; repeat the COMMIT later for its result");
         return;
     }
     if (x->patch) { /* prepared (§10.11): only the swap is left */
@@ -602,13 +676,13 @@ void up_on_commit(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
         x->committing = 1;
         x->commit_ctx = ctx;
         x->t_commit_us = now_us();
-        swap_in(d, x, p);
+        swap_in(s, x, p);
         return;
     }
     if (!x->building) {
-        uint32_t code = start_build(d, x, why, sizeof why);
+        uint32_t code = start_build(s, x, why, sizeof why);
         if (code) {
-            loop_reply_error(d, ctx, code, PROTO_UPDATE_COMMIT, why);
+            reply_error(s, ctx, code, PROTO_UPDATE_COMMIT, why);
             return;
         }
     }
@@ -620,7 +694,7 @@ void up_on_commit(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
 
 /* ---- UPDATE_PREPARE and UPDATE_FORWARD: the chain (§10.11) ---- */
 
-static void fill_prepare_ok(const up_xfer *x, proto_update_prepare_ok *ok)
+static void fill_prepare_ok(const xfer *x, proto_update_prepare_ok *ok)
 {
     memset(ok, 0, sizeof *ok);
     ok->xfer_id = x->id;
@@ -632,57 +706,67 @@ static void fill_prepare_ok(const up_xfer *x, proto_update_prepare_ok *ok)
         relay_state(x->relay, &ok->forward, &ok->forward_error, &ok->forwarded_bytes);
 }
 
-void up_on_prepare(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
+void xfer_on_prepare(xfer_state *s, br_ctx *ctx, const proto_update_ref *r)
 {
     char why[600];
-    up_xfer *x = d->xfer;
+    xfer *x = s->open;
     if (!x || x->id != r->xfer_id) {
-        if (r->xfer_id != 0 && r->xfer_id == d->last_commit_xfer) {
-            loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_PREPARE,
-                             "UPDATE_PREPARE: this transfer is committed and serving already");
+        if (r->xfer_id != 0 && r->xfer_id == s->last_commit_xfer) {
+            reply_error(s, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_PREPARE,
+                        "UPDATE_PREPARE: this transfer is committed and serving already");
             return;
         }
-        reply_not_open(d, ctx, PROTO_UPDATE_PREPARE, r->xfer_id);
+        reply_not_open(s, ctx, PROTO_UPDATE_PREPARE, r->xfer_id);
         return;
     }
     x->t_last_us = now_us();
     if (!x->building && !x->patch && !x->committing && staged_all(x)) {
-        uint32_t code = start_build(d, x, why, sizeof why);
+        uint32_t code = start_build(s, x, why, sizeof why);
         if (code) {
-            loop_reply_error(d, ctx, code, PROTO_UPDATE_PREPARE, why);
+            reply_error(s, ctx, code, PROTO_UPDATE_PREPARE, why);
             return;
         }
     }
     proto_msg m = {.type = PROTO_UPDATE_PREPARE_OK};
     fill_prepare_ok(x, &m.update_prepare_ok);
-    loop_reply_msg(d, ctx, &m);
+    reply_msg(s, ctx, &m);
 }
 
-int up_xfer_complete(const up_xfer *x) { return x->st && staged_all(x); }
+/* ---- the relays' source (relay.h): the log of verified chunks ---- */
 
-const up_fchunk *up_fwd_log(const up_xfer *x, uint32_t *n)
+static const relay_chunk *src_chunks(void *ctx, uint32_t *n)
 {
+    const xfer *x = ctx;
     *n = x->n_log;
     return x->log;
 }
 
-const uint8_t *up_fwd_data(const up_xfer *x, const up_fchunk *c)
+static const uint8_t *src_data(void *ctx, const relay_chunk *c)
 {
+    const xfer *x = ctx;
     return x->st ? x->st->t[c->tensor_index].data + c->offset : NULL;
 }
 
-void up_on_relay_closed(rd_daemon *d, up_xfer *x)
+static int src_complete(void *ctx)
 {
+    const xfer *x = ctx;
+    return x->st && staged_all(x);
+}
+
+/* A relay's connection is closed: it reads the staging memory no more. */
+static void src_closed(void *ctx)
+{
+    xfer *x = ctx;
     x->relays_open--;
     xfer_maybe_free(x);
 }
 
-void up_on_forward(rd_daemon *d, br_ctx *ctx, const proto_update_forward *f)
+void xfer_on_forward(xfer_state *s, br_ctx *ctx, const proto_update_forward *f)
 {
     char why[600];
-    up_xfer *x = d->xfer;
+    xfer *x = s->open;
     if (!x || x->id != f->xfer_id) {
-        reply_not_open(d, ctx, PROTO_UPDATE_FORWARD, f->xfer_id);
+        reply_not_open(s, ctx, PROTO_UPDATE_FORWARD, f->xfer_id);
         return;
     }
     x->t_last_us = now_us();
@@ -692,19 +776,19 @@ void up_on_forward(rd_daemon *d, br_ctx *ctx, const proto_update_forward *f)
         x->relay = NULL;
         proto_msg m = {.type = PROTO_UPDATE_FORWARD_OK};
         m.update_forward_ok.xfer_id = x->id;
-        loop_reply_msg(d, ctx, &m);
+        reply_msg(s, ctx, &m);
         return;
     }
     if (x->committing || !x->st) {
-        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_FORWARD,
-                         "UPDATE_FORWARD: the transfer is committing or its staging copy is gone (built without a "
-                         "forward); forward from another daemon or the learner");
+        reply_error(s, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_FORWARD,
+                    "UPDATE_FORWARD: the transfer is committing or its staging copy is gone (built without a "
+                    "forward); forward from another daemon or the learner");
         return;
     }
     if (f->port == 0 || f->window == 0 || f->host.len == 0) {
         snprintf(why, sizeof why, "UPDATE_FORWARD: port %u, window %u, host \"%s\"; expected a lane port, a window "
                  ">= 1 and the next daemon's numeric IP", f->port, f->window, f->host.ptr);
-        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, why);
+        reply_error(s, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, why);
         return;
     }
     uint8_t key[PROTO_AUTH_BYTES];
@@ -712,9 +796,10 @@ void up_on_forward(rd_daemon *d, br_ctx *ctx, const proto_update_forward *f)
     if (auth) {
         memcpy(key, f->key, sizeof key);
         uint8_t pad[PROTO_AUTH_BYTES];
-        if (d->auth_len) { /* the key travels wrapped in this daemon's pad (§10.12) */
-            if (proto_auth_wrap_pad((const uint8_t *)d->auth_secret, d->auth_len, x->id, f->next_xfer_id, pad)) {
-                loop_reply_error(d, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_FORWARD, rd_errmsg());
+        const host_secret *sec = s->env->secret;
+        if (sec->len) { /* the key travels wrapped in this daemon's pad (§10.12) */
+            if (proto_auth_wrap_pad((const uint8_t *)sec->bytes, sec->len, x->id, f->next_xfer_id, pad)) {
+                reply_error(s, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_FORWARD, rd_errmsg());
                 return;
             }
             for (int i = 0; i < PROTO_AUTH_BYTES; i++)
@@ -723,8 +808,10 @@ void up_on_forward(rd_daemon *d, br_ctx *ctx, const proto_update_forward *f)
     }
     relay *r;
     uint32_t window = f->window < 64 ? f->window : 64;
-    if (relay_start(d, x, f->host.ptr, f->port, f->next_xfer_id, window, auth ? key : NULL, &r)) {
-        loop_reply_error(d, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, rd_errmsg());
+    relay_source src = {.chunks = src_chunks, .data = src_data, .complete = src_complete, .on_closed = src_closed,
+                        .ctx = x};
+    if (relay_start(s->env->loop, &src, f->host.ptr, f->port, f->next_xfer_id, window, auth ? key : NULL, &r)) {
+        reply_error(s, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, rd_errmsg());
         return;
     }
     if (x->relay) /* a reroute: the new successor gets everything from the start */
@@ -737,106 +824,107 @@ void up_on_forward(rd_daemon *d, br_ctx *ctx, const proto_update_forward *f)
              (unsigned long long)x->log_bytes);
     proto_msg m = {.type = PROTO_UPDATE_FORWARD_OK};
     m.update_forward_ok = (proto_update_forward_ok){.xfer_id = x->id, .queued_bytes = x->log_bytes};
-    loop_reply_msg(d, ctx, &m);
+    reply_msg(s, ctx, &m);
     relay_kick(r);
 }
 
-void up_on_wake(rd_daemon *d)
+void xfer_on_wake(xfer_state *s)
 {
-    et_swapped s;
-    if (!et_take_swapped(&d->et, &s))
+    et_swapped w;
+    if (!et_take_swapped(s->env->et, &w))
         return;
-    d->weight_version = s.version;
-    if (s.old)
-        free_patch_later(d, s.old);
-    up_xfer *x = d->xfer;
-    if (!x || !x->committing || x->version != s.version) {
-        log_line("weight swap to version %llu with no committing transfer", (unsigned long long)s.version);
+    *s->env->weight_version = w.version;
+    if (w.old)
+        free_patch_later(s, w.old);
+    xfer *x = s->open;
+    if (!x || !x->committing || x->version != w.version) {
+        log_line("weight swap to version %llu with no committing transfer", (unsigned long long)w.version);
         return;
     }
     proto_update_commit_ok ok = {
-        .version = s.version,
-        .stall_us = s.stall_us,
-        .wait_us = s.t_applied_us > x->t_commit_us ? s.t_applied_us - x->t_commit_us : 0,
+        .version = w.version,
+        .stall_us = w.stall_us,
+        .wait_us = w.t_applied_us > x->t_commit_us ? w.t_applied_us - x->t_commit_us : 0,
         .staged_us = x->t_commit_us - x->t_begin_us,
-        .n_aborted = (uint32_t)s.n_aborted,
+        .n_aborted = (uint32_t)w.n_aborted,
     };
-    record_end(d, x, 1, NULL);
-    up_last *l = &d->last_update;
+    record_end(s, x, 1, NULL);
+    up_last *l = &s->last_update;
     l->build_us = x->t_built_us - x->t_build_us; /* a PREPARE's build may end before the COMMIT */
     l->wait_us = ok.wait_us;
     l->stall_us = ok.stall_us;
-    l->n_aborted = s.n_aborted;
-    int64_t steps = engine_steps(d) - x->steps_at_begin;
+    l->n_aborted = w.n_aborted;
+    int64_t steps = engine_steps(s) - x->steps_at_begin;
     l->steps_during = steps > 0 ? (uint64_t)steps : 0;
-    d->update_bytes_total += x->bytes;
-    d->last_commit_xfer = x->id;
-    d->last_commit_ok = ok;
+    s->update_bytes_total += x->bytes;
+    s->last_commit_xfer = x->id;
+    s->last_commit_ok = ok;
     log_line("weight update: version %llu serving (%llu bytes; staged %.3f s, built %.3f s, swap wait %.3f ms, "
-             "stall %llu us, %d samples aborted)", (unsigned long long)s.version, (unsigned long long)x->bytes,
+             "stall %llu us, %d samples aborted)", (unsigned long long)w.version, (unsigned long long)x->bytes,
              (double)ok.staged_us / 1e6, (double)l->build_us / 1e6, (double)ok.wait_us / 1e3,
-             (unsigned long long)ok.stall_us, s.n_aborted);
+             (unsigned long long)ok.stall_us, w.n_aborted);
     proto_msg m = {.type = PROTO_UPDATE_COMMIT_OK};
     m.update_commit_ok = ok;
     br_ctx *ctx = x->commit_ctx;
-    d->xfer = NULL;
-    xfer_end(d, x);
-    loop_reply_msg(d, ctx, &m);
+    s->open = NULL;
+    xfer_end(s, x);
+    reply_msg(s, ctx, &m);
 }
 
 /* ---- UPDATE_ABORT and the ways a transfer dies on its own ---- */
 
-void up_on_abort(rd_daemon *d, br_ctx *ctx, const proto_update_ref *r)
+void xfer_on_abort(xfer_state *s, br_ctx *ctx, const proto_update_ref *r)
 {
     char why[300];
     proto_msg m = {.type = PROTO_UPDATE_ABORT_OK};
-    if (r->xfer_id != 0 && r->xfer_id == d->last_aborted_xfer) {
-        loop_reply_msg(d, ctx, &m);
+    if (r->xfer_id != 0 && r->xfer_id == s->last_aborted_xfer) {
+        reply_msg(s, ctx, &m);
         return;
     }
-    up_xfer *x = d->xfer;
+    xfer *x = s->open;
     if (!x || x->id != r->xfer_id) {
         snprintf(why, sizeof why, "UPDATE_ABORT for xfer_id %016llx: no such open transfer",
                  (unsigned long long)r->xfer_id);
-        loop_reply_error(d, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_ABORT, why);
+        reply_error(s, ctx, PROTO_E_UNEXPECTED, PROTO_UPDATE_ABORT, why);
         return;
     }
     if (x->committing) {
-        loop_reply_error(d, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_ABORT,
-                         "the transfer is committing; it can no longer be aborted");
+        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_ABORT,
+                    "the transfer is committing; it can no longer be aborted");
         return;
     }
     m.update_abort_ok.bytes_freed = x->bytes;
-    abort_xfer(d, "UPDATE_ABORT from the sender");
-    loop_reply_msg(d, ctx, &m);
+    abort_xfer(s, "UPDATE_ABORT from the sender");
+    reply_msg(s, ctx, &m);
 }
 
-void up_on_pipe_closed(rd_daemon *d, uint32_t pipe)
+void xfer_on_pipe_closed(xfer_state *s, uint32_t pipe)
 {
-    if (d->xfer && !d->xfer->committing && d->xfer->pipe == pipe)
-        abort_xfer(d, "the sender's connection closed mid-transfer");
+    if (s->open && !s->open->committing && s->open->pipe == pipe)
+        abort_xfer(s, "the sender's connection closed mid-transfer");
 }
 
-void up_on_tick(rd_daemon *d)
+void xfer_on_tick(xfer_state *s)
 {
-    lane_on_tick(d);
-    if (d->xfer && d->xfer->relay)
-        relay_tick(d->xfer->relay);
-    up_xfer *x = d->xfer;
-    if (x && !x->committing && now_us() - x->t_last_us > (uint64_t)d->cfg.update_idle_s * 1000000u)
-        abort_xfer(d, "no message of the transfer for update_idle_s");
+    if (s->open && s->open->relay)
+        relay_tick(s->open->relay);
+    xfer *x = s->open;
+    if (x && !x->committing && now_us() - x->t_last_us > (uint64_t)s->env->cfg->update_idle_s * 1000000u)
+        abort_xfer(s, "no message of the transfer for update_idle_s");
 }
 
-void up_on_client_forgotten(rd_daemon *d, uint64_t client_id)
+void xfer_on_client_forgotten(xfer_state *s, uint64_t client_id)
 {
-    if (d->xfer && !d->xfer->committing && d->xfer->client_id == client_id)
-        abort_xfer(d, "the sending client was forgotten");
+    if (s->open && !s->open->committing && s->open->client_id == client_id)
+        abort_xfer(s, "the sending client was forgotten");
 }
 
-void up_progress(const rd_daemon *d, int *active, uint64_t *version, uint64_t *staged, uint64_t *total,
-                 int *committing)
+int xfer_active(const xfer_state *s) { return s->open != NULL; }
+
+void xfer_progress(const xfer_state *s, int *active, uint64_t *version, uint64_t *staged, uint64_t *total,
+                   int *committing)
 {
-    const up_xfer *x = d->xfer;
+    const xfer *x = s->open;
     *active = x != NULL;
     *version = x ? x->version : 0;
     *staged = x && x->st ? x->st->staged_bytes : x ? x->bytes : 0;

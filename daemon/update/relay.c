@@ -3,27 +3,32 @@
  *
  * The bytes are sent straight from this daemon's staging area, where they
  * already are, so the relay buffers nothing but chunk descriptors: the
- * update's log of verified chunks (update.c) is the queue, and `next` is how
- * far the relay has gone through it. At most `window` chunks are unanswered
- * on the connection; each UPDATE_CHUNK_OK from the next daemon frees a slot.
+ * source's list of verified chunks (transfer.c's log) is the queue, and
+ * `next` is how far the relay has gone through it. At most `window` chunks
+ * are unanswered on the connection; each UPDATE_CHUNK_OK from the next
+ * daemon frees a slot.
  * A chunk the next daemon refuses with CHECKSUM or BUSY (the error names no
  * chunk) is sent again on a later pass over the log, as the learner's lane
  * sender does. Anything else it refuses ends the relay as failed: the
  * learner sees that in UPDATE_PREPARE_OK and routes around. */
+#include "daemon/update/relay.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
-#include "daemon/log.h"
 #include "base/err.h"
+#include "daemon/engine_thread.h"
+#include "daemon/log.h"
+#include "proto/auth.h"
+#include "proto/proto.h"
 
 #define RELAY_RETRY_S 30        /* refused chunks (BUSY, CHECKSUM) are sent again, once a second, this long */
 #define RELAY_MAX_REPLY 65536   /* bytes of a reply frame's body (an ERROR's message is far shorter) */
 
 struct relay {
-    rd_daemon *d;
-    up_xfer *x;
+    relay_source src;           /* the verified chunks */
+    int counted;                /* src->on_closed is owed once the relay is closed (relay_start succeeded) */
     uv_tcp_t tcp;
     uv_connect_t connect;
     uint64_t next_xfer_id;      /* the next daemon's transfer */
@@ -40,7 +45,7 @@ struct relay {
     uint64_t retry_until_us;    /* refused chunks: keep passing over them until then (0: none refused yet) */
     int waiting;                /* a pass ended with chunks refused: the next starts at relay_tick */
     uint64_t acked_bytes;
-    int attached;               /* update.c still holds it (relay_close not called) */
+    int attached;               /* the transfer still holds it (relay_close not called) */
     int handle_open;            /* tcp is initialised and not yet closed */
     uint8_t rbuf[PROTO_HEADER_BYTES + RELAY_MAX_REPLY];
     size_t rgot;
@@ -56,12 +61,12 @@ typedef struct {
 static void free_if_done(relay *r)
 {
     if (!r->attached && !r->handle_open) {
-        rd_daemon *d = r->d;
-        up_xfer *x = r->x;
+        relay_source src = r->src;
+        int counted = r->counted;
         free(r->acked);
         free(r);
-        if (x) /* NULL: relay_start failed, update.c never counted it */
-            up_on_relay_closed(d, x);
+        if (counted) /* 0: relay_start failed, the source never counted it */
+            src.on_closed(src.ctx);
     }
 }
 
@@ -99,9 +104,9 @@ static void on_written(uv_write_t *w, int status)
         fail(r, 0, uv_strerror(status));
 }
 
-static int send_chunk(relay *r, uint32_t i, const up_fchunk *c)
+static int send_chunk(relay *r, uint32_t i, const relay_chunk *c)
 {
-    const uint8_t *data = up_fwd_data(r->x, c);
+    const uint8_t *data = r->src.data(r->src.ctx, c);
     relay_write *rw = data ? calloc(1, sizeof *rw) : NULL;
     if (!rw) {
         fail(r, PROTO_E_INTERNAL, data ? "out of memory" : "the staging copy is gone");
@@ -129,7 +134,7 @@ static void pump(relay *r)
     if (!r->sending || r->state != PROTO_FWD_SENDING)
         return;
     uint32_t n;
-    const up_fchunk *log = up_fwd_log(r->x, &n);
+    const relay_chunk *log = r->src.chunks(r->src.ctx, &n);
     if (n > r->cap_acked) {
         uint32_t cap = r->cap_acked ? r->cap_acked : 256;
         while (cap < n)
@@ -148,7 +153,7 @@ static void pump(relay *r)
         if (!r->acked[i] && send_chunk(r, i, &log[i]))
             return;
     }
-    if (r->next < n || r->outstanding > 0 || !up_xfer_complete(r->x))
+    if (r->next < n || r->outstanding > 0 || !r->src.complete(r->src.ctx))
         return;
     uint64_t missing = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -181,7 +186,7 @@ void relay_tick(relay *r)
 static void on_reply(relay *r, const proto_msg *m)
 {
     uint32_t n;
-    up_fwd_log(r->x, &n);
+    r->src.chunks(r->src.ctx, &n);
     if (m->type == PROTO_AUTH_CHALLENGE && r->auth && !r->sending) {
         proto_msg a = {.type = PROTO_LANE_AUTH};
         a.lane_auth.xfer_id = r->next_xfer_id;
@@ -211,7 +216,7 @@ static void on_reply(relay *r, const proto_msg *m)
     if (m->type == PROTO_UPDATE_CHUNK_OK && r->sending && m->update_chunk_ok.xfer_id == r->next_xfer_id &&
         m->update_chunk_ok.chunk_seq < n && r->outstanding > 0) {
         uint32_t i = m->update_chunk_ok.chunk_seq;
-        const up_fchunk *log = up_fwd_log(r->x, &n);
+        const relay_chunk *log = r->src.chunks(r->src.ctx, &n);
         r->outstanding--;
         if (!r->acked[i]) {
             r->acked[i] = 1;
@@ -293,8 +298,8 @@ static void on_connect(uv_connect_t *c, int status)
     } /* else the next lane's AUTH_CHALLENGE comes first (on_reply) */
 }
 
-int relay_start(rd_daemon *d, up_xfer *x, const char *host, uint16_t port, uint64_t next_xfer_id, uint32_t window,
-                const uint8_t *key, relay **out)
+int relay_start(uv_loop_t *loop, const relay_source *src, const char *host, uint16_t port, uint64_t next_xfer_id,
+                uint32_t window, const uint8_t *key, relay **out)
 {
     struct sockaddr_storage addr;
     int rc = strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr)
@@ -304,8 +309,8 @@ int relay_start(rd_daemon *d, up_xfer *x, const char *host, uint16_t port, uint6
     relay *r = calloc(1, sizeof *r);
     if (!r)
         return rd_fail(RD_ENOMEM, "UPDATE_FORWARD: out of memory");
-    r->d = d;
-    r->x = x;
+    r->src = *src;
+    r->counted = 1;
     r->next_xfer_id = next_xfer_id;
     r->window = window;
     r->auth = key != NULL;
@@ -313,14 +318,14 @@ int relay_start(rd_daemon *d, up_xfer *x, const char *host, uint16_t port, uint6
         memcpy(r->key, key, sizeof r->key);
     r->state = PROTO_FWD_SENDING;
     r->attached = 1;
-    uv_tcp_init(&d->loop, &r->tcp);
+    uv_tcp_init(loop, &r->tcp);
     r->tcp.data = r;
     r->handle_open = 1;
     r->connect.data = r;
     if ((rc = uv_tcp_connect(&r->connect, &r->tcp, (const struct sockaddr *)&addr, on_connect))) {
         r->attached = 0;
-        close_handle(r); /* frees r once closed; update.c never counted it */
-        r->x = NULL;
+        r->counted = 0; /* the source never counted it */
+        close_handle(r); /* frees r once closed */
         return rd_fail(RD_EINVAL, "UPDATE_FORWARD: cannot connect to %s:%u: %s", host, port, uv_strerror(rc));
     }
     *out = r;

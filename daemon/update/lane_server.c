@@ -1,28 +1,32 @@
-/* lane.c - the weight-update data lane (PROTOCOL.md §10.10).
+/* lane_server.c - the weight-update data lane (PROTOCOL.md §10.10).
  *
  * A plain TCP stream of UPDATE_CHUNK frames, next to the NNG socket, for the
  * bulk of an update. NNG would copy every chunk into a message on both sides;
  * here the loop thread reads a frame's 48-byte head, claims the chunk's range
  * of the staging area, and has the kernel read the data straight into that
- * range (libuv's alloc callback hands out the staging memory itself). A worker
- * then checks the CRC-32C, and the reply (UPDATE_CHUNK_OK or ERROR, the same
- * frames as on NNG) goes back on the same stream. Reading pauses while the
- * transfer's window of chunks is being checked, so a sender can never be
- * more than a window ahead.
+ * range (libuv's alloc callback hands out the staging memory itself). The
+ * lane knows no transfer: its sink (lane_server.h; transfer.c is one) claims
+ * the range and says where it is. A worker then checks the CRC-32C, and the
+ * reply (UPDATE_CHUNK_OK or ERROR, the same frames as on NNG) goes back on
+ * the same stream. Reading pauses while the transfer's window of chunks is
+ * being checked (the sink's has_room), so a sender can never be more than a
+ * window ahead; the sink's room signal resumes it.
  *
  * With a shared secret the daemon opens each connection with an
  * AUTH_CHALLENGE, and the sender's first frame must be a LANE_AUTH proving
  * the lane key of one open transfer (§10.12); the connection may then feed
  * that transfer only. */
+#include "daemon/update/lane_server.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "base/err.h"
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
+#include "proto/auth.h"
 #include "proto/tls.h"
-#include "base/err.h"
 
 #define LANE_DISCARD 65536      /* bytes: scratch for data that is not staged */
 #define LANE_STALL_US 3000000   /* a sender silent this long inside a chunk is cut (its range is freed) */
@@ -36,7 +40,7 @@ typedef struct lane_conn {
     size_t head_got;
     int in_data;                /* reading a chunk's data */
     proto_update_chunk c;       /* the chunk being read */
-    up_xfer *x;                 /* its transfer while a range is claimed (dest set), else NULL */
+    void *hold;                 /* the sink's claim while a range is claimed (dest set), else NULL */
     uint8_t *dest;              /* where the data goes; NULL: discard it */
     uint64_t got;               /* data bytes read */
     uint64_t last_read_us;      /* when bytes last came */
@@ -55,11 +59,15 @@ typedef struct lane_conn {
     uint8_t discard[LANE_DISCARD];
 } lane_conn;
 
-typedef struct lane_server {
-    rd_daemon *d;
+struct lane_server {
+    const host_env *env;
+    lane_sink sink;             /* where chunks go */
     uv_tcp_t listener;
     lane_conn *conns;
-} lane_server;
+    uint16_t port;              /* the bound TCP port */
+    int exposed;                /* a non-loopback address without a secret (insecure) */
+    uint64_t auth_failures;     /* wrong or missing LANE_AUTHs */
+};
 
 static void conn_free_if_done(lane_conn *c)
 {
@@ -87,8 +95,9 @@ static void conn_close(lane_conn *c, const char *why)
          * sender that is gone for good ends the transfer through its NNG connection or
          * update_idle_s. */
         proto_update_chunk ch = c->c;
-        up_chunk_abandon(c->srv->d, c->x, &ch); /* x is alive while the range is claimed */
-        c->x = NULL;
+        const lane_sink *k = &c->srv->sink;
+        k->abandon(k->ctx, c->hold, &ch); /* the claim is alive while the range is claimed */
+        c->hold = NULL;
         c->dest = NULL;
     }
     c->closed = 1;
@@ -151,7 +160,7 @@ static void send_reply(lane_conn *c, uint32_t code, const char *why, const proto
 }
 
 /* A chunk job finished: its reply goes out on this stream. */
-static void job_reply(rd_daemon *d, void *arg, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
+static void job_reply(void *arg, uint32_t code, const char *why, const proto_update_chunk_ok *ok)
 {
     lane_conn *c = arg;
     c->refs--;
@@ -181,14 +190,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 
-/* The window has room again (or the transfer ended): paused readers go on. */
-void lane_on_room(rd_daemon *d)
+/* The sink's room signal: a chunk settled, so the window may have room
+ * again (or the transfer ended): paused readers go on. */
+static void on_room(void *arg)
 {
-    lane_server *s = d->lane;
-    if (!s)
-        return;
+    lane_server *s = arg;
     for (lane_conn *c = s->conns; c; c = c->next) {
-        if (!c->paused || c->closed || (d->xfer && !up_xfer_has_room(d->xfer)))
+        if (!c->paused || c->closed || !s->sink.has_room(s->sink.ctx))
             continue;
         c->paused = 0;
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read))
@@ -199,29 +207,29 @@ void lane_on_room(rd_daemon *d)
 /* A whole chunk has been read: hand it on, or answer why it was not taken. */
 static void chunk_complete(lane_conn *c)
 {
-    rd_daemon *d = c->srv->d;
-    up_sink sink = {.send = job_reply, .arg = c};
+    const lane_sink *k = &c->srv->sink;
+    lane_answer a = {.send = job_reply, .arg = c};
     proto_update_chunk ch = c->c;
-    up_xfer *x = c->x;
+    void *hold = c->hold;
     c->in_data = 0;
     c->head_got = 0;
-    c->x = NULL;
+    c->hold = NULL;
     c->dest = NULL;
     if (c->code) {
         send_reply(c, c->code, c->why, NULL);
     } else if (c->dup) {
         /* No claim was held while the bytes were read: the transfer may have ended meanwhile. */
-        if (d->xfer && up_xfer_id(d->xfer) == ch.xfer_id) {
+        if (k->is_open(k->ctx, ch.xfer_id)) {
             c->refs++;
-            up_chunk_duplicate(d, d->xfer, &ch, &sink);
+            k->duplicate(k->ctx, &ch, &a);
         } else {
             send_reply(c, PROTO_E_UNEXPECTED, "the transfer ended while this chunk was read", NULL);
         }
     } else {
         c->refs++;
-        up_chunk_filled(d, x, &ch, &sink);
+        k->filled(k->ctx, hold, &ch, &a);
     }
-    if (!c->closed && d->xfer && !up_xfer_has_room(d->xfer)) {
+    if (!c->closed && !k->has_room(k->ctx)) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->paused = 1;
     }
@@ -230,24 +238,24 @@ static void chunk_complete(lane_conn *c)
 /* A head has been read: decode it and claim the chunk's range. */
 static int head_complete(lane_conn *c)
 {
-    rd_daemon *d = c->srv->d;
+    lane_server *s = c->srv;
     uint32_t code;
-    if (proto_lane_decode_head(c->head, d->lim.max_message_bytes, &c->c, &code)) {
+    if (proto_lane_decode_head(c->head, *s->env->max_message_bytes, &c->c, &code)) {
         /* The framing is lost: say why, then close. */
         send_reply(c, code, rd_errmsg(), NULL);
         conn_close(c, "bad frame on the data lane");
         return -1;
     }
-    if (c->srv->d->auth_len && c->c.xfer_id != c->auth_xfer) {
+    if (s->env->secret->len && c->c.xfer_id != c->auth_xfer) {
         send_reply(c, PROTO_E_UNAUTHORIZED, "this data lane connection authenticated for another transfer", NULL);
         conn_close(c, "a chunk of another transfer on an authenticated lane");
         return -1;
     }
     c->in_data = 1;
     c->got = 0;
-    c->code = (uint32_t)up_chunk_claim(d, &c->c, &c->x, &c->dest, &c->dup, c->why, sizeof c->why);
+    c->code = (uint32_t)s->sink.claim(s->sink.ctx, &c->c, &c->hold, &c->dest, &c->dup, c->why, sizeof c->why);
     if (c->code || c->dup)
-        c->x = NULL; /* only a claimed range (dest) keeps its transfer alive */
+        c->hold = NULL; /* only a claimed range (dest) keeps its transfer alive */
     if (c->c.len == 0)
         chunk_complete(c);
     return 0;
@@ -257,12 +265,13 @@ static int head_complete(lane_conn *c)
  * read or once it is right, -1 when the connection was refused. */
 static int auth_step(lane_conn *c)
 {
-    rd_daemon *d = c->srv->d;
+    lane_server *s = c->srv;
+    const host_secret *sec = s->env->secret;
     if (c->auth_got == PROTO_HEADER_BYTES) {
         const uint8_t *h = c->auth_frame;
         uint32_t body = (uint32_t)h[8] | (uint32_t)h[9] << 8 | (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
         if (memcmp(h, PROTO_MAGIC, 4) || h[6] != PROTO_LANE_AUTH || h[7] != 0 || body != 8 + PROTO_AUTH_BYTES) {
-            d->auth_failures++;
+            s->auth_failures++;
             send_reply(c, PROTO_E_UNAUTHORIZED, "this data lane needs a LANE_AUTH first (PROTOCOL.md section 10.12)",
                        NULL);
             conn_close(c, "no LANE_AUTH on the data lane");
@@ -275,12 +284,12 @@ static int auth_step(lane_conn *c)
     proto_msg m;
     uint8_t key[PROTO_AUTH_BYTES], want[PROTO_AUTH_BYTES];
     int ok = proto_decode(c->auth_frame, sizeof c->auth_frame, 0, &m) == 0 && m.type == PROTO_LANE_AUTH &&
-             d->xfer && up_xfer_id(d->xfer) == m.lane_auth.xfer_id &&
-             !proto_auth_lane_key((const uint8_t *)d->auth_secret, d->auth_len, m.lane_auth.xfer_id, key) &&
+             s->sink.is_open(s->sink.ctx, m.lane_auth.xfer_id) &&
+             !proto_auth_lane_key((const uint8_t *)sec->bytes, sec->len, m.lane_auth.xfer_id, key) &&
              !proto_auth_lane_proof(key, c->nonce, m.lane_auth.xfer_id, want) &&
              proto_auth_equal(want, m.lane_auth.proof);
     if (!ok) {
-        d->auth_failures++;
+        s->auth_failures++;
         send_reply(c, PROTO_E_UNAUTHORIZED, "LANE_AUTH refused: not the open transfer, or not its lane key", NULL);
         conn_close(c, "a wrong LANE_AUTH on the data lane");
         return -1;
@@ -336,7 +345,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
-    c->authed = s->d->auth_len == 0;
+    c->authed = s->env->secret->len == 0;
     c->t_accept_us = c->last_read_us = et_now_us();
     if (!c->authed) {
         proto_buf b;
@@ -354,11 +363,11 @@ static void on_connection(uv_stream_t *server, int status)
 }
 
 /* HOST for the lane: update_listen's, or the learner socket's (tcp://HOST:PORT). */
-static int lane_addr(const rd_daemon *d, struct sockaddr_storage *addr)
+static int lane_addr(const cfg_daemon *cfg, struct sockaddr_storage *addr)
 {
     char host[256] = "";
     int port = 0;
-    const char *spec = d->cfg.update_listen;
+    const char *spec = cfg->update_listen;
     if (spec[0]) {
         const char *colon = strrchr(spec, ':');
         size_t hl = colon ? (size_t)(colon - spec) : 0;
@@ -367,7 +376,7 @@ static int lane_addr(const rd_daemon *d, struct sockaddr_storage *addr)
         memcpy(host, spec, hl);
         port = atoi(colon + 1);
     } else {
-        const char *u = d->cfg.listen;
+        const char *u = cfg->listen;
         if (strncmp(u, "tcp://", 6))
             return rd_fail(RD_EINVAL, "the data lane needs a tcp:// learner socket (listen is \"%s\"); set update_listen",
                            u);
@@ -375,7 +384,7 @@ static int lane_addr(const rd_daemon *d, struct sockaddr_storage *addr)
         const char *colon = strrchr(u, ':');
         size_t hl = colon ? (size_t)(colon - u) : 0;
         if (!colon || hl == 0 || hl >= sizeof host)
-            return rd_fail(RD_EINVAL, "listen \"%s\": expected tcp://HOST:PORT", d->cfg.listen);
+            return rd_fail(RD_EINVAL, "listen \"%s\": expected tcp://HOST:PORT", cfg->listen);
         memcpy(host, u, hl);
     }
     if (!strcmp(host, "*"))
@@ -387,48 +396,56 @@ static int lane_addr(const rd_daemon *d, struct sockaddr_storage *addr)
     return 0;
 }
 
-int lane_start(rd_daemon *d)
+int lane_start(const host_env *env, const lane_sink *sink, lane_server **out)
 {
-    if (!strcmp(d->cfg.update_listen, "off") || d->cfg.max_staging_bytes == 0)
+    const cfg_daemon *cfg = env->cfg;
+    *out = NULL;
+    if (!strcmp(cfg->update_listen, "off") || cfg->max_staging_bytes == 0)
         return 0;
-    if (proto_tls_url(d->cfg.listen)) { /* a plain TCP lane would carry the weights in the clear */
+    if (proto_tls_url(cfg->listen)) { /* a plain TCP lane would carry the weights in the clear */
         log_line("data lane off: the learner socket is TLS and the lane is plain TCP");
         return 0;
     }
     struct sockaddr_storage addr;
-    int rc = lane_addr(d, &addr);
+    int rc = lane_addr(cfg, &addr);
     if (rc)
         return rc;
-    if (!net_is_loopback((const struct sockaddr *)&addr) && !d->auth_len) {
-        if (!d->cfg.insecure)
+    int exposed = 0;
+    if (!net_is_loopback((const struct sockaddr *)&addr) && !env->secret->len) {
+        if (!cfg->insecure)
             return rd_fail(RD_EINVAL, "the data lane would listen on a non-loopback address without a "
                            "secret: set auth_token_file, or update_listen to a loopback HOST:PORT or \"off\", or insecure = 1");
-        d->exposed = 1;
+        exposed = 1;
     }
     lane_server *s = calloc(1, sizeof *s);
     if (!s)
         return rd_fail(RD_ENOMEM, "data lane: out of memory");
-    s->d = d;
-    uv_tcp_init(&d->loop, &s->listener);
+    s->env = env;
+    s->sink = *sink;
+    s->exposed = exposed;
+    uv_tcp_init(env->loop, &s->listener);
     s->listener.data = s;
     if ((rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0)) ||
         (rc = uv_listen((uv_stream_t *)&s->listener, 16, on_connection))) {
         uv_close((uv_handle_t *)&s->listener, NULL);
-        d->lane = s; /* freed by lane_stop once the close is done */
+        *out = s; /* freed by lane_free once the loop has ended */
         return rd_fail(RD_EIO, "data lane: cannot listen: %s", uv_strerror(rc));
     }
     struct sockaddr_storage got;
     int len = sizeof got;
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
-    d->lane_port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
-                                                   : ((struct sockaddr_in *)&got)->sin_port);
-    d->lane = s;
+    s->port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                              : ((struct sockaddr_in *)&got)->sin_port);
+    sink->watch_room(sink->ctx, on_room, s);
+    *out = s;
     return 0;
 }
 
-void lane_on_tick(rd_daemon *d)
+uint16_t lane_port(const lane_server *s) { return s->port; }
+int lane_exposed(const lane_server *s) { return s->exposed; }
+
+void lane_on_tick(lane_server *s)
 {
-    lane_server *s = d->lane;
     if (!s)
         return;
     uint64_t now = et_now_us();
@@ -438,20 +455,21 @@ void lane_on_tick(rd_daemon *d)
         if (!c->closed && c->in_data && c->dest && !c->paused && now - c->last_read_us > LANE_STALL_US)
             conn_close(c, "the sender stalled inside a chunk");
         else if (!c->closed && !c->authed && now - c->t_accept_us > LANE_AUTH_US) {
-            d->auth_failures++; /* a slot held without proving anything */
+            s->auth_failures++; /* a slot held without proving anything */
             conn_close(c, "no LANE_AUTH in time");
         }
     }
 }
 
-void lane_stop(rd_daemon *d)
+void lane_stop(lane_server *s)
 {
-    lane_server *s = d->lane;
     if (!s)
         return;
     if (!uv_is_closing((uv_handle_t *)&s->listener))
         uv_close((uv_handle_t *)&s->listener, NULL);
     for (lane_conn *c = s->conns; c; c = c->next)
         conn_close(c, "the daemon is shutting down");
-    /* Connections unlink themselves as they close; s stays until exit (main frees it). */
+    /* Connections unlink themselves as they close; s stays until exit (lane_free). */
 }
+
+void lane_free(lane_server *s) { free(s); }

@@ -1,0 +1,45 @@
+/* convert.h - the one place the daemon maps the wire's enums (proto/proto.h:
+ * PROTO_MODE_*, PROTO_DTYPE_*) to the engine's (engine/update/staging.h:
+ * upd_mode, upd_dtype; engine/format/safetensors.h: st_dtype) and back.
+ *
+ * proto/ and engine/ sit on one floor and include neither the other, so each
+ * names the concept for itself. The daemon is above both: it converts here,
+ * by name, instead of passing a number across and trusting equal values. The
+ * decoder has already refused values outside the wire's enums. */
+#ifndef RD_DAEMON_UPDATE_CONVERT_H
+#define RD_DAEMON_UPDATE_CONVERT_H
+
+#include <stdint.h>
+
+#include "engine/format/safetensors.h"
+#include "engine/update/staging.h"
+#include "proto/proto.h"
+
+/* When in-flight sequences meet the new weights (PROTOCOL.md §10.6). */
+static inline upd_mode convert_mode(uint8_t wire)
+{
+    switch (wire) {
+    case PROTO_MODE_DRAIN: return UPD_DRAIN;
+    case PROTO_MODE_ABORT: return UPD_ABORT;
+    default: return UPD_CONTINUE; /* PROTO_MODE_CONTINUE; the decoder refuses others */
+    }
+}
+
+/* A manifest tensor's dtype; -1 (refused by upd_stage_create) for an unknown one. */
+static inline int convert_dtype(uint8_t wire)
+{
+    switch (wire) {
+    case PROTO_DTYPE_F32: return UPD_F32;
+    case PROTO_DTYPE_F16: return UPD_F16;
+    case PROTO_DTYPE_BF16: return UPD_BF16;
+    default: return -1;
+    }
+}
+
+/* An exported tensor's dtype as the wire names it (the export writes f32, f16 or bf16). */
+static inline uint8_t convert_st_dtype(st_dtype t)
+{
+    return t == ST_F16 ? PROTO_DTYPE_F16 : t == ST_BF16 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
+}
+
+#endif
