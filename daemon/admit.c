@@ -3,8 +3,8 @@
 
 #include <stdio.h>
 #include <sys/random.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "daemon/daemon.h"
 
@@ -47,9 +47,7 @@ uint64_t adm_random_seed(uint64_t salt)
     uint64_t seed;
     if (getrandom(&seed, sizeof seed, 0) == (ssize_t)sizeof seed)
         return seed;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u) ^ (salt << 32);
+    return (uint64_t)clock_now_us() ^ (salt << 32);
 }
 
 void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,

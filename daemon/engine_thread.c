@@ -5,15 +5,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "daemon/log.h"
-
-uint64_t et_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static void free_cmd(et_cmd *c)
 {
@@ -74,7 +68,7 @@ static void run_cmds(et_thread *t)
         if (!t->cmds)
             t->cmds_tail = NULL;
         t->n_cmds--;
-        uint64_t now = et_now_us();
+        uint64_t now = (uint64_t)clock_now_us();
         if (c->kind == ET_ADD) {
             int64_t id;
             eng_request r = c->req;
@@ -184,12 +178,12 @@ static void swap_policy(et_thread *t)
         if (eng_started(t->eng) > 0)
             return;
     }
-    uint64_t t0 = et_now_us();
+    uint64_t t0 = (uint64_t)clock_now_us();
     int32_t n_aborted = w->mode == UPD_ABORT ? eng_abort_started(t->eng) : 0;
     upd_apply(w->m, w->patch);
     eng_set_version(t->eng, w->version);
     eng_hold_new(t->eng, 0);
-    uint64_t t1 = et_now_us();
+    uint64_t t1 = (uint64_t)clock_now_us();
     t->swapped = (et_swapped){.version = w->version, .t_applied_us = t1, .stall_us = t1 - t0,
                               .n_aborted = n_aborted, .old = w->patch};
     t->swapped_ready = 1;
@@ -206,7 +200,7 @@ static void engine_main(void *arg)
         swap_policy(t);
         /* An abort finishes samples without a step: collect them now, or an
          * engine left idle by the abort would sleep on them. */
-        collect(t, et_now_us());
+        collect(t, (uint64_t)clock_now_us());
         /* Paused: frozen sequences wait, like an idle engine, for a command. */
         if (!eng_busy(t->eng) || eng_paused(t->eng)) {
             eng_get_stats(t->eng, &t->stats);
@@ -220,7 +214,7 @@ static void engine_main(void *arg)
         pthread_mutex_lock(&t->mu);
         if (rc < 0)
             log_line("engine step failed: %s", rd_errmsg());
-        uint64_t now = et_now_us();
+        uint64_t now = (uint64_t)clock_now_us();
         collect(t, now);
         collect_progress(t, now);
         eng_get_stats(t->eng, &t->stats);

@@ -113,6 +113,4 @@ int et_take_swapped(et_thread *t, et_swapped *out);
 et_done *et_take(et_thread *t, eng_stats *stats);
 void et_done_free(et_done *d);
 
-uint64_t et_now_us(void);
-
 #endif

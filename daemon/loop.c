@@ -14,6 +14,7 @@
 #include "daemon/api.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "base/clock.h"
 #include "base/err.h"
 
 static rd_daemon *of_bridge(bridge *b) { return (rd_daemon *)((char *)b - offsetof(rd_daemon, br)); }
@@ -169,7 +170,7 @@ static void take_results(rd_daemon *d)
 
 /* ---- requests ---- */
 
-static uint64_t now_us(void) { return et_now_us(); }
+static uint64_t now_us(void) { return (uint64_t)clock_now_us(); }
 
 static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
 {

@@ -13,6 +13,7 @@
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
 #include "proto/tls.h"
+#include "base/clock.h"
 #include "base/err.h"
 
 /* The model's name: the file's base name without ".gguf" (general.name in
@@ -195,7 +196,7 @@ int main(int argc, char **argv)
         fputs(cfg_usage(), stdout);
         return 0;
     }
-    d->t_start_us = et_now_us();
+    d->t_start_us = (uint64_t)clock_now_us();
     log_line("loading %s (backend %s)", d->cfg.model, d->cfg.backend);
     if (rd_load(d->cfg.model, d->cfg.backend, (int)d->cfg.threads, &d->L)) {
         fprintf(stderr, "rolloutd: cannot load the model: %s\n", rd_errmsg());

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
@@ -302,7 +303,7 @@ static int auth_step(lane_conn *c)
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     lane_conn *c = st->data;
-    c->last_read_us = et_now_us();
+    c->last_read_us = (uint64_t)clock_now_us();
     if (nread < 0) {
         conn_close(c, nread == UV_EOF ? "the sender closed the data lane mid-chunk"
                                       : "the data lane's connection failed mid-chunk");
@@ -346,7 +347,7 @@ static void on_connection(uv_stream_t *server, int status)
         s->conns->prev = c;
     s->conns = c;
     c->authed = s->env->secret->len == 0;
-    c->t_accept_us = c->last_read_us = et_now_us();
+    c->t_accept_us = c->last_read_us = (uint64_t)clock_now_us();
     if (!c->authed) {
         proto_buf b;
         proto_buf_init(&b);
@@ -448,7 +449,7 @@ void lane_on_tick(lane_server *s)
 {
     if (!s)
         return;
-    uint64_t now = et_now_us();
+    uint64_t now = (uint64_t)clock_now_us();
     for (lane_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
         /* Only inside a chunk: between chunks a sender may pause, and a paused reader is ours. */

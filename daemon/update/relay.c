@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "daemon/engine_thread.h"
 #include "daemon/log.h"
@@ -164,7 +165,7 @@ static void pump(relay *r)
     }
     /* BUSY usually means another connection still holds the range (a relay that stalled inside
      * the chunk, until the next daemon's lane times it out): try again a second later. */
-    uint64_t now = et_now_us();
+    uint64_t now = (uint64_t)clock_now_us();
     if (!r->retry_until_us)
         r->retry_until_us = now + RELAY_RETRY_S * 1000000ull;
     if (now > r->retry_until_us) {

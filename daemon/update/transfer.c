@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "daemon/log.h"
 #include "daemon/update/convert.h"
@@ -80,7 +81,7 @@ typedef struct {
     upd_patch *patch;
 } free_job;
 
-static uint64_t now_us(void) { return et_now_us(); }
+static uint64_t now_us(void) { return (uint64_t)clock_now_us(); }
 
 static void reply_error(xfer_state *s, br_ctx *x, uint32_t code, uint16_t type, const char *why)
 {
