@@ -131,11 +131,11 @@ static int forward(chain *ch, int a, int b)
 
 /* Daemon a relays no more (UPDATE_FORWARD with next_xfer_id 0), best effort.
  * Sent when the daemon after a is out and nothing replaces it, and to every
- * relaying daemon before its COMMIT or ABORT: a relay that failed (a dead
- * successor) and is still attached when the transfer ends makes the daemon
- * free the transfer twice (daemon/update.c xfer_end, as of 72b3834), so the
- * relay is closed while the transfer is alive. A relay stopped after every
- * daemon is READY has nothing left to send. */
+ * relaying daemon before its COMMIT or ABORT, so that no relay to a dead
+ * successor is still trying when the transfer ends (older daemons freed such
+ * a transfer twice; daemon/update/transfer.c now waits for every relay to
+ * close). A relay stopped after every daemon is READY has nothing left to
+ * send. */
 static void unlink_relay(chain *ch, int a)
 {
     proto_msg q = {.type = PROTO_UPDATE_FORWARD}, r;

@@ -7,7 +7,7 @@
  * 2. its first 56 bytes (zero-padded) as the LANE_AUTH a daemon with a secret
  *    reads first: proto_decode of exactly that frame; what decodes as a
  *    LANE_AUTH encodes back to the same 56 bytes, and a frame whose header
- *    says LANE_AUTH with a 40-byte body (what daemon/lane.c lets through to
+ *    says LANE_AUTH with a 40-byte body (what daemon/update/lane_server.c lets through to
  *    the decoder) decodes as nothing else;
  * 3. the whole input as the stream of reply frames a relay reads from the
  *    next daemon, delivered in pieces (sizes from the last byte) into a
@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RELAY_MAX_REPLY 65536                   /* daemon/relay.c's bound on a reply's body */
+#define RELAY_MAX_REPLY 65536                   /* daemon/update/relay.c's bound on a reply's body */
 #define LANE_LIMIT (4u << 20)                   /* configs/test.json's max_message_bytes */
 #define LANE_AUTH_FRAME (PROTO_HEADER_BYTES + 8 + PROTO_AUTH_BYTES)
 
@@ -89,7 +89,7 @@ static void lane_auth(const uint8_t *data, size_t size)
 {
     uint8_t f[LANE_AUTH_FRAME] = {0};
     memcpy(f, data, size < sizeof f ? size : sizeof f);
-    /* daemon/lane.c reads the header first and decodes only this shape */
+    /* daemon/update/lane_server.c reads the header first and decodes only this shape */
     int shaped = !memcmp(f, PROTO_MAGIC, 4) && f[6] == PROTO_LANE_AUTH && f[7] == 0 && get32(f + 8) == 8 + PROTO_AUTH_BYTES;
     proto_msg m;
     int ok;

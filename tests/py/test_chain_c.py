@@ -191,8 +191,7 @@ def unreachable_daemon_aborts_everywhere_or_is_chained_around():
 @case
 def last_daemon_killed_mid_push_survivors_commit_and_keep_serving():
     """The relay into a dead daemon fails; the survivors commit (--on-failure commit) and keep running.
-    (A daemon whose failed relay is still attached when its transfer ends frees the transfer twice,
-    daemon/update.c xfer_end as of 72b3834; rolloutctl stops such relays first.)"""
+    (rolloutctl stops the relays before it commits, as rd_chain.c's unlink_relay says.)"""
     a, b, _, _, e = plain()
     v = versions([a])[0][0] + 1
     p = push([a.url, b.url, e.url], v, 10, "--on-failure", "commit", popen=True)
