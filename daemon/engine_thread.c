@@ -328,38 +328,24 @@ int et_add(et_thread *t, uint64_t key, const eng_request *r)
     return 0;
 }
 
-int et_abort(et_thread *t, uint64_t key)
+/* Queues a command with no payload beyond key and pause. */
+static int push_simple(et_thread *t, et_kind kind, uint64_t key, int pause)
 {
     et_cmd *c = calloc(1, sizeof *c);
     if (!c)
         return rd_fail(RD_ENOMEM, "engine queue: out of memory");
-    c->kind = ET_ABORT;
+    c->kind = kind;
     c->key = key;
-    push_cmd(t, c);
-    return 0;
-}
-
-int et_pause(et_thread *t, int pause)
-{
-    et_cmd *c = calloc(1, sizeof *c);
-    if (!c)
-        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
-    c->kind = ET_PAUSE;
     c->pause = pause;
     push_cmd(t, c);
     return 0;
 }
 
-int et_flush_cache(et_thread *t, uint64_t key)
-{
-    et_cmd *c = calloc(1, sizeof *c);
-    if (!c)
-        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
-    c->kind = ET_FLUSH;
-    c->key = key;
-    push_cmd(t, c);
-    return 0;
-}
+int et_abort(et_thread *t, uint64_t key) { return push_simple(t, ET_ABORT, key, 0); }
+
+int et_pause(et_thread *t, int pause) { return push_simple(t, ET_PAUSE, 0, pause); }
+
+int et_flush_cache(et_thread *t, uint64_t key) { return push_simple(t, ET_FLUSH, key, 0); }
 
 et_done *et_take(et_thread *t, eng_stats *stats)
 {
