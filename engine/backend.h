@@ -73,6 +73,18 @@ typedef struct {
     const void *data;           /* rows x ggml_row_bytes(type, in) bytes, row-major, HF row order */
 } rd_wpart;
 
+/* One layer's mixture-of-experts FFN (ops.moe_ffn): n_experts SwiGLU
+ * experts; expert e's gate|up is a linear [2 ffn][dim] (its gate rows, then
+ * its up rows) and its down a linear [dim][ffn], both handles from
+ * linear_load / linear_load_q. */
+typedef struct rd_moe {
+    int32_t n_experts;
+    int32_t ffn;                /* an expert's intermediate size */
+    int32_t dim;                /* hidden size */
+    void *const *gate_up;       /* [n_experts] linear handles (host array) */
+    void *const *down;          /* [n_experts] linear handles (host array) */
+} rd_moe;
+
 typedef struct rd_backend_ops {
     const char *name;           /* "cpu", "cuda" */
 
@@ -137,6 +149,25 @@ typedef struct rd_backend_ops {
     void (*gather_rows)(rd_backend *be, const float *x, const int32_t *rows, int32_t n,
                         int32_t d, float *out);
 
+    /* Mixture-of-experts routing over m rows of router logits
+     * [m][n_experts] (fp32): p = softmax(row) (the row's max subtracted,
+     * expf, the sum in expert order in fp32, then each exp divided by it);
+     * the k experts of largest p, ties to the lower expert id, written to
+     * ids[m][k] in that order (largest first), their p to weights[m][k],
+     * divided by the sum of the k (in that order, fp32) when norm is 1.
+     * k <= n_experts <= RD_MOE_MAX_EXPERTS, k <= RD_MOE_MAX_K. */
+    void (*moe_route)(rd_backend *be, const float *logits, int32_t m, int32_t n_experts, int32_t k, int norm,
+                      int32_t *ids, float *weights);
+    /* The experts over m rows x[m][dim]: for row i and its routes
+     * j = 0..k-1 (e = ids[i][j], w = weights[i][j]), h_j =
+     * down_e . swiglu(gate_up_e . x_i), each product computed as linear
+     * computes that row (a row's result never depends on which rows share
+     * its expert); then acc = fmaf(w_j, h_j, acc) over j in order from
+     * acc = 0, and y_i += acc. Rows sharing an expert are grouped so each
+     * expert's weights are read once per call. */
+    void (*moe_ffn)(rd_backend *be, const rd_moe *moe, const float *x, const int32_t *ids, const float *weights,
+                    int32_t m, int32_t k, float *y);
+
     /* Paged KV: k_cache/v_cache of one layer are [n_blocks][n_kv_heads][block_size][head_dim].
      * kv_write stores row i's K and V (at k + i*stride, v + i*stride) in slot
      * slots[i]. */
@@ -195,6 +226,10 @@ typedef struct rd_backend_ops {
 } rd_backend_ops;
 
 #define RD_GRAPH_STALE 1
+
+/* Bounds of moe_route / moe_ffn (Qwen3-MoE: 128 experts, top 8). */
+#define RD_MOE_MAX_EXPERTS 512
+#define RD_MOE_MAX_K 32
 
 
 struct rd_backend {

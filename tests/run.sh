@@ -18,9 +18,11 @@ passed=0
 failed=0
 run_one() {
   local name=$1; shift
-  local out rc
+  local out rc t0=$SECONDS
   out=$("$@" 2>&1); rc=$?
   printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) ' | sed "s|^|[$name] |"
+  # Where the suite's time goes (one line per file; not counted).
+  echo "[$name] took $((SECONDS - t0)) s"
   local p f
   p=$(printf '%s\n' "$out" | grep -c '^PASS ')
   f=$(printf '%s\n' "$out" | grep -c '^FAIL ')

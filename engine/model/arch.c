@@ -10,9 +10,9 @@
 #include "base/err.h"
 #include "engine/model/config.h"
 
-extern const arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma3;
+extern const arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3;
 
-static const arch_desc *const FAMILIES[] = {&arch_llama, &arch_qwen2, &arch_qwen3, &arch_gemma3};
+static const arch_desc *const FAMILIES[] = {&arch_llama, &arch_qwen2, &arch_qwen3, &arch_qwen3moe, &arch_gemma3};
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
 const arch_desc *arch_by_name(const char *name, size_t len)
@@ -32,7 +32,7 @@ const arch_desc *arch_by_hf(const char *hf_class, const char *model_type)
     return NULL;
 }
 
-const char *arch_names(void) { return "llama, qwen2, qwen3, gemma3"; }
+const char *arch_names(void) { return "llama, qwen2, qwen3, qwen3moe, gemma3"; }
 
 int64_t arch_dim_value(const model_config *c, arch_dim d)
 {
@@ -44,6 +44,8 @@ int64_t arch_dim_value(const model_config *c, arch_dim d)
     case AD_FFN: return c->ffn_dim;
     case AD_VOCAB: return c->vocab;
     case AD_HEAD: return c->head_dim;
+    case AD_EXPERTS: return c->n_experts;
+    case AD_EXPERT_FFN: return c->expert_ffn_dim;
     }
     return 0;
 }
@@ -55,18 +57,28 @@ int arch_tensor_present(const model_config *c, const arch_tensor *t)
 
 int arch_group_per_layer(arch_group g) { return g >= AG_FIRST_LAYER; }
 
+int arch_group_per_expert(arch_group g) { return g == AG_EXP_GATE_UP || g == AG_EXP_DOWN; }
+
+int32_t arch_group_units(const model_config *c, arch_group g)
+{
+    return arch_group_per_expert(g) ? c->n_experts : 1;
+}
+
 int arch_group_is_linear(arch_group g)
 {
-    return g == AG_EMBED || g == AG_LM_HEAD || g == AG_QKV || g == AG_O || g == AG_GATE_UP || g == AG_DOWN;
+    return g == AG_EMBED || g == AG_LM_HEAD || g == AG_QKV || g == AG_O || g == AG_GATE_UP || g == AG_DOWN ||
+           g == AG_ROUTER || g == AG_EXP_GATE_UP || g == AG_EXP_DOWN;
 }
 
 /* Names are formatted from the table's patterns, which contain at most one
- * "%d" (checked by test_arch), never from user input. */
+ * "%d" (two for AT_EXPERT HF names; checked by test_arch), never from user
+ * input. An argument a pattern does not use is ignored (C11 7.21.6.1). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-void arch_hf_name(const arch_tensor *t, int32_t layer, char *out, size_t cap)
+#pragma GCC diagnostic ignored "-Wformat-extra-args"
+void arch_hf_name(const arch_tensor *t, int32_t layer, int32_t expert, char *out, size_t cap)
 {
-    snprintf(out, cap, t->hf, layer);
+    snprintf(out, cap, t->hf, layer, expert);
 }
 
 void arch_gguf_name(const arch_tensor *t, int32_t layer, char *out, size_t cap)
@@ -109,18 +121,50 @@ int64_t arch_tensor_row0(const arch_desc *a, const model_config *c, const arch_t
     return at;
 }
 
-int arch_resolve_hf(const arch_desc *a, const model_config *c, const char *name, const arch_tensor **out,
-                    int32_t *layer)
+/* Reads a canonical decimal below limit at *p (advancing it); -1 if none. */
+static int32_t read_index(const char **p, int32_t limit)
 {
-    int l = -1, n = 0;
+    const char *s = *p;
+    if (*s < '0' || *s > '9' || (*s == '0' && s[1] >= '0' && s[1] <= '9'))
+        return -1;
+    int64_t v = 0;
+    while (*s >= '0' && *s <= '9' && v <= limit)
+        v = v * 10 + (*s++ - '0');
+    if (v >= limit)
+        return -1;
+    *p = s;
+    return (int32_t)v;
+}
+
+/* Whether name matches pattern tail `pat`, in which "%d" stands for one
+ * canonical number below limit (stored in *v; pat has at most one). */
+static int match_tail(const char *pat, const char *name, int32_t limit, int32_t *v)
+{
+    const char *d = strstr(pat, "%d");
+    *v = 0;
+    if (!d)
+        return !strcmp(pat, name);
+    size_t pre = (size_t)(d - pat);
+    if (strncmp(pat, name, pre))
+        return 0;
+    const char *p = name + pre;
+    if ((*v = read_index(&p, limit)) < 0)
+        return 0;
+    return !strcmp(d + 2, p);
+}
+
+int arch_resolve_hf(const arch_desc *a, const model_config *c, const char *name, const arch_tensor **out,
+                    int32_t *layer, int32_t *expert)
+{
+    static const char prefix[] = "model.layers.";
+    int32_t l = -1;
     const char *rest = NULL;
     /* Per-layer names all start "model.layers.N."; the rest is the pattern's tail. */
-    if (sscanf(name, "model.layers.%d.%n", &l, &n) == 1 && n > 0) {
-        char canon[48];
-        snprintf(canon, sizeof canon, "model.layers.%d.", l);
-        if (l < 0 || l >= c->n_layers || (int)strlen(canon) != n || strncmp(canon, name, (size_t)n))
+    if (!strncmp(name, prefix, sizeof prefix - 1)) {
+        const char *p = name + sizeof prefix - 1;
+        if ((l = read_index(&p, c->n_layers)) < 0 || *p != '.')
             return -1;
-        rest = name + n;
+        rest = p + 1;
     }
     for (int32_t i = 0; i < a->n_tensors; i++) {
         const arch_tensor *t = &a->tensors[i];
@@ -129,15 +173,17 @@ int arch_resolve_hf(const arch_desc *a, const model_config *c, const char *name,
         int per_layer = arch_group_per_layer(t->group);
         if (per_layer != (rest != NULL))
             continue;
+        int32_t e = 0;
         if (per_layer) {
             const char *tail = strstr(t->hf, "%d.");
-            if (!tail || strcmp(tail + 3, rest))
+            if (!tail || !match_tail(tail + 3, rest, (t->flags & AT_EXPERT) ? c->n_experts : 0, &e))
                 continue;
         } else if (strcmp(t->hf, name)) {
             continue;
         }
         *out = t;
         *layer = per_layer ? l : -1;
+        *expert = e;
         return 0;
     }
     return -1;

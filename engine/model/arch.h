@@ -29,6 +29,8 @@ typedef enum {
     AD_FFN,                     /* ffn_dim */
     AD_VOCAB,                   /* vocab */
     AD_HEAD,                    /* head_dim */
+    AD_EXPERTS,                 /* n_experts */
+    AD_EXPERT_FFN,              /* expert_ffn_dim */
 } arch_dim;
 
 /* The backend buffers a model can hold. Model-wide groups first. */
@@ -47,6 +49,9 @@ typedef enum {
     AG_K_NORM,                  /* vector [head_dim] */
     AG_POST_ATTN_NORM,          /* vector [dim] (Gemma 3) */
     AG_POST_FFN_NORM,           /* vector [dim] (Gemma 3) */
+    AG_ROUTER,                  /* linear [n_experts][dim] (MoE) */
+    AG_EXP_GATE_UP,             /* per expert: linear [2 expert_ffn][dim] */
+    AG_EXP_DOWN,                /* per expert: linear [dim][expert_ffn] */
     AG_COUNT
 } arch_group;
 
@@ -57,9 +62,15 @@ typedef enum {
 #define AT_PERMUTE_K 2u         /* the same over n_kv_heads */
 #define AT_UNTIED 4u            /* present only when the embeddings are untied */
 #define AT_NORM_1P 8u           /* GGUF holds 1 + w (Gemma's norms): the GGUF source subtracts 1 */
+/* One tensor per expert (the groups AG_EXP_*): the HF name holds a second
+ * "%d", the expert ("model.layers.%d.mlp.experts.%d.up_proj.weight"); GGUF
+ * holds all of a layer's experts in one 3-D tensor (ggml ne {cols, rows,
+ * n_experts}), expert e's [rows][cols] the e-th slice. */
+#define AT_EXPERT 16u
 
 typedef struct {
-    const char *hf;             /* HF name; "%d" is the layer: "model.layers.%d.self_attn.q_proj.weight" */
+    const char *hf;             /* HF name; "%d" is the layer: "model.layers.%d.self_attn.q_proj.weight"
+                                   (then the expert, AT_EXPERT) */
     const char *gguf;           /* GGUF name: "blk.%d.attn_q.weight" */
     arch_group group;
     arch_dim rows, cols;        /* [rows][cols] in HF layout; rows AD_ONE: a vector of cols */
@@ -91,7 +102,7 @@ typedef struct arch_desc {
 /* The families, by GGUF architecture or HF class / model_type. NULL: none. */
 const arch_desc *arch_by_name(const char *name, size_t len);
 const arch_desc *arch_by_hf(const char *hf_class, const char *model_type);
-/* "llama, qwen2, qwen3": for error messages. */
+/* "llama, qwen2, qwen3, ...": for error messages. */
 const char *arch_names(void);
 
 /* The value of a dimension under config c. */
@@ -99,11 +110,16 @@ int64_t arch_dim_value(const struct model_config *c, arch_dim d);
 /* Whether tensor t exists in a model of config c (an untied-only tensor
  * does not when the embeddings are tied). */
 int arch_tensor_present(const struct model_config *c, const arch_tensor *t);
-/* Tensor t's HF / GGUF name for layer (ignored for model-wide tensors). */
-void arch_hf_name(const arch_tensor *t, int32_t layer, char *out, size_t cap);
+/* Tensor t's HF / GGUF name for layer (ignored for model-wide tensors) and
+ * expert (ignored but for AT_EXPERT tensors' HF names; GGUF's are 3-D). */
+void arch_hf_name(const arch_tensor *t, int32_t layer, int32_t expert, char *out, size_t cap);
 void arch_gguf_name(const arch_tensor *t, int32_t layer, char *out, size_t cap);
 /* 1 if group g is one per layer. */
 int arch_group_per_layer(arch_group g);
+/* 1 if group g is one per expert of a layer (AG_EXP_*). */
+int arch_group_per_expert(arch_group g);
+/* Instances of group g in one layer: n_experts for a per-expert group, else 1. */
+int32_t arch_group_units(const struct model_config *c, arch_group g);
 /* 1 if group g is a linear (a backend weight handle), 0 a backend vector. */
 int arch_group_is_linear(arch_group g);
 /* Rows and columns of group g's buffer under the family a (rows 1 for a
@@ -111,11 +127,12 @@ int arch_group_is_linear(arch_group g);
  * no such group. */
 void arch_group_shape(const arch_desc *a, const struct model_config *c, arch_group g, int64_t *rows, int64_t *cols);
 int64_t arch_tensor_row0(const arch_desc *a, const struct model_config *c, const arch_tensor *t);
-/* Resolves an HF name: the tensor and its layer (-1 for model-wide). The
- * layer must be written canonically ("3", not "03") and be < n_layers;
- * untied-only tensors do not resolve for a tied model. -1 if none. */
+/* Resolves an HF name: the tensor, its layer (-1 for model-wide) and its
+ * expert (0 but for AT_EXPERT tensors). Numbers must be written canonically
+ * ("3", not "03") and be < n_layers (< n_experts); untied-only tensors do
+ * not resolve for a tied model. -1 if none. */
 int arch_resolve_hf(const arch_desc *a, const struct model_config *c, const char *name, const arch_tensor **t,
-                    int32_t *layer);
+                    int32_t *layer, int32_t *expert);
 
 /* config.json key (absent is fine) must be the string want, else RD_ENOTSUP
  * naming it (the families' activation checks). */

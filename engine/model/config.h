@@ -41,6 +41,12 @@ typedef struct model_config {
     float rope_local_theta;     /* RoPE base of the local layers (no scaling) */
     float attn_scalar;          /* q.k is scaled by attn_scalar^-0.5 (Gemma's query_pre_attn_scalar); 0: head_dim */
     float embed_scale;          /* embeddings multiplied by it (Gemma: sqrt(dim)); 0: not scaled */
+    /* Mixture of experts (Qwen3-MoE): n_experts 0 for a dense FFN. Every
+     * layer's FFN is then n_experts SwiGLU experts behind a softmax router. */
+    int32_t n_experts;          /* experts per layer */
+    int32_t n_experts_used;     /* k: the experts each token is routed to */
+    int32_t expert_ffn_dim;     /* an expert's intermediate size */
+    int moe_norm_topk;          /* 1: the k routing weights are divided by their sum */
 } model_config;
 
 #endif

@@ -190,18 +190,39 @@ int64_t model_kv_bytes_per_token(const model_config *c)
     return (int64_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * (int64_t)sizeof(float);
 }
 
-/* Dequantizes tensor `name`, checking it is [rows][cols] in HF terms (GGUF ne = {cols, rows}). */
-static int load_matrix(const gguf_file *g, const char *name, int64_t rows, int64_t cols, float *dst)
+/* A GGUF tensor holding [rows][cols] in HF terms (GGUF ne = {cols, rows}),
+ * or for an AT_EXPERT tensor every expert's (ne = {cols, rows, n_experts}):
+ * the bytes of expert e's slice. NULL with *why set when it is not that shape. */
+static const uint8_t *tensor_slice(const gguf_tensor *t, int64_t rows, int64_t cols, int32_t n_experts, int32_t e,
+                                   size_t *nbytes)
+{
+    uint32_t dims = n_experts ? 3 : rows == 1 ? 1 : 2;
+    if (t->n_dims != dims || (int64_t)t->ne[0] != cols || (dims > 1 && (int64_t)t->ne[1] != rows) ||
+        (dims == 3 && (int64_t)t->ne[2] != n_experts))
+        return NULL;
+    *nbytes = n_experts ? t->nbytes / (uint64_t)n_experts : t->nbytes;
+    return t->data + (size_t)e * *nbytes;
+}
+
+/* Dequantizes tensor `name` (expert e's slice of it when n_experts > 0),
+ * checking its shape. */
+static int load_matrix(const gguf_file *g, const char *name, int64_t rows, int64_t cols, int32_t n_experts,
+                       int32_t e, float *dst)
 {
     const gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
         return rd_fail(RD_EFORMAT, "model: tensor '%s' missing", name);
-    int64_t want_dims = rows == 1 ? 1 : 2;
-    if ((int64_t)t->n_dims != want_dims || (int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows)
+    size_t nb;
+    const uint8_t *src = tensor_slice(t, rows, cols, n_experts, e, &nb);
+    if (!src && n_experts)
+        return rd_fail(RD_EFORMAT, "model: tensor '%s' has shape [%llu, %llu, %llu] (ggml order), expected [%lld, "
+                       "%lld, %d]", name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                       (unsigned long long)t->ne[2], (long long)cols, (long long)rows, n_experts);
+    if (!src)
         return rd_fail(RD_EFORMAT, "model: tensor '%s' has shape [%llu, %llu] (ggml order), expected [%lld, %lld]",
                        name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols,
                        (long long)rows);
-    int rc = gguf_dequant(t, dst);
+    int rc = n_experts ? ggml_dequant_row(t->type, src, dst, (uint64_t)(rows * cols)) : gguf_dequant(t, dst);
     if (rc)
         return rd_fail(rc, "model: tensor '%s': %s", name, rd_errmsg());
     return 0;
@@ -299,12 +320,12 @@ static int gguf_fetch(void *ctx, const char *hf, int64_t rows, int64_t cols, flo
 {
     gguf_source *src = ctx;
     const arch_tensor *t;
-    int32_t layer;
-    if (arch_resolve_hf(src->arch, src->cfg, hf, &t, &layer))
+    int32_t layer, expert;
+    if (arch_resolve_hf(src->arch, src->cfg, hf, &t, &layer, &expert))
         return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
     char name[128];
     arch_gguf_name(t, layer, name, sizeof name);
-    int rc = load_matrix(src->g, name, rows, cols, dst);
+    int rc = load_matrix(src->g, name, rows, cols, (t->flags & AT_EXPERT) ? src->cfg->n_experts : 0, expert, dst);
     if (rc)
         return rc;
     if (t->flags & (AT_PERMUTE_Q | AT_PERMUTE_K))
@@ -326,29 +347,33 @@ static int gguf_fetch_raw(void *ctx, const char *hf, int64_t rows, int64_t cols,
 {
     gguf_source *src = ctx;
     const arch_tensor *t;
-    int32_t layer;
-    if (arch_resolve_hf(src->arch, src->cfg, hf, &t, &layer))
+    int32_t layer, expert;
+    if (arch_resolve_hf(src->arch, src->cfg, hf, &t, &layer, &expert))
         return rd_fail(RD_EINVAL, "model: no GGUF tensor for '%s'", hf);
     if (t->flags & AT_NORM_1P)
         return 1;
     char name[128];
     arch_gguf_name(t, layer, name, sizeof name);
     const gguf_tensor *g = gguf_find_tensor(src->g, name);
-    if (!g || g->n_dims != 2 || (int64_t)g->ne[0] != cols || (int64_t)g->ne[1] != rows)
+    size_t nb = 0;
+    const uint8_t *data =
+        g && rows > 1 ? tensor_slice(g, rows, cols, (t->flags & AT_EXPERT) ? src->cfg->n_experts : 0, expert, &nb)
+                      : NULL;
+    if (!data)
         return 1;               /* load_matrix says what is wrong */
     size_t row_bytes = ggml_row_bytes(g->type, (uint64_t)cols);
-    if (row_bytes == 0 || row_bytes * (size_t)rows != g->nbytes || g->nbytes > cap)
+    if (row_bytes == 0 || row_bytes * (size_t)rows != nb || nb > cap)
         return 1;
-    memcpy(dst, g->data, g->nbytes);
+    memcpy(dst, data, nb);
     if (t->flags & (AT_PERMUTE_Q | AT_PERMUTE_K))
         unpermute_raw(dst, (t->flags & AT_PERMUTE_Q) ? src->cfg->n_heads : src->cfg->n_kv_heads, src->cfg->head_dim,
                       row_bytes, (uint8_t *)src->tmp);
     *type = (int32_t)g->type;
-    *nbytes = g->nbytes;
+    *nbytes = nb;
     return 0;
 }
 
-void **model_weight_slot(model *m, arch_group g, int32_t layer)
+void **model_weight_slot(model *m, arch_group g, int32_t layer, int32_t expert)
 {
     model_layer *L = arch_group_per_layer(g) ? &m->layers[layer] : NULL;
     switch (g) {
@@ -366,6 +391,9 @@ void **model_weight_slot(model *m, arch_group g, int32_t layer)
     case AG_K_NORM: return (void **)&L->k_norm;
     case AG_POST_ATTN_NORM: return (void **)&L->post_attn_norm;
     case AG_POST_FFN_NORM: return (void **)&L->post_ffn_norm;
+    case AG_ROUTER: return &L->router;
+    case AG_EXP_GATE_UP: return L->exp_gate_up ? &L->exp_gate_up[expert] : NULL;
+    case AG_EXP_DOWN: return L->exp_down ? &L->exp_down[expert] : NULL;
     case AG_COUNT: break;
     }
     return NULL;
@@ -375,8 +403,8 @@ void **model_weight_slot(model *m, arch_group g, int32_t layer)
  * after the other into buf (cap bytes): consecutive members of one dtype
  * become one part. 1 when some member cannot come raw (the caller takes the
  * fp32 path), else 0 or an error. */
-static int load_group_raw(model *m, arch_group g, int32_t l, uint8_t *buf, size_t cap, model_fetch_raw_fn fetch_raw,
-                          void *ctx)
+static int load_group_raw(model *m, arch_group g, int32_t l, int32_t e, uint8_t *buf, size_t cap,
+                          model_fetch_raw_fn fetch_raw, void *ctx)
 {
     const model_config *c = &m->cfg;
     const arch_desc *a = m->arch;
@@ -392,7 +420,7 @@ static int load_group_raw(model *m, arch_group g, int32_t l, uint8_t *buf, size_
         if (t->group != g)
             continue;
         char name[128];
-        arch_hf_name(t, l, name, sizeof name);
+        arch_hf_name(t, l, e, name, sizeof name);
         int64_t at = arch_tensor_row0(a, c, t);
         int64_t tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
         if (at != next_row || tc != cols)
@@ -416,13 +444,13 @@ static int load_group_raw(model *m, arch_group g, int32_t l, uint8_t *buf, size_
     }
     if (next_row != rows)
         return 1;
-    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, model_weight_slot(m, g, l));
+    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, model_weight_slot(m, g, l, e));
 }
 
-/* Fetches every member of group g (layer l) into buf at its place in the
- * fused layout and loads the group into the backend. */
-static int load_group(model *m, arch_group g, int32_t l, float *buf, size_t buf_floats, model_fetch_fn fetch,
-                      model_fetch_raw_fn fetch_raw, void *ctx)
+/* Fetches every member of group g (layer l, expert e) into buf at its
+ * place in the fused layout and loads the group into the backend. */
+static int load_group(model *m, arch_group g, int32_t l, int32_t e, float *buf, size_t buf_floats,
+                      model_fetch_fn fetch, model_fetch_raw_fn fetch_raw, void *ctx)
 {
     const model_config *c = &m->cfg;
     const arch_desc *a = m->arch;
@@ -433,7 +461,7 @@ static int load_group(model *m, arch_group g, int32_t l, float *buf, size_t buf_
         return 0;
     const int linear = arch_group_is_linear(g);
     if (linear && fetch_raw && be->ops->linear_load_q) {
-        int rc = load_group_raw(m, g, l, (uint8_t *)buf, buf_floats * sizeof(float), fetch_raw, ctx);
+        int rc = load_group_raw(m, g, l, e, (uint8_t *)buf, buf_floats * sizeof(float), fetch_raw, ctx);
         if (rc <= 0)
             return rc;
     }
@@ -442,7 +470,7 @@ static int load_group(model *m, arch_group g, int32_t l, float *buf, size_t buf_
         if (t->group != g)
             continue;
         char name[128];
-        arch_hf_name(t, l, name, sizeof name);
+        arch_hf_name(t, l, e, name, sizeof name);
         int64_t at = arch_tensor_row0(a, c, t);
         int64_t tr = arch_dim_value(c, t->rows), tc = arch_dim_value(c, t->cols);
         int rc = fetch(ctx, name, linear ? tr : 1, tc, linear ? buf + at * cols : buf + at);
@@ -457,7 +485,7 @@ static int load_group(model *m, arch_group g, int32_t l, float *buf, size_t buf_
         if (rc)
             return rc;
     }
-    void **slot = model_weight_slot(m, g, l);
+    void **slot = model_weight_slot(m, g, l, e);
     if (linear)
         return be->ops->linear_load(be, buf, (int32_t)rows, (int32_t)cols, slot);
     return upload_vector(be, buf, (int32_t)cols, (float **)slot);
@@ -494,6 +522,12 @@ int model_build_raw(const model_config *cfg, rd_backend *be, model_fetch_fn fetc
         return rc;
     }
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    int experts_ok = 1;
+    for (int32_t l = 0; m->layers && l < c->n_layers && c->n_experts > 0; l++) {
+        m->layers[l].exp_gate_up = calloc((size_t)c->n_experts, sizeof(void *));
+        m->layers[l].exp_down = calloc((size_t)c->n_experts, sizeof(void *));
+        experts_ok &= m->layers[l].exp_gate_up && m->layers[l].exp_down;
+    }
 
     /* One host buffer big enough for the largest group (fused or embedding). */
     size_t big = 0;
@@ -504,24 +538,25 @@ int model_build_raw(const model_config *cfg, rd_backend *be, model_fetch_fn fetc
             big = (size_t)(rows * cols);
     }
     float *buf = malloc(big * sizeof(float));
-    if (!m->layers || !buf) {
+    if (!m->layers || !buf || !experts_ok) {
         rc = rd_fail(RD_ENOMEM, "model: cannot allocate %zu bytes of load buffers", big * sizeof(float));
         goto fail;
     }
     for (int g = 0; g < AG_FIRST_LAYER; g++)
-        if ((rc = load_group(m, (arch_group)g, -1, buf, big, fetch, fetch_raw, ctx))) goto fail;
+        if ((rc = load_group(m, (arch_group)g, -1, 0, buf, big, fetch, fetch_raw, ctx))) goto fail;
     if (c->tied_embeddings)
         m->lm_head = m->embed;
     for (int32_t l = 0; l < c->n_layers; l++)
         for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
-            if ((rc = load_group(m, (arch_group)g, l, buf, big, fetch, fetch_raw, ctx))) goto fail;
+            for (int32_t e = 0; e < arch_group_units(c, (arch_group)g); e++)
+                if ((rc = load_group(m, (arch_group)g, l, e, buf, big, fetch, fetch_raw, ctx))) goto fail;
     if ((rc = build_rope(m))) goto fail;
 
     for (int32_t i = 0; i < a->n_tensors; i++) {
         const arch_tensor *t = &a->tensors[i];
         if (arch_tensor_present(c, t))
             m->n_params += arch_dim_value(c, t->rows) * arch_dim_value(c, t->cols) *
-                           (arch_group_per_layer(t->group) ? c->n_layers : 1);
+                           (arch_group_per_layer(t->group) ? c->n_layers : 1) * arch_group_units(c, t->group);
     }
     free(buf);
     model_count_bytes(m);
@@ -555,9 +590,10 @@ void model_count_bytes(model *m)
     rd_backend *be = m->be;
     int64_t n = 0;
     for (int32_t l = -1; l < c->n_layers; l++)
-        for (int g = l < 0 ? 0 : AG_FIRST_LAYER; g < (l < 0 ? AG_FIRST_LAYER : AG_COUNT); g++) {
-            void **slot = model_weight_slot(m, (arch_group)g, l);
-            if (!*slot || (g == AG_LM_HEAD && m->lm_head == m->embed))
+        for (int g = l < 0 ? 0 : AG_FIRST_LAYER; g < (l < 0 ? AG_FIRST_LAYER : AG_COUNT); g++)
+        for (int32_t e = 0; e < (l < 0 ? 1 : arch_group_units(c, (arch_group)g)); e++) {
+            void **slot = model_weight_slot(m, (arch_group)g, l, e);
+            if (!slot || !*slot || (g == AG_LM_HEAD && m->lm_head == m->embed))
                 continue;
             int64_t rows, cols;
             arch_group_shape(m->arch, c, (arch_group)g, &rows, &cols);
@@ -570,10 +606,10 @@ void model_count_bytes(model *m)
     __atomic_store_n(&m->weights_bytes, n, __ATOMIC_RELAXED);   /* /status reads it from the loop thread */
 }
 
-static void free_slot(model *m, arch_group g, int32_t l)
+static void free_slot(model *m, arch_group g, int32_t l, int32_t e)
 {
-    void **slot = model_weight_slot(m, g, l);
-    if (!*slot)
+    void **slot = model_weight_slot(m, g, l, e);
+    if (!slot || !*slot)
         return;
     if (arch_group_is_linear(g))
         m->be->ops->linear_free(m->be, *slot);
@@ -587,15 +623,19 @@ void model_free(model *m)
     if (!m)
         return;
     rd_backend *be = m->be;
-    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
         for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
-            free_slot(m, (arch_group)g, l);
+            for (int32_t e = 0; e < arch_group_units(&m->cfg, (arch_group)g); e++)
+                free_slot(m, (arch_group)g, l, e);
+        free(m->layers[l].exp_gate_up);
+        free(m->layers[l].exp_down);
+    }
     free(m->layers);
     m->layers = NULL;
     if (m->lm_head == m->embed)
         m->lm_head = NULL;
     for (int g = 0; g < AG_FIRST_LAYER; g++)
-        free_slot(m, (arch_group)g, -1);
+        free_slot(m, (arch_group)g, -1, 0);
     if (m->rope)
         be->ops->free(be, m->rope);
     if (m->rope_local)

@@ -27,6 +27,10 @@ typedef struct {
     float *attn_norm;           /* backend [dim] */
     float *ffn_norm;            /* backend [dim] */
     float *q_norm, *k_norm;     /* backend [hd] per-head norms, or NULL (Qwen3 has them) */
+    /* Mixture of experts (cfg.n_experts > 0), in place of gate_up / down: */
+    void *router;               /* linear [n_experts][dim] */
+    void **exp_gate_up;         /* [n_experts] linears [2 expert_ffn][dim]: gate rows then up rows */
+    void **exp_down;            /* [n_experts] linears [dim][expert_ffn] */
 } model_layer;
 
 typedef struct {
@@ -49,8 +53,9 @@ typedef struct {
 /* 1 if layer l attends through the sliding window. */
 int model_layer_is_local(const model_config *c, int32_t l);
 
-/* The model's slot for group g (layer ignored for model-wide groups). */
-void **model_weight_slot(model *m, arch_group g, int32_t layer);
+/* The model's slot for group g (layer ignored for model-wide groups,
+ * expert but for per-expert groups). */
+void **model_weight_slot(model *m, arch_group g, int32_t layer, int32_t expert);
 
 /* Fills c->rope_div from c->rope_type and its parameters (not ROPE_FREQS,
  * whose divisors are given). RD_EINVAL names what is out of range. */

@@ -136,7 +136,7 @@ static int check_config(const cJSON *root, model_config *c)
     if (!fam) {
         const cJSON *first = cJSON_GetArrayItem(arch, 0);
         return rd_fail(RD_ENOTSUP, "model: config.json: architecture '%.40s' is not supported (expected "
-                       "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM)",
+                       "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM or Gemma3ForCausalLM)",
                        cJSON_IsString(first) ? first->valuestring
                        : cJSON_IsString(type) ? type->valuestring : "(none)");
     }
@@ -490,16 +490,18 @@ static size_t export_count(const model *m)
     for (int32_t i = 0; i < m->arch->n_tensors; i++) {
         const arch_tensor *t = &m->arch->tensors[i];
         if (arch_tensor_present(&m->cfg, t))
-            n += arch_group_per_layer(t->group) ? (size_t)m->cfg.n_layers : 1;
+            n += arch_group_per_layer(t->group) ? (size_t)m->cfg.n_layers * (size_t)arch_group_units(&m->cfg, t->group)
+                                                : 1;
     }
     return n;
 }
 
-static size_t plan_one(const model *m, const arch_tensor *t, int32_t l, char (*names)[96], ex_part *parts, size_t k)
+static size_t plan_one(const model *m, const arch_tensor *t, int32_t l, int32_t e, char (*names)[96], ex_part *parts,
+                       size_t k)
 {
     const model_config *c = &m->cfg;
-    arch_hf_name(t, l, names[k], sizeof names[k]);
-    void *buf = *model_weight_slot((model *)m, t->group, l);
+    arch_hf_name(t, l, e, names[k], sizeof names[k]);
+    void *buf = *model_weight_slot((model *)m, t->group, l, e);
     int64_t at = arch_tensor_row0(m->arch, c, t);
     if (arch_group_is_linear(t->group))
         parts[k] = (ex_part){.linear = buf, .row0 = at, .rows = arch_dim_value(c, t->rows),
@@ -523,14 +525,20 @@ static size_t export_plan(const model *m, char (*names)[96], ex_part *parts)
     size_t k = 0;
     for (int32_t i = 0; i < first; i++)
         if (arch_tensor_present(&m->cfg, &a->tensors[i]))
-            k = plan_one(m, &a->tensors[i], -1, names, parts, k);
-    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+            k = plan_one(m, &a->tensors[i], -1, 0, names, parts, k);
+    /* A layer's experts in HF's order: expert by expert, each one's tensors in table order. */
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         for (int32_t i = first; i < a->n_tensors; i++)
-            if (arch_group_per_layer(a->tensors[i].group))
-                k = plan_one(m, &a->tensors[i], l, names, parts, k);
+            if (arch_group_per_layer(a->tensors[i].group) && !(a->tensors[i].flags & AT_EXPERT))
+                k = plan_one(m, &a->tensors[i], l, 0, names, parts, k);
+        for (int32_t e = 0; e < m->cfg.n_experts; e++)
+            for (int32_t i = first; i < a->n_tensors; i++)
+                if (a->tensors[i].flags & AT_EXPERT)
+                    k = plan_one(m, &a->tensors[i], l, e, names, parts, k);
+    }
     for (int32_t i = first; i < a->n_tensors; i++)
         if (!arch_group_per_layer(a->tensors[i].group) && arch_tensor_present(&m->cfg, &a->tensors[i]))
-            k = plan_one(m, &a->tensors[i], -1, names, parts, k);
+            k = plan_one(m, &a->tensors[i], -1, 0, names, parts, k);
     return k;
 }
 

@@ -40,6 +40,8 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
         missing = !ops->add ? "add" : "geglu";
     else if (c->embed_scale != 0.0f && !ops->scale)
         missing = "scale";
+    else if (c->n_experts > 0 && (!ops->moe_route || !ops->moe_ffn))
+        missing = !ops->moe_route ? "moe_route" : "moe_ffn";
     if (missing)
         return rd_fail(RD_ENOTSUP, "runner: the %s backend has no %s op, which %s models need", ops->name, missing,
                        c->arch);
@@ -61,11 +63,23 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
     r->xn = balloc(be, rows * c->dim * sizeof(float), &failed);
     r->qkv = balloc(be, rows * qkv_dim * sizeof(float), &failed);
     r->att = balloc(be, rows * c->n_heads * c->head_dim * sizeof(float), &failed);
-    r->gu = balloc(be, rows * 2 * c->ffn_dim * sizeof(float), &failed);
-    r->ff = balloc(be, rows * c->ffn_dim * sizeof(float), &failed);
+    const size_t dense_ffn = c->n_experts > 0 ? 0 : (size_t)c->ffn_dim;   /* a MoE model's FFN is its experts */
+    r->gu = balloc(be, rows * 2 * dense_ffn * sizeof(float), &failed);
+    r->ff = balloc(be, rows * dense_ffn * sizeof(float), &failed);
     r->tmp = balloc(be, rows * c->dim * sizeof(float), &failed);
     r->sel = balloc(be, (size_t)max_logits * c->dim * sizeof(float), &failed);
     r->logits = balloc(be, (size_t)max_logits * c->vocab * sizeof(float), &failed);
+    if (c->n_experts > 0) {
+        const size_t k = (size_t)c->n_experts_used;
+        r->router = balloc(be, rows * c->n_experts * sizeof(float), &failed);
+        r->route_w = balloc(be, rows * k * sizeof(float), &failed);
+        r->routes = balloc(be, (size_t)c->n_layers * rows * k * sizeof(int32_t), &failed);
+        r->moe = calloc((size_t)c->n_layers, sizeof *r->moe);
+        failed |= r->moe == NULL;
+        for (int32_t l = 0; r->moe && l < c->n_layers; l++)
+            r->moe[l] = (rd_moe){.n_experts = c->n_experts, .ffn = c->expert_ffn_dim, .dim = c->dim,
+                                 .gate_up = m->layers[l].exp_gate_up, .down = m->layers[l].exp_down};
+    }
     r->logit_rows_dev = balloc(be, (size_t)max_logits * sizeof(int32_t), &failed);
     r->cow_dev = balloc(be, 2 * rows * sizeof(int32_t), &failed);
     r->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
@@ -125,7 +139,7 @@ void runner_free(runner *r)
         return;
     rd_backend *be = r->be;
     void *bufs[] = {r->x, r->xn, r->qkv, r->att, r->gu, r->ff, r->tmp, r->sel, r->logits, r->logit_rows_dev,
-                    r->cow_dev};
+                    r->cow_dev, r->router, r->route_w, r->routes};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -135,6 +149,7 @@ void runner_free(runner *r)
     }
     free(r->k_cache);
     free(r->v_cache);
+    free(r->moe);
     for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
         if (r->graphs[i].graph)
             be->ops->graph_free(be, r->graphs[i].graph);
@@ -189,6 +204,48 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
     op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
     op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
     op->linear(be, L->down, r->ff, M, r->x, 1);
+}
+
+void runner_layer_moe(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
+{
+    const model *m = r->m;
+    const model_config *c = &m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const int32_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, k = c->n_experts_used;
+    const int32_t qkv_dim = (nh + 2 * nkv) * hd;
+    const model_layer *L = &m->layers[l];
+    int32_t *routes = r->routes + (size_t)l * r->max_rows * k;
+
+    op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
+    op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
+    op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps, 0.0f);
+    op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps, 0.0f);
+    op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, m->rope);
+    op->kv_write(be, &r->attn, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l],
+                 r->v_cache[l]);
+    op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
+    op->linear(be, L->o, r->att, M, r->x, 1);
+    op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
+    op->linear(be, L->router, r->xn, M, r->router, 0);
+    op->moe_route(be, r->router, M, c->n_experts, k, c->moe_norm_topk, routes, r->route_w);
+    /* The handles are read at the call: after a weight swap the array holds the new ones. */
+    op->moe_ffn(be, &r->moe[l], r->xn, routes, r->route_w, M, k, r->x);
+}
+
+int runner_routes(runner *r, int32_t n, int32_t *dst)
+{
+    const model_config *c = &r->m->cfg;
+    rd_backend *be = r->be;
+    if (!r->routes)
+        return rd_fail(RD_EINVAL, "runner: a %s model routes no experts", c->arch);
+    if (n < 0 || n > r->max_rows)
+        return rd_fail(RD_ERANGE, "runner: routes of %d rows; a step holds at most %d", n, r->max_rows);
+    const size_t k = (size_t)c->n_experts_used, row_bytes = (size_t)n * k * sizeof(int32_t);
+    int rc = 0;
+    for (int32_t l = 0; l < c->n_layers && !rc; l++)
+        rc = be->ops->d2h(be, dst + (size_t)l * n * k, r->routes + (size_t)l * r->max_rows * k, row_bytes);
+    return rc ? rc : be->ops->sync(be);
 }
 
 void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)

@@ -38,6 +38,12 @@ typedef struct runner {
     float *gu;                  /* [rows][2 ffn] */
     float *ff;                  /* [rows][ffn] */
     float *tmp;                 /* [rows][dim] a sublayer's output before its post-norm (Gemma 3) */
+    /* Mixture of experts (cfg.n_experts > 0; NULL otherwise) */
+    float *router;              /* [rows][n_experts] router logits of the layer being run */
+    float *route_w;             /* [rows][k] routing weights of that layer */
+    int32_t *routes;            /* [n_layers][rows][k] the experts every row was routed to, each layer's
+                                   block at l * max_rows * k (runner_routes reads them) */
+    rd_moe *moe;                /* [n_layers] the experts' handles as the backend takes them */
     float *sel;                 /* [max_logits][dim] rows that get logits */
     float *logits;              /* [max_logits][vocab] */
     int32_t *logit_rows_dev;    /* [max_logits] */
@@ -87,6 +93,14 @@ int32_t runner_graph_bucket(int32_t m, int32_t cap);
  * (where it has them) -> RoPE -> KV write -> attention -> o (+residual) ->
  * rmsnorm -> gate|up -> SwiGLU -> down (+residual). A family's arch_desc.layer. */
 void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
+
+/* Qwen3-MoE's layer: Qwen3's attention, then rmsnorm -> router linear ->
+ * moe_route (top k, into r->routes) -> moe_ffn (+residual). */
+void runner_layer_moe(runner *r, const rd_step_dev *sd, int32_t M, int32_t l);
+
+/* The experts the last runner_forward routed its first n rows to:
+ * dst[n_layers][n][k] (k = n_experts_used). RD_EINVAL for a dense model. */
+int runner_routes(runner *r, int32_t n, int32_t *dst);
 
 /* Gemma 3's layer: (1 + w) norms around both sublayers (pre and post),
  * per-head q/k norms, the sliding window and local RoPE base on local

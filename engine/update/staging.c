@@ -16,18 +16,20 @@
 /* ---------------------------------------------------------------- names */
 
 /* Resolves an HF name through the family's table: the tensor (its index,
- * kind), layer (-1 for model-wide), shape [rows][cols] (rows 0: a vector of
- * cols) and its first element inside its group's buffer. */
-static int resolve(const model_config *c, const char *name, int *kind, int *layer, int64_t *rows, int64_t *cols,
-                   int64_t *elem0)
+ * kind), layer (-1 for model-wide), expert (0 but for experts' tensors),
+ * shape [rows][cols] (rows 0: a vector of cols) and its first element
+ * inside its group's buffer. */
+static int resolve(const model_config *c, const char *name, int *kind, int *layer, int *expert, int64_t *rows,
+                   int64_t *cols, int64_t *elem0)
 {
     const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
     const arch_tensor *t;
-    int32_t l;
-    if (!a || arch_resolve_hf(a, c, name, &t, &l))
+    int32_t l, e;
+    if (!a || arch_resolve_hf(a, c, name, &t, &l, &e))
         return -1;
     *kind = (int)(t - a->tensors);
     *layer = l;
+    *expert = e;
     int linear = arch_group_is_linear(t->group);
     *rows = linear ? arch_dim_value(c, t->rows) : 0;
     *cols = arch_dim_value(c, t->cols);
@@ -82,10 +84,10 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
     uint64_t sum = 0;
     for (int32_t i = 0; i < n; i++) {
         const upd_spec *sp = &specs[i];
-        int kind, layer;
+        int kind, layer, expert;
         int64_t rows, cols, row0;
         char got[128], want[64];
-        if (resolve(c, sp->name, &kind, &layer, &rows, &cols, &row0))
+        if (resolve(c, sp->name, &kind, &layer, &expert, &rows, &cols, &row0))
             return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (a %s model; expected "
                            "its HF names such as model.layers.0.self_attn.q_proj.weight%s)",
                            i, sp->name, c->arch, c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
@@ -148,7 +150,7 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         const upd_spec *sp = &specs[i];
         upd_tensor *t = &s->t[i];
         int64_t rows, cols, row0;
-        resolve(c, sp->name, &t->kind, &t->layer, &rows, &cols, &row0);
+        resolve(c, sp->name, &t->kind, &t->layer, &t->expert, &rows, &cols, &row0);
         t->name = strdup(sp->name);
         t->dtype = sp->dtype;
         t->n_dims = sp->n_dims;
@@ -303,7 +305,7 @@ int upd_stage_verify(const upd_stage *s)
 /* ---------------------------------------------------------------- build */
 
 typedef struct {
-    int group, layer;
+    int group, layer, expert;
     int is_linear;              /* 1: a linear handle; 0: a backend vector */
     void *ptr;                  /* the new buffer until applied, then the old one */
     uint64_t bytes;
@@ -481,8 +483,8 @@ static int narrow_exact(const float *src, uint64_t n, int dtype, uint16_t *dst)
  * are contiguous become one part, as a load of the same tensors makes.
  * 1 (not an error) when the group's members are not stacked in table order:
  * the caller takes the fp32 path. */
-static int build_group_native(const model *m, const upd_stage *s, int g, int l, float *buf, uint16_t *nbuf,
-                              void **out)
+static int build_group_native(const model *m, const upd_stage *s, int g, int l, int ex, float *buf,
+                              uint16_t *nbuf, void **out)
 {
     const model_config *c = &m->cfg;
     const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
@@ -502,7 +504,7 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
         next = at + tr;
         const upd_tensor *st = NULL;
         for (int32_t j = 0; j < s->n && !st; j++)
-            if (s->t[j].kind == i && s->t[j].layer == l)
+            if (s->t[j].kind == i && s->t[j].layer == l && s->t[j].expert == ex)
                 st = &s->t[j];
         mem[n_mem].staged = st != NULL;
         mem[n_mem].dtype = st ? st->dtype : UPD_F32;
@@ -519,7 +521,7 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
         if (mem[i].staged)
             continue;
         if (!have_old) {
-            int rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l), buf);
+            int rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l, ex), buf);
             if (rc)
                 return rc;
             have_old = 1;
@@ -560,7 +562,8 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
     if (rc)
         return rc;
     /* The groups touched, in model order; each once. */
-    int32_t n_slots = AG_COUNT * (c->n_layers + 1);
+    const int32_t units = c->n_experts > 1 ? c->n_experts : 1;
+    int32_t n_slots = AG_COUNT * (c->n_layers + 1) * units;
     uint8_t *touched = calloc((size_t)n_slots, 1);
     upd_patch *p = calloc(1, sizeof *p);
     int64_t big = 0;
@@ -581,8 +584,8 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
     }
     for (int32_t i = 0; i < s->n && !rc; i++) {
         const upd_tensor *t0 = &s->t[i];
-        int g = group_of(c, t0->kind), l = t0->layer;
-        int32_t key = g * (c->n_layers + 1) + (l + 1);
+        int g = group_of(c, t0->kind), l = t0->layer, ex = t0->expert;
+        int32_t key = (g * (c->n_layers + 1) + (l + 1)) * units + ex;
         if (touched[key])
             continue;
         touched[key] = 1;
@@ -592,9 +595,10 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         upd_entry *e = &p->e[p->n];
         e->group = g;
         e->layer = l;
+        e->expert = ex;
         e->is_linear = rows != 0;
         if (rows && be->ops->linear_load_q) {
-            rc = build_group_native(m, s, g, l, buf, nbuf, &e->ptr);
+            rc = build_group_native(m, s, g, l, ex, buf, nbuf, &e->ptr);
             if (rc < 0)
                 break;
             if (rc == 0) {
@@ -608,9 +612,9 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         /* fp32: rows of the group the stage covers; read the rest from the model. */
         int64_t covered = 0;
         for (int32_t j = i; j < s->n; j++)
-            if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l)
+            if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l && s->t[j].expert == ex)
                 covered += (int64_t)(s->t[j].nbytes / dtype_size(s->t[j].dtype));
-        void **slot = model_weight_slot((model *)m, (arch_group)g, l);
+        void **slot = model_weight_slot((model *)m, (arch_group)g, l, ex);
         if (covered < elems) {
             if (rows && (rc = be->ops->linear_read(be, *slot, buf)))
                 break;
@@ -619,11 +623,11 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         }
         for (int32_t j = i; j < s->n && !rc; j++) {
             const upd_tensor *t = &s->t[j];
-            if (group_of(c, t->kind) != g || t->layer != l)
+            if (group_of(c, t->kind) != g || t->layer != l || t->expert != ex)
                 continue;
-            int kind, layer;
+            int kind, layer, expert;
             int64_t tr, tc, elem0;
-            resolve(c, t->name, &kind, &layer, &tr, &tc, &elem0);
+            resolve(c, t->name, &kind, &layer, &expert, &tr, &tc, &elem0);
             rc = to_f32(t, buf + elem0, (uint64_t)((tr ? tr : 1) * tc));
         }
         if (rc)
@@ -659,7 +663,7 @@ void upd_apply(model *m, upd_patch *p)
     if (p->applied)
         return;
     for (int32_t i = 0; i < p->n; i++) {
-        void **slot = model_weight_slot(m, (arch_group)p->e[i].group, p->e[i].layer);
+        void **slot = model_weight_slot(m, (arch_group)p->e[i].group, p->e[i].layer, p->e[i].expert);
         void *old = *slot;
         *slot = p->e[i].ptr;
         p->e[i].ptr = old;

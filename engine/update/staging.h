@@ -56,7 +56,7 @@ typedef struct {
     uint64_t shape[UPD_MAX_DIMS];
     uint64_t nbytes;
     uint32_t crc32c;            /* expected, from the manifest */
-    int kind, layer;            /* which model weight (update.c's table) */
+    int kind, layer, expert;    /* which model weight (the family's table; expert 0 but for experts' tensors) */
     uint8_t *data;              /* staging copy [nbytes], inside upd_stage.mem */
     upd_range *ranges;          /* [n_ranges], sorted by off, never overlapping */
     int32_t n_ranges, cap_ranges;

@@ -18,6 +18,7 @@
 #include "engine/format/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
+#include "kernels/cpu/moe.h"
 #include "base/pool.h"
 
 static void *cpu_alloc(rd_backend *be, size_t bytes)
@@ -315,6 +316,7 @@ typedef struct {
     rd_backend be;              /* first: the rd_backend * callers hold */
     rd_backend_ops ops;
     int kv_type;                /* CPU_KV_*: what the KV cache stores */
+    cpu_moe_scratch moe;        /* the experts' buffers, reused between steps */
 } cpu_be;
 
 static int kv_type_of(const rd_backend *be) { return ((const cpu_be *)be)->kv_type; }
@@ -380,7 +382,23 @@ static int cpu_step_upload(rd_backend *be, const rd_step *h, rd_step_dev *d)
     return 0;
 }
 
-static void cpu_destroy(rd_backend *be) { free((cpu_be *)be); }
+static void cpu_moe_route_op(rd_backend *be, const float *logits, int32_t m, int32_t n_experts, int32_t k, int norm,
+                             int32_t *ids, float *weights)
+{
+    cpu_moe_route(logits, m, n_experts, k, norm, ids, weights);
+}
+
+static void cpu_moe_ffn_op(rd_backend *be, const rd_moe *moe, const float *x, const int32_t *ids,
+                           const float *weights, int32_t m, int32_t k, float *y)
+{
+    cpu_moe_ffn(be, &((cpu_be *)be)->moe, moe, x, ids, weights, m, k, y);
+}
+
+static void cpu_destroy(rd_backend *be)
+{
+    cpu_moe_scratch_free(&((cpu_be *)be)->moe);
+    free((cpu_be *)be);
+}
 
 /* kv_dtype: "auto" and "f32" store floats as they are; "bf16" and "f16" round
  * to nearest even, and attention widens them back exactly. */
@@ -415,6 +433,8 @@ static const rd_backend_ops cpu_ops = {
     .add = cpu_add,
     .scale = cpu_scale,
     .gather_rows = cpu_gather_rows,
+    .moe_route = cpu_moe_route_op,
+    .moe_ffn = cpu_moe_ffn_op,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention_op,
     .copy_blocks = cpu_copy_blocks,

@@ -6,7 +6,7 @@
 #include "engine/model/model.h"
 #include "tests/unit/test.h"
 
-static const char *FAMS[] = {"llama", "qwen2", "qwen3", "gemma3"};
+static const char *FAMS[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3"};
 
 /* A Qwen3-4B-like shape: q width (4 x 32) != hidden (96). */
 static model_config shape(const char *fam, int tied)
@@ -16,6 +16,8 @@ static model_config shape(const char *fam, int tied)
     snprintf(c.arch, sizeof c.arch, "%s", fam);
     c.n_layers = 3, c.dim = 96, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 32, c.ffn_dim = 160;
     c.vocab = 300, c.max_ctx = 64, c.rope_theta = 10000, c.norm_eps = 1e-6f, c.tied_embeddings = tied;
+    if (!strcmp(fam, "qwen3moe"))
+        c.n_experts = 12, c.n_experts_used = 3, c.expert_ffn_dim = 48;
     return c;
 }
 
@@ -35,9 +37,12 @@ static void test_name_patterns(void)
         CHECK(arch_by_hf(a->hf_class, NULL) == a && arch_by_hf(NULL, a->hf_model_type) == a, "%s by hf", a->name);
         for (int32_t i = 0; i < a->n_tensors; i++) {
             const arch_tensor *t = &a->tensors[i];
-            int per = arch_group_per_layer(t->group);
-            /* per-layer: exactly one %d, in the prefix every resolver assumes */
-            CHECK(count(t->hf, "%") == per && count(t->gguf, "%") == per, "%s: %s / %s", a->name, t->hf, t->gguf);
+            int per = arch_group_per_layer(t->group), ex = (t->flags & AT_EXPERT) != 0;
+            /* per-layer: exactly one %d, in the prefix every resolver assumes
+             * (an expert's HF name a second one, for the expert) */
+            CHECK(count(t->hf, "%") == per + ex && count(t->gguf, "%") == per, "%s: %s / %s", a->name, t->hf, t->gguf);
+            CHECK(ex == arch_group_per_expert(t->group), "%s: %s: AT_EXPERT exactly on the experts' groups", a->name,
+                  t->hf);
             if (per)
                 CHECK(!strncmp(t->hf, "model.layers.%d.", 16) && !strncmp(t->gguf, "blk.%d.", 7), "%s: %s", a->name,
                       t->hf);
@@ -59,26 +64,38 @@ static void test_resolve_round_trip(void)
             for (int32_t i = 0; i < a->n_tensors; i++) {
                 const arch_tensor *t = &a->tensors[i];
                 int per = arch_group_per_layer(t->group);
-                for (int32_t l = per ? 0 : -1; l < (per ? c.n_layers : 0); l++) {
-                    char name[128];
-                    arch_hf_name(t, l, name, sizeof name);
-                    const arch_tensor *got = NULL;
-                    int32_t gl = -2;
-                    int rc = arch_resolve_hf(a, &c, name, &got, &gl);
-                    if (!arch_tensor_present(&c, t)) {
-                        CHECK(rc != 0, "%s: tied model resolves %s", a->name, name);
-                        continue;
+                for (int32_t l = per ? 0 : -1; l < (per ? c.n_layers : 0); l++)
+                    for (int32_t e = 0; e < (per ? arch_group_units(&c, t->group) : 1); e++) {
+                        char name[128];
+                        arch_hf_name(t, l, e, name, sizeof name);
+                        const arch_tensor *got = NULL;
+                        int32_t gl = -2, ge = -2;
+                        int rc = arch_resolve_hf(a, &c, name, &got, &gl, &ge);
+                        if (!arch_tensor_present(&c, t)) {
+                            CHECK(rc != 0, "%s: tied model resolves %s", a->name, name);
+                            continue;
+                        }
+                        CHECK(rc == 0 && got == t && gl == l && ge == e, "%s: %s resolves to %s layer %d expert %d",
+                              a->name, name, got ? got->hf : "-", gl, ge);
                     }
-                    CHECK(rc == 0 && got == t && gl == l, "%s: %s resolves to %s layer %d", a->name, name,
-                          got ? got->hf : "-", gl);
-                }
             }
             const arch_tensor *t;
-            int32_t l;
-            CHECK(arch_resolve_hf(a, &c, "model.layers.3.input_layernorm.weight", &t, &l) != 0, "layer past the end");
-            CHECK(arch_resolve_hf(a, &c, "model.layers.01.input_layernorm.weight", &t, &l) != 0, "non-canonical");
-            CHECK(arch_resolve_hf(a, &c, "model.layers.-1.input_layernorm.weight", &t, &l) != 0, "negative layer");
-            CHECK(arch_resolve_hf(a, &c, "model.layers.0.self_attn.q_proj.weightx", &t, &l) != 0, "suffix");
+            int32_t l, e;
+            CHECK(arch_resolve_hf(a, &c, "model.layers.3.input_layernorm.weight", &t, &l, &e) != 0,
+                  "layer past the end");
+            CHECK(arch_resolve_hf(a, &c, "model.layers.01.input_layernorm.weight", &t, &l, &e) != 0, "non-canonical");
+            CHECK(arch_resolve_hf(a, &c, "model.layers.-1.input_layernorm.weight", &t, &l, &e) != 0, "negative layer");
+            CHECK(arch_resolve_hf(a, &c, "model.layers.0.self_attn.q_proj.weightx", &t, &l, &e) != 0, "suffix");
+            if (c.n_experts) {
+                CHECK(arch_resolve_hf(a, &c, "model.layers.0.mlp.experts.12.up_proj.weight", &t, &l, &e) != 0,
+                      "expert past the end");
+                CHECK(arch_resolve_hf(a, &c, "model.layers.0.mlp.experts.03.up_proj.weight", &t, &l, &e) != 0,
+                      "non-canonical expert");
+                CHECK(arch_resolve_hf(a, &c, "model.layers.0.mlp.experts.x.up_proj.weight", &t, &l, &e) != 0,
+                      "no expert number");
+                CHECK(arch_resolve_hf(a, &c, "model.layers.2.mlp.experts.11.down_proj.weight", &t, &l, &e) == 0 &&
+                          l == 2 && e == 11 && t->group == AG_EXP_DOWN, "the last expert");
+            }
         }
 }
 
