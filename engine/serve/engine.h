@@ -44,6 +44,8 @@ typedef struct {
                                      one (engine/text/stopstr.h); the token is kept */
     int32_t n_stop_strs;
     int stream;                 /* 1: eng_collect_progress hands out its samples' new tokens while they run */
+    int return_routes;          /* 1: results carry the experts every position was routed to (MoE models;
+                                   RD_EINVAL on a dense one) */
     uint64_t tag;               /* caller's id, returned with results */
 } eng_request;
 
@@ -80,6 +82,14 @@ typedef struct {
     uint64_t version_finish;    /* weight version when the sample finished */
     int32_t n_spans;            /* 0 when n_tokens is 0 */
     eng_span *spans;            /* [n_spans] tiling [0, n_tokens), versions increasing */
+    /* Routing replay (eng_request.return_routes; final results only): for
+     * every position that ran through the model, prompt then generated
+     * (n_prompt + n_tokens - 1 of them: the last sampled token never ran),
+     * each layer's top-k experts, highest routing weight first. */
+    int32_t n_routes;           /* positions; 0 when not asked */
+    int32_t route_layers;       /* n_layers */
+    int32_t route_k;            /* experts per token (n_experts_used) */
+    int32_t *routes;            /* [n_routes][route_layers][route_k] expert ids, or NULL */
 } eng_result;
 
 typedef struct {
