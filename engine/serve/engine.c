@@ -48,6 +48,12 @@ struct engine {
     samp_result *sres;          /* [draws_cap] */
     seq **sseq;                 /* [draws_cap] the sequence each draw extends */
     int32_t draws_cap;
+    /* Routing replay (MoE models; NULL otherwise): the experts every KV slot's
+       token was routed to, kept with the KV so that prefix-cache hits and
+       copied blocks carry them. */
+    uint16_t *slot_routes;      /* [n_blocks * block_size][n_layers][k] */
+    int32_t *step_routes;       /* [n_layers][max_batch_tokens][k] the last step's, from the runner */
+    int32_t route_layers, route_k;
 };
 
 /* ---- configuration and lifecycle ---- */
@@ -126,7 +132,16 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         e->samp_workers = pool_size();
         e->samp_scratch = malloc(samp_stride(c->vocab) * (size_t)e->samp_workers);
     }
-    if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows ||
+    int routes_ok = 1;
+    if (c->n_experts > 0) {
+        e->route_layers = c->n_layers;
+        e->route_k = c->n_experts_used;
+        size_t per = (size_t)c->n_layers * c->n_experts_used;
+        e->slot_routes = calloc((size_t)n_blocks * cfg->block_size * per, sizeof(uint16_t));
+        e->step_routes = malloc((size_t)T * per * sizeof(int32_t));
+        routes_ok = e->slot_routes && e->step_routes;
+    }
+    if (!e->tok || !e->pos || !e->slot || !e->q_start || !e->ctx_len || !e->logit_rows || !routes_ok ||
         (!e->device_sampling && (!e->logits || !e->samp_scratch))) {
         eng_destroy(e);
         return rd_fail(RD_ENOMEM, "engine: cannot allocate step buffers");
@@ -162,6 +177,8 @@ void eng_destroy(engine *e)
     free(e->sreq);
     free(e->sres);
     free(e->sseq);
+    free(e->slot_routes);
+    free(e->step_routes);
     free(e);
 }
 
@@ -195,6 +212,9 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
                            c->vocab - 1);
     if (r->n_stop_strs > 0 && !e->cfg.tok)
         return rd_fail(RD_EINVAL, "request: stop strings need a tokenizer; the model was loaded without one");
+    if (r->return_routes && !e->slot_routes)
+        return rd_fail(RD_EINVAL, "request: routed experts were asked for, but %s is not a mixture-of-experts "
+                       "model", c->arch);
     int rc = samp_validate(&r->sp);
     if (rc)
         return rd_fail(rc, "request: %s", rd_errmsg());
@@ -229,6 +249,7 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     q->n = r->n;
     q->max_tokens = r->max_tokens;
     q->stream = r->stream != 0;
+    q->return_routes = r->return_routes != 0;
     q->sp = r->sp;
     q->n_prompt = r->n_prompt;
     q->n_stop = r->n_stop;
@@ -271,9 +292,52 @@ static int ensure_tables(engine *e, int32_t n_seqs, int32_t max_blocks)
     return 0;
 }
 
+/* The routes of s's computed positions, read from its slots before its
+ * blocks go back (out of memory: the result carries none, n_routes 0). */
+static void take_routes(engine *e, seq *s)
+{
+    const int32_t bs = e->cfg.block_size, n = s->n_computed;
+    const size_t per = (size_t)e->route_layers * e->route_k;
+    if (!s->req->return_routes || !e->slot_routes || n <= 0 || !(s->routes = malloc(sizeof(int32_t) * n * per)))
+        return;
+    for (int32_t p = 0; p < n; p++) {
+        const uint16_t *src = e->slot_routes + ((size_t)s->blocks.ids[p / bs] * bs + p % bs) * per;
+        for (size_t i = 0; i < per; i++)
+            s->routes[(size_t)p * per + i] = src[i];
+    }
+    s->n_routes = n;
+}
+
+/* After a forward: every row's routes into its slot (the runner's are
+ * [n_layers][M][k], the slots' [slot][n_layers][k]). */
+static int store_routes(engine *e, int32_t M)
+{
+    int rc = runner_routes(&e->run, M, e->step_routes);
+    if (rc)
+        return rc;
+    const int32_t L = e->route_layers, k = e->route_k;
+    for (int32_t row = 0; row < M; row++) {
+        uint16_t *dst = e->slot_routes + (size_t)e->slot[row] * L * k;
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t j = 0; j < k; j++)
+                dst[l * k + j] = (uint16_t)e->step_routes[((size_t)l * M + row) * k + j];
+    }
+    return 0;
+}
+
+/* A copied block (copy-on-write) takes its source's routes with its KV. */
+static void copy_routes(engine *e, const int32_t *src, const int32_t *dst, int32_t n)
+{
+    const size_t block = (size_t)e->cfg.block_size * e->route_layers * e->route_k;
+    for (int32_t i = 0; i < n; i++)
+        memcpy(e->slot_routes + (size_t)dst[i] * block, e->slot_routes + (size_t)src[i] * block,
+               block * sizeof(uint16_t));
+}
+
 static void finish(engine *e, seq *s, finish_reason why)
 {
     s->version_finish = e->version;
+    take_routes(e, s);
     kv_free_seq(e->kv, &s->blocks);
     sched_remove(&e->sched, s);
     s->finish = why;
@@ -477,11 +541,15 @@ int eng_step(engine *e)
 
     if ((rc = runner_copy_blocks(&e->run, e->sched.cow_src, e->sched.cow_dst, e->sched.n_cow)))
         return rc;
+    if (e->slot_routes)
+        copy_routes(e, e->sched.cow_src, e->sched.cow_dst, e->sched.n_cow);
     rd_step step = {
         .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
         .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
     };
     if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->device_sampling ? NULL : e->logits)))
+        return rc;
+    if (e->slot_routes && (rc = store_routes(e, M)))
         return rc;
 
     e->st.steps++;
@@ -639,6 +707,13 @@ int eng_collect(engine *e, eng_result *out, int max)
         }
         r->n_preempt = s->n_preempt;
         r->t_first_token_us = s->t_first_us;
+        if (s->routes) {
+            r->n_routes = s->n_routes;
+            r->route_layers = e->route_layers;
+            r->route_k = e->route_k;
+            r->routes = s->routes;
+            s->routes = NULL;
+        }
         seq_destroy(s);
     }
     return n;
@@ -715,6 +790,7 @@ void eng_result_free(eng_result *r)
     free(r->top_ids);
     free(r->top_logprobs);
     free(r->spans);
+    free(r->routes);
     memset(r, 0, sizeof *r);
 }
 

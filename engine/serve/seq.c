@@ -52,6 +52,7 @@ void seq_destroy(seq *s)
     free(s->top_ids);
     free(s->top_lps);
     free(s->spans);
+    free(s->routes);
     stop_scan_free(&s->scan);
     seq_req *r = s->req;
     if (r && --r->live == 0) {

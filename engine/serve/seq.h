@@ -39,6 +39,7 @@ struct seq_req {
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
     int stream;                 /* eng_collect_progress delivers its samples' tokens as they come */
+    int return_routes;          /* its results carry the experts each position was routed to */
     kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
 };
 
@@ -68,6 +69,8 @@ typedef struct seq {
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     stop_scan scan;             /* the generated text against req->stops */
     int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */
+    int32_t n_routes;           /* positions in routes (set when it finishes, req->return_routes) */
+    int32_t *routes;            /* [n_routes][n_layers][k] expert ids, or NULL */
     struct seq *next;           /* list link (waiting, running or done) */
     struct seq *prev;
 } seq;
