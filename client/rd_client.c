@@ -337,8 +337,10 @@ int rdc_hello(rdc_client *c, uint64_t client_id, const char *client_name)
 {
     proto_msg q = {.type = PROTO_HELLO};
     q.hello.client_id = client_id;
-    q.hello.min_version = PROTO_VERSION;
-    q.hello.max_version = PROTO_VERSION;
+    /* Version 1: this client asks for no routes (version 2's one addition),
+     * so it speaks what every daemon does, and its frames stay version 1. */
+    q.hello.min_version = PROTO_VERSION_MIN;
+    q.hello.max_version = PROTO_VERSION_MIN;
     q.hello.client_name.ptr = client_name;
     q.hello.client_name.len = client_name ? (uint32_t)strlen(client_name) : 0;
     proto_msg r;

@@ -10,8 +10,37 @@
 
 adm_limits adm_limits_of(const struct rd_daemon *d)
 {
-    return (adm_limits){.lim = &d->lim, .block_size = d->cfg.block_size, .kv_blocks_total = d->kv_blocks_total,
-                        .max_queued_requests = (uint64_t)d->cfg.max_queued_requests};
+    adm_limits l = {.lim = &d->lim, .block_size = d->cfg.block_size, .kv_blocks_total = d->kv_blocks_total,
+                    .max_queued_requests = (uint64_t)d->cfg.max_queued_requests};
+    const model_config *mc = &d->L.m->cfg;
+    if (mc->n_experts > 0) {
+        l.route_layers = (uint16_t)mc->n_layers;
+        l.route_k = (uint8_t)mc->n_experts_used;
+        l.route_width = proto_route_width((uint32_t)mc->n_experts);
+    }
+    return l;
+}
+
+uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint32_t n_prompt)
+{
+    uint64_t bytes = proto_result_max_bytes(r->max_tokens, (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0,
+                                            r->logprobs_topk);
+    if ((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)
+        bytes += proto_routes_bytes((uint64_t)n_prompt + r->max_tokens - 1, l->route_layers, l->route_k,
+                                    l->route_width);
+    return bytes;
+}
+
+int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_prompt, char *msg, size_t cap)
+{
+    uint64_t bytes = adm_result_max_bytes(l, r, n_prompt) + PROTO_RESULTS_OVERHEAD;
+    if (bytes <= l->lim->max_message_bytes)
+        return 0;
+    snprintf(msg, cap, "a result of max_tokens = %u with routed experts (%llu positions x %u layers x %u experts) can "
+             "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
+             (unsigned long long)n_prompt + r->max_tokens - 1, l->route_layers, l->route_k,
+             (unsigned long long)bytes, (unsigned long long)l->lim->max_message_bytes);
+    return -1;
 }
 
 int adm_check(const adm_limits *l, const proto_request *r, char *msg, size_t cap)
@@ -61,6 +90,7 @@ void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t 
         .stop_ids = r->stop_ids,
         .n_stop = (int32_t)r->n_stop,
         .ignore_eos = (r->flags & PROTO_REQ_IGNORE_EOS) != 0,
+        .return_routes = (r->flags & PROTO_REQ_RETURN_ROUTES) != 0,
     };
     er->sp = samp_default();
     er->sp.temperature = r->temperature;

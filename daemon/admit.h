@@ -26,6 +26,11 @@ typedef struct {
     int32_t block_size;         /* tokens per KV block */
     int32_t kv_blocks_total;    /* blocks in the whole KV pool */
     uint64_t max_queued_requests; /* requests queued or running, both doors together */
+    /* Routing replay (a mixture-of-experts model; all 0 for a dense one, whose
+     * HELLO_OK.features lacks ROUTES so adm_check refuses RETURN_ROUTES): */
+    uint16_t route_layers;      /* layers each position is routed in */
+    uint8_t route_k;            /* experts per position and layer */
+    uint8_t route_width;        /* bytes per id on the NNG wire (proto_route_width) */
 } adm_limits;
 
 struct rd_daemon;
@@ -35,6 +40,16 @@ adm_limits adm_limits_of(const struct rd_daemon *d);
 /* The request against the announced limits (proto_check_request): 0, or
  * -1 with msg set. */
 int adm_check(const adm_limits *l, const proto_request *r, char *msg, size_t cap);
+
+/* The largest result a checked request r with an n_prompt-token prompt can
+ * produce on the NNG wire: proto_result_max_bytes, plus its routes (all
+ * n_prompt + max_tokens - 1 positions) when it asks for them. */
+uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint32_t n_prompt);
+
+/* Whether that result fits one RESULTS frame (max_message_bytes): 0, or -1
+ * with msg set. The NNG door's check (proto_check_request has checked it
+ * without the routes, whose size depends on the prompt and the model). */
+int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_prompt, char *msg, size_t cap);
 
 /* Whether n_prompt + max_tokens tokens fit the KV pool at all (a request that
  * does not could never run): 0, or -1 with msg set. */
@@ -50,7 +65,7 @@ uint64_t adm_random_seed(uint64_t salt);
 
 /* The engine request for a checked r whose prompt is the token ids
  * prompt[n_prompt] (r's own, or the door's tokenization of its text).
- * Sampling and stop fields come from r, the seed from seed; stop strings,
+ * Sampling, stop and routes (RETURN_ROUTES) fields come from r, the seed from seed; stop strings,
  * streaming and the tag are the door's to set afterwards. */
 void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,
                         eng_request *er);

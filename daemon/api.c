@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <mbedtls/base64.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -462,7 +463,8 @@ static proto_request sub_request(const api_call *c, const api_sub *s)
         .min_p = c->p.min_p,
         .seed = c->p.seed,
         .logprobs_topk = (uint32_t)c->p.top_n,
-        .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0),
+        .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0) |
+                 (c->return_routes ? PROTO_REQ_RETURN_ROUTES : 0),
         .n_stop = (uint32_t)c->p.n_stop_ids,
         .stop_ids = c->p.stop_ids,
         .n_prompt = (uint32_t)s->n_prompt,
@@ -541,6 +543,11 @@ int api_admit(api_call *c, api_err *e)
     }
     if (c->p.n_stop_strs > 0 && !d->L.tok) {
         api_bad(e, 400, "field \"stop\": this model has no tokenizer, so stop strings cannot be matched");
+        return -1;
+    }
+    if (c->return_routes && !(d->lim.features & PROTO_FEATURE_ROUTES)) {
+        api_bad(e, 400, "field \"return_routed_experts\": the model (%s) is dense, not a mixture of experts: it has "
+                "no routed experts to return", d->L.m->cfg.arch);
         return -1;
     }
     if (c->p.top_n > (int32_t)d->lim.max_logprobs_topk) {
@@ -731,6 +738,28 @@ cJSON *api_spans_json(const eng_result *r)
     return spans;
 }
 
+cJSON *api_routes_json(const eng_result *r)
+{
+    size_t n = r->routes && r->n_routes > 0 ? (size_t)r->n_routes * r->route_layers * r->route_k : 0;
+    uint8_t *le = malloc(4 * n + 1);
+    size_t cap = 4 * ((4 * n + 2) / 3) + 1, len = 0;
+    char *b64 = malloc(cap);
+    cJSON *s = NULL;
+    if (le && b64) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v = (uint32_t)r->routes[i];
+            le[4 * i] = (uint8_t)v, le[4 * i + 1] = (uint8_t)(v >> 8);
+            le[4 * i + 2] = (uint8_t)(v >> 16), le[4 * i + 3] = (uint8_t)(v >> 24);
+        }
+        b64[0] = 0;
+        if (n == 0 || mbedtls_base64_encode((unsigned char *)b64, cap, &len, le, 4 * n) == 0)
+            s = cJSON_CreateString(b64);
+    }
+    free(le);
+    free(b64);
+    return s;
+}
+
 /* ---- SGLang's /generate ---- */
 
 static cJSON *lp_triple(double lp, int32_t id)
@@ -801,6 +830,8 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
     cJSON_AddStringToObject(mi, "weight_version", ver);
     if (v)
         cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
+    if (v && c->return_routes)
+        cJSON_AddItemToObject(mi, "routed_experts", api_routes_json(r));
     return o;
 }
 
@@ -965,6 +996,7 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
     if (!e.status && sp && cJSON_IsObject(sp))
         api_read_sampling(sp, "max_new_tokens", &c->p, &e);
     api_bool(root, "return_logprob", &c->return_logprob, &e);
+    api_bool(root, "return_routed_experts", &c->return_routes, &e);
     int64_t k;
     if (api_int(root, "top_logprobs_num", 0, 1 << 20, &k, &e) > 0)
         c->p.top_n = (int32_t)k;

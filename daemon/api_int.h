@@ -82,6 +82,8 @@ struct api_call {
     int batch;                  /* the prompt field was a list: answer a list */
     int return_logprob;         /* SGLang return_logprob; OpenAI logprobs asked */
     int return_token_ids;       /* vLLM's return_token_ids */
+    int return_routes;          /* return_routed_experts (SGLang's name; also on /v1): each finished sample's
+                                   routed experts, base64 of int32 [prompt + completion - 1][layers][top_k] */
     const char *top_field;      /* the field name top_n came from (for errors) */
     char *rid;                  /* SGLang rid (one string) */
     api_params p;
@@ -151,6 +153,10 @@ void api_stream_free(api_stream *st);
 char *api_token_text(api *a, int32_t id);
 const char *api_token_bytes(api *a, int32_t id, size_t *n);
 cJSON *api_spans_json(const eng_result *r);
+/* A finished sample's routed experts as SGLang returns them: a JSON string,
+ * the base64 of little-endian int32 ids [n_routes][route_layers][route_k]
+ * (empty when the engine returned none); NULL when out of memory. */
+cJSON *api_routes_json(const eng_result *r);
 void api_send_event(api_call *c, cJSON *doc);
 void api_send_done(api_call *c);
 

@@ -157,6 +157,8 @@ static cJSON *choice_json(api_call *c, int si, int j, const eng_result *r, size_
         else
             cJSON_AddNullToObject(o, "stop_reason");
     }
+    if (v && c->return_routes) /* the extension field SGLang's /v1 routes return (its /generate layout) */
+        cJSON_AddItemToObject(o, "routed_experts", api_routes_json(r));
     if (c->return_token_ids) {
         cJSON_AddItemToObject(o, "token_ids", ids_json(r->token_ids, r->n_tokens));
         if (c->kind != API_CHAT && (!delta || !s->st[j].begun))
@@ -304,6 +306,7 @@ static void read_common(api_call *c, cJSON *root, const char *max_name, api_err 
 {
     api_read_sampling(root, max_name, &c->p, e);
     api_bool(root, "return_token_ids", &c->return_token_ids, e);
+    api_bool(root, "return_routed_experts", &c->return_routes, e);
     api_bool(root, "stream", &c->stream, e);
     cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && cJSON_IsObject(so))

@@ -27,6 +27,7 @@ typedef struct br_ctx {
     nng_aio *aio;
     br_state state;
     nng_msg *msg;               /* the request while BR_WORK */
+    uint16_t version;           /* the protocol version of the request being served, its reply's (0 = 1) */
     struct br_ctx *qnext;       /* the ready queue */
     uv_timer_t timer;           /* parked FETCH deadline (loop thread) */
     int parked;                 /* a FETCH waits here */

@@ -173,6 +173,22 @@ int cl_add_req(cl_table *t, cl_client *c, uint64_t client_req_id, uint32_t n, ui
     return 0;
 }
 
+/* n int32 expert ids rewritten in place as ids of width bytes (1, 2 or 4):
+ * element i moves to byte i * width, never past where it was read from. */
+static void narrow_routes(int32_t *ids, size_t n, uint8_t width)
+{
+    if (width == 1) {
+        uint8_t *d = (uint8_t *)ids;
+        for (size_t i = 0; i < n; i++)
+            d[i] = (uint8_t)ids[i];
+    } else if (width == 2) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v = (uint16_t)ids[i];
+            memcpy((uint8_t *)ids + 2 * i, &v, 2);
+        }
+    }
+}
+
 cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint64_t t_added_us, uint64_t t_finish_us)
 {
     cl_req *q = umap_get(&t->reqs, er->tag);
@@ -244,6 +260,20 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
         p->spans = r->spans;
     } else {
         r->spans = &r->one;
+    }
+    if (q->route_layers) {
+        /* Routes asked: the flag and the shape always, the ids when the engine
+         * has them (none for a sample aborted before it ran). */
+        p->flags |= PROTO_RESULT_ROUTES;
+        p->route_layers = q->route_layers;
+        p->route_k = q->route_k;
+        p->route_width = q->route_width;
+        if (r->er.routes && r->er.n_routes > 0 && r->er.route_layers == q->route_layers &&
+            r->er.route_k == q->route_k) {
+            narrow_routes(r->er.routes, (size_t)r->er.n_routes * q->route_layers * q->route_k, q->route_width);
+            p->n_routes = (uint32_t)r->er.n_routes;
+            p->routes = r->er.routes;
+        }
     }
     r->bytes = proto_result_bytes(p);
     if (c->held_tail)

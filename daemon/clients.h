@@ -45,6 +45,10 @@ struct cl_req {
     uint64_t seed;              /* the seed sampling used */
     uint64_t version_admit;     /* weight version at acceptance */
     uint32_t n_prompt;          /* tokens after tokenizing */
+    /* Routes asked (RETURN_ROUTES): the shape its results carry them in; 0 = not asked. */
+    uint16_t route_layers;
+    uint8_t route_k;
+    uint8_t route_width;        /* bytes per expert id on the wire (proto_route_width) */
 };
 
 struct cl_client {
@@ -94,7 +98,8 @@ int cl_room(const cl_table *t, const cl_client *c, uint32_t n, uint64_t max_byte
 int cl_add_req(cl_table *t, cl_client *c, uint64_t client_req_id, uint32_t n, uint64_t max_bytes, cl_req **out);
 
 /* Takes a finished sample from the engine (its arrays move into the table;
- * *er is zeroed). Assigns the next seq. Returns the client that got it, or NULL
+ * *er is zeroed; its routes are narrowed in place to the request's
+ * route_width). Assigns the next seq. Returns the client that got it, or NULL
  * when the request's client is gone (the sample is dropped). */
 cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint64_t t_added_us, uint64_t t_finish_us);
 

@@ -28,11 +28,13 @@ static void send_out(rd_daemon *d, br_ctx *x)
     br_reply(x, d->out.data, d->out.len);
 }
 
+/* Replies are in the version of the request they answer (x->version), so a
+ * version-1 client reads every reply it gets, byte for byte as before version 2. */
 static void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t type, const char *msg)
 {
     d->errors++;
     proto_buf_reset(&d->out);
-    if (proto_encode_error(&d->out, code, type, msg)) {
+    if (proto_encode_error_version(&d->out, x->version, code, type, msg)) {
         br_reply(x, NULL, 0); /* cannot happen short of OOM: the client times out and retries */
         return;
     }
@@ -42,7 +44,9 @@ static void loop_reply_error(rd_daemon *d, br_ctx *x, uint32_t code, uint16_t ty
 static void loop_reply_msg(rd_daemon *d, br_ctx *x, const proto_msg *m)
 {
     proto_buf_reset(&d->out);
-    if (proto_encode(&d->out, m)) {
+    proto_msg v = *m;           /* a shallow copy: the arrays stay the caller's */
+    v.version = x->version;
+    if (proto_encode(&d->out, &v)) {
         char why[600];
         snprintf(why, sizeof why, "cannot encode the %s reply: %s", proto_type_name(m->type), rd_errmsg());
         log_line("%s", why);
@@ -80,6 +84,15 @@ static void answer_fetch(rd_daemon *d, br_ctx *x, cl_client *c, const proto_fetc
     for (cl_result *r = c->held; r && k < cap; r = r->next) {
         if (k > 0 && total + r->bytes > budget)
             break;
+        if ((r->pr.flags & PROTO_RESULT_ROUTES) && x->version < 2) {
+            char why[300];
+            snprintf(why, sizeof why, "result seq %llu carries routed experts, which protocol version %u cannot say; "
+                     "FETCH in version 2 (the SUBMIT that asked for them was)", (unsigned long long)r->pr.seq,
+                     x->version ? x->version : 1);
+            free(rs);
+            loop_reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_FETCH, why);
+            return;
+        }
         rs[k++] = r->pr;
         total += r->bytes;
     }
@@ -174,10 +187,13 @@ static uint64_t now_us(void) { return (uint64_t)clock_now_us(); }
 
 static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
 {
-    if (h->min_version > PROTO_VERSION || h->max_version < PROTO_VERSION || h->min_version > h->max_version) {
+    /* The highest version both speak. */
+    uint16_t lo = h->min_version > PROTO_VERSION_MIN ? h->min_version : PROTO_VERSION_MIN;
+    uint16_t hi = h->max_version < PROTO_VERSION ? h->max_version : PROTO_VERSION;
+    if (h->min_version > h->max_version || lo > hi) {
         char why[200];
-        snprintf(why, sizeof why, "HELLO offers versions %u..%u; this daemon speaks %d", h->min_version,
-                 h->max_version, PROTO_VERSION);
+        snprintf(why, sizeof why, "HELLO offers versions %u..%u; this daemon speaks %d to %d", h->min_version,
+                 h->max_version, PROTO_VERSION_MIN, PROTO_VERSION);
         loop_reply_error(d, x, PROTO_E_UNSUPPORTED_VERSION, PROTO_HELLO, why);
         return;
     }
@@ -227,6 +243,9 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
     proto_msg m = {.type = PROTO_HELLO_OK};
     m.hello_ok = d->lim;
     m.hello_ok.client_id = c->id;
+    m.hello_ok.version = hi;
+    if (hi < 2)
+        m.hello_ok.features &= ~(uint64_t)PROTO_FEATURE_ROUTES; /* a version-2 feature */
     m.hello_ok.flags |= flags;
     m.hello_ok.weight_version = d->weight_version;
     if (d->cfg.max_staging_bytes > 0)
@@ -236,12 +255,17 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
     loop_reply_msg(d, x, &m);
 }
 
-/* One SUBMIT request: 0 accepted, else the item's code with msg filled. The
- * checks are admission's (admit.h), shared with the HTTP routes; retention
- * and the text prompt's tokenization are this door's. */
-static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *busy, char *msg, size_t msg_cap)
+/* One SUBMIT request (of a frame in protocol version `version`): 0 accepted,
+ * else the item's code with msg filled. The checks are admission's (admit.h),
+ * shared with the HTTP routes; retention, the frame limit on a result with
+ * routes and the text prompt's tokenization are this door's. */
+static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, uint16_t version, int *busy, char *msg,
+                      size_t msg_cap)
 {
     adm_limits lim = adm_limits_of(d);
+    proto_hello_ok vlim = d->lim; /* the flags this request's version defines (v1: no RETURN_ROUTES) */
+    vlim.version = version ? version : PROTO_VERSION_MIN;
+    lim.lim = &vlim;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (adm_check(&lim, r, msg, msg_cap))
@@ -270,8 +294,12 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *b
     }
     uint32_t code = 0;
     char why[400];
-    int processed = (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0;
-    uint64_t max_bytes = proto_result_max_bytes(r->max_tokens, processed, r->logprobs_topk);
+    uint64_t max_bytes = adm_result_max_bytes(&lim, r, n_prompt);
+    if (adm_fits_message(&lim, r, n_prompt, why, sizeof why)) {
+        snprintf(msg, msg_cap, "request %llu: %s", (unsigned long long)r->client_req_id, why);
+        code = PROTO_E_INVALID_PARAMS;
+        goto out;
+    }
     /* The whole sequence must fit the KV pool, or it could never run (the
      * lengths were checked against max_context above). */
     if (adm_fits_kv(&lim, n_prompt, r->max_tokens, why, sizeof why)) {
@@ -314,6 +342,11 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, int *b
     q->version_admit = d->weight_version;
     q->n_prompt = n_prompt;
     q->seed = (r->flags & PROTO_REQ_HAS_SEED) ? r->seed : adm_random_seed(q->key);
+    if (r->flags & PROTO_REQ_RETURN_ROUTES) {
+        q->route_layers = lim.route_layers;
+        q->route_k = lim.route_k;
+        q->route_width = lim.route_width;
+    }
     eng_request er;
     adm_engine_request(r, prompt, n_prompt, q->seed, &er);
     if (et_add(&d->et, q->key, &er)) {
@@ -375,7 +408,7 @@ static void on_submit(rd_daemon *d, br_ctx *x, const proto_submit *s)
             items[i].flags = PROTO_SUBMIT_DUPLICATE;
             continue;
         }
-        items[i].status = admit(d, c, r, &busy, msg, MSG);
+        items[i].status = admit(d, c, r, x->version, &busy, msg, MSG);
         if (items[i].status) {
             d->rejected++;
             items[i].message = (proto_str){msg, (uint32_t)strlen(msg)};
@@ -521,7 +554,9 @@ static void serve(rd_daemon *d, br_ctx *x)
     const uint8_t *body = nng_msg_body(x->msg);
     size_t len = nng_msg_len(x->msg);
     proto_msg m;
-    if (proto_decode(body, len, d->lim.max_message_bytes, &m)) {
+    int rc = proto_decode(body, len, d->lim.max_message_bytes, &m);
+    x->version = m.version; /* the reply's; 0 (version 1) when the header was unreadable or of another version */
+    if (rc) {
         loop_reply_error(d, x, m.wire_error, m.type, rd_errmsg());
         return;
     }

@@ -40,6 +40,8 @@ static void limits(rd_daemon *d)
     proto_hello_ok *h = &d->lim;
     memset(h, 0, sizeof *h);
     h->version = PROTO_VERSION;
+    if (mc->n_experts > 0)
+        h->features |= PROTO_FEATURE_ROUTES; /* results can carry routed experts (version 2; on_hello hides it from 1) */
     if (d->L.tok) {
         h->flags |= PROTO_HELLO_OK_TEXT;
         if (tok_chat_kind(d->L.tok) != TOK_CHAT_NONE)

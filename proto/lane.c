@@ -17,7 +17,7 @@ static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0
 void proto_lane_encode_head(uint8_t out[PROTO_CHUNK_HEAD_BYTES], const proto_update_chunk *c)
 {
     memcpy(out, PROTO_MAGIC, 4);
-    put16(out + 4, PROTO_VERSION);
+    put16(out + 4, PROTO_VERSION_MIN); /* UPDATE_CHUNK is the same in every version */
     put16(out + 6, PROTO_UPDATE_CHUNK);
     put32(out + 8, 32 + c->len);
     put32(out + 12, 0);
@@ -38,9 +38,10 @@ int proto_lane_decode_head(const uint8_t in[PROTO_CHUNK_HEAD_BYTES], size_t max_
         *wire_error = PROTO_E_BAD_MAGIC;
         return rd_fail(RD_EFORMAT, "data lane: the frame does not start with \"RLDP\"");
     }
-    if (get16(in + 4) != PROTO_VERSION) {
+    if (get16(in + 4) < PROTO_VERSION_MIN || get16(in + 4) > PROTO_VERSION) {
         *wire_error = PROTO_E_UNSUPPORTED_VERSION;
-        return rd_fail(RD_EFORMAT, "data lane: protocol version %u; expected %d", get16(in + 4), PROTO_VERSION);
+        return rd_fail(RD_EFORMAT, "data lane: protocol version %u; expected %d to %d", get16(in + 4),
+                       PROTO_VERSION_MIN, PROTO_VERSION);
     }
     if (get16(in + 6) != PROTO_UPDATE_CHUNK) {
         *wire_error = PROTO_E_UNEXPECTED;

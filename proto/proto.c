@@ -161,6 +161,9 @@ _Static_assert(PROTO_MAX_DIMS == 4, "TENSOR n_dims text says 1..4");
 _Static_assert(sizeof(proto_request) + 8 <= 2 * (REQUEST_MIN_BYTES + 1), "proto_request outgrew the arena bound");
 _Static_assert(sizeof(proto_submit_item) + 8 <= 2 * (SUBMIT_ITEM_MIN_BYTES + 1), "proto_submit_item outgrew it");
 _Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
+/* A routes array takes at most one 8-byte piece more than its wire bytes; its
+ * 8-byte head on the wire pays for that piece. */
+#define ROUTES_HEAD_BYTES 8     /* n_routes u32, route_layers u16, route_k u8, route_width u8 */
 _Static_assert(sizeof(proto_span) <= SPAN_BYTES, "proto_span outgrew the arena bound");
 _Static_assert(sizeof(proto_tensor) + 8 <= 3 * (TENSOR_MIN_BYTES + 1), "proto_tensor outgrew the arena bound");
 
@@ -297,6 +300,7 @@ typedef struct {
                                    after the current one: no field may use them */
     size_t frame_len;           /* header + body: sizes the arena */
     const char *type;           /* message name for errors */
+    uint16_t version;           /* the frame's protocol version */
     const char *arr;            /* element array being read ("requests"), or NULL */
     uint64_t idx;               /* its index */
     proto_msg *m;
@@ -401,9 +405,16 @@ static int zero_bits(cursor *c, uint64_t v, uint64_t allowed, const char *field)
     if (!(v & ~allowed))
         return 0;
     char tmp[96];
-    return MALFORMED(c, "%s: %s is 0x%llx; bits 0x%llx are not defined in protocol version %d and must be 0",
+    return MALFORMED(c, "%s: %s is 0x%llx; bits 0x%llx are not defined in protocol version %u and must be 0",
                      where(c, tmp, sizeof tmp), field, (unsigned long long)v, (unsigned long long)(v & ~allowed),
-                     PROTO_VERSION);
+                     c->version);
+}
+
+/* The bits a BITS field may have in a frame of this version: those of A,
+ * less (before version 2) those B says version 2 added. */
+static uint64_t bits_allowed(const proto_field *f, uint16_t version)
+{
+    return version >= 2 ? f->a : f->a & ~f->b;
 }
 
 static const char empty_str[1] = "";
@@ -523,16 +534,16 @@ static int dec_fields(cursor *c, const proto_field *f, void *base)
         case PROTO_FK_U64: TRY(rd64(c, &v64, f->name)); memcpy(dst, &v64, 8); break;
         case PROTO_FK_BITS8:
             TRY(rd8(c, dst, f->name));
-            TRY(zero_bits(c, *dst, f->a, f->name));
+            TRY(zero_bits(c, *dst, bits_allowed(f, c->version), f->name));
             break;
         case PROTO_FK_BITS16:
             TRY(rd16(c, &v16, f->name));
-            TRY(zero_bits(c, v16, f->a, f->name));
+            TRY(zero_bits(c, v16, bits_allowed(f, c->version), f->name));
             memcpy(dst, &v16, 2);
             break;
         case PROTO_FK_BITS32:
             TRY(rd32(c, &v32, f->name));
-            TRY(zero_bits(c, v32, f->a, f->name));
+            TRY(zero_bits(c, v32, bits_allowed(f, c->version), f->name));
             memcpy(dst, &v32, 4);
             break;
         case PROTO_FK_ENUM8:
@@ -632,7 +643,53 @@ static int check_spans(uint32_t n_tokens, uint32_t n_spans, const proto_span *s,
     return 0;
 }
 
-/* RESULT: the token arrays (their lengths depend on flags and top_k), then spans. */
+/* RESULT routes (flag ROUTES): n_routes, layers, k and the id width, then
+ * n_routes x layers x k ids of that width, copied into aligned arena memory
+ * of the same width (so the arena grows by the wire bytes, not four times). */
+static int dec_routes(cursor *c, proto_result *r)
+{
+    char tmp[96];
+    TRY(rd32(c, &r->n_routes, "n_routes"));
+    TRY(rd16(c, &r->route_layers, "route_layers"));
+    TRY(rd8(c, &r->route_k, "route_k"));
+    TRY(rd8(c, &r->route_width, "route_width"));
+    uint32_t w = r->route_width;
+    if (w != 1 && w != 2 && w != 4)
+        return MALFORMED(c, "%s: route_width is %u; expected 1, 2 or 4 (bytes per expert id)",
+                         where(c, tmp, sizeof tmp), w);
+    if (r->route_layers == 0 || r->route_k == 0)
+        return MALFORMED(c, "%s: routes of %u layers x %u experts; expected at least 1 of each",
+                         where(c, tmp, sizeof tmp), r->route_layers, r->route_k);
+    uint64_t n = (uint64_t)r->n_routes * r->route_layers * r->route_k;
+    if (n * w > avail(c))
+        return MALFORMED(c, "%s: n_routes = %u needs %llu bytes (%u layers x %u experts x %u bytes), but %llu are "
+                         "left in the body%s", where(c, tmp, sizeof tmp), r->n_routes, (unsigned long long)(n * w),
+                         r->route_layers, r->route_k, w, (unsigned long long)avail(c),
+                         c->owed ? " besides what the later elements need" : "");
+    if (n == 0)
+        return 0;
+    uint8_t *dst = arena_alloc(c, (size_t)(n * w));
+    if (!dst)
+        return RD_ENOMEM;
+    const uint8_t *src = c->p + c->off;
+    if (w == 1) {
+        memcpy(dst, src, (size_t)n);
+    } else if (w == 2) {
+        uint16_t *d16 = (uint16_t *)dst;
+        for (uint64_t i = 0; i < n; i++)
+            d16[i] = ld16(src + 2 * i);
+    } else {
+        uint32_t *d32 = (uint32_t *)dst;
+        for (uint64_t i = 0; i < n; i++)
+            d32[i] = ld32(src + 4 * i);
+    }
+    c->off += (size_t)(n * w);
+    r->routes = dst;
+    return 0;
+}
+
+/* RESULT: the token arrays (their lengths depend on flags and top_k), then
+ * spans, then (flag ROUTES) the routes. */
 static int dec_result_tail(cursor *c, proto_result *r)
 {
     char tmp[96];
@@ -660,6 +717,8 @@ static int dec_result_tail(cursor *c, proto_result *r)
     char why[160];
     if (check_spans(r->n_tokens, r->n_spans, r->spans, why, sizeof why))
         return MALFORMED(c, "%s: %s", where(c, tmp, sizeof tmp), why);
+    if (r->flags & PROTO_RESULT_ROUTES)
+        return dec_routes(c, r);
     return 0;
 }
 
@@ -744,10 +803,11 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
     uint16_t version = ld16(buf + 4), type = ld16(buf + 6);
     uint32_t body_len = ld32(buf + 8), flags = ld32(buf + 12);
     out->type = type;
-    if (version != PROTO_VERSION)
+    if (version < PROTO_VERSION_MIN || version > PROTO_VERSION)
         return fail_wire(out, PROTO_E_UNSUPPORTED_VERSION,
                          rd_fail(RD_ENOTSUP, "protocol version %u; this peer speaks version %d to %d", version,
-                                 PROTO_VERSION, PROTO_VERSION));
+                                 PROTO_VERSION_MIN, PROTO_VERSION));
+    out->version = version;
     if (max_len && (uint64_t)body_len + PROTO_HEADER_BYTES > max_len)
         return fail_wire(out, PROTO_E_TOO_LARGE,
                          rd_fail(RD_ERANGE, "header declares a %u-byte body (%llu-byte frame); the limit is %zu bytes",
@@ -759,8 +819,8 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
                                  body_len > len - PROTO_HEADER_BYTES ? "truncated frame" : "trailing bytes"));
     if (flags != 0)
         return fail_wire(out, PROTO_E_MALFORMED,
-                         rd_fail(RD_EFORMAT, "header flags are 0x%x; expected 0 in protocol version %d", flags,
-                                 PROTO_VERSION));
+                         rd_fail(RD_EFORMAT, "header flags are 0x%x; expected 0 in protocol version %u", flags,
+                                 version));
     const proto_msg_desc *d = proto_msg_find(type);
     if (!d) {
         char expected[512];
@@ -769,7 +829,8 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
                          rd_fail(RD_ENOTSUP, "message type 0x%02x is not defined; expected one of %s", type, expected));
     }
     const char *name = d->name;
-    cursor c = {.p = buf + PROTO_HEADER_BYTES, .len = body_len, .frame_len = len, .type = name, .m = out};
+    cursor c = {.p = buf + PROTO_HEADER_BYTES, .len = body_len, .frame_len = len, .type = name, .version = version,
+                .m = out};
     int rc = dec_body(&c, d);
     if (rc)
         return rc;
@@ -784,11 +845,12 @@ int proto_decode(const uint8_t *buf, size_t len, size_t max_len, proto_msg *out)
     memset(out, 0, sizeof *out);
     int rc = decode_frame(buf, len, max_len, out);
     if (rc) {
-        uint16_t type = out->type;
+        uint16_t type = out->type, version = out->version;
         uint32_t wire = out->wire_error ? out->wire_error : PROTO_E_INTERNAL;
         proto_msg_free(out);
         memset(out, 0, sizeof *out);
         out->type = type;
+        out->version = version;
         out->wire_error = wire;
     }
     return rc;
@@ -894,6 +956,28 @@ static void warr32(writer *w, const void *a, uint64_t n)
     }
 }
 
+/* n ids of width bytes (uint8_t, uint16_t or int32_t in memory), little-endian. */
+static void warr_w(writer *w, const void *a, uint64_t n, uint32_t width)
+{
+    if (!w->p || width == 1) {
+        if (width == 1)
+            wbytes(w, a, n);
+        else
+            w->n += n * width;
+        return;
+    }
+    if (width == 4) {
+        warr32(w, a, n);
+        return;
+    }
+    const uint8_t *src = a;
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t v;
+        memcpy(&v, src + 2 * i, 2);
+        w16(w, v);
+    }
+}
+
 /* ---- encode: checks (what the decoder would refuse), walking the same lists ---- */
 
 static int enc_str_ok(const char *msg, const char *field, proto_str s)
@@ -923,7 +1007,8 @@ static const char *enc_where(const char *type, const char *arr, uint32_t idx, ch
     return tmp;
 }
 
-static int fields_ok(const proto_field *f, const void *base, const char *type, const char *arr, uint32_t idx)
+static int fields_ok(const proto_field *f, const void *base, const char *type, const char *arr, uint32_t idx,
+                     uint16_t version)
 {
     char tmp[96];
     for (; f->kind != PROTO_FK_END; f++) {
@@ -941,12 +1026,14 @@ static int fields_ok(const proto_field *f, const void *base, const char *type, c
         switch ((proto_field_kind)f->kind) {
         case PROTO_FK_BITS8:
         case PROTO_FK_BITS16:
-        case PROTO_FK_BITS32:
-            if (v & ~f->a)
-                return rd_fail(RD_EINVAL, "%s: %s 0x%llx has undefined bits 0x%llx; expected them 0",
-                               enc_where(type, arr, idx, tmp, sizeof tmp), f->name, (unsigned long long)v,
-                               (unsigned long long)(v & ~f->a));
+        case PROTO_FK_BITS32: {
+            uint64_t allowed = bits_allowed(f, version);
+            if (v & ~allowed)
+                return rd_fail(RD_EINVAL, "%s: %s 0x%llx has bits 0x%llx undefined in protocol version %u; expected "
+                               "them 0", enc_where(type, arr, idx, tmp, sizeof tmp), f->name, (unsigned long long)v,
+                               (unsigned long long)(v & ~allowed), version);
             break;
+        }
         case PROTO_FK_ENUM8:
         case PROTO_FK_DIMS8:
         case PROTO_FK_RANGE32:
@@ -1001,7 +1088,15 @@ static int result_tail_ok(const proto_result *r)
     char why[160];
     if (check_spans(r->n_tokens, r->n_spans, r->spans, why, sizeof why))
         return rd_fail(RD_EINVAL, "%s seq %llu: %s", m, (unsigned long long)r->seq, why);
-    return 0;
+    if (!(r->flags & PROTO_RESULT_ROUTES))
+        return 0;
+    if (r->route_width != 1 && r->route_width != 2 && r->route_width != 4)
+        return rd_fail(RD_EINVAL, "%s seq %llu: route_width is %u; expected 1, 2 or 4", m, (unsigned long long)r->seq,
+                       r->route_width);
+    if (r->route_layers == 0 || r->route_k == 0)
+        return rd_fail(RD_EINVAL, "%s seq %llu: routes of %u layers x %u experts; expected at least 1 of each", m,
+                       (unsigned long long)r->seq, r->route_layers, r->route_k);
+    return enc_arr_ok(m, "routes", r->routes, (uint64_t)r->n_routes * r->route_layers * r->route_k);
 }
 
 static int elem_tail_ok(const proto_elem_desc *e, const void *el)
@@ -1024,10 +1119,10 @@ static const uint8_t *elems_of(const proto_msg_desc *d, const void *body)
 }
 
 /* Validates m (its size comes from the counting pass of put_body). */
-static int msg_ok(const proto_msg *m, const proto_msg_desc *d)
+static int msg_ok(const proto_msg *m, const proto_msg_desc *d, uint16_t version)
 {
     const void *body = &m->hello;
-    TRY(fields_ok(d->fields, body, d->name, NULL, 0));
+    TRY(fields_ok(d->fields, body, d->name, NULL, 0, version));
     if (!d->elem && !d->raw_bytes)
         return 0;
     uint32_t n = list_count(d->fields, body);
@@ -1035,7 +1130,7 @@ static int msg_ok(const proto_msg *m, const proto_msg_desc *d)
     TRY(enc_arr_ok(d->name, d->array_name, arr, n));
     for (uint32_t i = 0; d->elem && i < n; i++) {
         const void *el = arr + (size_t)i * d->elem->size;
-        TRY(fields_ok(d->elem->fields, el, d->name, d->array_name, i));
+        TRY(fields_ok(d->elem->fields, el, d->name, d->array_name, i, version));
         TRY(elem_tail_ok(d->elem, el));
     }
     return 0;
@@ -1107,6 +1202,13 @@ static void put_result_tail(writer *w, const proto_result *r)
         w32(w, r->spans[i].end);
         w64(w, r->spans[i].version);
     }
+    if (r->flags & PROTO_RESULT_ROUTES) {
+        w32(w, r->n_routes);
+        w16(w, r->route_layers);
+        w8(w, r->route_k);
+        w8(w, r->route_width);
+        warr_w(w, r->routes, (uint64_t)r->n_routes * r->route_layers * r->route_k, r->route_width);
+    }
 }
 
 static void put_tensor_tail(writer *w, const proto_tensor *t)
@@ -1160,6 +1262,16 @@ uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t log
     return RESULT_MIN_BYTES + per_token * max_tokens;
 }
 
+uint64_t proto_routes_bytes(uint64_t positions, uint32_t layers, uint32_t k, uint32_t width)
+{
+    return ROUTES_HEAD_BYTES + positions * layers * k * width;
+}
+
+uint8_t proto_route_width(uint32_t n_experts)
+{
+    return n_experts <= 256 ? 1 : n_experts <= 65536 ? 2 : 4;
+}
+
 /* ---- proto_encode ---- */
 
 int proto_encode(proto_buf *b, const proto_msg *m)
@@ -1168,7 +1280,11 @@ int proto_encode(proto_buf *b, const proto_msg *m)
     if (!d)
         return rd_fail(RD_ENOTSUP, "cannot encode message type 0x%02x: not defined in protocol version %d", m->type,
                        PROTO_VERSION);
-    TRY(msg_ok(m, d));
+    uint16_t version = m->version ? m->version : PROTO_VERSION_MIN;
+    if (version > PROTO_VERSION)
+        return rd_fail(RD_EINVAL, "%s: cannot encode in protocol version %u; this code speaks %d to %d", d->name,
+                       version, PROTO_VERSION_MIN, PROTO_VERSION);
+    TRY(msg_ok(m, d, version));
     writer count = {0};
     put_body(&count, m, d);
     uint64_t size = count.n;
@@ -1179,7 +1295,7 @@ int proto_encode(proto_buf *b, const proto_msg *m)
     uint8_t *start = b->data + b->len;
     writer w = {start, start + PROTO_HEADER_BYTES + size, 0, 0};
     wbytes(&w, PROTO_MAGIC, 4);
-    w16(&w, PROTO_VERSION);
+    w16(&w, version);
     w16(&w, m->type);
     w32(&w, (uint32_t)size);
     w32(&w, 0);
@@ -1194,6 +1310,12 @@ int proto_encode(proto_buf *b, const proto_msg *m)
 
 int proto_encode_error(proto_buf *b, uint32_t code, uint16_t request_type, const char *message)
 {
+    return proto_encode_error_version(b, 0, code, request_type, message);
+}
+
+int proto_encode_error_version(proto_buf *b, uint16_t version, uint32_t code, uint16_t request_type,
+                               const char *message)
+{
     char text[PROTO_MAX_ERROR_MESSAGE + 1];
     size_t n = message ? strlen(message) : 0;
     if (n > PROTO_MAX_ERROR_MESSAGE)
@@ -1203,7 +1325,7 @@ int proto_encode_error(proto_buf *b, uint32_t code, uint16_t request_type, const
     size_t at = 0;
     while ((at += utf8_check((const uint8_t *)text + at, n - at)) < n)
         text[at++] = '?';
-    proto_msg m = {.type = PROTO_ERROR};
+    proto_msg m = {.type = PROTO_ERROR, .version = version};
     m.error.code = code ? code : PROTO_E_INTERNAL;
     m.error.request_type = request_type;
     m.error.version_max = PROTO_VERSION;
@@ -1239,9 +1361,15 @@ int proto_check_lengths(uint32_t n_prompt, uint32_t max_tokens, const proto_hell
 int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
 {
     unsigned long long id = (unsigned long long)r->client_req_id;
-    if (r->flags & ~PROTO_REQ_FLAGS)
+    unsigned version = lim->version >= 2 ? lim->version : 1;
+    uint32_t allowed = version >= 2 ? PROTO_REQ_FLAGS : PROTO_REQ_FLAGS & ~PROTO_REQ_FLAGS_V2;
+    if (r->flags & ~allowed)
         return rd_fail(RD_EINVAL, "request %llu: flags 0x%x have undefined bits 0x%x; expected only bits 0x%x "
-                       "(protocol version %d)", id, r->flags, r->flags & ~PROTO_REQ_FLAGS, PROTO_REQ_FLAGS, PROTO_VERSION);
+                       "(protocol version %u)", id, r->flags, r->flags & ~allowed, allowed, version);
+    if ((r->flags & PROTO_REQ_RETURN_ROUTES) && !(lim->features & PROTO_FEATURE_ROUTES))
+        return rd_fail(RD_EINVAL, "request %llu: routed experts asked (return_routes), but the model (%.*s) is not a "
+                       "mixture of experts; expected the flag only where HELLO_OK.features has ROUTES", id,
+                       (int)lim->architecture.len, lim->architecture.len ? lim->architecture.ptr : "");
     if (r->n < 1 || r->n > lim->max_n)
         return rd_fail(RD_EINVAL, "request %llu: n = %u; expected 1..%u", id, r->n, lim->max_n);
     if (r->max_tokens < 1 || r->max_tokens > lim->max_tokens)

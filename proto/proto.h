@@ -28,7 +28,8 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
-#define PROTO_VERSION 1                     /* the only version this code speaks */
+#define PROTO_VERSION 2                     /* the newest version this code speaks (2: routing replay) */
+#define PROTO_VERSION_MIN 1                 /* the oldest; frames are written in it unless proto_msg.version says */
 #define PROTO_HEADER_BYTES 16
 #define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
 #define PROTO_MAX_CLIENT_NAME 256           /* bytes; a longer HELLO name is INVALID_PARAMS */
@@ -79,19 +80,24 @@ typedef enum {
 #define PROTO_REQ_IGNORE_EOS 0x4u
 #define PROTO_REQ_PROMPT_IS_TEXT 0x8u   /* prompt is UTF-8 text, else token ids */
 #define PROTO_REQ_CHAT_TEMPLATE 0x10u   /* wrap the text as a user turn in the chat template */
-#define PROTO_REQ_FLAGS 0x1Fu
+#define PROTO_REQ_RETURN_ROUTES 0x20u   /* version 2: results carry the experts every position was routed to */
+#define PROTO_REQ_FLAGS 0x3Fu
+#define PROTO_REQ_FLAGS_V2 0x20u        /* the bits version 2 added (undefined in a version-1 request) */
 
 #define PROTO_SUBMIT_DUPLICATE 0x1u     /* client_req_id was already known: accepted, not run twice */
 #define PROTO_SUBMIT_OK_FLAGS 0x1u
 
 #define PROTO_RESULT_PROCESSED 0x1u     /* logprobs_processed is present */
-#define PROTO_RESULT_FLAGS 0x1u
+#define PROTO_RESULT_ROUTES 0x2u        /* version 2: the routes follow the spans */
+#define PROTO_RESULT_FLAGS 0x3u
+#define PROTO_RESULT_FLAGS_V2 0x2u      /* the bits version 2 added (MALFORMED in a version-1 frame) */
 
 #define PROTO_ABORT_ALL 0x1u            /* abort every request of the client (client_req_id must be 0) */
 #define PROTO_ABORT_FLAGS 0x1u
 
 #define PROTO_FEATURE_WEIGHT_UPDATE 0x1u /* HELLO_OK.features: UPDATE_* messages are served */
 #define PROTO_FEATURE_RELAY 0x2u        /* UPDATE_FORWARD, UPDATE_PREPARE and WEIGHTS_SYNC are served (§10.11) */
+#define PROTO_FEATURE_ROUTES 0x4u       /* version 2: a mixture-of-experts model; requests may ask RETURN_ROUTES (§4.6) */
 
 #define PROTO_FORWARD_AUTH 0x1u         /* UPDATE_FORWARD: the next daemon's lane challenges; prove with key */
 #define PROTO_FORWARD_FLAGS 0x1u
@@ -245,6 +251,14 @@ typedef struct {
     const float *top_logprobs;  /* [n_tokens][top_k]; -inf pads */
     uint32_t n_spans;           /* 0 when n_tokens is 0, else >= 1 */
     const proto_span *spans;    /* [n_spans] contiguous, covering [0, n_tokens), versions increasing */
+    /* Routing replay (flags has PROTO_RESULT_ROUTES; version 2): for each
+     * position that ran through the model, prompt then generated, each
+     * layer's top-k experts, highest routing weight first. */
+    uint32_t n_routes;          /* positions (n_prompt + n_tokens - 1 when all ran; fewer after an early abort) */
+    uint16_t route_layers;      /* >= 1 */
+    uint8_t route_k;            /* experts per position and layer, >= 1 */
+    uint8_t route_width;        /* bytes per id: 1 (routes is uint8_t[]), 2 (uint16_t[]) or 4 (int32_t[]) */
+    const void *routes;         /* [n_routes][route_layers][route_k] ids of route_width bytes (host order) */
 } proto_result;
 
 /* RESULTS: the reply to FETCH. */
@@ -420,6 +434,8 @@ typedef struct proto_block proto_block;
  * proto_decode fills it. */
 typedef struct {
     uint16_t type;              /* proto_type */
+    uint16_t version;           /* decode: the frame's (0 when its header was unreadable or of a version
+                                   not spoken); encode: the version to write, 0 = PROTO_VERSION_MIN */
     uint32_t wire_error;        /* after a failed decode: the PROTO_E_* code to reply with */
     union {
         proto_hello hello;
@@ -483,9 +499,12 @@ void proto_buf_init(proto_buf *b);
 void proto_buf_reset(proto_buf *b);     /* len = 0, keeps the memory */
 void proto_buf_free(proto_buf *b);
 
-/* Appends one frame encoding m (m->type selects the member). Refuses (RD_EINVAL,
- * nothing appended) what the decoder would reject: invalid UTF-8, unknown flag
- * bits (except request flags), finish out of range, bad spans, a text flag
+/* Appends one frame encoding m (m->type selects the member) in version
+ * m->version (0: PROTO_VERSION_MIN). Refuses (RD_EINVAL,
+ * nothing appended) what the decoder would reject: a version not spoken,
+ * invalid UTF-8, unknown flag bits of that version (except request flags),
+ * finish out of range, bad spans, routes with a width other than 1, 2, 4 or
+ * no layers or experts, a text flag
  * with token ids, an update mode, tensor dtype or n_dims out of range, a tensor
  * name not 1..PROTO_MAX_TENSOR_NAME bytes, an array with a count but no data,
  * a body over 4 GiB; RD_ENOTSUP for an undefined type; RD_ENOMEM if the buffer
@@ -497,6 +516,10 @@ int proto_encode(proto_buf *b, const proto_msg *m);
  * (NUL-terminated, may be NULL) cut to PROTO_MAX_ERROR_MESSAGE bytes; each byte
  * of invalid UTF-8 (a character cut at the limit included) becomes '?'. */
 int proto_encode_error(proto_buf *b, uint32_t code, uint16_t request_type, const char *message);
+/* The same ERROR frame in protocol version `version` (0: PROTO_VERSION_MIN), as
+ * a reply to a frame of that version. */
+int proto_encode_error_version(proto_buf *b, uint16_t version, uint32_t code, uint16_t request_type,
+                               const char *message);
 
 /* Encoded size in bytes of one result inside RESULTS, and the largest a
  * result of a request with these parameters can be (spans included), for
@@ -505,9 +528,17 @@ int proto_encode_error(proto_buf *b, uint32_t code, uint16_t request_type, const
 #define PROTO_RESULTS_OVERHEAD (PROTO_HEADER_BYTES + 24)
 uint64_t proto_result_bytes(const proto_result *r);
 uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t logprobs_topk);
+/* Bytes the routes of a result add (RESULT_ROUTES): their 8-byte head and
+ * positions x layers x k ids of width bytes; positions is at most
+ * n_prompt + max_tokens - 1. */
+uint64_t proto_routes_bytes(uint64_t positions, uint32_t layers, uint32_t k, uint32_t width);
+/* The id width routes of a model with n_experts experts are sent in: 1 byte
+ * up to 256 experts, 2 up to 65536, else 4. */
+uint8_t proto_route_width(uint32_t n_experts);
 
 /* Checks one decoded request against the daemon's limits and model (lim is the
- * HELLO_OK the daemon sends): flags, n, max_tokens, sampling ranges (NaN
+ * HELLO_OK the daemon sends, lim->version the request's protocol version): flags
+ * (RETURN_ROUTES from version 2 on, and only with lim->features ROUTES), n, max_tokens, sampling ranges (NaN
  * refused), stop ids and prompt ids in 0..vocab_size-1, prompt length,
  * prompt + max_tokens within the context, the largest result within
  * max_message_bytes, text/chat support. Returns 0 or RD_EINVAL with a
@@ -533,7 +564,8 @@ uint32_t proto_err_from_rd(int rc);
 #define PROTO_CHUNK_HEAD_BYTES (PROTO_HEADER_BYTES + 32) /* frame header + the chunk's fixed fields */
 /* Writes the head of an UPDATE_CHUNK frame for c (c->len bytes of data follow it). */
 void proto_lane_encode_head(uint8_t out[PROTO_CHUNK_HEAD_BYTES], const proto_update_chunk *c);
-/* Reads a head: the frame header must say version 1, type UPDATE_CHUNK, flags
+/* Reads a head: the frame header must say a version spoken (PROTO_VERSION_MIN..
+ * PROTO_VERSION; heads are written in version 1), type UPDATE_CHUNK, flags
  * 0 and body_len = 32 + len within max_len. On failure returns RD_EFORMAT with
  * *wire_error the PROTO_E_* code; c->data is left NULL. */
 int proto_lane_decode_head(const uint8_t in[PROTO_CHUNK_HEAD_BYTES], size_t max_len, proto_update_chunk *c,

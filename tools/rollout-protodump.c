@@ -6,7 +6,8 @@
  *
  * Each FILE holds one frame. For each, one line: the message in the JSON form
  * of tools/python/rolloutd/proto.py to_json (u64 fields as decimal strings,
- * f32 values as numbers or "nan"/"inf"/"-inf", top-k arrays flat, chunk data
+ * f32 values as numbers or "nan"/"inf"/"-inf", top-k arrays flat, a result's
+ * routes (version 2) as {"layers", "k", "width", "ids"} with the ids flat, chunk data
  * as lowercase hex), or {"error": CODE, "error_name": NAME, "message": WHY}
  * when the decoder refuses the frame. Exit status 0 when every frame decoded,
  * 1 when any was refused, 2 on bad usage or an unreadable file.
@@ -100,6 +101,21 @@ static void result_tail_json(cJSON *o, const proto_result *r)
         add_num(s, "end", r->spans[i].end);
         add_u64(s, "version", r->spans[i].version);
         cJSON_AddItemToArray(spans, s);
+    }
+    if (!(r->flags & PROTO_RESULT_ROUTES))
+        return;
+    /* version 2: {"layers", "k", "width", "ids": flat [n_routes x layers x k]} */
+    cJSON *ro = cJSON_AddObjectToObject(o, "routes");
+    add_num(ro, "layers", r->route_layers);
+    add_num(ro, "k", r->route_k);
+    add_num(ro, "width", r->route_width);
+    cJSON *ids = cJSON_AddArrayToObject(ro, "ids");
+    uint64_t n = (uint64_t)r->n_routes * r->route_layers * r->route_k;
+    for (uint64_t i = 0; i < n; i++) {
+        double v = r->route_width == 1   ? ((const uint8_t *)r->routes)[i]
+                   : r->route_width == 2 ? ((const uint16_t *)r->routes)[i]
+                                         : ((const int32_t *)r->routes)[i];
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(v));
     }
 }
 

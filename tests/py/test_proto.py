@@ -5,7 +5,8 @@ and re-encodes to the same bytes; every invalid one gives its error code;
 request checks give the listed codes. build/rollout-protodump (the C decoder)
 prints the same fields and error codes as the Python decoder for every
 vector, every truncation of one, random mutations and random messages. The
-weight-update messages (PROTOCOL.md §10) are among all of these.
+weight-update messages (PROTOCOL.md §10) and version 2's routes (§4.6) are
+among all of these; routes_codec checks the version rules on their own.
 """
 import json
 import math
@@ -67,8 +68,9 @@ def golden_valid_decode_and_encode():
         data = frame_bytes(v["file"])
         m = P.decode(data)
         assert P.to_json(m) == v["message"], f"{v['file']}: {P.to_json(m)} != {v['message']}"
+        assert m.wire_version == v["version"] == P.frame_version(data), v["file"]
         assert P.encode(m) == data, f"{v['file']}: re-encoding differs"
-        assert P.encode(P.from_json(v["message"])) == data, f"{v['file']}: encoding the JSON fields differs"
+        assert P.encode(P.from_json(v["message"]), v["version"]) == data, f"{v['file']}: encoding the JSON fields differs"
         assert P.to_json(P.decode(memoryview(bytearray(data)))) == v["message"], "memoryview input"
 
 
@@ -88,11 +90,11 @@ def golden_invalid_codes():
 
 @case
 def golden_check_request():
-    lim = P.decode(frame_bytes(VECTORS["check_limits"]))
     n = 0
     for v in VECTORS["valid"]:
         if "check_request" not in v:
             continue
+        lim = P.decode(frame_bytes(v.get("check_limits", VECTORS["check_limits"])))
         m = P.decode(frame_bytes(v["file"]))
         for q, want in zip(m.requests, v["check_request"], strict=True):
             try:
@@ -215,8 +217,16 @@ def rnd_message(rng, t):
                 e = at + rng.randint(1, n - at)
                 x.spans.append((at, e, ver))
                 at, ver = e, ver + rng.randint(1, 3)
+            if rng.random() < 0.5:      # version 2: routes of some width
+                w = rng.choice([1, 2, 4])
+                shape = (rng.choice([0, rng.randrange(20)]), rng.randint(1, 4), rng.randint(1, 3))
+                ids = [rng.getrandbits(8 * w) - (2 ** 31 if w == 4 else 0) for _ in range(int(np.prod(shape)))]
+                x.flags |= P.RESULT_ROUTES
+                x.routes = np.array(ids, dtype=P.ROUTE_DTYPES[w]).reshape(shape)
             res.append(x)
-        return P.Results(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), res)
+        m = P.Results(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), res)
+        m.wire_version = 2 if any(x.flags & P.RESULT_ROUTES for x in res) else rng.randint(1, 2)
+        return m
     if t == P.T.ABORT:
         return P.Abort(rnd_u64(rng), rnd_u64(rng), rng.getrandbits(1))
     if t == P.T.ABORT_OK:
@@ -290,7 +300,8 @@ def random_roundtrip():
     for data in random_frames(rng, 200):
         m = P.decode(data)
         assert P.encode(m) == data
-        assert P.encode(P.from_json(json.loads(json.dumps(P.to_json(m))))) == data, "JSON form round trip"
+        assert P.encode(P.from_json(json.loads(json.dumps(P.to_json(m)))), P.frame_version(data)) == data, \
+            "JSON form round trip"
 
 
 @case
@@ -327,6 +338,65 @@ def encode_refuses():
     assert e.message.endswith("x" * 4000), "the cut character is dropped whole"
     e = P.decode(P.encode_error(P.E.INTERNAL, 0, "x" * 4094 + "中"))
     assert e.message == "x" * 4094 + "??", "each byte of a cut character becomes '?', as in C"
+
+
+@case
+def routes_codec():
+    """Version 2's routes: each width round-trips as that dtype (a view of the frame, shape [n, layers, k]);
+    a version-1 frame can neither carry nor encode them; encoding refuses what decoding would; the request
+    flag is undefined in version 1 and needs the ROUTES feature in version 2; sizes add up."""
+    for w, n_experts in ((1, 128), (2, 300), (4, 70000)):
+        assert P.route_width(n_experts) == w
+        ids = np.arange(5 * 3 * 2, dtype=np.int64).reshape(5, 3, 2) % n_experts
+        x = P.Result(seq=1, flags=P.RESULT_ROUTES, token_ids=[1, 2], logprobs=[-1.0, -2.0], spans=[(0, 2, 1)],
+                     routes=ids.astype(P.ROUTE_DTYPES[w]))
+        m = P.Results(results=[x])
+        f = P.encode(m, 2)
+        assert len(f) == P.RESULTS_OVERHEAD + P.result_bytes(x) == P.RESULTS_OVERHEAD + P.RESULT_MIN_BYTES + 16 + \
+            16 + P.routes_bytes(5, 3, 2, w), (len(f), w)
+        got = P.decode(f).results[0].routes
+        assert got.dtype == np.dtype(P.ROUTE_DTYPES[w]) and got.shape == (5, 3, 2) and (got == ids).all(), w
+        assert f[4:6] == b"\2\0" and P.decode(f).wire_version == 2
+        try:
+            P.encode(m, 1)
+            raise AssertionError("routes encoded in version 1")
+        except ValueError as e:
+            assert "version 1" in str(e), e
+        try:
+            P.decode(f[:4] + b"\1\0" + f[6:])
+            raise AssertionError("routes decoded from a version-1 frame")
+        except P.ProtoError as e:
+            assert e.code == P.E.MALFORMED and "version 1" in e.message, e
+    # a version-2 frame without routes is the version-1 frame but for the header's version
+    plain = P.Results(results=[P.Result(seq=1, token_ids=[1], logprobs=[-1.0], spans=[(0, 1, 1)])])
+    assert P.encode(plain, 1)[6:] == P.encode(plain, 2)[6:] and P.encode(plain) == P.encode(plain, 1)
+    bad = [np.zeros((2, 3, 2), np.int64), np.zeros((2, 3), np.uint8), np.zeros((2, 0, 2), np.uint8),
+           np.zeros((2, 3, 256), np.uint8), None]
+    for a in bad:
+        x = P.Result(flags=P.RESULT_ROUTES, routes=a)
+        try:
+            P.encode(P.Results(results=[x]), 2)
+            raise AssertionError(f"encoded routes {None if a is None else (a.dtype, a.shape)}")
+        except ValueError:
+            pass
+    for v in (0, 3):
+        try:
+            P.encode(P.Status(), v)
+            if v == 0:
+                continue        # 0 means "the default", as in C
+            raise AssertionError("encoded version 3")
+        except ValueError:
+            assert v == 3
+    lim = P.decode(frame_bytes("hello_ok_v2.bin"))
+    q = P.Request(client_req_id=1, prompt_ids=[1, 2], flags=P.REQ_RETURN_ROUTES)
+    P.check_request(q, lim)
+    for version, features, why in ((1, lim.features, "undefined bits 0x20"), (2, 0, "not a mixture of experts")):
+        lim.version, lim.features = version, features
+        try:
+            P.check_request(q, lim)
+            raise AssertionError((version, features))
+        except P.ProtoError as e:
+            assert e.code == P.E.INVALID_PARAMS and why in e.message, e.message
 
 
 @case

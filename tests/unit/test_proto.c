@@ -12,6 +12,9 @@
  * The weight-update messages (PROTOCOL.md §10) go through all of it, plus
  * their own checks: chunk data points into the frame, dense manifests stay
  * within the arena bound, the encoder refuses bad modes, dtypes and names.
+ * So do version 2's routes (§4.6), plus test_routes: each width, the
+ * version rules (a version-1 frame neither carries nor encodes them, the
+ * request flag needs version 2 and the ROUTES feature), sizes, the arena.
  * Run from the repository root (RD_PROTO_TESTDATA overrides the folder). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -328,6 +331,27 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             r->logprobs_processed = jf32s(e, "logprobs_processed", &cnt);
             r->top_ids = ji32s(e, "top_ids", &cnt);
             r->top_logprobs = jf32s(e, "top_logprobs", &cnt);
+            const cJSON *ro = cJSON_GetObjectItemCaseSensitive(e, "routes");
+            if (ro) {
+                r->route_layers = (uint16_t)jnum(ro, "layers");
+                r->route_k = (uint8_t)jnum(ro, "k");
+                r->route_width = (uint8_t)jnum(ro, "width");
+                const cJSON *ids = jget(ro, "ids"), *x;
+                uint32_t nid = ids ? (uint32_t)cJSON_GetArraySize(ids) : 0, per = r->route_layers * r->route_k;
+                r->n_routes = per ? nid / per : 0;
+                uint8_t *dst = nid ? palloc((size_t)nid * r->route_width) : NULL;
+                uint32_t k = 0;
+                cJSON_ArrayForEach(x, ids) {
+                    if (r->route_width == 1)
+                        dst[k] = (uint8_t)x->valuedouble;
+                    else if (r->route_width == 2)
+                        ((uint16_t *)dst)[k] = (uint16_t)x->valuedouble;
+                    else
+                        ((int32_t *)dst)[k] = (int32_t)x->valuedouble;
+                    k++;
+                }
+                r->routes = dst;
+            }
             const cJSON *sp = jget(e, "spans"), *s;
             r->n_spans = sp ? (uint32_t)cJSON_GetArraySize(sp) : 0;
             proto_span *spans = r->n_spans ? palloc(r->n_spans * sizeof *spans) : NULL;
@@ -582,6 +606,17 @@ static int result_eq(const proto_result *a, const proto_result *b)
         FIELD(a->spans[i].end, b->spans[i].end, "span end");
         FIELD(a->spans[i].version, b->spans[i].version, "span version");
     }
+    if (a->flags & PROTO_RESULT_ROUTES) {
+        FIELD(a->n_routes, b->n_routes, "n_routes");
+        FIELD(a->route_layers, b->route_layers, "route_layers");
+        FIELD(a->route_k, b->route_k, "route_k");
+        FIELD(a->route_width, b->route_width, "route_width");
+        uint64_t bytes = (uint64_t)a->n_routes * a->route_layers * a->route_k * a->route_width;
+        if (bytes && memcmp(a->routes, b->routes, (size_t)bytes)) {
+            snprintf(neq, sizeof neq, "routes differ");
+            return 0;
+        }
+    }
     return 1;
 }
 
@@ -834,6 +869,9 @@ static void test_golden_valid(void)
         jerr[0] = 0;
         json_to_msg(cJSON_GetObjectItem(v, "message"), &want);
         CHECK(!jerr[0], "%s: vectors.json: %s", file, jerr);
+        want.version = (uint16_t)jnum(v, "version");
+        CHECK(!jerr[0] && got.version == want.version, "%s: version %u, vectors.json says %u", file, got.version,
+              want.version);
         CHECK(msg_eq(&got, &want), "%s: decoded field differs from vectors.json: %s", file, neq);
         types_seen[got.type] = 1;
         /* decoded -> encoded: the same bytes */
@@ -880,15 +918,24 @@ static void test_golden_invalid(void)
 }
 
 /* proto_check_request against hello_ok.bin's limits gives the codes listed. */
+static int read_limits(const char *file, proto_msg *lim)
+{
+    size_t len;
+    uint8_t *data = read_file(file, &len);
+    if (!data)
+        return -1;
+    int rc = proto_decode(data, len, 0, lim);
+    free(data);
+    return rc;
+}
+
 static void test_golden_check_request(void)
 {
     CHECK(load_vectors() == 0, "cannot read vectors.json");
     const char *limits_file = cJSON_GetObjectItem(vectors, "check_limits")->valuestring;
     size_t len;
-    uint8_t *ldata = read_file(limits_file, &len);
-    CHECK(ldata, "cannot read %s", limits_file);
     proto_msg lim;
-    CHECK_OK(proto_decode(ldata, len, 0, &lim));
+    CHECK(read_limits(limits_file, &lim) == 0, "cannot read %s", limits_file);
     const cJSON *valid = cJSON_GetObjectItem(vectors, "valid"), *v;
     int checked = 0;
     cJSON_ArrayForEach(v, valid) {
@@ -896,13 +943,17 @@ static void test_golden_check_request(void)
         if (!expect)
             continue;
         const char *file = cJSON_GetObjectItem(v, "file")->valuestring;
+        const cJSON *own = cJSON_GetObjectItem(v, "check_limits");
+        proto_msg own_lim;
+        if (own)
+            CHECK(read_limits(own->valuestring, &own_lim) == 0, "cannot read %s", own->valuestring);
         uint8_t *data = read_file(file, &len);
         proto_msg m;
         CHECK_OK(proto_decode(data, len, 0, &m));
         CHECK(m.type == PROTO_SUBMIT && (int)m.submit.n_requests == cJSON_GetArraySize(expect), "%s", file);
         for (uint32_t i = 0; i < m.submit.n_requests; i++) {
             int want = (int)cJSON_GetArrayItem(expect, (int)i)->valuedouble;
-            int rc = proto_check_request(&m.submit.requests[i], &lim.hello_ok);
+            int rc = proto_check_request(&m.submit.requests[i], own ? &own_lim.hello_ok : &lim.hello_ok);
             int got = rc ? (int)proto_err_from_rd(rc) : 0;
             CHECK(got == want, "%s request %u: code %d, expected %d (%s)", file, i, got, want, rc ? rd_errmsg() : "ok");
             if (rc)
@@ -911,6 +962,8 @@ static void test_golden_check_request(void)
                       "%s request %u: message does not say what was expected: %s", file, i, rd_errmsg());
             checked++;
         }
+        if (own)
+            proto_msg_free(&own_lim);
         proto_msg_free(&m);
         free(data);
     }
@@ -921,7 +974,6 @@ static void test_golden_check_request(void)
     CHECK(proto_check_lengths(0, 1, &lim.hello_ok) == RD_EINVAL, "empty prompt");
     CHECK(proto_check_lengths(lim.hello_ok.max_prompt_tokens + 1, 1, &lim.hello_ok) == RD_EINVAL, "long prompt");
     proto_msg_free(&lim);
-    free(ldata);
 }
 
 /* Every prefix of every golden frame is refused, both as is (the header's
@@ -1130,12 +1182,26 @@ static void rnd_result(proto_result *r)
     }
     r->n_spans = k;
     r->spans = s;
+    if (rnd_below(2)) {         /* version 2: routes of some width (the caller sets the version) */
+        static const uint8_t widths[] = {1, 2, 4};
+        r->flags |= PROTO_RESULT_ROUTES;
+        r->route_width = widths[rnd_below(3)];
+        r->route_layers = (uint16_t)(1 + rnd_below(4));
+        r->route_k = (uint8_t)(1 + rnd_below(3));
+        r->n_routes = rnd_below(3) == 0 ? 0 : rnd_below(20);
+        uint64_t bytes = (uint64_t)r->n_routes * r->route_layers * r->route_k * r->route_width;
+        uint8_t *ids = bytes ? palloc((size_t)bytes) : NULL;
+        for (uint64_t i = 0; i < bytes; i++)
+            ids[i] = (uint8_t)rnd();
+        r->routes = ids;
+    }
 }
 
 static void rnd_msg(uint16_t type, proto_msg *m)
 {
     memset(m, 0, sizeof *m);
     m->type = type;
+    m->version = (uint16_t)(rnd_below(3)); /* 0 (= 1), 1 or 2; 2 whenever a result has routes */
     switch (type) {
     case PROTO_HELLO:
         m->hello.client_id = rnd_u64();
@@ -1210,8 +1276,11 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         m->results.inflight_samples = (uint32_t)rnd();
         m->results.n_results = rnd_below(5);
         proto_result *r = m->results.n_results ? palloc(m->results.n_results * sizeof *r) : NULL;
-        for (uint32_t i = 0; i < m->results.n_results; i++)
+        for (uint32_t i = 0; i < m->results.n_results; i++) {
             rnd_result(&r[i]);
+            if (r[i].flags & PROTO_RESULT_ROUTES)
+                m->version = 2;
+        }
         m->results.results = r;
         break;
     }
@@ -1375,7 +1444,7 @@ static void test_random_roundtrip(void)
             if (types[t] == PROTO_RESULTS)
                 for (uint32_t i = 0; i < m.results.n_results; i++) {
                     proto_buf_reset(&b2);
-                    proto_msg one = {.type = PROTO_RESULTS};
+                    proto_msg one = {.type = PROTO_RESULTS, .version = m.version};
                     one.results.n_results = 1;
                     one.results.results = &m.results.results[i];
                     CHECK_OK(proto_encode(&b2, &one));
@@ -1668,6 +1737,129 @@ static void test_update_chunk_data(void)
     free(data);
 }
 
+/* Version 2's routes on their own: each width decodes to its own width (not
+ * widened), the version rules hold both ways, the encoder refuses what the
+ * decoder would, sizes add up, and a frame dense with tiny routed results
+ * stays within the arena bound. */
+static void test_routes(void)
+{
+    static const uint8_t u8[2 * 3 * 2] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 255};
+    static const uint16_t u16[2 * 3 * 2] = {0, 1, 299, 3, 4, 5, 6, 7, 8, 9, 10, 65535};
+    static const int32_t i32[2 * 3 * 2] = {0, 1, 70000, 3, 4, 5, 6, 7, 8, 9, INT32_MAX, -1};
+    const void *ids[3] = {u8, u16, i32};
+    const uint8_t widths[3] = {1, 2, 4};
+    const int32_t tok[1] = {5};
+    const float lp[1] = {-1.0f};
+    proto_span span = {0, 1, 3};
+    proto_buf b;
+    proto_buf_init(&b);
+    for (int w = 0; w < 3; w++) {
+        proto_result r = {.seq = 1, .finish = PROTO_FINISH_STOP, .flags = PROTO_RESULT_ROUTES, .n_prompt = 2,
+                          .n_tokens = 1, .token_ids = tok, .logprobs = lp, .n_spans = 1, .spans = &span,
+                          .n_routes = 2, .route_layers = 3, .route_k = 2, .route_width = widths[w], .routes = ids[w]};
+        proto_msg m = {.type = PROTO_RESULTS, .version = 2}, d;
+        m.results.n_results = 1;
+        m.results.results = &r;
+        proto_buf_reset(&b);
+        CHECK_OK(proto_encode(&b, &m));
+        CHECK(b.len == PROTO_RESULTS_OVERHEAD + proto_result_bytes(&r) &&
+              proto_result_bytes(&r) == 88 + 8 + 16 + proto_routes_bytes(2, 3, 2, widths[w]), "width %u: %zu bytes",
+              widths[w], b.len);
+        CHECK(b.data[4] == 2 && b.data[5] == 0, "header version %u", b.data[4]);
+        CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+        const proto_result *g = &d.results.results[0];
+        CHECK(d.version == 2 && g->route_width == widths[w] && g->n_routes == 2 && g->route_layers == 3 &&
+              g->route_k == 2 && !memcmp(g->routes, ids[w], 12 * (size_t)widths[w]), "width %u decodes", widths[w]);
+        CHECK(((uintptr_t)g->routes & 7) == 0, "routes not aligned");
+        proto_msg_free(&d);
+        /* the same frame in version 1: the flag is undefined there */
+        uint8_t *v1 = malloc(b.len);
+        memcpy(v1, b.data, b.len);
+        v1[4] = 1;
+        CHECK(proto_decode(v1, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED &&
+              strstr(rd_errmsg(), "version 1"), "a version-1 frame with routes: %s", rd_errmsg());
+        free(v1);
+        size_t len0 = b.len;
+        m.version = 1;
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "routes encoded in version 1");
+        m.version = 0;
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "routes encoded in the default version");
+        m.version = 2;
+        r.route_width = 3;
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "route_width 3 encoded");
+        r.route_width = widths[w];
+        r.route_layers = 0;
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "0 layers encoded");
+        r.route_layers = 3;
+        r.routes = NULL;
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "NULL routes with n_routes 2 encoded");
+        r.n_routes = 0;
+        CHECK_OK(proto_encode(&b, &m));   /* none: a sample that never ran */
+        m.version = 3;
+        b.len = len0;
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "version 3 encoded");
+    }
+    /* without routes a version-2 frame is the version-1 frame but for the header's version */
+    proto_result plain = {.seq = 1, .finish = PROTO_FINISH_STOP, .n_tokens = 1, .token_ids = tok, .logprobs = lp,
+                          .n_spans = 1, .spans = &span};
+    proto_msg m1 = {.type = PROTO_RESULTS, .version = 1}, m2 = {.type = PROTO_RESULTS, .version = 2};
+    m1.results.n_results = m2.results.n_results = 1;
+    m1.results.results = m2.results.results = &plain;
+    proto_buf b2;
+    proto_buf_init(&b2);
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &m1));
+    CHECK_OK(proto_encode(&b2, &m2));
+    CHECK(b.len == b2.len && b.data[4] == 1 && b2.data[4] == 2 && !memcmp(b.data + 6, b2.data + 6, b.len - 6),
+          "a version-2 frame without routes differs from version 1's");
+    proto_buf_free(&b2);
+    CHECK(proto_route_width(2) == 1 && proto_route_width(256) == 1 && proto_route_width(257) == 2 &&
+          proto_route_width(65536) == 2 && proto_route_width(65537) == 4, "route widths");
+    /* 20000 results of one token each with a single 1-byte route: the arena bound holds */
+    enum { N = 20000 };
+    proto_result *rs = palloc(N * sizeof *rs);
+    for (int i = 0; i < N; i++)
+        rs[i] = (proto_result){.seq = (uint64_t)i + 1, .finish = PROTO_FINISH_STOP, .flags = PROTO_RESULT_ROUTES,
+                               .n_tokens = 1, .token_ids = tok, .logprobs = lp, .n_spans = 1, .spans = &span,
+                               .n_routes = 1, .route_layers = 1, .route_k = 1, .route_width = 1, .routes = u8};
+    proto_msg dense = {.type = PROTO_RESULTS, .version = 2}, d;
+    dense.results.n_results = N;
+    dense.results.results = rs;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &dense));
+    CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+    CHECK(d.arena_bytes <= PROTO_ARENA_BOUND(b.len) && d.results.n_results == N, "arena %zu for %zu bytes",
+          d.arena_bytes, b.len);
+    proto_msg_free(&d);
+    /* the request flag: undefined in version 1, needs the ROUTES feature in version 2 */
+    proto_hello_ok lim = {.version = 2, .features = PROTO_FEATURE_ROUTES, .vocab_size = 100, .max_context = 64,
+                          .max_prompt_tokens = 32, .max_message_bytes = 1 << 20, .max_n = 4, .max_tokens = 16,
+                          .architecture = {"qwen3moe", 8}};
+    const int32_t prompt[2] = {1, 2};
+    proto_request q = {.client_req_id = 9, .n = 1, .max_tokens = 4, .top_p = 1, .flags = PROTO_REQ_RETURN_ROUTES,
+                       .n_prompt = 2, .prompt = prompt};
+    CHECK(proto_check_request(&q, &lim) == 0, "version 2 with ROUTES: %s", rd_errmsg());
+    lim.version = 1;
+    CHECK(proto_check_request(&q, &lim) == RD_EINVAL && strstr(rd_errmsg(), "undefined bits 0x20"), "version 1: %s",
+          rd_errmsg());
+    lim.version = 2;
+    lim.features = 0;
+    lim.architecture = (proto_str){"llama", 5};
+    CHECK(proto_check_request(&q, &lim) == RD_EINVAL && strstr(rd_errmsg(), "(llama) is not a mixture of experts"),
+          "dense: %s", rd_errmsg());
+    q.flags = 0;
+    CHECK(proto_check_request(&q, &lim) == 0, "no flag: %s", rd_errmsg());
+    /* an ERROR in version 2 says so in its header; its body is version 1's */
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode_error_version(&b, 2, PROTO_E_BUSY, PROTO_SUBMIT, "busy"));
+    CHECK(b.data[4] == 2, "error version %u", b.data[4]);
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode_error(&b, PROTO_E_BUSY, PROTO_SUBMIT, "busy"));
+    CHECK(b.data[4] == 1, "default error version %u", b.data[4]);
+    proto_buf_free(&b);
+    pool_free();
+}
+
 static void test_names(void)
 {
     CHECK(!strcmp(proto_type_name(PROTO_RESULTS), "RESULTS"), "type name");
@@ -1718,6 +1910,7 @@ int main(void)
     RUN(test_encode_refuses);
     RUN(test_encode_error);
     RUN(test_update_chunk_data);
+    RUN(test_routes);
     RUN(test_names);
     pool_free();
     cJSON_Delete(vectors);

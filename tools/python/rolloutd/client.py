@@ -11,6 +11,14 @@ daemon tokenizes them; chat=True wraps each as one user turn in the model's
 chat template). `stream(...)` yields samples as they finish; `status()` is the
 /status document; `abort()`; `close()` says BYE.
 
+Routing replay (a mixture-of-experts model, protocol version 2):
+generate(..., return_routes=True) gives each Sample .routes, an int32 array
+[n_prompt + n_tokens - 1, layers, k] of the experts every position was routed
+to (prompt then generated; highest weight first); return_routes="compact"
+gives prime-rl's form instead, {"data": base64, "shape", "start": 0,
+"dtype": "uint8" (up to 256 experts) | "uint16" | "int32"}, which
+Sample.routes_compact() also builds from an array result.
+
 Transport (PROTOCOL.md §1): one req0 socket with NNG's request resends off,
 the receive size limit set to the daemon's max_message_bytes, and a receive
 timeout of wait_ms + 10 s for FETCH (30 s otherwise); a timed-out exchange is
@@ -32,6 +40,7 @@ when it offers one (else as UPDATE_CHUNKs over NNG, `window` req contexts at
 once), then committed. Any failure aborts the transfer (the old weights keep
 serving) and raises DaemonError (.code from proto.E) or TimeoutError_.
 """
+import base64
 import hashlib
 import hmac
 import json
@@ -104,15 +113,30 @@ class Sample:
     queued_us: int = 0
     first_token_us: int = 0
     total_us: int = 0
+    # with return_routes: int32 [n_prompt + n_tokens - 1, layers, k] (fewer positions for a sample aborted
+    # early), or prime-rl's compact dict with return_routes="compact"
+    routes: Optional[Union[np.ndarray, dict]] = None
+    routes_wire: Optional[np.ndarray] = field(default=None, repr=False)  # the ids as sent: uint8/uint16/int32
 
     @property
     def version(self):
         return self.version_finish
 
+    def routes_compact(self, start=0):
+        """prime-rl's form of the routes: {"data": base64 of the ids in the wire's dtype (uint8 up to 256
+        experts, uint16 up to 65536, else int32), "shape": [positions, layers, k], "start": start, "dtype"};
+        None when the sample has no routes."""
+        if self.routes_wire is None:
+            return None
+        a = np.ascontiguousarray(self.routes_wire, dtype=self.routes_wire.dtype.newbyteorder("<"))
+        return {"data": base64.b64encode(a.tobytes()).decode("ascii"), "shape": list(a.shape), "start": int(start),
+                "dtype": P.ROUTE_DTYPE_NAMES[a.dtype.itemsize]}
 
-def _sample(r, index):
+
+def _sample(r, index, routes_format=None):
     k = r.top_k
-    return Sample(index=index, sample_idx=r.sample_idx, token_ids=np.array(r.token_ids, dtype=np.int32),
+    wire = np.array(r.routes) if r.flags & P.RESULT_ROUTES else None
+    s = Sample(index=index, sample_idx=r.sample_idx, token_ids=np.array(r.token_ids, dtype=np.int32),
                   logprobs=np.array(r.logprobs, dtype=np.float32), finish_reason=P.FINISH_NAMES[r.finish],
                   client_req_id=r.client_req_id, seq=r.seq, seed=r.seed, n_prompt=r.n_prompt,
                   version_admit=r.version_admit, version_finish=r.version_finish, spans=list(r.spans),
@@ -120,7 +144,22 @@ def _sample(r, index):
                                                                                         dtype=np.float32),
                   top_ids=np.array(r.top_ids, dtype=np.int32) if k else None,
                   top_logprobs=np.array(r.top_logprobs, dtype=np.float32) if k else None,
-                  n_preempt=r.n_preempt, queued_us=r.queued_us, first_token_us=r.first_token_us, total_us=r.total_us)
+                  n_preempt=r.n_preempt, queued_us=r.queued_us, first_token_us=r.first_token_us, total_us=r.total_us,
+                  routes_wire=wire)
+    if wire is not None:
+        s.routes = s.routes_compact() if routes_format == "compact" else wire.astype(np.int32)
+    return s
+
+
+def _routes_format(return_routes):
+    """None (not asked), "array" or "compact" from a return_routes argument."""
+    if return_routes in (None, False):
+        return None
+    if return_routes is True or return_routes == "array":
+        return "array"
+    if return_routes == "compact":
+        return "compact"
+    raise ValueError(f"return_routes={return_routes!r}; expected False, True / \"array\" or \"compact\"")
 
 
 class Stream:
@@ -128,9 +167,10 @@ class Stream:
     req_ids[i] is the client_req_id of prompt i; abort() aborts them all (the
     aborted samples still arrive, with finish_reason "abort")."""
 
-    def __init__(self, client, reqs):
+    def __init__(self, client, reqs, routes_format=None):
         self._c = client
         self._reqs = reqs
+        self._routes_format = routes_format
         self.req_ids = [q.client_req_id for q in reqs]
         self._base = self.req_ids[0] if reqs else 0
         self._left = [q.n for q in reqs]
@@ -185,7 +225,7 @@ class Stream:
                     continue        # another call's request: acked and dropped
                 self._left[i] -= 1
                 self._got += 1
-                self._pending.append(_sample(r, i))
+                self._pending.append(_sample(r, i, self._routes_format))
         return self._pending.pop(0)
 
     def abort(self):
@@ -274,6 +314,7 @@ class Client:
         self.timeout_ms = timeout_ms
         self.client_id = 0
         self.info = None             # proto.HelloOk
+        self.version = P.VERSION_MIN # the protocol version HELLO chose (frames after it are sent in it)
         self.last_seq = 0            # highest seq processed; acked by the next FETCH
         self.next_req_id = 1
         self._lock = threading.Lock()
@@ -305,7 +346,9 @@ class Client:
             raise DaemonError(P.E.UNAUTHORIZED, f"{self.url} answered AUTH with a proof of another secret", "AUTH")
 
     def _call(self, msg, want, timeout_ms=None, retries=RETRIES, reauth=True):
-        frame = P.encode(msg)
+        # HELLO and AUTH_* in version 1 (every daemon reads them); the rest in the version HELLO chose
+        v = P.VERSION_MIN if msg.TYPE in (P.T.HELLO, *P.AUTH_TYPES) else self.version
+        frame = P.encode(msg, v)
         if len(frame) > self._max:
             raise ValueError(f"{msg.TYPE.name} is {len(frame)} bytes; the daemon accepts at most {self._max}")
         with self._lock:
@@ -335,8 +378,11 @@ class Client:
     # ---- protocol operations ----
 
     def hello(self, client_id=0, name="rolloutd-python"):
-        """HELLO: a new client (0) or resume client_id. Returns the HelloOk."""
-        ok = self._call(P.Hello(client_id=client_id, client_name=name), P.T.HELLO_OK)
+        """HELLO: a new client (0) or resume client_id, offering protocol
+        versions 1..2 (the daemon picks the highest it speaks). Returns the HelloOk."""
+        ok = self._call(P.Hello(client_id=client_id, min_version=P.VERSION_MIN, max_version=P.VERSION,
+                                client_name=name), P.T.HELLO_OK)
+        self.version = ok.version if P.VERSION_MIN <= ok.version <= P.VERSION else P.VERSION_MIN
         if ok.client_id != client_id:
             self.last_seq = 0
             self.next_req_id = 1
@@ -412,11 +458,16 @@ class Client:
     # ---- rollouts ----
 
     def requests(self, prompts, n=1, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
-                 seed=None, stop=None, logprobs=0, processed_logprobs=False, ignore_eos=False, chat=False):
+                 seed=None, stop=None, logprobs=0, processed_logprobs=False, ignore_eos=False, chat=False,
+                 return_routes=False):
         """The protocol requests for prompts (fresh client_req_ids). seed: None
         (the daemon picks one per request, reported in each sample), an int
         (used for every prompt; the n samples of a prompt still differ) or a
-        list with one seed per prompt. stop: extra stop token ids."""
+        list with one seed per prompt. stop: extra stop token ids.
+        return_routes: ask for the routed experts (True, "array" or "compact";
+        a mixture-of-experts model and protocol version 2)."""
+        if _routes_format(return_routes) and self.version < 2:
+            raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot return routed experts")
         if isinstance(prompts, (str, bytes)) or (len(prompts) and np.isscalar(prompts[0]) and
                                                  not isinstance(prompts[0], str)):
             raise TypeError("prompts is a list of prompts: each a list of token ids or a string")
@@ -428,7 +479,8 @@ class Client:
             raise ValueError(f"seed has {len(seeds)} entries for {len(prompts)} prompts")
         reqs = []
         for p, s in zip(prompts, seeds):
-            flags = (P.REQ_PROCESSED_LOGPROBS if processed_logprobs else 0) | (P.REQ_IGNORE_EOS if ignore_eos else 0)
+            flags = (P.REQ_PROCESSED_LOGPROBS if processed_logprobs else 0) | (P.REQ_IGNORE_EOS if ignore_eos else 0) | \
+                (P.REQ_RETURN_ROUTES if _routes_format(return_routes) else 0)
             if s is not None:
                 flags |= P.REQ_HAS_SEED
             q = P.Request(client_req_id=self.next_req_id, n=n, max_tokens=max_tokens, temperature=temperature,
@@ -450,13 +502,13 @@ class Client:
         """Submits the prompts and returns an iterator over their samples as
         they finish (Sample objects; .index is the prompt's position). Same
         parameters as generate()."""
-        return Stream(self, self.requests(prompts, **params))
+        return Stream(self, self.requests(prompts, **params), _routes_format(params.get("return_routes")))
 
     def generate(self, prompts, **params) -> List[Sample]:
         """Runs the prompts to completion and returns every sample, sorted by
         (index, sample_idx). Parameters: n, max_tokens, temperature, top_p,
         top_k, min_p, seed, stop, logprobs (top-k alternatives per token),
-        processed_logprobs, ignore_eos, chat. An invalid request raises
+        processed_logprobs, ignore_eos, chat, return_routes. An invalid request raises
         DaemonError (code INVALID_PARAMS) naming the prompt."""
         out = list(self.stream(prompts, **params))
         out.sort(key=lambda s: (s.index, s.sample_idx))
@@ -710,7 +762,7 @@ def _url_host(url):
 
 def _chunk_head(xfer, seq, ti, off, crc, n):
     """An UPDATE_CHUNK frame without its data: header + 32 fixed bytes (proto_lane_encode_head)."""
-    return struct.pack("<4sHHIIQIIQII", P.MAGIC, P.VERSION, P.T.UPDATE_CHUNK, 32 + n, 0, xfer, seq, ti, off, crc, n)
+    return struct.pack("<4sHHIIQIIQII", P.MAGIC, P.VERSION_MIN, P.T.UPDATE_CHUNK, 32 + n, 0, xfer, seq, ti, off, crc, n)
 
 
 def _recv_exact(sock, n):

@@ -3,7 +3,9 @@
     python3 tools/python/rolloutd/gen_golden.py [--out proto/testdata]
 
 Valid frames are encoded by the Python codec; vectors.json gives each file's
-decoded fields in the JSON form of proto.to_json. Invalid frames are built
+protocol version and decoded fields in the JSON form of proto.to_json (and,
+for SUBMITs, the codes check_request gives against the limits of
+check_limits, the file's own or the document's). Invalid frames are built
 byte by byte, each with the error code a decoder must return. The C test
 (tests/unit/test_proto.c) and the Python test (tests/py/test_proto.py) both
 check every vector. Deterministic: a second run writes identical files.
@@ -32,6 +34,13 @@ LIMITS = P.HelloOk(
     max_wait_ms=30000, client_ttl_s=600, pending_results=0, inflight_samples=0,
     model_name="SmolLM2-135M-Instruct", architecture="llama", backend="cpu", server="rolloutd 0.1.0")
 
+# A mixture-of-experts daemon that chose version 2 (routing replay) for a client offering 1..2.
+LIMITS_V2 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
+LIMITS_V2.version = 2
+LIMITS_V2.features = P.FEATURE_WEIGHT_UPDATE | P.FEATURE_RELAY | P.FEATURE_ROUTES
+LIMITS_V2.vocab_size, LIMITS_V2.n_layers, LIMITS_V2.dim, LIMITS_V2.n_heads, LIMITS_V2.n_kv_heads = 151936, 48, 2048, 32, 4
+LIMITS_V2.model_name, LIMITS_V2.architecture = "Qwen3-30B-A3B", "qwen3moe"
+
 
 def req(rid, prompt=None, text=None, **kw):
     q = P.Request(client_req_id=rid, **kw)
@@ -57,6 +66,12 @@ def result(seq, rid, n_tokens, spans, top_k=0, processed=False, finish=P.FINISH_
     x.top_logprobs = np.sort(-rng.integers(0, 4096, (n_tokens, top_k)) / 128.0, axis=1)[:, ::-1].astype("<f4")
     x.spans = spans
     return x
+
+
+def routes(rng, n_routes, layers, k, n_experts):
+    """Distinct expert ids per (position, layer), as a router's top-k are, in the wire's dtype."""
+    ids = np.array([[rng.choice(n_experts, k, replace=False) for _ in range(layers)] for _ in range(n_routes)])
+    return ids.reshape(n_routes, layers, k).astype(P.ROUTE_DTYPES[P.route_width(n_experts)])
 
 
 def valid_vectors():
@@ -148,6 +163,45 @@ def valid_vectors():
         result(1, 9, 0, [], finish=P.FINISH_ABORT, n_prompt=12, seed=3, version_admit=2, version_finish=2,
                queued_us=5000, first_token_us=0, total_us=5000),
     ]), "an aborted sample that generated nothing: 0 tokens, 0 spans")
+
+
+    # routing replay (protocol version 2, PROTOCOL.md §4.6)
+    add("hello_v2", P.Hello(client_id=0, min_version=1, max_version=2, client_name="trainer-0"),
+        "a client speaking versions 1 and 2, in a version-1 frame (which every daemon reads)")
+    add("hello_ok_v2", LIMITS_V2, "a mixture-of-experts daemon chose version 2: features WEIGHT_UPDATE, RELAY, ROUTES")
+    add("submit_routes", P.Submit(client_id=0x0123456789ABCDEF, requests=[
+        req(1, [1, 9690, 314, 253], n=4, max_tokens=64, seed=7, flags=P.REQ_HAS_SEED | P.REQ_RETURN_ROUTES),
+        req(2, [5, 6], max_tokens=8, flags=P.REQ_RETURN_ROUTES | 0x40),
+        req(3, [5, 6], max_tokens=8),
+    ]), "version 2: a request asking for routed experts; one with an undefined flag besides; one asking nothing",
+        check=[0, 7, 0], check_limits="hello_ok_v2.bin", version=2)
+    rng = np.random.default_rng(2026)
+    x1 = result(50, 1, 3, [(0, 3, 7)], sample_idx=0, n_prompt=4, seed=7, version_admit=7, version_finish=7,
+                queued_us=10, first_token_us=20, total_us=30)
+    x1.flags |= P.RESULT_ROUTES
+    x1.routes = routes(rng, 4 + 3 - 1, 2, 3, 128)
+    x2 = result(51, 1, 0, [], finish=P.FINISH_ABORT, sample_idx=1, n_prompt=4, seed=7, version_admit=7,
+                version_finish=7, queued_us=5, first_token_us=0, total_us=5)
+    x2.flags |= P.RESULT_ROUTES
+    x2.routes = np.zeros((0, 2, 3), dtype="<u1")
+    x3 = result(52, 3, 2, [(0, 2, 7)], sample_idx=0, n_prompt=2, seed=9, version_admit=7, version_finish=7,
+                queued_us=1, first_token_us=2, total_us=3)
+    add("results_routes", P.Results(ack_seq=49, pending_results=0, inflight_samples=2, results=[x1, x2, x3]),
+        "version 2: routes of 6 positions (4 prompt + 3 generated - 1) x 2 layers x top-3 of 128 experts as uint8; "
+        "an aborted sample that asked but never ran (0 positions); a result that did not ask (no routes)",
+        version=2)
+    x4 = result(53, 4, 2, [(0, 1, 7), (1, 2, 8)], top_k=2, processed=True, sample_idx=0, n_prompt=1, seed=1,
+                version_admit=7, version_finish=8, queued_us=1, first_token_us=2, total_us=3)
+    x4.flags |= P.RESULT_ROUTES
+    x4.routes = routes(rng, 1 + 2 - 1, 3, 2, 300)
+    add("results_routes_u16", P.Results(ack_seq=52, results=[x4]),
+        "version 2: 300 experts (ids as uint16), with processed log-probs, top-2 alternatives and two spans", version=2)
+    x5 = result(54, 5, 1, [(0, 1, 7)], sample_idx=0, n_prompt=2, seed=1, version_admit=7, version_finish=7,
+                queued_us=1, first_token_us=2, total_us=3)
+    x5.flags |= P.RESULT_ROUTES
+    x5.routes = np.array([[[70000, 3]], [[2 ** 31 - 1, -1]]], dtype="<i4")
+    add("results_routes_i32", P.Results(ack_seq=53, results=[x5]),
+        "version 2: ids as int32 (past 65536 experts): 2 positions x 1 layer x top-2, the full i32 range", version=2)
 
     add("abort", P.Abort(client_id=42, client_req_id=7), "abort one request")
     add("abort_all", P.Abort(client_id=42, client_req_id=0, flags=P.ABORT_ALL), "abort every request of the client")
@@ -243,7 +297,7 @@ def tensor(name, dtype, shape, crc):
     return P.Tensor(name=name, dtype=dtype, shape=shape, nbytes=n, crc32c=crc)
 
 
-def frame(type_, body, version=P.VERSION, flags=0, magic=P.MAGIC, body_len=None):
+def frame(type_, body, version=P.VERSION_MIN, flags=0, magic=P.MAGIC, body_len=None):
     return struct.pack("<4sHHII", magic, version, type_, len(body) if body_len is None else body_len, flags) + body
 
 
@@ -260,7 +314,8 @@ def invalid_vectors(valid_frames):
     add("truncated_header", submit[:10], P.E.MALFORMED, "10 bytes: shorter than the 16-byte header")
     add("bad_magic", b"GET / HTTP/1.1\r\n\r\n", P.E.BAD_MAGIC, "an HTTP request sent to the learner port")
     add("bad_magic_case", frame(P.T.STATUS, b"", magic=b"rldp"), P.E.BAD_MAGIC, "magic in the wrong case")
-    add("bad_version", frame(P.T.HELLO, hello_body, version=2), P.E.UNSUPPORTED_VERSION, "protocol version 2")
+    add("bad_version", frame(P.T.HELLO, hello_body, version=3), P.E.UNSUPPORTED_VERSION,
+        "protocol version 3 (this codec speaks 1 and 2)")
     add("bad_version_zero", frame(P.T.HELLO, hello_body, version=0), P.E.UNSUPPORTED_VERSION, "protocol version 0")
     add("truncated_body", submit[:-5], P.E.MALFORMED, "a SUBMIT missing its last 5 bytes (header unchanged)")
     add("length_larger_than_frame", frame(P.T.FETCH, valid_frames["fetch"][16:], body_len=32 + 100), P.E.MALFORMED,
@@ -332,7 +387,35 @@ def invalid_vectors(valid_frames):
     add("error_code_zero", frame(P.T.ERROR, struct.pack("<IHHI", 0, 1, 1, 0)), P.E.MALFORMED, "ERROR with code 0")
     add("abort_flags", frame(P.T.ABORT, struct.pack("<QQI", 1, 2, 0x80)), P.E.MALFORMED, "ABORT flags 0x80")
     update_invalid(valid_frames, add)
+    routes_invalid(valid_frames, add)
     return I
+
+
+def routes_invalid(valid_frames, add):
+    """Invalid routing-replay frames: results_routes_i32 (one result: 1 token, 1 span, 2 x 1 x 2 int32 ids)
+    with one thing broken."""
+    body = valid_frames["results_routes_i32"][16:]
+    head = 24 + 84 + 8 + 4 + 16                 # body header, fixed fields, 1 token, n_spans, 1 span: the routes
+    assert struct.unpack_from("<IHBB", body, head) == (2, 1, 2, 4)
+
+    def patched(at, fmt, value):
+        b = bytearray(body)
+        struct.pack_into(fmt, b, at, value)
+        return bytes(b)
+
+    R = P.T.RESULTS
+    add("routes_in_v1", frame(R, body, version=1), P.E.MALFORMED,
+        "a version-1 RESULTS with the ROUTES flag (bit 1 is undefined in version 1)")
+    add("routes_bad_width", frame(R, patched(head + 7, "<B", 3), version=2), P.E.MALFORMED, "route_width 3")
+    add("routes_zero_layers", frame(R, patched(head + 4, "<H", 0), version=2), P.E.MALFORMED, "route_layers 0")
+    add("routes_zero_k", frame(R, patched(head + 6, "<B", 0), version=2), P.E.MALFORMED, "route_k 0")
+    add("routes_count_over_bytes", frame(R, patched(head, "<I", 3), version=2), P.E.MALFORMED,
+        "n_routes 3 with the ids of 2 in the body")
+    add("routes_huge_count", frame(R, patched(head, "<I", 0xFFFFFFFF), version=2), P.E.MALFORMED,
+        "n_routes 2^32-1: refused before any allocation")
+    add("routes_trailing_byte", frame(R, body + b"\0", version=2), P.E.MALFORMED, "a byte after the routes")
+    add("routes_truncated_head", frame(R, body[:head + 6], version=2), P.E.MALFORMED,
+        "the routes' head cut after 6 of its 8 bytes")
 
 
 def update_invalid(valid_frames, add):
@@ -409,20 +492,24 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "proto", "testdata"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    doc = {"magic": P.MAGIC.decode(), "version": P.VERSION, "default_max_len": P.DEFAULT_MAX_MESSAGE,
-           "check_limits": "hello_ok.bin", "valid": [], "invalid": []}
+    doc = {"magic": P.MAGIC.decode(), "version": P.VERSION, "version_min": P.VERSION_MIN,
+           "default_max_len": P.DEFAULT_MAX_MESSAGE, "check_limits": "hello_ok.bin", "valid": [], "invalid": []}
     frames = {}
+    limits = {"hello_ok.bin": LIMITS, "hello_ok_v2.bin": LIMITS_V2}
     for name, msg, desc, extra in valid_vectors():
-        data = P.encode(msg)
+        data = P.encode(msg, extra.get("version"))
         back = P.decode(data)
         assert P.encode(back) == data, name
         frames[name] = data
-        entry = {"file": name + ".bin", "description": desc, "message": P.to_json(back)}
+        entry = {"file": name + ".bin", "description": desc, "version": P.frame_version(data),
+                 "message": P.to_json(back)}
         if "check" in extra:
             got = []
+            if "check_limits" in extra:
+                entry["check_limits"] = extra["check_limits"]
             for q in back.requests:
                 try:
-                    P.check_request(q, LIMITS)
+                    P.check_request(q, limits[extra.get("check_limits", doc["check_limits"])])
                     got.append(0)
                 except P.ProtoError as e:
                     got.append(e.code)

@@ -14,6 +14,14 @@ frame (no copy); encoding takes bytes, bytearray, memoryview or a C-contiguous
 numpy array (its raw bytes). Scalar f32 fields (temperature, top_p, min_p) decode as
 numpy.float32, bit-exact. Encoding accepts lists or numpy arrays. Encoding refuses what
 decoding would refuse (ValueError), so encode(m) always decodes back to m.
+
+Versions: decode accepts VERSION_MIN..VERSION and records the frame's version
+on the message (m.wire_version, not a dataclass field: equality ignores it);
+encode(m) writes m.wire_version, or version=..., or VERSION_MIN (1) for a
+message built by hand. Version 2 adds routing replay: the request flag
+REQ_RETURN_ROUTES and a result's routes (RESULT_ROUTES), a numpy array
+[n_routes, layers, k] of uint8, uint16 or int32 expert ids (its dtype is the
+width on the wire).
 """
 import enum
 import math
@@ -26,7 +34,8 @@ import numpy as np
 from . import proto_table as _table
 
 MAGIC = b"RLDP"
-VERSION = 1
+VERSION = 2                 # the newest version this codec speaks (2: routing replay)
+VERSION_MIN = 1             # the oldest; frames are written in it unless told otherwise
 HEADER_BYTES = 16
 DEFAULT_MAX_MESSAGE = 64 << 20
 RESULTS_OVERHEAD = HEADER_BYTES + 24
@@ -73,12 +82,16 @@ REQ_PROCESSED_LOGPROBS = 0x2
 REQ_IGNORE_EOS = 0x4
 REQ_PROMPT_IS_TEXT = 0x8
 REQ_CHAT_TEMPLATE = 0x10
-REQ_FLAGS = 0x1F
+REQ_RETURN_ROUTES = 0x20     # version 2: results carry the experts each position was routed to
+REQ_FLAGS = 0x3F
+REQ_FLAGS_V2 = 0x20          # the bits version 2 added
 
 SUBMIT_DUPLICATE = 0x1
 SUBMIT_OK_FLAGS = 0x1
 RESULT_PROCESSED = 0x1
-RESULT_FLAGS = 0x1
+RESULT_ROUTES = 0x2          # version 2: the routes follow the spans
+RESULT_FLAGS = 0x3
+RESULT_FLAGS_V2 = 0x2        # the bits version 2 added (MALFORMED in a version-1 frame)
 ABORT_ALL = 0x1
 ABORT_FLAGS = 0x1
 BYE_DISCARD = 0x1
@@ -86,6 +99,7 @@ BYE_FLAGS = 0x1
 
 FEATURE_WEIGHT_UPDATE = 0x1  # HELLO_OK.features: UPDATE_* messages are served
 FEATURE_RELAY = 0x2          # UPDATE_FORWARD and UPDATE_PREPARE are served (§10.11)
+FEATURE_ROUTES = 0x4         # version 2: a mixture-of-experts model; requests may ask REQ_RETURN_ROUTES
 FORWARD_AUTH = 0x1           # UPDATE_FORWARD: the next lane challenges; prove with the (wrapped) key
 FORWARD_FLAGS = 0x1
 PREP_STAGING, PREP_BUILDING, PREP_READY = 0, 1, 2
@@ -107,6 +121,9 @@ REQUEST_MIN_BYTES = 56
 SUBMIT_ITEM_MIN_BYTES = 20
 RESULT_MIN_BYTES = 88
 SPAN_BYTES = 16
+ROUTES_HEAD_BYTES = 8        # n_routes u32, layers u16, k u8, width u8
+ROUTE_DTYPES = {1: "<u1", 2: "<u2", 4: "<i4"}   # id width on the wire -> numpy dtype
+ROUTE_DTYPE_NAMES = {1: "uint8", 2: "uint16", 4: "int32"}
 UPDATE_BEGIN_MIN_BYTES = 40
 TENSOR_MIN_BYTES = 28        # empty name, one dimension
 
@@ -114,6 +131,16 @@ TENSOR_MIN_BYTES = 28        # empty name, one dimension
 def dtype_size(dtype):
     """Bytes per element of a DTYPE_* (0 for an unknown one), as proto_dtype_size."""
     return DTYPE_SIZES.get(dtype, 0)
+
+
+def route_width(n_experts):
+    """Bytes per expert id routes of a model with n_experts are sent in (proto_route_width)."""
+    return 1 if n_experts <= 256 else 2 if n_experts <= 65536 else 4
+
+
+def routes_bytes(positions, layers, k, width):
+    """Bytes a result's routes add (proto_routes_bytes)."""
+    return ROUTES_HEAD_BYTES + positions * layers * k * width
 
 
 class ProtoError(Exception):
@@ -151,8 +178,8 @@ def _empty_f32():
 # written out below.
 
 _DEFAULTS = {
-    "HELLO": {"min_version": VERSION, "max_version": VERSION},
-    "HELLO_OK": {"version": VERSION, "eos_id": -1, "max_message_bytes": DEFAULT_MAX_MESSAGE},
+    "HELLO": {"min_version": VERSION_MIN, "max_version": VERSION_MIN},
+    "HELLO_OK": {"version": VERSION_MIN, "eos_id": -1, "max_message_bytes": DEFAULT_MAX_MESSAGE},
     "ERROR": {"code": E.INTERNAL, "version_max": VERSION},
     "UPDATE_BEGIN": {"mode": MODE_CONTINUE, "window": 1},
     "UPDATE_FORWARD": {"window": 1},
@@ -175,7 +202,7 @@ def _make_class(name, layout, array=None, array_default=list, type_=None):
         fields.append((fname, type(d), field(default=d)))
     if array:
         fields.append((array, object, field(default_factory=array_default)))
-    ns = {"TYPE": type_} if type_ is not None else {}
+    ns = {"TYPE": type_, "wire_version": 0} if type_ is not None else {}
     cls = make_dataclass(_camel(name), fields, namespace=ns)
     cls.__module__ = __name__
     return cls
@@ -223,6 +250,7 @@ class Result:
     top_ids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), "<i4"))       # [n, top_k]
     top_logprobs: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), "<f4"))  # [n, top_k]
     spans: List[Tuple[int, int, int]] = field(default_factory=list)       # (start, end, version)
+    routes: Optional[np.ndarray] = None   # with RESULT_ROUTES: [n_routes, layers, k] uint8/uint16/int32 expert ids
 
 
 @dataclass
@@ -276,7 +304,8 @@ def undefined_type_after(type_):
 # ---- decode ----
 
 class _Reader:
-    def __init__(self, buf, off, end, name):
+    def __init__(self, buf, off, end, name, version=VERSION_MIN):
+        self.version = version
         self.buf = buf
         self.off = off
         self.start = off
@@ -318,7 +347,7 @@ class _Reader:
     def zero_bits(self, v, allowed, fld):
         if v & ~allowed:
             raise self.malformed(f"{fld} is {v:#x}; bits {v & ~allowed:#x} are not defined in protocol version "
-                                 f"{VERSION} and must be 0")
+                                 f"{self.version} and must be 0")
 
     def count(self, min_bytes, fld):
         n = self.u32(fld)
@@ -400,7 +429,7 @@ def _dec_fields(r, layout, obj):
             continue
         v = getattr(r, _SCALAR[kind])(name)
         if kind.startswith("BITS") or kind.startswith("RSV"):
-            r.zero_bits(v, a if kind.startswith("BITS") else 0, name)
+            r.zero_bits(v, _bits_allowed(a, b, r.version) if kind.startswith("BITS") else 0, name)
         elif kind in ("ENUM8", "RANGE32", "DIMS8") and not a <= v <= b:
             raise r.malformed(f"{name} is {v}; expected {text}")
         if kind.startswith("RSV"):
@@ -436,6 +465,25 @@ def _dec_result_tail(r, x, hidden):
     why = _check_spans(n, x.spans)
     if why:
         raise r.malformed(why)
+    if x.flags & RESULT_ROUTES:
+        _dec_routes(r, x)
+
+
+def _dec_routes(r, x):
+    """n_routes, layers, k, width, then the ids (a view of the frame, as the token arrays)."""
+    n_routes, layers, k, w = r.u32("n_routes"), r.u16("route_layers"), r.u8("route_k"), r.u8("route_width")
+    if w not in ROUTE_DTYPES:
+        raise r.malformed(f"route_width is {w}; expected 1, 2 or 4 (bytes per expert id)")
+    if layers == 0 or k == 0:
+        raise r.malformed(f"routes of {layers} layers x {k} experts; expected at least 1 of each")
+    n = n_routes * layers * k
+    left = r.end - r.off
+    if n * w > left:
+        raise r.malformed(f"n_routes = {n_routes} needs {n * w} bytes ({layers} layers x {k} experts x {w} bytes), "
+                          f"but {left} are left in the body")
+    x.routes = np.frombuffer(r.buf, dtype=ROUTE_DTYPES[w], count=n, offset=r.off).reshape(n_routes, layers, k) \
+        if n else np.zeros((n_routes, layers, k), ROUTE_DTYPES[w])
+    r.off += n * w
 
 
 def _dec_tensor_tail(r, t, hidden):
@@ -483,9 +531,9 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
     if bytes(buf[:4]) != MAGIC:
         raise ProtoError(E.BAD_MAGIC, f"magic is {bytes(buf[:4]).hex(' ')}; expected 52 4c 44 50 (\"RLDP\")")
     version, type_, body_len, flags = struct.unpack_from("<HHII", buf, 4)
-    if version != VERSION:
+    if not VERSION_MIN <= version <= VERSION:
         raise ProtoError(E.UNSUPPORTED_VERSION,
-                         f"protocol version {version}; this peer speaks version {VERSION} to {VERSION}", type_)
+                         f"protocol version {version}; this peer speaks version {VERSION_MIN} to {VERSION}", type_)
     if max_len and body_len + HEADER_BYTES > max_len:
         raise ProtoError(E.TOO_LARGE, f"header declares a {body_len}-byte body ({body_len + HEADER_BYTES}-byte "
                          f"frame); the limit is {max_len} bytes", type_)
@@ -494,11 +542,11 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
         raise ProtoError(E.MALFORMED, f"header declares a {body_len}-byte body but the frame carries "
                          f"{n - HEADER_BYTES} bytes after the header; expected them equal ({why})", type_)
     if flags != 0:
-        raise ProtoError(E.MALFORMED, f"header flags are {flags:#x}; expected 0 in protocol version {VERSION}", type_)
+        raise ProtoError(E.MALFORMED, f"header flags are {flags:#x}; expected 0 in protocol version {version}", type_)
     if type_ not in T._value2member_map_:
         raise ProtoError(E.UNKNOWN_TYPE, f"message type {type_:#04x} is not defined; expected one of "
                          f"{types_expected()}", type_)
-    r = _Reader(buf, HEADER_BYTES, n, T(type_).name)
+    r = _Reader(buf, HEADER_BYTES, n, T(type_).name, version)
     try:
         msg = _dec_body(r, T(type_))
     except ProtoError as e:
@@ -507,7 +555,20 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
     if r.off != n:
         raise ProtoError(E.MALFORMED, f"{r.name}: {n - r.off} bytes after the last field (body offset "
                          f"{r.off - HEADER_BYTES} of {body_len}); expected none", type_)
+    msg.wire_version = version
     return msg
+
+
+def frame_version(buf):
+    """The header's protocol version, or None when there is no readable header."""
+    if len(buf) < HEADER_BYTES or bytes(buf[:4]) != MAGIC:
+        return None
+    return struct.unpack_from("<H", buf, 4)[0]
+
+
+def _bits_allowed(a, b, version):
+    """The bits of a BITS field (A; B those version 2 added) a frame of this version may set."""
+    return a if version >= 2 else a & ~b
 
 
 def peek_type(buf):
@@ -539,9 +600,10 @@ def _str(out, s, what):
     out.append(b)
 
 
-def _flags_ok(v, allowed, what):
+def _flags_ok(v, allowed, what, version=VERSION):
     if v & ~allowed:
-        raise ValueError(f"{what} {v:#x} has undefined bits {v & ~allowed:#x}; expected them 0")
+        raise ValueError(f"{what} {v:#x} has bits {v & ~allowed:#x} undefined in protocol version {version}; "
+                         "expected them 0")
 
 
 def raw_bytes(x, what="data"):
@@ -566,7 +628,10 @@ def result_bytes(x):
     """Encoded size of one result inside RESULTS."""
     n = len(x.token_ids)
     per = 8 + (4 if x.flags & RESULT_PROCESSED else 0) + 8 * x.top_k
-    return RESULT_MIN_BYTES + per * n + SPAN_BYTES * len(x.spans)
+    size = RESULT_MIN_BYTES + per * n + SPAN_BYTES * len(x.spans)
+    if x.flags & RESULT_ROUTES:
+        size += ROUTES_HEAD_BYTES + np.asarray(x.routes).nbytes
+    return size
 
 
 def result_max_bytes(max_tokens, processed, logprobs_topk):
@@ -579,9 +644,9 @@ _PACK = {"U8": "<B", "U16": "<H", "U32": "<I", "I32": "<i", "U64": "<Q", "BITS8"
 _ZEROS = {"RSV16": b"\0" * 2, "RSV24": b"\0" * 3, "RSV32": b"\0" * 4}
 
 
-def _enc_fields(out, layout, obj, hidden, what):
+def _enc_fields(out, layout, obj, hidden, what, version=VERSION_MIN):
     """Appends a table layout's fields of obj, refusing what the decoder would
-    refuse (ValueError). hidden gives the COUNT and DIMS8 values."""
+    refuse in that protocol version (ValueError). hidden gives the COUNT and DIMS8 values."""
     for kind, name, a, b, text in layout:
         if kind in _ZEROS:
             out.append(_ZEROS[kind])
@@ -602,7 +667,7 @@ def _enc_fields(out, layout, obj, hidden, what):
             out.append(_f32_bytes(v))
         else:
             if kind.startswith("BITS"):
-                _flags_ok(v, a, f"{what} {name}")
+                _flags_ok(v, _bits_allowed(a, b, version), f"{what} {name}", version)
             elif kind in ("ENUM8", "RANGE32", "DIMS8") and not a <= v <= b:
                 raise ValueError(f"{what}: {name} is {v}; expected {text}")
             out.append(struct.pack(_PACK[kind], v))
@@ -650,7 +715,22 @@ def _result_check(x, what):
     why = _check_spans(n, [tuple(int(v) for v in s) for s in x.spans])
     if why:
         raise ValueError(f"{what}: {why}")
+    if x.flags & RESULT_ROUTES:
+        _routes_array(x.routes, what)
     return {}
+
+
+def _routes_array(a, what):
+    """A result's routes as the little-endian array its bytes go out in (ValueError when it cannot be)."""
+    if a is None:
+        raise ValueError(f"{what}: flags have RESULT_ROUTES; expected routes, an array [n_routes, layers, k]")
+    a = np.asarray(a)
+    kinds = {("u", 1): "<u1", ("u", 2): "<u2", ("i", 4): "<i4"}
+    if (a.dtype.kind, a.dtype.itemsize) not in kinds:
+        raise ValueError(f"{what}: routes have dtype {a.dtype}; expected uint8, uint16 or int32 (the width on the wire)")
+    if a.ndim != 3 or not 1 <= a.shape[1] <= 0xFFFF or not 1 <= a.shape[2] <= 0xFF or a.shape[0] > 0xFFFFFFFF:
+        raise ValueError(f"{what}: routes have shape {a.shape}; expected [n_routes, 1..65535 layers, 1..255 experts]")
+    return np.ascontiguousarray(a, dtype=kinds[(a.dtype.kind, a.dtype.itemsize)])
 
 
 def _enc_result_tail(out, x):
@@ -665,6 +745,10 @@ def _enc_result_tail(out, x):
     out.append(struct.pack("<I", len(x.spans)))
     for s, e, v in x.spans:
         out.append(struct.pack("<IIQ", int(s), int(e), int(v)))
+    if x.flags & RESULT_ROUTES:
+        a = _routes_array(x.routes, "routes")
+        out.append(struct.pack("<IHBB", a.shape[0], a.shape[1], a.shape[2], a.dtype.itemsize))
+        out.append(a.tobytes())
 
 
 def _tensor_check(t, what):
@@ -681,15 +765,15 @@ _ENC_TAILS = {"REQUEST": (_request_check, _enc_request_tail), "RESULT": (_result
               "TENSOR": (_tensor_check, _enc_tensor_tail)}
 
 
-def _enc_body(m, out):
+def _enc_body(m, out, version):
     t = m.TYPE
     layout, elem, array = _table.MESSAGES[t.name]
     if elem is None:
-        _enc_fields(out, _table.LAYOUTS[layout], m, {}, t.name)
+        _enc_fields(out, _table.LAYOUTS[layout], m, {}, t.name, version)
         return
     items = raw_bytes(m.data, f"{t.name} data") if elem == "BYTES" else getattr(m, array)
     count = next(f[1] for f in _table.LAYOUTS[layout] if f[0] == "COUNT")
-    _enc_fields(out, _table.LAYOUTS[layout], m, {count: len(items)}, t.name)
+    _enc_fields(out, _table.LAYOUTS[layout], m, {count: len(items)}, t.name, version)
     if elem == "BYTES":
         out.append(items)
         return
@@ -697,31 +781,37 @@ def _enc_body(m, out):
     for i, x in enumerate(items):
         what = f"{t.name} {array}[{i}]"
         hidden = check(x, what)
-        _enc_fields(out, _table.LAYOUTS[elem], x, hidden, what)
+        _enc_fields(out, _table.LAYOUTS[elem], x, hidden, what, version)
         if tail:
             tail(out, x)
 
 
-def encode(m):
-    """One frame (bytes) for message m. Raises ValueError for what decode would
-    refuse, struct.error for a field out of its integer range."""
+def encode(m, version=None):
+    """One frame (bytes) for message m in protocol version `version` (None:
+    m.wire_version, which decode sets, else VERSION_MIN). Raises ValueError for
+    what decode would refuse in that version, struct.error for a field out of
+    its integer range."""
     if getattr(m, "TYPE", None) not in CLASSES:
         raise ValueError(f"cannot encode {type(m).__name__}: not a protocol message")
+    version = version or getattr(m, "wire_version", 0) or VERSION_MIN
+    if not VERSION_MIN <= version <= VERSION:
+        raise ValueError(f"{m.TYPE.name}: cannot encode in protocol version {version}; this codec speaks "
+                         f"{VERSION_MIN} to {VERSION}")
     out = []
-    _enc_body(m, out)
+    _enc_body(m, out, version)
     body = b"".join(out)
     if len(body) > 0xFFFFFFFF:
         raise ValueError(f"{m.TYPE.name}: body would be {len(body)} bytes; the format allows at most 2^32-1")
-    return struct.pack("<4sHHII", MAGIC, VERSION, m.TYPE, len(body), 0) + body
+    return struct.pack("<4sHHII", MAGIC, version, m.TYPE, len(body), 0) + body
 
 
-def encode_error(code, request_type, message):
+def encode_error(code, request_type, message, version=None):
     """An ERROR frame, as proto_encode_error builds it: the message cut to 4096
     bytes, each byte of a character cut at the limit replaced by '?'."""
     b = message.encode("utf-8", "replace")[:ERROR_MESSAGE_MAX]
     s = b.decode("utf-8", "ignore")
     s += "?" * (len(b) - len(s.encode("utf-8")))
-    return encode(Error(code=code or E.INTERNAL, request_type=request_type, version_max=VERSION, message=s))
+    return encode(Error(code=code or E.INTERNAL, request_type=request_type, version_max=VERSION, message=s), version)
 
 
 # ---- request checks (the daemon's, also usable before sending) ----
@@ -746,9 +836,14 @@ def check_request(q, lim):
     def bad(msg):
         return ProtoError(E.INVALID_PARAMS, f"request {rid}: {msg}")
 
-    if q.flags & ~REQ_FLAGS:
-        raise bad(f"flags {q.flags:#x} have undefined bits {q.flags & ~REQ_FLAGS:#x}; expected only bits "
-                  f"{REQ_FLAGS:#x} (protocol version {VERSION})")
+    version = lim.version if lim.version >= 2 else 1
+    allowed = REQ_FLAGS if version >= 2 else REQ_FLAGS & ~REQ_FLAGS_V2
+    if q.flags & ~allowed:
+        raise bad(f"flags {q.flags:#x} have undefined bits {q.flags & ~allowed:#x}; expected only bits "
+                  f"{allowed:#x} (protocol version {version})")
+    if q.flags & REQ_RETURN_ROUTES and not lim.features & FEATURE_ROUTES:
+        raise bad(f"routed experts asked (return_routes), but the model ({lim.architecture}) is not a mixture of "
+                  "experts; expected the flag only where HELLO_OK.features has ROUTES")
     if not 1 <= q.n <= lim.max_n:
         raise bad(f"n = {q.n}; expected 1..{lim.max_n}")
     if not 1 <= q.max_tokens <= lim.max_tokens:
@@ -870,6 +965,10 @@ def _result_json(x, r):
     r["top_ids"] = _jil(x.top_ids)
     r["top_logprobs"] = _jfl(x.top_logprobs)
     r["spans"] = [{"start": int(s), "end": int(e), "version": str(int(v))} for s, e, v in x.spans]
+    if x.flags & RESULT_ROUTES:
+        a = np.asarray(x.routes)
+        r["routes"] = {"layers": int(a.shape[1]), "k": int(a.shape[2]), "width": int(a.dtype.itemsize),
+                       "ids": _jil(a)}
 
 
 def _json_result(r, x):
@@ -881,6 +980,9 @@ def _json_result(r, x):
     x.top_ids = np.array(r["top_ids"], dtype="<i4").reshape(n, x.top_k)
     x.top_logprobs = np.array([_fj(v) for v in r["top_logprobs"]], dtype="<f4").reshape(n, x.top_k)
     x.spans = [(s["start"], s["end"], int(s["version"])) for s in r["spans"]]
+    if "routes" in r:
+        t = r["routes"]
+        x.routes = np.array(t["ids"], dtype=ROUTE_DTYPES[t["width"]]).reshape(-1, t["layers"], t["k"])
 
 
 def _tensor_json(t, r):
