@@ -40,8 +40,9 @@ later position. So each prompt is the first of a fixed series of random ones
 whose reference routing has no near tie anywhere (chosen by the reference
 alone; the re-drawn ones are printed), and then every position is compared.
 
-Files: TMP/moe/tiny-moe-<dtype>.gguf and .hf/ (regenerated on every run,
-~2 s), TMP/moe/tiny-moe-f32-nonorm.hf/."""
+Files: TMP/qwen3moe/tiny-moe-<dtype>.gguf and .hf/ (regenerated on every run,
+~2 s), TMP/qwen3moe/tiny-moe-f32-nonorm.hf/. (tests/unit/test_moe.c, the
+C unit test of the MoE ops and routing replay, builds its own model in memory.)"""
 import json
 import os
 import sys
@@ -55,7 +56,7 @@ import ref_moe  # noqa: E402
 
 LOGITS = os.path.join(BUILD, "rollout-logits")
 ROLLOUT_GEN = os.path.join(BUILD, "rollout-gen")
-DIR = os.path.join(TMP, "moe")
+DIR = os.path.join(TMP, "qwen3moe")
 
 REF_TOL = 1e-4          # reference vs llama.cpp F32 (measured ~2.5e-5 at 700 tokens)
 FAR = 1e-2              # a wrong reference variant must miss llama.cpp by more than this
