@@ -24,7 +24,10 @@
  *     except pause mode keep, which freezes the engine (every sequence) until
  *     continue; NNG clients have their own ABORT and the weight-update modes;
  *   - /flush_cache drops the engine's prefix cache at the next step boundary
- *     (eng_flush_cache), running requests or not.
+ *     (eng_flush_cache), running requests or not;
+ *   - return_routed_experts (a mixture-of-experts model; 400 on a dense one)
+ *     asks the engine for routes (eng_request.return_routes) and puts each
+ *     finished sample's in its answer in SGLang's layout (api_routes_json).
  * Everything runs on the loop thread. */
 #ifndef RD_DAEMON_API_H
 #define RD_DAEMON_API_H

@@ -3,7 +3,9 @@
  *
  * Field names and defaults as vLLM's (max_tokens 16 for completions; for chat
  * what the context leaves), plus vLLM's extras: top_k, min_p,
- * stop_token_ids, ignore_eos, return_token_ids. The model field is not
+ * stop_token_ids, ignore_eos, return_token_ids, and SGLang's
+ * return_routed_experts (each finished choice's routed_experts, as
+ * /generate's meta_info has them). The model field is not
  * checked: the daemon serves one model, whatever name a client sends. */
 #include <cjson/cJSON.h>
 #include <stdio.h>

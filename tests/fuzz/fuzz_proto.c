@@ -66,6 +66,8 @@ static void touch_msg(const proto_msg *m)
             touch(r->top_ids, 4 * nk);
             touch(r->top_logprobs, 4 * nk);
             touch(r->spans, sizeof(proto_span) * (uint64_t)r->n_spans);
+            if (r->flags & PROTO_RESULT_ROUTES)
+                touch(r->routes, (uint64_t)r->n_routes * r->route_layers * r->route_k * r->route_width);
         }
         break;
     case PROTO_STATUS_OK: touch_str(m->status_ok.json); break;
