@@ -70,6 +70,8 @@ if [ "$MODE" != "--unit-only" ]; then
     # The generation routes: disconnects mid-request and mid-stream, abort, pause, SIGTERM with an open call.
     run_one "asan:test_http_api" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_http_api.py
+    # Routing replay: routes narrowed in place, base64 for HTTP, refusals, SIGTERM with no leak.
+    run_one "asan:test_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_routes.py
     # Bad model files of every family against the ASan/UBSan tools.
     run_one "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
     # The chain: a relay whose successor dies, aborts everywhere, lane authentication (ASan daemons).

@@ -112,11 +112,60 @@ static void prometheus_text(void)
     CHECK(p == 10 && g == 100, "%g %g", p, g);
 }
 
+/* A request that asked for routes: its results carry the flag and the shape,
+ * the ids narrowed in place to the request's width (the engine's int32 ids
+ * become 1 or 2 bytes each, the same values); a sample without routes from
+ * the engine (aborted before it ran) still has the flag, with 0 positions;
+ * a request that did not ask gets no flag even when the engine has routes. */
+static void routes_narrowed_in_place(void)
+{
+    cl_table t;
+    cl_init(&t, 100, 1 << 20);
+    cl_client *c;
+    CHECK_OK(cl_new(&t, "r", 0, &c));
+    for (uint8_t width = 1; width <= 4; width *= 2) {
+        cl_req *q;
+        CHECK_OK(cl_add_req(&t, c, width, 2, 1 << 16, &q));
+        q->route_layers = 3, q->route_k = 2, q->route_width = width;
+        eng_result r = fake(q->key, 0, 4);
+        r.n_routes = 5, r.route_layers = 3, r.route_k = 2;
+        r.routes = malloc(sizeof(int32_t) * 30);
+        for (int i = 0; i < 30; i++)
+            r.routes[i] = (i * 37) % (width == 1 ? 256 : width == 2 ? 65536 : 100000);
+        CHECK(cl_finish(&t, &r, 0, 0, 0) == c, "finish");
+        const proto_result *p = &c->held_tail->pr;
+        CHECK((p->flags & PROTO_RESULT_ROUTES) && p->n_routes == 5 && p->route_layers == 3 && p->route_k == 2 &&
+              p->route_width == width, "width %u: shape", width);
+        for (int i = 0; i < 30; i++) {
+            uint32_t want = (uint32_t)((i * 37) % (width == 1 ? 256 : width == 2 ? 65536 : 100000));
+            uint32_t got = width == 1 ? ((const uint8_t *)p->routes)[i]
+                           : width == 2 ? ((const uint16_t *)p->routes)[i] : (uint32_t)((const int32_t *)p->routes)[i];
+            CHECK(got == want, "width %u: id %d is %u, expected %u", width, i, got, want);
+        }
+        CHECK(c->held_tail->bytes == proto_result_bytes(p) &&
+              c->held_tail->bytes == 88 + 4 * 8 + 16 + proto_routes_bytes(5, 3, 2, width), "width %u: bytes", width);
+        eng_result none = fake(q->key, 1, 0);     /* aborted before it ran: no routes from the engine */
+        CHECK(cl_finish(&t, &none, 0, 0, 0) == c, "finish");
+        p = &c->held_tail->pr;
+        CHECK((p->flags & PROTO_RESULT_ROUTES) && p->n_routes == 0 && p->route_layers == 3 && p->routes == NULL,
+              "no routes");
+    }
+    cl_req *q;
+    CHECK_OK(cl_add_req(&t, c, 99, 1, 1 << 16, &q));
+    eng_result r = fake(q->key, 0, 2);
+    r.n_routes = 1, r.route_layers = 1, r.route_k = 1;
+    r.routes = calloc(1, sizeof(int32_t));
+    CHECK(cl_finish(&t, &r, 0, 0, 0) == c, "finish");
+    CHECK(!(c->held_tail->pr.flags & PROTO_RESULT_ROUTES) && c->held_tail->pr.n_routes == 0, "routes not asked");
+    cl_free(&t);
+}
+
 int main(void)
 {
     RUN(map_put_get_delete);
     RUN(retention_seq_and_acks);
     RUN(forgotten_client_orphans_requests);
+    RUN(routes_narrowed_in_place);
     RUN(prometheus_text);
     TEST_EXIT();
 }
