@@ -7,6 +7,8 @@
 #   tiny-v2.gguf        q8_0, GGUF version 2, general.alignment = 64
 #   tiny-untied.gguf    q4_0 with a separate output.weight
 #   tiny-qwen2.gguf, tiny-qwen3.gguf, tiny-llama3.gguf, tiny-gemma3.gguf: one per family (and X.hf/)
+#   tiny-moe-<dtype>.gguf and tiny-moe-<dtype>.hf/ for f32 f16 bf16 q8_0 q4_k_m: Qwen3-MoE
+#                       (tests/py/moe_model.py: 16 experts, top 4; q4_k_m with dim 256)
 # Next to each model X.gguf: X/ (expected dequantized values from the gguf
 # package, meta.json with the config) and X.npz (the HF-layout state_dict).
 # Deterministic (fixed seeds); a second run with nothing changed does nothing.
@@ -18,7 +20,8 @@ PY=${PYTHON:-python3}
 GEN=tools/gen_tiny_model.py
 STAMP=$OUT/.complete
 
-if [ -f "$STAMP" ] && [ "$STAMP" -nt "$GEN" ] && [ "$STAMP" -nt "$0" ]; then
+MOE=tests/py/moe_model.py
+if [ -f "$STAMP" ] && [ "$STAMP" -nt "$GEN" ] && [ "$STAMP" -nt "$0" ] && [ "$STAMP" -nt "$MOE" ]; then
   exit 0
 fi
 mkdir -p "$OUT"
@@ -58,6 +61,8 @@ gen tiny-gemma3 --arch gemma3 --layers 6 --kv-heads 1 --head-dim 32 --dtype q8_0
   --eps 1e-6 --sliding-window 8 --seed 24 --hf-dir "$OUT/tiny-gemma3.hf" & pids+=($!)
 gen tiny-llama3 --dtype q4_1 --rope-theta 500000 --rope-scaling llama3:8:1:4:64 --ctx 1024 --seed 23 \
   --hf-dir "$OUT/tiny-llama3.hf" & pids+=($!)
+# Qwen3-MoE (its own generator; no X/ or X.npz, its HF folder holds the GGUF's values).
+"$PY" "$MOE" "$OUT" --seed 41 >/dev/null & pids+=($!)
 
 fail=0
 for p in "${pids[@]}"; do

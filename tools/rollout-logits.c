@@ -1,8 +1,11 @@
 /* rollout-logits - writes the fp32 logits of every prompt position, for
  * parity tests against independent references.
- *   rollout-logits --model PATH --prompt-ids 1,2,3 --out FILE [--threads N] [--backend cpu]
+ *   rollout-logits --model PATH --prompt-ids 1,2,3 --out FILE [--routes-out FILE] [--threads N] [--backend cpu]
  * FILE gets n_prompt x vocab little-endian float32, row-major. The prompt is
- * computed as one prefill through the paged KV cache. */
+ * computed as one prefill through the paged KV cache. --routes-out (MoE
+ * models) writes the experts every position was routed to, as runner_routes
+ * gives them: little-endian int32 [n_layers][n_prompt][k], each position's k
+ * experts highest weight first. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +19,7 @@ static const char *P = "rollout-logits";
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *out_path = NULL, *backend = "cpu";
+    const char *model_path = NULL, *out_path = NULL, *routes_path = NULL, *backend = "cpu";
     int32_t *ids = NULL, n = 0;
     int threads = 0;
     for (int i = 1; i < argc; i++) {
@@ -24,6 +27,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--model")) model_path = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--prompt-ids")) ids = cli_ids(P, a, cli_value(P, argc, argv, &i), &n);
         else if (!strcmp(a, "--out")) out_path = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--routes-out")) routes_path = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--threads")) threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
         else if (!strcmp(a, "--backend")) backend = cli_value(P, argc, argv, &i);
         else cli_die(P, "unknown flag '%s'%s (see the comment at the top of rollout-logits.c)", a, "");
@@ -74,6 +78,20 @@ int main(int argc, char **argv)
     if (!f || fwrite(logits, sizeof(float), (size_t)n * c->vocab, f) != (size_t)n * c->vocab || fclose(f)) {
         fprintf(stderr, "%s: cannot write %s\n", P, out_path);
         return 1;
+    }
+    if (routes_path) {
+        const size_t nr = (size_t)c->n_layers * (size_t)n * (size_t)(c->n_experts_used > 0 ? c->n_experts_used : 1);
+        int32_t *routes = malloc(sizeof(int32_t) * nr);
+        if (!routes || runner_routes(&r, n, routes)) {
+            fprintf(stderr, "%s: %s\n", P, routes ? rd_errmsg() : "out of memory");
+            return 1;
+        }
+        FILE *rf = fopen(routes_path, "wb");
+        if (!rf || fwrite(routes, sizeof(int32_t), nr, rf) != nr || fclose(rf)) {
+            fprintf(stderr, "%s: cannot write %s\n", P, routes_path);
+            return 1;
+        }
+        free(routes);
     }
     free(logits);
     free(pos);
