@@ -22,18 +22,62 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
+
+# llama.cpp (the oracle and the benchmarks' baseline) is built for this CPU's
+# features, named one by one rather than -march=native, with llama.cpp's AMX
+# paths off: on an AVX-512 + AMX Xeon its AMX buffer type crashes llama_decode
+# on every quantized file. Its repacked CPU kernels (AVX2/AVX-512) stay on.
+llama_cmake_args() {
+  local flags args="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF"
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  local f opt
+  for f in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+           avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    opt=OFF
+    [[ "$flags" == *" ${f%%:*} "* ]] && opt=ON
+    args+=" -DGGML_${f##*:}=$opt"
+  done
+  echo "$args -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+}
+LLAMA_ARGS=$(llama_cmake_args)
+# The flags an installed llama-cpp-python was built with (written next to it
+# by this script): a copy built otherwise (by hand, or by an older setup.sh
+# with -DGGML_NATIVE=ON) is rebuilt.
+llama_stamp() {
+  "$PY" -c 'import os, llama_cpp; print(os.path.join(os.path.dirname(llama_cpp.__file__), "rolloutd-cmake-args"))' \
+    2>/dev/null
+}
+
 need_pip=()
+rebuild_llama=0
 for p in "${PIP_PKGS[@]}"; do
   name=${p%%=*}
   mod=$(echo "$name" | tr '-' '_')
   [ "$name" = "llama-cpp-python" ] && mod=llama_cpp
-  "$PY" -c "import $mod" >/dev/null 2>&1 || need_pip+=("$p")
+  if ! "$PY" -c "import $mod" >/dev/null 2>&1; then
+    need_pip+=("$p")
+  elif [ "$name" = "llama-cpp-python" ]; then
+    stamp=$(llama_stamp)
+    if [ -z "$stamp" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_ARGS" ]; then
+      need_pip+=("$p")
+      rebuild_llama=1
+    fi
+  fi
 done
 if [ "${#need_pip[@]}" -gt 0 ]; then
   echo "setup: installing PyPI packages: ${need_pip[*]} (llama-cpp-python compiles llama.cpp: several minutes)"
-  # llama.cpp is built for this CPU without curl, tests or examples.
-  CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON" \
-    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    "$PY" -m pip install -q "${need_pip[@]}"
+  echo "setup: llama.cpp CMAKE_ARGS: $LLAMA_ARGS"
+  export CMAKE_ARGS="$LLAMA_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+  if [ "$rebuild_llama" -eq 1 ]; then
+    # Only llama-cpp-python, and from source: pip's cache may hold the wheel built otherwise.
+    "$PY" -m pip install -q --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==0.3.36"
+    need_pip=("${need_pip[@]/llama-cpp-python==0.3.36}")
+  fi
+  rest=()
+  for p in "${need_pip[@]}"; do [ -n "$p" ] && rest+=("$p"); done
+  # No cache: a wheel of llama-cpp-python cached from a build with other flags would be reused.
+  [ "${#rest[@]}" -gt 0 ] && "$PY" -m pip install -q --no-cache-dir "${rest[@]}"
+  stamp=$(llama_stamp)
+  [ -n "$stamp" ] && echo "$LLAMA_ARGS" > "$stamp"
 fi
 echo "setup: ok"
