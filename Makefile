@@ -201,9 +201,9 @@ fuzz:
 	@mkdir -p $(BUILD)/fuzz
 	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/format/gguf.c engine/model/dequant.c base/mapfile.c base/err.c \
 	    -o $(BUILD)/fuzz/fuzz_gguf -lm
-	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c -o $(BUILD)/fuzz/fuzz_proto -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_proto -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c base/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
-	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c base/err.c -o $(BUILD)/fuzz/fuzz_relay -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_relay -lm
 
 # The include rules of docs/LAYOUT.md (floors, tools/, no circle of modules).
 layers:
