@@ -17,7 +17,8 @@
 // chosen-token log-probs within 0.046 nats of the fp32 CPU backend; hi only
 // drifts to 0.071. The LM head runs in fp32 (fp32 hidden state times the
 // weights in fp32); norms, RoPE, SwiGLU, softmax and sampling compute in fp32
-// (sums of squares and sampling masses in double).
+// (sums of squares and sampling masses in double). The MoE experts
+// (moe_ffn, cuda_moe.cu) take fp32 activations in every RD_CUDA_ACT mode.
 //
 // Batch invariance: every kernel here reduces in an order fixed by the row
 // alone (see each kernel), and each GEMM shape runs one cuBLASLt algorithm,
@@ -104,6 +105,20 @@ struct graph_h {
     uint64_t epoch;
 };
 
+// The device table of one rd_moe's expert weights (moe_ffn): keyed by its
+// host handle arrays, and checked against what the handles point at on every
+// call (a weight swap replaces handles in those arrays, and a freed handle's
+// address may come back as a new one, so the device pointers are compared,
+// not the handles).
+struct moe_table {
+    const void *const *gate_up, *const *down; // the key
+    int32_t n_experts;
+    std::vector<const uint16_t *> ptrs; // what dev holds: gate_up[e]->w at e, down[e]->w at n_experts + e
+    const uint16_t **dev;               // [2 n_experts]
+    int aligned;                        // every pointer 16-byte aligned
+    bool in_graph;                      // last written by a captured kernel: write it again at the next call
+};
+
 #define N_SHADOW 8
 #define GEMM_MAX_ROWS 512       // rows per cuBLASLt call: validated and tested up to this
 #define LT_WS_BYTES ((size_t)32 << 20)
@@ -174,6 +189,12 @@ struct cuda_be {
     cublasLtHandle_t lt, lt_aux;
     void *ws, *ws_aux;
 #endif
+    // mixture of experts: moe_ffn's scratch (grown outside capture) and its tables
+    int32_t *moe_idx;           // [n_experts + 1] offsets, then [m k] route order
+    size_t moe_idx_cap;         // bytes
+    float *moe_act, *moe_h;     // [m k][ffn], [m k][dim]
+    size_t moe_act_cap, moe_h_cap;
+    std::vector<moe_table *> moe_tables;
     // sampling
     sample_req *d_sreq, *h_sreq;
     sample_res *d_sres, *h_sres;
@@ -1126,6 +1147,134 @@ static void cu_copy_blocks(rd_backend *be, const rd_attn_shape *a, float *k_cach
     check_launch(b, "copy_blocks");
 }
 
+// ------------------------------------------------------------------ mixture of experts
+
+// The router's softmax top-k. A split sum pending on the logits (the router
+// linear's) is completed inside the kernel, which writes the logits back.
+static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t n_experts, int32_t k, int norm,
+                         int32_t *ids, float *weights)
+{
+    cuda_be *b = compute(be);
+    if (m <= 0)
+        return;
+    if (n_experts < 1 || n_experts > RD_MOE_MAX_EXPERTS || k < 1 || k > n_experts || k > RD_MOE_MAX_K) {
+        settle(b);
+        fail(b, "cuda: moe_route with %d experts, top %d (at most %d experts, top %d)", n_experts, k,
+             RD_MOE_MAX_EXPERTS, RD_MOE_MAX_K);
+        return;
+    }
+    const int64_t n = (int64_t)m * n_experts;
+    const split_sum ss = take_split(b, logits, n);
+    shadow_written(b, logits, (size_t)n * sizeof(float));
+    shadow_written(b, ids, (size_t)m * k * sizeof(int32_t));
+    shadow_written(b, weights, (size_t)m * k * sizeof(float));
+    launch_moe_route(b->st, (float *)logits, m, n_experts, k, norm, ids, weights, ss);
+    check_launch(b, "moe_route");
+}
+
+// The device table of moe's experts, (re)written when a handle now points at
+// other weights; NULL (and the sticky error set) when a handle is missing or
+// has the wrong shape, or a new table would need an allocation during
+// capture. The write is a kernel on the stream: inside a capture it goes into
+// the graph (each replay rewrites the same pointers), and every later call
+// writes it again until one outside capture has: that graph may never run.
+static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
+{
+    const int32_t E = moe->n_experts, f = moe->ffn, d = moe->dim;
+    moe_table *t = nullptr;
+    for (moe_table *c : b->moe_tables)
+        if (c->gate_up == moe->gate_up && c->down == moe->down && c->n_experts == E) {
+            t = c;
+            break;
+        }
+    bool same = t && !t->in_graph;
+    for (int32_t e = 0; e < E; e++) {
+        const weight *gu = (const weight *)moe->gate_up[e], *dn = (const weight *)moe->down[e];
+        if (!gu || !dn || gu->out != 2 * f || gu->in != d || dn->out != d || dn->in != f) {
+            fail(b, "cuda: moe_ffn: expert %d's weights are missing or not [%d][%d] and [%d][%d]", e, 2 * f, d, d, f);
+            return nullptr;
+        }
+        same = same && t->ptrs[e] == gu->w && t->ptrs[E + e] == dn->w;
+    }
+    if (same)
+        return t;
+    if (!t) {
+        if (b->capturing) {
+            fail(b, "cuda: moe_ffn is first called on these experts during a graph capture (run the step once "
+                    "uncaptured first)");
+            return nullptr;
+        }
+        t = new moe_table();
+        t->gate_up = moe->gate_up;
+        t->down = moe->down;
+        t->n_experts = E;
+        cudaError_t e = cudaMalloc((void **)&t->dev, 2 * (size_t)E * sizeof(const uint16_t *));
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            delete t;
+            fail(b, "cuda: cannot allocate the expert table of %d experts: %s", E, cudaGetErrorString(e));
+            return nullptr;
+        }
+        b->moe_tables.push_back(t);
+    }
+    t->ptrs.resize(2 * (size_t)E);
+    t->aligned = 1;
+    for (int32_t e = 0; e < E; e++) {
+        t->ptrs[e] = ((const weight *)moe->gate_up[e])->w;
+        t->ptrs[E + e] = ((const weight *)moe->down[e])->w;
+    }
+    for (const uint16_t *p : t->ptrs)
+        t->aligned &= (uintptr_t)p % 16 == 0;
+    t->in_graph = b->capturing;
+    launch_moe_set_table(b->st, t->dev, t->ptrs.data(), 0, 2 * E);
+    return check_launch(b, "moe_ffn expert table") ? t : nullptr;
+}
+
+// The experts: the routes grouped by expert on the device, then one kernel
+// for every expert's gate|up and one for every expert's down (cuda_moe.cu:
+// bf16 weights, fp32 activations and sums), then the weighted sum into y.
+static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const int32_t *ids, const float *weights,
+                       int32_t m, int32_t k, float *y)
+{
+    cuda_be *b = compute_op(be);
+    if (m <= 0)
+        return;
+    const int32_t E = moe->n_experts, f = moe->ffn, d = moe->dim;
+    if (E < 1 || E > RD_MOE_MAX_EXPERTS || k < 1 || k > E || k > RD_MOE_MAX_K || f <= 0 || d <= 0) {
+        fail(b, "cuda: moe_ffn with %d experts, top %d, ffn %d, dim %d (at most %d experts, top %d)", E, k, f, d,
+             RD_MOE_MAX_EXPERTS, RD_MOE_MAX_K);
+        return;
+    }
+    moe_table *t = moe_table_for(b, moe);
+    if (!t)
+        return;
+    const size_t routes = (size_t)m * k;
+    if (!grow(b, (void **)&b->moe_idx, &b->moe_idx_cap, ((size_t)E + 1 + routes) * sizeof(int32_t),
+              "the MoE route order") ||
+        !grow(b, (void **)&b->moe_act, &b->moe_act_cap, routes * f * sizeof(float), "the MoE expert activations") ||
+        !grow(b, (void **)&b->moe_h, &b->moe_h_cap, routes * d * sizeof(float), "the MoE expert outputs"))
+        return;
+    shadow_written(b, y, (size_t)m * d * sizeof(float));
+    moe_args a;
+    a.table = t->dev;
+    a.n_experts = E;
+    a.ffn = f;
+    a.dim = d;
+    a.w_aligned = t->aligned;
+    a.x = x;
+    a.ids = ids;
+    a.weights = weights;
+    a.m = m;
+    a.k = k;
+    a.y = y;
+    a.off = b->moe_idx;
+    a.order = b->moe_idx + E + 1;
+    a.act = b->moe_act;
+    a.h = b->moe_h;
+    launch_moe_ffn(b->st, a);
+    check_launch(b, "moe_ffn");
+}
+
 // Partial-result buffers for rows x heads x partitions.
 static bool ensure_parts(cuda_be *b, int32_t rows, int32_t heads, int32_t hd, int32_t parts)
 {
@@ -1506,6 +1655,13 @@ static void cu_destroy(rd_backend *be)
     if (b->part_ms) cudaFree(b->part_ms);
     if (b->d_step) cudaFree(b->d_step);
     if (b->h_step) cudaFreeHost(b->h_step);
+    for (moe_table *t : b->moe_tables) {
+        cudaFree(t->dev);
+        delete t;
+    }
+    if (b->moe_idx) cudaFree(b->moe_idx);
+    if (b->moe_act) cudaFree(b->moe_act);
+    if (b->moe_h) cudaFree(b->moe_h);
     if (b->d_sreq) cudaFree(b->d_sreq);
     if (b->d_sres) cudaFree(b->d_sres);
     if (b->h_sreq) cudaFreeHost(b->h_sreq);
@@ -1556,6 +1712,8 @@ static rd_backend_ops make_ops()
     o.add = cu_add;
     o.scale = cu_scale;
     o.gather_rows = cu_gather_rows;
+    o.moe_route = cu_moe_route;
+    o.moe_ffn = cu_moe_ffn;
     o.kv_write = cu_kv_write;
     o.attention = cu_attention;
     o.copy_blocks = cu_copy_blocks;

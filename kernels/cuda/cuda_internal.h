@@ -20,6 +20,14 @@ struct split_sum {
     int64_t n;
     int acc;
 };
+// Element k of a split GEMM's destination y: the halves' sum, added to y[k]
+// when acc, in the order k_add_split uses, so a fused consumer sees the bits
+// the separate kernel would have written.
+RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
+{
+    const float p = RD_FADD(ss.t[k], ss.t[ss.n + k]);
+    return ss.acc ? RD_FADD(y[k], p) : p;
+}
 // out[i] = W[ids[i]] (zeros for an id outside [0, vocab): a padding row).
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
                   float *out);
@@ -91,6 +99,36 @@ void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);
 // row strides lda / ldb) differ bitwise.
 void launch_count_mismatch(cudaStream_t s, const float *a, int64_t lda, const float *b, int64_t ldb, int32_t m,
                            int32_t n, unsigned *count);
+
+// ---- mixture of experts (cuda_moe.cu) ----
+// moe_route's semantics (engine/backend.h) over m rows of router logits
+// [m][n_experts], one warp per row. With ss.t, the logits are first
+// completed from the split sum (and written back).
+void launch_moe_route(cudaStream_t s, float *logits, int32_t m, int32_t n_experts, int32_t k, int norm,
+                      int32_t *ids, float *weights, split_sum ss);
+// table[at + i] = p[i] for i < n (p a host array of device pointers): a
+// kernel whose arguments carry the pointers, so an update of the table is
+// ordered on the stream and can be recorded in a graph.
+void launch_moe_set_table(cudaStream_t s, const uint16_t **table, const uint16_t *const *p, int32_t at, int32_t n);
+// One moe_ffn call: the buffers and shapes its kernels share.
+struct moe_args {
+    const uint16_t *const *table; // [2 n_experts]: expert e's gate|up [2 ffn][dim] at e, its down [dim][ffn] at n_experts + e
+    int32_t n_experts, ffn, dim;
+    int w_aligned;              // every weight 16-byte aligned (vector loads)
+    const float *x;             // [m][dim]
+    const int32_t *ids;         // [m][k] (ids outside [0, n_experts) route nowhere)
+    const float *weights;       // [m][k]
+    int32_t m, k;
+    float *y;                   // [m][dim], += the weighted sum of the routes
+    int32_t *off;               // scratch [n_experts + 1]: expert e's routes are order[off[e] .. off[e + 1])
+    int32_t *order;             // scratch [m k]: route indices grouped by expert, rows ascending
+    float *act;                 // scratch [m k][ffn]: swiglu(gate_up . x), by place in order
+    float *h;                   // scratch [m k][dim]: each route's expert output, by route
+};
+// Sorts the routes by expert, then runs the gate|up and down products of
+// all experts (one kernel each, a block per expert and output tile), then
+// y += sum_j w_j h_j per row. See cuda_moe.cu for the reduction orders.
+void launch_moe_ffn(cudaStream_t s, const moe_args &a);
 
 // ---- paged attention (cuda_attention.cu) ----
 struct attn_params {

@@ -35,17 +35,6 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
     RD_LAUNCH(k_embed, dim3(m), dim3(128), 0, s, w, vocab, dim, ids, out);
 }
 
-// ------------------------------------------------------------------ split sums
-
-// Element k of a split GEMM's destination y: the halves' sum, added to y[k]
-// when acc, in the order k_add_split uses, so a fused consumer sees the bits
-// the separate kernel would have written.
-RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
-{
-    const float p = RD_FADD(ss.t[k], ss.t[ss.n + k]);
-    return ss.acc ? RD_FADD(y[k], p) : p;
-}
-
 // ------------------------------------------------------------------ rmsnorm
 
 #define RMS_THREADS 256

@@ -5,7 +5,9 @@
 #   build     make (CUDA on when nvcc exists), then the targets the checks need
 #   model     the default model (make model) and the tiny test models
 #   info      device, memory, the GEMM algorithm chosen per weight shape
-#   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda
+#   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
+#             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
+#             batch invariance, graphs) on the real backend
 #   parity    greedy tokens and chosen-token log-probs vs the CPU backend,
 #             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
 #             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
@@ -243,12 +245,19 @@ else
 fi
 
 run unit-host 60 build/tests/test_cuda_host || true
+# test_cuda_emu's cases that use no emulator hook, on the real backend
+# (RD_TEST_CUDA_BACKEND): moe_route / moe_ffn against the CPU backend, batch
+# invariance and graph capture of the experts.
+MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch_invariance,test_moe_graph
 if [ "$DRY" = 0 ]; then
   RD_TEST_BACKEND=cuda run unit-engine-cuda 150 build/tests/test_engine || true
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=$MOE_CASES run unit-moe-cuda 90 build/tests/test_cuda_emu || true
 else
-  # The CPU-side stand-in: kernels and backend logic through the emulator.
-  run unit-cuda-emu 200 build/tests/test_cuda_emu || true
+  # The CPU-side stand-in: kernels and backend logic through the emulator
+  # (~160 s of CPU; a loaded shared machine has taken over 300 s of wall time).
+  run unit-cuda-emu 400 build/tests/test_cuda_emu || true
   skip_gpu unit-engine-cuda
+  skip_gpu unit-moe-cuda
 fi
 
 if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then

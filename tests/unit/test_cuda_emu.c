@@ -16,6 +16,13 @@
  *     (1 + w) norms, GeGLU (its tanh against libm's), add and scale, alone,
  *     on a linear's output in every mode and after a deferred RoPE, and the
  *     bf16 copies they write or drop; sliding-window attention;
+ *   - mixture of experts: moe_route against the CPU's routes (ties, up to
+ *     512 experts, on a split linear's pending output), moe_ffn against the
+ *     CPU backend and a double reference on the same bf16 weights, a row
+ *     alone / among other rows / unaligned bit for bit, inside graph capture
+ *     (a weight swap picked up by the capture; experts first seen in a
+ *     capture fail it cleanly). These cases use no emulator hook and also
+ *     run on the real backend (RD_TEST_CUDA_BACKEND=cuda, tests/gpu/run.sh);
  *   - batch invariance: a row's bits do not depend on the other rows;
  *   - the device sampler against samp_sample (same token, log-probs);
  *   - the runner on the tiny models: logits close to the CPU backend's,
@@ -2347,6 +2354,468 @@ static void test_runner_tiny_bf16(void)
     runner_case(light ? "tiny-untied" : "tiny-f32", 0);
 }
 
+/* ------------------------------------------------------------------ mixture of experts */
+
+/* The device backend ("cuda-emu", or RD_TEST_CUDA_BACKEND=cuda on a GPU:
+ * tests/gpu/run.sh runs the MoE cases there) is the emulator. */
+static int on_emulator(void) { return !strcmp(emu->ops->name, "cuda-emu"); }
+
+/* Routes of m rows of logits [m][E] on be: ids and weights [m][k]. */
+static int moe_route_on(rd_backend *be, const float *logits, int32_t m, int32_t E, int32_t k, int norm, int32_t *ids,
+                        float *w)
+{
+    float *dl = up(be, logits, sizeof(float) * m * E), *dw = up(be, NULL, sizeof(float) * m * k);
+    int32_t *di = up(be, NULL, sizeof(int32_t) * m * k);
+    be->ops->moe_route(be, dl, m, E, k, norm, di, dw);
+    int rc = down(be, ids, di, sizeof(int32_t) * m * k);
+    if (!rc)
+        rc = down(be, w, dw, sizeof(float) * m * k);
+    be->ops->free(be, dl), be->ops->free(be, dw), be->ops->free(be, di);
+    return rc;
+}
+
+/* ids equal and weights within 1e-6 relative. */
+static void moe_route_compare(const char *what, const int32_t *ids_a, const float *w_a, const int32_t *ids_b,
+                              const float *w_b, int32_t m, int32_t k)
+{
+    for (int32_t i = 0; i < m * k; i++) {
+        CHECK(ids_a[i] == ids_b[i], "%s: row %d route %d: expert %d vs the CPU's %d", what, i / k, i % k, ids_b[i],
+              ids_a[i]);
+        CHECK(fabsf(w_a[i] - w_b[i]) <= 1e-6f * fabsf(w_a[i]), "%s: row %d route %d: weight %.9g vs the CPU's %.9g",
+              what, i / k, i % k, w_b[i], w_a[i]);
+    }
+}
+
+/* moe_route against the CPU backend: random logits, a row of all-equal
+ * logits (ids 0..k-1), a row of equal pairs (ties to the lower id), with and
+ * without renormalisation, from 5 experts to the bounds (512, top 32). */
+static void test_moe_route(void)
+{
+    static const int32_t shapes[][3] = {{8, 2, 37}, {8, 4, 37}, {5, 3, 20}, {40, 5, 9}, {128, 8, 33}, {512, 32, 3}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int32_t E = shapes[si][0], k = shapes[si][1], m = shapes[si][2];
+        float *l = malloc(sizeof(float) * m * E), *wc = malloc(sizeof(float) * m * k), *wd = malloc(sizeof(float) * m * k);
+        int32_t *ic = malloc(sizeof(int32_t) * m * k), *id = malloc(sizeof(int32_t) * m * k);
+        for (int32_t i = 0; i < m * E; i++)
+            l[i] = frand() * 3.0f;
+        for (int32_t e = 0; e < E; e++) {
+            l[e] = 0.5f;                      /* row 0: all equal */
+            l[E + e] = (float)((E - 1 - e) / 2); /* row 1: equal pairs, descending */
+        }
+        for (int norm = 0; norm <= 1; norm++) {
+            CHECK_OK(moe_route_on(cpu, l, m, E, k, norm, ic, wc));
+            CHECK_OK(moe_route_on(emu, l, m, E, k, norm, id, wd));
+            char what[64];
+            snprintf(what, sizeof what, "%d experts, top %d, norm %d", E, k, norm);
+            moe_route_compare(what, ic, wc, id, wd, m, k);
+            if (test_case_failed)
+                return;
+            for (int32_t j = 0; j < k; j++)
+                CHECK(id[j] == j && id[k + j] == j, "%s: tie rows: route %d goes to %d and %d", what, j, id[j],
+                      id[k + j]);
+        }
+        free(l), free(wc), free(wd), free(ic), free(id);
+    }
+}
+
+/* moe_route on the output of the router linear: in the split mode the
+ * linear's deferred sum is completed inside the routing kernel (no extra
+ * kernel), which writes the logits back as the sum would have; the routes
+ * are those the CPU computes from those logits. */
+static void test_moe_route_after_linear(void)
+{
+    const int32_t E = 40, D = 64, M = 9, K = 4;
+    float *w = malloc(sizeof(float) * E * D), *x = malloc(sizeof(float) * M * D);
+    float *l1 = malloc(sizeof(float) * M * E), *l2 = malloc(sizeof(float) * M * E);
+    float *wd = malloc(sizeof(float) * M * K), *wc = malloc(sizeof(float) * M * K);
+    int32_t *id = malloc(sizeof(int32_t) * M * K), *ic = malloc(sizeof(int32_t) * M * K);
+    for (int32_t i = 0; i < E * D; i++)
+        w[i] = frand() * 0.5f;
+    for (int32_t i = 0; i < M * D; i++)
+        x[i] = frand() * 2.0f;
+    rd_backend *bes[2] = {emu, emu_bf16};
+    for (int bi = 0; bi < 2; bi++) {
+        rd_backend *be = bes[bi];
+        const char *mode = bi ? "bf16 activations" : "split activations";
+        void *W;
+        CHECK_OK(be->ops->linear_load(be, w, E, D, &W));
+        float *dx = up(be, x, sizeof(float) * M * D), *dl = up(be, NULL, sizeof(float) * M * E);
+        float *dw = up(be, NULL, sizeof(float) * M * K);
+        int32_t *di = up(be, NULL, sizeof(int32_t) * M * K);
+        CHECK_OK(be->ops->sync(be));
+        const uint64_t k0 = cuemu_launch_count(); /* (the emulator counts kernels as they run) */
+        be->ops->linear(be, W, dx, M, dl, 0);
+        be->ops->moe_route(be, dl, M, E, K, 1, di, dw);
+        CHECK_OK(be->ops->sync(be));
+        const uint64_t launched = cuemu_launch_count() - k0;
+        CHECK_OK(down(be, l1, dl, sizeof(float) * M * E));
+        CHECK_OK(down(be, id, di, sizeof(int32_t) * M * K));
+        CHECK_OK(down(be, wd, dw, sizeof(float) * M * K));
+        if (on_emulator())
+            CHECK(launched == 3, "%s: a linear and moe_route launched %llu kernels (want 3: x to bf16, the GEMM, "
+                  "the routing with the split's sum inside it)", mode, (unsigned long long)launched);
+        be->ops->linear(be, W, dx, M, dl, 0);
+        CHECK_OK(down(be, l2, dl, sizeof(float) * M * E));
+        CHECK(!memcmp(l1, l2, sizeof(float) * M * E), "%s: the logits moe_route completed differ from the linear's",
+              mode);
+        CHECK_OK(moe_route_on(cpu, l1, M, E, K, 1, ic, wc));
+        moe_route_compare(mode, ic, wc, id, wd, M, K);
+        if (test_case_failed)
+            return;
+        be->ops->free(be, dx), be->ops->free(be, dl), be->ops->free(be, dw), be->ops->free(be, di);
+        be->ops->linear_free(be, W);
+    }
+    free(w), free(x), free(l1), free(l2), free(wd), free(wc), free(id), free(ic);
+}
+
+/* One layer's experts on one backend: E SwiGLU experts loaded from host
+ * weights gu [E][2f][d] and dn [E][d][f]. */
+typedef struct {
+    void **gu, **dn;
+    rd_moe moe;
+} moe_dev;
+
+static int moe_dev_load(rd_backend *be, const float *gu, const float *dn, int32_t E, int32_t f, int32_t d,
+                        moe_dev *md)
+{
+    md->gu = calloc((size_t)E, sizeof(void *));
+    md->dn = calloc((size_t)E, sizeof(void *));
+    md->moe = (rd_moe){.n_experts = E, .ffn = f, .dim = d, .gate_up = md->gu, .down = md->dn};
+    if (!md->gu || !md->dn)
+        return RD_ENOMEM;
+    for (int32_t e = 0; e < E; e++) {
+        int rc = be->ops->linear_load(be, gu + (size_t)e * 2 * f * d, 2 * f, d, &md->gu[e]);
+        if (!rc)
+            rc = be->ops->linear_load(be, dn + (size_t)e * d * f, d, f, &md->dn[e]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void moe_dev_free(rd_backend *be, moe_dev *md)
+{
+    for (int32_t e = 0; md->gu && e < md->moe.n_experts; e++) {
+        be->ops->linear_free(be, md->gu[e]);
+        be->ops->linear_free(be, md->dn[e]);
+    }
+    free(md->gu), free(md->dn);
+    memset(md, 0, sizeof *md);
+}
+
+/* y = y0 + moe_ffn(x) for m rows on be, x placed x_off floats into its
+ * buffer (x_off 1: not 16-byte aligned, the kernels' scalar loads). */
+static int moe_ffn_on(rd_backend *be, const rd_moe *moe, const float *x, int32_t x_off, const int32_t *ids,
+                      const float *w, int32_t m, int32_t k, const float *y0, float *y)
+{
+    const size_t xb = sizeof(float) * m * moe->dim, rb = (size_t)m * k * 4;
+    float *dx = up(be, NULL, xb + sizeof(float) * x_off), *dy = up(be, y0, xb), *dw = up(be, w, rb);
+    int32_t *di = up(be, ids, rb);
+    int rc = be->ops->h2d(be, dx + x_off, x, xb);
+    if (!rc) {
+        be->ops->moe_ffn(be, moe, dx + x_off, di, dw, m, k, dy);
+        rc = down(be, y, dy, xb);
+    }
+    be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dw), be->ops->free(be, di);
+    return rc;
+}
+
+/* A MoE case's host data: bf16-exact weights (so that the CPU backend, which
+ * keeps fp32 weights, computes with the same ones), rows x and residual y0,
+ * routes from random logits by the CPU's moe_route. */
+typedef struct {
+    int32_t E, f, d, k, m;
+    float *gu, *dn, *x, *y0, *w;
+    int32_t *ids;
+} moe_case;
+
+static int moe_case_make(moe_case *c, int32_t E, int32_t f, int32_t d, int32_t k, int32_t m)
+{
+    *c = (moe_case){.E = E, .f = f, .d = d, .k = k, .m = m};
+    c->gu = malloc(sizeof(float) * E * 2 * f * d);
+    c->dn = malloc(sizeof(float) * E * d * f);
+    c->x = malloc(sizeof(float) * m * d);
+    c->y0 = malloc(sizeof(float) * m * d);
+    c->w = malloc(sizeof(float) * m * k);
+    c->ids = malloc(sizeof(int32_t) * m * k);
+    float *l = malloc(sizeof(float) * m * E);
+    if (!c->gu || !c->dn || !c->x || !c->y0 || !c->w || !c->ids || !l) {
+        free(l);
+        return RD_ENOMEM;
+    }
+    for (int64_t i = 0; i < (int64_t)E * 2 * f * d; i++)
+        c->gu[i] = bf(frand() * 0.3f);
+    for (int64_t i = 0; i < (int64_t)E * d * f; i++)
+        c->dn[i] = bf(frand() * 0.3f);
+    for (int32_t i = 0; i < m * d; i++) {
+        c->x[i] = frand() * 2.0f;
+        c->y0[i] = frand();
+    }
+    for (int32_t i = 0; i < m * E; i++)
+        l[i] = frand() * 3.0f;
+    int rc = moe_route_on(cpu, l, m, E, k, 1, c->ids, c->w);
+    free(l);
+    return rc;
+}
+
+static void moe_case_free(moe_case *c)
+{
+    free(c->gu), free(c->dn), free(c->x), free(c->y0), free(c->w), free(c->ids);
+    memset(c, 0, sizeof *c);
+}
+
+/* The double-precision result of c on its (bf16-exact) weights, and per
+ * element the scale of its rounding errors: |y0| plus, over the routes, the
+ * weight times the sum over the down products of |down| (|act| + the
+ * magnitude the gate and up sums carry through the SwiGLU). */
+static void moe_reference(const moe_case *c, double *yref, double *mag)
+{
+    const int32_t d = c->d, f = c->f;
+    double *act = malloc(sizeof(double) * f), *amag = malloc(sizeof(double) * f);
+    for (int32_t i = 0; i < c->m; i++) {
+        for (int32_t t = 0; t < d; t++) {
+            yref[(size_t)i * d + t] = c->y0[(size_t)i * d + t];
+            mag[(size_t)i * d + t] = fabs(c->y0[(size_t)i * d + t]);
+        }
+        for (int32_t j = 0; j < c->k; j++) {
+            const int32_t e = c->ids[i * c->k + j];
+            const double wj = c->w[i * c->k + j];
+            const float *xi = c->x + (size_t)i * d, *gu = c->gu + (size_t)e * 2 * f * d, *dn = c->dn + (size_t)e * d * f;
+            for (int32_t o = 0; o < f; o++) {
+                double g = 0, u = 0, gm = 0, um = 0;
+                for (int32_t t = 0; t < d; t++) {
+                    g += (double)xi[t] * gu[(size_t)o * d + t];
+                    u += (double)xi[t] * gu[(size_t)(f + o) * d + t];
+                    gm += fabs((double)xi[t] * gu[(size_t)o * d + t]);
+                    um += fabs((double)xi[t] * gu[(size_t)(f + o) * d + t]);
+                }
+                const double s = 1.0 / (1.0 + exp(-g));
+                act[o] = g * s * u;
+                amag[o] = fabs(act[o]) + fabs(s * (1.0 + g * (1.0 - s)) * u) * gm + fabs(g * s) * um;
+            }
+            for (int32_t t = 0; t < d; t++) {
+                double h = 0, hm = 0;
+                for (int32_t o = 0; o < f; o++) {
+                    h += act[o] * dn[(size_t)t * f + o];
+                    hm += amag[o] * fabs(dn[(size_t)t * f + o]);
+                }
+                yref[(size_t)i * d + t] += wj * h;
+                mag[(size_t)i * d + t] += fabs(wj) * hm;
+            }
+        }
+    }
+    free(act), free(amag);
+}
+
+/* Worst |y - yref| / mag over the case's outputs. */
+static double moe_error(const moe_case *c, const float *y, const double *yref, const double *mag)
+{
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)c->m * c->d; i++)
+        worst = worse(worst, fabs(y[i] - yref[i]) / (mag[i] + 1e-30));
+    return worst;
+}
+
+/* moe_ffn on the device backend and the CPU backend against a double
+ * reference on the same bf16 weights: fp32 sums in either order stay within
+ * 1e-5 of the error scale (the GEMM tests' bound for split inputs is 2e-5).
+ * Shapes: 8 experts of dim 64, ffn 32 at top 2 and 4; dim 50, ffn 27 (not
+ * multiples of the 8-feature tile nor of the 8-element chunk: the tails and
+ * the scalar loads); 128 experts at top 8 (Qwen3-MoE's routing). Every case
+ * hits every expert (the first three) and shares experts between rows. */
+static void test_moe_ffn(void)
+{
+    static const int32_t shapes[][5] = {{8, 32, 64, 2, 33}, {8, 32, 64, 4, 33}, {5, 27, 50, 3, 21}, {128, 16, 64, 8, 24}};
+    double worst_dev = 0, worst_cpu = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        moe_case c;
+        CHECK_OK(moe_case_make(&c, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][4]));
+        int hits[128] = {0}, shared = 0;
+        for (int32_t r = 0; r < c.m * c.k; r++)
+            hits[c.ids[r]]++;
+        for (int32_t e = 0; e < c.E; e++) {
+            CHECK(c.E > 8 || hits[e] > 0, "case %zu: expert %d is never routed to (test too weak)", si, e);
+            shared += hits[e] > 1;
+        }
+        CHECK(shared > 0, "case %zu: no expert serves two rows (test too weak)", si);
+        moe_dev mc, md;
+        CHECK_OK(moe_dev_load(cpu, c.gu, c.dn, c.E, c.f, c.d, &mc));
+        CHECK_OK(moe_dev_load(emu, c.gu, c.dn, c.E, c.f, c.d, &md));
+        const size_t n = (size_t)c.m * c.d;
+        float *yc = malloc(sizeof(float) * n), *yd = malloc(sizeof(float) * n);
+        double *yref = malloc(sizeof(double) * n), *mag = malloc(sizeof(double) * n);
+        CHECK_OK(moe_ffn_on(cpu, &mc.moe, c.x, 0, c.ids, c.w, c.m, c.k, c.y0, yc));
+        CHECK_OK(moe_ffn_on(emu, &md.moe, c.x, 0, c.ids, c.w, c.m, c.k, c.y0, yd));
+        moe_reference(&c, yref, mag);
+        const double ed = moe_error(&c, yd, yref, mag), ec = moe_error(&c, yc, yref, mag);
+        CHECK(ed < 1e-5, "%d experts, ffn %d, dim %d, top %d: device error %.3g vs the reference", c.E, c.f, c.d, c.k,
+              ed);
+        CHECK(ec < 1e-5, "%d experts, ffn %d, dim %d, top %d: CPU error %.3g vs the reference", c.E, c.f, c.d, c.k, ec);
+        size_t changed = 0;
+        for (size_t i = 0; i < n; i++)
+            changed += yd[i] != c.y0[i];
+        CHECK(changed > n / 2, "only %zu of %zu outputs changed", changed, n);
+        worst_dev = worse(worst_dev, ed);
+        worst_cpu = worse(worst_cpu, ec);
+        moe_dev_free(cpu, &mc);
+        moe_dev_free(emu, &md);
+        free(yc), free(yd), free(yref), free(mag);
+        moe_case_free(&c);
+    }
+    printf("# moe_ffn vs a double reference: device %.3g, CPU %.3g (relative to the error scale)\n", worst_dev,
+           worst_cpu);
+}
+
+/* A row's bits on the device backend do not depend on its batch: row r of a
+ * 33-row batch equals the row alone (m = 1, its experts serving no other
+ * row), the row inside 5 rows of other data, the row from an x that is not
+ * 16-byte aligned (scalar loads), and the batch under RD_CUDA_ACT=bf16 (the
+ * experts take fp32 activations in every mode). Also the kernels per call. */
+static void test_moe_batch_invariance(void)
+{
+    static const int32_t shapes[][5] = {{8, 32, 64, 4, 33}, {5, 27, 50, 3, 33}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int32_t E = shapes[si][0], f = shapes[si][1], d = shapes[si][2], k = shapes[si][3], M = shapes[si][4];
+        moe_case c, o;
+        CHECK_OK(moe_case_make(&c, E, f, d, k, M));
+        CHECK_OK(moe_case_make(&o, E, f, d, k, 5)); /* the neighbours: other rows, other routes */
+        moe_dev md, mb;
+        CHECK_OK(moe_dev_load(emu, c.gu, c.dn, E, f, d, &md));
+        CHECK_OK(moe_dev_load(emu_bf16, c.gu, c.dn, E, f, d, &mb));
+        float *y = malloc(sizeof(float) * M * d), *yb = malloc(sizeof(float) * M * d), *y1 = malloc(sizeof(float) * 5 * d);
+        const uint64_t k0 = cuemu_launch_count();
+        CHECK_OK(moe_ffn_on(emu, &md.moe, c.x, 0, c.ids, c.w, M, k, c.y0, y));
+        const uint64_t first = cuemu_launch_count() - k0;
+        CHECK_OK(moe_ffn_on(emu, &md.moe, c.x, 0, c.ids, c.w, M, k, c.y0, yb));
+        const uint64_t second = cuemu_launch_count() - k0 - first;
+        if (on_emulator())
+            CHECK(first == 5 && second == 4, "moe_ffn launched %llu kernels, then %llu (want 5 with the expert "
+                  "table, then 4)", (unsigned long long)first, (unsigned long long)second);
+        CHECK(!memcmp(y, yb, sizeof(float) * M * d), "moe_ffn twice on the same rows differs");
+        CHECK_OK(moe_ffn_on(emu_bf16, &mb.moe, c.x, 0, c.ids, c.w, M, k, c.y0, yb));
+        CHECK(!memcmp(y, yb, sizeof(float) * M * d), "moe_ffn under RD_CUDA_ACT=bf16 differs from the default");
+        const int32_t rows[] = {0, 7, M - 1};
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+            const int32_t r = rows[ri];
+            const float *yr = y + (size_t)r * d;
+            CHECK_OK(moe_ffn_on(emu, &md.moe, c.x + (size_t)r * d, 0, c.ids + r * k, c.w + r * k, 1, k,
+                                c.y0 + (size_t)r * d, y1));
+            CHECK(!memcmp(y1, yr, sizeof(float) * d), "shape %zu: row %d alone differs from the row in %d", si, r, M);
+            CHECK_OK(moe_ffn_on(emu, &md.moe, c.x + (size_t)r * d, 1, c.ids + r * k, c.w + r * k, 1, k,
+                                c.y0 + (size_t)r * d, y1));
+            CHECK(!memcmp(y1, yr, sizeof(float) * d), "shape %zu: row %d from an unaligned x differs", si, r);
+            /* row r at place 2 of 5 rows of other data */
+            memcpy(o.x + 2 * d, c.x + (size_t)r * d, sizeof(float) * d);
+            memcpy(o.y0 + 2 * d, c.y0 + (size_t)r * d, sizeof(float) * d);
+            memcpy(o.ids + 2 * k, c.ids + r * k, sizeof(int32_t) * k);
+            memcpy(o.w + 2 * k, c.w + r * k, sizeof(float) * k);
+            CHECK_OK(moe_ffn_on(emu, &md.moe, o.x, 0, o.ids, o.w, 5, k, o.y0, y1));
+            CHECK(!memcmp(y1 + 2 * d, yr, sizeof(float) * d), "shape %zu: row %d among 5 other rows differs", si, r);
+        }
+        moe_dev_free(emu, &md);
+        moe_dev_free(emu_bf16, &mb);
+        free(y), free(yb), free(y1);
+        moe_case_free(&c);
+        moe_case_free(&o);
+    }
+}
+
+/* moe_route and moe_ffn inside a graph capture: the replay equals the eager
+ * run, and reads the buffers' contents at launch (new rows, same graph); a
+ * handle replaced between the eager run and the capture (a weight swap) is
+ * picked up inside the capture; experts first seen during a capture fail it
+ * cleanly, and the backend goes on. */
+static void test_moe_graph(void)
+{
+    enum { E = 8, f = 32, d = 64, k = 2, M = 5 };
+    moe_case c;
+    CHECK_OK(moe_case_make(&c, E, f, d, k, M));
+    float *l = malloc(sizeof(float) * M * E), *l2 = malloc(sizeof(float) * M * E), *x2 = malloc(sizeof(float) * M * d);
+    for (int32_t i = 0; i < M * E; i++) {
+        l[i] = frand() * 3.0f;
+        l2[i] = frand() * 3.0f;
+    }
+    for (int32_t i = 0; i < M * d; i++)
+        x2[i] = frand() * 2.0f;
+    rd_backend *be = emu;
+    moe_dev md;
+    CHECK_OK(moe_dev_load(be, c.gu, c.dn, E, f, d, &md));
+    const size_t xb = sizeof(float) * M * d, rb = (size_t)M * k * 4;
+    float *dl = up(be, l, sizeof(float) * M * E), *dx = up(be, c.x, xb), *dy = up(be, c.y0, xb);
+    float *dw = up(be, NULL, rb);
+    int32_t *di = up(be, NULL, rb);
+    float *want = malloc(xb), *got = malloc(xb), *pre = malloc(xb), *gneg = malloc(sizeof(float) * 2 * f * d);
+    int32_t ids_want[M * k], ids_got[M * k], zeros[M * k];
+    memset(zeros, 0, sizeof zeros);
+    void *g;
+    /* y = y0 + the experts of x routed by l, eagerly, then captured and replayed */
+#define MOE_STEP() (be->ops->moe_route(be, dl, M, E, k, 1, di, dw), be->ops->moe_ffn(be, &md.moe, dx, di, dw, M, k, dy))
+    MOE_STEP();
+    CHECK_OK(down(be, want, dy, xb));
+    CHECK_OK(down(be, ids_want, di, rb));
+    CHECK_OK(be->ops->h2d(be, dy, c.y0, xb));
+    CHECK_OK(be->ops->graph_begin(be));
+    MOE_STEP();
+    CHECK_OK(be->ops->graph_end(be, &g));
+    CHECK_OK(be->ops->h2d(be, di, zeros, rb)); /* the replay must route again */
+    CHECK_OK(be->ops->graph_launch(be, g));
+    CHECK_OK(down(be, got, dy, xb));
+    CHECK_OK(down(be, ids_got, di, rb));
+    CHECK(!memcmp(ids_got, ids_want, rb), "the graph's routes differ from the eager ones");
+    CHECK(!memcmp(got, want, xb), "the graph's experts differ from the eager run");
+    /* new logits and rows, the same graph: equal to an eager run on them */
+    CHECK_OK(be->ops->h2d(be, dl, l2, sizeof(float) * M * E));
+    CHECK_OK(be->ops->h2d(be, dx, x2, xb));
+    CHECK_OK(be->ops->h2d(be, dy, c.y0, xb));
+    CHECK_OK(be->ops->graph_launch(be, g));
+    CHECK_OK(down(be, got, dy, xb));
+    CHECK_OK(be->ops->h2d(be, dy, c.y0, xb));
+    MOE_STEP();
+    CHECK_OK(down(be, pre, dy, xb));
+    CHECK(!memcmp(got, pre, xb), "a replay on new rows differs from the eager run on them");
+    be->ops->graph_free(be, g);
+    /* A weight swap: every expert's gate|up handle replaced by one of the
+     * negated weights (silu(-g) (-u) != silu(g) u), then a capture with no
+     * eager call between: the capture itself must pick up the new handles. */
+    for (int32_t e = 0; e < E; e++) {
+        for (int32_t i = 0; i < 2 * f * d; i++)
+            gneg[i] = -c.gu[(size_t)e * 2 * f * d + i];
+        void *old = md.gu[e];
+        CHECK_OK(be->ops->linear_load(be, gneg, 2 * f, d, &md.gu[e]));
+        be->ops->linear_free(be, old);
+    }
+    CHECK_OK(be->ops->h2d(be, dy, c.y0, xb));
+    CHECK_OK(be->ops->graph_begin(be));
+    MOE_STEP();
+    CHECK_OK(be->ops->graph_end(be, &g));
+    CHECK_OK(be->ops->graph_launch(be, g));
+    CHECK_OK(down(be, got, dy, xb));
+    be->ops->graph_free(be, g);
+    CHECK_OK(be->ops->h2d(be, dy, c.y0, xb));
+    MOE_STEP();
+    CHECK_OK(down(be, want, dy, xb));
+    CHECK(!memcmp(got, want, xb), "after a weight swap, the graph's experts differ from the eager run");
+    CHECK(memcmp(want, pre, xb) != 0, "the weight swap changed no output (test too weak)");
+    /* experts never called outside a capture: the capture fails with a message, and the backend goes on */
+    moe_dev fresh;
+    CHECK_OK(moe_dev_load(be, c.gu, c.dn, E, f, d, &fresh));
+    CHECK_OK(be->ops->h2d(be, dy, c.y0, xb));
+    CHECK_OK(be->ops->graph_begin(be));
+    be->ops->moe_ffn(be, &fresh.moe, dx, di, dw, M, k, dy);
+    int rc = be->ops->graph_end(be, &g);
+    CHECK(rc < 0 && strstr(rd_errmsg(), "graph capture"), "a capture with experts first seen in it: %d (%s)", rc,
+          rd_errmsg());
+    be->ops->moe_ffn(be, &fresh.moe, dx, di, dw, M, k, dy);
+    CHECK_OK(down(be, got, dy, xb));
+    CHECK(memcmp(got, c.y0, xb) != 0, "moe_ffn after the failed capture changed nothing");
+#undef MOE_STEP
+    moe_dev_free(be, &fresh);
+    moe_dev_free(be, &md);
+    be->ops->free(be, dl), be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dw), be->ops->free(be, di);
+    free(l), free(l2), free(x2), free(want), free(got), free(pre), free(gneg);
+    moe_case_free(&c);
+}
+
 /* ------------------------------------------------------------------ the engine, device vs host sampling */
 
 typedef struct {
@@ -2552,16 +3021,22 @@ static int selected(const char *name)
 
 int main(void)
 {
+    /* RD_TEST_CUDA_BACKEND=cuda: the cases that name no emulator hook (the
+     * MoE ones; tests/gpu/run.sh picks them with RD_TEST_ONLY) on the real
+     * backend instead of the emulator. */
+    const char *dev = getenv("RD_TEST_CUDA_BACKEND");
+    if (!dev || !*dev)
+        dev = "cuda-emu";
     int rc = rd_backend_create("cpu", 2, &cpu);
     if (!rc)
         rc = rd_backend_create("cpu", 2, &cpu_kvbf16);
     if (!rc)
         rc = rd_backend_set_kv_dtype(cpu_kvbf16, "bf16");
     if (!rc)
-        rc = rd_backend_create("cuda-emu", 1, &emu);
+        rc = rd_backend_create(dev, 1, &emu);
     setenv("RD_CUDA_ACT", "bf16", 1);
     if (!rc)
-        rc = rd_backend_create("cuda-emu", 1, &emu_bf16);
+        rc = rd_backend_create(dev, 1, &emu_bf16);
     unsetenv("RD_CUDA_ACT");
     if (rc) {
         printf("FAIL setup: %s\n", rd_errmsg());
@@ -2587,6 +3062,11 @@ int main(void)
     RUN_SEL(test_attention_vs_cpu_kv_bf16);
     RUN_SEL(test_gemma_layer);
     RUN_SEL(test_copy_blocks);
+    RUN_SEL(test_moe_route);
+    RUN_SEL(test_moe_route_after_linear);
+    RUN_SEL(test_moe_ffn);
+    RUN_SEL(test_moe_batch_invariance);
+    RUN_SEL(test_moe_graph);
     RUN_SEL(test_sampler);
     RUN_SEL(test_sampler_many_draws);
     RUN_SEL(test_runner_tiny);

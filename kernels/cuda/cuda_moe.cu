@@ -1,0 +1,373 @@
+// cuda_moe.cu - mixture-of-experts kernels: the router's softmax top-k
+// (moe_route) and the grouped SwiGLU experts (moe_ffn); engine/backend.h
+// states what they compute, kernels/cpu/moe.c is the reference.
+//
+// moe_route: one warp per row. The exps are computed by the lanes, summed by
+// lane 0 alone in expert order (the CPU's order, so the sum and every
+// probability are the CPU's bits wherever expf agrees), top-k by k rounds of
+// a warp argmax with ties to the lower id.
+//
+// moe_ffn, four kernels, none of which depends on the host knowing the ids
+// (so the whole op records into a CUDA graph):
+//   1. k_moe_sort: a counting sort of the m*k routes by expert, in one block
+//      (thread e counts and then places expert e's routes, in route order).
+//   2. k_moe_gate_up: grid (ffn tile, expert); each block loops over its
+//      expert's routes, RT rows per pass, and writes swiglu(gate . x, up . x)
+//      for its features. An expert's weights come from DRAM once per call
+//      (later passes of a block hit the caches).
+//   3. k_moe_down: the same over dim tiles: h[route] = down . act.
+//   4. k_moe_combine: y[i] += fmaf over j of w_j h_j, j = 0..k-1 from 0.
+//
+// Precision: bf16 weights (the backend's), fp32 activations (x and the
+// SwiGLU output are never rounded to bf16), fp32 products and sums with fmaf.
+// So unlike linear (split hi/lo bf16 inputs by default) the experts do not
+// depend on RD_CUDA_ACT.
+//
+// Batch invariance: every dot product (a feature of gate, up or down for one
+// route) is reduced by one warp in an order fixed by its length alone: lane l
+// takes the 8-element chunks l, l + 32, ... (8 fmaf each, in order), then the
+// tail elements 8 * (len / 8) + l; the lanes meet in the xor butterfly. Which
+// block, pass or slot in a pass a route lands in, and whether the loads are
+// vectors, change nothing of that, so a row's bits are the same whatever m
+// and whichever rows share its experts.
+#include "kernels/cuda/cuda_internal.h"
+
+extern "C" {
+#include "engine/backend.h"
+}
+
+namespace RD_NS {
+
+static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// ------------------------------------------------------------------ routing
+
+#define ROUTE_WARPS 4
+
+__global__ void __launch_bounds__(32 * ROUTE_WARPS)
+    k_moe_route(float *logits, int32_t m, int32_t E, int32_t k, int norm, int32_t *ids, float *weights, split_sum sp)
+{
+    __shared__ float s_p[ROUTE_WARPS][RD_MOE_MAX_EXPERTS];
+    __shared__ float s_w[ROUTE_WARPS][RD_MOE_MAX_K];
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t i = (int64_t)blockIdx.x * ROUTE_WARPS + warp;
+    if (i >= m)
+        return; // the whole warp
+    float *p = s_p[warp];
+    float *l = logits + i * E;
+    float mx = -INFINITY;
+    for (int32_t e = lane; e < E; e += 32) {
+        float v = l[e];
+        if (sp.t) { // the lane writes back only what it read
+            v = split_value(sp, logits, i * E + e);
+            l[e] = v;
+        }
+        p[e] = v;
+        mx = v > mx ? v : mx;
+    }
+    // The max is the same whatever the order (a -0 / +0 choice changes no
+    // difference l - mx), so the butterfly gives the CPU's.
+    mx = warp_allreduce(mx, op_max());
+    for (int32_t e = lane; e < E; e += 32)
+        p[e] = expf(RD_FSUB(p[e], mx));
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+        for (int32_t e = 0; e < E; e++)
+            sum = RD_FADD(sum, p[e]);
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int32_t e = lane; e < E; e += 32)
+        p[e] = RD_FDIV(p[e], sum);
+    // Each lane now reads and marks only its own experts (e % 32 == lane).
+    float wsum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        // The lane's best: ascending e, strictly greater wins, so a tie keeps
+        // the lower id; a taken expert holds -1 (every p is >= 0).
+        float bp = -1.0f;
+        int32_t be = -1;
+        for (int32_t e = lane; e < E; e += 32)
+            if (p[e] >= 0.0f && (be < 0 || p[e] > bp))
+                bp = p[e], be = e;
+        // Larger p, then lower id: a total order, so every lane ends with the
+        // maximum, the expert the CPU's ascending scan picks.
+        for (int o = 16; o > 0; o >>= 1) {
+            const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || op > bp || (op == bp && oe < be)))
+                bp = op, be = oe;
+        }
+        if (be < 0)
+            bp = NAN; // no expert left with a number (NaN logits): the row is poisoned, not routed
+        else if (be % 32 == lane)
+            p[be] = -1.0f;
+        if (lane == 0) {
+            ids[i * k + j] = be;
+            s_w[warp][j] = bp;
+        }
+        wsum = RD_FADD(wsum, bp);
+    }
+    if (lane == 0)
+        for (int32_t j = 0; j < k; j++)
+            weights[i * k + j] = norm ? RD_FDIV(s_w[warp][j], wsum) : s_w[warp][j];
+}
+
+void launch_moe_route(cudaStream_t s, float *logits, int32_t m, int32_t n_experts, int32_t k, int norm,
+                      int32_t *ids, float *weights, split_sum ss)
+{
+    if (m <= 0)
+        return;
+    RD_LAUNCH(k_moe_route, dim3(blocks_for(m, ROUTE_WARPS)), dim3(32 * ROUTE_WARPS), 0, s, logits, m, n_experts, k,
+              norm, ids, weights, ss);
+}
+
+// ------------------------------------------------------------------ the expert table
+
+#define MOE_TABLE_CHUNK 256     // pointers per launch: 2 KiB of kernel arguments
+
+struct moe_ptrs {
+    const uint16_t *p[MOE_TABLE_CHUNK];
+};
+
+__global__ void k_moe_set_table(const uint16_t **table, moe_ptrs ptrs, int32_t at, int32_t n)
+{
+    const int32_t i = threadIdx.x;
+    if (i < n)
+        table[at + i] = ptrs.p[i];
+}
+
+void launch_moe_set_table(cudaStream_t s, const uint16_t **table, const uint16_t *const *p, int32_t at, int32_t n)
+{
+    for (int32_t c = 0; c < n; c += MOE_TABLE_CHUNK) {
+        const int32_t len = n - c < MOE_TABLE_CHUNK ? n - c : MOE_TABLE_CHUNK;
+        moe_ptrs ptrs;
+        memset(&ptrs, 0, sizeof ptrs);
+        memcpy(ptrs.p, p + c, (size_t)len * sizeof(p[0]));
+        RD_LAUNCH(k_moe_set_table, dim3(1), dim3(MOE_TABLE_CHUNK), 0, s, table, ptrs, at + c, len);
+    }
+}
+
+// ------------------------------------------------------------------ grouping
+
+// One block of >= n_experts threads (a multiple of 32). Thread e scans the
+// routes twice: to count expert e's, then (after the prefix sum) to place
+// them in route order. Each thread reads every id (the same address across
+// the warp: one broadcast load); m * k is at most a few thousand in decode.
+__global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_t *off, int32_t *order)
+{
+    __shared__ int32_t s_off[RD_MOE_MAX_EXPERTS + 1];
+    const int32_t e = threadIdx.x;
+    int32_t n = 0;
+    if (e < E)
+        for (int32_t r = 0; r < routes; r++)
+            n += ids[r] == e;
+    if (e < E)
+        s_off[e + 1] = n;
+    __syncthreads();
+    if (e == 0) {
+        s_off[0] = 0;
+        for (int32_t x = 0; x < E; x++)
+            s_off[x + 1] += s_off[x];
+    }
+    __syncthreads();
+    for (int32_t x = e; x <= E; x += blockDim.x)
+        off[x] = s_off[x];
+    if (e < E) {
+        int32_t at = s_off[e];
+        for (int32_t r = 0; r < routes; r++)
+            if (ids[r] == e)
+                order[at++] = r;
+    }
+}
+
+// ------------------------------------------------------------------ the experts
+
+#define MOE_WARPS 4             // warps per block
+#define MOE_GO 2                // output features per warp
+#define MOE_RT 8                // routes per pass
+
+// Lane `lane`'s partial dot products of NW weight rows w[] with nx (<= MOE_RT)
+// input rows x[], each of len elements, added into a[r][g]: the chunks
+// c = lane, lane + 32, ... of 8 elements (8 fmaf in order), then the tail
+// elements 8 * (len / 8) + lane. VEC only picks 16-byte loads (weights and x
+// aligned, len % 8 == 0); the arithmetic is the same either way.
+template <int NW, bool VEC>
+RD_DEV void lane_dots(const uint16_t *const (&w)[NW], const float *const (&x)[MOE_RT], int32_t nx, int32_t len,
+                      int32_t lane, float (&a)[MOE_RT][NW])
+{
+    const int32_t chunks = len / 8;
+    for (int32_t c = lane; c < chunks; c += 32) {
+        float wv[NW][8];
+RD_UNROLL
+        for (int g = 0; g < NW; g++) {
+            if (VEC) {
+                load_bf16x8(w[g] + (int64_t)c * 8, wv[g]);
+            } else {
+RD_UNROLL
+                for (int t = 0; t < 8; t++)
+                    wv[g][t] = cm_bf16_to_f32(w[g][(int64_t)c * 8 + t]);
+            }
+        }
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++) {
+            if (r >= nx)
+                break;
+            float xv[8];
+            if (VEC) {
+                load_f32x8(x[r] + (int64_t)c * 8, xv);
+            } else {
+RD_UNROLL
+                for (int t = 0; t < 8; t++)
+                    xv[t] = x[r][(int64_t)c * 8 + t];
+            }
+RD_UNROLL
+            for (int g = 0; g < NW; g++)
+RD_UNROLL
+                for (int t = 0; t < 8; t++)
+                    a[r][g] = fmaf(xv[t], wv[g][t], a[r][g]);
+        }
+    }
+    for (int32_t t = chunks * 8 + lane; t < len; t += 32) {
+        float wt[NW];
+RD_UNROLL
+        for (int g = 0; g < NW; g++)
+            wt[g] = cm_bf16_to_f32(w[g][t]);
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++) {
+            if (r >= nx)
+                break;
+            const float xt = x[r][t];
+RD_UNROLL
+            for (int g = 0; g < NW; g++)
+                a[r][g] = fmaf(xt, wt[g], a[r][g]);
+        }
+    }
+}
+
+// act[p][o] = silu(gate_o . x) * (up_o . x) for the routes p of expert
+// blockIdx.y, features o of this block's tile. The SwiGLU is k_swiglu's
+// expression.
+template <bool VEC>
+__global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_gate_up(moe_args a)
+{
+    const int32_t e = blockIdx.y;
+    const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int32_t o0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
+    if (n == 0 || o0 >= a.ffn)
+        return; // the whole warp: no shuffles below for it
+    const uint16_t *wgu = a.table[e];
+    const uint16_t *w[2 * MOE_GO]; // gate rows, then the matching up rows
+RD_UNROLL
+    for (int g = 0; g < MOE_GO; g++) {
+        const int32_t o = o0 + g < a.ffn ? o0 + g : a.ffn - 1; // past the end: a copy, not stored
+        w[g] = wgu + (int64_t)o * a.dim;
+        w[MOE_GO + g] = wgu + (int64_t)(a.ffn + o) * a.dim;
+    }
+    for (int32_t q = 0; q < n; q += MOE_RT) {
+        const int32_t nx = n - q < MOE_RT ? n - q : MOE_RT;
+        const float *x[MOE_RT];
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++)
+            x[r] = a.x + (int64_t)(a.order[p0 + q + (r < nx ? r : nx - 1)] / a.k) * a.dim;
+        float acc[MOE_RT][2 * MOE_GO];
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++)
+RD_UNROLL
+            for (int g = 0; g < 2 * MOE_GO; g++)
+                acc[r][g] = 0.0f;
+        lane_dots<2 * MOE_GO, VEC>(w, x, nx, a.dim, lane, acc);
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++)
+RD_UNROLL
+            for (int g = 0; g < MOE_GO; g++) {
+                const float gs = warp_allreduce(acc[r][g], op_add());
+                const float us = warp_allreduce(acc[r][MOE_GO + g], op_add());
+                if (lane == 0 && r < nx && o0 + g < a.ffn)
+                    a.act[(int64_t)(p0 + q + r) * a.ffn + o0 + g] =
+                        RD_FMUL(RD_FDIV(gs, RD_FADD(1.0f, expf(-gs))), us);
+            }
+    }
+}
+
+// h[route][c] = down_c . act[p] for the routes of expert blockIdx.y,
+// features c of this block's tile.
+template <bool VEC>
+__global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
+{
+    const int32_t e = blockIdx.y;
+    const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int32_t c0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
+    if (n == 0 || c0 >= a.dim)
+        return; // the whole warp
+    const uint16_t *wd = a.table[a.n_experts + e];
+    const uint16_t *w[MOE_GO];
+RD_UNROLL
+    for (int g = 0; g < MOE_GO; g++)
+        w[g] = wd + (int64_t)(c0 + g < a.dim ? c0 + g : a.dim - 1) * a.ffn;
+    for (int32_t q = 0; q < n; q += MOE_RT) {
+        const int32_t nx = n - q < MOE_RT ? n - q : MOE_RT;
+        const float *x[MOE_RT];
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++)
+            x[r] = a.act + (int64_t)(p0 + q + (r < nx ? r : nx - 1)) * a.ffn;
+        float acc[MOE_RT][MOE_GO];
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++)
+RD_UNROLL
+            for (int g = 0; g < MOE_GO; g++)
+                acc[r][g] = 0.0f;
+        lane_dots<MOE_GO, VEC>(w, x, nx, a.ffn, lane, acc);
+RD_UNROLL
+        for (int r = 0; r < MOE_RT; r++)
+RD_UNROLL
+            for (int g = 0; g < MOE_GO; g++) {
+                const float v = warp_allreduce(acc[r][g], op_add());
+                if (lane == 0 && r < nx && c0 + g < a.dim)
+                    a.h[(int64_t)a.order[p0 + q + r] * a.dim + c0 + g] = v;
+            }
+    }
+}
+
+// y[i][c] += acc, acc = fmaf(w_j, h[i k + j][c], acc) over j = 0..k-1 from 0
+// (a route with an id outside [0, n_experts) adds nothing: its h is unset).
+__global__ void k_moe_combine(moe_args a)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)a.m * a.dim)
+        return;
+    const int64_t i = idx / a.dim, c = idx % a.dim;
+    float acc = 0.0f;
+    for (int32_t j = 0; j < a.k; j++) {
+        const int64_t r = i * a.k + j;
+        const int32_t e = a.ids[r];
+        if (e >= 0 && e < a.n_experts)
+            acc = fmaf(a.weights[r], a.h[r * a.dim + c], acc);
+    }
+    a.y[idx] = RD_FADD(a.y[idx], acc);
+}
+
+void launch_moe_ffn(cudaStream_t s, const moe_args &a)
+{
+    if (a.m <= 0)
+        return;
+    const int32_t routes = a.m * a.k;
+    const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
+    RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.n_experts, a.off, a.order);
+    const int per_block = MOE_WARPS * MOE_GO;
+    // x rows are 16-byte aligned when x is and dim % 8 == 0; act's rows when ffn % 8 == 0.
+    const bool vec_gu = a.w_aligned && a.dim % 8 == 0 && (uintptr_t)a.x % 16 == 0;
+    const bool vec_down = a.w_aligned && a.ffn % 8 == 0 && (uintptr_t)a.act % 16 == 0;
+    const dim3 g_gu(blocks_for(a.ffn, per_block), a.n_experts), g_down(blocks_for(a.dim, per_block), a.n_experts);
+    if (vec_gu)
+        RD_LAUNCH(k_moe_gate_up<true>, g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    else
+        RD_LAUNCH(k_moe_gate_up<false>, g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    if (vec_down)
+        RD_LAUNCH(k_moe_down<true>, g_down, dim3(32 * MOE_WARPS), 0, s, a);
+    else
+        RD_LAUNCH(k_moe_down<false>, g_down, dim3(32 * MOE_WARPS), 0, s, a);
+    RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
+}
+
+}  // namespace RD_NS
