@@ -33,6 +33,11 @@ void cpu_moe_route(const float *logits, int32_t m, int32_t n_experts, int32_t k,
             for (int32_t e = 0; e < n_experts; e++)
                 if (p[e] >= 0.0f && (best < 0 || p[e] > p[best]))
                     best = e;
+            /* NaN logits (a NaN hidden state): the first expert not taken,
+             * with its NaN weight, so the row stays NaN and in range. */
+            for (int32_t e = 0; best < 0 && e < n_experts; e++)
+                if (p[e] != -1.0f)
+                    best = e;
             id[j] = best;
             w[j] = p[best];
             wsum += p[best];
@@ -89,14 +94,19 @@ void cpu_moe_ffn(rd_backend *be, cpu_moe_scratch *s, const rd_moe *moe, const fl
     /* Counting sort of the routes by expert (stable: rows in order). */
     int32_t count[RD_MOE_MAX_EXPERTS + 1];
     memset(count, 0, sizeof(int32_t) * (size_t)(E + 1));
+    /* An id out of range (never from moe_route) adds nothing, as on CUDA. */
     for (size_t r = 0; r < routes; r++)
-        count[ids[r] + 1]++;
+        if (ids[r] >= 0 && ids[r] < E)
+            count[ids[r] + 1]++;
     for (int32_t e = 0; e < E; e++)
         count[e + 1] += count[e];
     int32_t at[RD_MOE_MAX_EXPERTS];
     memcpy(at, count, sizeof(int32_t) * (size_t)E);
     for (size_t r = 0; r < routes; r++)
-        s->order[at[ids[r]]++] = (int32_t)r;
+        if (ids[r] >= 0 && ids[r] < E)
+            s->order[at[ids[r]]++] = (int32_t)r;
+        else
+            memset(h + r * d, 0, sizeof(float) * (size_t)d);
 
     const rd_backend_ops *op = be->ops;
     for (int32_t e = 0; e < E; e++) {

@@ -120,6 +120,11 @@ static void test_route_matches_reference(void)
     }
     CHECK(ids[0] == 0 && ids[1] == 1 && ids[2] == 2 && ids[3] == 3, "all tied: lower ids first");
     CHECK(ids[K + 3] == 5, "tie at the k-th place goes to the lower id, got %d", ids[K + 3]);
+    /* A NaN row (a NaN hidden state) still names k distinct experts in range, with NaN weights. */
+    logits[7] = NAN;
+    be->ops->moe_route(be, logits, 1, E, K, 1, ids, w);
+    for (int j = 0; j < K; j++)
+        CHECK(ids[j] == j && isnan(w[j]), "NaN row: route %d is expert %d weight %g", j, ids[j], w[j]);
     rd_backend_destroy(be);
 }
 
