@@ -189,6 +189,68 @@ int arch_resolve_hf(const arch_desc *a, const model_config *c, const char *name,
     return -1;
 }
 
+/* Whether name matches pattern pat with each "%d" standing for any run of
+ * digits (canonical or not, in range or not): the numbers' texts go to
+ * num[]/len[] (at most 2). */
+static int match_loose(const char *pat, const char *name, const char *num[2], size_t len[2])
+{
+    int k = 0;
+    while (*pat) {
+        if (pat[0] == '%' && pat[1] == 'd') {
+            if (*name < '0' || *name > '9' || k == 2)
+                return 0;
+            num[k] = name;
+            while (*name >= '0' && *name <= '9')
+                name++;
+            len[k] = (size_t)(name - num[k]);
+            k++;
+            pat += 2;
+        } else if (*pat++ != *name++) {
+            return 0;
+        }
+    }
+    return *name == 0;
+}
+
+int arch_hf_explain(const arch_desc *a, const model_config *c, const char *name, char *why, size_t cap)
+{
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const arch_tensor *t = &a->tensors[i];
+        const char *num[2];
+        size_t len[2];
+        if (!match_loose(t->hf, name, num, len))
+            continue;
+        if (!arch_tensor_present(c, t)) {
+            snprintf(why, cap, "%s exists only when the embeddings are untied; this model ties it to "
+                     "model.embed_tokens.weight", t->hf);
+            return 0;
+        }
+        /* The numbers in the pattern's order: the layer, then (AT_EXPERT) the expert. */
+        for (int k = 0; k < 1 + ((t->flags & AT_EXPERT) != 0); k++) {
+            const char *what = k ? "expert" : "layer";
+            int32_t limit = k ? c->n_experts : c->n_layers;
+            int shown = (int)(len[k] < 20 ? len[k] : 20);
+            if (len[k] > 1 && num[k][0] == '0') {
+                size_t z = 0;
+                while (z + 1 < len[k] && num[k][z] == '0')
+                    z++;
+                snprintf(why, cap, "%s number '%.*s' is not written canonically (expected '%.*s': no leading zeros)",
+                         what, shown, num[k], (int)(len[k] - z < 20 ? len[k] - z : 20), num[k] + z);
+                return 0;
+            }
+            long long v = 0;
+            for (size_t d = 0; d < len[k] && v <= limit; d++)
+                v = v * 10 + (num[k][d] - '0');
+            if (v >= limit) {
+                snprintf(why, cap, "%s %.*s is out of range (the model has %d %s: 0..%d)", what, shown, num[k], limit,
+                         k ? "experts per layer" : "layers", limit - 1);
+                return 0;
+            }
+        }
+    }
+    return -1;
+}
+
 int arch_hf_check_str(const void *json, const char *key, const char *want, const char *what)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(json, key);

@@ -134,6 +134,12 @@ int64_t arch_tensor_row0(const arch_desc *a, const struct model_config *c, const
 int arch_resolve_hf(const arch_desc *a, const struct model_config *c, const char *name, const arch_tensor **t,
                     int32_t *layer, int32_t *expert);
 
+/* Why HF name `name`, which does not resolve, is not a weight of the model
+ * although it has one of the family's forms: a layer or expert number out
+ * of range or not canonical, or an untied-only tensor of a tied model. 0
+ * with a sentence in why; -1 when the name has none of the forms. */
+int arch_hf_explain(const arch_desc *a, const struct model_config *c, const char *name, char *why, size_t cap);
+
 /* config.json key (absent is fine) must be the string want, else RD_ENOTSUP
  * naming it (the families' activation checks). */
 int arch_hf_check_str(const void *json, const char *key, const char *want, const char *what);

@@ -75,46 +75,91 @@ static void shape_str(const upd_spec *sp, char *out, size_t cap)
         snprintf(out + k, cap - k, "]");
 }
 
+/* The refusal of a name that resolves to no weight: why, where the name has
+ * one of the family's forms (a layer or expert number out of range or not
+ * canonical), else the forms expected. */
+static int unknown_name(const model_config *c, int32_t i, const char *name)
+{
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    char why[192], expert[128] = "";
+    if (a && arch_hf_explain(a, c, name, why, sizeof why) == 0)
+        return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model: %s", i, name, why);
+    for (int32_t k = 0; a && k < a->n_tensors && !*expert; k++)
+        if (a->tensors[k].flags & AT_EXPERT) {
+            char ex[64];
+            arch_hf_name(&a->tensors[k], 0, 0, ex, sizeof ex);
+            snprintf(expert, sizeof expert, "; each expert's tensors by its number, such as %s", ex);
+        }
+    return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (a %s model; expected "
+                   "its HF names such as model.layers.0.self_attn.q_proj.weight%s%s)", i, name, c->arch, expert,
+                   c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
+}
+
+/* Checks one manifest entry that resolved to a weight of [rows][cols]
+ * (rows 0: a vector): dtype, shape and nbytes. */
+static int check_spec(const upd_spec *sp, int64_t rows, int64_t cols)
+{
+    char got[128], want[64];
+    if (!dtype_size(sp->dtype))
+        return rd_fail(RD_EINVAL, "update: tensor '%.200s' has dtype %d; expected f32, f16 or bf16", sp->name,
+                       sp->dtype);
+    shape_str(sp, got, sizeof got);
+    if (rows)
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+    else
+        snprintf(want, sizeof want, "[%lld]", (long long)cols);
+    int ok = rows ? sp->n_dims == 2 && sp->shape[0] == (uint64_t)rows && sp->shape[1] == (uint64_t)cols
+                  : sp->n_dims == 1 && sp->shape[0] == (uint64_t)cols;
+    if (!ok)
+        return rd_fail(RD_EINVAL, "update: tensor '%.200s' has shape %s; the model's is %s", sp->name, got, want);
+    uint64_t elems = (uint64_t)(rows ? rows : 1) * (uint64_t)cols;
+    if (sp->nbytes != elems * dtype_size(sp->dtype))
+        return rd_fail(RD_EINVAL, "update: tensor '%.200s' declares %llu bytes; %s of %s is %llu", sp->name,
+                       (unsigned long long)sp->nbytes, got,
+                       sp->dtype == UPD_F32 ? "f32" : sp->dtype == UPD_F16 ? "f16" : "bf16",
+                       (unsigned long long)(elems * dtype_size(sp->dtype)));
+    return 0;
+}
+
 int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
                      uint64_t max_bytes, upd_stage **out)
 {
     *out = NULL;
     if (n < 1)
         return rd_fail(RD_EINVAL, "update: the manifest has no tensors; expected at least 1");
+    /* A name twice is the same (tensor, layer, expert): names resolve one to
+     * one (numbers canonical), so a table of first uses finds it in O(n);
+     * comparing names pairwise took seconds on the loop thread for a MoE
+     * manifest (Qwen3-30B-A3B: 18,867 tensors). */
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    const int32_t units = c->n_experts > 1 ? c->n_experts : 1;
+    int32_t *seen = calloc((size_t)(a ? a->n_tensors : 1) * (size_t)(c->n_layers + 1) * (size_t)units,
+                           sizeof *seen);
+    if (!seen)
+        return rd_fail(RD_ENOMEM, "update: out of memory for the manifest");
     uint64_t sum = 0;
-    for (int32_t i = 0; i < n; i++) {
+    int rc = 0;
+    for (int32_t i = 0; i < n && !rc; i++) {
         const upd_spec *sp = &specs[i];
         int kind, layer, expert;
         int64_t rows, cols, row0;
-        char got[128], want[64];
-        if (resolve(c, sp->name, &kind, &layer, &expert, &rows, &cols, &row0))
-            return rd_fail(RD_EINVAL, "update: tensor %d '%.200s' is not a weight of this model (a %s model; expected "
-                           "its HF names such as model.layers.0.self_attn.q_proj.weight%s)",
-                           i, sp->name, c->arch, c->tied_embeddings ? "; lm_head.weight is tied to the embedding" : "");
-        for (int32_t j = 0; j < i; j++)
-            if (!strcmp(specs[j].name, sp->name))
-                return rd_fail(RD_EINVAL, "update: tensor '%.200s' appears twice in the manifest (%d and %d)",
-                               sp->name, j, i);
-        if (!dtype_size(sp->dtype))
-            return rd_fail(RD_EINVAL, "update: tensor '%.200s' has dtype %d; expected f32, f16 or bf16", sp->name,
-                           sp->dtype);
-        shape_str(sp, got, sizeof got);
-        if (rows)
-            snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
-        else
-            snprintf(want, sizeof want, "[%lld]", (long long)cols);
-        int ok = rows ? sp->n_dims == 2 && sp->shape[0] == (uint64_t)rows && sp->shape[1] == (uint64_t)cols
-                      : sp->n_dims == 1 && sp->shape[0] == (uint64_t)cols;
-        if (!ok)
-            return rd_fail(RD_EINVAL, "update: tensor '%.200s' has shape %s; the model's is %s", sp->name, got, want);
-        uint64_t elems = (uint64_t)(rows ? rows : 1) * (uint64_t)cols;
-        if (sp->nbytes != elems * dtype_size(sp->dtype))
-            return rd_fail(RD_EINVAL, "update: tensor '%.200s' declares %llu bytes; %s of %s is %llu", sp->name,
-                           (unsigned long long)sp->nbytes, got,
-                           sp->dtype == UPD_F32 ? "f32" : sp->dtype == UPD_F16 ? "f16" : "bf16",
-                           (unsigned long long)(elems * dtype_size(sp->dtype)));
+        if (resolve(c, sp->name, &kind, &layer, &expert, &rows, &cols, &row0)) {
+            rc = unknown_name(c, i, sp->name);
+            break;
+        }
+        int32_t *first = &seen[(kind * (c->n_layers + 1) + layer + 1) * units + expert];
+        if (*first) {
+            rc = rd_fail(RD_EINVAL, "update: tensor '%.200s' appears twice in the manifest (%d and %d)", sp->name,
+                         *first - 1, i);
+            break;
+        }
+        *first = i + 1;
+        rc = check_spec(sp, rows, cols);
         sum += sp->nbytes;
     }
+    free(seen);
+    if (rc)
+        return rc;
     if (sum != total_bytes)
         return rd_fail(RD_EINVAL, "update: total_bytes is %llu; the tensors add up to %llu",
                        (unsigned long long)total_bytes, (unsigned long long)sum);

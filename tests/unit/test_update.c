@@ -374,6 +374,71 @@ static void test_manifest_errors(void)
     CREATE_FAILS(ok, 0, 0, 1 << 30, RD_EINVAL, "no tensors", NULL);
 }
 
+/* A Qwen3-30B-A3B-shaped manifest (48 layers, 128 experts: 18,867 tensors,
+ * tiny widths): it stages (no false duplicate among the per-expert names),
+ * a name repeated at its end is found with both indices, and expert or
+ * layer numbers out of range or not canonical are refused saying so. */
+static void test_manifest_moe(void)
+{
+    model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(cfg.arch, sizeof cfg.arch, "qwen3moe");
+    cfg.n_layers = 48, cfg.dim = 8, cfg.n_heads = 2, cfg.n_kv_heads = 1, cfg.head_dim = 4, cfg.ffn_dim = 8;
+    cfg.vocab = 16, cfg.max_ctx = 64, cfg.n_experts = 128, cfg.n_experts_used = 8, cfg.expert_ffn_dim = 4;
+    const model_config *c = &cfg;
+    const arch_desc *a = arch_by_name("qwen3moe", 8);
+    int cap = 20000, n = 0;
+    upd_spec *s = calloc((size_t)cap + 1, sizeof *s);
+    char (*names)[96] = calloc((size_t)cap, sizeof *names);
+    CHECK(s && names, "oom");
+    for (int l = -1; s && names && l < c->n_layers; l++)
+        for (int i = 0; i < a->n_tensors; i++) {
+            const arch_tensor *t = &a->tensors[i];
+            if (arch_group_per_layer(t->group) != (l >= 0) || !arch_tensor_present(c, t))
+                continue;
+            for (int e = 0; e < arch_group_units(c, t->group) && n < cap; e++, n++) {
+                arch_hf_name(t, l, e, names[n], sizeof names[n]);
+                uint64_t r = (uint64_t)arch_dim_value(c, t->rows), k = (uint64_t)arch_dim_value(c, t->cols);
+                s[n] = arch_group_is_linear(t->group) ? spec2(names[n], UPD_F32, r, k) : spec1(names[n], UPD_F32, k);
+            }
+        }
+    CHECK(n == 3 + 48 * (9 + 3 * 128), "%d tensors", n);
+    upd_stage *st = NULL;
+    CHECK_OK(upd_stage_create(c, s, n, sum_bytes(s, n), 1ull << 40, &st));
+    CHECK(st && st->n == n && st->t[n - 1].expert == 0 && st->t[n - 2].layer == 47, "stage");
+    int last_down = -1;
+    for (int i = 0; st && i < n; i++)
+        if (!strcmp(st->t[i].name, "model.layers.47.mlp.experts.127.down_proj.weight")) {
+            last_down = i;
+            CHECK(st->t[i].layer == 47 && st->t[i].expert == 127, "the last expert's place");
+        }
+    CHECK(last_down >= 0, "the last expert's down_proj is staged");
+    upd_stage_free(st);
+    if (last_down >= 0) {
+        char want[64];
+        snprintf(want, sizeof want, "(%d and %d)", last_down, n);
+        s[n] = s[last_down];
+        CREATE_FAILS(s, n + 1, sum_bytes(s, n + 1), 1ull << 40, RD_EINVAL, s[last_down].name, want);
+    }
+    const uint64_t F = 4, D = 8;
+    struct { const char *name, *why; } bad[] = {
+        {"model.layers.0.mlp.experts.128.up_proj.weight", "expert 128 is out of range (the model has 128 experts"},
+        {"model.layers.0.mlp.experts.99999999999.up_proj.weight", "out of range"},
+        {"model.layers.0.mlp.experts.03.up_proj.weight", "'03' is not written canonically (expected '3'"},
+        {"model.layers.0.mlp.experts.00.up_proj.weight", "(expected '0'"},
+        {"model.layers.48.mlp.experts.3.up_proj.weight", "layer 48 is out of range (the model has 48 layers"},
+        {"model.layers.07.mlp.experts.3.up_proj.weight", "layer number '07'"},
+        {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.0.gate_proj.weight"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        upd_spec b[2] = {s[0], spec2(bad[i].name, UPD_F32, F, D)};
+        CREATE_FAILS(b, 2, sum_bytes(b, 2), 1ull << 40, RD_EINVAL, bad[i].name, bad[i].why);
+        CHECK(strstr(rd_errmsg(), "not a weight of this model"), "%s", rd_errmsg());
+    }
+    free(s);
+    free(names);
+}
+
 /* Claims, fills and settles one chunk of src; returns the first error. */
 static int send_data(upd_stage *s, uint32_t ti, const uint8_t *src, uint64_t off, uint32_t len, int *dup)
 {
@@ -1802,6 +1867,7 @@ int main(void)
     tiny32_ok = load_tiny("tiny-f32", &tiny32);
 
     RUN(test_manifest_errors);
+    RUN(test_manifest_moe);
     RUN(test_chunks);
     RUN(test_build_apply_tied);
     RUN(test_build_apply_untied);
