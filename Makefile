@@ -46,7 +46,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-http bench-push bench-chain-netns bench-commit model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -172,6 +172,13 @@ bench-gemma3: all model-gemma3
 # HTTP /generate next to the NNG protocol: 64 concurrent streams, and the idle 1-token round trip.
 bench-http: all model
 	python3 tools/bench_http.py
+
+# A Qwen3-30B-A3B-shaped mixture of experts with 4 layers (random weights, generated once under build/),
+# Q4_K and Q8_0: decode tokens/s at batch 1, 8, 32, 64 next to llama.cpp, alternating, on a quiet
+# machine, with the bytes a step reads (the experts its rows hit) against the measured memory
+# bandwidth (build/bench-moe.json).
+bench-moe: all
+	tools/bench_moe.sh 2
 
 # Weight pushes: loopback baselines, 1/2/4 daemons, the stall under load (build/bench-push.json).
 bench-push: all model

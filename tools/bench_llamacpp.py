@@ -13,6 +13,15 @@ warm-up repetition); decode_tokens_per_s_median_step = batch / (median step
 time), which is robust to stalls on a shared machine. The prefill is timed on
 its second run (the first warms up).
 
+--next random feeds each sequence a seeded random token id (100..vocab-1) at
+every step instead of its greedy one: on a random-weight mixture-of-experts
+file that gives the token stream the engine's temperature-1 sampling gives
+(its logits are nearly flat), so both route rows to as many distinct experts
+(make bench-moe); the logits are still computed for every row.
+--no-extra-bufts loads with use_extra_bufts off (no CPU repack or AMX buffer
+types): a workaround for a llama.cpp build whose AMX path crashes
+(tools/setup.sh builds one without it); it measures a slower llama.cpp.
+
   python3 tools/bench_llamacpp.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
       --threads 2 --batch 1,32 --prompt-len 32 --gen 64 --json
 """
@@ -115,11 +124,15 @@ def one_batch_size(model, n_vocab, B, args):
             if not L.llama_memory_seq_rm(mem, -1, args.prompt_len, -1):
                 raise RuntimeError("llama_memory_seq_rm failed")
             nxt, steps = dict(first), []
+            pick = np.random.default_rng([args.seed, 1, rep])
             for g in range(args.gen):
                 pos = args.prompt_len + g
                 chunk = [(nxt[s], pos, s, True) for s in range(B)]
                 steps.append(decode(ctx, batch, chunk))
-                nxt = argmax_rows(ctx, chunk, n_vocab)
+                if args.next == "random":
+                    nxt = {s: int(t) for s, t in enumerate(pick.integers(100, n_vocab, B))}
+                else:
+                    nxt = argmax_rows(ctx, chunk, n_vocab)
             if rep >= args.warmup:
                 reps.append((sum(steps), statistics.median(steps)))
     finally:
@@ -134,7 +147,8 @@ def one_batch_size(model, n_vocab, B, args):
         "median_step_ms": 1000 * statistics.median(r[1] for r in reps),
         "decode_tokens_per_s_median_step": B / statistics.median(r[1] for r in reps),
         "batch": B, "threads": args.threads, "prompt_len": args.prompt_len, "gen": args.gen,
-        "reps": args.reps, "flash_attn": args.flash_attn, "kv_unified": args.kv_unified,
+        "reps": args.reps, "flash_attn": args.flash_attn, "kv_unified": args.kv_unified, "next": args.next,
+        "extra_bufts": not args.no_extra_bufts,
     }
 
 
@@ -150,6 +164,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="seed of the fixed prompt token ids")
     ap.add_argument("--kv-unified", action="store_true", help="one KV buffer for all sequences (default: one per sequence)")
     ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--next", choices=("greedy", "random"), default="greedy",
+                    help="each step's next token: the greedy one, or a seeded random id (see above)")
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="load with use_extra_bufts off (no repack / AMX buffer types; see above)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     ap.add_argument("--verbose", action="store_true", help="keep llama.cpp's log")
     args = ap.parse_args()
@@ -163,6 +181,8 @@ def main():
         L.llama_log_set(_quiet, ctypes.c_void_p(0))
     L.llama_backend_init()
     mp = L.llama_model_default_params()
+    if args.no_extra_bufts:
+        mp.use_extra_bufts = False
     model = L.llama_model_load_from_file(args.model.encode(), mp)
     if not model:
         sys.exit(f"bench_llamacpp: cannot load {args.model}")

@@ -1,7 +1,7 @@
 /* rollout-bench - throughput of the engine on a seeded rollout workload.
  *   rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--max-num-seqs B]
  *                 [--threads T] [--kv-cache-mb MB] [--block-size 16] [--decode-batches 1,32]
- *                 [--decode-only] [--json]
+ *                 [--decode-only] [--routes] [--json]
  * Workload: R prompts (random token ids, lengths 16-256) x n samples, each
  * sample generating a fixed length (16-256, long-tailed), EOS ignored so both
  * runs do the same work. It runs once with continuous batching and once as
@@ -16,14 +16,22 @@
  * "continuous", "static" or "speedup"); the decode prompts are the same.
  * Each decode batch also reports where its steps' wall time went (engine
  * phase timers, eng_stats): the layers, the head (final norm + LM head +
- * logits out), drawing the tokens, and the rest (scheduling, bookkeeping). */
+ * logits out), drawing the tokens, and the rest (scheduling, bookkeeping).
+ * --routes (MoE models): the decode requests also ask for their routes
+ * (eng_request.return_routes, the engine's routing replay), and each decode
+ * batch reports how many distinct experts a step's rows hit per layer: the
+ * experts whose weights that step reads (mean, min and max over the 64 steps
+ * x layers, and the mean per layer). Recording the routes costs a copy of
+ * layers x B x k ids per step. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
+#include "engine/backend.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
 #include "engine/model/loader.h"
@@ -126,8 +134,60 @@ typedef struct {
     double layers, head, sample, other;
 } phase_share;
 
+/* --routes: distinct experts a decode step hit, per layer. */
+typedef struct {
+    double mean, *layer_mean;   /* over the timed steps (x layers); layer_mean [n_layers] */
+    int32_t min, max, n_layers;
+} moe_hits;
+
+/* Distinct experts among the B sequences' routes at positions 32..95 (the
+ * 64 timed steps), per layer. */
+static int count_hits(engine *e, const model_config *c, int B, moe_hits *h)
+{
+    const int32_t L = c->n_layers, k = c->n_experts_used, E = c->n_experts;
+    eng_result *res = calloc((size_t)B, sizeof *res);
+    h->layer_mean = calloc((size_t)L, sizeof(double));
+    h->n_layers = L;
+    h->min = INT32_MAX;
+    h->max = 0;
+    h->mean = 0;
+    if (!res || !h->layer_mean)
+        return rd_fail(RD_ENOMEM, "rollout-bench: out of memory");
+    int got = 0, n;
+    while (got < B && (n = eng_collect(e, res + got, B - got)) > 0)
+        got += n;
+    int rc = 0;
+    if (got != B)
+        rc = rd_fail(RD_EINVAL, "rollout-bench: %d of %d decode sequences finished", got, B);
+    for (int b = 0; b < got && !rc; b++)
+        if (res[b].n_routes < 96 || res[b].route_layers != L || res[b].route_k != k)
+            rc = rd_fail(RD_EINVAL, "rollout-bench: sequence %d returned %d positions of routes (expected >= 96)", b,
+                         res[b].n_routes);
+    for (int32_t t = 32; t < 96 && !rc; t++)
+        for (int32_t l = 0; l < L; l++) {
+            uint8_t seen[RD_MOE_MAX_EXPERTS] = {0};
+            int32_t hits = 0;
+            for (int b = 0; b < B; b++)
+                for (int32_t j = 0; j < k; j++) {
+                    int32_t x = res[b].routes[((size_t)t * L + l) * k + j];
+                    if (x >= 0 && x < E && !seen[x]) {
+                        seen[x] = 1;
+                        hits++;
+                    }
+                }
+            h->layer_mean[l] += hits / 64.0;
+            h->mean += hits / (64.0 * L);
+            h->min = hits < h->min ? hits : h->min;
+            h->max = hits > h->max ? hits : h->max;
+        }
+    for (int b = 0; b < got; b++)
+        eng_result_free(&res[b]);
+    free(res);
+    return rc;
+}
+
 static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng, double *median_tps,
-                         phase_share *ph)
+                         phase_share *ph, moe_hits *hits)
 {
     eng_config cfg = *base;
     cfg.max_num_seqs = B > cfg.max_num_seqs ? B : cfg.max_num_seqs;
@@ -142,7 +202,8 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng,
             prompt[i] = 100 + (int32_t)(mix(rng) % 20000);
         samp_params sp = samp_default();
         sp.seed = (uint64_t)b;
-        eng_request rq = {.prompt = prompt, .n_prompt = 32, .n = 1, .max_tokens = 65, .sp = sp, .ignore_eos = 1};
+        eng_request rq = {.prompt = prompt, .n_prompt = 32, .n = 1, .max_tokens = 65, .sp = sp, .ignore_eos = 1,
+                          .return_routes = hits != NULL};
         int64_t id;
         if (eng_add(e, &rq, &id))
             return -1;
@@ -163,6 +224,8 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng,
     }
     double dt = clock_now_s() - t0;
     eng_get_stats(e, &s1);
+    if (hits && count_hits(e, &m->cfg, B, hits))
+        return -1;
     eng_destroy(e);
     ph->layers = (s1.ns_layers - s0.ns_layers) * 1e-9 / dt;
     ph->head = (s1.ns_head - s0.ns_head) * 1e-9 / dt;
@@ -176,7 +239,7 @@ static double decode_tps(model *m, const eng_config *base, int B, uint64_t *rng,
 int main(int argc, char **argv)
 {
     const char *model_path = NULL;
-    int R = 64, n = 4, json = 0, threads = 0, max_seqs = 64, decode_only = 0;
+    int R = 64, n = 4, json = 0, threads = 0, max_seqs = 64, decode_only = 0, routes = 0;
     int64_t kv_mb = 1024;
     int32_t block_size = 16;
     uint64_t seed = 1;
@@ -193,6 +256,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--kv-cache-mb")) kv_mb = cli_int(P, a, cli_value(P, argc, argv, &i), 1, 1 << 24);
         else if (!strcmp(a, "--decode-batches")) dec_b = cli_ids(P, a, cli_value(P, argc, argv, &i), &n_dec);
         else if (!strcmp(a, "--decode-only")) decode_only = 1;
+        else if (!strcmp(a, "--routes")) routes = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else cli_die(P, "unknown flag '%s'%s (see the comment at the top of tools/rollout-bench.c)", a, "");
     }
@@ -212,6 +276,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const model_config *mc = &L.m->cfg;
+    if (routes && mc->n_experts == 0)
+        cli_die(P, "--routes needs a mixture-of-experts model (%s has none)%s", model_path, "");
     uint64_t rng = seed;
     work_item *w = calloc((size_t)R, sizeof *w);
     int64_t work_tokens = 0;
@@ -240,8 +306,9 @@ int main(int argc, char **argv)
     double *dec = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec);
     double *dec_med = calloc((size_t)(n_dec ? n_dec : 1), sizeof *dec_med);
     phase_share *ph = calloc((size_t)(n_dec ? n_dec : 1), sizeof *ph);
+    moe_hits *hits = calloc((size_t)(n_dec ? n_dec : 1), sizeof *hits);
     for (int32_t i = 0; i < n_dec; i++)
-        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng, &dec_med[i], &ph[i])) < 0) {
+        if ((dec[i] = decode_tps(L.m, &cfg, dec_b[i], &rng, &dec_med[i], &ph[i], routes ? &hits[i] : NULL)) < 0) {
             fprintf(stderr, "%s: decode benchmark failed: %s\n", P, rd_errmsg());
             return 1;
         }
@@ -286,6 +353,23 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(x, "sample", ph[i].sample);
             cJSON_AddNumberToObject(x, "other", ph[i].other);
         }
+        if (routes) {
+            cJSON *dh = cJSON_AddObjectToObject(o, "decode_experts_hit");
+            cJSON_AddNumberToObject(dh, "n_experts", mc->n_experts);
+            cJSON_AddNumberToObject(dh, "k", mc->n_experts_used);
+            cJSON_AddNumberToObject(dh, "n_layers", mc->n_layers);
+            for (int32_t i = 0; i < n_dec; i++) {
+                char k[32];
+                snprintf(k, sizeof k, "batch_%d", dec_b[i]);
+                cJSON *x = cJSON_AddObjectToObject(dh, k);
+                cJSON_AddNumberToObject(x, "mean", hits[i].mean);
+                cJSON_AddNumberToObject(x, "min", hits[i].min);
+                cJSON_AddNumberToObject(x, "max", hits[i].max);
+                cJSON *pl = cJSON_AddArrayToObject(x, "per_layer");
+                for (int32_t l = 0; l < hits[i].n_layers; l++)
+                    cJSON_AddItemToArray(pl, cJSON_CreateNumber(hits[i].layer_mean[l]));
+            }
+        }
         char *s = cJSON_PrintUnformatted(o);
         puts(s);
         free(s);
@@ -308,6 +392,9 @@ int main(int argc, char **argv)
                    "head (norm, LM head) %.1f%%, sampling %.1f%%, other %.1f%%\n",
                    dec_b[i], dec[i], dec_med[i], L.be->n_threads, 100 * ph[i].layers, 100 * ph[i].head,
                    100 * ph[i].sample, 100 * ph[i].other);
+        for (int32_t i = 0; i < n_dec && routes; i++)
+            printf("decode batch %-4d distinct experts a step hit per layer: mean %.1f (min %d, max %d) of %d, "
+                   "top %d\n", dec_b[i], hits[i].mean, hits[i].min, hits[i].max, mc->n_experts, mc->n_experts_used);
     }
     return 0;
 }
