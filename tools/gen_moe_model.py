@@ -121,24 +121,13 @@ def tensors(s, layers):
     return out
 
 
-def main(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--dtype", choices=sorted(QTYPES), default="q8_0")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--init-std", type=float, default=0.02)
-    p.add_argument("--embed-std", type=float, default=3.0)
-    a = p.parse_args(argv)
-    s = SHAPE
-    tokens, merges = gtm.train_bpe(s["vocab"])
-
-    w = gguf.GGUFWriter(a.out, arch=ARCH)
-    w.add_name(f"qwen3moe-30b-a3b-shape-{a.layers}l-synth-{a.dtype}")
-    w.add_file_type(FILE_TYPES[a.dtype])
+def add_metadata(w, s, n_layers, tokens, merges):
+    """The qwen3moe GGUF keys of shape s (dict: ctx, dim, ffn, heads, kv_heads, head_dim, eps, theta,
+    n_expert, k, ffn_exp) with n_layers layers, and gen_tiny_model's tokenizer (tokens, merges):
+    what llama.cpp's converter writes for Qwen3MoeForCausalLM. tests/py/moe_model.py uses it too."""
     w.add_context_length(s["ctx"])
     w.add_embedding_length(s["dim"])
-    w.add_block_count(a.layers)
+    w.add_block_count(n_layers)
     w.add_feed_forward_length(s["ffn"])
     w.add_head_count(s["heads"])
     w.add_head_count_kv(s["kv_heads"])
@@ -161,6 +150,24 @@ def main(argv):
     w.add_pad_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(gtm.CHATML)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--dtype", choices=sorted(QTYPES), default="q8_0")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--init-std", type=float, default=0.02)
+    p.add_argument("--embed-std", type=float, default=3.0)
+    a = p.parse_args(argv)
+    s = SHAPE
+    tokens, merges = gtm.train_bpe(s["vocab"])
+
+    w = gguf.GGUFWriter(a.out, arch=ARCH)
+    w.add_name(f"qwen3moe-30b-a3b-shape-{a.layers}l-synth-{a.dtype}")
+    w.add_file_type(FILE_TYPES[a.dtype])
+    add_metadata(w, s, a.layers, tokens, merges)
 
     # Tensor infos first, then each tensor is made and written in turn.
     ts = tensors(s, a.layers)

@@ -176,7 +176,10 @@ int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_
     return 0;
 }
 
-void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
+/* The pre-norm attention sublayer (Llama, Qwen2, Qwen3, Qwen3-MoE), x +=
+ * o(attention(rope(norms(q|k|v(rmsnorm(x)))))), then xn = rmsnorm(x) for
+ * the FFN: the q|k|v bias and per-head q/k norms where the layer has them. */
+static void attention_sublayer(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
 {
     const model *m = r->m;
     const model_config *c = &m->cfg;
@@ -201,6 +204,16 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
     op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
     op->linear(be, L->o, r->att, M, r->x, 1);
     op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
+}
+
+void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
+{
+    const model_config *c = &r->m->cfg;
+    rd_backend *be = r->be;
+    const rd_backend_ops *op = be->ops;
+    const model_layer *L = &r->m->layers[l];
+
+    attention_sublayer(r, sd, M, l);
     op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
     op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
     op->linear(be, L->down, r->ff, M, r->x, 1);
@@ -208,25 +221,14 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
 
 void runner_layer_moe(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
 {
-    const model *m = r->m;
-    const model_config *c = &m->cfg;
+    const model_config *c = &r->m->cfg;
     rd_backend *be = r->be;
     const rd_backend_ops *op = be->ops;
-    const int32_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, k = c->n_experts_used;
-    const int32_t qkv_dim = (nh + 2 * nkv) * hd;
-    const model_layer *L = &m->layers[l];
+    const int32_t k = c->n_experts_used;
+    const model_layer *L = &r->m->layers[l];
     int32_t *routes = r->routes + (size_t)l * r->max_rows * k;
 
-    op->rmsnorm(be, r->x, L->attn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
-    op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
-    op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps, 0.0f);
-    op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps, 0.0f);
-    op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, m->rope);
-    op->kv_write(be, &r->attn, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l],
-                 r->v_cache[l]);
-    op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
-    op->linear(be, L->o, r->att, M, r->x, 1);
-    op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
+    attention_sublayer(r, sd, M, l);
     op->linear(be, L->router, r->xn, M, r->router, 0);
     op->moe_route(be, r->router, M, c->n_experts, k, c->moe_norm_topk, routes, r->route_w);
     /* The handles are read at the call: after a weight swap the array holds the new ones. */

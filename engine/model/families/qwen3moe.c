@@ -86,18 +86,15 @@ static int hf_int(const cJSON *root, const char *key, int32_t *v)
     return 0;
 }
 
+extern const arch_desc arch_qwen3;
+
 static int check_hf(const void *json, model_config *c)
 {
     const cJSON *root = json;
-    int rc = arch_hf_check_str(json, "hidden_act", "silu", "SwiGLU");
+    /* The attention is Qwen3's, and so are its config rules. */
+    int rc = arch_qwen3.check_hf(json, c);
     if (rc)
         return rc;
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias")))
-        return rd_fail(RD_ENOTSUP, "model: config.json: attention_bias is true; Qwen3-MoE has no attention biases "
-                                   "(expected false)");
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window")))
-        return rd_fail(RD_ENOTSUP, "model: config.json: use_sliding_window is true; sliding-window attention is "
-                                   "not supported yet (expected false: full attention)");
     if ((rc = hf_int(root, "num_experts", &c->n_experts)) ||
         (rc = hf_int(root, "num_experts_per_tok", &c->n_experts_used)) ||
         (rc = hf_int(root, "moe_intermediate_size", &c->expert_ffn_dim)))
@@ -121,9 +118,7 @@ static int check_hf(const void *json, model_config *c)
 
 static void hf_extra(void *json, const model_config *c)
 {
-    cJSON_AddStringToObject(json, "hidden_act", "silu");
-    cJSON_AddBoolToObject(json, "attention_bias", 0);
-    cJSON_AddBoolToObject(json, "use_sliding_window", 0);
+    arch_qwen3.hf_extra(json, c);
     cJSON_AddNumberToObject(json, "num_experts", c->n_experts);
     cJSON_AddNumberToObject(json, "num_experts_per_tok", c->n_experts_used);
     cJSON_AddNumberToObject(json, "moe_intermediate_size", c->expert_ffn_dim);
