@@ -6,7 +6,11 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 CUDA    ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 PYTHON  ?= python3
-ARCH    ?= -march=native
+# Baseline x86-64: one build runs on every x86-64 host; the CPU kernels pick
+# their AVX-512 / AVX2 / plain C path at run time (base/cpu_isa.h). NATIVE=1
+# builds for this host's CPU only (benchmarking; the kernels still dispatch).
+NATIVE  ?= 0
+ARCH    ?= $(if $(filter 1,$(NATIVE)),-march=native)
 OPT     ?= -O2
 BUILD   ?= build
 

@@ -14,6 +14,7 @@
 #include "daemon/netaddr.h"
 #include "proto/tls.h"
 #include "base/clock.h"
+#include "base/cpu_isa.h"
 #include "base/err.h"
 
 /* The model's name: the file's base name without ".gguf" (general.name in
@@ -200,6 +201,9 @@ int main(int argc, char **argv)
     }
     d->t_start_us = (uint64_t)clock_now_us();
     log_line("loading %s (backend %s)", d->cfg.model, d->cfg.backend);
+    if (!strcmp(d->cfg.backend, "cpu"))
+        log_line("CPU kernels: the %s path (this CPU supports up to %s; RD_CPU_ISA=scalar|avx2|avx512 picks a "
+                 "lower one)", cpu_isa_name(cpu_isa_active()), cpu_isa_name(cpu_isa_best()));
     if (rd_load(d->cfg.model, d->cfg.backend, (int)d->cfg.threads, &d->L)) {
         fprintf(stderr, "rolloutd: cannot load the model: %s\n", rd_errmsg());
         return 1;

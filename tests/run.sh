@@ -45,6 +45,12 @@ for t in "$BUILD"/tests/test_*; do
   run_one "$(basename "$t")" "$t"
 done
 
+# The GEMM's checks against the scalar fmaf chain on the kernels' AVX2 and plain C paths too
+# (base/cpu_isa.h; on a host without AVX2 both fall back to plain C).
+for isa in avx2 scalar; do
+  [ -x "$BUILD/tests/test_gemm" ] && run_one "$isa:test_gemm" env RD_CPU_ISA=$isa "$BUILD/tests/test_gemm"
+done
+
 # The same unit tests built with AddressSanitizer + UBSan (make asan-build).
 if [ -n "${RD_ASAN_BUILD:-}" ]; then
   for t in "$RD_ASAN_BUILD"/tests/test_*; do

@@ -3,8 +3,8 @@
  *   rollout-membw [--threads 2] [--mb 1024] [--reps 7] [--json]
  * Reads a buffer of --mb MiB (touched first, so it is resident; far past the
  * caches) on the CPU backend's thread pool: tasks of 4 MiB claimed from a
- * counter, as the GEMM claims its panels, each summed with 512-bit (or 256-bit)
- * loads into independent accumulators. Prints the best of --reps passes in
+ * counter, as the GEMM claims its panels, each summed with 512-bit (256-bit,
+ * 128-bit: the kernels' path on this host) loads into independent accumulators. Prints the best of --reps passes in
  * GB/s (10^9 bytes per second of wall time) for 1 thread and for --threads. */
 #include <immintrin.h>
 #include <stdint.h>
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/cpu_isa.h"
 #include "base/pool.h"
 #include "tools/cli.h"
 
@@ -25,11 +26,9 @@ typedef struct {
     uint64_t sink[POOL_MAX_THREADS * 8];
 } job;
 
-static void read_task(void *ctx, int32_t task, int32_t worker)
+/* The chunk summed with 512-bit loads (4 accumulators). */
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint8_t *p)
 {
-    job *j = ctx;
-    const uint8_t *p = j->buf + (size_t)task * CHUNK;
-#ifdef __AVX512F__
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     for (size_t i = 0; i < CHUNK; i += 256) {
         a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
@@ -38,8 +37,12 @@ static void read_task(void *ctx, int32_t task, int32_t worker)
         a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 192)));
     }
     a0 = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
-    j->sink[worker * 8] += (uint64_t)_mm512_reduce_add_epi64(a0);
-#else
+    return (uint64_t)_mm512_reduce_add_epi64(a0);
+}
+
+/* The same with 256-bit loads. */
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p)
+{
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     for (size_t i = 0; i < CHUNK; i += 128) {
         a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
@@ -50,8 +53,32 @@ static void read_task(void *ctx, int32_t task, int32_t worker)
     a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
     uint64_t v[4];
     memcpy(v, &a0, sizeof v);
-    j->sink[worker * 8] += v[0] + v[1] + v[2] + v[3];
-#endif
+    return v[0] + v[1] + v[2] + v[3];
+}
+
+/* And with 128-bit loads (SSE2, every x86-64). */
+static uint64_t sum_sse2(const uint8_t *p)
+{
+    __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < CHUNK; i += 64) {
+        a0 = _mm_add_epi64(a0, _mm_load_si128((const __m128i *)(p + i)));
+        a1 = _mm_add_epi64(a1, _mm_load_si128((const __m128i *)(p + i + 16)));
+        a2 = _mm_add_epi64(a2, _mm_load_si128((const __m128i *)(p + i + 32)));
+        a3 = _mm_add_epi64(a3, _mm_load_si128((const __m128i *)(p + i + 48)));
+    }
+    a0 = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
+    uint64_t v[2];
+    memcpy(v, &a0, sizeof v);
+    return v[0] + v[1];
+}
+
+/* The widest loads the kernels' path uses (base/cpu_isa.h). */
+static void read_task(void *ctx, int32_t task, int32_t worker)
+{
+    job *j = ctx;
+    const uint8_t *p = j->buf + (size_t)task * CHUNK;
+    cpu_isa isa = cpu_isa_active();
+    j->sink[worker * 8] += isa == CPU_ISA_AVX512 ? sum_avx512(p) : isa == CPU_ISA_AVX2 ? sum_avx2(p) : sum_sse2(p);
 }
 
 /* Best GB/s of reps passes with n tasks, on the first `threads` pool workers

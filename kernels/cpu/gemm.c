@@ -4,14 +4,19 @@
  * the inner loop loads 16 consecutive weights per k and broadcasts one x value
  * per row. Every y[r][c] is acc = fma(x[r][k], w[c][k], acc) for k in order,
  * starting from 0: the tile shape (AVX2: 4 rows x 16 columns or 1 row x 64;
- * AVX-512: up to 8 rows x 32 columns or 3 rows x 64) only decides how many
- * chains run side by side, never the order inside one. */
+ * AVX-512: up to 8 rows x 32 columns or 3 rows x 64; plain C: one row x 16
+ * columns) only decides how many chains run side by side, never the order
+ * inside one. Which path runs is decided at run time (base/cpu_isa.h); each
+ * vector path is compiled with its own target options, the file itself for
+ * baseline x86-64. */
 #include "kernels/cpu/gemm.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cpu_isa.h"
 #include "base/err.h"
 #include "base/pool.h"
 
@@ -76,7 +81,8 @@ void gemm_unpack(const gemm_weight *g, float *w)
         gemm_row(g, r, w + (size_t)r * g->in);
 }
 
-#if defined(__AVX512F__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
 /* AVX-512: a tile is R rows x NP panels, one 16-lane register per (row,
  * panel), so R * NP chains run side by side (up to 16 of the 32 registers).
  * Each lane is still one output's FMA chain over k in order from 0, the same
@@ -149,8 +155,8 @@ static const tile_fn tiles[8][4] = {
 /* Rows [r, r1) over panels [p0, p0 + np), np <= 4: 8-row tiles over panel
  * pairs, then the rest of the rows; 1-3 rows take all np panels at once so
  * a single decode row still has 4 chains in flight. */
-void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
-                      int32_t np, int accumulate)
+static void rows_avx512(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+                        int32_t np, int accumulate)
 {
     const int32_t in = g->in, out = g->out;
     while (r < r1) {
@@ -165,7 +171,10 @@ void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_
         r += R;
     }
 }
-#else
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
 /* Stores 16 results for columns [c0, c0+16) of one row, clipped to out. */
 static inline void store16(float *yrow, int32_t c0, int32_t out, __m256 a, __m256 b, int accumulate)
 {
@@ -243,7 +252,7 @@ static void tile_1x64(const gemm_weight *g, const float *x, int32_t p0, int32_t 
 }
 
 /* AVX2: 4-row x 1-panel tiles, then single rows over all np panels. */
-void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+static void rows_avx2(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
                       int32_t np, int accumulate)
 {
     const int32_t in = g->in, out = g->out;
@@ -253,7 +262,41 @@ void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_
     for (; r < r1; r++)
         tile_1x64(g, x + (size_t)r * in, p0, np, y + (size_t)r * out, accumulate);
 }
-#endif
+#pragma GCC pop_options
+
+/* Plain C: one row x one panel at a time, the 16 chains of the panel's
+ * columns side by side; fmaf rounds once, as the vector FMA lanes do. */
+static void rows_scalar(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0,
+                        int32_t np, int accumulate)
+{
+    const int32_t in = g->in, out = g->out;
+    for (; r < r1; r++) {
+        const float *xr = x + (size_t)r * in;
+        float *yr = y + (size_t)r * out;
+        for (int32_t p = p0; p < p0 + np; p++) {
+            const float *w = g->packed + (size_t)p * in * GEMM_PANEL;
+            float acc[GEMM_PANEL] = {0};
+            for (int32_t k = 0; k < in; k++, w += GEMM_PANEL) {
+                const float v = xr[k];
+                for (int l = 0; l < GEMM_PANEL; l++)
+                    acc[l] = fmaf(v, w[l], acc[l]);
+            }
+            const int32_t c0 = p * GEMM_PANEL, n = out - c0 < GEMM_PANEL ? out - c0 : GEMM_PANEL;
+            for (int32_t l = 0; l < n; l++)
+                yr[c0 + l] = accumulate ? yr[c0 + l] + acc[l] : acc[l];
+        }
+    }
+}
+
+void gemm_rows(const gemm_weight *g, const float *x, float *y, int32_t r, int32_t r1, int32_t p0, int32_t np,
+               int accumulate)
+{
+    switch (cpu_isa_active()) {
+    case CPU_ISA_AVX512: rows_avx512(g, x, y, r, r1, p0, np, accumulate); return;
+    case CPU_ISA_AVX2: rows_avx2(g, x, y, r, r1, p0, np, accumulate); return;
+    default: rows_scalar(g, x, y, r, r1, p0, np, accumulate); return;
+    }
+}
 
 typedef struct {
     const gemm_weight *g;

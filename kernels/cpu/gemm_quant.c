@@ -15,10 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
 
+#include "base/cpu_isa.h"
 #include "base/err.h"
 #include "engine/format/gguf.h"
 #include "base/pool.h"
@@ -373,9 +372,12 @@ void gemm_qlinear_index(gemm_qlinear *L)
 }
 
 /* ---------------------------------------------------------------------------
- * AVX-512 decode of one chunk of GEMMQ_CHUNK k (k0 a multiple of it). */
+ * AVX-512 decode of one chunk of GEMMQ_CHUNK k (k0 a multiple of it),
+ * compiled for AVX-512 whatever the build's flags; taken where
+ * cpu_isa_active() says the host has it (base/cpu_isa.h). */
 
-#if defined(__AVX512F__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
 static inline __m512 cvt_u8(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline __m512 ld_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline __mmask16 ld_mask(const uint8_t *p) { return (__mmask16)rd16(p); }
@@ -511,15 +513,14 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
     }
     }
 }
-#endif
+#pragma GCC pop_options
 
 void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
 {
-#if defined(__AVX512F__)
-    decode_avx512(q, p, k0, nk, dst);
-#else
-    decode_lanes(q, p, k0, nk, 0, LANES, dst, LANES);
-#endif
+    if (cpu_isa_active() >= CPU_ISA_AVX512)
+        decode_avx512(q, p, k0, nk, dst);
+    else
+        decode_lanes(q, p, k0, nk, 0, LANES, dst, LANES);
 }
 
 /* ---------------------------------------------------------------------------
@@ -589,7 +590,8 @@ static void put_rows(const float *t, int32_t tld, int32_t rows, int32_t cols, fl
     }
 }
 
-#if defined(__AVX512F__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
 /* Batch 1-3 streams the weights once per step and is bound by how fast
  * they arrive: a task's group is one linear stream (pblock_at), which is
  * fetched PREFETCH_BYTES ahead of the decoder, a chunk's worth per step
@@ -836,7 +838,7 @@ QS(1, 1) QS(1, 2) QS(1, 3) QS(1, 4) QS(2, 1) QS(2, 2) QS(2, 3) QS(2, 4) QS(3, 1)
 #undef QS
 static const qsmall_fn qsmall[3][4] = {
     {qs_1x1, qs_1x2, qs_1x3, qs_1x4}, {qs_2x1, qs_2x2, qs_2x3, qs_2x4}, {qs_3x1, qs_3x2, qs_3x3, qs_3x4}};
-#endif
+#pragma GCC pop_options
 
 static void qtask(void *ctx, int32_t t, int32_t worker)
 {
@@ -853,8 +855,7 @@ static void qtask(void *ctx, int32_t t, int32_t worker)
     const int32_t rows = j->r1 - j->r0, in = q->in;
     const float *x = j->x + (size_t)j->r0 * in;
     float *y = j->y + (size_t)j->r0 * L->out + col0;
-#if defined(__AVX512F__)
-    if (rows <= SMALL_ROWS) {
+    if (rows <= SMALL_ROWS && cpu_isa_active() >= CPU_ISA_AVX512) {
         qrow1_fn f = rows == 1 ? qrow1_for(q->type, np) : NULL;
         if (f)
             f(q, x, p0, y, ncol, j->accumulate);
@@ -862,7 +863,6 @@ static void qtask(void *ctx, int32_t t, int32_t worker)
             qsmall[rows - 1][np - 1](q, x, p0, y, L->out, ncol, j->accumulate);
         return;
     }
-#endif
     float tmp[ROW_CHUNK * 4 * LANES] __attribute__((aligned(64)));
     float *w = scratch[worker];
     if (scratch_n[worker] < (size_t)np * in * LANES) {

@@ -34,12 +34,13 @@ class Daemon:
 
     extra: more flags. config: a file under the repository, None for no --config. model: the
     default model unless given. listen: the learner socket (tcp://127.0.0.1:<free port> unless
-    given). http_host: where the HTTP server binds, on a free port. With wait, returns once
+    given). http_host: where the HTTP server binds, on a free port. env: variables added to the
+    daemon's environment. With wait, returns once
     /health answers 200 and raises with the log's tail if the daemon exits or timeout s pass;
     wait=False returns at once (for a start that must fail)."""
 
     def __init__(self, *extra, config="configs/test.json", model=None, listen=None, http_host="127.0.0.1",
-                 wait=True, timeout=60):
+                 wait=True, timeout=60, env=None):
         self.port, self.http_port = free_port(), free_port()
         self.url = listen or f"tcp://127.0.0.1:{self.port}"
         self.log = open(os.path.join(TMP, f"rolloutd-{self.port}.log"), "w+")
@@ -47,7 +48,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.path.join(BUILD, "rolloutd"), *cfg, "--model", model or MODEL, "--listen", self.url,
              "--status-listen", f"{http_host}:{self.http_port}", *map(str, extra)],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
         if wait:
             self.wait_healthy(timeout)
 
