@@ -20,7 +20,8 @@ run_one() {
   local name=$1; shift
   local out rc t0=$SECONDS
   out=$("$@" 2>&1); rc=$?
-  printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) ' | sed "s|^|[$name] |"
+  # PASS/FAIL/SKIP lines, and which llama.cpp build and buffer types an oracle ran (tools/llamacpp_info.py).
+  printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) |^llama\.cpp: ' | sed "s|^|[$name] |"
   # Where the suite's time goes (one line per file; not counted).
   echo "[$name] took $((SECONDS - t0)) s"
   local p f

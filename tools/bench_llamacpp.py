@@ -26,7 +26,6 @@ types): a workaround for a llama.cpp build whose AMX path crashes
       --threads 2 --batch 1,32 --prompt-len 32 --gen 64 --json
 """
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -34,15 +33,12 @@ import time
 
 import numpy as np
 
+import llamacpp_info
+
 try:
     import llama_cpp as L
 except ImportError:
     sys.exit("bench_llamacpp: llama-cpp-python is not installed (tools/setup.sh installs it)")
-
-
-@L.llama_log_callback
-def _quiet(level, text, user_data):  # drop llama.cpp's log lines
-    pass
 
 
 class Batch:
@@ -177,15 +173,19 @@ def main():
     if args.prompt_len < 1 or args.gen < 1 or args.reps < 1:
         sys.exit("bench_llamacpp: --prompt-len, --gen and --reps must be >= 1")
 
-    if not args.verbose:
-        L.llama_log_set(_quiet, ctypes.c_void_p(0))
+    # llama.cpp's log is kept only with --verbose (llama-cpp-python's callback prints at ERROR).
+    import llama_cpp._logger
+    llama_cpp._logger.set_verbose(args.verbose)
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     if args.no_extra_bufts:
         mp.use_extra_bufts = False
-    model = L.llama_model_load_from_file(args.model.encode(), mp)
+    with llamacpp_info.capture() as bufs:
+        model = L.llama_model_load_from_file(args.model.encode(), mp)
     if not model:
         sys.exit(f"bench_llamacpp: cannot load {args.model}")
+    # Which build and buffer types ran (CPU_REPACK: llama.cpp's repacked kernels).
+    print(llamacpp_info.describe(args.model, bufs))
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     results = {}
     try:

@@ -11,6 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.path.join(ROOT, os.environ.get("RD_BUILD", "build"))
 MODEL = os.path.join(ROOT, os.environ.get("RD_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
 TMP = os.environ.get("RD_TMP") or "/tmp"
+# tools/llamacpp_info.py: the oracles load llama.cpp through it (it prints the build and buffer types).
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 _cases = []
 

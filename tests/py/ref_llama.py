@@ -60,6 +60,7 @@ Command line:
   python3 tests/py/ref_llama.py MODEL.gguf 1,2,3 --llamacpp also max |ref - llama.cpp|
       on the file and on its F32 copy (written next to /tmp)
 """
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -589,7 +590,8 @@ def f32_copy(src, dst, scale=None):
 
 
 def _llamacpp_logits(path, ids, fp32):
-    from llama_cpp import Llama
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+    from llamacpp_info import Llama  # llama_cpp.Llama, printing its build and buffer types
     kw = dict(type_k=0, type_v=0, flash_attn=False) if fp32 else {}
     llm = Llama(model_path=path, n_ctx=max(512, len(ids)), n_threads=2, logits_all=True, verbose=False, **kw)
     llm.eval(ids)

@@ -148,7 +148,7 @@ def prompt(n, seed=0):
 
 def llm(fam):
     if fam not in _llms:
-        from llama_cpp import Llama
+        from llamacpp_info import Llama  # llama_cpp.Llama, printing its build and buffer types
         _llms[fam] = Llama(model_path=model(fam)[0], n_ctx=CTX, n_batch=512, n_threads=2, n_threads_batch=2,
                            logits_all=True, verbose=False, seed=0, type_k=0, type_v=0, flash_attn=False)
     return _llms[fam]

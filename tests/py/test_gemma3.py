@@ -82,7 +82,7 @@ def f32_copy():
 
 def llm(kind):
     if kind not in _llms:
-        from llama_cpp import Llama
+        from llamacpp_info import Llama  # llama_cpp.Llama, printing its build and buffer types
         kw = dict(n_ctx=1024, n_batch=1024, n_threads=2, n_threads_batch=2, logits_all=True, verbose=False, seed=0)
         if kind == "f32":
             _llms[kind] = Llama(model_path=f32_copy(), type_k=0, type_v=0, flash_attn=False, **kw)

@@ -105,7 +105,7 @@ def f32_copy():
 
 def llm(kind="q4_1"):
     if kind not in _llms:
-        from llama_cpp import Llama
+        from llamacpp_info import Llama  # llama_cpp.Llama, printing its build and buffer types
         kw = dict(n_ctx=512, n_batch=512, n_threads=2, n_threads_batch=2, logits_all=True, verbose=False, seed=0)
         if kind == "f32":  # fp32 everywhere: F32 weights, F32 KV cache (GGML_TYPE_F32 = 0), no flash attention
             _llms[kind] = Llama(model_path=f32_copy(), type_k=0, type_v=0, flash_attn=False, **kw)

@@ -117,7 +117,7 @@ def clean_prompt(m, n, seed=0):
 
 def llm():
     if not _llm:
-        from llama_cpp import Llama
+        from llamacpp_info import Llama  # llama_cpp.Llama, printing its build and buffer types
         _llm.append(Llama(model_path=model("f32")[0], n_ctx=CTX, n_batch=512, n_threads=2, n_threads_batch=2,
                           logits_all=True, verbose=False, seed=0, type_k=0, type_v=0, flash_attn=False))
     return _llm[0]

@@ -161,7 +161,7 @@ def reference_matches_llamacpp_f32():
     # (F32 KV cache, no flash attention: llama.cpp then computes in fp32), GQA
     # and MHA: this pins the reference's reading of the Q/K permutation, RoPE
     # and GQA head mapping to llama.cpp's, independently of our C code.
-    from llama_cpp import Llama
+    from llamacpp_info import Llama  # llama_cpp.Llama, printing its build and buffer types
     for kw in (dict(tied=False), dict(heads=4, kv_heads=4, tied=True, seed=2)):
         path, m = tiny("f32", **kw)
         ids = prompt(100)
