@@ -506,6 +506,9 @@ def router_fails_over_when_a_daemon_dies_and_uses_it_again():
     # Restarted on the same port: the router's health check and circuit breaker take it back.
     b2 = daemon_on(port, TINY)
     _daemons["b"] = b2
+    # A rejoining daemon catches up on the weights before it serves (the cycle's update).
+    if os.path.isdir(os.path.join(WORK, "step1")):
+        assert post(port, "/update_weights", {"weight_dir": perturbed_folder()})[0] == 200
     deadline = time.time() + 60
     while status(port)["requests"]["completed"] == 0:
         assert time.time() < deadline, f"the restarted daemon was never used again: {ROUTER['log'].name}"
@@ -513,6 +516,45 @@ def router_fails_over_when_a_daemon_dies_and_uses_it_again():
         assert st == 200
         time.sleep(0.2)
     assert status(a.http_port)["requests"]["completed"] > served_a
+
+
+@router_case
+def cache_aware_router_keeps_a_prefix_on_one_daemon():
+    """vllm-router's default policy over the same two daemons: calls that share a long prefix land
+    on one daemon, and their answers equal the daemons' own."""
+    router_port()
+    a, b = _daemons["a"], _daemons["b"]
+    port = free_port()
+    log = open(os.path.join(WORK, "router-ca.log"), "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port",
+                             str(port), "--worker-urls", f"http://127.0.0.1:{a.http_port}",
+                             f"http://127.0.0.1:{b.http_port}", "--policy", "cache_aware", "--prometheus-port",
+                             str(free_port()), "--api-key", KEY, "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if call(port, "/health", timeout=2, raw=True)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "vllm-router (cache_aware) did not start"
+            time.sleep(0.2)
+        before = [status(d.http_port)["requests"]["completed"] for d in (a, b)]
+        prefix = "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods. "
+        for i in range(6):
+            body = {"model": "m", "prompt": prefix + f"Step {i}:", "max_tokens": 4, "temperature": 0.9, "seed": i,
+                    "return_token_ids": True, "ignore_eos": True}
+            st, c = post(port, "/v1/completions", body)
+            assert st == 200 and c["choices"][0]["token_ids"] == post(a.http_port, "/v1/completions", body)[1][
+                "choices"][0]["token_ids"], c
+        after = [status(d.http_port)["requests"]["completed"] for d in (a, b)]
+        routed = [x - y - (6 if d is a else 0) for x, y, d in zip(after, before, (a, b))]
+        assert sorted(routed) == [0, 6], f"a shared prefix was spread over the daemons: {routed}"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @router_case
