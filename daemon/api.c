@@ -1076,6 +1076,8 @@ static int abort_matching(api *a, const char *rid)
 
 void api_abort_all(api *a) { abort_matching(a, NULL); }
 
+int api_abort_rid(api *a, const char *rid) { return abort_matching(a, rid); }
+
 static cJSON *ok_doc(void)
 {
     cJSON *o = cJSON_CreateObject();

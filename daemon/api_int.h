@@ -178,6 +178,7 @@ void api_vllm_destroy(api *a);
 void api_call_free(api_call *c);                /* a call never admitted */
 void api_set_frozen(api *a, int frozen);        /* pause mode keep: et_pause, once per change */
 void api_resume_held(api *a);                   /* /continue_generation: unpause, unfreeze, submit held calls */
+int api_abort_rid(api *a, const char *rid);     /* /abort_request {"rid"}: how many calls were aborted */
 /* Drops the prefix cache at the engine's next step boundary, then answer(h,
  * n_flushed) (NULL: SGLang's /flush_cache answer). Finishes h either way. */
 void api_flush_begin(api *a, http_res *h, void (*answer)(http_res *h, int32_t n_flushed));

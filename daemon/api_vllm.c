@@ -6,6 +6,7 @@
  *   POST /pause?mode=abort|wait|keep&clear_cache=   {"status": "paused"}
  *   POST /resume                                    {"status": "resumed"}
  *   GET  /is_paused                                 {"is_paused": bool}
+ *   POST /abort_requests {request_ids}              {"status": "aborted", "aborted": n}
  *   POST /reset_prefix_cache                        200 with an empty body, as vLLM
  *   POST /tokenize   {prompt | messages, ...}       {count, max_model_len, tokens, token_strs}
  *   POST /detokenize {tokens}                       {prompt}
@@ -228,6 +229,44 @@ static void route_reset_prefix_cache(http_res *h, const http_req *req, void *ud)
         return;
     }
     api_flush_begin(ud, h, answer_empty);
+}
+
+/* Aborts calls by their request_id (/inference/v1/generate's field, SGLang's
+ * rid), or every HTTP call when request_ids is empty or absent, without
+ * pausing; they answer with what they have. "aborted" counts the calls
+ * aborted (vLLM counts the ids it was given). */
+static void route_abort_requests(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    api_err e = {0};
+    cJSON *root = api_parse_body(req, &e);
+    if (!root) {
+        api_answer_error(h, &e);
+        return;
+    }
+    cJSON *ids = field(root, "request_ids");
+    int n = 0;
+    if (ids && !cJSON_IsArray(ids))
+        api_bad(&e, 400, "field \"request_ids\": expected a list of strings");
+    for (cJSON *x = ids ? ids->child : NULL; !e.status && x; x = x->next)
+        if (!cJSON_IsString(x))
+            api_bad(&e, 400, "field \"request_ids\": expected a list of strings");
+    if (!e.status && (!ids || !ids->child)) {
+        for (api_call *c = a->head; c; c = c->next)
+            n += c->kind != API_HEALTH;
+        api_abort_all(a);
+    }
+    for (cJSON *x = ids ? ids->child : NULL; !e.status && x; x = x->next)
+        n += api_abort_rid(a, x->valuestring);
+    cJSON_Delete(root);
+    if (e.status) {
+        api_answer_error(h, &e);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "aborted");
+    cJSON_AddNumberToObject(o, "aborted", n);
+    api_answer_json(h, 200, o);
 }
 
 /* ---- tokenize, detokenize ---- */
@@ -730,6 +769,7 @@ int api_vllm_routes(api *a, http_route *t)
         {"POST", "/pause", route_pause, a, 0},
         {"POST", "/resume", route_resume, a, 0},
         {"GET", "/is_paused", route_is_paused, a, 0},
+        {"POST", "/abort_requests", route_abort_requests, a, 0},
         {"POST", "/reset_prefix_cache", route_reset_prefix_cache, a, 0},
         {"POST", "/tokenize", route_tokenize, a, 0},
         {"POST", "/detokenize", route_detokenize, a, 0},

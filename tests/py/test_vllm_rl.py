@@ -8,7 +8,7 @@ two of them:
   /v1/completions call (token-id prompt, return_token_ids, logprobs 0) and as its own stream,
   bits equal for the same request and seed; refusals by name (unsupported sampling fields,
   NCCL / CUDA IPC transfer: 501 naming /update_weights and the NNG push); /get_world_size 1;
-- /pause modes abort (partial outputs, finish_reason "abort"), wait (answers after the running
+- /abort_requests by request_id; /pause modes abort (partial outputs, finish_reason "abort"), wait (answers after the running
   call) and keep (a running call frozen, its tokens equal to an unpaused run's), new calls held
   until /resume, /is_paused;
 - a SkyRL / prime-rl-style cycle through vllm-router: data (/inference/v1/generate,
@@ -253,6 +253,18 @@ def _long(port, out, key, max_tokens=150, seed=3):
 def pause_abort_wait_keep_and_resume():
     p = smol().http_port
     res = {}
+    # /abort_requests by request_id, without a pause: the call answers with what it had.
+    t0 = threading.Thread(target=lambda: res.update(r=post(p, "/inference/v1/generate", gen_body(
+        PROMPT, 3, max_tokens=150, logprobs=0, request_id="rl-1"))))
+    t0.start()
+    wait_running(p)
+    assert post(p, "/abort_requests", {"request_ids": ["nope"]}) == (200, {"status": "aborted", "aborted": 0})
+    assert post(p, "/abort_requests", {"request_ids": ["rl-1"]}) == (200, {"status": "aborted", "aborted": 1})
+    t0.join(30)
+    ch = res["r"][1]["choices"][0]
+    assert ch["finish_reason"] == "abort" and 0 < len(ch["token_ids"]) < 150 and len(ch["logprobs"]["content"]) == \
+        len(ch["token_ids"]), ch
+    assert call(p, "/is_paused") == (200, {"is_paused": False})
     # abort: the running call comes back with what it has; new calls wait for /resume.
     t = threading.Thread(target=_long, args=(p, res, "a"))
     t.start()
@@ -277,7 +289,11 @@ def pause_abort_wait_keep_and_resume():
     t3.start()
     wait_running(p)
     st, r = post(p, "/pause?mode=wait&clear_cache=true")
-    assert st == 200 and r == {"status": "paused"} and "w" in res, (st, r)
+    # The generation's answer went out before the pause's.
+    s = status(p)
+    assert st == 200 and r == {"status": "paused"} and s["requests"]["running"] == 0, (st, r)
+    assert s["kv_cache"]["blocks_cached"] == 0, s["kv_cache"]
+    t3.join(10)
     assert res["w"][1]["choices"][0]["finish_reason"] == "length" and len(res["w"][1]["choices"][0]["token_ids"]) == 30
     assert post(p, "/resume")[0] == 200
     # keep: the running call freezes (no tokens made), then goes on to the same tokens as an unpaused run.
@@ -293,10 +309,16 @@ def pause_abort_wait_keep_and_resume():
     s = status(p)
     assert s["tokens"]["generated_total"] == g0 and s["generation_paused"] and "k" not in res, s
     assert post(p, "/pause?mode=sideways")[0] == 400
+    # The same weights as the next version (a .gguf path works too): the frozen call goes on under it.
+    assert post(p, "/update_weights", {"update_info": {"path": MODEL}}) == (
+        200, {"message": "Weights updated", "weight_version": 1})
+    assert status(p)["tokens"]["generated_total"] == g0
     assert post(p, "/resume")[0] == 200
     t4.join(60)
     assert gen_out(res["k"][1])[0] == gen_out(res["ref"][1])[0], "a keep pause changed the tokens"
     assert bits(gen_out(res["k"][1])[1]) == bits(gen_out(res["ref"][1])[1])
+    spans = res["k"][1]["choices"][0]["version_spans"]
+    assert len(spans) == 2 and spans[0][2] == 0 and spans[1][2] == 1 and spans[1][1] == 120, spans
     assert status(p)["generation_paused"] is False
     # reset_prefix_cache: vLLM's empty 200.
     assert post(p, "/reset_prefix_cache?reset_running_requests=true", raw=True) == (200, b"")
@@ -560,7 +582,8 @@ def cache_aware_router_keeps_a_prefix_on_one_daemon():
 @router_case
 def auth_on_every_new_route_and_through_the_router():
     p = smol().http_port
-    routes = [("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/reset_prefix_cache"),
+    routes = [("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/abort_requests"),
+              ("POST", "/reset_prefix_cache"),
               ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/inference/v1/generate"),
               ("POST", "/update_weights"), ("POST", "/init_weight_transfer_engine"), ("POST", "/start_weight_update"),
               ("POST", "/finish_weight_update"), ("GET", "/get_world_size")]
