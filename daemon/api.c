@@ -349,6 +349,8 @@ static void call_free(api_call *c)
     free(c);
 }
 
+void api_call_free(api_call *c) { call_free(c); }
+
 static void link_call(api *a, api_call *c)
 {
     c->prev = a->tail;
@@ -1074,6 +1076,8 @@ static int abort_matching(api *a, const char *rid)
 
 void api_abort_all(api *a) { abort_matching(a, NULL); }
 
+int api_abort_rid(api *a, const char *rid) { return abort_matching(a, rid); }
+
 static cJSON *ok_doc(void)
 {
     cJSON *o = cJSON_CreateObject();
@@ -1110,6 +1114,7 @@ static void route_abort(http_res *h, const http_req *req, void *ud)
 /* A pause in "wait" mode answers once no submitted HTTP call runs. */
 static void check_pause_wait(api *a)
 {
+    api_vllm_check_wait(a); /* vLLM's /pause?mode=wait answers the same way */
     if (!a->pause_wait)
         return;
     for (api_call *c = a->head; c; c = c->next)
@@ -1140,6 +1145,8 @@ static void set_frozen(api *a, int frozen)
     }
     a->frozen = frozen;
 }
+
+void api_set_frozen(api *a, int frozen) { set_frozen(a, frozen); }
 
 static void route_pause(http_res *h, const http_req *req, void *ud)
 {
@@ -1188,9 +1195,8 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
     api_answer_json(h, 200, ok_doc());
 }
 
-static void route_continue(http_res *h, const http_req *req, void *ud)
+void api_resume_held(api *a)
 {
-    api *a = ud;
     a->paused = 0;
     set_frozen(a, 0);
     for (api_call *c = a->head, *nx; c; c = nx) {
@@ -1198,6 +1204,11 @@ static void route_continue(http_res *h, const http_req *req, void *ud)
         if (!c->submitted)
             call_submit(a, c); /* may free c; nx was read before */
     }
+}
+
+static void route_continue(http_res *h, const http_req *req, void *ud)
+{
+    api_resume_held(ud);
     api_answer_json(h, 200, ok_doc());
 }
 
@@ -1267,6 +1278,7 @@ struct api_flush {
     struct api_flush *next;
     uint64_t key;
     http_res *h;                /* NULL once the client left */
+    void (*answer)(http_res *h, int32_t n_flushed); /* NULL: SGLang's answer */
 };
 
 static void on_flush_close(http_res *h, void *ud)
@@ -1283,9 +1295,8 @@ static void on_flush_close(http_res *h, void *ud)
  * next step boundary: cached blocks nobody holds become free, blocks in use
  * keep their KV but are never served from the cache again (eng_flush_cache),
  * so a pause (any mode), flush, weight update sequence is safe too. */
-static void route_flush_cache(http_res *h, const http_req *req, void *ud)
+void api_flush_begin(api *a, http_res *h, void (*answer)(http_res *h, int32_t n_flushed))
 {
-    api *a = ud;
     struct api_flush *f = calloc(1, sizeof *f);
     if (!f) {
         http_respond_error(h, 500, "internal error", "out of memory");
@@ -1293,6 +1304,7 @@ static void route_flush_cache(http_res *h, const http_req *req, void *ud)
     }
     f->key = API_KEY_BIT | ++a->next_key;
     f->h = h;
+    f->answer = answer;
     if (et_flush_cache(&a->d->et, f->key)) {
         free(f);
         http_respond_error(h, 500, "internal error", rd_errmsg());
@@ -1303,6 +1315,8 @@ static void route_flush_cache(http_res *h, const http_req *req, void *ud)
     http_on_close(h, on_flush_close, a);
 }
 
+static void route_flush_cache(http_res *h, const http_req *req, void *ud) { api_flush_begin(ud, h, NULL); }
+
 void api_on_flushed(api *a, uint64_t key, int32_t n_flushed)
 {
     for (struct api_flush **pf = &a->flushes; *pf; pf = &(*pf)->next) {
@@ -1310,7 +1324,9 @@ void api_on_flushed(api *a, uint64_t key, int32_t n_flushed)
         if (f->key != key)
             continue;
         *pf = f->next;
-        if (f->h) {
+        if (f->h && f->answer) {
+            f->answer(f->h, n_flushed);
+        } else if (f->h) {
             cJSON *o = ok_doc();
             cJSON_AddStringToObject(o, "message", "Cache flushed.");
             cJSON_AddNumberToObject(o, "flushed_blocks", n_flushed);
@@ -1341,6 +1357,7 @@ int api_routes(api *a, http_route *t)
     int n = (int)(sizeof r / sizeof r[0]);
     for (int i = 0; i < n; i++)
         t[i] = r[i];
+    n += api_vllm_routes(a, t + n);
     return n;
 }
 
@@ -1388,6 +1405,7 @@ void api_destroy(api *a)
             http_release(f->h);
         free(f);
     }
+    api_vllm_destroy(a);
     umap_free(&a->keys);
     free(a);
 }

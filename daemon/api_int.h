@@ -109,6 +109,7 @@ struct api {
     int frozen;                 /* a "keep" pause froze the engine (et_pause) */
     struct api_flush *flushes;  /* /flush_cache calls waiting for the engine */
     uint64_t next_flush;
+    struct api_vllm *vllm;      /* vLLM's RL routes' state (api_vllm.c) */
 };
 
 /* What a sample's answer shows. */
@@ -164,5 +165,36 @@ void api_route_models(http_res *h, const http_req *req, void *ud);
 void api_route_completions(http_res *h, const http_req *req, void *ud);
 void api_route_chat(http_res *h, const http_req *req, void *ud);
 void api_route_update_disk(http_res *h, const http_req *req, void *ud);
+
+/* api_vllm.c: vLLM's RL routes (/pause, /resume, /inference/v1/generate, ...). */
+/* Appends the routes to table; returns how many. */
+int api_vllm_routes(api *a, http_route *table);
+/* Answers a pending /pause?mode=wait once no submitted HTTP call runs. */
+void api_vllm_check_wait(api *a);
+/* Releases what is left (a pending pause handle, the state). */
+void api_vllm_destroy(api *a);
+
+/* For api_vllm.c: the pieces of api.c / api_openai.c / api_update.c its routes share. */
+void api_call_free(api_call *c);                /* a call never admitted */
+void api_set_frozen(api *a, int frozen);        /* pause mode keep: et_pause, once per change */
+void api_resume_held(api *a);                   /* /continue_generation: unpause, unfreeze, submit held calls */
+int api_abort_rid(api *a, const char *rid);     /* /abort_request {"rid"}: how many calls were aborted */
+/* Drops the prefix cache at the engine's next step boundary, then answer(h,
+ * n_flushed) (NULL: SGLang's /flush_cache answer). Finishes h either way. */
+void api_flush_begin(api *a, http_res *h, void (*answer)(http_res *h, int32_t n_flushed));
+/* messages (chat turns) rendered in the model's chat format as one prompt of c. */
+void api_read_messages(api_call *c, cJSON *root, api_err *e);
+/* How a weight update from a path ended: rc 0 = the new version serves. */
+typedef struct {
+    int rc;
+    const char *error;          /* why not, when rc != 0 */
+    uint64_t version;           /* the daemon's version now */
+    uint32_t n_aborted;
+} api_update_result;
+/* Pushes the weights at path (.gguf, .safetensors or an HF folder) to the
+ * daemon itself as version (mode PROTO_MODE_*), then answer(h, result).
+ * 0: h belongs to the update; else e says why (the caller answers). */
+int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode,
+                         void (*answer)(http_res *h, const api_update_result *r), api_err *e);
 
 #endif

@@ -403,7 +403,7 @@ static char *content_text(cJSON *m, int i, api_err *e)
  * the model's template does not. */
 #define API_MAX_MESSAGES 1024
 
-static void read_messages(api_call *c, cJSON *root, api_err *e)
+void api_read_messages(api_call *c, cJSON *root, api_err *e)
 {
     cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!ms || !cJSON_IsArray(ms) || !ms->child) {
@@ -461,7 +461,7 @@ void api_route_chat(http_res *h, const http_req *req, void *ud)
     if (!c)
         return;
     api_err e = {0};
-    read_messages(c, root, &e);
+    api_read_messages(c, root, &e);
     int64_t k;
     if (api_int(root, "max_completion_tokens", 1, 1 << 30, &k, &e) > 0)
         c->p.max_tokens = (int32_t)k;

@@ -28,6 +28,7 @@ typedef struct {
     int rc;
     char error[600];
     uint32_t n_aborted;
+    void (*answer)(http_res *h, const api_update_result *r);
 } upd_job;
 
 static void upd_work(uv_work_t *w)
@@ -49,18 +50,26 @@ static void upd_work(uv_work_t *w)
     rdp_source_close(&src);
 }
 
+/* SGLang's answer to /update_weights_from_disk. */
+static void answer_sglang(http_res *h, const api_update_result *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "success", r->rc == 0);
+    char ver[32];
+    snprintf(ver, sizeof ver, "%llu", (unsigned long long)r->version);
+    cJSON_AddStringToObject(o, "message", r->rc ? r->error : "weights updated");
+    cJSON_AddStringToObject(o, "weight_version", ver);
+    cJSON_AddNumberToObject(o, "num_aborted_samples", r->n_aborted);
+    api_answer_json(h, r->rc ? 400 : 200, o);
+}
+
 static void upd_done(uv_work_t *w, int status)
 {
     upd_job *j = w->data;
     if (j->h) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddBoolToObject(o, "success", j->rc == 0);
-        char ver[32];
-        snprintf(ver, sizeof ver, "%llu", (unsigned long long)j->d->weight_version);
-        cJSON_AddStringToObject(o, "message", j->rc ? j->error : "weights updated");
-        cJSON_AddStringToObject(o, "weight_version", ver);
-        cJSON_AddNumberToObject(o, "num_aborted_samples", j->n_aborted);
-        api_answer_json(j->h, j->rc ? 400 : 200, o);
+        api_update_result r = {.rc = j->rc, .error = j->error, .version = j->d->weight_version,
+                               .n_aborted = j->n_aborted};
+        j->answer(j->h, &r);
     }
     free(j);
 }
@@ -129,30 +138,41 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         else
             api_bad(&e, 400, "field \"mode\": expected \"continue\", \"drain\" or \"abort\"");
     }
-    if (!e.status && d->state != D_SERVING)
-        api_bad(&e, 503, "the daemon is shutting down: no weight updates");
-    if (!e.status && d->cfg.max_staging_bytes <= 0)
-        api_bad(&e, 400, "weight updates are off (max_staging_bytes is 0)");
-    /* The push dials the daemon's own learner socket; over TLS it would have
-     * to verify the daemon's certificate against a CA it is not given. */
-    if (!e.status && !strncmp(d->cfg.listen, "tls+tcp://", 10))
-        api_bad(&e, 501, "update_weights_from_disk is not available while the learner socket is TLS (%s); push "
-                "with rolloutctl push-weights", d->cfg.listen);
-    upd_job *j = e.status ? NULL : calloc(1, sizeof *j);
-    if (!e.status && !j)
-        api_bad(&e, 500, "out of memory");
-    if (e.status) {
+    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, mode, answer_sglang, &e)) {
         cJSON_Delete(root);
         api_answer_error(h, &e);
         return;
     }
+    cJSON_Delete(root);
+}
+
+int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode,
+                         void (*answer)(http_res *h, const api_update_result *r), api_err *e)
+{
+    rd_daemon *d = a->d;
+    if (!e->status && strlen(path) >= CFG_STR)
+        api_bad(e, 400, "the path is longer than %d bytes", CFG_STR - 1);
+    if (!e->status && d->state != D_SERVING)
+        api_bad(e, 503, "the daemon is shutting down: no weight updates");
+    if (!e->status && d->cfg.max_staging_bytes <= 0)
+        api_bad(e, 400, "weight updates are off (max_staging_bytes is 0)");
+    /* The push dials the daemon's own learner socket; over TLS it would have
+     * to verify the daemon's certificate against a CA it is not given. */
+    if (!e->status && !strncmp(d->cfg.listen, "tls+tcp://", 10))
+        api_bad(e, 501, "weight updates from a path are not available while the learner socket is TLS (%s); "
+                "push with rolloutctl push-weights", d->cfg.listen);
+    upd_job *j = e->status ? NULL : calloc(1, sizeof *j);
+    if (!e->status && !j)
+        api_bad(e, 500, "out of memory");
+    if (e->status)
+        return -1;
     j->h = h;
     j->d = d;
-    j->version = (uint64_t)version;
+    j->version = version;
     j->mode = mode;
-    snprintf(j->path, sizeof j->path, "%s", path->valuestring);
+    j->answer = answer;
+    snprintf(j->path, sizeof j->path, "%s", path);
     own_url(d->cfg.listen, j->url, sizeof j->url);
-    cJSON_Delete(root);
     j->w.data = j;
     http_on_close(h, upd_close, j);
     int rc = uv_queue_work(&d->loop, &j->w, upd_work, upd_done);
@@ -160,7 +180,8 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         j->h = NULL;
         free(j);
         http_respond_error(h, 500, "internal error", uv_strerror(rc));
-        return;
+        return 0; /* answered */
     }
-    log_line("HTTP update_weights_from_disk: %s as version %llu", j->path, (unsigned long long)j->version);
+    log_line("HTTP weight update from %s as version %llu", j->path, (unsigned long long)j->version);
+    return 0;
 }

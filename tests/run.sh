@@ -77,6 +77,8 @@ if [ "$MODE" != "--unit-only" ]; then
     # The generation routes: disconnects mid-request and mid-stream, abort, pause, SIGTERM with an open call.
     run_one "asan:test_http_api" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_http_api.py
+    # vLLM's RL routes: pause modes, updates from a directory, vllm-router with a daemon SIGKILLed, SIGTERM with no leak.
+    run_one "asan:test_vllm_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_vllm_rl.py
     # Routing replay: routes narrowed in place, base64 for HTTP, refusals, SIGTERM with no leak.
     run_one "asan:test_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_routes.py
     # Bad model files of every family against the ASan/UBSan tools.

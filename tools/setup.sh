@@ -6,7 +6,7 @@ set -euo pipefail
 APT_PKGS=(build-essential pkg-config clang libclang-rt-14-dev
           libuv1-dev libnng-dev libmbedtls-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp
           unzip ca-certificates openssl)
-PIP_PKGS=("numpy" "gguf" "pynng" "openai" "llama-cpp-python==0.3.36")
+PIP_PKGS=("numpy" "gguf" "pynng" "openai" "llama-cpp-python==0.3.36" "vllm-router==0.1.17")
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
