@@ -541,6 +541,12 @@ int api_admit(api_call *c, api_err *e)
         api_bad(e, 503, "the daemon is shutting down: no new requests");
         return -1;
     }
+    if (a->mem_released) {
+        api_bad(e, 503, "the engine's memory is released (%s%s%s): /resume_memory_occupation (or /wake_up) first",
+                a->mem_released & ET_MEM_WEIGHTS ? "weights" : "", a->mem_released == 3 ? ", " : "",
+                a->mem_released & ET_MEM_KV ? "kv_cache" : "");
+        return -1;
+    }
     if (c->p.n_stop_strs > 0 && !d->L.tok) {
         api_bad(e, 400, "field \"stop\": this model has no tokenizer, so stop strings cannot be matched");
         return -1;
@@ -1155,10 +1161,12 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
         if (m && !cJSON_IsNull(m)) {
             if (cJSON_IsString(m) && (!strcmp(m->valuestring, "abort") || !strcmp(m->valuestring, "wait") ||
-                                      !strcmp(m->valuestring, "keep") || !strcmp(m->valuestring, "in_place")))
+                                      !strcmp(m->valuestring, "keep") || !strcmp(m->valuestring, "in_place") ||
+                                      !strcmp(m->valuestring, "retract")))
                 mode = m->valuestring;
             else
-                api_bad(&e, 400, "field \"mode\": expected \"abort\", \"wait\" or \"keep\"");
+                api_bad(&e, 400, "field \"mode\": expected \"abort\", \"retract\", \"in_place\", \"wait\" or "
+                        "\"keep\"");
         }
     }
     if (e.status || a->pause_wait) {
@@ -1168,24 +1176,41 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    a->paused = 1;
-    if (strcmp(mode, "keep") && strcmp(mode, "in_place"))
-        set_frozen(a, 0); /* abort ends what a keep froze; wait lets it finish */
-    if (!strcmp(mode, "abort")) {
-        abort_matching(a, NULL);
-    } else if (!strcmp(mode, "wait")) {
+    if (!strcmp(mode, "wait")) {
+        a->paused = 1;
+        set_frozen(a, 0); /* wait lets what a keep froze finish */
         cJSON_Delete(root);
         a->pause_wait = h;
         http_on_close(h, on_pause_close, a);
         check_pause_wait(a);
         return;
     }
-    /* keep / in_place: every sequence freezes where it is, its KV kept, until
-     * /continue_generation (a weight update can swap in between: they go on
-     * under the new version); new calls wait as in every mode. */
-    set_frozen(a, 1);
+    api_pause_mode(a, mode);
     cJSON_Delete(root);
     api_answer_json(h, 200, ok_doc());
+}
+
+/* SGLang's modes (new calls wait until /continue_generation in each):
+ *   abort: every HTTP request ends now with what it has (finish "abort");
+ *   retract: every running sequence goes back to the queue, its KV dropped
+ *     and its tokens kept (the scheduler's preemption); on continue it is
+ *     recomputed, under the weights serving then, and goes on;
+ *   in_place (vLLM's keep): every sequence freezes where it is, its KV kept
+ *     (a weight update may swap in between: it goes on under the new version). */
+void api_pause_mode(api *a, const char *mode)
+{
+    a->paused = 1;
+    if (!strcmp(mode, "abort")) {
+        set_frozen(a, 0); /* abort ends what a keep froze */
+        abort_matching(a, NULL);
+    } else if (!strcmp(mode, "retract")) {
+        if (et_retract(&a->d->et))
+            log_line("HTTP pause: %s", rd_errmsg());
+        else
+            a->frozen = 1;
+    } else {
+        set_frozen(a, 1);
+    }
 }
 
 static void route_continue(http_res *h, const http_req *req, void *ud)
@@ -1283,7 +1308,7 @@ static void on_flush_close(http_res *h, void *ud)
  * next step boundary: cached blocks nobody holds become free, blocks in use
  * keep their KV but are never served from the cache again (eng_flush_cache),
  * so a pause (any mode), flush, weight update sequence is safe too. */
-static void route_flush_cache(http_res *h, const http_req *req, void *ud)
+void api_route_flush_cache(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     struct api_flush *f = calloc(1, sizeof *f);
@@ -1332,7 +1357,7 @@ int api_routes(api *a, http_route *t)
         {"POST", "/continue_generation", route_continue, a, 0},
         {"GET", "/get_model_info", route_model_info, a, 0},
         {"GET", "/health_generate", route_health_generate, a, 0},
-        {"POST", "/flush_cache", route_flush_cache, a, 0},
+        {"POST", "/flush_cache", api_route_flush_cache, a, 0},
         {"POST", "/update_weights_from_disk", api_route_update_disk, a, 0},
         {"GET", "/v1/models", api_route_models, a, 0},
         {"POST", "/v1/completions", api_route_completions, a, 0},
@@ -1341,6 +1366,7 @@ int api_routes(api *a, http_route *t)
     int n = (int)(sizeof r / sizeof r[0]);
     for (int i = 0; i < n; i++)
         t[i] = r[i];
+    n += api_sglang_routes(a, t + n);
     return n;
 }
 
@@ -1351,6 +1377,7 @@ int api_create(void *dv, api **out)
         return rd_fail(RD_ENOMEM, "HTTP API: out of memory");
     a->d = dv;
     umap_init(&a->keys);
+    api_note_weights_source(a, a->d->cfg.model, a->d->weight_version);
     *out = a;
     return 0;
 }
@@ -1388,6 +1415,7 @@ void api_destroy(api *a)
             http_release(f->h);
         free(f);
     }
+    api_sglang_free(a);
     umap_free(&a->keys);
     free(a);
 }

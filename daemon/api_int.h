@@ -109,6 +109,12 @@ struct api {
     int frozen;                 /* a "keep" pause froze the engine (et_pause) */
     struct api_flush *flushes;  /* /flush_cache calls waiting for the engine */
     uint64_t next_flush;
+    /* api_sglang.c: memory release and the weights' source */
+    struct api_mem *mems;       /* releases / resumes waiting for the engine thread */
+    int mem_released;           /* ET_MEM_WEIGHTS | ET_MEM_KV now released */
+    char *src_path;             /* the file the serving weights came from (model, or the last update from disk) */
+    uint64_t src_version;       /* the version they were when src_path was noted */
+    int src_ok;
 };
 
 /* What a sample's answer shows. */
@@ -164,5 +170,17 @@ void api_route_models(http_res *h, const http_req *req, void *ud);
 void api_route_completions(http_res *h, const http_req *req, void *ud);
 void api_route_chat(http_res *h, const http_req *req, void *ud);
 void api_route_update_disk(http_res *h, const http_req *req, void *ud);
+void api_route_flush_cache(http_res *h, const http_req *req, void *ud);
+/* A pause that freezes (in_place) or retracts (retract: running sequences go
+ * back to the queue, KV dropped): sets the API's pause state as
+ * /pause_generation does. */
+void api_pause_mode(api *a, const char *mode);
+
+/* api_sglang.c */
+/* Appends the SGLang / vLLM-sleep control routes to t; returns how many. */
+int api_sglang_routes(api *a, http_route *t);
+void api_sglang_free(api *a);
+/* The serving weights are now those of path (NULL: no file) at version. */
+void api_note_weights_source(api *a, const char *path, uint64_t version);
 
 #endif

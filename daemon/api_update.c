@@ -28,6 +28,8 @@ typedef struct {
     int rc;
     char error[600];
     uint32_t n_aborted;
+    int flush_cache;            /* SGLang's flush_cache (default true): drop the prefix cache once it serves */
+    int keep_pause;             /* SGLang's keep_pause: stay paused (in place) after the update */
 } upd_job;
 
 static void upd_work(uv_work_t *w)
@@ -52,6 +54,17 @@ static void upd_work(uv_work_t *w)
 static void upd_done(uv_work_t *w, int status)
 {
     upd_job *j = w->data;
+    api *a = j->d->api;
+    if (j->rc == 0 && a) {
+        /* A memory release can read these weights back from this file. */
+        api_note_weights_source(a, j->path, j->d->weight_version);
+        /* Entries of the old version never hit again (the cache is salted
+         * with the version); flushing returns their blocks now. */
+        if (j->flush_cache && et_flush_cache(&j->d->et, API_KEY_BIT | ++a->next_key))
+            log_line("HTTP update_weights_from_disk: flush: %s", rd_errmsg());
+        if (j->keep_pause)
+            api_pause_mode(a, "in_place");
+    }
     if (j->h) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "success", j->rc == 0);
@@ -114,7 +127,15 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         api_int(root, "weight_version", 1, INT64_MAX / 2, &version, &e);
     }
     uint8_t mode = PROTO_MODE_CONTINUE;
-    int abort_all = 0;
+    int abort_all = 0, flush_cache = 1, keep_pause = 0;
+    api_bool(root, "flush_cache", &flush_cache, &e);
+    api_bool(root, "keep_pause", &keep_pause, &e);
+    cJSON *lf = cJSON_GetObjectItemCaseSensitive(root, "load_format");
+    if (lf && !cJSON_IsNull(lf) && !(cJSON_IsString(lf) && (!strcmp(lf->valuestring, "auto") ||
+                                                            !strcmp(lf->valuestring, "safetensors") ||
+                                                            !strcmp(lf->valuestring, "gguf"))))
+        api_bad(&e, 400, "field \"load_format\": expected null, \"auto\", \"safetensors\" or \"gguf\" (the format "
+                "is read from the file)");
     api_bool(root, "abort_all_requests", &abort_all, &e);
     if (abort_all)
         mode = PROTO_MODE_ABORT;
@@ -131,6 +152,8 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
     }
     if (!e.status && d->state != D_SERVING)
         api_bad(&e, 503, "the daemon is shutting down: no weight updates");
+    if (!e.status && (a->mem_released & ET_MEM_WEIGHTS))
+        api_bad(&e, 400, "the weights are released: /resume_memory_occupation first");
     if (!e.status && d->cfg.max_staging_bytes <= 0)
         api_bad(&e, 400, "weight updates are off (max_staging_bytes is 0)");
     /* The push dials the daemon's own learner socket; over TLS it would have
@@ -150,6 +173,8 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
     j->d = d;
     j->version = (uint64_t)version;
     j->mode = mode;
+    j->flush_cache = flush_cache;
+    j->keep_pause = keep_pause;
     snprintf(j->path, sizeof j->path, "%s", path->valuestring);
     own_url(d->cfg.listen, j->url, sizeof j->url);
     cJSON_Delete(root);

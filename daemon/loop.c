@@ -158,6 +158,9 @@ static void take_results(rd_daemon *d)
         if (e->flush) {
             if (d->api)
                 api_on_flushed(d->api, e->r.tag, e->n_flushed);
+        } else if (e->mem) {
+            if (d->api)
+                api_on_memory(d->api, e->r.tag, e->mem_rc, e->mem_msg);
         } else if (e->r.tag & API_KEY_BIT) {
             /* An HTTP call's sample or its progress (its own key space, api.h). */
             if (d->api)
