@@ -673,7 +673,12 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v)
     return clean ? 0 : RD_ENOMEM;
 }
 
-int api_sample_raw(api *a, const eng_result *r, sample_view *v)
+int api_sample_raw(api *a, const eng_result *r, sample_view *v) { return api_sample_text(a, r, v, 0, 0); }
+
+/* SGLang's no_stop_trim: the matched stop string and the stop token's text
+ * stay in the text. skip_special: control tokens (EOS, <|im_end|>, ...) add
+ * no text (the ids keep them). */
+int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_trim, int skip_special)
 {
     memset(v, 0, sizeof *v);
     v->matched_id = -1;
@@ -681,7 +686,8 @@ int api_sample_raw(api *a, const eng_result *r, sample_view *v)
     int32_t n_text = r->n_tokens;
     if (r->finish == FINISH_STOP && r->stop_str < 0 && r->n_tokens > 0) {
         v->matched_id = r->token_ids[r->n_tokens - 1];
-        n_text--; /* EOS or a stop token: its text is not the completion's */
+        if (!no_stop_trim)
+            n_text--; /* EOS or a stop token: its text is not the completion's */
     }
     if (!a->d->L.tok) {
         v->text = strdup("");
@@ -692,12 +698,31 @@ int api_sample_raw(api *a, const eng_result *r, sample_view *v)
         return rc;
     if (r->finish == FINISH_STOP && r->stop_str >= 0) {
         v->matched_str = r->stop_str; /* index; the caller names the string */
-        if (r->stop_text_offset >= 0 && (size_t)r->stop_text_offset < v->len) {
+        if (!no_stop_trim && r->stop_text_offset >= 0 && (size_t)r->stop_text_offset < v->len) {
             v->len = (size_t)r->stop_text_offset;
             v->text[v->len] = 0;
         }
     } else {
         v->matched_str = -1;
+    }
+    if (skip_special) {
+        /* The text is the tokens' bytes back to back: keep those of the
+         * non-special tokens, up to where it was cut. */
+        size_t at = 0, out = 0;
+        for (int32_t k = 0; k < n_text && at < v->len; k++) {
+            size_t nb = 0;
+            const char *b = tok_token_bytes(a->d->L.tok, r->token_ids[k], &nb);
+            if (!b)
+                continue;
+            size_t take = at + nb <= v->len ? nb : v->len - at;
+            if (!tok_is_control(a->d->L.tok, r->token_ids[k])) {
+                memmove(v->text + out, v->text + at, take);
+                out += take;
+            }
+            at += take;
+        }
+        v->len = out;
+        v->text[out] = 0;
     }
     return 0;
 }
@@ -768,12 +793,15 @@ cJSON *api_routes_json(const eng_result *r)
 
 /* ---- SGLang's /generate ---- */
 
-static cJSON *lp_triple(double lp, int32_t id)
+/* SGLang's [logprob, token_id, text]: the text only with return_text_in_logprobs. */
+static cJSON *lp_triple(api_call *c, double lp, int32_t id)
 {
     cJSON *t = cJSON_CreateArray();
     cJSON_AddItemToArray(t, cJSON_CreateNumber(lp));
     cJSON_AddItemToArray(t, cJSON_CreateNumber(id));
-    cJSON_AddItemToArray(t, cJSON_CreateNull());
+    char *text = c->text_in_logprobs ? api_token_text(c->a, id) : NULL;
+    cJSON_AddItemToArray(t, text ? cJSON_CreateString(text) : cJSON_CreateNull());
+    free(text);
     return t;
 }
 
@@ -819,13 +847,13 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
         cJSON_AddStringToObject(mi, "logprob_kind", "raw");
         cJSON *lps = cJSON_AddArrayToObject(mi, "output_token_logprobs");
         for (int32_t k = 0; k < r->n_tokens; k++)
-            cJSON_AddItemToArray(lps, lp_triple(r->logprobs[k], r->token_ids[k]));
+            cJSON_AddItemToArray(lps, lp_triple(c, r->logprobs[k], r->token_ids[k]));
         if (c->p.top_n > 0) {
             cJSON *tops = cJSON_AddArrayToObject(mi, "output_top_logprobs");
             for (int32_t k = 0; k < r->n_tokens; k++) {
                 cJSON *t = cJSON_CreateArray();
                 for (int32_t q = 0; q < r->n_top; q++)
-                    cJSON_AddItemToArray(t, lp_triple(r->top_logprobs[(size_t)k * r->n_top + q],
+                    cJSON_AddItemToArray(t, lp_triple(c, r->top_logprobs[(size_t)k * r->n_top + q],
                                                       r->top_ids[(size_t)k * r->n_top + q]));
                 cJSON_AddItemToArray(tops, t);
             }
@@ -845,8 +873,15 @@ static cJSON *gen_sample_json(api_call *c, int si, int j)
 {
     const eng_result *r = &c->subs[si].res[j];
     sample_view v;
-    if (api_sample_view(c->a, r, &v))
+    if (api_sample_text(c->a, r, &v, c->no_stop_trim, c->skip_special))
         return NULL;
+    size_t n;
+    char *clean = utf8_clean(v.text, v.len, &n);
+    free(v.text);
+    if (!clean)
+        return NULL;
+    v.text = clean;
+    v.len = n;
     cJSON *o = gen_json(c, si, j, r, &v, v.text);
     free(v.text);
     return o;
@@ -999,8 +1034,22 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
     if (sp && !cJSON_IsNull(sp) && !cJSON_IsObject(sp))
         api_bad(&e, 400, "field \"sampling_params\": expected an object");
     c->p.max_tokens = 128; /* SGLang's default max_new_tokens */
-    if (!e.status && sp && cJSON_IsObject(sp))
+    if (!e.status && sp && cJSON_IsObject(sp)) {
         api_read_sampling(sp, "max_new_tokens", &c->p, &e);
+        api_bool(sp, "no_stop_trim", &c->no_stop_trim, &e);
+        api_bool(sp, "skip_special_tokens", &c->skip_special, &e);
+        if (c->skip_special && !c->a->d->L.tok)
+            c->skip_special = 0; /* no tokenizer: the text is empty anyway */
+    }
+    api_bool(root, "return_text_in_logprobs", &c->text_in_logprobs, &e);
+    int64_t lsl = -1;
+    if (api_int(root, "logprob_start_len", -1, 1 << 30, &lsl, &e) > 0 && lsl != -1)
+        api_bad(&e, 400, "field \"logprob_start_len\" = %lld: prompt (input) log-probs are not computed here; only "
+                "-1 (the default: log-probs of the generated tokens, meta_info.output_token_logprobs)", (long long)lsl);
+    cJSON *clp = cJSON_GetObjectItemCaseSensitive(root, "custom_logit_processor");
+    if (clp && !cJSON_IsNull(clp))
+        api_bad(&e, 400, "field \"custom_logit_processor\": not supported (it is a pickled Python callable, and "
+                "rolloutd runs no Python); sampling is temperature, top_p, top_k, min_p, stop and stop_token_ids");
     api_bool(root, "return_logprob", &c->return_logprob, &e);
     api_bool(root, "return_routed_experts", &c->return_routes, &e);
     int64_t k;

@@ -85,6 +85,9 @@ struct api_call {
     int return_routes;          /* return_routed_experts (SGLang's name; also on /v1): each finished sample's
                                    routed experts, base64 of int32 [prompt + completion - 1][layers][top_k] */
     const char *top_field;      /* the field name top_n came from (for errors) */
+    int no_stop_trim;           /* SGLang sampling_params.no_stop_trim: keep the stop string / token text */
+    int skip_special;           /* sampling_params.skip_special_tokens: control tokens add no text */
+    int text_in_logprobs;       /* return_text_in_logprobs: each [logprob, id, text] names its token */
     char *rid;                  /* SGLang rid (one string) */
     api_params p;
     int n_subs;
@@ -143,6 +146,8 @@ void api_refuse(api_call *c, const api_err *e);
 int api_sample_view(api *a, const eng_result *r, sample_view *v);
 /* api_sample_view without the UTF-8 clean-up: the exact bytes (cut at a stop string). */
 int api_sample_raw(api *a, const eng_result *r, sample_view *v);
+/* api_sample_raw with SGLang's no_stop_trim and skip_special_tokens. */
+int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_trim, int skip_special);
 /* The clean (valid UTF-8) text of bytes [from, to) of raw, malloc'd. */
 char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len);
 
