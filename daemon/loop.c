@@ -659,7 +659,8 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     /* What the backend holds where it says (ops.linear_bytes: the CPU's file
      * dtypes or fp32 panels), counted by the engine thread at load and at
      * each update swap; else bf16 on CUDA plus its fp32 copy of the LM head. */
-    s->weights_bytes = d->L.be->ops->linear_bytes ? __atomic_load_n(&m->weights_bytes, __ATOMIC_RELAXED)
+    s->weights_bytes = s->eng.weights_released ? 0 /* released (api_sglang.c) */
+                     : d->L.be->ops->linear_bytes ? __atomic_load_n(&m->weights_bytes, __ATOMIC_RELAXED)
                                                   : m->n_params * 2 + (int64_t)m->cfg.vocab * m->cfg.dim * 4;
     s->gpu_memory_utilization = d->cfg.gpu_memory_utilization;
     mx_window_rates(&d->win, &s->prompt_tokens_per_s, &s->generated_tokens_per_s);
