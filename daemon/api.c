@@ -793,6 +793,8 @@ cJSON *api_routes_json(const eng_result *r)
 
 /* ---- SGLang's /generate ---- */
 
+static int sample_index(const api_call *c, int si, int j);
+
 /* SGLang's [logprob, token_id, text]: the text only with return_text_in_logprobs. */
 static cJSON *lp_triple(api_call *c, double lp, int32_t id)
 {
@@ -817,13 +819,21 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
     for (int32_t k = 0; k < r->n_tokens; k++)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->token_ids[k]));
     cJSON *mi = cJSON_AddObjectToObject(o, "meta_info");
-    char id[80];
-    const char *rid = s->rid ? s->rid : c->rid;
-    if (!rid) {
+    /* SGLang's ids: one rid for a batch or n > 1 becomes rid_<k> per sample
+     * (k counts the call's samples), a list gives each prompt's, with _<j>
+     * per sample when n > 1. */
+    char id[600];
+    if (s->rid && s->n > 1)
+        snprintf(id, sizeof id, "%s_%d", s->rid, j);
+    else if (s->rid)
+        snprintf(id, sizeof id, "%s", s->rid);
+    else if (c->rid && (c->batch || c->p.n > 1))
+        snprintf(id, sizeof id, "%s_%d", c->rid, sample_index(c, si, j));
+    else if (c->rid)
+        snprintf(id, sizeof id, "%s", c->rid);
+    else
         snprintf(id, sizeof id, "gen-%llu-%d", (unsigned long long)(s->key & ~API_KEY_BIT), j);
-        rid = id;
-    }
-    cJSON_AddStringToObject(mi, "id", rid);
+    cJSON_AddStringToObject(mi, "id", id);
     if (!v) {
         cJSON_AddNullToObject(mi, "finish_reason");
     } else {
@@ -1081,12 +1091,15 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
 
 /* ---- control routes ---- */
 
+/* SGLang's scheduler aborts every request whose rid starts with the one
+ * asked for, so "abc" also reaches the samples "abc_0", "abc_1" of a call. */
 static int rid_matches(const api_call *c, const char *rid)
 {
-    if (c->rid && !strcmp(c->rid, rid))
+    size_t n = strlen(rid);
+    if (c->rid && !strncmp(c->rid, rid, n))
         return 1;
     for (int i = 0; i < c->n_subs; i++)
-        if (c->subs[i].rid && !strcmp(c->subs[i].rid, rid))
+        if (c->subs[i].rid && !strncmp(c->subs[i].rid, rid, n))
             return 1;
     return 0;
 }

@@ -11,7 +11,6 @@ cycle through sglang-router (PyPI, 0.3.2) over two daemons, and vLLM's /sleep, /
 seeds) stand for the policy before and after a training step."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -36,9 +35,10 @@ def models():
             path = os.path.join(TMP, f"sglang-rl-{name}-{os.getpid()}.gguf")
             subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_tiny_model.py"), "--out", path,
                             "--dtype", "f32", "--seed", str(seed), "--ctx", "2048", "--layers", "4", "--dim", "256",
-                            "--ffn", "512"], check=True,
+                            "--ffn", "512", "--hf-out", path[:-5] + ".npz"], check=True,
                            capture_output=True)
             _files[name] = path
+            _files[name + ".npz"] = path[:-5] + ".npz"
     return _files["old"], _files["new"]
 
 
@@ -171,6 +171,23 @@ def slime_cycle_one_daemon():
         assert st == 400 and "custom_logit_processor" in json.dumps(e), e
         st, e = call(b, "/generate", {"input_ids": PROMPTS[0], "logprob_start_len": 0, "return_logprob": True})
         assert st == 400 and "logprob_start_len" in json.dumps(e), e
+        # One rid for a batch: each sample's id is rid_<k>, and aborting by the rid reaches them all.
+        r = gen(b, n_new=2, rid="grp")
+        assert [o["meta_info"]["id"] for o in r] == ["grp_0", "grp_1"], r
+        r = gen(b, n_new=2, rid=["p", "q"])
+        assert [o["meta_info"]["id"] for o in r] == ["p", "q"], r
+        # no_stop_trim keeps the stop token's text; by default it is cut.
+        g = gen(b, prompts=PROMPTS[0], n_new=6, return_text_in_logprobs=True)
+        t = g["output_ids"][3]
+        texts = []
+        for keep in (False, True):
+            st, o = call(b, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {
+                "max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 7, "ignore_eos": True,
+                "stop_token_ids": [t], "no_stop_trim": keep}})
+            assert st == 200 and o["meta_info"]["finish_reason"] == {"type": "stop", "matched": t}, o
+            assert o["output_ids"][-1] == t and len(o["output_ids"]) <= 4, o
+            texts.append(o["text"])
+        assert texts[1].startswith(texts[0]) and len(texts[1]) > len(texts[0]), texts
         slime_cycle(b, (ref, new), [b])
     finally:
         stop_cleanly(d, ref)
@@ -284,6 +301,42 @@ def vllm_sleep_wake_up():
         stop_cleanly(d)
 
 
+@case
+def weights_from_an_nng_push_cannot_be_released():
+    """An NNG push leaves no file to read the weights back from: releasing them is refused with
+    the reason; the KV cache alone can still go and come back. A later update from disk gives the
+    weights a file again."""
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+    from rolloutd import Client
+    old, new = models()
+    d, ref = start(old), start(new)
+    try:
+        b = base(d)
+        want = ids_lps(gen(base(ref)))
+        npz = np.load(_files["new.npz"])
+        with Client(d.url) as c:
+            r = c.push_weights({k: np.ascontiguousarray(npz[k], dtype=np.float32) for k in npz.files}, 9)
+            assert r.version == 9, r
+        assert call(b, "/get_weight_version") == (200, {"weight_version": "9"})
+        assert ids_lps(gen(b)) == want
+        st, e = call(b, "/release_memory_occupation", {"tags": ["weights"]})
+        assert st == 400 and "NNG push" in json.dumps(e), (st, e)
+        st, e = call(b, "/release_memory_occupation", {"tags": None})
+        assert st == 400, (st, e)
+        assert call(b, "/release_memory_occupation", {"tags": ["kv_cache"]})[0] == 200
+        assert status(b)["kv_cache"]["bytes"] == 0 and status(b)["memory"]["weights_bytes"] > 0
+        assert call(b, "/resume_memory_occupation", {"tags": ["kv_cache"]})[0] == 200
+        assert ids_lps(gen(b)) == want
+        st, r = call(b, "/update_weights_from_disk", {"model_path": new, "weight_version": "10"}, timeout=120)
+        assert st == 200, r
+        assert call(b, "/release_memory_occupation", {})[0] == 200
+        assert call(b, "/resume_memory_occupation", {})[0] == 200
+        assert ids_lps(gen(b)) == want
+    finally:
+        stop_cleanly(d, ref)
+
+
 if __name__ == "__main__":
     try:
         main()
@@ -291,4 +344,3 @@ if __name__ == "__main__":
         for p in _files.values():
             if os.path.exists(p):
                 os.unlink(p)
-        shutil.rmtree(os.path.join(TMP, "nonexistent"), ignore_errors=True)
