@@ -543,6 +543,12 @@ int api_admit(api_call *c, api_err *e)
         api_bad(e, 503, "the daemon is shutting down: no new requests");
         return -1;
     }
+    if (a->mem_released) {
+        api_bad(e, 503, "the engine's memory is released (%s%s%s): /resume_memory_occupation (or /wake_up) first",
+                a->mem_released & ET_MEM_WEIGHTS ? "weights" : "", a->mem_released == 3 ? ", " : "",
+                a->mem_released & ET_MEM_KV ? "kv_cache" : "");
+        return -1;
+    }
     if (c->p.n_stop_strs > 0 && !d->L.tok) {
         api_bad(e, 400, "field \"stop\": this model has no tokenizer, so stop strings cannot be matched");
         return -1;
@@ -669,7 +675,12 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v)
     return clean ? 0 : RD_ENOMEM;
 }
 
-int api_sample_raw(api *a, const eng_result *r, sample_view *v)
+int api_sample_raw(api *a, const eng_result *r, sample_view *v) { return api_sample_text(a, r, v, 0, 0); }
+
+/* SGLang's no_stop_trim: the matched stop string and the stop token's text
+ * stay in the text. skip_special: control tokens (EOS, <|im_end|>, ...) add
+ * no text (the ids keep them). */
+int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_trim, int skip_special)
 {
     memset(v, 0, sizeof *v);
     v->matched_id = -1;
@@ -677,7 +688,8 @@ int api_sample_raw(api *a, const eng_result *r, sample_view *v)
     int32_t n_text = r->n_tokens;
     if (r->finish == FINISH_STOP && r->stop_str < 0 && r->n_tokens > 0) {
         v->matched_id = r->token_ids[r->n_tokens - 1];
-        n_text--; /* EOS or a stop token: its text is not the completion's */
+        if (!no_stop_trim)
+            n_text--; /* EOS or a stop token: its text is not the completion's */
     }
     if (!a->d->L.tok) {
         v->text = strdup("");
@@ -688,12 +700,31 @@ int api_sample_raw(api *a, const eng_result *r, sample_view *v)
         return rc;
     if (r->finish == FINISH_STOP && r->stop_str >= 0) {
         v->matched_str = r->stop_str; /* index; the caller names the string */
-        if (r->stop_text_offset >= 0 && (size_t)r->stop_text_offset < v->len) {
+        if (!no_stop_trim && r->stop_text_offset >= 0 && (size_t)r->stop_text_offset < v->len) {
             v->len = (size_t)r->stop_text_offset;
             v->text[v->len] = 0;
         }
     } else {
         v->matched_str = -1;
+    }
+    if (skip_special) {
+        /* The text is the tokens' bytes back to back: keep those of the
+         * non-special tokens, up to where it was cut. */
+        size_t at = 0, out = 0;
+        for (int32_t k = 0; k < n_text && at < v->len; k++) {
+            size_t nb = 0;
+            const char *b = tok_token_bytes(a->d->L.tok, r->token_ids[k], &nb);
+            if (!b)
+                continue;
+            size_t take = at + nb <= v->len ? nb : v->len - at;
+            if (!tok_is_control(a->d->L.tok, r->token_ids[k])) {
+                memmove(v->text + out, v->text + at, take);
+                out += take;
+            }
+            at += take;
+        }
+        v->len = out;
+        v->text[out] = 0;
     }
     return 0;
 }
@@ -764,12 +795,17 @@ cJSON *api_routes_json(const eng_result *r)
 
 /* ---- SGLang's /generate ---- */
 
-static cJSON *lp_triple(double lp, int32_t id)
+static int sample_index(const api_call *c, int si, int j);
+
+/* SGLang's [logprob, token_id, text]: the text only with return_text_in_logprobs. */
+static cJSON *lp_triple(api_call *c, double lp, int32_t id)
 {
     cJSON *t = cJSON_CreateArray();
     cJSON_AddItemToArray(t, cJSON_CreateNumber(lp));
     cJSON_AddItemToArray(t, cJSON_CreateNumber(id));
-    cJSON_AddItemToArray(t, cJSON_CreateNull());
+    char *text = c->text_in_logprobs ? api_token_text(c->a, id) : NULL;
+    cJSON_AddItemToArray(t, text ? cJSON_CreateString(text) : cJSON_CreateNull());
+    free(text);
     return t;
 }
 
@@ -785,13 +821,21 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
     for (int32_t k = 0; k < r->n_tokens; k++)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->token_ids[k]));
     cJSON *mi = cJSON_AddObjectToObject(o, "meta_info");
-    char id[80];
-    const char *rid = s->rid ? s->rid : c->rid;
-    if (!rid) {
+    /* SGLang's ids: one rid for a batch or n > 1 becomes rid_<k> per sample
+     * (k counts the call's samples), a list gives each prompt's, with _<j>
+     * per sample when n > 1. */
+    char id[600];
+    if (s->rid && s->n > 1)
+        snprintf(id, sizeof id, "%s_%d", s->rid, j);
+    else if (s->rid)
+        snprintf(id, sizeof id, "%s", s->rid);
+    else if (c->rid && (c->batch || c->p.n > 1))
+        snprintf(id, sizeof id, "%s_%d", c->rid, sample_index(c, si, j));
+    else if (c->rid)
+        snprintf(id, sizeof id, "%s", c->rid);
+    else
         snprintf(id, sizeof id, "gen-%llu-%d", (unsigned long long)(s->key & ~API_KEY_BIT), j);
-        rid = id;
-    }
-    cJSON_AddStringToObject(mi, "id", rid);
+    cJSON_AddStringToObject(mi, "id", id);
     if (!v) {
         cJSON_AddNullToObject(mi, "finish_reason");
     } else {
@@ -815,13 +859,13 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
         cJSON_AddStringToObject(mi, "logprob_kind", "raw");
         cJSON *lps = cJSON_AddArrayToObject(mi, "output_token_logprobs");
         for (int32_t k = 0; k < r->n_tokens; k++)
-            cJSON_AddItemToArray(lps, lp_triple(r->logprobs[k], r->token_ids[k]));
+            cJSON_AddItemToArray(lps, lp_triple(c, r->logprobs[k], r->token_ids[k]));
         if (c->p.top_n > 0) {
             cJSON *tops = cJSON_AddArrayToObject(mi, "output_top_logprobs");
             for (int32_t k = 0; k < r->n_tokens; k++) {
                 cJSON *t = cJSON_CreateArray();
                 for (int32_t q = 0; q < r->n_top; q++)
-                    cJSON_AddItemToArray(t, lp_triple(r->top_logprobs[(size_t)k * r->n_top + q],
+                    cJSON_AddItemToArray(t, lp_triple(c, r->top_logprobs[(size_t)k * r->n_top + q],
                                                       r->top_ids[(size_t)k * r->n_top + q]));
                 cJSON_AddItemToArray(tops, t);
             }
@@ -841,8 +885,15 @@ static cJSON *gen_sample_json(api_call *c, int si, int j)
 {
     const eng_result *r = &c->subs[si].res[j];
     sample_view v;
-    if (api_sample_view(c->a, r, &v))
+    if (api_sample_text(c->a, r, &v, c->no_stop_trim, c->skip_special))
         return NULL;
+    size_t n;
+    char *clean = utf8_clean(v.text, v.len, &n);
+    free(v.text);
+    if (!clean)
+        return NULL;
+    v.text = clean;
+    v.len = n;
     cJSON *o = gen_json(c, si, j, r, &v, v.text);
     free(v.text);
     return o;
@@ -995,8 +1046,22 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
     if (sp && !cJSON_IsNull(sp) && !cJSON_IsObject(sp))
         api_bad(&e, 400, "field \"sampling_params\": expected an object");
     c->p.max_tokens = 128; /* SGLang's default max_new_tokens */
-    if (!e.status && sp && cJSON_IsObject(sp))
+    if (!e.status && sp && cJSON_IsObject(sp)) {
         api_read_sampling(sp, "max_new_tokens", &c->p, &e);
+        api_bool(sp, "no_stop_trim", &c->no_stop_trim, &e);
+        api_bool(sp, "skip_special_tokens", &c->skip_special, &e);
+        if (c->skip_special && !c->a->d->L.tok)
+            c->skip_special = 0; /* no tokenizer: the text is empty anyway */
+    }
+    api_bool(root, "return_text_in_logprobs", &c->text_in_logprobs, &e);
+    int64_t lsl = -1;
+    if (api_int(root, "logprob_start_len", -1, 1 << 30, &lsl, &e) > 0 && lsl != -1)
+        api_bad(&e, 400, "field \"logprob_start_len\" = %lld: prompt (input) log-probs are not computed here; only "
+                "-1 (the default: log-probs of the generated tokens, meta_info.output_token_logprobs)", (long long)lsl);
+    cJSON *clp = cJSON_GetObjectItemCaseSensitive(root, "custom_logit_processor");
+    if (clp && !cJSON_IsNull(clp))
+        api_bad(&e, 400, "field \"custom_logit_processor\": not supported (it is a pickled Python callable, and "
+                "rolloutd runs no Python); sampling is temperature, top_p, top_k, min_p, stop and stop_token_ids");
     api_bool(root, "return_logprob", &c->return_logprob, &e);
     api_bool(root, "return_routed_experts", &c->return_routes, &e);
     int64_t k;
@@ -1028,12 +1093,15 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
 
 /* ---- control routes ---- */
 
+/* SGLang's scheduler aborts every request whose rid starts with the one
+ * asked for, so "abc" also reaches the samples "abc_0", "abc_1" of a call. */
 static int rid_matches(const api_call *c, const char *rid)
 {
-    if (c->rid && !strcmp(c->rid, rid))
+    size_t n = strlen(rid);
+    if (c->rid && !strncmp(c->rid, rid, n))
         return 1;
     for (int i = 0; i < c->n_subs; i++)
-        if (c->subs[i].rid && !strcmp(c->subs[i].rid, rid))
+        if (c->subs[i].rid && !strncmp(c->subs[i].rid, rid, n))
             return 1;
     return 0;
 }
@@ -1162,10 +1230,12 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
         if (m && !cJSON_IsNull(m)) {
             if (cJSON_IsString(m) && (!strcmp(m->valuestring, "abort") || !strcmp(m->valuestring, "wait") ||
-                                      !strcmp(m->valuestring, "keep") || !strcmp(m->valuestring, "in_place")))
+                                      !strcmp(m->valuestring, "keep") || !strcmp(m->valuestring, "in_place") ||
+                                      !strcmp(m->valuestring, "retract")))
                 mode = m->valuestring;
             else
-                api_bad(&e, 400, "field \"mode\": expected \"abort\", \"wait\" or \"keep\"");
+                api_bad(&e, 400, "field \"mode\": expected \"abort\", \"retract\", \"in_place\", \"wait\" or "
+                        "\"keep\"");
         }
     }
     if (e.status || a->pause_wait) {
@@ -1175,24 +1245,41 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    a->paused = 1;
-    if (strcmp(mode, "keep") && strcmp(mode, "in_place"))
-        set_frozen(a, 0); /* abort ends what a keep froze; wait lets it finish */
-    if (!strcmp(mode, "abort")) {
-        abort_matching(a, NULL);
-    } else if (!strcmp(mode, "wait")) {
+    if (!strcmp(mode, "wait")) {
+        a->paused = 1;
+        set_frozen(a, 0); /* wait lets what a keep froze finish */
         cJSON_Delete(root);
         a->pause_wait = h;
         http_on_close(h, on_pause_close, a);
         check_pause_wait(a);
         return;
     }
-    /* keep / in_place: every sequence freezes where it is, its KV kept, until
-     * /continue_generation (a weight update can swap in between: they go on
-     * under the new version); new calls wait as in every mode. */
-    set_frozen(a, 1);
+    api_pause_mode(a, mode);
     cJSON_Delete(root);
     api_answer_json(h, 200, ok_doc());
+}
+
+/* SGLang's modes (new calls wait until /continue_generation in each):
+ *   abort: every HTTP request ends now with what it has (finish "abort");
+ *   retract: every running sequence goes back to the queue, its KV dropped
+ *     and its tokens kept (the scheduler's preemption); on continue it is
+ *     recomputed, under the weights serving then, and goes on;
+ *   in_place (vLLM's keep): every sequence freezes where it is, its KV kept
+ *     (a weight update may swap in between: it goes on under the new version). */
+void api_pause_mode(api *a, const char *mode)
+{
+    a->paused = 1;
+    if (!strcmp(mode, "abort")) {
+        set_frozen(a, 0); /* abort ends what a keep froze */
+        abort_matching(a, NULL);
+    } else if (!strcmp(mode, "retract")) {
+        if (et_retract(&a->d->et))
+            log_line("HTTP pause: %s", rd_errmsg());
+        else
+            a->frozen = 1;
+    } else {
+        set_frozen(a, 1);
+    }
 }
 
 void api_resume_held(api *a)
@@ -1315,7 +1402,7 @@ void api_flush_begin(api *a, http_res *h, void (*answer)(http_res *h, int32_t n_
     http_on_close(h, on_flush_close, a);
 }
 
-static void route_flush_cache(http_res *h, const http_req *req, void *ud) { api_flush_begin(ud, h, NULL); }
+void api_route_flush_cache(http_res *h, const http_req *req, void *ud) { api_flush_begin(ud, h, NULL); }
 
 void api_on_flushed(api *a, uint64_t key, int32_t n_flushed)
 {
@@ -1348,7 +1435,7 @@ int api_routes(api *a, http_route *t)
         {"POST", "/continue_generation", route_continue, a, 0},
         {"GET", "/get_model_info", route_model_info, a, 0},
         {"GET", "/health_generate", route_health_generate, a, 0},
-        {"POST", "/flush_cache", route_flush_cache, a, 0},
+        {"POST", "/flush_cache", api_route_flush_cache, a, 0},
         {"POST", "/update_weights_from_disk", api_route_update_disk, a, 0},
         {"GET", "/v1/models", api_route_models, a, 0},
         {"POST", "/v1/completions", api_route_completions, a, 0},
@@ -1358,6 +1445,7 @@ int api_routes(api *a, http_route *t)
     for (int i = 0; i < n; i++)
         t[i] = r[i];
     n += api_vllm_routes(a, t + n);
+    n += api_sglang_routes(a, t + n);
     return n;
 }
 
@@ -1368,6 +1456,7 @@ int api_create(void *dv, api **out)
         return rd_fail(RD_ENOMEM, "HTTP API: out of memory");
     a->d = dv;
     umap_init(&a->keys);
+    api_note_weights_source(a, a->d->cfg.model, a->d->weight_version);
     *out = a;
     return 0;
 }
@@ -1406,6 +1495,7 @@ void api_destroy(api *a)
         free(f);
     }
     api_vllm_destroy(a);
+    api_sglang_free(a);
     umap_free(&a->keys);
     free(a);
 }

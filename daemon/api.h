@@ -53,6 +53,9 @@ int api_routes(api *a, http_route *table);
 void api_on_result(api *a, eng_result *r);
 /* The engine flushed its prefix cache for the /flush_cache call of key. */
 void api_on_flushed(api *a, uint64_t key, int32_t n_flushed);
+/* The engine thread did the memory release / resume of key (rc 0 or the
+ * error, msg why). */
+void api_on_memory(api *a, uint64_t key, int rc, const char *msg);
 /* HTTP calls not finished yet (the SIGTERM drain waits for them). */
 int api_unfinished(const api *a);
 /* Aborts every HTTP-owned engine request (drain time over). */

@@ -85,6 +85,9 @@ struct api_call {
     int return_routes;          /* return_routed_experts (SGLang's name; also on /v1): each finished sample's
                                    routed experts, base64 of int32 [prompt + completion - 1][layers][top_k] */
     const char *top_field;      /* the field name top_n came from (for errors) */
+    int no_stop_trim;           /* SGLang sampling_params.no_stop_trim: keep the stop string / token text */
+    int skip_special;           /* sampling_params.skip_special_tokens: control tokens add no text */
+    int text_in_logprobs;       /* return_text_in_logprobs: each [logprob, id, text] names its token */
     char *rid;                  /* SGLang rid (one string) */
     api_params p;
     int n_subs;
@@ -110,6 +113,12 @@ struct api {
     struct api_flush *flushes;  /* /flush_cache calls waiting for the engine */
     uint64_t next_flush;
     struct api_vllm *vllm;      /* vLLM's RL routes' state (api_vllm.c) */
+    /* api_sglang.c: memory release and the weights' source */
+    struct api_mem *mems;       /* releases / resumes waiting for the engine thread */
+    int mem_released;           /* ET_MEM_WEIGHTS | ET_MEM_KV now released */
+    char *src_path;             /* the file the serving weights came from (model, or the last update from disk) */
+    uint64_t src_version;       /* the version they were when src_path was noted */
+    int src_ok;
 };
 
 /* What a sample's answer shows. */
@@ -138,6 +147,8 @@ void api_refuse(api_call *c, const api_err *e);
 int api_sample_view(api *a, const eng_result *r, sample_view *v);
 /* api_sample_view without the UTF-8 clean-up: the exact bytes (cut at a stop string). */
 int api_sample_raw(api *a, const eng_result *r, sample_view *v);
+/* api_sample_raw with SGLang's no_stop_trim and skip_special_tokens. */
+int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_trim, int skip_special);
 /* The clean (valid UTF-8) text of bytes [from, to) of raw, malloc'd. */
 char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len);
 
@@ -165,6 +176,18 @@ void api_route_models(http_res *h, const http_req *req, void *ud);
 void api_route_completions(http_res *h, const http_req *req, void *ud);
 void api_route_chat(http_res *h, const http_req *req, void *ud);
 void api_route_update_disk(http_res *h, const http_req *req, void *ud);
+void api_route_flush_cache(http_res *h, const http_req *req, void *ud);
+/* A pause that freezes (in_place) or retracts (retract: running sequences go
+ * back to the queue, KV dropped): sets the API's pause state as
+ * /pause_generation does. */
+void api_pause_mode(api *a, const char *mode);
+
+/* api_sglang.c */
+/* Appends the SGLang / vLLM-sleep control routes to t; returns how many. */
+int api_sglang_routes(api *a, http_route *t);
+void api_sglang_free(api *a);
+/* The serving weights are now those of path (NULL: no file) at version. */
+void api_note_weights_source(api *a, const char *path, uint64_t version);
 
 /* api_vllm.c: vLLM's RL routes (/pause, /resume, /inference/v1/generate, ...). */
 /* Appends the routes to table; returns how many. */
@@ -192,9 +215,11 @@ typedef struct {
     uint32_t n_aborted;
 } api_update_result;
 /* Pushes the weights at path (.gguf, .safetensors or an HF folder) to the
- * daemon itself as version (mode PROTO_MODE_*), then answer(h, result).
+ * daemon itself as version (mode PROTO_MODE_*, flags API_UPD_*), then answer(h, result).
  * 0: h belongs to the update; else e says why (the caller answers). */
-int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode,
+#define API_UPD_FLUSH_CACHE 1   /* drop the prefix cache once the new version serves (SGLang's flush_cache) */
+#define API_UPD_KEEP_PAUSE 2    /* stay paused in place after the update (SGLang's keep_pause) */
+int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode, int flags,
                          void (*answer)(http_res *h, const api_update_result *r), api_err *e);
 
 #endif

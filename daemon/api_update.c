@@ -29,6 +29,8 @@ typedef struct {
     char error[600];
     uint32_t n_aborted;
     void (*answer)(http_res *h, const api_update_result *r);
+    int flush_cache;            /* SGLang's flush_cache (default true): drop the prefix cache once it serves */
+    int keep_pause;             /* SGLang's keep_pause: stay paused (in place) after the update */
 } upd_job;
 
 static void upd_work(uv_work_t *w)
@@ -66,6 +68,17 @@ static void answer_sglang(http_res *h, const api_update_result *r)
 static void upd_done(uv_work_t *w, int status)
 {
     upd_job *j = w->data;
+    api *a = j->d->api;
+    if (j->rc == 0 && a) {
+        /* A memory release can read these weights back from this file. */
+        api_note_weights_source(a, j->path, j->d->weight_version);
+        /* Entries of the old version never hit again (the cache is salted
+         * with the version); flushing returns their blocks now. */
+        if (j->flush_cache && et_flush_cache(&j->d->et, API_KEY_BIT | ++a->next_key))
+            log_line("HTTP update_weights_from_disk: flush: %s", rd_errmsg());
+        if (j->keep_pause)
+            api_pause_mode(a, "in_place");
+    }
     if (j->h) {
         api_update_result r = {.rc = j->rc, .error = j->error, .version = j->d->weight_version,
                                .n_aborted = j->n_aborted};
@@ -123,7 +136,15 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         api_int(root, "weight_version", 1, INT64_MAX / 2, &version, &e);
     }
     uint8_t mode = PROTO_MODE_CONTINUE;
-    int abort_all = 0;
+    int abort_all = 0, flush_cache = 1, keep_pause = 0;
+    api_bool(root, "flush_cache", &flush_cache, &e);
+    api_bool(root, "keep_pause", &keep_pause, &e);
+    cJSON *lf = cJSON_GetObjectItemCaseSensitive(root, "load_format");
+    if (lf && !cJSON_IsNull(lf) && !(cJSON_IsString(lf) && (!strcmp(lf->valuestring, "auto") ||
+                                                            !strcmp(lf->valuestring, "safetensors") ||
+                                                            !strcmp(lf->valuestring, "gguf"))))
+        api_bad(&e, 400, "field \"load_format\": expected null, \"auto\", \"safetensors\" or \"gguf\" (the format "
+                "is read from the file)");
     api_bool(root, "abort_all_requests", &abort_all, &e);
     if (abort_all)
         mode = PROTO_MODE_ABORT;
@@ -138,7 +159,9 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         else
             api_bad(&e, 400, "field \"mode\": expected \"continue\", \"drain\" or \"abort\"");
     }
-    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, mode, answer_sglang, &e)) {
+    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, mode,
+                                         (flush_cache ? API_UPD_FLUSH_CACHE : 0) | (keep_pause ? API_UPD_KEEP_PAUSE : 0),
+                                         answer_sglang, &e)) {
         cJSON_Delete(root);
         api_answer_error(h, &e);
         return;
@@ -146,7 +169,7 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
     cJSON_Delete(root);
 }
 
-int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode,
+int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode, int flags,
                          void (*answer)(http_res *h, const api_update_result *r), api_err *e)
 {
     rd_daemon *d = a->d;
@@ -154,6 +177,8 @@ int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version
         api_bad(e, 400, "the path is longer than %d bytes", CFG_STR - 1);
     if (!e->status && d->state != D_SERVING)
         api_bad(e, 503, "the daemon is shutting down: no weight updates");
+    if (!e->status && (a->mem_released & ET_MEM_WEIGHTS))
+        api_bad(e, 400, "the weights are released: /resume_memory_occupation (or /wake_up) first");
     if (!e->status && d->cfg.max_staging_bytes <= 0)
         api_bad(e, 400, "weight updates are off (max_staging_bytes is 0)");
     /* The push dials the daemon's own learner socket; over TLS it would have
@@ -171,6 +196,8 @@ int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version
     j->version = version;
     j->mode = mode;
     j->answer = answer;
+    j->flush_cache = !!(flags & API_UPD_FLUSH_CACHE);
+    j->keep_pause = !!(flags & API_UPD_KEEP_PAUSE);
     snprintf(j->path, sizeof j->path, "%s", path);
     own_url(d->cfg.listen, j->url, sizeof j->url);
     j->w.data = j;

@@ -709,7 +709,7 @@ static void route_update_weights(http_res *h, const http_req *req, void *ud)
     read_version(root, &version, &e);
     if (info)
         read_version(info, &version, &e);
-    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, PROTO_MODE_CONTINUE,
+    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, PROTO_MODE_CONTINUE, 0,
                                          prime ? answer_prime_update : answer_vllm_update, &e))
         api_answer_error(h, &e);
     cJSON_Delete(root);

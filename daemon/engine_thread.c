@@ -1,6 +1,7 @@
 /* engine_thread.c - see engine_thread.h. */
 #include "daemon/engine_thread.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,7 @@ static void free_cmd(et_cmd *c)
     for (int32_t i = 0; c->req.stop_strs && i < c->req.n_stop_strs; i++)
         free((void *)c->req.stop_strs[i]);
     free((void *)c->req.stop_strs);
+    free(c->path);
     free(c);
 }
 
@@ -58,6 +60,49 @@ static void refuse(et_thread *t, const et_cmd *c, uint64_t now)
     }
 }
 
+/* One memory release or resume (the engine is between steps); the answer. */
+static et_done *run_memory(et_thread *t, const et_cmd *c)
+{
+    et_done *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->mem = 1;
+    d->r.tag = c->key;
+    d->mem_tags = c->mem_tags;
+    model *m = c->L->m;
+    int rc = 0;
+    eng_stats st;
+    eng_get_stats(t->eng, &st);
+    if (c->mem_op == ET_MEM_RELEASE) {
+        if (eng_busy(t->eng))
+            rc = rd_fail(RD_EBUSY, "requests are running or waiting (%d sequences): release memory once the engine "
+                         "is idle (abort or finish them first)", (int)(st.running + st.waiting));
+        if (!rc && (c->mem_tags & ET_MEM_KV))
+            rc = eng_release_kv(t->eng);
+        if (!rc && (c->mem_tags & ET_MEM_WEIGHTS) && !(rc = eng_set_weights_released(t->eng, 1)))
+            model_drop_weights(m);
+    } else {
+        if (c->mem_tags & ET_MEM_WEIGHTS && !m->layers) {
+            model *fresh;
+            rc = rd_read_weights(c->L, c->path, c->same_file, &fresh);
+            if (!rc && (rc = model_adopt(m, fresh)))
+                model_free(fresh);
+            if (!rc) {
+                model_count_bytes(m);
+                rc = eng_set_weights_released(t->eng, 0);
+            }
+        }
+        if (!rc && (c->mem_tags & ET_MEM_KV))
+            rc = eng_resume_kv(t->eng);
+    }
+    if (rc) {
+        d->mem_rc = rc;
+        snprintf(d->mem_msg, sizeof d->mem_msg, "%s", rd_errmsg());
+    }
+    d->t_added_us = d->t_finish_us = (uint64_t)clock_now_us();
+    return d;
+}
+
 /* Runs the queued commands. Caller holds mu; eng_add copies what it needs, so
  * holding the lock only costs the copy. */
 static void run_cmds(et_thread *t)
@@ -92,7 +137,18 @@ static void run_cmds(et_thread *t)
             t->swap = c->swap; /* swap_policy applies it */
             c->swap.patch = NULL;
         } else if (c->kind == ET_PAUSE) {
-            eng_pause(t->eng, c->pause);
+            if (c->pause == 2)
+                eng_retract(t->eng);
+            eng_pause(t->eng, c->pause != 0);
+        } else if (c->kind == ET_MEMORY) {
+            /* Reading weights takes a while: the loop may queue commands meanwhile. */
+            pthread_mutex_unlock(&t->mu);
+            et_done *d = run_memory(t, c);
+            pthread_mutex_lock(&t->mu);
+            if (d)
+                push_done(t, d);
+            else
+                log_line("engine thread: out of memory answering a memory release");
         } else if (c->kind == ET_FLUSH) {
             et_done *d = calloc(1, sizeof *d);
             int32_t n = eng_flush_cache(t->eng);
@@ -173,6 +229,8 @@ static void swap_policy(et_thread *t)
     et_swap *w = &t->swap;
     if (!w->active)
         return;
+    if (!w->m->layers)
+        return; /* the weights are released: the swap waits for them to be read back */
     if (w->mode == UPD_DRAIN) {
         eng_hold_new(t->eng, 1);
         if (eng_started(t->eng) > 0)
@@ -346,6 +404,25 @@ int et_abort(et_thread *t, uint64_t key) { return push_simple(t, ET_ABORT, key, 
 int et_pause(et_thread *t, int pause) { return push_simple(t, ET_PAUSE, 0, pause); }
 
 int et_flush_cache(et_thread *t, uint64_t key) { return push_simple(t, ET_FLUSH, key, 0); }
+
+int et_retract(et_thread *t) { return push_simple(t, ET_PAUSE, 0, 2); }
+
+int et_memory(et_thread *t, uint64_t key, int op, int tags, rd_loaded *L, const char *path, int same_file)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c || (path && !(c->path = strdup(path)))) {
+        free(c);
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    }
+    c->kind = ET_MEMORY;
+    c->key = key;
+    c->mem_op = op;
+    c->mem_tags = tags;
+    c->L = L;
+    c->same_file = same_file;
+    push_cmd(t, c);
+    return 0;
+}
 
 et_done *et_take(et_thread *t, eng_stats *stats)
 {

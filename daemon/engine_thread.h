@@ -13,10 +13,17 @@
 #include <uv.h>
 
 #include "base/u64map.h"
+#include "engine/model/loader.h"
 #include "engine/serve/engine.h"
 #include "engine/update/staging.h"
 
-typedef enum { ET_ADD, ET_ABORT, ET_SWAP, ET_PAUSE, ET_FLUSH } et_kind;
+typedef enum { ET_ADD, ET_ABORT, ET_SWAP, ET_PAUSE, ET_FLUSH, ET_MEMORY } et_kind;
+
+/* Memory release / resume (et_memory): what, and which parts. */
+#define ET_MEM_RELEASE 1
+#define ET_MEM_RESUME 2
+#define ET_MEM_WEIGHTS 1
+#define ET_MEM_KV 2
 
 /* A weight swap the engine thread performs at a step boundary (PROTOCOL.md §10.6). */
 typedef struct {
@@ -42,7 +49,11 @@ typedef struct et_cmd {
     uint64_t key;               /* daemon request key (the engine tag) */
     eng_request req;            /* ET_ADD; prompt and stop_ids are owned (freed after eng_add) */
     et_swap swap;               /* ET_SWAP */
-    int pause;                  /* ET_PAUSE: 1 freeze every sequence, 0 go on */
+    int pause;                  /* ET_PAUSE: 1 freeze every sequence, 0 go on, 2 retract then freeze */
+    int mem_op, mem_tags;       /* ET_MEMORY: ET_MEM_RELEASE / RESUME, ET_MEM_WEIGHTS | ET_MEM_KV */
+    rd_loaded *L;               /* ET_MEMORY: the daemon's model (its backend, its open file) */
+    char *path;                 /* ET_MEMORY resume of weights: the file to read them from (owned) */
+    int same_file;              /* path is the file L was loaded from */
 } et_cmd;
 
 /* A finished sample with the engine thread's timestamps; or the progress of
@@ -52,6 +63,10 @@ typedef struct et_done {
     eng_result r;               /* r.tag = key */
     int flush;                  /* 1: the answer to et_flush_cache(key); only r.tag is set */
     int32_t n_flushed;          /* flush: prefix-cache entries dropped */
+    int mem;                    /* 1: the answer to et_memory(key); r.tag is set */
+    int mem_rc;                 /* mem: 0 or the error code */
+    int mem_tags;               /* mem: the parts released (or resumed) */
+    char mem_msg[400];          /* mem: why not, when mem_rc */
     uint64_t t_added_us;        /* monotonic µs when eng_add took the request */
     uint64_t t_finish_us;       /* when the step that finished it ended */
 } et_done;
@@ -92,6 +107,15 @@ int et_add(et_thread *t, uint64_t key, const eng_request *r);
 int et_abort(et_thread *t, uint64_t key);
 /* Freezes (1) or unfreezes (0) every sequence at the next step boundary (eng_pause). */
 int et_pause(et_thread *t, int pause);
+/* Retracts every running sequence (eng_retract) and freezes the engine,
+ * at the next step boundary; et_pause(t, 0) lets them run again. */
+int et_retract(et_thread *t);
+/* Releases (op ET_MEM_RELEASE) or re-creates (ET_MEM_RESUME) the parts in
+ * tags between steps: the KV pool (eng_release_kv) and the weights
+ * (model_drop_weights, then rd_read_weights(path) and model_adopt on
+ * resume). A release is refused while the engine has sequences. The answer
+ * comes back through et_take as an et_done with mem set and r.tag = key. */
+int et_memory(et_thread *t, uint64_t key, int op, int tags, rd_loaded *L, const char *path, int same_file);
 /* Flushes the prefix cache between steps; the answer comes back through
  * et_take as an et_done with flush set and r.tag = key. */
 int et_flush_cache(et_thread *t, uint64_t key);

@@ -158,6 +158,9 @@ static void take_results(rd_daemon *d)
         if (e->flush) {
             if (d->api)
                 api_on_flushed(d->api, e->r.tag, e->n_flushed);
+        } else if (e->mem) {
+            if (d->api)
+                api_on_memory(d->api, e->r.tag, e->mem_rc, e->mem_msg);
         } else if (e->r.tag & API_KEY_BIT) {
             /* An HTTP call's sample or its progress (its own key space, api.h). */
             if (d->api)
@@ -656,7 +659,8 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     /* What the backend holds where it says (ops.linear_bytes: the CPU's file
      * dtypes or fp32 panels), counted by the engine thread at load and at
      * each update swap; else bf16 on CUDA plus its fp32 copy of the LM head. */
-    s->weights_bytes = d->L.be->ops->linear_bytes ? __atomic_load_n(&m->weights_bytes, __ATOMIC_RELAXED)
+    s->weights_bytes = s->eng.weights_released ? 0 /* released (api_sglang.c) */
+                     : d->L.be->ops->linear_bytes ? __atomic_load_n(&m->weights_bytes, __ATOMIC_RELAXED)
                                                   : m->n_params * 2 + (int64_t)m->cfg.vocab * m->cfg.dim * 4;
     s->gpu_memory_utilization = d->cfg.gpu_memory_utilization;
     mx_window_rates(&d->win, &s->prompt_tokens_per_s, &s->generated_tokens_per_s);

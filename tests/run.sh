@@ -90,6 +90,10 @@ if [ "$MODE" != "--unit-only" ]; then
     # Weight-update faults against the ASan daemon, which must then exit with no leak.
     run_one "asan:test_weight_update" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=faults_leave_the_old_weights_serving,data_lane_refuses_garbage_and_keeps_serving "$PY" tests/py/test_weight_update.py
+    # SGLang's RL routes: pause modes, update, memory release and resume (KV pool and weights freed and made again).
+    run_one "asan:test_sglang_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=slime_cycle_one_daemon,pause_in_place_and_retract,vllm_sleep_wake_up,weights_from_an_nng_push_cannot_be_released \
+      "$PY" tests/py/test_sglang_rl.py
   fi
 fi
 

@@ -7,6 +7,7 @@ APT_PKGS=(build-essential pkg-config clang libclang-rt-14-dev
           libuv1-dev libnng-dev libmbedtls-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp
           unzip ca-certificates openssl)
 PIP_PKGS=("numpy" "gguf" "pynng" "openai" "llama-cpp-python==0.3.36" "vllm-router==0.1.17")
+PIP_PKGS+=("sglang-router==0.3.2")  # the SGLang router (a prebuilt wheel): tests/py/test_sglang_rl.py
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -47,6 +47,26 @@ fail:
     return rc;
 }
 
+int rd_read_weights(rd_loaded *l, const char *path, int same_file, model **out)
+{
+    *out = NULL;
+    if (is_hf(path))
+        return model_load_hf(path, l->be, out);
+    int rc;
+    if (same_file && l->gguf) {
+        /* The mapping is still open (the tokenizer's strings): its pages come back from the file. */
+        if (!(rc = model_load_gguf(l->gguf, l->be, out)))
+            gguf_drop_data_pages(l->gguf);
+        return rc;
+    }
+    gguf_file *g;
+    if ((rc = gguf_open(path, &g)))
+        return rc;
+    rc = model_load_gguf(g, l->be, out);
+    gguf_close(g);
+    return rc;
+}
+
 void rd_unload(rd_loaded *l)
 {
     if (l->tok)

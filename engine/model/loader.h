@@ -17,5 +17,9 @@ typedef struct {
 
 int rd_load(const char *path, const char *backend, int n_threads, rd_loaded *out);
 void rd_unload(rd_loaded *l);
+/* Reads the weights of path (a GGUF file, a .safetensors file or an HF
+ * folder) into a new model on l's backend; same_file: path is the file l was
+ * loaded from (its open mapping is read again). */
+int rd_read_weights(rd_loaded *l, const char *path, int same_file, model **out);
 
 #endif

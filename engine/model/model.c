@@ -618,10 +618,10 @@ static void free_slot(model *m, arch_group g, int32_t l, int32_t e)
     *slot = NULL;
 }
 
-void model_free(model *m)
+/* Frees every weight buffer and the layer table; the struct, its config and
+ * its backend stay. */
+static void free_weights(model *m)
 {
-    if (!m)
-        return;
     rd_backend *be = m->be;
     for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
         for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
@@ -640,5 +640,38 @@ void model_free(model *m)
         be->ops->free(be, m->rope);
     if (m->rope_local)
         be->ops->free(be, m->rope_local);
+    m->rope = m->rope_local = NULL;
+    m->embed = m->lm_head = m->out_norm = NULL;
+    m->weights_bytes = 0;
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    free_weights(m);
     free(m);
+}
+
+void model_drop_weights(model *m)
+{
+    free_weights(m);
+    m->weights_gen++;
+}
+
+int model_adopt(model *m, model *src)
+{
+    const model_config *a = &m->cfg, *b = &src->cfg;
+    if (strcmp(a->arch, b->arch) || a->n_layers != b->n_layers || a->dim != b->dim || a->vocab != b->vocab ||
+        a->n_heads != b->n_heads || a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim ||
+        a->ffn_dim != b->ffn_dim || a->n_experts != b->n_experts || a->max_ctx != b->max_ctx || m->be != src->be)
+        return rd_fail(RD_EINVAL, "the weights read back are of another shape (%s, %d layers, dim %d) than the "
+                       "model serving (%s, %d layers, dim %d)", b->arch, b->n_layers, b->dim, a->arch, a->n_layers,
+                       a->dim);
+    uint64_t gen = m->weights_gen;
+    free_weights(m);
+    *m = *src;
+    m->weights_gen = gen + 1;
+    free(src);
+    return 0;
 }

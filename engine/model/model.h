@@ -68,6 +68,13 @@ int model_config_from_gguf(const gguf_file *g, model_config *cfg);
 /* Loads weights from an open GGUF file into backend be. */
 int model_load_gguf(const gguf_file *g, rd_backend *be, model **out);
 void model_free(model *m);
+/* Frees the weights in the backend (memory release); the config stays, and
+ * nothing may run the model until model_adopt gives it weights again. */
+void model_drop_weights(model *m);
+/* Moves src's weights into m (freeing m's, if any, and src itself), so
+ * every holder of m sees them; RD_EINVAL (src untouched) when src's shape
+ * differs from m's. Bumps weights_gen. */
+int model_adopt(model *m, model *src);
 
 /* Bytes of K+V per token across all layers at fp32. */
 int64_t model_kv_bytes_per_token(const model_config *c);

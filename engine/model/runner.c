@@ -82,20 +82,14 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
     }
     r->logit_rows_dev = balloc(be, (size_t)max_logits * sizeof(int32_t), &failed);
     r->cow_dev = balloc(be, 2 * rows * sizeof(int32_t), &failed);
-    r->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
-    r->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
-    if (!r->k_cache || !r->v_cache)
-        failed = 1;
-    size_t layer_bytes = (size_t)n_blocks * c->n_kv_heads * block_size * c->head_dim *
-                         (size_t)rd_backend_kv_elem_bytes(be);
-    for (int32_t l = 0; l < c->n_layers && !failed; l++) {
-        r->k_cache[l] = balloc(be, layer_bytes, &failed);
-        r->v_cache[l] = balloc(be, layer_bytes, &failed);
-    }
     if (failed) {
         runner_free(r);
-        return rd_fail(RD_ENOMEM, "runner: cannot allocate KV cache (%d blocks, %zu bytes per layer) or "
-                       "activations for %d rows", n_blocks, 2 * layer_bytes, max_rows);
+        return rd_fail(RD_ENOMEM, "runner: cannot allocate activations for %d rows", max_rows);
+    }
+    int kv_rc = runner_kv_alloc(r);
+    if (kv_rc) {
+        runner_free(r);
+        return kv_rc;
     }
     const rd_backend_ops *op = be->ops;
     if (op->lm_head) {
@@ -143,20 +137,72 @@ void runner_free(runner *r)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
+    runner_kv_free(r);
+    free(r->moe);
+    if (r->iota_dev)
+        be->ops->free(be, r->iota_dev);
+    free(r->pad_host);
+    memset(r, 0, sizeof *r);
+}
+
+/* Captured graphs hold the KV buffers' addresses: they go with them. */
+static void drop_graphs(runner *r)
+{
+    for (int i = 0; i < RUNNER_MAX_GRAPHS; i++) {
+        if (r->graphs[i].graph)
+            r->be->ops->graph_free(r->be, r->graphs[i].graph);
+        memset(&r->graphs[i], 0, sizeof r->graphs[i]);
+    }
+}
+
+int runner_kv_alloc(runner *r)
+{
+    if (r->k_cache)
+        return 0;
+    const model_config *c = &r->m->cfg;
+    rd_backend *be = r->be;
+    int failed = 0;
+    r->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    r->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    if (!r->k_cache || !r->v_cache)
+        failed = 1;
+    size_t layer_bytes = (size_t)r->n_blocks * c->n_kv_heads * r->attn.block_size * c->head_dim *
+                         (size_t)rd_backend_kv_elem_bytes(be);
+    for (int32_t l = 0; l < c->n_layers && !failed; l++) {
+        r->k_cache[l] = balloc(be, layer_bytes, &failed);
+        r->v_cache[l] = balloc(be, layer_bytes, &failed);
+    }
+    if (failed) {
+        runner_kv_free(r);
+        return rd_fail(RD_ENOMEM, "runner: cannot allocate KV cache (%d blocks, %zu bytes per layer)", r->n_blocks,
+                       2 * layer_bytes);
+    }
+    return 0;
+}
+
+void runner_kv_free(runner *r)
+{
+    if (!r->be)
+        return;
+    rd_backend *be = r->be;
+    drop_graphs(r);
     for (int32_t l = 0; r->k_cache && l < r->m->cfg.n_layers; l++) {
         if (r->k_cache[l]) be->ops->free(be, r->k_cache[l]);
         if (r->v_cache && r->v_cache[l]) be->ops->free(be, r->v_cache[l]);
     }
     free(r->k_cache);
     free(r->v_cache);
-    free(r->moe);
-    for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
-        if (r->graphs[i].graph)
-            be->ops->graph_free(be, r->graphs[i].graph);
-    if (r->iota_dev)
-        be->ops->free(be, r->iota_dev);
-    free(r->pad_host);
-    memset(r, 0, sizeof *r);
+    r->k_cache = r->v_cache = NULL;
+}
+
+void runner_rebind(runner *r)
+{
+    const model_config *c = &r->m->cfg;
+    drop_graphs(r);
+    for (int32_t l = 0; r->moe && l < c->n_layers; l++) {
+        r->moe[l].gate_up = r->m->layers[l].exp_gate_up;
+        r->moe[l].down = r->m->layers[l].exp_down;
+    }
 }
 
 int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_t n)

@@ -70,6 +70,14 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
                 int32_t max_logits);
 void runner_free(runner *r);
 
+/* Frees the KV cache buffers (and the captured graphs that point into
+ * them); runner_kv_alloc makes them again, n_blocks as before. A forward
+ * needs them. */
+void runner_kv_free(runner *r);
+int runner_kv_alloc(runner *r);
+/* The model's weights were re-made (model_adopt): re-reads the pointers the
+ * runner keeps (the experts' handles) and drops the captured graphs. */
+void runner_rebind(runner *r);
 /* Copies KV blocks src[i] -> dst[i] in every layer (copy-on-write). */
 int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_t n);
 

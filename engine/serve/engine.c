@@ -33,6 +33,8 @@ struct engine {
     int64_t next_id;
     uint64_t version;           /* weight version new tokens are sampled under */
     int paused;                 /* eng_pause: nothing is scheduled */
+    int32_t n_blocks;           /* the KV pool's size, kept to re-create it (eng_resume_kv) */
+    int weights_released;       /* eng_set_weights_released: the model has no weights now */
     seq_list done;              /* finished samples not yet collected */
     eng_stats st;
     /* per-step scratch (host) */
@@ -106,6 +108,7 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->eos = cfg->eos_id;
     e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
     e->next_id = 1;
+    e->n_blocks = (int32_t)n_blocks;
     /* eng_destroy takes a partly built engine apart (each free accepts what was never made). */
     int rc = kv_create((int32_t)n_blocks, cfg->block_size, &e->kv);
     if (!rc)
@@ -189,6 +192,10 @@ const model *eng_model(const engine *e) { return e->m; }
 int eng_add(engine *e, const eng_request *r, int64_t *id)
 {
     const model_config *c = &e->m->cfg;
+    if (!e->kv || e->weights_released)
+        return rd_fail(RD_EBUSY, "request: the engine's memory is released (%s%s%s); resume it first",
+                       e->weights_released ? "weights" : "", e->weights_released && !e->kv ? ", " : "",
+                       !e->kv ? "kv_cache" : "");
     if (!r->prompt || r->n_prompt < 1)
         return rd_fail(RD_EINVAL, "request: prompt is empty (need at least 1 token)");
     if (r->n_prompt >= c->max_ctx)
@@ -506,7 +513,7 @@ static int draw_tokens(engine *e, int32_t n)
 
 int eng_step(engine *e)
 {
-    if (e->paused)
+    if (e->paused || !e->kv || e->weights_released)
         return 0;
     int32_t n_sched = sched_step(&e->sched, e->version);
     seq **batch = e->sched.batch;
@@ -623,7 +630,60 @@ int eng_abort(engine *e, int64_t id)
 void eng_set_version(engine *e, uint64_t version) { e->version = version; }
 void eng_pause(engine *e, int pause) { e->paused = pause != 0; }
 int eng_paused(const engine *e) { return e->paused; }
-int32_t eng_flush_cache(engine *e) { return kv_prefix_flush(e->kv); }
+int32_t eng_flush_cache(engine *e) { return e->kv ? kv_prefix_flush(e->kv) : 0; }
+int32_t eng_retract(engine *e) { return sched_retract_all(&e->sched); }
+
+int eng_release_kv(engine *e)
+{
+    if (eng_busy(e))
+        return rd_fail(RD_EBUSY, "the engine has %d running and %d waiting sequences: the KV cache is in use",
+                       e->sched.running.count, e->sched.waiting.count);
+    if (!e->kv)
+        return 0;
+    runner_kv_free(&e->run);
+    kv_destroy(e->kv);
+    e->kv = e->sched.kv = NULL;
+    free(e->slot_routes);
+    e->slot_routes = NULL;
+    return 0;
+}
+
+int eng_resume_kv(engine *e)
+{
+    if (e->kv)
+        return 0;
+    const model_config *c = &e->m->cfg;
+    kv_pool *kv;
+    int rc = kv_create(e->n_blocks, e->cfg.block_size, &kv);
+    if (rc)
+        return rc;
+    if ((rc = runner_kv_alloc(&e->run))) {
+        kv_destroy(kv);
+        return rc;
+    }
+    if (c->n_experts > 0) {
+        size_t per = (size_t)c->n_layers * c->n_experts_used;
+        e->slot_routes = calloc((size_t)e->n_blocks * e->cfg.block_size * per, sizeof(uint16_t));
+        if (!e->slot_routes) {
+            runner_kv_free(&e->run);
+            kv_destroy(kv);
+            return rd_fail(RD_ENOMEM, "engine: cannot allocate the routes of the KV slots");
+        }
+    }
+    e->kv = e->sched.kv = kv;
+    return 0;
+}
+
+int eng_set_weights_released(engine *e, int released)
+{
+    if (released && eng_busy(e))
+        return rd_fail(RD_EBUSY, "the engine has %d running and %d waiting sequences: the weights are in use",
+                       e->sched.running.count, e->sched.waiting.count);
+    e->weights_released = released != 0;
+    if (!released)
+        runner_rebind(&e->run);
+    return 0;
+}
 uint64_t eng_version(const engine *e) { return e->version; }
 void eng_hold_new(engine *e, int hold) { e->sched.hold_new = hold != 0; }
 
@@ -802,8 +862,11 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->preemptions = e->sched.preemptions;
     s->prefix_query_tokens = e->sched.prefix_query_tokens;
     s->prefix_hit_tokens = e->sched.prefix_hit_tokens;
-    kv_stats ks;
-    kv_get_stats(e->kv, &ks);
+    kv_stats ks = {0};
+    if (e->kv)
+        kv_get_stats(e->kv, &ks);
+    s->kv_released = e->kv == NULL;
+    s->weights_released = e->weights_released;
     s->kv_blocks_total = ks.blocks_total;
     s->kv_blocks_used = ks.blocks_used;
     s->kv_blocks_cached = ks.blocks_cached;

@@ -103,6 +103,8 @@ typedef struct {
     int32_t kv_blocks_total, kv_blocks_used, kv_peak_blocks;
     int32_t kv_blocks_cached;   /* prefix-cache blocks nobody holds (counted free; eng_flush_cache drops them) */
     int paused;                 /* eng_pause holds every sequence */
+    int kv_released;            /* eng_release_kv: no KV pool now (blocks_total 0) */
+    int weights_released;       /* eng_set_weights_released */
     double kv_waste_at_peak;    /* fraction of slots unused in the used blocks at peak */
     int64_t completed, aborted; /* samples */
     int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache */
@@ -150,6 +152,22 @@ int32_t eng_flush_cache(engine *e);
  * collected, and weights may be swapped in between (the frozen sequences
  * then go on under the new version, on their old KV). */
 void eng_pause(engine *e, int pause);
+/* SGLang's retract: every running sequence goes back to the waiting queue,
+ * its KV dropped and its tokens kept (the scheduler's preemption), and is
+ * recomputed when it is scheduled again (with the weights serving then).
+ * Returns how many. Pair with eng_pause so they wait. */
+int32_t eng_retract(engine *e);
+/* Memory release (SGLang's release_memory_occupation, vLLM's sleep), idle
+ * engine only (RD_EBUSY otherwise): eng_release_kv frees the KV pool and
+ * the runner's KV buffers (the prefix cache goes with them); eng_resume_kv
+ * makes them again, the same size. eng_set_weights_released(e, 1) marks the
+ * model's weights gone (the caller frees them, model_drop_weights); (e, 0)
+ * after the caller gave them back (model_adopt) re-reads the runner's
+ * pointers. While either is released, eng_add answers RD_EBUSY and eng_step
+ * runs nothing. */
+int eng_release_kv(engine *e);
+int eng_resume_kv(engine *e);
+int eng_set_weights_released(engine *e, int released);
 int eng_paused(const engine *e);
 /* Aborts a request: its samples finish with FINISH_ABORT and what they had
  * generated. RD_ENOENT if unknown or already finished. */

@@ -77,6 +77,17 @@ static void preempt(sched *sc, seq *s)
     sc->preemptions++;
 }
 
+int32_t sched_retract_all(sched *sc)
+{
+    int32_t n = 0;
+    /* From the newest: each goes to the head, so the oldest ends up first. */
+    while (sc->running.tail) {
+        preempt(sc, sc->running.tail);
+        n++;
+    }
+    return n;
+}
+
 int32_t sched_step(sched *sc, uint64_t version)
 {
     int32_t budget = sc->max_batch_tokens, n_batch = 0;

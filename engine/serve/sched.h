@@ -45,6 +45,9 @@ void sched_add(sched *sc, seq *s);
 /* Takes s off the queue its state says it is on (waiting or running). */
 void sched_remove(sched *sc, seq *s);
 
+/* Preempts every running sequence (its KV dropped, its tokens kept, back to
+ * the head of the waiting queue in admission order); returns how many. */
+int32_t sched_retract_all(sched *sc);
 /* Chooses this step's sequences and their rows and reserves their slots
  * (version: the serving weight version, the prefix cache's salt). Returns
  * how many sequences are in sc->batch; 0 when nothing can run. */

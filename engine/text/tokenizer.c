@@ -768,3 +768,8 @@ int tok_encode_prompt(const tok_tokenizer *t, const char *text, size_t len, int3
     *n_ids += 1;
     return 0;
 }
+
+int tok_is_control(const tok_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_vocab && t->type && t->type[id] == TOK_TYPE_CONTROL;
+}

@@ -97,6 +97,10 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, char **
  * or NULL for an id outside the vocabulary. Valid while t lives. */
 const char *tok_token_bytes(const tok_tokenizer *t, int32_t id, size_t *len);
 
+/* 1 if id is a control token (EOS, BOS, chat markers: what Hugging Face's
+ * skip_special_tokens drops from decoded text), else 0. */
+int tok_is_control(const tok_tokenizer *t, int32_t id);
+
 /* The text of one token as stored in the vocabulary (byte-level form), or NULL. */
 const char *tok_piece(const tok_tokenizer *t, int32_t id);
 

@@ -1736,6 +1736,79 @@ static void test_progress_pause_flush(void)
     res_free(got);
 }
 
+/* SGLang's retract and memory release (issue 22): retracted sequences lose
+ * their KV, wait, and finish with the tokens they would have had; a released
+ * KV pool and released weights refuse requests, and once made again (the
+ * weights read back from the file) give the same rollouts. */
+static void test_retract_release(void)
+{
+    NEED(tiny_ok, "tiny-q4_1");
+    model *m = tiny.m;
+    int32_t pa[40];
+    make_prompt(pa, 40, 977, 3, m->cfg.vocab);
+    eng_config cfg = cfg_for(m, 64, 64, 8);
+    eng_request rq = make_req(pa, 40, 2, 30, 1.0f, 91);
+    res_set *ref = res_new(), *got = res_new();
+    CHECK_OK(run_alone(m, &cfg, &rq, ref));
+    engine *e;
+    CHECK_OK(eng_create(m, &cfg, &e));
+    int64_t id;
+    CHECK_OK(eng_add(e, &rq, &id));
+    for (int i = 0; i < 6; i++)
+        CHECK(eng_step(e) > 0, "step %d before the retract", i);
+    eng_stats s0, s1;
+    CHECK(eng_retract(e) == 2, "two running samples retract");
+    eng_pause(e, 1);
+    eng_get_stats(e, &s0);
+    CHECK(s0.running == 0 && s0.waiting == 2 && s0.kv_blocks_used == 0, "retracted: %d running, %d waiting, %d blocks",
+          s0.running, s0.waiting, s0.kv_blocks_used);
+    CHECK(eng_step(e) == 0 && eng_release_kv(e) == RD_EBUSY, "paused and retracted: no rows, no release");
+    eng_pause(e, 0);
+    CHECK_OK(drive(e, got));
+    char why[256];
+    for (int32_t j = 0; j < 2; j++)
+        CHECK(same_rollout(res_find(got, id, j), res_find(ref, ref->r[0].req_id, j), why, sizeof why),
+              "retracted sample %d vs alone: %s", j, why);
+
+    /* The KV pool goes and comes back the same size. */
+    eng_get_stats(e, &s0);
+    CHECK_OK(eng_release_kv(e));
+    eng_get_stats(e, &s1);
+    CHECK(s1.kv_released && s1.kv_blocks_total == 0, "released: %d blocks", s1.kv_blocks_total);
+    int64_t id2;
+    CHECK(eng_add(e, &rq, &id2) == RD_EBUSY, "a request was taken with the KV pool released");
+    CHECK_OK(eng_resume_kv(e));
+    eng_get_stats(e, &s1);
+    CHECK(!s1.kv_released && s1.kv_blocks_total == s0.kv_blocks_total, "resumed: %d blocks of %d",
+          s1.kv_blocks_total, s0.kv_blocks_total);
+
+    /* The weights: dropped, refused, read back from the file, the same rollouts. */
+    CHECK_OK(eng_set_weights_released(e, 1));
+    model_drop_weights(m);
+    CHECK(eng_add(e, &rq, &id2) == RD_EBUSY && eng_step(e) == 0, "a request was taken with the weights released");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    model *fresh;
+    CHECK_OK(rd_read_weights(&tiny, path, 1, &fresh));
+    CHECK_OK(model_adopt(m, fresh));
+    model_count_bytes(m);
+    CHECK_OK(eng_set_weights_released(e, 0));
+    CHECK_OK(eng_add(e, &rq, &id2));
+    CHECK_OK(drive(e, got));
+    for (int32_t j = 0; j < 2; j++)
+        CHECK(same_rollout(res_find(got, id2, j), res_find(ref, ref->r[0].req_id, j), why, sizeof why),
+              "after the weights came back, sample %d: %s", j, why);
+    /* A model of another shape is refused and leaves the weights serving. */
+    snprintf(path, sizeof path, "%s/tiny-q4_k.gguf", testdata());
+    if (rd_read_weights(&tiny, path, 0, &fresh) == 0) {
+        CHECK(model_adopt(m, fresh) == RD_EINVAL, "weights of another shape were adopted");
+        model_free(fresh);
+    }
+    eng_destroy(e);
+    res_free(ref);
+    res_free(got);
+}
+
 int main(void)
 {
     ensure_testdata();
@@ -1754,6 +1827,7 @@ int main(void)
     RUN(test_stop_conditions);
     RUN(test_prefix_cache);
     RUN(test_progress_pause_flush);
+    RUN(test_retract_release);
 
     if (tiny_ok) rd_unload(&tiny);
     if (tiny32_ok) rd_unload(&tiny32);
