@@ -66,6 +66,10 @@ typedef struct {
     uint64_t update_staged, update_total; /* bytes */
     const up_last *last_update;
     uint64_t updates_ok, updates_failed, update_bytes_total;
+    int lane_connections;       /* data lane connections open now */
+    uint64_t lane_evicted;      /* ... closed unproven to admit new ones (max_lane_connections) */
+    uint64_t lane_refused;      /* ... refused BUSY at max_lane_connections */
+    uint64_t relays_refused;    /* UPDATE_FORWARDs refused FORBIDDEN (relay_allow) */
     /* the HTTP server */
     const char *http_listen;    /* HOST:PORT as configured */
     int http_auth;              /* a Bearer key is required (api_key_file) */
