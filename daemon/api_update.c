@@ -133,11 +133,6 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         api_bad(&e, 503, "the daemon is shutting down: no weight updates");
     if (!e.status && d->cfg.max_staging_bytes <= 0)
         api_bad(&e, 400, "weight updates are off (max_staging_bytes is 0)");
-    /* The push dials the daemon's own learner socket; over TLS it would have
-     * to verify the daemon's certificate against a CA it is not given. */
-    if (!e.status && !strncmp(d->cfg.listen, "tls+tcp://", 10))
-        api_bad(&e, 501, "update_weights_from_disk is not available while the learner socket is TLS (%s); push "
-                "with rolloutctl push-weights", d->cfg.listen);
     upd_job *j = e.status ? NULL : calloc(1, sizeof *j);
     if (!e.status && !j)
         api_bad(&e, 500, "out of memory");
@@ -151,7 +146,7 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
     j->version = (uint64_t)version;
     j->mode = mode;
     snprintf(j->path, sizeof j->path, "%s", path->valuestring);
-    own_url(d->cfg.listen, j->url, sizeof j->url);
+    own_url(d->br.self_url[0] ? d->br.self_url : d->cfg.listen, j->url, sizeof j->url); /* TLS: inproc */
     cJSON_Delete(root);
     j->w.data = j;
     http_on_close(h, upd_close, j);

@@ -175,6 +175,8 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = check_exposure(d)))
         return rc;
+    if (proto_tls_url(d->cfg.listen) && (rc = br_listen_self(&d->br))) /* /update_weights_from_disk */
+        return rc;
     if ((rc = wing_start_lane(&d->wing)))
         return rc;
     if ((rc = loop_http_start(d)))

@@ -129,6 +129,9 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddNumberToObject(h, "timed_out", (double)s->http_timed_out);
         cJSON_AddNumberToObject(h, "body_bytes", (double)s->http_body_bytes);
         cJSON_AddNumberToObject(h, "body_refused", (double)s->http_body_refused);
+        cJSON_AddBoolToObject(h, "tls", s->http_tls);
+        cJSON_AddNumberToObject(h, "tls_plain_refused", (double)s->http_tls_plain);
+        cJSON_AddNumberToObject(h, "tls_failed", (double)s->http_tls_failed);
     }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -81,6 +81,9 @@ typedef struct {
     uint64_t http_timed_out;    /* connections closed by the header or body timeout */
     uint64_t http_body_bytes;   /* request bodies held now, bytes */
     uint64_t http_body_refused; /* requests refused (503) at max_http_inflight_body_bytes */
+    int http_tls;               /* the HTTP API speaks HTTPS (http_tls_cert_file) */
+    uint64_t http_tls_plain;    /* plain HTTP requests to it, answered 400 */
+    uint64_t http_tls_failed;   /* connections closed by a failed handshake or a bad record */
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */

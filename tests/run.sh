@@ -87,6 +87,15 @@ if [ "$MODE" != "--unit-only" ]; then
     # Weight-update faults against the ASan daemon, which must then exit with no leak.
     run_one "asan:test_weight_update" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=faults_leave_the_old_weights_serving,data_lane_refuses_garbage_and_keeps_serving "$PY" tests/py/test_weight_update.py
+    # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
+    run_one "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_relay_allow.py
+    # 1,000 lane connections at once, eviction and BUSY at max_lane_connections, no leak at exit.
+    run_one "asan:test_lane_limit" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_lane_limit.py
+    # HTTPS: TLS sessions, streams over TLS, plain HTTP on the TLS port, a SIGTERM exit with no leak.
+    run_one "asan:test_https" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_https.py
   fi
 fi
 
