@@ -385,7 +385,7 @@ int cfg_validate(const cfg_daemon *c)
 
 const char *cfg_usage(void)
 {
-    static char text[16384];
+    static char text[8192];
     if (text[0])
         return text;
     size_t n = (size_t)snprintf(text, sizeof text,
