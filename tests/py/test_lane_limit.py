@@ -14,6 +14,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import TMP, case, main  # noqa: E402
@@ -35,8 +36,12 @@ def daemon(*extra):
 
 
 def metric(d, name):
-    code, _, body = d.http("/metrics")
-    assert code == 200, code
+    """A value from /metrics (with the daemon's secret, its HTTP key, when it has one)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{d.http_port}/metrics")
+    if getattr(d, "secret", None):
+        req.add_header("Authorization", f"Bearer {d.secret}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read().decode()
     for line in body.splitlines():
         if line.startswith(f"rolloutd:{name}{{"):
             return float(line.rsplit(" ", 1)[1])
@@ -56,7 +61,7 @@ def flood(port, n):
 
 def generate_one(d, secret=None):
     with Client(d.url, name="probe", auth_token=secret) as c:
-        out = c.generate([[1, 9690, 314, 253, 1345, 2914, 28]], max_tokens=4, temperature=0.0, ignore_eos=True)
+        out = c.generate([[1, 260, 33, 97, 151, 201, 28]], max_tokens=4, temperature=0.0, ignore_eos=True)
         assert len(out[0].token_ids) == 4
 
 
@@ -70,6 +75,7 @@ def flood_then_push(secret=None):
         os.chmod(path, 0o600)
         extra += ["--auth-token-file", path]
     d = daemon(*extra)
+    d.secret = secret
     assert metric(d, "lane_connections") == 0
     socks = flood(lane, FLOOD)
     try:
@@ -85,7 +91,7 @@ def flood_then_push(secret=None):
         assert evicted == FLOOD - 16 and metric(d, "lane_connections") == 16, (evicted, open_now)
         assert most <= 16, most
         assert metric(d, "lane_connections_refused_total") == 0
-        assert d.http("/health")[0] == 200
+        assert d.http("/health")[0] == 200          # public
         generate_one(d, secret)
         # a real push over the lane, the flood's sockets still open on this side
         w = perturbed_bf16(7)
@@ -136,8 +142,11 @@ def a_newcomer_gets_busy_when_every_connection_is_a_sender():
     d = daemon("--update-listen", f"127.0.0.1:{lane}", "--max-lane-connections", "2")
     w = perturbed_bf16(8)
     with Client(d.url, name="pusher") as c:
-        name = next(k for k in w if k.endswith("q_proj.weight"))
-        prep = c.prepare({name: w[name]}, chunk_bytes=65536)
+        # a tensor of a few chunks (the smallest of at least three 64 KiB chunks; a tiny model's largest, in 4 KiB ones)
+        big = sorted((a.nbytes, k) for k, a in w.items())
+        fit = [k for n, k in big if n >= 3 * 65536]
+        name, chunk = (fit[0], 65536) if fit else (big[-1][1], 4096)
+        prep = c.prepare({name: w[name]}, chunk_bytes=chunk)
         assert len(prep.chunks) >= 3, len(prep.chunks)
         push = rc._Push(c, prep, 2, 0, 8, True, None)
         push.begin()
