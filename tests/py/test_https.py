@@ -27,7 +27,7 @@ from rdtest import Daemon, free_port  # noqa: E402
 
 import openai  # noqa: E402
 
-PROMPT = [1, 9690, 314, 253, 1345, 2914, 28]
+PROMPT = [1, 260, 33, 97, 151, 201, 28]  # ids of any test model
 _tmp = tempfile.mkdtemp(prefix="rd-https-", dir=TMP)
 _d = {}
 
