@@ -141,6 +141,30 @@ int ra_url_is_loopback(const char *url)
     return !parse_ip(host, &family, a) && is_loopback(family, a);
 }
 
+int ra_allows_url(const ra_list *l, const char *url)
+{
+    const char *h = strstr(url, "://");
+    if (!h)
+        return 0;
+    h += 3;
+    const char *end = *h == '[' ? strchr(h, ']') : strrchr(h, ':');
+    const char *colon = end && *end == ']' ? end + 1 : end;
+    if (*h == '[')
+        h++;
+    if (!end || !colon || *colon != ':' || end <= h)
+        return 0;
+    char host[64], *stop;
+    size_t n = (size_t)(end - h);
+    if (n >= sizeof host)
+        return 0;
+    memcpy(host, h, n);
+    host[n] = 0;
+    long port = strtol(colon + 1, &stop, 10);
+    if (stop == colon + 1 || *stop || port < 1 || port > 65535)
+        return 0;
+    return ra_allows(l, strcmp(host, "localhost") ? host : "127.0.0.1", (uint16_t)port);
+}
+
 int ra_allows(const ra_list *l, const char *host, uint16_t port)
 {
     int family;

@@ -40,6 +40,10 @@ int ra_url_is_loopback(const char *url);
 /* 1 when host (numeric IPv4 or IPv6, as UPDATE_FORWARD names it) and port
  * are in the list. */
 int ra_allows(const ra_list *l, const char *host, uint16_t port);
+/* The same for a learner URL (tcp://HOST:PORT, tls+tcp://HOST:PORT, [V6]
+ * in brackets) a WEIGHTS_SYNC asks this daemon to push to; "localhost" is
+ * taken as 127.0.0.1, any other name is not in the list. */
+int ra_allows_url(const ra_list *l, const char *url);
 /* The list as text for a message ("none" when empty). */
 void ra_describe(const ra_list *l, char *out, size_t cap);
 

@@ -9,6 +9,7 @@
   Python pool (rolloutd.Pool) and the C client (rolloutctl push-weights --fanout chain) push to the
   daemon after it directly (hops 0, 1, 0), and all three serve the new version with the same greedy
   outputs;
+- WEIGHTS_SYNC to a URL outside the list is refused FORBIDDEN the same way;
 - every daemon keeps serving and exits cleanly."""
 import json
 import os
@@ -131,10 +132,19 @@ def the_python_pool_pushes_directly_past_a_refused_relay():
     assert [version(d) for d in ds] == [2, 2, 2]
     outs = [greedy(d) for d in ds]
     assert outs[1] == outs[0] and outs[2] == outs[0], "the daemons serve different weights"
-    assert outs[0] != before, "the pushed weights did not change the outputs"
     assert metric(ds[1], "weight_update_relays_refused_total") == 1
     assert metric(ds[0], "weight_update_relays_refused_total") == 0
     assert "refused to relay" in ds[1].output()
+    # WEIGHTS_SYNC makes a daemon dial a URL too: bounded by the same list
+    for d, url in ((ds[0], "tcp://192.0.2.1:7070"), (ds[1], ds[2].url)):
+        with Client(d.url, name="sync") as c:
+            try:
+                c._call(proto.WeightsSync(client_id=c.client_id, url=url), proto.T.WEIGHTS_SYNC_OK)
+                raise AssertionError(f"WEIGHTS_SYNC to {url} was accepted")
+            except DaemonError as e:
+                assert e.code == proto.E.FORBIDDEN and "relay_allow" in e.message, e
+    assert metric(ds[1], "weight_update_relays_refused_total") == 2
+    assert outs[0] != before, "the pushed weights did not change the outputs"
 
 
 @case

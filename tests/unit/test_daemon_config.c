@@ -187,6 +187,15 @@ static void relay_allow_parses(void)
               ra_url_is_loopback("ipc:///tmp/x") && ra_url_is_loopback("tls+tcp://127.0.0.1:1") &&
               !ra_url_is_loopback("tcp://0.0.0.0:7070") && !ra_url_is_loopback("tcp://localhost:7070") &&
               !ra_url_is_loopback("tcp://10.0.0.1:7070"), "learner URLs");
+    /* WEIGHTS_SYNC's url: host and port from a learner URL; localhost is 127.0.0.1, other names are out. */
+    CHECK_OK(ra_parse("10.0.0.2:7070,[fd00::5]:*", 1, &l));
+    CHECK(ra_allows_url(&l, "tcp://10.0.0.2:7070") && ra_allows_url(&l, "tls+tcp://10.0.0.2:7070") &&
+              !ra_allows_url(&l, "tcp://10.0.0.2:7071") && ra_allows_url(&l, "tcp://[fd00::5]:9") &&
+              !ra_allows_url(&l, "tcp://host.example:7070") && !ra_allows_url(&l, "tcp://10.0.0.2") &&
+              !ra_allows_url(&l, "tcp://localhost:7070") && !ra_allows_url(&l, "ipc:///tmp/x"), "urls");
+    CHECK_OK(ra_parse("", 1, &l));
+    CHECK(ra_allows_url(&l, "tcp://localhost:7070") && ra_allows_url(&l, "tcp://127.0.0.1:1") &&
+              ra_allows_url(&l, "tcp://[::1]:2") && !ra_allows_url(&l, "tcp://192.0.2.1:7070"), "default urls");
     const char *bad[] = {"10.0.0.1", "10.0.0.1:0", "10.0.0.1:70000", "10.0.0.1:x", "fd00::1:7000", "[10.0.0.1]:1",
                          "host.example:7000", "none,10.0.0.1:*", "10.0.0.1:*,", "[fd00::1]7000", "*:7000"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
