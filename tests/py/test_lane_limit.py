@@ -102,7 +102,8 @@ def flood_then_push(secret=None):
         with Client(d.url, name="probe", auth_token=secret) as c:
             assert c.info.weight_version == 2
         assert metric(d, "lane_connections") <= 16
-        assert metric(d, "lane_connections_evicted_total") >= FLOOD - 16 + 1  # the pusher made room
+        if not secret:  # (with one, the flood's last 16 are cut 5 s after their accept: no LANE_AUTH came)
+            assert metric(d, "lane_connections_evicted_total") == FLOOD - 16 + 1  # the pusher made room
     finally:
         for s in socks:
             s.close()
