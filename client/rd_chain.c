@@ -129,6 +129,13 @@ static int forward(chain *ch, int a, int b)
     return 0;
 }
 
+/* forward()'s rc said daemon a may not relay there (FORBIDDEN: the target is
+ * outside a's relay_allow): then this process pushes to that daemon itself. */
+static int forbidden(const chain *ch, int a, int rc)
+{
+    return rc == RDC_EDAEMON && rdc_error_code(ch->jobs[a].c) == PROTO_E_FORBIDDEN;
+}
+
 /* Daemon a relays no more (UPDATE_FORWARD with next_xfer_id 0), best effort.
  * Sent when the daemon after a is out and nothing replaces it, and to every
  * relaying daemon before its COMMIT or ABORT, so that no relay to a dead
@@ -283,7 +290,13 @@ static void wait_prepared(chain *ch, double t0)
             int b = m[a].next;
             if (m[a].out || b < 0 || m[b].out || !m[a].have_st || m[a].st.forward != PROTO_FWD_FAILED)
                 continue;
-            if (++m[b].reforwards > CHAIN_REFORWARDS || forward(ch, a, b)) {
+            int rc = ++m[b].reforwards > CHAIN_REFORWARDS ? RD_EIO : forward(ch, a, b);
+            if (rc && forbidden(ch, a, rc)) {
+                m[a].next = -1;
+                unlink_relay(ch, a);
+                if (!m[b].fed)
+                    feed(ch, b);
+            } else if (rc) {
                 char why[600];
                 snprintf(why, sizeof why, "%s cannot relay to it (its relay failed with code %u)",
                          ch->jobs[a].t->url, m[a].st.forward_error);
@@ -411,8 +424,14 @@ int rdp_chain(rdp_job *jobs, int n, const rdp_plan *p, double t0)
             break;
         m[a].next = b;
         int rc = forward(&ch, a, b);
-        if (rc)
+        if (rc && forbidden(&ch, a, rc)) {
+            m[a].next = -1; /* b is fed directly by this process (below); the chain goes on from b */
+            if (ch.o->progress)
+                fprintf(stderr, "chain: %s may not relay to %s (FORBIDDEN, relay_allow): pushing to it directly\n",
+                        jobs[a].t->url, jobs[b].t->url);
+        } else if (rc) {
             drop(&ch, a, rc, rdc_error_code(jobs[a].c), rd_errmsg());
+        }
     }
     if (failed_any(&ch) && ch.o->on_failure == RDP_ON_FAILURE_ABORT)
         goto abort_all;

@@ -181,11 +181,6 @@ int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version
         api_bad(e, 400, "the weights are released: /resume_memory_occupation (or /wake_up) first");
     if (!e->status && d->cfg.max_staging_bytes <= 0)
         api_bad(e, 400, "weight updates are off (max_staging_bytes is 0)");
-    /* The push dials the daemon's own learner socket; over TLS it would have
-     * to verify the daemon's certificate against a CA it is not given. */
-    if (!e->status && !strncmp(d->cfg.listen, "tls+tcp://", 10))
-        api_bad(e, 501, "weight updates from a path are not available while the learner socket is TLS (%s); "
-                "push with rolloutctl push-weights", d->cfg.listen);
     upd_job *j = e->status ? NULL : calloc(1, sizeof *j);
     if (!e->status && !j)
         api_bad(e, 500, "out of memory");
@@ -199,7 +194,7 @@ int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version
     j->flush_cache = !!(flags & API_UPD_FLUSH_CACHE);
     j->keep_pause = !!(flags & API_UPD_KEEP_PAUSE);
     snprintf(j->path, sizeof j->path, "%s", path);
-    own_url(d->cfg.listen, j->url, sizeof j->url);
+    own_url(d->br.self_url[0] ? d->br.self_url : d->cfg.listen, j->url, sizeof j->url); /* TLS: inproc */
     j->w.data = j;
     http_on_close(h, upd_close, j);
     int rc = uv_queue_work(&d->loop, &j->w, upd_work, upd_done);

@@ -1,8 +1,10 @@
 /* bridge.c - see bridge.h. */
 #include "daemon/bridge.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/log.h"
 #include "base/err.h"
@@ -105,6 +107,23 @@ int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, 
     for (int i = 0; i < n; i++) {
         b->ctxs[i].state = BR_RECV;
         nng_ctx_recv(b->ctxs[i].ctx, b->ctxs[i].aio);
+    }
+    return 0;
+}
+
+int br_listen_self(bridge *b)
+{
+    static int n;
+    snprintf(b->self_url, sizeof b->self_url, "inproc://rolloutd-self-%ld-%d", (long)getpid(), n++);
+    int rv = nng_listener_create(&b->self, b->sock, b->self_url);
+    if (!rv)
+        nng_listener_set_size(b->self, NNG_OPT_RECVMAXSZ, b->max_msg); /* not every transport has it */
+    if (!rv)
+        rv = nng_listener_start(b->self, 0);
+    if (rv) {
+        rd_fail(RD_EIO, "cannot listen on %s: %s", b->self_url, nng_strerror(rv));
+        b->self_url[0] = 0;
+        return RD_EIO;
     }
     return 0;
 }

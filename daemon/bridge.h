@@ -45,6 +45,8 @@ typedef struct bridge {
     br_ctx *q, *q_tail;         /* received, waiting for the loop */
     uv_async_t *wake;
     size_t max_msg;             /* bytes */
+    nng_listener self;          /* br_listen_self's inproc listener (0: none) */
+    char self_url[64];          /* its URL, "" when none */
     uint32_t closed[256];       /* ids of pipes that closed, not yet taken (a ring would drop; this drops the oldest) */
     int n_closed;
 } bridge;
@@ -53,6 +55,11 @@ typedef struct bridge {
  * tls+tcp:// url, the server TLS config tls), starts n contexts. Timers are initialised on loop (the caller's thread). */
 int br_open(bridge *b, uv_loop_t *loop, const char *url, int n, size_t max_msg, uv_async_t *wake,
             nng_tls_config *tls);
+/* A second listener on an inproc:// URL of this process (self_url), for the
+ * daemon's own pushes (/update_weights_from_disk) when the learner socket is
+ * TLS: the push then needs no CA to verify the daemon by, and no byte leaves
+ * the process. */
+int br_listen_self(bridge *b);
 /* Pops one received request (loop thread); NULL when none. */
 br_ctx *br_next(bridge *b);
 /* Sends a reply frame from the context (copied into an nng_msg); the

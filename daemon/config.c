@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/relay_allow.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
 
@@ -88,6 +89,15 @@ static const cfg_field FIELDS[] = {
     I(max_staging_bytes, 0, (int64_t)1 << 50, "bytes a weight update may stage (0 = updates refused)"),
     I(update_window, 1, 1024, "weight-update chunks staged at once"),
     I(update_idle_s, 1, 86400, "seconds before a silent weight transfer is aborted"),
+    I(max_lane_connections, 1, 4096, "data lane connections open at once (beyond: the oldest one without an "
+      "accepted LANE_AUTH or chunk is closed; when all have proven themselves the newcomer gets BUSY)"),
+    {"relay_allow", CFG_TEXT, offsetof(cfg_daemon, relay_allow), 0, sizeof(((cfg_daemon *)0)->relay_allow),
+     "addresses UPDATE_FORWARD may relay to: comma-separated HOST:PORT, HOST:*, [V6]:PORT, [V6]:*, \"loopback\" "
+     "(127.0.0.0/8 and ::1, any port) or \"none\" (\"\" = loopback while listen is loopback, else none)"},
+    {"http_tls_cert_file", CFG_TEXT, offsetof(cfg_daemon, http_tls_cert_file), 0,
+     sizeof(((cfg_daemon *)0)->http_tls_cert_file), "PEM certificate (chain): the HTTP API speaks HTTPS"},
+    {"http_tls_key_file", CFG_TEXT, offsetof(cfg_daemon, http_tls_key_file), 0,
+     sizeof(((cfg_daemon *)0)->http_tls_key_file), "PEM private key of http_tls_cert_file"},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -130,6 +140,7 @@ void cfg_defaults(cfg_daemon *c)
     c->max_staging_bytes = (int64_t)4 << 30;
     c->update_window = 8;
     c->update_idle_s = 60;
+    c->max_lane_connections = 16;
 }
 
 static const cfg_field *find_key(const char *key)
@@ -358,6 +369,13 @@ int cfg_validate(const cfg_daemon *c)
     if (!colon || colon == c->http_listen || !end || *end || port < 0 || port > 65535 || end == colon + 1)
         return rd_fail(RD_EINVAL, "key \"http_listen\" (or status_listen) = \"%s\"; expected HOST:PORT like "
                        "127.0.0.1:7071", c->http_listen);
+    ra_list allow;
+    if (ra_parse(c->relay_allow, 0, &allow))
+        return RD_EINVAL; /* the message names the entry */
+    if (!c->http_tls_cert_file[0] != !c->http_tls_key_file[0])
+        return rd_fail(RD_EINVAL, "key \"%s\" is set without \"%s\"; expected both PEM files (HTTPS) or neither",
+                       c->http_tls_cert_file[0] ? "http_tls_cert_file" : "http_tls_key_file",
+                       c->http_tls_cert_file[0] ? "http_tls_key_file" : "http_tls_cert_file");
     if (c->max_batch_tokens < c->max_num_seqs)
         return rd_fail(RD_EINVAL, "key \"max_batch_tokens\" = %lld is below max_num_seqs = %lld; expected >= it "
                        "(every running sequence needs a token per step)",

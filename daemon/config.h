@@ -53,6 +53,10 @@ typedef struct {
     int64_t max_staging_bytes;      /* weight update: bytes a transfer may stage */
     int64_t update_window;          /* weight update: chunks staged at once */
     int64_t update_idle_s;          /* weight update: a transfer silent this long is aborted */
+    int64_t max_lane_connections;   /* data lane connections open at once (the oldest unproven is evicted) */
+    char relay_allow[CFG_STR];      /* UPDATE_FORWARD targets: HOST:PORT, HOST:*, [V6]:PORT, ...; "" = default */
+    char http_tls_cert_file[CFG_STR]; /* PEM certificate: the HTTP API speaks HTTPS */
+    char http_tls_key_file[CFG_STR];  /* its PEM key */
 } cfg_daemon;
 
 /* The defaults (configs/rolloutd.json spells the same values). */

@@ -7,7 +7,7 @@
  * The daemon's include order, bottom to top (a file includes headers of its
  * own step or lower ones, never higher):
  *   base/ -> engine/, proto/ (one floor, neither includes the other) -> client/
- *   -> daemon/log, config, netaddr, clients, bridge, metrics, engine_thread, http
+ *   -> daemon/log, config, netaddr, relay_allow, clients, bridge, metrics, engine_thread, http, http_tls
  *   -> daemon/host.h (this file)
  *   -> daemon/update/convert.h        (wire enums <-> engine enums, the one place)
  *   -> daemon/update/relay, lane_server (know nothing of a transfer: a source, a sink)

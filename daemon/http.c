@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "daemon/http_tls.h"
 #include "daemon/log.h"
 #include "daemon/netaddr.h"
 #include "base/err.h"
@@ -78,6 +79,8 @@ typedef struct http_conn {
     int in_run;                 /* inside conn_run (a synchronous answer must not re-enter it) */
     int kick;                   /* the timer is due at once to parse the next pipelined request */
     int open_handles;           /* tcp + timer; freed when both are closed */
+    http_tls *tls;              /* HTTPS: the session (freed with the connection) */
+    int tls_checked;            /* HTTPS: the first byte read was looked at */
 } http_conn;
 
 typedef struct {
@@ -232,8 +235,8 @@ static void on_written(uv_write_t *req, int status)
         conn_close(c);
 }
 
-/* Queues a + b + z as one write. */
-static int conn_send(http_conn *c, const char *a, size_t na, const void *b, size_t nb, const char *z, size_t nz)
+/* Queues a + b + z as one write, as they are (HTTPS: the records). */
+static int conn_send_raw(http_conn *c, const char *a, size_t na, const void *b, size_t nb, const char *z, size_t nz)
 {
     size_t n = na + nb + nz;
     if (n > UINT_MAX)
@@ -259,6 +262,35 @@ static int conn_send(http_conn *c, const char *a, size_t na, const void *b, size
     }
     c->queued += n;
     return 0;
+}
+
+/* The TLS session's records go out as they are made. */
+static int tls_out(void *arg, const unsigned char *data, size_t len)
+{
+    return conn_send_raw(arg, (const char *)data, len, NULL, 0, NULL, 0);
+}
+
+/* Queues a + b + z as one write; over HTTPS, encrypted in one go. */
+static int conn_send(http_conn *c, const char *a, size_t na, const void *b, size_t nb, const char *z, size_t nz)
+{
+    if (!c->tls)
+        return conn_send_raw(c, a, na, b, nb, z, nz);
+    size_t n = na + nb + nz;
+    char *p = malloc(n ? n : 1);
+    if (!p) {
+        conn_close_soon(c);
+        return rd_fail(RD_ENOMEM, "https: out of memory queueing %zu bytes", n);
+    }
+    memcpy(p, a, na);
+    if (nb)
+        memcpy(p + na, b, nb);
+    if (nz)
+        memcpy(p + na + nb, z, nz);
+    int rc = http_tls_write(c->tls, p, n);
+    free(p);
+    if (rc)
+        conn_close_soon(c);
+    return rc;
 }
 
 /* Status line and headers; malloc'd into *out (NUL-terminated), length returned, < 0 on OOM. */
@@ -333,8 +365,13 @@ static void on_handle_closed(uv_handle_t *hd)
         s->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    http_tls_free(c->tls);
     free(c->pend);
     free(c);
+    if (!s->listening && !s->conns && s->tls) { /* stopped: the last session is gone */
+        proto_tls_ssl_free(s->tls);
+        s->tls = NULL;
+    }
 }
 
 /* Closes now. The route holding the current request hears of it (on_close). */
@@ -379,6 +416,8 @@ static void conn_linger(http_conn *c)
     }
     c->pend_off = c->pend_len = 0;
     conn_set_state(c, C_LINGER);
+    if (c->tls)
+        http_tls_close_notify(c->tls);
     c->shut.data = c;
     if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown)) {
         conn_close(c);
@@ -924,6 +963,47 @@ static int pend_append(http_conn *c, const char *data, size_t n)
     return 0;
 }
 
+/* Request bytes (as read, or decrypted): parsed and served. Nonzero once
+ * the connection is closing (nothing more for it). */
+static int on_plain(void *arg, const char *data, size_t n)
+{
+    http_conn *c = arg;
+    if (c->closing)
+        return 1;
+    if (c->state == C_LINGER)
+        return 0; /* dropped */
+    if (pend_append(c, data, n)) {
+        conn_close(c);
+        return 1;
+    }
+    if (c->state == C_SERVING) {
+        /* Pipelined: kept for later; past the bound, stop reading (TCP pushes back). */
+        if (c->reading && c->pend_len - c->pend_off >= HTTP_MAX_PIPELINE) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            c->reading = 0;
+        }
+        return 0;
+    }
+    conn_run(c);
+    if (!c->closing && c->state == C_BODY)
+        uv_timer_start(&c->timer, on_timer, c->srv->cfg.header_timeout_ms, 0); /* the body moved */
+    return c->closing;
+}
+
+/* A plain HTTP request on the HTTPS port: answered in plain text, so the
+ * client reads why, and closed. */
+static void plain_on_https(http_conn *c)
+{
+    c->srv->n_tls_plain++;
+    http_tls_free(c->tls);
+    c->tls = NULL;
+    c->keep_alive = 0;
+    c->head_only = 0;
+    conn_answer_error(c, 400, "bad request", "this port speaks HTTPS: connect with https:// (TLS)", NULL);
+    if (!c->closing)
+        conn_linger(c);
+}
+
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     http_conn *c = st->data;
@@ -939,21 +1019,24 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     if (c->state == C_LINGER)
         return; /* dropped */
-    if (pend_append(c, buf->base, (size_t)n)) {
-        conn_close(c);
+    if (!c->tls) {
+        on_plain(c, buf->base, (size_t)n);
         return;
     }
-    if (c->state == C_SERVING) {
-        /* Pipelined: kept for later; past the bound, stop reading (TCP pushes back). */
-        if (c->pend_len - c->pend_off >= HTTP_MAX_PIPELINE) {
-            uv_read_stop(st);
-            c->reading = 0;
+    if (!c->tls_checked) {
+        c->tls_checked = 1;
+        if ((unsigned char)buf->base[0] != 0x16) { /* not a TLS handshake record */
+            plain_on_https(c);
+            return;
         }
-        return;
     }
-    conn_run(c);
-    if (!c->closing && c->state == C_BODY)
-        uv_timer_start(&c->timer, on_timer, c->srv->cfg.header_timeout_ms, 0); /* the body moved */
+    http_server *s = c->srv;
+    int rc = http_tls_feed(c->tls, buf->base, (size_t)n, s->tbuf, sizeof s->tbuf, on_plain, c);
+    if (rc && !c->closed) {
+        if (rc < 0)
+            s->n_tls_failed++;
+        conn_close(c); /* a failed session, or the client's close_notify (its EOF) */
+    }
 }
 
 static void conn_read_start(http_conn *c)
@@ -1029,6 +1112,10 @@ static void on_connection(uv_stream_t *server, int status)
     }
     llhttp_init(&c->parser, HTTP_REQUEST, parser_settings());
     c->parser.data = c;
+    if (s->tls && http_tls_new(s->tls, tls_out, c, &c->tls)) {
+        conn_close(c);
+        return;
+    }
     uv_tcp_nodelay(&c->tcp, 1); /* small SSE chunks must not wait for an ACK */
     uv_tcp_keepalive(&c->tcp, 1, 60); /* a peer that vanished during a long generation */
     if (s->n_conns > s->cfg.max_conns) {
@@ -1267,9 +1354,15 @@ int http_start(http_server *s, uv_loop_t *loop, const http_config *cfg, const ht
         return rd_fail(RD_EINVAL, "http_listen \"%s\" is not a loopback address and no api key is set: set "
                        "api_key_file (a file holding the Bearer key), or http_insecure to serve without auth "
                        "on purpose", s->listen);
+    if (cfg->tls_cert_file && cfg->tls_cert_file[0] &&
+        (rc = proto_tls_ssl_server(cfg->tls_cert_file, cfg->tls_key_file, &s->tls)))
+        return rd_fail(rc, "http_tls_cert_file: %s", rd_errmsg());
     s->routes = malloc(sizeof *routes * (size_t)(n_routes > 0 ? n_routes : 1));
-    if (!s->routes)
+    if (!s->routes) {
+        proto_tls_ssl_free(s->tls);
+        s->tls = NULL;
         return rd_fail(RD_ENOMEM, "http: out of memory for the route table");
+    }
     if (n_routes > 0)
         memcpy(s->routes, routes, sizeof *routes * (size_t)n_routes);
     s->n_routes = n_routes;
@@ -1280,6 +1373,8 @@ int http_start(http_server *s, uv_loop_t *loop, const http_config *cfg, const ht
         uv_close((uv_handle_t *)&s->listener, NULL);
         free(s->routes);
         s->routes = NULL;
+        proto_tls_ssl_free(s->tls);
+        s->tls = NULL;
         return rd_fail(RD_EIO, "http server: cannot listen on %s: %s", s->listen, uv_strerror(rc));
     }
     struct sockaddr_storage bound;
@@ -1301,6 +1396,10 @@ void http_stop(http_server *s)
      * nothing, so the walk is safe. */
     for (http_conn *c = s->conns; c; c = c->next)
         conn_close(c);
+    if (!s->conns && s->tls) { /* else the last connection's close callback frees it */
+        proto_tls_ssl_free(s->tls);
+        s->tls = NULL;
+    }
     free(s->routes);
     s->routes = NULL;
     s->n_routes = 0;

@@ -86,6 +86,15 @@
  * reader costs at most that much memory. Streams are plain uv writes on the
  * loop thread: no thread per connection.
  *
+ * HTTPS. With tls_cert_file and tls_key_file the server speaks only TLS
+ * (mbedTLS, daemon/http_tls.c): every byte read is ciphertext, decrypted
+ * before llhttp sees it, and every write (streams included) is encrypted,
+ * so everything above holds unchanged (the stream queue bound counts the
+ * records' bytes). A connection whose first byte is not a TLS handshake
+ * record (0x16) is a plain HTTP client on the wrong port: it gets a plain
+ * 400 "this port speaks HTTPS" and is closed; a failed handshake closes the
+ * connection. Either way the server goes on serving the others.
+ *
  * Threads: everything here runs on the loop thread; nothing is thread-safe. */
 #ifndef RD_DAEMON_HTTP_H
 #define RD_DAEMON_HTTP_H
@@ -148,6 +157,8 @@ typedef struct {
     size_t stream_queue_bytes;  /* bytes queued to one client before its stream is cut */
     const char *api_key;        /* Bearer key; NULL or "" = none */
     int insecure;               /* 1: allow a non-loopback address without a key */
+    const char *tls_cert_file;  /* PEM certificate (chain): serve HTTPS; NULL or "" = plain HTTP */
+    const char *tls_key_file;   /* its PEM key */
 } http_config;
 
 typedef struct http_server {
@@ -169,7 +180,11 @@ typedef struct http_server {
     uint64_t n_timeouts;        /* connections closed by the header or body timeout */
     size_t body_bytes;          /* request body buffers allocated now, bytes (max_inflight_body_bytes) */
     uint64_t n_body_refused;    /* requests answered 503 because the body budget was spent */
+    struct proto_ssl_server *tls; /* HTTPS: the server's TLS configuration (proto/tls.h), NULL for HTTP */
+    uint64_t n_tls_failed;      /* connections closed by a failed handshake or a bad record */
+    uint64_t n_tls_plain;       /* plain HTTP requests to the HTTPS port (answered 400) */
     char rbuf[HTTP_READ_BYTES]; /* every read lands here (the loop runs one read at a time) */
+    char tbuf[HTTP_READ_BYTES]; /* HTTPS: the plaintext of each record read */
 } http_server;
 
 /* Binds cfg->listen and listens. RD_EINVAL for a bad address or a

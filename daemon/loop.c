@@ -679,6 +679,9 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->http_timed_out = d->http.n_timeouts;
     s->http_body_bytes = d->http.body_bytes;
     s->http_body_refused = d->http.n_body_refused;
+    s->http_tls = d->http.tls != NULL;
+    s->http_tls_plain = d->http.n_tls_plain;
+    s->http_tls_failed = d->http.n_tls_failed;
 }
 
 char *loop_status_json(void *ud)
@@ -760,6 +763,8 @@ int loop_http_start(rd_daemon *d)
         .stream_queue_bytes = (size_t)d->cfg.http_stream_queue_bytes,
         .api_key = key,
         .insecure = (int)d->cfg.http_insecure,
+        .tls_cert_file = d->cfg.http_tls_cert_file,
+        .tls_key_file = d->cfg.http_tls_key_file,
     };
     rc = http_start(&d->http, &d->loop, &hc, table, n);
     memset(key, 0, sizeof key); /* the server keeps its own copy */

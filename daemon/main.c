@@ -175,6 +175,8 @@ static int start(rd_daemon *d)
         return rc;
     if ((rc = check_exposure(d)))
         return rc;
+    if (proto_tls_url(d->cfg.listen) && (rc = br_listen_self(&d->br))) /* /update_weights_from_disk */
+        return rc;
     if ((rc = wing_start_lane(&d->wing)))
         return rc;
     if ((rc = loop_http_start(d)))
@@ -232,8 +234,8 @@ int main(int argc, char **argv)
         log_line("model %s: %d layers, vocab %d, context %d; KV cache %d blocks of %lld tokens",
                  d->model_name, d->L.m->cfg.n_layers, d->L.m->cfg.vocab, d->L.m->cfg.max_ctx, d->kv_blocks_total,
                  (long long)d->cfg.block_size);
-        log_line("listening on %s (learners), http://%s (HTTP, %s)", d->cfg.listen, d->cfg.http_listen,
-                 d->http.key_len ? "Bearer key required" : "no auth");
+        log_line("listening on %s (learners), %s://%s (HTTP, %s)", d->cfg.listen, d->http.tls ? "https" : "http",
+                 d->cfg.http_listen, d->http.key_len ? "Bearer key required" : "no auth");
         if (d->wing.lane)
             log_line("weight-update data lane on TCP port %u", lane_port(d->wing.lane));
     }

@@ -129,6 +129,9 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddNumberToObject(h, "timed_out", (double)s->http_timed_out);
         cJSON_AddNumberToObject(h, "body_bytes", (double)s->http_body_bytes);
         cJSON_AddNumberToObject(h, "body_refused", (double)s->http_body_refused);
+        cJSON_AddBoolToObject(h, "tls", s->http_tls);
+        cJSON_AddNumberToObject(h, "tls_plain_refused", (double)s->http_tls_plain);
+        cJSON_AddNumberToObject(h, "tls_failed", (double)s->http_tls_failed);
     }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -232,6 +235,15 @@ char *mx_prometheus(const mx_snapshot *s)
            (double)s->update_staged);
     metric(&t, "weight_update_total_bytes", "gauge", "Bytes of the open weight transfer.", labels,
            (double)s->update_total);
+    metric(&t, "weight_update_relays_refused_total", "counter",
+           "UPDATE_FORWARDs refused FORBIDDEN: the target is outside relay_allow.", labels, (double)s->relays_refused);
+    metric(&t, "lane_connections", "gauge", "Data lane connections open.", labels, s->lane_connections);
+    metric(&t, "lane_connections_evicted_total", "counter",
+           "Data lane connections that had not proven themselves, closed at max_lane_connections.", labels,
+           (double)s->lane_evicted);
+    metric(&t, "lane_connections_refused_total", "counter",
+           "New data lane connections answered BUSY: every open one was a proven sender.", labels,
+           (double)s->lane_refused);
     const up_last *lu = s->last_update;
     int have = lu && lu->happened && lu->ok;
     metric(&t, "weight_update_last_stall_seconds", "gauge", "Engine stall of the last swap.", labels,

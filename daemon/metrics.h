@@ -66,6 +66,10 @@ typedef struct {
     uint64_t update_staged, update_total; /* bytes */
     const up_last *last_update;
     uint64_t updates_ok, updates_failed, update_bytes_total;
+    int lane_connections;       /* data lane connections open now */
+    uint64_t lane_evicted;      /* ... closed unproven to admit new ones (max_lane_connections) */
+    uint64_t lane_refused;      /* ... refused BUSY at max_lane_connections */
+    uint64_t relays_refused;    /* UPDATE_FORWARDs refused FORBIDDEN (relay_allow) */
     /* the HTTP server */
     const char *http_listen;    /* HOST:PORT as configured */
     int http_auth;              /* a Bearer key is required (api_key_file) */
@@ -77,6 +81,9 @@ typedef struct {
     uint64_t http_timed_out;    /* connections closed by the header or body timeout */
     uint64_t http_body_bytes;   /* request bodies held now, bytes */
     uint64_t http_body_refused; /* requests refused (503) at max_http_inflight_body_bytes */
+    int http_tls;               /* the HTTP API speaks HTTPS (http_tls_cert_file) */
+    uint64_t http_tls_plain;    /* plain HTTP requests to it, answered 400 */
+    uint64_t http_tls_failed;   /* connections closed by a failed handshake or a bad record */
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */

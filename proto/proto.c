@@ -222,6 +222,7 @@ const char *proto_err_name(uint32_t code)
     case PROTO_E_STALE_VERSION: return "STALE_VERSION";
     case PROTO_E_UPDATE_CONFLICT: return "UPDATE_CONFLICT";
     case PROTO_E_UNAUTHORIZED: return "UNAUTHORIZED";
+    case PROTO_E_FORBIDDEN: return "FORBIDDEN";
     default: return "UNKNOWN";
     }
 }

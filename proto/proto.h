@@ -67,6 +67,7 @@ typedef enum {
     PROTO_E_STALE_VERSION = 14,     /* an update version not above the serving (or committing) one */
     PROTO_E_UPDATE_CONFLICT = 15,   /* another weight transfer is in progress */
     PROTO_E_UNAUTHORIZED = 16,      /* the connection has not proved the shared secret (§14) */
+    PROTO_E_FORBIDDEN = 17,         /* an UPDATE_FORWARD target outside the daemon's relay_allow (§10.11) */
 } proto_err;
 
 /* Flag bits. Bits not listed must be 0 (PROTOCOL.md says which message checks them). */

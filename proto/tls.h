@@ -18,4 +18,15 @@ int proto_tls_server(const char *cert_file, const char *key_file, nng_tls_config
  * host of url. */
 int proto_tls_client(const char *url, const char *ca_file, nng_tls_config **out);
 
+/* The same server side for a stream the caller drives itself (the HTTPS
+ * API, daemon/http_tls.c): an mbedTLS server configuration holding the
+ * certificate, the key and a seeded random generator. TLS 1.2 (what the
+ * packaged mbedTLS 2.28 serves), no client certificates. */
+typedef struct proto_ssl_server proto_ssl_server;
+struct mbedtls_ssl_config;
+int proto_tls_ssl_server(const char *cert_file, const char *key_file, proto_ssl_server **out);
+/* For mbedtls_ssl_setup; valid until proto_tls_ssl_free. */
+const struct mbedtls_ssl_config *proto_ssl_config(const proto_ssl_server *s);
+void proto_tls_ssl_free(proto_ssl_server *s);
+
 #endif

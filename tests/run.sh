@@ -94,6 +94,15 @@ if [ "$MODE" != "--unit-only" ]; then
     run_one "asan:test_sglang_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=slime_cycle_one_daemon,pause_in_place_and_retract,vllm_sleep_wake_up,weights_from_an_nng_push_cannot_be_released \
       "$PY" tests/py/test_sglang_rl.py
+    # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
+    run_one "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_relay_allow.py
+    # 1,000 lane connections at once, eviction and BUSY at max_lane_connections, no leak at exit.
+    run_one "asan:test_lane_limit" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_lane_limit.py
+    # HTTPS: TLS sessions, streams over TLS, plain HTTP on the TLS port, a SIGTERM exit with no leak.
+    run_one "asan:test_https" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_https.py
   fi
 fi
 

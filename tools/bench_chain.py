@@ -194,9 +194,11 @@ def netns(args):
     try:
         ips = netns_setup(n, args.rate)
         urls = [f"tcp://{ip}:7070" for ip in ips]
+        # off loopback a daemon relays only to relay_allow (PROTOCOL.md section 10.11): the fleet's addresses
+        allow = ",".join(f"{ip}:*" for ip in ips)
         for k, u in enumerate(urls):
             procs.append(start_daemon(["ip", "netns", "exec", f"rdc-{k + 1}"], u, "127.0.0.1:7071",
-                                      ["--auth-token-file", secret]))
+                                      ["--auth-token-file", secret, "--relay-allow", allow]))
         # the learner runs in its own namespace: its one veth is the learner's NIC
         r = subprocess.run(["ip", "netns", "exec", "rdc-l", sys.executable, os.path.abspath(__file__), "--learner",
                             ",".join(urls), "--chunk-mb", str(args.chunk_mb), "--rate", args.rate],

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "base/clock.h"
 #include "base/err.h"
@@ -53,6 +54,7 @@ typedef struct lane_conn {
     int closed;                 /* uv_close called */
     int refs;                   /* chunk jobs that will reply here */
     int authed;                 /* the LANE_AUTH was right (or the daemon has no secret) */
+    int proven;                 /* a LANE_AUTH was accepted, or (no secret) a chunk of the open transfer came */
     uint64_t auth_xfer;         /* the one transfer it may feed */
     uint8_t nonce[PROTO_AUTH_BYTES]; /* of the challenge sent */
     uint8_t auth_frame[PROTO_HEADER_BYTES + 8 + PROTO_AUTH_BYTES];
@@ -68,6 +70,9 @@ struct lane_server {
     uint16_t port;              /* the bound TCP port */
     int exposed;                /* a non-loopback address without a secret (insecure) */
     uint64_t auth_failures;     /* wrong or missing LANE_AUTHs */
+    int n_open;                 /* connections not being closed (max_lane_connections) */
+    uint64_t n_evicted;         /* unproven connections closed to admit a new one */
+    uint64_t n_refused;         /* new connections answered BUSY: every open one had proven itself */
 };
 
 static void conn_free_if_done(lane_conn *c)
@@ -102,6 +107,7 @@ static void conn_close(lane_conn *c, const char *why)
         c->dest = NULL;
     }
     c->closed = 1;
+    c->srv->n_open--;
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
@@ -255,6 +261,8 @@ static int head_complete(lane_conn *c)
     c->in_data = 1;
     c->got = 0;
     c->code = (uint32_t)s->sink.claim(s->sink.ctx, &c->c, &c->hold, &c->dest, &c->dup, c->why, sizeof c->why);
+    if (!c->code)
+        c->proven = 1; /* without a secret, a chunk the open transfer takes is the sender's proof */
     if (c->code || c->dup)
         c->hold = NULL; /* only a claimed range (dest) keeps its transfer alive */
     if (c->c.len == 0)
@@ -296,6 +304,7 @@ static int auth_step(lane_conn *c)
         return -1;
     }
     c->authed = 1;
+    c->proven = 1;
     c->auth_xfer = m.lane_auth.xfer_id;
     return 0;
 }
@@ -325,6 +334,30 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         chunk_complete(c);
 }
 
+/* At max_lane_connections: the oldest connection that has not proven
+ * itself makes room (a flood of silent connections cannot lock out a
+ * sender); when every other one has, the newcomer is answered BUSY. 1 when
+ * c was refused. */
+static int admit(lane_server *s, lane_conn *c)
+{
+    lane_conn *victim = NULL;
+    for (lane_conn *o = s->conns; o; o = o->next) /* newest first: the last match is the oldest */
+        if (o != c && !o->closed && !o->proven)
+            victim = o;
+    if (victim) {
+        s->n_evicted++;
+        conn_close(victim, "evicted at max_lane_connections");
+        return 0;
+    }
+    s->n_refused++;
+    char why[160];
+    snprintf(why, sizeof why, "the data lane holds %d connections of senders (max_lane_connections); retry later",
+             s->n_open - 1);
+    send_reply(c, PROTO_E_BUSY, why, NULL);
+    conn_close(c, "refused at max_lane_connections");
+    return 1;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     lane_server *s = server->data;
@@ -336,18 +369,21 @@ static void on_connection(uv_stream_t *server, int status)
     c->srv = s;
     uv_tcp_init(server->loop, &c->tcp);
     c->tcp.data = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp)) {
-        c->closed = 1;
-        uv_close((uv_handle_t *)&c->tcp, on_closed);
-        return;
-    }
-    uv_tcp_nodelay(&c->tcp, 1);
+    /* Linked before the accept, so on_closed unlinks it on every path. */
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
+    s->n_open++;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp)) {
+        conn_close(c, "accept failed");
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
     c->authed = s->env->secret->len == 0;
     c->t_accept_us = c->last_read_us = (uint64_t)clock_now_us();
+    if (s->n_open > s->env->cfg->max_lane_connections && admit(s, c))
+        return;
     if (!c->authed) {
         proto_buf b;
         proto_buf_init(&b);
@@ -427,7 +463,7 @@ int lane_start(const host_env *env, const lane_sink *sink, lane_server **out)
     uv_tcp_init(env->loop, &s->listener);
     s->listener.data = s;
     if ((rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0)) ||
-        (rc = uv_listen((uv_stream_t *)&s->listener, 16, on_connection))) {
+        (rc = uv_listen((uv_stream_t *)&s->listener, SOMAXCONN, on_connection))) {
         uv_close((uv_handle_t *)&s->listener, NULL);
         *out = s; /* freed by lane_free once the loop has ended */
         return rd_fail(RD_EIO, "data lane: cannot listen: %s", uv_strerror(rc));
@@ -444,6 +480,13 @@ int lane_start(const host_env *env, const lane_sink *sink, lane_server **out)
 
 uint16_t lane_port(const lane_server *s) { return s->port; }
 int lane_exposed(const lane_server *s) { return s->exposed; }
+
+void lane_counts(const lane_server *s, int *open, uint64_t *evicted, uint64_t *refused)
+{
+    *open = s ? s->n_open : 0;
+    *evicted = s ? s->n_evicted : 0;
+    *refused = s ? s->n_refused : 0;
+}
 
 void lane_on_tick(lane_server *s)
 {

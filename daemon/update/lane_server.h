@@ -51,6 +51,8 @@ int lane_start(const host_env *env, const lane_sink *sink, lane_server **out);
 uint16_t lane_port(const lane_server *s);
 /* 1 when it listens on a non-loopback address without a secret (insecure). */
 int lane_exposed(const lane_server *s);
+/* Connections open now, evicted and refused since start (max_lane_connections); s may be NULL. */
+void lane_counts(const lane_server *s, int *open, uint64_t *evicted, uint64_t *refused);
 /* Once a second: a connection stalled inside a chunk, or silent before its
  * LANE_AUTH, is closed (its range released). */
 void lane_on_tick(lane_server *s);

@@ -115,6 +115,17 @@ void sync_on_request(sync_state *s, br_ctx *ctx, const proto_weights_sync *q)
         reply_error(s, ctx, PROTO_E_INVALID_PARAMS, why);
         return;
     }
+    if (!ra_allows_url(&s->xfer->relay_allow, q->url.ptr)) {
+        /* The push dials url as a learner would: bounded like a relay (relay_allow). */
+        char allow[400];
+        ra_describe(&s->xfer->relay_allow, allow, sizeof allow);
+        snprintf(why, sizeof why, "WEIGHTS_SYNC url \"%s\" is not in relay_allow (%s); add its host (numeric, or "
+                 "localhost) to relay_allow", q->url.ptr, allow);
+        s->xfer->relays_refused++;
+        log_line("WEIGHTS_SYNC: refused to push to %s (not in relay_allow: %s)", q->url.ptr, allow);
+        reply_error(s, ctx, PROTO_E_FORBIDDEN, why);
+        return;
+    }
     int idle = 0;
     if (!atomic_compare_exchange_strong(&s->running, &idle, 1)) {
         reply_error(s, ctx, PROTO_E_BUSY, "a weights sync is already running; retry later");

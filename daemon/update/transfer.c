@@ -176,6 +176,8 @@ void xfer_init(xfer_state *s, const host_env *env)
     memset(s, 0, sizeof *s);
     s->env = env;
     atomic_init(&s->weights_busy, 0);
+    /* cfg_validate has parsed it once: this cannot fail. */
+    ra_parse(env->cfg->relay_allow, ra_url_is_loopback(env->cfg->listen), &s->relay_allow);
 }
 
 /* ---- UPDATE_BEGIN ---- */
@@ -790,6 +792,18 @@ void xfer_on_forward(xfer_state *s, br_ctx *ctx, const proto_update_forward *f)
         snprintf(why, sizeof why, "UPDATE_FORWARD: port %u, window %u, host \"%s\"; expected a lane port, a window "
                  ">= 1 and the next daemon's numeric IP", f->port, f->window, f->host.ptr);
         reply_error(s, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_FORWARD, why);
+        return;
+    }
+    if (!ra_allows(&s->relay_allow, f->host.ptr, f->port)) {
+        /* UPDATE_BEGIN names no chain, so the list is what bounds where a learner can make this daemon dial. */
+        char allow[400];
+        ra_describe(&s->relay_allow, allow, sizeof allow);
+        snprintf(why, sizeof why, "UPDATE_FORWARD: %s port %u is not in relay_allow (%s); push to that daemon "
+                 "directly, or add it to relay_allow", f->host.ptr, f->port, allow);
+        s->relays_refused++;
+        log_line("weight update to version %llu: refused to relay to %s:%u (not in relay_allow: %s)",
+                 (unsigned long long)x->version, f->host.ptr, f->port, allow);
+        reply_error(s, ctx, PROTO_E_FORBIDDEN, PROTO_UPDATE_FORWARD, why);
         return;
     }
     uint8_t key[PROTO_AUTH_BYTES];

@@ -10,6 +10,7 @@
 
 #include "daemon/host.h"
 #include "daemon/metrics.h"
+#include "daemon/relay_allow.h"
 #include "daemon/update/lane_server.h"
 #include "proto/proto.h"
 
@@ -32,6 +33,8 @@ typedef struct {
     /* A weights sync is reading the serving weights (sync.c, another thread
      * clears it): no update may begin, so nothing is swapped and freed under it. */
     atomic_int weights_busy;
+    ra_list relay_allow;        /* where UPDATE_FORWARD may send (relay_allow, parsed at init) */
+    uint64_t relays_refused;    /* UPDATE_FORWARDs refused FORBIDDEN */
     void (*room)(void *arg);    /* the lane's room signal (lane_sink.watch_room), or NULL */
     void *room_arg;
 } xfer_state;

@@ -61,6 +61,8 @@ void wing_snapshot(const wing *w, mx_snapshot *s)
     s->updates_ok = w->xfer.updates_ok;
     s->updates_failed = w->xfer.updates_failed;
     s->update_bytes_total = w->xfer.update_bytes_total;
+    lane_counts(w->lane, &s->lane_connections, &s->lane_evicted, &s->lane_refused);
+    s->relays_refused = w->xfer.relays_refused;
 }
 
 int wing_exposed(const wing *w) { return w->lane && lane_exposed(w->lane); }

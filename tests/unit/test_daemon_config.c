@@ -2,6 +2,7 @@
  * messages for unknown keys and bad values, flag overrides. The daemon is not
  * in librollout.a, so its config module is compiled in here. */
 #include "daemon/config.c"
+#include "daemon/relay_allow.c"
 
 #include "base/err.h"
 #include "tests/unit/test.h"
@@ -153,6 +154,69 @@ static void http_keys_and_the_old_listen_name(void)
               strstr(cfg_usage(), "--update-idle-s"), "usage is cut");
 }
 
+/* relay_allow: the entry forms, the default by the learner socket's address, and refusals naming the entry. */
+static void relay_allow_parses(void)
+{
+    ra_list l;
+    CHECK_OK(ra_parse("10.0.0.2:7000, 10.0.0.3:*,[fd00::5]:7001,[::1]:*", 0, &l));
+    CHECK(l.n == 4, "%d entries", l.n);
+    CHECK(ra_allows(&l, "10.0.0.2", 7000) && !ra_allows(&l, "10.0.0.2", 7001), "HOST:PORT is one port");
+    CHECK(ra_allows(&l, "10.0.0.3", 1) && ra_allows(&l, "10.0.0.3", 65535), "HOST:* is any port");
+    CHECK(ra_allows(&l, "fd00:0::5", 7001) && !ra_allows(&l, "fd00::5", 7000), "[V6]:PORT, any spelling");
+    CHECK(ra_allows(&l, "::1", 9) && !ra_allows(&l, "127.0.0.1", 9), "[::1]:* is not 127.0.0.1");
+    CHECK(!ra_allows(&l, "10.0.0.4", 7000) && !ra_allows(&l, "example.com", 7000) && !ra_allows(&l, "", 1),
+          "outside, a name, empty");
+    CHECK(ra_allows(&l, "::ffff:10.0.0.3", 5), "an IPv4-mapped host matches its IPv4 entry");
+    char d[200];
+    ra_describe(&l, d, sizeof d);
+    CHECK(!strcmp(d, "10.0.0.2:7000,10.0.0.3:*,[fd00::5]:7001,[::1]:*"), "%s", d);
+    /* The default: loopback while the learner socket is on loopback, else nothing. */
+    CHECK_OK(ra_parse("", 1, &l));
+    CHECK(ra_allows(&l, "127.0.0.1", 7000) && ra_allows(&l, "127.5.0.1", 1) && ra_allows(&l, "::1", 2) &&
+              !ra_allows(&l, "10.0.0.1", 7000), "default on loopback");
+    CHECK_OK(ra_parse("", 0, &l));
+    CHECK(l.n == 0 && !ra_allows(&l, "127.0.0.1", 7000), "default off loopback: none");
+    ra_describe(&l, d, sizeof d);
+    CHECK(!strcmp(d, "none"), "%s", d);
+    CHECK_OK(ra_parse("none", 1, &l));
+    CHECK(l.n == 0, "none");
+    CHECK_OK(ra_parse("loopback,192.168.1.9:*", 0, &l));
+    CHECK(ra_allows(&l, "127.0.0.1", 5) && ra_allows(&l, "192.168.1.9", 5) && !ra_allows(&l, "192.168.1.8", 5),
+          "loopback entry");
+    CHECK(ra_url_is_loopback("tcp://127.0.0.1:7070") && ra_url_is_loopback("tcp://[::1]:7070") &&
+              ra_url_is_loopback("ipc:///tmp/x") && ra_url_is_loopback("tls+tcp://127.0.0.1:1") &&
+              !ra_url_is_loopback("tcp://0.0.0.0:7070") && !ra_url_is_loopback("tcp://localhost:7070") &&
+              !ra_url_is_loopback("tcp://10.0.0.1:7070"), "learner URLs");
+    /* WEIGHTS_SYNC's url: host and port from a learner URL; localhost is 127.0.0.1, other names are out. */
+    CHECK_OK(ra_parse("10.0.0.2:7070,[fd00::5]:*", 1, &l));
+    CHECK(ra_allows_url(&l, "tcp://10.0.0.2:7070") && ra_allows_url(&l, "tls+tcp://10.0.0.2:7070") &&
+              !ra_allows_url(&l, "tcp://10.0.0.2:7071") && ra_allows_url(&l, "tcp://[fd00::5]:9") &&
+              !ra_allows_url(&l, "tcp://host.example:7070") && !ra_allows_url(&l, "tcp://10.0.0.2") &&
+              !ra_allows_url(&l, "tcp://localhost:7070") && !ra_allows_url(&l, "ipc:///tmp/x"), "urls");
+    CHECK_OK(ra_parse("", 1, &l));
+    CHECK(ra_allows_url(&l, "tcp://localhost:7070") && ra_allows_url(&l, "tcp://127.0.0.1:1") &&
+              ra_allows_url(&l, "tcp://[::1]:2") && !ra_allows_url(&l, "tcp://192.0.2.1:7070"), "default urls");
+    const char *bad[] = {"10.0.0.1", "10.0.0.1:0", "10.0.0.1:70000", "10.0.0.1:x", "fd00::1:7000", "[10.0.0.1]:1",
+                         "host.example:7000", "none,10.0.0.1:*", "10.0.0.1:*,", "[fd00::1]7000", "*:7000"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = ra_parse(bad[i], 1, &l);
+        CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "relay_allow"), "\"%s\": rc %d: %s", bad[i], rc, rd_errmsg());
+        CHECK(l.n == 0, "a refused list is empty");
+    }
+    /* Through the config: a bad list stops the daemon at start, a good one goes by its flag. */
+    cfg_daemon c;
+    int help;
+    char *a1[] = {"rolloutd", "--relay-allow", "10.0.0.1:77", NULL};
+    CHECK_OK(cfg_from_args(&c, 3, a1, &help));
+    CHECK(!strcmp(c.relay_allow, "10.0.0.1:77"), "%.100s", c.relay_allow);
+    char *a2[] = {"rolloutd", "--relay-allow", "10.0.0.1", NULL};
+    CHECK(cfg_from_args(&c, 3, a2, &help) == RD_EINVAL && strstr(rd_errmsg(), "\"10.0.0.1\""), "%s", rd_errmsg());
+    cfg_defaults(&c);
+    CHECK(c.max_lane_connections == 16 && !c.relay_allow[0] && !c.http_tls_cert_file[0], "new defaults");
+    CHECK_OK(cfg_parse_json(&c, "{\"http_tls_cert_file\": \"a.pem\"}", "test"));
+    CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "http_tls_key_file"), "%s", rd_errmsg());
+}
+
 static void shipped_config_spells_the_defaults(void)
 {
     cfg_daemon c, d;
@@ -185,6 +249,7 @@ int main(void)
     RUN(refusals_name_the_key);
     RUN(flags_override_the_file);
     RUN(http_keys_and_the_old_listen_name);
+    RUN(relay_allow_parses);
     RUN(shipped_config_spells_the_defaults);
     RUN(shipped_configs_load);
     TEST_EXIT();

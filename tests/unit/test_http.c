@@ -7,6 +7,7 @@
  * leaving, the slow-reader bound, Bearer auth and the bind rule. Responses
  * are parsed with llhttp (HTTP_RESPONSE), not by hand. */
 #include "daemon/http.c"
+#include "daemon/http_tls.c"
 #include "daemon/log.c"
 #include "daemon/netaddr.c"
 

@@ -1884,7 +1884,8 @@ static void test_names(void)
           proto_is_request(PROTO_LANE_AUTH) && !proto_is_request(PROTO_UPDATE_PREPARE_OK) &&
           !strcmp(proto_type_name(PROTO_UPDATE_PREPARE_OK), "UPDATE_PREPARE_OK"), "chain types");
     CHECK(!strcmp(proto_err_name(13), "CHECKSUM") && !strcmp(proto_err_name(14), "STALE_VERSION") &&
-          !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNAUTHORIZED") && !strcmp(proto_err_name(17), "UNKNOWN"), "update errors");
+          !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNAUTHORIZED") &&
+              !strcmp(proto_err_name(17), "FORBIDDEN") && !strcmp(proto_err_name(18), "UNKNOWN"), "update errors");
     CHECK(proto_dtype_size(PROTO_DTYPE_F32) == 4 && proto_dtype_size(PROTO_DTYPE_F16) == 2 &&
           proto_dtype_size(PROTO_DTYPE_BF16) == 2 && proto_dtype_size(3) == 0, "dtype sizes");
     CHECK(proto_err_from_rd(RD_EBUSY) == PROTO_E_BUSY && proto_err_from_rd(RD_EINVAL) == PROTO_E_INVALID_PARAMS &&

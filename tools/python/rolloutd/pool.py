@@ -340,9 +340,17 @@ class _Chain:
             for k in alive:
                 self.pushes[k].use(prep)
             for a, b in zip(alive, alive[1:]):
-                self.forward(a, b)
+                try:
+                    self.forward(a, b)
+                except DaemonError as e:
+                    if e.code != P.E.FORBIDDEN:
+                        raise
+                    # b is outside a's relay_allow: this process feeds b itself; the chain goes on from b.
             t1 = time.perf_counter()
-            self.feed(alive[0])
+            fed_by = set(self.next_of.values())
+            for k in alive:
+                if k not in fed_by:
+                    self.feed(k)
             self.wait_prepared()
             t2 = self.t_staged or time.perf_counter()
             if self.errors and self.on_failure == "abort":
@@ -482,7 +490,12 @@ class _Chain:
                 if st is not None and st.forward == P.FWD_FAILED and b not in self.errors:
                     try:
                         self.forward(a, b)
-                    except (DaemonError, TimeoutError_, ConnectionError, pynng.NNGException):
+                    except (DaemonError, TimeoutError_, ConnectionError, pynng.NNGException) as e:
+                        if isinstance(e, DaemonError) and e.code == P.E.FORBIDDEN:
+                            del self.next_of[a]     # a may not relay to b: this process feeds b itself
+                            if b not in self.feeders:
+                                self.feed(b)
+                            continue
                         self.drop(b, ConnectionError(f"{self.clients[a].url} cannot relay to "
                                                      f"{self.clients[b].url}"))
             done = sum(st.bytes_staged for st in states.values())

@@ -69,6 +69,7 @@ class E(enum.IntEnum):
     STALE_VERSION = 14       # an update version not above the serving one
     UPDATE_CONFLICT = 15     # another weight transfer is in progress
     UNAUTHORIZED = 16        # the connection has not proved the shared secret (§14)
+    FORBIDDEN = 17           # an UPDATE_FORWARD target outside the daemon's relay_allow (§10.11)
 
 
 # Flag bits (bits not listed must be 0).
