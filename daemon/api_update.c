@@ -97,38 +97,8 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    cJSON *path = cJSON_GetObjectItemCaseSensitive(root, "model_path");
-    if (!cJSON_IsString(path) || !path->valuestring[0] || strlen(path->valuestring) >= CFG_STR)
-        api_bad(&e, 400, "field \"model_path\": expected a .gguf file, a .safetensors file or an HF folder");
-    int64_t version = (int64_t)d->weight_version + 1;
-    api_int(root, "version", 1, INT64_MAX / 2, &version, &e);
-    cJSON *wv = cJSON_GetObjectItemCaseSensitive(root, "weight_version"); /* SGLang's name, a string */
-    if (wv && cJSON_IsString(wv)) {
-        char *end;
-        long long v = strtoll(wv->valuestring, &end, 10);
-        if (*end || v < 1)
-            api_bad(&e, 400, "field \"weight_version\" = \"%s\": expected a positive integer (the daemon's versions "
-                    "are numbers)", wv->valuestring);
-        version = v;
-    } else if (wv && !cJSON_IsNull(wv)) {
-        api_int(root, "weight_version", 1, INT64_MAX / 2, &version, &e);
-    }
-    uint8_t mode = PROTO_MODE_CONTINUE;
-    int abort_all = 0;
-    api_bool(root, "abort_all_requests", &abort_all, &e);
-    if (abort_all)
-        mode = PROTO_MODE_ABORT;
-    cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
-    if (m && !cJSON_IsNull(m)) {
-        if (cJSON_IsString(m) && !strcmp(m->valuestring, "continue"))
-            mode = PROTO_MODE_CONTINUE;
-        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "drain"))
-            mode = PROTO_MODE_DRAIN;
-        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "abort"))
-            mode = PROTO_MODE_ABORT;
-        else
-            api_bad(&e, 400, "field \"mode\": expected \"continue\", \"drain\" or \"abort\"");
-    }
+    api_update_req u;
+    api_read_update_disk(root, d->weight_version, &u, &e);
     if (!e.status && d->state != D_SERVING)
         api_bad(&e, 503, "the daemon is shutting down: no weight updates");
     if (!e.status && d->cfg.max_staging_bytes <= 0)
@@ -148,9 +118,9 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
     }
     j->h = h;
     j->d = d;
-    j->version = (uint64_t)version;
-    j->mode = mode;
-    snprintf(j->path, sizeof j->path, "%s", path->valuestring);
+    j->version = (uint64_t)u.version;
+    j->mode = u.mode;
+    snprintf(j->path, sizeof j->path, "%s", u.path);
     own_url(d->cfg.listen, j->url, sizeof j->url);
     cJSON_Delete(root);
     j->w.data = j;
