@@ -46,7 +46,7 @@ int api_create(void *d, api **out);
 /* Frees what is left (after the engine thread and the HTTP server stopped). */
 void api_destroy(api *a);
 /* Appends the API's routes to table (room for API_MAX_ROUTES); returns how many. */
-#define API_MAX_ROUTES 16
+#define API_MAX_ROUTES 64
 int api_routes(api *a, http_route *table);
 /* A finished sample whose tag has API_KEY_BIT, or the progress of a
  * streaming one (r->partial); takes *r (zeroed on return). */
