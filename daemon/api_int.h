@@ -1,5 +1,6 @@
-/* api_int.h - what api.c and api_openai.c share: one HTTP call's state, the
- * field readers and the per-sample text (api.h has the module's contract). */
+/* api_int.h - what api.c, api_openai.c, api_update.c and api_read.c share: one
+ * HTTP call's state, the request readers (api_read.c) and the per-sample text
+ * (api.h has the module's contract). */
 #ifndef RD_DAEMON_API_INT_H
 #define RD_DAEMON_API_INT_H
 
