@@ -206,8 +206,12 @@ demo-offline: all model
 	tools/demo.sh $(MODEL)
 
 # libFuzzer targets (clang): the GGUF parser, protocol messages, the data
-# lane's frame head, what the lane server and the relay parse from a peer. Run each as build/fuzz/NAME -runs=N CORPUS (see each file).
+# lane's frame head, what the lane server and the relay parse from a peer, the HTTP routes' JSON readers. Run each as build/fuzz/NAME -runs=N CORPUS (see each file).
 FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined
+# fuzz_http_json: the HTTP routes' request readers (daemon/api_read.c) and admission's checks,
+# with the real tokenizer (the default model's vocabulary, loaded at start), no server, no engine.
+FUZZ_HTTP_SRC := daemon/api_read.c daemon/admit.c proto/proto.c $(wildcard engine/text/*.c) engine/format/gguf.c engine/model/dequant.c \
+                 engine/serve/sampler.c base/mapfile.c base/err.c base/utf8.c base/clock.c
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
 	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/format/gguf.c engine/model/dequant.c base/mapfile.c base/err.c \
@@ -215,6 +219,8 @@ fuzz:
 	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_proto -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c base/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_relay -lm
+	$(FUZZ_CC) -I$(LLHTTP_INC) tests/fuzz/fuzz_http_json.c $(FUZZ_HTTP_SRC) -o $(BUILD)/fuzz/fuzz_http_json \
+	    -lcjson -lpcre2-8 -lm
 
 # The include rules of docs/LAYOUT.md (floors, tools/, no circle of modules).
 layers:

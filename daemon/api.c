@@ -24,16 +24,7 @@
 
 /* ---- errors: the JSON error shape naming the field ---- */
 
-void api_bad(api_err *e, int status, const char *fmt, ...)
-{
-    if (e->status)
-        return; /* the first problem is the one reported */
-    e->status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->detail, sizeof e->detail, fmt, ap);
-    va_end(ap);
-}
+/* api_bad is in api_read.c, with the readers. */
 
 static const char *status_what(int status)
 {
@@ -77,241 +68,7 @@ void api_answer_json(http_res *h, int status, cJSON *doc)
     free(s);
 }
 
-/* ---- field readers: absent fields keep their default ---- */
-
-/* A number field: 0 absent, 1 read, -1 wrong type (reported). */
-int api_num(cJSON *o, const char *name, double *out, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!v || cJSON_IsNull(v))
-        return 0;
-    if (!cJSON_IsNumber(v)) {
-        api_bad(e, 400, "field \"%s\": expected a number", name);
-        return -1;
-    }
-    *out = v->valuedouble;
-    return 1;
-}
-
-int api_int(cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out, api_err *e)
-{
-    double x;
-    int rc = api_num(o, name, &x, e);
-    if (rc <= 0)
-        return rc;
-    if (x != floor(x) || x < (double)lo || x > (double)hi) {
-        api_bad(e, 400, "field \"%s\" = %g: expected an integer in %lld..%lld", name, x, (long long)lo,
-                (long long)hi);
-        return -1;
-    }
-    *out = (int64_t)x;
-    return 1;
-}
-
-int api_bool(cJSON *o, const char *name, int *out, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!v || cJSON_IsNull(v))
-        return 0;
-    if (!cJSON_IsBool(v)) {
-        api_bad(e, 400, "field \"%s\": expected true or false", name);
-        return -1;
-    }
-    *out = cJSON_IsTrue(v);
-    return 1;
-}
-
-/* Token ids: a JSON list of integers in 0..vocab-1 (checked later by
- * proto_check_request against the vocabulary). */
-static int read_ids(cJSON *v, const char *name, int32_t **ids, int32_t *n, api_err *e)
-{
-    int k = cJSON_GetArraySize(v);
-    int32_t *out = malloc(sizeof(int32_t) * (size_t)(k > 0 ? k : 1));
-    if (!out) {
-        api_bad(e, 500, "out of memory");
-        return -1;
-    }
-    int i = 0;
-    for (cJSON *x = v->child; x; x = x->next, i++) {
-        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
-            x->valuedouble > 2147483647.0) {
-            api_bad(e, 400, "field \"%s\"[%d]: expected a token id (an integer >= 0)", name, i);
-            free(out);
-            return -1;
-        }
-        out[i] = (int32_t)x->valuedouble;
-    }
-    *ids = out;
-    *n = (int32_t)k;
-    return 0;
-}
-
-/* stop: a string or a list of strings. */
-static int read_stop(cJSON *o, const char *name, api_params *p, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!v || cJSON_IsNull(v))
-        return 0;
-    cJSON one = {0};
-    cJSON *list = v;
-    if (cJSON_IsString(v)) {
-        one.child = v; /* iterate a lone string as a one-item list, without copying */
-        list = &one;
-    } else if (!cJSON_IsArray(v)) {
-        api_bad(e, 400, "field \"%s\": expected a string or a list of strings", name);
-        return -1;
-    }
-    int i = 0;
-    for (cJSON *x = list->child; x && (list != &one || x == v); x = list == &one ? NULL : x->next, i++) {
-        if (!cJSON_IsString(x) || !x->valuestring[0] || strlen(x->valuestring) > STOP_MAX_LEN) {
-            api_bad(e, 400, "field \"%s\"[%d]: expected a non-empty string of at most %d bytes", name, i,
-                    STOP_MAX_LEN);
-            return -1;
-        }
-        if (p->n_stop_strs >= STOP_MAX_STRS) {
-            api_bad(e, 400, "field \"%s\": at most %d stop strings", name, STOP_MAX_STRS);
-            return -1;
-        }
-        if (!(p->stop_strs[p->n_stop_strs] = strdup(x->valuestring))) {
-            api_bad(e, 500, "out of memory");
-            return -1;
-        }
-        p->n_stop_strs++;
-    }
-    return 0;
-}
-
-static int read_stop_ids(cJSON *o, const char *name, api_params *p, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!v || cJSON_IsNull(v))
-        return 0;
-    if (!cJSON_IsArray(v)) {
-        api_bad(e, 400, "field \"%s\": expected a list of token ids", name);
-        return -1;
-    }
-    free(p->stop_ids);
-    p->stop_ids = NULL;
-    return read_ids(v, name, &p->stop_ids, &p->n_stop_ids, e);
-}
-
-void api_params_init(api_params *p)
-{
-    memset(p, 0, sizeof *p);
-    p->n = 1;
-    p->max_tokens = -1;
-    p->temperature = 1.0f;
-    p->top_p = 1.0f;
-}
-
-void api_params_free(api_params *p)
-{
-    for (int i = 0; i < p->n_stop_strs; i++)
-        free(p->stop_strs[i]);
-    free(p->stop_ids);
-    memset(p, 0, sizeof *p);
-}
-
-/* The sampling fields both schemas share (names as vLLM and SGLang spell
- * them); max_name is "max_tokens" or "max_new_tokens". */
-int api_read_sampling(cJSON *o, const char *max_name, api_params *p, api_err *e)
-{
-    double x;
-    int64_t k;
-    if (api_num(o, "temperature", &x, e) > 0)
-        p->temperature = (float)x;
-    if (api_num(o, "top_p", &x, e) > 0)
-        p->top_p = (float)x;
-    if (api_int(o, "top_k", -1, 1 << 30, &k, e) > 0)
-        p->top_k = k < 0 ? 0 : (int32_t)k; /* -1 is "off" in vLLM and SGLang */
-    if (api_num(o, "min_p", &x, e) > 0)
-        p->min_p = (float)x;
-    if (api_int(o, max_name, 1, 1 << 30, &k, e) > 0)
-        p->max_tokens = (int32_t)k;
-    if (api_int(o, "n", 1, 1 << 20, &k, e) > 0)
-        p->n = (int32_t)k;
-    /* A JSON number holds 53 bits exactly: seeds above that are refused. */
-    if (api_int(o, "seed", 0, ((int64_t)1 << 53) - 1, &k, e) > 0) {
-        p->seed = (uint64_t)k;
-        p->has_seed = 1;
-    }
-    if (api_int(o, "sampling_seed", 0, ((int64_t)1 << 53) - 1, &k, e) > 0) { /* SGLang's name */
-        p->seed = (uint64_t)k;
-        p->has_seed = 1;
-    }
-    api_bool(o, "ignore_eos", &p->ignore_eos, e);
-    read_stop(o, "stop", p, e);
-    read_stop_ids(o, "stop_token_ids", p, e);
-    return e->status ? -1 : 0;
-}
-
-/* ---- prompts ---- */
-
-int api_add_prompt(api_call *c, int32_t *ids, int32_t n, api_err *e)
-{
-    api_sub *s = realloc(c->subs, sizeof *s * (size_t)(c->n_subs + 1));
-    if (!s) {
-        free(ids);
-        api_bad(e, 500, "out of memory");
-        return -1;
-    }
-    c->subs = s;
-    memset(&s[c->n_subs], 0, sizeof *s);
-    s[c->n_subs].prompt = ids;
-    s[c->n_subs].n_prompt = n;
-    c->n_subs++;
-    return 0;
-}
-
-int api_add_text(api_call *c, const char *text, const char *field, api_err *e)
-{
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (tok_encode_prompt(c->a->d->L.tok, text, strlen(text), &ids, &n)) {
-        api_bad(e, 400, "field \"%s\": cannot tokenize: %s", field, rd_errmsg());
-        free(ids);
-        return -1;
-    }
-    return api_add_prompt(c, ids, (int32_t)n, e);
-}
-
-/* A prompt field: token ids, a list of them (a batch), a string or a list of
- * strings (tokenized with tok_encode_prompt). */
-int api_read_prompts(api_call *c, cJSON *v, const char *field, api_err *e)
-{
-    if (cJSON_IsString(v))
-        return api_add_text(c, v->valuestring, field, e);
-    if (!cJSON_IsArray(v) || !v->child) {
-        api_bad(e, 400, "field \"%s\": expected a string, a list of strings, a list of token ids or a list of "
-                "lists of token ids (not empty)", field);
-        return -1;
-    }
-    if (cJSON_IsNumber(v->child)) {
-        int32_t *ids;
-        int32_t n;
-        if (read_ids(v, field, &ids, &n, e))
-            return -1;
-        return api_add_prompt(c, ids, n, e);
-    }
-    int i = 0;
-    for (cJSON *x = v->child; x; x = x->next, i++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s[%d]", field, i);
-        if (cJSON_IsString(x)) {
-            if (api_add_text(c, x->valuestring, name, e))
-                return -1;
-        } else if (cJSON_IsArray(x)) {
-            int32_t *ids;
-            int32_t n;
-            if (read_ids(x, name, &ids, &n, e) || api_add_prompt(c, ids, n, e))
-                return -1;
-        } else {
-            api_bad(e, 400, "field \"%s\": expected a string or a list of token ids", name);
-            return -1;
-        }
-    }
-    return 0;
-}
+/* The field and prompt readers are in api_read.c. */
 
 /* ---- calls ---- */
 
@@ -322,10 +79,9 @@ api_call *api_call_new(api *a, http_res *h, api_kind kind)
         return NULL;
     c->a = a;
     c->h = h;
-    c->kind = kind;
+    api_call_init(c, kind, a->d->L.tok);
     c->created = (int64_t)time(NULL);
     c->serial = ++a->n_calls;
-    api_params_init(&c->p);
     return c;
 }
 
@@ -340,12 +96,8 @@ static void call_free(api_call *c)
         free(s->st);
         free(s->res);
         free(s->have);
-        free(s->prompt);
-        free(s->rid);
     }
-    free(c->subs);
-    free(c->rid);
-    api_params_free(&c->p);
+    api_call_clear(c);
     free(c);
 }
 
@@ -452,32 +204,10 @@ static int fake_finish(api *a, api_call *c, api_sub *s, finish_reason why)
     return 0;
 }
 
-/* A sub-request in the protocol's form, which admission checks and turns
- * into the engine request (admit.h), as for an NNG SUBMIT. */
-static proto_request sub_request(const api_call *c, const api_sub *s)
-{
-    return (proto_request){
-        .n = (uint32_t)s->n,
-        .max_tokens = (uint32_t)s->max_tokens,
-        .temperature = c->p.temperature,
-        .top_p = c->p.top_p,
-        .top_k = c->p.top_k,
-        .min_p = c->p.min_p,
-        .seed = c->p.seed,
-        .logprobs_topk = (uint32_t)c->p.top_n,
-        .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0) |
-                 (c->return_routes ? PROTO_REQ_RETURN_ROUTES : 0),
-        .n_stop = (uint32_t)c->p.n_stop_ids,
-        .stop_ids = c->p.stop_ids,
-        .n_prompt = (uint32_t)s->n_prompt,
-        .prompt = s->prompt,
-    };
-}
-
 static int submit_sub(api *a, api_call *c, api_sub *s)
 {
     rd_daemon *d = a->d;
-    proto_request pr = sub_request(c, s);
+    proto_request pr = api_sub_request(c, s);
     eng_request er;
     adm_engine_request(&pr, s->prompt, (uint32_t)s->n_prompt, c->p.seed, &er);
     er.stop_strs = (const char *const *)c->p.stop_strs;
@@ -558,37 +288,8 @@ int api_admit(api_call *c, api_err *e)
                 "no routed experts to return", d->L.m->cfg.arch);
         return -1;
     }
-    if (c->p.top_n > (int32_t)d->lim.max_logprobs_topk) {
-        api_bad(e, 400, "field \"%s\" = %d: expected at most %u alternatives per token", c->top_field, c->p.top_n,
-                d->lim.max_logprobs_topk);
+    if (api_admit_check(c, &lim, e))
         return -1;
-    }
-    c->n_total = 0;
-    for (int i = 0; i < c->n_subs; i++) {
-        api_sub *s = &c->subs[i];
-        s->n = c->p.n;
-        s->max_tokens = c->p.max_tokens;
-        if (s->max_tokens < 0) {
-            /* Unset: as much as the context leaves, within the daemon's cap
-             * (callers set their defaults before admission where the schema has one). */
-            int64_t room = (int64_t)d->lim.max_context - s->n_prompt;
-            s->max_tokens = (int32_t)(room < (int64_t)d->lim.max_tokens ? room : (int64_t)d->lim.max_tokens);
-            if (s->max_tokens < 1)
-                s->max_tokens = 1;
-        }
-        if (s->n_prompt == 0) {
-            api_bad(e, 400, "prompt %d is empty (no tokens); expected at least 1", i);
-            return -1;
-        }
-        proto_request pr = sub_request(c, s);
-        char why[600];
-        if (adm_check(&lim, &pr, why, sizeof why) ||
-            adm_fits_kv(&lim, (uint64_t)s->n_prompt, (uint64_t)s->max_tokens, why, sizeof why)) {
-            api_bad(e, 400, "prompt %d: %s", i, why);
-            return -1;
-        }
-        c->n_total += s->n;
-    }
     /* The same bound, and the same words, as an NNG SUBMIT's BUSY. */
     char why[200];
     uint64_t unfinished = d->clients.unfinished + (uint64_t)a->inflight;
@@ -985,21 +686,7 @@ static void gen_done(api_call *c)
     api_answer_json(c->h, 200, doc);
 }
 
-static cJSON *parse_body(const http_req *req, api_err *e)
-{
-    cJSON *root = cJSON_ParseWithLength(req->body, req->body_len);
-    if (!root) {
-        api_bad(e, 400, "the body is not JSON (near byte %ld)",
-                cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - req->body) : 0L);
-        return NULL;
-    }
-    if (!cJSON_IsObject(root)) {
-        api_bad(e, 400, "the body must be a JSON object");
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
-}
+static cJSON *parse_body(const http_req *req, api_err *e) { return api_parse_json(req->body, req->body_len, e); }
 
 cJSON *api_parse_body(const http_req *req, api_err *e) { return parse_body(req, e); }
 
@@ -1022,68 +709,7 @@ static void route_generate(http_res *h, const http_req *req, void *ud)
     c->fmt_sample = gen_sample;
     c->fmt_progress = gen_progress;
     c->fmt_done = gen_done;
-    c->top_field = "top_logprobs_num";
-    cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
-    cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text");
-    if (ids && !cJSON_IsNull(ids) && text && !cJSON_IsNull(text)) {
-        api_bad(&e, 400, "fields \"input_ids\" and \"text\": give one, not both");
-    } else if (ids && !cJSON_IsNull(ids)) {
-        if (!cJSON_IsArray(ids) || (ids->child && !cJSON_IsNumber(ids->child) && !cJSON_IsArray(ids->child)))
-            api_bad(&e, 400, "field \"input_ids\": expected a list of token ids or a list of such lists");
-        else
-            api_read_prompts(c, ids, "input_ids", &e);
-        c->batch = ids->child && cJSON_IsArray(ids->child);
-    } else if (text && !cJSON_IsNull(text)) {
-        if (!cJSON_IsString(text) && !cJSON_IsArray(text))
-            api_bad(&e, 400, "field \"text\": expected a string or a list of strings");
-        else
-            api_read_prompts(c, text, "text", &e);
-        c->batch = cJSON_IsArray(text);
-    } else {
-        api_bad(&e, 400, "fields \"input_ids\" / \"text\": one is required");
-    }
-    cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
-    if (sp && !cJSON_IsNull(sp) && !cJSON_IsObject(sp))
-        api_bad(&e, 400, "field \"sampling_params\": expected an object");
-    c->p.max_tokens = 128; /* SGLang's default max_new_tokens */
-    if (!e.status && sp && cJSON_IsObject(sp)) {
-        api_read_sampling(sp, "max_new_tokens", &c->p, &e);
-        api_bool(sp, "no_stop_trim", &c->no_stop_trim, &e);
-        api_bool(sp, "skip_special_tokens", &c->skip_special, &e);
-        if (c->skip_special && !c->a->d->L.tok)
-            c->skip_special = 0; /* no tokenizer: the text is empty anyway */
-    }
-    api_bool(root, "return_text_in_logprobs", &c->text_in_logprobs, &e);
-    int64_t lsl = -1;
-    if (api_int(root, "logprob_start_len", -1, 1 << 30, &lsl, &e) > 0 && lsl != -1)
-        api_bad(&e, 400, "field \"logprob_start_len\" = %lld: prompt (input) log-probs are not computed here; only "
-                "-1 (the default: log-probs of the generated tokens, meta_info.output_token_logprobs)", (long long)lsl);
-    cJSON *clp = cJSON_GetObjectItemCaseSensitive(root, "custom_logit_processor");
-    if (clp && !cJSON_IsNull(clp))
-        api_bad(&e, 400, "field \"custom_logit_processor\": not supported (it is a pickled Python callable, and "
-                "rolloutd runs no Python); sampling is temperature, top_p, top_k, min_p, stop and stop_token_ids");
-    api_bool(root, "return_logprob", &c->return_logprob, &e);
-    api_bool(root, "return_routed_experts", &c->return_routes, &e);
-    int64_t k;
-    if (api_int(root, "top_logprobs_num", 0, 1 << 20, &k, &e) > 0)
-        c->p.top_n = (int32_t)k;
-    api_bool(root, "stream", &c->stream, &e);
-    cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
-    if (rid && cJSON_IsString(rid)) {
-        c->rid = strdup(rid->valuestring);
-    } else if (rid && cJSON_IsArray(rid) && !e.status) {
-        if (cJSON_GetArraySize(rid) != c->n_subs)
-            api_bad(&e, 400, "field \"rid\": a list needs one id per prompt (%d)", c->n_subs);
-        int i = 0;
-        for (cJSON *x = rid->child; x && !e.status && i < c->n_subs; x = x->next, i++) {
-            if (!cJSON_IsString(x))
-                api_bad(&e, 400, "field \"rid\"[%d]: expected a string", i);
-            else
-                c->subs[i].rid = strdup(x->valuestring);
-        }
-    } else if (rid && !cJSON_IsNull(rid)) {
-        api_bad(&e, 400, "field \"rid\": expected a string or a list of strings");
-    }
+    api_read_generate(root, c, &e);
     cJSON_Delete(root);
     if (e.status || api_admit(c, &e)) {
         api_refuse(c, &e);
@@ -1162,17 +788,14 @@ static void route_abort(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    int all = 0;
-    api_bool(root, "abort_all", &all, &e);
-    cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
-    if (!e.status && !all && !(rid && cJSON_IsString(rid)))
-        api_bad(&e, 400, "field \"rid\": expected the request's rid (a string), or \"abort_all\": true");
-    if (e.status) {
+    int all;
+    const char *rid;
+    if (api_read_abort(root, &all, &rid, &e)) {
         cJSON_Delete(root);
         api_answer_error(h, &e);
         return;
     }
-    int n = abort_matching(a, all ? NULL : rid->valuestring);
+    int n = abort_matching(a, all ? NULL : rid);
     cJSON_Delete(root);
     cJSON *o = ok_doc();
     cJSON_AddNumberToObject(o, "aborted_requests", n);
@@ -1227,16 +850,7 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
             api_answer_error(h, &e);
             return;
         }
-        cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
-        if (m && !cJSON_IsNull(m)) {
-            if (cJSON_IsString(m) && (!strcmp(m->valuestring, "abort") || !strcmp(m->valuestring, "wait") ||
-                                      !strcmp(m->valuestring, "keep") || !strcmp(m->valuestring, "in_place") ||
-                                      !strcmp(m->valuestring, "retract")))
-                mode = m->valuestring;
-            else
-                api_bad(&e, 400, "field \"mode\": expected \"abort\", \"retract\", \"in_place\", \"wait\" or "
-                        "\"keep\"");
-        }
+        api_read_pause(root, &mode, &e);
     }
     if (e.status || a->pause_wait) {
         if (!e.status)

@@ -1,15 +1,18 @@
-/* api_int.h - what api.c and api_openai.c share: one HTTP call's state, the
- * field readers and the per-sample text (api.h has the module's contract). */
+/* api_int.h - what api.c, api_openai.c, api_update.c and api_read.c share: one
+ * HTTP call's state, the request readers (api_read.c) and the per-sample text
+ * (api.h has the module's contract). */
 #ifndef RD_DAEMON_API_INT_H
 #define RD_DAEMON_API_INT_H
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
+#include "daemon/admit.h"
 #include "daemon/api.h"
 #include "daemon/daemon.h"
 #include "base/u64map.h"
 #include "engine/text/stopstr.h"
+#include "engine/text/tokenizer.h"
 
 typedef enum { API_GENERATE, API_COMPLETIONS, API_CHAT, API_HEALTH } api_kind;
 
@@ -72,6 +75,7 @@ struct api_call {
     api_call *prev, *next;      /* the API's live calls, in arrival order */
     int linked;
     api *a;
+    const tok_tokenizer *tok;   /* the model's (NULL: none): text prompts and chat messages are tokenized with it */
     http_res *h;                /* NULL once finished */
     api_kind kind;
     uint64_t serial;
@@ -129,6 +133,42 @@ typedef struct {
     int32_t matched_id;         /* the stop or EOS token, or -1 */
     int32_t matched_str;        /* index into the call's stop strings, or -1 */
 } sample_view;
+
+/* api_read.c: the readers (no server, no engine; tests/fuzz/fuzz_http_json.c runs them). A reader
+ * returns 0, or -1 with e set (the first problem found: status and a detail naming the field);
+ * absent fields keep their defaults. */
+void api_params_init(api_params *p);
+void api_params_free(api_params *p);
+/* A call's kind, tokenizer and default parameters (api_call_new calls it). */
+void api_call_init(api_call *c, api_kind kind, const tok_tokenizer *tok);
+/* Frees what the readers put in c: the subs' prompts and rids, the subs, the rid, the parameters. */
+void api_call_clear(api_call *c);
+/* The body as a JSON object: the tree (cJSON_Delete it), or NULL with e set. */
+cJSON *api_parse_json(const char *body, size_t len, api_err *e);
+/* Route readers: the body (a JSON object) into the call. */
+int api_read_generate(cJSON *root, api_call *c, api_err *e);     /* SGLang /generate */
+int api_read_completions(cJSON *root, api_call *c, api_err *e);  /* /v1/completions */
+int api_read_chat(cJSON *root, api_call *c, api_err *e);         /* /v1/chat/completions */
+/* /abort_request: *all, or *rid (borrowed from root; NULL when absent). */
+int api_read_abort(cJSON *root, int *all, const char **rid, api_err *e);
+/* /pause_generation: *mode is "abort" (also for root NULL: no body), "wait", "keep", "in_place" or
+ * "retract" (static strings). */
+int api_read_pause(cJSON *root, const char **mode, api_err *e);
+/* /update_weights_from_disk: what to push, as which version (serving + 1 unless the body says). */
+typedef struct {
+    char path[CFG_STR];         /* model_path */
+    int64_t version;            /* 1..INT64_MAX/2 */
+    uint8_t mode;               /* PROTO_MODE_CONTINUE, _DRAIN or _ABORT */
+    int flush_cache;            /* SGLang's flush_cache (default 1): drop the prefix cache once it serves */
+    int keep_pause;             /* SGLang's keep_pause: stay paused in place after the update */
+} api_update_req;
+int api_read_update_disk(cJSON *root, uint64_t serving, api_update_req *u, api_err *e);
+/* A sub-request in the protocol's form (what admission checks). */
+proto_request api_sub_request(const api_call *c, const api_sub *s);
+/* The checks of api_admit that need only the limits: top_n, then per prompt its samples and
+ * max_tokens (unset: what the context leaves), not empty, adm_check, adm_fits_kv; sets each
+ * sub's n and max_tokens and c->n_total. */
+int api_admit_check(api_call *c, const adm_limits *lim, api_err *e);
 
 void api_bad(api_err *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void api_answer_error(http_res *h, const api_err *e);

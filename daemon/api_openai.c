@@ -303,22 +303,9 @@ static void v1_done(api_call *c)
     api_answer_json(c->h, 200, o);
 }
 
-/* The fields both routes share; the prompt is already in. */
-static void read_common(api_call *c, cJSON *root, const char *max_name, api_err *e)
+/* The /v1 answer shapes, both routes. */
+static void v1_formats(api_call *c)
 {
-    api_read_sampling(root, max_name, &c->p, e);
-    api_bool(root, "return_token_ids", &c->return_token_ids, e);
-    api_bool(root, "return_routed_experts", &c->return_routes, e);
-    api_bool(root, "stream", &c->stream, e);
-    cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
-    if (so && cJSON_IsObject(so))
-        api_bool(so, "include_usage", &c->include_usage, e);
-    else if (so && !cJSON_IsNull(so))
-        api_bad(e, 400, "field \"stream_options\": expected an object");
-    int echo = 0;
-    api_bool(root, "echo", &echo, e);
-    if (echo)
-        api_bad(e, 400, "field \"echo\": not supported (the prompt is not repeated in the output)");
     c->fmt_begin = v1_begin;
     c->fmt_sample = v1_sample;
     c->fmt_progress = v1_progress;
@@ -348,110 +335,11 @@ void api_route_completions(http_res *h, const http_req *req, void *ud)
     if (!c)
         return;
     api_err e = {0};
-    cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (!prompt || cJSON_IsNull(prompt))
-        api_bad(&e, 400, "field \"prompt\": required");
-    else
-        api_read_prompts(c, prompt, "prompt", &e);
-    c->p.max_tokens = 16; /* vLLM's default */
-    read_common(c, root, "max_tokens", &e);
-    int64_t k;
-    c->top_field = "logprobs";
-    if (api_int(root, "logprobs", 0, 1 << 20, &k, &e) > 0) {
-        c->return_logprob = 1;
-        c->p.top_n = (int32_t)k;
-    }
+    api_read_completions(root, c, &e);
+    v1_formats(c);
     cJSON_Delete(root);
     if (e.status || api_admit(c, &e))
         api_refuse(c, &e);
-}
-
-/* The text of a message's content: a string, or a list of text parts. */
-static char *content_text(cJSON *m, int i, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "content");
-    if (v && cJSON_IsString(v))
-        return strdup(v->valuestring);
-    if (!v || !cJSON_IsArray(v)) {
-        api_bad(e, 400, "field \"messages\"[%d].content: expected a string or a list of text parts", i);
-        return NULL;
-    }
-    size_t len = 0;
-    for (cJSON *p = v->child; p; p = p->next) {
-        cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type"), *x = cJSON_GetObjectItemCaseSensitive(p, "text");
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(x)) {
-            api_bad(e, 400, "field \"messages\"[%d].content: only {\"type\": \"text\", \"text\": ...} parts can be "
-                    "rendered", i);
-            return NULL;
-        }
-        len += strlen(x->valuestring);
-    }
-    char *s = malloc(len + 1);
-    if (!s) {
-        api_bad(e, 500, "out of memory");
-        return NULL;
-    }
-    s[0] = 0;
-    for (cJSON *p = v->child; p; p = p->next)
-        strcat(s, cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
-    return s;
-}
-
-/* messages: a conversation of system (or developer), user and assistant
- * turns, rendered by tok_chat_msgs in the model family's chat format; other
- * roles (tool, function) are refused by name rather than rendered in a way
- * the model's template does not. */
-#define API_MAX_MESSAGES 1024
-
-void api_read_messages(api_call *c, cJSON *root, api_err *e)
-{
-    cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    if (!ms || !cJSON_IsArray(ms) || !ms->child) {
-        api_bad(e, 400, "field \"messages\": expected a non-empty list of messages");
-        return;
-    }
-    int n = cJSON_GetArraySize(ms);
-    if (n > API_MAX_MESSAGES) {
-        api_bad(e, 400, "field \"messages\": %d messages; at most %d", n, API_MAX_MESSAGES);
-        return;
-    }
-    tok_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
-    if (!msgs) {
-        api_bad(e, 500, "out of memory");
-        return;
-    }
-    int i = 0;
-    for (cJSON *m = ms->child; m && !e->status; m = m->next, i++) {
-        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            api_bad(e, 400, "field \"messages\"[%d]: expected an object with a \"role\" string", i);
-            break;
-        }
-        const char *r = role->valuestring;
-        if (!strcmp(r, "system") || !strcmp(r, "developer"))
-            msgs[i].role = "system";
-        else if (!strcmp(r, "user") || !strcmp(r, "assistant"))
-            msgs[i].role = !strcmp(r, "user") ? "user" : "assistant";
-        else
-            api_bad(e, 400, "field \"messages\"[%d]: role \"%.40s\" cannot be rendered; expected system, "
-                    "developer, user or assistant", i, r);
-        if (!e->status)
-            msgs[i].content = content_text(m, i, e);
-    }
-    if (!e->status) {
-        int32_t *ids = NULL;
-        size_t k = 0;
-        if (!c->a->d->L.tok || tok_chat_msgs(c->a->d->L.tok, msgs, (size_t)n, &ids, &k)) {
-            api_bad(e, 400, "field \"messages\": this conversation cannot be rendered in the model's chat "
-                    "format: %s", c->a->d->L.tok ? rd_errmsg() : "no tokenizer");
-            free(ids);
-        } else {
-            api_add_prompt(c, ids, (int32_t)k, e);
-        }
-    }
-    for (int j = 0; j < n; j++)
-        free((char *)msgs[j].content);
-    free(msgs);
 }
 
 void api_route_chat(http_res *h, const http_req *req, void *ud)
@@ -461,18 +349,8 @@ void api_route_chat(http_res *h, const http_req *req, void *ud)
     if (!c)
         return;
     api_err e = {0};
-    api_read_messages(c, root, &e);
-    int64_t k;
-    if (api_int(root, "max_completion_tokens", 1, 1 << 30, &k, &e) > 0)
-        c->p.max_tokens = (int32_t)k;
-    read_common(c, root, "max_tokens", &e);
-    api_bool(root, "logprobs", &c->return_logprob, &e);
-    c->top_field = "top_logprobs";
-    if (api_int(root, "top_logprobs", 0, 1 << 20, &k, &e) > 0) {
-        if (!c->return_logprob)
-            api_bad(&e, 400, "field \"top_logprobs\": needs \"logprobs\": true");
-        c->p.top_n = (int32_t)k;
-    }
+    api_read_chat(root, c, &e);
+    v1_formats(c);
     cJSON_Delete(root);
     if (e.status || api_admit(c, &e))
         api_refuse(c, &e);

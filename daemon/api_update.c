@@ -119,49 +119,11 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    cJSON *path = cJSON_GetObjectItemCaseSensitive(root, "model_path");
-    if (!cJSON_IsString(path) || !path->valuestring[0] || strlen(path->valuestring) >= CFG_STR)
-        api_bad(&e, 400, "field \"model_path\": expected a .gguf file, a .safetensors file or an HF folder");
-    int64_t version = (int64_t)d->weight_version + 1;
-    api_int(root, "version", 1, INT64_MAX / 2, &version, &e);
-    cJSON *wv = cJSON_GetObjectItemCaseSensitive(root, "weight_version"); /* SGLang's name, a string */
-    if (wv && cJSON_IsString(wv)) {
-        char *end;
-        long long v = strtoll(wv->valuestring, &end, 10);
-        if (*end || v < 1)
-            api_bad(&e, 400, "field \"weight_version\" = \"%s\": expected a positive integer (the daemon's versions "
-                    "are numbers)", wv->valuestring);
-        version = v;
-    } else if (wv && !cJSON_IsNull(wv)) {
-        api_int(root, "weight_version", 1, INT64_MAX / 2, &version, &e);
-    }
-    uint8_t mode = PROTO_MODE_CONTINUE;
-    int abort_all = 0, flush_cache = 1, keep_pause = 0;
-    api_bool(root, "flush_cache", &flush_cache, &e);
-    api_bool(root, "keep_pause", &keep_pause, &e);
-    cJSON *lf = cJSON_GetObjectItemCaseSensitive(root, "load_format");
-    if (lf && !cJSON_IsNull(lf) && !(cJSON_IsString(lf) && (!strcmp(lf->valuestring, "auto") ||
-                                                            !strcmp(lf->valuestring, "safetensors") ||
-                                                            !strcmp(lf->valuestring, "gguf"))))
-        api_bad(&e, 400, "field \"load_format\": expected null, \"auto\", \"safetensors\" or \"gguf\" (the format "
-                "is read from the file)");
-    api_bool(root, "abort_all_requests", &abort_all, &e);
-    if (abort_all)
-        mode = PROTO_MODE_ABORT;
-    cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "mode");
-    if (m && !cJSON_IsNull(m)) {
-        if (cJSON_IsString(m) && !strcmp(m->valuestring, "continue"))
-            mode = PROTO_MODE_CONTINUE;
-        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "drain"))
-            mode = PROTO_MODE_DRAIN;
-        else if (cJSON_IsString(m) && !strcmp(m->valuestring, "abort"))
-            mode = PROTO_MODE_ABORT;
-        else
-            api_bad(&e, 400, "field \"mode\": expected \"continue\", \"drain\" or \"abort\"");
-    }
-    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, mode,
-                                         (flush_cache ? API_UPD_FLUSH_CACHE : 0) | (keep_pause ? API_UPD_KEEP_PAUSE : 0),
-                                         answer_sglang, &e)) {
+    api_update_req u;
+    if (api_read_update_disk(root, d->weight_version, &u, &e) ||
+        api_update_from_path(a, h, u.path, (uint64_t)u.version, u.mode,
+                             (u.flush_cache ? API_UPD_FLUSH_CACHE : 0) | (u.keep_pause ? API_UPD_KEEP_PAUSE : 0),
+                             answer_sglang, &e)) {
         cJSON_Delete(root);
         api_answer_error(h, &e);
         return;

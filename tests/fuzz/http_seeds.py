@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Seeds for build/fuzz/fuzz_http_json: valid request bodies of every route
+reader it fuzzes, plus edge cases (deep nesting, huge arrays, bad UTF-8,
+huge / negative / fractional numbers, wrong field types).
+
+Each file is one input: its first byte picks the route (index into the
+target's routes[] table, plus N_ROUTES * variant: variant bit 0 = no
+tokenizer, bit 1 = a mixture-of-experts model's limits), the rest is the
+body. Keep ROUTES in the order of routes[] in tests/fuzz/fuzz_http_json.c.
+
+    python3 tests/fuzz/http_seeds.py SEEDS
+"""
+import json
+import os
+import sys
+
+ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/abort_request", "/pause_generation",
+          "/update_weights_from_disk"]
+N = len(ROUTES)
+
+# Valid bodies, by route.
+VALID = {
+    "/generate": [
+        {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
+        {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 4, "top_p": 0.9, "top_k": 20,
+                                                        "min_p": 0.05, "n": 2, "seed": 7}},
+        {"input_ids": [[1, 2], [3, 4, 5]], "rid": ["a", "b"], "return_logprob": True, "top_logprobs_num": 3},
+        {"text": ["one", "two"], "stream": True, "rid": "r1",
+         "sampling_params": {"stop": ["\n", "."], "stop_token_ids": [2], "ignore_eos": True,
+                             "sampling_seed": 12345}},
+        {"text": "x", "return_routed_experts": True, "sampling_params": {"stop": "END", "top_k": -1}},
+        {"text": "<|im_start|>user\nhi<|im_end|>\n", "sampling_params": None, "rid": None},
+    ],
+    "/v1/completions": [
+        {"model": "m", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.7, "seed": 1},
+        {"prompt": [1, 2, 3], "n": 3, "logprobs": 2, "stream": True, "stream_options": {"include_usage": True}},
+        {"prompt": [[1, 2], [3]], "stop": ["a"], "stop_token_ids": [0], "return_token_ids": True, "top_k": 5},
+        {"prompt": ["a", "b", "c"], "echo": False, "ignore_eos": True, "min_p": 0.1, "top_p": 0.5},
+        {"prompt": "p", "return_routed_experts": True, "max_tokens": 1},
+    ],
+    "/v1/chat/completions": [
+        {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}],
+         "logprobs": True, "top_logprobs": 2, "max_completion_tokens": 4, "stream": True,
+         "stream_options": {"include_usage": True}, "seed": 3},
+        {"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                         {"type": "text", "text": "b"}]},
+                      {"role": "user", "content": "c"}], "n": 2, "stop": "\n", "return_token_ids": True},
+        {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
+    ],
+    "/abort_request": [
+        {"rid": "r1"},
+        {"abort_all": True},
+        {"abort_all": False, "rid": "x"},
+        {},
+    ],
+    "/pause_generation": [
+        {"mode": "abort"}, {"mode": "wait"}, {"mode": "keep"}, {"mode": "in_place"}, {}, {"mode": "other"},
+    ],
+    "/update_weights_from_disk": [
+        {"model_path": "/tmp/w.gguf"},
+        {"model_path": "/tmp/hf", "version": 5, "mode": "drain"},
+        {"model_path": "m.safetensors", "weight_version": "7", "abort_all_requests": True},
+        {"model_path": "m.gguf", "weight_version": 9, "mode": "abort"},
+        {"model_path": "m.gguf", "weight_version": "99999999999999999999"},
+        {"model_path": "m.gguf", "version": 4611686018427387904},
+        {"model_path": "", "mode": "continue"},
+    ],
+}
+
+# Values to put in any field: every JSON type, edges of the bounds, huge and negative numbers.
+ODD = [None, True, False, 0, -1, 1, 0.5, -0.0, 1e308, -1e308, 1e999, -1e999, 2 ** 31, 2 ** 53, 2 ** 53 - 1,
+       2 ** 62, 2 ** 63, 2 ** 64, 1 << 30, (1 << 30) + 1, 1 << 20, (1 << 20) + 1, 1.5, "", "x", "1", [], [1], {},
+       {"a": 1}, [[]], [None], ["a", 1]]
+
+# Fields each route reads (so the odd values land where a reader looks).
+FIELDS = {
+    "/generate": ["text", "input_ids", "sampling_params", "return_logprob", "return_routed_experts",
+                  "top_logprobs_num", "stream", "rid"],
+    "/v1/completions": ["prompt", "max_tokens", "logprobs", "temperature", "top_p", "top_k", "min_p", "n", "seed",
+                        "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "echo",
+                        "return_token_ids", "return_routed_experts"],
+    "/v1/chat/completions": ["messages", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
+                             "temperature", "n", "stop", "stream_options"],
+    "/abort_request": ["rid", "abort_all"],
+    "/pause_generation": ["mode"],
+    "/update_weights_from_disk": ["model_path", "version", "weight_version", "mode", "abort_all_requests"],
+}
+SAMPLING = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "sampling_seed",
+            "ignore_eos", "stop", "stop_token_ids"]
+
+
+def dump(obj):
+    # Python writes an infinite float as Infinity, which is not JSON; a number past the double range is.
+    s = json.dumps(obj, separators=(",", ":")).replace("-Infinity", "-1e999").replace("Infinity", "1e999")
+    return s.encode()
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "SEEDS"
+    os.makedirs(out, exist_ok=True)
+    seeds = []
+
+    def add(route, body, variant=0):
+        seeds.append(bytes([ROUTES.index(route) + N * variant]) + body)
+
+    for route, bodies in VALID.items():
+        for b in bodies:
+            for variant in (0, 1, 2):
+                add(route, dump(b), variant)
+        base = bodies[0]
+        for field in FIELDS[route]:
+            for v in ODD:
+                b = dict(base)
+                b[field] = v
+                add(route, dump(b))
+    gen = VALID["/generate"][1]
+    for field in SAMPLING:
+        for v in ODD:
+            b = json.loads(json.dumps(gen))
+            b["sampling_params"][field] = v
+            add("/generate", dump(b))
+
+    # Bounds that admission checks: stop lists at and past STOP_MAX_STRS, long stop strings, token ids at the vocab.
+    for k in (4, 5, 8, 9, 16, 17):
+        add("/v1/completions", dump({"prompt": "a", "stop": ["s%d" % i for i in range(k)]}))
+        add("/v1/completions", dump({"prompt": [1], "stop_token_ids": list(range(k))}))
+    for n in (63, 64, 65, 256, 257):
+        add("/v1/completions", dump({"prompt": "a", "stop": "x" * n}))
+        add("/v1/completions", dump({"prompt": [1], "max_tokens": n, "n": n // 4}))
+    for tid in (49151, 49152, 2 ** 31 - 1, 2 ** 31, -1):
+        add("/generate", dump({"input_ids": [tid]}))
+        add("/v1/completions", dump({"prompt": [[1], [tid]]}))
+
+    # Deep nesting (cJSON's limit is 1000), in every route.
+    for route in ROUTES:
+        for depth in (10, 999, 1000, 1001, 2040):
+            add(route, b"{\"a\":" + b"[" * depth + b"]" * depth + b"}")
+    add("/generate", b"{\"input_ids\":" + b"[" * 50 + b"1" + b"]" * 50 + b"}")
+    add("/v1/chat/completions", dump({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 100}]}))
+
+    # Huge arrays.
+    # (inputs are cut at -max_len=4096 bytes: these fit)
+    add("/generate", dump({"input_ids": [7] * 1500}))
+    add("/generate", dump({"input_ids": list(range(49000, 49700))}))
+    add("/generate", dump({"input_ids": [[1]] * 600}))
+    add("/v1/completions", dump({"prompt": ["a"] * 600}))
+    add("/v1/completions", dump({"prompt": [1], "stop_token_ids": [1] * 1500}))
+    add("/v1/chat/completions", dump({"messages": [{}] * 1025}))
+    add("/v1/chat/completions", dump({"messages": [{"role": "user", "content": "a"}] * 130}))
+    add("/generate", dump({"input_ids": [[1, 2], [3]], "rid": ["a"] * 300}))
+
+    # Bad UTF-8, in strings and outside them.
+    bad = [b"\xff", b"\xc3", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf",
+           b"\xf0\x9f\x98"]
+    for x in bad:
+        add("/generate", b"{\"text\":\"a" + x + b"b\"}")
+        add("/v1/completions", b"{\"prompt\":\"" + x + b"\",\"stop\":\"" + x + b"\"}")
+        add("/v1/chat/completions", b"{\"messages\":[{\"role\":\"" + x * 50 + b"\",\"content\":\"c\"}]}")
+        add("/v1/chat/completions", b"{\"messages\":[{\"role\":\"user\",\"content\":\"" + x + b"\"}]}")
+        add("/abort_request", b"{\"rid\":\"" + x + b"\"}")
+        add("/update_weights_from_disk", b"{\"model_path\":\"m\",\"weight_version\":\"" + x + b"\"}")
+        add("/pause_generation", b"{\"mode\":\"" + x + b"\"}")
+    add("/generate", dump({"text": "\ud83d\ude00 \u00e9 \u4e2d"}))
+    add("/generate", b"{\"text\":\"\\ud800\"}")
+    add("/generate", b"{\"text\":\"a\\u0000b\"}")
+
+    # Not JSON, not an object, duplicate keys, an empty body.
+    for route in ROUTES:
+        for body in (b"", b"[]", b"1", b"\"s\"", b"null", b"{", b"{\"a\":}", b"{}", b"{} x",
+                     b"{\"text\":\"a\",\"text\":1}"):
+            add(route, body)
+
+    for i, s in enumerate(seeds):
+        with open(os.path.join(out, "seed-%04d" % i), "wb") as f:
+            f.write(s)
+    print("%d seeds in %s" % (len(seeds), out))
+
+
+if __name__ == "__main__":
+    main()
