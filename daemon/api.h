@@ -25,6 +25,8 @@
  *     continue; NNG clients have their own ABORT and the weight-update modes;
  *   - /flush_cache drops the engine's prefix cache at the next step boundary
  *     (eng_flush_cache), running requests or not;
+ *   - vLLM's RL routes (/pause, /resume, /inference/v1/generate,
+ *     /update_weights, ...) are api_vllm.c's; their pause is this one;
  *   - return_routed_experts (a mixture-of-experts model; 400 on a dense one)
  *     asks the engine for routes (eng_request.return_routes) and puts each
  *     finished sample's in its answer in SGLang's layout (api_routes_json).
