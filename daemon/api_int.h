@@ -163,6 +163,49 @@ typedef struct {
     int keep_pause;             /* SGLang's keep_pause: stay paused in place after the update */
 } api_update_req;
 int api_read_update_disk(cJSON *root, uint64_t serving, api_update_req *u, api_err *e);
+/* api_read_rl.c: the readers of vLLM's and SGLang's RL routes (same contract). */
+/* The value of name in query ("a=b&c=d"), percent-decoded into out: 1 found, 0 absent, -1 longer
+ * than cap - 1 bytes. */
+int api_query_get(const char *query, const char *name, char *out, size_t cap);
+/* A boolean query parameter as pydantic reads one; keeps *out when absent. */
+int api_query_bool(const char *query, const char *name, int *out, api_err *e);
+/* vLLM's POST /pause?mode=&clear_cache=&wait_for_inflight_requests= */
+typedef struct {
+    const char *mode;           /* "abort" (the default), "wait" or "keep" (static strings) */
+    int clear;                  /* clear_cache (default 1) */
+} api_vllm_pause;
+int api_read_vllm_pause(const char *query, api_vllm_pause *p, api_err *e);
+int api_read_reset_prefix(const char *query, api_err *e);  /* /reset_prefix_cache's query */
+/* /abort_requests: *ids the non-empty list of request_ids (borrowed from root), or NULL = every call. */
+int api_read_abort_ids(cJSON *root, cJSON **ids, api_err *e);
+/* /tokenize: a prompt (add_special_tokens) or chat messages, tokenized with tok (NULL: refused). */
+typedef struct {
+    int32_t *ids;               /* [n], malloc'd (free it) */
+    size_t n;
+    int strs;                   /* return_token_strs */
+} api_tokenize_req;
+int api_read_tokenize(cJSON *root, const tok_tokenizer *tok, api_tokenize_req *t, api_err *e);
+/* /detokenize: tokens, each in 0..vocab-1, into *ids (malloc'd, [*n]). */
+int api_read_detokenize(cJSON *root, int has_tok, uint32_t vocab, int32_t **ids, int32_t *n, api_err *e);
+/* /inference/v1/generate (token ids in, kind API_COMPLETIONS): fills c as the other call readers do. */
+int api_read_generate_tokens(cJSON *root, api_call *c, api_err *e);
+/* vLLM's /update_weights {"update_info": {"path"}} or prime-rl's {"weight_dir"}. */
+typedef struct {
+    const char *path;           /* borrowed from root; shorter than CFG_STR */
+    int64_t version;            /* weight_version, or serving + 1; 1..INT64_MAX/2 */
+    int prime;                  /* the prime-rl form (its answer differs) */
+} api_vllm_update;
+int api_read_vllm_update(cJSON *root, uint64_t serving, api_vllm_update *u, api_err *e);
+int api_read_init_transfer(cJSON *root, api_err *e);       /* /init_weight_transfer_engine */
+/* SGLang's release / resume_memory_occupation tags (root NULL: no body): ET_MEM_WEIGHTS | ET_MEM_KV. */
+int api_read_mem_tags(cJSON *root, int *tags, api_err *e);
+int api_read_sleep(const char *query, int *abort_first, api_err *e);   /* vLLM's /sleep?level=&mode= */
+int api_read_wake_up(const char *query, int *tags, api_err *e);        /* /wake_up?tags=: none = both */
+/* What rolloutd offers instead of NCCL or CUDA IPC (vLLM's transfer routes' 501 answers). */
+#define API_NO_COLLECTIVES                                                                                      \
+    "rolloutd has no NCCL or CUDA IPC weight transfer; send the weights over its learner socket (the NNG push: " \
+    "rolloutctl push-weights, or the Python Client.push_weights), or write them to a directory and POST "      \
+    "/update_weights {\"update_info\": {\"path\": DIR}}"
 /* A sub-request in the protocol's form (what admission checks). */
 proto_request api_sub_request(const api_call *c, const api_sub *s);
 /* The checks of api_admit that need only the limits: top_n, then per prompt its samples and

@@ -128,35 +128,6 @@ static void on_mem_close(http_res *h, void *ud)
         }
 }
 
-/* Reads SGLang's tags field: absent or null = both parts. */
-static int read_tags(cJSON *root, int *tags, api_err *e)
-{
-    cJSON *t = root ? cJSON_GetObjectItemCaseSensitive(root, "tags") : NULL;
-    if (!t || cJSON_IsNull(t)) {
-        *tags = ET_MEM_WEIGHTS | ET_MEM_KV;
-        return 0;
-    }
-    if (!cJSON_IsArray(t)) {
-        api_bad(e, 400, "field \"tags\": expected a list of \"weights\", \"kv_cache\" (or null for both)");
-        return -1;
-    }
-    *tags = 0;
-    int i = 0;
-    for (cJSON *x = t->child; x; x = x->next, i++) {
-        if (cJSON_IsString(x) && !strcmp(x->valuestring, "weights"))
-            *tags |= ET_MEM_WEIGHTS;
-        else if (cJSON_IsString(x) && !strcmp(x->valuestring, "kv_cache"))
-            *tags |= ET_MEM_KV;
-        else if (cJSON_IsString(x) && !strcmp(x->valuestring, "cuda_graph"))
-            ; /* captured graphs go with the KV buffers; nothing of their own to free */
-        else {
-            api_bad(e, 400, "field \"tags\"[%d]: expected \"weights\", \"kv_cache\" or \"cuda_graph\"", i);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* Queues a release or resume of tags; answers at once when there is nothing
  * to do or it is refused. */
 static void mem_start(api *a, http_res *h, int op, int tags, int vllm, int check_busy)
@@ -254,28 +225,13 @@ static void route_release(http_res *h, const http_req *req, void *ud)
     cJSON *root = req->body_len ? api_parse_body(req, &e) : NULL;
     int tags = 0;
     if (!e.status)
-        read_tags(root, &tags, &e);
+        api_read_mem_tags(root, &tags, &e);
     cJSON_Delete(root);
     if (e.status) {
         api_answer_error(h, &e);
         return;
     }
     mem_start(a, h, !strcmp(req->path, "/release_memory_occupation") ? ET_MEM_RELEASE : ET_MEM_RESUME, tags, 0, 1);
-}
-
-/* The value of each name=value in a query string, in order. */
-static int query_next(const char **q, char *name, size_t ncap, char *val, size_t vcap)
-{
-    const char *s = *q;
-    if (!s || !*s)
-        return 0;
-    const char *amp = strchr(s, '&'), *end = amp ? amp : s + strlen(s);
-    const char *eq = memchr(s, '=', (size_t)(end - s));
-    size_t nl = (size_t)((eq ? eq : end) - s), vl = eq ? (size_t)(end - eq - 1) : 0;
-    snprintf(name, ncap, "%.*s", (int)nl, s);
-    snprintf(val, vcap, "%.*s", (int)vl, eq ? eq + 1 : "");
-    *q = amp ? amp + 1 : end;
-    return 1;
 }
 
 /* vLLM's POST /sleep?level=1|2&mode=abort|wait: level 1 and 2 both free the
@@ -287,19 +243,8 @@ static void route_sleep(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     api_err e = {0};
-    char name[32], val[64];
-    int abort_first = 0;
-    for (const char *q = req->query; query_next(&q, name, sizeof name, val, sizeof val);) {
-        if (!strcmp(name, "level")) {
-            if (strcmp(val, "1") && strcmp(val, "2"))
-                api_bad(&e, 400, "query \"level\" = \"%s\": expected 1 or 2", val);
-        } else if (!strcmp(name, "mode")) {
-            if (!strcmp(val, "abort"))
-                abort_first = 1;
-            else if (strcmp(val, "wait"))
-                api_bad(&e, 400, "query \"mode\" = \"%s\": expected \"abort\" or \"wait\"", val);
-        }
-    }
+    int abort_first;
+    api_read_sleep(req->query, &abort_first, &e);
     if (e.status) {
         api_answer_error(h, &e);
         return;
@@ -323,23 +268,13 @@ static void route_wake_up(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     api_err e = {0};
-    char name[32], val[64];
-    int tags = 0;
-    for (const char *q = req->query; query_next(&q, name, sizeof name, val, sizeof val);) {
-        if (strcmp(name, "tags"))
-            continue;
-        if (!strcmp(val, "weights"))
-            tags |= ET_MEM_WEIGHTS;
-        else if (!strcmp(val, "kv_cache"))
-            tags |= ET_MEM_KV;
-        else
-            api_bad(&e, 400, "query \"tags\" = \"%s\": expected \"weights\" or \"kv_cache\"", val);
-    }
+    int tags;
+    api_read_wake_up(req->query, &tags, &e);
     if (e.status) {
         api_answer_error(h, &e);
         return;
     }
-    mem_start(a, h, ET_MEM_RESUME, tags ? tags : ET_MEM_KV | ET_MEM_WEIGHTS, 1, 1);
+    mem_start(a, h, ET_MEM_RESUME, tags, 1, 1);
 }
 
 static void route_is_sleeping(http_res *h, const http_req *req, void *ud)

@@ -36,11 +36,9 @@
  * requests get 501 naming the ways rolloutd takes weights. Runs on the loop
  * thread. */
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "daemon/api_int.h"
 #include "daemon/log.h"
@@ -52,74 +50,6 @@ struct api_vllm {
     http_res *pause_wait;       /* a /pause?mode=wait, answered once nothing submitted runs */
     int wait_clear;             /* ... after flushing the prefix cache */
 };
-
-/* What rolloutd offers instead of NCCL or CUDA IPC (the 501 answers). */
-#define NO_COLLECTIVES                                                                                          \
-    "rolloutd has no NCCL or CUDA IPC weight transfer; send the weights over its learner socket (the NNG push: " \
-    "rolloutctl push-weights, or the Python Client.push_weights), or write them to a directory and POST "      \
-    "/update_weights {\"update_info\": {\"path\": DIR}}"
-
-static cJSON *field(cJSON *o, const char *name)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-/* ---- query strings (FastAPI Query parameters) ---- */
-
-static int hexval(int c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* The value of name in q ("a=b&c=d"), percent-decoded into out: 1 found, 0
- * absent, -1 longer than cap - 1 bytes. */
-static int query_get(const char *q, const char *name, char *out, size_t cap)
-{
-    size_t nl = strlen(name);
-    for (const char *p = q; p && *p; p = strchr(p, '&') ? strchr(p, '&') + 1 : NULL) {
-        if (strncmp(p, name, nl) || (p[nl] != '=' && p[nl] != '&' && p[nl]))
-            continue;
-        const char *v = p[nl] == '=' ? p + nl + 1 : p + nl;
-        size_t n = 0;
-        for (; *v && *v != '&'; v++) {
-            int c = *v;
-            if (c == '+')
-                c = ' ';
-            else if (c == '%' && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
-                c = hexval(v[1]) * 16 + hexval(v[2]);
-                v += 2;
-            }
-            if (n + 1 >= cap)
-                return -1;
-            out[n++] = (char)c;
-        }
-        out[n] = 0;
-        return 1;
-    }
-    return 0;
-}
-
-/* A boolean query parameter as pydantic reads one; keeps *out when absent. */
-static void query_bool(const char *q, const char *name, int *out, api_err *e)
-{
-    char v[16];
-    int rc = query_get(q, name, v, sizeof v);
-    if (rc == 0)
-        return;
-    static const char *yes[] = {"true", "1", "yes", "on", "t", "y"}, *no[] = {"false", "0", "no", "off", "f", "n"};
-    for (size_t i = 0; rc > 0 && i < sizeof yes / sizeof yes[0]; i++) {
-        if (!strcasecmp(v, yes[i])) {
-            *out = 1;
-            return;
-        }
-        if (!strcasecmp(v, no[i])) {
-            *out = 0;
-            return;
-        }
-    }
-    api_bad(e, 400, "query parameter \"%s\": expected true or false", name);
-}
 
 /* ---- pause, resume ---- */
 
@@ -163,21 +93,15 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     api_err e = {0};
-    char mode[16] = "abort";
-    int rc = query_get(req->query, "mode", mode, sizeof mode);
-    int wait_old = 0, clear = 1; /* wait_for_inflight_requests: vLLM's older name for mode=wait */
-    query_bool(req->query, "wait_for_inflight_requests", &wait_old, &e);
-    query_bool(req->query, "clear_cache", &clear, &e);
-    if (rc == 0 && wait_old)
-        strcpy(mode, "wait");
-    if (rc < 0 || (strcmp(mode, "abort") && strcmp(mode, "wait") && strcmp(mode, "keep")))
-        api_bad(&e, 400, "query parameter \"mode\": expected \"abort\", \"wait\" or \"keep\"");
-    if (!e.status && (a->vllm->pause_wait || a->pause_wait))
+    api_vllm_pause p;
+    if (!api_read_vllm_pause(req->query, &p, &e) && (a->vllm->pause_wait || a->pause_wait))
         api_bad(&e, 400, "a pause in \"wait\" mode is already waiting");
     if (e.status) {
         api_answer_error(h, &e);
         return;
     }
+    const char *mode = p.mode;
+    int clear = p.clear;
     a->paused = 1; /* new calls are held until /resume */
     if (!strcmp(mode, "keep")) {
         api_set_frozen(a, 1); /* clear_cache is ignored: the frozen sequences keep their KV */
@@ -215,16 +139,10 @@ static void answer_empty(http_res *h, int32_t n_flushed)
     http_respond(h, 200, NULL, "", 0);
 }
 
-/* reset_running_requests and reset_external are accepted: the flush always
- * covers running requests (their blocks are never served from the cache
- * again), and there is no external cache. */
 static void route_reset_prefix_cache(http_res *h, const http_req *req, void *ud)
 {
     api_err e = {0};
-    int x = 0;
-    query_bool(req->query, "reset_running_requests", &x, &e);
-    query_bool(req->query, "reset_external", &x, &e);
-    if (e.status) {
+    if (api_read_reset_prefix(req->query, &e)) {
         api_answer_error(h, &e);
         return;
     }
@@ -244,14 +162,9 @@ static void route_abort_requests(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    cJSON *ids = field(root, "request_ids");
+    cJSON *ids;
     int n = 0;
-    if (ids && !cJSON_IsArray(ids))
-        api_bad(&e, 400, "field \"request_ids\": expected a list of strings");
-    for (cJSON *x = ids ? ids->child : NULL; !e.status && x; x = x->next)
-        if (!cJSON_IsString(x))
-            api_bad(&e, 400, "field \"request_ids\": expected a list of strings");
-    if (!e.status && (!ids || !ids->child)) {
+    if (!api_read_abort_ids(root, &ids, &e) && !ids) {
         for (api_call *c = a->head; c; c = c->next)
             n += c->kind != API_HEALTH;
         api_abort_all(a);
@@ -289,58 +202,16 @@ static void route_tokenize(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    int strs = 0;
-    api_bool(root, "return_token_strs", &strs, &e);
-    cJSON *prompt = field(root, "prompt"), *msgs = field(root, "messages");
-    if (!tok)
-        api_bad(&e, 400, "this model has no tokenizer");
-    else if (prompt && msgs)
-        api_bad(&e, 400, "fields \"prompt\" and \"messages\": give one, not both");
-    if (!e.status && msgs) {
-        /* vLLM's defaults for a chat: the assistant's turn opened, the
-         * template's own special tokens only. */
-        int gen = 1, cont = 0;
-        api_bool(root, "add_generation_prompt", &gen, &e);
-        api_bool(root, "continue_final_message", &cont, &e);
-        if (!gen || cont)
-            api_bad(&e, 400, "fields \"add_generation_prompt\" / \"continue_final_message\": only the default "
-                    "(the assistant's turn opened after the last message) is rendered");
-        if (field(root, "tools") || field(root, "chat_template"))
-            api_bad(&e, 400, "fields \"tools\" / \"chat_template\": not supported (the model family's chat format "
-                    "is rendered)");
-        api_call *c = e.status ? NULL : api_call_new(a, NULL, API_CHAT);
-        if (!e.status && !c)
-            api_bad(&e, 500, "out of memory");
-        if (c) {
-            api_read_messages(c, root, &e);
-            if (!e.status && c->n_subs == 1) {
-                ids = c->subs[0].prompt;
-                n = (size_t)c->subs[0].n_prompt;
-                c->subs[0].prompt = NULL;
-            }
-            api_call_free(c);
-        }
-    } else if (!e.status && prompt) {
-        int special = 1;
-        api_bool(root, "add_special_tokens", &special, &e);
-        if (!cJSON_IsString(prompt))
-            api_bad(&e, 400, "field \"prompt\": expected a string");
-        else if (!e.status && (special ? tok_encode_prompt(tok, prompt->valuestring, strlen(prompt->valuestring),
-                                                           &ids, &n)
-                                       : tok_encode(tok, prompt->valuestring, strlen(prompt->valuestring), 1, &ids,
-                                                    &n)))
-            api_bad(&e, 400, "field \"prompt\": cannot tokenize: %s", rd_errmsg());
-    } else if (!e.status) {
-        api_bad(&e, 400, "fields \"prompt\" / \"messages\": one is required");
-    }
+    api_tokenize_req t;
+    api_read_tokenize(root, tok, &t, &e);
     cJSON_Delete(root);
     if (e.status) {
-        free(ids);
         api_answer_error_v1(h, &e);
         return;
     }
+    int32_t *ids = t.ids;
+    size_t n = t.n;
+    int strs = t.strs;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "count", (double)n);
     cJSON_AddNumberToObject(o, "max_model_len", a->d->lim.max_context);
@@ -371,23 +242,8 @@ static void route_detokenize(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
-    cJSON *toks = field(root, "tokens");
-    int k = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : 0;
-    int32_t *ids = malloc(sizeof *ids * (size_t)(k > 0 ? k : 1));
-    if (!a->d->L.tok)
-        api_bad(&e, 400, "this model has no tokenizer");
-    else if (!cJSON_IsArray(toks))
-        api_bad(&e, 400, "field \"tokens\": expected a list of token ids");
-    else if (!ids)
-        api_bad(&e, 500, "out of memory");
-    int i = 0;
-    for (cJSON *x = toks ? toks->child : NULL; !e.status && x; x = x->next, i++) {
-        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= a->d->lim.vocab_size ||
-            x->valuedouble != (double)(int32_t)x->valuedouble)
-            api_bad(&e, 400, "field \"tokens\"[%d]: expected a token id in 0..%u", i, a->d->lim.vocab_size - 1);
-        else
-            ids[i] = (int32_t)x->valuedouble;
-    }
+    int32_t *ids, k;
+    api_read_detokenize(root, a->d->L.tok != NULL, a->d->lim.vocab_size, &ids, &k, &e);
     cJSON_Delete(root);
     char *raw = NULL, *text = NULL;
     size_t len = 0;
@@ -559,17 +415,6 @@ static void tokens_done(api_call *c)
     api_answer_json(c->h, 200, o);
 }
 
-/* A vLLM sampling field this engine does not implement: refused unless it
- * holds vLLM's default (def, or null / an empty list when def is NAN). */
-static void refuse_unless_default(cJSON *sp, const char *name, double def, api_err *e)
-{
-    cJSON *v = field(sp, name);
-    if (!v || (cJSON_IsNumber(v) && v->valuedouble == def) || (cJSON_IsArray(v) && !v->child) ||
-        (cJSON_IsObject(v) && !v->child) || (cJSON_IsBool(v) && !cJSON_IsTrue(v)))
-        return;
-    api_bad(e, 400, "field \"sampling_params.%s\": not supported by this engine (only its default)", name);
-}
-
 static void route_generate_tokens(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
@@ -589,50 +434,7 @@ static void route_generate_tokens(http_res *h, const http_req *req, void *ud)
     c->fmt_sample = tokens_sample;
     c->fmt_progress = tokens_progress;
     c->fmt_done = tokens_done;
-    c->top_field = "sampling_params.logprobs";
-    cJSON *ids = field(root, "token_ids");
-    if (!cJSON_IsArray(ids) || (ids->child && !cJSON_IsNumber(ids->child)))
-        api_bad(&e, 400, "field \"token_ids\": expected a list of token ids");
-    else
-        api_read_prompts(c, ids, "token_ids", &e);
-    cJSON *sp = field(root, "sampling_params");
-    if (!cJSON_IsObject(sp))
-        api_bad(&e, 400, "field \"sampling_params\": required (an object)");
-    if (!e.status) {
-        /* max_tokens unset: what the context leaves (vLLM's server-side default) */
-        api_read_sampling(sp, "max_tokens", &c->p, &e);
-        int64_t k;
-        if (api_int(sp, "logprobs", 0, 1 << 20, &k, &e) > 0) {
-            c->return_logprob = 1;
-            c->p.top_n = (int32_t)k;
-        }
-        static const struct { const char *name; double def; } unsupported[] = {
-            {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1}, {"min_tokens", 0},
-            {"prompt_logprobs", NAN}, {"logit_bias", NAN}, {"bad_words", NAN}, {"allowed_token_ids", NAN},
-            {"structured_outputs", NAN}, {"guided_decoding", NAN}, {"logits_processors", NAN},
-            {"truncate_prompt_tokens", NAN}, {"include_stop_str_in_output", NAN},
-        };
-        for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
-            refuse_unless_default(sp, unsupported[i].name, unsupported[i].def, &e);
-    }
-    api_bool(root, "stream", &c->stream, &e);
-    cJSON *so = field(root, "stream_options");
-    if (so && cJSON_IsObject(so))
-        api_bool(so, "include_usage", &c->include_usage, &e);
-    else if (so)
-        api_bad(&e, 400, "field \"stream_options\": expected an object");
-    cJSON *rid = field(root, "request_id");
-    if (rid && !cJSON_IsString(rid))
-        api_bad(&e, 400, "field \"request_id\": expected a string");
-    else if (rid && !(c->rid = strdup(rid->valuestring)))
-        api_bad(&e, 500, "out of memory");
-    int64_t prio = 0;
-    if (api_int(root, "priority", INT32_MIN, INT32_MAX, &prio, &e) > 0 && prio != 0)
-        api_bad(&e, 400, "field \"priority\": only 0 (this engine has no priority scheduling)");
-    if (field(root, "features"))
-        api_bad(&e, 400, "field \"features\": multimodal inputs are not supported");
-    if (field(root, "kv_transfer_params"))
-        api_bad(&e, 400, "field \"kv_transfer_params\": disaggregated serving is not supported");
+    api_read_generate_tokens(root, c, &e);
     cJSON_Delete(root);
     if (e.status || api_admit(c, &e))
         api_refuse(c, &e);
@@ -664,22 +466,6 @@ static void answer_prime_update(http_res *h, const api_update_result *r)
     api_answer_json(h, r->rc ? 400 : 200, o);
 }
 
-/* A weight_version (a positive integer or its decimal string) in o, if any. */
-static void read_version(cJSON *o, int64_t *version, api_err *e)
-{
-    cJSON *v = field(o, "weight_version");
-    if (v && cJSON_IsString(v)) {
-        char *end;
-        long long x = strtoll(v->valuestring, &end, 10);
-        if (*end || x < 1 || end == v->valuestring)
-            api_bad(e, 400, "field \"weight_version\" = \"%.60s\": expected a positive integer (the daemon's "
-                    "versions are numbers)", v->valuestring);
-        *version = x;
-    } else if (v) {
-        api_int(o, "weight_version", 1, INT64_MAX / 2, version, e);
-    }
-}
-
 /* The new weights from a directory (an HF folder of safetensors; a .gguf or
  * .safetensors file too), pushed to the daemon itself as the NNG push does
  * (api_update.c): in-flight and frozen sequences go on under the new version. */
@@ -692,25 +478,10 @@ static void route_update_weights(http_res *h, const http_req *req, void *ud)
         api_answer_error(h, &e);
         return;
     }
-    cJSON *info = field(root, "update_info"), *dir = field(root, "weight_dir"), *path = NULL;
-    int prime = 0;
-    if (info && !cJSON_IsObject(info))
-        api_bad(&e, 400, "field \"update_info\": expected an object");
-    else if (info && (path = field(info, "path")))
-        ;
-    else if (info && (field(info, "names") || field(info, "ipc_handles") || field(info, "shapes")))
-        api_bad(&e, 501, "field \"update_info\": tensors sent by NCCL or CUDA IPC: " NO_COLLECTIVES);
-    else if (dir)
-        path = dir, prime = 1;
-    if (!e.status && (!path || !cJSON_IsString(path) || !path->valuestring[0]))
-        api_bad(&e, 400, "expected {\"update_info\": {\"path\": DIR}} (vLLM's disk backend) or {\"weight_dir\": DIR} "
-                "(prime-rl): DIR an HF folder of safetensors (a .gguf or .safetensors file also works)");
-    int64_t version = (int64_t)a->d->weight_version + 1;
-    read_version(root, &version, &e);
-    if (info)
-        read_version(info, &version, &e);
-    if (e.status || api_update_from_path(a, h, path->valuestring, (uint64_t)version, PROTO_MODE_CONTINUE, 0,
-                                         prime ? answer_prime_update : answer_vllm_update, &e))
+    api_vllm_update u;
+    if (api_read_vllm_update(root, a->d->weight_version, &u, &e) ||
+        api_update_from_path(a, h, u.path, (uint64_t)u.version, PROTO_MODE_CONTINUE, 0,
+                             u.prime ? answer_prime_update : answer_vllm_update, &e))
         api_answer_error(h, &e);
     cJSON_Delete(root);
 }
@@ -724,11 +495,8 @@ static void route_init_transfer(http_res *h, const http_req *req, void *ud)
 {
     api_err e = {0};
     cJSON *root = api_parse_body(req, &e);
-    cJSON *info = root ? cJSON_GetObjectItemCaseSensitive(root, "init_info") : NULL;
-    if (root && !info)
-        api_bad(&e, 400, "Missing 'init_info' in request body");
-    else if (root && !(cJSON_IsObject(info) && !info->child))
-        api_bad(&e, 501, "init_info: %s", NO_COLLECTIVES);
+    if (root)
+        api_read_init_transfer(root, &e);
     cJSON_Delete(root);
     if (e.status) {
         api_answer_error(h, &e);

@@ -25,7 +25,7 @@
  * Adding a reader (a route added later): one line in routes[] below. A
  * generation route whose reader fills an api_call
  * (int api_read_X(cJSON *root, api_call *c, api_err *e)) takes
- * CALL_ROUTE(path, kind, reader) and gets check_call for free; any other
+ * CALL_ROUTE(path, kind, reader, max_open) and gets check_call for free; any other
  * reader takes OTHER_ROUTE(path, fn) with a small fn that reads the body
  * (api_parse_json, or the query string), checks its own out struct's bounds
  * and frees what it made. The reader must live in a file the target links
@@ -47,6 +47,7 @@
 
 #include "base/err.h"
 #include "base/utf8.h"
+#include "daemon/engine_thread.h"
 #include "engine/format/gguf.h"
 #include "engine/text/stopstr.h"
 #include "engine/text/tokenizer.h"
@@ -83,7 +84,7 @@ static void check_refusal(const api_err *e)
 /* ---- generation calls ---- */
 
 /* What a reader may return: every field within its documented bounds. */
-static void check_call(const api_call *c, api_kind kind)
+static void check_call(const api_call *c, api_kind kind, int max_open)
 {
     const api_params *p = &c->p;
     CHECK(c->kind == kind);
@@ -102,7 +103,7 @@ static void check_call(const api_call *c, api_kind kind)
     CHECK(!(with_rid && c->rid));
     CHECK(p->n >= 1 && p->n <= (1 << 20));
     CHECK(p->max_tokens == -1 || (p->max_tokens >= 1 && p->max_tokens <= (1 << 30)));
-    CHECK(kind == API_CHAT || p->max_tokens >= 1); /* /generate and /v1/completions have defaults */
+    CHECK(max_open || p->max_tokens >= 1); /* /generate and /v1/completions have defaults */
     CHECK(p->top_k >= 0 && p->top_k <= (1 << 30));
     CHECK(p->top_n >= 0 && p->top_n <= (1 << 20));
     CHECK(!p->has_seed || p->seed < ((uint64_t)1 << 53));
@@ -160,7 +161,7 @@ static void check_admitted(const api_call *c, const adm_limits *lim)
 
 typedef int (*call_reader)(cJSON *root, api_call *c, api_err *e);
 
-static void run_call(api_kind kind, call_reader read, const char *body, size_t len)
+static void run_call(api_kind kind, call_reader read, int max_open, const char *body, size_t len)
 {
     api_err e = {0};
     cJSON *root = api_parse_json(body, len, &e);
@@ -178,7 +179,7 @@ static void run_call(api_kind kind, call_reader read, const char *body, size_t l
         check_refusal(&e);
     } else {
         CHECK(e.status == 0);
-        check_call(&c, kind);
+        check_call(&c, kind, max_open);
         const adm_limits *lim = (route_variant & 2) ? &g_lim_moe : &g_lim_dense;
         if (api_admit_check(&c, lim, &e))
             check_refusal(&e);
@@ -226,7 +227,8 @@ static void run_pause(const char *body, size_t len)
         check_refusal(&e);
     } else {
         CHECK(e.status == 0 && mode);
-        CHECK(!strcmp(mode, "abort") || !strcmp(mode, "wait") || !strcmp(mode, "keep") || !strcmp(mode, "in_place"));
+        CHECK(!strcmp(mode, "abort") || !strcmp(mode, "wait") || !strcmp(mode, "keep") || !strcmp(mode, "in_place") ||
+              !strcmp(mode, "retract"));
     }
     cJSON_Delete(root);
 }
@@ -253,25 +255,199 @@ static void run_update(const char *body, size_t len)
     cJSON_Delete(root);
 }
 
+/* ---- vLLM's and SGLang's RL routes (api_read_rl.c) ---- */
+
+/* A body reader's frame: the tree, or the refusal of a body that is no JSON object. */
+static cJSON *parse_or_check(const char *body, size_t len)
+{
+    api_err e = {0};
+    cJSON *root = api_parse_json(body, len, &e);
+    if (!root)
+        check_refusal(&e);
+    return root;
+}
+
+/* The body as the query string of the URL (the HTTP layer hands the part after '?', NUL-terminated). */
+static char *as_query(const char *body, size_t len)
+{
+    char *q = malloc(len + 1);
+    if (!q)
+        abort();
+    memcpy(q, body, len);
+    q[len] = 0;
+    return q;
+}
+
+static void check_result(int rc, const api_err *e)
+{
+    CHECK(rc == 0 || rc == -1);
+    if (rc)
+        check_refusal(e);
+    else
+        CHECK(e->status == 0);
+}
+
+static void run_vllm_pause(const char *body, size_t len)
+{
+    char *q = as_query(body, len);
+    api_err e = {0};
+    api_vllm_pause p = {0};
+    int rc = api_read_vllm_pause(q, &p, &e);
+    check_result(rc, &e);
+    if (!rc) {
+        CHECK(p.mode && (!strcmp(p.mode, "abort") || !strcmp(p.mode, "wait") || !strcmp(p.mode, "keep")));
+        CHECK(p.clear == 0 || p.clear == 1);
+    }
+    e = (api_err){0};
+    check_result(api_read_reset_prefix(q, &e), &e); /* the same kind of query, other names */
+    free(q);
+}
+
+static void run_sleep(const char *body, size_t len)
+{
+    char *q = as_query(body, len);
+    api_err e = {0};
+    int abort_first = -1, tags = -1;
+    int rc = api_read_sleep(q, &abort_first, &e);
+    check_result(rc, &e);
+    CHECK(abort_first == 0 || abort_first == 1);
+    e = (api_err){0};
+    rc = api_read_wake_up(q, &tags, &e);
+    check_result(rc, &e);
+    CHECK(rc || (tags >= 1 && tags <= (ET_MEM_WEIGHTS | ET_MEM_KV)));
+    free(q);
+}
+
+static void run_abort_ids(const char *body, size_t len)
+{
+    cJSON *root = parse_or_check(body, len);
+    if (!root)
+        return;
+    api_err e = {0};
+    cJSON *ids = (cJSON *)1;
+    int rc = api_read_abort_ids(root, &ids, &e);
+    check_result(rc, &e);
+    if (!rc && ids) {
+        CHECK(cJSON_IsArray(ids) && ids->child);
+        for (cJSON *x = ids->child; x; x = x->next)
+            CHECK(cJSON_IsString(x) && x->valuestring); /* what the handler passes to api_abort_rid */
+    }
+    cJSON_Delete(root);
+}
+
+static void run_tokenize(const char *body, size_t len)
+{
+    cJSON *root = parse_or_check(body, len);
+    if (!root)
+        return;
+    api_err e = {0};
+    api_tokenize_req t;
+    int rc = api_read_tokenize(root, (route_variant & 1) ? NULL : g_tok, &t, &e);
+    cJSON_Delete(root);
+    check_result(rc, &e);
+    if (rc) {
+        CHECK(!t.ids && t.n == 0);
+        return;
+    }
+    CHECK(t.strs == 0 || t.strs == 1);
+    CHECK(t.n == 0 || t.ids);
+    for (size_t i = 0; i < t.n; i++)
+        CHECK(t.ids[i] >= 0 && t.ids[i] < g_vocab);
+    free(t.ids);
+}
+
+static void run_detokenize(const char *body, size_t len)
+{
+    cJSON *root = parse_or_check(body, len);
+    if (!root)
+        return;
+    api_err e = {0};
+    int32_t *ids = (int32_t *)1, n = -1;
+    int rc = api_read_detokenize(root, !(route_variant & 1), (uint32_t)g_vocab, &ids, &n, &e);
+    cJSON_Delete(root);
+    check_result(rc, &e);
+    if (rc) {
+        CHECK(!ids && n == 0);
+        return;
+    }
+    CHECK(ids && n >= 0);
+    for (int32_t i = 0; i < n; i++)
+        CHECK(ids[i] >= 0 && ids[i] < g_vocab);
+    /* what the handler does next: the ids' text, made valid UTF-8 for the JSON answer */
+    char *raw = NULL;
+    size_t raw_len = 0, clean_len = 0;
+    if (!tok_decode(g_tok, ids, (size_t)n, &raw, &raw_len)) {
+        char *text = utf8_clean(raw, raw_len, &clean_len);
+        CHECK(text && utf8_invalid_at((const uint8_t *)text, clean_len) == clean_len);
+        free(text);
+    }
+    free(raw);
+    free(ids);
+}
+
+static void run_vllm_update(const char *body, size_t len)
+{
+    cJSON *root = parse_or_check(body, len);
+    if (!root)
+        return;
+    api_err e = {0};
+    api_vllm_update u;
+    uint64_t serving = (route_variant & 2) ? (uint64_t)(INT64_MAX / 2) : 0; /* the largest version there is */
+    int rc = api_read_vllm_update(root, serving, &u, &e);
+    check_result(rc, &e);
+    if (!rc) {
+        CHECK(u.path && u.path[0] && strlen(u.path) < CFG_STR);
+        CHECK(u.version >= 1 && u.version <= INT64_MAX / 2);
+        CHECK(u.prime == 0 || u.prime == 1);
+    }
+    e = (api_err){0};
+    check_result(api_read_init_transfer(root, &e), &e); /* the same body to the transfer's first phase */
+    cJSON_Delete(root);
+}
+
+static void run_mem_tags(const char *body, size_t len)
+{
+    cJSON *root = NULL;
+    api_err e = {0};
+    if (len && !(root = api_parse_json(body, len, &e))) { /* the handler reads no body when it is empty */
+        check_refusal(&e);
+        return;
+    }
+    int tags = -1;
+    int rc = api_read_mem_tags(root, &tags, &e);
+    check_result(rc, &e);
+    CHECK(rc || (tags >= 0 && tags <= (ET_MEM_WEIGHTS | ET_MEM_KV)));
+    cJSON_Delete(root);
+}
+
 /* ---- the table: one line per route reader ---- */
 
 typedef struct {
     const char *path;                           /* the route, for the record */
     api_kind kind;                              /* call readers */
     call_reader read;                           /* a reader that fills an api_call, or NULL */
+    int max_open;                               /* call readers: max_tokens may stay -1 (what the context leaves) */
     void (*run)(const char *body, size_t len);  /* any other reader, with its own checks */
 } route;
 
-#define CALL_ROUTE(path, kind, reader) {path, kind, reader, NULL}
-#define OTHER_ROUTE(path, fn) {path, API_GENERATE, NULL, fn}
+#define CALL_ROUTE(path, kind, reader, max_open) {path, kind, reader, max_open, NULL}
+#define OTHER_ROUTE(path, fn) {path, API_GENERATE, NULL, 0, fn}
 
 static const route routes[] = {
-    CALL_ROUTE("/generate", API_GENERATE, api_read_generate),
-    CALL_ROUTE("/v1/completions", API_COMPLETIONS, api_read_completions),
-    CALL_ROUTE("/v1/chat/completions", API_CHAT, api_read_chat),
+    CALL_ROUTE("/generate", API_GENERATE, api_read_generate, 0),
+    CALL_ROUTE("/v1/completions", API_COMPLETIONS, api_read_completions, 0),
+    CALL_ROUTE("/v1/chat/completions", API_CHAT, api_read_chat, 1),
     OTHER_ROUTE("/abort_request", run_abort),
     OTHER_ROUTE("/pause_generation", run_pause),
     OTHER_ROUTE("/update_weights_from_disk", run_update),
+    CALL_ROUTE("/inference/v1/generate", API_COMPLETIONS, api_read_generate_tokens, 1),
+    OTHER_ROUTE("/pause?, /reset_prefix_cache?", run_vllm_pause),
+    OTHER_ROUTE("/sleep?, /wake_up?", run_sleep),
+    OTHER_ROUTE("/abort_requests", run_abort_ids),
+    OTHER_ROUTE("/tokenize", run_tokenize),
+    OTHER_ROUTE("/detokenize", run_detokenize),
+    OTHER_ROUTE("/update_weights, /init_weight_transfer_engine", run_vllm_update),
+    OTHER_ROUTE("/release_memory_occupation", run_mem_tags),
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
@@ -325,7 +501,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     memcpy(body, data + 1, len);
     if (r->read)
-        run_call(r->kind, r->read, body, len);
+        run_call(r->kind, r->read, r->max_open, body, len);
     else
         r->run(body, len);
     free(body);

@@ -15,7 +15,10 @@ import os
 import sys
 
 ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/abort_request", "/pause_generation",
-          "/update_weights_from_disk"]
+          "/update_weights_from_disk", "/inference/v1/generate", "/pause?", "/sleep?", "/abort_requests", "/tokenize",
+          "/detokenize", "/update_weights", "/release_memory_occupation"]
+# Routes whose input is the URL's query string, not a JSON body.
+QUERY = {"/pause?", "/sleep?"}
 N = len(ROUTES)
 
 # Valid bodies, by route.
@@ -57,7 +60,8 @@ VALID = {
         {},
     ],
     "/pause_generation": [
-        {"mode": "abort"}, {"mode": "wait"}, {"mode": "keep"}, {"mode": "in_place"}, {}, {"mode": "other"},
+        {"mode": "abort"}, {"mode": "wait"}, {"mode": "keep"}, {"mode": "in_place"}, {"mode": "retract"}, {},
+        {"mode": "other"},
     ],
     "/update_weights_from_disk": [
         {"model_path": "/tmp/w.gguf"},
@@ -68,6 +72,54 @@ VALID = {
         {"model_path": "m.gguf", "version": 4611686018427387904},
         {"model_path": "", "mode": "continue"},
     ],
+    "/inference/v1/generate": [
+        {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 8, "temperature": 1.0, "logprobs": 0}},
+        {"token_ids": [5], "sampling_params": {"max_tokens": 2, "logprobs": 3, "top_k": 5, "seed": 11, "n": 2},
+         "stream": True, "stream_options": {"include_usage": True}, "request_id": "req-1"},
+        {"token_ids": [1, 2], "sampling_params": {"repetition_penalty": 1, "min_tokens": 0, "logit_bias": {}}},
+        {"token_ids": [1], "sampling_params": {"presence_penalty": 0.5}},
+        {"token_ids": [1], "sampling_params": {}, "priority": 3},
+        {"token_ids": [], "sampling_params": {}},
+        {"token_ids": [1], "sampling_params": {"stop": ["x"], "stop_token_ids": [2]}, "features": {}},
+    ],
+    "/abort_requests": [
+        {"request_ids": ["a", "b"]}, {"request_ids": []}, {}, {"request_ids": "a"}, {"request_ids": ["a", 1]},
+    ],
+    "/tokenize": [
+        {"prompt": "Hello world"},
+        {"prompt": "Hi", "add_special_tokens": False, "return_token_strs": True},
+        {"messages": [{"role": "user", "content": "Hello"}]},
+        {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+        {"messages": [{"role": "user", "content": "x"}], "tools": []},
+        {"prompt": "a", "messages": []},
+    ],
+    "/detokenize": [
+        {"tokens": [1, 2, 3]}, {"tokens": []}, {"tokens": [49151, 0]}, {"tokens": [49152]}, {"tokens": [1.5]},
+        {"tokens": list(range(200, 260))},
+    ],
+    "/update_weights": [
+        {"update_info": {"path": "/tmp/w"}},
+        {"update_info": {"path": "/tmp/w", "weight_version": "3"}},
+        {"weight_dir": "/tmp/step_5", "weight_version": 5},
+        {"update_info": {"names": ["a"], "dtype_names": ["bf16"], "shapes": [[2]]}},
+        {"init_info": {}},
+        {"init_info": {"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 2}},
+        {"update_info": {"path": "x" * 600}},
+    ],
+    "/release_memory_occupation": [
+        {"tags": ["weights"]}, {"tags": ["kv_cache", "cuda_graph"]}, {"tags": None}, {}, {"tags": ["other"]},
+        {"tags": "weights"},
+    ],
+}
+
+# Query strings, for the routes that read one.
+QUERIES = {
+    "/pause?": ["", "mode=abort", "mode=wait", "mode=keep&clear_cache=false", "mode=other", "clear_cache=maybe",
+                "wait_for_inflight_requests=true", "mode=%6Beep", "mode=%", "mode=%zz", "mode=" + "a" * 40,
+                "reset_running_requests=1&reset_external=no", "mode&clear_cache", "&&&mode=wait&",
+                "clear_cache=%FF", "mode=ke+ep"],
+    "/sleep?": ["", "level=1", "level=2&mode=abort", "level=3", "mode=wait", "mode=x", "tags=weights",
+                "tags=kv_cache&tags=weights", "tags=gpu", "level=" + "9" * 100, "=&=&", "tags"],
 }
 
 # Values to put in any field: every JSON type, edges of the bounds, huge and negative numbers.
@@ -87,6 +139,13 @@ FIELDS = {
     "/abort_request": ["rid", "abort_all"],
     "/pause_generation": ["mode"],
     "/update_weights_from_disk": ["model_path", "version", "weight_version", "mode", "abort_all_requests"],
+    "/inference/v1/generate": ["token_ids", "sampling_params", "stream", "stream_options", "request_id",
+                               "priority"],
+    "/abort_requests": ["request_ids"],
+    "/tokenize": ["prompt", "messages", "add_special_tokens", "return_token_strs", "add_generation_prompt"],
+    "/detokenize": ["tokens"],
+    "/update_weights": ["update_info", "weight_dir", "weight_version", "init_info"],
+    "/release_memory_occupation": ["tags"],
 }
 SAMPLING = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "sampling_seed",
             "ignore_eos", "stop", "stop_token_ids"]
@@ -106,6 +165,13 @@ def main():
     def add(route, body, variant=0):
         seeds.append(bytes([ROUTES.index(route) + N * variant]) + body)
 
+    for route, queries in QUERIES.items():
+        for q in queries:
+            for variant in (0, 1, 2):
+                add(route, q.encode(), variant)
+    for x in (b"\xff", b"\xc3", b"\x00", b"%00"):
+        add("/pause?", b"mode=" + x)
+        add("/sleep?", b"level=" + x + b"&tags=" + x)
     for route, bodies in VALID.items():
         for b in bodies:
             for variant in (0, 1, 2):
@@ -116,6 +182,13 @@ def main():
                 b = dict(base)
                 b[field] = v
                 add(route, dump(b))
+    tgen = VALID["/inference/v1/generate"][1]
+    for field in ["max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "logprobs", "stop",
+                  "stop_token_ids", "ignore_eos", "repetition_penalty", "prompt_logprobs", "min_tokens"]:
+        for v in ODD:
+            b = json.loads(json.dumps(tgen))
+            b["sampling_params"][field] = v
+            add("/inference/v1/generate", dump(b))
     gen = VALID["/generate"][1]
     for field in SAMPLING:
         for v in ODD:
@@ -135,7 +208,7 @@ def main():
         add("/v1/completions", dump({"prompt": [[1], [tid]]}))
 
     # Deep nesting (cJSON's limit is 1000), in every route.
-    for route in ROUTES:
+    for route in [r for r in ROUTES if r not in QUERY]:
         for depth in (10, 999, 1000, 1001, 2040):
             add(route, b"{\"a\":" + b"[" * depth + b"]" * depth + b"}")
     add("/generate", b"{\"input_ids\":" + b"[" * 50 + b"1" + b"]" * 50 + b"}")
@@ -168,7 +241,7 @@ def main():
     add("/generate", b"{\"text\":\"a\\u0000b\"}")
 
     # Not JSON, not an object, duplicate keys, an empty body.
-    for route in ROUTES:
+    for route in [r for r in ROUTES if r not in QUERY]:
         for body in (b"", b"[]", b"1", b"\"s\"", b"null", b"{", b"{\"a\":}", b"{}", b"{} x",
                      b"{\"text\":\"a\",\"text\":1}"):
             add(route, body)

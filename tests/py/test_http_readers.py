@@ -11,7 +11,9 @@ end to end on a real build/rolloutd serving a tiny model (build/testdata):
   about model_path, which does not exist);
 - the readers moved out of the handlers still answer as before: a /generate and a
   /v1/chat/completions call give tokens, /abort_request needs a rid, /pause_generation refuses an
-  unknown mode, and pause + continue work.
+  unknown mode, and pause + continue work;
+- the readers of vLLM's and SGLang's RL routes (daemon/api_read_rl.c) refuse bad bodies and query
+  strings naming the field, and valid calls still work.
 The daemon ends with SIGTERM and must exit 0."""
 import json
 import os
@@ -116,6 +118,51 @@ def moved_readers_answer_as_before():
     assert st == 200 and doc["success"], (st, doc)
     st, doc = post("/generate", {"text": "ab", "sampling_params": {"max_new_tokens": 2}})
     assert st == 200 and len(doc["output_ids"]) == 2, (st, doc)
+
+
+@case
+def rl_readers_answer_as_before():
+    """vLLM's and SGLang's RL routes on the readers of daemon/api_read_rl.c: refusals name the field or
+    query parameter; a string weight_version past 2^62 - 1 is refused on vLLM's /update_weights as on
+    /update_weights_from_disk; valid calls still work."""
+    vocab = 300  # tiny-qwen2's
+    for q in ("mode=later", "clear_cache=maybe", "mode=" + "k" * 40):
+        st, doc = post("/pause?" + q, {})
+        assert st == 400 and ("mode" in json.dumps(doc) or "clear_cache" in json.dumps(doc)), (q, st, doc)
+    st, doc = post("/reset_prefix_cache?reset_external=perhaps", {})
+    assert st == 400 and "reset_external" in json.dumps(doc), (st, doc)
+    st, doc = post("/sleep?level=3", {})
+    assert st == 400 and "level" in json.dumps(doc), (st, doc)
+    st, doc = post("/wake_up?tags=gpu", {})
+    assert st == 400 and "tags" in json.dumps(doc), (st, doc)
+    st, doc = post("/release_memory_occupation", {"tags": "weights"})
+    assert st == 400 and "tags" in json.dumps(doc), (st, doc)
+    st, doc = post("/abort_requests", {"request_ids": ["a", 1]})
+    assert st == 400 and "request_ids" in json.dumps(doc), (st, doc)
+    st, doc = post("/detokenize", {"tokens": [1, vocab]})
+    assert st == 400 and "tokens" in detail(doc), (st, doc)
+    st, doc = post("/detokenize", {"tokens": [1.5]})
+    assert st == 400 and "tokens" in detail(doc), (st, doc)
+    st, doc = post("/update_weights", {"update_info": {"path": "/nonexistent", "weight_version": "99999999999999999999"}})
+    assert st == 400 and "weight_version" in json.dumps(doc), (st, doc)
+    st, doc = post("/update_weights", {"update_info": {"path": "x" * 600}})
+    assert st == 400 and "path" in json.dumps(doc), (st, doc)
+    st, doc = post("/init_weight_transfer_engine", {"init_info": {"master_address": "h", "master_port": 1}})
+    assert st == 501 and "NCCL" in json.dumps(doc), (st, doc)
+    st, doc = post("/inference/v1/generate", {"token_ids": [5, 17], "sampling_params": {"presence_penalty": 0.5}})
+    assert st == 400 and "presence_penalty" in detail(doc), (st, doc)
+    # Valid calls: tokenize then detokenize round-trips, token-in generation gives tokens.
+    st, doc = post("/tokenize", {"prompt": "ab ab", "add_special_tokens": False})
+    assert st == 200 and doc["count"] == len(doc["tokens"]) >= 1, (st, doc)
+    st, back = post("/detokenize", {"tokens": doc["tokens"]})
+    assert st == 200 and back["prompt"] == "ab ab", (st, back)
+    st, doc = post("/inference/v1/generate", {"token_ids": [5, 17, 42],
+                                              "sampling_params": {"max_tokens": 3, "temperature": 0, "logprobs": 1}})
+    assert st == 200 and len(doc["choices"][0]["token_ids"]) == 3, (st, doc)
+    st, doc = post("/pause?mode=keep", {})
+    assert st == 200 and doc["status"] == "paused", (st, doc)
+    st, doc = post("/resume", {})
+    assert st == 200 and doc["status"] == "resumed", (st, doc)
 
 
 @case
