@@ -649,13 +649,47 @@ static void gen_sample(api_call *c, int si, int j)
     send_event(c, o);
 }
 
+/* Bytes [0, safe) of st's text without those of control tokens (skip_special_tokens), malloc'd:
+ * st->raw is the tokens' bytes back to back, so the final text (api_sample_text) starts with it. */
+static char *skip_special_prefix(api *a, const api_stream *st, size_t safe, size_t *len)
+{
+    char *out = malloc(safe + 1);
+    if (!out)
+        return NULL;
+    size_t at = 0, n = 0;
+    for (int32_t k = 0; k < st->n_tok && at < safe; k++) {
+        size_t nb = 0;
+        if (!tok_token_bytes(a->d->L.tok, st->ids[k], &nb))
+            continue;
+        size_t take = at + nb <= safe ? nb : safe - at;
+        if (!tok_is_control(a->d->L.tok, st->ids[k])) {
+            memcpy(out + n, st->raw + at, take);
+            n += take;
+        }
+        at += take;
+    }
+    *len = n;
+    return out;
+}
+
 /* A running sample's progress, in SGLang's cumulative form: the text, ids and
- * log-probs so far (the text without a tail a stop string could still claim). */
+ * log-probs so far (the text without a tail a stop string could still claim,
+ * and without control tokens' text under skip_special_tokens, so that each
+ * event's text is a prefix of the final one's; no_stop_trim changes only the
+ * end, which the final event carries). */
 static void gen_progress(api_call *c, int si, int j)
 {
     api_stream *st = &c->subs[si].st[j];
     size_t safe = api_stream_safe(st, &c->p), n;
-    char *text = api_clean_slice(st->raw, 0, safe, &n);
+    char *text;
+    if (c->skip_special) {
+        size_t flen = 0;
+        char *f = skip_special_prefix(c->a, st, safe, &flen);
+        text = f ? api_clean_slice(f, 0, flen, &n) : NULL;
+        free(f);
+    } else {
+        text = api_clean_slice(st->raw, 0, safe, &n);
+    }
     if (!text)
         return;
     st->text_sent = safe;

@@ -339,6 +339,57 @@ def weights_from_an_nng_push_cannot_be_released():
         stop_cleanly(d, ref)
 
 
+def sse_texts(b, body, timeout=120):
+    """The text of each event of a streamed /generate, in order."""
+    req = urllib.request.Request(b + "/generate", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    out = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line == "data: [DONE]":
+                break
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:])["text"])
+    return out
+
+
+@case
+def skip_special_tokens_in_streams():
+    """skip_special_tokens drops control tokens' text from the answer and from every progress event of
+    a stream: each event's text is a prefix of the final one, which equals the answer without streaming.
+    tiny-qwen2 (build/testdata) has ChatML's control tokens in a 300-token vocabulary, so random
+    weights at temperature 1 sample them now and then."""
+    model = os.path.join(ROOT, os.environ.get("RD_TESTDATA", "build/testdata"), "tiny-qwen2.gguf")
+    d = Daemon("--model", model, "--max-tokens", 2000)
+    try:
+        b = base(d)
+
+        def body(seed, skip, stream=False):
+            return {"input_ids": [1, 2, 3], "stream": stream, "sampling_params": {
+                "max_new_tokens": 1000, "temperature": 1.0, "sampling_seed": seed, "ignore_eos": True,
+                "skip_special_tokens": skip}}
+        found = None
+        for seed in range(40):
+            _, plain = call(b, "/generate", body(seed, False), key="")
+            _, skipped = call(b, "/generate", body(seed, True), key="")
+            if plain["text"] != skipped["text"]:
+                found = (seed, plain, skipped)
+                break
+        assert found, "no seed of 40 sampled a control token in 1000 tokens"
+        seed, plain, skipped = found
+        assert plain["output_ids"] == skipped["output_ids"], "the ids keep the control tokens"
+        assert len(skipped["text"]) < len(plain["text"]), (plain["text"], skipped["text"])
+        for skip, whole in ((True, skipped), (False, plain)):
+            texts = sse_texts(b, body(seed, skip, stream=True))
+            assert len(texts) >= 3, (len(texts), [len(t) for t in texts])
+            bad = [t for t in texts if not whole["text"].startswith(t)]
+            assert not bad, (skip, bad[:2], whole["text"])
+            assert texts[-1] == whole["text"], (skip, texts[-1], whole["text"])
+    finally:
+        stop_cleanly(d)
+
+
 if __name__ == "__main__":
     try:
         main()
