@@ -5,6 +5,7 @@ fails when it raises (assert or otherwise)."""
 import os
 import subprocess
 import sys
+import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,9 +39,11 @@ def main():
     for fn in _cases:
         if only and fn.__name__ not in only:
             continue
+        t0 = time.monotonic()
         try:
             fn()
-            print(f"PASS {fn.__name__}", flush=True)
+            # The case's time goes after its name (where the suite's time goes; tests/run.sh counts the line).
+            print(f"PASS {fn.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
         except Exception as e:  # a failing case, not a crash of the runner
             failed += 1
             tb = traceback.format_exc().strip().splitlines()[-3:]
