@@ -656,6 +656,7 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     int32_t kv_elem = rd_backend_kv_elem_bytes(d->L.be);
     s->kv_bytes = (int64_t)s->eng.kv_blocks_total * s->block_size * (model_kv_bytes_per_token(&m->cfg) / 4) * kv_elem;
     s->kv_dtype = kv_elem == 4 ? "f32" : !strcmp(d->cfg.kv_dtype, "f16") ? "f16" : "bf16";
+    s->serve_dtype = d->cfg.serve_dtype;
     /* What the backend holds where it says (ops.linear_bytes: the CPU's file
      * dtypes or fp32 panels), counted by the engine thread at load and at
      * each update swap; else bf16 on CUDA plus its fp32 copy of the LM head. */

@@ -48,6 +48,10 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddStringToObject(o, "sampling", s->eng.device_sampling ? "device" : "host");
     cJSON_AddStringToObject(o, "state", s->state);
     cJSON_AddNumberToObject(o, "weight_version", (double)s->weight_version);
+    /* The policy pushed weights are served under: a learner correcting for a
+     * quantized rollout policy (TIS) reads it next to the version. */
+    if (s->serve_dtype)
+        cJSON_AddStringToObject(o, "serve_dtype", s->serve_dtype);
     cJSON_AddNumberToObject(o, "uptime_s", s->uptime_s);
     cJSON *rq = cJSON_AddObjectToObject(o, "requests");
     cJSON_AddNumberToObject(rq, "waiting", s->eng.waiting + s->queued);

@@ -803,7 +803,7 @@ static int push(const model *m, const push_t *p, int n, uint32_t chunk, uint64_t
     if (!rc)
         rc = upd_stage_verify(s);
     if (!rc)
-        rc = upd_build(m, s, out);
+        rc = upd_build(m, s, UPD_SERVE_AS_PUSHED, out);
     upd_stage_free(s);
     return rc;
 }
@@ -1760,7 +1760,7 @@ static int push_export(const model *m, const st_file *f, int bad, upd_patch **ou
     if (!rc)
         rc = upd_stage_verify(s);
     if (!rc)
-        rc = upd_build(m, s, out);
+        rc = upd_build(m, s, UPD_SERVE_AS_PUSHED, out);
     if (s)
         upd_stage_free(s);
     free(sp);
