@@ -26,22 +26,32 @@
 #include "base/err.h"
 #include "engine/format/safetensors.h"
 
-int ggml_quant_q8_0(const float *x, uint64_t n, uint8_t *out)
+int ggml_quant_q8_0(const float *restrict x, uint64_t n, uint8_t *restrict out)
 {
     if (n % GGML_Q8_0_BLOCK != 0)
         return rd_fail(RD_EINVAL, "q8_0: %llu values is not a multiple of the block size %d",
                        (unsigned long long)n, GGML_Q8_0_BLOCK);
     for (uint64_t b = 0; b < n / GGML_Q8_0_BLOCK; b++, x += GGML_Q8_0_BLOCK, out += GGML_Q8_0_BYTES) {
-        float amax = 0.0f;
+        /* Plain loops the compiler vectorizes (a call to roundf per value
+         * made a push of the default model's 134M weights take 0.65 s). */
+        /* max |x| through the bits: for non-negative floats (NaN aside) the
+         * unsigned order of the bits is the order of the values, and NaN
+         * and inf are the bit patterns from 0x7f800000 up. */
+        uint32_t m = 0;
         for (int j = 0; j < GGML_Q8_0_BLOCK; j++) {
-            if (!isfinite(x[j]))
-                return rd_fail(RD_EINVAL, "q8_0: element %llu is %s; expected finite values",
-                               (unsigned long long)(b * GGML_Q8_0_BLOCK + (uint64_t)j),
-                               isnan(x[j]) ? "NaN" : "infinite");
-            float a = fabsf(x[j]);
-            if (a > amax)
-                amax = a;
+            uint32_t u;
+            memcpy(&u, &x[j], 4);
+            u &= 0x7fffffffu;
+            m = u > m ? u : m;
         }
+        if (m >= 0x7f800000u)
+            for (int j = 0; j < GGML_Q8_0_BLOCK; j++)
+                if (!isfinite(x[j]))
+                    return rd_fail(RD_EINVAL, "q8_0: element %llu is %s; expected finite values",
+                                   (unsigned long long)(b * GGML_Q8_0_BLOCK + (uint64_t)j),
+                                   isnan(x[j]) ? "NaN" : "infinite");
+        float amax;
+        memcpy(&amax, &m, 4);
         float d = amax / 127.0f;
         uint16_t h = st_f32_to_f16(d);
         if ((h & 0x7c00) == 0x7c00)
@@ -57,8 +67,13 @@ int ggml_quant_q8_0(const float *x, uint64_t n, uint8_t *out)
             continue;
         }
         for (int j = 0; j < GGML_Q8_0_BLOCK; j++) {
-            /* |x * id| <= 127 (plus an ulp), so the int8 holds it. */
-            float q = roundf(x[j] * id);
+            /* roundf(v) for |v| <= 127 (plus an ulp): truncate, then step
+             * away from zero when the dropped fraction, exact in fp32, is a
+             * half or more. */
+            float v = x[j] * id;
+            int32_t q = (int32_t)v;
+            float f = v - (float)q;
+            q += (f >= 0.5f) - (f <= -0.5f);
             out[2 + j] = (uint8_t)(int8_t)q;
         }
     }

@@ -18,6 +18,6 @@
  * input is NaN or infinite, or when a block's d overflows fp16 (max|x| >=
  * 65520 * 127: gguf would write an infinite scale, which no weight can mean);
  * out is then partly written. */
-int ggml_quant_q8_0(const float *x, uint64_t n, uint8_t *out);
+int ggml_quant_q8_0(const float *restrict x, uint64_t n, uint8_t *restrict out);
 
 #endif
