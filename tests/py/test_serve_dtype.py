@@ -15,6 +15,9 @@ driven by the Python client:
   /status memory.weights_bytes equal: the file's tensor bytes plus the CPU
   GEMM's padding of the embedding's 300 rows to 19 panels of 16;
   /status serve_dtype says "q8_0" on B and "as_pushed" on A;
+- a partial push (v_proj of layer 0, up_proj of layer 1) re-quantizes the fused
+  rows it leaves out from what B serves, bit-identical to a daemon on the Q8_0
+  file of the weights with those two tensors replaced;
 - a push with a NaN in one tensor is refused (INVALID_PARAMS naming the tensor
   and NaN), and one with a weight Q8_0 cannot scale (1e7: max|x| / 127
   overflows fp16; an as_pushed daemon would serve it) is refused naming the
@@ -41,8 +44,9 @@ _daemons = []
 _q8 = None
 
 
-def q8_0_copy(src, dst):
-    """src with every 2-D tensor quantized to Q8_0 by gguf.quants (norms, 1-D, stay as they are: f32)."""
+def q8_0_copy(src, dst, replace=None):
+    """src with every 2-D tensor quantized to Q8_0 by gguf.quants (norms, 1-D, stay as they are: f32);
+    replace: {GGUF tensor name: float32 array in the file's row order} used instead of src's values."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
     for f in r.fields.values():
@@ -55,6 +59,8 @@ def q8_0_copy(src, dst):
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         a = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if replace and t.name in replace:
+            a = np.ascontiguousarray(replace[t.name], dtype=np.float32).reshape(shape)
         if len(shape) == 2:
             q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
             w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
@@ -162,6 +168,36 @@ def bf16_push_served_as_q8_0_bit_identical_to_a_gguf_q8_0_file():
         print(f"  weights_bytes: file load {wa}, push {wb}; Q8_0 file tensors {file_bytes} + panel padding {pad}",
               flush=True)
         assert wa == wb == file_bytes + pad, (wa, wb, file_bytes, pad)
+
+
+@case
+def partial_push_requantizes_the_rows_it_leaves_out():
+    """Only v_proj of layer 0 (fused with q and k) and up_proj of layer 1 (fused with gate),
+    perturbed: B quantizes them and re-quantizes the q, k and gate rows it serves (Q8_0 values,
+    which quantize back to the same bytes); A2 serves the gguf package's Q8_0 file of the weights
+    with those two tensors replaced. v and up are not permuted by the GGUF layout, so the file's
+    rows are the HF rows."""
+    _, db = daemons_a_b()
+    rng = np.random.default_rng(5)
+    z = np.load(os.path.join(DATA, "tiny-bf16.npz"))
+    new = {}
+    for hf in ("model.layers.0.self_attn.v_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+        x = z[hf] * (1 + np.float32(0.05) * rng.standard_normal(z[hf].shape).astype(np.float32))
+        new[hf] = bf16_bits(x)
+    as_f32 = {k: (v.astype(np.uint32) << 16).view(np.float32) for k, v in new.items()}
+    path = os.path.join(_tmp, "tiny-q8_0-partial.gguf")
+    q8_0_copy(BF16, path, {"blk.0.attn_v.weight": as_f32["model.layers.0.self_attn.v_proj.weight"],
+                           "blk.1.ffn_up.weight": as_f32["model.layers.1.mlp.up_proj.weight"]})
+    da2 = daemon(model=path)
+    with Client(da2.url) as a2, Client(db.url) as b:
+        before = runs(b)
+        v = b.info.weight_version
+        r = b.push_weights(new, v + 1)
+        assert r.version == v + 1, r
+        rb, ra2 = runs(b), runs(a2)
+        assert not same(before, rb), "the partial push changed nothing"
+        assert same(ra2, rb), "a partial q8_0 push differs from the Q8_0 file of the same weights"
+        assert a2.status()["memory"]["weights_bytes"] == b.status()["memory"]["weights_bytes"]
 
 
 @case
