@@ -663,6 +663,9 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->weights_bytes = s->eng.weights_released ? 0 /* released (api_sglang.c) */
                      : d->L.be->ops->linear_bytes ? __atomic_load_n(&m->weights_bytes, __ATOMIC_RELAXED)
                                                   : m->n_params * 2 + (int64_t)m->cfg.vocab * m->cfg.dim * 4;
+    for (int t = 0; t < RD_WEIGHT_TYPES; t++)
+        s->weights_by_type[t] = s->eng.weights_released ? 0 : __atomic_load_n(&m->weights_bytes_by_type[t],
+                                                                               __ATOMIC_RELAXED);
     s->gpu_memory_utilization = d->cfg.gpu_memory_utilization;
     mx_window_rates(&d->win, &s->prompt_tokens_per_s, &s->generated_tokens_per_s);
     s->learners = d->clients.n_clients;

@@ -14,7 +14,9 @@ driven by the Python client:
   raw and processed log-probs, are bit-identical to A's, and
   /status memory.weights_bytes equal: the file's tensor bytes plus the CPU
   GEMM's padding of the embedding's 300 rows to 19 panels of 16;
-  /status serve_dtype says "q8_0" on B and "as_pushed" on A;
+  /status serve_dtype says "q8_0" on B and "as_pushed" on A, and
+  memory.weights_bytes_by_dtype {"q8_0": linears, "f32": norms} on both (B
+  held bf16 and f32 before the push);
 - a partial push (v_proj of layer 0, up_proj of layer 1) re-quantizes the fused
   rows it leaves out from what B serves, bit-identical to a daemon on the Q8_0
   file of the weights with those two tensors replaced;
@@ -149,6 +151,8 @@ def bf16_push_served_as_q8_0_bit_identical_to_a_gguf_q8_0_file():
         sa, sb = a.status(), b.status()
         assert sa["serve_dtype"] == "as_pushed" and sb["serve_dtype"] == "q8_0", (sa.get("serve_dtype"),
                                                                                  sb.get("serve_dtype"))
+        by_b0 = sb["memory"]["weights_bytes_by_dtype"]
+        assert set(by_b0) == {"bf16", "f32"} and sum(by_b0.values()) == sb["memory"]["weights_bytes"], sb["memory"]
         ra, rb0 = runs(a), runs(b)
         assert not same(ra, rb0), "B serves bf16 yet matches the Q8_0 file before the push"
         w = pushed_bf16()
@@ -168,6 +172,9 @@ def bf16_push_served_as_q8_0_bit_identical_to_a_gguf_q8_0_file():
         print(f"  weights_bytes: file load {wa}, push {wb}; Q8_0 file tensors {file_bytes} + panel padding {pad}",
               flush=True)
         assert wa == wb == file_bytes + pad, (wa, wb, file_bytes, pad)
+        ba, bb = a.status()["memory"]["weights_bytes_by_dtype"], b.status()["memory"]["weights_bytes_by_dtype"]
+        norms = sum(t.nbytes for t in w.values() if t.ndim == 1)
+        assert ba == bb == {"q8_0": wa - norms, "f32": norms}, (ba, bb, norms)
 
 
 @case
