@@ -20,6 +20,9 @@ driven by the Python client:
 - a partial push (v_proj of layer 0, up_proj of layer 1) re-quantizes the fused
   rows it leaves out from what B serves, bit-identical to a daemon on the Q8_0
   file of the weights with those two tensors replaced;
+- Qwen3-MoE (tiny-moe-bf16): a bf16 push of every expert and the router gives
+  the bits of the gguf package's Q8_0 file (experts Q8_0, router f32); the
+  router stays as pushed (bf16), the q8_0 bytes equal the file's;
 - a push with a NaN in one tensor is refused (INVALID_PARAMS naming the tensor
   and NaN), and one with a weight Q8_0 cannot scale (1e7: max|x| / 127
   overflows fp16; an as_pushed daemon would serve it) is refused naming the
@@ -47,8 +50,10 @@ _q8 = None
 
 
 def q8_0_copy(src, dst, replace=None):
-    """src with every 2-D tensor quantized to Q8_0 by gguf.quants (norms, 1-D, stay as they are: f32);
-    replace: {GGUF tensor name: float32 array in the file's row order} used instead of src's values."""
+    """src with every 2-D and 3-D (MoE experts) tensor quantized to Q8_0 by gguf.quants, as
+    convert_hf_to_gguf.py --outtype q8_0 does: norms (1-D) and the MoE router (ffn_gate_inp)
+    stay f32; replace: {GGUF tensor name: float32 array in the file's row order} used instead of
+    src's values."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
     for f in r.fields.values():
@@ -63,7 +68,7 @@ def q8_0_copy(src, dst, replace=None):
         a = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         if replace and t.name in replace:
             a = np.ascontiguousarray(replace[t.name], dtype=np.float32).reshape(shape)
-        if len(shape) == 2:
+        if len(shape) >= 2 and not t.name.endswith("ffn_gate_inp.weight"):
             q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
             w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
             nbytes += q.nbytes
@@ -205,6 +210,48 @@ def partial_push_requantizes_the_rows_it_leaves_out():
         assert not same(before, rb), "the partial push changed nothing"
         assert same(ra2, rb), "a partial q8_0 push differs from the Q8_0 file of the same weights"
         assert a2.status()["memory"]["weights_bytes"] == b.status()["memory"]["weights_bytes"]
+
+
+def read_bf16_folder(path):
+    """{name: uint16 bf16 bits} of an HF folder's model.safetensors (every tensor BF16)."""
+    import json
+    import struct
+    with open(os.path.join(path, "model.safetensors"), "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        hdr = json.loads(f.read(n))
+        raw = f.read()
+    out = {}
+    for k, v in hdr.items():
+        if k != "__metadata__":
+            assert v["dtype"] == "BF16", (k, v["dtype"])
+            a, b = v["data_offsets"]
+            out[k] = np.frombuffer(raw[a:b], np.uint16).reshape(v["shape"])
+    return out
+
+
+@case
+def moe_push_quantizes_the_experts_not_the_router():
+    """Qwen3-MoE (tiny-moe-bf16, 16 experts): a bf16 push of its HF folder (every expert's
+    gate/up/down by name, the router mlp.gate) to a q8_0 daemon gives the bits of the gguf
+    package's Q8_0 file (experts Q8_0, the router kept f32 as llama.cpp keeps ffn_gate_inp);
+    the router is held as pushed, bf16 (the same values, so the same products), so only the
+    q8_0 bytes equal the file's."""
+    src = os.path.join(DATA, "tiny-moe-bf16.gguf")
+    path = os.path.join(_tmp, "tiny-moe-q8_0-gguf-py.gguf")
+    q8_0_copy(src, path)
+    da, db = daemon(model=path), daemon("--serve-dtype", "q8_0", model=src)
+    w = read_bf16_folder(os.path.join(DATA, "tiny-moe-bf16.hf"))
+    with Client(da.url) as a, Client(db.url) as b:
+        b0 = runs(b)
+        v = b.info.weight_version
+        b.push_weights(w, v + 1)
+        ra, rb = runs(a), runs(b)
+        assert not same(b0, rb), "the push changed nothing"
+        assert same(ra, rb), "the q8_0 MoE push differs from the gguf package's Q8_0 file"
+        ba, bb = a.status()["memory"]["weights_bytes_by_dtype"], b.status()["memory"]["weights_bytes_by_dtype"]
+        router = sum(t.nbytes for k, t in w.items() if k.endswith("mlp.gate.weight"))
+        assert ba["q8_0"] == bb["q8_0"] and bb["bf16"] == router and set(bb) == {"q8_0", "bf16", "f32"}, (ba, bb)
+        assert ba["f32"] == bb["f32"] + 2 * router, (ba, bb)   # the file's router is f32
 
 
 @case
