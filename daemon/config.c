@@ -34,6 +34,9 @@ static const cfg_field FIELDS[] = {
     S(backend, "\"cpu\" or \"cuda\""),
     S(kv_dtype, "KV cache element type: \"auto\" (the backend's: f32 on cpu, bf16 on cuda), \"f32\" (exact), "
       "\"bf16\" or \"f16\" (half the bytes; cpu only for f16, and f32 is cpu only)"),
+    S(serve_dtype, "what pushed weights are served as: \"as_pushed\" (their pushed dtype, f32/f16/bf16) or "
+      "\"q8_0\" (the linear weights, embedding and LM head quantized to Q8_0 at COMMIT, as llama.cpp's Q8_0 "
+      "files hold them; norms, biases and the MoE router stay as pushed)"),
     S(listen, "learner socket NNG URL (tcp://HOST:PORT)"),
     S(http_listen, "HTTP server HOST:PORT (/status, /metrics, /health)"),
     {"status_listen", CFG_TEXT, offsetof(cfg_daemon, http_listen), 1, sizeof(((cfg_daemon *)0)->http_listen),
@@ -107,6 +110,7 @@ void cfg_defaults(cfg_daemon *c)
     snprintf(c->model, sizeof c->model, "%s", "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     snprintf(c->backend, sizeof c->backend, "%s", "cpu");
     snprintf(c->kv_dtype, sizeof c->kv_dtype, "%s", "auto");
+    snprintf(c->serve_dtype, sizeof c->serve_dtype, "%s", "as_pushed");
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
     snprintf(c->http_listen, sizeof c->http_listen, "%s", "127.0.0.1:7071");
     c->threads = 0;
@@ -354,6 +358,9 @@ int cfg_validate(const cfg_daemon *c)
         strcmp(c->kv_dtype, "f16"))
         return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\"; expected \"auto\", \"f32\", \"bf16\" or \"f16\"",
                        c->kv_dtype);
+    if (strcmp(c->serve_dtype, "as_pushed") && strcmp(c->serve_dtype, "q8_0"))
+        return rd_fail(RD_EINVAL, "key \"serve_dtype\" = \"%s\"; expected \"as_pushed\" or \"q8_0\"",
+                       c->serve_dtype);
     if (!strcmp(c->backend, "cuda") && (!strcmp(c->kv_dtype, "f32") || !strcmp(c->kv_dtype, "f16")))
         return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\" with backend \"cuda\": the CUDA backend stores the KV "
                        "cache as bf16; expected \"auto\" or \"bf16\"", c->kv_dtype);

@@ -656,12 +656,16 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     int32_t kv_elem = rd_backend_kv_elem_bytes(d->L.be);
     s->kv_bytes = (int64_t)s->eng.kv_blocks_total * s->block_size * (model_kv_bytes_per_token(&m->cfg) / 4) * kv_elem;
     s->kv_dtype = kv_elem == 4 ? "f32" : !strcmp(d->cfg.kv_dtype, "f16") ? "f16" : "bf16";
+    s->serve_dtype = d->cfg.serve_dtype;
     /* What the backend holds where it says (ops.linear_bytes: the CPU's file
      * dtypes or fp32 panels), counted by the engine thread at load and at
      * each update swap; else bf16 on CUDA plus its fp32 copy of the LM head. */
     s->weights_bytes = s->eng.weights_released ? 0 /* released (api_sglang.c) */
                      : d->L.be->ops->linear_bytes ? __atomic_load_n(&m->weights_bytes, __ATOMIC_RELAXED)
                                                   : m->n_params * 2 + (int64_t)m->cfg.vocab * m->cfg.dim * 4;
+    for (int t = 0; t < RD_WEIGHT_TYPES; t++)
+        s->weights_by_type[t] = s->eng.weights_released ? 0 : __atomic_load_n(&m->weights_bytes_by_type[t],
+                                                                               __ATOMIC_RELAXED);
     s->gpu_memory_utilization = d->cfg.gpu_memory_utilization;
     mx_window_rates(&d->win, &s->prompt_tokens_per_s, &s->generated_tokens_per_s);
     s->learners = d->clients.n_clients;

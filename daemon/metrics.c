@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/format/gguf.h"
+
 void mx_window_push(mx_window *w, double t, int64_t prompt_tokens, int64_t gen_tokens)
 {
     w->t[w->head] = t;
@@ -48,6 +50,10 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddStringToObject(o, "sampling", s->eng.device_sampling ? "device" : "host");
     cJSON_AddStringToObject(o, "state", s->state);
     cJSON_AddNumberToObject(o, "weight_version", (double)s->weight_version);
+    /* The policy pushed weights are served under: a learner correcting for a
+     * quantized rollout policy (TIS) reads it next to the version. */
+    if (s->serve_dtype)
+        cJSON_AddStringToObject(o, "serve_dtype", s->serve_dtype);
     cJSON_AddNumberToObject(o, "uptime_s", s->uptime_s);
     cJSON *rq = cJSON_AddObjectToObject(o, "requests");
     cJSON_AddNumberToObject(rq, "waiting", s->eng.waiting + s->queued);
@@ -79,6 +85,12 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
     cJSON *mem = cJSON_AddObjectToObject(o, "memory");
     cJSON_AddNumberToObject(mem, "weights_bytes", (double)s->weights_bytes);
+    /* By dtype ("q8_0", "bf16", "f32": norms and fp32 panels, ...), where the backend says: what a
+     * serve_dtype push, or a partial one, left in memory. */
+    cJSON *by = NULL;
+    for (int t = 0; t < RD_WEIGHT_TYPES; t++)
+        if (s->weights_by_type[t] > 0 && (by || (by = cJSON_AddObjectToObject(mem, "weights_bytes_by_dtype"))))
+            cJSON_AddNumberToObject(by, ggml_type_name((ggml_type)t), (double)s->weights_by_type[t]);
     cJSON_AddNumberToObject(mem, "kv_cache_bytes", (double)s->kv_bytes);
     cJSON_AddNumberToObject(mem, "gpu_memory_utilization", s->gpu_memory_utilization);
     cJSON_AddNumberToObject(o, "learners", s->learners);

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/serve/engine.h"
 
 #define MX_WINDOW 11            /* samples kept: a 10 s window at 1 s ticks */
@@ -52,7 +53,9 @@ typedef struct {
     int32_t block_size;         /* tokens per KV block */
     int64_t kv_bytes;           /* the KV pool's device (or host) memory */
     const char *kv_dtype;       /* what the KV cache stores: "f32", "bf16" or "f16" */
+    const char *serve_dtype;    /* what pushes are served as (config serve_dtype): "as_pushed" or "q8_0" */
     int64_t weights_bytes;      /* the model's weights in the backend */
+    int64_t weights_by_type[RD_WEIGHT_TYPES]; /* the same by ggml_type; all 0: the backend does not say */
     double gpu_memory_utilization; /* the config's fraction (0: the pool came from kv_cache_bytes) */
     double prompt_tokens_per_s, generated_tokens_per_s;
     uint32_t learners;          /* clients known to the daemon */

@@ -65,6 +65,10 @@ typedef struct rd_sample_req {
     const samp_params *sp;
 } rd_sample_req;
 
+/* Entries of a bytes-by-ggml_type array (linear_bytes_by_type): the ggml
+ * codes the engine runs are all below it. */
+#define RD_WEIGHT_TYPES 32
+
 /* Rows of a weight in its file dtype, for linear_load_q. */
 #define RD_WPART_MAX 4
 typedef struct {
@@ -110,6 +114,10 @@ typedef struct rd_backend_ops {
     int (*linear_load_q)(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle);
     /* Bytes of backend memory a loaded weight holds (what /status reports). */
     int64_t (*linear_bytes)(rd_backend *be, const void *handle);
+    /* The same bytes by dtype: adds them to bytes[ggml_type] (a fused weight
+     * of mixed dtypes to each of its types; fp32 panels to GGML_F32).
+     * bytes has RD_WEIGHT_TYPES entries. NULL: /status shows no breakdown. */
+    void (*linear_bytes_by_type)(rd_backend *be, const void *handle, int64_t *bytes);
 
     /* y[M][out] = x[M][in] . W^T, then y += residual when accumulate (the
      * product is rounded first, so accumulate equals a separate add). */

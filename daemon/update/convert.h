@@ -36,6 +36,12 @@ static inline int convert_dtype(uint8_t wire)
     }
 }
 
+/* The serve_dtype key (daemon/config.c has refused other values). */
+static inline upd_serve convert_serve(const char *serve_dtype)
+{
+    return serve_dtype[0] == 'q' ? UPD_SERVE_Q8_0 : UPD_SERVE_AS_PUSHED; /* "q8_0" | "as_pushed" */
+}
+
 /* An exported tensor's dtype as the wire names it (the export writes f32, f16 or bf16). */
 static inline uint8_t convert_st_dtype(st_dtype t)
 {

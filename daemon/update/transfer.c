@@ -542,7 +542,8 @@ static void free_patch_later(xfer_state *s, upd_patch *p)
 static void build_work(uv_work_t *w)
 {
     build_job *j = w->data;
-    j->rc = upd_build(j->s->env->m, j->x->st, &j->patch);
+    /* serve_dtype q8_0 quantizes here, on this worker thread, off the engine's. */
+    j->rc = upd_build(j->s->env->m, j->x->st, convert_serve(j->s->env->cfg->serve_dtype), &j->patch);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }

@@ -588,7 +588,8 @@ void model_count_bytes(model *m)
 {
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
-    int64_t n = 0;
+    int64_t n = 0, by[RD_WEIGHT_TYPES] = {0};
+    const int typed = be->ops->linear_bytes_by_type != NULL;
     for (int32_t l = -1; l < c->n_layers; l++)
         for (int g = l < 0 ? 0 : AG_FIRST_LAYER; g < (l < 0 ? AG_FIRST_LAYER : AG_COUNT); g++)
         for (int32_t e = 0; e < (l < 0 ? 1 : arch_group_units(c, (arch_group)g)); e++) {
@@ -597,13 +598,19 @@ void model_count_bytes(model *m)
                 continue;
             int64_t rows, cols;
             arch_group_shape(m->arch, c, (arch_group)g, &rows, &cols);
-            if (arch_group_is_linear((arch_group)g))
+            if (arch_group_is_linear((arch_group)g)) {
                 n += be->ops->linear_bytes ? be->ops->linear_bytes(be, *slot)
                                            : rows * cols * (int64_t)sizeof(float);
-            else
+                if (typed)
+                    be->ops->linear_bytes_by_type(be, *slot, by);
+            } else {
                 n += cols * (int64_t)sizeof(float);
+                by[GGML_F32] += cols * (int64_t)sizeof(float);
+            }
         }
     __atomic_store_n(&m->weights_bytes, n, __ATOMIC_RELAXED);   /* /status reads it from the loop thread */
+    for (int t = 0; t < RD_WEIGHT_TYPES; t++)   /* a reader between two stores sees a mix of two counts, at worst */
+        __atomic_store_n(&m->weights_bytes_by_type[t], typed ? by[t] : 0, __ATOMIC_RELAXED);
 }
 
 static void free_slot(model *m, arch_group g, int32_t l, int32_t e)

@@ -46,6 +46,8 @@ typedef struct {
     int64_t n_params;           /* parameter count (tied counted once) */
     int64_t weights_bytes;      /* backend memory the weights hold (linear_bytes, else 4 per parameter);
                                    set by model_count_bytes at load and after an update swap */
+    int64_t weights_bytes_by_type[RD_WEIGHT_TYPES]; /* weights_bytes by ggml_type (norms and other vectors:
+                                   GGML_F32), where the backend tells (linear_bytes_by_type), else all 0 */
     uint64_t weights_gen;       /* bumped whenever weight pointers change (an update swap): a
                                    backend that caches them (CUDA graphs) must re-capture */
 } model;

@@ -11,6 +11,7 @@
 #include "base/err.h"
 #include "engine/format/gguf.h"
 #include "engine/format/safetensors.h"
+#include "engine/model/quant.h"
 #include "base/pool.h"
 
 /* ---------------------------------------------------------------- names */
@@ -598,7 +599,136 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
     return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, out);
 }
 
-int upd_build(const model *m, const upd_stage *s, upd_patch **out)
+/* serve_dtype q8_0: the groups quantized are llama.cpp's for a Q8_0 file
+ * (llama-quant.cpp with LLAMA_FTYPE_MOSTLY_Q8_0, convert_hf_to_gguf.py
+ * --outtype q8_0): every 2-D linear weight, the token embedding and the LM
+ * head included (Q8_0 is the one type llama.cpp leaves output.weight in
+ * rather than raising it to Q6_K, and token_embd follows the file type), so a
+ * Q8_0 GGUF of the same weights serves the same bits. Not quantized: norms and
+ * biases (vectors, fp32 in both), the MoE router (ffn_gate_inp: llama.cpp
+ * never quantizes it, the converter keeps it f32: the top-k choice is that
+ * sensitive), and a group whose rows are not whole 32-element blocks
+ * (llama.cpp falls back to another type; here it stays as pushed). */
+static int q8_0_quantizes(int g, int64_t cols)
+{
+    return arch_group_is_linear((arch_group)g) && g != AG_ROUTER && cols % GGML_Q8_0_BLOCK == 0;
+}
+
+/* ---- Q8_0 quantization, on the pool: a group of the default model is up to
+ * 28M values (the embedding), ~0.1 s on one core. */
+
+#define Q8_SLICE (1u << 16)     /* values a task quantizes: 2048 blocks */
+
+typedef struct {
+    const upd_tensor *t;        /* the staged values to quantize; NULL: x's */
+    float *x;                   /* [n] fp32 (when t is NULL) */
+    uint8_t *q;                 /* [n / 32] blocks */
+    uint64_t n;
+    int failed;                 /* set (atomically) when a slice could not be quantized */
+} q8_job;
+
+#define Q8_TILE 2048            /* values widened at a time into a task's stack (8 KiB: stays in L1) */
+
+static void q8_task(void *ctx, int32_t i, int32_t worker)
+{
+    q8_job *j = ctx;
+    uint64_t off = (uint64_t)i * Q8_SLICE, n = j->n - off < Q8_SLICE ? j->n - off : Q8_SLICE;
+    uint8_t *q = j->q + off / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES;
+    if (!j->t) {
+        if (ggml_quant_q8_0(j->x + off, n, q))
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    /* Staged 16-bit values are widened tile by tile, not into the group's
+     * fp32 buffer: writing 4 bytes per weight to memory and reading them back
+     * cost more than the quantization. check_finite has already refused
+     * non-finite values. */
+    float tile[Q8_TILE];
+    for (uint64_t t0 = off; t0 < off + n; t0 += Q8_TILE) {
+        uint64_t tn = off + n - t0 < Q8_TILE ? off + n - t0 : Q8_TILE;
+        const float *src = tile;
+        if (j->t->dtype == UPD_F32) {
+            memcpy(tile, j->t->data + 4 * t0, 4 * tn);
+        } else if (j->t->dtype == UPD_BF16) {
+            /* bf16 is fp32's top half: a shift, inlined (a call per value was a tenth of the build). */
+            const uint8_t *p = j->t->data + 2 * t0;
+            for (uint64_t k = 0; k < tn; k++) {
+                uint32_t u = (uint32_t)(p[2 * k] | p[2 * k + 1] << 8) << 16;
+                memcpy(&tile[k], &u, 4);
+            }
+        } else {
+            const uint8_t *p = j->t->data + 2 * t0;
+            for (uint64_t k = 0; k < tn; k++)
+                tile[k] = rd_f16_to_f32((uint16_t)(p[2 * k] | p[2 * k + 1] << 8));
+        }
+        if (ggml_quant_q8_0(src, tn, q + (t0 - off) / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES)) {
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+    }
+}
+
+/* Quantizes n values (n a multiple of 32) into q: x's, or t's when t is
+ * given (x is then scratch for the error path). The error (the tasks'
+ * messages stay on their threads) is the first bad value's, found again on
+ * this thread. */
+static int quant_q8_0_par(const upd_tensor *t, float *x, uint64_t n, uint8_t *q)
+{
+    q8_job j = {.t = t, .x = x, .q = q, .n = n};
+    pool_run((int32_t)((n + Q8_SLICE - 1) / Q8_SLICE), q8_task, &j);
+    if (!j.failed)
+        return 0;
+    int rc = t ? to_f32(t, x, n) : 0;
+    if (!rc)
+        rc = ggml_quant_q8_0(x, n, q);
+    return rc ? rc : rd_fail(RD_EINVAL, "q8_0: a slice failed to quantize and then did not");
+}
+
+/* Builds linear group g (layer l, expert ex) as one Q8_0 part: the rows the
+ * stage does not cover are read back from the model and re-quantized (a
+ * Q8_0 weight comes back as the same bytes: test_quant checks it), then each
+ * staged member is quantized over its own rows, so an error names the pushed
+ * tensor. buf is fp32 scratch for a group, qbuf receives its blocks. */
+static int build_group_q8_0(const model *m, const upd_stage *s, int g, int l, int ex, float *buf, uint8_t *qbuf,
+                            void **out)
+{
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    int64_t rows, cols;
+    group_shape(c, g, &rows, &cols);
+    const uint64_t elems = (uint64_t)(rows * cols);
+    uint64_t covered = 0;
+    const char *member = "";    /* a staged member's name, for the error below */
+    for (int32_t j = 0; j < s->n; j++)
+        if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l && s->t[j].expert == ex) {
+            covered += s->t[j].nbytes / dtype_size(s->t[j].dtype);
+            member = s->t[j].name;
+        }
+    int rc;
+    if (covered < elems) {
+        if ((rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l, ex), buf)))
+            return rc;
+        if ((rc = quant_q8_0_par(NULL, buf, elems, qbuf)))
+            return rd_fail(rc, "commit: re-quantizing the served rows fused with '%.200s': %s", member,
+                           rd_errmsg());
+    }
+    for (int32_t j = 0; j < s->n; j++) {
+        const upd_tensor *t = &s->t[j];
+        if (group_of(c, t->kind) != g || t->layer != l || t->expert != ex)
+            continue;
+        int kind, layer, expert;
+        int64_t tr, tc, elem0;
+        resolve(c, t->name, &kind, &layer, &expert, &tr, &tc, &elem0);
+        /* elem0 is a whole number of rows, so of blocks: the member's blocks start there. */
+        if ((rc = quant_q8_0_par(t, buf + elem0, (uint64_t)(tr * tc),
+                                 qbuf + (uint64_t)elem0 / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES)))
+            return rd_fail(rc, "commit: tensor '%.200s' cannot be served as q8_0: %s", t->name, rd_errmsg());
+    }
+    rd_wpart part = {.type = GGML_Q8_0, .rows = (int32_t)rows, .data = qbuf};
+    return be->ops->linear_load_q(be, &part, 1, (int32_t)cols, out);
+}
+
+int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **out)
 {
     *out = NULL;
     const model_config *c = &m->cfg;
@@ -620,10 +750,19 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
     }
     float *buf = malloc(sizeof(float) * (size_t)big);
     uint16_t *nbuf = be->ops->linear_load_q ? malloc(sizeof(uint16_t) * (size_t)big) : NULL;
-    if (!touched || !p || !buf || (be->ops->linear_load_q && !nbuf) || !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
+    const int q8 = serve == UPD_SERVE_Q8_0 && be->ops->linear_load_q;
+    uint8_t *qbuf = q8 ? malloc((size_t)big / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES + GGML_Q8_0_BYTES) : NULL;
+    if (serve == UPD_SERVE_Q8_0 && !be->ops->linear_load_q) {
+        free(touched), free(buf), free(nbuf), free(p);
+        return rd_fail(RD_ENOTSUP, "commit: serve_dtype q8_0 needs a backend that holds quantized weights "
+                       "(linear_load_q); %s has none", be->ops->name);
+    }
+    if (!touched || !p || !buf || (be->ops->linear_load_q && !nbuf) || (q8 && !qbuf) ||
+        !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
         free(touched);
         free(buf);
         free(nbuf);
+        free(qbuf);
         upd_patch_free(be, p);
         return rd_fail(RD_ENOMEM, "commit: out of memory converting the update");
     }
@@ -642,6 +781,14 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
         e->layer = l;
         e->expert = ex;
         e->is_linear = rows != 0;
+        if (rows && q8 && q8_0_quantizes(g, cols)) {
+            if ((rc = build_group_q8_0(m, s, g, l, ex, buf, qbuf, &e->ptr)))
+                break;
+            e->bytes = be->ops->linear_bytes ? (uint64_t)be->ops->linear_bytes(be, e->ptr)
+                                             : sizeof(float) * (uint64_t)elems;
+            p->n++;
+            continue;
+        }
         if (rows && be->ops->linear_load_q) {
             rc = build_group_native(m, s, g, l, ex, buf, nbuf, &e->ptr);
             if (rc < 0)
@@ -695,6 +842,7 @@ int upd_build(const model *m, const upd_stage *s, upd_patch **out)
     free(touched);
     free(buf);
     free(nbuf);
+    free(qbuf);
     if (rc) {
         upd_patch_free(be, p);
         return rc;

@@ -26,6 +26,11 @@
 #include "engine/model/model.h"
 
 typedef enum { UPD_F32 = 0, UPD_F16 = 1, UPD_BF16 = 2 } upd_dtype; /* = PROTO_DTYPE_* */
+/* What the pushed linear weights become in the backend (the daemon's
+ * serve_dtype): kept in their pushed dtype, or quantized to Q8_0
+ * (engine/model/quant.h) while the patch is built, so the engine runs its
+ * Q8_0 GEMMs on them. */
+typedef enum { UPD_SERVE_AS_PUSHED = 0, UPD_SERVE_Q8_0 = 1 } upd_serve;
 /* When in-flight sequences meet the new weights (= PROTO_MODE_*, PROTOCOL.md §10.6). */
 typedef enum { UPD_CONTINUE = 0, UPD_DRAIN = 1, UPD_ABORT = 2 } upd_mode;
 
@@ -106,8 +111,12 @@ typedef struct upd_patch upd_patch;
 
 /* Builds the patch on the caller's thread from the staged bytes and, for
  * fused weights only partly covered, the model's current values. The model is
- * only read. */
-int upd_build(const model *m, const upd_stage *s, upd_patch **out);
+ * only read. With UPD_SERVE_Q8_0 every linear group the stage touches but the
+ * MoE router (norms and biases are vectors: they stay fp32) is quantized to
+ * Q8_0 whole, its members the stage does not cover re-quantized from the
+ * values they serve; a tensor with NaN or infinity, or a block Q8_0 cannot
+ * scale (max |x| >= 65520 * 127), fails the build with RD_EINVAL naming it. */
+int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **out);
 /* Swaps the patch's buffers into the model (engine thread, between steps). */
 void upd_apply(model *m, upd_patch *p);
 /* Frees the patch's buffers: the new ones if never applied, else the old. */

@@ -151,6 +151,18 @@ static int64_t cpu_linear_bytes(rd_backend *be, const void *handle)
     return n;
 }
 
+static void cpu_linear_bytes_by_type(rd_backend *be, const void *handle, int64_t *bytes)
+{
+    const cpu_lin *L = handle;
+    if (!L->native) {
+        bytes[GGML_F32] += cpu_linear_bytes(be, handle);
+        return;
+    }
+    for (int32_t i = 0; i < L->q.n_parts; i++)
+        if (L->q.parts[i].type >= 0 && L->q.parts[i].type < RD_WEIGHT_TYPES)
+            bytes[L->q.parts[i].type] += (int64_t)gemm_qbytes(&L->q.parts[i]);
+}
+
 static int cpu_linear_read(rd_backend *be, const void *handle, float *w_host)
 {
     const cpu_lin *L = handle;
@@ -422,6 +434,7 @@ static const rd_backend_ops cpu_ops = {
     .linear_read = cpu_linear_read,
     .linear_load_q = cpu_linear_load_q,
     .linear_bytes = cpu_linear_bytes,
+    .linear_bytes_by_type = cpu_linear_bytes_by_type,
     .linear = cpu_linear,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

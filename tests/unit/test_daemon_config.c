@@ -217,6 +217,39 @@ static void relay_allow_parses(void)
     CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "http_tls_key_file"), "%s", rd_errmsg());
 }
 
+/* serve_dtype: as_pushed by default, q8_0 from a file or a flag, anything
+ * else refused naming the key and the values it takes. */
+static void serve_dtype_values(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK(!strcmp(c.serve_dtype, "as_pushed"), "default %s", c.serve_dtype);
+    CHECK_OK(cfg_parse_json(&c, "{\"serve_dtype\": \"q8_0\"}", "t"));
+    CHECK_OK(cfg_validate(&c));
+    CHECK(!strcmp(c.serve_dtype, "q8_0"), "%s", c.serve_dtype);
+    char *argv[] = {"rolloutd", "--serve-dtype", "as_pushed", NULL};
+    int help = 0;
+    CHECK_OK(cfg_from_args(&c, 3, argv, &help));
+    CHECK(!strcmp(c.serve_dtype, "as_pushed"), "flag: %s", c.serve_dtype);
+    const char *bad[] = {"{\"serve_dtype\": \"q4_k\"}", "{\"serve_dtype\": \"Q8_0\"}", "{\"serve_dtype\": \"\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg_defaults(&c);
+        int rc = cfg_parse_json(&c, bad[i], "t");
+        if (rc == 0)
+            rc = cfg_validate(&c);
+        CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "serve_dtype") &&
+              (strstr(rd_errmsg(), "\"as_pushed\" or \"q8_0\"") || strstr(rd_errmsg(), "empty")), "%s: %d '%s'",
+              bad[i], rc, rd_errmsg());
+    }
+    char *argv2[] = {"rolloutd", "--serve-dtype", "fp8", NULL};
+    cfg_daemon d;
+    int rc = cfg_from_args(&d, 3, argv2, &help);
+    if (rc == 0)
+        rc = cfg_validate(&d);
+    CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "\"fp8\"") && strstr(rd_errmsg(), "q8_0"), "%d '%s'", rc,
+          rd_errmsg());
+}
+
 static void shipped_config_spells_the_defaults(void)
 {
     cfg_daemon c, d;
@@ -250,6 +283,7 @@ int main(void)
     RUN(flags_override_the_file);
     RUN(http_keys_and_the_old_listen_name);
     RUN(relay_allow_parses);
+    RUN(serve_dtype_values);
     RUN(shipped_config_spells_the_defaults);
     RUN(shipped_configs_load);
     TEST_EXIT();

@@ -27,6 +27,7 @@
 #include "base/err.h"
 #include "engine/model/loader.h"
 #include "engine/model/model.h"
+#include "engine/model/quant.h"
 #include "engine/model/runner.h"
 #include "engine/format/safetensors.h"
 #include "engine/update/staging.h"
@@ -803,7 +804,7 @@ static int push(const model *m, const push_t *p, int n, uint32_t chunk, uint64_t
     if (!rc)
         rc = upd_stage_verify(s);
     if (!rc)
-        rc = upd_build(m, s, out);
+        rc = upd_build(m, s, UPD_SERVE_AS_PUSHED, out);
     upd_stage_free(s);
     return rc;
 }
@@ -1723,8 +1724,10 @@ static void ensure_testdata(void)
 }
 
 /* Stages every tensor of the bf16 export f (one chunk per tensor; `bad`
- * >= 0 puts a NaN at element 7 of that tensor) and builds a patch. */
-static int push_export(const model *m, const st_file *f, int bad, upd_patch **out)
+ * >= 0 puts the bf16 value badval, e.g. a NaN, at element 7 of that tensor)
+ * and builds a patch served as serve. */
+static int push_export(const model *m, const st_file *f, int bad, uint16_t badval, upd_serve serve,
+                       upd_patch **out)
 {
     *out = NULL;
     const int n = (int)f->n_tensors;
@@ -1742,8 +1745,7 @@ static int push_export(const model *m, const st_file *f, int bad, upd_patch **ou
                 return RD_ENOMEM;
             }
             memcpy(badbuf, t->data, t->end - t->begin);
-            uint16_t nan = 0x7fc0;
-            memcpy(badbuf + 14, &nan, 2);
+            memcpy(badbuf + 14, &badval, 2);
             d = badbuf;
         }
         sp[i] = (upd_spec){.name = t->name, .dtype = t->dtype == ST_BF16 ? UPD_BF16 : -1, .n_dims = t->n_dims,
@@ -1760,7 +1762,7 @@ static int push_export(const model *m, const st_file *f, int bad, upd_patch **ou
     if (!rc)
         rc = upd_stage_verify(s);
     if (!rc)
-        rc = upd_build(m, s, out);
+        rc = upd_build(m, s, serve, out);
     if (s)
         upd_stage_free(s);
     free(sp);
@@ -1805,7 +1807,7 @@ static void test_bf16_push_real_model(void)
         goto out;
     }
     /* (1) A NaN in the last tensor: the build fails, nothing changes. */
-    int brc = push_export(m, f, (int)f->n_tensors - 1, &p);
+    int brc = push_export(m, f, (int)f->n_tensors - 1, 0x7fc0, UPD_SERVE_AS_PUSHED, &p);
     if (brc != RD_EINVAL || p || !strstr(rd_errmsg(), "NaN") || !strstr(rd_errmsg(), f->tensors[f->n_tensors - 1].name)) {
         rc = rd_fail(RD_EINVAL, "(1) a NaN push: rc %d, patch %p: %s", brc, (void *)p, rd_errmsg());
         goto out;
@@ -1818,7 +1820,7 @@ static void test_bf16_push_real_model(void)
         goto out;
     }
     /* (2) The good push. */
-    if ((rc = push_export(m, f, -1, &p)))
+    if ((rc = push_export(m, f, -1, 0, UPD_SERVE_AS_PUSHED, &p)))
         goto out;
     upd_apply(m, p);
     upd_patch_free(m->be, p);   /* the Q4_1 buffers (ASan: freed once, not leaked) */
@@ -1855,6 +1857,155 @@ out:
     CHECK(rc == 0, "rc %d: %.400s", rc, w);
 }
 
+/* 1 when linear slot (g, l) of m reads back exactly as ggml_dequant_row of
+ * ggml_quant_q8_0 of ref's values (ref: the same model served as loaded). */
+static int reads_as_q8_0_of(model *m, model *ref, int g, int32_t l, float *a, float *b, uint8_t *q, char *w,
+                            size_t cap)
+{
+    int64_t rows, cols;
+    arch_group_shape(m->arch, &m->cfg, (arch_group)g, &rows, &cols);
+    void **sm = model_weight_slot(m, (arch_group)g, l, 0), **sr = model_weight_slot(ref, (arch_group)g, l, 0);
+    uint64_t n = (uint64_t)(rows * cols);
+    int rc = m->be->ops->linear_read(m->be, *sr, a);
+    if (!rc)
+        rc = ggml_quant_q8_0(a, n, q);
+    if (!rc)
+        rc = ggml_dequant_row(GGML_Q8_0, q, a, n);
+    if (!rc)
+        rc = m->be->ops->linear_read(m->be, *sm, b);
+    if (rc) {
+        snprintf(w, cap, "group %d layer %d: %s", g, l, rd_errmsg());
+        return 0;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4)) {
+            snprintf(w, cap, "group %d layer %d element %llu: %.9g served, %.9g from Q8_0", g, l,
+                     (unsigned long long)i, b[i], a[i]);
+            return 0;
+        }
+    int64_t bytes = m->be->ops->linear_bytes(m->be, *sm), want = (rows + 15) / 16 * 16 * cols / 32 * 34;
+    if (bytes != want) {
+        snprintf(w, cap, "group %d layer %d holds %lld bytes; Q8_0 in 16-row panels is %lld", g, l,
+                 (long long)bytes, (long long)want);
+        return 0;
+    }
+    return 1;
+}
+
+/* serve_dtype q8_0 (UPD_SERVE_Q8_0) on the tiny bf16 model: a 1e7 weight (its
+ * block's scale overflows fp16) refuses the build naming the tensor, model
+ * untouched, where as_pushed builds it; a NaN is refused too; then a push of
+ * the model's own bf16 export leaves every linear weight (the tied embedding,
+ * q|k|v, o, gate|up, down) reading back as the Q8_0 round trip of its bf16
+ * values, bit for bit, at 34 bytes per 32 weights in 16-row panels, the norms
+ * as they were, and the outputs changed (bf16 -> Q8_0). */
+static void test_q8_0_push_tiny(void)
+{
+    rd_loaded live, orig;
+    CHECK(load_tiny("tiny-bf16", &live), "tiny-bf16");
+    if (!load_tiny("tiny-bf16", &orig)) {
+        rd_unload(&live);
+        CHECK(0, "tiny-bf16 (second copy)");
+    }
+    model *m = live.m, *ref = orig.m;
+    const int32_t V = m->cfg.vocab;
+    int32_t prompt[NP];
+    make_prompt(prompt, NP, 26, V);
+    char dir[600], w[600] = "", path_st[700];
+    tmp_dir("q8-tiny", dir, sizeof dir);
+    snprintf(path_st, sizeof path_st, "%s/model.safetensors", dir);
+    int64_t big = (int64_t)V * m->cfg.dim * 4;
+    float *l0 = malloc(sizeof(float) * NP * V), *lm = malloc(sizeof(float) * NP * V);
+    float *a = malloc(sizeof(float) * (size_t)big), *b = malloc(sizeof(float) * (size_t)big);
+    uint8_t *q = malloc((size_t)big / 32 * 34 + 34);
+    st_file *f = NULL;
+    upd_patch *p = NULL;
+    const int64_t w0 = m->weights_bytes;
+    int rc = l0 && lm && a && b && q ? seq_logits(m, prompt, NP, l0) : RD_ENOMEM;
+    if (!rc)
+        rc = model_export_hf(m, dir, ST_BF16);
+    if (!rc)
+        rc = st_open(path_st, &f);
+    if (rc)
+        goto out;
+    int kt = -1;                /* k_proj of layer 0: fused with q and v */
+    for (size_t i = 0; i < f->n_tensors; i++)
+        if (!strcmp(f->tensors[i].name, "model.layers.0.self_attn.k_proj.weight"))
+            kt = (int)i;
+    if (kt < 0) {
+        rc = rd_fail(RD_EINVAL, "no k_proj in the export");
+        goto out;
+    }
+    /* (1) 1e7 (bf16 0x4b19): refused as q8_0 naming the tensor; built as pushed. */
+    int brc = push_export(m, f, kt, 0x4b19, UPD_SERVE_Q8_0, &p);
+    if (brc != RD_EINVAL || p || !strstr(rd_errmsg(), "overflows fp16") || !strstr(rd_errmsg(), f->tensors[kt].name)) {
+        rc = rd_fail(RD_EINVAL, "(1) a 1e7 q8_0 push: rc %d, patch %p: %s", brc, (void *)p, rd_errmsg());
+        goto out;
+    }
+    if ((rc = push_export(m, f, kt, 0x4b19, UPD_SERVE_AS_PUSHED, &p)))
+        goto out;
+    upd_patch_free(m->be, p);   /* never applied */
+    p = NULL;
+    brc = push_export(m, f, kt, 0x7fc0, UPD_SERVE_Q8_0, &p);
+    if (brc != RD_EINVAL || p || !strstr(rd_errmsg(), "NaN")) {
+        rc = rd_fail(RD_EINVAL, "(1) a NaN q8_0 push: rc %d: %s", brc, rd_errmsg());
+        goto out;
+    }
+    if ((rc = seq_logits(m, prompt, NP, lm)))
+        goto out;
+    if (m->weights_bytes != w0 || memcmp(l0, lm, sizeof(float) * NP * V)) {
+        rc = rd_fail(RD_EINVAL, "(1) a refused build changed the model");
+        goto out;
+    }
+    /* (2) The push, served as Q8_0. */
+    if ((rc = push_export(m, f, -1, 0, UPD_SERVE_Q8_0, &p)))
+        goto out;
+    upd_apply(m, p);
+    for (int32_t l = -1; l < m->cfg.n_layers; l++)
+        for (int g = l < 0 ? 0 : AG_FIRST_LAYER; g < (l < 0 ? AG_FIRST_LAYER : AG_COUNT); g++) {
+            void **slot = model_weight_slot(m, (arch_group)g, l, 0);
+            if (!slot || !*slot || (g == AG_LM_HEAD && m->lm_head == m->embed))
+                continue;
+            int64_t rows, cols;
+            arch_group_shape(m->arch, &m->cfg, (arch_group)g, &rows, &cols);
+            if (arch_group_is_linear((arch_group)g)) {
+                if (!reads_as_q8_0_of(m, ref, g, l, a, b, q, w, sizeof w)) {
+                    rc = rd_fail(RD_EINVAL, "(2) %s", w);
+                    goto out;
+                }
+                continue;
+            }
+            void **sr = model_weight_slot(ref, (arch_group)g, l, 0);
+            if ((rc = m->be->ops->d2h(m->be, a, *slot, sizeof(float) * (size_t)cols)) ||
+                (rc = m->be->ops->d2h(m->be, b, *sr, sizeof(float) * (size_t)cols)))
+                goto out;
+            for (int64_t i = 0; i < cols; i++)   /* the export rounded the fp32 norms to bf16 */
+                b[i] = rd_bf16_to_f32(rd_f32_to_bf16(b[i]));
+            if (memcmp(a, b, sizeof(float) * (size_t)cols)) {
+                rc = rd_fail(RD_EINVAL, "(2) vector group %d layer %d changed", g, l);
+                goto out;
+            }
+        }
+    if ((rc = seq_logits(m, prompt, NP, lm)))
+        goto out;
+    if (!memcmp(l0, lm, sizeof(float) * NP * V) || m->weights_bytes >= w0) {
+        rc = rd_fail(RD_EINVAL, "(2) the q8_0 push left the bf16 logits or bytes (%lld, was %lld)",
+                     (long long)m->weights_bytes, (long long)w0);
+        goto out;
+    }
+out:
+    snprintf(w, sizeof w, "%s", rd_errmsg());
+    if (p)
+        upd_patch_free(m->be, p);
+    if (f)
+        st_close(f);
+    rm_dir(dir);
+    free(l0), free(lm), free(a), free(b), free(q);
+    rd_unload(&orig);
+    rd_unload(&live);
+    CHECK(rc == 0, "rc %d: %.400s", rc, w);
+}
+
 int main(void)
 {
     ensure_testdata();
@@ -1876,6 +2027,7 @@ int main(void)
     RUN(test_abort_started);
     RUN(test_abort_preempted);
     RUN(test_swap_modes);
+    RUN(test_q8_0_push_tiny);
     RUN(test_bf16_push_real_model);
 
     if (tiny32_ok)
