@@ -53,6 +53,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from .client import Client
 from .pool import Pool
+from .tensors import fetch_manifest
 
 log = logging.getLogger("rolloutd.ray")
 
@@ -284,6 +285,7 @@ class RolloutFleet:
         self._events = []
         self._counts = collections.Counter()
         self._pools = weakref.WeakSet()
+        self._manifest = None                     # GET /weights_manifest of the model, fetched once
         self._lock = threading.RLock()            # members, events
         self._stop = threading.Event()
         self._watcher = None
@@ -360,7 +362,12 @@ class RolloutFleet:
         """A Pool over every daemon (chain fanout for 2+, the fleet's secret); the fleet
         points it at a restarted daemon's new URL."""
         with self._lock:
-            p = FleetPool(self.nng_urls(), auth_token=self.secret, **client_kw)
+            urls, http = self.nng_urls(), self.urls()
+        if self._manifest is None:
+            self._manifest = fetch_manifest(http[0], self.secret)
+        p = FleetPool(urls, auth_token=self.secret, **client_kw)
+        p.manifest = self._manifest             # push_tensors checks a state dict against it
+        with self._lock:
             self._pools.add(p)
         return p
 
@@ -551,7 +558,14 @@ class RolloutFleet:
             except Exception:
                 pass
         rcs = []
-        live = [m for m in self.members if m.actor is not None]
+        live = [m for m in self.members if m.actor is not None and m.info is not None]
+        for m in self.members:
+            if m.actor is not None and m.info is None:
+                try:
+                    ray.kill(m.actor, no_restart=True)
+                except Exception:
+                    pass
+                m.actor = None
         refs = [m.actor.stop.remote(timeout) for m in live]
         for m, r in zip(live, refs):
             try:
