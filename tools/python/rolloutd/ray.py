@@ -147,7 +147,9 @@ class DaemonHost:
                 raise RuntimeError(f"rolloutd on {self.ip} did not start: {tail}")
             time.sleep(0.1)
         self.info = {"url": url, "http_url": http_url, "pid": self.proc.pid, "node_ip": self.ip,
-                     "node_id": ray.get_runtime_context().get_node_id(), "log": self.log_path}
+                     "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+                     "log": self.log_path,
+                     "actor_pid": os.getpid()}
         return self.info
 
     def _own(self, argv, rfd, box, ready):
@@ -403,6 +405,7 @@ class RolloutFleet:
         self._router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
              "--worker-urls", *self.urls(), "--policy", "round_robin", "--api-key", self.secret,
+             "--prometheus-host", host, "--prometheus-port", str(_free_port(host)),   # not 29000: may be taken
              "--log-level", "warn"], stdout=self._router_log, stderr=subprocess.STDOUT)
         self.router_url = f"http://{host}:{port}"
         deadline = time.time() + 60
@@ -419,17 +422,36 @@ class RolloutFleet:
                 raise RuntimeError(f"sglang-router did not start: {self._router_log.read()[-2000:]}")
             time.sleep(0.3)
 
-    def _router_swap(self, old, new):
-        """Tells sglang-router: new in, old out."""
+    def router_workers(self):
+        """{url: healthy} of sglang-router's workers (GET /workers)."""
+        st, body = _http(self.router_url, "/workers", self.secret, 10)
+        if st != 200:
+            raise RuntimeError(f"sglang-router GET /workers answered {st}: {body}")
+        return {w["url"]: bool(w.get("is_healthy")) for w in body.get("workers", [])}
+
+    def _router_swap(self, old, new, timeout=30.0):
+        """Tells sglang-router (0.3.2's control plane: POST /workers, DELETE /workers/{id}):
+        new in (with the key it passes on), once it is healthy there old out."""
         if self._router is None:
             return
-        for path in (f"/add_worker?url={new}", f"/remove_worker?url={old}"):
-            try:
-                st, body = _http(self.router_url, path, self.secret, 30, body={})
-                if st >= 300:
-                    log.warning("sglang-router %s answered %d %s", path, st, body)
-            except OSError as e:
-                log.warning("sglang-router %s: %s", path, e)
+        try:
+            st, body = _http(self.router_url, "/workers", self.secret, 10, body={"url": new, "api_key": self.secret})
+            if st >= 300:
+                raise RuntimeError(f"POST /workers answered {st}: {body}")
+            deadline = time.time() + timeout
+            while not self.router_workers().get(new):
+                if time.time() > deadline:
+                    raise RuntimeError(f"{new} not healthy in sglang-router after {timeout} s")
+                time.sleep(0.2)
+            st, body = _http(self.router_url, "/workers", self.secret, 10)
+            for w in body.get("workers", []):
+                if w["url"] == old:
+                    req = urllib.request.Request(f"{self.router_url}/workers/{w['id']}", method="DELETE",
+                                                 headers={"Authorization": f"Bearer {self.secret}"})
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        r.read()
+        except (OSError, RuntimeError, ValueError) as e:
+            self._event("router_update_failed", -1, old=old, new=new, error=str(e)[:500])
 
     # ---- watching ----
 
