@@ -28,7 +28,8 @@ logged (logger "rolloutd.ray") and kept in fleet.events().
 
 Every node must hold the rolloutd binary and the model at the same paths (the
 repository checked out and built at one path, e.g. on a shared file system,
-or `binary=` and `model=` naming local copies that exist on every node).
+or `binary=` / $ROLLOUTD_BINARY and `model=` naming local copies that exist at
+that path on every node; with `pip install tools/python` pass binary=).
 `ray` is imported only in this module.
 """
 import collections
@@ -59,7 +60,7 @@ log = logging.getLogger("rolloutd.ray")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))  # the repository (of tools/python/rolloutd)
-DEFAULT_BINARY = os.path.join(ROOT, os.environ.get("RD_BUILD", "build"), "rolloutd")
+DEFAULT_BINARY = os.environ.get("ROLLOUTD_BINARY") or os.path.join(ROOT, os.environ.get("RD_BUILD", "build"), "rolloutd")
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK")
 PR_SET_PDEATHSIG = 1
 
