@@ -13,7 +13,10 @@
   peer) with outputs equal to a single daemon on those weights, every request submitted after
   the restart completes (the load thread's and a batch through the Pool made before the
   kill), the router routes to the new URL and not the old, and a second chained push reaches
-  the restarted daemon on its new port through the relay;
+  the restarted daemon on its new port through the relay; an actor killed with SIGKILL takes
+  its daemon along and is made again in its bundle (actor_lost, then restarted, synced); a
+  daemon stopped with SIGSTOP (alive, answering nothing) is killed and replaced after
+  unresponsive_s;
 - shutdown: every daemon exits 0, no rolloutd process of the fleet is left, the placement
   group is REMOVED;
 - a learner killed with SIGKILL leaves no daemon (the actors' children die with them)."""
@@ -126,7 +129,7 @@ def fleet():
         cluster()
         _state["fleet"] = RolloutFleet(model=tiny("old", 701) + ".gguf", num_daemons=2,
                                        resources_per_daemon={"CPU": 0.5, "rd_slot": 1}, strategy="SPREAD",
-                                       config=CONFIG, router="sglang", watch_interval_s=0.2)
+                                       config=CONFIG, router="sglang", watch_interval_s=0.2, unresponsive_s=3.0)
     return _state["fleet"]
 
 
@@ -285,6 +288,33 @@ def an_actor_killed_with_sigkill_takes_its_daemon_and_is_replaced():
     assert all(s[4] == v for s in got), got
     if want is not None:       # version 8 holds the same weights as 7
         assert [s[:4] for s in got] == [s[:4] for s in want]
+    pool.close()
+
+
+@case
+def a_daemon_that_stops_answering_is_replaced():
+    if skip("a_daemon_that_stops_answering_is_replaced"):
+        return
+    f = fleet()
+    pool = f.pool()
+    v = int(call(f.urls()[0], "/get_weight_version", key=f.api_key)[1]["weight_version"])
+    n0 = f.event_counts().get("restarted", 0)
+    pid = f.pids()[1]
+    os.kill(pid, signal.SIGSTOP)       # alive, answering nothing
+    try:
+        deadline = time.time() + 60
+        while f.event_counts().get("restarted", 0) < n0 + 1:
+            assert time.time() < deadline, f.events()
+            time.sleep(0.2)
+    finally:
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGCONT)
+    ev = [e for e in f.events() if e["kind"] == "unresponsive"]
+    assert len(ev) == 1 and ev[0]["index"] == 1 and ev[0]["seconds"] >= 3.0, f.events()
+    r = [e for e in f.events() if e["kind"] == "restarted"][-1]
+    assert r["index"] == 1 and r["version"] == v and f.pids()[1] != pid, r
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert all(s[4] == v for s in samples(pool))
     pool.close()
 
 

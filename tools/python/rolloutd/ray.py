@@ -495,8 +495,9 @@ class RolloutFleet:
         if m.bad_since is None:
             m.bad_since = now
         elif now - m.bad_since > self.unresponsive_s:
+            seconds = round(now - m.bad_since, 1)
             self._down(m)
-            self._event("unresponsive", m.index, url=m.info["url"], seconds=round(now - m.bad_since, 1))
+            self._event("unresponsive", m.index, url=m.info["url"], seconds=seconds)
             try:
                 ray.get(m.actor.kill.remote(), timeout=10)
             except Exception:
