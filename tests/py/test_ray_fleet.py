@@ -162,6 +162,8 @@ def a_fleet_on_non_loopback_addresses_with_its_own_secret():
     # without the secret: refused on both sockets
     st, _ = call(f.urls()[0], "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
     assert st == 401, st
+    assert call(f.urls()[0], "/weights_manifest")[0] == 401
+    assert call(f.urls()[0], "/weights_manifest", key=f.api_key)[0] == 200
     try:
         Client(f.nng_urls()[0]).generate([[1, 2]], max_tokens=1)
         raise AssertionError("served without the secret")
@@ -326,6 +328,7 @@ def shutdown_leaves_no_daemon_and_no_placement_group():
     pids = f.pids()
     rcs = f.shutdown()
     assert rcs == [0, 0], rcs
+    assert [e["index"] for e in f.events() if e["kind"] == "stopped"] == [0, 1], f.events()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
     assert f.placement_state() == "REMOVED", f.placement_state()
