@@ -8,7 +8,6 @@ APT_PKGS=(build-essential pkg-config clang libclang-rt-14-dev
           unzip ca-certificates openssl)
 PIP_PKGS=("numpy" "gguf" "pynng" "openai" "llama-cpp-python==0.3.36" "vllm-router==0.1.17")
 PIP_PKGS+=("sglang-router==0.3.2")  # the SGLang router (a prebuilt wheel): tests/py/test_sglang_rl.py
-PIP_PKGS+=("ray==2.60.0")          # a prebuilt wheel (cp311 manylinux2014): rolloutd.ray, tests/py/test_ray_fleet.py
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -22,6 +21,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
+
+# Ray (a prebuilt wheel, cp311 manylinux2014): rolloutd.ray, the fleet; tests/py/test_ray_fleet.py
+PIP_PKGS+=("ray==2.60.0")
 
 PY=${PYTHON:-python3}
 

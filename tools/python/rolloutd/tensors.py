@@ -11,6 +11,7 @@ Before anything is sent, the names and shapes are checked against the daemons' m
 (GET /weights_manifest, or a {name: shape} given): names the model does not have, tensors
 it has that are missing, and shape mismatches are refused together in one TensorMismatch
 that lists them, so nothing is staged or committed."""
+import inspect
 import json
 import threading
 import time
@@ -173,4 +174,6 @@ def push_tensors(pool, named_tensors, version, dtype=None, manifest=None, partia
         check_tensors(items, manifest, partial)
     room = min(c._max for c in pool.clients) - 64
     upd = StreamedUpdate(items, dtype, min(int(push_kw.pop("chunk_bytes", 16 << 20)), room))
+    if "keep" in inspect.signature(pool.push_weights).parameters:
+        push_kw.setdefault("keep", False)   # a Pool that keeps a push's bytes (delta bases) would hold the model twice
     return pool.push_weights(upd, version, **push_kw)
