@@ -109,6 +109,10 @@ if [ "$MODE" != "--unit-only" ]; then
     # HTTPS: TLS sessions, streams over TLS, plain HTTP on the TLS port, a SIGTERM exit with no leak.
     run_one "asan:test_https" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_https.py
+    # GET /weights_manifest and push_tensors' refusals before UPDATE_BEGIN (ASan daemons, no leak at exit).
+    run_one "asan:test_push_tensors" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=the_manifest_route_lists_the_state_dicts_names_and_shapes,wrong_names_missing_tensors_and_shapes_are_refused_before_begin \
+      "$PY" tests/py/test_push_tensors.py
   fi
 fi
 
