@@ -23,7 +23,7 @@ import tracemalloc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, ROOT, TMP, case, main  # noqa: E402
+from harness import BUILD, ROOT, TMP, Skip, case, main  # noqa: E402
 from rdtest import Daemon, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
@@ -162,8 +162,7 @@ def torch_tensors_push_the_same():
     try:
         import torch
     except ImportError:
-        print("SKIP torch_tensors_push_the_same (torch is not installed)")
-        return
+        raise Skip("torch is not installed")
     old, new = models()
     a, b = daemon(old + ".gguf"), daemon(old + ".gguf")
     try:

@@ -34,7 +34,7 @@ import urllib.request
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TMP, case, main  # noqa: E402
+from harness import ROOT, TMP, Skip, case, main  # noqa: E402
 from rdtest import Daemon, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
@@ -135,13 +135,11 @@ def fleet():
 
 def skip(name):
     if ray is None:
-        print(f"SKIP {name} (ray is not installed: tools/setup.sh installs it)")
-        return True
+        raise Skip("ray is not installed: tools/setup.sh installs it")
     try:
         import sglang_router  # noqa: F401
     except ImportError:
-        print(f"SKIP {name} (sglang-router is not installed)")
-        return True
+        raise Skip("sglang-router is not installed")
     return False
 
 
@@ -397,8 +395,7 @@ def the_daemon_outlives_the_thread_that_started_it_and_dies_with_its_owner():
     as the daemon, so a start() called from a thread that then ends leaves the daemon running;
     the owner process killed with SIGKILL (no Ray here to clean up) takes the daemon with it."""
     if ray is None:
-        print("SKIP the_daemon_outlives_the_thread_that_started_it_and_dies_with_its_owner (no ray)")
-        return
+        raise Skip("ray is not installed")
     from rolloutd.ray import DEFAULT_BINARY
     p = subprocess.Popen([sys.executable, "-c", OWNER, os.path.join(ROOT, "tools", "python"), DEFAULT_BINARY,
                           tiny("old", 701) + ".gguf"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

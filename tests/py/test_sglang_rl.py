@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TMP, case, main  # noqa: E402
+from harness import ROOT, TMP, Skip, case, main  # noqa: E402
 
 from rdtest import Daemon, free_port, stop_cleanly  # noqa: E402
 
@@ -233,8 +233,7 @@ def sglang_router_over_two_daemons():
     try:
         import sglang_router  # noqa: F401
     except ImportError:
-        print("SKIP sglang_router_over_two_daemons (sglang-router is not installed)")
-        return
+        raise Skip("sglang-router is not installed")
     old, new = models()
     d1, d2, ref = start(old), start(old), start(new)
     port = free_port()
