@@ -240,7 +240,10 @@ def sglang_router_over_two_daemons():
     log = open(os.path.join(TMP, f"sglang-router-{port}.log"), "w+")
     router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                "--port", str(port), "--worker-urls", base(d1), base(d2), "--policy", "round_robin",
-                               "--api-key", KEY, "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
+                               "--api-key", KEY, "--log-level", "warn",
+                               # Its metrics on a free port: the router dies when the default 29000 is taken.
+                               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         rb = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
