@@ -16,7 +16,7 @@ BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
-LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedtls -lmbedx509 -lmbedcrypto -lm -lpthread
+LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedtls -lmbedx509 -lmbedcrypto -lzstd -lm -lpthread
 
 # The library, floor by floor (docs/LAYOUT.md): base, engine, kernels, proto, client.
 LIB_SRC := $(wildcard base/*.c) $(wildcard engine/*.c) $(wildcard engine/*/*.c) $(wildcard engine/*/*/*.c) \
