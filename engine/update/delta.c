@@ -6,169 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <zstd.h>
 
 #include "base/crc32c.h"
 #include "base/err.h"
 #include "base/pool.h"
 #include "engine/format/gguf.h"
 #include "engine/format/safetensors.h"
-
-/* ---------------------------------------------------------------- the stream */
-
-typedef struct {
-    uint8_t kind;
-    uint32_t payload;           /* bytes after the head */
-    uint64_t off, len;          /* the tensor's bytes it covers */
-    const uint8_t *p;           /* the payload */
-} drec;
-
-static uint32_t ld32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32; }
-
-/* Splits w into records, checking each head: kind, reserved bytes, payload
- * inside the stream, ranges whole elements, in order, inside the tensor.
- * *out (malloc'd) gets them when out is not NULL. */
-static int parse(const uint8_t *w, uint64_t wn, uint64_t tn, uint32_t es, const char *name, drec **out,
-                 int32_t *n_out)
-{
-    int32_t n = 0, cap = 0;
-    drec *r = NULL;
-    uint64_t at = 0, end_prev = 0;
-    while (at < wn) {
-        if (wn - at < UPD_DREC_HEAD) {
-            free(r);
-            return rd_fail(RD_EFORMAT, "delta of '%.200s': %llu bytes left at byte %llu; a record head is %d",
-                           name, (unsigned long long)(wn - at), (unsigned long long)at, UPD_DREC_HEAD);
-        }
-        const uint8_t *h = w + at;
-        drec d = {.kind = h[0], .payload = ld32(h + 4), .off = ld64(h + 8), .len = ld64(h + 16),
-                  .p = h + UPD_DREC_HEAD};
-        const char *bad = NULL;
-        if (d.kind != UPD_DREC_RUNS && d.kind != UPD_DREC_XOR_ZSTD)
-            bad = "kind is not 1 (runs) or 2 (xor+zstd)";
-        else if (h[1] | h[2] | h[3])
-            bad = "reserved bytes are not 0";
-        else if (d.payload > wn - at - UPD_DREC_HEAD)
-            bad = "its payload runs past the stream";
-        else if (d.len == 0 || d.len > UPD_DELTA_MAX_RECORD)
-            bad = "out_bytes is not 1..16 MiB";
-        else if (d.off % es || d.len % es)
-            bad = "its range is not whole elements";
-        else if (d.off < end_prev)
-            bad = "its range starts before the previous record's end";
-        else if (d.off > tn || d.len > tn - d.off)
-            bad = "its range runs past the tensor";
-        if (bad) {
-            free(r);
-            return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d at byte %llu (kind %u, payload %u, bytes "
-                           "[%llu, +%llu)): %s", name, n, (unsigned long long)at, d.kind, d.payload,
-                           (unsigned long long)d.off, (unsigned long long)d.len, bad);
-        }
-        if (out) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 64;
-                drec *nr = realloc(r, sizeof *nr * (size_t)cap);
-                if (!nr) {
-                    free(r);
-                    return rd_fail(RD_ENOMEM, "delta of '%.200s': out of memory", name);
-                }
-                r = nr;
-            }
-            r[n] = d;
-        }
-        n++;
-        end_prev = d.off + d.len;
-        at += UPD_DREC_HEAD + (uint64_t)d.payload;
-    }
-    if (out)
-        *out = r;
-    *n_out = n;
-    return 0;
-}
-
-/* Elements of n bytes (element size es) where a and b differ. */
-static uint64_t count_diff(const uint8_t *a, const uint8_t *b, uint64_t n, uint32_t es)
-{
-    uint64_t c = 0;
-    for (uint64_t k = 0; k < n; k += es)
-        c += memcmp(a + k, b + k, es) != 0;
-    return c;
-}
-
-/* Elements of n bytes that are not all zero bits. */
-static uint64_t count_nonzero(const uint8_t *x, uint64_t n, uint32_t es)
-{
-    uint64_t c = 0;
-    for (uint64_t k = 0; k < n; k += es) {
-        uint8_t o = 0;
-        for (uint32_t b = 0; b < es; b++)
-            o |= x[k + b];
-        c += o != 0;
-    }
-    return c;
-}
-
-/* Applies one record to t (in place); *changed += the elements it changed. */
-static int apply_rec(const drec *d, int32_t i, uint8_t *t, uint32_t es, const char *name, uint64_t *changed)
-{
-    uint8_t *dst = t + d->off;
-    if (d->kind == UPD_DREC_RUNS) {
-        uint64_t at = 0, pos = 0, elems = d->len / es;
-        while (at < d->payload) {
-            if (d->payload - at < 8)
-                return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: a run head needs 8 bytes, %llu left",
-                               name, i, (unsigned long long)(d->payload - at));
-            uint64_t skip = ld32(d->p + at), count = ld32(d->p + at + 4);
-            at += 8;
-            if (count == 0 || skip > elems - pos || count > elems - pos - skip)
-                return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: a run of %llu after skipping %llu at "
-                               "element %llu of %llu; expected 1 or more inside the range", name, i,
-                               (unsigned long long)count, (unsigned long long)skip, (unsigned long long)pos,
-                               (unsigned long long)elems);
-            if (count * es > d->payload - at)
-                return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: a run of %llu values needs %llu bytes, "
-                               "%llu left", name, i, (unsigned long long)count, (unsigned long long)(count * es),
-                               (unsigned long long)(d->payload - at));
-            pos += skip;
-            *changed += count_diff(dst + pos * es, d->p + at, count * es, es);
-            memcpy(dst + pos * es, d->p + at, count * es);
-            at += count * es;
-            pos += count;
-        }
-        return 0;
-    }
-    uint8_t *x = malloc(d->len);
-    if (!x)
-        return rd_fail(RD_ENOMEM, "delta of '%.200s': out of memory for record %d", name, i);
-    size_t got = ZSTD_decompress(x, d->len, d->p, d->payload);
-    if (ZSTD_isError(got) || got != d->len) {
-        free(x);
-        return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: the zstd frame %s%s; expected %llu bytes", name, i,
-                       ZSTD_isError(got) ? "fails: " : "decompresses to fewer bytes",
-                       ZSTD_isError(got) ? ZSTD_getErrorName(got) : "", (unsigned long long)d->len);
-    }
-    for (uint64_t k = 0; k < d->len; k++) /* the compiler vectorizes this */
-        dst[k] ^= x[k];
-    *changed += count_nonzero(x, d->len, es);
-    free(x);
-    return 0;
-}
-
-int upd_delta_decode(const uint8_t *w, uint64_t wn, uint8_t *t, uint64_t tn, uint32_t es, const char *name,
-                     uint64_t *changed)
-{
-    drec *r = NULL;
-    int32_t n = 0;
-    uint64_t ch = 0;
-    int rc = parse(w, wn, tn, es, name, &r, &n);
-    for (int32_t i = 0; !rc && i < n; i++)
-        rc = apply_rec(&r[i], i, t, es, name, &ch);
-    if (changed)
-        *changed = ch;
-    free(r);
-    return rc;
-}
 
 /* ---------------------------------------------------------------- the base */
 
@@ -234,7 +77,7 @@ static void narrow_task(void *ctx, int32_t i, int32_t worker)
 typedef struct {
     const upd_stage *s;
     const int32_t *rec_t;       /* [n] the record's tensor */
-    const drec *rec;            /* [n] */
+    const upd_drec *rec;            /* [n] */
     int32_t *rc;                /* [n] each record's result */
     uint64_t *changed;          /* [n] elements each changed */
 } apply_job;
@@ -244,7 +87,7 @@ static void apply_task(void *ctx, int32_t i, int32_t worker)
     apply_job *j = ctx;
     upd_tensor *t = &j->s->t[j->rec_t[i]];
     j->changed[i] = 0;
-    j->rc[i] = apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), t->name, &j->changed[i]);
+    j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), t->name, &j->changed[i]);
 }
 
 int upd_delta_apply(const model *m, upd_stage *s)
@@ -258,7 +101,7 @@ int upd_delta_apply(const model *m, upd_stage *s)
         if (!t->delta)
             continue;
         int32_t n;
-        if (parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, NULL, &n))
+        if (upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, NULL, &n))
             return RD_EFORMAT;
         n_recs += n;
         bytes += (t->nbytes + 63) & ~(uint64_t)63;
@@ -282,7 +125,7 @@ int upd_delta_apply(const model *m, upd_stage *s)
             big = (r ? r : 1) * cl;
     }
     float *buf = malloc(sizeof(float) * (size_t)(big ? big : 1));
-    drec *recs = malloc(sizeof *recs * (size_t)(n_recs ? n_recs : 1));
+    upd_drec *recs = malloc(sizeof *recs * (size_t)(n_recs ? n_recs : 1));
     int32_t *rec_t = malloc(sizeof *rec_t * 2 * (size_t)(n_recs ? n_recs : 1));
     uint64_t *rec_changed = calloc((size_t)(n_recs ? n_recs : 1), sizeof *rec_changed);
     if (!buf || !recs || !rec_t || !rec_changed) {
@@ -320,9 +163,9 @@ int upd_delta_apply(const model *m, upd_stage *s)
                          t->dtype == UPD_BF16 ? "bf16" : "f16");
             break;
         }
-        drec *r = NULL;
+        upd_drec *r = NULL;
         int32_t nr = 0;
-        if ((rc = parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, &r, &nr)))
+        if ((rc = upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, &r, &nr)))
             break;
         for (int32_t q = 0; q < nr; q++) {
             recs[k] = r[q];
@@ -338,7 +181,7 @@ int upd_delta_apply(const model *m, upd_stage *s)
             if (rec_rc[q]) { /* again on this thread, for its message (the tensor is discarded anyway) */
                 upd_tensor *t = &s->t[rec_t[q]];
                 uint64_t ch = 0;
-                rc = apply_rec(&recs[q], q, t->full, dsize(t->dtype), t->name, &ch);
+                rc = upd_delta_apply_rec(&recs[q], q, t->full, dsize(t->dtype), t->name, &ch);
                 if (!rc)
                     rc = rd_fail(RD_EFORMAT, "delta of '%.200s': a record failed on the pool", t->name);
             }

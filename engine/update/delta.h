@@ -18,7 +18,8 @@
  * that dtype from an earlier push (upd_held) and not quantized. After applying,
  * the new bytes' CRC-32C must be the manifest's: else the transfer is refused.
  *
- * The sender picks the smaller encoding per record (tools/python/rolloutd/delta.py). */
+ * The sender picks the smaller encoding per record (tools/python/rolloutd/delta.py);
+ * the records themselves are delta_codec.h's. */
 #ifndef RD_UPDATE_DELTA_H
 #define RD_UPDATE_DELTA_H
 
@@ -26,20 +27,8 @@
 #include <stdint.h>
 
 #include "engine/model/model.h"
+#include "engine/update/delta_codec.h"
 #include "engine/update/staging.h"
-
-enum { UPD_DREC_RUNS = 1, UPD_DREC_XOR_ZSTD = 2 };
-#define UPD_DREC_HEAD 24
-#define UPD_DELTA_MAX_RECORD (16u << 20) /* bytes of a tensor one record may cover */
-
-/* Applies a delta stream (wire bytes w[0..wn)) to t[0..tn) in place: t holds
- * the base on entry and the new bytes on success. es is the element size;
- * *changed (may be NULL) gets the elements whose bits changed.
- * Records are checked before any is applied (bounds, order, kinds, run
- * lengths); a zstd frame of another size fails. RD_EFORMAT names the record
- * and what was wrong; t may then be partly written (the caller discards it). */
-int upd_delta_decode(const uint8_t *w, uint64_t wn, uint8_t *t, uint64_t tn, uint32_t es, const char *name,
-                     uint64_t *changed);
 
 /* Reads the base of every delta tensor of s from the model (the bytes it
  * serves, narrowed exactly to the delta's dtype: it was pushed in that dtype,
