@@ -59,6 +59,20 @@ static void narrow_task(void *ctx, int32_t i, int32_t worker)
         memcpy(j->dst + 4 * off, j->src + off, 4 * n);
         return;
     }
+    if (j->dtype == UPD_BF16) {
+        /* bf16 is fp32's top half: exact when the low half is zero (a plain loop the compiler vectorizes;
+         * NaN and infinity never reach a served weight) */
+        uint32_t low = 0;
+        for (uint64_t k = off; k < off + n; k++) {
+            uint32_t u;
+            memcpy(&u, &j->src[k], 4);
+            low |= u & 0xFFFFu;
+            j->dst[2 * k] = (uint8_t)(u >> 16);
+            j->dst[2 * k + 1] = (uint8_t)(u >> 24);
+        }
+        if (!low)
+            return;
+    }
     for (uint64_t k = off; k < off + n; k++) {
         float v = j->src[k];
         uint16_t h = j->dtype == UPD_BF16 ? rd_f32_to_bf16(v) : st_f32_to_f16(v);
@@ -117,6 +131,9 @@ int upd_delta_apply(const model *m, upd_stage *s)
         s->full_mem = NULL;
         return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for the new tensors", bytes);
     }
+#ifdef MADV_HUGEPAGE
+    madvise(s->full_mem, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
+#endif
     int64_t big = 0;
     for (int g = 0; g < AG_COUNT; g++) {
         int64_t r, cl;

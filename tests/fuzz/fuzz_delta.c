@@ -9,7 +9,9 @@
  * Properties: a refusal is RD_EFORMAT (or RD_ENOMEM) with a message; an
  * accepted stream changes only bytes inside its records' ranges (each
  * record's head read back here), its changed count is at most the elements
- * they cover, and decoding it again from the base gives the same bytes.
+ * they cover, decoding it again from the base gives the same bytes, and a
+ * plain second decoder written here (runs copied element by element, zstd
+ * frames XORed byte by byte) gives the same bytes as well.
  * Build and run (make fuzz):
  *   build/fuzz/fuzz_delta -runs=10000000 -max_len=65536 CORPUS
  * Seeds: python3 tests/fuzz/delta_seeds.py CORPUS */
@@ -19,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zstd.h>
 
 static uint64_t ld64(const uint8_t *p)
 {
@@ -36,8 +39,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *w = data + 2;
     uint64_t wn = size - 2;
     uint8_t *base = malloc(tn), *t = malloc(tn), *t2 = malloc(tn), *wc = malloc(wn ? wn : 1);
-    uint8_t *cover = calloc(tn, 1);
-    if (!base || !t || !t2 || !wc || !cover)
+    uint8_t *cover = calloc(tn, 1), *ref = malloc(tn), *x = malloc(tn);
+    if (!base || !t || !t2 || !wc || !cover || !ref || !x)
         abort();
     memcpy(wc, w, wn); /* exactly sized: a read past the stream is caught */
     for (uint64_t i = 0; i < tn; i++)
@@ -51,6 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     } else {
         uint64_t at = 0, covered = 0;
+        memcpy(ref, base, tn);
         while (at < wn) { /* the decoder accepted it: every head is whole and in range */
             uint32_t payload;
             memcpy(&payload, wc + at + 4, 4);
@@ -59,8 +63,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             memset(cover + off, 1, len);
             covered += len / es;
+            const uint8_t *p = wc + at + UPD_DREC_HEAD;
+            if (wc[at] == UPD_DREC_RUNS) { /* the reference: element by element */
+                uint64_t q = 0, pos = 0;
+                while (q < payload) {
+                    uint32_t skip, count;
+                    memcpy(&skip, p + q, 4);
+                    memcpy(&count, p + q + 4, 4);
+                    q += 8;
+                    pos += skip;
+                    for (uint32_t e = 0; e < count; e++, pos++)
+                        for (uint32_t b = 0; b < es; b++)
+                            ref[off + pos * es + b] = p[q + (uint64_t)e * es + b];
+                    q += (uint64_t)count * es;
+                }
+            } else {
+                if (ZSTD_decompress(x, len, p, payload) != len)
+                    abort();
+                for (uint64_t b = 0; b < len; b++)
+                    ref[off + b] ^= x[b];
+            }
             at += UPD_DREC_HEAD + (uint64_t)payload;
         }
+        if (memcmp(ref, t, tn))
+            abort(); /* the decoder and the plain reference disagree */
         for (uint64_t i = 0; i < tn; i++)
             if (!cover[i] && t[i] != base[i])
                 abort(); /* a byte outside every record changed */
@@ -70,6 +96,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (upd_delta_decode(wc, wn, t2, tn, es, "fuzz", NULL) || memcmp(t, t2, tn))
             abort();
     }
-    free(base), free(t), free(t2), free(wc), free(cover);
+    free(base), free(t), free(t2), free(wc), free(cover), free(ref), free(x);
     return 0;
 }
