@@ -51,6 +51,8 @@ struct xfer {
     uint64_t tensor_bytes;      /* the tensors' own bytes */
     uint64_t delta_elems, delta_changed; /* elements of the delta tensors; whose bits changed (once applied) */
     upd_held *held_next;        /* built: what is held once this transfer is swapped in */
+    int prefaulting;            /* a worker touches the delta's new-bytes mapping (upd_delta_prefault) */
+    void *build_waiting;        /* a build_job queued once the prefault is done (it writes that mapping) */
 };
 
 /* Where a chunk's reply goes: an NNG context, or (lane.send set) the data lane. */
@@ -105,6 +107,7 @@ static int64_t engine_steps(xfer_state *s)
 }
 
 static void free_patch_later(xfer_state *s, upd_patch *p);
+static void start_prefault(xfer_state *s, xfer *x);
 
 static void xfer_free(xfer *x)
 {
@@ -313,6 +316,8 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
     x->t_begin_us = x->t_last_us = now_us();
     x->steps_at_begin = engine_steps(s);
     s->open = x;
+    if (n_delta)
+        start_prefault(s, x);
     log_line("weight update to version %llu begun: %u tensors (%u deltas against %llu), %llu bytes, mode %s, "
              "window %u", (unsigned long long)x->version, b->n_tensors, n_delta,
              (unsigned long long)*s->env->weight_version, (unsigned long long)st->total_bytes,
@@ -692,6 +697,10 @@ static uint32_t start_build(xfer_state *s, xfer *x, char *why, size_t why_cap)
     x->building = 1;
     x->t_build_us = now_us();
     x->inflight++; /* the job reads st: an abort meanwhile must not free it */
+    if (x->prefaulting) { /* prefault_done queues it */
+        x->build_waiting = j;
+        return 0;
+    }
     if (uv_queue_work(s->env->loop, &j->w, build_work, build_done)) {
         free(j);
         x->building = 0;
@@ -700,6 +709,65 @@ static uint32_t start_build(xfer_state *s, xfer *x, char *why, size_t why_cap)
         return PROTO_E_INTERNAL;
     }
     return 0;
+}
+
+/* ---- a delta's new-bytes mapping, touched while the chunks arrive ---- */
+
+typedef struct {
+    uv_work_t w;
+    xfer_state *s;
+    xfer *x;
+} prefault_job;
+
+static void prefault_work(uv_work_t *w)
+{
+    prefault_job *j = w->data;
+    upd_delta_prefault(j->x->st);
+}
+
+static void prefault_done(uv_work_t *w, int status)
+{
+    prefault_job *j = w->data;
+    xfer_state *s = j->s;
+    xfer *x = j->x;
+    free(j);
+    x->inflight--;
+    x->prefaulting = 0;
+    build_job *b = x->build_waiting;
+    x->build_waiting = NULL;
+    if (b && uv_queue_work(s->env->loop, &b->w, build_work, build_done)) {
+        free(b);
+        x->inflight--;
+        x->building = 0;
+        br_ctx *ctx = x->commit_ctx;
+        x->committing = 0;
+        abort_xfer_code(s, PROTO_E_INTERNAL, "cannot queue the conversion job");
+        if (ctx)
+            reply_error(s, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "cannot queue the conversion job");
+        return;
+    }
+    xfer_maybe_free(x);
+}
+
+/* Maps the delta's new-bytes memory and touches it on a worker (its zeroing by the
+ * kernel is then off the build's path); without the mapping the build maps it itself. */
+static void start_prefault(xfer_state *s, xfer *x)
+{
+    prefault_job *j = calloc(1, sizeof *j);
+    if (!j || upd_delta_map(x->st)) {
+        free(j);
+        return;
+    }
+    j->w.data = j;
+    j->s = s;
+    j->x = x;
+    x->inflight++;
+    x->prefaulting = 1;
+    if (uv_queue_work(s->env->loop, &j->w, prefault_work, prefault_done)) {
+        free(j);
+        x->inflight--;
+        x->prefaulting = 0;
+    }
 }
 
 /* The reply to a request naming a transfer that is not open: the reason the

@@ -104,6 +104,37 @@ static void apply_task(void *ctx, int32_t i, int32_t worker)
     j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), t->name, &j->changed[i]);
 }
 
+int upd_delta_map(upd_stage *s)
+{
+    if (s->full_mem)
+        return 0;
+    size_t bytes = 0;
+    for (int32_t i = 0; i < s->n; i++)
+        if (s->t[i].delta)
+            bytes += (s->t[i].nbytes + 63) & ~(uint64_t)63;
+    if (!bytes)
+        return 0;
+    /* One mapping, the tensors in manifest order at 64-byte steps, as the
+     * staging area lays out a full push: build_group_native joins members
+     * whose bytes touch, so q|k|v load as the parts a full push makes. */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for the new tensors", bytes);
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
+#endif
+    s->full_mem = p;
+    s->full_mem_bytes = bytes;
+    return 0;
+}
+
+void upd_delta_prefault(upd_stage *s)
+{
+    volatile uint8_t *p = s->full_mem;
+    for (size_t o = 0; p && o < s->full_mem_bytes; o += 4096)
+        p[o] = 0;
+}
+
 int upd_delta_apply(const model *m, upd_stage *s)
 {
     const model_config *c = &m->cfg;
@@ -122,18 +153,9 @@ int upd_delta_apply(const model *m, upd_stage *s)
     }
     if (!bytes)
         return 0;
-    /* One mapping, the tensors in manifest order at 64-byte steps, as the
-     * staging area lays out a full push: build_group_native joins members
-     * whose bytes touch, so q|k|v load as the parts a full push makes. */
-    s->full_mem_bytes = bytes;
-    s->full_mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (s->full_mem == MAP_FAILED) {
-        s->full_mem = NULL;
-        return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for the new tensors", bytes);
-    }
-#ifdef MADV_HUGEPAGE
-    madvise(s->full_mem, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
-#endif
+    int mrc = upd_delta_map(s);
+    if (mrc)
+        return mrc;
     int64_t big = 0;
     for (int g = 0; g < AG_COUNT; g++) {
         int64_t r, cl;

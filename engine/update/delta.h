@@ -38,6 +38,13 @@
  * changed. The model is only read: decode goes on. */
 int upd_delta_apply(const model *m, upd_stage *s);
 
+/* Maps the memory the delta tensors' new bytes go to (once; upd_delta_apply
+ * calls it too), and touches every page of it: the kernel's zeroing of a
+ * fresh mapping is a quarter of an apply's time, so the daemon does this on
+ * a worker while the chunks arrive (never while an apply runs). */
+int upd_delta_map(upd_stage *s);
+void upd_delta_prefault(upd_stage *s);
+
 /* Which tensors a daemon holds as pushed: for each weight of the model, the
  * dtype of its last committed push, and whether it is served quantized. */
 typedef struct upd_held upd_held;
