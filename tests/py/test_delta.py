@@ -317,5 +317,52 @@ def learner_killed_mid_delta_leaves_nothing_half_applied():
         stop_all()
 
 
+def write_safetensors(path, tensors):
+    """tensors {name: uint16 bf16 bits}: a .safetensors file (BF16), written here."""
+    import json
+    import struct
+    hdr, off, blobs = {}, 0, []
+    for k, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<u2").tobytes()
+        hdr[k] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(hdr).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+@case
+def rolloutctl_push_weights_base_sends_deltas():
+    """rolloutctl push-weights NEW --base OLD (the C encoder, client/rd_delta.c): the daemon on the base
+    version serves what a full push serves; one still on its file refuses and gets NEW whole."""
+    import tempfile
+    from harness import BUILD, TMP
+    w0, w1, _, _ = weights()
+    work = tempfile.mkdtemp(prefix="rd-delta-ctl-", dir=TMP)
+    old, new = os.path.join(work, "old.safetensors"), os.path.join(work, "new.safetensors")
+    write_safetensors(old, w0)
+    write_safetensors(new, w1)
+    ref, dd, fresh = daemon(), daemon(), daemon()
+    try:
+        with Client(ref.url, name="ref") as c:
+            c.push_weights(w1, 2)
+        with Client(dd.url, name="learner") as c:
+            c.push_weights(w0, 1)
+        p = subprocess.run([os.path.join(BUILD, "rolloutctl"), "push-weights", "--connect", f"{dd.url},{fresh.url}",
+                            new, "--version", "2", "--base", old, "--fanout", "direct"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        assert f"{fresh.url} refused the delta; pushed it whole" in p.stderr, p.stderr
+        lu = last_update(dd.url)
+        assert lu["kind"] == "delta" and lu["delta_tensors"] == len(w1) and lu["wire_bytes"] < lu["tensor_bytes"], lu
+        assert abs(lu["changed_fraction"] - changed_fraction(w1, w0)) < 1e-12, lu
+        assert last_update(fresh.url)["kind"] == "full" and version(fresh.url) == 2
+        want = outputs(ref.url)
+        assert outputs(dd.url) == want and outputs(fresh.url) == want
+    finally:
+        stop_all()
+
+
 if __name__ == "__main__":
     main()
