@@ -28,6 +28,8 @@ uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint3
     if ((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)
         bytes += proto_routes_bytes((uint64_t)n_prompt + r->max_tokens - 1, l->route_layers, l->route_k,
                                     l->route_width);
+    if (l->lim->version >= 3)
+        bytes += PROTO_SERVE_TAIL_BYTES; /* the result's serve_dtype tail (RESULT_SERVE) */
     return bytes;
 }
 

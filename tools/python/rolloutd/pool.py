@@ -28,7 +28,7 @@ import pynng
 
 from . import proto as P
 from .client import (DaemonError, PreparedUpdate, PushResult, Sample, TimeoutError_, Client, CHUNK_ROOM,  # noqa: F401
-                     CHUNK_TIMEOUT_MS, _Push, _mode, _url_host, lane_key, wrap_pad)
+                     CHUNK_TIMEOUT_MS, _Push, _mode, _serve, _url_host, lane_key, wrap_pad)
 
 POLL_S = 0.02               # UPDATE_PREPARE polls of a chain push
 POLL_TIMEOUT_MS = 3000      # a daemon that does not answer a poll this fast is taken for dead
@@ -205,7 +205,7 @@ class Pool:
         return PreparedUpdate(tensors, min(int(chunk_bytes), room))
 
     def push_weights(self, tensors, version, mode="continue", window=4, chunk_bytes=16 << 20, lane=True,
-                     progress=None, fanout=None, on_failure="abort") -> List[PushResult]:
+                     progress=None, fanout=None, on_failure="abort", serve_dtype=None) -> List[PushResult]:
         """Pushes the tensors to every daemon as policy `version`
         (Client.push_weights' parameters; the checksums are computed once).
 
@@ -216,7 +216,8 @@ class Pool:
         is routed around. on_failure="abort" (the default) then aborts the
         update everywhere (the old weights keep serving); "commit" commits it
         on the daemons that have it. "direct" sends everything to every
-        daemon at once, each committing on its own.
+        daemon at once, each committing on its own. serve_dtype: None (each
+        daemon's config), "as_pushed" or "q8_0" for this push on every daemon.
         A chain needs the daemons' data lanes; where a daemon offers none (TLS)
         the push is direct.
 
@@ -230,15 +231,18 @@ class Pool:
             raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
         if on_failure not in ("abort", "commit"):
             raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
+        for c in self.clients:
+            _serve(serve_dtype, c)      # refuses before anything is sent
         with self._lock:
             prep = self.prepare(tensors, chunk_bytes)
             if fanout == "chain" and lane:
-                res = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress).run()
+                res = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress,
+                             _serve(serve_dtype)).run()
                 if res is not None:
                     return res
-            return self._push_direct(prep, version, mode, window, lane, progress)
+            return self._push_direct(prep, version, mode, window, lane, progress, serve_dtype)
 
-    def _push_direct(self, prep, version, mode, window, lane, progress):
+    def _push_direct(self, prep, version, mode, window, lane, progress, serve_dtype=None):
         done = {c.url: 0 for c in self.clients}
         cb = None
         if progress:
@@ -250,7 +254,8 @@ class Pool:
                 return f
             cb = cb_for
         jobs = [(c.url, (lambda c=c: c.push_weights(prep, version, mode=mode, window=window, lane=lane,
-                                                       progress=cb(c.url) if cb else None)))
+                                                       progress=cb(c.url) if cb else None,
+                                                       serve_dtype=serve_dtype)))
                 for c in self.clients]
         if progress is True:
             res = self._with_progress_line(jobs, done, prep.total_bytes)
@@ -302,11 +307,11 @@ class _Chain:
     UPDATE_PREPARE polls until every daemon has verified and built the update;
     then UPDATE_COMMIT on all (or UPDATE_ABORT on all)."""
 
-    def __init__(self, pool, prep, version, mode, window, on_failure, progress):
+    def __init__(self, pool, prep, version, mode, window, on_failure, progress, serve=0):
         self.pool, self.prep, self.version, self.mode = pool, prep, version, mode
         self.window, self.on_failure, self.progress = window, on_failure, progress
         self.clients = pool.clients
-        self.pushes = [_Push(c, prep, version, mode, window, True, None) for c in self.clients]
+        self.pushes = [_Push(c, prep, version, mode, window, True, None, serve) for c in self.clients]
         self.errors = {}            # index -> exception: that daemon is out of the chain
         self.feeders = {}           # index -> (thread, box): this process sends to that daemon
         self.next_of = {}           # index -> the index it forwards to
