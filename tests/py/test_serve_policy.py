@@ -10,7 +10,9 @@ of the same bf16 weights (test_serve_dtype's q8_0_copy), for "as_pushed" a daemo
   serve_dtype is served as the config says (bit-identical to the bf16 file again, "as_pushed");
 - Pool.push_weights(serve_dtype="q8_0") through a chain of two daemons serves the Q8_0 file's bits on both;
 - /update_weights_from_disk with "serve_dtype": "q8_0" of the bf16 file likewise serves the Q8_0
-  file's bits and says "q8_0"; a bad serve_dtype there is a 400 naming the field;
+  file's bits and says "q8_0"; a bad serve_dtype there is a 400 naming the field; the weights of
+  that version cannot be released (a resume would read the file's bf16 back, another policy: 400
+  naming q8_0), those of an as_pushed disk push can;
 - a version-2 client's results are the bytes they were (no RESULT_SERVE flag, no tail); a version-2
   UPDATE_BEGIN with the serve_dtype byte set is MALFORMED, a version-3 one with an undefined code
   (3) likewise; the daemon keeps serving;
@@ -139,6 +141,17 @@ def update_weights_from_disk_takes_serve_dtype():
         r = runs(cb)
         assert same(r, q8_runs), "/update_weights_from_disk serve_dtype q8_0 differs from the Q8_0 file"
         assert dtypes(r) == {("q8_0", "q8_0")}, dtypes(r)
+        # the file would give back bf16 on resume, not this policy: releasing the weights is refused
+        code, out = post(b, "/release_memory_occupation", {"tags": ["weights"]})
+        assert code == 400 and "q8_0" in json.dumps(out), (code, out)
+        assert same(runs(cb), q8_runs), "the refused release changed what is served"
+        code, out = post(b, "/update_weights_from_disk", {"model_path": BF16, "serve_dtype": "as_pushed"})
+        assert code == 200 and out.get("success"), (code, out)
+        code, out = post(b, "/release_memory_occupation", {"tags": ["weights"]})
+        assert code == 200, (code, out)
+        code, out = post(b, "/resume_memory_occupation", {"tags": ["weights"]})
+        assert code == 200, (code, out)
+        assert dtypes(runs(cb)) == {("as_pushed", "as_pushed")}
 
 
 @case
