@@ -38,6 +38,13 @@ int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_pro
     uint64_t bytes = adm_result_max_bytes(l, r, n_prompt) + PROTO_RESULTS_OVERHEAD;
     if (bytes <= l->lim->max_message_bytes)
         return 0;
+    if (!((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)) {
+        /* only the version-3 serve tail (4 bytes) past what proto_check_request allowed */
+        snprintf(msg, cap, "a result of max_tokens = %u with these log-prob options and its serve_dtype tail can "
+                 "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
+                 (unsigned long long)bytes, (unsigned long long)l->lim->max_message_bytes);
+        return -1;
+    }
     snprintf(msg, cap, "a result of max_tokens = %u with routed experts (%llu positions x %u layers x %u experts) can "
              "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
              (unsigned long long)n_prompt + r->max_tokens - 1, l->route_layers, l->route_k,

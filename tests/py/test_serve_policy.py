@@ -16,6 +16,8 @@ of the same bf16 weights (test_serve_dtype's q8_0_copy), for "as_pushed" a daemo
 - a version-2 client's results are the bytes they were (no RESULT_SERVE flag, no tail); a version-2
   UPDATE_BEGIN with the serve_dtype byte set is MALFORMED, a version-3 one with an undefined code
   (3) likewise; the daemon keeps serving;
+- a version-3 request reserves the 4-byte tail: one that fits max_message_bytes with 2 bytes to spare
+  is accepted in version 2 and refused in version 3, naming the tail;
 - the Python client refuses an unknown serve_dtype before sending anything."""
 import json
 import os
@@ -192,6 +194,29 @@ def version_2_clients_see_the_old_bytes_and_cannot_set_serve_dtype():
             assert isinstance(e, proto.Error) and e.code == proto.E.MALFORMED and "serve_dtype" in e.message, e
     with Client(b.url) as c:
         assert c.generate([PROMPTS[1]], max_tokens=3)[0].serve_dtype == "as_pushed"
+
+
+@case
+def version_3_requests_reserve_the_serve_tail():
+    """A request whose worst-case result fits max_message_bytes with 2 bytes to spare is accepted in
+    version 2 and refused in version 3 (its results carry the 4-byte serve tail), by name."""
+    mt = 200
+    worst = proto.RESULT_MIN_BYTES + mt * (8 + proto.SPAN_BYTES) + proto.RESULTS_OVERHEAD
+    assert worst == proto.result_max_bytes(mt, False, 0) + proto.RESULTS_OVERHEAD
+    b = daemon("--max-message-bytes", worst + 2, model=BF16)
+    q = proto.Request(client_req_id=1, n=1, max_tokens=mt, temperature=1.0, prompt_ids=PROMPTS[0][:2])
+    with b.sock() as s:
+        for v, want in ((2, 0), (3, proto.E.INVALID_PARAMS)):
+            h = rpc(s, proto.Hello(min_version=1, max_version=v, client_name=f"v{v}"))
+            q.client_req_id += 1
+            s.send(proto.encode(proto.Submit(client_id=h.client_id, requests=[q]), v))
+            item = proto.decode(s.recv()).items[0]
+            assert item.status == want, (v, item)
+            if want:
+                assert "serve_dtype tail" in item.message, item.message
+            else:
+                s.send(proto.encode(proto.Abort(client_id=h.client_id, flags=proto.ABORT_ALL), v))
+                s.recv()
 
 
 @case

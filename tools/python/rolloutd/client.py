@@ -385,7 +385,7 @@ class Client:
 
     def hello(self, client_id=0, name="rolloutd-python"):
         """HELLO: a new client (0) or resume client_id, offering protocol
-        versions 1..2 (the daemon picks the highest it speaks). Returns the HelloOk."""
+        versions 1..3 (the daemon picks the highest it speaks). Returns the HelloOk."""
         ok = self._call(P.Hello(client_id=client_id, min_version=P.VERSION_MIN, max_version=P.VERSION,
                                 client_name=name), P.T.HELLO_OK)
         self.version = ok.version if P.VERSION_MIN <= ok.version <= P.VERSION else P.VERSION_MIN
