@@ -24,6 +24,8 @@ one `--serve-dtype q8_0` (quantizes at COMMIT), then:
   the q8_0 daemon's own samples against the q8_0 scoring (decode vs prefill arithmetic, ~1e-5; a
   large value would mean the scoring file is not the policy the daemon serves).
 
+Last, the GEMM alone (rollout-gemmbench, bf16 and Q8_0 alternating, one thread's CPU time): how much
+of the bytes' 1.88x the M=1 decoders turn into speed, a number the machine's load moves little.
 The load average and the daemons' /status weights_bytes are printed next to the numbers (a shared
 machine: compare the columns of one run, not runs). Writes build/bench-quant.json.
   env: ROUNDS (default 3), MODELS (comma-separated GGUF paths; default: the default model and
@@ -232,6 +234,22 @@ def report(res):
           f"q8_0 daemon vs q8_0 scoring max |d| {t['check_q8_0_daemon_vs_scoring_max']:.1e}")
 
 
+def gemm_profile(reps=2):
+    """The GEMM alone (rollout-gemmbench: one thread, its CPU time, weights streamed from DRAM), bf16 and
+    Q8_0 alternating: {type: {rows: [G weights/s per rep]}}, which says how much of the bytes' 1.88x the
+    decoders turn into speed, independent of the machine's load."""
+    out = {"bf16": {}, "q8_0": {}}
+    for _ in range(reps):
+        for t in out:
+            txt = subprocess.run([os.path.join(BUILD, "rollout-gemmbench"), "--type", t, "--rows", "1,8,32"],
+                                 check=True, capture_output=True, text=True).stdout
+            for line in txt.splitlines():
+                f = line.split()
+                if f and f[0].startswith("M=") and f[1] == t:
+                    out[t].setdefault(int(f[0][2:]), []).append(float(f[2]))
+    return out
+
+
 def main():
     models = os.environ.get("MODELS")
     models = models.split(",") if models else [DEFAULT] + ([GEMMA3] if os.path.exists(GEMMA3) else [])
@@ -244,6 +262,12 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
         out["models"].append(res)
         report(res)
+    g = out["gemm"] = gemm_profile()
+    print("\nThe GEMM alone (rollout-gemmbench, 1 thread, CPU time, best of 7 per run), G weights/s:")
+    for m in sorted(g["bf16"]):
+        b, q = g["bf16"][m], g["q8_0"][m]
+        print(f"  M={m:<3} bf16 {' '.join(f'{x:.2f}' for x in b)}   q8_0 {' '.join(f'{x:.2f}' for x in q)}   "
+              f"q8_0/bf16 {max(q) / max(b):.2f}")
     with open(os.path.join(BUILD, "bench-quant.json"), "w") as f:
         json.dump(out, f, indent=1)
 
