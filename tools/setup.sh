@@ -22,6 +22,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
+# Ray (a prebuilt wheel, cp311 manylinux2014): rolloutd.ray, the fleet; tests/py/test_ray_fleet.py
+PIP_PKGS+=("ray==2.60.0")
+
 PY=${PYTHON:-python3}
 
 # llama.cpp (the oracle and the benchmarks' baseline) is built for this CPU's

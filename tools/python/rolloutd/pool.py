@@ -291,6 +291,20 @@ class Pool:
                 raise r
         return [r for _, r in res]
 
+    manifest = None     # {HF name: shape} push_tensors checks against (rolloutd.tensors.fetch_manifest)
+
+    def push_tensors(self, named_tensors, version, dtype=None, manifest=None, partial=False, **push_kw):
+        """Pushes a trainer's tensors: any iterable of (HF name, array) pairs or a dict, NumPy
+        arrays or torch tensors (CPU or CUDA, brought to the host one at a time and never all
+        at once), as version; dtype "bf16" | "f16" | "f32" converts them on the way (None:
+        each tensor's own). Checked first against manifest ({name: shape}; default
+        self.manifest, which fleet pools fetch from GET /weights_manifest): names the model
+        does not have, its tensors missing (unless partial=True) and wrong shapes raise one
+        rolloutd.tensors.TensorMismatch listing them all, before UPDATE_BEGIN (nothing staged
+        or committed). push_kw: push_weights' (fanout, on_failure, mode, window, ...)."""
+        from .tensors import push_tensors
+        return push_tensors(self, named_tensors, version, dtype, manifest, partial, **push_kw)
+
 
 def _numeric_host(url):
     """The numeric address a relaying daemon dials for url's daemon (IPv4 first, as the daemons
