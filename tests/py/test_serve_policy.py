@@ -8,7 +8,8 @@ of the same bf16 weights (test_serve_dtype's q8_0_copy), for "as_pushed" a daemo
   "q8_0" (serve_dtype and serve_dtype_first), /status weights_serve_dtype "q8_0" while the config's
   serve_dtype stays "as_pushed", HTTP /generate meta_info says "q8_0"; the next push without a
   serve_dtype is served as the config says (bit-identical to the bf16 file again, "as_pushed");
-- Pool.push_weights(serve_dtype="q8_0") through a chain of two daemons serves the Q8_0 file's bits on both;
+- Pool.push_weights(serve_dtype="q8_0") through a chain of two daemons serves the Q8_0 file's bits on both,
+  and so does rolloutctl push-weights --serve-dtype q8_0 (the C push library);
 - /update_weights_from_disk with "serve_dtype": "q8_0" of the bf16 file likewise serves the Q8_0
   file's bits and says "q8_0"; a bad serve_dtype there is a 400 naming the field; the weights of
   that version cannot be released (a resume would read the file's bf16 back, another policy: 400
@@ -127,6 +128,31 @@ def pool_chain_push_takes_serve_dtype():
                 r = runs(c)
                 assert same(r, q8_runs), f"{d.url}: a chained q8_0 push differs from the Q8_0 file"
                 assert dtypes(r) == {("q8_0", "q8_0")}, dtypes(r)
+
+
+@case
+def rolloutctl_push_takes_serve_dtype():
+    """rolloutctl push-weights --serve-dtype q8_0 (the C push library, its UPDATE_BEGIN in version 3) of the
+    bf16 file to two as_pushed daemons (a chain): both serve the Q8_0 file's bits; a bad value is refused."""
+    import subprocess
+    a = q8_daemon()
+    ds = [daemon("--serve-dtype", "as_pushed", model=BF16) for _ in range(2)]
+    ctl = os.path.join(ROOT, os.environ.get("RD_BUILD", "build"), "rolloutctl")
+    urls = ",".join(d.url for d in ds)
+    bad = subprocess.run([ctl, "push-weights", "--connect", urls, BF16, "--version", "3", "--serve-dtype", "q4_k"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "serve-dtype" in bad.stderr, (bad.returncode, bad.stderr)
+    # f32 on the wire: the file's bf16 weights exactly, and its f32 norms unrounded (as the Q8_0 file has them)
+    ok = subprocess.run([ctl, "push-weights", "--connect", urls, BF16, "--version", "3", "--serve-dtype", "q8_0",
+                         "--json"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    with Client(a.url) as ca:
+        q8_runs = runs(ca)
+    for d in ds:
+        with Client(d.url) as c:
+            r = runs(c)
+            assert c.info.weight_version == 3 and same(r, q8_runs), f"{d.url}: rolloutctl's q8_0 push differs"
+            assert dtypes(r) == {("q8_0", "q8_0")}, dtypes(r)
 
 
 @case
