@@ -50,7 +50,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -206,6 +206,12 @@ bench-delta: all model
 # COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
 bench-commit: all model
 	python3 tools/bench_commit.py
+
+# A bf16 push served as bf16 vs q8_0 (the default model, and Gemma 3 when fetched): decode tokens/s at batch
+# 1, 8, 32 interleaved, COMMIT to serving, and the TIS mismatch (|dlogprob|, K3 KL) on bf16-sampled tokens
+# (build/bench-quant.json).
+bench-quant: all model
+	python3 tools/bench_quant.py
 
 # The main job: rolloutd with the default model, driven by the GRPO demo learner.
 demo: all model

@@ -332,7 +332,9 @@ int rdp_begin(rdp_job *j)
     q.update_begin = (proto_update_begin){.client_id = rdc_client_id(j->c), .version = o->version, .mode = o->mode,
                                           .window = o->window, .max_chunk_bytes = o->chunk_bytes,
                                           .total_bytes = p->total, .n_tensors = (uint32_t)p->n_tensors,
-                                          .tensors = p->manifest};
+                                          .tensors = p->manifest, .serve_dtype = o->serve_dtype};
+    if (o->serve_dtype)
+        q.version = 3; /* serve_dtype is a version-3 field (the reply comes in the same version) */
     int rc = rdc_call(j->c, &q, PROTO_UPDATE_BEGIN_OK, 60000, &r);
     if (rc) {
         rdp_fail_job(j, rc, rdc_error_code(j->c), rd_errmsg());

@@ -49,6 +49,8 @@ typedef struct {
 typedef struct {
     uint64_t version;
     uint8_t mode;               /* PROTO_MODE_* */
+    uint8_t serve_dtype;        /* PROTO_SERVE_* for this push (0: each daemon's config); nonzero sends
+                                 * UPDATE_BEGIN in protocol version 3, which older daemons refuse */
     uint32_t window;            /* chunks in flight per daemon (default 4) */
     uint32_t chunk_bytes;       /* default 16 MiB */
     const char *client_name;

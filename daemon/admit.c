@@ -28,6 +28,8 @@ uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint3
     if ((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)
         bytes += proto_routes_bytes((uint64_t)n_prompt + r->max_tokens - 1, l->route_layers, l->route_k,
                                     l->route_width);
+    if (l->lim->version >= 3)
+        bytes += PROTO_SERVE_TAIL_BYTES; /* the result's serve_dtype tail (RESULT_SERVE) */
     return bytes;
 }
 
@@ -36,6 +38,13 @@ int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_pro
     uint64_t bytes = adm_result_max_bytes(l, r, n_prompt) + PROTO_RESULTS_OVERHEAD;
     if (bytes <= l->lim->max_message_bytes)
         return 0;
+    if (!((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)) {
+        /* only the version-3 serve tail (4 bytes) past what proto_check_request allowed */
+        snprintf(msg, cap, "a result of max_tokens = %u with these log-prob options and its serve_dtype tail can "
+                 "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
+                 (unsigned long long)bytes, (unsigned long long)l->lim->max_message_bytes);
+        return -1;
+    }
     snprintf(msg, cap, "a result of max_tokens = %u with routed experts (%llu positions x %u layers x %u experts) can "
              "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
              (unsigned long long)n_prompt + r->max_tokens - 1, l->route_layers, l->route_k,

@@ -575,6 +575,9 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
     char ver[32];
     snprintf(ver, sizeof ver, "%llu", (unsigned long long)(v ? r->version_finish : c->a->d->weight_version));
     cJSON_AddStringToObject(mi, "weight_version", ver);
+    /* which policy produced the tokens (issue 26): the serve_dtype of that version */
+    cJSON_AddStringToObject(mi, "serve_dtype",
+                            sh_name(sh_code(&c->a->d->serve, v ? r->version_finish : c->a->d->weight_version)));
     if (v)
         cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
     if (v && c->return_routes)

@@ -161,6 +161,7 @@ typedef struct {
     uint8_t mode;               /* PROTO_MODE_CONTINUE, _DRAIN or _ABORT */
     int flush_cache;            /* SGLang's flush_cache (default 1): drop the prefix cache once it serves */
     int keep_pause;             /* SGLang's keep_pause: stay paused in place after the update */
+    uint8_t serve_dtype;        /* PROTO_SERVE_* ("serve_dtype": "as_pushed" | "q8_0"); 0: the daemon's config */
 } api_update_req;
 int api_read_update_disk(cJSON *root, uint64_t serving, api_update_req *u, api_err *e);
 /* api_read_rl.c: the readers of vLLM's and SGLang's RL routes (same contract). */
@@ -304,6 +305,8 @@ typedef struct {
  * 0: h belongs to the update; else e says why (the caller answers). */
 #define API_UPD_FLUSH_CACHE 1   /* drop the prefix cache once the new version serves (SGLang's flush_cache) */
 #define API_UPD_KEEP_PAUSE 2    /* stay paused in place after the update (SGLang's keep_pause) */
+#define API_UPD_SERVE(code) ((int)(code) << 8) /* push as serve_dtype PROTO_SERVE_* (0: the config's) */
+#define API_UPD_SERVE_OF(flags) ((uint8_t)((flags) >> 8 & 0xFF))
 int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode, int flags,
                          void (*answer)(http_res *h, const api_update_result *r), api_err *e);
 

@@ -618,6 +618,16 @@ int api_read_update_disk(cJSON *root, uint64_t serving, api_update_req *u, api_e
         else
             api_bad(e, 400, "field \"mode\": expected \"continue\", \"drain\" or \"abort\"");
     }
+    cJSON *sd = cJSON_GetObjectItemCaseSensitive(root, "serve_dtype"); /* rolloutd's (issue 26) */
+    if (sd && !cJSON_IsNull(sd)) {
+        if (cJSON_IsString(sd) && !strcmp(sd->valuestring, "as_pushed"))
+            u->serve_dtype = PROTO_SERVE_AS_PUSHED;
+        else if (cJSON_IsString(sd) && !strcmp(sd->valuestring, "q8_0"))
+            u->serve_dtype = PROTO_SERVE_Q8_0;
+        else
+            api_bad(e, 400, "field \"serve_dtype\": expected null (the daemon's serve_dtype), \"as_pushed\" or "
+                    "\"q8_0\"");
+    }
     u->version = version;
     u->mode = mode;
     return e->status ? -1 : 0;

@@ -128,6 +128,16 @@ static void on_mem_close(http_res *h, void *ud)
         }
 }
 
+/* The serving weights can be read back from a file on resume: the file they
+ * came from, served as it holds them (a push quantized at COMMIT, serve_dtype
+ * q8_0, is not what the file gives back). */
+static int weights_from_file(const api *a)
+{
+    const rd_daemon *d = a->d;
+    return a->src_ok && a->src_version == d->weight_version &&
+           sh_code(&d->serve, d->weight_version) == PROTO_SERVE_AS_PUSHED;
+}
+
 /* Queues a release or resume of tags; answers at once when there is nothing
  * to do or it is refused. */
 static void mem_start(api *a, http_res *h, int op, int tags, int vllm, int check_busy)
@@ -136,10 +146,11 @@ static void mem_start(api *a, http_res *h, int op, int tags, int vllm, int check
     api_err e = {0};
     if (op == ET_MEM_RELEASE) {
         tags &= ~a->mem_released; /* what is already released stays so */
-        if ((tags & ET_MEM_WEIGHTS) && !(a->src_ok && a->src_version == d->weight_version))
-            api_bad(&e, 400, "cannot release the weights: the serving version %llu came over an NNG push, so "
-                    "there is no file to read them back from on resume (release \"kv_cache\" only, or load a "
-                    "file with /update_weights_from_disk first)", (unsigned long long)d->weight_version);
+        if ((tags & ET_MEM_WEIGHTS) && !weights_from_file(a))
+            api_bad(&e, 400, "cannot release the weights: the serving version %llu came over an NNG push or was "
+                    "quantized at COMMIT (serve_dtype %s), so there is no file to read them back from on resume "
+                    "(release \"kv_cache\" only, or load a file with /update_weights_from_disk first)",
+                    (unsigned long long)d->weight_version, sh_name(sh_code(&d->serve, d->weight_version)));
         else if (tags && check_busy && (a->inflight > 0 || d->clients.unfinished > 0))
             api_bad(&e, 400, "cannot release memory while requests run or wait (%lld HTTP, %llu NNG): SGLang's "
                     "rule; abort them (/abort_request, /pause_generation) or let them finish first",
@@ -251,7 +262,7 @@ static void route_sleep(http_res *h, const http_req *req, void *ud)
     }
     /* Weights an NNG push brought stay (no file to read them back from); the KV cache goes. */
     int tags = ET_MEM_KV | ET_MEM_WEIGHTS;
-    if (!(a->src_ok && a->src_version == a->d->weight_version))
+    if (!weights_from_file(a))
         tags = ET_MEM_KV;
     if (abort_first) {
         /* The aborts reach the engine thread before the release does (one

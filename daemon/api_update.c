@@ -25,6 +25,7 @@ typedef struct {
     char url[CFG_STR + 16];     /* the daemon's own learner socket, dialled on loopback */
     uint64_t version;
     uint8_t mode;               /* PROTO_MODE_* */
+    uint8_t serve_dtype;        /* PROTO_SERVE_* (0: the daemon's config) */
     int rc;
     char error[600];
     uint32_t n_aborted;
@@ -41,7 +42,8 @@ static void upd_work(uv_work_t *w)
         snprintf(j->error, sizeof j->error, "model_path: %s", rd_errmsg());
         return;
     }
-    rdp_options o = {.version = j->version, .mode = j->mode, .window = 4, .chunk_bytes = 16u << 20,
+    rdp_options o = {.version = j->version, .mode = j->mode, .serve_dtype = j->serve_dtype, .window = 4,
+                     .chunk_bytes = 16u << 20,
                      .client_name = "update_weights_from_disk", .secret = j->d->secret.len ? j->d->secret.bytes : NULL,
                      .secret_len = j->d->secret.len};
     rdp_target t = {.url = j->url};
@@ -122,7 +124,8 @@ void api_route_update_disk(http_res *h, const http_req *req, void *ud)
     api_update_req u;
     if (api_read_update_disk(root, d->weight_version, &u, &e) ||
         api_update_from_path(a, h, u.path, (uint64_t)u.version, u.mode,
-                             (u.flush_cache ? API_UPD_FLUSH_CACHE : 0) | (u.keep_pause ? API_UPD_KEEP_PAUSE : 0),
+                             (u.flush_cache ? API_UPD_FLUSH_CACHE : 0) | (u.keep_pause ? API_UPD_KEEP_PAUSE : 0) |
+                                 API_UPD_SERVE(u.serve_dtype),
                              answer_sglang, &e)) {
         cJSON_Delete(root);
         api_answer_error(h, &e);
@@ -155,6 +158,7 @@ int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version
     j->answer = answer;
     j->flush_cache = !!(flags & API_UPD_FLUSH_CACHE);
     j->keep_pause = !!(flags & API_UPD_KEEP_PAUSE);
+    j->serve_dtype = API_UPD_SERVE_OF(flags);
     snprintf(j->path, sizeof j->path, "%s", path);
     own_url(d->br.self_url[0] ? d->br.self_url : d->cfg.listen, j->url, sizeof j->url); /* TLS: inproc */
     j->w.data = j;

@@ -261,6 +261,13 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
     } else {
         r->spans = &r->one;
     }
+    if (q->serve) {
+        /* Which policy produced the tokens: the finish version's serve_dtype,
+         * and the first span's (a push meanwhile may have changed it). */
+        p->flags |= PROTO_RESULT_SERVE;
+        p->serve_dtype = t->serve ? sh_code(t->serve, p->version_finish) : 0;
+        p->serve_dtype_first = t->serve ? sh_code(t->serve, p->n_spans ? p->spans[0].version : p->version_finish) : 0;
+    }
     if (q->route_layers) {
         /* Routes asked: the flag and the shape always, the ids when the engine
          * has them (none for a sample aborted before it ran). */

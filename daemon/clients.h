@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "base/u64map.h"
+#include "daemon/serve_hist.h"
 #include "engine/serve/engine.h"
 #include "proto/proto.h"
 
@@ -49,6 +50,7 @@ struct cl_req {
     uint16_t route_layers;
     uint8_t route_k;
     uint8_t route_width;        /* bytes per expert id on the wire (proto_route_width) */
+    int serve;                  /* its SUBMIT was version 3 or later: results carry serve_dtype (RESULT_SERVE) */
 };
 
 struct cl_client {
@@ -76,6 +78,7 @@ typedef struct {
     uint32_t unfinished;        /* requests with samples still in the engine */
     uint32_t retention_results; /* per-client bounds */
     uint64_t retention_bytes;
+    const sh_hist *serve;       /* the serve_dtype of each recent version (the daemon's; NULL: none known) */
 } cl_table;
 
 void cl_init(cl_table *t, uint32_t retention_results, uint64_t retention_bytes);

@@ -43,6 +43,7 @@ typedef struct rd_daemon {
     struct api *api;            /* the HTTP generation routes (api.h), NULL before loop_http_start */
     et_thread et;
     cl_table clients;
+    sh_hist serve;              /* the serve_dtype of each recent weight version (results, HTTP, /status) */
     mx_window win;
     eng_stats stats;            /* latest engine snapshot */
 

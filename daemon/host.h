@@ -7,7 +7,7 @@
  * The daemon's include order, bottom to top (a file includes headers of its
  * own step or lower ones, never higher):
  *   base/ -> engine/, proto/ (one floor, neither includes the other) -> client/
- *   -> daemon/log, config, netaddr, relay_allow, clients, bridge, metrics, engine_thread, http, http_tls
+ *   -> daemon/log, config, netaddr, relay_allow, serve_hist, clients, bridge, metrics, engine_thread, http, http_tls
  *   -> daemon/host.h (this file)
  *   -> daemon/update/convert.h        (wire enums <-> engine enums, the one place)
  *   -> daemon/update/relay, lane_server (know nothing of a transfer: a source, a sink)
@@ -27,6 +27,7 @@
 #include "daemon/clients.h"
 #include "daemon/config.h"
 #include "daemon/engine_thread.h"
+#include "daemon/serve_hist.h"
 #include "engine/model/model.h"
 #include "proto/auth.h"
 #include "proto/proto.h"
@@ -61,6 +62,7 @@ typedef struct {
     cl_table *clients;          /* senders must be known clients */
     const d_state *state;       /* updates begin only while D_SERVING */
     uint64_t *weight_version;   /* the serving version; the wing sets it when a swap lands */
+    sh_hist *serve;             /* what each version is served as; the wing notes each swap */
     const uint64_t *max_message_bytes; /* bytes: HELLO_OK's frame limit */
     const uint64_t *t_start_us; /* monotonic µs at start (up_last.at_s) */
     const host_secret *secret;

@@ -345,6 +345,7 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, uint16
     q->version_admit = d->weight_version;
     q->n_prompt = n_prompt;
     q->seed = (r->flags & PROTO_REQ_HAS_SEED) ? r->seed : adm_random_seed(q->key);
+    q->serve = version >= 3;
     if (r->flags & PROTO_REQ_RETURN_ROUTES) {
         q->route_layers = lim.route_layers;
         q->route_k = lim.route_k;
@@ -657,6 +658,7 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->kv_bytes = (int64_t)s->eng.kv_blocks_total * s->block_size * (model_kv_bytes_per_token(&m->cfg) / 4) * kv_elem;
     s->kv_dtype = kv_elem == 4 ? "f32" : !strcmp(d->cfg.kv_dtype, "f16") ? "f16" : "bf16";
     s->serve_dtype = d->cfg.serve_dtype;
+    s->weights_serve_dtype = sh_name(sh_code(&d->serve, d->weight_version));
     /* What the backend holds where it says (ops.linear_bytes: the CPU's file
      * dtypes or fp32 panels), counted by the engine thread at load and at
      * each update swap; else bf16 on CUDA plus its fp32 copy of the LM head. */

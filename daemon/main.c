@@ -108,6 +108,7 @@ static void wing_setup(rd_daemon *d)
         .clients = &d->clients,
         .state = &d->state,
         .weight_version = &d->weight_version,
+        .serve = &d->serve,
         .max_message_bytes = &d->lim.max_message_bytes,
         .t_start_us = &d->t_start_us,
         .secret = &d->secret,
@@ -220,6 +221,9 @@ int main(int argc, char **argv)
     model_name(d);
     limits(d);
     cl_init(&d->clients, d->lim.retention_results, d->lim.retention_bytes);
+    /* the weights loaded at start are served as the file holds them */
+    sh_init(&d->serve, d->weight_version, PROTO_SERVE_AS_PUSHED);
+    d->clients.serve = &d->serve;
     proto_buf_init(&d->out);
     uv_loop_init(&d->loop);
     wing_setup(d);

@@ -54,6 +54,8 @@ char *mx_status_json(const mx_snapshot *s)
      * quantized rollout policy (TIS) reads it next to the version. */
     if (s->serve_dtype)
         cJSON_AddStringToObject(o, "serve_dtype", s->serve_dtype);
+    if (s->weights_serve_dtype)
+        cJSON_AddStringToObject(o, "weights_serve_dtype", s->weights_serve_dtype);
     cJSON_AddNumberToObject(o, "uptime_s", s->uptime_s);
     cJSON *rq = cJSON_AddObjectToObject(o, "requests");
     cJSON_AddNumberToObject(rq, "waiting", s->eng.waiting + s->queued);

@@ -415,10 +415,24 @@ static int zero_bits(cursor *c, uint64_t v, uint64_t allowed, const char *field)
 }
 
 /* The bits a BITS field may have in a frame of this version: those of A,
- * less (before version 2) those B says version 2 added. */
+ * less those B says a later version added (a byte of B per version from 2). */
 static uint64_t bits_allowed(const proto_field *f, uint16_t version)
 {
-    return version >= 2 ? f->a : f->a & ~f->b;
+    uint64_t a = f->a;
+    for (unsigned v = version + 1u; v <= PROTO_VERSION; v++)
+        if (v >= 2)
+            a &= ~((f->b >> (8 * (v - 2))) & 0xFF);
+    return a;
+}
+
+/* Version 3 gave UPDATE_BEGIN's reserved byte a meaning (serve_dtype); in an
+ * older frame it is still reserved. */
+static int serve_dtype_ok(const proto_msg *m, uint16_t version)
+{
+    if (m->type != PROTO_UPDATE_BEGIN || version >= 3 || m->update_begin.serve_dtype == 0)
+        return 0;
+    return rd_fail(RD_EFORMAT, "UPDATE_BEGIN: serve_dtype is %u in a protocol version %u frame; it is defined from "
+                   "version 3 and must be 0 before", m->update_begin.serve_dtype, version);
 }
 
 static const char empty_str[1] = "";
@@ -722,7 +736,17 @@ static int dec_result_tail(cursor *c, proto_result *r)
     if (check_spans(r->n_tokens, r->n_spans, r->spans, why, sizeof why))
         return MALFORMED(c, "%s: %s", where(c, tmp, sizeof tmp), why);
     if (r->flags & PROTO_RESULT_ROUTES)
-        return dec_routes(c, r);
+        TRY(dec_routes(c, r));
+    if (r->flags & PROTO_RESULT_SERVE) {
+        uint16_t rsv;
+        TRY(rd8(c, &r->serve_dtype, "serve_dtype"));
+        TRY(rd8(c, &r->serve_dtype_first, "serve_dtype_first"));
+        TRY(rd16(c, &rsv, "serve reserved"));
+        if (r->serve_dtype > PROTO_SERVE_MAX || r->serve_dtype_first > PROTO_SERVE_MAX || rsv)
+            return MALFORMED(c, "%s: serve_dtype %u, serve_dtype_first %u, reserved %u; expected 0..%u, 0..%u, 0",
+                             where(c, tmp, sizeof tmp), r->serve_dtype, r->serve_dtype_first, rsv, PROTO_SERVE_MAX,
+                             PROTO_SERVE_MAX);
+    }
     return 0;
 }
 
@@ -853,6 +877,8 @@ static int decode_frame(const uint8_t *buf, size_t len, size_t max_len, proto_ms
     if (c.off != c.len)
         return MALFORMED(&c, "%s: %zu bytes after the last field (body offset %zu of %zu); expected none", name,
                          c.len - c.off, c.off, c.len);
+    if (serve_dtype_ok(out, version))
+        return fail_wire(out, PROTO_E_MALFORMED, RD_EFORMAT);
     return 0;
 }
 
@@ -1104,6 +1130,9 @@ static int result_tail_ok(const proto_result *r)
     char why[160];
     if (check_spans(r->n_tokens, r->n_spans, r->spans, why, sizeof why))
         return rd_fail(RD_EINVAL, "%s seq %llu: %s", m, (unsigned long long)r->seq, why);
+    if ((r->flags & PROTO_RESULT_SERVE) && (r->serve_dtype > PROTO_SERVE_MAX || r->serve_dtype_first > PROTO_SERVE_MAX))
+        return rd_fail(RD_EINVAL, "%s seq %llu: serve_dtype %u / serve_dtype_first %u; expected 0..%u", m,
+                       (unsigned long long)r->seq, r->serve_dtype, r->serve_dtype_first, PROTO_SERVE_MAX);
     if (!(r->flags & PROTO_RESULT_ROUTES))
         return 0;
     if (r->route_width != 1 && r->route_width != 2 && r->route_width != 4)
@@ -1238,6 +1267,11 @@ static void put_result_tail(writer *w, const proto_result *r)
         w8(w, r->route_width);
         warr_w(w, r->routes, (uint64_t)r->n_routes * r->route_layers * r->route_k, r->route_width);
     }
+    if (r->flags & PROTO_RESULT_SERVE) {
+        w8(w, r->serve_dtype);
+        w8(w, r->serve_dtype_first);
+        w16(w, 0);
+    }
 }
 
 static void put_tensor_tail(writer *w, const proto_tensor *t)
@@ -1318,6 +1352,8 @@ int proto_encode(proto_buf *b, const proto_msg *m)
         return rd_fail(RD_EINVAL, "%s: cannot encode in protocol version %u; this code speaks %d to %d", d->name,
                        version, PROTO_VERSION_MIN, PROTO_VERSION);
     TRY(msg_ok(m, d, version));
+    if (serve_dtype_ok(m, version))
+        return RD_EINVAL;
     writer count = {0};
     put_body(&count, m, d);
     uint64_t size = count.n;

@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
-#define PROTO_VERSION 3                     /* the newest version this code speaks (2: routing replay, 3: delta pushes) */
+#define PROTO_VERSION 3                     /* the newest version this code speaks (2: routing replay; 3: delta pushes, serve_dtype) */
 #define PROTO_VERSION_MIN 1                 /* the oldest; frames are written in it unless proto_msg.version says */
 #define PROTO_HEADER_BYTES 16
 #define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
@@ -94,8 +94,23 @@ typedef enum {
 
 #define PROTO_RESULT_PROCESSED 0x1u     /* logprobs_processed is present */
 #define PROTO_RESULT_ROUTES 0x2u        /* version 2: the routes follow the spans */
-#define PROTO_RESULT_FLAGS 0x3u
+#define PROTO_RESULT_SERVE 0x4u         /* version 3: the serve_dtype tail follows (the routes, else the spans) */
+#define PROTO_RESULT_FLAGS 0x7u
 #define PROTO_RESULT_FLAGS_V2 0x2u      /* the bits version 2 added (MALFORMED in a version-1 frame) */
+#define PROTO_RESULT_FLAGS_V3 0x4u      /* the bits version 3 added (MALFORMED before version 3) */
+/* A BITS field's B column: the bits each version after 1 added, a byte per
+ * version (bits B & 0xFF came in version 2, (B >> 8) & 0xFF in version 3):
+ * PROTO_RESULT_FLAGS_V2 | PROTO_RESULT_FLAGS_V3 << 8. */
+#define PROTO_RESULT_FLAGS_LATER 0x402u
+
+/* serve_dtype (version 3): what the daemon serves a pushed policy as. In
+ * UPDATE_BEGIN 0 means "the daemon's configured serve_dtype"; in a result
+ * (PROTO_RESULT_SERVE) the codes say what produced the tokens. */
+#define PROTO_SERVE_CONFIG 0u           /* UPDATE_BEGIN only: the daemon's config key serve_dtype */
+#define PROTO_SERVE_AS_PUSHED 1u        /* the pushed dtype (f32/f16/bf16), or the file's for weights loaded */
+#define PROTO_SERVE_Q8_0 2u             /* the pushed linears quantized to Q8_0 at COMMIT */
+#define PROTO_SERVE_MAX 2u
+#define PROTO_SERVE_TAIL_BYTES 4u       /* a result's serve tail: serve_dtype u8, serve_dtype_first u8, reserved u16 */
 
 #define PROTO_ABORT_ALL 0x1u            /* abort every request of the client (client_req_id must be 0) */
 #define PROTO_ABORT_FLAGS 0x1u
@@ -121,6 +136,7 @@ enum { PROTO_MODE_CONTINUE = 0, PROTO_MODE_DRAIN = 1, PROTO_MODE_ABORT = 2 };
  * whose CRC-32C is crc32c. */
 #define PROTO_TENSOR_DELTA 0x1u
 #define PROTO_TENSOR_FLAGS 0x1u
+#define PROTO_TENSOR_FLAGS_LATER 0x100u /* B column: PROTO_TENSOR_FLAGS << 8, every TENSOR flag came in version 3 */
 /* Tensor dtypes in an update manifest. */
 enum { PROTO_DTYPE_F32 = 0, PROTO_DTYPE_F16 = 1, PROTO_DTYPE_BF16 = 2 };
 #define PROTO_MAX_DIMS 4
@@ -269,6 +285,11 @@ typedef struct {
     uint8_t route_k;            /* experts per position and layer, >= 1 */
     uint8_t route_width;        /* bytes per id: 1 (routes is uint8_t[]), 2 (uint16_t[]) or 4 (int32_t[]) */
     const void *routes;         /* [n_routes][route_layers][route_k] ids of route_width bytes (host order) */
+    /* The policy's serve_dtype (flags has PROTO_RESULT_SERVE; version 3):
+     * PROTO_SERVE_AS_PUSHED or _Q8_0 (0: not known, a version older than the
+     * daemon's history of pushes). */
+    uint8_t serve_dtype;        /* of the weights at version_finish */
+    uint8_t serve_dtype_first;  /* of the first span's version (differs only when a push changed it meanwhile) */
 } proto_result;
 
 /* RESULTS: the reply to FETCH. */
@@ -341,6 +362,7 @@ typedef struct {
     uint64_t client_id;
     uint64_t version;           /* the new policy version; above the serving one */
     uint8_t mode;               /* PROTO_MODE_* */
+    uint8_t serve_dtype;        /* version 3: PROTO_SERVE_* for this push (0: the daemon's config); 0 before */
     uint32_t window;            /* chunks the sender wants in flight, >= 1 */
     uint32_t max_chunk_bytes;   /* largest chunk data the sender will send, >= 1 */
     uint64_t total_bytes;       /* bytes its chunks carry: the sum of the tensors' nbytes (a delta's wire_bytes) */

@@ -7,7 +7,8 @@
  * Each FILE holds one frame. For each, one line: the message in the JSON form
  * of tools/python/rolloutd/proto.py to_json (u64 fields as decimal strings,
  * f32 values as numbers or "nan"/"inf"/"-inf", top-k arrays flat, a result's
- * routes (version 2) as {"layers", "k", "width", "ids"} with the ids flat, chunk data
+ * routes (version 2) as {"layers", "k", "width", "ids"} with the ids flat, its serve_dtype and
+ * serve_dtype_first (version 3) as numbers, chunk data
  * as lowercase hex), or {"error": CODE, "error_name": NAME, "message": WHY}
  * when the decoder refuses the frame. Exit status 0 when every frame decoded,
  * 1 when any was refused, 2 on bad usage or an unreadable file.
@@ -101,6 +102,10 @@ static void result_tail_json(cJSON *o, const proto_result *r)
         add_num(s, "end", r->spans[i].end);
         add_u64(s, "version", r->spans[i].version);
         cJSON_AddItemToArray(spans, s);
+    }
+    if (r->flags & PROTO_RESULT_SERVE) { /* version 3 */
+        add_num(o, "serve_dtype", r->serve_dtype);
+        add_num(o, "serve_dtype_first", r->serve_dtype_first);
     }
     if (!(r->flags & PROTO_RESULT_ROUTES))
         return;

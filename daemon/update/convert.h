@@ -42,6 +42,20 @@ static inline upd_serve convert_serve(const char *serve_dtype)
     return serve_dtype[0] == 'q' ? UPD_SERVE_Q8_0 : UPD_SERVE_AS_PUSHED; /* "q8_0" | "as_pushed" */
 }
 
+/* A push's serve_dtype on the wire (UPDATE_BEGIN, version 3): PROTO_SERVE_CONFIG
+ * takes the config key's; the result is the PROTO_SERVE_* code it is served as. */
+static inline uint8_t convert_serve_code(uint8_t wire, const char *serve_dtype)
+{
+    if (wire != PROTO_SERVE_CONFIG)
+        return wire;
+    return convert_serve(serve_dtype) == UPD_SERVE_Q8_0 ? PROTO_SERVE_Q8_0 : PROTO_SERVE_AS_PUSHED;
+}
+
+static inline upd_serve convert_serve_upd(uint8_t code)
+{
+    return code == PROTO_SERVE_Q8_0 ? UPD_SERVE_Q8_0 : UPD_SERVE_AS_PUSHED;
+}
+
 /* An exported tensor's dtype as the wire names it (the export writes f32, f16 or bf16). */
 static inline uint8_t convert_st_dtype(st_dtype t)
 {

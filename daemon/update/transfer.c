@@ -25,6 +25,7 @@ struct xfer {
     uint64_t client_id;
     uint64_t version;
     uint8_t mode;               /* PROTO_MODE_*, as the sender asked (convert_mode for the engine) */
+    uint8_t serve;              /* PROTO_SERVE_AS_PUSHED / _Q8_0: the push's serve_dtype, else the config's */
     uint32_t window;            /* chunks staged at once */
     uint32_t max_chunk;         /* bytes of chunk data */
     uint32_t pipe;              /* NNG pipe id of the UPDATE_BEGIN */
@@ -300,6 +301,7 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
     x->client_id = b->client_id;
     x->version = b->version;
     x->mode = b->mode;
+    x->serve = convert_serve_code(b->serve_dtype, s->env->cfg->serve_dtype);
     x->window = b->window < (uint32_t)s->env->cfg->update_window ? b->window : (uint32_t)s->env->cfg->update_window;
     uint64_t room = *s->env->max_message_bytes - 64;
     x->max_chunk = b->max_chunk_bytes < room ? b->max_chunk_bytes : (uint32_t)room;
@@ -319,9 +321,10 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
     if (n_delta)
         start_prefault(s, x);
     log_line("weight update to version %llu begun: %u tensors (%u deltas against %llu), %llu bytes, mode %s, "
-             "window %u", (unsigned long long)x->version, b->n_tensors, n_delta,
+             "window %u, served as %s", (unsigned long long)x->version, b->n_tensors, n_delta,
              (unsigned long long)*s->env->weight_version, (unsigned long long)st->total_bytes,
-             x->mode == PROTO_MODE_DRAIN ? "drain" : x->mode == PROTO_MODE_ABORT ? "abort" : "continue", x->window);
+             x->mode == PROTO_MODE_DRAIN ? "drain" : x->mode == PROTO_MODE_ABORT ? "abort" : "continue", x->window,
+             sh_name(x->serve));
     proto_msg m = {.type = PROTO_UPDATE_BEGIN_OK};
     m.update_begin_ok = (proto_update_begin_ok){.xfer_id = x->id, .window = x->window,
                                                 .max_chunk_bytes = x->max_chunk, .staging_bytes = st->total_bytes,
@@ -604,7 +607,7 @@ static void build_work(uv_work_t *w)
     j->rc = j->x->n_delta ? upd_delta_apply(j->s->env->m, j->x->st) : 0;
     /* serve_dtype q8_0 quantizes here, on this worker thread, off the engine's. */
     if (!j->rc)
-        j->rc = upd_build(j->s->env->m, j->x->st, convert_serve(j->s->env->cfg->serve_dtype), &j->patch);
+        j->rc = upd_build(j->s->env->m, j->x->st, convert_serve_upd(j->x->serve), &j->patch);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }
@@ -645,7 +648,7 @@ static void build_done(uv_work_t *w, int status)
     upd_held_free(x->held_next);
     x->held_next = NULL;
     if (!rc && s->held && upd_held_copy(s->held, &x->held_next) == 0)
-        upd_held_note(x->held_next, &s->env->m->cfg, x->st, convert_serve(s->env->cfg->serve_dtype));
+        upd_held_note(x->held_next, &s->env->m->cfg, x->st, convert_serve_upd(x->serve));
     if (!rc)
         x->delta_changed = x->st->delta_changed;
     if (rc) {
@@ -984,6 +987,8 @@ void xfer_on_wake(xfer_state *s)
     if (w.old)
         free_patch_later(s, w.old);
     xfer *x = s->open;
+    sh_note(s->env->serve, w.version,
+            x && x->version == w.version ? x->serve : convert_serve_code(PROTO_SERVE_CONFIG, s->env->cfg->serve_dtype));
     if (!x || !x->committing || x->version != w.version) {
         log_line("weight swap to version %llu with no committing transfer", (unsigned long long)w.version);
         if (s->held)

@@ -247,8 +247,8 @@ def rnd_message(rng, t):
                 name = rnd_str(rng, 70)
             tensors.append(P.Tensor(name, rng.randrange(3), [rnd_u64(rng) for _ in range(rng.randint(1, 4))],
                                     rnd_u64(rng), rng.getrandbits(32)))
-        return P.UpdateBegin(rnd_u64(rng), rnd_u64(rng), rng.randrange(3), rng.getrandbits(32), rng.getrandbits(32),
-                             rnd_u64(rng), tensors)
+        return P.UpdateBegin(rnd_u64(rng), rnd_u64(rng), rng.randrange(3), 0, rng.getrandbits(32), rng.getrandbits(32),
+                             rnd_u64(rng), tensors)      # serve_dtype 0: these frames are version 1
     if t == P.T.UPDATE_BEGIN_OK:
         return P.UpdateBeginOk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng), rng.getrandbits(16))
     if t == P.T.UPDATE_CHUNK:

@@ -81,7 +81,7 @@ def sglang_routes(b64):
 def dense_model_refuses_routes_and_keeps_serving():
     d = daemon("dense")
     with Client(d.url) as c:
-        assert c.version == 2 and not c.info.features & proto.FEATURE_ROUTES, c.info
+        assert c.version == proto.VERSION and not c.info.features & proto.FEATURE_ROUTES, c.info
         try:
             c.generate([PROMPT], max_tokens=4, return_routes=True)
             raise AssertionError("a dense model returned routes")
@@ -210,7 +210,7 @@ def moe_routes_over_nng_http_and_openai_agree():
     d = daemon("moe")
     params = dict(n=2, max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
     with Client(d.url) as c:
-        assert c.version == 2 and c.info.features & proto.FEATURE_ROUTES and c.info.architecture == "qwen3moe"
+        assert c.version == proto.VERSION and c.info.features & proto.FEATURE_ROUTES and c.info.architecture == "qwen3moe"
         samples = c.generate([PROMPT, PROMPT[:2]], return_routes=True, **params)
         plain = c.generate([PROMPT], **params)
         compact = c.generate([PROMPT], return_routes="compact", **params)

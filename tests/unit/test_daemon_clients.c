@@ -2,6 +2,7 @@
  * its hash map, and the /metrics text (compiled in: the daemon is not in
  * librollout.a). */
 #include "daemon/clients.c"
+#include "daemon/serve_hist.c"
 #include "daemon/metrics.c"
 #include "base/u64map.c"
 

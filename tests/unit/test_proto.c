@@ -331,6 +331,10 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             r->logprobs_processed = jf32s(e, "logprobs_processed", &cnt);
             r->top_ids = ji32s(e, "top_ids", &cnt);
             r->top_logprobs = jf32s(e, "top_logprobs", &cnt);
+            if (cJSON_GetObjectItemCaseSensitive(e, "serve_dtype")) { /* version 3 */
+                r->serve_dtype = (uint8_t)jnum(e, "serve_dtype");
+                r->serve_dtype_first = (uint8_t)jnum(e, "serve_dtype_first");
+            }
             const cJSON *ro = cJSON_GetObjectItemCaseSensitive(e, "routes");
             if (ro) {
                 r->route_layers = (uint16_t)jnum(ro, "layers");
@@ -397,6 +401,7 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
         u->client_id = ju64(o, "client_id");
         u->version = ju64(o, "version");
         u->mode = (uint8_t)jnum(o, "mode");
+        u->serve_dtype = (uint8_t)jnum(o, "serve_dtype");
         u->window = (uint32_t)jnum(o, "window");
         u->max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
         u->total_bytes = ju64(o, "total_bytes");
@@ -611,6 +616,10 @@ static int result_eq(const proto_result *a, const proto_result *b)
         FIELD(a->spans[i].end, b->spans[i].end, "span end");
         FIELD(a->spans[i].version, b->spans[i].version, "span version");
     }
+    if (a->flags & PROTO_RESULT_SERVE) {
+        FIELD(a->serve_dtype, b->serve_dtype, "serve_dtype");
+        FIELD(a->serve_dtype_first, b->serve_dtype_first, "serve_dtype_first");
+    }
     if (a->flags & PROTO_RESULT_ROUTES) {
         FIELD(a->n_routes, b->n_routes, "n_routes");
         FIELD(a->route_layers, b->route_layers, "route_layers");
@@ -733,6 +742,7 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
         FIELD(x->client_id, y->client_id, "client_id");
         FIELD(x->version, y->version, "version");
         FIELD(x->mode, y->mode, "mode");
+        FIELD(x->serve_dtype, y->serve_dtype, "serve_dtype");
         FIELD(x->window, y->window, "window");
         FIELD(x->max_chunk_bytes, y->max_chunk_bytes, "max_chunk_bytes");
         FIELD(x->total_bytes, y->total_bytes, "total_bytes");
@@ -1805,7 +1815,7 @@ static void test_routes(void)
         CHECK_OK(proto_encode(&b, &m));   /* none: a sample that never ran */
         m.version = PROTO_VERSION + 1;
         b.len = len0;
-        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "version 4 encoded");
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "a version past PROTO_VERSION encoded");
     }
     /* without routes a version-2 frame is the version-1 frame but for the header's version */
     proto_result plain = {.seq = 1, .finish = PROTO_FINISH_STOP, .n_tokens = 1, .token_ids = tok, .logprobs = lp,

@@ -117,6 +117,10 @@ class Sample:
     # early), or prime-rl's compact dict with return_routes="compact"
     routes: Optional[Union[np.ndarray, dict]] = None
     routes_wire: Optional[np.ndarray] = field(default=None, repr=False)  # the ids as sent: uint8/uint16/int32
+    # which policy produced the tokens (protocol version 3): "as_pushed" or "q8_0" (the daemon's serve_dtype for
+    # version_finish; "unknown" for a version too old for the daemon's history), None from an older daemon
+    serve_dtype: Optional[str] = None
+    serve_dtype_first: Optional[str] = None          # the same for the first span's version
 
     @property
     def version(self):
@@ -146,6 +150,8 @@ def _sample(r, index, routes_format=None):
                   top_logprobs=np.array(r.top_logprobs, dtype=np.float32) if k else None,
                   n_preempt=r.n_preempt, queued_us=r.queued_us, first_token_us=r.first_token_us, total_us=r.total_us,
                   routes_wire=wire)
+    if r.flags & P.RESULT_SERVE:
+        s.serve_dtype, s.serve_dtype_first = P.SERVE_NAMES[r.serve_dtype], P.SERVE_NAMES[r.serve_dtype_first]
     if wire is not None:
         s.routes = s.routes_compact() if routes_format == "compact" else wire.astype(np.int32)
     return s
@@ -525,7 +531,7 @@ class Client:
         return PreparedUpdate(tensors, min(int(chunk_bytes), room))
 
     def push_weights(self, tensors, version, mode="continue", window=4, chunk_bytes=16 << 20, lane=True,
-                     progress=None) -> "PushResult":
+                     progress=None, serve_dtype=None) -> "PushResult":
         """Pushes tensors to the daemon as policy `version` and commits them.
 
         tensors: a dict (or a list of (name, array) pairs) of HF tensor name ->
@@ -537,7 +543,8 @@ class Client:
         largest chunk (clamped to what the daemon accepts). lane: use the
         daemon's data lane when it offers one (False: UPDATE_CHUNKs over NNG).
         progress: a callable(bytes_done, total), called from this thread, or
-        True for a line on stderr.
+        True for a line on stderr. serve_dtype: None (the daemon's config key
+        serve_dtype), "as_pushed" or "q8_0" for this push (protocol version 3).
 
         Returns a PushResult. On any failure the transfer is aborted (the old
         weights keep serving) and DaemonError (.code, e.g. STALE_VERSION),
@@ -546,6 +553,7 @@ class Client:
             raise DaemonError(P.E.UNKNOWN_TYPE, "the daemon does not take weight updates (HELLO_OK feature bit 0 "
                               "is off)", "UPDATE_BEGIN")
         mode_v = _mode(mode)
+        serve = _serve(serve_dtype, self)
         if int(window) < 1:
             raise ValueError(f"window = {window}; expected >= 1")
         prep = self.prepare(tensors, chunk_bytes)
@@ -555,7 +563,7 @@ class Client:
         else:
             newline = False
         try:
-            return _Push(self, prep, int(version), mode_v, int(window), lane, progress).run()
+            return _Push(self, prep, int(version), mode_v, int(window), lane, progress, serve).run()
         finally:
             if newline:
                 sys.stderr.write("\n")
@@ -565,6 +573,17 @@ class Client:
 # ---- weight updates: tensors, the prepared update, the push ----
 
 MODES = {"continue": P.MODE_CONTINUE, "drain": P.MODE_DRAIN, "abort": P.MODE_ABORT}
+
+
+def _serve(serve_dtype, client=None):
+    """A push's serve_dtype as its UPDATE_BEGIN code (0: the daemon's config)."""
+    if serve_dtype is None:
+        return P.SERVE_CONFIG
+    if serve_dtype not in P.SERVE_CODES:
+        raise ValueError(f"serve_dtype {serve_dtype!r}; expected None, 'as_pushed' or 'q8_0'")
+    if client is not None and client.version < 3:
+        raise ValueError(f"{client.url} speaks protocol version {client.version}: it cannot take a push's serve_dtype")
+    return P.SERVE_CODES[serve_dtype]
 
 
 def _mode(mode):
@@ -791,8 +810,9 @@ def _send_all(sock, parts):
 class _Push:
     """One daemon's push: BEGIN, the chunks (lane or NNG), COMMIT; ABORT on failure."""
 
-    def __init__(self, client, prep, version, mode, window, lane, progress):
+    def __init__(self, client, prep, version, mode, window, lane, progress, serve=0):
         self.c, self.p, self.version, self.mode = client, prep, version, mode
+        self.serve = serve          # UPDATE_BEGIN serve_dtype (P.SERVE_*; 0: the daemon's config)
         self.want_window, self.want_lane, self.progress = window, lane, progress
         self.cv = threading.Condition()
         self.acked = bytearray(len(prep.chunks))
@@ -828,7 +848,7 @@ class _Push:
         c, p = self.c, self.p
         self.t0 = time.perf_counter()
         ok = c._call(P.UpdateBegin(client_id=c.client_id, version=self.version, mode=self.mode,
-                                   window=self.want_window, max_chunk_bytes=p.chunk_bytes, total_bytes=p.total_bytes,
+                                   serve_dtype=self.serve, window=self.want_window, max_chunk_bytes=p.chunk_bytes, total_bytes=p.total_bytes,
                                    tensors=p.manifest), P.T.UPDATE_BEGIN_OK, BEGIN_TIMEOUT_MS, retries=1)
         self.xfer, self.window, self.begin_ok = ok.xfer_id, max(1, ok.window), ok
         if ok.max_chunk_bytes < p.chunk_bytes:      # the daemon grants less than it announced room for

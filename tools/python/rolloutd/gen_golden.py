@@ -203,6 +203,27 @@ def valid_vectors():
     add("results_routes_i32", P.Results(ack_seq=53, results=[x5]),
         "version 2: ids as int32 (past 65536 experts): 2 positions x 1 layer x top-2, the full i32 range", version=2)
 
+    # serve_dtype (protocol version 3, PROTOCOL.md §4.6, §10.1)
+    x6 = result(60, 6, 2, [(0, 1, 7), (1, 2, 8)], sample_idx=0, n_prompt=3, seed=1, version_admit=7,
+                version_finish=8, queued_us=1, first_token_us=2, total_us=3)
+    x6.flags |= P.RESULT_SERVE
+    x6.serve_dtype, x6.serve_dtype_first = P.SERVE_Q8_0, P.SERVE_AS_PUSHED
+    x7 = result(61, 7, 1, [(0, 1, 7)], sample_idx=0, n_prompt=4, seed=7, version_admit=7, version_finish=7,
+                queued_us=10, first_token_us=20, total_us=30)
+    x7.flags |= P.RESULT_ROUTES | P.RESULT_SERVE
+    x7.routes = routes(rng, 4 + 1 - 1, 2, 3, 128)
+    x7.serve_dtype = x7.serve_dtype_first = P.SERVE_Q8_0
+    x8 = result(62, 8, 1, [(0, 1, 2 ** 40)], sample_idx=0, n_prompt=1, seed=7, version_admit=2 ** 40,
+                version_finish=2 ** 40, queued_us=1, first_token_us=2, total_us=3)
+    x8.flags |= P.RESULT_SERVE        # serve_dtype 0: a version older than the daemon's history
+    add("results_serve", P.Results(ack_seq=59, results=[x6, x7, x8]),
+        "version 3: a result whose spans cross a push that changed serve_dtype (as_pushed, then q8_0); one with "
+        "routes then the serve tail; one of an unknown serve_dtype (0)", version=3)
+    add("update_begin_serve", P.UpdateBegin(client_id=7, version=9, mode=P.MODE_CONTINUE, serve_dtype=P.SERVE_Q8_0,
+                                            window=4, max_chunk_bytes=1 << 20, total_bytes=0, tensors=[
+        tensor("model.norm.weight", P.DTYPE_BF16, [576], 0x3C6EF372),
+    ]), "version 3: a push asking to be served as q8_0", total=True, version=3)
+
     add("abort", P.Abort(client_id=42, client_req_id=7), "abort one request")
     add("abort_all", P.Abort(client_id=42, client_req_id=0, flags=P.ABORT_ALL), "abort every request of the client")
     add("abort_ok", P.AbortOk(n_requests=3, n_samples=17), "3 requests aborted, 17 partial samples to come")
@@ -398,6 +419,7 @@ def invalid_vectors(valid_frames):
     add("abort_flags", frame(P.T.ABORT, struct.pack("<QQI", 1, 2, 0x80)), P.E.MALFORMED, "ABORT flags 0x80")
     update_invalid(valid_frames, add)
     routes_invalid(valid_frames, add)
+    serve_invalid(valid_frames, add)
     return I
 
 
@@ -426,6 +448,35 @@ def routes_invalid(valid_frames, add):
     add("routes_trailing_byte", frame(R, body + b"\0", version=2), P.E.MALFORMED, "a byte after the routes")
     add("routes_truncated_head", frame(R, body[:head + 6], version=2), P.E.MALFORMED,
         "the routes' head cut after 6 of its 8 bytes")
+
+
+def serve_invalid(valid_frames, add):
+    """Invalid serve_dtype frames (version 3): results_serve and update_begin_serve with one thing broken."""
+    body = valid_frames["results_serve"][16:]
+    tail = 24 + 84 + 2 * 8 + 4 + 2 * 16      # body header, fixed fields, 2 tokens, n_spans, 2 spans: x6's tail
+    assert struct.unpack_from("<BBH", body, tail) == (P.SERVE_Q8_0, P.SERVE_AS_PUSHED, 0)
+
+    def patched(b, at, fmt, value):
+        b = bytearray(b)
+        struct.pack_into(fmt, b, at, value)
+        return bytes(b)
+
+    R = P.T.RESULTS
+    add("serve_in_v2", frame(R, body, version=2), P.E.MALFORMED,
+        "a version-2 RESULTS with the SERVE flag (bit 2 is undefined before version 3)")
+    add("serve_bad_code", frame(R, patched(body, tail, "<B", 3), version=3), P.E.MALFORMED, "serve_dtype 3")
+    add("serve_bad_first", frame(R, patched(body, tail + 1, "<B", 9), version=3), P.E.MALFORMED,
+        "serve_dtype_first 9")
+    add("serve_reserved", frame(R, patched(body, tail + 2, "<H", 1), version=3), P.E.MALFORMED,
+        "the serve tail's reserved u16 is 1")
+    ub = valid_frames["update_begin_serve"][16:]
+    assert ub[16:20] == bytes([P.MODE_CONTINUE, P.SERVE_Q8_0, 0, 0])
+    U = P.T.UPDATE_BEGIN
+    add("update_begin_serve_in_v2", frame(U, ub, version=2), P.E.MALFORMED,
+        "a version-2 UPDATE_BEGIN with serve_dtype 2 (byte 17 is reserved before version 3)")
+    add("update_begin_serve_bad", frame(U, patched(ub, 17, "<B", 3), version=3), P.E.MALFORMED, "serve_dtype 3")
+    add("update_begin_serve_reserved", frame(U, patched(ub, 18, "<B", 1), version=3), P.E.MALFORMED,
+        "the reserved byte after serve_dtype is 1")
 
 
 def update_invalid(valid_frames, add):

@@ -37,7 +37,7 @@ import pynng
 from . import delta as D
 from . import proto as P
 from .client import (DaemonError, PreparedUpdate, PushResult, Sample, TimeoutError_, Client, CHUNK_ROOM,  # noqa: F401
-                     CHUNK_TIMEOUT_MS, _Push, _mode, _url_host, lane_key, wrap_pad)
+                     CHUNK_TIMEOUT_MS, _Push, _mode, _serve, _url_host, lane_key, wrap_pad)
 
 POLL_S = 0.02               # UPDATE_PREPARE polls of a chain push
 POLL_TIMEOUT_MS = 3000      # a daemon that does not answer a poll this fast is taken for dead
@@ -220,7 +220,7 @@ class Pool:
 
     def push_weights(self, tensors, version, mode="continue", window=4, chunk_bytes=16 << 20, lane=True,
                      progress=None, fanout=None, on_failure="abort", delta=None, base=None,
-                     base_version=None, keep=True) -> List[PushResult]:
+                     base_version=None, keep=True, serve_dtype=None) -> List[PushResult]:
         """Pushes the tensors to every daemon as policy `version`
         (Client.push_weights' parameters; the checksums are computed once).
 
@@ -231,7 +231,8 @@ class Pool:
         is routed around. on_failure="abort" (the default) then aborts the
         update everywhere (the old weights keep serving); "commit" commits it
         on the daemons that have it. "direct" sends everything to every
-        daemon at once, each committing on its own.
+        daemon at once, each committing on its own. serve_dtype: None (each
+        daemon's config), "as_pushed" or "q8_0" for this push on every daemon.
         A chain needs the daemons' data lanes; where a daemon offers none (TLS)
         the push is direct.
 
@@ -252,6 +253,8 @@ class Pool:
             raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
         if on_failure not in ("abort", "commit"):
             raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
+        for c in self.clients:
+            _serve(serve_dtype, c)      # refuses before anything is sent
         with self._lock:
             if isinstance(tensors, PreparedUpdate):
                 delta, keep = False, False  # its bytes are not at hand as tensors
@@ -277,7 +280,7 @@ class Pool:
             if prep is None:
                 full = full or self.prepare(tensors, chunk_bytes)
             res = self._push_any(prep or full, full, tensors, chunk_bytes, version, mode, window, lane, progress,
-                                 fanout, on_failure)
+                                 fanout, on_failure, serve_dtype)
             st = prep.delta_stats if prep is not None else None
             self.last_push = {"version": int(version), "kind": "delta" if prep is not None else "full",
                               "wire_bytes": (prep or full).total_bytes, "delta": st,
@@ -306,19 +309,19 @@ class Pool:
         self._held, self._held_version = held, version
 
     def _push_any(self, prep, full, tensors, chunk_bytes, version, mode, window, lane, progress, fanout,
-                  on_failure):
+                  on_failure, serve_dtype=None):
         """Pushes prep (a delta or a full update); daemons refusing a delta get full."""
         is_delta = full is None or prep is not full
         if fanout == "chain" and lane:
             ch = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress,
-                        refusable=is_delta)
+                        refusable=is_delta, serve=_serve(serve_dtype))
             res = ch.run()
             if res is not None:
                 missing = [k for k, r in enumerate(res) if r is None]
                 if missing:
                     full = full or self.prepare(tensors, chunk_bytes)
                     extra = _run_all([(k, (lambda k=k: self._full_one(self.clients[k], full, version, mode, window,
-                                                                       lane)))
+                                                                       lane, serve_dtype)))
                                       for k in missing])
                     bad = [(k, r) for k, r in extra if isinstance(r, BaseException)]
                     for k, r in extra:
@@ -330,27 +333,28 @@ class Pool:
                                          if isinstance(res[k], PushResult)])
                 return res
         if not is_delta:
-            return self._push_direct(prep, version, mode, window, lane, progress)
+            return self._push_direct(prep, version, mode, window, lane, progress, serve_dtype)
 
         def one(c):
             try:
-                return c.push_weights(prep, version, mode=mode, window=window, lane=lane)
+                return c.push_weights(prep, version, mode=mode, window=window, lane=lane, serve_dtype=serve_dtype)
             except DaemonError as e:
                 if e.code not in DELTA_REFUSALS:
                     raise
-            return self._full_one(c, full or self.prepare(tensors, chunk_bytes), version, mode, window, lane)
+            return self._full_one(c, full or self.prepare(tensors, chunk_bytes), version, mode, window, lane,
+                                  serve_dtype)
         res = _run_all([(c.url, (lambda c=c: one(c))) for c in self.clients])
         if any(isinstance(r, BaseException) for _, r in res):
             raise PoolError(f"push of version {version}", res, [u for u, r in res if isinstance(r, PushResult)])
         return [r for _, r in res]
 
     @staticmethod
-    def _full_one(c, full, version, mode, window, lane):
-        r = c.push_weights(full, version, mode=mode, window=window, lane=lane)
+    def _full_one(c, full, version, mode, window, lane, serve_dtype=None):
+        r = c.push_weights(full, version, mode=mode, window=window, lane=lane, serve_dtype=serve_dtype)
         r.delta_refused = True      # this daemon refused the delta and got the full version
         return r
 
-    def _push_direct(self, prep, version, mode, window, lane, progress):
+    def _push_direct(self, prep, version, mode, window, lane, progress, serve_dtype=None):
         done = {c.url: 0 for c in self.clients}
         cb = None
         if progress:
@@ -362,7 +366,8 @@ class Pool:
                 return f
             cb = cb_for
         jobs = [(c.url, (lambda c=c: c.push_weights(prep, version, mode=mode, window=window, lane=lane,
-                                                       progress=cb(c.url) if cb else None)))
+                                                       progress=cb(c.url) if cb else None,
+                                                       serve_dtype=serve_dtype)))
                 for c in self.clients]
         if progress is True:
             res = self._with_progress_line(jobs, done, prep.total_bytes)
@@ -428,13 +433,13 @@ class _Chain:
     UPDATE_PREPARE polls until every daemon has verified and built the update;
     then UPDATE_COMMIT on all (or UPDATE_ABORT on all)."""
 
-    def __init__(self, pool, prep, version, mode, window, on_failure, progress, refusable=False):
+    def __init__(self, pool, prep, version, mode, window, on_failure, progress, refusable=False, serve=0):
         self.pool, self.prep, self.version, self.mode = pool, prep, version, mode
         self.refusable = refusable  # a delta: daemons refusing it at BEGIN leave the chain (pushed whole after)
         self.refused = {}           # index -> the DaemonError: not in the chain, its result None
         self.window, self.on_failure, self.progress = window, on_failure, progress
         self.clients = pool.clients
-        self.pushes = [_Push(c, prep, version, mode, window, True, None) for c in self.clients]
+        self.pushes = [_Push(c, prep, version, mode, window, True, None, serve) for c in self.clients]
         self.errors = {}            # index -> exception: that daemon is out of the chain
         self.feeders = {}           # index -> (thread, box): this process sends to that daemon
         self.next_of = {}           # index -> the index it forwards to

@@ -21,7 +21,9 @@ encode(m) writes m.wire_version, or version=..., or VERSION_MIN (1) for a
 message built by hand. Version 2 adds routing replay: the request flag
 REQ_RETURN_ROUTES and a result's routes (RESULT_ROUTES), a numpy array
 [n_routes, layers, k] of uint8, uint16 or int32 expert ids (its dtype is the
-width on the wire).
+width on the wire). Version 3 adds serve_dtype: UPDATE_BEGIN.serve_dtype (SERVE_*,
+0 = the daemon's config) and a result's serve_dtype / serve_dtype_first
+(RESULT_SERVE), which policy produced its tokens.
 """
 import enum
 import math
@@ -34,7 +36,7 @@ import numpy as np
 from . import proto_table as _table
 
 MAGIC = b"RLDP"
-VERSION = 3                 # the newest version this codec speaks (2: routing replay, 3: delta pushes)
+VERSION = 3                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype)
 VERSION_MIN = 1             # the oldest; frames are written in it unless told otherwise
 HEADER_BYTES = 16
 DEFAULT_MAX_MESSAGE = 64 << 20
@@ -94,8 +96,15 @@ SUBMIT_DUPLICATE = 0x1
 SUBMIT_OK_FLAGS = 0x1
 RESULT_PROCESSED = 0x1
 RESULT_ROUTES = 0x2          # version 2: the routes follow the spans
-RESULT_FLAGS = 0x3
+RESULT_SERVE = 0x4           # version 3: the serve tail (serve_dtype, serve_dtype_first) follows the routes/spans
+RESULT_FLAGS = 0x7
 RESULT_FLAGS_V2 = 0x2        # the bits version 2 added (MALFORMED in a version-1 frame)
+RESULT_FLAGS_V3 = 0x4        # the bits version 3 added (MALFORMED before version 3)
+SERVE_CONFIG, SERVE_AS_PUSHED, SERVE_Q8_0 = 0, 1, 2   # serve_dtype codes (0: UPDATE_BEGIN only, the daemon's config)
+SERVE_NAMES = {0: "unknown", 1: "as_pushed", 2: "q8_0"}   # in a result 0 means a version the daemon no longer knows
+SERVE_CODES = {"as_pushed": 1, "q8_0": 2}
+SERVE_MAX = 2
+SERVE_TAIL_BYTES = 4         # serve_dtype u8, serve_dtype_first u8, reserved u16
 ABORT_ALL = 0x1
 ABORT_FLAGS = 0x1
 BYE_DISCARD = 0x1
@@ -257,6 +266,8 @@ class Result:
     top_logprobs: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), "<f4"))  # [n, top_k]
     spans: List[Tuple[int, int, int]] = field(default_factory=list)       # (start, end, version)
     routes: Optional[np.ndarray] = None   # with RESULT_ROUTES: [n_routes, layers, k] uint8/uint16/int32 expert ids
+    serve_dtype: int = 0         # with RESULT_SERVE (version 3): SERVE_* of the weights at version_finish
+    serve_dtype_first: int = 0   # with RESULT_SERVE: SERVE_* of the first span's version
 
 
 @dataclass
@@ -476,6 +487,11 @@ def _dec_result_tail(r, x, hidden):
         raise r.malformed(why)
     if x.flags & RESULT_ROUTES:
         _dec_routes(r, x)
+    if x.flags & RESULT_SERVE:
+        x.serve_dtype, x.serve_dtype_first, rsv = r.u8("serve_dtype"), r.u8("serve_dtype_first"), r.u16("serve reserved")
+        if x.serve_dtype > SERVE_MAX or x.serve_dtype_first > SERVE_MAX or rsv:
+            raise r.malformed(f"serve_dtype {x.serve_dtype}, serve_dtype_first {x.serve_dtype_first}, reserved {rsv}; "
+                              f"expected 0..{SERVE_MAX}, 0..{SERVE_MAX}, 0")
 
 
 def _dec_routes(r, x):
@@ -573,6 +589,9 @@ def decode(buf, max_len=DEFAULT_MAX_MESSAGE):
     if r.off != n:
         raise ProtoError(E.MALFORMED, f"{r.name}: {n - r.off} bytes after the last field (body offset "
                          f"{r.off - HEADER_BYTES} of {body_len}); expected none", type_)
+    if type_ == T.UPDATE_BEGIN and version < 3 and msg.serve_dtype:
+        raise ProtoError(E.MALFORMED, f"UPDATE_BEGIN: serve_dtype is {msg.serve_dtype} in a protocol version "
+                         f"{version} frame; it is defined from version 3 and must be 0 before", type_)
     msg.wire_version = version
     return msg
 
@@ -585,8 +604,11 @@ def frame_version(buf):
 
 
 def _bits_allowed(a, b, version):
-    """The bits of a BITS field (A; B those version 2 added) a frame of this version may set."""
-    return a if version >= 2 else a & ~b
+    """The bits of a BITS field (A; B those each later version added, a byte per version from 2) a frame of
+    this version may set."""
+    for v in range(max(version + 1, 2), VERSION + 1):
+        a &= ~((b >> (8 * (v - 2))) & 0xFF)
+    return a
 
 
 def peek_type(buf):
@@ -649,6 +671,8 @@ def result_bytes(x):
     size = RESULT_MIN_BYTES + per * n + SPAN_BYTES * len(x.spans)
     if x.flags & RESULT_ROUTES:
         size += ROUTES_HEAD_BYTES + np.asarray(x.routes).nbytes
+    if x.flags & RESULT_SERVE:
+        size += SERVE_TAIL_BYTES
     return size
 
 
@@ -735,6 +759,9 @@ def _result_check(x, what):
         raise ValueError(f"{what}: {why}")
     if x.flags & RESULT_ROUTES:
         _routes_array(x.routes, what)
+    if x.flags & RESULT_SERVE and not (0 <= x.serve_dtype <= SERVE_MAX and 0 <= x.serve_dtype_first <= SERVE_MAX):
+        raise ValueError(f"{what}: serve_dtype {x.serve_dtype} / serve_dtype_first {x.serve_dtype_first}; "
+                         f"expected 0..{SERVE_MAX}")
     return {}
 
 
@@ -767,6 +794,8 @@ def _enc_result_tail(out, x):
         a = _routes_array(x.routes, "routes")
         out.append(struct.pack("<IHBB", a.shape[0], a.shape[1], a.shape[2], a.dtype.itemsize))
         out.append(a.tobytes())
+    if x.flags & RESULT_SERVE:
+        out.append(struct.pack("<BBH", x.serve_dtype, x.serve_dtype_first, 0))
 
 
 def _tensor_check(t, what, version=VERSION):
@@ -821,6 +850,9 @@ def encode(m, version=None):
     if not VERSION_MIN <= version <= VERSION:
         raise ValueError(f"{m.TYPE.name}: cannot encode in protocol version {version}; this codec speaks "
                          f"{VERSION_MIN} to {VERSION}")
+    if m.TYPE == T.UPDATE_BEGIN and version < 3 and m.serve_dtype:
+        raise ValueError(f"UPDATE_BEGIN: serve_dtype is {m.serve_dtype} in a protocol version {version} frame; it is "
+                         "defined from version 3 and must be 0 before")
     out = []
     _enc_body(m, out, version)
     body = b"".join(out)
@@ -993,6 +1025,8 @@ def _result_json(x, r):
         a = np.asarray(x.routes)
         r["routes"] = {"layers": int(a.shape[1]), "k": int(a.shape[2]), "width": int(a.dtype.itemsize),
                        "ids": _jil(a)}
+    if x.flags & RESULT_SERVE:
+        r["serve_dtype"], r["serve_dtype_first"] = int(x.serve_dtype), int(x.serve_dtype_first)
 
 
 def _json_result(r, x):
@@ -1007,6 +1041,8 @@ def _json_result(r, x):
     if "routes" in r:
         t = r["routes"]
         x.routes = np.array(t["ids"], dtype=ROUTE_DTYPES[t["width"]]).reshape(-1, t["layers"], t["k"])
+    if "serve_dtype" in r:
+        x.serve_dtype, x.serve_dtype_first = r["serve_dtype"], r["serve_dtype_first"]
 
 
 def _tensor_json(t, r):
