@@ -226,6 +226,33 @@ def delta_refusals_have_their_own_codes_and_leave_the_weights():
 
 
 @case
+def a_push_served_quantized_is_no_delta_base():
+    """A per-push serve_dtype (issue 26) meets deltas: a delta applied to the pushed bf16 bytes and
+    served as q8_0 serves what a full push served as q8_0 does; what it leaves held is quantized, so
+    the next delta is refused BASE_QUANTIZED and the Pool pushes that version whole, after which
+    deltas (served as pushed) go through again."""
+    w0, w1, w2, w3 = weights()
+    dd, ref = daemon(), daemon("--serve-dtype", "q8_0")
+    try:
+        with Client(ref.url, name="ref") as c:
+            c.push_weights(w1, 2)
+        with Pool([dd.url]) as pool:
+            pool.push_weights(w0, 1)
+            pool.push_weights(w1, 2, serve_dtype="q8_0")
+            assert pool.last_push["kind"] == "delta", pool.last_push
+            assert outputs(dd.url) == outputs(ref.url), "a delta served as q8_0 differs from a full q8_0 push"
+            pool.push_weights(w2, 3)
+            lp = pool.last_push
+            assert lp["full_pushes"] == [dd.url], lp     # refused as a delta, pushed whole in the same call
+            assert version(dd.url) == 3 and last_update(dd.url)["kind"] == "full"
+            pool.push_weights(w3, 4)
+            assert pool.last_push["kind"] == "delta" and not pool.last_push["full_pushes"], pool.last_push
+            assert last_update(dd.url)["kind"] == "delta" and version(dd.url) == 4
+    finally:
+        stop_all()
+
+
+@case
 def delta_through_a_chain_of_three():
     w0, w1, _, _ = weights()
     ref = daemon()
