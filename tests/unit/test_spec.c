@@ -1,0 +1,277 @@
+/* test_spec.c - speculative decoding's exactness base.
+ *
+ * The verify forward (engine/serve/spec_verify.h) runs k drafted tokens of a
+ * sequence in one forward against the paged KV; its logits at each of the k
+ * positions must equal, bit for bit (memcmp), those of k single-token decode
+ * steps, which this file builds by hand as one-row rd_steps through
+ * runner_forward (the engine's decode). Checked for k = 1..8 at contexts that
+ * put the k rows across KV block boundaries (block size 16, and 5 on one
+ * tiny model), on tiny models of three families (Gemma 3's sliding window
+ * included) and on the default model ($RD_MODEL, skipped when absent; not on
+ * the CUDA emulator, too slow there). Before every verify pass, a pass of
+ * random "rejected" drafts writes garbage K/V into the same slots: a verify
+ * that read a slot past its row's position, or one the rollback left stale,
+ * would differ. The cache starts as NaN, so a read of a slot nobody wrote
+ * shows too. A second sequence with its own blocks verifies in the same step
+ * (the rows of two sequences in one forward: a batch, as the scheduler will
+ * make it).
+ *
+ * The comparison is of one code path against another that the determinism
+ * contract (DESIGN.md) says must agree; test_engine.c checks the forward
+ * pass itself against a double-precision reference. */
+#include <math.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "engine/model/loader.h"
+#include "engine/model/runner.h"
+#include "engine/serve/spec_verify.h"
+#include "tests/unit/engine_helpers.h"
+#include "tests/unit/test.h"
+
+#ifndef RD_TEST_BACKEND_DEFAULT
+#define RD_TEST_BACKEND_DEFAULT "cpu"
+#endif
+static const char *test_backend(void)
+{
+    const char *b = getenv("RD_TEST_BACKEND");
+    return b && *b ? b : RD_TEST_BACKEND_DEFAULT;
+}
+
+#define KMAX 8
+
+/* Deterministic token ids in [0, hi). */
+static void make_tokens(int32_t *p, int32_t n, uint64_t salt, int32_t hi)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull * (salt + 1) + 12345;
+    for (int32_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (int32_t)((x >> 33) % (uint64_t)hi);
+    }
+}
+
+/* Every layer's K and V cache to all-ones bits (NaN in f32 and bf16). */
+static void poison_cache(runner *r)
+{
+    const model_config *c = &r->m->cfg;
+    size_t n = (size_t)r->n_blocks * c->n_kv_heads * r->attn.block_size * c->head_dim;
+    n *= (size_t)rd_backend_kv_elem_bytes(r->be);
+    unsigned char *buf = malloc(n);
+    if (!buf)
+        return;
+    memset(buf, 0xff, n);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        r->be->ops->h2d(r->be, r->k_cache[l], buf, n);
+        r->be->ops->h2d(r->be, r->v_cache[l], buf, n);
+    }
+    r->be->ops->sync(r->be);
+    free(buf);
+}
+
+/* The engine's decode or prefill, built by hand: tokens [from, to) of one
+ * sequence in one step; logits of the last row into out (NULL: none). */
+static int plain_step(runner *r, const int32_t *tokens, const int32_t *table, int32_t n_blocks, int32_t from,
+                      int32_t to, float *out)
+{
+    const int32_t bs = r->attn.block_size, M = to - from;
+    int32_t *pos = malloc(sizeof(int32_t) * M), *slot = malloc(sizeof(int32_t) * M);
+    int rc = RD_ENOMEM;
+    if (pos && slot) {
+        for (int32_t i = 0; i < M; i++) {
+            pos[i] = from + i;
+            slot[i] = table[(from + i) / bs] * bs + (from + i) % bs;
+        }
+        int32_t qs[2] = {0, M}, ctx = to, last = M - 1;
+        rd_step s = {.n_rows = M, .n_seqs = 1, .max_blocks = n_blocks, .token_ids = tokens + from,
+                     .positions = pos, .slots = slot, .q_start = qs, .ctx_len = &ctx, .block_tables = table};
+        rc = runner_forward(r, &s, &last, out ? 1 : 0, out);
+    }
+    free(pos), free(slot);
+    return rc;
+}
+
+/* A scrambled permutation of 0..n-1 (block ids far from their order). */
+static void scramble(int32_t *perm, int32_t n, uint64_t seed)
+{
+    for (int32_t i = 0; i < n; i++)
+        perm[i] = i;
+    uint64_t x = seed;
+    for (int32_t i = n - 1; i > 0; i--) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t j = (int32_t)((x >> 33) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+/* Verify vs decode on model m, block size bs, at each context length in
+ * ctxs[]. Fills why and returns 0 on the first difference. */
+static int verify_vs_decode(model *m, int32_t bs, const int32_t *ctxs, int n_ctxs, char *why, size_t cap)
+{
+    const int32_t V = m->cfg.vocab;
+    int32_t max_ctx = 0;
+    for (int i = 0; i < n_ctxs; i++)
+        max_ctx = ctxs[i] > max_ctx ? ctxs[i] : max_ctx;
+    const int32_t per_seq = (max_ctx + KMAX + bs - 1) / bs, n_blocks = 2 * per_seq + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
+    int32_t *tokens = malloc(sizeof(int32_t) * (max_ctx + KMAX)), junk[KMAX];
+    float *ref = malloc(sizeof(float) * KMAX * V), *got = malloc(sizeof(float) * 2 * KMAX * V);
+    runner r;
+    int ok = 0, rc = perm && tokens && ref && got ? runner_init(&r, m, n_blocks, bs, max_ctx + 2 * KMAX, 2 * KMAX)
+                                                  : RD_ENOMEM;
+    if (rc) {
+        snprintf(why, cap, "setup: %s", rd_errmsg());
+        goto out;
+    }
+    scramble(perm, n_blocks, 77 + bs);
+    const int32_t *tab_a = perm, *tab_b = perm + per_seq;
+    for (int ci = 0; ci < n_ctxs; ci++) {
+        const int32_t L = ctxs[ci];
+        make_tokens(tokens, L + KMAX, 1000 + L, V);
+        poison_cache(&r);
+        /* The reference: the context prefilled in one step (no logits), then
+         * KMAX decode steps of one token each. */
+        rc = L > 0 ? plain_step(&r, tokens, tab_a, per_seq, 0, L, NULL) : 0;
+        for (int32_t j = 0; j < KMAX && !rc; j++)
+            rc = plain_step(&r, tokens, tab_a, per_seq, L + j, L + j + 1, ref + (size_t)j * V);
+        for (int32_t k = 1; k <= KMAX && !rc; k++) {
+            /* Rejected drafts first: garbage K/V in the slots the verify writes. */
+            make_tokens(junk, KMAX, 5000 + 31 * L + k, V);
+            spec_verify_seq bad = {junk, L, KMAX, tab_a, per_seq};
+            rc = spec_verify_forward(&r, &bad, 1, got);
+            spec_verify_seq v = {tokens + L, L, k, tab_a, per_seq};
+            if (!rc)
+                rc = spec_verify_forward(&r, &v, 1, got);
+            if (rc)
+                break;
+            for (int32_t j = 0; j < k; j++)
+                if (memcmp(got + (size_t)j * V, ref + (size_t)j * V, sizeof(float) * V)) {
+                    int32_t t = 0;
+                    while (!memcmp(&got[(size_t)j * V + t], &ref[(size_t)j * V + t], sizeof(float)))
+                        t++;
+                    snprintf(why, cap, "block size %d, context %d, k = %d: row %d (position %d) differs from "
+                             "its decode step at token %d: %.9g vs %.9g", bs, L, k, j, L + j, t,
+                             got[(size_t)j * V + t], ref[(size_t)j * V + t]);
+                    goto out;
+                }
+        }
+        /* Two sequences in one verify step: A (its KV as above) verifies
+         * KMAX rows, B (the same context in other blocks) 5. */
+        if (!rc && L > 0)
+            rc = plain_step(&r, tokens, tab_b, per_seq, 0, L, NULL);
+        if (!rc) {
+            spec_verify_seq both[2] = {{tokens + L, L, KMAX, tab_a, per_seq}, {tokens + L, L, 5, tab_b, per_seq}};
+            rc = spec_verify_forward(&r, both, 2, got);
+        }
+        if (rc)
+            break;
+        if (memcmp(got, ref, sizeof(float) * KMAX * V) || memcmp(got + (size_t)KMAX * V, ref, sizeof(float) * 5 * V)) {
+            snprintf(why, cap, "block size %d, context %d: a two-sequence verify step differs from decode", bs, L);
+            goto out;
+        }
+    }
+    if (rc)
+        snprintf(why, cap, "forward failed: %d (%s)", rc, rd_errmsg());
+    ok = rc == 0;
+out:
+    if (perm && tokens && ref && got && r.be)
+        runner_free(&r);
+    free(perm), free(tokens), free(ref), free(got);
+    return ok;
+}
+
+static int load_model(const char *path, rd_loaded *l)
+{
+    int rc = rd_load(path, test_backend(), test_threads(0), l);
+    if (rc)
+        fprintf(stderr, "test_spec: cannot load %s: %s\n", path, rd_errmsg());
+    return rc == 0;
+}
+
+static void tiny_case(const char *name, int32_t bs)
+{
+    char path[256], why[400] = "";
+    snprintf(path, sizeof path, "%s/%s.gguf", testdata(), name);
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s (run tests/gen_testdata.sh %s)", path, testdata());
+    /* Block size 16: 9 + 8 and 15 + 2 cross into the second block, 47 + 2 into
+     * the fourth; 70 is past Gemma 3 tiny's window of 8. */
+    const int32_t ctx16[] = {0, 1, 9, 15, 16, 31, 47, 70};
+    const int32_t ctx5[] = {0, 3, 4, 5, 12, 23};
+    /* The emulator runs every CUDA thread on the CPU: fewer contexts there. */
+    const int emu = !strcmp(test_backend(), "cuda-emu");
+    const int32_t emu16[] = {1, 15, 47}, emu5[] = {3, 12};
+    int ok = bs == 16 ? verify_vs_decode(l.m, bs, emu ? emu16 : ctx16, emu ? 3 : 8, why, sizeof why)
+                      : verify_vs_decode(l.m, bs, emu ? emu5 : ctx5, emu ? 2 : 6, why, sizeof why);
+    rd_unload(&l);
+    CHECK(ok, "%s: %s", name, why);
+}
+
+static void test_verify_tiny_llama(void)
+{
+    tiny_case("tiny-q4_1", 16);
+    if (!test_case_failed)
+        tiny_case("tiny-q4_1", 5);
+}
+
+static void test_verify_tiny_qwen3(void) { tiny_case("tiny-qwen3", 16); }
+
+static void test_verify_tiny_gemma3(void) { tiny_case("tiny-gemma3", 16); }
+
+static void test_verify_real(void)
+{
+    rd_loaded l;
+    char why[400] = "";
+    CHECK(load_model(real_model_path(), &l), "cannot load %s", real_model_path());
+    const int32_t ctx[] = {1, 15, 30, 100};
+    int ok = verify_vs_decode(l.m, 16, ctx, 4, why, sizeof why);
+    rd_unload(&l);
+    CHECK(ok, "%s: %s", real_model_path(), why);
+}
+
+/* Bad shapes get an error, not a forward. */
+static void test_verify_bad_input(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    runner r;
+    int rc = runner_init(&r, l.m, 4, 16, 32, 8);
+    if (rc)
+        rd_unload(&l);
+    CHECK_OK(rc);
+    int32_t tok[16] = {0}, table[4] = {0, 1, 2, 3};
+    spec_verify_seq short_table = {tok, 30, 4, table, 2};   /* 2 blocks of 16 < 34 tokens */
+    spec_verify_seq too_many = {tok, 0, 9, table, 4};       /* 9 logit rows > 8 */
+    spec_verify_seq no_rows = {tok, 0, 0, table, 4};
+    int r1 = spec_verify_forward(&r, &short_table, 1, NULL);
+    int r2 = spec_verify_forward(&r, &too_many, 1, NULL);
+    int r3 = spec_verify_forward(&r, &no_rows, 1, NULL);
+    int r4 = spec_verify_forward(&r, &no_rows, 0, NULL);
+    runner_free(&r);
+    rd_unload(&l);
+    CHECK(r1 == RD_ERANGE && r2 == RD_ERANGE && r3 == RD_EINVAL && r4 == RD_EINVAL, "got %d %d %d %d", r1, r2, r3,
+          r4);
+}
+
+int main(void)
+{
+    if (file_exists("tests/gen_testdata.sh")) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "tests/gen_testdata.sh '%s' >/dev/null", testdata());
+        if (system(cmd) != 0)
+            fprintf(stderr, "test_spec: %s failed\n", cmd);
+    }
+    RUN(test_verify_bad_input);
+    RUN(test_verify_tiny_llama);
+    RUN(test_verify_tiny_qwen3);
+    RUN(test_verify_tiny_gemma3);
+    if (!strcmp(test_backend(), "cuda-emu"))
+        printf("SKIP test_verify_real: the 135M model is too slow on the CUDA emulator\n");
+    else if (file_exists(real_model_path()))
+        RUN(test_verify_real);
+    else
+        printf("SKIP test_verify_real: %s not found (make model)\n", real_model_path());
+    TEST_EXIT();
+}
