@@ -25,6 +25,7 @@
 #include "base/err.h"
 #include "engine/model/loader.h"
 #include "engine/model/runner.h"
+#include "engine/serve/spec_ngram.h"
 #include "engine/serve/spec_verify.h"
 #include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
@@ -180,6 +181,120 @@ out:
     return ok;
 }
 
+/* ---------------------------------------------------------------------------
+ * The n-gram drafter against a search written another way: for each match
+ * length from the longest down, every window of the sources compared whole
+ * (memcmp) with the suffix; the first length with any hit wins, then the
+ * longest continuation, own tokens before siblings, the latest end. */
+
+static int32_t naive_draft(const spec_draft_ctx *c, int32_t lo, int32_t hi, int32_t max_draft, int32_t *out)
+{
+    const spec_tokens *self = &c->self;
+    for (int32_t m = hi; m >= lo; m--) {
+        if (m > self->n)
+            continue;
+        const int32_t *suffix = self->ids + self->n - m;
+        int32_t best_cont = 0, best_end = -1;
+        const int32_t *best_src = NULL;
+        for (int32_t r = 0; r <= c->n_siblings; r++) {
+            const spec_tokens *src = r == 0 ? self : &c->siblings[r - 1];
+            /* a window src[i .. i+m) followed by at least one token (in self: before the suffix's end) */
+            for (int32_t i = 0; i + m < src->n; i++) {
+                if (memcmp(src->ids + i, suffix, sizeof(int32_t) * m))
+                    continue;
+                int32_t end = i + m - 1, cont = src->n - 1 - end;
+                cont = cont < max_draft ? cont : max_draft;
+                /* later r only wins on a strictly longer continuation; the same r on >= (later end) */
+                int take = best_src == NULL || cont > best_cont || (cont == best_cont && src->ids == best_src);
+                if (take) {
+                    best_cont = cont;
+                    best_end = end;
+                    best_src = src->ids;
+                }
+            }
+        }
+        if (best_src) {
+            memcpy(out, best_src + best_end + 1, sizeof(int32_t) * best_cont);
+            return best_cont;
+        }
+    }
+    return 0;
+}
+
+static void test_ngram_hand(void)
+{
+    spec_drafter *d;
+    spec_ngram_params p = spec_ngram_default();
+    CHECK_OK(spec_ngram_create(&p, &d));
+    int32_t out[8];
+    /* 1 2 3 4 1 2 3: the suffix "1 2 3" occurred at 0..2, followed by 4 1 2 3 */
+    const int32_t a[] = {1, 2, 3, 4, 1, 2, 3};
+    spec_draft_ctx c = {{a, 7}, 3, NULL, 0};
+    int32_t n = d->draft(d, &c, 4, out);
+    int ok1 = n == 4 && out[0] == 4 && out[1] == 1 && out[2] == 2 && out[3] == 3;
+    int32_t n_cap = d->draft(d, &c, 2, out);
+    /* no earlier "9 7" nor a 1-token match (min_match 2): nothing */
+    const int32_t b[] = {5, 6, 7, 9, 7};
+    spec_draft_ctx cb = {{b, 5}, 2, NULL, 0};
+    int32_t n_none = d->draft(d, &cb, 4, out);
+    /* a sibling that went on further after the same words: 3 4 -> 8 8 8 from it */
+    const int32_t me[] = {1, 3, 4, 2, 3, 4}, sib[] = {1, 3, 4, 8, 8, 8, 3, 4, 9};
+    spec_tokens sibs[1] = {{sib, 9}};
+    spec_draft_ctx cs = {{me, 6}, 1, sibs, 1};
+    int32_t n_sib = d->draft(d, &cs, 3, out);
+    int ok_sib = n_sib == 3 && out[0] == 2 && out[1] == 3 && out[2] == 4; /* own "3 4" at 1..2 offers 3: own wins */
+    int32_t n_sib4 = d->draft(d, &cs, 4, out); /* own offers 3 (2 3 4), the sibling's first offers 6: its wins */
+    int ok_sib4 = n_sib4 == 4 && out[0] == 8 && out[1] == 8 && out[2] == 8 && out[3] == 3;
+    d->destroy(d);
+    spec_ngram_params bad = {3, 2};
+    int rc_bad = spec_ngram_create(&bad, &d);
+    CHECK(ok1, "1 2 3 4 1 2 3: got %d tokens (%d %d ..)", n, out[0], out[1]);
+    CHECK(n_cap == 2, "max_draft 2 gave %d", n_cap);
+    CHECK(n_none == 0, "no match, got %d", n_none);
+    CHECK(ok_sib && ok_sib4, "sibling cases: %d (own first), %d", n_sib, n_sib4);
+    CHECK(rc_bad == RD_EINVAL, "min 3 > max 2 accepted: %d", rc_bad);
+}
+
+static void test_ngram_random(void)
+{
+    uint64_t x = 99;
+#define RND(n) ((x = x * 6364136223846793005ull + 1442695040888963407ull), (int32_t)((x >> 33) % (uint64_t)(n)))
+    int32_t self[80], sib[3][80], got[16], want[16];
+    int drafted = 0, from_sibling = 0;
+    for (int it = 0; it < 3000; it++) {
+        const int32_t vocab = 2 + RND(4), n = 1 + RND(60), n_sib = RND(4);
+        spec_ngram_params p = {1 + RND(3), 0};
+        p.max_match = p.min_match + RND(6);
+        const int32_t max_draft = 1 + RND(10);
+        for (int32_t i = 0; i < n; i++)
+            self[i] = RND(vocab);
+        spec_tokens sibs[3];
+        const int32_t n_prompt = RND(n + 1);
+        for (int32_t k = 0; k < n_sib; k++) {
+            int32_t m = n_prompt + RND(40);
+            memcpy(sib[k], self, sizeof(int32_t) * n_prompt); /* the same prompt, another output */
+            for (int32_t i = n_prompt; i < m; i++)
+                sib[k][i] = RND(vocab);
+            sibs[k] = (spec_tokens){sib[k], m};
+        }
+        spec_draft_ctx c = {{self, n}, n_prompt, sibs, n_sib};
+        spec_drafter *d;
+        CHECK_OK(spec_ngram_create(&p, &d));
+        int32_t ng = d->draft(d, &c, max_draft, got);
+        d->destroy(d);
+        int32_t nw = naive_draft(&c, p.min_match, p.max_match, max_draft, want);
+        CHECK(ng == nw && !memcmp(got, want, sizeof(int32_t) * (ng > 0 ? ng : 0)),
+              "case %d (n %d, siblings %d, match %d..%d, max_draft %d): drafter gave %d tokens, the naive search %d",
+              it, n, n_sib, p.min_match, p.max_match, max_draft, ng, nw);
+        drafted += ng > 0;
+        c.n_siblings = 0;
+        from_sibling += ng > 0 && naive_draft(&c, p.min_match, p.max_match, max_draft, want) != ng;
+    }
+#undef RND
+    /* The cases must exercise both sources, not only "no match". */
+    CHECK(drafted > 1000 && from_sibling > 100, "only %d drafts, %d changed by siblings", drafted, from_sibling);
+}
+
 static int load_model(const char *path, rd_loaded *l)
 {
     int rc = rd_load(path, test_backend(), test_threads(0), l);
@@ -263,6 +378,8 @@ int main(void)
         if (system(cmd) != 0)
             fprintf(stderr, "test_spec: %s failed\n", cmd);
     }
+    RUN(test_ngram_hand);
+    RUN(test_ngram_random);
     RUN(test_verify_bad_input);
     RUN(test_verify_tiny_llama);
     RUN(test_verify_tiny_qwen3);
