@@ -25,6 +25,8 @@
 #include "base/err.h"
 #include "engine/model/loader.h"
 #include "engine/model/runner.h"
+#include "engine/serve/engine.h"
+#include "engine/serve/kv.h"
 #include "engine/serve/spec_ngram.h"
 #include "engine/serve/spec_verify.h"
 #include "tests/unit/engine_helpers.h"
@@ -303,6 +305,247 @@ static int load_model(const char *path, rd_loaded *l)
     return rc == 0;
 }
 
+/* ---------------------------------------------------------------------------
+ * The engine with speculation on vs off: every sample's token ids, raw and
+ * processed log-probs, alternatives, finish reason, stop string and version
+ * spans bit-identical. The run with it on must have drafted, accepted some
+ * drafts and rejected others (else it proved nothing), and give back every
+ * KV block. */
+
+#define SPEC_MAX_REQ 16
+#define SPEC_MAX_RES 128
+
+typedef struct {
+    int n;
+    eng_result r[SPEC_MAX_RES];
+    eng_stats st;
+} spec_run;
+
+static void spec_run_free(spec_run *r)
+{
+    for (int i = 0; i < r->n; i++)
+        eng_result_free(&r->r[i]);
+    r->n = 0;
+}
+
+/* All requests queued at once (arrive_every 0) or one every arrive_every steps. */
+static int run_engine(model *m, const eng_config *cfg, const eng_request *reqs, int n_req, int arrive_every,
+                      spec_run *out)
+{
+    engine *e;
+    int rc = eng_create(m, cfg, &e);
+    if (rc)
+        return rc;
+    int added = 0;
+    for (long step = 0; !rc && (added < n_req || eng_busy(e)); step++) {
+        while (added < n_req && (arrive_every == 0 || step % arrive_every == 0)) {
+            int64_t id;
+            if ((rc = eng_add(e, &reqs[added++], &id)))
+                break;
+            if (arrive_every)
+                break;
+        }
+        if (!rc && step > 400000)
+            rc = rd_fail(RD_EINVAL, "run_engine: no end after %ld steps", step);
+        if (!rc && (rc = eng_step(e)) > 0)
+            rc = 0;
+        int k;
+        while (!rc && out->n < SPEC_MAX_RES && (k = eng_collect(e, out->r + out->n, SPEC_MAX_RES - out->n)) > 0)
+            out->n += k;
+    }
+    eng_get_stats(e, &out->st);
+    eng_destroy(e);
+    if (!rc && out->st.kv_blocks_used != 0)
+        rc = rd_fail(RD_EINVAL, "run_engine: %d KV blocks still used after the run", out->st.kv_blocks_used);
+    return rc;
+}
+
+static const eng_result *find_res(const spec_run *s, int64_t req, int32_t sample)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->r[i].req_id == req && s->r[i].sample_idx == sample)
+            return &s->r[i];
+    return NULL;
+}
+
+static int same_result(const eng_result *a, const eng_result *b, char *why, size_t cap)
+{
+    const int32_t n = a->n_tokens;
+    if (a->n_tokens != b->n_tokens || a->finish != b->finish || a->stop_str != b->stop_str ||
+        a->stop_text_offset != b->stop_text_offset) {
+        snprintf(why, cap, "n_tokens %d vs %d, finish %d vs %d, stop_str %d vs %d", a->n_tokens, b->n_tokens,
+                 a->finish, b->finish, a->stop_str, b->stop_str);
+        return 0;
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (a->token_ids[i] != b->token_ids[i] || memcmp(&a->logprobs[i], &b->logprobs[i], sizeof(float)) ||
+            (!a->logprobs_proc) != (!b->logprobs_proc) ||
+            (a->logprobs_proc && memcmp(&a->logprobs_proc[i], &b->logprobs_proc[i], sizeof(float)))) {
+            snprintf(why, cap, "token %d: id %d vs %d, logprob %.9g vs %.9g", i, a->token_ids[i], b->token_ids[i],
+                     a->logprobs[i], b->logprobs[i]);
+            return 0;
+        }
+    if (a->n_top != b->n_top || memcmp(a->top_ids, b->top_ids, sizeof(int32_t) * n * a->n_top) ||
+        memcmp(a->top_logprobs, b->top_logprobs, sizeof(float) * n * a->n_top)) {
+        snprintf(why, cap, "alternatives differ");
+        return 0;
+    }
+    if (a->n_spans != b->n_spans || memcmp(a->spans, b->spans, sizeof(eng_span) * a->n_spans)) {
+        snprintf(why, cap, "version spans differ (%d vs %d)", a->n_spans, b->n_spans);
+        return 0;
+    }
+    return 1;
+}
+
+static int64_t spec_preemptions; /* in the runs with speculation on, summed */
+
+/* Runs reqs with spec_max_draft 0 and draft, under cfg; compares. */
+static int on_vs_off(model *m, eng_config cfg, const eng_request *reqs, int n_req, int arrive_every, int32_t draft,
+                     int64_t *drafted, int64_t *accepted, char *why, size_t cap)
+{
+    spec_run *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
+    int ok = 0;
+    if (!off || !on) {
+        snprintf(why, cap, "out of memory");
+        goto out;
+    }
+    cfg.spec_max_draft = 0;
+    int rc = run_engine(m, &cfg, reqs, n_req, arrive_every, off);
+    cfg.spec_max_draft = draft;
+    if (!rc)
+        rc = run_engine(m, &cfg, reqs, n_req, arrive_every, on);
+    if (rc) {
+        snprintf(why, cap, "engine run failed: %d (%s)", rc, rd_errmsg());
+        goto out;
+    }
+    if (off->n != on->n) {
+        snprintf(why, cap, "%d results off, %d on", off->n, on->n);
+        goto out;
+    }
+    for (int i = 0; i < off->n; i++) {
+        const eng_result *a = &off->r[i], *b = find_res(on, a->req_id, a->sample_idx);
+        char w[200];
+        if (!b || !same_result(a, b, w, sizeof w)) {
+            snprintf(why, cap, "request %lld sample %d: %s", (long long)a->req_id, a->sample_idx, b ? w : "missing");
+            goto out;
+        }
+    }
+    if (off->st.spec_drafted != 0) {
+        snprintf(why, cap, "drafted %lld tokens with speculation off", (long long)off->st.spec_drafted);
+        goto out;
+    }
+    spec_preemptions += on->st.preemptions;
+    *drafted += on->st.spec_drafted;
+    *accepted += on->st.spec_accepted;
+    ok = 1;
+out:
+    if (off)
+        spec_run_free(off);
+    if (on)
+        spec_run_free(on);
+    free(off), free(on);
+    return ok;
+}
+
+/* A prompt that repeats itself: a block of `period` tokens, again and again. */
+static void repeating_prompt(int32_t *p, int32_t n, int32_t period, uint64_t salt, int32_t vocab)
+{
+    make_tokens(p, period, salt, vocab);
+    for (int32_t i = period; i < n; i++)
+        p[i] = p[i - period];
+}
+
+static void test_engine_on_off_tiny(void)
+{
+    char path[256], why[400] = "";
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    model *m = l.m;
+    const int32_t V = m->cfg.vocab;
+    static int32_t prompts[8][48];
+    eng_request reqs[8];
+    const float temps[8] = {0, 1, 0.7f, 1, 0, 1.3f, 1, 0};
+    for (int i = 0; i < 8; i++) {
+        repeating_prompt(prompts[i], 48, 3 + i, 40 + i, V);
+        eng_request r;
+        memset(&r, 0, sizeof r);
+        r.prompt = prompts[i];
+        r.n_prompt = 20 + 3 * i;
+        r.n = i == 1 || i == 4 ? 4 : 1;               /* groups: drafts from siblings too */
+        r.max_tokens = 17 + 11 * i;                     /* ends at many offsets inside a draft */
+        r.sp = samp_default();
+        r.sp.temperature = temps[i];
+        r.sp.seed = 1000 + i;
+        r.sp.top_p = i == 2 ? 0.9f : 1.0f;
+        r.sp.top_k = i == 3 ? 20 : 0;
+        r.sp.min_p = i == 5 ? 0.05f : 0.0f;
+        r.sp.logprobs_topk = i % 3 == 0 ? 3 : 0;
+        r.sp.processed_logprobs = i % 2;
+        r.ignore_eos = 1;
+        reqs[i] = r;
+    }
+    /* A stop id inside the outputs: token 7 (the tiny vocabulary is small, so it comes up). */
+    int32_t stop_ids[1] = {7};
+    reqs[6].stop_ids = stop_ids;
+    reqs[6].n_stop = 1;
+    int64_t drafted = 0, accepted = 0;
+    eng_config cfg = eng_default_config();
+    cfg.block_size = 16;
+    cfg.max_num_seqs = 32;
+    cfg.max_batch_tokens = 256;
+    cfg.kv_cache_bytes = 256 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    int ok = 1;
+    const int32_t drafts[3] = {1, 4, 8};
+    for (int d = 0; d < 3 && ok; d++) {
+        /* all at once, prefix cache on (the default) */
+        ok = on_vs_off(m, cfg, reqs, 8, 0, drafts[d], &drafted, &accepted, why, sizeof why);
+        /* one arriving every 5 steps: speculation only in the gaps */
+        if (ok)
+            ok = on_vs_off(m, cfg, reqs, 8, 5, drafts[d], &drafted, &accepted, why, sizeof why);
+    }
+    /* A pool of 12 blocks: preemption (recompute) while drafting */
+    eng_config small = cfg;
+    small.kv_cache_bytes = 12 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    small.prefix_cache = 0;
+    spec_preemptions = 0;
+    if (ok)
+        ok = on_vs_off(m, small, reqs, 8, 0, 6, &drafted, &accepted, why, sizeof why);
+    rd_unload(&l);
+    CHECK(!ok || spec_preemptions > 0, "the 12-block pool preempted nothing");
+    CHECK(ok, "%s", why);
+    CHECK(accepted > 50 && drafted > accepted, "drafted %lld, accepted %lld: speculation was not exercised",
+          (long long)drafted, (long long)accepted);
+    printf("test_engine_on_off_tiny: drafted %lld, accepted %lld\n", (long long)drafted, (long long)accepted);
+}
+
+/* kv_truncate gives back the blocks past the kept tokens, last first. */
+static void test_kv_truncate(void)
+{
+    kv_pool *p;
+    CHECK_OK(kv_create(8, 16, &p));
+    kv_table t = {0};
+    int32_t src, dst;
+    int rc = kv_reserve(p, &t, 0, 40, &src, &dst); /* 3 blocks */
+    kv_written(p, &t, 0, 40);
+    kv_stats a, b, c, d;
+    kv_get_stats(p, &a);
+    kv_truncate(p, &t, 17);
+    kv_get_stats(p, &b);
+    kv_truncate(p, &t, 16);
+    kv_get_stats(p, &c);
+    kv_truncate(p, &t, 0);
+    kv_get_stats(p, &d);
+    kv_free_seq(p, &t);
+    kv_destroy(p);
+    CHECK(rc == 0, "reserve: %d", rc);
+    CHECK(a.blocks_used == 3 && b.blocks_used == 2 && c.blocks_used == 1 && d.blocks_used == 0,
+          "blocks used %d -> %d -> %d -> %d (want 3 2 1 0)", a.blocks_used, b.blocks_used, c.blocks_used,
+          d.blocks_used);
+    /* 17 tokens in 2 blocks of 16: 15 slots empty */
+    CHECK(fabs(b.waste - 15.0 / 32) < 1e-12, "waste after keeping 17 tokens: %g", b.waste);
+}
+
 static void tiny_case(const char *name, int32_t bs)
 {
     char path[256], why[400] = "";
@@ -381,6 +624,8 @@ int main(void)
     RUN(test_ngram_hand);
     RUN(test_ngram_random);
     RUN(test_verify_bad_input);
+    RUN(test_kv_truncate);
+    RUN(test_engine_on_off_tiny);
     RUN(test_verify_tiny_llama);
     RUN(test_verify_tiny_qwen3);
     RUN(test_verify_tiny_gemma3);
