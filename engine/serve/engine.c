@@ -637,6 +637,7 @@ int eng_step(engine *e)
         /* The KV of rejected drafts goes; a finished sequence gave back all of it. */
         for (int32_t i = 0; i < n_sched; i++)
             if (batch[i]->n_draft > 0) {
+                spec_feedback(batch[i], e->cfg.spec_max_draft);
                 if (batch[i]->state == SEQ_FINISHED) {
                     batch[i]->n_draft = 0;
                     batch[i]->spec_rejected = 0;

@@ -73,6 +73,9 @@ typedef struct seq {
     int32_t draft[SEQ_MAX_DRAFT];
     int32_t spec_base;          /* n_tokens when they were drafted: draft[j] is a guess of token spec_base + j */
     int spec_rejected;          /* a draw this step differed from its draft: later draws are dropped */
+    int32_t spec_len;           /* drafts it may get next (0: spec_max_draft); adapts to what it keeps */
+    int32_t spec_wait;          /* steps to decode plainly before drafting again (after drafts all missed) */
+    int32_t spec_backoff;       /* the last wait: doubles while drafts keep missing */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     stop_scan scan;             /* the generated text against req->stops */
     int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */

@@ -31,8 +31,12 @@ int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx
     for (seq *s = sc->running.head; s && budget > 0 && logits > 0; s = s->next) {
         if (!decoding(s))
             continue;
+        if (s->spec_wait > 0) {
+            s->spec_wait--;
+            continue;
+        }
         const seq_req *q = s->req;
-        int32_t room = max_draft;
+        int32_t room = s->spec_len > 0 && s->spec_len < max_draft ? s->spec_len : max_draft;
         int32_t left = q->max_tokens - (s->n_tokens - q->n_prompt) - 1; /* tokens after the next draw */
         if (left < room)
             room = left;
@@ -77,6 +81,22 @@ int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx
         }
     }
     return total;
+}
+
+void spec_feedback(seq *s, int32_t max_draft)
+{
+    const int32_t kept = s->n_tokens - s->spec_base - 1; /* drafts drawn as drafted */
+    if (kept >= s->n_draft) {
+        s->spec_len = 2 * s->n_draft < max_draft ? 2 * s->n_draft : max_draft;
+    } else {
+        s->spec_len = kept + 1;
+    }
+    if (kept <= 0) {
+        s->spec_backoff = s->spec_backoff > 0 ? (2 * s->spec_backoff < 16 ? 2 * s->spec_backoff : 16) : 1;
+        s->spec_wait = s->spec_backoff;
+    } else {
+        s->spec_backoff = 0;
+    }
 }
 
 void spec_rollback(sched *sc, seq *s)

@@ -26,6 +26,12 @@
  * < 0 when the drafter fails (then nothing is drafted). */
 int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx, int32_t logit_rows);
 
+/* After the draws of a step in which s drafted: adapts how much it drafts
+ * next (spec_len: doubled after a step that kept every draft, else the
+ * drafts it kept + 1; after one that kept none, a wait of 1, 2, 4 .. 16
+ * steps without drafting). Only time depends on it. */
+void spec_feedback(seq *s, int32_t max_draft);
+
 /* After the draws of a step in which s drafted and went on (not finished):
  * its KV holds tokens [0, n_tokens - 1) as after a plain decode step;
  * blocks past them go back to the pool. Clears the step's draft state. */

@@ -261,7 +261,7 @@ static void test_ngram_random(void)
 {
     uint64_t x = 99;
 #define RND(n) ((x = x * 6364136223846793005ull + 1442695040888963407ull), (int32_t)((x >> 33) % (uint64_t)(n)))
-    int32_t self[80], sib[3][80], got[16], want[16];
+    int32_t self[64], sib[3][104], got[16], want[16]; /* n <= 60; a sibling: prompt <= 60 + 39 */
     int drafted = 0, from_sibling = 0;
     for (int it = 0; it < 3000; it++) {
         const int32_t vocab = 2 + RND(4), n = 1 + RND(60), n_sib = RND(4);
