@@ -361,6 +361,8 @@ static void copy_routes(engine *e, const int32_t *src, const int32_t *dst, int32
 
 static void finish(engine *e, seq *s, finish_reason why)
 {
+    if (e->drafter && (why == FINISH_STOP || why == FINISH_LENGTH))
+        spec_keep_output(s); /* drafts for its group's samples still running */
     s->version_finish = e->version;
     take_routes(e, s);
     kv_free_seq(e->kv, &s->blocks);

@@ -43,6 +43,11 @@ struct seq_req {
     int stream;                 /* eng_collect_progress delivers its samples' tokens as they come */
     int return_routes;          /* its results carry the experts each position was routed to */
     kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
+    /* speculative decoding: the generated tokens of its samples that finished (stop or length), drafts
+       for the ones still running; kept with the request, freed with it */
+    int32_t n_done_outs;
+    int32_t **done_outs;        /* [n_done_outs][done_lens[i]] */
+    int32_t *done_lens;
 };
 
 typedef struct seq {

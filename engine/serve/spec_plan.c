@@ -1,6 +1,9 @@
 /* spec_plan.c - drafting before a step and the rollback after (see spec_plan.h). */
 #include "engine/serve/spec_plan.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* Group siblings seen by a drafter at most (the nearest in the running queue). */
 #define SPEC_MAX_SIBLINGS 32
 
@@ -60,6 +63,8 @@ int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx
             sib[n_sib++] = (spec_tokens){o->tokens, o->n_tokens};
         for (seq *o = s->next; o && o->req == q && n_sib < SPEC_MAX_SIBLINGS; o = o->next)
             sib[n_sib++] = (spec_tokens){o->tokens, o->n_tokens};
+        for (int32_t i = 0; i < q->n_done_outs && n_sib < SPEC_MAX_SIBLINGS; i++)
+            sib[n_sib++] = (spec_tokens){q->done_outs[i], q->done_lens[i]};
         spec_draft_ctx ctx = {{s->tokens, s->n_tokens}, q->n_prompt, sib, n_sib};
         int32_t n = d->draft(d, &ctx, room, s->draft);
         if (n < 0) {
@@ -97,6 +102,31 @@ void spec_feedback(seq *s, int32_t max_draft)
     } else {
         s->spec_backoff = 0;
     }
+}
+
+void spec_keep_output(seq *s)
+{
+    seq_req *q = s->req;
+    const int32_t n = s->n_tokens - q->n_prompt;
+    if (q->n < 2 || n < 2 || q->n_done_outs >= SPEC_MAX_SIBLINGS)
+        return;
+    if (!q->done_outs) {
+        q->done_outs = calloc(SPEC_MAX_SIBLINGS, sizeof *q->done_outs);
+        q->done_lens = calloc(SPEC_MAX_SIBLINGS, sizeof *q->done_lens);
+        if (!q->done_outs || !q->done_lens) {
+            free(q->done_outs);
+            free(q->done_lens);
+            q->done_outs = NULL;
+            q->done_lens = NULL;
+            return;
+        }
+    }
+    int32_t *copy = malloc(sizeof(int32_t) * (size_t)n);
+    if (!copy)
+        return;
+    memcpy(copy, s->tokens + q->n_prompt, sizeof(int32_t) * (size_t)n);
+    q->done_outs[q->n_done_outs] = copy;
+    q->done_lens[q->n_done_outs++] = n;
 }
 
 void spec_rollback(sched *sc, seq *s)

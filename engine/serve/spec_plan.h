@@ -37,4 +37,9 @@ void spec_feedback(seq *s, int32_t max_draft);
  * blocks past them go back to the pool. Clears the step's draft state. */
 void spec_rollback(sched *sc, seq *s);
 
+/* A sample of a group finished: its generated tokens join its request's
+ * done_outs (at most 32 of them), drafts for its siblings still running.
+ * Out of memory: not kept (drafts only). */
+void spec_keep_output(seq *s);
+
 #endif
