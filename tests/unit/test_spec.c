@@ -668,6 +668,102 @@ static void test_engine_abort_mid_draft(void)
     CHECK(after.kv_blocks_used == 0, "%d blocks still used after the abort", after.kv_blocks_used);
 }
 
+/* A version change between two verify steps (what a weight swap does to the
+ * engine; the swap itself is upd_apply between steps): tokens drawn before it
+ * carry the old version and those after it the new one, the boundary where
+ * the sample stood when it came (eng_collect_progress says where), never
+ * inside a step's accepted drafts; ids and log-prob bits equal to the run
+ * without speculation and without the change. */
+static void test_engine_version_between_steps(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    model *m = l.m;
+    static int32_t prompt[30];
+    repeating_prompt(prompt, 30, 5, 9, m->cfg.vocab);
+    eng_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.n_prompt = 30;
+    r.n = 3;
+    r.max_tokens = 90;
+    r.sp = samp_default();
+    r.sp.temperature = 0.9f;
+    r.sp.seed = 31;
+    r.ignore_eos = 1;
+    eng_config cfg = eng_default_config();
+    cfg.max_num_seqs = 8;
+    cfg.max_batch_tokens = 128;
+    cfg.kv_cache_bytes = 64 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    spec_run *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
+    int rc = off && on ? run_engine(m, &cfg, &r, 1, 0, off) : RD_ENOMEM;
+    cfg.spec_max_draft = 8;
+    engine *e = NULL;
+    if (!rc)
+        rc = eng_create(m, &cfg, &e);
+    r.stream = 1;
+    int64_t id = 0;
+    if (!rc)
+        rc = eng_add(e, &r, &id);
+    int32_t at[3] = {0, 0, 0}; /* tokens each sample had at the change */
+    eng_result prog[8];
+    for (int i = 0; i < 15 && rc >= 0; i++) {
+        rc = eng_step(e);
+        int k = rc >= 0 ? eng_collect_progress(e, prog, 8) : 0;
+        for (int j = 0; j < k; j++) {
+            at[prog[j].sample_idx] = prog[j].token_offset + prog[j].n_tokens;
+            eng_result_free(&prog[j]);
+        }
+    }
+    eng_stats st = {0};
+    if (rc >= 0) {
+        eng_get_stats(e, &st);
+        eng_set_version(e, 7);
+        rc = 0;
+    }
+    while (rc == 0 && eng_busy(e)) {
+        rc = eng_step(e) < 0 ? -1 : 0;
+        int k;
+        while ((k = eng_collect_progress(e, prog, 8)) > 0)
+            for (int j = 0; j < k; j++)
+                eng_result_free(&prog[j]);
+        while (on->n < SPEC_MAX_RES && (k = eng_collect(e, on->r + on->n, SPEC_MAX_RES - on->n)) > 0)
+            on->n += k;
+    }
+    int ok = rc == 0 && on->n == 3 && off->n == 3;
+    char why[300] = "";
+    for (int k = 0; ok && k < 3; k++) {
+        const eng_result *a = find_res(off, id, k), *b = find_res(on, id, k);
+        ok = a && b && a->n_tokens == b->n_tokens &&
+             !memcmp(a->token_ids, b->token_ids, sizeof(int32_t) * a->n_tokens) &&
+             !memcmp(a->logprobs, b->logprobs, sizeof(float) * a->n_tokens);
+        if (!ok) {
+            snprintf(why, sizeof why, "sample %d: tokens or log-probs differ from the run without speculation", k);
+            break;
+        }
+        const int32_t c = at[k];
+        ok = c > 0 && c < b->n_tokens && b->n_spans == 2 && b->spans[0].start == 0 && b->spans[0].end == c &&
+             b->spans[0].version == 0 && b->spans[1].start == c && b->spans[1].end == b->n_tokens &&
+             b->spans[1].version == 7;
+        if (!ok)
+            snprintf(why, sizeof why, "sample %d: %d spans, the first ending at %d, want 2 split at %d of %d", k,
+                     b->n_spans, b->n_spans ? b->spans[0].end : -1, c, b->n_tokens);
+    }
+    if (e)
+        eng_destroy(e);
+    if (off)
+        spec_run_free(off);
+    if (on)
+        spec_run_free(on);
+    free(off), free(on);
+    rd_unload(&l);
+    CHECK(rc == 0, "run: %d (%s)", rc, rd_errmsg());
+    CHECK(st.spec_accepted > 0, "no draft accepted before the change (drafted %lld)", (long long)st.spec_drafted);
+    CHECK(ok, "%s", why);
+}
+
 static void tiny_case(const char *name, int32_t bs)
 {
     char path[256], why[400] = "";
@@ -751,9 +847,11 @@ int main(void)
     if (!strcmp(test_backend(), "cuda-emu")) {
         printf("SKIP test_engine_on_off_families: too slow on the CUDA emulator\n");
         printf("SKIP test_engine_abort_mid_draft: too slow on the CUDA emulator\n");
+        printf("SKIP test_engine_version_between_steps: too slow on the CUDA emulator\n");
     } else {
         RUN(test_engine_on_off_families);
         RUN(test_engine_abort_mid_draft);
+        RUN(test_engine_version_between_steps);
     }
     RUN(test_verify_tiny_llama);
     RUN(test_verify_tiny_qwen3);
