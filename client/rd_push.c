@@ -328,7 +328,7 @@ int rdp_begin(rdp_job *j)
         rdp_fail_job(j, RD_ENOTSUP, 0, "the daemon does not take weight updates (HELLO_OK feature bit 0 is off)");
         return RD_ENOTSUP;
     }
-    proto_msg q = {.type = PROTO_UPDATE_BEGIN}, r;
+    proto_msg q = {.type = PROTO_UPDATE_BEGIN, .version = p->any_delta ? 3 : 0}, r;
     q.update_begin = (proto_update_begin){.client_id = rdc_client_id(j->c), .version = o->version, .mode = o->mode,
                                           .window = o->window, .max_chunk_bytes = o->chunk_bytes,
                                           .total_bytes = p->total, .n_tensors = (uint32_t)p->n_tensors,
@@ -467,6 +467,14 @@ static int make_plan(rdp_plan *p, const rdp_tensor *ts, int n, const rdp_options
         memcpy(m->shape, t->shape, sizeof m->shape);
         m->nbytes = t->nbytes;
         m->crc32c = crc;
+        if (t->flags & PROTO_TENSOR_DELTA) { /* the chunks carry the stream; the manifest says the new bytes */
+            m->flags = PROTO_TENSOR_DELTA;
+            m->nbytes = t->full_bytes;
+            m->crc32c = t->full_crc;
+            m->wire_bytes = t->nbytes;
+            m->base_version = t->base_version;
+            p->any_delta = 1;
+        }
     }
     return 0;
 }

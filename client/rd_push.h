@@ -37,7 +37,13 @@ typedef struct {
     uint8_t n_dims;
     uint64_t shape[PROTO_MAX_DIMS];
     uint64_t nbytes;
-    const uint8_t *data;        /* [nbytes], little-endian row-major */
+    const uint8_t *data;        /* [nbytes], little-endian row-major (a delta's: its stream) */
+    /* A delta (PROTOCOL.md §10.14; rd_delta.h makes them): flags PROTO_TENSOR_DELTA, data/nbytes
+     * the delta stream, full_bytes and full_crc the tensor's new bytes; 0 for a whole tensor. */
+    uint16_t flags;
+    uint64_t full_bytes;
+    uint32_t full_crc;
+    uint64_t base_version;
 } rdp_tensor;
 
 typedef struct {

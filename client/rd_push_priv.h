@@ -26,6 +26,7 @@ typedef struct {
     rdp_chunk *chunks;
     uint32_t n_chunks;
     uint64_t total;
+    int any_delta;              /* a tensor is a delta: UPDATE_BEGIN goes in protocol version 3 */
     const rdp_options *o;
 } rdp_plan;
 

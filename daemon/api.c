@@ -1094,6 +1094,7 @@ int api_routes(api *a, http_route *t)
         t[i] = r[i];
     n += api_vllm_routes(a, t + n);
     n += api_sglang_routes(a, t + n);
+    n += api_manifest_routes(a, t + n);
     return n;
 }
 

@@ -268,6 +268,8 @@ void api_pause_mode(api *a, const char *mode);
 /* api_sglang.c */
 /* Appends the SGLang / vLLM-sleep control routes to t; returns how many. */
 int api_sglang_routes(api *a, http_route *t);
+/* GET /weights_manifest (api_manifest.c). */
+int api_manifest_routes(api *a, http_route *t);
 void api_sglang_free(api *a);
 /* The serving weights are now those of path (NULL: no file) at version. */
 void api_note_weights_source(api *a, const char *path, uint64_t version);

@@ -122,6 +122,16 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddStringToObject(lw, "mode", l->mode >= 0 && l->mode <= 2 ? MODES[l->mode] : "?");
         cJSON_AddNumberToObject(lw, "bytes", (double)l->bytes);
         cJSON_AddNumberToObject(lw, "tensors", l->n_tensors);
+        /* delta pushes (§10.14): the kind, the bytes the chunks carried against the tensors' own, and the
+         * share of the delta tensors' elements whose bits changed (null for a full push) */
+        cJSON_AddStringToObject(lw, "kind", l->n_delta ? "delta" : "full");
+        cJSON_AddNumberToObject(lw, "wire_bytes", (double)l->bytes);
+        cJSON_AddNumberToObject(lw, "tensor_bytes", (double)l->tensor_bytes);
+        cJSON_AddNumberToObject(lw, "delta_tensors", l->n_delta);
+        if (l->n_delta && l->delta_elems && l->ok)
+            cJSON_AddNumberToObject(lw, "changed_fraction", (double)l->delta_changed / (double)l->delta_elems);
+        else
+            cJSON_AddNullToObject(lw, "changed_fraction");
         cJSON_AddNumberToObject(lw, "staged_s", (double)l->staged_us / 1e6);
         cJSON_AddNumberToObject(lw, "build_s", (double)l->build_us / 1e6);
         cJSON_AddNumberToObject(lw, "duration_s", (double)(l->staged_us + l->wait_us) / 1e6);

@@ -29,8 +29,12 @@ typedef struct {
     int ok;                     /* 1: swapped in; 0: failed or aborted (error says why) */
     uint64_t version;
     int mode;                   /* PROTO_MODE_* */
-    uint64_t bytes;             /* manifest bytes */
+    uint64_t bytes;             /* manifest bytes: what the chunks carried */
     uint32_t n_tensors;
+    uint32_t n_delta;           /* tensors sent as deltas (0: a full push) */
+    uint64_t tensor_bytes;      /* the tensors' own bytes (a delta's once applied) */
+    uint64_t delta_elems;       /* elements of the delta tensors */
+    uint64_t delta_changed;     /* ... whose bits changed */
     uint64_t staged_us;         /* UPDATE_BEGIN -> COMMIT */
     uint64_t build_us;          /* COMMIT -> new weights built */
     uint64_t wait_us;           /* COMMIT -> swapped */

@@ -165,7 +165,7 @@ _Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result o
  * 8-byte head on the wire pays for that piece. */
 #define ROUTES_HEAD_BYTES 8     /* n_routes u32, route_layers u16, route_k u8, route_width u8 */
 _Static_assert(sizeof(proto_span) <= SPAN_BYTES, "proto_span outgrew the arena bound");
-_Static_assert(sizeof(proto_tensor) + 8 <= 3 * (TENSOR_MIN_BYTES + 1), "proto_tensor outgrew the arena bound");
+_Static_assert(sizeof(proto_tensor) + 8 <= 4 * (TENSOR_MIN_BYTES + 1), "proto_tensor outgrew the arena bound");
 
 /* ---- names ---- */
 
@@ -223,6 +223,9 @@ const char *proto_err_name(uint32_t code)
     case PROTO_E_UPDATE_CONFLICT: return "UPDATE_CONFLICT";
     case PROTO_E_UNAUTHORIZED: return "UNAUTHORIZED";
     case PROTO_E_FORBIDDEN: return "FORBIDDEN";
+    case PROTO_E_BASE_MISMATCH: return "BASE_MISMATCH";
+    case PROTO_E_DTYPE_MISMATCH: return "DTYPE_MISMATCH";
+    case PROTO_E_BASE_QUANTIZED: return "BASE_QUANTIZED";
     default: return "UNKNOWN";
     }
 }
@@ -723,13 +726,25 @@ static int dec_result_tail(cursor *c, proto_result *r)
     return 0;
 }
 
-/* TENSOR: n_dims dimensions in mid-element, then nbytes and crc32c. */
+/* TENSOR: n_dims dimensions in mid-element, then nbytes and crc32c, then
+ * (flag DELTA, version 3 only) wire_bytes (>= 1) and base_version. */
 static int dec_tensor_tail(cursor *c, proto_tensor *t)
 {
+    char tmp[96];
     for (uint32_t d = 0; d < t->n_dims; d++)
         TRY(rd64(c, &t->shape[d], "shape"));
     TRY(rd64(c, &t->nbytes, "nbytes"));
-    return rd32(c, &t->crc32c, "crc32c");
+    TRY(rd32(c, &t->crc32c, "crc32c"));
+    if (!(t->flags & PROTO_TENSOR_DELTA))
+        return 0;
+    if (c->version < 3)
+        return MALFORMED(c, "%s: flags 0x%x: DELTA is defined from protocol version 3; this frame is version %u",
+                         where(c, tmp, sizeof tmp), t->flags, c->version);
+    TRY(rd64(c, &t->wire_bytes, "wire_bytes"));
+    TRY(rd64(c, &t->base_version, "base_version"));
+    if (t->wire_bytes == 0)
+        return MALFORMED(c, "%s: wire_bytes is 0; expected a delta of at least 1 byte", where(c, tmp, sizeof tmp));
+    return 0;
 }
 
 static int dec_elem_tail(cursor *c, const proto_elem_desc *e, void *el)
@@ -1100,12 +1115,25 @@ static int result_tail_ok(const proto_result *r)
     return enc_arr_ok(m, "routes", r->routes, (uint64_t)r->n_routes * r->route_layers * r->route_k);
 }
 
-static int elem_tail_ok(const proto_elem_desc *e, const void *el)
+static int tensor_tail_ok(const proto_tensor *t, uint16_t version)
+{
+    if (!(t->flags & PROTO_TENSOR_DELTA))
+        return 0;
+    if (version < 3)
+        return rd_fail(RD_EINVAL, "UPDATE_BEGIN tensor '%.*s': DELTA is defined from protocol version 3; encoding %u",
+                       (int)(t->name.len < 200 ? t->name.len : 200), t->name.ptr ? t->name.ptr : "", version);
+    if (t->wire_bytes == 0)
+        return rd_fail(RD_EINVAL, "UPDATE_BEGIN tensor '%.*s': a delta of wire_bytes 0; expected >= 1",
+                       (int)(t->name.len < 200 ? t->name.len : 200), t->name.ptr ? t->name.ptr : "");
+    return 0;
+}
+
+static int elem_tail_ok(const proto_elem_desc *e, const void *el, uint16_t version)
 {
     switch ((proto_elem_id)e->id) {
     case PROTO_EL_REQUEST: return request_tail_ok(el);
     case PROTO_EL_RESULT: return result_tail_ok(el);
-    case PROTO_EL_TENSOR:       /* its tail has no value the decoder refuses */
+    case PROTO_EL_TENSOR: return tensor_tail_ok(el, version);
     case PROTO_EL_SUBMIT_ITEM: return 0;
     }
     return 0;
@@ -1132,7 +1160,7 @@ static int msg_ok(const proto_msg *m, const proto_msg_desc *d, uint16_t version)
     for (uint32_t i = 0; d->elem && i < n; i++) {
         const void *el = arr + (size_t)i * d->elem->size;
         TRY(fields_ok(d->elem->fields, el, d->name, d->array_name, i, version));
-        TRY(elem_tail_ok(d->elem, el));
+        TRY(elem_tail_ok(d->elem, el, version));
     }
     return 0;
 }
@@ -1218,6 +1246,10 @@ static void put_tensor_tail(writer *w, const proto_tensor *t)
         w64(w, t->shape[d]);
     w64(w, t->nbytes);
     w32(w, t->crc32c);
+    if (t->flags & PROTO_TENSOR_DELTA) {
+        w64(w, t->wire_bytes);
+        w64(w, t->base_version);
+    }
 }
 
 static void put_elem(writer *w, const proto_elem_desc *e, const void *el)

@@ -28,17 +28,17 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
-#define PROTO_VERSION 2                     /* the newest version this code speaks (2: routing replay) */
+#define PROTO_VERSION 3                     /* the newest version this code speaks (2: routing replay, 3: delta pushes) */
 #define PROTO_VERSION_MIN 1                 /* the oldest; frames are written in it unless proto_msg.version says */
 #define PROTO_HEADER_BYTES 16
 #define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
 #define PROTO_MAX_CLIENT_NAME 256           /* bytes; a longer HELLO name is INVALID_PARAMS */
 #define PROTO_MAX_ERROR_MESSAGE 4096        /* bytes; proto_encode_error cuts longer ones */
 /* Arena bytes a decode of a frame of n bytes allocates (at most; once, at the
- * first array or string): 3n + 256 for an UPDATE_BEGIN (a 29-byte manifest
- * tensor becomes a 72-byte proto_tensor plus its name), 2n + 256 for every
+ * first array or string): 4n + 256 for an UPDATE_BEGIN (a 29-byte manifest
+ * tensor becomes an 88-byte proto_tensor plus its name), 2n + 256 for every
  * other message. */
-#define PROTO_ARENA_BOUND(n) (3 * (size_t)(n) + 256)
+#define PROTO_ARENA_BOUND(n) (4 * (size_t)(n) + 256)
 
 /* Message types, from the one message table (proto/messages.def, which also
  * says what each is for). A reply's type is its request's | 0x80. */
@@ -68,6 +68,10 @@ typedef enum {
     PROTO_E_UPDATE_CONFLICT = 15,   /* another weight transfer is in progress */
     PROTO_E_UNAUTHORIZED = 16,      /* the connection has not proved the shared secret (§14) */
     PROTO_E_FORBIDDEN = 17,         /* an UPDATE_FORWARD target outside the daemon's relay_allow (§10.11) */
+    /* version 3: a delta tensor (§10.14) the daemon cannot apply; refused at UPDATE_BEGIN, nothing staged */
+    PROTO_E_BASE_MISMATCH = 18,     /* its base_version is not the serving version */
+    PROTO_E_DTYPE_MISMATCH = 19,    /* the daemon holds that tensor in another dtype, or not from a push */
+    PROTO_E_BASE_QUANTIZED = 20,    /* the daemon holds that tensor quantized (serve_dtype q8_0): no exact base */
 } proto_err;
 
 /* Flag bits. Bits not listed must be 0 (PROTOCOL.md says which message checks them). */
@@ -112,6 +116,11 @@ enum { PROTO_FWD_NONE = 0, PROTO_FWD_SENDING = 1, PROTO_FWD_DONE = 2, PROTO_FWD_
 
 /* Weight-update modes (UPDATE_BEGIN.mode). */
 enum { PROTO_MODE_CONTINUE = 0, PROTO_MODE_DRAIN = 1, PROTO_MODE_ABORT = 2 };
+/* TENSOR.flags (version 3): the tensor's chunks carry a delta (§10.14)
+ * against its bytes at base_version, wire_bytes long, decoding to nbytes
+ * whose CRC-32C is crc32c. */
+#define PROTO_TENSOR_DELTA 0x1u
+#define PROTO_TENSOR_FLAGS 0x1u
 /* Tensor dtypes in an update manifest. */
 enum { PROTO_DTYPE_F32 = 0, PROTO_DTYPE_F16 = 1, PROTO_DTYPE_BF16 = 2 };
 #define PROTO_MAX_DIMS 4
@@ -320,8 +329,11 @@ typedef struct {
     uint8_t dtype;              /* PROTO_DTYPE_* */
     uint8_t n_dims;             /* 1..PROTO_MAX_DIMS */
     uint64_t shape[PROTO_MAX_DIMS]; /* [n_dims], outermost first; unused entries 0 */
+    uint16_t flags;             /* PROTO_TENSOR_DELTA (version 3) */
+    uint32_t crc32c;            /* of the tensor's nbytes bytes (a delta's: of the new bytes, after applying) */
     uint64_t nbytes;            /* product of shape x dtype size */
-    uint32_t crc32c;            /* of the tensor's nbytes bytes */
+    uint64_t wire_bytes;        /* DELTA: bytes its chunks carry (the encoded delta, >= 1); else 0 */
+    uint64_t base_version;      /* DELTA: the weight version the delta applies to; else 0 */
 } proto_tensor;
 
 /* UPDATE_BEGIN: client -> daemon; opens a weight transfer. */
@@ -331,7 +343,7 @@ typedef struct {
     uint8_t mode;               /* PROTO_MODE_* */
     uint32_t window;            /* chunks the sender wants in flight, >= 1 */
     uint32_t max_chunk_bytes;   /* largest chunk data the sender will send, >= 1 */
-    uint64_t total_bytes;       /* sum of the tensors' nbytes */
+    uint64_t total_bytes;       /* bytes its chunks carry: the sum of the tensors' nbytes (a delta's wire_bytes) */
     uint32_t n_tensors;
     const proto_tensor *tensors; /* [n_tensors] */
 } proto_update_begin;

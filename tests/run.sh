@@ -77,8 +77,11 @@ if [ "$MODE" != "--unit-only" ]; then
       "$PY" tests/py/test_http_server.py
     # The authentication handshake (wrong secrets, replays, reconnects) against the ASan daemon.
     run_one "asan:test_auth" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_auth.py
-    # The generation routes: disconnects mid-request and mid-stream, abort, pause, SIGTERM with an open call.
+    # The generation routes' lifecycles: streams, stops, disconnects mid-request and mid-stream, abort,
+    # pause, 400s and 503s, SIGTERM with an open call. The output-parity cases stay in the plain run
+    # (text_is_valid_utf8_whatever_the_tokens alone took 253 s under ASan).
     run_one "asan:test_http_api" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=openai_completions_stream_with_usage,generate_streams_cumulative_and_holds_back_stop_prefixes,stop_strings_across_tokens_and_at_the_first,abort_all_returns_partial_outputs,pause_and_continue,bad_fields_get_400_naming_them,busy_gets_503_with_the_nng_words,clients_that_leave_free_their_kv_blocks,update_weights_from_disk,pause_keep_freezes_and_continue_resumes,sigterm_exits_zero \
       "$PY" tests/py/test_http_api.py
     # vLLM's RL routes: pause modes, updates from a directory, vllm-router with a daemon SIGKILLed, SIGTERM with no leak.
     run_one "asan:test_vllm_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_vllm_rl.py
@@ -106,6 +109,10 @@ if [ "$MODE" != "--unit-only" ]; then
     # HTTPS: TLS sessions, streams over TLS, plain HTTP on the TLS port, a SIGTERM exit with no leak.
     run_one "asan:test_https" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_https.py
+    # GET /weights_manifest and push_tensors' refusals before UPDATE_BEGIN (ASan daemons, no leak at exit).
+    run_one "asan:test_push_tensors" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=the_manifest_route_lists_the_state_dicts_names_and_shapes,wrong_names_missing_tensors_and_shapes_are_refused_before_begin \
+      "$PY" tests/py/test_push_tensors.py
   fi
 fi
 

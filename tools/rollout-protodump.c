@@ -129,6 +129,10 @@ static void tensor_tail_json(cJSON *o, const proto_tensor *t)
     }
     add_u64(o, "nbytes", t->nbytes);
     add_num(o, "crc32c", t->crc32c);
+    if (t->flags & PROTO_TENSOR_DELTA) {
+        add_u64(o, "wire_bytes", t->wire_bytes);
+        add_u64(o, "base_version", t->base_version);
+    }
 }
 
 static void add_hex(cJSON *o, const char *k, const uint8_t *p, uint32_t n)

@@ -15,6 +15,9 @@
  * connection. A tls+tcp:// URL verifies the daemon's certificate against
  * --tls-ca-file F (or ROLLOUTD_TLS_CA_FILE).
  *
+ * push-weights --base OLD [--base-version B] sends each tensor of FILE as a delta against OLD's
+ * (both .safetensors files or HF folders; B defaults to V - 1; PROTOCOL.md §10.14); a daemon that
+ * refuses the delta gets FILE whole in the same call.
  * push-weights sends FILE (a .gguf, a .safetensors file or an HF folder) to
  * every daemon at once as weight version V (PROTOCOL.md §10), with a progress
  * line per daemon, and prints each daemon's result. A GGUF is dequantized and
@@ -71,6 +74,7 @@
 #include "engine/text/tokenizer.h"
 #include "tools/cli.h"
 #include "client/rd_client.h"
+#include "client/rd_delta.h"
 #include "client/rd_push.h"
 #include "engine/model/loader.h"
 #include "engine/format/safetensors.h"
@@ -608,9 +612,13 @@ static int cmd_push(const char *urls, int argc, char **argv)
     double perturb = 0;
     uint64_t seed = 1;
     rdp_options o = {.window = 4, .chunk_bytes = 16u << 20, .client_name = "rolloutctl push-weights"};
+    const char *base_file = NULL;
+    long long base_version = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--version")) version = cli_int(P, a, cli_value(P, argc, argv, &i), 1, INT64_MAX);
+        else if (!strcmp(a, "--base")) base_file = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--base-version")) base_version = cli_int(P, a, cli_value(P, argc, argv, &i), 0, INT64_MAX);
         else if (!strcmp(a, "--mode")) {
             const char *v = cli_value(P, argc, argv, &i);
             if (!strcmp(v, "continue")) mode = PROTO_MODE_CONTINUE;
@@ -705,6 +713,29 @@ static int cmd_push(const char *urls, int argc, char **argv)
         fprintf(stderr, "%s: out of memory\n", P);
         return 1;
     }
+    /* --base OLD: each tensor as a delta against OLD's (PROTOCOL.md §10.14), at --base-version
+     * (default: the version before this one). */
+    rdp_source bsrc = {0};
+    rdd_set dset = {0};
+    if (base_file) {
+        if (is_gguf || perturb > 0)
+            cli_die(P, "--base takes two .safetensors files or HF folders, got '%s'%s", file, "");
+        if ((rc = rdp_source_open(base_file, &bsrc))) {
+            fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+            return 1;
+        }
+        if ((rc = rdd_make(ts, n_ts, bsrc.ts, bsrc.n, (uint64_t)(base_version >= 0 ? base_version : version - 1),
+                           &dset))) {
+            fprintf(stderr, "%s: %s\n", P, rd_errmsg());
+            return 1;
+        }
+        if (!json)
+            fprintf(stderr, "%s: %d of %d tensors as deltas against %s (version %lld): %.2f%% of their elements "
+                    "changed, %.1f MB to send instead of %.1f MB\n", P, dset.n_delta, n_ts, base_file,
+                    base_version >= 0 ? base_version : version - 1,
+                    dset.elems ? 100.0 * (double)dset.changed / (double)dset.elems : 0.0,
+                    (double)dset.wire_bytes / 1e6, (double)dset.tensor_bytes / 1e6);
+    }
 
     /* The daemons: a comma-separated list. */
     char *list = strdup(urls);
@@ -712,7 +743,41 @@ static int cmd_push(const char *urls, int argc, char **argv)
     rdp_target targets[64];
     for (char *save = NULL, *u = strtok_r(list, ",", &save); u && n_targets < 64; u = strtok_r(NULL, ",", &save))
         targets[n_targets++] = (rdp_target){.url = u};
-    rc = rdp_push(targets, n_targets, ts, n_ts, &o);
+    if (!base_file) {
+        rc = rdp_push(targets, n_targets, ts, n_ts, &o);
+    } else {
+        /* The deltas to all; a daemon refusing them (it serves another version, holds another dtype or
+         * quantized) gets the whole tensors, and the daemons of a chain aborted because of it the deltas again. */
+        rc = rdp_push(targets, n_targets, dset.ts, n_ts, &o);
+        rdp_target redo[64], full[64];
+        int ir[64], iff[64], n_redo = 0, n_full = 0;
+        for (int i = 0; rc && i < n_targets; i++) {
+            uint32_t e = targets[i].err_code;
+            if (targets[i].rc && (e == PROTO_E_BASE_MISMATCH || e == PROTO_E_DTYPE_MISMATCH || e == PROTO_E_BASE_QUANTIZED)) {
+                iff[n_full] = i;
+                full[n_full++] = (rdp_target){.url = targets[i].url};
+            } else if (targets[i].rc == RDP_EABORTED) {
+                ir[n_redo] = i;
+                redo[n_redo++] = (rdp_target){.url = targets[i].url};
+            }
+        }
+        if (n_full) {
+            rc = n_redo ? rdp_push(redo, n_redo, dset.ts, n_ts, &o) : 0;
+            int rc2 = rdp_push(full, n_full, ts, n_ts, &o);
+            rc = rc ? rc : rc2;
+            for (int k = 0; k < n_redo; k++)
+                targets[ir[k]] = redo[k];
+            for (int k = 0; k < n_full; k++) {
+                targets[iff[k]] = full[k];
+                if (!json && !full[k].rc)
+                    fprintf(stderr, "%s: %s refused the delta; pushed it whole\n", P, full[k].url);
+            }
+            rc = 0;
+            for (int i = 0; i < n_targets; i++)
+                if (targets[i].rc && !rc)
+                    rc = targets[i].rc;
+        }
+    }
     for (int i = 0; i < n_targets; i++) {
         rdp_target *t = &targets[i];
         double mbps = t->seconds > 0 ? (double)t->bytes_acked / 1e6 / t->seconds : 0;
@@ -744,6 +809,8 @@ static int cmd_push(const char *urls, int argc, char **argv)
         }
     }
     free(list);
+    rdd_free(&dset);
+    rdp_source_close(&bsrc);
     if (ts != src.ts)
         free(ts);
     model_hf_tensors_free(mt, n_mt);

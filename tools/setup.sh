@@ -4,10 +4,11 @@
 set -euo pipefail
 
 APT_PKGS=(build-essential pkg-config clang libclang-rt-14-dev
-          libuv1-dev libnng-dev libmbedtls-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp
+          libuv1-dev libnng-dev libmbedtls-dev libcjson-dev libopenblas-dev libpcre2-dev node-llhttp libzstd-dev
           unzip ca-certificates openssl)
 PIP_PKGS=("numpy" "gguf" "pynng" "openai" "llama-cpp-python==0.3.36" "vllm-router==0.1.17")
 PIP_PKGS+=("sglang-router==0.3.2")  # the SGLang router (a prebuilt wheel): tests/py/test_sglang_rl.py
+PIP_PKGS+=("zstandard==0.25.0")     # delta weight pushes (issue 24): tools/python/rolloutd/delta.py
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -21,6 +22,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
+
+# Ray (a prebuilt wheel, cp311 manylinux2014): rolloutd.ray, the fleet; tests/py/test_ray_fleet.py
+PIP_PKGS+=("ray==2.60.0")
 
 PY=${PYTHON:-python3}
 

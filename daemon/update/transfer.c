@@ -46,6 +46,13 @@ struct xfer {
     relay *relay;               /* forwarding to the next daemon, or NULL */
     int relays_open;            /* relays not yet closed: each may read st */
     int forwarded;              /* a FORWARD came: st stays until the transfer ends (a reroute resends from it) */
+    /* delta pushes (§10.14) */
+    uint32_t n_delta;           /* tensors sent as deltas */
+    uint64_t tensor_bytes;      /* the tensors' own bytes */
+    uint64_t delta_elems, delta_changed; /* elements of the delta tensors; whose bits changed (once applied) */
+    upd_held *held_next;        /* built: what is held once this transfer is swapped in */
+    int prefaulting;            /* a worker touches the delta's new-bytes mapping (upd_delta_prefault) */
+    void *build_waiting;        /* a build_job queued once the prefault is done (it writes that mapping) */
 };
 
 /* Where a chunk's reply goes: an NNG context, or (lane.send set) the data lane. */
@@ -100,9 +107,11 @@ static int64_t engine_steps(xfer_state *s)
 }
 
 static void free_patch_later(xfer_state *s, upd_patch *p);
+static void start_prefault(xfer_state *s, xfer *x);
 
 static void xfer_free(xfer *x)
 {
+    upd_held_free(x->held_next);
     upd_stage_free(x->st);
     free(x->log);
     free(x);
@@ -144,6 +153,10 @@ static void record_end(xfer_state *s, const xfer *x, int ok, const char *error)
     l->mode = x->mode;
     l->bytes = x->bytes;
     l->n_tensors = x->n_tensors;
+    l->n_delta = x->n_delta;
+    l->tensor_bytes = x->tensor_bytes;
+    l->delta_elems = x->delta_elems;
+    l->delta_changed = x->delta_changed;
     l->staged_us = (x->t_commit_us ? x->t_commit_us : now_us()) - x->t_begin_us;
     l->at_s = (double)(now_us() - *s->env->t_start_us) / 1e6;
     snprintf(l->error, sizeof l->error, "%s", error ? error : "");
@@ -178,6 +191,8 @@ void xfer_init(xfer_state *s, const host_env *env)
     atomic_init(&s->weights_busy, 0);
     /* cfg_validate has parsed it once: this cannot fail. */
     ra_parse(env->cfg->relay_allow, ra_url_is_loopback(env->cfg->listen), &s->relay_allow);
+    if (env->m && upd_held_create(&env->m->cfg, &s->held))
+        s->held = NULL; /* then every delta is refused DTYPE_MISMATCH: full pushes still work */
 }
 
 /* ---- UPDATE_BEGIN ---- */
@@ -218,6 +233,27 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
         reply_error(s, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN, why);
         return;
     }
+    /* A delta applies to the serving version only (§10.14): checked before anything is staged. */
+    uint32_t n_delta = 0;
+    for (uint32_t i = 0; i < b->n_tensors; i++) {
+        const proto_tensor *t = &b->tensors[i];
+        if (!(t->flags & PROTO_TENSOR_DELTA))
+            continue;
+        if (n_delta++ == 0 && t->base_version != *s->env->weight_version) {
+            snprintf(why, sizeof why, "delta tensor '%.200s' has base_version %llu; this daemon serves version %llu "
+                     "(push it whole, or a delta against %llu)", t->name.ptr, (unsigned long long)t->base_version,
+                     (unsigned long long)*s->env->weight_version, (unsigned long long)*s->env->weight_version);
+            reply_error(s, ctx, PROTO_E_BASE_MISMATCH, PROTO_UPDATE_BEGIN, why);
+            return;
+        }
+        if (t->base_version != *s->env->weight_version) {
+            snprintf(why, sizeof why, "delta tensor '%.200s' has base_version %llu, another delta of this manifest "
+                     "%llu; expected one base per transfer", t->name.ptr, (unsigned long long)t->base_version,
+                     (unsigned long long)*s->env->weight_version);
+            reply_error(s, ctx, PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN, why);
+            return;
+        }
+    }
     upd_spec *specs = calloc(b->n_tensors, sizeof *specs);
     if (!specs) {
         reply_error(s, ctx, PROTO_E_BUSY, PROTO_UPDATE_BEGIN, "out of memory for the manifest; retry later");
@@ -226,7 +262,8 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
     for (uint32_t i = 0; i < b->n_tensors; i++) {
         const proto_tensor *t = &b->tensors[i];
         specs[i] = (upd_spec){.name = t->name.ptr, .dtype = convert_dtype(t->dtype), .n_dims = t->n_dims,
-                              .nbytes = t->nbytes, .crc32c = t->crc32c};
+                              .nbytes = t->nbytes, .crc32c = t->crc32c,
+                              .delta = (t->flags & PROTO_TENSOR_DELTA) != 0, .wire_bytes = t->wire_bytes};
         memcpy(specs[i].shape, t->shape, sizeof specs[i].shape);
     }
     upd_stage *st;
@@ -237,6 +274,18 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
         reply_error(s, ctx, rc == RD_ENOMEM ? PROTO_E_BUSY : PROTO_E_INVALID_PARAMS, PROTO_UPDATE_BEGIN,
                     rd_errmsg());
         return;
+    }
+    if (n_delta) {
+        int held = s->held ? upd_held_check(s->held, &s->env->m->cfg, st, why, sizeof why) : UPD_HELD_DTYPE;
+        if (!s->held)
+            snprintf(why, sizeof why, "this daemon keeps no record of pushed tensors (out of memory at start); push "
+                     "whole");
+        if (held != UPD_HELD_OK) {
+            upd_stage_free(st);
+            reply_error(s, ctx, held == UPD_HELD_QUANTIZED ? PROTO_E_BASE_QUANTIZED : PROTO_E_DTYPE_MISMATCH,
+                        PROTO_UPDATE_BEGIN, why);
+            return;
+        }
     }
     xfer *x = calloc(1, sizeof *x);
     if (!x) {
@@ -258,11 +307,20 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
     x->st = st;
     x->bytes = st->total_bytes;
     x->n_tensors = b->n_tensors;
+    x->n_delta = n_delta;
+    for (int32_t i = 0; i < st->n; i++) {
+        x->tensor_bytes += st->t[i].nbytes;
+        if (st->t[i].delta)
+            x->delta_elems += st->t[i].nbytes / proto_dtype_size(b->tensors[i].dtype);
+    }
     x->t_begin_us = x->t_last_us = now_us();
     x->steps_at_begin = engine_steps(s);
     s->open = x;
-    log_line("weight update to version %llu begun: %u tensors, %llu bytes, mode %s, window %u",
-             (unsigned long long)x->version, b->n_tensors, (unsigned long long)st->total_bytes,
+    if (n_delta)
+        start_prefault(s, x);
+    log_line("weight update to version %llu begun: %u tensors (%u deltas against %llu), %llu bytes, mode %s, "
+             "window %u", (unsigned long long)x->version, b->n_tensors, n_delta,
+             (unsigned long long)*s->env->weight_version, (unsigned long long)st->total_bytes,
              x->mode == PROTO_MODE_DRAIN ? "drain" : x->mode == PROTO_MODE_ABORT ? "abort" : "continue", x->window);
     proto_msg m = {.type = PROTO_UPDATE_BEGIN_OK};
     m.update_begin_ok = (proto_update_begin_ok){.xfer_id = x->id, .window = x->window,
@@ -542,8 +600,11 @@ static void free_patch_later(xfer_state *s, upd_patch *p)
 static void build_work(uv_work_t *w)
 {
     build_job *j = w->data;
+    /* Deltas are applied to the served bytes first, on the pool (the model is only read). */
+    j->rc = j->x->n_delta ? upd_delta_apply(j->s->env->m, j->x->st) : 0;
     /* serve_dtype q8_0 quantizes here, on this worker thread, off the engine's. */
-    j->rc = upd_build(j->s->env->m, j->x->st, convert_serve(j->s->env->cfg->serve_dtype), &j->patch);
+    if (!j->rc)
+        j->rc = upd_build(j->s->env->m, j->x->st, convert_serve(j->s->env->cfg->serve_dtype), &j->patch);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }
@@ -579,7 +640,14 @@ static void build_done(uv_work_t *w, int status)
         xfer_maybe_free(x);
         return;
     }
-    uint32_t code = rc == RD_EINVAL ? PROTO_E_INVALID_PARAMS : PROTO_E_INTERNAL;
+    uint32_t code = rc == RD_EINVAL || rc == RD_EFORMAT ? PROTO_E_INVALID_PARAMS
+                  : rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL;
+    upd_held_free(x->held_next);
+    x->held_next = NULL;
+    if (!rc && s->held && upd_held_copy(s->held, &x->held_next) == 0)
+        upd_held_note(x->held_next, &s->env->m->cfg, x->st, convert_serve(s->env->cfg->serve_dtype));
+    if (!rc)
+        x->delta_changed = x->st->delta_changed;
     if (rc) {
         br_ctx *ctx = x->commit_ctx;
         x->committing = 0;
@@ -629,6 +697,10 @@ static uint32_t start_build(xfer_state *s, xfer *x, char *why, size_t why_cap)
     x->building = 1;
     x->t_build_us = now_us();
     x->inflight++; /* the job reads st: an abort meanwhile must not free it */
+    if (x->prefaulting) { /* prefault_done queues it */
+        x->build_waiting = j;
+        return 0;
+    }
     if (uv_queue_work(s->env->loop, &j->w, build_work, build_done)) {
         free(j);
         x->building = 0;
@@ -637,6 +709,65 @@ static uint32_t start_build(xfer_state *s, xfer *x, char *why, size_t why_cap)
         return PROTO_E_INTERNAL;
     }
     return 0;
+}
+
+/* ---- a delta's new-bytes mapping, touched while the chunks arrive ---- */
+
+typedef struct {
+    uv_work_t w;
+    xfer_state *s;
+    xfer *x;
+} prefault_job;
+
+static void prefault_work(uv_work_t *w)
+{
+    prefault_job *j = w->data;
+    upd_delta_prefault(j->x->st);
+}
+
+static void prefault_done(uv_work_t *w, int status)
+{
+    prefault_job *j = w->data;
+    xfer_state *s = j->s;
+    xfer *x = j->x;
+    free(j);
+    x->inflight--;
+    x->prefaulting = 0;
+    build_job *b = x->build_waiting;
+    x->build_waiting = NULL;
+    if (b && uv_queue_work(s->env->loop, &b->w, build_work, build_done)) {
+        free(b);
+        x->inflight--;
+        x->building = 0;
+        br_ctx *ctx = x->commit_ctx;
+        x->committing = 0;
+        abort_xfer_code(s, PROTO_E_INTERNAL, "cannot queue the conversion job");
+        if (ctx)
+            reply_error(s, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "cannot queue the conversion job");
+        return;
+    }
+    xfer_maybe_free(x);
+}
+
+/* Maps the delta's new-bytes memory and touches it on a worker (its zeroing by the
+ * kernel is then off the build's path); without the mapping the build maps it itself. */
+static void start_prefault(xfer_state *s, xfer *x)
+{
+    prefault_job *j = calloc(1, sizeof *j);
+    if (!j || upd_delta_map(x->st)) {
+        free(j);
+        return;
+    }
+    j->w.data = j;
+    j->s = s;
+    j->x = x;
+    x->inflight++;
+    x->prefaulting = 1;
+    if (uv_queue_work(s->env->loop, &j->w, prefault_work, prefault_done)) {
+        free(j);
+        x->inflight--;
+        x->prefaulting = 0;
+    }
 }
 
 /* The reply to a request naming a transfer that is not open: the reason the
@@ -855,6 +986,8 @@ void xfer_on_wake(xfer_state *s)
     xfer *x = s->open;
     if (!x || !x->committing || x->version != w.version) {
         log_line("weight swap to version %llu with no committing transfer", (unsigned long long)w.version);
+        if (s->held)
+            upd_held_clear(s->held); /* not from a transfer here: nothing is known to be held as pushed */
         return;
     }
     proto_update_commit_ok ok = {
@@ -864,6 +997,13 @@ void xfer_on_wake(xfer_state *s)
         .staged_us = x->t_commit_us - x->t_begin_us,
         .n_aborted = (uint32_t)w.n_aborted,
     };
+    if (x->held_next) { /* these tensors are now held as pushed */
+        upd_held_free(s->held);
+        s->held = x->held_next;
+        x->held_next = NULL;
+    } else if (s->held) {
+        upd_held_clear(s->held); /* no record of this swap (out of memory): no delta until a full push */
+    }
     record_end(s, x, 1, NULL);
     up_last *l = &s->last_update;
     l->build_us = x->t_built_us - x->t_build_us; /* a PREPARE's build may end before the COMMIT */

@@ -12,6 +12,7 @@
 #include "daemon/metrics.h"
 #include "daemon/relay_allow.h"
 #include "daemon/update/lane_server.h"
+#include "engine/update/delta.h"
 #include "proto/proto.h"
 
 typedef struct xfer xfer;
@@ -35,6 +36,7 @@ typedef struct {
     atomic_int weights_busy;
     ra_list relay_allow;        /* where UPDATE_FORWARD may send (relay_allow, parsed at init) */
     uint64_t relays_refused;    /* UPDATE_FORWARDs refused FORBIDDEN */
+    upd_held *held;             /* which weights are held as pushed, in which dtype (deltas need it), or NULL */
     void (*room)(void *arg);    /* the lane's room signal (lane_sink.watch_room), or NULL */
     void *room_arg;
 } xfer_state;

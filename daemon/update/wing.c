@@ -74,4 +74,6 @@ void wing_free(wing *w)
     sync_stop(&w->sync);
     lane_free(w->lane);
     w->lane = NULL;
+    upd_held_free(w->xfer.held);
+    w->xfer.held = NULL;
 }

@@ -63,6 +63,8 @@ void upd_stage_free(upd_stage *s)
     }
     if (s->mem)
         munmap(s->mem, s->mem_bytes);
+    if (s->full_mem)
+        munmap(s->full_mem, s->full_mem_bytes);
     free(s->t);
     free(s);
 }
@@ -156,7 +158,9 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         }
         *first = i + 1;
         rc = check_spec(sp, rows, cols);
-        sum += sp->nbytes;
+        if (!rc && sp->delta && sp->wire_bytes == 0)
+            rc = rd_fail(RD_EINVAL, "update: delta tensor '%.200s' has wire_bytes 0; expected >= 1", sp->name);
+        sum += sp->delta ? sp->wire_bytes : sp->nbytes;
     }
     free(seen);
     if (rc)
@@ -180,7 +184,7 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
      * would otherwise cost more than the copy into them. */
     size_t bytes = 0;
     for (int32_t i = 0; i < n; i++)
-        bytes += (specs[i].nbytes + 63) & ~(uint64_t)63;
+        bytes += ((specs[i].delta ? specs[i].wire_bytes : specs[i].nbytes) + 63) & ~(uint64_t)63;
     s->mem_bytes = bytes ? bytes : 64;
     s->mem = mmap(NULL, s->mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (s->mem == MAP_FAILED) {
@@ -203,8 +207,10 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         memcpy(t->shape, sp->shape, sizeof t->shape);
         t->nbytes = sp->nbytes;
         t->crc32c = sp->crc32c;
+        t->delta = sp->delta != 0;
+        t->wire = t->delta ? sp->wire_bytes : sp->nbytes;
         t->data = (uint8_t *)s->mem + at;
-        at += (sp->nbytes + 63) & ~(uint64_t)63;
+        at += (t->wire + 63) & ~(uint64_t)63;
         if (!t->name) {
             upd_stage_free(s);
             return rd_fail(RD_ENOMEM, "update: cannot allocate %llu bytes of staging memory",
@@ -235,12 +241,12 @@ int upd_chunk_claim(upd_stage *s, uint32_t ti, uint64_t off, uint32_t len, uint3
     if (ti >= (uint32_t)s->n)
         return rd_fail(RD_EINVAL, "chunk: tensor_index %u; the manifest has %d tensors", ti, s->n);
     upd_tensor *t = &s->t[ti];
-    if (len == 0 || off > t->nbytes || len > t->nbytes - off)
-        return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s'; the tensor has %llu bytes (expected a "
+    if (len == 0 || off > t->wire || len > t->wire - off)
+        return rd_fail(RD_EINVAL, "chunk: bytes [%llu, %llu) of '%.200s'; the tensor%s has %llu bytes (expected a "
                        "non-empty range inside it)", (unsigned long long)off, (unsigned long long)(off + len),
-                       t->name, (unsigned long long)t->nbytes);
+                       t->name, t->delta ? "'s delta" : "", (unsigned long long)t->wire);
     /* Bounds the bookkeeping: only a tensor's last chunk may be tiny. */
-    if (len < UPD_MIN_CHUNK && off + len != t->nbytes)
+    if (len < UPD_MIN_CHUNK && off + len != t->wire)
         return rd_fail(RD_EINVAL, "chunk: %u bytes at %llu of '%.200s'; chunks must be at least %d bytes unless "
                        "they end the tensor", len, (unsigned long long)off, t->name, UPD_MIN_CHUNK);
     int32_t i = lower_bound(t, off);
@@ -337,11 +343,11 @@ int upd_stage_verify(const upd_stage *s)
             crc = crc32c_combine(crc, r->crc32c, r->len);
             at += r->len;
         }
-        if (at != t->nbytes)
+        if (at != t->wire)
             return rd_fail(RD_EINVAL, "commit: tensor '%.200s' is missing bytes from offset %llu (%llu of %llu "
                            "staged); expected every byte of every manifest tensor", t->name,
-                           (unsigned long long)at, (unsigned long long)t->staged, (unsigned long long)t->nbytes);
-        if (crc != t->crc32c)
+                           (unsigned long long)at, (unsigned long long)t->staged, (unsigned long long)t->wire);
+        if (!t->delta && crc != t->crc32c)
             return rd_fail(RD_ECHECKSUM, "commit: tensor '%.200s' has CRC-32C %08x; the manifest says %08x", t->name,
                            crc, t->crc32c);
     }
@@ -349,6 +355,9 @@ int upd_stage_verify(const upd_stage *s)
 }
 
 /* ---------------------------------------------------------------- build */
+
+/* The tensor's new bytes [nbytes]: the staged copy, or a delta's once applied. */
+static const uint8_t *vals(const upd_tensor *t) { return t->delta ? t->full : t->data; }
 
 typedef struct {
     int group, layer, expert;
@@ -378,10 +387,10 @@ static int to_f32(const upd_tensor *t, float *dst, uint64_t n)
     for (uint64_t i = 0; i < n; i++) {
         float v;
         if (t->dtype == UPD_F32) {
-            memcpy(&v, t->data + 4 * i, 4);
+            memcpy(&v, vals(t) + 4 * i, 4);
         } else {
             uint16_t h;
-            memcpy(&h, t->data + 2 * i, 2);
+            memcpy(&h, vals(t) + 2 * i, 2);
             v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
         }
         if (!isfinite(v))
@@ -455,7 +464,7 @@ static void fin_task(void *ctx, int32_t i, int32_t worker)
     fin_job *j = ctx;
     const upd_tensor *t = &j->s->t[j->slice_t[i]];
     uint64_t off = j->slice_off[i], n = t->nbytes - off < FIN_SLICE ? t->nbytes - off : FIN_SLICE;
-    j->first[i] = has_nonfinite(t->dtype, t->data + off, n) ? j->slice_t[i] : -1;
+    j->first[i] = has_nonfinite(t->dtype, vals(t) + off, n) ? j->slice_t[i] : -1;
 }
 
 /* Refuses non-finite values: a NaN weight would make every sequence fail,
@@ -488,10 +497,10 @@ static int check_finite(const upd_stage *s)
         for (uint64_t e = off[i] / es; e < t->nbytes / es; e++) {
             float v;
             if (t->dtype == UPD_F32) {
-                memcpy(&v, t->data + 4 * e, 4);
+                memcpy(&v, vals(t) + 4 * e, 4);
             } else {
                 uint16_t h;
-                memcpy(&h, t->data + 2 * e, 2);
+                memcpy(&h, vals(t) + 2 * e, 2);
                 v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
             }
             if (!isfinite(v)) {
@@ -556,7 +565,7 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
         mem[n_mem].dtype = st ? st->dtype : UPD_F32;
         mem[n_mem].row0 = at;
         mem[n_mem].rows = tr;
-        mem[n_mem].data = st ? st->data : NULL;
+        mem[n_mem].data = st ? vals(st) : NULL;
         any_staged |= st != NULL;
         n_mem++;
     }
@@ -648,16 +657,16 @@ static void q8_task(void *ctx, int32_t i, int32_t worker)
         uint64_t tn = off + n - t0 < Q8_TILE ? off + n - t0 : Q8_TILE;
         const float *src = tile;
         if (j->t->dtype == UPD_F32) {
-            memcpy(tile, j->t->data + 4 * t0, 4 * tn);
+            memcpy(tile, vals(j->t) + 4 * t0, 4 * tn);
         } else if (j->t->dtype == UPD_BF16) {
             /* bf16 is fp32's top half: a shift, inlined (a call per value was a tenth of the build). */
-            const uint8_t *p = j->t->data + 2 * t0;
+            const uint8_t *p = vals(j->t) + 2 * t0;
             for (uint64_t k = 0; k < tn; k++) {
                 uint32_t u = (uint32_t)(p[2 * k] | p[2 * k + 1] << 8) << 16;
                 memcpy(&tile[k], &u, 4);
             }
         } else {
-            const uint8_t *p = j->t->data + 2 * t0;
+            const uint8_t *p = vals(j->t) + 2 * t0;
             for (uint64_t k = 0; k < tn; k++)
                 tile[k] = rd_f16_to_f32((uint16_t)(p[2 * k] | p[2 * k + 1] << 8));
         }
@@ -728,11 +737,23 @@ static int build_group_q8_0(const model *m, const upd_stage *s, int g, int l, in
     return be->ops->linear_load_q(be, &part, 1, (int32_t)cols, out);
 }
 
+int upd_kind_quantized(const model_config *c, int kind, upd_serve serve)
+{
+    int64_t rows, cols;
+    int g = group_of(c, kind);
+    group_shape(c, g, &rows, &cols);
+    return serve == UPD_SERVE_Q8_0 && rows && q8_0_quantizes(g, cols);
+}
+
 int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **out)
 {
     *out = NULL;
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
+    for (int32_t i = 0; i < s->n; i++)
+        if (s->t[i].delta && !s->t[i].full)
+            return rd_fail(RD_EINVAL, "commit: delta tensor '%.200s' was not applied (upd_delta_apply first)",
+                           s->t[i].name);
     int rc = check_finite(s);
     if (rc)
         return rc;

@@ -44,7 +44,9 @@ typedef struct {
     int n_dims;                 /* 1..UPD_MAX_DIMS */
     uint64_t shape[UPD_MAX_DIMS];
     uint64_t nbytes;            /* product of shape x dtype size */
-    uint32_t crc32c;            /* of the whole tensor */
+    uint32_t crc32c;            /* of the whole tensor (a delta's: of its new bytes, once applied) */
+    int delta;                  /* 1: the chunks carry a delta (engine/update/delta.h), wire_bytes long */
+    uint64_t wire_bytes;        /* delta: bytes the chunks carry; else unused (= nbytes) */
 } upd_spec;
 
 /* A byte range of a tensor that a chunk claimed. */
@@ -59,10 +61,13 @@ typedef struct {
     int dtype;
     int n_dims;
     uint64_t shape[UPD_MAX_DIMS];
-    uint64_t nbytes;
-    uint32_t crc32c;            /* expected, from the manifest */
+    uint64_t nbytes;            /* the tensor's bytes */
+    uint32_t crc32c;            /* expected, from the manifest (a delta's: of the bytes it decodes to) */
     int kind, layer, expert;    /* which model weight (the family's table; expert 0 but for experts' tensors) */
-    uint8_t *data;              /* staging copy [nbytes], inside upd_stage.mem */
+    int delta;                  /* 1: data holds a delta's wire bytes; upd_delta_apply decodes them into full */
+    uint64_t wire;              /* bytes the chunks carry: nbytes, or a delta's wire_bytes */
+    uint8_t *data;              /* staging copy [wire] of what the chunks carry, inside upd_stage.mem */
+    uint8_t *full;              /* delta: [nbytes] the new bytes once applied (in upd_stage.full_mem), else NULL */
     upd_range *ranges;          /* [n_ranges], sorted by off, never overlapping */
     int32_t n_ranges, cap_ranges;
     uint64_t staged;            /* bytes in done ranges */
@@ -71,11 +76,14 @@ typedef struct {
 typedef struct {
     upd_tensor *t;              /* [n] */
     int32_t n;
-    uint64_t total_bytes;       /* sum of nbytes */
+    uint64_t total_bytes;       /* sum of wire (what the chunks carry) */
     uint64_t staged_bytes;      /* verified bytes */
     int32_t pending;            /* chunks claimed but not settled */
     void *mem;                  /* one mapping holding every tensor's data */
     size_t mem_bytes;
+    void *full_mem;             /* one mapping holding the delta tensors' full bytes (upd_delta_apply), or NULL */
+    size_t full_mem_bytes;
+    uint64_t delta_changed;     /* elements of the delta tensors whose bits changed (upd_delta_apply) */
 } upd_stage;
 
 /* Checks the manifest against the model (every name known, no name twice,
@@ -102,8 +110,9 @@ int upd_chunk_check(upd_stage *s, uint32_t ti, uint64_t off, const void *data, u
 void upd_chunk_settle(upd_stage *s, uint32_t ti, uint64_t off, int ok);
 
 /* Every tensor covered byte for byte and its CRC-32C (combined from the
- * verified chunks) equal to the manifest's. RD_EINVAL names the tensor and
- * the first gap; RD_ECHECKSUM names the tensor. */
+ * verified chunks) equal to the manifest's (a delta's wire bytes have only
+ * their chunks' CRCs: its manifest CRC is checked once it is applied).
+ * RD_EINVAL names the tensor and the first gap; RD_ECHECKSUM names the tensor. */
 int upd_stage_verify(const upd_stage *s);
 
 /* New backend weights for every model weight the stage touches. */
@@ -117,6 +126,9 @@ typedef struct upd_patch upd_patch;
  * values they serve; a tensor with NaN or infinity, or a block Q8_0 cannot
  * scale (max |x| >= 65520 * 127), fails the build with RD_EINVAL naming it. */
 int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **out);
+/* 1 when a tensor of this kind (the family's table index) is held quantized
+ * once pushed under serve (q8_0 quantizes every linear group but the router). */
+int upd_kind_quantized(const model_config *c, int kind, upd_serve serve);
 /* Swaps the patch's buffers into the model (engine thread, between steps). */
 void upd_apply(model *m, upd_patch *p);
 /* Frees the patch's buffers: the new ones if never applied, else the old. */

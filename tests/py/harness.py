@@ -33,6 +33,11 @@ def run(args, **kw):
     return p
 
 
+class Skip(Exception):
+    """Raised by a case that cannot run here (a missing optional package or model): it prints a
+    SKIP line and no PASS, so the suite's count says what ran."""
+
+
 def main():
     failed = 0
     only = [c for c in os.environ.get("RD_CASES", "").split(",") if c]
@@ -44,6 +49,8 @@ def main():
             fn()
             # The case's time goes after its name (where the suite's time goes; tests/run.sh counts the line).
             print(f"PASS {fn.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+        except Skip as e:
+            print(f"SKIP {fn.__name__}: {e}", flush=True)
         except Exception as e:  # a failing case, not a crash of the runner
             failed += 1
             tb = traceback.format_exc().strip().splitlines()[-3:]

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, MODEL, ROOT, TMP, case, main, run  # noqa: E402
+from harness import BUILD, MODEL, ROOT, TMP, Skip, case, main, run  # noqa: E402
 
 EXPORT = os.path.join(BUILD, "rollout-export")
 LOGITS = os.path.join(BUILD, "rollout-logits")
@@ -247,8 +247,7 @@ def corrupt_files_fail_cleanly():
 @case
 def real_model_export_reload_bit_identical():
     if not os.path.exists(MODEL):
-        print(f"SKIP real_model_export_reload_bit_identical: {MODEL} missing")
-        return
+        raise Skip(f"{MODEL} missing")
     out = export(MODEL, os.path.join(WORK, "smollm2-f32"))
     assert os.path.getsize(os.path.join(out, "model.safetensors")) > 500_000_000
     cfg = json.load(open(os.path.join(out, "config.json")))

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TMP, case, main  # noqa: E402
+from harness import ROOT, TMP, Skip, case, main  # noqa: E402
 
 from rdtest import Daemon, free_port, stop_cleanly  # noqa: E402
 
@@ -233,15 +233,17 @@ def sglang_router_over_two_daemons():
     try:
         import sglang_router  # noqa: F401
     except ImportError:
-        print("SKIP sglang_router_over_two_daemons (sglang-router is not installed)")
-        return
+        raise Skip("sglang-router is not installed")
     old, new = models()
     d1, d2, ref = start(old), start(old), start(new)
     port = free_port()
     log = open(os.path.join(TMP, f"sglang-router-{port}.log"), "w+")
     router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                "--port", str(port), "--worker-urls", base(d1), base(d2), "--policy", "round_robin",
-                               "--api-key", KEY, "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
+                               "--api-key", KEY, "--log-level", "warn",
+                               # Its metrics on a free port: the router dies when the default 29000 is taken.
+                               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         rb = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60

@@ -418,6 +418,11 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             }
             t[i].nbytes = ju64(e, "nbytes");
             t[i].crc32c = (uint32_t)jnum(e, "crc32c");
+            t[i].flags = (uint16_t)jnum(e, "flags");
+            if (t[i].flags & PROTO_TENSOR_DELTA) {
+                t[i].wire_bytes = ju64(e, "wire_bytes");
+                t[i].base_version = ju64(e, "base_version");
+            }
             i++;
         }
         u->n_tensors = n;
@@ -741,6 +746,9 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
                 FIELD(s->shape[d], t->shape[d], "tensor shape");
             FIELD(s->nbytes, t->nbytes, "tensor nbytes");
             FIELD(s->crc32c, t->crc32c, "tensor crc32c");
+            FIELD(s->flags, t->flags, "tensor flags");
+            FIELD(s->wire_bytes, t->wire_bytes, "tensor wire_bytes");
+            FIELD(s->base_version, t->base_version, "tensor base_version");
         }
         return 1;
     }
@@ -1795,9 +1803,9 @@ static void test_routes(void)
         CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "NULL routes with n_routes 2 encoded");
         r.n_routes = 0;
         CHECK_OK(proto_encode(&b, &m));   /* none: a sample that never ran */
-        m.version = 3;
+        m.version = PROTO_VERSION + 1;
         b.len = len0;
-        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "version 3 encoded");
+        CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "version 4 encoded");
     }
     /* without routes a version-2 frame is the version-1 frame but for the header's version */
     proto_result plain = {.seq = 1, .finish = PROTO_FINISH_STOP, .n_tokens = 1, .token_ids = tok, .logprobs = lp,
@@ -1885,7 +1893,9 @@ static void test_names(void)
           !strcmp(proto_type_name(PROTO_UPDATE_PREPARE_OK), "UPDATE_PREPARE_OK"), "chain types");
     CHECK(!strcmp(proto_err_name(13), "CHECKSUM") && !strcmp(proto_err_name(14), "STALE_VERSION") &&
           !strcmp(proto_err_name(15), "UPDATE_CONFLICT") && !strcmp(proto_err_name(16), "UNAUTHORIZED") &&
-              !strcmp(proto_err_name(17), "FORBIDDEN") && !strcmp(proto_err_name(18), "UNKNOWN"), "update errors");
+              !strcmp(proto_err_name(17), "FORBIDDEN") && !strcmp(proto_err_name(18), "BASE_MISMATCH") &&
+          !strcmp(proto_err_name(19), "DTYPE_MISMATCH") && !strcmp(proto_err_name(20), "BASE_QUANTIZED") &&
+          !strcmp(proto_err_name(21), "UNKNOWN"), "update errors");
     CHECK(proto_dtype_size(PROTO_DTYPE_F32) == 4 && proto_dtype_size(PROTO_DTYPE_F16) == 2 &&
           proto_dtype_size(PROTO_DTYPE_BF16) == 2 && proto_dtype_size(3) == 0, "dtype sizes");
     CHECK(proto_err_from_rd(RD_EBUSY) == PROTO_E_BUSY && proto_err_from_rd(RD_EINVAL) == PROTO_E_INVALID_PARAMS &&

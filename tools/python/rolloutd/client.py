@@ -379,7 +379,7 @@ class Client:
 
     def hello(self, client_id=0, name="rolloutd-python"):
         """HELLO: a new client (0) or resume client_id, offering protocol
-        versions 1..2 (the daemon picks the highest it speaks). Returns the HelloOk."""
+        versions 1..3 (the daemon picks the highest it speaks). Returns the HelloOk."""
         ok = self._call(P.Hello(client_id=client_id, min_version=P.VERSION_MIN, max_version=P.VERSION,
                                 client_name=name), P.T.HELLO_OK)
         self.version = ok.version if P.VERSION_MIN <= ok.version <= P.VERSION else P.VERSION_MIN
@@ -667,6 +667,8 @@ class PreparedUpdate:
                 c = crc32c(mv[off:off + n])
                 self.chunks.append((i, off, n, c))
                 crc = crc32c_combine(crc, c, n)
+            if self.manifest[i].flags & P.TENSOR_DELTA:
+                continue    # a delta's crc32c is of its new bytes (delta.prepare_delta), its chunks carry the stream
             if expect is None:
                 self.manifest[i].crc32c = crc
             elif crc != expect[i].crc32c:

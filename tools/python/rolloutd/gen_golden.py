@@ -264,6 +264,16 @@ def valid_vectors():
     add("update_begin_drain_empty", P.UpdateBegin(client_id=7, version=3, mode=P.MODE_DRAIN, window=0,
                                                   max_chunk_bytes=0, total_bytes=0),
         "drain mode and no tensors: well-formed (the daemon answers INVALID_PARAMS)")
+    # delta pushes (protocol version 3, PROTOCOL.md §10.14)
+    dq = tensor("model.layers.0.self_attn.q_proj.weight", P.DTYPE_BF16, [576, 576], 0x510E527F)
+    dq.flags, dq.wire_bytes, dq.base_version = P.TENSOR_DELTA, 12345, 7
+    begin_delta = P.UpdateBegin(client_id=0x0123456789ABCDEF, version=8, mode=P.MODE_CONTINUE, window=8,
+                                max_chunk_bytes=4 << 20, tensors=[
+        dq, tensor("model.norm.weight", P.DTYPE_F32, [576], 0x3C6EF372)])
+    begin_delta.total_bytes = 12345 + 4 * 576
+    add("update_begin_delta_v3", begin_delta, "version 3: a q_proj delta of 12,345 wire bytes against version 7 "
+        "(flags DELTA, wire_bytes and base_version after its crc32c) and a whole f32 norm; total_bytes counts the "
+        "wire bytes", version=3)
     add("update_begin_ok", P.UpdateBeginOk(xfer_id=0xFEDCBA9876543210, window=4, max_chunk_bytes=4 << 20,
                                            staging_bytes=57288960, data_port=40123),
         "transfer opened for update_begin: a smaller window than asked (8), staging = total_bytes")
@@ -314,8 +324,8 @@ def invalid_vectors(valid_frames):
     add("truncated_header", submit[:10], P.E.MALFORMED, "10 bytes: shorter than the 16-byte header")
     add("bad_magic", b"GET / HTTP/1.1\r\n\r\n", P.E.BAD_MAGIC, "an HTTP request sent to the learner port")
     add("bad_magic_case", frame(P.T.STATUS, b"", magic=b"rldp"), P.E.BAD_MAGIC, "magic in the wrong case")
-    add("bad_version", frame(P.T.HELLO, hello_body, version=3), P.E.UNSUPPORTED_VERSION,
-        "protocol version 3 (this codec speaks 1 and 2)")
+    add("bad_version", frame(P.T.HELLO, hello_body, version=4), P.E.UNSUPPORTED_VERSION,
+        "protocol version 4 (this codec speaks 1 to 3)")
     add("bad_version_zero", frame(P.T.HELLO, hello_body, version=0), P.E.UNSUPPORTED_VERSION, "protocol version 0")
     add("truncated_body", submit[:-5], P.E.MALFORMED, "a SUBMIT missing its last 5 bytes (header unchanged)")
     add("length_larger_than_frame", frame(P.T.FETCH, valid_frames["fetch"][16:], body_len=32 + 100), P.E.MALFORMED,
@@ -439,7 +449,11 @@ def update_invalid(valid_frames, add):
     add("update_begin_n_dims_0", frame(B, patched(begin, dt0 + 1, "<B", 0)), P.E.MALFORMED, "tensor 0 n_dims 0")
     add("update_begin_n_dims_5", frame(B, patched(begin, dt0 + 1, "<B", 5)), P.E.MALFORMED, "tensor 0 n_dims 5")
     add("update_begin_tensor_reserved", frame(B, patched(begin, dt0 + 2, "<H", 0x100)), P.E.MALFORMED,
-        "tensor 0 reserved u16 is 0x100")
+        "tensor 0 flags u16 is 0x100 (no such bit)")
+    add("update_begin_delta_v2", frame(B, valid_frames["update_begin_delta_v3"][16:], version=2), P.E.MALFORMED,
+        "the version-3 delta manifest in a version-2 frame: DELTA is not defined there")
+    add("update_begin_delta_v1", frame(B, patched(begin, dt0 + 2, "<H", 1)), P.E.MALFORMED,
+        "a version-1 manifest whose tensor 0 has flags DELTA")
     add("update_begin_huge_tensor_count", frame(B, patched(begin, 36, "<I", 0xFFFFFFFF)), P.E.MALFORMED,
         "n_tensors = 2^32-1: refused before any allocation")
     n_fit = (len(begin) - 40) // 28

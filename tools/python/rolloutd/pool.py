@@ -15,6 +15,13 @@ chunk to the next, and so on (PROTOCOL.md §10.11), then a two-phase commit; or
 directly (fanout="direct"): to every daemon at once, each with its own window
 and data lane (§10.8). It raises PoolError, holding every daemon's outcome,
 if any failed.
+Delta pushes (PROTOCOL.md §10.14): the Pool keeps the bytes of its last push
+per tensor; the next push_weights sends each tensor as a delta against them
+(rolloutd.delta: only what changed) when every daemon serves that version
+(delta=None, the default; True forces it, False sends whole), or against
+base= (tensors at base_version). A daemon that refuses the delta (it missed a
+version, holds another dtype, serves quantized) gets the full push in the
+same call, so every daemon ends on the new version.
 A Pool is used by one thread at a time (its calls take a lock).
 """
 import queue
@@ -24,14 +31,18 @@ import threading
 import time
 from typing import List
 
+import numpy as np
 import pynng
 
+from . import delta as D
 from . import proto as P
 from .client import (DaemonError, PreparedUpdate, PushResult, Sample, TimeoutError_, Client, CHUNK_ROOM,  # noqa: F401
                      CHUNK_TIMEOUT_MS, _Push, _mode, _url_host, lane_key, wrap_pad)
 
 POLL_S = 0.02               # UPDATE_PREPARE polls of a chain push
 POLL_TIMEOUT_MS = 3000      # a daemon that does not answer a poll this fast is taken for dead
+# a daemon answering a delta's UPDATE_BEGIN with one of these gets the full push instead
+DELTA_REFUSALS = (P.E.BASE_MISMATCH, P.E.DTYPE_MISMATCH, P.E.BASE_QUANTIZED)
 
 
 class PoolError(Exception):
@@ -124,6 +135,9 @@ class Pool:
         self.urls = list(urls)
         self.clients: List[Client] = []
         self._lock = threading.Lock()
+        self._held = {}             # name -> (dtype code, flat uint8 copy): the last push's bytes
+        self._held_version = None   # the version they are
+        self.last_push = None       # what the last push_weights sent (kind, wire bytes, delta stats)
         try:
             for u in self.urls:
                 self.clients.append(Client(u, name=name, **client_kw))
@@ -205,7 +219,8 @@ class Pool:
         return PreparedUpdate(tensors, min(int(chunk_bytes), room))
 
     def push_weights(self, tensors, version, mode="continue", window=4, chunk_bytes=16 << 20, lane=True,
-                     progress=None, fanout=None, on_failure="abort") -> List[PushResult]:
+                     progress=None, fanout=None, on_failure="abort", delta=None, base=None,
+                     base_version=None, keep=True) -> List[PushResult]:
         """Pushes the tensors to every daemon as policy `version`
         (Client.push_weights' parameters; the checksums are computed once).
 
@@ -223,7 +238,14 @@ class Pool:
         Returns one PushResult per daemon, in the Pool's order; raises
         PoolError (every daemon's outcome in .outcomes, .committed) if any
         failed. progress: True for one stderr line with every daemon, or a
-        callable(url, bytes_done, total)."""
+        callable(url, bytes_done, total).
+
+        delta: None (the default) sends deltas against the last push's bytes
+        (or base=, tensors at base_version) when every daemon serves that
+        version; True sends them whenever there is a base; False sends whole.
+        A daemon refusing a delta (BASE_MISMATCH, DTYPE_MISMATCH,
+        BASE_QUANTIZED) gets the full push in this call. keep=False does not
+        keep this push's bytes (no delta against it later)."""
         if fanout is None:
             fanout = "chain" if len(self.clients) >= 2 else "direct"
         if fanout not in ("chain", "direct"):
@@ -231,12 +253,102 @@ class Pool:
         if on_failure not in ("abort", "commit"):
             raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
         with self._lock:
-            prep = self.prepare(tensors, chunk_bytes)
-            if fanout == "chain" and lane:
-                res = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress).run()
-                if res is not None:
-                    return res
+            if isinstance(tensors, PreparedUpdate):
+                delta, keep = False, False  # its bytes are not at hand as tensors
+            bases, bver = None, None
+            if delta is not False:
+                if base is not None:
+                    if base_version is None:
+                        raise ValueError("push_weights: base= needs base_version=")
+                    bases, bver = base, int(base_version)
+                elif self._held:
+                    bases, bver = self._held, self._held_version
+            if bases is not None and delta is None:
+                serving = [st.get("weight_version") for st in self._status_all()]
+                if any(v != bver for v in serving):
+                    bases = None        # a daemon is elsewhere: whole (a delta would be refused there anyway)
+            full = None
+            if bases is not None:
+                prep = D.prepare_delta(tensors, bases, bver, min(int(chunk_bytes), self._room()))
+                if prep.delta_stats["delta_tensors"] == 0:
+                    full, prep = prep, None
+            else:
+                prep = None
+            if prep is None:
+                full = full or self.prepare(tensors, chunk_bytes)
+            res = self._push_any(prep or full, full, tensors, chunk_bytes, version, mode, window, lane, progress,
+                                 fanout, on_failure)
+            st = prep.delta_stats if prep is not None else None
+            self.last_push = {"version": int(version), "kind": "delta" if prep is not None else "full",
+                              "wire_bytes": (prep or full).total_bytes, "delta": st,
+                              "full_pushes": [r.url for r in res if getattr(r, "delta_refused", False)]}
+            if keep:
+                self._keep(tensors, int(version))
+            return res
+
+    def _room(self):
+        return min(c._max for c in self.clients) - CHUNK_ROOM
+
+    def _status_all(self):
+        res = _run_all([(c.url, c.status) for c in self.clients])
+        for _, r in res:
+            if isinstance(r, BaseException):
+                raise r
+        return [r for _, r in res]
+
+    def _keep(self, tensors, version):
+        """Keeps a copy of the pushed bytes: the next push's base."""
+        items = tensors.items() if hasattr(tensors, "items") else tensors
+        held = dict(self._held) if self._held else {}
+        for name, x in items:
+            dt, _, b = D.tensor_bytes(x)
+            held[name] = (dt, np.array(b, copy=True))
+        self._held, self._held_version = held, version
+
+    def _push_any(self, prep, full, tensors, chunk_bytes, version, mode, window, lane, progress, fanout,
+                  on_failure):
+        """Pushes prep (a delta or a full update); daemons refusing a delta get full."""
+        is_delta = full is None or prep is not full
+        if fanout == "chain" and lane:
+            ch = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress,
+                        refusable=is_delta)
+            res = ch.run()
+            if res is not None:
+                missing = [k for k, r in enumerate(res) if r is None]
+                if missing:
+                    full = full or self.prepare(tensors, chunk_bytes)
+                    extra = _run_all([(k, (lambda k=k: self._full_one(self.clients[k], full, version, mode, window,
+                                                                       lane)))
+                                      for k in missing])
+                    bad = [(k, r) for k, r in extra if isinstance(r, BaseException)]
+                    for k, r in extra:
+                        res[k] = r
+                    if bad:
+                        raise PoolError(f"push of version {version} (full, to the daemons refusing the delta)",
+                                        [(c.url, res[k]) for k, c in enumerate(self.clients)],
+                                        [c.url for k, c in enumerate(self.clients)
+                                         if isinstance(res[k], PushResult)])
+                return res
+        if not is_delta:
             return self._push_direct(prep, version, mode, window, lane, progress)
+
+        def one(c):
+            try:
+                return c.push_weights(prep, version, mode=mode, window=window, lane=lane)
+            except DaemonError as e:
+                if e.code not in DELTA_REFUSALS:
+                    raise
+            return self._full_one(c, full or self.prepare(tensors, chunk_bytes), version, mode, window, lane)
+        res = _run_all([(c.url, (lambda c=c: one(c))) for c in self.clients])
+        if any(isinstance(r, BaseException) for _, r in res):
+            raise PoolError(f"push of version {version}", res, [u for u, r in res if isinstance(r, PushResult)])
+        return [r for _, r in res]
+
+    @staticmethod
+    def _full_one(c, full, version, mode, window, lane):
+        r = c.push_weights(full, version, mode=mode, window=window, lane=lane)
+        r.delta_refused = True      # this daemon refused the delta and got the full version
+        return r
 
     def _push_direct(self, prep, version, mode, window, lane, progress):
         done = {c.url: 0 for c in self.clients}
@@ -286,6 +398,20 @@ class Pool:
                 raise r
         return [r for _, r in res]
 
+    manifest = None     # {HF name: shape} push_tensors checks against (rolloutd.tensors.fetch_manifest)
+
+    def push_tensors(self, named_tensors, version, dtype=None, manifest=None, partial=False, **push_kw):
+        """Pushes a trainer's tensors: any iterable of (HF name, array) pairs or a dict, NumPy
+        arrays or torch tensors (CPU or CUDA, brought to the host one at a time and never all
+        at once), as version; dtype "bf16" | "f16" | "f32" converts them on the way (None:
+        each tensor's own). Checked first against manifest ({name: shape}; default
+        self.manifest, which fleet pools fetch from GET /weights_manifest): names the model
+        does not have, its tensors missing (unless partial=True) and wrong shapes raise one
+        rolloutd.tensors.TensorMismatch listing them all, before UPDATE_BEGIN (nothing staged
+        or committed). push_kw: push_weights' (fanout, on_failure, mode, window, ...)."""
+        from .tensors import push_tensors
+        return push_tensors(self, named_tensors, version, dtype, manifest, partial, **push_kw)
+
 
 def _numeric_host(url):
     """The numeric address a relaying daemon dials for url's daemon (IPv4 first, as the daemons
@@ -302,8 +428,10 @@ class _Chain:
     UPDATE_PREPARE polls until every daemon has verified and built the update;
     then UPDATE_COMMIT on all (or UPDATE_ABORT on all)."""
 
-    def __init__(self, pool, prep, version, mode, window, on_failure, progress):
+    def __init__(self, pool, prep, version, mode, window, on_failure, progress, refusable=False):
         self.pool, self.prep, self.version, self.mode = pool, prep, version, mode
+        self.refusable = refusable  # a delta: daemons refusing it at BEGIN leave the chain (pushed whole after)
+        self.refused = {}           # index -> the DaemonError: not in the chain, its result None
         self.window, self.on_failure, self.progress = window, on_failure, progress
         self.clients = pool.clients
         self.pushes = [_Push(c, prep, version, mode, window, True, None) for c in self.clients]
@@ -313,7 +441,7 @@ class _Chain:
         self.t_staged = None        # when every daemon had every byte
 
     def alive(self):
-        return [i for i in range(len(self.clients)) if i not in self.errors]
+        return [i for i in range(len(self.clients)) if i not in self.errors and i not in self.refused]
 
     def run(self):
         """The PushResults, or None to push directly instead (a daemon without a lane or relay)."""
@@ -323,7 +451,9 @@ class _Chain:
         t0 = time.perf_counter()
         begun = _run_all([(k, self.pushes[k].begin) for k in range(len(self.clients))])
         for k, r in begun:
-            if isinstance(r, BaseException):
+            if self.refusable and isinstance(r, DaemonError) and r.code in DELTA_REFUSALS:
+                self.refused[k] = r
+            elif isinstance(r, BaseException):
                 self.errors[k] = r
         if any(not isinstance(r, BaseException) and not r.data_port for _, r in begun):
             for k in self.alive():
@@ -333,6 +463,8 @@ class _Chain:
             if self.errors and self.on_failure == "abort":
                 raise _Failed()
             alive = self.alive()
+            if not alive and self.refused and not self.errors:
+                return [None] * len(self.clients)   # every daemon refused the delta: all get it whole
             if not alive:
                 raise _Failed()
             smallest = min(self.pushes[k].begin_ok.max_chunk_bytes for k in alive)
@@ -374,7 +506,7 @@ class _Chain:
         if self.errors:
             raise PoolError(f"chained push of version {self.version}", self.outcomes(results),
                             [self.clients[k].url for k in results])
-        return [results[k] for k in range(len(self.clients))]
+        return [results.get(k) for k in range(len(self.clients))]
 
     def outcomes(self, results):
         out = []

@@ -34,7 +34,7 @@ import numpy as np
 from . import proto_table as _table
 
 MAGIC = b"RLDP"
-VERSION = 2                 # the newest version this codec speaks (2: routing replay)
+VERSION = 3                 # the newest version this codec speaks (2: routing replay, 3: delta pushes)
 VERSION_MIN = 1             # the oldest; frames are written in it unless told otherwise
 HEADER_BYTES = 16
 DEFAULT_MAX_MESSAGE = 64 << 20
@@ -70,6 +70,9 @@ class E(enum.IntEnum):
     UPDATE_CONFLICT = 15     # another weight transfer is in progress
     UNAUTHORIZED = 16        # the connection has not proved the shared secret (§14)
     FORBIDDEN = 17           # an UPDATE_FORWARD target outside the daemon's relay_allow (§10.11)
+    BASE_MISMATCH = 18       # version 3: a delta's base_version is not the serving version (§10.14)
+    DTYPE_MISMATCH = 19      # version 3: the daemon holds the delta's tensor in another dtype, or not from a push
+    BASE_QUANTIZED = 20      # version 3: the daemon holds the delta's tensor quantized (serve_dtype q8_0)
 
 
 # Flag bits (bits not listed must be 0).
@@ -109,6 +112,8 @@ CHUNK_OK_DUPLICATE = 0x1     # the same chunk was already staged: acknowledged, 
 CHUNK_OK_FLAGS = 0x1
 MODE_CONTINUE, MODE_DRAIN, MODE_ABORT = 0, 1, 2
 MODE_NAMES = {0: "continue", 1: "drain", 2: "abort"}
+TENSOR_DELTA = 0x1          # version 3: the tensor's chunks carry a delta against base_version (§10.14)
+TENSOR_FLAGS = 0x1
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
 DTYPE_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
 DTYPE_SIZES = {0: 4, 1: 2, 2: 2}
@@ -261,7 +266,10 @@ class Tensor:
     dtype: int = DTYPE_F32
     shape: List[int] = field(default_factory=list)    # 1..4 dims, outermost first
     nbytes: int = 0          # product of shape x dtype size
-    crc32c: int = 0          # of the tensor's nbytes bytes
+    crc32c: int = 0          # of the tensor's nbytes bytes (a delta's: of the new bytes, after applying)
+    flags: int = 0           # TENSOR_DELTA (version 3)
+    wire_bytes: int = 0      # TENSOR_DELTA: bytes its chunks carry (the encoded delta, >= 1)
+    base_version: int = 0    # TENSOR_DELTA: the weight version the delta applies to
 
 
 _ELEM_CLASSES = {"REQUEST": Request, "SUBMIT_ITEM": SubmitItem, "RESULT": Result, "TENSOR": Tensor}
@@ -491,6 +499,15 @@ def _dec_tensor_tail(r, t, hidden):
     t.shape = [r.u64("shape") for _ in range(hidden["n_dims"])]
     t.nbytes = r.u64("nbytes")
     t.crc32c = r.u32("crc32c")
+    if not t.flags & TENSOR_DELTA:
+        return
+    if r.version < 3:
+        raise r.malformed(f"flags {t.flags:#x}: DELTA is defined from protocol version 3; this frame is version "
+                          f"{r.version}")
+    t.wire_bytes = r.u64("wire_bytes")
+    t.base_version = r.u64("base_version")
+    if t.wire_bytes == 0:
+        raise r.malformed("wire_bytes is 0; expected a delta of at least 1 byte")
 
 
 _DEC_TAILS = {"REQUEST": _dec_request_tail, "RESULT": _dec_result_tail, "TENSOR": _dec_tensor_tail}
@@ -752,13 +769,19 @@ def _enc_result_tail(out, x):
         out.append(a.tobytes())
 
 
-def _tensor_check(t, what):
+def _tensor_check(t, what, version=VERSION):
+    if t.flags & TENSOR_DELTA and version < 3:
+        raise ValueError(f"{what}: DELTA is defined from protocol version 3; encoding {version}")
+    if t.flags & TENSOR_DELTA and t.wire_bytes < 1:
+        raise ValueError(f"{what}: a delta of wire_bytes {t.wire_bytes}; expected >= 1")
     return {"n_dims": len(t.shape)}
 
 
 def _enc_tensor_tail(out, t):
     shape = [int(d) for d in t.shape]
     out.append(struct.pack(f"<{len(shape)}QQI", *shape, t.nbytes, t.crc32c))
+    if t.flags & TENSOR_DELTA:
+        out.append(struct.pack("<QQ", t.wire_bytes, t.base_version))
 
 
 # element layout -> (checks before any byte is written, returning the hidden values; the tail writer)
@@ -781,7 +804,7 @@ def _enc_body(m, out, version):
     check, tail = _ENC_TAILS.get(elem, (lambda x, what: {}, None))
     for i, x in enumerate(items):
         what = f"{t.name} {array}[{i}]"
-        hidden = check(x, what)
+        hidden = check(x, what, version) if elem == "TENSOR" else check(x, what)
         _enc_fields(out, _table.LAYOUTS[elem], x, hidden, what, version)
         if tail:
             tail(out, x)
@@ -990,12 +1013,18 @@ def _tensor_json(t, r):
     r["shape"] = [str(int(v)) for v in t.shape]
     r["nbytes"] = str(int(t.nbytes))
     r["crc32c"] = t.crc32c
+    if t.flags & TENSOR_DELTA:
+        r["wire_bytes"] = str(int(t.wire_bytes))
+        r["base_version"] = str(int(t.base_version))
 
 
 def _json_tensor(r, t):
     t.shape = [int(v) for v in r["shape"]]
     t.nbytes = int(r["nbytes"])
     t.crc32c = r["crc32c"]
+    if t.flags & TENSOR_DELTA:
+        t.wire_bytes = int(r["wire_bytes"])
+        t.base_version = int(r["base_version"])
 
 
 _JSON_TAILS = {"REQUEST": (_request_json, _json_request), "RESULT": (_result_json, _json_result),

@@ -221,7 +221,7 @@ LAYOUTS = {
         ('STR', 'name', 1, 256, None),
         ('ENUM8', 'dtype', 0, 2, '0 (f32), 1 (f16) or 2 (bf16)'),
         ('DIMS8', 'n_dims', 1, 4, '1..4'),
-        ('RSV16', 'reserved', 0, 0, None),
+        ('BITS16', 'flags', 1, 1, None),
     ),
     'UPDATE_BEGIN_OK': (
         ('U64', 'xfer_id', 0, 0, None),

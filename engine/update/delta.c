@@ -1,0 +1,338 @@
+/* delta.c - decoding and applying delta tensors, and what a daemon holds as
+ * pushed (delta.h). */
+#include "engine/update/delta.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "base/crc32c.h"
+#include "base/err.h"
+#include "base/pool.h"
+#include "engine/format/gguf.h"
+#include "engine/format/safetensors.h"
+
+/* ---------------------------------------------------------------- the base */
+
+static uint32_t dsize(int dtype) { return dtype == UPD_F32 ? 4 : 2; }
+
+/* Where a staged tensor lives in the model: its group, [rows][cols] (rows 0:
+ * a vector) and its first element in the group's buffer. */
+static int locate(const model_config *c, const upd_tensor *t, int *g, int64_t *rows, int64_t *cols, int64_t *elem0)
+{
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    if (!a || t->kind < 0 || t->kind >= a->n_tensors)
+        return rd_fail(RD_EINVAL, "delta of '%.200s': not a weight of this model", t->name);
+    const arch_tensor *at = &a->tensors[t->kind];
+    *g = (int)at->group;
+    int linear = arch_group_is_linear(at->group);
+    *rows = linear ? arch_dim_value(c, at->rows) : 0;
+    *cols = arch_dim_value(c, at->cols);
+    int64_t r0 = arch_tensor_row0(a, c, at);
+    if (linear) {
+        int64_t gr, gc;
+        arch_group_shape(a, c, at->group, &gr, &gc);
+        r0 *= gc;
+    }
+    *elem0 = r0;
+    return 0;
+}
+
+/* ---- narrowing the served fp32 values to the pushed dtype, on the pool */
+
+#define NARROW_SLICE (1u << 18) /* elements a task narrows */
+
+typedef struct {
+    const float *src;
+    uint8_t *dst;
+    uint64_t n;
+    int dtype;
+    int64_t bad;                /* the first element that does not round-trip (any slice's), or -1 */
+} narrow_job;
+
+static void narrow_task(void *ctx, int32_t i, int32_t worker)
+{
+    narrow_job *j = ctx;
+    uint64_t off = (uint64_t)i * NARROW_SLICE, n = j->n - off < NARROW_SLICE ? j->n - off : NARROW_SLICE;
+    if (j->dtype == UPD_F32) {
+        memcpy(j->dst + 4 * off, j->src + off, 4 * n);
+        return;
+    }
+    if (j->dtype == UPD_BF16) {
+        /* bf16 is fp32's top half: exact when the low half is zero (a plain loop the compiler vectorizes;
+         * NaN and infinity never reach a served weight) */
+        uint32_t low = 0;
+        for (uint64_t k = off; k < off + n; k++) {
+            uint32_t u;
+            memcpy(&u, &j->src[k], 4);
+            low |= u & 0xFFFFu;
+            j->dst[2 * k] = (uint8_t)(u >> 16);
+            j->dst[2 * k + 1] = (uint8_t)(u >> 24);
+        }
+        if (!low)
+            return;
+    }
+    for (uint64_t k = off; k < off + n; k++) {
+        float v = j->src[k];
+        uint16_t h = j->dtype == UPD_BF16 ? rd_f32_to_bf16(v) : st_f32_to_f16(v);
+        float back = j->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+        if (memcmp(&back, &v, sizeof v)) {
+            __atomic_store_n(&j->bad, (int64_t)k, __ATOMIC_RELAXED);
+            return;
+        }
+        j->dst[2 * k] = (uint8_t)h;
+        j->dst[2 * k + 1] = (uint8_t)(h >> 8);
+    }
+}
+
+/* ---- applying records, on the pool */
+
+typedef struct {
+    const upd_stage *s;
+    const int32_t *rec_t;       /* [n] the record's tensor */
+    const upd_drec *rec;            /* [n] */
+    int32_t *rc;                /* [n] each record's result */
+    uint64_t *changed;          /* [n] elements each changed */
+} apply_job;
+
+static void apply_task(void *ctx, int32_t i, int32_t worker)
+{
+    apply_job *j = ctx;
+    upd_tensor *t = &j->s->t[j->rec_t[i]];
+    j->changed[i] = 0;
+    j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), t->name, &j->changed[i]);
+}
+
+int upd_delta_map(upd_stage *s)
+{
+    if (s->full_mem)
+        return 0;
+    size_t bytes = 0;
+    for (int32_t i = 0; i < s->n; i++)
+        if (s->t[i].delta)
+            bytes += (s->t[i].nbytes + 63) & ~(uint64_t)63;
+    if (!bytes)
+        return 0;
+    /* One mapping, the tensors in manifest order at 64-byte steps, as the
+     * staging area lays out a full push: build_group_native joins members
+     * whose bytes touch, so q|k|v load as the parts a full push makes. */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for the new tensors", bytes);
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
+#endif
+    s->full_mem = p;
+    s->full_mem_bytes = bytes;
+    return 0;
+}
+
+void upd_delta_prefault(upd_stage *s)
+{
+    volatile uint8_t *p = s->full_mem;
+    for (size_t o = 0; p && o < s->full_mem_bytes; o += 4096)
+        p[o] = 0;
+}
+
+int upd_delta_apply(const model *m, upd_stage *s)
+{
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    size_t bytes = 0;
+    int32_t n_recs = 0;
+    for (int32_t i = 0; i < s->n; i++) {
+        const upd_tensor *t = &s->t[i];
+        if (!t->delta)
+            continue;
+        int32_t n;
+        if (upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, NULL, &n))
+            return RD_EFORMAT;
+        n_recs += n;
+        bytes += (t->nbytes + 63) & ~(uint64_t)63;
+    }
+    if (!bytes)
+        return 0;
+    int mrc = upd_delta_map(s);
+    if (mrc)
+        return mrc;
+    int64_t big = 0;
+    for (int g = 0; g < AG_COUNT; g++) {
+        int64_t r, cl;
+        arch_group_shape(arch_by_name(c->arch, strlen(c->arch)), c, (arch_group)g, &r, &cl);
+        if ((r ? r : 1) * cl > big)
+            big = (r ? r : 1) * cl;
+    }
+    float *buf = malloc(sizeof(float) * (size_t)(big ? big : 1));
+    upd_drec *recs = malloc(sizeof *recs * (size_t)(n_recs ? n_recs : 1));
+    int32_t *rec_t = malloc(sizeof *rec_t * 2 * (size_t)(n_recs ? n_recs : 1));
+    uint64_t *rec_changed = calloc((size_t)(n_recs ? n_recs : 1), sizeof *rec_changed);
+    if (!buf || !recs || !rec_t || !rec_changed) {
+        free(buf), free(recs), free(rec_t), free(rec_changed);
+        return rd_fail(RD_ENOMEM, "delta: out of memory");
+    }
+    int32_t *rec_rc = rec_t + n_recs;
+    size_t at = 0;
+    int32_t k = 0;
+    int rc = 0;
+    int last_g = -1, last_l = -2, last_e = -1; /* the group in buf (q, k, v share one read) */
+    for (int32_t i = 0; i < s->n && !rc; i++) {
+        upd_tensor *t = &s->t[i];
+        if (!t->delta)
+            continue;
+        t->full = (uint8_t *)s->full_mem + at;
+        at += (t->nbytes + 63) & ~(uint64_t)63;
+        int g = 0;
+        int64_t rows = 0, cols = 0, elem0 = 0;
+        if ((rc = locate(c, t, &g, &rows, &cols, &elem0)))
+            break;
+        if (g != last_g || t->layer != last_l || t->expert != last_e) {
+            void *const *slot = model_weight_slot((model *)m, (arch_group)g, t->layer, t->expert);
+            rc = rows ? be->ops->linear_read(be, *slot, buf) : be->ops->d2h(be, buf, *slot, sizeof(float) * (size_t)cols);
+            if (rc)
+                break;
+            last_g = g, last_l = t->layer, last_e = t->expert;
+        }
+        uint64_t n = (uint64_t)((rows ? rows : 1) * cols);
+        narrow_job nj = {.src = buf + elem0, .dst = t->full, .n = n, .dtype = t->dtype, .bad = -1};
+        pool_run((int32_t)((n + NARROW_SLICE - 1) / NARROW_SLICE), narrow_task, &nj);
+        if (nj.bad >= 0) {
+            rc = rd_fail(RD_EINVAL, "delta of '%.200s': the served element %lld is not a %s value; the tensor is not "
+                         "held as pushed in that dtype", t->name, (long long)nj.bad,
+                         t->dtype == UPD_BF16 ? "bf16" : "f16");
+            break;
+        }
+        upd_drec *r = NULL;
+        int32_t nr = 0;
+        if ((rc = upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, &r, &nr)))
+            break;
+        for (int32_t q = 0; q < nr; q++) {
+            recs[k] = r[q];
+            rec_t[k++] = i;
+        }
+        free(r);
+    }
+    free(buf);
+    if (!rc && k) {
+        apply_job aj = {.s = s, .rec_t = rec_t, .rec = recs, .rc = rec_rc, .changed = rec_changed};
+        pool_run(k, apply_task, &aj);
+        for (int32_t q = 0; q < k && !rc; q++)
+            if (rec_rc[q]) { /* again on this thread, for its message (the tensor is discarded anyway) */
+                upd_tensor *t = &s->t[rec_t[q]];
+                uint64_t ch = 0;
+                rc = upd_delta_apply_rec(&recs[q], q, t->full, dsize(t->dtype), t->name, &ch);
+                if (!rc)
+                    rc = rd_fail(RD_EFORMAT, "delta of '%.200s': a record failed on the pool", t->name);
+            }
+    }
+    s->delta_changed = 0;
+    for (int32_t q = 0; q < k; q++)
+        s->delta_changed += rec_changed[q];
+    free(recs), free(rec_t), free(rec_changed);
+    for (int32_t i = 0; i < s->n && !rc; i++) {
+        const upd_tensor *t = &s->t[i];
+        if (!t->delta)
+            continue;
+        uint32_t got = crc32c(0, t->full, t->nbytes);
+        if (got != t->crc32c)
+            rc = rd_fail(RD_ECHECKSUM, "commit: delta tensor '%.200s' decodes to bytes of CRC-32C %08x; the manifest "
+                         "says %08x (its base is not the sender's, or a chunk was corrupted before its CRC)",
+                         t->name, got, t->crc32c);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- held */
+
+struct upd_held {
+    uint8_t *v;                 /* [n] per weight: 0 = not from a push, else 1 + dtype, | 0x80 quantized */
+    size_t n;
+    int32_t layers1, units;     /* n_layers + 1, experts (1 for dense) */
+};
+
+#define HELD_Q 0x80u
+
+static size_t held_key(const upd_held *h, const upd_tensor *t)
+{
+    return ((size_t)t->kind * (size_t)h->layers1 + (size_t)(t->layer + 1)) * (size_t)h->units + (size_t)t->expert;
+}
+
+int upd_held_create(const model_config *c, upd_held **out)
+{
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
+    upd_held *h = calloc(1, sizeof *h);
+    if (!h)
+        return rd_fail(RD_ENOMEM, "held: out of memory");
+    h->layers1 = c->n_layers + 1;
+    h->units = c->n_experts > 1 ? c->n_experts : 1;
+    h->n = (size_t)(a ? a->n_tensors : 1) * (size_t)h->layers1 * (size_t)h->units;
+    if (!(h->v = calloc(h->n, 1))) {
+        free(h);
+        return rd_fail(RD_ENOMEM, "held: out of memory");
+    }
+    *out = h;
+    return 0;
+}
+
+void upd_held_free(upd_held *h)
+{
+    if (!h)
+        return;
+    free(h->v);
+    free(h);
+}
+
+int upd_held_copy(const upd_held *h, upd_held **out)
+{
+    upd_held *c = malloc(sizeof *c);
+    if (!c || !(c->v = malloc(h->n))) {
+        free(c);
+        return rd_fail(RD_ENOMEM, "held: out of memory");
+    }
+    memcpy(c->v, h->v, h->n);
+    c->n = h->n, c->layers1 = h->layers1, c->units = h->units;
+    *out = c;
+    return 0;
+}
+
+void upd_held_note(upd_held *h, const model_config *c, const upd_stage *s, upd_serve serve)
+{
+    for (int32_t i = 0; i < s->n; i++) {
+        const upd_tensor *t = &s->t[i];
+        size_t k = held_key(h, t);
+        if (k < h->n)
+            h->v[k] = (uint8_t)(1 + t->dtype) | (upd_kind_quantized(c, t->kind, serve) ? HELD_Q : 0);
+    }
+}
+
+void upd_held_clear(upd_held *h) { memset(h->v, 0, h->n); }
+
+static const char *dname(int d) { return d == UPD_F32 ? "f32" : d == UPD_F16 ? "f16" : "bf16"; }
+
+int upd_held_check(const upd_held *h, const model_config *c, const upd_stage *s, char *why, size_t cap)
+{
+    for (int32_t i = 0; i < s->n; i++) {
+        const upd_tensor *t = &s->t[i];
+        if (!t->delta)
+            continue;
+        size_t k = held_key(h, t);
+        uint8_t v = k < h->n ? h->v[k] : 0;
+        if (v & HELD_Q) {
+            snprintf(why, cap, "delta tensor '%.200s': this daemon serves it quantized (serve_dtype q8_0), so it "
+                     "holds no exact %s base; push it whole", t->name, dname(t->dtype));
+            return UPD_HELD_QUANTIZED;
+        }
+        if (v == 0) {
+            snprintf(why, cap, "delta tensor '%.200s': this daemon holds it as loaded from its file, not from a "
+                     "push; push it whole first", t->name);
+            return UPD_HELD_DTYPE;
+        }
+        if (v - 1 != t->dtype) {
+            snprintf(why, cap, "delta tensor '%.200s' is %s; this daemon holds it in %s from its last push; push it "
+                     "whole", t->name, dname(t->dtype), dname(v - 1));
+            return UPD_HELD_DTYPE;
+        }
+    }
+    (void)c;
+    return UPD_HELD_OK;
+}

@@ -1,0 +1,67 @@
+/* delta.h - exact delta weight updates on the engine side (PROTOCOL.md §10.14).
+ *
+ * A delta tensor's chunks carry a delta stream instead of the tensor's bytes:
+ * records, each covering a byte range of the new tensor, in increasing order
+ * and never overlapping; bytes no record covers keep the base's value. A
+ * record is a 24-byte head
+ *     u8 kind (UPD_DREC_RUNS | UPD_DREC_XOR_ZSTD), u8[3] reserved = 0,
+ *     u32 payload bytes, u64 out_offset, u64 out_bytes
+ * (offset and length in bytes of the tensor, whole elements, out_bytes
+ * 1..UPD_DELTA_MAX_RECORD) and its payload:
+ *   RUNS      (u32 skip, u32 count, count values) pairs: skip unchanged
+ *             elements from the end of the previous run (the record's start
+ *             for the first), then count new values; every run inside the range;
+ *   XOR_ZSTD  one zstd frame that decompresses to exactly out_bytes bytes,
+ *             the XOR of the new range with the base's.
+ * The base is what the daemon serves for the tensor at base_version, in the
+ * delta's dtype; the daemon only accepts a delta where it holds that tensor in
+ * that dtype from an earlier push (upd_held) and not quantized. After applying,
+ * the new bytes' CRC-32C must be the manifest's: else the transfer is refused.
+ *
+ * The sender picks the smaller encoding per record (tools/python/rolloutd/delta.py);
+ * the records themselves are delta_codec.h's. */
+#ifndef RD_UPDATE_DELTA_H
+#define RD_UPDATE_DELTA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model/model.h"
+#include "engine/update/delta_codec.h"
+#include "engine/update/staging.h"
+
+/* Reads the base of every delta tensor of s from the model (the bytes it
+ * serves, narrowed exactly to the delta's dtype: it was pushed in that dtype,
+ * so the round trip is exact; an inexact one fails), applies the deltas on the
+ * pool and checks each tensor's new bytes against its manifest CRC-32C
+ * (RD_ECHECKSUM names it). s->delta_changed gets the elements whose bits
+ * changed. The model is only read: decode goes on. */
+int upd_delta_apply(const model *m, upd_stage *s);
+
+/* Maps the memory the delta tensors' new bytes go to (once; upd_delta_apply
+ * calls it too), and touches every page of it: the kernel's zeroing of a
+ * fresh mapping is a quarter of an apply's time, so the daemon does this on
+ * a worker while the chunks arrive (never while an apply runs). */
+int upd_delta_map(upd_stage *s);
+void upd_delta_prefault(upd_stage *s);
+
+/* Which tensors a daemon holds as pushed: for each weight of the model, the
+ * dtype of its last committed push, and whether it is served quantized. */
+typedef struct upd_held upd_held;
+
+int upd_held_create(const model_config *c, upd_held **out);
+void upd_held_free(upd_held *h);
+/* A copy (a transfer notes into it; the swap makes it the daemon's). */
+int upd_held_copy(const upd_held *h, upd_held **out);
+/* The tensors of s were swapped in: each is now held in its dtype (quantized
+ * when serve quantizes its kind). */
+void upd_held_note(upd_held *h, const model_config *c, const upd_stage *s, upd_serve serve);
+/* The weights were replaced from elsewhere (a file): nothing is held as pushed. */
+void upd_held_clear(upd_held *h);
+
+enum { UPD_HELD_OK = 0, UPD_HELD_DTYPE = 1, UPD_HELD_QUANTIZED = 2 };
+/* Checks every delta tensor of s against what is held: UPD_HELD_OK, or the
+ * first refusal's kind with why (cap bytes) naming the tensor. */
+int upd_held_check(const upd_held *h, const model_config *c, const upd_stage *s, char *why, size_t cap);
+
+#endif

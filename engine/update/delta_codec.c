@@ -1,0 +1,165 @@
+/* delta_codec.c - the delta stream's records: parsing and applying
+ * (delta_codec.h, PROTOCOL.md §10.14). No model, no pool: the fuzzer links it alone. */
+#include "engine/update/delta_codec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "base/err.h"
+
+static uint32_t ld32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32; }
+
+/* Splits w into records, checking each head: kind, reserved bytes, payload
+ * inside the stream, ranges whole elements, in order, inside the tensor.
+ * *out (malloc'd) gets them when out is not NULL. */
+int upd_delta_parse(const uint8_t *w, uint64_t wn, uint64_t tn, uint32_t es, const char *name, upd_drec **out,
+                 int32_t *n_out)
+{
+    int32_t n = 0, cap = 0;
+    upd_drec *r = NULL;
+    uint64_t at = 0, end_prev = 0;
+    while (at < wn) {
+        if (wn - at < UPD_DREC_HEAD) {
+            free(r);
+            return rd_fail(RD_EFORMAT, "delta of '%.200s': %llu bytes left at byte %llu; a record head is %d",
+                           name, (unsigned long long)(wn - at), (unsigned long long)at, UPD_DREC_HEAD);
+        }
+        const uint8_t *h = w + at;
+        upd_drec d = {.kind = h[0], .payload = ld32(h + 4), .off = ld64(h + 8), .len = ld64(h + 16),
+                  .p = h + UPD_DREC_HEAD};
+        const char *bad = NULL;
+        if (d.kind != UPD_DREC_RUNS && d.kind != UPD_DREC_XOR_ZSTD)
+            bad = "kind is not 1 (runs) or 2 (xor+zstd)";
+        else if (h[1] | h[2] | h[3])
+            bad = "reserved bytes are not 0";
+        else if (d.payload > wn - at - UPD_DREC_HEAD)
+            bad = "its payload runs past the stream";
+        else if (d.len == 0 || d.len > UPD_DELTA_MAX_RECORD)
+            bad = "out_bytes is not 1..16 MiB";
+        else if (d.off % es || d.len % es)
+            bad = "its range is not whole elements";
+        else if (d.off < end_prev)
+            bad = "its range starts before the previous record's end";
+        else if (d.off > tn || d.len > tn - d.off)
+            bad = "its range runs past the tensor";
+        if (bad) {
+            free(r);
+            return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d at byte %llu (kind %u, payload %u, bytes "
+                           "[%llu, +%llu)): %s", name, n, (unsigned long long)at, d.kind, d.payload,
+                           (unsigned long long)d.off, (unsigned long long)d.len, bad);
+        }
+        if (out) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                upd_drec *nr = realloc(r, sizeof *nr * (size_t)cap);
+                if (!nr) {
+                    free(r);
+                    return rd_fail(RD_ENOMEM, "delta of '%.200s': out of memory", name);
+                }
+                r = nr;
+            }
+            r[n] = d;
+        }
+        n++;
+        end_prev = d.off + d.len;
+        at += UPD_DREC_HEAD + (uint64_t)d.payload;
+    }
+    if (out)
+        *out = r;
+    *n_out = n;
+    return 0;
+}
+
+/* Elements of n bytes (element size es) where a and b differ. */
+static uint64_t count_diff(const uint8_t *a, const uint8_t *b, uint64_t n, uint32_t es)
+{
+    uint64_t c = 0;
+    for (uint64_t k = 0; k < n; k += es)
+        c += memcmp(a + k, b + k, es) != 0;
+    return c;
+}
+
+/* Elements of n bytes that are not all zero bits (loops the compiler vectorizes). */
+static uint64_t count_nonzero(const uint8_t *x, uint64_t n, uint32_t es)
+{
+    uint64_t c = 0;
+    if (es == 2) {
+        for (uint64_t k = 0; k + 2 <= n; k += 2) {
+            uint16_t v;
+            memcpy(&v, x + k, 2);
+            c += v != 0;
+        }
+        return c;
+    }
+    for (uint64_t k = 0; k + 4 <= n; k += 4) {
+        uint32_t v;
+        memcpy(&v, x + k, 4);
+        c += v != 0;
+    }
+    return c;
+}
+
+/* Applies one record to t (in place); *changed += the elements it changed. */
+int upd_delta_apply_rec(const upd_drec *d, int32_t i, uint8_t *t, uint32_t es, const char *name, uint64_t *changed)
+{
+    uint8_t *dst = t + d->off;
+    if (d->kind == UPD_DREC_RUNS) {
+        uint64_t at = 0, pos = 0, elems = d->len / es;
+        while (at < d->payload) {
+            if (d->payload - at < 8)
+                return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: a run head needs 8 bytes, %llu left",
+                               name, i, (unsigned long long)(d->payload - at));
+            uint64_t skip = ld32(d->p + at), count = ld32(d->p + at + 4);
+            at += 8;
+            if (count == 0 || skip > elems - pos || count > elems - pos - skip)
+                return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: a run of %llu after skipping %llu at "
+                               "element %llu of %llu; expected 1 or more inside the range", name, i,
+                               (unsigned long long)count, (unsigned long long)skip, (unsigned long long)pos,
+                               (unsigned long long)elems);
+            if (count * es > d->payload - at)
+                return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: a run of %llu values needs %llu bytes, "
+                               "%llu left", name, i, (unsigned long long)count, (unsigned long long)(count * es),
+                               (unsigned long long)(d->payload - at));
+            pos += skip;
+            *changed += count_diff(dst + pos * es, d->p + at, count * es, es);
+            memcpy(dst + pos * es, d->p + at, count * es);
+            at += count * es;
+            pos += count;
+        }
+        return 0;
+    }
+    uint8_t *x = malloc(d->len);
+    if (!x)
+        return rd_fail(RD_ENOMEM, "delta of '%.200s': out of memory for record %d", name, i);
+    size_t got = ZSTD_decompress(x, d->len, d->p, d->payload);
+    if (ZSTD_isError(got) || got != d->len) {
+        free(x);
+        return rd_fail(RD_EFORMAT, "delta of '%.200s': record %d: the zstd frame %s%s; expected %llu bytes", name, i,
+                       ZSTD_isError(got) ? "fails: " : "decompresses to fewer bytes",
+                       ZSTD_isError(got) ? ZSTD_getErrorName(got) : "", (unsigned long long)d->len);
+    }
+    for (uint64_t k = 0; k < d->len; k++) /* the compiler vectorizes this */
+        dst[k] ^= x[k];
+    *changed += count_nonzero(x, d->len, es);
+    free(x);
+    return 0;
+}
+
+int upd_delta_decode(const uint8_t *w, uint64_t wn, uint8_t *t, uint64_t tn, uint32_t es, const char *name,
+                     uint64_t *changed)
+{
+    upd_drec *r = NULL;
+    int32_t n = 0;
+    uint64_t ch = 0;
+    int rc = upd_delta_parse(w, wn, tn, es, name, &r, &n);
+    for (int32_t i = 0; !rc && i < n; i++)
+        rc = upd_delta_apply_rec(&r[i], i, t, es, name, &ch);
+    if (changed)
+        *changed = ch;
+    free(r);
+    return rc;
+}
+

@@ -1,0 +1,188 @@
+"""Delta weight pushes (PROTOCOL.md §10.14): the sender's codec.
+
+A delta tensor's chunks carry a stream of records, each covering a range of
+the tensor's new bytes (RECORD_BYTES of them here); bytes no record covers keep
+the base's value. Per record the encoder sends whichever is smaller:
+
+    RUNS      (u32 skip, u32 count, count values) pairs of the changed elements
+              (gaps shorter than a run head are sent as values);
+    XOR_ZSTD  the record's new bytes XOR the base's, one zstd frame.
+
+The diff is vectorized NumPy (one compare over the tensor, then per record
+np.flatnonzero); encode_tensor() returns the stream and the number of changed
+elements. decode() is the reference decoder (the daemon's is
+engine/update/delta.c), used by the tests.
+"""
+import struct
+
+import numpy as np
+import zstandard
+
+from . import proto as P
+
+RUNS, XOR_ZSTD = 1, 2
+HEAD = struct.Struct("<B3xIQQ")     # kind, reserved, payload bytes, out_offset, out_bytes
+HEAD_BYTES = HEAD.size              # 24
+RECORD_BYTES = 1 << 20              # bytes of the tensor one record covers
+MAX_RECORD = 16 << 20
+ZSTD_LEVEL = 1                      # XOR streams are mostly zeros: level 1 is nearly as small and fastest
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def _runs_payload(new_e, changed_idx, es):
+    """RUNS payload for the changed element indices (sorted, relative to the
+    record) of new_e (the record's new elements): runs merge across gaps of
+    fewer elements than a run head's 8 bytes cost."""
+    if len(changed_idx) == 0:
+        return b""
+    merge = max(0, 8 // es - 1)         # unchanged elements cheaper to resend than a new head
+    gaps = np.diff(changed_idx) - 1
+    brk = np.flatnonzero(gaps > merge)
+    starts = np.concatenate(([changed_idx[0]], changed_idx[brk + 1]))
+    ends = np.concatenate((changed_idx[brk], [changed_idx[-1]])) + 1
+    counts = ends - starts
+    prev_end = np.concatenate(([0], ends[:-1]))
+    heads = np.empty((len(starts), 2), dtype="<u4")
+    heads[:, 0] = starts - prev_end
+    heads[:, 1] = counts
+    total = int(counts.sum())
+    # the element indices of every run, concatenated (np.repeat trick)
+    offs = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(total)
+    vals = new_e[offs].astype(new_e.dtype.newbyteorder("<"), copy=False).view(np.uint8).reshape(total, es)
+    out = np.empty(8 * len(starts) + es * total, dtype=np.uint8)
+    run_off = 8 * np.arange(len(starts)) + es * np.concatenate(([0], np.cumsum(counts)[:-1]))
+    out[(run_off[:, None] + np.arange(8)).reshape(-1)] = heads.view(np.uint8).reshape(-1)
+    val_pos = np.repeat(run_off + 8, counts) + es * (np.arange(total) - np.repeat(
+        np.concatenate(([0], np.cumsum(counts)[:-1])), counts))
+    out[(val_pos[:, None] + np.arange(es)).reshape(-1)] = vals.reshape(-1)
+    return out.tobytes()
+
+
+def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, cctx=None, kinds=(RUNS, XOR_ZSTD)):
+    """(stream bytes, changed elements) of the delta from base to new: flat
+    uint8 arrays (or buffers) of the same length, elements of es bytes;
+    each record the smaller of the kinds allowed."""
+    new = np.frombuffer(new, dtype=np.uint8) if not isinstance(new, np.ndarray) else new.reshape(-1).view(np.uint8)
+    base = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1).view(np.uint8)
+    if len(new) != len(base) or len(new) % es:
+        raise ValueError(f"delta: {len(new)} new bytes against {len(base)} base bytes of {es}-byte elements")
+    rb = max(es, min(int(record_bytes), MAX_RECORD) // es * es)
+    ne, be = new.view(_UINT[es]), base.view(_UINT[es])
+    diff = ne != be
+    cctx = cctx or zstandard.ZstdCompressor(level=level)
+    parts, changed = [], 0
+    for off in range(0, len(new), rb):
+        n = min(rb, len(new) - off)
+        e0, e1 = off // es, (off + n) // es
+        idx = np.flatnonzero(diff[e0:e1])
+        if len(idx) == 0:
+            continue
+        changed += len(idx)
+        runs = _runs_payload(ne[e0:e1], idx, es)
+        best_kind, best = RUNS, runs
+        if XOR_ZSTD in kinds and (len(runs) > 64 or RUNS not in kinds):  # a few runs beat any zstd frame
+            x = np.bitwise_xor(new[off:off + n], base[off:off + n])
+            z = cctx.compress(x.tobytes())
+            if len(z) < len(runs) or RUNS not in kinds:
+                best_kind, best = XOR_ZSTD, z
+        parts.append(HEAD.pack(best_kind, len(best), off, n))
+        parts.append(best)
+    if not parts:       # unchanged: one empty record (a delta has at least one byte)
+        parts.append(HEAD.pack(RUNS, 0, 0, es))
+    return b"".join(parts), changed
+
+
+def decode(stream, base, es):
+    """The new bytes (a uint8 array) from base and a stream (reference decoder)."""
+    out = np.array(np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray)
+                   else base.reshape(-1).view(np.uint8), copy=True)
+    mv = memoryview(stream)
+    at, end_prev = 0, 0
+    dctx = zstandard.ZstdDecompressor()
+    while at < len(mv):
+        if len(mv) - at < HEAD_BYTES:
+            raise ValueError(f"delta: {len(mv) - at} bytes left at {at}; a record head is {HEAD_BYTES}")
+        kind, payload, off, n = HEAD.unpack_from(mv, at)
+        if mv[at + 1:at + 4] != b"\0\0\0" or kind not in (RUNS, XOR_ZSTD) or off < end_prev or \
+                off + n > len(out) or n == 0 or n > MAX_RECORD or off % es or n % es or \
+                payload > len(mv) - at - HEAD_BYTES:
+            raise ValueError(f"delta: bad record head at {at}: kind {kind}, payload {payload}, [{off}, +{n})")
+        p = mv[at + HEAD_BYTES:at + HEAD_BYTES + payload]
+        if kind == XOR_ZSTD:
+            x = dctx.decompress(bytes(p), max_output_size=n)
+            if len(x) != n:
+                raise ValueError(f"delta: a zstd frame of {len(x)} bytes for {n}")
+            out[off:off + n] ^= np.frombuffer(x, dtype=np.uint8)
+        else:
+            q, pos = 0, 0
+            while q < payload:
+                skip, count = struct.unpack_from("<II", p, q)
+                q += 8
+                pos += skip
+                if count == 0 or (pos + count) * es > n or q + count * es > payload:
+                    raise ValueError(f"delta: a bad run at record {at}")
+                out[off + pos * es:off + (pos + count) * es] = np.frombuffer(p[q:q + count * es], dtype=np.uint8)
+                q += count * es
+                pos += count
+        end_prev = off + n
+        at += HEAD_BYTES + payload
+    return out
+
+
+def tensor_bytes(x):
+    """(dtype code, shape, flat uint8 array) of a tensor as push_weights takes it."""
+    from .client import _wire_tensor
+    dt, shape, mv = _wire_tensor("tensor", x)
+    return dt, shape, np.frombuffer(mv, dtype=np.uint8)
+
+
+def prepare_delta(tensors, base, base_version, chunk_bytes=16 << 20, record_bytes=RECORD_BYTES):
+    """A PreparedUpdate sending each tensor as a delta against base (a dict
+    name -> tensor, or name -> (dtype code, flat uint8 array)) at base_version
+    where base has it in the same dtype and size, else whole. .delta_stats:
+    tensors, delta tensors, changed elements, elements of the delta tensors,
+    tensor bytes, wire bytes and the encoder's seconds."""
+    import time
+    from .client import PreparedUpdate, crc32c
+    t0 = time.perf_counter()
+    items = list(tensors.items()) if hasattr(tensors, "items") else list(tensors)
+    if not items:
+        raise ValueError("push: no tensors")
+    prep = object.__new__(PreparedUpdate)
+    prep.manifest, prep.data = [], []
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    stats = {"tensors": 0, "delta_tensors": 0, "changed": 0, "delta_elems": 0, "tensor_bytes": 0}
+    seen = set()
+    for name, x in items:
+        if name in seen:
+            raise ValueError(f"tensor {name!r} is listed twice")
+        seen.add(name)
+        dt, shape, new = tensor_bytes(x)
+        es = P.DTYPE_SIZES[dt]
+        b = base.get(name) if base is not None else None
+        if b is not None and not isinstance(b, tuple):
+            bdt, _, bb = tensor_bytes(b)
+            b = (bdt, bb)
+        t = P.Tensor(name=name, dtype=dt, shape=shape, nbytes=len(new))
+        stats["tensors"] += 1
+        stats["tensor_bytes"] += len(new)
+        if b is not None and b[0] == dt and len(b[1]) == len(new):
+            stream, changed = encode_tensor(new, b[1], es, record_bytes, cctx=cctx)
+            t.flags, t.wire_bytes, t.base_version = P.TENSOR_DELTA, len(stream), int(base_version)
+            t.crc32c = crc32c(memoryview(new))
+            stats["delta_tensors"] += 1
+            stats["changed"] += changed
+            stats["delta_elems"] += len(new) // es
+            prep.manifest.append(t)
+            prep.data.append(memoryview(stream))
+        else:
+            prep.manifest.append(t)
+            prep.data.append(memoryview(new))
+    prep.total_bytes = sum(len(d) for d in prep.data)
+    prep._chunk(chunk_bytes, None)
+    prep.prepare_seconds = time.perf_counter() - t0
+    stats["wire_bytes"] = prep.total_bytes
+    stats["encode_seconds"] = prep.prepare_seconds
+    prep.delta_stats = stats
+    return prep
