@@ -48,9 +48,9 @@ endif
 CXX     ?= g++
 EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $(BUILD)/obj/emu/kernels/cuda/cuemu.o
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
-EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
+EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -116,6 +116,11 @@ $(BUILD)/emutests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/libroll
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
 
+# The verify forward of speculative decoding against decode steps on the emulator (tiny models).
+$(BUILD)/emutests/test_spec_cudaemu: tests/unit/test_spec.c $(BUILD)/librollout.a $(EMU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
+
 # rollout-gpubench with the emulated backend (--backend cuda-emu): precision
 # checks without a GPU, e.g. RD_CUDA_ACT=mixed build/emutests/rollout-gpubench
 # parity --backend cuda-emu --model $(MODEL) (~15 minutes on one core).
@@ -126,9 +131,15 @@ $(BUILD)/emutests/rollout-gpubench: tools/rollout-gpubench.c $(BUILD)/librollout
 .PHONY: test-cuda-emu gpubench-emu
 gpubench-emu: $(BUILD)/emutests/rollout-gpubench
 
-test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu
+test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 	tests/gen_testdata.sh build/testdata >/dev/null
-	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu
+	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu && $(BUILD)/emutests/test_spec_cudaemu
+
+# Speculative decoding on vs off: tail decode at batch 1, 2, 4 on code / list / arithmetic prompts,
+# greedy and temperature 1, tokens/s side by side, acceptance rate, outputs compared (build/bench-spec.json).
+.PHONY: bench-spec
+bench-spec: all model
+	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --json-out $(BUILD)/bench-spec.json
 
 # A node of a RolloutFleet's Ray cluster dies (two raylets on this machine, ~25 s; not in tests/run.sh).
 .PHONY: test-ray-node-loss

@@ -80,6 +80,8 @@ static const cfg_field FIELDS[] = {
     I(insecure, 0, 1, "1: allow the learner socket and the data lane on a non-loopback address without "
       "auth_token_file (/status shows it)"),
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
+    I(spec_max_draft, 0, 16, "speculative decoding: n-gram drafted tokens verified per sequence and step while "
+      "the batch is a tail (nothing waiting); outputs are bit-identical to it off (0 = off)"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
     {"weights_from", CFG_TEXT, offsetof(cfg_daemon, weights_from), 0, sizeof(((cfg_daemon *)0)->weights_from),
@@ -141,6 +143,7 @@ void cfg_defaults(cfg_daemon *c)
     c->http_idle_timeout_ms = 60000;
     c->http_stream_queue_bytes = 4 << 20;
     c->prefix_cache = ec.prefix_cache;
+    c->spec_max_draft = ec.spec_max_draft;
     c->max_staging_bytes = (int64_t)4 << 30;
     c->update_window = 8;
     c->update_idle_s = 60;

@@ -137,6 +137,7 @@ static int start(rd_daemon *d)
     ec.max_num_seqs = (int32_t)d->cfg.max_num_seqs;
     ec.max_batch_tokens = (int32_t)d->cfg.max_batch_tokens;
     ec.prefix_cache = (int)d->cfg.prefix_cache;
+    ec.spec_max_draft = (int32_t)d->cfg.spec_max_draft;
     /* The loop bounds queued requests itself (BUSY); the engine must never refuse. */
     ec.max_waiting = (int32_t)d->cfg.max_queued_requests + 1;
     ec.eos_id = d->L.tok ? tok_eos(d->L.tok) : -1; /* as rollout-gen: same results for the same request */

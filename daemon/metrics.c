@@ -85,6 +85,13 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddStringToObject(kv, "dtype", s->kv_dtype);
     cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens", (double)s->eng.prefix_query_tokens);
     cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
+    /* Speculative decoding: drafted tokens verified, those drawn as drafted, their ratio (0 before any). */
+    cJSON *sp = cJSON_AddObjectToObject(o, "spec_decode");
+    cJSON_AddNumberToObject(sp, "drafted_tokens", (double)s->eng.spec_drafted);
+    cJSON_AddNumberToObject(sp, "accepted_tokens", (double)s->eng.spec_accepted);
+    cJSON_AddNumberToObject(sp, "acceptance_rate",
+                            s->eng.spec_drafted > 0 ? (double)s->eng.spec_accepted / (double)s->eng.spec_drafted : 0.0);
+    cJSON_AddNumberToObject(sp, "verify_steps", (double)s->eng.spec_steps);
     cJSON *mem = cJSON_AddObjectToObject(o, "memory");
     cJSON_AddNumberToObject(mem, "weights_bytes", (double)s->weights_bytes);
     /* By dtype ("q8_0", "bf16", "f32": norms and fp32 panels, ...), where the backend says: what a
@@ -244,6 +251,10 @@ char *mx_prometheus(const mx_snapshot *s)
            (double)s->eng.prefix_query_tokens);
     metric(&t, "prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache, not recomputed.",
            labels, (double)s->eng.prefix_hit_tokens);
+    metric(&t, "spec_decode_num_draft_tokens_total", "counter", "Drafted tokens verified (speculative decoding).",
+           labels, (double)s->eng.spec_drafted);
+    metric(&t, "spec_decode_num_accepted_tokens_total", "counter",
+           "Drafted tokens kept: drawn as drafted (speculative decoding).", labels, (double)s->eng.spec_accepted);
     metric(&t, "request_success_total", "counter", "Samples finished (stop, length or error).", labels,
            (double)s->eng.completed);
     metric(&t, "request_aborted_total", "counter", "Samples finished by abort.", labels, (double)s->eng.aborted);

@@ -19,6 +19,8 @@
 #include "engine/serve/kv.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sched.h"
+#include "engine/serve/spec_ngram.h"
+#include "engine/serve/spec_plan.h"
 #include "engine/text/tokenizer.h"
 #include "base/pool.h"
 
@@ -56,6 +58,9 @@ struct engine {
     uint16_t *slot_routes;      /* [n_blocks * block_size][n_layers][k] */
     int32_t *step_routes;       /* [n_layers][max_batch_tokens][k] the last step's, from the runner */
     int32_t route_layers, route_k;
+    /* Speculative decoding (cfg.spec_max_draft > 0; NULL otherwise) */
+    spec_drafter *drafter;
+    int32_t logit_cap;          /* logit rows a step may ask for: max_num_seqs, plus 4 sequences' drafts */
 };
 
 /* ---- configuration and lifecycle ---- */
@@ -93,6 +98,9 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
                        cfg->max_batch_tokens, cfg->max_num_seqs);
     if (cfg->max_waiting < 1)
         return rd_fail(RD_EINVAL, "engine: max_waiting %d must be >= 1", cfg->max_waiting);
+    if (cfg->spec_max_draft < 0 || cfg->spec_max_draft > SEQ_MAX_DRAFT)
+        return rd_fail(RD_EINVAL, "engine: spec_max_draft %d must be in 0..%d (0 = off)", cfg->spec_max_draft,
+                       SEQ_MAX_DRAFT);
     int64_t block_bytes = model_kv_bytes_per_token(c) / (int64_t)sizeof(float) * rd_backend_kv_elem_bytes(m->be) *
                           cfg->block_size;
     int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
@@ -110,11 +118,19 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->next_id = 1;
     e->n_blocks = (int32_t)n_blocks;
     /* eng_destroy takes a partly built engine apart (each free accepts what was never made). */
+    /* Verify steps want a logit row per drafted token: room for the tail (4 sequences) to draft fully. */
+    e->logit_cap = cfg->max_num_seqs + 4 * cfg->spec_max_draft;
+    if (e->logit_cap > cfg->max_batch_tokens)
+        e->logit_cap = cfg->max_batch_tokens > cfg->max_num_seqs ? cfg->max_batch_tokens : cfg->max_num_seqs;
     int rc = kv_create((int32_t)n_blocks, cfg->block_size, &e->kv);
     if (!rc)
         rc = sched_init(&e->sched, e->kv, cfg->max_num_seqs, cfg->max_batch_tokens, cfg->prefix_cache);
     if (!rc)
-        rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, cfg->max_num_seqs);
+        rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, e->logit_cap);
+    if (!rc && cfg->spec_max_draft > 0) {
+        spec_ngram_params np = spec_ngram_default();
+        rc = spec_ngram_create(&np, &e->drafter);
+    }
     if (rc) {
         eng_destroy(e);
         return rc;
@@ -125,13 +141,13 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->slot = malloc(sizeof(int32_t) * T);
     e->q_start = malloc(sizeof(int32_t) * (S + 1));
     e->ctx_len = malloc(sizeof(int32_t) * S);
-    e->logit_rows = malloc(sizeof(int32_t) * S);
+    e->logit_rows = malloc(sizeof(int32_t) * e->logit_cap);
     /* A backend that samples keeps the logits on the device (RD_HOST_SAMPLING=1 forces
        the download and samp_sample, to compare the two). */
     const char *hs = getenv("RD_HOST_SAMPLING");
     e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
     if (!e->device_sampling) {
-        e->logits = malloc(sizeof(float) * (size_t)S * c->vocab);
+        e->logits = malloc(sizeof(float) * (size_t)e->logit_cap * c->vocab);
         e->samp_workers = pool_size();
         e->samp_scratch = malloc(samp_stride(c->vocab) * (size_t)e->samp_workers);
     }
@@ -182,6 +198,8 @@ void eng_destroy(engine *e)
     free(e->sseq);
     free(e->slot_routes);
     free(e->step_routes);
+    if (e->drafter)
+        e->drafter->destroy(e->drafter);
     free(e);
 }
 
@@ -343,6 +361,8 @@ static void copy_routes(engine *e, const int32_t *src, const int32_t *dst, int32
 
 static void finish(engine *e, seq *s, finish_reason why)
 {
+    if (e->drafter && (why == FINISH_STOP || why == FINISH_LENGTH))
+        spec_keep_output(s); /* drafts for its group's samples still running */
     s->version_finish = e->version;
     take_routes(e, s);
     kv_free_seq(e->kv, &s->blocks);
@@ -428,16 +448,18 @@ static int ensure_draws(engine *e, int32_t n)
 
 /* Queues a draw for s from logit row `row`: the RNG counter is (sample index,
  * position of the token to be drawn), as on every backend. */
-static int add_draw(engine *e, int32_t *n, seq *s, int32_t row)
+static int add_draw_at(engine *e, int32_t *n, seq *s, int32_t row, int32_t pos)
 {
     int rc = ensure_draws(e, *n + 1);
     if (rc)
         return rc;
     e->sreq[*n] = (rd_sample_req){
-        .row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)s->n_tokens, .sp = &s->req->sp};
+        .row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)pos, .sp = &s->req->sp};
     e->sseq[(*n)++] = s;
     return 0;
 }
+
+static int add_draw(engine *e, int32_t *n, seq *s, int32_t row) { return add_draw_at(e, n, s, row, s->n_tokens); }
 
 /* A prefilled group parent becomes fork_n samples sharing its blocks; each
  * queues a draw of its first token from the parent's logit row. */
@@ -493,7 +515,8 @@ static int draw_tokens(engine *e, int32_t n)
         if (rc) {
             /* Their logits are gone: they end (with what they have) rather than wait forever. */
             for (int32_t i = 0; i < n; i++)
-                finish(e, e->sseq[i], FINISH_ERROR);
+                if (e->sseq[i]->state != SEQ_FINISHED) /* a drafting sequence has several draws */
+                    finish(e, e->sseq[i], FINISH_ERROR);
             return rc;
         }
     } else if (n > 1 && e->samp_workers > 1 && pool_size() <= e->samp_workers) {
@@ -503,10 +526,27 @@ static int draw_tokens(engine *e, int32_t n)
             draw_task(e, i, 0);
     }
     for (int32_t i = 0; i < n; i++) {
-        if (e->sres[i].token < 0)
-            finish(e, e->sseq[i], FINISH_ERROR);
-        else
-            append_token(e, e->sseq[i], &e->sres[i]);
+        seq *s = e->sseq[i];
+        int32_t j = -1; /* a drafting sequence's draw: of token spec_base + j */
+        if (s->n_draft > 0) {
+            /* Kept only while every earlier draw was its draft: after a finish or a
+               differing draw, the rest were drawn from rows fed wrong tokens. */
+            if (s->state == SEQ_FINISHED || s->spec_rejected)
+                continue;
+            j = (int32_t)e->sreq[i].pos - s->spec_base;
+            s->n_computed = s->n_tokens; /* K/V up to this row's input are right: routes, a finish */
+        }
+        if (e->sres[i].token < 0) {
+            finish(e, s, FINISH_ERROR);
+            continue;
+        }
+        append_token(e, s, &e->sres[i]);
+        if (j >= 0 && j < s->n_draft) {
+            if (e->sres[i].token == s->draft[j])
+                e->st.spec_accepted++;
+            else
+                s->spec_rejected = 1;
+        }
     }
     return 0;
 }
@@ -515,6 +555,8 @@ int eng_step(engine *e)
 {
     if (e->paused || !e->kv || e->weights_released)
         return 0;
+    if (e->drafter && spec_plan(&e->sched, e->drafter, e->cfg.spec_max_draft, e->m->cfg.max_ctx, e->logit_cap) < 0)
+        return rd_fail(RD_EINVAL, "engine: the %s drafter failed: %s", e->drafter->name, rd_errmsg());
     int32_t n_sched = sched_step(&e->sched, e->version);
     seq **batch = e->sched.batch;
     if (n_sched == 0)
@@ -528,21 +570,23 @@ int eng_step(engine *e)
     if (rc)
         return rc;
 
-    /* Rows in sequence order; a sequence that catches up gets a logit row. */
+    /* Rows in sequence order; a sequence that catches up gets a logit row, and
+       one with drafts (past its last token) a logit row at each of them too:
+       the verify forward (spec_verify.h), row for row the decode arithmetic. */
     int32_t M = 0, n_logits = 0;
     for (int32_t i = 0; i < n_sched; i++) {
         seq *s = batch[i];
         e->q_start[i] = M;
         for (int32_t j = 0; j < s->sched_rows; j++, M++) {
             int32_t p = s->n_computed + j;
-            e->tok[M] = s->tokens[p];
+            e->tok[M] = p < s->n_tokens ? s->tokens[p] : s->draft[p - s->n_tokens];
             e->pos[M] = p;
             e->slot[M] = s->blocks.ids[p / bs] * bs + p % bs;
+            if (p >= s->n_tokens - 1 && s->n_computed + s->sched_rows >= s->n_tokens)
+                e->logit_rows[n_logits++] = M;
         }
         e->ctx_len[i] = s->n_computed + s->sched_rows;
         memcpy(e->tables + (size_t)i * max_blocks, s->blocks.ids, sizeof(int32_t) * s->blocks.n);
-        if (e->ctx_len[i] == s->n_tokens)
-            e->logit_rows[n_logits++] = M - 1;
     }
     e->q_start[n_sched] = M;
 
@@ -562,15 +606,26 @@ int eng_step(engine *e)
     e->st.steps++;
     e->st.rows_total += M;
     e->st.seqs_total += n_sched;
-    int32_t li = 0, n_draws = 0;
+    int32_t li = 0, n_draws = 0, n_spec = 0;
     for (int32_t i = 0; i < n_sched; i++) {
         seq *s = batch[i];
         int32_t prompt_rows = s->req->n_prompt - s->n_computed; /* recomputed ones included */
         if (prompt_rows > 0)
             e->st.prompt_tokens += prompt_rows < s->sched_rows ? prompt_rows : s->sched_rows;
         sched_commit(&e->sched, s, e->version);
-        if (s->n_computed != s->n_tokens)
+        if (s->n_computed < s->n_tokens)
             continue;
+        if (s->n_draft > 0) {
+            /* The last token's row, then one per draft: draws of tokens n_tokens .. n_tokens + n_draft. */
+            for (int32_t j = 0; j <= s->n_draft && !rc; j++)
+                rc = add_draw_at(e, &n_draws, s, li + j, s->n_tokens + j);
+            if (rc)
+                return rc;
+            li += 1 + s->n_draft;
+            e->st.spec_drafted += s->n_draft;
+            n_spec++;
+            continue;
+        }
         /* A group parent forks now; each sample draws its first token from the parent's row. */
         if ((rc = s->fork_n > 1 ? fork_group(e, s, li, &n_draws) : add_draw(e, &n_draws, s, li)))
             return rc;
@@ -579,6 +634,20 @@ int eng_step(engine *e)
     int64_t t0 = clock_now_ns();
     rc = draw_tokens(e, n_draws);
     e->st.ns_sample += clock_now_ns() - t0;
+    if (n_spec > 0) {
+        e->st.spec_steps++;
+        /* The KV of rejected drafts goes; a finished sequence gave back all of it. */
+        for (int32_t i = 0; i < n_sched; i++)
+            if (batch[i]->n_draft > 0) {
+                spec_feedback(batch[i], e->cfg.spec_max_draft);
+                if (batch[i]->state == SEQ_FINISHED) {
+                    batch[i]->n_draft = 0;
+                    batch[i]->spec_rejected = 0;
+                } else {
+                    spec_rollback(&e->sched, batch[i]);
+                }
+            }
+    }
     if (rc)
         return rc;
     return M;

@@ -29,6 +29,9 @@ typedef struct {
     int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
     const struct tok_tokenizer *tok; /* decodes generated tokens for stop strings; NULL: requests with
                                         stop strings are refused */
+    int32_t spec_max_draft;     /* speculative decoding: drafted tokens verified per sequence and step,
+                                   0..SEQ_MAX_DRAFT (0 = off, the default); n-gram drafts (spec_ngram.h),
+                                   outputs bit-identical to it off */
 } eng_config;
 
 typedef struct {
@@ -115,6 +118,9 @@ typedef struct {
      * (log-softmax, top-k/p, log-probs, alternatives). See runner.h for what
      * the first two mean on an asynchronous backend. */
     int64_t ns_layers, ns_head, ns_sample;
+    /* Speculative decoding (spec_max_draft > 0): tokens drafted and verified, and of those the ones
+       drawn as drafted (kept); steps that verified any */
+    int64_t spec_drafted, spec_accepted, spec_steps;
 } eng_stats;
 
 typedef struct engine engine;

@@ -286,6 +286,21 @@ int kv_fork(kv_pool *p, const kv_table *src, kv_table *dst)
     return 0;
 }
 
+void kv_truncate(kv_pool *p, kv_table *t, int32_t n_tokens)
+{
+    const int32_t bs = p->block_size;
+    const int32_t keep = n_tokens > 0 ? (n_tokens + bs - 1) / bs : 0;
+    while (t->n > keep)
+        block_unref(p, t->ids[--t->n]);
+    if (keep > 0 && t->n == keep) {
+        const int32_t b = t->ids[keep - 1], f = n_tokens - (keep - 1) * bs;
+        if (p->refs[b] == 1 && p->hash[b] == 0 && p->fill[b] > f) {
+            p->filled_slots -= p->fill[b] - f;
+            p->fill[b] = f;
+        }
+    }
+}
+
 void kv_free_seq(kv_pool *p, kv_table *t)
 {
     /* In table order, which is the order its cached blocks join the LRU list

@@ -72,6 +72,10 @@ void kv_written(kv_pool *p, const kv_table *t, int32_t from, int32_t n);
  * sample. RD_ENOMEM (dst stays empty) if dst cannot grow; RD_EINVAL if dst
  * is not empty. */
 int kv_fork(kv_pool *p, const kv_table *src, kv_table *dst);
+/* Speculative decoding's rollback: drops t's blocks past those that hold
+ * tokens [0, n_tokens) (the slots of rejected drafts), last first, and
+ * counts the last kept block as filled to n_tokens when t alone holds it. */
+void kv_truncate(kv_pool *p, kv_table *t, int32_t n_tokens);
 /* Drops t's references in table order (a block nobody else holds becomes
  * free, or cached if published) and leaves t empty, owning no memory. */
 void kv_free_seq(kv_pool *p, kv_table *t);

@@ -71,6 +71,7 @@ static void preempt(sched *sc, seq *s)
     s->n_published = 0;
     s->n_preempt++;
     s->sched_rows = 0;
+    s->n_draft = 0;
     s->state = SEQ_WAITING;
     seq_list_remove(&sc->running, s);
     seq_list_push_front(&sc->waiting, s);
@@ -96,11 +97,21 @@ int32_t sched_step(sched *sc, uint64_t version)
 
     for (seq *s = sc->running.head; s && budget > 0 && n_batch < sc->max_num_seqs;) {
         seq *next = s->next;
-        int32_t rows = s->n_tokens - s->n_computed;
-        if (rows > budget)
+        /* Drafts (spec_plan) ride behind the tokens it must compute, in what the budget leaves. */
+        int32_t rows = s->n_tokens - s->n_computed + s->n_draft;
+        if (rows > budget) {
             rows = budget;
+            int32_t left = rows - (s->n_tokens - s->n_computed);
+            s->n_draft = left > 0 ? left : 0;
+        }
         int self = 0;
         while (reserve(sc, s, rows) != 0) {
+            if (s->n_draft > 0) {
+                /* Blocks are short: the drafts go before anybody is preempted for them. */
+                rows -= s->n_draft;
+                s->n_draft = 0;
+                continue;
+            }
             seq *victim = sc->running.tail;
             preempted = 1;
             if (victim == s) {

@@ -59,6 +59,10 @@ void seq_destroy(seq *s)
         free(r->prompt);
         stop_set_free(&r->stops);
         kv_prefix_free(&r->prefix);
+        for (int32_t i = 0; i < r->n_done_outs; i++)
+            free(r->done_outs[i]);
+        free(r->done_outs);
+        free(r->done_lens);
         free(r);
     }
     free(s);

@@ -15,6 +15,8 @@ typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_FINISHED } seq_state;
 typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR } finish_reason;
 
 #define SEQ_MAX_STOP 16
+/* Most drafted tokens one step verifies for a sequence (spec_max_draft's bound). */
+#define SEQ_MAX_DRAFT 16
 
 typedef struct seq_req seq_req;
 
@@ -41,6 +43,11 @@ struct seq_req {
     int stream;                 /* eng_collect_progress delivers its samples' tokens as they come */
     int return_routes;          /* its results carry the experts each position was routed to */
     kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
+    /* speculative decoding: the generated tokens of its samples that finished (stop or length), drafts
+       for the ones still running; kept with the request, freed with it */
+    int32_t n_done_outs;
+    int32_t **done_outs;        /* [n_done_outs][done_lens[i]] */
+    int32_t *done_lens;
 };
 
 typedef struct seq {
@@ -66,6 +73,14 @@ typedef struct seq {
     uint64_t version_finish;    /* weight version when it finished */
     int32_t n_preempt;          /* times preempted */
     int32_t sched_rows;         /* rows given this step */
+    /* speculative decoding (spec_plan.h): this step's drafts, reset after it */
+    int32_t n_draft;            /* drafted tokens verified this step after its last token (0: none) */
+    int32_t draft[SEQ_MAX_DRAFT];
+    int32_t spec_base;          /* n_tokens when they were drafted: draft[j] is a guess of token spec_base + j */
+    int spec_rejected;          /* a draw this step differed from its draft: later draws are dropped */
+    int32_t spec_len;           /* drafts it may get next (0: spec_max_draft); adapts to what it keeps */
+    int32_t spec_wait;          /* steps to decode plainly before drafting again (after drafts all missed) */
+    int32_t spec_backoff;       /* the last wait: doubles while drafts keep missing */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     stop_scan scan;             /* the generated text against req->stops */
     int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Speculative decoding through the daemon: spec_max_draft 6 vs off, on the default model.
+
+Two daemons, one with --spec-max-draft 6 and one without (the default, off),
+get the same requests through the NNG client (rolloutd.Client) and HTTP
+(/generate with stop strings). Every sample's token ids, raw and processed
+log-probs (as float32 bits), alternatives, finish reason and version spans
+must be equal, and the text of the HTTP outputs. The prompts are code and
+repeated structure, so the n-gram drafter finds drafts: the speculating
+daemon's /status must show drafted and accepted tokens (else nothing was
+tested), the other none, and /metrics its counters."""
+import json
+import os
+import sys
+import urllib.request
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, case, main  # noqa: E402
+from rdtest import Daemon, status, stop_cleanly  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+from rolloutd import Client  # noqa: E402
+
+CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+        "def mul(a, b):\n    return a * b\n\n\ndef")
+LIST = "Monday: 1 apple, 2 pears.\nTuesday: 3 apples, 4 pears.\nWednesday: 5 apples, 6 pears.\nThursday:"
+
+_d = {}
+
+
+def daemons():
+    if not _d:
+        _d["off"] = Daemon()
+        _d["on"] = Daemon("--spec-max-draft", "6")
+    return _d["off"], _d["on"]
+
+
+def bits(a):
+    return None if a is None else np.asarray(a, dtype=np.float32).view(np.uint32).tolist()
+
+
+def sample_key(s):
+    return (s.token_ids.tolist(), bits(s.logprobs), bits(s.logprobs_processed),
+            None if s.top_ids is None else s.top_ids.tolist(), bits(s.top_logprobs), s.finish_reason,
+            [tuple(x) for x in s.spans])
+
+
+def post(d, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{d.http_port}/generate", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def strip_timing(o):
+    """The outputs less what depends on time (latencies)."""
+    o = dict(o)
+    mi = dict(o.get("meta_info", {}))
+    for k in list(mi):
+        if "latency" in k or k.endswith("_us") or k.endswith("_time") or k == "id":
+            del mi[k]
+    o["meta_info"] = mi
+    return o
+
+
+@case
+def nng_spec_on_equals_off():
+    off, on = daemons()
+    runs = [
+        dict(n=1, max_tokens=60, temperature=0.0, logprobs=2),
+        dict(n=4, max_tokens=45, temperature=1.0, seed=11, processed_logprobs=True),
+        dict(n=2, max_tokens=37, temperature=0.8, top_p=0.9, seed=12, processed_logprobs=True, logprobs=1),
+        dict(n=2, max_tokens=29, temperature=1.0, top_k=20, seed=13),
+        dict(n=1, max_tokens=50, temperature=0.0, stop=[198, 30]),  # stop ids: "\n", "."
+    ]
+    compared = 0
+    for params in runs:
+        got = {}
+        for name, d in (("off", off), ("on", on)):
+            with Client(d.url) as c:
+                got[name] = c.generate([CODE, LIST], ignore_eos=True, **params)
+        assert len(got["off"]) == len(got["on"]) == 2 * params["n"], (len(got["off"]), len(got["on"]))
+        for a, b in zip(got["off"], got["on"]):
+            assert (a.index, a.sample_idx) == (b.index, b.sample_idx)
+            assert sample_key(a) == sample_key(b), f"{params}: prompt {a.index} sample {a.sample_idx} differs"
+            compared += 1
+    st_on, st_off = status(on)["spec_decode"], status(off)["spec_decode"]
+    assert st_off["drafted_tokens"] == 0, st_off
+    assert st_on["accepted_tokens"] > 20 and st_on["drafted_tokens"] > st_on["accepted_tokens"], st_on
+    print(f"nng: {compared} samples equal; speculating daemon {st_on}", flush=True)
+
+
+@case
+def http_stop_strings_spec_on_equals_off():
+    off, on = daemons()
+    for body in (
+        {"text": [CODE, LIST], "return_logprob": True,
+         "sampling_params": {"max_new_tokens": 48, "temperature": 0, "seed": 5, "stop": ["return a /", "Friday"]}},
+        {"text": CODE, "return_logprob": True,
+         "sampling_params": {"max_new_tokens": 40, "temperature": 1.0, "n": 3, "seed": 77, "stop": ["\n\n"]}},
+    ):
+        a, b = post(off, body), post(on, body)
+        a = a if isinstance(a, list) else [a]
+        b = b if isinstance(b, list) else [b]
+        assert [strip_timing(x) for x in a] == [strip_timing(x) for x in b], (a, b)
+    code, _, text = on.http("/metrics")
+    assert code == 200 and "spec_decode_num_draft_tokens_total" in text and \
+        "spec_decode_num_accepted_tokens_total" in text, text[-500:]
+
+
+@case
+def shutdown():
+    stop_cleanly(*daemons())
+
+
+if __name__ == "__main__":
+    main()
