@@ -86,7 +86,11 @@ def q8_0_gguf(src, dst):
     """src's tensors rounded to bf16 (the pushed values), then the 2-D ones quantized to Q8_0 by
     gguf.quants (as the daemon's q8_0 COMMIT and convert_hf_to_gguf --outtype q8_0 do), 1-D kept f32."""
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
+    arch = r.fields["general.architecture"].contents()
+    # Gemma's GGUF stores every norm as 1 + w (llama.cpp's converter) while a learner pushes w (the HF
+    # value) in bf16: the pushed norm is bf16(g - 1), so the file must hold 1 + bf16(g - 1), not bf16(g).
+    norm_1p = arch == "gemma3"
+    w = gguf.GGUFWriter(dst, arch=arch)
     for f in r.fields.values():
         if f.name == "general.architecture" or f.name.startswith("GGUF."):
             continue
@@ -95,7 +99,11 @@ def q8_0_gguf(src, dst):
         w.add_key_value(f.name, 7 if f.name == "general.file_type" else f.contents(), vt, sub_type=st)
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        a = bf16_round(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
+        g = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if norm_1p and t.name.endswith("norm.weight"):
+            a = (bf16_round(g - np.float32(1)) + np.float32(1)).astype(np.float32)
+        else:
+            a = bf16_round(g)
         if len(shape) >= 2 and not t.name.endswith("ffn_gate_inp.weight"):
             w.add_tensor(t.name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
