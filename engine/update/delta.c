@@ -16,6 +16,7 @@
 /* ---------------------------------------------------------------- the base */
 
 static uint32_t dsize(int dtype) { return dtype == UPD_F32 ? 4 : 2; }
+static int32_t ggml_of(int dtype) { return dtype == UPD_F32 ? GGML_F32 : dtype == UPD_F16 ? GGML_F16 : GGML_BF16; }
 
 /* Where a staged tensor lives in the model: its group, [rows][cols] (rows 0:
  * a vector) and its first element in the group's buffer. */
@@ -186,8 +187,18 @@ int upd_delta_apply(const model *m, upd_stage *s)
         int64_t rows = 0, cols = 0, elem0 = 0;
         if ((rc = locate(c, t, &g, &rows, &cols, &elem0)))
             break;
-        if (g != last_g || t->layer != last_l || t->expert != last_e) {
-            void *const *slot = model_weight_slot((model *)m, (arch_group)g, t->layer, t->expert);
+        void *const *slot = model_weight_slot((model *)m, (arch_group)g, t->layer, t->expert);
+        /* The base as the backend holds it, straight into the new bytes; a
+         * backend that holds the rows otherwise reads fp32 and narrows below. */
+        int nat = rows && be->ops->linear_read_native
+                      ? be->ops->linear_read_native(be, *slot, ggml_of(t->dtype), (int32_t)(elem0 / cols),
+                                                    (int32_t)rows, t->full)
+                      : RD_ENOTSUP;
+        if (nat && nat != RD_ENOTSUP) {
+            rc = nat;
+            break;
+        }
+        if (nat && (g != last_g || t->layer != last_l || t->expert != last_e)) {
             rc = rows ? be->ops->linear_read(be, *slot, buf) : be->ops->d2h(be, buf, *slot, sizeof(float) * (size_t)cols);
             if (rc)
                 break;
@@ -195,7 +206,8 @@ int upd_delta_apply(const model *m, upd_stage *s)
         }
         uint64_t n = (uint64_t)((rows ? rows : 1) * cols);
         narrow_job nj = {.src = buf + elem0, .dst = t->full, .n = n, .dtype = t->dtype, .bad = -1};
-        pool_run((int32_t)((n + NARROW_SLICE - 1) / NARROW_SLICE), narrow_task, &nj);
+        if (nat)
+            pool_run((int32_t)((n + NARROW_SLICE - 1) / NARROW_SLICE), narrow_task, &nj);
         if (nj.bad >= 0) {
             rc = rd_fail(RD_EINVAL, "delta of '%.200s': the served element %lld is not a %s value; the tensor is not "
                          "held as pushed in that dtype", t->name, (long long)nj.bad,

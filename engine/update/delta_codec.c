@@ -73,36 +73,57 @@ int upd_delta_parse(const uint8_t *w, uint64_t wn, uint64_t tn, uint32_t es, con
     return 0;
 }
 
-/* Elements of n bytes (element size es) where a and b differ. */
+/* Elements (es bytes: 2 or 4) of the 64-bit word v that are not zero: a
+ * lane's top bit ends up set iff any of its bits is. */
+static uint64_t nonzero_lanes(uint64_t v, uint32_t es)
+{
+    const uint64_t lo = es == 2 ? 0x7FFF7FFF7FFF7FFFull : 0x7FFFFFFF7FFFFFFFull;
+    return (uint64_t)__builtin_popcountll((((v & lo) + lo) | v) & ~lo);
+}
+
+/* Elements of n bytes (a multiple of es) where a and b differ; a word at a
+ * time: this runs over every changed byte of a push. */
 static uint64_t count_diff(const uint8_t *a, const uint8_t *b, uint64_t n, uint32_t es)
 {
-    uint64_t c = 0;
-    for (uint64_t k = 0; k < n; k += es)
+    uint64_t c = 0, k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t u, v;
+        memcpy(&u, a + k, 8);
+        memcpy(&v, b + k, 8);
+        c += nonzero_lanes(u ^ v, es);
+    }
+    for (; k < n; k += es)
         c += memcmp(a + k, b + k, es) != 0;
     return c;
 }
 
-/* Elements of n bytes that are not all zero bits (loops the compiler vectorizes). */
-static uint64_t count_nonzero(const uint8_t *x, uint64_t n, uint32_t es)
+/* dst ^= x over n bytes (a multiple of es); returns the elements of x that
+ * are not zero (the elements the XOR changes). Mostly-zero words skip the
+ * store: an XOR stream of a few percent changed is mostly zeros. */
+static uint64_t xor_count(uint8_t *dst, const uint8_t *x, uint64_t n, uint32_t es)
 {
-    uint64_t c = 0;
-    if (es == 2) {
-        for (uint64_t k = 0; k + 2 <= n; k += 2) {
-            uint16_t v;
-            memcpy(&v, x + k, 2);
-            c += v != 0;
-        }
-        return c;
+    uint64_t c = 0, k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t v, d;
+        memcpy(&v, x + k, 8);
+        if (!v)
+            continue;
+        memcpy(&d, dst + k, 8);
+        d ^= v;
+        memcpy(dst + k, &d, 8);
+        c += nonzero_lanes(v, es);
     }
-    for (uint64_t k = 0; k + 4 <= n; k += 4) {
-        uint32_t v;
-        memcpy(&v, x + k, 4);
-        c += v != 0;
+    for (; k < n; k += es) {
+        int nz = 0;
+        for (uint32_t b = 0; b < es; b++) {
+            nz |= x[k + b];
+            dst[k + b] ^= x[k + b];
+        }
+        c += nz != 0;
     }
     return c;
 }
 
-/* Applies one record to t (in place); *changed += the elements it changed. */
 int upd_delta_apply_rec(const upd_drec *d, int32_t i, uint8_t *t, uint32_t es, const char *name, uint64_t *changed)
 {
     uint8_t *dst = t + d->off;
@@ -141,9 +162,7 @@ int upd_delta_apply_rec(const upd_drec *d, int32_t i, uint8_t *t, uint32_t es, c
                        ZSTD_isError(got) ? "fails: " : "decompresses to fewer bytes",
                        ZSTD_isError(got) ? ZSTD_getErrorName(got) : "", (unsigned long long)d->len);
     }
-    for (uint64_t k = 0; k < d->len; k++) /* the compiler vectorizes this */
-        dst[k] ^= x[k];
-    *changed += count_nonzero(x, d->len, es);
+    *changed += xor_count(dst, x, d->len, es);
     free(x);
     return 0;
 }

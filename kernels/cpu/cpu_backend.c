@@ -175,6 +175,39 @@ static int cpu_linear_read(rd_backend *be, const void *handle, float *w_host)
     return 0;
 }
 
+static int cpu_linear_read_native(rd_backend *be, const void *handle, int32_t type, int32_t row0, int32_t rows,
+                                  void *dst)
+{
+    const cpu_lin *L = handle;
+    const int32_t out = L->native ? L->q.out : L->f.out, in = L->native ? L->q.in : L->f.in;
+    if (row0 < 0 || rows <= 0 || row0 + rows > out)
+        return rd_fail(RD_EINVAL, "cpu: rows [%d, %d) of a %d-row weight", row0, row0 + rows, out);
+    if (!L->native) {           /* fp32 panels: exact for F32 only */
+        if (type != GGML_F32)
+            return RD_ENOTSUP;
+        for (int32_t r = 0; r < rows; r++)
+            gemm_row(&L->f, row0 + r, (float *)dst + (size_t)r * in);
+        return 0;
+    }
+    /* Every part the rows touch must hold them in `type`. */
+    for (int32_t i = 0; i < L->q.n_parts; i++) {
+        int32_t a = L->q.row0[i], b = a + L->q.parts[i].out;
+        if (b > row0 && a < row0 + rows && L->q.parts[i].type != type)
+            return RD_ENOTSUP;
+    }
+    const size_t es = type == GGML_F32 ? 4 : 2;
+    for (int32_t i = 0; i < L->q.n_parts; i++) {
+        int32_t a = L->q.row0[i], b = a + L->q.parts[i].out;
+        int32_t lo = a > row0 ? a : row0, hi = b < row0 + rows ? b : row0 + rows;
+        if (lo >= hi)
+            continue;
+        int rc = gemm_qraw(&L->q.parts[i], lo - a, hi - lo, (uint8_t *)dst + (size_t)(lo - row0) * in * es);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static void cpu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
 {
     const cpu_lin *L = w;
@@ -432,6 +465,7 @@ static const rd_backend_ops cpu_ops = {
     .linear_load = cpu_linear_load,
     .linear_free = cpu_linear_free,
     .linear_read = cpu_linear_read,
+    .linear_read_native = cpu_linear_read_native,
     .linear_load_q = cpu_linear_load_q,
     .linear_bytes = cpu_linear_bytes,
     .linear_bytes_by_type = cpu_linear_bytes_by_type,

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <immintrin.h>
 
@@ -235,8 +236,11 @@ static void pack_task(void *ctx, int32_t g, int32_t worker)
 {
     const pack_job *j = ctx;
     gemm_qpart *q = j->q;
-    memset(q->data + (size_t)g * 4 * q->n_blocks * q->pblk, 0, group_bytes(q, g));
     const int32_t p1 = 4 * g + 4 < q->n_panels ? 4 * g + 4 : q->n_panels;
+    /* A 16/32-bit group with no padding lane or k is written whole below;
+     * every other group starts from zeros (quantized fields are or-ed in). */
+    if (!is_ftype(q->type) || q->in % 32 || p1 * LANES > q->out)
+        memset(q->data + (size_t)g * 4 * q->n_blocks * q->pblk, 0, group_bytes(q, g));
     for (int32_t p = 4 * g; p < p1; p++) {
         if (is_ftype(q->type)) {
             pack_ftype_panel(j, p);
@@ -249,6 +253,24 @@ static void pack_task(void *ctx, int32_t g, int32_t worker)
                 pack_block(q->type, &j->L, row + (size_t)b * j->L.raw, q->data + pblock_at(q, p, b), c % LANES);
         }
     }
+}
+
+/* The packed bytes: a large weight on transparent huge pages (a push packs
+ * ~270 MB of fresh memory, and 4 KiB page faults cost more than the packing;
+ * THP's "madvise" mode, Debian's default, needs the advice). */
+#define QHUGE ((size_t)2 << 20)
+static void *qalloc(size_t bytes)
+{
+    if (bytes < QHUGE)
+        return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    size_t n = (bytes + QHUGE - 1) & ~(QHUGE - 1);
+    void *p = NULL;
+    if (posix_memalign(&p, QHUGE, n))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, n, MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpart *q)
@@ -270,7 +292,7 @@ int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpar
     q->n_blocks = (in + L.blk - 1) / L.blk;
     q->pblk = L.pblk;
     size_t bytes = (size_t)q->n_panels * q->n_blocks * L.pblk;
-    q->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    q->data = qalloc(bytes);
     if (!q->data)
         return rd_fail(RD_ENOMEM, "gemm_qpack: cannot allocate %zu bytes", bytes);
     /* On the pool: a weight push repacks ~270 MB (bf16 SmolLM2) at COMMIT,
@@ -357,6 +379,52 @@ void gemm_qlinear_row(const gemm_qlinear *L, int32_t r, float *dst)
     while (i > 0 && L->row0[i] > r)
         i--;
     gemm_qrow(&L->parts[i], r - L->row0[i], dst);
+}
+
+/* ---------------------------------------------------------------------------
+ * Reading a 16/32-bit part back as its own bytes: the inverse of
+ * pack_ftype_panel, one panel at a time on the pool. */
+
+typedef struct {
+    const gemm_qpart *q;
+    int32_t r0, nr;             /* rows [r0, r0 + nr) of the part */
+    uint8_t *dst;               /* nr x in elements, row-major */
+} raw_job;
+
+static void raw_task(void *ctx, int32_t i, int32_t worker)
+{
+    const raw_job *j = ctx;
+    const gemm_qpart *q = j->q;
+    const size_t es = q->type == GGML_F32 ? 4 : 2;
+    const int32_t p = j->r0 / LANES + i;
+    const int32_t c0 = p * LANES > j->r0 ? p * LANES : j->r0;
+    const int32_t c1 = (p + 1) * LANES < j->r0 + j->nr ? (p + 1) * LANES : j->r0 + j->nr;
+    for (int32_t b = 0; b < q->n_blocks; b++) {
+        const uint8_t *pb = q->data + pblock_at(q, p, b);
+        const int32_t k0 = b * 32, nk = q->in - k0 < 32 ? q->in - k0 : 32;
+        for (int32_t c = c0; c < c1; c++) {
+            uint8_t *row = j->dst + ((size_t)(c - j->r0) * q->in + k0) * es;
+            const int32_t lane = c % LANES;
+            if (es == 2) {
+                for (int32_t k = 0; k < nk; k++)
+                    memcpy(row + 2 * (size_t)k, pb + ((size_t)k * LANES + lane) * 2, 2);
+            } else {
+                for (int32_t k = 0; k < nk; k++)
+                    memcpy(row + 4 * (size_t)k, pb + ((size_t)k * LANES + lane) * 4, 4);
+            }
+        }
+    }
+}
+
+int gemm_qraw(const gemm_qpart *q, int32_t r0, int32_t nr, void *dst)
+{
+    if (!is_ftype(q->type))
+        return RD_ENOTSUP;
+    if (r0 < 0 || nr <= 0 || r0 + nr > q->out)
+        return rd_fail(RD_EINVAL, "gemm_qraw: rows [%d, %d) of a %d-row weight", r0, r0 + nr, q->out);
+    raw_job j = {.q = q, .r0 = r0, .nr = nr, .dst = dst};
+    pool_run((r0 + nr - 1) / LANES - r0 / LANES + 1, raw_task, &j);
+    return 0;
 }
 
 void gemm_qlinear_index(gemm_qlinear *L)

@@ -858,6 +858,21 @@ static int cu_linear_read(rd_backend *be, const void *handle, float *w_host)
     return rc;
 }
 
+// The device holds every weight as bf16 [out][in], so bf16 rows come back as
+// one copy; any other type is not what the device holds.
+static int cu_linear_read_native(rd_backend *be, const void *handle, int32_t type, int32_t row0, int32_t rows,
+                                 void *dst)
+{
+    cuda_be *b = impl(be);
+    const weight *W = (const weight *)handle;
+    if (row0 < 0 || rows <= 0 || row0 + rows > W->out)
+        return rd_fail(RD_EINVAL, "cuda: rows [%d, %d) of a %d-row weight", row0, row0 + rows, W->out);
+    if (type != GGML_BF16)
+        return RD_ENOTSUP;
+    return copy(b, dst, W->w + (size_t)row0 * W->in, (size_t)rows * W->in * sizeof(uint16_t),
+                cudaMemcpyDeviceToHost, "reading a weight's bf16 rows back");
+}
+
 // ------------------------------------------------------------------ compute ops
 
 static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int32_t m, float *y, int acc)
@@ -1700,6 +1715,7 @@ static rd_backend_ops make_ops()
     o.linear_load = cu_linear_load;
     o.linear_free = cu_linear_free;
     o.linear_read = cu_linear_read;
+    o.linear_read_native = cu_linear_read_native;
     o.linear_load_q = cu_linear_load_q;
     o.linear = cu_linear;
     o.embed = cu_embed;

@@ -39,7 +39,9 @@
 #include "engine/backend.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
+#include "engine/format/safetensors.h"
 #include "engine/model/loader.h"
+#include "engine/model/quant.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
@@ -233,6 +235,75 @@ static void test_gemm(void)
     gemm_case(emu, 37, 72, 6);
     if (test_case_failed) return;
     gemm_case(emu, 13, 20, 5);
+}
+
+/* linear_read_native: a weight loaded from bf16 rows gives those bytes back
+ * on both backends (any row range, within one part or across two); f16 and
+ * f32 rows come back from the CPU, which keeps them, and are RD_ENOTSUP on
+ * the device, which holds bf16; a block-quantized part is RD_ENOTSUP on the
+ * CPU. A delta push reads its base this way. */
+static void test_linear_read_native(void)
+{
+    enum { OUT = 83, IN = 96, A = 40 };   /* out not a multiple of the 16-lane panels; parts of A and OUT - A rows */
+    uint16_t *bf = malloc(sizeof(uint16_t) * OUT * IN), *hf = malloc(sizeof(uint16_t) * OUT * IN);
+    uint16_t *got = malloc(sizeof(uint16_t) * OUT * IN);
+    float *f32 = malloc(sizeof(float) * OUT * IN), *got32 = malloc(sizeof(float) * OUT * IN);
+    uint64_t st = 7;
+    for (int i = 0; i < OUT * IN; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        float v = ((float)(st >> 40) / (float)(1 << 24) - 0.5f) * 0.2f;
+        bf[i] = rd_f32_to_bf16(v);
+        hf[i] = st_f32_to_f16(v);
+        f32[i] = v;
+    }
+    rd_backend *bes[2] = {cpu, emu};
+    for (int b = 0; b < 2 && !test_case_failed; b++) {
+        rd_backend *be = bes[b];
+        rd_wpart two[2] = {{.type = GGML_BF16, .rows = A, .data = bf},
+                           {.type = GGML_BF16, .rows = OUT - A, .data = bf + (size_t)A * IN}};
+        void *W = NULL;
+        CHECK_OK(be->ops->linear_load_q(be, two, 2, IN, &W));
+        static const int32_t ranges[][2] = {{0, OUT}, {0, 1}, {A, OUT - A}, {A - 3, 9}, {17, 30}, {OUT - 1, 1}};
+        for (size_t r = 0; r < sizeof ranges / sizeof ranges[0] && !test_case_failed; r++) {
+            int32_t r0 = ranges[r][0], n = ranges[r][1];
+            memset(got, 0xAB, sizeof(uint16_t) * OUT * IN);
+            CHECK_OK(be->ops->linear_read_native(be, W, GGML_BF16, r0, n, got));
+            CHECK(!memcmp(got, bf + (size_t)r0 * IN, sizeof(uint16_t) * n * IN), "%s: bf16 rows [%d, %d) differ",
+                  be->ops->name, r0, r0 + n);
+        }
+        CHECK(be->ops->linear_read_native(be, W, GGML_F16, 0, 1, got) == RD_ENOTSUP, "%s: f16 of bf16 rows",
+              be->ops->name);
+        CHECK(be->ops->linear_read_native(be, W, GGML_BF16, OUT - 1, 2, got) == RD_EINVAL, "%s: rows past out",
+              be->ops->name);
+        be->ops->linear_free(be, W);
+        rd_wpart h = {.type = GGML_F16, .rows = OUT, .data = hf};
+        CHECK_OK(be->ops->linear_load_q(be, &h, 1, IN, &W));
+        int rc = be->ops->linear_read_native(be, W, GGML_F16, 5, 20, got);
+        if (be == cpu)
+            CHECK(rc == 0 && !memcmp(got, hf + 5 * IN, sizeof(uint16_t) * 20 * IN), "cpu: f16 rows differ (rc %d)", rc);
+        else
+            CHECK(rc == RD_ENOTSUP, "%s: f16 rows of a bf16-held weight: rc %d", be->ops->name, rc);
+        be->ops->linear_free(be, W);
+        CHECK_OK(be->ops->linear_load(be, f32, OUT, IN, &W));
+        rc = be->ops->linear_read_native(be, W, GGML_F32, 3, 50, got32);
+        if (be == cpu)
+            CHECK(rc == 0 && !memcmp(got32, f32 + 3 * IN, sizeof(float) * 50 * IN), "cpu: f32 rows differ (rc %d)", rc);
+        else
+            CHECK(rc == RD_ENOTSUP, "%s: f32 rows of a bf16-held weight: rc %d", be->ops->name, rc);
+        be->ops->linear_free(be, W);
+    }
+    /* The CPU keeps a quantized part quantized: its rows have no bf16 bytes. */
+    uint8_t *q8 = malloc((size_t)OUT * ggml_row_bytes(GGML_Q8_0, IN));
+    CHECK_OK(ggml_quant_q8_0(f32, (uint64_t)OUT * IN, q8));
+    rd_wpart mix[2] = {{.type = GGML_Q8_0, .rows = A, .data = q8},
+                       {.type = GGML_BF16, .rows = OUT - A, .data = bf + (size_t)A * IN}};
+    void *W = NULL;
+    CHECK_OK(cpu->ops->linear_load_q(cpu, mix, 2, IN, &W));
+    CHECK(cpu->ops->linear_read_native(cpu, W, GGML_BF16, A - 1, 2, got) == RD_ENOTSUP, "cpu: rows of a Q8_0 part");
+    CHECK_OK(cpu->ops->linear_read_native(cpu, W, GGML_BF16, A, OUT - A, got));
+    CHECK(!memcmp(got, bf + (size_t)A * IN, sizeof(uint16_t) * (OUT - A) * IN), "cpu: the bf16 part's rows differ");
+    cpu->ops->linear_free(cpu, W);
+    free(q8), free(bf), free(hf), free(got), free(f32), free(got32);
 }
 
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
@@ -3044,6 +3115,7 @@ int main(void)
     }
     ensure_testdata();
     RUN_SEL(test_gemm);
+    RUN_SEL(test_linear_read_native);
     RUN_SEL(test_lm_head_chunks);
     RUN_SEL(test_mixed_activations);
     RUN_SEL(test_row_ops);
