@@ -107,6 +107,32 @@ def refused(url, prep, ver, code):
     raise AssertionError(f"{url} took the push; expected {proto.E(code).name}")
 
 
+@case
+def encoder_streams_decode_to_the_new_bytes_on_threads_too():
+    """The encoder against its reference decoder on random tensors, record sizes and
+    changes (bf16/f16 and f32 elements): the changed count is exact, the stream decodes
+    to the new bytes, the runs it sizes without building are the runs it would build,
+    and the threaded encoder writes the same stream."""
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(3)
+    with ThreadPoolExecutor(3) as ex:
+        for trial in range(200):
+            es = (2, 4)[trial % 2]
+            n = int(rng.integers(1, 4000))
+            hi = 2 ** (8 * es)
+            new = rng.integers(0, hi, n, dtype=np.uint16 if es == 2 else np.uint32)
+            base = new.copy()
+            idx = np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+            base[idx] ^= (rng.integers(1, 4, len(idx)) << int(rng.integers(0, 8 * es - 2))).astype(base.dtype)
+            assert D._runs_bytes(idx, es) == len(D._runs_payload(new, idx, es)), trial
+            rb = int(rng.integers(es, 5000))
+            s, ch = D.encode_tensor(new.view(np.uint8), base.view(np.uint8), es, record_bytes=rb)
+            assert ch == len(idx), (trial, ch, len(idx))
+            assert np.array_equal(D.decode(s, base.view(np.uint8), es), new.view(np.uint8)), trial
+            s2, ch2 = D.encode_tensor(new.view(np.uint8), base.view(np.uint8), es, record_bytes=rb, executor=ex)
+            assert (s2, ch2) == (s, ch), trial
+
+
 W0 = W1 = W2 = W3 = None
 
 

@@ -13,7 +13,10 @@ np.flatnonzero); encode_tensor() returns the stream and the number of changed
 elements. decode() is the reference decoder (the daemon's is
 engine/update/delta.c), used by the tests.
 """
+import os
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zstandard
@@ -59,35 +62,77 @@ def _runs_payload(new_e, changed_idx, es):
     return out.tobytes()
 
 
-def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, cctx=None, kinds=(RUNS, XOR_ZSTD)):
+def _runs_bytes(changed_idx, es):
+    """The RUNS payload's size for these changed element indices (sorted,
+    non-empty), without building it: the same merging as _runs_payload."""
+    merge = max(0, 8 // es - 1)
+    gaps = np.diff(changed_idx) - 1
+    brk = gaps > merge
+    n_runs = int(np.count_nonzero(brk)) + 1
+    total = int(changed_idx[-1]) - int(changed_idx[0]) + 1 - int(gaps[brk].sum())
+    return 8 * n_runs + es * total
+
+
+_local = threading.local()
+
+
+def _xor_zstd(new, base, level):
+    """One zstd frame of new XOR base (uint8 arrays of one record), from a
+    per-thread buffer and compressor (a compressor is not thread-safe)."""
+    st = getattr(_local, "st", None)
+    if st is None or st[0] != level or len(st[2]) < len(new):
+        st = _local.st = (level, zstandard.ZstdCompressor(level=level), np.empty(max(len(new), RECORD_BYTES), np.uint8))
+    buf = st[2][:len(new)]
+    if len(new) % 8 == 0:   # a word at a time
+        np.bitwise_xor(new.view(np.uint64), base.view(np.uint64), out=buf.view(np.uint64))
+    else:
+        np.bitwise_xor(new, base, out=buf)
+    return st[1].compress(buf)
+
+
+def _record(new, base, ne, diff, off, n, es, level, kinds):
+    """(head + payload, changed elements) of the record covering bytes
+    [off, off + n), or (None, 0) when nothing in it changed."""
+    e0, e1 = off // es, (off + n) // es
+    idx = np.flatnonzero(diff[e0:e1])
+    if len(idx) == 0:
+        return None, 0
+    runs_bytes = _runs_bytes(idx, es)
+    if XOR_ZSTD in kinds and (runs_bytes > 64 or RUNS not in kinds):  # a few runs beat any zstd frame
+        z = _xor_zstd(new[off:off + n], base[off:off + n], level)
+        if len(z) < runs_bytes or RUNS not in kinds:
+            return HEAD.pack(XOR_ZSTD, len(z), off, n) + z, len(idx)
+    runs = _runs_payload(ne[e0:e1], idx, es)
+    return HEAD.pack(RUNS, len(runs), off, n) + runs, len(idx)
+
+
+def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, cctx=None, kinds=(RUNS, XOR_ZSTD),
+                  executor=None):
     """(stream bytes, changed elements) of the delta from base to new: flat
     uint8 arrays (or buffers) of the same length, elements of es bytes;
-    each record the smaller of the kinds allowed."""
+    each record the smaller of the kinds allowed (the RUNS size is counted
+    first and the runs built only when they win). executor (a
+    concurrent.futures executor): records encoded on its threads (NumPy's
+    large operations and zstd release the GIL). cctx is not used (each
+    thread keeps its own compressor); it stays for callers that pass it."""
     new = np.frombuffer(new, dtype=np.uint8) if not isinstance(new, np.ndarray) else new.reshape(-1).view(np.uint8)
     base = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1).view(np.uint8)
     if len(new) != len(base) or len(new) % es:
         raise ValueError(f"delta: {len(new)} new bytes against {len(base)} base bytes of {es}-byte elements")
     rb = max(es, min(int(record_bytes), MAX_RECORD) // es * es)
-    ne, be = new.view(_UINT[es]), base.view(_UINT[es])
-    diff = ne != be
-    cctx = cctx or zstandard.ZstdCompressor(level=level)
+    ne = new.view(_UINT[es])
+    diff = ne != base.view(_UINT[es])
+    offs = range(0, len(new), rb)
+
+    def one(off):
+        return _record(new, base, ne, diff, off, min(rb, len(new) - off), es, level, kinds)
+
+    done = executor.map(one, offs) if executor is not None and len(offs) > 1 else map(one, offs)
     parts, changed = [], 0
-    for off in range(0, len(new), rb):
-        n = min(rb, len(new) - off)
-        e0, e1 = off // es, (off + n) // es
-        idx = np.flatnonzero(diff[e0:e1])
-        if len(idx) == 0:
-            continue
-        changed += len(idx)
-        runs = _runs_payload(ne[e0:e1], idx, es)
-        best_kind, best = RUNS, runs
-        if XOR_ZSTD in kinds and (len(runs) > 64 or RUNS not in kinds):  # a few runs beat any zstd frame
-            x = np.bitwise_xor(new[off:off + n], base[off:off + n])
-            z = cctx.compress(x.tobytes())
-            if len(z) < len(runs) or RUNS not in kinds:
-                best_kind, best = XOR_ZSTD, z
-        parts.append(HEAD.pack(best_kind, len(best), off, n))
-        parts.append(best)
+    for rec, ch in done:
+        if rec is not None:
+            parts.append(rec)
+            changed += ch
     if not parts:       # unchanged: one empty record (a delta has at least one byte)
         parts.append(HEAD.pack(RUNS, 0, 0, es))
     return b"".join(parts), changed
@@ -137,23 +182,46 @@ def tensor_bytes(x):
     return dt, shape, np.frombuffer(mv, dtype=np.uint8)
 
 
-def prepare_delta(tensors, base, base_version, chunk_bytes=16 << 20, record_bytes=RECORD_BYTES):
+def _threads():
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def prepare_delta(tensors, base, base_version, chunk_bytes=16 << 20, record_bytes=RECORD_BYTES, threads=None):
     """A PreparedUpdate sending each tensor as a delta against base (a dict
     name -> tensor, or name -> (dtype code, flat uint8 array)) at base_version
     where base has it in the same dtype and size, else whole. .delta_stats:
     tensors, delta tensors, changed elements, elements of the delta tensors,
-    tensor bytes, wire bytes and the encoder's seconds."""
+    tensor bytes, wire bytes and the encoder's seconds. threads: records are
+    encoded on this many threads (default: the CPUs this process may use, at
+    most 8), and the new bytes' CRC-32Cs on one more, alongside."""
     import time
-    from .client import PreparedUpdate, crc32c
+    from .client import PreparedUpdate
     t0 = time.perf_counter()
     items = list(tensors.items()) if hasattr(tensors, "items") else list(tensors)
     if not items:
         raise ValueError("push: no tensors")
     prep = object.__new__(PreparedUpdate)
     prep.manifest, prep.data = [], []
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     stats = {"tensors": 0, "delta_tensors": 0, "changed": 0, "delta_elems": 0, "tensor_bytes": 0}
     seen = set()
+    threads = _threads() if threads is None else max(1, int(threads))
+    with ThreadPoolExecutor(threads, thread_name_prefix="delta") as ex, \
+            ThreadPoolExecutor(1, thread_name_prefix="delta-crc") as crc_ex:
+        crcs = []       # (tensor, future CRC-32C of its new bytes)
+        _prepare_tensors(items, base, base_version, record_bytes, prep, stats, seen, ex, crc_ex, crcs)
+        for t, f in crcs:
+            t.crc32c = f.result()
+    prep.total_bytes = sum(len(d) for d in prep.data)
+    prep._chunk(chunk_bytes, None)
+    prep.prepare_seconds = time.perf_counter() - t0
+    stats["wire_bytes"] = prep.total_bytes
+    stats["encode_seconds"] = prep.prepare_seconds
+    prep.delta_stats = stats
+    return prep
+
+
+def _prepare_tensors(items, base, base_version, record_bytes, prep, stats, seen, ex, crc_ex, crcs):
+    from .client import crc32c
     for name, x in items:
         if name in seen:
             raise ValueError(f"tensor {name!r} is listed twice")
@@ -168,9 +236,9 @@ def prepare_delta(tensors, base, base_version, chunk_bytes=16 << 20, record_byte
         stats["tensors"] += 1
         stats["tensor_bytes"] += len(new)
         if b is not None and b[0] == dt and len(b[1]) == len(new):
-            stream, changed = encode_tensor(new, b[1], es, record_bytes, cctx=cctx)
+            crcs.append((t, crc_ex.submit(crc32c, new)))
+            stream, changed = encode_tensor(new, b[1], es, record_bytes, executor=ex)
             t.flags, t.wire_bytes, t.base_version = P.TENSOR_DELTA, len(stream), int(base_version)
-            t.crc32c = crc32c(memoryview(new))
             stats["delta_tensors"] += 1
             stats["changed"] += changed
             stats["delta_elems"] += len(new) // es
@@ -179,10 +247,3 @@ def prepare_delta(tensors, base, base_version, chunk_bytes=16 << 20, record_byte
         else:
             prep.manifest.append(t)
             prep.data.append(memoryview(new))
-    prep.total_bytes = sum(len(d) for d in prep.data)
-    prep._chunk(chunk_bytes, None)
-    prep.prepare_seconds = time.perf_counter() - t0
-    stats["wire_bytes"] = prep.total_bytes
-    stats["encode_seconds"] = prep.prepare_seconds
-    prep.delta_stats = stats
-    return prep
