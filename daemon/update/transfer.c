@@ -757,7 +757,7 @@ static void prefault_done(uv_work_t *w, int status)
 static void start_prefault(xfer_state *s, xfer *x)
 {
     prefault_job *j = calloc(1, sizeof *j);
-    if (!j || upd_delta_map(x->st)) {
+    if (!j || upd_delta_map(&s->env->m->cfg, x->st)) {
         free(j);
         return;
     }

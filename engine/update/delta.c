@@ -92,7 +92,7 @@ static void narrow_task(void *ctx, int32_t i, int32_t worker)
 typedef struct {
     const upd_stage *s;
     const int32_t *rec_t;       /* [n] the record's tensor */
-    const upd_drec *rec;            /* [n] */
+    const upd_drec *rec;        /* [n] */
     int32_t *rc;                /* [n] each record's result */
     uint64_t *changed;          /* [n] elements each changed */
 } apply_job;
@@ -105,22 +105,60 @@ static void apply_task(void *ctx, int32_t i, int32_t worker)
     j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), t->name, &j->changed[i]);
 }
 
-int upd_delta_map(upd_stage *s)
+/* ---- one group at a time
+ *
+ * The new bytes of a group's delta tensors are made just before upd_build
+ * packs that group (upd_stage.delta_group), in one buffer sized for the
+ * largest group: the base read as the backend holds it, the records applied,
+ * each tensor's CRC-32C checked, then packed while the bytes are still in
+ * cache. A whole model's new bytes never exist at once. */
+
+/* Bytes of group g's buffer for a member of es-byte elements. */
+static uint64_t group_bytes(const arch_desc *a, const model_config *c, int g, uint32_t es)
+{
+    int64_t r, cl;
+    arch_group_shape(a, c, (arch_group)g, &r, &cl);
+    return (uint64_t)((r ? r : 1) * cl) * es;
+}
+
+/* The element size a group's delta members are laid out with: the widest of
+ * them (one dtype, the usual case, keeps q|k|v touching: one part, as a load). */
+static uint32_t group_es(const model_config *c, const upd_stage *s, int g, int l, int ex)
+{
+    uint32_t es = 0;
+    for (int32_t i = 0; i < s->n; i++) {
+        const upd_tensor *t = &s->t[i];
+        int tg = 0;
+        int64_t r, cl, e0;
+        if (t->delta && t->layer == l && t->expert == ex && !locate(c, t, &tg, &r, &cl, &e0) && tg == g &&
+            dsize(t->dtype) > es)
+            es = dsize(t->dtype);
+    }
+    return es;
+}
+
+int upd_delta_map(const model_config *c, upd_stage *s)
 {
     if (s->full_mem)
         return 0;
+    const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
     size_t bytes = 0;
-    for (int32_t i = 0; i < s->n; i++)
-        if (s->t[i].delta)
-            bytes += (s->t[i].nbytes + 63) & ~(uint64_t)63;
+    for (int32_t i = 0; i < s->n && a; i++) {
+        const upd_tensor *t = &s->t[i];
+        int g = 0;
+        int64_t r, cl, e0;
+        if (!t->delta || locate(c, t, &g, &r, &cl, &e0))
+            continue;
+        uint64_t b = group_bytes(a, c, g, dsize(t->dtype) > 2 ? 4 : 2);
+        if (b > bytes)
+            bytes = b;
+    }
     if (!bytes)
         return 0;
-    /* One mapping, the tensors in manifest order at 64-byte steps, as the
-     * staging area lays out a full push: build_group_native joins members
-     * whose bytes touch, so q|k|v load as the parts a full push makes. */
+    bytes = (bytes + 63) & ~(size_t)63;
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
-        return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for the new tensors", bytes);
+        return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for a group's new bytes", bytes);
 #ifdef MADV_HUGEPAGE
     madvise(p, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
 #endif
@@ -136,97 +174,89 @@ void upd_delta_prefault(upd_stage *s)
         p[o] = 0;
 }
 
-int upd_delta_apply(const model *m, upd_stage *s)
+/* Reads the base of delta tensor t (group g, rows x cols from element elem0
+ * of the group) into t->full: the backend's own bytes when it holds them in
+ * t's dtype, else fp32 narrowed exactly (a base that does not narrow was not
+ * pushed in that dtype: refused). */
+static int read_base(const model *m, const upd_tensor *t, int g, int64_t rows, int64_t cols, int64_t elem0)
+{
+    rd_backend *be = m->be;
+    void *const *slot = model_weight_slot((model *)m, (arch_group)g, t->layer, t->expert);
+    int rc = rows && be->ops->linear_read_native
+                 ? be->ops->linear_read_native(be, *slot, ggml_of(t->dtype), (int32_t)(elem0 / cols), (int32_t)rows,
+                                               t->full)
+                 : RD_ENOTSUP;
+    if (rc != RD_ENOTSUP)
+        return rc;
+    int64_t gr, gc;
+    arch_group_shape(arch_by_name(m->cfg.arch, strlen(m->cfg.arch)), &m->cfg, (arch_group)g, &gr, &gc);
+    float *buf = malloc(sizeof(float) * (size_t)((gr ? gr : 1) * gc));
+    if (!buf)
+        return rd_fail(RD_ENOMEM, "delta: out of memory reading the base of '%.200s'", t->name);
+    rc = rows ? be->ops->linear_read(be, *slot, buf) : be->ops->d2h(be, buf, *slot, sizeof(float) * (size_t)gc);
+    uint64_t n = (uint64_t)((rows ? rows : 1) * cols);
+    narrow_job nj = {.src = buf + elem0, .dst = t->full, .n = n, .dtype = t->dtype, .bad = -1};
+    if (!rc)
+        pool_run((int32_t)((n + NARROW_SLICE - 1) / NARROW_SLICE), narrow_task, &nj);
+    free(buf);
+    if (!rc && nj.bad >= 0)
+        rc = rd_fail(RD_EINVAL, "delta of '%.200s': the served element %lld is not a %s value; the tensor is not "
+                     "held as pushed in that dtype", t->name, (long long)nj.bad, t->dtype == UPD_BF16 ? "bf16" : "f16");
+    return rc;
+}
+
+static int delta_group(const model *m, upd_stage *s, int g, int l, int ex)
 {
     const model_config *c = &m->cfg;
-    rd_backend *be = m->be;
-    size_t bytes = 0;
-    int32_t n_recs = 0;
-    for (int32_t i = 0; i < s->n; i++) {
-        const upd_tensor *t = &s->t[i];
-        if (!t->delta)
-            continue;
-        int32_t n;
-        if (upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, NULL, &n))
-            return RD_EFORMAT;
-        n_recs += n;
-        bytes += (t->nbytes + 63) & ~(uint64_t)63;
-    }
-    if (!bytes)
-        return 0;
-    int mrc = upd_delta_map(s);
-    if (mrc)
-        return mrc;
-    int64_t big = 0;
-    for (int g = 0; g < AG_COUNT; g++) {
-        int64_t r, cl;
-        arch_group_shape(arch_by_name(c->arch, strlen(c->arch)), c, (arch_group)g, &r, &cl);
-        if ((r ? r : 1) * cl > big)
-            big = (r ? r : 1) * cl;
-    }
-    float *buf = malloc(sizeof(float) * (size_t)(big ? big : 1));
-    upd_drec *recs = malloc(sizeof *recs * (size_t)(n_recs ? n_recs : 1));
-    int32_t *rec_t = malloc(sizeof *rec_t * 2 * (size_t)(n_recs ? n_recs : 1));
-    uint64_t *rec_changed = calloc((size_t)(n_recs ? n_recs : 1), sizeof *rec_changed);
-    if (!buf || !recs || !rec_t || !rec_changed) {
-        free(buf), free(recs), free(rec_t), free(rec_changed);
-        return rd_fail(RD_ENOMEM, "delta: out of memory");
-    }
-    int32_t *rec_rc = rec_t + n_recs;
-    size_t at = 0;
-    int32_t k = 0;
-    int rc = 0;
-    int last_g = -1, last_l = -2, last_e = -1; /* the group in buf (q, k, v share one read) */
+    int rc = upd_delta_map(c, s);
+    if (rc)
+        return rc;
+    const uint32_t ges = group_es(c, s, g, l, ex);
+    upd_drec *recs = NULL;
+    int32_t *rec_t = NULL, k = 0, cap = 0;
     for (int32_t i = 0; i < s->n && !rc; i++) {
         upd_tensor *t = &s->t[i];
-        if (!t->delta)
-            continue;
-        t->full = (uint8_t *)s->full_mem + at;
-        at += (t->nbytes + 63) & ~(uint64_t)63;
-        int g = 0;
+        int tg = 0;
         int64_t rows = 0, cols = 0, elem0 = 0;
-        if ((rc = locate(c, t, &g, &rows, &cols, &elem0)))
-            break;
-        void *const *slot = model_weight_slot((model *)m, (arch_group)g, t->layer, t->expert);
-        /* The base as the backend holds it, straight into the new bytes; a
-         * backend that holds the rows otherwise reads fp32 and narrows below. */
-        int nat = rows && be->ops->linear_read_native
-                      ? be->ops->linear_read_native(be, *slot, ggml_of(t->dtype), (int32_t)(elem0 / cols),
-                                                    (int32_t)rows, t->full)
-                      : RD_ENOTSUP;
-        if (nat && nat != RD_ENOTSUP) {
-            rc = nat;
+        if (!t->delta || t->layer != l || t->expert != ex || locate(c, t, &tg, &rows, &cols, &elem0) || tg != g)
+            continue;
+        if ((uint64_t)elem0 * ges + t->nbytes > s->full_mem_bytes) {
+            rc = rd_fail(RD_EINVAL, "delta of '%.200s': its bytes do not fit the group buffer", t->name);
             break;
         }
-        if (nat && (g != last_g || t->layer != last_l || t->expert != last_e)) {
-            rc = rows ? be->ops->linear_read(be, *slot, buf) : be->ops->d2h(be, buf, *slot, sizeof(float) * (size_t)cols);
-            if (rc)
-                break;
-            last_g = g, last_l = t->layer, last_e = t->expert;
-        }
-        uint64_t n = (uint64_t)((rows ? rows : 1) * cols);
-        narrow_job nj = {.src = buf + elem0, .dst = t->full, .n = n, .dtype = t->dtype, .bad = -1};
-        if (nat)
-            pool_run((int32_t)((n + NARROW_SLICE - 1) / NARROW_SLICE), narrow_task, &nj);
-        if (nj.bad >= 0) {
-            rc = rd_fail(RD_EINVAL, "delta of '%.200s': the served element %lld is not a %s value; the tensor is not "
-                         "held as pushed in that dtype", t->name, (long long)nj.bad,
-                         t->dtype == UPD_BF16 ? "bf16" : "f16");
+        t->full = (uint8_t *)s->full_mem + (uint64_t)elem0 * ges;
+        if ((rc = read_base(m, t, g, rows, cols, elem0)))
             break;
-        }
         upd_drec *r = NULL;
         int32_t nr = 0;
         if ((rc = upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, &r, &nr)))
             break;
+        if (k + nr > cap) {
+            cap = 2 * (k + nr);
+            upd_drec *nrec = realloc(recs, sizeof *recs * (size_t)cap);
+            int32_t *nt = nrec ? realloc(rec_t, sizeof *rec_t * 2 * (size_t)cap) : NULL;
+            if (nrec)
+                recs = nrec;
+            if (nt)
+                rec_t = nt;
+            if (!nrec || !nt) {
+                free(r);
+                rc = rd_fail(RD_ENOMEM, "delta: out of memory");
+                break;
+            }
+        }
         for (int32_t q = 0; q < nr; q++) {
             recs[k] = r[q];
             rec_t[k++] = i;
         }
         free(r);
     }
-    free(buf);
+    uint64_t *changed = rc || !k ? NULL : calloc((size_t)k, sizeof *changed);
+    if (!rc && k && !changed)
+        rc = rd_fail(RD_ENOMEM, "delta: out of memory");
     if (!rc && k) {
-        apply_job aj = {.s = s, .rec_t = rec_t, .rec = recs, .rc = rec_rc, .changed = rec_changed};
+        int32_t *rec_rc = rec_t + cap;
+        apply_job aj = {.s = s, .rec_t = rec_t, .rec = recs, .rc = rec_rc, .changed = changed};
         pool_run(k, apply_task, &aj);
         for (int32_t q = 0; q < k && !rc; q++)
             if (rec_rc[q]) { /* again on this thread, for its message (the tensor is discarded anyway) */
@@ -236,14 +266,15 @@ int upd_delta_apply(const model *m, upd_stage *s)
                 if (!rc)
                     rc = rd_fail(RD_EFORMAT, "delta of '%.200s': a record failed on the pool", t->name);
             }
+        for (int32_t q = 0; q < k && !rc; q++)
+            s->delta_changed += changed[q];
     }
-    s->delta_changed = 0;
-    for (int32_t q = 0; q < k; q++)
-        s->delta_changed += rec_changed[q];
-    free(recs), free(rec_t), free(rec_changed);
+    free(changed), free(recs), free(rec_t);
     for (int32_t i = 0; i < s->n && !rc; i++) {
         const upd_tensor *t = &s->t[i];
-        if (!t->delta)
+        int tg = 0;
+        int64_t rows, cols, elem0;
+        if (!t->delta || t->layer != l || t->expert != ex || locate(c, t, &tg, &rows, &cols, &elem0) || tg != g)
             continue;
         uint32_t got = crc32c(0, t->full, t->nbytes);
         if (got != t->crc32c)
@@ -252,6 +283,27 @@ int upd_delta_apply(const model *m, upd_stage *s)
                          t->name, got, t->crc32c);
     }
     return rc;
+}
+
+int upd_delta_apply(const model *m, upd_stage *s)
+{
+    s->delta_changed = 0;
+    for (int32_t i = 0; i < s->n; i++) {
+        upd_tensor *t = &s->t[i];
+        if (!t->delta)
+            continue;
+        int32_t n;
+        int g = 0;
+        int64_t rows, cols, elem0;
+        if (upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, NULL, &n))
+            return RD_EFORMAT;
+        int rc = locate(&m->cfg, t, &g, &rows, &cols, &elem0);
+        if (rc)
+            return rc;
+        t->full = NULL;
+    }
+    s->delta_group = delta_group;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- held */

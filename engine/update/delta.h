@@ -30,19 +30,21 @@
 #include "engine/update/delta_codec.h"
 #include "engine/update/staging.h"
 
-/* Reads the base of every delta tensor of s from the model (the bytes it
- * serves, narrowed exactly to the delta's dtype: it was pushed in that dtype,
- * so the round trip is exact; an inexact one fails), applies the deltas on the
- * pool and checks each tensor's new bytes against its manifest CRC-32C
- * (RD_ECHECKSUM names it). s->delta_changed gets the elements whose bits
- * changed. The model is only read: decode goes on. */
+/* Checks every delta tensor's stream and place in the model, and arms
+ * s->delta_group, which upd_build calls for each group with delta tensors
+ * just before packing it: the group's base read from the model (the bytes
+ * the backend holds, or fp32 narrowed exactly to the delta's dtype: it was
+ * pushed in that dtype, so the round trip is exact; an inexact one fails),
+ * the records applied on the pool and each tensor's new bytes checked
+ * against its manifest CRC-32C (RD_ECHECKSUM names it). s->delta_changed
+ * gets the elements whose bits changed. The model is only read: decode goes on. */
 int upd_delta_apply(const model *m, upd_stage *s);
 
-/* Maps the memory the delta tensors' new bytes go to (once; upd_delta_apply
- * calls it too), and touches every page of it: the kernel's zeroing of a
- * fresh mapping is a quarter of an apply's time, so the daemon does this on
- * a worker while the chunks arrive (never while an apply runs). */
-int upd_delta_map(upd_stage *s);
+/* Maps the buffer a group's new bytes are made in (sized for the largest
+ * group with a delta tensor; once: the build maps it itself otherwise), and
+ * touches every page of it: the daemon does this on a worker while the
+ * chunks arrive, so the kernel's zeroing is off the build's path. */
+int upd_delta_map(const model_config *c, upd_stage *s);
 void upd_delta_prefault(upd_stage *s);
 
 /* Which tensors a daemon holds as pushed: for each weight of the model, the

@@ -468,12 +468,15 @@ static void fin_task(void *ctx, int32_t i, int32_t worker)
 }
 
 /* Refuses non-finite values: a NaN weight would make every sequence fail,
- * so it never reaches the model. The error names the first such element. */
-static int check_finite(const upd_stage *s)
+ * so it never reaches the model. The error names the first such element.
+ * Checks the tensors with sel[i] set. */
+static int check_finite(const upd_stage *s, const uint8_t *sel)
 {
     int32_t n = 0;
     for (int32_t i = 0; i < s->n; i++)
-        n += (int32_t)((s->t[i].nbytes + FIN_SLICE - 1) / FIN_SLICE);
+        n += sel[i] ? (int32_t)((s->t[i].nbytes + FIN_SLICE - 1) / FIN_SLICE) : 0;
+    if (!n)
+        return 0;
     int32_t *first = malloc(sizeof(int32_t) * 2 * (size_t)(n ? n : 1));
     uint64_t *off = malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
     if (!first || !off) {
@@ -482,7 +485,7 @@ static int check_finite(const upd_stage *s)
     }
     int32_t *slice_t = first + n, k = 0;
     for (int32_t i = 0; i < s->n; i++)
-        for (uint64_t o = 0; o < s->t[i].nbytes; o += FIN_SLICE) {
+        for (uint64_t o = 0; sel[i] && o < s->t[i].nbytes; o += FIN_SLICE) {
             slice_t[k] = i;
             off[k++] = o;
         }
@@ -750,13 +753,22 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
     *out = NULL;
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
-    for (int32_t i = 0; i < s->n; i++)
-        if (s->t[i].delta && !s->t[i].full)
-            return rd_fail(RD_EINVAL, "commit: delta tensor '%.200s' was not applied (upd_delta_apply first)",
+    uint8_t *sel = malloc((size_t)(s->n ? s->n : 1));
+    if (!sel)
+        return rd_fail(RD_ENOMEM, "commit: out of memory converting the update");
+    for (int32_t i = 0; i < s->n; i++) {
+        if (s->t[i].delta && !s->delta_group) {
+            free(sel);
+            return rd_fail(RD_EINVAL, "commit: delta tensor '%.200s' was not prepared (upd_delta_apply first)",
                            s->t[i].name);
-    int rc = check_finite(s);
-    if (rc)
+        }
+        sel[i] = !s->t[i].delta;  /* a delta tensor's bytes are checked once its group has them */
+    }
+    int rc = check_finite(s, sel);
+    if (rc) {
+        free(sel);
         return rc;
+    }
     /* The groups touched, in model order; each once. */
     const int32_t units = c->n_experts > 1 ? c->n_experts : 1;
     int32_t n_slots = AG_COUNT * (c->n_layers + 1) * units;
@@ -774,12 +786,13 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
     const int q8 = serve == UPD_SERVE_Q8_0 && be->ops->linear_load_q;
     uint8_t *qbuf = q8 ? malloc((size_t)big / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES + GGML_Q8_0_BYTES) : NULL;
     if (serve == UPD_SERVE_Q8_0 && !be->ops->linear_load_q) {
-        free(touched), free(buf), free(nbuf), free(p);
+        free(touched), free(buf), free(nbuf), free(p), free(sel);
         return rd_fail(RD_ENOTSUP, "commit: serve_dtype q8_0 needs a backend that holds quantized weights "
                        "(linear_load_q); %s has none", be->ops->name);
     }
     if (!touched || !p || !buf || (be->ops->linear_load_q && !nbuf) || (q8 && !qbuf) ||
         !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
+        free(sel);
         free(touched);
         free(buf);
         free(nbuf);
@@ -794,6 +807,16 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
         if (touched[key])
             continue;
         touched[key] = 1;
+        /* The group's delta tensors get their new bytes now (delta.h), and are checked like staged ones. */
+        int any_delta = 0;
+        memset(sel, 0, (size_t)s->n);
+        for (int32_t j = i; j < s->n; j++) {
+            const upd_tensor *t = &s->t[j];
+            sel[j] = t->delta && group_of(c, t->kind) == g && t->layer == l && t->expert == ex;
+            any_delta |= sel[j];
+        }
+        if (any_delta && ((rc = s->delta_group(m, (upd_stage *)s, g, l, ex)) || (rc = check_finite(s, sel))))
+            break;
         int64_t rows, cols;
         group_shape(c, g, &rows, &cols);
         int64_t elems = (rows ? rows : 1) * cols;
@@ -860,6 +883,7 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
     }
     if (!rc)
         rc = be->ops->sync(be);
+    free(sel);
     free(touched);
     free(buf);
     free(nbuf);

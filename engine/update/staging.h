@@ -64,16 +64,16 @@ typedef struct {
     uint64_t nbytes;            /* the tensor's bytes */
     uint32_t crc32c;            /* expected, from the manifest (a delta's: of the bytes it decodes to) */
     int kind, layer, expert;    /* which model weight (the family's table; expert 0 but for experts' tensors) */
-    int delta;                  /* 1: data holds a delta's wire bytes; upd_delta_apply decodes them into full */
+    int delta;                  /* 1: data holds a delta's wire bytes; decoded into full group by group (delta.h) */
     uint64_t wire;              /* bytes the chunks carry: nbytes, or a delta's wire_bytes */
     uint8_t *data;              /* staging copy [wire] of what the chunks carry, inside upd_stage.mem */
-    uint8_t *full;              /* delta: [nbytes] the new bytes once applied (in upd_stage.full_mem), else NULL */
+    uint8_t *full;              /* delta: [nbytes] the new bytes while upd_build packs its group (in upd_stage.full_mem) */
     upd_range *ranges;          /* [n_ranges], sorted by off, never overlapping */
     int32_t n_ranges, cap_ranges;
     uint64_t staged;            /* bytes in done ranges */
 } upd_tensor;
 
-typedef struct {
+typedef struct upd_stage {
     upd_tensor *t;              /* [n] */
     int32_t n;
     uint64_t total_bytes;       /* sum of wire (what the chunks carry) */
@@ -81,9 +81,12 @@ typedef struct {
     int32_t pending;            /* chunks claimed but not settled */
     void *mem;                  /* one mapping holding every tensor's data */
     size_t mem_bytes;
-    void *full_mem;             /* one mapping holding the delta tensors' full bytes (upd_delta_apply), or NULL */
+    void *full_mem;             /* the buffer one group's delta tensors are decoded into (delta.h), or NULL */
     size_t full_mem_bytes;
     uint64_t delta_changed;     /* elements of the delta tensors whose bits changed (upd_delta_apply) */
+    /* Set by upd_delta_apply: makes the new bytes (t->full) of the delta
+     * tensors of group g, layer l, expert ex; upd_build calls it per group. */
+    int (*delta_group)(const model *m, struct upd_stage *s, int g, int l, int ex);
 } upd_stage;
 
 /* Checks the manifest against the model (every name known, no name twice,

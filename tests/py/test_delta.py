@@ -237,6 +237,15 @@ def delta_refusals_have_their_own_codes_and_leave_the_weights():
                 D.encode_tensor = real
             why = refused(dd.url, prep, 2, code)
             assert "down_proj" in why, why
+        # a delta whose new bytes hold a NaN (the non-finite check runs on a delta tensor's decoded bytes,
+        # group by group), in the manifest's last linear weight: the groups before it were already built
+        nan = dict(w1)
+        last = [k for k in nan if k.endswith("down_proj.weight")][-1]
+        bad = nan[last].copy()
+        bad.reshape(-1)[bad.size // 2] = 0x7FC0     # bf16 NaN
+        nan[last] = bad
+        why = refused(dd.url, D.prepare_delta(nan, w0, 1), 2, proto.E.INVALID_PARAMS)
+        assert "NaN" in why, why
         assert version(dd.url) == 1 and outputs(dd.url) == before, "a refused delta changed the weights"
         # served quantized: the bf16 base is gone
         with Client(q8.url, name="learner") as c:
