@@ -12,6 +12,7 @@
 #include "kernels/cpu/gemm_quant.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -255,16 +256,77 @@ static void pack_task(void *ctx, int32_t g, int32_t worker)
     }
 }
 
-/* The packed bytes: a large weight on transparent huge pages (a push packs
- * ~270 MB of fresh memory, and 4 KiB page faults cost more than the packing;
- * THP's "madvise" mode, Debian's default, needs the advice). */
+/* The packed bytes. A weight push packs a model's worth of fresh memory
+ * (~270 MB for bf16 SmolLM2) and frees the replaced weights after the swap;
+ * on a VM whose freed pages go back to the host, the kernel's zeroing of the
+ * fresh ones cost more than the packing itself (0.25-2 GB/s measured here).
+ * So freed weights of 64 KiB or more wait in a cache, bounded by
+ * RD_CPU_WEIGHT_CACHE_MB (default 1024; 0 turns it off), and the next pack
+ * of the same size takes one: after the first push, every push reuses the
+ * previous version's memory. A weight of 2 MiB or more sits on transparent
+ * huge pages (THP's "madvise" mode, Debian's default, needs the advice). */
 #define QHUGE ((size_t)2 << 20)
+#define QCACHE_MIN ((size_t)64 << 10)
+#define QCACHE_MAX 8192
+
+static size_t qround(size_t bytes)
+{
+    return bytes < QHUGE ? (bytes + 63) & ~(size_t)63 : (bytes + QHUGE - 1) & ~(QHUGE - 1);
+}
+
+static struct {
+    pthread_mutex_t mu;
+    int32_t n;
+    size_t bytes, cap;
+    int cap_set;
+    void *p[QCACHE_MAX];
+    size_t size[QCACHE_MAX];
+} qcache = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *qcache_take(size_t n)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&qcache.mu);
+    for (int32_t i = qcache.n - 1; i >= 0; i--)
+        if (qcache.size[i] == n) {
+            p = qcache.p[i];
+            qcache.bytes -= n;
+            qcache.n--;
+            qcache.p[i] = qcache.p[qcache.n];
+            qcache.size[i] = qcache.size[qcache.n];
+            break;
+        }
+    pthread_mutex_unlock(&qcache.mu);
+    return p;
+}
+
+static int qcache_put(void *p, size_t n)
+{
+    int kept = 0;
+    pthread_mutex_lock(&qcache.mu);
+    if (!qcache.cap_set) {
+        const char *v = getenv("RD_CPU_WEIGHT_CACHE_MB");
+        qcache.cap = (size_t)(v && *v ? strtoull(v, NULL, 10) : 1024) << 20;
+        qcache.cap_set = 1;
+    }
+    if (n >= QCACHE_MIN && qcache.n < QCACHE_MAX && qcache.bytes + n <= qcache.cap) {
+        qcache.p[qcache.n] = p;
+        qcache.size[qcache.n++] = n;
+        qcache.bytes += n;
+        kept = 1;
+    }
+    pthread_mutex_unlock(&qcache.mu);
+    return kept;
+}
+
 static void *qalloc(size_t bytes)
 {
-    if (bytes < QHUGE)
-        return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    size_t n = (bytes + QHUGE - 1) & ~(QHUGE - 1);
-    void *p = NULL;
+    size_t n = qround(bytes);
+    void *p = n >= QCACHE_MIN ? qcache_take(n) : NULL;
+    if (p)
+        return p;
+    if (n < QHUGE)
+        return aligned_alloc(64, n);
     if (posix_memalign(&p, QHUGE, n))
         return NULL;
 #ifdef MADV_HUGEPAGE
@@ -305,7 +367,8 @@ int gemm_qpack(int32_t type, const void *raw, int32_t out, int32_t in, gemm_qpar
 
 void gemm_qrelease(gemm_qpart *q)
 {
-    free(q->data);
+    if (q->data && !qcache_put(q->data, qround(gemm_qbytes(q))))
+        free(q->data);
     q->data = NULL;
 }
 
