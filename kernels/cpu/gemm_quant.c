@@ -215,27 +215,29 @@ typedef struct {
 static inline void t8x8_u16(const uint8_t *src, size_t ss, uint8_t *dst, size_t ds)
 {
 #if defined(__SSE2__)
-    __m128i r[8], t[8], u[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-        t[i + 4] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-    }
-    /* t[0..3]: columns 0-3 of row pairs (0,1) (2,3) (4,5) (6,7); t[4..7]: columns 4-7 */
-    for (int h = 0; h < 2; h++) {
-        u[4 * h + 0] = _mm_unpacklo_epi32(t[4 * h + 0], t[4 * h + 1]);
-        u[4 * h + 1] = _mm_unpackhi_epi32(t[4 * h + 0], t[4 * h + 1]);
-        u[4 * h + 2] = _mm_unpacklo_epi32(t[4 * h + 2], t[4 * h + 3]);
-        u[4 * h + 3] = _mm_unpackhi_epi32(t[4 * h + 2], t[4 * h + 3]);
-    }
-    /* u[4h + 0]: columns 4h, 4h+1 of rows 0-3; u[4h + 2]: the same of rows 4-7; u[4h + 1], u[4h + 3]: 4h+2, 4h+3 */
-    for (int h = 0; h < 2; h++)
-        for (int q = 0; q < 2; q++) {
-            __m128i lo = u[4 * h + q], hi = u[4 * h + 2 + q];
-            _mm_storeu_si128((__m128i *)(dst + (size_t)(4 * h + 2 * q) * ds), _mm_unpacklo_epi64(lo, hi));
-            _mm_storeu_si128((__m128i *)(dst + (size_t)(4 * h + 2 * q + 1) * ds), _mm_unpackhi_epi64(lo, hi));
-        }
+#define LD(i) _mm_loadu_si128((const __m128i *)(src + (i) * ss))
+#define ST(j, v) _mm_storeu_si128((__m128i *)(dst + (size_t)(j) * ds), (v))
+    const __m128i r0 = LD(0), r1 = LD(1), r2 = LD(2), r3 = LD(3), r4 = LD(4), r5 = LD(5), r6 = LD(6), r7 = LD(7);
+    /* pairs of rows interleaved: columns 0-3 (lo) and 4-7 (hi) */
+    const __m128i a0 = _mm_unpacklo_epi16(r0, r1), a1 = _mm_unpacklo_epi16(r2, r3);
+    const __m128i a2 = _mm_unpacklo_epi16(r4, r5), a3 = _mm_unpacklo_epi16(r6, r7);
+    const __m128i a4 = _mm_unpackhi_epi16(r0, r1), a5 = _mm_unpackhi_epi16(r2, r3);
+    const __m128i a6 = _mm_unpackhi_epi16(r4, r5), a7 = _mm_unpackhi_epi16(r6, r7);
+    /* quads of rows: two columns each */
+    const __m128i b0 = _mm_unpacklo_epi32(a0, a1), b1 = _mm_unpackhi_epi32(a0, a1);
+    const __m128i b2 = _mm_unpacklo_epi32(a2, a3), b3 = _mm_unpackhi_epi32(a2, a3);
+    const __m128i b4 = _mm_unpacklo_epi32(a4, a5), b5 = _mm_unpackhi_epi32(a4, a5);
+    const __m128i b6 = _mm_unpacklo_epi32(a6, a7), b7 = _mm_unpackhi_epi32(a6, a7);
+    ST(0, _mm_unpacklo_epi64(b0, b2));
+    ST(1, _mm_unpackhi_epi64(b0, b2));
+    ST(2, _mm_unpacklo_epi64(b1, b3));
+    ST(3, _mm_unpackhi_epi64(b1, b3));
+    ST(4, _mm_unpacklo_epi64(b4, b6));
+    ST(5, _mm_unpackhi_epi64(b4, b6));
+    ST(6, _mm_unpacklo_epi64(b5, b7));
+    ST(7, _mm_unpackhi_epi64(b5, b7));
+#undef LD
+#undef ST
 #else
     for (int i = 0; i < 8; i++)
         for (int j = 0; j < 8; j++)
