@@ -1,13 +1,14 @@
 /* rollout-specbench - speculative decoding on vs off on a long-tail decode workload.
  *   rollout-specbench --model PATH [--backend cpu] [--threads T] [--batches 1,2,4] [--max-tokens 128]
- *                     [--draft 6] [--reps 2] [--json-out FILE]
+ *                     [--spec-decode ngram] [--draft 6] [--reps 2] [--json-out FILE]
  * The tail of an RL round: B (1, 2, 4) samples decode alone. Prompts are code,
  * lists and worked arithmetic (structure that repeats, numbers and names that
  * come back, as in real answers), the default model's tokenizer encodes them;
  * each of the B requests takes the next prompt, one sample, max_tokens new
  * tokens, EOS ignored so both runs do the same work. For greedy and for
  * temperature 1 (seeded) and each B, it runs the requests with speculation
- * off and on (spec_max_draft = --draft) alternately, --reps times, in one
+ * off and on (spec_decode = --spec-decode, the only drafter today ngram;
+ * spec_max_draft = --draft, alias --spec-max-draft) alternately, --reps times, in one
  * process, and reports the tokens/s of both (the best rep of each), their
  * ratio, the acceptance rate (accepted / drafted), the mean tokens a verify
  * step kept per sequence, and whether every sample came out the same
@@ -51,6 +52,7 @@ static int run_once(rd_loaded *L, const char *backend, int32_t **ids, const size
 {
     eng_config cfg = eng_default_config();
     cfg.backend = backend;
+    cfg.spec_decode = draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
     cfg.spec_max_draft = draft;
     cfg.eos_id = -1;
     engine *e;
@@ -126,7 +128,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads")) threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
         else if (!strcmp(a, "--batches")) batches = cli_ids(P, a, cli_value(P, argc, argv, &i), &n_batches);
         else if (!strcmp(a, "--max-tokens")) max_tokens = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
-        else if (!strcmp(a, "--draft")) draft = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 16);
+        else if (!strcmp(a, "--spec-decode")) {
+            eng_spec_mode m;
+            if (eng_spec_mode_parse(cli_value(P, argc, argv, &i), &m) || m != ENG_SPEC_NGRAM)
+                cli_die(P, "--spec-decode: the speculating side's drafter; expected ngram%s%s", "", "");
+        }
+        else if (!strcmp(a, "--draft") || !strcmp(a, "--spec-max-draft")) draft = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 16);
         else if (!strcmp(a, "--reps")) reps = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100);
         else if (!strcmp(a, "--json-out")) json_out = cli_value(P, argc, argv, &i);
         else cli_die(P, "unknown option %s%s", a, "");

@@ -65,6 +65,25 @@ struct engine {
 
 /* ---- configuration and lifecycle ---- */
 
+int eng_spec_mode_parse(const char *name, eng_spec_mode *out)
+{
+    if (name && !strcmp(name, "off"))
+        *out = ENG_SPEC_OFF;
+    else if (name && !strcmp(name, "ngram"))
+        *out = ENG_SPEC_NGRAM;
+    else if (name && !strcmp(name, "auto"))
+        *out = ENG_SPEC_AUTO;
+    else
+        return rd_fail(RD_EINVAL, "spec_decode \"%.64s\": expected \"off\" or \"ngram\" (or \"auto\": ngram when "
+                       "spec_max_draft > 0)", name ? name : "(null)");
+    return 0;
+}
+
+const char *eng_spec_mode_name(eng_spec_mode m)
+{
+    return m == ENG_SPEC_OFF ? "off" : m == ENG_SPEC_NGRAM ? "ngram" : "auto";
+}
+
 eng_config eng_default_config(void)
 {
     return (eng_config){
@@ -101,6 +120,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (cfg->spec_max_draft < 0 || cfg->spec_max_draft > SEQ_MAX_DRAFT)
         return rd_fail(RD_EINVAL, "engine: spec_max_draft %d must be in 0..%d (0 = off)", cfg->spec_max_draft,
                        SEQ_MAX_DRAFT);
+    if (cfg->spec_decode != ENG_SPEC_AUTO && cfg->spec_decode != ENG_SPEC_OFF && cfg->spec_decode != ENG_SPEC_NGRAM)
+        return rd_fail(RD_EINVAL, "engine: spec_decode %d is not a known drafter", (int)cfg->spec_decode);
     int64_t block_bytes = model_kv_bytes_per_token(c) / (int64_t)sizeof(float) * rd_backend_kv_elem_bytes(m->be) *
                           cfg->block_size;
     int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
@@ -113,6 +134,14 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         return rd_fail(RD_ENOMEM, "engine: out of memory");
     e->m = m;
     e->cfg = *cfg;
+    /* One meaning from here on: the mode is OFF or a drafter, and spec_max_draft is 0 exactly when OFF. */
+    if (e->cfg.spec_decode == ENG_SPEC_AUTO)
+        e->cfg.spec_decode = cfg->spec_max_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
+    if (e->cfg.spec_decode == ENG_SPEC_OFF)
+        e->cfg.spec_max_draft = 0;
+    else if (e->cfg.spec_max_draft == 0)
+        e->cfg.spec_max_draft = ENG_SPEC_DEFAULT_DRAFT;
+    cfg = &e->cfg;
     e->eos = cfg->eos_id;
     e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
     e->next_id = 1;
@@ -943,6 +972,8 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->kv_peak_blocks = ks.peak_used;
     s->kv_waste_at_peak = ks.waste_at_peak;
     s->device_sampling = e->device_sampling;
+    s->spec_decode = e->cfg.spec_decode;
+    s->spec_max_draft = e->cfg.spec_max_draft;
     s->ns_layers = e->run.ns_layers;
     s->ns_head = e->run.ns_head;
 }

@@ -15,6 +15,20 @@
 #include "engine/serve/sampler.h"
 #include "engine/serve/seq.h"
 
+/* Which drafter speculative decoding uses (spec_plan.h, spec_draft.h). */
+typedef enum {
+    ENG_SPEC_AUTO = 0,          /* the old rule, for configs without the key: ngram when spec_max_draft > 0 */
+    ENG_SPEC_OFF,
+    ENG_SPEC_NGRAM,             /* n-gram lookup over the sequence, its group and recent completions */
+} eng_spec_mode;
+
+/* Drafted tokens per sequence and step when ngram is asked without a length. */
+#define ENG_SPEC_DEFAULT_DRAFT 6
+
+/* "off" / "ngram" (and "auto") to the mode; RD_EINVAL naming the choices. */
+int eng_spec_mode_parse(const char *name, eng_spec_mode *out);
+const char *eng_spec_mode_name(eng_spec_mode m);
+
 typedef struct {
     const char *backend;        /* "cpu" (default) or "cuda" */
     int n_threads;              /* 0 = all cores */
@@ -29,9 +43,10 @@ typedef struct {
     int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
     const struct tok_tokenizer *tok; /* decodes generated tokens for stop strings; NULL: requests with
                                         stop strings are refused */
-    int32_t spec_max_draft;     /* speculative decoding: drafted tokens verified per sequence and step,
-                                   0..SEQ_MAX_DRAFT (0 = off, the default); n-gram drafts (spec_ngram.h),
-                                   outputs bit-identical to it off */
+    eng_spec_mode spec_decode;  /* speculative decoding's drafter (ENG_SPEC_AUTO, the default: see there);
+                                   outputs are bit-identical to it off */
+    int32_t spec_max_draft;     /* drafted tokens verified per sequence and step at most, 0..SEQ_MAX_DRAFT;
+                                   under ENG_SPEC_NGRAM 0 = ENG_SPEC_DEFAULT_DRAFT, under AUTO 0 = off */
 } eng_config;
 
 typedef struct {
@@ -121,6 +136,8 @@ typedef struct {
     /* Speculative decoding (spec_max_draft > 0): tokens drafted and verified, and of those the ones
        drawn as drafted (kept); steps that verified any */
     int64_t spec_drafted, spec_accepted, spec_steps;
+    eng_spec_mode spec_decode;  /* as resolved: ENG_SPEC_OFF or a drafter */
+    int32_t spec_max_draft;     /* drafted tokens per sequence and step at most (0 when off) */
 } eng_stats;
 
 typedef struct engine engine;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Speculative decoding through the daemon: spec_max_draft 6 vs off, on the default model.
+"""Speculative decoding through the daemon: spec_decode ngram vs off, on the default model.
 
-Two daemons, one with --spec-max-draft 6 and one without (the default, off),
+Two daemons, one with --spec-decode ngram (its default length, 6) and one without (the default, off),
 get the same requests through the NNG client (rolloutd.Client) and HTTP
 (/generate with stop strings). Every sample's token ids, raw and processed
 log-probs (as float32 bits), alternatives, finish reason and version spans
@@ -33,7 +33,7 @@ _d = {}
 def daemons():
     if not _d:
         _d["off"] = Daemon()
-        _d["on"] = Daemon("--spec-max-draft", "6")
+        _d["on"] = Daemon("--spec-decode", "ngram")
     return _d["off"], _d["on"]
 
 
@@ -87,6 +87,8 @@ def nng_spec_on_equals_off():
             assert sample_key(a) == sample_key(b), f"{params}: prompt {a.index} sample {a.sample_idx} differs"
             compared += 1
     st_on, st_off = status(on)["spec_decode"], status(off)["spec_decode"]
+    assert (st_on["mode"], st_on["max_draft"], st_off["mode"], st_off["max_draft"]) == ("ngram", 6, "off", 0), \
+        (st_on, st_off)
     assert st_off["drafted_tokens"] == 0, st_off
     assert st_on["accepted_tokens"] > 20 and st_on["drafted_tokens"] > st_on["accepted_tokens"], st_on
     print(f"nng: {compared} samples equal; speculating daemon {st_on}", flush=True)

@@ -838,6 +838,73 @@ static void test_verify_bad_input(void)
           r4);
 }
 
+/* spec_decode: the names parse, and each (mode, spec_max_draft) pair resolves
+ * as engine.h says: auto follows spec_max_draft (old configs), off drafts
+ * nothing whatever the length, ngram without a length drafts up to 6. */
+static void test_spec_modes(void)
+{
+    eng_spec_mode m = ENG_SPEC_OFF;
+    CHECK(eng_spec_mode_parse("ngram", &m) == 0 && m == ENG_SPEC_NGRAM, "ngram");
+    CHECK(eng_spec_mode_parse("off", &m) == 0 && m == ENG_SPEC_OFF, "off");
+    CHECK(eng_spec_mode_parse("auto", &m) == 0 && m == ENG_SPEC_AUTO, "auto");
+    CHECK(eng_spec_mode_parse("NGRAM", &m) == RD_EINVAL && strstr(rd_errmsg(), "\"ngram\""), "%s", rd_errmsg());
+    CHECK(eng_spec_mode_parse("", &m) == RD_EINVAL, "empty");
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    static int32_t prompt[40];
+    repeating_prompt(prompt, 40, 4, 3, l.m->cfg.vocab);
+    eng_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.n_prompt = 40;
+    r.n = 1;
+    r.max_tokens = 40;
+    r.sp = samp_default();
+    r.sp.temperature = 0.0f;
+    r.ignore_eos = 1;
+    const struct {
+        eng_spec_mode mode;
+        int32_t draft;
+        eng_spec_mode want_mode;
+        int32_t want_draft;
+    } cases[] = {
+        {ENG_SPEC_AUTO, 0, ENG_SPEC_OFF, 0},  {ENG_SPEC_AUTO, 4, ENG_SPEC_NGRAM, 4},
+        {ENG_SPEC_OFF, 8, ENG_SPEC_OFF, 0},   {ENG_SPEC_NGRAM, 0, ENG_SPEC_NGRAM, ENG_SPEC_DEFAULT_DRAFT},
+        {ENG_SPEC_NGRAM, 3, ENG_SPEC_NGRAM, 3},
+    };
+    char why[200] = "";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !why[0]; i++) {
+        eng_config cfg = eng_default_config();
+        cfg.spec_decode = cases[i].mode;
+        cfg.spec_max_draft = cases[i].draft;
+        spec_run *run = calloc(1, sizeof *run);
+        int rc = run ? run_engine(l.m, &cfg, &r, 1, 0, run) : RD_ENOMEM;
+        if (rc)
+            snprintf(why, sizeof why, "case %zu: %d (%s)", i, rc, rd_errmsg());
+        else if (run->st.spec_decode != cases[i].want_mode || run->st.spec_max_draft != cases[i].want_draft)
+            snprintf(why, sizeof why, "case %zu: resolved to %s/%d, expected %s/%d", i,
+                     eng_spec_mode_name(run->st.spec_decode), run->st.spec_max_draft,
+                     eng_spec_mode_name(cases[i].want_mode), cases[i].want_draft);
+        else if ((run->st.spec_drafted > 0) != (cases[i].want_mode == ENG_SPEC_NGRAM))
+            snprintf(why, sizeof why, "case %zu: drafted %lld tokens as %s", i, (long long)run->st.spec_drafted,
+                     eng_spec_mode_name(cases[i].want_mode));
+        if (run)
+            spec_run_free(run);
+        free(run);
+    }
+    eng_config bad = eng_default_config();
+    bad.spec_decode = (eng_spec_mode)7;
+    engine *e = NULL;
+    int rc = eng_create(l.m, &bad, &e);
+    if (e)
+        eng_destroy(e);
+    rd_unload(&l);
+    CHECK(!why[0], "%s", why);
+    CHECK(rc == RD_EINVAL, "spec_decode 7 gave %d", rc);
+}
+
 int main(void)
 {
     if (file_exists("tests/gen_testdata.sh")) {
@@ -851,6 +918,7 @@ int main(void)
     RUN(test_verify_bad_input);
     RUN(test_kv_truncate);
     RUN(test_engine_on_off_tiny);
+    RUN(test_spec_modes);
     if (!strcmp(test_backend(), "cuda-emu")) {
         printf("SKIP test_engine_on_off_families: too slow on the CUDA emulator\n");
         printf("SKIP test_engine_abort_mid_draft: too slow on the CUDA emulator\n");
