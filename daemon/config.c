@@ -85,6 +85,8 @@ static const cfg_field FIELDS[] = {
       "\"auto\" (default): ngram when spec_max_draft > 0, else off"),
     I(spec_max_draft, 0, 16, "speculative decoding: drafted tokens verified per sequence and step at most (with "
       "spec_decode ngram 0 = 6; with auto 0 = off)"),
+    I(spec_max_batch, 0, 4096, "speculative decoding: a step drafts only while at most this many sequences run "
+      "(the tail; past it verify rows cost what they save; 0 = 16)"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
     {"weights_from", CFG_TEXT, offsetof(cfg_daemon, weights_from), 0, sizeof(((cfg_daemon *)0)->weights_from),

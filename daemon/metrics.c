@@ -89,6 +89,7 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON *sp = cJSON_AddObjectToObject(o, "spec_decode");
     cJSON_AddStringToObject(sp, "mode", eng_spec_mode_name(s->eng.spec_decode));
     cJSON_AddNumberToObject(sp, "max_draft", s->eng.spec_max_draft);
+    cJSON_AddNumberToObject(sp, "max_batch", s->eng.spec_max_batch);
     cJSON_AddNumberToObject(sp, "drafted_tokens", (double)s->eng.spec_drafted);
     cJSON_AddNumberToObject(sp, "accepted_tokens", (double)s->eng.spec_accepted);
     cJSON_AddNumberToObject(sp, "acceptance_rate",

@@ -61,7 +61,7 @@ static int run_once(rd_loaded *L, const char *backend, int32_t **ids, const size
         return rc;
     memset(out, 0, sizeof *out);
     out->res = calloc((size_t)B, sizeof *out->res);
-    int64_t req_ids[8];
+    int64_t req_ids[64];
     int64_t t0 = clock_now_ns();
     for (int i = 0; i < B && !rc; i++) {
         eng_request r = {.prompt = ids[i % N_PROMPTS], .n_prompt = (int32_t)n_ids[i % N_PROMPTS], .n = 1,
@@ -146,8 +146,8 @@ int main(int argc, char **argv)
         n_batches = 3;
     }
     for (int32_t b = 0; b < n_batches; b++)
-        if (batches[b] < 1 || batches[b] > 8)
-            cli_die(P, "--batches: each batch must be in 1..8%s%s", "", "");
+        if (batches[b] < 1 || batches[b] > 64)
+            cli_die(P, "--batches: each batch must be in 1..64%s%s", "", "");
     rd_loaded L;
     if (rd_load(model_path, backend, threads, &L)) {
         fprintf(stderr, "%s: %s\n", P, rd_errmsg());

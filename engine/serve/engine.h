@@ -24,6 +24,9 @@ typedef enum {
 
 /* Drafted tokens per sequence and step when ngram is asked without a length. */
 #define ENG_SPEC_DEFAULT_DRAFT 6
+/* Running sequences at most for a step to speculate, when not configured (PERF.md: measured on the
+   2-core CPU, batch 16 gained and batch 32 lost). */
+#define ENG_SPEC_DEFAULT_MAX_BATCH 16
 
 /* "off" / "ngram" (and "auto") to the mode; RD_EINVAL naming the choices. */
 int eng_spec_mode_parse(const char *name, eng_spec_mode *out);
@@ -47,6 +50,8 @@ typedef struct {
                                    outputs are bit-identical to it off */
     int32_t spec_max_draft;     /* drafted tokens verified per sequence and step at most, 0..SEQ_MAX_DRAFT;
                                    under ENG_SPEC_NGRAM 0 = ENG_SPEC_DEFAULT_DRAFT, under AUTO 0 = off */
+    int32_t spec_max_batch;     /* a step speculates only while at most this many sequences run, 0..4096
+                                   (0 = ENG_SPEC_DEFAULT_MAX_BATCH) */
 } eng_config;
 
 typedef struct {
@@ -138,6 +143,7 @@ typedef struct {
     int64_t spec_drafted, spec_accepted, spec_steps;
     eng_spec_mode spec_decode;  /* as resolved: ENG_SPEC_OFF or a drafter */
     int32_t spec_max_draft;     /* drafted tokens per sequence and step at most (0 when off) */
+    int32_t spec_max_batch;     /* running sequences at most for a step to speculate */
 } eng_stats;
 
 typedef struct engine engine;

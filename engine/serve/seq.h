@@ -81,6 +81,7 @@ typedef struct seq {
     int32_t spec_len;           /* drafts it may get next (0: spec_max_draft); adapts to what it keeps */
     int32_t spec_wait;          /* steps to decode plainly before drafting again (after drafts all missed) */
     int32_t spec_backoff;       /* the last wait: doubles while drafts keep missing */
+    float spec_rate;            /* running acceptance rate (drafts kept / drafted, 0..1; starts at 1) */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     stop_scan scan;             /* the generated text against req->stops */
     int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */

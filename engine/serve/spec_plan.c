@@ -13,12 +13,14 @@ static int decoding(const seq *s)
     return s->fork_n <= 1 && s->n_tokens > s->req->n_prompt && s->n_computed == s->n_tokens - 1;
 }
 
-int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx, int32_t logit_rows)
+int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
 {
     for (seq *s = sc->running.head; s; s = s->next)
         s->n_draft = 0;
+    int32_t max_draft = cfg->max_draft;
+    const int32_t max_ctx = cfg->max_ctx, logit_rows = cfg->logit_rows;
     if (!d || max_draft <= 0 || sc->waiting.count > 0 || sc->running.count == 0 ||
-        sc->running.count > sc->max_num_seqs)
+        sc->running.count > sc->max_num_seqs || sc->running.count > cfg->max_batch)
         return 0;
     if (max_draft > SEQ_MAX_DRAFT)
         max_draft = SEQ_MAX_DRAFT;
@@ -96,7 +98,10 @@ void spec_feedback(seq *s, int32_t max_draft)
     } else {
         s->spec_len = kept + 1;
     }
-    if (kept <= 0) {
+    /* A running average with weight 1/4 on the last step: one bad step does not stop it. */
+    const float step_rate = (float)(kept < s->n_draft ? kept : s->n_draft) / (float)s->n_draft;
+    s->spec_rate += (step_rate - s->spec_rate) * 0.25f;
+    if (kept <= 0 || s->spec_rate < SPEC_MIN_RATE) {
         s->spec_backoff = s->spec_backoff > 0 ? (2 * s->spec_backoff < 16 ? 2 * s->spec_backoff : 16) : 1;
         s->spec_wait = s->spec_backoff;
     } else {

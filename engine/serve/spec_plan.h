@@ -15,21 +15,37 @@
 #include "engine/serve/sched.h"
 #include "engine/serve/spec_draft.h"
 
-/* Drafts for this step. Only in the tail: nothing waiting, every running
- * sequence fits in one step (max_num_seqs), and the rows of all of them
- * with their drafts fit the token budget and logit_rows (the runner's logit
- * rows). A sequence drafts when it is decoding (all but its last token
- * computed, a group already forked) and has room: at most max_draft
- * (<= SEQ_MAX_DRAFT) tokens, never past its max_tokens or max_ctx (a draft
- * that cannot be kept is not drafted), and enough free blocks for them.
- * Returns the tokens drafted (0: the step runs as without speculation), or
- * < 0 when the drafter fails (then nothing is drafted). */
-int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx, int32_t logit_rows);
+/* Below this acceptance rate (drafts kept / drafted, a running average over
+ * its verify steps) a sequence stops drafting for a while (spec_feedback):
+ * a rejected draft costs a row of the forward and buys nothing. */
+#define SPEC_MIN_RATE 0.25f
+
+typedef struct {
+    int32_t max_draft;          /* drafted tokens per sequence at most (<= SEQ_MAX_DRAFT) */
+    int32_t max_batch;          /* speculate only while at most this many sequences run (the tail) */
+    int32_t max_ctx;            /* the model's context, tokens */
+    int32_t logit_rows;         /* logit rows the runner gives a step */
+} spec_plan_cfg;
+
+/* Drafts for this step. Only in the tail: nothing waiting, at most
+ * max_batch sequences running (past that the forward is busy with their
+ * rows already, and a verify row costs about what a decode row does: on the
+ * 2-core CPU batch 32 ran 0.74x with drafts, PERF.md), and the rows of all
+ * of them with their drafts fit the token budget and logit_rows. A sequence
+ * drafts when it is decoding (all but its last token computed, a group
+ * already forked), is not waiting out a backoff (spec_feedback), and has
+ * room: at most max_draft tokens (or its adapted spec_len), never past its
+ * max_tokens or max_ctx (a draft that cannot be kept is not drafted), and
+ * enough free blocks for them. Returns the tokens drafted (0: the step runs
+ * as without speculation), or < 0 when the drafter fails (then nothing is
+ * drafted). */
+int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg);
 
 /* After the draws of a step in which s drafted: adapts how much it drafts
  * next (spec_len: doubled after a step that kept every draft, else the
- * drafts it kept + 1; after one that kept none, a wait of 1, 2, 4 .. 16
- * steps without drafting). Only time depends on it. */
+ * drafts it kept + 1) and whether (after a step that kept none, or while its
+ * running acceptance rate spec_rate is under SPEC_MIN_RATE, a wait of 1, 2,
+ * 4 .. 16 steps without drafting). Only time depends on it. */
 void spec_feedback(seq *s, int32_t max_draft);
 
 /* After the draws of a step in which s drafted and went on (not finished):

@@ -28,6 +28,7 @@
 #include "engine/serve/engine.h"
 #include "engine/serve/kv.h"
 #include "engine/serve/spec_ngram.h"
+#include "engine/serve/spec_plan.h"
 #include "engine/serve/spec_verify.h"
 #include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
@@ -905,6 +906,90 @@ static void test_spec_modes(void)
     CHECK(rc == RD_EINVAL, "spec_decode 7 gave %d", rc);
 }
 
+/* The per-sequence rule (spec_feedback): steps that keep 1 of 8 drafts pull
+ * the running rate under SPEC_MIN_RATE and the sequence waits; steps that
+ * keep half never make it wait. */
+static void test_spec_rate_rule(void)
+{
+    int waited_low = -1, waited_half = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        seq s;
+        memset(&s, 0, sizeof s);
+        s.spec_rate = 1.0f;
+        const int32_t kept = pass == 0 ? 1 : 4;
+        for (int step = 0; step < 30; step++) {
+            s.n_draft = 8;
+            s.spec_base = 100;
+            s.n_tokens = 100 + 1 + kept; /* its kept drafts and the draw after them */
+            spec_feedback(&s, 8);
+            if (s.spec_wait > 0) {
+                if (pass == 0 && waited_low < 0)
+                    waited_low = step;
+                if (pass == 1)
+                    waited_half = 1;
+                s.spec_wait = 0;
+            }
+        }
+    }
+    CHECK(waited_low > 0 && waited_low < 15, "1 of 8 kept: first wait at step %d", waited_low);
+    CHECK(!waited_half, "half kept: it waited");
+}
+
+/* The per-step rule: with spec_max_batch 2, nothing is drafted while more
+ * than 2 sequences run, and drafting starts once the tail is down to 2. */
+static void test_spec_batch_rule(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    static int32_t prompt[40];
+    repeating_prompt(prompt, 40, 4, 3, l.m->cfg.vocab);
+    eng_config cfg = eng_default_config();
+    cfg.spec_decode = ENG_SPEC_NGRAM;
+    cfg.spec_max_batch = 2;
+    engine *e = NULL;
+    int rc = eng_create(l.m, &cfg, &e);
+    for (int i = 0; i < 4 && !rc; i++) {
+        eng_request r;
+        memset(&r, 0, sizeof r);
+        r.prompt = prompt;
+        r.n_prompt = 40;
+        r.n = 1;
+        r.max_tokens = 20 + 20 * i;
+        r.sp = samp_default();
+        r.sp.temperature = 0.0f;
+        r.ignore_eos = 1;
+        int64_t id;
+        rc = eng_add(e, &r, &id);
+    }
+    int64_t drafted_wide = 0, drafted_tail = 0;
+    eng_result res[4];
+    while (!rc && eng_busy(e)) {
+        eng_stats before;
+        eng_get_stats(e, &before);
+        int k = eng_step(e);
+        if (k < 0) {
+            rc = k;
+            break;
+        }
+        eng_stats after;
+        eng_get_stats(e, &after);
+        if (before.running > 2)
+            drafted_wide += after.spec_drafted - before.spec_drafted;
+        else
+            drafted_tail += after.spec_drafted - before.spec_drafted;
+        for (int n; (n = eng_collect(e, res, 4)) > 0;)
+            for (int i = 0; i < n; i++)
+                eng_result_free(&res[i]);
+    }
+    eng_destroy(e);
+    rd_unload(&l);
+    CHECK(rc == 0, "run: %d (%s)", rc, rd_errmsg());
+    CHECK(drafted_wide == 0, "drafted %lld tokens while more than 2 ran", (long long)drafted_wide);
+    CHECK(drafted_tail > 0, "nothing drafted in the tail");
+}
+
 int main(void)
 {
     if (file_exists("tests/gen_testdata.sh")) {
@@ -919,6 +1004,8 @@ int main(void)
     RUN(test_kv_truncate);
     RUN(test_engine_on_off_tiny);
     RUN(test_spec_modes);
+    RUN(test_spec_rate_rule);
+    RUN(test_spec_batch_rule);
     if (!strcmp(test_backend(), "cuda-emu")) {
         printf("SKIP test_engine_on_off_families: too slow on the CUDA emulator\n");
         printf("SKIP test_engine_abort_mid_draft: too slow on the CUDA emulator\n");
