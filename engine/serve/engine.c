@@ -563,9 +563,10 @@ static void take_draw(engine *e, int32_t i)
     }
     append_token(e, s, &e->sres[i]);
     if (j >= 0 && j < s->n_draft) {
-        if (e->sres[i].token == s->draft[j])
+        if (e->sres[i].token == s->draft[j]) {
             e->st.spec_accepted++;
-        else
+            s->spec_n_accepted++;
+        } else
             s->spec_rejected = 1;
     }
 }
@@ -691,6 +692,8 @@ int eng_step(engine *e)
         sched_commit(&e->sched, s, e->version);
         if (s->n_computed < s->n_tokens)
             continue;
+        if (e->drafter && s->n_tokens > s->req->n_prompt)
+            s->spec_n_steps++; /* a decode step draws for it (a group's first tokens come from the prefill) */
         if (s->n_draft > 0) {
             /* The last token's row, then one per draft: draws of tokens n_tokens .. n_tokens + n_draft. */
             for (int32_t j = 0; j <= s->n_draft && !rc; j++)
@@ -699,6 +702,7 @@ int eng_step(engine *e)
                 return rc;
             li += 1 + s->n_draft;
             e->st.spec_drafted += s->n_draft;
+            s->spec_n_drafted += s->n_draft;
             n_spec++;
             continue;
         }
@@ -911,6 +915,9 @@ int eng_collect(engine *e, eng_result *out, int max)
             }
         }
         r->n_preempt = s->n_preempt;
+        r->spec_drafted = s->spec_n_drafted;
+        r->spec_accepted = s->spec_n_accepted;
+        r->spec_steps = s->spec_n_steps;
         r->t_first_token_us = s->t_first_us;
         if (s->routes) {
             r->n_routes = s->n_routes;

@@ -101,6 +101,11 @@ typedef struct {
     int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before
                                    the match, where a client's text is cut */
     int32_t n_preempt;
+    /* Speculative decoding (an engine with a drafter; 0 without): drafted tokens verified for it, those
+       drawn as drafted (accepted; each is one of token_ids), and its decode steps, plain or verifying
+       (SGLang's spec_verify_ct: n_tokens / spec_steps is the mean tokens a step gave it, the first token,
+       drawn from the prefill, included) */
+    int32_t spec_drafted, spec_accepted, spec_steps;
     int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
     uint64_t version_finish;    /* weight version when the sample finished */
     int32_t n_spans;            /* 0 when n_tokens is 0 */

@@ -55,11 +55,11 @@ def post(d, body):
 
 
 def strip_timing(o):
-    """The outputs less what depends on time (latencies)."""
+    """The outputs less what depends on time (latencies) and on speculation (its tallies)."""
     o = dict(o)
     mi = dict(o.get("meta_info", {}))
     for k in list(mi):
-        if "latency" in k or k.endswith("_us") or k.endswith("_time") or k == "id":
+        if "latency" in k or k.endswith("_us") or k.endswith("_time") or k == "id" or k.startswith("spec_"):
             del mi[k]
     o["meta_info"] = mi
     return o
@@ -97,6 +97,7 @@ def nng_spec_on_equals_off():
 @case
 def http_stop_strings_spec_on_equals_off():
     off, on = daemons()
+    accepted_total = [0]
     for body in (
         {"text": [CODE, LIST], "return_logprob": True,
          "sampling_params": {"max_new_tokens": 48, "temperature": 0, "seed": 5, "stop": ["return a /", "Friday"]}},
@@ -107,6 +108,16 @@ def http_stop_strings_spec_on_equals_off():
         a = a if isinstance(a, list) else [a]
         b = b if isinstance(b, list) else [b]
         assert [strip_timing(x) for x in a] == [strip_timing(x) for x in b], (a, b)
+        # SGLang's per-sample speculation fields: only where it is on, and consistent
+        assert not any(k.startswith("spec_") for x in a for k in x["meta_info"]), a[0]["meta_info"]
+        for x in b:
+            mi = x["meta_info"]
+            n, acc, dr, ct = mi["completion_tokens"], mi["spec_accept_token_num"], mi["spec_draft_token_num"], \
+                mi["spec_verify_ct"]
+            assert 0 <= acc <= dr and acc < n and 1 <= ct <= n, mi
+            assert abs(mi["spec_accept_length"] - n / ct) < 1e-9, mi
+            accepted_total[0] += acc
+    assert accepted_total[0] > 0, "no sample reported an accepted draft"
     code, _, text = on.http("/metrics")
     assert code == 200 and "spec_decode_num_draft_tokens_total" in text and \
         "spec_decode_num_accepted_tokens_total" in text, text[-500:]

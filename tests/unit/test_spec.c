@@ -436,6 +436,28 @@ static int on_vs_off(model *m, eng_config cfg, const eng_request *reqs, int n_re
         snprintf(why, cap, "drafted %lld tokens with speculation off", (long long)off->st.spec_drafted);
         goto out;
     }
+    /* The per-sample tallies add up to the engine's, and are 0 without speculation. */
+    int64_t sum_d = 0, sum_a = 0, off_any = 0;
+    for (int i = 0; i < on->n; i++) {
+        const eng_result *b = &on->r[i];
+        sum_d += b->spec_drafted;
+        sum_a += b->spec_accepted;
+        if (b->spec_accepted > b->spec_drafted || b->spec_accepted > b->n_tokens ||
+            (b->n_tokens > 1 && b->finish != FINISH_ABORT && b->spec_steps < 1) || b->spec_steps > b->n_tokens) {
+            snprintf(why, cap, "request %lld sample %d: drafted %d accepted %d steps %d for %d tokens",
+                     (long long)b->req_id, b->sample_idx, b->spec_drafted, b->spec_accepted, b->spec_steps,
+                     b->n_tokens);
+            goto out;
+        }
+    }
+    for (int i = 0; i < off->n; i++)
+        off_any |= off->r[i].spec_drafted | off->r[i].spec_accepted | off->r[i].spec_steps;
+    if (sum_d != on->st.spec_drafted || sum_a != on->st.spec_accepted || off_any) {
+        snprintf(why, cap, "per-sample tallies: drafted %lld accepted %lld, engine %lld %lld; off nonzero %lld",
+                 (long long)sum_d, (long long)sum_a, (long long)on->st.spec_drafted, (long long)on->st.spec_accepted,
+                 (long long)off_any);
+        goto out;
+    }
     spec_preemptions += on->st.preemptions;
     *drafted += on->st.spec_drafted;
     *accepted += on->st.spec_accepted;
