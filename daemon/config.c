@@ -87,6 +87,8 @@ static const cfg_field FIELDS[] = {
       "spec_decode ngram 0 = 6; with auto 0 = off)"),
     I(spec_max_batch, 0, 4096, "speculative decoding: a step drafts only while at most this many sequences run "
       "(the tail; past it verify rows cost what they save; 0 = 16)"),
+    I(spec_store_bytes, 0, (int64_t)1 << 40, "speculative decoding: bytes of recent completions kept by prompt "
+      "(salted with the weight version) for drafts when a prompt is asked again; the oldest go first (0 = none)"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
     {"weights_from", CFG_TEXT, offsetof(cfg_daemon, weights_from), 0, sizeof(((cfg_daemon *)0)->weights_from),
@@ -150,6 +152,7 @@ void cfg_defaults(cfg_daemon *c)
     c->http_stream_queue_bytes = 4 << 20;
     c->prefix_cache = ec.prefix_cache;
     c->spec_max_draft = ec.spec_max_draft;
+    c->spec_store_bytes = ec.spec_store_bytes;
     c->max_staging_bytes = (int64_t)4 << 30;
     c->update_window = 8;
     c->update_idle_s = 60;

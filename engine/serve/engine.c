@@ -21,6 +21,7 @@
 #include "engine/serve/sched.h"
 #include "engine/serve/spec_ngram.h"
 #include "engine/serve/spec_plan.h"
+#include "engine/serve/spec_store.h"
 #include "engine/text/tokenizer.h"
 #include "base/pool.h"
 
@@ -61,6 +62,7 @@ struct engine {
     int32_t route_layers, route_k;
     /* Speculative decoding (cfg.spec_max_draft > 0; NULL otherwise) */
     spec_drafter *drafter;
+    spec_store *store;          /* recent completions by prompt (cfg.spec_store_bytes > 0; NULL otherwise) */
     int32_t logit_cap;          /* logit rows a step may ask for: max_num_seqs, plus 4 sequences' drafts */
 };
 
@@ -98,6 +100,7 @@ eng_config eng_default_config(void)
         .eos_id = -1,
         .eot_id = -1,
         .prefix_cache = 1,
+        .spec_store_bytes = (int64_t)64 << 20,
     };
 }
 
@@ -121,6 +124,9 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (cfg->spec_max_draft < 0 || cfg->spec_max_draft > SEQ_MAX_DRAFT)
         return rd_fail(RD_EINVAL, "engine: spec_max_draft %d must be in 0..%d (0 = off)", cfg->spec_max_draft,
                        SEQ_MAX_DRAFT);
+    if (cfg->spec_store_bytes < 0)
+        return rd_fail(RD_EINVAL, "engine: spec_store_bytes %lld must be >= 0 (0 = no store)",
+                       (long long)cfg->spec_store_bytes);
     if (cfg->spec_max_batch < 0 || cfg->spec_max_batch > 4096)
         return rd_fail(RD_EINVAL, "engine: spec_max_batch %d must be in 0..4096 (0 = %d)", cfg->spec_max_batch,
                        ENG_SPEC_DEFAULT_MAX_BATCH);
@@ -165,6 +171,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (!rc && cfg->spec_max_draft > 0) {
         spec_ngram_params np = spec_ngram_default();
         rc = spec_ngram_create(&np, &e->drafter);
+        if (!rc && cfg->spec_store_bytes > 0)
+            rc = spec_store_create(cfg->spec_store_bytes, &e->store);
     }
     if (rc) {
         eng_destroy(e);
@@ -236,6 +244,7 @@ void eng_destroy(engine *e)
     free(e->step_routes);
     if (e->drafter)
         e->drafter->destroy(e->drafter);
+    spec_store_destroy(e->store);
     free(e);
 }
 
@@ -398,7 +407,7 @@ static void copy_routes(engine *e, const int32_t *src, const int32_t *dst, int32
 static void finish(engine *e, seq *s, finish_reason why)
 {
     if (e->drafter && (why == FINISH_STOP || why == FINISH_LENGTH))
-        spec_keep_output(s); /* drafts for its group's samples still running */
+        spec_keep_output(s, e->store, e->version); /* drafts for its group's samples, and later requests */
     s->version_finish = e->version;
     take_routes(e, s);
     kv_free_seq(e->kv, &s->blocks);
@@ -631,7 +640,8 @@ int eng_step(engine *e)
     if (e->paused || !e->kv || e->weights_released)
         return 0;
     const spec_plan_cfg pc = {.max_draft = e->cfg.spec_max_draft, .max_batch = e->cfg.spec_max_batch,
-                              .max_ctx = e->m->cfg.max_ctx, .logit_rows = e->logit_cap};
+                              .max_ctx = e->m->cfg.max_ctx, .logit_rows = e->logit_cap, .store = e->store,
+                              .version = e->version};
     if (e->drafter && spec_plan(&e->sched, e->drafter, &pc) < 0)
         return rd_fail(RD_EINVAL, "engine: the %s drafter failed: %s", e->drafter->name, rd_errmsg());
     int32_t n_sched = sched_step(&e->sched, e->version);
@@ -1029,6 +1039,11 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->spec_decode = e->cfg.spec_decode;
     s->spec_max_draft = e->cfg.spec_max_draft;
     s->spec_max_batch = e->cfg.spec_max_batch;
+    spec_store_stats ss;
+    spec_store_get_stats(e->store, &ss);
+    s->spec_store_bytes = ss.bytes;
+    s->spec_store_max_bytes = ss.max_bytes;
+    s->spec_store_entries = ss.entries;
     s->ns_layers = e->run.ns_layers;
     s->ns_head = e->run.ns_head;
 }

@@ -52,6 +52,8 @@ typedef struct {
                                    under ENG_SPEC_NGRAM 0 = ENG_SPEC_DEFAULT_DRAFT, under AUTO 0 = off */
     int32_t spec_max_batch;     /* a step speculates only while at most this many sequences run, 0..4096
                                    (0 = ENG_SPEC_DEFAULT_MAX_BATCH) */
+    int64_t spec_store_bytes;   /* bytes of recent completions kept by prompt and weight version for the
+                                   drafter (spec_store.h; default 64 MiB, 0 = none) */
 } eng_config;
 
 typedef struct {
@@ -149,6 +151,8 @@ typedef struct {
     eng_spec_mode spec_decode;  /* as resolved: ENG_SPEC_OFF or a drafter */
     int32_t spec_max_draft;     /* drafted tokens per sequence and step at most (0 when off) */
     int32_t spec_max_batch;     /* running sequences at most for a step to speculate */
+    int64_t spec_store_bytes, spec_store_max_bytes; /* the store of completions: charged now, its bound */
+    int32_t spec_store_entries; /* completions in it */
 } eng_stats;
 
 typedef struct engine engine;

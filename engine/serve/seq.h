@@ -48,6 +48,8 @@ struct seq_req {
     int32_t n_done_outs;
     int32_t **done_outs;        /* [n_done_outs][done_lens[i]] */
     int32_t *done_lens;
+    uint64_t store_key;         /* its prompt's key in the store of completions (spec_store.h), 0: not made */
+    uint64_t store_version;     /* the weight version store_key was made under */
 };
 
 typedef struct seq {

@@ -14,6 +14,11 @@
 
 #include "engine/serve/sched.h"
 #include "engine/serve/spec_draft.h"
+#include "engine/serve/spec_store.h"
+
+/* Completions of the same prompt from the store a sequence drafts from at
+ * most (the newest): each is scanned whole at every draft. */
+#define SPEC_STORE_SOURCES 8
 
 /* Below this acceptance rate (drafts kept / drafted, a running average over
  * its verify steps) a sequence stops drafting for a while (spec_feedback):
@@ -25,6 +30,8 @@ typedef struct {
     int32_t max_batch;          /* speculate only while at most this many sequences run (the tail) */
     int32_t max_ctx;            /* the model's context, tokens */
     int32_t logit_rows;         /* logit rows the runner gives a step */
+    const spec_store *store;    /* earlier completions by prompt (NULL: none) */
+    uint64_t version;           /* the weight version serving: the store's salt */
 } spec_plan_cfg;
 
 /* Drafts for this step. Only in the tail: nothing waiting, at most
@@ -54,8 +61,9 @@ void spec_feedback(seq *s, int32_t max_draft);
 void spec_rollback(sched *sc, seq *s);
 
 /* A sample of a group finished: its generated tokens join its request's
- * done_outs (at most 32 of them), drafts for its siblings still running.
- * Out of memory: not kept (drafts only). */
-void spec_keep_output(seq *s);
+ * done_outs (at most 32 of them), drafts for its siblings still running;
+ * and with a store, they are kept there under its prompt and version for
+ * later requests of the same prompt. Out of memory: not kept (drafts only). */
+void spec_keep_output(seq *s, spec_store *store, uint64_t version);
 
 #endif

@@ -1012,6 +1012,85 @@ static void test_spec_batch_rule(void)
     CHECK(drafted_tail > 0, "nothing drafted in the tail");
 }
 
+/* One request of prompt p run alone on e to its end; its result into *out. */
+static int run_one(engine *e, const eng_request *r, eng_result *out)
+{
+    int64_t id;
+    int rc = eng_add(e, r, &id);
+    while (!rc && eng_busy(e)) {
+        int k = eng_step(e);
+        rc = k < 0 ? k : 0;
+    }
+    return rc ? rc : eng_collect(e, out, 1) == 1 ? 0 : RD_EINVAL;
+}
+
+/* The store of completions across requests: the same prompt asked again
+ * (temperature 1, another seed) drafts from the first answer and keeps more
+ * drafts than without the store; after a version change the store has
+ * nothing for it (keyed by version): the same drafts as without the store.
+ * Outputs equal with and without the store. */
+static void test_spec_store_across_requests(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    static int32_t prompt[24];
+    make_tokens(prompt, 24, 77, l.m->cfg.vocab);
+    eng_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.n_prompt = 24;
+    r.n = 1;
+    r.max_tokens = 80;
+    r.sp = samp_default();
+    r.sp.temperature = 0.0f;
+    r.ignore_eos = 1;
+    /* [store on/off][first, again, after the version change] */
+    eng_result res[2][3];
+    memset(res, 0, sizeof res);
+    eng_stats st[2];
+    int rc = 0;
+    for (int on = 0; on < 2 && !rc; on++) {
+        eng_config cfg = eng_default_config();
+        cfg.spec_decode = ENG_SPEC_NGRAM;
+        cfg.spec_store_bytes = on ? (int64_t)1 << 20 : 0;
+        engine *e = NULL;
+        rc = eng_create(l.m, &cfg, &e);
+        if (!rc)
+            rc = run_one(e, &r, &res[on][0]);
+        if (!rc)
+            rc = run_one(e, &r, &res[on][1]);
+        if (!rc) {
+            eng_set_version(e, 2);
+            rc = run_one(e, &r, &res[on][2]);
+        }
+        if (e) {
+            eng_get_stats(e, &st[on]);
+            eng_destroy(e);
+        }
+    }
+    rd_unload(&l);
+    char why[200] = "";
+    for (int k = 0; k < 3 && !rc; k++)
+        if (!same_result(&res[0][k], &res[1][k], why, sizeof why))
+            break;
+    const int32_t acc_off = res[0][1].spec_accepted, acc_on = res[1][1].spec_accepted;
+    const int32_t acc_v2_off = res[0][2].spec_accepted, acc_v2_on = res[1][2].spec_accepted;
+    const int32_t n = res[1][1].n_tokens;
+    for (int on = 0; on < 2; on++)
+        for (int k = 0; k < 3; k++)
+            eng_result_free(&res[on][k]);
+    CHECK(rc == 0, "run: %d (%s)", rc, rd_errmsg());
+    CHECK(!why[0], "store on vs off: %s", why);
+    CHECK(st[1].spec_store_entries == 3 && st[0].spec_store_entries == 0, "entries %d / %d",
+          st[1].spec_store_entries, st[0].spec_store_entries);
+    CHECK(acc_on > acc_off && acc_on >= n / 2, "asked again: %d drafts kept with the store, %d without (of %d tokens)",
+          acc_on, acc_off, n);
+    CHECK(acc_v2_on == acc_v2_off, "after the version change: %d kept with the store, %d without", acc_v2_on,
+          acc_v2_off);
+}
+
 int main(void)
 {
     if (file_exists("tests/gen_testdata.sh")) {
@@ -1028,6 +1107,7 @@ int main(void)
     RUN(test_spec_modes);
     RUN(test_spec_rate_rule);
     RUN(test_spec_batch_rule);
+    RUN(test_spec_store_across_requests);
     if (!strcmp(test_backend(), "cuda-emu")) {
         printf("SKIP test_engine_on_off_families: too slow on the CUDA emulator\n");
         printf("SKIP test_engine_abort_mid_draft: too slow on the CUDA emulator\n");
