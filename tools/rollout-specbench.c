@@ -1,6 +1,7 @@
 /* rollout-specbench - speculative decoding on vs off on a long-tail decode workload.
  *   rollout-specbench --model PATH [--backend cpu] [--threads T] [--batches 1,2,4] [--max-tokens 128]
  *                     [--spec-decode ngram] [--draft 6] [--reps 2] [--json-out FILE] [--grpo]
+ *                     [--spec-max-batch B]
  * The tail of an RL round: B (1, 2, 4) samples decode alone. Prompts are code,
  * lists and worked arithmetic (structure that repeats, numbers and names that
  * come back, as in real answers), the default model's tokenizer encodes them;
@@ -25,7 +26,8 @@
  * time over that time), and for the speculating run the acceptance rate and
  * the mean accepted length (SGLang's: completion tokens / verify steps,
  * summed over samples). Medians over the reps, and whether every sample was
- * identical. */
+ * identical. --spec-max-batch B: the speculating runs' spec_max_batch (default
+ * the engine's, 16). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,6 +41,7 @@
 #include "tools/cli.h"
 
 static const char *P = "rollout-specbench";
+static int32_t spec_max_batch; /* --spec-max-batch: the engine's bound on a speculating step's batch (0: its default) */
 
 static const char *PROMPTS[] = {
     "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
@@ -100,6 +103,7 @@ static int run_once(rd_loaded *L, const char *backend, int32_t **ids, const size
     cfg.backend = backend;
     cfg.spec_decode = draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
     cfg.spec_max_draft = draft;
+    cfg.spec_max_batch = spec_max_batch;
     cfg.eos_id = -1;
     engine *e;
     int rc = eng_create(L->m, &cfg, &e);
@@ -175,6 +179,7 @@ static int grpo_once(rd_loaded *L, const char *backend, int32_t **ids, const siz
     cfg.backend = backend;
     cfg.spec_decode = draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
     cfg.spec_max_draft = draft;
+    cfg.spec_max_batch = spec_max_batch;
     cfg.eos_id = tok_eos(L->tok);
     cfg.eot_id = tok_eot(L->tok);
     engine *e;
@@ -266,8 +271,8 @@ static int grpo_bench(rd_loaded *L, const char *backend, int max_tokens, int dra
     double *ratio_round = calloc((size_t)reps, sizeof(double)), *ratio_tail = calloc((size_t)reps, sizeof(double));
     int same = 1;
     int64_t tokens = 0, drafted = 0, accepted = 0, verify_ct = 0;
-    printf("%-4s %9s %9s %8s %12s %12s %8s %9s %9s %5s\n", "rep", "off s", "on s", "round", "off tail/s",
-           "on tail/s", "tail", "accepted", "acc.len", "same");
+    printf("%-4s %9s %9s %8s %12s %12s %8s %8s %9s %9s %5s\n", "rep", "off s", "on s", "round", "off tail/s",
+           "on tail/s", "tail", "drafted", "accepted", "acc.len", "same");
     for (int r = 0; r < reps; r++) {
         grpo_out off, on;
         if (grpo_once(L, backend, ids, n_ids, max_tokens, 0, &off) ||
@@ -288,8 +293,8 @@ static int grpo_bench(rd_loaded *L, const char *backend, int max_tokens, int dra
         ratio_round[r] = off.seconds / on.seconds;
         ratio_tail[r] = on.tail_tps / off.tail_tps;
         tokens = on.tokens, drafted = on.drafted, accepted = on.accepted, verify_ct = on.verify_ct;
-        printf("%-4d %9.2f %9.2f %7.2fx %12.1f %12.1f %7.2fx %8.1f%% %9.2f %5s\n", r, off.seconds, on.seconds,
-               ratio_round[r], off.tail_tps, on.tail_tps, ratio_tail[r],
+        printf("%-4d %9.2f %9.2f %7.2fx %12.1f %12.1f %7.2fx %8lld %8.1f%% %9.2f %5s\n", r, off.seconds, on.seconds,
+               ratio_round[r], off.tail_tps, on.tail_tps, ratio_tail[r], (long long)drafted,
                drafted ? 100.0 * accepted / drafted : 0.0, verify_ct ? (double)tokens / verify_ct : 0.0,
                s ? "yes" : "NO");
         fflush(stdout);
@@ -312,6 +317,7 @@ static int grpo_bench(rd_loaded *L, const char *backend, int max_tokens, int dra
         cJSON_AddNumberToObject(o, "n", GRPO_N);
         cJSON_AddNumberToObject(o, "max_tokens", max_tokens);
         cJSON_AddNumberToObject(o, "spec_max_draft", draft);
+        cJSON_AddNumberToObject(o, "spec_max_batch", spec_max_batch);
         cJSON_AddNumberToObject(o, "reps", reps);
         cJSON_AddNumberToObject(o, "tokens", (double)tokens);
         cJSON_AddNumberToObject(o, "round_s_off_median", median(round_off, reps));
@@ -363,6 +369,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--reps")) reps = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100);
         else if (!strcmp(a, "--json-out")) json_out = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--grpo")) grpo = 1;
+        else if (!strcmp(a, "--spec-max-batch"))
+            spec_max_batch = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 4096);
         else cli_die(P, "unknown option %s%s", a, "");
     }
     if (!model_path)
