@@ -86,7 +86,7 @@ static const cfg_field FIELDS[] = {
     I(spec_max_draft, 0, 16, "speculative decoding: drafted tokens verified per sequence and step at most (with "
       "spec_decode ngram 0 = 6; with auto 0 = off)"),
     I(spec_max_batch, 0, 4096, "speculative decoding: a step drafts only while at most this many sequences run "
-      "(the tail; past it verify rows cost what they save; 0 = 16)"),
+      "(the tail; past it verify rows cost what they save; 0 = 8)"),
     I(spec_store_bytes, 0, (int64_t)1 << 40, "speculative decoding: bytes of recent completions kept by prompt "
       "(salted with the weight version) for drafts when a prompt is asked again; the oldest go first (0 = none)"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),

@@ -24,9 +24,10 @@ typedef enum {
 
 /* Drafted tokens per sequence and step when ngram is asked without a length. */
 #define ENG_SPEC_DEFAULT_DRAFT 6
-/* Running sequences at most for a step to speculate, when not configured (PERF.md: measured on the
-   2-core CPU, batch 16 gained and batch 32 lost). */
-#define ENG_SPEC_DEFAULT_MAX_BATCH 16
+/* Running sequences at most for a step to speculate, when not configured (PERF.md, the 2-core CPU, 96
+   tokens: batch 32 lost 0.74x greedy; batch 16 gained 1.16x greedy but lost 0.62x at temperature 1, what
+   RL samples at; batch 4 and below gained at both). */
+#define ENG_SPEC_DEFAULT_MAX_BATCH 8
 
 /* "off" / "ngram" (and "auto") to the mode; RD_EINVAL naming the choices. */
 int eng_spec_mode_parse(const char *name, eng_spec_mode *out);

@@ -52,7 +52,8 @@ def daemons():
         m = model()
         common = ("--model", m, "--kv-cache-bytes", KV_BYTES, "--max-tokens", 1500, "--max-num-seqs", 16)
         _d["off"] = Daemon(*common)
-        _d["on"] = Daemon(*common, "--spec-decode", "ngram")
+        # every running sample may speculate (the default bound, 8, leaves the preemption case few drafts)
+        _d["on"] = Daemon(*common, "--spec-decode", "ngram", "--spec-max-batch", 16)
     return _d["off"], _d["on"]
 
 
