@@ -138,8 +138,11 @@ test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaem
 # Speculative decoding on vs off: tail decode at batch 1, 2, 4 on code / list / arithmetic prompts,
 # greedy and temperature 1, tokens/s side by side, acceptance rate, outputs compared (build/bench-spec.json).
 .PHONY: bench-spec
+# Then a GRPO round (16 chat questions x n=8, temperature 1, EOS on) off vs on: whole-round time, the tail's
+# tokens/s, acceptance rate, mean accepted length (build/bench-spec-grpo.json).
 bench-spec: all model
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --json-out $(BUILD)/bench-spec.json
+	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --grpo --json-out $(BUILD)/bench-spec-grpo.json
 
 # A node of a RolloutFleet's Ray cluster dies (two raylets on this machine, ~25 s; not in tests/run.sh).
 .PHONY: test-ray-node-loss

@@ -580,6 +580,17 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
                             sh_name(sh_code(&c->a->d->serve, v ? r->version_finish : c->a->d->weight_version)));
     if (v)
         cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
+    if (v && c->a->d->stats.spec_decode != ENG_SPEC_OFF) {
+        /* SGLang's names and meanings (its meta_info with speculative decoding on); the accept length is
+         * its completion_tokens / spec_verify_ct */
+        cJSON_AddNumberToObject(mi, "spec_verify_ct", r->spec_steps);
+        cJSON_AddNumberToObject(mi, "spec_accept_token_num", r->spec_accepted);
+        cJSON_AddNumberToObject(mi, "spec_draft_token_num", r->spec_drafted);
+        cJSON_AddNumberToObject(mi, "spec_accept_rate",
+                                r->spec_drafted > 0 ? (double)r->spec_accepted / r->spec_drafted : 0.0);
+        cJSON_AddNumberToObject(mi, "spec_accept_length",
+                                r->spec_steps > 0 ? (double)r->n_tokens / r->spec_steps : 0.0);
+    }
     if (v && c->return_routes)
         cJSON_AddItemToObject(mi, "routed_experts", api_routes_json(r));
     return o;

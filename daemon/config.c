@@ -80,8 +80,15 @@ static const cfg_field FIELDS[] = {
     I(insecure, 0, 1, "1: allow the learner socket and the data lane on a non-loopback address without "
       "auth_token_file (/status shows it)"),
     I(prefix_cache, 0, 1, "1: reuse cached full prompt blocks across requests; 0: off"),
-    I(spec_max_draft, 0, 16, "speculative decoding: n-gram drafted tokens verified per sequence and step while "
-      "the batch is a tail (nothing waiting); outputs are bit-identical to it off (0 = off)"),
+    S(spec_decode, "speculative decoding: \"off\" or \"ngram\" (drafts from the sequence, its group and recent "
+      "completions of its prompt, verified while the batch is a tail; outputs are bit-identical to it off); "
+      "\"auto\" (default): ngram when spec_max_draft > 0, else off"),
+    I(spec_max_draft, 0, 16, "speculative decoding: drafted tokens verified per sequence and step at most (with "
+      "spec_decode ngram 0 = 6; with auto 0 = off)"),
+    I(spec_max_batch, 0, 4096, "speculative decoding: a step drafts only while at most this many sequences run "
+      "(the tail; past it verify rows cost what they save; 0 = 8)"),
+    I(spec_store_bytes, 0, (int64_t)1 << 40, "speculative decoding: bytes of recent completions kept by prompt "
+      "(salted with the weight version) for drafts when a prompt is asked again; the oldest go first (0 = none)"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
      "weight-update data lane HOST:PORT (\"\" = the learner socket's host, any free port; \"off\")"},
     {"weights_from", CFG_TEXT, offsetof(cfg_daemon, weights_from), 0, sizeof(((cfg_daemon *)0)->weights_from),
@@ -113,6 +120,7 @@ void cfg_defaults(cfg_daemon *c)
     snprintf(c->backend, sizeof c->backend, "%s", "cpu");
     snprintf(c->kv_dtype, sizeof c->kv_dtype, "%s", "auto");
     snprintf(c->serve_dtype, sizeof c->serve_dtype, "%s", "as_pushed");
+    snprintf(c->spec_decode, sizeof c->spec_decode, "%s", "auto");
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
     snprintf(c->http_listen, sizeof c->http_listen, "%s", "127.0.0.1:7071");
     c->threads = 0;
@@ -144,6 +152,7 @@ void cfg_defaults(cfg_daemon *c)
     c->http_stream_queue_bytes = 4 << 20;
     c->prefix_cache = ec.prefix_cache;
     c->spec_max_draft = ec.spec_max_draft;
+    c->spec_store_bytes = ec.spec_store_bytes;
     c->max_staging_bytes = (int64_t)4 << 30;
     c->update_window = 8;
     c->update_idle_s = 60;
@@ -364,6 +373,10 @@ int cfg_validate(const cfg_daemon *c)
     if (strcmp(c->serve_dtype, "as_pushed") && strcmp(c->serve_dtype, "q8_0"))
         return rd_fail(RD_EINVAL, "key \"serve_dtype\" = \"%s\"; expected \"as_pushed\" or \"q8_0\"",
                        c->serve_dtype);
+    eng_spec_mode sm;
+    if (eng_spec_mode_parse(c->spec_decode, &sm))
+        return rd_fail(RD_EINVAL, "key \"spec_decode\" = \"%s\"; expected \"off\" or \"ngram\" (or \"auto\": ngram "
+                       "when spec_max_draft > 0)", c->spec_decode);
     if (!strcmp(c->backend, "cuda") && (!strcmp(c->kv_dtype, "f32") || !strcmp(c->kv_dtype, "f16")))
         return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\" with backend \"cuda\": the CUDA backend stores the KV "
                        "cache as bf16; expected \"auto\" or \"bf16\"", c->kv_dtype);

@@ -47,7 +47,11 @@ typedef struct {
     char tls_key_file[CFG_STR];     /* its PEM key */
     int64_t insecure;               /* 1: the learner socket and data lane may face a network (no auth yet) */
     int64_t prefix_cache;           /* 1: reuse cached full prompt blocks (salted with the weight version) */
-    int64_t spec_max_draft;         /* speculative decoding: drafted tokens per sequence and step (0 = off) */
+    char spec_decode[8];            /* speculative decoding's drafter: "off", "ngram", or "auto" (the default: ngram
+                                       when spec_max_draft > 0, the rule of configs from before the key) */
+    int64_t spec_max_draft;         /* drafted tokens per sequence and step at most (ngram: 0 = 6; auto: 0 = off) */
+    int64_t spec_max_batch;         /* a step speculates only while at most this many sequences run (0 = 8) */
+    int64_t spec_store_bytes;       /* recent completions kept by prompt for the drafter, bytes (0 = none) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */
     char weights_from[CFG_STR];     /* a peer's learner URL: at start, ask it for its serving weights; "" = no */
     char advertise_url[CFG_STR];    /* the learner URL peers dial back (weights_from); "" = listen */

@@ -138,6 +138,10 @@ static int start(rd_daemon *d)
     ec.max_batch_tokens = (int32_t)d->cfg.max_batch_tokens;
     ec.prefix_cache = (int)d->cfg.prefix_cache;
     ec.spec_max_draft = (int32_t)d->cfg.spec_max_draft;
+    ec.spec_max_batch = (int32_t)d->cfg.spec_max_batch;
+    ec.spec_store_bytes = d->cfg.spec_store_bytes;
+    if (eng_spec_mode_parse(d->cfg.spec_decode, &ec.spec_decode)) /* cfg_validate checked it */
+        return RD_EINVAL;
     /* The loop bounds queued requests itself (BUSY); the engine must never refuse. */
     ec.max_waiting = (int32_t)d->cfg.max_queued_requests + 1;
     ec.eos_id = d->L.tok ? tok_eos(d->L.tok) : -1; /* as rollout-gen: same results for the same request */

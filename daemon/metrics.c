@@ -87,6 +87,12 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
     /* Speculative decoding: drafted tokens verified, those drawn as drafted, their ratio (0 before any). */
     cJSON *sp = cJSON_AddObjectToObject(o, "spec_decode");
+    cJSON_AddStringToObject(sp, "mode", eng_spec_mode_name(s->eng.spec_decode));
+    cJSON_AddNumberToObject(sp, "max_draft", s->eng.spec_max_draft);
+    cJSON_AddNumberToObject(sp, "max_batch", s->eng.spec_max_batch);
+    cJSON_AddNumberToObject(sp, "store_bytes", (double)s->eng.spec_store_bytes);
+    cJSON_AddNumberToObject(sp, "store_max_bytes", (double)s->eng.spec_store_max_bytes);
+    cJSON_AddNumberToObject(sp, "store_entries", s->eng.spec_store_entries);
     cJSON_AddNumberToObject(sp, "drafted_tokens", (double)s->eng.spec_drafted);
     cJSON_AddNumberToObject(sp, "accepted_tokens", (double)s->eng.spec_accepted);
     cJSON_AddNumberToObject(sp, "acceptance_rate",

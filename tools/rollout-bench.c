@@ -1,7 +1,7 @@
 /* rollout-bench - throughput of the engine on a seeded rollout workload.
  *   rollout-bench --model PATH [--requests R] [--n N] [--seed S] [--max-num-seqs B]
  *                 [--threads T] [--kv-cache-mb MB] [--block-size 16] [--decode-batches 1,32]
- *                 [--decode-only] [--routes] [--json]
+ *                 [--decode-only] [--routes] [--json] [--spec-decode off|ngram] [--spec-max-draft D]
  * Workload: R prompts (random token ids, lengths 16-256) x n samples, each
  * sample generating a fixed length (16-256, long-tailed), EOS ignored so both
  * runs do the same work. It runs once with continuous batching and once as
@@ -22,7 +22,10 @@
  * batch reports how many distinct experts a step's rows hit per layer: the
  * experts whose weights that step reads (mean, min and max over the 64 steps
  * x layers, and the mean per layer). Recording the routes costs a copy of
- * layers x B x k ids per step. */
+ * layers x B x k ids per step. --spec-decode ngram runs everything with
+ * speculative decoding (up to --spec-max-draft drafted tokens, default 6): the
+ * same tokens, in the time it takes; the JSON then has its drafted and
+ * accepted counts. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdint.h>
@@ -60,6 +63,7 @@ static int32_t tail_len(uint64_t *s) { return (int32_t)floor(16.0 * pow(16.0, un
 typedef struct {
     double seconds, tokens_per_s, mean_batch, kv_waste; /* tokens: requested output, padding excluded */
     int64_t decode_steps, tokens, kv_peak;
+    int64_t spec_drafted, spec_accepted; /* speculative decoding's tokens (0 when off) */
 } run_stats;
 
 static int run_workload(model *m, const eng_config *cfg, const work_item *w, int R, int n, int static_batch,
@@ -114,6 +118,8 @@ static int run_workload(model *m, const eng_config *cfg, const work_item *w, int
     out->mean_batch = st.steps ? (double)st.seqs_total / st.steps : 0;
     out->kv_peak = st.kv_peak_blocks;
     out->kv_waste = st.kv_waste_at_peak;
+    out->spec_drafted = st.spec_drafted;
+    out->spec_accepted = st.spec_accepted;
     eng_destroy(e);
     return 0;
 }
@@ -243,7 +249,8 @@ int main(int argc, char **argv)
     int64_t kv_mb = 1024;
     int32_t block_size = 16;
     uint64_t seed = 1;
-    int32_t *dec_b = NULL, n_dec = 0;
+    int32_t *dec_b = NULL, n_dec = 0, spec_max_draft = 0;
+    eng_spec_mode spec = ENG_SPEC_AUTO; /* as the daemon: --spec-max-draft D alone means ngram */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model")) model_path = cli_value(P, argc, argv, &i);
@@ -258,6 +265,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--decode-only")) decode_only = 1;
         else if (!strcmp(a, "--routes")) routes = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--spec-decode")) {
+            if (eng_spec_mode_parse(cli_value(P, argc, argv, &i), &spec))
+                cli_die(P, "--spec-decode: %s%s", rd_errmsg(), "");
+        }
+        else if (!strcmp(a, "--spec-max-draft"))
+            spec_max_draft = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, SEQ_MAX_DRAFT);
         else cli_die(P, "unknown flag '%s'%s (see the comment at the top of tools/rollout-bench.c)", a, "");
     }
     if (!model_path)
@@ -295,6 +308,8 @@ int main(int argc, char **argv)
     cfg.max_batch_tokens = 512 > max_seqs ? 512 : max_seqs;
     cfg.kv_cache_bytes = kv_mb << 20;
     cfg.block_size = block_size;
+    cfg.spec_decode = spec;
+    cfg.spec_max_draft = spec_max_draft;
     run_stats cont = {0}, stat = {0};
     double speedup = 0;
     if (!decode_only) {
@@ -326,6 +341,10 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(x, "kv_waste_frac", rs[k]->kv_waste);
             cJSON_AddNumberToObject(x, "seconds", rs[k]->seconds);
             cJSON_AddNumberToObject(x, "generated_tokens", (double)rs[k]->tokens);
+            if (spec == ENG_SPEC_NGRAM || (spec == ENG_SPEC_AUTO && spec_max_draft > 0)) {
+                cJSON_AddNumberToObject(x, "spec_drafted_tokens", (double)rs[k]->spec_drafted);
+                cJSON_AddNumberToObject(x, "spec_accepted_tokens", (double)rs[k]->spec_accepted);
+            }
         }
         if (!decode_only)
             cJSON_AddNumberToObject(o, "speedup", speedup);

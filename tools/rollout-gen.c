@@ -2,14 +2,15 @@
  *   rollout-gen --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT]
  *               [-n N] [--max-tokens K] [--temperature T] [--top-p P] [--top-k K] [--min-p P]
  *               [--seed S] [--logprobs K] [--ignore-eos] [--stop TEXT]... [--json] [--threads N]
- *               [--backend cpu] [--spec-max-draft D]
+ *               [--backend cpu] [--spec-decode off|ngram] [--spec-max-draft D]
  * Prints the text of each sample, or with --json one object per sample per
  * line: prompt_ids, token_ids, logprobs, text, finish_reason (+ sample, seed,
  * top_logprobs when asked, stop_str and stop_text_offset when a --stop string
  * ended it). A stop string cuts the text where it starts; the token that
  * completed it stays in token_ids. --temperature 0 is greedy. Without --seed a seed
- * is drawn from the clock and reported in the JSON. --spec-max-draft D: speculative
- * decoding with up to D n-gram drafted tokens per step (the same output, faster or not). */
+ * is drawn from the clock and reported in the JSON. --spec-decode ngram: speculative
+ * decoding with n-gram drafts, up to --spec-max-draft D tokens per step (default 6; D alone
+ * still means ngram, as before the flag); the same output, faster or not. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,7 @@ int main(int argc, char **argv)
     int32_t *ids = NULL, n_ids = 0;
     int chat = 0, json = 0, threads = 0, ignore_eos = 0, have_seed = 0;
     int32_t n = 1, max_tokens = 64, n_stops = 0, spec_max_draft = 0;
+    eng_spec_mode spec = ENG_SPEC_AUTO;
     const char *stops[STOP_MAX_STRS];
     samp_params sp = samp_default();
     for (int i = 1; i < argc; i++) {
@@ -129,6 +131,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--processed-logprobs")) sp.processed_logprobs = 1;
         else if (!strcmp(a, "--threads")) threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 256);
         else if (!strcmp(a, "--backend")) backend = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--spec-decode")) {
+            if (eng_spec_mode_parse(cli_value(P, argc, argv, &i), &spec))
+                cli_die(P, "--spec-decode: %s%s", rd_errmsg(), "");
+        }
         else if (!strcmp(a, "--spec-max-draft"))
             spec_max_draft = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, SEQ_MAX_DRAFT);
         else cli_die(P, "unknown flag '%s'%s (see the comment at the top of tools/rollout-gen.c)", a, "");
@@ -165,6 +171,7 @@ int main(int argc, char **argv)
     cfg.eos_id = L.tok ? tok_eos(L.tok) : -1;
     cfg.eot_id = L.tok ? tok_eot(L.tok) : -1; /* as rolloutd: a chat turn ends at its own marker too */
     cfg.tok = L.tok;
+    cfg.spec_decode = spec;
     cfg.spec_max_draft = spec_max_draft;
     if (n > cfg.max_num_seqs)
         cfg.max_num_seqs = n;

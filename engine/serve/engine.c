@@ -21,6 +21,7 @@
 #include "engine/serve/sched.h"
 #include "engine/serve/spec_ngram.h"
 #include "engine/serve/spec_plan.h"
+#include "engine/serve/spec_store.h"
 #include "engine/text/tokenizer.h"
 #include "base/pool.h"
 
@@ -51,6 +52,7 @@ struct engine {
     rd_sample_req *sreq;        /* [draws_cap] */
     samp_result *sres;          /* [draws_cap] */
     seq **sseq;                 /* [draws_cap] the sequence each draw extends */
+    int32_t *round;             /* [draws_cap] host draws: the draws of the round being made */
     int32_t draws_cap;
     /* Routing replay (MoE models; NULL otherwise): the experts every KV slot's
        token was routed to, kept with the KV so that prefix-cache hits and
@@ -60,10 +62,30 @@ struct engine {
     int32_t route_layers, route_k;
     /* Speculative decoding (cfg.spec_max_draft > 0; NULL otherwise) */
     spec_drafter *drafter;
+    spec_store *store;          /* recent completions by prompt (cfg.spec_store_bytes > 0; NULL otherwise) */
     int32_t logit_cap;          /* logit rows a step may ask for: max_num_seqs, plus 4 sequences' drafts */
 };
 
 /* ---- configuration and lifecycle ---- */
+
+int eng_spec_mode_parse(const char *name, eng_spec_mode *out)
+{
+    if (name && !strcmp(name, "off"))
+        *out = ENG_SPEC_OFF;
+    else if (name && !strcmp(name, "ngram"))
+        *out = ENG_SPEC_NGRAM;
+    else if (name && !strcmp(name, "auto"))
+        *out = ENG_SPEC_AUTO;
+    else
+        return rd_fail(RD_EINVAL, "spec_decode \"%.64s\": expected \"off\" or \"ngram\" (or \"auto\": ngram when "
+                       "spec_max_draft > 0)", name ? name : "(null)");
+    return 0;
+}
+
+const char *eng_spec_mode_name(eng_spec_mode m)
+{
+    return m == ENG_SPEC_OFF ? "off" : m == ENG_SPEC_NGRAM ? "ngram" : "auto";
+}
 
 eng_config eng_default_config(void)
 {
@@ -78,6 +100,7 @@ eng_config eng_default_config(void)
         .eos_id = -1,
         .eot_id = -1,
         .prefix_cache = 1,
+        .spec_store_bytes = (int64_t)64 << 20,
     };
 }
 
@@ -101,6 +124,14 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (cfg->spec_max_draft < 0 || cfg->spec_max_draft > SEQ_MAX_DRAFT)
         return rd_fail(RD_EINVAL, "engine: spec_max_draft %d must be in 0..%d (0 = off)", cfg->spec_max_draft,
                        SEQ_MAX_DRAFT);
+    if (cfg->spec_store_bytes < 0)
+        return rd_fail(RD_EINVAL, "engine: spec_store_bytes %lld must be >= 0 (0 = no store)",
+                       (long long)cfg->spec_store_bytes);
+    if (cfg->spec_max_batch < 0 || cfg->spec_max_batch > 4096)
+        return rd_fail(RD_EINVAL, "engine: spec_max_batch %d must be in 0..4096 (0 = %d)", cfg->spec_max_batch,
+                       ENG_SPEC_DEFAULT_MAX_BATCH);
+    if (cfg->spec_decode != ENG_SPEC_AUTO && cfg->spec_decode != ENG_SPEC_OFF && cfg->spec_decode != ENG_SPEC_NGRAM)
+        return rd_fail(RD_EINVAL, "engine: spec_decode %d is not a known drafter", (int)cfg->spec_decode);
     int64_t block_bytes = model_kv_bytes_per_token(c) / (int64_t)sizeof(float) * rd_backend_kv_elem_bytes(m->be) *
                           cfg->block_size;
     int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
@@ -113,6 +144,16 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         return rd_fail(RD_ENOMEM, "engine: out of memory");
     e->m = m;
     e->cfg = *cfg;
+    /* One meaning from here on: the mode is OFF or a drafter, and spec_max_draft is 0 exactly when OFF. */
+    if (e->cfg.spec_decode == ENG_SPEC_AUTO)
+        e->cfg.spec_decode = cfg->spec_max_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
+    if (e->cfg.spec_decode == ENG_SPEC_OFF)
+        e->cfg.spec_max_draft = 0;
+    else if (e->cfg.spec_max_draft == 0)
+        e->cfg.spec_max_draft = ENG_SPEC_DEFAULT_DRAFT;
+    if (e->cfg.spec_max_batch == 0)
+        e->cfg.spec_max_batch = ENG_SPEC_DEFAULT_MAX_BATCH;
+    cfg = &e->cfg;
     e->eos = cfg->eos_id;
     e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
     e->next_id = 1;
@@ -130,6 +171,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (!rc && cfg->spec_max_draft > 0) {
         spec_ngram_params np = spec_ngram_default();
         rc = spec_ngram_create(&np, &e->drafter);
+        if (!rc && cfg->spec_store_bytes > 0)
+            rc = spec_store_create(cfg->spec_store_bytes, &e->store);
     }
     if (rc) {
         eng_destroy(e);
@@ -196,10 +239,12 @@ void eng_destroy(engine *e)
     free(e->sreq);
     free(e->sres);
     free(e->sseq);
+    free(e->round);
     free(e->slot_routes);
     free(e->step_routes);
     if (e->drafter)
         e->drafter->destroy(e->drafter);
+    spec_store_destroy(e->store);
     free(e);
 }
 
@@ -362,7 +407,7 @@ static void copy_routes(engine *e, const int32_t *src, const int32_t *dst, int32
 static void finish(engine *e, seq *s, finish_reason why)
 {
     if (e->drafter && (why == FINISH_STOP || why == FINISH_LENGTH))
-        spec_keep_output(s); /* drafts for its group's samples still running */
+        spec_keep_output(s, e->store, e->version); /* drafts for its group's samples, and later requests */
     s->version_finish = e->version;
     take_routes(e, s);
     kv_free_seq(e->kv, &s->blocks);
@@ -440,7 +485,10 @@ static int ensure_draws(engine *e, int32_t n)
     seq **ss = realloc(e->sseq, sizeof *ss * (size_t)cap);
     if (ss)
         e->sseq = ss;
-    if (!q || !r || !ss)
+    int32_t *rd = realloc(e->round, sizeof *rd * (size_t)cap);
+    if (rd)
+        e->round = rd;
+    if (!q || !r || !ss || !rd)
         return rd_fail(RD_ENOMEM, "engine: cannot grow the step's draws to %d", n);
     e->draws_cap = cap;
     return 0;
@@ -492,13 +540,12 @@ static int fork_group(engine *e, seq *parent, int32_t row, int32_t *n_draws)
     return rc;
 }
 
-/* Draws every queued token, on the device when the backend samples there,
- * then appends them; a row the sampler rejects finishes its sequence. */
 /* One host draw; rows are independent, so which thread runs it changes nothing. */
-static void draw_task(void *ctx, int32_t i, int32_t worker)
+static void draw_task(void *ctx, int32_t k, int32_t worker)
 {
     engine *e = ctx;
     const int32_t vocab = e->m->cfg.vocab;
+    const int32_t i = e->round[k];
     const rd_sample_req *q = &e->sreq[i];
     void *scratch = (char *)e->samp_scratch + samp_stride(vocab) * (size_t)worker;
     if (samp_sample(q->sp, e->logits + (size_t)q->row * vocab, vocab, q->sample_idx, q->pos, scratch,
@@ -506,6 +553,49 @@ static void draw_task(void *ctx, int32_t i, int32_t worker)
         e->sres[i].token = -1;
 }
 
+/* Appends draw i's token to its sequence. A drafting sequence keeps a draw
+ * only while every earlier one was its draft: after a finish or a differing
+ * draw, the later rows were fed wrong tokens. */
+static void take_draw(engine *e, int32_t i)
+{
+    seq *s = e->sseq[i];
+    int32_t j = -1; /* a drafting sequence's draw: of token spec_base + j */
+    if (s->n_draft > 0) {
+        if (s->state == SEQ_FINISHED || s->spec_rejected)
+            return;
+        j = (int32_t)e->sreq[i].pos - s->spec_base;
+        s->n_computed = s->n_tokens; /* K/V up to this row's input are right: routes, a finish */
+    }
+    if (e->sres[i].token < 0) {
+        finish(e, s, FINISH_ERROR);
+        return;
+    }
+    append_token(e, s, &e->sres[i]);
+    if (j >= 0 && j < s->n_draft) {
+        if (e->sres[i].token == s->draft[j]) {
+            e->st.spec_accepted++;
+            s->spec_n_accepted++;
+        } else
+            s->spec_rejected = 1;
+    }
+}
+
+/* Which round draw i belongs to: its index among its sequence's draws (0 for a
+ * sequence that did not draft). */
+static int32_t draw_round(const engine *e, int32_t i)
+{
+    const seq *s = e->sseq[i];
+    return s->n_draft > 0 ? (int32_t)e->sreq[i].pos - s->spec_base : 0;
+}
+
+/* Draws every queued token, on the device when the backend samples there,
+ * then appends them; a row the sampler rejects finishes its sequence. On the
+ * host the draws go in rounds: round r holds each sequence's r-th draw, made
+ * only while its earlier draws all matched their drafts, since a draw after a
+ * rejected draft is thrown away and a full-vocabulary draw (temperature,
+ * top-p) costs about as much as a decode row of a small model. Each draw is
+ * still the one it would be (same logits, same counter): only which are made
+ * changes. The device draws all at once: one launch, and its draws are cheap. */
 static int draw_tokens(engine *e, int32_t n)
 {
     if (n == 0)
@@ -519,43 +609,40 @@ static int draw_tokens(engine *e, int32_t n)
                     finish(e, e->sseq[i], FINISH_ERROR);
             return rc;
         }
-    } else if (n > 1 && e->samp_workers > 1 && pool_size() <= e->samp_workers) {
-        pool_run(n, draw_task, e);
-    } else {
         for (int32_t i = 0; i < n; i++)
-            draw_task(e, i, 0);
+            take_draw(e, i);
+        return 0;
     }
-    for (int32_t i = 0; i < n; i++) {
-        seq *s = e->sseq[i];
-        int32_t j = -1; /* a drafting sequence's draw: of token spec_base + j */
-        if (s->n_draft > 0) {
-            /* Kept only while every earlier draw was its draft: after a finish or a
-               differing draw, the rest were drawn from rows fed wrong tokens. */
-            if (s->state == SEQ_FINISHED || s->spec_rejected)
-                continue;
-            j = (int32_t)e->sreq[i].pos - s->spec_base;
-            s->n_computed = s->n_tokens; /* K/V up to this row's input are right: routes, a finish */
+    for (int32_t r = 0;; r++) {
+        int32_t k = 0, later = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t ri = draw_round(e, i);
+            const seq *s = e->sseq[i];
+            if (ri > r)
+                later = 1;
+            if (ri == r && (r == 0 || (s->state != SEQ_FINISHED && !s->spec_rejected)))
+                e->round[k++] = i;
         }
-        if (e->sres[i].token < 0) {
-            finish(e, s, FINISH_ERROR);
-            continue;
-        }
-        append_token(e, s, &e->sres[i]);
-        if (j >= 0 && j < s->n_draft) {
-            if (e->sres[i].token == s->draft[j])
-                e->st.spec_accepted++;
-            else
-                s->spec_rejected = 1;
-        }
+        if (k > 1 && e->samp_workers > 1 && pool_size() <= e->samp_workers)
+            pool_run(k, draw_task, e);
+        else
+            for (int32_t q = 0; q < k; q++)
+                draw_task(e, q, 0);
+        for (int32_t q = 0; q < k; q++)
+            take_draw(e, e->round[q]);
+        if (!later)
+            return 0;
     }
-    return 0;
 }
 
 int eng_step(engine *e)
 {
     if (e->paused || !e->kv || e->weights_released)
         return 0;
-    if (e->drafter && spec_plan(&e->sched, e->drafter, e->cfg.spec_max_draft, e->m->cfg.max_ctx, e->logit_cap) < 0)
+    const spec_plan_cfg pc = {.max_draft = e->cfg.spec_max_draft, .max_batch = e->cfg.spec_max_batch,
+                              .max_ctx = e->m->cfg.max_ctx, .logit_rows = e->logit_cap, .store = e->store,
+                              .version = e->version};
+    if (e->drafter && spec_plan(&e->sched, e->drafter, &pc) < 0)
         return rd_fail(RD_EINVAL, "engine: the %s drafter failed: %s", e->drafter->name, rd_errmsg());
     int32_t n_sched = sched_step(&e->sched, e->version);
     seq **batch = e->sched.batch;
@@ -615,6 +702,8 @@ int eng_step(engine *e)
         sched_commit(&e->sched, s, e->version);
         if (s->n_computed < s->n_tokens)
             continue;
+        if (e->drafter && s->n_tokens > s->req->n_prompt)
+            s->spec_n_steps++; /* a decode step draws for it (a group's first tokens come from the prefill) */
         if (s->n_draft > 0) {
             /* The last token's row, then one per draft: draws of tokens n_tokens .. n_tokens + n_draft. */
             for (int32_t j = 0; j <= s->n_draft && !rc; j++)
@@ -623,6 +712,7 @@ int eng_step(engine *e)
                 return rc;
             li += 1 + s->n_draft;
             e->st.spec_drafted += s->n_draft;
+            s->spec_n_drafted += s->n_draft;
             n_spec++;
             continue;
         }
@@ -835,6 +925,9 @@ int eng_collect(engine *e, eng_result *out, int max)
             }
         }
         r->n_preempt = s->n_preempt;
+        r->spec_drafted = s->spec_n_drafted;
+        r->spec_accepted = s->spec_n_accepted;
+        r->spec_steps = s->spec_n_steps;
         r->t_first_token_us = s->t_first_us;
         if (s->routes) {
             r->n_routes = s->n_routes;
@@ -943,6 +1036,14 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->kv_peak_blocks = ks.peak_used;
     s->kv_waste_at_peak = ks.waste_at_peak;
     s->device_sampling = e->device_sampling;
+    s->spec_decode = e->cfg.spec_decode;
+    s->spec_max_draft = e->cfg.spec_max_draft;
+    s->spec_max_batch = e->cfg.spec_max_batch;
+    spec_store_stats ss;
+    spec_store_get_stats(e->store, &ss);
+    s->spec_store_bytes = ss.bytes;
+    s->spec_store_max_bytes = ss.max_bytes;
+    s->spec_store_entries = ss.entries;
     s->ns_layers = e->run.ns_layers;
     s->ns_head = e->run.ns_head;
 }

@@ -15,6 +15,24 @@
 #include "engine/serve/sampler.h"
 #include "engine/serve/seq.h"
 
+/* Which drafter speculative decoding uses (spec_plan.h, spec_draft.h). */
+typedef enum {
+    ENG_SPEC_AUTO = 0,          /* the old rule, for configs without the key: ngram when spec_max_draft > 0 */
+    ENG_SPEC_OFF,
+    ENG_SPEC_NGRAM,             /* n-gram lookup over the sequence, its group and recent completions */
+} eng_spec_mode;
+
+/* Drafted tokens per sequence and step when ngram is asked without a length. */
+#define ENG_SPEC_DEFAULT_DRAFT 6
+/* Running sequences at most for a step to speculate, when not configured (PERF.md, the 2-core CPU, 96
+   tokens: batch 32 lost 0.74x greedy; batch 16 gained 1.16x greedy but lost 0.62x at temperature 1, what
+   RL samples at; batch 4 and below gained at both). */
+#define ENG_SPEC_DEFAULT_MAX_BATCH 8
+
+/* "off" / "ngram" (and "auto") to the mode; RD_EINVAL naming the choices. */
+int eng_spec_mode_parse(const char *name, eng_spec_mode *out);
+const char *eng_spec_mode_name(eng_spec_mode m);
+
 typedef struct {
     const char *backend;        /* "cpu" (default) or "cuda" */
     int n_threads;              /* 0 = all cores */
@@ -29,9 +47,14 @@ typedef struct {
     int prefix_cache;           /* 1 (default): reuse cached full prompt blocks */
     const struct tok_tokenizer *tok; /* decodes generated tokens for stop strings; NULL: requests with
                                         stop strings are refused */
-    int32_t spec_max_draft;     /* speculative decoding: drafted tokens verified per sequence and step,
-                                   0..SEQ_MAX_DRAFT (0 = off, the default); n-gram drafts (spec_ngram.h),
-                                   outputs bit-identical to it off */
+    eng_spec_mode spec_decode;  /* speculative decoding's drafter (ENG_SPEC_AUTO, the default: see there);
+                                   outputs are bit-identical to it off */
+    int32_t spec_max_draft;     /* drafted tokens verified per sequence and step at most, 0..SEQ_MAX_DRAFT;
+                                   under ENG_SPEC_NGRAM 0 = ENG_SPEC_DEFAULT_DRAFT, under AUTO 0 = off */
+    int32_t spec_max_batch;     /* a step speculates only while at most this many sequences run, 0..4096
+                                   (0 = ENG_SPEC_DEFAULT_MAX_BATCH) */
+    int64_t spec_store_bytes;   /* bytes of recent completions kept by prompt and weight version for the
+                                   drafter (spec_store.h; default 64 MiB, 0 = none) */
 } eng_config;
 
 typedef struct {
@@ -81,6 +104,11 @@ typedef struct {
     int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before
                                    the match, where a client's text is cut */
     int32_t n_preempt;
+    /* Speculative decoding (an engine with a drafter; 0 without): drafted tokens verified for it, those
+       drawn as drafted (accepted; each is one of token_ids), and its decode steps, plain or verifying
+       (SGLang's spec_verify_ct: n_tokens / spec_steps is the mean tokens a step gave it, the first token,
+       drawn from the prefill, included) */
+    int32_t spec_drafted, spec_accepted, spec_steps;
     int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
     uint64_t version_finish;    /* weight version when the sample finished */
     int32_t n_spans;            /* 0 when n_tokens is 0 */
@@ -121,6 +149,11 @@ typedef struct {
     /* Speculative decoding (spec_max_draft > 0): tokens drafted and verified, and of those the ones
        drawn as drafted (kept); steps that verified any */
     int64_t spec_drafted, spec_accepted, spec_steps;
+    eng_spec_mode spec_decode;  /* as resolved: ENG_SPEC_OFF or a drafter */
+    int32_t spec_max_draft;     /* drafted tokens per sequence and step at most (0 when off) */
+    int32_t spec_max_batch;     /* running sequences at most for a step to speculate */
+    int64_t spec_store_bytes, spec_store_max_bytes; /* the store of completions: charged now, its bound */
+    int32_t spec_store_entries; /* completions in it */
 } eng_stats;
 
 typedef struct engine engine;

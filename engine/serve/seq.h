@@ -48,6 +48,8 @@ struct seq_req {
     int32_t n_done_outs;
     int32_t **done_outs;        /* [n_done_outs][done_lens[i]] */
     int32_t *done_lens;
+    uint64_t store_key;         /* its prompt's key in the store of completions (spec_store.h), 0: not made */
+    uint64_t store_version;     /* the weight version store_key was made under */
 };
 
 typedef struct seq {
@@ -81,6 +83,11 @@ typedef struct seq {
     int32_t spec_len;           /* drafts it may get next (0: spec_max_draft); adapts to what it keeps */
     int32_t spec_wait;          /* steps to decode plainly before drafting again (after drafts all missed) */
     int32_t spec_backoff;       /* the last wait: doubles while drafts keep missing */
+    float spec_rate;            /* running acceptance rate (drafts kept / drafted, 0..1; starts at 1) */
+    /* its tally for the result (eng_result.spec_*): only time depends on it */
+    int32_t spec_n_drafted;     /* drafted tokens verified for it */
+    int32_t spec_n_accepted;    /* of those, drawn as drafted */
+    int32_t spec_n_steps;       /* decode steps that drew its tokens, plain or verifying */
     int64_t t_first_us;         /* CLOCK_MONOTONIC us when the first token was sampled (0 = none yet) */
     stop_scan scan;             /* the generated text against req->stops */
     int32_t n_streamed;         /* generated tokens eng_collect_progress has handed out */

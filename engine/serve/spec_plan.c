@@ -7,18 +7,30 @@
 /* Group siblings seen by a drafter at most (the nearest in the running queue). */
 #define SPEC_MAX_SIBLINGS 32
 
+/* q's prompt key in the store under version, made once per version. */
+static uint64_t store_key(seq_req *q, uint64_t version)
+{
+    if (!q->store_key || q->store_version != version) {
+        q->store_key = spec_store_key(q->prompt, q->n_prompt, version);
+        q->store_version = version;
+    }
+    return q->store_key;
+}
+
 /* Decoding: only its last sampled token lacks K/V, and it is one sample. */
 static int decoding(const seq *s)
 {
     return s->fork_n <= 1 && s->n_tokens > s->req->n_prompt && s->n_computed == s->n_tokens - 1;
 }
 
-int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx, int32_t logit_rows)
+int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
 {
     for (seq *s = sc->running.head; s; s = s->next)
         s->n_draft = 0;
+    int32_t max_draft = cfg->max_draft;
+    const int32_t max_ctx = cfg->max_ctx, logit_rows = cfg->logit_rows;
     if (!d || max_draft <= 0 || sc->waiting.count > 0 || sc->running.count == 0 ||
-        sc->running.count > sc->max_num_seqs)
+        sc->running.count > sc->max_num_seqs || sc->running.count > cfg->max_batch)
         return 0;
     if (max_draft > SEQ_MAX_DRAFT)
         max_draft = SEQ_MAX_DRAFT;
@@ -38,7 +50,7 @@ int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx
             s->spec_wait--;
             continue;
         }
-        const seq_req *q = s->req;
+        seq_req *q = s->req;
         int32_t room = s->spec_len > 0 && s->spec_len < max_draft ? s->spec_len : max_draft;
         int32_t left = q->max_tokens - (s->n_tokens - q->n_prompt) - 1; /* tokens after the next draw */
         if (left < room)
@@ -65,6 +77,13 @@ int32_t spec_plan(sched *sc, spec_drafter *d, int32_t max_draft, int32_t max_ctx
             sib[n_sib++] = (spec_tokens){o->tokens, o->n_tokens};
         for (int32_t i = 0; i < q->n_done_outs && n_sib < SPEC_MAX_SIBLINGS; i++)
             sib[n_sib++] = (spec_tokens){q->done_outs[i], q->done_lens[i]};
+        if (cfg->store) {
+            /* Earlier requests' completions of the same prompt, after its own group's (a group's finished
+               samples are in both: the copy only costs a scan). */
+            int32_t room_src = SPEC_MAX_SIBLINGS - n_sib < SPEC_STORE_SOURCES ? SPEC_MAX_SIBLINGS - n_sib
+                                                                                 : SPEC_STORE_SOURCES;
+            n_sib += spec_store_get(cfg->store, store_key(q, cfg->version), sib + n_sib, room_src);
+        }
         spec_draft_ctx ctx = {{s->tokens, s->n_tokens}, q->n_prompt, sib, n_sib};
         int32_t n = d->draft(d, &ctx, room, s->draft);
         if (n < 0) {
@@ -96,7 +115,10 @@ void spec_feedback(seq *s, int32_t max_draft)
     } else {
         s->spec_len = kept + 1;
     }
-    if (kept <= 0) {
+    /* A running average with weight 1/4 on the last step: one bad step does not stop it. */
+    const float step_rate = (float)(kept < s->n_draft ? kept : s->n_draft) / (float)s->n_draft;
+    s->spec_rate += (step_rate - s->spec_rate) * 0.25f;
+    if (kept <= 0 || s->spec_rate < SPEC_MIN_RATE) {
         s->spec_backoff = s->spec_backoff > 0 ? (2 * s->spec_backoff < 16 ? 2 * s->spec_backoff : 16) : 1;
         s->spec_wait = s->spec_backoff;
     } else {
@@ -104,10 +126,12 @@ void spec_feedback(seq *s, int32_t max_draft)
     }
 }
 
-void spec_keep_output(seq *s)
+void spec_keep_output(seq *s, spec_store *store, uint64_t version)
 {
     seq_req *q = s->req;
     const int32_t n = s->n_tokens - q->n_prompt;
+    if (store && n >= 2)
+        (void)spec_store_put(store, store_key(q, version), s->tokens + q->n_prompt, n); /* out of memory: not kept */
     if (q->n < 2 || n < 2 || q->n_done_outs >= SPEC_MAX_SIBLINGS)
         return;
     if (!q->done_outs) {

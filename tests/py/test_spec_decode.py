@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Speculative decoding through the daemon: spec_max_draft 6 vs off, on the default model.
+"""Speculative decoding through the daemon: spec_decode ngram vs off, on the default model.
 
-Two daemons, one with --spec-max-draft 6 and one without (the default, off),
+Two daemons, one with --spec-decode ngram (its default length, 6) and one without (the default, off),
 get the same requests through the NNG client (rolloutd.Client) and HTTP
 (/generate with stop strings). Every sample's token ids, raw and processed
 log-probs (as float32 bits), alternatives, finish reason and version spans
@@ -33,7 +33,7 @@ _d = {}
 def daemons():
     if not _d:
         _d["off"] = Daemon()
-        _d["on"] = Daemon("--spec-max-draft", "6")
+        _d["on"] = Daemon("--spec-decode", "ngram")
     return _d["off"], _d["on"]
 
 
@@ -55,11 +55,11 @@ def post(d, body):
 
 
 def strip_timing(o):
-    """The outputs less what depends on time (latencies)."""
+    """The outputs less what depends on time (latencies) and on speculation (its tallies)."""
     o = dict(o)
     mi = dict(o.get("meta_info", {}))
     for k in list(mi):
-        if "latency" in k or k.endswith("_us") or k.endswith("_time") or k == "id":
+        if "latency" in k or k.endswith("_us") or k.endswith("_time") or k == "id" or k.startswith("spec_"):
             del mi[k]
     o["meta_info"] = mi
     return o
@@ -87,6 +87,8 @@ def nng_spec_on_equals_off():
             assert sample_key(a) == sample_key(b), f"{params}: prompt {a.index} sample {a.sample_idx} differs"
             compared += 1
     st_on, st_off = status(on)["spec_decode"], status(off)["spec_decode"]
+    assert (st_on["mode"], st_on["max_draft"], st_off["mode"], st_off["max_draft"]) == ("ngram", 6, "off", 0), \
+        (st_on, st_off)
     assert st_off["drafted_tokens"] == 0, st_off
     assert st_on["accepted_tokens"] > 20 and st_on["drafted_tokens"] > st_on["accepted_tokens"], st_on
     print(f"nng: {compared} samples equal; speculating daemon {st_on}", flush=True)
@@ -95,6 +97,7 @@ def nng_spec_on_equals_off():
 @case
 def http_stop_strings_spec_on_equals_off():
     off, on = daemons()
+    accepted_total = [0]
     for body in (
         {"text": [CODE, LIST], "return_logprob": True,
          "sampling_params": {"max_new_tokens": 48, "temperature": 0, "seed": 5, "stop": ["return a /", "Friday"]}},
@@ -105,6 +108,16 @@ def http_stop_strings_spec_on_equals_off():
         a = a if isinstance(a, list) else [a]
         b = b if isinstance(b, list) else [b]
         assert [strip_timing(x) for x in a] == [strip_timing(x) for x in b], (a, b)
+        # SGLang's per-sample speculation fields: only where it is on, and consistent
+        assert not any(k.startswith("spec_") for x in a for k in x["meta_info"]), a[0]["meta_info"]
+        for x in b:
+            mi = x["meta_info"]
+            n, acc, dr, ct = mi["completion_tokens"], mi["spec_accept_token_num"], mi["spec_draft_token_num"], \
+                mi["spec_verify_ct"]
+            assert 0 <= acc <= dr and acc < n and 1 <= ct <= n, mi
+            assert abs(mi["spec_accept_length"] - n / ct) < 1e-9, mi
+            accepted_total[0] += acc
+    assert accepted_total[0] > 0, "no sample reported an accepted draft"
     code, _, text = on.http("/metrics")
     assert code == 200 and "spec_decode_num_draft_tokens_total" in text and \
         "spec_decode_num_accepted_tokens_total" in text, text[-500:]

@@ -250,6 +250,33 @@ static void serve_dtype_values(void)
           rd_errmsg());
 }
 
+/* spec_decode: auto by default (old configs: spec_max_draft alone decides),
+ * off and ngram from a file or a flag, anything else refused naming the key. */
+static void spec_decode_values(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK(!strcmp(c.spec_decode, "auto") && c.spec_max_draft == 0, "default %s/%lld", c.spec_decode,
+          (long long)c.spec_max_draft);
+    CHECK_OK(cfg_parse_json(&c, "{\"spec_decode\": \"ngram\", \"spec_max_draft\": 4}", "t"));
+    CHECK_OK(cfg_validate(&c));
+    CHECK(!strcmp(c.spec_decode, "ngram") && c.spec_max_draft == 4, "%s", c.spec_decode);
+    char *argv[] = {"rolloutd", "--spec-decode", "off", NULL};
+    int help = 0;
+    CHECK_OK(cfg_from_args(&c, 3, argv, &help));
+    CHECK(!strcmp(c.spec_decode, "off"), "flag: %s", c.spec_decode);
+    const char *bad[] = {"{\"spec_decode\": \"eagle\"}", "{\"spec_decode\": \"Ngram\"}",
+                         "{\"spec_decode\": 1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg_defaults(&c);
+        int rc = cfg_parse_json(&c, bad[i], "t");
+        if (rc == 0)
+            rc = cfg_validate(&c);
+        CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "spec_decode") && strstr(rd_errmsg(), "ngram"), "%s: %d '%s'",
+              bad[i], rc, rd_errmsg());
+    }
+}
+
 static void shipped_config_spells_the_defaults(void)
 {
     cfg_daemon c, d;
@@ -284,6 +311,7 @@ int main(void)
     RUN(http_keys_and_the_old_listen_name);
     RUN(relay_allow_parses);
     RUN(serve_dtype_values);
+    RUN(spec_decode_values);
     RUN(shipped_config_spells_the_defaults);
     RUN(shipped_configs_load);
     TEST_EXIT();

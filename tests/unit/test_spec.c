@@ -28,6 +28,7 @@
 #include "engine/serve/engine.h"
 #include "engine/serve/kv.h"
 #include "engine/serve/spec_ngram.h"
+#include "engine/serve/spec_plan.h"
 #include "engine/serve/spec_verify.h"
 #include "tests/unit/engine_helpers.h"
 #include "tests/unit/test.h"
@@ -435,6 +436,28 @@ static int on_vs_off(model *m, eng_config cfg, const eng_request *reqs, int n_re
         snprintf(why, cap, "drafted %lld tokens with speculation off", (long long)off->st.spec_drafted);
         goto out;
     }
+    /* The per-sample tallies add up to the engine's, and are 0 without speculation. */
+    int64_t sum_d = 0, sum_a = 0, off_any = 0;
+    for (int i = 0; i < on->n; i++) {
+        const eng_result *b = &on->r[i];
+        sum_d += b->spec_drafted;
+        sum_a += b->spec_accepted;
+        if (b->spec_accepted > b->spec_drafted || b->spec_accepted > b->n_tokens ||
+            (b->n_tokens > 1 && b->finish != FINISH_ABORT && b->spec_steps < 1) || b->spec_steps > b->n_tokens) {
+            snprintf(why, cap, "request %lld sample %d: drafted %d accepted %d steps %d for %d tokens",
+                     (long long)b->req_id, b->sample_idx, b->spec_drafted, b->spec_accepted, b->spec_steps,
+                     b->n_tokens);
+            goto out;
+        }
+    }
+    for (int i = 0; i < off->n; i++)
+        off_any |= off->r[i].spec_drafted | off->r[i].spec_accepted | off->r[i].spec_steps;
+    if (sum_d != on->st.spec_drafted || sum_a != on->st.spec_accepted || off_any) {
+        snprintf(why, cap, "per-sample tallies: drafted %lld accepted %lld, engine %lld %lld; off nonzero %lld",
+                 (long long)sum_d, (long long)sum_a, (long long)on->st.spec_drafted, (long long)on->st.spec_accepted,
+                 (long long)off_any);
+        goto out;
+    }
     spec_preemptions += on->st.preemptions;
     *drafted += on->st.spec_drafted;
     *accepted += on->st.spec_accepted;
@@ -838,6 +861,236 @@ static void test_verify_bad_input(void)
           r4);
 }
 
+/* spec_decode: the names parse, and each (mode, spec_max_draft) pair resolves
+ * as engine.h says: auto follows spec_max_draft (old configs), off drafts
+ * nothing whatever the length, ngram without a length drafts up to 6. */
+static void test_spec_modes(void)
+{
+    eng_spec_mode m = ENG_SPEC_OFF;
+    CHECK(eng_spec_mode_parse("ngram", &m) == 0 && m == ENG_SPEC_NGRAM, "ngram");
+    CHECK(eng_spec_mode_parse("off", &m) == 0 && m == ENG_SPEC_OFF, "off");
+    CHECK(eng_spec_mode_parse("auto", &m) == 0 && m == ENG_SPEC_AUTO, "auto");
+    CHECK(eng_spec_mode_parse("NGRAM", &m) == RD_EINVAL && strstr(rd_errmsg(), "\"ngram\""), "%s", rd_errmsg());
+    CHECK(eng_spec_mode_parse("", &m) == RD_EINVAL, "empty");
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    static int32_t prompt[40];
+    repeating_prompt(prompt, 40, 4, 3, l.m->cfg.vocab);
+    eng_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.n_prompt = 40;
+    r.n = 1;
+    r.max_tokens = 40;
+    r.sp = samp_default();
+    r.sp.temperature = 0.0f;
+    r.ignore_eos = 1;
+    const struct {
+        eng_spec_mode mode;
+        int32_t draft;
+        eng_spec_mode want_mode;
+        int32_t want_draft;
+    } cases[] = {
+        {ENG_SPEC_AUTO, 0, ENG_SPEC_OFF, 0},  {ENG_SPEC_AUTO, 4, ENG_SPEC_NGRAM, 4},
+        {ENG_SPEC_OFF, 8, ENG_SPEC_OFF, 0},   {ENG_SPEC_NGRAM, 0, ENG_SPEC_NGRAM, ENG_SPEC_DEFAULT_DRAFT},
+        {ENG_SPEC_NGRAM, 3, ENG_SPEC_NGRAM, 3},
+    };
+    char why[200] = "";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !why[0]; i++) {
+        eng_config cfg = eng_default_config();
+        cfg.spec_decode = cases[i].mode;
+        cfg.spec_max_draft = cases[i].draft;
+        spec_run *run = calloc(1, sizeof *run);
+        int rc = run ? run_engine(l.m, &cfg, &r, 1, 0, run) : RD_ENOMEM;
+        if (rc)
+            snprintf(why, sizeof why, "case %zu: %d (%s)", i, rc, rd_errmsg());
+        else if (run->st.spec_decode != cases[i].want_mode || run->st.spec_max_draft != cases[i].want_draft)
+            snprintf(why, sizeof why, "case %zu: resolved to %s/%d, expected %s/%d", i,
+                     eng_spec_mode_name(run->st.spec_decode), run->st.spec_max_draft,
+                     eng_spec_mode_name(cases[i].want_mode), cases[i].want_draft);
+        else if ((run->st.spec_drafted > 0) != (cases[i].want_mode == ENG_SPEC_NGRAM))
+            snprintf(why, sizeof why, "case %zu: drafted %lld tokens as %s", i, (long long)run->st.spec_drafted,
+                     eng_spec_mode_name(cases[i].want_mode));
+        if (run)
+            spec_run_free(run);
+        free(run);
+    }
+    eng_config bad = eng_default_config();
+    bad.spec_decode = (eng_spec_mode)7;
+    engine *e = NULL;
+    int rc = eng_create(l.m, &bad, &e);
+    if (e)
+        eng_destroy(e);
+    rd_unload(&l);
+    CHECK(!why[0], "%s", why);
+    CHECK(rc == RD_EINVAL, "spec_decode 7 gave %d", rc);
+}
+
+/* The per-sequence rule (spec_feedback): steps that keep 1 of 8 drafts pull
+ * the running rate under SPEC_MIN_RATE and the sequence waits; steps that
+ * keep half never make it wait. */
+static void test_spec_rate_rule(void)
+{
+    int waited_low = -1, waited_half = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        seq s;
+        memset(&s, 0, sizeof s);
+        s.spec_rate = 1.0f;
+        const int32_t kept = pass == 0 ? 1 : 4;
+        for (int step = 0; step < 30; step++) {
+            s.n_draft = 8;
+            s.spec_base = 100;
+            s.n_tokens = 100 + 1 + kept; /* its kept drafts and the draw after them */
+            spec_feedback(&s, 8);
+            if (s.spec_wait > 0) {
+                if (pass == 0 && waited_low < 0)
+                    waited_low = step;
+                if (pass == 1)
+                    waited_half = 1;
+                s.spec_wait = 0;
+            }
+        }
+    }
+    CHECK(waited_low > 0 && waited_low < 15, "1 of 8 kept: first wait at step %d", waited_low);
+    CHECK(!waited_half, "half kept: it waited");
+}
+
+/* The per-step rule: with spec_max_batch 2, nothing is drafted while more
+ * than 2 sequences run, and drafting starts once the tail is down to 2. */
+static void test_spec_batch_rule(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    static int32_t prompt[40];
+    repeating_prompt(prompt, 40, 4, 3, l.m->cfg.vocab);
+    eng_config cfg = eng_default_config();
+    cfg.spec_decode = ENG_SPEC_NGRAM;
+    cfg.spec_max_batch = 2;
+    engine *e = NULL;
+    int rc = eng_create(l.m, &cfg, &e);
+    for (int i = 0; i < 4 && !rc; i++) {
+        eng_request r;
+        memset(&r, 0, sizeof r);
+        r.prompt = prompt;
+        r.n_prompt = 40;
+        r.n = 1;
+        r.max_tokens = 20 + 20 * i;
+        r.sp = samp_default();
+        r.sp.temperature = 0.0f;
+        r.ignore_eos = 1;
+        int64_t id;
+        rc = eng_add(e, &r, &id);
+    }
+    int64_t drafted_wide = 0, drafted_tail = 0;
+    eng_result res[4];
+    while (!rc && eng_busy(e)) {
+        eng_stats before;
+        eng_get_stats(e, &before);
+        int k = eng_step(e);
+        if (k < 0) {
+            rc = k;
+            break;
+        }
+        eng_stats after;
+        eng_get_stats(e, &after);
+        if (before.running > 2)
+            drafted_wide += after.spec_drafted - before.spec_drafted;
+        else
+            drafted_tail += after.spec_drafted - before.spec_drafted;
+        for (int n; (n = eng_collect(e, res, 4)) > 0;)
+            for (int i = 0; i < n; i++)
+                eng_result_free(&res[i]);
+    }
+    eng_destroy(e);
+    rd_unload(&l);
+    CHECK(rc == 0, "run: %d (%s)", rc, rd_errmsg());
+    CHECK(drafted_wide == 0, "drafted %lld tokens while more than 2 ran", (long long)drafted_wide);
+    CHECK(drafted_tail > 0, "nothing drafted in the tail");
+}
+
+/* One request of prompt p run alone on e to its end; its result into *out. */
+static int run_one(engine *e, const eng_request *r, eng_result *out)
+{
+    int64_t id;
+    int rc = eng_add(e, r, &id);
+    while (!rc && eng_busy(e)) {
+        int k = eng_step(e);
+        rc = k < 0 ? k : 0;
+    }
+    return rc ? rc : eng_collect(e, out, 1) == 1 ? 0 : RD_EINVAL;
+}
+
+/* The store of completions across requests: the same prompt asked again
+ * (temperature 1, another seed) drafts from the first answer and keeps more
+ * drafts than without the store; after a version change the store has
+ * nothing for it (keyed by version): the same drafts as without the store.
+ * Outputs equal with and without the store. */
+static void test_spec_store_across_requests(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-q4_1.gguf", testdata());
+    rd_loaded l;
+    CHECK(load_model(path, &l), "cannot load %s", path);
+    static int32_t prompt[24];
+    make_tokens(prompt, 24, 77, l.m->cfg.vocab);
+    eng_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.n_prompt = 24;
+    r.n = 1;
+    r.max_tokens = 80;
+    r.sp = samp_default();
+    r.sp.temperature = 0.0f;
+    r.ignore_eos = 1;
+    /* [store on/off][first, again, after the version change] */
+    eng_result res[2][3];
+    memset(res, 0, sizeof res);
+    eng_stats st[2];
+    int rc = 0;
+    for (int on = 0; on < 2 && !rc; on++) {
+        eng_config cfg = eng_default_config();
+        cfg.spec_decode = ENG_SPEC_NGRAM;
+        cfg.spec_store_bytes = on ? (int64_t)1 << 20 : 0;
+        engine *e = NULL;
+        rc = eng_create(l.m, &cfg, &e);
+        if (!rc)
+            rc = run_one(e, &r, &res[on][0]);
+        if (!rc)
+            rc = run_one(e, &r, &res[on][1]);
+        if (!rc) {
+            eng_set_version(e, 2);
+            rc = run_one(e, &r, &res[on][2]);
+        }
+        if (e) {
+            eng_get_stats(e, &st[on]);
+            eng_destroy(e);
+        }
+    }
+    rd_unload(&l);
+    char why[200] = "";
+    for (int k = 0; k < 3 && !rc; k++)
+        if (!same_result(&res[0][k], &res[1][k], why, sizeof why))
+            break;
+    const int32_t acc_off = res[0][1].spec_accepted, acc_on = res[1][1].spec_accepted;
+    const int32_t acc_v2_off = res[0][2].spec_accepted, acc_v2_on = res[1][2].spec_accepted;
+    const int32_t n = res[1][1].n_tokens;
+    for (int on = 0; on < 2; on++)
+        for (int k = 0; k < 3; k++)
+            eng_result_free(&res[on][k]);
+    CHECK(rc == 0, "run: %d (%s)", rc, rd_errmsg());
+    CHECK(!why[0], "store on vs off: %s", why);
+    CHECK(st[1].spec_store_entries == 3 && st[0].spec_store_entries == 0, "entries %d / %d",
+          st[1].spec_store_entries, st[0].spec_store_entries);
+    CHECK(acc_on > acc_off && acc_on >= n / 2, "asked again: %d drafts kept with the store, %d without (of %d tokens)",
+          acc_on, acc_off, n);
+    CHECK(acc_v2_on == acc_v2_off, "after the version change: %d kept with the store, %d without", acc_v2_on,
+          acc_v2_off);
+}
+
 int main(void)
 {
     if (file_exists("tests/gen_testdata.sh")) {
@@ -851,6 +1104,10 @@ int main(void)
     RUN(test_verify_bad_input);
     RUN(test_kv_truncate);
     RUN(test_engine_on_off_tiny);
+    RUN(test_spec_modes);
+    RUN(test_spec_rate_rule);
+    RUN(test_spec_batch_rule);
+    RUN(test_spec_store_across_requests);
     if (!strcmp(test_backend(), "cuda-emu")) {
         printf("SKIP test_engine_on_off_families: too slow on the CUDA emulator\n");
         printf("SKIP test_engine_abort_mid_draft: too slow on the CUDA emulator\n");
