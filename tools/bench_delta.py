@@ -3,6 +3,7 @@
 
     tools/bench_delta.py [--daemons 4] [--lrs 1e-6,1e-5]
     tools/bench_delta.py --netns [--rate 1gbit]     (root: bench_chain.py's namespaces, 4 daemons)
+    [--rounds 3]: measured pushes per row, the median reported (after two whole pushes to warm every daemon)
 
 fp32 master weights (the default model exported as HF f32) take Adam steps
 on random gradients (betas 0.9/0.999, eps 1e-8; the measured step is the
@@ -101,9 +102,18 @@ def one_push(urls, ports, pool, w, version, fanout, delta, secret=None):
             (pool.last_push["delta"] or {}).get("encode_seconds")}
 
 
-def rows_for(urls, ports, m0, lrs, secret=None):
+def rows_for(urls, ports, m0, lrs, secret=None, rounds=3):
+    """Per lr, fanout and kind, `rounds` measured pushes (each after the base pushed whole): the
+    row holds the median round (by wall time) and every round's wall time. First every daemon
+    takes two whole bf16 pushes, so no row pays a daemon's first bf16 build (fresh memory where
+    the loaded Q4_1 weights were smaller) and full and delta compare in the same state."""
     from rolloutd import Pool
     rows, version = [], 1
+    warm = Adam(m0, 1e-6, seed=3).bf16()
+    with Pool(urls, auth_token=secret) as pool:
+        for _ in range(2):
+            pool.push_weights(warm, version, fanout="direct", delta=False)
+            version += 1
     for lr in lrs:
         opt = Adam(m0, lr, seed=7)
         opt.step()
@@ -114,15 +124,21 @@ def rows_for(urls, ports, m0, lrs, secret=None):
         frac = sum(int(np.count_nonzero(new[k] != base[k])) for k in new) / sum(x.size for x in new.values())
         for n, fanout in ((1, "direct"), (len(urls), "chain")):
             for delta in (False, None):
-                with Pool(urls[:n], auth_token=secret) as pool:
-                    pool.push_weights(base, version, fanout=fanout, delta=False)     # the base, whole
-                    r = one_push(urls[:n], ports[:n], pool, new, version + 1, fanout, delta, secret)
-                version += 2
+                got = []
+                for _ in range(rounds):
+                    with Pool(urls[:n], auth_token=secret) as pool:
+                        pool.push_weights(base, version, fanout=fanout, delta=False)     # the base, whole
+                        got.append(one_push(urls[:n], ports[:n], pool, new, version + 1, fanout, delta, secret))
+                    version += 2
+                got.sort(key=lambda r: r["wall_s"])
+                r = dict(got[len(got) // 2])
+                r["wall_s_rounds"] = [g["wall_s"] for g in got]
                 r.update({"lr": lr, "changed_fraction": frac, "daemons": n, "fanout": fanout})
                 rows.append(r)
                 print(f"  lr {lr:g} changed {100 * frac:.2f}%  {n} daemon(s) {fanout:>6} {r['kind']:>5}: "
                       f"wire {r['wire_bytes'] / 1e6:8.2f} MB, learner CPU {r['learner_cpu_s']:6.2f} s, "
-                      f"wall {r['wall_s']:6.2f} s, COMMIT->serving {r['commit_to_serving_ms']:7.2f} ms", flush=True)
+                      f"wall {r['wall_s']:6.2f} s (rounds {', '.join(f'{w:.2f}' for w in r['wall_s_rounds'])}), "
+                      f"COMMIT->serving {r['commit_to_serving_ms']:7.2f} ms", flush=True)
     print(f"\n{'lr':>6} {'changed':>8} {'daemons':>7} {'fanout':>6} {'kind':>5} {'wire MB':>8} {'x full':>7} "
           f"{'CPU s':>6} {'wall s':>7} {'x full':>7} {'C->S ms':>8}")
     for r in rows:
@@ -153,7 +169,7 @@ def netns(args):
             procs.append(bc.start_daemon(["ip", "netns", "exec", f"rdc-{k + 1}"], u, "127.0.0.1:7071",
                                          ["--auth-token-file", secret, "--relay-allow", allow]))
         r = subprocess.run(["ip", "netns", "exec", "rdc-l", sys.executable, os.path.abspath(__file__), "--learner",
-                            ",".join(urls), "--lrs", args.lrs, "--rate", args.rate], cwd=ROOT, text=True)
+                            ",".join(urls), "--lrs", args.lrs, "--rate", args.rate, "--rounds", str(args.rounds)], cwd=ROOT, text=True)
         if r.returncode:
             raise SystemExit(f"the learner failed ({r.returncode})")
     finally:
@@ -176,7 +192,7 @@ def learner(args):
         ports = [int(u.rsplit(":", 1)[1]) for u in urls]
         print(f"default model, {size / 1e6:.0f} MB in bf16; network namespaces: the learner and {len(urls)} daemons, "
               f"every veth shaped to {args.rate} both ways, authenticated lanes", flush=True)
-        rows = rows_for(urls, ports, m0, [float(x) for x in args.lrs.split(",")], bc.SECRET)
+        rows = rows_for(urls, ports, m0, [float(x) for x in args.lrs.split(",")], bc.SECRET, args.rounds)
         with open(os.path.join(BUILD, "bench-delta-netns.json"), "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": "netns", "rate": args.rate,
                        "model_bf16_bytes": size, "rows": rows}, f, indent=1)
@@ -190,6 +206,7 @@ def main():
     ap.add_argument("--lrs", default="1e-6,1e-5")
     ap.add_argument("--netns", action="store_true", help="rate-limited network namespaces (root)")
     ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--rounds", type=int, default=3, help="measured pushes per row (the median is reported)")
     ap.add_argument("--learner", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.learner:
@@ -207,7 +224,7 @@ def main():
         urls, ports = [d.url for d in ds], [d.port for d in ds]
         print(f"default model, {size / 1e6:.0f} MB in bf16; loopback, {args.daemons} daemons (threads 1), "
               f"{os.cpu_count()} cores shared by every daemon and this learner", flush=True)
-        rows = rows_for(urls, ports, m0, [float(x) for x in args.lrs.split(",")])
+        rows = rows_for(urls, ports, m0, [float(x) for x in args.lrs.split(",")], rounds=args.rounds)
         with open(os.path.join(BUILD, "bench-delta.json"), "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": "loopback",
                        "model_bf16_bytes": size, "rows": rows}, f, indent=1)

@@ -2,6 +2,7 @@
  * pushed (delta.h). */
 #include "engine/update/delta.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,39 @@ static uint32_t group_es(const model_config *c, const upd_stage *s, int g, int l
     return es;
 }
 
+/* The last delta's group buffer, kept for the next (a fresh mapping's pages
+ * are faulted in zeroed, and on a VM that cost more than the apply). One
+ * buffer: a second transfer at once maps its own. */
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *kept;
+static size_t kept_bytes;
+
+static void release_group_buffer(void *p, size_t bytes)
+{
+    pthread_mutex_lock(&kept_mu);
+    void *old = kept;
+    size_t old_bytes = kept_bytes;
+    if (!old || bytes >= old_bytes) {
+        kept = p, kept_bytes = bytes;
+        p = old, bytes = old_bytes;
+    }
+    pthread_mutex_unlock(&kept_mu);
+    if (p)
+        munmap(p, bytes);
+}
+
+static void *take_group_buffer(size_t bytes, size_t *got)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&kept_mu);
+    if (kept && kept_bytes >= bytes) {
+        p = kept, *got = kept_bytes;
+        kept = NULL, kept_bytes = 0;
+    }
+    pthread_mutex_unlock(&kept_mu);
+    return p;
+}
+
 int upd_delta_map(const model_config *c, upd_stage *s)
 {
     if (s->full_mem)
@@ -156,14 +190,20 @@ int upd_delta_map(const model_config *c, upd_stage *s)
     if (!bytes)
         return 0;
     bytes = (bytes + 63) & ~(size_t)63;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for a group's new bytes", bytes);
+    size_t got = 0;
+    void *p = take_group_buffer(bytes, &got);
+    if (!p) {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            return rd_fail(RD_ENOMEM, "delta: cannot map %zu bytes for a group's new bytes", bytes);
 #ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
+        madvise(p, bytes, MADV_HUGEPAGE); /* as the staging area: 4 KiB page faults cost more than the copy */
 #endif
+        got = bytes;
+    }
     s->full_mem = p;
-    s->full_mem_bytes = bytes;
+    s->full_mem_bytes = got;
+    s->full_mem_release = release_group_buffer;
     return 0;
 }
 

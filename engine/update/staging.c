@@ -63,7 +63,9 @@ void upd_stage_free(upd_stage *s)
     }
     if (s->mem)
         munmap(s->mem, s->mem_bytes);
-    if (s->full_mem)
+    if (s->full_mem && s->full_mem_release)
+        s->full_mem_release(s->full_mem, s->full_mem_bytes);
+    else if (s->full_mem)
         munmap(s->full_mem, s->full_mem_bytes);
     free(s->t);
     free(s);

@@ -83,6 +83,7 @@ typedef struct upd_stage {
     size_t mem_bytes;
     void *full_mem;             /* the buffer one group's delta tensors are decoded into (delta.h), or NULL */
     size_t full_mem_bytes;
+    void (*full_mem_release)(void *p, size_t bytes); /* how upd_stage_free lets it go (NULL: munmap) */
     uint64_t delta_changed;     /* elements of the delta tensors whose bits changed (upd_delta_apply) */
     /* Set by upd_delta_apply: makes the new bytes (t->full) of the delta
      * tensors of group g, layer l, expert ex; upd_build calls it per group. */
