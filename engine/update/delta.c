@@ -2,6 +2,7 @@
  * pushed (delta.h). */
 #include "engine/update/delta.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,15 +96,17 @@ typedef struct {
     const int32_t *rec_t;       /* [n] the record's tensor */
     const upd_drec *rec;        /* [n] */
     int32_t *rc;                /* [n] each record's result */
-    uint64_t *changed;          /* [n] elements each changed */
+    upd_drec_stat *st;          /* [n] what each found */
 } apply_job;
+
+static uint32_t exp_of(int dtype) { return dtype == UPD_F32 ? UPD_EXP_F32 : dtype == UPD_F16 ? UPD_EXP_F16 : UPD_EXP_BF16; }
 
 static void apply_task(void *ctx, int32_t i, int32_t worker)
 {
     apply_job *j = ctx;
     upd_tensor *t = &j->s->t[j->rec_t[i]];
-    j->changed[i] = 0;
-    j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), t->name, &j->changed[i]);
+    j->st[i] = (upd_drec_stat){0};
+    j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), exp_of(t->dtype), t->name, &j->st[i]);
 }
 
 /* ---- one group at a time
@@ -291,25 +294,43 @@ static int delta_group(const model *m, upd_stage *s, int g, int l, int ex)
         }
         free(r);
     }
-    uint64_t *changed = rc || !k ? NULL : calloc((size_t)k, sizeof *changed);
-    if (!rc && k && !changed)
+    upd_drec_stat *st = rc || !k ? NULL : calloc((size_t)k, sizeof *st);
+    if (!rc && k && !st)
         rc = rd_fail(RD_ENOMEM, "delta: out of memory");
     if (!rc && k) {
         int32_t *rec_rc = rec_t + cap;
-        apply_job aj = {.s = s, .rec_t = rec_t, .rec = recs, .rc = rec_rc, .changed = changed};
+        apply_job aj = {.s = s, .rec_t = rec_t, .rec = recs, .rc = rec_rc, .st = st};
         pool_run(k, apply_task, &aj);
         for (int32_t q = 0; q < k && !rc; q++)
             if (rec_rc[q]) { /* again on this thread, for its message (the tensor is discarded anyway) */
                 upd_tensor *t = &s->t[rec_t[q]];
-                uint64_t ch = 0;
-                rc = upd_delta_apply_rec(&recs[q], q, t->full, dsize(t->dtype), t->name, &ch);
+                upd_drec_stat again = {0};
+                rc = upd_delta_apply_rec(&recs[q], q, t->full, dsize(t->dtype), 0, t->name, &again);
                 if (!rc)
                     rc = rd_fail(RD_EFORMAT, "delta of '%.200s': a record failed on the pool", t->name);
             }
-        for (int32_t q = 0; q < k && !rc; q++)
-            s->delta_changed += changed[q];
+        /* Only the values the records wrote can be non-finite: the rest is
+         * the served base, checked when it was pushed. Records are in tensor
+         * order, so the first flagged one names the tensor's first such element. */
+        for (int32_t q = 0; q < k && !rc; q++) {
+            const upd_tensor *t = &s->t[rec_t[q]];
+            if (st[q].nonfinite) {
+                uint64_t e = st[q].nonfinite - 1;
+                float v = 0;
+                if (t->dtype == UPD_F32)
+                    memcpy(&v, t->full + 4 * e, 4);
+                else {
+                    uint16_t h;
+                    memcpy(&h, t->full + 2 * e, 2);
+                    v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+                }
+                rc = rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
+                             t->name, (unsigned long long)e, isnan(v) ? "NaN" : "infinite");
+            }
+            s->delta_changed += st[q].changed;
+        }
     }
-    free(changed), free(recs), free(rec_t);
+    free(st), free(recs), free(rec_t);
     for (int32_t i = 0; i < s->n && !rc; i++) {
         const upd_tensor *t = &s->t[i];
         int tg = 0;

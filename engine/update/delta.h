@@ -4,7 +4,7 @@
  * records, each covering a byte range of the new tensor, in increasing order
  * and never overlapping; bytes no record covers keep the base's value. A
  * record is a 24-byte head
- *     u8 kind (UPD_DREC_RUNS | UPD_DREC_XOR_ZSTD), u8[3] reserved = 0,
+ *     u8 kind (UPD_DREC_RUNS | UPD_DREC_XOR_ZSTD | UPD_DREC_SPARSE_ZSTD), u8[3] reserved = 0,
  *     u32 payload bytes, u64 out_offset, u64 out_bytes
  * (offset and length in bytes of the tensor, whole elements, out_bytes
  * 1..UPD_DELTA_MAX_RECORD) and its payload:
@@ -12,7 +12,10 @@
  *             elements from the end of the previous run (the record's start
  *             for the first), then count new values; every run inside the range;
  *   XOR_ZSTD  one zstd frame that decompresses to exactly out_bytes bytes,
- *             the XOR of the new range with the base's.
+ *             the XOR of the new range with the base's;
+ *   SPARSE_ZSTD one zstd frame (its size stated) of the changed elements
+ *             alone: u32 count, count LEB128 gaps between their indices,
+ *             then their XORs with the base as byte planes.
  * The base is what the daemon serves for the tensor at base_version, in the
  * delta's dtype; the daemon only accepts a delta where it holds that tensor in
  * that dtype from an earlier push (upd_held) and not quantized. After applying,
@@ -35,8 +38,9 @@
  * just before packing it: the group's base read from the model (the bytes
  * the backend holds, or fp32 narrowed exactly to the delta's dtype: it was
  * pushed in that dtype, so the round trip is exact; an inexact one fails),
- * the records applied on the pool and each tensor's new bytes checked
- * against its manifest CRC-32C (RD_ECHECKSUM names it). s->delta_changed
+ * the records applied on the pool (a value they write that is NaN or
+ * infinite: RD_EINVAL naming the element) and each tensor's new bytes
+ * checked against its manifest CRC-32C (RD_ECHECKSUM names it). s->delta_changed
  * gets the elements whose bits changed. The model is only read: decode goes on. */
 int upd_delta_apply(const model *m, upd_stage *s);
 

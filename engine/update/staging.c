@@ -768,7 +768,7 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
             return rd_fail(RD_EINVAL, "commit: delta tensor '%.200s' was not prepared (upd_delta_apply first)",
                            s->t[i].name);
         }
-        sel[i] = !s->t[i].delta;  /* a delta tensor's bytes are checked once its group has them */
+        sel[i] = !s->t[i].delta;  /* a delta tensor's new values are checked as its records apply (delta.c) */
     }
     int rc = check_finite(s, sel);
     if (rc) {
@@ -813,15 +813,14 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
         if (touched[key])
             continue;
         touched[key] = 1;
-        /* The group's delta tensors get their new bytes now (delta.h), and are checked like staged ones. */
+        /* The group's delta tensors get their new bytes now (delta.h); the
+         * values their records write are checked for NaN and infinity there. */
         int any_delta = 0;
-        memset(sel, 0, (size_t)s->n);
         for (int32_t j = i; j < s->n; j++) {
             const upd_tensor *t = &s->t[j];
-            sel[j] = t->delta && group_of(c, t->kind) == g && t->layer == l && t->expert == ex;
-            any_delta |= sel[j];
+            any_delta |= t->delta && group_of(c, t->kind) == g && t->layer == l && t->expert == ex;
         }
-        if (any_delta && ((rc = s->delta_group(m, (upd_stage *)s, g, l, ex)) || (rc = check_finite(s, sel))))
+        if (any_delta && (rc = s->delta_group(m, (upd_stage *)s, g, l, ex)))
             break;
         int64_t rows, cols;
         group_shape(c, g, &rows, &cols);

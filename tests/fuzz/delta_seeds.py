@@ -1,5 +1,5 @@
 """Seeds for build/fuzz/fuzz_delta: delta streams the learner's encoder
-(tools/python/rolloutd/delta.py) writes, RUNS and XOR_ZSTD records, in the
+(tools/python/rolloutd/delta.py) writes, RUNS, XOR_ZSTD and SPARSE_ZSTD records, in the
 target's input layout (byte 0: element size by its low bit, byte 1: tensor
 KiB - 1, then the stream).
 
@@ -19,7 +19,8 @@ n = 0
 for es, kib in ((2, 1), (2, 8), (4, 4), (2, 16)):
     tn = kib * 1024
     base = (np.arange(tn, dtype=np.uint64) * 131 + 7).astype(np.uint8)   # the target's base
-    for frac, kinds in ((0.0, (D.RUNS,)), (0.01, (D.RUNS,)), (0.2, (D.XOR_ZSTD,)), (0.05, (D.RUNS, D.XOR_ZSTD))):
+    for frac, kinds in ((0.0, (D.RUNS,)), (0.01, (D.RUNS,)), (0.2, (D.XOR_ZSTD,)), (0.05, (D.RUNS, D.XOR_ZSTD)),
+                        (0.03, (D.SPARSE_ZSTD,)), (0.3, D.KINDS)):
         new = base.copy()
         e = new.view(np.uint16 if es == 2 else np.uint32)
         m = rng.random(e.size) < frac

@@ -11,7 +11,8 @@
  * record's head read back here), its changed count is at most the elements
  * they cover, decoding it again from the base gives the same bytes, and a
  * plain second decoder written here (runs copied element by element, zstd
- * frames XORed byte by byte) gives the same bytes as well.
+ * frames XORed byte by byte, sparse frames' gaps read bit by bit) gives the
+ * same bytes as well.
  * Build and run (make fuzz):
  *   build/fuzz/fuzz_delta -runs=10000000 -max_len=65536 CORPUS
  * Seeds: python3 tests/fuzz/delta_seeds.py CORPUS */
@@ -77,11 +78,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                             ref[off + pos * es + b] = p[q + (uint64_t)e * es + b];
                     q += (uint64_t)count * es;
                 }
-            } else {
+            } else if (wc[at] == UPD_DREC_XOR_ZSTD) {
                 if (ZSTD_decompress(x, len, p, payload) != len)
                     abort();
                 for (uint64_t b = 0; b < len; b++)
                     ref[off + b] ^= x[b];
+            } else { /* SPARSE_ZSTD: u32 count, LEB128 gaps, byte planes */
+                unsigned long long rn = ZSTD_getFrameContentSize(p, payload);
+                uint8_t *r = rn <= 4 + (len / es) * (5 + es) ? malloc(rn) : NULL;
+                if (!r || ZSTD_decompress(r, rn, p, payload) != rn)
+                    abort();
+                uint32_t count;
+                memcpy(&count, r, 4);
+                uint64_t q = 4, pos = 0, planes = rn - (uint64_t)count * es;
+                for (uint32_t e = 0; e < count; e++, pos++) {
+                    uint64_t gap = 0;
+                    for (int sh = 0;; sh += 7) {
+                        gap |= (uint64_t)(r[q] & 0x7F) << sh;
+                        if (!(r[q++] & 0x80))
+                            break;
+                    }
+                    pos += gap;
+                    for (uint32_t b = 0; b < es; b++)
+                        ref[off + pos * es + b] ^= r[planes + (uint64_t)b * count + e];
+                }
+                if (q != planes || pos * es > len)
+                    abort();
+                free(r);
             }
             at += UPD_DREC_HEAD + (uint64_t)payload;
         }

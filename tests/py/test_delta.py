@@ -18,6 +18,7 @@ The weights move the way RL steps move them: fp32 master weights, one Adam
 step at lr 1e-5 on random gradients, cast to bf16 (rolloutd.bf16_bits)."""
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -115,6 +116,7 @@ def encoder_streams_decode_to_the_new_bytes_on_threads_too():
     and the threaded encoder writes the same stream."""
     from concurrent.futures import ThreadPoolExecutor
     rng = np.random.default_rng(3)
+    seen = set()
     with ThreadPoolExecutor(3) as ex:
         for trial in range(200):
             es = (2, 4)[trial % 2]
@@ -131,6 +133,26 @@ def encoder_streams_decode_to_the_new_bytes_on_threads_too():
             assert np.array_equal(D.decode(s, base.view(np.uint8), es), new.view(np.uint8)), trial
             s2, ch2 = D.encode_tensor(new.view(np.uint8), base.view(np.uint8), es, record_bytes=rb, executor=ex)
             assert (s2, ch2) == (s, ch), trial
+            at = 0
+            while at < len(s):
+                kind, payload, _, _ = D.HEAD.unpack_from(s, at)
+                seen.add(kind)
+                at += D.HEAD_BYTES + payload
+            for only in D.KINDS:    # each kind alone decodes too
+                s3, ch3 = D.encode_tensor(new.view(np.uint8), base.view(np.uint8), es, record_bytes=rb, kinds=(only,))
+                assert ch3 == ch and np.array_equal(D.decode(s3, base.view(np.uint8), es), new.view(np.uint8)), \
+                    (trial, only)
+    assert seen == set(D.KINDS), seen       # the choice takes each kind somewhere
+
+    def leb128(v):
+        out = bytearray()
+        while True:
+            out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+            v >>= 7
+            if not v:
+                return bytes(out)
+    gaps = [0, 1, 127, 128, 300, 16383, 16384, 2 ** 21 - 1, 2 ** 21, 2 ** 28 - 1, 2 ** 28, 2 ** 32 - 1]
+    assert D._varints(np.array(gaps, dtype=np.int64)) == b"".join(map(leb128, gaps))
 
 
 W0 = W1 = W2 = W3 = None
@@ -220,16 +242,48 @@ def delta_refusals_have_their_own_codes_and_leave_the_weights():
         why = refused(dd.url, D.prepare_delta(f16b, f16, 1), 2, proto.E.DTYPE_MISMATCH)
         assert "is f16" in why and "in bf16" in why, why
         # a corrupted record whose chunk CRC matches (corrupted before the chunks are checksummed): a RUNS
-        # value decodes to other bytes, which only the tensor's CRC-32C catches; a zstd frame fails to decode
+        # value, or a sparse record's XOR, decodes to other bytes, which only the tensor's CRC-32C catches;
+        # a zstd frame that fails to decode, or a sparse record whose gaps end early, is malformed
         real = D.encode_tensor
         name = "model.layers.1.mlp.down_proj.weight"
-        for kind, code in ((D.RUNS, proto.E.CHECKSUM), (D.XOR_ZSTD, proto.E.INVALID_PARAMS)):
+
+        def last_sparse(s, bend):
+            """s with its last record (SPARSE_ZSTD) recompressed after bend(content bytes)."""
+            import zstandard
+            at = 0
+            while True:
+                kind, payload, off, n = D.HEAD.unpack_from(s, at)
+                if at + D.HEAD_BYTES + payload == len(s):
+                    break
+                at += D.HEAD_BYTES + payload
+            assert kind == D.SPARSE_ZSTD, kind
+            raw = bytearray(zstandard.ZstdDecompressor().decompress(s[at + D.HEAD_BYTES:]))
+            z = zstandard.ZstdCompressor(level=1).compress(bytes(bend(raw)))
+            return s[:at] + D.HEAD.pack(kind, len(z), off, n) + z
+
+        def flip_last(b):
+            b[-1] ^= 0x01
+            return b
+
+        def value_bit(raw):     # the last changed element's XOR, its low byte: a mantissa bit
+            count = struct.unpack_from("<I", raw)[0]
+            raw[len(raw) - 2 * count + count - 1] ^= 0x01
+            return raw
+
+        def cut_gaps(raw):      # one changed element fewer, its planes kept: the gaps run out early
+            count = struct.unpack_from("<I", raw)[0]
+            return raw[:4] + raw[4:len(raw) - 2 * count - 1] + raw[len(raw) - 2 * count:]
+
+        for kind, bend, code in ((D.RUNS, flip_last, proto.E.CHECKSUM),
+                                 (D.XOR_ZSTD, flip_last, proto.E.INVALID_PARAMS),
+                                 (D.SPARSE_ZSTD, value_bit, proto.E.CHECKSUM),
+                                 (D.SPARSE_ZSTD, cut_gaps, proto.E.INVALID_PARAMS)):
             def corrupt(new, base, es, *a, **k):
                 k["kinds"] = (kind,)
                 s, n = real(new, base, es, *a, **k)
-                b = bytearray(s)
-                b[-1] ^= 0x01       # the last value of the last run, or the end of the zstd frame
-                return bytes(b), n
+                if kind == D.SPARSE_ZSTD:
+                    return last_sparse(s, bend), n
+                return bytes(bend(bytearray(s))), n     # the last value of the last run, or the frame's end
             D.encode_tensor = corrupt
             try:
                 prep = D.prepare_delta({name: w1[name]}, w0, 1)
@@ -244,8 +298,17 @@ def delta_refusals_have_their_own_codes_and_leave_the_weights():
         bad = nan[last].copy()
         bad.reshape(-1)[bad.size // 2] = 0x7FC0     # bf16 NaN
         nan[last] = bad
-        why = refused(dd.url, D.prepare_delta(nan, w0, 1), 2, proto.E.INVALID_PARAMS)
-        assert "NaN" in why, why
+        for kind in D.KINDS:    # whichever record writes it
+            def only(new, base, es, *a, **k):
+                k["kinds"] = (kind,)
+                return real(new, base, es, *a, **k)
+            D.encode_tensor = only
+            try:
+                prep = D.prepare_delta(nan, w0, 1)
+            finally:
+                D.encode_tensor = real
+            why = refused(dd.url, prep, 2, proto.E.INVALID_PARAMS)
+            assert "NaN" in why and f"element {bad.size // 2} " in why, (kind, why)
         assert version(dd.url) == 1 and outputs(dd.url) == before, "a refused delta changed the weights"
         # served quantized: the bf16 base is gone
         with Client(q8.url, name="learner") as c:

@@ -1,6 +1,7 @@
 /* test_delta.c - the delta stream decoder (engine/update/delta_codec.h,
  * PROTOCOL.md §10.14) on streams built here by hand (RUNS pairs) and with
- * libzstd's own compressor (XOR_ZSTD), checked against the expected bytes
+ * libzstd's own compressor (XOR_ZSTD, SPARSE_ZSTD: its content written
+ * here from the protocol's description), checked against the expected bytes
  * computed directly; every malformed head refused naming the record. */
 #include "base/err.h"
 #include "engine/update/delta_codec.h"
@@ -92,7 +93,7 @@ static void test_bad_heads(void)
     static uint16_t t[N];
     uint8_t w[64];
     struct { uint8_t kind; uint32_t payload; uint64_t off, len; size_t n; int rsv; const char *why; } cases[] = {
-        {3, 0, 0, 2, UPD_DREC_HEAD, 0, "kind"},
+        {4, 0, 0, 2, UPD_DREC_HEAD, 0, "kind"},
         {UPD_DREC_RUNS, 0, 0, 2, UPD_DREC_HEAD, 1, "reserved"},
         {UPD_DREC_RUNS, 9, 0, 2, UPD_DREC_HEAD, 0, "payload runs past"},
         {UPD_DREC_RUNS, 0, 0, 0, UPD_DREC_HEAD, 0, "out_bytes"},
@@ -113,10 +114,118 @@ static void test_bad_heads(void)
           strstr(rd_errmsg(), "before the previous"), "%s", rd_errmsg());
 }
 
+/* A SPARSE_ZSTD record's content: u32 count, LEB128 gaps, byte planes of the XORs. */
+static size_t sparse_raw(uint8_t *r, const uint32_t *idx, const uint16_t *x, uint32_t count)
+{
+    size_t at = 0;
+    memcpy(r, &count, 4);
+    at = 4;
+    for (uint32_t k = 0, prev = 0; k < count; k++) {
+        uint32_t gap = idx[k] - (k ? prev + 1 : 0);
+        prev = idx[k];
+        do {
+            r[at++] = (uint8_t)((gap & 0x7F) | (gap > 0x7F ? 0x80 : 0));
+            gap >>= 7;
+        } while (gap);
+    }
+    for (uint32_t k = 0; k < count; k++)
+        r[at + k] = (uint8_t)x[k];
+    for (uint32_t k = 0; k < count; k++)
+        r[at + count + k] = (uint8_t)(x[k] >> 8);
+    return at + 2 * (size_t)count;
+}
+
+static size_t sparse_record(uint8_t *w, size_t cap, const uint8_t *raw, size_t rn, uint64_t off, uint64_t len)
+{
+    size_t z = ZSTD_compress(w + UPD_DREC_HEAD, cap - UPD_DREC_HEAD, raw, rn, 1);
+    if (ZSTD_isError(z))
+        return 0; /* the caller's decode of an empty stream then fails its CHECK */
+    put_head(w, UPD_DREC_SPARSE_ZSTD, (uint32_t)z, off, len);
+    return UPD_DREC_HEAD + z;
+}
+
+static void test_sparse_zstd(void)
+{
+    static uint16_t base[N], want[N], t[N];
+    static uint8_t raw[4 + 7 * N], w[UPD_DREC_HEAD + 8 * N];
+    base_and_new(base, want);
+    /* gaps of 0 (adjacent), of one and two varint bytes (200, 3000), and the range's last element;
+     * one XOR of 0 (listed, not a change) */
+    uint32_t idx[] = {0, 1, 2, 203, 3204, 3205, 4095};
+    uint16_t x[] = {0x0001, 0x8000, 0x0100, 0x00FF, 0x0000, 0x7F7F, 0x1234};
+    const uint32_t count = sizeof idx / sizeof *idx;
+    for (uint32_t k = 0; k < count; k++)
+        want[idx[k]] ^= x[k];
+    size_t rn = sparse_raw(raw, idx, x, count);
+    size_t wn = sparse_record(w, sizeof w, raw, rn, 0, sizeof t);
+    memcpy(t, base, sizeof t);
+    uint64_t changed = 0;
+    CHECK_OK(upd_delta_decode(w, wn, (uint8_t *)t, sizeof t, 2, "t", &changed));
+    CHECK(!memcmp(t, want, sizeof t), "SPARSE_ZSTD decode differs");
+    CHECK(changed == count - 1, "changed %llu; expected %u", (unsigned long long)changed, count - 1);
+
+    /* the check for NaN and infinity sees the values written, and only those */
+    upd_drec d = {.kind = UPD_DREC_SPARSE_ZSTD, .payload = (uint32_t)(wn - UPD_DREC_HEAD), .off = 0,
+                  .len = sizeof t, .p = w + UPD_DREC_HEAD};
+    upd_drec_stat st = {0};
+    memcpy(t, base, sizeof t);
+    t[3000] = 0x7F80; /* an infinity in the base, which no record writes: not the record's */
+    CHECK_OK(upd_delta_apply_rec(&d, 0, (uint8_t *)t, 2, UPD_EXP_BF16, "t", &st));
+    CHECK(st.nonfinite == 0, "the base's infinity blamed on the record (%llu)", (unsigned long long)st.nonfinite);
+    memcpy(t, base, sizeof t);
+    t[3205] = 0x7F80 ^ 0x7F7F; /* element 3205 becomes 0x7F80, +infinity, after the XOR */
+    st = (upd_drec_stat){0};
+    CHECK_OK(upd_delta_apply_rec(&d, 0, (uint8_t *)t, 2, UPD_EXP_BF16, "t", &st));
+    CHECK(st.nonfinite == 3205 + 1, "nonfinite %llu; expected element 3205", (unsigned long long)st.nonfinite);
+
+    /* malformed contents, each refused naming what is wrong */
+    const char *bad[] = {
+        "changed elements in a range", /* count above the range's elements */
+        "gap runs past the range",     /* the last element one past the range */
+        "bad or cut varint",           /* a varint that never ends */
+        "bytes of gaps",               /* a gap byte left over */
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof *bad; c++) {
+        size_t n = sparse_raw(raw, idx, x, count);
+        if (c == 0) {
+            uint32_t big = N + 1;
+            memcpy(raw, &big, 4);
+        } else if (c == 1) {
+            uint32_t idx2[sizeof idx / sizeof *idx];
+            memcpy(idx2, idx, sizeof idx);
+            idx2[count - 1] = N; /* one past the range */
+            n = sparse_raw(raw, idx2, x, count);
+        } else if (c == 2) {
+            for (size_t k = 4; k < n - 2 * count; k++)
+                raw[k] = 0x80;
+        } else {
+            memmove(raw + n - 2 * count + 1, raw + n - 2 * count, 2 * count);
+            raw[n - 2 * count] = 0;
+            n++;
+        }
+        wn = sparse_record(w, sizeof w, raw, n, 0, sizeof t);
+        memcpy(t, base, sizeof t);
+        int rc = upd_delta_decode(w, wn, (uint8_t *)t, sizeof t, 2, "t", NULL);
+        CHECK(rc == RD_EFORMAT && strstr(rd_errmsg(), bad[c]), "case %zu: rc %d: %s", c, rc, rd_errmsg());
+    }
+    /* a frame that does not state its size */
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 0);
+    rn = sparse_raw(raw, idx, x, count);
+    ZSTD_inBuffer in = {raw, rn, 0};
+    ZSTD_outBuffer out = {w + UPD_DREC_HEAD, sizeof w - UPD_DREC_HEAD, 0};
+    CHECK(ZSTD_compressStream2(cc, &out, &in, ZSTD_e_end) == 0, "streaming compress");
+    ZSTD_freeCCtx(cc);
+    put_head(w, UPD_DREC_SPARSE_ZSTD, (uint32_t)out.pos, 0, sizeof t);
+    CHECK(upd_delta_decode(w, UPD_DREC_HEAD + out.pos, (uint8_t *)t, sizeof t, 2, "t", NULL) == RD_EFORMAT &&
+          strstr(rd_errmsg(), "no size stated"), "%s", rd_errmsg());
+}
+
 int main(void)
 {
     RUN(test_runs);
     RUN(test_xor_zstd);
+    RUN(test_sparse_zstd);
     RUN(test_bad_heads);
     TEST_EXIT();
 }

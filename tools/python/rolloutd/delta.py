@@ -4,13 +4,20 @@ A delta tensor's chunks carry a stream of records, each covering a range of
 the tensor's new bytes (RECORD_BYTES of them here); bytes no record covers keep
 the base's value. Per record the encoder sends whichever is smaller:
 
-    RUNS      (u32 skip, u32 count, count values) pairs of the changed elements
-              (gaps shorter than a run head are sent as values);
-    XOR_ZSTD  the record's new bytes XOR the base's, one zstd frame.
+    RUNS         (u32 skip, u32 count, count values) pairs of the changed
+                 elements (gaps shorter than a run head are sent as values);
+    XOR_ZSTD     the record's new bytes XOR the base's, one zstd frame;
+    SPARSE_ZSTD  one zstd frame of the changed elements alone: u32 count, the
+                 gaps between them as LEB128 varints, then their XORs with
+                 the base as byte planes (byte 0 of every one, then byte 1...).
 
-The diff is vectorized NumPy (one compare over the tensor, then per record
-np.flatnonzero); encode_tensor() returns the stream and the number of changed
-elements. decode() is the reference decoder (the daemon's is
+A few percent of the elements changed (an RL step) is SPARSE_ZSTD's case: it
+compresses only what changed (the XOR frame compresses the whole record, and
+a daemon decompresses all of it), and the planes put the XORs' mostly-zero
+high bytes together. XOR_ZSTD is tried only where more than an eighth of a
+record changed (SPARSE_ZSTD is then rarely smaller). The diff is vectorized
+NumPy (one compare over the tensor, then per record np.flatnonzero);
+encode_tensor() returns the stream and the number of changed elements. decode() is the reference decoder (the daemon's is
 engine/update/delta.c), used by the tests.
 """
 import os
@@ -23,7 +30,8 @@ import zstandard
 
 from . import proto as P
 
-RUNS, XOR_ZSTD = 1, 2
+RUNS, XOR_ZSTD, SPARSE_ZSTD = 1, 2, 3
+KINDS = (RUNS, XOR_ZSTD, SPARSE_ZSTD)
 HEAD = struct.Struct("<B3xIQQ")     # kind, reserved, payload bytes, out_offset, out_bytes
 HEAD_BYTES = HEAD.size              # 24
 RECORD_BYTES = 1 << 20              # bytes of the tensor one record covers
@@ -73,7 +81,41 @@ def _runs_bytes(changed_idx, es):
     return 8 * n_runs + es * total
 
 
+def _varints(g):
+    """LEB128 bytes of the uint array g (values < 2**32), vectorized."""
+    if len(g) == 0 or int(g.max()) < 128:
+        return g.astype(np.uint8).tobytes()
+    g = g.astype(np.uint64)
+    nb = 1 + (g >= 1 << 7).astype(np.int64) + (g >= 1 << 14) + (g >= 1 << 21) + (g >= 1 << 28)
+    ends = np.cumsum(nb)
+    starts = ends - nb
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    for j in range(5):
+        m = nb > j
+        if not m.any():
+            break
+        out[starts[m] + j] = ((g[m] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | \
+            ((nb[m] > j + 1).astype(np.uint8) << 7)
+    return out.tobytes()
+
+
+def _sparse_raw(new_e, base_e, changed_idx, es):
+    """SPARSE_ZSTD's uncompressed bytes for the changed element indices
+    (sorted, relative to the record) of the record's elements."""
+    gaps = np.diff(changed_idx, prepend=-1) - 1
+    x = (new_e[changed_idx] ^ base_e[changed_idx]).astype(new_e.dtype.newbyteorder("<"), copy=False)
+    planes = x.view(np.uint8).reshape(len(changed_idx), es).T
+    return struct.pack("<I", len(changed_idx)) + _varints(gaps) + planes.tobytes()
+
+
 _local = threading.local()
+
+
+def _compressor(level):
+    st = getattr(_local, "cz", None)
+    if st is None or st[0] != level:
+        st = _local.cz = (level, zstandard.ZstdCompressor(level=level))
+    return st[1]
 
 
 def _xor_zstd(new, base, level):
@@ -90,42 +132,48 @@ def _xor_zstd(new, base, level):
     return st[1].compress(buf)
 
 
-def _record(new, base, ne, diff, off, n, es, level, kinds):
+def _record(new, base, ne, be, diff, off, n, es, level, kinds):
     """(head + payload, changed elements) of the record covering bytes
     [off, off + n), or (None, 0) when nothing in it changed."""
     e0, e1 = off // es, (off + n) // es
     idx = np.flatnonzero(diff[e0:e1])
     if len(idx) == 0:
         return None, 0
-    runs_bytes = _runs_bytes(idx, es)
-    if XOR_ZSTD in kinds and (runs_bytes > 64 or RUNS not in kinds):  # a few runs beat any zstd frame
-        z = _xor_zstd(new[off:off + n], base[off:off + n], level)
-        if len(z) < runs_bytes or RUNS not in kinds:
-            return HEAD.pack(XOR_ZSTD, len(z), off, n) + z, len(idx)
-    runs = _runs_payload(ne[e0:e1], idx, es)
-    return HEAD.pack(RUNS, len(runs), off, n) + runs, len(idx)
+    best = (_runs_bytes(idx, es), RUNS) if RUNS in kinds else None
+    if best is None or best[0] > 64:        # a few runs beat any zstd frame
+        if SPARSE_ZSTD in kinds:
+            z = _compressor(level).compress(_sparse_raw(ne[e0:e1], be[e0:e1], idx, es))
+            if best is None or len(z) < best[0]:
+                best = (len(z), SPARSE_ZSTD, z)
+        if XOR_ZSTD in kinds and (8 * len(idx) > e1 - e0 or SPARSE_ZSTD not in kinds):
+            z = _xor_zstd(new[off:off + n], base[off:off + n], level)
+            if best is None or len(z) < best[0]:
+                best = (len(z), XOR_ZSTD, z)
+    if best[1] == RUNS:
+        runs = _runs_payload(ne[e0:e1], idx, es)
+        return HEAD.pack(RUNS, len(runs), off, n) + runs, len(idx)
+    return HEAD.pack(best[1], best[0], off, n) + best[2], len(idx)
 
 
-def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, cctx=None, kinds=(RUNS, XOR_ZSTD),
-                  executor=None):
+def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, kinds=KINDS, executor=None):
     """(stream bytes, changed elements) of the delta from base to new: flat
     uint8 arrays (or buffers) of the same length, elements of es bytes;
-    each record the smaller of the kinds allowed (the RUNS size is counted
-    first and the runs built only when they win). executor (a
-    concurrent.futures executor): records encoded on its threads (NumPy's
-    large operations and zstd release the GIL). cctx is not used (each
-    thread keeps its own compressor); it stays for callers that pass it."""
+    each record the smallest of the kinds allowed (the RUNS size is counted
+    first and the runs built only when they win; XOR_ZSTD tried as the
+    module says). executor (a concurrent.futures executor): records encoded
+    on its threads (NumPy's large operations and zstd release the GIL; each
+    thread keeps its own compressor)."""
     new = np.frombuffer(new, dtype=np.uint8) if not isinstance(new, np.ndarray) else new.reshape(-1).view(np.uint8)
     base = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1).view(np.uint8)
     if len(new) != len(base) or len(new) % es:
         raise ValueError(f"delta: {len(new)} new bytes against {len(base)} base bytes of {es}-byte elements")
     rb = max(es, min(int(record_bytes), MAX_RECORD) // es * es)
-    ne = new.view(_UINT[es])
-    diff = ne != base.view(_UINT[es])
+    ne, be = new.view(_UINT[es]), base.view(_UINT[es])
+    diff = ne != be
     offs = range(0, len(new), rb)
 
     def one(off):
-        return _record(new, base, ne, diff, off, min(rb, len(new) - off), es, level, kinds)
+        return _record(new, base, ne, be, diff, off, min(rb, len(new) - off), es, level, kinds)
 
     done = executor.map(one, offs) if executor is not None and len(offs) > 1 else map(one, offs)
     parts, changed = [], 0
@@ -149,7 +197,7 @@ def decode(stream, base, es):
         if len(mv) - at < HEAD_BYTES:
             raise ValueError(f"delta: {len(mv) - at} bytes left at {at}; a record head is {HEAD_BYTES}")
         kind, payload, off, n = HEAD.unpack_from(mv, at)
-        if mv[at + 1:at + 4] != b"\0\0\0" or kind not in (RUNS, XOR_ZSTD) or off < end_prev or \
+        if mv[at + 1:at + 4] != b"\0\0\0" or kind not in KINDS or off < end_prev or \
                 off + n > len(out) or n == 0 or n > MAX_RECORD or off % es or n % es or \
                 payload > len(mv) - at - HEAD_BYTES:
             raise ValueError(f"delta: bad record head at {at}: kind {kind}, payload {payload}, [{off}, +{n})")
@@ -159,6 +207,32 @@ def decode(stream, base, es):
             if len(x) != n:
                 raise ValueError(f"delta: a zstd frame of {len(x)} bytes for {n}")
             out[off:off + n] ^= np.frombuffer(x, dtype=np.uint8)
+        elif kind == SPARSE_ZSTD:
+            x = dctx.decompress(bytes(p), max_output_size=4 + (n // es) * (5 + es))
+            count = struct.unpack_from("<I", x)[0]
+            if count == 0 or count > n // es or 4 + count * es > len(x):
+                raise ValueError(f"delta: a bad sparse count {count} at record {at}")
+            vend = len(x) - count * es
+            planes = np.frombuffer(x, dtype=np.uint8, offset=vend).reshape(es, count)
+            q, pos = 4, 0
+            for k in range(count):
+                gap, shift = 0, 0
+                while True:
+                    if q >= vend or shift > 28:
+                        raise ValueError(f"delta: a bad varint at record {at}")
+                    b = x[q]
+                    q += 1
+                    gap |= (b & 0x7F) << shift
+                    shift += 7
+                    if not b & 0x80:
+                        break
+                pos += gap
+                if pos >= n // es:
+                    raise ValueError(f"delta: a sparse gap past record {at}")
+                out[off + pos * es:off + (pos + 1) * es] ^= planes[:, k]
+                pos += 1
+            if q != vend:
+                raise ValueError(f"delta: {vend - q} bytes of gaps left over at record {at}")
         else:
             q, pos = 0, 0
             while q < payload:
