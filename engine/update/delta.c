@@ -17,8 +17,6 @@
 
 /* ---------------------------------------------------------------- the base */
 
-static uint32_t dsize(int dtype) { return dtype == UPD_F32 ? 4 : 2; }
-static int32_t ggml_of(int dtype) { return dtype == UPD_F32 ? GGML_F32 : dtype == UPD_F16 ? GGML_F16 : GGML_BF16; }
 
 /* Where a staged tensor lives in the model: its group, [rows][cols] (rows 0:
  * a vector) and its first element in the group's buffer. */
@@ -106,7 +104,7 @@ static void apply_task(void *ctx, int32_t i, int32_t worker)
     apply_job *j = ctx;
     upd_tensor *t = &j->s->t[j->rec_t[i]];
     j->st[i] = (upd_drec_stat){0};
-    j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, dsize(t->dtype), exp_of(t->dtype), t->name, &j->st[i]);
+    j->rc[i] = upd_delta_apply_rec(&j->rec[i], i, t->full, upd_dtype_size(t->dtype), exp_of(t->dtype), t->name, &j->st[i]);
 }
 
 /* ---- one group at a time
@@ -135,8 +133,8 @@ static uint32_t group_es(const model_config *c, const upd_stage *s, int g, int l
         int tg = 0;
         int64_t r, cl, e0;
         if (t->delta && t->layer == l && t->expert == ex && !locate(c, t, &tg, &r, &cl, &e0) && tg == g &&
-            dsize(t->dtype) > es)
-            es = dsize(t->dtype);
+            upd_dtype_size(t->dtype) > es)
+            es = upd_dtype_size(t->dtype);
     }
     return es;
 }
@@ -186,7 +184,7 @@ int upd_delta_map(const model_config *c, upd_stage *s)
         int64_t r, cl, e0;
         if (!t->delta || locate(c, t, &g, &r, &cl, &e0))
             continue;
-        uint64_t b = group_bytes(a, c, g, dsize(t->dtype) > 2 ? 4 : 2);
+        uint64_t b = group_bytes(a, c, g, upd_dtype_size(t->dtype) > 2 ? 4 : 2);
         if (b > bytes)
             bytes = b;
     }
@@ -226,7 +224,7 @@ static int read_base(const model *m, const upd_tensor *t, int g, int64_t rows, i
     rd_backend *be = m->be;
     void *const *slot = model_weight_slot((model *)m, (arch_group)g, t->layer, t->expert);
     int rc = rows && be->ops->linear_read_native
-                 ? be->ops->linear_read_native(be, *slot, ggml_of(t->dtype), (int32_t)(elem0 / cols), (int32_t)rows,
+                 ? be->ops->linear_read_native(be, *slot, upd_dtype_ggml(t->dtype), (int32_t)(elem0 / cols), (int32_t)rows,
                                                t->full)
                  : RD_ENOTSUP;
     if (rc != RD_ENOTSUP)
@@ -272,7 +270,7 @@ static int delta_group(const model *m, upd_stage *s, int g, int l, int ex)
             break;
         upd_drec *r = NULL;
         int32_t nr = 0;
-        if ((rc = upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, &r, &nr)))
+        if ((rc = upd_delta_parse(t->data, t->wire, t->nbytes, upd_dtype_size(t->dtype), t->name, &r, &nr)))
             break;
         if (k + nr > cap) {
             cap = 2 * (k + nr);
@@ -305,7 +303,7 @@ static int delta_group(const model *m, upd_stage *s, int g, int l, int ex)
             if (rec_rc[q]) { /* again on this thread, for its message (the tensor is discarded anyway) */
                 upd_tensor *t = &s->t[rec_t[q]];
                 upd_drec_stat again = {0};
-                rc = upd_delta_apply_rec(&recs[q], q, t->full, dsize(t->dtype), 0, t->name, &again);
+                rc = upd_delta_apply_rec(&recs[q], q, t->full, upd_dtype_size(t->dtype), 0, t->name, &again);
                 if (!rc)
                     rc = rd_fail(RD_EFORMAT, "delta of '%.200s': a record failed on the pool", t->name);
             }
@@ -356,7 +354,7 @@ int upd_delta_apply(const model *m, upd_stage *s)
         int32_t n;
         int g = 0;
         int64_t rows, cols, elem0;
-        if (upd_delta_parse(t->data, t->wire, t->nbytes, dsize(t->dtype), t->name, NULL, &n))
+        if (upd_delta_parse(t->data, t->wire, t->nbytes, upd_dtype_size(t->dtype), t->name, NULL, &n))
             return RD_EFORMAT;
         int rc = locate(&m->cfg, t, &g, &rows, &cols, &elem0);
         if (rc)

@@ -49,7 +49,8 @@ static int group_of(const model_config *c, int kind)
     return (int)arch_by_name(c->arch, strlen(c->arch))->tensors[kind].group;
 }
 
-static uint32_t dtype_size(int dtype) { return dtype == UPD_F32 ? 4 : dtype == UPD_F16 || dtype == UPD_BF16 ? 2 : 0; }
+uint32_t upd_dtype_size(int dtype) { return dtype == UPD_F32 ? 4 : dtype == UPD_F16 || dtype == UPD_BF16 ? 2 : 0; }
+int32_t upd_dtype_ggml(int dtype) { return dtype == UPD_F32 ? GGML_F32 : dtype == UPD_F16 ? GGML_F16 : GGML_BF16; }
 
 /* ---------------------------------------------------------------- stage */
 
@@ -105,7 +106,7 @@ static int unknown_name(const model_config *c, int32_t i, const char *name)
 static int check_spec(const upd_spec *sp, int64_t rows, int64_t cols)
 {
     char got[128], want[64];
-    if (!dtype_size(sp->dtype))
+    if (!upd_dtype_size(sp->dtype))
         return rd_fail(RD_EINVAL, "update: tensor '%.200s' has dtype %d; expected f32, f16 or bf16", sp->name,
                        sp->dtype);
     shape_str(sp, got, sizeof got);
@@ -118,11 +119,11 @@ static int check_spec(const upd_spec *sp, int64_t rows, int64_t cols)
     if (!ok)
         return rd_fail(RD_EINVAL, "update: tensor '%.200s' has shape %s; the model's is %s", sp->name, got, want);
     uint64_t elems = (uint64_t)(rows ? rows : 1) * (uint64_t)cols;
-    if (sp->nbytes != elems * dtype_size(sp->dtype))
+    if (sp->nbytes != elems * upd_dtype_size(sp->dtype))
         return rd_fail(RD_EINVAL, "update: tensor '%.200s' declares %llu bytes; %s of %s is %llu", sp->name,
                        (unsigned long long)sp->nbytes, got,
                        sp->dtype == UPD_F32 ? "f32" : sp->dtype == UPD_F16 ? "f16" : "bf16",
-                       (unsigned long long)(elems * dtype_size(sp->dtype)));
+                       (unsigned long long)(elems * upd_dtype_size(sp->dtype)));
     return 0;
 }
 
@@ -502,7 +503,7 @@ static int check_finite(const upd_stage *s, const uint8_t *sel)
         if (first[i] < 0)
             continue;
         const upd_tensor *t = &s->t[first[i]];
-        uint32_t es = dtype_size(t->dtype);
+        uint32_t es = upd_dtype_size(t->dtype);
         for (uint64_t e = off[i] / es; e < t->nbytes / es; e++) {
             float v;
             if (t->dtype == UPD_F32) {
@@ -522,8 +523,6 @@ static int check_finite(const upd_stage *s, const uint8_t *sel)
     free(first), free(off);
     return rc;
 }
-
-static int32_t ggml_of(int dtype) { return dtype == UPD_F32 ? GGML_F32 : dtype == UPD_F16 ? GGML_F16 : GGML_BF16; }
 
 /* Narrows n fp32 values to dtype (bf16 or f16) into dst when every one
  * survives the round trip exactly; 0 if not (dst then holds garbage). */
@@ -606,12 +605,12 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
     int32_t n_parts = 0;
     for (int i = 0; i < n_mem; i++) {
         rd_wpart *last = n_parts ? &parts[n_parts - 1] : NULL;
-        if (last && last->type == ggml_of(mem[i].dtype) &&
-            (const uint8_t *)last->data + (size_t)last->rows * cols * dtype_size(mem[i].dtype) == mem[i].data) {
+        if (last && last->type == upd_dtype_ggml(mem[i].dtype) &&
+            (const uint8_t *)last->data + (size_t)last->rows * cols * upd_dtype_size(mem[i].dtype) == mem[i].data) {
             last->rows += (int32_t)mem[i].rows;
             continue;
         }
-        parts[n_parts++] = (rd_wpart){.type = ggml_of(mem[i].dtype), .rows = (int32_t)mem[i].rows,
+        parts[n_parts++] = (rd_wpart){.type = upd_dtype_ggml(mem[i].dtype), .rows = (int32_t)mem[i].rows,
                                       .data = mem[i].data};
     }
     return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, out);
@@ -719,7 +718,7 @@ static int build_group_q8_0(const model *m, const upd_stage *s, int g, int l, in
     const char *member = "";    /* a staged member's name, for the error below */
     for (int32_t j = 0; j < s->n; j++)
         if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l && s->t[j].expert == ex) {
-            covered += s->t[j].nbytes / dtype_size(s->t[j].dtype);
+            covered += s->t[j].nbytes / upd_dtype_size(s->t[j].dtype);
             member = s->t[j].name;
         }
     int rc;
@@ -854,7 +853,7 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
         int64_t covered = 0;
         for (int32_t j = i; j < s->n; j++)
             if (group_of(c, s->t[j].kind) == g && s->t[j].layer == l && s->t[j].expert == ex)
-                covered += (int64_t)(s->t[j].nbytes / dtype_size(s->t[j].dtype));
+                covered += (int64_t)(s->t[j].nbytes / upd_dtype_size(s->t[j].dtype));
         void **slot = model_weight_slot((model *)m, (arch_group)g, l, ex);
         if (covered < elems) {
             if (rows && (rc = be->ops->linear_read(be, *slot, buf)))

@@ -26,6 +26,9 @@
 #include "engine/model/model.h"
 
 typedef enum { UPD_F32 = 0, UPD_F16 = 1, UPD_BF16 = 2 } upd_dtype; /* = PROTO_DTYPE_* */
+/* Bytes per element of a pushed dtype (0: not one), and its ggml type code. */
+uint32_t upd_dtype_size(int dtype);
+int32_t upd_dtype_ggml(int dtype);
 /* What the pushed linear weights become in the backend (the daemon's
  * serve_dtype): kept in their pushed dtype, or quantized to Q8_0
  * (engine/model/quant.h) while the patch is built, so the engine runs its
