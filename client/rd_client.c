@@ -237,8 +237,11 @@ static int exchange_on(nng_ctx ctx, nng_aio *aio, proto_buf *buf, uint64_t max_m
             nng_msg_free(m);
         return rd_fail(RD_ENOMEM, "%s: cannot build the message: %s", name, nng_strerror(rv));
     }
+    /* The send waits for a connection when there is none (a daemon that died or restarts): no
+     * longer than the whole call may take, so a poll of a dead daemon (rd_chain.c: 3 s) fails
+     * in its own time, not after RDC_TIMEOUT_MS. */
     nng_aio_set_msg(aio, m);
-    nng_aio_set_timeout(aio, RDC_TIMEOUT_MS);
+    nng_aio_set_timeout(aio, timeout_ms < RDC_TIMEOUT_MS ? timeout_ms : RDC_TIMEOUT_MS);
     nng_ctx_send(ctx, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio))) {
