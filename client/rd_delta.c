@@ -43,6 +43,33 @@ static int differs(const uint8_t *a, const uint8_t *b, uint32_t es)
     return es == 2 ? memcmp(a, b, 2) != 0 : memcmp(a, b, 4) != 0;
 }
 
+/* SPARSE_ZSTD's content for a record of elems elements with count changed:
+ * u32 count, the LEB128 gaps, then the XORs as es byte planes (planes is
+ * scratch of es * count bytes). Its length. */
+static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, uint64_t elems, uint32_t es, uint64_t count,
+                         uint8_t *r, uint8_t *planes)
+{
+    uint32_t c32 = (uint32_t)count;
+    memcpy(r, &c32, 4);
+    size_t at = 4;
+    uint64_t next = 0, k = 0; /* next: the index after the previous changed element */
+    for (uint64_t e = 0; e < elems; e++) {
+        if (!differs(cur + e * es, base + e * es, es))
+            continue;
+        uint64_t gap = e - next;
+        do {
+            r[at++] = (uint8_t)((gap & 0x7F) | (gap > 0x7F ? 0x80 : 0));
+            gap >>= 7;
+        } while (gap);
+        for (uint32_t b = 0; b < es; b++)
+            planes[b * count + k] = cur[e * es + b] ^ base[e * es + b];
+        next = e + 1;
+        k++;
+    }
+    memcpy(r + at, planes, es * count);
+    return at + es * count;
+}
+
 int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es, uint8_t **out, uint64_t *out_len,
                uint64_t *changed)
 {
@@ -50,8 +77,9 @@ int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es,
     if ((es != 2 && es != 4) || n % es)
         return rd_fail(RD_EINVAL, "delta: %llu bytes of %u-byte elements", (unsigned long long)n, es);
     buf b = {0};
-    uint8_t *x = NULL;
-    size_t zcap = ZSTD_compressBound(RDD_RECORD_BYTES);
+    uint8_t *x = NULL, *sp = NULL, *pl = NULL;
+    const size_t sparse_max = 4 + (RDD_RECORD_BYTES / es) * (5 + es);
+    size_t zcap = ZSTD_compressBound(sparse_max);
     uint8_t *z = malloc(zcap);
     const uint64_t merge = 8 / es - 1; /* unchanged elements cheaper to resend than a new run head */
     int rc = z ? 0 : rd_fail(RD_ENOMEM, "delta: out of memory");
@@ -84,7 +112,22 @@ int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es,
         *changed += nchg;
         uint64_t runs = at - at0 - HEAD;
         uint8_t kind = 1;
+        /* A few runs beat any zstd frame; else the smallest of the runs, the changed elements alone
+         * (SPARSE_ZSTD) and, where more than an eighth changed, the XOR of the whole record. */
         if (runs > 64) {
+            if ((!sp && !(sp = malloc(sparse_max))) || (!pl && !(pl = malloc(RDD_RECORD_BYTES)))) {
+                rc = rd_fail(RD_ENOMEM, "delta: out of memory");
+                break;
+            }
+            size_t sn = sparse_raw(cur + off, base + off, elems, es, nchg, sp, pl);
+            size_t zn = ZSTD_compress(z, zcap, sp, sn, 1);
+            if (!ZSTD_isError(zn) && zn < runs) {
+                memcpy(b.p + at0 + HEAD, z, zn);
+                runs = zn;
+                kind = 3;
+            }
+        }
+        if (runs > 64 && 8 * nchg > elems) {
             if (!x && !(x = malloc(RDD_RECORD_BYTES))) {
                 rc = rd_fail(RD_ENOMEM, "delta: out of memory");
                 break;
@@ -107,7 +150,7 @@ int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es,
             b.len = HEAD;
         }
     }
-    free(x), free(z);
+    free(x), free(z), free(sp), free(pl);
     if (rc) {
         free(b.p);
         return rc;

@@ -1,7 +1,9 @@
 /* rd_delta.h - delta tensors for a push (PROTOCOL.md §10.14): the sender's
  * encoder in C, the same records as tools/python/rolloutd/delta.py (per
- * 1 MiB of the tensor, the smaller of (skip, count, values) runs and the XOR
- * with the base compressed with zstd). rolloutctl push-weights --base uses it. */
+ * 1 MiB of the tensor, the smallest of (skip, count, values) runs, the
+ * changed elements alone (SPARSE_ZSTD) and, where more than an eighth of it
+ * changed, the XOR with the base compressed with zstd). rolloutctl
+ * push-weights --base uses it. */
 #ifndef RD_DELTA_H
 #define RD_DELTA_H
 

@@ -4,6 +4,7 @@
  * here from the protocol's description), checked against the expected bytes
  * computed directly; every malformed head refused naming the record. */
 #include "base/err.h"
+#include "client/rd_delta.h"
 #include "engine/update/delta_codec.h"
 #include "tests/unit/test.h"
 
@@ -221,11 +222,59 @@ static void test_sparse_zstd(void)
           strstr(rd_errmsg(), "no size stated"), "%s", rd_errmsg());
 }
 
+/* The C sender's encoder (client/rd_delta.c, rolloutctl push-weights --base) against this decoder:
+ * tensors of 2- and 4-byte elements, a few records long, changed at densities from none to all;
+ * each stream decodes to the new bytes with the exact changed count, and the record kinds it picks
+ * follow the density (runs when very sparse, the sparse frame at a few percent, the XOR frame
+ * when most elements changed). */
+static void test_c_encoder(void)
+{
+    static const double dens[] = {0.0, 0.00001, 0.03, 0.5, 1.0};
+    int seen[4] = {0};
+    uint64_t st = 12345;
+    for (uint32_t es = 2; es <= 4; es += 2)
+        for (size_t di = 0; di < sizeof dens / sizeof *dens; di++) {
+            const uint64_t n = 3 * RDD_RECORD_BYTES + 6 * es; /* three records and a short one */
+            uint8_t *base = malloc(n), *cur = malloc(n), *t = malloc(n);
+            CHECK(base && cur && t, "oom");
+            uint64_t want = 0;
+            for (uint64_t i = 0; i < n; i++)
+                base[i] = (uint8_t)((st = st * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+            memcpy(cur, base, n);
+            for (uint64_t e = 0; e < n / es; e++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                if ((double)(st >> 11) / 9007199254740992.0 < dens[di]) {
+                    cur[e * es + (st >> 8) % es] ^= (uint8_t)(1u << ((st >> 4) % 8)); /* a bit of one byte */
+                    want++;
+                }
+            }
+            uint8_t *w = NULL;
+            uint64_t wn = 0, changed = 0, got = 0;
+            CHECK_OK(rdd_encode(cur, base, n, es, &w, &wn, &changed));
+            memcpy(t, base, n);
+            int rc = upd_delta_decode(w, wn, t, n, es, "t", &got);
+            CHECK(rc == 0 && !memcmp(t, cur, n), "es %u density %g: the stream does not decode to the new bytes: %s",
+                  es, dens[di], rd_errmsg());
+            CHECK(changed == want && got == want, "es %u density %g: changed %llu / decoded %llu; expected %llu", es,
+                  dens[di], (unsigned long long)changed, (unsigned long long)got, (unsigned long long)want);
+            for (uint64_t at = 0; at + UPD_DREC_HEAD <= wn;) {
+                uint32_t payload;
+                memcpy(&payload, w + at + 4, 4);
+                if (w[at] >= 1 && w[at] <= 3)
+                    seen[w[at]] = 1;
+                at += UPD_DREC_HEAD + payload;
+            }
+            free(w), free(base), free(cur), free(t);
+        }
+    CHECK(seen[1] && seen[2] && seen[3], "kinds chosen: runs %d, xor %d, sparse %d", seen[1], seen[2], seen[3]);
+}
+
 int main(void)
 {
     RUN(test_runs);
     RUN(test_xor_zstd);
     RUN(test_sparse_zstd);
+    RUN(test_c_encoder);
     RUN(test_bad_heads);
     TEST_EXIT();
 }
