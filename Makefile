@@ -51,7 +51,7 @@ EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contra
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
 .PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec model model-gemma3 fuzz clean setup demo demo-offline
-all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so
+all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
 # ARCH= rebuilds them instead of mixing old and new objects.
@@ -94,6 +94,15 @@ $(BUILD)/rolloutd: $(DAEMON_OBJ) $(LLHTTP_OBJ) $(BUILD)/librollout.a
 $(BUILD)/librdcrc32c.so: base/crc32c.c base/crc32c.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -O2 $(WARN) -I. -fPIC -shared $< -o $@ -lpthread
+
+# The delta encoder for the Python package (tools/python/rolloutd/delta.py
+# loads it with ctypes when it is there): client/rd_delta.c, the same records
+# as rolloutctl push-weights --base writes, outside the GIL, so a learner's
+# threads encode in parallel. Its own flags: never sanitized.
+$(BUILD)/librddelta.so: client/rd_delta.c client/rd_delta.h base/crc32c.c base/err.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 $(WARN) -I. -fPIC -shared client/rd_delta.c base/crc32c.c base/err.c -o $@ \
+	    -lzstd -lpthread
 
 $(BUILD)/librollout.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)

@@ -1,6 +1,7 @@
 /* rd_delta.c - the C sender's delta encoder (rd_delta.h). */
 #include "client/rd_delta.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -43,6 +44,27 @@ static int differs(const uint8_t *a, const uint8_t *b, uint32_t es)
     return es == 2 ? memcmp(a, b, 2) != 0 : memcmp(a, b, 4) != 0;
 }
 
+/* The first element at or after e (of elems) that differs, or elems: a
+ * word at a time, the first differing element of a word by its lowest set
+ * bit of the XOR (little-endian: element e's bytes are the low ones). */
+static uint64_t next_diff(const uint8_t *a, const uint8_t *b, uint64_t e, uint64_t elems, uint32_t es)
+{
+    for (; e < elems && (e * es) % 8; e++)
+        if (differs(a + e * es, b + e * es, es))
+            return e;
+    for (; e + 8 / es <= elems; e += 8 / es) {
+        uint64_t u, v;
+        memcpy(&u, a + e * es, 8);
+        memcpy(&v, b + e * es, 8);
+        if (u != v)
+            return e + (uint64_t)__builtin_ctzll(u ^ v) / (8 * es);
+    }
+    for (; e < elems; e++)
+        if (differs(a + e * es, b + e * es, es))
+            return e;
+    return elems;
+}
+
 /* SPARSE_ZSTD's content for a record of elems elements with count changed:
  * u32 count, the LEB128 gaps, then the XORs as es byte planes (planes is
  * scratch of es * count bytes). Its length. */
@@ -53,9 +75,7 @@ static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, uint64_t elems
     memcpy(r, &c32, 4);
     size_t at = 4;
     uint64_t next = 0, k = 0; /* next: the index after the previous changed element */
-    for (uint64_t e = 0; e < elems; e++) {
-        if (!differs(cur + e * es, base + e * es, es))
-            continue;
+    for (uint64_t e = next_diff(cur, base, 0, elems, es); e < elems; e = next_diff(cur, base, e + 1, elems, es)) {
         uint64_t gap = e - next;
         do {
             r[at++] = (uint8_t)((gap & 0x7F) | (gap > 0x7F ? 0x80 : 0));
@@ -70,39 +90,82 @@ static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, uint64_t elems
     return at + es * count;
 }
 
-int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es, uint8_t **out, uint64_t *out_len,
-               uint64_t *changed)
+/* A thread's scratch, kept for the thread's life (sized once for the
+ * largest record, 2-byte elements) and freed when the thread exits: fresh
+ * multi-MiB buffers and a zstd context per call were faulted in and set up
+ * again every time, more than the encoding itself. */
+typedef struct {
+    uint8_t *runs;              /* a record's RUNS payload: len + 8 (elems + 1) bytes at most */
+    uint8_t *sp, *pl;           /* SPARSE_ZSTD's content, and its planes while they are gathered */
+    uint8_t *x, *z;             /* the XOR of a record; a zstd frame */
+    size_t zcap;
+    ZSTD_CCtx *cctx;
+} enc_scratch;
+
+#define SPARSE_MAX (4 + (RDD_RECORD_BYTES / 2) * 7)
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+    enc_scratch *t = p;
+    if (!t)
+        return;
+    free(t->runs), free(t->sp), free(t->pl), free(t->x), free(t->z);
+    ZSTD_freeCCtx(t->cctx);
+    free(t);
+}
+
+static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static enc_scratch *scratch(void)
+{
+    pthread_once(&scratch_once, scratch_key_init);
+    enc_scratch *t = pthread_getspecific(scratch_key);
+    if (t)
+        return t;
+    if (!(t = calloc(1, sizeof *t)))
+        return NULL;
+    t->zcap = ZSTD_compressBound(SPARSE_MAX);
+    t->runs = malloc(RDD_RECORD_BYTES + 8 * (RDD_RECORD_BYTES / 2 + 1));
+    t->sp = malloc(SPARSE_MAX);
+    t->pl = malloc(RDD_RECORD_BYTES);
+    t->x = malloc(RDD_RECORD_BYTES);
+    t->z = malloc(t->zcap);
+    t->cctx = ZSTD_createCCtx();
+    if (!t->runs || !t->sp || !t->pl || !t->x || !t->z || !t->cctx || pthread_setspecific(scratch_key, t)) {
+        scratch_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+int rdd_encode_range(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es, uint64_t off0, uint8_t **out,
+                     uint64_t *out_len, uint64_t *changed)
 {
     *out = NULL, *out_len = 0, *changed = 0;
     if ((es != 2 && es != 4) || n % es)
         return rd_fail(RD_EINVAL, "delta: %llu bytes of %u-byte elements", (unsigned long long)n, es);
+    enc_scratch *t = scratch();
+    if (!t)
+        return rd_fail(RD_ENOMEM, "delta: out of memory");
     buf b = {0};
-    uint8_t *x = NULL, *sp = NULL, *pl = NULL;
-    const size_t sparse_max = 4 + (RDD_RECORD_BYTES / es) * (5 + es);
-    size_t zcap = ZSTD_compressBound(sparse_max);
-    uint8_t *z = malloc(zcap);
     const uint64_t merge = 8 / es - 1; /* unchanged elements cheaper to resend than a new run head */
-    int rc = z ? 0 : rd_fail(RD_ENOMEM, "delta: out of memory");
+    int rc = 0;
     for (uint64_t off = 0; off < n && !rc; off += RDD_RECORD_BYTES) {
         uint64_t len = n - off < RDD_RECORD_BYTES ? n - off : RDD_RECORD_BYTES, elems = len / es;
-        uint64_t at0 = b.len, nchg = 0;
-        if ((rc = grow(&b, HEAD + len + 8 * (elems + 1))))
-            break;
-        uint64_t at = at0 + HEAD, prev_end = 0, e = 0;
-        while (e < elems) {
-            if (!differs(cur + off + e * es, base + off + e * es, es)) {
-                e++;
-                continue;
-            }
+        uint64_t at = 0, prev_end = 0, e = 0, nchg = 0;
+        while ((e = next_diff(cur + off, base + off, e, elems, es)) < elems) {
             uint64_t start = e, last = e; /* a run: changed elements and gaps of at most merge */
             nchg++;
             for (e = e + 1; e < elems && e - last <= merge + 1; e++)
                 if (differs(cur + off + e * es, base + off + e * es, es))
                     last = e, nchg++;
             uint32_t skip = (uint32_t)(start - prev_end), count = (uint32_t)(last + 1 - start);
-            memcpy(b.p + at, &skip, 4);
-            memcpy(b.p + at + 4, &count, 4);
-            memcpy(b.p + at + 8, cur + off + start * es, (size_t)count * es);
+            memcpy(t->runs + at, &skip, 4);
+            memcpy(t->runs + at + 4, &count, 4);
+            memcpy(t->runs + at + 8, cur + off + start * es, (size_t)count * es);
             at += 8 + (uint64_t)count * es;
             prev_end = last + 1;
             e = last + 1;
@@ -110,47 +173,40 @@ int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es,
         if (!nchg)
             continue; /* unchanged: no record */
         *changed += nchg;
-        uint64_t runs = at - at0 - HEAD;
+        const uint8_t *payload = t->runs;
+        uint64_t bytes = at;
         uint8_t kind = 1;
         /* A few runs beat any zstd frame; else the smallest of the runs, the changed elements alone
          * (SPARSE_ZSTD) and, where more than an eighth changed, the XOR of the whole record. */
-        if (runs > 64) {
-            if ((!sp && !(sp = malloc(sparse_max))) || (!pl && !(pl = malloc(RDD_RECORD_BYTES)))) {
-                rc = rd_fail(RD_ENOMEM, "delta: out of memory");
-                break;
-            }
-            size_t sn = sparse_raw(cur + off, base + off, elems, es, nchg, sp, pl);
-            size_t zn = ZSTD_compress(z, zcap, sp, sn, 1);
-            if (!ZSTD_isError(zn) && zn < runs) {
-                memcpy(b.p + at0 + HEAD, z, zn);
-                runs = zn;
-                kind = 3;
+        if (bytes > 64) {
+            size_t sn = sparse_raw(cur + off, base + off, elems, es, nchg, t->sp, t->pl);
+            size_t zn = ZSTD_compressCCtx(t->cctx, t->z, t->zcap, t->sp, sn, 1);
+            if (!ZSTD_isError(zn) && zn < bytes) {
+                if ((rc = grow(&b, HEAD + zn)))
+                    break;
+                memcpy(b.p + b.len + HEAD, t->z, zn);
+                payload = NULL, bytes = zn, kind = 3;
             }
         }
-        if (runs > 64 && 8 * nchg > elems) {
-            if (!x && !(x = malloc(RDD_RECORD_BYTES))) {
-                rc = rd_fail(RD_ENOMEM, "delta: out of memory");
-                break;
-            }
+        if (bytes > 64 && 8 * nchg > elems) {
             for (uint64_t k = 0; k < len; k++)
-                x[k] = cur[off + k] ^ base[off + k];
-            size_t zn = ZSTD_compress(z, zcap, x, len, 1);
-            if (!ZSTD_isError(zn) && zn < runs) {
-                memcpy(b.p + at0 + HEAD, z, zn);
-                runs = zn;
-                kind = 2;
+                t->x[k] = cur[off + k] ^ base[off + k];
+            size_t zn = ZSTD_compressCCtx(t->cctx, t->z, t->zcap, t->x, len, 1);
+            if (!ZSTD_isError(zn) && zn < bytes) {
+                if ((rc = grow(&b, HEAD + zn)))
+                    break;
+                memcpy(b.p + b.len + HEAD, t->z, zn);
+                payload = NULL, bytes = zn, kind = 2;
             }
         }
-        put_head(b.p + at0, kind, (uint32_t)runs, off, len);
-        b.len = at0 + HEAD + runs;
-    }
-    if (!rc && b.len == 0) { /* unchanged tensor: one empty record (a delta has at least one byte) */
-        if (!(rc = grow(&b, HEAD))) {
-            put_head(b.p, 1, 0, 0, es);
-            b.len = HEAD;
+        if (payload) { /* the runs won */
+            if ((rc = grow(&b, HEAD + bytes)))
+                break;
+            memcpy(b.p + b.len + HEAD, payload, bytes);
         }
+        put_head(b.p + b.len, kind, (uint32_t)bytes, off0 + off, len);
+        b.len += HEAD + bytes;
     }
-    free(x), free(z), free(sp), free(pl);
     if (rc) {
         free(b.p);
         return rc;
@@ -158,6 +214,22 @@ int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es,
     *out = b.p, *out_len = b.len;
     return 0;
 }
+
+int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es, uint8_t **out, uint64_t *out_len,
+               uint64_t *changed)
+{
+    int rc = rdd_encode_range(cur, base, n, es, 0, out, out_len, changed);
+    if (!rc && *out_len == 0) { /* unchanged tensor: one empty record (a delta has at least one byte) */
+        free(*out);
+        if (!(*out = malloc(HEAD)))
+            return rd_fail(RD_ENOMEM, "delta: out of memory");
+        put_head(*out, 1, 0, 0, es);
+        *out_len = HEAD;
+    }
+    return rc;
+}
+
+void rdd_stream_free(uint8_t *p) { free(p); }
 
 int rdd_make(const rdp_tensor *cur, int n, const rdp_tensor *base, int n_base, uint64_t base_version, rdd_set *out)
 {

@@ -18,6 +18,14 @@
  * elements whose bits differ. 0 or RD_ENOMEM / RD_EINVAL. */
 int rdd_encode(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es, uint8_t **out, uint64_t *out_len,
                uint64_t *changed);
+/* The records of bytes [0, n) of a tensor that start at its byte off0
+ * (their heads say off0 + their offset), none where nothing changed (*out
+ * may be NULL, *out_len 0): a part of a tensor, for encoders that split one
+ * across threads (n a multiple of RDD_RECORD_BYTES except at the end). */
+int rdd_encode_range(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32_t es, uint64_t off0, uint8_t **out,
+                     uint64_t *out_len, uint64_t *changed);
+/* Frees a stream rdd_encode* returned (for callers outside C: ctypes). */
+void rdd_stream_free(uint8_t *p);
 
 /* For each of the n tensors of cur: a delta against the tensor of base with
  * the same name, dtype and size (at base_version), else the tensor as it is.

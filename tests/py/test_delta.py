@@ -155,6 +155,34 @@ def encoder_streams_decode_to_the_new_bytes_on_threads_too():
     assert D._varints(np.array(gaps, dtype=np.int64)) == b"".join(map(leb128, gaps))
 
 
+@case
+def the_c_encoder_on_threads_writes_streams_the_reference_decodes():
+    """A built tree's Python package encodes through build/librddelta.so (client/rd_delta.c, outside
+    the GIL) by default: tensors of several 8-record slices encoded on threads decode (reference
+    decoder) to the new bytes with NumPy's changed count, at a few percent changed and at most, in
+    2- and 4-byte elements; ROLLOUTD_DELTA_LIB=none leaves NumPy."""
+    from concurrent.futures import ThreadPoolExecutor
+    assert D.C_LIB is not None and D.C_LIB.endswith("librddelta.so"), "a built tree must load build/librddelta.so"
+    rng = np.random.default_rng(11)
+    n2 = (2 * D.SLICE_RECORDS * D.RECORD_BYTES + 3 * D.RECORD_BYTES + 10) // 2     # 2 slices and a part
+    with ThreadPoolExecutor(3) as ex:
+        for dt, n, frac in ((np.uint16, n2, 0.02), (np.uint16, n2, 0.6), (np.uint32, n2 // 4, 0.05)):
+            base = rng.integers(0, np.iinfo(dt).max, n, dtype=dt)
+            new = base.copy()
+            idx = np.flatnonzero(rng.random(n) < frac)
+            new[idx] ^= rng.integers(1, 256, len(idx)).astype(dt)
+            es = np.dtype(dt).itemsize
+            s, ch = D.encode_tensor(new.view(np.uint8), base.view(np.uint8), es, executor=ex)
+            assert ch == len(idx), (dt, frac, ch, len(idx))
+            assert np.array_equal(D.decode(s, base.view(np.uint8), es), new.view(np.uint8)), (dt, frac)
+            assert s == D.encode_tensor(new.view(np.uint8), base.view(np.uint8), es, c=True)[0], "threads changed it"
+    env = dict(os.environ, ROLLOUTD_DELTA_LIB="none")
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                          "from rolloutd import delta; print(delta.C_LIB)", os.path.join(ROOT, "tools", "python")],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "None", out
+
+
 W0 = W1 = W2 = W3 = None
 
 

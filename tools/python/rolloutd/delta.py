@@ -155,19 +155,84 @@ def _record(new, base, ne, be, diff, off, n, es, level, kinds):
     return HEAD.pack(best[1], best[0], off, n) + best[2], len(idx)
 
 
-def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, kinds=KINDS, executor=None):
+# ---- the project's C encoder, when it is built ----
+#
+# build/librddelta.so (make: client/rd_delta.c, what rolloutctl push-weights
+# --base writes: the same record size, kinds and choice) runs outside the GIL
+# (ctypes lets it go), so a tensor's slices encode on every thread at once;
+# the NumPy encoder above holds the GIL in most of its per-record steps, and
+# its threads barely add up. ROLLOUTD_DELTA_LIB names another copy;
+# ROLLOUTD_DELTA_LIB=none keeps NumPy.
+
+SLICE_RECORDS = 8           # records a thread encodes per call
+
+
+def _load_c():
+    import ctypes
+    path = os.environ.get("ROLLOUTD_DELTA_LIB") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "build", "librddelta.so")
+    if path == "none" or not os.path.exists(path):
+        return None, None
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path))
+        f, free = lib.rdd_encode_range, lib.rdd_stream_free
+    except (OSError, AttributeError):
+        return None, None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+    f.restype = ctypes.c_int
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+    return (f, free), os.path.abspath(path)
+
+
+_C, C_LIB = _load_c()
+
+
+def _c_range(new, base, es, off, n):
+    """(records, changed) of bytes [off, off + n) through the C encoder."""
+    import ctypes
+    out, out_len, changed = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+    rc = _C[0](new.ctypes.data + off, base.ctypes.data + off, n, es, off, ctypes.byref(out), ctypes.byref(out_len),
+               ctypes.byref(changed))
+    if rc:
+        raise MemoryError(f"delta: the C encoder failed ({rc})")
+    try:
+        return ctypes.string_at(out.value, out_len.value) if out_len.value else b"", changed.value
+    finally:
+        _C[1](out)
+
+
+def encode_tensor(new, base, es, record_bytes=RECORD_BYTES, level=ZSTD_LEVEL, kinds=KINDS, executor=None, c=None):
     """(stream bytes, changed elements) of the delta from base to new: flat
     uint8 arrays (or buffers) of the same length, elements of es bytes;
     each record the smallest of the kinds allowed (the RUNS size is counted
     first and the runs built only when they win; XOR_ZSTD tried as the
     module says). executor (a concurrent.futures executor): records encoded
     on its threads (NumPy's large operations and zstd release the GIL; each
-    thread keeps its own compressor)."""
+    thread keeps its own compressor). c: use the C encoder (None: when it is
+    built and the record size, level and kinds are its own; True: it must
+    be; False: NumPy)."""
     new = np.frombuffer(new, dtype=np.uint8) if not isinstance(new, np.ndarray) else new.reshape(-1).view(np.uint8)
     base = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1).view(np.uint8)
     if len(new) != len(base) or len(new) % es:
         raise ValueError(f"delta: {len(new)} new bytes against {len(base)} base bytes of {es}-byte elements")
     rb = max(es, min(int(record_bytes), MAX_RECORD) // es * es)
+    own = rb == RECORD_BYTES and level == ZSTD_LEVEL and tuple(kinds) == KINDS and es in (2, 4)
+    if c is None:
+        c = _C is not None and own
+    elif c and (_C is None or not own):
+        raise ValueError("delta: the C encoder is not built, or takes only its own record size, level and kinds")
+    if c:
+        sl = SLICE_RECORDS * RECORD_BYTES
+        offs = range(0, len(new), sl)
+
+        def one_c(off):
+            return _c_range(new, base, es, off, min(sl, len(new) - off))
+
+        done = list(executor.map(one_c, offs) if executor is not None and len(offs) > 1 else map(one_c, offs))
+        stream = b"".join(r for r, _ in done)
+        return stream or HEAD.pack(RUNS, 0, 0, es), sum(ch for _, ch in done)
     ne, be = new.view(_UINT[es]), base.view(_UINT[es])
     diff = ne != be
     offs = range(0, len(new), rb)
