@@ -65,18 +65,18 @@ static uint64_t next_diff(const uint8_t *a, const uint8_t *b, uint64_t e, uint64
     return elems;
 }
 
-/* SPARSE_ZSTD's content for a record of elems elements with count changed:
- * u32 count, the LEB128 gaps, then the XORs as es byte planes (planes is
- * scratch of es * count bytes). Its length. */
-static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, uint64_t elems, uint32_t es, uint64_t count,
+/* SPARSE_ZSTD's content for a record's count changed elements (idx, in
+ * order): u32 count, the LEB128 gaps, then the XORs as es byte planes
+ * (planes is scratch of es * count bytes). Its length. */
+static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, const uint32_t *idx, uint64_t count, uint32_t es,
                          uint8_t *r, uint8_t *planes)
 {
     uint32_t c32 = (uint32_t)count;
     memcpy(r, &c32, 4);
     size_t at = 4;
-    uint64_t next = 0, k = 0; /* next: the index after the previous changed element */
-    for (uint64_t e = next_diff(cur, base, 0, elems, es); e < elems; e = next_diff(cur, base, e + 1, elems, es)) {
-        uint64_t gap = e - next;
+    uint64_t next = 0; /* the index after the previous changed element */
+    for (uint64_t k = 0; k < count; k++) {
+        uint64_t e = idx[k], gap = e - next;
         do {
             r[at++] = (uint8_t)((gap & 0x7F) | (gap > 0x7F ? 0x80 : 0));
             gap >>= 7;
@@ -84,7 +84,6 @@ static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, uint64_t elems
         for (uint32_t b = 0; b < es; b++)
             planes[b * count + k] = cur[e * es + b] ^ base[e * es + b];
         next = e + 1;
-        k++;
     }
     memcpy(r + at, planes, es * count);
     return at + es * count;
@@ -96,8 +95,10 @@ static size_t sparse_raw(const uint8_t *cur, const uint8_t *base, uint64_t elems
  * again every time, more than the encoding itself. */
 typedef struct {
     uint8_t *runs;              /* a record's RUNS payload: len + 8 (elems + 1) bytes at most */
+    uint32_t *idx;              /* the record's changed elements, as the runs pass finds them */
     uint8_t *sp, *pl;           /* SPARSE_ZSTD's content, and its planes while they are gathered */
-    uint8_t *x, *z;             /* the XOR of a record; a zstd frame */
+    uint8_t *x;                 /* the XOR of a record */
+    uint8_t *zs, *zx;           /* the SPARSE_ZSTD and XOR_ZSTD frames */
     size_t zcap;
     ZSTD_CCtx *cctx;
 } enc_scratch;
@@ -112,7 +113,7 @@ static void scratch_free(void *p)
     enc_scratch *t = p;
     if (!t)
         return;
-    free(t->runs), free(t->sp), free(t->pl), free(t->x), free(t->z);
+    free(t->runs), free(t->idx), free(t->sp), free(t->pl), free(t->x), free(t->zs), free(t->zx);
     ZSTD_freeCCtx(t->cctx);
     free(t);
 }
@@ -129,12 +130,15 @@ static enc_scratch *scratch(void)
         return NULL;
     t->zcap = ZSTD_compressBound(SPARSE_MAX);
     t->runs = malloc(RDD_RECORD_BYTES + 8 * (RDD_RECORD_BYTES / 2 + 1));
+    t->idx = malloc(sizeof(uint32_t) * (RDD_RECORD_BYTES / 2));
     t->sp = malloc(SPARSE_MAX);
     t->pl = malloc(RDD_RECORD_BYTES);
     t->x = malloc(RDD_RECORD_BYTES);
-    t->z = malloc(t->zcap);
+    t->zs = malloc(t->zcap);
+    t->zx = malloc(t->zcap);
     t->cctx = ZSTD_createCCtx();
-    if (!t->runs || !t->sp || !t->pl || !t->x || !t->z || !t->cctx || pthread_setspecific(scratch_key, t)) {
+    if (!t->runs || !t->idx || !t->sp || !t->pl || !t->x || !t->zs || !t->zx || !t->cctx ||
+        pthread_setspecific(scratch_key, t)) {
         scratch_free(t);
         return NULL;
     }
@@ -158,10 +162,10 @@ int rdd_encode_range(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32
         uint64_t at = 0, prev_end = 0, e = 0, nchg = 0;
         while ((e = next_diff(cur + off, base + off, e, elems, es)) < elems) {
             uint64_t start = e, last = e; /* a run: changed elements and gaps of at most merge */
-            nchg++;
+            t->idx[nchg++] = (uint32_t)e;
             for (e = e + 1; e < elems && e - last <= merge + 1; e++)
                 if (differs(cur + off + e * es, base + off + e * es, es))
-                    last = e, nchg++;
+                    last = e, t->idx[nchg++] = (uint32_t)e;
             uint32_t skip = (uint32_t)(start - prev_end), count = (uint32_t)(last + 1 - start);
             memcpy(t->runs + at, &skip, 4);
             memcpy(t->runs + at + 4, &count, 4);
@@ -173,37 +177,27 @@ int rdd_encode_range(const uint8_t *cur, const uint8_t *base, uint64_t n, uint32
         if (!nchg)
             continue; /* unchanged: no record */
         *changed += nchg;
+        /* A few runs beat any zstd frame; else the smallest of the runs, the changed elements alone
+         * (SPARSE_ZSTD) and, where more than an eighth changed, the XOR of the whole record. */
         const uint8_t *payload = t->runs;
         uint64_t bytes = at;
         uint8_t kind = 1;
-        /* A few runs beat any zstd frame; else the smallest of the runs, the changed elements alone
-         * (SPARSE_ZSTD) and, where more than an eighth changed, the XOR of the whole record. */
         if (bytes > 64) {
-            size_t sn = sparse_raw(cur + off, base + off, elems, es, nchg, t->sp, t->pl);
-            size_t zn = ZSTD_compressCCtx(t->cctx, t->z, t->zcap, t->sp, sn, 1);
-            if (!ZSTD_isError(zn) && zn < bytes) {
-                if ((rc = grow(&b, HEAD + zn)))
-                    break;
-                memcpy(b.p + b.len + HEAD, t->z, zn);
-                payload = NULL, bytes = zn, kind = 3;
-            }
+            size_t sn = sparse_raw(cur + off, base + off, t->idx, nchg, es, t->sp, t->pl);
+            size_t zn = ZSTD_compressCCtx(t->cctx, t->zs, t->zcap, t->sp, sn, 1);
+            if (!ZSTD_isError(zn) && zn < bytes)
+                payload = t->zs, bytes = zn, kind = 3;
         }
         if (bytes > 64 && 8 * nchg > elems) {
             for (uint64_t k = 0; k < len; k++)
                 t->x[k] = cur[off + k] ^ base[off + k];
-            size_t zn = ZSTD_compressCCtx(t->cctx, t->z, t->zcap, t->x, len, 1);
-            if (!ZSTD_isError(zn) && zn < bytes) {
-                if ((rc = grow(&b, HEAD + zn)))
-                    break;
-                memcpy(b.p + b.len + HEAD, t->z, zn);
-                payload = NULL, bytes = zn, kind = 2;
-            }
+            size_t zn = ZSTD_compressCCtx(t->cctx, t->zx, t->zcap, t->x, len, 1);
+            if (!ZSTD_isError(zn) && zn < bytes)
+                payload = t->zx, bytes = zn, kind = 2;
         }
-        if (payload) { /* the runs won */
-            if ((rc = grow(&b, HEAD + bytes)))
-                break;
-            memcpy(b.p + b.len + HEAD, payload, bytes);
-        }
+        if ((rc = grow(&b, HEAD + bytes)))
+            break;
+        memcpy(b.p + b.len + HEAD, payload, bytes);
         put_head(b.p + b.len, kind, (uint32_t)bytes, off0 + off, len);
         b.len += HEAD + bytes;
     }

@@ -2,7 +2,6 @@
  * pushed (delta.h). */
 #include "engine/update/delta.h"
 
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,19 +311,8 @@ static int delta_group(const model *m, upd_stage *s, int g, int l, int ex)
          * order, so the first flagged one names the tensor's first such element. */
         for (int32_t q = 0; q < k && !rc; q++) {
             const upd_tensor *t = &s->t[rec_t[q]];
-            if (st[q].nonfinite) {
-                uint64_t e = st[q].nonfinite - 1;
-                float v = 0;
-                if (t->dtype == UPD_F32)
-                    memcpy(&v, t->full + 4 * e, 4);
-                else {
-                    uint16_t h;
-                    memcpy(&h, t->full + 2 * e, 2);
-                    v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
-                }
-                rc = rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
-                             t->name, (unsigned long long)e, isnan(v) ? "NaN" : "infinite");
-            }
+            if (st[q].nonfinite)
+                rc = upd_check_element(t->name, t->dtype, t->full, st[q].nonfinite - 1);
             s->delta_changed += st[q].changed;
         }
     }

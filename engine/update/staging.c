@@ -474,6 +474,22 @@ static void fin_task(void *ctx, int32_t i, int32_t worker)
     j->first[i] = has_nonfinite(t->dtype, vals(t) + off, n) ? j->slice_t[i] : -1;
 }
 
+int upd_check_element(const char *name, int dtype, const uint8_t *p, uint64_t e)
+{
+    float v;
+    if (dtype == UPD_F32) {
+        memcpy(&v, p + 4 * e, 4);
+    } else {
+        uint16_t h;
+        memcpy(&h, p + 2 * e, 2);
+        v = dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
+    }
+    if (isfinite(v))
+        return 0;
+    return rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights", name,
+                   (unsigned long long)e, isnan(v) ? "NaN" : "infinite");
+}
+
 /* Refuses non-finite values: a NaN weight would make every sequence fail,
  * so it never reaches the model. The error names the first such element.
  * Checks the tensors with sel[i] set. */
@@ -504,21 +520,8 @@ static int check_finite(const upd_stage *s, const uint8_t *sel)
             continue;
         const upd_tensor *t = &s->t[first[i]];
         uint32_t es = upd_dtype_size(t->dtype);
-        for (uint64_t e = off[i] / es; e < t->nbytes / es; e++) {
-            float v;
-            if (t->dtype == UPD_F32) {
-                memcpy(&v, vals(t) + 4 * e, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, vals(t) + 2 * e, 2);
-                v = t->dtype == UPD_BF16 ? rd_bf16_to_f32(h) : rd_f16_to_f32(h);
-            }
-            if (!isfinite(v)) {
-                rc = rd_fail(RD_EINVAL, "commit: tensor '%.200s' element %llu is %s; expected finite weights",
-                             t->name, (unsigned long long)e, isnan(v) ? "NaN" : "infinite");
-                break;
-            }
-        }
+        for (uint64_t e = off[i] / es; e < t->nbytes / es && !rc; e++)
+            rc = upd_check_element(t->name, t->dtype, vals(t), e);
     }
     free(first), free(off);
     return rc;

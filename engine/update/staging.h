@@ -29,6 +29,9 @@ typedef enum { UPD_F32 = 0, UPD_F16 = 1, UPD_BF16 = 2 } upd_dtype; /* = PROTO_DT
 /* Bytes per element of a pushed dtype (0: not one), and its ggml type code. */
 uint32_t upd_dtype_size(int dtype);
 int32_t upd_dtype_ggml(int dtype);
+/* 0 if element e of the dtype-typed bytes p is finite, else RD_EINVAL naming
+ * the tensor, the element and whether it is NaN or infinite. */
+int upd_check_element(const char *name, int dtype, const uint8_t *p, uint64_t e);
 /* What the pushed linear weights become in the backend (the daemon's
  * serve_dtype): kept in their pushed dtype, or quantized to Q8_0
  * (engine/model/quant.h) while the patch is built, so the engine runs its
