@@ -256,11 +256,11 @@ demo-offline: all model
 FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined
 # fuzz_http_json: the HTTP routes' request readers (daemon/api_read.c, api_read_rl.c) and admission's checks,
 # with the real tokenizer (the default model's vocabulary, loaded at start), no server, no engine.
-FUZZ_HTTP_SRC := daemon/api_read.c daemon/api_read_rl.c daemon/admit.c proto/proto.c $(wildcard engine/text/*.c) engine/format/gguf.c engine/model/dequant.c \
+FUZZ_HTTP_SRC := daemon/api_read.c daemon/api_read_rl.c daemon/admit.c proto/proto.c $(wildcard engine/text/*.c) engine/format/gguf.c engine/model/dequant.c engine/model/quant_fp8.c \
                  engine/serve/sampler.c base/mapfile.c base/err.c base/utf8.c base/clock.c
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/format/gguf.c engine/model/dequant.c base/mapfile.c base/err.c \
+	$(FUZZ_CC) tests/fuzz/fuzz_gguf.c engine/format/gguf.c engine/model/dequant.c engine/model/quant_fp8.c base/mapfile.c base/err.c \
 	    -o $(BUILD)/fuzz/fuzz_gguf -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_proto.c proto/proto.c base/err.c base/utf8.c -o $(BUILD)/fuzz/fuzz_proto -lm
 	$(FUZZ_CC) tests/fuzz/fuzz_lane.c proto/lane.c base/err.c -o $(BUILD)/fuzz/fuzz_lane -lm

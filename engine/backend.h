@@ -66,8 +66,8 @@ typedef struct rd_sample_req {
 } rd_sample_req;
 
 /* Entries of a bytes-by-ggml_type array (linear_bytes_by_type): the ggml
- * codes the engine runs are all below it. */
-#define RD_WEIGHT_TYPES 32
+ * codes the engine runs, and rolloutd's RD_TYPE_FP8_B32, are all below it. */
+#define RD_WEIGHT_TYPES 72
 
 /* Rows of a weight in its file dtype, for linear_load_q. */
 #define RD_WPART_MAX 4

@@ -25,6 +25,12 @@ typedef enum {
     GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
     GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14,
     GGML_BF16 = 30,
+    /* rolloutd's own weight type, never read from a file (ggml_type_layout,
+     * which the GGUF reader sizes tensors with, refuses it): FP8 E4M3 in
+     * blocks of 32 behind a power-of-two scale byte (E8M0, 2^(byte - 127)),
+     * OCP MXFP8's block, 33 bytes. serve_dtype fp8 quantizes pushed weights
+     * to it (engine/model/quant_fp8.h). */
+    RD_TYPE_FP8_B32 = 64,
 } ggml_type;
 
 typedef struct {

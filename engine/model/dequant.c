@@ -1,6 +1,6 @@
 /* dequant.c - ggml tensor types: block layouts, names, and dequantization to
  * fp32 for the types the engine runs (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K).
+ * Q5_1, Q4_K, Q5_K, Q6_K, and rolloutd's FP8 blocks).
  *
  * Dequantization is exact: a block's scales are f16 (11 significant bits) and
  * every product below has at most 24 significant bits, so it is exact in
@@ -12,6 +12,7 @@
  * dequantizer bit for bit, whatever the order of the multiplications. */
 #include "engine/format/gguf.h"
 #include "base/err.h"
+#include "engine/model/quant_fp8.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -49,6 +50,7 @@ static const type_info types[] = {
     [34] = {"tq1_0", 256, 54, 0}, [35] = {"tq2_0", 256, 66, 0},
     [39] = {"mxfp4", 32, 17, 0},  [40] = {"nvfp4", 64, 36, 0},
     [41] = {"q1_0", 128, 18, 0},
+    [RD_TYPE_FP8_B32] = {"fp8_e4m3", 32, 33, 1},
 };
 
 static const type_info *type_lookup(ggml_type t)
@@ -66,7 +68,7 @@ const char *ggml_type_name(ggml_type t)
 
 int ggml_type_layout(ggml_type t, uint32_t *blck, uint32_t *bytes)
 {
-    const type_info *ti = type_lookup(t);
+    const type_info *ti = t == RD_TYPE_FP8_B32 ? NULL : type_lookup(t);   /* not a file's type */
     if (!ti)
         return rd_fail(RD_EFORMAT, "ggml: unknown tensor type %d", (int)t);
     *blck = ti->blck;
@@ -319,6 +321,7 @@ int ggml_dequant_row(ggml_type t, const uint8_t *src, float *out, uint64_t n)
     case GGML_Q4_K: dequant_q4_k(src, out, n / 256); break;
     case GGML_Q5_K: dequant_q5_k(src, out, n / 256); break;
     case GGML_Q6_K: dequant_q6_k(src, out, n / 256); break;
+    case RD_TYPE_FP8_B32: rd_fp8_dequant(src, out, n / 32); break;
     }
     return 0;
 }

@@ -70,6 +70,45 @@ static int cpu_weights_f32(void)
     return v && !strcmp(v, "f32");
 }
 
+static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle);
+
+/* FP8 blocks (serve_dtype fp8, which the CUDA backend runs) are held here as
+ * bf16: a dequantized FP8 weight is exact in bf16 (quant_fp8.h), so the
+ * products are those of the FP8 weight, at bf16's speed. The CPU serves fp8
+ * to reproduce a GPU's fp8 policy (scoring, tests), not to save bytes. */
+static int cpu_load_fp8_as_bf16(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
+{
+    rd_wpart bp[RD_WPART_MAX];
+    uint16_t *conv[RD_WPART_MAX] = {0};
+    float *row = malloc(sizeof(float) * (size_t)in);
+    int rc = row ? 0 : rd_fail(RD_ENOMEM, "cpu: out of memory widening an fp8 weight");
+    for (int32_t i = 0; i < n_parts && !rc; i++) {
+        bp[i] = parts[i];
+        if (parts[i].type != RD_TYPE_FP8_B32)
+            continue;
+        conv[i] = malloc(sizeof(uint16_t) * (size_t)parts[i].rows * in);
+        if (!conv[i]) {
+            rc = rd_fail(RD_ENOMEM, "cpu: out of memory widening an fp8 weight of %d rows", parts[i].rows);
+            break;
+        }
+        const size_t rb = ggml_row_bytes(RD_TYPE_FP8_B32, (uint64_t)in);
+        for (int32_t r = 0; r < parts[i].rows && !rc; r++) {
+            rc = ggml_dequant_row(RD_TYPE_FP8_B32, (const uint8_t *)parts[i].data + (size_t)r * rb, row,
+                                  (uint64_t)in);
+            for (int32_t k = 0; k < in && !rc; k++)
+                conv[i][(size_t)r * in + k] = rd_f32_to_bf16(row[k]);
+        }
+        bp[i].type = GGML_BF16;
+        bp[i].data = conv[i];
+    }
+    if (!rc)
+        rc = cpu_linear_load_q(be, bp, n_parts, in, handle);
+    for (int32_t i = 0; i < n_parts; i++)
+        free(conv[i]);
+    free(row);
+    return rc;
+}
+
 static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
 {
     *handle = NULL;
@@ -88,6 +127,9 @@ static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_pa
     }
     if (all_f32 && n_parts == 1)
         return cpu_linear_load(be, parts[0].data, out, in, handle);   /* already the fp32 GEMM's input */
+    for (int32_t i = 0; i < n_parts; i++)
+        if (parts[i].type == RD_TYPE_FP8_B32 && !cpu_weights_f32())
+            return cpu_load_fp8_as_bf16(be, parts, n_parts, in, handle);
     if (cpu_weights_f32() || all_f32 || !ok) {
         /* fp32 panels: dequantize the parts one after the other (an F32
          * weight is already what the fp32 GEMM wants). */

@@ -59,6 +59,7 @@ extern "C" {
 #include "kernels/cuda/cuda_backend.h"
 #include "base/err.h"
 #include "engine/format/gguf.h"
+#include "engine/model/quant_fp8.h"
 #include "engine/serve/sampler.h"
 }
 
@@ -85,7 +86,9 @@ struct gemm_choice {
 };
 
 struct weight {
-    uint16_t *w;                // [out][in] bf16
+    uint16_t *w;                // [out][in] bf16; NULL for an FP8 weight
+    uint8_t *f8;                // FP8 weights (serve_dtype fp8): E4M3 codes [out][in]; else NULL
+    uint8_t *f8s;               // and their block scale bytes [out][in / 32] (engine/model/quant_fp8.h)
     int32_t out, in;
     gemm_choice *ch;            // bf16 GEMM
     float *w32;                 // fp32 copy for the LM head (made on first use)
@@ -761,6 +764,29 @@ static gemm_choice *choose_gemm(cuda_be *b, int32_t out, int32_t in, int f32, co
 
 // ------------------------------------------------------------------ weights
 
+// cudaMalloc + a copy of host, synchronous on the aux stream whatever the
+// thread (the host buffer is freed right after). *dev is NULL on failure.
+static int upload_new(cuda_be *b, void **dev, const void *host, size_t bytes, const char *what)
+{
+    *dev = nullptr;
+    cudaError_t e = cudaMalloc(dev, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *dev = nullptr;
+        return rd_fail(RD_ENOMEM, "cuda: cannot allocate %zu bytes of device memory for %s", bytes, what);
+    }
+    std::lock_guard<std::mutex> g(b->aux_mu);
+    e = cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, b->aux);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(b->aux);
+    if (e != cudaSuccess) {
+        cudaFree(*dev);
+        *dev = nullptr;
+        return cuda_fail(e, "uploading a weight");
+    }
+    return 0;
+}
+
 static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t in, void **handle)
 {
     cuda_be *b = impl(be);
@@ -778,26 +804,9 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
     cuplan_to_bf16(w, n, host);
     W->out = out;
     W->in = in;
-    cudaError_t e = cudaMalloc((void **)&W->w, n * sizeof(uint16_t));
-    int rc = 0;
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        rc = rd_fail(RD_ENOMEM, "cuda: cannot allocate %zu bytes of device memory for a [%d][%d] weight",
-                     n * sizeof(uint16_t), out, in);
-    } else {
-        // Synchronous on the aux stream whatever the thread: the host buffer
-        // is freed right after.
-        std::lock_guard<std::mutex> g(b->aux_mu);
-        e = cudaMemcpyAsync(W->w, host, n * sizeof(uint16_t), cudaMemcpyHostToDevice, b->aux);
-        if (e == cudaSuccess)
-            e = cudaStreamSynchronize(b->aux);
-        if (e != cudaSuccess)
-            rc = cuda_fail(e, "uploading a weight");
-    }
+    int rc = upload_new(b, (void **)&W->w, host, n * sizeof(uint16_t), "a weight");
     free(host);
     if (rc) {
-        if (W->w)
-            cudaFree(W->w);
         free(W);
         return rc;
     }
@@ -806,16 +815,57 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
     return 0;
 }
 
+// FP8 blocks (serve_dtype fp8): the codes and the scale bytes go to the
+// device as two arrays, [out][in] and [out][in / 32], which k_gemm_fp8 reads
+// with aligned 16-byte loads.
+static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t out, int32_t in, void **handle)
+{
+    const size_t n = (size_t)out * in, nb = n / RD_FP8_BLOCK, rb = (size_t)(in / RD_FP8_BLOCK) * RD_FP8_BYTES;
+    uint8_t *codes = (uint8_t *)malloc(n), *scales = (uint8_t *)malloc(nb);
+    weight *W = (weight *)calloc(1, sizeof(weight));
+    if (!codes || !scales || !W) {
+        free(codes), free(scales), free(W);
+        return rd_fail(RD_ENOMEM, "cuda: out of host memory splitting a [%d][%d] fp8 weight", out, in);
+    }
+    size_t blk = 0;             // blocks of the whole weight, in row order
+    for (int32_t i = 0; i < n_parts; i++) {
+        const uint8_t *src = (const uint8_t *)parts[i].data;
+        for (size_t j = 0; j < (size_t)parts[i].rows * rb / RD_FP8_BYTES; j++, blk++) {
+            scales[blk] = src[j * RD_FP8_BYTES];
+            memcpy(codes + blk * RD_FP8_BLOCK, src + j * RD_FP8_BYTES + 1, RD_FP8_BLOCK);
+        }
+    }
+    W->out = out;
+    W->in = in;
+    int rc = upload_new(b, (void **)&W->f8, codes, n, "an fp8 weight");
+    if (!rc)
+        rc = upload_new(b, (void **)&W->f8s, scales, nb, "an fp8 weight's scales");
+    free(codes);
+    free(scales);
+    if (rc) {
+        cudaFree(W->f8);
+        free(W);
+        return rc;
+    }
+    *handle = W;
+    return 0;
+}
+
 // File dtypes are dequantized on the host (engine/model/dequant.c) and take the
-// fp32 path: the GPU keeps its bf16 copy either way.
+// fp32 path: the GPU keeps its bf16 copy either way. FP8 blocks stay FP8.
 static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
 {
     *handle = nullptr;
     int64_t out = 0;
-    for (int32_t i = 0; i < n_parts; i++)
+    int all_fp8 = 1;
+    for (int32_t i = 0; i < n_parts; i++) {
         out += parts[i].rows;
+        all_fp8 &= parts[i].type == RD_TYPE_FP8_B32;
+    }
     if (n_parts <= 0 || out <= 0 || in <= 0 || out > INT32_MAX)
         return rd_fail(RD_EINVAL, "cuda: linear_load_q with %d parts, %lld rows of %d", n_parts, (long long)out, in);
+    if (all_fp8 && in % RD_FP8_BLOCK == 0)
+        return load_fp8(impl(be), parts, n_parts, (int32_t)out, in, handle);
     float *w = (float *)malloc((size_t)out * in * sizeof(float));
     if (!w)
         return rd_fail(RD_ENOMEM, "cuda: out of host memory dequantizing a [%lld][%d] weight", (long long)out, in);
@@ -838,9 +888,32 @@ static void cu_linear_free(rd_backend *be, void *handle)
     if (!W)
         return;
     cudaFree(W->w);
+    cudaFree(W->f8);
+    cudaFree(W->f8s);
     if (W->w32)
         cudaFree(W->w32);
     free(W);
+}
+
+// An FP8 weight's values, exactly (codes times their block's power of two).
+static int read_fp8(cuda_be *b, const weight *W, float *w_host)
+{
+    const size_t n = (size_t)W->out * W->in, nb = n / RD_FP8_BLOCK;
+    uint8_t *blocks = (uint8_t *)malloc(nb * RD_FP8_BYTES), *codes = (uint8_t *)malloc(n), *scales = (uint8_t *)malloc(nb);
+    int rc = blocks && codes && scales ? 0 : rd_fail(RD_ENOMEM, "cuda: out of host memory reading an fp8 weight back");
+    if (!rc)
+        rc = copy(b, codes, W->f8, n, cudaMemcpyDeviceToHost, "reading an fp8 weight back");
+    if (!rc)
+        rc = copy(b, scales, W->f8s, nb, cudaMemcpyDeviceToHost, "reading an fp8 weight's scales back");
+    if (!rc) {
+        for (size_t j = 0; j < nb; j++) {
+            blocks[j * RD_FP8_BYTES] = scales[j];
+            memcpy(blocks + j * RD_FP8_BYTES + 1, codes + j * RD_FP8_BLOCK, RD_FP8_BLOCK);
+        }
+        rd_fp8_dequant(blocks, w_host, nb);
+    }
+    free(blocks), free(codes), free(scales);
+    return rc;
 }
 
 static int cu_linear_read(rd_backend *be, const void *handle, float *w_host)
@@ -848,6 +921,8 @@ static int cu_linear_read(rd_backend *be, const void *handle, float *w_host)
     cuda_be *b = impl(be);
     const weight *W = (const weight *)handle;
     const size_t n = (size_t)W->out * W->in;
+    if (W->f8)
+        return read_fp8(b, W, w_host);
     uint16_t *host = (uint16_t *)malloc(n * sizeof(uint16_t));
     if (!host)
         return rd_fail(RD_ENOMEM, "cuda: out of host memory reading a weight back");
@@ -867,7 +942,7 @@ static int cu_linear_read_native(rd_backend *be, const void *handle, int32_t typ
     const weight *W = (const weight *)handle;
     if (row0 < 0 || rows <= 0 || row0 + rows > W->out)
         return rd_fail(RD_EINVAL, "cuda: rows [%d, %d) of a %d-row weight", row0, row0 + rows, W->out);
-    if (type != GGML_BF16)
+    if (type != GGML_BF16 || !W->w)
         return RD_ENOTSUP;
     return copy(b, dst, W->w + (size_t)row0 * W->in, (size_t)rows * W->in * sizeof(uint16_t),
                 cudaMemcpyDeviceToHost, "reading a weight's bf16 rows back");
@@ -911,6 +986,12 @@ static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, 
     const weight *W = (const weight *)w;
     if (m <= 0)
         return;
+    if (W->f8) {                // fp32 x straight in: no bf16 copy, no split
+        shadow_written(b, y, (size_t)m * W->out * sizeof(float));
+        launch_gemm_fp8(b->st, W->f8, W->f8s, x, m, W->out, W->in, y, accumulate);
+        check_launch(b, "gemm_fp8");
+        return;
+    }
     const size_t n_in = (size_t)m * W->in, parts = b->split ? 2 : 1;
     const uint16_t *xb = shadow_find(b, x, n_in);
     if (!xb) {
@@ -986,6 +1067,10 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
     weight *W = (weight *)w;
     if (m <= 0)
         return;
+    if (!W->w) {
+        fail(b, "cuda: the LM head is an fp8 weight; serve_dtype fp8 keeps it bf16");
+        return;
+    }
     shadow_written(b, y, (size_t)m * W->out * sizeof(float));
     if (b->head_fp32) {
         lm_head_fp32(b, W, x, m, y);
@@ -1010,6 +1095,10 @@ static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t 
 {
     cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
+    if (!W->w) {
+        fail(b, "cuda: the embedding is an fp8 weight; serve_dtype fp8 keeps it bf16");
+        return;
+    }
     shadow_written(b, out, (size_t)m * W->in * sizeof(float));
     launch_embed(b->st, W->w, W->out, W->in, ids, m, out);
     check_launch(b, "embed");
@@ -1205,8 +1294,9 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
     bool same = t && !t->in_graph;
     for (int32_t e = 0; e < E; e++) {
         const weight *gu = (const weight *)moe->gate_up[e], *dn = (const weight *)moe->down[e];
-        if (!gu || !dn || gu->out != 2 * f || gu->in != d || dn->out != d || dn->in != f) {
-            fail(b, "cuda: moe_ffn: expert %d's weights are missing or not [%d][%d] and [%d][%d]", e, 2 * f, d, d, f);
+        if (!gu || !dn || !gu->w || !dn->w || gu->out != 2 * f || gu->in != d || dn->out != d || dn->in != f) {
+            fail(b, "cuda: moe_ffn: expert %d's weights are missing, fp8, or not [%d][%d] and [%d][%d]", e, 2 * f, d,
+                 d, f);
             return nullptr;
         }
         same = same && t->ptrs[e] == gu->w && t->ptrs[E + e] == dn->w;
@@ -1702,6 +1792,19 @@ static int cu_set_kv_dtype(rd_backend *be, const char *name)
     return 0;
 }
 
+static int64_t cu_linear_bytes(rd_backend *be, const void *handle)
+{
+    const weight *W = (const weight *)handle;
+    const int64_t n = (int64_t)W->out * W->in;
+    return W->f8 ? n + n / RD_FP8_BLOCK : n * (int64_t)sizeof(uint16_t);
+}
+
+static void cu_linear_bytes_by_type(rd_backend *be, const void *handle, int64_t *bytes)
+{
+    const weight *W = (const weight *)handle;
+    bytes[W->f8 ? RD_TYPE_FP8_B32 : GGML_BF16] += cu_linear_bytes(be, handle);
+}
+
 static rd_backend_ops make_ops()
 {
     rd_backend_ops o;
@@ -1717,6 +1820,8 @@ static rd_backend_ops make_ops()
     o.linear_read = cu_linear_read;
     o.linear_read_native = cu_linear_read_native;
     o.linear_load_q = cu_linear_load_q;
+    o.linear_bytes = cu_linear_bytes;
+    o.linear_bytes_by_type = cu_linear_bytes_by_type;
     o.linear = cu_linear;
     o.embed = cu_embed;
     o.rmsnorm = cu_rmsnorm;

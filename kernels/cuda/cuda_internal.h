@@ -92,6 +92,11 @@ void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const uint16_t *x, in
                         float *y, int acc);
 void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32_t m, int32_t out, int32_t in,
                         float *y, int acc);
+// The same for FP8 weights (RD_TYPE_FP8_B32, engine/model/quant_fp8.h) held as
+// codes q [out][in] and scale bytes sc [out][in / 32], with fp32 x; in a
+// multiple of 32, q 16-byte aligned. See cuda_kernels.cu for the order.
+void launch_gemm_fp8(cudaStream_t s, const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out,
+                     int32_t in, float *y, int acc);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
 void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);

@@ -574,6 +574,108 @@ void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32
     gemm_simple(s, w, x, m, out, in, y, acc);
 }
 
+// ------------------------------------------------------------------ FP8 GEMM
+//
+// y[r][o] = sum_k x[r][k] W[o][k] for FP8 weights (serve_dtype fp8,
+// engine/model/quant_fp8.h): codes q [out][in] (E4M3) and scale bytes
+// sc [out][in / 32] (block b of row o is scaled by 2^(sc - 127), e <= 7).
+// W[o][k] is rebuilt exactly, as the code's bits placed in fp32's fields
+// (2^-120 times the code's value, subnormals included) times 2^(120 + e),
+// a normal float: one multiply. fp32 x, fp32 fmaf sums. The layout of
+// k_gemm_simple: a warp owns GEMM_GO outputs and a CTA GEMM_RT rows; lane l
+// takes the 16-element chunks l, l + 32, ... (16 fmaf each, in order), then
+// the warp butterfly. That order depends only on `in`, so a row's result is
+// the same whatever m (batch invariance); x's alignment only picks its loads.
+
+RD_DEV void fp8_decode4(uint32_t v, float s, float *f)
+{
+RD_UNROLL
+    for (int i = 0; i < 4; i++) {
+        const uint32_t c = v >> (8 * i) & 0xffu;
+        f[i] = RD_FMUL(cm_u2f((c & 0x80u) << 24 | (c & 0x7fu) << 20), s);
+    }
+}
+
+template <bool XVEC>
+__global__ void __launch_bounds__(32 * GEMM_WARPS)
+    k_gemm_fp8(const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out, int32_t in, float *y,
+               int acc)
+{
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int32_t o0 = (blockIdx.x * GEMM_WARPS + warp) * GEMM_GO;
+    const int32_t r0 = blockIdx.y * GEMM_RT;
+    if (o0 >= out)
+        return; // the whole warp
+    float a[GEMM_RT][GEMM_GO];
+RD_UNROLL
+    for (int r = 0; r < GEMM_RT; r++)
+RD_UNROLL
+        for (int g = 0; g < GEMM_GO; g++)
+            a[r][g] = 0.0f;
+    const int32_t chunks = in / 16, nb = in / 32;
+    for (int32_t c = lane; c < chunks; c += 32) {
+        float wv[GEMM_GO][16];
+RD_UNROLL
+        for (int g = 0; g < GEMM_GO; g++) {
+            if (o0 + g < out) {
+                const uint4 u = *(const uint4 *)(q + (int64_t)(o0 + g) * in + (int64_t)c * 16);
+                const float s = cm_u2f((uint32_t)(sc[(int64_t)(o0 + g) * nb + c / 2] + 120) << 23);
+                fp8_decode4(u.x, s, wv[g]);
+                fp8_decode4(u.y, s, wv[g] + 4);
+                fp8_decode4(u.z, s, wv[g] + 8);
+                fp8_decode4(u.w, s, wv[g] + 12);
+            } else {
+                for (int e = 0; e < 16; e++)
+                    wv[g][e] = 0.0f;
+            }
+        }
+RD_UNROLL
+        for (int r = 0; r < GEMM_RT; r++) {
+            if (r0 + r >= m)
+                break;
+            const float *xr = x + (int64_t)(r0 + r) * in + (int64_t)c * 16;
+            float xv[16];
+            if (XVEC) {
+                load_f32x8(xr, xv);
+                load_f32x8(xr + 8, xv + 8);
+            } else {
+                for (int e = 0; e < 16; e++)
+                    xv[e] = xr[e];
+            }
+RD_UNROLL
+            for (int g = 0; g < GEMM_GO; g++)
+RD_UNROLL
+                for (int e = 0; e < 16; e++)
+                    a[r][g] = fmaf(xv[e], wv[g][e], a[r][g]);
+        }
+    }
+RD_UNROLL
+    for (int r = 0; r < GEMM_RT; r++)
+RD_UNROLL
+        for (int g = 0; g < GEMM_GO; g++) {
+            const float v = warp_allreduce(a[r][g], op_add());
+            if (lane == 0 && r0 + r < m && o0 + g < out) {
+                float *dst = y + (int64_t)(r0 + r) * out + o0 + g;
+                *dst = acc ? RD_FADD(*dst, v) : v;
+            }
+        }
+}
+
+void launch_gemm_fp8(cudaStream_t s, const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out,
+                     int32_t in, float *y, int acc)
+{
+    if (m <= 0 || out <= 0)
+        return;
+    const dim3 grid(blocks_for(out, GEMM_WARPS * GEMM_GO), blocks_for(m, GEMM_RT));
+    if ((uintptr_t)x % 16 == 0) {
+        auto kern = k_gemm_fp8<true>;
+        RD_LAUNCH(kern, grid, dim3(32 * GEMM_WARPS), 0, s, q, sc, x, m, out, in, y, acc);
+    } else {
+        auto kern = k_gemm_fp8<false>;
+        RD_LAUNCH(kern, grid, dim3(32 * GEMM_WARPS), 0, s, q, sc, x, m, out, in, y, acc);
+    }
+}
+
 // ------------------------------------------------------------------ self-test helpers
 
 RD_DEV float hash_unit(uint64_t i, uint32_t seed)

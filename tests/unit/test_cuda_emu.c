@@ -42,6 +42,7 @@
 #include "engine/format/safetensors.h"
 #include "engine/model/loader.h"
 #include "engine/model/quant.h"
+#include "engine/model/quant_fp8.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
@@ -304,6 +305,126 @@ static void test_linear_read_native(void)
     CHECK(!memcmp(got, bf + (size_t)A * IN, sizeof(uint16_t) * (OUT - A) * IN), "cpu: the bf16 part's rows differ");
     cpu->ops->linear_free(cpu, W);
     free(q8), free(bf), free(hf), free(got), free(f32), free(got32);
+}
+
+/* FP8 weights (serve_dtype fp8): blocks from rd_fp8_quant loaded through
+ * linear_load_q on the device (codes and scales, k_gemm_fp8) and on the CPU
+ * (held as bf16, exact), against a double reference on the dequantized
+ * weights; a row alone, among others and at an unaligned x bit for bit;
+ * accumulate; the read-back; the bytes held; and the ops that cannot take an
+ * FP8 weight (embedding, LM head) failing cleanly. Runs on the real device
+ * too (no emulator hook). */
+static void fp8_case(int32_t out, int32_t in, int32_t m)
+{
+    const size_t n = (size_t)out * in;
+    float *w = malloc(sizeof(float) * n), *wd = malloc(sizeof(float) * n);
+    uint8_t *blk = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES);
+    float *x = malloc(sizeof(float) * ((size_t)m * in + 1)), *y = malloc(sizeof(float) * (size_t)m * out);
+    float *yc = malloc(sizeof(float) * (size_t)m * out), *y1 = malloc(sizeof(float) * out);
+    float *yacc = malloc(sizeof(float) * (size_t)m * out), *back = malloc(sizeof(float) * n);
+    /* Blocks at scales 1e-4 .. 10 (weights), one all zero, one with an outlier. */
+    for (size_t b = 0; b < n / RD_FP8_BLOCK; b++) {
+        const float sc = (float)pow(10.0, -4.0 + 5.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < RD_FP8_BLOCK; j++)
+            w[b * RD_FP8_BLOCK + j] = b == 3 ? 0.0f : frand() * sc * (b == 5 && j == 7 ? 40.0f : 1.0f);
+    }
+    for (size_t i = 0; i < (size_t)m * in + 1; i++)
+        x[i] = frand();
+    CHECK_OK(rd_fp8_quant(w, n, blk));
+    rd_fp8_dequant(blk, wd, n / RD_FP8_BLOCK);
+    rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
+    void *W = NULL, *Wc = NULL;
+    CHECK_OK(emu->ops->linear_load_q(emu, &part, 1, in, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, &Wc));
+    if (test_case_failed)
+        goto done;
+    float *dx = up(emu, x, sizeof(float) * ((size_t)m * in + 1)), *dy = up(emu, NULL, sizeof(float) * (size_t)m * out);
+    emu->ops->linear(emu, W, dx, m, dy, 0);
+    CHECK_OK(down(emu, y, dy, sizeof(float) * (size_t)m * out));
+    float *cx = up(cpu, x, sizeof(float) * (size_t)m * in), *cy = up(cpu, NULL, sizeof(float) * (size_t)m * out);
+    cpu->ops->linear(cpu, Wc, cx, m, cy, 0);
+    CHECK_OK(down(cpu, yc, cy, sizeof(float) * (size_t)m * out));
+    double worst = 0.0, worst_c = 0.0;
+    for (int32_t r = 0; r < m; r++)
+        for (int32_t o = 0; o < out; o++) {
+            double ref = 0.0, mag = 0.0;
+            for (int32_t k = 0; k < in; k++) {
+                ref += (double)wd[(size_t)o * in + k] * x[(size_t)r * in + k];
+                mag += fabs((double)wd[(size_t)o * in + k] * x[(size_t)r * in + k]);
+            }
+            const double tol = mag * in * 0x1p-24 + 1e-30;
+            worst = worse(worst, fabs(y[(size_t)r * out + o] - ref) / tol);
+            worst_c = worse(worst_c, fabs(yc[(size_t)r * out + o] - ref) / tol);
+        }
+    CHECK(worst <= 1.0, "fp8 [%d][%d] x %d: the device's products are %.3g of the fp32 bound from the reference",
+          out, in, m, worst);
+    CHECK(worst_c <= 1.0, "fp8 [%d][%d] x %d: the CPU's products are %.3g of the fp32 bound", out, in, m, worst_c);
+    /* Batch invariance, and x's alignment only picks the loads. */
+    for (int32_t r = 0; r < m && !test_case_failed; r += m - 1 > 0 ? m - 1 : 1) {
+        float *dx1 = up(emu, x + (size_t)r * in, sizeof(float) * in), *dy1 = up(emu, NULL, sizeof(float) * out);
+        emu->ops->linear(emu, W, dx1, 1, dy1, 0);
+        CHECK_OK(down(emu, y1, dy1, sizeof(float) * out));
+        CHECK(!memcmp(y1, y + (size_t)r * out, sizeof(float) * out), "fp8: row %d alone differs from it among %d", r,
+              m);
+        emu->ops->free(emu, dx1);
+        emu->ops->free(emu, dy1);
+    }
+    {
+        float *dxu = up(emu, NULL, sizeof(float) * ((size_t)m * in + 1));
+        emu->ops->h2d(emu, dxu + 1, x, sizeof(float) * (size_t)m * in);
+        emu->ops->linear(emu, W, dxu + 1, m, dy, 0);
+        CHECK_OK(down(emu, yacc, dy, sizeof(float) * (size_t)m * out));
+        CHECK(!memcmp(yacc, y, sizeof(float) * (size_t)m * out), "fp8: an unaligned x changes the bits");
+        emu->ops->free(emu, dxu);
+    }
+    /* accumulate: y + the product, the product rounded first. */
+    emu->ops->h2d(emu, dy, y, sizeof(float) * (size_t)m * out);
+    emu->ops->linear(emu, W, dx, m, dy, 1);
+    CHECK_OK(down(emu, yacc, dy, sizeof(float) * (size_t)m * out));
+    for (size_t i = 0; i < (size_t)m * out && !test_case_failed; i++)
+        CHECK(fbits(yacc[i]) == fbits(y[i] + y[i]), "fp8 accumulate: element %zu %g, expected %g", i, yacc[i],
+              y[i] + y[i]);
+    /* The read-back is the dequantized weight, exactly; the bytes are FP8's. */
+    CHECK_OK(emu->ops->linear_read(emu, W, back));
+    CHECK(!memcmp(back, wd, sizeof(float) * n), "fp8: linear_read is not the dequantized weight");
+    CHECK(emu->ops->linear_bytes(emu, W) == (int64_t)(n + n / RD_FP8_BLOCK), "fp8: %lld bytes held, expected %zu",
+          (long long)emu->ops->linear_bytes(emu, W), n + n / RD_FP8_BLOCK);
+    int64_t by[RD_WEIGHT_TYPES] = {0};
+    emu->ops->linear_bytes_by_type(emu, W, by);
+    CHECK(by[RD_TYPE_FP8_B32] == (int64_t)(n + n / RD_FP8_BLOCK) && by[GGML_BF16] == 0, "fp8: bytes by type");
+    CHECK(emu->ops->linear_read_native(emu, W, GGML_BF16, 0, 1, back) == RD_ENOTSUP, "fp8: bf16 rows on the device");
+    /* The CPU holds it as bf16: those rows are the dequantized weight. */
+    uint16_t *bfr = malloc(sizeof(uint16_t) * n);
+    CHECK_OK(cpu->ops->linear_read_native(cpu, Wc, GGML_BF16, 0, out, bfr));
+    for (size_t i = 0; i < n && !test_case_failed; i++)
+        CHECK(fbits(rd_bf16_to_f32(bfr[i])) == fbits(wd[i]), "cpu fp8 as bf16: element %zu", i);
+    free(bfr);
+    /* An FP8 weight is no embedding or LM head: the device says so. */
+    int32_t ids[1] = {0};
+    int32_t *dids = up(emu, ids, sizeof ids);
+    emu->ops->embed(emu, W, dids, 1, dy);
+    CHECK(emu->ops->sync(emu) != 0 && strstr(rd_errmsg(), "fp8"), "fp8 embed: no error (%s)", rd_errmsg());
+    emu->ops->lm_head(emu, W, dx, 1, dy);
+    CHECK(emu->ops->sync(emu) != 0 && strstr(rd_errmsg(), "fp8"), "fp8 lm_head: no error (%s)", rd_errmsg());
+    CHECK_OK(emu->ops->sync(emu));
+    emu->ops->free(emu, dids);
+    emu->ops->free(emu, dx), emu->ops->free(emu, dy);
+    cpu->ops->free(cpu, cx), cpu->ops->free(cpu, cy);
+done:
+    if (W)
+        emu->ops->linear_free(emu, W);
+    if (Wc)
+        cpu->ops->linear_free(cpu, Wc);
+    free(w), free(wd), free(blk), free(x), free(y), free(yc), free(y1), free(yacc), free(back);
+}
+
+static void test_fp8_linear(void)
+{
+    fp8_case(83, 160, 7);       /* 10 chunks: lanes idle; out not a multiple of the tile */
+    if (test_case_failed) return;
+    fp8_case(40, 1088, 5);      /* 68 chunks: lanes take more than one */
+    if (test_case_failed) return;
+    fp8_case(9, 32, 1);         /* one block per row */
 }
 
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
@@ -3116,6 +3237,7 @@ int main(void)
     ensure_testdata();
     RUN_SEL(test_gemm);
     RUN_SEL(test_linear_read_native);
+    RUN_SEL(test_fp8_linear);
     RUN_SEL(test_lm_head_chunks);
     RUN_SEL(test_mixed_activations);
     RUN_SEL(test_row_ops);

@@ -350,6 +350,10 @@ static void test_block_layouts(void)
     CHECK(blck == 256 && bytes == 110, "q3_K layout %u %u", blck, bytes);
     CHECK(ggml_type_layout((ggml_type)5, &blck, &bytes) == RD_EFORMAT, "removed code 5");
     CHECK(ggml_type_layout((ggml_type)1000, &blck, &bytes) == RD_EFORMAT, "code 1000");
+    /* rolloutd's own FP8 blocks have a name and a row size, but no file may hold them. */
+    CHECK(ggml_type_layout(RD_TYPE_FP8_B32, &blck, &bytes) == RD_EFORMAT, "fp8 blocks from a file");
+    CHECK(ggml_row_bytes(RD_TYPE_FP8_B32, 64) == 66 && strcmp(ggml_type_name(RD_TYPE_FP8_B32), "fp8_e4m3") == 0,
+          "fp8 blocks: %zu bytes per 64, name %s", ggml_row_bytes(RD_TYPE_FP8_B32, 64), ggml_type_name(RD_TYPE_FP8_B32));
 
     float y[256];
     uint8_t blk[210] = {0};
