@@ -161,7 +161,7 @@ typedef struct {
     uint8_t mode;               /* PROTO_MODE_CONTINUE, _DRAIN or _ABORT */
     int flush_cache;            /* SGLang's flush_cache (default 1): drop the prefix cache once it serves */
     int keep_pause;             /* SGLang's keep_pause: stay paused in place after the update */
-    uint8_t serve_dtype;        /* PROTO_SERVE_* ("serve_dtype": "as_pushed" | "q8_0"); 0: the daemon's config */
+    uint8_t serve_dtype;        /* PROTO_SERVE_* ("serve_dtype": "as_pushed" | "q8_0" | "q4_k" | "fp8"); 0: the daemon's config */
 } api_update_req;
 int api_read_update_disk(cJSON *root, uint64_t serving, api_update_req *u, api_err *e);
 /* api_read_rl.c: the readers of vLLM's and SGLang's RL routes (same contract). */

@@ -22,6 +22,7 @@
 #include "base/utf8.h"
 #include "engine/text/stopstr.h"
 #include "engine/text/tokenizer.h"
+#include "engine/update/staging.h"
 
 /* ---- errors ---- */
 
@@ -620,13 +621,12 @@ int api_read_update_disk(cJSON *root, uint64_t serving, api_update_req *u, api_e
     }
     cJSON *sd = cJSON_GetObjectItemCaseSensitive(root, "serve_dtype"); /* rolloutd's (issue 26) */
     if (sd && !cJSON_IsNull(sd)) {
-        if (cJSON_IsString(sd) && !strcmp(sd->valuestring, "as_pushed"))
-            u->serve_dtype = PROTO_SERVE_AS_PUSHED;
-        else if (cJSON_IsString(sd) && !strcmp(sd->valuestring, "q8_0"))
-            u->serve_dtype = PROTO_SERVE_Q8_0;
+        upd_serve sv;
+        if (cJSON_IsString(sd) && !upd_serve_parse(sd->valuestring, &sv))
+            u->serve_dtype = (uint8_t)(PROTO_SERVE_AS_PUSHED + sv);
         else
-            api_bad(e, 400, "field \"serve_dtype\": expected null (the daemon's serve_dtype), \"as_pushed\" or "
-                    "\"q8_0\"");
+            api_bad(e, 400, "field \"serve_dtype\": expected null (the daemon's serve_dtype), \"as_pushed\", "
+                    "\"q8_0\", \"q4_k\" or \"fp8\"");
     }
     u->version = version;
     u->mode = mode;

@@ -13,6 +13,7 @@
 
 #include "daemon/relay_allow.h"
 #include "engine/serve/engine.h"
+#include "engine/update/staging.h"
 #include "base/err.h"
 
 typedef enum { CFG_INT, CFG_TEXT, CFG_REAL } cfg_kind;
@@ -33,10 +34,14 @@ static const cfg_field FIELDS[] = {
     S(model, "GGUF model file"),
     S(backend, "\"cpu\" or \"cuda\""),
     S(kv_dtype, "KV cache element type: \"auto\" (the backend's: f32 on cpu, bf16 on cuda), \"f32\" (exact), "
-      "\"bf16\" or \"f16\" (half the bytes; cpu only for f16, and f32 is cpu only)"),
-    S(serve_dtype, "what pushed weights are served as: \"as_pushed\" (their pushed dtype, f32/f16/bf16) or "
+      "\"bf16\" or \"f16\" (half the bytes; cpu only for f16, and f32 is cpu only), \"fp8\" (cuda only: E4M3 "
+      "with a power-of-two scale per token and kv head, a quarter of f32's bytes plus one per head_dim)"),
+    S(serve_dtype, "what pushed weights are served as: \"as_pushed\" (their pushed dtype, f32/f16/bf16), "
       "\"q8_0\" (the linear weights, embedding and LM head quantized to Q8_0 at COMMIT, as llama.cpp's Q8_0 "
-      "files hold them; norms, biases and the MoE router stay as pushed)"),
+      "files hold them), \"q4_k\" (the layers' linears in Q4_K where their rows are whole 256-blocks, Q8_0 "
+      "elsewhere) or \"fp8\" (the layers' dense linears in FP8 E4M3 blocks, run by the cuda backend; the "
+      "embedding, LM head and MoE experts stay as pushed; the cpu holds them as bf16); norms, biases and the "
+      "MoE router stay as pushed"),
     S(listen, "learner socket NNG URL (tcp://HOST:PORT)"),
     S(http_listen, "HTTP server HOST:PORT (/status, /metrics, /health)"),
     {"status_listen", CFG_TEXT, offsetof(cfg_daemon, http_listen), 1, sizeof(((cfg_daemon *)0)->http_listen),
@@ -367,19 +372,23 @@ int cfg_validate(const cfg_daemon *c)
     if (strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
         return rd_fail(RD_EINVAL, "key \"backend\" = \"%s\"; expected \"cpu\" or \"cuda\"", c->backend);
     if (strcmp(c->kv_dtype, "auto") && strcmp(c->kv_dtype, "f32") && strcmp(c->kv_dtype, "bf16") &&
-        strcmp(c->kv_dtype, "f16"))
-        return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\"; expected \"auto\", \"f32\", \"bf16\" or \"f16\"",
-                       c->kv_dtype);
-    if (strcmp(c->serve_dtype, "as_pushed") && strcmp(c->serve_dtype, "q8_0"))
-        return rd_fail(RD_EINVAL, "key \"serve_dtype\" = \"%s\"; expected \"as_pushed\" or \"q8_0\"",
-                       c->serve_dtype);
+        strcmp(c->kv_dtype, "f16") && strcmp(c->kv_dtype, "fp8"))
+        return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\"; expected \"auto\", \"f32\", \"bf16\", \"f16\" or "
+                       "\"fp8\"", c->kv_dtype);
+    upd_serve sv;
+    if (upd_serve_parse(c->serve_dtype, &sv))
+        return rd_fail(RD_EINVAL, "key \"serve_dtype\" = \"%s\"; expected \"as_pushed\", \"q8_0\", \"q4_k\" or "
+                       "\"fp8\"", c->serve_dtype);
     eng_spec_mode sm;
     if (eng_spec_mode_parse(c->spec_decode, &sm))
         return rd_fail(RD_EINVAL, "key \"spec_decode\" = \"%s\"; expected \"off\" or \"ngram\" (or \"auto\": ngram "
                        "when spec_max_draft > 0)", c->spec_decode);
     if (!strcmp(c->backend, "cuda") && (!strcmp(c->kv_dtype, "f32") || !strcmp(c->kv_dtype, "f16")))
         return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\" with backend \"cuda\": the CUDA backend stores the KV "
-                       "cache as bf16; expected \"auto\" or \"bf16\"", c->kv_dtype);
+                       "cache as bf16 or fp8; expected \"auto\", \"bf16\" or \"fp8\"", c->kv_dtype);
+    if (!strcmp(c->backend, "cpu") && !strcmp(c->kv_dtype, "fp8"))
+        return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"fp8\" with backend \"cpu\": fp8 is the cuda backend's; the "
+                       "cpu stores \"f32\", \"bf16\" or \"f16\"");
     if (strncmp(c->listen, "tcp://", 6) && strncmp(c->listen, "tls+tcp://", 10) && strncmp(c->listen, "ipc://", 6))
         return rd_fail(RD_EINVAL, "key \"listen\" = \"%s\"; expected an NNG URL like tcp://127.0.0.1:7070 (or "
                        "tls+tcp://, ipc://)", c->listen);

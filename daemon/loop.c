@@ -655,8 +655,9 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     s->block_size = (int32_t)d->cfg.block_size;
     const model *m = d->L.m;
     int32_t kv_elem = rd_backend_kv_elem_bytes(d->L.be);
-    s->kv_bytes = (int64_t)s->eng.kv_blocks_total * s->block_size * (model_kv_bytes_per_token(&m->cfg) / 4) * kv_elem;
-    s->kv_dtype = kv_elem == 4 ? "f32" : !strcmp(d->cfg.kv_dtype, "f16") ? "f16" : "bf16";
+    s->kv_bytes = (int64_t)s->eng.kv_blocks_total * 2 * m->cfg.n_layers *
+                  rd_backend_kv_block_bytes(d->L.be, m->cfg.n_kv_heads, s->block_size, m->cfg.head_dim);
+    s->kv_dtype = kv_elem == 4 ? "f32" : kv_elem == 1 ? "fp8" : !strcmp(d->cfg.kv_dtype, "f16") ? "f16" : "bf16";
     s->serve_dtype = d->cfg.serve_dtype;
     s->weights_serve_dtype = sh_name(sh_code(&d->serve, d->weight_version));
     /* What the backend holds where it says (ops.linear_bytes: the CPU's file

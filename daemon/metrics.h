@@ -57,7 +57,7 @@ typedef struct {
     int32_t block_size;         /* tokens per KV block */
     int64_t kv_bytes;           /* the KV pool's device (or host) memory */
     const char *kv_dtype;       /* what the KV cache stores: "f32", "bf16" or "f16" */
-    const char *serve_dtype;    /* what pushes are served as (config serve_dtype): "as_pushed" or "q8_0" */
+    const char *serve_dtype;    /* what pushes are served as (config serve_dtype): "as_pushed", "q8_0", "q4_k" or "fp8" */
     const char *weights_serve_dtype; /* what the serving version was served as (a push may choose its own) */
     int64_t weights_bytes;      /* the model's weights in the backend */
     int64_t weights_by_type[RD_WEIGHT_TYPES]; /* the same by ggml_type; all 0: the backend does not say */

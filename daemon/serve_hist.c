@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
+#include "engine/update/staging.h"
 
 void sh_init(sh_hist *h, uint64_t version, uint8_t code)
 {
@@ -34,5 +35,5 @@ uint8_t sh_code(const sh_hist *h, uint64_t version)
 
 const char *sh_name(uint8_t code)
 {
-    return code == PROTO_SERVE_AS_PUSHED ? "as_pushed" : code == PROTO_SERVE_Q8_0 ? "q8_0" : "unknown";
+    return code >= PROTO_SERVE_AS_PUSHED && code <= PROTO_SERVE_MAX ? upd_serve_name((upd_serve)(code - 1)) : "unknown";
 }

@@ -25,7 +25,7 @@ void sh_init(sh_hist *h, uint64_t version, uint8_t code);
 void sh_note(sh_hist *h, uint64_t version, uint8_t code);
 /* The code version was served as, or 0 when the ring no longer holds it. */
 uint8_t sh_code(const sh_hist *h, uint64_t version);
-/* "as_pushed", "q8_0" or "unknown" for a code. */
+/* "as_pushed", "q8_0", "q4_k", "fp8" or "unknown" for a code. */
 const char *sh_name(uint8_t code);
 
 #endif

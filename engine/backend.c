@@ -35,10 +35,17 @@ int32_t rd_backend_kv_elem_bytes(const rd_backend *be)
     return be && be->ops->kv_elem_bytes > 0 ? be->ops->kv_elem_bytes : (int32_t)sizeof(float);
 }
 
+int64_t rd_backend_kv_block_bytes(const rd_backend *be, int32_t n_kv, int32_t block_size, int32_t head_dim)
+{
+    return (int64_t)n_kv * block_size * ((int64_t)head_dim * rd_backend_kv_elem_bytes(be) + be->ops->kv_scale_bytes);
+}
+
 int rd_backend_set_kv_dtype(rd_backend *be, const char *name)
 {
-    if (strcmp(name, "auto") && strcmp(name, "f32") && strcmp(name, "bf16") && strcmp(name, "f16"))
-        return rd_fail(RD_EINVAL, "kv_dtype \"%s\"; expected \"auto\", \"f32\", \"bf16\" or \"f16\"", name);
+    if (strcmp(name, "auto") && strcmp(name, "f32") && strcmp(name, "bf16") && strcmp(name, "f16") &&
+        strcmp(name, "fp8"))
+        return rd_fail(RD_EINVAL, "kv_dtype \"%s\"; expected \"auto\", \"f32\", \"bf16\", \"f16\" or \"fp8\"",
+                       name);
     return be->ops->set_kv_dtype(be, name);
 }
 

@@ -205,8 +205,8 @@ typedef struct rd_backend_ops {
     void (*destroy)(rd_backend *be);
 
     /* The KV cache's element type (rd_backend_set_kv_dtype, which has
-     * checked that name is "auto", "f32", "bf16" or "f16"): sets it, or
-     * RD_ENOTSUP naming the types the backend stores. */
+     * checked that name is "auto", "f32", "bf16", "f16" or "fp8"): sets it,
+     * or RD_ENOTSUP naming the types the backend stores. */
     int (*set_kv_dtype)(rd_backend *be, const char *name);
 
     /* ---- Optional: zero / NULL where a backend does not provide them. ---- */
@@ -214,6 +214,10 @@ typedef struct rd_backend_ops {
     /* Bytes per K/V element in the cache (0 means 4, fp32). The runner sizes
      * k_cache/v_cache with it; the CUDA backend stores bf16 (2). */
     int32_t kv_elem_bytes;
+    /* Bytes a cache block adds per (token, kv head) besides its head_dim
+     * elements: the CUDA backend's fp8 cache (kv_dtype fp8) keeps a scale
+     * byte there. 0: none. See rd_backend_kv_block_bytes. */
+    int32_t kv_scale_bytes;
     /* The LM head: y[M][out] = x[M][in] . W^T with fp32 x, fp32 products and
      * fp32 accumulation (the runner calls linear when this is NULL). */
     void (*lm_head)(rd_backend *be, const void *w, const float *x, int32_t m, float *y);
@@ -277,11 +281,15 @@ void rd_backend_destroy(rd_backend *be);
 
 /* Bytes per KV cache element of this backend (ops.kv_elem_bytes, or 4). */
 int32_t rd_backend_kv_elem_bytes(const rd_backend *be);
+/* Bytes of one block of one layer's K (or V) cache:
+ * n_kv * block_size * (head_dim * elem bytes + ops.kv_scale_bytes). */
+int64_t rd_backend_kv_block_bytes(const rd_backend *be, int32_t n_kv, int32_t block_size, int32_t head_dim);
 
 /* The KV cache's element type (config key kv_dtype): "auto" (the backend's
- * own: f32 on the CPU, bf16 on CUDA), "f32", "bf16" or "f16". The CPU
- * backend stores K/V in that type (rounded to nearest even) and widens them
- * exactly in attention; CUDA stores bf16 only. Call it before any runner or
+ * own: f32 on the CPU, bf16 on CUDA), "f32", "bf16", "f16" or "fp8". The CPU
+ * backend stores K/V in f32, bf16 or f16 (rounded to nearest even) and widens
+ * them exactly in attention; CUDA stores bf16, or fp8: E4M3 codes with a
+ * power-of-two scale per (token, kv head), kernels/cuda/cuda_kernels.cu. Call it before any runner or
  * engine is created on be (they size and read the cache by it). RD_EINVAL for
  * another name, RD_ENOTSUP for a type the backend does not store. */
 int rd_backend_set_kv_dtype(rd_backend *be, const char *name);

@@ -109,7 +109,9 @@ typedef enum {
 #define PROTO_SERVE_CONFIG 0u           /* UPDATE_BEGIN only: the daemon's config key serve_dtype */
 #define PROTO_SERVE_AS_PUSHED 1u        /* the pushed dtype (f32/f16/bf16), or the file's for weights loaded */
 #define PROTO_SERVE_Q8_0 2u             /* the pushed linears quantized to Q8_0 at COMMIT */
-#define PROTO_SERVE_MAX 2u
+#define PROTO_SERVE_Q4_K 3u             /* the layers' linears to Q4_K (Q8_0 where Q4_K cannot go) at COMMIT */
+#define PROTO_SERVE_FP8 4u              /* the layers' dense linears to FP8 E4M3 blocks at COMMIT */
+#define PROTO_SERVE_MAX 4u
 #define PROTO_SERVE_TAIL_BYTES 4u       /* a result's serve tail: serve_dtype u8, serve_dtype_first u8, reserved u16 */
 
 #define PROTO_ABORT_ALL 0x1u            /* abort every request of the client (client_req_id must be 0) */

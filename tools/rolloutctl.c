@@ -7,7 +7,7 @@
  *              [--max-tokens K] [--json]
  *   rolloutctl push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]
  *              [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]
- *              [--fanout chain|direct] [--on-failure abort|commit] [--serve-dtype as_pushed|q8_0] [--json]
+ *              [--fanout chain|direct] [--on-failure abort|commit] [--serve-dtype as_pushed|q8_0|q4_k|fp8] [--json]
  *   rolloutctl sync --from PEER --to URL [--wait SECONDS]
  * The default URL is tcp://127.0.0.1:7070. --auth-token-file F (or the
  * environment's ROLLOUTD_AUTH_TOKEN_FILE, or ROLLOUTD_AUTH_TOKEN holding the
@@ -78,6 +78,7 @@
 #include "client/rd_push.h"
 #include "engine/model/loader.h"
 #include "engine/format/safetensors.h"
+#include "engine/update/staging.h"
 
 static const char *P = "rolloutctl";
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -647,9 +648,10 @@ static int cmd_push(const char *urls, int argc, char **argv)
             else cli_die(P, "--fanout '%s'%s: expected chain or direct", v, "");
         } else if (!strcmp(a, "--serve-dtype")) { /* this push's, over each daemon's config (version 3) */
             const char *v = cli_value(P, argc, argv, &i);
-            if (!strcmp(v, "as_pushed")) o.serve_dtype = PROTO_SERVE_AS_PUSHED;
-            else if (!strcmp(v, "q8_0")) o.serve_dtype = PROTO_SERVE_Q8_0;
-            else cli_die(P, "--serve-dtype '%s'%s: expected as_pushed or q8_0", v, "");
+            upd_serve sv;
+            if (upd_serve_parse(v, &sv))
+                cli_die(P, "--serve-dtype '%s'%s: expected as_pushed, q8_0, q4_k or fp8", v, "");
+            o.serve_dtype = (uint8_t)(PROTO_SERVE_AS_PUSHED + sv);
         } else if (!strcmp(a, "--on-failure")) {
             const char *v = cli_value(P, argc, argv, &i);
             if (!strcmp(v, "abort")) o.on_failure = RDP_ON_FAILURE_ABORT;
@@ -887,7 +889,7 @@ int main(int argc, char **argv)
                    "sync) [flags]\n"
                    "  push-weights --connect URL1[,URL2,...] FILE --version V [--mode continue|drain|abort]\n"
                    "      [--dtype f32|bf16|f16] [--window W] [--chunk-mb M] [--perturb EPS] [--seed S] [--no-lane]\n"
-                   "      [--fanout chain|direct] [--on-failure abort|commit] [--serve-dtype as_pushed|q8_0] [--json]\n"
+                   "      [--fanout chain|direct] [--on-failure abort|commit] [--serve-dtype as_pushed|q8_0|q4_k|fp8] [--json]\n"
                    "      --fanout: chain (the default for 2+ daemons with data lanes) sends each byte once and\n"
                    "      relays it daemon to daemon, committing on all once all are ready; direct sends to each.\n"
                    "      --on-failure (chain): abort everywhere (default) or commit on the daemons that have it.\n"

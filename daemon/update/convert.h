@@ -39,7 +39,9 @@ static inline int convert_dtype(uint8_t wire)
 /* The serve_dtype key (daemon/config.c has refused other values). */
 static inline upd_serve convert_serve(const char *serve_dtype)
 {
-    return serve_dtype[0] == 'q' ? UPD_SERVE_Q8_0 : UPD_SERVE_AS_PUSHED; /* "q8_0" | "as_pushed" */
+    upd_serve s = UPD_SERVE_AS_PUSHED;
+    upd_serve_parse(serve_dtype, &s);
+    return s;
 }
 
 /* A push's serve_dtype on the wire (UPDATE_BEGIN, version 3): PROTO_SERVE_CONFIG
@@ -48,12 +50,14 @@ static inline uint8_t convert_serve_code(uint8_t wire, const char *serve_dtype)
 {
     if (wire != PROTO_SERVE_CONFIG)
         return wire;
-    return convert_serve(serve_dtype) == UPD_SERVE_Q8_0 ? PROTO_SERVE_Q8_0 : PROTO_SERVE_AS_PUSHED;
+    return (uint8_t)(PROTO_SERVE_AS_PUSHED + convert_serve(serve_dtype));
 }
 
+/* PROTO_SERVE_AS_PUSHED.. PROTO_SERVE_MAX are upd_serve + 1 (staging.h). */
 static inline upd_serve convert_serve_upd(uint8_t code)
 {
-    return code == PROTO_SERVE_Q8_0 ? UPD_SERVE_Q8_0 : UPD_SERVE_AS_PUSHED;
+    return code >= PROTO_SERVE_AS_PUSHED && code <= PROTO_SERVE_MAX ? (upd_serve)(code - PROTO_SERVE_AS_PUSHED)
+                                                                     : UPD_SERVE_AS_PUSHED;
 }
 
 /* An exported tensor's dtype as the wire names it (the export writes f32, f16 or bf16). */

@@ -605,7 +605,7 @@ static void build_work(uv_work_t *w)
     build_job *j = w->data;
     /* Deltas are applied to the served bytes first, on the pool (the model is only read). */
     j->rc = j->x->n_delta ? upd_delta_apply(j->s->env->m, j->x->st) : 0;
-    /* serve_dtype q8_0 quantizes here, on this worker thread, off the engine's. */
+    /* A serve_dtype other than as_pushed quantizes here, on this worker thread, off the engine's. */
     if (!j->rc)
         j->rc = upd_build(j->s->env->m, j->x->st, convert_serve_upd(j->x->serve), &j->patch);
     if (j->rc)

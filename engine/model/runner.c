@@ -166,8 +166,8 @@ int runner_kv_alloc(runner *r)
     r->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
     if (!r->k_cache || !r->v_cache)
         failed = 1;
-    size_t layer_bytes = (size_t)r->n_blocks * c->n_kv_heads * r->attn.block_size * c->head_dim *
-                         (size_t)rd_backend_kv_elem_bytes(be);
+    size_t layer_bytes =
+        (size_t)r->n_blocks * (size_t)rd_backend_kv_block_bytes(be, c->n_kv_heads, r->attn.block_size, c->head_dim);
     for (int32_t l = 0; l < c->n_layers && !failed; l++) {
         r->k_cache[l] = balloc(be, layer_bytes, &failed);
         r->v_cache[l] = balloc(be, layer_bytes, &failed);

@@ -132,8 +132,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
                        ENG_SPEC_DEFAULT_MAX_BATCH);
     if (cfg->spec_decode != ENG_SPEC_AUTO && cfg->spec_decode != ENG_SPEC_OFF && cfg->spec_decode != ENG_SPEC_NGRAM)
         return rd_fail(RD_EINVAL, "engine: spec_decode %d is not a known drafter", (int)cfg->spec_decode);
-    int64_t block_bytes = model_kv_bytes_per_token(c) / (int64_t)sizeof(float) * rd_backend_kv_elem_bytes(m->be) *
-                          cfg->block_size;
+    int64_t block_bytes = 2 * (int64_t)c->n_layers * rd_backend_kv_block_bytes(m->be, c->n_kv_heads, cfg->block_size,
+                                                                                c->head_dim);
     int64_t n_blocks = cfg->kv_cache_bytes / block_bytes;
     if (n_blocks < 1 || n_blocks > INT32_MAX / cfg->block_size)
         return rd_fail(RD_EINVAL, "engine: kv_cache_bytes %lld gives %lld blocks of %lld bytes (need >= 1)",

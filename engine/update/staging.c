@@ -12,6 +12,7 @@
 #include "engine/format/gguf.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/quant.h"
+#include "engine/model/quant_fp8.h"
 #include "base/pool.h"
 
 /* ---------------------------------------------------------------- names */
@@ -619,31 +620,88 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
     return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, out);
 }
 
-/* serve_dtype q8_0: the groups quantized are llama.cpp's for a Q8_0 file
- * (llama-quant.cpp with LLAMA_FTYPE_MOSTLY_Q8_0, convert_hf_to_gguf.py
- * --outtype q8_0): every 2-D linear weight, the token embedding and the LM
- * head included (Q8_0 is the one type llama.cpp leaves output.weight in
- * rather than raising it to Q6_K, and token_embd follows the file type), so a
- * Q8_0 GGUF of the same weights serves the same bits. Not quantized: norms and
- * biases (vectors, fp32 in both), the MoE router (ffn_gate_inp: llama.cpp
- * never quantizes it, the converter keeps it f32: the top-k choice is that
- * sensitive), and a group whose rows are not whole 32-element blocks
- * (llama.cpp falls back to another type; here it stays as pushed). */
-static int q8_0_quantizes(int g, int64_t cols)
+/* The type a linear group is served in under serve, or -1: as pushed.
+ *
+ * q8_0: llama.cpp's choice for a Q8_0 file (llama-quant.cpp with
+ * LLAMA_FTYPE_MOSTLY_Q8_0, convert_hf_to_gguf.py --outtype q8_0): every 2-D
+ * linear weight, the token embedding and the LM head included (Q8_0 is the
+ * one type llama.cpp leaves output.weight in rather than raising it to Q6_K,
+ * and token_embd follows the file type), so a Q8_0 GGUF of the same weights
+ * serves the same bits.
+ *
+ * q4_k: Q4_K for the layers' linears whose rows are whole 256-element
+ * blocks; Q8_0 for the embedding, the LM head (the log-probs' last product:
+ * llama.cpp's Q4_K files raise it to Q6_K, which has no quantizer here) and
+ * rows that are not whole 256-blocks (llama.cpp falls back to Q5_0 there;
+ * SmolLM2's and Gemma 3 270M's hidden sizes, 576 and 640, are such rows).
+ *
+ * fp8: FP8 blocks (engine/model/quant_fp8.h) for the layers' dense linears,
+ * run by the CUDA backend's FP8 GEMM; the embedding and the LM head stay as
+ * pushed (vLLM's and verl's FP8 rollouts keep them bf16: the head's products
+ * are the log-probs themselves), and so do MoE experts (the CUDA moe_ffn
+ * reads bf16 weights).
+ *
+ * Never quantized: norms and biases (vectors, fp32), the MoE router
+ * (ffn_gate_inp: llama.cpp never quantizes it, the converter keeps it f32:
+ * the top-k choice is that sensitive), and rows not in whole blocks of the
+ * type (they stay as pushed). */
+static int serve_type(upd_serve serve, int g, int64_t cols)
 {
-    return arch_group_is_linear((arch_group)g) && g != AG_ROUTER && cols % GGML_Q8_0_BLOCK == 0;
+    if (serve == UPD_SERVE_AS_PUSHED || !arch_group_is_linear((arch_group)g) || g == AG_ROUTER)
+        return -1;
+    const int outer = g == AG_EMBED || g == AG_LM_HEAD;
+    switch (serve) {
+    case UPD_SERVE_Q8_0:
+        return cols % GGML_Q8_0_BLOCK == 0 ? GGML_Q8_0 : -1;
+    case UPD_SERVE_Q4_K:
+        if (!outer && cols % GGML_Q4_K_BLOCK == 0)
+            return GGML_Q4_K;
+        return cols % GGML_Q8_0_BLOCK == 0 ? GGML_Q8_0 : -1;
+    case UPD_SERVE_FP8:
+        return !outer && !arch_group_per_expert((arch_group)g) && cols % RD_FP8_BLOCK == 0 ? RD_TYPE_FP8_B32 : -1;
+    default:
+        return -1;
+    }
 }
 
-/* ---- Q8_0 quantization, on the pool: a group of the default model is up to
- * 28M values (the embedding), ~0.1 s on one core. */
+const char *upd_serve_name(upd_serve serve)
+{
+    static const char *const names[] = {"as_pushed", "q8_0", "q4_k", "fp8"};
+    return (unsigned)serve < sizeof names / sizeof names[0] ? names[serve] : "unknown";
+}
 
-#define Q8_SLICE (1u << 16)     /* values a task quantizes: 2048 blocks */
+int upd_serve_parse(const char *name, upd_serve *out)
+{
+    for (int i = 0; i <= UPD_SERVE_FP8; i++)
+        if (!strcmp(name, upd_serve_name((upd_serve)i))) {
+            *out = (upd_serve)i;
+            return 0;
+        }
+    return RD_EINVAL;
+}
+
+/* A quantizer of n values (n a whole number of its blocks) into bytes. */
+typedef int (*quant_fn)(const float *x, uint64_t n, uint8_t *out);
+
+static quant_fn quantizer(int type)
+{
+    return type == GGML_Q8_0 ? ggml_quant_q8_0 : type == GGML_Q4_K ? ggml_quant_q4_k : rd_fp8_quant;
+}
+
+/* ---- Quantization on the pool: a group of the default model is up to 28M
+ * values (the embedding), ~0.1 s on one core in Q8_0. Slices and tiles are
+ * whole blocks of every type (32 or 256 values). */
+
+#define Q8_SLICE (1u << 16)     /* values a task quantizes */
 
 typedef struct {
     const upd_tensor *t;        /* the staged values to quantize; NULL: x's */
     float *x;                   /* [n] fp32 (when t is NULL) */
-    uint8_t *q;                 /* [n / 32] blocks */
+    uint8_t *q;                 /* [n / blck] blocks */
     uint64_t n;
+    int type;                   /* GGML_Q8_0, GGML_Q4_K or RD_TYPE_FP8_B32 */
+    quant_fn quant;
+    size_t blck, bytes;         /* the type's values and bytes per block */
     int failed;                 /* set (atomically) when a slice could not be quantized */
 } q8_job;
 
@@ -653,9 +711,9 @@ static void q8_task(void *ctx, int32_t i, int32_t worker)
 {
     q8_job *j = ctx;
     uint64_t off = (uint64_t)i * Q8_SLICE, n = j->n - off < Q8_SLICE ? j->n - off : Q8_SLICE;
-    uint8_t *q = j->q + off / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES;
+    uint8_t *q = j->q + off / j->blck * j->bytes;
     if (!j->t) {
-        if (ggml_quant_q8_0(j->x + off, n, q))
+        if (j->quant(j->x + off, n, q))
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -681,36 +739,39 @@ static void q8_task(void *ctx, int32_t i, int32_t worker)
             for (uint64_t k = 0; k < tn; k++)
                 tile[k] = rd_f16_to_f32((uint16_t)(p[2 * k] | p[2 * k + 1] << 8));
         }
-        if (ggml_quant_q8_0(src, tn, q + (t0 - off) / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES)) {
+        if (j->quant(src, tn, q + (t0 - off) / j->blck * j->bytes)) {
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
             return;
         }
     }
 }
 
-/* Quantizes n values (n a multiple of 32) into q: x's, or t's when t is
- * given (x is then scratch for the error path). The error (the tasks'
- * messages stay on their threads) is the first bad value's, found again on
- * this thread. */
-static int quant_q8_0_par(const upd_tensor *t, float *x, uint64_t n, uint8_t *q)
+/* Quantizes n values (n a whole number of blocks) to type into q: x's, or
+ * t's when t is given (x is then scratch for the error path). The error (the
+ * tasks' messages stay on their threads) is the first bad value's, found
+ * again on this thread. */
+static int quant_par(int type, const upd_tensor *t, float *x, uint64_t n, uint8_t *q)
 {
-    q8_job j = {.t = t, .x = x, .q = q, .n = n};
+    const size_t blck = type == GGML_Q4_K ? GGML_Q4_K_BLOCK : GGML_Q8_0_BLOCK; /* FP8's is 32 too */
+    const size_t bytes = type == GGML_Q4_K ? GGML_Q4_K_BYTES : type == GGML_Q8_0 ? GGML_Q8_0_BYTES : RD_FP8_BYTES;
+    q8_job j = {.t = t, .x = x, .q = q, .n = n, .type = type, .quant = quantizer(type), .blck = blck, .bytes = bytes};
     pool_run((int32_t)((n + Q8_SLICE - 1) / Q8_SLICE), q8_task, &j);
     if (!j.failed)
         return 0;
     int rc = t ? to_f32(t, x, n) : 0;
     if (!rc)
-        rc = ggml_quant_q8_0(x, n, q);
-    return rc ? rc : rd_fail(RD_EINVAL, "q8_0: a slice failed to quantize and then did not");
+        rc = j.quant(x, n, q);
+    return rc ? rc : rd_fail(RD_EINVAL, "%s: a slice failed to quantize and then did not", ggml_type_name((ggml_type)type));
 }
 
-/* Builds linear group g (layer l, expert ex) as one Q8_0 part: the rows the
- * stage does not cover are read back from the model and re-quantized (a
- * Q8_0 weight comes back as the same bytes: test_quant checks it), then each
- * staged member is quantized over its own rows, so an error names the pushed
- * tensor. buf is fp32 scratch for a group, qbuf receives its blocks. */
-static int build_group_q8_0(const model *m, const upd_stage *s, int g, int l, int ex, float *buf, uint8_t *qbuf,
-                            void **out)
+/* Builds linear group g (layer l, expert ex) as one part of type: the rows
+ * the stage does not cover are read back from the model and re-quantized (a
+ * Q8_0 weight comes back as the same bytes: test_quant checks it; Q4_K and
+ * FP8 are idempotent too), then each staged member is quantized over its own
+ * rows, so an error names the pushed tensor. buf is fp32 scratch for a group,
+ * qbuf receives its blocks. */
+static int build_group_quant(const model *m, const upd_stage *s, int type, const char *serve, int g, int l, int ex,
+                             float *buf, uint8_t *qbuf, void **out)
 {
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
@@ -728,7 +789,7 @@ static int build_group_q8_0(const model *m, const upd_stage *s, int g, int l, in
     if (covered < elems) {
         if ((rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l, ex), buf)))
             return rc;
-        if ((rc = quant_q8_0_par(NULL, buf, elems, qbuf)))
+        if ((rc = quant_par(type, NULL, buf, elems, qbuf)))
             return rd_fail(rc, "commit: re-quantizing the served rows fused with '%.200s': %s", member,
                            rd_errmsg());
     }
@@ -740,11 +801,11 @@ static int build_group_q8_0(const model *m, const upd_stage *s, int g, int l, in
         int64_t tr, tc, elem0;
         resolve(c, t->name, &kind, &layer, &expert, &tr, &tc, &elem0);
         /* elem0 is a whole number of rows, so of blocks: the member's blocks start there. */
-        if ((rc = quant_q8_0_par(t, buf + elem0, (uint64_t)(tr * tc),
-                                 qbuf + (uint64_t)elem0 / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES)))
-            return rd_fail(rc, "commit: tensor '%.200s' cannot be served as q8_0: %s", t->name, rd_errmsg());
+        if ((rc = quant_par(type, t, buf + elem0, (uint64_t)(tr * tc),
+                            qbuf + (uint64_t)elem0 / (uint64_t)cols * ggml_row_bytes((ggml_type)type, (uint64_t)cols))))
+            return rd_fail(rc, "commit: tensor '%.200s' cannot be served as %s: %s", t->name, serve, rd_errmsg());
     }
-    rd_wpart part = {.type = GGML_Q8_0, .rows = (int32_t)rows, .data = qbuf};
+    rd_wpart part = {.type = type, .rows = (int32_t)rows, .data = qbuf};
     return be->ops->linear_load_q(be, &part, 1, (int32_t)cols, out);
 }
 
@@ -753,7 +814,7 @@ int upd_kind_quantized(const model_config *c, int kind, upd_serve serve)
     int64_t rows, cols;
     int g = group_of(c, kind);
     group_shape(c, g, &rows, &cols);
-    return serve == UPD_SERVE_Q8_0 && rows && q8_0_quantizes(g, cols);
+    return rows && serve_type(serve, g, cols) >= 0;
 }
 
 int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **out)
@@ -791,12 +852,13 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
     }
     float *buf = malloc(sizeof(float) * (size_t)big);
     uint16_t *nbuf = be->ops->linear_load_q ? malloc(sizeof(uint16_t) * (size_t)big) : NULL;
-    const int q8 = serve == UPD_SERVE_Q8_0 && be->ops->linear_load_q;
+    const int q8 = serve != UPD_SERVE_AS_PUSHED && be->ops->linear_load_q;
+    /* The largest bytes per value of the three types: Q8_0's 34 / 32. */
     uint8_t *qbuf = q8 ? malloc((size_t)big / GGML_Q8_0_BLOCK * GGML_Q8_0_BYTES + GGML_Q8_0_BYTES) : NULL;
-    if (serve == UPD_SERVE_Q8_0 && !be->ops->linear_load_q) {
+    if (serve != UPD_SERVE_AS_PUSHED && !be->ops->linear_load_q) {
         free(touched), free(buf), free(nbuf), free(p), free(sel);
-        return rd_fail(RD_ENOTSUP, "commit: serve_dtype q8_0 needs a backend that holds quantized weights "
-                       "(linear_load_q); %s has none", be->ops->name);
+        return rd_fail(RD_ENOTSUP, "commit: serve_dtype %s needs a backend that holds quantized weights "
+                       "(linear_load_q); %s has none", upd_serve_name(serve), be->ops->name);
     }
     if (!touched || !p || !buf || (be->ops->linear_load_q && !nbuf) || (q8 && !qbuf) ||
         !(p->e = calloc((size_t)s->n, sizeof *p->e))) {
@@ -832,8 +894,9 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
         e->layer = l;
         e->expert = ex;
         e->is_linear = rows != 0;
-        if (rows && q8 && q8_0_quantizes(g, cols)) {
-            if ((rc = build_group_q8_0(m, s, g, l, ex, buf, qbuf, &e->ptr)))
+        const int qtype = rows && q8 ? serve_type(serve, g, cols) : -1;
+        if (qtype >= 0) {
+            if ((rc = build_group_quant(m, s, qtype, upd_serve_name(serve), g, l, ex, buf, qbuf, &e->ptr)))
                 break;
             e->bytes = be->ops->linear_bytes ? (uint64_t)be->ops->linear_bytes(be, e->ptr)
                                              : sizeof(float) * (uint64_t)elems;

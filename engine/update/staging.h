@@ -33,10 +33,15 @@ int32_t upd_dtype_ggml(int dtype);
  * the tensor, the element and whether it is NaN or infinite. */
 int upd_check_element(const char *name, int dtype, const uint8_t *p, uint64_t e);
 /* What the pushed linear weights become in the backend (the daemon's
- * serve_dtype): kept in their pushed dtype, or quantized to Q8_0
- * (engine/model/quant.h) while the patch is built, so the engine runs its
- * Q8_0 GEMMs on them. */
-typedef enum { UPD_SERVE_AS_PUSHED = 0, UPD_SERVE_Q8_0 = 1 } upd_serve;
+ * serve_dtype): kept in their pushed dtype, or quantized while the patch is
+ * built (to Q8_0, to Q4_K with Q8_0 where Q4_K cannot go, or to FP8 blocks:
+ * engine/model/quant.h, quant_fp8.h; staging.c's serve_type says which groups
+ * and why), so the engine runs those GEMMs on them. = PROTO_SERVE_* - 1. */
+typedef enum { UPD_SERVE_AS_PUSHED = 0, UPD_SERVE_Q8_0 = 1, UPD_SERVE_Q4_K = 2, UPD_SERVE_FP8 = 3 } upd_serve;
+/* "as_pushed", "q8_0", "q4_k", "fp8" ("unknown" for another value). */
+const char *upd_serve_name(upd_serve serve);
+/* The serve of one of those names; RD_EINVAL (no message) for another. */
+int upd_serve_parse(const char *name, upd_serve *out);
 /* When in-flight sequences meet the new weights (= PROTO_MODE_*, PROTOCOL.md §10.6). */
 typedef enum { UPD_CONTINUE = 0, UPD_DRAIN = 1, UPD_ABORT = 2 } upd_mode;
 
@@ -130,14 +135,15 @@ typedef struct upd_patch upd_patch;
 
 /* Builds the patch on the caller's thread from the staged bytes and, for
  * fused weights only partly covered, the model's current values. The model is
- * only read. With UPD_SERVE_Q8_0 every linear group the stage touches but the
- * MoE router (norms and biases are vectors: they stay fp32) is quantized to
- * Q8_0 whole, its members the stage does not cover re-quantized from the
- * values they serve; a tensor with NaN or infinity, or a block Q8_0 cannot
- * scale (max |x| >= 65520 * 127), fails the build with RD_EINVAL naming it. */
+ * only read. With a serve other than UPD_SERVE_AS_PUSHED every linear group
+ * the stage touches that the serve quantizes (staging.c's serve_type) is
+ * quantized whole, its members the stage does not cover re-quantized from the
+ * values they serve; a tensor with NaN or infinity, or a block the type
+ * cannot scale (Q8_0: max |x| >= 65520 * 127; FP8: > 57344), fails the build
+ * with RD_EINVAL naming it. */
 int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **out);
 /* 1 when a tensor of this kind (the family's table index) is held quantized
- * once pushed under serve (q8_0 quantizes every linear group but the router). */
+ * once pushed under serve. */
 int upd_kind_quantized(const model_config *c, int kind, upd_serve serve);
 /* Swaps the patch's buffers into the model (engine thread, between steps). */
 void upd_apply(model *m, upd_patch *p);

@@ -492,6 +492,9 @@ static void cpu_destroy(rd_backend *be)
 static int cpu_set_kv_dtype(rd_backend *be, const char *name)
 {
     cpu_be *cb = (cpu_be *)be;
+    if (!strcmp(name, "fp8"))
+        return rd_fail(RD_ENOTSUP, "kv_dtype \"fp8\": the cpu backend stores the KV cache as f32, bf16 or f16 (fp8 "
+                       "is the cuda backend's)");
     cb->kv_type = !strcmp(name, "bf16") ? CPU_KV_BF16 : !strcmp(name, "f16") ? CPU_KV_F16 : CPU_KV_F32;
     cb->ops.kv_elem_bytes = cb->kv_type == CPU_KV_F32 ? 0 : 2;
     return 0;

@@ -139,7 +139,7 @@ def rolloutctl_push_takes_serve_dtype():
     ds = [daemon("--serve-dtype", "as_pushed", model=BF16) for _ in range(2)]
     ctl = os.path.join(ROOT, os.environ.get("RD_BUILD", "build"), "rolloutctl")
     urls = ",".join(d.url for d in ds)
-    bad = subprocess.run([ctl, "push-weights", "--connect", urls, BF16, "--version", "3", "--serve-dtype", "q4_k"],
+    bad = subprocess.run([ctl, "push-weights", "--connect", urls, BF16, "--version", "3", "--serve-dtype", "int4"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "serve-dtype" in bad.stderr, (bad.returncode, bad.stderr)
     # f32 on the wire: the file's bf16 weights exactly, and its f32 norms unrounded (as the Q8_0 file has them)
@@ -162,7 +162,7 @@ def update_weights_from_disk_takes_serve_dtype():
     with Client(a.url) as ca, Client(b.url) as cb:
         q8_runs = runs(ca)
         assert not same(runs(cb), q8_runs)
-        code, out = post(b, "/update_weights_from_disk", {"model_path": BF16, "serve_dtype": "q4_k"})
+        code, out = post(b, "/update_weights_from_disk", {"model_path": BF16, "serve_dtype": "int4"})
         assert code == 400 and "serve_dtype" in json.dumps(out), (code, out)
         code, out = post(b, "/update_weights_from_disk", {"model_path": BF16, "serve_dtype": "q8_0"})
         assert code == 200 and out.get("success"), (code, out)
@@ -207,11 +207,11 @@ def version_2_clients_see_the_old_bytes_and_cannot_set_serve_dtype():
         assert x3.serve_dtype == x3.serve_dtype_first == proto.SERVE_AS_PUSHED, x3   # the file, as loaded
         assert len(f3) == len(f2) + proto.SERVE_TAIL_BYTES, (len(f2), len(f3))
         assert np.array_equal(x2.token_ids, x3.token_ids)
-        # the serve_dtype byte of UPDATE_BEGIN: reserved before version 3, 0..2 from it
+        # the serve_dtype byte of UPDATE_BEGIN: reserved before version 3, 0..4 from it
         ub = proto.UpdateBegin(client_id=h3.client_id, version=9, serve_dtype=2, window=1, max_chunk_bytes=4096,
                                total_bytes=4, tensors=[proto.Tensor("model.norm.weight", proto.DTYPE_F32, [1], 4)])
         good = bytearray(proto.encode(ub, 3))
-        for version, code in ((2, 2), (3, 3)):
+        for version, code in ((2, 2), (3, proto.SERVE_MAX + 1)):
             bad = bytearray(good)
             bad[4] = version
             bad[16 + 16 + 1] = code     # after client_id, version, mode

@@ -231,22 +231,22 @@ static void serve_dtype_values(void)
     int help = 0;
     CHECK_OK(cfg_from_args(&c, 3, argv, &help));
     CHECK(!strcmp(c.serve_dtype, "as_pushed"), "flag: %s", c.serve_dtype);
-    const char *bad[] = {"{\"serve_dtype\": \"q4_k\"}", "{\"serve_dtype\": \"Q8_0\"}", "{\"serve_dtype\": \"\"}"};
+    const char *bad[] = {"{\"serve_dtype\": \"int4\"}", "{\"serve_dtype\": \"Q8_0\"}", "{\"serve_dtype\": \"\"}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cfg_defaults(&c);
         int rc = cfg_parse_json(&c, bad[i], "t");
         if (rc == 0)
             rc = cfg_validate(&c);
         CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "serve_dtype") &&
-              (strstr(rd_errmsg(), "\"as_pushed\" or \"q8_0\"") || strstr(rd_errmsg(), "empty")), "%s: %d '%s'",
+              (strstr(rd_errmsg(), "\"q4_k\" or \"fp8\"") || strstr(rd_errmsg(), "empty")), "%s: %d '%s'",
               bad[i], rc, rd_errmsg());
     }
-    char *argv2[] = {"rolloutd", "--serve-dtype", "fp8", NULL};
+    char *argv2[] = {"rolloutd", "--serve-dtype", "fp4", NULL};
     cfg_daemon d;
     int rc = cfg_from_args(&d, 3, argv2, &help);
     if (rc == 0)
         rc = cfg_validate(&d);
-    CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "\"fp8\"") && strstr(rd_errmsg(), "q8_0"), "%d '%s'", rc,
+    CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "\"fp4\"") && strstr(rd_errmsg(), "q8_0"), "%d '%s'", rc,
           rd_errmsg());
 }
 

@@ -117,7 +117,7 @@ class Sample:
     # early), or prime-rl's compact dict with return_routes="compact"
     routes: Optional[Union[np.ndarray, dict]] = None
     routes_wire: Optional[np.ndarray] = field(default=None, repr=False)  # the ids as sent: uint8/uint16/int32
-    # which policy produced the tokens (protocol version 3): "as_pushed" or "q8_0" (the daemon's serve_dtype for
+    # which policy produced the tokens (protocol version 3): "as_pushed", "q8_0", "q4_k" or "fp8" (the daemon's serve_dtype for
     # version_finish; "unknown" for a version too old for the daemon's history), None from an older daemon
     serve_dtype: Optional[str] = None
     serve_dtype_first: Optional[str] = None          # the same for the first span's version
@@ -544,7 +544,7 @@ class Client:
         daemon's data lane when it offers one (False: UPDATE_CHUNKs over NNG).
         progress: a callable(bytes_done, total), called from this thread, or
         True for a line on stderr. serve_dtype: None (the daemon's config key
-        serve_dtype), "as_pushed" or "q8_0" for this push (protocol version 3).
+        serve_dtype), "as_pushed", "q8_0", "q4_k" or "fp8" for this push (protocol version 3).
 
         Returns a PushResult. On any failure the transfer is aborted (the old
         weights keep serving) and DaemonError (.code, e.g. STALE_VERSION),
@@ -580,7 +580,7 @@ def _serve(serve_dtype, client=None):
     if serve_dtype is None:
         return P.SERVE_CONFIG
     if serve_dtype not in P.SERVE_CODES:
-        raise ValueError(f"serve_dtype {serve_dtype!r}; expected None, 'as_pushed' or 'q8_0'")
+        raise ValueError(f"serve_dtype {serve_dtype!r}; expected None, 'as_pushed', 'q8_0', 'q4_k' or 'fp8'")
     if client is not None and client.version < 3:
         raise ValueError(f"{client.url} speaks protocol version {client.version}: it cannot take a push's serve_dtype")
     return P.SERVE_CODES[serve_dtype]

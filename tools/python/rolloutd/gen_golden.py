@@ -464,7 +464,7 @@ def serve_invalid(valid_frames, add):
     R = P.T.RESULTS
     add("serve_in_v2", frame(R, body, version=2), P.E.MALFORMED,
         "a version-2 RESULTS with the SERVE flag (bit 2 is undefined before version 3)")
-    add("serve_bad_code", frame(R, patched(body, tail, "<B", 3), version=3), P.E.MALFORMED, "serve_dtype 3")
+    add("serve_bad_code", frame(R, patched(body, tail, "<B", 5), version=3), P.E.MALFORMED, "serve_dtype 5")
     add("serve_bad_first", frame(R, patched(body, tail + 1, "<B", 9), version=3), P.E.MALFORMED,
         "serve_dtype_first 9")
     add("serve_reserved", frame(R, patched(body, tail + 2, "<H", 1), version=3), P.E.MALFORMED,
@@ -474,7 +474,7 @@ def serve_invalid(valid_frames, add):
     U = P.T.UPDATE_BEGIN
     add("update_begin_serve_in_v2", frame(U, ub, version=2), P.E.MALFORMED,
         "a version-2 UPDATE_BEGIN with serve_dtype 2 (byte 17 is reserved before version 3)")
-    add("update_begin_serve_bad", frame(U, patched(ub, 17, "<B", 3), version=3), P.E.MALFORMED, "serve_dtype 3")
+    add("update_begin_serve_bad", frame(U, patched(ub, 17, "<B", 5), version=3), P.E.MALFORMED, "serve_dtype 5")
     add("update_begin_serve_reserved", frame(U, patched(ub, 18, "<B", 1), version=3), P.E.MALFORMED,
         "the reserved byte after serve_dtype is 1")
 

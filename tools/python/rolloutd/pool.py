@@ -232,7 +232,7 @@ class Pool:
         update everywhere (the old weights keep serving); "commit" commits it
         on the daemons that have it. "direct" sends everything to every
         daemon at once, each committing on its own. serve_dtype: None (each
-        daemon's config), "as_pushed" or "q8_0" for this push on every daemon.
+        daemon's config), "as_pushed", "q8_0", "q4_k" or "fp8" for this push on every daemon.
         A chain needs the daemons' data lanes; where a daemon offers none (TLS)
         the push is direct.
 

@@ -211,7 +211,7 @@ LAYOUTS = {
         ('U64', 'client_id', 0, 0, None),
         ('U64', 'version', 0, 0, None),
         ('ENUM8', 'mode', 0, 2, '0 (continue), 1 (drain) or 2 (abort)'),
-        ('ENUM8', 'serve_dtype', 0, 2, "0 (the daemon's config), 1 (as_pushed) or 2 (q8_0)"),
+        ('ENUM8', 'serve_dtype', 0, 4, "0 (the daemon's config), 1 (as_pushed), 2 (q8_0), 3 (q4_k) or 4 (fp8)"),
         ('RSV16', 'reserved', 0, 0, None),
         ('U32', 'window', 0, 0, None),
         ('U32', 'max_chunk_bytes', 0, 0, None),

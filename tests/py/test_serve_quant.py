@@ -1,0 +1,296 @@
+"""serve_dtype q4_k and fp8 (issue 26): a bf16 push served quantized gives the
+bits of a daemon started from a file holding the same quantized values, made
+here by independent quantizers. Real daemons on loopback, the Python client.
+
+- q4_k, on tiny-q4_k (Llama, dim 256, ffn 512, tied): the learner's weights
+  are the file's, perturbed and rounded to bf16. Daemon A serves a GGUF of
+  them written here: the layers' linears quantized to Q4_K by llama.cpp's own
+  ggml (ggml_quantize_chunk from llama-cpp-python's libggml-base, which with
+  no importance matrix runs quantize_row_q4_K_ref), the token embedding (also
+  the LM head) to Q8_0 by the gguf package, norms f32. Daemon B starts from
+  tiny-q4_k.gguf with --serve-dtype q4_k and is pushed the bf16 weights (HF
+  names and layout). After the push B's greedy and sampled tokens and raw and
+  processed log-probs equal A's bit for bit, and so do weights_bytes and the
+  bytes by dtype ({"q4_K", "q8_0", "f32"});
+- fp8, on tiny-bf16 (dim 64, ffn 128): A serves a bf16 GGUF whose layers'
+  linears hold the FP8 values a NumPy reference quantizer gives (E4M3 nearest,
+  ties to even, in 32-blocks scaled by the least power of two that keeps the
+  block within 448: exact in bf16), the embedding and norms as pushed. B (the
+  CPU backend, which holds FP8 weights as their bf16 values) is pushed the
+  bf16 weights with --serve-dtype fp8 per push over a q8_0 config: bit-identical
+  to A after; /status and the results say fp8; a push with a weight past FP8's
+  range (57344) is refused naming the tensor, and B then serves the same bits
+  at the same version. The CUDA FP8 GEMM itself is test_cuda_emu's."""
+import ctypes
+import os
+import sys
+import tempfile
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, TMP, case, main  # noqa: E402
+from rdtest import Daemon, stop_cleanly  # noqa: E402
+from ref_llama import unpermute  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+from rolloutd import Client, DaemonError, bf16_bits, proto  # noqa: E402
+
+QT = gguf.GGMLQuantizationType
+DATA = os.environ.get("RD_TESTDATA", os.path.join(ROOT, "build", "testdata"))
+PROMPTS = [[1, 20, 30, 40, 50, 60], [1, 250, 7, 7, 7], [1, 100, 200, 299, 3, 4, 5, 6, 7, 8, 9]]
+_tmp = tempfile.mkdtemp(prefix="rd-servequant-", dir=TMP)
+_daemons = []
+
+HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+      "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+      "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def hf_name(name):
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    _, layer, kind, _ = name.split(".")
+    return f"model.layers.{layer}.{HF[kind]}.weight"
+
+
+def learner_weights(path, seed):
+    """({GGUF name: float32 array in the file's layout}, {HF name: pushed array}, the reader):
+    the file's values, the 2-D ones perturbed by up to ~5% and rounded to bf16 (pushed as bf16
+    bits), the norms as they are (f32). Llama's q and k rows are unpermuted for the HF names."""
+    r = gguf.GGUFReader(path)
+    heads = int(r.fields["llama.attention.head_count"].contents())
+    kv_heads = int(r.fields["llama.attention.head_count_kv"].contents())
+    rng = np.random.default_rng(seed)
+    file_vals, pushed = {}, {}
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if a.ndim == 2:
+            a = a * (1 + np.float32(0.05) * rng.standard_normal(a.shape).astype(np.float32))
+            bits = bf16_bits(a)
+            a = (bits.astype(np.uint32) << 16).view(np.float32)
+            hf = a
+            if ".attn_q." in t.name or ".attn_k." in t.name:
+                hf = np.ascontiguousarray(unpermute(a, heads if ".attn_q." in t.name else kv_heads))
+            pushed[hf_name(t.name)] = bf16_bits(hf)
+        else:
+            pushed[hf_name(t.name)] = np.ascontiguousarray(a)
+        file_vals[t.name] = np.ascontiguousarray(a)
+    return file_vals, pushed, r
+
+
+def write_like(r, dst, tensors, file_type):
+    """A GGUF with r's metadata (general.file_type set) and tensors {name: (array, raw_dtype or None)}."""
+    w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF."):
+            continue
+        vt = f.types[0]
+        st = f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, file_type if f.name == "general.file_type" else f.contents(), vt, sub_type=st)
+    for t in r.tensors:
+        a, raw = tensors[t.name]
+        if raw is None:
+            w.add_tensor(t.name, a)
+        else:
+            w.add_tensor(t.name, a, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+_ggml = None
+
+
+def ggml_q4_k(a):
+    """a [rows][cols] quantized to Q4_K by llama.cpp's ggml (no importance matrix)."""
+    global _ggml
+    if _ggml is None:
+        import llama_cpp
+        _ggml = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+        _ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+        _ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                              ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    rows, cols = a.shape
+    out = np.zeros((rows, cols // 256 * 144), np.uint8)
+    n = _ggml.ggml_quantize_chunk(int(QT.Q4_K), a.ctypes.data, out.ctypes.data, 0, rows, cols, None)
+    assert n == out.nbytes, (n, out.nbytes)
+    return out
+
+
+# ---- FP8 E4M3 in 32-blocks, by NumPy (independent of engine/model/quant_fp8.c)
+
+E4M3 = np.array([(c & 7) / 8 * 2.0 ** -6 if c >> 3 == 0 else (1 + (c & 7) / 8) * 2.0 ** ((c >> 3) - 7)
+                 for c in range(127)])   # codes 0..126 (0x7f is NaN), increasing
+
+
+def fp8_values(x):
+    """x (float32, a multiple of 32 values) -> the FP8 blocks' values (float64), by the rule in
+    engine/model/quant_fp8.h: per block the least e >= -117 with max|x| <= 448 * 2^e, then each
+    x / 2^e to the nearest E4M3 value (ties to the even code), saturated at 448."""
+    b = np.asarray(x, np.float64).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    e = np.zeros(len(b), np.int64)
+    nz = amax > 0
+    e[nz] = np.ceil(np.log2(amax[nz] / 448.0)).astype(np.int64)
+    e[nz & (np.ldexp(448.0, e - 1) >= amax)] -= 1      # log2's rounding, both ways
+    e[nz & (np.ldexp(448.0, e) < amax)] += 1
+    e = np.maximum(e, -117)
+    assert (e <= 7).all(), "a block past 57344"
+    y = np.abs(b) / np.ldexp(1.0, e)[:, None]
+    hi = np.clip(np.searchsorted(E4M3, y, side="left"), 1, 126)   # E4M3[hi - 1] < y <= E4M3[hi]
+    lo = hi - 1
+    dlo, dhi = y - E4M3[lo], E4M3[hi] - y
+    code = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)
+    code = np.where(y >= 448.0, 126, code)
+    v = E4M3[code] * np.ldexp(1.0, e)[:, None]
+    return (np.sign(b) * v).reshape(np.shape(x))
+
+
+def daemon(*extra, **kw):
+    d = Daemon(*extra, **kw)
+    _daemons.append(d)
+    return d
+
+
+def runs(c):
+    """Greedy and seeded sampled rollouts (raw and processed log-probs)."""
+    g = c.generate(PROMPTS, max_tokens=24, temperature=0.0, ignore_eos=True)
+    s = c.generate(PROMPTS, n=3, max_tokens=16, temperature=0.9, top_p=0.9, seed=26, ignore_eos=True,
+                   processed_logprobs=True)
+    return g + s
+
+
+def bits(a):
+    return np.asarray(a, dtype=np.float32).view(np.uint32)
+
+
+def first_difference(a, b):
+    """None when the runs are bit-identical, else what differs first."""
+    if len(a) != len(b):
+        return f"{len(a)} vs {len(b)} results"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if not np.array_equal(x.token_ids, y.token_ids):
+            return f"result {i}: tokens {list(x.token_ids)} vs {list(y.token_ids)}"
+        if not np.array_equal(bits(x.logprobs), bits(y.logprobs)):
+            d = np.abs(np.asarray(x.logprobs, np.float64) - np.asarray(y.logprobs, np.float64)).max()
+            return f"result {i}: log-probs differ, max |d| {d}"
+        px, py = getattr(x, "processed_logprobs", None), getattr(y, "processed_logprobs", None)
+        if (px is None) != (py is None) or (px is not None and not np.array_equal(bits(px), bits(py))):
+            return f"result {i}: processed log-probs differ"
+    return None
+
+
+@case
+def bf16_push_served_as_q4_k_bit_identical_to_ggmls_q4_k_file():
+    src = os.path.join(DATA, "tiny-q4_k.gguf")
+    vals, pushed, r = learner_weights(src, seed=261)
+    tensors = {}
+    for name, a in vals.items():
+        if a.ndim == 1:
+            tensors[name] = (a, None)
+        elif name == "token_embd.weight":      # the embedding and tied LM head: Q8_0 (staging.c's serve_type)
+            tensors[name] = (gguf.quants.quantize(a, QT.Q8_0), QT.Q8_0)
+        else:
+            tensors[name] = (ggml_q4_k(a), QT.Q4_K)
+    ref = os.path.join(_tmp, "tiny-q4_k-ggml.gguf")
+    write_like(r, ref, tensors, 15)                  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    da, db = daemon(model=ref), daemon("--serve-dtype", "q4_k", model=src)
+    with Client(da.url) as a, Client(db.url) as b:
+        assert b.status()["serve_dtype"] == "q4_k", b.status().get("serve_dtype")
+        ra = runs(a)
+        assert first_difference(ra, runs(b)) is not None, "B matches the reference before the push"
+        v = b.info.weight_version
+        res = b.push_weights(pushed, v + 1)
+        assert res.version == v + 1, res
+        rb = runs(b)
+        diff = first_difference(ra, rb)
+        assert diff is None, diff
+        assert all(s.serve_dtype == "q4_k" for s in rb), {s.serve_dtype for s in rb}
+        ma, mb = a.status()["memory"], b.status()["memory"]
+        print(f"  weights_bytes: ggml's Q4_K file {ma['weights_bytes']}, the push {mb['weights_bytes']}; "
+              f"by dtype {mb['weights_bytes_by_dtype']}", flush=True)
+        assert ma["weights_bytes"] == mb["weights_bytes"], (ma, mb)
+        assert ma["weights_bytes_by_dtype"] == mb["weights_bytes_by_dtype"], (ma, mb)
+        assert set(mb["weights_bytes_by_dtype"]) == {"q4_K", "q8_0", "f32"}, mb
+
+
+_fp8 = None
+
+
+def fp8_pair():
+    """(A on the NumPy FP8 values as bf16, B on tiny-bf16 with serve_dtype q8_0, its pushed weights)."""
+    global _fp8
+    if _fp8 is None:
+        src = os.path.join(DATA, "tiny-bf16.gguf")
+        vals, pushed, r = learner_weights(src, seed=262)
+        tensors = {}
+        for name, a in vals.items():
+            if a.ndim == 2 and name != "token_embd.weight":
+                q = fp8_values(a).astype(np.float32)
+                b = bf16_bits(q)
+                assert np.array_equal((b.astype(np.uint32) << 16).view(np.float32), q), "fp8 values not exact in bf16"
+                tensors[name] = (b.view(np.uint8).reshape(a.shape[0], -1), QT.BF16)
+            elif a.ndim == 2:
+                tensors[name] = (bf16_bits(a).view(np.uint8).reshape(a.shape[0], -1), QT.BF16)
+            else:
+                tensors[name] = (a, None)
+        ref = os.path.join(_tmp, "tiny-fp8-numpy.gguf")
+        write_like(r, ref, tensors, 32)              # LLAMA_FTYPE_MOSTLY_BF16
+        _fp8 = (daemon(model=ref), daemon("--serve-dtype", "q8_0", model=src), pushed)
+    return _fp8
+
+
+@case
+def bf16_push_served_as_fp8_bit_identical_to_numpys_fp8_values():
+    da, db, pushed = fp8_pair()
+    with Client(da.url) as a, Client(db.url) as b:
+        ra = runs(a)
+        assert first_difference(ra, runs(b)) is not None, "B matches the reference before the push"
+        v = b.info.weight_version
+        res = b.push_weights(pushed, v + 1, serve_dtype="fp8")
+        assert res.version == v + 1, res
+        rb = runs(b)
+        diff = first_difference(ra, rb)
+        assert diff is None, diff
+        assert all(s.serve_dtype == "fp8" for s in rb), {s.serve_dtype for s in rb}
+        st = b.status()
+        assert st["weights_serve_dtype"] == "fp8" and st["serve_dtype"] == "q8_0", st
+        ma, mb = a.status()["memory"], st["memory"]
+        assert ma["weights_bytes"] == mb["weights_bytes"], (ma, mb)   # the CPU holds FP8 as bf16
+
+
+@case
+def fp8_push_past_the_range_refused_old_weights_serve():
+    _, db, pushed = fp8_pair()
+    name = "model.layers.1.mlp.down_proj.weight"
+    with Client(db.url) as b:
+        v0, base = b.info.weight_version, runs(b)
+        w = dict(pushed)
+        t = w[name].copy()
+        t.reshape(-1)[40] = bf16_bits(np.array([6e4], np.float32))[0]   # fine as bf16, past 448 x 2^7
+        w[name] = t
+        try:
+            b.push_weights(w, v0 + 1, serve_dtype="fp8")
+            raise AssertionError("a push with 6e4 served as fp8 was accepted")
+        except DaemonError as e:
+            assert e.code == proto.E.INVALID_PARAMS and name in str(e) and "57344" in str(e), e
+        st = b.status()
+        assert st["weight_version"] == v0, st
+        diff = first_difference(base, runs(b))
+        assert diff is None, f"the refused push changed the outputs: {diff}"
+
+
+@case
+def daemons_stop_cleanly():
+    stop_cleanly(*_daemons)
+
+
+if __name__ == "__main__":
+    main()
