@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, TMP, case, main  # noqa: E402
 from rdtest import Daemon, stop_cleanly  # noqa: E402
+import ref_fp8  # noqa: E402
 from ref_llama import unpermute  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
@@ -124,35 +125,6 @@ def ggml_q4_k(a):
     return out
 
 
-# ---- FP8 E4M3 in 32-blocks, by NumPy (independent of engine/model/quant_fp8.c)
-
-E4M3 = np.array([(c & 7) / 8 * 2.0 ** -6 if c >> 3 == 0 else (1 + (c & 7) / 8) * 2.0 ** ((c >> 3) - 7)
-                 for c in range(127)])   # codes 0..126 (0x7f is NaN), increasing
-
-
-def fp8_values(x):
-    """x (float32, a multiple of 32 values) -> the FP8 blocks' values (float64), by the rule in
-    engine/model/quant_fp8.h: per block the least e >= -117 with max|x| <= 448 * 2^e, then each
-    x / 2^e to the nearest E4M3 value (ties to the even code), saturated at 448."""
-    b = np.asarray(x, np.float64).reshape(-1, 32)
-    amax = np.abs(b).max(axis=1)
-    e = np.zeros(len(b), np.int64)
-    nz = amax > 0
-    e[nz] = np.ceil(np.log2(amax[nz] / 448.0)).astype(np.int64)
-    e[nz & (np.ldexp(448.0, e - 1) >= amax)] -= 1      # log2's rounding, both ways
-    e[nz & (np.ldexp(448.0, e) < amax)] += 1
-    e = np.maximum(e, -117)
-    assert (e <= 7).all(), "a block past 57344"
-    y = np.abs(b) / np.ldexp(1.0, e)[:, None]
-    hi = np.clip(np.searchsorted(E4M3, y, side="left"), 1, 126)   # E4M3[hi - 1] < y <= E4M3[hi]
-    lo = hi - 1
-    dlo, dhi = y - E4M3[lo], E4M3[hi] - y
-    code = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)
-    code = np.where(y >= 448.0, 126, code)
-    v = E4M3[code] * np.ldexp(1.0, e)[:, None]
-    return (np.sign(b) * v).reshape(np.shape(x))
-
-
 def daemon(*extra, **kw):
     d = Daemon(*extra, **kw)
     _daemons.append(d)
@@ -233,7 +205,7 @@ def fp8_pair():
         tensors = {}
         for name, a in vals.items():
             if a.ndim == 2 and name != "token_embd.weight":
-                q = fp8_values(a).astype(np.float32)
+                q = ref_fp8.values(a).astype(np.float32)
                 b = bf16_bits(q)
                 assert np.array_equal((b.astype(np.uint32) << 16).view(np.float32), q), "fp8 values not exact in bf16"
                 tensors[name] = (b.view(np.uint8).reshape(a.shape[0], -1), QT.BF16)

@@ -25,6 +25,7 @@
 #include "engine/format/gguf.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/quant.h"
+#include "engine/model/quant_fp8.h"
 #include "tests/unit/test.h"
 
 static int8_t qat(const uint8_t *blk, int j) { return (int8_t)blk[2 + j]; }
@@ -530,6 +531,8 @@ int main(int argc, char **argv)
         return quantize_file(argv[2], argv[3], ggml_quant_q8_0, GGML_Q8_0_BLOCK, GGML_Q8_0_BYTES);
     if (argc == 4 && !strcmp(argv[1], "--q4_k"))
         return quantize_file(argv[2], argv[3], ggml_quant_q4_k, GGML_Q4_K_BLOCK, GGML_Q4_K_BYTES);
+    if (argc == 4 && !strcmp(argv[1], "--fp8"))
+        return quantize_file(argv[2], argv[3], rd_fp8_quant, RD_FP8_BLOCK, RD_FP8_BYTES);
     RUN(ties_round_away_from_zero);
     RUN(zeros_and_scale_bytes);
     RUN(tiny_blocks);
