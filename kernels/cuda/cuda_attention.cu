@@ -21,7 +21,42 @@ namespace RD_NS {
 #define AP CUPLAN_ATTN_PART
 #define AT CUPLAN_ATTN_THREADS
 
-template <int GMAX>
+// K (or V) element d of key j through the block table: bf16, or an FP8
+// code times its (token, head) scale (kv_dtype fp8, cuda_kernels.cu's layout).
+template <bool F8> struct kv_read;
+template <> struct kv_read<false> {
+    const uint16_t *base;
+    RD_DEV kv_read(const uint16_t *cache, int64_t blk, int32_t kvh, int32_t t, const attn_params &P)
+        : base(cache + ((blk * P.n_kv + kvh) * P.block_size + t) * P.head_dim) {}
+    RD_DEV void get8(int32_t d, float *f) const { load_bf16x8(base + d, f); }
+    RD_DEV void get2(int32_t d, float *f) const
+    {
+        const uint32_t vv = *(const uint32_t *)(base + d);
+        f[0] = cm_u2f(vv << 16), f[1] = cm_u2f(vv & 0xffff0000u);
+    }
+};
+template <> struct kv_read<true> {
+    const uint8_t *codes;
+    float s;
+    RD_DEV kv_read(const uint16_t *cache, int64_t blk, int32_t kvh, int32_t t, const attn_params &P)
+    {
+        const int32_t nkv = P.n_kv, bs = P.block_size, hd = P.head_dim;
+        const uint8_t *b = (const uint8_t *)cache + blk * kv8_block_bytes(nkv, bs, hd);
+        codes = b + ((int64_t)kvh * bs + t) * hd;
+        s = cm_fp8_scale(b[(int64_t)nkv * bs * hd + (int64_t)kvh * bs + t]);
+    }
+    RD_DEV void get8(int32_t d, float *f) const
+    {
+        for (int e = 0; e < 8; e++)
+            f[e] = cm_fp8_scaled(codes[d + e], s);
+    }
+    RD_DEV void get2(int32_t d, float *f) const
+    {
+        f[0] = cm_fp8_scaled(codes[d], s), f[1] = cm_fp8_scaled(codes[d + 1], s);
+    }
+};
+
+template <int GMAX, bool F8>
 __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
 {
     const int32_t row = blockIdx.x, kvh = blockIdx.y;
@@ -69,9 +104,7 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
                 kf[e] = 0.0f;
             if (valid && lane_on) {
                 const int32_t j = j0 + jj;
-                const int64_t blk = table[j / bs];
-                const uint16_t *kp = P.k_cache + ((blk * nkv + kvh) * bs + j % bs) * hd + d0;
-                load_bf16x8(kp, kf);
+                kv_read<F8>(P.k_cache, table[j / bs], kvh, j % bs, P).get8(d0, kf);
             }
 RD_UNROLL
             for (int gi = 0; gi < GMAX; gi++) {
@@ -110,7 +143,7 @@ RD_UNROLL
         }
         __syncthreads();
 
-        // 3. P.V: thread (kli, dpi) takes keys kli, kli + kl, ... and the bf16
+        // 3. P.V: thread (kli, dpi) takes keys kli, kli + kl, ... and the value
         //    pair dpi; the kl partial sums then meet in order.
         float acc[GMAX][2];
 RD_UNROLL
@@ -119,10 +152,9 @@ RD_UNROLL
         if (pv_on) {
             for (int32_t jj = kli; jj < len; jj += L.kl) {
                 const int32_t j = j0 + jj;
-                const int64_t blk = table[j / bs];
-                const uint32_t vv =
-                    *(const uint32_t *)(P.v_cache + ((blk * nkv + kvh) * bs + j % bs) * hd + 2 * dpi);
-                const float v0 = cm_u2f(vv << 16), v1 = cm_u2f(vv & 0xffff0000u);
+                float vp[2];
+                kv_read<F8>(P.v_cache, table[j / bs], kvh, j % bs, P).get2(2 * dpi, vp);
+                const float v0 = vp[0], v1 = vp[1];
 RD_UNROLL
                 for (int gi = 0; gi < GMAX; gi++) {
                     if (gi >= g)
@@ -193,8 +225,13 @@ __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
 
 template <int GMAX> static void launch_part(cudaStream_t s, const attn_params &p, size_t smem)
 {
-    auto kern = k_attn_part<GMAX>;
-    RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
+    if (p.fp8) {
+        auto kern = k_attn_part<GMAX, true>;
+        RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
+    } else {
+        auto kern = k_attn_part<GMAX, false>;
+        RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
+    }
 }
 
 void launch_attention(cudaStream_t s, const attn_params &p)

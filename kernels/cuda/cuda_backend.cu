@@ -133,6 +133,8 @@ struct step_layout {
 
 struct cuda_be {
     rd_backend base;
+    rd_backend_ops ops;         // this instance's (kv_dtype sets kv_elem_bytes / kv_scale_bytes)
+    bool kv_fp8;                // kv_dtype fp8: E4M3 codes with a scale byte per (token, kv head)
     int dev;
     int n_sm;
     char dev_name[256];
@@ -1229,6 +1231,15 @@ static void cu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, 
     cuda_be *b = compute(be);
     const auto &r = b->pend_rope;
     const int32_t hd = a->head_dim, nkv = a->n_kv_heads;
+    if (b->kv_fp8) {
+        // A head's scale needs all its values: the RoPE runs first, then one
+        // warp per head quantizes (not fused into the RoPE kernel).
+        settle(b);
+        launch_kv_write_fp8(b->st, k, v, stride, s->slots, s->n_rows, nkv, hd, a->block_size, (uint8_t *)k_cache,
+                            (uint8_t *)v_cache);
+        check_launch(b, "kv_write_fp8");
+        return;
+    }
     if (r.x && !b->pend_y && r.m == s->n_rows && r.stride == stride && r.head_dim == hd && r.n_heads > nkv &&
         k == r.x + (size_t)(r.n_heads - nkv) * hd && v == r.x + (size_t)r.n_heads * hd &&
         stride - r.n_heads * hd == nkv * hd) {
@@ -1246,8 +1257,12 @@ static void cu_copy_blocks(rd_backend *be, const rd_attn_shape *a, float *k_cach
                            const int32_t *src, const int32_t *dst, int32_t n)
 {
     cuda_be *b = compute_op(be);
-    launch_copy_blocks(b->st, (uint16_t *)k_cache, (uint16_t *)v_cache, src, dst, n,
-                       (int64_t)a->n_kv_heads * a->block_size * a->head_dim);
+    if (b->kv_fp8)
+        launch_copy_blocks_bytes(b->st, k_cache, v_cache, src, dst, n,
+                                 rd_backend_kv_block_bytes(be, a->n_kv_heads, a->block_size, a->head_dim));
+    else
+        launch_copy_blocks(b->st, (uint16_t *)k_cache, (uint16_t *)v_cache, src, dst, n,
+                           (int64_t)a->n_kv_heads * a->block_size * a->head_dim);
     check_launch(b, "copy_blocks");
 }
 
@@ -1439,6 +1454,7 @@ static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q,
     p.q_stride = stride;
     p.k_cache = (const uint16_t *)k_cache;
     p.v_cache = (const uint16_t *)v_cache;
+    p.fp8 = b->kv_fp8;
     p.positions = s->positions;
     p.row_seq = b->d_step + b->L.rowseq;
     p.block_tables = s->block_tables;
@@ -1728,8 +1744,8 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
 {
     cuda_be *b = impl(be);
     std::lock_guard<std::mutex> g(b->choice_mu);
-    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv bf16; gemm:", RD_CUDA_NAME, b->dev_name, b->n_sm,
-                     b->total_mem / 1073741824.0);
+    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm:", RD_CUDA_NAME, b->dev_name, b->n_sm,
+                     b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;
@@ -1786,9 +1802,13 @@ static void cu_destroy(rd_backend *be)
 // kv_dtype: the cache is bf16 and nothing else.
 static int cu_set_kv_dtype(rd_backend *be, const char *name)
 {
-    if (strcmp(name, "bf16") && strcmp(name, "auto"))
-        return rd_fail(RD_ENOTSUP, "kv_dtype \"%s\": the %s backend stores the KV cache as bf16 (use \"bf16\" or "
-                       "\"auto\")", name, be->ops->name);
+    cuda_be *b = impl(be);
+    if (strcmp(name, "bf16") && strcmp(name, "auto") && strcmp(name, "fp8"))
+        return rd_fail(RD_ENOTSUP, "kv_dtype \"%s\": the %s backend stores the KV cache as bf16 or fp8 (use \"bf16\", "
+                       "\"auto\" or \"fp8\")", name, be->ops->name);
+    b->kv_fp8 = !strcmp(name, "fp8");
+    b->ops.kv_elem_bytes = b->kv_fp8 ? 1 : 2;
+    b->ops.kv_scale_bytes = b->kv_fp8 ? 1 : 0;
     return 0;
 }
 
@@ -1878,7 +1898,8 @@ static int create(int n_threads, rd_backend **out)
         return rd_fail(RD_ENODEV, "backend 'cuda': device %d: %s", dev, cudaGetErrorString(e));
 
     cuda_be *b = new cuda_be();
-    b->base.ops = &cuda_ops;
+    b->ops = cuda_ops;
+    b->base.ops = &b->ops;
     b->base.n_threads = n_threads;
     b->base.impl = b;
     b->dev = dev;

@@ -76,6 +76,17 @@ void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t str
                      uint16_t *v_cache);
 void launch_copy_blocks(cudaStream_t s, uint16_t *k_cache, uint16_t *v_cache, const int32_t *src,
                         const int32_t *dst, int32_t n, int64_t block_elems);
+// Bytes of one block of an FP8 cache: codes and a scale byte per (kv head, token).
+RD_DEV int64_t kv8_block_bytes(int32_t n_kv, int32_t bs, int32_t hd) { return (int64_t)n_kv * bs * (hd + 1); }
+// The FP8 cache (kv_dtype fp8; layout in cuda_kernels.cu): row i's K and V
+// heads quantized with a power-of-two scale each, written at slots[i]
+// (skipped when < 0).
+void launch_kv_write_fp8(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
+                         int32_t m, int32_t n_kv, int32_t head_dim, int32_t block_size, uint8_t *k_cache,
+                         uint8_t *v_cache);
+// Copies whole blocks of block_bytes (any size) src[i] -> dst[i] in both caches.
+void launch_copy_blocks_bytes(cudaStream_t s, void *k_cache, void *v_cache, const int32_t *src, const int32_t *dst,
+                              int32_t n, int64_t block_bytes);
 void launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out, int64_t lo_off);
 // y[i] = t[i] + t[n + i] (+ y[i] first summed when acc): the split GEMM's halves.
 void launch_add_split(cudaStream_t s, const float *t, int64_t n, float *y, int acc);
@@ -139,7 +150,8 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a);
 struct attn_params {
     const float *q;             // [rows] at q + row * q_stride: n_heads heads of head_dim
     int32_t q_stride;
-    const uint16_t *k_cache, *v_cache; // [n_blocks][n_kv][block_size][head_dim]
+    const uint16_t *k_cache, *v_cache; // [n_blocks][n_kv][block_size][head_dim]; bf16, or FP8 blocks when fp8
+    int fp8;                    // 1: the caches are kv_dtype fp8's (codes, then scale bytes, per block)
     const int32_t *positions;   // [rows]
     const int32_t *row_seq;     // [rows] sequence of each row; -1 = padding
     const int32_t *block_tables; // [seqs][*table_stride]

@@ -368,6 +368,85 @@ void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t str
               kv_out{slots, n_kv, block_size, k_cache, v_cache});
 }
 
+// FP8 cache (kv_dtype fp8): a block of one layer is its codes
+// [n_kv][block_size][head_dim] (E4M3), then its scale bytes [n_kv][block_size]:
+// token t of head h is scaled by 2^(byte - 127), the least power of two that
+// keeps its head_dim values within 448 (cm_fp8_block_exp), 0xff when one of
+// them is NaN or infinite (the whole vector reads as NaN, as a bf16 cache's
+// non-finite value poisons the scores). One warp per (row, kv head, K or V).
+__global__ void k_kv_write_fp8(const float *k, const float *v, int32_t stride, int32_t m, int32_t n_kv, int32_t hd,
+                               int32_t bs, const int32_t *slots, uint8_t *kc, uint8_t *vc)
+{
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int32_t lane = threadIdx.x % 32;
+    if (w >= (int64_t)m * n_kv * 2)
+        return; // the whole warp
+    const int32_t which = (int32_t)(w % 2), h = (int32_t)(w / 2 % n_kv);
+    const int64_t i = w / 2 / n_kv;
+    const int32_t slot = slots[i];
+    if (slot < 0)
+        return; // the whole warp: padding
+    const float *src = (which ? v : k) + i * stride + (int64_t)h * hd;
+    uint32_t mx = 0;
+    for (int32_t d = lane; d < hd; d += 32) {
+        const uint32_t a = cm_f2u(src[d]) & 0x7fffffffu;
+        mx = a > mx ? a : mx;
+    }
+    mx = warp_allreduce(mx, op_max());
+    const int32_t blk = slot / bs, t = slot % bs;
+    uint8_t *base = (which ? vc : kc) + (int64_t)blk * kv8_block_bytes(n_kv, bs, hd);
+    uint8_t *codes = base + ((int64_t)h * bs + t) * hd;
+    if (mx >= 0x7f800000u) {
+        for (int32_t d = lane; d < hd; d += 32)
+            codes[d] = 0;
+        if (lane == 0)
+            base[(int64_t)n_kv * bs * hd + (int64_t)h * bs + t] = 0xff;
+        return;
+    }
+    const int e = cm_fp8_block_exp(mx);
+    const float inv = cm_u2f((uint32_t)(127 - e) << 23); // 2^-e: exact scaling
+    for (int32_t d = lane; d < hd; d += 32)
+        codes[d] = cm_fp8_from_f32(RD_FMUL(src[d], inv));
+    if (lane == 0)
+        base[(int64_t)n_kv * bs * hd + (int64_t)h * bs + t] = (uint8_t)(e + 127);
+}
+
+void launch_kv_write_fp8(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,
+                         int32_t m, int32_t n_kv, int32_t head_dim, int32_t block_size, uint8_t *k_cache,
+                         uint8_t *v_cache)
+{
+    const int64_t threads = (int64_t)m * n_kv * 2 * 32;
+    if (threads <= 0)
+        return;
+    RD_LAUNCH(k_kv_write_fp8, dim3(blocks_for(threads, 256)), dim3(256), 0, s, k, v, stride, m, n_kv, head_dim,
+              block_size, slots, k_cache, v_cache);
+}
+
+// Whole blocks of block_bytes, a byte per thread (block_bytes not a multiple of 16).
+__global__ void k_copy_blocks_bytes(uint8_t *kc, uint8_t *vc, const int32_t *src, const int32_t *dst,
+                                    int64_t block_bytes)
+{
+    const int32_t i = blockIdx.y;
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= block_bytes)
+        return;
+    kc[(int64_t)dst[i] * block_bytes + j] = kc[(int64_t)src[i] * block_bytes + j];
+    vc[(int64_t)dst[i] * block_bytes + j] = vc[(int64_t)src[i] * block_bytes + j];
+}
+
+void launch_copy_blocks_bytes(cudaStream_t s, void *k_cache, void *v_cache, const int32_t *src, const int32_t *dst,
+                              int32_t n, int64_t block_bytes)
+{
+    if (n <= 0)
+        return;
+    if (block_bytes % 16 == 0) {
+        launch_copy_blocks(s, (uint16_t *)k_cache, (uint16_t *)v_cache, src, dst, n, block_bytes / 2);
+        return;
+    }
+    RD_LAUNCH(k_copy_blocks_bytes, dim3(blocks_for(block_bytes, 256), n), dim3(256), 0, s, (uint8_t *)k_cache,
+              (uint8_t *)v_cache, src, dst, block_bytes);
+}
+
 // Copies 8 bf16 (one uint4) per thread; block_elems is a multiple of 8.
 __global__ void k_copy_blocks(uint16_t *kc, uint16_t *vc, const int32_t *src, const int32_t *dst, int64_t vecs)
 {
@@ -590,10 +669,8 @@ void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32
 RD_DEV void fp8_decode4(uint32_t v, float s, float *f)
 {
 RD_UNROLL
-    for (int i = 0; i < 4; i++) {
-        const uint32_t c = v >> (8 * i) & 0xffu;
-        f[i] = RD_FMUL(cm_u2f((c & 0x80u) << 24 | (c & 0x7fu) << 20), s);
-    }
+    for (int i = 0; i < 4; i++)
+        f[i] = cm_fp8_scaled(v >> (8 * i) & 0xffu, s);
 }
 
 template <bool XVEC>
@@ -619,7 +696,7 @@ RD_UNROLL
         for (int g = 0; g < GEMM_GO; g++) {
             if (o0 + g < out) {
                 const uint4 u = *(const uint4 *)(q + (int64_t)(o0 + g) * in + (int64_t)c * 16);
-                const float s = cm_u2f((uint32_t)(sc[(int64_t)(o0 + g) * nb + c / 2] + 120) << 23);
+                const float s = cm_fp8_scale(sc[(int64_t)(o0 + g) * nb + c / 2]);
                 fp8_decode4(u.x, s, wv[g]);
                 fp8_decode4(u.y, s, wv[g] + 4);
                 fp8_decode4(u.z, s, wv[g] + 8);

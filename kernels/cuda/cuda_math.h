@@ -85,6 +85,49 @@ RD_HD uint16_t cm_f32_to_bf16(float f)
 
 RD_HD float cm_bf16_to_f32(uint16_t h) { return cm_u2f((uint32_t)h << 16); }
 
+/* ---- FP8 E4M3 (the KV cache's kv_dtype fp8; the rounding of engine/model/quant_fp8.c) ---- */
+
+/* The E4M3 code nearest v, ties to the even code, saturated at +-448; NaN
+ * gives 0x7f with v's sign. */
+RD_HD uint8_t cm_fp8_from_f32(float v)
+{
+    const uint32_t u = cm_f2u(v);
+    const uint8_t sign = (uint8_t)(u >> 24 & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint8_t)(sign | 0x7fu);
+    if (a >= 0x43e00000u)       /* 448 */
+        return (uint8_t)(sign | 0x7eu);
+    if (a < 0x3c800000u) {      /* below 2^-6: subnormal codes, steps of 2^-9 (a x 2^9 rounded by 2^23) */
+        const float q = RD_FSUB(RD_FADD(RD_FMUL(cm_u2f(a), 512.0f), 8388608.0f), 8388608.0f);
+        return (uint8_t)(sign | (uint8_t)q);
+    }
+    a += 0x7ffffu + (a >> 20 & 1u); /* keep 3 mantissa bits, nearest even; a carry moves the exponent */
+    a &= ~0xfffffu;
+    return (uint8_t)(sign | (((a >> 23) - 120u) << 3 | (a >> 20 & 7u)));
+}
+
+/* The least e in [-117, 7] with max|x| <= 448 x 2^e, from the bits of max|x|
+ * (0 for 0); engine/model/quant_fp8.c's block rule with its range clamped. */
+RD_HD int cm_fp8_block_exp(uint32_t amax_bits)
+{
+    if (!amax_bits)
+        return 0;
+    int e = (int)(amax_bits >> 23) - 135 + ((amax_bits & 0x7fffffu) > 0x600000u);
+    return e < -117 ? -117 : e > 7 ? 7 : e;
+}
+
+/* The value of code c (0x7f / 0xff read as 480: callers mark NaN by the
+ * scale) times s = 2^(120 + e): the code's bits in fp32's fields are 2^-120
+ * times its value, subnormals included, and the product is exact. */
+RD_HD float cm_fp8_scaled(uint32_t c, float s)
+{
+    return RD_FMUL(cm_u2f((c & 0x80u) << 24 | (c & 0x7fu) << 20), s);
+}
+
+/* s for cm_fp8_scaled from a scale byte e + 127 (0xff: NaN, a non-finite source). */
+RD_HD float cm_fp8_scale(uint32_t byte) { return byte == 0xffu ? cm_u2f(0x7fc00000u) : cm_u2f((byte + 120u) << 23); }
+
 /* ---- the sampler's counter-based RNG (engine/serve/sampler.c has the spec) ---- */
 
 RD_HD void cm_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])

@@ -1740,8 +1740,48 @@ static void test_attention_window(void)
  * The two backends differ only in summation order and partitioning. */
 static rd_backend *cpu_kvbf16;  /* the CPU backend with kv_dtype bf16 */
 
+static rd_backend *emu_fp8;     /* the emulated backend with kv_dtype fp8 */
+
+/* One (token, kv head) vector of hd values as the fp8 cache holds it, by
+ * quant_fp8.c's host functions (the device's are cuda_math.h's): the least
+ * e in [-117, 7] with max|x| <= 448 x 2^e, codes of x / 2^e; scale byte
+ * e + 127, or 0xff for a non-finite vector. Writes codes[hd], returns the
+ * scale byte; vals (may be NULL) gets the values the cache means. */
+static uint8_t fp8_head_ref(const float *x, int32_t hd, uint8_t *codes, float *vals)
+{
+    float amax = 0.0f;
+    int finite = 1;
+    for (int32_t d = 0; d < hd; d++) {
+        finite &= isfinite(x[d]) != 0;
+        amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+    }
+    if (!finite) {
+        for (int32_t d = 0; d < hd; d++) {
+            codes[d] = 0;
+            if (vals)
+                vals[d] = NAN;
+        }
+        return 0xff;
+    }
+    int e = 0;
+    if (amax > 0.0f) {
+        int ex;
+        float f = frexpf(amax, &ex);
+        e = ex - 9 + (f > 0.875f);
+        e = e < -117 ? -117 : e > 7 ? 7 : e;
+    }
+    for (int32_t d = 0; d < hd; d++) {
+        codes[d] = rd_fp8_e4m3_from_f32(ldexpf(x[d], -e));
+        if (vals)
+            vals[d] = ldexpf(rd_fp8_e4m3_to_f32(codes[d]), e);
+    }
+    return (uint8_t)(e + 127);
+}
+
 /* raw: K/V of any float, stored by each backend as bf16 (the CPU with
- * kv_dtype bf16); else values already bf16, so the f32 CPU cache holds them. */
+ * kv_dtype bf16); else values already bf16, so the f32 CPU cache holds them.
+ * raw 2: the device is emu_fp8 and gets the raw values; the CPU (f32 cache)
+ * gets them rounded per (token, head) as the fp8 cache rounds them. */
 static void attn_vs_cpu_case_kv(int32_t nh, int32_t nkv, int32_t hd, int32_t window, int raw, double *worst_out)
 {
     const int32_t bs = 16, ns = 4;
@@ -1792,14 +1832,25 @@ static void attn_vs_cpu_case_kv(int32_t nh, int32_t nkv, int32_t hd, int32_t win
     rd_step st_a = {ma, ns, maxb, tok, pos, slot, qs_a, ctx, tables};
     rd_step st_b = {mb, ns, maxb, tok, pos_b, slot_b, qs_b, ctx, tables};
     rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), window};
-    const size_t cache = (size_t)n_blocks * nkv * bs * hd, no = (size_t)mb * nh * hd;
+    const size_t no = (size_t)mb * nh * hd;
     float *out[2];
-    rd_backend *bes[2] = {raw ? cpu_kvbf16 : cpu, emu};
+    rd_backend *bes[2] = {raw == 1 ? cpu_kvbf16 : cpu, raw == 2 ? emu_fp8 : emu};
+    float *kv_cpu = kv;
+    if (raw == 2) {
+        kv_cpu = malloc(sizeof(float) * ma * qdim);
+        memcpy(kv_cpu, kv, sizeof(float) * ma * qdim);
+        uint8_t codes[512];
+        for (int32_t r = 0; r < ma; r++)
+            for (int32_t h = 0; h < 2 * nkv; h++) {
+                float *x = kv_cpu + (size_t)r * qdim + (size_t)(nh + h) * hd;
+                fp8_head_ref(x, hd, codes, x);
+            }
+    }
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
-        const size_t eb = (size_t)rd_backend_kv_elem_bytes(be);
-        float *dkv = up(be, kv, sizeof(float) * ma * qdim), *dq = up(be, q, sizeof(float) * mb * qdim);
-        float *dk = up(be, NULL, eb * cache), *dv = up(be, NULL, eb * cache), *dout = up(be, NULL, sizeof(float) * no);
+        const size_t cache = (size_t)n_blocks * (size_t)rd_backend_kv_block_bytes(be, nkv, bs, hd);
+        float *dkv = up(be, k ? kv : kv_cpu, sizeof(float) * ma * qdim), *dq = up(be, q, sizeof(float) * mb * qdim);
+        float *dk = up(be, NULL, cache), *dv = up(be, NULL, cache), *dout = up(be, NULL, sizeof(float) * no);
         rd_step_dev sd;
         out[k] = malloc(sizeof(float) * no);
         CHECK_OK(be->ops->step_upload(be, &st_a, &sd));
@@ -1818,6 +1869,8 @@ static void attn_vs_cpu_case_kv(int32_t nh, int32_t nkv, int32_t hd, int32_t win
     }
     *worst_out = worst;
     free(out[0]), free(out[1]);
+    if (kv_cpu != kv)
+        free(kv_cpu);
     free(tables), free(tok), free(pos), free(slot), free(kv), free(q), free(pos_b), free(slot_b);
 }
 
@@ -1856,6 +1909,84 @@ static void test_attention_vs_cpu_kv_bf16(void)
                worst_f32cpu);
         CHECK(worst < 1e-5 && worst_f32cpu > 1e-4, "heads %d/%d, hd %d: %.3g vs the bf16 CPU cache, %.3g vs f32",
               shapes[i].nh, shapes[i].nkv, shapes[i].hd, worst, worst_f32cpu);
+    }
+}
+
+/* kv_dtype fp8 on the device: the cache's bytes (codes and scale bytes, in
+ * the block layout of cuda_kernels.cu) equal quant_fp8.c's rounding of each
+ * (token, kv head) vector, through the fused-RoPE path's replacement (a
+ * pending RoPE settles first) and with a NaN head, a zero head, tiny and
+ * saturating values; copy_blocks copies whole FP8 blocks; and attention over
+ * the FP8 cache equals the CPU's over an f32 cache holding the same values
+ * (rounded on the host) up to summation order, for Qwen3's and Gemma 3's head
+ * sizes. The CPU refuses fp8. */
+static void test_kv_fp8(void)
+{
+    CHECK(rd_backend_kv_elem_bytes(emu_fp8) == 1 && emu_fp8->ops->kv_scale_bytes == 1 &&
+          rd_backend_kv_block_bytes(emu_fp8, 2, 16, 64) == 2 * 16 * 65 && emu->ops->kv_scale_bytes == 0,
+          "fp8 element and block bytes");
+    enum { NKV = 3, HD = 40, BS = 8, NB = 3, M = 5 };   /* hd not a multiple of 32: lanes with two and one */
+    const int32_t stride = 3 * NKV * HD;
+    float *x = malloc(sizeof(float) * M * stride);
+    for (int32_t r = 0; r < M; r++)
+        for (int32_t c = 0; c < stride; c++)
+            x[r * stride + c] = hval(31, r, c, 0) * (r == 1 ? 1e-36f : r == 2 ? 3e5f : 2.5f);
+    for (int32_t d = 0; d < HD; d++)
+        x[3 * stride + 2 * NKV * HD + d] = 0.0f;        /* row 3: V head 0 all zero */
+    x[4 * stride + NKV * HD + HD + 7] = NAN;            /* row 4: K head 1 has a NaN */
+    int32_t slots[M] = {3, 17, 0, 9, 22}, tok[M] = {1, 1, 1, 1, 1}, pos[M] = {0, 1, 2, 3, 4};
+    int32_t qs[2] = {0, M}, ctx[1] = {M}, tab[NB] = {0, 1, 2};
+    rd_step st = {M, 1, NB, tok, pos, slots, qs, ctx, tab};
+    rd_attn_shape a = {NKV, NKV, HD, BS, 1.0f, 0};
+    const int64_t bb = rd_backend_kv_block_bytes(emu_fp8, NKV, BS, HD);
+    uint8_t *kc = malloc((size_t)(NB * bb)), *vc = malloc((size_t)(NB * bb));
+    float *dx = up(emu_fp8, x, sizeof(float) * M * stride);
+    uint8_t *dk = up(emu_fp8, NULL, (size_t)(NB * bb)), *dv = up(emu_fp8, NULL, (size_t)(NB * bb));
+    rd_step_dev sd;
+    CHECK_OK(emu_fp8->ops->step_upload(emu_fp8, &st, &sd));
+    emu_fp8->ops->kv_write(emu_fp8, &a, dx + NKV * HD, dx + 2 * NKV * HD, stride, &sd, (float *)dk, (float *)dv);
+    CHECK_OK(down(emu_fp8, kc, dk, (size_t)(NB * bb)));
+    CHECK_OK(down(emu_fp8, vc, dv, (size_t)(NB * bb)));
+    uint8_t want[HD];
+    for (int32_t r = 0; r < M && !test_case_failed; r++)
+        for (int32_t kvv = 0; kvv < 2; kvv++)
+            for (int32_t h = 0; h < NKV; h++) {
+                const uint8_t *cache = kvv ? vc : kc;
+                const int32_t blk = slots[r] / BS, t = slots[r] % BS;
+                uint8_t sb = fp8_head_ref(x + r * stride + (1 + kvv) * NKV * HD + h * HD, HD, want, NULL);
+                const uint8_t *got = cache + blk * bb + ((int64_t)h * BS + t) * HD;
+                const uint8_t gsb = cache[blk * bb + (int64_t)NKV * BS * HD + h * BS + t];
+                CHECK(gsb == sb && !memcmp(got, want, HD), "row %d %s head %d: scale byte %u (want %u), codes %s",
+                      r, kvv ? "V" : "K", h, gsb, sb, memcmp(got, want, HD) ? "differ" : "equal");
+            }
+    CHECK(kc[(slots[4] / BS) * bb + (int64_t)NKV * BS * HD + 1 * BS + slots[4] % BS] == 0xff, "the NaN head's scale");
+    CHECK(kc[(slots[1] / BS) * bb + (int64_t)NKV * BS * HD + slots[1] % BS] == 127 - 117, "the tiny head's clamp");
+    CHECK(vc[(slots[3] / BS) * bb + (int64_t)NKV * BS * HD + slots[3] % BS] == 127, "the zero head's scale");
+    /* copy_blocks: block 2 onto block 0 (an FP8 block is not a multiple of 16 bytes here). */
+    int32_t src[1] = {2}, dst[1] = {0};
+    int32_t *dsrc = up(emu_fp8, src, sizeof src), *ddst = up(emu_fp8, dst, sizeof dst);
+    emu_fp8->ops->copy_blocks(emu_fp8, &a, (float *)dk, (float *)dv, dsrc, ddst, 1);
+    uint8_t *kc2 = malloc((size_t)(NB * bb)), *vc2 = malloc((size_t)(NB * bb));
+    CHECK_OK(down(emu_fp8, kc2, dk, (size_t)(NB * bb)));
+    CHECK_OK(down(emu_fp8, vc2, dv, (size_t)(NB * bb)));
+    CHECK(bb % 16 != 0 && !memcmp(kc2, kc + 2 * bb, (size_t)bb) && !memcmp(vc2, vc + 2 * bb, (size_t)bb) &&
+          !memcmp(kc2 + bb, kc + bb, (size_t)(2 * bb)), "copy_blocks of fp8 blocks");
+    emu_fp8->ops->free(emu_fp8, dx), emu_fp8->ops->free(emu_fp8, dk), emu_fp8->ops->free(emu_fp8, dv);
+    emu_fp8->ops->free(emu_fp8, dsrc), emu_fp8->ops->free(emu_fp8, ddst);
+    free(x), free(kc), free(vc), free(kc2), free(vc2);
+    if (test_case_failed)
+        return;
+    const struct {
+        int32_t nh, nkv, hd, window;
+    } shapes[] = {{8, 2, 128, 0}, {4, 1, 256, 7}, {6, 2, 64, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double worst = 0;
+        attn_vs_cpu_case_kv(shapes[i].nh, shapes[i].nkv, shapes[i].hd, shapes[i].window, 2, &worst);
+        if (test_case_failed)
+            return;
+        printf("# attention %d/%d heads, hd %d, window %d: emulated CUDA, fp8 cache, vs CPU on the same values: "
+               "max |diff| %.3g\n", shapes[i].nh, shapes[i].nkv, shapes[i].hd, shapes[i].window, worst);
+        CHECK(worst < 1e-5, "heads %d/%d, hd %d: %.3g", shapes[i].nh, shapes[i].nkv, shapes[i].hd, worst);
     }
 }
 
@@ -2539,6 +2670,103 @@ static void test_runner_families(void)
     if (test_case_failed)
         return;
     runner_case("tiny-qwen3", 0);
+}
+
+/* kv_dtype fp8 through the runner (tiny-f32 on the emulator): prefill logits
+ * near the CPU's (f32 cache), the argmax where the CPU's margin is clear;
+ * chunked prefill over the warm fp8 cache equal to one-step prefill; decode
+ * steps through CUDA graphs equal to eager ones, bit for bit. */
+static void test_runner_kv_fp8(void)
+{
+    rd_loaded lc, le;
+    int okc = load_model("tiny-f32", "cpu", &lc), oke = okc && load_model("tiny-f32", "cuda-emu", &le);
+    CHECK(okc && oke, "cannot load tiny-f32 (run tests/gen_testdata.sh): %s", rd_errmsg());
+    CHECK_OK(rd_backend_set_kv_dtype(le.m->be, "fp8"));
+    const int32_t V = lc.m->cfg.vocab, NS = 3;
+    int32_t lens[3] = {14, 5, 23}, base[3] = {0, 4, 8}, t0[40], t1[40], t2[40];
+    for (int i = 0; i < 40; i++) /* from coordinates: the same tokens whichever cases ran before */
+        t0[i] = (int32_t)((hval(81, 0, i, 0) + 1) * 0.5 * V) % V, t1[i] = (int32_t)((hval(81, 1, i, 0) + 1) * 0.5 * V) % V,
+        t2[i] = (int32_t)((hval(81, 2, i, 0) + 1) * 0.5 * V) % V;
+    const int32_t *toks[3] = {t0, t1, t2};
+    runner rcpu, re, rg, rch;
+    setenv("RD_GRAPHS", "0", 1);
+    CHECK_OK(runner_init(&rcpu, lc.m, 16, 16, 64, 64));
+    CHECK_OK(runner_init(&re, le.m, 16, 16, 64, 64));
+    CHECK_OK(runner_init(&rch, le.m, 16, 16, 64, 64));
+    unsetenv("RD_GRAPHS");
+    CHECK_OK(runner_init(&rg, le.m, 16, 16, 64, 64));
+    const int32_t M = 14 + 5 + 23;
+    float *lcpu = malloc(sizeof(float) * 64 * V), *lemu = malloc(sizeof(float) * 64 * V);
+    float *lgr = malloc(sizeof(float) * 64 * V), *tmp = malloc(sizeof(float) * 64 * V);
+    CHECK_OK(prefill(&rcpu, toks, lens, NS, base, 0, lcpu));
+    CHECK_OK(prefill(&re, toks, lens, NS, base, 0, lemu));
+    CHECK_OK(prefill(&rg, toks, lens, NS, base, 0, lgr));
+    double worst = 0, scale = 0;
+    int agree = 0, clear = 0;
+    for (int32_t r = 0; r < M; r++) {
+        int32_t ac = 0, ae = 0;
+        for (int32_t t = 0; t < V; t++) {
+            worst = worse(worst, fabs(lcpu[r * V + t] - lemu[r * V + t]));
+            scale = fabs(lcpu[r * V + t]) > scale ? fabs(lcpu[r * V + t]) : scale;
+            ac = lcpu[r * V + t] > lcpu[r * V + ac] ? t : ac;
+            ae = lemu[r * V + t] > lemu[r * V + ae] ? t : ae;
+        }
+        float second = -INFINITY;
+        for (int32_t t = 0; t < V; t++)
+            if (t != ac && lcpu[r * V + t] > second)
+                second = lcpu[r * V + t];
+        int wide = lcpu[r * V + ac] - second > 0.5f;
+        clear += wide;
+        agree += ac == ae || !wide;
+    }
+    /* The same on a bf16 cache, for scale: E4M3 keeps 3 mantissa bits to bf16's 7. */
+    rd_loaded lb;
+    CHECK(load_model("tiny-f32", "cuda-emu", &lb), "cannot load tiny-f32 again: %s", rd_errmsg());
+    runner rb;
+    CHECK_OK(runner_init(&rb, lb.m, 16, 16, 64, 64));
+    CHECK_OK(prefill(&rb, toks, lens, NS, base, 0, tmp));
+    double worst_bf16 = 0;
+    for (int32_t i = 0; i < M * V; i++)
+        worst_bf16 = worse(worst_bf16, fabs(lcpu[i] - tmp[i]));
+    runner_free(&rb);
+    rd_unload(&lb);
+    printf("# tiny-f32, kv fp8: prefill logits, emulated CUDA vs CPU (f32 cache): max |diff| %.4g (bf16 cache %.4g; "
+           "max |logit| %.3g), argmax agrees on %d/%d rows (or is a near tie)\n", worst, worst_bf16, scale, agree, M);
+    CHECK(worst <= 0.1 * (scale > 1 ? scale : 1) && worst > worst_bf16 && agree == M && clear >= M / 4,
+          "kv fp8: logits %.4g from the CPU's (bf16 cache %.4g), argmax %d/%d (%d clear)", worst, worst_bf16, agree,
+          M, clear);
+    CHECK(!memcmp(lemu, lgr, sizeof(float) * M * V), "kv fp8: prefill with and without graphs enabled differ");
+    int32_t from_lens[3] = {9, 3, 17};
+    CHECK_OK(prefill(&rch, toks, from_lens, NS, base, 0, tmp));
+    CHECK_OK(prefill(&rch, toks, lens, NS, base, 0, tmp));
+    CHECK(!memcmp(tmp, lemu, sizeof(float) * M * V), "kv fp8: prefill over a warm cache differs");
+    int32_t cur[3] = {lens[0], lens[1], lens[2]};
+    for (int step = 0; step < 5 && !test_case_failed; step++) {
+        int32_t nb = step == 2 ? 2 : 3;
+        int32_t tok[3], pos[3], slot[3], rows[3] = {0, 1, 2}, qs[4], ctx[3], tab[3 * 4];
+        for (int32_t s = 0; s < nb; s++) {
+            tok[s] = (int32_t)((hval(82, step, s, 0) + 1) * 0.5 * V) % V;
+            pos[s] = cur[s];
+            slot[s] = (base[s] + cur[s] / 16) * 16 + cur[s] % 16;
+            qs[s] = s;
+            ctx[s] = cur[s] + 1;
+            for (int b = 0; b < 4; b++)
+                tab[s * 4 + b] = base[s] + b;
+            cur[s]++;
+        }
+        qs[nb] = nb;
+        rd_step st = {nb, nb, 4, tok, pos, slot, qs, ctx, tab};
+        CHECK_OK(runner_forward(&re, &st, rows, nb, lemu));
+        CHECK_OK(runner_forward(&rg, &st, rows, nb, lgr));
+        CHECK(!memcmp(lemu, lgr, sizeof(float) * nb * V), "kv fp8: decode step %d: graph path differs from eager",
+              step);
+    }
+    CHECK(rg.graph_captures >= 1 && rg.graph_replays >= 1, "kv fp8: graph counters %lld/%lld",
+          (long long)rg.graph_captures, (long long)rg.graph_replays);
+    runner_free(&rcpu), runner_free(&re), runner_free(&rg), runner_free(&rch);
+    free(lcpu), free(lemu), free(lgr), free(tmp);
+    rd_unload(&lc);
+    rd_unload(&le);
 }
 
 static void test_runner_tiny_bf16(void)
@@ -3230,6 +3458,10 @@ int main(void)
     if (!rc)
         rc = rd_backend_create(dev, 1, &emu_bf16);
     unsetenv("RD_CUDA_ACT");
+    if (!rc)
+        rc = rd_backend_create(dev, 1, &emu_fp8);
+    if (!rc)
+        rc = rd_backend_set_kv_dtype(emu_fp8, "fp8");
     if (rc) {
         printf("FAIL setup: %s\n", rd_errmsg());
         return 1;
@@ -3254,6 +3486,7 @@ int main(void)
     RUN_SEL(test_attention_window);
     RUN_SEL(test_attention_vs_cpu);
     RUN_SEL(test_attention_vs_cpu_kv_bf16);
+    RUN_SEL(test_kv_fp8);
     RUN_SEL(test_gemma_layer);
     RUN_SEL(test_copy_blocks);
     RUN_SEL(test_moe_route);
@@ -3265,10 +3498,12 @@ int main(void)
     RUN_SEL(test_sampler_many_draws);
     RUN_SEL(test_runner_tiny);
     RUN_SEL(test_runner_tiny_bf16);
+    RUN_SEL(test_runner_kv_fp8);
     RUN_SEL(test_runner_families);
     RUN_SEL(test_engine_device_sampling);
     RUN_SEL(test_engine_draw_failure);
     rd_backend_destroy(emu_bf16);
+    rd_backend_destroy(emu_fp8);
     rd_backend_destroy(emu);
     rd_backend_destroy(cpu);
     rd_backend_destroy(cpu_kvbf16);
