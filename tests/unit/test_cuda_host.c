@@ -9,6 +9,7 @@
 
 #include "engine/backend.h"
 #include "base/err.h"
+#include "engine/model/quant_fp8.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
@@ -94,6 +95,53 @@ static void test_bf16_rounding(void)
     cuplan_from_bf16(dst, 5, back);
     for (int i = 0; i < 5; i++)
         CHECK(dst[i] == ref_bf16(src[i]) && back[i] == bits_f((uint32_t)dst[i] << 16), "array %d", i);
+}
+
+/* The KV cache's FP8 rounding (cm_fp8_*, device and emulator) is
+ * engine/model/quant_fp8.c's: the same code for every bf16 value and a
+ * million random floats, the same block exponent as quant_fp8.c's frexpf rule
+ * (clamped to [-117, 7]) for every bf16 magnitude, NaN to 0x7f, and the
+ * scaled decode equal to the code's value times 2^e. */
+static void test_fp8_matches_quant(void)
+{
+    uint64_t st = 99;
+    for (uint32_t i = 0; i < (1u << 16) + (1u << 20); i++) {
+        uint32_t u;
+        if (i < (1u << 16)) {
+            u = i << 16;
+        } else {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            u = (uint32_t)(st >> 32);
+        }
+        float v;
+        memcpy(&v, &u, 4);
+        if (isnan(v)) {
+            CHECK((cm_fp8_from_f32(v) & 0x7f) == 0x7f, "NaN %08x", u);
+            continue;
+        }
+        CHECK(cm_fp8_from_f32(v) == rd_fp8_e4m3_from_f32(v), "%08x (%g): %02x vs %02x", u, v, cm_fp8_from_f32(v),
+              rd_fp8_e4m3_from_f32(v));
+        uint32_t a = u & 0x7fffffffu;
+        if (i < (1u << 16) && a < 0x7f800000u) {
+            int e = 0;
+            if (a) {
+                int ex;
+                float f = frexpf(fabsf(v), &ex);
+                e = ex - 9 + (f > 0.875f);
+                e = e < -117 ? -117 : e > 7 ? 7 : e;
+            }
+            CHECK(cm_fp8_block_exp(a) == e, "block exponent of %g: %d vs %d", fabsf(v), cm_fp8_block_exp(a), e);
+        }
+    }
+    for (uint32_t c = 0; c < 256; c++)
+        for (int e = -117; e <= 7; e += 31) {
+            if ((c & 0x7f) == 0x7f)
+                continue;
+            float want = ldexpf(rd_fp8_e4m3_to_f32((uint8_t)c), e);
+            float got = cm_fp8_scaled(c, cm_fp8_scale((uint32_t)(e + 127)));
+            CHECK(memcmp(&want, &got, 4) == 0, "code %02x at 2^%d: %g vs %g", c, e, got, want);
+        }
+    CHECK(isnan(cm_fp8_scaled(0x38, cm_fp8_scale(0xff))), "scale byte 0xff is NaN");
 }
 
 static void test_rng_matches_cpu_sampler(void)
@@ -370,6 +418,7 @@ static void test_cuda_backend_creation(void)
 int main(void)
 {
     RUN(test_bf16_rounding);
+    RUN(test_fp8_matches_quant);
     RUN(test_rng_matches_cpu_sampler);
     RUN(test_order_and_keys);
     RUN(test_exp_nonpos);
