@@ -11,7 +11,9 @@
  * MODEL: --model PATH, or --synthetic 1b|qwen3-1.7b|qwen3-0.6b|gemma3-270m|tiny,
  * that shape with random weights built in memory (no tokenizer: prompts are
  * random ids, half of them longer than a sliding window where there is one).
- * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU).
+ * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU),
+ * --weights fp8 (the layers' dense linears re-quantized to FP8 blocks after
+ * loading, as serve_dtype fp8 holds them), --kv fp8 (kv_dtype fp8).
  *
  * parity: greedy rollouts of 8 fixed prompts on the CPU backend and on the
  *   tested backend through the engine; tokens must match (a divergence where
@@ -46,6 +48,7 @@
 #include "engine/serve/engine.h"
 #include "base/err.h"
 #include "engine/model/loader.h"
+#include "engine/model/quant_fp8.h"
 #include "engine/model/runner.h"
 #include "tools/cli.h"
 
@@ -65,6 +68,8 @@ typedef struct {
     const char *synthetic;
     const char *json;
     const char *label;
+    const char *weights;        /* NULL, or "fp8" */
+    const char *kv;             /* NULL (the backend's), or a kv_dtype */
     int threads;
     int32_t prompts, tokens, prompt_len, steps, mib, iters;
     double tol, bw;
@@ -278,9 +283,53 @@ static int synth_config(const char *which, model_config *c)
     return 0;
 }
 
-/* --model PATH, or with --synthetic NAME that shape with random weights (no
- * tokenizer: prompts are random ids). */
-static int load_any(const opts *o, const char *backend, rd_loaded *l)
+/* --weights fp8: every layer's dense linear read back and re-quantized to
+ * FP8 blocks (engine/model/quant_fp8.h), the handle replaced: the weights a
+ * bf16 push with serve_dtype fp8 leaves. */
+static int requant_fp8(model *m)
+{
+    const model_config *c = &m->cfg;
+    rd_backend *be = m->be;
+    const arch_group gs[4] = {AG_QKV, AG_O, AG_GATE_UP, AG_DOWN};
+    const int32_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    const int32_t rows[4] = {q + 2 * kv, c->dim, 2 * c->ffn_dim, c->dim}, cols[4] = {c->dim, q, c->dim, c->ffn_dim};
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int g = 0; g < 4; g++) {
+            void **slot = model_weight_slot(m, gs[g], l, 0);
+            if (!slot || !*slot || cols[g] % RD_FP8_BLOCK)
+                continue;
+            const size_t n = (size_t)rows[g] * cols[g];
+            float *w = malloc(sizeof(float) * n);
+            uint8_t *blk = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES);
+            void *h = NULL;
+            int rc = w && blk ? be->ops->linear_read(be, *slot, w) : RD_ENOMEM;
+            if (!rc)
+                rc = rd_fp8_quant(w, n, blk);
+            rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = rows[g], .data = blk};
+            if (!rc)
+                rc = be->ops->linear_load_q(be, &part, 1, cols[g], &h);
+            free(w), free(blk);
+            if (rc)
+                return rc == RD_ENOMEM ? rd_fail(rc, "--weights fp8: out of memory") : rc;
+            be->ops->linear_free(be, *slot);
+            *slot = h;
+        }
+    m->weights_gen++;
+    return 0;
+}
+
+/* --kv and --weights on a loaded model (before any runner). */
+static int apply_dtypes(const opts *o, rd_loaded *l)
+{
+    int rc = o->kv ? rd_backend_set_kv_dtype(l->be, o->kv) : 0;
+    if (!rc && o->weights && strcmp(o->weights, "fp8"))
+        rc = rd_fail(RD_EINVAL, "--weights expects fp8, not '%s'", o->weights);
+    if (!rc && o->weights)
+        rc = requant_fp8(l->m);
+    return rc;
+}
+
+static int load_plain(const opts *o, const char *backend, rd_loaded *l)
 {
     memset(l, 0, sizeof *l);
     if (!o->synthetic)
@@ -296,6 +345,16 @@ static int load_any(const opts *o, const char *backend, rd_loaded *l)
         rd_backend_destroy(l->be);
         l->be = NULL;
     }
+    return rc;
+}
+
+/* --model PATH, or with --synthetic NAME that shape with random weights (no
+ * tokenizer: prompts are random ids). */
+static int load_any(const opts *o, const char *backend, rd_loaded *l)
+{
+    int rc = load_plain(o, backend, l);
+    if (!rc && !strcmp(backend, o->backend) && (rc = apply_dtypes(o, l)))
+        rd_unload(l);
     return rc;
 }
 
@@ -737,15 +796,17 @@ static int cmd_bench(const opts *o)
     double bw = o->bw;
     if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
         bw = 0;
-    const int elem = rd_backend_kv_elem_bytes(be); /* 2: bf16 weights and KV */
-    /* The LM head reads the table as stored: bf16 (fp32 on the CPU, or with RD_CUDA_HEAD=fp32). */
+    /* Weights as stored: bf16 on the device (fp32 panels on the CPU), FP8 blocks with --weights fp8 (33 bytes
+     * per 32); the LM head's table bf16 (fp32 on the CPU, or with RD_CUDA_HEAD=fp32). */
+    const double elem = !strcmp(be->ops->name, "cpu") ? 4.0 : 2.0, w_elem = o->weights ? 33.0 / 32.0 : elem;
     const char *head = getenv("RD_CUDA_HEAD");
     const double head_elem = head && !strcmp(head, "fp32") ? 4.0 : elem;
     const int64_t hd = c->head_dim;
     const int64_t per_layer = ((int64_t)(c->n_heads + 2 * c->n_kv_heads) * hd * c->dim + (int64_t)c->dim * c->n_heads * hd +
                                2 * (int64_t)c->ffn_dim * c->dim + (int64_t)c->dim * c->ffn_dim);
-    const double weight_bytes = (double)per_layer * c->n_layers * elem + (double)c->vocab * c->dim * head_elem;
-    const double kv_per_token = (double)c->n_layers * 2 * c->n_kv_heads * hd * elem;
+    const double weight_bytes = (double)per_layer * c->n_layers * w_elem + (double)c->vocab * c->dim * head_elem;
+    const double kv_per_token =
+        (double)c->n_layers * 2 * (double)rd_backend_kv_block_bytes(be, c->n_kv_heads, 1, (int32_t)hd);
     char desc[4096] = "";
     if (be->ops->describe)
         be->ops->describe(be, desc, sizeof desc);
@@ -989,6 +1050,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--synthetic")) o.synthetic = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--json")) o.json = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--label")) o.label = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--weights")) o.weights = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--kv")) o.kv = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--threads")) o.threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 1024);
         else if (!strcmp(a, "--prompts")) o.prompts = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 8);
         else if (!strcmp(a, "--tokens")) o.tokens = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);

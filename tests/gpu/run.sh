@@ -22,7 +22,8 @@
 #             roofline, on the default model, a synthetic 1.24 B Llama, a
 #             synthetic Qwen3-1.7B and a synthetic Gemma 3 270M
 #             (and, at the end, the 1B at 1, 32, 128, 256 with
-#             RD_CUDA_ACT=bf16 and =mixed)
+#             RD_CUDA_ACT=bf16 and =mixed); the 1B with FP8 weights
+#             (serve_dtype fp8) and the fp8 KV cache, and their invariance
 # Every stage has a timeout and the run goes on after a failure; the last
 # thing printed is a table. $OUT (default ./gpu-out) holds stages.tsv,
 # table.txt, summary.json and logs.tar.gz (one log and JSON per stage, from
@@ -249,6 +250,8 @@ run unit-host 60 build/tests/test_cuda_host || true
 # (RD_TEST_CUDA_BACKEND): moe_route / moe_ffn against the CPU backend, batch
 # invariance and graph capture of the experts.
 MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch_invariance,test_moe_graph
+# and the FP8 ones (issue 26): the FP8 GEMM and the fp8 KV cache against the CPU.
+MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
 if [ "$DRY" = 0 ]; then
   RD_TEST_BACKEND=cuda run unit-engine-cuda 150 build/tests/test_engine || true
   RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=$MOE_CASES run unit-moe-cuda 90 build/tests/test_cuda_emu || true
@@ -304,6 +307,14 @@ if [ "$DRY" = 0 ]; then
     record bench-default SKIP "no model file"
   fi
   run bench-1b 200 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
+  # Issue 26: the 1B's layers in FP8 blocks (serve_dtype fp8), then with the fp8 KV cache too: the
+  # target is FP8 >= 1.5x bf16 at batch 1 (compare bench-1b's row); invariance on both.
+  run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
+    --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
+  run bench-1b-fp8kv 90 "$BENCH" bench --synthetic 1b --weights fp8 --kv fp8 --label " fp8+kv fp8" --batches 1,32 \
+    --steps 16 --bw "$BW" --json "$LOGS/bench-1b-fp8kv.json" || true
+  run invariance-fp8 90 "$BENCH" invariance --synthetic 1b --weights fp8 --kv fp8 --json "$LOGS/invariance-fp8.json" \
+    || true
   if [ "$HAVE_MODEL" = 1 ]; then
     run engine-default 60 "$BENCH" engine --model "$MODEL" --batches 1,32 --tokens 128 \
       --json "$LOGS/engine-default.json" || true
@@ -333,7 +344,7 @@ else
     run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
       --json "$LOGS/tool-engine-cpu.json" || true
   fi
-  for s in copybw bench-default bench-1b engine-default bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act \
+  for s in copybw bench-default bench-1b bench-1b-fp8 bench-1b-fp8kv invariance-fp8 engine-default bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act \
     parity-mixedact; do skip_gpu "$s"; done
 fi
 
