@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Quantized rollouts (make bench-quant, issue 26): a bf16 push served as bf16 vs as q8_0, side by side in one run.
+"""Quantized rollouts (make bench-quant, issue 26): a bf16 push served as bf16 vs as q8_0 and q4_k, side by side
+in one run.
 
 Per model (the default model, and Gemma 3 270M when `make model-gemma3` fetched it): the model's own
 weights exported by rollout-export as a bf16 HF checkpoint (what a learner pushes), pushed with the
-Python client to two daemons started from the same file, one `--serve-dtype as_pushed` (serves bf16),
-one `--serve-dtype q8_0` (quantizes at COMMIT), then:
+Python client to daemons started from the same file, one `--serve-dtype as_pushed` (serves bf16) and
+one per quantized serve_dtype (SERVES, default q8_0,q4_k; each quantizes at COMMIT), then:
 
 - COMMIT to serving: the daemon's own wait_us of each push (COMMIT's arrival to the swap), ROUNDS
   pushes to each, alternating;
@@ -28,8 +29,12 @@ Last, the GEMM alone (rollout-gemmbench, bf16 and Q8_0 alternating, one thread's
 of the bytes' 1.88x the M=1 decoders turn into speed, a number the machine's load moves little.
 The load average and the daemons' /status weights_bytes are printed next to the numbers (a shared
 machine: compare the columns of one run, not runs). Writes build/bench-quant.json.
+The q4_k scoring file holds what staging.c's serve_type makes of the layers: Q4_K (by llama.cpp's own
+ggml, tests/py/ref_ggml.py; test_serve_quant shows the daemon serves exactly such a file) where the rows
+are whole 256-blocks, Q8_0 for the embedding, the LM head and other rows.
   env: ROUNDS (default 3), MODELS (comma-separated GGUF paths; default: the default model and
-  Gemma 3 when present), TIS_PROMPTS (default 8), TIS_N (default 2), TIS_TOKENS (default 48)."""
+  Gemma 3 when present), SERVES (default q8_0,q4_k), TIS_PROMPTS (default 8), TIS_N (default 2),
+  TIS_TOKENS (default 48)."""
 import json
 import os
 import shutil
@@ -46,12 +51,14 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
+import ref_ggml  # noqa: E402
 from rdtest import Daemon  # noqa: E402
 from rolloutd import Client  # noqa: E402
 
 DEFAULT = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA3 = os.path.join(ROOT, "models/gemma-3-270m-q4_k_m.gguf")
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+SERVES = tuple(os.environ.get("SERVES", "q8_0,q4_k").split(","))
 BATCHES = (1, 8, 32)
 PROMPT, NEW = 16, 64
 TIS_PROMPTS = int(os.environ.get("TIS_PROMPTS", "8"))
@@ -82,9 +89,10 @@ def bf16_round(a):
     return (u.astype(np.uint32) << 16).view(np.float32)
 
 
-def q8_0_gguf(src, dst):
-    """src's tensors rounded to bf16 (the pushed values), then the 2-D ones quantized to Q8_0 by
-    gguf.quants (as the daemon's q8_0 COMMIT and convert_hf_to_gguf --outtype q8_0 do), 1-D kept f32."""
+def quant_gguf(src, dst, serve):
+    """src's tensors rounded to bf16 (the pushed values), then the 2-D ones quantized as serve_dtype
+    `serve` holds them: q8_0 all to Q8_0 by gguf.quants (as convert_hf_to_gguf --outtype q8_0 does);
+    q4_k the layers' 256-block rows to Q4_K by ggml, the rest Q8_0 (staging.c's serve_type); 1-D f32."""
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     # Gemma's GGUF stores every norm as 1 + w (llama.cpp's converter) while a learner pushes w (the HF
@@ -104,7 +112,10 @@ def q8_0_gguf(src, dst):
             a = (bf16_round(g - np.float32(1)) + np.float32(1)).astype(np.float32)
         else:
             a = bf16_round(g)
-        if len(shape) >= 2 and not t.name.endswith("ffn_gate_inp.weight"):
+        outer = t.name in ("token_embd.weight", "output.weight")
+        if len(shape) == 2 and serve == "q4_k" and not outer and shape[1] % 256 == 0:
+            w.add_tensor(t.name, ref_ggml.q4_k(a), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        elif len(shape) >= 2 and not t.name.endswith("ffn_gate_inp.weight"):
             w.add_tensor(t.name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
@@ -129,7 +140,7 @@ def score(model, ids, start, tmp):
 
 
 def tis(ca, cb, vocab, hf_dir, q8_path, tmp, rng):
-    """The policy mismatch on bf16-sampled tokens (see the module comment)."""
+    """The policy mismatch on bf16-sampled tokens (see the module comment); cb serves q8_path's policy."""
     prompts = [[int(x) for x in rng.integers(10, min(vocab, 30000), PROMPT)] for _ in range(TIS_PROMPTS)]
     sa = ca.generate(prompts, n=TIS_N, max_tokens=TIS_TOKENS, temperature=1.0, seed=26, ignore_eos=True)
     sb = cb.generate(prompts, n=1, max_tokens=TIS_TOKENS, temperature=1.0, seed=27, ignore_eos=True)
@@ -169,52 +180,58 @@ def bench_model(model, tmp):
     name = os.path.basename(model)
     hf_dir = os.path.join(tmp, "bf16")
     w = export_bf16(model, hf_dir)
-    q8_path = os.path.join(tmp, "q8_0.gguf")
-    q8_0_gguf(model, q8_path)
+    paths = {}
+    for q in SERVES:
+        paths[q] = os.path.join(tmp, f"{q}.gguf")
+        quant_gguf(model, paths[q], q)
     res = {"model": name, "rounds": ROUNDS, "push_bytes": 0}
-    da = Daemon("--serve-dtype", "as_pushed", *DAEMON_FLAGS, model=model, timeout=120)
-    db = Daemon("--serve-dtype", "q8_0", *DAEMON_FLAGS, model=model, timeout=120)
-    sides = (("bf16", da), ("q8_0", db))
+    daemons = {"bf16": Daemon("--serve-dtype", "as_pushed", *DAEMON_FLAGS, model=model, timeout=120)}
+    for q in SERVES:
+        daemons[q] = Daemon("--serve-dtype", q, *DAEMON_FLAGS, model=model, timeout=120)
+    clients = {}
     try:
-        with Client(da.url) as ca, Client(db.url) as cb:
-            cl = {"bf16": ca, "q8_0": cb}
-            vocab = ca.info.vocab_size
-            prep = ca.prepare(w)
-            res["push_bytes"] = prep.total_bytes
-            waits = {"bf16": [], "q8_0": []}
-            ver = {k: c.info.weight_version for k, c in cl.items()}
-            for _ in range(ROUNDS):
-                for k, _d in sides:
-                    ver[k] += 1
-                    r = cl[k].push_weights(prep, ver[k])
-                    waits[k].append(r.wait_us / 1e3)
-            res["commit_to_serving_ms"] = waits
-            res["weights_bytes"] = {k: c.status()["memory"]["weights_bytes"] for k, c in cl.items()}
-            res["weights_bytes_by_dtype"] = {k: c.status()["memory"].get("weights_bytes_by_dtype")
-                                             for k, c in cl.items()}
-            rng = np.random.default_rng(26)
+        for k, d in daemons.items():
+            clients[k] = Client(d.url).__enter__()
+        cl, ca = clients, clients["bf16"]
+        vocab = ca.info.vocab_size
+        prep = ca.prepare(w)
+        res["push_bytes"] = prep.total_bytes
+        waits = {k: [] for k in cl}
+        ver = {k: c.info.weight_version for k, c in cl.items()}
+        for _ in range(ROUNDS):
             for k in cl:
-                decode_rate(cl[k], 1, rng, vocab)      # warm-up
-            rates = {k: {b: [] for b in BATCHES} for k in cl}
-            walls = {k: {b: [] for b in BATCHES} for k in cl}
-            loads = []
-            for rnd in range(ROUNDS):
-                order = ("bf16", "q8_0") if rnd % 2 == 0 else ("q8_0", "bf16")
-                for b in BATCHES:
-                    for k in order:
-                        r, wr = decode_rate(cl[k], b, rng, vocab)
-                        rates[k][b].append(r)
-                        walls[k][b].append(wr)
-                loads.append(os.getloadavg()[0])
-                print(f"  {name} round {rnd + 1}/{ROUNDS}: " + ", ".join(
-                    f"b{b} {rates['bf16'][b][-1]:.1f}/{rates['q8_0'][b][-1]:.1f}" for b in BATCHES)
-                    + f" tok/s (bf16/q8_0), load {loads[-1]:.2f}", flush=True)
-            res["decode_tok_s"] = rates
-            res["wall_tok_s"] = walls
-            res["loadavg_1m"] = loads
-            res["tis"] = tis(ca, cb, vocab, hf_dir, q8_path, tmp, np.random.default_rng(7))
+                ver[k] += 1
+                r = cl[k].push_weights(prep, ver[k])
+                waits[k].append(r.wait_us / 1e3)
+        res["commit_to_serving_ms"] = waits
+        res["weights_bytes"] = {k: c.status()["memory"]["weights_bytes"] for k, c in cl.items()}
+        res["weights_bytes_by_dtype"] = {k: c.status()["memory"].get("weights_bytes_by_dtype")
+                                         for k, c in cl.items()}
+        rng = np.random.default_rng(26)
+        for k in cl:
+            decode_rate(cl[k], 1, rng, vocab)      # warm-up
+        rates = {k: {b: [] for b in BATCHES} for k in cl}
+        walls = {k: {b: [] for b in BATCHES} for k in cl}
+        loads = []
+        for rnd in range(ROUNDS):
+            order = list(cl) if rnd % 2 == 0 else list(cl)[::-1]
+            for b in BATCHES:
+                for k in order:
+                    r, wr = decode_rate(cl[k], b, rng, vocab)
+                    rates[k][b].append(r)
+                    walls[k][b].append(wr)
+            loads.append(os.getloadavg()[0])
+            print(f"  {name} round {rnd + 1}/{ROUNDS}: " + ", ".join(
+                f"b{b} " + "/".join(f"{rates[k][b][-1]:.1f}" for k in cl) for b in BATCHES)
+                + f" tok/s ({'/'.join(cl)}), load {loads[-1]:.2f}", flush=True)
+        res["decode_tok_s"] = rates
+        res["wall_tok_s"] = walls
+        res["loadavg_1m"] = loads
+        res["tis"] = {q: tis(ca, cl[q], vocab, hf_dir, paths[q], tmp, np.random.default_rng(7)) for q in SERVES}
     finally:
-        for d in (da, db):
+        for c in clients.values():
+            c.__exit__(None, None, None)
+        for d in daemons.values():
             d.proc.terminate()
             d.proc.wait(timeout=60)
     return res
@@ -224,22 +241,25 @@ def report(res):
     print(f"\n{res['model']}: bf16 push of {res['push_bytes'] / 1e6:.0f} MB, {res['rounds']} rounds, "
           f"load average {min(res['loadavg_1m']):.2f}-{max(res['loadavg_1m']):.2f}")
     wb = res["weights_bytes"]
-    print(f"  weights_bytes: bf16 {wb['bf16']}, q8_0 {wb['q8_0']} ({wb['q8_0'] / wb['bf16']:.3f}x)")
+    print("  weights_bytes: bf16 " + str(wb["bf16"]) + "".join(
+        f", {q} {wb[q]} ({wb[q] / wb['bf16']:.3f}x)" for q in SERVES))
     cm = res["commit_to_serving_ms"]
     print("  COMMIT to serving ms (median, min-max): " + ", ".join(
         f"{k} {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in cm.items()))
-    print(f"  {'batch':>5} {'bf16 tok/s':>11} {'q8_0 tok/s':>11} {'q8_0/bf16':>10}   (decode steps; median over rounds)")
-    for b in BATCHES:
-        x = statistics.median(res["decode_tok_s"]["bf16"][b])
-        y = statistics.median(res["decode_tok_s"]["q8_0"][b])
-        ratios = [q / p for p, q in zip(res["decode_tok_s"]["bf16"][b], res["decode_tok_s"]["q8_0"][b])]
-        print(f"  {b:>5} {x:11.1f} {y:11.1f} {y / x:10.2f}   (per round {min(ratios):.2f}-{max(ratios):.2f})")
-    t = res["tis"]
-    print(f"  TIS, {t['tokens']} bf16-sampled tokens: mean |dlogprob| {t['mean_abs_dlogprob']:.4f}, max "
-          f"{t['max_abs_dlogprob']:.4f}, mean dlogprob {t['mean_dlogprob']:+.4f}, mean K3 KL {t['mean_k3_kl']:.2e}, "
-          f"exact mean KL {t['mean_exact_kl']:.2e}")
-    print(f"  checks: bf16 daemon vs bf16 scoring max |d| {t['check_bf16_daemon_vs_scoring_max']:.1e}, "
-          f"q8_0 daemon vs q8_0 scoring max |d| {t['check_q8_0_daemon_vs_scoring_max']:.1e}")
+    for q in SERVES:
+        print(f"  {'batch':>5} {'bf16 tok/s':>11} {q + ' tok/s':>11} {q + '/bf16':>10}   (decode steps; median over "
+              f"rounds)")
+        for b in BATCHES:
+            x = statistics.median(res["decode_tok_s"]["bf16"][b])
+            y = statistics.median(res["decode_tok_s"][q][b])
+            ratios = [v / p for p, v in zip(res["decode_tok_s"]["bf16"][b], res["decode_tok_s"][q][b])]
+            print(f"  {b:>5} {x:11.1f} {y:11.1f} {y / x:10.2f}   (per round {min(ratios):.2f}-{max(ratios):.2f})")
+        t = res["tis"][q]
+        print(f"  TIS {q}, {t['tokens']} bf16-sampled tokens: mean |dlogprob| {t['mean_abs_dlogprob']:.4f}, max "
+              f"{t['max_abs_dlogprob']:.4f}, mean dlogprob {t['mean_dlogprob']:+.4f}, mean K3 KL "
+              f"{t['mean_k3_kl']:.2e}, exact mean KL {t['mean_exact_kl']:.2e}")
+        print(f"  checks: bf16 daemon vs bf16 scoring max |d| {t['check_bf16_daemon_vs_scoring_max']:.1e}, "
+              f"{q} daemon vs {q} scoring max |d| {t['check_q8_0_daemon_vs_scoring_max']:.1e}")
 
 
 def gemm_profile(reps=2):

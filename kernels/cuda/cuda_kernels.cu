@@ -558,6 +558,24 @@ void launch_from_bf16(cudaStream_t s, const uint16_t *x, int64_t n, float *out)
 #define GEMM_GO 2
 #define GEMM_WARPS 4
 
+// The end of both GEMM kernels: each lane's sums meet in the warp butterfly;
+// lane 0 writes (or adds, the product rounded first) the rows and outputs
+// that exist.
+RD_DEV void gemm_store(float (&a)[GEMM_RT][GEMM_GO], int32_t lane, int32_t r0, int32_t o0, int32_t m, int32_t out,
+                       float *y, int acc)
+{
+RD_UNROLL
+    for (int r = 0; r < GEMM_RT; r++)
+RD_UNROLL
+        for (int g = 0; g < GEMM_GO; g++) {
+            const float v = warp_allreduce(a[r][g], op_add());
+            if (lane == 0 && r0 + r < m && o0 + g < out) {
+                float *dst = y + (int64_t)(r0 + r) * out + o0 + g;
+                *dst = acc ? RD_FADD(*dst, v) : v;
+            }
+        }
+}
+
 template <typename XT, bool VEC>
 __global__ void __launch_bounds__(32 * GEMM_WARPS)
     k_gemm_simple(const uint16_t *w, const XT *x, int32_t m, int32_t out, int32_t in, float *y, int acc)
@@ -567,12 +585,7 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS)
     const int32_t r0 = blockIdx.y * GEMM_RT;
     if (o0 >= out)
         return; // the whole warp: no shuffles below for it
-    float a[GEMM_RT][GEMM_GO];
-RD_UNROLL
-    for (int r = 0; r < GEMM_RT; r++)
-RD_UNROLL
-        for (int g = 0; g < GEMM_GO; g++)
-            a[r][g] = 0.0f;
+    float a[GEMM_RT][GEMM_GO] = {};
     const int32_t chunks = VEC ? in / 8 : 0;
     for (int32_t c = lane; c < chunks; c += 32) {
         float wv[GEMM_GO][8];
@@ -612,16 +625,7 @@ RD_UNROLL
                 a[r][g] = fmaf(xk, wk[g], a[r][g]);
         }
     }
-RD_UNROLL
-    for (int r = 0; r < GEMM_RT; r++)
-RD_UNROLL
-        for (int g = 0; g < GEMM_GO; g++) {
-            const float v = warp_allreduce(a[r][g], op_add());
-            if (lane == 0 && r0 + r < m && o0 + g < out) {
-                float *dst = y + (int64_t)(r0 + r) * out + o0 + g;
-                *dst = acc ? RD_FADD(*dst, v) : v;
-            }
-        }
+    gemm_store(a, lane, r0, o0, m, out, y, acc);
 }
 
 template <typename XT>
@@ -683,12 +687,7 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS)
     const int32_t r0 = blockIdx.y * GEMM_RT;
     if (o0 >= out)
         return; // the whole warp
-    float a[GEMM_RT][GEMM_GO];
-RD_UNROLL
-    for (int r = 0; r < GEMM_RT; r++)
-RD_UNROLL
-        for (int g = 0; g < GEMM_GO; g++)
-            a[r][g] = 0.0f;
+    float a[GEMM_RT][GEMM_GO] = {};
     const int32_t chunks = in / 16, nb = in / 32;
     for (int32_t c = lane; c < chunks; c += 32) {
         float wv[GEMM_GO][16];
@@ -726,16 +725,7 @@ RD_UNROLL
                     a[r][g] = fmaf(xv[e], wv[g][e], a[r][g]);
         }
     }
-RD_UNROLL
-    for (int r = 0; r < GEMM_RT; r++)
-RD_UNROLL
-        for (int g = 0; g < GEMM_GO; g++) {
-            const float v = warp_allreduce(a[r][g], op_add());
-            if (lane == 0 && r0 + r < m && o0 + g < out) {
-                float *dst = y + (int64_t)(r0 + r) * out + o0 + g;
-                *dst = acc ? RD_FADD(*dst, v) : v;
-            }
-        }
+    gemm_store(a, lane, r0, o0, m, out, y, acc);
 }
 
 void launch_gemm_fp8(cudaStream_t s, const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out,

@@ -125,16 +125,24 @@ def bits(a):
     return np.asarray(a, dtype=np.float32).view(np.uint32)
 
 
-def same(a, b):
+def first_difference(a, b):
+    """None when the runs are bit-identical, else what differs first."""
     if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if not np.array_equal(x.token_ids, y.token_ids) or not np.array_equal(bits(x.logprobs), bits(y.logprobs)):
-            return False
+        return f"{len(a)} vs {len(b)} results"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if not np.array_equal(x.token_ids, y.token_ids):
+            return f"result {i}: tokens {list(x.token_ids)} vs {list(y.token_ids)}"
+        if not np.array_equal(bits(x.logprobs), bits(y.logprobs)):
+            d = np.abs(np.asarray(x.logprobs, np.float64) - np.asarray(y.logprobs, np.float64)).max()
+            return f"result {i}: log-probs differ, max |d| {d}"
         px, py = getattr(x, "processed_logprobs", None), getattr(y, "processed_logprobs", None)
         if (px is None) != (py is None) or (px is not None and not np.array_equal(bits(px), bits(py))):
-            return False
-    return True
+            return f"result {i}: processed log-probs differ"
+    return None
+
+
+def same(a, b):
+    return first_difference(a, b) is None
 
 
 _ab = None

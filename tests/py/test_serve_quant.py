@@ -21,7 +21,6 @@ here by independent quantizers. Real daemons on loopback, the Python client.
   to A after; /status and the results say fp8; a push with a weight past FP8's
   range (57344) is refused naming the tensor, and B then serves the same bits
   at the same version. The CUDA FP8 GEMM itself is test_cuda_emu's."""
-import ctypes
 import os
 import sys
 import tempfile
@@ -32,7 +31,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, TMP, case, main  # noqa: E402
 from rdtest import Daemon, stop_cleanly  # noqa: E402
+from test_serve_dtype import first_difference, runs  # noqa: E402
 import ref_fp8  # noqa: E402
+import ref_ggml  # noqa: E402
 from ref_llama import unpermute  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
@@ -40,7 +41,6 @@ from rolloutd import Client, DaemonError, bf16_bits, proto  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 DATA = os.environ.get("RD_TESTDATA", os.path.join(ROOT, "build", "testdata"))
-PROMPTS = [[1, 20, 30, 40, 50, 60], [1, 250, 7, 7, 7], [1, 100, 200, 299, 3, 4, 5, 6, 7, 8, 9]]
 _tmp = tempfile.mkdtemp(prefix="rd-servequant-", dir=TMP)
 _daemons = []
 
@@ -105,58 +105,10 @@ def write_like(r, dst, tensors, file_type):
     w.close()
 
 
-_ggml = None
-
-
-def ggml_q4_k(a):
-    """a [rows][cols] quantized to Q4_K by llama.cpp's ggml (no importance matrix)."""
-    global _ggml
-    if _ggml is None:
-        import llama_cpp
-        _ggml = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
-        _ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
-        _ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                              ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    rows, cols = a.shape
-    out = np.zeros((rows, cols // 256 * 144), np.uint8)
-    n = _ggml.ggml_quantize_chunk(int(QT.Q4_K), a.ctypes.data, out.ctypes.data, 0, rows, cols, None)
-    assert n == out.nbytes, (n, out.nbytes)
-    return out
-
-
 def daemon(*extra, **kw):
     d = Daemon(*extra, **kw)
     _daemons.append(d)
     return d
-
-
-def runs(c):
-    """Greedy and seeded sampled rollouts (raw and processed log-probs)."""
-    g = c.generate(PROMPTS, max_tokens=24, temperature=0.0, ignore_eos=True)
-    s = c.generate(PROMPTS, n=3, max_tokens=16, temperature=0.9, top_p=0.9, seed=26, ignore_eos=True,
-                   processed_logprobs=True)
-    return g + s
-
-
-def bits(a):
-    return np.asarray(a, dtype=np.float32).view(np.uint32)
-
-
-def first_difference(a, b):
-    """None when the runs are bit-identical, else what differs first."""
-    if len(a) != len(b):
-        return f"{len(a)} vs {len(b)} results"
-    for i, (x, y) in enumerate(zip(a, b)):
-        if not np.array_equal(x.token_ids, y.token_ids):
-            return f"result {i}: tokens {list(x.token_ids)} vs {list(y.token_ids)}"
-        if not np.array_equal(bits(x.logprobs), bits(y.logprobs)):
-            d = np.abs(np.asarray(x.logprobs, np.float64) - np.asarray(y.logprobs, np.float64)).max()
-            return f"result {i}: log-probs differ, max |d| {d}"
-        px, py = getattr(x, "processed_logprobs", None), getattr(y, "processed_logprobs", None)
-        if (px is None) != (py is None) or (px is not None and not np.array_equal(bits(px), bits(py))):
-            return f"result {i}: processed log-probs differ"
-    return None
 
 
 @case
@@ -170,7 +122,7 @@ def bf16_push_served_as_q4_k_bit_identical_to_ggmls_q4_k_file():
         elif name == "token_embd.weight":      # the embedding and tied LM head: Q8_0 (staging.c's serve_type)
             tensors[name] = (gguf.quants.quantize(a, QT.Q8_0), QT.Q8_0)
         else:
-            tensors[name] = (ggml_q4_k(a), QT.Q4_K)
+            tensors[name] = (ref_ggml.q4_k(a), QT.Q4_K)
     ref = os.path.join(_tmp, "tiny-q4_k-ggml.gguf")
     write_like(r, ref, tensors, 15)                  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     da, db = daemon(model=ref), daemon("--serve-dtype", "q4_k", model=src)
