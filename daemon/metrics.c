@@ -140,6 +140,7 @@ char *mx_status_json(const mx_snapshot *s)
             cJSON_AddNumberToObject(lw, "changed_fraction", (double)l->delta_changed / (double)l->delta_elems);
         else
             cJSON_AddNullToObject(lw, "changed_fraction");
+        cJSON_AddNumberToObject(lw, "prequantized_tensors", l->n_prequant);
         cJSON_AddNumberToObject(lw, "staged_s", (double)l->staged_us / 1e6);
         cJSON_AddNumberToObject(lw, "build_s", (double)l->build_us / 1e6);
         cJSON_AddNumberToObject(lw, "duration_s", (double)(l->staged_us + l->wait_us) / 1e6);

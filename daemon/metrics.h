@@ -35,6 +35,7 @@ typedef struct {
     uint64_t tensor_bytes;      /* the tensors' own bytes (a delta's once applied) */
     uint64_t delta_elems;       /* elements of the delta tensors */
     uint64_t delta_changed;     /* ... whose bits changed */
+    uint32_t n_prequant;        /* tensors quantized while the push arrived (serve_dtype), not at COMMIT */
     uint64_t staged_us;         /* UPDATE_BEGIN -> COMMIT */
     uint64_t build_us;          /* COMMIT -> new weights built */
     uint64_t wait_us;           /* COMMIT -> swapped */

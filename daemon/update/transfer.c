@@ -53,7 +53,10 @@ struct xfer {
     uint64_t delta_elems, delta_changed; /* elements of the delta tensors; whose bits changed (once applied) */
     upd_held *held_next;        /* built: what is held once this transfer is swapped in */
     int prefaulting;            /* a worker touches the delta's new-bytes mapping (upd_delta_prefault) */
-    void *build_waiting;        /* a build_job queued once the prefault is done (it writes that mapping) */
+    int32_t prequant;           /* tensors being quantized on workers while the push arrives (upd_prequant) */
+    uint32_t n_prequant;        /* tensors quantized that way */
+    void *build_waiting;        /* a build_job queued once the prefault and the prequant jobs are done (the
+                                   first writes the delta mapping, the others the tensors' blocks) */
 };
 
 /* Where a chunk's reply goes: an NNG context, or (lane.send set) the data lane. */
@@ -122,7 +125,7 @@ static void xfer_free(xfer *x)
  * chunk or build job in the pool, no relay reading its staging memory. */
 static void xfer_maybe_free(xfer *x)
 {
-    if (x->dead && x->inflight == 0 && x->relays_open == 0)
+    if (x->dead && x->inflight == 0 && x->prequant == 0 && x->relays_open == 0)
         xfer_free(x);
 }
 
@@ -158,6 +161,7 @@ static void record_end(xfer_state *s, const xfer *x, int ok, const char *error)
     l->tensor_bytes = x->tensor_bytes;
     l->delta_elems = x->delta_elems;
     l->delta_changed = x->delta_changed;
+    l->n_prequant = x->n_prequant;
     l->staged_us = (x->t_commit_us ? x->t_commit_us : now_us()) - x->t_begin_us;
     l->at_s = (double)(now_us() - *s->env->t_start_us) / 1e6;
     snprintf(l->error, sizeof l->error, "%s", error ? error : "");
@@ -381,6 +385,8 @@ static void chunk_work(uv_work_t *w)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
 }
 
+static void start_prequant(xfer_state *s, xfer *x, uint32_t ti);
+
 static void chunk_done(uv_work_t *w, int status)
 {
     chunk_job *j = w->data;
@@ -397,6 +403,8 @@ static void chunk_done(uv_work_t *w, int status)
     }
     int ok = status == 0 && j->rc == 0;
     upd_chunk_settle(x->st, j->c.tensor_index, j->c.offset, ok);
+    if (ok)
+        start_prequant(s, x, j->c.tensor_index);
     x->t_last_us = now_us();
     if (ok && log_chunk(x, &j->c) == 0 && x->relay)
         relay_kick(x->relay);
@@ -700,7 +708,7 @@ static uint32_t start_build(xfer_state *s, xfer *x, char *why, size_t why_cap)
     x->building = 1;
     x->t_build_us = now_us();
     x->inflight++; /* the job reads st: an abort meanwhile must not free it */
-    if (x->prefaulting) { /* prefault_done queues it */
+    if (x->prefaulting || x->prequant) { /* prefault_done or the last prequant_done queues it */
         x->build_waiting = j;
         return 0;
     }
@@ -728,6 +736,8 @@ static void prefault_work(uv_work_t *w)
     upd_delta_prefault(j->x->st);
 }
 
+static void queue_waiting_build(xfer_state *s, xfer *x);
+
 static void prefault_done(uv_work_t *w, int status)
 {
     prefault_job *j = w->data;
@@ -736,6 +746,17 @@ static void prefault_done(uv_work_t *w, int status)
     free(j);
     x->inflight--;
     x->prefaulting = 0;
+    queue_waiting_build(s, x);
+}
+
+/* The build a COMMIT or PREPARE queued while workers still wrote what it
+ * reads (the delta mapping, prequantized blocks), once they all have. */
+static void queue_waiting_build(xfer_state *s, xfer *x)
+{
+    if (x->prefaulting || x->prequant) {
+        xfer_maybe_free(x);
+        return;
+    }
     build_job *b = x->build_waiting;
     x->build_waiting = NULL;
     if (b && uv_queue_work(s->env->loop, &b->w, build_work, build_done)) {
@@ -750,6 +771,57 @@ static void prefault_done(uv_work_t *w, int status)
         return;
     }
     xfer_maybe_free(x);
+}
+
+/* ---- quantization while the push arrives (serve_dtype other than as_pushed) ---- */
+
+typedef struct {
+    uv_work_t w;
+    xfer_state *s;
+    xfer *x;
+    uint32_t ti;
+    int made;
+} prequant_job;
+
+static void prequant_work(uv_work_t *w)
+{
+    prequant_job *j = w->data;
+    j->made = upd_prequant(&j->s->env->m->cfg, &j->x->st->t[j->ti], convert_serve_upd(j->x->serve));
+}
+
+static void prequant_done(uv_work_t *w, int status)
+{
+    prequant_job *j = w->data;
+    xfer_state *s = j->s;
+    xfer *x = j->x;
+    x->n_prequant += status == 0 && j->made;
+    free(j);
+    x->prequant--;
+    queue_waiting_build(s, x);
+}
+
+/* Tensor ti has just been staged whole: when the push's serve_dtype
+ * quantizes it, a worker does so now (upd_prequant), not the COMMIT's build.
+ * Off for a COMMIT already waiting (its build is queued) and without a stage. */
+static void start_prequant(xfer_state *s, xfer *x, uint32_t ti)
+{
+    upd_tensor *t = x->st ? &x->st->t[ti] : NULL;
+    if (!t || t->staged != t->wire || t->delta || x->building || x->dead ||
+        convert_serve_upd(x->serve) == UPD_SERVE_AS_PUSHED || !upd_kind_quantized(&s->env->m->cfg, t->kind,
+                                                                                  convert_serve_upd(x->serve)))
+        return;
+    prequant_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return;
+    j->w.data = j;
+    j->s = s;
+    j->x = x;
+    j->ti = ti;
+    x->prequant++;
+    if (uv_queue_work(s->env->loop, &j->w, prequant_work, prequant_done)) {
+        free(j);
+        x->prequant--;
+    }
 }
 
 /* Maps the delta's new-bytes memory and touches it on a worker (its zeroing by the

@@ -62,6 +62,7 @@ void upd_stage_free(upd_stage *s)
     for (int32_t i = 0; i < s->n; i++) {
         free(s->t[i].name);
         free(s->t[i].ranges);
+        free(s->t[i].q);
     }
     if (s->mem)
         munmap(s->mem, s->mem_bytes);
@@ -764,6 +765,33 @@ static int quant_par(int type, const upd_tensor *t, float *x, uint64_t n, uint8_
     return rc ? rc : rd_fail(RD_EINVAL, "%s: a slice failed to quantize and then did not", ggml_type_name((ggml_type)type));
 }
 
+int upd_prequant(const model_config *c, upd_tensor *t, upd_serve serve)
+{
+    int64_t rows, cols;
+    const int g = group_of(c, t->kind);
+    group_shape(c, g, &rows, &cols);
+    const int type = rows && !t->delta && !t->q ? serve_type(serve, g, cols) : -1;
+    if (type < 0 || t->staged != t->wire)
+        return 0;
+    const uint64_t n = t->nbytes / upd_dtype_size(t->dtype);
+    const size_t bytes = (size_t)(n / (uint64_t)cols) * ggml_row_bytes((ggml_type)type, (uint64_t)cols);
+    uint8_t *q = malloc(bytes ? bytes : 1);
+    if (!q)
+        return 0;
+    const size_t blck = type == GGML_Q4_K ? GGML_Q4_K_BLOCK : GGML_Q8_0_BLOCK;
+    q8_job j = {.t = t, .q = q, .n = n, .type = type, .quant = quantizer(type), .blck = blck,
+                .bytes = ggml_row_bytes((ggml_type)type, blck)};
+    for (int32_t i = 0; i < (int32_t)((n + Q8_SLICE - 1) / Q8_SLICE) && !j.failed; i++)
+        q8_task(&j, i, 0);
+    if (j.failed) {
+        free(q);
+        return 0;
+    }
+    t->q = q;
+    t->q_type = type;
+    return 1;
+}
+
 /* Builds linear group g (layer l, expert ex) as one part of type: the rows
  * the stage does not cover are read back from the model and re-quantized (a
  * Q8_0 weight comes back as the same bytes: test_quant checks it; Q4_K and
@@ -801,8 +829,12 @@ static int build_group_quant(const model *m, const upd_stage *s, int type, const
         int64_t tr, tc, elem0;
         resolve(c, t->name, &kind, &layer, &expert, &tr, &tc, &elem0);
         /* elem0 is a whole number of rows, so of blocks: the member's blocks start there. */
-        if ((rc = quant_par(type, t, buf + elem0, (uint64_t)(tr * tc),
-                            qbuf + (uint64_t)elem0 / (uint64_t)cols * ggml_row_bytes((ggml_type)type, (uint64_t)cols))))
+        uint8_t *dst = qbuf + (uint64_t)elem0 / (uint64_t)cols * ggml_row_bytes((ggml_type)type, (uint64_t)cols);
+        if (t->q && t->q_type == type) { /* quantized while the push was staged: the same function's bytes */
+            memcpy(dst, t->q, (size_t)tr * ggml_row_bytes((ggml_type)type, (uint64_t)cols));
+            continue;
+        }
+        if ((rc = quant_par(type, t, buf + elem0, (uint64_t)(tr * tc), dst)))
             return rd_fail(rc, "commit: tensor '%.200s' cannot be served as %s: %s", t->name, serve, rd_errmsg());
     }
     rd_wpart part = {.type = type, .rows = (int32_t)rows, .data = qbuf};

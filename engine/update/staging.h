@@ -82,6 +82,11 @@ typedef struct {
     upd_range *ranges;          /* [n_ranges], sorted by off, never overlapping */
     int32_t n_ranges, cap_ranges;
     uint64_t staged;            /* bytes in done ranges */
+    /* Quantized while the push is staged (upd_prequant): its blocks, of type
+     * q_type, which the COMMIT's build copies instead of quantizing; NULL when
+     * not (yet) done or when it failed (the build then quantizes and reports). */
+    uint8_t *q;
+    int q_type;
 } upd_tensor;
 
 typedef struct upd_stage {
@@ -145,6 +150,13 @@ int upd_build(const model *m, const upd_stage *s, upd_serve serve, upd_patch **o
 /* 1 when a tensor of this kind (the family's table index) is held quantized
  * once pushed under serve. */
 int upd_kind_quantized(const model_config *c, int kind, upd_serve serve);
+/* Quantizes tensor t (all its bytes staged, not a delta) as upd_build will
+ * under serve, into t->q, on the calling thread alone (no pool: a transfer's
+ * worker while the engine decodes): the build then copies those blocks, so a
+ * push's quantization runs while the rest of it arrives, not at COMMIT. 1 when
+ * t->q was made; 0 when t is not quantized under serve or the values do not
+ * quantize (the build quantizes them again and names what is wrong). */
+int upd_prequant(const model_config *c, upd_tensor *t, upd_serve serve);
 /* Swaps the patch's buffers into the model (engine thread, between steps). */
 void upd_apply(model *m, upd_patch *p);
 /* Frees the patch's buffers: the new ones if never applied, else the old. */

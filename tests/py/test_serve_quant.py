@@ -137,6 +137,10 @@ def bf16_push_served_as_q4_k_bit_identical_to_ggmls_q4_k_file():
         diff = first_difference(ra, rb)
         assert diff is None, diff
         assert all(s.serve_dtype == "q4_k" for s in rb), {s.serve_dtype for s in rb}
+        # every linear (Q4_K or Q8_0) was quantized while the push arrived, not at COMMIT
+        lw = b.status()["last_weight_update"]
+        n2 = sum(1 for v in pushed.values() if v.ndim == 2)
+        assert lw["prequantized_tensors"] == n2, (lw, n2)
         ma, mb = a.status()["memory"], b.status()["memory"]
         print(f"  weights_bytes: ggml's Q4_K file {ma['weights_bytes']}, the push {mb['weights_bytes']}; "
               f"by dtype {mb['weights_bytes_by_dtype']}", flush=True)
@@ -186,6 +190,8 @@ def bf16_push_served_as_fp8_bit_identical_to_numpys_fp8_values():
         assert all(s.serve_dtype == "fp8" for s in rb), {s.serve_dtype for s in rb}
         st = b.status()
         assert st["weights_serve_dtype"] == "fp8" and st["serve_dtype"] == "q8_0", st
+        n_fp8 = sum(1 for k, v in pushed.items() if v.ndim == 2 and "embed_tokens" not in k)
+        assert st["last_weight_update"]["prequantized_tensors"] == n_fp8, (st["last_weight_update"], n_fp8)
         ma, mb = a.status()["memory"], st["memory"]
         assert ma["weights_bytes"] == mb["weights_bytes"], (ma, mb)   # the CPU holds FP8 as bf16
 
