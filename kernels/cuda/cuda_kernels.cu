@@ -6,6 +6,11 @@
 // different exp implementation says they must.
 #include "kernels/cuda/cuda_internal.h"
 
+#ifndef RD_CUDA_EMU
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
 namespace RD_NS {
 
 static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -670,11 +675,21 @@ void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32
 // the warp butterfly. That order depends only on `in`, so a row's result is
 // the same whatever m (batch invariance); x's alignment only picks its loads.
 
+// On sm_89 and later the hardware converts a pair of E4M3 codes to fp16 in one
+// instruction (exact: every E4M3 value is an fp16), then to fp32 (exact); the
+// bits are cm_fp8_scaled's (test_cuda_emu's fp8 cases on the device check it).
 RD_DEV void fp8_decode4(uint32_t v, float s, float *f)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+    f[0] = RD_FMUL(a.x, s), f[1] = RD_FMUL(a.y, s), f[2] = RD_FMUL(b.x, s), f[3] = RD_FMUL(b.y, s);
+#else
 RD_UNROLL
     for (int i = 0; i < 4; i++)
         f[i] = cm_fp8_scaled(v >> (8 * i) & 0xffu, s);
+#endif
 }
 
 template <bool XVEC>
