@@ -198,11 +198,11 @@ static int q4k_scales(const float *scale, const float *min, uint8_t *out, float 
 
 /* The lane loop, twice: 4 lanes for baseline x86-64, 8 under AVX2. */
 #define Q4K_W 4
-#define Q4K_ROWS q4k_rows_w4
+#define Q4K_ROWS q4k_rows_sse2
 #define Q4K_ATTR
 #include "engine/model/quant_priv.h"
 #define Q4K_W 8
-#define Q4K_ROWS q4k_rows_w8
+#define Q4K_ROWS q4k_rows_avx2
 #define Q4K_ATTR __attribute__((target("avx2")))
 #include "engine/model/quant_priv.h"
 
@@ -230,8 +230,8 @@ int ggml_quant_q4_k(const float *restrict x, uint64_t n, uint8_t *restrict out)
     float big = 0;
     int is_min = 0;
     uint64_t nb = n / GGML_Q4_K_BLOCK;
-    int rc = cpu_isa_active() >= CPU_ISA_AVX2 ? q4k_rows_w8(x, nb, out, &bad, &big, &is_min)
-                                              : q4k_rows_w4(x, nb, out, &bad, &big, &is_min);
+    int rc = cpu_isa_active() >= CPU_ISA_AVX2 ? q4k_rows_avx2(x, nb, out, &bad, &big, &is_min)
+                                              : q4k_rows_sse2(x, nb, out, &bad, &big, &is_min);
     if (rc)
         return rd_fail(RD_EINVAL, "q4_k: block %llu (elements %llu..%llu) has %s %g, which overflows fp16; "
                        "expected values of at least -4e6 (and spans below 6e7)", (unsigned long long)bad,

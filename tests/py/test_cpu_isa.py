@@ -72,7 +72,7 @@ def the_build_targets_baseline_x86_64():
         elif func and ("%ymm" in line or "%zmm" in line):
             vector_funcs.add(func)
     kernel = re.compile(r"(_avx2|_avx512)$|^(tile_|qr_GGML_|qs_\d)|^(store16|store_panel|decode_avx512|rows_avx2|"
-                        r"rows_avx512)")
+                        r"rows_avx512|q4k_rows_avx2)")
     stray = sorted(f for f in vector_funcs if not kernel.search(f))
     assert vector_funcs and not stray, f"AVX instructions outside the dispatched kernels: {stray[:20]}"
 
