@@ -49,19 +49,25 @@ _daemons = []
 _q8 = None
 
 
-def q8_0_copy(src, dst, replace=None):
-    """src with every 2-D and 3-D (MoE experts) tensor quantized to Q8_0 by gguf.quants, as
-    convert_hf_to_gguf.py --outtype q8_0 does: norms (1-D) and the MoE router (ffn_gate_inp)
-    stay f32; replace: {GGUF tensor name: float32 array in the file's row order} used instead of
-    src's values."""
-    r = gguf.GGUFReader(src)
+def writer_like(r, dst, file_type):
+    """A GGUFWriter at dst holding reader r's metadata, general.file_type set to file_type."""
     w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
     for f in r.fields.values():
         if f.name == "general.architecture" or f.name.startswith("GGUF."):
             continue
         vt = f.types[0]
         st = f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(f.name, 7 if f.name == "general.file_type" else f.contents(), vt, sub_type=st)  # MOSTLY_Q8_0
+        w.add_key_value(f.name, file_type if f.name == "general.file_type" else f.contents(), vt, sub_type=st)
+    return w
+
+
+def q8_0_copy(src, dst, replace=None):
+    """src with every 2-D and 3-D (MoE experts) tensor quantized to Q8_0 by gguf.quants, as
+    convert_hf_to_gguf.py --outtype q8_0 does: norms (1-D) and the MoE router (ffn_gate_inp)
+    stay f32; replace: {GGUF tensor name: float32 array in the file's row order} used instead of
+    src's values."""
+    r = gguf.GGUFReader(src)
+    w = writer_like(r, dst, 7)  # MOSTLY_Q8_0
     nbytes = 0
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, TMP, case, main  # noqa: E402
 from rdtest import Daemon, stop_cleanly  # noqa: E402
-from test_serve_dtype import first_difference, runs  # noqa: E402
+from test_serve_dtype import first_difference, runs, writer_like  # noqa: E402
 import ref_fp8  # noqa: E402
 import ref_ggml  # noqa: E402
 from ref_llama import unpermute  # noqa: E402
@@ -86,13 +86,7 @@ def learner_weights(path, seed):
 
 def write_like(r, dst, tensors, file_type):
     """A GGUF with r's metadata (general.file_type set) and tensors {name: (array, raw_dtype or None)}."""
-    w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
-    for f in r.fields.values():
-        if f.name == "general.architecture" or f.name.startswith("GGUF."):
-            continue
-        vt = f.types[0]
-        st = f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(f.name, file_type if f.name == "general.file_type" else f.contents(), vt, sub_type=st)
+    w = writer_like(r, dst, file_type)
     for t in r.tensors:
         a, raw = tensors[t.name]
         if raw is None:

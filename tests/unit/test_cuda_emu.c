@@ -2494,6 +2494,25 @@ static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, i
     return runner_forward(r, &st, rows, M, out);
 }
 
+/* One decode step of nb sequences (blocks of 16, sequence s's table base[s] ..
+ * base[s] + 3), each appending tok[s] at its position cur[s], which it
+ * advances; the arrays are the step's storage. */
+static rd_step decode_step(int32_t nb, const int32_t *tok, int32_t *cur, const int32_t *base, int32_t *pos,
+                           int32_t *slot, int32_t *qs, int32_t *ctx, int32_t *tab)
+{
+    for (int32_t s = 0; s < nb; s++) {
+        pos[s] = cur[s];
+        slot[s] = (base[s] + cur[s] / 16) * 16 + cur[s] % 16;
+        qs[s] = s;
+        ctx[s] = cur[s] + 1;
+        for (int b = 0; b < 4; b++)
+            tab[s * 4 + b] = base[s] + b;
+        cur[s]++;
+    }
+    qs[nb] = nb;
+    return (rd_step){nb, nb, 4, tok, pos, slot, qs, ctx, tab};
+}
+
 static void runner_case(const char *name, int split)
 {
     rd_loaded lc, le, lnf;
@@ -2573,18 +2592,9 @@ static void runner_case(const char *name, int split)
     for (int step = 0; step < 8; step++) {
         int32_t nb = step >= 3 && step < 5 ? 2 : 3;
         int32_t tok[3], pos[3], slot[3], rows[3] = {0, 1, 2}, qs[4], ctx[3], tab[3 * 4];
-        for (int32_t s = 0; s < nb; s++) {
+        for (int32_t s = 0; s < nb; s++)
             tok[s] = (int32_t)(rnd() % V);
-            pos[s] = cur[s];
-            slot[s] = (base[s] + cur[s] / 16) * 16 + cur[s] % 16;
-            qs[s] = s;
-            ctx[s] = cur[s] + 1;
-            for (int b = 0; b < 4; b++)
-                tab[s * 4 + b] = base[s] + b;
-            cur[s]++;
-        }
-        qs[nb] = nb;
-        rd_step st = {nb, nb, 4, tok, pos, slot, qs, ctx, tab};
+        rd_step st = decode_step(nb, tok, cur, base, pos, slot, qs, ctx, tab);
         if (step == 6)
             le.m->weights_gen++; /* as after a weight swap: graphs are captured again */
         uint64_t k0 = cuemu_launch_count();
@@ -2744,18 +2754,9 @@ static void test_runner_kv_fp8(void)
     for (int step = 0; step < 5 && !test_case_failed; step++) {
         int32_t nb = step == 2 ? 2 : 3;
         int32_t tok[3], pos[3], slot[3], rows[3] = {0, 1, 2}, qs[4], ctx[3], tab[3 * 4];
-        for (int32_t s = 0; s < nb; s++) {
+        for (int32_t s = 0; s < nb; s++)
             tok[s] = (int32_t)((hval(82, step, s, 0) + 1) * 0.5 * V) % V;
-            pos[s] = cur[s];
-            slot[s] = (base[s] + cur[s] / 16) * 16 + cur[s] % 16;
-            qs[s] = s;
-            ctx[s] = cur[s] + 1;
-            for (int b = 0; b < 4; b++)
-                tab[s * 4 + b] = base[s] + b;
-            cur[s]++;
-        }
-        qs[nb] = nb;
-        rd_step st = {nb, nb, 4, tok, pos, slot, qs, ctx, tab};
+        rd_step st = decode_step(nb, tok, cur, base, pos, slot, qs, ctx, tab);
         CHECK_OK(runner_forward(&re, &st, rows, nb, lemu));
         CHECK_OK(runner_forward(&rg, &st, rows, nb, lgr));
         CHECK(!memcmp(lemu, lgr, sizeof(float) * nb * V), "kv fp8: decode step %d: graph path differs from eager",
