@@ -106,12 +106,13 @@ typedef struct rd_backend_ops {
     void (*linear_free)(rd_backend *be, void *handle);
     /* Reads a loaded weight back to the host as fp32 W[out][in] (export). */
     int (*linear_read)(rd_backend *be, const void *handle, float *w_host);
-    /* Rows [row0, row0 + rows) of a loaded weight as ggml type `type`
-     * (GGML_F32, GGML_F16 or GGML_BF16), row-major into dst (rows x in
-     * elements), when the backend holds those rows in exactly that type:
-     * the bytes linear_load_q was given. RD_ENOTSUP (no message) when it
-     * holds them otherwise: the caller reads fp32 with linear_read. A delta
-     * push reads its base this way (no fp32 copy, no narrowing). */
+    /* Rows [row0, row0 + rows) of a loaded weight as ggml type `type`,
+     * row-major into dst (rows x ggml_row_bytes(type, in) bytes), when the
+     * backend holds those rows in exactly that type: the bytes
+     * linear_load_q was given. RD_ENOTSUP (no message) when it holds them
+     * otherwise: the caller reads fp32 with linear_read. A delta push reads
+     * its base this way (no fp32 copy, no narrowing); a quantized COMMIT
+     * reads the rows a push leaves out (no re-quantization). */
     int (*linear_read_native)(rd_backend *be, const void *handle, int32_t type, int32_t row0, int32_t rows,
                               void *dst);
     /* The same weight from its file bytes: parts stacked along out (a fused

@@ -793,11 +793,12 @@ int upd_prequant(const model_config *c, upd_tensor *t, upd_serve serve)
 }
 
 /* Builds linear group g (layer l, expert ex) as one part of type: the rows
- * the stage does not cover are read back from the model and re-quantized (a
- * Q8_0 weight comes back as the same bytes: test_quant checks it; Q4_K and
- * FP8 are idempotent too), then each staged member is quantized over its own
- * rows, so an error names the pushed tensor. buf is fp32 scratch for a group,
- * qbuf receives its blocks. */
+ * the stage does not cover keep their served blocks when the backend holds
+ * them in that type (linear_read_native; Q4_K's fit does not always give a
+ * block back from its own values), else they are read back as fp32 and
+ * quantized; then each staged member is quantized over its own rows, so an
+ * error names the pushed tensor. buf is fp32 scratch for a group, qbuf
+ * receives its blocks. */
 static int build_group_quant(const model *m, const upd_stage *s, int type, const char *serve, int g, int l, int ex,
                              float *buf, uint8_t *qbuf, void **out)
 {
@@ -813,9 +814,14 @@ static int build_group_quant(const model *m, const upd_stage *s, int type, const
             covered += s->t[j].nbytes / upd_dtype_size(s->t[j].dtype);
             member = s->t[j].name;
         }
-    int rc;
-    if (covered < elems) {
-        if ((rc = be->ops->linear_read(be, *model_weight_slot((model *)m, (arch_group)g, l, ex), buf)))
+    const void *served = *model_weight_slot((model *)m, (arch_group)g, l, ex);
+    int rc = covered < elems && be->ops->linear_read_native
+             ? be->ops->linear_read_native(be, served, type, 0, (int32_t)rows, qbuf)
+             : RD_ENOTSUP;
+    if (rc && rc != RD_ENOTSUP)
+        return rc;
+    if (covered < elems && rc == RD_ENOTSUP) {
+        if ((rc = be->ops->linear_read(be, served, buf)))
             return rc;
         if ((rc = quant_par(type, NULL, buf, elems, qbuf)))
             return rd_fail(rc, "commit: re-quantizing the served rows fused with '%.200s': %s", member,

@@ -237,13 +237,13 @@ static int cpu_linear_read_native(rd_backend *be, const void *handle, int32_t ty
         if (b > row0 && a < row0 + rows && L->q.parts[i].type != type)
             return RD_ENOTSUP;
     }
-    const size_t es = type == GGML_F32 ? 4 : 2;
+    const size_t row_bytes = ggml_row_bytes((ggml_type)type, (uint64_t)in);
     for (int32_t i = 0; i < L->q.n_parts; i++) {
         int32_t a = L->q.row0[i], b = a + L->q.parts[i].out;
         int32_t lo = a > row0 ? a : row0, hi = b < row0 + rows ? b : row0 + rows;
         if (lo >= hi)
             continue;
-        int rc = gemm_qraw(&L->q.parts[i], lo - a, hi - lo, (uint8_t *)dst + (size_t)(lo - row0) * in * es);
+        int rc = gemm_qraw(&L->q.parts[i], lo - a, hi - lo, (uint8_t *)dst + (size_t)(lo - row0) * row_bytes);
         if (rc)
             return rc;
     }

@@ -199,6 +199,81 @@ static void pack_block(int32_t type, const qlayout *L, const uint8_t *b, uint8_t
     }
 }
 
+/* The inverse of pack_block: lane `lane` of panel-block pb back into the raw
+ * block b (whose bytes it fully writes). Every bit of a raw block is kept by
+ * the pack, so a weight reads back as the very bytes it was loaded from: a
+ * partial push keeps the rows it leaves out without re-quantizing them. */
+static void unpack_block(int32_t type, const qlayout *L, const uint8_t *pb, uint8_t *b, int lane)
+{
+    const uint8_t *q = pb + L->q;
+    memset(b, 0, L->raw);
+    switch (type) {
+    case GGML_Q8_0:
+        put16(b, rd16(pb + 2 * lane));
+        for (int k = 0; k < 32; k++)
+            b[2 + k] = q[k * LANES + lane];
+        break;
+    case GGML_Q4_0:
+    case GGML_Q4_1:
+    case GGML_Q5_0:
+    case GGML_Q5_1: {
+        const int one = type == GGML_Q4_1 || type == GGML_Q5_1, five = type == GGML_Q5_0 || type == GGML_Q5_1;
+        uint8_t *qs = b + 2 + 2 * one + 4 * five;
+        put16(b, rd16(pb + 2 * lane));
+        if (one)
+            put16(b + 2, rd16(pb + L->m + 2 * lane));
+        for (int j = 0; j < 16; j++)
+            qs[j] = (uint8_t)(get_nib(q, j, lane) | get_nib(q, j + 16, lane) << 4);
+        if (five) {
+            uint32_t qh = 0;
+            for (int k = 0; k < 32; k++)
+                qh |= (uint32_t)get_bit(pb + L->hi, k, lane) << k;
+            uint8_t *h = b + 2 + 2 * one;
+            for (int i = 0; i < 4; i++)
+                h[i] = (uint8_t)(qh >> (8 * i));
+        }
+        break;
+    }
+    case GGML_Q4_K:
+    case GGML_Q5_K: {
+        uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (type == GGML_Q4_K ? 16 : 48);
+        put16(b, rd16(pb + 2 * lane));
+        put16(b + 2, rd16(pb + L->m + 2 * lane));
+        /* scale_min_k4's packing, inverted: low 6 bits of sub-blocks 0-3 in
+         * bytes 0-7, sub-blocks 4-7 split into nibbles (bytes 8-11) and the
+         * top 2 bits of bytes 0-7. */
+        for (int j = 0; j < 4; j++) {
+            const int sc = pb[L->sc + j * LANES + lane], m = pb[L->mn + j * LANES + lane];
+            const int sc4 = pb[L->sc + (j + 4) * LANES + lane], m4 = pb[L->mn + (j + 4) * LANES + lane];
+            scales[j] = (uint8_t)(sc | (sc4 >> 4) << 6);
+            scales[j + 4] = (uint8_t)(m | (m4 >> 4) << 6);
+            scales[j + 8] = (uint8_t)((sc4 & 15) | (m4 & 15) << 4);
+        }
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                qs[32 * c + l] = (uint8_t)(get_nib(q, 64 * c + l, lane) | get_nib(q, 64 * c + 32 + l, lane) << 4);
+                if (type == GGML_Q5_K)
+                    qh[l] |= (uint8_t)(get_bit(pb + L->hi, 64 * c + l, lane) << (2 * c) |
+                                       get_bit(pb + L->hi, 64 * c + 32 + l, lane) << (2 * c + 1));
+            }
+        break;
+    }
+    case GGML_Q6_K: {
+        put16(b + 208, rd16(pb + 2 * lane));
+        for (int s = 0; s < 16; s++)
+            b[192 + s] = pb[L->sc + s * LANES + lane];
+        for (int e = 0; e < 256; e++) {
+            int h = e / 128, t = (e % 128) / 32, l = e % 32;
+            uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            const int nib = get_nib(q, e, lane), hb = (pb[L->hi + (e / 4) * LANES + lane] >> (2 * (e % 4))) & 3;
+            ql[l + (t & 1 ? 32 : 0)] |= (uint8_t)(t & 2 ? nib << 4 : nib);
+            qh[l] |= (uint8_t)(hb << (2 * t));
+        }
+        break;
+    }
+    }
+}
+
 /* One 4-panel group (64 rows) of a pack: its bytes zeroed (first touch on
  * the thread that fills them), then every row's blocks placed. */
 typedef struct {
@@ -530,14 +605,30 @@ static void raw_task(void *ctx, int32_t i, int32_t worker)
     }
 }
 
+/* A block-quantized part's rows: every raw block unpacked from its lane. */
+static void raw_task_q(void *ctx, int32_t i, int32_t worker)
+{
+    (void)worker;
+    const raw_job *j = ctx;
+    const gemm_qpart *q = j->q;
+    qlayout L;
+    layout_of(q->type, &L);
+    const int32_t p = j->r0 / LANES + i;
+    const int32_t c0 = p * LANES > j->r0 ? p * LANES : j->r0;
+    const int32_t c1 = (p + 1) * LANES < j->r0 + j->nr ? (p + 1) * LANES : j->r0 + j->nr;
+    const size_t row_bytes = (size_t)q->n_blocks * L.raw;
+    for (int32_t c = c0; c < c1; c++)
+        for (int32_t b = 0; b < q->n_blocks; b++)
+            unpack_block(q->type, &L, q->data + pblock_at(q, p, b), j->dst + (size_t)(c - j->r0) * row_bytes + (size_t)b * L.raw,
+                         c % LANES);
+}
+
 int gemm_qraw(const gemm_qpart *q, int32_t r0, int32_t nr, void *dst)
 {
-    if (!is_ftype(q->type))
-        return RD_ENOTSUP;
     if (r0 < 0 || nr <= 0 || r0 + nr > q->out)
         return rd_fail(RD_EINVAL, "gemm_qraw: rows [%d, %d) of a %d-row weight", r0, r0 + nr, q->out);
     raw_job j = {.q = q, .r0 = r0, .nr = nr, .dst = dst};
-    pool_run((r0 + nr - 1) / LANES - r0 / LANES + 1, raw_task, &j);
+    pool_run((r0 + nr - 1) / LANES - r0 / LANES + 1, is_ftype(q->type) ? raw_task : raw_task_q, &j);
     return 0;
 }
 

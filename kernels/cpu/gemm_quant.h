@@ -75,9 +75,9 @@ void gemm_qdecode_scalar(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk,
 /* Row r of W (in floats) into dst. */
 void gemm_qrow(const gemm_qpart *q, int32_t r, float *dst);
 
-/* Rows [r0, r0 + nr) of an F32, F16 or BF16 part in that dtype, row-major
- * (nr x in elements: the bytes gemm_qpack was given), on the pool's threads.
- * RD_ENOTSUP for a block-quantized part (its bytes are repacked, not kept). */
+/* Rows [r0, r0 + nr) of a part in its dtype, row-major: the bytes gemm_qpack
+ * was given (nr x ggml_row_bytes(type, in)), on the pool's threads. The pack
+ * keeps every bit of a block, so this is exact for every type. */
 int gemm_qraw(const gemm_qpart *q, int32_t r0, int32_t nr, void *dst);
 
 /* y[m][out] = x[m][in] . W^T (+ y when accumulate), on the pool's threads;

@@ -197,10 +197,10 @@ def bf16_push_served_as_q8_0_bit_identical_to_a_gguf_q8_0_file():
 
 
 @case
-def partial_push_requantizes_the_rows_it_leaves_out():
+def partial_push_keeps_the_rows_it_leaves_out():
     """Only v_proj of layer 0 (fused with q and k) and up_proj of layer 1 (fused with gate),
-    perturbed: B quantizes them and re-quantizes the q, k and gate rows it serves (Q8_0 values,
-    which quantize back to the same bytes); A2 serves the gguf package's Q8_0 file of the weights
+    perturbed: B quantizes them and keeps the Q8_0 blocks of the q, k and gate rows it serves;
+    A2 serves the gguf package's Q8_0 file of the weights
     with those two tensors replaced. v and up are not permuted by the GGUF layout, so the file's
     rows are the HF rows."""
     _, db = daemons_a_b()

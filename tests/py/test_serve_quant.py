@@ -105,20 +105,48 @@ def daemon(*extra, **kw):
     return d
 
 
-@case
-def bf16_push_served_as_q4_k_bit_identical_to_ggmls_q4_k_file():
-    src = os.path.join(DATA, "tiny-q4_k.gguf")
-    vals, pushed, r = learner_weights(src, seed=261)
+def ggml_q4_k_file(r, vals, dst):
+    """The GGUF ggml's quantizers make of vals {GGUF name: float32} (r's metadata): the layers'
+    linears Q4_K, the embedding (also the tied LM head) Q8_0 (staging.c's serve_type), norms f32.
+    Returns {name: (array, raw dtype)} as written."""
     tensors = {}
     for name, a in vals.items():
         if a.ndim == 1:
             tensors[name] = (a, None)
-        elif name == "token_embd.weight":      # the embedding and tied LM head: Q8_0 (staging.c's serve_type)
+        elif name == "token_embd.weight":
             tensors[name] = (gguf.quants.quantize(a, QT.Q8_0), QT.Q8_0)
         else:
             tensors[name] = (ref_ggml.q4_k(a), QT.Q4_K)
+    write_like(r, dst, tensors, 15)                  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    return tensors
+
+
+def bf16(a):
+    return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+
+
+def drifting_rows(std, n, seed):
+    """n rows of 256 bf16 values ~ N(0, std) whose Q4_K block ggml's quantizer does not give back
+    from the block's own dequantized values (~0.05% of normal blocks): the rows a COMMIT that
+    re-quantized what it serves would move."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for _ in range(40):
+        a = bf16(rng.standard_normal((4096, 256)).astype(np.float32) * np.float32(std))
+        q = ref_ggml.q4_k(a)
+        again = ref_ggml.q4_k(np.asarray(gguf.quants.dequantize(q, QT.Q4_K), np.float32).reshape(a.shape))
+        found += [a[i] for i in np.nonzero((q != again).any(axis=1))[0]]
+        if len(found) >= n:
+            return np.stack(found[:n])
+    raise AssertionError(f"only {len(found)} of {n} drifting Q4_K rows in 40 x 4096 draws")
+
+
+@case
+def bf16_push_served_as_q4_k_bit_identical_to_ggmls_q4_k_file():
+    src = os.path.join(DATA, "tiny-q4_k.gguf")
+    vals, pushed, r = learner_weights(src, seed=261)
     ref = os.path.join(_tmp, "tiny-q4_k-ggml.gguf")
-    write_like(r, ref, tensors, 15)                  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    ggml_q4_k_file(r, vals, ref)
     da, db = daemon(model=ref), daemon("--serve-dtype", "q4_k", model=src)
     with Client(da.url) as a, Client(db.url) as b:
         assert b.status()["serve_dtype"] == "q4_k", b.status().get("serve_dtype")
@@ -141,6 +169,39 @@ def bf16_push_served_as_q4_k_bit_identical_to_ggmls_q4_k_file():
         assert ma["weights_bytes"] == mb["weights_bytes"], (ma, mb)
         assert ma["weights_bytes_by_dtype"] == mb["weights_bytes_by_dtype"], (ma, mb)
         assert set(mb["weights_bytes_by_dtype"]) == {"q4_K", "q8_0", "f32"}, mb
+
+
+@case
+def partial_push_served_as_q4_k_keeps_the_rows_it_leaves_out():
+    """A push of layer 0's q_proj alone rebuilds the fused q|k|v: k and v keep their served Q4_K
+    blocks, so the daemon equals ggml's file of the new q next to the old k and v. k holds rows
+    whose blocks re-quantize differently, so a COMMIT that re-quantized the served rows fails."""
+    src = os.path.join(DATA, "tiny-q4_k.gguf")
+    vals, pushed, r = learner_weights(src, seed=263)
+    heads = int(r.fields["llama.attention.head_count"].contents())
+    kv_heads = int(r.fields["llama.attention.head_count_kv"].contents())
+    k = vals["blk.0.attn_k.weight"]
+    k[:4] = drifting_rows(k.std(), 4, seed=264)
+    pushed["model.layers.0.self_attn.k_proj.weight"] = bf16_bits(np.ascontiguousarray(unpermute(k, kv_heads)))
+    qk = ref_ggml.q4_k(k)
+    assert not np.array_equal(qk, ref_ggml.q4_k(np.asarray(gguf.quants.dequantize(qk, QT.Q4_K), np.float32)
+                                                .reshape(k.shape))), "k re-quantizes to its own blocks"
+    rng = np.random.default_rng(265)
+    q = vals["blk.0.attn_q.weight"]
+    vals["blk.0.attn_q.weight"] = q2 = bf16(q * (1 + np.float32(0.05) * rng.standard_normal(q.shape).astype(np.float32)))
+    ref = os.path.join(_tmp, "tiny-q4_k-partial.gguf")
+    ggml_q4_k_file(r, vals, ref)
+    dc, db = daemon(model=ref), daemon("--serve-dtype", "q4_k", model=src)
+    with Client(dc.url) as c, Client(db.url) as b:
+        v = b.info.weight_version
+        b.push_weights(pushed, v + 1)
+        rc = runs(c)
+        assert first_difference(rc, runs(b)) is not None, "B serves the new q before it is pushed"
+        res = b.push_weights({"model.layers.0.self_attn.q_proj.weight":
+                              bf16_bits(np.ascontiguousarray(unpermute(q2, heads)))}, v + 2)
+        assert res.version == v + 2, res
+        diff = first_difference(rc, runs(b))
+        assert diff is None, diff
 
 
 _fp8 = None

@@ -508,6 +508,17 @@ static void test_quant_decode(void)
                 }
             }
             free(row);
+            /* The pack keeps every bit: rows read back as the bytes packed, whole and from a middle row. */
+            const size_t rb = ggml_row_bytes(t, (uint64_t)in);
+            uint8_t *back = malloc(rb * (size_t)out);
+            const int32_t r0 = out / 3;
+            if (ok && (!back || gemm_qraw(&q, 0, out, back) || memcmp(back, raw, rb * (size_t)out) ||
+                       gemm_qraw(&q, r0, out - r0, back) || memcmp(back, raw + rb * (size_t)r0, rb * (size_t)(out - r0)))) {
+                ok = 0;
+                snprintf(why, sizeof why, "%s [%d][%d]: gemm_qraw does not give back the packed bytes",
+                         ggml_type_name(t), out, in);
+            }
+            free(back);
             gemm_qrelease(&q);
             free(raw);
             free(w);
