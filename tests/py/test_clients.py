@@ -107,6 +107,33 @@ def unknown_client_and_resume():
 
 
 @case
+def a_client_forgotten_after_client_ttl_submits_again_unless_it_lost_samples():
+    """A client silent past client_ttl_s (a learner's long training step) is forgotten. With every
+    result back, its next generate registers it again (a new client_id) and returns the same
+    rollouts; with a sample it never fetched, SUBMIT fails as UNKNOWN_CLIENT and says one sample
+    was dropped, instead of carrying on as if nothing was lost."""
+    d = Daemon("--client-ttl-s", "1")
+    try:
+        with Client(d.url) as c:
+            assert c.info.client_ttl_s == 1, c.info
+            a = c.generate([[5, 6, 7]], max_tokens=4, temperature=1.0, seed=3)
+            first = c.client_id
+            time.sleep(3.5)          # the daemon checks once a second
+            b = c.generate([[5, 6, 7]], max_tokens=4, temperature=1.0, seed=3)
+            assert c.client_id != first, "the client was not forgotten: the test waited too little"
+            assert [s.token_ids.tolist() for s in a] == [s.token_ids.tolist() for s in b], (a, b)
+            c.submit(c.requests([[8, 9]], max_tokens=2))
+            time.sleep(3.5)
+            try:
+                c.submit(c.requests([[8, 9]], max_tokens=2))
+                raise AssertionError("a client that lost a sample was silently registered again")
+            except DaemonError as e:
+                assert e.code == 9 and "1 submitted samples" in e.message, e
+    finally:
+        d.stop()
+
+
+@case
 def status_document():
     with Client(url()) as c:
         s = c.status()

@@ -323,6 +323,8 @@ class Client:
         self.version = P.VERSION_MIN # the protocol version HELLO chose (frames after it are sent in it)
         self.last_seq = 0            # highest seq processed; acked by the next FETCH
         self.next_req_id = 1
+        self.name = name
+        self._open = 0               # samples SUBMIT accepted whose results have not come back yet
         self._lock = threading.Lock()
         self._max = P.DEFAULT_MAX_MESSAGE
         self._sock = pynng.Req0(resend_time=-1, recv_max_size=P.DEFAULT_MAX_MESSAGE + SP_HEADER_MARGIN)
@@ -405,7 +407,29 @@ class Client:
         return self.hello(self.client_id)
 
     def submit(self, requests: Sequence[P.Request]) -> List[P.SubmitItem]:
-        ok = self._call(P.Submit(client_id=self.client_id, requests=list(requests)), P.T.SUBMIT_OK)
+        """SUBMIT. A client silent for longer than the daemon's client_ttl_s (a long training step
+        between rounds) has been forgotten: when nothing of it was left at the daemon (every
+        accepted sample's result came back), nothing is lost, so it registers again (HELLO 0, a new
+        client_id) and submits as that client; otherwise the UNKNOWN_CLIENT error says how many
+        samples were dropped with it."""
+        msg = P.Submit(client_id=self.client_id, requests=list(requests))
+        try:
+            ok = self._call(msg, P.T.SUBMIT_OK)
+        except DaemonError as e:
+            if e.code != P.E.UNKNOWN_CLIENT or not self.client_id:
+                raise
+            if self._open:
+                ttl = self.info.client_ttl_s if self.info else "?"
+                raise DaemonError(e.code, f"{e.message} (the daemon forgot this client after client_ttl_s = "
+                                  f"{ttl} s of silence, and {self._open} submitted samples with it)", "SUBMIT") from None
+            rid = self.next_req_id
+            self.hello(0, self.name)
+            self.next_req_id = rid      # ids already handed out stay unique within this Client
+            msg.client_id = self.client_id
+            ok = self._call(msg, P.T.SUBMIT_OK)
+        for q, it in zip(msg.requests, ok.items):
+            if it.status == 0:
+                self._open += q.n
         return ok.items
 
     def fetch(self, max_results=256, wait_ms=FETCH_WAIT_MS) -> List[P.Result]:
@@ -416,6 +440,7 @@ class Client:
         self.pending_results = res.pending_results
         self.inflight_samples = res.inflight_samples
         new = [r for r in res.results if r.seq > self.last_seq]
+        self._open = max(0, self._open - len(new))
         if new:
             self.last_seq = new[-1].seq
         return new
