@@ -801,7 +801,8 @@ void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float 
 
 #define ROW_CHUNK 64            /* as gemm.c: rows per pass over the weights */
 #define PREFETCH_BYTES 4096     /* how far ahead of the small-batch decoder its stream is fetched */
-#define SMALL_ROWS 3            /* up to this many rows decode into L1 per chunk of k */
+#define SMALL_ROWS 8            /* up to this many rows decode into L1 per chunk of k */
+#define SMALL_WIDE_ROWS 3       /* up to this many run a group's 4 panels at once; more, 2 at a time (registers) */
 
 /* Per-worker decode buffers for the larger batches: 4 panels of the widest
  * in loaded so far, fp32 (4 * in * 64 bytes per thread, 393 KB at in =
@@ -893,17 +894,20 @@ static inline void stream_start(stream_prefetch *s, const gemm_qpart *q, int32_t
 
 static inline void stream_step(stream_prefetch *s) { prefetch_to(s, s->next + s->step); }
 
-/* R rows (<= 3) x NP panels (<= 4): decode GEMMQ_CHUNK k of each panel into
- * an L1 buffer, run the chains over it, next chunk; chains stay in
- * registers from k = 0 to in - 1, exactly gemm.c's tile_z. */
+/* R rows x NP panels (R <= 3 with NP <= 4, or R <= 8 with NP <= 2: R * NP
+ * chains and NP weight vectors in 32 registers): decode GEMMQ_CHUNK k of
+ * each panel into an L1 buffer, run the chains over it, next chunk; chains
+ * stay in registers from k = 0 to in - 1, exactly gemm.c's tile_z. Each
+ * weight is decoded once for all R rows, and nothing larger than 8 KB is
+ * written (the larger batches decode whole panels to memory first). */
 static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *q, const float *x, int32_t p0,
                                                               float *y, int32_t ldy, int32_t ncol, int accumulate,
                                                               const int R, const int NP)
 {
     const int32_t in = q->in;
     float buf[4][GEMMQ_CHUNK * LANES] __attribute__((aligned(64)));
-    __m512 acc[3][4];
-#pragma GCC unroll 3
+    __m512 acc[8][4];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++)
@@ -921,7 +925,7 @@ static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *
 #pragma GCC unroll 4
             for (int j = 0; j < NP; j++)
                 wv[j] = _mm512_load_ps(buf[j] + kk * LANES);
-#pragma GCC unroll 3
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 __m512 v = _mm512_set1_ps(x[(size_t)r * in + k0 + kk]);
 #pragma GCC unroll 4
@@ -930,7 +934,7 @@ static inline __attribute__((always_inline)) void qtile_small(const gemm_qpart *
             }
         }
     }
-#pragma GCC unroll 3
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < NP; j++) {
@@ -1108,9 +1112,11 @@ typedef void (*qsmall_fn)(const gemm_qpart *q, const float *x, int32_t p0, float
         qtile_small(q, x, p0, y, ldy, ncol, accumulate, R, NP); \
     }
 QS(1, 1) QS(1, 2) QS(1, 3) QS(1, 4) QS(2, 1) QS(2, 2) QS(2, 3) QS(2, 4) QS(3, 1) QS(3, 2) QS(3, 3) QS(3, 4)
+QS(4, 1) QS(4, 2) QS(5, 1) QS(5, 2) QS(6, 1) QS(6, 2) QS(7, 1) QS(7, 2) QS(8, 1) QS(8, 2)
 #undef QS
-static const qsmall_fn qsmall[3][4] = {
-    {qs_1x1, qs_1x2, qs_1x3, qs_1x4}, {qs_2x1, qs_2x2, qs_2x3, qs_2x4}, {qs_3x1, qs_3x2, qs_3x3, qs_3x4}};
+static const qsmall_fn qsmall[SMALL_ROWS][4] = {
+    {qs_1x1, qs_1x2, qs_1x3, qs_1x4}, {qs_2x1, qs_2x2, qs_2x3, qs_2x4}, {qs_3x1, qs_3x2, qs_3x3, qs_3x4},
+    {qs_4x1, qs_4x2}, {qs_5x1, qs_5x2}, {qs_6x1, qs_6x2}, {qs_7x1, qs_7x2}, {qs_8x1, qs_8x2}};
 #pragma GCC pop_options
 
 static void qtask(void *ctx, int32_t t, int32_t worker)
@@ -1132,8 +1138,12 @@ static void qtask(void *ctx, int32_t t, int32_t worker)
         qrow1_fn f = rows == 1 ? qrow1_for(q->type, np) : NULL;
         if (f)
             f(q, x, p0, y, ncol, j->accumulate);
-        else
+        else if (rows <= SMALL_WIDE_ROWS)
             qsmall[rows - 1][np - 1](q, x, p0, y, L->out, ncol, j->accumulate);
+        else
+            for (int32_t jj = 0; jj < np; jj += 2)
+                qsmall[rows - 1][(np - jj < 2 ? np - jj : 2) - 1](q, x, p0 + jj, y + jj * LANES, L->out,
+                                                                  ncol - jj * LANES, j->accumulate);
         return;
     }
     float tmp[ROW_CHUNK * 4 * LANES] __attribute__((aligned(64)));

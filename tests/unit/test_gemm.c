@@ -558,7 +558,7 @@ static void test_quant_gemm(void)
     fill(res, (size_t)MAXM * 75, 10);
     int ok = 1;
     char why[240] = "";
-    /* Phase 0: before gemm_qreserve (the plain-C path of batches past 3
+    /* Phase 0: before gemm_qreserve (the plain-C path of batches past 8
      * rows), two types; phase 1: every type with the decode buffers. */
     for (int phase = 0; phase < 2 && ok; phase++)
     for (int ti = 0; ti < N_QTYPES && ok; ti++) {
