@@ -5,7 +5,7 @@
  * size give or take a few percent, into panels of 16 output columns (as
  * gemm.h's fp32 panels) and blocks along K, so that one k of one block
  * decodes to a 16-lane vector. The GEMM decodes a single row's weights
- * straight into registers, 2-3 rows' a chunk of 32 k at a time into an L1
+ * straight into registers, 2-8 rows' a chunk of 32 k at a time into an L1
  * buffer, and larger batches' whole panels into a per-thread buffer of fp32
  * panels that gemm.c's tiles then run over: every decoded weight is the
  * float engine/model/dequant.c produces (exact products, one rounding), and every
