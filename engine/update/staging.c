@@ -814,18 +814,20 @@ static int build_group_quant(const model *m, const upd_stage *s, int type, const
             covered += s->t[j].nbytes / upd_dtype_size(s->t[j].dtype);
             member = s->t[j].name;
         }
-    const void *served = *model_weight_slot((model *)m, (arch_group)g, l, ex);
-    int rc = covered < elems && be->ops->linear_read_native
-             ? be->ops->linear_read_native(be, served, type, 0, (int32_t)rows, qbuf)
-             : RD_ENOTSUP;
-    if (rc && rc != RD_ENOTSUP)
-        return rc;
-    if (covered < elems && rc == RD_ENOTSUP) {
-        if ((rc = be->ops->linear_read(be, served, buf)))
+    int rc;
+    if (covered < elems) {
+        const void *served = *model_weight_slot((model *)m, (arch_group)g, l, ex);
+        rc = be->ops->linear_read_native ? be->ops->linear_read_native(be, served, type, 0, (int32_t)rows, qbuf)
+                                         : RD_ENOTSUP;
+        if (rc == RD_ENOTSUP) {
+            if ((rc = be->ops->linear_read(be, served, buf)))
+                return rc;
+            if ((rc = quant_par(type, NULL, buf, elems, qbuf)))
+                return rd_fail(rc, "commit: re-quantizing the served rows fused with '%.200s': %s", member,
+                               rd_errmsg());
+        } else if (rc) {
             return rc;
-        if ((rc = quant_par(type, NULL, buf, elems, qbuf)))
-            return rd_fail(rc, "commit: re-quantizing the served rows fused with '%.200s': %s", member,
-                           rd_errmsg());
+        }
     }
     for (int32_t j = 0; j < s->n; j++) {
         const upd_tensor *t = &s->t[j];

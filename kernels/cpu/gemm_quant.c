@@ -608,7 +608,6 @@ static void raw_task(void *ctx, int32_t i, int32_t worker)
 /* A block-quantized part's rows: every raw block unpacked from its lane. */
 static void raw_task_q(void *ctx, int32_t i, int32_t worker)
 {
-    (void)worker;
     const raw_job *j = ctx;
     const gemm_qpart *q = j->q;
     qlayout L;

@@ -58,6 +58,11 @@ def hf_name(name):
     return f"model.layers.{layer}.{HF[kind]}.weight"
 
 
+def bf16(a):
+    """a rounded to bf16 (the values a bf16 push carries), as float32."""
+    return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+
+
 def learner_weights(path, seed):
     """({GGUF name: float32 array in the file's layout}, {HF name: pushed array}, the reader):
     the file's values, the 2-D ones perturbed by up to ~5% and rounded to bf16 (pushed as bf16
@@ -71,9 +76,7 @@ def learner_weights(path, seed):
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         if a.ndim == 2:
-            a = a * (1 + np.float32(0.05) * rng.standard_normal(a.shape).astype(np.float32))
-            bits = bf16_bits(a)
-            a = (bits.astype(np.uint32) << 16).view(np.float32)
+            a = bf16(a * (1 + np.float32(0.05) * rng.standard_normal(a.shape).astype(np.float32)))
             hf = a
             if ".attn_q." in t.name or ".attn_k." in t.name:
                 hf = np.ascontiguousarray(unpermute(a, heads if ".attn_q." in t.name else kv_heads))
@@ -119,10 +122,6 @@ def ggml_q4_k_file(r, vals, dst):
             tensors[name] = (ref_ggml.q4_k(a), QT.Q4_K)
     write_like(r, dst, tensors, 15)                  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     return tensors
-
-
-def bf16(a):
-    return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
 
 
 def drifting_rows(std, n, seed):
