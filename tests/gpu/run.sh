@@ -7,7 +7,8 @@
 #   info      device, memory, the GEMM algorithm chosen per weight shape
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
-#             batch invariance, graphs) on the real backend
+#             batch invariance, graphs) on the real backend; test_spec
+#             with RD_TEST_BACKEND=cuda
 #   parity    greedy tokens and chosen-token log-probs vs the CPU backend,
 #             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
 #             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
@@ -24,6 +25,9 @@
 #             (and, at the end, the 1B at 1, 32, 128, 256 with
 #             RD_CUDA_ACT=bf16 and =mixed); the 1B with FP8 weights
 #             (serve_dtype fp8) and the fp8 KV cache, and their invariance
+#   profile   the 1B at batch 1 without graphs; Nsight Compute's GPU time per
+#             kernel and per graph launch of its decode steps
+# GPU_ONLY=a,b,... runs only those stages (after the build): a short rerun.
 # Every stage has a timeout and the run goes on after a failure; the last
 # thing printed is a table. $OUT (default ./gpu-out) holds stages.tsv,
 # table.txt, summary.json and logs.tar.gz (one log and JSON per stage, from
@@ -81,6 +85,9 @@ record() {
 run() {
   local name=$1 limit=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - START) ))
+  if [ -n "${GPU_ONLY:-}" ] && [[ ",build,build-all,testdata,$GPU_ONLY," != *",$name,"* ]]; then
+    return 0 # not asked for (GPU_ONLY names the stages of a rerun)
+  fi
   if [ "$left" -lt 15 ]; then
     record "$name" SKIP "out of time budget"
     return 0
@@ -191,7 +198,8 @@ fi
 # ------------------------------------------------------------------ build
 # The targets every later stage needs first (so a broken daemon elsewhere in
 # the tree does not stop the GPU checks), then everything.
-CORE=(build/librollout.a build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine build/tests/test_cuda_emu)
+CORE=(build/librollout.a build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine build/tests/test_spec
+      build/tests/test_cuda_emu)
 if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
   run build-all 200 make -j"$JOBS" "${MAKE_VARS[@]}" all || true
 else
@@ -255,12 +263,15 @@ MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
 if [ "$DRY" = 0 ]; then
   RD_TEST_BACKEND=cuda run unit-engine-cuda 150 build/tests/test_engine || true
   RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=$MOE_CASES run unit-moe-cuda 90 build/tests/test_cuda_emu || true
+  # Speculative decoding's verify step (issue 21) on the device: drafts, acceptance, rollback.
+  RD_TEST_BACKEND=cuda run unit-spec-cuda 120 build/tests/test_spec || true
 else
   # The CPU-side stand-in: kernels and backend logic through the emulator
   # (~160 s of CPU; a loaded shared machine has taken over 300 s of wall time).
   run unit-cuda-emu 400 build/tests/test_cuda_emu || true
   skip_gpu unit-engine-cuda
   skip_gpu unit-moe-cuda
+  skip_gpu unit-spec-cuda
 fi
 
 if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
@@ -279,8 +290,14 @@ if [ "$DRY" = 0 ]; then
   # 512-token window; GeGLU, the (1 + w) and per-head norms, the 262,144-row
   # head) on Gemma 3 270M's shape with random weights, built in memory: the
   # real file (253 MB) does not fit the device tool's 64 MiB carry.
-  run parity-gemma3 150 "$BENCH" parity --synthetic gemma3-270m --label " gemma3-270m shape" \
-    --json "$LOGS/parity-gemma3.json" || true
+  if ! run parity-gemma3 150 "$BENCH" parity --synthetic gemma3-270m --label " gemma3-270m shape" \
+    --json "$LOGS/parity-gemma3.json"; then
+    # Which part breaks it: the fallback GEMM kernel (the emulator's), then no graphs.
+    RD_CUDA_GEMM=simple run parity-gemma3-simple-gemm 150 "$BENCH" parity --synthetic gemma3-270m \
+      --label " gemma3-270m shape, fallback GEMM" --json "$LOGS/parity-gemma3-simple-gemm.json" || true
+    RD_GRAPHS=0 run parity-gemma3-nographs 150 "$BENCH" parity --synthetic gemma3-270m \
+      --label " gemma3-270m shape, no graphs" --json "$LOGS/parity-gemma3-nographs.json" || true
+  fi
   run invariance-gemma3 150 "$BENCH" invariance --synthetic gemma3-270m --json "$LOGS/invariance-gemma3.json" || true
 else
   # Dry run: the tool's logic on the CPU backend (CPU against itself).
@@ -346,6 +363,27 @@ else
   fi
   for s in copybw bench-default bench-1b bench-1b-fp8 bench-1b-fp8kv invariance-fp8 engine-default bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act \
     parity-mixedact; do skip_gpu "$s"; done
+fi
+
+# ------------------------------------------------------------------ profile
+# Where a decode step's time goes (last; the budget may cut it): the 1B at
+# batch 1 without CUDA graphs, then Nsight Compute's per-kernel GPU time of
+# the same run with graphs (each node, then each graph launch whole). A step
+# much longer than its graph's GPU time is host time.
+if [ "$DRY" = 0 ]; then
+  run bench-1b-nographs 60 env RD_GRAPHS=0 "$BENCH" bench --synthetic 1b --label " no graphs" --batches 1,32 \
+    --steps 16 --bw "$BW" --json "$LOGS/bench-1b-nographs.json" || true
+  RD_CUDA_GEMM=simple run bench-1b-simple-gemm 60 "$BENCH" bench --synthetic 1b --label " fallback GEMM" --batches 1,32 \
+    --steps 16 --bw "$BW" --json "$LOGS/bench-1b-simple-gemm.json" || true
+  NCU=$(command -v ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  if [ -n "$NCU" ]; then
+    for gp in node graph; do
+      run profile-$gp 150 "$NCU" --clock-control none --graph-profiling $gp --metrics gpu__time_duration.sum \
+        --print-summary per-kernel "$BENCH" bench --synthetic 1b --batches 1 --prompt 16 --steps 4 || true
+    done
+  else
+    record profile-node SKIP "no ncu"
+  fi
 fi
 
 # ------------------------------------------------------------------ summary
