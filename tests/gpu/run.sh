@@ -7,8 +7,9 @@
 #   info      device, memory, the GEMM algorithm chosen per weight shape
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
-#             batch invariance, graphs) on the real backend; test_spec
-#             with RD_TEST_BACKEND=cuda
+#             batch invariance, graphs) and every other op case (attention,
+#             Qwen's and Gemma's ops, the runner per family) on the real
+#             backend; test_spec with RD_TEST_BACKEND=cuda
 #   parity    greedy tokens and chosen-token log-probs vs the CPU backend,
 #             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
 #             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
@@ -260,9 +261,22 @@ run unit-host 60 build/tests/test_cuda_host || true
 MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch_invariance,test_moe_graph
 # and the FP8 ones (issue 26): the FP8 GEMM and the fp8 KV cache against the CPU.
 MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
+# Every other op case on the real backend against the CPU: GEMMs, the LM head,
+# the row ops, Qwen's and Gemma's ops after a linear, paged attention (windows,
+# head_dim 256), a Gemma 3 layer stack, the device sampler, the tiny model of
+# each family through the runner. Run by cases.sh: a case that crashes the
+# device run is rerun alone and the rest still report.
+OPS_CASES=test_gemm,test_linear_read_native,test_mixed_activations,test_lm_head_chunks,test_row_ops,test_qwen_ops
+OPS_CASES=$OPS_CASES,test_qwen_ops_drop_shadows,test_rope_then_row_op,test_qwen_ops_after_linear,test_norm_offsets
+OPS_CASES=$OPS_CASES,test_gemma_elementwise,test_gemma_ops_after_linear,test_gemma_shadows,test_attention
+OPS_CASES=$OPS_CASES,test_attention_alone_vs_batched,test_attention_window,test_attention_vs_cpu_kv_bf16
+OPS_CASES=$OPS_CASES,test_attention_vs_cpu,test_gemma_layer,test_copy_blocks,test_sampler,test_sampler_many_draws
+OPS_CASES=$OPS_CASES,test_runner_tiny,test_runner_families,test_runner_kv_fp8,test_runner_tiny_bf16
+OPS_CASES=$OPS_CASES,test_engine_device_sampling
 if [ "$DRY" = 0 ]; then
   RD_TEST_BACKEND=cuda run unit-engine-cuda 150 build/tests/test_engine || true
   RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=$MOE_CASES run unit-moe-cuda 90 build/tests/test_cuda_emu || true
+  RD_TEST_CUDA_BACKEND=cuda run unit-ops-cuda 150 tests/gpu/cases.sh build/tests/test_cuda_emu "$OPS_CASES" || true
   # Speculative decoding's verify step (issue 21) on the device: drafts, acceptance, rollback.
   RD_TEST_BACKEND=cuda run unit-spec-cuda 120 build/tests/test_spec || true
 else
@@ -271,6 +285,7 @@ else
   run unit-cuda-emu 400 build/tests/test_cuda_emu || true
   skip_gpu unit-engine-cuda
   skip_gpu unit-moe-cuda
+  skip_gpu unit-ops-cuda
   skip_gpu unit-spec-cuda
 fi
 
