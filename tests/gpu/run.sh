@@ -306,15 +306,18 @@ if [ "$DRY" = 0 ]; then
   # head) on Gemma 3 270M's shape with random weights, built in memory: the
   # real file (253 MB) does not fit the device tool's 64 MiB carry.
   # The CPU reference holds its KV cache in bf16 as the device does (parity's
-  # default): on this shape the cache's rounding alone moves log-probs by up to
-  # 0.35 nats (CPU f32 vs CPU bf16), which is what the first H200 run's
-  # failure against an f32 reference measured. If it fails even so: the
-  # fallback GEMM kernel, then nothing deferred or shadowed.
-  if ! run parity-gemma3 150 "$BENCH" parity --synthetic gemma3-270m --label " gemma3-270m shape" \
+  # default). This shape's greedy paths are too sensitive for a fixed
+  # tolerance: the CPU against itself with only the cache's dtype changed
+  # (f16 vs bf16) diverges at the first token with top-2 gaps of 0.48 nats.
+  # So the device is held to that noise floor (--noise-kv f16): it must follow
+  # the reference's tokens at least as far as that CPU run does. Every Gemma
+  # op is checked against the CPU one by one in unit-ops-cuda. If it fails:
+  # the fallback GEMM kernel, then nothing deferred or shadowed.
+  if ! run parity-gemma3 150 "$BENCH" parity --synthetic gemma3-270m --noise-kv f16 --label " gemma3-270m shape" \
     --json "$LOGS/parity-gemma3.json"; then
-    RD_CUDA_GEMM=simple run parity-gemma3-simple-gemm 150 "$BENCH" parity --synthetic gemma3-270m \
+    RD_CUDA_GEMM=simple run parity-gemma3-simple-gemm 150 "$BENCH" parity --synthetic gemma3-270m --noise-kv f16 \
       --label " gemma3-270m shape, fallback GEMM" --json "$LOGS/parity-gemma3-simple-gemm.json" || true
-    RD_CUDA_FUSE=0 RD_CUDA_SHADOW=0 run parity-gemma3-nofuse 150 "$BENCH" parity --synthetic gemma3-270m \
+    RD_CUDA_FUSE=0 RD_CUDA_SHADOW=0 run parity-gemma3-nofuse 150 "$BENCH" parity --synthetic gemma3-270m --noise-kv f16 \
       --label " gemma3-270m shape, RD_CUDA_FUSE=0 RD_CUDA_SHADOW=0" --json "$LOGS/parity-gemma3-nofuse.json" || true
   fi
   run invariance-gemma3 150 "$BENCH" invariance --synthetic gemma3-270m --json "$LOGS/invariance-gemma3.json" || true

@@ -60,6 +60,9 @@ static rd_backend *cpu, *emu, *emu_bf16; /* emu: the default (split activations)
  * (cuemu_launch_count), so only it checks them. */
 static const char *dev_name(void) { return emu->ops->name; }
 static int on_emulator(void) { return !strcmp(dev_name(), "cuda-emu"); }
+/* SwiGLU on a GPU against the CPU (CUDA's expf, within 2 ulps of exact, against
+ * glibc's): the first H200 run measured 3. */
+#define SWIGLU_DEVICE_ULPS 4
 
 /* Under AddressSanitizer (make asan) everything runs ~3x slower: the model-
  * level cases run once instead of per model and mode. */
@@ -508,6 +511,22 @@ static void test_lm_head_chunks(void)
 
 /* ------------------------------------------------------------------ row ops vs the CPU backend */
 
+/* Largest distance in ulps between a[i] and b[i] (finite floats). */
+static int64_t max_ulps(const float *a, const float *b, size_t n)
+{
+    int64_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t ia, ib;
+        memcpy(&ia, &a[i], 4);
+        memcpy(&ib, &b[i], 4);
+        /* sign-magnitude to a line ordered like the floats */
+        int64_t la = ia < 0 ? (int64_t)INT32_MIN - ia : ia, lb = ib < 0 ? (int64_t)INT32_MIN - ib : ib;
+        int64_t d = la > lb ? la - lb : lb - la;
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
 static void test_row_ops(void)
 {
     const int32_t M = 7, D = 96, F = 40, NH = 5, HD = 16, STRIDE = NH * HD + 8, MAXPOS = 50;
@@ -554,7 +573,14 @@ static void test_row_ops(void)
     }
     CHECK(ulps <= 1, "rmsnorm differs from the CPU by %d ulps (double sums, another order)", ulps);
     CHECK(!memcmp(res[0][1], res[1][1], sizeof(float) * M * D), "rope is not bit-identical to the CPU");
-    CHECK(!memcmp(res[0][2], res[1][2], sizeof(float) * M * F), "swiglu is not bit-identical to the CPU (emulator uses glibc expf)");
+    /* SwiGLU calls expf: the emulator's is glibc's, as the CPU's (bit-identical);
+     * CUDA's is within 2 ulps of the exact value, which moves silu(g) * u by a
+     * few ulps */
+    if (on_emulator())
+        CHECK(!memcmp(res[0][2], res[1][2], sizeof(float) * M * F), "swiglu is not bit-identical to the CPU");
+    else
+        CHECK(max_ulps(res[0][2], res[1][2], (size_t)M * F) <= SWIGLU_DEVICE_ULPS,
+              "swiglu differs from the CPU by %lld ulps", (long long)max_ulps(res[0][2], res[1][2], (size_t)M * F));
     CHECK(!memcmp(res[0][3], res[1][3], sizeof(float) * 5 * D), "gather_rows");
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 4; j++)
@@ -564,21 +590,6 @@ static void test_row_ops(void)
 
 /* ------------------------------------------------------------------ Qwen's ops: q|k|v bias, per-head RMSNorm */
 
-/* Largest distance in ulps between a[i] and b[i] (finite floats). */
-static int64_t max_ulps(const float *a, const float *b, size_t n)
-{
-    int64_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t ia, ib;
-        memcpy(&ia, &a[i], 4);
-        memcpy(&ib, &b[i], 4);
-        /* sign-magnitude to a line ordered like the floats */
-        int64_t la = ia < 0 ? (int64_t)INT32_MIN - ia : ia, lb = ib < 0 ? (int64_t)INT32_MIN - ib : ib;
-        int64_t d = la > lb ? la - lb : lb - la;
-        worst = d > worst ? d : worst;
-    }
-    return worst;
-}
 
 /* q|k|v rows as the runner lays them out: nh query heads, then nkv K heads
  * and nkv V heads of hd floats, then pad columns (0 in the runner; here also
@@ -784,7 +795,8 @@ static void test_rope_then_row_op(void)
             continue;
         }
         int64_t ulps = max_ulps(res[0][op], res[1][op], n);
-        CHECK(ulps <= 1, "rope then %s differs from the CPU by %lld ulps (did the op run before the RoPE?)", what[op],
+        const int64_t tol = op == 1 && !on_emulator() ? SWIGLU_DEVICE_ULPS : 1; /* swiglu: CUDA's expf */
+        CHECK(ulps <= tol, "rope then %s differs from the CPU by %lld ulps (did the op run before the RoPE?)", what[op],
               (long long)ulps);
     }
     for (int k = 0; k < 2; k++) {
