@@ -787,12 +787,166 @@ static void decode_avx512(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk
 }
 #pragma GCC pop_options
 
+/* ---------------------------------------------------------------------------
+ * AVX2 decode: decode_avx512's operations on the 16 lanes as two halves of
+ * 8, for hosts without AVX-512 (the plain C decode is a switch per weight,
+ * ~20x slower). Every product here is exact in fp32 (an f16 scale times a
+ * code of at most 8 bits, or an f16 times a 6-bit sub-scale times a 5-bit
+ * code), so FMA and a multiply then an add give the same floats as
+ * decode_lanes. */
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+static inline __m256 a2_u8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+static inline __m256 a2_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* The 8 bits of hb as 8 int32 lanes of 16 (set) or 0. */
+static inline __m256i a2_bits16(uint8_t hb)
+{
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(hb), sel), sel);
+    return _mm256_and_si256(on, _mm256_set1_epi32(16));
+}
+
+/* NIB_LOOP's codes for lanes 8h .. 8h + 7 (h = 0, 1): c0 (k = 2i) and c1
+ * (k = 2i + 1), plus 16 where the hi bit is set (hi NULL: none). */
+#define NIB_LOOP2(q, hi, BODY)                                                                           \
+    for (int i = 0; i < 16; i++)                                                                         \
+        for (int h = 0; h < 2; h++) {                                                                    \
+            __m256i bb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((q) + i * LANES + 8 * h))); \
+            __m256i c0 = _mm256_and_si256(bb, _mm256_set1_epi32(15)), c1 = _mm256_srli_epi32(bb, 4);     \
+            if (hi) {                                                                                    \
+                c0 = _mm256_or_si256(c0, a2_bits16((hi)[4 * i + h]));                                    \
+                c1 = _mm256_or_si256(c1, a2_bits16((hi)[4 * i + 2 + h]));                                \
+            }                                                                                            \
+            float *o0 = dst + (2 * i) * LANES + 8 * h, *o1 = o0 + LANES;                                 \
+            BODY                                                                                         \
+        }
+
+static void decode_avx2(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
+{
+    const int32_t b = k0 / q->blk, kb0 = k0 % q->blk;
+    const uint8_t *pb = q->data + pblock_at(q, p, b);
+    switch (q->type) {
+    case GGML_F32:
+        memcpy(dst, pb + (size_t)kb0 * LANES * 4, (size_t)nk * LANES * 4);
+        return;
+    case GGML_F16:
+        for (int32_t kk = 0; kk < nk; kk++)
+            for (int h = 0; h < 2; h++)
+                _mm256_storeu_ps(dst + kk * LANES + 8 * h, a2_f16(pb + ((size_t)(kb0 + kk) * LANES + 8 * h) * 2));
+        return;
+    case GGML_BF16:
+        for (int32_t kk = 0; kk < nk; kk++)
+            for (int h = 0; h < 2; h++) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(pb + ((size_t)(kb0 + kk) * LANES + 8 * h) * 2));
+                _mm256_storeu_ps(dst + kk * LANES + 8 * h,
+                                 _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+            }
+        return;
+    case GGML_Q8_0: {
+        const __m256 d[2] = {a2_f16(pb), a2_f16(pb + 16)};
+        for (int kk = 0; kk < 32; kk++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(pb + 32 + kk * LANES + 8 * h)));
+                _mm256_storeu_ps(dst + kk * LANES + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(v), d[h]));
+            }
+        return;
+    }
+    case GGML_Q4_0: {
+        const __m256 d[2] = {a2_f16(pb), a2_f16(pb + 16)};
+        const __m256i eight = _mm256_set1_epi32(8);
+        const uint8_t *hi = NULL;
+        NIB_LOOP2(pb + 32, hi, {
+            _mm256_storeu_ps(o0, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, eight)), d[h]));
+            _mm256_storeu_ps(o1, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c1, eight)), d[h]));
+        })
+        return;
+    }
+    case GGML_Q4_1: {
+        const __m256 d[2] = {a2_f16(pb), a2_f16(pb + 16)}, m[2] = {a2_f16(pb + 32), a2_f16(pb + 48)};
+        const uint8_t *hi = NULL;
+        NIB_LOOP2(pb + 64, hi, {
+            _mm256_storeu_ps(o0, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), d[h], m[h]));
+            _mm256_storeu_ps(o1, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), d[h], m[h]));
+        })
+        return;
+    }
+    case GGML_Q5_0: {
+        const __m256 d[2] = {a2_f16(pb), a2_f16(pb + 16)};
+        const __m256i sixteen = _mm256_set1_epi32(16);
+        const uint8_t *hi = pb + 32;
+        NIB_LOOP2(pb + 96, hi, {
+            _mm256_storeu_ps(o0, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, sixteen)), d[h]));
+            _mm256_storeu_ps(o1, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c1, sixteen)), d[h]));
+        })
+        return;
+    }
+    case GGML_Q5_1: {
+        const __m256 d[2] = {a2_f16(pb), a2_f16(pb + 16)}, m[2] = {a2_f16(pb + 32), a2_f16(pb + 48)};
+        const uint8_t *hi = pb + 64;
+        NIB_LOOP2(pb + 128, hi, {
+            _mm256_storeu_ps(o0, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), d[h], m[h]));
+            _mm256_storeu_ps(o1, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), d[h], m[h]));
+        })
+        return;
+    }
+    case GGML_Q4_K:
+    case GGML_Q5_K: {
+        const int s = kb0 / 32;
+        const int off_q = q->type == GGML_Q4_K ? 320 : 832;
+        __m256 d0[2], mn0[2];
+        for (int h = 0; h < 2; h++) {
+            d0[h] = _mm256_mul_ps(a2_f16(pb + 16 * h), a2_u8(pb + 64 + s * LANES + 8 * h));
+            mn0[h] = _mm256_mul_ps(a2_f16(pb + 32 + 16 * h), a2_u8(pb + 192 + s * LANES + 8 * h));
+        }
+        const uint8_t *hi = q->type == GGML_Q5_K ? pb + 320 + 2 * kb0 : NULL;
+        NIB_LOOP2(pb + off_q + (kb0 / 2) * LANES, hi, {
+            _mm256_storeu_ps(o0, _mm256_fmsub_ps(d0[h], _mm256_cvtepi32_ps(c0), mn0[h]));
+            _mm256_storeu_ps(o1, _mm256_fmsub_ps(d0[h], _mm256_cvtepi32_ps(c1), mn0[h]));
+        })
+        return;
+    }
+    case GGML_Q6_K: {
+        const int s = kb0 / 16;
+        __m256 dsc[2][2];
+        for (int j = 0; j < 2; j++)
+            for (int h = 0; h < 2; h++)
+                dsc[j][h] = _mm256_mul_ps(a2_f16(pb + 16 * h),
+                                          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)(pb + 32 + (s + j) * LANES + 8 * h)))));
+        const uint8_t *ql = pb + 288 + (kb0 / 2) * LANES, *qh = pb + 2336 + (kb0 / 4) * LANES;
+        const __m128i f = _mm_set1_epi8(15), hm = _mm_set1_epi8(0x30), z = _mm_set1_epi8(32);
+        for (int i = 0; i < 8; i++) { /* 4 k per hi byte, 2 per nibble byte: q6k_codes' bytes */
+            const __m128i hv = _mm_loadu_si128((const __m128i *)(qh + i * LANES));
+            const __m128i n0 = _mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES));
+            const __m128i n1 = _mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES));
+            __m128i c[4];
+            c[0] = _mm_or_si128(_mm_and_si128(n0, f), _mm_and_si128(_mm_slli_epi16(hv, 4), hm));
+            c[1] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n0, 4), f), _mm_and_si128(_mm_slli_epi16(hv, 2), hm));
+            c[2] = _mm_or_si128(_mm_and_si128(n1, f), _mm_and_si128(hv, hm));
+            c[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n1, 4), f), _mm_and_si128(_mm_srli_epi16(hv, 2), hm));
+            for (int j = 0; j < 4; j++) {
+                const int kk = 4 * i + j;
+                const __m128i v = _mm_sub_epi8(c[j], z);
+                _mm256_storeu_ps(dst + kk * LANES, _mm256_mul_ps(dsc[kk / 16][0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+                _mm256_storeu_ps(dst + kk * LANES + 8,
+                                 _mm256_mul_ps(dsc[kk / 16][1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
+            }
+        }
+        return;
+    }
+    }
+}
+#pragma GCC pop_options
+
 void gemm_qdecode(const gemm_qpart *q, int32_t p, int32_t k0, int32_t nk, float *dst)
 {
-    if (cpu_isa_active() >= CPU_ISA_AVX512)
-        decode_avx512(q, p, k0, nk, dst);
-    else
-        decode_lanes(q, p, k0, nk, 0, LANES, dst, LANES);
+    switch (cpu_isa_active()) {
+    case CPU_ISA_AVX512: decode_avx512(q, p, k0, nk, dst); return;
+    case CPU_ISA_AVX2: decode_avx2(q, p, k0, nk, dst); return;
+    default: decode_lanes(q, p, k0, nk, 0, LANES, dst, LANES); return;
+    }
 }
 
 /* ---------------------------------------------------------------------------
