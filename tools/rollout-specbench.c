@@ -1,7 +1,7 @@
 /* rollout-specbench - speculative decoding on vs off on a long-tail decode workload.
  *   rollout-specbench --model PATH [--backend cpu] [--threads T] [--batches 1,2,4] [--max-tokens 128]
  *                     [--spec-decode ngram] [--draft 6] [--reps 2] [--json-out FILE] [--grpo]
- *                     [--spec-max-batch B]
+ *                     [--spec-max-batch B] [--spec-fixed]
  * The tail of an RL round: B (1, 2, 4) samples decode alone. Prompts are code,
  * lists and worked arithmetic (structure that repeats, numbers and names that
  * come back, as in real answers), the default model's tokenizer encodes them;
@@ -27,7 +27,9 @@
  * the mean accepted length (SGLang's: completion tokens / verify steps,
  * summed over samples). Medians over the reps, and whether every sample was
  * identical. --spec-max-batch B: the speculating runs' spec_max_batch (default
- * the engine's, 16). */
+ * the engine's, 8). --spec-fixed: the speculating runs size drafts by
+ * spec_len and the batch bound alone, not by the engine's measured step
+ * times (eng_config.spec_fixed; spec_cost.h). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +44,7 @@
 
 static const char *P = "rollout-specbench";
 static int32_t spec_max_batch; /* --spec-max-batch: the engine's bound on a speculating step's batch (0: its default) */
+static int spec_fixed;         /* --spec-fixed: drafts not sized by the measured step times */
 
 static const char *PROMPTS[] = {
     "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
@@ -104,6 +107,7 @@ static int run_once(rd_loaded *L, const char *backend, int32_t **ids, const size
     cfg.spec_decode = draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
     cfg.spec_max_draft = draft;
     cfg.spec_max_batch = spec_max_batch;
+    cfg.spec_fixed = spec_fixed;
     cfg.eos_id = -1;
     engine *e;
     int rc = eng_create(L->m, &cfg, &e);
@@ -180,6 +184,7 @@ static int grpo_once(rd_loaded *L, const char *backend, int32_t **ids, const siz
     cfg.spec_decode = draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
     cfg.spec_max_draft = draft;
     cfg.spec_max_batch = spec_max_batch;
+    cfg.spec_fixed = spec_fixed;
     cfg.eos_id = tok_eos(L->tok);
     cfg.eot_id = tok_eot(L->tok);
     engine *e;
@@ -318,6 +323,7 @@ static int grpo_bench(rd_loaded *L, const char *backend, int max_tokens, int dra
         cJSON_AddNumberToObject(o, "max_tokens", max_tokens);
         cJSON_AddNumberToObject(o, "spec_max_draft", draft);
         cJSON_AddNumberToObject(o, "spec_max_batch", spec_max_batch);
+        cJSON_AddBoolToObject(o, "spec_fixed", spec_fixed);
         cJSON_AddNumberToObject(o, "reps", reps);
         cJSON_AddNumberToObject(o, "tokens", (double)tokens);
         cJSON_AddNumberToObject(o, "round_s_off_median", median(round_off, reps));
@@ -369,6 +375,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--reps")) reps = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100);
         else if (!strcmp(a, "--json-out")) json_out = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--grpo")) grpo = 1;
+        else if (!strcmp(a, "--spec-fixed")) spec_fixed = 1;
         else if (!strcmp(a, "--spec-max-batch"))
             spec_max_batch = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 4096);
         else cli_die(P, "unknown option %s%s", a, "");

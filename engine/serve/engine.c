@@ -19,6 +19,7 @@
 #include "engine/serve/kv.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sched.h"
+#include "engine/serve/spec_cost.h"
 #include "engine/serve/spec_ngram.h"
 #include "engine/serve/spec_plan.h"
 #include "engine/serve/spec_store.h"
@@ -63,6 +64,7 @@ struct engine {
     /* Speculative decoding (cfg.spec_max_draft > 0; NULL otherwise) */
     spec_drafter *drafter;
     spec_store *store;          /* recent completions by prompt (cfg.spec_store_bytes > 0; NULL otherwise) */
+    spec_cost cost;             /* decode and verify step times by rows: which drafts pay */
     int32_t logit_cap;          /* logit rows a step may ask for: max_num_seqs, plus 4 sequences' drafts */
 };
 
@@ -144,6 +146,7 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         return rd_fail(RD_ENOMEM, "engine: out of memory");
     e->m = m;
     e->cfg = *cfg;
+    spec_cost_init(&e->cost);
     /* One meaning from here on: the mode is OFF or a drafter, and spec_max_draft is 0 exactly when OFF. */
     if (e->cfg.spec_decode == ENG_SPEC_AUTO)
         e->cfg.spec_decode = cfg->spec_max_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF;
@@ -641,7 +644,7 @@ int eng_step(engine *e)
         return 0;
     const spec_plan_cfg pc = {.max_draft = e->cfg.spec_max_draft, .max_batch = e->cfg.spec_max_batch,
                               .max_ctx = e->m->cfg.max_ctx, .logit_rows = e->logit_cap, .store = e->store,
-                              .version = e->version};
+                              .version = e->version, .cost = e->cfg.spec_fixed ? NULL : &e->cost};
     if (e->drafter && spec_plan(&e->sched, e->drafter, &pc) < 0)
         return rd_fail(RD_EINVAL, "engine: the %s drafter failed: %s", e->drafter->name, rd_errmsg());
     int32_t n_sched = sched_step(&e->sched, e->version);
@@ -685,6 +688,8 @@ int eng_step(engine *e)
         .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
         .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
     };
+    /* A decode or verify step (every row a logit row: no prompt rows) is timed for spec_cost. */
+    const int64_t t_step = n_logits == M ? clock_now_ns() : 0;
     if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->device_sampling ? NULL : e->logits)))
         return rc;
     if (e->slot_routes && (rc = store_routes(e, M)))
@@ -723,7 +728,10 @@ int eng_step(engine *e)
     }
     int64_t t0 = clock_now_ns();
     rc = draw_tokens(e, n_draws);
-    e->st.ns_sample += clock_now_ns() - t0;
+    const int64_t t1 = clock_now_ns();
+    e->st.ns_sample += t1 - t0;
+    if (t_step && e->drafter && !rc)
+        spec_cost_observe(&e->cost, M, t1 - t_step);
     if (n_spec > 0) {
         e->st.spec_steps++;
         /* The KV of rejected drafts goes; a finished sequence gave back all of it. */

@@ -55,6 +55,8 @@ typedef struct {
                                    (0 = ENG_SPEC_DEFAULT_MAX_BATCH) */
     int64_t spec_store_bytes;   /* bytes of recent completions kept by prompt and weight version for the
                                    drafter (spec_store.h; default 64 MiB, 0 = none) */
+    int spec_fixed;             /* 1: drafts sized by spec_len and spec_max_batch alone; 0 (default): also by
+                                   what a row costs in this engine's measured step times (spec_cost.h) */
 } eng_config;
 
 typedef struct {

@@ -78,6 +78,7 @@ seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
     s->sample_idx = sample_idx;
     s->fork_n = 1;
     s->spec_rate = 1.0f; /* drafts are tried before they are judged */
+    s->spec_keep_p = 1.0f;
     s->cap = cap;
     stop_scan_init(&s->scan);
     int32_t k = r->sp.logprobs_topk;

@@ -42,6 +42,7 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
     kv_stats ks;
     kv_get_stats(sc->kv, &ks);
     int32_t free_blocks = ks.blocks_total - ks.blocks_used;
+    const double share = cfg->cost ? spec_cost_row_share(cfg->cost, rows) : -1.0;
     int32_t total = 0;
     for (seq *s = sc->running.head; s && budget > 0 && logits > 0; s = s->next) {
         if (!decoding(s))
@@ -61,6 +62,7 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
             room = budget;
         if (room > logits)
             room = logits;
+        room = spec_cost_depth(share, s->spec_keep_p, room);
         /* Blocks past the one its next token goes into (reserve's fresh blocks). */
         const int32_t bs = sc->block_size;
         int32_t have = s->blocks.n * bs - s->n_computed - 1; /* free slots after its next one */
@@ -118,6 +120,10 @@ void spec_feedback(seq *s, int32_t max_draft)
     /* A running average with weight 1/4 on the last step: one bad step does not stop it. */
     const float step_rate = (float)(kept < s->n_draft ? kept : s->n_draft) / (float)s->n_draft;
     s->spec_rate += (step_rate - s->spec_rate) * 0.25f;
+    /* Positions tried: those kept and the first miss (drafts after it were never compared). */
+    const int32_t hits = kept < 0 ? 0 : kept < s->n_draft ? kept : s->n_draft, tries = hits + (hits < s->n_draft);
+    if (tries > 0)
+        s->spec_keep_p += ((float)hits / (float)tries - s->spec_keep_p) * 0.25f;
     if (kept <= 0 || s->spec_rate < SPEC_MIN_RATE) {
         s->spec_backoff = s->spec_backoff > 0 ? (2 * s->spec_backoff < 16 ? 2 * s->spec_backoff : 16) : 1;
         s->spec_wait = s->spec_backoff;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "engine/serve/sched.h"
+#include "engine/serve/spec_cost.h"
 #include "engine/serve/spec_draft.h"
 #include "engine/serve/spec_store.h"
 
@@ -32,6 +33,7 @@ typedef struct {
     int32_t logit_rows;         /* logit rows the runner gives a step */
     const spec_store *store;    /* earlier completions by prompt (NULL: none) */
     uint64_t version;           /* the weight version serving: the store's salt */
+    const spec_cost *cost;      /* the engine's step times (NULL: drafts are sized by spec_len alone) */
 } spec_plan_cfg;
 
 /* Drafts for this step. Only in the tail: nothing waiting, at most
@@ -44,7 +46,9 @@ typedef struct {
  * already forked), is not waiting out a backoff (spec_feedback), and has
  * room: at most max_draft tokens (or its adapted spec_len), never past its
  * max_tokens or max_ctx (a draft that cannot be kept is not drafted), and
- * enough free blocks for them. Returns the tokens drafted (0: the step runs
+ * enough free blocks for them; and with a cost model, at most the drafts
+ * that pay at this step's rows (spec_cost_depth of its spec_keep_p: none
+ * when even the first would not). Returns the tokens drafted (0: the step runs
  * as without speculation), or < 0 when the drafter fails (then nothing is
  * drafted). */
 int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg);

@@ -970,6 +970,7 @@ static void test_spec_batch_rule(void)
     eng_config cfg = eng_default_config();
     cfg.spec_decode = ENG_SPEC_NGRAM;
     cfg.spec_max_batch = 2;
+    cfg.spec_fixed = 1; /* the batch rule alone, not the step times */
     engine *e = NULL;
     int rc = eng_create(l.m, &cfg, &e);
     for (int i = 0; i < 4 && !rc; i++) {
@@ -1055,6 +1056,7 @@ static void test_spec_store_across_requests(void)
         eng_config cfg = eng_default_config();
         cfg.spec_decode = ENG_SPEC_NGRAM;
         cfg.spec_store_bytes = on ? (int64_t)1 << 20 : 0;
+        cfg.spec_fixed = 1; /* drafts by the store alone, not by step times that differ between the engines */
         engine *e = NULL;
         rc = eng_create(l.m, &cfg, &e);
         if (!rc)
