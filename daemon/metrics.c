@@ -98,6 +98,16 @@ char *mx_status_json(const mx_snapshot *s)
     cJSON_AddNumberToObject(sp, "acceptance_rate",
                             s->eng.spec_drafted > 0 ? (double)s->eng.spec_accepted / (double)s->eng.spec_drafted : 0.0);
     cJSON_AddNumberToObject(sp, "verify_steps", (double)s->eng.spec_steps);
+    /* What sizes the drafts: the measured step times (their fit, null until two row counts were timed)
+       or the fixed rules alone. */
+    cJSON_AddStringToObject(sp, "draft_sizing", s->eng.spec_fixed ? "fixed" : "measured");
+    if (s->eng.spec_cost_fitted) {
+        cJSON *fit = cJSON_AddObjectToObject(sp, "step_fit");
+        cJSON_AddNumberToObject(fit, "fixed_ms", s->eng.spec_step_ns * 1e-6);
+        cJSON_AddNumberToObject(fit, "per_row_ms", s->eng.spec_row_ns * 1e-6);
+    } else {
+        cJSON_AddNullToObject(sp, "step_fit");
+    }
     cJSON *mem = cJSON_AddObjectToObject(o, "memory");
     cJSON_AddNumberToObject(mem, "weights_bytes", (double)s->weights_bytes);
     /* By dtype ("q8_0", "bf16", "f32": norms and fp32 panels, ...), where the backend says: what a

@@ -1047,6 +1047,10 @@ void eng_get_stats(const engine *e, eng_stats *s)
     s->spec_decode = e->cfg.spec_decode;
     s->spec_max_draft = e->cfg.spec_max_draft;
     s->spec_max_batch = e->cfg.spec_max_batch;
+    s->spec_fixed = e->cfg.spec_fixed;
+    s->spec_cost_fitted = e->cost.fitted;
+    s->spec_step_ns = e->cost.fitted ? e->cost.a_ns : 0;
+    s->spec_row_ns = e->cost.fitted ? e->cost.b_ns : 0;
     spec_store_stats ss;
     spec_store_get_stats(e->store, &ss);
     s->spec_store_bytes = ss.bytes;

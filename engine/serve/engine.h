@@ -156,6 +156,9 @@ typedef struct {
     int32_t spec_max_batch;     /* running sequences at most for a step to speculate */
     int64_t spec_store_bytes, spec_store_max_bytes; /* the store of completions: charged now, its bound */
     int32_t spec_store_entries; /* completions in it */
+    int spec_fixed;             /* drafts sized by the batch bound and spec_len alone (eng_config.spec_fixed) */
+    int spec_cost_fitted;       /* the step-time fit below exists (spec_cost.h) */
+    double spec_step_ns, spec_row_ns; /* decode step time = spec_step_ns + spec_row_ns * rows, measured */
 } eng_stats;
 
 typedef struct engine engine;

@@ -91,6 +91,11 @@ def nng_spec_on_equals_off():
         (st_on, st_off)
     assert st_off["drafted_tokens"] == 0, st_off
     assert st_on["accepted_tokens"] > 20 and st_on["drafted_tokens"] > st_on["accepted_tokens"], st_on
+    # The drafts were sized by step times it measured: decode steps of several row counts ran, so a fit
+    # exists, with a positive fixed part (every step reads all the weights) and no negative row cost.
+    fit = st_on["step_fit"]
+    assert st_on["draft_sizing"] == "measured" and fit is not None, st_on
+    assert fit["fixed_ms"] > 0 and fit["per_row_ms"] >= 0, fit
     print(f"nng: {compared} samples equal; speculating daemon {st_on}", flush=True)
 
 
