@@ -1017,9 +1017,8 @@ static void put_rows(const float *t, int32_t tld, int32_t rows, int32_t cols, fl
     }
 }
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma,f16c")
-/* Batch 1-3 streams the weights once per step and is bound by how fast
+/* Plain SSE (the x86-64 baseline), so both vector paths below inline it.
+ * Batch 1-3 streams the weights once per step and is bound by how fast
  * they arrive: a task's group is one linear stream (pblock_at), which is
  * fetched PREFETCH_BYTES ahead of the decoder, a chunk's worth per step
  * (the first PREFETCH_BYTES at the start). */
@@ -1046,6 +1045,9 @@ static inline void stream_start(stream_prefetch *s, const gemm_qpart *q, int32_t
 }
 
 static inline void stream_step(stream_prefetch *s) { prefetch_to(s, s->next + s->step); }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
 
 /* R rows x NP panels (R <= 3 with NP <= 4, or R <= 8 with NP <= 2: R * NP
  * chains and NP weight vectors in 32 registers): decode GEMMQ_CHUNK k of
@@ -1272,6 +1274,260 @@ static const qsmall_fn qsmall[SMALL_ROWS][4] = {
     {qs_4x1, qs_4x2}, {qs_5x1, qs_5x2}, {qs_6x1, qs_6x2}, {qs_7x1, qs_7x2}, {qs_8x1, qs_8x2}};
 #pragma GCC pop_options
 
+/* ---------------------------------------------------------------------------
+ * The 1-8-row paths for AVX2 hosts: qtile_small's and qrow1's operations on
+ * the 16 lanes of a panel as two halves of 8 (ymm registers), so each
+ * output is the same fused multiply-add chain over k = 0 .. in - 1 with the
+ * same decoded weights (decode_avx2's arithmetic) and the bits are the
+ * AVX-512 paths'. Sixteen registers instead of 32 set the shapes: R rows x
+ * NP panels keep 2 * R * NP chains, at most 16 (qtask2 picks NP from R). */
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+/* Chains of one panel (two halves) into y[0 .. n), n <= 16 lanes. */
+static inline void put_panel2(float *y, int32_t n, __m256 lo, __m256 hi, int accumulate)
+{
+    if (n >= LANES) {
+        if (accumulate) {
+            lo = _mm256_add_ps(_mm256_loadu_ps(y), lo);
+            hi = _mm256_add_ps(_mm256_loadu_ps(y + 8), hi);
+        }
+        _mm256_storeu_ps(y, lo);
+        _mm256_storeu_ps(y + 8, hi);
+        return;
+    }
+    float t[LANES];
+    _mm256_storeu_ps(t, lo);
+    _mm256_storeu_ps(t + 8, hi);
+    for (int32_t l = 0; l < n; l++)
+        y[l] = accumulate ? y[l] + t[l] : t[l];
+}
+
+static inline __attribute__((always_inline)) void qtile_small2(const gemm_qpart *q, const float *x, int32_t p0,
+                                                               float *y, int32_t ldy, int32_t ncol, int accumulate,
+                                                               const int R, const int NP)
+{
+    const int32_t in = q->in;
+    float buf[4][GEMMQ_CHUNK * LANES] __attribute__((aligned(32)));
+    __m256 acc[8][8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2 * NP; h++)
+            acc[r][h] = _mm256_setzero_ps();
+    stream_prefetch st;
+    stream_start(&st, q, p0 / 4);
+    for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+        const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+        stream_step(&st);
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            decode_avx2(q, p0 + j, k0, nk, buf[j]);
+        for (int32_t kk = 0; kk < nk; kk++)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const __m256 v = _mm256_broadcast_ss(x + (size_t)r * in + k0 + kk);
+#pragma GCC unroll 8
+                for (int h = 0; h < 2 * NP; h++)
+                    acc[r][h] = _mm256_fmadd_ps(v, _mm256_load_ps(buf[h / 2] + kk * LANES + 8 * (h % 2)), acc[r][h]);
+            }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++)
+            put_panel2(y + (size_t)r * ldy + j * LANES, ncol - j * LANES, acc[r][2 * j], acc[r][2 * j + 1], accumulate);
+}
+
+/* qrow1 on halves: the weights decoded straight into registers. */
+static inline __attribute__((always_inline)) void qrow1_2(const gemm_qpart *q, const float *x, int32_t p0, float *y,
+                                                          int32_t ncol, int accumulate, const int NP, const int TYPE)
+{
+    const int32_t in = q->in, blk = q->blk;
+    const int kq = TYPE == GGML_Q4_K || TYPE == GGML_Q5_K;
+    const int ft = TYPE == GGML_F32 || TYPE == GGML_F16 || TYPE == GGML_BF16;
+    const int off_m = TYPE == GGML_Q4_1 || TYPE == GGML_Q5_1 || kq ? 32 : 0;
+    const int off_hi = TYPE == GGML_Q5_0 ? 32 : TYPE == GGML_Q5_1 ? 64 : TYPE == GGML_Q5_K ? 320 : 0;
+    const int off_q = TYPE == GGML_Q8_0 || TYPE == GGML_Q4_0 ? 32 : TYPE == GGML_Q4_1 ? 64 : TYPE == GGML_Q5_0 ? 96
+                      : TYPE == GGML_Q5_1 ? 128 : TYPE == GGML_Q4_K ? 320 : TYPE == GGML_Q5_K ? 832 : 288;
+    stream_prefetch st;
+    stream_start(&st, q, p0 / 4);
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; j++)
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int32_t k0 = 0; k0 < in; k0 += GEMMQ_CHUNK) {
+        const int32_t b = k0 / blk, kb0 = k0 % blk;
+        const float *xb = x + k0;
+        __m256 d[4][2], m[4][2], d2[4][2];
+        const uint8_t *pb[4];
+        stream_step(&st);
+#pragma GCC unroll 4
+        for (int j = 0; j < NP; j++) {
+            pb[j] = q->data + pblock_at(q, p0 + j, b);
+            if (ft)
+                continue;
+            for (int h = 0; h < 2; h++) {
+                d[j][h] = a2_f16(pb[j] + 16 * h);
+                m[j][h] = off_m ? a2_f16(pb[j] + off_m + 16 * h) : _mm256_setzero_ps();
+                if (kq) {
+                    d[j][h] = _mm256_mul_ps(d[j][h], a2_u8(pb[j] + 64 + (kb0 / 32) * LANES + 8 * h));
+                    m[j][h] = _mm256_mul_ps(m[j][h], a2_u8(pb[j] + 192 + (kb0 / 32) * LANES + 8 * h));
+                }
+                if (TYPE == GGML_Q6_K) {
+                    const uint8_t *sc = pb[j] + 32 + (kb0 / 16) * LANES + 8 * h;
+                    d2[j][h] = _mm256_mul_ps(d[j][h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                          _mm_loadl_epi64((const __m128i *)(sc + LANES)))));
+                    d[j][h] = _mm256_mul_ps(d[j][h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                         _mm_loadl_epi64((const __m128i *)sc))));
+                }
+            }
+        }
+        if (ft) {
+            const int32_t nk = in - k0 < GEMMQ_CHUNK ? in - k0 : GEMMQ_CHUNK;
+            for (int32_t kk = 0; kk < nk; kk++) {
+                const __m256 v = _mm256_broadcast_ss(xb + kk);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++)
+                    for (int h = 0; h < 2; h++) {
+                        const uint8_t *e = pb[j] + ((size_t)(kb0 + kk) * LANES + 8 * h) * (TYPE == GGML_F32 ? 4 : 2);
+                        __m256 w = TYPE == GGML_F32 ? _mm256_loadu_ps((const float *)e)
+                                   : TYPE == GGML_F16
+                                       ? a2_f16(e)
+                                       : _mm256_castsi256_ps(_mm256_slli_epi32(
+                                             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)e)), 16));
+                        acc[j][h] = _mm256_fmadd_ps(v, w, acc[j][h]);
+                    }
+            }
+            continue;
+        }
+        if (TYPE == GGML_Q8_0) {
+            for (int kk = 0; kk < 32; kk++) {
+                const __m256 v = _mm256_broadcast_ss(xb + kk);
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++)
+                    for (int h = 0; h < 2; h++) {
+                        __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(pb[j] + 32 + kk * LANES + 8 * h)));
+                        acc[j][h] = _mm256_fmadd_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(c), d[j][h]), acc[j][h]);
+                    }
+            }
+            continue;
+        }
+        if (TYPE == GGML_Q6_K) {
+            const __m128i f = _mm_set1_epi8(15), hm = _mm_set1_epi8(0x30), z = _mm_set1_epi8(32);
+            for (int i = 0; i < 8; i++) {       /* 4 k per hi byte, 2 per nibble byte */
+#pragma GCC unroll 4
+                for (int j = 0; j < NP; j++) {
+                    const uint8_t *ql = pb[j] + 288 + (kb0 / 2) * LANES, *qh = pb[j] + 2336 + (kb0 / 4) * LANES;
+                    const __m128i hv = _mm_loadu_si128((const __m128i *)(qh + i * LANES));
+                    const __m128i n0 = _mm_loadu_si128((const __m128i *)(ql + (2 * i) * LANES));
+                    const __m128i n1 = _mm_loadu_si128((const __m128i *)(ql + (2 * i + 1) * LANES));
+                    __m128i c[4];
+                    c[0] = _mm_or_si128(_mm_and_si128(n0, f), _mm_and_si128(_mm_slli_epi16(hv, 4), hm));
+                    c[1] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n0, 4), f), _mm_and_si128(_mm_slli_epi16(hv, 2), hm));
+                    c[2] = _mm_or_si128(_mm_and_si128(n1, f), _mm_and_si128(hv, hm));
+                    c[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(n1, 4), f), _mm_and_si128(_mm_srli_epi16(hv, 2), hm));
+                    for (int t = 0; t < 4; t++) {
+                        const __m256 v = _mm256_broadcast_ss(xb + 4 * i + t);
+                        const __m128i cb = _mm_sub_epi8(c[t], z);
+                        const __m256 s0 = i < 4 ? d[j][0] : d2[j][0], s1 = i < 4 ? d[j][1] : d2[j][1];
+                        __m256 w0 = _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(cb)));
+                        __m256 w1 = _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(cb, 8))));
+                        acc[j][0] = _mm256_fmadd_ps(v, w0, acc[j][0]);
+                        acc[j][1] = _mm256_fmadd_ps(v, w1, acc[j][1]);
+                    }
+                }
+            }
+            continue;
+        }
+        for (int i = 0; i < 16; i++) {
+            const __m256 v0 = _mm256_broadcast_ss(xb + 2 * i), v1 = _mm256_broadcast_ss(xb + 2 * i + 1);
+#pragma GCC unroll 4
+            for (int j = 0; j < NP; j++) {
+                const uint8_t *qp = pb[j] + off_q + (kb0 / 2) * LANES, *hp = pb[j] + off_hi + 2 * kb0;
+                for (int h = 0; h < 2; h++) {
+                    __m256i bb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qp + i * LANES + 8 * h)));
+                    __m256i c0 = _mm256_and_si256(bb, _mm256_set1_epi32(15)), c1 = _mm256_srli_epi32(bb, 4);
+                    if (off_hi) {
+                        c0 = _mm256_or_si256(c0, a2_bits16(hp[4 * i + h]));
+                        c1 = _mm256_or_si256(c1, a2_bits16(hp[4 * i + 2 + h]));
+                    }
+                    __m256 w0, w1;
+                    if (TYPE == GGML_Q4_0 || TYPE == GGML_Q5_0) {
+                        const __m256i z = _mm256_set1_epi32(TYPE == GGML_Q4_0 ? 8 : 16);
+                        w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c0, z)), d[j][h]);
+                        w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c1, z)), d[j][h]);
+                    } else if (kq) {
+                        w0 = _mm256_fmsub_ps(d[j][h], _mm256_cvtepi32_ps(c0), m[j][h]);
+                        w1 = _mm256_fmsub_ps(d[j][h], _mm256_cvtepi32_ps(c1), m[j][h]);
+                    } else {
+                        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), d[j][h], m[j][h]);
+                        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1), d[j][h], m[j][h]);
+                    }
+                    acc[j][h] = _mm256_fmadd_ps(v0, w0, acc[j][h]);
+                    acc[j][h] = _mm256_fmadd_ps(v1, w1, acc[j][h]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; j++)
+        put_panel2(y + j * LANES, ncol - j * LANES, acc[j][0], acc[j][1], accumulate);
+}
+
+#define QR2_NP 2                /* panels per qrow1_2 call (registers) */
+#define QR(T, NP) \
+    static void qr2_##T##_##NP(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ncol, int accumulate) \
+    { \
+        qrow1_2(q, x, p0, y, ncol, accumulate, NP, T); \
+    }
+#define QR2(T) QR(T, 1) QR(T, 2)
+QR2(GGML_F32) QR2(GGML_F16) QR2(GGML_BF16) QR2(GGML_Q8_0) QR2(GGML_Q4_0) QR2(GGML_Q4_1) QR2(GGML_Q5_0)
+QR2(GGML_Q5_1) QR2(GGML_Q4_K) QR2(GGML_Q5_K) QR2(GGML_Q6_K)
+#undef QR2
+#undef QR
+#define QR_ROW(T) {qr2_##T##_1, qr2_##T##_2}
+static qrow1_fn qrow1_2_for(int32_t type, int32_t np)
+{
+    static const qrow1_fn t[11][2] = {QR_ROW(GGML_F32),  QR_ROW(GGML_F16),  QR_ROW(GGML_BF16), QR_ROW(GGML_Q8_0),
+                                      QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0), QR_ROW(GGML_Q5_1),
+                                      QR_ROW(GGML_Q4_K), QR_ROW(GGML_Q5_K), QR_ROW(GGML_Q6_K)};
+    static const int32_t order[11] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    for (int i = 0; i < 11; i++)
+        if (order[i] == type)
+            return t[i][np - 1];
+    return NULL;
+}
+#undef QR_ROW
+
+#define QS(R, NP) \
+    static void qs2_##R##x##NP(const gemm_qpart *q, const float *x, int32_t p0, float *y, int32_t ldy, int32_t ncol, \
+                               int accumulate) \
+    { \
+        qtile_small2(q, x, p0, y, ldy, ncol, accumulate, R, NP); \
+    }
+QS(2, 1) QS(2, 2) QS(3, 1) QS(3, 2) QS(4, 1) QS(5, 1) QS(6, 1) QS(7, 1) QS(8, 1)
+#undef QS
+/* Row counts 2 .. 8: 2 panels a call up to 3 rows (12 chains), 1 above. */
+static const qsmall_fn qsmall2[SMALL_ROWS - 1][2] = {{qs2_2x1, qs2_2x2}, {qs2_3x1, qs2_3x2}, {qs2_4x1}, {qs2_5x1},
+                                                     {qs2_6x1}, {qs2_7x1}, {qs2_8x1}};
+#pragma GCC pop_options
+
+/* One task's 1-8 rows over its group's np panels on an AVX2 host. */
+static void qtask2(const gemm_qpart *q, const float *x, int32_t p0, int32_t np, float *y, int32_t ldy,
+                   int32_t ncol, int32_t rows, int accumulate)
+{
+    const int32_t per = rows == 1 ? QR2_NP : rows <= 3 ? 2 : 1;
+    for (int32_t jj = 0; jj < np; jj += per) {
+        const int32_t n = np - jj < per ? np - jj : per;
+        if (rows == 1)
+            qrow1_2_for(q->type, n)(q, x, p0 + jj, y + jj * LANES, ncol - jj * LANES, accumulate);
+        else
+            qsmall2[rows - 2][n - 1](q, x, p0 + jj, y + jj * LANES, ldy, ncol - jj * LANES, accumulate);
+    }
+}
+
 static void qtask(void *ctx, int32_t t, int32_t worker)
 {
     const qjob *j = ctx;
@@ -1297,6 +1553,10 @@ static void qtask(void *ctx, int32_t t, int32_t worker)
             for (int32_t jj = 0; jj < np; jj += 2)
                 qsmall[rows - 1][(np - jj < 2 ? np - jj : 2) - 1](q, x, p0 + jj, y + jj * LANES, L->out,
                                                                   ncol - jj * LANES, j->accumulate);
+        return;
+    }
+    if (rows <= SMALL_ROWS && cpu_isa_active() == CPU_ISA_AVX2) {
+        qtask2(q, x, p0, np, y, L->out, ncol, rows, j->accumulate);
         return;
     }
     float tmp[ROW_CHUNK * 4 * LANES] __attribute__((aligned(64)));
