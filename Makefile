@@ -155,10 +155,13 @@ test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaem
 # greedy and temperature 1, tokens/s side by side, acceptance rate, outputs compared (build/bench-spec.json).
 .PHONY: bench-spec
 # Then a GRPO round (16 chat questions x n=8, temperature 1, EOS on) off vs on: whole-round time, the tail's
-# tokens/s, acceptance rate, mean accepted length (build/bench-spec-grpo.json).
+# tokens/s, acceptance rate, mean accepted length (build/bench-spec-grpo.json); and the same round with the
+# questions' budgets spread from 16 to 384 tokens, so it ends in a small-batch tail (build/bench-spec-grpo-spread.json).
 bench-spec: all model
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --json-out $(BUILD)/bench-spec.json
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --grpo --json-out $(BUILD)/bench-spec-grpo.json
+	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --grpo --spread --max-tokens 384 \
+		--json-out $(BUILD)/bench-spec-grpo-spread.json
 
 # A node of a RolloutFleet's Ray cluster dies (two raylets on this machine, ~25 s; not in tests/run.sh).
 .PHONY: test-ray-node-loss

@@ -1,7 +1,7 @@
 /* rollout-specbench - speculative decoding on vs off on a long-tail decode workload.
  *   rollout-specbench --model PATH [--backend cpu] [--threads T] [--batches 1,2,4] [--max-tokens 128]
  *                     [--spec-decode ngram] [--draft 6] [--reps 2] [--json-out FILE] [--grpo]
- *                     [--spec-max-batch B] [--spec-fixed]
+ *                     [--spec-max-batch B] [--spec-fixed] [--spread]
  * The tail of an RL round: B (1, 2, 4) samples decode alone. Prompts are code,
  * lists and worked arithmetic (structure that repeats, numbers and names that
  * come back, as in real answers), the default model's tokenizer encodes them;
@@ -26,7 +26,10 @@
  * time over that time), and for the speculating run the acceptance rate and
  * the mean accepted length (SGLang's: completion tokens / verify steps,
  * summed over samples). Medians over the reps, and whether every sample was
- * identical. --spec-max-batch B: the speculating runs' spec_max_batch (default
+ * identical. --spread (with --grpo): the questions' max_tokens spread from
+ * 16 to --max-tokens, quadratically (spread_budget), so the round has the
+ * small-batch tail of a real one: on the small models here about half the
+ * samples never say EOS, and with equal budgets they all stop in one step. --spec-max-batch B: the speculating runs' spec_max_batch (default
  * the engine's, 8). --spec-fixed: the speculating runs size drafts by
  * spec_len and the batch bound alone, not by the engine's measured step
  * times (eng_config.spec_fixed; spec_cost.h). */
@@ -45,6 +48,17 @@
 static const char *P = "rollout-specbench";
 static int32_t spec_max_batch; /* --spec-max-batch: the engine's bound on a speculating step's batch (0: its default) */
 static int spec_fixed;         /* --spec-fixed: drafts not sized by the measured step times */
+static int grpo_spread;        /* --spread: the GRPO round's answer budgets spread out (a long tail) */
+
+/* --spread: question i (of N_GRPO) may answer max_tokens * ((i + 1) / N_GRPO)^2 tokens, at least 16: most
+   answers short, a few long, as a round's lengths are when answers end at EOS; the round ends with the last
+   question's 8 samples decoding alone, the tail speculation is for. */
+static int spread_budget(int max_tokens, int i, int n)
+{
+    const double f = (double)(i + 1) / n;
+    const int t = (int)(max_tokens * f * f);
+    return t < 16 ? 16 : t;
+}
 
 static const char *PROMPTS[] = {
     "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
@@ -200,7 +214,8 @@ static int grpo_once(rd_loaded *L, const char *backend, int32_t **ids, const siz
     int64_t req_ids[N_GRPO];
     const int64_t t0 = clock_now_ns();
     for (int i = 0; i < N_GRPO && !rc; i++) {
-        eng_request r = {.prompt = ids[i], .n_prompt = (int32_t)n_ids[i], .n = GRPO_N, .max_tokens = max_tokens,
+        eng_request r = {.prompt = ids[i], .n_prompt = (int32_t)n_ids[i], .n = GRPO_N,
+                         .max_tokens = grpo_spread ? spread_budget(max_tokens, i, N_GRPO) : max_tokens,
                          .sp = samp_default()};
         r.sp.temperature = 1.0f;
         r.sp.seed = 5000 + i;
@@ -321,6 +336,7 @@ static int grpo_bench(rd_loaded *L, const char *backend, int max_tokens, int dra
         cJSON_AddNumberToObject(o, "prompts", N_GRPO);
         cJSON_AddNumberToObject(o, "n", GRPO_N);
         cJSON_AddNumberToObject(o, "max_tokens", max_tokens);
+        cJSON_AddStringToObject(o, "budgets", grpo_spread ? "spread" : "equal");
         cJSON_AddNumberToObject(o, "spec_max_draft", draft);
         cJSON_AddNumberToObject(o, "spec_max_batch", spec_max_batch);
         cJSON_AddBoolToObject(o, "spec_fixed", spec_fixed);
@@ -375,6 +391,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--reps")) reps = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100);
         else if (!strcmp(a, "--json-out")) json_out = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--grpo")) grpo = 1;
+        else if (!strcmp(a, "--spread")) grpo_spread = 1;
         else if (!strcmp(a, "--spec-fixed")) spec_fixed = 1;
         else if (!strcmp(a, "--spec-max-batch"))
             spec_max_batch = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 4096);

@@ -1017,6 +1017,18 @@ static void put_rows(const float *t, int32_t tld, int32_t rows, int32_t cols, fl
     }
 }
 
+/* A type's row in the one-row tables of both vector paths (their rows are in
+ * this order); -1 if none. Baseline code, as the stream helpers below. */
+static int qrow1_slot(int32_t type)
+{
+    static const int32_t order[11] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    for (int i = 0; i < 11; i++)
+        if (order[i] == type)
+            return i;
+    return -1;
+}
+
 /* Plain SSE (the x86-64 baseline), so both vector paths below inline it.
  * Batch 1-3 streams the weights once per step and is bound by how fast
  * they arrive: a task's group is one linear stream (pblock_at), which is
@@ -1249,12 +1261,8 @@ static qrow1_fn qrow1_for(int32_t type, int32_t np)
     static const qrow1_fn t[11][4] = {QR_ROW(GGML_F32),  QR_ROW(GGML_F16),  QR_ROW(GGML_BF16), QR_ROW(GGML_Q8_0),
                                       QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0), QR_ROW(GGML_Q5_1),
                                       QR_ROW(GGML_Q4_K), QR_ROW(GGML_Q5_K), QR_ROW(GGML_Q6_K)};
-    static const int32_t order[11] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
-                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
-    for (int i = 0; i < 11; i++)
-        if (order[i] == type)
-            return t[i][np - 1];
-    return NULL;
+    const int i = qrow1_slot(type);
+    return i < 0 ? NULL : t[i][np - 1];
 }
 #undef QR_ROW
 
@@ -1492,12 +1500,8 @@ static qrow1_fn qrow1_2_for(int32_t type, int32_t np)
     static const qrow1_fn t[11][2] = {QR_ROW(GGML_F32),  QR_ROW(GGML_F16),  QR_ROW(GGML_BF16), QR_ROW(GGML_Q8_0),
                                       QR_ROW(GGML_Q4_0), QR_ROW(GGML_Q4_1), QR_ROW(GGML_Q5_0), QR_ROW(GGML_Q5_1),
                                       QR_ROW(GGML_Q4_K), QR_ROW(GGML_Q5_K), QR_ROW(GGML_Q6_K)};
-    static const int32_t order[11] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
-                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
-    for (int i = 0; i < 11; i++)
-        if (order[i] == type)
-            return t[i][np - 1];
-    return NULL;
+    const int i = qrow1_slot(type);
+    return i < 0 ? NULL : t[i][np - 1];
 }
 #undef QR_ROW
 

@@ -20,6 +20,8 @@
 #   copybw    device-to-device copy bandwidth (the roofline's denominator)
 #   engine    decode tokens/s through the whole engine at batch 1 and 32 on
 #             the default model, device vs host sampling side by side
+#   spec      speculative decoding off vs on (rollout-specbench): the tail at
+#             batch 1, 4, 16 and a GRPO round with spread budgets
 #   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
 #             roofline, on the default model, a synthetic 1.24 B Llama, a
 #             synthetic Qwen3-1.7B and a synthetic Gemma 3 270M
@@ -357,8 +359,14 @@ if [ "$DRY" = 0 ]; then
   if [ "$HAVE_MODEL" = 1 ]; then
     run engine-default 60 "$BENCH" engine --model "$MODEL" --batches 1,32 --tokens 128 \
       --json "$LOGS/engine-default.json" || true
+    # Issue 21 on the device, where a verify row is nearly free: the tail at batch 1, 4, 16 and a GRPO
+    # round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
+    run spec-tail 120 build/rollout-specbench --backend cuda --model "$MODEL" --batches 1,4,16 --max-tokens 96 \
+      --reps 2 --json-out "$LOGS/spec-tail.json" || true
+    run spec-grpo 150 build/rollout-specbench --backend cuda --model "$MODEL" --grpo --spread --max-tokens 384 \
+      --reps 1 --json-out "$LOGS/spec-grpo.json" || true
   else
-    record engine-default SKIP "no model file"
+    for s in engine-default spec-tail spec-grpo; do record "$s" SKIP "no model file"; done
   fi
   # Qwen3-1.7B's shape: head_dim 128, per-head q/k norms, a 151,936-row LM head.
   run bench-qwen3-1.7b 150 "$BENCH" bench --synthetic qwen3-1.7b --bw "$BW" --batches 1,32,128 \
@@ -383,8 +391,8 @@ else
     run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
       --json "$LOGS/tool-engine-cpu.json" || true
   fi
-  for s in copybw bench-default bench-1b bench-1b-fp8 bench-1b-fp8kv invariance-fp8 engine-default bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act \
-    parity-mixedact; do skip_gpu "$s"; done
+  for s in copybw bench-default bench-1b bench-1b-fp8 bench-1b-fp8kv invariance-fp8 engine-default spec-tail spec-grpo \
+    bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act parity-mixedact; do skip_gpu "$s"; done
 fi
 
 # ------------------------------------------------------------------ profile
