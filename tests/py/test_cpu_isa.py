@@ -71,8 +71,8 @@ def the_build_targets_baseline_x86_64():
             func = line.split("<", 1)[1][:-2]
         elif func and ("%ymm" in line or "%zmm" in line):
             vector_funcs.add(func)
-    kernel = re.compile(r"(_avx2|_avx512)$|^(tile_|qr_GGML_|qs_\d)|^(store16|store_panel|decode_avx512|rows_avx2|"
-                        r"rows_avx512|q4k_rows_avx2)")
+    kernel = re.compile(r"(_avx2|_avx512)$|^(tile_|qr_GGML_|qs_\d|qr2_GGML_|qs2_\d)|^(store16|store_panel|decode_avx512|"
+                        r"rows_avx2|rows_avx512|q4k_rows_avx2|put_panel2)")
     stray = sorted(f for f in vector_funcs if not kernel.search(f))
     assert vector_funcs and not stray, f"AVX instructions outside the dispatched kernels: {stray[:20]}"
 
