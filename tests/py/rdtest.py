@@ -52,21 +52,16 @@ class Daemon:
 
     def __init__(self, *extra, config="configs/test.json", model=None, listen=None, http_host="127.0.0.1",
                  wait=True, timeout=60, env=None):
-        self.listen, self.restarts = listen, 0
+        self.port, self.http_port = free_ports(2)
+        self.url = listen or f"tcp://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(TMP, f"rolloutd-{self.port}.log"), "w+")
         cfg = ["--config", os.path.join(ROOT, config)] if config else []
-        self.argv = [os.path.join(BUILD, "rolloutd"), *cfg, "--model", model or MODEL]
-        self.tail_argv, self.http_host, self.env = list(map(str, extra)), http_host, {**os.environ, **(env or {})}
-        self.start()
+        self.proc = subprocess.Popen(
+            [os.path.join(BUILD, "rolloutd"), *cfg, "--model", model or MODEL, "--listen", self.url,
+             "--status-listen", f"{http_host}:{self.http_port}", *map(str, extra)],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
         if wait:
             self.wait_healthy(timeout)
-
-    def start(self):
-        self.port, self.http_port = free_ports(2)
-        self.url = self.listen or f"tcp://127.0.0.1:{self.port}"
-        self.log = open(os.path.join(TMP, f"rolloutd-{self.port}.log"), "w+")
-        self.proc = subprocess.Popen(
-            [*self.argv, "--listen", self.url, "--status-listen", f"{self.http_host}:{self.http_port}", *self.tail_argv],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env)
 
     def wait_healthy(self, timeout=60):
         deadline = time.time() + timeout
@@ -76,13 +71,6 @@ class Daemon:
                     return
             except OSError:
                 pass
-            if self.proc.poll() is not None and self.restarts < 3 and "address already in use" in self.output():
-                # A port that was free when picked was taken before the daemon bound it (every socket on
-                # the machine draws from the same ephemeral range): the same daemon on new ports.
-                self.restarts += 1
-                self.log.close()
-                self.start()
-                continue
             if self.proc.poll() is not None or time.time() > deadline:
                 self.kill()
                 raise AssertionError(f"rolloutd did not start: {self.tail()}")
