@@ -86,16 +86,10 @@ class Detokenizer:
 
 # ---- the daemon ----
 
-def free_ports(n):
-    """n distinct free loopback ports, bound at once so the kernel cannot hand out one twice."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def get_json(url, timeout=2.0):
@@ -200,8 +194,7 @@ def main():
     if a.url:
         url, status = a.url, a.status
     else:
-        port, status_port = free_ports(2)
-        url, status = f"tcp://127.0.0.1:{port}", f"127.0.0.1:{status_port}"
+        url, status = f"tcp://127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         cmd = [a.rolloutd, "--config", a.config, "--model", a.model, "--listen", url, "--status-listen", status]
         print("starting:", " ".join(cmd), flush=True)
         proc = subprocess.Popen(cmd)

@@ -24,20 +24,9 @@ PROMPT = [1, 9690, 314, 253, 1345, 2914, 28]
 
 def free_port():
     """A loopback TCP port free right now (the one place the tests and benches pick ports)."""
-    return free_ports(1)[0]
-
-
-def free_ports(n):
-    """n distinct loopback TCP ports free right now: all bound at once, so two picks cannot be the
-    same port (one at a time, the kernel may hand out a port it just handed out)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Daemon:
@@ -52,7 +41,7 @@ class Daemon:
 
     def __init__(self, *extra, config="configs/test.json", model=None, listen=None, http_host="127.0.0.1",
                  wait=True, timeout=60, env=None):
-        self.port, self.http_port = free_ports(2)
+        self.port, self.http_port = free_port(), free_port()
         self.url = listen or f"tcp://127.0.0.1:{self.port}"
         self.log = open(os.path.join(TMP, f"rolloutd-{self.port}.log"), "w+")
         cfg = ["--config", os.path.join(ROOT, config)] if config else []
