@@ -642,6 +642,8 @@ int eng_step(engine *e)
 {
     if (e->paused || !e->kv || e->weights_released)
         return 0;
+    /* With a drafter, steps are timed whole for spec_cost: drafting, forward, draws and rollback. */
+    const int64_t t_begin = e->drafter ? clock_now_ns() : 0;
     const spec_plan_cfg pc = {.max_draft = e->cfg.spec_max_draft, .max_batch = e->cfg.spec_max_batch,
                               .max_ctx = e->m->cfg.max_ctx, .logit_rows = e->logit_cap, .store = e->store,
                               .version = e->version, .cost = e->cfg.spec_fixed ? NULL : &e->cost};
@@ -688,8 +690,8 @@ int eng_step(engine *e)
         .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
         .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
     };
-    /* A decode or verify step (every row a logit row: no prompt rows) is timed for spec_cost. */
-    const int64_t t_step = n_logits == M ? clock_now_ns() : 0;
+    /* Only decode and verify steps (every row a logit row: no prompt rows) go into spec_cost. */
+    const int timed = t_begin && n_logits == M;
     if ((rc = runner_forward(&e->run, &step, e->logit_rows, n_logits, e->device_sampling ? NULL : e->logits)))
         return rc;
     if (e->slot_routes && (rc = store_routes(e, M)))
@@ -730,14 +732,12 @@ int eng_step(engine *e)
     rc = draw_tokens(e, n_draws);
     const int64_t t1 = clock_now_ns();
     e->st.ns_sample += t1 - t0;
-    if (t_step && e->drafter && !rc)
-        spec_cost_observe(&e->cost, M, t1 - t_step);
     if (n_spec > 0) {
         e->st.spec_steps++;
         /* The KV of rejected drafts goes; a finished sequence gave back all of it. */
         for (int32_t i = 0; i < n_sched; i++)
             if (batch[i]->n_draft > 0) {
-                spec_feedback(batch[i], e->cfg.spec_max_draft);
+                spec_feedback(batch[i], e->cfg.spec_max_draft, &e->cost);
                 if (batch[i]->state == SEQ_FINISHED) {
                     batch[i]->n_draft = 0;
                     batch[i]->spec_rejected = 0;
@@ -748,6 +748,8 @@ int eng_step(engine *e)
     }
     if (rc)
         return rc;
+    if (timed)
+        spec_cost_observe(&e->cost, M, clock_now_ns() - t_begin);
     return M;
 }
 

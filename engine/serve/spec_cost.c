@@ -67,9 +67,28 @@ int32_t spec_cost_depth(double share, double p, int32_t room)
         return room;
     int32_t j = 0;
     double pj = p;
-    while (j < room && pj > share) {
+    while (j < room && pj > SPEC_COST_MARGIN * share) {
         j++;
         pj *= p;
     }
     return j;
+}
+
+/* Each update weighs the old totals by 1 - 1/256 per position. */
+#define SPEC_KEEP_DECAY (1.0 / 256.0)
+
+void spec_cost_keep(spec_cost *c, int32_t hits, int32_t tries)
+{
+    if (tries <= 0)
+        return;
+    double keep = 1.0;
+    for (int32_t i = 0; i < tries; i++)
+        keep *= 1.0 - SPEC_KEEP_DECAY;
+    c->keep_hits = c->keep_hits * keep + hits;
+    c->keep_tries = c->keep_tries * keep + tries;
+}
+
+double spec_cost_keep_p(const spec_cost *c)
+{
+    return c->keep_tries > 0 ? c->keep_hits / c->keep_tries : 1.0;
 }

@@ -11,6 +11,9 @@
  * of a sequence whose drafts are each kept with probability p adds a row
  * (b) and yields p^j tokens on average, so it pays when
  *     p^j > b B / (a + b B)        (the row share of a B-row step).
+ * A draft is verified only when it is expected to return SPEC_COST_MARGIN
+ * times its row: the fit is of means over a noisy machine, and a draft that
+ * only breaks even buys nothing and risks a loss.
  * On a model whose step is mostly the weights' bytes the share is small at
  * batch 1 and drafts pay; where rows are what a step costs (larger batches, a
  * 262,144-row head, a temperature-1 draw per row on the CPU) the share nears
@@ -22,12 +25,14 @@
 #include <stdint.h>
 
 #define SPEC_COST_MAX_ROWS 128
+#define SPEC_COST_MARGIN 1.25   /* a draft's expected tokens over its row's share, at least */
 
 typedef struct {
     double t_ns[SPEC_COST_MAX_ROWS + 1]; /* running mean time of a step of M rows, ns */
     int32_t n[SPEC_COST_MAX_ROWS + 1];   /* steps measured at M rows (counts up to SPEC_COST_WINDOW) */
     double a_ns, b_ns;                   /* the last fit: T(M) = a + b M, both >= 0 */
     int fitted;                          /* 1: a and b come from at least two row counts (and a >= 0) */
+    double keep_hits, keep_tries;        /* drafts kept / positions compared, all sequences, decayed */
 } spec_cost;
 
 void spec_cost_init(spec_cost *c);
@@ -41,7 +46,17 @@ double spec_cost_row_share(const spec_cost *c, int32_t rows);
 
 /* The drafts worth verifying for a sequence whose drafts are kept with
  * probability p each, in a step whose row share is share: the largest j <=
- * room with p^j > share (room when share < 0: no fit yet). */
+ * room with p^j > SPEC_COST_MARGIN * share (room when share < 0: no fit yet). */
 int32_t spec_cost_depth(double share, double p, int32_t room);
+
+/* A verify step compared tries drafted positions and kept hits of them (any
+ * sequence): the engine-wide keep rate a new sequence starts from, so the
+ * first drafts of a temperature-1 sample are not sized as if every draft
+ * were kept. */
+void spec_cost_keep(spec_cost *c, int32_t hits, int32_t tries);
+
+/* That rate, hits / tries over roughly the last 256 positions compared; 1
+ * before any (drafting is how it is learned). */
+double spec_cost_keep_p(const spec_cost *c);
 
 #endif

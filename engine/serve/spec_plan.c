@@ -62,6 +62,8 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
             room = budget;
         if (room > logits)
             room = logits;
+        if (cfg->cost && s->spec_n_drafted == 0)
+            s->spec_keep_p = (float)spec_cost_keep_p(cfg->cost); /* no drafts of its own yet: the engine's rate */
         room = spec_cost_depth(share, s->spec_keep_p, room);
         /* Blocks past the one its next token goes into (reserve's fresh blocks). */
         const int32_t bs = sc->block_size;
@@ -109,7 +111,7 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
     return total;
 }
 
-void spec_feedback(seq *s, int32_t max_draft)
+void spec_feedback(seq *s, int32_t max_draft, spec_cost *cost)
 {
     const int32_t kept = s->n_tokens - s->spec_base - 1; /* drafts drawn as drafted */
     if (kept >= s->n_draft) {
@@ -117,13 +119,14 @@ void spec_feedback(seq *s, int32_t max_draft)
     } else {
         s->spec_len = kept + 1;
     }
-    /* A running average with weight 1/4 on the last step: one bad step does not stop it. */
-    const float step_rate = (float)(kept < s->n_draft ? kept : s->n_draft) / (float)s->n_draft;
-    s->spec_rate += (step_rate - s->spec_rate) * 0.25f;
     /* Positions tried: those kept and the first miss (drafts after it were never compared). */
     const int32_t hits = kept < 0 ? 0 : kept < s->n_draft ? kept : s->n_draft, tries = hits + (hits < s->n_draft);
+    /* A running average with weight 1/4 on the last step: one bad step does not stop it. */
+    s->spec_rate += ((float)hits / (float)s->n_draft - s->spec_rate) * 0.25f;
     if (tries > 0)
         s->spec_keep_p += ((float)hits / (float)tries - s->spec_keep_p) * 0.25f;
+    if (cost)
+        spec_cost_keep(cost, hits, tries);
     if (kept <= 0 || s->spec_rate < SPEC_MIN_RATE) {
         s->spec_backoff = s->spec_backoff > 0 ? (2 * s->spec_backoff < 16 ? 2 * s->spec_backoff : 16) : 1;
         s->spec_wait = s->spec_backoff;

@@ -47,8 +47,9 @@ typedef struct {
  * room: at most max_draft tokens (or its adapted spec_len), never past its
  * max_tokens or max_ctx (a draft that cannot be kept is not drafted), and
  * enough free blocks for them; and with a cost model, at most the drafts
- * that pay at this step's rows (spec_cost_depth of its spec_keep_p: none
- * when even the first would not). Returns the tokens drafted (0: the step runs
+ * that pay at this step's rows (spec_cost_depth of its spec_keep_p, which
+ * starts at the engine-wide keep rate: none when even the first would
+ * not). Returns the tokens drafted (0: the step runs
  * as without speculation), or < 0 when the drafter fails (then nothing is
  * drafted). */
 int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg);
@@ -57,8 +58,9 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg);
  * next (spec_len: doubled after a step that kept every draft, else the
  * drafts it kept + 1) and whether (after a step that kept none, or while its
  * running acceptance rate spec_rate is under SPEC_MIN_RATE, a wait of 1, 2,
- * 4 .. 16 steps without drafting). Only time depends on it. */
-void spec_feedback(seq *s, int32_t max_draft);
+ * 4 .. 16 steps without drafting), and its keep rate spec_keep_p (and the
+ * engine-wide one in cost, when not NULL). Only time depends on it. */
+void spec_feedback(seq *s, int32_t max_draft, spec_cost *cost);
 
 /* After the draws of a step in which s drafted and went on (not finished):
  * its KV holds tokens [0, n_tokens - 1) as after a plain decode step;

@@ -522,6 +522,9 @@ static void test_engine_on_off_tiny(void)
     cfg.max_num_seqs = 32;
     cfg.max_batch_tokens = 256;
     cfg.kv_cache_bytes = 256 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    /* Drafts sized by spec_len alone: how many the step times allow depends on the machine's load, and these
+       runs must draft to test anything. The preemption run below sizes them by the step times. */
+    cfg.spec_fixed = 1;
     int ok = 1;
     const int32_t drafts[3] = {1, 4, 8};
     /* The emulator runs every CUDA thread on the CPU: one draft length there. */
@@ -541,6 +544,7 @@ static void test_engine_on_off_tiny(void)
     eng_config small = cfg;
     small.kv_cache_bytes = 12 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
     small.prefix_cache = 0;
+    small.spec_fixed = 0;
     spec_preemptions = 0;
     if (ok)
         ok = on_vs_off(m, small, reqs, n_req, 0, 6, &drafted, &accepted, why, sizeof why);
@@ -609,6 +613,7 @@ static void families_case(const char *name)
     cfg.max_num_seqs = 16;
     cfg.max_batch_tokens = 128;
     cfg.kv_cache_bytes = 64 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    cfg.spec_fixed = 1; /* drafts by spec_len: the step times could leave none to test */
     int64_t drafted = 0, accepted = 0;
     int ok = on_vs_off(m, cfg, reqs, 4, 0, 5, &drafted, &accepted, why, sizeof why);
     rd_unload(&l);
@@ -649,6 +654,7 @@ static void test_engine_abort_mid_draft(void)
     cfg.max_num_seqs = 8;
     cfg.max_batch_tokens = 128;
     cfg.kv_cache_bytes = 64 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    cfg.spec_fixed = 1; /* drafts by spec_len: the step times could leave none to test */
     spec_run *full = calloc(1, sizeof *full);
     int rc = full ? run_engine(m, &cfg, &r, 1, 0, full) : RD_ENOMEM;
     cfg.spec_max_draft = 8;
@@ -720,6 +726,7 @@ static void test_engine_version_between_steps(void)
     cfg.max_num_seqs = 8;
     cfg.max_batch_tokens = 128;
     cfg.kv_cache_bytes = 64 * model_kv_bytes_per_token(&m->cfg) / 4 * rd_backend_kv_elem_bytes(m->be) * 16;
+    cfg.spec_fixed = 1; /* drafts by spec_len: the step times could leave none to test */
     spec_run *off = calloc(1, sizeof *off), *on = calloc(1, sizeof *on);
     int rc = off && on ? run_engine(m, &cfg, &r, 1, 0, off) : RD_ENOMEM;
     cfg.spec_max_draft = 8;
@@ -943,7 +950,7 @@ static void test_spec_rate_rule(void)
             s.n_draft = 8;
             s.spec_base = 100;
             s.n_tokens = 100 + 1 + kept; /* its kept drafts and the draw after them */
-            spec_feedback(&s, 8);
+            spec_feedback(&s, 8, NULL);
             if (s.spec_wait > 0) {
                 if (pass == 0 && waited_low < 0)
                     waited_low = step;

@@ -42,16 +42,20 @@ static void test_fit_line(void)
     /* share at 4 rows: 4 b / (a + 4 b) = 2e5 / 2.2e6 */
     const double share = spec_cost_row_share(&c, 4);
     CHECK(fabs(share - 2e5 / 2.2e6) < 1e-9, "share %.9f, want %.9f", share, 2e5 / 2.2e6);
-    /* p = 0.5: 0.5, 0.25, 0.125 > 0.0909; 0.0625 is not: depth 3 */
+    /* p = 0.5: 0.5, 0.25, 0.125 > 1.25 * 0.0909 = 0.1136; 0.0625 is not: depth 3 */
     CHECK(spec_cost_depth(share, 0.5, 6) == 3, "depth %d at p 0.5", spec_cost_depth(share, 0.5, 6));
     CHECK(spec_cost_depth(share, 0.5, 2) == 2, "depth past the room");
     CHECK(spec_cost_depth(share, 0.05, 6) == 0, "a draft kept 5%% of the time pays at share %.3f", share);
     CHECK(spec_cost_depth(share, 1.0, 6) == 6, "drafts always kept: depth %d", spec_cost_depth(share, 1.0, 6));
-    /* 64 rows: 3.2e6 / 5.2e6 = 0.615: only a draft kept more often than that */
+    /* 64 rows: 3.2e6 / 5.2e6 = 0.615, with the margin 0.769: p 0.7 gives none, 0.8 one (0.64 is short),
+       0.9 two (0.9, 0.81; 0.729 is short), 0.95 five (0.774; 0.735 is short) */
     const double big = spec_cost_row_share(&c, 64);
-    CHECK(spec_cost_depth(big, 0.6, 6) == 0 && spec_cost_depth(big, 0.7, 6) == 1 && spec_cost_depth(big, 0.9, 6) == 4,
-          "share %.3f: depths %d %d %d", big, spec_cost_depth(big, 0.6, 6), spec_cost_depth(big, 0.7, 6),
-          spec_cost_depth(big, 0.9, 6));
+    CHECK(spec_cost_depth(big, 0.7, 6) == 0 && spec_cost_depth(big, 0.8, 6) == 1 && spec_cost_depth(big, 0.9, 6) == 2 &&
+              spec_cost_depth(big, 0.95, 6) == 5,
+          "share %.3f: depths %d %d %d %d", big, spec_cost_depth(big, 0.7, 6), spec_cost_depth(big, 0.8, 6),
+          spec_cost_depth(big, 0.9, 6), spec_cost_depth(big, 0.95, 6));
+    /* Break-even is not enough: p = 0.62 just above the share, under share * margin. */
+    CHECK(spec_cost_depth(big, 0.62, 6) == 0, "a draft at break-even was verified");
 }
 
 /* The machine gets slower per row: the means follow within a window of steps. */
@@ -86,11 +90,34 @@ static void test_clamps(void)
     CHECK(spec_cost_depth(1.0, 0.99, 5) == 0, "a share of 1: a draft pays");
 }
 
+/* The engine-wide keep rate a new sequence starts from. */
+static void test_keep_rate(void)
+{
+    spec_cost c;
+    spec_cost_init(&c);
+    CHECK(spec_cost_keep_p(&c) == 1.0, "no drafts yet: rate %.3f, want 1", spec_cost_keep_p(&c));
+    spec_cost_keep(&c, 3, 4);
+    CHECK(fabs(spec_cost_keep_p(&c) - 0.75) < 1e-12, "3 of 4: rate %.6f", spec_cost_keep_p(&c));
+    spec_cost_keep(&c, 0, 0); /* nothing compared: nothing learned */
+    CHECK(fabs(spec_cost_keep_p(&c) - 0.75) < 1e-12, "an empty step moved the rate to %.6f", spec_cost_keep_p(&c));
+    spec_cost_keep(&c, 0, 4);
+    const double k4 = pow(1.0 - 1.0 / 256.0, 4), want = 3 * k4 / (4 * k4 + 4);
+    CHECK(fabs(spec_cost_keep_p(&c) - want) < 1e-12, "then 0 of 4: rate %.9f, want %.9f", spec_cost_keep_p(&c), want);
+    /* A temperature-1 phase after a greedy one: the rate follows within a few hundred positions. */
+    for (int i = 0; i < 500; i++)
+        spec_cost_keep(&c, 4, 4);
+    CHECK(spec_cost_keep_p(&c) > 0.99, "after 2000 kept: %.4f", spec_cost_keep_p(&c));
+    for (int i = 0; i < 1000; i++)
+        spec_cost_keep(&c, 1, 2);
+    CHECK(fabs(spec_cost_keep_p(&c) - 0.5) < 0.01, "after 2000 at half: %.4f", spec_cost_keep_p(&c));
+}
+
 int main(void)
 {
     RUN(test_unfitted);
     RUN(test_fit_line);
     RUN(test_drift);
     RUN(test_clamps);
+    RUN(test_keep_rate);
     TEST_EXIT();
 }
