@@ -63,8 +63,8 @@ double spec_cost_row_share(const spec_cost *c, int32_t rows)
 
 int32_t spec_cost_depth(double share, double p, int32_t room)
 {
-    if (share < 0)
-        return room;
+    if (share < 0) /* no fit yet: one draft, enough to time a step of more rows (and cheap if it is lost) */
+        return room < 1 ? room : 1;
     int32_t j = 0;
     double pj = p;
     while (j < room && pj > SPEC_COST_MARGIN * share) {

@@ -46,7 +46,8 @@ double spec_cost_row_share(const spec_cost *c, int32_t rows);
 
 /* The drafts worth verifying for a sequence whose drafts are kept with
  * probability p each, in a step whose row share is share: the largest j <=
- * room with p^j > SPEC_COST_MARGIN * share (room when share < 0: no fit yet). */
+ * room with p^j > SPEC_COST_MARGIN * share. With no fit yet (share < 0), at
+ * most 1: a step of a new row count for the fit, at the least cost. */
 int32_t spec_cost_depth(double share, double p, int32_t room);
 
 /* A verify step compared tries drafted positions and kept hits of them (any

@@ -42,7 +42,7 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
     kv_stats ks;
     kv_get_stats(sc->kv, &ks);
     int32_t free_blocks = ks.blocks_total - ks.blocks_used;
-    const double share = cfg->cost ? spec_cost_row_share(cfg->cost, rows) : -1.0;
+    const double share = cfg->cost ? spec_cost_row_share(cfg->cost, rows) : 0.0;
     int32_t total = 0;
     for (seq *s = sc->running.head; s && budget > 0 && logits > 0; s = s->next) {
         if (!decoding(s))
@@ -62,9 +62,11 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
             room = budget;
         if (room > logits)
             room = logits;
-        if (cfg->cost && s->spec_n_drafted == 0)
-            s->spec_keep_p = (float)spec_cost_keep_p(cfg->cost); /* no drafts of its own yet: the engine's rate */
-        room = spec_cost_depth(share, s->spec_keep_p, room);
+        if (cfg->cost) {
+            if (s->spec_n_drafted == 0)
+                s->spec_keep_p = (float)spec_cost_keep_p(cfg->cost); /* no drafts of its own yet: the engine's rate */
+            room = spec_cost_depth(share, s->spec_keep_p, room);
+        }
         /* Blocks past the one its next token goes into (reserve's fresh blocks). */
         const int32_t bs = sc->block_size;
         int32_t have = s->blocks.n * bs - s->n_computed - 1; /* free slots after its next one */

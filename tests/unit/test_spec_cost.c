@@ -20,7 +20,8 @@ static void test_unfitted(void)
     spec_cost c;
     spec_cost_init(&c);
     CHECK(spec_cost_row_share(&c, 4) < 0, "a fresh model has a share");
-    CHECK(spec_cost_depth(spec_cost_row_share(&c, 4), 0.1, 6) == 6, "unfitted: the room is not the depth");
+    CHECK(spec_cost_depth(spec_cost_row_share(&c, 4), 0.9, 6) == 1, "unfitted: more than one draft to learn from");
+    CHECK(spec_cost_depth(spec_cost_row_share(&c, 4), 0.9, 0) == 0, "unfitted: a draft without room");
     const int32_t one[1] = {3};
     feed(&c, 1e6, 1e4, one, 1, 20);
     CHECK(spec_cost_row_share(&c, 3) < 0, "one row count cannot give a slope");
