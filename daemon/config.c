@@ -92,6 +92,9 @@ static const cfg_field FIELDS[] = {
       "spec_decode ngram 0 = 6; with auto 0 = off)"),
     I(spec_max_batch, 0, 4096, "speculative decoding: a step drafts only while at most this many sequences run "
       "(the tail; past it verify rows cost what they save; 0 = 8)"),
+    S(spec_draft_sizing, "speculative decoding: \"measured\" (default: a draft is verified only when the timed "
+      "step cost says it returns 1.25x its row) or \"fixed\" (up to spec_max_draft while the batch is a tail, "
+      "whatever the machine: for tests and comparisons)"),
     I(spec_store_bytes, 0, (int64_t)1 << 40, "speculative decoding: bytes of recent completions kept by prompt "
       "(salted with the weight version) for drafts when a prompt is asked again; the oldest go first (0 = none)"),
     {"update_listen", CFG_TEXT, offsetof(cfg_daemon, update_listen), 0, sizeof(((cfg_daemon *)0)->update_listen),
@@ -126,6 +129,7 @@ void cfg_defaults(cfg_daemon *c)
     snprintf(c->kv_dtype, sizeof c->kv_dtype, "%s", "auto");
     snprintf(c->serve_dtype, sizeof c->serve_dtype, "%s", "as_pushed");
     snprintf(c->spec_decode, sizeof c->spec_decode, "%s", "auto");
+    snprintf(c->spec_draft_sizing, sizeof c->spec_draft_sizing, "%s", "measured");
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
     snprintf(c->http_listen, sizeof c->http_listen, "%s", "127.0.0.1:7071");
     c->threads = 0;
@@ -383,6 +387,9 @@ int cfg_validate(const cfg_daemon *c)
     if (eng_spec_mode_parse(c->spec_decode, &sm))
         return rd_fail(RD_EINVAL, "key \"spec_decode\" = \"%s\"; expected \"off\" or \"ngram\" (or \"auto\": ngram "
                        "when spec_max_draft > 0)", c->spec_decode);
+    if (strcmp(c->spec_draft_sizing, "measured") && strcmp(c->spec_draft_sizing, "fixed"))
+        return rd_fail(RD_EINVAL, "key \"spec_draft_sizing\" = \"%s\"; expected \"measured\" or \"fixed\"",
+                       c->spec_draft_sizing);
     if (!strcmp(c->backend, "cuda") && (!strcmp(c->kv_dtype, "f32") || !strcmp(c->kv_dtype, "f16")))
         return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\" with backend \"cuda\": the CUDA backend stores the KV "
                        "cache as bf16 or fp8; expected \"auto\", \"bf16\" or \"fp8\"", c->kv_dtype);

@@ -51,6 +51,8 @@ typedef struct {
                                        when spec_max_draft > 0, the rule of configs from before the key) */
     int64_t spec_max_draft;         /* drafted tokens per sequence and step at most (ngram: 0 = 6; auto: 0 = off) */
     int64_t spec_max_batch;         /* a step speculates only while at most this many sequences run (0 = 8) */
+    char spec_draft_sizing[10];     /* "measured" (default: drafts that pay at the timed step cost) or "fixed"
+                                       (spec_max_draft and the batch bound alone: drafts whatever the machine) */
     int64_t spec_store_bytes;       /* recent completions kept by prompt for the drafter, bytes (0 = none) */
     char update_listen[CFG_STR];    /* data lane HOST:PORT; "" = the learner socket's host, any port; "off" */
     char weights_from[CFG_STR];     /* a peer's learner URL: at start, ask it for its serving weights; "" = no */

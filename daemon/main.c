@@ -139,6 +139,7 @@ static int start(rd_daemon *d)
     ec.prefix_cache = (int)d->cfg.prefix_cache;
     ec.spec_max_draft = (int32_t)d->cfg.spec_max_draft;
     ec.spec_max_batch = (int32_t)d->cfg.spec_max_batch;
+    ec.spec_fixed = !strcmp(d->cfg.spec_draft_sizing, "fixed");
     ec.spec_store_bytes = d->cfg.spec_store_bytes;
     if (eng_spec_mode_parse(d->cfg.spec_decode, &ec.spec_decode)) /* cfg_validate checked it */
         return RD_EINVAL;

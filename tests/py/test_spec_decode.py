@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Speculative decoding through the daemon: spec_decode ngram vs off, on the default model.
 
-Two daemons, one with --spec-decode ngram (its default length, 6) and one without (the default, off),
-get the same requests through the NNG client (rolloutd.Client) and HTTP
-(/generate with stop strings). Every sample's token ids, raw and processed
-log-probs (as float32 bits), alternatives, finish reason and version spans
-must be equal, and the text of the HTTP outputs. The prompts are code and
-repeated structure, so the n-gram drafter finds drafts: the speculating
-daemon's /status must show drafted and accepted tokens (else nothing was
-tested), the other none, and /metrics its counters."""
+Three daemons get the same requests through the NNG client (rolloutd.Client)
+and HTTP (/generate with stop strings): one without speculation (the default,
+off), one with --spec-decode ngram (its default length, 6) and drafts sized by
+spec_len alone (--spec-draft-sizing fixed: as many drafts as the tail allows,
+on any machine), and, for the NNG requests, one with the default measured
+sizing (drafts only where the timed step cost says they pay; how many depends
+on the machine's speed). Every sample's token ids, raw and processed log-probs
+(as float32 bits), alternatives, finish reason and version spans must be equal,
+and the text of the HTTP outputs. The prompts are code and repeated structure,
+so the n-gram drafter finds drafts: the fixed-sizing daemon's /status must show
+drafted and accepted tokens (else nothing was tested), the measured one drafts
+and a fitted step-time line, the other none, and /metrics its counters."""
 import json
 import os
 import sys
@@ -33,8 +37,14 @@ _d = {}
 def daemons():
     if not _d:
         _d["off"] = Daemon()
-        _d["on"] = Daemon("--spec-decode", "ngram")
+        _d["on"] = Daemon("--spec-decode", "ngram", "--spec-draft-sizing", "fixed")
     return _d["off"], _d["on"]
+
+
+def measured():
+    if "measured" not in _d:
+        _d["measured"] = Daemon("--spec-decode", "ngram")
+    return _d["measured"]
 
 
 def bits(a):
@@ -68,6 +78,7 @@ def strip_timing(o):
 @case
 def nng_spec_on_equals_off():
     off, on = daemons()
+    sized = measured()
     runs = [
         dict(n=1, max_tokens=60, temperature=0.0, logprobs=2),
         dict(n=4, max_tokens=45, temperature=1.0, seed=11, processed_logprobs=True),
@@ -78,25 +89,31 @@ def nng_spec_on_equals_off():
     compared = 0
     for params in runs:
         got = {}
-        for name, d in (("off", off), ("on", on)):
+        for name, d in (("off", off), ("on", on), ("measured", sized)):
             with Client(d.url) as c:
                 got[name] = c.generate([CODE, LIST], ignore_eos=True, **params)
-        assert len(got["off"]) == len(got["on"]) == 2 * params["n"], (len(got["off"]), len(got["on"]))
-        for a, b in zip(got["off"], got["on"]):
-            assert (a.index, a.sample_idx) == (b.index, b.sample_idx)
+        assert len(got["off"]) == len(got["on"]) == len(got["measured"]) == 2 * params["n"], \
+            [len(g) for g in got.values()]
+        for a, b, m in zip(got["off"], got["on"], got["measured"]):
+            assert (a.index, a.sample_idx) == (b.index, b.sample_idx) == (m.index, m.sample_idx)
             assert sample_key(a) == sample_key(b), f"{params}: prompt {a.index} sample {a.sample_idx} differs"
+            assert sample_key(a) == sample_key(m), f"{params}: prompt {a.index} sample {a.sample_idx} differs " \
+                "(measured sizing)"
             compared += 1
-    st_on, st_off = status(on)["spec_decode"], status(off)["spec_decode"]
+    st_on, st_off, st_m = (status(d)["spec_decode"] for d in (on, off, sized))
     assert (st_on["mode"], st_on["max_draft"], st_off["mode"], st_off["max_draft"]) == ("ngram", 6, "off", 0), \
         (st_on, st_off)
     assert st_off["drafted_tokens"] == 0, st_off
     assert st_on["accepted_tokens"] > 20 and st_on["drafted_tokens"] > st_on["accepted_tokens"], st_on
-    # The drafts were sized by step times it measured: decode steps of several row counts ran, so a fit
-    # exists, with a positive fixed part (every step reads all the weights) and no negative row cost.
-    fit = st_on["step_fit"]
-    assert st_on["draft_sizing"] == "measured" and fit is not None, st_on
-    assert fit["fixed_ms"] > 0 and fit["per_row_ms"] >= 0, fit
-    print(f"nng: {compared} samples equal; speculating daemon {st_on}", flush=True)
+    assert st_on["draft_sizing"] == "fixed" and st_m["draft_sizing"] == "measured", (st_on, st_m)
+    # The measured daemon sized its drafts by step times: decode steps of several row counts ran, so a fit
+    # exists, with a positive fixed part (every step reads all the weights) and no negative row cost; on
+    # greedy code it drafts at batch 2 on any machine where a row costs less than the rest of a step.
+    fit = st_m["step_fit"]
+    assert fit is not None and fit["fixed_ms"] > 0 and fit["per_row_ms"] >= 0, st_m
+    assert st_m["drafted_tokens"] > 0, st_m
+    print(f"nng: {compared} samples equal across off, fixed and measured sizing; fixed {st_on}; measured {st_m}",
+          flush=True)
 
 
 @case
@@ -130,7 +147,7 @@ def http_stop_strings_spec_on_equals_off():
 
 @case
 def shutdown():
-    stop_cleanly(*daemons())
+    stop_cleanly(*daemons(), *([_d["measured"]] if "measured" in _d else []))
 
 
 if __name__ == "__main__":

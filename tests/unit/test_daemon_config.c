@@ -277,6 +277,32 @@ static void spec_decode_values(void)
     }
 }
 
+/* spec_draft_sizing: measured by default, fixed from a file or a flag, anything
+ * else refused naming the key and its values. */
+static void spec_draft_sizing_values(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK(!strcmp(c.spec_draft_sizing, "measured"), "default %s", c.spec_draft_sizing);
+    CHECK_OK(cfg_parse_json(&c, "{\"spec_draft_sizing\": \"fixed\"}", "t"));
+    CHECK_OK(cfg_validate(&c));
+    CHECK(!strcmp(c.spec_draft_sizing, "fixed"), "%s", c.spec_draft_sizing);
+    char *argv[] = {"rolloutd", "--spec-draft-sizing", "measured", NULL};
+    int help = 0;
+    CHECK_OK(cfg_from_args(&c, 3, argv, &help));
+    CHECK(!strcmp(c.spec_draft_sizing, "measured"), "flag: %s", c.spec_draft_sizing);
+    const char *bad[] = {"{\"spec_draft_sizing\": \"auto\"}", "{\"spec_draft_sizing\": \"Fixed\"}",
+                         "{\"spec_draft_sizing\": 0}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg_defaults(&c);
+        int rc = cfg_parse_json(&c, bad[i], "t");
+        if (rc == 0)
+            rc = cfg_validate(&c);
+        CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "spec_draft_sizing") && strstr(rd_errmsg(), "measured"),
+              "%s: %d '%s'", bad[i], rc, rd_errmsg());
+    }
+}
+
 static void shipped_config_spells_the_defaults(void)
 {
     cfg_daemon c, d;
@@ -312,6 +338,7 @@ int main(void)
     RUN(relay_allow_parses);
     RUN(serve_dtype_values);
     RUN(spec_decode_values);
+    RUN(spec_draft_sizing_values);
     RUN(shipped_config_spells_the_defaults);
     RUN(shipped_configs_load);
     TEST_EXIT();
