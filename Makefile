@@ -152,13 +152,16 @@ test-cuda-emu: $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaem
 	$(BUILD)/tests/test_cuda_emu && $(BUILD)/emutests/test_engine_cudaemu && $(BUILD)/emutests/test_spec_cudaemu
 
 # Speculative decoding on vs off: tail decode at batch 1, 2, 4 on code / list / arithmetic prompts,
-# greedy and temperature 1, tokens/s side by side, acceptance rate, outputs compared (build/bench-spec.json).
+# greedy and temperature 1, tokens/s side by side, acceptance rate, outputs compared (build/bench-spec.json);
+# llama.cpp's prompt-lookup decoding on the same prompts through llama-cpp-python, the reference point
+# (tools/bench_lookup.py, build/bench-spec-lookup.json).
 .PHONY: bench-spec
 # Then a GRPO round (16 chat questions x n=8, temperature 1, EOS on) off vs on: whole-round time, the tail's
 # tokens/s, acceptance rate, mean accepted length (build/bench-spec-grpo.json); and the same round with the
 # questions' budgets spread from 16 to 384 tokens, so it ends in a small-batch tail (build/bench-spec-grpo-spread.json).
 bench-spec: all model
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --json-out $(BUILD)/bench-spec.json
+	$(PYTHON) tools/bench_lookup.py --from $(BUILD)/bench-spec.json --reps 2 --json-out $(BUILD)/bench-spec-lookup.json
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --grpo --json-out $(BUILD)/bench-spec-grpo.json
 	$(BUILD)/rollout-specbench --model $(MODEL) --threads 2 --reps 3 --grpo --spread --max-tokens 384 \
 		--json-out $(BUILD)/bench-spec-grpo-spread.json

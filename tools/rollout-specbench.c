@@ -436,6 +436,14 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(root, "threads", threads);
     cJSON_AddNumberToObject(root, "max_tokens", max_tokens);
     cJSON_AddNumberToObject(root, "spec_max_draft", draft);
+    /* The prompts as token ids: tools/bench_lookup.py runs llama.cpp's lookup decoding on the same ones. */
+    cJSON *pj = cJSON_AddArrayToObject(root, "prompt_ids");
+    for (int p = 0; p < N_PROMPTS; p++) {
+        cJSON *a = cJSON_CreateArray();
+        for (size_t k = 0; k < n_ids[p]; k++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[p][k]));
+        cJSON_AddItemToArray(pj, a);
+    }
     printf("%-6s %2s %10s %10s %7s %10s %12s %6s\n", "temp", "B", "off tok/s", "on tok/s", "ratio",
                "accepted", "tokens/step", "same");
     const float temps[2] = {0.0f, 1.0f};
