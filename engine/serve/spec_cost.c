@@ -77,18 +77,20 @@ int32_t spec_cost_depth(double share, double p, int32_t room)
 /* Each update weighs the old totals by 1 - 1/256 per position. */
 #define SPEC_KEEP_DECAY (1.0 / 256.0)
 
-void spec_cost_keep(spec_cost *c, int32_t hits, int32_t tries)
+void spec_cost_keep(spec_cost *c, int greedy, int32_t hits, int32_t tries)
 {
     if (tries <= 0)
         return;
     double keep = 1.0;
     for (int32_t i = 0; i < tries; i++)
         keep *= 1.0 - SPEC_KEEP_DECAY;
-    c->keep_hits = c->keep_hits * keep + hits;
-    c->keep_tries = c->keep_tries * keep + tries;
+    const int k = greedy != 0;
+    c->keep_hits[k] = c->keep_hits[k] * keep + hits;
+    c->keep_tries[k] = c->keep_tries[k] * keep + tries;
 }
 
-double spec_cost_keep_p(const spec_cost *c)
+double spec_cost_keep_p(const spec_cost *c, int greedy)
 {
-    return c->keep_tries > 0 ? c->keep_hits / c->keep_tries : 1.0;
+    const int k = greedy != 0;
+    return c->keep_tries[k] > 0 ? c->keep_hits[k] / c->keep_tries[k] : 1.0;
 }

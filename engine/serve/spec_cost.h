@@ -32,7 +32,8 @@ typedef struct {
     int32_t n[SPEC_COST_MAX_ROWS + 1];   /* steps measured at M rows (counts up to SPEC_COST_WINDOW) */
     double a_ns, b_ns;                   /* the last fit: T(M) = a + b M, both >= 0 */
     int fitted;                          /* 1: a and b come from at least two row counts (and a >= 0) */
-    double keep_hits, keep_tries;        /* drafts kept / positions compared, all sequences, decayed */
+    double keep_hits[2], keep_tries[2];  /* drafts kept / positions compared, decayed; [1]: greedy sequences,
+                                            [0]: sampled ones (a greedy draw keeps far more drafts) */
 } spec_cost;
 
 void spec_cost_init(spec_cost *c);
@@ -50,14 +51,16 @@ double spec_cost_row_share(const spec_cost *c, int32_t rows);
  * most 1: a step of a new row count for the fit, at the least cost. */
 int32_t spec_cost_depth(double share, double p, int32_t room);
 
-/* A verify step compared tries drafted positions and kept hits of them (any
- * sequence): the engine-wide keep rate a new sequence starts from, so the
- * first drafts of a temperature-1 sample are not sized as if every draft
- * were kept. */
-void spec_cost_keep(spec_cost *c, int32_t hits, int32_t tries);
+/* A verify step compared tries drafted positions of a greedy (greedy = 1) or
+ * sampled (0) sequence and kept hits of them: the engine-wide keep rate of
+ * that kind of sequence, which a new one starts from, so the first drafts of
+ * a temperature-1 sample are not sized as if every draft were kept, nor by
+ * the greedy evaluations running beside it. */
+void spec_cost_keep(spec_cost *c, int greedy, int32_t hits, int32_t tries);
 
-/* That rate, hits / tries over roughly the last 256 positions compared; 1
- * before any (drafting is how it is learned). */
-double spec_cost_keep_p(const spec_cost *c);
+/* That rate for greedy (1) or sampled (0) sequences, hits / tries over
+ * roughly their last 256 positions compared; 1 before any (drafting is how
+ * it is learned). */
+double spec_cost_keep_p(const spec_cost *c, int greedy);
 
 #endif

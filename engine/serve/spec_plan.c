@@ -63,8 +63,8 @@ int32_t spec_plan(sched *sc, spec_drafter *d, const spec_plan_cfg *cfg)
         if (room > logits)
             room = logits;
         if (cfg->cost) {
-            if (s->spec_n_drafted == 0)
-                s->spec_keep_p = (float)spec_cost_keep_p(cfg->cost); /* no drafts of its own yet: the engine's rate */
+            if (s->spec_n_drafted == 0) /* no drafts of its own yet: the engine's rate for its kind of draw */
+                s->spec_keep_p = (float)spec_cost_keep_p(cfg->cost, s->req->sp.temperature == 0.0f);
             room = spec_cost_depth(share, s->spec_keep_p, room);
         }
         /* Blocks past the one its next token goes into (reserve's fresh blocks). */
@@ -128,7 +128,7 @@ void spec_feedback(seq *s, int32_t max_draft, spec_cost *cost)
     if (tries > 0)
         s->spec_keep_p += ((float)hits / (float)tries - s->spec_keep_p) * 0.25f;
     if (cost)
-        spec_cost_keep(cost, hits, tries);
+        spec_cost_keep(cost, s->req->sp.temperature == 0.0f, hits, tries);
     if (kept <= 0 || s->spec_rate < SPEC_MIN_RATE) {
         s->spec_backoff = s->spec_backoff > 0 ? (2 * s->spec_backoff < 16 ? 2 * s->spec_backoff : 16) : 1;
         s->spec_wait = s->spec_backoff;

@@ -91,26 +91,44 @@ static void test_clamps(void)
     CHECK(spec_cost_depth(1.0, 0.99, 5) == 0, "a share of 1: a draft pays");
 }
 
-/* The engine-wide keep rate a new sequence starts from. */
+/* The engine-wide keep rate a new sampled sequence starts from. */
 static void test_keep_rate(void)
 {
     spec_cost c;
     spec_cost_init(&c);
-    CHECK(spec_cost_keep_p(&c) == 1.0, "no drafts yet: rate %.3f, want 1", spec_cost_keep_p(&c));
-    spec_cost_keep(&c, 3, 4);
-    CHECK(fabs(spec_cost_keep_p(&c) - 0.75) < 1e-12, "3 of 4: rate %.6f", spec_cost_keep_p(&c));
-    spec_cost_keep(&c, 0, 0); /* nothing compared: nothing learned */
-    CHECK(fabs(spec_cost_keep_p(&c) - 0.75) < 1e-12, "an empty step moved the rate to %.6f", spec_cost_keep_p(&c));
-    spec_cost_keep(&c, 0, 4);
+    CHECK(spec_cost_keep_p(&c, 0) == 1.0, "no drafts yet: rate %.3f, want 1", spec_cost_keep_p(&c, 0));
+    spec_cost_keep(&c, 0, 3, 4);
+    CHECK(fabs(spec_cost_keep_p(&c, 0) - 0.75) < 1e-12, "3 of 4: rate %.6f", spec_cost_keep_p(&c, 0));
+    spec_cost_keep(&c, 0, 0, 0); /* nothing compared: nothing learned */
+    CHECK(fabs(spec_cost_keep_p(&c, 0) - 0.75) < 1e-12, "an empty step moved the rate to %.6f", spec_cost_keep_p(&c, 0));
+    spec_cost_keep(&c, 0, 0, 4);
     const double k4 = pow(1.0 - 1.0 / 256.0, 4), want = 3 * k4 / (4 * k4 + 4);
-    CHECK(fabs(spec_cost_keep_p(&c) - want) < 1e-12, "then 0 of 4: rate %.9f, want %.9f", spec_cost_keep_p(&c), want);
-    /* A temperature-1 phase after a greedy one: the rate follows within a few hundred positions. */
+    CHECK(fabs(spec_cost_keep_p(&c, 0) - want) < 1e-12, "then 0 of 4: rate %.9f, want %.9f", spec_cost_keep_p(&c, 0), want);
+    /* A phase of easy drafts, then one of hard ones: the rate follows within a few hundred positions. */
     for (int i = 0; i < 500; i++)
-        spec_cost_keep(&c, 4, 4);
-    CHECK(spec_cost_keep_p(&c) > 0.99, "after 2000 kept: %.4f", spec_cost_keep_p(&c));
+        spec_cost_keep(&c, 0, 4, 4);
+    CHECK(spec_cost_keep_p(&c, 0) > 0.99, "after 2000 kept: %.4f", spec_cost_keep_p(&c, 0));
     for (int i = 0; i < 1000; i++)
-        spec_cost_keep(&c, 1, 2);
-    CHECK(fabs(spec_cost_keep_p(&c) - 0.5) < 0.01, "after 2000 at half: %.4f", spec_cost_keep_p(&c));
+        spec_cost_keep(&c, 0, 1, 2);
+    CHECK(fabs(spec_cost_keep_p(&c, 0) - 0.5) < 0.01, "after 2000 at half: %.4f", spec_cost_keep_p(&c, 0));
+}
+
+/* Greedy and sampled sequences keep their own rates: greedy evaluations beside a
+ * temperature-1 round leave its rate alone, and the other way round. */
+static void test_keep_rate_by_draw(void)
+{
+    spec_cost c;
+    spec_cost_init(&c);
+    for (int i = 0; i < 100; i++) {
+        spec_cost_keep(&c, 1, 6, 6); /* greedy: every draft kept */
+        spec_cost_keep(&c, 0, 1, 3); /* sampled: one in three */
+    }
+    CHECK(fabs(spec_cost_keep_p(&c, 1) - 1.0) < 1e-12, "greedy rate %.6f, want 1", spec_cost_keep_p(&c, 1));
+    CHECK(fabs(spec_cost_keep_p(&c, 0) - 1.0 / 3.0) < 1e-12, "sampled rate %.6f, want 1/3", spec_cost_keep_p(&c, 0));
+    spec_cost_init(&c);
+    spec_cost_keep(&c, 1, 0, 5);
+    CHECK(spec_cost_keep_p(&c, 0) == 1.0 && spec_cost_keep_p(&c, 1) == 0.0, "greedy misses moved the sampled rate: "
+          "%.3f / %.3f", spec_cost_keep_p(&c, 0), spec_cost_keep_p(&c, 1));
 }
 
 int main(void)
@@ -120,5 +138,6 @@ int main(void)
     RUN(test_drift);
     RUN(test_clamps);
     RUN(test_keep_rate);
+    RUN(test_keep_rate_by_draw);
     TEST_EXIT();
 }
