@@ -3,6 +3,7 @@ daemon lifecycle (start on free loopback ports, wait for /health, stop cleanly o
 free_port, and for the raw protocol rpc over a pynng req0 socket and FETCH loops."""
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,11 +23,44 @@ from rolloutd import proto  # noqa: E402
 PROMPT = [1, 9690, 314, 253, 1345, 2914, 28]
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_EPHEMERAL_LOW = _ephemeral_low()
+_handed_out = set()
+_pick = random.Random(os.getpid() ^ time.time_ns())
+
+
 def free_port():
-    """A loopback TCP port free right now (the one place the tests and benches pick ports)."""
+    """A loopback TCP port free right now (the one place the tests and benches pick ports).
+
+    Picked below the kernel's ephemeral range where there is room: a port the kernel hands out
+    for bind(0) can be handed again to an outgoing connection (a client dialling another daemon)
+    before the daemon that was given it binds it, and the daemon then fails to start. Ports
+    outside that range are never assigned by the kernel (nor are Ray's workers' 10002-19999, so
+    the range starts at 20000); this process never hands one out twice."""
+    if _EPHEMERAL_LOW >= 22000:
+        for _ in range(200):
+            port = _pick.randrange(20000, _EPHEMERAL_LOW)  # above Ray's worker ports (10002-19999)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _handed_out.add(port)
+    return port
 
 
 class Daemon:
