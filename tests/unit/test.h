@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int test_failed_cases;
 static int test_case_failed;
@@ -34,16 +35,26 @@ static char test_why[512];
         CHECK(rc_ == 0, "returned %d (%s)", rc_, rd_errmsg());                    \
     } while (0)
 
+/* Wall seconds since an arbitrary start: each PASS line says what its case took,
+ * so the suite's slow cases can be found (tests/run.sh prints each file's total). */
+static inline double test_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 #define RUN(fn)                                                                   \
     do {                                                                          \
         test_case_failed = 0;                                                     \
         test_why[0] = 0;                                                          \
+        const double t0_ = test_now_s();                                          \
         fn();                                                                     \
         if (test_case_failed) {                                                   \
             test_failed_cases++;                                                  \
             printf("FAIL %s: %s\n", #fn, test_why);                               \
         } else {                                                                  \
-            printf("PASS %s\n", #fn);                                             \
+            printf("PASS %s (%.1f s)\n", #fn, test_now_s() - t0_);                \
         }                                                                         \
         fflush(stdout);                                                           \
     } while (0)
