@@ -84,7 +84,8 @@ typedef struct seq {
     int32_t spec_wait;          /* steps to decode plainly before drafting again (after drafts all missed) */
     int32_t spec_backoff;       /* the last wait: doubles while drafts keep missing */
     float spec_rate;            /* running acceptance rate (drafts kept / drafted, 0..1; starts at 1) */
-    float spec_keep_p;          /* running chance that a draft is kept once those before it were (0..1; starts at the engine's rate) */
+    float spec_keep_p;          /* running chance a draft is kept once those before it were (0..1; starts at
+                                   the engine-wide rate of its kind of draw, spec_cost_keep_p) */
     /* its tally for the result (eng_result.spec_*): only time depends on it */
     int32_t spec_n_drafted;     /* drafted tokens verified for it */
     int32_t spec_n_accepted;    /* of those, drawn as drafted */

@@ -1,6 +1,7 @@
 /* spec_cost.c - the step-time model speculation is planned with (see spec_cost.h). */
 #include "engine/serve/spec_cost.h"
 
+#include <math.h>
 #include <string.h>
 
 /* A row count's mean weighs its last SPEC_COST_WINDOW steps about equally:
@@ -81,9 +82,7 @@ void spec_cost_keep(spec_cost *c, int greedy, int32_t hits, int32_t tries)
 {
     if (tries <= 0)
         return;
-    double keep = 1.0;
-    for (int32_t i = 0; i < tries; i++)
-        keep *= 1.0 - SPEC_KEEP_DECAY;
+    const double keep = pow(1.0 - SPEC_KEEP_DECAY, tries);
     const int k = greedy != 0;
     c->keep_hits[k] = c->keep_hits[k] * keep + hits;
     c->keep_tries[k] = c->keep_tries[k] * keep + tries;
