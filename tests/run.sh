@@ -4,52 +4,46 @@
 # Each prints PASS/FAIL lines; this script counts them and ends with
 # "N passed, N failed", exiting non-zero on any failure.
 #   tests/run.sh [BUILD] [--unit-only]
+# RD_TEST_JOBS test files run at once (default 2): most files wait on daemons, sockets and
+# subprocesses for much of their time, so two at a time keep two cores busy. Each file gets its
+# own RD_TMP and its own slice of the loopback ports (RD_PORT_SLOT of RD_PORT_SLOTS, read by
+# rdtest.free_port). RD_TEST_JOBS=1 runs them one after another, in the order listed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 MODE=${2:-}
 PY=${PYTHON:-python3}
+JOBS=${RD_TEST_JOBS:-2}
 export RD_BUILD=$BUILD
 export RD_MODEL=${RD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 export RD_TMP=${RD_TMP:-$(mktemp -d)}
 trap 'rm -rf "$RD_TMP"' EXIT
+RES=$RD_TMP/results
+mkdir -p "$RES"
 
-passed=0
-failed=0
-run_one() {
+# The job list: one line per test file, NAME then the command (shell-quoted), run by eval.
+job_names=()
+job_cmds=()
+add() {
   local name=$1; shift
-  local out rc t0=$SECONDS
-  out=$("$@" 2>&1); rc=$?
-  # PASS/FAIL/SKIP lines, and which llama.cpp build and buffer types an oracle ran (tools/llamacpp_info.py).
-  printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) |^llama\.cpp: ' | sed "s|^|[$name] |"
-  # Where the suite's time goes (one line per file; not counted).
-  echo "[$name] took $((SECONDS - t0)) s"
-  local p f
-  p=$(printf '%s\n' "$out" | grep -c '^PASS ')
-  f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
-  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-    # Crashed or failed without a FAIL line: show the tail and count it.
-    printf '%s\n' "$out" | tail -n 20 | sed "s|^|[$name] |"
-    echo "[$name] FAIL (exit $rc)"
-    f=1
-  fi
-  passed=$((passed + p))
-  failed=$((failed + f))
+  job_names+=("$name")
+  job_cmds+=("$(printf '%q ' "$@")")
 }
 
-# Tiny random models for the unit tests (idempotent, a few seconds).
+# Tiny random models for the unit tests (idempotent, a few seconds; before any job reads them).
 export RD_TESTDATA=${RD_TESTDATA:-build/testdata}
-tests/gen_testdata.sh "$RD_TESTDATA" >/dev/null || { echo "FAIL gen_testdata"; failed=$((failed + 1)); }
+gen_failed=0
+tests/gen_testdata.sh "$RD_TESTDATA" >/dev/null || { echo "FAIL gen_testdata"; gen_failed=1; }
 
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
-  run_one "$(basename "$t")" "$t"
+  add "$(basename "$t")" "$t"
 done
 
 # The GEMM's checks against the scalar fmaf chain on the kernels' AVX2 and plain C paths too
 # (base/cpu_isa.h; on a host without AVX2 both fall back to plain C).
 for isa in avx2 scalar; do
-  [ -x "$BUILD/tests/test_gemm" ] && run_one "$isa:test_gemm" env RD_CPU_ISA=$isa "$BUILD/tests/test_gemm"
+  [ -x "$BUILD/tests/test_gemm" ] && add "$isa:test_gemm" env RD_CPU_ISA=$isa "$BUILD/tests/test_gemm"
 done
 
 # The same unit tests built with AddressSanitizer + UBSan (make asan-build). test_cuda_emu, the
@@ -59,62 +53,128 @@ if [ -n "${RD_ASAN_BUILD:-}" ]; then
   for t in "$RD_ASAN_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     [ "$(basename "$t")" = test_cuda_emu ] && continue
-    run_one "asan:$(basename "$t")" "$t"
+    add "asan:$(basename "$t")" "$t"
   done
 fi
 
 if [ "$MODE" != "--unit-only" ]; then
   for t in tests/py/test_*.py; do
     [ -f "$t" ] || continue
-    run_one "$(basename "$t" .py)" "$PY" "$t"
+    add "$(basename "$t" .py)" "$PY" "$t"
   done
   # The daemon's abuse and shutdown tests again against the ASan/UBSan build.
   if [ -n "${RD_ASAN_BUILD:-}" ] && [ -x "$RD_ASAN_BUILD/rolloutd" ]; then
-    run_one "asan:test_daemon_basic" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_daemon_basic" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_daemon_basic.py
     # The HTTP server's abuse cases (slowloris, limits, garbage, auth), ending in a SIGTERM exit with no leak.
-    run_one "asan:test_http_server" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_http_server" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_http_server.py
     # The authentication handshake (wrong secrets, replays, reconnects) against the ASan daemon.
-    run_one "asan:test_auth" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_auth.py
+    add "asan:test_auth" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_auth.py
     # The generation routes' lifecycles: streams, stops, disconnects mid-request and mid-stream, abort,
     # pause, 400s and 503s, SIGTERM with an open call. The output-parity cases stay in the plain run
     # (text_is_valid_utf8_whatever_the_tokens alone took 253 s under ASan).
-    run_one "asan:test_http_api" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_http_api" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=openai_completions_stream_with_usage,generate_streams_cumulative_and_holds_back_stop_prefixes,stop_strings_across_tokens_and_at_the_first,abort_all_returns_partial_outputs,pause_and_continue,bad_fields_get_400_naming_them,busy_gets_503_with_the_nng_words,clients_that_leave_free_their_kv_blocks,update_weights_from_disk,pause_keep_freezes_and_continue_resumes,sigterm_exits_zero \
       "$PY" tests/py/test_http_api.py
     # vLLM's RL routes: pause modes, updates from a directory, vllm-router with a daemon SIGKILLed, SIGTERM with no leak.
-    run_one "asan:test_vllm_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_vllm_rl.py
+    add "asan:test_vllm_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_vllm_rl.py
     # Routing replay: routes narrowed in place, base64 for HTTP, refusals, SIGTERM with no leak.
-    run_one "asan:test_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_routes.py
+    add "asan:test_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_routes.py
     # Bad model files of every family against the ASan/UBSan tools.
-    run_one "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
+    add "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
     # The chain: a relay whose successor dies, aborts everywhere, lane authentication (ASan daemons).
-    run_one "asan:test_chain" env RD_BUILD="$RD_ASAN_BUILD" \
+    add "asan:test_chain" env RD_BUILD="$RD_ASAN_BUILD" \
       RD_CASES=by_default_a_failure_aborts_the_update_everywhere,with_a_secret_the_chain_authenticates_and_a_wrong_relay_key_is_refused \
       "$PY" tests/py/test_chain.py
     # Weight-update faults against the ASan daemon, which must then exit with no leak.
-    run_one "asan:test_weight_update" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_weight_update" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=faults_leave_the_old_weights_serving,data_lane_refuses_garbage_and_keeps_serving "$PY" tests/py/test_weight_update.py
     # SGLang's RL routes: pause modes, update, memory release and resume (KV pool and weights freed and made again).
-    run_one "asan:test_sglang_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_sglang_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=slime_cycle_one_daemon,pause_in_place_and_retract,vllm_sleep_wake_up,weights_from_an_nng_push_cannot_be_released \
       "$PY" tests/py/test_sglang_rl.py
     # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
-    run_one "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_relay_allow.py
     # 1,000 lane connections at once, eviction and BUSY at max_lane_connections, no leak at exit.
-    run_one "asan:test_lane_limit" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_lane_limit" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_lane_limit.py
     # HTTPS: TLS sessions, streams over TLS, plain HTTP on the TLS port, a SIGTERM exit with no leak.
-    run_one "asan:test_https" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_https" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_https.py
     # GET /weights_manifest and push_tensors' refusals before UPDATE_BEGIN (ASan daemons, no leak at exit).
-    run_one "asan:test_push_tensors" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+    add "asan:test_push_tensors" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=the_manifest_route_lists_the_state_dicts_names_and_shapes,wrong_names_missing_tensors_and_shapes_are_refused_before_begin \
       "$PY" tests/py/test_push_tensors.py
   fi
 fi
 
+# Longest first, so that no long file starts last while the other slot sits idle. The list is
+# the slowest files of a 2-core run (their "took" lines); the rest follow in the order added.
+SLOW_FIRST="test_cuda_emu test_gemma3 test_families test_weight_update asan:test_http_api test_http_api
+asan:test_relay_allow asan:test_chain test_chain asan:test_spec test_llamacpp_parity test_chain_c asan:test_vllm_rl
+test_delta test_integration asan:test_daemon_basic test_tokenizer_gemma test_gguf test_spec_decode"
+order=()
+for s in $SLOW_FIRST; do
+  for i in "${!job_names[@]}"; do [ "${job_names[$i]}" = "$s" ] && order+=("$i"); done
+done
+for i in "${!job_names[@]}"; do
+  case " $(echo $SLOW_FIRST) " in *" ${job_names[$i]} "*) ;; *) order+=("$i") ;; esac
+done
+
+# One job: its PASS/FAIL/SKIP lines and its time go to stdout in one piece (under a lock, so two
+# jobs' lines never interleave); its counts go to RES/<index>.count.
+run_one() {
+  local idx=$1 slot=$2 name=${job_names[$1]} cmd=${job_cmds[$1]}
+  local out rc t0=$SECONDS tmp=$RD_TMP/job-$idx
+  mkdir -p "$tmp"
+  # The job's CPU seconds too (its processes, daemons included, once reaped): the suite's cost on a
+  # machine whose cores are shared between two jobs is CPU time, not wall time.
+  # `times` ends the output: the shell's own times, then its children's (the last line).
+  out=$(export RD_TMP=$tmp RD_PORT_SLOT=$slot RD_PORT_SLOTS=$JOBS; eval "$cmd" 2>&1; rc=$?; times; exit $rc); rc=$?
+  local cpu
+  cpu=$(printf '%s\n' "$out" | tail -n 1 | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%.0f", s }')
+  out=$(printf '%s\n' "$out" | head -n -2)
+  local p f report
+  p=$(printf '%s\n' "$out" | grep -c '^PASS ')
+  f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+  # PASS/FAIL/SKIP lines, and which llama.cpp build and buffer types an oracle ran (tools/llamacpp_info.py).
+  report=$(printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) |^llama\.cpp: ' | sed "s|^|[$name] |"
+    # Where the suite's time goes (one line per file; not counted).
+    echo "[$name] took $((SECONDS - t0)) s (cpu ${cpu:-?} s)"
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+      # Crashed or failed without a FAIL line: show the tail and count it.
+      printf '%s\n' "$out" | tail -n 20 | sed "s|^|[$name] |"
+      echo "[$name] FAIL (exit $rc)"
+    fi)
+  [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && f=1
+  echo "$p $f" > "$RES/$idx.count"
+  ( flock 9; printf '%s\n' "$report" ) 9>"$RES/print.lock"
+}
+
+# Each slot takes the next job off the shared queue until none is left.
+echo 0 > "$RES/next"
+take() { ( flock 9; local i; i=$(cat "$RES/next"); echo $((i + 1)) > "$RES/next"; echo "$i" ) 9>"$RES/next.lock"; }
+slot_loop() {
+  local slot=$1 k
+  while k=$(take) && [ "$k" -lt "${#order[@]}" ]; do
+    run_one "${order[$k]}" "$slot"
+  done
+}
+for ((s = 0; s < JOBS; s++)); do slot_loop "$s" & done
+wait
+
+passed=0
+failed=$gen_failed
+for i in "${!job_names[@]}"; do
+  if [ -f "$RES/$i.count" ]; then
+    read -r p f < "$RES/$i.count"
+  else
+    echo "[${job_names[$i]}] FAIL (never ran)"; p=0; f=1
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -33,6 +33,23 @@ def _ephemeral_low():
 
 _EPHEMERAL_LOW = _ephemeral_low()
 _handed_out = set()
+
+
+def _port_range():
+    """This process's share of 20000..ephemeral: tests/run.sh runs RD_PORT_SLOTS files at once and
+    gives each its own slice (RD_PORT_SLOT), so two files never pick the same port."""
+    lo, hi = 20000, _EPHEMERAL_LOW
+    try:
+        slot, slots = int(os.environ.get("RD_PORT_SLOT", "0")), int(os.environ.get("RD_PORT_SLOTS", "1"))
+    except ValueError:
+        slot, slots = 0, 1
+    if slots > 1 and 0 <= slot < slots:
+        width = (hi - lo) // slots
+        lo, hi = lo + slot * width, lo + (slot + 1) * width
+    return lo, hi
+
+
+_PORT_LO, _PORT_HI = _port_range()
 _pick = random.Random(os.getpid() ^ time.time_ns())
 
 
@@ -43,10 +60,11 @@ def free_port():
     for bind(0) can be handed again to an outgoing connection (a client dialling another daemon)
     before the daemon that was given it binds it, and the daemon then fails to start. Ports
     outside that range are never assigned by the kernel (nor are Ray's workers' 10002-19999, so
-    the range starts at 20000); this process never hands one out twice."""
-    if _EPHEMERAL_LOW >= 22000:
+    the range starts at 20000); this process never hands one out twice, and files run side by side
+    by tests/run.sh pick from separate slices of the range."""
+    if _PORT_HI - _PORT_LO >= 1000:
         for _ in range(200):
-            port = _pick.randrange(20000, _EPHEMERAL_LOW)  # above Ray's worker ports (10002-19999)
+            port = _pick.randrange(_PORT_LO, _PORT_HI)  # above Ray's worker ports (10002-19999)
             if port in _handed_out:
                 continue
             with socket.socket() as s:
