@@ -14,6 +14,8 @@ BUILD=${1:-build}
 MODE=${2:-}
 PY=${PYTHON:-python3}
 JOBS=${RD_TEST_JOBS:-2}
+# llama.cpp's oracles on one thread when files share the cores (tools/llamacpp_info.py says why).
+[ "$JOBS" -gt 1 ] && export RD_LLAMA_THREADS=${RD_LLAMA_THREADS:-1}
 export RD_BUILD=$BUILD
 export RD_MODEL=${RD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 export RD_TMP=${RD_TMP:-$(mktemp -d)}

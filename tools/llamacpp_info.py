@@ -71,8 +71,16 @@ def describe(path, bufs):
 
 
 def Llama(model_path, **kw):
-    """llama_cpp.Llama(model_path, **kw), printing the build and the weights' buffer types."""
+    """llama_cpp.Llama(model_path, **kw), printing the build and the weights' buffer types.
+
+    RD_LLAMA_THREADS, where set, replaces n_threads and n_threads_batch: tests/run.sh sets 1 when
+    it runs test files side by side, because llama.cpp's threads spin at every barrier, and a spinning
+    thread whose partner lost its core to the other file's work only burns that core (an oracle
+    file took 2.4x its time alone). Its logits do not depend on the thread count."""
     import llama_cpp
+    cap = os.environ.get("RD_LLAMA_THREADS")
+    if cap:
+        kw["n_threads"] = kw["n_threads_batch"] = int(cap)
     with capture() as bufs:
         llm = llama_cpp.Llama(model_path=model_path, **kw)
     if not kw.get("vocab_only"):

@@ -278,12 +278,17 @@ static int build_rope_table(model *m, double theta, const float *div, float **ou
     int32_t half = c->head_dim / 2;
     size_t n = (size_t)c->max_ctx * half * 2;
     float *t = malloc(n * sizeof(float));
-    if (!t)
+    double *inv = malloc((size_t)half * sizeof(double)); /* a pair's frequency, the same at every position */
+    if (!t || !inv) {
+        free(t);
+        free(inv);
         return rd_fail(RD_ENOMEM, "model: cannot allocate RoPE table");
+    }
+    for (int32_t i = 0; i < half; i++)
+        inv[i] = pow(theta, -2.0 * i / c->head_dim) / (div ? (double)div[i] : 1.0);
     for (int32_t p = 0; p < c->max_ctx; p++)
         for (int32_t i = 0; i < half; i++) {
-            double inv = pow(theta, -2.0 * i / c->head_dim) / (div ? (double)div[i] : 1.0);
-            double ang = p * inv;
+            double ang = p * inv[i];
             t[((size_t)p * half + i) * 2] = (float)cos(ang);
             t[((size_t)p * half + i) * 2 + 1] = (float)sin(ang);
         }
@@ -291,6 +296,7 @@ static int build_rope_table(model *m, double theta, const float *div, float **ou
     int rc = *out ? m->be->ops->h2d(m->be, *out, t, n * sizeof(float))
                   : rd_fail(RD_ENOMEM, "model: backend alloc for RoPE table failed");
     free(t);
+    free(inv);
     return rc;
 }
 

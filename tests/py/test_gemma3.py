@@ -118,8 +118,19 @@ def llama_rows(kind, ids, ours):
     """llama.cpp's logits at the rows that predict our tokens (row j predicts ours[j])."""
     m = llm(kind)
     m.reset()
-    m.eval(ids + ours)
-    return np.array(m.scores[len(ids) - 1:len(ids) - 1 + N_GEN], dtype=np.float64)
+    n = len(ids) - 1
+    if hasattr(m, "_logits_all"):
+        # The prompt's first n rows in a batch that asks for no logits (llama-cpp-python 0.3's per-batch
+        # flag): the 262,144-row head over every prompt row was most of this file's time.
+        m._logits_all = False
+        try:
+            m.eval(ids[:n])
+        finally:
+            m._logits_all = True
+        m.eval(ids[n:] + ours)
+    else:
+        m.eval(ids + ours)
+    return np.array(m.scores[n:n + N_GEN], dtype=np.float64)
 
 
 def compare(name, kind, ids, ours, our_lp, z):
