@@ -7,7 +7,7 @@
 # RD_TEST_JOBS test files run at once (default 2): most files wait on daemons, sockets and
 # subprocesses for much of their time, so two at a time keep two cores busy. Each file gets its
 # own RD_TMP and its own slice of the loopback ports (RD_PORT_SLOT of RD_PORT_SLOTS, read by
-# rdtest.free_port). RD_TEST_JOBS=1 runs them one after another, in the order listed.
+# rdtest.free_port). RD_TEST_JOBS=1 runs them one after another, slowest first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -121,8 +121,9 @@ order=()
 for s in $SLOW_FIRST; do
   for i in "${!job_names[@]}"; do [ "${job_names[$i]}" = "$s" ] && order+=("$i"); done
 done
+slow=" $(echo $SLOW_FIRST) "
 for i in "${!job_names[@]}"; do
-  case " $(echo $SLOW_FIRST) " in *" ${job_names[$i]} "*) ;; *) order+=("$i") ;; esac
+  case "$slow" in *" ${job_names[$i]} "*) ;; *) order+=("$i") ;; esac
 done
 
 # One job: its PASS/FAIL/SKIP lines and its time go to stdout in one piece (under a lock, so two
@@ -131,9 +132,9 @@ run_one() {
   local idx=$1 slot=$2 name=${job_names[$1]} cmd=${job_cmds[$1]}
   local out rc t0=$SECONDS tmp=$RD_TMP/job-$idx
   mkdir -p "$tmp"
-  # The job's CPU seconds too (its processes, daemons included, once reaped): the suite's cost on a
-  # machine whose cores are shared between two jobs is CPU time, not wall time.
-  # `times` ends the output: the shell's own times, then its children's (the last line).
+  # The job's CPU seconds too (its processes, daemons included, once reaped): with the cores shared
+  # between jobs, CPU time is what a file costs. `times` ends the output with the shell's own times,
+  # then its children's (the last line).
   out=$(export RD_TMP=$tmp RD_PORT_SLOT=$slot RD_PORT_SLOTS=$JOBS; eval "$cmd" 2>&1; rc=$?; times; exit $rc); rc=$?
   local cpu
   cpu=$(printf '%s\n' "$out" | tail -n 1 | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%.0f", s }')
