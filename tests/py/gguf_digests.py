@@ -18,6 +18,7 @@ import numpy as np
 
 try:
     import gguf
+    from gguf_fast import GGUFReader
 except ImportError:
     sys.exit("gguf_digests: the Python package `gguf` is missing (make setup)")
 
@@ -48,7 +49,7 @@ def digest(reader_tensor):
 def main(argv):
     if len(argv) != 2:
         sys.exit(__doc__)
-    reader = gguf.GGUFReader(argv[0])
+    reader = GGUFReader(argv[0])
     out = []
     for t in reader.tensors:
         d, n, head, tail = digest(t)

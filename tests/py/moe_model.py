@@ -65,6 +65,8 @@ import gen_moe_model as gmm  # noqa: E402  (the qwen3moe GGUF keys)
 
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
+sys.path.insert(0, HERE)
+from gguf_fast import GGUFReader  # noqa: E402  (the package's reader, its arrays read in one pass)
 
 ARCH = "qwen3moe"
 ROUTER_STD = 2.0
@@ -237,7 +239,7 @@ def write_tiny_moe(out_dir, dtype="f32", seed=41, name=None, hf=True, norm_topk_
 
 def write_hf(gguf_path, hf_dir, s, dtype, norm_topk_prob=True):
     """The folder with the GGUF's dequantized values (read back with the gguf package)."""
-    r = gguf.GGUFReader(gguf_path)
+    r = GGUFReader(gguf_path)
     g = {}
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))

@@ -43,9 +43,9 @@ import sys
 from dataclasses import dataclass, field
 
 import numpy as np
-from gguf import GGUFReader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_fast import GGUFReader  # noqa: E402
 from ref_llama import _field, _tensor, read_safetensors, rmsnorm, rope, silu, base_inv_freq  # noqa: E402
 
 

@@ -180,7 +180,7 @@ def margins(z):
 
 
 def gguf_fields(path):
-    from gguf import GGUFReader
+    from gguf_fast import GGUFReader
     r = GGUFReader(path)
     return r, {k: ref_llama._field(r, k) for k in r.fields if not k.startswith("GGUF.") and
                not k.startswith("tokenizer.ggml.tokens") and k not in ("tokenizer.ggml.merges",

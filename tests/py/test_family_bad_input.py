@@ -14,6 +14,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, ROOT, TMP, case, main, run  # noqa: E402
+from gguf_fast import GGUFReader  # noqa: E402  (the package's reader, its arrays read in one pass)
 
 import gguf  # noqa: E402
 from gguf import GGUFValueType as VT  # noqa: E402
@@ -27,7 +28,7 @@ def rewrite(src, dst, keys=None, drop_keys=(), tensors=None, drop_tensors=(), ar
     """Copies GGUF src to dst with keys {name: (type, value)} set, some keys
     and tensors dropped and tensors {name: float32 array} replaced."""
     keys, tensors = dict(keys or {}), dict(tensors or {})
-    r = gguf.GGUFReader(src)
+    r = GGUFReader(src)
     old_arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch or old_arch)
     for f in r.fields.values():
@@ -66,7 +67,7 @@ def rewrite(src, dst, keys=None, drop_keys=(), tensors=None, drop_tensors=(), ar
 
 
 def tensor(src, name):
-    return np.array(next(t.data for t in gguf.GGUFReader(src).tensors if t.name == name), dtype=np.float32)
+    return np.array(next(t.data for t in GGUFReader(src).tensors if t.name == name), dtype=np.float32)
 
 
 def refused(path, *wants):

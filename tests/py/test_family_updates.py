@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, ROOT, TMP, case, main, run  # noqa: E402
+from gguf_fast import GGUFReader  # noqa: E402  (the package's reader, its arrays read in one pass)
 from rdtest import Daemon  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
@@ -76,8 +77,7 @@ def read_safetensors(path):
 
 
 def read_gguf_norm(path, name):
-    import gguf
-    return np.array(next(t.data for t in gguf.GGUFReader(path).tensors if t.name == name), dtype=np.float32)
+    return np.array(next(t.data for t in GGUFReader(path).tensors if t.name == name), dtype=np.float32)
 
 
 _exports = {}

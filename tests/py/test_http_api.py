@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import MODEL, ROOT, TMP, case, main  # noqa: E402
+from gguf_fast import GGUFReader  # noqa: E402  (the package's reader, its arrays read in one pass)
 
 from rdtest import PROMPT, Daemon, stop_cleanly  # noqa: E402
 
@@ -339,10 +340,9 @@ def multi_turn_chat_matches_the_templates():
     """A conversation of several turns is rendered by the model's chat format: for SmolLM2 (ChatML) the ids
     are llama.cpp's tokenization of the GGUF's own Jinja template rendered (and of llama.cpp's built-in
     chatml); for Gemma 3 of llama.cpp's built-in gemma template after the BOS (no template in that file)."""
-    import gguf
     import jinja2.sandbox
     import llama_cpp
-    r = gguf.GGUFReader(MODEL)
+    r = GGUFReader(MODEL)
     f = r.fields["tokenizer.chat_template"]
     tmpl = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
         bytes(f.parts[f.data[0]]).decode())

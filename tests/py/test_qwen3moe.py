@@ -162,7 +162,7 @@ def margins(z):
 
 @case
 def gguf_keys_and_tensors():
-    from gguf import GGUFReader
+    from gguf_fast import GGUFReader
     import ref_llama
     for dt in DTYPES:
         s = moe_model.shape_for(dt)

@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, TMP, case, main  # noqa: E402
+from gguf_fast import GGUFReader  # noqa: E402  (the package's reader, its arrays read in one pass)
 from rdtest import Daemon, stop_cleanly  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
@@ -66,7 +67,7 @@ def q8_0_copy(src, dst, replace=None):
     convert_hf_to_gguf.py --outtype q8_0 does: norms (1-D) and the MoE router (ffn_gate_inp)
     stay f32; replace: {GGUF tensor name: float32 array in the file's row order} used instead of
     src's values."""
-    r = gguf.GGUFReader(src)
+    r = GGUFReader(src)
     w = writer_like(r, dst, 7)  # MOSTLY_Q8_0
     nbytes = 0
     for t in r.tensors:

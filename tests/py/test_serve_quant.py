@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, TMP, case, main  # noqa: E402
+from gguf_fast import GGUFReader  # noqa: E402  (the package's reader, its arrays read in one pass)
 from rdtest import Daemon, stop_cleanly  # noqa: E402
 from test_serve_dtype import first_difference, runs, writer_like  # noqa: E402
 import ref_fp8  # noqa: E402
@@ -67,7 +68,7 @@ def learner_weights(path, seed):
     """({GGUF name: float32 array in the file's layout}, {HF name: pushed array}, the reader):
     the file's values, the 2-D ones perturbed by up to ~5% and rounded to bf16 (pushed as bf16
     bits), the norms as they are (f32). Llama's q and k rows are unpermuted for the HF names."""
-    r = gguf.GGUFReader(path)
+    r = GGUFReader(path)
     heads = int(r.fields["llama.attention.head_count"].contents())
     kv_heads = int(r.fields["llama.attention.head_count_kv"].contents())
     rng = np.random.default_rng(seed)

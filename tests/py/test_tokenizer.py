@@ -345,7 +345,8 @@ def vocab_copy(name, pre, control=(), eos=None, add_bos=None, drop=()):
     if name in _copies:
         return _copies[name]
     import gguf
-    r = gguf.GGUFReader(MODEL)
+    from gguf_fast import GGUFReader
+    r = GGUFReader(MODEL)
     tokens = list(r.get_field("tokenizer.ggml.tokens").contents())
     types = list(r.get_field("tokenizer.ggml.token_type").contents())
     merges = list(r.get_field("tokenizer.ggml.merges").contents())

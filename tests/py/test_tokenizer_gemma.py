@@ -467,7 +467,8 @@ def prefix_copy():
     if _prefix_copy:
         return _prefix_copy[0]
     import gguf
-    r = gguf.GGUFReader(GEMMA)
+    from gguf_fast import GGUFReader
+    r = GGUFReader(GEMMA)
     path = os.path.join(TMP, "tokenizer-gemma-prefix.gguf")
     w = gguf.GGUFWriter(path, r.get_field("general.architecture").contents())
     for f in r.fields.values():
