@@ -181,7 +181,9 @@ GEMMA3_MODEL ?= models/gemma-3-270m-q4_k_m.gguf
 model-gemma3:
 	@tools/fetch_gemma3.sh
 
-ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+# -O2, not -O1: the daemon tests under ASan spend most of their time in the GEMM kernels (87% of
+# a greedy call's samples), and -O2 halves it there: test_chain's abort case went from 51 s to 34 s.
+ASAN_OPT := -O2 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 # The whole suite: unit tests (plain and ASan/UBSan builds) and the Python
 # oracle tests (NumPy reference, llama.cpp). Needs the default model and Gemma 3
