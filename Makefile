@@ -33,13 +33,18 @@ LLHTTP_OBJ := $(if $(DAEMON_SRC),$(BUILD)/obj/llhttp/llhttp.o $(BUILD)/obj/llhtt
 DAEMON  := $(if $(DAEMON_SRC),$(BUILD)/rolloutd)
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
+# The CUDA backend is a plugin, $(BUILD)/librdcuda.so (kernels/cuda/cuda_plugin.c loads it on first
+# use): only it links cuBLASLt and the CUDA runtime, whose start-up cost every program paid before
+# (~0.1 s of CPU each). The programs export their symbols (-rdynamic) for the plugin to call.
 ifeq ($(CUDA),1)
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 NVFLAGS := -O2 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-           -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+           -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter
 CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
+LDLIBS  += -rdynamic -ldl
+CUDA_PLUGIN := $(if $(CU_SRC),$(BUILD)/librdcuda.so)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 endif
 
 # The CUDA backend built for the host emulator (kernels/cuda/cuemu.h): g++
@@ -51,7 +56,8 @@ EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contra
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
 .PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec model model-gemma3 fuzz clean setup demo demo-offline
-all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so
+all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
+     $(CUDA_PLUGIN)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
 # ARCH= rebuilds them instead of mixing old and new objects.
@@ -104,9 +110,14 @@ $(BUILD)/librddelta.so: client/rd_delta.c client/rd_delta.h base/crc32c.c base/e
 	$(CC) -std=c11 -D_GNU_SOURCE -O2 $(WARN) -I. -fPIC -shared client/rd_delta.c base/crc32c.c base/err.c -o $@ \
 	    -lzstd -lpthread
 
-$(BUILD)/librollout.a: $(LIB_OBJ) $(CU_OBJ)
+$(BUILD)/librollout.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+# LDLIBS for the paths a caller gives (tests/gpu/run.sh: the bundle's, a cuBLASLt wheel's); --as-needed
+# keeps only what the backend calls.
+$(BUILD)/librdcuda.so: $(CU_OBJ)
+	$(CXX) -shared -Wl,--as-needed $(CU_OBJ) -o $@ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/%: tools/%.c $(BUILD)/librollout.a
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/librollout.a $(LDLIBS)
@@ -195,7 +206,7 @@ test: all asan-build model model-gemma3
 # the plain build (`make asan` builds and runs them too). Their ASan objects were minutes of the
 # suite's build for nothing it ran.
 NO_EMU := $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(filter-out $(EMU_TESTS),$(TESTS)) \
-          $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so
+          $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so $(CUDA_PLUGIN)
 .PHONY: no-emu
 no-emu: $(NO_EMU)
 

@@ -19,7 +19,7 @@ int rd_backend_cudaemu_create(int n_threads, rd_backend **out) __attribute__((we
 const rd_backend_entry rd_backend_registry[] = {
     {"cpu", rd_backend_cpu_create, NULL},
 #ifdef RD_HAVE_CUDA
-    {"cuda", rd_backend_cuda_create, NULL},
+    {"cuda", rd_backend_cuda_load, NULL},   /* build/librdcuda.so, loaded on first use (cuda_plugin.c) */
 #else
     {"cuda", NULL, "rebuild with nvcc present and CUDA=1"},
 #endif

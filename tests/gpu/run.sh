@@ -201,8 +201,8 @@ fi
 # ------------------------------------------------------------------ build
 # The targets every later stage needs first (so a broken daemon elsewhere in
 # the tree does not stop the GPU checks), then everything.
-CORE=(build/librollout.a build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine build/tests/test_spec
-      build/tests/test_cuda_emu)
+CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine
+      build/tests/test_spec build/tests/test_cuda_emu)
 if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
   run build-all 200 make -j"$JOBS" "${MAKE_VARS[@]}" all || true
 else
