@@ -61,7 +61,7 @@ all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/lib
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
 # ARCH= rebuilds them instead of mixing old and new objects.
-FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(CUDA) $(CXX) $(EMUFLAGS)' | md5sum | cut -c1-10)
+FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(CUDA) $(CXX) $(EMUFLAGS) $(KERNEL_OPT)' | md5sum | cut -c1-10)
 $(FLAGS_STAMP):
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/flags.* && touch $@
 
@@ -69,6 +69,10 @@ $(FLAGS_STAMP):
 $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# KERNEL_OPT: the CPU kernels' own optimisation level where a build's OPT is lower (the ASan build).
+KERNEL_OPT ?=
+$(BUILD)/obj/kernels/cpu/%.o: CFLAGS += $(KERNEL_OPT)
 
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -192,9 +196,11 @@ GEMMA3_MODEL ?= models/gemma-3-270m-q4_k_m.gguf
 model-gemma3:
 	@tools/fetch_gemma3.sh
 
-# -O2, not -O1: the daemon tests under ASan spend most of their time in the GEMM kernels (87% of
-# a greedy call's samples), and -O2 halves it there: test_chain's abort case went from 51 s to 34 s.
-ASAN_OPT := -O2 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+# The CPU kernels at -O2 in the ASan build too: the daemon tests under ASan spend most of their time
+# in the GEMM kernels (87% of a greedy call's samples), which -O2 runs twice as fast there
+# (test_chain's abort case: 51 s -> 34 s); the whole build at -O2 cost 108 s more CPU to compile.
+ASAN_KERNEL_OPT := -O2
 
 # The whole suite: unit tests (plain and ASan/UBSan builds) and the Python
 # oracle tests (NumPy reference, llama.cpp). Needs the default model and Gemma 3
@@ -211,11 +217,11 @@ NO_EMU := $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(filter-out $(EMU_TESTS),$(T
 no-emu: $(NO_EMU)
 
 asan-build:
-	$(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" CUDA=0 no-emu
+	$(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" KERNEL_OPT="$(ASAN_KERNEL_OPT)" CUDA=0 no-emu
 
 # The unit tests alone under AddressSanitizer + UBSan, the emulator's included.
 asan:
-	$(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" CUDA=0 all
+	$(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" KERNEL_OPT="$(ASAN_KERNEL_OPT)" CUDA=0 all
 	tests/run.sh build/asan --unit-only
 
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
