@@ -199,7 +199,7 @@ model-gemma3:
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 # The CPU kernels at -O2 in the ASan build too: the daemon tests under ASan spend most of their time
 # in the GEMM kernels (87% of a greedy call's samples), which -O2 runs twice as fast there
-# (test_chain's abort case: 51 s -> 34 s); the whole build at -O2 cost 108 s more CPU to compile.
+# (test_chain's abort case: 51 s -> 30 s); the whole build at -O2 cost 108 s more CPU to compile.
 ASAN_KERNEL_OPT := -O2
 
 # The whole suite: unit tests (plain and ASan/UBSan builds) and the Python
