@@ -184,6 +184,14 @@ typedef struct rd_backend_ops {
      * expert's weights are read once per call. */
     void (*moe_ffn)(rd_backend *be, const rd_moe *moe, const float *x, const int32_t *ids, const float *weights,
                     int32_t m, int32_t k, float *y);
+    /* Drops what the backend keeps for moe's handle arrays between moe_ffn
+     * calls (CUDA: the device copy of the expert table, keyed by the
+     * arrays' addresses). Called before the arrays are freed, outside any
+     * graph capture and with no graph that uses them left to launch; NULL
+     * where the backend keeps nothing (the CPU). Without it a model that is
+     * freed and rebuilt (weights released and resumed, every training step
+     * under verl's colocated mode) leaves a table per layer behind. */
+    void (*moe_release)(rd_backend *be, const rd_moe *moe);
 
     /* Paged KV: k_cache/v_cache of one layer are [n_blocks][n_kv_heads][block_size][head_dim].
      * kv_write stores row i's K and V (at k + i*stride, v + i*stride) in slot

@@ -640,6 +640,11 @@ static void free_weights(model *m)
         for (int g = AG_FIRST_LAYER; g < AG_COUNT; g++)
             for (int32_t e = 0; e < arch_group_units(&m->cfg, (arch_group)g); e++)
                 free_slot(m, (arch_group)g, l, e);
+        if (m->layers[l].exp_gate_up && be->ops->moe_release) {
+            const rd_moe moe = {.n_experts = m->cfg.n_experts, .ffn = m->cfg.expert_ffn_dim, .dim = m->cfg.dim,
+                                .gate_up = m->layers[l].exp_gate_up, .down = m->layers[l].exp_down};
+            be->ops->moe_release(be, &moe);
+        }
         free(m->layers[l].exp_gate_up);
         free(m->layers[l].exp_down);
     }

@@ -1350,6 +1350,29 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
     return check_launch(b, "moe_ffn expert table") ? t : nullptr;
 }
 
+// The handle arrays are about to be freed: their tables go (a new model's
+// arrays may reuse the addresses, and a model rebuilt every training step
+// would otherwise add a table per layer each time). cudaFree waits for the
+// kernels that may still read it; a graph that holds it is never launched
+// again (backend.h). Inside a capture cudaFree is not allowed: the table then
+// stays until cu_destroy.
+static void cu_moe_release(rd_backend *be, const rd_moe *moe)
+{
+    cuda_be *b = impl(be);
+    if (b->capturing)
+        return;
+    for (size_t i = 0; i < b->moe_tables.size();) {
+        moe_table *t = b->moe_tables[i];
+        if (t->gate_up == moe->gate_up && t->down == moe->down) {
+            cudaFree(t->dev);
+            delete t;
+            b->moe_tables.erase(b->moe_tables.begin() + (long)i);
+        } else {
+            i++;
+        }
+    }
+}
+
 // The experts: the routes grouped by expert on the device, then one kernel
 // for every expert's gate|up and one for every expert's down (cuda_moe.cu:
 // bf16 weights, fp32 activations and sums), then the weighted sum into y.
@@ -1855,6 +1878,7 @@ static rd_backend_ops make_ops()
     o.gather_rows = cu_gather_rows;
     o.moe_route = cu_moe_route;
     o.moe_ffn = cu_moe_ffn;
+    o.moe_release = cu_moe_release;
     o.kv_write = cu_kv_write;
     o.attention = cu_attention;
     o.copy_blocks = cu_copy_blocks;

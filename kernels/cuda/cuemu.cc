@@ -388,6 +388,9 @@ void fail_next_malloc() { fail_malloc = 1; }
 // For the C tests: kernels run so far; make the next cudaMalloc fail.
 extern "C" uint64_t cuemu_launch_count(void) { return cuemu::launches(); }
 extern "C" void cuemu_fail_next_malloc(void) { cuemu::fail_next_malloc(); }
+// For the C tests' leak checks: device allocations not yet freed.
+static int64_t live_allocs;
+extern "C" int64_t cuemu_live_allocs(void) { return live_allocs; }
 
 using namespace cuemu;
 
@@ -474,6 +477,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
         return set_err(cudaErrorMemoryAllocation);
     std::memset(q, 0xff, bytes);
     *p = q;
+    live_allocs++;
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p)
@@ -481,6 +485,8 @@ cudaError_t cudaFree(void *p)
     if (capturing_streams)
         return set_err(cudaErrorStreamCaptureUnsupported);
     drain_all(); // cudaFree synchronises the device
+    if (p)
+        live_allocs--;
     std::free(p);
     return cudaSuccess;
 }

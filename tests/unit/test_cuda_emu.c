@@ -52,6 +52,7 @@
 
 uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
 void cuemu_fail_next_malloc(void);
+int64_t cuemu_live_allocs(void);
 
 static rd_backend *cpu, *emu, *emu_bf16; /* emu: the default (split activations); emu_bf16: RD_CUDA_ACT=bf16 */
 
@@ -2929,7 +2930,8 @@ static int moe_dev_load(rd_backend *be, const float *gu, const float *dn, int32_
     return 0;
 }
 
-static void moe_dev_free(rd_backend *be, moe_dev *md)
+/* Frees md's handles and arrays without telling the backend (test_moe_release). */
+static void moe_dev_drop(rd_backend *be, moe_dev *md)
 {
     for (int32_t e = 0; md->gu && e < md->moe.n_experts; e++) {
         be->ops->linear_free(be, md->gu[e]);
@@ -2937,6 +2939,14 @@ static void moe_dev_free(rd_backend *be, moe_dev *md)
     }
     free(md->gu), free(md->dn);
     memset(md, 0, sizeof *md);
+}
+
+/* As a model frees its experts: the backend's state for them first. */
+static void moe_dev_free(rd_backend *be, moe_dev *md)
+{
+    if (md->gu && be->ops->moe_release)
+        be->ops->moe_release(be, &md->moe);
+    moe_dev_drop(be, md);
 }
 
 /* y = y0 + moe_ffn(x) for m rows on be, x placed x_off floats into its
@@ -3100,6 +3110,94 @@ static void test_moe_ffn(void)
     }
     printf("# moe_ffn vs a double reference: device %.3g, CPU %.3g (relative to the error scale)\n", worst_dev,
            worst_cpu);
+}
+
+/* moe_release: a layer's experts loaded, used once (which writes their
+ * device table) and freed, six times over, as a daemon does when its weights
+ * are released and resumed each training step. On the emulator the live
+ * device allocations must come back to the same count after each of the five
+ * cycles that release, and the last cycle, which does not, must leave exactly
+ * one more (the table: so the check sees it). Every cycle's output equals
+ * the first's bit for bit: a fresh table at arrays that may sit where the
+ * freed ones did serves the right experts. */
+static void test_moe_release(void)
+{
+    CHECK(emu->ops->moe_release != NULL, "%s has no moe_release", dev_name());
+    if (!emu->ops->moe_release)
+        return;
+    moe_case c;
+    CHECK_OK(moe_case_make(&c, 8, 32, 64, 2, 9));
+    const size_t n = (size_t)c.m * c.d;
+    float *y0 = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    int64_t base = 0;
+    for (int cycle = 0; cycle < 6; cycle++) {
+        moe_dev md;
+        CHECK_OK(moe_dev_load(emu, c.gu, c.dn, c.E, c.f, c.d, &md));
+        CHECK_OK(moe_ffn_on(emu, &md.moe, c.x, 0, c.ids, c.w, c.m, c.k, c.y0, cycle ? y : y0));
+        if (cycle)
+            CHECK(!memcmp(y, y0, sizeof(float) * n), "cycle %d: moe_ffn after %d release cycles differs", cycle, cycle);
+        const int release = cycle != 5;
+        if (release)
+            moe_dev_free(emu, &md);
+        else
+            moe_dev_drop(emu, &md);
+        if (!on_emulator())
+            continue;
+        const int64_t live = cuemu_live_allocs();
+        if (cycle == 0)
+            base = live; /* the first call also grew moe_ffn's scratch, which stays */
+        else if (release)
+            CHECK(live == base, "cycle %d: %lld device allocations live after release, %lld after the first cycle",
+                  cycle, (long long)live, (long long)base);
+        else
+            CHECK(live == base + 1, "cycle %d (no release): %lld allocations live, want the first cycle's %lld + 1 "
+                  "(the table)", cycle, (long long)live, (long long)base);
+    }
+    free(y0), free(y);
+    moe_case_free(&c);
+}
+
+/* The same through the model: tiny-moe-bf16 on the device, its weights
+ * dropped and read back three times (what /release_memory_occupation and
+ * /resume_memory_occupation do), the runner rebound: each prefill's logits
+ * equal the first's bit for bit and, on the emulator, the live device
+ * allocations stay where the first prefill left them (model.c frees the
+ * experts' tables with their handle arrays). */
+static void test_moe_model_release(void)
+{
+    rd_loaded le;
+    if (!load_model("tiny-moe-bf16", dev_name(), &le)) {
+        CHECK(0, "cannot load tiny-moe-bf16 (run tests/gen_testdata.sh): %s", rd_errmsg());
+        return;
+    }
+    const int32_t V = le.m->cfg.vocab, NS = 2;
+    int32_t lens[2] = {11, 6}, base[2] = {0, 4}, t0[16], t1[16];
+    for (int i = 0; i < 16; i++)
+        t0[i] = (int32_t)(rnd() % V), t1[i] = (int32_t)(rnd() % V);
+    const int32_t *toks[2] = {t0, t1};
+    const size_t lb = sizeof(float) * 17 * V;
+    float *first = malloc(lb), *again = malloc(lb);
+    runner r;
+    CHECK_OK(runner_init(&r, le.m, 16, 16, 64, 64));
+    CHECK_OK(prefill(&r, toks, lens, NS, base, 0, first));
+    const int64_t live0 = on_emulator() ? cuemu_live_allocs() : 0;
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny-moe-bf16.gguf", testdata());
+    for (int cycle = 1; cycle <= 3 && !test_case_failed; cycle++) {
+        model_drop_weights(le.m);
+        model *fresh;
+        CHECK_OK(rd_read_weights(&le, path, 1, &fresh));
+        CHECK_OK(model_adopt(le.m, fresh));
+        runner_rebind(&r);
+        CHECK_OK(prefill(&r, toks, lens, NS, base, 0, again));
+        CHECK(!memcmp(first, again, lb), "cycle %d: the logits after the weights came back differ", cycle);
+        if (on_emulator())
+            CHECK(cuemu_live_allocs() == live0, "cycle %d: %lld device allocations live, %lld before the first drop",
+                  cycle, (long long)cuemu_live_allocs(), (long long)live0);
+    }
+    runner_free(&r);
+    rd_unload(&le);
+    free(first), free(again);
 }
 
 /* A row's bits on the device backend do not depend on its batch: row r of a
@@ -3519,6 +3617,8 @@ int main(void)
     RUN_SEL(test_moe_route_after_linear);
     RUN_SEL(test_moe_ffn);
     RUN_SEL(test_moe_batch_invariance);
+    RUN_SEL(test_moe_release);
+    RUN_SEL(test_moe_model_release);
     RUN_SEL(test_moe_graph);
     RUN_SEL(test_sampler);
     RUN_SEL(test_sampler_many_draws);
