@@ -259,7 +259,8 @@ fi
 run unit-host 60 build/tests/test_cuda_host || true
 # test_cuda_emu's cases that use no emulator hook, on the real backend
 # (RD_TEST_CUDA_BACKEND): moe_route / moe_ffn against the CPU backend, batch
-# invariance and graph capture of the experts.
+# invariance and graph capture of the experts, and moe_release (the experts'
+# device table freed with them: the same outputs over six load/release cycles).
 MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch_invariance,test_moe_graph,test_moe_release
 # and the FP8 ones (issue 26): the FP8 GEMM and the fp8 KV cache against the CPU.
 MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
