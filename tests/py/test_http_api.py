@@ -659,14 +659,21 @@ def update_weights_from_disk():
 # After the cases that expect weight version 0: it swaps in version + 1.
 @case
 def pause_keep_freezes_and_continue_resumes():
+    kv_settles()  # nothing of the earlier cases still runs or waits
     res = {}
     t = threading.Thread(target=_long_generate, args=(res, "frozen"))
     t.start()
     _wait_running()
     time.sleep(0.3)
     assert post("/pause_generation", {"mode": "keep"}) == (200, {"success": True})
-    time.sleep(0.2)  # the step in flight ends
-    s0 = get("/status")[1]
+    # /status is the engine's state after its last step: the pause shows once the step in flight ends
+    # (under ASan on a loaded machine a step can take longer than any fixed sleep).
+    deadline = time.time() + 60
+    while True:
+        s0 = get("/status")[1]
+        if s0["generation_paused"] is True or time.time() > deadline:
+            break
+        time.sleep(0.05)
     assert s0["generation_paused"] is True and s0["requests"]["running"] == 1, s0
     g0 = s0["tokens"]["generated_total"]
     time.sleep(1.0)
