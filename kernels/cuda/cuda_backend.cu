@@ -1350,6 +1350,12 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
     return check_launch(b, "moe_ffn expert table") ? t : nullptr;
 }
 
+static void moe_table_free(moe_table *t)
+{
+    cudaFree(t->dev);
+    delete t;
+}
+
 // The handle arrays are about to be freed: their tables go (a new model's
 // arrays may reuse the addresses, and a model rebuilt every training step
 // would otherwise add a table per layer each time). cudaFree waits for the
@@ -1364,8 +1370,7 @@ static void cu_moe_release(rd_backend *be, const rd_moe *moe)
     for (size_t i = 0; i < b->moe_tables.size();) {
         moe_table *t = b->moe_tables[i];
         if (t->gate_up == moe->gate_up && t->down == moe->down) {
-            cudaFree(t->dev);
-            delete t;
+            moe_table_free(t);
             b->moe_tables.erase(b->moe_tables.begin() + (long)i);
         } else {
             i++;
@@ -1799,10 +1804,8 @@ static void cu_destroy(rd_backend *be)
     if (b->part_ms) cudaFree(b->part_ms);
     if (b->d_step) cudaFree(b->d_step);
     if (b->h_step) cudaFreeHost(b->h_step);
-    for (moe_table *t : b->moe_tables) {
-        cudaFree(t->dev);
-        delete t;
-    }
+    for (moe_table *t : b->moe_tables)
+        moe_table_free(t);
     if (b->moe_idx) cudaFree(b->moe_idx);
     if (b->moe_act) cudaFree(b->moe_act);
     if (b->moe_h) cudaFree(b->moe_h);
