@@ -80,6 +80,7 @@ api_call *api_call_new(api *a, http_res *h, api_kind kind)
     c->a = a;
     c->h = h;
     api_call_init(c, kind, a->d->L.tok);
+    c->p.processed = !strcmp(a->d->cfg.logprobs_mode, "processed_logprobs");
     c->created = (int64_t)time(NULL);
     c->serial = ++a->n_calls;
     return c;
@@ -212,6 +213,15 @@ static int submit_sub(api *a, api_call *c, api_sub *s)
     adm_engine_request(&pr, s->prompt, (uint32_t)s->n_prompt, c->p.seed, &er);
     er.stop_strs = (const char *const *)c->p.stop_strs;
     er.n_stop_strs = c->p.n_stop_strs;
+    /* The sampling fields the NNG request does not carry (yet): from the call. */
+    er.sp.repetition_penalty = c->p.repetition_penalty;
+    er.sp.frequency_penalty = c->p.frequency_penalty;
+    er.sp.presence_penalty = c->p.presence_penalty;
+    er.min_tokens = c->p.min_tokens;
+    er.sp.processed_logprobs = c->p.processed;
+    er.n_bias = c->p.n_bias;
+    er.bias_ids = c->p.bias_ids;
+    er.bias_vals = c->p.bias_vals;
     er.stream = c->stream && c->fmt_progress;
     er.tag = s->key;
     s->submitted = 1;
@@ -342,6 +352,12 @@ void api_on_result(api *a, eng_result *r)
         eng_result_free(r);
         return;
     }
+    if (r->logprobs_proc) {
+        /* logprobs_mode processed_logprobs: the answers' log-probs are the processed ones */
+        float *raw = r->logprobs;
+        r->logprobs = r->logprobs_proc;
+        r->logprobs_proc = raw;
+    }
     for (int i = 0; i < c->n_subs; i++)
         if (c->subs[i].key == r->tag) {
             if (r->partial)
@@ -376,13 +392,14 @@ int api_sample_view(api *a, const eng_result *r, sample_view *v)
     return clean ? 0 : RD_ENOMEM;
 }
 
-int api_sample_raw(api *a, const eng_result *r, sample_view *v) { return api_sample_text(a, r, v, 0, 0); }
+int api_sample_raw(api *a, const eng_result *r, sample_view *v) { return api_sample_text(a, r, v, NULL); }
 
-/* SGLang's no_stop_trim: the matched stop string and the stop token's text
- * stay in the text. skip_special: control tokens (EOS, <|im_end|>, ...) add
+/* no_stop_trim (SGLang; vLLM's include_stop_str_in_output): the matched stop
+ * string and the stop token's text stay in the text. skip_special: control tokens (EOS, <|im_end|>, ...) add
  * no text (the ids keep them). */
-int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_trim, int skip_special)
+int api_sample_text(api *a, const eng_result *r, sample_view *v, const api_params *p)
 {
+    const int no_stop_trim = p && p->keep_stop, skip_special = p && p->skip_special;
     memset(v, 0, sizeof *v);
     v->matched_id = -1;
     v->finish = r->finish == FINISH_STOP ? "stop" : r->finish == FINISH_LENGTH ? "length" : "abort";
@@ -401,8 +418,13 @@ int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_tri
         return rc;
     if (r->finish == FINISH_STOP && r->stop_str >= 0) {
         v->matched_str = r->stop_str; /* index; the caller names the string */
-        if (!no_stop_trim && r->stop_text_offset >= 0 && (size_t)r->stop_text_offset < v->len) {
-            v->len = (size_t)r->stop_text_offset;
+        size_t cut = r->stop_text_offset >= 0 ? (size_t)r->stop_text_offset : v->len;
+        if (no_stop_trim && p->keep_stop == API_KEEP_THROUGH && r->stop_str < p->n_stop_strs)
+            cut += strlen(p->stop_strs[r->stop_str]); /* vLLM: the text ends with the stop string */
+        else if (no_stop_trim)
+            cut = v->len; /* SGLang: the whole of the token that completed it */
+        if (cut < v->len) {
+            v->len = cut;
             v->text[v->len] = 0;
         }
     } else {
@@ -557,7 +579,8 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)c->p.seed);
     cJSON_AddRawToObject(mi, "seed", seed);
     if (c->return_logprob) {
-        cJSON_AddStringToObject(mi, "logprob_kind", "raw");
+        cJSON_AddStringToObject(mi, "logprob_kind", c->p.processed ? "processed" : "raw");
+        cJSON_AddStringToObject(mi, "logprobs_mode", c->p.processed ? "processed_logprobs" : "raw_logprobs");
         cJSON *lps = cJSON_AddArrayToObject(mi, "output_token_logprobs");
         for (int32_t k = 0; k < r->n_tokens; k++)
             cJSON_AddItemToArray(lps, lp_triple(c, r->logprobs[k], r->token_ids[k]));
@@ -600,7 +623,7 @@ static cJSON *gen_sample_json(api_call *c, int si, int j)
 {
     const eng_result *r = &c->subs[si].res[j];
     sample_view v;
-    if (api_sample_text(c->a, r, &v, c->no_stop_trim, c->skip_special))
+    if (api_sample_text(c->a, r, &v, &c->p))
         return NULL;
     size_t n;
     char *clean = utf8_clean(v.text, v.len, &n);
@@ -663,29 +686,6 @@ static void gen_sample(api_call *c, int si, int j)
     send_event(c, o);
 }
 
-/* Bytes [0, safe) of st's text without those of control tokens (skip_special_tokens), malloc'd:
- * st->raw is the tokens' bytes back to back, so the final text (api_sample_text) starts with it. */
-static char *skip_special_prefix(api *a, const api_stream *st, size_t safe, size_t *len)
-{
-    char *out = malloc(safe + 1);
-    if (!out)
-        return NULL;
-    size_t at = 0, n = 0;
-    for (int32_t k = 0; k < st->n_tok && at < safe; k++) {
-        size_t nb = 0;
-        if (!tok_token_bytes(a->d->L.tok, st->ids[k], &nb))
-            continue;
-        size_t take = at + nb <= safe ? nb : safe - at;
-        if (!tok_is_control(a->d->L.tok, st->ids[k])) {
-            memcpy(out + n, st->raw + at, take);
-            n += take;
-        }
-        at += take;
-    }
-    *len = n;
-    return out;
-}
-
 /* A running sample's progress, in SGLang's cumulative form: the text, ids and
  * log-probs so far (the text without a tail a stop string could still claim,
  * and without control tokens' text under skip_special_tokens, so that each
@@ -696,9 +696,9 @@ static void gen_progress(api_call *c, int si, int j)
     api_stream *st = &c->subs[si].st[j];
     size_t safe = api_stream_safe(st, &c->p), n;
     char *text;
-    if (c->skip_special) {
+    if (c->p.skip_special) {
         size_t flen = 0;
-        char *f = skip_special_prefix(c->a, st, safe, &flen);
+        char *f = api_stream_shown(c->a, st, safe, &flen);
         text = f ? api_clean_slice(f, 0, flen, &n) : NULL;
         free(f);
     } else {
@@ -977,7 +977,9 @@ static void route_model_info(http_res *h, const http_req *req, void *ud)
     cJSON_AddNumberToObject(o, "vocab_size", d->lim.vocab_size);
     cJSON_AddNumberToObject(o, "eos_token_id", d->lim.eos_id);
     cJSON_AddStringToObject(o, "chat_format", d->L.tok ? tok_chat_name(tok_chat_kind(d->L.tok)) : "none");
-    cJSON_AddStringToObject(o, "logprob_kind", "raw");
+    const int processed = !strcmp(d->cfg.logprobs_mode, "processed_logprobs");
+    cJSON_AddStringToObject(o, "logprob_kind", processed ? "processed" : "raw");
+    cJSON_AddStringToObject(o, "logprobs_mode", d->cfg.logprobs_mode);
     api_answer_json(h, 200, o);
 }
 

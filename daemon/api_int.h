@@ -28,15 +28,42 @@ typedef struct {
     int32_t max_tokens;         /* -1 = what the context leaves (capped by the daemon's max_tokens) */
     float temperature, top_p, min_p;
     int32_t top_k;              /* 0 = off */
+    float repetition_penalty;   /* 1 = off */
+    float frequency_penalty, presence_penalty; /* 0 = off */
+    int32_t min_tokens;         /* 0 = off */
     uint64_t seed;              /* 53 bits (a JSON number) */
     int has_seed;
     int ignore_eos;
+    int keep_stop;              /* the stop token's text, or the matched stop string, stays in the text: 0 no,
+                                   API_KEEP_WHOLE (SGLang's no_stop_trim: all of the token that completed the
+                                   string) or API_KEEP_THROUGH (vLLM's include_stop_str_in_output: the text
+                                   ends with the string) */
+    int skip_special;           /* skip_special_tokens: control tokens add no text */
     int32_t top_n;              /* alternatives per token (logprobs_topk) */
+    int processed;              /* the answers carry processed log-probs (the daemon's logprobs_mode) */
     char *stop_strs[STOP_MAX_STRS];
     int32_t n_stop_strs;
     int32_t *stop_ids;          /* [n_stop_ids] */
     int32_t n_stop_ids;
+    int32_t n_bias;             /* logit_bias entries */
+    int32_t *bias_ids;          /* [n_bias] */
+    float *bias_vals;           /* [n_bias] */
 } api_params;
+
+enum { API_KEEP_WHOLE = 1, API_KEEP_THROUGH = 2 };
+
+/* Where a sampling field is read (daemon/sampling.def's DOORS). */
+enum {
+    SD_SGL = 1,                 /* /generate sampling_params */
+    SD_SGLT = 2,                /* /generate top level */
+    SD_VSP = 4,                 /* /inference/v1/generate sampling_params */
+    SD_CMPL = 8,                /* /v1/completions top level */
+    SD_CHAT = 16,               /* /v1/chat/completions top level */
+};
+/* api_sampling.c: reads the sampling table's fields of door from o (prefix goes before each name in
+ * errors: "sampling_params." or ""). At SD_SGL a name the table does not list for it is refused, as
+ * SGLang refuses it; elsewhere it is left to the route (vLLM ignores unknown fields). */
+int api_read_fields(cJSON *o, unsigned door, const char *prefix, api_params *p, api_err *e);
 
 /* One streamed sample's progress (api_stream.c): the tokens the engine has
  * handed out while it runs, their bytes, and how much has gone out. */
@@ -50,6 +77,8 @@ typedef struct {
     char *raw;                  /* the tokens' bytes (tok_token_bytes; they add up to tok_decode) */
     size_t raw_len, raw_cap;
     size_t text_sent;           /* bytes of raw whose text has gone out (a closed UTF-8 boundary) */
+    size_t shown_sent;          /* bytes of the shown text (without control tokens' under skip_special_tokens)
+                                   that have gone out: OpenAI deltas */
     int32_t tok_sent;           /* tokens whose ids and log-probs have gone out */
     int begun;                  /* OpenAI chat: the role chunk went out */
 } api_stream;
@@ -89,8 +118,6 @@ struct api_call {
     int return_routes;          /* return_routed_experts (SGLang's name; also on /v1): each finished sample's
                                    routed experts, base64 of int32 [prompt + completion - 1][layers][top_k] */
     const char *top_field;      /* the field name top_n came from (for errors) */
-    int no_stop_trim;           /* SGLang sampling_params.no_stop_trim: keep the stop string / token text */
-    int skip_special;           /* sampling_params.skip_special_tokens: control tokens add no text */
     int text_in_logprobs;       /* return_text_in_logprobs: each [logprob, id, text] names its token */
     char *rid;                  /* SGLang rid (one string) */
     api_params p;
@@ -222,7 +249,6 @@ cJSON *api_parse_body(const http_req *req, api_err *e);
 int api_num(cJSON *o, const char *name, double *out, api_err *e);
 int api_int(cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out, api_err *e);
 int api_bool(cJSON *o, const char *name, int *out, api_err *e);
-int api_read_sampling(cJSON *o, const char *max_name, api_params *p, api_err *e);
 int api_read_prompts(api_call *c, cJSON *v, const char *field, api_err *e);
 int api_add_prompt(api_call *c, int32_t *ids, int32_t n, api_err *e);
 api_call *api_call_new(api *a, http_res *h, api_kind kind);
@@ -231,8 +257,9 @@ void api_refuse(api_call *c, const api_err *e);
 int api_sample_view(api *a, const eng_result *r, sample_view *v);
 /* api_sample_view without the UTF-8 clean-up: the exact bytes (cut at a stop string). */
 int api_sample_raw(api *a, const eng_result *r, sample_view *v);
-/* api_sample_raw with SGLang's no_stop_trim and skip_special_tokens. */
-int api_sample_text(api *a, const eng_result *r, sample_view *v, int no_stop_trim, int skip_special);
+/* api_sample_raw with p's keep_stop (no_stop_trim, include_stop_str_in_output) and skip_special_tokens
+ * (p NULL: neither). */
+int api_sample_text(api *a, const eng_result *r, sample_view *v, const api_params *p);
 /* The clean (valid UTF-8) text of bytes [from, to) of raw, malloc'd. */
 char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len);
 
@@ -243,6 +270,9 @@ int api_stream_push(api *a, api_stream *st, const eng_result *r);
  * stop string (the longest tail that is a prefix of one is held back), nor a
  * character that later bytes could still complete; at or after text_sent. */
 size_t api_stream_safe(const api_stream *st, const api_params *p);
+/* Bytes [0, safe) of st's text without those of control tokens (skip_special_tokens), malloc'd:
+ * st->raw is the tokens' bytes back to back, so the final text (api_sample_text) starts with it. */
+char *api_stream_shown(api *a, const api_stream *st, size_t safe, size_t *len);
 /* st's tokens [0, n_tok) as a result (arrays borrowed: never freed). */
 eng_result api_stream_view(const api_stream *st, const eng_result *like);
 void api_stream_free(api_stream *st);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/utf8.h"
 #include "daemon/api_int.h"
 #include "base/err.h"
 #include "engine/text/tokenizer.h"
@@ -241,9 +242,14 @@ static void v1_progress(api_call *c, int si, int j)
     int any_tokens = st->n_tok > st->tok_sent && (c->return_token_ids || c->return_logprob);
     if (safe == st->text_sent && !any_tokens)
         return; /* nothing to show yet: what came goes with the next chunk */
-    char *text = api_clean_slice(st->raw, st->text_sent, safe, &n);
+    size_t shown_len = safe;
+    char *shown = c->p.skip_special ? api_stream_shown(c->a, st, safe, &shown_len) : st->raw;
+    char *text = shown ? api_clean_slice(shown, st->shown_sent, shown_len, &n) : NULL;
+    if (shown != st->raw)
+        free(shown);
     if (!text)
         return;
+    st->shown_sent = shown_len;
     eng_result like = {.sample_idx = j, .finish = FINISH_NONE, .stop_str = -1};
     eng_result all = api_stream_view(st, &like);
     eng_result rest = tail_of(&all, st->tok_sent);
@@ -261,10 +267,10 @@ static void v1_sample(api_call *c, int si, int j)
     const eng_result *r = &s->res[j];
     api_stream *st = &s->st[j];
     sample_view v;
-    if (api_sample_raw(c->a, r, &v))
+    if (api_sample_text(c->a, r, &v, &c->p))
         return;
     size_t n;
-    char *text = api_clean_slice(v.text, st->text_sent < v.len ? st->text_sent : v.len, v.len, &n);
+    char *text = api_clean_slice(v.text, st->shown_sent < v.len ? st->shown_sent : v.len, v.len, &n);
     free(v.text);
     if (!text)
         return;
@@ -292,8 +298,15 @@ static void v1_done(api_call *c)
         for (int32_t j = 0; j < c->subs[i].n; j++) {
             const eng_result *r = &c->subs[i].res[j];
             sample_view v;
-            if (api_sample_view(c->a, r, &v))
+            if (api_sample_text(c->a, r, &v, &c->p))
                 continue;
+            size_t n;
+            char *clean = utf8_clean(v.text, v.len, &n);
+            free(v.text);
+            if (!clean)
+                continue;
+            v.text = clean;
+            v.len = n;
             cJSON_AddItemToArray(choices, choice_json(c, i, j, r, 0, v.text, &v, 0));
             free(v.text);
         }

@@ -121,55 +121,6 @@ static int read_ids(cJSON *v, const char *name, int32_t **ids, int32_t *n, api_e
     return 0;
 }
 
-/* stop: a string or a list of strings. */
-static int read_stop(cJSON *o, const char *name, api_params *p, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!v || cJSON_IsNull(v))
-        return 0;
-    cJSON one = {0};
-    cJSON *list = v;
-    if (cJSON_IsString(v)) {
-        one.child = v; /* iterate a lone string as a one-item list, without copying */
-        list = &one;
-    } else if (!cJSON_IsArray(v)) {
-        api_bad(e, 400, "field \"%s\": expected a string or a list of strings", name);
-        return -1;
-    }
-    int i = 0;
-    for (cJSON *x = list->child; x && (list != &one || x == v); x = list == &one ? NULL : x->next, i++) {
-        if (!cJSON_IsString(x) || !x->valuestring[0] || strlen(x->valuestring) > STOP_MAX_LEN) {
-            api_bad(e, 400, "field \"%s\"[%d]: expected a non-empty string of at most %d bytes", name, i,
-                    STOP_MAX_LEN);
-            return -1;
-        }
-        if (p->n_stop_strs >= STOP_MAX_STRS) {
-            api_bad(e, 400, "field \"%s\": at most %d stop strings", name, STOP_MAX_STRS);
-            return -1;
-        }
-        if (!(p->stop_strs[p->n_stop_strs] = strdup(x->valuestring))) {
-            api_bad(e, 500, "out of memory");
-            return -1;
-        }
-        p->n_stop_strs++;
-    }
-    return 0;
-}
-
-static int read_stop_ids(cJSON *o, const char *name, api_params *p, api_err *e)
-{
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!v || cJSON_IsNull(v))
-        return 0;
-    if (!cJSON_IsArray(v)) {
-        api_bad(e, 400, "field \"%s\": expected a list of token ids", name);
-        return -1;
-    }
-    free(p->stop_ids);
-    p->stop_ids = NULL;
-    return read_ids(v, name, &p->stop_ids, &p->n_stop_ids, e);
-}
-
 void api_params_init(api_params *p)
 {
     memset(p, 0, sizeof *p);
@@ -177,6 +128,7 @@ void api_params_init(api_params *p)
     p->max_tokens = -1;
     p->temperature = 1.0f;
     p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
 }
 
 void api_params_free(api_params *p)
@@ -184,40 +136,9 @@ void api_params_free(api_params *p)
     for (int i = 0; i < p->n_stop_strs; i++)
         free(p->stop_strs[i]);
     free(p->stop_ids);
+    free(p->bias_ids);
+    free(p->bias_vals);
     memset(p, 0, sizeof *p);
-}
-
-/* The sampling fields both schemas share (names as vLLM and SGLang spell
- * them); max_name is "max_tokens" or "max_new_tokens". */
-int api_read_sampling(cJSON *o, const char *max_name, api_params *p, api_err *e)
-{
-    double x;
-    int64_t k;
-    if (api_num(o, "temperature", &x, e) > 0)
-        p->temperature = (float)x;
-    if (api_num(o, "top_p", &x, e) > 0)
-        p->top_p = (float)x;
-    if (api_int(o, "top_k", -1, 1 << 30, &k, e) > 0)
-        p->top_k = k < 0 ? 0 : (int32_t)k; /* -1 is "off" in vLLM and SGLang */
-    if (api_num(o, "min_p", &x, e) > 0)
-        p->min_p = (float)x;
-    if (api_int(o, max_name, 1, 1 << 30, &k, e) > 0)
-        p->max_tokens = (int32_t)k;
-    if (api_int(o, "n", 1, 1 << 20, &k, e) > 0)
-        p->n = (int32_t)k;
-    /* A JSON number holds 53 bits exactly: seeds above that are refused. */
-    if (api_int(o, "seed", 0, ((int64_t)1 << 53) - 1, &k, e) > 0) {
-        p->seed = (uint64_t)k;
-        p->has_seed = 1;
-    }
-    if (api_int(o, "sampling_seed", 0, ((int64_t)1 << 53) - 1, &k, e) > 0) { /* SGLang's name */
-        p->seed = (uint64_t)k;
-        p->has_seed = 1;
-    }
-    api_bool(o, "ignore_eos", &p->ignore_eos, e);
-    read_stop(o, "stop", p, e);
-    read_stop_ids(o, "stop_token_ids", p, e);
-    return e->status ? -1 : 0;
 }
 
 /* ---- prompts ---- */
@@ -356,12 +277,11 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
         api_bad(e, 400, "field \"sampling_params\": expected an object");
     c->p.max_tokens = 128; /* SGLang's default max_new_tokens */
     if (!e->status && sp && cJSON_IsObject(sp)) {
-        api_read_sampling(sp, "max_new_tokens", &c->p, e);
-        api_bool(sp, "no_stop_trim", &c->no_stop_trim, e);
-        api_bool(sp, "skip_special_tokens", &c->skip_special, e);
-        if (c->skip_special && !c->tok)
-            c->skip_special = 0; /* no tokenizer: the text is empty anyway */
+        api_read_fields(sp, SD_SGL, "sampling_params.", &c->p, e);
+        if (c->p.skip_special && !c->tok)
+            c->p.skip_special = 0; /* no tokenizer: the text is empty anyway */
     }
+    api_read_fields(root, SD_SGLT, "", &c->p, e);
     api_bool(root, "return_text_in_logprobs", &c->text_in_logprobs, e);
     int64_t lsl = -1;
     if (api_int(root, "logprob_start_len", -1, 1 << 30, &lsl, e) > 0 && lsl != -1)
@@ -370,7 +290,7 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
     cJSON *clp = cJSON_GetObjectItemCaseSensitive(root, "custom_logit_processor");
     if (clp && !cJSON_IsNull(clp))
         api_bad(e, 400, "field \"custom_logit_processor\": not supported (it is a pickled Python callable, and "
-                "rolloutd runs no Python); sampling is temperature, top_p, top_k, min_p, stop and stop_token_ids");
+                "rolloutd runs no Python); daemon/sampling.def lists the sampling fields it implements");
     api_bool(root, "return_logprob", &c->return_logprob, e);
     api_bool(root, "return_routed_experts", &c->return_routes, e);
     int64_t k;
@@ -399,9 +319,9 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
 /* ---- vLLM's /v1 routes ---- */
 
 /* The fields both routes share; the prompt is already in. */
-static void read_common(api_call *c, cJSON *root, const char *max_name, api_err *e)
+static void read_common(api_call *c, cJSON *root, unsigned door, api_err *e)
 {
-    api_read_sampling(root, max_name, &c->p, e);
+    api_read_fields(root, door, "", &c->p, e);
     api_bool(root, "return_token_ids", &c->return_token_ids, e);
     api_bool(root, "return_routed_experts", &c->return_routes, e);
     api_bool(root, "stream", &c->stream, e);
@@ -512,7 +432,7 @@ int api_read_completions(cJSON *root, api_call *c, api_err *e)
     else
         api_read_prompts(c, prompt, "prompt", e);
     c->p.max_tokens = 16; /* vLLM's default */
-    read_common(c, root, "max_tokens", e);
+    read_common(c, root, SD_CMPL, e);
     int64_t k;
     c->top_field = "logprobs";
     if (api_int(root, "logprobs", 0, 1 << 20, &k, e) > 0) {
@@ -526,9 +446,7 @@ int api_read_chat(cJSON *root, api_call *c, api_err *e)
 {
     api_read_messages(c, root, e);
     int64_t k;
-    if (api_int(root, "max_completion_tokens", 1, 1 << 30, &k, e) > 0)
-        c->p.max_tokens = (int32_t)k;
-    read_common(c, root, "max_tokens", e);
+    read_common(c, root, SD_CHAT, e);
     api_bool(root, "logprobs", &c->return_logprob, e);
     c->top_field = "top_logprobs";
     if (api_int(root, "top_logprobs", 0, 1 << 20, &k, e) > 0) {
@@ -679,6 +597,11 @@ int api_admit_check(api_call *c, const adm_limits *lim, api_err *e)
         }
         if (s->n_prompt == 0) {
             api_bad(e, 400, "prompt %d is empty (no tokens); expected at least 1", i);
+            return -1;
+        }
+        if (c->p.min_tokens > s->max_tokens) {
+            api_bad(e, 400, "field \"%s\" = %d: expected at most the tokens to generate (%d)",
+                    c->kind == API_GENERATE ? "min_new_tokens" : "min_tokens", c->p.min_tokens, s->max_tokens);
             return -1;
         }
         proto_request pr = api_sub_request(c, s);

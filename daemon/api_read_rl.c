@@ -226,17 +226,6 @@ int api_read_detokenize(cJSON *root, int has_tok, uint32_t vocab, int32_t **ids,
     return 0;
 }
 
-/* A vLLM sampling field this engine does not implement: refused unless it
- * holds vLLM's default (def, or null / an empty list when def is NAN). */
-static void refuse_unless_default(cJSON *sp, const char *name, double def, api_err *e)
-{
-    cJSON *v = field(sp, name);
-    if (!v || (cJSON_IsNumber(v) && v->valuedouble == def) || (cJSON_IsArray(v) && !v->child) ||
-        (cJSON_IsObject(v) && !v->child) || (cJSON_IsBool(v) && !cJSON_IsTrue(v)))
-        return;
-    api_bad(e, 400, "field \"sampling_params.%s\": not supported by this engine (only its default)", name);
-}
-
 int api_read_generate_tokens(cJSON *root, api_call *c, api_err *e)
 {
     c->top_field = "sampling_params.logprobs";
@@ -250,20 +239,12 @@ int api_read_generate_tokens(cJSON *root, api_call *c, api_err *e)
         api_bad(e, 400, "field \"sampling_params\": required (an object)");
     if (!e->status) {
         /* max_tokens unset: what the context leaves (vLLM's server-side default) */
-        api_read_sampling(sp, "max_tokens", &c->p, e);
+        api_read_fields(sp, SD_VSP, "sampling_params.", &c->p, e);
         int64_t k;
         if (api_int(sp, "logprobs", 0, 1 << 20, &k, e) > 0) {
             c->return_logprob = 1;
             c->p.top_n = (int32_t)k;
         }
-        static const struct { const char *name; double def; } unsupported[] = {
-            {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1}, {"min_tokens", 0},
-            {"prompt_logprobs", NAN}, {"logit_bias", NAN}, {"bad_words", NAN}, {"allowed_token_ids", NAN},
-            {"structured_outputs", NAN}, {"guided_decoding", NAN}, {"logits_processors", NAN},
-            {"truncate_prompt_tokens", NAN}, {"include_stop_str_in_output", NAN},
-        };
-        for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
-            refuse_unless_default(sp, unsupported[i].name, unsupported[i].def, e);
     }
     api_bool(root, "stream", &c->stream, e);
     cJSON *so = field(root, "stream_options");

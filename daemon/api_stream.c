@@ -115,3 +115,26 @@ void api_stream_free(api_stream *st)
     free(st->raw);
     memset(st, 0, sizeof *st);
 }
+
+/* Bytes [0, safe) of st's text without those of control tokens (skip_special_tokens), malloc'd:
+ * st->raw is the tokens' bytes back to back, so the final text (api_sample_text) starts with it. */
+char *api_stream_shown(api *a, const api_stream *st, size_t safe, size_t *len)
+{
+    char *out = malloc(safe + 1);
+    if (!out)
+        return NULL;
+    size_t at = 0, n = 0;
+    for (int32_t k = 0; k < st->n_tok && at < safe; k++) {
+        size_t nb = 0;
+        if (!tok_token_bytes(a->d->L.tok, st->ids[k], &nb))
+            continue;
+        size_t take = at + nb <= safe ? nb : safe - at;
+        if (!tok_is_control(a->d->L.tok, st->ids[k])) {
+            memcpy(out + n, st->raw + at, take);
+            n += take;
+        }
+        at += take;
+    }
+    *len = n;
+    return out;
+}

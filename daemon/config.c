@@ -42,6 +42,11 @@ static const cfg_field FIELDS[] = {
       "elsewhere) or \"fp8\" (the layers' dense linears in FP8 E4M3 blocks, run by the cuda backend; the "
       "embedding, LM head and MoE experts stay as pushed; the cpu holds them as bf16); norms, biases and the "
       "MoE router stay as pushed"),
+    S(logprobs_mode, "the log-probs the HTTP routes answer (vLLM's --logprobs-mode): \"raw_logprobs\" (the model's "
+      "distribution at temperature 1, before any processing) or \"processed_logprobs\" (after logit_bias, "
+      "min_tokens, the penalties, temperature and the top-k / top-p / min-p renormalisation: the distribution "
+      "each token was drawn from; 0 for a greedy token); the alternatives stay raw. NNG requests choose per "
+      "request (PROCESSED_LOGPROBS)"),
     S(listen, "learner socket NNG URL (tcp://HOST:PORT)"),
     S(http_listen, "HTTP server HOST:PORT (/status, /metrics, /health)"),
     {"status_listen", CFG_TEXT, offsetof(cfg_daemon, http_listen), 1, sizeof(((cfg_daemon *)0)->http_listen),
@@ -128,6 +133,7 @@ void cfg_defaults(cfg_daemon *c)
     snprintf(c->backend, sizeof c->backend, "%s", "cpu");
     snprintf(c->kv_dtype, sizeof c->kv_dtype, "%s", "auto");
     snprintf(c->serve_dtype, sizeof c->serve_dtype, "%s", "as_pushed");
+    snprintf(c->logprobs_mode, sizeof c->logprobs_mode, "%s", "raw_logprobs");
     snprintf(c->spec_decode, sizeof c->spec_decode, "%s", "auto");
     snprintf(c->spec_draft_sizing, sizeof c->spec_draft_sizing, "%s", "measured");
     snprintf(c->listen, sizeof c->listen, "%s", "tcp://127.0.0.1:7070");
@@ -380,6 +386,9 @@ int cfg_validate(const cfg_daemon *c)
         return rd_fail(RD_EINVAL, "key \"kv_dtype\" = \"%s\"; expected \"auto\", \"f32\", \"bf16\", \"f16\" or "
                        "\"fp8\"", c->kv_dtype);
     upd_serve sv;
+    if (strcmp(c->logprobs_mode, "raw_logprobs") && strcmp(c->logprobs_mode, "processed_logprobs"))
+        return rd_fail(RD_EINVAL, "key \"logprobs_mode\" = \"%s\"; expected \"raw_logprobs\" or \"processed_logprobs\" "
+                       "(vLLM's raw_logits and processed_logits are not served)", c->logprobs_mode);
     if (upd_serve_parse(c->serve_dtype, &sv))
         return rd_fail(RD_EINVAL, "key \"serve_dtype\" = \"%s\"; expected \"as_pushed\", \"q8_0\", \"q4_k\" or "
                        "\"fp8\"", c->serve_dtype);

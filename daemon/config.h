@@ -13,6 +13,7 @@ typedef struct {
     char backend[16];               /* "cpu" or "cuda" */
     char kv_dtype[8];               /* KV cache elements: "auto" (cpu f32, cuda bf16), "f32", "bf16", "f16" */
     char serve_dtype[16];           /* pushed linear weights: "as_pushed" (their dtype), "q8_0", "q4_k" or "fp8" (quantized at COMMIT) */
+    char logprobs_mode[24];         /* HTTP answers' log-probs: "raw_logprobs" or "processed_logprobs" (vLLM's names) */
     char listen[CFG_STR];           /* NNG URL of the learner socket, e.g. tcp://127.0.0.1:7070 */
     char http_listen[CFG_STR];      /* HOST:PORT of the HTTP server (status_listen is its old name) */
     int64_t threads;                /* engine threads; 0 = all cores */

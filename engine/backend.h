@@ -63,6 +63,9 @@ typedef struct rd_sample_req {
     int32_t row;                /* logit row */
     uint32_t sample_idx, pos;   /* the RNG counter, as samp_sample's */
     const samp_params *sp;
+    const samp_edit *edits;     /* [n_edits] host memory: applied to a copy of the row before the draw
+                                   (samp_apply_edits, samp_sample_ex); NULL when n_edits is 0 */
+    int32_t n_edits;
 } rd_sample_req;
 
 /* Entries of a bytes-by-ggml_type array (linear_bytes_by_type): the ggml
@@ -247,7 +250,9 @@ typedef struct rd_backend_ops {
     int (*graph_launch)(rd_backend *be, void *graph);
     void (*graph_free)(rd_backend *be, void *graph);
     /* Samples n requests from logits rows [.][vocab] held by the backend, by
-     * samp_sample's rules (same token for the same logits and seed up to
+     * samp_sample_ex's rules with each request's edits applied to its row
+     * (samp_edit_logit; the raw log-prob and the alternatives from the row
+     * as it is) (same token for the same logits and seed up to
      * double rounding of its sums, see kernels/cuda/cuda_sample.cu); a row
      * whose logits samp_sample would reject gets token -1. Synchronous. */
     int (*sample)(rd_backend *be, const float *logits, int32_t vocab, const rd_sample_req *reqs,

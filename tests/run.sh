@@ -96,6 +96,10 @@ if [ "$MODE" != "--unit-only" ]; then
     add "asan:test_sglang_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=slime_cycle_one_daemon,pause_in_place_and_retract,vllm_sleep_wake_up,weights_from_an_nng_push_cannot_be_released \
       "$PY" tests/py/test_sglang_rl.py
+    # The sampling fields (penalties, logit_bias, min_tokens) against the NumPy reference, under ASan/UBSan.
+    add "asan:test_sampling_params" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=penalties_greedy_equal_numpy_reference,min_tokens_masks_stop_tokens_until_reached,samples_keep_their_own_counts_and_batches_do_not_matter,daemons_exit_cleanly \
+      "$PY" tests/py/test_sampling_params.py
     # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
     add "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_relay_allow.py

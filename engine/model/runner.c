@@ -526,14 +526,17 @@ int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *
                            i, reqs[i].row, r->last_logits);
     if (be->ops->sample)
         return be->ops->sample(be, r->logits, vocab, reqs, n, out);
-    float *row = malloc(sizeof(float) * (size_t)vocab);
+    float *row = malloc(sizeof(float) * (size_t)vocab * 2), *proc = row ? row + vocab : NULL;
     void *scratch = malloc(samp_scratch_bytes(vocab));
     int rc = row && scratch ? 0 : rd_fail(RD_ENOMEM, "runner_sample: out of memory");
     for (int32_t i = 0; i < n && !rc; i++) {
         rc = be->ops->d2h(be, row, r->logits + (size_t)reqs[i].row * vocab, sizeof(float) * (size_t)vocab);
         if (!rc)
             rc = be->ops->sync(be);
-        if (!rc && samp_sample(reqs[i].sp, row, vocab, reqs[i].sample_idx, reqs[i].pos, scratch, &out[i])) {
+        if (!rc && reqs[i].n_edits > 0)
+            samp_apply_edits(reqs[i].sp, row, vocab, reqs[i].edits, reqs[i].n_edits, proc);
+        if (!rc && samp_sample_ex(reqs[i].sp, row, reqs[i].n_edits > 0 ? proc : NULL, vocab, reqs[i].sample_idx,
+                                  reqs[i].pos, scratch, &out[i])) {
             memset(&out[i], 0, sizeof out[i]);
             out[i].token = -1;
         }

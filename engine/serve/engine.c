@@ -17,6 +17,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "engine/serve/kv.h"
+#include "engine/serve/penalty.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sched.h"
 #include "engine/serve/spec_cost.h"
@@ -54,7 +55,12 @@ struct engine {
     samp_result *sres;          /* [draws_cap] */
     seq **sseq;                 /* [draws_cap] the sequence each draw extends */
     int32_t *round;             /* [draws_cap] host draws: the draws of the round being made */
+    int32_t *edit_at;           /* [draws_cap] each draw's first entry in edits (its count in sreq[].n_edits) */
     int32_t draws_cap;
+    /* this step's logit edits (penalty.h), for the draws of requests that ask for them */
+    pen_index pen;
+    samp_edit *edits;           /* [edits_cap] */
+    int32_t n_edits, edits_cap;
     /* Routing replay (MoE models; NULL otherwise): the experts every KV slot's
        token was routed to, kept with the KV so that prefix-cache hits and
        copied blocks carry them. */
@@ -107,8 +113,11 @@ eng_config eng_default_config(void)
 }
 
 /* Bytes between the workers' sampler scratch areas (each 64-byte aligned:
- * samp_sample needs 8). */
-static size_t samp_stride(int32_t vocab) { return (samp_scratch_bytes(vocab) + 63) & ~(size_t)63; }
+ * samp_sample needs 8): the sampler's, then a row of edited logits. */
+static size_t samp_stride(int32_t vocab)
+{
+    return (samp_scratch_bytes(vocab) + sizeof(float) * (size_t)vocab + 63) & ~(size_t)63;
+}
 
 int eng_create(model *m, const eng_config *cfg, engine **out)
 {
@@ -197,6 +206,10 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         e->samp_workers = pool_size();
         e->samp_scratch = malloc(samp_stride(c->vocab) * (size_t)e->samp_workers);
     }
+    if ((rc = pen_index_init(&e->pen, c->vocab))) {
+        eng_destroy(e);
+        return rc;
+    }
     int routes_ok = 1;
     if (c->n_experts > 0) {
         e->route_layers = c->n_layers;
@@ -243,6 +256,9 @@ void eng_destroy(engine *e)
     free(e->sres);
     free(e->sseq);
     free(e->round);
+    free(e->edit_at);
+    free(e->edits);
+    pen_index_free(&e->pen);
     free(e->slot_routes);
     free(e->step_routes);
     if (e->drafter)
@@ -285,6 +301,22 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
                            c->vocab - 1);
     if (r->n_stop_strs > 0 && !e->cfg.tok)
         return rd_fail(RD_EINVAL, "request: stop strings need a tokenizer; the model was loaded without one");
+    if (r->min_tokens < 0 || r->min_tokens > r->max_tokens)
+        return rd_fail(RD_EINVAL, "request: min_tokens = %d must be in 0..max_tokens (%d)", r->min_tokens,
+                       r->max_tokens);
+    if (r->n_bias < 0 || r->n_bias > ENG_MAX_BIAS || (r->n_bias > 0 && (!r->bias_ids || !r->bias_vals)))
+        return rd_fail(RD_EINVAL, "request: %d logit_bias entries (0..%d, with ids and values)", r->n_bias,
+                       ENG_MAX_BIAS);
+    for (int32_t i = 0; i < r->n_bias; i++) {
+        if (r->bias_ids[i] < 0 || r->bias_ids[i] >= c->vocab)
+            return rd_fail(RD_ERANGE, "request: logit_bias token %d is outside the vocabulary 0..%d", r->bias_ids[i],
+                           c->vocab - 1);
+        if (!isfinite(r->bias_vals[i]))
+            return rd_fail(RD_EINVAL, "request: logit_bias of token %d is not a finite number", r->bias_ids[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (r->bias_ids[j] == r->bias_ids[i])
+                return rd_fail(RD_EINVAL, "request: logit_bias names token %d twice", r->bias_ids[i]);
+    }
     if (r->return_routes && !e->slot_routes)
         return rd_fail(RD_EINVAL, "request: routed experts were asked for, but %s is not a mixture-of-experts "
                        "model", c->arch);
@@ -317,6 +349,22 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         return rd_fail(RD_ENOMEM, "request: out of memory");
     }
     memcpy(q->prompt, r->prompt, sizeof(int32_t) * r->n_prompt);
+    if (r->n_bias > 0) {
+        q->bias_ids = malloc(sizeof(int32_t) * (size_t)r->n_bias);
+        q->bias_vals = malloc(sizeof(float) * (size_t)r->n_bias);
+        if (!q->bias_ids || !q->bias_vals) {
+            free(q->bias_ids);
+            free(q->bias_vals);
+            stop_set_free(&q->stops);
+            free(q->prompt);
+            free(q);
+            return rd_fail(RD_ENOMEM, "request: out of memory");
+        }
+        memcpy(q->bias_ids, r->bias_ids, sizeof(int32_t) * (size_t)r->n_bias);
+        memcpy(q->bias_vals, r->bias_vals, sizeof(float) * (size_t)r->n_bias);
+        q->n_bias = r->n_bias;
+    }
+    q->min_tokens = r->min_tokens;
     q->id = e->next_id++;
     q->tag = r->tag;
     q->n = r->n;
@@ -331,11 +379,14 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         q->stop_ids[q->n_stop++] = e->eos;
     if (!r->ignore_eos && e->eot >= 0 && q->n_stop < SEQ_MAX_STOP)
         q->stop_ids[q->n_stop++] = e->eot;
+    q->edits = pen_wanted(q);
 
     seq *s = seq_new(q, 0, (int32_t)total + 1);
     if (!s) {
         stop_set_free(&q->stops);
         free(q->prompt);
+        free(q->bias_ids);
+        free(q->bias_vals);
         free(q);
         return rd_fail(RD_ENOMEM, "request: out of memory");
     }
@@ -463,6 +514,10 @@ static void append_token(engine *e, seq *s, const samp_result *r)
         size_t len;
         const char *bytes = tok_token_bytes(e->cfg.tok, r->token, &len);
         int m = stop_scan_push(&s->scan, &q->stops, bytes, len);
+        if (m > 0 && g + 1 <= q->min_tokens) {
+            stop_scan_forget(&s->scan); /* vLLM matches stop strings only past min_tokens */
+            m = 0;
+        }
         if (m != 0) {
             finish(e, s, m > 0 ? FINISH_STOP : FINISH_ERROR);
             return;
@@ -491,7 +546,10 @@ static int ensure_draws(engine *e, int32_t n)
     int32_t *rd = realloc(e->round, sizeof *rd * (size_t)cap);
     if (rd)
         e->round = rd;
-    if (!q || !r || !ss || !rd)
+    int32_t *ea = realloc(e->edit_at, sizeof *ea * (size_t)cap);
+    if (ea)
+        e->edit_at = ea;
+    if (!q || !r || !ss || !rd || !ea)
         return rd_fail(RD_ENOMEM, "engine: cannot grow the step's draws to %d", n);
     e->draws_cap = cap;
     return 0;
@@ -506,6 +564,10 @@ static int add_draw_at(engine *e, int32_t *n, seq *s, int32_t row, int32_t pos)
         return rc;
     e->sreq[*n] = (rd_sample_req){
         .row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)pos, .sp = &s->req->sp};
+    e->edit_at[*n] = e->n_edits;
+    if (s->req->edits && (rc = pen_build(&e->pen, s, pos, &e->edits, &e->n_edits, &e->edits_cap)))
+        return rc;
+    e->sreq[*n].n_edits = e->n_edits - e->edit_at[*n];
     e->sseq[(*n)++] = s;
     return 0;
 }
@@ -550,9 +612,14 @@ static void draw_task(void *ctx, int32_t k, int32_t worker)
     const int32_t vocab = e->m->cfg.vocab;
     const int32_t i = e->round[k];
     const rd_sample_req *q = &e->sreq[i];
-    void *scratch = (char *)e->samp_scratch + samp_stride(vocab) * (size_t)worker;
-    if (samp_sample(q->sp, e->logits + (size_t)q->row * vocab, vocab, q->sample_idx, q->pos, scratch,
-                    &e->sres[i]))
+    char *scratch = (char *)e->samp_scratch + samp_stride(vocab) * (size_t)worker;
+    const float *raw = e->logits + (size_t)q->row * vocab;
+    float *proc = NULL;
+    if (q->n_edits > 0) {
+        proc = (float *)(scratch + ((samp_scratch_bytes(vocab) + 63) & ~(size_t)63));
+        samp_apply_edits(q->sp, raw, vocab, q->edits, q->n_edits, proc);
+    }
+    if (samp_sample_ex(q->sp, raw, proc, vocab, q->sample_idx, q->pos, scratch, &e->sres[i]))
         e->sres[i].token = -1;
 }
 
@@ -603,6 +670,9 @@ static int draw_tokens(engine *e, int32_t n)
 {
     if (n == 0)
         return 0;
+    /* The edit list is complete (no more reallocation): point each draw at its entries. */
+    for (int32_t i = 0; i < n; i++)
+        e->sreq[i].edits = e->sreq[i].n_edits > 0 ? e->edits + e->edit_at[i] : NULL;
     if (e->device_sampling) {
         int rc = runner_sample(&e->run, e->sreq, n, e->sres);
         if (rc) {
@@ -701,6 +771,7 @@ int eng_step(engine *e)
     e->st.rows_total += M;
     e->st.seqs_total += n_sched;
     int32_t li = 0, n_draws = 0, n_spec = 0;
+    e->n_edits = 0;
     for (int32_t i = 0; i < n_sched; i++) {
         seq *s = batch[i];
         int32_t prompt_rows = s->req->n_prompt - s->n_computed; /* recomputed ones included */

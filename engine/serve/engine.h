@@ -59,6 +59,9 @@ typedef struct {
                                    what a row costs in this engine's measured step times (spec_cost.h) */
 } eng_config;
 
+/* Most logit_bias entries a request may carry (OpenAI allows 300). */
+#define ENG_MAX_BIAS 1024
+
 typedef struct {
     const int32_t *prompt;      /* [n_prompt] token ids */
     int32_t n_prompt;
@@ -68,6 +71,11 @@ typedef struct {
     const int32_t *stop_ids;    /* [n_stop] extra stop tokens */
     int32_t n_stop;
     int ignore_eos;             /* do not stop at the model's EOS (nor at eot_id) */
+    int32_t min_tokens;         /* 0..max_tokens: EOS and stop ids masked (-inf) and stop strings not matched
+                                   before this many tokens are generated (vLLM's min_tokens) */
+    int32_t n_bias;             /* logit_bias entries, 0..ENG_MAX_BIAS */
+    const int32_t *bias_ids;    /* [n_bias] distinct token ids */
+    const float *bias_vals;     /* [n_bias] finite, added to the token's logit before the penalties */
     const char *const *stop_strs; /* [n_stop_strs] UTF-8: a sample stops at the token whose text completes
                                      one (engine/text/stopstr.h); the token is kept */
     int32_t n_stop_strs;

@@ -45,6 +45,9 @@ samp_params samp_default(void)
     p.top_k = 0;
     p.top_p = 1.0f;
     p.min_p = 0.0f;
+    p.repetition_penalty = 1.0f;
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 0.0f;
     p.seed = 0;
     p.logprobs_topk = 0;
     p.processed_logprobs = 0;
@@ -65,6 +68,13 @@ int samp_validate(const samp_params *p)
         return rd_fail(RD_EINVAL, "min_p must be in [0, 1] (0 = off), got %g", p->min_p);
     if (p->top_k < 0)
         return rd_fail(RD_EINVAL, "top_k must be >= 0 (0 = off), got %d", (int)p->top_k);
+    if (!isfinite(p->repetition_penalty) || !(p->repetition_penalty > 0.0f))
+        return rd_fail(RD_EINVAL, "repetition_penalty must be a finite number > 0 (1 = off), got %g",
+                       p->repetition_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return rd_fail(RD_EINVAL, "frequency_penalty must be in [-2, 2] (0 = off), got %g", p->frequency_penalty);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return rd_fail(RD_EINVAL, "presence_penalty must be in [-2, 2] (0 = off), got %g", p->presence_penalty);
     if (p->logprobs_topk < 0 || p->logprobs_topk > 20)
         return rd_fail(RD_EINVAL, "logprobs_topk must be in 0..20, got %d", (int)p->logprobs_topk);
     return 0;
@@ -563,13 +573,29 @@ size_t samp_scratch_bytes(int32_t vocab)
     if (vocab <= 0 || vocab > SAMP_MAX_VOCAB)
         return 0;
     size_t chunks = ((size_t)vocab + SAMP_CHUNK - 1) / SAMP_CHUNK;
-    return (size_t)vocab * (sizeof(uint64_t) + sizeof(float)) + chunks * sizeof(int32_t);
+    return (size_t)vocab * (sizeof(uint64_t) + sizeof(float)) + 2 * chunks * sizeof(int32_t);
+}
+
+void samp_apply_edits(const samp_params *p, const float *logits, int32_t vocab, const samp_edit *edits,
+                      int32_t n_edits, float *proc)
+{
+    if (proc != logits)
+        memcpy(proc, logits, sizeof(float) * (size_t)vocab);
+    for (int32_t j = 0; j < n_edits; j++)
+        if (edits[j].token >= 0 && edits[j].token < vocab)
+            proc[edits[j].token] = samp_edit_logit(logits[edits[j].token], &edits[j], p);
 }
 
 int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
                 uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out)
 {
-    if (!logits || !scratch || !out)
+    return samp_sample_ex(p, logits, NULL, vocab, sample_idx, pos, scratch, out);
+}
+
+int samp_sample_ex(const samp_params *p, const float *raw, const float *proc, int32_t vocab,
+                   uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out)
+{
+    if (!raw || !scratch || !out)
         return rd_fail(RD_EINVAL, "samp_sample: logits, scratch and out must not be NULL");
     if (vocab <= 0 || vocab > SAMP_MAX_VOCAB)
         return rd_fail(RD_EINVAL, "samp_sample: vocab must be in 1..%d, got %d", SAMP_MAX_VOCAB,
@@ -585,25 +611,42 @@ int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
     float *w = (float *)(keys + vocab);        /* [vocab] weights, by token id */
     int32_t *chunk_max = (int32_t *)(w + vocab); /* [vocab / SAMP_CHUNK, rounded up] */
 
+    /* Raw log-probs and the alternatives come from the raw row. */
     int32_t argmax = 0;
-    rc = scan_logits(logits, vocab, chunk_max, &argmax);
+    rc = scan_logits(raw, vocab, chunk_max, &argmax);
     if (rc)
         return rc;
-    const float m = logits[argmax];
+    const float m_raw = raw[argmax];
 
-    fill_weights(logits, vocab, m, 1.0f, w);
+    fill_weights(raw, vocab, m_raw, 1.0f, w);
     const double s_raw = sum_weights(w, vocab);
     const float log_s = (float)log(s_raw);
+    double z1 = s_raw; /* the drawing row's mass at t = 1; w holds its weights */
 
     memset(out, 0, sizeof *out);
     uint64_t alt[20];
-    size_t n_alt = select_top(logits, vocab, chunk_max, (size_t)p->logprobs_topk, alt);
+    size_t n_alt = select_top(raw, vocab, chunk_max, (size_t)p->logprobs_topk, alt);
     for (size_t j = 0; j < n_alt; j++) {
         int32_t i = key_index(alt[j]);
         out->top_ids[j] = i;
-        out->top_logprobs[j] = (logits[i] - m) - log_s;
+        out->top_logprobs[j] = (raw[i] - m_raw) - log_s;
     }
     out->n_top = (int32_t)n_alt;
+
+    /* The draw comes from the processed row: scanned again, and its weights
+     * at t = 1 taken anew, so what follows sees it exactly as it would see
+     * logits given to samp_sample. */
+    const float *logits = raw;
+    if (proc && proc != raw) {
+        int32_t *proc_chunk_max = chunk_max + (vocab + SAMP_CHUNK - 1) / SAMP_CHUNK;
+        if ((rc = scan_logits(proc, vocab, proc_chunk_max, &argmax)))
+            return rd_fail(rc, "processed logits: %s", rd_errmsg());
+        chunk_max = proc_chunk_max;
+        logits = proc;
+        fill_weights(proc, vocab, proc[argmax], 1.0f, w);
+        z1 = sum_weights(w, vocab);
+    }
+    const float m = logits[argmax];
 
     int32_t tok;
     float lp_processed;
@@ -659,7 +702,7 @@ int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
                 tok = draw_rule(&rule, logits, w, vocab, z_kept, u);
             }
         } else {
-            double z = s_raw; /* w holds exp(x - m) = the weights at t = 1 */
+            double z = z1; /* w holds exp(x - m) = the weights at t = 1 */
             if (t != 1.0f) {
                 fill_weights(logits, vocab, m, t, w);
                 z = sum_weights(w, vocab);
@@ -672,11 +715,12 @@ int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
                 z_kept = z; /* everything kept: the same sum in the same order */
             tok = draw_rule(&rule, logits, w, vocab, z_kept, u);
         }
-        lp_processed = (float)((double)((logits[tok] - m) / t) - log(z_kept));
+        /* In double: (x - m) / t rounded to fp32 would alone be ~1 ulp of the result off. */
+        lp_processed = (float)(((double)logits[tok] - (double)m) / (double)t - log(z_kept));
     }
 
     out->token = tok;
-    out->logprob = (logits[tok] - m) - log_s;
+    out->logprob = (raw[tok] - m_raw) - log_s;
     out->logprob_processed = p->processed_logprobs ? lp_processed : NAN;
     return 0;
 }

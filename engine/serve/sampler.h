@@ -6,6 +6,7 @@
 #ifndef RD_SAMPLER_H
 #define RD_SAMPLER_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,6 +15,9 @@ typedef struct {
     int32_t top_k;              /* 0 = off; keep the k highest */
     float top_p;                /* 1 = off; keep the smallest set with mass >= top_p */
     float min_p;                /* 0 = off; keep p >= min_p * p_max */
+    float repetition_penalty;   /* 1 = off; > 0: a seen token's logit x becomes x / r (x > 0) or x * r */
+    float frequency_penalty;    /* 0 = off; -2..2: minus this times the token's count in the output */
+    float presence_penalty;     /* 0 = off; -2..2: minus this once if the token is in the output */
     uint64_t seed;
     int32_t logprobs_topk;      /* alternatives to report per token (0..20) */
     int processed_logprobs;     /* also report log-prob after temperature/top-k/top-p/min-p */
@@ -30,11 +34,48 @@ typedef struct {
     float top_logprobs[20];
 } samp_result;
 
-/* Defaults: temperature 1, top_k 0, top_p 1, min_p 0, seed 0, no extras. */
+/* One token's edit before the draw: what vLLM's logits processors and
+ * penalties do to its logit, in vLLM's order (vllm/v1/sample/sampler.py):
+ * logit_bias, the min-tokens mask, then the repetition penalty (prompt or
+ * output), the frequency and the presence penalty (output counts). A
+ * request's edits for one draw list each token at most once; tokens not
+ * listed keep their logit (every penalty is the identity on them). */
+typedef struct {
+    int32_t token;              /* 0..vocab-1 */
+    int32_t n_out;              /* times it was generated before this position */
+    uint8_t seen;               /* 1: in the prompt or generated (the repetition penalty applies) */
+    uint8_t mask;               /* 1: -inf (an EOS or stop token before min_tokens are generated) */
+    uint16_t pad;
+    float bias;                 /* logit_bias, added first; 0 = none */
+} samp_edit;
+
+/* The edited logit, in fp32 with each operation rounded (no contraction;
+ * the CUDA copy in kernels/cuda/cuda_math.h is the same expression):
+ *   x + bias; -inf if masked; x / r or x * r if seen; - f * n_out; - p if n_out > 0.
+ * Division, not a multiply by 1/r: vLLM's CUDA kernel divides. */
+static inline float samp_edit_logit(float x, const samp_edit *ed, const samp_params *p)
+{
+    x = x + ed->bias;
+    if (ed->mask)
+        x = -INFINITY;
+    if (ed->seen)
+        x = x > 0.0f ? x / p->repetition_penalty : x * p->repetition_penalty;
+    x = x - p->frequency_penalty * (float)ed->n_out;
+    if (ed->n_out > 0)
+        x = x - p->presence_penalty;
+    return x;
+}
+
+/* proc[vocab] = logits with edits[n_edits] applied (proc may be logits). */
+void samp_apply_edits(const samp_params *p, const float *logits, int32_t vocab, const samp_edit *edits,
+                      int32_t n_edits, float *proc);
+
+/* Defaults: temperature 1, top_k 0, top_p 1, min_p 0, no penalties, seed 0, no extras. */
 samp_params samp_default(void);
 
 /* Checks ranges (temperature finite and >= 0, top_p in (0,1], min_p in [0,1],
- * top_k >= 0, logprobs_topk in 0..20). */
+ * top_k >= 0, repetition_penalty finite and > 0, frequency and presence
+ * penalties in [-2, 2], logprobs_topk in 0..20). */
 int samp_validate(const samp_params *p);
 
 /* Uniform double in [0,1) from (seed, sample index, position); a pure function:
@@ -56,5 +97,12 @@ void samp_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t o
 size_t samp_scratch_bytes(int32_t vocab);
 int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
                 uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out);
+/* The same with the edits applied: proc[vocab] is logits after
+ * samp_apply_edits (NULL or logits itself: no edits). The draw, the
+ * processed log-prob and greedy's argmax come from proc; the raw log-prob
+ * and the alternatives from logits (vLLM's raw_logprobs: before any
+ * processing). With proc NULL this is samp_sample, bit for bit. */
+int samp_sample_ex(const samp_params *p, const float *logits, const float *proc, int32_t vocab,
+                   uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out);
 
 #endif

@@ -57,6 +57,8 @@ void seq_destroy(seq *s)
     seq_req *r = s->req;
     if (r && --r->live == 0) {
         free(r->prompt);
+        free(r->bias_ids);
+        free(r->bias_vals);
         stop_set_free(&r->stops);
         kv_prefix_free(&r->prefix);
         for (int32_t i = 0; i < r->n_done_outs; i++)

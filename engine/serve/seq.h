@@ -37,6 +37,11 @@ struct seq_req {
     int32_t n_stop;
     int32_t stop_ids[SEQ_MAX_STOP];
     stop_set stops;             /* stop strings (matched on the generated text) */
+    int32_t min_tokens;         /* stop ids masked and stop strings ignored until this many are generated */
+    int32_t n_bias;
+    int32_t *bias_ids;          /* [n_bias] logit_bias tokens, distinct */
+    float *bias_vals;           /* [n_bias] added to their logits */
+    int edits;                  /* pen_wanted: its draws carry logit edits (penalty.h) */
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */

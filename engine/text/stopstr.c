@@ -107,3 +107,5 @@ int stop_scan_push(stop_scan *sc, const stop_set *ss, const char *piece, size_t 
     }
     return 0;
 }
+
+void stop_scan_forget(stop_scan *sc) { sc->matched = -1; }

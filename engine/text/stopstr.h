@@ -47,5 +47,9 @@ void stop_scan_free(stop_scan *sc);
  * them (sc->matched, sc->match_at say which and where), 0 when none does,
  * RD_ENOMEM. After a match further pushes return 1 and change nothing. */
 int stop_scan_push(stop_scan *sc, const stop_set *ss, const char *piece, size_t n);
+/* Forgets the match the last push found (vLLM's min_tokens: a stop string
+ * completed before the minimum length does not end the sample); the next
+ * push goes on scanning, and a later match must end in its bytes. */
+void stop_scan_forget(stop_scan *sc);
 
 #endif

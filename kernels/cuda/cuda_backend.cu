@@ -204,6 +204,10 @@ struct cuda_be {
     sample_req *d_sreq, *h_sreq;
     sample_res *d_sres, *h_sres;
     int32_t s_cap;
+    sample_edit *d_sedit, *h_sedit; // [all requests' edits], concatenated in request order
+    size_t d_sedit_cap, h_sedit_cap; // bytes
+    float *d_sproc;             // [requests with edits][vocab] their edited rows
+    size_t sproc_cap;           // bytes
 };
 
 static cuda_be *impl(rd_backend *be) { return (cuda_be *)be->impl; }
@@ -1690,6 +1694,37 @@ static void cu_graph_free(rd_backend *be, void *graph)
 
 // ------------------------------------------------------------------ sampling
 
+// Grows a sampling buffer (device, or pinned host when host) to need bytes;
+// the old contents are not kept. Not grow(): sampling is synchronous and never
+// captured, so a move does not bump the epoch (captured steps stay valid).
+// The old buffer goes first, so peak memory is the new size alone.
+static int sample_grow(cuda_be *b, void **p, size_t *cap_bytes, size_t need, bool host, const char *what)
+{
+    if (*p && *cap_bytes >= need)
+        return 0;
+    if (b->capturing)
+        return rd_fail(RD_EINVAL, "cuda: sample during graph capture");
+    size_t cap = *cap_bytes ? *cap_bytes : 4096;
+    while (cap < need)
+        cap *= 2;
+    if (*p) {
+        if (host)
+            cudaFreeHost(*p);
+        else
+            cudaFree(*p);
+    }
+    *p = nullptr;
+    *cap_bytes = 0;
+    void *q = nullptr;
+    if ((host ? cudaMallocHost(&q, cap) : cudaMalloc(&q, cap)) != cudaSuccess) {
+        cudaGetLastError();
+        return rd_fail(RD_ENOMEM, "cuda: cannot allocate %zu bytes for %s", cap, what);
+    }
+    *p = q;
+    *cap_bytes = cap;
+    return 0;
+}
+
 static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const rd_sample_req *reqs, int32_t n,
                      samp_result *out)
 {
@@ -1698,11 +1733,22 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         return 0;
     if (vocab <= 0)
         return rd_fail(RD_EINVAL, "cuda: sample: vocab %d", vocab);
+    int64_t n_edits = 0;        // all requests' edits
+    int32_t n_proc = 0;         // requests with edits: rows of d_sproc
     for (int32_t i = 0; i < n; i++) {
         int rc = samp_validate(reqs[i].sp);
         if (rc)
             return rc;
+        if (reqs[i].n_edits < 0 || (reqs[i].n_edits > 0 && !reqs[i].edits))
+            return rd_fail(RD_EINVAL, "cuda: sample: request %d has %d edits at %p", i, reqs[i].n_edits,
+                           (const void *)reqs[i].edits);
+        if (reqs[i].n_edits > 0) {
+            n_edits += reqs[i].n_edits;
+            n_proc++;
+        }
     }
+    if (n_edits > INT32_MAX) // sample_req.edit_off is an int32
+        return rd_fail(RD_EINVAL, "cuda: sample: %lld logit edits in one call", (long long)n_edits);
     if (n > b->s_cap) {
         int32_t cap = b->s_cap > 0 ? b->s_cap : 64;
         while (cap < n)
@@ -1725,10 +1771,44 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         }
         b->s_cap = cap;
     }
+    if (n_edits > 0) {
+        const size_t edit_bytes = (size_t)n_edits * sizeof(sample_edit);
+        const size_t proc_bytes = (size_t)n_proc * (size_t)vocab * sizeof(float);
+        int rc = sample_grow(b, (void **)&b->d_sproc, &b->sproc_cap, proc_bytes, false, "edited logit rows");
+        if (!rc)
+            rc = sample_grow(b, (void **)&b->d_sedit, &b->d_sedit_cap, edit_bytes, false, "logit edits");
+        if (!rc)
+            rc = sample_grow(b, (void **)&b->h_sedit, &b->h_sedit_cap, edit_bytes, true, "logit edits");
+        if (rc)
+            return rc;
+    }
+    int64_t edit_off = 0;
+    int32_t proc_row = 0;
     for (int32_t i = 0; i < n; i++) {
         const samp_params *sp = reqs[i].sp;
         sample_req &q = b->h_sreq[i];
         q.row = reqs[i].row;
+        q.proc_row = -1;
+        q.edit_off = 0;
+        q.n_edits = reqs[i].n_edits;
+        if (q.n_edits > 0) {
+            q.proc_row = proc_row++;
+            q.edit_off = (int32_t)edit_off;
+            for (int32_t j = 0; j < q.n_edits; j++) {
+                const samp_edit &se = reqs[i].edits[j];
+                sample_edit &de = b->h_sedit[edit_off + j];
+                de.token = se.token;
+                de.n_out = se.n_out;
+                de.seen = se.seen;
+                de.mask = se.mask;
+                de.pad = 0;
+                de.bias = se.bias;
+            }
+            edit_off += q.n_edits;
+        }
+        q.rep = sp->repetition_penalty;
+        q.freq = sp->frequency_penalty;
+        q.pres = sp->presence_penalty;
         q.temperature = sp->temperature;
         q.top_k = sp->top_k;
         q.top_p = sp->top_p;
@@ -1740,8 +1820,16 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         q.n_top = sp->logprobs_topk;
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
+    if (e == cudaSuccess && n_edits > 0) {
+        e = cudaMemcpyAsync(b->d_sedit, b->h_sedit, (size_t)n_edits * sizeof(sample_edit), cudaMemcpyHostToDevice,
+                            b->st);
+        if (e == cudaSuccess) {
+            launch_edit_rows(b->st, logits, vocab, b->d_sreq, n, b->d_sedit, b->d_sproc);
+            e = cudaGetLastError();
+        }
+    }
     if (e == cudaSuccess) {
-        launch_sample(b->st, logits, vocab, b->d_sreq, n, b->d_sres);
+        launch_sample(b->st, logits, n_edits > 0 ? b->d_sproc : nullptr, vocab, b->d_sreq, n, b->d_sres);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)
@@ -1813,6 +1901,9 @@ static void cu_destroy(rd_backend *be)
     if (b->d_sres) cudaFree(b->d_sres);
     if (b->h_sreq) cudaFreeHost(b->h_sreq);
     if (b->h_sres) cudaFreeHost(b->h_sres);
+    if (b->d_sedit) cudaFree(b->d_sedit);
+    if (b->h_sedit) cudaFreeHost(b->h_sedit);
+    if (b->d_sproc) cudaFree(b->d_sproc);
     if (b->step_ev) cudaEventDestroy(b->step_ev);
 #ifndef RD_CUDA_EMU
     if (b->lt) cublasLtDestroy(b->lt);

@@ -173,6 +173,9 @@ void launch_attention(cudaStream_t s, const attn_params &p);
 // ---- sampling (cuda_sample.cu) ----
 struct sample_req {
     int32_t row;                // logit row
+    int32_t proc_row;           // row of its edited copy in the proc buffer; -1: no edits (proc = raw)
+    int32_t edit_off, n_edits;  // its edits: edits[edit_off .. edit_off + n_edits)
+    float rep, freq, pres;      // repetition (1 = off), frequency and presence (0 = off) penalties
     float temperature;
     int32_t top_k;
     float top_p, min_p;
@@ -180,17 +183,34 @@ struct sample_req {
     uint32_t sample_idx, pos;
     int32_t n_top;              // alternatives (0..20)
 };
+// One token's edit: samp_edit's fields (engine/serve/sampler.h).
+struct sample_edit {
+    int32_t token;              // outside [0, vocab): skipped, as samp_apply_edits does
+    int32_t n_out;              // times generated before this position
+    uint8_t seen, mask;         // 1: the repetition penalty applies; 1: -inf
+    uint16_t pad;
+    float bias;                 // added first
+};
 struct sample_res {
     int32_t token;              // -1: invalid logits (err says why)
-    int32_t err;                // 0 ok, 1 NaN or +inf present, 2 all -inf
+    int32_t err;                // 0 ok, 1 NaN or +inf present, 2 all -inf (raw or edited row)
     float logprob, logprob_proc;
     int32_t n_top;
     int32_t top_ids[20];
     float top_lp[20];
 };
 #define RD_SAMPLE_THREADS 1024
-void launch_sample(cudaStream_t s, const float *logits, int32_t vocab, const sample_req *reqs, int32_t n,
-                   sample_res *res);
+// For each of the n requests with edits (proc_row >= 0): proc row proc_row
+// [vocab] = its raw logits row with its edits applied (cm_edit_logit, each
+// token's edit from the raw value). A request lists each token at most once
+// (samp_edit's contract); a repeated token's result is unspecified.
+void launch_edit_rows(cudaStream_t s, const float *logits, int32_t vocab, const sample_req *reqs, int32_t n,
+                      const sample_edit *edits, float *proc);
+// samp_sample_ex per request: the raw log-prob and the alternatives from its
+// logits row, the draw (and greedy's argmax, the processed log-prob) from
+// its proc row, or from the logits row when proc_row < 0.
+void launch_sample(cudaStream_t s, const float *logits, const float *proc, int32_t vocab, const sample_req *reqs,
+                   int32_t n, sample_res *res);
 
 }  // namespace RD_NS
 

@@ -210,6 +210,23 @@ RD_HD float cm_exp_nonpos(float x)
 /* p_i / p_max = exp((x_i - m) / t), division as sampler.c does it. */
 RD_HD float cm_scaled_weight(float x, float m, float t) { return cm_exp_nonpos(RD_FDIV(RD_FSUB(x, m), t)); }
 
+/* samp_edit_logit (engine/serve/sampler.h), the same expression with each
+ * operation rounded: x + bias; -inf if masked; x / rep (x > 0) or x * rep if
+ * seen; - freq * n_out; - pres if n_out > 0. -inf from its bits, so no
+ * math header is needed here. */
+RD_HD float cm_edit_logit(float x, float bias, int mask, int seen, int32_t n_out, float rep, float freq, float pres)
+{
+    x = RD_FADD(x, bias);
+    if (mask)
+        x = cm_u2f(0xff800000u);
+    if (seen)
+        x = x > 0.0f ? RD_FDIV(x, rep) : RD_FMUL(x, rep);
+    x = RD_FSUB(x, RD_FMUL(freq, (float)n_out));
+    if (n_out > 0)
+        x = RD_FSUB(x, pres);
+    return x;
+}
+
 /* ---- GELU (tanh form), Gemma's gated FFN ---- */
 
 /* expm1(y) for |y| <= ln2/2 + a little: Taylor to degree 13 (the next term

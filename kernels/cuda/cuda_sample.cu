@@ -17,6 +17,12 @@
 // the 64-bit rank keys, each step a block-wide count or mass. The draw walks
 // the kept tokens in ascending index order: thread t sums its contiguous
 // chunk, thread 0 scans the chunk sums, then walks the crossing chunk.
+//
+// Logit edits (bias, min-tokens mask, penalties; samp_sample_ex): k_edit_rows
+// writes a request's edited copy of its row first (cm_edit_logit is
+// samp_edit_logit's expression, so the copy is bit-identical to
+// samp_apply_edits'); k_sample then takes the raw log-prob and the
+// alternatives from the raw row and everything about the draw from the copy.
 #include "kernels/cuda/cuda_internal.h"
 
 namespace RD_NS {
@@ -128,16 +134,11 @@ RD_DEV uint64_t mass_cut(const float *x, int32_t vocab, uint64_t floor_key, doub
     return key_search(x, vocab, mass_pred{x, vocab, floor_key, target, m, t});
 }
 
-__global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t vocab, const sample_req *reqs,
-                                               sample_res *res)
+// Step 1 on one row (block-uniform result): 0 and *amax = the lowest index
+// of the max logit; 1 if a NaN or +inf is present; 2 if all are -inf.
+RD_DEV int32_t scan_row(const float *x, int32_t vocab, int32_t *amax)
 {
-    const sample_req q = reqs[blockIdx.x];
-    sample_res *out = res + blockIdx.x;
-    const float *x = logits + (int64_t)q.row * vocab;
     const int32_t tid = threadIdx.x;
-    __shared__ double chunk_sum[ST];
-
-    // 1. scan: max logit order, bad logits.
     const int32_t ord_pinf = cm_logit_order(INFINITY), ord_ninf = cm_logit_order(-INFINITY);
     int32_t best = INT32_MIN, bad = 0;
     for (int32_t i = tid; i < vocab; i += ST) {
@@ -147,35 +148,59 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
     }
     best = block_allreduce(best, op_max());
     bad = block_allreduce(bad, op_max());
-    if (bad || best == ord_ninf) {
+    if (bad || best == ord_ninf)
+        return bad ? 1 : 2;
+    int32_t a = INT32_MAX;
+    for (int32_t i = tid; i < vocab; i += ST)
+        if (cm_logit_order(x[i]) == best && i < a)
+            a = i;
+    *amax = block_allreduce(a, op_min());
+    return 0;
+}
+
+// xr: the raw row (raw log-probs, alternatives); x: the edited row the
+// token is drawn from (the same pointer when the request has no edits).
+__global__ void __launch_bounds__(ST) k_sample(const float *logits, const float *proc, int32_t vocab,
+                                               const sample_req *reqs, sample_res *res)
+{
+    const sample_req q = reqs[blockIdx.x];
+    sample_res *out = res + blockIdx.x;
+    const float *xr = logits + (int64_t)q.row * vocab;
+    const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
+    const int32_t tid = threadIdx.x;
+    __shared__ double chunk_sum[ST];
+
+    // 1. scan: max logit order, bad logits; the edited row too, as the CPU
+    // rejects an edit that makes a logit +inf or masks every token.
+    int32_t amax_raw = 0;
+    int32_t err = scan_row(xr, vocab, &amax_raw);
+    int32_t amax = amax_raw;
+    if (!err && x != xr)
+        err = scan_row(x, vocab, &amax);
+    if (err) {
         if (tid == 0) {
             out->token = -1;
-            out->err = bad ? 1 : 2;
+            out->err = err;
             out->n_top = 0;
         }
         return;
     }
-    int32_t amax = INT32_MAX;
-    for (int32_t i = tid; i < vocab; i += ST)
-        if (cm_logit_order(x[i]) == best && i < amax)
-            amax = i;
-    amax = block_allreduce(amax, op_min());
-    const float m = x[amax];
+    const float m_raw = xr[amax_raw], m = x[amax];
 
-    // 2. raw log-probs: S = sum exp(x - m) in double.
+    // 2. raw log-probs: S = sum exp(x - m) in double, over the raw row.
     double s_raw = 0.0;
     for (int32_t i = tid; i < vocab; i += ST)
-        s_raw += (double)cm_exp_nonpos(RD_FSUB(x[i], m));
+        s_raw += (double)cm_exp_nonpos(RD_FSUB(xr[i], m_raw));
     s_raw = block_allreduce(s_raw, op_add());
     const float log_s = (float)log(s_raw);
 
-    // 3. alternatives: the n_top largest rank keys among finite logits.
+    // 3. alternatives: the n_top largest rank keys among finite raw logits.
     int32_t n_alt = 0;
     uint64_t prev = ~(uint64_t)0;
     for (int32_t j = 0; j < q.n_top && j < 20; j++) {
         uint64_t bk = 0;
         for (int32_t i = tid; i < vocab; i += ST) {
-            const float xi = x[i];
+            const float xi = xr[i];
             if (!finite_logit(xi))
                 continue;
             const uint64_t key = cm_rank_key(xi, i);
@@ -188,13 +213,13 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
         if (tid == 0) {
             const int32_t id = cm_key_index(bk);
             out->top_ids[j] = id;
-            out->top_lp[j] = RD_FSUB(RD_FSUB(x[id], m), log_s);
+            out->top_lp[j] = RD_FSUB(RD_FSUB(xr[id], m_raw), log_s);
         }
         prev = bk;
         n_alt++;
     }
 
-    // 4./5. the token.
+    // 4./5. the token, from the edited row.
     int32_t tok;
     float lp_proc;
     const float t = q.temperature;
@@ -265,17 +290,53 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, int32_t voca
     if (tid == 0) {
         out->token = tok;
         out->err = 0;
-        out->logprob = RD_FSUB(RD_FSUB(x[tok], m), log_s);
+        out->logprob = RD_FSUB(RD_FSUB(xr[tok], m_raw), log_s);
         out->logprob_proc = lp_proc;
         out->n_top = n_alt;
     }
 }
 
-void launch_sample(cudaStream_t s, const float *logits, int32_t vocab, const sample_req *reqs, int32_t n,
-                   sample_res *res)
+// Edited rows: a CTA per (request, span of the vocab). Each copies its span
+// of the raw row, then applies the request's edits that fall in the span;
+// the barrier between keeps the copy from overwriting an edit. Every CTA
+// reads the whole edit list: lists are short next to the vocab.
+#define EDIT_SPAN 8192
+#define EDIT_THREADS 256
+
+__global__ void __launch_bounds__(EDIT_THREADS) k_edit_rows(const float *logits, int32_t vocab,
+                                                            const sample_req *reqs, const sample_edit *edits,
+                                                            float *proc)
+{
+    const sample_req q = reqs[blockIdx.x];
+    if (q.proc_row < 0)
+        return; // the whole CTA: no barrier is left waiting
+    const float *xr = logits + (int64_t)q.row * vocab;
+    float *xp = proc + (int64_t)q.proc_row * vocab;
+    const int32_t i0 = (int32_t)blockIdx.y * EDIT_SPAN;
+    const int32_t i1 = vocab - i0 < EDIT_SPAN ? vocab : i0 + EDIT_SPAN;
+    for (int32_t i = i0 + threadIdx.x; i < i1; i += EDIT_THREADS)
+        xp[i] = xr[i];
+    __syncthreads();
+    for (int32_t j = threadIdx.x; j < q.n_edits; j += EDIT_THREADS) {
+        const sample_edit e = edits[q.edit_off + j];
+        if (e.token >= i0 && e.token < i1)
+            xp[e.token] = cm_edit_logit(xr[e.token], e.bias, e.mask, e.seen, e.n_out, q.rep, q.freq, q.pres);
+    }
+}
+
+void launch_edit_rows(cudaStream_t s, const float *logits, int32_t vocab, const sample_req *reqs, int32_t n,
+                      const sample_edit *edits, float *proc)
+{
+    if (n > 0 && vocab > 0)
+        RD_LAUNCH(k_edit_rows, dim3(n, (vocab + EDIT_SPAN - 1) / EDIT_SPAN), dim3(EDIT_THREADS), 0, s, logits, vocab,
+                  reqs, edits, proc);
+}
+
+void launch_sample(cudaStream_t s, const float *logits, const float *proc, int32_t vocab, const sample_req *reqs,
+                   int32_t n, sample_res *res)
 {
     if (n > 0)
-        RD_LAUNCH(k_sample, dim3(n), dim3(ST), 0, s, logits, vocab, reqs, res);
+        RD_LAUNCH(k_sample, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, res);
 }
 
 }  // namespace RD_NS

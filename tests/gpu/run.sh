@@ -274,6 +274,7 @@ OPS_CASES=$OPS_CASES,test_qwen_ops_drop_shadows,test_rope_then_row_op,test_qwen_
 OPS_CASES=$OPS_CASES,test_gemma_elementwise,test_gemma_ops_after_linear,test_gemma_shadows,test_attention
 OPS_CASES=$OPS_CASES,test_attention_alone_vs_batched,test_attention_window,test_attention_vs_cpu_kv_bf16
 OPS_CASES=$OPS_CASES,test_attention_vs_cpu,test_gemma_layer,test_copy_blocks,test_sampler,test_sampler_many_draws
+OPS_CASES=$OPS_CASES,test_sampler_edits
 OPS_CASES=$OPS_CASES,test_runner_tiny,test_runner_families,test_runner_kv_fp8,test_runner_tiny_bf16
 OPS_CASES=$OPS_CASES,test_engine_device_sampling
 if [ "$DRY" = 0 ]; then

@@ -149,8 +149,10 @@ def rl_readers_answer_as_before():
     assert st == 400 and "path" in json.dumps(doc), (st, doc)
     st, doc = post("/init_weight_transfer_engine", {"init_info": {"master_address": "h", "master_port": 1}})
     assert st == 501 and "NCCL" in json.dumps(doc), (st, doc)
-    st, doc = post("/inference/v1/generate", {"token_ids": [5, 17], "sampling_params": {"presence_penalty": 0.5}})
+    st, doc = post("/inference/v1/generate", {"token_ids": [5, 17], "sampling_params": {"presence_penalty": 2.5}})
     assert st == 400 and "presence_penalty" in detail(doc), (st, doc)
+    st, doc = post("/inference/v1/generate", {"token_ids": [5, 17], "sampling_params": {"allowed_token_ids": [3]}})
+    assert st == 400 and "allowed_token_ids" in detail(doc), (st, doc)
     # Valid calls: tokenize then detokenize round-trips, token-in generation gives tokens.
     st, doc = post("/tokenize", {"prompt": "ab ab", "add_special_tokens": False})
     assert st == 200 and doc["count"] == len(doc["tokens"]) >= 1, (st, doc)

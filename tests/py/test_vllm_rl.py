@@ -213,7 +213,9 @@ def tokenize_detokenize_and_generate_shapes():
         "n": 3, "max_tokens": 4, "seed": 9, "temperature": 1.0}})
     assert st == 200 and [c["index"] for c in gn["choices"]] == [0, 1, 2], gn
     # Refusals name the field.
-    for bad, word in ((dict(gen_body(PROMPT, 1), sampling_params={"max_tokens": 4, "repetition_penalty": 1.2}),
+    for bad, word in ((dict(gen_body(PROMPT, 1), sampling_params={"max_tokens": 4, "bad_words": ["x"]}),
+                       "bad_words"),
+                      (dict(gen_body(PROMPT, 1), sampling_params={"max_tokens": 4, "repetition_penalty": 0}),
                        "repetition_penalty"),
                       ({"token_ids": PROMPT}, "sampling_params"),
                       ({"token_ids": "abc", "sampling_params": {}}, "token_ids"),

@@ -24,7 +24,8 @@
  *     capture fail it cleanly). These cases use no emulator hook and also
  *     run on the real backend (RD_TEST_CUDA_BACKEND=cuda, tests/gpu/run.sh);
  *   - batch invariance: a row's bits do not depend on the other rows;
- *   - the device sampler against samp_sample (same token, log-probs);
+ *   - the device sampler against samp_sample (same token, log-probs), and
+ *     with logit edits (bias, masks, penalties) against samp_sample_ex;
  *   - the runner on the tiny models: logits close to the CPU backend's,
  *     chunked prefill bit-identical to one-step prefill, decode steps through
  *     CUDA graphs (eager, capture, replay, weight swap) bit-identical to
@@ -2340,7 +2341,7 @@ static int sample_cmp(const samp_params *sp, const float *logits, int32_t V, uin
     int rc_cpu = samp_sample(sp, logits, V, idx, pos, scratch, &want);
     free(scratch);
     float *dl = up(emu, logits, sizeof(float) * V);
-    rd_sample_req q = {0, idx, pos, sp};
+    rd_sample_req q = {0, idx, pos, sp, NULL, 0};
     int rc = emu->ops->sample(emu, dl, V, &q, 1, &got);
     emu->ops->free(emu, dl);
     if (rc) {
@@ -2452,7 +2453,7 @@ static void test_sampler_many_draws(void)
     rd_sample_req q[64];
     samp_result got[64];
     for (int32_t i = 0; i < N; i++)
-        q[i] = (rd_sample_req){0, (uint32_t)(i % 4), (uint32_t)(i * 13), &sp};
+        q[i] = (rd_sample_req){0, (uint32_t)(i % 4), (uint32_t)(i * 13), &sp, NULL, 0};
     CHECK_OK(emu->ops->sample(emu, dl, V, q, N, got));
     void *scratch = malloc(samp_scratch_bytes(V));
     int mism = 0;
@@ -2465,6 +2466,176 @@ static void test_sampler_many_draws(void)
     free(l);
     emu->ops->free(emu, dl);
     CHECK(mism == 0, "%d of %d draws differ from the CPU sampler", mism, N);
+}
+
+/* ------------------------------------------------------------------ sampler: logit edits */
+
+/* One sample call of n requests over r rows of v logits, each request with
+ * random logit edits (or none), against samp_apply_edits + samp_sample_ex
+ * on the CPU: the same token, the raw log-prob and the alternatives bit for
+ * bit (both come from the raw row, as samp_sample's), the processed log-prob
+ * within sample_cmp's tolerance. *changed counts the edited requests whose
+ * token differs from samp_sample's on the raw row (the edits mattered). */
+static void edits_batch(int32_t V, int32_t R, int32_t N, int search, int *changed)
+{
+    struct {
+        float t;
+        int32_t k;
+        float p, minp;
+        int lp;
+    } ps[] = {{0, 0, 1, 0, 5},       {1, 0, 1, 0, 3},         {0.7f, 0, 1, 0.05f, 0},  {0, 0, 1, 0, 0},
+              {1.3f, 0, 1, 0, 2},    {1, 5, 1, 0, 2},         {0.8f, 0, 0.9f, 0, 0},   {1.2f, 40, 0.8f, 0.02f, 4}};
+    const int n_ps = search ? 8 : 5;
+    const float reps[] = {1.0f, 1.25f, 0.8f, 2.0f, 0.5f};
+    float *l = malloc(sizeof(float) * (size_t)R * V);
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t i = 0; i < V; i++) {
+            float x = frand() * 4.0f;                 /* both signs */
+            if (r % 3 == 1)
+                x = roundf(x * 2.0f) / 2.0f;          /* ties, zeros */
+            if (r % 3 == 2 && i % 11 == 5)
+                x = -INFINITY;                        /* already masked */
+            l[(size_t)r * V + i] = x;
+        }
+    samp_params *sp = malloc(sizeof *sp * N);
+    samp_edit **ed = malloc(sizeof *ed * N);
+    rd_sample_req *q = malloc(sizeof *q * N);
+    samp_result *got = malloc(sizeof *got * N);
+    uint8_t *used = malloc((size_t)V);
+    for (int32_t i = 0; i < N; i++) {
+        const int pi = i % n_ps;
+        sp[i] = samp_default();
+        sp[i].temperature = ps[pi].t;
+        sp[i].top_k = ps[pi].k;
+        sp[i].top_p = ps[pi].p;
+        sp[i].min_p = ps[pi].minp;
+        sp[i].logprobs_topk = ps[pi].lp;
+        sp[i].processed_logprobs = 1;
+        sp[i].seed = rnd();
+        sp[i].repetition_penalty = reps[rnd() % 5];
+        sp[i].frequency_penalty = rnd() % 3 ? frand() * 2.0f : 0.0f;
+        sp[i].presence_penalty = rnd() % 3 ? frand() * 2.0f : 0.0f;
+        const int32_t row = i % R;
+        const float *x = l + (size_t)row * V;
+        /* every fourth request has no edits (it must be samp_sample's draw);
+         * the others edit up to 64 distinct tokens, often the argmax */
+        int32_t n_ed = i % 4 == 3 ? 0 : 1 + (int32_t)(rnd() % (V < 64 ? (uint64_t)V : 64));
+        ed[i] = n_ed ? malloc(sizeof(samp_edit) * n_ed) : NULL;
+        memset(used, 0, (size_t)V);
+        int32_t amax = 0;
+        for (int32_t j = 1; j < V; j++)
+            amax = x[j] > x[amax] ? j : amax;
+        for (int32_t j = 0; j < n_ed; j++) {
+            int32_t tok = j == 0 && rnd() % 2 ? amax : (int32_t)(rnd() % (uint64_t)V);
+            while (used[tok])
+                tok = (tok + 1) % V;
+            used[tok] = 1;
+            samp_edit *e = &ed[i][j];
+            memset(e, 0, sizeof *e);
+            e->token = tok;
+            e->bias = rnd() % 2 ? frand() * 6.0f : 0.0f;
+            e->mask = rnd() % 8 == 0;
+            e->seen = rnd() % 2;
+            e->n_out = rnd() % 3 ? 0 : (int32_t)(rnd() % 4);
+        }
+        q[i] = (rd_sample_req){row, (uint32_t)(rnd() % 8), (uint32_t)(rnd() % 5000), &sp[i], ed[i], n_ed};
+    }
+    float *dl = up(emu, l, sizeof(float) * (size_t)R * V);
+    int rc = emu->ops->sample(emu, dl, V, q, N, got);
+    emu->ops->free(emu, dl);
+    CHECK_OK(rc);
+    void *scratch = malloc(samp_scratch_bytes(V));
+    float *proc = malloc(sizeof(float) * V);
+    for (int32_t i = 0; i < N; i++) {
+        const float *x = l + (size_t)q[i].row * V;
+        samp_result want, plain;
+        samp_apply_edits(&sp[i], x, V, ed[i], q[i].n_edits, proc);
+        int rc_cpu = samp_sample_ex(&sp[i], x, q[i].n_edits ? proc : NULL, V, q[i].sample_idx, q[i].pos, scratch,
+                                    &want);
+        CHECK_OK(samp_sample(&sp[i], x, V, q[i].sample_idx, q[i].pos, scratch, &plain));
+        const samp_result *g = &got[i];
+        CHECK(!rc_cpu, "vocab %d request %d: the CPU rejects its edited row: %s", V, i, rd_errmsg());
+        *changed += q[i].n_edits && plain.token != want.token;
+        CHECK(g->token == want.token, "vocab %d request %d (T %g k %d p %g minp %g, %d edits): token %d vs CPU %d", V,
+              i, sp[i].temperature, sp[i].top_k, sp[i].top_p, sp[i].min_p, q[i].n_edits, g->token, want.token);
+        CHECK(fbits(g->logprob) == fbits(want.logprob), "vocab %d request %d: raw logprob %.9g vs CPU %.9g", V, i,
+              g->logprob, want.logprob);
+        CHECK(fabsf(g->logprob_processed - want.logprob_processed) <= 1e-5f * (1.0f + fabsf(want.logprob_processed)),
+              "vocab %d request %d: processed logprob %.9g vs CPU %.9g", V, i, g->logprob_processed,
+              want.logprob_processed);
+        CHECK(g->n_top == want.n_top, "vocab %d request %d: n_top %d vs %d", V, i, g->n_top, want.n_top);
+        for (int j = 0; j < want.n_top; j++)
+            CHECK(g->top_ids[j] == want.top_ids[j] && fbits(g->top_logprobs[j]) == fbits(want.top_logprobs[j]),
+                  "vocab %d request %d alternative %d: %d %.9g vs CPU %d %.9g", V, i, j, g->top_ids[j],
+                  g->top_logprobs[j], want.top_ids[j], want.top_logprobs[j]);
+    }
+    for (int32_t i = 0; i < N; i++)
+        free(ed[i]);
+    free(scratch), free(proc), free(used), free(l), free(sp), free(ed), free(q), free(got);
+}
+
+static void test_sampler_edits(void)
+{
+    /* the device's edited logit is samp_edit_logit's, bit for bit (host side
+     * of cuda_math.h; the device build is the same expression) */
+    const float xs[] = {0.0f, -0.0f, 1.5f, -1.5f, 3e38f, -3e38f, 1e-40f, -INFINITY};
+    for (int k = 0; k < 20000; k++) {
+        samp_params p = samp_default();
+        p.repetition_penalty = k % 7 == 0 ? 1e-30f : (float)(0.05 + (rnd() % 1000) * 0.004);
+        p.frequency_penalty = frand() * 2.0f;
+        p.presence_penalty = frand() * 2.0f;
+        samp_edit e = {(int32_t)(rnd() % 100), (int32_t)(rnd() % 5), (uint8_t)(rnd() % 2), (uint8_t)(rnd() % 9 == 0), 0,
+                       rnd() % 2 ? frand() * 100.0f : 0.0f};
+        const float x = k < 8 ? xs[k] : frand() * 50.0f;
+        const float a = samp_edit_logit(x, &e, &p);
+        const float b = cm_edit_logit(x, e.bias, e.mask, e.seen, e.n_out, p.repetition_penalty, p.frequency_penalty,
+                                      p.presence_penalty);
+        CHECK(fbits(a) == fbits(b), "x %.9g bias %g mask %d seen %d n_out %d: %.9g vs samp_edit_logit %.9g", x, e.bias,
+              e.mask, e.seen, e.n_out, b, a);
+    }
+    int changed = 0;
+    edits_batch(7, 3, 8, 1, &changed);       /* tiny vocab: edits cover most of it */
+    if (test_case_failed)
+        return;
+    edits_batch(1000, 4, 24, 1, &changed);   /* every rule: greedy, top-k, top-p, min-p */
+    if (test_case_failed)
+        return;
+    edits_batch(9000, 3, 10, 0, &changed);   /* past one edit CTA's span (8192), a larger proc buffer */
+    if (test_case_failed)
+        return;
+    edits_batch(1000, 2, 5, 0, &changed);    /* the buffers again, smaller */
+    if (test_case_failed)
+        return;
+    printf("# device logit edits: %d edited requests drew another token than without their edits\n", changed);
+    CHECK(changed >= 5, "only %d edited requests drew another token: the edits hardly matter", changed);
+
+    /* an edit that leaves no finite logit, or makes one +inf: the CPU rejects
+     * the processed row, the device returns -1 for that request alone */
+    float l[5] = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f};
+    samp_params sp = samp_default();
+    samp_edit all[5], inf = {2, 0, 0, 0, 0, INFINITY}, one = {2, 0, 0, 1, 0, 0};
+    for (int32_t i = 0; i < 5; i++)
+        all[i] = (samp_edit){i, 0, 0, 1, 0, 0};
+    rd_sample_req q[3] = {{0, 0, 0, &sp, all, 5}, {0, 0, 1, &sp, &inf, 1}, {0, 0, 2, &sp, &one, 1}};
+    samp_result got[3], want;
+    float proc[5];
+    void *scratch = malloc(samp_scratch_bytes(5));
+    float *dl = up(emu, l, sizeof l);
+    int rc = emu->ops->sample(emu, dl, 5, q, 3, got);
+    emu->ops->free(emu, dl);
+    for (int i = 0; i < 2; i++) {
+        samp_apply_edits(&sp, l, 5, q[i].edits, q[i].n_edits, proc);
+        CHECK(samp_sample_ex(&sp, l, proc, 5, 0, q[i].pos, scratch, &want) != 0, "the CPU accepts edited row %d", i);
+    }
+    samp_apply_edits(&sp, l, 5, &one, 1, proc);
+    CHECK_OK(samp_sample_ex(&sp, l, proc, 5, 0, 2, scratch, &want));
+    free(scratch);
+    CHECK_OK(rc);
+    CHECK(got[0].token == -1 && got[1].token == -1, "rejected edited rows drew %d and %d", got[0].token,
+          got[1].token);
+    CHECK(got[2].token == want.token && want.token != 2 && fbits(got[2].logprob) == fbits(want.logprob),
+          "the request beside them: %d (%.9g) vs CPU %d (%.9g)", got[2].token, got[2].logprob, want.token,
+          want.logprob);
 }
 
 /* ------------------------------------------------------------------ the runner on tiny models */
@@ -2647,7 +2818,7 @@ static void runner_case(const char *name, int split)
         rd_sample_req q[3];
         samp_result got[3], want;
         for (int32_t s = 0; s < nb; s++)
-            q[s] = (rd_sample_req){s, (uint32_t)s, (uint32_t)pos[s], &sp};
+            q[s] = (rd_sample_req){s, (uint32_t)s, (uint32_t)pos[s], &sp, NULL, 0};
         CHECK_OK(runner_sample(&rg, q, nb, got));
         void *scratch = malloc(samp_scratch_bytes(V));
         for (int32_t s = 0; s < nb; s++) {
@@ -3404,11 +3575,18 @@ static int run_mix(model *m, run_results *out, int *device)
         q[i].tag = (uint64_t)i;
         q[i].ignore_eos = 1;
     }
+    /* and logit edits (issue 44) through the engine: penalties and a bias on the greedy request, each
+       forked sample's own output counts, min_tokens masking the stop token */
     q[0].sp.temperature = 0;
+    q[0].sp.repetition_penalty = 1.3f, q[0].sp.frequency_penalty = 0.5f;
+    const int32_t bias_ids[2] = {3, 11};
+    const float bias_vals[2] = {1.5f, -4.0f};
+    q[0].n_bias = 2, q[0].bias_ids = bias_ids, q[0].bias_vals = bias_vals;
     q[1].sp.temperature = 0.9f, q[1].sp.top_p = 0.9f, q[1].sp.logprobs_topk = 3, q[1].sp.processed_logprobs = 1;
+    q[1].sp.presence_penalty = 0.4f, q[1].sp.frequency_penalty = 0.2f;
     q[2].sp.top_k = 5, q[2].sp.min_p = 0.05f;
     int32_t stop = 7;
-    q[3].sp.temperature = 1.3f, q[3].stop_ids = &stop, q[3].n_stop = 1;
+    q[3].sp.temperature = 1.3f, q[3].stop_ids = &stop, q[3].n_stop = 1, q[3].min_tokens = 4;
     for (int i = 0; i < 4 && !rc; i++) {
         int64_t id;
         rc = eng_add(e, &q[i], &id);
@@ -3435,7 +3613,7 @@ static const eng_result *find_result(const run_results *rr, uint64_t tag, int32_
 }
 
 /* The engine draws tokens on the device (one runner_sample per step over every
- * sequence and every forked sample); the same requests with RD_HOST_SAMPLING=1
+ * sequence and every forked sample, logit edits included); the same requests with RD_HOST_SAMPLING=1
  * (logits downloaded, samp_sample per row) give the same tokens, log-probs
  * and alternatives. */
 static void test_engine_device_sampling(void)
@@ -3629,6 +3807,7 @@ int main(void)
     RUN_SEL(test_moe_graph);
     RUN_SEL(test_sampler);
     RUN_SEL(test_sampler_many_draws);
+    RUN_SEL(test_sampler_edits);
     RUN_SEL(test_runner_tiny);
     RUN_SEL(test_runner_tiny_bf16);
     RUN_SEL(test_runner_kv_fp8);

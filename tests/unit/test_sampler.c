@@ -766,6 +766,102 @@ static void test_masked_logits(void)
     free(s);
 }
 
+/* Logit edits (issue 44): samp_apply_edits writes vLLM's definitions (checked here against the
+ * formulas written out by hand, in double where every step is exact), and samp_sample_ex draws from
+ * the edited row while the raw log-prob and the alternatives stay those of the raw row; with no
+ * edited row it is samp_sample bit for bit. */
+static void test_edits(void)
+{
+    const int n = 300;
+    float x[300], proc[300];
+    normal_logits(x, n, 2.0, 31);
+    x[5] = 0.0f;
+    samp_params p = samp_default();
+    p.repetition_penalty = 1.25f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.75f;
+    samp_edit ed[6];
+    memset(ed, 0, sizeof ed);
+    ed[0] = (samp_edit){.token = 3, .seen = 1};                 /* prompt only: repetition */
+    ed[1] = (samp_edit){.token = 7, .seen = 1, .n_out = 3};     /* output: all three */
+    ed[2] = (samp_edit){.token = 11, .bias = 4.0f};             /* bias alone */
+    ed[3] = (samp_edit){.token = 13, .mask = 1, .seen = 1};     /* masked stays -inf */
+    ed[4] = (samp_edit){.token = 5, .seen = 1};                 /* a zero logit: multiplied, stays 0 */
+    ed[5] = (samp_edit){.token = 299, .bias = -2.5f, .seen = 1, .n_out = 1};
+    samp_apply_edits(&p, x, n, ed, 6, proc);
+    for (int i = 0; i < n; i++) {
+        double want = x[i];
+        for (int j = 0; j < 6; j++) {
+            if (ed[j].token != i)
+                continue;
+            float v = x[i] + ed[j].bias;
+            if (ed[j].mask)
+                v = -INFINITY;
+            if (ed[j].seen)
+                v = v > 0 ? v / 1.25f : v * 1.25f;
+            v = v - 0.5f * (float)ed[j].n_out;
+            if (ed[j].n_out)
+                v = v - 0.75f;
+            want = v;
+        }
+        CHECK(proc[i] == (float)want || (isinf(proc[i]) && isinf(want)), "token %d: %g, want %g", i, proc[i], want);
+    }
+    CHECK(isinf(proc[13]) && proc[13] < 0 && proc[5] == 0.0f, "mask %g, zero %g", proc[13], proc[5]);
+
+    void *s = malloc(samp_scratch_bytes(n));
+    CHECK(s, "malloc");
+    samp_result a, b;
+    /* No edited row: samp_sample, bit for bit, for greedy and sampled draws. */
+    for (int c = 0; c < 2; c++) {
+        samp_params q = samp_default();
+        q.temperature = c ? 0.8f : 0.0f, q.top_k = 50, q.logprobs_topk = 5, q.processed_logprobs = 1;
+        for (uint32_t pos = 0; pos < 50; pos++) {
+            CHECK(samp_sample(&q, x, n, 1, pos, s, &a) == 0 && samp_sample_ex(&q, x, NULL, n, 1, pos, s, &b) == 0,
+                  "sample: %s", rd_errmsg());
+            CHECK(!memcmp(&a, &b, sizeof a), "samp_sample_ex without edits differs at %u", pos);
+        }
+    }
+    /* Greedy on the edited row: the argmax moves to the biased token; its raw log-prob is the raw row's. */
+    float y[300];
+    memcpy(y, x, sizeof y);
+    int top = 0;
+    for (int i = 1; i < n; i++)
+        top = x[i] > x[top] ? i : top;
+    samp_edit push = {.token = 42, .bias = 100.0f};
+    samp_apply_edits(&p, x, n, &push, 1, y);
+    samp_params g = samp_default();
+    g.temperature = 0, g.logprobs_topk = 3, g.processed_logprobs = 1;
+    CHECK(samp_sample_ex(&g, x, y, n, 0, 0, s, &b) == 0 && samp_sample(&g, x, n, 0, 0, s, &a) == 0, "greedy");
+    double raw[300];
+    ref_log_softmax(x, n, 1.0, raw);
+    CHECK(b.token == 42 && a.token == top, "greedy on the edited row: %d (raw argmax %d)", b.token, top);
+    CHECK(fabs(b.logprob - raw[42]) < 1e-5 && b.logprob_processed == 0.0f, "raw log-prob %g, want %g", b.logprob,
+          raw[42]);
+    CHECK(b.n_top == 3 && b.top_ids[0] == top && !memcmp(b.top_ids, a.top_ids, sizeof a.top_ids),
+          "alternatives come from the raw row");
+    /* Sampled: a masked token is never drawn, and the processed log-prob is the edited row's. */
+    samp_params t = samp_default();
+    t.temperature = 1.0f, t.processed_logprobs = 1;
+    samp_edit ban = {.token = top, .mask = 1};
+    samp_apply_edits(&t, x, n, &ban, 1, y);
+    double lp_edit[300];
+    ref_log_softmax(y, n, 1.0, lp_edit);
+    for (uint32_t pos = 0; pos < 2000; pos++) {
+        CHECK(samp_sample_ex(&t, x, y, n, 2, pos, s, &b) == 0, "draw: %s", rd_errmsg());
+        CHECK(b.token != top, "drew the masked token at %u", pos);
+        CHECK(fabs(b.logprob_processed - lp_edit[b.token]) < 1e-5 && fabs(b.logprob - raw[b.token]) < 1e-5,
+              "token %d: processed %g want %g, raw %g want %g", b.token, b.logprob_processed, lp_edit[b.token],
+              b.logprob, raw[b.token]);
+    }
+    /* Penalty ranges. */
+    samp_params bad = samp_default();
+    bad.repetition_penalty = 0.0f;
+    CHECK(samp_validate(&bad) == RD_EINVAL && strstr(rd_errmsg(), "repetition_penalty"), "rep 0 accepted");
+    bad = samp_default(), bad.frequency_penalty = 2.5f;
+    CHECK(samp_validate(&bad) == RD_EINVAL && strstr(rd_errmsg(), "frequency_penalty"), "freq 2.5 accepted");
+    bad = samp_default(), bad.presence_penalty = NAN;
+    CHECK(samp_validate(&bad) == RD_EINVAL && strstr(rd_errmsg(), "presence_penalty"), "presence NaN accepted");
+    free(s);
+}
+
 int main(void)
 {
     RUN(test_philox_known_answers);
@@ -783,5 +879,6 @@ int main(void)
     RUN(test_greedy);
     RUN(test_validation);
     RUN(test_masked_logits);
+    RUN(test_edits);
     TEST_EXIT();
 }

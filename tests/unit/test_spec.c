@@ -509,6 +509,14 @@ static void test_engine_on_off_tiny(void)
         r.ignore_eos = 1;
         reqs[i] = r;
     }
+    /* Logit edits (issue 44): a draft position must get the penalties a plain decode step would, its
+       earlier drafts counted as generated, and a preempted sample its counts back from its tokens. */
+    reqs[0].sp.repetition_penalty = 1.2f, reqs[0].sp.frequency_penalty = 0.3f;
+    reqs[1].sp.presence_penalty = 0.5f, reqs[1].min_tokens = 5;
+    const int32_t bias_ids[2] = {5, 9};
+    const float bias_vals[2] = {2.0f, -1.0f};
+    reqs[2].n_bias = 2, reqs[2].bias_ids = bias_ids, reqs[2].bias_vals = bias_vals;
+    reqs[7].sp.repetition_penalty = 0.9f, reqs[7].sp.presence_penalty = -0.3f;
     /* A stop id inside the outputs: token 7 (the tiny vocabulary is small, so it comes up). */
     int32_t stop_ids[1] = {7};
     reqs[6].stop_ids = stop_ids;
