@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "engine/model/model.h"
+#include "engine/update/serve_dtype.h"
 
 typedef enum { UPD_F32 = 0, UPD_F16 = 1, UPD_BF16 = 2 } upd_dtype; /* = PROTO_DTYPE_* */
 /* Bytes per element of a pushed dtype (0: not one), and its ggml type code. */
@@ -32,16 +33,6 @@ int32_t upd_dtype_ggml(int dtype);
 /* 0 if element e of the dtype-typed bytes p is finite, else RD_EINVAL naming
  * the tensor, the element and whether it is NaN or infinite. */
 int upd_check_element(const char *name, int dtype, const uint8_t *p, uint64_t e);
-/* What the pushed linear weights become in the backend (the daemon's
- * serve_dtype): kept in their pushed dtype, or quantized while the patch is
- * built (to Q8_0, to Q4_K with Q8_0 where Q4_K cannot go, or to FP8 blocks:
- * engine/model/quant.h, quant_fp8.h; staging.c's serve_type says which groups
- * and why), so the engine runs those GEMMs on them. = PROTO_SERVE_* - 1. */
-typedef enum { UPD_SERVE_AS_PUSHED = 0, UPD_SERVE_Q8_0 = 1, UPD_SERVE_Q4_K = 2, UPD_SERVE_FP8 = 3 } upd_serve;
-/* "as_pushed", "q8_0", "q4_k", "fp8" ("unknown" for another value). */
-const char *upd_serve_name(upd_serve serve);
-/* The serve of one of those names; RD_EINVAL (no message) for another. */
-int upd_serve_parse(const char *name, upd_serve *out);
 /* When in-flight sequences meet the new weights (= PROTO_MODE_*, PROTOCOL.md §10.6). */
 typedef enum { UPD_CONTINUE = 0, UPD_DRAIN = 1, UPD_ABORT = 2 } upd_mode;
 

@@ -283,6 +283,7 @@ CASES = {
     "stream_interval": refused(4),
     "lora_path": refused("adapter-a"),
     "user": same("user-1"),
+    "cache_salt": same("tenant-7"),
 }
 
 
