@@ -868,6 +868,34 @@ static void test_batch_invariance_tiny(void)
     CHECK(ok, "%s", why);
 }
 
+/* The same with logit edits (issue 44) on X and on some of the others: penalties, a bias and
+ * min_tokens are built from each sequence's own tokens, so they cannot depend on the batch either;
+ * a group of 3 with a frequency penalty keeps each sample's own counts (checked against that
+ * group run alone). */
+static void test_batch_invariance_edits(void)
+{
+    NEED(tiny_ok, "tiny-q4_1");
+    bi_req *reqs = calloc(18, sizeof *reqs);
+    CHECK(reqs, "oom");
+    make_batch(tiny.m, reqs, 3, tiny.m->cfg.vocab, 0, 1);
+    static const int32_t bias_ids[3] = {4, 9, 17};
+    static const float bias_vals[3] = {3.0f, -2.0f, 1.25f};
+    static const int32_t stop[1] = {5};
+    reqs[0].rq.sp.repetition_penalty = 1.4f, reqs[0].rq.sp.frequency_penalty = 0.4f;
+    reqs[0].rq.n_bias = 3, reqs[0].rq.bias_ids = bias_ids, reqs[0].rq.bias_vals = bias_vals;
+    reqs[1].rq.sp.presence_penalty = 0.6f, reqs[1].rq.sp.repetition_penalty = 0.85f;
+    reqs[1].rq.min_tokens = 6, reqs[1].rq.stop_ids = stop, reqs[1].rq.n_stop = 1;
+    reqs[5].rq.sp.frequency_penalty = 1.1f; /* the group of 3 (make_batch: others' index 3) */
+    reqs[8].rq.sp.repetition_penalty = 1.9f;
+    int order[18] = {2, 3, 4, 5, 6, 0, 7, 8, 9, 10, 11, 12, 1, 13, 14, 15, 16, 17};
+    int gaps[18] = {0, 0, 0, 1, 0, 2, 0, 0, 3, 0, 0, 1, 0, 2, 0, 0, 1, 0};
+    char why[400] = "";
+    int ok;
+    batch_case(tiny.m, reqs, 18, order, gaps, 64, 128, 1, why, sizeof why, &ok);
+    free(reqs);
+    CHECK(ok, "%s", why);
+}
+
 /* Every family: a greedy and a seeded sequence alone and inside a batch of
  * 16 mixed-length requests, bit-identical (the Qwen2 bias, the Qwen3
  * per-head norms and the scaled RoPE table are all row-local; Gemma 3's
@@ -1820,6 +1848,7 @@ int main(void)
     RUN(test_chunked_prefill_bitwise);
     RUN(test_preemption);
     RUN(test_batch_invariance_tiny);
+    RUN(test_batch_invariance_edits);
     RUN(test_batch_invariance_families);
     RUN(test_groups);
     RUN(test_bad_input);
