@@ -134,6 +134,16 @@ class Daemon:
         except urllib.error.HTTPError as e:
             return e.code, e.headers.get("Content-Type", ""), e.read().decode()
 
+    def post(self, path, obj, timeout=120):
+        """(status, decoded JSON answer) of a JSON POST to the HTTP server."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=json.dumps(obj).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
     def sock(self):
         return pynng.Req0(dial=self.url, recv_timeout=20000, send_timeout=5000, resend_time=-1)
 

@@ -12,11 +12,8 @@ token from the reference's kept set, with their processed log-prob equal to the 
 1e-6: each sample's counts are its own. A raw-mode daemon answers the raw log-probs, which must
 equal log_softmax of the unedited row within 1e-6 whatever the penalties.
 The daemons end with SIGTERM and must exit 0."""
-import json
 import os
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 
@@ -36,14 +33,7 @@ def daemon(mode="processed_logprobs"):
 
 
 def post(path, obj, mode="processed_logprobs", timeout=120):
-    req = urllib.request.Request(f"http://127.0.0.1:{daemon(mode).http_port}{path}",
-                                 data=json.dumps(obj).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return daemon(mode).post(path, obj, timeout)
 
 
 _eos = []

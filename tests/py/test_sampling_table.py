@@ -12,8 +12,6 @@ import json
 import os
 import re
 import sys
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import MODEL, ROOT, case, main  # noqa: E402
@@ -32,13 +30,7 @@ def daemon():
 
 
 def post(path, obj, timeout=120):
-    req = urllib.request.Request(f"http://127.0.0.1:{daemon().http_port}{path}", data=json.dumps(obj).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return daemon().post(path, obj, timeout)
 
 
 def table_rows():
