@@ -129,6 +129,7 @@ void api_params_init(api_params *p)
     p->temperature = 1.0f;
     p->top_p = 1.0f;
     p->repetition_penalty = 1.0f;
+    p->skip_special = 1; /* vLLM's and SGLang's default */
 }
 
 void api_params_free(api_params *p)

@@ -213,9 +213,10 @@ def keep_stop(door, name):
 
 
 def skip_special(door, name):
-    # With ignore_eos the turn's end token is generated and kept going past; its text shows unless skipped.
+    # With ignore_eos the turn's end token is generated and kept going past; its text is skipped by
+    # default (as in vLLM and SGLang) and shows with skip_special_tokens false.
     base = {"temperature": 0, "ignore_eos": True, "max_tokens": 48}
-    text_only(lambda t, t0: "<|im_end|>" in t0 and "<|im_end|>" not in t, True, base)(door, name)
+    text_only(lambda t, t0: "<|im_end|>" in t and "<|im_end|>" not in t0, False, base)(door, name)
 
 
 def route_logprobs(door, name):
