@@ -124,6 +124,9 @@ struct api_call {
     int n_subs;
     api_sub *subs;              /* [n_subs] */
     int32_t n_total, n_done;    /* samples */
+    int routes_compact;         /* /inference/v1/generate: each finished choice's routed_experts in prime-rl's
+                                   compact form ({data, shape, start, dtype}), from position routes_start */
+    int32_t routes_start;       /* vLLM's routed_experts_prompt_start: prompt positions left out */
     void (*fmt_begin)(api_call *c);                 /* stream: headers (and a first event) */
     void (*fmt_sample)(api_call *c, int sub, int j);/* stream: one finished sample */
     void (*fmt_progress)(api_call *c, int sub, int j);/* stream: new tokens of a running sample (in st) */
@@ -234,6 +237,24 @@ int api_read_wake_up(const char *query, int *tags, api_err *e);        /* /wake_
     "rolloutd has no NCCL or CUDA IPC weight transfer; send the weights over its learner socket (the NNG push: " \
     "rolloutctl push-weights, or the Python Client.push_weights), or write them to a directory and POST "      \
     "/update_weights {\"update_info\": {\"path\": DIR}}"
+/* api_read_extra.c: what routes read beside their main reader (same contract). */
+/* A call's "model": absent, null or "" is the served model (vLLM's _is_model_supported); a string must
+ * equal one of names[0..n_names) (the served name, the file's base name, the model path), else 404 with
+ * vLLM's words "The model `X` does not exist."; another type is 400. */
+int api_read_model(cJSON *root, const char *const *names, int n_names, api_err *e);
+/* /inference/v1/generate: whether the request asks for routed experts (top-level return_routed_experts)
+ * and vLLM's sampling_params.routed_experts_prompt_start (positions before it left out; 0..INT32_MAX). */
+typedef struct {
+    int ask;                    /* return_routed_experts: true */
+    int32_t start;              /* routed_experts_prompt_start (0 when absent) */
+} api_routes_ask;
+int api_read_routes_ask(cJSON *root, api_routes_ask *r, api_err *e);
+/* SGLang's GET /v1/loads?include=core,memory&dp_rank=0&format=prometheus */
+typedef struct {
+    unsigned sections;          /* MX_LOADS_* (metrics.h); every one when include is absent */
+    int prometheus;             /* format=prometheus (anything else: JSON) */
+} api_loads_req;
+int api_read_loads(const char *query, api_loads_req *r, api_err *e);
 /* A sub-request in the protocol's form (what admission checks). */
 proto_request api_sub_request(const api_call *c, const api_sub *s);
 /* The checks of api_admit that need only the limits: top_n, then per prompt its samples and
@@ -286,6 +307,9 @@ cJSON *api_routes_json(const eng_result *r);
 void api_send_event(api_call *c, cJSON *doc);
 void api_send_done(api_call *c);
 
+/* The model a call names (api_read_model) against the served names; on a refusal answers h as vLLM does
+ * (404 {"error": {"message", "type": "NotFoundError", "param": "model", "code": 404}}) and returns -1. */
+int api_check_model(api *a, cJSON *root, http_res *h);
 void api_route_models(http_res *h, const http_req *req, void *ud);
 void api_route_completions(http_res *h, const http_req *req, void *ud);
 void api_route_chat(http_res *h, const http_req *req, void *ud);

@@ -5,8 +5,12 @@
  * what the context leaves), plus vLLM's extras: top_k, min_p,
  * stop_token_ids, ignore_eos, return_token_ids, and SGLang's
  * return_routed_experts (each finished choice's routed_experts, as
- * /generate's meta_info has them). The model field is not
- * checked: the daemon serves one model, whatever name a client sends. */
+ * /generate's meta_info has them). The model field is checked as vLLM
+ * checks it (api_check_model): absent or empty, the served name
+ * (served_model_name, else the file's base name), the file's base name or
+ * the model path are served; any other name gets vLLM's 404, so a client
+ * that names another model is not answered by this one. Every answer's
+ * "model" is the served name. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -325,12 +329,37 @@ static void v1_formats(api_call *c)
     c->fmt_done = v1_done;
 }
 
+int api_check_model(api *a, cJSON *root, http_res *h)
+{
+    const char *names[] = {a->d->model_name, a->d->model_base, a->d->cfg.model};
+    api_err e = {0};
+    if (!api_read_model(root, names, (int)(sizeof names / sizeof names[0]), &e))
+        return 0;
+    if (e.status != 404) {
+        api_answer_error_v1(h, &e);
+        return -1;
+    }
+    /* vLLM's create_error_response(err_type="NotFoundError", status_code=404, param="model") */
+    cJSON *o = cJSON_CreateObject();
+    cJSON *x = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(x, "message", e.detail);
+    cJSON_AddStringToObject(x, "type", "NotFoundError");
+    cJSON_AddStringToObject(x, "param", "model");
+    cJSON_AddNumberToObject(x, "code", 404);
+    api_answer_json(h, 404, o);
+    return -1;
+}
+
 static api_call *start(http_res *h, const http_req *req, api *a, api_kind kind, cJSON **root)
 {
     api_err e = {0};
     *root = api_parse_body(req, &e);
     if (!*root) {
         api_answer_error_v1(h, &e);
+        return NULL;
+    }
+    if (api_check_model(a, *root, h)) {
+        cJSON_Delete(*root);
         return NULL;
     }
     api_call *c = api_call_new(a, h, kind);

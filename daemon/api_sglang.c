@@ -9,6 +9,12 @@
  *   POST /sleep?level=1&mode=abort    vLLM: release everything (empty 200)
  *   POST /wake_up?tags=weights&tags=kv_cache  vLLM: resume those (none = all)
  *   GET  /is_sleeping                 {"is_sleeping": bool}
+ *   GET  /v1/loads?include=&format=   {timestamp, version, ..., loads: [rank 0's load]} (slime polls it
+ *                                     until a server is idle), or Prometheus text with format=prometheus
+ *   GET  /get_load                    SGLang's older [{dp_rank, num_reqs, num_waiting_reqs, num_tokens}]
+ *   POST /update_weights_from_tensor, /update_weights_from_distributed, /init_weights_update_group,
+ *        /destroy_weights_update_group  501 naming what rolloutd takes instead (CUDA IPC handles and
+ *                                     NCCL groups are not here), in SGLang's {"success": false, "message"}
  *
  * Memory release really frees: the KV pool and the runner's KV buffers
  * (eng_release_kv), and the weights (model_drop_weights), which a resume
@@ -22,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/api_int.h"
 #include "daemon/log.h"
@@ -296,6 +303,68 @@ static void route_is_sleeping(http_res *h, const http_req *req, void *ud)
     api_answer_json(h, 200, o);
 }
 
+/* ---- loads ---- */
+
+static double unix_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void answer_text(http_res *h, char *doc, const char *ctype)
+{
+    if (!doc) {
+        http_respond_error(h, 500, "internal error", "out of memory building the load report");
+        return;
+    }
+    http_respond(h, 200, ctype, doc, strlen(doc));
+    free(doc);
+}
+
+static void route_loads(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    api_err e = {0};
+    api_loads_req q;
+    if (api_read_loads(req->query, &q, &e)) {
+        api_answer_error(h, &e);
+        return;
+    }
+    mx_snapshot s;
+    loop_snapshot(a->d, &s);
+    if (q.prometheus)
+        answer_text(h, mx_loads_prometheus(&s, q.sections, unix_now()), "text/plain; version=0.0.4; charset=utf-8");
+    else
+        answer_text(h, mx_loads_json(&s, q.sections, unix_now()), "application/json");
+}
+
+static void route_get_load(http_res *h, const http_req *req, void *ud)
+{
+    api *a = ud;
+    mx_snapshot s;
+    loop_snapshot(a->d, &s);
+    answer_text(h, mx_get_load_json(&s, unix_now()), "application/json");
+}
+
+/* ---- weight transfers rolloutd does not take ---- */
+
+/* SGLang's tensor (CUDA IPC handles) and distributed (an NCCL group the trainer joins) updates: 501 in
+ * SGLang's answer shape, so a client reading "success" sees the failure and one reading "detail" the
+ * ways rolloutd takes weights (API_NO_COLLECTIVES, and SGLang's own disk route). */
+static void route_no_collectives(http_res *h, const http_req *req, void *ud)
+{
+    char msg[900];
+    snprintf(msg, sizeof msg, "%s: weights sent as CUDA IPC handles or over an NCCL group: " API_NO_COLLECTIVES
+             " (or SGLang's POST /update_weights_from_disk {\"model_path\": DIR})", req->path);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "success", 0);
+    cJSON_AddStringToObject(o, "message", msg);
+    cJSON_AddStringToObject(o, "error", "not implemented");
+    cJSON_AddStringToObject(o, "detail", msg);
+    api_answer_json(h, 501, o);
+}
+
 int api_sglang_routes(api *a, http_route *t)
 {
     const http_route r[] = {
@@ -308,6 +377,12 @@ int api_sglang_routes(api *a, http_route *t)
         {"POST", "/sleep", route_sleep, a, 0},
         {"POST", "/wake_up", route_wake_up, a, 0},
         {"GET", "/is_sleeping", route_is_sleeping, a, 0},
+        {"GET", "/v1/loads", route_loads, a, 0},
+        {"GET", "/get_load", route_get_load, a, 0},
+        {"POST", "/update_weights_from_tensor", route_no_collectives, a, 0},
+        {"POST", "/update_weights_from_distributed", route_no_collectives, a, 0},
+        {"POST", "/init_weights_update_group", route_no_collectives, a, 0},
+        {"POST", "/destroy_weights_update_group", route_no_collectives, a, 0},
     };
     int n = (int)(sizeof r / sizeof r[0]);
     for (int i = 0; i < n; i++)

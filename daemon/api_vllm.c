@@ -12,6 +12,7 @@
  *   POST /detokenize {tokens}                       {prompt}
  *   POST /inference/v1/generate {token_ids, sampling_params, stream, request_id}
  *        {request_id, choices: [{index, logprobs: {content}, finish_reason, token_ids}], usage}
+ *        (choices[].routed_experts too when asked: prime-rl's router replay)
  *   POST /update_weights {"update_info": {"path": DIR}} (vLLM's disk backend)
  *                        or {"weight_dir": DIR} (prime-rl)
  *   POST /init_weight_transfer_engine, /start_weight_update, /finish_weight_update
@@ -33,9 +34,24 @@
  * vLLM's dictionary order gives them. Sampling fields this engine does not
  * implement (penalties, min_tokens, prompt_logprobs, ...) are refused by name
  * rather than ignored. NCCL and CUDA IPC weight transfer are not here: those
- * requests get 501 naming the ways rolloutd takes weights. Runs on the loop
- * thread. */
+ * requests get 501 naming the ways rolloutd takes weights.
+ *
+ * The model field of /inference/v1/generate, /tokenize and /detokenize is
+ * checked as on /v1 (api_check_model: vLLM's 404 for a name nothing serves).
+ *
+ * Routed experts (router replay, a mixture-of-experts model): with
+ * enable_return_routed_experts (vLLM's server flag, the way prime-rl asks) or
+ * a request's return_routed_experts: true, each finished choice carries
+ * routed_experts as prime-rl's vLLM server writes it
+ * (prime_rl/inference/vllm/routed_experts.py serialize_routed_experts):
+ * {"data": base64 of the ids [positions][layers][top_k], C order, "shape",
+ * "start", "dtype"}, uint8 up to 256 experts (uint16 up to 65536, else int32,
+ * as the NNG wire narrows them). The positions are the prompt's then the
+ * completion's but the last token (it was never run), from vLLM's
+ * sampling_params.routed_experts_prompt_start on ("start" says which). Runs
+ * on the loop thread. */
 #include <cjson/cJSON.h>
+#include <mbedtls/base64.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +218,10 @@ static void route_tokenize(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
+    if (api_check_model(a, root, h)) {
+        cJSON_Delete(root);
+        return;
+    }
     api_tokenize_req t;
     api_read_tokenize(root, tok, &t, &e);
     cJSON_Delete(root);
@@ -240,6 +260,10 @@ static void route_detokenize(http_res *h, const http_req *req, void *ud)
     cJSON *root = api_parse_body(req, &e);
     if (!root) {
         api_answer_error_v1(h, &e);
+        return;
+    }
+    if (api_check_model(a, root, h)) {
+        cJSON_Delete(root);
         return;
     }
     int32_t *ids, k;
@@ -304,6 +328,44 @@ static cJSON *tokens_logprobs(const api_call *c, const eng_result *r, int32_t fr
     return o;
 }
 
+/* A finished sample's routes in prime-rl's compact form, positions [start, n_routes): the ids narrowed to
+ * the width the NNG wire gives them (little-endian), base64. NULL when out of memory. */
+static cJSON *routes_compact_json(const api_call *c, const eng_result *r)
+{
+    const model_config *mc = &c->a->d->L.m->cfg;
+    uint8_t width = proto_route_width((uint32_t)mc->n_experts);
+    int32_t layers = r->routes ? r->route_layers : mc->n_layers, k = r->routes ? r->route_k : mc->n_experts_used;
+    int32_t total = r->routes && r->n_routes > 0 ? r->n_routes : 0;
+    int32_t from = c->routes_start < total ? c->routes_start : total;
+    size_t n = (size_t)(total - from) * (size_t)layers * (size_t)k;
+    uint8_t *raw = malloc(width * n + 1);
+    size_t cap = 4 * ((width * n + 2) / 3) + 1, len = 0;
+    char *b64 = malloc(cap);
+    cJSON *o = NULL;
+    if (raw && b64) {
+        const int32_t *ids = total ? r->routes + (size_t)from * layers * k : NULL;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v = (uint32_t)ids[i];
+            for (int b = 0; b < width; b++)
+                raw[width * i + b] = (uint8_t)(v >> (8 * b));
+        }
+        b64[0] = 0;
+        if (n == 0 || mbedtls_base64_encode((unsigned char *)b64, cap, &len, raw, width * n) == 0) {
+            o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "data", b64);
+            cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber(total - from));
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber(layers));
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber(k));
+            cJSON_AddNumberToObject(o, "start", c->routes_start);
+            cJSON_AddStringToObject(o, "dtype", width == 1 ? "uint8" : width == 2 ? "uint16" : "int32");
+        }
+    }
+    free(raw);
+    free(b64);
+    return o;
+}
+
 static int choice_index(const api_call *c, int si, int j)
 {
     for (int k = 0; k < si; k++)
@@ -329,6 +391,8 @@ static cJSON *tokens_choice(const api_call *c, int si, int j, const eng_result *
     cJSON_AddItemToObject(o, "token_ids", ids_json(r->token_ids + from, to - from));
     if (final)
         cJSON_AddItemToObject(o, "version_spans", api_spans_json(r));
+    if (final && c->routes_compact) /* prime-rl's vLLM server adds it to the finished choice */
+        cJSON_AddItemToObject(o, "routed_experts", routes_compact_json(c, r));
     return o;
 }
 
@@ -424,6 +488,10 @@ static void route_generate_tokens(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
+    if (api_check_model(a, root, h)) {
+        cJSON_Delete(root);
+        return;
+    }
     api_call *c = api_call_new(a, h, API_COMPLETIONS);
     if (!c) {
         cJSON_Delete(root);
@@ -435,6 +503,17 @@ static void route_generate_tokens(http_res *h, const http_req *req, void *ud)
     c->fmt_progress = tokens_progress;
     c->fmt_done = tokens_done;
     api_read_generate_tokens(root, c, &e);
+    api_routes_ask ra;
+    if (!e.status && !api_read_routes_ask(root, &ra, &e) && (ra.ask || a->d->cfg.enable_return_routed_experts)) {
+        /* the engine records the routes (a dense model is refused at admission, naming the field) */
+        c->return_routes = 1;
+        c->routes_compact = 1;
+        c->routes_start = ra.start;
+        for (int i = 0; i < c->n_subs; i++)
+            if (ra.start > 0 && ra.start >= c->subs[i].n_prompt) /* vLLM asserts it too */
+                api_bad(&e, 400, "field \"sampling_params.routed_experts_prompt_start\" = %d: expected below the "
+                        "prompt's %d tokens", ra.start, c->subs[i].n_prompt);
+    }
     cJSON_Delete(root);
     if (e.status || api_admit(c, &e))
         api_refuse(c, &e);

@@ -15,6 +15,7 @@
 #include "engine/serve/engine.h"
 #include "engine/update/staging.h"
 #include "base/err.h"
+#include "base/utf8.h"
 
 typedef enum { CFG_INT, CFG_TEXT, CFG_REAL } cfg_kind;
 
@@ -123,6 +124,12 @@ static const cfg_field FIELDS[] = {
      sizeof(((cfg_daemon *)0)->http_tls_cert_file), "PEM certificate (chain): the HTTP API speaks HTTPS"},
     {"http_tls_key_file", CFG_TEXT, offsetof(cfg_daemon, http_tls_key_file), 0,
      sizeof(((cfg_daemon *)0)->http_tls_key_file), "PEM private key of http_tls_cert_file"},
+    {"served_model_name", CFG_TEXT, offsetof(cfg_daemon, served_model_name), 0,
+     sizeof(((cfg_daemon *)0)->served_model_name),
+     "the model's name (vLLM's --served-model-name): the id /v1/models lists, the model of every answer, the "
+     "metrics' model_name label; /v1 requests naming another model get 404 (\"\" = the model file's base name)"},
+    I(enable_return_routed_experts, 0, 1, "1: every /inference/v1/generate choice carries its routed experts in "
+      "prime-rl's compact form (vLLM's --enable-return-routed-experts; a mixture-of-experts model only)"),
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -424,6 +431,15 @@ int cfg_validate(const cfg_daemon *c)
         return rd_fail(RD_EINVAL, "key \"%s\" is set without \"%s\"; expected both PEM files (HTTPS) or neither",
                        c->http_tls_cert_file[0] ? "http_tls_cert_file" : "http_tls_key_file",
                        c->http_tls_cert_file[0] ? "http_tls_key_file" : "http_tls_cert_file");
+    /* The name goes into JSON strings, a Prometheus label and HELLO_OK: valid UTF-8 without control bytes. */
+    size_t nn = strlen(c->served_model_name);
+    if (utf8_invalid_at((const uint8_t *)c->served_model_name, nn) != nn)
+        return rd_fail(RD_EINVAL, "key \"served_model_name\" is not valid UTF-8; expected a model name such as "
+                       "\"Qwen/Qwen3-4B\"");
+    for (size_t i = 0; i < nn; i++)
+        if ((unsigned char)c->served_model_name[i] < 0x20 || c->served_model_name[i] == 0x7f)
+            return rd_fail(RD_EINVAL, "key \"served_model_name\" holds control byte 0x%02x at %zu; expected a "
+                           "printable name", (unsigned char)c->served_model_name[i], i);
     if (c->max_batch_tokens < c->max_num_seqs)
         return rd_fail(RD_EINVAL, "key \"max_batch_tokens\" = %lld is below max_num_seqs = %lld; expected >= it "
                        "(every running sequence needs a token per step)",

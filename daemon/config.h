@@ -66,6 +66,10 @@ typedef struct {
     char relay_allow[CFG_STR];      /* UPDATE_FORWARD targets: HOST:PORT, HOST:*, [V6]:PORT, ...; "" = default */
     char http_tls_cert_file[CFG_STR]; /* PEM certificate: the HTTP API speaks HTTPS */
     char http_tls_key_file[CFG_STR];  /* its PEM key */
+    char served_model_name[256];    /* vLLM's --served-model-name: the model's name in /v1/models, every answer and
+                                       the metrics' model_name label; "" = the model file's base name */
+    int64_t enable_return_routed_experts; /* vLLM's flag: every /inference/v1/generate choice carries its routed
+                                       experts (prime-rl's compact form); a MoE model only */
 } cfg_daemon;
 
 /* The defaults (configs/rolloutd.json spells the same values). */

@@ -26,7 +26,8 @@ typedef struct rd_daemon {
     cfg_daemon cfg;
     rd_loaded L;                /* backend, model, tokenizer */
     engine *eng;                /* run by the engine thread */
-    char model_name[256];
+    char model_name[256];       /* what answers show: served_model_name, else model_base */
+    char model_base[256];       /* the model file's base name without .gguf (/v1 requests may name it too) */
     proto_hello_ok lim;         /* model description and limits (HELLO_OK minus the per-client fields) */
     int32_t kv_blocks_total;    /* for admission: a request must fit the whole pool */
     uint64_t weight_version;    /* policy version serving (0 until weight updates, issue 4) */
@@ -70,6 +71,8 @@ void loop_on_fetch_timeout(uv_timer_t *t);
 /* Closes NNG, stops the engine thread, then closes every libuv handle so
  * uv_run returns. */
 void loop_shutdown(rd_daemon *d);
+/* What /status and /metrics render, now (the engine thread's latest stats included). */
+void loop_snapshot(rd_daemon *d, mx_snapshot *s);
 char *loop_status_json(void *ud);
 char *loop_metrics_text(void *ud);
 /* The HTTP server with the daemon's route table (/status, /metrics, /health). */

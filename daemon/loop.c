@@ -636,10 +636,11 @@ void loop_on_wake(uv_async_t *h)
 
 /* ---- status ---- */
 
-static void snapshot(rd_daemon *d, mx_snapshot *s)
+void loop_snapshot(rd_daemon *d, mx_snapshot *s)
 {
     memset(s, 0, sizeof *s);
     s->model = d->model_name;
+    s->server = RD_SERVER_NAME;
     s->model_path = d->cfg.model;
     s->backend = d->cfg.backend;
     s->state = d->state == D_SERVING ? "serving" : "draining";
@@ -653,6 +654,8 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
     pthread_mutex_unlock(&d->et.mu);
     s->queued = (int32_t)queued;
     s->block_size = (int32_t)d->cfg.block_size;
+    s->max_num_seqs = (int32_t)d->cfg.max_num_seqs;
+    s->prefix_cache = d->cfg.prefix_cache != 0;
     const model *m = d->L.m;
     int32_t kv_elem = rd_backend_kv_elem_bytes(d->L.be);
     s->kv_bytes = (int64_t)s->eng.kv_blocks_total * 2 * m->cfg.n_layers *
@@ -694,14 +697,14 @@ static void snapshot(rd_daemon *d, mx_snapshot *s)
 char *loop_status_json(void *ud)
 {
     mx_snapshot s;
-    snapshot(ud, &s);
+    loop_snapshot(ud, &s);
     return mx_status_json(&s);
 }
 
 char *loop_metrics_text(void *ud)
 {
     mx_snapshot s;
-    snapshot(ud, &s);
+    loop_snapshot(ud, &s);
     return mx_prometheus(&s);
 }
 
@@ -741,6 +744,9 @@ int loop_http_start(rd_daemon *d)
         {"GET", "/status", route_status, NULL, 0},
         {"GET", "/metrics", route_metrics, NULL, 0},
         {"GET", "/health", route_health, NULL, HTTP_ROUTE_PUBLIC}, /* probes carry no key */
+        /* prime-rl's inference server's liveness probe (a vLLM server has no key on it either): 200 while
+         * the loop thread answers */
+        {"GET", "/liveness", route_health, NULL, HTTP_ROUTE_PUBLIC},
     };
     enum { N = sizeof routes / sizeof routes[0] };
     http_route table[N + API_MAX_ROUTES];

@@ -17,19 +17,25 @@
 #include "base/cpu_isa.h"
 #include "base/err.h"
 
-/* The model's name: the file's base name without ".gguf" (general.name in
- * GGUF files is often a training-run label), kept to printable ASCII so it is
- * valid UTF-8 on the wire and safe in a Prometheus label. */
+/* The model's names. model_base: the file's base name without ".gguf"
+ * (general.name in GGUF files is often a training-run label), kept to
+ * printable ASCII so it is valid UTF-8 on the wire and safe in a Prometheus
+ * label. model_name, what every answer, /v1/models and the metrics show:
+ * served_model_name when set (as vLLM's --served-model-name: prime-rl checks
+ * at start that /v1/models lists the HF name it trains), else model_base. */
 static void model_name(rd_daemon *d)
 {
     const char *base = strrchr(d->cfg.model, '/');
-    snprintf(d->model_name, sizeof d->model_name, "%.200s", base ? base + 1 : d->cfg.model);
-    size_t n = strlen(d->model_name);
-    if (n > 5 && !strcmp(d->model_name + n - 5, ".gguf"))
-        d->model_name[n - 5] = 0;
-    for (char *p = d->model_name; *p; p++)
+    snprintf(d->model_base, sizeof d->model_base, "%.200s", base ? base + 1 : d->cfg.model);
+    size_t n = strlen(d->model_base);
+    if (n > 5 && !strcmp(d->model_base + n - 5, ".gguf"))
+        d->model_base[n - 5] = 0;
+    for (char *p = d->model_base; *p; p++)
         if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
             *p = '?';
+    /* cfg_validate checked it: valid UTF-8 without control bytes, shorter than the buffer */
+    snprintf(d->model_name, sizeof d->model_name, "%s", d->cfg.served_model_name[0] ? d->cfg.served_model_name
+                                                                                     : d->model_base);
 }
 
 static uint32_t min_u32(int64_t a, int64_t b) { return (uint32_t)(a < b ? a : b); }
@@ -226,6 +232,14 @@ int main(int argc, char **argv)
     }
     model_name(d);
     limits(d);
+    if (d->cfg.enable_return_routed_experts && !(d->lim.features & PROTO_FEATURE_ROUTES)) {
+        /* a trainer that replays routes must hear at start that none will come, not from its first
+         * batch of answers */
+        fprintf(stderr, "rolloutd: enable_return_routed_experts: the model %s (%s) is dense, not a mixture of "
+                "experts: it has no routed experts to return\n", d->cfg.model, d->L.m->cfg.arch);
+        rd_unload(&d->L);
+        return 2;
+    }
     cl_init(&d->clients, d->lim.retention_results, d->lim.retention_bytes);
     /* the weights loaded at start are served as the file holds them */
     sh_init(&d->serve, d->weight_version, PROTO_SERVE_AS_PUSHED);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/format/gguf.h"
 
@@ -229,17 +230,91 @@ static void metric(mx_text *t, const char *name, const char *type, const char *h
     put(t, "rolloutd:%s{%s} %.17g\n", name, labels, v);
 }
 
-char *mx_prometheus(const mx_snapshot *s)
+/* A metric under another engine's name (vllm:..., sglang:...), its labels as that engine writes them. */
+static void metric_as(mx_text *t, const char *name, const char *type, const char *help, const char *labels, double v)
 {
-    mx_text t = {malloc(4096), 0, 4096, 0};
-    if (!t.buf)
-        return NULL;
-    t.buf[0] = 0;
-    char labels[600];
-    /* The model name is the one label (low cardinality, as vLLM's model_name). */
-    char esc[512];
+    put(t, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %.17g\n", name, help, name, type, name, labels, v);
+}
+
+static double hit_rate(const mx_snapshot *s)
+{
+    return s->eng.prefix_query_tokens > 0 ? (double)s->eng.prefix_hit_tokens / (double)s->eng.prefix_query_tokens
+                                          : 0.0;
+}
+
+/* Prompt tokens as vLLM and SGLang count them (each request's whole prompt): the rows the engine computed
+ * plus those the prefix cache served. rolloutd:prompt_tokens_total counts the computed rows alone. */
+static double prompt_tokens_all(const mx_snapshot *s)
+{
+    return (double)s->eng.prompt_tokens + (double)s->eng.prefix_hit_tokens;
+}
+
+/* The numbers frameworks, gateway schedulers and autoscalers scrape, under the names they scrape:
+ * vLLM's (vllm/v1/metrics/loggers.py: labels model_name and engine; counters exposed with _total, as
+ * prometheus_client writes them; prime-rl's orchestrator reads kv_cache_usage_perc, num_requests_running
+ * and num_requests_waiting to pace its requests) and SGLang's (python/sglang/srt/metrics/collector.py: the
+ * scheduler's gauges labelled model_name, engine_type, tp_rank, pp_rank; the tokenizer manager's counters
+ * model_name, engine_type). One engine, rank 0, unified (no disaggregation). */
+static void framework_metrics(mx_text *t, const mx_snapshot *s, const char *esc)
+{
+    char v[600], sg[700], st[640];
+    snprintf(v, sizeof v, "model_name=\"%s\",engine=\"0\"", esc);
+    snprintf(sg, sizeof sg, "model_name=\"%s\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"", esc);
+    snprintf(st, sizeof st, "model_name=\"%s\",engine_type=\"unified\"", esc);
+    double waiting = (double)s->eng.waiting + s->queued;
+    metric_as(t, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", v,
+              s->eng.running);
+    metric_as(t, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", v, waiting);
+    metric_as(t, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", v, usage(s));
+    metric_as(t, "vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", v,
+              (double)s->eng.preemptions);
+    metric_as(t, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", v,
+              prompt_tokens_all(s));
+    metric_as(t, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", v,
+              (double)s->eng.generated_tokens);
+    metric_as(t, "vllm:prefix_cache_queries_total", "counter",
+              "Prefix cache queries, in terms of number of queried tokens.", v, (double)s->eng.prefix_query_tokens);
+    metric_as(t, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+              v, (double)s->eng.prefix_hit_tokens);
+    metric_as(t, "vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", v,
+              (double)s->eng.spec_drafted);
+    metric_as(t, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", v,
+              (double)s->eng.spec_accepted);
+    /* vLLM's info gauge: the cache config as labels (no model_name), value 1; prime-rl reads the pool's
+     * size in tokens from num_gpu_blocks x block_size */
+    put(t, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+           "# TYPE vllm:cache_config_info gauge\n"
+           "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\","
+           "num_gpu_blocks=\"%d\",engine=\"0\"} 1\n",
+        s->block_size, s->kv_dtype ? s->kv_dtype : "auto", s->prefix_cache ? "True" : "False",
+        s->eng.kv_blocks_total);
+    double tokens_used = (double)s->eng.kv_blocks_used * s->block_size;
+    metric_as(t, "sglang:num_running_reqs", "gauge", "The number of running requests.", sg, s->eng.running);
+    metric_as(t, "sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", sg, waiting);
+    metric_as(t, "sglang:num_used_tokens", "gauge", "The number of used tokens.", sg, tokens_used);
+    metric_as(t, "sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool.", sg,
+              (double)s->eng.kv_blocks_total * s->block_size);
+    metric_as(t, "sglang:token_usage", "gauge", "The token usage.", sg, usage(s));
+    metric_as(t, "sglang:gen_throughput", "gauge", "The generation throughput (token/s).", sg,
+              s->generated_tokens_per_s);
+    metric_as(t, "sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", sg, hit_rate(s));
+    metric_as(t, "sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", st,
+              prompt_tokens_all(s));
+    metric_as(t, "sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", st,
+              (double)s->eng.generated_tokens);
+    metric_as(t, "sglang:cached_tokens_total", "counter", "Number of cached prompt tokens.", st,
+              (double)s->eng.prefix_hit_tokens);
+    metric_as(t, "sglang:num_requests_total", "counter", "Number of requests processed.", st,
+              (double)(s->eng.completed + s->eng.aborted));
+    metric_as(t, "sglang:num_aborted_requests_total", "counter", "Number of requests aborted.", st,
+              (double)s->eng.aborted);
+}
+
+/* Escapes a label value as the text format wants it (backslash, quote, newline). */
+static void label_escape(const char *in, char *esc, size_t cap)
+{
     size_t k = 0;
-    for (const char *p = s->model; *p && k < sizeof esc - 3; p++) {
+    for (const char *p = in; *p && k < cap - 3; p++) {
         if (*p == '\\' || *p == '"')
             esc[k++] = '\\';
         if (*p == '\n') {
@@ -250,6 +325,18 @@ char *mx_prometheus(const mx_snapshot *s)
         esc[k++] = *p;
     }
     esc[k] = 0;
+}
+
+char *mx_prometheus(const mx_snapshot *s)
+{
+    mx_text t = {malloc(4096), 0, 4096, 0};
+    if (!t.buf)
+        return NULL;
+    t.buf[0] = 0;
+    char labels[600];
+    /* The model name is the one label (low cardinality, as vLLM's model_name). */
+    char esc[520];
+    label_escape(s->model, esc, sizeof esc);
     snprintf(labels, sizeof labels, "model_name=\"%s\"", esc);
     metric(&t, "num_requests_running", "gauge", "Sequences in the running batch.", labels, s->eng.running);
     metric(&t, "num_requests_waiting", "gauge", "Sequences waiting to be scheduled (queued included).", labels,
@@ -306,9 +393,147 @@ char *mx_prometheus(const mx_snapshot *s)
     metric(&t, "protocol_errors_total", "counter", "ERROR replies sent on the learner socket.", labels,
            (double)s->protocol_errors);
     metric(&t, "uptime_seconds", "gauge", "Seconds since the daemon started.", labels, s->uptime_s);
+    framework_metrics(&t, s, esc);
     if (t.oom) {
         free(t.buf);
         return NULL;
     }
     return t.buf;
+}
+
+/* ---- SGLang's load reports ---- */
+
+/* One field of a rank's load, for both forms of /v1/loads. */
+typedef struct {
+    const char *section;        /* NULL: the rank's own fields; else the nested object's JSON name */
+    const char *prom;           /* the section's prefix in ?format=prometheus names (SGLang: spec, disagg) */
+    const char *name;
+    double v;
+    int is_int;
+} mx_field;
+
+/* The fields sections asks for, in SGLang's order (GetLoadsReqOutput in managers/io_struct.py). Tokens
+ * are KV slots: blocks x block_size. SGLang's num_total_tokens also counts the waiting prompts' tokens,
+ * which the engine's snapshot does not hold: here it is the tokens in use. Sections SGLang leaves out
+ * when they are None are left out (lora, disaggregation; speculative while speculative decoding is off);
+ * so is utilization, which has no counterpart here. */
+static int load_fields(const mx_snapshot *s, unsigned sections, double unix_s, mx_field *f)
+{
+    int n = 0;
+    double block = s->block_size, used = (double)s->eng.kv_blocks_used * block;
+    double total = (double)s->eng.kv_blocks_total * block, waiting = (double)s->eng.waiting + s->queued;
+    f[n++] = (mx_field){NULL, NULL, "dp_rank", 0, 1};
+    f[n++] = (mx_field){NULL, NULL, "timestamp", unix_s, 0};
+    if (sections & MX_LOADS_CORE) {
+        f[n++] = (mx_field){NULL, NULL, "num_running_reqs", s->eng.running, 1};
+        f[n++] = (mx_field){NULL, NULL, "num_waiting_reqs", waiting, 1};
+        f[n++] = (mx_field){NULL, NULL, "num_used_tokens", used, 1};
+        f[n++] = (mx_field){NULL, NULL, "num_total_tokens", used, 1};
+        f[n++] = (mx_field){NULL, NULL, "max_total_num_tokens", total, 1};
+        f[n++] = (mx_field){NULL, NULL, "token_usage", usage(s), 0};
+        f[n++] = (mx_field){NULL, NULL, "gen_throughput", s->generated_tokens_per_s, 0};
+        f[n++] = (mx_field){NULL, NULL, "cache_hit_rate", hit_rate(s), 0};
+        f[n++] = (mx_field){NULL, NULL, "max_running_requests", s->max_num_seqs, 1};
+    }
+    if (sections & MX_LOADS_MEMORY) {
+        f[n++] = (mx_field){"memory", "memory", "weight_gb", (double)s->weights_bytes / (1 << 30), 0};
+        f[n++] = (mx_field){"memory", "memory", "kv_cache_gb", (double)s->kv_bytes / (1 << 30), 0};
+        f[n++] = (mx_field){"memory", "memory", "graph_gb", 0, 0};
+        f[n++] = (mx_field){"memory", "memory", "token_capacity", total, 1};
+    }
+    if ((sections & MX_LOADS_SPEC) && s->eng.spec_decode != ENG_SPEC_OFF) {
+        /* SGLang's accept length: tokens a verify step yields (the accepted drafts and the one drawn after) */
+        double steps = (double)s->eng.spec_steps;
+        f[n++] = (mx_field){"speculative", "spec", "accept_length",
+                            steps > 0 ? ((double)s->eng.spec_accepted + steps) / steps : 0.0, 0};
+        f[n++] = (mx_field){"speculative", "spec", "accept_rate",
+                            s->eng.spec_drafted > 0 ? (double)s->eng.spec_accepted / (double)s->eng.spec_drafted
+                                                    : 0.0, 0};
+    }
+    if (sections & MX_LOADS_QUEUES) {
+        f[n++] = (mx_field){"queues", "queues", "waiting", waiting, 1};
+        f[n++] = (mx_field){"queues", "queues", "grammar", 0, 1};
+        /* a keep (in-place) pause holds every running sequence where it is */
+        f[n++] = (mx_field){"queues", "queues", "paused", s->eng.paused ? s->eng.running : 0, 1};
+        f[n++] = (mx_field){"queues", "queues", "retracted", 0, 1}; /* a retract puts them back in waiting */
+    }
+    return n;
+}
+
+#define MX_MAX_LOAD_FIELDS 32
+
+char *mx_loads_json(const mx_snapshot *s, unsigned sections, double unix_s)
+{
+    mx_field f[MX_MAX_LOAD_FIELDS];
+    int n = load_fields(s, sections, unix_s, f);
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    /* datetime.now(timezone.utc).isoformat(), as SGLang writes it */
+    time_t sec = (time_t)unix_s;
+    struct tm tm;
+    char iso[64] = "";
+    if (gmtime_r(&sec, &tm)) {
+        size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(iso + k, sizeof iso - k, ".%06d+00:00", (int)((unix_s - (double)sec) * 1e6));
+    }
+    cJSON_AddStringToObject(o, "timestamp", iso);
+    cJSON_AddStringToObject(o, "version", s->server ? s->server : "rolloutd");
+    cJSON_AddNullToObject(o, "accelerator"); /* SGLang: the device's marketing name, None when unknown */
+    cJSON_AddNumberToObject(o, "num_accelerators", 1);
+    cJSON *load = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "loads"), load);
+    for (int i = 0; load && i < n; i++) {
+        cJSON *into = load;
+        if (f[i].section && !(into = cJSON_GetObjectItemCaseSensitive(load, f[i].section)))
+            into = cJSON_AddObjectToObject(load, f[i].section);
+        cJSON_AddNumberToObject(into, f[i].name, f[i].v);
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+char *mx_loads_prometheus(const mx_snapshot *s, unsigned sections, double unix_s)
+{
+    mx_field f[MX_MAX_LOAD_FIELDS];
+    int n = load_fields(s, sections, unix_s, f);
+    mx_text t = {malloc(2048), 0, 2048, 0};
+    if (!t.buf)
+        return NULL;
+    t.buf[0] = 0;
+    /* _format_loads_prometheus (entrypoints/v1_loads.py): every number but dp_rank, one gauge each,
+     * sglang_<field> or sglang_<section>_<field>, labelled with the rank */
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(f[i].name, "dp_rank"))
+            continue;
+        char name[96];
+        snprintf(name, sizeof name, "sglang_%s%s%s", f[i].prom ? f[i].prom : "", f[i].prom ? "_" : "", f[i].name);
+        put(&t, "# TYPE %s gauge\n%s{dp_rank=\"0\"} %.17g\n", name, name, f[i].v);
+    }
+    if (t.oom) {
+        free(t.buf);
+        return NULL;
+    }
+    return t.buf;
+}
+
+char *mx_get_load_json(const mx_snapshot *s, double unix_s)
+{
+    cJSON *a = cJSON_CreateArray(), *o = cJSON_CreateObject();
+    if (!a || !o) {
+        cJSON_Delete(a);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToArray(a, o);
+    double waiting = (double)s->eng.waiting + s->queued;
+    cJSON_AddNumberToObject(o, "dp_rank", 0);
+    cJSON_AddNumberToObject(o, "num_reqs", s->eng.running + waiting); /* running and waiting, as SGLang counts */
+    cJSON_AddNumberToObject(o, "num_waiting_reqs", waiting);
+    cJSON_AddNumberToObject(o, "num_tokens", (double)s->eng.kv_blocks_used * s->block_size);
+    cJSON_AddNumberToObject(o, "ts_tic", unix_s);
+    char *text = cJSON_PrintUnformatted(a);
+    cJSON_Delete(a);
+    return text;
 }

@@ -47,7 +47,8 @@ typedef struct {
 } up_last;
 
 typedef struct {
-    const char *model;          /* model name */
+    const char *model;          /* model name (the served one) */
+    const char *server;         /* "rolloutd 0.1.0" (/v1/loads' version) */
     const char *model_path;
     const char *backend;
     const char *state;          /* "serving" or "draining" */
@@ -56,6 +57,8 @@ typedef struct {
     eng_stats eng;              /* latest engine snapshot */
     int32_t queued;             /* accepted requests not yet taken by the engine */
     int32_t block_size;         /* tokens per KV block */
+    int32_t max_num_seqs;       /* sequences per engine step at most (SGLang's max_running_requests) */
+    int prefix_cache;           /* the prefix cache is on (vLLM's enable_prefix_caching) */
     int64_t kv_bytes;           /* the KV pool's device (or host) memory */
     const char *kv_dtype;       /* what the KV cache stores: "f32", "bf16" or "f16" */
     const char *serve_dtype;    /* what pushes are served as (config serve_dtype): "as_pushed", "q8_0", "q4_k" or "fp8" */
@@ -97,6 +100,25 @@ typedef struct {
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */
 char *mx_status_json(const mx_snapshot *s);
+/* rolloutd:* metrics, then the same numbers under vLLM's (vllm:*) and SGLang's (sglang:*) names with the
+ * labels their scrapers read (model_name = the served name; engine, tp_rank, ...). */
 char *mx_prometheus(const mx_snapshot *s);
+
+/* SGLang's /v1/loads sections (its include= names: core, memory, spec, lora, disagg, queues, all). */
+#define MX_LOADS_CORE 1u
+#define MX_LOADS_MEMORY 2u
+#define MX_LOADS_SPEC 4u
+#define MX_LOADS_LORA 8u            /* no adapters here: the section is left out, as SGLang leaves out None */
+#define MX_LOADS_DISAGG 16u         /* no disaggregation: left out too */
+#define MX_LOADS_QUEUES 32u
+#define MX_LOADS_ALL 63u
+/* SGLang's GET /v1/loads answer: {"timestamp" (ISO 8601, UTC), "version", "accelerator", "num_accelerators",
+ * "loads": [one rank's {dp_rank, timestamp, the core fields, "memory", "speculative", "queues"}]}, the
+ * sections those bits ask; unix_s is the wall clock. */
+char *mx_loads_json(const mx_snapshot *s, unsigned sections, double unix_s);
+/* The same as ?format=prometheus writes it: sglang_<field>{dp_rank="0"} lines (gauges). */
+char *mx_loads_prometheus(const mx_snapshot *s, unsigned sections, double unix_s);
+/* SGLang's older GET /get_load: [{dp_rank, num_reqs, num_waiting_reqs, num_tokens, ts_tic}]. */
+char *mx_get_load_json(const mx_snapshot *s, double unix_s);
 
 #endif

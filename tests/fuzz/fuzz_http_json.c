@@ -1,5 +1,5 @@
 /* fuzz_http_json.c - libFuzzer target over the request readers of the HTTP
- * routes (daemon/api_read.c), without a server or an engine.
+ * routes (daemon/api_read.c, api_read_rl.c, api_read_extra.c), without a server or an engine.
  *
  * The input's first byte picks the route reader (routes[byte % N]) and a
  * variant (byte / N: bit 0 no tokenizer, bit 1 a mixture-of-experts model's
@@ -75,7 +75,7 @@ static int route_variant;       /* the input's variant bits, for the readers bel
 
 static void check_refusal(const api_err *e)
 {
-    CHECK(e->status == 400 || e->status == 500 || e->status == 501 || e->status == 503);
+    CHECK(e->status == 400 || e->status == 404 || e->status == 500 || e->status == 501 || e->status == 503);
     size_t n = strnlen(e->detail, sizeof e->detail);
     CHECK(n > 0 && n < sizeof e->detail);
     CHECK(utf8_invalid_at((const uint8_t *)e->detail, n) == n);
@@ -420,6 +420,56 @@ static void run_mem_tags(const char *body, size_t len)
     cJSON_Delete(root);
 }
 
+/* api_read_extra.c: the model a /v1 call names, against the names a daemon serves (its served name, the
+ * file's base name, the path): served or refused (404 for an unknown name), never anything else. */
+static void run_model(const char *body, size_t len)
+{
+    cJSON *root = parse_or_check(body, len);
+    if (!root)
+        return;
+    static const char *const names[] = {"served/name", "tiny-qwen2", "build/testdata/tiny-qwen2.gguf"};
+    api_err e = {0};
+    int rc = api_read_model(root, names, (route_variant & 1) ? 1 : 3, &e);
+    check_result(rc, &e);
+    CHECK(!rc || e.status == 400 || e.status == 404);
+    cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!rc && m && cJSON_IsString(m) && m->valuestring[0]) { /* served: it is one of the names */
+        int found = 0;
+        for (int i = 0; i < ((route_variant & 1) ? 1 : 3); i++)
+            found |= !strcmp(m->valuestring, names[i]);
+        CHECK(found);
+    }
+    cJSON_Delete(root);
+}
+
+/* /inference/v1/generate's routed-experts ask. */
+static void run_routes_ask(const char *body, size_t len)
+{
+    cJSON *root = parse_or_check(body, len);
+    if (!root)
+        return;
+    api_err e = {0};
+    api_routes_ask r = {-1, -1};
+    int rc = api_read_routes_ask(root, &r, &e);
+    check_result(rc, &e);
+    if (!rc)
+        CHECK((r.ask == 0 || r.ask == 1) && r.start >= 0);
+    cJSON_Delete(root);
+}
+
+/* SGLang's /v1/loads query. */
+static void run_loads(const char *body, size_t len)
+{
+    char *q = as_query(body, len);
+    api_err e = {0};
+    api_loads_req r = {0};
+    int rc = api_read_loads(q, &r, &e);
+    check_result(rc, &e);
+    if (!rc)
+        CHECK(r.sections >= 1 && r.sections <= MX_LOADS_ALL && (r.prometheus == 0 || r.prometheus == 1));
+    free(q);
+}
+
 /* ---- the table: one line per route reader ---- */
 
 typedef struct {
@@ -448,6 +498,9 @@ static const route routes[] = {
     OTHER_ROUTE("/detokenize", run_detokenize),
     OTHER_ROUTE("/update_weights, /init_weight_transfer_engine", run_vllm_update),
     OTHER_ROUTE("/release_memory_occupation", run_mem_tags),
+    OTHER_ROUTE("/v1/*, /inference/v1/generate, /tokenize: model", run_model),
+    OTHER_ROUTE("/inference/v1/generate: routed experts", run_routes_ask),
+    OTHER_ROUTE("/v1/loads?", run_loads),
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 

@@ -16,9 +16,9 @@ import sys
 
 ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/abort_request", "/pause_generation",
           "/update_weights_from_disk", "/inference/v1/generate", "/pause?", "/sleep?", "/abort_requests", "/tokenize",
-          "/detokenize", "/update_weights", "/release_memory_occupation"]
+          "/detokenize", "/update_weights", "/release_memory_occupation", "model", "routed_experts", "/v1/loads?"]
 # Routes whose input is the URL's query string, not a JSON body.
-QUERY = {"/pause?", "/sleep?"}
+QUERY = {"/pause?", "/sleep?", "/v1/loads?"}
 N = len(ROUTES)
 
 # Valid bodies, by route.
@@ -122,6 +122,17 @@ VALID = {
         {"tags": ["weights"]}, {"tags": ["kv_cache", "cuda_graph"]}, {"tags": None}, {}, {"tags": ["other"]},
         {"tags": "weights"},
     ],
+    # the model a /v1 call names (the target serves "served/name", "tiny-qwen2" and its path)
+    "model": [
+        {"model": "served/name", "prompt": "x"}, {"model": "tiny-qwen2"}, {"model": "build/testdata/tiny-qwen2.gguf"},
+        {"model": "other"}, {"model": ""}, {"model": None}, {}, {"model": "x" * 700}, {"model": "\u00e9\u4e2d"},
+    ],
+    "routed_experts": [
+        {"return_routed_experts": True, "sampling_params": {"routed_experts_prompt_start": 3}},
+        {"return_routed_experts": False}, {"sampling_params": {"routed_experts_prompt_start": 0}},
+        {"sampling_params": {"routed_experts_prompt_start": -1}}, {"sampling_params": "x"},
+        {"sampling_params": {"routed_experts_prompt_start": 2 ** 40}},
+    ],
 }
 
 # Query strings, for the routes that read one.
@@ -132,6 +143,10 @@ QUERIES = {
                 "clear_cache=%FF", "mode=ke+ep"],
     "/sleep?": ["", "level=1", "level=2&mode=abort", "level=3", "mode=wait", "mode=x", "tags=weights",
                 "tags=kv_cache&tags=weights", "tags=gpu", "level=" + "9" * 100, "=&=&", "tags"],
+    "/v1/loads?": ["", "include=core", "include=core,memory,spec,lora,disagg,queues", "include=all",
+                   "include=%20core%20,%20queues", "include=bogus", "include=,", "include=" + "c" * 300,
+                   "dp_rank=0", "dp_rank=1", "dp_rank=", "format=prometheus", "format=json&include=memory",
+                   "format=" + "p" * 300],
 }
 
 # Values to put in any field: every JSON type, edges of the bounds, huge and negative numbers.
@@ -158,6 +173,8 @@ FIELDS = {
     "/detokenize": ["tokens"],
     "/update_weights": ["update_info", "weight_dir", "weight_version", "init_info"],
     "/release_memory_occupation": ["tags"],
+    "model": ["model"],
+    "routed_experts": ["return_routed_experts", "sampling_params"],
 }
 SAMPLING = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "sampling_seed",
             "ignore_eos", "stop", "stop_token_ids"]

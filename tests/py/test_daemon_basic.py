@@ -107,7 +107,8 @@ def parse_prometheus(text):
         name = name_labels.split("{", 1)[0]
         if "{" in name_labels:
             assert name_labels.endswith("}"), line
-        assert name.startswith("rolloutd:"), line
+        # rolloutd's own names, and the same numbers under vLLM's and SGLang's (test_frameworks_scrape.py)
+        assert name.split(":", 1)[0] in ("rolloutd", "vllm", "sglang"), line
         vals[name] = float(value)
     return vals
 

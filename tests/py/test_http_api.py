@@ -69,6 +69,11 @@ def get(path):
         return r.status, json.loads(r.read())
 
 
+# The name the daemon serves the default model under (no served_model_name: the file's base name); /v1
+# calls naming another model get 404, as vLLM answers them.
+NAME = os.path.basename(MODEL)[:-len(".gguf")]
+
+
 def oai():
     return openai.OpenAI(base_url=f"http://127.0.0.1:{daemon().http_port}/v1", api_key=KEY, max_retries=0,
                          timeout=60)
@@ -117,7 +122,7 @@ def text_is_valid_utf8_whatever_the_tokens():
 
 @case
 def openai_completions_n_logprobs_token_ids():
-    r = oai().completions.create(model="anything", prompt="The capital of France is", max_tokens=6, n=3, seed=7,
+    r = oai().completions.create(model=NAME, prompt="The capital of France is", max_tokens=6, n=3, seed=7,
                                  temperature=0.9, logprobs=2, extra_body={"return_token_ids": True})
     assert len(r.choices) == 3 and sorted(c.index for c in r.choices) == [0, 1, 2], r
     for c in r.choices:
@@ -133,7 +138,7 @@ def openai_completions_n_logprobs_token_ids():
     assert r.usage.completion_tokens == sum(len(c.model_dump()["token_ids"]) for c in r.choices)
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     # The same seed gives the same choices again.
-    r2 = oai().completions.create(model="x", prompt="The capital of France is", max_tokens=6, n=3, seed=7,
+    r2 = oai().completions.create(model=NAME, prompt="The capital of France is", max_tokens=6, n=3, seed=7,
                                   temperature=0.9, extra_body={"return_token_ids": True})
     assert [c.model_dump()["token_ids"] for c in r.choices] == [c.model_dump()["token_ids"] for c in r2.choices]
 
@@ -141,17 +146,17 @@ def openai_completions_n_logprobs_token_ids():
 @case
 def openai_completions_token_prompt_and_batch():
     c = oai()
-    r = c.completions.create(model="m", prompt=PROMPT, max_tokens=4, temperature=0,
+    r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0,
                              extra_body={"return_token_ids": True})
     assert r.choices[0].model_dump()["prompt_token_ids"] == PROMPT
-    r = c.completions.create(model="m", prompt=["Hello", "One two"], max_tokens=3, temperature=0, n=2)
+    r = c.completions.create(model=NAME, prompt=["Hello", "One two"], max_tokens=3, temperature=0, n=2)
     assert len(r.choices) == 4 and [x.index for x in r.choices] == [0, 1, 2, 3]
     assert r.choices[0].text == r.choices[1].text, "greedy samples of one prompt agree"
 
 
 @case
 def openai_completions_stream_with_usage():
-    chunks = list(oai().completions.create(model="m", prompt="Once upon a time", max_tokens=5, n=2, seed=3,
+    chunks = list(oai().completions.create(model=NAME, prompt="Once upon a time", max_tokens=5, n=2, seed=3,
                                            stream=True, stream_options={"include_usage": True}))
     texts = {}
     for ch in chunks:
@@ -159,7 +164,7 @@ def openai_completions_stream_with_usage():
             texts[ch.choices[0].index] = texts.get(ch.choices[0].index, "") + ch.choices[0].text
     assert set(texts) == {0, 1}, chunks
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 2, chunks[-1]
-    whole = oai().completions.create(model="m", prompt="Once upon a time", max_tokens=5, n=2, seed=3)
+    whole = oai().completions.create(model=NAME, prompt="Once upon a time", max_tokens=5, n=2, seed=3)
     assert [c.text for c in whole.choices] == [texts[0], texts[1]], "stream and whole answer agree"
 
 
@@ -167,7 +172,7 @@ def openai_completions_stream_with_usage():
 def openai_chat_stream_and_not():
     c = oai()
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
-    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+    r = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, temperature=0, logprobs=True,
                                   top_logprobs=2, extra_body={"return_token_ids": True})
     ch = r.choices[0]
     d = r.model_dump()
@@ -177,13 +182,13 @@ def openai_chat_stream_and_not():
     assert all(len(t.top_logprobs) == 2 for t in ch.logprobs.content)
     # Greedy: the sampled token is the top alternative.
     assert all(t.top_logprobs[0].logprob == t.logprob for t in ch.logprobs.content)
-    stream = list(c.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0, stream=True))
+    stream = list(c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, temperature=0, stream=True))
     text = "".join(x.choices[0].delta.content or "" for x in stream if x.choices)
     assert text == ch.message.content, (text, ch.message.content)
     assert stream[-1].choices[0].finish_reason in ("stop", "length")
     # What the chat format cannot render is refused by name.
     try:
-        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"},
+        c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "a"},
                                                         {"role": "tool", "content": "b"}])
         raise AssertionError("a tool message must be refused")
     except openai.BadRequestError as e:
@@ -195,7 +200,7 @@ def openai_streams_token_by_token():
     """Progress streams while the samples run: many content chunks before the last, whose deltas add up to
     the answer without streaming (same seed), token ids and log-probs included; the usage chunk ends it."""
     c = oai()
-    kw = dict(model="m", max_tokens=32, temperature=0.8, seed=11, extra_body={"return_token_ids": True,
+    kw = dict(model=NAME, max_tokens=32, temperature=0.8, seed=11, extra_body={"return_token_ids": True,
                                                                              "ignore_eos": True})
     for kind in ("completions", "chat"):
         if kind == "chat":
@@ -230,7 +235,7 @@ def openai_streams_token_by_token():
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 32, chunks[-1]
         print(f"  {kind}: {len(body)} chunks, {len(content)} with content, for 32 tokens", flush=True)
     # The first content chunk comes while the sample still runs (progress, not a finished sample cut up).
-    stream = c.completions.create(model="m", prompt="Once upon a time", max_tokens=200, temperature=0.8, seed=1,
+    stream = c.completions.create(model=NAME, prompt="Once upon a time", max_tokens=200, temperature=0.8, seed=1,
                                   stream=True, extra_body={"ignore_eos": True})
     for x in stream:
         if x.choices and x.choices[0].text:
@@ -280,7 +285,7 @@ def generate_streams_cumulative_and_holds_back_stop_prefixes():
     assert ev[-1]["text"] == full[:cut] and ev[-1]["meta_info"]["finish_reason"]["matched"] == stop, ev[-1]
     assert all(full[:cut].startswith(e["text"]) for e in ev), [e["text"] for e in ev]
     # OpenAI deltas with the same stop add up to the cut text.
-    chunks = list(oai().completions.create(model="m", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
+    chunks = list(oai().completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
                                            stream=True, extra_body={"ignore_eos": True}))
     assert "".join(x.choices[0].text for x in chunks if x.choices) == full[:cut]
     kv_settles()
@@ -330,7 +335,8 @@ def _llama_template(name, msgs):
 
 def _chat_prompt_ids(port, msgs):
     c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
-    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=1, temperature=0,
+    # "" is the served model, whichever file (SmolLM2, Gemma 3) the daemon at port serves
+    r = c.chat.completions.create(model="", messages=msgs, max_tokens=1, temperature=0,
                                   extra_body={"return_token_ids": True})
     return r.model_dump()["prompt_token_ids"]
 
@@ -439,7 +445,7 @@ def bit_identical_with_the_nng_path():
         assert [[t[1] for t in row] for row in o["meta_info"]["output_top_logprobs"]] == s.top_ids.tolist()
         assert s.finish_reason == o["meta_info"]["finish_reason"]["type"]
     # And through the OpenAI route.
-    r = oai().completions.create(model="m", prompt=PROMPT, max_tokens=12, n=3, temperature=0.8, top_p=0.95,
+    r = oai().completions.create(model=NAME, prompt=PROMPT, max_tokens=12, n=3, temperature=0.8, top_p=0.95,
                                  seed=4242, logprobs=0, extra_body={"top_k": 40, "return_token_ids": True})
     for s, ch in zip(nng, r.choices):
         assert ch.model_dump()["token_ids"] == s.token_ids.tolist()
@@ -470,7 +476,7 @@ def stop_strings_across_tokens_and_at_the_first():
     assert o["text"] == " " and o["output_ids"] == ids[:1], o
     assert o["meta_info"]["finish_reason"]["matched"] == "Par"
     # OpenAI: excluded from the text, stop_reason names it.
-    r = oai().completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0,
+    r = oai().completions.create(model=NAME, prompt="The capital of France is", max_tokens=8, temperature=0,
                                  stop=["is."])
     assert r.choices[0].text == " Par" and r.choices[0].finish_reason == "stop", r
     assert r.choices[0].model_dump()["stop_reason"] == "is."

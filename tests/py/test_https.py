@@ -94,6 +94,9 @@ def daemon():
     return _d["d"]
 
 
+NAME = os.path.basename(MODEL)[:-len(".gguf")]   # the name the daemon serves the model under
+
+
 def oai(verify=True):
     ca = pki()[0]
     http = openai.DefaultHttpxClient(verify=ca if verify else True)
@@ -109,11 +112,11 @@ def serving(d):
 @case
 def openai_over_https_with_the_ca_file():
     c = oai()
-    r = c.completions.create(model="m", prompt=PROMPT, max_tokens=6, temperature=0,
+    r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0,
                              extra_body={"return_token_ids": True})
     assert len(r.choices[0].model_dump()["token_ids"]) == 6, r
-    whole = c.completions.create(model="m", prompt="Once upon a time", max_tokens=8, n=2, seed=3)
-    chunks = list(c.completions.create(model="m", prompt="Once upon a time", max_tokens=8, n=2, seed=3, stream=True,
+    whole = c.completions.create(model=NAME, prompt="Once upon a time", max_tokens=8, n=2, seed=3)
+    chunks = list(c.completions.create(model=NAME, prompt="Once upon a time", max_tokens=8, n=2, seed=3, stream=True,
                                        stream_options={"include_usage": True}))
     texts = {}
     for ch in chunks:
@@ -122,14 +125,14 @@ def openai_over_https_with_the_ca_file():
     assert len(chunks) > 4 and [texts[0], texts[1]] == [x.text for x in whole.choices], (texts, whole)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 2, chunks[-1]
     msgs = [{"role": "user", "content": "Say hi."}]
-    full = c.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0)
+    full = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, temperature=0)
     parts = [ch.choices[0].delta.content or "" for ch in
-             c.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0, stream=True)
+             c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, temperature=0, stream=True)
              if ch.choices]
     assert "".join(parts) == full.choices[0].message.content and len(parts) > 2, (parts, full)
     # a client that does not trust the CA gets nothing
     try:
-        oai(verify=False).completions.create(model="m", prompt=PROMPT, max_tokens=2)
+        oai(verify=False).completions.create(model=NAME, prompt=PROMPT, max_tokens=2)
         raise AssertionError("a client without the CA file was answered")
     except openai.APIConnectionError:
         pass
@@ -185,7 +188,7 @@ def plain_http_to_the_https_port_is_refused_cleanly():
     assert out == b"" or out[0] == 21, out
     # a stream client that leaves after its first event
     s = ctx().wrap_socket(socket.create_connection(("127.0.0.1", d.http_port), timeout=30), server_hostname="localhost")
-    body = json.dumps({"model": "m", "prompt": "Tell a long story", "max_tokens": 200, "stream": True,
+    body = json.dumps({"model": NAME, "prompt": "Tell a long story", "max_tokens": 200, "stream": True,
                        "ignore_eos": True}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -198,7 +201,7 @@ def plain_http_to_the_https_port_is_refused_cleanly():
     st, status = https(d, "/status")
     h = status["http"]
     assert h["tls"] is True and h["tls_plain_refused"] == 2 and h["tls_failed"] >= 1, h
-    r = oai().completions.create(model="m", prompt=PROMPT, max_tokens=3, temperature=0)
+    r = oai().completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
     assert r.choices[0].text, r
 
 

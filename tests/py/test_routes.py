@@ -102,7 +102,7 @@ def dense_model_refuses_routes_and_keeps_serving():
                                     "return_routed_experts": True})
     assert st == 400 and "return_routed_experts" in json.dumps(out) and "dense" in json.dumps(out), (st, out)
     try:
-        oai(d).completions.create(model="m", prompt=PROMPT, max_tokens=3,
+        oai(d).completions.create(model="tiny-f32", prompt=PROMPT, max_tokens=3,
                                   extra_body={"return_routed_experts": True})
         raise AssertionError("/v1/completions returned routes on a dense model")
     except openai.BadRequestError as e:
@@ -247,7 +247,7 @@ def moe_routes_over_nng_http_and_openai_agree():
     st, out = post(d, "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
     assert st == 200 and "routed_experts" not in out["meta_info"], out
     # OpenAI /v1/completions: each choice's routed_experts, through the openai package
-    kw = dict(model="m", prompt=PROMPT, max_tokens=8, n=2, temperature=1.0, seed=5,
+    kw = dict(model="tiny-moe-f32", prompt=PROMPT, max_tokens=8, n=2, temperature=1.0, seed=5,
               extra_body={"return_routed_experts": True, "return_token_ids": True, "ignore_eos": True})
     r = oai(d).completions.create(**kw)
     for ch in r.choices:
@@ -262,7 +262,7 @@ def moe_routes_over_nng_http_and_openai_agree():
                 assert ch.finish_reason is not None, "routes come with the last chunk"
                 streamed[ch.index] = sglang_routes(ex)
     assert sorted(streamed) == [0, 1] and all((streamed[i] == mine[i].routes).all() for i in (0, 1))
-    r = oai(d).completions.create(model="m", prompt=PROMPT, max_tokens=2)
+    r = oai(d).completions.create(model="tiny-moe-f32", prompt=PROMPT, max_tokens=2)
     assert "routed_experts" not in r.choices[0].model_dump(), "routes without asking"
 
 

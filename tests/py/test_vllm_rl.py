@@ -133,12 +133,12 @@ def gen_body(ids, seed, max_tokens=8, logprobs=None, **extra):
     sp = {"max_tokens": max_tokens, "temperature": 0.9, "seed": seed, "ignore_eos": True}
     if logprobs is not None:
         sp["logprobs"] = logprobs
-    return {"model": "m", "token_ids": ids, "sampling_params": sp, **extra}
+    return {"model": "", "token_ids": ids, "sampling_params": sp, **extra}
 
 
 def trl_body(ids, seed, max_tokens=8):
     """TRL async GRPO's /v1/completions payload (async_rollout_worker.py), with a seed."""
-    return {"model": "m", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.9, "n": 1,
+    return {"model": "", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.9, "n": 1,
             "return_token_ids": True, "logprobs": 0, "seed": seed, "ignore_eos": True}
 
 
@@ -163,16 +163,16 @@ def bits(x):
 def tokenize_detokenize_and_generate_shapes():
     p = smol().http_port
     text = "The capital of France is"
-    st, t = post(p, "/tokenize", {"model": "m", "prompt": text})
+    st, t = post(p, "/tokenize", {"model": "", "prompt": text})
     assert st == 200 and t["count"] == len(t["tokens"]) and t["token_strs"] is None, t
     st, c = post(p, "/v1/completions", {"prompt": text, "max_tokens": 1, "return_token_ids": True})
     assert st == 200 and c["choices"][0]["prompt_token_ids"] == t["tokens"], (c, t)
     assert t["max_model_len"] == call(p, "/v1/models")[1]["data"][0]["max_model_len"]
     st, t2 = post(p, "/tokenize", {"prompt": text, "add_special_tokens": False, "return_token_strs": True})
     assert st == 200 and len(t2["token_strs"]) == t2["count"] and all(isinstance(s, str) for s in t2["token_strs"])
-    assert post(p, "/detokenize", {"model": "m", "tokens": t2["tokens"]}) == (200, {"prompt": text})
+    assert post(p, "/detokenize", {"model": "", "tokens": t2["tokens"]}) == (200, {"prompt": text})
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    st, tc = post(p, "/tokenize", {"model": "m", "messages": msgs})
+    st, tc = post(p, "/tokenize", {"model": "", "messages": msgs})
     st2, cc = post(p, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "return_token_ids": True})
     assert st == 200 and st2 == 200 and tc["tokens"] == cc["prompt_token_ids"], (tc, cc)
     assert post(p, "/tokenize", {"messages": msgs, "add_generation_prompt": False})[0] == 400
@@ -447,9 +447,9 @@ def skyrl_cycle_through_vllm_router():
     assert generate_all(r) == direct, "the router's answers differ from the daemons'"
     after = [status(d.http_port)["requests"]["completed"] for d in (a, b)]
     assert all(x > y for x, y in zip(after, before)), f"round robin used one daemon only: {before} -> {after}"
-    st, t = post(r, "/tokenize", {"model": "m", "prompt": "hello world", "add_special_tokens": True})
+    st, t = post(r, "/tokenize", {"model": "", "prompt": "hello world", "add_special_tokens": True})
     assert st == 200 and t["tokens"] == post(a.http_port, "/tokenize", {"prompt": "hello world"})[1]["tokens"], t
-    assert post(r, "/detokenize", {"model": "m", "tokens": t["tokens"]}) == (200, {"prompt": "hello world"})
+    assert post(r, "/detokenize", {"model": "", "tokens": t["tokens"]}) == (200, {"prompt": "hello world"})
     # Control, fanned out to every daemon: pause (keep), weights from a directory, resume.
     new = perturbed_folder()
     for d in (a, b):
@@ -573,7 +573,7 @@ def cache_aware_router_keeps_a_prefix_on_one_daemon():
         before = [status(d.http_port)["requests"]["completed"] for d in (a, b)]
         prefix = "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods. "
         for i in range(6):
-            body = {"model": "m", "prompt": prefix + f"Step {i}:", "max_tokens": 4, "temperature": 0.9, "seed": i,
+            body = {"model": "", "prompt": prefix + f"Step {i}:", "max_tokens": 4, "temperature": 0.9, "seed": i,
                     "return_token_ids": True, "ignore_eos": True}
             st, c = post(port, "/v1/completions", body)
             assert st == 200 and c["choices"][0]["token_ids"] == post(a.http_port, "/v1/completions", body)[1][

@@ -303,6 +303,31 @@ static void spec_draft_sizing_values(void)
     }
 }
 
+/* served_model_name (vLLM's --served-model-name) goes into JSON, a Prometheus label and HELLO_OK: valid
+ * UTF-8 without control bytes, under 256 bytes; "" (the default) keeps the file's base name. */
+static void served_model_name_values(void)
+{
+    cfg_daemon c;
+    cfg_defaults(&c);
+    CHECK(!c.served_model_name[0] && c.enable_return_routed_experts == 0, "defaults");
+    CHECK_OK(cfg_parse_json(&c, "{\"served_model_name\": \"Qwen/Qwen3-4B\", \"enable_return_routed_experts\": true}",
+                            "t"));
+    CHECK(!strcmp(c.served_model_name, "Qwen/Qwen3-4B") && c.enable_return_routed_experts == 1, "%s",
+          c.served_model_name);
+    CHECK_OK(cfg_validate(&c));
+    CHECK_OK(cfg_parse_json(&c, "{\"served_model_name\": \"caf\\u00e9 \\u6a21\\u578b\"}", "t"));
+    CHECK_OK(cfg_validate(&c));
+    static const char *bad[] = {"a\tb", "a\x7f", "\xff\xfe", "\xc3"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(c.served_model_name, sizeof c.served_model_name, "%s", bad[i]);
+        CHECK(cfg_validate(&c) == RD_EINVAL && strstr(rd_errmsg(), "served_model_name"), "%zu: %s", i, rd_errmsg());
+    }
+    char big[400];
+    snprintf(big, sizeof big, "{\"served_model_name\": \"%0300d\"}", 0);
+    cfg_defaults(&c);
+    CHECK(cfg_parse_json(&c, big, "t") == RD_EINVAL && strstr(rd_errmsg(), "served_model_name"), "%s", rd_errmsg());
+}
+
 static void shipped_config_spells_the_defaults(void)
 {
     cfg_daemon c, d;
@@ -339,6 +364,7 @@ int main(void)
     RUN(serve_dtype_values);
     RUN(spec_decode_values);
     RUN(spec_draft_sizing_values);
+    RUN(served_model_name_values);
     RUN(shipped_config_spells_the_defaults);
     RUN(shipped_configs_load);
     TEST_EXIT();
