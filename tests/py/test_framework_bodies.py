@@ -20,13 +20,14 @@ from harness import MODEL, case, main  # noqa: E402
 
 from rdtest import Daemon, stop_cleanly  # noqa: E402
 
+SERVED = "HuggingFaceTB/SmolLM2-135M-Instruct"   # --served-model-name: the HF name prime-rl checks for
 MESSAGES = [{"role": "user", "content": "What is 12 + 7? Put the answer in <answer></answer> tags."}]
 _d = []
 
 
 def daemon():
     if not _d:
-        _d.append(Daemon(model=MODEL))
+        _d.append(Daemon("--served-model-name", SERVED, model=MODEL))
     return _d[0]
 
 
@@ -81,7 +82,7 @@ def skyrl_body(ids):
 def prime_body(ids):
     # src/prime_rl/configs/orchestrator.py: sampling defaults (top_k -1, min_p 0) and return_token_ids,
     # on the chat route with the top-level cache_salt it adds.
-    return {"model": "policy", "messages": MESSAGES, "max_tokens": 32, "temperature": 1.0, "top_p": 1.0,
+    return {"model": SERVED, "messages": MESSAGES, "max_tokens": 32, "temperature": 1.0, "top_p": 1.0,
             "top_k": -1, "min_p": 0.0, "seed": 3, "logprobs": True, "return_token_ids": True,
             "cache_salt": "run-1"}
 
@@ -153,6 +154,9 @@ def skyrl_default_request():
 
 @case
 def prime_rl_default_request():
+    # src/prime_rl/utils/client.py: at start-up /v1/models must list the HF model name as an id.
+    st, _, models = daemon().http("/v1/models")
+    assert st == 200 and SERVED in [m["id"] for m in json.loads(models)["data"]], models
     st, doc = post("/v1/chat/completions", prime_body(prompt_ids()))
     assert st == 200, doc
     c = doc["choices"][0]
