@@ -8,6 +8,8 @@
 #include "base/err.h"
 #include "daemon/daemon.h"
 
+_Static_assert(PROTO_MAX_BIAS <= ENG_MAX_BIAS, "the protocol allows more logit_bias entries than the engine");
+
 adm_limits adm_limits_of(const struct rd_daemon *d)
 {
     adm_limits l = {.lim = &d->lim, .block_size = d->cfg.block_size, .kv_blocks_total = d->kv_blocks_total,
@@ -109,4 +111,16 @@ void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t 
     er->sp.seed = seed;
     er->sp.logprobs_topk = (int32_t)r->logprobs_topk;
     er->sp.processed_logprobs = (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0;
+    /* The sampling tail (version 4). The bias arrays point into r, as the
+     * prompt and stop ids do: et_add copies them before the door frees r. */
+    const proto_sampling *s = (r->flags & PROTO_REQ_SAMPLING) ? r->sampling : NULL;
+    if (s) {
+        er->sp.repetition_penalty = s->repetition_penalty;
+        er->sp.frequency_penalty = s->frequency_penalty;
+        er->sp.presence_penalty = s->presence_penalty;
+        er->min_tokens = (int32_t)s->min_tokens;
+        er->n_bias = (int32_t)s->n_bias;
+        er->bias_ids = s->bias_ids;
+        er->bias_vals = s->bias_vals;
+    }
 }

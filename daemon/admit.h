@@ -65,8 +65,9 @@ uint64_t adm_random_seed(uint64_t salt);
 
 /* The engine request for a checked r whose prompt is the token ids
  * prompt[n_prompt] (r's own, or the door's tokenization of its text).
- * Sampling, stop and routes (RETURN_ROUTES) fields come from r, the seed from seed; stop strings,
- * streaming and the tag are the door's to set afterwards. */
+ * Sampling (the sampling tail's penalties, min_tokens and logit_bias included, when r has one), stop
+ * and routes (RETURN_ROUTES) fields come from r, the seed from seed; stop strings, streaming and the
+ * tag are the door's to set afterwards. Arrays point into r and prompt: et_add copies them. */
 void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,
                         eng_request *er);
 

@@ -213,7 +213,9 @@ static int submit_sub(api *a, api_call *c, api_sub *s)
     adm_engine_request(&pr, s->prompt, (uint32_t)s->n_prompt, c->p.seed, &er);
     er.stop_strs = (const char *const *)c->p.stop_strs;
     er.n_stop_strs = c->p.n_stop_strs;
-    /* The sampling fields the NNG request does not carry (yet): from the call. */
+    /* The call's sampling fields past the protocol's first ones: its
+     * proto_request carries no sampling tail, so they come from the call
+     * (read and checked by its route, daemon/sampling.def). */
     er.sp.repetition_penalty = c->p.repetition_penalty;
     er.sp.frequency_penalty = c->p.frequency_penalty;
     er.sp.presence_penalty = c->p.presence_penalty;

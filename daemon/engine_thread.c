@@ -16,6 +16,8 @@ static void free_cmd(et_cmd *c)
         upd_patch_free(c->swap.m->be, c->swap.patch);
     free((void *)c->req.prompt);
     free((void *)c->req.stop_ids);
+    free((void *)c->req.bias_ids);
+    free((void *)c->req.bias_vals);
     for (int32_t i = 0; c->req.stop_strs && i < c->req.n_stop_strs; i++)
         free((void *)c->req.stop_strs[i]);
     free((void *)c->req.stop_strs);
@@ -363,10 +365,29 @@ int et_add(et_thread *t, uint64_t key, const eng_request *r)
     c->req = *r;
     c->req.prompt = prompt;
     c->req.stop_ids = stop;
-    /* Stop strings (HTTP API) are copied too: the caller's request may be gone
-     * before the engine thread takes the command. */
+    /* Nothing of the caller's is left in the command for free_cmd to free. */
+    c->req.bias_ids = NULL;
+    c->req.bias_vals = NULL;
+    c->req.n_bias = 0;
     c->req.stop_strs = NULL;
     c->req.n_stop_strs = 0;
+    /* logit_bias too: an NNG request's arrays live in the decoded SUBMIT, freed
+     * when the door returns, long before the engine thread takes the command. */
+    if (r->n_bias > 0) {
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)r->n_bias);
+        float *vals = malloc(sizeof(float) * (size_t)r->n_bias);
+        c->req.bias_ids = ids;
+        c->req.bias_vals = vals;
+        if (!ids || !vals) {
+            free_cmd(c);
+            return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+        }
+        memcpy(ids, r->bias_ids, sizeof(int32_t) * (size_t)r->n_bias);
+        memcpy(vals, r->bias_vals, sizeof(float) * (size_t)r->n_bias);
+        c->req.n_bias = r->n_bias;
+    }
+    /* Stop strings (HTTP API) are copied too: the caller's request may be gone
+     * before the engine thread takes the command. */
     if (r->n_stop_strs > 0) {
         char **ss = calloc((size_t)r->n_stop_strs, sizeof *ss);
         if (!ss) {

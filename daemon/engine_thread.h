@@ -102,7 +102,8 @@ int et_start(et_thread *t, engine *e, uv_async_t *wake);
 /* Stops and joins the thread; unclaimed commands and results are freed. */
 void et_stop(et_thread *t);
 
-/* Queue commands (loop thread). et_add copies the prompt and stop ids. */
+/* Queue commands (loop thread). et_add copies the prompt, stop ids, logit_bias and stop strings: the caller's
+ * request may be freed as soon as it returns. */
 int et_add(et_thread *t, uint64_t key, const eng_request *r);
 int et_abort(et_thread *t, uint64_t key);
 /* Freezes (1) or unfreezes (0) every sequence at the next step boundary (eng_pause). */

@@ -147,6 +147,7 @@ const proto_msg_desc *proto_msg_find(uint16_t type)
 #define RESULT_MIN_BYTES 88     /* fixed fields 80 + token count 4 + span count 4 */
 #define SPAN_BYTES 16
 #define TENSOR_MIN_BYTES 28     /* name length 4 + dtype, n_dims, reserved 4 + one dim 8 + nbytes 8 + crc32c 4 */
+#define BIAS_PAIR_BYTES 8       /* a sampling tail's (i32 id, f32 bias) */
 _Static_assert(LAYOUT_BYTES(REQUEST) + 8 == REQUEST_MIN_BYTES, "REQUEST layout changed");
 _Static_assert(LAYOUT_BYTES(SUBMIT_ITEM) == SUBMIT_ITEM_MIN_BYTES, "SUBMIT_ITEM layout changed");
 _Static_assert(LAYOUT_BYTES(RESULT) + 8 == RESULT_MIN_BYTES, "RESULT layout changed");
@@ -159,6 +160,10 @@ _Static_assert(PROTO_MAX_DIMS == 4, "TENSOR n_dims text says 1..4");
  * 1-byte string or one array element) takes at most twice its wire bytes
  * (three times for a tensor, see proto_block). */
 _Static_assert(sizeof(proto_request) + 8 <= 2 * (REQUEST_MIN_BYTES + 1), "proto_request outgrew the arena bound");
+/* A sampling tail's struct takes at most twice its 20 wire bytes; its two
+ * bias arrays 8 bytes per pair plus at most 8 of alignment, which the first
+ * pair's 8 wire bytes pay for. */
+_Static_assert(sizeof(proto_sampling) <= 2 * PROTO_SAMPLING_TAIL_BYTES, "proto_sampling outgrew the arena bound");
 _Static_assert(sizeof(proto_submit_item) + 8 <= 2 * (SUBMIT_ITEM_MIN_BYTES + 1), "proto_submit_item outgrew it");
 _Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
 /* A routes array takes at most one 8-byte piece more than its wire bytes; its
@@ -615,17 +620,61 @@ static uint32_t list_count(const proto_field *f, const void *base)
 
 /* ---- decode: the element tails (what the field kinds cannot say) ---- */
 
-/* REQUEST: stop ids, then a text prompt or token ids as its flags say. */
+/* REQUEST's sampling tail (flag SAMPLING, version 4): three f32 penalties,
+ * min_tokens, n_bias, then n_bias (i32 id, f32 bias) pairs, split into two
+ * aligned arrays. The values are kept as sent (NaN included): the ranges are
+ * proto_check_request's. */
+static int dec_sampling(cursor *c, proto_request *r)
+{
+    proto_sampling t = {0};
+    uint32_t bits;
+    TRY(rd32(c, &bits, "repetition_penalty"));
+    memcpy(&t.repetition_penalty, &bits, 4);
+    TRY(rd32(c, &bits, "frequency_penalty"));
+    memcpy(&t.frequency_penalty, &bits, 4);
+    TRY(rd32(c, &bits, "presence_penalty"));
+    memcpy(&t.presence_penalty, &bits, 4);
+    TRY(rd32(c, &t.min_tokens, "min_tokens"));
+    TRY(rdcount(c, &t.n_bias, BIAS_PAIR_BYTES, "n_bias"));
+    proto_sampling *s;
+    ALLOC(c, 1, s);
+    if (t.n_bias) {
+        int32_t *ids;
+        float *vals;
+        ALLOC(c, t.n_bias, ids);
+        ALLOC(c, t.n_bias, vals);
+        const uint8_t *src = c->p + c->off;
+        for (uint32_t i = 0; i < t.n_bias; i++) {
+            ids[i] = (int32_t)ld32(src + BIAS_PAIR_BYTES * (size_t)i);
+            bits = ld32(src + BIAS_PAIR_BYTES * (size_t)i + 4);
+            memcpy(&vals[i], &bits, 4);
+        }
+        c->off += (size_t)t.n_bias * BIAS_PAIR_BYTES;
+        t.bias_ids = ids;
+        t.bias_vals = vals;
+    }
+    *s = t;
+    r->sampling = s;
+    return 0;
+}
+
+/* REQUEST: stop ids, then a text prompt or token ids as its flags say, then
+ * (flag SAMPLING, version 4 on) the sampling tail. In an older frame SAMPLING
+ * is an undefined bit: it switches nothing on (proto_check_request refuses it). */
 static int dec_request_tail(cursor *c, proto_request *r)
 {
     TRY(rdcount(c, &r->n_stop, 4, "n_stop"));
     RDARR(c, r->n_stop, r->stop_ids, "stop_ids");
-    if (r->flags & PROTO_REQ_PROMPT_IS_TEXT)
-        return rdstr(c, &r->text, "prompt_text");
-    r->text.ptr = empty_str;
-    r->text.len = 0;
-    TRY(rdcount(c, &r->n_prompt, 4, "n_prompt"));
-    RDARR(c, r->n_prompt, r->prompt, "prompt_ids");
+    if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
+        TRY(rdstr(c, &r->text, "prompt_text"));
+    } else {
+        r->text.ptr = empty_str;
+        r->text.len = 0;
+        TRY(rdcount(c, &r->n_prompt, 4, "n_prompt"));
+        RDARR(c, r->n_prompt, r->prompt, "prompt_ids");
+    }
+    if ((r->flags & PROTO_REQ_SAMPLING) && c->version >= 4)
+        return dec_sampling(c, r);
     return 0;
 }
 
@@ -1099,10 +1148,22 @@ static int fields_ok(const proto_field *f, const void *base, const char *type, c
     return 0;
 }
 
-static int request_tail_ok(const proto_request *r)
+static int request_tail_ok(const proto_request *r, uint16_t version)
 {
     const char *m = "SUBMIT request";
     int text = (r->flags & PROTO_REQ_PROMPT_IS_TEXT) != 0;
+    int tail = (r->flags & PROTO_REQ_SAMPLING) && version >= 4;
+    if (tail && !r->sampling)
+        return rd_fail(RD_EINVAL, "%s %llu: flags have SAMPLING but sampling is NULL; expected the sampling tail", m,
+                       (unsigned long long)r->client_req_id);
+    if (!tail && r->sampling)
+        return rd_fail(RD_EINVAL, "%s %llu: a sampling tail needs flag PROTO_REQ_SAMPLING in protocol version 4 or "
+                       "later; encoding version %u, flags 0x%x", m, (unsigned long long)r->client_req_id, version,
+                       r->flags);
+    if (tail) {
+        TRY(enc_arr_ok(m, "bias_ids", r->sampling->bias_ids, r->sampling->n_bias));
+        TRY(enc_arr_ok(m, "bias_vals", r->sampling->bias_vals, r->sampling->n_bias));
+    }
     TRY(enc_arr_ok(m, "stop_ids", r->stop_ids, r->n_stop));
     if (text && r->n_prompt)
         return rd_fail(RD_EINVAL, "%s %llu: flags say the prompt is text but it has %u token ids; expected one of "
@@ -1160,7 +1221,7 @@ static int tensor_tail_ok(const proto_tensor *t, uint16_t version)
 static int elem_tail_ok(const proto_elem_desc *e, const void *el, uint16_t version)
 {
     switch ((proto_elem_id)e->id) {
-    case PROTO_EL_REQUEST: return request_tail_ok(el);
+    case PROTO_EL_REQUEST: return request_tail_ok(el, version);
     case PROTO_EL_RESULT: return result_tail_ok(el);
     case PROTO_EL_TENSOR: return tensor_tail_ok(el, version);
     case PROTO_EL_SUBMIT_ITEM: return 0;
@@ -1232,6 +1293,15 @@ static void put_fields(writer *w, const proto_field *f, const void *base)
     }
 }
 
+static void wf32(writer *w, float f)
+{
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    w32(w, v);
+}
+
+/* The prompt, then the sampling tail: msg_ok has checked that sampling is
+ * set exactly when the frame carries it (flag SAMPLING, version 4 on). */
 static void put_request_tail(writer *w, const proto_request *r)
 {
     w32(w, r->n_stop);
@@ -1241,6 +1311,18 @@ static void put_request_tail(writer *w, const proto_request *r)
     } else {
         w32(w, r->n_prompt);
         warr32(w, r->prompt, r->n_prompt);
+    }
+    const proto_sampling *s = r->sampling;
+    if (!s)
+        return;
+    wf32(w, s->repetition_penalty);
+    wf32(w, s->frequency_penalty);
+    wf32(w, s->presence_penalty);
+    w32(w, s->min_tokens);
+    w32(w, s->n_bias);
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        w32(w, (uint32_t)s->bias_ids[i]);
+        wf32(w, s->bias_vals[i]);
     }
 }
 
@@ -1414,6 +1496,61 @@ static int check_ids(const char *what, uint64_t id, const int32_t *ids, uint32_t
     return 0;
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The sampling tail (version 4): the ranges of DESIGN.md's sampling table,
+ * the HTTP doors' too (daemon/sampling.def). */
+static int check_sampling(const proto_request *r, const proto_hello_ok *lim)
+{
+    unsigned long long id = (unsigned long long)r->client_req_id;
+    const proto_sampling *s = r->sampling;
+    if (!s)
+        return rd_fail(RD_EINVAL, "request %llu: flags have SAMPLING but the request has no sampling tail; expected "
+                       "proto_request.sampling set", id);
+    if (!isfinite(s->repetition_penalty) || !(s->repetition_penalty > 0))
+        return rd_fail(RD_EINVAL, "request %llu: repetition_penalty = %g; expected a finite number > 0 (1 = off)", id,
+                       (double)s->repetition_penalty);
+    if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+        return rd_fail(RD_EINVAL, "request %llu: frequency_penalty = %g; expected -2 <= frequency_penalty <= 2 "
+                       "(0 = off)", id, (double)s->frequency_penalty);
+    if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
+        return rd_fail(RD_EINVAL, "request %llu: presence_penalty = %g; expected -2 <= presence_penalty <= 2 "
+                       "(0 = off)", id, (double)s->presence_penalty);
+    if (s->min_tokens > r->max_tokens)
+        return rd_fail(RD_EINVAL, "request %llu: min_tokens = %u; expected 0..max_tokens (%u)", id, s->min_tokens,
+                       r->max_tokens);
+    if (s->n_bias > PROTO_MAX_BIAS)
+        return rd_fail(RD_EINVAL, "request %llu: %u logit_bias entries; expected at most %u", id, s->n_bias,
+                       PROTO_MAX_BIAS);
+    TRY(check_ids("bias_ids", r->client_req_id, s->bias_ids, s->n_bias, lim->vocab_size));
+    for (uint32_t i = 0; i < s->n_bias; i++)
+        if (!(s->bias_vals[i] >= -PROTO_MAX_ABS_BIAS && s->bias_vals[i] <= PROTO_MAX_ABS_BIAS))
+            return rd_fail(RD_EINVAL, "request %llu: bias_vals[%u] = %g (token %d); expected -100 <= bias <= 100", id,
+                           i, (double)s->bias_vals[i], s->bias_ids[i]);
+    if (s->n_bias < 2)
+        return 0;
+    /* distinct ids: sorted, a repeat sits next to its twin (n log n: a SUBMIT may carry many requests) */
+    int32_t sorted[PROTO_MAX_BIAS];
+    memcpy(sorted, s->bias_ids, sizeof(int32_t) * s->n_bias);
+    qsort(sorted, s->n_bias, sizeof sorted[0], cmp_i32);
+    for (uint32_t k = 1; k < s->n_bias; k++) {
+        if (sorted[k] != sorted[k - 1])
+            continue;
+        uint32_t first = 0, i = 0;
+        while (s->bias_ids[first] != sorted[k])
+            first++;
+        for (i = first + 1; s->bias_ids[i] != sorted[k]; i++)
+            ;
+        return rd_fail(RD_EINVAL, "request %llu: bias_ids[%u] = %d repeats bias_ids[%u]; expected distinct token ids",
+                       id, i, sorted[k], first);
+    }
+    return 0;
+}
+
 int proto_check_lengths(uint32_t n_prompt, uint32_t max_tokens, const proto_hello_ok *lim)
 {
     if (n_prompt == 0)
@@ -1431,7 +1568,11 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
 {
     unsigned long long id = (unsigned long long)r->client_req_id;
     unsigned version = lim->version >= 2 ? lim->version : 1;
-    uint32_t allowed = version >= 2 ? PROTO_REQ_FLAGS : PROTO_REQ_FLAGS & ~PROTO_REQ_FLAGS_V2;
+    uint32_t allowed = PROTO_REQ_FLAGS;
+    if (version < 2)
+        allowed &= ~PROTO_REQ_FLAGS_V2;
+    if (version < 4)
+        allowed &= ~PROTO_REQ_FLAGS_V4;
     if (r->flags & ~allowed)
         return rd_fail(RD_EINVAL, "request %llu: flags 0x%x have undefined bits 0x%x; expected only bits 0x%x "
                        "(protocol version %u)", id, r->flags, r->flags & ~allowed, allowed, version);
@@ -1458,6 +1599,8 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
     if (r->n_stop > lim->max_stop_ids)
         return rd_fail(RD_EINVAL, "request %llu: %u stop ids; expected at most %u", id, r->n_stop, lim->max_stop_ids);
     TRY(check_ids("stop_ids", r->client_req_id, r->stop_ids, r->n_stop, lim->vocab_size));
+    if (r->flags & PROTO_REQ_SAMPLING)
+        TRY(check_sampling(r, lim));
     uint64_t worst = proto_result_max_bytes(r->max_tokens, (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0,
                                             r->logprobs_topk);
     if (worst + PROTO_RESULTS_OVERHEAD > lim->max_message_bytes)

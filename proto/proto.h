@@ -28,7 +28,8 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
-#define PROTO_VERSION 3                     /* the newest version this code speaks (2: routing replay; 3: delta pushes, serve_dtype) */
+#define PROTO_VERSION 4                     /* the newest version this code speaks (2: routing replay; 3: delta pushes,
+                                               serve_dtype; 4: a request's sampling tail) */
 #define PROTO_VERSION_MIN 1                 /* the oldest; frames are written in it unless proto_msg.version says */
 #define PROTO_HEADER_BYTES 16
 #define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
@@ -86,8 +87,13 @@ typedef enum {
 #define PROTO_REQ_PROMPT_IS_TEXT 0x8u   /* prompt is UTF-8 text, else token ids */
 #define PROTO_REQ_CHAT_TEMPLATE 0x10u   /* wrap the text as a user turn in the chat template */
 #define PROTO_REQ_RETURN_ROUTES 0x20u   /* version 2: results carry the experts every position was routed to */
-#define PROTO_REQ_FLAGS 0x3Fu
+#define PROTO_REQ_SAMPLING 0x40u        /* version 4: a sampling tail follows the prompt (proto_sampling) */
+#define PROTO_REQ_FLAGS 0x7Fu
 #define PROTO_REQ_FLAGS_V2 0x20u        /* the bits version 2 added (undefined in a version-1 request) */
+#define PROTO_REQ_FLAGS_V4 0x40u        /* the bits version 4 added (undefined before version 4: no tail is read) */
+#define PROTO_SAMPLING_TAIL_BYTES 20u   /* the sampling tail without its bias pairs (8 bytes each) */
+#define PROTO_MAX_BIAS 1024u            /* logit_bias entries a request may carry (the engine's ENG_MAX_BIAS) */
+#define PROTO_MAX_ABS_BIAS 100.0f       /* a bias is in [-100, 100] (OpenAI's and the HTTP doors' range) */
 
 #define PROTO_SUBMIT_DUPLICATE 0x1u     /* client_req_id was already known: accepted, not run twice */
 #define PROTO_SUBMIT_OK_FLAGS 0x1u
@@ -200,6 +206,25 @@ typedef struct {
     proto_str server;           /* software and version, e.g. "rolloutd 0.1.0" */
 } proto_hello_ok;
 
+/* A request's sampling tail (version 4, flag PROTO_REQ_SAMPLING): vLLM's
+ * penalties, min_tokens and logit_bias, applied as DESIGN.md's sampling table
+ * orders them (bias and the min-tokens mask, the repetition penalty over
+ * prompt + output, frequency and presence over output counts, then
+ * temperature and truncation). A request without the tail samples as if it
+ * held the defaults: 1, 0, 0, 0 and no bias. proto_check_request checks the
+ * ranges; the decoder only the structure. */
+typedef struct {
+    float repetition_penalty;   /* finite, > 0; 1 = off: a token of the prompt or the output has its logit x
+                                   become x / r (x > 0) or x * r */
+    float frequency_penalty;    /* [-2, 2]; 0 = off: minus f times the token's count in the output */
+    float presence_penalty;     /* [-2, 2]; 0 = off: minus p once if the token is in the output */
+    uint32_t min_tokens;        /* 0..max_tokens: EOS and stop ids are masked (-inf) until this many tokens are
+                                   generated; 0 = off */
+    uint32_t n_bias;            /* logit_bias entries, 0..PROTO_MAX_BIAS */
+    const int32_t *bias_ids;    /* [n_bias] distinct token ids, each 0..vocab_size-1 */
+    const float *bias_vals;     /* [n_bias] finite, in [-100, 100]: added to the token's logit before the penalties */
+} proto_sampling;
+
 /* One request of a SUBMIT: a prompt and how to sample n continuations. */
 typedef struct {
     uint64_t client_req_id;     /* the client's id, unique per client */
@@ -217,6 +242,9 @@ typedef struct {
     uint32_t n_prompt;          /* token prompt (flags without PROMPT_IS_TEXT); 0 for text */
     const int32_t *prompt;      /* [n_prompt] token ids */
     proto_str text;             /* text prompt (flags with PROMPT_IS_TEXT); empty otherwise */
+    const proto_sampling *sampling; /* version 4, flags with PROTO_REQ_SAMPLING: the sampling tail after the
+                                       prompt; NULL otherwise (the defaults). Encoding writes it exactly when
+                                       the flag is set in a version-4 frame (and refuses it elsewhere) */
 } proto_request;
 
 /* SUBMIT: client -> daemon. */
@@ -542,7 +570,8 @@ void proto_buf_free(proto_buf *b);
  * invalid UTF-8, unknown flag bits of that version (except request flags),
  * finish out of range, bad spans, routes with a width other than 1, 2, 4 or
  * no layers or experts, a text flag
- * with token ids, an update mode, tensor dtype or n_dims out of range, a tensor
+ * with token ids, a request's sampling tail other than exactly with flag
+ * SAMPLING in a version-4 frame, an update mode, tensor dtype or n_dims out of range, a tensor
  * name not 1..PROTO_MAX_TENSOR_NAME bytes, an array with a count but no data,
  * a body over 4 GiB; RD_ENOTSUP for an undefined type; RD_ENOMEM if the buffer
  * cannot grow. */
@@ -575,8 +604,10 @@ uint8_t proto_route_width(uint32_t n_experts);
 
 /* Checks one decoded request against the daemon's limits and model (lim is the
  * HELLO_OK the daemon sends, lim->version the request's protocol version): flags
- * (RETURN_ROUTES from version 2 on, and only with lim->features ROUTES), n, max_tokens, sampling ranges (NaN
- * refused), stop ids and prompt ids in 0..vocab_size-1, prompt length,
+ * (RETURN_ROUTES from version 2 on, and only with lim->features ROUTES; SAMPLING from version 4 on), n,
+ * max_tokens, sampling ranges (NaN refused), stop ids in 0..vocab_size-1, the sampling tail (penalties,
+ * min_tokens <= max_tokens, at most PROTO_MAX_BIAS distinct bias ids in 0..vocab_size-1 with finite values
+ * in [-100, 100]), prompt ids in 0..vocab_size-1, prompt length,
  * prompt + max_tokens within the context, the largest result within
  * max_message_bytes, text/chat support. Returns 0 or RD_EINVAL with a
  * message; the SUBMIT_OK item then carries PROTO_E_INVALID_PARAMS. */

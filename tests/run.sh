@@ -100,6 +100,9 @@ if [ "$MODE" != "--unit-only" ]; then
     add "asan:test_sampling_params" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=penalties_greedy_equal_numpy_reference,min_tokens_masks_stop_tokens_until_reached,samples_keep_their_own_counts_and_batches_do_not_matter,daemons_exit_cleanly \
       "$PY" tests/py/test_sampling_params.py
+    # The NNG door's sampling tail (protocol version 4): logit_bias arrays copied before the decoded SUBMIT is freed.
+    add "asan:test_nng_sampling" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_nng_sampling.py
     # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
     add "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_relay_allow.py

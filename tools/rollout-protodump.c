@@ -8,7 +8,9 @@
  * of tools/python/rolloutd/proto.py to_json (u64 fields as decimal strings,
  * f32 values as numbers or "nan"/"inf"/"-inf", top-k arrays flat, a result's
  * routes (version 2) as {"layers", "k", "width", "ids"} with the ids flat, its serve_dtype and
- * serve_dtype_first (version 3) as numbers, chunk data
+ * serve_dtype_first (version 3) as numbers, a request's sampling tail (version 4) as "sampling":
+ * {"repetition_penalty", "frequency_penalty", "presence_penalty", "min_tokens", "bias_ids",
+ * "bias_vals"}, chunk data
  * as lowercase hex), or {"error": CODE, "error_name": NAME, "message": WHY}
  * when the decoder refuses the frame. Exit status 0 when every frame decoded,
  * 1 when any was refused, 2 on bad usage or an unreadable file.
@@ -80,6 +82,17 @@ static void request_tail_json(cJSON *o, const proto_request *r)
     add_i32s(o, "stop_ids", r->stop_ids, r->n_stop);
     add_i32s(o, "prompt_ids", r->prompt, r->n_prompt);
     add_str(o, "prompt_text", r->text);
+    const proto_sampling *s = r->sampling;
+    if (!s)
+        return;
+    /* version 4, flag SAMPLING: {"repetition_penalty", ..., "bias_ids", "bias_vals"} */
+    cJSON *so = cJSON_AddObjectToObject(o, "sampling");
+    add_f32(so, "repetition_penalty", s->repetition_penalty);
+    add_f32(so, "frequency_penalty", s->frequency_penalty);
+    add_f32(so, "presence_penalty", s->presence_penalty);
+    add_num(so, "min_tokens", s->min_tokens);
+    add_i32s(so, "bias_ids", s->bias_ids, s->n_bias);
+    add_f32s(so, "bias_vals", s->bias_vals, s->n_bias);
 }
 
 static void result_tail_json(cJSON *o, const proto_result *r)

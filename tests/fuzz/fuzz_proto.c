@@ -49,6 +49,13 @@ static void touch_msg(const proto_msg *m)
             touch(r->stop_ids, 4ull * r->n_stop);
             touch(r->prompt, 4ull * r->n_prompt);
             touch_str(r->text);
+            if (r->sampling) {  /* version 4: only with the flag */
+                if (!(r->flags & PROTO_REQ_SAMPLING) || m->version < 4)
+                    abort();
+                touch(r->sampling, sizeof *r->sampling);
+                touch(r->sampling->bias_ids, 4ull * r->sampling->n_bias);
+                touch(r->sampling->bias_vals, 4ull * r->sampling->n_bias);
+            }
         }
         break;
     case PROTO_SUBMIT_OK:

@@ -5,13 +5,15 @@ and re-encodes to the same bytes; every invalid one gives its error code;
 request checks give the listed codes. build/rollout-protodump (the C decoder)
 prints the same fields and error codes as the Python decoder for every
 vector, every truncation of one, random mutations and random messages. The
-weight-update messages (PROTOCOL.md §10) and version 2's routes (§4.6) are
-among all of these; routes_codec checks the version rules on their own.
+weight-update messages (PROTOCOL.md §10), version 2's routes (§4.6) and
+version 4's sampling tail (§4.3) are among all of these; routes_codec and
+sampling_codec check their version rules on their own.
 """
 import json
 import math
 import os
 import random
+import struct
 import sys
 
 import numpy as np
@@ -195,7 +197,15 @@ def rnd_message(rng, t):
             else:
                 q.prompt_ids = i32(rng.randrange(30))
             reqs.append(q)
-        return P.Submit(rnd_u64(rng), reqs)
+        m = P.Submit(rnd_u64(rng), reqs)
+        m.wire_version = rng.randint(1, P.VERSION)
+        for q in reqs:
+            if q.flags & P.REQ_SAMPLING and m.wire_version >= 4:     # version 4: the sampling tail
+                q.repetition_penalty, q.frequency_penalty, q.presence_penalty = rnd_f32(rng, 3)
+                q.min_tokens = rng.getrandbits(32)
+                k = rng.choice([0, rng.randrange(12)])
+                q.bias_ids, q.bias_vals = i32(k), rnd_f32(rng, k)
+        return m
     if t == P.T.SUBMIT_OK:
         return P.SubmitOk([P.SubmitItem(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(1), rnd_str(rng, 30))
                            for _ in range(rng.randrange(5))])
@@ -294,6 +304,118 @@ def random_frames(rng, per_type):
     return [P.encode(rnd_message(rng, t)) for t in P.CLASSES for _ in range(per_type)]
 
 
+def sampled(rid=1, prompt=(1, 2, 3), max_tokens=8, **kw):
+    """A request with the sampling tail (REQ_SAMPLING)."""
+    flags = kw.pop("flags", 0) | P.REQ_SAMPLING
+    return P.Request(client_req_id=rid, prompt_ids=np.array(prompt, "<i4"), max_tokens=max_tokens, flags=flags, **kw)
+
+
+@case
+def sampling_codec():
+    """Version 4's sampling tail: its bytes after the prompt, (i32 id, f32 bias) pairs, bit-exact values;
+    written and read only in version 4 (the flag alone in an older frame is an undefined bit the check
+    refuses); malformed tails; the range checks, each naming its field, as C gives them."""
+    q = sampled(repetition_penalty=1.25, frequency_penalty=-0.5, presence_penalty=2.0, min_tokens=4,
+                bias_ids=[7, 99, 0], bias_vals=[-100.0, 2.5, 100.0])
+    m = P.Submit(client_id=9, requests=[q])
+    f = P.encode(m, 4)
+    at = 16 + 12 + 56 + 12
+    assert len(f) == at + P.SAMPLING_TAIL_BYTES + 3 * P.BIAS_PAIR_BYTES
+    assert struct.unpack_from("<fffII", f, at) == (1.25, -0.5, 2.0, 4, 3)
+    assert struct.unpack_from("<ififif", f, at + 20) == (7, -100.0, 99, 2.5, 0, 100.0)
+    d = P.decode(f)
+    r = d.requests[0]
+    assert d.wire_version == 4 and r.min_tokens == 4 and list(r.bias_ids) == [7, 99, 0]
+    assert list(r.bias_vals) == [-100.0, 2.5, 100.0] and r.repetition_penalty == np.float32(1.25)
+    assert P.encode(d) == f and P.encode(P.from_json(P.to_json(d)), 4) == f
+    # the C decoder reads the same tail
+    path = os.path.join(TMP, "sampling.bin")
+    with open(path, "wb") as fh:
+        fh.write(f)
+    same(protodump([path])[0], py_view(f), "sampling.bin")
+    # before version 4 no tail: non-default fields are refused; the flag alone goes out as an undefined bit
+    for v in (1, 2, 3):
+        try:
+            P.encode(m, v)
+            raise AssertionError(f"a tail encoded in version {v}")
+        except ValueError as e:
+            assert "version 4" in str(e), e
+    bare = P.Request(client_req_id=5, prompt_ids=[1, 2, 3], max_tokens=4, flags=P.REQ_SAMPLING)
+    f3 = P.encode(P.Submit(requests=[bare]), 3)
+    assert len(f3) == 16 + 12 + 56 + 12 and P.decode(f3).requests[0].flags == P.REQ_SAMPLING
+    lim = P.decode(frame_bytes("hello_ok_v3.bin"))
+    for version in (1, 3):
+        lim.version = version
+        try:
+            P.check_request(P.decode(f3).requests[0], lim)
+            raise AssertionError(version)
+        except P.ProtoError as e:
+            assert e.code == P.E.INVALID_PARAMS and "undefined bits 0x40" in e.message and \
+                f"protocol version {version}" in e.message, e.message
+    lim.version = 4
+    P.check_request(P.decode(P.encode(P.Submit(requests=[bare]), 4)).requests[0], lim)   # a tail of defaults
+    try:
+        P.decode(f[:4] + b"\3\0" + f[6:])
+        raise AssertionError("a tail decoded from a version-3 frame")
+    except P.ProtoError as e:
+        assert e.code == P.E.MALFORMED, e
+    # without the flag, a version-4 frame is the version-1 frame but for the header's version
+    plain = P.Submit(requests=[P.Request(client_req_id=1, prompt_ids=[1])])
+    assert P.encode(plain, 4)[6:] == P.encode(plain, 1)[6:]
+    # malformed tails: cut anywhere inside, a count past the bytes, a trailing byte
+    for k in range(at, len(f)):
+        cut = f[:8] + struct.pack("<I", k - 16) + f[12:k]
+        try:
+            P.decode(cut)
+            raise AssertionError(f"cut at {k} decoded")
+        except P.ProtoError as e:
+            assert e.code == P.E.MALFORMED, (k, e)
+    for n_bias in (4, 0xFFFFFFFF):
+        bad = bytearray(f)
+        struct.pack_into("<I", bad, at + 16, n_bias)
+        try:
+            P.decode(bytes(bad))
+            raise AssertionError(n_bias)
+        except P.ProtoError as e:
+            assert e.code == P.E.MALFORMED and "n_bias" in e.message, e
+    try:
+        P.decode(f[:8] + struct.pack("<I", len(f) - 15) + f[12:] + b"\0")
+        raise AssertionError("trailing byte")
+    except P.ProtoError as e:
+        assert e.code == P.E.MALFORMED
+    # range checks against hello_ok_v4 (vocab 49152), each naming its field
+    lim = P.decode(frame_bytes("hello_ok_v4.bin"))
+    cases = [
+        (dict(repetition_penalty=math.nan), "repetition_penalty = nan"),
+        (dict(repetition_penalty=0.0), "repetition_penalty = 0"),
+        (dict(repetition_penalty=-math.inf), "repetition_penalty = -inf"),
+        (dict(frequency_penalty=2.01), "frequency_penalty"),
+        (dict(presence_penalty=math.nan), "presence_penalty = nan"),
+        (dict(min_tokens=9), "min_tokens = 9"),
+        (dict(bias_ids=[1, 49152], bias_vals=[0.0, 0.0]), "bias_ids[1] = 49152"),
+        (dict(bias_ids=[-3], bias_vals=[0.0]), "bias_ids[0] = -3"),
+        (dict(bias_ids=[1, 2], bias_vals=[0.0, -100.5]), "bias_vals[1]"),
+        (dict(bias_ids=[1], bias_vals=[math.nan]), "bias_vals[0] = nan"),
+        (dict(bias_ids=[9, 5, 5, 9], bias_vals=[0.0] * 4), "bias_ids[2] = 5 repeats bias_ids[1]"),
+        (dict(bias_ids=list(range(P.MAX_BIAS + 1)), bias_vals=[1.0] * (P.MAX_BIAS + 1)), "1025 logit_bias entries"),
+    ]
+    for kw, why in cases:
+        q = P.decode(P.encode(P.Submit(requests=[sampled(**kw)]), 4)).requests[0]
+        try:
+            P.check_request(q, lim)
+            raise AssertionError(kw)
+        except P.ProtoError as e:
+            assert e.code == P.E.INVALID_PARAMS and why in e.message and "expected" in e.message, (why, e.message)
+    ok = sampled(repetition_penalty=1e-30, frequency_penalty=-2.0, presence_penalty=2.0, min_tokens=8,
+                 bias_ids=list(range(P.MAX_BIAS)), bias_vals=[-100.0, 100.0] * (P.MAX_BIAS // 2))
+    P.check_request(P.decode(P.encode(P.Submit(requests=[ok]), 4)).requests[0], lim)
+    try:
+        P.encode(P.Submit(requests=[sampled(bias_ids=[1, 2], bias_vals=[1.0])]), 4)
+        raise AssertionError("2 ids with 1 value encoded")
+    except ValueError as e:
+        assert "bias_vals" in str(e), e
+
+
 @case
 def random_roundtrip():
     rng = random.Random(9)
@@ -326,6 +448,8 @@ def encode_refuses():
         P.UpdateChunkOk(flags=2),
         P.UpdateChunk(data=np.zeros((4, 4), dtype="<f4")[:, ::2]),
         P.UpdateChunk(data=[1, 2, 3]),
+        P.Submit(requests=[P.Request(prompt_ids=[1], min_tokens=1)]),                  # a tail value without the flag
+        P.Submit(requests=[P.Request(prompt_ids=[1], flags=P.REQ_SAMPLING, bias_ids=[1], bias_vals=[1.0])]),  # v1
     ]
     for m in bad:
         try:

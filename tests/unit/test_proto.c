@@ -15,6 +15,11 @@
  * So do version 2's routes (§4.6), plus test_routes: each width, the
  * version rules (a version-1 frame neither carries nor encodes them, the
  * request flag needs version 2 and the ROUTES feature), sizes, the arena.
+ * Version 4's sampling tail likewise, plus test_sampling: the round trip of
+ * the tail, the version rules (no tail before version 4, the flag refused
+ * there), malformed tails (truncated, a count past the bytes, trailing
+ * bytes), the range checks (NaN penalties, n_bias past PROTO_MAX_BIAS, ids
+ * outside the vocabulary, repeated ids) and the arena.
  * Run from the repository root (RD_PROTO_TESTDATA overrides the folder). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -272,6 +277,21 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             r->stop_ids = ji32s(e, "stop_ids", &r->n_stop);
             r->prompt = ji32s(e, "prompt_ids", &r->n_prompt);
             r->text = jstr(e, "prompt_text");
+            const cJSON *so = cJSON_GetObjectItemCaseSensitive(e, "sampling"); /* version 4 */
+            if (so) {
+                proto_sampling *sp = palloc(sizeof *sp);
+                memset(sp, 0, sizeof *sp);
+                sp->repetition_penalty = jf32(so, "repetition_penalty");
+                sp->frequency_penalty = jf32(so, "frequency_penalty");
+                sp->presence_penalty = jf32(so, "presence_penalty");
+                sp->min_tokens = (uint32_t)jnum(so, "min_tokens");
+                uint32_t nv = 0;
+                sp->bias_ids = ji32s(so, "bias_ids", &sp->n_bias);
+                sp->bias_vals = jf32s(so, "bias_vals", &nv);
+                if (nv != sp->n_bias)
+                    snprintf(jerr, sizeof jerr, "sampling: %u bias_ids, %u bias_vals", sp->n_bias, nv);
+                r->sampling = sp;
+            }
         }
         m->submit.n_requests = n;
         m->submit.requests = rs;
@@ -583,6 +603,17 @@ static int request_eq(const proto_request *a, const proto_request *b)
     FIELD(a->n_prompt, b->n_prompt, "n_prompt");
     AFIELD(a->prompt, b->prompt, a->n_prompt, "prompt");
     SFIELD(a->text, b->text, "text");
+    FIELD(a->sampling != NULL, b->sampling != NULL, "has a sampling tail");
+    if (a->sampling) {
+        const proto_sampling *x = a->sampling, *y = b->sampling;
+        FFIELD(x->repetition_penalty, y->repetition_penalty, "repetition_penalty");
+        FFIELD(x->frequency_penalty, y->frequency_penalty, "frequency_penalty");
+        FFIELD(x->presence_penalty, y->presence_penalty, "presence_penalty");
+        FIELD(x->min_tokens, y->min_tokens, "min_tokens");
+        FIELD(x->n_bias, y->n_bias, "n_bias");
+        AFIELD(x->bias_ids, y->bias_ids, x->n_bias, "bias_ids");
+        AFIELD(x->bias_vals, y->bias_vals, x->n_bias, "bias_vals");
+    }
     return 1;
 }
 
@@ -1140,7 +1171,8 @@ static float *rnd_f32s(uint64_t n)
     return a;
 }
 
-static void rnd_request(proto_request *r)
+/* version: the frame's; a request with SAMPLING gets a tail from version 4 on. */
+static void rnd_request(proto_request *r, uint16_t version)
 {
     r->client_req_id = rnd_u64();
     r->n = (uint32_t)rnd();
@@ -1159,6 +1191,17 @@ static void rnd_request(proto_request *r)
     } else {
         r->n_prompt = rnd_below(40);
         r->prompt = rnd_i32s(r->n_prompt);
+    }
+    if ((r->flags & PROTO_REQ_SAMPLING) && version >= 4) {
+        proto_sampling *s = palloc(sizeof *s);
+        s->repetition_penalty = rnd_f32();
+        s->frequency_penalty = rnd_f32();
+        s->presence_penalty = rnd_f32();
+        s->min_tokens = (uint32_t)rnd();
+        s->n_bias = rnd_below(2) ? 0 : rnd_below(20);
+        s->bias_ids = rnd_i32s(s->n_bias);
+        s->bias_vals = rnd_f32s(s->n_bias);
+        r->sampling = s;
     }
 }
 
@@ -1261,11 +1304,12 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         break;
     }
     case PROTO_SUBMIT: {
+        m->version = (uint16_t)rnd_below(PROTO_VERSION + 1); /* any; 4 carries sampling tails */
         m->submit.client_id = rnd_u64();
         m->submit.n_requests = rnd_below(6);
         proto_request *r = m->submit.n_requests ? palloc(m->submit.n_requests * sizeof *r) : NULL;
         for (uint32_t i = 0; i < m->submit.n_requests; i++)
-            rnd_request(&r[i]);
+            rnd_request(&r[i], m->version);
         m->submit.requests = r;
         break;
     }
@@ -1878,6 +1922,251 @@ static void test_routes(void)
     pool_free();
 }
 
+/* Little-endian reads for checking a frame's bytes. */
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static float lef32(const uint8_t *p)
+{
+    uint32_t v = le32(p);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+/* proto_check_request's verdict on r against lim: 0, or RD_EINVAL with want in the message. */
+static int refused_with(const proto_request *r, const proto_hello_ok *lim, const char *want)
+{
+    return proto_check_request(r, lim) == RD_EINVAL && strstr(rd_errmsg(), want) && strstr(rd_errmsg(), "expected");
+}
+
+/* Version 4's sampling tail (PROTOCOL.md §4.3): its bytes, the round trip,
+ * the version rules both ways, malformed tails, the range checks, the arena. */
+static void test_sampling(void)
+{
+    proto_buf b, b2;
+    proto_buf_init(&b);
+    proto_buf_init(&b2);
+    static const int32_t prompt[] = {1, 2, 3}, ids[] = {7, 99, 0};
+    static const float vals[] = {-100.0f, 2.5f, 100.0f};
+    proto_sampling tail = {.repetition_penalty = 1.25f, .frequency_penalty = -0.5f, .presence_penalty = 2.0f,
+                           .min_tokens = 4, .n_bias = 3, .bias_ids = ids, .bias_vals = vals};
+    proto_sampling plain = {.repetition_penalty = 1.0f};
+    proto_request rq[3] = {
+        {.client_req_id = 1, .n = 2, .max_tokens = 8, .temperature = 1, .top_p = 1, .seed = 5,
+         .flags = PROTO_REQ_HAS_SEED | PROTO_REQ_SAMPLING, .n_prompt = 3, .prompt = prompt, .sampling = &tail},
+        {.client_req_id = 2, .n = 1, .max_tokens = 8, .temperature = 0, .top_p = 1, .n_prompt = 3, .prompt = prompt},
+        {.client_req_id = 3, .n = 1, .max_tokens = 8, .top_p = 1, .flags = PROTO_REQ_PROMPT_IS_TEXT | PROTO_REQ_SAMPLING,
+         .text = {"hi", 2}, .sampling = &plain},
+    };
+    proto_msg m = {.type = PROTO_SUBMIT, .version = 4}, d;
+    m.submit.client_id = 9;
+    m.submit.n_requests = 3;
+    m.submit.requests = rq;
+    CHECK_OK(proto_encode(&b, &m));
+    /* the bytes: request 0's tail after its prompt (body 12 + 48 fields + n_stop 4 + n_prompt 4 + 3 ids) */
+    const uint8_t *t0 = b.data + 16 + 12 + 48 + 4 + 4 + 12;
+    CHECK(lef32(t0) == 1.25f && lef32(t0 + 4) == -0.5f && lef32(t0 + 8) == 2.0f && le32(t0 + 12) == 4 &&
+          le32(t0 + 16) == 3, "tail head");
+    CHECK((int32_t)le32(t0 + 20) == 7 && lef32(t0 + 24) == -100.0f && (int32_t)le32(t0 + 28) == 99 &&
+          lef32(t0 + 32) == 2.5f && le32(t0 + 36) == 0 && lef32(t0 + 40) == 100.0f, "pairs: (id, bias) in turn");
+    CHECK(b.len == 16 + 12 + (56 + 12 + 20 + 24) + (56 + 12) + (56 + 2 + 20), "frame of %zu bytes", b.len);
+    CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+    CHECK(msg_eq(&d, &m), "round trip: %s", neq);
+    CHECK(d.submit.requests[0].sampling && d.submit.requests[0].sampling->bias_vals[2] == 100.0f &&
+          !d.submit.requests[1].sampling && d.submit.requests[2].sampling->n_bias == 0, "decoded tails");
+    CHECK(((uintptr_t)d.submit.requests[0].sampling->bias_vals & 3) == 0, "bias values aligned");
+    CHECK_OK(proto_encode(&b2, &d));
+    CHECK(b2.len == b.len && !memcmp(b2.data, b.data, b.len), "re-encode differs");
+    proto_msg_free(&d);
+
+    /* version rules: a tail is written and read only in version 4 */
+    size_t len0 = b2.len;
+    for (uint16_t v = 0; v < 4; v++) {
+        m.version = v;
+        CHECK(proto_encode(&b2, &m) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "version 4"),
+              "a tail encoded in version %u", v);
+    }
+    m.version = 4;
+    rq[0].sampling = NULL;
+    CHECK(proto_encode(&b2, &m) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "sampling is NULL"),
+          "the flag without its tail encoded in version 4");
+    rq[0].sampling = &tail;
+    rq[1].sampling = &tail;
+    CHECK(proto_encode(&b2, &m) == RD_EINVAL && b2.len == len0, "a tail without the flag encoded");
+    rq[1].sampling = NULL;
+    /* the version-4 frame relabelled version 3: no tail is read there, so its bytes are left over */
+    memcpy(b2.data, b.data, b.len);
+    b2.data[4] = 3;
+    CHECK(proto_decode(b2.data, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED,
+          "a version-3 frame with a tail decoded");
+    /* the flag alone in version 3: encoded without a tail, decoded as an undefined bit, refused by the check */
+    proto_request old = {.client_req_id = 7, .n = 1, .max_tokens = 4, .top_p = 1, .flags = PROTO_REQ_SAMPLING,
+                         .n_prompt = 3, .prompt = prompt};
+    proto_msg m3 = {.type = PROTO_SUBMIT, .version = 3};
+    m3.submit.n_requests = 1;
+    m3.submit.requests = &old;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &m3));
+    CHECK(b2.len == 16 + 12 + 56 + 12, "version-3 frame of %zu bytes", b2.len);
+    CHECK_OK(proto_decode(b2.data, b2.len, 0, &d));
+    CHECK(d.version == 3 && d.submit.requests[0].flags == PROTO_REQ_SAMPLING && !d.submit.requests[0].sampling,
+          "flag kept, no tail");
+    proto_hello_ok lim = {.version = 3, .vocab_size = 100, .max_context = 64, .max_prompt_tokens = 60, .max_n = 4,
+                          .max_tokens = 32, .max_stop_ids = 4, .max_logprobs_topk = 5,
+                          .max_message_bytes = PROTO_DEFAULT_MAX_MESSAGE};
+    CHECK(refused_with(&d.submit.requests[0], &lim, "undefined bits 0x40") && strstr(rd_errmsg(), "protocol version 3"),
+          "version 3: %s", rd_errmsg());
+    lim.version = 1;
+    CHECK(refused_with(&d.submit.requests[0], &lim, "undefined bits 0x40"), "version 1: %s", rd_errmsg());
+    lim.version = 4;
+    CHECK(refused_with(&d.submit.requests[0], &lim, "no sampling tail"), "hand-built flag alone: %s", rd_errmsg());
+    proto_msg_free(&d);
+    /* without the flag a version-4 frame is the version-1 frame but for the header's version */
+    proto_msg m1 = {.type = PROTO_SUBMIT, .version = 1}, m4 = {.type = PROTO_SUBMIT, .version = 4};
+    m1.submit.n_requests = m4.submit.n_requests = 1;
+    m1.submit.requests = m4.submit.requests = &rq[1];
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &m1));
+    size_t l1 = b2.len;
+    CHECK_OK(proto_encode(&b2, &m4));
+    CHECK(b2.len == 2 * l1 && !memcmp(b2.data + 6, b2.data + l1 + 6, l1 - 6) && b2.data[l1 + 4] == 4,
+          "a version-4 frame without the tail differs from version 1's");
+
+    /* malformed tails: the one-request frame cut anywhere in its tail, a count past the bytes, a trailing byte */
+    proto_msg one = {.type = PROTO_SUBMIT, .version = 4};
+    one.submit.n_requests = 1;
+    one.submit.requests = &rq[0];
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &one));
+    size_t at_tail = 16 + 12 + 56 + 12;
+    CHECK(b2.len == at_tail + 20 + 24, "one-request frame");
+    uint8_t *cut = malloc(b2.len + 1);
+    for (size_t k = at_tail; k < b2.len; k++) {
+        memcpy(cut, b2.data, k);
+        uint32_t body = (uint32_t)(k - 16);
+        memcpy(cut + 8, &body, 4);              /* little-endian host assumed by this test only */
+        CHECK(proto_decode(cut, k, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena,
+              "cut at %zu decoded", k);
+    }
+    CHECK(strstr(rd_errmsg(), "bias_ids") || strstr(rd_errmsg(), "n_bias"), "last cut: %s", rd_errmsg());
+    memcpy(cut, b2.data, b2.len);
+    uint32_t huge = 0xFFFFFFFFu, four = 4;
+    memcpy(cut + at_tail + 16, &huge, 4);
+    CHECK(proto_decode(cut, b2.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+          strstr(rd_errmsg(), "n_bias"), "n_bias 2^32-1: %s", rd_errmsg());
+    memcpy(cut + at_tail + 16, &four, 4);
+    CHECK(proto_decode(cut, b2.len, 0, &d) == RD_EFORMAT && strstr(rd_errmsg(), "n_bias"), "n_bias 4 of 3: %s",
+          rd_errmsg());
+    memcpy(cut, b2.data, b2.len);
+    cut[b2.len] = 0;
+    uint32_t body = (uint32_t)(b2.len + 1 - 16);
+    memcpy(cut + 8, &body, 4);
+    CHECK(proto_decode(cut, b2.len + 1, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED, "trailing byte");
+    free(cut);
+    /* a NaN penalty is well-formed (the decoder keeps the bits); the check refuses it */
+    proto_sampling nan_tail = tail;
+    nan_tail.repetition_penalty = NAN;
+    rq[0].sampling = &nan_tail;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &one));
+    CHECK_OK(proto_decode(b2.data, b2.len, 0, &d));
+    CHECK(isnan(d.submit.requests[0].sampling->repetition_penalty), "NaN kept");
+    CHECK(refused_with(&d.submit.requests[0], &lim, "repetition_penalty = nan"), "NaN: %s", rd_errmsg());
+    proto_msg_free(&d);
+    rq[0].sampling = &tail;
+
+    /* the range checks, each naming its field */
+    proto_request r = rq[0];
+    proto_sampling t = tail;
+    r.sampling = &t;
+    CHECK(proto_check_request(&r, &lim) == 0, "valid: %s", rd_errmsg());
+    struct { float *f; float v; const char *name; } bad_f[] = {
+        {&t.repetition_penalty, 0.0f, "repetition_penalty"}, {&t.repetition_penalty, -1.0f, "repetition_penalty"},
+        {&t.repetition_penalty, INFINITY, "repetition_penalty"}, {&t.frequency_penalty, 2.01f, "frequency_penalty"},
+        {&t.frequency_penalty, NAN, "frequency_penalty"}, {&t.presence_penalty, -2.5f, "presence_penalty"},
+        {&t.presence_penalty, -INFINITY, "presence_penalty"},
+    };
+    for (size_t i = 0; i < sizeof bad_f / sizeof bad_f[0]; i++) {
+        float keep = *bad_f[i].f;
+        *bad_f[i].f = bad_f[i].v;
+        CHECK(refused_with(&r, &lim, bad_f[i].name), "%s = %g: %s", bad_f[i].name, (double)bad_f[i].v, rd_errmsg());
+        *bad_f[i].f = keep;
+    }
+    t.frequency_penalty = -2.0f;
+    t.presence_penalty = 2.0f;
+    t.repetition_penalty = 1e-30f;
+    t.min_tokens = r.max_tokens;
+    CHECK(proto_check_request(&r, &lim) == 0, "bounds: %s", rd_errmsg());
+    t.min_tokens = r.max_tokens + 1;
+    CHECK(refused_with(&r, &lim, "min_tokens = 9"), "min_tokens: %s", rd_errmsg());
+    t.min_tokens = 0;
+    int32_t bids[3] = {7, 100, 0};
+    float bvals[3] = {1, 2, 3};
+    t.bias_ids = bids;
+    t.bias_vals = bvals;
+    CHECK(refused_with(&r, &lim, "bias_ids[1] = 100"), "id past the vocabulary: %s", rd_errmsg());
+    bids[1] = -1;
+    CHECK(refused_with(&r, &lim, "bias_ids[1] = -1"), "negative id: %s", rd_errmsg());
+    bids[1] = 0;
+    CHECK(refused_with(&r, &lim, "bias_ids[2] = 0 repeats bias_ids[1]"), "repeat: %s", rd_errmsg());
+    bids[1] = 5;
+    bvals[2] = 100.5f;
+    CHECK(refused_with(&r, &lim, "bias_vals[2]"), "bias past 100: %s", rd_errmsg());
+    bvals[2] = NAN;
+    CHECK(refused_with(&r, &lim, "bias_vals[2]"), "NaN bias: %s", rd_errmsg());
+    bvals[2] = -100.0f;
+    CHECK(proto_check_request(&r, &lim) == 0, "valid bias: %s", rd_errmsg());
+    /* PROTO_MAX_BIAS distinct pairs pass, one more is refused; both decode (the count is the check's) */
+    int32_t *many = palloc(sizeof(int32_t) * (PROTO_MAX_BIAS + 1));
+    float *many_v = palloc(sizeof(float) * (PROTO_MAX_BIAS + 1));
+    for (uint32_t i = 0; i <= PROTO_MAX_BIAS; i++) {
+        many[i] = (int32_t)(PROTO_MAX_BIAS - i);
+        many_v[i] = (float)i / 16.0f - 32.0f;
+    }
+    lim.vocab_size = 2 * PROTO_MAX_BIAS;
+    t.bias_ids = many;
+    t.bias_vals = many_v;
+    for (uint32_t n = PROTO_MAX_BIAS; n <= PROTO_MAX_BIAS + 1; n++) {
+        t.n_bias = n;
+        one.submit.requests = &r;
+        proto_buf_reset(&b2);
+        CHECK_OK(proto_encode(&b2, &one));
+        CHECK_OK(proto_decode(b2.data, b2.len, 0, &d));
+        CHECK(d.submit.requests[0].sampling->n_bias == n, "n_bias");
+        int rc = proto_check_request(&d.submit.requests[0], &lim);
+        CHECK(n == PROTO_MAX_BIAS ? rc == 0 : refused_with(&d.submit.requests[0], &lim, "1025 logit_bias entries"),
+              "n_bias %u: %s", n, rc ? rd_errmsg() : "accepted");
+        proto_msg_free(&d);
+    }
+    many[PROTO_MAX_BIAS - 1] = many[3];         /* a repeat far apart */
+    t.n_bias = PROTO_MAX_BIAS;
+    CHECK(refused_with(&r, &lim, "repeats bias_ids[3]"), "repeat among 1024: %s", rd_errmsg());
+
+    /* the arena: a SUBMIT dense with tails stays within 2 x frame + 256 */
+    enum { N = 20000 };
+    proto_request *dense = palloc(N * sizeof *dense);
+    static const int32_t one_id = 5;
+    static const float one_val = 1;
+    proto_sampling s0 = {.repetition_penalty = 1}, s1 = {.n_bias = 1, .bias_ids = &one_id, .bias_vals = &one_val};
+    for (int i = 0; i < N; i++) {
+        dense[i].flags = PROTO_REQ_PROMPT_IS_TEXT | PROTO_REQ_SAMPLING;
+        dense[i].text.ptr = "x";
+        dense[i].text.len = 1;
+        dense[i].sampling = i % 2 ? &s1 : &s0;
+    }
+    proto_msg dm = {.type = PROTO_SUBMIT, .version = 4};
+    dm.submit.n_requests = N;
+    dm.submit.requests = dense;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &dm));
+    CHECK(proto_decode(b2.data, b2.len, 0, &d) == 0, "dense SUBMIT with tails: %s", rd_errmsg());
+    CHECK(d.arena_bytes <= 2 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
+    CHECK(d.submit.requests[N - 1].sampling->bias_ids[0] == 5, "fields");
+    proto_msg_free(&d);
+    pool_free();
+    proto_buf_free(&b);
+    proto_buf_free(&b2);
+}
+
 static void test_names(void)
 {
     CHECK(!strcmp(proto_type_name(PROTO_RESULTS), "RESULTS"), "type name");
@@ -1932,6 +2221,7 @@ int main(void)
     RUN(test_encode_error);
     RUN(test_update_chunk_data);
     RUN(test_routes);
+    RUN(test_sampling);
     RUN(test_names);
     pool_free();
     cJSON_Delete(vectors);

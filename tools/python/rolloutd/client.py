@@ -19,6 +19,12 @@ gives prime-rl's form instead, {"data": base64, "shape", "start": 0,
 "dtype": "uint8" (up to 256 experts) | "uint16" | "int32"}, which
 Sample.routes_compact() also builds from an array result.
 
+vLLM's penalties (protocol version 4): generate(..., repetition_penalty=1.1,
+frequency_penalty=0.5, presence_penalty=0.5, min_tokens=4,
+logit_bias={token_id: bias}) sends them in the request's sampling tail, only
+when one differs from its default, so a default request still works with an
+older daemon; a non-default one raises ValueError there.
+
 Transport (PROTOCOL.md §1): one req0 socket with NNG's request resends off,
 the receive size limit set to the daemon's max_message_bytes, and a receive
 timeout of wait_ms + 10 s for FETCH (30 s otherwise); a timed-out exchange is
@@ -157,6 +163,27 @@ def _sample(r, index, routes_format=None):
     return s
 
 
+def _sampling_tail(repetition_penalty, frequency_penalty, presence_penalty, min_tokens, logit_bias):
+    """The sampling tail's values when any differs from its default (else None), with "set" naming
+    those that do; logit_bias {token id (int or its decimal string, as OpenAI's JSON keys): bias} becomes
+    bias_ids / bias_vals in the dict's order."""
+    ids, vals = [], []
+    for k, v in (logit_bias or {}).items():
+        try:
+            ids.append(int(k))
+        except (TypeError, ValueError):
+            raise TypeError(f"logit_bias keys are token ids; got {k!r}") from None
+        vals.append(float(v))
+    t = {"repetition_penalty": float(repetition_penalty), "frequency_penalty": float(frequency_penalty),
+         "presence_penalty": float(presence_penalty), "min_tokens": int(min_tokens),
+         "bias_ids": np.array(ids, dtype=np.int32), "bias_vals": np.array(vals, dtype=np.float32)}
+    if t["min_tokens"] < 0:
+        raise ValueError(f"min_tokens = {t['min_tokens']}; expected 0..max_tokens")
+    defaults = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_tokens": 0}
+    t["set"] = [k for k, d in defaults.items() if not t[k] == d] + (["logit_bias"] if ids else [])
+    return t if t["set"] else None
+
+
 def _routes_format(return_routes):
     """None (not asked), "array" or "compact" from a return_routes argument."""
     if return_routes in (None, False):
@@ -198,6 +225,8 @@ class Stream:
         while self._next + k < len(self._reqs) and k < per:
             q = self._reqs[self._next + k]
             b = 56 + 4 * len(q.stop_ids) + 4 * len(q.prompt_ids) + len(q.prompt_text.encode())
+            if q.flags & P.REQ_SAMPLING:
+                b += P.SAMPLING_TAIL_BYTES + P.BIAS_PAIR_BYTES * len(q.bias_ids)
             if k and size + b > limit:
                 break
             size += b
@@ -387,7 +416,7 @@ class Client:
 
     def hello(self, client_id=0, name="rolloutd-python"):
         """HELLO: a new client (0) or resume client_id, offering protocol
-        versions 1..3 (the daemon picks the highest it speaks). Returns the HelloOk."""
+        versions 1..4 (P.VERSION_MIN..P.VERSION; the daemon picks the highest it speaks). Returns the HelloOk."""
         ok = self._call(P.Hello(client_id=client_id, min_version=P.VERSION_MIN, max_version=P.VERSION,
                                 client_name=name), P.T.HELLO_OK)
         self.version = ok.version if P.VERSION_MIN <= ok.version <= P.VERSION else P.VERSION_MIN
@@ -490,15 +519,25 @@ class Client:
 
     def requests(self, prompts, n=1, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
                  seed=None, stop=None, logprobs=0, processed_logprobs=False, ignore_eos=False, chat=False,
-                 return_routes=False):
+                 return_routes=False, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+                 min_tokens=0, logit_bias=None):
         """The protocol requests for prompts (fresh client_req_ids). seed: None
         (the daemon picks one per request, reported in each sample), an int
         (used for every prompt; the n samples of a prompt still differ) or a
         list with one seed per prompt. stop: extra stop token ids.
         return_routes: ask for the routed experts (True, "array" or "compact";
-        a mixture-of-experts model and protocol version 2)."""
+        a mixture-of-experts model and protocol version 2).
+        repetition_penalty (> 0, 1 = off; prompt and output tokens), frequency_penalty and
+        presence_penalty ([-2, 2], 0 = off; output counts), min_tokens (EOS and stop ids masked until
+        this many tokens are generated) and logit_bias ({token id: bias in [-100, 100]}, at most 1024)
+        are vLLM's; they go in the request's sampling tail (protocol version 4), sent only when one
+        differs from its default."""
         if _routes_format(return_routes) and self.version < 2:
             raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot return routed experts")
+        tail = _sampling_tail(repetition_penalty, frequency_penalty, presence_penalty, min_tokens, logit_bias)
+        if tail and self.version < 4:
+            raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot take "
+                             f"{', '.join(tail['set'])} (the sampling tail needs version 4; a newer rolloutd)")
         if isinstance(prompts, (str, bytes)) or (len(prompts) and np.isscalar(prompts[0]) and
                                                  not isinstance(prompts[0], str)):
             raise TypeError("prompts is a list of prompts: each a list of token ids or a string")
@@ -517,6 +556,11 @@ class Client:
             q = P.Request(client_req_id=self.next_req_id, n=n, max_tokens=max_tokens, temperature=temperature,
                           top_p=top_p, top_k=top_k, min_p=min_p, seed=0 if s is None else int(s),
                           logprobs_topk=logprobs, stop_ids=stop_ids.astype(np.int32))
+            if tail:
+                flags |= P.REQ_SAMPLING
+                q.repetition_penalty, q.frequency_penalty = tail["repetition_penalty"], tail["frequency_penalty"]
+                q.presence_penalty, q.min_tokens = tail["presence_penalty"], tail["min_tokens"]
+                q.bias_ids, q.bias_vals = tail["bias_ids"], tail["bias_vals"]
             self.next_req_id += 1
             if isinstance(p, str):
                 q.flags = flags | P.REQ_PROMPT_IS_TEXT | (P.REQ_CHAT_TEMPLATE if chat else 0)
@@ -539,8 +583,9 @@ class Client:
         """Runs the prompts to completion and returns every sample, sorted by
         (index, sample_idx). Parameters: n, max_tokens, temperature, top_p,
         top_k, min_p, seed, stop, logprobs (top-k alternatives per token),
-        processed_logprobs, ignore_eos, chat, return_routes. An invalid request raises
-        DaemonError (code INVALID_PARAMS) naming the prompt."""
+        processed_logprobs, ignore_eos, chat, return_routes, repetition_penalty,
+        frequency_penalty, presence_penalty, min_tokens, logit_bias (see requests()).
+        An invalid request raises DaemonError (code INVALID_PARAMS) naming the prompt."""
         out = list(self.stream(prompts, **params))
         out.sort(key=lambda s: (s.index, s.sample_idx))
         return out

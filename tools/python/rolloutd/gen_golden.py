@@ -41,8 +41,14 @@ LIMITS_V2.features = P.FEATURE_WEIGHT_UPDATE | P.FEATURE_RELAY | P.FEATURE_ROUTE
 LIMITS_V2.vocab_size, LIMITS_V2.n_layers, LIMITS_V2.dim, LIMITS_V2.n_heads, LIMITS_V2.n_kv_heads = 151936, 48, 2048, 32, 4
 LIMITS_V2.model_name, LIMITS_V2.architecture = "Qwen3-30B-A3B", "qwen3moe"
 
+# The dense daemon of LIMITS that chose version 3, and version 4 (the sampling tail), for clients offering them.
+LIMITS_V3 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
+LIMITS_V3.version = 3
+LIMITS_V4 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
+LIMITS_V4.version = 4
 
-def req(rid, prompt=None, text=None, **kw):
+
+def req(rid, prompt=None, text=None, bias=None, **kw):
     q = P.Request(client_req_id=rid, **kw)
     if text is not None:
         q.flags |= P.REQ_PROMPT_IS_TEXT
@@ -50,6 +56,16 @@ def req(rid, prompt=None, text=None, **kw):
     else:
         q.prompt_ids = np.array(prompt, dtype="<i4")
     q.stop_ids = np.array(kw.get("stop_ids", []), dtype="<i4")
+    if bias is not None:        # logit_bias as (id, bias) pairs, in wire order
+        q.bias_ids = np.array([i for i, _ in bias], dtype="<i4")
+        q.bias_vals = np.array([b for _, b in bias], dtype="<f4")
+    return q
+
+
+def sampled(rid, prompt=None, **kw):
+    """A request with the sampling tail (version 4, flag REQ_SAMPLING)."""
+    q = req(rid, prompt, **kw)
+    q.flags |= P.REQ_SAMPLING
     return q
 
 
@@ -203,6 +219,43 @@ def valid_vectors():
     add("results_routes_i32", P.Results(ack_seq=53, results=[x5]),
         "version 2: ids as int32 (past 65536 experts): 2 positions x 1 layer x top-2, the full i32 range", version=2)
 
+    # the sampling tail (protocol version 4, PROTOCOL.md §4.3)
+    add("hello_ok_v3", LIMITS_V3, "hello_ok's dense daemon chose version 3 (no sampling tail yet)")
+    add("hello_ok_v4", LIMITS_V4, "hello_ok's dense daemon chose version 4: requests may carry the sampling tail")
+    add("submit_sampling", P.Submit(client_id=0x0123456789ABCDEF, requests=[
+        sampled(1, [1, 9690, 314, 253], n=4, max_tokens=64, temperature=0.75, seed=11,
+                flags=P.REQ_HAS_SEED | P.REQ_PROCESSED_LOGPROBS, repetition_penalty=1.25, frequency_penalty=0.5,
+                presence_penalty=-0.25, min_tokens=8, bias=[(2, -100.0), (314, 2.5), (49151, 0.125)]),
+        sampled(2, text="Say hi 👋", max_tokens=16, flags=P.REQ_CHAT_TEMPLATE),
+        req(3, [5, 6], max_tokens=8),
+        sampled(4, [7], max_tokens=2, min_tokens=2, bias=[(0, 100.0), (1, -100.0)]),
+    ]), "version 4: penalties, min_tokens and 3 logit_bias pairs with token ids; a text prompt whose tail holds "
+        "the defaults; a request without the tail; a last request whose tail ends the frame",
+        check=[0, 0, 0, 0], check_limits="hello_ok_v4.bin", version=4)
+    add("submit_sampling_invalid", P.Submit(client_id=42, requests=[
+        sampled(30, [1, 2, 3], repetition_penalty=math.nan),
+        sampled(31, [1, 2, 3], repetition_penalty=0.0),
+        sampled(32, [1, 2, 3], repetition_penalty=math.inf),
+        sampled(33, [1, 2, 3], frequency_penalty=2.5),
+        sampled(34, [1, 2, 3], presence_penalty=-3.0),
+        sampled(35, [1, 2, 3], presence_penalty=math.nan),
+        sampled(36, [1, 2, 3], max_tokens=4, min_tokens=5),
+        sampled(37, [1, 2, 3], bias=[(5, 1.0), (49152, 1.0)]),
+        sampled(38, [1, 2, 3], bias=[(-1, 1.0)]),
+        sampled(39, [1, 2, 3], bias=[(5, 100.5)]),
+        sampled(40, [1, 2, 3], bias=[(5, math.nan)]),
+        sampled(41, [1, 2, 3], bias=[(9, 1.0), (5, 1.0), (9, -1.0)]),
+        sampled(42, [1, 2, 3], max_tokens=4, repetition_penalty=0.00048828125, frequency_penalty=-2.0,
+                presence_penalty=2.0, min_tokens=4, bias=[(0, 100.0), (49151, -100.0)]),
+    ]), "version 4: well-formed sampling tails that proto_check_request refuses against hello_ok_v4 (all but the "
+        "last, at the bounds: min_tokens = max_tokens, penalties and biases at their limits; the count limit, "
+        "1024 pairs, is the unit tests')", check=[7] * 12 + [0], check_limits="hello_ok_v4.bin", version=4)
+    add("submit_sampling_v3", P.Submit(client_id=42, requests=[
+        req(50, [1, 2, 3], max_tokens=4, flags=P.REQ_SAMPLING),
+        req(51, [1, 2, 3], max_tokens=4),
+    ]), "version 3: the SAMPLING bit is undefined there, so no tail is read and check_request refuses the bit; "
+        "the request without it is fine", check=[7, 0], check_limits="hello_ok_v3.bin", version=3)
+
     # serve_dtype (protocol version 3, PROTOCOL.md §4.6, §10.1)
     x6 = result(60, 6, 2, [(0, 1, 7), (1, 2, 8)], sample_idx=0, n_prompt=3, seed=1, version_admit=7,
                 version_finish=8, queued_us=1, first_token_us=2, total_us=3)
@@ -345,8 +398,8 @@ def invalid_vectors(valid_frames):
     add("truncated_header", submit[:10], P.E.MALFORMED, "10 bytes: shorter than the 16-byte header")
     add("bad_magic", b"GET / HTTP/1.1\r\n\r\n", P.E.BAD_MAGIC, "an HTTP request sent to the learner port")
     add("bad_magic_case", frame(P.T.STATUS, b"", magic=b"rldp"), P.E.BAD_MAGIC, "magic in the wrong case")
-    add("bad_version", frame(P.T.HELLO, hello_body, version=4), P.E.UNSUPPORTED_VERSION,
-        "protocol version 4 (this codec speaks 1 to 3)")
+    add("bad_version", frame(P.T.HELLO, hello_body, version=P.VERSION + 1), P.E.UNSUPPORTED_VERSION,
+        f"protocol version {P.VERSION + 1} (this codec speaks 1 to {P.VERSION})")
     add("bad_version_zero", frame(P.T.HELLO, hello_body, version=0), P.E.UNSUPPORTED_VERSION, "protocol version 0")
     add("truncated_body", submit[:-5], P.E.MALFORMED, "a SUBMIT missing its last 5 bytes (header unchanged)")
     add("length_larger_than_frame", frame(P.T.FETCH, valid_frames["fetch"][16:], body_len=32 + 100), P.E.MALFORMED,
@@ -420,7 +473,36 @@ def invalid_vectors(valid_frames):
     update_invalid(valid_frames, add)
     routes_invalid(valid_frames, add)
     serve_invalid(valid_frames, add)
+    sampling_invalid(valid_frames, add)
     return I
+
+
+def sampling_invalid(valid_frames, add):
+    """Invalid sampling tails (version 4): submit_sampling, whose last request's tail (min_tokens 2, two bias
+    pairs) ends the frame, with one thing broken."""
+    body = valid_frames["submit_sampling"][16:]
+    tail = len(body) - 2 * 8 - P.SAMPLING_TAIL_BYTES    # the last request's tail
+    assert struct.unpack_from("<fffII", body, tail) == (1.0, 0.0, 0.0, 2, 2)
+    n_bias = tail + 16
+
+    def patched(at, fmt, value):
+        b = bytearray(body)
+        struct.pack_into(fmt, b, at, value)
+        return bytes(b)
+
+    S = P.T.SUBMIT
+    add("sampling_truncated", frame(S, body[:tail + 6], version=4), P.E.MALFORMED,
+        "the last request's sampling tail cut inside frequency_penalty")
+    add("sampling_truncated_pair", frame(S, body[:-4], version=4), P.E.MALFORMED,
+        "the last bias pair cut after its token id")
+    add("sampling_bias_count_over_bytes", frame(S, patched(n_bias, "<I", 3), version=4), P.E.MALFORMED,
+        "n_bias 3 with the bytes of 2 pairs")
+    add("sampling_huge_bias_count", frame(S, patched(n_bias, "<I", 0xFFFFFFFF), version=4), P.E.MALFORMED,
+        "n_bias 2^32-1: refused before any allocation")
+    add("sampling_trailing_byte", frame(S, body + b"\0", version=4), P.E.MALFORMED, "a byte after the last tail")
+    add("sampling_tail_in_v3", frame(S, body, version=3), P.E.MALFORMED,
+        "the version-4 SUBMIT in a version-3 frame: SAMPLING switches no tail on there, so the first tail is "
+        "read as the next request")
 
 
 def routes_invalid(valid_frames, add):
@@ -560,7 +642,8 @@ def main():
     doc = {"magic": P.MAGIC.decode(), "version": P.VERSION, "version_min": P.VERSION_MIN,
            "default_max_len": P.DEFAULT_MAX_MESSAGE, "check_limits": "hello_ok.bin", "valid": [], "invalid": []}
     frames = {}
-    limits = {"hello_ok.bin": LIMITS, "hello_ok_v2.bin": LIMITS_V2}
+    limits = {"hello_ok.bin": LIMITS, "hello_ok_v2.bin": LIMITS_V2, "hello_ok_v3.bin": LIMITS_V3,
+              "hello_ok_v4.bin": LIMITS_V4}
     for name, msg, desc, extra in valid_vectors():
         data = P.encode(msg, extra.get("version"))
         back = P.decode(data)

@@ -23,7 +23,11 @@ REQ_RETURN_ROUTES and a result's routes (RESULT_ROUTES), a numpy array
 [n_routes, layers, k] of uint8, uint16 or int32 expert ids (its dtype is the
 width on the wire). Version 3 adds serve_dtype: UPDATE_BEGIN.serve_dtype (SERVE_*,
 0 = the daemon's config) and a result's serve_dtype / serve_dtype_first
-(RESULT_SERVE), which policy produced its tokens.
+(RESULT_SERVE), which policy produced its tokens. Version 4 adds a request's
+sampling tail (flag REQ_SAMPLING): repetition_penalty, frequency_penalty,
+presence_penalty, min_tokens and logit_bias (bias_ids, bias_vals), on the wire
+exactly when the flag is set in a version-4 frame (a Request without it holds
+the defaults; encoding non-defaults without it is refused).
 """
 import enum
 import math
@@ -36,7 +40,8 @@ import numpy as np
 from . import proto_table as _table
 
 MAGIC = b"RLDP"
-VERSION = 3                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype)
+VERSION = 4                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype;
+                            # 4: a request's sampling tail)
 VERSION_MIN = 1             # the oldest; frames are written in it unless told otherwise
 HEADER_BYTES = 16
 DEFAULT_MAX_MESSAGE = 64 << 20
@@ -89,8 +94,13 @@ REQ_IGNORE_EOS = 0x4
 REQ_PROMPT_IS_TEXT = 0x8
 REQ_CHAT_TEMPLATE = 0x10
 REQ_RETURN_ROUTES = 0x20     # version 2: results carry the experts each position was routed to
-REQ_FLAGS = 0x3F
+REQ_SAMPLING = 0x40          # version 4: a sampling tail follows the prompt (penalties, min_tokens, logit_bias)
+REQ_FLAGS = 0x7F
 REQ_FLAGS_V2 = 0x20          # the bits version 2 added
+REQ_FLAGS_V4 = 0x40          # the bits version 4 added (before it no tail is read and check_request refuses them)
+SAMPLING_TAIL_BYTES = 20     # the sampling tail without its (i32 id, f32 bias) pairs, 8 bytes each
+MAX_BIAS = 1024              # logit_bias entries a request may carry
+MAX_ABS_BIAS = 100.0         # a bias is in [-100, 100]
 
 SUBMIT_DUPLICATE = 0x1
 SUBMIT_OK_FLAGS = 0x1
@@ -136,6 +146,8 @@ REQUEST_MIN_BYTES = 56
 SUBMIT_ITEM_MIN_BYTES = 20
 RESULT_MIN_BYTES = 88
 SPAN_BYTES = 16
+BIAS_PAIR_BYTES = 8          # a sampling tail's (i32 id, f32 bias)
+_BIAS_PAIR = np.dtype([("id", "<i4"), ("bias", "<f4")])
 ROUTES_HEAD_BYTES = 8        # n_routes u32, layers u16, k u8, width u8
 ROUTE_DTYPES = {1: "<u1", 2: "<u2", 4: "<i4"}   # id width on the wire -> numpy dtype
 ROUTE_DTYPE_NAMES = {1: "uint8", 2: "uint16", 4: "int32"}
@@ -241,6 +253,19 @@ class Request:
     stop_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_ids: np.ndarray = field(default_factory=_empty_i32)   # when flags lack REQ_PROMPT_IS_TEXT
     prompt_text: str = ""                                         # when flags have REQ_PROMPT_IS_TEXT
+    # the sampling tail (version 4, flag REQ_SAMPLING); these defaults without it
+    repetition_penalty: float = 1.0    # finite, > 0; 1 = off (a prompt or output token: logit / r if > 0, else * r)
+    frequency_penalty: float = 0.0     # [-2, 2]; minus f times the token's count in the output
+    presence_penalty: float = 0.0      # [-2, 2]; minus p once if the token is in the output
+    min_tokens: int = 0                # 0..max_tokens: EOS and stop ids masked until this many are generated
+    bias_ids: np.ndarray = field(default_factory=_empty_i32)     # [n_bias] distinct token ids (logit_bias keys)
+    bias_vals: np.ndarray = field(default_factory=_empty_f32)    # [n_bias] in [-100, 100], added to the logits
+
+    def has_sampling(self):
+        """Whether any sampling-tail field differs from its default (the tail is then needed: version 4)."""
+        return (float(self.repetition_penalty) != 1.0 or float(self.frequency_penalty) != 0.0 or
+                float(self.presence_penalty) != 0.0 or int(self.min_tokens) != 0 or len(self.bias_ids) > 0 or
+                len(self.bias_vals) > 0)
 
 
 @dataclass
@@ -469,6 +494,15 @@ def _dec_request_tail(r, q, hidden):
         q.prompt_text = r.string("prompt_text")
     else:
         q.prompt_ids = r.array(r.count(4, "n_prompt"), "<i4", "prompt_ids")
+    if q.flags & REQ_SAMPLING and r.version >= 4:    # before version 4 the bit switches nothing on
+        q.repetition_penalty = r.f32("repetition_penalty")
+        q.frequency_penalty = r.f32("frequency_penalty")
+        q.presence_penalty = r.f32("presence_penalty")
+        q.min_tokens = r.u32("min_tokens")
+        n = r.count(BIAS_PAIR_BYTES, "n_bias")
+        pairs = np.frombuffer(r.buf, dtype=_BIAS_PAIR, count=n, offset=r.off) if n else np.zeros(0, _BIAS_PAIR)
+        q.bias_ids, q.bias_vals = pairs["id"], pairs["bias"]
+        r.off += BIAS_PAIR_BYTES * n
 
 
 def _dec_result_tail(r, x, hidden):
@@ -715,17 +749,28 @@ def _enc_fields(out, layout, obj, hidden, what, version=VERSION_MIN):
             out.append(struct.pack(_PACK[kind], v))
 
 
-def _request_check(q, what):
+def _sampling_tail(q, version):
+    """Whether q's frame carries the sampling tail: flag REQ_SAMPLING in version 4 or later."""
+    return bool(q.flags & REQ_SAMPLING) and version >= 4
+
+
+def _request_check(q, what, version=VERSION_MIN):
+    if not _sampling_tail(q, version) and q.has_sampling():
+        raise ValueError(f"request {q.client_req_id}: sampling fields (penalties, min_tokens, logit_bias) need flag "
+                         f"REQ_SAMPLING in protocol version 4 or later; encoding version {version}, flags {q.flags:#x}")
+    if len(_i32(q.bias_ids)) != len(_f32(q.bias_vals)):
+        raise ValueError(f"request {q.client_req_id}: {len(_i32(q.bias_ids))} bias_ids but {len(_f32(q.bias_vals))} "
+                         "bias_vals; expected one value per id")
     text = bool(q.flags & REQ_PROMPT_IS_TEXT)
     if text and len(_i32(q.prompt_ids)):
         raise ValueError(f"request {q.client_req_id}: flags say the prompt is text but it has "
                          f"{len(_i32(q.prompt_ids))} token ids")
     if not text and q.prompt_text:
         raise ValueError(f"request {q.client_req_id}: has prompt text but flags lack REQ_PROMPT_IS_TEXT")
-    return {}
+    return {"sampling": _sampling_tail(q, version)}
 
 
-def _enc_request_tail(out, q):
+def _enc_request_tail(out, q, hidden):
     stop = _i32(q.stop_ids)
     out.append(struct.pack("<I", len(stop)))
     out.append(stop.tobytes())
@@ -735,9 +780,17 @@ def _enc_request_tail(out, q):
         ids = _i32(q.prompt_ids)
         out.append(struct.pack("<I", len(ids)))
         out.append(ids.tobytes())
+    if not hidden["sampling"]:
+        return
+    out.append(_f32_bytes([q.repetition_penalty, q.frequency_penalty, q.presence_penalty]))
+    ids, vals = _i32(q.bias_ids), _f32(q.bias_vals)
+    out.append(struct.pack("<II", q.min_tokens, len(ids)))
+    pairs = np.empty(len(ids), _BIAS_PAIR)
+    pairs["id"], pairs["bias"] = ids, vals
+    out.append(pairs.tobytes())
 
 
-def _result_check(x, what):
+def _result_check(x, what, version=VERSION_MIN):
     what = f"result seq {x.seq}"
     n = len(_i32(x.token_ids))
     lp = _f32(x.logprobs)
@@ -778,7 +831,7 @@ def _routes_array(a, what):
     return np.ascontiguousarray(a, dtype=kinds[(a.dtype.kind, a.dtype.itemsize)])
 
 
-def _enc_result_tail(out, x):
+def _enc_result_tail(out, x, hidden):
     ids = _i32(x.token_ids)
     out.append(struct.pack("<I", len(ids)))
     out.append(ids.tobytes())
@@ -806,7 +859,7 @@ def _tensor_check(t, what, version=VERSION):
     return {"n_dims": len(t.shape)}
 
 
-def _enc_tensor_tail(out, t):
+def _enc_tensor_tail(out, t, hidden):
     shape = [int(d) for d in t.shape]
     out.append(struct.pack(f"<{len(shape)}QQI", *shape, t.nbytes, t.crc32c))
     if t.flags & TENSOR_DELTA:
@@ -830,13 +883,13 @@ def _enc_body(m, out, version):
     if elem == "BYTES":
         out.append(items)
         return
-    check, tail = _ENC_TAILS.get(elem, (lambda x, what: {}, None))
+    check, tail = _ENC_TAILS.get(elem, (lambda x, what, version: {}, None))
     for i, x in enumerate(items):
         what = f"{t.name} {array}[{i}]"
-        hidden = check(x, what, version) if elem == "TENSOR" else check(x, what)
+        hidden = check(x, what, version)
         _enc_fields(out, _table.LAYOUTS[elem], x, hidden, what, version)
         if tail:
-            tail(out, x)
+            tail(out, x, hidden)
 
 
 def encode(m, version=None):
@@ -893,7 +946,7 @@ def check_request(q, lim):
         return ProtoError(E.INVALID_PARAMS, f"request {rid}: {msg}")
 
     version = lim.version if lim.version >= 2 else 1
-    allowed = REQ_FLAGS if version >= 2 else REQ_FLAGS & ~REQ_FLAGS_V2
+    allowed = REQ_FLAGS & ~(REQ_FLAGS_V2 if version < 2 else 0) & ~(REQ_FLAGS_V4 if version < 4 else 0)
     if q.flags & ~allowed:
         raise bad(f"flags {q.flags:#x} have undefined bits {q.flags & ~allowed:#x}; expected only bits "
                   f"{allowed:#x} (protocol version {version})")
@@ -918,6 +971,8 @@ def check_request(q, lim):
     if len(stop) > lim.max_stop_ids:
         raise bad(f"{len(stop)} stop ids; expected at most {lim.max_stop_ids}")
     _check_ids("stop_ids", rid, stop, lim.vocab_size)
+    if q.flags & REQ_SAMPLING:
+        _check_sampling(q, bad, lim)
     worst = result_max_bytes(q.max_tokens, q.flags & REQ_PROCESSED_LOGPROBS, q.logprobs_topk) + RESULTS_OVERHEAD
     if worst > lim.max_message_bytes:
         raise bad(f"a result of max_tokens = {q.max_tokens} with these log-prob options can take {worst} bytes; "
@@ -938,6 +993,43 @@ def check_request(q, lim):
     except ProtoError as e:
         raise bad(e.message) from None
     _check_ids("prompt_ids", rid, ids, lim.vocab_size)
+
+
+def _check_sampling(q, bad, lim):
+    """The sampling tail's ranges (check_sampling in proto.c), in its order."""
+    r, f, p = float(q.repetition_penalty), float(q.frequency_penalty), float(q.presence_penalty)
+    if not math.isfinite(r) or not r > 0:
+        raise bad(f"repetition_penalty = {_g(r)}; expected a finite number > 0 (1 = off)")
+    if not -2 <= f <= 2:
+        raise bad(f"frequency_penalty = {_g(f)}; expected -2 <= frequency_penalty <= 2 (0 = off)")
+    if not -2 <= p <= 2:
+        raise bad(f"presence_penalty = {_g(p)}; expected -2 <= presence_penalty <= 2 (0 = off)")
+    if q.min_tokens > q.max_tokens:
+        raise bad(f"min_tokens = {q.min_tokens}; expected 0..max_tokens ({q.max_tokens})")
+    ids = np.asarray(q.bias_ids, dtype=np.int64)
+    vals = np.asarray(q.bias_vals, dtype=np.float32)
+    if len(ids) > MAX_BIAS:
+        raise bad(f"{len(ids)} logit_bias entries; expected at most {MAX_BIAS}")
+    _check_ids("bias_ids", q.client_req_id, ids, lim.vocab_size)
+    for i, v in enumerate(vals):
+        if not -MAX_ABS_BIAS <= v <= MAX_ABS_BIAS:
+            raise bad(f"bias_vals[{i}] = {_g(v)} (token {int(ids[i])}); expected -100 <= bias <= 100")
+    dup = np.unique(ids, return_counts=True)
+    twice = dup[0][dup[1] > 1]
+    if len(twice):
+        v = int(twice[0])            # the smallest repeated id, as proto.c reports it
+        first, i = [int(k) for k in np.nonzero(ids == v)[0][:2]]
+        raise bad(f"bias_ids[{i}] = {v} repeats bias_ids[{first}]; expected distinct token ids")
+
+
+def _g(x):
+    """A float as C's %g prints it."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan" if math.copysign(1, x) > 0 else "-nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return "%g" % x
 
 
 def _check_ids(what, rid, ids, vocab):
@@ -1002,19 +1094,30 @@ def _json_fields(obj, layout, d):
     return obj
 
 
-def _request_json(q, r):
+def _request_json(q, r, version):
     r["stop_ids"] = _jil(q.stop_ids)
     r["prompt_ids"] = _jil(q.prompt_ids)
     r["prompt_text"] = q.prompt_text
+    if _sampling_tail(q, version):      # version 4, flag REQ_SAMPLING: the tail as it is on the wire
+        r["sampling"] = {"repetition_penalty": _jf(q.repetition_penalty), "frequency_penalty": _jf(q.frequency_penalty),
+                         "presence_penalty": _jf(q.presence_penalty), "min_tokens": int(q.min_tokens),
+                         "bias_ids": _jil(q.bias_ids), "bias_vals": _jfl(q.bias_vals)}
 
 
 def _json_request(r, q):
     q.stop_ids = np.array(r["stop_ids"], dtype="<i4")
     q.prompt_ids = np.array(r["prompt_ids"], dtype="<i4")
     q.prompt_text = r["prompt_text"]
+    if "sampling" in r:
+        t = r["sampling"]
+        q.repetition_penalty, q.frequency_penalty, q.presence_penalty = (
+            np.float32(_fj(t[k])) for k in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+        q.min_tokens = t["min_tokens"]
+        q.bias_ids = np.array(t["bias_ids"], dtype="<i4")
+        q.bias_vals = np.array([_fj(v) for v in t["bias_vals"]], dtype="<f4")
 
 
-def _result_json(x, r):
+def _result_json(x, r, version):
     r["token_ids"] = _jil(x.token_ids)
     r["logprobs"] = _jfl(x.logprobs)
     r["logprobs_processed"] = None if x.logprobs_processed is None else _jfl(x.logprobs_processed)
@@ -1045,7 +1148,7 @@ def _json_result(r, x):
         x.serve_dtype, x.serve_dtype_first = r["serve_dtype"], r["serve_dtype_first"]
 
 
-def _tensor_json(t, r):
+def _tensor_json(t, r, version):
     r["shape"] = [str(int(v)) for v in t.shape]
     r["nbytes"] = str(int(t.nbytes))
     r["crc32c"] = t.crc32c
@@ -1068,7 +1171,9 @@ _JSON_TAILS = {"REQUEST": (_request_json, _json_request), "RESULT": (_result_jso
 
 
 def to_json(m):
-    """The message as a JSON-ready dict (the form vectors.json uses)."""
+    """The message as a JSON-ready dict (the form vectors.json uses), as encode(m) writes it: in
+    m.wire_version (a decoded message's frame version), else VERSION_MIN."""
+    version = getattr(m, "wire_version", 0) or VERSION_MIN
     layout, elem, array = _table.MESSAGES[m.TYPE.name]
     d = _fields_json(m, _table.LAYOUTS[layout], {"type": m.TYPE.name})
     if elem == "BYTES":
@@ -1079,7 +1184,7 @@ def to_json(m):
         for x in getattr(m, array):
             r = _fields_json(x, _table.LAYOUTS[elem], {})
             if tail:
-                tail(x, r)
+                tail(x, r, version)
             d[array].append(r)
     return d
 
