@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         }
         __syncthreads();
         tok = tok_s;
-        lp_proc = (float)((double)RD_FDIV(RD_FSUB(x[tok], m), t) - log(z_kept));
+        // In double, as the CPU takes it: (x - m) / t rounded to fp32 alone is ~1 ulp of the result off.
+        lp_proc = (float)(((double)x[tok] - (double)m) / (double)t - log(z_kept));
     }
     if (tid == 0) {
         out->token = tok;
