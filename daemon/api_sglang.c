@@ -1,7 +1,7 @@
 /* api_sglang.c - the control routes RL frameworks call on an SGLang server
  * (slime, AReaL, ROLL), and vLLM's sleep mode on the same mechanism:
  *
- *   GET  /flush_cache                 (POST is in api.c; slime sends GET)
+ *   GET  /flush_cache                 (POST is in api.c's table; both api_call.c's; slime sends GET)
  *   GET  /get_server_info, /server_info  the server-args fields they read
  *   GET  /get_weight_version          {"weight_version": "<n>"}
  *   POST /release_memory_occupation   {"tags": ["weights", "kv_cache"] | null}
