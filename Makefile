@@ -288,10 +288,12 @@ demo-offline: all model
 # libFuzzer targets (clang): the GGUF parser, protocol messages, the data
 # lane's frame head, what the lane server and the relay parse from a peer, the HTTP routes' JSON readers. Run each as build/fuzz/NAME -runs=N CORPUS (see each file).
 FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined
-# fuzz_http_json: the HTTP routes' request readers (daemon/api_read.c, api_read_rl.c, api_read_extra.c, api_sampling.c)
-# and admission's checks, with the real tokenizer (the default model's vocabulary, loaded at start), no server, no engine.
-FUZZ_HTTP_SRC := daemon/api_read.c daemon/api_read_rl.c daemon/api_read_extra.c daemon/api_sampling.c engine/update/serve_dtype.c \
-                 daemon/admit.c proto/proto.c $(wildcard engine/text/*.c) engine/format/gguf.c engine/model/dequant.c engine/model/quant_fp8.c \
+# fuzz_http_json: the HTTP routes' request readers (daemon/api_read.c, api_read_rl.c, api_read_extra.c, api_sampling.c,
+# and the field readers under them in api_field.c) and admission's checks, with the real tokenizer (the default model's
+# vocabulary, loaded at start), no server, no engine.
+FUZZ_HTTP_SRC := daemon/api_field.c daemon/api_read.c daemon/api_read_rl.c daemon/api_read_extra.c daemon/api_sampling.c \
+                 engine/update/serve_dtype.c daemon/admit.c proto/proto.c $(wildcard engine/text/*.c) engine/format/gguf.c \
+                 engine/model/dequant.c engine/model/quant_fp8.c \
                  engine/serve/sampler.c base/mapfile.c base/err.c base/utf8.c base/clock.c
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
@@ -304,7 +306,7 @@ fuzz:
 	$(FUZZ_CC) -I$(LLHTTP_INC) tests/fuzz/fuzz_http_json.c $(FUZZ_HTTP_SRC) -o $(BUILD)/fuzz/fuzz_http_json \
 	    -lcjson -lpcre2-8 -lm
 
-# The include rules of docs/LAYOUT.md (floors, tools/, no circle of modules).
+# The include and call rules of docs/LAYOUT.md (floors, tools/, no circle of modules, no circle of calls among files).
 layers:
 	$(PYTHON) tools/check_layers.py
 

@@ -1,6 +1,7 @@
 /* rd_push_priv.h - what rd_push.c (direct fan-out) and rd_chain.c (chained
  * broadcast) share: the plan of chunks, one daemon's push state and the steps
- * both modes take on a daemon. Not part of the client's API. */
+ * both modes take on a daemon (rd_push_job.c, below both). Not part of the
+ * client's API. */
 #ifndef RD_PUSH_PRIV_H
 #define RD_PUSH_PRIV_H
 
@@ -52,6 +53,8 @@ typedef struct {
     pthread_mutex_t mu;         /* t->error, fd, outstanding */
     pthread_t thread;
 } rdp_job;
+
+/* rd_push_job.c: the steps on one daemon. */
 
 /* Records the first failure of a daemon's push (later ones are consequences). */
 void rdp_fail_job(rdp_job *j, int rc, uint32_t code, const char *msg);

@@ -1,6 +1,18 @@
-/* api_int.h - what api.c, api_openai.c, api_update.c and api_read.c share: one
- * HTTP call's state, the request readers (api_read.c) and the per-sample text
- * (api.h has the module's contract). */
+/* api_int.h - what the HTTP API's files share (api.h has the module's
+ * contract): one HTTP call's state and the functions of each file. The files,
+ * top to bottom (each calls only files below it; make layers checks that no
+ * files call each other in a circle):
+ *
+ *   api.c          the route table, the API's life, SGLang's /generate family
+ *   api_openai.c, api_sglang.c, api_vllm.c, api_update.c, api_manifest.c
+ *                  the other routes (api_vllm.c calls api_update.c, which calls
+ *                  api_sglang.c)
+ *   api_call.c     a call's life: admission, results, abort, pause, flush
+ *   api_stream.c   a streamed sample's progress
+ *   api_answer.c   answers, the body as JSON, server-sent events, a sample's text
+ *   api_read.c, api_read_rl.c   the request readers (no server, no engine)
+ *   api_sampling.c the sampling table's fields
+ *   api_field.c    a field's reader: numbers, integers, booleans, the refusal */
 #ifndef RD_DAEMON_API_INT_H
 #define RD_DAEMON_API_INT_H
 
@@ -133,6 +145,16 @@ struct api_call {
     void (*fmt_done)(api_call *c);                  /* every sample in: answer or end the stream */
 };
 
+/* A pause in "wait" mode held until no submitted HTTP call runs: one slot per
+ * route that waits so (vLLM's /pause?mode=wait, SGLang's /pause_generation),
+ * answered in this order. */
+enum { API_WAIT_VLLM, API_WAIT_SGLANG, API_WAITS };
+typedef struct {
+    http_res *h;                /* NULL: none waits */
+    void (*answer)(api *a, http_res *h, int arg); /* the route's answer, when nothing runs */
+    int arg;
+} api_wait;
+
 struct api {
     rd_daemon *d;
     u64map keys;                /* engine key -> api_call */
@@ -142,11 +164,10 @@ struct api {
     int64_t inflight;           /* subs not finished (held by a pause included) */
     int paused;
     int exiting;
-    http_res *pause_wait;       /* a "wait" pause answered once nothing submitted runs */
+    api_wait waits[API_WAITS];  /* "wait" pauses, answered once nothing submitted runs (api_wait_begin) */
     int frozen;                 /* a "keep" pause froze the engine (et_pause) */
     struct api_flush *flushes;  /* /flush_cache calls waiting for the engine */
     uint64_t next_flush;
-    struct api_vllm *vllm;      /* vLLM's RL routes' state (api_vllm.c) */
     /* api_sglang.c: memory release and the weights' source */
     struct api_mem *mems;       /* releases / resumes waiting for the engine thread */
     int mem_released;           /* ET_MEM_WEIGHTS | ET_MEM_KV now released */
@@ -262,19 +283,27 @@ proto_request api_sub_request(const api_call *c, const api_sub *s);
  * sub's n and max_tokens and c->n_total. */
 int api_admit_check(api_call *c, const adm_limits *lim, api_err *e);
 
+/* api_field.c: a field's reader. api_bad records a refusal (the first one
+ * found is kept); a reader returns 0 when the field is absent or null, 1 when
+ * read, -1 when refused (reported). */
 void api_bad(api_err *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void api_answer_error(http_res *h, const api_err *e);
-void api_answer_error_v1(http_res *h, const api_err *e);
-void api_answer_json(http_res *h, int status, cJSON *doc);
-cJSON *api_parse_body(const http_req *req, api_err *e);
 int api_num(cJSON *o, const char *name, double *out, api_err *e);
 int api_int(cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out, api_err *e);
 int api_bool(cJSON *o, const char *name, int *out, api_err *e);
+/* api_read.c: prompts. */
 int api_read_prompts(api_call *c, cJSON *v, const char *field, api_err *e);
 int api_add_prompt(api_call *c, int32_t *ids, int32_t n, api_err *e);
-api_call *api_call_new(api *a, http_res *h, api_kind kind);
-int api_admit(api_call *c, api_err *e);
-void api_refuse(api_call *c, const api_err *e);
+/* messages (chat turns) rendered in the model's chat format as one prompt of c. */
+void api_read_messages(api_call *c, cJSON *root, api_err *e);
+
+/* api_answer.c: answers, the body, streams, a sample's text. */
+void api_answer_error(http_res *h, const api_err *e);     /* SGLang's shape */
+void api_answer_error_v1(http_res *h, const api_err *e);  /* OpenAI's shape (the /v1 routes) */
+void api_answer_json(http_res *h, int status, cJSON *doc);  /* doc is freed */
+cJSON *api_ok_doc(void);                                  /* SGLang's {"success": true} */
+cJSON *api_parse_body(const http_req *req, api_err *e);
+void api_send_event(api_call *c, cJSON *doc);             /* "data: <doc>" (doc is freed) */
+void api_send_done(api_call *c);                          /* "data: [DONE]", and the stream ends */
 int api_sample_view(api *a, const eng_result *r, sample_view *v);
 /* api_sample_view without the UTF-8 clean-up: the exact bytes (cut at a stop string). */
 int api_sample_raw(api *a, const eng_result *r, sample_view *v);
@@ -283,6 +312,13 @@ int api_sample_raw(api *a, const eng_result *r, sample_view *v);
 int api_sample_text(api *a, const eng_result *r, sample_view *v, const api_params *p);
 /* The clean (valid UTF-8) text of bytes [from, to) of raw, malloc'd. */
 char *api_clean_slice(const char *raw, size_t from, size_t to, size_t *len);
+char *api_token_text(api *a, int32_t id);
+const char *api_token_bytes(api *a, int32_t id, size_t *n);
+cJSON *api_spans_json(const eng_result *r);
+/* A finished sample's routed experts as SGLang returns them: a JSON string,
+ * the base64 of little-endian int32 ids [n_routes][route_layers][route_k]
+ * (empty when the engine returned none); NULL when out of memory. */
+cJSON *api_routes_json(const eng_result *r);
 
 /* api_stream.c */
 /* Appends a partial result's tokens and their bytes; 0 or RD_ENOMEM. */
@@ -297,56 +333,40 @@ char *api_stream_shown(api *a, const api_stream *st, size_t safe, size_t *len);
 /* st's tokens [0, n_tok) as a result (arrays borrowed: never freed). */
 eng_result api_stream_view(const api_stream *st, const eng_result *like);
 void api_stream_free(api_stream *st);
-char *api_token_text(api *a, int32_t id);
-const char *api_token_bytes(api *a, int32_t id, size_t *n);
-cJSON *api_spans_json(const eng_result *r);
-/* A finished sample's routed experts as SGLang returns them: a JSON string,
- * the base64 of little-endian int32 ids [n_routes][route_layers][route_k]
- * (empty when the engine returned none); NULL when out of memory. */
-cJSON *api_routes_json(const eng_result *r);
-void api_send_event(api_call *c, cJSON *doc);
-void api_send_done(api_call *c);
 
 /* The model a call names (api_read_model) against the served names; on a refusal answers h as vLLM does
  * (404 {"error": {"message", "type": "NotFoundError", "param": "model", "code": 404}}) and returns -1. */
 int api_check_model(api *a, cJSON *root, http_res *h);
-void api_route_models(http_res *h, const http_req *req, void *ud);
-void api_route_completions(http_res *h, const http_req *req, void *ud);
-void api_route_chat(http_res *h, const http_req *req, void *ud);
-void api_route_update_disk(http_res *h, const http_req *req, void *ud);
-void api_route_flush_cache(http_res *h, const http_req *req, void *ud);
+/* api_call.c: a call's life, abort, pause, the prefix-cache flush. */
+api_call *api_call_new(api *a, http_res *h, api_kind kind);
+int api_admit(api_call *c, api_err *e);
+void api_refuse(api_call *c, const api_err *e);
+void api_call_free(api_call *c);                /* a call never admitted */
+int api_abort_rid(api *a, const char *rid);     /* /abort_request {"rid"} (NULL: every call): how many were aborted */
+void api_set_frozen(api *a, int frozen);        /* pause mode keep: et_pause, once per change */
 /* A pause that freezes (in_place) or retracts (retract: running sequences go
  * back to the queue, KV dropped): sets the API's pause state as
  * /pause_generation does. */
 void api_pause_mode(api *a, const char *mode);
-
-/* api_sglang.c */
-/* Appends the SGLang / vLLM-sleep control routes to t; returns how many. */
-int api_sglang_routes(api *a, http_route *t);
-/* GET /weights_manifest (api_manifest.c). */
-int api_manifest_routes(api *a, http_route *t);
-void api_sglang_free(api *a);
-/* The serving weights are now those of path (NULL: no file) at version. */
-void api_note_weights_source(api *a, const char *path, uint64_t version);
-
-/* api_vllm.c: vLLM's RL routes (/pause, /resume, /inference/v1/generate, ...). */
-/* Appends the routes to table; returns how many. */
-int api_vllm_routes(api *a, http_route *table);
-/* Answers a pending /pause?mode=wait once no submitted HTTP call runs. */
-void api_vllm_check_wait(api *a);
-/* Releases what is left (a pending pause handle, the state). */
-void api_vllm_destroy(api *a);
-
-/* For api_vllm.c: the pieces of api.c / api_openai.c / api_update.c its routes share. */
-void api_call_free(api_call *c);                /* a call never admitted */
-void api_set_frozen(api *a, int frozen);        /* pause mode keep: et_pause, once per change */
 void api_resume_held(api *a);                   /* /continue_generation: unpause, unfreeze, submit held calls */
-int api_abort_rid(api *a, const char *rid);     /* /abort_request {"rid"}: how many calls were aborted */
+/* Holds h in slot (API_WAIT_*) until no submitted HTTP call runs, then
+ * answer(a, h, arg) (at once when none runs now); a client that leaves
+ * first is released. */
+void api_wait_begin(api *a, int slot, http_res *h, void (*answer)(api *a, http_res *h, int arg), int arg);
 /* Drops the prefix cache at the engine's next step boundary, then answer(h,
  * n_flushed) (NULL: SGLang's /flush_cache answer). Finishes h either way. */
 void api_flush_begin(api *a, http_res *h, void (*answer)(http_res *h, int32_t n_flushed));
-/* messages (chat turns) rendered in the model's chat format as one prompt of c. */
-void api_read_messages(api_call *c, cJSON *root, api_err *e);
+void api_route_flush_cache(http_res *h, const http_req *req, void *ud); /* POST (api.c) and GET (api_sglang.c) */
+/* For api_destroy: releases every call, flush and pause wait left. */
+void api_calls_release(api *a);
+
+/* The routes. api_openai.c: */
+void api_route_models(http_res *h, const http_req *req, void *ud);
+void api_route_completions(http_res *h, const http_req *req, void *ud);
+void api_route_chat(http_res *h, const http_req *req, void *ud);
+
+/* api_update.c: /update_weights_from_disk, and the update from a path vLLM's routes use too. */
+void api_route_update_disk(http_res *h, const http_req *req, void *ud);
 /* How a weight update from a path ended: rc 0 = the new version serves. */
 typedef struct {
     int rc;
@@ -363,5 +383,19 @@ typedef struct {
 #define API_UPD_SERVE_OF(flags) ((uint8_t)((flags) >> 8 & 0xFF))
 int api_update_from_path(api *a, http_res *h, const char *path, uint64_t version, uint8_t mode, int flags,
                          void (*answer)(http_res *h, const api_update_result *r), api_err *e);
+
+/* api_sglang.c */
+/* Appends the SGLang / vLLM-sleep control routes to t; returns how many. */
+int api_sglang_routes(api *a, http_route *t);
+void api_sglang_free(api *a);
+/* The serving weights are now those of path (NULL: no file) at version. */
+void api_note_weights_source(api *a, const char *path, uint64_t version);
+
+/* GET /weights_manifest (api_manifest.c). */
+int api_manifest_routes(api *a, http_route *t);
+
+/* api_vllm.c: vLLM's RL routes (/pause, /resume, /inference/v1/generate, ...). */
+/* Appends the routes to table; returns how many. */
+int api_vllm_routes(api *a, http_route *table);
 
 #endif

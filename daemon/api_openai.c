@@ -1,5 +1,5 @@
 /* api_openai.c - vLLM's OpenAI-compatible routes: /v1/completions,
- * /v1/chat/completions and /v1/models, on the call machinery of api.c.
+ * /v1/chat/completions and /v1/models, on the call machinery of api_call.c.
  *
  * Field names and defaults as vLLM's (max_tokens 16 for completions; for chat
  * what the context leaves), plus vLLM's extras: top_k, min_p,

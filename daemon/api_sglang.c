@@ -1,7 +1,7 @@
 /* api_sglang.c - the control routes RL frameworks call on an SGLang server
  * (slime, AReaL, ROLL), and vLLM's sleep mode on the same mechanism:
  *
- *   GET  /flush_cache                 (POST is in api.c; slime sends GET)
+ *   GET  /flush_cache                 (POST is in api.c's table; both api_call.c's; slime sends GET)
  *   GET  /get_server_info, /server_info  the server-args fields they read
  *   GET  /get_weight_version          {"weight_version": "<n>"}
  *   POST /release_memory_occupation   {"tags": ["weights", "kv_cache"] | null}
@@ -332,7 +332,7 @@ static void route_loads(http_res *h, const http_req *req, void *ud)
         return;
     }
     mx_snapshot s;
-    loop_snapshot(a->d, &s);
+    snapshot_take(a->d, &s);
     if (q.prometheus)
         answer_text(h, mx_loads_prometheus(&s, q.sections, unix_now()), "text/plain; version=0.0.4; charset=utf-8");
     else
@@ -343,7 +343,7 @@ static void route_get_load(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     mx_snapshot s;
-    loop_snapshot(a->d, &s);
+    snapshot_take(a->d, &s);
     answer_text(h, mx_get_load_json(&s, unix_now()), "application/json");
 }
 

@@ -1,5 +1,5 @@
 /* api_vllm.c - vLLM's RL routes, as SkyRL, prime-rl and TRL's async GRPO call
- * them, on the call machinery of api.c, so the engine path, the seeds, the
+ * them, on the call machinery of api_call.c, so the engine path, the seeds, the
  * version spans, the Bearer key and SIGTERM draining are those of every
  * other route:
  *
@@ -57,15 +57,9 @@
 #include <string.h>
 
 #include "daemon/api_int.h"
-#include "daemon/log.h"
 #include "base/err.h"
 #include "base/utf8.h"
 #include "engine/text/tokenizer.h"
-
-struct api_vllm {
-    http_res *pause_wait;       /* a /pause?mode=wait, answered once nothing submitted runs */
-    int wait_clear;             /* ... after flushing the prefix cache */
-};
 
 /* ---- pause, resume ---- */
 
@@ -83,34 +77,12 @@ static void pause_done(api *a, http_res *h, int clear)
         answer_paused(h, 0);
 }
 
-void api_vllm_check_wait(api *a)
-{
-    struct api_vllm *v = a->vllm;
-    if (!v || !v->pause_wait)
-        return;
-    for (api_call *c = a->head; c; c = c->next)
-        if (c->submitted && c->kind != API_HEALTH)
-            return;
-    http_res *h = v->pause_wait;
-    v->pause_wait = NULL;
-    pause_done(a, h, v->wait_clear);
-}
-
-static void on_wait_close(http_res *h, void *ud)
-{
-    api *a = ud;
-    if (a->vllm && a->vllm->pause_wait == h) {
-        a->vllm->pause_wait = NULL;
-        http_release(h);
-    }
-}
-
 static void route_pause(http_res *h, const http_req *req, void *ud)
 {
     api *a = ud;
     api_err e = {0};
     api_vllm_pause p;
-    if (!api_read_vllm_pause(req->query, &p, &e) && (a->vllm->pause_wait || a->pause_wait))
+    if (!api_read_vllm_pause(req->query, &p, &e) && (a->waits[API_WAIT_VLLM].h || a->waits[API_WAIT_SGLANG].h))
         api_bad(&e, 400, "a pause in \"wait\" mode is already waiting");
     if (e.status) {
         api_answer_error(h, &e);
@@ -130,10 +102,7 @@ static void route_pause(http_res *h, const http_req *req, void *ud)
         pause_done(a, h, clear);
         return;
     }
-    a->vllm->pause_wait = h;
-    a->vllm->wait_clear = clear;
-    http_on_close(h, on_wait_close, a);
-    api_vllm_check_wait(a);
+    api_wait_begin(a, API_WAIT_VLLM, h, pause_done, clear); /* answered once nothing submitted runs */
 }
 
 static void route_resume(http_res *h, const http_req *req, void *ud)
@@ -608,10 +577,6 @@ static void route_world_size(http_res *h, const http_req *req, void *ud)
 
 int api_vllm_routes(api *a, http_route *t)
 {
-    if (!a->vllm && !(a->vllm = calloc(1, sizeof *a->vllm))) {
-        log_line("HTTP API: out of memory: vLLM's RL routes are not served");
-        return 0;
-    }
     const http_route r[] = {
         {"POST", "/pause", route_pause, a, 0},
         {"POST", "/resume", route_resume, a, 0},
@@ -631,14 +596,4 @@ int api_vllm_routes(api *a, http_route *t)
     for (int i = 0; i < n; i++)
         t[i] = r[i];
     return n;
-}
-
-void api_vllm_destroy(api *a)
-{
-    if (!a->vllm)
-        return;
-    if (a->vllm->pause_wait)
-        http_release(a->vllm->pause_wait);
-    free(a->vllm);
-    a->vllm = NULL;
 }

@@ -61,6 +61,10 @@ typedef struct rd_daemon {
     wing wing;                  /* weight updates: transfers, lane, relays, sync (update/wing.h) */
 } rd_daemon;
 
+/* snapshot.c: what /status, /metrics and the load reports render, now (the engine thread's latest stats
+ * included). */
+void snapshot_take(rd_daemon *d, mx_snapshot *s);
+
 /* loop.c */
 /* The reply interface the parts below the loop answer through (host.h). */
 host_reply loop_reply(rd_daemon *d);
@@ -71,8 +75,6 @@ void loop_on_fetch_timeout(uv_timer_t *t);
 /* Closes NNG, stops the engine thread, then closes every libuv handle so
  * uv_run returns. */
 void loop_shutdown(rd_daemon *d);
-/* What /status and /metrics render, now (the engine thread's latest stats included). */
-void loop_snapshot(rd_daemon *d, mx_snapshot *s);
 char *loop_status_json(void *ud);
 char *loop_metrics_text(void *ud);
 /* The HTTP server with the daemon's route table (/status, /metrics, /health). */

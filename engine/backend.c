@@ -1,28 +1,13 @@
-/* backend.c - backend selection by name, from the registry the backends
- * provide (kernels/registry.c), and what every backend shares. */
+/* backend.c - what every backend shares (the KV sizes, the KV budget).
+ * Selection by name, rd_backend_create, is kernels/registry.c's, with the
+ * table it reads: the backends call this file, so the engine calling the
+ * table from here made a circle (tools/check_layers.py, rule calls). */
 #include "engine/backend.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "base/err.h"
-
-int rd_backend_create(const char *name, int n_threads, rd_backend **out)
-{
-    *out = NULL;
-    if (!name)
-        name = "cpu";
-    for (const rd_backend_entry *e = rd_backend_registry; e->name; e++) {
-        if (strcmp(name, e->name) != 0)
-            continue;
-        if (e->create)
-            return e->create(n_threads, out);
-        if (e->absent)
-            return rd_fail(RD_ENODEV, "backend '%s' is not built in (%s)", name, e->absent);
-        break;
-    }
-    return rd_fail(RD_EINVAL, "unknown backend '%s' (expected cpu or cuda)", name);
-}
 
 void rd_backend_destroy(rd_backend *be)
 {

@@ -273,8 +273,8 @@ struct rd_backend {
 };
 
 /* Creates a backend by name ("cpu" or "cuda"; NULL is "cpu"), from
- * rd_backend_registry. RD_ENODEV when the backend is not built in or no
- * device is present. */
+ * rd_backend_registry (both in kernels/registry.c). RD_ENODEV when the
+ * backend is not built in or no device is present. */
 int rd_backend_create(const char *name, int n_threads, rd_backend **out);
 
 /* One backend the build knows, by name. create is NULL where it is not built

@@ -25,6 +25,84 @@
 #define GGUF_DEFAULT_ALIGNMENT 32
 
 /* ---------------------------------------------------------------------------
+ * Type table (ggml's type_traits: elements per block, bytes per block). All
+ * types a GGUF file may hold are listed so the reader can size every tensor;
+ * `runs` marks the ones the engine can dequantize (engine/model/dequant.c,
+ * which reads the layouts from here: the table is the reader's, below it). Codes with no entry were
+ * removed from ggml (or are newer than this table) and are rejected. q8_1 is
+ * 36 bytes as in ggml-common.h (gguf-py 0.19 says 40; no file stores it). */
+
+typedef struct {
+    const char *name;
+    uint32_t blck;              /* elements per block */
+    uint32_t size;              /* bytes per block */
+    int runs;                   /* 1 if ggml_dequant_row handles it */
+} type_info;
+
+static const type_info types[] = {
+    [0] = {"f32", 1, 4, 1},       [1] = {"f16", 1, 2, 1},
+    [2] = {"q4_0", 32, 18, 1},    [3] = {"q4_1", 32, 20, 1},
+    [6] = {"q5_0", 32, 22, 1},    [7] = {"q5_1", 32, 24, 1},
+    [8] = {"q8_0", 32, 34, 1},    [9] = {"q8_1", 32, 36, 0},
+    [10] = {"q2_K", 256, 84, 0},  [11] = {"q3_K", 256, 110, 0},
+    [12] = {"q4_K", 256, 144, 1}, [13] = {"q5_K", 256, 176, 1},
+    [14] = {"q6_K", 256, 210, 1}, [15] = {"q8_K", 256, 292, 0},
+    [16] = {"iq2_xxs", 256, 66, 0}, [17] = {"iq2_xs", 256, 74, 0},
+    [18] = {"iq3_xxs", 256, 98, 0}, [19] = {"iq1_s", 256, 50, 0},
+    [20] = {"iq4_nl", 32, 18, 0},   [21] = {"iq3_s", 256, 110, 0},
+    [22] = {"iq2_s", 256, 82, 0},   [23] = {"iq4_xs", 256, 136, 0},
+    [24] = {"i8", 1, 1, 0},       [25] = {"i16", 1, 2, 0},
+    [26] = {"i32", 1, 4, 0},      [27] = {"i64", 1, 8, 0},
+    [28] = {"f64", 1, 8, 0},      [29] = {"iq1_m", 256, 56, 0},
+    [30] = {"bf16", 1, 2, 1},
+    [34] = {"tq1_0", 256, 54, 0}, [35] = {"tq2_0", 256, 66, 0},
+    [39] = {"mxfp4", 32, 17, 0},  [40] = {"nvfp4", 64, 36, 0},
+    [41] = {"q1_0", 128, 18, 0},
+    [RD_TYPE_FP8_B32] = {"fp8_e4m3", 32, 33, 1},
+};
+
+static const type_info *type_lookup(ggml_type t)
+{
+    if ((unsigned)t >= sizeof types / sizeof types[0] || types[t].name == NULL)
+        return NULL;
+    return &types[t];
+}
+
+const char *ggml_type_name(ggml_type t)
+{
+    const type_info *ti = type_lookup(t);
+    return ti ? ti->name : "unknown";
+}
+
+int ggml_type_layout(ggml_type t, uint32_t *blck, uint32_t *bytes)
+{
+    const type_info *ti = t == RD_TYPE_FP8_B32 ? NULL : type_lookup(t);   /* not a file's type */
+    if (!ti)
+        return rd_fail(RD_EFORMAT, "ggml: unknown tensor type %d", (int)t);
+    *blck = ti->blck;
+    *bytes = ti->size;
+    return 0;
+}
+
+int ggml_type_runs(ggml_type t, uint32_t *blck, uint32_t *bytes)
+{
+    const type_info *ti = type_lookup(t);
+    if (!ti || !ti->runs)
+        return 0;
+    *blck = ti->blck;
+    *bytes = ti->size;
+    return 1;
+}
+
+size_t ggml_row_bytes(ggml_type t, uint64_t ne0)
+{
+    const type_info *ti = type_lookup(t);
+    if (!ti || !ti->runs || ne0 % ti->blck != 0 || ne0 / ti->blck > SIZE_MAX / ti->size)
+        return 0;
+    return (size_t)(ne0 / ti->blck) * ti->size;
+}
+
+/* ---------------------------------------------------------------------------
  * Reading bytes. The cursor never moves past size; every read names what it
  * was reading so that the error says which key or tensor was cut short. */
 
@@ -334,7 +412,7 @@ static int parse_tensor_info(gguf_reader *r, const gguf_file *f, uint64_t i, ggu
     at = r->pos;
     if ((rc = read_u32(r, "type", &type)))
         return rc;
-    uint32_t blck, bsize;
+    uint32_t blck = 1, bsize = 1; /* set by ggml_type_layout (GCC, inlining it, cannot tell rd_fail is non-zero) */
     if (ggml_type_layout((ggml_type)type, &blck, &bsize) != 0)
         return rd_fail(RD_EFORMAT, "gguf: %s at offset %zu: unknown ggml type %" PRIu32, r->where, at, type);
     t->type = (ggml_type)type;

@@ -102,6 +102,8 @@ int gguf_get_str(const gguf_file *f, const char *key, gguf_str *out);
  * RD_EFORMAT if kv is not an integer array, RD_ERANGE if i >= arr_n. */
 int gguf_arr_i64(const gguf_kv *kv, uint64_t i, int64_t *out);
 
+/* The ggml types' table (gguf.c). */
+
 /* Bytes of one row of ne0 elements of type t; 0 if t is unsupported or ne0 is
  * not a multiple of its block size. */
 size_t ggml_row_bytes(ggml_type t, uint64_t ne0);
@@ -111,6 +113,12 @@ const char *ggml_type_name(ggml_type t);   /* ggml's name ("q4_1", "q6_K"), "unk
  * cannot dequantize (the reader sizes every tensor with it): elements and
  * bytes per block. RD_EFORMAT for a code ggml does not define. */
 int ggml_type_layout(ggml_type t, uint32_t *blck, uint32_t *bytes);
+/* Block layout of a type the engine runs (ggml_dequant_row dequantizes it;
+ * rolloutd's FP8 blocks included): 1 with *blck and *bytes set, or 0. */
+int ggml_type_runs(ggml_type t, uint32_t *blck, uint32_t *bytes);
+
+/* Dequantization and the half / bfloat16 conversions
+ * (engine/model/dequant.c, which calls the table above). */
 
 /* Dequantizes all n_elems of t into out (fp32). */
 int gguf_dequant(const gguf_tensor *t, float *out);

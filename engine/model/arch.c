@@ -1,5 +1,7 @@
-/* arch.c - the family registry and the table arithmetic every loader,
- * exporter and the weight-update resolver share (arch.h). */
+/* arch.c - the table arithmetic every loader, exporter, family and the
+ * weight-update resolver share (arch.h). The registry of the families is
+ * arch_registry.c: it lists the families, which call this file, so it sits
+ * above them and this file below (tools/check_layers.py, rule calls). */
 #include "engine/model/arch.h"
 
 #include <stdio.h>
@@ -9,30 +11,6 @@
 
 #include "base/err.h"
 #include "engine/model/config.h"
-
-extern const arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3;
-
-static const arch_desc *const FAMILIES[] = {&arch_llama, &arch_qwen2, &arch_qwen3, &arch_qwen3moe, &arch_gemma3};
-#define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
-
-const arch_desc *arch_by_name(const char *name, size_t len)
-{
-    for (size_t i = 0; i < N_FAMILIES; i++)
-        if (strlen(FAMILIES[i]->name) == len && !memcmp(FAMILIES[i]->name, name, len))
-            return FAMILIES[i];
-    return NULL;
-}
-
-const arch_desc *arch_by_hf(const char *hf_class, const char *model_type)
-{
-    for (size_t i = 0; i < N_FAMILIES; i++)
-        if ((hf_class && !strcmp(FAMILIES[i]->hf_class, hf_class)) ||
-            (!hf_class && model_type && !strcmp(FAMILIES[i]->hf_model_type, model_type)))
-            return FAMILIES[i];
-    return NULL;
-}
-
-const char *arch_names(void) { return "llama, qwen2, qwen3, qwen3moe, gemma3"; }
 
 int64_t arch_dim_value(const model_config *c, arch_dim d)
 {
@@ -48,6 +26,13 @@ int64_t arch_dim_value(const model_config *c, arch_dim d)
     case AD_EXPERT_FFN: return c->expert_ffn_dim;
     }
     return 0;
+}
+
+/* Here, not in model.c: the runner and the Gemma 3 family ask it, and model.c
+ * sits above both (it loads through the registry, which lists the families). */
+int arch_layer_is_local(const model_config *c, int32_t l)
+{
+    return c->sliding_window > 0 && c->swa_period > 0 && l % c->swa_period != c->swa_period - 1;
 }
 
 int arch_tensor_present(const model_config *c, const arch_tensor *t)

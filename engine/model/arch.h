@@ -99,7 +99,8 @@ typedef struct arch_desc {
     float norm_offset;
 } arch_desc;
 
-/* The families, by GGUF architecture or HF class / model_type. NULL: none. */
+/* The families, by GGUF architecture or HF class / model_type. NULL: none
+ * (arch_registry.c, with the table of families). */
 const arch_desc *arch_by_name(const char *name, size_t len);
 const arch_desc *arch_by_hf(const char *hf_class, const char *model_type);
 /* "llama, qwen2, qwen3, ...": for error messages. */
@@ -107,6 +108,8 @@ const char *arch_names(void);
 
 /* The value of a dimension under config c. */
 int64_t arch_dim_value(const struct model_config *c, arch_dim d);
+/* 1 if layer l attends through the sliding window. */
+int arch_layer_is_local(const struct model_config *c, int32_t l);
 /* Whether tensor t exists in a model of config c (an untied-only tensor
  * does not when the embeddings are tied). */
 int arch_tensor_present(const struct model_config *c, const arch_tensor *t);

@@ -1,6 +1,8 @@
-/* dequant.c - ggml tensor types: block layouts, names, and dequantization to
- * fp32 for the types the engine runs (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K, and rolloutd's FP8 blocks).
+/* dequant.c - dequantization of ggml tensor types to fp32 for the types the
+ * engine runs (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+ * and rolloutd's FP8 blocks), and the half / bfloat16 conversions. The types'
+ * block layouts and names are the GGUF reader's (engine/format/gguf.c), which
+ * sizes every tensor with them: this file calls it, never the other way.
  *
  * Dequantization is exact: a block's scales are f16 (11 significant bits) and
  * every product below has at most 24 significant bits, so it is exact in
@@ -16,73 +18,6 @@
 
 #include <stdint.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------------------
- * Type table (ggml's type_traits: elements per block, bytes per block). All
- * types a GGUF file may hold are listed so the reader can size every tensor;
- * `runs` marks the ones this file can dequantize. Codes with no entry were
- * removed from ggml (or are newer than this table) and are rejected. q8_1 is
- * 36 bytes as in ggml-common.h (gguf-py 0.19 says 40; no file stores it). */
-
-typedef struct {
-    const char *name;
-    uint32_t blck;              /* elements per block */
-    uint32_t size;              /* bytes per block */
-    int runs;                   /* 1 if ggml_dequant_row handles it */
-} type_info;
-
-static const type_info types[] = {
-    [0] = {"f32", 1, 4, 1},       [1] = {"f16", 1, 2, 1},
-    [2] = {"q4_0", 32, 18, 1},    [3] = {"q4_1", 32, 20, 1},
-    [6] = {"q5_0", 32, 22, 1},    [7] = {"q5_1", 32, 24, 1},
-    [8] = {"q8_0", 32, 34, 1},    [9] = {"q8_1", 32, 36, 0},
-    [10] = {"q2_K", 256, 84, 0},  [11] = {"q3_K", 256, 110, 0},
-    [12] = {"q4_K", 256, 144, 1}, [13] = {"q5_K", 256, 176, 1},
-    [14] = {"q6_K", 256, 210, 1}, [15] = {"q8_K", 256, 292, 0},
-    [16] = {"iq2_xxs", 256, 66, 0}, [17] = {"iq2_xs", 256, 74, 0},
-    [18] = {"iq3_xxs", 256, 98, 0}, [19] = {"iq1_s", 256, 50, 0},
-    [20] = {"iq4_nl", 32, 18, 0},   [21] = {"iq3_s", 256, 110, 0},
-    [22] = {"iq2_s", 256, 82, 0},   [23] = {"iq4_xs", 256, 136, 0},
-    [24] = {"i8", 1, 1, 0},       [25] = {"i16", 1, 2, 0},
-    [26] = {"i32", 1, 4, 0},      [27] = {"i64", 1, 8, 0},
-    [28] = {"f64", 1, 8, 0},      [29] = {"iq1_m", 256, 56, 0},
-    [30] = {"bf16", 1, 2, 1},
-    [34] = {"tq1_0", 256, 54, 0}, [35] = {"tq2_0", 256, 66, 0},
-    [39] = {"mxfp4", 32, 17, 0},  [40] = {"nvfp4", 64, 36, 0},
-    [41] = {"q1_0", 128, 18, 0},
-    [RD_TYPE_FP8_B32] = {"fp8_e4m3", 32, 33, 1},
-};
-
-static const type_info *type_lookup(ggml_type t)
-{
-    if ((unsigned)t >= sizeof types / sizeof types[0] || types[t].name == NULL)
-        return NULL;
-    return &types[t];
-}
-
-const char *ggml_type_name(ggml_type t)
-{
-    const type_info *ti = type_lookup(t);
-    return ti ? ti->name : "unknown";
-}
-
-int ggml_type_layout(ggml_type t, uint32_t *blck, uint32_t *bytes)
-{
-    const type_info *ti = t == RD_TYPE_FP8_B32 ? NULL : type_lookup(t);   /* not a file's type */
-    if (!ti)
-        return rd_fail(RD_EFORMAT, "ggml: unknown tensor type %d", (int)t);
-    *blck = ti->blck;
-    *bytes = ti->size;
-    return 0;
-}
-
-size_t ggml_row_bytes(ggml_type t, uint64_t ne0)
-{
-    const type_info *ti = type_lookup(t);
-    if (!ti || !ti->runs || ne0 % ti->blck != 0 || ne0 / ti->blck > SIZE_MAX / ti->size)
-        return 0;
-    return (size_t)(ne0 / ti->blck) * ti->size;
-}
 
 /* ---------------------------------------------------------------------------
  * Scalar conversions. */
@@ -294,13 +229,13 @@ static void dequant_q6_k(const uint8_t *b, float *y, uint64_t nb)
 
 int ggml_dequant_row(ggml_type t, const uint8_t *src, float *out, uint64_t n)
 {
-    const type_info *ti = type_lookup(t);
-    if (!ti || !ti->runs)
+    uint32_t blck, bytes;
+    if (!ggml_type_runs(t, &blck, &bytes))
         return rd_fail(RD_ENOTSUP, "dequant: tensor type %s (%d) is not supported "
                        "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K)", ggml_type_name(t), (int)t);
-    if (n % ti->blck != 0)
+    if (n % blck != 0)
         return rd_fail(RD_EINVAL, "dequant: %llu elements is not a multiple of the %s block size %u",
-                       (unsigned long long)n, ti->name, ti->blck);
+                       (unsigned long long)n, ggml_type_name(t), blck);
     switch (t) {
     case GGML_F32:
         memcpy(out, src, n * 4);   /* src may be unaligned */

@@ -265,11 +265,6 @@ static int upload_vector(rd_backend *be, const float *src, int32_t n, float **ds
     return be->ops->h2d(be, *dst, src, sizeof(float) * (size_t)n);
 }
 
-int model_layer_is_local(const model_config *c, int32_t l)
-{
-    return c->sliding_window > 0 && c->swa_period > 0 && l % c->swa_period != c->swa_period - 1;
-}
-
 /* cos/sin of pos * theta^(-2i/hd) / div[i] (div NULL: 1), computed in
  * double so every backend gets the same table. */
 static int build_rope_table(model *m, double theta, const float *div, float **out)

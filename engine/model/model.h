@@ -52,9 +52,6 @@ typedef struct {
                                    backend that caches them (CUDA graphs) must re-capture */
 } model;
 
-/* 1 if layer l attends through the sliding window. */
-int model_layer_is_local(const model_config *c, int32_t l);
-
 /* The model's slot for group g (layer ignored for model-wide groups,
  * expert but for per-expert groups). */
 void **model_weight_slot(model *m, arch_group g, int32_t layer, int32_t expert);

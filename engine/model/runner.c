@@ -306,7 +306,7 @@ void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
     const int32_t qkv_dim = (nh + 2 * nkv) * hd;
     const float eps = c->norm_eps, one = m->arch->norm_offset;
     const model_layer *L = &m->layers[l];
-    const int local = model_layer_is_local(c, l);
+    const int local = arch_layer_is_local(c, l);
     rd_attn_shape a = r->attn;
     a.window = local ? c->sliding_window : 0;
 

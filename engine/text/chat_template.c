@@ -1,8 +1,10 @@
-/* chat_template.c - the turn formats a vocabulary's marker tokens allow
- * (ChatML, Llama 3, Gemma) and the prompts tok_chat, tok_chat_msgs and
- * tok_chatml render in them (see tokenizer.h). The turns are written as ids
- * directly: markers as their tokens, the text between them encoded without
- * special parsing, so a message cannot open or close turns. */
+/* chat_template.c - the turn formats (ChatML, Llama 3, Gemma) and the
+ * prompts tok_chat, tok_chat_msgs and tok_chatml render in them (see
+ * tokenizer.h). The turns are written as ids directly: markers as their
+ * tokens, the text between them encoded without special parsing, so a message
+ * cannot open or close turns. Which markers a vocabulary has and the format
+ * they allow are read at load, by tokenizer.c (load_chat): this file sits
+ * above tokenizer.c, whose encoder it calls. */
 #include "engine/text/tokenizer_int.h"
 
 #include <stdio.h>
@@ -10,56 +12,6 @@
 #include <string.h>
 
 #include "base/err.h"
-
-/* The turn format from the vocabulary's markers: each format whose markers
- * are all there is a candidate, Llama 3 first, then ChatML, then Gemma. More
- * than one appear in fine-tunes that added ChatML to a Llama 3 vocabulary
- * (Hermes 2 Pro); there the file's own tokenizer.chat_template decides, when
- * it uses the opening marker of exactly one candidate. */
-static tok_chat_format chat_format(const tok_tokenizer *t, const gguf_file *g)
-{
-    static const struct {
-        tok_chat_format f;
-        const char *marker; /* looked for in the template */
-    } order[] = {
-        {TOK_CHAT_LLAMA3, "<|start_header_id|>"},
-        {TOK_CHAT_CHATML, "<|im_start|>"},
-        {TOK_CHAT_GEMMA, "<start_of_turn>"},
-    };
-    int has[3] = {
-        t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0,
-        t->im_start >= 0 && t->im_end >= 0,
-        t->start_turn >= 0 && t->end_turn >= 0,
-    };
-    int n_has = has[0] + has[1] + has[2], first = -1, used = -1, n_used = 0;
-    gguf_str tmpl;
-    int have_tmpl = n_has > 1 && gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0;
-    for (int i = 0; i < 3; i++) {
-        if (!has[i])
-            continue;
-        if (first < 0)
-            first = i;
-        if (have_tmpl && memmem(tmpl.ptr, tmpl.len, order[i].marker, strlen(order[i].marker))) {
-            used = i;
-            n_used++;
-        }
-    }
-    if (first < 0)
-        return TOK_CHAT_NONE;
-    return order[n_used == 1 ? used : first].f;
-}
-
-void chat_load(tok_tokenizer *t, const gguf_file *g)
-{
-    t->im_start = tok_vocab_find(t, "<|im_start|>", 12);
-    t->im_end = tok_vocab_find(t, "<|im_end|>", 10);
-    t->start_header = tok_vocab_find(t, "<|start_header_id|>", 19);
-    t->end_header = tok_vocab_find(t, "<|end_header_id|>", 17);
-    t->eot_id = tok_vocab_find(t, "<|eot_id|>", 10);
-    t->start_turn = tok_vocab_find(t, "<start_of_turn>", 15);
-    t->end_turn = tok_vocab_find(t, "<end_of_turn>", 13);
-    t->chat = chat_format(t, g);
-}
 
 tok_chat_format tok_chat_kind(const tok_tokenizer *t) { return t->chat; }
 

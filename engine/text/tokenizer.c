@@ -29,61 +29,9 @@
 #define TOK_MAX_TEXT ((size_t)64 << 20)
 
 /* ------------------------------------------------------------------------
- * The vocabulary: token text -> id. */
-
-static uint64_t hash_bytes(const char *s, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-uint32_t tok_pow2_at_least(uint64_t n)
-{
-    uint32_t c = 16;
-    while (c < n)
-        c <<= 1;
-    return c;
-}
-
-/* The slot of the token whose text is s[0..n), or the empty slot where it
- * would go (linear probing; the table is never full). */
-static uint32_t vocab_slot_of(const tok_tokenizer *t, const char *s, size_t n)
-{
-    uint32_t mask = t->vocab_cap - 1;
-    for (uint32_t i = (uint32_t)hash_bytes(s, n) & mask;; i = (i + 1) & mask) {
-        int32_t id = t->vocab_slot[i];
-        if (id < 0 || (t->text_len[id] == n && memcmp(tok_text(t, id), s, n) == 0))
-            return i;
-    }
-}
-
-int32_t tok_vocab_find(const tok_tokenizer *t, const char *s, size_t n)
-{
-    return t->vocab_slot[vocab_slot_of(t, s, n)];
-}
-
-/* Inserts id under its text; returns the id already there if the text is taken. */
-static int32_t vocab_insert(tok_tokenizer *t, int32_t id)
-{
-    uint32_t i = vocab_slot_of(t, tok_text(t, id), t->text_len[id]);
-    if (t->vocab_slot[i] >= 0)
-        return t->vocab_slot[i];
-    t->vocab_slot[i] = id;
-    return -1;
-}
-
-/* ------------------------------------------------------------------------
- * Loading. */
-
-int tok_kv_equals(gguf_str s, const char *want)
-{
-    size_t n = strlen(want);
-    return s.len == n && memcmp(s.ptr, want, n) == 0;
-}
+ * Loading. The vocabulary's lookup (token text -> id), the id lists and the
+ * scratch space bpe.c and spm.c share with this file are in tok_base.c, below
+ * all three. */
 
 /* The model name: only the algorithms checked against llama.cpp are
  * accepted, so an unknown vocab fails loudly instead of silently tokenizing
@@ -152,7 +100,7 @@ static int load_tokens(tok_tokenizer *t, const gguf_file *g)
         memcpy(t->text + at, s.ptr, s.len);
         t->text[at + s.len] = 0;
         at += (uint32_t)s.len + 1;
-        int32_t other = vocab_insert(t, i);
+        int32_t other = tok_vocab_insert(t, i);
         if (other >= 0)
             return rd_fail(RD_EFORMAT, "tokenizer: token %d has the same text as token %d (\"%.*s\")", i, other,
                            (int)(s.len > 64 ? 64 : s.len), s.ptr);
@@ -285,6 +233,59 @@ static int load_specials(tok_tokenizer *t)
     return 0;
 }
 
+/* The turn format from the vocabulary's markers: each format whose markers
+ * are all there is a candidate, Llama 3 first, then ChatML, then Gemma. More
+ * than one appear in fine-tunes that added ChatML to a Llama 3 vocabulary
+ * (Hermes 2 Pro); there the file's own tokenizer.chat_template decides, when
+ * it uses the opening marker of exactly one candidate. */
+static tok_chat_format chat_format(const tok_tokenizer *t, const gguf_file *g)
+{
+    static const struct {
+        tok_chat_format f;
+        const char *marker; /* looked for in the template */
+    } order[] = {
+        {TOK_CHAT_LLAMA3, "<|start_header_id|>"},
+        {TOK_CHAT_CHATML, "<|im_start|>"},
+        {TOK_CHAT_GEMMA, "<start_of_turn>"},
+    };
+    int has[3] = {
+        t->start_header >= 0 && t->end_header >= 0 && t->eot_id >= 0,
+        t->im_start >= 0 && t->im_end >= 0,
+        t->start_turn >= 0 && t->end_turn >= 0,
+    };
+    int n_has = has[0] + has[1] + has[2], first = -1, used = -1, n_used = 0;
+    gguf_str tmpl;
+    int have_tmpl = n_has > 1 && gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0;
+    for (int i = 0; i < 3; i++) {
+        if (!has[i])
+            continue;
+        if (first < 0)
+            first = i;
+        if (have_tmpl && memmem(tmpl.ptr, tmpl.len, order[i].marker, strlen(order[i].marker))) {
+            used = i;
+            n_used++;
+        }
+    }
+    if (first < 0)
+        return TOK_CHAT_NONE;
+    return order[n_used == 1 ? used : first].f;
+}
+
+/* The chat markers' ids and the turn format they allow (tok_chat_kind). Read
+ * here at load: chat_template.c renders the turns above this file (it calls
+ * tok_encode_into), so it is not called from here. */
+static void load_chat(tok_tokenizer *t, const gguf_file *g)
+{
+    t->im_start = tok_vocab_find(t, "<|im_start|>", 12);
+    t->im_end = tok_vocab_find(t, "<|im_end|>", 10);
+    t->start_header = tok_vocab_find(t, "<|start_header_id|>", 19);
+    t->end_header = tok_vocab_find(t, "<|end_header_id|>", 17);
+    t->eot_id = tok_vocab_find(t, "<|eot_id|>", 10);
+    t->start_turn = tok_vocab_find(t, "<start_of_turn>", 15);
+    t->end_turn = tok_vocab_find(t, "<end_of_turn>", 13);
+    t->chat = chat_format(t, g);
+}
+
 /* An optional token id key: dflt when absent (-1, or llama.cpp's default
  * where it has one and the vocabulary is large enough), an error when out of
  * range. */
@@ -352,7 +353,7 @@ int tok_load(const gguf_file *g, tok_tokenizer **out)
         spm_byte_tokens(t);
     else
         bpe_byte_tokens(t);
-    chat_load(t, g);
+    load_chat(t, g);
     *out = t;
     return 0;
 }
@@ -387,129 +388,8 @@ const char *tok_piece(const tok_tokenizer *t, int32_t id)
 }
 
 /* ------------------------------------------------------------------------
- * Encoding: the output list and the scratch space. */
-
-int tok_ids_push(tok_ids *o, int32_t id)
-{
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 64;
-        int32_t *v = realloc(o->v, sizeof(int32_t) * cap);
-        if (!v)
-            return rd_fail(RD_ENOMEM, "tokenizer: out of memory for %zu token ids", cap);
-        o->v = v;
-        o->cap = cap;
-    }
-    o->v[o->n++] = id;
-    return 0;
-}
-
-int tok_ids_finish(tok_ids *o, int32_t **ids, size_t *n_ids)
-{
-    if (!o->v && (o->v = malloc(sizeof(int32_t))) == NULL)
-        return rd_fail(RD_ENOMEM, "tokenizer: out of memory");
-    *ids = o->v;
-    *n_ids = o->n;
-    return 0;
-}
-
-int tok_work_init(tok_work *w)
-{
-    memset(w, 0, sizeof *w);
-    w->md = pcre2_match_data_create(1, NULL);
-    if (!w->md)
-        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for PCRE2 match data");
-    return 0;
-}
-
-void tok_work_free(tok_work *w)
-{
-    pcre2_match_data_free(w->md);
-    free(w->sym);
-    free(w->heap);
-    free(w->text);
-}
-
-int tok_work_reserve(tok_work *w, size_t n)
-{
-    if (n <= w->sym_cap)
-        return 0;
-    size_t cap = n < 256 ? 256 : n;
-    /* One block for the five arrays: callers fill them after reserving, so
-     * nothing has to survive the move. */
-    free(w->sym);
-    w->sym_cap = 0;
-    w->sym = malloc(5 * sizeof(int32_t) * cap);
-    if (!w->sym)
-        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a piece of %zu bytes", n);
-    w->tok = w->sym;
-    w->next = w->sym + cap;
-    w->prev = w->sym + 2 * cap;
-    w->sym_off = (uint32_t *)(w->sym + 3 * cap);
-    w->sym_len = (uint32_t *)(w->sym + 4 * cap);
-    w->sym_cap = cap;
-    return 0;
-}
-
-int tok_work_text(tok_work *w, size_t n)
-{
-    if (n <= w->text_cap)
-        return 0;
-    char *p = realloc(w->text, n);
-    if (!p)
-        return rd_fail(RD_ENOMEM, "tokenizer: out of memory for a text of %zu bytes", n);
-    w->text = p;
-    w->text_cap = n;
-    return 0;
-}
-
-/* a is popped before b: the higher prio, then the leftmost (llama.cpp's
- * llm_bigram_spm::comparator; its BPE queue orders by rank the same way). */
-static int pair_before(const tok_pair *a, const tok_pair *b)
-{
-    return a->prio > b->prio || (a->prio == b->prio && a->left < b->left);
-}
-
-int tok_heap_push(tok_work *w, tok_pair p)
-{
-    if (w->heap_n == w->heap_cap) {
-        size_t cap = w->heap_cap ? 2 * w->heap_cap : 256;
-        tok_pair *h = realloc(w->heap, sizeof(tok_pair) * cap);
-        if (!h)
-            return rd_fail(RD_ENOMEM, "tokenizer: out of memory for %zu merge candidates", cap);
-        w->heap = h;
-        w->heap_cap = cap;
-    }
-    size_t i = w->heap_n++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!pair_before(&p, &w->heap[up]))
-            break;
-        w->heap[i] = w->heap[up];
-        i = up;
-    }
-    w->heap[i] = p;
-    return 0;
-}
-
-tok_pair tok_heap_pop(tok_work *w)
-{
-    tok_pair top = w->heap[0];
-    tok_pair last = w->heap[--w->heap_n];
-    size_t i = 0, n = w->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && pair_before(&w->heap[c + 1], &w->heap[c]))
-            c++;
-        if (!pair_before(&w->heap[c], &last))
-            break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    w->heap[i] = last;
-    return top;
-}
+ * Encoding: special tokens cut out, each stretch between them to bpe.c or
+ * spm.c. */
 
 /* A stretch of the text: raw text to pre-tokenize (id -1) or one special token. */
 typedef struct {
@@ -640,15 +520,6 @@ static int split_specials(const tok_tokenizer *t, const char *text, size_t len, 
     free(gf);
     free(tmp.v);
     return rc;
-}
-
-int tok_check_utf8(const char *what, const char *s, size_t len)
-{
-    size_t bad = utf8_invalid_at((const uint8_t *)s, len);
-    if (bad < len)
-        return rd_fail(RD_EINVAL, "tokenizer: %s is not valid UTF-8 at byte offset %zu (byte 0x%02x)", what, bad,
-                       (uint8_t)s[bad]);
-    return 0;
 }
 
 int tok_encode_into(const tok_tokenizer *t, tok_work *w, const char *text, size_t len, int parse_special,

@@ -1,10 +1,15 @@
 /* tokenizer_int.h - what the tokenizer's files share (private to engine/text).
  *
- * tokenizer.c   loading the vocabulary, special tokens, the public tok_* API
- *               (encode dispatches each stretch of text to bpe.c or spm.c)
+ * chat_template.c  the turn formats (ChatML, Llama 3, Gemma) and tok_chat*
+ * tokenizer.c   loading the vocabulary, special tokens and chat markers, the
+ *               public tok_* API (encode dispatches each stretch of text to
+ *               bpe.c or spm.c)
  * bpe.c         GPT-2 byte-level BPE: pre-tokenizers (PCRE2), merges
  * spm.c         SentencePiece-style BPE by token score
- * chat_template.c  the turn formats (ChatML, Llama 3, Gemma) and tok_chat*
+ * tok_base.c    what they all use: the vocabulary's lookup, the id list, the
+ *               scratch space and merge heap
+ * Top to bottom: each file calls only files listed below it (make layers
+ * checks that no files call each other in a circle).
  *
  * The tokenizer is read-only after tok_load; each encode call has its own
  * tok_work scratch space. */
@@ -86,8 +91,12 @@ struct tok_tokenizer {
 
 static inline const char *tok_text(const tok_tokenizer *t, int32_t id) { return t->text + t->text_off[id]; }
 
+/* tok_base.c: the vocabulary's lookup, the id list and the scratch space. */
+
 /* Token id of the text s[0..n), or -1. */
 int32_t tok_vocab_find(const tok_tokenizer *t, const char *s, size_t n);
+/* Inserts id under its text (at load); returns the id already there if the text is taken, else -1. */
+int32_t tok_vocab_insert(tok_tokenizer *t, int32_t id);
 /* 1 when the GGUF string s is want. */
 int tok_kv_equals(gguf_str s, const char *want);
 /* The smallest power of two >= n, at least 16 (hash table sizes). */
@@ -146,13 +155,14 @@ int tok_work_text(tok_work *w, size_t n);
 int tok_heap_push(tok_work *w, tok_pair p);
 tok_pair tok_heap_pop(tok_work *w);   /* heap_n > 0 */
 
-/* Encodes already-validated UTF-8 text, appending to out: special tokens cut
- * out (control and unknown ones only with parse_special), each stretch
- * between them tokenized by the vocab's algorithm. */
-int tok_encode_into(const tok_tokenizer *t, tok_work *w, const char *text, size_t len, int parse_special,
-                    tok_ids *out);
 /* RD_EINVAL naming what and the byte offset unless s[0..len) is UTF-8. */
 int tok_check_utf8(const char *what, const char *s, size_t len);
+
+/* tokenizer.c: encodes already-validated UTF-8 text, appending to out:
+ * special tokens cut out (control and unknown ones only with parse_special),
+ * each stretch between them tokenized by the vocab's algorithm. */
+int tok_encode_into(const tok_tokenizer *t, tok_work *w, const char *text, size_t len, int parse_special,
+                    tok_ids *out);
 
 /* bpe.c: GPT-2 byte-level BPE. */
 int bpe_load_pre(tok_tokenizer *t, const gguf_file *g);     /* tokenizer.ggml.pre and its patterns */
@@ -172,8 +182,5 @@ void spm_byte_tokens(tok_tokenizer *t);
 uint32_t spm_decode_text(const uint8_t *s, uint32_t n, uint8_t *out);
 /* One stretch of text without special tokens; prefix: write a space first. */
 int spm_encode(const tok_tokenizer *t, tok_work *w, const char *s, size_t len, int prefix, tok_ids *out);
-
-/* chat_template.c: the marker tokens and the turn format, at load. */
-void chat_load(tok_tokenizer *t, const gguf_file *g);
 
 #endif

@@ -1,6 +1,6 @@
 """The include rules of docs/LAYOUT.md (tools/check_layers.py): the tree keeps
 them, and the checker fails on each kind of breach, shown on small trees that
-break one rule each."""
+break one rule each (and pass once the breach is mended)."""
 import os
 import tempfile
 
@@ -93,6 +93,81 @@ def a_private_header_is_its_module():
     })
     rc, lines = breaches(tree(files))
     assert rc == 0 and not lines, lines
+
+
+# Two files that share one header and call each other: the module check cannot see it (one header,
+# no circle of includes), the calls rule does.
+CALL_CIRCLE = {
+    "daemon/api.h": "int api_route(void);\nint api_answer(void);\n",
+    "daemon/api.c": '#include "daemon/api.h"\n'
+                    "int api_answer(void) { return 200; }\n"
+                    "int api_table(void) { return api_route(); }\n",
+    "daemon/api_route.c": '#include "daemon/api.h"\nint api_route(void) { return api_answer(); }\n',
+}
+
+
+@case
+def a_circle_of_calls_fails():
+    rc, lines = breaches(tree(dict(GOOD, **CALL_CIRCLE)))
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("calls"), lines
+    assert "daemon/api.c" in lines[0] and "daemon/api_route.c" in lines[0], lines
+    assert "(api_route)" in lines[0] and "(api_answer)" in lines[0], lines   # the witness names a call each way
+
+
+@case
+def the_circle_broken_by_moving_the_helper_down_passes():
+    files = dict(GOOD, **CALL_CIRCLE)
+    files["daemon/api.c"] = '#include "daemon/api.h"\nint api_table(void) { return api_route(); }\n'
+    files["daemon/api_answer.c"] = '#include "daemon/api.h"\nint api_answer(void) { return 200; }\n'
+    rc, lines = breaches(tree(files))
+    assert rc == 0 and not lines, lines
+
+
+@case
+def calls_across_folders_and_through_a_table_fail():
+    """A circle counts across folders (engine/format -> engine/model -> engine/format), and a
+    global's use (a table of function pointers, a variable) is an edge like a call."""
+    files = dict(GOOD)
+    files.update({
+        "engine/format/gguf.h": "extern const int ggml_sizes[];\nint dq_row(int t);\nint gguf_open(void);\n",
+        "engine/format/gguf.c": '#include "engine/format/gguf.h"\nint gguf_open(void) { return dq_row(1); }\n',
+        "engine/model/dequant.c": '#include "engine/format/gguf.h"\n'
+                                  "const int ggml_sizes[] = {4, 2};\n"
+                                  "static int (*const rows[])(void) = {gguf_open};\n"
+                                  "int dq_row(int t) { return ggml_sizes[t] + rows[0](); }\n",
+    })
+    rc, lines = breaches(tree(files))
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("calls"), lines
+    assert "engine/format/gguf.c" in lines[0] and "engine/model/dequant.c" in lines[0], lines
+
+
+@case
+def what_is_not_a_call_passes():
+    """Statics, prototypes, comments, strings, struct members and names a file defines itself
+    make no edge; tests/ is left out."""
+    files = dict(GOOD)
+    files.update({
+        "client/push.h": "int push_go(void);\nstruct ops { int (*chain_run)(void); };\n",
+        "client/push.c": '#include "client/push.h"\n'
+                         "int chain_run(void);  /* a prototype: chain_run is chain.c's */\n"
+                         "int push_go(void) { return 0; }\n",
+        "client/chain.c": '#include "client/push.h"\n'
+                          "static int push_go_twice(void) { return push_go() + push_go(); }\n"
+                          "int chain_run(void) { return push_go_twice(); }\n",
+        "client/other.c": '#include "client/push.h"\n'
+                          "/* chain_run() is not called here */\n"
+                          'static const char *why = "chain_run";\n'
+                          "static int chain_run_ops(struct ops *o) { return o->chain_run() + (why != 0); }\n"
+                          "int push_go_more(struct ops o) { return o.chain_run() + chain_run_ops(&o); }\n",
+        "tests/unit/t2.c": '#include "client/push.h"\nint push_go_more(void) { return chain_run(); }\n',
+    })
+    # push.c -> nothing of chain.c (a prototype is no use); chain.c -> push.c; other.c -> neither
+    files["client/push.c"] += "int push_more(void) { return push_go(); }\n"
+    rc, lines = breaches(tree(files))
+    assert rc == 0 and not lines, lines
+    files["client/push.c"] += "int push_chain(void) { return chain_run(); }\n"   # now a real call back
+    rc, lines = breaches(tree(files))
+    assert rc == 1 and len(lines) == 1 and "client/chain.c, client/push.c" in lines[0], lines
 
 
 main()

@@ -149,7 +149,7 @@ static void hf_extra(void *json, const model_config *c)
     cJSON_AddNumberToObject(json, "sliding_window_pattern", c->swa_period);
     cJSON *types = cJSON_AddArrayToObject(json, "layer_types");
     for (int32_t l = 0; l < c->n_layers; l++)
-        cJSON_AddItemToArray(types, cJSON_CreateString(model_layer_is_local(c, l) ? "sliding_attention"
+        cJSON_AddItemToArray(types, cJSON_CreateString(arch_layer_is_local(c, l) ? "sliding_attention"
                                                                                   : "full_attention"));
     cJSON_AddNumberToObject(json, "rope_local_base_freq", (double)c->rope_local_theta);
     cJSON_AddNumberToObject(json, "query_pre_attn_scalar", (double)c->attn_scalar);
