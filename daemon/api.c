@@ -11,6 +11,7 @@
 #include "daemon/api.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,33 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
                 cJSON_AddItemToArray(tops, t);
             }
         }
+    }
+    if (c->score && r->prompt_logprobs) {
+        /* SGLang's layout: one entry per prompt position from logprob_start_len on, position 0's log-prob
+           null (nothing comes before it); raw log-probs whatever logprobs_mode says */
+        cJSON *in = cJSON_AddArrayToObject(mi, "input_token_logprobs");
+        cJSON *tops = c->p.top_n > 0 ? cJSON_AddArrayToObject(mi, "input_top_logprobs") : NULL;
+        for (int32_t p = c->score_from; p < r->n_prompt; p++) {
+            cJSON *t = lp_triple(c, 0, r->prompt_ids[p]);
+            if (p == 0 || isnan(r->prompt_logprobs[p]))
+                cJSON_ReplaceItemInArray(t, 0, cJSON_CreateNull());
+            else
+                cJSON_ReplaceItemInArray(t, 0, cJSON_CreateNumber(r->prompt_logprobs[p]));
+            cJSON_AddItemToArray(in, t);
+            if (!tops)
+                continue;
+            if (p == 0 || !r->prompt_top_ids) {
+                cJSON_AddItemToArray(tops, cJSON_CreateNull());
+                continue;
+            }
+            cJSON *alt = cJSON_CreateArray();
+            for (int32_t q = 0; q < r->n_top; q++)
+                if (r->prompt_top_ids[(size_t)p * r->n_top + q] >= 0)
+                    cJSON_AddItemToArray(alt, lp_triple(c, r->prompt_top_logprobs[(size_t)p * r->n_top + q],
+                                                        r->prompt_top_ids[(size_t)p * r->n_top + q]));
+            cJSON_AddItemToArray(tops, alt);
+        }
+        cJSON_AddStringToObject(mi, "input_logprob_kind", "raw");
     }
     char ver[32];
     snprintf(ver, sizeof ver, "%llu", (unsigned long long)(v ? r->version_finish : c->a->d->weight_version));

@@ -171,6 +171,9 @@ static int submit_sub(api *a, api_call *c, api_sub *s)
     er.sp.frequency_penalty = c->p.frequency_penalty;
     er.sp.presence_penalty = c->p.presence_penalty;
     er.min_tokens = c->p.min_tokens;
+    er.max_tokens = s->max_tokens;
+    er.score_prompt = c->score;
+    er.score_from = c->score_from;
     er.sp.processed_logprobs = c->p.processed;
     er.n_bias = c->p.n_bias;
     er.bias_ids = c->p.bias_ids;

@@ -131,6 +131,9 @@ struct api_call {
                                    routed experts, base64 of int32 [prompt + completion - 1][layers][top_k] */
     const char *top_field;      /* the field name top_n came from (for errors) */
     int text_in_logprobs;       /* return_text_in_logprobs: each [logprob, id, text] names its token */
+    int score;                  /* SGLang's logprob_start_len >= 0 with return_logprob: the prompt's tokens are
+                                   scored from score_from on (meta_info.input_token_logprobs) */
+    int32_t score_from;
     char *rid;                  /* SGLang rid (one string) */
     api_params p;
     int n_subs;

@@ -213,14 +213,15 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
     api_read_fields(root, SD_SGLT, "", &c->p, e);
     api_bool(root, "return_text_in_logprobs", &c->text_in_logprobs, e);
     int64_t lsl = -1;
-    if (api_int(root, "logprob_start_len", -1, 1 << 30, &lsl, e) > 0 && lsl != -1)
-        api_bad(e, 400, "field \"logprob_start_len\" = %lld: prompt (input) log-probs are not computed here; only "
-                "-1 (the default: log-probs of the generated tokens, meta_info.output_token_logprobs)", (long long)lsl);
+    api_int(root, "logprob_start_len", -1, 1 << 30, &lsl, e);
     cJSON *clp = cJSON_GetObjectItemCaseSensitive(root, "custom_logit_processor");
     if (clp && !cJSON_IsNull(clp))
         api_bad(e, 400, "field \"custom_logit_processor\": not supported (it is a pickled Python callable, and "
                 "rolloutd runs no Python); daemon/sampling.def lists the sampling fields it implements");
     api_bool(root, "return_logprob", &c->return_logprob, e);
+    /* SGLang scores the prompt from logprob_start_len on only when log-probs are returned */
+    c->score = c->return_logprob && lsl >= 0;
+    c->score_from = (int32_t)(lsl >= 0 ? lsl : 0);
     api_bool(root, "return_routed_experts", &c->return_routes, e);
     int64_t k;
     if (api_int(root, "top_logprobs_num", 0, 1 << 20, &k, e) > 0)
@@ -488,7 +489,8 @@ proto_request api_sub_request(const api_call *c, const api_sub *s)
 {
     return (proto_request){
         .n = (uint32_t)s->n,
-        .max_tokens = (uint32_t)s->max_tokens,
+        .max_tokens = (uint32_t)(s->max_tokens > 0 ? s->max_tokens : 1), /* 0 (score only) is the door's; the
+                                                                             engine request gets it back */
         .temperature = c->p.temperature,
         .top_p = c->p.top_p,
         .top_k = c->p.top_k,
@@ -526,6 +528,21 @@ int api_admit_check(api_call *c, const adm_limits *lim, api_err *e)
         }
         if (s->n_prompt == 0) {
             api_bad(e, 400, "prompt %d is empty (no tokens); expected at least 1", i);
+            return -1;
+        }
+        if (s->max_tokens == 0 && !c->score) {
+            api_bad(e, 400, "field \"%s\" = 0: only a request that scores its prompt generates nothing (/generate "
+                    "with return_logprob and logprob_start_len >= 0)", c->kind == API_GENERATE ? "max_new_tokens" :
+                    "max_tokens");
+            return -1;
+        }
+        if (c->score && c->score_from > s->n_prompt) {
+            api_bad(e, 400, "field \"logprob_start_len\" = %d: expected at most the prompt's %d tokens", c->score_from,
+                    s->n_prompt);
+            return -1;
+        }
+        if (s->max_tokens == 0 && s->n != 1) {
+            api_bad(e, 400, "field \"n\" = %d: a request that only scores its prompt has one sample", s->n);
             return -1;
         }
         if (c->p.min_tokens > s->max_tokens) {

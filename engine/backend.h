@@ -66,6 +66,9 @@ typedef struct rd_sample_req {
     const samp_edit *edits;     /* [n_edits] host memory: applied to a copy of the row before the draw
                                    (samp_apply_edits, samp_sample_ex); NULL when n_edits is 0 */
     int32_t n_edits;
+    int score;                  /* 1: no draw: the raw log-prob of score_token and the alternatives, as
+                                   samp_score gives them (scoring a prompt token); edits are not applied */
+    int32_t score_token;
 } rd_sample_req;
 
 /* Entries of a bytes-by-ggml_type array (linear_bytes_by_type): the ggml
@@ -250,7 +253,8 @@ typedef struct rd_backend_ops {
     int (*graph_launch)(rd_backend *be, void *graph);
     void (*graph_free)(rd_backend *be, void *graph);
     /* Samples n requests from logits rows [.][vocab] held by the backend, by
-     * samp_sample_ex's rules with each request's edits applied to its row
+     * samp_sample_ex's rules (samp_score's for a request with score set) with each request's edits
+     * applied to its row
      * (samp_edit_logit; the raw log-prob and the alternatives from the row
      * as it is) (same token for the same logits and seed up to
      * double rounding of its sums, see kernels/cuda/cuda_sample.cu); a row

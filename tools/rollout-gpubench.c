@@ -806,7 +806,7 @@ static int cmd_sampler(const opts *o)
         sp.seed = 777 + (uint64_t)pi;
         sp.logprobs_topk = 5;
         for (int32_t d = 0; d < DRAWS; d++)
-            q[d] = (rd_sample_req){d % B, (uint32_t)(d / B), (uint32_t)(100 + d), &sp, NULL, 0};
+            q[d] = (rd_sample_req){d % B, (uint32_t)(d / B), (uint32_t)(100 + d), &sp, NULL, 0, 0, 0};
         double t0 = clock_now_s();
         rc = runner_sample(&r, q, DRAWS, got);
         t_dev += clock_now_s() - t0;
@@ -921,7 +921,7 @@ static int cmd_bench(const opts *o)
         rd_sample_req *q = malloc(sizeof(rd_sample_req) * B);
         samp_result *res = malloc(sizeof(samp_result) * B);
         for (int32_t s = 0; s < B; s++)
-            q[s] = (rd_sample_req){s, 0, 0, &sp, NULL, 0};
+            q[s] = (rd_sample_req){s, 0, 0, &sp, NULL, 0, 0, 0};
         double t_steps = 0, t_sample = 0, kv_read = 0;
         for (int32_t it = 0; it < warm + T && !rrc; it++) {
             double ctx_sum = 0;

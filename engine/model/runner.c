@@ -533,6 +533,13 @@ int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *
         rc = be->ops->d2h(be, row, r->logits + (size_t)reqs[i].row * vocab, sizeof(float) * (size_t)vocab);
         if (!rc)
             rc = be->ops->sync(be);
+        if (!rc && reqs[i].score) {
+            if (samp_score(reqs[i].sp, row, vocab, reqs[i].score_token, scratch, &out[i])) {
+                memset(&out[i], 0, sizeof out[i]);
+                out[i].token = -1;
+            }
+            continue;
+        }
         if (!rc && reqs[i].n_edits > 0)
             samp_apply_edits(reqs[i].sp, row, vocab, reqs[i].edits, reqs[i].n_edits, proc);
         if (!rc && samp_sample_ex(reqs[i].sp, row, reqs[i].n_edits > 0 ? proc : NULL, vocab, reqs[i].sample_idx,

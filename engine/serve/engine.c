@@ -56,6 +56,7 @@ struct engine {
     seq **sseq;                 /* [draws_cap] the sequence each draw extends */
     int32_t *round;             /* [draws_cap] host draws: the draws of the round being made */
     int32_t *edit_at;           /* [draws_cap] each draw's first entry in edits (its count in sreq[].n_edits) */
+    int32_t *score_pos;         /* [draws_cap] the prompt position a scoring draw scores, -1 for a real draw */
     int32_t draws_cap;
     /* this step's logit edits (penalty.h), for the draws of requests that ask for them */
     pen_index pen;
@@ -72,6 +73,7 @@ struct engine {
     spec_store *store;          /* recent completions by prompt (cfg.spec_store_bytes > 0; NULL otherwise) */
     spec_cost cost;             /* decode and verify step times by rows: which drafts pay */
     int32_t logit_cap;          /* logit rows a step may ask for: max_num_seqs, plus 4 sequences' drafts */
+    int32_t score_chunk;        /* and beyond them, rows that score prompt tokens (ENG_SCORE_CHUNK) */
 };
 
 /* ---- configuration and lifecycle ---- */
@@ -178,8 +180,11 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     int rc = kv_create((int32_t)n_blocks, cfg->block_size, &e->kv);
     if (!rc)
         rc = sched_init(&e->sched, e->kv, cfg->max_num_seqs, cfg->max_batch_tokens, cfg->prefix_cache);
+    e->score_chunk = ENG_SCORE_CHUNK < cfg->max_batch_tokens ? ENG_SCORE_CHUNK : cfg->max_batch_tokens;
+    e->sched.score_chunk = e->score_chunk;
     if (!rc)
-        rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens, e->logit_cap);
+        rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens,
+                         e->logit_cap + e->score_chunk);
     if (!rc && cfg->spec_max_draft > 0) {
         spec_ngram_params np = spec_ngram_default();
         rc = spec_ngram_create(&np, &e->drafter);
@@ -196,13 +201,13 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->slot = malloc(sizeof(int32_t) * T);
     e->q_start = malloc(sizeof(int32_t) * (S + 1));
     e->ctx_len = malloc(sizeof(int32_t) * S);
-    e->logit_rows = malloc(sizeof(int32_t) * e->logit_cap);
+    e->logit_rows = malloc(sizeof(int32_t) * (e->logit_cap + e->score_chunk));
     /* A backend that samples keeps the logits on the device (RD_HOST_SAMPLING=1 forces
        the download and samp_sample, to compare the two). */
     const char *hs = getenv("RD_HOST_SAMPLING");
     e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
     if (!e->device_sampling) {
-        e->logits = malloc(sizeof(float) * (size_t)e->logit_cap * c->vocab);
+        e->logits = malloc(sizeof(float) * (size_t)(e->logit_cap + e->score_chunk) * c->vocab);
         e->samp_workers = pool_size();
         e->samp_scratch = malloc(samp_stride(c->vocab) * (size_t)e->samp_workers);
     }
@@ -257,6 +262,7 @@ void eng_destroy(engine *e)
     free(e->sseq);
     free(e->round);
     free(e->edit_at);
+    free(e->score_pos);
     free(e->edits);
     pen_index_free(&e->pen);
     free(e->slot_routes);
@@ -285,8 +291,14 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
                        r->n_prompt, c->max_ctx);
     if (r->n < 1 || r->n > e->cfg.max_num_seqs)
         return rd_fail(RD_EINVAL, "request: n = %d must be in 1..%d (max_num_seqs)", r->n, e->cfg.max_num_seqs);
-    if (r->max_tokens < 1)
-        return rd_fail(RD_EINVAL, "request: max_tokens = %d must be >= 1", r->max_tokens);
+    if (r->max_tokens < (r->score_prompt ? 0 : 1))
+        return rd_fail(RD_EINVAL, "request: max_tokens = %d must be >= 1 (0 only for a request that scores its "
+                       "prompt)", r->max_tokens);
+    if (r->score_prompt && (r->score_from < 0 || r->score_from > r->n_prompt))
+        return rd_fail(RD_EINVAL, "request: score_from = %d must be in 0..%d (the prompt's length)", r->score_from,
+                       r->n_prompt);
+    if (r->max_tokens == 0 && r->n != 1)
+        return rd_fail(RD_EINVAL, "request: a request that only scores its prompt has n = 1 (got %d)", r->n);
     if (r->n_stop < 0 || r->n_stop > SEQ_MAX_STOP)
         return rd_fail(RD_EINVAL, "request: %d stop ids (at most %d)", r->n_stop, SEQ_MAX_STOP);
     if (r->n_stop > 0 && !r->stop_ids)
@@ -365,6 +377,33 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         q->n_bias = r->n_bias;
     }
     q->min_tokens = r->min_tokens;
+    q->score_from = -1;
+    if (r->score_prompt) {
+        const int32_t k = r->sp.logprobs_topk;
+        q->prompt_lps = malloc(sizeof(float) * (size_t)r->n_prompt);
+        if (k > 0) {
+            q->prompt_top_ids = malloc(sizeof(int32_t) * (size_t)r->n_prompt * k);
+            q->prompt_top_lps = malloc(sizeof(float) * (size_t)r->n_prompt * k);
+        }
+        if (!q->prompt_lps || (k > 0 && (!q->prompt_top_ids || !q->prompt_top_lps))) {
+            free(q->prompt_lps);
+            free(q->prompt_top_ids);
+            free(q->prompt_top_lps);
+            free(q->bias_ids);
+            free(q->bias_vals);
+            stop_set_free(&q->stops);
+            free(q->prompt);
+            free(q);
+            return rd_fail(RD_ENOMEM, "request: out of memory");
+        }
+        for (int32_t i = 0; i < r->n_prompt; i++)
+            q->prompt_lps[i] = NAN;
+        for (size_t i = 0; k > 0 && i < (size_t)r->n_prompt * k; i++) {
+            q->prompt_top_ids[i] = -1;
+            q->prompt_top_lps[i] = -INFINITY;
+        }
+        q->score_from = r->score_from;
+    }
     q->id = e->next_id++;
     q->tag = r->tag;
     q->n = r->n;
@@ -549,7 +588,10 @@ static int ensure_draws(engine *e, int32_t n)
     int32_t *ea = realloc(e->edit_at, sizeof *ea * (size_t)cap);
     if (ea)
         e->edit_at = ea;
-    if (!q || !r || !ss || !rd || !ea)
+    int32_t *sp = realloc(e->score_pos, sizeof *sp * (size_t)cap);
+    if (sp)
+        e->score_pos = sp;
+    if (!q || !r || !ss || !rd || !ea || !sp)
         return rd_fail(RD_ENOMEM, "engine: cannot grow the step's draws to %d", n);
     e->draws_cap = cap;
     return 0;
@@ -565,9 +607,24 @@ static int add_draw_at(engine *e, int32_t *n, seq *s, int32_t row, int32_t pos)
     e->sreq[*n] = (rd_sample_req){
         .row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)pos, .sp = &s->req->sp};
     e->edit_at[*n] = e->n_edits;
+    e->score_pos[*n] = -1;
     if (s->req->edits && (rc = pen_build(&e->pen, s, pos, &e->edits, &e->n_edits, &e->edits_cap)))
         return rc;
     e->sreq[*n].n_edits = e->n_edits - e->edit_at[*n];
+    e->sseq[(*n)++] = s;
+    return 0;
+}
+
+/* Queues the scoring of prompt token pos of s from logit row `row` (position pos - 1's). */
+static int add_score(engine *e, int32_t *n, seq *s, int32_t row, int32_t pos)
+{
+    int rc = ensure_draws(e, *n + 1);
+    if (rc)
+        return rc;
+    e->sreq[*n] = (rd_sample_req){.row = row, .sample_idx = (uint32_t)s->sample_idx, .pos = (uint32_t)pos,
+                                  .sp = &s->req->sp, .score = 1, .score_token = s->req->prompt[pos]};
+    e->edit_at[*n] = e->n_edits;
+    e->score_pos[*n] = pos;
     e->sseq[(*n)++] = s;
     return 0;
 }
@@ -614,6 +671,11 @@ static void draw_task(void *ctx, int32_t k, int32_t worker)
     const rd_sample_req *q = &e->sreq[i];
     char *scratch = (char *)e->samp_scratch + samp_stride(vocab) * (size_t)worker;
     const float *raw = e->logits + (size_t)q->row * vocab;
+    if (q->score) {
+        if (samp_score(q->sp, raw, vocab, q->score_token, scratch, &e->sres[i]))
+            e->sres[i].token = -1;
+        return;
+    }
     float *proc = NULL;
     if (q->n_edits > 0) {
         proc = (float *)(scratch + ((samp_scratch_bytes(vocab) + 63) & ~(size_t)63));
@@ -626,8 +688,29 @@ static void draw_task(void *ctx, int32_t k, int32_t worker)
 /* Appends draw i's token to its sequence. A drafting sequence keeps a draw
  * only while every earlier one was its draft: after a finish or a differing
  * draw, the later rows were fed wrong tokens. */
+/* A scoring draw's log-prob (and alternatives) into its request's prompt arrays. */
+static void take_score(engine *e, int32_t i)
+{
+    seq_req *q = e->sseq[i]->req;
+    const int32_t pos = e->score_pos[i], k = q->sp.logprobs_topk;
+    const samp_result *r = &e->sres[i];
+    if (r->token < 0)
+        return; /* logits the sampler refuses: the position stays unscored (NAN) */
+    q->prompt_lps[pos] = r->logprob;
+    for (int32_t j = 0; j < k && q->prompt_top_ids; j++) {
+        q->prompt_top_ids[(size_t)pos * k + j] = j < r->n_top ? r->top_ids[j] : -1;
+        q->prompt_top_lps[(size_t)pos * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
+    }
+    if (pos + 1 > q->score_next)
+        q->score_next = pos + 1;
+}
+
 static void take_draw(engine *e, int32_t i)
 {
+    if (e->score_pos[i] >= 0) {
+        take_score(e, i);
+        return;
+    }
     seq *s = e->sseq[i];
     int32_t j = -1; /* a drafting sequence's draw: of token spec_base + j */
     if (s->n_draft > 0) {
@@ -655,6 +738,8 @@ static void take_draw(engine *e, int32_t i)
 static int32_t draw_round(const engine *e, int32_t i)
 {
     const seq *s = e->sseq[i];
+    if (e->score_pos[i] >= 0)
+        return 0;
     return s->n_draft > 0 ? (int32_t)e->sreq[i].pos - s->spec_base : 0;
 }
 
@@ -739,13 +824,19 @@ int eng_step(engine *e)
     for (int32_t i = 0; i < n_sched; i++) {
         seq *s = batch[i];
         e->q_start[i] = M;
+        s->score_rows = 0;
         for (int32_t j = 0; j < s->sched_rows; j++, M++) {
             int32_t p = s->n_computed + j;
             e->tok[M] = p < s->n_tokens ? s->tokens[p] : s->draft[p - s->n_tokens];
             e->pos[M] = p;
             e->slot[M] = s->blocks.ids[p / bs] * bs + p % bs;
-            if (p >= s->n_tokens - 1 && s->n_computed + s->sched_rows >= s->n_tokens)
-                e->logit_rows[n_logits++] = M;
+            if (p >= s->n_tokens - 1 && s->n_computed + s->sched_rows >= s->n_tokens) {
+                if (s->req->max_tokens > 0) /* a request that only scores draws nothing */
+                    e->logit_rows[n_logits++] = M;
+            } else if (seq_scores(s, p)) {
+                e->logit_rows[n_logits++] = M; /* scores prompt token p + 1 */
+                s->score_rows++;
+            }
         }
         e->ctx_len[i] = s->n_computed + s->sched_rows;
         memcpy(e->tables + (size_t)i * max_blocks, s->blocks.ids, sizeof(int32_t) * s->blocks.n);
@@ -777,9 +868,21 @@ int eng_step(engine *e)
         int32_t prompt_rows = s->req->n_prompt - s->n_computed; /* recomputed ones included */
         if (prompt_rows > 0)
             e->st.prompt_tokens += prompt_rows < s->sched_rows ? prompt_rows : s->sched_rows;
+        /* Its scoring rows come first among its logit rows (positions before its last). */
+        for (int32_t j = 0, p = s->n_computed; j < s->score_rows && !rc; p++)
+            if (seq_scores(s, p)) {
+                rc = add_score(e, &n_draws, s, li++, p + 1);
+                j++;
+            }
+        if (rc)
+            return rc;
         sched_commit(&e->sched, s, e->version);
         if (s->n_computed < s->n_tokens)
             continue;
+        if (s->req->max_tokens == 0) {
+            finish(e, s, FINISH_LENGTH); /* scored, nothing to generate */
+            continue;
+        }
         if (e->drafter && s->n_tokens > s->req->n_prompt)
             s->spec_n_steps++; /* a decode step draws for it (a group's first tokens come from the prefill) */
         if (s->n_draft > 0) {
@@ -991,6 +1094,21 @@ int eng_collect(engine *e, eng_result *out, int max)
             if (r->top_logprobs && g)
                 memcpy(r->top_logprobs, s->top_lps, sizeof(float) * (size_t)g * k);
         }
+        if (q->prompt_lps) {
+            /* scored prompt positions: every sample of the request carries them */
+            r->prompt_logprobs = malloc(sizeof(float) * (size_t)q->n_prompt);
+            if (r->prompt_logprobs)
+                memcpy(r->prompt_logprobs, q->prompt_lps, sizeof(float) * (size_t)q->n_prompt);
+            r->n_top = k;
+            if (k > 0 && q->prompt_top_ids) {
+                r->prompt_top_ids = malloc(sizeof(int32_t) * (size_t)q->n_prompt * k);
+                r->prompt_top_logprobs = malloc(sizeof(float) * (size_t)q->n_prompt * k);
+                if (r->prompt_top_ids)
+                    memcpy(r->prompt_top_ids, q->prompt_top_ids, sizeof(int32_t) * (size_t)q->n_prompt * k);
+                if (r->prompt_top_logprobs)
+                    memcpy(r->prompt_top_logprobs, q->prompt_top_lps, sizeof(float) * (size_t)q->n_prompt * k);
+            }
+        }
         r->finish = s->finish;
         r->stop_str = s->scan.matched;
         r->stop_text_offset = s->scan.matched >= 0 ? s->scan.match_at : 0;
@@ -1094,6 +1212,9 @@ void eng_result_free(eng_result *r)
     free(r->top_logprobs);
     free(r->spans);
     free(r->routes);
+    free(r->prompt_logprobs);
+    free(r->prompt_top_ids);
+    free(r->prompt_top_logprobs);
     memset(r, 0, sizeof *r);
 }
 

@@ -59,6 +59,9 @@ typedef struct {
                                    what a row costs in this engine's measured step times (spec_cost.h) */
 } eng_config;
 
+/* Prompt positions scored per engine step at most: the logit rows kept for them beside the draws'. */
+#define ENG_SCORE_CHUNK 32
+
 /* Most logit_bias entries a request may carry (OpenAI allows 300). */
 #define ENG_MAX_BIAS 1024
 
@@ -76,6 +79,11 @@ typedef struct {
     int32_t n_bias;             /* logit_bias entries, 0..ENG_MAX_BIAS */
     const int32_t *bias_ids;    /* [n_bias] distinct token ids */
     const float *bias_vals;     /* [n_bias] finite, added to the token's logit before the penalties */
+    int score_prompt;           /* 1: the raw log-prob of each prompt token from score_from on, given the ones
+                                   before it (eng_result.prompt_logprobs); max_tokens may then be 0 (score only,
+                                   n 1). Its prompt is computed whole (no prefix-cache hit), ENG_SCORE_CHUNK
+                                   scored rows a step */
+    int32_t score_from;         /* 0..n_prompt; position 0 has no log-prob (nothing before it) */
     const char *const *stop_strs; /* [n_stop_strs] UTF-8: a sample stops at the token whose text completes
                                      one (engine/text/stopstr.h); the token is kept */
     int32_t n_stop_strs;
@@ -109,6 +117,11 @@ typedef struct {
     int32_t n_top;              /* alternatives per token (0 if not asked) */
     int32_t *top_ids;           /* [n_tokens][n_top] */
     float *top_logprobs;        /* [n_tokens][n_top] */
+    float *prompt_logprobs;     /* [n_prompt] scored requests: raw log-prob of each prompt token from score_from
+                                   on (the bits a draw of it from the same logits has), NAN before it and at 0;
+                                   NULL otherwise */
+    int32_t *prompt_top_ids;    /* [n_prompt][n_top] their alternatives (-1 / -inf where none), or NULL */
+    float *prompt_top_logprobs; /* [n_prompt][n_top] */
     finish_reason finish;
     int32_t stop_str;           /* index into the request's stop_strs that ended it, or -1 */
     int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before

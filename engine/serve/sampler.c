@@ -586,6 +586,58 @@ void samp_apply_edits(const samp_params *p, const float *logits, int32_t vocab, 
             proc[edits[j].token] = samp_edit_logit(logits[edits[j].token], &edits[j], p);
 }
 
+/* Steps 1-3 on the raw row: the max (its lowest index in *argmax), S = the
+ * sum of w = exp(x - m) in sum_weights' order (w is left holding them), log S
+ * in fp32, and the alternatives into out (cleared first). samp_sample_ex and
+ * samp_score share it, so a scored token's log-prob has the sampled one's bits. */
+static int raw_part(const samp_params *p, const float *raw, int32_t vocab, int32_t *chunk_max, float *w,
+                    samp_result *out, int32_t *argmax, float *m_raw, float *log_s, double *s_raw)
+{
+    int rc = scan_logits(raw, vocab, chunk_max, argmax);
+    if (rc)
+        return rc;
+    *m_raw = raw[*argmax];
+    fill_weights(raw, vocab, *m_raw, 1.0f, w);
+    *s_raw = sum_weights(w, vocab);
+    *log_s = (float)log(*s_raw);
+    memset(out, 0, sizeof *out);
+    uint64_t alt[20];
+    size_t n_alt = select_top(raw, vocab, chunk_max, (size_t)p->logprobs_topk, alt);
+    for (size_t j = 0; j < n_alt; j++) {
+        int32_t i = key_index(alt[j]);
+        out->top_ids[j] = i;
+        out->top_logprobs[j] = (raw[i] - *m_raw) - *log_s;
+    }
+    out->n_top = (int32_t)n_alt;
+    return 0;
+}
+
+int samp_score(const samp_params *p, const float *logits, int32_t vocab, int32_t token, void *scratch,
+               samp_result *out)
+{
+    if (!logits || !scratch || !out)
+        return rd_fail(RD_EINVAL, "samp_score: logits, scratch and out must not be NULL");
+    if (vocab <= 0 || vocab > SAMP_MAX_VOCAB || token < 0 || token >= vocab)
+        return rd_fail(RD_EINVAL, "samp_score: token %d outside a vocabulary of %d", (int)token, (int)vocab);
+    if ((uintptr_t)scratch % sizeof(uint64_t) != 0)
+        return rd_fail(RD_EINVAL, "samp_score: scratch must be 8-byte aligned (as malloc returns)");
+    int rc = samp_validate(p);
+    if (rc)
+        return rc;
+    uint64_t *keys = scratch;
+    float *w = (float *)(keys + vocab);
+    int32_t *chunk_max = (int32_t *)(w + vocab);
+    int32_t argmax;
+    float m_raw, log_s;
+    double s_raw;
+    if ((rc = raw_part(p, logits, vocab, chunk_max, w, out, &argmax, &m_raw, &log_s, &s_raw)))
+        return rc;
+    out->token = token;
+    out->logprob = (logits[token] - m_raw) - log_s;
+    out->logprob_processed = NAN;
+    return 0;
+}
+
 int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
                 uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out)
 {
@@ -613,25 +665,11 @@ int samp_sample_ex(const samp_params *p, const float *raw, const float *proc, in
 
     /* Raw log-probs and the alternatives come from the raw row. */
     int32_t argmax = 0;
-    rc = scan_logits(raw, vocab, chunk_max, &argmax);
-    if (rc)
+    float m_raw, log_s;
+    double s_raw;
+    if ((rc = raw_part(p, raw, vocab, chunk_max, w, out, &argmax, &m_raw, &log_s, &s_raw)))
         return rc;
-    const float m_raw = raw[argmax];
-
-    fill_weights(raw, vocab, m_raw, 1.0f, w);
-    const double s_raw = sum_weights(w, vocab);
-    const float log_s = (float)log(s_raw);
     double z1 = s_raw; /* the drawing row's mass at t = 1; w holds its weights */
-
-    memset(out, 0, sizeof *out);
-    uint64_t alt[20];
-    size_t n_alt = select_top(raw, vocab, chunk_max, (size_t)p->logprobs_topk, alt);
-    for (size_t j = 0; j < n_alt; j++) {
-        int32_t i = key_index(alt[j]);
-        out->top_ids[j] = i;
-        out->top_logprobs[j] = (raw[i] - m_raw) - log_s;
-    }
-    out->n_top = (int32_t)n_alt;
 
     /* The draw comes from the processed row: scanned again, and its weights
      * at t = 1 taken anew, so what follows sees it exactly as it would see

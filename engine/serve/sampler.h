@@ -104,5 +104,11 @@ int samp_sample(const samp_params *p, const float *logits, int32_t vocab,
  * processing). With proc NULL this is samp_sample, bit for bit. */
 int samp_sample_ex(const samp_params *p, const float *logits, const float *proc, int32_t vocab,
                    uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out);
+/* Scoring: the raw log-prob of a given token (and p's alternatives) from
+ * logits, by exactly the steps samp_sample takes, so a token scored here has
+ * the bits it has when samp_sample draws it from the same logits. No draw;
+ * logprob_processed is NAN. */
+int samp_score(const samp_params *p, const float *logits, int32_t vocab, int32_t token, void *scratch,
+               samp_result *out);
 
 #endif

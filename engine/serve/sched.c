@@ -89,8 +89,26 @@ int32_t sched_retract_all(sched *sc)
     return n;
 }
 
+/* rows cut so that they hold at most *score_left rows that score a prompt token, which they use up. */
+static int32_t score_cap(const seq *s, int32_t rows, int32_t *score_left)
+{
+    if (s->req->score_from < 0)
+        return rows;
+    int32_t n = 0, r = 0;
+    for (; r < rows; r++) {
+        if (seq_scores(s, s->n_computed + r)) {
+            if (n == *score_left)
+                break;
+            n++;
+        }
+    }
+    *score_left -= n;
+    return r;
+}
+
 int32_t sched_step(sched *sc, uint64_t version)
 {
+    int32_t score_left = sc->score_chunk;
     int32_t budget = sc->max_batch_tokens, n_batch = 0;
     int preempted = 0;
     sc->n_cow = 0;
@@ -103,6 +121,14 @@ int32_t sched_step(sched *sc, uint64_t version)
             rows = budget;
             int32_t left = rows - (s->n_tokens - s->n_computed);
             s->n_draft = left > 0 ? left : 0;
+        }
+        if (s->req->score_from >= 0 && s->n_computed < s->req->n_prompt) {
+            rows = score_cap(s, rows, &score_left); /* a prefill that scores: no drafts ride behind it */
+            s->n_draft = 0;
+            if (rows == 0) {
+                s = next;
+                continue;
+            }
         }
         int self = 0;
         while (reserve(sc, s, rows) != 0) {
@@ -143,11 +169,15 @@ int32_t sched_step(sched *sc, uint64_t version)
             break;
         if (sc->hold_new && !seq_started(s))
             break; /* FCFS: nothing behind a held request overtakes it */
-        if (s->blocks.n == 0 && s->n_computed == 0)
+        /* A prompt that is scored is computed whole: a cached block would skip rows whose logits it needs. */
+        if (s->blocks.n == 0 && s->n_computed == 0 && s->req->score_from < 0)
             prefix_lookup(sc, s, version);
         int32_t rows = s->n_tokens - s->n_computed;
         if (rows > budget)
             rows = budget;
+        rows = score_cap(s, rows, &score_left);
+        if (rows == 0)
+            break; /* FCFS: the scoring budget is spent this step */
         if (reserve(sc, s, rows) != 0) {
             /* Waiting sequences hold no blocks (only running ones can be preempted). */
             kv_free_seq(sc->kv, &s->blocks);

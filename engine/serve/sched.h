@@ -23,6 +23,8 @@ typedef struct {
     int32_t max_batch_tokens;   /* token budget per step: rows of the forward pass */
     int prefix_cache;           /* 1: a waiting prompt first takes its cached prefix blocks */
     int hold_new;               /* drain: requests that have not started stay queued */
+    int32_t score_chunk;        /* rows a step may spend scoring prompt tokens (seq_scores): the logit rows kept
+                                   for them, so a long prompt is scored a chunk per step, never all at once */
     seq_list waiting;           /* first come first served; preempted sequences at the head */
     seq_list running;           /* in admission order (forks next to their parent): the tail is the newest */
     /* what the last sched_step decided */

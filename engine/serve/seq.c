@@ -59,6 +59,9 @@ void seq_destroy(seq *s)
         free(r->prompt);
         free(r->bias_ids);
         free(r->bias_vals);
+        free(r->prompt_lps);
+        free(r->prompt_top_ids);
+        free(r->prompt_top_lps);
         stop_set_free(&r->stops);
         kv_prefix_free(&r->prefix);
         for (int32_t i = 0; i < r->n_done_outs; i++)

@@ -42,6 +42,13 @@ struct seq_req {
     int32_t *bias_ids;          /* [n_bias] logit_bias tokens, distinct */
     float *bias_vals;           /* [n_bias] added to their logits */
     int edits;                  /* pen_wanted: its draws carry logit edits (penalty.h) */
+    /* scoring (issue 45): the raw log-prob of each prompt token from score_from on, given the tokens
+       before it, computed from the prefill's rows by samp_score (the bits a draw of it would have) */
+    int32_t score_from;         /* first prompt position scored (>= 0), or -1: none */
+    int32_t score_next;         /* positions below it are scored (a recomputed prefill does not redo them) */
+    float *prompt_lps;          /* [n_prompt] raw log-probs; NAN where not scored (position 0 always) */
+    int32_t *prompt_top_ids;    /* [n_prompt][sp.logprobs_topk] alternatives, or NULL */
+    float *prompt_top_lps;      /* [n_prompt][sp.logprobs_topk], or NULL */
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
@@ -80,6 +87,7 @@ typedef struct seq {
     uint64_t version_finish;    /* weight version when it finished */
     int32_t n_preempt;          /* times preempted */
     int32_t sched_rows;         /* rows given this step */
+    int32_t score_rows;         /* of those, rows whose logits score a prompt token (seq_scores) */
     /* speculative decoding (spec_plan.h): this step's drafts, reset after it */
     int32_t n_draft;            /* drafted tokens verified this step after its last token (0: none) */
     int32_t draft[SEQ_MAX_DRAFT];
@@ -110,6 +118,14 @@ typedef struct {
     seq *head, *tail;           /* NULL when empty */
     int32_t count;              /* sequences on it */
 } seq_list;
+
+/* Whether the logits of s's row at position p score a prompt token (p + 1): its request scores from
+ * score_from on, p + 1 is in the prompt and not scored yet. */
+static inline int seq_scores(const seq *s, int32_t p)
+{
+    const seq_req *q = s->req;
+    return q->score_from >= 0 && p + 1 >= q->score_from && p + 1 < q->n_prompt && p + 1 >= q->score_next;
+}
 
 void seq_list_remove(seq_list *l, seq *s);
 void seq_list_push_back(seq_list *l, seq *s);

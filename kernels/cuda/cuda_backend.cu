@@ -1739,6 +1739,9 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         int rc = samp_validate(reqs[i].sp);
         if (rc)
             return rc;
+        if (reqs[i].score && (reqs[i].score_token < 0 || reqs[i].score_token >= vocab || reqs[i].n_edits))
+            return rd_fail(RD_EINVAL, "cuda: sample: request %d scores token %d (vocabulary %d, %d edits)", i,
+                           reqs[i].score_token, vocab, reqs[i].n_edits);
         if (reqs[i].n_edits < 0 || (reqs[i].n_edits > 0 && !reqs[i].edits))
             return rd_fail(RD_EINVAL, "cuda: sample: request %d has %d edits at %p", i, reqs[i].n_edits,
                            (const void *)reqs[i].edits);
@@ -1818,6 +1821,7 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         q.sample_idx = reqs[i].sample_idx;
         q.pos = reqs[i].pos;
         q.n_top = sp->logprobs_topk;
+        q.score_token = reqs[i].score ? reqs[i].score_token : -1;
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
     if (e == cudaSuccess && n_edits > 0) {

@@ -182,6 +182,7 @@ struct sample_req {
     uint32_t seed_lo, seed_hi;
     uint32_t sample_idx, pos;
     int32_t n_top;              // alternatives (0..20)
+    int32_t score_token;        // >= 0: no draw: this token's raw log-prob and the alternatives (samp_score)
 };
 // One token's edit: samp_edit's fields (engine/serve/sampler.h).
 struct sample_edit {

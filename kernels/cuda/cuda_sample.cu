@@ -223,7 +223,11 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
     int32_t tok;
     float lp_proc;
     const float t = q.temperature;
-    if (t == 0.0f) {
+    if (q.score_token >= 0) {
+        // Scoring a given token (samp_score): its raw log-prob below, as a draw of it would have it.
+        tok = q.score_token;
+        lp_proc = NAN;
+    } else if (t == 0.0f) {
         tok = amax;
         lp_proc = 0.0f;
     } else {

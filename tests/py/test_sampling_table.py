@@ -224,6 +224,15 @@ def route_logprobs(door, name):
     assert st == 200 and a[0][3] and len(a[0][3]["content"][0]["top_logprobs"]) == 2, (st, a)
 
 
+def prompt_scored(door, name):
+    ids = prompt_ids()
+    st, doc = post("/generate", {"input_ids": ids, "return_logprob": True, name: 2,
+                                 "sampling_params": {"max_new_tokens": 0}})
+    assert st == 200 and len(doc["meta_info"]["input_token_logprobs"]) == len(ids) - 2, (st, doc)
+    st, doc = post("/generate", {"input_ids": ids, "return_logprob": True, "sampling_params": {"max_new_tokens": 2}})
+    assert st == 200 and "input_token_logprobs" not in doc["meta_info"], doc
+
+
 CASES = {
     "temperature": differs(1.5, {"temperature": 0, "SEED": 7}),
     "top_p": differs(0.05, SAMPLED),
@@ -277,6 +286,7 @@ CASES = {
     "suffix": refused("end"),
     "return_tokens_as_token_ids": refused(True),
     "stream_interval": refused(4),
+    "logprob_start_len": prompt_scored,
     "lora_path": refused("adapter-a"),
     "user": same("user-1"),
     "cache_salt": same("tenant-7"),

@@ -2341,7 +2341,7 @@ static int sample_cmp(const samp_params *sp, const float *logits, int32_t V, uin
     int rc_cpu = samp_sample(sp, logits, V, idx, pos, scratch, &want);
     free(scratch);
     float *dl = up(emu, logits, sizeof(float) * V);
-    rd_sample_req q = {0, idx, pos, sp, NULL, 0};
+    rd_sample_req q = {0, idx, pos, sp, NULL, 0, 0, 0};
     int rc = emu->ops->sample(emu, dl, V, &q, 1, &got);
     emu->ops->free(emu, dl);
     if (rc) {
@@ -2453,7 +2453,7 @@ static void test_sampler_many_draws(void)
     rd_sample_req q[64];
     samp_result got[64];
     for (int32_t i = 0; i < N; i++)
-        q[i] = (rd_sample_req){0, (uint32_t)(i % 4), (uint32_t)(i * 13), &sp, NULL, 0};
+        q[i] = (rd_sample_req){0, (uint32_t)(i % 4), (uint32_t)(i * 13), &sp, NULL, 0, 0, 0};
     CHECK_OK(emu->ops->sample(emu, dl, V, q, N, got));
     void *scratch = malloc(samp_scratch_bytes(V));
     int mism = 0;
@@ -2466,6 +2466,53 @@ static void test_sampler_many_draws(void)
     free(l);
     emu->ops->free(emu, dl);
     CHECK(mism == 0, "%d of %d draws differ from the CPU sampler", mism, N);
+}
+
+/* Scoring requests (score set, issue 45): the device gives a scored token the raw log-prob and the
+ * alternatives a draw of it has, bit for bit (the same kernel's steps), and samp_score's within
+ * sample_cmp's tolerance; with score set nothing is drawn (the token is the one asked). */
+static void test_sampler_score(void)
+{
+    const int32_t V = 3000, N = 24;
+    float *l = malloc(sizeof(float) * V * 2);
+    for (int32_t i = 0; i < 2 * V; i++)
+        l[i] = frand() * 3.0f;
+    float *dl = up(emu, l, sizeof(float) * V * 2);
+    samp_params sp[3] = {samp_default(), samp_default(), samp_default()};
+    sp[0].temperature = 0, sp[0].logprobs_topk = 3;
+    sp[1].seed = 77, sp[1].logprobs_topk = 5;
+    sp[2].temperature = 0.7f, sp[2].top_p = 0.8f, sp[2].seed = 78;
+    rd_sample_req q[24], qs[24];
+    samp_result drawn[24], scored[24];
+    for (int32_t i = 0; i < N; i++)
+        q[i] = (rd_sample_req){i % 2, (uint32_t)i, (uint32_t)(5 * i), &sp[i % 3], NULL, 0, 0, 0};
+    CHECK_OK(emu->ops->sample(emu, dl, V, q, N, drawn));
+    for (int32_t i = 0; i < N; i++) {
+        qs[i] = q[i];
+        qs[i].score = 1;
+        /* odd requests score another token than the one drawn: any token can be scored */
+        qs[i].score_token = i % 4 == 3 ? (drawn[i].token + 17) % V : drawn[i].token;
+    }
+    CHECK_OK(emu->ops->sample(emu, dl, V, qs, N, scored));
+    void *scratch = malloc(samp_scratch_bytes(V));
+    for (int32_t i = 0; i < N; i++) {
+        samp_result want;
+        CHECK_OK(samp_score(qs[i].sp, l + (size_t)(i % 2) * V, V, qs[i].score_token, scratch, &want));
+        CHECK(scored[i].token == qs[i].score_token, "request %d: token %d, asked %d", i, scored[i].token,
+              qs[i].score_token);
+        CHECK(fabsf(scored[i].logprob - want.logprob) <= 2e-6f * (1.0f + fabsf(want.logprob)),
+              "request %d: device %.9g vs samp_score %.9g", i, scored[i].logprob, want.logprob);
+        CHECK(scored[i].n_top == want.n_top, "request %d: %d alternatives vs %d", i, scored[i].n_top, want.n_top);
+        for (int32_t j = 0; j < want.n_top; j++)
+            CHECK(scored[i].top_ids[j] == want.top_ids[j], "request %d alternative %d", i, j);
+        if (qs[i].score_token == drawn[i].token)
+            CHECK(!memcmp(&scored[i].logprob, &drawn[i].logprob, sizeof(float)) &&
+                      !memcmp(scored[i].top_logprobs, drawn[i].top_logprobs, sizeof(float) * (size_t)want.n_top),
+                  "request %d: scored %.9g, drawn %.9g: not the same bits", i, scored[i].logprob, drawn[i].logprob);
+    }
+    free(scratch);
+    free(l);
+    emu->ops->free(emu, dl);
 }
 
 /* ------------------------------------------------------------------ sampler: logit edits */
@@ -2538,7 +2585,7 @@ static void edits_batch(int32_t V, int32_t R, int32_t N, int search, int *change
             e->seen = rnd() % 2;
             e->n_out = rnd() % 3 ? 0 : (int32_t)(rnd() % 4);
         }
-        q[i] = (rd_sample_req){row, (uint32_t)(rnd() % 8), (uint32_t)(rnd() % 5000), &sp[i], ed[i], n_ed};
+        q[i] = (rd_sample_req){row, (uint32_t)(rnd() % 8), (uint32_t)(rnd() % 5000), &sp[i], ed[i], n_ed, 0, 0};
     }
     float *dl = up(emu, l, sizeof(float) * (size_t)R * V);
     int rc = emu->ops->sample(emu, dl, V, q, N, got);
@@ -2616,7 +2663,7 @@ static void test_sampler_edits(void)
     samp_edit all[5], inf = {2, 0, 0, 0, 0, INFINITY}, one = {2, 0, 0, 1, 0, 0};
     for (int32_t i = 0; i < 5; i++)
         all[i] = (samp_edit){i, 0, 0, 1, 0, 0};
-    rd_sample_req q[3] = {{0, 0, 0, &sp, all, 5}, {0, 0, 1, &sp, &inf, 1}, {0, 0, 2, &sp, &one, 1}};
+    rd_sample_req q[3] = {{0, 0, 0, &sp, all, 5, 0, 0}, {0, 0, 1, &sp, &inf, 1, 0, 0}, {0, 0, 2, &sp, &one, 1, 0, 0}};
     samp_result got[3], want;
     float proc[5];
     void *scratch = malloc(samp_scratch_bytes(5));
@@ -2818,7 +2865,7 @@ static void runner_case(const char *name, int split)
         rd_sample_req q[3];
         samp_result got[3], want;
         for (int32_t s = 0; s < nb; s++)
-            q[s] = (rd_sample_req){s, (uint32_t)s, (uint32_t)pos[s], &sp, NULL, 0};
+            q[s] = (rd_sample_req){s, (uint32_t)s, (uint32_t)pos[s], &sp, NULL, 0, 0, 0};
         CHECK_OK(runner_sample(&rg, q, nb, got));
         void *scratch = malloc(samp_scratch_bytes(V));
         for (int32_t s = 0; s < nb; s++) {
@@ -3807,6 +3854,7 @@ int main(void)
     RUN_SEL(test_moe_graph);
     RUN_SEL(test_sampler);
     RUN_SEL(test_sampler_many_draws);
+    RUN_SEL(test_sampler_score);
     RUN_SEL(test_sampler_edits);
     RUN_SEL(test_runner_tiny);
     RUN_SEL(test_runner_tiny_bf16);

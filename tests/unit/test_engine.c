@@ -896,6 +896,96 @@ static void test_batch_invariance_edits(void)
     CHECK(ok, "%s", why);
 }
 
+/* Scoring (issue 45): rescoring prompt + completion gives, at the completion's positions, the bits the
+ * completion was sampled with: greedy, seeded and top-p requests (a group of 3 included) are
+ * generated alone, then each prompt + completion is scored from the completion's first position, in
+ * one engine together with 8 other requests (so scoring prefills are chunked by ENG_SCORE_CHUNK and
+ * batched with decodes), score-only (max_tokens 0) and with tokens after it. Scored alternatives
+ * equal the sampled ones too. Under the CUDA emulator (test_engine_cudaemu) the same runs on the
+ * device sampler. */
+static void test_rescoring_exact(void)
+{
+    NEED(tiny_ok, "tiny-q4_1");
+    model *m = tiny.m;
+    const int32_t V = m->cfg.vocab;
+    eng_config c = cfg_for(m, 256, 64, 32);
+    static int32_t prompts[3][40];
+    static int32_t full[5][40 + 64];
+    eng_request gen[3];
+    const float temps[3] = {0.0f, 1.0f, 0.8f};
+    for (int i = 0; i < 3; i++) {
+        make_prompt(prompts[i], 9 + 11 * i, 300 + i, 3, V);
+        gen[i] = make_req(prompts[i], 9 + 11 * i, i == 2 ? 3 : 1, 40, temps[i], 17 + i);
+        gen[i].sp.top_p = i == 2 ? 0.9f : 1.0f;
+        gen[i].sp.logprobs_topk = 3;
+        gen[i].ignore_eos = 1;
+    }
+    res_set *alone = res_new(), *got = res_new();
+    CHECK(alone && got, "oom");
+    for (int i = 0; i < 3; i++) {
+        res_set *one = res_new();
+        CHECK(one && run_alone(m, &c, &gen[i], one) == 0, "generate %d: %s", i, rd_errmsg());
+        for (int k = 0; k < one->n; k++) {
+            alone->r[alone->n] = one->r[k];
+            alone->r[alone->n].tag = (uint64_t)i;
+            alone->n++;
+        }
+        one->n = 0;
+        res_free(one);
+    }
+    CHECK(alone->n == 5, "%d rollouts, want 5", alone->n);
+    engine *e;
+    CHECK(eng_create(m, &c, &e) == 0, "eng_create: %s", rd_errmsg());
+    int64_t ids[5], other_ids[8];
+    static int32_t other_prompts[8][60];
+    for (int k = 0; k < 8; k++) {
+        make_prompt(other_prompts[k], 20 + 5 * k, 900 + k, 3, V);
+        eng_request o = make_req(other_prompts[k], 20 + 5 * k, 1, 12, 1.0f, 50 + k);
+        CHECK(eng_add(e, &o, &other_ids[k]) == 0, "add other: %s", rd_errmsg());
+    }
+    for (int k = 0; k < 5; k++) {
+        const eng_result *r = &alone->r[k];
+        const int i = (int)r->tag;
+        memcpy(full[k], prompts[i], sizeof(int32_t) * (size_t)r->n_prompt);
+        memcpy(full[k] + r->n_prompt, r->token_ids, sizeof(int32_t) * (size_t)r->n_tokens);
+        eng_request q = make_req(full[k], r->n_prompt + r->n_tokens, 1, k % 2 ? 5 : 0, 1.0f, 1);
+        q.score_prompt = 1;
+        q.score_from = r->n_prompt;
+        q.sp.logprobs_topk = 3;
+        q.ignore_eos = 1;
+        CHECK(eng_add(e, &q, &ids[k]) == 0, "add score %d: %s", k, rd_errmsg());
+    }
+    for (int it = 0; eng_busy(e); it++) {
+        CHECK(it < 100000, "still busy");
+        CHECK(eng_step(e) >= 0, "step: %s", rd_errmsg());
+        collect(e, got);
+    }
+    collect(e, got);
+    eng_destroy(e);
+    int scored = 0;
+    for (int k = 0; k < 5; k++) {
+        const eng_result *r = &alone->r[k], *sc = res_find(got, ids[k], 0);
+        CHECK(sc && sc->prompt_logprobs, "rollout %d: no scored result", k);
+        CHECK(sc->n_tokens == (k % 2 ? 5 : 0), "rollout %d: %d tokens generated after scoring", k, sc->n_tokens);
+        for (int32_t t = 0; t < r->n_tokens; t++) {
+            const int32_t p = r->n_prompt + t;
+            CHECK(!memcmp(&sc->prompt_logprobs[p], &r->logprobs[t], sizeof(float)),
+                  "rollout %d token %d: scored %.9g, sampled %.9g", k, t, sc->prompt_logprobs[p], r->logprobs[t]);
+            for (int32_t j = 0; j < 3; j++)
+                CHECK(sc->prompt_top_ids[(size_t)p * 3 + j] == r->top_ids[(size_t)t * 3 + j] &&
+                          !memcmp(&sc->prompt_top_logprobs[(size_t)p * 3 + j], &r->top_logprobs[(size_t)t * 3 + j],
+                                  sizeof(float)),
+                      "rollout %d token %d: alternative %d differs", k, t, j);
+            scored++;
+        }
+        for (int32_t p = 0; p < r->n_prompt; p++)
+            CHECK(isnan(sc->prompt_logprobs[p]), "rollout %d: prompt position %d scored before score_from", k, p);
+    }
+    printf("# %d completion tokens rescored, bit-identical\n", scored);
+    res_free(alone);
+    res_free(got);
+}
+
 /* Every family: a greedy and a seeded sequence alone and inside a batch of
  * 16 mixed-length requests, bit-identical (the Qwen2 bias, the Qwen3
  * per-head norms and the scaled RoPE table are all row-local; Gemma 3's
@@ -1849,6 +1939,7 @@ int main(void)
     RUN(test_preemption);
     RUN(test_batch_invariance_tiny);
     RUN(test_batch_invariance_edits);
+    RUN(test_rescoring_exact);
     RUN(test_batch_invariance_families);
     RUN(test_groups);
     RUN(test_bad_input);
