@@ -18,7 +18,8 @@
  * then put through the checks admission makes against the limits
  * (api_admit_check: the same function api_admit calls); when those pass, what
  * would reach the engine is asserted in range: token ids below the vocabulary,
- * 1 <= n <= max_n, 1 <= max_tokens, prompt + max_tokens within the context
+ * 1 <= n <= max_n, 1 <= max_tokens (0 only for a one-sample request that
+ * scores its prompt), prompt + max_tokens within the context
  * and the KV pool, finite temperatures, top_p in (0, 1], ... Everything the
  * reader allocated is freed (LeakSanitizer is on).
  *
@@ -102,8 +103,9 @@ static void check_call(const api_call *c, api_kind kind, int max_open)
     }
     CHECK(!(with_rid && c->rid));
     CHECK(p->n >= 1 && p->n <= (1 << 20));
-    CHECK(p->max_tokens == -1 || (p->max_tokens >= 1 && p->max_tokens <= (1 << 30)));
-    CHECK(max_open || p->max_tokens >= 1); /* /generate and /v1/completions have defaults */
+    CHECK(p->max_tokens == -1 || (p->max_tokens >= 0 && p->max_tokens <= (1 << 30)));
+    CHECK(max_open || p->max_tokens >= 0); /* /generate and /v1/completions have defaults */
+    CHECK(!c->score || (c->score_from >= 0 && c->return_logprob));
     CHECK(p->top_k >= 0 && p->top_k <= (1 << 30));
     CHECK(p->top_n >= 0 && p->top_n <= (1 << 20));
     CHECK(!p->has_seed || p->seed < ((uint64_t)1 << 53));
@@ -145,7 +147,9 @@ static void check_admitted(const api_call *c, const adm_limits *lim)
     for (int i = 0; i < c->n_subs; i++) {
         const api_sub *s = &c->subs[i];
         CHECK(s->n == p->n && s->n >= 1 && (uint32_t)s->n <= h->max_n);
-        CHECK(s->max_tokens >= 1 && (uint32_t)s->max_tokens <= h->max_tokens);
+        CHECK(s->max_tokens >= (c->score ? 0 : 1) && (uint32_t)s->max_tokens <= h->max_tokens);
+        CHECK(s->max_tokens > 0 || s->n == 1);
+        CHECK(!c->score || c->score_from <= s->n_prompt);
         CHECK(p->max_tokens < 0 || s->max_tokens == p->max_tokens);
         CHECK(s->n_prompt >= 1 && (uint32_t)s->n_prompt <= h->max_prompt_tokens);
         CHECK((uint64_t)s->n_prompt + (uint64_t)s->max_tokens <= h->max_context);

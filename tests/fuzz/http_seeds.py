@@ -40,6 +40,10 @@ VALID = {
                                                      "spaces_between_special_tokens": False}},
         {"input_ids": [1], "sampling_params": {"json_schema": "{}", "stream_interval": 2}, "lora_path": "a"},
         {"input_ids": [1], "sampling_params": {"logit_bias": {"x": 1, "99999999999": 1e300}, "colour": 1}},
+        {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
+         "sampling_params": {"max_new_tokens": 0}},
+        {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 5, "sampling_params": {"max_new_tokens": 0,
+                                                                                                "n": 2}},
     ],
     "/v1/completions": [
         {"model": "m", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.7, "seed": 1},

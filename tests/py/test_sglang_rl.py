@@ -169,8 +169,11 @@ def slime_cycle_one_daemon():
         assert all(isinstance(t[2], str) for t in r["meta_info"]["output_token_logprobs"]), r
         st, e = call(b, "/generate", {"input_ids": PROMPTS[0], "custom_logit_processor": "x"})
         assert st == 400 and "custom_logit_processor" in json.dumps(e), e
-        st, e = call(b, "/generate", {"input_ids": PROMPTS[0], "logprob_start_len": 0, "return_logprob": True})
-        assert st == 400 and "logprob_start_len" in json.dumps(e), e
+        # Prompt log-probs (issue 45): one entry per prompt position, position 0's log-prob null.
+        st, e = call(b, "/generate", {"input_ids": PROMPTS[0], "logprob_start_len": 0, "return_logprob": True,
+                                      "sampling_params": {"max_new_tokens": 2}})
+        ins = e["meta_info"]["input_token_logprobs"]
+        assert st == 200 and len(ins) == len(PROMPTS[0]) and ins[0][0] is None and ins[1][0] < 0, e
         # One rid for a batch: each sample's id is rid_<k>, and aborting by the rid reaches them all.
         r = gen(b, n_new=2, rid="grp")
         assert [o["meta_info"]["id"] for o in r] == ["grp_0", "grp_1"], r
