@@ -425,7 +425,8 @@ def sglang_loads_and_prime_rl_liveness():
     busy = None
     while t.is_alive():
         doc = call(d, "/v1/loads?include=core")[1]
-        if num_requests_from_load(doc):
+        # running, not only queued: a waiting request holds no KV yet (seen once in CI: 1 waiting, 0 tokens)
+        if num_requests_from_load(doc) and doc["loads"][0]["num_running_reqs"] >= 1:
             busy = doc
             gl = call(d, "/get_load")[1]
             break
