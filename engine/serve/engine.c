@@ -355,23 +355,14 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         return rd_fail(rc, "request: %s", rd_errmsg());
     }
     q->prompt = malloc(sizeof(int32_t) * r->n_prompt);
-    if (!q->prompt) {
-        stop_set_free(&q->stops);
-        free(q);
-        return rd_fail(RD_ENOMEM, "request: out of memory");
-    }
+    if (!q->prompt)
+        goto oom;
     memcpy(q->prompt, r->prompt, sizeof(int32_t) * r->n_prompt);
     if (r->n_bias > 0) {
         q->bias_ids = malloc(sizeof(int32_t) * (size_t)r->n_bias);
         q->bias_vals = malloc(sizeof(float) * (size_t)r->n_bias);
-        if (!q->bias_ids || !q->bias_vals) {
-            free(q->bias_ids);
-            free(q->bias_vals);
-            stop_set_free(&q->stops);
-            free(q->prompt);
-            free(q);
-            return rd_fail(RD_ENOMEM, "request: out of memory");
-        }
+        if (!q->bias_ids || !q->bias_vals)
+            goto oom;
         memcpy(q->bias_ids, r->bias_ids, sizeof(int32_t) * (size_t)r->n_bias);
         memcpy(q->bias_vals, r->bias_vals, sizeof(float) * (size_t)r->n_bias);
         q->n_bias = r->n_bias;
@@ -385,17 +376,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
             q->prompt_top_ids = malloc(sizeof(int32_t) * (size_t)r->n_prompt * k);
             q->prompt_top_lps = malloc(sizeof(float) * (size_t)r->n_prompt * k);
         }
-        if (!q->prompt_lps || (k > 0 && (!q->prompt_top_ids || !q->prompt_top_lps))) {
-            free(q->prompt_lps);
-            free(q->prompt_top_ids);
-            free(q->prompt_top_lps);
-            free(q->bias_ids);
-            free(q->bias_vals);
-            stop_set_free(&q->stops);
-            free(q->prompt);
-            free(q);
-            return rd_fail(RD_ENOMEM, "request: out of memory");
-        }
+        if (!q->prompt_lps || (k > 0 && (!q->prompt_top_ids || !q->prompt_top_lps)))
+            goto oom;
         for (int32_t i = 0; i < r->n_prompt; i++)
             q->prompt_lps[i] = NAN;
         for (size_t i = 0; k > 0 && i < (size_t)r->n_prompt * k; i++) {
@@ -421,14 +403,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     q->edits = pen_wanted(q);
 
     seq *s = seq_new(q, 0, (int32_t)total + 1);
-    if (!s) {
-        stop_set_free(&q->stops);
-        free(q->prompt);
-        free(q->bias_ids);
-        free(q->bias_vals);
-        free(q);
-        return rd_fail(RD_ENOMEM, "request: out of memory");
-    }
+    if (!s)
+        goto oom;
     memcpy(s->tokens, q->prompt, sizeof(int32_t) * q->n_prompt);
     s->n_tokens = q->n_prompt;
     s->fork_n = q->n;
@@ -436,6 +412,9 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     sched_add(&e->sched, s);
     *id = q->id;
     return 0;
+oom:
+    seq_req_free(q);
+    return rd_fail(RD_ENOMEM, "request: out of memory");
 }
 
 int eng_busy(const engine *e) { return e->sched.waiting.count + e->sched.running.count > 0; }

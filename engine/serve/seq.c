@@ -55,22 +55,28 @@ void seq_destroy(seq *s)
     free(s->routes);
     stop_scan_free(&s->scan);
     seq_req *r = s->req;
-    if (r && --r->live == 0) {
-        free(r->prompt);
-        free(r->bias_ids);
-        free(r->bias_vals);
-        free(r->prompt_lps);
-        free(r->prompt_top_ids);
-        free(r->prompt_top_lps);
-        stop_set_free(&r->stops);
-        kv_prefix_free(&r->prefix);
-        for (int32_t i = 0; i < r->n_done_outs; i++)
-            free(r->done_outs[i]);
-        free(r->done_outs);
-        free(r->done_lens);
-        free(r);
-    }
+    if (r && --r->live == 0)
+        seq_req_free(r);
     free(s);
+}
+
+void seq_req_free(seq_req *r)
+{
+    if (!r)
+        return;
+    free(r->prompt);
+    free(r->bias_ids);
+    free(r->bias_vals);
+    free(r->prompt_lps);
+    free(r->prompt_top_ids);
+    free(r->prompt_top_lps);
+    stop_set_free(&r->stops);
+    kv_prefix_free(&r->prefix);
+    for (int32_t i = 0; i < r->n_done_outs; i++)
+        free(r->done_outs[i]);
+    free(r->done_outs);
+    free(r->done_lens);
+    free(r);
 }
 
 seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
@@ -97,6 +103,8 @@ seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
     }
     if (!s->tokens || !s->logprobs || (r->sp.processed_logprobs && !s->logprobs_proc) ||
         (k > 0 && (!s->top_ids || !s->top_lps))) {
+        r->live--; /* the caller still owns the request: a failed sequence never took it */
+        s->req = NULL;
         seq_destroy(s);
         return NULL;
     }

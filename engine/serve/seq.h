@@ -133,8 +133,11 @@ void seq_list_push_front(seq_list *l, seq *s);
 void seq_list_insert_after(seq_list *l, seq *at, seq *s);
 
 /* A sequence of request r (one more reference to it) with room for cap
- * tokens and their log-probs; NULL when memory runs out. */
+ * tokens and their log-probs; NULL when memory runs out (r untouched). */
 seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap);
+/* Frees a request and everything it owns (calloc'd fields it never set are fine); seq_destroy calls it
+ * with the last sequence, eng_add when a request fails before it has one. */
+void seq_req_free(seq_req *r);
 /* Frees s and, with its last sequence, the request. Its block table must be
  * empty already (kv_free_seq): freeing blocks needs the pool. */
 void seq_destroy(seq *s);

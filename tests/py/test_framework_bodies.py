@@ -13,7 +13,6 @@ The daemon ends with SIGTERM and must exit 0."""
 import json
 import os
 import sys
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import MODEL, case, main  # noqa: E402
@@ -47,9 +46,9 @@ def prompt_ids():
 
 
 def eos_id():
-    req = urllib.request.Request(f"http://127.0.0.1:{daemon().http_port}/get_model_info")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())["eos_token_id"]
+    st, _, body = daemon().http("/get_model_info")
+    assert st == 200, body
+    return json.loads(body)["eos_token_id"]
 
 
 # ---- the bodies, as each framework builds them ----

@@ -19,8 +19,6 @@ import base64
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 
@@ -57,13 +55,7 @@ def daemon(which):
 
 def post(d, path, body, timeout=120):
     """(status, parsed JSON body) of a POST to d's HTTP server."""
-    req = urllib.request.Request(f"http://127.0.0.1:{d.http_port}{path}", data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+    return d.post(path, body, timeout)
 
 
 def oai(d):

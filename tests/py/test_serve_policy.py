@@ -24,8 +24,6 @@ import json
 import os
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 
 import numpy as np
 
@@ -61,13 +59,8 @@ def q8_daemon():
 
 
 def post(d, path, body, timeout=120):
-    req = urllib.request.Request(f"http://127.0.0.1:{d.http_port}{path}", data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+    """(status, parsed JSON body) of a POST to d's HTTP server."""
+    return d.post(path, body, timeout)
 
 
 def dtypes(samples):
