@@ -103,7 +103,8 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
     }
     if (c->score && r->prompt_logprobs) {
         /* SGLang's layout: one entry per prompt position from logprob_start_len on, position 0's log-prob
-           null (nothing comes before it); raw log-probs whatever logprobs_mode says */
+           null (nothing comes before it); processed under processed_logprobs (samp_score's: temperature and
+           truncation, no penalties), the alternatives raw */
         cJSON *in = cJSON_AddArrayToObject(mi, "input_token_logprobs");
         cJSON *tops = c->p.top_n > 0 ? cJSON_AddArrayToObject(mi, "input_top_logprobs") : NULL;
         for (int32_t p = c->score_from; p < r->n_prompt; p++) {
@@ -111,7 +112,7 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
             if (p == 0 || isnan(r->prompt_logprobs[p]))
                 cJSON_ReplaceItemInArray(t, 0, cJSON_CreateNull());
             else
-                cJSON_ReplaceItemInArray(t, 0, cJSON_CreateNumber(r->prompt_logprobs[p]));
+                cJSON_ReplaceItemInArray(t, 0, cJSON_CreateNumber(api_lp_value(r->prompt_logprobs[p])));
             cJSON_AddItemToArray(in, t);
             if (!tops)
                 continue;
@@ -120,13 +121,13 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
                 continue;
             }
             cJSON *alt = cJSON_CreateArray();
-            for (int32_t q = 0; q < r->n_top; q++)
-                if (r->prompt_top_ids[(size_t)p * r->n_top + q] >= 0)
-                    cJSON_AddItemToArray(alt, lp_triple(c, r->prompt_top_logprobs[(size_t)p * r->n_top + q],
-                                                        r->prompt_top_ids[(size_t)p * r->n_top + q]));
+            const size_t at = (size_t)p * r->n_prompt_top;
+            for (int32_t q = 0; q < r->n_prompt_top; q++)
+                if (r->prompt_top_ids[at + q] >= 0)
+                    cJSON_AddItemToArray(alt, lp_triple(c, r->prompt_top_logprobs[at + q], r->prompt_top_ids[at + q]));
             cJSON_AddItemToArray(tops, alt);
         }
-        cJSON_AddStringToObject(mi, "input_logprob_kind", "raw");
+        cJSON_AddStringToObject(mi, "input_logprob_kind", c->p.processed ? "processed" : "raw");
     }
     char ver[32];
     snprintf(ver, sizeof ver, "%llu", (unsigned long long)(v ? r->version_finish : c->a->d->weight_version));

@@ -10,6 +10,7 @@
  * (tools/check_layers.py, rule calls). */
 #include <cjson/cJSON.h>
 #include <mbedtls/base64.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,4 +247,41 @@ cJSON *api_routes_json(const eng_result *r)
     free(le);
     free(b64);
     return s;
+}
+
+double api_lp_value(float lp) { return lp > -9999.0f ? (double)lp : -9999.0; }
+
+/* One {"logprob", "rank", "decoded_token"} under the token's id in d, unless the id is there already. */
+static void prompt_lp_entry(api_call *c, cJSON *d, int32_t id, float lp, int32_t rank)
+{
+    char key[16];
+    snprintf(key, sizeof key, "%d", id);
+    if (cJSON_GetObjectItemCaseSensitive(d, key))
+        return;
+    cJSON *o = cJSON_AddObjectToObject(d, key);
+    cJSON_AddNumberToObject(o, "logprob", api_lp_value(lp));
+    cJSON_AddNumberToObject(o, "rank", rank);
+    char *t = api_token_text(c->a, id);
+    cJSON_AddStringToObject(o, "decoded_token", t ? t : "");
+    free(t);
+}
+
+cJSON *api_prompt_logprobs_json(api_call *c, const eng_result *r)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t p = 0; a && p < r->n_prompt; p++) {
+        if (p == 0 || !r->prompt_logprobs || isnan(r->prompt_logprobs[p])) {
+            cJSON_AddItemToArray(a, cJSON_CreateNull());
+            continue;
+        }
+        cJSON *d = cJSON_CreateObject();
+        prompt_lp_entry(c, d, r->prompt_ids[p], r->prompt_logprobs[p], r->prompt_ranks ? r->prompt_ranks[p] : 0);
+        for (int32_t q = 0; r->prompt_top_ids && q < r->n_prompt_top && q < c->prompt_lp; q++) {
+            int32_t id = r->prompt_top_ids[(size_t)p * r->n_prompt_top + q];
+            if (id >= 0)
+                prompt_lp_entry(c, d, id, r->prompt_top_logprobs[(size_t)p * r->n_prompt_top + q], q + 1);
+        }
+        cJSON_AddItemToArray(a, d);
+    }
+    return a;
 }

@@ -301,6 +301,18 @@ void api_refuse(api_call *c, const api_err *e)
     call_free(c);
 }
 
+/* Rows of k alternatives narrowed in place to rows of want (want < k). */
+static void narrow_alts(int32_t *ids, float *lps, int32_t rows, int32_t k, int32_t want)
+{
+    if (!ids || !lps || want >= k)
+        return;
+    for (int32_t i = 0; i < rows; i++)
+        for (int32_t q = 0; q < want; q++) {
+            ids[(size_t)i * want + q] = ids[(size_t)i * k + q];
+            lps[(size_t)i * want + q] = lps[(size_t)i * k + q];
+        }
+}
+
 void api_on_result(api *a, eng_result *r)
 {
     api_call *c = umap_get(&a->keys, r->tag);
@@ -313,6 +325,17 @@ void api_on_result(api *a, eng_result *r)
         float *raw = r->logprobs;
         r->logprobs = r->logprobs_proc;
         r->logprobs_proc = raw;
+    }
+    if (r->prompt_logprobs_proc) {
+        float *raw = r->prompt_logprobs;
+        r->prompt_logprobs = r->prompt_logprobs_proc;
+        r->prompt_logprobs_proc = raw;
+    }
+    /* The engine listed max(top_n, prompt_lp) alternatives on both sides: each keeps what it asked for. */
+    if (c->prompt_lp >= 0) {
+        narrow_alts(r->top_ids, r->top_logprobs, r->n_tokens, r->n_top, c->p.top_n);
+        if (r->n_top > c->p.top_n)
+            r->n_top = c->p.top_n;
     }
     for (int i = 0; i < c->n_subs; i++)
         if (c->subs[i].key == r->tag) {

@@ -134,6 +134,10 @@ struct api_call {
     int score;                  /* SGLang's logprob_start_len >= 0 with return_logprob: the prompt's tokens are
                                    scored from score_from on (meta_info.input_token_logprobs) */
     int32_t score_from;
+    int32_t prompt_lp;          /* vLLM's prompt_logprobs (and /v1/completions' echo with logprobs): -1 none, else
+                                   alternatives per prompt position beside the prompt token (api_prompt_logprobs_json);
+                                   the engine computes max(top_n, prompt_lp) and api_on_result trims each side */
+    int echo;                   /* /v1/completions echo: each choice's text (and logprobs) start with the prompt's */
     char *rid;                  /* SGLang rid (one string) */
     api_params p;
     int n_subs;
@@ -295,6 +299,9 @@ int api_int(cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out, ap
 int api_bool(cJSON *o, const char *name, int *out, api_err *e);
 /* api_read.c: prompts. */
 int api_read_prompts(api_call *c, cJSON *v, const char *field, api_err *e);
+/* vLLM's prompt_logprobs (o's field name: null, or 0..20 alternatives; -1, the whole vocabulary, refused): the
+ * call scores its prompts from position 0 (c->score, c->prompt_lp). */
+void api_read_prompt_logprobs(cJSON *o, const char *name, api_call *c, api_err *e);
 int api_add_prompt(api_call *c, int32_t *ids, int32_t n, api_err *e);
 /* messages (chat turns) rendered in the model's chat format as one prompt of c. */
 void api_read_messages(api_call *c, cJSON *root, api_err *e);
@@ -322,6 +329,13 @@ cJSON *api_spans_json(const eng_result *r);
  * the base64 of little-endian int32 ids [n_routes][route_layers][route_k]
  * (empty when the engine returned none); NULL when out of memory. */
 cJSON *api_routes_json(const eng_result *r);
+/* vLLM's prompt_logprobs of a scored result: one entry per prompt position, null at 0 (and where unscored),
+ * else {"<id>": {"logprob", "rank", "decoded_token"}} with the prompt token first, then the call's
+ * prompt_lp most likely tokens (a token listed once). */
+cJSON *api_prompt_logprobs_json(api_call *c, const eng_result *r);
+/* A log-prob as the answers write it: -inf (a scored token processed_logprobs drops) as vLLM's -9999.0, which JSON
+ * can carry. */
+double api_lp_value(float lp);
 
 /* api_stream.c */
 /* Appends a partial result's tokens and their bytes; 0 or RD_ENOMEM. */

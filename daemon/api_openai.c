@@ -12,6 +12,7 @@
  * that names another model is not answered by this one. Every answer's
  * "model" is the served name. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,8 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
 }
 
 /* Completions' logprobs object: tokens, token_logprobs, top_logprobs (the
- * asked alternatives and the sampled token), text_offset. */
+ * asked alternatives and the sampled token), text_offset. A NaN log-prob (an
+ * echoed prompt's first token) is null, its top_logprobs too, as vLLM gives them. */
 static cJSON *cmpl_logprobs(api *a, const eng_result *r, size_t off)
 {
     cJSON *o = cJSON_CreateObject();
@@ -68,19 +70,30 @@ static cJSON *cmpl_logprobs(api *a, const eng_result *r, size_t off)
     for (int32_t k = 0; k < r->n_tokens; k++) {
         char *t = api_token_text(a, r->token_ids[k]);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(r->logprobs[k]));
+        size_t n = 0;
+        if (isnan(r->logprobs[k])) {
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+            api_token_bytes(a, r->token_ids[k], &n);
+            off += n;
+            free(t);
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(api_lp_value(r->logprobs[k])));
         cJSON *d = cJSON_CreateObject();
         for (int32_t q = 0; q < r->n_top; q++) {
+            if (r->top_ids[(size_t)k * r->n_top + q] < 0)
+                continue;
             char *tq = api_token_text(a, r->top_ids[(size_t)k * r->n_top + q]);
             if (tq && !cJSON_GetObjectItemCaseSensitive(d, tq))
                 cJSON_AddNumberToObject(d, tq, r->top_logprobs[(size_t)k * r->n_top + q]);
             free(tq);
         }
         if (t && !cJSON_GetObjectItemCaseSensitive(d, t))
-            cJSON_AddNumberToObject(d, t, r->logprobs[k]);
+            cJSON_AddNumberToObject(d, t, api_lp_value(r->logprobs[k]));
         cJSON_AddItemToArray(tops, d);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        size_t n = 0;
         api_token_bytes(a, r->token_ids[k], &n);
         off += n;
         free(t);
@@ -125,12 +138,13 @@ static cJSON *chat_logprobs(api *a, const eng_result *r)
     return o;
 }
 
-/* One choice (sample j of prompt si): r the tokens it lists, text_off the
- * byte offset of r's first token in the sample's text (completions'
+/* One choice (sample j of prompt si): r the tokens it lists, lr those its
+ * log-probs list (r, or an echo's prompt and completion), text_off the byte
+ * offset of lr's first token in the sample's text (completions'
  * text_offset), text its text; v the finished sample's view, or NULL while it
  * runs (a stream's delta: finish_reason null); delta: the streaming form. */
-static cJSON *choice_json(api_call *c, int si, int j, const eng_result *r, size_t text_off, const char *text,
-                          const sample_view *v, int delta)
+static cJSON *choice_json(api_call *c, int si, int j, const eng_result *r, const eng_result *lr, size_t text_off,
+                          const char *text, const sample_view *v, int delta)
 {
     api_sub *s = &c->subs[si];
     int index = j;
@@ -150,7 +164,7 @@ static cJSON *choice_json(api_call *c, int si, int j, const eng_result *r, size_
         cJSON_AddNullToObject(o, "logprobs");
     else
         cJSON_AddItemToObject(o, "logprobs", c->kind == API_CHAT ? chat_logprobs(c->a, r)
-                                                                 : cmpl_logprobs(c->a, r, text_off));
+                                                                 : cmpl_logprobs(c->a, lr, text_off));
     if (!v) {
         cJSON_AddNullToObject(o, "finish_reason");
         cJSON_AddNullToObject(o, "stop_reason");
@@ -171,6 +185,8 @@ static cJSON *choice_json(api_call *c, int si, int j, const eng_result *r, size_
         if (c->kind != API_CHAT && (!delta || !s->st[j].begun))
             cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(s->prompt, s->n_prompt));
     }
+    if (!delta && c->kind != API_CHAT && c->prompt_lp >= 0) /* vLLM's choice field */
+        cJSON_AddItemToObject(o, "prompt_logprobs", api_prompt_logprobs_json(c, r));
     if (delta)
         s->st[j].begun = 1;
     return o;
@@ -257,7 +273,7 @@ static void v1_progress(api_call *c, int si, int j)
     eng_result like = {.sample_idx = j, .finish = FINISH_NONE, .stop_str = -1};
     eng_result all = api_stream_view(st, &like);
     eng_result rest = tail_of(&all, st->tok_sent);
-    send_chunk(c, choice_json(c, si, j, &rest, bytes_before(c->a, &all, st->tok_sent), text, NULL, 1));
+    send_chunk(c, choice_json(c, si, j, &rest, &rest, bytes_before(c->a, &all, st->tok_sent), text, NULL, 1));
     free(text);
     st->text_sent = safe;
     st->tok_sent = st->n_tok;
@@ -280,8 +296,58 @@ static void v1_sample(api_call *c, int si, int j)
         return;
     int32_t from = st->tok_sent < r->n_tokens ? st->tok_sent : r->n_tokens;
     eng_result rest = tail_of(r, from);
-    send_chunk(c, choice_json(c, si, j, &rest, bytes_before(c->a, r, from), text, &v, 1));
+    send_chunk(c, choice_json(c, si, j, &rest, &rest, bytes_before(c->a, r, from), text, &v, 1));
     free(text);
+}
+
+/* /v1/completions' echo: the prompt's text before the completion's, and with logprobs the prompt's tokens and
+ * log-probs (null at position 0) before the completion's, as vLLM (and lm-evaluation-harness's parser) has them. */
+static void echo_choice(api_call *c, cJSON *choices, int si, int j, const sample_view *v)
+{
+    api_sub *s = &c->subs[si];
+    const eng_result *r = &s->res[j];
+    eng_result pr = {.token_ids = s->prompt, .n_tokens = s->n_prompt, .finish = FINISH_LENGTH, .stop_str = -1};
+    sample_view pv;
+    if (api_sample_text(c->a, &pr, &pv, &c->p))
+        return;
+    const int32_t n = s->n_prompt + r->n_tokens, k = c->p.top_n;
+    size_t tn;
+    char *text = malloc(pv.len + v->len + 1), *clean = NULL;
+    eng_result both = *r;
+    both.n_tokens = n;
+    both.n_top = k;
+    both.token_ids = malloc(sizeof(int32_t) * (size_t)n);
+    both.logprobs = malloc(sizeof(float) * (size_t)n);
+    both.top_ids = malloc(sizeof(int32_t) * ((size_t)n * k + 1));
+    both.top_logprobs = malloc(sizeof(float) * ((size_t)n * k + 1));
+    if (text && both.token_ids && both.logprobs && both.top_ids && both.top_logprobs) {
+        memcpy(text, pv.text, pv.len);
+        memcpy(text + pv.len, v->text, v->len);
+        clean = utf8_clean(text, pv.len + v->len, &tn);
+        for (int32_t p = 0; p < n; p++) {
+            const int out = p >= s->n_prompt;
+            const int32_t t = out ? p - s->n_prompt : p;
+            both.token_ids[p] = out ? r->token_ids[t] : s->prompt[t];
+            both.logprobs[p] = out ? r->logprobs[t] : r->prompt_logprobs && p > 0 ? r->prompt_logprobs[t] : NAN;
+            const int32_t stride = out ? r->n_top : r->n_prompt_top;
+            const int32_t *ids = out ? r->top_ids : r->prompt_top_ids;
+            const float *lps = out ? r->top_logprobs : r->prompt_top_logprobs;
+            for (int32_t q = 0; q < k; q++) {
+                const int have = ids && lps && q < stride && ids[(size_t)t * stride + q] >= 0;
+                both.top_ids[(size_t)p * k + q] = have ? ids[(size_t)t * stride + q] : -1;
+                both.top_logprobs[(size_t)p * k + q] = have ? lps[(size_t)t * stride + q] : -INFINITY;
+            }
+        }
+    }
+    if (clean)
+        cJSON_AddItemToArray(choices, choice_json(c, si, j, r, &both, 0, clean, v, 0));
+    free(clean);
+    free(text);
+    free(pv.text);
+    free(both.token_ids);
+    free(both.logprobs);
+    free(both.top_ids);
+    free(both.top_logprobs);
 }
 
 static void v1_done(api_call *c)
@@ -311,10 +377,15 @@ static void v1_done(api_call *c)
                 continue;
             v.text = clean;
             v.len = n;
-            cJSON_AddItemToArray(choices, choice_json(c, i, j, r, 0, v.text, &v, 0));
+            if (c->echo)
+                echo_choice(c, choices, i, j, &v);
+            else
+                cJSON_AddItemToArray(choices, choice_json(c, i, j, r, r, 0, v.text, &v, 0));
             free(v.text);
         }
     usage_add(o, c);
+    if (c->kind == API_CHAT && c->prompt_lp >= 0 && c->n_subs > 0 && c->subs[0].n > 0) /* vLLM's top-level field */
+        cJSON_AddItemToObject(o, "prompt_logprobs", api_prompt_logprobs_json(c, &c->subs[0].res[0]));
     if (c->kind == API_CHAT && c->return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(c->subs[0].prompt, c->subs[0].n_prompt));
     api_answer_json(c->h, 200, o);

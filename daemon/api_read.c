@@ -144,6 +144,7 @@ void api_call_init(api_call *c, api_kind kind, const tok_tokenizer *tok)
 {
     c->kind = kind;
     c->tok = tok;
+    c->prompt_lp = -1;
     api_params_init(&c->p);
 }
 
@@ -248,6 +249,24 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
 
 /* ---- vLLM's /v1 routes ---- */
 
+void api_read_prompt_logprobs(cJSON *o, const char *name, api_call *c, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v) || e->status)
+        return;
+    if (cJSON_IsNumber(v) && v->valuedouble == -1.0) {
+        api_bad(e, 400, "field \"%s\" = -1: the whole vocabulary per prompt position is not returned; ask for at "
+                "most 20 alternatives", name);
+        return;
+    }
+    int64_t k;
+    if (api_int(o, name, 0, 20, &k, e) > 0) {
+        c->prompt_lp = (int32_t)k;
+        c->score = 1;
+        c->score_from = 0;
+    }
+}
+
 /* The fields both routes share; the prompt is already in. */
 static void read_common(api_call *c, cJSON *root, unsigned door, api_err *e)
 {
@@ -260,10 +279,7 @@ static void read_common(api_call *c, cJSON *root, unsigned door, api_err *e)
         api_bool(so, "include_usage", &c->include_usage, e);
     else if (so && !cJSON_IsNull(so))
         api_bad(e, 400, "field \"stream_options\": expected an object");
-    int echo = 0;
-    api_bool(root, "echo", &echo, e);
-    if (echo)
-        api_bad(e, 400, "field \"echo\": not supported (the prompt is not repeated in the output)");
+    api_read_prompt_logprobs(root, "prompt_logprobs", c, e);
 }
 
 /* The text of a message's content: a string, or a list of text parts. */
@@ -369,6 +385,16 @@ int api_read_completions(cJSON *root, api_call *c, api_err *e)
         c->return_logprob = 1;
         c->p.top_n = (int32_t)k;
     }
+    api_bool(root, "echo", &c->echo, e);
+    if (c->echo && c->stream)
+        api_bad(e, 400, "field \"echo\": not with \"stream\" (the prompt is repeated in whole answers only)");
+    if (c->echo && c->return_logprob && c->prompt_lp < 0) {
+        /* vLLM: echo with logprobs scores the prompt with as many alternatives (lm-evaluation-harness's
+           log-likelihood call) */
+        c->prompt_lp = c->p.top_n;
+        c->score = 1;
+        c->score_from = 0;
+    }
     return e->status ? -1 : 0;
 }
 
@@ -377,6 +403,11 @@ int api_read_chat(cJSON *root, api_call *c, api_err *e)
     api_read_messages(c, root, e);
     int64_t k;
     read_common(c, root, SD_CHAT, e);
+    int echo = 0;
+    api_bool(root, "echo", &echo, e);
+    if (echo)
+        api_bad(e, 400, "field \"echo\": not supported on chat (the last message is not repeated in the answer); "
+                "/v1/completions takes echo");
     api_bool(root, "logprobs", &c->return_logprob, e);
     c->top_field = "top_logprobs";
     if (api_int(root, "top_logprobs", 0, 1 << 20, &k, e) > 0) {
@@ -496,7 +527,7 @@ proto_request api_sub_request(const api_call *c, const api_sub *s)
         .top_k = c->p.top_k,
         .min_p = c->p.min_p,
         .seed = c->p.seed,
-        .logprobs_topk = (uint32_t)c->p.top_n,
+        .logprobs_topk = (uint32_t)(c->prompt_lp > c->p.top_n ? c->prompt_lp : c->p.top_n),
         .flags = PROTO_REQ_HAS_SEED | (c->p.ignore_eos ? PROTO_REQ_IGNORE_EOS : 0) |
                  (c->return_routes ? PROTO_REQ_RETURN_ROUTES : 0),
         .n_stop = (uint32_t)c->p.n_stop_ids,
@@ -511,6 +542,15 @@ int api_admit_check(api_call *c, const adm_limits *lim, api_err *e)
     if (c->p.top_n > (int32_t)lim->lim->max_logprobs_topk) {
         api_bad(e, 400, "field \"%s\" = %d: expected at most %u alternatives per token", c->top_field, c->p.top_n,
                 lim->lim->max_logprobs_topk);
+        return -1;
+    }
+    if (c->prompt_lp > (int32_t)lim->lim->max_logprobs_topk) {
+        api_bad(e, 400, "field \"%s\" = %d: expected at most %u alternatives per token",
+                c->echo ? "logprobs" : "prompt_logprobs", c->prompt_lp, lim->lim->max_logprobs_topk);
+        return -1;
+    }
+    if (c->prompt_lp >= 0 && c->stream) {
+        api_bad(e, 400, "field \"prompt_logprobs\": not with \"stream\" (prompt log-probs come in whole answers)");
         return -1;
     }
     c->n_total = 0;
@@ -532,8 +572,8 @@ int api_admit_check(api_call *c, const adm_limits *lim, api_err *e)
         }
         if (s->max_tokens == 0 && !c->score) {
             api_bad(e, 400, "field \"%s\" = 0: only a request that scores its prompt generates nothing (/generate "
-                    "with return_logprob and logprob_start_len >= 0)", c->kind == API_GENERATE ? "max_new_tokens" :
-                    "max_tokens");
+                    "with return_logprob and logprob_start_len >= 0; prompt_logprobs; echo with logprobs)",
+                    c->kind == API_GENERATE ? "max_new_tokens" : "max_tokens");
             return -1;
         }
         if (c->score && c->score_from > s->n_prompt) {

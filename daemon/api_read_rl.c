@@ -240,6 +240,7 @@ int api_read_generate_tokens(cJSON *root, api_call *c, api_err *e)
     if (!e->status) {
         /* max_tokens unset: what the context leaves (vLLM's server-side default) */
         api_read_fields(sp, SD_VSP, "sampling_params.", &c->p, e);
+        api_read_prompt_logprobs(sp, "prompt_logprobs", c, e);
         int64_t k;
         if (api_int(sp, "logprobs", 0, 1 << 20, &k, e) > 0) {
             c->return_logprob = 1;

@@ -443,7 +443,10 @@ static void tokens_done(api_call *c)
             cJSON_AddItemToArray(choices, tokens_choice(c, i, j, r, 0, r->n_tokens, 1));
         }
     tokens_usage(o, c);
-    cJSON_AddNullToObject(o, "prompt_logprobs");
+    if (c->prompt_lp >= 0 && c->n_subs > 0 && c->subs[0].n > 0) /* vLLM's layout: first null, then a dict each */
+        cJSON_AddItemToObject(o, "prompt_logprobs", api_prompt_logprobs_json(c, &c->subs[0].res[0]));
+    else
+        cJSON_AddNullToObject(o, "prompt_logprobs");
     cJSON_AddNullToObject(o, "kv_transfer_params");
     api_answer_json(c->h, 200, o);
 }

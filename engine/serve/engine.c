@@ -372,14 +372,20 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     if (r->score_prompt) {
         const int32_t k = r->sp.logprobs_topk;
         q->prompt_lps = malloc(sizeof(float) * (size_t)r->n_prompt);
+        q->prompt_ranks = calloc((size_t)r->n_prompt, sizeof(int32_t));
+        if (r->sp.processed_logprobs && !(q->prompt_lps_proc = malloc(sizeof(float) * (size_t)r->n_prompt)))
+            goto oom;
         if (k > 0) {
             q->prompt_top_ids = malloc(sizeof(int32_t) * (size_t)r->n_prompt * k);
             q->prompt_top_lps = malloc(sizeof(float) * (size_t)r->n_prompt * k);
         }
-        if (!q->prompt_lps || (k > 0 && (!q->prompt_top_ids || !q->prompt_top_lps)))
+        if (!q->prompt_lps || !q->prompt_ranks || (k > 0 && (!q->prompt_top_ids || !q->prompt_top_lps)))
             goto oom;
-        for (int32_t i = 0; i < r->n_prompt; i++)
+        for (int32_t i = 0; i < r->n_prompt; i++) {
             q->prompt_lps[i] = NAN;
+            if (q->prompt_lps_proc)
+                q->prompt_lps_proc[i] = NAN;
+        }
         for (size_t i = 0; k > 0 && i < (size_t)r->n_prompt * k; i++) {
             q->prompt_top_ids[i] = -1;
             q->prompt_top_lps[i] = -INFINITY;
@@ -676,6 +682,9 @@ static void take_score(engine *e, int32_t i)
     if (r->token < 0)
         return; /* logits the sampler refuses: the position stays unscored (NAN) */
     q->prompt_lps[pos] = r->logprob;
+    q->prompt_ranks[pos] = r->rank;
+    if (q->prompt_lps_proc)
+        q->prompt_lps_proc[pos] = r->logprob_processed;
     for (int32_t j = 0; j < k && q->prompt_top_ids; j++) {
         q->prompt_top_ids[(size_t)pos * k + j] = j < r->n_top ? r->top_ids[j] : -1;
         q->prompt_top_lps[(size_t)pos * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
@@ -1078,7 +1087,13 @@ int eng_collect(engine *e, eng_result *out, int max)
             r->prompt_logprobs = malloc(sizeof(float) * (size_t)q->n_prompt);
             if (r->prompt_logprobs)
                 memcpy(r->prompt_logprobs, q->prompt_lps, sizeof(float) * (size_t)q->n_prompt);
+            r->prompt_ranks = malloc(sizeof(int32_t) * (size_t)q->n_prompt);
+            if (r->prompt_ranks)
+                memcpy(r->prompt_ranks, q->prompt_ranks, sizeof(int32_t) * (size_t)q->n_prompt);
+            if (q->prompt_lps_proc && (r->prompt_logprobs_proc = malloc(sizeof(float) * (size_t)q->n_prompt)))
+                memcpy(r->prompt_logprobs_proc, q->prompt_lps_proc, sizeof(float) * (size_t)q->n_prompt);
             r->n_top = k;
+            r->n_prompt_top = k;
             if (k > 0 && q->prompt_top_ids) {
                 r->prompt_top_ids = malloc(sizeof(int32_t) * (size_t)q->n_prompt * k);
                 r->prompt_top_logprobs = malloc(sizeof(float) * (size_t)q->n_prompt * k);
@@ -1194,6 +1209,8 @@ void eng_result_free(eng_result *r)
     free(r->prompt_logprobs);
     free(r->prompt_top_ids);
     free(r->prompt_top_logprobs);
+    free(r->prompt_logprobs_proc);
+    free(r->prompt_ranks);
     memset(r, 0, sizeof *r);
 }
 

@@ -120,8 +120,14 @@ typedef struct {
     float *prompt_logprobs;     /* [n_prompt] scored requests: raw log-prob of each prompt token from score_from
                                    on (the bits a draw of it from the same logits has), NAN before it and at 0;
                                    NULL otherwise */
-    int32_t *prompt_top_ids;    /* [n_prompt][n_top] their alternatives (-1 / -inf where none), or NULL */
-    float *prompt_top_logprobs; /* [n_prompt][n_top] */
+    int32_t n_prompt_top;       /* alternatives per scored prompt position (the engine gives n_top) */
+    int32_t *prompt_top_ids;    /* [n_prompt][n_prompt_top] their alternatives (-1 / -inf where none), or NULL */
+    float *prompt_top_logprobs; /* [n_prompt][n_prompt_top] */
+    float *prompt_logprobs_proc;/* [n_prompt] scored requests with sp.processed_logprobs: each scored token's
+                                   processed log-prob (samp_score: the request's temperature and truncation, no
+                                   penalties or bias), NAN where not scored; NULL otherwise */
+    int32_t *prompt_ranks;      /* [n_prompt] scored requests: each scored token's rank (1 = the most likely;
+                                   samp_result.rank), 0 where not scored; NULL otherwise */
     finish_reason finish;
     int32_t stop_str;           /* index into the request's stop_strs that ended it, or -1 */
     int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before

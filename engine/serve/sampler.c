@@ -612,6 +612,92 @@ static int raw_part(const samp_params *p, const float *raw, int32_t vocab, int32
     return 0;
 }
 
+/* The kept set of a draw at temperature t > 0 from logits (argmax's logit m,
+ * z1 the row's mass at t = 1 with w holding its weights): either a list
+ * keys[0..*n_list) of index keys in ascending index order (*n_list > 0) or
+ * the rule (*n_list 0), and its mass *z_kept; w holds the weights at t of
+ * every token the set can keep. */
+static void kept_set(const samp_params *p, const float *logits, int32_t vocab, int32_t *chunk_max, float m,
+                     double z1, uint64_t *keys, float *w, kept_rule *rule, size_t *n_list, double *z_kept)
+{
+    const float t = p->temperature;
+    *rule = (kept_rule){-INFINITY, -1, p->min_p};
+    *n_list = 0;
+    if (p->top_k > 0 && p->top_k < vocab) {
+        size_t n = select_top(logits, vocab, chunk_max, (size_t)p->top_k, keys);
+        double z = 0.0; /* mass of the top-k set, in rank order */
+        for (size_t j = 0; j < n; j++) {
+            int32_t i = key_index(keys[j]);
+            w[i] = scaled_weight(logits[i], m, t);
+            z += w[i];
+        }
+        size_t n_keep = n;
+        if (p->top_p < 1.0f) {
+            double target = (double)p->top_p * z, cum = 0.0;
+            for (size_t j = 0; j < n; j++) {
+                cum += w[key_index(keys[j])];
+                if (cum >= target) {
+                    n_keep = j + 1;
+                    break;
+                }
+            }
+        }
+        /* min-p trims the tail: w does not increase along the rank
+         * order, and the first token has w = 1 >= min_p. */
+        while (n_keep > 1 && !(w[key_index(keys[n_keep - 1])] >= rule->min_w))
+            n_keep--;
+        if (n_keep <= SAMP_LIST_MAX) {
+            for (size_t j = 0; j < n_keep; j++)
+                keys[j] = index_key(key_index(keys[j]));
+            sort_desc(keys, n_keep); /* ascending token index */
+            double l[8] = {0}; /* mass_rule's lanes: token i in lane i % 8 */
+            for (size_t j = 0; j < n_keep; j++) {
+                int32_t i = key_index(keys[j]);
+                l[i % 8] += w[i];
+            }
+            *z_kept = combine_lanes(l);
+            *n_list = n_keep;
+        } else {
+            rule->i_cut = key_index(keys[n_keep - 1]);
+            rule->x_cut = logits[rule->i_cut];
+            if (t != 1.0f)
+                fill_weights(logits, vocab, m, t, w); /* the rule reads every w */
+            *z_kept = mass_rule(rule, logits, w, vocab);
+        }
+    } else {
+        double z = z1; /* w holds exp(x - m) = the weights at t = 1 */
+        if (t != 1.0f) {
+            fill_weights(logits, vocab, m, t, w);
+            z = sum_weights(w, vocab);
+        }
+        if (p->top_p < 1.0f)
+            nucleus_cut(logits, w, vocab, (double)p->top_p * z, keys, rule);
+        if (p->top_p < 1.0f || rule->min_w > 0.0f)
+            *z_kept = mass_rule(rule, logits, w, vocab);
+        else
+            *z_kept = z; /* everything kept: the same sum in the same order */
+    }
+}
+
+/* Whether the kept set of kept_set holds token i. */
+static int kept_has(const kept_rule *rule, const uint64_t *keys, size_t n_list, const float *logits, const float *w,
+                    int32_t i)
+{
+    if (n_list == 0)
+        return rule_keeps(rule, logits[i], w[i], i);
+    for (size_t j = 0; j < n_list; j++)
+        if (key_index(keys[j]) == i)
+            return w[i] > 0.0f;
+    return 0;
+}
+
+/* The processed log-prob of a kept token; in double: (x - m) / t rounded to fp32 would alone be ~1 ulp of the
+ * result off. */
+static float kept_logprob(const float *logits, int32_t tok, float m, float t, double z_kept)
+{
+    return (float)(((double)logits[tok] - (double)m) / (double)t - log(z_kept));
+}
+
 int samp_score(const samp_params *p, const float *logits, int32_t vocab, int32_t token, void *scratch,
                samp_result *out)
 {
@@ -634,7 +720,27 @@ int samp_score(const samp_params *p, const float *logits, int32_t vocab, int32_t
         return rc;
     out->token = token;
     out->logprob = (logits[token] - m_raw) - log_s;
+    /* vLLM's rank: the tokens at least as likely, the token itself included */
+    const float x = logits[token];
+    int32_t rank = 0;
+    for (int32_t i = 0; i < vocab; i++)
+        rank += logits[i] >= x;
+    out->rank = rank;
     out->logprob_processed = NAN;
+    if (!p->processed_logprobs)
+        return 0;
+    const float t = p->temperature;
+    if (t == 0.0f) {
+        out->logprob_processed = token == argmax ? 0.0f : -INFINITY;
+    } else {
+        kept_rule rule;
+        size_t n_list;
+        double z_kept;
+        kept_set(p, logits, vocab, chunk_max, m_raw, s_raw, keys, w, &rule, &n_list, &z_kept);
+        out->logprob_processed = kept_has(&rule, keys, n_list, logits, w, token)
+                                     ? kept_logprob(logits, token, m_raw, t, z_kept)
+                                     : -INFINITY;
+    }
     return 0;
 }
 
@@ -695,66 +801,12 @@ int samp_sample_ex(const samp_params *p, const float *raw, const float *proc, in
         lp_processed = 0.0f;
     } else {
         const double u = samp_uniform(p->seed, sample_idx, pos);
-        kept_rule rule = {-INFINITY, -1, p->min_p};
+        kept_rule rule;
+        size_t n_list;
         double z_kept;
-        if (p->top_k > 0 && p->top_k < vocab) {
-            size_t n = select_top(logits, vocab, chunk_max, (size_t)p->top_k, keys);
-            double z = 0.0; /* mass of the top-k set, in rank order */
-            for (size_t j = 0; j < n; j++) {
-                int32_t i = key_index(keys[j]);
-                w[i] = scaled_weight(logits[i], m, t);
-                z += w[i];
-            }
-            size_t n_keep = n;
-            if (p->top_p < 1.0f) {
-                double target = (double)p->top_p * z, cum = 0.0;
-                for (size_t j = 0; j < n; j++) {
-                    cum += w[key_index(keys[j])];
-                    if (cum >= target) {
-                        n_keep = j + 1;
-                        break;
-                    }
-                }
-            }
-            /* min-p trims the tail: w does not increase along the rank
-             * order, and the first token has w = 1 >= min_p. */
-            while (n_keep > 1 && !(w[key_index(keys[n_keep - 1])] >= rule.min_w))
-                n_keep--;
-            if (n_keep <= SAMP_LIST_MAX) {
-                for (size_t j = 0; j < n_keep; j++)
-                    keys[j] = index_key(key_index(keys[j]));
-                sort_desc(keys, n_keep); /* ascending token index */
-                double l[8] = {0}; /* mass_rule's lanes: token i in lane i % 8 */
-                for (size_t j = 0; j < n_keep; j++) {
-                    int32_t i = key_index(keys[j]);
-                    l[i % 8] += w[i];
-                }
-                z_kept = combine_lanes(l);
-                tok = draw_list(keys, n_keep, w, z_kept, u);
-            } else {
-                rule.i_cut = key_index(keys[n_keep - 1]);
-                rule.x_cut = logits[rule.i_cut];
-                if (t != 1.0f)
-                    fill_weights(logits, vocab, m, t, w); /* the rule reads every w */
-                z_kept = mass_rule(&rule, logits, w, vocab);
-                tok = draw_rule(&rule, logits, w, vocab, z_kept, u);
-            }
-        } else {
-            double z = z1; /* w holds exp(x - m) = the weights at t = 1 */
-            if (t != 1.0f) {
-                fill_weights(logits, vocab, m, t, w);
-                z = sum_weights(w, vocab);
-            }
-            if (p->top_p < 1.0f)
-                nucleus_cut(logits, w, vocab, (double)p->top_p * z, keys, &rule);
-            if (p->top_p < 1.0f || rule.min_w > 0.0f)
-                z_kept = mass_rule(&rule, logits, w, vocab);
-            else
-                z_kept = z; /* everything kept: the same sum in the same order */
-            tok = draw_rule(&rule, logits, w, vocab, z_kept, u);
-        }
-        /* In double: (x - m) / t rounded to fp32 would alone be ~1 ulp of the result off. */
-        lp_processed = (float)(((double)logits[tok] - (double)m) / (double)t - log(z_kept));
+        kept_set(p, logits, vocab, chunk_max, m, z1, keys, w, &rule, &n_list, &z_kept);
+        tok = n_list ? draw_list(keys, n_list, w, z_kept, u) : draw_rule(&rule, logits, w, vocab, z_kept, u);
+        lp_processed = kept_logprob(logits, tok, m, t, z_kept);
     }
 
     out->token = tok;

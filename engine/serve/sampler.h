@@ -32,6 +32,8 @@ typedef struct {
                                    min(logprobs_topk, finite logits) */
     int32_t top_ids[20];        /* highest raw log-probs, descending, ties to the lower id */
     float top_logprobs[20];
+    int32_t rank;               /* samp_score only (0 otherwise): tokens whose raw logit is >= the token's, itself
+                                   included (vLLM's rank: 1 = the most likely) */
 } samp_result;
 
 /* One token's edit before the draw: what vLLM's logits processors and
@@ -106,8 +108,10 @@ int samp_sample_ex(const samp_params *p, const float *logits, const float *proc,
                    uint32_t sample_idx, uint32_t pos, void *scratch, samp_result *out);
 /* Scoring: the raw log-prob of a given token (and p's alternatives) from
  * logits, by exactly the steps samp_sample takes, so a token scored here has
- * the bits it has when samp_sample draws it from the same logits. No draw;
- * logprob_processed is NAN. */
+ * the bits it has when samp_sample draws it from the same logits; and its
+ * rank. No draw. With p->processed_logprobs, logprob_processed is what a draw
+ * of it with p (no edits) would report: the same kept set and mass, -inf for
+ * a token the set drops (greedy: 0 for the argmax, -inf otherwise); else NAN. */
 int samp_score(const samp_params *p, const float *logits, int32_t vocab, int32_t token, void *scratch,
                samp_result *out);
 

@@ -70,6 +70,8 @@ void seq_req_free(seq_req *r)
     free(r->prompt_lps);
     free(r->prompt_top_ids);
     free(r->prompt_top_lps);
+    free(r->prompt_lps_proc);
+    free(r->prompt_ranks);
     stop_set_free(&r->stops);
     kv_prefix_free(&r->prefix);
     for (int32_t i = 0; i < r->n_done_outs; i++)

@@ -49,6 +49,8 @@ struct seq_req {
     float *prompt_lps;          /* [n_prompt] raw log-probs; NAN where not scored (position 0 always) */
     int32_t *prompt_top_ids;    /* [n_prompt][sp.logprobs_topk] alternatives, or NULL */
     float *prompt_top_lps;      /* [n_prompt][sp.logprobs_topk], or NULL */
+    float *prompt_lps_proc;     /* [n_prompt] processed log-probs (sp.processed_logprobs; samp_score's), or NULL */
+    int32_t *prompt_ranks;      /* [n_prompt] the scored tokens' ranks (samp_result.rank); 0 where not scored */
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */

@@ -1822,6 +1822,7 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         q.pos = reqs[i].pos;
         q.n_top = sp->logprobs_topk;
         q.score_token = reqs[i].score ? reqs[i].score_token : -1;
+        q.score_proc = reqs[i].score && sp->processed_logprobs;
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
     if (e == cudaSuccess && n_edits > 0) {
@@ -1849,6 +1850,7 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         o.token = r.token;
         o.logprob = r.logprob;
         o.logprob_processed = reqs[i].sp->processed_logprobs ? r.logprob_proc : NAN;
+        o.rank = reqs[i].score ? r.rank : 0;
         o.n_top = r.token >= 0 ? r.n_top : 0;
         for (int32_t j = 0; j < o.n_top; j++) {
             o.top_ids[j] = r.top_ids[j];

@@ -182,7 +182,8 @@ struct sample_req {
     uint32_t seed_lo, seed_hi;
     uint32_t sample_idx, pos;
     int32_t n_top;              // alternatives (0..20)
-    int32_t score_token;        // >= 0: no draw: this token's raw log-prob and the alternatives (samp_score)
+    int32_t score_token;        // >= 0: no draw: this token's raw log-prob, rank and the alternatives (samp_score)
+    int32_t score_proc;         // with score_token: 1 also its processed log-prob (samp_score's, no edits)
 };
 // One token's edit: samp_edit's fields (engine/serve/sampler.h).
 struct sample_edit {
@@ -199,6 +200,7 @@ struct sample_res {
     int32_t n_top;
     int32_t top_ids[20];
     float top_lp[20];
+    int32_t rank;               // scoring: tokens whose raw logit is >= the token's (samp_score's rank); 0 else
 };
 #define RD_SAMPLE_THREADS 1024
 // For each of the n requests with edits (proc_row >= 0): proc row proc_row

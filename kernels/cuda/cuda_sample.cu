@@ -223,13 +223,22 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
     int32_t tok;
     float lp_proc;
     const float t = q.temperature;
-    if (q.score_token >= 0) {
-        // Scoring a given token (samp_score): its raw log-prob below, as a draw of it would have it.
+    const bool score = q.score_token >= 0;
+    int32_t rank = 0;
+    if (score) {
+        // Scoring a given token (samp_score): its raw log-prob below, as a draw of it would have it, its rank,
+        // and with score_proc its processed log-prob from the kept set a draw would have (scores have no edits).
+        const float xt = xr[q.score_token];
+        for (int32_t i = tid; i < vocab; i += ST)
+            rank += xr[i] >= xt;
+        rank = block_allreduce(rank, op_add());
+    }
+    if (score && !q.score_proc) {
         tok = q.score_token;
         lp_proc = NAN;
     } else if (t == 0.0f) {
-        tok = amax;
-        lp_proc = 0.0f;
+        tok = score ? q.score_token : amax;
+        lp_proc = tok == amax ? 0.0f : -INFINITY;
     } else {
         const double u = cm_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
         kept_rule rule = {0, q.min_p, m, t};
@@ -270,6 +279,12 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         // Thread 0 walks: whole chunks while they stay at or under the
         // target, then token by token.
         __shared__ int32_t tok_s;
+        if (score) {
+            tok = q.score_token;
+            float w;
+            const bool kept = rule_keeps(rule, x[tok], tok, &w);
+            lp_proc = kept ? (float)(((double)x[tok] - (double)m) / (double)t - log(z_kept)) : -INFINITY;
+        } else {
         if (tid == 0) {
             const double target = u * z_kept;
             double cum = 0.0;
@@ -291,6 +306,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         tok = tok_s;
         // In double, as the CPU takes it: (x - m) / t rounded to fp32 alone is ~1 ulp of the result off.
         lp_proc = (float)(((double)x[tok] - (double)m) / (double)t - log(z_kept));
+        }
     }
     if (tid == 0) {
         out->token = tok;
@@ -298,6 +314,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         out->logprob = RD_FSUB(RD_FSUB(xr[tok], m_raw), log_s);
         out->logprob_proc = lp_proc;
         out->n_top = n_alt;
+        out->rank = rank;
     }
 }
 

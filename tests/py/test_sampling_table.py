@@ -233,6 +233,30 @@ def prompt_scored(door, name):
     assert st == 200 and "input_token_logprobs" not in doc["meta_info"], doc
 
 
+def prompt_logprobs_case(door, name):
+    """vLLM's layout at each door: one entry per prompt token, None first, then a dict keyed by token id with
+    the prompt token's entry and the asked alternatives (ranks 1, 2)."""
+    ids = prompt_ids()
+    if door == "SD_VSP":
+        st, doc = post("/inference/v1/generate", {"token_ids": ids, "sampling_params": {"max_tokens": 0, name: 2}})
+        lps, toks = (doc.get("prompt_logprobs"), ids) if st == 200 else (None, ids)
+    elif door == "SD_CMPL":
+        st, doc = post("/v1/completions", {"prompt": ids, "max_tokens": 0, name: 2})
+        lps, toks = (doc["choices"][0].get("prompt_logprobs"), ids) if st == 200 else (None, ids)
+    else:
+        st, doc = post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1, name: 2,
+                                                "return_token_ids": True})
+        lps = doc.get("prompt_logprobs") if st == 200 else None
+        toks = doc.get("prompt_token_ids") if st == 200 else None
+    assert st == 200 and lps and toks and len(lps) == len(toks) and lps[0] is None, (st, doc)
+    for t, d in zip(toks[1:], lps[1:]):
+        assert str(t) in d and 2 <= len(d) <= 3, d
+        ranks = sorted(v["rank"] for k, v in d.items() if k != str(t) or d[k]["rank"] <= 2)
+        assert ranks[:2] == [1, 2] and d[str(t)]["logprob"] <= 0, d
+    st, doc = post("/v1/completions", {"prompt": ids, "max_tokens": 1, name: -1})
+    assert st == 400 and name in json.dumps(doc), (st, doc)
+
+
 CASES = {
     "temperature": differs(1.5, {"temperature": 0, "SEED": 7}),
     "top_p": differs(0.05, SAMPLED),
@@ -259,7 +283,7 @@ CASES = {
     # The default model is dense, so no routes are returned: the start changes nothing (test_frameworks_scrape.py
     # checks it on a mixture of experts).
     "routed_experts_prompt_start": same(2),
-    "prompt_logprobs": refused(1),
+    "prompt_logprobs": prompt_logprobs_case,
     "stop_regex": refused("[0-9]"),
     "json_schema": refused('{"type": "object"}'),
     "regex": refused("[a-z]+"),

@@ -2478,14 +2478,15 @@ static void test_sampler_score(void)
     for (int32_t i = 0; i < 2 * V; i++)
         l[i] = frand() * 3.0f;
     float *dl = up(emu, l, sizeof(float) * V * 2);
-    samp_params sp[3] = {samp_default(), samp_default(), samp_default()};
-    sp[0].temperature = 0, sp[0].logprobs_topk = 3;
+    samp_params sp[4] = {samp_default(), samp_default(), samp_default(), samp_default()};
+    sp[0].temperature = 0, sp[0].logprobs_topk = 3, sp[0].processed_logprobs = 1;
     sp[1].seed = 77, sp[1].logprobs_topk = 5;
-    sp[2].temperature = 0.7f, sp[2].top_p = 0.8f, sp[2].seed = 78;
+    sp[2].temperature = 0.7f, sp[2].top_p = 0.8f, sp[2].seed = 78, sp[2].processed_logprobs = 1;
+    sp[3].temperature = 1.1f, sp[3].top_k = 30, sp[3].min_p = 0.02f, sp[3].seed = 79, sp[3].processed_logprobs = 1;
     rd_sample_req q[24], qs[24];
     samp_result drawn[24], scored[24];
     for (int32_t i = 0; i < N; i++)
-        q[i] = (rd_sample_req){i % 2, (uint32_t)i, (uint32_t)(5 * i), &sp[i % 3], NULL, 0, 0, 0};
+        q[i] = (rd_sample_req){i % 2, (uint32_t)i, (uint32_t)(5 * i), &sp[i % 4], NULL, 0, 0, 0};
     CHECK_OK(emu->ops->sample(emu, dl, V, q, N, drawn));
     for (int32_t i = 0; i < N; i++) {
         qs[i] = q[i];
@@ -2505,6 +2506,21 @@ static void test_sampler_score(void)
         CHECK(scored[i].n_top == want.n_top, "request %d: %d alternatives vs %d", i, scored[i].n_top, want.n_top);
         for (int32_t j = 0; j < want.n_top; j++)
             CHECK(scored[i].top_ids[j] == want.top_ids[j], "request %d alternative %d", i, j);
+        CHECK(scored[i].rank == want.rank, "request %d: rank %d vs samp_score's %d", i, scored[i].rank, want.rank);
+        if (isnan(want.logprob_processed) || isinf(want.logprob_processed))
+            CHECK(!memcmp(&scored[i].logprob_processed, &want.logprob_processed, sizeof(float)) ||
+                      (isnan(want.logprob_processed) && isnan(scored[i].logprob_processed)),
+                  "request %d: processed %.9g vs samp_score's %.9g", i, scored[i].logprob_processed,
+                  want.logprob_processed);
+        else
+            CHECK(fabsf(scored[i].logprob_processed - want.logprob_processed) <=
+                      2e-6f * (1.0f + fabsf(want.logprob_processed)),
+                  "request %d: processed %.9g vs samp_score's %.9g", i, scored[i].logprob_processed,
+                  want.logprob_processed);
+        if (qs[i].score_token == drawn[i].token && qs[i].sp->processed_logprobs)
+            CHECK(!memcmp(&scored[i].logprob_processed, &drawn[i].logprob_processed, sizeof(float)),
+                  "request %d: processed scored %.9g, drawn %.9g: not the same bits", i,
+                  scored[i].logprob_processed, drawn[i].logprob_processed);
         if (qs[i].score_token == drawn[i].token)
             CHECK(!memcmp(&scored[i].logprob, &drawn[i].logprob, sizeof(float)) &&
                       !memcmp(scored[i].top_logprobs, drawn[i].top_logprobs, sizeof(float) * (size_t)want.n_top),

@@ -474,6 +474,102 @@ static void test_truncation_matches_reference(void)
     CHECK(!failed, "%s", why);
 }
 
+/* samp_score against an independent reference of the kept set (sorted rank order, double masses): each scored
+ * token's processed log-prob is the formula for a kept token and -inf for a dropped one, its rank counts the
+ * tokens at least as likely, and a drawn token scored gives the draw's bits (raw and processed). */
+static void test_score(void)
+{
+    const int n = 20000;
+    float *x = malloc(sizeof(float) * n);
+    int *order = malloc(sizeof(int) * n);
+    char *kept = malloc(n);
+    void *s = malloc(samp_scratch_bytes(n));
+    CHECK(x && order && kept && s, "malloc");
+    normal_logits(x, n, 3.0, 7);
+    x[10] = x[20] = 5.0f; /* a tie */
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, n, sizeof(int), cmp_rank, x);
+    struct { float t; int k; float top_p, min_p; } cfg[] = {
+        {1.0f, 0, 1.0f, 0.0f},  {0.7f, 0, 0.9f, 0.0f}, {1.0f, 40, 1.0f, 0.0f}, {0.8f, 40, 0.8f, 0.0f},
+        {1.0f, 0, 1.0f, 0.05f}, {1.2f, 6000, 0.99f, 0.0f}, {0.0f, 0, 1.0f, 0.0f},
+    };
+    int failed = 0, dropped = 0;
+    char why[256] = "";
+    for (int c = 0; c < (int)(sizeof cfg / sizeof cfg[0]) && !failed; c++) {
+        double t = cfg[c].t > 0 ? cfg[c].t : 1.0, m = x[order[0]];
+        int lim = cfg[c].k > 0 ? cfg[c].k : n, nkeep = lim;
+        double z = 0.0, cum = 0.0;
+        for (int j = 0; j < lim; j++)
+            z += exp(((double)x[order[j]] - m) / t);
+        for (int j = 0; cfg[c].top_p < 1.0f && j < lim; j++) {
+            cum += exp(((double)x[order[j]] - m) / t);
+            if (cum >= (double)cfg[c].top_p * z) {
+                nkeep = j + 1;
+                break;
+            }
+        }
+        while (nkeep > 1 && exp(((double)x[order[nkeep - 1]] - m) / t) < cfg[c].min_p)
+            nkeep--;
+        if (cfg[c].t == 0.0f)
+            nkeep = 1;
+        memset(kept, 0, n);
+        double zk = 0.0;
+        for (int j = 0; j < nkeep; j++) {
+            kept[order[j]] = 1;
+            zk += exp(((double)x[order[j]] - m) / t);
+        }
+        samp_params p = samp_default();
+        p.temperature = cfg[c].t;
+        p.top_k = cfg[c].k;
+        p.top_p = cfg[c].top_p;
+        p.min_p = cfg[c].min_p;
+        p.seed = 500 + c;
+        p.processed_logprobs = 1;
+        p.logprobs_topk = 3;
+        /* the first ranks, the kept set's edge, the tie, and tokens far down */
+        int toks[] = {order[0], order[1], order[nkeep - 1], order[nkeep < n ? nkeep : n - 1], 10, 20, order[n / 2],
+                      order[n - 1]};
+        for (int q = 0; q < (int)(sizeof toks / sizeof toks[0]) && !failed; q++) {
+            samp_result r;
+            CHECK_OK(samp_score(&p, x, n, toks[q], s, &r));
+            int rank = 0;
+            for (int i = 0; i < n; i++)
+                rank += x[i] >= x[toks[q]];
+            double want = cfg[c].t == 0.0f ? 0.0 : ((double)x[toks[q]] - m) / t - log(zk);
+            if (r.rank != rank)
+                snprintf(why, sizeof why, "config %d token %d: rank %d, want %d", c, toks[q], r.rank, rank), failed = 1;
+            else if (kept[toks[q]] && !(fabs(r.logprob_processed - want) < 1e-5))
+                snprintf(why, sizeof why, "config %d token %d (kept): processed %.7f, want %.7f", c, toks[q],
+                         r.logprob_processed, want), failed = 1;
+            else if (!kept[toks[q]] && r.logprob_processed != -INFINITY)
+                snprintf(why, sizeof why, "config %d token %d (dropped): processed %.7f, want -inf", c, toks[q],
+                         r.logprob_processed), failed = 1;
+            dropped += !kept[toks[q]];
+        }
+        for (uint32_t pos = 0; pos < 40 && !failed; pos++) {
+            samp_result d, r;
+            int tok = sample_or_die(&p, x, n, 1, pos, s, &d);
+            CHECK_OK(samp_score(&p, x, n, tok, s, &r));
+            if (memcmp(&d.logprob, &r.logprob, sizeof(float)) ||
+                memcmp(&d.logprob_processed, &r.logprob_processed, sizeof(float)))
+                snprintf(why, sizeof why, "config %d pos %u: drawn %.9g / %.9g, scored %.9g / %.9g", c, pos,
+                         d.logprob, d.logprob_processed, r.logprob, r.logprob_processed), failed = 1;
+        }
+    }
+    samp_params raw = samp_default();
+    samp_result r;
+    CHECK_OK(samp_score(&raw, x, n, order[5], s, &r));
+    CHECK(isnan(r.logprob_processed) && r.rank == 6, "raw scoring: processed %g (want NaN), rank %d (want 6)",
+          r.logprob_processed, r.rank);
+    free(x);
+    free(order);
+    free(kept);
+    free(s);
+    CHECK(!failed, "%s", why);
+    CHECK(dropped >= 10, "only %d dropped tokens were scored", dropped);
+}
+
 /* ---- log-probs ---- */
 
 static void test_raw_logprobs(void)
@@ -880,5 +976,6 @@ int main(void)
     RUN(test_validation);
     RUN(test_masked_logits);
     RUN(test_edits);
+    RUN(test_score);
     TEST_EXIT();
 }
