@@ -284,6 +284,7 @@ CASES = {
     # checks it on a mixture of experts).
     "routed_experts_prompt_start": same(2),
     "prompt_logprobs": prompt_logprobs_case,
+    "token_ids_logprob": refused([1, 2]),
     "stop_regex": refused("[0-9]"),
     "json_schema": refused('{"type": "object"}'),
     "regex": refused("[a-z]+"),

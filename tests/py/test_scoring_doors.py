@@ -77,12 +77,13 @@ def prefill_logprobs(token_ids):
     return out, doc
 
 
-SAMPLINGS = ({"temperature": 0}, {"temperature": 1.0, "seed": 3},
+SAMPLINGS = ({"temperature": 0}, {"temperature": 1.0, "seed": 3, "n": 4},
              {"temperature": 0.8, "top_p": 0.9, "seed": 4, "n": 4})
+PROMPTS = (PROMPT, "Write a short poem about the sea:", "def fibonacci(n):", "Q: 17 * 23 = ? A:")
 
 
 def vllm_rollouts(ids):
-    """(completion ids, sampled log-probs) from /inference/v1/generate."""
+    """(completion ids, sampled log-probs) from /inference/v1/generate: 9 seeded rollouts."""
     out = []
     for sp in SAMPLINGS:
         st, doc = post("/inference/v1/generate", {"token_ids": ids, "sampling_params": {
@@ -90,14 +91,16 @@ def vllm_rollouts(ids):
         assert st == 200, doc
         for ch in doc["choices"]:
             out.append((ch["token_ids"], [e["logprob"] for e in ch["logprobs"]["content"]]))
-    assert len(out) == 6, len(out)
+    assert len(out) == 9, len(out)
     return out
 
 
 @case
 def prime_rl_prefill_logprobs_rescores_exactly():
-    ids = ids_of(PROMPT)
-    for toks, lps in vllm_rollouts(ids):
+    """36 rollouts (4 prompts: greedy, T=1 and top-p with n=4)."""
+    rolls = [(ids_of(p), r) for p in PROMPTS for r in vllm_rollouts(ids_of(p))]
+    assert len(rolls) == 36
+    for ids, (toks, lps) in rolls:
         got, doc = prefill_logprobs(ids + toks)
         assert len(got) == len(ids) + len(toks) and doc["prompt_logprobs"][0] is None, doc
         assert bits(got[len(ids):]) == bits(lps), (got[len(ids):], lps)
