@@ -103,6 +103,9 @@ if [ "$MODE" != "--unit-only" ]; then
     # The NNG door's sampling tail (protocol version 4): logit_bias arrays copied before the decoded SUBMIT is freed.
     add "asan:test_nng_sampling" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_nng_sampling.py
+    # The NNG door's prompt scoring (protocol version 5): scored results held, encoded and freed, no leak at exit.
+    add "asan:test_nng_scoring" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_nng_scoring.py
     # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
     add "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_relay_allow.py
