@@ -32,6 +32,9 @@ uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint3
                                     l->route_width);
     if (l->lim->version >= 3)
         bytes += PROTO_SERVE_TAIL_BYTES; /* the result's serve_dtype tail (RESULT_SERVE) */
+    if (r->flags & PROTO_REQ_SCORE)      /* its prompt's scores (RESULT_SCORES, version 5) */
+        bytes += proto_scores_bytes(r->score_from >= 0 && (uint32_t)r->score_from <= n_prompt
+                                        ? n_prompt - (uint32_t)r->score_from : 0, r->logprobs_topk);
     return bytes;
 }
 
@@ -41,10 +44,12 @@ int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_pro
     if (bytes <= l->lim->max_message_bytes)
         return 0;
     if (!((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)) {
-        /* only the version-3 serve tail (4 bytes) past what proto_check_request allowed */
-        snprintf(msg, cap, "a result of max_tokens = %u with these log-prob options and its serve_dtype tail can "
+        /* only the version-3 serve tail (4 bytes), and a text prompt's scores, past what proto_check_request
+           allowed */
+        snprintf(msg, cap, "a result of max_tokens = %u with these log-prob options, its serve_dtype tail%s can "
                  "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
-                 (unsigned long long)bytes, (unsigned long long)l->lim->max_message_bytes);
+                 (r->flags & PROTO_REQ_SCORE) ? " and its prompt's scores" : "", (unsigned long long)bytes,
+                 (unsigned long long)l->lim->max_message_bytes);
         return -1;
     }
     snprintf(msg, cap, "a result of max_tokens = %u with routed experts (%llu positions x %u layers x %u experts) can "
@@ -102,6 +107,9 @@ void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t 
         .n_stop = (int32_t)r->n_stop,
         .ignore_eos = (r->flags & PROTO_REQ_IGNORE_EOS) != 0,
         .return_routes = (r->flags & PROTO_REQ_RETURN_ROUTES) != 0,
+        /* prompt scoring (version 5): scalars, which et_add's copy of the request carries */
+        .score_prompt = (r->flags & PROTO_REQ_SCORE) != 0,
+        .score_from = (r->flags & PROTO_REQ_SCORE) ? r->score_from : 0,
     };
     er->sp = samp_default();
     er->sp.temperature = r->temperature;

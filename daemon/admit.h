@@ -43,12 +43,15 @@ int adm_check(const adm_limits *l, const proto_request *r, char *msg, size_t cap
 
 /* The largest result a checked request r with an n_prompt-token prompt can
  * produce on the NNG wire: proto_result_max_bytes, plus its routes (all
- * n_prompt + max_tokens - 1 positions) when it asks for them. */
+ * n_prompt + max_tokens - 1 positions) when it asks for them, the serve tail
+ * (version 3 on) and its prompt's scores (n_prompt - score_from positions)
+ * when it scores them. */
 uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint32_t n_prompt);
 
 /* Whether that result fits one RESULTS frame (max_message_bytes): 0, or -1
  * with msg set. The NNG door's check (proto_check_request has checked it
- * without the routes, whose size depends on the prompt and the model). */
+ * without the routes, whose size depends on the prompt and the model, and
+ * without a text prompt's scores). */
 int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_prompt, char *msg, size_t cap);
 
 /* Whether n_prompt + max_tokens tokens fit the KV pool at all (a request that
@@ -65,9 +68,10 @@ uint64_t adm_random_seed(uint64_t salt);
 
 /* The engine request for a checked r whose prompt is the token ids
  * prompt[n_prompt] (r's own, or the door's tokenization of its text).
- * Sampling (the sampling tail's penalties, min_tokens and logit_bias included, when r has one), stop
- * and routes (RETURN_ROUTES) fields come from r, the seed from seed; stop strings, streaming and the
- * tag are the door's to set afterwards. Arrays point into r and prompt: et_add copies them. */
+ * Sampling (the sampling tail's penalties, min_tokens and logit_bias included, when r has one), stop,
+ * routes (RETURN_ROUTES) and prompt scoring (SCORE: score_prompt, score_from) fields come from r, the
+ * seed from seed; stop strings, streaming and the tag are the door's to set afterwards. Arrays point
+ * into r and prompt: et_add copies them. */
 void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,
                         eng_request *er);
 

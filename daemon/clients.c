@@ -282,6 +282,22 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
             p->routes = r->er.routes;
         }
     }
+    if (q->scored) {
+        /* Scores asked: the flag and score_from always; the positions from score_from on when the engine has
+         * them all (not for a sample that failed before it was queued, nor when it ran out of memory for them). */
+        p->flags |= PROTO_RESULT_SCORES;
+        r->scores.score_from = q->score_from;
+        int have = r->er.prompt_logprobs && r->er.n_prompt == (int32_t)q->n_prompt && q->score_from <= q->n_prompt &&
+                   (p->top_k == 0 || (r->er.prompt_top_ids && r->er.prompt_top_logprobs));
+        if (have) {
+            size_t k = p->top_k, at = q->score_from;
+            r->scores.n_scored = q->n_prompt - q->score_from;
+            r->scores.logprobs = r->er.prompt_logprobs + at;
+            r->scores.top_ids = k ? r->er.prompt_top_ids + at * k : NULL;
+            r->scores.top_logprobs = k ? r->er.prompt_top_logprobs + at * k : NULL;
+        }
+        p->scores = &r->scores;
+    }
     r->bytes = proto_result_bytes(p);
     if (c->held_tail)
         c->held_tail->next = r;

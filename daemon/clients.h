@@ -28,6 +28,7 @@ typedef struct cl_result {
     eng_result er;              /* owned arrays (token ids, log-probs, ...) */
     proto_span *spans;          /* [pr.n_spans]: the engine's version spans, or &one */
     proto_span one;             /* the span [0, n_tokens) of a result without engine spans */
+    proto_scores scores;        /* the prompt's scores (a scored request; pr.scores points here): arrays into er */
     proto_result pr;            /* wire view; arrays point into er */
     uint64_t bytes;             /* proto_result_bytes(&pr) */
 } cl_result;
@@ -51,6 +52,8 @@ struct cl_req {
     uint8_t route_k;
     uint8_t route_width;        /* bytes per expert id on the wire (proto_route_width) */
     int serve;                  /* its SUBMIT was version 3 or later: results carry serve_dtype (RESULT_SERVE) */
+    int scored;                 /* it scores its prompt (SCORE, version 5): results carry the scores (RESULT_SCORES) */
+    uint32_t score_from;        /* the first prompt position scored */
 };
 
 struct cl_client {

@@ -84,11 +84,12 @@ static void answer_fetch(rd_daemon *d, br_ctx *x, cl_client *c, const proto_fetc
     for (cl_result *r = c->held; r && k < cap; r = r->next) {
         if (k > 0 && total + r->bytes > budget)
             break;
-        if ((r->pr.flags & PROTO_RESULT_ROUTES) && x->version < 2) {
+        unsigned need = (r->pr.flags & PROTO_RESULT_SCORES) ? 5 : (r->pr.flags & PROTO_RESULT_ROUTES) ? 2 : 1;
+        if (need > (x->version ? x->version : 1u)) {
             char why[300];
-            snprintf(why, sizeof why, "result seq %llu carries routed experts, which protocol version %u cannot say; "
-                     "FETCH in version 2 (the SUBMIT that asked for them was)", (unsigned long long)r->pr.seq,
-                     x->version ? x->version : 1);
+            snprintf(why, sizeof why, "result seq %llu carries %s, which protocol version %u cannot say; FETCH in "
+                     "version %u (the SUBMIT that asked for them was)", (unsigned long long)r->pr.seq,
+                     need == 5 ? "its prompt's scores" : "routed experts", x->version ? x->version : 1, need);
             free(rs);
             loop_reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_FETCH, why);
             return;
@@ -294,6 +295,12 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, uint16
         }
         prompt = ids;
         n_prompt = (uint32_t)n_ids;
+        /* a scored text prompt's score_from, now that its length is known (a token prompt's was checked) */
+        if (proto_check_score_from(r, n_prompt)) {
+            snprintf(msg, msg_cap, "%s", rd_errmsg());
+            free(ids);
+            return PROTO_E_INVALID_PARAMS;
+        }
     }
     uint32_t code = 0;
     char why[400];
@@ -346,6 +353,10 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, uint16
     q->n_prompt = n_prompt;
     q->seed = (r->flags & PROTO_REQ_HAS_SEED) ? r->seed : adm_random_seed(q->key);
     q->serve = version >= 3;
+    if (r->flags & PROTO_REQ_SCORE) {   /* version 5 (adm_check refused the bit before) */
+        q->scored = 1;
+        q->score_from = (uint32_t)r->score_from;
+    }
     if (r->flags & PROTO_REQ_RETURN_ROUTES) {
         q->route_layers = lim.route_layers;
         q->route_k = lim.route_k;

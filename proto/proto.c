@@ -166,6 +166,11 @@ _Static_assert(sizeof(proto_request) + 8 <= 2 * (REQUEST_MIN_BYTES + 1), "proto_
 _Static_assert(sizeof(proto_sampling) <= 2 * PROTO_SAMPLING_TAIL_BYTES, "proto_sampling outgrew the arena bound");
 _Static_assert(sizeof(proto_submit_item) + 8 <= 2 * (SUBMIT_ITEM_MIN_BYTES + 1), "proto_submit_item outgrew it");
 _Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
+/* A scored result's proto_scores is paid for by the 12 bytes of its head (a
+ * result's arrays, spans and routes take at most twice their own wire bytes,
+ * so the 8 bytes above are spare for a result). */
+_Static_assert(sizeof(proto_result) + sizeof(proto_scores) <= 2 * (RESULT_MIN_BYTES + PROTO_SCORES_HEAD_BYTES),
+               "proto_scores outgrew the arena bound");
 /* A routes array takes at most one 8-byte piece more than its wire bytes; its
  * 8-byte head on the wire pays for that piece. */
 #define ROUTES_HEAD_BYTES 8     /* n_routes u32, route_layers u16, route_k u8, route_width u8 */
@@ -659,8 +664,9 @@ static int dec_sampling(cursor *c, proto_request *r)
 }
 
 /* REQUEST: stop ids, then a text prompt or token ids as its flags say, then
- * (flag SAMPLING, version 4 on) the sampling tail. In an older frame SAMPLING
- * is an undefined bit: it switches nothing on (proto_check_request refuses it). */
+ * (flag SAMPLING, version 4 on) the sampling tail, then (flag SCORE, version 5
+ * on) the score tail. In an older frame SAMPLING and SCORE are undefined
+ * bits: they switch nothing on (proto_check_request refuses them). */
 static int dec_request_tail(cursor *c, proto_request *r)
 {
     TRY(rdcount(c, &r->n_stop, 4, "n_stop"));
@@ -674,7 +680,12 @@ static int dec_request_tail(cursor *c, proto_request *r)
         RDARR(c, r->n_prompt, r->prompt, "prompt_ids");
     }
     if ((r->flags & PROTO_REQ_SAMPLING) && c->version >= 4)
-        return dec_sampling(c, r);
+        TRY(dec_sampling(c, r));
+    if ((r->flags & PROTO_REQ_SCORE) && c->version >= 5) {
+        uint32_t v;
+        TRY(rd32(c, &v, "score_from"));
+        r->score_from = (int32_t)v;   /* kept as sent: the range is proto_check_request's */
+    }
     return 0;
 }
 
@@ -755,8 +766,37 @@ static int dec_routes(cursor *c, proto_result *r)
     return 0;
 }
 
+/* RESULT scores (flag SCORES, version 5): score_from, flags (none defined:
+ * 0), n_scored, then n_scored raw log-probs and n_scored x top_k alternatives
+ * (ids, then log-probs), into an arena proto_scores. The positions must be
+ * those of the prompt from score_from on, or none. */
+static int dec_scores(cursor *c, proto_result *r)
+{
+    char tmp[96];
+    proto_scores t = {0};
+    uint32_t flags;
+    TRY(rd32(c, &t.score_from, "score_from"));
+    TRY(rd32(c, &flags, "scores flags"));
+    TRY(zero_bits(c, flags, 0, "scores flags"));
+    TRY(rdcount(c, &t.n_scored, 4 + 8 * (uint64_t)r->top_k, "n_scored"));
+    if (t.score_from > r->n_prompt || (t.n_scored != 0 && t.n_scored != r->n_prompt - t.score_from))
+        return MALFORMED(c, "%s: scores from position %u, %u of them, in a prompt of %u tokens; expected "
+                         "score_from <= n_prompt and n_scored 0 or n_prompt - score_from", where(c, tmp, sizeof tmp),
+                         t.score_from, t.n_scored, r->n_prompt);
+    uint64_t nk = (uint64_t)t.n_scored * r->top_k;
+    proto_scores *s;
+    ALLOC(c, 1, s);
+    RDARR(c, t.n_scored, t.logprobs, "prompt_logprobs");
+    RDARR(c, nk, t.top_ids, "prompt_top_ids");
+    RDARR(c, nk, t.top_logprobs, "prompt_top_logprobs");
+    *s = t;
+    r->scores = s;
+    return 0;
+}
+
 /* RESULT: the token arrays (their lengths depend on flags and top_k), then
- * spans, then (flag ROUTES) the routes. */
+ * spans, then (flag ROUTES) the routes, (flag SERVE) the serve tail and (flag
+ * SCORES) the prompt's scores. */
 static int dec_result_tail(cursor *c, proto_result *r)
 {
     char tmp[96];
@@ -796,6 +836,8 @@ static int dec_result_tail(cursor *c, proto_result *r)
                              where(c, tmp, sizeof tmp), r->serve_dtype, r->serve_dtype_first, rsv, PROTO_SERVE_MAX,
                              PROTO_SERVE_MAX);
     }
+    if (r->flags & PROTO_RESULT_SCORES)
+        TRY(dec_scores(c, r));
     return 0;
 }
 
@@ -1164,6 +1206,10 @@ static int request_tail_ok(const proto_request *r, uint16_t version)
         TRY(enc_arr_ok(m, "bias_ids", r->sampling->bias_ids, r->sampling->n_bias));
         TRY(enc_arr_ok(m, "bias_vals", r->sampling->bias_vals, r->sampling->n_bias));
     }
+    if (r->score_from != 0 && !((r->flags & PROTO_REQ_SCORE) && version >= 5))
+        return rd_fail(RD_EINVAL, "%s %llu: score_from %d needs flag PROTO_REQ_SCORE in protocol version 5 or later; "
+                       "encoding version %u, flags 0x%x", m, (unsigned long long)r->client_req_id, r->score_from,
+                       version, r->flags);
     TRY(enc_arr_ok(m, "stop_ids", r->stop_ids, r->n_stop));
     if (text && r->n_prompt)
         return rd_fail(RD_EINVAL, "%s %llu: flags say the prompt is text but it has %u token ids; expected one of "
@@ -1176,6 +1222,29 @@ static int request_tail_ok(const proto_request *r, uint16_t version)
     else
         TRY(enc_arr_ok(m, "prompt_ids", r->prompt, r->n_prompt));
     return 0;
+}
+
+/* A result's scores: present exactly with flag SCORES, positions from
+ * score_from to the prompt's end (or none), arrays for them. */
+static int scores_ok(const proto_result *r)
+{
+    const char *m = "RESULTS result";
+    unsigned long long seq = (unsigned long long)r->seq;
+    const proto_scores *s = r->scores;
+    if (!(r->flags & PROTO_RESULT_SCORES)) {
+        if (s)
+            return rd_fail(RD_EINVAL, "%s seq %llu: scores without flag PROTO_RESULT_SCORES", m, seq);
+        return 0;
+    }
+    if (!s)
+        return rd_fail(RD_EINVAL, "%s seq %llu: flags have SCORES but scores is NULL", m, seq);
+    if (s->score_from > r->n_prompt || (s->n_scored != 0 && s->n_scored != r->n_prompt - s->score_from))
+        return rd_fail(RD_EINVAL, "%s seq %llu: scores from position %u, %u of them, in a prompt of %u tokens; "
+                       "expected score_from <= n_prompt and n_scored 0 or n_prompt - score_from", m, seq,
+                       s->score_from, s->n_scored, r->n_prompt);
+    TRY(enc_arr_ok(m, "prompt_logprobs", s->logprobs, s->n_scored));
+    TRY(enc_arr_ok(m, "prompt_top_ids", s->top_ids, (uint64_t)s->n_scored * r->top_k));
+    return enc_arr_ok(m, "prompt_top_logprobs", s->top_logprobs, (uint64_t)s->n_scored * r->top_k);
 }
 
 static int result_tail_ok(const proto_result *r)
@@ -1194,6 +1263,7 @@ static int result_tail_ok(const proto_result *r)
     if ((r->flags & PROTO_RESULT_SERVE) && (r->serve_dtype > PROTO_SERVE_MAX || r->serve_dtype_first > PROTO_SERVE_MAX))
         return rd_fail(RD_EINVAL, "%s seq %llu: serve_dtype %u / serve_dtype_first %u; expected 0..%u", m,
                        (unsigned long long)r->seq, r->serve_dtype, r->serve_dtype_first, PROTO_SERVE_MAX);
+    TRY(scores_ok(r));
     if (!(r->flags & PROTO_RESULT_ROUTES))
         return 0;
     if (r->route_width != 1 && r->route_width != 2 && r->route_width != 4)
@@ -1300,9 +1370,11 @@ static void wf32(writer *w, float f)
     w32(w, v);
 }
 
-/* The prompt, then the sampling tail: msg_ok has checked that sampling is
- * set exactly when the frame carries it (flag SAMPLING, version 4 on). */
-static void put_request_tail(writer *w, const proto_request *r)
+/* The prompt, then the sampling tail, then the score tail: msg_ok has checked
+ * that sampling is set exactly when the frame carries it (flag SAMPLING,
+ * version 4 on) and score_from is 0 unless the frame carries it (flag SCORE,
+ * version 5 on). */
+static void put_request_tail(writer *w, const proto_request *r, uint16_t version)
 {
     w32(w, r->n_stop);
     warr32(w, r->stop_ids, r->n_stop);
@@ -1313,17 +1385,19 @@ static void put_request_tail(writer *w, const proto_request *r)
         warr32(w, r->prompt, r->n_prompt);
     }
     const proto_sampling *s = r->sampling;
-    if (!s)
-        return;
-    wf32(w, s->repetition_penalty);
-    wf32(w, s->frequency_penalty);
-    wf32(w, s->presence_penalty);
-    w32(w, s->min_tokens);
-    w32(w, s->n_bias);
-    for (uint32_t i = 0; i < s->n_bias; i++) {
-        w32(w, (uint32_t)s->bias_ids[i]);
-        wf32(w, s->bias_vals[i]);
+    if (s) {
+        wf32(w, s->repetition_penalty);
+        wf32(w, s->frequency_penalty);
+        wf32(w, s->presence_penalty);
+        w32(w, s->min_tokens);
+        w32(w, s->n_bias);
+        for (uint32_t i = 0; i < s->n_bias; i++) {
+            w32(w, (uint32_t)s->bias_ids[i]);
+            wf32(w, s->bias_vals[i]);
+        }
     }
+    if (version >= 5 && (r->flags & PROTO_REQ_SCORE))
+        w32(w, (uint32_t)r->score_from);
 }
 
 static void put_result_tail(writer *w, const proto_result *r)
@@ -1354,6 +1428,16 @@ static void put_result_tail(writer *w, const proto_result *r)
         w8(w, r->serve_dtype_first);
         w16(w, 0);
     }
+    const proto_scores *s = r->scores;
+    if (s) {
+        uint64_t nk = (uint64_t)s->n_scored * r->top_k;
+        w32(w, s->score_from);
+        w32(w, 0);
+        w32(w, s->n_scored);
+        warr32(w, s->logprobs, s->n_scored);
+        warr32(w, s->top_ids, nk);
+        warr32(w, s->top_logprobs, nk);
+    }
 }
 
 static void put_tensor_tail(writer *w, const proto_tensor *t)
@@ -1368,11 +1452,13 @@ static void put_tensor_tail(writer *w, const proto_tensor *t)
     }
 }
 
-static void put_elem(writer *w, const proto_elem_desc *e, const void *el)
+/* version: the frame's (a request's tails depend on it; a result's are
+ * switched on by its flags alone). */
+static void put_elem(writer *w, const proto_elem_desc *e, const void *el, uint16_t version)
 {
     put_fields(w, e->fields, el);
     switch ((proto_elem_id)e->id) {
-    case PROTO_EL_REQUEST: put_request_tail(w, el); break;
+    case PROTO_EL_REQUEST: put_request_tail(w, el, version); break;
     case PROTO_EL_RESULT: put_result_tail(w, el); break;
     case PROTO_EL_TENSOR: put_tensor_tail(w, el); break;
     case PROTO_EL_SUBMIT_ITEM: break;
@@ -1391,8 +1477,9 @@ static void put_body(writer *w, const proto_msg *m, const proto_msg_desc *d)
         wbytes(w, arr, n);
         return;
     }
+    uint16_t version = m->version ? m->version : PROTO_VERSION_MIN;
     for (uint32_t i = 0; i < n; i++)
-        put_elem(w, d->elem, arr + (size_t)i * d->elem->size);
+        put_elem(w, d->elem, arr + (size_t)i * d->elem->size, version);
 }
 
 /* ---- sizes ---- */
@@ -1400,7 +1487,7 @@ static void put_body(writer *w, const proto_msg *m, const proto_msg_desc *d)
 uint64_t proto_result_bytes(const proto_result *r)
 {
     writer c = {0};
-    put_elem(&c, &elem_RESULT, r);
+    put_elem(&c, &elem_RESULT, r, PROTO_VERSION);
     return c.n;
 }
 
@@ -1409,6 +1496,11 @@ uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t log
     /* every token may start a new span, so at most max_tokens spans */
     uint64_t per_token = 8 + (processed ? 4 : 0) + 8 * (uint64_t)logprobs_topk + SPAN_BYTES;
     return RESULT_MIN_BYTES + per_token * max_tokens;
+}
+
+uint64_t proto_scores_bytes(uint64_t n_scored, uint32_t top_k)
+{
+    return PROTO_SCORES_HEAD_BYTES + n_scored * (4 + 8 * (uint64_t)top_k);
 }
 
 uint64_t proto_routes_bytes(uint64_t positions, uint32_t layers, uint32_t k, uint32_t width)
@@ -1561,7 +1653,19 @@ int proto_check_lengths(uint32_t n_prompt, uint32_t max_tokens, const proto_hell
     if ((uint64_t)n_prompt + max_tokens > lim->max_context)
         return rd_fail(RD_EINVAL, "prompt (%u tokens) + max_tokens (%u) = %llu exceeds the context of %u tokens",
                        n_prompt, max_tokens, (unsigned long long)n_prompt + max_tokens, lim->max_context);
+    if (max_tokens == 0 && n_prompt >= lim->max_context)
+        return rd_fail(RD_EINVAL, "the prompt has %u tokens; expected at most %u with max_tokens 0 (a scored prompt "
+                       "must leave one position of the context of %u tokens)", n_prompt, lim->max_context - 1,
+                       lim->max_context);
     return 0;
+}
+
+int proto_check_score_from(const proto_request *r, uint32_t n_prompt)
+{
+    if (!(r->flags & PROTO_REQ_SCORE) || (r->score_from >= 0 && (uint32_t)r->score_from <= n_prompt))
+        return 0;
+    return rd_fail(RD_EINVAL, "request %llu: score_from = %d; expected 0..%u (a position of the prompt's %u tokens)",
+                   (unsigned long long)r->client_req_id, r->score_from, n_prompt, n_prompt);
 }
 
 int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
@@ -1573,6 +1677,8 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
         allowed &= ~PROTO_REQ_FLAGS_V2;
     if (version < 4)
         allowed &= ~PROTO_REQ_FLAGS_V4;
+    if (version < 5)
+        allowed &= ~PROTO_REQ_FLAGS_V5;
     if (r->flags & ~allowed)
         return rd_fail(RD_EINVAL, "request %llu: flags 0x%x have undefined bits 0x%x; expected only bits 0x%x "
                        "(protocol version %u)", id, r->flags, r->flags & ~allowed, allowed, version);
@@ -1582,8 +1688,14 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
                        (int)lim->architecture.len, lim->architecture.len ? lim->architecture.ptr : "");
     if (r->n < 1 || r->n > lim->max_n)
         return rd_fail(RD_EINVAL, "request %llu: n = %u; expected 1..%u", id, r->n, lim->max_n);
-    if (r->max_tokens < 1 || r->max_tokens > lim->max_tokens)
-        return rd_fail(RD_EINVAL, "request %llu: max_tokens = %u; expected 1..%u", id, r->max_tokens, lim->max_tokens);
+    int score = (r->flags & PROTO_REQ_SCORE) != 0;
+    if (r->max_tokens < (score ? 0u : 1u) || r->max_tokens > lim->max_tokens)
+        return rd_fail(RD_EINVAL, "request %llu: max_tokens = %u; expected %u..%u%s", id, r->max_tokens,
+                       score ? 0u : 1u, lim->max_tokens, r->max_tokens == 0 ? " (0 only for a request that scores its "
+                       "prompt: flag SCORE, protocol version 5)" : "");
+    if (r->max_tokens == 0 && r->n != 1)
+        return rd_fail(RD_EINVAL, "request %llu: n = %u with max_tokens = 0; expected n = 1 (a request that only "
+                       "scores its prompt has one sample)", id, r->n);
     if (!isfinite(r->temperature) || r->temperature < 0)
         return rd_fail(RD_EINVAL, "request %llu: temperature = %g; expected a finite number >= 0", id,
                        (double)r->temperature);
@@ -1601,12 +1713,21 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
     TRY(check_ids("stop_ids", r->client_req_id, r->stop_ids, r->n_stop, lim->vocab_size));
     if (r->flags & PROTO_REQ_SAMPLING)
         TRY(check_sampling(r, lim));
+    if (score && r->score_from < 0)
+        return rd_fail(RD_EINVAL, "request %llu: score_from = %d; expected 0..n_prompt (a position of the prompt)", id,
+                       r->score_from);
     uint64_t worst = proto_result_max_bytes(r->max_tokens, (r->flags & PROTO_REQ_PROCESSED_LOGPROBS) != 0,
                                             r->logprobs_topk);
+    /* the scores of a token prompt (a text prompt's are the daemon's to count once it is tokenized) */
+    uint64_t scored = score && !(r->flags & PROTO_REQ_PROMPT_IS_TEXT) && (uint32_t)r->score_from <= r->n_prompt
+                          ? r->n_prompt - (uint32_t)r->score_from : 0;
+    if (score && !(r->flags & PROTO_REQ_PROMPT_IS_TEXT))
+        worst += proto_scores_bytes(scored, r->logprobs_topk);
     if (worst + PROTO_RESULTS_OVERHEAD > lim->max_message_bytes)
-        return rd_fail(RD_EINVAL, "request %llu: a result of max_tokens = %u with these log-prob options can take "
+        return rd_fail(RD_EINVAL, "request %llu: a result of max_tokens = %u%s with these log-prob options can take "
                        "%llu bytes; expected it to fit max_message_bytes = %llu", id, r->max_tokens,
-                       (unsigned long long)(worst + PROTO_RESULTS_OVERHEAD), (unsigned long long)lim->max_message_bytes);
+                       score ? " and its prompt's scores" : "", (unsigned long long)(worst + PROTO_RESULTS_OVERHEAD),
+                       (unsigned long long)lim->max_message_bytes);
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
         if (!(lim->flags & PROTO_HELLO_OK_TEXT))
             return rd_fail(RD_EINVAL, "request %llu: a text prompt, but this daemon has no tokenizer; send token ids",
@@ -1625,5 +1746,6 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
         snprintf(why, sizeof why, "%s", rd_errmsg());
         return rd_fail(rc, "request %llu: %s", id, why);
     }
+    TRY(proto_check_score_from(r, r->n_prompt));
     return check_ids("prompt_ids", r->client_req_id, r->prompt, r->n_prompt, lim->vocab_size);
 }

@@ -28,8 +28,8 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
-#define PROTO_VERSION 4                     /* the newest version this code speaks (2: routing replay; 3: delta pushes,
-                                               serve_dtype; 4: a request's sampling tail) */
+#define PROTO_VERSION 5                     /* the newest version this code speaks (2: routing replay; 3: delta pushes,
+                                               serve_dtype; 4: a request's sampling tail; 5: prompt scoring) */
 #define PROTO_VERSION_MIN 1                 /* the oldest; frames are written in it unless proto_msg.version says */
 #define PROTO_HEADER_BYTES 16
 #define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
@@ -88,9 +88,14 @@ typedef enum {
 #define PROTO_REQ_CHAT_TEMPLATE 0x10u   /* wrap the text as a user turn in the chat template */
 #define PROTO_REQ_RETURN_ROUTES 0x20u   /* version 2: results carry the experts every position was routed to */
 #define PROTO_REQ_SAMPLING 0x40u        /* version 4: a sampling tail follows the prompt (proto_sampling) */
-#define PROTO_REQ_FLAGS 0x7Fu
+#define PROTO_REQ_SCORE 0x80u           /* version 5: score the prompt from score_from on (the score tail, i32
+                                           score_from, follows the sampling tail or the prompt); max_tokens may
+                                           then be 0 (score only, n = 1) */
+#define PROTO_REQ_FLAGS 0xFFu
 #define PROTO_REQ_FLAGS_V2 0x20u        /* the bits version 2 added (undefined in a version-1 request) */
 #define PROTO_REQ_FLAGS_V4 0x40u        /* the bits version 4 added (undefined before version 4: no tail is read) */
+#define PROTO_REQ_FLAGS_V5 0x80u        /* the bits version 5 added (undefined before version 5: no tail is read) */
+#define PROTO_SCORE_TAIL_BYTES 4u       /* a request's score tail: i32 score_from */
 #define PROTO_SAMPLING_TAIL_BYTES 20u   /* the sampling tail without its bias pairs (8 bytes each) */
 #define PROTO_MAX_BIAS 1024u            /* logit_bias entries a request may carry (the engine's ENG_MAX_BIAS) */
 #define PROTO_MAX_ABS_BIAS 100.0f       /* a bias is in [-100, 100] (OpenAI's and the HTTP doors' range) */
@@ -101,13 +106,18 @@ typedef enum {
 #define PROTO_RESULT_PROCESSED 0x1u     /* logprobs_processed is present */
 #define PROTO_RESULT_ROUTES 0x2u        /* version 2: the routes follow the spans */
 #define PROTO_RESULT_SERVE 0x4u         /* version 3: the serve_dtype tail follows (the routes, else the spans) */
-#define PROTO_RESULT_FLAGS 0x7u
+#define PROTO_RESULT_SCORES 0x8u        /* version 5: the prompt's scores follow (the serve tail, the routes, else
+                                           the spans): proto_scores */
+#define PROTO_RESULT_FLAGS 0xFu
 #define PROTO_RESULT_FLAGS_V2 0x2u      /* the bits version 2 added (MALFORMED in a version-1 frame) */
 #define PROTO_RESULT_FLAGS_V3 0x4u      /* the bits version 3 added (MALFORMED before version 3) */
+#define PROTO_RESULT_FLAGS_V5 0x8u      /* the bits version 5 added (MALFORMED before version 5) */
 /* A BITS field's B column: the bits each version after 1 added, a byte per
- * version (bits B & 0xFF came in version 2, (B >> 8) & 0xFF in version 3):
- * PROTO_RESULT_FLAGS_V2 | PROTO_RESULT_FLAGS_V3 << 8. */
-#define PROTO_RESULT_FLAGS_LATER 0x402u
+ * version (bits B & 0xFF came in version 2, (B >> 8) & 0xFF in version 3,
+ * (B >> 24) & 0xFF in version 5): PROTO_RESULT_FLAGS_V2 | PROTO_RESULT_FLAGS_V3 << 8 |
+ * PROTO_RESULT_FLAGS_V5 << 24. */
+#define PROTO_RESULT_FLAGS_LATER 0x08000402u
+#define PROTO_SCORES_HEAD_BYTES 12u     /* a result's scores before their arrays: score_from, n_scored, reserved */
 
 /* serve_dtype (version 3): what the daemon serves a pushed policy as. In
  * UPDATE_BEGIN 0 means "the daemon's configured serve_dtype"; in a result
@@ -237,6 +247,11 @@ typedef struct {
     uint64_t seed;              /* used when flags has PROTO_REQ_HAS_SEED */
     uint32_t logprobs_topk;     /* alternatives reported per token */
     uint32_t flags;             /* PROTO_REQ_*; checked by proto_check_request, not by decode */
+    int32_t score_from;         /* version 5, flags with PROTO_REQ_SCORE: the first prompt position scored,
+                                   0..n_prompt (position 0 has no log-prob: nothing comes before it); on the
+                                   wire the score tail, after the sampling tail. 0 otherwise: encoding writes
+                                   it exactly when the flag is set in a version-5 frame (and refuses a non-zero
+                                   one elsewhere). Here, beside flags, where the struct has room for it */
     uint32_t n_stop;
     const int32_t *stop_ids;    /* [n_stop] extra stop token ids */
     uint32_t n_prompt;          /* token prompt (flags without PROMPT_IS_TEXT); 0 for text */
@@ -283,6 +298,22 @@ typedef struct {
     uint64_t version;
 } proto_span;
 
+/* The prompt's scores in a result (flags PROTO_RESULT_SCORES; version 5): the
+ * raw log-prob (temperature 1, before any edit or truncation) of each prompt
+ * token from score_from on, given the tokens before it, with the bits a draw
+ * of that token from the same logits has (so scoring prompt + completion from
+ * the completion's start gives back the completion's sampled log-probs); NaN
+ * at position 0, which has nothing before it. The alternatives per position
+ * are the result's top_k (the request's logprobs_topk), as for its tokens. */
+typedef struct {
+    uint32_t score_from;        /* the prompt position logprobs[0] is of, 0..n_prompt */
+    uint32_t n_scored;          /* positions carried: n_prompt - score_from, or 0 (the daemon holds no scores:
+                                   a sample that failed before its prompt ran) */
+    const float *logprobs;      /* [n_scored] */
+    const int32_t *top_ids;     /* [n_scored][top_k] the top_k highest raw log-probs per position; -1 pads */
+    const float *top_logprobs;  /* [n_scored][top_k]; -inf pads */
+} proto_scores;
+
 /* One finished sample. */
 typedef struct {
     uint64_t seq;               /* per-client sequence number, from 1, gapless */
@@ -300,12 +331,12 @@ typedef struct {
     uint64_t first_token_us;    /* from acceptance to the first generated token (0: none) */
     uint64_t total_us;          /* from acceptance to finish */
     uint32_t n_tokens;          /* generated tokens (a stop token is included) */
+    uint32_t n_spans;           /* 0 when n_tokens is 0, else >= 1 */
     const int32_t *token_ids;   /* [n_tokens] */
     const float *logprobs;      /* [n_tokens] raw log-prob (temperature 1), fp32 */
     const float *logprobs_processed; /* [n_tokens] when flags has PROCESSED, else NULL */
     const int32_t *top_ids;     /* [n_tokens][top_k], row-major; -1 pads rows with fewer */
     const float *top_logprobs;  /* [n_tokens][top_k]; -inf pads */
-    uint32_t n_spans;           /* 0 when n_tokens is 0, else >= 1 */
     const proto_span *spans;    /* [n_spans] contiguous, covering [0, n_tokens), versions increasing */
     /* Routing replay (flags has PROTO_RESULT_ROUTES; version 2): for each
      * position that ran through the model, prompt then generated, each
@@ -320,6 +351,9 @@ typedef struct {
      * daemon's history of pushes). */
     uint8_t serve_dtype;        /* of the weights at version_finish */
     uint8_t serve_dtype_first;  /* of the first span's version (differs only when a push changed it meanwhile) */
+    /* The prompt's scores (flags has PROTO_RESULT_SCORES; version 5): set
+     * exactly when the flag is, NULL otherwise. */
+    const proto_scores *scores;
 } proto_result;
 
 /* RESULTS: the reply to FETCH. */
@@ -571,7 +605,10 @@ void proto_buf_free(proto_buf *b);
  * finish out of range, bad spans, routes with a width other than 1, 2, 4 or
  * no layers or experts, a text flag
  * with token ids, a request's sampling tail other than exactly with flag
- * SAMPLING in a version-4 frame, an update mode, tensor dtype or n_dims out of range, a tensor
+ * SAMPLING in a version-4 frame, a non-zero score_from without flag SCORE in a
+ * version-5 frame, a result's scores other than exactly with flag SCORES (a
+ * version-5 bit), scores with score_from past n_prompt or n_scored other than 0
+ * or n_prompt - score_from, an update mode, tensor dtype or n_dims out of range, a tensor
  * name not 1..PROTO_MAX_TENSOR_NAME bytes, an array with a count but no data,
  * a body over 4 GiB; RD_ENOTSUP for an undefined type; RD_ENOMEM if the buffer
  * cannot grow. */
@@ -594,6 +631,9 @@ int proto_encode_error_version(proto_buf *b, uint16_t version, uint32_t code, ui
 #define PROTO_RESULTS_OVERHEAD (PROTO_HEADER_BYTES + 24)
 uint64_t proto_result_bytes(const proto_result *r);
 uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t logprobs_topk);
+/* Bytes a result's scores add (RESULT_SCORES): their 12-byte head and
+ * n_scored x (4 + 8 x top_k); n_scored is n_prompt - score_from. */
+uint64_t proto_scores_bytes(uint64_t n_scored, uint32_t top_k);
 /* Bytes the routes of a result add (RESULT_ROUTES): their 8-byte head and
  * positions x layers x k ids of width bytes; positions is at most
  * n_prompt + max_tokens - 1. */
@@ -604,16 +644,22 @@ uint8_t proto_route_width(uint32_t n_experts);
 
 /* Checks one decoded request against the daemon's limits and model (lim is the
  * HELLO_OK the daemon sends, lim->version the request's protocol version): flags
- * (RETURN_ROUTES from version 2 on, and only with lim->features ROUTES; SAMPLING from version 4 on), n,
- * max_tokens, sampling ranges (NaN refused), stop ids in 0..vocab_size-1, the sampling tail (penalties,
- * min_tokens <= max_tokens, at most PROTO_MAX_BIAS distinct bias ids in 0..vocab_size-1 with finite values
- * in [-100, 100]), prompt ids in 0..vocab_size-1, prompt length,
- * prompt + max_tokens within the context, the largest result within
- * max_message_bytes, text/chat support. Returns 0 or RD_EINVAL with a
+ * (RETURN_ROUTES from version 2 on, and only with lim->features ROUTES; SAMPLING from version 4 on; SCORE
+ * from version 5 on), n, max_tokens (0 only with SCORE, and then n = 1), sampling ranges (NaN refused), stop
+ * ids in 0..vocab_size-1, the sampling tail (penalties, min_tokens <= max_tokens, at most PROTO_MAX_BIAS
+ * distinct bias ids in 0..vocab_size-1 with finite values in [-100, 100]), score_from >= 0, prompt ids in
+ * 0..vocab_size-1, prompt length, prompt + max_tokens within the context, score_from <= n_prompt, the
+ * largest result (its scores included) within max_message_bytes, text/chat support. Returns 0 or RD_EINVAL with a
  * message; the SUBMIT_OK item then carries PROTO_E_INVALID_PARAMS. */
 int proto_check_request(const proto_request *r, const proto_hello_ok *lim);
-/* The length part alone, for a text prompt once the daemon has tokenized it. */
+/* The length part alone, for a text prompt once the daemon has tokenized it.
+ * max_tokens 0 (a request that only scores its prompt) still leaves one
+ * position of the context, as the engine needs. */
 int proto_check_lengths(uint32_t n_prompt, uint32_t max_tokens, const proto_hello_ok *lim);
+/* A scored request's score_from against its prompt of n_prompt tokens
+ * (0..n_prompt), for a text prompt once the daemon has tokenized it; 0 or
+ * RD_EINVAL with a message naming the request. */
+int proto_check_score_from(const proto_request *r, uint32_t n_prompt);
 
 /* "HELLO", "RESULTS", ...; NULL for a type this version does not define. */
 const char *proto_type_name(uint16_t type);

@@ -107,6 +107,9 @@ if [ "$MODE" != "--unit-only" ]; then
     add "asan:test_scoring_doors" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=completions_prompt_logprobs_and_echo_rescore_exactly,chat_prompt_logprobs,refusals,daemons_exit_cleanly \
       "$PY" tests/py/test_scoring_doors.py
+    # The NNG door's prompt scoring (protocol version 5): scored results held, encoded and freed, no leak at exit.
+    add "asan:test_nng_scoring" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      "$PY" tests/py/test_nng_scoring.py
     # Relays refused outside relay_allow (FORBIDDEN), the chain's fallback, clean exits (ASan daemons).
     add "asan:test_relay_allow" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_relay_allow.py

@@ -10,7 +10,8 @@
  * routes (version 2) as {"layers", "k", "width", "ids"} with the ids flat, its serve_dtype and
  * serve_dtype_first (version 3) as numbers, a request's sampling tail (version 4) as "sampling":
  * {"repetition_penalty", "frequency_penalty", "presence_penalty", "min_tokens", "bias_ids",
- * "bias_vals"}, chunk data
+ * "bias_vals"}, its score tail (version 5) as "score_from", a result's scores (version 5) as "scores":
+ * {"score_from", "logprobs", "top_ids", "top_logprobs"} with the alternatives flat, chunk data
  * as lowercase hex), or {"error": CODE, "error_name": NAME, "message": WHY}
  * when the decoder refuses the frame. Exit status 0 when every frame decoded,
  * 1 when any was refused, 2 on bad usage or an unreadable file.
@@ -77,22 +78,25 @@ static void add_f32s(cJSON *o, const char *k, const float *a, uint64_t n)
 }
 
 /* The element tails: what the table's field kinds cannot say (proto.c has the same three). */
-static void request_tail_json(cJSON *o, const proto_request *r)
+/* version: the frame's (a request's score tail is in the frame with flag SCORE from version 5 on). */
+static void request_tail_json(cJSON *o, const proto_request *r, uint16_t version)
 {
     add_i32s(o, "stop_ids", r->stop_ids, r->n_stop);
     add_i32s(o, "prompt_ids", r->prompt, r->n_prompt);
     add_str(o, "prompt_text", r->text);
     const proto_sampling *s = r->sampling;
-    if (!s)
-        return;
-    /* version 4, flag SAMPLING: {"repetition_penalty", ..., "bias_ids", "bias_vals"} */
-    cJSON *so = cJSON_AddObjectToObject(o, "sampling");
-    add_f32(so, "repetition_penalty", s->repetition_penalty);
-    add_f32(so, "frequency_penalty", s->frequency_penalty);
-    add_f32(so, "presence_penalty", s->presence_penalty);
-    add_num(so, "min_tokens", s->min_tokens);
-    add_i32s(so, "bias_ids", s->bias_ids, s->n_bias);
-    add_f32s(so, "bias_vals", s->bias_vals, s->n_bias);
+    if (s) {
+        /* version 4, flag SAMPLING: {"repetition_penalty", ..., "bias_ids", "bias_vals"} */
+        cJSON *so = cJSON_AddObjectToObject(o, "sampling");
+        add_f32(so, "repetition_penalty", s->repetition_penalty);
+        add_f32(so, "frequency_penalty", s->frequency_penalty);
+        add_f32(so, "presence_penalty", s->presence_penalty);
+        add_num(so, "min_tokens", s->min_tokens);
+        add_i32s(so, "bias_ids", s->bias_ids, s->n_bias);
+        add_f32s(so, "bias_vals", s->bias_vals, s->n_bias);
+    }
+    if ((r->flags & PROTO_REQ_SCORE) && version >= 5)
+        add_num(o, "score_from", r->score_from);
 }
 
 static void result_tail_json(cJSON *o, const proto_result *r)
@@ -119,6 +123,15 @@ static void result_tail_json(cJSON *o, const proto_result *r)
     if (r->flags & PROTO_RESULT_SERVE) { /* version 3 */
         add_num(o, "serve_dtype", r->serve_dtype);
         add_num(o, "serve_dtype_first", r->serve_dtype_first);
+    }
+    if (r->scores) { /* version 5: {"score_from", "logprobs", "top_ids", "top_logprobs": flat [n_scored x top_k]} */
+        const proto_scores *s = r->scores;
+        uint64_t snk = (uint64_t)s->n_scored * r->top_k;
+        cJSON *so = cJSON_AddObjectToObject(o, "scores");
+        add_num(so, "score_from", s->score_from);
+        add_f32s(so, "logprobs", s->logprobs, s->n_scored);
+        add_i32s(so, "top_ids", s->top_ids, snk);
+        add_f32s(so, "top_logprobs", s->top_logprobs, snk);
     }
     if (!(r->flags & PROTO_RESULT_ROUTES))
         return;
@@ -212,12 +225,12 @@ static uint32_t fields_count(const proto_field *f, const void *base)
     return n;
 }
 
-static cJSON *elem_json(const proto_elem_desc *e, const void *el)
+static cJSON *elem_json(const proto_elem_desc *e, const void *el, uint16_t version)
 {
     cJSON *o = cJSON_CreateObject();
     fields_json(o, e->fields, el);
     switch ((proto_elem_id)e->id) {
-    case PROTO_EL_REQUEST: request_tail_json(o, el); break;
+    case PROTO_EL_REQUEST: request_tail_json(o, el, version); break;
     case PROTO_EL_RESULT: result_tail_json(o, el); break;
     case PROTO_EL_TENSOR: tensor_tail_json(o, el); break;
     case PROTO_EL_SUBMIT_ITEM: break;
@@ -243,7 +256,7 @@ static cJSON *msg_json(const proto_msg *m)
     }
     cJSON *a = cJSON_AddArrayToObject(o, d->array_name);
     for (uint32_t i = 0; i < n; i++)
-        cJSON_AddItemToArray(a, elem_json(d->elem, arr + (size_t)i * d->elem->size));
+        cJSON_AddItemToArray(a, elem_json(d->elem, arr + (size_t)i * d->elem->size, m->version));
     return o;
 }
 

@@ -56,6 +56,8 @@ static void touch_msg(const proto_msg *m)
                 touch(r->sampling->bias_ids, 4ull * r->sampling->n_bias);
                 touch(r->sampling->bias_vals, 4ull * r->sampling->n_bias);
             }
+            if (r->score_from && (!(r->flags & PROTO_REQ_SCORE) || m->version < 5))
+                abort();        /* version 5: a score tail only with the flag */
         }
         break;
     case PROTO_SUBMIT_OK:
@@ -75,6 +77,17 @@ static void touch_msg(const proto_msg *m)
             touch(r->spans, sizeof(proto_span) * (uint64_t)r->n_spans);
             if (r->flags & PROTO_RESULT_ROUTES)
                 touch(r->routes, (uint64_t)r->n_routes * r->route_layers * r->route_k * r->route_width);
+            if (!r->scores != !(r->flags & PROTO_RESULT_SCORES))
+                abort();        /* version 5: scores exactly with the flag */
+            if (r->scores) {
+                const proto_scores *s = r->scores;
+                if (s->score_from > r->n_prompt || (s->n_scored && s->n_scored != r->n_prompt - s->score_from))
+                    abort();
+                touch(s, sizeof *s);
+                touch(s->logprobs, 4ull * s->n_scored);
+                touch(s->top_ids, 4ull * s->n_scored * r->top_k);
+                touch(s->top_logprobs, 4ull * s->n_scored * r->top_k);
+            }
         }
         break;
     case PROTO_STATUS_OK: touch_str(m->status_ok.json); break;

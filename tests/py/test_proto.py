@@ -5,9 +5,10 @@ and re-encodes to the same bytes; every invalid one gives its error code;
 request checks give the listed codes. build/rollout-protodump (the C decoder)
 prints the same fields and error codes as the Python decoder for every
 vector, every truncation of one, random mutations and random messages. The
-weight-update messages (PROTOCOL.md §10), version 2's routes (§4.6) and
-version 4's sampling tail (§4.3) are among all of these; routes_codec and
-sampling_codec check their version rules on their own.
+weight-update messages (PROTOCOL.md §10), version 2's routes (§4.6),
+version 4's sampling tail (§4.3) and version 5's prompt scoring (the score
+tail, a result's scores) are among all of these; routes_codec,
+sampling_codec and scoring_codec check their version rules on their own.
 """
 import json
 import math
@@ -205,6 +206,8 @@ def rnd_message(rng, t):
                 q.min_tokens = rng.getrandbits(32)
                 k = rng.choice([0, rng.randrange(12)])
                 q.bias_ids, q.bias_vals = i32(k), rnd_f32(rng, k)
+            if q.flags & P.REQ_SCORE and m.wire_version >= 5:        # version 5: the score tail
+                q.score_from = rng.getrandbits(32) - 2 ** 31
         return m
     if t == P.T.SUBMIT_OK:
         return P.SubmitOk([P.SubmitItem(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(1), rnd_str(rng, 30))
@@ -233,9 +236,17 @@ def rnd_message(rng, t):
                 ids = [rng.getrandbits(8 * w) - (2 ** 31 if w == 4 else 0) for _ in range(int(np.prod(shape)))]
                 x.flags |= P.RESULT_ROUTES
                 x.routes = np.array(ids, dtype=P.ROUTE_DTYPES[w]).reshape(shape)
+            if rng.random() < 0.3:      # version 5: the prompt's scores
+                x.n_prompt = rng.randrange(30)
+                x.score_from = rng.randint(0, x.n_prompt)
+                ns = rng.choice([0, x.n_prompt - x.score_from, x.n_prompt - x.score_from])
+                x.flags |= P.RESULT_SCORES
+                x.prompt_logprobs = rnd_f32(rng, ns)
+                x.prompt_top_ids, x.prompt_top_logprobs = i32(ns * k).reshape(ns, k), rnd_f32(rng, ns * k).reshape(ns, k)
             res.append(x)
         m = P.Results(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), res)
-        m.wire_version = 2 if any(x.flags & P.RESULT_ROUTES for x in res) else rng.randint(1, 2)
+        m.wire_version = 5 if any(x.flags & P.RESULT_SCORES for x in res) else \
+            2 if any(x.flags & P.RESULT_ROUTES for x in res) else rng.randint(1, 2)
         return m
     if t == P.T.ABORT:
         return P.Abort(rnd_u64(rng), rnd_u64(rng), rng.getrandbits(1))
@@ -414,6 +425,134 @@ def sampling_codec():
         raise AssertionError("2 ids with 1 value encoded")
     except ValueError as e:
         assert "bias_vals" in str(e), e
+
+
+def scored(rid=1, prompt=(1, 2, 3, 4), max_tokens=0, score_from=0, **kw):
+    """A request that scores its prompt (REQ_SCORE)."""
+    flags = kw.pop("flags", 0) | P.REQ_SCORE
+    return P.Request(client_req_id=rid, prompt_ids=np.array(prompt, "<i4"), max_tokens=max_tokens, flags=flags,
+                     score_from=score_from, **kw)
+
+
+def refused(fn, code=P.E.INVALID_PARAMS, *words):
+    try:
+        fn()
+    except P.ProtoError as e:
+        assert e.code == code and all(w in e.message for w in words), (words, e.message)
+        return e.message
+    raise AssertionError(f"accepted; expected a refusal naming {words}")
+
+
+@case
+def scoring_codec():
+    """Version 5's prompt scoring: a request's score tail (i32 score_from) after the sampling tail, a result's
+    scores (score_from, flags, n_scored, the log-probs, the alternatives) after the serve tail; both only in
+    version 5; malformed scores; the checks (score_from in 0..n_prompt, max_tokens 0 only when scoring, n = 1
+    then, the scores in the largest result), with C's words."""
+    q = scored(2, max_tokens=8, score_from=3, flags=P.REQ_SAMPLING, repetition_penalty=1.5, bias_ids=[9],
+               bias_vals=[-1.0])
+    m = P.Submit(client_id=9, requests=[scored(1, logprobs_topk=2), q])
+    f = P.encode(m, 5)
+    q0 = 16 + 12
+    q1 = q0 + 72 + P.SCORE_TAIL_BYTES
+    assert len(f) == q1 + 72 + P.SAMPLING_TAIL_BYTES + P.BIAS_PAIR_BYTES + P.SCORE_TAIL_BYTES
+    assert struct.unpack_from("<i", f, q0 + 72) == (0,) and struct.unpack_from("<f", f, q1 + 72) == (1.5,)
+    assert struct.unpack_from("<i", f, len(f) - 4) == (3,), "the score tail after the sampling tail"
+    d = P.decode(f)
+    assert [r.score_from for r in d.requests] == [0, 3] and d.requests[1].bias_ids.tolist() == [9]
+    assert P.encode(d) == f and P.encode(P.from_json(P.to_json(d)), 5) == f
+    path = os.path.join(TMP, "score.bin")
+    with open(path, "wb") as fh:
+        fh.write(f)
+    same(protodump([path])[0], py_view(f), "score.bin")
+    # before version 5: no tail (a score_from is refused); the flag alone is an undefined bit the check refuses
+    for v in (1, 4):
+        try:
+            P.encode(P.Submit(requests=[scored(score_from=2)]), v)
+            raise AssertionError(v)
+        except ValueError as e:
+            assert "version 5" in str(e), e
+    f4 = P.encode(P.Submit(requests=[scored(max_tokens=4)]), 4)
+    assert len(f4) == 16 + 12 + 72 and P.decode(f4).requests[0].flags == P.REQ_SCORE
+    lim = P.decode(frame_bytes("hello_ok_v4.bin"))
+    refused(lambda: P.check_request(P.decode(f4).requests[0], lim), P.E.INVALID_PARAMS, "undefined bits 0x80",
+            "protocol version 4")
+    refused(lambda: P.decode(P.encode(P.Submit(requests=[scored(score_from=2)]), 5)[:4] + b"\4\0" +
+                             P.encode(P.Submit(requests=[scored(score_from=2)]), 5)[6:]), P.E.MALFORMED)
+    plain = P.Submit(requests=[P.Request(client_req_id=1, prompt_ids=[1])])
+    assert P.encode(plain, 5)[6:] == P.encode(plain, 1)[6:]
+    # the checks against hello_ok_v5 (max_context 8192, max_tokens 8192, max_prompt_tokens 4096)
+    lim = P.decode(frame_bytes("hello_ok_v5.bin"))
+    chk = lambda q: lambda: P.check_request(q, lim)  # noqa: E731
+    P.check_request(scored(score_from=4), lim)
+    refused(chk(scored(score_from=5)), P.E.INVALID_PARAMS, "score_from = 5; expected 0..4")
+    refused(chk(scored(score_from=-1)), P.E.INVALID_PARAMS, "score_from = -1", "expected")
+    refused(chk(P.Request(client_req_id=3, prompt_ids=[1, 2], max_tokens=0)), P.E.INVALID_PARAMS,
+            "max_tokens = 0; expected 1..8192 (0 only for a request that scores its prompt")
+    refused(chk(scored(n=2)), P.E.INVALID_PARAMS, "n = 2 with max_tokens = 0", "expected n = 1")
+    refused(chk(scored(max_tokens=8193)), P.E.INVALID_PARAMS, "max_tokens = 8193; expected 0..8192")
+    lim.max_context = 4
+    refused(chk(scored()), P.E.INVALID_PARAMS, "the prompt has 4 tokens; expected at most 3 with max_tokens 0")
+    lim.max_context = 8192
+    need = P.RESULTS_OVERHEAD + P.result_max_bytes(0, 0, 5) + P.scores_bytes(4, 5)
+    assert P.scores_bytes(4, 5) == 12 + 4 * 44
+    lim.max_message_bytes = need
+    P.check_request(scored(logprobs_topk=5), lim)
+    lim.max_message_bytes = need - 1
+    refused(chk(scored(logprobs_topk=5)), P.E.INVALID_PARAMS, "its prompt's scores")
+    lim.max_message_bytes = 64 << 20
+    text = P.Request(client_req_id=8, max_tokens=0, flags=P.REQ_SCORE | P.REQ_PROMPT_IS_TEXT, prompt_text="hi",
+                     score_from=10)
+    P.check_request(text, lim)      # the daemon checks it once the text is tokenized:
+    refused(lambda: P.check_score_from(text, 3), P.E.INVALID_PARAMS, "request 8: score_from = 10; expected 0..3")
+    P.check_score_from(text, 10)
+
+    # a result's scores, after the serve tail
+    x = P.Result(seq=1, client_req_id=1, finish=P.FINISH_LENGTH, flags=P.RESULT_SERVE | P.RESULT_SCORES, top_k=2,
+                 n_prompt=4, serve_dtype=P.SERVE_AS_PUSHED, serve_dtype_first=P.SERVE_AS_PUSHED, score_from=0,
+                 prompt_logprobs=np.array([np.nan, -1.5, -0.25, -3.0], "<f4"),
+                 prompt_top_ids=np.array([[-1, -1], [7, 2], [3, 1], [4, 0]], "<i4"),
+                 prompt_top_logprobs=np.array([[-np.inf, -np.inf], [-0.5, -1.0], [-0.125, -2.0], [-1.0, -4.0]],
+                                              "<f4"))
+    rm = P.Results(ack_seq=0, results=[x])
+    f = P.encode(rm, 5)
+    h = P.RESULTS_OVERHEAD + 88 + P.SERVE_TAIL_BYTES
+    assert len(f) == P.RESULTS_OVERHEAD + P.result_bytes(x) == h + P.scores_bytes(4, 2)
+    assert struct.unpack_from("<III", f, h) == (0, 0, 4)
+    assert struct.unpack_from("<i", f, h + 12 + 16 + 8)[0] == 7 and struct.unpack_from("<f", f, h + 12 + 48)[0] == -np.inf
+    d = P.decode(f)
+    r = d.results[0]
+    assert np.array_equal(r.prompt_logprobs.view("<u4"), x.prompt_logprobs.view("<u4"))
+    assert r.prompt_top_ids.tolist() == x.prompt_top_ids.tolist() and r.score_from == 0
+    assert P.encode(d) == f and P.encode(P.from_json(json.loads(json.dumps(P.to_json(d)))), 5) == f
+    with open(path, "wb") as fh:
+        fh.write(f)
+    same(protodump([path])[0], py_view(f), "scores.bin")
+    try:
+        P.encode(rm, 4)
+        raise AssertionError("scores encoded in version 4")
+    except ValueError as e:
+        assert "undefined in protocol version 4" in str(e), e
+    refused(lambda: P.decode(f[:4] + b"\4\0" + f[6:]), P.E.MALFORMED, "flags")
+    none = P.Result(flags=P.RESULT_SCORES, n_prompt=6, score_from=1, prompt_logprobs=np.zeros(0, "<f4"))
+    g = P.encode(P.Results(results=[none]), 5)
+    assert len(g) == P.RESULTS_OVERHEAD + 88 + 12 and len(P.decode(g).results[0].prompt_logprobs) == 0
+    for bad in (dict(score_from=1), dict(score_from=5, prompt_logprobs=np.zeros(0, "<f4")),
+                dict(prompt_top_ids=np.zeros((4, 1), "<i4")), dict(flags=P.RESULT_SERVE)):
+        y = P.Result(**{**x.__dict__, **bad})
+        try:
+            P.encode(P.Results(results=[y]), 5)
+            raise AssertionError(bad)
+        except ValueError:
+            pass
+    for at, v, why in ((h, 1, "n_scored 0 or n_prompt - score_from"), (h, 5, "score_from <= n_prompt"),
+                       (h + 4, 1, "scores flags"), (h + 8, 3, "n_scored 0 or"), (h + 8, 0xFFFFFFFF, "n_scored")):
+        b = bytearray(f)
+        struct.pack_into("<I", b, at, v)
+        refused(lambda: P.decode(bytes(b)), P.E.MALFORMED, why)
+    for k in range(h, len(f)):
+        refused(lambda: P.decode(f[:8] + struct.pack("<I", k - 16) + f[12:k]), P.E.MALFORMED)
+    refused(lambda: P.decode(f[:8] + struct.pack("<I", len(f) - 15) + f[12:] + b"\0"), P.E.MALFORMED)
 
 
 @case

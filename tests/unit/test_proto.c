@@ -20,6 +20,12 @@
  * there), malformed tails (truncated, a count past the bytes, trailing
  * bytes), the range checks (NaN penalties, n_bias past PROTO_MAX_BIAS, ids
  * outside the vocabulary, repeated ids) and the arena.
+ * Version 5's prompt scoring likewise, plus test_scoring: the request's score
+ * tail after the sampling tail, a result's scores after the serve tail (bytes,
+ * round trips, sizes), the version rules both ways, malformed scores (a count
+ * past the bytes or not the prompt's, flags, trailing bytes), the checks
+ * (score_from in 0..n_prompt, max_tokens 0 only when scoring and then n = 1,
+ * the scores counted in the largest result) and the arena.
  * Run from the repository root (RD_PROTO_TESTDATA overrides the folder). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -292,6 +298,9 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
                     snprintf(jerr, sizeof jerr, "sampling: %u bias_ids, %u bias_vals", sp->n_bias, nv);
                 r->sampling = sp;
             }
+            const cJSON *sf = cJSON_GetObjectItemCaseSensitive(e, "score_from"); /* version 5 */
+            if (sf)
+                r->score_from = (int32_t)sf->valuedouble;
         }
         m->submit.n_requests = n;
         m->submit.requests = rs;
@@ -354,6 +363,19 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             if (cJSON_GetObjectItemCaseSensitive(e, "serve_dtype")) { /* version 3 */
                 r->serve_dtype = (uint8_t)jnum(e, "serve_dtype");
                 r->serve_dtype_first = (uint8_t)jnum(e, "serve_dtype_first");
+            }
+            const cJSON *so = cJSON_GetObjectItemCaseSensitive(e, "scores"); /* version 5 */
+            if (so) {
+                proto_scores *sc = palloc(sizeof *sc);
+                uint32_t nids = 0, nlps = 0;
+                sc->score_from = (uint32_t)jnum(so, "score_from");
+                sc->logprobs = jf32s(so, "logprobs", &sc->n_scored);
+                sc->top_ids = ji32s(so, "top_ids", &nids);
+                sc->top_logprobs = jf32s(so, "top_logprobs", &nlps);
+                if (nids != sc->n_scored * r->top_k || nlps != nids)
+                    snprintf(jerr, sizeof jerr, "scores: %u alternatives for %u positions x top_k %u", nids,
+                             sc->n_scored, r->top_k);
+                r->scores = sc;
             }
             const cJSON *ro = cJSON_GetObjectItemCaseSensitive(e, "routes");
             if (ro) {
@@ -614,6 +636,7 @@ static int request_eq(const proto_request *a, const proto_request *b)
         AFIELD(x->bias_ids, y->bias_ids, x->n_bias, "bias_ids");
         AFIELD(x->bias_vals, y->bias_vals, x->n_bias, "bias_vals");
     }
+    FIELD(a->score_from, b->score_from, "score_from");
     return 1;
 }
 
@@ -650,6 +673,15 @@ static int result_eq(const proto_result *a, const proto_result *b)
     if (a->flags & PROTO_RESULT_SERVE) {
         FIELD(a->serve_dtype, b->serve_dtype, "serve_dtype");
         FIELD(a->serve_dtype_first, b->serve_dtype_first, "serve_dtype_first");
+    }
+    FIELD(a->scores != NULL, b->scores != NULL, "has scores");
+    if (a->scores) {
+        const proto_scores *x = a->scores, *y = b->scores;
+        FIELD(x->score_from, y->score_from, "score_from");
+        FIELD(x->n_scored, y->n_scored, "n_scored");
+        AFIELD(x->logprobs, y->logprobs, x->n_scored, "prompt logprobs");
+        AFIELD(x->top_ids, y->top_ids, (uint64_t)x->n_scored * a->top_k, "prompt top_ids");
+        AFIELD(x->top_logprobs, y->top_logprobs, (uint64_t)x->n_scored * a->top_k, "prompt top_logprobs");
     }
     if (a->flags & PROTO_RESULT_ROUTES) {
         FIELD(a->n_routes, b->n_routes, "n_routes");
@@ -1203,6 +1235,8 @@ static void rnd_request(proto_request *r, uint16_t version)
         s->bias_vals = rnd_f32s(s->n_bias);
         r->sampling = s;
     }
+    if ((r->flags & PROTO_REQ_SCORE) && version >= 5)
+        r->score_from = (int32_t)rnd();
 }
 
 static void rnd_result(proto_result *r)
@@ -1243,6 +1277,17 @@ static void rnd_result(proto_result *r)
     }
     r->n_spans = k;
     r->spans = s;
+    if (rnd_below(3) == 0) {    /* version 5: the prompt's scores (the caller sets the version) */
+        proto_scores *sc = palloc(sizeof *sc);
+        r->n_prompt = rnd_below(30);
+        sc->score_from = rnd_below(r->n_prompt + 1);
+        sc->n_scored = rnd_below(4) == 0 ? 0 : r->n_prompt - sc->score_from;
+        sc->logprobs = rnd_f32s(sc->n_scored);
+        sc->top_ids = rnd_i32s((uint64_t)sc->n_scored * r->top_k);
+        sc->top_logprobs = rnd_f32s((uint64_t)sc->n_scored * r->top_k);
+        r->flags |= PROTO_RESULT_SCORES;
+        r->scores = sc;
+    }
     if (rnd_below(2)) {         /* version 2: routes of some width (the caller sets the version) */
         static const uint8_t widths[] = {1, 2, 4};
         r->flags |= PROTO_RESULT_ROUTES;
@@ -1304,7 +1349,7 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         break;
     }
     case PROTO_SUBMIT: {
-        m->version = (uint16_t)rnd_below(PROTO_VERSION + 1); /* any; 4 carries sampling tails */
+        m->version = (uint16_t)rnd_below(PROTO_VERSION + 1); /* any; 4 carries sampling tails, 5 score tails */
         m->submit.client_id = rnd_u64();
         m->submit.n_requests = rnd_below(6);
         proto_request *r = m->submit.n_requests ? palloc(m->submit.n_requests * sizeof *r) : NULL;
@@ -1340,8 +1385,10 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         proto_result *r = m->results.n_results ? palloc(m->results.n_results * sizeof *r) : NULL;
         for (uint32_t i = 0; i < m->results.n_results; i++) {
             rnd_result(&r[i]);
-            if (r[i].flags & PROTO_RESULT_ROUTES)
+            if ((r[i].flags & PROTO_RESULT_ROUTES) && m->version < 2)
                 m->version = 2;
+            if (r[i].flags & PROTO_RESULT_SCORES)
+                m->version = 5;
         }
         m->results.results = r;
         break;
@@ -2167,6 +2214,265 @@ static void test_sampling(void)
     proto_buf_free(&b2);
 }
 
+/* Version 5: a request's score tail, a result's scores. */
+static void test_scoring(void)
+{
+    proto_buf b, b2;
+    proto_buf_init(&b);
+    proto_buf_init(&b2);
+    static const int32_t prompt[] = {1, 2, 3, 4}, bid[] = {9};
+    static const float bval[] = {-1.0f};
+    proto_sampling tail = {.repetition_penalty = 1.5f, .n_bias = 1, .bias_ids = bid, .bias_vals = bval};
+    proto_request rq[3] = {
+        {.client_req_id = 1, .n = 1, .max_tokens = 0, .top_p = 1, .logprobs_topk = 2, .flags = PROTO_REQ_SCORE,
+         .n_prompt = 4, .prompt = prompt},
+        {.client_req_id = 2, .n = 2, .max_tokens = 8, .temperature = 1, .top_p = 1,
+         .flags = PROTO_REQ_SCORE | PROTO_REQ_SAMPLING, .score_from = 3, .n_prompt = 4, .prompt = prompt,
+         .sampling = &tail},
+        {.client_req_id = 3, .n = 1, .max_tokens = 8, .top_p = 1, .n_prompt = 4, .prompt = prompt},
+    };
+    proto_msg m = {.type = PROTO_SUBMIT, .version = 5}, d;
+    m.submit.n_requests = 3;
+    m.submit.requests = rq;
+    CHECK_OK(proto_encode(&b, &m));
+    /* the bytes: request 0's score tail right after its prompt (48 fields + n_stop + n_prompt + 4 ids = 72),
+       request 1's after its sampling tail (20 + one 8-byte pair) */
+    const uint8_t *q0 = b.data + 16 + 12, *q1 = q0 + 72 + 4;
+    CHECK(b.len == 16 + 12 + (72 + 4) + (72 + 28 + 4) + 72, "frame of %zu bytes", b.len);
+    CHECK((int32_t)le32(q0 + 72) == 0 && le32(q0 + 44) == PROTO_REQ_SCORE && le32(q0 + 12) == 0, "request 0");
+    CHECK(lef32(q1 + 72) == 1.5f && (int32_t)le32(q1 + 92) == 9 && lef32(q1 + 96) == -1.0f &&
+          (int32_t)le32(q1 + 100) == 3, "request 1: the sampling tail, then score_from");
+    CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+    CHECK(msg_eq(&d, &m), "round trip: %s", neq);
+    CHECK(d.submit.requests[1].score_from == 3 && d.submit.requests[1].sampling->n_bias == 1 &&
+          d.submit.requests[2].score_from == 0, "decoded tails");
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &d));
+    CHECK(b2.len == b.len && !memcmp(b2.data, b.data, b.len), "re-encode differs");
+    proto_msg_free(&d);
+
+    /* version rules: the tail is written and read only in version 5 */
+    proto_request sq = {.client_req_id = 7, .n = 1, .max_tokens = 4, .top_p = 1, .flags = PROTO_REQ_SCORE,
+                        .score_from = 2, .n_prompt = 4, .prompt = prompt};
+    proto_msg one = {.type = PROTO_SUBMIT, .version = 5};
+    one.submit.n_requests = 1;
+    one.submit.requests = &sq;
+    size_t len0 = b2.len;
+    for (uint16_t v = 0; v < 5; v++) {
+        one.version = v;
+        CHECK(proto_encode(&b2, &one) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "version 5"),
+              "a score_from encoded in version %u", v);
+    }
+    sq.flags = 0;
+    one.version = 5;
+    CHECK(proto_encode(&b2, &one) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "needs flag"),
+          "a score_from without the flag encoded");
+    /* the flag alone (score_from 0) in version 4: no tail, decoded as an undefined bit, refused by the check */
+    sq.flags = PROTO_REQ_SCORE;
+    sq.score_from = 0;
+    one.version = 4;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &one));
+    CHECK(b2.len == 16 + 12 + 72, "version-4 frame of %zu bytes", b2.len);
+    CHECK_OK(proto_decode(b2.data, b2.len, 0, &d));
+    proto_hello_ok lim = {.version = 4, .vocab_size = 100, .max_context = 64, .max_prompt_tokens = 64, .max_n = 4,
+                          .max_tokens = 32, .max_stop_ids = 4, .max_logprobs_topk = 5,
+                          .max_message_bytes = PROTO_DEFAULT_MAX_MESSAGE};
+    CHECK(d.version == 4 && d.submit.requests[0].flags == PROTO_REQ_SCORE, "flag kept");
+    CHECK(refused_with(&d.submit.requests[0], &lim, "undefined bits 0x80") && strstr(rd_errmsg(), "protocol version 4"),
+          "version 4: %s", rd_errmsg());
+    proto_msg_free(&d);
+    /* the version-5 frame relabelled version 4: its score tail is left over */
+    sq.score_from = 2;
+    one.version = 5;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &one));
+    CHECK(b2.len == 16 + 12 + 72 + 4, "one scored request");
+    b2.data[4] = 4;
+    CHECK(proto_decode(b2.data, b2.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED,
+          "a version-4 frame with a score tail decoded");
+    b2.data[4] = 5;
+    /* cut inside the score tail, a trailing byte */
+    uint8_t *cut = malloc(b2.len + 1);
+    for (size_t k = b2.len - 4; k < b2.len; k++) {
+        memcpy(cut, b2.data, k);
+        uint32_t body = (uint32_t)(k - 16);
+        memcpy(cut + 8, &body, 4);              /* little-endian host assumed by this test only */
+        CHECK(proto_decode(cut, k, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+              strstr(rd_errmsg(), "score_from"), "cut at %zu: %s", k, rd_errmsg());
+    }
+    memcpy(cut, b2.data, b2.len);
+    cut[b2.len] = 0;
+    uint32_t body = (uint32_t)(b2.len + 1 - 16);
+    memcpy(cut + 8, &body, 4);
+    CHECK(proto_decode(cut, b2.len + 1, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED, "trailing byte");
+    free(cut);
+
+    /* the checks */
+    lim.version = 5;
+    sq.max_tokens = 4;
+    CHECK(proto_check_request(&sq, &lim) == 0, "valid: %s", rd_errmsg());
+    sq.score_from = 4;
+    CHECK(proto_check_request(&sq, &lim) == 0, "score_from = n_prompt: %s", rd_errmsg());
+    sq.score_from = 5;
+    CHECK(refused_with(&sq, &lim, "score_from = 5; expected 0..4"), "past the prompt: %s", rd_errmsg());
+    sq.score_from = -1;
+    CHECK(refused_with(&sq, &lim, "score_from = -1"), "negative: %s", rd_errmsg());
+    sq.score_from = 0;
+    sq.max_tokens = 0;
+    CHECK(proto_check_request(&sq, &lim) == 0, "score only: %s", rd_errmsg());
+    sq.n = 2;
+    CHECK(refused_with(&sq, &lim, "n = 2 with max_tokens = 0"), "n 2 scoring only: %s", rd_errmsg());
+    sq.n = 1;
+    sq.flags = 0;
+    CHECK(refused_with(&sq, &lim, "max_tokens = 0; expected 1..32 (0 only for a request that scores its prompt"),
+          "max_tokens 0 unscored: %s", rd_errmsg());
+    sq.flags = PROTO_REQ_SCORE;
+    sq.max_tokens = 33;
+    CHECK(refused_with(&sq, &lim, "max_tokens = 33; expected 0..32"), "max_tokens past the limit: %s", rd_errmsg());
+    sq.max_tokens = 0;
+    int32_t *full = palloc(sizeof(int32_t) * 64);
+    sq.prompt = full;
+    sq.n_prompt = 64;
+    CHECK(refused_with(&sq, &lim, "must leave one position"), "the whole context scored: %s", rd_errmsg());
+    sq.n_prompt = 63;
+    CHECK(proto_check_request(&sq, &lim) == 0, "63 of 64: %s", rd_errmsg());
+    CHECK(proto_check_lengths(64, 0, &lim) == RD_EINVAL && proto_check_lengths(63, 0, &lim) == 0, "lengths");
+    /* the scores count in the largest result */
+    sq.logprobs_topk = 5;
+    uint64_t need = PROTO_RESULTS_OVERHEAD + proto_result_max_bytes(0, 0, 5) + proto_scores_bytes(63, 5);
+    CHECK(proto_scores_bytes(63, 5) == 12 + 63 * 44, "proto_scores_bytes");
+    lim.max_message_bytes = need;
+    CHECK(proto_check_request(&sq, &lim) == 0, "at max_message_bytes: %s", rd_errmsg());
+    lim.max_message_bytes = need - 1;
+    CHECK(refused_with(&sq, &lim, "its prompt's scores"), "one byte over: %s", rd_errmsg());
+    lim.max_message_bytes = PROTO_DEFAULT_MAX_MESSAGE;
+    /* a text prompt's score_from: the daemon's check once it is tokenized */
+    proto_request tq = {.client_req_id = 8, .n = 1, .max_tokens = 0, .top_p = 1,
+                        .flags = PROTO_REQ_SCORE | PROTO_REQ_PROMPT_IS_TEXT, .score_from = 10, .text = {"hi", 2}};
+    lim.flags = PROTO_HELLO_OK_TEXT;
+    CHECK(proto_check_request(&tq, &lim) == 0, "text: %s", rd_errmsg());
+    CHECK(proto_check_score_from(&tq, 3) == RD_EINVAL && strstr(rd_errmsg(), "request 8: score_from = 10; expected 0..3"),
+          "after tokenizing: %s", rd_errmsg());
+    CHECK(proto_check_score_from(&tq, 10) == 0, "score_from = n_prompt after tokenizing");
+    tq.flags = PROTO_REQ_PROMPT_IS_TEXT;
+    CHECK(proto_check_score_from(&tq, 3) == 0, "not scored: nothing to check");
+
+    /* a result's scores, after the serve tail */
+    static const float plp[4] = {NAN, -1.5f, -0.25f, -3.0f}, tlp[8] = {-INFINITY, -INFINITY, -0.5f, -1.0f, -0.125f,
+                                                                        -2.0f, -1.0f, -4.0f};
+    static const int32_t tid[8] = {-1, -1, 7, 2, 3, 1, 4, 0};
+    proto_scores sc = {.score_from = 0, .n_scored = 4, .logprobs = plp, .top_ids = tid, .top_logprobs = tlp};
+    proto_result res = {.seq = 1, .client_req_id = 1, .finish = PROTO_FINISH_LENGTH,
+                        .flags = PROTO_RESULT_SERVE | PROTO_RESULT_SCORES, .top_k = 2, .n_prompt = 4,
+                        .serve_dtype = PROTO_SERVE_AS_PUSHED, .serve_dtype_first = PROTO_SERVE_AS_PUSHED, .scores = &sc};
+    proto_msg rm = {.type = PROTO_RESULTS, .version = 5};
+    rm.results.n_results = 1;
+    rm.results.results = &res;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &rm));
+    CHECK(proto_result_bytes(&res) == 88 + 4 + proto_scores_bytes(4, 2) && b.len == PROTO_RESULTS_OVERHEAD +
+          proto_result_bytes(&res), "a score-only result of %zu bytes", b.len);
+    const uint8_t *h = b.data + PROTO_RESULTS_OVERHEAD + 88 + 4;
+    CHECK(le32(h) == 0 && le32(h + 4) == 0 && le32(h + 8) == 4 && isnan(lef32(h + 12)) && lef32(h + 16) == -1.5f,
+          "scores head and log-probs");
+    CHECK((int32_t)le32(h + 28) == -1 && (int32_t)le32(h + 36) == 7 && lef32(h + 60) == -INFINITY &&
+          lef32(h + 68) == -0.5f && h + 92 == b.data + b.len, "alternatives: ids, then log-probs, ending the frame");
+    CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+    CHECK(msg_eq(&d, &rm), "round trip: %s", neq);
+    CHECK(((uintptr_t)d.results.results[0].scores->logprobs & 3) == 0, "aligned");
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &d));
+    CHECK(b2.len == b.len && !memcmp(b2.data, b.data, b.len), "re-encode differs");
+    proto_msg_free(&d);
+    /* version rules: SCORES is a version-5 bit both ways */
+    rm.version = 4;
+    len0 = b2.len;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "undefined in protocol version 4"),
+          "scores encoded in version 4: %s", rd_errmsg());
+    rm.version = 5;
+    memcpy(b2.data, b.data, b.len);
+    b2.data[4] = 4;
+    CHECK(proto_decode(b2.data, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED &&
+          strstr(rd_errmsg(), "flags"), "a version-4 frame with scores: %s", rd_errmsg());
+    /* the encoder refuses scores without the flag, the flag without scores, positions not the prompt's */
+    res.flags = PROTO_RESULT_SERVE;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && b2.len == len0, "scores without the flag");
+    res.flags |= PROTO_RESULT_SCORES;
+    res.scores = NULL;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && strstr(rd_errmsg(), "scores is NULL"), "the flag alone");
+    res.scores = &sc;
+    sc.score_from = 1;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && strstr(rd_errmsg(), "n_scored 0 or n_prompt - score_from"),
+          "4 positions from 1 of 4: %s", rd_errmsg());
+    sc.score_from = 5;
+    sc.n_scored = 0;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && b2.len == len0, "score_from past the prompt");
+    sc.score_from = 1;
+    CHECK_OK(proto_encode(&b2, &rm));   /* none held (a sample that failed before it ran) */
+    CHECK(b2.len - len0 == PROTO_RESULTS_OVERHEAD + 88 + 4 + 12, "n_scored 0");
+    CHECK_OK(proto_decode(b2.data + len0, b2.len - len0, 0, &d));
+    CHECK(d.results.results[0].scores && d.results.results[0].scores->n_scored == 0 &&
+          d.results.results[0].scores->score_from == 1 && !d.results.results[0].scores->logprobs, "none held");
+    proto_msg_free(&d);
+    sc.score_from = 0;
+    sc.n_scored = 4;
+    /* malformed scores: a count that is not the prompt's or past the bytes, flags, every cut, a trailing byte */
+    cut = malloc(b.len + 1);
+    size_t at = PROTO_RESULTS_OVERHEAD + 88 + 4;
+    struct { size_t off; uint32_t v; const char *why; } bad[] = {
+        {at, 1, "n_scored 0 or n_prompt - score_from"}, {at, 5, "score_from <= n_prompt"},
+        {at + 4, 1, "scores flags"}, {at + 8, 3, "n_scored 0 or n_prompt - score_from"},
+        {at + 8, 0xFFFFFFFFu, "n_scored"}, {at + 8, 5, "n_scored"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memcpy(cut, b.data, b.len);
+        memcpy(cut + bad[i].off, &bad[i].v, 4);
+        CHECK(proto_decode(cut, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+              strstr(rd_errmsg(), bad[i].why), "patch %zu: %s", i, rd_errmsg());
+    }
+    for (size_t k = at; k < b.len; k++) {
+        memcpy(cut, b.data, k);
+        body = (uint32_t)(k - 16);
+        memcpy(cut + 8, &body, 4);
+        CHECK(proto_decode(cut, k, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena,
+              "cut at %zu decoded", k);
+    }
+    memcpy(cut, b.data, b.len);
+    cut[b.len] = 0;
+    body = (uint32_t)(b.len + 1 - 16);
+    memcpy(cut + 8, &body, 4);
+    CHECK(proto_decode(cut, b.len + 1, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED, "trailing byte");
+    free(cut);
+
+    /* the arena: RESULTS dense with scored results (no tokens, none or one position scored, no serve tail: 100 and
+       104 wire bytes each, 200 and 208 arena bytes) decode within 2 x frame + 256 */
+    enum { N = 20000 };
+    proto_result *dense = palloc(N * sizeof *dense);
+    static const float one_lp = -2.0f;
+    proto_scores none = {.score_from = 1}, first = {.score_from = 0, .n_scored = 1, .logprobs = &one_lp};
+    for (int i = 0; i < N; i++) {
+        dense[i].finish = PROTO_FINISH_LENGTH;
+        dense[i].flags = PROTO_RESULT_SCORES;
+        dense[i].n_prompt = 1;
+        dense[i].scores = i % 2 ? &first : &none;
+    }
+    proto_msg dm = {.type = PROTO_RESULTS, .version = 5};
+    dm.results.n_results = N;
+    dm.results.results = dense;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &dm));
+    CHECK(b2.len == PROTO_RESULTS_OVERHEAD + (size_t)N / 2 * (100 + 104), "dense frame of %zu bytes", b2.len);
+    CHECK(proto_decode(b2.data, b2.len, 0, &d) == 0, "dense RESULTS with scores: %s", rd_errmsg());
+    CHECK(d.arena_bytes <= 2 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
+    CHECK(d.results.results[N - 1].scores->logprobs[0] == -2.0f && d.results.results[0].scores->score_from == 1,
+          "fields");
+    proto_msg_free(&d);
+    pool_free();
+    proto_buf_free(&b);
+    proto_buf_free(&b2);
+}
+
 static void test_names(void)
 {
     CHECK(!strcmp(proto_type_name(PROTO_RESULTS), "RESULTS"), "type name");
@@ -2222,6 +2528,7 @@ int main(void)
     RUN(test_update_chunk_data);
     RUN(test_routes);
     RUN(test_sampling);
+    RUN(test_scoring);
     RUN(test_names);
     pool_free();
     cJSON_Delete(vectors);

@@ -4,5 +4,5 @@ __version__ = "0.1.0"
 
 from . import proto  # noqa: E402,F401  (the wire codec)
 from .client import (DEFAULT_URL, Client, DaemonError, PreparedUpdate, PushResult, Sample, Stream,  # noqa: E402,F401
-                     TimeoutError_, bf16_bits, prepare_update)
+                     TimeoutError_, VersionMismatch, bf16_bits, prepare_update)
 from .pool import Pool, PoolError, PoolStream  # noqa: E402,F401

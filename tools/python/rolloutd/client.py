@@ -25,6 +25,15 @@ logit_bias={token_id: bias}) sends them in the request's sampling tail, only
 when one differs from its default, so a default request still works with an
 older daemon; a non-default one raises ValueError there.
 
+Prompt scoring (protocol version 5): score(prompts, start=0, top_logprobs=0)
+gives each prompt's raw log-probs from position start on (None at position 0,
+which has nothing before it), computed as a draw of that token from the same
+logits would be: scoring prompt + completion from the completion's first
+position returns the float32 bits the completion was sampled with;
+compute_logprobs(prompts) is tinker's form (one list per prompt, as long as
+the prompt, its first entry None). generate(..., prompt_logprobs_from=k)
+scores the prompt and generates in one request (Sample.prompt_logprobs).
+
 Transport (PROTOCOL.md §1): one req0 socket with NNG's request resends off,
 the receive size limit set to the daemon's max_message_bytes, and a receive
 timeout of wait_ms + 10 s for FETCH (30 s otherwise); a timed-out exchange is
@@ -127,6 +136,13 @@ class Sample:
     # version_finish; "unknown" for a version too old for the daemon's history), None from an older daemon
     serve_dtype: Optional[str] = None
     serve_dtype_first: Optional[str] = None          # the same for the first span's version
+    # with prompt_logprobs_from=k (protocol version 5): float32 [n_prompt - k], the raw log-prob of prompt tokens
+    # k.. given the ones before (NaN at position 0); None when not asked or when the daemon holds none (a sample
+    # that failed before it ran). With logprobs=j, prompt_top_ids / prompt_top_logprobs [n_prompt - k, j].
+    prompt_logprobs_from: int = 0
+    prompt_logprobs: Optional[np.ndarray] = None
+    prompt_top_ids: Optional[np.ndarray] = None
+    prompt_top_logprobs: Optional[np.ndarray] = None
 
     @property
     def version(self):
@@ -158,6 +174,13 @@ def _sample(r, index, routes_format=None):
                   routes_wire=wire)
     if r.flags & P.RESULT_SERVE:
         s.serve_dtype, s.serve_dtype_first = P.SERVE_NAMES[r.serve_dtype], P.SERVE_NAMES[r.serve_dtype_first]
+    if r.flags & P.RESULT_SCORES:
+        s.prompt_logprobs_from = r.score_from
+        if len(r.prompt_logprobs) or r.score_from == r.n_prompt:
+            s.prompt_logprobs = np.array(r.prompt_logprobs, dtype=np.float32)
+            if k:
+                s.prompt_top_ids = np.array(r.prompt_top_ids, dtype=np.int32)
+                s.prompt_top_logprobs = np.array(r.prompt_top_logprobs, dtype=np.float32)
     if wire is not None:
         s.routes = s.routes_compact() if routes_format == "compact" else wire.astype(np.int32)
     return s
@@ -227,6 +250,8 @@ class Stream:
             b = 56 + 4 * len(q.stop_ids) + 4 * len(q.prompt_ids) + len(q.prompt_text.encode())
             if q.flags & P.REQ_SAMPLING:
                 b += P.SAMPLING_TAIL_BYTES + P.BIAS_PAIR_BYTES * len(q.bias_ids)
+            if q.flags & P.REQ_SCORE:
+                b += P.SCORE_TAIL_BYTES
             if k and size + b > limit:
                 break
             size += b
@@ -520,7 +545,7 @@ class Client:
     def requests(self, prompts, n=1, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
                  seed=None, stop=None, logprobs=0, processed_logprobs=False, ignore_eos=False, chat=False,
                  return_routes=False, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
-                 min_tokens=0, logit_bias=None):
+                 min_tokens=0, logit_bias=None, prompt_logprobs_from=None):
         """The protocol requests for prompts (fresh client_req_ids). seed: None
         (the daemon picks one per request, reported in each sample), an int
         (used for every prompt; the n samples of a prompt still differ) or a
@@ -531,13 +556,19 @@ class Client:
         presence_penalty ([-2, 2], 0 = off; output counts), min_tokens (EOS and stop ids masked until
         this many tokens are generated) and logit_bias ({token id: bias in [-100, 100]}, at most 1024)
         are vLLM's; they go in the request's sampling tail (protocol version 4), sent only when one
-        differs from its default."""
+        differs from its default. prompt_logprobs_from: None, or the first prompt position to score (an
+        int, or a list with one per prompt; protocol version 5): each sample then carries the prompt's
+        raw log-probs from there on (Sample.prompt_logprobs) and, with logprobs=k, their k alternatives;
+        max_tokens may then be 0 (score only, n = 1)."""
         if _routes_format(return_routes) and self.version < 2:
             raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot return routed experts")
         tail = _sampling_tail(repetition_penalty, frequency_penalty, presence_penalty, min_tokens, logit_bias)
         if tail and self.version < 4:
             raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot take "
                              f"{', '.join(tail['set'])} (the sampling tail needs version 4; a newer rolloutd)")
+        if prompt_logprobs_from is not None and self.version < 5:
+            raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot score prompts "
+                             "(prompt_logprobs_from needs version 5; a newer rolloutd)")
         if isinstance(prompts, (str, bytes)) or (len(prompts) and np.isscalar(prompts[0]) and
                                                  not isinstance(prompts[0], str)):
             raise TypeError("prompts is a list of prompts: each a list of token ids or a string")
@@ -547,8 +578,12 @@ class Client:
         seeds = seed if isinstance(seed, (list, tuple, np.ndarray)) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"seed has {len(seeds)} entries for {len(prompts)} prompts")
+        starts = prompt_logprobs_from if isinstance(prompt_logprobs_from, (list, tuple, np.ndarray)) else \
+            [prompt_logprobs_from] * len(prompts)
+        if len(starts) != len(prompts):
+            raise ValueError(f"prompt_logprobs_from has {len(starts)} entries for {len(prompts)} prompts")
         reqs = []
-        for p, s in zip(prompts, seeds):
+        for p, s, start in zip(prompts, seeds, starts):
             flags = (P.REQ_PROCESSED_LOGPROBS if processed_logprobs else 0) | (P.REQ_IGNORE_EOS if ignore_eos else 0) | \
                 (P.REQ_RETURN_ROUTES if _routes_format(return_routes) else 0)
             if s is not None:
@@ -561,6 +596,9 @@ class Client:
                 q.repetition_penalty, q.frequency_penalty = tail["repetition_penalty"], tail["frequency_penalty"]
                 q.presence_penalty, q.min_tokens = tail["presence_penalty"], tail["min_tokens"]
                 q.bias_ids, q.bias_vals = tail["bias_ids"], tail["bias_vals"]
+            if start is not None:
+                flags |= P.REQ_SCORE
+                q.score_from = int(start)   # checked by the daemon against the (tokenized) prompt
             self.next_req_id += 1
             if isinstance(p, str):
                 q.flags = flags | P.REQ_PROMPT_IS_TEXT | (P.REQ_CHAT_TEMPLATE if chat else 0)
@@ -584,11 +622,32 @@ class Client:
         (index, sample_idx). Parameters: n, max_tokens, temperature, top_p,
         top_k, min_p, seed, stop, logprobs (top-k alternatives per token),
         processed_logprobs, ignore_eos, chat, return_routes, repetition_penalty,
-        frequency_penalty, presence_penalty, min_tokens, logit_bias (see requests()).
+        frequency_penalty, presence_penalty, min_tokens, logit_bias, prompt_logprobs_from (see requests()).
         An invalid request raises DaemonError (code INVALID_PARAMS) naming the prompt."""
         out = list(self.stream(prompts, **params))
         out.sort(key=lambda s: (s.index, s.sample_idx))
         return out
+
+    # ---- prompt scoring (protocol version 5) ----
+
+    def score(self, prompts, start=0, top_logprobs=0, version=None, chat=False):
+        """Scores each prompt (token ids or text) from position start on (an int, or a list with one per
+        prompt), generating nothing: per prompt a list of the raw log-probs of its tokens start..n-1, each
+        given the tokens before it (None at position 0, which has nothing before it). They are the float32
+        values a draw of each token from the same logits reports, so scoring prompt + completion from
+        len(prompt) gives back the completion's Sample.logprobs bit for bit (same weights). With
+        top_logprobs=k, per prompt a pair (log-probs, alternatives): alternatives[i] is the k most likely
+        tokens at that position as (token id, log-prob), highest first (None at position 0). version: None,
+        or the weight version the scores must come from (VersionMismatch if the daemon scored any prompt
+        under another, e.g. a push landed meanwhile)."""
+        samples = self.generate(prompts, max_tokens=0, n=1, temperature=0.0, logprobs=top_logprobs, chat=chat,
+                                prompt_logprobs_from=start)
+        return _scores(samples, top_logprobs, version)
+
+    def compute_logprobs(self, prompts, version=None):
+        """tinker's compute_logprobs: per prompt (token ids or text), one entry per token, its raw log-prob
+        given the tokens before it; the first is None."""
+        return self.score(prompts, start=0, version=version)
 
     # ---- weight updates (PROTOCOL.md §10) ----
 
@@ -638,6 +697,36 @@ class Client:
             if newline:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
+
+
+class VersionMismatch(Exception):
+    """score(..., version=v): a prompt was scored under another weight version. got: the versions seen."""
+
+    def __init__(self, want, got):
+        super().__init__(f"asked for scores of weight version {want}; the daemon scored under {sorted(got)}")
+        self.want = want
+        self.got = set(got)
+
+
+def _scores(samples, top_logprobs=0, version=None):
+    """score()'s answer from its samples (one per prompt, sorted by index)."""
+    seen = {s.version_finish for s in samples} | {s.version_admit for s in samples}
+    if version is not None and seen != {version}:
+        raise VersionMismatch(version, seen)
+    out = []
+    for s in samples:
+        if s.prompt_logprobs is None:
+            raise DaemonError(P.E.INTERNAL, f"no scores came back (finish {s.finish_reason})", f"prompt {s.index}")
+        lps = [None if np.isnan(v) else float(v) for v in s.prompt_logprobs]
+        if not top_logprobs:
+            out.append(lps)
+            continue
+        alts = []
+        for i, v in enumerate(lps):
+            ids, tl = s.prompt_top_ids[i], s.prompt_top_logprobs[i]
+            alts.append(None if v is None else [(int(t), float(x)) for t, x in zip(ids, tl) if t >= 0])
+        out.append((lps, alts))
+    return out
 
 
 # ---- weight updates: tensors, the prepared update, the push ----

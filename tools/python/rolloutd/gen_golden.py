@@ -46,6 +46,9 @@ LIMITS_V3 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_field
 LIMITS_V3.version = 3
 LIMITS_V4 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
 LIMITS_V4.version = 4
+# ... and version 5 (prompt scoring).
+LIMITS_V5 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
+LIMITS_V5.version = 5
 
 
 def req(rid, prompt=None, text=None, bias=None, **kw):
@@ -67,6 +70,31 @@ def sampled(rid, prompt=None, **kw):
     q = req(rid, prompt, **kw)
     q.flags |= P.REQ_SAMPLING
     return q
+
+
+def scored(rid, prompt=None, score_from=0, **kw):
+    """A request that scores its prompt (version 5, flag REQ_SCORE)."""
+    q = req(rid, prompt, **kw)
+    q.flags |= P.REQ_SCORE
+    q.score_from = score_from
+    return q
+
+
+def with_scores(x, score_from, n_scored=None, seed=0):
+    """x with the prompt's scores (version 5, RESULT_SCORES) from score_from on: few-bit log-probs, NaN at
+    position 0 and its alternatives padded there (-1 / -inf), as the daemon sends them."""
+    rng = np.random.default_rng(1000 + x.seq + seed)
+    n = x.n_prompt - score_from if n_scored is None else n_scored
+    x.flags |= P.RESULT_SCORES
+    x.score_from = score_from
+    x.prompt_logprobs = (-rng.integers(0, 4096, n) / 256.0).astype("<f4")
+    x.prompt_top_ids = rng.integers(0, 49152, (n, x.top_k)).astype("<i4")
+    x.prompt_top_logprobs = np.sort(-rng.integers(0, 4096, (n, x.top_k)) / 128.0, axis=1)[:, ::-1].astype("<f4")
+    if score_from == 0 and n:
+        x.prompt_logprobs[0] = np.nan
+        x.prompt_top_ids[0] = -1
+        x.prompt_top_logprobs[0] = -np.inf
+    return x
 
 
 def result(seq, rid, n_tokens, spans, top_k=0, processed=False, finish=P.FINISH_STOP, **kw):
@@ -255,6 +283,66 @@ def valid_vectors():
         req(51, [1, 2, 3], max_tokens=4),
     ]), "version 3: the SAMPLING bit is undefined there, so no tail is read and check_request refuses the bit; "
         "the request without it is fine", check=[7, 0], check_limits="hello_ok_v3.bin", version=3)
+
+    # prompt scoring (protocol version 5, PROTOCOL.md §4.3, §4.6)
+    add("hello_ok_v5", LIMITS_V5, "hello_ok's dense daemon chose version 5: requests may score their prompt")
+    add("submit_score", P.Submit(client_id=0x0123456789ABCDEF, requests=[
+        scored(1, [1, 9690, 314, 253, 42], max_tokens=0, logprobs_topk=2),
+        scored(2, [1, 9690, 314, 253], score_from=3, max_tokens=16, temperature=0.5, seed=5,
+               flags=P.REQ_HAS_SEED | P.REQ_SAMPLING, repetition_penalty=1.125, bias=[(2, -100.0)]),
+        scored(3, text="Score me ✓", score_from=1, max_tokens=0, flags=P.REQ_CHAT_TEMPLATE),
+        req(4, [5, 6], max_tokens=8),
+        scored(5, [7, 8, 9], score_from=3, n=2, max_tokens=4),
+    ]), "version 5: score only from position 0 with 2 alternatives; a rollout scoring its prompt from position 3 "
+        "with a sampling tail before the score tail; a text prompt scored only; a request without either tail; a "
+        "last request scoring from the prompt's end (nothing), whose score tail ends the frame",
+        check=[0, 0, 0, 0, 0], check_limits="hello_ok_v5.bin", version=5)
+    add("submit_score_invalid", P.Submit(client_id=42, requests=[
+        scored(60, [1, 2, 3], score_from=4),
+        scored(61, [1, 2, 3], score_from=-1),
+        req(62, [1, 2, 3], max_tokens=0),
+        scored(63, [1, 2, 3], max_tokens=0, n=2),
+        scored(64, text="x", score_from=-5),
+        scored(65, [1, 2, 3], max_tokens=8193),
+        scored(66, [1, 2, 3], score_from=3, max_tokens=0),
+        scored(67, text="hello", score_from=100, max_tokens=0),
+    ]), "version 5: well-formed score tails that proto_check_request refuses against hello_ok_v5: score_from past "
+        "the prompt and negative, max_tokens 0 without the flag, n 2 with max_tokens 0, a negative score_from on a "
+        "text prompt, max_tokens past the limit; the last two pass (score_from = n_prompt; a text prompt's "
+        "score_from is checked once the daemon has tokenized it)",
+        check=[7] * 6 + [0, 0], check_limits="hello_ok_v5.bin", version=5)
+    add("submit_score_v4", P.Submit(client_id=42, requests=[
+        req(70, [1, 2, 3], max_tokens=4, flags=P.REQ_SCORE),
+        req(71, [1, 2, 3], max_tokens=0, flags=P.REQ_SCORE),
+        req(72, [1, 2, 3], max_tokens=4),
+    ]), "version 4: the SCORE bit is undefined there, so no tail is read and check_request refuses the bit (with "
+        "max_tokens 4 or 0); the request without it is fine", check=[7, 7, 0], check_limits="hello_ok_v4.bin",
+        version=4)
+    xs1 = with_scores(result(70, 1, 0, [], top_k=2, finish=P.FINISH_LENGTH, sample_idx=0, n_prompt=5, seed=3,
+                             version_admit=7, version_finish=7, queued_us=4, first_token_us=0, total_us=900), 0)
+    xs1.flags |= P.RESULT_SERVE
+    xs1.serve_dtype = xs1.serve_dtype_first = P.SERVE_AS_PUSHED
+    xs2 = with_scores(result(71, 2, 3, [(0, 3, 7)], sample_idx=0, n_prompt=4, seed=5, version_admit=7,
+                             version_finish=7, queued_us=1, first_token_us=2, total_us=3), 2)
+    xs2.flags |= P.RESULT_SERVE
+    xs2.serve_dtype = xs2.serve_dtype_first = P.SERVE_AS_PUSHED
+    xs3 = with_scores(result(72, 3, 0, [], top_k=1, finish=P.FINISH_ABORT, sample_idx=0, n_prompt=6, seed=3,
+                             version_admit=7, version_finish=7, queued_us=5, first_token_us=0, total_us=5), 1,
+                      n_scored=0)
+    xs3.flags |= P.RESULT_SERVE
+    xs4 = with_scores(result(73, 4, 1, [(0, 1, 7)], top_k=1, sample_idx=1, n_prompt=2, seed=7, version_admit=7,
+                             version_finish=7, queued_us=1, first_token_us=2, total_us=3), 2)
+    xs4.flags |= P.RESULT_ROUTES | P.RESULT_SERVE
+    xs4.routes = routes(np.random.default_rng(2027), 2 + 1 - 1, 2, 3, 128)
+    xs4.serve_dtype = xs4.serve_dtype_first = P.SERVE_Q8_0
+    xs5 = with_scores(result(74, 4, 1, [(0, 1, 7)], top_k=1, sample_idx=0, n_prompt=2, seed=7, version_admit=7,
+                             version_finish=7, queued_us=1, first_token_us=2, total_us=3), 0)
+    add("results_scores", P.Results(ack_seq=69, pending_results=0, inflight_samples=1,
+                                    results=[xs1, xs2, xs3, xs4, xs5]),
+        "version 5: a score-only result (no tokens) from position 0, NaN there, 2 alternatives per position; a "
+        "rollout's prompt scored from position 2; an aborted scored sample with no scores held (n_scored 0); "
+        "routes, serve tail and scores together, from the prompt's end (none); without the serve tail, the "
+        "scores ending the frame", version=5)
 
     # serve_dtype (protocol version 3, PROTOCOL.md §4.6, §10.1)
     x6 = result(60, 6, 2, [(0, 1, 7), (1, 2, 8)], sample_idx=0, n_prompt=3, seed=1, version_admit=7,
@@ -474,6 +562,7 @@ def invalid_vectors(valid_frames):
     routes_invalid(valid_frames, add)
     serve_invalid(valid_frames, add)
     sampling_invalid(valid_frames, add)
+    scores_invalid(valid_frames, add)
     return I
 
 
@@ -503,6 +592,43 @@ def sampling_invalid(valid_frames, add):
     add("sampling_tail_in_v3", frame(S, body, version=3), P.E.MALFORMED,
         "the version-4 SUBMIT in a version-3 frame: SAMPLING switches no tail on there, so the first tail is "
         "read as the next request")
+
+
+def scores_invalid(valid_frames, add):
+    """Invalid prompt-scoring frames (version 5): submit_score, whose last request's score tail ends the frame,
+    and results_scores, whose last result (xs5: 2 prompt positions scored from 0, top-1) ends with its scores,
+    with one thing broken."""
+    sub = valid_frames["submit_score"][16:]
+    assert struct.unpack_from("<i", sub, len(sub) - 4) == (3,)
+    body = valid_frames["results_scores"][16:]
+    head = len(body) - 2 * (4 + 8) - P.SCORES_HEAD_BYTES    # xs5's scores head
+    assert struct.unpack_from("<III", body, head) == (0, 0, 2)
+
+    def patched(b, at, fmt, value):
+        b = bytearray(b)
+        struct.pack_into(fmt, b, at, value)
+        return bytes(b)
+
+    S, R = P.T.SUBMIT, P.T.RESULTS
+    add("score_tail_truncated", frame(S, sub[:-2], version=5), P.E.MALFORMED,
+        "the last request's score tail cut in half")
+    add("score_tail_trailing_byte", frame(S, sub + b"\0", version=5), P.E.MALFORMED, "a byte after the last tail")
+    add("score_tail_in_v4", frame(S, sub, version=4), P.E.MALFORMED,
+        "the version-5 SUBMIT in a version-4 frame: SCORE switches no tail on there, so the first score tail is "
+        "read as the next request")
+    add("scores_in_v4", frame(R, body, version=4), P.E.MALFORMED,
+        "a version-4 RESULTS with the SCORES flag (bit 3 is undefined before version 5)")
+    add("scores_truncated", frame(R, body[:-6], version=5), P.E.MALFORMED,
+        "the last result's alternatives cut inside their log-probs")
+    add("scores_from_past_prompt", frame(R, patched(body, head, "<I", 3), version=5), P.E.MALFORMED,
+        "score_from 3 in a prompt of 2 tokens")
+    add("scores_count_mismatch", frame(R, patched(body, head + 8, "<I", 1), version=5), P.E.MALFORMED,
+        "n_scored 1 where scores from position 0 of a 2-token prompt carry 2 (or none)")
+    add("scores_huge_count", frame(R, patched(body, head + 8, "<I", 0xFFFFFFFF), version=5), P.E.MALFORMED,
+        "n_scored 2^32-1: refused before any allocation")
+    add("scores_flags", frame(R, patched(body, head + 4, "<I", 1), version=5), P.E.MALFORMED,
+        "scores flags 1 (none defined)")
+    add("scores_trailing_byte", frame(R, body + b"\0", version=5), P.E.MALFORMED, "a byte after the last scores")
 
 
 def routes_invalid(valid_frames, add):
@@ -643,7 +769,7 @@ def main():
            "default_max_len": P.DEFAULT_MAX_MESSAGE, "check_limits": "hello_ok.bin", "valid": [], "invalid": []}
     frames = {}
     limits = {"hello_ok.bin": LIMITS, "hello_ok_v2.bin": LIMITS_V2, "hello_ok_v3.bin": LIMITS_V3,
-              "hello_ok_v4.bin": LIMITS_V4}
+              "hello_ok_v4.bin": LIMITS_V4, "hello_ok_v5.bin": LIMITS_V5}
     for name, msg, desc, extra in valid_vectors():
         data = P.encode(msg, extra.get("version"))
         back = P.decode(data)

@@ -8,6 +8,8 @@
 generate() and stream() take the parameters of Client.generate(); prompt i goes
 to daemon i mod len(urls) (round robin), the daemons run concurrently (a
 thread each), and samples keep the index of their prompt in the call.
+score() and compute_logprobs() (protocol version 5) spread prompts the same way
+and answer in the prompts' order, as Client.score does.
 push_weights() checksums the tensors once (a PreparedUpdate) and sends them
 either as a chain (fanout="chain", the default for 2 or more daemons): this
 process sends every byte once, to the first daemon, which relays each verified
@@ -37,7 +39,7 @@ import pynng
 from . import delta as D
 from . import proto as P
 from .client import (DaemonError, PreparedUpdate, PushResult, Sample, TimeoutError_, Client, CHUNK_ROOM,  # noqa: F401
-                     CHUNK_TIMEOUT_MS, _Push, _mode, _serve, _url_host, lane_key, wrap_pad)
+                     CHUNK_TIMEOUT_MS, _Push, _mode, _scores, _serve, _url_host, lane_key, wrap_pad)
 
 POLL_S = 0.02               # UPDATE_PREPARE polls of a chain push
 POLL_TIMEOUT_MS = 3000      # a daemon that does not answer a poll this fast is taken for dead
@@ -158,12 +160,17 @@ class Pool:
         for c in self.clients:
             c.close()
 
+    PER_PROMPT = ("seed", "prompt_logprobs_from")     # parameters that may be a list with one entry per prompt
+
     def _split(self, prompts, params):
         """Round robin: [(client, its prompts, its params, its prompt -> call index map)]."""
-        seed = params.get("seed")
-        per_prompt_seed = isinstance(seed, (list, tuple)) or hasattr(seed, "shape")
-        if per_prompt_seed and len(seed) != len(prompts):
-            raise ValueError(f"seed has {len(seed)} entries for {len(prompts)} prompts")
+        lists = {}
+        for name in self.PER_PROMPT:
+            v = params.get(name)
+            if isinstance(v, (list, tuple)) or hasattr(v, "shape"):
+                if len(v) != len(prompts):
+                    raise ValueError(f"{name} has {len(v)} entries for {len(prompts)} prompts")
+                lists[name] = v
         parts = []
         n = len(self.clients)
         for k, c in enumerate(self.clients):
@@ -171,8 +178,8 @@ class Pool:
             if not idx:
                 continue
             p = dict(params)
-            if per_prompt_seed:
-                p["seed"] = [seed[i] for i in idx]
+            for name, v in lists.items():
+                p[name] = [v[i] for i in idx]
             parts.append((c, [prompts[i] for i in idx], p, idx))
         return parts
 
@@ -192,6 +199,17 @@ class Pool:
                 out.append(s)
         out.sort(key=lambda s: (s.index, s.sample_idx))
         return out
+
+    def score(self, prompts, start=0, top_logprobs=0, version=None, chat=False):
+        """Client.score over the daemons at once (round robin), in the prompts' order. version: None, or the
+        weight version every prompt must be scored under (client.VersionMismatch otherwise)."""
+        samples = self.generate(prompts, max_tokens=0, n=1, temperature=0.0, logprobs=top_logprobs, chat=chat,
+                                prompt_logprobs_from=start)
+        return _scores(samples, top_logprobs, version)
+
+    def compute_logprobs(self, prompts, version=None):
+        """tinker's compute_logprobs over the daemons: per prompt one entry per token, the first None."""
+        return self.score(prompts, start=0, version=version)
 
     def stream(self, prompts, **params) -> PoolStream:
         """Submits the prompts (round robin) and returns an iterator over the

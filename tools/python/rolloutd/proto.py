@@ -27,7 +27,13 @@ width on the wire). Version 3 adds serve_dtype: UPDATE_BEGIN.serve_dtype (SERVE_
 sampling tail (flag REQ_SAMPLING): repetition_penalty, frequency_penalty,
 presence_penalty, min_tokens and logit_bias (bias_ids, bias_vals), on the wire
 exactly when the flag is set in a version-4 frame (a Request without it holds
-the defaults; encoding non-defaults without it is refused).
+the defaults; encoding non-defaults without it is refused). Version 5 adds
+prompt scoring: a request's score tail (flag REQ_SCORE: score_from, the first
+prompt position scored; max_tokens may then be 0, n 1) and a result's scores
+(RESULT_SCORES): score_from, prompt_logprobs [n_scored] float32 (raw; NaN at
+position 0) and, with top_k, prompt_top_ids / prompt_top_logprobs
+[n_scored, top_k]; n_scored is n_prompt - score_from, or 0 when the daemon holds
+no scores for the sample.
 """
 import enum
 import math
@@ -40,8 +46,8 @@ import numpy as np
 from . import proto_table as _table
 
 MAGIC = b"RLDP"
-VERSION = 4                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype;
-                            # 4: a request's sampling tail)
+VERSION = 5                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype;
+                            # 4: a request's sampling tail; 5: prompt scoring)
 VERSION_MIN = 1             # the oldest; frames are written in it unless told otherwise
 HEADER_BYTES = 16
 DEFAULT_MAX_MESSAGE = 64 << 20
@@ -95,9 +101,12 @@ REQ_PROMPT_IS_TEXT = 0x8
 REQ_CHAT_TEMPLATE = 0x10
 REQ_RETURN_ROUTES = 0x20     # version 2: results carry the experts each position was routed to
 REQ_SAMPLING = 0x40          # version 4: a sampling tail follows the prompt (penalties, min_tokens, logit_bias)
-REQ_FLAGS = 0x7F
+REQ_SCORE = 0x80             # version 5: score the prompt from score_from on (the score tail follows); max_tokens may be 0
+REQ_FLAGS = 0xFF
 REQ_FLAGS_V2 = 0x20          # the bits version 2 added
 REQ_FLAGS_V4 = 0x40          # the bits version 4 added (before it no tail is read and check_request refuses them)
+REQ_FLAGS_V5 = 0x80          # the bits version 5 added (likewise)
+SCORE_TAIL_BYTES = 4         # a request's score tail: i32 score_from
 SAMPLING_TAIL_BYTES = 20     # the sampling tail without its (i32 id, f32 bias) pairs, 8 bytes each
 MAX_BIAS = 1024              # logit_bias entries a request may carry
 MAX_ABS_BIAS = 100.0         # a bias is in [-100, 100]
@@ -107,9 +116,12 @@ SUBMIT_OK_FLAGS = 0x1
 RESULT_PROCESSED = 0x1
 RESULT_ROUTES = 0x2          # version 2: the routes follow the spans
 RESULT_SERVE = 0x4           # version 3: the serve tail (serve_dtype, serve_dtype_first) follows the routes/spans
-RESULT_FLAGS = 0x7
+RESULT_SCORES = 0x8          # version 5: the prompt's scores follow (after the serve tail, the routes or the spans)
+RESULT_FLAGS = 0xF
 RESULT_FLAGS_V2 = 0x2        # the bits version 2 added (MALFORMED in a version-1 frame)
 RESULT_FLAGS_V3 = 0x4        # the bits version 3 added (MALFORMED before version 3)
+RESULT_FLAGS_V5 = 0x8        # the bits version 5 added (MALFORMED before version 5)
+SCORES_HEAD_BYTES = 12       # a result's scores before their arrays: score_from, flags (0), n_scored
 SERVE_CONFIG, SERVE_AS_PUSHED, SERVE_Q8_0, SERVE_Q4_K, SERVE_FP8 = 0, 1, 2, 3, 4   # serve_dtype codes (0: UPDATE_BEGIN only)
 SERVE_NAMES = {0: "unknown", 1: "as_pushed", 2: "q8_0", 3: "q4_k", 4: "fp8"}   # in a result 0: a version no longer known
 SERVE_CODES = {"as_pushed": 1, "q8_0": 2, "q4_k": 3, "fp8": 4}
@@ -168,6 +180,11 @@ def route_width(n_experts):
 def routes_bytes(positions, layers, k, width):
     """Bytes a result's routes add (proto_routes_bytes)."""
     return ROUTES_HEAD_BYTES + positions * layers * k * width
+
+
+def scores_bytes(n_scored, top_k):
+    """Bytes a result's scores add (proto_scores_bytes): the head and n_scored x (4 + 8 x top_k)."""
+    return SCORES_HEAD_BYTES + n_scored * (4 + 8 * top_k)
 
 
 class ProtoError(Exception):
@@ -260,6 +277,8 @@ class Request:
     min_tokens: int = 0                # 0..max_tokens: EOS and stop ids masked until this many are generated
     bias_ids: np.ndarray = field(default_factory=_empty_i32)     # [n_bias] distinct token ids (logit_bias keys)
     bias_vals: np.ndarray = field(default_factory=_empty_f32)    # [n_bias] in [-100, 100], added to the logits
+    # the score tail (version 5, flag REQ_SCORE): the first prompt position scored; 0 without it
+    score_from: int = 0
 
     def has_sampling(self):
         """Whether any sampling-tail field differs from its default (the tail is then needed: version 4)."""
@@ -293,6 +312,12 @@ class Result:
     routes: Optional[np.ndarray] = None   # with RESULT_ROUTES: [n_routes, layers, k] uint8/uint16/int32 expert ids
     serve_dtype: int = 0         # with RESULT_SERVE (version 3): SERVE_* of the weights at version_finish
     serve_dtype_first: int = 0   # with RESULT_SERVE: SERVE_* of the first span's version
+    # with RESULT_SCORES (version 5): the raw log-prob of prompt tokens score_from.. (NaN at position 0) and
+    # their top_k alternatives; n_scored = len(prompt_logprobs) is n_prompt - score_from, or 0 (none held)
+    score_from: int = 0
+    prompt_logprobs: Optional[np.ndarray] = None                          # [n_scored] float32
+    prompt_top_ids: Optional[np.ndarray] = None                           # [n_scored, top_k] int32
+    prompt_top_logprobs: Optional[np.ndarray] = None                      # [n_scored, top_k] float32
 
 
 @dataclass
@@ -503,6 +528,8 @@ def _dec_request_tail(r, q, hidden):
         pairs = np.frombuffer(r.buf, dtype=_BIAS_PAIR, count=n, offset=r.off) if n else np.zeros(0, _BIAS_PAIR)
         q.bias_ids, q.bias_vals = pairs["id"], pairs["bias"]
         r.off += BIAS_PAIR_BYTES * n
+    if q.flags & REQ_SCORE and r.version >= 5:       # before version 5 the bit switches nothing on
+        q.score_from = r.i32("score_from")
 
 
 def _dec_result_tail(r, x, hidden):
@@ -526,6 +553,21 @@ def _dec_result_tail(r, x, hidden):
         if x.serve_dtype > SERVE_MAX or x.serve_dtype_first > SERVE_MAX or rsv:
             raise r.malformed(f"serve_dtype {x.serve_dtype}, serve_dtype_first {x.serve_dtype_first}, reserved {rsv}; "
                               f"expected 0..{SERVE_MAX}, 0..{SERVE_MAX}, 0")
+    if x.flags & RESULT_SCORES:
+        _dec_scores(r, x)
+
+
+def _dec_scores(r, x):
+    """score_from, flags (0), n_scored, then the log-probs and the alternatives (views of the frame)."""
+    x.score_from = r.u32("score_from")
+    r.zero_bits(r.u32("scores flags"), 0, "scores flags")
+    n = r.count(4 + 8 * x.top_k, "n_scored")
+    if x.score_from > x.n_prompt or n not in (0, x.n_prompt - x.score_from):
+        raise r.malformed(f"scores from position {x.score_from}, {n} of them, in a prompt of {x.n_prompt} tokens; "
+                          "expected score_from <= n_prompt and n_scored 0 or n_prompt - score_from")
+    x.prompt_logprobs = r.array(n, "<f4", "prompt_logprobs")
+    x.prompt_top_ids = r.array(n * x.top_k, "<i4", "prompt_top_ids").reshape(n, x.top_k)
+    x.prompt_top_logprobs = r.array(n * x.top_k, "<f4", "prompt_top_logprobs").reshape(n, x.top_k)
 
 
 def _dec_routes(r, x):
@@ -707,6 +749,8 @@ def result_bytes(x):
         size += ROUTES_HEAD_BYTES + np.asarray(x.routes).nbytes
     if x.flags & RESULT_SERVE:
         size += SERVE_TAIL_BYTES
+    if x.flags & RESULT_SCORES:
+        size += scores_bytes(len(x.prompt_logprobs), x.top_k)
     return size
 
 
@@ -754,10 +798,18 @@ def _sampling_tail(q, version):
     return bool(q.flags & REQ_SAMPLING) and version >= 4
 
 
+def _score_tail(q, version):
+    """Whether q's frame carries the score tail: flag REQ_SCORE in version 5 or later."""
+    return bool(q.flags & REQ_SCORE) and version >= 5
+
+
 def _request_check(q, what, version=VERSION_MIN):
     if not _sampling_tail(q, version) and q.has_sampling():
         raise ValueError(f"request {q.client_req_id}: sampling fields (penalties, min_tokens, logit_bias) need flag "
                          f"REQ_SAMPLING in protocol version 4 or later; encoding version {version}, flags {q.flags:#x}")
+    if not _score_tail(q, version) and q.score_from != 0:
+        raise ValueError(f"request {q.client_req_id}: score_from {q.score_from} needs flag REQ_SCORE in protocol "
+                         f"version 5 or later; encoding version {version}, flags {q.flags:#x}")
     if len(_i32(q.bias_ids)) != len(_f32(q.bias_vals)):
         raise ValueError(f"request {q.client_req_id}: {len(_i32(q.bias_ids))} bias_ids but {len(_f32(q.bias_vals))} "
                          "bias_vals; expected one value per id")
@@ -767,7 +819,7 @@ def _request_check(q, what, version=VERSION_MIN):
                          f"{len(_i32(q.prompt_ids))} token ids")
     if not text and q.prompt_text:
         raise ValueError(f"request {q.client_req_id}: has prompt text but flags lack REQ_PROMPT_IS_TEXT")
-    return {"sampling": _sampling_tail(q, version)}
+    return {"sampling": _sampling_tail(q, version), "score": _score_tail(q, version)}
 
 
 def _enc_request_tail(out, q, hidden):
@@ -780,14 +832,15 @@ def _enc_request_tail(out, q, hidden):
         ids = _i32(q.prompt_ids)
         out.append(struct.pack("<I", len(ids)))
         out.append(ids.tobytes())
-    if not hidden["sampling"]:
-        return
-    out.append(_f32_bytes([q.repetition_penalty, q.frequency_penalty, q.presence_penalty]))
-    ids, vals = _i32(q.bias_ids), _f32(q.bias_vals)
-    out.append(struct.pack("<II", q.min_tokens, len(ids)))
-    pairs = np.empty(len(ids), _BIAS_PAIR)
-    pairs["id"], pairs["bias"] = ids, vals
-    out.append(pairs.tobytes())
+    if hidden["sampling"]:
+        out.append(_f32_bytes([q.repetition_penalty, q.frequency_penalty, q.presence_penalty]))
+        ids, vals = _i32(q.bias_ids), _f32(q.bias_vals)
+        out.append(struct.pack("<II", q.min_tokens, len(ids)))
+        pairs = np.empty(len(ids), _BIAS_PAIR)
+        pairs["id"], pairs["bias"] = ids, vals
+        out.append(pairs.tobytes())
+    if hidden["score"]:
+        out.append(struct.pack("<i", q.score_from))
 
 
 def _result_check(x, what, version=VERSION_MIN):
@@ -815,7 +868,28 @@ def _result_check(x, what, version=VERSION_MIN):
     if x.flags & RESULT_SERVE and not (0 <= x.serve_dtype <= SERVE_MAX and 0 <= x.serve_dtype_first <= SERVE_MAX):
         raise ValueError(f"{what}: serve_dtype {x.serve_dtype} / serve_dtype_first {x.serve_dtype_first}; "
                          f"expected 0..{SERVE_MAX}")
+    _scores_check(x, what)
     return {}
+
+
+def _scores_check(x, what):
+    """A result's scores: exactly with RESULT_SCORES, from score_from to the prompt's end (or none)."""
+    if not x.flags & RESULT_SCORES:
+        if x.prompt_logprobs is not None:
+            raise ValueError(f"{what}: prompt_logprobs given but flags lack RESULT_SCORES")
+        return
+    if x.prompt_logprobs is None:
+        raise ValueError(f"{what}: flags have RESULT_SCORES; expected prompt_logprobs")
+    n = len(_f32(x.prompt_logprobs).reshape(-1))
+    if not 0 <= x.score_from <= x.n_prompt or n not in (0, x.n_prompt - x.score_from):
+        raise ValueError(f"{what}: scores from position {x.score_from}, {n} of them, in a prompt of {x.n_prompt} "
+                         "tokens; expected score_from <= n_prompt and n_scored 0 or n_prompt - score_from")
+    nk = n * x.top_k
+    ids = _i32(x.prompt_top_ids if x.prompt_top_ids is not None else []).reshape(-1)
+    lps = _f32(x.prompt_top_logprobs if x.prompt_top_logprobs is not None else []).reshape(-1)
+    if len(ids) != nk or len(lps) != nk:
+        raise ValueError(f"{what}: prompt_top_ids/prompt_top_logprobs have {len(ids)}/{len(lps)} entries; expected "
+                         f"n_scored * top_k = {nk}")
 
 
 def _routes_array(a, what):
@@ -849,6 +923,13 @@ def _enc_result_tail(out, x, hidden):
         out.append(a.tobytes())
     if x.flags & RESULT_SERVE:
         out.append(struct.pack("<BBH", x.serve_dtype, x.serve_dtype_first, 0))
+    if x.flags & RESULT_SCORES:
+        lp = _f32(x.prompt_logprobs).reshape(-1)
+        out.append(struct.pack("<III", x.score_from, 0, len(lp)))
+        out.append(lp.tobytes())
+        if x.top_k and len(lp):
+            out.append(_i32(x.prompt_top_ids).reshape(-1).tobytes())
+            out.append(_f32(x.prompt_top_logprobs).reshape(-1).tobytes())
 
 
 def _tensor_check(t, what, version=VERSION):
@@ -934,6 +1015,17 @@ def check_lengths(n_prompt, max_tokens, lim):
     if n_prompt + max_tokens > lim.max_context:
         raise ProtoError(E.INVALID_PARAMS, f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) = "
                          f"{n_prompt + max_tokens} exceeds the context of {lim.max_context} tokens")
+    if max_tokens == 0 and n_prompt >= lim.max_context:
+        raise ProtoError(E.INVALID_PARAMS, f"the prompt has {n_prompt} tokens; expected at most {lim.max_context - 1} "
+                         f"with max_tokens 0 (a scored prompt must leave one position of the context of "
+                         f"{lim.max_context} tokens)")
+
+
+def check_score_from(q, n_prompt):
+    """A scored request's score_from against its prompt of n_prompt tokens (proto_check_score_from)."""
+    if q.flags & REQ_SCORE and not 0 <= q.score_from <= n_prompt:
+        raise ProtoError(E.INVALID_PARAMS, f"request {q.client_req_id}: score_from = {q.score_from}; expected "
+                         f"0..{n_prompt} (a position of the prompt's {n_prompt} tokens)")
 
 
 def check_request(q, lim):
@@ -946,7 +1038,8 @@ def check_request(q, lim):
         return ProtoError(E.INVALID_PARAMS, f"request {rid}: {msg}")
 
     version = lim.version if lim.version >= 2 else 1
-    allowed = REQ_FLAGS & ~(REQ_FLAGS_V2 if version < 2 else 0) & ~(REQ_FLAGS_V4 if version < 4 else 0)
+    allowed = REQ_FLAGS & ~(REQ_FLAGS_V2 if version < 2 else 0) & ~(REQ_FLAGS_V4 if version < 4 else 0) & \
+        ~(REQ_FLAGS_V5 if version < 5 else 0)
     if q.flags & ~allowed:
         raise bad(f"flags {q.flags:#x} have undefined bits {q.flags & ~allowed:#x}; expected only bits "
                   f"{allowed:#x} (protocol version {version})")
@@ -955,8 +1048,14 @@ def check_request(q, lim):
                   "experts; expected the flag only where HELLO_OK.features has ROUTES")
     if not 1 <= q.n <= lim.max_n:
         raise bad(f"n = {q.n}; expected 1..{lim.max_n}")
-    if not 1 <= q.max_tokens <= lim.max_tokens:
-        raise bad(f"max_tokens = {q.max_tokens}; expected 1..{lim.max_tokens}")
+    score = bool(q.flags & REQ_SCORE)
+    if not (0 if score else 1) <= q.max_tokens <= lim.max_tokens:
+        hint = " (0 only for a request that scores its prompt: flag SCORE, protocol version 5)" if q.max_tokens == 0 \
+            else ""
+        raise bad(f"max_tokens = {q.max_tokens}; expected {0 if score else 1}..{lim.max_tokens}{hint}")
+    if q.max_tokens == 0 and q.n != 1:
+        raise bad(f"n = {q.n} with max_tokens = 0; expected n = 1 (a request that only scores its prompt has one "
+                  "sample)")
     if not math.isfinite(q.temperature) or q.temperature < 0:
         raise bad(f"temperature = {q.temperature}; expected a finite number >= 0")
     if not 0 < q.top_p <= 1:
@@ -973,10 +1072,17 @@ def check_request(q, lim):
     _check_ids("stop_ids", rid, stop, lim.vocab_size)
     if q.flags & REQ_SAMPLING:
         _check_sampling(q, bad, lim)
+    if score and q.score_from < 0:
+        raise bad(f"score_from = {q.score_from}; expected 0..n_prompt (a position of the prompt)")
     worst = result_max_bytes(q.max_tokens, q.flags & REQ_PROCESSED_LOGPROBS, q.logprobs_topk) + RESULTS_OVERHEAD
+    text = bool(q.flags & REQ_PROMPT_IS_TEXT)
+    if score and not text:      # a text prompt's scores are the daemon's to count once it is tokenized
+        n_prompt = len(q.prompt_ids)
+        worst += scores_bytes(n_prompt - q.score_from if q.score_from <= n_prompt else 0, q.logprobs_topk)
     if worst > lim.max_message_bytes:
-        raise bad(f"a result of max_tokens = {q.max_tokens} with these log-prob options can take {worst} bytes; "
-                  f"expected it to fit max_message_bytes = {lim.max_message_bytes}")
+        what = " and its prompt's scores" if score else ""
+        raise bad(f"a result of max_tokens = {q.max_tokens}{what} with these log-prob options can take {worst} "
+                  f"bytes; expected it to fit max_message_bytes = {lim.max_message_bytes}")
     if q.flags & REQ_PROMPT_IS_TEXT:
         if not lim.flags & HELLO_OK_TEXT:
             raise bad("a text prompt, but this daemon has no tokenizer; send token ids")
@@ -992,6 +1098,7 @@ def check_request(q, lim):
         check_lengths(len(ids), q.max_tokens, lim)
     except ProtoError as e:
         raise bad(e.message) from None
+    check_score_from(q, len(ids))
     _check_ids("prompt_ids", rid, ids, lim.vocab_size)
 
 
@@ -1102,6 +1209,8 @@ def _request_json(q, r, version):
         r["sampling"] = {"repetition_penalty": _jf(q.repetition_penalty), "frequency_penalty": _jf(q.frequency_penalty),
                          "presence_penalty": _jf(q.presence_penalty), "min_tokens": int(q.min_tokens),
                          "bias_ids": _jil(q.bias_ids), "bias_vals": _jfl(q.bias_vals)}
+    if _score_tail(q, version):         # version 5, flag REQ_SCORE
+        r["score_from"] = int(q.score_from)
 
 
 def _json_request(r, q):
@@ -1115,6 +1224,8 @@ def _json_request(r, q):
         q.min_tokens = t["min_tokens"]
         q.bias_ids = np.array(t["bias_ids"], dtype="<i4")
         q.bias_vals = np.array([_fj(v) for v in t["bias_vals"]], dtype="<f4")
+    if "score_from" in r:
+        q.score_from = r["score_from"]
 
 
 def _result_json(x, r, version):
@@ -1130,6 +1241,10 @@ def _result_json(x, r, version):
                        "ids": _jil(a)}
     if x.flags & RESULT_SERVE:
         r["serve_dtype"], r["serve_dtype_first"] = int(x.serve_dtype), int(x.serve_dtype_first)
+    if x.flags & RESULT_SCORES:
+        r["scores"] = {"score_from": int(x.score_from), "logprobs": _jfl(x.prompt_logprobs),
+                       "top_ids": _jil(x.prompt_top_ids if x.prompt_top_ids is not None else []),
+                       "top_logprobs": _jfl(x.prompt_top_logprobs if x.prompt_top_logprobs is not None else [])}
 
 
 def _json_result(r, x):
@@ -1146,6 +1261,13 @@ def _json_result(r, x):
         x.routes = np.array(t["ids"], dtype=ROUTE_DTYPES[t["width"]]).reshape(-1, t["layers"], t["k"])
     if "serve_dtype" in r:
         x.serve_dtype, x.serve_dtype_first = r["serve_dtype"], r["serve_dtype_first"]
+    if "scores" in r:
+        t = r["scores"]
+        x.score_from = t["score_from"]
+        x.prompt_logprobs = np.array([_fj(v) for v in t["logprobs"]], dtype="<f4")
+        ns = len(x.prompt_logprobs)
+        x.prompt_top_ids = np.array(t["top_ids"], dtype="<i4").reshape(ns, x.top_k)
+        x.prompt_top_logprobs = np.array([_fj(v) for v in t["top_logprobs"]], dtype="<f4").reshape(ns, x.top_k)
 
 
 def _tensor_json(t, r, version):
