@@ -38,6 +38,15 @@ static cJSON *lp_triple(api_call *c, double lp, int32_t id)
     return t;
 }
 
+/* The asked ids' [logprob, id, text] at one position (lps: [s->n_want], raw). */
+static cJSON *want_list(api_call *c, const api_sub *s, const float *lps)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t j = 0; a && j < s->n_want; j++)
+        cJSON_AddItemToArray(a, lp_triple(c, lps[j], s->want_ids[j]));
+    return a;
+}
+
 /* Sample j of prompt si: r its tokens, text its text; v the finished
  * sample's view, or NULL for a running one's progress (a stream's event: no
  * finish reason yet, and the spans come with the last event). */
@@ -100,6 +109,12 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
                 cJSON_AddItemToArray(tops, t);
             }
         }
+        if (s->n_want > 0 && r->want_logprobs) {
+            /* SGLang's token_ids_logprob: per output token, [logprob, id, text] of each asked id in order */
+            cJSON *ws = cJSON_AddArrayToObject(mi, "output_token_ids_logprobs");
+            for (int32_t k = 0; k < r->n_tokens; k++)
+                cJSON_AddItemToArray(ws, want_list(c, s, r->want_logprobs + (size_t)k * r->n_want));
+        }
     }
     if (c->score && r->prompt_logprobs) {
         /* SGLang's layout: one entry per prompt position from logprob_start_len on, position 0's log-prob
@@ -128,6 +143,13 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
             cJSON_AddItemToArray(tops, alt);
         }
         cJSON_AddStringToObject(mi, "input_logprob_kind", c->p.processed ? "processed" : "raw");
+        if (s->n_want > 0 && r->prompt_want_logprobs) {
+            cJSON *ws = cJSON_AddArrayToObject(mi, "input_token_ids_logprobs");
+            for (int32_t p = c->score_from; p < r->n_prompt; p++)
+                cJSON_AddItemToArray(ws, p == 0 || isnan(r->prompt_want_logprobs[(size_t)p * r->n_want])
+                                             ? cJSON_CreateNull()
+                                             : want_list(c, s, r->prompt_want_logprobs + (size_t)p * r->n_want));
+        }
     }
     char ver[32];
     snprintf(ver, sizeof ver, "%llu", (unsigned long long)(v ? r->version_finish : c->a->d->weight_version));

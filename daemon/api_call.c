@@ -174,6 +174,8 @@ static int submit_sub(api *a, api_call *c, api_sub *s)
     er.max_tokens = s->max_tokens;
     er.score_prompt = c->score;
     er.score_from = c->score_from;
+    er.n_want = s->n_want;
+    er.want_ids = s->want_ids;
     er.sp.processed_logprobs = c->p.processed;
     er.n_bias = c->p.n_bias;
     er.bias_ids = c->p.bias_ids;

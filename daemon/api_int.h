@@ -107,6 +107,9 @@ typedef struct {
     uint8_t *have;              /* [n] */
     api_stream *st;             /* [n] streaming calls only */
     char *rid;                  /* SGLang: this prompt's rid (a list of rids), or NULL */
+    int32_t n_want;             /* SGLang's token_ids_logprob for this prompt: ids whose log-probs every output
+                                   token and scored prompt position report */
+    int32_t *want_ids;          /* [n_want], or NULL */
     int submitted;              /* given to the engine */
     int aborted;                /* an abort was sent */
 } api_sub;

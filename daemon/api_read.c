@@ -153,6 +153,7 @@ void api_call_clear(api_call *c)
     for (int i = 0; i < c->n_subs; i++) {
         free(c->subs[i].prompt);
         free(c->subs[i].rid);
+        free(c->subs[i].want_ids);
     }
     free(c->subs);
     c->subs = NULL;
@@ -179,6 +180,58 @@ cJSON *api_parse_json(const char *body, size_t len, api_err *e)
 }
 
 /* ---- SGLang's /generate ---- */
+
+/* One list of token ids (0..SAMP_MAX_WANT of them) into s's want_ids. */
+static void read_want(cJSON *v, const char *where, api_sub *s, api_err *e)
+{
+    int n = cJSON_GetArraySize(v);
+    if (!cJSON_IsArray(v) || n > SAMP_MAX_WANT) {
+        api_bad(e, 400, "field \"%s\": expected a list of at most %d token ids", where, SAMP_MAX_WANT);
+        return;
+    }
+    if (n == 0)
+        return;
+    if (!(s->want_ids = malloc(sizeof(int32_t) * (size_t)n))) {
+        api_bad(e, 500, "out of memory");
+        return;
+    }
+    int i = 0;
+    for (cJSON *x = v->child; x && !e->status; x = x->next, i++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > INT32_MAX ||
+            x->valuedouble != floor(x->valuedouble))
+            api_bad(e, 400, "field \"%s\"[%d]: expected a token id", where, i);
+        else
+            s->want_ids[i] = (int32_t)x->valuedouble;
+    }
+    s->n_want = n;
+}
+
+/* SGLang's token_ids_logprob: one list for every prompt, or a list of lists, one per prompt. */
+static void read_token_ids_logprob(cJSON *root, api_call *c, api_err *e)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "token_ids_logprob");
+    if (!v || cJSON_IsNull(v) || e->status)
+        return;
+    if (!cJSON_IsArray(v)) {
+        api_bad(e, 400, "field \"token_ids_logprob\": expected a list of token ids or one such list per prompt");
+        return;
+    }
+    if (v->child && cJSON_IsArray(v->child)) {
+        if (cJSON_GetArraySize(v) != c->n_subs) {
+            api_bad(e, 400, "field \"token_ids_logprob\": a list of lists needs one per prompt (%d)", c->n_subs);
+            return;
+        }
+        int i = 0;
+        for (cJSON *x = v->child; x && !e->status; x = x->next, i++) {
+            char where[48];
+            snprintf(where, sizeof where, "token_ids_logprob[%d]", i);
+            read_want(x, where, &c->subs[i], e);
+        }
+        return;
+    }
+    for (int i = 0; i < c->n_subs && !e->status; i++)
+        read_want(v, "token_ids_logprob", &c->subs[i], e);
+}
 
 int api_read_generate(cJSON *root, api_call *c, api_err *e)
 {
@@ -228,6 +281,9 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
     if (api_int(root, "top_logprobs_num", 0, 1 << 20, &k, e) > 0)
         c->p.top_n = (int32_t)k;
     api_bool(root, "stream", &c->stream, e);
+    read_token_ids_logprob(root, c, e);
+    if (!e->status && c->stream && c->n_subs > 0 && c->subs[0].n_want > 0)
+        api_bad(e, 400, "field \"token_ids_logprob\": not with \"stream\" (the ids' log-probs come in whole answers)");
     cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
     if (rid && cJSON_IsString(rid)) {
         c->rid = strdup(rid->valuestring);
@@ -590,6 +646,12 @@ int api_admit_check(api_call *c, const adm_limits *lim, api_err *e)
                     c->kind == API_GENERATE ? "min_new_tokens" : "min_tokens", c->p.min_tokens, s->max_tokens);
             return -1;
         }
+        for (int32_t j = 0; j < s->n_want; j++)
+            if ((uint32_t)s->want_ids[j] >= lim->lim->vocab_size) {
+                api_bad(e, 400, "field \"token_ids_logprob\": token id %d is outside the vocabulary 0..%u",
+                        s->want_ids[j], lim->lim->vocab_size - 1);
+                return -1;
+            }
         proto_request pr = api_sub_request(c, s);
         char why[600];
         if (adm_check(lim, &pr, why, sizeof why) ||

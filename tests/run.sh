@@ -103,6 +103,10 @@ if [ "$MODE" != "--unit-only" ]; then
     # The NNG door's sampling tail (protocol version 4): logit_bias arrays copied before the decoded SUBMIT is freed.
     add "asan:test_nng_sampling" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       "$PY" tests/py/test_nng_sampling.py
+    # token_ids_logprob's per-sub id lists and per-token arrays (engine results to meta_info), no leak.
+    add "asan:test_scoring" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=token_ids_logprob_on_generate,slime_opd_call_and_refusals,daemons_exit_cleanly \
+      "$PY" tests/py/test_scoring.py
     # Prompt log-probs and echo on the vLLM / OpenAI doors (narrowed alternatives, echo's joined arrays), no leak.
     add "asan:test_scoring_doors" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=completions_prompt_logprobs_and_echo_rescore_exactly,chat_prompt_logprobs,refusals,daemons_exit_cleanly \

@@ -299,6 +299,13 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
                        r->n_prompt);
     if (r->max_tokens == 0 && r->n != 1)
         return rd_fail(RD_EINVAL, "request: a request that only scores its prompt has n = 1 (got %d)", r->n);
+    if (r->n_want < 0 || r->n_want > SAMP_MAX_WANT || (r->n_want > 0 && !r->want_ids))
+        return rd_fail(RD_EINVAL, "request: %d token ids to report log-probs of (0..%d, with the ids)", r->n_want,
+                       SAMP_MAX_WANT);
+    for (int32_t i = 0; i < r->n_want; i++)
+        if (r->want_ids[i] < 0 || r->want_ids[i] >= c->vocab)
+            return rd_fail(RD_ERANGE, "request: token id %d (log-prob asked) is outside the vocabulary 0..%d",
+                           r->want_ids[i], c->vocab - 1);
     if (r->n_stop < 0 || r->n_stop > SEQ_MAX_STOP)
         return rd_fail(RD_EINVAL, "request: %d stop ids (at most %d)", r->n_stop, SEQ_MAX_STOP);
     if (r->n_stop > 0 && !r->stop_ids)
@@ -368,6 +375,11 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
         q->n_bias = r->n_bias;
     }
     q->min_tokens = r->min_tokens;
+    if (r->n_want > 0) {
+        if (!(q->want_ids = malloc(sizeof(int32_t) * (size_t)r->n_want)))
+            goto oom;
+        memcpy(q->want_ids, r->want_ids, sizeof(int32_t) * (size_t)r->n_want);
+    }
     q->score_from = -1;
     if (r->score_prompt) {
         const int32_t k = r->sp.logprobs_topk;
@@ -379,6 +391,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
             q->prompt_top_ids = malloc(sizeof(int32_t) * (size_t)r->n_prompt * k);
             q->prompt_top_lps = malloc(sizeof(float) * (size_t)r->n_prompt * k);
         }
+        if (r->n_want > 0 && !(q->prompt_want_lps = malloc(sizeof(float) * (size_t)r->n_prompt * r->n_want)))
+            goto oom;
         if (!q->prompt_lps || !q->prompt_ranks || (k > 0 && (!q->prompt_top_ids || !q->prompt_top_lps)))
             goto oom;
         for (int32_t i = 0; i < r->n_prompt; i++) {
@@ -386,6 +400,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
             if (q->prompt_lps_proc)
                 q->prompt_lps_proc[i] = NAN;
         }
+        for (size_t i = 0; q->prompt_want_lps && i < (size_t)r->n_prompt * r->n_want; i++)
+            q->prompt_want_lps[i] = NAN;
         for (size_t i = 0; k > 0 && i < (size_t)r->n_prompt * k; i++) {
             q->prompt_top_ids[i] = -1;
             q->prompt_top_lps[i] = -INFINITY;
@@ -399,6 +415,8 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     q->stream = r->stream != 0;
     q->return_routes = r->return_routes != 0;
     q->sp = r->sp;
+    q->sp.n_want = r->n_want; /* the request's copy, not the caller's array */
+    q->sp.want_ids = q->want_ids;
     q->n_prompt = r->n_prompt;
     q->n_stop = r->n_stop;
     memcpy(q->stop_ids, r->stop_ids ? r->stop_ids : q->stop_ids, sizeof(int32_t) * r->n_stop);
@@ -513,6 +531,8 @@ static void append_token(engine *e, seq *s, const samp_result *r)
         s->top_ids[(size_t)g * k + j] = j < r->n_top ? r->top_ids[j] : -1;
         s->top_lps[(size_t)g * k + j] = j < r->n_top ? r->top_logprobs[j] : -INFINITY;
     }
+    for (int32_t j = 0; s->want_lps && j < q->sp.n_want; j++)
+        s->want_lps[(size_t)g * q->sp.n_want + j] = r->want_lps[j];
     e->st.generated_tokens++;
     if (s->n_spans == 0 || s->spans[s->n_spans - 1].version != e->version) {
         if (s->n_spans == s->spans_cap) {
@@ -683,6 +703,8 @@ static void take_score(engine *e, int32_t i)
         return; /* logits the sampler refuses: the position stays unscored (NAN) */
     q->prompt_lps[pos] = r->logprob;
     q->prompt_ranks[pos] = r->rank;
+    for (int32_t j = 0; q->prompt_want_lps && j < q->sp.n_want; j++)
+        q->prompt_want_lps[(size_t)pos * q->sp.n_want + j] = r->want_lps[j];
     if (q->prompt_lps_proc)
         q->prompt_lps_proc[pos] = r->logprob_processed;
     for (int32_t j = 0; j < k && q->prompt_top_ids; j++) {
@@ -1082,6 +1104,9 @@ int eng_collect(engine *e, eng_result *out, int max)
             if (r->top_logprobs && g)
                 memcpy(r->top_logprobs, s->top_lps, sizeof(float) * (size_t)g * k);
         }
+        r->n_want = q->sp.n_want;
+        if (s->want_lps && (r->want_logprobs = malloc(sizeof(float) * ((size_t)g * q->sp.n_want + 1))) && g)
+            memcpy(r->want_logprobs, s->want_lps, sizeof(float) * (size_t)g * q->sp.n_want);
         if (q->prompt_lps) {
             /* scored prompt positions: every sample of the request carries them */
             r->prompt_logprobs = malloc(sizeof(float) * (size_t)q->n_prompt);
@@ -1092,6 +1117,9 @@ int eng_collect(engine *e, eng_result *out, int max)
                 memcpy(r->prompt_ranks, q->prompt_ranks, sizeof(int32_t) * (size_t)q->n_prompt);
             if (q->prompt_lps_proc && (r->prompt_logprobs_proc = malloc(sizeof(float) * (size_t)q->n_prompt)))
                 memcpy(r->prompt_logprobs_proc, q->prompt_lps_proc, sizeof(float) * (size_t)q->n_prompt);
+            const size_t nw = (size_t)q->n_prompt * q->sp.n_want;
+            if (q->prompt_want_lps && (r->prompt_want_logprobs = malloc(sizeof(float) * nw)))
+                memcpy(r->prompt_want_logprobs, q->prompt_want_lps, sizeof(float) * nw);
             r->n_top = k;
             r->n_prompt_top = k;
             if (k > 0 && q->prompt_top_ids) {
@@ -1161,6 +1189,13 @@ static int copy_tokens(const seq *s, int32_t from, int32_t to, eng_result *r)
         memcpy(r->top_ids, s->top_ids + (size_t)from * k, sizeof(int32_t) * (size_t)g * k);
         memcpy(r->top_logprobs, s->top_lps + (size_t)from * k, sizeof(float) * (size_t)g * k);
     }
+    if (s->want_lps) {
+        const int32_t w = q->sp.n_want;
+        r->n_want = w;
+        if (!(r->want_logprobs = malloc(sizeof(float) * ((size_t)g * w + 1))))
+            return RD_ENOMEM;
+        memcpy(r->want_logprobs, s->want_lps + (size_t)from * w, sizeof(float) * (size_t)g * w);
+    }
     return 0;
 }
 
@@ -1211,6 +1246,8 @@ void eng_result_free(eng_result *r)
     free(r->prompt_top_logprobs);
     free(r->prompt_logprobs_proc);
     free(r->prompt_ranks);
+    free(r->want_logprobs);
+    free(r->prompt_want_logprobs);
     memset(r, 0, sizeof *r);
 }
 

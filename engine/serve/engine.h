@@ -84,6 +84,9 @@ typedef struct {
                                    n 1). Its prompt is computed whole (no prefix-cache hit), ENG_SCORE_CHUNK
                                    scored rows a step */
     int32_t score_from;         /* 0..n_prompt; position 0 has no log-prob (nothing before it) */
+    int32_t n_want;             /* 0..SAMP_MAX_WANT token ids whose raw log-probs every generated token (and every
+                                   scored prompt position) reports (SGLang's token_ids_logprob) */
+    const int32_t *want_ids;    /* [n_want] */
     const char *const *stop_strs; /* [n_stop_strs] UTF-8: a sample stops at the token whose text completes
                                      one (engine/text/stopstr.h); the token is kept */
     int32_t n_stop_strs;
@@ -128,6 +131,10 @@ typedef struct {
                                    penalties or bias), NAN where not scored; NULL otherwise */
     int32_t *prompt_ranks;      /* [n_prompt] scored requests: each scored token's rank (1 = the most likely;
                                    samp_result.rank), 0 where not scored; NULL otherwise */
+    int32_t n_want;             /* the request's want_ids (0: none) */
+    float *want_logprobs;       /* [n_tokens][n_want] their raw log-probs at each generated token, or NULL */
+    float *prompt_want_logprobs;/* [n_prompt][n_want] the same at each scored prompt position (NAN elsewhere),
+                                   or NULL */
     finish_reason finish;
     int32_t stop_str;           /* index into the request's stop_strs that ended it, or -1 */
     int64_t stop_text_offset;   /* with stop_str: bytes of generated text (tok_decode of token_ids) before

@@ -77,6 +77,9 @@ int samp_validate(const samp_params *p)
         return rd_fail(RD_EINVAL, "presence_penalty must be in [-2, 2] (0 = off), got %g", p->presence_penalty);
     if (p->logprobs_topk < 0 || p->logprobs_topk > 20)
         return rd_fail(RD_EINVAL, "logprobs_topk must be in 0..20, got %d", (int)p->logprobs_topk);
+    if (p->n_want < 0 || p->n_want > SAMP_MAX_WANT || (p->n_want > 0 && !p->want_ids))
+        return rd_fail(RD_EINVAL, "n_want must be in 0..%d with want_ids given, got %d", SAMP_MAX_WANT,
+                       (int)p->n_want);
     return 0;
 }
 
@@ -609,6 +612,12 @@ static int raw_part(const samp_params *p, const float *raw, int32_t vocab, int32
         out->top_logprobs[j] = (raw[i] - *m_raw) - *log_s;
     }
     out->n_top = (int32_t)n_alt;
+    for (int32_t j = 0; j < p->n_want; j++) {
+        const int32_t i = p->want_ids[j];
+        if (i < 0 || i >= vocab)
+            return rd_fail(RD_EINVAL, "want_ids[%d] = %d is outside the vocabulary of %d", (int)j, (int)i, (int)vocab);
+        out->want_lps[j] = (raw[i] - *m_raw) - *log_s;
+    }
     return 0;
 }
 

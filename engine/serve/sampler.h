@@ -21,7 +21,13 @@ typedef struct {
     uint64_t seed;
     int32_t logprobs_topk;      /* alternatives to report per token (0..20) */
     int processed_logprobs;     /* also report log-prob after temperature/top-k/top-p/min-p */
+    int32_t n_want;             /* 0..SAMP_MAX_WANT token ids whose raw log-probs to report at every draw or
+                                   score (SGLang's token_ids_logprob) */
+    const int32_t *want_ids;    /* [n_want] ids in 0..vocab-1 (repeats allowed), or NULL when n_want is 0 */
 } samp_params;
+
+/* Most token ids a request may ask the log-probs of (samp_params.want_ids). */
+#define SAMP_MAX_WANT 32
 
 typedef struct {
     int32_t token;
@@ -34,6 +40,7 @@ typedef struct {
     float top_logprobs[20];
     int32_t rank;               /* samp_score only (0 otherwise): tokens whose raw logit is >= the token's, itself
                                    included (vLLM's rank: 1 = the most likely) */
+    float want_lps[SAMP_MAX_WANT]; /* [p->n_want] raw log-probs of p->want_ids, computed as the sampled token's */
 } samp_result;
 
 /* One token's edit before the draw: what vLLM's logits processors and

@@ -51,6 +51,7 @@ void seq_destroy(seq *s)
     free(s->logprobs_proc);
     free(s->top_ids);
     free(s->top_lps);
+    free(s->want_lps);
     free(s->spans);
     free(s->routes);
     stop_scan_free(&s->scan);
@@ -72,6 +73,8 @@ void seq_req_free(seq_req *r)
     free(r->prompt_top_lps);
     free(r->prompt_lps_proc);
     free(r->prompt_ranks);
+    free(r->want_ids);
+    free(r->prompt_want_lps);
     stop_set_free(&r->stops);
     kv_prefix_free(&r->prefix);
     for (int32_t i = 0; i < r->n_done_outs; i++)
@@ -103,8 +106,10 @@ seq *seq_new(seq_req *r, int32_t sample_idx, int32_t cap)
         s->top_ids = malloc(sizeof(int32_t) * (size_t)cap * k);
         s->top_lps = malloc(sizeof(float) * (size_t)cap * k);
     }
+    if (r->sp.n_want > 0)
+        s->want_lps = malloc(sizeof(float) * (size_t)cap * r->sp.n_want);
     if (!s->tokens || !s->logprobs || (r->sp.processed_logprobs && !s->logprobs_proc) ||
-        (k > 0 && (!s->top_ids || !s->top_lps))) {
+        (k > 0 && (!s->top_ids || !s->top_lps)) || (r->sp.n_want > 0 && !s->want_lps)) {
         r->live--; /* the caller still owns the request: a failed sequence never took it */
         s->req = NULL;
         seq_destroy(s);

@@ -51,6 +51,8 @@ struct seq_req {
     float *prompt_top_lps;      /* [n_prompt][sp.logprobs_topk], or NULL */
     float *prompt_lps_proc;     /* [n_prompt] processed log-probs (sp.processed_logprobs; samp_score's), or NULL */
     int32_t *prompt_ranks;      /* [n_prompt] the scored tokens' ranks (samp_result.rank); 0 where not scored */
+    int32_t *want_ids;          /* [sp.n_want] (sp.want_ids points here), or NULL */
+    float *prompt_want_lps;     /* [n_prompt][sp.n_want] scored requests asking want_ids: NAN where not scored */
     int32_t n_prompt;
     int32_t *prompt;            /* [n_prompt] */
     int32_t live;               /* sequences not yet collected */
@@ -84,6 +86,7 @@ typedef struct seq {
     float *logprobs_proc;       /* [cap] processed log-prob, or NULL */
     int32_t *top_ids;           /* [cap][sp.logprobs_topk], or NULL */
     float *top_lps;             /* [cap][sp.logprobs_topk], or NULL */
+    float *want_lps;            /* [cap][sp.n_want] the request's want_ids' raw log-probs, or NULL */
     seq_span *spans;            /* [n_spans], starts increasing */
     int32_t n_spans, spans_cap;
     uint64_t version_finish;    /* weight version when it finished */

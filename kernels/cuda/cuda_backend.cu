@@ -1739,6 +1739,11 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         int rc = samp_validate(reqs[i].sp);
         if (rc)
             return rc;
+        static_assert(SAMP_MAX_WANT == 32, "sample_req.want_ids holds 32 ids");
+        for (int32_t j = 0; j < reqs[i].sp->n_want; j++)
+            if (reqs[i].sp->want_ids[j] < 0 || reqs[i].sp->want_ids[j] >= vocab)
+                return rd_fail(RD_EINVAL, "cuda: sample: request %d asks the log-prob of token %d (vocabulary %d)", i,
+                               reqs[i].sp->want_ids[j], vocab);
         if (reqs[i].score && (reqs[i].score_token < 0 || reqs[i].score_token >= vocab || reqs[i].n_edits))
             return rd_fail(RD_EINVAL, "cuda: sample: request %d scores token %d (vocabulary %d, %d edits)", i,
                            reqs[i].score_token, vocab, reqs[i].n_edits);
@@ -1823,6 +1828,9 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         q.n_top = sp->logprobs_topk;
         q.score_token = reqs[i].score ? reqs[i].score_token : -1;
         q.score_proc = reqs[i].score && sp->processed_logprobs;
+        q.n_want = sp->n_want;
+        for (int32_t j = 0; j < sp->n_want; j++)
+            q.want_ids[j] = sp->want_ids[j];
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
     if (e == cudaSuccess && n_edits > 0) {
@@ -1851,6 +1859,8 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         o.logprob = r.logprob;
         o.logprob_processed = reqs[i].sp->processed_logprobs ? r.logprob_proc : NAN;
         o.rank = reqs[i].score ? r.rank : 0;
+        for (int32_t j = 0; r.token >= 0 && j < reqs[i].sp->n_want; j++)
+            o.want_lps[j] = r.want_lp[j];
         o.n_top = r.token >= 0 ? r.n_top : 0;
         for (int32_t j = 0; j < o.n_top; j++) {
             o.top_ids[j] = r.top_ids[j];

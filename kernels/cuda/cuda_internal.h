@@ -184,6 +184,8 @@ struct sample_req {
     int32_t n_top;              // alternatives (0..20)
     int32_t score_token;        // >= 0: no draw: this token's raw log-prob, rank and the alternatives (samp_score)
     int32_t score_proc;         // with score_token: 1 also its processed log-prob (samp_score's, no edits)
+    int32_t n_want;             // token ids whose raw log-probs to report (samp_params.want_ids), 0..32
+    int32_t want_ids[32];       // [n_want], each in 0..vocab-1 (checked on the host)
 };
 // One token's edit: samp_edit's fields (engine/serve/sampler.h).
 struct sample_edit {
@@ -201,6 +203,7 @@ struct sample_res {
     int32_t top_ids[20];
     float top_lp[20];
     int32_t rank;               // scoring: tokens whose raw logit is >= the token's (samp_score's rank); 0 else
+    float want_lp[32];          // [n_want] raw log-probs of want_ids, as the sampled token's
 };
 #define RD_SAMPLE_THREADS 1024
 // For each of the n requests with edits (proc_row >= 0): proc row proc_row

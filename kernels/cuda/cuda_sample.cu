@@ -193,6 +193,8 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         s_raw += (double)cm_exp_nonpos(RD_FSUB(xr[i], m_raw));
     s_raw = block_allreduce(s_raw, op_add());
     const float log_s = (float)log(s_raw);
+    for (int32_t j = tid; j < q.n_want && j < 32; j += ST)
+        out->want_lp[j] = RD_FSUB(RD_FSUB(xr[q.want_ids[j]], m_raw), log_s);
 
     // 3. alternatives: the n_top largest rank keys among finite raw logits.
     int32_t n_alt = 0;

@@ -257,6 +257,15 @@ def prompt_logprobs_case(door, name):
     assert st == 400 and name in json.dumps(doc), (st, doc)
 
 
+def want_ids_case(door, name):
+    ids = prompt_ids()
+    st, doc = post("/generate", {"input_ids": ids, "return_logprob": True, name: [5, 17],
+                                 "sampling_params": {"max_new_tokens": 3}})
+    assert st == 200, doc
+    got = doc["meta_info"]["output_token_ids_logprobs"]
+    assert len(got) == 3 and all([t[1] for t in g] == [5, 17] and all(t[0] < 0 for t in g) for g in got), got
+
+
 CASES = {
     "temperature": differs(1.5, {"temperature": 0, "SEED": 7}),
     "top_p": differs(0.05, SAMPLED),
@@ -284,7 +293,7 @@ CASES = {
     # checks it on a mixture of experts).
     "routed_experts_prompt_start": same(2),
     "prompt_logprobs": prompt_logprobs_case,
-    "token_ids_logprob": refused([1, 2]),
+    "token_ids_logprob": want_ids_case,
     "stop_regex": refused("[0-9]"),
     "json_schema": refused('{"type": "object"}'),
     "regex": refused("[a-z]+"),

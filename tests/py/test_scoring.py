@@ -168,6 +168,55 @@ def slime_opd_call_and_refusals():
 
 
 @case
+def token_ids_logprob_on_generate():
+    """SGLang's token_ids_logprob: the asked ids' raw log-probs at every output token and scored prompt position,
+    with the bits the same id has as the sampled token or an alternative, and near log_softmax of
+    build/rollout-logits' rows; one list for all prompts or one per prompt."""
+    ids = ids_of(PROMPT)
+    want = [ids[3], 13, 0, 1000]
+    st, doc = post("/generate", {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+                                 "top_logprobs_num": 3, "token_ids_logprob": want,
+                                 "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 8,
+                                                     "ignore_eos": True}})
+    assert st == 200, doc
+    mi = doc["meta_info"]
+    outs = mi["output_token_ids_logprobs"]
+    assert len(outs) == len(doc["output_ids"]) and all([t[1] for t in o] == want for o in outs), outs
+    hits = 0
+    for o, tok, tops in zip(outs, mi["output_token_logprobs"], mi["output_top_logprobs"]):
+        for lp, i, _ in o:
+            if i == tok[1]:
+                assert np.float32(lp) == np.float32(tok[0]), (lp, tok)
+                hits += 1
+            for alt in tops:
+                if alt[1] == i:
+                    assert np.float32(lp) == np.float32(alt[0]), (lp, alt)
+                    hits += 1
+    assert hits > 0, "no asked id was drawn or listed: the bit check saw nothing"
+    ins = mi["input_token_ids_logprobs"]
+    assert len(ins) == len(ids) and ins[0] is None, ins[:2]
+    ref = log_softmax(raw_logits(ids))
+    err = max(abs(lp - ref[p - 1, i]) for p in range(1, len(ids)) for lp, i, _ in ins[p])
+    assert err <= 1e-5, err
+    # the prompt token's own entry equals input_token_logprobs' (position 4 asks ids[3]: check position 3)
+    assert np.float32(ins[3][0][0]) == np.float32(mi["input_token_logprobs"][3][0])
+    print(f"# token_ids_logprob: {hits} equal-bit matches with sampled tokens and alternatives; max |diff| "
+          f"{err:.1e} against log_softmax")
+    # one list per prompt in a batch
+    st, docs = post("/generate", {"input_ids": [ids, ids[:5]], "return_logprob": True,
+                                  "token_ids_logprob": [[1, 2], [3]], "sampling_params": {"max_new_tokens": 2}})
+    assert st == 200 and [[t[1] for t in d["meta_info"]["output_token_ids_logprobs"][0]] for d in docs] == \
+        [[1, 2], [3]], docs
+    for body, word in (({"token_ids_logprob": list(range(33))}, "token_ids_logprob"),
+                       ({"token_ids_logprob": [10 ** 7]}, "token_ids_logprob"),
+                       ({"token_ids_logprob": [[1], [2]]}, "token_ids_logprob"),
+                       ({"token_ids_logprob": [1], "stream": True}, "token_ids_logprob")):
+        st, doc = post("/generate", {"input_ids": ids, "return_logprob": True, **body,
+                                     "sampling_params": {"max_new_tokens": 2}})
+        assert st == 400 and word in str(doc), (body, st, doc)
+
+
+@case
 def daemons_exit_cleanly():
     stop_cleanly(*_d.values())
 

@@ -2483,6 +2483,8 @@ static void test_sampler_score(void)
     sp[1].seed = 77, sp[1].logprobs_topk = 5;
     sp[2].temperature = 0.7f, sp[2].top_p = 0.8f, sp[2].seed = 78, sp[2].processed_logprobs = 1;
     sp[3].temperature = 1.1f, sp[3].top_k = 30, sp[3].min_p = 0.02f, sp[3].seed = 79, sp[3].processed_logprobs = 1;
+    const int32_t asked[3] = {5, 2999, 1234};
+    sp[1].n_want = 3, sp[1].want_ids = asked;
     rd_sample_req q[24], qs[24];
     samp_result drawn[24], scored[24];
     for (int32_t i = 0; i < N; i++)
@@ -2507,6 +2509,13 @@ static void test_sampler_score(void)
         for (int32_t j = 0; j < want.n_top; j++)
             CHECK(scored[i].top_ids[j] == want.top_ids[j], "request %d alternative %d", i, j);
         CHECK(scored[i].rank == want.rank, "request %d: rank %d vs samp_score's %d", i, scored[i].rank, want.rank);
+        for (int32_t j = 0; j < qs[i].sp->n_want; j++) {
+            CHECK(fabsf(scored[i].want_lps[j] - want.want_lps[j]) <= 2e-6f * (1.0f + fabsf(want.want_lps[j])),
+                  "request %d: want %d: device %.9g vs samp_score %.9g", i, j, scored[i].want_lps[j],
+                  want.want_lps[j]);
+            CHECK(!memcmp(&scored[i].want_lps[j], &drawn[i].want_lps[j], sizeof(float)),
+                  "request %d: want %d scored %.9g, drawn %.9g", i, j, scored[i].want_lps[j], drawn[i].want_lps[j]);
+        }
         if (isnan(want.logprob_processed) || isinf(want.logprob_processed))
             CHECK(!memcmp(&scored[i].logprob_processed, &want.logprob_processed, sizeof(float)) ||
                       (isnan(want.logprob_processed) && isnan(scored[i].logprob_processed)),

@@ -557,6 +557,33 @@ static void test_score(void)
                          d.logprob, d.logprob_processed, r.logprob, r.logprob_processed), failed = 1;
         }
     }
+    /* token_ids_logprob: each asked id's log-prob has the bits it has as the drawn token or an alternative */
+    const int32_t want[4] = {order[0], order[3], 10, order[n - 1]};
+    samp_params pw = samp_default();
+    pw.seed = 9, pw.logprobs_topk = 5, pw.n_want = 4, pw.want_ids = want;
+    for (uint32_t pos = 0; pos < 30 && !failed; pos++) {
+        samp_result d;
+        sample_or_die(&pw, x, n, 0, pos, s, &d);
+        for (int j = 0; j < 4; j++) {
+            if (want[j] == d.token && memcmp(&d.want_lps[j], &d.logprob, sizeof(float)))
+                snprintf(why, sizeof why, "pos %u: want_lps[%d] %.9g, the draw's %.9g", pos, j, d.want_lps[j],
+                         d.logprob), failed = 1;
+            for (int q = 0; q < d.n_top; q++)
+                if (d.top_ids[q] == want[j] && memcmp(&d.want_lps[j], &d.top_logprobs[q], sizeof(float)))
+                    snprintf(why, sizeof why, "pos %u: want_lps[%d] %.9g, the alternative's %.9g", pos, j,
+                             d.want_lps[j], d.top_logprobs[q]), failed = 1;
+        }
+    }
+    double lsm[20000];
+    ref_log_softmax(x, n, 1.0, lsm);
+    samp_result w;
+    CHECK_OK(samp_score(&pw, x, n, order[7], s, &w));
+    for (int j = 0; j < 4; j++)
+        CHECK(fabs(w.want_lps[j] - lsm[want[j]]) < 1e-5, "want %d: %.7f vs the reference %.7f", want[j],
+              w.want_lps[j], lsm[want[j]]);
+    const int32_t bad = n;
+    pw.want_ids = &bad, pw.n_want = 1;
+    CHECK(samp_score(&pw, x, n, order[7], s, &w) != 0, "an id outside the vocabulary is refused");
     samp_params raw = samp_default();
     samp_result r;
     CHECK_OK(samp_score(&raw, x, n, order[5], s, &r));
