@@ -281,7 +281,7 @@ def mem(a):
     out = []
     if not a.skip_default_mem:
         out.append(mem_run(a, "default model, its context - 1", a.model, 1 << 30))
-    out.append(mem_run(a, f"{a.mem_len // 1024}k, RoPE-only 2-layer model (SmolLM2 vocab/width)", SYN, a.mem_len))
+    out.append(mem_run(a, f"{a.mem_len} tokens, RoPE-only 2-layer model (SmolLM2 vocab/width)", SYN, a.mem_len))
     return out
 
 
