@@ -55,7 +55,7 @@ EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
      $(CUDA_PLUGIN)
 
@@ -266,6 +266,19 @@ bench-chain-netns: all model
 # chained to 4 daemons: changed fraction, wire bytes, learner CPU, COMMIT to serving (build/bench-delta.json).
 bench-delta: all model
 	python3 tools/bench_delta.py
+
+# Prompt scoring (issue 45) on the default model: 16 prompts of 512 tokens and one of 2048, prefill only
+# (max_new_tokens 1) vs scored (logprob_start_len 0, max_new_tokens 0), alternating reps, next to llama.cpp's
+# logits_all evaluation + log-softmax of the same file and ids; then bench-score-mem's runs
+# (build/bench-score.json).
+bench-score: all model
+	$(PYTHON) tools/bench_score.py --part all --json-out $(BUILD)/bench-score.json
+
+# The daemon's peak RSS growth while it scores one long prompt, next to the KV of its tokens plus one chunk's
+# logits: the default model at its context - 1 (8191 tokens), and 32k tokens on a 2-layer RoPE-only model with
+# SmolLM2's vocabulary and width (generated once into build/bench-score-32k.gguf) (build/bench-score-mem.json).
+bench-score-mem: all model
+	$(PYTHON) tools/bench_score.py --part mem --json-out $(BUILD)/bench-score-mem.json
 
 # COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
 bench-commit: all model
