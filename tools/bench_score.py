@@ -64,7 +64,7 @@ from rdtest import Daemon  # noqa: E402  (the tests' daemon lifecycle)
 from gguf_fast import GGUFReader  # noqa: E402
 from ref_llama import _field  # noqa: E402
 
-SCORE_CHUNK = 32          # engine/serve/engine.h ENG_SCORE_CHUNK
+SCORE_CHUNK = 128         # engine/serve/engine.h ENG_SCORE_CHUNK
 SYN = os.path.join(ROOT, "build", "bench-score-32k.gguf")
 SYN_ARGS = ["--arch", "llama", "--dtype", "q4_1", "--layers", "2", "--dim", "576", "--heads", "9", "--kv-heads", "3",
             "--ffn", "1536", "--vocab", "49152", "--ctx", "40960", "--rope-theta", "100000", "--tied", "--seed", "5"]

@@ -59,8 +59,10 @@ typedef struct {
                                    what a row costs in this engine's measured step times (spec_cost.h) */
 } eng_config;
 
-/* Prompt positions scored per engine step at most: the logit rows kept for them beside the draws'. */
-#define ENG_SCORE_CHUNK 32
+/* Prompt positions scored per engine step at most: the logit rows kept for them beside the draws' (128: a
+ * scored prefill's steps stay large enough that scoring runs at ~0.8x a plain prefill on SmolLM2, docs/PERF.md,
+ * for 128 x vocab floats: 25 MiB at a 49k vocabulary, 77 MiB at Qwen's 152k). */
+#define ENG_SCORE_CHUNK 128
 
 /* Most logit_bias entries a request may carry (OpenAI allows 300). */
 #define ENG_MAX_BIAS 1024

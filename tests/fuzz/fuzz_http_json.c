@@ -100,12 +100,18 @@ static void check_call(const api_call *c, api_kind kind, int max_open)
             CHECK(s->prompt[j] >= 0);
         CHECK((s->rid != NULL) == with_rid); /* a rid list names every prompt or none */
         CHECK(!s->res && !s->have && !s->st && !s->submitted && s->key == 0);
+        CHECK(s->n_want >= 0 && s->n_want <= SAMP_MAX_WANT && (s->n_want == 0 || s->want_ids));
+        for (int32_t j = 0; j < s->n_want; j++)
+            CHECK(s->want_ids[j] >= 0);
     }
     CHECK(!(with_rid && c->rid));
     CHECK(p->n >= 1 && p->n <= (1 << 20));
     CHECK(p->max_tokens == -1 || (p->max_tokens >= 0 && p->max_tokens <= (1 << 30)));
     CHECK(max_open || p->max_tokens >= 0); /* /generate and /v1/completions have defaults */
-    CHECK(!c->score || (c->score_from >= 0 && c->return_logprob));
+    /* scoring: SGLang's logprob_start_len with return_logprob, or vLLM's prompt_logprobs (echo's included) */
+    CHECK(!c->score || (c->score_from >= 0 && (c->return_logprob || c->prompt_lp >= 0)));
+    CHECK(c->prompt_lp >= -1 && c->prompt_lp <= 20 && (c->prompt_lp < 0 || c->score));
+    CHECK(!c->echo || !c->stream);
     CHECK(p->top_k >= 0 && p->top_k <= (1 << 30));
     CHECK(p->top_n >= 0 && p->top_n <= (1 << 20));
     CHECK(!p->has_seed || p->seed < ((uint64_t)1 << 53));

@@ -44,6 +44,9 @@ VALID = {
          "sampling_params": {"max_new_tokens": 0}},
         {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 5, "sampling_params": {"max_new_tokens": 0,
                                                                                                 "n": 2}},
+        {"input_ids": [[1, 2], [3]], "return_logprob": True, "token_ids_logprob": [[1, 2], [0]],
+         "logprob_start_len": 0},
+        {"input_ids": [1, 2], "return_logprob": True, "token_ids_logprob": [5, 99999999, -1], "stream": True},
     ],
     "/v1/completions": [
         {"model": "m", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.7, "seed": 1},
@@ -54,6 +57,8 @@ VALID = {
         {"prompt": [1, 2], "repetition_penalty": 0.8, "frequency_penalty": 1, "min_tokens": 1, "max_tokens": 3,
          "logit_bias": {"2": -5}, "include_stop_str_in_output": True, "user": "u", "response_format": {"type": "text"}},
         {"prompt": "p", "response_format": {"type": "json_object"}, "best_of": 2, "allowed_token_ids": [1]},
+        {"prompt": [[1, 2], [3]], "echo": True, "logprobs": 1, "max_tokens": 0, "prompt_logprobs": 3},
+        {"prompt": "p", "echo": True, "stream": True, "prompt_logprobs": -1},
     ],
     "/v1/chat/completions": [
         {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
@@ -161,7 +166,7 @@ ODD = [None, True, False, 0, -1, 1, 0.5, -0.0, 1e308, -1e308, 1e999, -1e999, 2 *
 # Fields each route reads (so the odd values land where a reader looks).
 FIELDS = {
     "/generate": ["text", "input_ids", "sampling_params", "return_logprob", "return_routed_experts",
-                  "top_logprobs_num", "stream", "rid"],
+                  "top_logprobs_num", "stream", "rid", "logprob_start_len", "token_ids_logprob"],
     "/v1/completions": ["prompt", "max_tokens", "logprobs", "temperature", "top_p", "top_k", "min_p", "n", "seed",
                         "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "echo",
                         "return_token_ids", "return_routed_experts"],

@@ -11,7 +11,7 @@ RoPE scaling (tiny-llama3, Q4_1), qwen2 (q|k|v biases, Q8_0), qwen3 (QK-norm, F1
       output_token_logprobs, the completion's ids; the same while 4 threads keep posting other
       generate requests, so the scoring rows share engine steps with decode rows;
   (b) the prompt log-probs of a 300-token prompt (200 on tiny-f32, whose context is 256), scored
-      from position 0 (10 chunks of ENG_SCORE_CHUNK rows), are within REF_TOL of log_softmax of the
+      from position 0 (several chunks of ENG_SCORE_CHUNK rows), are within REF_TOL of log_softmax of the
       float64 NumPy reference's logits (tests/py/ref_llama.py; ref_moe.py for the MoE, on a prompt
       whose reference routing has no near tie, as test_qwen3moe.py picks them); scored again from
       a later position, the same bits there;
