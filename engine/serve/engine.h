@@ -153,7 +153,8 @@ typedef struct {
     eng_span *spans;            /* [n_spans] tiling [0, n_tokens), versions increasing */
     /* Routing replay (eng_request.return_routes; final results only): for
      * every position that ran through the model, prompt then generated
-     * (n_prompt + n_tokens - 1 of them: the last sampled token never ran),
+     * (n_prompt + n_tokens - 1 of them: the last sampled token never ran;
+     * n_prompt for a request that only scores its prompt, whose every position ran),
      * each layer's top-k experts, highest routing weight first. */
     int32_t n_routes;           /* positions; 0 when not asked */
     int32_t route_layers;       /* n_layers */
