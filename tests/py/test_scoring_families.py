@@ -5,8 +5,8 @@ For the tiny random models of tests/gen_testdata.sh, one daemon each: llama (tin
 RoPE scaling (tiny-llama3, Q4_1), qwen2 (q|k|v biases, Q8_0), qwen3 (QK-norm, F16), gemma3 (window
 8, Q8_0) and qwen3moe (tiny-moe-f32: 16 experts, top 4); and Gemma 3 270M when its file is there
 (models/gemma-3-270m-q4_k_m.gguf, `make model-gemma3`; otherwise a SKIP line):
-  (a) rescoring is exact: rollouts (greedy; T=1 with a sampling_seed; top_p 0.9 with n=4: 6 in
-      all, 40 tokens each) scored as prompt + completion from the completion's first position give
+  (a) rescoring is exact: 36 seeded rollouts a model (4 prompts x greedy, T=1 with n=4, top_p 0.9
+      with n=4; 40 tokens each, 16 on Gemma 3 270M) scored as prompt + completion from the completion's first position give
       at every completion position the float32 bits (compared as uint32) of their
       output_token_logprobs, the completion's ids; the same while 4 threads keep posting other
       generate requests, so the scoring rows share engine steps with decode rows;
@@ -49,8 +49,9 @@ FAMILIES = {
     "gemma3": ("tiny-gemma3.gguf", "dense", 300),
     "qwen3moe": ("tiny-moe-f32.gguf", "moe", 300),
 }
-SAMPLINGS = ({"temperature": 0}, {"temperature": 1.0, "sampling_seed": 3},
+SAMPLINGS = ({"temperature": 0}, {"temperature": 1.0, "sampling_seed": 3, "n": 4},
              {"temperature": 1.0, "top_p": 0.9, "sampling_seed": 4, "n": 4})
+N_ROLL_PROMPTS = 4   # x 9 rollouts each: 36 seeded rollouts per model
 
 _d = {}
 
@@ -101,10 +102,14 @@ def rollouts(d, ids, n_gen, routes=False):
         st, g = d.post("/generate", body)
         assert st == 200, g
         out += g if isinstance(g, list) else [g]
-    assert len(out) == 6 and all(len(g["output_ids"]) == n_gen for g in out), [len(g["output_ids"]) for g in out]
-    # the n = 4 samples differ from one another (their own streams), so the check covers four completions
-    assert len({tuple(g["output_ids"]) for g in out[2:]}) > 1, "the n=4 samples are all the same"
+    assert len(out) == 9 and all(len(g["output_ids"]) == n_gen for g in out), [len(g["output_ids"]) for g in out]
     return out
+
+
+def distinct_groups(sets):
+    """n = 4 groups whose samples are not all the same (their own streams): the checks cover several
+    completions per group there (a peaked tiny model may draw one completion four times)."""
+    return sum(len({tuple(g["output_ids"]) for g in group}) > 1 for _, rs in sets for group in (rs[1:5], rs[5:]))
 
 
 def check_rescored(d, ids, rs, moe=None):
@@ -166,10 +171,12 @@ def rescoring_case(fam):
     def fn():
         d = daemon(fam)
         moe = moe_shape()[1] if fam == "qwen3moe" else None
-        ids = prompt(N_PROMPT)
-        rs = rollouts(d, ids, N_GEN, routes=moe is not None)
-        check_rescored(d, ids, rs, moe)
-        busy_while(d, lambda: check_rescored(d, ids, rs, moe))
+        sets = [(ids, rollouts(d, ids, N_GEN, routes=moe is not None))
+                for ids in (prompt(N_PROMPT, seed=50 + j) for j in range(N_ROLL_PROMPTS))]
+        assert distinct_groups(sets) >= N_ROLL_PROMPTS, "the n=4 samples are mostly all the same"
+        for ids, rs in sets:
+            check_rescored(d, ids, rs, moe)
+        busy_while(d, lambda: [check_rescored(d, ids, rs, moe) for ids, rs in sets])
     fn.__name__ = f"{fam}_rescoring_gives_the_sampled_bits_alone_and_busy"
     return case(fn)
 
@@ -224,12 +231,16 @@ def gemma3_270m_rescoring_gives_the_sampled_bits_alone_and_busy():
     if not os.path.exists(GEMMA3):
         raise Skip(f"{GEMMA3} is absent (make model-gemma3)")
     d = daemon("gemma3_270m")
-    st, doc = d.post("/tokenize", {"prompt": "The history of the printing press in Europe began"})
-    assert st == 200, doc
-    ids = doc["tokens"]
-    rs = rollouts(d, ids, 16)
-    check_rescored(d, ids, rs)
-    busy_while(d, lambda: check_rescored(d, ids, rs[:2]), threads=2)
+    sets = []
+    for text in ("The history of the printing press in Europe began", "Write a short poem about the sea:",
+                 "def fibonacci(n):", "Q: 17 * 23 = ? A:"):
+        st, doc = d.post("/tokenize", {"prompt": text})
+        assert st == 200, doc
+        sets.append((doc["tokens"], rollouts(d, doc["tokens"], 16)))
+    assert distinct_groups(sets) >= 4, "the n=4 samples are mostly all the same"
+    for ids, rs in sets:    # 36 rollouts
+        check_rescored(d, ids, rs)
+    busy_while(d, lambda: check_rescored(d, sets[0][0], sets[0][1][:3]), threads=2)
 
 
 @case
