@@ -260,7 +260,7 @@ def prompt_logprobs_case(door, name):
 def want_ids_case(door, name):
     ids = prompt_ids()
     st, doc = post("/generate", {"input_ids": ids, "return_logprob": True, name: [5, 17],
-                                 "sampling_params": {"max_new_tokens": 3}})
+                                 "sampling_params": {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0}})
     assert st == 200, doc
     got = doc["meta_info"]["output_token_ids_logprobs"]
     assert len(got) == 3 and all([t[1] for t in g] == [5, 17] and all(t[0] < 0 for t in g) for g in got), got
