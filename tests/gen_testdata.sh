@@ -9,6 +9,10 @@
 #   tiny-qwen2.gguf, tiny-qwen3.gguf, tiny-llama3.gguf, tiny-gemma3.gguf: one per family (and X.hf/)
 #   tiny-moe-<dtype>.gguf and tiny-moe-<dtype>.hf/ for f32 f16 bf16 q8_0 q4_k_m: Qwen3-MoE
 #                       (tests/py/moe_model.py: 16 experts, top 4; q4_k_m with dim 256)
+#   lora/<model>-<variant>/  PEFT LoRA adapters (tools/gen_lora.py) for tiny-f32 (llama),
+#                       tiny-qwen3 and tiny-moe-f32: rank 8 and 64, attention-only and
+#                       all-linear, f32 / f16 / bf16, rsLoRA, a regex target; and the
+#                       variants rolloutd refuses (DoRA, modules_to_save, lm_head, MoE experts)
 # Next to each model X.gguf: X/ (expected dequantized values from the gguf
 # package, meta.json with the config) and X.npz (the HF-layout state_dict).
 # Deterministic (fixed seeds); a second run with nothing changed does nothing.
@@ -21,7 +25,9 @@ GEN=tools/gen_tiny_model.py
 STAMP=$OUT/.complete
 
 MOE=tests/py/moe_model.py
-if [ -f "$STAMP" ] && [ "$STAMP" -nt "$GEN" ] && [ "$STAMP" -nt "$0" ] && [ "$STAMP" -nt "$MOE" ]; then
+LORA=tools/gen_lora.py
+if [ -f "$STAMP" ] && [ "$STAMP" -nt "$GEN" ] && [ "$STAMP" -nt "$0" ] && [ "$STAMP" -nt "$MOE" ] &&
+   [ "$STAMP" -nt "$LORA" ]; then
   exit 0
 fi
 mkdir -p "$OUT"
@@ -70,6 +76,35 @@ for p in "${pids[@]}"; do
 done
 if [ "$fail" -ne 0 ]; then
   echo "gen_testdata: generating a model failed" >&2
+  exit 1
+fi
+
+# LoRA adapters, once their models exist (tests/unit/test_lora.c, tests/py/test_lora_load.py).
+rm -rf "${OUT:?}/lora"
+lora() {   # model, name, gen_lora.py args...
+  local model=$1 name=$2; shift 2
+  "$PY" "$LORA" --model "$OUT/$model.gguf" --out "$OUT/lora/$name" "$@" >/dev/null
+}
+pids=()
+lora tiny-f32 tiny-f32-r8-attn --rank 8 --alpha 16 --targets attention --dtype f32 --seed 1 & pids+=($!)
+lora tiny-f32 tiny-f32-r64-all --rank 64 --alpha 32 --targets all-linear --dtype bf16 --seed 2 & pids+=($!)
+lora tiny-qwen3 tiny-qwen3-r8-attn-rslora --rank 8 --alpha 16 --rslora --targets attention --dtype f16 \
+  --seed 3 & pids+=($!)
+lora tiny-qwen3 tiny-qwen3-r64-all --rank 64 --alpha 64 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
+  --dtype f32 --seed 4 & pids+=($!)
+lora tiny-moe-f32 tiny-moe-r8-attn --rank 8 --alpha 8 --targets attention --dtype bf16 --seed 5 & pids+=($!)
+lora tiny-moe-f32 tiny-moe-r64-attn --rank 64 --alpha 128 --rslora \
+  --targets 're:model\.layers\.\d+\.self_attn\.[qkvo]_proj' --dtype f16 --seed 6 & pids+=($!)
+# Refused: all-linear on the MoE takes in its experts and router; DoRA; lm_head in full; LoRA on lm_head.
+lora tiny-moe-f32 tiny-moe-r8-all --rank 8 --targets all-linear --seed 7 & pids+=($!)
+lora tiny-f32 tiny-f32-dora --rank 8 --dora --seed 8 & pids+=($!)
+lora tiny-f32 tiny-f32-modules-to-save --rank 8 --modules-to-save --seed 9 & pids+=($!)
+lora tiny-f32 tiny-f32-lm-head --rank 8 --target lm_head --seed 10 & pids+=($!)
+for p in "${pids[@]}"; do
+  wait "$p" || fail=1
+done
+if [ "$fail" -ne 0 ]; then
+  echo "gen_testdata: generating a LoRA adapter failed" >&2
   exit 1
 fi
 touch "$STAMP"

@@ -83,6 +83,10 @@ if [ "$MODE" != "--unit-only" ]; then
     add "asan:test_vllm_rl" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_vllm_rl.py
     # Routing replay: routes narrowed in place, base64 for HTTP, refusals, SIGTERM with no leak.
     add "asan:test_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 "$PY" tests/py/test_routes.py
+    # PEFT LoRA adapters loaded and refused by the ASan/UBSan rollout-lora-info (every refusal path, no leak).
+    add "asan:test_lora_load" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=every_family_rank_8_and_64_attention_and_all_linear,rslora_regex_lists_and_layers_to_transform,refused_variants_name_the_problem \
+      "$PY" tests/py/test_lora_load.py
     # Bad model files of every family against the ASan/UBSan tools.
     add "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
     # The chain: a relay whose successor dies, aborts everywhere, lane authentication (ASan daemons).
