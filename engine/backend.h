@@ -95,6 +95,49 @@ typedef struct rd_moe {
     void *const *down;          /* [n_experts] linear handles (host array) */
 } rd_moe;
 
+/* One LoRA pair of one adapter for one (layer, module) (ops.lora_load):
+ * the module's linear y = W x gains s * B (A x). A and B in the dtype the
+ * adapter file holds them in: GGML_F32, GGML_F16 or GGML_BF16 (the backend
+ * widens them exactly; how it keeps them is its own, see lora_load). */
+typedef struct rd_lora_w {
+    int32_t rank;               /* r: 1 .. RD_LORA_MAX_RANK */
+    int32_t in, out;            /* the module's input and output features */
+    float scale;                /* s: alpha / r, or alpha / sqrt(r) (rsLoRA) */
+    int32_t a_type, b_type;     /* ggml types of A and B */
+    const void *a;              /* A [rank][in], host memory, row-major */
+    const void *b;              /* B [out][rank], host memory, row-major */
+} rd_lora_w;
+
+/* The adapters one lora_apply call can add, for one module of one layer:
+ * slot s (a row's adapter) is w[s], a handle from lora_load, or NULL where
+ * that adapter leaves this module alone. Every handle is [.][in] -> [out]
+ * with rank <= max_rank. The engine keeps one such host array per (layer,
+ * module) and rewrites its entries when the resident adapters change. */
+typedef struct rd_lora_batch {
+    int32_t n_slots;            /* 1 .. RD_LORA_MAX_SLOTS */
+    void *const *w;             /* [n_slots] handles (host array) */
+    int32_t in, out;
+    int32_t max_rank;           /* bounds every handle's rank (CUDA sizes its launch and scratch by it) */
+} rd_lora_batch;
+
+#define RD_LORA_MAX_SLOTS 256   /* lora.h's LORA_MAX_LORAS */
+#define RD_LORA_MAX_RANK 1024   /* lora.h's LORA_MAX_RANK */
+
+/* The reduction order of lora_apply, the same on every backend so that
+ * they agree bit for bit (fmaf rounds once, on the CPU as on the device):
+ *   shrink, t[k] = A[k] . x for k < rank, as a warp of 32 lanes computes a
+ *   dot product of length n = in: lane l accumulates from 0, with fmaf in
+ *   element order, the 8-element chunks c = l, l + 32, l + 64, ... of
+ *   [0, 8 (n / 8)), then the tail elements 8 (n / 8) + l, + 32, ... < n;
+ *   the 32 partials then meet in the xor butterfly (for o = 16, 8, 4, 2, 1:
+ *   p[l] = p[l] + p[l ^ o]);
+ *   expand, for j < out: u = fmaf(B[j][k], t[k], u) over k = 0 .. rank-1
+ *   from u = 0, then y[j] = y[j] + s * u (s * u rounded first).
+ * t stays fp32 (never rounded to the weights' dtype). Both depend only on
+ * the row and its adapter, never on m, the other rows or their adapters. */
+#define RD_LORA_LANES 32
+#define RD_LORA_CHUNK 8
+
 typedef struct rd_backend_ops {
     const char *name;           /* "cpu", "cuda" */
 
@@ -198,6 +241,39 @@ typedef struct rd_backend_ops {
      * freed and rebuilt (weights released and resumed, every training step
      * under verl's colocated mode) leaves a table per layer behind. */
     void (*moe_release)(rd_backend *be, const rd_moe *moe);
+
+    /* ---- LoRA (unmerged adapters; engine/model/lora.h) ----
+     * lora_load keeps one rd_lora_w on the backend, its host data copied
+     * (the caller may free it). The CPU widens A and B to fp32 once at load
+     * (f16 and bf16 widen exactly, so the products are those of the file's
+     * values, and the host has the memory); CUDA keeps the file's dtype in
+     * device memory and widens each element as it reads it (HBM is what
+     * resident adapters compete for with the KV cache). RD_EINVAL for a
+     * shape, rank or dtype outside rd_lora_w's. */
+    int (*lora_load)(rd_backend *be, const rd_lora_w *w, void **handle);
+    void (*lora_free)(rd_backend *be, void *handle);
+    /* Bytes of backend memory a LoRA handle holds. */
+    int64_t (*lora_bytes)(rd_backend *be, const void *handle);
+    /* For each row i < m whose slot a = slots[i] is in [0, lb->n_slots) with
+     * lb->w[a] not NULL: y[i][out_off + j] += s_a * (B_a (A_a x[i]))[j] for
+     * j < lb->out, in the order RD_LORA_LANES states; other rows (slot -1:
+     * the base model) are left as they are. x is [m][lb->in] (dense); y's
+     * rows are y_stride floats apart and out_off + lb->out <= y_stride, so
+     * a module's term lands at its offset in a fused q|k|v or gate|up
+     * output. slots is backend memory [m] (the engine's per-row adapter
+     * table, which a CUDA graph reads at replay). Call it after the base
+     * linear has written y: the term is added to the rounded product. */
+    void (*lora_apply)(rd_backend *be, const rd_lora_batch *lb, const float *x, const int32_t *slots, int32_t m,
+                       float *y, int32_t y_stride, int32_t out_off);
+    /* Drops what the backend keeps for lb->w between lora_apply calls
+     * (CUDA: the device table of the slots' A, B, rank, dtypes and scale,
+     * keyed by the array's address), as moe_release. NULL on the CPU. CUDA
+     * writes that table whenever a call finds the slots' handles changed;
+     * a graph captured while the table was current reads it at replay, so
+     * after changing a slot, one lora_apply outside capture (any m) brings
+     * the graph's reads up to date; one captured while it was stale writes
+     * the pointers of its capture at every replay (capture again). */
+    void (*lora_release)(rd_backend *be, const rd_lora_batch *lb);
 
     /* Paged KV: k_cache/v_cache of one layer are [n_blocks][n_kv_heads][block_size][head_dim].
      * kv_write stores row i's K and V (at k + i*stride, v + i*stride) in slot

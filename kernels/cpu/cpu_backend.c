@@ -18,6 +18,7 @@
 #include "engine/format/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_quant.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/moe.h"
 #include "base/pool.h"
 
@@ -404,6 +405,7 @@ typedef struct {
     rd_backend_ops ops;
     int kv_type;                /* CPU_KV_*: what the KV cache stores */
     cpu_moe_scratch moe;        /* the experts' buffers, reused between steps */
+    cpu_lora_scratch lora;      /* lora_apply's row order, reused between calls */
 } cpu_be;
 
 static int kv_type_of(const rd_backend *be) { return ((const cpu_be *)be)->kv_type; }
@@ -481,8 +483,19 @@ static void cpu_moe_ffn_op(rd_backend *be, const rd_moe *moe, const float *x, co
     cpu_moe_ffn(be, &((cpu_be *)be)->moe, moe, x, ids, weights, m, k, y);
 }
 
+static int cpu_lora_load_op(rd_backend *be, const rd_lora_w *w, void **handle) { return cpu_lora_load(w, handle); }
+static void cpu_lora_free_op(rd_backend *be, void *handle) { cpu_lora_free(handle); }
+static int64_t cpu_lora_bytes_op(rd_backend *be, const void *handle) { return cpu_lora_bytes(handle); }
+
+static void cpu_lora_apply_op(rd_backend *be, const rd_lora_batch *lb, const float *x, const int32_t *slots,
+                              int32_t m, float *y, int32_t y_stride, int32_t out_off)
+{
+    cpu_lora_apply(&((cpu_be *)be)->lora, lb, x, slots, m, y, y_stride, out_off);
+}
+
 static void cpu_destroy(rd_backend *be)
 {
+    cpu_lora_scratch_free(&((cpu_be *)be)->lora);
     cpu_moe_scratch_free(&((cpu_be *)be)->moe);
     free((cpu_be *)be);
 }
@@ -527,6 +540,10 @@ static const rd_backend_ops cpu_ops = {
     .gather_rows = cpu_gather_rows,
     .moe_route = cpu_moe_route_op,
     .moe_ffn = cpu_moe_ffn_op,
+    .lora_load = cpu_lora_load_op,
+    .lora_free = cpu_lora_free_op,
+    .lora_bytes = cpu_lora_bytes_op,
+    .lora_apply = cpu_lora_apply_op,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention_op,
     .copy_blocks = cpu_copy_blocks,

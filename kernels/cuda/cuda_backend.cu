@@ -47,6 +47,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -120,6 +121,26 @@ struct moe_table {
     const uint16_t **dev;               // [2 n_experts]
     int aligned;                        // every pointer 16-byte aligned
     bool in_graph;                      // last written by a captured kernel: write it again at the next call
+};
+
+// One LoRA pair (lora_load): A and B in the file's dtype on the device.
+struct lora_h {
+    void *a, *b;                // A [rank][in], B [out][rank]
+    int32_t rank, in, out;
+    int32_t a_dt, b_dt;         // LORA_DT_*
+    float scale;
+    int64_t bytes;
+};
+
+// The device table of one rd_lora_batch (lora_apply), keyed by its host
+// handle array like moe_table, and compared entry by entry (pointers, rank,
+// dtypes, scale) with what the handles hold now on every call.
+struct lora_table {
+    const void *const *key;
+    int32_t n_slots;
+    std::vector<lora_dev> cur; // what dev holds
+    lora_dev *dev;             // [n_slots]
+    bool in_graph;             // last written by a captured kernel: write it again at the next call
 };
 
 #define N_SHADOW 8
@@ -200,6 +221,10 @@ struct cuda_be {
     float *moe_act, *moe_h;     // [m k][ffn], [m k][dim]
     size_t moe_act_cap, moe_h_cap;
     std::vector<moe_table *> moe_tables;
+    // LoRA: lora_apply's tables and its A x scratch [m][max_rank] (grown outside capture)
+    std::vector<lora_table *> lora_tables;
+    float *lora_t;
+    size_t lora_t_cap;          // bytes
     // sampling
     sample_req *d_sreq, *h_sreq;
     sample_res *d_sres, *h_sres;
@@ -1427,6 +1452,180 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     check_launch(b, "moe_ffn");
 }
 
+// ------------------------------------------------------------------ LoRA
+
+static int lora_dt(int32_t ggml, int32_t *dt, size_t *es)
+{
+    if (ggml == GGML_F32)
+        return *dt = LORA_DT_F32, *es = 4, 1;
+    if (ggml == GGML_F16)
+        return *dt = LORA_DT_F16, *es = 2, 1;
+    if (ggml == GGML_BF16)
+        return *dt = LORA_DT_BF16, *es = 2, 1;
+    return 0;
+}
+
+// A and B go to the device as the file has them (f32, f16 or bf16): the
+// kernels widen each element exactly as they read it.
+static int cu_lora_load(rd_backend *be, const rd_lora_w *w, void **handle)
+{
+    cuda_be *b = impl(be);
+    *handle = nullptr;
+    int32_t adt = 0, bdt = 0;
+    size_t aes = 0, bes = 0;
+    if (!w || w->rank < 1 || w->rank > RD_LORA_MAX_RANK || w->in <= 0 || w->out <= 0 || !w->a || !w->b ||
+        !lora_dt(w->a_type, &adt, &aes) || !lora_dt(w->b_type, &bdt, &bes) || !std::isfinite(w->scale))
+        return rd_fail(RD_EINVAL, "cuda: lora_load: rank %d (1..%d), [%d] -> [%d], A %s, B %s: not a LoRA pair",
+                       w ? w->rank : 0, RD_LORA_MAX_RANK, w ? w->in : 0, w ? w->out : 0,
+                       w ? ggml_type_name((ggml_type)w->a_type) : "?", w ? ggml_type_name((ggml_type)w->b_type) : "?");
+    lora_h *L = (lora_h *)calloc(1, sizeof(lora_h));
+    if (!L)
+        return rd_fail(RD_ENOMEM, "cuda: out of host memory for a LoRA handle");
+    const size_t na = (size_t)w->rank * w->in * aes, nb = (size_t)w->out * w->rank * bes;
+    int rc = upload_new(b, &L->a, w->a, na, "a LoRA A");
+    if (!rc)
+        rc = upload_new(b, &L->b, w->b, nb, "a LoRA B");
+    if (rc) {
+        if (L->a)
+            cudaFree(L->a);
+        free(L);
+        return rc;
+    }
+    L->rank = w->rank;
+    L->in = w->in;
+    L->out = w->out;
+    L->a_dt = adt;
+    L->b_dt = bdt;
+    L->scale = w->scale;
+    L->bytes = (int64_t)(na + nb);
+    *handle = L;
+    return 0;
+}
+
+static void cu_lora_free(rd_backend *be, void *handle)
+{
+    lora_h *L = (lora_h *)handle;
+    if (!L)
+        return;
+    cudaFree(L->a);
+    cudaFree(L->b);
+    free(L);
+}
+
+static int64_t cu_lora_bytes(rd_backend *be, const void *handle)
+{
+    return handle ? ((const lora_h *)handle)->bytes : 0;
+}
+
+// The device table of lb's slots, (re)written when an entry changed; NULL
+// (and the sticky error set) on a handle of another shape, or a new table
+// during capture. Written by a kernel on the stream, as moe_table_for.
+static lora_table *lora_table_for(cuda_be *b, const rd_lora_batch *lb)
+{
+    std::vector<lora_dev> want((size_t)lb->n_slots);
+    memset(want.data(), 0, want.size() * sizeof(lora_dev));
+    for (int32_t s = 0; s < lb->n_slots; s++) {
+        const lora_h *L = (const lora_h *)lb->w[s];
+        if (!L)
+            continue;
+        if (L->in != lb->in || L->out != lb->out || L->rank > lb->max_rank) {
+            fail(b, "cuda: lora_apply: slot %d holds a rank-%d [%d] -> [%d] pair, the call is [%d] -> [%d] up to "
+                    "rank %d", s, L->rank, L->in, L->out, lb->in, lb->out, lb->max_rank);
+            return nullptr;
+        }
+        want[(size_t)s] = lora_dev{L->a, L->b, L->scale, L->rank, L->a_dt, L->b_dt};
+    }
+    lora_table *t = nullptr;
+    for (lora_table *c : b->lora_tables)
+        if (c->key == lb->w && c->n_slots == lb->n_slots) {
+            t = c;
+            break;
+        }
+    if (t && !t->in_graph && !memcmp(t->cur.data(), want.data(), want.size() * sizeof(lora_dev)))
+        return t;
+    if (!t) {
+        if (b->capturing) {
+            fail(b, "cuda: lora_apply is first called on this slot array during a graph capture (run the step "
+                    "once uncaptured first)");
+            return nullptr;
+        }
+        t = new lora_table();
+        t->key = lb->w;
+        t->n_slots = lb->n_slots;
+        cudaError_t e = cudaMalloc((void **)&t->dev, (size_t)lb->n_slots * sizeof(lora_dev));
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            delete t;
+            fail(b, "cuda: cannot allocate the LoRA table of %d slots: %s", lb->n_slots, cudaGetErrorString(e));
+            return nullptr;
+        }
+        b->lora_tables.push_back(t);
+    }
+    t->cur = want;
+    t->in_graph = b->capturing;
+    launch_lora_set_table(b->st, t->dev, t->cur.data(), lb->n_slots);
+    return check_launch(b, "lora table") ? t : nullptr;
+}
+
+static void lora_table_free(lora_table *t)
+{
+    cudaFree(t->dev);
+    delete t;
+}
+
+static void cu_lora_release(rd_backend *be, const rd_lora_batch *lb)
+{
+    cuda_be *b = impl(be);
+    if (b->capturing)
+        return;
+    for (size_t i = 0; i < b->lora_tables.size();) {
+        lora_table *t = b->lora_tables[i];
+        if (t->key == lb->w) {
+            lora_table_free(t);
+            b->lora_tables.erase(b->lora_tables.begin() + (long)i);
+        } else {
+            i++;
+        }
+    }
+}
+
+// Whatever is deferred into y (a split GEMM's sum) is launched first
+// (compute_op): the term is added to the linear's rounded output.
+static void cu_lora_apply(rd_backend *be, const rd_lora_batch *lb, const float *x, const int32_t *slots, int32_t m,
+                          float *y, int32_t y_stride, int32_t out_off)
+{
+    cuda_be *b = compute_op(be);
+    if (m <= 0)
+        return;
+    if (!lb || lb->n_slots < 1 || lb->n_slots > RD_LORA_MAX_SLOTS || lb->in <= 0 || lb->out <= 0 ||
+        lb->max_rank < 1 || lb->max_rank > RD_LORA_MAX_RANK || out_off < 0 || out_off + lb->out > y_stride) {
+        fail(b, "cuda: lora_apply with %d slots, [%d] -> [%d] at %d of %d, max rank %d", lb ? lb->n_slots : 0,
+             lb ? lb->in : 0, lb ? lb->out : 0, out_off, y_stride, lb ? lb->max_rank : 0);
+        return;
+    }
+    lora_table *t = lora_table_for(b, lb);
+    if (!t)
+        return;
+    if (!grow(b, (void **)&b->lora_t, &b->lora_t_cap, (size_t)m * lb->max_rank * sizeof(float), "the LoRA A x"))
+        return;
+    shadow_written(b, y, (size_t)m * y_stride * sizeof(float));
+    lora_args a;
+    a.table = t->dev;
+    a.n_slots = lb->n_slots;
+    a.in = lb->in;
+    a.out = lb->out;
+    a.max_rank = lb->max_rank;
+    a.x = x;
+    a.slots = slots;
+    a.m = m;
+    a.t = b->lora_t;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.out_off = out_off;
+    launch_lora_apply(b->st, a);
+    check_launch(b, "lora_apply");
+}
+
 // Partial-result buffers for rows x heads x partitions.
 static bool ensure_parts(cuda_be *b, int32_t rows, int32_t heads, int32_t hd, int32_t parts)
 {
@@ -1913,6 +2112,9 @@ static void cu_destroy(rd_backend *be)
     if (b->moe_idx) cudaFree(b->moe_idx);
     if (b->moe_act) cudaFree(b->moe_act);
     if (b->moe_h) cudaFree(b->moe_h);
+    for (lora_table *t : b->lora_tables)
+        lora_table_free(t);
+    if (b->lora_t) cudaFree(b->lora_t);
     if (b->d_sreq) cudaFree(b->d_sreq);
     if (b->d_sres) cudaFree(b->d_sres);
     if (b->h_sreq) cudaFreeHost(b->h_sreq);
@@ -1989,6 +2191,11 @@ static rd_backend_ops make_ops()
     o.moe_route = cu_moe_route;
     o.moe_ffn = cu_moe_ffn;
     o.moe_release = cu_moe_release;
+    o.lora_load = cu_lora_load;
+    o.lora_free = cu_lora_free;
+    o.lora_bytes = cu_lora_bytes;
+    o.lora_apply = cu_lora_apply;
+    o.lora_release = cu_lora_release;
     o.kv_write = cu_kv_write;
     o.attention = cu_attention;
     o.copy_blocks = cu_copy_blocks;

@@ -146,6 +146,35 @@ struct moe_args {
 // y += sum_j w_j h_j per row. See cuda_moe.cu for the reduction orders.
 void launch_moe_ffn(cudaStream_t s, const moe_args &a);
 
+// ---- LoRA (cuda_lora.cu) ----
+enum { LORA_DT_F32 = 0, LORA_DT_F16 = 1, LORA_DT_BF16 = 2 };
+// One slot of a lora_apply table (device memory): the adapter's pair for
+// this module, or a and b NULL (no adapter: its rows are left alone).
+struct lora_dev {
+    const void *a;              // A [rank][in], a_dt
+    const void *b;              // B [out][rank], b_dt
+    float scale;
+    int32_t rank;
+    int32_t a_dt, b_dt;         // LORA_DT_*
+};
+// table[i] = p[i] for i < n (p host memory), by kernels whose arguments carry
+// the entries, so the write is ordered on the stream and can be recorded.
+void launch_lora_set_table(cudaStream_t s, lora_dev *table, const lora_dev *p, int32_t n);
+struct lora_args {
+    const lora_dev *table;      // [n_slots]
+    int32_t n_slots, in, out, max_rank;
+    const float *x;             // [m][in]
+    const int32_t *slots;       // [m] each row's slot; outside [0, n_slots): none
+    int32_t m;
+    float *t;                   // scratch [m][max_rank]: A x per row
+    float *y;                   // rows y_stride apart; the term lands at out_off
+    int32_t y_stride, out_off;
+};
+// lora_apply (engine/backend.h): a shrink kernel (a warp per row and rank
+// index) then an expand kernel (a thread per row and output), both of a
+// shape fixed by m, max_rank and out; see cuda_lora.cu for the orders.
+void launch_lora_apply(cudaStream_t s, const lora_args &a);
+
 // ---- paged attention (cuda_attention.cu) ----
 struct attn_params {
     const float *q;             // [rows] at q + row * q_stride: n_heads heads of head_dim

@@ -85,6 +85,18 @@ RD_HD uint16_t cm_f32_to_bf16(float f)
 
 RD_HD float cm_bf16_to_f32(uint16_t h) { return cm_u2f((uint32_t)h << 16); }
 
+/* IEEE half -> fp32, exactly (integer operations; subnormals as man * 2^-24,
+ * one exact product): LoRA weights held in the file's f16. */
+RD_HD float cm_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (uint32_t)(h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (e == 0x1fu)
+        return cm_u2f(sign | 0x7f800000u | man << 13);
+    if (e == 0)
+        return cm_u2f(sign | cm_f2u(RD_FMUL((float)man, 5.9604644775390625e-08f)));
+    return cm_u2f(sign | (e + 112u) << 23 | man << 13);
+}
+
 /* ---- FP8 E4M3 (the KV cache's kv_dtype fp8; the rounding of engine/model/quant_fp8.c) ---- */
 
 /* The E4M3 code nearest v, ties to the even code, saturated at +-448; NaN

@@ -40,6 +40,7 @@
 #include "engine/backend.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
+#include "engine/format/gguf.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/loader.h"
 #include "engine/model/quant.h"
@@ -3037,6 +3038,209 @@ static void test_runner_tiny_bf16(void)
     runner_case(light ? "tiny-untied" : "tiny-f32", 0);
 }
 
+/* ------------------------------------------------------------------ LoRA */
+
+/* One random LoRA pair in dtype t (GGML_F32 / F16 / BF16): the bytes
+ * lora_load takes, and their fp32 values (what the file means). */
+typedef struct {
+    rd_lora_w w;
+    void *a, *b;                /* file bytes */
+    float *af, *bf;             /* their values */
+} lora_host;
+
+static void lora_host_make(lora_host *h, int32_t rank, int32_t in, int32_t out, int32_t t, float scale)
+{
+    const size_t na = (size_t)rank * in, nb = (size_t)out * rank, es = t == GGML_F32 ? 4 : 2;
+    h->a = malloc(na * es), h->b = malloc(nb * es);
+    h->af = malloc(na * sizeof(float)), h->bf = malloc(nb * sizeof(float));
+    for (size_t n = 0; n < na + nb; n++) {
+        const int is_a = n < na;
+        const size_t i = is_a ? n : n - na;
+        float v = frand() * (is_a ? 0.3f : 0.2f);
+        void *dst = is_a ? h->a : h->b;
+        if (t == GGML_F16) {
+            uint16_t c = st_f32_to_f16(v);
+            ((uint16_t *)dst)[i] = c;
+            v = rd_f16_to_f32(c);
+        } else if (t == GGML_BF16) {
+            uint16_t c = cm_f32_to_bf16(v);
+            ((uint16_t *)dst)[i] = c;
+            v = cm_bf16_to_f32(c);
+        } else {
+            ((float *)dst)[i] = v;
+        }
+        (is_a ? h->af : h->bf)[i] = v;
+    }
+    h->w = (rd_lora_w){rank, in, out, scale, t, t, h->a, h->b};
+}
+
+static void lora_host_free(lora_host *h) { free(h->a), free(h->b), free(h->af), free(h->bf); }
+
+/* y (m rows of ys floats) after lora_apply on be, from y0. */
+static int lora_on(rd_backend *be, const rd_lora_batch *lb, const float *x, const int32_t *slots, int32_t m,
+                   const float *y0, int32_t ys, int32_t off, float *y)
+{
+    float *dx = up(be, x, sizeof(float) * m * lb->in), *dy = up(be, y0, sizeof(float) * m * ys);
+    int32_t *ds = up(be, slots, sizeof(int32_t) * m);
+    be->ops->lora_apply(be, lb, dx, ds, m, dy, ys, off);
+    int rc = down(be, y, dy, sizeof(float) * m * ys);
+    be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, ds);
+    return rc;
+}
+
+/* lora_apply against the CPU backend: adapters of rank 8 (f32), 16 (f16)
+ * and 64 (bf16), a slot whose adapter leaves the module alone (NULL), rows
+ * with slot -1 and one past the table; the module's term at an offset of a
+ * wider output (a fused q|k|v's v). Both backends follow backend.h's order,
+ * so every row must be bit-identical between them, within 1e-5 of a double
+ * reference, bit-identical to itself computed alone, and untouched where
+ * it has no adapter. Two widths: 75 (no full warp of chunks, a tail) and
+ * 300 (more chunks than lanes, a tail). */
+static void test_lora_vs_cpu(void)
+{
+    static const int32_t ins[2] = {75, 300};
+    enum { OUT = 40, YS = 100, OFF = 37, M = 13, NS = 5 };
+    static const int32_t ranks[3] = {8, 16, 64}, types[3] = {GGML_F32, GGML_F16, GGML_BF16};
+    static const int32_t slots[M] = {2, -1, 0, 1, 3, 2, 7, 0, -1, 2, 1, 4, 0};
+    for (int ii = 0; ii < 2; ii++) {
+        const int32_t in = ins[ii];
+        lora_host h[3];
+        void *hc[NS] = {0}, *hd[NS] = {0};
+        for (int a = 0; a < 3; a++) {
+            lora_host_make(&h[a], ranks[a], in, OUT, types[a], 2.0f / (float)(a + 1));
+            CHECK_OK(cpu->ops->lora_load(cpu, &h[a].w, &hc[a]));
+            CHECK_OK(emu->ops->lora_load(emu, &h[a].w, &hd[a]));
+        }
+        hc[4] = hc[1], hd[4] = hd[1]; /* two slots may share an adapter's pair */
+        CHECK(emu->ops->lora_bytes(emu, hd[2]) == (int64_t)(64 * in + OUT * 64) * 2, "bf16 kept as bf16: %lld bytes",
+              (long long)emu->ops->lora_bytes(emu, hd[2]));
+        const rd_lora_batch lc = {NS, hc, in, OUT, 64}, ld = {NS, hd, in, OUT, 64};
+        float *x = malloc(sizeof(float) * M * in), *y0 = malloc(sizeof(float) * M * YS);
+        float *yc = malloc(sizeof(float) * M * YS), *yd = malloc(sizeof(float) * M * YS);
+        float *y1 = malloc(sizeof(float) * YS);
+        for (int32_t i = 0; i < M * in; i++)
+            x[i] = frand();
+        for (int32_t i = 0; i < M * YS; i++)
+            y0[i] = frand();
+        CHECK_OK(lora_on(cpu, &lc, x, slots, M, y0, YS, OFF, yc));
+        CHECK_OK(lora_on(emu, &ld, x, slots, M, y0, YS, OFF, yd));
+        for (int32_t i = 0; i < M; i++) {
+            const int32_t s = slots[i];
+            const lora_host *L = s >= 0 && s < NS && s != 3 ? &h[s == 4 ? 1 : s] : NULL;
+            for (int32_t j = 0; j < YS; j++) {
+                const size_t e = (size_t)i * YS + j;
+                CHECK(fbits(yc[e]) == fbits(yd[e]), "in %d row %d (slot %d) col %d: cpu %.9g, %s %.9g", in, i, s, j,
+                      yc[e], dev_name(), yd[e]);
+                if (!L || j < OFF || j >= OFF + OUT) {
+                    CHECK(fbits(yc[e]) == fbits(y0[e]), "in %d row %d (slot %d) col %d changed", in, i, s, j);
+                    continue;
+                }
+                double u = 0.0;
+                for (int32_t k = 0; k < L->w.rank; k++) {
+                    double t = 0.0;
+                    for (int32_t c = 0; c < in; c++)
+                        t += (double)L->af[(size_t)k * in + c] * x[(size_t)i * in + c];
+                    u += (double)L->bf[(size_t)(j - OFF) * L->w.rank + k] * t;
+                }
+                const double want = y0[e] + (double)L->w.scale * u;
+                CHECK(fabs(yc[e] - want) <= 1e-5 * (fabs(want) + fabs((double)L->w.scale * u) + 1e-3),
+                      "in %d row %d col %d: %.9g vs the double reference %.9g", in, i, j, yc[e], want);
+            }
+            /* the row alone, on each backend */
+            CHECK_OK(lora_on(cpu, &lc, x + (size_t)i * in, &slots[i], 1, y0 + (size_t)i * YS, YS, OFF, y1));
+            CHECK(!memcmp(y1, yc + (size_t)i * YS, sizeof(float) * YS), "in %d row %d: alone != in the batch (cpu)",
+                  in, i);
+            CHECK_OK(lora_on(emu, &ld, x + (size_t)i * in, &slots[i], 1, y0 + (size_t)i * YS, YS, OFF, y1));
+            CHECK(!memcmp(y1, yd + (size_t)i * YS, sizeof(float) * YS), "in %d row %d: alone != in the batch (%s)",
+                  in, i, dev_name());
+        }
+        emu->ops->lora_release(emu, &ld);
+        for (int a = 0; a < 3; a++) {
+            cpu->ops->lora_free(cpu, hc[a]);
+            emu->ops->lora_free(emu, hd[a]);
+            lora_host_free(&h[a]);
+        }
+        free(x), free(y0), free(yc), free(yd), free(y1);
+    }
+}
+
+/* lora_apply on the CUDA backend after the linear it belongs to (the
+ * linear's deferred split sum must be in y before the term is added), and
+ * in a graph: a replay reads the slots as they are at replay; after a slot
+ * changes adapter, one lora_apply outside capture makes the old graph use
+ * the new one (backend.h). */
+static void test_lora_graph(void)
+{
+    enum { IN = 64, OUT = 48, M = 6 };
+    rd_backend *be = emu;
+    float *w = malloc(sizeof(float) * OUT * IN), *x = malloc(sizeof(float) * M * IN);
+    for (int32_t i = 0; i < OUT * IN; i++)
+        w[i] = frand() * 0.3f;
+    for (int32_t i = 0; i < M * IN; i++)
+        x[i] = frand();
+    lora_host h[3];
+    void *hd[2] = {0}, *extra = NULL, *W = NULL;
+    lora_host_make(&h[0], 8, IN, OUT, GGML_BF16, 2.0f);
+    lora_host_make(&h[1], 16, IN, OUT, GGML_F16, 1.0f);
+    lora_host_make(&h[2], 16, IN, OUT, GGML_F32, 0.5f);
+    CHECK_OK(be->ops->lora_load(be, &h[0].w, &hd[0]));
+    CHECK_OK(be->ops->lora_load(be, &h[1].w, &hd[1]));
+    CHECK_OK(be->ops->lora_load(be, &h[2].w, &extra));
+    CHECK_OK(be->ops->linear_load(be, w, OUT, IN, &W));
+    const rd_lora_batch lb = {2, hd, IN, OUT, 16};
+    const size_t yb = sizeof(float) * M * OUT;
+    int32_t s1[M] = {0, 1, -1, 1, 0, 0}, s2[M] = {1, -1, 0, 0, 1, -1};
+    float *dx = up(be, x, sizeof(float) * M * IN), *dy = up(be, NULL, yb), *dbase = up(be, NULL, yb);
+    int32_t *ds = up(be, s1, sizeof s1);
+    float *base = malloc(yb), *want = malloc(yb), *got = malloc(yb);
+    /* the linear's output alone, then the term added to a fresh copy of it */
+    be->ops->linear(be, W, dx, M, dbase, 0);
+    CHECK_OK(down(be, base, dbase, yb));
+#define LORA_WANT(sl)                                                         \
+    do {                                                                      \
+        CHECK_OK(be->ops->h2d(be, ds, (sl), sizeof s1));                      \
+        CHECK_OK(be->ops->h2d(be, dy, base, yb));                             \
+        be->ops->lora_apply(be, &lb, dx, ds, M, dy, OUT, 0);                  \
+        CHECK_OK(down(be, want, dy, yb));                                     \
+    } while (0)
+    LORA_WANT(s1);
+    CHECK(memcmp(want, base, yb) != 0, "the adapters changed nothing (test too weak)");
+    /* the linear straight into y and the term after it: the same bits */
+    be->ops->linear(be, W, dx, M, dy, 0);
+    be->ops->lora_apply(be, &lb, dx, ds, M, dy, OUT, 0);
+    CHECK_OK(down(be, got, dy, yb));
+    CHECK(!memcmp(got, want, yb), "lora_apply after the linear differs from lora_apply on its finished output");
+    /* captured, replayed with other slots */
+    void *g;
+    CHECK_OK(be->ops->graph_begin(be));
+    be->ops->linear(be, W, dx, M, dy, 0);
+    be->ops->lora_apply(be, &lb, dx, ds, M, dy, OUT, 0);
+    CHECK_OK(be->ops->graph_end(be, &g));
+    CHECK_OK(be->ops->h2d(be, ds, s2, sizeof s2));
+    CHECK_OK(be->ops->graph_launch(be, g));
+    CHECK_OK(down(be, got, dy, yb));
+    LORA_WANT(s2);
+    CHECK(!memcmp(got, want, yb), "a replay with other slots differs from the eager run");
+    /* slot 1 now another adapter: one uncaptured call, then the old graph uses it */
+    void *orig1 = hd[1];
+    hd[1] = extra;
+    LORA_WANT(s2);
+    CHECK_OK(be->ops->graph_launch(be, g));
+    CHECK_OK(down(be, got, dy, yb));
+    CHECK(!memcmp(got, want, yb), "after a slot's adapter changed, the graph's replay differs from the eager run");
+    be->ops->graph_free(be, g);
+#undef LORA_WANT
+    be->ops->lora_release(be, &lb);
+    be->ops->linear_free(be, W);
+    be->ops->lora_free(be, hd[0]);
+    be->ops->lora_free(be, extra);
+    be->ops->lora_free(be, orig1);
+    be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dbase), be->ops->free(be, ds);
+    for (int a = 0; a < 3; a++)
+        lora_host_free(&h[a]);
+    free(w), free(x), free(base), free(want), free(got);
+}
+
 /* ------------------------------------------------------------------ mixture of experts */
 
 
@@ -3877,6 +4081,8 @@ int main(void)
     RUN_SEL(test_moe_release);
     RUN_SEL(test_moe_model_release);
     RUN_SEL(test_moe_graph);
+    RUN_SEL(test_lora_vs_cpu);
+    RUN_SEL(test_lora_graph);
     RUN_SEL(test_sampler);
     RUN_SEL(test_sampler_many_draws);
     RUN_SEL(test_sampler_score);

@@ -1,0 +1,38 @@
+/* lora.h - the CPU backend's LoRA ops (backend.h lora_load, lora_apply).
+ *
+ * A handle holds A and B widened to fp32 once at load: f16 and bf16 widen
+ * exactly, so every product is the one of the file's values, computed
+ * without a conversion per use. lora_apply groups the rows by adapter (a
+ * counting sort over the slots) and runs each adapter's rows together, so
+ * its A and B are read from cache for all of them; every row is computed
+ * on its own in the order backend.h states (RD_LORA_LANES: the CUDA warp's
+ * order, replayed lane by lane), which depends only on the row and its
+ * adapter. Why not a GEMM: OpenBLAS's sgemm changes a row's bits with M
+ * (gemm.h), and the packed GEMM's order (one FMA chain over in) is not the
+ * CUDA kernel's, so the two backends would disagree in the last bits; these
+ * products are small (r (in + out) per row against the base's in out). */
+#ifndef RD_CPU_LORA_H
+#define RD_CPU_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+
+/* Scratch reused between calls (grown, never shrunk). */
+typedef struct {
+    int32_t *order;             /* [m] rows grouped by slot, ascending within a slot */
+    size_t order_cap;
+} cpu_lora_scratch;
+
+int cpu_lora_load(const rd_lora_w *w, void **handle);
+void cpu_lora_free(void *handle);
+int64_t cpu_lora_bytes(const void *handle);
+void cpu_lora_apply(cpu_lora_scratch *s, const rd_lora_batch *lb, const float *x, const int32_t *slots, int32_t m,
+                    float *y, int32_t y_stride, int32_t out_off);
+void cpu_lora_scratch_free(cpu_lora_scratch *s);
+
+/* t = w . x over n elements in RD_LORA_LANES' order (exposed for the tests). */
+float cpu_lora_dot(const float *w, const float *x, int32_t n);
+
+#endif
