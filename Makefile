@@ -53,7 +53,8 @@ endif
 CXX     ?= g++
 EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $(BUILD)/obj/emu/kernels/cuda/cuemu.o
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
-EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
+EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(BUILD)/emutests/test_engine_cudaemu \
+             $(BUILD)/emutests/test_spec_cudaemu
 
 .PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
@@ -142,6 +143,12 @@ $(BUILD)/tests/test_http: tests/unit/test_http.c $(LLHTTP_OBJ) $(BUILD)/librollo
 $(BUILD)/tests/test_cuda_emu: tests/unit/test_cuda_emu.c $(BUILD)/librollout.a $(EMU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a $(LDLIBS) -lstdc++
+
+# LoRA serving on the emulator (tiny models, seconds): with the suite, as test_cuda_emu.
+$(BUILD)/tests/test_lora_engine_emu: tests/unit/test_lora_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' -DRD_TEST_LIGHT $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a \
+	  $(LDLIBS) -lstdc++
 
 $(BUILD)/emutests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
 	@mkdir -p $(dir $@)

@@ -34,6 +34,8 @@ typedef struct {
     const int32_t *q_start;     /* [n_seqs + 1] row offsets (prefix sums) */
     const int32_t *ctx_len;     /* [n_seqs] tokens in the KV cache after this step */
     const int32_t *block_tables;/* [n_seqs][max_blocks] physical block ids */
+    const int32_t *lora_slots;  /* [n_rows] each row's LoRA adapter slot (runner_lora_set), -1 for the base
+                                   model; NULL: every row base. The runner reads it, step_upload does not */
 } rd_step;
 
 /* Padding (CUDA graphs run a decode step padded to a fixed batch size): rows

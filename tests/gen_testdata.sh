@@ -10,8 +10,9 @@
 #   tiny-moe-<dtype>.gguf and tiny-moe-<dtype>.hf/ for f32 f16 bf16 q8_0 q4_k_m: Qwen3-MoE
 #                       (tests/py/moe_model.py: 16 experts, top 4; q4_k_m with dim 256)
 #   lora/<model>-<variant>/  PEFT LoRA adapters (tools/gen_lora.py) for tiny-f32 (llama),
-#                       tiny-qwen3 and tiny-moe-f32: rank 8 and 64, attention-only and
-#                       all-linear, f32 / f16 / bf16, rsLoRA, a regex target; and the
+#                       tiny-qwen3, tiny-gemma3 and tiny-moe-f32: rank 8 to 64,
+#                       attention-only, MLP-only and all-linear, f32 / f16 / bf16, rsLoRA,
+#                       a regex target; four per dense family to serve at once; and the
 #                       variants rolloutd refuses (DoRA, modules_to_save, lm_head, MoE experts)
 # Next to each model X.gguf: X/ (expected dequantized values from the gguf
 # package, meta.json with the config) and X.npz (the HF-layout state_dict).
@@ -95,6 +96,14 @@ lora tiny-qwen3 tiny-qwen3-r64-all --rank 64 --alpha 64 --targets q_proj,k_proj,
 lora tiny-moe-f32 tiny-moe-r8-attn --rank 8 --alpha 8 --targets attention --dtype bf16 --seed 5 & pids+=($!)
 lora tiny-moe-f32 tiny-moe-r64-attn --rank 64 --alpha 128 --rslora \
   --targets 're:model\.layers\.\d+\.self_attn\.[qkvo]_proj' --dtype f16 --seed 6 & pids+=($!)
+# Served side by side in one batch (tests/unit/test_lora_engine.c): four per family, and Gemma 3's.
+lora tiny-f32 tiny-f32-r16-mlp --rank 16 --alpha 16 --targets mlp --dtype f16 --seed 11 & pids+=($!)
+lora tiny-f32 tiny-f32-r32-qv-rslora --rank 32 --alpha 8 --rslora --targets q_proj,v_proj --dtype f32 \
+  --seed 12 & pids+=($!)
+lora tiny-qwen3 tiny-qwen3-r16-mlp --rank 16 --alpha 32 --targets mlp --dtype bf16 --seed 13 & pids+=($!)
+lora tiny-qwen3 tiny-qwen3-r32-all --rank 32 --alpha 32 --targets all-linear --dtype f16 --seed 14 & pids+=($!)
+lora tiny-gemma3 tiny-gemma3-r8-all --rank 8 --alpha 16 --targets all-linear --dtype bf16 --seed 15 & pids+=($!)
+lora tiny-gemma3 tiny-gemma3-r32-attn --rank 32 --alpha 16 --targets attention --dtype f32 --seed 16 & pids+=($!)
 # Refused: all-linear on the MoE takes in its experts and router; DoRA; lm_head in full; LoRA on lm_head.
 lora tiny-moe-f32 tiny-moe-r8-all --rank 8 --targets all-linear --seed 7 & pids+=($!)
 lora tiny-f32 tiny-f32-dora --rank 8 --dora --seed 8 & pids+=($!)

@@ -54,7 +54,7 @@ done
 if [ -n "${RD_ASAN_BUILD:-}" ]; then
   for t in "$RD_ASAN_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
-    [ "$(basename "$t")" = test_cuda_emu ] && continue
+    case "$(basename "$t")" in test_cuda_emu | test_lora_engine_emu) continue ;; esac
     add "asan:$(basename "$t")" "$t"
   done
 fi

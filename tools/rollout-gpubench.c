@@ -745,7 +745,7 @@ static int prefill_step(runner *r, batch_t *b, int32_t s0, int32_t s1, int32_t l
             b->tab[(s - s0) * b->bps + k] = s * b->bps + k;
     }
     b->qs[ns] = m;
-    rd_step st = {m, ns, b->bps, b->tok, b->pos, b->slot, b->qs, b->ctxl, b->tab};
+    rd_step st = {m, ns, b->bps, b->tok, b->pos, b->slot, b->qs, b->ctxl, b->tab, NULL};
     return runner_forward(r, &st, b->rows, ns, logits);
 }
 
@@ -764,7 +764,7 @@ static int decode_step(runner *r, batch_t *b)
         b->ctx[s]++;
     }
     b->qs[b->B] = b->B;
-    rd_step st = {b->B, b->B, b->bps, b->tok, b->pos, b->slot, b->qs, b->ctxl, b->tab};
+    rd_step st = {b->B, b->B, b->bps, b->tok, b->pos, b->slot, b->qs, b->ctxl, b->tab, NULL};
     return runner_forward(r, &st, b->rows, b->B, NULL);
 }
 

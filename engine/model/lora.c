@@ -741,17 +741,26 @@ int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lo
 
 /* ------------------------------------------------------- the resident set */
 
+typedef enum { SLOT_FREE = 0, SLOT_LIVE, SLOT_RETIRED } slot_state;
+
 typedef struct {
+    slot_state state;
     lora_adapter *a;
     uint64_t version;
+    uint64_t uid;
     int32_t pins;
     uint64_t used;              /* the set's clock at the last add or pin: least is least recent */
+    uint64_t added;             /* the clock at its add: the listing's order */
 } lora_slot;
 
 struct lora_set {
-    int32_t cap, n;
+    int32_t cap;                /* max_loras: live adapters at most */
+    int32_t n_slots;            /* 2 * cap */
+    int32_t n_live;
     uint64_t clock;
-    lora_slot *slots;           /* [cap], the first n in use, in the order added */
+    lora_slot *slots;           /* [n_slots] */
+    lora_free_fn on_free;
+    void *on_free_ctx;
 };
 
 int lora_set_new(int32_t max_loras, lora_set **out)
@@ -762,43 +771,57 @@ int lora_set_new(int32_t max_loras, lora_set **out)
     if (max_loras < 1 || max_loras > LORA_MAX_LORAS)
         return rd_fail(RD_EINVAL, "lora: max_loras %d is outside 1..%d", max_loras, LORA_MAX_LORAS);
     lora_set *s = calloc(1, sizeof *s);
-    if (!s || !(s->slots = calloc((size_t)max_loras, sizeof *s->slots))) {
+    if (!s || !(s->slots = calloc(2 * (size_t)max_loras, sizeof *s->slots))) {
         free(s);
         return rd_fail(RD_ENOMEM, "lora: out of memory");
     }
     s->cap = max_loras;
+    s->n_slots = 2 * max_loras;
     *out = s;
     return 0;
+}
+
+/* Frees slot i's adapter (the owner's hook first) and empties the slot. */
+static void drop(lora_set *s, int32_t i)
+{
+    lora_slot *sl = &s->slots[i];
+    if (s->on_free)
+        s->on_free(s->on_free_ctx, i, sl->a);
+    lora_free(sl->a);
+    if (sl->state == SLOT_LIVE)
+        s->n_live--;
+    memset(sl, 0, sizeof *sl);
 }
 
 void lora_set_free(lora_set *s)
 {
     if (!s)
         return;
-    for (int32_t i = 0; i < s->n; i++)
-        lora_free(s->slots[i].a);
+    for (int32_t i = 0; i < s->n_slots; i++)
+        if (s->slots[i].state != SLOT_FREE)
+            drop(s, i);
     free(s->slots);
     free(s);
 }
 
+void lora_set_on_free(lora_set *s, lora_free_fn fn, void *ctx)
+{
+    s->on_free = fn;
+    s->on_free_ctx = ctx;
+}
+
+int32_t lora_set_slots(const lora_set *s) { return s ? s->n_slots : 0; }
+
 static int32_t find(const lora_set *s, const char *name)
 {
-    for (int32_t i = 0; i < s->n; i++)
-        if (!strcmp(s->slots[i].a->name, name))
+    for (int32_t i = 0; i < s->n_slots; i++)
+        if (s->slots[i].state == SLOT_LIVE && !strcmp(s->slots[i].a->name, name))
             return i;
     return -1;
 }
 
-/* Frees slot i and closes the gap, keeping the order of addition. */
-static void drop(lora_set *s, int32_t i)
-{
-    lora_free(s->slots[i].a);
-    memmove(&s->slots[i], &s->slots[i + 1], sizeof *s->slots * (size_t)(s->n - i - 1));
-    s->n--;
-}
-
-int lora_set_add(lora_set *s, lora_adapter *a, const char *name, uint64_t version, char *evicted,
-                 size_t evicted_cap)
+int lora_set_add(lora_set *s, lora_adapter *a, const char *name, uint64_t version, int replace, char *evicted,
+                 size_t evicted_cap, int32_t *slot)
 {
     if (evicted && evicted_cap)
         evicted[0] = 0;
@@ -809,25 +832,54 @@ int lora_set_add(lora_set *s, lora_adapter *a, const char *name, uint64_t versio
     const size_t len = strlen(name);
     if (len == 0 || len >= LORA_NAME_MAX)
         return rd_fail(RD_EINVAL, "lora: an adapter name must be 1 to %d bytes (got %zu)", LORA_NAME_MAX - 1, len);
-    if (find(s, name) >= 0)
+    const int32_t old = find(s, name);
+    if (old >= 0 && !replace)
         return rd_fail(RD_EINVAL, "lora: an adapter named '%s' is already loaded (unload it first)", name);
-    for (int32_t i = 0; i < s->n; i++)
-        if (s->slots[i].a == a)
+    for (int32_t i = 0; i < s->n_slots; i++)
+        if (s->slots[i].state != SLOT_FREE && s->slots[i].a == a)
             return rd_fail(RD_EINVAL, "lora: this adapter is already in the set as '%s'", a->name);
-    if (s->n == s->cap) {
-        int32_t lru = -1;
-        for (int32_t i = 0; i < s->n; i++)
-            if (s->slots[i].pins == 0 && (lru < 0 || s->slots[i].used < s->slots[lru].used))
-                lru = i;
-        if (lru < 0)
+    /* The new adapter needs a free slot and, unless it replaces one, room among the live. */
+    int32_t free_slot = -1;
+    for (int32_t i = 0; i < s->n_slots && free_slot < 0; i++)
+        if (s->slots[i].state == SLOT_FREE)
+            free_slot = i;
+    if (old >= 0 && s->slots[old].pins == 0)
+        free_slot = free_slot >= 0 ? free_slot : old;   /* it goes first: its slot is the new one's */
+    int32_t victim = -1;
+    if (old < 0 && (s->n_live == s->cap || free_slot < 0)) {
+        for (int32_t i = 0; i < s->n_slots; i++)
+            if (s->slots[i].state == SLOT_LIVE && s->slots[i].pins == 0 &&
+                (victim < 0 || s->slots[i].used < s->slots[victim].used))
+                victim = i;
+        if (victim < 0)
             return rd_fail(RD_EBUSY, "lora: all %d adapter slots (max_loras) hold adapters that running sequences "
                            "use; '%s' can be loaded when one is idle", s->cap, name);
+        if (free_slot < 0)
+            free_slot = victim;
+    }
+    if (free_slot < 0)
+        return rd_fail(RD_EBUSY, "lora: every slot holds an adapter that running sequences use (%d replaced ones "
+                       "wait for theirs to end); '%s' can be loaded when one is idle", s->n_slots - s->n_live, name);
+    if (victim >= 0) {
         if (evicted && evicted_cap)
-            snprintf(evicted, evicted_cap, "%s", s->slots[lru].a->name);
-        drop(s, lru);
+            snprintf(evicted, evicted_cap, "%s", s->slots[victim].a->name);
+        drop(s, victim);
+    }
+    if (old >= 0) {
+        if (s->slots[old].pins == 0) {
+            drop(s, old);
+        } else {
+            s->slots[old].state = SLOT_RETIRED;
+            s->n_live--;
+        }
     }
     memmove(a->name, name, len + 1);   /* name may be a->name itself */
-    s->slots[s->n++] = (lora_slot){.a = a, .version = version, .pins = 0, .used = ++s->clock};
+    s->clock++;
+    s->slots[free_slot] = (lora_slot){.state = SLOT_LIVE, .a = a, .version = version, .uid = s->clock,
+                                      .pins = 0, .used = s->clock, .added = s->clock};
+    s->n_live++;
+    if (slot)
+        *slot = free_slot;
     return 0;
 }
 
@@ -859,34 +911,37 @@ int lora_set_get(const lora_set *s, const char *name, const lora_adapter **a, ui
     return 0;
 }
 
-int lora_set_pin(lora_set *s, const char *name, const lora_adapter **a, uint64_t *version)
+int lora_set_pin(lora_set *s, const char *name, lora_pinned *out)
 {
-    int rc = lora_set_get(s, name, a, version);
-    if (rc)
-        return rc;
-    lora_slot *sl = &s->slots[find(s, name)];
+    if (!s || !name || !out)
+        return rd_fail(RD_EINVAL, "lora_set_pin: no set, name or output");
+    int32_t i = find(s, name);
+    if (i < 0)
+        return rd_fail(RD_ENOENT, "lora: no adapter named '%.128s' is loaded", name);
+    lora_slot *sl = &s->slots[i];
     if (sl->pins == INT32_MAX)
         return rd_fail(RD_ERANGE, "lora: adapter '%s' has %d pins", name, sl->pins);
     sl->pins++;
     sl->used = ++s->clock;
+    *out = (lora_pinned){.a = sl->a, .version = sl->version, .uid = sl->uid, .slot = i};
     return 0;
 }
 
-int lora_set_unpin(lora_set *s, const lora_adapter *a)
+int lora_set_unpin(lora_set *s, int32_t slot)
 {
-    if (!s || !a)
-        return rd_fail(RD_EINVAL, "lora_set_unpin: no set or no adapter");
-    for (int32_t i = 0; i < s->n; i++)
-        if (s->slots[i].a == a) {
-            if (s->slots[i].pins == 0)
-                return rd_fail(RD_EINVAL, "lora: adapter '%s' is not pinned", a->name);
-            s->slots[i].pins--;
-            return 0;
-        }
-    return rd_fail(RD_ENOENT, "lora_set_unpin: the adapter is not in the set");
+    if (!s)
+        return rd_fail(RD_EINVAL, "lora_set_unpin: no set");
+    if (slot < 0 || slot >= s->n_slots || s->slots[slot].state == SLOT_FREE)
+        return rd_fail(RD_ENOENT, "lora_set_unpin: slot %d holds no adapter", slot);
+    lora_slot *sl = &s->slots[slot];
+    if (sl->pins == 0)
+        return rd_fail(RD_EINVAL, "lora: adapter '%s' is not pinned", sl->a->name);
+    if (--sl->pins == 0 && sl->state == SLOT_RETIRED)
+        drop(s, slot);
+    return 0;
 }
 
-int32_t lora_set_count(const lora_set *s) { return s ? s->n : 0; }
+int32_t lora_set_count(const lora_set *s) { return s ? s->n_live : 0; }
 
 int32_t lora_set_capacity(const lora_set *s) { return s ? s->cap : 0; }
 
@@ -895,10 +950,20 @@ int lora_set_list(const lora_set *s, lora_info *out, int32_t cap, int32_t *n)
     if (!s || !n || (cap > 0 && !out))
         return rd_fail(RD_EINVAL, "lora_set_list: no set or no output");
     int32_t k = 0;
-    for (; k < s->n && k < cap; k++) {
-        const lora_slot *sl = &s->slots[k];
-        out[k] = (lora_info){.name = sl->a->name, .version = sl->version, .rank = sl->a->rank,
-                             .bytes = sl->a->bytes, .pins = sl->pins};
+    uint64_t after = 0;
+    /* In the order added: the live slot with the least add stamp above the last listed. */
+    while (k < cap) {
+        int32_t next = -1;
+        for (int32_t i = 0; i < s->n_slots; i++)
+            if (s->slots[i].state == SLOT_LIVE && s->slots[i].added > after &&
+                (next < 0 || s->slots[i].added < s->slots[next].added))
+                next = i;
+        if (next < 0)
+            break;
+        const lora_slot *sl = &s->slots[next];
+        out[k++] = (lora_info){.name = sl->a->name, .version = sl->version, .rank = sl->a->rank,
+                               .bytes = sl->a->bytes, .pins = sl->pins, .slot = next};
+        after = sl->added;
     }
     *n = k;
     return 0;

@@ -109,10 +109,21 @@ int lora_to_f32(const void *src, st_dtype dt, size_t n, float *dst);
 
 /* ------------------------------------------------------------------------
  * The resident set: at most max_loras adapters by name, each with the
- * version it was loaded as and a pin count (the sequences using it). The set
- * owns its adapters. Pinned adapters are never evicted nor removed. */
+ * version it was loaded as and a pin count (the sequences using it), in a
+ * numbered slot that stays its own while it is resident: the engine keeps
+ * the backend's copy of an adapter by slot, and a sequence names its
+ * adapter by slot. The set owns its adapters. Pinned adapters are never
+ * evicted nor removed. An adapter replaced under its name (a push of a new
+ * version) while sequences use it is retired: it keeps its slot, serves
+ * the sequences that pinned it, and is freed at its last unpin; new pins
+ * get the new one. Slots: 2 * max_loras (resident and retired). */
 
 typedef struct lora_set lora_set;
+
+/* Called as the set frees an adapter (removed, evicted, replaced or retired
+ * and unpinned, or at lora_set_free), before lora_free(a), with the slot it
+ * held: the owner drops what it keeps for that slot. */
+typedef void (*lora_free_fn)(void *ctx, int32_t slot, lora_adapter *a);
 
 /* One adapter as /status lists it; name valid while the adapter is resident. */
 typedef struct {
@@ -121,34 +132,52 @@ typedef struct {
     int32_t rank;
     uint64_t bytes;             /* lora_adapter.bytes */
     int32_t pins;               /* sequences using it now */
+    int32_t slot;
 } lora_info;
+
+/* What a pin gives a sequence. */
+typedef struct {
+    const lora_adapter *a;
+    uint64_t version;           /* the version it was added as */
+    uint64_t uid;               /* unique to this add (never reused by the set): a replaced adapter's
+                                   successor under the same name and version has another */
+    int32_t slot;
+} lora_pinned;
 
 /* max_loras: 1 .. LORA_MAX_LORAS. */
 int lora_set_new(int32_t max_loras, lora_set **out);
-/* Frees the set and every adapter in it, pinned or not (shutdown). */
+/* Frees the set and every adapter in it, pinned or retired (shutdown),
+ * calling the free hook for each. */
 void lora_set_free(lora_set *s);
+void lora_set_on_free(lora_set *s, lora_free_fn fn, void *ctx);
+/* Slot numbers are 0 .. lora_set_slots() - 1. */
+int32_t lora_set_slots(const lora_set *s);
 
 /* Adds adapter a under name (NULL: a->name; copied into a->name) and
- * version. A name already resident is RD_EINVAL. A full set first evicts
- * its least recently used adapter with no pins (evicted, if not NULL, gets
- * its name; "" when none was evicted); if every adapter is pinned,
- * RD_EBUSY. On success the set owns a; on failure the caller still does. */
-int lora_set_add(lora_set *s, lora_adapter *a, const char *name, uint64_t version, char *evicted,
-                 size_t evicted_cap);
+ * version; *slot (may be NULL) gets its slot. A name already resident is
+ * RD_EINVAL unless replace, which supersedes it (freed now if unpinned,
+ * else retired). A full set first evicts its least recently used adapter
+ * with no pins (evicted, if not NULL, gets its name; "" when none was
+ * evicted); if every adapter is pinned, or every slot holds a pinned
+ * retired one, RD_EBUSY. On success the set owns a; on failure the caller
+ * still does. */
+int lora_set_add(lora_set *s, lora_adapter *a, const char *name, uint64_t version, int replace, char *evicted,
+                 size_t evicted_cap, int32_t *slot);
 /* Removes and frees adapter name: RD_ENOENT if it is not resident, RD_EBUSY
  * while it is pinned. */
 int lora_set_remove(lora_set *s, const char *name);
 /* Looks name up without counting a use (RD_ENOENT if absent); version may
  * be NULL. */
 int lora_set_get(const lora_set *s, const char *name, const lora_adapter **a, uint64_t *version);
-/* Pins name for a sequence: its adapter and version, one more pin, and it
- * becomes the most recently used. RD_ENOENT if absent. */
-int lora_set_pin(lora_set *s, const char *name, const lora_adapter **a, uint64_t *version);
-/* Gives back a pin taken by lora_set_pin. By adapter rather than by name,
- * so that a sequence releases exactly what it pinned. RD_ENOENT if a is not
- * resident, RD_EINVAL if it has no pins. */
-int lora_set_unpin(lora_set *s, const lora_adapter *a);
+/* Pins name for a sequence: one more pin, and it becomes the most recently
+ * used. RD_ENOENT if absent. */
+int lora_set_pin(lora_set *s, const char *name, lora_pinned *out);
+/* Gives back a pin on slot (lora_pinned.slot): by slot rather than by name,
+ * so that a sequence releases exactly what it pinned, retired or not.
+ * RD_ENOENT if the slot holds nothing, RD_EINVAL if it has no pins. */
+int lora_set_unpin(lora_set *s, int32_t slot);
 
+/* Resident (not retired) adapters. */
 int32_t lora_set_count(const lora_set *s);
 int32_t lora_set_capacity(const lora_set *s);
 /* The resident adapters in the order they were added: up to cap into

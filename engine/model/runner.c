@@ -11,6 +11,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "engine/format/gguf.h"
 #include "engine/serve/sampler.h"
 
 static void *balloc(rd_backend *be, size_t bytes, int *failed)
@@ -108,7 +109,7 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
         int32_t cap = max_rows < max_logits ? max_rows : max_logits;
         r->graph_cap = cap < RUNNER_GRAPH_MAX_BATCH ? cap : RUNNER_GRAPH_MAX_BATCH;
         r->iota_dev = balloc(be, (size_t)r->graph_cap * sizeof(int32_t), &failed);
-        r->pad_host = malloc(3 * (size_t)r->graph_cap * sizeof(int32_t));
+        r->pad_host = malloc(4 * (size_t)r->graph_cap * sizeof(int32_t));
         if (failed || !r->pad_host) {
             runner_free(r);
             return rd_fail(RD_ENOMEM, "runner: cannot allocate graph buffers for %d rows", cap);
@@ -141,6 +142,14 @@ void runner_free(runner *r)
     free(r->moe);
     if (r->iota_dev)
         be->ops->free(be, r->iota_dev);
+    for (int32_t k = 0; r->lora_lb && be->ops->lora_release && k < r->m->cfg.n_layers * LORA_N_MODULES; k++)
+        if (r->lora_lb[k].w)
+            be->ops->lora_release(be, &r->lora_lb[k]);
+    if (r->lora_rows_dev)
+        be->ops->free(be, r->lora_rows_dev);
+    free(r->lora_w);
+    free(r->lora_lb);
+    free(r->lora_used);
     free(r->pad_host);
     memset(r, 0, sizeof *r);
 }
@@ -222,6 +231,171 @@ int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_
     return 0;
 }
 
+/* A module's input and output features, 0 where the family's layers do not run it through the runner
+ * (a MoE model's FFN is its experts). */
+static void lora_dims(const model_config *c, lora_module m, int32_t *in, int32_t *out)
+{
+    const int32_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    const int32_t ffn = c->n_experts > 0 ? 0 : c->ffn_dim;
+    switch (m) {
+    case LORA_Q: *in = c->dim; *out = q; break;
+    case LORA_K:
+    case LORA_V: *in = c->dim; *out = kv; break;
+    case LORA_O: *in = q; *out = c->dim; break;
+    case LORA_GATE:
+    case LORA_UP: *in = ffn ? c->dim : 0; *out = ffn; break;
+    case LORA_DOWN: *in = ffn; *out = ffn ? c->dim : 0; break;
+    default: *in = *out = 0; break;
+    }
+}
+
+int runner_lora_init(runner *r, int32_t n_slots, int32_t max_rank)
+{
+    const model_config *c = &r->m->cfg;
+    if (r->lora_n_slots)
+        return rd_fail(RD_EINVAL, "runner: LoRA slots are already made");
+    if (n_slots < 1 || n_slots > RD_LORA_MAX_SLOTS || max_rank < 1 || max_rank > RD_LORA_MAX_RANK)
+        return rd_fail(RD_EINVAL, "runner: %d LoRA slots of rank %d (1..%d slots, rank 1..%d)", n_slots, max_rank,
+                       RD_LORA_MAX_SLOTS, RD_LORA_MAX_RANK);
+    if (!r->be->ops->lora_apply || !r->be->ops->lora_load)
+        return rd_fail(RD_ENOTSUP, "runner: the %s backend has no LoRA ops", r->be->ops->name);
+    const size_t n_lb = (size_t)c->n_layers * LORA_N_MODULES;
+    int failed = 0;
+    r->lora_w = calloc(n_lb * (size_t)n_slots, sizeof(void *));
+    r->lora_lb = calloc(n_lb, sizeof *r->lora_lb);
+    r->lora_used = calloc(n_lb, sizeof(int32_t));
+    r->lora_rows_dev = balloc(r->be, (size_t)r->max_rows * sizeof(int32_t), &failed);
+    if (failed || !r->lora_w || !r->lora_lb || !r->lora_used) {
+        free(r->lora_w);
+        free(r->lora_lb);
+        free(r->lora_used);
+        if (r->lora_rows_dev)
+            r->be->ops->free(r->be, r->lora_rows_dev);
+        r->lora_w = NULL;
+        r->lora_lb = NULL;
+        r->lora_used = NULL;
+        r->lora_rows_dev = NULL;
+        return rd_fail(RD_ENOMEM, "runner: cannot allocate %d LoRA slots", n_slots);
+    }
+    for (size_t k = 0; k < n_lb; k++) {
+        int32_t in, out;
+        lora_dims(c, (lora_module)(k % LORA_N_MODULES), &in, &out);
+        r->lora_lb[k] = (rd_lora_batch){.n_slots = n_slots, .w = r->lora_w + k * (size_t)n_slots, .in = in,
+                                        .out = out, .max_rank = max_rank};
+    }
+    r->lora_n_slots = n_slots;
+    r->lora_max_rank = max_rank;
+    return 0;
+}
+
+int runner_lora_set(runner *r, int32_t slot, int32_t layer, lora_module m, void *handle)
+{
+    const model_config *c = &r->m->cfg;
+    if (slot < 0 || slot >= r->lora_n_slots || layer < 0 || layer >= c->n_layers || m < 0 || m >= LORA_N_MODULES)
+        return rd_fail(RD_EINVAL, "runner: LoRA slot %d, layer %d, module %d out of range (%d slots, %d layers)",
+                       slot, layer, (int)m, r->lora_n_slots, c->n_layers);
+    const size_t k = (size_t)layer * LORA_N_MODULES + m;
+    if (handle && r->lora_lb[k].out == 0)
+        return rd_fail(RD_EINVAL, "runner: %s layers run no %s of their own (LoRA on it is not served)", c->arch,
+                       lora_module_name(m));
+    void **w = &r->lora_w[k * (size_t)r->lora_n_slots + slot];
+    r->lora_used[k] += (handle != NULL) - (*w != NULL);
+    *w = handle;
+    r->lora_gen++;
+    return 0;
+}
+
+static int ggml_of_st(st_dtype d) { return d == ST_F32 ? GGML_F32 : d == ST_F16 ? GGML_F16 : GGML_BF16; }
+
+int runner_lora_prepare(runner *r, const lora_adapter *a, void ***handles, int64_t *bytes)
+{
+    const model_config *c = &r->m->cfg;
+    rd_backend *be = r->be;
+    *handles = NULL;
+    *bytes = 0;
+    if (!r->lora_n_slots)
+        return rd_fail(RD_EINVAL, "runner: no LoRA slots (runner_lora_init)");
+    if (a->n_layers != c->n_layers)
+        return rd_fail(RD_EINVAL, "lora: adapter '%s' has %d layers; the model %d", a->name, a->n_layers,
+                       c->n_layers);
+    if (a->rank > r->lora_max_rank)
+        return rd_fail(RD_ERANGE, "lora: adapter '%s' has rank %d; the limit is %d", a->name, a->rank,
+                       r->lora_max_rank);
+    const size_t n_pairs = (size_t)c->n_layers * LORA_N_MODULES;
+    void **h = calloc(n_pairs, sizeof(void *));
+    if (!h)
+        return rd_fail(RD_ENOMEM, "lora: out of memory");
+    int rc = 0;
+    int64_t total = 0;
+    for (size_t k = 0; k < n_pairs && !rc; k++) {
+        const lora_module m = (lora_module)(k % LORA_N_MODULES);
+        const lora_pair *p = lora_pair_at(a, (int32_t)(k / LORA_N_MODULES), m);
+        if (!p || !p->a)
+            continue;
+        const rd_lora_batch *lb = &r->lora_lb[k];
+        if (lb->out == 0 || lb->in != a->in[m] || lb->out != a->out[m]) {
+            rc = rd_fail(RD_EINVAL, "lora: adapter '%s' has %s [%d -> %d] in layer %d; the model runs [%d -> %d]",
+                         a->name, lora_module_name(m), a->in[m], a->out[m], (int)(k / LORA_N_MODULES), lb->in,
+                         lb->out);
+            break;
+        }
+        const rd_lora_w w = {.rank = a->rank, .in = a->in[m], .out = a->out[m], .scale = a->scale,
+                             .a_type = ggml_of_st(p->a_dtype), .b_type = ggml_of_st(p->b_dtype), .a = p->a,
+                             .b = p->b};
+        rc = be->ops->lora_load(be, &w, &h[k]);
+        if (!rc)
+            total += be->ops->lora_bytes(be, h[k]);
+    }
+    if (rc) {
+        runner_lora_discard(r, h);
+        return rc;
+    }
+    *handles = h;
+    *bytes = total;
+    return 0;
+}
+
+void runner_lora_discard(runner *r, void **handles)
+{
+    for (size_t k = 0; handles && k < (size_t)r->m->cfg.n_layers * LORA_N_MODULES; k++)
+        if (handles[k])
+            r->be->ops->lora_free(r->be, handles[k]);
+    free(handles);
+}
+
+void runner_lora_bind(runner *r, int32_t slot, void **handles)
+{
+    for (size_t k = 0; k < (size_t)r->m->cfg.n_layers * LORA_N_MODULES; k++)
+        if (handles[k])
+            runner_lora_set(r, slot, (int32_t)(k / LORA_N_MODULES), (lora_module)(k % LORA_N_MODULES), handles[k]);
+    free(handles);
+}
+
+void runner_lora_unbind(runner *r, int32_t slot)
+{
+    if (slot < 0 || slot >= r->lora_n_slots)
+        return;
+    for (size_t k = 0; k < (size_t)r->m->cfg.n_layers * LORA_N_MODULES; k++) {
+        void *h = r->lora_w[k * (size_t)r->lora_n_slots + slot];
+        if (h) {
+            runner_lora_set(r, slot, (int32_t)(k / LORA_N_MODULES), (lora_module)(k % LORA_N_MODULES), NULL);
+            r->be->ops->lora_free(r->be, h);
+        }
+    }
+}
+
+/* Adds the LoRA terms of module mod of layer l for the rows that have them, x the module's input [M][in]
+ * and its output at y + off (rows y_stride apart), after the module's linear wrote it. */
+static void lora_add(runner *r, int32_t l, lora_module mod, const float *x, int32_t M, float *y, int32_t y_stride,
+                     int32_t off)
+{
+    if (!r->lora_step)
+        return;
+    const size_t k = (size_t)l * LORA_N_MODULES + mod;
+    if (r->lora_used[k] > 0)
+        r->be->ops->lora_apply(r->be, &r->lora_lb[k], x, r->lora_rows_dev, M, y, y_stride, off);
+}
+
 /* The pre-norm attention sublayer (Llama, Qwen2, Qwen3, Qwen3-MoE), x +=
  * o(attention(rope(norms(q|k|v(rmsnorm(x)))))), then xn = rmsnorm(x) for
  * the FFN: the q|k|v bias and per-head q/k norms where the layer has them. */
@@ -239,6 +413,9 @@ static void attention_sublayer(runner *r, const rd_step_dev *sd, int32_t M, int3
     op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
     if (L->qkv_bias)
         op->add_bias(be, r->qkv, qkv_dim, M, qkv_dim, L->qkv_bias);
+    lora_add(r, l, LORA_Q, r->xn, M, r->qkv, qkv_dim, 0);
+    lora_add(r, l, LORA_K, r->xn, M, r->qkv, qkv_dim, nh * hd);
+    lora_add(r, l, LORA_V, r->xn, M, r->qkv, qkv_dim, (nh + nkv) * hd);
     if (L->q_norm) {
         op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, c->norm_eps, 0.0f);
         op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, c->norm_eps, 0.0f);
@@ -249,6 +426,8 @@ static void attention_sublayer(runner *r, const rd_step_dev *sd, int32_t M, int3
                  r->v_cache[l]);
     op->attention(be, &r->attn, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
     op->linear(be, L->o, r->att, M, r->x, 1);
+    /* Onto the residual sum: a row's bits still depend on its own adapter alone */
+    lora_add(r, l, LORA_O, r->att, M, r->x, c->dim, 0);
     op->rmsnorm(be, r->x, L->ffn_norm, M, c->dim, c->norm_eps, 0.0f, r->xn);
 }
 
@@ -261,8 +440,11 @@ void runner_layer_decoder(runner *r, const rd_step_dev *sd, int32_t M, int32_t l
 
     attention_sublayer(r, sd, M, l);
     op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
+    lora_add(r, l, LORA_GATE, r->xn, M, r->gu, 2 * c->ffn_dim, 0);
+    lora_add(r, l, LORA_UP, r->xn, M, r->gu, 2 * c->ffn_dim, c->ffn_dim);
     op->swiglu(be, r->gu, M, c->ffn_dim, r->ff);
     op->linear(be, L->down, r->ff, M, r->x, 1);
+    lora_add(r, l, LORA_DOWN, r->ff, M, r->x, c->dim, 0);
 }
 
 void runner_layer_moe(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
@@ -312,18 +494,25 @@ void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
 
     op->rmsnorm(be, r->x, L->attn_norm, M, d, eps, one, r->xn);
     op->linear(be, L->qkv, r->xn, M, r->qkv, 0);
+    lora_add(r, l, LORA_Q, r->xn, M, r->qkv, qkv_dim, 0);
+    lora_add(r, l, LORA_K, r->xn, M, r->qkv, qkv_dim, nh * hd);
+    lora_add(r, l, LORA_V, r->xn, M, r->qkv, qkv_dim, (nh + nkv) * hd);
     op->head_rmsnorm(be, r->qkv, qkv_dim, M, nh, hd, L->q_norm, eps, one);
     op->head_rmsnorm(be, r->qkv + nh * hd, qkv_dim, M, nkv, hd, L->k_norm, eps, one);
     op->rope(be, r->qkv, qkv_dim, M, nh + nkv, hd, sd->positions, local ? m->rope_local : m->rope);
     op->kv_write(be, &a, r->qkv + nh * hd, r->qkv + (nh + nkv) * hd, qkv_dim, sd, r->k_cache[l], r->v_cache[l]);
     op->attention(be, &a, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
     op->linear(be, L->o, r->att, M, r->tmp, 0);
+    lora_add(r, l, LORA_O, r->att, M, r->tmp, d, 0);
     op->rmsnorm(be, r->tmp, L->post_attn_norm, M, d, eps, one, r->xn);
     op->add(be, r->x, r->xn, (int64_t)M * d);
     op->rmsnorm(be, r->x, L->ffn_norm, M, d, eps, one, r->xn);
     op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
+    lora_add(r, l, LORA_GATE, r->xn, M, r->gu, 2 * c->ffn_dim, 0);
+    lora_add(r, l, LORA_UP, r->xn, M, r->gu, 2 * c->ffn_dim, c->ffn_dim);
     op->geglu(be, r->gu, M, c->ffn_dim, r->ff);
     op->linear(be, L->down, r->ff, M, r->tmp, 0);
+    lora_add(r, l, LORA_DOWN, r->ff, M, r->tmp, d, 0);
     op->rmsnorm(be, r->tmp, L->post_ffn_norm, M, d, eps, one, r->xn);
     op->add(be, r->x, r->xn, (int64_t)M * d);
 }
@@ -379,14 +568,15 @@ static int graph_eligible(const runner *r, const rd_step *s, const int32_t *logi
     return s->q_start[n_logits] == n_logits;
 }
 
-static runner_graph *graph_slot(runner *r, int32_t bucket)
+static runner_graph *graph_slot(runner *r, int32_t bucket, int lora)
 {
     for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
-        if (r->graphs[i].bucket == bucket)
+        if (r->graphs[i].bucket == bucket && r->graphs[i].lora == lora)
             return &r->graphs[i];
     for (int i = 0; i < RUNNER_MAX_GRAPHS; i++)
         if (r->graphs[i].bucket == 0) {
             r->graphs[i].bucket = bucket;
+            r->graphs[i].lora = lora;
             return &r->graphs[i];
         }
     return NULL;
@@ -397,20 +587,24 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
     rd_backend *be = r->be;
     const rd_backend_ops *op = be->ops;
     const int32_t M = s->n_rows, B = runner_graph_bucket(M, r->graph_cap);
-    runner_graph *g = graph_slot(r, B);
+    runner_graph *g = graph_slot(r, B, r->lora_step);
     if (!g)
         return rd_fail(RD_ERANGE, "runner: no graph slot for bucket %d", B);
 
     /* The step padded to B rows: padding rows have token -1, position 0,
      * slot -1 and no sequence (rows past q_start[n_seqs]). */
     int32_t *tok = r->pad_host, *pos = tok + r->graph_cap, *slot = pos + r->graph_cap;
+    int32_t *lora = slot + r->graph_cap;
     memcpy(tok, s->token_ids, sizeof(int32_t) * M);
     memcpy(pos, s->positions, sizeof(int32_t) * M);
     memcpy(slot, s->slots, sizeof(int32_t) * M);
+    if (r->lora_step)
+        memcpy(lora, s->lora_slots, sizeof(int32_t) * M);
     for (int32_t i = M; i < B; i++) {
         tok[i] = -1;
         pos[i] = 0;
         slot[i] = -1;
+        lora[i] = -1;
     }
     rd_step padded = *s;
     padded.n_rows = B;
@@ -419,10 +613,12 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
     padded.slots = slot;
     rd_step_dev sd;
     int rc = op->step_upload(be, &padded, &sd);
+    if (!rc && r->lora_step)
+        rc = op->h2d(be, r->lora_rows_dev, lora, sizeof(int32_t) * (size_t)B);
     if (rc)
         return rc;
 
-    if (g->graph && g->weights_gen != r->m->weights_gen) {
+    if (g->graph && (g->weights_gen != r->m->weights_gen || (g->lora && g->lora_gen != r->lora_gen))) {
         op->graph_free(be, g->graph);
         g->graph = NULL;
         g->seen = 0;
@@ -448,6 +644,7 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
         }
         if (!rc) {
             g->weights_gen = r->m->weights_gen;
+            g->lora_gen = r->lora_gen;
             r->graph_captures++;
             rc = op->graph_launch(be, g->graph);
             if (rc)
@@ -486,6 +683,13 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
         if (s->positions[i] < 0 || s->positions[i] >= c->max_ctx)
             return rd_fail(RD_ERANGE, "runner: position %d outside the context of %d", s->positions[i], c->max_ctx);
     r->last_logits = 0;
+    r->lora_step = 0;
+    for (int32_t i = 0; s->lora_slots && i < M; i++) {
+        if (s->lora_slots[i] < -1 || s->lora_slots[i] >= r->lora_n_slots)
+            return rd_fail(RD_ERANGE, "runner: row %d names LoRA slot %d; the runner has %d", i, s->lora_slots[i],
+                           r->lora_n_slots);
+        r->lora_step |= s->lora_slots[i] >= 0;
+    }
     int64_t t0 = clock_now_ns();
     if (graph_eligible(r, s, logit_rows, n_logits)) {
         int rc = forward_graph(r, s, logits_host);
@@ -495,6 +699,8 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
 
     rd_step_dev sd;
     int rc = op->step_upload(be, s, &sd);
+    if (!rc && r->lora_step)
+        rc = op->h2d(be, r->lora_rows_dev, s->lora_slots, sizeof(int32_t) * (size_t)M);
     if (rc)
         return rc;
     enqueue_body(r, &sd, M);

@@ -9,17 +9,20 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/model/lora.h"
 #include "engine/model/model.h"
 
 /* A decode step captured as a backend graph (CUDA), one per batch bucket. */
 typedef struct {
     int32_t bucket;             /* rows the step is padded to (0: slot unused) */
     void *graph;                /* backend graph, or NULL before capture */
+    int lora;                   /* captured with the LoRA calls (a step with adapter rows) */
     uint64_t weights_gen;       /* model->weights_gen it was captured with */
+    uint64_t lora_gen;          /* runner.lora_gen it was captured with (lora graphs) */
     int seen;                   /* the bucket ran once uncaptured since weights_gen */
 } runner_graph;
 
-#define RUNNER_MAX_GRAPHS 40
+#define RUNNER_MAX_GRAPHS 80  /* the 35 buckets, with and without LoRA */
 #define RUNNER_GRAPH_MAX_BATCH 256
 
 typedef struct runner {
@@ -54,8 +57,18 @@ typedef struct runner {
     int32_t graph_cap;          /* largest bucket: min(max_rows, max_logits, 256) */
     runner_graph graphs[RUNNER_MAX_GRAPHS];
     int32_t *iota_dev;          /* [graph_cap] 0, 1, 2, ...: the logit rows of a padded step */
-    int32_t *pad_host;          /* [3][graph_cap] token, position, slot of a padded step */
+    int32_t *pad_host;          /* [4][graph_cap] token, position, slot, LoRA slot of a padded step */
     int64_t graph_replays, graph_captures, graph_eager; /* decode steps by how they ran */
+    /* LoRA adapters (runner_lora_init; lora_n_slots 0 without): per (layer, module) the backend handles of
+     * every slot, called after the module's linear for the rows whose adapter has it */
+    int32_t lora_n_slots;       /* adapter slots (lora_set_slots) */
+    int32_t lora_max_rank;      /* bounds every handle's rank */
+    void **lora_w;              /* [n_layers][LORA_N_MODULES][lora_n_slots] handles, NULL where none */
+    rd_lora_batch *lora_lb;     /* [n_layers][LORA_N_MODULES] lora_apply's views of lora_w */
+    int32_t *lora_used;         /* [n_layers][LORA_N_MODULES] handles set (0: the module is skipped) */
+    int32_t *lora_rows_dev;     /* [max_rows] backend: the step's slot per row (-1: base) */
+    int lora_step;              /* the step being run has adapter rows */
+    uint64_t lora_gen;          /* bumped by every runner_lora_set: LoRA graphs captured before go */
     /* Wall time of the forward passes by phase, nanoseconds, summed over steps:
      * the layers (embedding included) and the head (gather, final norm, LM
      * head, logits to the host, sync). On a backend whose ops run when called
@@ -78,6 +91,24 @@ int runner_kv_alloc(runner *r);
 /* The model's weights were re-made (model_adopt): re-reads the pointers the
  * runner keeps (the experts' handles) and drops the captured graphs. */
 void runner_rebind(runner *r);
+/* Makes room for n_slots LoRA adapters of rank <= max_rank (1 .. RD_LORA_MAX_RANK): rows of a step name
+ * theirs in rd_step.lora_slots. The modules it serves: q, k, v, o on every family, gate, up, down on dense
+ * ones (lora.h). */
+int runner_lora_init(runner *r, int32_t n_slots, int32_t max_rank);
+/* Sets slot's handle (ops.lora_load, or NULL to clear it) for module m of layer l. A step's rows see the
+ * handles set when it runs; graphs captured with other handles are dropped. RD_EINVAL out of range, or for
+ * a module the family's layers do not run. */
+int runner_lora_set(runner *r, int32_t slot, int32_t layer, lora_module m, void *handle);
+
+/* An adapter's backend copies, one handle per (layer, module) pair it has: prepare makes them
+ * ([n_layers][LORA_N_MODULES], NULL where it has none; *bytes the backend's), checking each pair's shape
+ * against the model's; bind puts them in slot (which must be empty) and takes the array; discard frees
+ * prepared handles that were never bound; unbind frees slot's. */
+int runner_lora_prepare(runner *r, const lora_adapter *a, void ***handles, int64_t *bytes);
+void runner_lora_bind(runner *r, int32_t slot, void **handles);
+void runner_lora_discard(runner *r, void **handles);
+void runner_lora_unbind(runner *r, int32_t slot);
+
 /* Copies KV blocks src[i] -> dst[i] in every layer (copy-on-write). */
 int runner_copy_blocks(runner *r, const int32_t *src, const int32_t *dst, int32_t n);
 

@@ -11,6 +11,7 @@
 #include "engine/serve/engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +75,10 @@ struct engine {
     spec_cost cost;             /* decode and verify step times by rows: which drafts pay */
     int32_t logit_cap;          /* logit rows a step may ask for: max_num_seqs, plus 4 sequences' drafts */
     int32_t score_chunk;        /* and beyond them, rows that score prompt tokens (ENG_SCORE_CHUNK) */
+    /* LoRA adapters (cfg.max_loras > 0; NULL otherwise): the set, and by slot the backend's bytes */
+    lora_set *loras;
+    int64_t *lora_bytes;        /* [lora_set_slots] */
+    int32_t *lora_row;          /* [max_batch_tokens] the step's adapter slot per row, -1: base */
 };
 
 /* ---- configuration and lifecycle ---- */
@@ -121,6 +126,88 @@ static size_t samp_stride(int32_t vocab)
     return (samp_scratch_bytes(vocab) + sizeof(float) * (size_t)vocab + 63) & ~(size_t)63;
 }
 
+/* ---- LoRA adapters: the set's slots mirrored in the runner's handle tables ---- */
+
+/* The set frees the adapter in slot: the backend's copies go with it. */
+static void lora_slot_freed(void *ctx, int32_t slot, lora_adapter *a)
+{
+    engine *e = ctx;
+    (void)a;
+    runner_lora_unbind(&e->run, slot);
+    e->lora_bytes[slot] = 0;
+}
+
+static int lora_init(engine *e)
+{
+    int rc = lora_set_new(e->cfg.max_loras, &e->loras);
+    if (rc)
+        return rc;
+    lora_set_on_free(e->loras, lora_slot_freed, e);
+    const int32_t slots = lora_set_slots(e->loras);
+    e->lora_bytes = calloc((size_t)slots, sizeof(int64_t));
+    e->lora_row = malloc(sizeof(int32_t) * (size_t)e->cfg.max_batch_tokens);
+    if (!e->lora_bytes || !e->lora_row)
+        return rd_fail(RD_ENOMEM, "engine: out of memory for LoRA slots");
+    return runner_lora_init(&e->run, slots, e->cfg.max_lora_rank);
+}
+
+int eng_lora_load(engine *e, lora_adapter *a, const char *name, uint64_t version, int replace, char *evicted,
+                  size_t evicted_cap)
+{
+    if (evicted && evicted_cap)
+        evicted[0] = 0;
+    const model_config *c = &e->m->cfg;
+    if (!e->loras)
+        return rd_fail(RD_ENOTSUP, "lora: this engine serves no LoRA adapters (max_loras is 0)");
+    if (!a)
+        return rd_fail(RD_EINVAL, "lora: no adapter");
+    if (a->rank > e->cfg.max_lora_rank)
+        return rd_fail(RD_ERANGE, "lora: adapter '%s' has rank %d; max_lora_rank is %d", name ? name : a->name,
+                       a->rank, e->cfg.max_lora_rank);
+    if (a->n_layers != c->n_layers || strcmp(a->arch, c->arch))
+        return rd_fail(RD_EINVAL, "lora: adapter '%s' was made for a %d-layer %s model; this one is a %d-layer %s",
+                       name ? name : a->name, a->n_layers, a->arch, c->n_layers, c->arch);
+    /* The backend's copy first: a set that took the adapter (and perhaps retired its predecessor) always
+       gets it served. */
+    void **h;
+    int64_t bytes;
+    int rc = runner_lora_prepare(&e->run, a, &h, &bytes);
+    if (rc)
+        return rc;
+    int32_t slot = -1;
+    if ((rc = lora_set_add(e->loras, a, name, version, replace, evicted, evicted_cap, &slot))) {
+        runner_lora_discard(&e->run, h);
+        return rc;
+    }
+    runner_lora_bind(&e->run, slot, h);
+    e->lora_bytes[slot] = bytes;
+    return 0;
+}
+
+int eng_lora_unload(engine *e, const char *name)
+{
+    if (!e->loras)
+        return rd_fail(RD_ENOTSUP, "lora: this engine serves no LoRA adapters (max_loras is 0)");
+    return lora_set_remove(e->loras, name);
+}
+
+int eng_lora_list(const engine *e, lora_info *out, int32_t cap, int32_t *n)
+{
+    *n = 0;
+    if (!e->loras)
+        return 0;
+    int rc = lora_set_list(e->loras, out, cap, n);
+    for (int32_t i = 0; !rc && i < *n; i++)
+        out[i].bytes = (uint64_t)e->lora_bytes[out[i].slot];
+    return rc;
+}
+
+void eng_lora_limits(const engine *e, int32_t *max_loras, int32_t *max_rank)
+{
+    *max_loras = e->cfg.max_loras;
+    *max_rank = e->cfg.max_lora_rank;
+}
+
 int eng_create(model *m, const eng_config *cfg, engine **out)
 {
     *out = NULL;
@@ -143,6 +230,12 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (cfg->spec_max_batch < 0 || cfg->spec_max_batch > 4096)
         return rd_fail(RD_EINVAL, "engine: spec_max_batch %d must be in 0..4096 (0 = %d)", cfg->spec_max_batch,
                        ENG_SPEC_DEFAULT_MAX_BATCH);
+    if (cfg->max_loras < 0 || cfg->max_loras > LORA_MAX_LORAS)
+        return rd_fail(RD_EINVAL, "engine: max_loras %d must be in 0..%d (0 = no LoRA)", cfg->max_loras,
+                       LORA_MAX_LORAS);
+    if (cfg->max_lora_rank < 0 || cfg->max_lora_rank > LORA_MAX_RANK)
+        return rd_fail(RD_EINVAL, "engine: max_lora_rank %d must be in 0..%d (0 = %d)", cfg->max_lora_rank,
+                       LORA_MAX_RANK, ENG_DEFAULT_LORA_RANK);
     if (cfg->spec_decode != ENG_SPEC_AUTO && cfg->spec_decode != ENG_SPEC_OFF && cfg->spec_decode != ENG_SPEC_NGRAM)
         return rd_fail(RD_EINVAL, "engine: spec_decode %d is not a known drafter", (int)cfg->spec_decode);
     int64_t block_bytes = 2 * (int64_t)c->n_layers * rd_backend_kv_block_bytes(m->be, c->n_kv_heads, cfg->block_size,
@@ -167,6 +260,10 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
         e->cfg.spec_max_draft = ENG_SPEC_DEFAULT_DRAFT;
     if (e->cfg.spec_max_batch == 0)
         e->cfg.spec_max_batch = ENG_SPEC_DEFAULT_MAX_BATCH;
+    if (e->cfg.max_lora_rank == 0)
+        e->cfg.max_lora_rank = ENG_DEFAULT_LORA_RANK;
+    if (e->cfg.max_loras == 0)
+        e->cfg.max_lora_rank = 0;
     cfg = &e->cfg;
     e->eos = cfg->eos_id;
     e->eot = cfg->eot_id != cfg->eos_id ? cfg->eot_id : -1;
@@ -185,6 +282,8 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     if (!rc)
         rc = runner_init(&e->run, m, (int32_t)n_blocks, cfg->block_size, cfg->max_batch_tokens,
                          e->logit_cap + e->score_chunk);
+    if (!rc && cfg->max_loras > 0)
+        rc = lora_init(e);
     if (!rc && cfg->spec_max_draft > 0) {
         spec_ngram_params np = spec_ngram_default();
         rc = spec_ngram_create(&np, &e->drafter);
@@ -245,6 +344,9 @@ void eng_destroy(engine *e)
             kv_free_seq(e->kv, &s->blocks);
             seq_destroy(s);
         }
+    lora_set_free(e->loras);    /* its hook frees the backend's copies: before the runner goes */
+    free(e->lora_bytes);
+    free(e->lora_row);
     runner_free(&e->run);
     sched_free(&e->sched);
     kv_destroy(e->kv);
@@ -354,9 +456,20 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     if (e->sched.waiting.count >= e->cfg.max_waiting)
         return rd_fail(RD_EBUSY, "request: %d requests already waiting (max_waiting)", e->sched.waiting.count);
 
+    const int with_lora = r->lora && r->lora[0];
+    if (with_lora && !e->loras)
+        return rd_fail(RD_EINVAL, "request: adapter '%.128s' was asked for, but this engine serves no LoRA adapters "
+                       "(max_loras is 0)", r->lora);
+    if (with_lora) {
+        const lora_adapter *la;
+        if ((rc = lora_set_get(e->loras, r->lora, &la, NULL)))
+            return rd_fail(rc, "request: %s", rd_errmsg());
+    }
+
     seq_req *q = calloc(1, sizeof *q);
     if (!q)
         return rd_fail(RD_ENOMEM, "request: out of memory");
+    q->lora_slot = -1;
     if ((rc = stop_set_init(&q->stops, r->stop_strs, r->n_stop_strs))) {
         free(q);
         return rd_fail(rc, "request: %s", rd_errmsg());
@@ -425,6 +538,16 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     if (!r->ignore_eos && e->eot >= 0 && q->n_stop < SEQ_MAX_STOP)
         q->stop_ids[q->n_stop++] = e->eot;
     q->edits = pen_wanted(q);
+    if (with_lora) {
+        lora_pinned pin;
+        if (lora_set_pin(e->loras, r->lora, &pin))
+            goto oom; /* looked up above: only a pin count at INT32_MAX fails here */
+        q->loras = e->loras;
+        q->lora_slot = pin.slot;
+        q->lora_version = pin.version;
+        q->lora_uid = pin.uid;
+        snprintf(q->lora_name, sizeof q->lora_name, "%s", pin.a->name);
+    }
 
     seq *s = seq_new(q, 0, (int32_t)total + 1);
     if (!s)
@@ -838,6 +961,8 @@ int eng_step(engine *e)
         for (int32_t j = 0; j < s->sched_rows; j++, M++) {
             int32_t p = s->n_computed + j;
             e->tok[M] = p < s->n_tokens ? s->tokens[p] : s->draft[p - s->n_tokens];
+            if (e->lora_row)
+                e->lora_row[M] = s->req->lora_slot;
             e->pos[M] = p;
             e->slot[M] = s->blocks.ids[p / bs] * bs + p % bs;
             if (p >= s->n_tokens - 1 && s->n_computed + s->sched_rows >= s->n_tokens) {
@@ -860,6 +985,7 @@ int eng_step(engine *e)
     rd_step step = {
         .n_rows = M, .n_seqs = n_sched, .max_blocks = max_blocks, .token_ids = e->tok, .positions = e->pos,
         .slots = e->slot, .q_start = e->q_start, .ctx_len = e->ctx_len, .block_tables = e->tables,
+        .lora_slots = e->lora_row,
     };
     /* Only decode and verify steps (every row a logit row: no prompt rows) go into spec_cost. */
     const int timed = t_begin && n_logits == M;
@@ -1135,6 +1261,8 @@ int eng_collect(engine *e, eng_result *out, int max)
         r->stop_str = s->scan.matched;
         r->stop_text_offset = s->scan.matched >= 0 ? s->scan.match_at : 0;
         r->version_finish = s->version_finish;
+        snprintf(r->lora, sizeof r->lora, "%s", q->lora_name);
+        r->lora_version = q->lora_version;
         if (g > 0 && s->n_spans > 0) {
             r->spans = malloc(sizeof *r->spans * (size_t)s->n_spans);
             if (r->spans) {

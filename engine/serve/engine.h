@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/serve/sampler.h"
 #include "engine/serve/seq.h"
@@ -57,7 +58,13 @@ typedef struct {
                                    drafter (spec_store.h; default 64 MiB, 0 = none) */
     int spec_fixed;             /* 1: drafts sized by spec_len and spec_max_batch alone; 0 (default): also by
                                    what a row costs in this engine's measured step times (spec_cost.h) */
+    int32_t max_loras;          /* LoRA adapters resident at once (eng_lora_load); 0 (default): none served */
+    int32_t max_lora_rank;      /* the largest adapter rank accepted, 1..LORA_MAX_RANK (0 = ENG_DEFAULT_LORA_RANK) */
 } eng_config;
+
+/* The rank bound when not configured: Tinker's default rank is 32, prime-rl's and SkyRL's examples use
+   8 to 64. */
+#define ENG_DEFAULT_LORA_RANK 64
 
 /* Prompt positions scored per engine step at most: the logit rows kept for them beside the draws' (128: a
  * scored prefill's steps stay large enough that scoring runs at ~0.8x a plain prefill on SmolLM2, docs/PERF.md,
@@ -95,6 +102,8 @@ typedef struct {
     int stream;                 /* 1: eng_collect_progress hands out its samples' new tokens while they run */
     int return_routes;          /* 1: results carry the experts every position was routed to (MoE models;
                                    RD_EINVAL on a dense one) */
+    const char *lora;           /* the LoRA adapter its samples run under (eng_lora_load's name), pinned until
+                                   the request's results are collected; NULL or "": the base model */
     uint64_t tag;               /* caller's id, returned with results */
 } eng_request;
 
@@ -149,6 +158,8 @@ typedef struct {
     int32_t spec_drafted, spec_accepted, spec_steps;
     int64_t t_first_token_us;   /* CLOCK_MONOTONIC microseconds at the first sampled token (0 = none) */
     uint64_t version_finish;    /* weight version when the sample finished */
+    char lora[LORA_NAME_MAX];   /* the adapter every token was drawn under ("": the base model) */
+    uint64_t lora_version;      /* its version (0 with none) */
     int32_t n_spans;            /* 0 when n_tokens is 0 */
     eng_span *spans;            /* [n_spans] tiling [0, n_tokens), versions increasing */
     /* Routing replay (eng_request.return_routes; final results only): for
@@ -270,5 +281,31 @@ int32_t eng_started(const engine *e);
  * has; returns how many samples that ended. */
 int32_t eng_abort_started(engine *e);
 const model *eng_model(const engine *e);
+
+/* ---- LoRA adapters (eng_config.max_loras > 0; engine/model/lora.h) ----
+ * A request names its adapter (eng_request.lora); one step serves rows of
+ * different adapters and of the base model, each row's bits its own
+ * (backend.h, lora_apply). KV computed under an adapter is cached apart
+ * (seq_prefix_salt). */
+
+/* Makes adapter a (checked against this model: lora_load_peft, or a
+ * pushed one) resident as name at version, copying it to the backend.
+ * replace: an adapter resident under name is superseded (requests admitted
+ * from now on get the new one; running ones finish on the old, freed
+ * after them); without it a resident name is RD_EINVAL. A full set evicts
+ * its least recently used idle adapter (its name into evicted, "" when
+ * none); RD_EBUSY when all are in use. RD_ENOTSUP without max_loras,
+ * RD_ERANGE for a rank over max_lora_rank, RD_EINVAL for an adapter made
+ * for another model. On success the engine owns a; on failure the caller
+ * still does. */
+int eng_lora_load(engine *e, lora_adapter *a, const char *name, uint64_t version, int replace, char *evicted,
+                  size_t evicted_cap);
+/* Frees adapter name: RD_ENOENT if not resident, RD_EBUSY while requests use it. */
+int eng_lora_unload(engine *e, const char *name);
+/* The resident adapters, in the order loaded (lora_set_list); bytes are the
+ * backend's (ops.lora_bytes). *n 0 without max_loras. */
+int eng_lora_list(const engine *e, lora_info *out, int32_t cap, int32_t *n);
+/* max_loras and max_lora_rank as configured (0, 0 without LoRA). */
+void eng_lora_limits(const engine *e, int32_t *max_loras, int32_t *max_rank);
 
 #endif

@@ -54,7 +54,7 @@ static void prefix_lookup(sched *sc, seq *s, uint64_t version)
     s->n_published = 0;
     if (!sc->prefix_cache)
         return;
-    int hit = kv_prefix_lookup(sc->kv, &q->prefix, q->prompt, q->n_prompt, version, &s->blocks);
+    int hit = kv_prefix_lookup(sc->kv, &q->prefix, q->prompt, q->n_prompt, seq_prefix_salt(q, version), &s->blocks);
     if (hit < 0)
         return; /* out of memory: computed from scratch */
     sc->prefix_query_tokens += (int64_t)q->prefix.n * sc->block_size;
@@ -204,6 +204,6 @@ void sched_commit(sched *sc, seq *s, uint64_t version)
     s->sched_rows = 0;
     /* A swap mid-prefill leaves mixed KV that nobody should reuse. */
     if (sc->prefix_cache && s->kv_version == version)
-        kv_prefix_publish(sc->kv, &s->req->prefix, s->req->prompt, &s->blocks, s->n_computed, version,
-                          &s->n_published);
+        kv_prefix_publish(sc->kv, &s->req->prefix, s->req->prompt, &s->blocks, s->n_computed,
+                          seq_prefix_salt(s->req, version), &s->n_published);
 }

@@ -65,6 +65,8 @@ void seq_req_free(seq_req *r)
 {
     if (!r)
         return;
+    if (r->loras && r->lora_slot >= 0)
+        lora_set_unpin(r->loras, r->lora_slot);
     free(r->prompt);
     free(r->bias_ids);
     free(r->bias_vals);

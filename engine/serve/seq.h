@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "engine/model/lora.h"
 #include "engine/serve/kv.h"
 #include "engine/serve/sampler.h"
 #include "engine/text/stopstr.h"
@@ -59,6 +60,12 @@ struct seq_req {
     int stream;                 /* eng_collect_progress delivers its samples' tokens as they come */
     int return_routes;          /* its results carry the experts each position was routed to */
     kv_prefix prefix;           /* prefix-cache keys of the prompt's full blocks (hashed at the first lookup) */
+    /* its LoRA adapter, pinned in loras from eng_add until the request is freed (seq_req_free unpins) */
+    lora_set *loras;            /* NULL: the base model */
+    int32_t lora_slot;          /* the adapter's slot (runner_lora_set), -1: base */
+    uint64_t lora_version;      /* the version it was loaded or pushed as */
+    uint64_t lora_uid;          /* lora_pinned.uid: salts its prefix-cache keys (0: base) */
+    char lora_name[LORA_NAME_MAX];
     /* speculative decoding: the generated tokens of its samples that finished (stop or length), drafts
        for the ones still running; kept with the request, freed with it */
     int32_t n_done_outs;
@@ -130,6 +137,19 @@ static inline int seq_scores(const seq *s, int32_t p)
 {
     const seq_req *q = s->req;
     return q->score_from >= 0 && p + 1 >= q->score_from && p + 1 < q->n_prompt && p + 1 >= q->score_next;
+}
+
+/* The salt of a request's prefix-cache keys under weight version: the version for the base model, and
+ * for an adapter a mix of it with the adapter's uid, so that KV computed under one adapter (or the base)
+ * never serves another. */
+static inline uint64_t seq_prefix_salt(const seq_req *q, uint64_t version)
+{
+    if (q->lora_uid == 0)
+        return version;
+    uint64_t z = version ^ (q->lora_uid * 0x9E3779B97F4A7C15ull) ^ 0xC0FFEE5A17ull; /* splitmix64's finalizer */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
 }
 
 void seq_list_remove(seq_list *l, seq *s);

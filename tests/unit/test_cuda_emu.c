@@ -913,7 +913,7 @@ static void qwen_entry_case(rd_backend *be, const char *mode, const qkv_shape *q
         slot[i] = tab[i * MAXB + pos[i] / BS] * BS + pos[i] % BS;
     }
     qs[M] = M;
-    rd_step st = {M, M, MAXB, tok, pos, slot, qs, ctx, tab};
+    rd_step st = {M, M, MAXB, tok, pos, slot, qs, ctx, tab, NULL};
     rd_attn_shape a = {q->nh, q->nkv, q->hd, BS, (float)(1.0 / sqrt((double)q->hd)), 0};
     const int32_t nb = qwen3 ? 0 : S;
     void *W;
@@ -1550,7 +1550,7 @@ static float *attn_case_opt(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, con
     }
     float *dq = up(emu, q, sizeof(float) * M * qdim), *dout = up(emu, NULL, sizeof(float) * M * nh * hd);
     float *dk = up(emu, kc, 2 * cache_elems), *dv = up(emu, vc, 2 * cache_elems);
-    rd_step st = {M, ns, maxb, tok, pos, slot, qs, ctx, tables};
+    rd_step st = {M, ns, maxb, tok, pos, slot, qs, ctx, tables, NULL};
     rd_step_dev sd;
     rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), W};
     int rc = emu->ops->step_upload(emu, &st, &sd);
@@ -1850,8 +1850,8 @@ static void attn_vs_cpu_case_kv(int32_t nh, int32_t nkv, int32_t hd, int32_t win
             pos_b[r] = t;
             slot_b[r] = tables[s * maxb + t / bs] * bs + t % bs;
         }
-    rd_step st_a = {ma, ns, maxb, tok, pos, slot, qs_a, ctx, tables};
-    rd_step st_b = {mb, ns, maxb, tok, pos_b, slot_b, qs_b, ctx, tables};
+    rd_step st_a = {ma, ns, maxb, tok, pos, slot, qs_a, ctx, tables, NULL};
+    rd_step st_b = {mb, ns, maxb, tok, pos_b, slot_b, qs_b, ctx, tables, NULL};
     rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), window};
     const size_t no = (size_t)mb * nh * hd;
     float *out[2];
@@ -1957,7 +1957,7 @@ static void test_kv_fp8(void)
     x[4 * stride + NKV * HD + HD + 7] = NAN;            /* row 4: K head 1 has a NaN */
     int32_t slots[M] = {3, 17, 0, 9, 22}, tok[M] = {1, 1, 1, 1, 1}, pos[M] = {0, 1, 2, 3, 4};
     int32_t qs[2] = {0, M}, ctx[1] = {M}, tab[NB] = {0, 1, 2};
-    rd_step st = {M, 1, NB, tok, pos, slots, qs, ctx, tab};
+    rd_step st = {M, 1, NB, tok, pos, slots, qs, ctx, tab, NULL};
     rd_attn_shape a = {NKV, NKV, HD, BS, 1.0f, 0};
     const int64_t bb = rd_backend_kv_block_bytes(emu_fp8, NKV, BS, HD);
     uint8_t *kc = malloc((size_t)(NB * bb)), *vc = malloc((size_t)(NB * bb));
@@ -2177,7 +2177,7 @@ static void gl_run(rd_backend *be, const float *emb, const gl_host_layer *hl, fl
         }
     }
     qs[2] = M;
-    rd_step st = {M, 2, 2, tok, pos, slot, qs, ctx, &tab[0][0]};
+    rd_step st = {M, 2, 2, tok, pos, slot, qs, ctx, &tab[0][0], NULL};
     rd_step_dev sd;
     CHECK_OK(be->ops->step_upload(be, &st, &sd));
     gl_forward(&m, &sd, windows);
@@ -2191,7 +2191,7 @@ static void gl_run(rd_backend *be, const float *emb, const gl_host_layer *hl, fl
         ctx[s] = lens[s] + 1;
     }
     qs[2] = 2;
-    rd_step sb = {2, 2, 2, tok, pos, slot, qs, ctx, &tab[0][0]};
+    rd_step sb = {2, 2, 2, tok, pos, slot, qs, ctx, &tab[0][0], NULL};
     CHECK_OK(be->ops->step_upload(be, &sb, &sd));
     CHECK_OK(be->ops->sync(be));
     const uint64_t k0 = cuemu_launch_count();
@@ -2753,7 +2753,7 @@ static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, i
         }
     }
     qs[nseq] = m;
-    rd_step st = {M, nseq, maxb, tok, pos, slot, qs, ctx, tab};
+    rd_step st = {M, nseq, maxb, tok, pos, slot, qs, ctx, tab, NULL};
     return runner_forward(r, &st, rows, M, out);
 }
 
@@ -2773,7 +2773,7 @@ static rd_step decode_step(int32_t nb, const int32_t *tok, int32_t *cur, const i
         cur[s]++;
     }
     qs[nb] = nb;
-    return (rd_step){nb, nb, 4, tok, pos, slot, qs, ctx, tab};
+    return (rd_step){nb, nb, 4, tok, pos, slot, qs, ctx, tab, NULL};
 }
 
 static void runner_case(const char *name, int split)

@@ -680,25 +680,25 @@ static void test_set_lru_eviction(void)
     lora_set *s;
     CHECK_OK(lora_set_new(3, &s));
     char ev[LORA_NAME_MAX];
-    CHECK_OK(lora_set_add(s, fake(8, 100), "a", 1, ev, sizeof ev));
-    CHECK_OK(lora_set_add(s, fake(16, 200), "b", 1, ev, sizeof ev));
-    CHECK_OK(lora_set_add(s, fake(32, 300), "c", 7, ev, sizeof ev));
+    CHECK_OK(lora_set_add(s, fake(8, 100), "a", 1, 0, ev, sizeof ev, NULL));
+    CHECK_OK(lora_set_add(s, fake(16, 200), "b", 1, 0, ev, sizeof ev, NULL));
+    CHECK_OK(lora_set_add(s, fake(32, 300), "c", 7, 0, ev, sizeof ev, NULL));
     CHECK(ev[0] == 0 && lora_set_count(s) == 3 && lora_set_capacity(s) == 3, "no eviction below capacity");
     /* a used again (pin, unpin): b is now the least recently used. */
-    const lora_adapter *pa;
+    lora_pinned pa;
     uint64_t ver;
-    CHECK_OK(lora_set_pin(s, "a", &pa, &ver));
-    CHECK_OK(lora_set_unpin(s, pa));
-    CHECK_OK(lora_set_add(s, fake(8, 1), "d", 2, ev, sizeof ev));
+    CHECK_OK(lora_set_pin(s, "a", &pa));
+    CHECK_OK(lora_set_unpin(s, pa.slot));
+    CHECK_OK(lora_set_add(s, fake(8, 1), "d", 2, 0, ev, sizeof ev, NULL));
     CHECK(!strcmp(ev, "b"), "evicted '%s', want b", ev);
     CHECK(names_are(s, "a,c,d"), "%.300s", why);
     /* get counts no use: c stays the least recent. */
     const lora_adapter *g;
     CHECK_OK(lora_set_get(s, "c", &g, &ver));
     CHECK(ver == 7 && g->rank == 32, "get: version %llu rank %d", (unsigned long long)ver, g->rank);
-    CHECK_OK(lora_set_add(s, fake(8, 1), "e", 3, ev, sizeof ev));
+    CHECK_OK(lora_set_add(s, fake(8, 1), "e", 3, 0, ev, sizeof ev, NULL));
     CHECK(!strcmp(ev, "c"), "evicted '%s', want c", ev);
-    CHECK_OK(lora_set_add(s, fake(8, 1), "f", 4, NULL, 0));
+    CHECK_OK(lora_set_add(s, fake(8, 1), "f", 4, 0, NULL, 0, NULL));
     CHECK(names_are(s, "d,e,f"), "%.300s", why);
     lora_set_free(s);
 }
@@ -709,20 +709,19 @@ static void test_set_pins(void)
     CHECK_OK(lora_set_new(2, &s));
     char ev[LORA_NAME_MAX];
     lora_adapter *x = fake(8, 10);
-    CHECK_OK(lora_set_add(s, x, "old", 1, ev, sizeof ev));
-    CHECK_OK(lora_set_add(s, fake(8, 20), "mid", 1, ev, sizeof ev));
-    const lora_adapter *pa, *pc;
-    uint64_t ver = 0;
+    CHECK_OK(lora_set_add(s, x, "old", 1, 0, ev, sizeof ev, NULL));
+    CHECK_OK(lora_set_add(s, fake(8, 20), "mid", 1, 0, ev, sizeof ev, NULL));
+    lora_pinned pa, pc;
     /* Pinned twice, then the other is touched: old is least recent but pinned, so mid goes. */
-    CHECK_OK(lora_set_pin(s, "old", &pa, &ver));
-    CHECK_OK(lora_set_pin(s, "old", &pa, NULL));
-    CHECK(pa == x && ver == 1 && !strcmp(pa->name, "old"), "pin gave the wrong adapter");
-    CHECK_OK(lora_set_add(s, fake(8, 30), "new", 2, ev, sizeof ev));
+    CHECK_OK(lora_set_pin(s, "old", &pa));
+    CHECK_OK(lora_set_pin(s, "old", &pa));
+    CHECK(pa.a == x && pa.version == 1 && !strcmp(pa.a->name, "old"), "pin gave the wrong adapter");
+    CHECK_OK(lora_set_add(s, fake(8, 30), "new", 2, 0, ev, sizeof ev, NULL));
     CHECK(!strcmp(ev, "mid"), "evicted '%s', want mid (old is pinned)", ev);
     /* Everything pinned: a full set refuses, and the adapter stays the caller's. */
-    CHECK_OK(lora_set_pin(s, "new", &pc, NULL));
+    CHECK_OK(lora_set_pin(s, "new", &pc));
     lora_adapter *y = fake(8, 40);
-    int rc = lora_set_add(s, y, "late", 3, ev, sizeof ev);
+    int rc = lora_set_add(s, y, "late", 3, 0, ev, sizeof ev, NULL);
     CHECK(rc == RD_EBUSY && strstr(rd_errmsg(), "all 2 adapter slots (max_loras) hold adapters that running sequences use"),
           "rc %d: %s", rc, rd_errmsg());
     CHECK(ev[0] == 0 && names_are(s, "old,new"), "%.300s", why);
@@ -730,14 +729,14 @@ static void test_set_pins(void)
     rc = lora_set_remove(s, "old");
     CHECK(rc == RD_EBUSY && strstr(rd_errmsg(), "'old' is in use by 2 running sequences"), "rc %d: %s", rc,
           rd_errmsg());
-    CHECK_OK(lora_set_unpin(s, pa));
+    CHECK_OK(lora_set_unpin(s, pa.slot));
     CHECK(lora_set_remove(s, "old") == RD_EBUSY && strstr(rd_errmsg(), "by 1 running sequence;"), "%s", rd_errmsg());
-    CHECK_OK(lora_set_unpin(s, pa));
-    rc = lora_set_unpin(s, pa);
+    CHECK_OK(lora_set_unpin(s, pa.slot));
+    rc = lora_set_unpin(s, pa.slot);
     CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "'old' is not pinned"), "rc %d: %s", rc, rd_errmsg());
     CHECK_OK(lora_set_remove(s, "old"));
-    CHECK(lora_set_unpin(s, pa) == RD_ENOENT, "unpin of a removed adapter");
-    CHECK_OK(lora_set_add(s, y, "late", 3, ev, sizeof ev));
+    CHECK(lora_set_unpin(s, pa.slot) == RD_ENOENT, "unpin of a removed adapter");
+    CHECK_OK(lora_set_add(s, y, "late", 3, 0, ev, sizeof ev, NULL));
     CHECK(ev[0] == 0 && names_are(s, "new,late"), "%.300s", why);
     /* The listing for /status. */
     lora_info info[4];
@@ -757,30 +756,98 @@ static void test_set_names(void)
     CHECK(lora_set_new(0, &s) == RD_EINVAL && lora_set_new(LORA_MAX_LORAS + 1, &s) == RD_EINVAL, "bad max_loras");
     CHECK_OK(lora_set_new(4, &s));
     lora_adapter *a = fake(8, 1), *b = fake(8, 1);
-    CHECK_OK(lora_set_add(s, a, "math", 1, NULL, 0));
-    int rc = lora_set_add(s, b, "math", 2, NULL, 0);
+    CHECK_OK(lora_set_add(s, a, "math", 1, 0, NULL, 0, NULL));
+    int rc = lora_set_add(s, b, "math", 2, 0, NULL, 0, NULL);
     CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), "an adapter named 'math' is already loaded"), "rc %d: %s", rc,
           rd_errmsg());
-    CHECK(lora_set_add(s, a, "math2", 2, NULL, 0) == RD_EINVAL, "the same adapter twice");
-    CHECK(lora_set_add(s, b, "", 2, NULL, 0) == RD_EINVAL && strstr(rd_errmsg(), "1 to 127 bytes"), "%s",
+    CHECK(lora_set_add(s, a, "math2", 2, 0, NULL, 0, NULL) == RD_EINVAL, "the same adapter twice");
+    CHECK(lora_set_add(s, b, "", 2, 0, NULL, 0, NULL) == RD_EINVAL && strstr(rd_errmsg(), "1 to 127 bytes"), "%s",
           rd_errmsg());
     char longname[200];
     memset(longname, 'x', 150);
     longname[150] = 0;
-    CHECK(lora_set_add(s, b, longname, 2, NULL, 0) == RD_EINVAL, "a 150-byte name");
+    CHECK(lora_set_add(s, b, longname, 2, 0, NULL, 0, NULL) == RD_EINVAL, "a 150-byte name");
     /* NULL name: the adapter's own. */
     snprintf(b->name, sizeof b->name, "code");
-    CHECK_OK(lora_set_add(s, b, NULL, 5, NULL, 0));
+    CHECK_OK(lora_set_add(s, b, NULL, 5, 0, NULL, 0, NULL));
     CHECK(names_are(s, "math,code"), "%.300s", why);
     const lora_adapter *g;
     rc = lora_set_get(s, "nope", &g, NULL);
     CHECK(rc == RD_ENOENT && g == NULL && strstr(rd_errmsg(), "no adapter named 'nope' is loaded"), "%s",
           rd_errmsg());
-    CHECK(lora_set_pin(s, "nope", &g, NULL) == RD_ENOENT, "pin of an absent name");
+    lora_pinned gp;
+    CHECK(lora_set_pin(s, "nope", &gp) == RD_ENOENT, "pin of an absent name");
     CHECK(lora_set_remove(s, "nope") == RD_ENOENT, "remove of an absent name");
     CHECK_OK(lora_set_remove(s, "math"));
     CHECK(names_are(s, "code"), "%.300s", why);
     lora_set_free(s);
+}
+
+/* The free hook's record: which slots were freed, in order. */
+static char freed[256];
+
+static void note_free(void *ctx, int32_t slot, lora_adapter *a)
+{
+    (void)ctx;
+    snprintf(freed + strlen(freed), sizeof freed - strlen(freed), "%s%d:%s", freed[0] ? "," : "", slot, a->name);
+}
+
+/* A push of a new version under a resident name: the pinned old one is retired (keeps its slot, serves its
+   sequences, freed at its last unpin), new pins get the new one; slots are never shared while in use. */
+static void test_set_replace_retires(void)
+{
+    lora_set *s;
+    CHECK_OK(lora_set_new(2, &s));
+    lora_set_on_free(s, note_free, NULL);
+    freed[0] = 0;
+    CHECK(lora_set_slots(s) == 4, "slots %d, want 2 * max_loras", lora_set_slots(s));
+    int32_t sa, sb, sa2;
+    CHECK_OK(lora_set_add(s, fake(8, 1), "a", 1, 0, NULL, 0, &sa));
+    CHECK_OK(lora_set_add(s, fake(8, 1), "b", 1, 0, NULL, 0, &sb));
+    CHECK(sa != sb, "two adapters in one slot");
+    lora_pinned p1, p2;
+    CHECK_OK(lora_set_pin(s, "a", &p1));
+    CHECK(p1.slot == sa, "pin slot %d, want %d", p1.slot, sa);
+    /* Replace a (pinned): a new slot, the old retired and not freed, the set still at 2 live. */
+    CHECK_OK(lora_set_add(s, fake(16, 2), "a", 2, 1, NULL, 0, &sa2));
+    CHECK(sa2 != sa && sa2 != sb && freed[0] == 0 && lora_set_count(s) == 2, "replace: slot %d, freed '%s'", sa2, freed);
+    CHECK_OK(lora_set_pin(s, "a", &p2));
+    CHECK(p2.slot == sa2 && p2.version == 2 && p2.a->rank == 16 && p2.uid != p1.uid, "new pins get the new adapter");
+    CHECK(names_are(s, "b,a"), "%.300s", why);
+    /* The retired one's last unpin frees it (the hook sees its slot). */
+    CHECK_OK(lora_set_unpin(s, p1.slot));
+    CHECK(!strcmp(freed, "0:a") && sa == 0, "freed '%s'", freed);
+    CHECK(lora_set_unpin(s, p1.slot) == RD_ENOENT, "unpin of a freed retired slot");
+    /* Replacing an idle adapter frees it at once. */
+    freed[0] = 0;
+    CHECK_OK(lora_set_add(s, fake(8, 3), "b", 3, 1, NULL, 0, &sb));
+    CHECK(!strcmp(freed, "1:b"), "freed '%s'", freed);
+    /* Without replace a resident name is refused. */
+    lora_adapter *x = fake(8, 1);
+    CHECK(lora_set_add(s, x, "b", 4, 0, NULL, 0, NULL) == RD_EINVAL, "name in use without replace");
+    /* Fill the slots with pinned retired adapters: then a replace finds no slot and says so. Now: slot 0 b v3,
+       slot 2 a v2 (pinned by p2). */
+    lora_pinned q1, q2, q3;
+    int32_t sl;
+    CHECK_OK(lora_set_pin(s, "b", &q1));
+    CHECK_OK(lora_set_add(s, fake(8, 1), "b", 5, 1, NULL, 0, &sl));  /* b v3 retired (slot 0) */
+    CHECK_OK(lora_set_add(s, fake(8, 1), "a", 7, 1, NULL, 0, &sl));  /* a v2 retired (slot 2) */
+    CHECK_OK(lora_set_pin(s, "a", &q2));
+    CHECK_OK(lora_set_pin(s, "b", &q3));
+    int rc = lora_set_add(s, x, "b", 6, 1, NULL, 0, NULL);           /* 2 retired + 2 live, all pinned */
+    CHECK(rc == RD_EBUSY && strstr(rd_errmsg(), "(2 replaced ones wait"), "rc %d: %s", rc, rd_errmsg());
+    rc = lora_set_add(s, x, "c", 6, 0, NULL, 0, NULL);
+    CHECK(rc == RD_EBUSY && strstr(rd_errmsg(), "all 2 adapter slots"), "rc %d: %s", rc, rd_errmsg());
+    freed[0] = 0;
+    CHECK_OK(lora_set_unpin(s, p2.slot));
+    CHECK(!strcmp(freed, "2:a"), "freed '%s'", freed);
+    CHECK_OK(lora_set_unpin(s, q2.slot));
+    freed[0] = 0;
+    CHECK_OK(lora_set_add(s, x, "c", 6, 0, NULL, 0, &sl));           /* evicts a v7, the only idle live one */
+    CHECK(!strcmp(freed, "3:a") && sl == 2 && names_are(s, "b,c"), "freed '%s', slot %d; %.200s", freed, sl, why);
+    freed[0] = 0;
+    lora_set_free(s);
+    CHECK(strstr(freed, ":b") && strstr(freed, ":c"), "shutdown frees through the hook: '%s'", freed);
 }
 
 /* A real adapter through the set: loaded, pinned, listed with its bytes. */
@@ -797,8 +864,8 @@ static void test_set_with_loaded_adapters(void)
     adapter_dir("tiny-qwen3-r64-all", dir, sizeof dir);
     CHECK_OK(lora_load_peft(dir, &c, 64, &b));
     const uint64_t bytes_b = b->bytes;
-    CHECK_OK(lora_set_add(s, a, NULL, 1, ev, sizeof ev));
-    CHECK_OK(lora_set_add(s, b, "all", 2, ev, sizeof ev));
+    CHECK_OK(lora_set_add(s, a, NULL, 1, 0, ev, sizeof ev, NULL));
+    CHECK_OK(lora_set_add(s, b, "all", 2, 0, ev, sizeof ev, NULL));
     CHECK(!strcmp(ev, "tiny-qwen3-r8-attn-rslora"), "evicted '%s'", ev);
     lora_info info;
     int32_t n;
@@ -829,6 +896,7 @@ int main(void)
     RUN(test_set_lru_eviction);
     RUN(test_set_pins);
     RUN(test_set_names);
+    RUN(test_set_replace_retires);
     RUN(test_set_with_loaded_adapters);
     TEST_EXIT();
 }
