@@ -445,6 +445,7 @@ int api_routes(api *a, http_route *t)
     n += api_vllm_routes(a, t + n);
     n += api_sglang_routes(a, t + n);
     n += api_manifest_routes(a, t + n);
+    n += api_lora_routes(a, t + n);
     return n;
 }
 
@@ -466,6 +467,7 @@ void api_destroy(api *a)
         return;
     api_calls_release(a);
     api_sglang_free(a);
+    api_lora_free(a);
     umap_free(&a->keys);
     free(a);
 }

@@ -58,6 +58,9 @@ void api_on_flushed(api *a, uint64_t key, int32_t n_flushed);
 /* The engine thread did the memory release / resume of key (rc 0 or the
  * error, msg why). */
 void api_on_memory(api *a, uint64_t key, int rc, const char *msg);
+/* The engine thread loaded or unloaded a LoRA adapter for the call of key (rc 0), or could not (msg); a
+ * load reports the adapter's rank, backend bytes and the idle adapter it evicted ("" none). */
+void api_on_lora(api *a, uint64_t key, int rc, const char *msg, int32_t rank, int64_t bytes, const char *evicted);
 /* HTTP calls not finished yet (the SIGTERM drain waits for them). */
 int api_unfinished(const api *a);
 /* Aborts every HTTP-owned engine request (drain time over). */

@@ -181,6 +181,7 @@ static int submit_sub(api *a, api_call *c, api_sub *s)
     er.bias_ids = c->p.bias_ids;
     er.bias_vals = c->p.bias_vals;
     er.stream = c->stream && c->fmt_progress;
+    er.lora = s->lora ? s->lora : c->lora;
     er.tag = s->key;
     s->submitted = 1;
     if (et_add(&d->et, s->key, &er)) {
@@ -256,8 +257,11 @@ int api_admit(api_call *c, api_err *e)
                 "no routed experts to return", d->L.m->cfg.arch);
         return -1;
     }
-    if (api_admit_check(c, &lim, e))
+    if (api_admit_check(c, &lim, e) || api_lora_check(a, c->lora, e))
         return -1;
+    for (int i = 0; i < c->n_subs; i++)
+        if (api_lora_check(a, c->subs[i].lora, e))
+            return -1;
     /* The same bound, and the same words, as an NNG SUBMIT's BUSY. */
     char why[200];
     uint64_t unfinished = d->clients.unfinished + (uint64_t)a->inflight;

@@ -110,6 +110,7 @@ typedef struct {
     int32_t n_want;             /* SGLang's token_ids_logprob for this prompt: ids whose log-probs every output
                                    token and scored prompt position report */
     int32_t *want_ids;          /* [n_want], or NULL */
+    char *lora;                 /* SGLang's lora_path for this prompt (one per prompt), or NULL: the call's */
     int submitted;              /* given to the engine */
     int aborted;                /* an abort was sent */
 } api_sub;
@@ -142,6 +143,8 @@ struct api_call {
                                    the engine computes max(top_n, prompt_lp) and api_on_result trims each side */
     int echo;                   /* /v1/completions echo: each choice's text (and logprobs) start with the prompt's */
     char *rid;                  /* SGLang rid (one string) */
+    char *lora;                 /* the LoRA adapter its prompts run under ("model" naming one, or /generate's
+                                   lora_path as one name), or NULL: the base model */
     api_params p;
     int n_subs;
     api_sub *subs;              /* [n_subs] */
@@ -180,6 +183,7 @@ struct api {
     uint64_t next_flush;
     /* api_sglang.c: memory release and the weights' source */
     struct api_mem *mems;       /* releases / resumes waiting for the engine thread */
+    struct api_lora_op *lora_ops; /* adapter loads / unloads waiting for the engine thread (api_lora.c) */
     int mem_released;           /* ET_MEM_WEIGHTS | ET_MEM_KV now released */
     char *src_path;             /* the file the serving weights came from (model, or the last update from disk) */
     uint64_t src_version;       /* the version they were when src_path was noted */
@@ -354,9 +358,11 @@ char *api_stream_shown(api *a, const api_stream *st, size_t safe, size_t *len);
 eng_result api_stream_view(const api_stream *st, const eng_result *like);
 void api_stream_free(api_stream *st);
 
-/* The model a call names (api_read_model) against the served names; on a refusal answers h as vLLM does
- * (404 {"error": {"message", "type": "NotFoundError", "param": "model", "code": 404}}) and returns -1. */
-int api_check_model(api *a, cJSON *root, http_res *h);
+/* The model a call names (api_read_model) against the served names and the resident LoRA adapters
+ * (*lora, when not NULL, gets the adapter's name, valid until the table changes, or NULL for the base
+ * model; with lora NULL an adapter's name is accepted as the base model's: /tokenize); on a refusal answers h as vLLM does (404 {"error":
+ * {"message", "type": "NotFoundError", "param": "model", "code": 404}}) and returns -1. */
+int api_check_model(api *a, cJSON *root, http_res *h, const char **lora);
 /* api_call.c: a call's life, abort, pause, the prefix-cache flush. */
 api_call *api_call_new(api *a, http_res *h, api_kind kind);
 int api_admit(api_call *c, api_err *e);
@@ -410,6 +416,12 @@ int api_sglang_routes(api *a, http_route *t);
 void api_sglang_free(api *a);
 /* The serving weights are now those of path (NULL: no file) at version. */
 void api_note_weights_source(api *a, const char *path, uint64_t version);
+
+/* api_lora.c: LoRA adapter loads and unloads (vLLM's and SGLang's routes). */
+int api_lora_routes(api *a, http_route *t);
+void api_lora_free(api *a);
+/* 0 when name is NULL, "" or a resident adapter; else -1 and a 400 naming it. */
+int api_lora_check(const api *a, const char *name, api_err *e);
 
 /* GET /weights_manifest (api_manifest.c). */
 int api_manifest_routes(api *a, http_route *t);

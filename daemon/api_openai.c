@@ -45,7 +45,7 @@ static cJSON *envelope(const api_call *c, const char *object)
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)c->created);
-    cJSON_AddStringToObject(o, "model", c->a->d->model_name);
+    cJSON_AddStringToObject(o, "model", c->lora ? c->lora : c->a->d->model_name); /* vLLM answers the adapter's */
     return o;
 }
 
@@ -400,10 +400,20 @@ static void v1_formats(api_call *c)
     c->fmt_done = v1_done;
 }
 
-int api_check_model(api *a, cJSON *root, http_res *h)
+int api_check_model(api *a, cJSON *root, http_res *h, const char **lora)
 {
     const char *names[] = {a->d->model_name, a->d->model_base, a->d->cfg.model};
     api_err e = {0};
+    if (lora)
+        *lora = NULL;
+    /* A resident LoRA adapter's name serves that adapter (vLLM's LoRA requests) */
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const lr_entry *ad = cJSON_IsString(m) ? lr_find(&a->d->loras, m->valuestring) : NULL;
+    if (ad) {
+        if (lora)
+            *lora = ad->name;
+        return 0;
+    }
     if (!api_read_model(root, names, (int)(sizeof names / sizeof names[0]), &e))
         return 0;
     if (e.status != 404) {
@@ -429,7 +439,8 @@ static api_call *start(http_res *h, const http_req *req, api *a, api_kind kind, 
         api_answer_error_v1(h, &e);
         return NULL;
     }
-    if (api_check_model(a, *root, h)) {
+    const char *lora;
+    if (api_check_model(a, *root, h, &lora)) {
         cJSON_Delete(*root);
         return NULL;
     }
@@ -437,6 +448,13 @@ static api_call *start(http_res *h, const http_req *req, api *a, api_kind kind, 
     if (!c) {
         cJSON_Delete(*root);
         http_respond_error(h, 500, "internal error", "out of memory");
+        return NULL;
+    }
+    if (lora && !(c->lora = strdup(lora))) {
+        cJSON_Delete(*root);
+        api_bad(&e, 500, "out of memory");
+        api_refuse(c, &e);
+        return NULL;
     }
     return c;
 }
@@ -482,6 +500,20 @@ void api_route_models(http_res *h, const http_req *req, void *ud)
     cJSON_AddStringToObject(m, "owned_by", "rolloutd");
     cJSON_AddStringToObject(m, "root", a->d->cfg.model);
     cJSON_AddNumberToObject(m, "max_model_len", a->d->lim.max_context);
+    cJSON_AddNullToObject(m, "parent");
     cJSON_AddItemToArray(data, m);
+    /* vLLM lists each LoRA adapter with its folder as root and the base model as parent */
+    const lr_table *t = &a->d->loras;
+    for (int32_t i = 0; i < t->n; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "id", t->e[i].name);
+        cJSON_AddStringToObject(x, "object", "model");
+        cJSON_AddNumberToObject(x, "created", (double)time(NULL));
+        cJSON_AddStringToObject(x, "owned_by", "rolloutd");
+        cJSON_AddStringToObject(x, "root", t->e[i].path ? t->e[i].path : t->e[i].name);
+        cJSON_AddStringToObject(x, "parent", a->d->model_name);
+        cJSON_AddNumberToObject(x, "max_model_len", a->d->lim.max_context);
+        cJSON_AddItemToArray(data, x);
+    }
     api_answer_json(h, 200, o);
 }

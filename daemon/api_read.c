@@ -154,12 +154,15 @@ void api_call_clear(api_call *c)
         free(c->subs[i].prompt);
         free(c->subs[i].rid);
         free(c->subs[i].want_ids);
+        free(c->subs[i].lora);
     }
     free(c->subs);
     c->subs = NULL;
     c->n_subs = 0;
     free(c->rid);
     c->rid = NULL;
+    free(c->lora);
+    c->lora = NULL;
     api_params_free(&c->p);
 }
 
@@ -233,6 +236,34 @@ static void read_token_ids_logprob(cJSON *root, api_call *c, api_err *e)
         read_want(v, "token_ids_logprob", &c->subs[i], e);
 }
 
+/* SGLang's lora_path: the adapter's name (as /load_lora_adapter registered it), or one per prompt (null:
+ * the base model). Whether it is loaded is admission's question (api_lora_check). */
+static void read_lora_path(cJSON *root, api_call *c, api_err *e)
+{
+    cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "lora_path");
+    if (!lp || cJSON_IsNull(lp) || e->status)
+        return;
+    if (cJSON_IsString(lp)) {
+        if (lp->valuestring[0] && !(c->lora = strdup(lp->valuestring)))
+            api_bad(e, 500, "out of memory");
+        return;
+    }
+    if (!cJSON_IsArray(lp) || cJSON_GetArraySize(lp) != c->n_subs) {
+        api_bad(e, 400, "field \"lora_path\": expected an adapter's name, or a list of one per prompt (%d; null for "
+                "the base model)", c->n_subs);
+        return;
+    }
+    int i = 0;
+    for (cJSON *x = lp->child; x && !e->status; x = x->next, i++) {
+        if (cJSON_IsNull(x))
+            continue;
+        if (!cJSON_IsString(x))
+            api_bad(e, 400, "field \"lora_path\"[%d]: expected an adapter's name or null", i);
+        else if (x->valuestring[0] && !(c->subs[i].lora = strdup(x->valuestring)))
+            api_bad(e, 500, "out of memory");
+    }
+}
+
 int api_read_generate(cJSON *root, api_call *c, api_err *e)
 {
     c->top_field = "top_logprobs_num";
@@ -284,6 +315,7 @@ int api_read_generate(cJSON *root, api_call *c, api_err *e)
     read_token_ids_logprob(root, c, e);
     if (!e->status && c->stream && c->n_subs > 0 && c->subs[0].n_want > 0)
         api_bad(e, 400, "field \"token_ids_logprob\": not with \"stream\" (the ids' log-probs come in whole answers)");
+    read_lora_path(root, c, e);
     cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
     if (rid && cJSON_IsString(rid)) {
         c->rid = strdup(rid->valuestring);

@@ -83,6 +83,9 @@ static void route_server_info(http_res *h, const http_req *req, void *ud)
     cJSON_AddBoolToObject(o, "skip_tokenizer_init", d->L.tok == NULL);
     cJSON_AddBoolToObject(o, "enable_metrics", 1);
     cJSON_AddBoolToObject(o, "disable_radix_cache", d->cfg.prefix_cache == 0);
+    cJSON_AddBoolToObject(o, "enable_lora", d->cfg.max_loras > 0);
+    cJSON_AddNumberToObject(o, "max_loras_per_batch", (double)d->cfg.max_loras);
+    cJSON_AddNumberToObject(o, "max_lora_rank", (double)d->cfg.max_lora_rank);
     cJSON_AddStringToObject(o, "device", d->cfg.backend);
     /* Scheduler info. */
     int64_t tokens = (int64_t)d->kv_blocks_total * d->cfg.block_size;

@@ -187,7 +187,7 @@ static void route_tokenize(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
-    if (api_check_model(a, root, h)) {
+    if (api_check_model(a, root, h, NULL)) {
         cJSON_Delete(root);
         return;
     }
@@ -231,7 +231,7 @@ static void route_detokenize(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
-    if (api_check_model(a, root, h)) {
+    if (api_check_model(a, root, h, NULL)) {
         cJSON_Delete(root);
         return;
     }
@@ -460,7 +460,8 @@ static void route_generate_tokens(http_res *h, const http_req *req, void *ud)
         api_answer_error_v1(h, &e);
         return;
     }
-    if (api_check_model(a, root, h)) {
+    const char *lora;
+    if (api_check_model(a, root, h, &lora)) {
         cJSON_Delete(root);
         return;
     }
@@ -470,6 +471,8 @@ static void route_generate_tokens(http_res *h, const http_req *req, void *ud)
         http_respond_error(h, 500, "internal error", "out of memory");
         return;
     }
+    if (lora && !(c->lora = strdup(lora)))
+        api_bad(&e, 500, "out of memory");
     c->fmt_begin = tokens_begin;
     c->fmt_sample = tokens_sample;
     c->fmt_progress = tokens_progress;

@@ -128,6 +128,9 @@ static const cfg_field FIELDS[] = {
      sizeof(((cfg_daemon *)0)->served_model_name),
      "the model's name (vLLM's --served-model-name): the id /v1/models lists, the model of every answer, the "
      "metrics' model_name label; /v1 requests naming another model get 404 (\"\" = the model file's base name)"},
+    I(max_loras, 0, LORA_MAX_LORAS, "LoRA adapters resident at once (/v1/load_lora_adapter; loading one more evicts "
+      "the least recently used idle one; 0 = none served)"),
+    I(max_lora_rank, 1, LORA_MAX_RANK, "the largest LoRA rank an adapter may have"),
     I(enable_return_routed_experts, 0, 1, "1: every /inference/v1/generate choice carries its routed experts in "
       "prime-rl's compact form (vLLM's --enable-return-routed-experts; a mixture-of-experts model only)"),
 };
@@ -152,6 +155,8 @@ void cfg_defaults(cfg_daemon *c)
     c->block_size = ec.block_size;
     c->max_num_seqs = ec.max_num_seqs;
     c->max_batch_tokens = ec.max_batch_tokens;
+    c->max_loras = 8;           /* prime-rl's max_loras */
+    c->max_lora_rank = ENG_DEFAULT_LORA_RANK;
     c->max_queued_requests = 4096;
     c->max_requests_per_submit = 1024;
     c->max_n = 64;

@@ -70,6 +70,8 @@ typedef struct {
                                        the metrics' model_name label; "" = the model file's base name */
     int64_t enable_return_routed_experts; /* vLLM's flag: every /inference/v1/generate choice carries its routed
                                        experts (prime-rl's compact form); a MoE model only */
+    int64_t max_loras;              /* LoRA adapters resident at once (vLLM's --max-loras; 0 = none served) */
+    int64_t max_lora_rank;          /* the largest adapter rank loaded (vLLM's --max-lora-rank) */
 } cfg_daemon;
 
 /* The defaults (configs/rolloutd.json spells the same values). */

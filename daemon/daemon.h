@@ -12,6 +12,7 @@
 #include "daemon/engine_thread.h"
 #include "daemon/host.h"
 #include "daemon/http.h"
+#include "daemon/lora_reg.h"
 #include "daemon/metrics.h"
 #include "daemon/pipe_auth.h"
 #include "daemon/update/wing.h"
@@ -45,6 +46,7 @@ typedef struct rd_daemon {
     et_thread et;
     cl_table clients;
     sh_hist serve;              /* the serve_dtype of each recent weight version (results, HTTP, /status) */
+    lr_table loras;             /* the LoRA adapters resident in the engine (api_lora.c keeps it) */
     mx_window win;
     eng_stats stats;            /* latest engine snapshot */
 

@@ -22,6 +22,8 @@ static void free_cmd(et_cmd *c)
         free((void *)c->req.stop_strs[i]);
     free((void *)c->req.stop_strs);
     free(c->path);
+    free(c->lora_name);
+    free((void *)c->req.lora);
     free(c);
 }
 
@@ -105,6 +107,45 @@ static et_done *run_memory(et_thread *t, const et_cmd *c)
     return d;
 }
 
+/* One adapter load or unload (the engine is between steps); the answer. */
+static et_done *run_lora(et_thread *t, const et_cmd *c)
+{
+    et_done *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->lora = 1;
+    d->r.tag = c->key;
+    int rc;
+    if (c->lora_op == ET_LORA_LOAD) {
+        int32_t max_loras, max_rank;
+        eng_lora_limits(t->eng, &max_loras, &max_rank);
+        lora_adapter *a = NULL;
+        rc = max_loras == 0 ? rd_fail(RD_ENOTSUP, "LoRA adapters are not served: max_loras is 0")
+                            : lora_load_peft(c->path, &eng_model(t->eng)->cfg, max_rank, &a);
+        if (!rc) {
+            d->lora_rank = a->rank;
+            rc = eng_lora_load(t->eng, a, c->lora_name, c->lora_version, c->lora_replace, d->lora_evicted,
+                               sizeof d->lora_evicted);
+            if (rc)
+                lora_free(a);
+        }
+        lora_info info[LORA_MAX_LORAS];
+        int32_t n = 0;
+        if (!rc && !eng_lora_list(t->eng, info, LORA_MAX_LORAS, &n))
+            for (int32_t i = 0; i < n; i++)
+                if (!strcmp(info[i].name, c->lora_name))
+                    d->lora_bytes = (int64_t)info[i].bytes;
+    } else {
+        rc = eng_lora_unload(t->eng, c->lora_name);
+    }
+    if (rc) {
+        d->mem_rc = rc;
+        snprintf(d->mem_msg, sizeof d->mem_msg, "%s", rd_errmsg());
+    }
+    d->t_added_us = d->t_finish_us = (uint64_t)clock_now_us();
+    return d;
+}
+
 /* Runs the queued commands. Caller holds mu; eng_add copies what it needs, so
  * holding the lock only costs the copy. */
 static void run_cmds(et_thread *t)
@@ -151,6 +192,15 @@ static void run_cmds(et_thread *t)
                 push_done(t, d);
             else
                 log_line("engine thread: out of memory answering a memory release");
+        } else if (c->kind == ET_LORA) {
+            /* Reading a folder takes a while too. */
+            pthread_mutex_unlock(&t->mu);
+            et_done *d = run_lora(t, c);
+            pthread_mutex_lock(&t->mu);
+            if (d)
+                push_done(t, d);
+            else
+                log_line("engine thread: out of memory answering a LoRA load");
         } else if (c->kind == ET_FLUSH) {
             et_done *d = calloc(1, sizeof *d);
             int32_t n = eng_flush_cache(t->eng);
@@ -371,6 +421,11 @@ int et_add(et_thread *t, uint64_t key, const eng_request *r)
     c->req.n_bias = 0;
     c->req.stop_strs = NULL;
     c->req.n_stop_strs = 0;
+    c->req.lora = NULL;
+    if (r->lora && r->lora[0] && !(c->req.lora = strdup(r->lora))) {
+        free_cmd(c);
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    }
     /* logit_bias too: an NNG request's arrays live in the decoded SUBMIT, freed
      * when the door returns, long before the engine thread takes the command. */
     if (r->n_bias > 0) {
@@ -441,6 +496,24 @@ int et_memory(et_thread *t, uint64_t key, int op, int tags, rd_loaded *L, const 
     c->mem_tags = tags;
     c->L = L;
     c->same_file = same_file;
+    push_cmd(t, c);
+    return 0;
+}
+
+int et_lora(et_thread *t, uint64_t key, int op, const char *name, const char *path, uint64_t version, int replace)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c || !(c->lora_name = strdup(name)) || (path && !(c->path = strdup(path)))) {
+        if (c)
+            free(c->lora_name);
+        free(c);
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    }
+    c->kind = ET_LORA;
+    c->key = key;
+    c->lora_op = op;
+    c->lora_version = version;
+    c->lora_replace = replace;
     push_cmd(t, c);
     return 0;
 }

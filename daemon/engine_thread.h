@@ -17,7 +17,11 @@
 #include "engine/serve/engine.h"
 #include "engine/update/staging.h"
 
-typedef enum { ET_ADD, ET_ABORT, ET_SWAP, ET_PAUSE, ET_FLUSH, ET_MEMORY } et_kind;
+typedef enum { ET_ADD, ET_ABORT, ET_SWAP, ET_PAUSE, ET_FLUSH, ET_MEMORY, ET_LORA } et_kind;
+
+/* LoRA adapters (et_lora): load a PEFT folder under a name, or unload one. */
+#define ET_LORA_LOAD 1
+#define ET_LORA_UNLOAD 2
 
 /* Memory release / resume (et_memory): what, and which parts. */
 #define ET_MEM_RELEASE 1
@@ -54,6 +58,10 @@ typedef struct et_cmd {
     rd_loaded *L;               /* ET_MEMORY: the daemon's model (its backend, its open file) */
     char *path;                 /* ET_MEMORY resume of weights: the file to read them from (owned) */
     int same_file;              /* path is the file L was loaded from */
+    int lora_op;                /* ET_LORA: ET_LORA_LOAD (path = the PEFT folder) or ET_LORA_UNLOAD */
+    char *lora_name;            /* ET_LORA: the adapter's name (owned) */
+    uint64_t lora_version;      /* ET_LORA load: the version it serves as */
+    int lora_replace;           /* ET_LORA load: a resident adapter of that name is replaced (else refused) */
 } et_cmd;
 
 /* A finished sample with the engine thread's timestamps; or the progress of
@@ -67,6 +75,10 @@ typedef struct et_done {
     int mem_rc;                 /* mem: 0 or the error code */
     int mem_tags;               /* mem: the parts released (or resumed) */
     char mem_msg[400];          /* mem: why not, when mem_rc */
+    int lora;                   /* 1: the answer to et_lora(key); r.tag is set, mem_rc and mem_msg say how it went */
+    int32_t lora_rank;          /* lora load: the adapter's rank */
+    int64_t lora_bytes;         /* lora load: the backend's bytes for it */
+    char lora_evicted[LORA_NAME_MAX]; /* lora load: the idle adapter it evicted ("" none) */
     uint64_t t_added_us;        /* monotonic µs when eng_add took the request */
     uint64_t t_finish_us;       /* when the step that finished it ended */
 } et_done;
@@ -117,6 +129,11 @@ int et_retract(et_thread *t);
  * resume). A release is refused while the engine has sequences. The answer
  * comes back through et_take as an et_done with mem set and r.tag = key. */
 int et_memory(et_thread *t, uint64_t key, int op, int tags, rd_loaded *L, const char *path, int same_file);
+/* Loads the PEFT adapter in folder path as name at version (op ET_LORA_LOAD; lora_load_peft against the
+ * engine's model, then eng_lora_load; replace: supersede a resident one of that name) or unloads name
+ * (ET_LORA_UNLOAD), between steps; the folder is read off the loop thread. The answer comes back through
+ * et_take as an et_done with lora set and r.tag = key. */
+int et_lora(et_thread *t, uint64_t key, int op, const char *name, const char *path, uint64_t version, int replace);
 /* Flushes the prefix cache between steps; the answer comes back through
  * et_take as an et_done with flush set and r.tag = key. */
 int et_flush_cache(et_thread *t, uint64_t key);

@@ -162,6 +162,9 @@ static void take_results(rd_daemon *d)
         } else if (e->mem) {
             if (d->api)
                 api_on_memory(d->api, e->r.tag, e->mem_rc, e->mem_msg);
+        } else if (e->lora) {
+            if (d->api)
+                api_on_lora(d->api, e->r.tag, e->mem_rc, e->mem_msg, e->lora_rank, e->lora_bytes, e->lora_evicted);
         } else if (e->r.tag & API_KEY_BIT) {
             /* An HTTP call's sample or its progress (its own key space, api.h). */
             if (d->api)
@@ -854,6 +857,7 @@ void loop_shutdown(rd_daemon *d)
     http_stop(&d->http);
     api_destroy(d->api);
     d->api = NULL;
+    lr_free(&d->loras);
     wing_stop(&d->wing);
     log_line("shutdown: socket closed, engine stopped");
     uv_walk(&d->loop, close_one, NULL);

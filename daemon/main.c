@@ -147,6 +147,8 @@ static int start(rd_daemon *d)
     ec.spec_max_batch = (int32_t)d->cfg.spec_max_batch;
     ec.spec_fixed = !strcmp(d->cfg.spec_draft_sizing, "fixed");
     ec.spec_store_bytes = d->cfg.spec_store_bytes;
+    ec.max_loras = (int32_t)d->cfg.max_loras;
+    ec.max_lora_rank = (int32_t)d->cfg.max_lora_rank;
     if (eng_spec_mode_parse(d->cfg.spec_decode, &ec.spec_decode)) /* cfg_validate checked it */
         return RD_EINVAL;
     /* The loop bounds queued requests itself (BUSY); the engine must never refuse. */

@@ -86,6 +86,22 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddStringToObject(kv, "dtype", s->kv_dtype);
     cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens", (double)s->eng.prefix_query_tokens);
     cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens", (double)s->eng.prefix_hit_tokens);
+    /* LoRA adapters resident, in the order loaded. */
+    cJSON *lo = cJSON_AddObjectToObject(o, "lora");
+    cJSON_AddNumberToObject(lo, "max_loras", s->max_loras);
+    cJSON_AddNumberToObject(lo, "max_lora_rank", s->max_lora_rank);
+    cJSON *la = cJSON_AddArrayToObject(lo, "adapters");
+    for (int32_t i = 0; s->loras && i < s->loras->n; i++) {
+        const lr_entry *x = &s->loras->e[i];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "name", x->name);
+        cJSON_AddNumberToObject(j, "version", (double)x->version);
+        cJSON_AddNumberToObject(j, "rank", x->rank);
+        cJSON_AddNumberToObject(j, "bytes", (double)x->bytes);
+        if (x->path)
+            cJSON_AddStringToObject(j, "path", x->path);
+        cJSON_AddItemToArray(la, j);
+    }
     /* Speculative decoding: drafted tokens verified, those drawn as drafted, their ratio (0 before any). */
     cJSON *sp = cJSON_AddObjectToObject(o, "spec_decode");
     cJSON_AddStringToObject(sp, "mode", eng_spec_mode_name(s->eng.spec_decode));
@@ -363,6 +379,17 @@ char *mx_prometheus(const mx_snapshot *s)
            (double)s->eng.completed);
     metric(&t, "request_aborted_total", "counter", "Samples finished by abort.", labels, (double)s->eng.aborted);
     metric(&t, "engine_steps_total", "counter", "Engine forward passes.", labels, (double)s->eng.steps);
+    metric(&t, "lora_adapters", "gauge", "LoRA adapters resident.", labels, s->loras ? s->loras->n : 0);
+    if (s->loras && s->loras->n > 0) {
+        put(&t, "# HELP rolloutd:lora_adapter_bytes A resident LoRA adapter's backend bytes (labels: its name and "
+            "version).\n# TYPE rolloutd:lora_adapter_bytes gauge\n");
+        for (int32_t i = 0; i < s->loras->n; i++) {
+            char name[2 * LORA_NAME_MAX];
+            label_escape(s->loras->e[i].name, name, sizeof name);
+            put(&t, "rolloutd:lora_adapter_bytes{%s,adapter=\"%s\",version=\"%llu\"} %lld\n", labels, name,
+                (unsigned long long)s->loras->e[i].version, (long long)s->loras->e[i].bytes);
+        }
+    }
     metric(&t, "weight_version", "gauge", "Policy (weight) version now serving.", labels, (double)s->weight_version);
     metric(&t, "weight_updates_total", "counter", "Weight updates swapped in.", labels, (double)s->updates_ok);
     metric(&t, "weight_update_failures_total", "counter", "Weight transfers aborted or refused at commit.", labels,

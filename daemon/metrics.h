@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "daemon/lora_reg.h"
 #include "engine/backend.h"
 #include "engine/serve/engine.h"
 
@@ -96,6 +97,9 @@ typedef struct {
     int http_tls;               /* the HTTP API speaks HTTPS (http_tls_cert_file) */
     uint64_t http_tls_plain;    /* plain HTTP requests to it, answered 400 */
     uint64_t http_tls_failed;   /* connections closed by a failed handshake or a bad record */
+    /* LoRA adapters */
+    int32_t max_loras, max_lora_rank; /* the config's (max_loras 0: none served) */
+    const lr_table *loras;      /* the resident ones (the loop's table; valid while the snapshot is used) */
 } mx_snapshot;
 
 /* malloc'd, NUL-terminated; NULL when out of memory. */

@@ -27,6 +27,9 @@ void snapshot_take(rd_daemon *d, mx_snapshot *s)
     s->block_size = (int32_t)d->cfg.block_size;
     s->max_num_seqs = (int32_t)d->cfg.max_num_seqs;
     s->prefix_cache = d->cfg.prefix_cache != 0;
+    s->max_loras = (int32_t)d->cfg.max_loras;
+    s->max_lora_rank = (int32_t)d->cfg.max_lora_rank;
+    s->loras = &d->loras;
     const model *m = d->L.m;
     int32_t kv_elem = rd_backend_kv_elem_bytes(d->L.be);
     s->kv_bytes = (int64_t)s->eng.kv_blocks_total * 2 * m->cfg.n_layers *

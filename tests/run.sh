@@ -87,6 +87,10 @@ if [ "$MODE" != "--unit-only" ]; then
     add "asan:test_lora_load" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=every_family_rank_8_and_64_attention_and_all_linear,rslora_regex_lists_and_layers_to_transform,refused_variants_name_the_problem \
       "$PY" tests/py/test_lora_load.py
+    # LoRA over HTTP against the ASan daemon: loads, refusals, unload in use, eviction, SIGTERM with no leak.
+    add "asan:test_lora_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=prime_rl_and_sglang_sequence,bad_adapters_refused_daemon_keeps_serving,max_loras_evicts_least_recently_used_and_metrics,daemons_exit_cleanly \
+      "$PY" tests/py/test_lora_routes.py
     # Bad model files of every family against the ASan/UBSan tools.
     add "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
     # The chain: a relay whose successor dies, aborts everywhere, lane authentication (ASan daemons).

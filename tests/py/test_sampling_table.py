@@ -266,6 +266,12 @@ def want_ids_case(door, name):
     assert len(got) == 3 and all([t[1] for t in g] == [5, 17] and all(t[0] < 0 for t in g) for g in got), got
 
 
+def lora_not_loaded(door, name):
+    """A name no /load_lora_adapter registered is refused, naming it (test_lora_routes.py serves real ones)."""
+    st, doc = post("/generate", {"input_ids": prompt_ids(), name: "adapter-a", "sampling_params": {"max_new_tokens": 2}})
+    assert st == 400 and "adapter-a" in json.dumps(doc) and "not loaded" in json.dumps(doc), (st, doc)
+
+
 CASES = {
     "temperature": differs(1.5, {"temperature": 0, "SEED": 7}),
     "top_p": differs(0.05, SAMPLED),
@@ -321,7 +327,7 @@ CASES = {
     "return_tokens_as_token_ids": refused(True),
     "stream_interval": refused(4),
     "logprob_start_len": prompt_scored,
-    "lora_path": refused("adapter-a"),
+    "lora_path": lora_not_loaded,
     "user": same("user-1"),
     "cache_salt": same("tenant-7"),
 }
