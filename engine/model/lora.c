@@ -632,9 +632,45 @@ static void default_name(const char *dir, char *out, size_t cap)
     out[k] = 0;
 }
 
-static int load(loader *x, lora_adapter *a, st_file **fp)
+static void reset_loader(loader *x);
+
+/* The config's text, then the tensors of the safetensors file f: the checks both entry points share. */
+static int load_parts(loader *x, lora_adapter *a, const char *text, const st_file *f)
 {
     const model_config *c = x->mc;
+    cJSON *root = cJSON_Parse(text);
+    int rc = 0;
+    if (!root || !cJSON_IsObject(root)) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = root || !at || at < text || at > text + strlen(text) ? -1 : (long)(at - text);
+        rc = off >= 0 ? fail(x, RD_EFORMAT, "adapter_config.json is not valid JSON (error near byte %ld)", off)
+                      : fail(x, RD_EFORMAT, "adapter_config.json is not a JSON object");
+        goto out;
+    }
+    if ((rc = check_refused(x, root)) || (rc = read_rank(x, root, a)) || (rc = read_layers(x, root)) ||
+        (rc = read_targets(x, root)) || (rc = select_modules(x)))
+        goto out;
+    if (!f)
+        goto out;   /* the caller reports the missing file after the config's refusals */
+    for (size_t i = 0; i < f->n_tensors; i++)
+        if ((rc = place_tensor(x, &f->tensors[i])))
+            goto out;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int m = 0; m < LORA_N_MODULES; m++)
+            if (x->want[(size_t)l * LORA_N_MODULES + m] && (rc = check_pair(x, l, (lora_module)m, a->rank)))
+                goto out;
+    if ((rc = take_data(x, a)))
+        goto out;
+    memcpy(a->in, x->in, sizeof a->in);
+    memcpy(a->out, x->out, sizeof a->out);
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* The folder's two files. */
+static int load_dir(loader *x, lora_adapter *a)
+{
     struct stat sb;
     if (stat(x->dir, &sb) != 0)
         return fail(x, RD_EIO, "cannot open the adapter folder: %s", strerror(errno));
@@ -649,57 +685,63 @@ static int load(loader *x, lora_adapter *a, st_file **fp)
         return too_big ? fail(x, RD_EFORMAT, "adapter_config.json is over %u bytes; not an adapter config",
                               LORA_MAX_CONFIG)
                        : fail(x, RD_EIO, "cannot read adapter_config.json: %s", strerror(errno));
-    cJSON *root = cJSON_Parse(text);
-    int rc = 0;
-    if (!root || !cJSON_IsObject(root)) {
-        const char *at = cJSON_GetErrorPtr();
-        long off = root || !at || at < text || at > text + strlen(text) ? -1 : (long)(at - text);
-        rc = off >= 0 ? fail(x, RD_EFORMAT, "adapter_config.json is not valid JSON (error near byte %ld)", off)
-                      : fail(x, RD_EFORMAT, "adapter_config.json is not a JSON object");
-        goto out;
+    st_file *f = NULL;
+    int rc = load_parts(x, a, text, NULL);   /* the config's refusals come before the file's */
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", x->dir);
+        if (stat(path, &sb) != 0) {
+            rc = exists(x->dir, "adapter_model.bin")
+                     ? fail(x, RD_ENOTSUP, "holds adapter_model.bin (a pickle), which is not read; save it with "
+                            "safe_serialization=True (adapter_model.safetensors)")
+                     : fail(x, RD_EIO, "cannot open adapter_model.safetensors: %s", strerror(errno));
+        } else if ((rc = st_open(path, &f))) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s", rd_errmsg());
+            rc = fail(x, rc, "adapter_model.safetensors: %s", msg);
+        }
     }
-    if ((rc = check_refused(x, root)) || (rc = read_rank(x, root, a)) || (rc = read_layers(x, root)) ||
-        (rc = read_targets(x, root)) || (rc = select_modules(x)))
-        goto out;
-
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", x->dir);
-    if (stat(path, &sb) != 0) {
-        rc = exists(x->dir, "adapter_model.bin")
-                 ? fail(x, RD_ENOTSUP, "holds adapter_model.bin (a pickle), which is not read; save it with "
-                        "safe_serialization=True (adapter_model.safetensors)")
-                 : fail(x, RD_EIO, "cannot open adapter_model.safetensors: %s", strerror(errno));
-        goto out;
+    if (!rc) {
+        reset_loader(x);
+        rc = load_parts(x, a, text, f);
     }
-    if ((rc = st_open(path, fp))) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "%s", rd_errmsg());
-        rc = fail(x, rc, "adapter_model.safetensors: %s", msg);
-        goto out;
-    }
-    for (size_t i = 0; i < (*fp)->n_tensors; i++)
-        if ((rc = place_tensor(x, &(*fp)->tensors[i])))
-            goto out;
-    for (int32_t l = 0; l < c->n_layers; l++)
-        for (int m = 0; m < LORA_N_MODULES; m++)
-            if (x->want[(size_t)l * LORA_N_MODULES + m] && (rc = check_pair(x, l, (lora_module)m, a->rank)))
-                goto out;
-    if ((rc = take_data(x, a)))
-        goto out;
-    memcpy(a->in, x->in, sizeof a->in);
-    memcpy(a->out, x->out, sizeof a->out);
-out:
-    cJSON_Delete(root);
+    st_close(f);
     free(text);
     return rc;
 }
 
-int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lora_adapter **out)
+/* Frees what one pass of load_parts kept in x, so that a second pass starts clean. */
+static void reset_loader(loader *x)
+{
+    const size_t n = (size_t)x->mc->n_layers * LORA_N_MODULES;
+    pcre2_match_context_free(x->mctx);
+    pcre2_match_data_free(x->md);
+    pcre2_code_free(x->re);
+    free(x->hit);
+    free(x->layer_on);
+    x->mctx = NULL;
+    x->md = NULL;
+    x->re = NULL;
+    x->hit = NULL;
+    x->layer_on = NULL;
+    x->list = NULL;
+    x->all_linear = 0;
+    x->re_text = NULL;
+    x->re_limit_hit = 0;
+    memset(x->want, 0, n);
+    memset(x->ta, 0, n * sizeof *x->ta);
+    memset(x->tb, 0, n * sizeof *x->tb);
+}
+
+/* One entry point's work: dir names the folder (or labels an in-memory adapter in messages); text and f
+ * are the in-memory parts (text NULL: read the folder). */
+static int load_any(const char *dir, const char *text, const st_file *f, const model_config *mc, int32_t max_rank,
+                    lora_adapter **out)
 {
     if (!out)
         return rd_fail(RD_EINVAL, "lora_load_peft: out is NULL");
     *out = NULL;
     if (!dir || !*dir || !mc)
-        return rd_fail(RD_EINVAL, "lora_load_peft: a folder and a model config are needed");
+        return rd_fail(RD_EINVAL, "lora_load_peft: a folder (or a name) and a model config are needed");
     if (max_rank < 1 || max_rank > LORA_MAX_RANK)
         return rd_fail(RD_EINVAL, "lora_load_peft: max_rank %d is outside 1..%d", max_rank, LORA_MAX_RANK);
     const arch_desc *ad = arch_by_name(mc->arch, strnlen(mc->arch, sizeof mc->arch));
@@ -709,7 +751,6 @@ int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lo
     const size_t n = (size_t)mc->n_layers * LORA_N_MODULES;
     loader x = {.dir = dir, .mc = mc, .ad = ad, .max_rank = max_rank};
     lora_adapter *a = calloc(1, sizeof *a);
-    st_file *f = NULL;
     int rc;
     x.want = calloc(n, 1);
     x.ta = calloc(n, sizeof *x.ta);
@@ -720,14 +761,9 @@ int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lo
         a->n_layers = mc->n_layers;
         snprintf(a->arch, sizeof a->arch, "%s", mc->arch);
         default_name(dir, a->name, sizeof a->name);
-        rc = load(&x, a, &f);
+        rc = text ? load_parts(&x, a, text, f) : load_dir(&x, a);
     }
-    st_close(f);
-    pcre2_match_context_free(x.mctx);
-    pcre2_match_data_free(x.md);
-    pcre2_code_free(x.re);
-    free(x.hit);
-    free(x.layer_on);
+    reset_loader(&x);
     free(x.want);
     free(x.ta);
     free(x.tb);
@@ -737,6 +773,38 @@ int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lo
     }
     *out = a;
     return 0;
+}
+
+int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lora_adapter **out)
+{
+    return load_any(dir, NULL, NULL, mc, max_rank, out);
+}
+
+int lora_load_peft_mem(const char *label, const char *config, size_t config_len, const uint8_t *st, size_t st_size,
+                       const model_config *mc, int32_t max_rank, lora_adapter **out)
+{
+    if (out)
+        *out = NULL;
+    if (!config || !st || config_len > LORA_MAX_CONFIG)
+        return rd_fail(RD_EINVAL, "lora: '%.200s': adapter_config.json of %zu bytes (1..%u) and "
+                       "adapter_model.safetensors are needed", label ? label : "?", config_len, LORA_MAX_CONFIG);
+    char *text = malloc(config_len + 1);
+    if (!text)
+        return rd_fail(RD_ENOMEM, "lora: out of memory");
+    memcpy(text, config, config_len);
+    text[config_len] = 0;
+    st_file *f = NULL;
+    int rc = st_parse(st, st_size, &f);
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", rd_errmsg());
+        rc = rd_fail(rc, "lora: '%.200s': adapter_model.safetensors: %s", label ? label : "?", msg);
+    } else {
+        rc = load_any(label, text, f, mc, max_rank, out);
+    }
+    st_close(f);
+    free(text);
+    return rc;
 }
 
 /* ------------------------------------------------------- the resident set */

@@ -98,6 +98,11 @@ const char *lora_module_name(lora_module m);
  * LORA_MAX_RANK. On error *out is NULL and rd_errmsg() names the folder and
  * the problem. */
 int lora_load_peft(const char *dir, const struct model_config *mc, int32_t max_rank, lora_adapter **out);
+/* The same from the two files' bytes in memory (a pushed adapter): config is adapter_config.json's text
+ * (config_len bytes, not NUL-terminated), st adapter_model.safetensors' bytes (copied out: the adapter
+ * does not keep them). label names it in messages and becomes its default name. */
+int lora_load_peft_mem(const char *label, const char *config, size_t config_len, const uint8_t *st, size_t st_size,
+                       const struct model_config *mc, int32_t max_rank, lora_adapter **out);
 void lora_free(lora_adapter *a);
 
 /* The pair of module m in layer l (its a and b NULL when absent). */

@@ -875,6 +875,70 @@ static void test_set_with_loaded_adapters(void)
     lora_set_free(s);
 }
 
+/* The whole of path (malloc'd), *n its bytes; NULL if unreadable. */
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = len > 0 ? malloc((size_t)len) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = b ? (size_t)len : 0;
+    return b;
+}
+
+/* A pushed adapter (the two files' bytes in memory) loads to the same adapter as its folder, byte for
+   byte, and is refused for what the folder would be refused for. */
+static void test_load_from_memory(void)
+{
+    model_config c;
+    NEED_CFG("tiny-qwen3", &c);
+    char dir[600], path[900];
+    adapter_dir("tiny-qwen3-r64-all", dir, sizeof dir);
+    size_t nc, ns;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    uint8_t *cfg = slurp(path, &nc);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    uint8_t *st = slurp(path, &ns);
+    CHECK(cfg && st, "cannot read %.200s", dir);
+    lora_adapter *a, *b;
+    CHECK_OK(lora_load_peft(dir, &c, 64, &a));
+    CHECK_OK(lora_load_peft_mem("pushed", (const char *)cfg, nc, st, ns, &c, 64, &b));
+    CHECK(!strcmp(b->name, "pushed") && a->rank == b->rank && a->scale == b->scale && a->n_pairs == b->n_pairs &&
+              a->bytes == b->bytes,
+          "the in-memory adapter differs");
+    for (int32_t l = 0; l < c.n_layers; l++)
+        for (int m = 0; m < LORA_N_MODULES; m++) {
+            const lora_pair *pa = lora_pair_at(a, l, (lora_module)m), *pb = lora_pair_at(b, l, (lora_module)m);
+            const size_t na = pa->a ? (size_t)a->rank * a->in[m] * st_dtype_size(pa->a_dtype) : 0;
+            const size_t nb = pa->b ? (size_t)a->out[m] * a->rank * st_dtype_size(pa->b_dtype) : 0;
+            CHECK((pa->a == NULL) == (pb->a == NULL) && (!na || !memcmp(pa->a, pb->a, na)) &&
+                      (!nb || !memcmp(pa->b, pb->b, nb)),
+                  "layer %d %s differs", l, lora_module_name((lora_module)m));
+        }
+    lora_free(a);
+    lora_free(b);
+    free(st);
+    /* The bytes are copied out: the buffer may go. Refusals: a rank over the limit, truncated tensors,
+       a corrupt config. */
+    st = slurp(path, &ns);
+    int rc = lora_load_peft_mem("pushed", (const char *)cfg, nc, st, ns, &c, 16, &b);
+    CHECK(rc == RD_ERANGE && b == NULL && strstr(rd_errmsg(), "'pushed'"), "rc %d: %s", rc, rd_errmsg());
+    rc = lora_load_peft_mem("pushed", (const char *)cfg, nc, st, ns / 2, &c, 64, &b);
+    CHECK(rc == RD_EFORMAT && strstr(rd_errmsg(), "adapter_model.safetensors"), "rc %d: %s", rc, rd_errmsg());
+    rc = lora_load_peft_mem("pushed", "{\"r\": 8,", 8, st, ns, &c, 64, &b);
+    CHECK(rc == RD_EFORMAT && strstr(rd_errmsg(), "not valid JSON"), "rc %d: %s", rc, rd_errmsg());
+    free(cfg);
+    free(st);
+}
+
 static void ensure_testdata(void)
 {
     if (access("tests/gen_testdata.sh", X_OK) == 0) {
@@ -898,5 +962,6 @@ int main(void)
     RUN(test_set_names);
     RUN(test_set_replace_retires);
     RUN(test_set_with_loaded_adapters);
+    RUN(test_load_from_memory);
     TEST_EXIT();
 }
