@@ -5,15 +5,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <immintrin.h>
+
+#include "base/cpu_isa.h"
 #include "base/err.h"
 #include "base/pool.h"
 #include "engine/format/gguf.h"
+
+/* A's chunks in lane order: the vector paths keep lane l of the warp order in SIMD lane l, so that a
+ * round of 32 chunks is one contiguous [8][32] block per element of the chunk (zero past the last chunk,
+ * which leaves those lanes' sums as they are: +0 * +0 added to a sum that is never -0). */
+#define LANE_BLOCK (RD_LORA_CHUNK * RD_LORA_LANES)
 
 typedef struct {
     int32_t rank, in, out;
     float scale;
     float *a;                   /* [rank][in] */
     float *b;                   /* [out][rank] */
+    int32_t rounds;             /* rounds of 32 chunks: ceil((in / 8) / 32) */
+    float *ap;                  /* [rank][rounds][8][32] A's chunks in lane order (the vector paths) */
+    float *bt;                  /* [rank][out] B transposed: out is the vector dimension of the expansion */
 } cpu_lora;
 
 static int widen(const void *src, int32_t type, size_t n, float *dst)
@@ -44,11 +55,15 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
                        w ? ggml_type_name(w->a_type) : "?", w ? ggml_type_name(w->b_type) : "?");
     cpu_lora *L = calloc(1, sizeof *L);
     const size_t na = (size_t)w->rank * w->in, nb = (size_t)w->out * w->rank;
+    const int32_t rounds = (w->in / RD_LORA_CHUNK + RD_LORA_LANES - 1) / RD_LORA_LANES;
+    const size_t nap = (size_t)w->rank * rounds * LANE_BLOCK;
     if (L) {
         L->a = malloc(na * sizeof(float));
         L->b = malloc(nb * sizeof(float));
+        L->ap = aligned_alloc(64, (nap ? nap : 1) * sizeof(float));
+        L->bt = malloc(nb * sizeof(float));
     }
-    if (!L || !L->a || !L->b) {
+    if (!L || !L->a || !L->b || !L->ap || !L->bt) {
         cpu_lora_free(L);
         return rd_fail(RD_ENOMEM, "cpu: lora_load: out of memory for a rank-%d [%d] -> [%d] pair", w->rank, w->in,
                        w->out);
@@ -59,6 +74,19 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
     L->scale = w->scale;
     widen(w->a, w->a_type, na, L->a);
     widen(w->b, w->b_type, nb, L->b);
+    L->rounds = rounds;
+    const int32_t chunks = w->in / RD_LORA_CHUNK;
+    for (int32_t k = 0; k < w->rank; k++)
+        for (int32_t r = 0; r < rounds; r++)
+            for (int32_t e = 0; e < RD_LORA_CHUNK; e++)
+                for (int32_t l = 0; l < RD_LORA_LANES; l++) {
+                    const int32_t c = r * RD_LORA_LANES + l;
+                    L->ap[(((size_t)k * rounds + r) * RD_LORA_CHUNK + e) * RD_LORA_LANES + l] =
+                        c < chunks ? L->a[(size_t)k * w->in + (size_t)c * RD_LORA_CHUNK + e] : 0.0f;
+                }
+    for (int32_t j = 0; j < w->out; j++)
+        for (int32_t k = 0; k < w->rank; k++)
+            L->bt[(size_t)k * w->out + j] = L->b[(size_t)j * w->rank + k];
     *handle = L;
     return 0;
 }
@@ -70,13 +98,27 @@ void cpu_lora_free(void *handle)
         return;
     free(L->a);
     free(L->b);
+    free(L->ap);
+    free(L->bt);
     free(L);
 }
 
 int64_t cpu_lora_bytes(const void *handle)
 {
     const cpu_lora *L = handle;
-    return L ? ((int64_t)L->rank * L->in + (int64_t)L->out * L->rank) * (int64_t)sizeof(float) : 0;
+    /* A and B, and their copies in the vector paths' layouts */
+    return L ? ((int64_t)L->rank * L->in + 2 * (int64_t)L->out * L->rank +
+                (int64_t)L->rank * L->rounds * LANE_BLOCK) * (int64_t)sizeof(float)
+             : 0;
+}
+
+/* The xor butterfly as lane 0 sees it (every lane ends with these bits). */
+static float lanes_sum(float *p)
+{
+    for (int32_t o = RD_LORA_LANES / 2; o > 0; o >>= 1)
+        for (int32_t l = 0; l < o; l++)
+            p[l] = p[l] + p[l + o];
+    return p[0];
 }
 
 float cpu_lora_dot(const float *w, const float *x, int32_t n)
@@ -92,12 +134,159 @@ float cpu_lora_dot(const float *w, const float *x, int32_t n)
     }
     for (int32_t e = tail; e < n; e++)
         p[(e - tail) % RD_LORA_LANES] = fmaf(x[e], w[e], p[(e - tail) % RD_LORA_LANES]);
-    /* The xor butterfly as lane 0 sees it (every lane ends with these bits). */
-    for (int32_t o = RD_LORA_LANES / 2; o > 0; o >>= 1)
-        for (int32_t l = 0; l < o; l++)
-            p[l] = p[l] + p[l + o];
-    return p[0];
+    return lanes_sum(p);
 }
+
+/* The tail elements (past the last whole chunk) into the lanes' sums p, then their xor butterfly. */
+static float finish_dot(float *p, const float *w, const float *x, int32_t n)
+{
+    const int32_t tail = n / RD_LORA_CHUNK * RD_LORA_CHUNK;
+    for (int32_t e = tail; e < n; e++)
+        p[(e - tail) % RD_LORA_LANES] = fmaf(x[e], w[e], p[(e - tail) % RD_LORA_LANES]);
+    return lanes_sum(p);
+}
+
+/* x's chunks in lane order, as cpu_lora.ap holds A's: xp [rounds][8][32]. */
+static void permute_x(const float *x, int32_t in, int32_t rounds, float *xp)
+{
+    const int32_t chunks = in / RD_LORA_CHUNK;
+    for (int32_t r = 0; r < rounds; r++)
+        for (int32_t e = 0; e < RD_LORA_CHUNK; e++)
+            for (int32_t l = 0; l < RD_LORA_LANES; l++) {
+                const int32_t c = r * RD_LORA_LANES + l;
+                xp[((size_t)r * RD_LORA_CHUNK + e) * RD_LORA_LANES + l] =
+                    c < chunks ? x[(size_t)c * RD_LORA_CHUNK + e] : 0.0f;
+            }
+}
+
+/* The vector paths: SIMD lane l is warp lane l, so each lane's sum is the same chain of fmaf as in
+ * cpu_lora_dot (an FMA instruction rounds once, as fmaf does); the expansion keeps out in the vector
+ * (one fmaf chain over k per output, as lora_row). Several k (shrink) or output blocks (expand) run
+ * side by side so the chains' latencies overlap. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
+{
+    float t[RD_LORA_MAX_RANK], p[4][RD_LORA_LANES];
+    const int32_t R = L->rounds, rank = L->rank, out = L->out;
+    const size_t per_k = (size_t)R * LANE_BLOCK;
+    permute_x(x, L->in, R, xp);
+    int32_t k = 0;
+    for (; k < rank; k += 4) {
+        const int32_t nk = rank - k < 4 ? rank - k : 4;
+        __m512 acc[4][2];
+        for (int32_t q = 0; q < 4; q++)
+            acc[q][0] = acc[q][1] = _mm512_setzero_ps();
+        const float *a0 = L->ap + (size_t)k * per_k;
+        for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
+            const __m512 x0 = _mm512_load_ps(xp + i), x1 = _mm512_load_ps(xp + i + 16);
+            for (int32_t q = 0; q < nk; q++) {
+                const float *a = a0 + (size_t)q * per_k + i;
+                acc[q][0] = _mm512_fmadd_ps(x0, _mm512_load_ps(a), acc[q][0]);
+                acc[q][1] = _mm512_fmadd_ps(x1, _mm512_load_ps(a + 16), acc[q][1]);
+            }
+        }
+        for (int32_t q = 0; q < nk; q++) {
+            _mm512_storeu_ps(p[q], acc[q][0]);
+            _mm512_storeu_ps(p[q] + 16, acc[q][1]);
+            t[k + q] = finish_dot(p[q], L->a + (size_t)(k + q) * L->in, x, L->in);
+        }
+    }
+    const __m512 s = _mm512_set1_ps(L->scale);
+    int32_t j = 0;
+    for (; j + 64 <= out; j += 64) {
+        __m512 u0 = _mm512_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
+        for (int32_t kk = 0; kk < rank; kk++) {
+            const float *b = L->bt + (size_t)kk * out + j;
+            const __m512 tk = _mm512_set1_ps(t[kk]);
+            u0 = _mm512_fmadd_ps(_mm512_loadu_ps(b), tk, u0);
+            u1 = _mm512_fmadd_ps(_mm512_loadu_ps(b + 16), tk, u1);
+            u2 = _mm512_fmadd_ps(_mm512_loadu_ps(b + 32), tk, u2);
+            u3 = _mm512_fmadd_ps(_mm512_loadu_ps(b + 48), tk, u3);
+        }
+        _mm512_storeu_ps(y + j, _mm512_add_ps(_mm512_loadu_ps(y + j), _mm512_mul_ps(s, u0)));
+        _mm512_storeu_ps(y + j + 16, _mm512_add_ps(_mm512_loadu_ps(y + j + 16), _mm512_mul_ps(s, u1)));
+        _mm512_storeu_ps(y + j + 32, _mm512_add_ps(_mm512_loadu_ps(y + j + 32), _mm512_mul_ps(s, u2)));
+        _mm512_storeu_ps(y + j + 48, _mm512_add_ps(_mm512_loadu_ps(y + j + 48), _mm512_mul_ps(s, u3)));
+    }
+    for (; j + 16 <= out; j += 16) {
+        __m512 u = _mm512_setzero_ps();
+        for (int32_t kk = 0; kk < rank; kk++)
+            u = _mm512_fmadd_ps(_mm512_loadu_ps(L->bt + (size_t)kk * out + j), _mm512_set1_ps(t[kk]), u);
+        _mm512_storeu_ps(y + j, _mm512_add_ps(_mm512_loadu_ps(y + j), _mm512_mul_ps(s, u)));
+    }
+    for (; j < out; j++) {
+        float u = 0.0f;
+        for (int32_t kk = 0; kk < rank; kk++)
+            u = fmaf(L->bt[(size_t)kk * out + j], t[kk], u);
+        y[j] = y[j] + L->scale * u;
+    }
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
+{
+    float t[RD_LORA_MAX_RANK], p[2][RD_LORA_LANES];
+    const int32_t R = L->rounds, rank = L->rank, out = L->out;
+    const size_t per_k = (size_t)R * LANE_BLOCK;
+    permute_x(x, L->in, R, xp);
+    for (int32_t k = 0; k < rank; k += 2) {
+        const int32_t nk = rank - k < 2 ? rank - k : 2;
+        __m256 acc[2][4];
+        for (int32_t q = 0; q < 2; q++)
+            for (int32_t v = 0; v < 4; v++)
+                acc[q][v] = _mm256_setzero_ps();
+        const float *a0 = L->ap + (size_t)k * per_k;
+        for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
+            const __m256 x0 = _mm256_load_ps(xp + i), x1 = _mm256_load_ps(xp + i + 8);
+            const __m256 x2 = _mm256_load_ps(xp + i + 16), x3 = _mm256_load_ps(xp + i + 24);
+            for (int32_t q = 0; q < nk; q++) {
+                const float *a = a0 + (size_t)q * per_k + i;
+                acc[q][0] = _mm256_fmadd_ps(x0, _mm256_load_ps(a), acc[q][0]);
+                acc[q][1] = _mm256_fmadd_ps(x1, _mm256_load_ps(a + 8), acc[q][1]);
+                acc[q][2] = _mm256_fmadd_ps(x2, _mm256_load_ps(a + 16), acc[q][2]);
+                acc[q][3] = _mm256_fmadd_ps(x3, _mm256_load_ps(a + 24), acc[q][3]);
+            }
+        }
+        for (int32_t q = 0; q < nk; q++) {
+            for (int32_t v = 0; v < 4; v++)
+                _mm256_storeu_ps(p[q] + 8 * v, acc[q][v]);
+            t[k + q] = finish_dot(p[q], L->a + (size_t)(k + q) * L->in, x, L->in);
+        }
+    }
+    const __m256 s = _mm256_set1_ps(L->scale);
+    int32_t j = 0;
+    for (; j + 32 <= out; j += 32) {
+        __m256 u0 = _mm256_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
+        for (int32_t kk = 0; kk < rank; kk++) {
+            const float *b = L->bt + (size_t)kk * out + j;
+            const __m256 tk = _mm256_set1_ps(t[kk]);
+            u0 = _mm256_fmadd_ps(_mm256_loadu_ps(b), tk, u0);
+            u1 = _mm256_fmadd_ps(_mm256_loadu_ps(b + 8), tk, u1);
+            u2 = _mm256_fmadd_ps(_mm256_loadu_ps(b + 16), tk, u2);
+            u3 = _mm256_fmadd_ps(_mm256_loadu_ps(b + 24), tk, u3);
+        }
+        _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_mul_ps(s, u0)));
+        _mm256_storeu_ps(y + j + 8, _mm256_add_ps(_mm256_loadu_ps(y + j + 8), _mm256_mul_ps(s, u1)));
+        _mm256_storeu_ps(y + j + 16, _mm256_add_ps(_mm256_loadu_ps(y + j + 16), _mm256_mul_ps(s, u2)));
+        _mm256_storeu_ps(y + j + 24, _mm256_add_ps(_mm256_loadu_ps(y + j + 24), _mm256_mul_ps(s, u3)));
+    }
+    for (; j + 8 <= out; j += 8) {
+        __m256 u = _mm256_setzero_ps();
+        for (int32_t kk = 0; kk < rank; kk++)
+            u = _mm256_fmadd_ps(_mm256_loadu_ps(L->bt + (size_t)kk * out + j), _mm256_set1_ps(t[kk]), u);
+        _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_mul_ps(s, u)));
+    }
+    for (; j < out; j++) {
+        float u = 0.0f;
+        for (int32_t kk = 0; kk < rank; kk++)
+            u = fmaf(L->bt[(size_t)kk * out + j], t[kk], u);
+        y[j] = y[j] + L->scale * u;
+    }
+}
+#pragma GCC pop_options
 
 /* One row: y[out_off + j] += s (B (A x))[j]. */
 static void lora_row(const cpu_lora *L, const float *x, float *y)
@@ -121,6 +310,9 @@ typedef struct {
     int32_t n;                      /* rows in order (or m) */
     float *y;
     int32_t y_stride, out_off;
+    cpu_isa isa;                    /* the path: scalar, or a vector one with xp */
+    float *xp;                      /* [workers][xp_stride] a row's x in lane order (vector paths) */
+    size_t xp_stride;               /* floats */
 } lora_job;
 
 #define ROWS_PER_TASK 4
@@ -141,8 +333,17 @@ static void lora_task(void *ctx, int32_t task, int32_t worker)
     for (int32_t p = task * ROWS_PER_TASK; p < r1; p++) {
         const int32_t i = j->order ? j->order[p] : p;
         const cpu_lora *L = slot_lora(j->lb, j->slots[i]);
-        if (L)
-            lora_row(L, j->x + (size_t)i * j->lb->in, j->y + (size_t)i * j->y_stride + j->out_off);
+        if (!L)
+            continue;
+        const float *x = j->x + (size_t)i * j->lb->in;
+        float *y = j->y + (size_t)i * j->y_stride + j->out_off;
+        float *xp = j->xp + (size_t)worker * j->xp_stride;
+        if (j->isa == CPU_ISA_AVX512)
+            row_avx512(L, x, xp, y);
+        else if (j->isa == CPU_ISA_AVX2)
+            row_avx2(L, x, xp, y);
+        else
+            lora_row(L, x, y);
     }
 }
 
@@ -152,7 +353,21 @@ void cpu_lora_apply(cpu_lora_scratch *s, const rd_lora_batch *lb, const float *x
     if (m <= 0 || !lb || lb->n_slots <= 0 || lb->n_slots > RD_LORA_MAX_SLOTS || lb->out <= 0 ||
         out_off < 0 || out_off + lb->out > y_stride)
         return;
-    lora_job j = {lb, x, slots, NULL, m, y, y_stride, out_off};
+    lora_job j = {lb, x, slots, NULL, m, y, y_stride, out_off, cpu_isa_active(), NULL, 0};
+    if (j.isa != CPU_ISA_SCALAR) {
+        /* One x in lane order per worker; the scalar path when it cannot be had (the same bits). */
+        const int32_t rounds = (lb->in / RD_LORA_CHUNK + RD_LORA_LANES - 1) / RD_LORA_LANES;
+        j.xp_stride = (size_t)(rounds > 0 ? rounds : 1) * LANE_BLOCK;
+        const size_t need = j.xp_stride * (size_t)pool_size();
+        if (s->xp_cap < need) {
+            free(s->xp);
+            s->xp = aligned_alloc(64, need * sizeof(float));
+            s->xp_cap = s->xp ? need : 0;
+        }
+        j.xp = s->xp;
+        if (!j.xp)
+            j.isa = CPU_ISA_SCALAR;
+    }
     /* Rows grouped by slot (a counting sort; rows without an adapter
      * dropped), so an adapter's A and B stay in cache across its rows. If
      * the scratch cannot grow, rows go in index order: the same bits. */
@@ -183,5 +398,6 @@ void cpu_lora_apply(cpu_lora_scratch *s, const rd_lora_batch *lb, const float *x
 void cpu_lora_scratch_free(cpu_lora_scratch *s)
 {
     free(s->order);
+    free(s->xp);
     memset(s, 0, sizeof *s);
 }

@@ -7,7 +7,9 @@
  * its A and B are read from cache for all of them; every row is computed
  * on its own in the order backend.h states (RD_LORA_LANES: the CUDA warp's
  * order, replayed lane by lane), which depends only on the row and its
- * adapter. Why not a GEMM: OpenBLAS's sgemm changes a row's bits with M
+ * adapter. The AVX2 and AVX-512 paths (base/cpu_isa.h) keep warp lane l in SIMD lane l, A's
+ * chunks stored in lane order at load, so each lane's sum is the same fmaf chain: the same bits on
+ * every path. Why not a GEMM: OpenBLAS's sgemm changes a row's bits with M
  * (gemm.h), and the packed GEMM's order (one FMA chain over in) is not the
  * CUDA kernel's, so the two backends would disagree in the last bits; these
  * products are small (r (in + out) per row against the base's in out). */
@@ -23,6 +25,8 @@
 typedef struct {
     int32_t *order;             /* [m] rows grouped by slot, ascending within a slot */
     size_t order_cap;
+    float *xp;                  /* [workers][rounds * 256] each worker's row of x in lane order (vector paths) */
+    size_t xp_cap;              /* floats */
 } cpu_lora_scratch;
 
 int cpu_lora_load(const rd_lora_w *w, void **handle);

@@ -236,6 +236,68 @@ static void test_attention_paths(void)
         printf("SKIP attention_vector_paths: this CPU has no AVX2 (plain C checked against float64 only)\n");
 }
 
+/* LoRA's apply (kernels/cpu/lora.c) on every path, against plain C: ranks that are not a multiple of the
+ * vector paths' k block, an input with a partial round of 32 chunks and a tail past the last chunk, an
+ * output with a partial vector, f16 and bf16 A and B, rows of two adapters and the base model. The
+ * plain C path is the CUDA kernel's order (test_lora_op and the emulator check it). */
+static void test_lora_paths(void)
+{
+    rd_backend *be;
+    CHECK_OK(rd_backend_create("cpu", 0, &be));
+    const int32_t in = 581, out = 100, m = 9;
+    const int32_t ranks[2] = {7, 33};
+    uint64_t x = 4242;
+    void *h[2] = {NULL, NULL};
+    for (int q = 0; q < 2; q++) {
+        const int32_t r = ranks[q];
+        uint16_t *a = malloc(sizeof(uint16_t) * (size_t)r * in);
+        float *b = malloc(sizeof(float) * (size_t)out * r);
+        CHECK(a && b, "oom");
+        for (size_t i = 0; i < (size_t)r * in; i++)
+            a[i] = q ? f32_to_bf16(unit(&x)) : f32_to_f16(unit(&x) * 0.5f);
+        for (size_t i = 0; i < (size_t)out * r; i++)
+            b[i] = unit(&x);
+        rd_lora_w w = {r, in, out, 0.75f + q, q ? GGML_BF16 : GGML_F16, GGML_F32, a, b};
+        CHECK_OK(be->ops->lora_load(be, &w, &h[q]));
+        free(a);
+        free(b);
+    }
+    rd_lora_batch lb = {.n_slots = 2, .w = h, .in = in, .out = out, .max_rank = 33};
+    float *xin = malloc(sizeof(float) * (size_t)m * in), *ref = malloc(sizeof(float) * (size_t)m * (out + 3));
+    float *got = malloc(sizeof(float) * (size_t)m * (out + 3));
+    CHECK(xin && ref && got, "oom");
+    for (size_t i = 0; i < (size_t)m * in; i++)
+        xin[i] = unit(&x);
+    int32_t slots[9] = {0, 1, -1, 1, 0, 0, -1, 1, 1};
+    int compared = 0, bad = -1;
+    for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best() && bad < 0; isa++) {
+        CHECK_OK(cpu_isa_set((cpu_isa)isa));
+        float *y = isa == CPU_ISA_SCALAR ? ref : got;
+        for (size_t i = 0; i < (size_t)m * (out + 3); i++)
+            y[i] = (float)i * 0.001f;
+        be->ops->lora_apply(be, &lb, xin, slots, m, y, out + 3, 2);
+        if (isa != CPU_ISA_SCALAR) {
+            compared++;
+            if (memcmp(ref, got, sizeof(float) * (size_t)m * (out + 3)))
+                bad = isa;
+        }
+    }
+    CHECK_OK(cpu_isa_set(cpu_isa_best()));
+    int changed = 0;
+    for (int32_t i = 0; i < m; i++)
+        changed += ref[(size_t)i * (out + 3) + 2] != (float)((size_t)i * (out + 3) + 2) * 0.001f;
+    for (int q = 0; q < 2; q++)
+        be->ops->lora_free(be, h[q]);
+    be->ops->destroy(be);
+    free(xin);
+    free(ref);
+    free(got);
+    CHECK(changed == 7, "%d rows changed; want the 7 with an adapter", changed);
+    CHECK(bad < 0, "%s differs from plain C", bad >= 0 ? cpu_isa_name((cpu_isa)bad) : "");
+    if (!compared)
+        printf("SKIP lora_vector_paths: this CPU has no AVX2\n");
+}
+
 /* Logits of prompts of each length on every path, against plain C. */
 static int model_paths(const char *path, const int32_t *lens, int n_lens, char *why, size_t cap)
 {
@@ -320,6 +382,7 @@ int main(void)
                cpu_isa_best() >= CPU_ISA_AVX2 ? " and AVX2" : " only");
     RUN(test_isa_names);
     RUN(test_attention_paths);
+    RUN(test_lora_paths);
     RUN(test_tiny_model_paths);
     RUN(test_default_model_paths);
     TEST_EXIT();
