@@ -540,8 +540,12 @@ int eng_add(engine *e, const eng_request *r, int64_t *id)
     q->edits = pen_wanted(q);
     if (with_lora) {
         lora_pinned pin;
-        if (lora_set_pin(e->loras, r->lora, &pin))
-            goto oom; /* looked up above: only a pin count at INT32_MAX fails here */
+        if ((rc = lora_set_pin(e->loras, r->lora, &pin))) { /* looked up above: only INT32_MAX pins fail */
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s", rd_errmsg());
+            seq_req_free(q);
+            return rd_fail(rc, "request: %s", msg);
+        }
         q->loras = e->loras;
         q->lora_slot = pin.slot;
         q->lora_version = pin.version;

@@ -316,6 +316,7 @@ typedef struct {
 } lora_job;
 
 #define ROWS_PER_TASK 4
+#define LORA_INLINE_WORK (1 << 17)  /* multiply-adds below which lora_apply does not use the pool */
 
 static const cpu_lora *slot_lora(const rd_lora_batch *lb, int32_t a)
 {
@@ -391,8 +392,14 @@ void cpu_lora_apply(cpu_lora_scratch *s, const rd_lora_batch *lb, const float *x
                 s->order[count[slots[i]]++] = i;
         j.order = s->order;
     }
-    if (j.n > 0)
-        pool_run((j.n + ROWS_PER_TASK - 1) / ROWS_PER_TASK, lora_task, &j);
+    /* A step's few rows run on this thread: a pool dispatch per module and layer would cost more than
+     * the work (the bits are a row's own either way). */
+    const int32_t tasks = (j.n + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+    if ((int64_t)j.n * lb->max_rank * (lb->in + lb->out) <= LORA_INLINE_WORK)
+        for (int32_t t = 0; t < tasks; t++)
+            lora_task(&j, t, 0);
+    else if (tasks > 0)
+        pool_run(tasks, lora_task, &j);
 }
 
 void cpu_lora_scratch_free(cpu_lora_scratch *s)
