@@ -840,11 +840,11 @@ static void test_set_replace_retires(void)
     CHECK(rc == RD_EBUSY && strstr(rd_errmsg(), "all 2 adapter slots"), "rc %d: %s", rc, rd_errmsg());
     freed[0] = 0;
     CHECK_OK(lora_set_unpin(s, p2.slot));
-    CHECK(!strcmp(freed, "2:a"), "freed '%s'", freed);
+    CHECK(!strcmp(freed, "2:a"), "freed '%.40s'", freed);
     CHECK_OK(lora_set_unpin(s, q2.slot));
     freed[0] = 0;
     CHECK_OK(lora_set_add(s, x, "c", 6, 0, NULL, 0, &sl));           /* evicts a v7, the only idle live one */
-    CHECK(!strcmp(freed, "3:a") && sl == 2 && names_are(s, "b,c"), "freed '%s', slot %d; %.200s", freed, sl, why);
+    CHECK(!strcmp(freed, "3:a") && sl == 2 && names_are(s, "b,c"), "freed %.40s, slot %d; %.100s", freed, sl, why);
     freed[0] = 0;
     lora_set_free(s);
     CHECK(strstr(freed, ":b") && strstr(freed, ":c"), "shutdown frees through the hook: '%s'", freed);
