@@ -312,7 +312,8 @@ FUZZ_CC := clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,und
 # and the field readers under them in api_field.c) and admission's checks, with the real tokenizer (the default model's
 # vocabulary, loaded at start), no server, no engine.
 FUZZ_HTTP_SRC := daemon/api_field.c daemon/api_read.c daemon/api_read_rl.c daemon/api_read_extra.c daemon/api_sampling.c \
-                 engine/update/serve_dtype.c daemon/admit.c proto/proto.c $(wildcard engine/text/*.c) engine/format/gguf.c \
+                 engine/update/serve_dtype.c daemon/admit.c daemon/lora_reg.c proto/proto.c $(wildcard engine/text/*.c) \
+                 engine/format/gguf.c \
                  engine/model/dequant.c engine/model/quant_fp8.c \
                  engine/serve/sampler.c base/mapfile.c base/err.c base/utf8.c base/clock.c
 fuzz:

@@ -9,6 +9,7 @@
 #include "daemon/daemon.h"
 
 _Static_assert(PROTO_MAX_BIAS <= ENG_MAX_BIAS, "the protocol allows more logit_bias entries than the engine");
+_Static_assert(PROTO_MAX_LORA_NAME < LORA_NAME_MAX, "the protocol allows longer adapter names than the engine");
 
 adm_limits adm_limits_of(const struct rd_daemon *d)
 {
@@ -35,7 +36,19 @@ uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint3
     if (r->flags & PROTO_REQ_SCORE)      /* its prompt's scores (RESULT_SCORES, version 5) */
         bytes += proto_scores_bytes(r->score_from >= 0 && (uint32_t)r->score_from <= n_prompt
                                         ? n_prompt - (uint32_t)r->score_from : 0, r->logprobs_topk);
+    if (r->flags & PROTO_REQ_LORA)       /* its adapter's name and version (RESULT_LORA, version 6) */
+        bytes += proto_lora_bytes(r->lora.len);
     return bytes;
+}
+
+int adm_lora_resident(const struct rd_daemon *d, const proto_request *r, char *msg, size_t cap)
+{
+    /* proto_check_request has held the name to 1..PROTO_MAX_LORA_NAME bytes without NUL: a C string */
+    if (!(r->flags & PROTO_REQ_LORA) || r->lora.len == 0 || lr_find(&d->loras, r->lora.ptr))
+        return 0;
+    snprintf(msg, cap, "LoRA adapter '%.*s' is not loaded; expected the name of a loaded adapter (POST "
+             "/v1/load_lora_adapter loads one, GET /v1/models lists them)", (int)r->lora.len, r->lora.ptr);
+    return -1;
 }
 
 int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_prompt, char *msg, size_t cap)
@@ -46,9 +59,10 @@ int adm_fits_message(const adm_limits *l, const proto_request *r, uint32_t n_pro
     if (!((r->flags & PROTO_REQ_RETURN_ROUTES) && l->route_layers)) {
         /* only the version-3 serve tail (4 bytes), and a text prompt's scores, past what proto_check_request
            allowed */
-        snprintf(msg, cap, "a result of max_tokens = %u with these log-prob options, its serve_dtype tail%s can "
+        snprintf(msg, cap, "a result of max_tokens = %u with these log-prob options, its serve_dtype tail%s%s can "
                  "take %llu bytes; expected it to fit max_message_bytes = %llu", r->max_tokens,
-                 (r->flags & PROTO_REQ_SCORE) ? " and its prompt's scores" : "", (unsigned long long)bytes,
+                 (r->flags & PROTO_REQ_SCORE) ? " and its prompt's scores" : "",
+                 (r->flags & PROTO_REQ_LORA) ? " and its adapter's name" : "", (unsigned long long)bytes,
                  (unsigned long long)l->lim->max_message_bytes);
         return -1;
     }
@@ -110,6 +124,8 @@ void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t 
         /* prompt scoring (version 5): scalars, which et_add's copy of the request carries */
         .score_prompt = (r->flags & PROTO_REQ_SCORE) != 0,
         .score_from = (r->flags & PROTO_REQ_SCORE) ? r->score_from : 0,
+        /* the adapter (version 6): a NUL-terminated name in r (decoded strings are), which et_add copies */
+        .lora = (r->flags & PROTO_REQ_LORA) && r->lora.len ? r->lora.ptr : NULL,
     };
     er->sp = samp_default();
     er->sp.temperature = r->temperature;

@@ -41,11 +41,16 @@ adm_limits adm_limits_of(const struct rd_daemon *d);
  * -1 with msg set. */
 int adm_check(const adm_limits *l, const proto_request *r, char *msg, size_t cap);
 
+/* Whether the LoRA adapter a checked request r names (flag LORA, version 6)
+ * is resident in the engine now (the daemon's table, daemon/lora_reg.h): 0
+ * (also when it names none), or -1 with msg naming the adapter. */
+int adm_lora_resident(const struct rd_daemon *d, const proto_request *r, char *msg, size_t cap);
+
 /* The largest result a checked request r with an n_prompt-token prompt can
  * produce on the NNG wire: proto_result_max_bytes, plus its routes (all
  * n_prompt + max_tokens - 1 positions) when it asks for them, the serve tail
- * (version 3 on) and its prompt's scores (n_prompt - score_from positions)
- * when it scores them. */
+ * (version 3 on), its prompt's scores (n_prompt - score_from positions)
+ * when it scores them and its adapter's name and version when it names one. */
 uint64_t adm_result_max_bytes(const adm_limits *l, const proto_request *r, uint32_t n_prompt);
 
 /* Whether that result fits one RESULTS frame (max_message_bytes): 0, or -1
@@ -69,9 +74,9 @@ uint64_t adm_random_seed(uint64_t salt);
 /* The engine request for a checked r whose prompt is the token ids
  * prompt[n_prompt] (r's own, or the door's tokenization of its text).
  * Sampling (the sampling tail's penalties, min_tokens and logit_bias included, when r has one), stop,
- * routes (RETURN_ROUTES) and prompt scoring (SCORE: score_prompt, score_from) fields come from r, the
- * seed from seed; stop strings, streaming and the tag are the door's to set afterwards. Arrays point
- * into r and prompt: et_add copies them. */
+ * routes (RETURN_ROUTES), prompt scoring (SCORE: score_prompt, score_from) and adapter (LORA: lora) fields
+ * come from r, the seed from seed; stop strings, streaming and the tag are the door's to set afterwards.
+ * Arrays and the adapter's name point into r and prompt: et_add copies them. */
 void adm_engine_request(const proto_request *r, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,
                         eng_request *er);
 

@@ -298,6 +298,15 @@ cl_client *cl_finish(cl_table *t, eng_result *er, uint64_t weight_version, uint6
         }
         p->scores = &r->scores;
     }
+    if (q->lora[0]) {
+        /* The adapter asked for (version 6): the engine's name and version for a sample that ran; the request's
+         * name and version 0 (not known) for one that never reached the engine (a failed et_add, an adapter
+         * unloaded between admission and the engine thread). */
+        const char *name = r->er.lora[0] ? r->er.lora : q->lora;
+        p->flags |= PROTO_RESULT_LORA;
+        p->lora = (proto_str){name, (uint32_t)strlen(name)};
+        p->lora_version = r->er.lora[0] ? r->er.lora_version : 0;
+    }
     r->bytes = proto_result_bytes(p);
     if (c->held_tail)
         c->held_tail->next = r;

@@ -54,6 +54,7 @@ struct cl_req {
     int serve;                  /* its SUBMIT was version 3 or later: results carry serve_dtype (RESULT_SERVE) */
     int scored;                 /* it scores its prompt (SCORE, version 5): results carry the scores (RESULT_SCORES) */
     uint32_t score_from;        /* the first prompt position scored */
+    char lora[LORA_NAME_MAX];   /* the adapter it named (LORA, version 6): results carry it (RESULT_LORA); "": none */
 };
 
 struct cl_client {

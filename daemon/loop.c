@@ -84,12 +84,16 @@ static void answer_fetch(rd_daemon *d, br_ctx *x, cl_client *c, const proto_fetc
     for (cl_result *r = c->held; r && k < cap; r = r->next) {
         if (k > 0 && total + r->bytes > budget)
             break;
-        unsigned need = (r->pr.flags & PROTO_RESULT_SCORES) ? 5 : (r->pr.flags & PROTO_RESULT_ROUTES) ? 2 : 1;
+        unsigned need = (r->pr.flags & PROTO_RESULT_LORA)     ? 6
+                        : (r->pr.flags & PROTO_RESULT_SCORES) ? 5
+                        : (r->pr.flags & PROTO_RESULT_ROUTES) ? 2
+                                                              : 1;
         if (need > (x->version ? x->version : 1u)) {
             char why[300];
             snprintf(why, sizeof why, "result seq %llu carries %s, which protocol version %u cannot say; FETCH in "
                      "version %u (the SUBMIT that asked for them was)", (unsigned long long)r->pr.seq,
-                     need == 5 ? "its prompt's scores" : "routed experts", x->version ? x->version : 1, need);
+                     need == 6 ? "its LoRA adapter's name" : need == 5 ? "its prompt's scores" : "routed experts",
+                     x->version ? x->version : 1, need);
             free(rs);
             loop_reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_FETCH, why);
             return;
@@ -277,6 +281,11 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, uint16
     size_t n_ids = 0;
     if (adm_check(&lim, r, msg, msg_cap))
         return PROTO_E_INVALID_PARAMS;
+    char lora_why[300];
+    if (adm_lora_resident(d, r, lora_why, sizeof lora_why)) {
+        snprintf(msg, msg_cap, "request %llu: %s", (unsigned long long)r->client_req_id, lora_why);
+        return PROTO_E_INVALID_PARAMS;
+    }
     const int32_t *prompt = r->prompt;
     uint32_t n_prompt = r->n_prompt;
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
@@ -360,6 +369,8 @@ static uint32_t admit(rd_daemon *d, cl_client *c, const proto_request *r, uint16
         q->scored = 1;
         q->score_from = (uint32_t)r->score_from;
     }
+    if (r->flags & PROTO_REQ_LORA)      /* version 6 (likewise); a resident adapter's name, < LORA_NAME_MAX */
+        snprintf(q->lora, sizeof q->lora, "%s", r->lora.ptr);
     if (r->flags & PROTO_REQ_RETURN_ROUTES) {
         q->route_layers = lim.route_layers;
         q->route_k = lim.route_k;

@@ -157,20 +157,34 @@ _Static_assert(LAYOUT_BYTES(UPDATE_CHUNK) + PROTO_HEADER_BYTES == PROTO_CHUNK_HE
 _Static_assert(PROTO_MAX_DIMS == 4, "TENSOR n_dims text says 1..4");
 
 /* PROTO_ARENA_BOUND holds: each element struct (plus an 8-byte piece for a
- * 1-byte string or one array element) takes at most twice its wire bytes
- * (three times for a tensor, see proto_block). */
-_Static_assert(sizeof(proto_request) + 8 <= 2 * (REQUEST_MIN_BYTES + 1), "proto_request outgrew the arena bound");
+ * 1-byte string or one array element) takes at most three times its wire
+ * bytes (four times for a tensor, see proto_block). Version 6 made it three:
+ * the adapter name a request and a result may carry grew both structs past
+ * twice their smallest wire size. A request with a 1-byte text prompt and a
+ * 1-byte adapter name (its lora tail: 3 wire bytes) holds two 8-byte pieces. */
+#define ARENA_FACTOR 3
+_Static_assert(sizeof(proto_request) + 8 <= ARENA_FACTOR * (REQUEST_MIN_BYTES + 1),
+               "proto_request outgrew the arena bound");
+_Static_assert(sizeof(proto_request) + 8 + 8 <= ARENA_FACTOR * (REQUEST_MIN_BYTES + 1 + PROTO_LORA_TAIL_BYTES + 1),
+               "proto_request with an adapter name outgrew the arena bound");
 /* A sampling tail's struct takes at most twice its 20 wire bytes; its two
  * bias arrays 8 bytes per pair plus at most 8 of alignment, which the first
  * pair's 8 wire bytes pay for. */
 _Static_assert(sizeof(proto_sampling) <= 2 * PROTO_SAMPLING_TAIL_BYTES, "proto_sampling outgrew the arena bound");
-_Static_assert(sizeof(proto_submit_item) + 8 <= 2 * (SUBMIT_ITEM_MIN_BYTES + 1), "proto_submit_item outgrew it");
-_Static_assert(sizeof(proto_result) + 8 <= 2 * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
+_Static_assert(sizeof(proto_submit_item) + 8 <= ARENA_FACTOR * (SUBMIT_ITEM_MIN_BYTES + 1),
+               "proto_submit_item outgrew it");
+_Static_assert(sizeof(proto_result) + 8 <= ARENA_FACTOR * RESULT_MIN_BYTES, "proto_result outgrew the arena bound");
 /* A scored result's proto_scores is paid for by the 12 bytes of its head (a
  * result's arrays, spans and routes take at most twice their own wire bytes,
- * so the 8 bytes above are spare for a result). */
-_Static_assert(sizeof(proto_result) + sizeof(proto_scores) <= 2 * (RESULT_MIN_BYTES + PROTO_SCORES_HEAD_BYTES),
+ * so the 8 bytes above are spare for a result); an adapter name's piece by
+ * its lora tail, at least 11 wire bytes. */
+_Static_assert(sizeof(proto_result) + sizeof(proto_scores) <=
+                   ARENA_FACTOR * (RESULT_MIN_BYTES + PROTO_SCORES_HEAD_BYTES),
                "proto_scores outgrew the arena bound");
+_Static_assert(sizeof(proto_result) + sizeof(proto_scores) + 8 + 8 <=
+                   ARENA_FACTOR * (RESULT_MIN_BYTES + PROTO_SCORES_HEAD_BYTES + PROTO_RESULT_LORA_BYTES + 1),
+               "a result with scores and an adapter name outgrew the arena bound");
+_Static_assert(PROTO_MAX_LORA_NAME <= UINT16_MAX, "a lora tail's name length is a u16");
 /* A routes array takes at most one 8-byte piece more than its wire bytes; its
  * 8-byte head on the wire pays for that piece. */
 #define ROUTES_HEAD_BYTES 8     /* n_routes u32, route_layers u16, route_k u8, route_width u8 */
@@ -286,12 +300,13 @@ static size_t utf8_check(const uint8_t *s, size_t len) { return utf8_invalid_at(
 /* ---- decode: arena ---- */
 
 /* One block per message, malloc'd at the first array or string and sized
- * from the frame: 2 x frame + 256 bytes covers the densest encoding of every
- * message but UPDATE_BEGIN (at most about 1.9 arena bytes per wire byte: a
- * 56-byte request becomes a 96-byte proto_request, a 20-byte SUBMIT_OK item
+ * from the frame: 3 x frame + 256 bytes covers the densest encoding of every
+ * message but UPDATE_BEGIN (at most about 2.3 arena bytes per wire byte: a
+ * 60-byte request with a 1-byte text prompt and a 1-byte adapter name becomes
+ * a 120-byte proto_request + two 8-byte pieces, a 20-byte SUBMIT_OK item
  * with a 1-byte message 32 + 8 bytes); an UPDATE_BEGIN gets
- * PROTO_ARENA_BOUND = 3 x frame + 256 (a 29-byte manifest tensor with a
- * 1-byte name becomes a 72-byte proto_tensor + 8 bytes). Pages never written
+ * PROTO_ARENA_BOUND = 4 x frame + 256 (a 29-byte manifest tensor with a
+ * 1-byte name becomes an 88-byte proto_tensor + 8 bytes). Pages never written
  * are never touched. */
 struct proto_block {
     size_t cap;                 /* bytes in data */
@@ -331,7 +346,7 @@ static const char *where(const cursor *c, char *tmp, size_t cap)
 }
 
 /* Arena bytes for every message but UPDATE_BEGIN (see proto_block). */
-#define ARENA_CAP_2X(n) (2 * (size_t)(n) + 256)
+#define ARENA_CAP(n) (ARENA_FACTOR * (size_t)(n) + 256)
 
 #define MALFORMED(c, ...) (((c)->m->wire_error = PROTO_E_MALFORMED), rd_fail(RD_EFORMAT, __VA_ARGS__))
 
@@ -339,7 +354,7 @@ static void *arena_alloc(cursor *c, size_t bytes)
 {
     proto_msg *m = c->m;
     if (!m->arena) {
-        size_t cap = m->type == PROTO_UPDATE_BEGIN ? PROTO_ARENA_BOUND(c->frame_len) : ARENA_CAP_2X(c->frame_len);
+        size_t cap = m->type == PROTO_UPDATE_BEGIN ? PROTO_ARENA_BOUND(c->frame_len) : ARENA_CAP(c->frame_len);
         m->arena = malloc(sizeof(proto_block) + cap);
         if (!m->arena) {
             m->wire_error = PROTO_E_INTERNAL;
@@ -447,18 +462,11 @@ static int serve_dtype_ok(const proto_msg *m, uint16_t version)
 
 static const char empty_str[1] = "";
 
-/* str: u32 byte length, then that many bytes of UTF-8. A length outside
- * min_len..max_len is refused before the bytes are looked at. */
-static int rdstr_len(cursor *c, proto_str *s, const char *field, uint32_t min_len, uint32_t max_len)
+/* The n bytes of a string whose length was read (and checked): UTF-8,
+ * copied into the arena with a NUL after them. */
+static int rdstr_bytes(cursor *c, proto_str *s, const char *field, uint32_t n)
 {
-    uint32_t n;
-    int rc = rd32(c, &n, field);
-    if (rc) return rc;
-    if (n < min_len || n > max_len) {
-        char tmp[96];
-        return MALFORMED(c, "%s: %s is %u bytes long; expected %u..%u bytes", where(c, tmp, sizeof tmp), field, n,
-                         min_len, max_len);
-    }
+    int rc;
     if ((rc = need(c, n, field))) return rc;
     const uint8_t *src = c->p + c->off;
     size_t bad = utf8_check(src, n);
@@ -482,7 +490,38 @@ static int rdstr_len(cursor *c, proto_str *s, const char *field, uint32_t min_le
     return 0;
 }
 
+/* A length outside min_len..max_len is refused before the bytes are looked at. */
+static int bad_len(cursor *c, const char *field, uint32_t n, uint32_t min_len, uint32_t max_len)
+{
+    char tmp[96];
+    return MALFORMED(c, "%s: %s is %u bytes long; expected %u..%u bytes", where(c, tmp, sizeof tmp), field, n, min_len,
+                     max_len);
+}
+
+/* str: u32 byte length, then that many bytes of UTF-8. */
+static int rdstr_len(cursor *c, proto_str *s, const char *field, uint32_t min_len, uint32_t max_len)
+{
+    uint32_t n;
+    int rc = rd32(c, &n, field);
+    if (rc) return rc;
+    if (n < min_len || n > max_len)
+        return bad_len(c, field, n, min_len, max_len);
+    return rdstr_bytes(c, s, field, n);
+}
+
 static int rdstr(cursor *c, proto_str *s, const char *field) { return rdstr_len(c, s, field, 0, UINT32_MAX); }
+
+/* A lora tail's adapter name (version 6): u16 byte length, 1..PROTO_MAX_LORA_NAME,
+ * then that many bytes of UTF-8 (a u16, not a str's u32: the name is short). */
+static int rdlora_name(cursor *c, proto_str *s)
+{
+    uint16_t n;
+    int rc = rd16(c, &n, "lora_name");
+    if (rc) return rc;
+    if (n < 1 || n > PROTO_MAX_LORA_NAME)
+        return bad_len(c, "lora_name", n, 1, PROTO_MAX_LORA_NAME);
+    return rdstr_bytes(c, s, "lora_name", n);
+}
 
 /* count elements of 4 bytes each (i32 or f32 bits), already checked against
  * the frame by the caller or here; copied into aligned arena memory. */
@@ -665,8 +704,9 @@ static int dec_sampling(cursor *c, proto_request *r)
 
 /* REQUEST: stop ids, then a text prompt or token ids as its flags say, then
  * (flag SAMPLING, version 4 on) the sampling tail, then (flag SCORE, version 5
- * on) the score tail. In an older frame SAMPLING and SCORE are undefined
- * bits: they switch nothing on (proto_check_request refuses them). */
+ * on) the score tail, then (flag LORA, version 6 on) the lora tail. In an
+ * older frame SAMPLING, SCORE and LORA are undefined bits: they switch nothing
+ * on (proto_check_request refuses them). */
 static int dec_request_tail(cursor *c, proto_request *r)
 {
     TRY(rdcount(c, &r->n_stop, 4, "n_stop"));
@@ -686,6 +726,10 @@ static int dec_request_tail(cursor *c, proto_request *r)
         TRY(rd32(c, &v, "score_from"));
         r->score_from = (int32_t)v;   /* kept as sent: the range is proto_check_request's */
     }
+    r->lora.ptr = empty_str;
+    r->lora.len = 0;
+    if ((r->flags & PROTO_REQ_LORA) && c->version >= 6)
+        TRY(rdlora_name(c, &r->lora));
     return 0;
 }
 
@@ -795,8 +839,9 @@ static int dec_scores(cursor *c, proto_result *r)
 }
 
 /* RESULT: the token arrays (their lengths depend on flags and top_k), then
- * spans, then (flag ROUTES) the routes, (flag SERVE) the serve tail and (flag
- * SCORES) the prompt's scores. */
+ * spans, then (flag ROUTES) the routes, (flag SERVE) the serve tail, (flag
+ * SCORES) the prompt's scores and (flag LORA) the adapter's name and version.
+ * Each flag is defined only from its version on (dec_fields has checked). */
 static int dec_result_tail(cursor *c, proto_result *r)
 {
     char tmp[96];
@@ -838,6 +883,11 @@ static int dec_result_tail(cursor *c, proto_result *r)
     }
     if (r->flags & PROTO_RESULT_SCORES)
         TRY(dec_scores(c, r));
+    r->lora.ptr = empty_str;
+    if (r->flags & PROTO_RESULT_LORA) {
+        TRY(rdlora_name(c, &r->lora));
+        TRY(rd64(c, &r->lora_version, "lora_version"));
+    }
     return 0;
 }
 
@@ -1190,6 +1240,15 @@ static int fields_ok(const proto_field *f, const void *base, const char *type, c
     return 0;
 }
 
+/* An adapter name where a lora tail carries it: 1..PROTO_MAX_LORA_NAME bytes of UTF-8. */
+static int lora_name_ok(const char *msg, unsigned long long id, proto_str name)
+{
+    if (name.len < 1 || name.len > PROTO_MAX_LORA_NAME)
+        return rd_fail(RD_EINVAL, "%s %llu: the adapter name is %u bytes long; expected 1..%u bytes", msg, id,
+                       name.len, PROTO_MAX_LORA_NAME);
+    return enc_str_ok(msg, "lora_name", name);
+}
+
 static int request_tail_ok(const proto_request *r, uint16_t version)
 {
     const char *m = "SUBMIT request";
@@ -1210,6 +1269,13 @@ static int request_tail_ok(const proto_request *r, uint16_t version)
         return rd_fail(RD_EINVAL, "%s %llu: score_from %d needs flag PROTO_REQ_SCORE in protocol version 5 or later; "
                        "encoding version %u, flags 0x%x", m, (unsigned long long)r->client_req_id, r->score_from,
                        version, r->flags);
+    /* the lora tail: on the wire exactly with the flag in a version-6 frame */
+    if ((r->flags & PROTO_REQ_LORA) && version >= 6)
+        TRY(lora_name_ok(m, (unsigned long long)r->client_req_id, r->lora));
+    else if (r->lora.len)
+        return rd_fail(RD_EINVAL, "%s %llu: an adapter name needs flag PROTO_REQ_LORA in protocol version 6 or "
+                       "later; encoding version %u, flags 0x%x", m, (unsigned long long)r->client_req_id, version,
+                       r->flags);
     TRY(enc_arr_ok(m, "stop_ids", r->stop_ids, r->n_stop));
     if (text && r->n_prompt)
         return rd_fail(RD_EINVAL, "%s %llu: flags say the prompt is text but it has %u token ids; expected one of "
@@ -1264,6 +1330,11 @@ static int result_tail_ok(const proto_result *r)
         return rd_fail(RD_EINVAL, "%s seq %llu: serve_dtype %u / serve_dtype_first %u; expected 0..%u", m,
                        (unsigned long long)r->seq, r->serve_dtype, r->serve_dtype_first, PROTO_SERVE_MAX);
     TRY(scores_ok(r));
+    if (r->flags & PROTO_RESULT_LORA)
+        TRY(lora_name_ok("RESULTS result seq", (unsigned long long)r->seq, r->lora));
+    else if (r->lora.len || r->lora_version)
+        return rd_fail(RD_EINVAL, "%s seq %llu: an adapter name or lora_version without flag PROTO_RESULT_LORA", m,
+                       (unsigned long long)r->seq);
     if (!(r->flags & PROTO_RESULT_ROUTES))
         return 0;
     if (r->route_width != 1 && r->route_width != 2 && r->route_width != 4)
@@ -1370,10 +1441,11 @@ static void wf32(writer *w, float f)
     w32(w, v);
 }
 
-/* The prompt, then the sampling tail, then the score tail: msg_ok has checked
- * that sampling is set exactly when the frame carries it (flag SAMPLING,
- * version 4 on) and score_from is 0 unless the frame carries it (flag SCORE,
- * version 5 on). */
+/* The prompt, then the sampling tail, then the score tail, then the lora
+ * tail: msg_ok has checked that sampling is set exactly when the frame carries
+ * it (flag SAMPLING, version 4 on), score_from is 0 unless the frame carries it
+ * (flag SCORE, version 5 on) and the adapter name likewise (flag LORA,
+ * version 6 on; a name of 1..PROTO_MAX_LORA_NAME bytes then). */
 static void put_request_tail(writer *w, const proto_request *r, uint16_t version)
 {
     w32(w, r->n_stop);
@@ -1398,6 +1470,10 @@ static void put_request_tail(writer *w, const proto_request *r, uint16_t version
     }
     if (version >= 5 && (r->flags & PROTO_REQ_SCORE))
         w32(w, (uint32_t)r->score_from);
+    if (version >= 6 && (r->flags & PROTO_REQ_LORA)) {
+        w16(w, (uint16_t)r->lora.len);
+        wbytes(w, r->lora.ptr, r->lora.len);
+    }
 }
 
 static void put_result_tail(writer *w, const proto_result *r)
@@ -1437,6 +1513,11 @@ static void put_result_tail(writer *w, const proto_result *r)
         warr32(w, s->logprobs, s->n_scored);
         warr32(w, s->top_ids, nk);
         warr32(w, s->top_logprobs, nk);
+    }
+    if (r->flags & PROTO_RESULT_LORA) {
+        w16(w, (uint16_t)r->lora.len);
+        wbytes(w, r->lora.ptr, r->lora.len);
+        w64(w, r->lora_version);
     }
 }
 
@@ -1502,6 +1583,8 @@ uint64_t proto_scores_bytes(uint64_t n_scored, uint32_t top_k)
 {
     return PROTO_SCORES_HEAD_BYTES + n_scored * (4 + 8 * (uint64_t)top_k);
 }
+
+uint64_t proto_lora_bytes(uint32_t name_len) { return PROTO_RESULT_LORA_BYTES + (uint64_t)name_len; }
 
 uint64_t proto_routes_bytes(uint64_t positions, uint32_t layers, uint32_t k, uint32_t width)
 {
@@ -1679,6 +1762,8 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
         allowed &= ~PROTO_REQ_FLAGS_V4;
     if (version < 5)
         allowed &= ~PROTO_REQ_FLAGS_V5;
+    if (version < 6)
+        allowed &= ~PROTO_REQ_FLAGS_V6;
     if (r->flags & ~allowed)
         return rd_fail(RD_EINVAL, "request %llu: flags 0x%x have undefined bits 0x%x; expected only bits 0x%x "
                        "(protocol version %u)", id, r->flags, r->flags & ~allowed, allowed, version);
@@ -1686,6 +1771,14 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
         return rd_fail(RD_EINVAL, "request %llu: routed experts asked (return_routes), but the model (%.*s) is not a "
                        "mixture of experts; expected the flag only where HELLO_OK.features has ROUTES", id,
                        (int)lim->architecture.len, lim->architecture.len ? lim->architecture.ptr : "");
+    int lora = (r->flags & PROTO_REQ_LORA) != 0;
+    if (lora && (r->lora.len < 1 || r->lora.len > PROTO_MAX_LORA_NAME || !r->lora.ptr))
+        return rd_fail(RD_EINVAL, "request %llu: flag LORA with an adapter name of %u bytes; expected 1..%u bytes", id,
+                       r->lora.len, PROTO_MAX_LORA_NAME);
+    /* the daemon looks the name up as a C string: a NUL inside would name another adapter */
+    if (lora && memchr(r->lora.ptr, 0, r->lora.len))
+        return rd_fail(RD_EINVAL, "request %llu: the adapter name has a NUL byte at %u; expected a name without one",
+                       id, (unsigned)((const char *)memchr(r->lora.ptr, 0, r->lora.len) - r->lora.ptr));
     if (r->n < 1 || r->n > lim->max_n)
         return rd_fail(RD_EINVAL, "request %llu: n = %u; expected 1..%u", id, r->n, lim->max_n);
     int score = (r->flags & PROTO_REQ_SCORE) != 0;
@@ -1723,10 +1816,13 @@ int proto_check_request(const proto_request *r, const proto_hello_ok *lim)
                           ? r->n_prompt - (uint32_t)r->score_from : 0;
     if (score && !(r->flags & PROTO_REQ_PROMPT_IS_TEXT))
         worst += proto_scores_bytes(scored, r->logprobs_topk);
+    if (lora)
+        worst += proto_lora_bytes(r->lora.len);
     if (worst + PROTO_RESULTS_OVERHEAD > lim->max_message_bytes)
-        return rd_fail(RD_EINVAL, "request %llu: a result of max_tokens = %u%s with these log-prob options can take "
+        return rd_fail(RD_EINVAL, "request %llu: a result of max_tokens = %u%s%s with these log-prob options can take "
                        "%llu bytes; expected it to fit max_message_bytes = %llu", id, r->max_tokens,
-                       score ? " and its prompt's scores" : "", (unsigned long long)(worst + PROTO_RESULTS_OVERHEAD),
+                       score ? " and its prompt's scores" : "", lora ? " and its adapter's name" : "",
+                       (unsigned long long)(worst + PROTO_RESULTS_OVERHEAD),
                        (unsigned long long)lim->max_message_bytes);
     if (r->flags & PROTO_REQ_PROMPT_IS_TEXT) {
         if (!(lim->flags & PROTO_HELLO_OK_TEXT))

@@ -28,8 +28,9 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC "RLDP"                  /* bytes 52 4C 44 50 */
-#define PROTO_VERSION 5                     /* the newest version this code speaks (2: routing replay; 3: delta pushes,
-                                               serve_dtype; 4: a request's sampling tail; 5: prompt scoring) */
+#define PROTO_VERSION 6                     /* the newest version this code speaks (2: routing replay; 3: delta pushes,
+                                               serve_dtype; 4: a request's sampling tail; 5: prompt scoring; 6: LoRA
+                                               adapters) */
 #define PROTO_VERSION_MIN 1                 /* the oldest; frames are written in it unless proto_msg.version says */
 #define PROTO_HEADER_BYTES 16
 #define PROTO_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes; the daemon announces its own */
@@ -37,8 +38,9 @@
 #define PROTO_MAX_ERROR_MESSAGE 4096        /* bytes; proto_encode_error cuts longer ones */
 /* Arena bytes a decode of a frame of n bytes allocates (at most; once, at the
  * first array or string): 4n + 256 for an UPDATE_BEGIN (a 29-byte manifest
- * tensor becomes an 88-byte proto_tensor plus its name), 2n + 256 for every
- * other message. */
+ * tensor becomes an 88-byte proto_tensor plus its name), 3n + 256 for every
+ * other message (a 56-byte request is a 120-byte proto_request, an 88-byte
+ * result a 192-byte proto_result, since version 6 gave both an adapter name). */
 #define PROTO_ARENA_BOUND(n) (4 * (size_t)(n) + 256)
 
 /* Message types, from the one message table (proto/messages.def, which also
@@ -91,11 +93,18 @@ typedef enum {
 #define PROTO_REQ_SCORE 0x80u           /* version 5: score the prompt from score_from on (the score tail, i32
                                            score_from, follows the sampling tail or the prompt); max_tokens may
                                            then be 0 (score only, n = 1) */
-#define PROTO_REQ_FLAGS 0xFFu
+#define PROTO_REQ_LORA 0x100u          /* version 6: run the samples under a LoRA adapter (the lora tail, u16 name
+                                           length + the name, follows the score tail, the sampling tail or the
+                                           prompt) */
+#define PROTO_REQ_FLAGS 0x1FFu
 #define PROTO_REQ_FLAGS_V2 0x20u        /* the bits version 2 added (undefined in a version-1 request) */
 #define PROTO_REQ_FLAGS_V4 0x40u        /* the bits version 4 added (undefined before version 4: no tail is read) */
 #define PROTO_REQ_FLAGS_V5 0x80u        /* the bits version 5 added (undefined before version 5: no tail is read) */
+#define PROTO_REQ_FLAGS_V6 0x100u       /* the bits version 6 added (undefined before version 6: no tail is read) */
 #define PROTO_SCORE_TAIL_BYTES 4u       /* a request's score tail: i32 score_from */
+#define PROTO_MAX_LORA_NAME 127u        /* bytes of an adapter name in a lora tail (1..127; the engine's
+                                           LORA_NAME_MAX less its NUL) */
+#define PROTO_LORA_TAIL_BYTES 2u        /* a request's lora tail without its name: u16 name length */
 #define PROTO_SAMPLING_TAIL_BYTES 20u   /* the sampling tail without its bias pairs (8 bytes each) */
 #define PROTO_MAX_BIAS 1024u            /* logit_bias entries a request may carry (the engine's ENG_MAX_BIAS) */
 #define PROTO_MAX_ABS_BIAS 100.0f       /* a bias is in [-100, 100] (OpenAI's and the HTTP doors' range) */
@@ -108,16 +117,21 @@ typedef enum {
 #define PROTO_RESULT_SERVE 0x4u         /* version 3: the serve_dtype tail follows (the routes, else the spans) */
 #define PROTO_RESULT_SCORES 0x8u        /* version 5: the prompt's scores follow (the serve tail, the routes, else
                                            the spans): proto_scores */
-#define PROTO_RESULT_FLAGS 0xFu
+#define PROTO_RESULT_LORA 0x10u        /* version 6: the lora tail follows (the scores, the serve tail, the
+                                           routes, else the spans): the adapter's name and version */
+#define PROTO_RESULT_FLAGS 0x1Fu
 #define PROTO_RESULT_FLAGS_V2 0x2u      /* the bits version 2 added (MALFORMED in a version-1 frame) */
 #define PROTO_RESULT_FLAGS_V3 0x4u      /* the bits version 3 added (MALFORMED before version 3) */
 #define PROTO_RESULT_FLAGS_V5 0x8u      /* the bits version 5 added (MALFORMED before version 5) */
+#define PROTO_RESULT_FLAGS_V6 0x10u     /* the bits version 6 added (MALFORMED before version 6) */
 /* A BITS field's B column: the bits each version after 1 added, a byte per
  * version (bits B & 0xFF came in version 2, (B >> 8) & 0xFF in version 3,
- * (B >> 24) & 0xFF in version 5): PROTO_RESULT_FLAGS_V2 | PROTO_RESULT_FLAGS_V3 << 8 |
- * PROTO_RESULT_FLAGS_V5 << 24. */
-#define PROTO_RESULT_FLAGS_LATER 0x08000402u
+ * (B >> 24) & 0xFF in version 5, (B >> 32) & 0xFF in version 6):
+ * PROTO_RESULT_FLAGS_V2 | PROTO_RESULT_FLAGS_V3 << 8 | PROTO_RESULT_FLAGS_V5 << 24 |
+ * PROTO_RESULT_FLAGS_V6 << 32. */
+#define PROTO_RESULT_FLAGS_LATER 0x1008000402ull
 #define PROTO_SCORES_HEAD_BYTES 12u     /* a result's scores before their arrays: score_from, n_scored, reserved */
+#define PROTO_RESULT_LORA_BYTES 10u     /* a result's lora tail without its name: u16 name length, u64 version */
 
 /* serve_dtype (version 3): what the daemon serves a pushed policy as. In
  * UPDATE_BEGIN 0 means "the daemon's configured serve_dtype"; in a result
@@ -260,6 +274,12 @@ typedef struct {
     const proto_sampling *sampling; /* version 4, flags with PROTO_REQ_SAMPLING: the sampling tail after the
                                        prompt; NULL otherwise (the defaults). Encoding writes it exactly when
                                        the flag is set in a version-4 frame (and refuses it elsewhere) */
+    proto_str lora;             /* version 6, flags with PROTO_REQ_LORA: the LoRA adapter the samples run under
+                                   (its name as the daemon loaded it), 1..PROTO_MAX_LORA_NAME bytes of UTF-8;
+                                   on the wire the lora tail, after the score tail. Empty otherwise (the base
+                                   model; decoded as "", so ptr is always a C string): encoding writes it
+                                   exactly when the flag is set in a version-6 frame (and refuses a name
+                                   elsewhere, and the flag there without one) */
 } proto_request;
 
 /* SUBMIT: client -> daemon. */
@@ -354,6 +374,12 @@ typedef struct {
     /* The prompt's scores (flags has PROTO_RESULT_SCORES; version 5): set
      * exactly when the flag is, NULL otherwise. */
     const proto_scores *scores;
+    /* The LoRA adapter the sample ran under (flags has PROTO_RESULT_LORA;
+     * version 6: results of a request that named one). Empty and 0 without
+     * the flag (decoded as ""); encoding refuses them there. */
+    proto_str lora;             /* its name, 1..PROTO_MAX_LORA_NAME bytes of UTF-8 */
+    uint64_t lora_version;      /* the adapter's version the tokens were drawn under (1 for a name's first load,
+                                   +1 per reload); 0: not known (the sample failed before it ran) */
 } proto_result;
 
 /* RESULTS: the reply to FETCH. */
@@ -608,7 +634,10 @@ void proto_buf_free(proto_buf *b);
  * SAMPLING in a version-4 frame, a non-zero score_from without flag SCORE in a
  * version-5 frame, a result's scores other than exactly with flag SCORES (a
  * version-5 bit), scores with score_from past n_prompt or n_scored other than 0
- * or n_prompt - score_from, an update mode, tensor dtype or n_dims out of range, a tensor
+ * or n_prompt - score_from, a request's adapter name other than exactly with
+ * flag LORA in a version-6 frame, a result's name or lora_version without flag
+ * LORA (a version-6 bit), an adapter name not 1..PROTO_MAX_LORA_NAME bytes of
+ * UTF-8 where the flag is, an update mode, tensor dtype or n_dims out of range, a tensor
  * name not 1..PROTO_MAX_TENSOR_NAME bytes, an array with a count but no data,
  * a body over 4 GiB; RD_ENOTSUP for an undefined type; RD_ENOMEM if the buffer
  * cannot grow. */
@@ -634,6 +663,9 @@ uint64_t proto_result_max_bytes(uint32_t max_tokens, int processed, uint32_t log
 /* Bytes a result's scores add (RESULT_SCORES): their 12-byte head and
  * n_scored x (4 + 8 x top_k); n_scored is n_prompt - score_from. */
 uint64_t proto_scores_bytes(uint64_t n_scored, uint32_t top_k);
+/* Bytes a result's lora tail adds (RESULT_LORA): u16 name length, the name of
+ * name_len bytes, u64 version. */
+uint64_t proto_lora_bytes(uint32_t name_len);
 /* Bytes the routes of a result add (RESULT_ROUTES): their 8-byte head and
  * positions x layers x k ids of width bytes; positions is at most
  * n_prompt + max_tokens - 1. */
@@ -645,7 +677,9 @@ uint8_t proto_route_width(uint32_t n_experts);
 /* Checks one decoded request against the daemon's limits and model (lim is the
  * HELLO_OK the daemon sends, lim->version the request's protocol version): flags
  * (RETURN_ROUTES from version 2 on, and only with lim->features ROUTES; SAMPLING from version 4 on; SCORE
- * from version 5 on), n, max_tokens (0 only with SCORE, and then n = 1), sampling ranges (NaN refused), stop
+ * from version 5 on; LORA from version 6 on, with a name of 1..PROTO_MAX_LORA_NAME bytes without NUL; whether
+ * the adapter is loaded is the daemon's question), n, max_tokens (0 only with SCORE, and then n = 1), sampling
+ * ranges (NaN refused), stop
  * ids in 0..vocab_size-1, the sampling tail (penalties, min_tokens <= max_tokens, at most PROTO_MAX_BIAS
  * distinct bias ids in 0..vocab_size-1 with finite values in [-100, 100]), score_from >= 0, prompt ids in
  * 0..vocab_size-1, prompt length, prompt + max_tokens within the context, score_from <= n_prompt, the

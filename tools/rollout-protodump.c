@@ -11,7 +11,9 @@
  * serve_dtype_first (version 3) as numbers, a request's sampling tail (version 4) as "sampling":
  * {"repetition_penalty", "frequency_penalty", "presence_penalty", "min_tokens", "bias_ids",
  * "bias_vals"}, its score tail (version 5) as "score_from", a result's scores (version 5) as "scores":
- * {"score_from", "logprobs", "top_ids", "top_logprobs"} with the alternatives flat, chunk data
+ * {"score_from", "logprobs", "top_ids", "top_logprobs"} with the alternatives flat, a request's lora
+ * tail (version 6) as "lora" (the adapter's name), a result's (version 6) as "lora" and
+ * "lora_version" (a u64 string), chunk data
  * as lowercase hex), or {"error": CODE, "error_name": NAME, "message": WHY}
  * when the decoder refuses the frame. Exit status 0 when every frame decoded,
  * 1 when any was refused, 2 on bad usage or an unreadable file.
@@ -78,7 +80,8 @@ static void add_f32s(cJSON *o, const char *k, const float *a, uint64_t n)
 }
 
 /* The element tails: what the table's field kinds cannot say (proto.c has the same three). */
-/* version: the frame's (a request's score tail is in the frame with flag SCORE from version 5 on). */
+/* version: the frame's (a request's score tail is in the frame with flag SCORE from version 5 on, its lora
+ * tail with flag LORA from version 6 on). */
 static void request_tail_json(cJSON *o, const proto_request *r, uint16_t version)
 {
     add_i32s(o, "stop_ids", r->stop_ids, r->n_stop);
@@ -97,6 +100,8 @@ static void request_tail_json(cJSON *o, const proto_request *r, uint16_t version
     }
     if ((r->flags & PROTO_REQ_SCORE) && version >= 5)
         add_num(o, "score_from", r->score_from);
+    if ((r->flags & PROTO_REQ_LORA) && version >= 6)
+        add_str(o, "lora", r->lora);
 }
 
 static void result_tail_json(cJSON *o, const proto_result *r)
@@ -132,6 +137,10 @@ static void result_tail_json(cJSON *o, const proto_result *r)
         add_f32s(so, "logprobs", s->logprobs, s->n_scored);
         add_i32s(so, "top_ids", s->top_ids, snk);
         add_f32s(so, "top_logprobs", s->top_logprobs, snk);
+    }
+    if (r->flags & PROTO_RESULT_LORA) { /* version 6 */
+        add_str(o, "lora", r->lora);
+        add_u64(o, "lora_version", r->lora_version);
     }
     if (!(r->flags & PROTO_RESULT_ROUTES))
         return;

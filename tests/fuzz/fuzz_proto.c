@@ -58,6 +58,11 @@ static void touch_msg(const proto_msg *m)
             }
             if (r->score_from && (!(r->flags & PROTO_REQ_SCORE) || m->version < 5))
                 abort();        /* version 5: a score tail only with the flag */
+            /* version 6: a name of 1..127 bytes exactly with the flag in a version-6 frame, "" otherwise */
+            touch_str(r->lora);
+            if ((r->lora.len != 0) != ((r->flags & PROTO_REQ_LORA) && m->version >= 6) ||
+                r->lora.len > PROTO_MAX_LORA_NAME)
+                abort();
         }
         break;
     case PROTO_SUBMIT_OK:
@@ -88,6 +93,12 @@ static void touch_msg(const proto_msg *m)
                 touch(s->top_ids, 4ull * s->n_scored * r->top_k);
                 touch(s->top_logprobs, 4ull * s->n_scored * r->top_k);
             }
+            /* version 6: a name of 1..127 bytes exactly with the flag (a version-6 bit), "" and 0 otherwise */
+            touch_str(r->lora);
+            int lora = (r->flags & PROTO_RESULT_LORA) != 0;
+            if ((r->lora.len != 0) != lora || r->lora.len > PROTO_MAX_LORA_NAME || (!lora && r->lora_version) ||
+                (lora && m->version < 6))
+                abort();
         }
         break;
     case PROTO_STATUS_OK: touch_str(m->status_ok.json); break;

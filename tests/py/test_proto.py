@@ -6,9 +6,10 @@ request checks give the listed codes. build/rollout-protodump (the C decoder)
 prints the same fields and error codes as the Python decoder for every
 vector, every truncation of one, random mutations and random messages. The
 weight-update messages (PROTOCOL.md §10), version 2's routes (§4.6),
-version 4's sampling tail (§4.3) and version 5's prompt scoring (the score
-tail, a result's scores) are among all of these; routes_codec,
-sampling_codec and scoring_codec check their version rules on their own.
+version 4's sampling tail (§4.3), version 5's prompt scoring (the score
+tail, a result's scores) and version 6's LoRA adapters (a request's and a
+result's lora tail) are among all of these; routes_codec, sampling_codec,
+scoring_codec and lora_codec check their version rules on their own.
 """
 import json
 import math
@@ -208,6 +209,8 @@ def rnd_message(rng, t):
                 q.bias_ids, q.bias_vals = i32(k), rnd_f32(rng, k)
             if q.flags & P.REQ_SCORE and m.wire_version >= 5:        # version 5: the score tail
                 q.score_from = rng.getrandbits(32) - 2 ** 31
+            if q.flags & P.REQ_LORA and m.wire_version >= 6:         # version 6: the lora tail
+                q.lora = rnd_str(rng, 30) or "a"
         return m
     if t == P.T.SUBMIT_OK:
         return P.SubmitOk([P.SubmitItem(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(1), rnd_str(rng, 30))
@@ -243,9 +246,13 @@ def rnd_message(rng, t):
                 x.flags |= P.RESULT_SCORES
                 x.prompt_logprobs = rnd_f32(rng, ns)
                 x.prompt_top_ids, x.prompt_top_logprobs = i32(ns * k).reshape(ns, k), rnd_f32(rng, ns * k).reshape(ns, k)
+            if rng.random() < 0.3:      # version 6: the adapter
+                x.flags |= P.RESULT_LORA
+                x.lora, x.lora_version = rnd_str(rng, 30) or "a", rnd_u64(rng)
             res.append(x)
         m = P.Results(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), res)
-        m.wire_version = 5 if any(x.flags & P.RESULT_SCORES for x in res) else \
+        m.wire_version = 6 if any(x.flags & P.RESULT_LORA for x in res) else \
+            5 if any(x.flags & P.RESULT_SCORES for x in res) else \
             2 if any(x.flags & P.RESULT_ROUTES for x in res) else rng.randint(1, 2)
         return m
     if t == P.T.ABORT:
@@ -550,6 +557,129 @@ def scoring_codec():
         b = bytearray(f)
         struct.pack_into("<I", b, at, v)
         refused(lambda: P.decode(bytes(b)), P.E.MALFORMED, why)
+    for k in range(h, len(f)):
+        refused(lambda: P.decode(f[:8] + struct.pack("<I", k - 16) + f[12:k]), P.E.MALFORMED)
+    refused(lambda: P.decode(f[:8] + struct.pack("<I", len(f) - 15) + f[12:] + b"\0"), P.E.MALFORMED)
+
+
+def adapted(rid=1, prompt=(1, 2, 3, 4), lora="math-v1", max_tokens=4, **kw):
+    """A request run under a LoRA adapter (REQ_LORA)."""
+    flags = kw.pop("flags", 0) | P.REQ_LORA
+    return P.Request(client_req_id=rid, prompt_ids=np.array(prompt, "<i4"), max_tokens=max_tokens, flags=flags,
+                     lora=lora, **kw)
+
+
+@case
+def lora_codec():
+    """Version 6's LoRA adapters: a request's lora tail (u16 length, the name) after the score tail, a result's
+    (u16 length, the name, u64 version) after its scores; both only in version 6; malformed tails; the checks
+    (the flag from version 6, 1..127 bytes without NUL, the name in the largest result), with C's words."""
+    q = adapted(2, max_tokens=8, lora="é", flags=P.REQ_SAMPLING | P.REQ_SCORE, score_from=3, repetition_penalty=1.5)
+    m = P.Submit(client_id=9, requests=[adapted(1), q, P.Request(client_req_id=3, prompt_ids=[1, 2, 3, 4])])
+    f = P.encode(m, 6)
+    q0 = 16 + 12
+    q1 = q0 + 72 + P.LORA_TAIL_BYTES + 7
+    assert len(f) == q1 + (72 + P.SAMPLING_TAIL_BYTES + P.SCORE_TAIL_BYTES + P.LORA_TAIL_BYTES + 2) + 72
+    assert struct.unpack_from("<H7s", f, q0 + 72) == (7, b"math-v1"), "request 0's lora tail after its prompt"
+    assert struct.unpack_from("<fiH", f, q1 + 72)[0] == 1.5 and struct.unpack_from("<iH2s", f, q1 + 92) == \
+        (3, 2, "é".encode()), "the sampling tail, score_from, then the lora tail"
+    d = P.decode(f)
+    assert [r.lora for r in d.requests] == ["math-v1", "é", ""] and d.requests[1].score_from == 3
+    assert P.encode(d) == f and P.encode(P.from_json(json.loads(json.dumps(P.to_json(d)))), 6) == f
+    path = os.path.join(TMP, "lora.bin")
+    with open(path, "wb") as fh:
+        fh.write(f)
+    same(protodump([path])[0], py_view(f), "lora.bin")
+    # before version 6: no tail (a name is refused); the flag alone is an undefined bit the check refuses
+    for v in (1, 5):
+        try:
+            P.encode(P.Submit(requests=[adapted()]), v)
+            raise AssertionError(v)
+        except ValueError as e:
+            assert "version 6" in str(e), e
+    for bad, why in ((dict(flags=0), "needs flag REQ_LORA"), (dict(lora=""), "0 bytes long; expected 1..127"),
+                     (dict(lora="x" * 128), "128 bytes long"), (dict(lora="é" * 64), "128 bytes long"),
+                     (dict(lora=b"math"), "must be a str")):
+        try:
+            y = adapted(**bad)
+            y.flags = bad.get("flags", y.flags)
+            P.encode(P.Submit(requests=[y]), 6)
+            raise AssertionError(bad)
+        except ValueError as e:
+            assert why in str(e), (why, e)
+    assert len(P.encode(P.Submit(requests=[adapted(lora="x" * 127)]), 6)) == 16 + 12 + 72 + 2 + 127
+    f5 = P.encode(P.Submit(requests=[adapted(lora="")]), 5)
+    assert len(f5) == 16 + 12 + 72 and P.decode(f5).requests[0].flags == P.REQ_LORA
+    lim = P.decode(frame_bytes("hello_ok_v5.bin"))
+    refused(lambda: P.check_request(P.decode(f5).requests[0], lim), P.E.INVALID_PARAMS, "undefined bits 0x100",
+            "protocol version 5")
+    f6 = P.encode(P.Submit(requests=[adapted()]), 6)
+    refused(lambda: P.decode(f6[:4] + b"\5\0" + f6[6:]), P.E.MALFORMED)
+    plain = P.Submit(requests=[P.Request(client_req_id=1, prompt_ids=[1])])
+    assert P.encode(plain, 6)[6:] == P.encode(plain, 1)[6:]
+    # malformed tails: every cut, a trailing byte, a name of 0 or 128 bytes, past the frame, not UTF-8
+    at = len(f6) - 7 - 2
+    for k in range(at, len(f6)):
+        refused(lambda: P.decode(f6[:8] + struct.pack("<I", k - 16) + f6[12:k]), P.E.MALFORMED, "lora_name")
+    refused(lambda: P.decode(f6[:8] + struct.pack("<I", len(f6) - 15) + f6[12:] + b"\0"), P.E.MALFORMED)
+    for n, first, why in ((0, b"m", "lora_name is 0 bytes long; expected 1..127"), (128, b"m", "128 bytes long"),
+                          (8, b"m", "truncated at lora_name"), (7, b"\xff", "lora_name is not valid UTF-8")):
+        b = f6[:at] + struct.pack("<H", n) + first + f6[at + 3:]
+        refused(lambda: P.decode(b), P.E.MALFORMED, why)
+    refused(lambda: P.decode(f6[:8] + struct.pack("<I", at + 130 - 16) + f6[12:at] + struct.pack("<H", 128) +
+                             b"x" * 128), P.E.MALFORMED, "expected 1..127")
+    # the checks against hello_ok_v6
+    lim = P.decode(frame_bytes("hello_ok_v6.bin"))
+    P.check_request(adapted(), lim)
+    refused(lambda: P.check_request(adapted(7, lora="a\0b"), lim), P.E.INVALID_PARAMS,
+            "request 7: the adapter name has a NUL byte at 1", "expected")
+    refused(lambda: P.check_request(adapted(7, lora=""), lim), P.E.INVALID_PARAMS,
+            "flag LORA with an adapter name of 0 bytes; expected 1..127")
+    need = P.RESULTS_OVERHEAD + P.result_max_bytes(4, 0, 0) + P.lora_bytes(7)
+    assert P.lora_bytes(7) == 17
+    lim.max_message_bytes = need
+    P.check_request(adapted(), lim)
+    lim.max_message_bytes = need - 1
+    refused(lambda: P.check_request(adapted(), lim), P.E.INVALID_PARAMS, "and its adapter's name")
+    P.check_request(P.Request(client_req_id=1, prompt_ids=[1, 2, 3, 4], max_tokens=4), lim)
+
+    # a result's lora tail, after its scores
+    x = P.Result(seq=1, client_req_id=1, finish=P.FINISH_LENGTH,
+                 flags=P.RESULT_SERVE | P.RESULT_SCORES | P.RESULT_LORA, n_prompt=2, serve_dtype=P.SERVE_AS_PUSHED,
+                 serve_dtype_first=P.SERVE_AS_PUSHED, score_from=2, prompt_logprobs=np.zeros(0, "<f4"),
+                 lora="math-v1", lora_version=0x0102030405060708)
+    rm = P.Results(ack_seq=0, results=[x])
+    f = P.encode(rm, 6)
+    h = P.RESULTS_OVERHEAD + 88 + P.SERVE_TAIL_BYTES + P.SCORES_HEAD_BYTES
+    assert len(f) == P.RESULTS_OVERHEAD + P.result_bytes(x) == h + P.lora_bytes(7) and f[P.RESULTS_OVERHEAD + 21] == 0x1C
+    assert struct.unpack_from("<H7sQ", f, h) == (7, b"math-v1", 0x0102030405060708)
+    d = P.decode(f)
+    assert d.results[0].lora == "math-v1" and d.results[0].lora_version == 0x0102030405060708
+    assert P.encode(d) == f and P.encode(P.from_json(json.loads(json.dumps(P.to_json(d)))), 6) == f
+    with open(path, "wb") as fh:
+        fh.write(f)
+    same(protodump([path])[0], py_view(f), "results lora.bin")
+    none = P.decode(P.encode(P.Results(results=[P.Result(seq=2)]), 6)).results[0]
+    assert none.lora == "" and none.lora_version == 0
+    try:
+        P.encode(rm, 5)
+        raise AssertionError("a lora tail encoded in version 5")
+    except ValueError as e:
+        assert "undefined in protocol version 5" in str(e), e
+    refused(lambda: P.decode(f[:4] + b"\5\0" + f[6:]), P.E.MALFORMED, "flags")
+    for bad, why in ((dict(flags=P.RESULT_SERVE | P.RESULT_SCORES), "without flag RESULT_LORA"),
+                     (dict(flags=P.RESULT_SERVE | P.RESULT_SCORES, lora=""), "without flag RESULT_LORA"),
+                     (dict(lora=""), "0 bytes long"), (dict(lora="x" * 128), "128 bytes long")):
+        y = P.Result(**{**x.__dict__, **bad})
+        try:
+            P.encode(P.Results(results=[y]), 6)
+            raise AssertionError(bad)
+        except ValueError as e:
+            assert why in str(e), (why, e)
+    for n, first, why in ((0, b"m", "lora_name is 0 bytes long"), (128, b"m", "128 bytes long"),
+                          (16, b"m", "truncated at lora_name"), (7, b"\xff", "not valid UTF-8")):
+        b = f[:h] + struct.pack("<H", n) + first + f[h + 3:]
+        refused(lambda: P.decode(b), P.E.MALFORMED, why)
     for k in range(h, len(f)):
         refused(lambda: P.decode(f[:8] + struct.pack("<I", k - 16) + f[12:k]), P.E.MALFORMED)
     refused(lambda: P.decode(f[:8] + struct.pack("<I", len(f) - 15) + f[12:] + b"\0"), P.E.MALFORMED)

@@ -161,12 +161,55 @@ static void routes_narrowed_in_place(void)
     cl_free(&t);
 }
 
+/* A request that named a LoRA adapter (protocol version 6): every result has the flag and the name; the
+ * version is the engine's for a sample that ran, 0 for one the engine never took (no name in its result). */
+static void lora_tail_on_results(void)
+{
+    cl_table t;
+    cl_init(&t, 100, 1 << 20);
+    cl_client *c;
+    CHECK_OK(cl_new(&t, "l", 0, &c));
+    cl_req *q;
+    CHECK_OK(cl_add_req(&t, c, 1, 3, 1 << 16, &q));
+    snprintf(q->lora, sizeof q->lora, "%s", "math-v1");
+    eng_result r = fake(q->key, 0, 2);
+    snprintf(r.lora, sizeof r.lora, "%s", "math-v1");
+    r.lora_version = 3;
+    CHECK(cl_finish(&t, &r, 0, 0, 0) == c, "finish");
+    const proto_result *p = &c->held_tail->pr;
+    CHECK((p->flags & PROTO_RESULT_LORA) && p->lora.len == 7 && !memcmp(p->lora.ptr, "math-v1", 7) &&
+          p->lora_version == 3, "ran: flags 0x%x version %llu", p->flags, (unsigned long long)p->lora_version);
+    CHECK(c->held_tail->bytes == proto_result_bytes(p) && c->held_tail->bytes == 88 + 2 * 8 + 16 + 17, "bytes %llu",
+          (unsigned long long)c->held_tail->bytes);
+    eng_result none = fake(q->key, 1, 0);       /* refused by the engine: no adapter in its result */
+    none.finish = FINISH_ERROR;
+    CHECK(cl_finish(&t, &none, 0, 0, 0) == c, "finish");
+    p = &c->held_tail->pr;
+    CHECK((p->flags & PROTO_RESULT_LORA) && !strcmp(p->lora.ptr, "math-v1") && p->lora_version == 0,
+          "never ran: the request's name, version 0");
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m = {.type = PROTO_RESULTS, .version = 6};
+    m.results.n_results = 1;
+    m.results.results = p;
+    CHECK_OK(proto_encode(&b, &m));
+    proto_buf_free(&b);
+    cl_req *base;
+    CHECK_OK(cl_add_req(&t, c, 2, 1, 1 << 16, &base));
+    eng_result br = fake(base->key, 0, 1);
+    CHECK(cl_finish(&t, &br, 0, 0, 0) == c, "finish");
+    p = &c->held_tail->pr;
+    CHECK(!(p->flags & PROTO_RESULT_LORA) && p->lora.len == 0 && p->lora_version == 0, "base model: no tail");
+    cl_free(&t);
+}
+
 int main(void)
 {
     RUN(map_put_get_delete);
     RUN(retention_seq_and_acks);
     RUN(forgotten_client_orphans_requests);
     RUN(routes_narrowed_in_place);
+    RUN(lora_tail_on_results);
     RUN(prometheus_text);
     TEST_EXIT();
 }

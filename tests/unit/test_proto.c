@@ -26,6 +26,12 @@
  * past the bytes or not the prompt's, flags, trailing bytes), the checks
  * (score_from in 0..n_prompt, max_tokens 0 only when scoring and then n = 1,
  * the scores counted in the largest result) and the arena.
+ * Version 6's LoRA adapters likewise, plus test_lora: the request's lora tail
+ * after the score tail, a result's after its scores (bytes, round trips,
+ * sizes), the version rules both ways, malformed tails (an empty, long, cut or
+ * non-UTF-8 name, trailing bytes), the checks (the flag from version 6, a name
+ * without NUL, the name counted in the largest result) and the arena, whose
+ * bound version 6 raised to 3 x frame + 256.
  * Run from the repository root (RD_PROTO_TESTDATA overrides the folder). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -301,6 +307,8 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
             const cJSON *sf = cJSON_GetObjectItemCaseSensitive(e, "score_from"); /* version 5 */
             if (sf)
                 r->score_from = (int32_t)sf->valuedouble;
+            if (cJSON_GetObjectItemCaseSensitive(e, "lora")) /* version 6 */
+                r->lora = jstr(e, "lora");
         }
         m->submit.n_requests = n;
         m->submit.requests = rs;
@@ -376,6 +384,10 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
                     snprintf(jerr, sizeof jerr, "scores: %u alternatives for %u positions x top_k %u", nids,
                              sc->n_scored, r->top_k);
                 r->scores = sc;
+            }
+            if (cJSON_GetObjectItemCaseSensitive(e, "lora")) { /* version 6 */
+                r->lora = jstr(e, "lora");
+                r->lora_version = ju64(e, "lora_version");
             }
             const cJSON *ro = cJSON_GetObjectItemCaseSensitive(e, "routes");
             if (ro) {
@@ -637,6 +649,7 @@ static int request_eq(const proto_request *a, const proto_request *b)
         AFIELD(x->bias_vals, y->bias_vals, x->n_bias, "bias_vals");
     }
     FIELD(a->score_from, b->score_from, "score_from");
+    SFIELD(a->lora, b->lora, "lora");
     return 1;
 }
 
@@ -683,6 +696,8 @@ static int result_eq(const proto_result *a, const proto_result *b)
         AFIELD(x->top_ids, y->top_ids, (uint64_t)x->n_scored * a->top_k, "prompt top_ids");
         AFIELD(x->top_logprobs, y->top_logprobs, (uint64_t)x->n_scored * a->top_k, "prompt top_logprobs");
     }
+    SFIELD(a->lora, b->lora, "lora");
+    FIELD(a->lora_version, b->lora_version, "lora_version");
     if (a->flags & PROTO_RESULT_ROUTES) {
         FIELD(a->n_routes, b->n_routes, "n_routes");
         FIELD(a->route_layers, b->route_layers, "route_layers");
@@ -1203,6 +1218,13 @@ static float *rnd_f32s(uint64_t n)
     return a;
 }
 
+/* An adapter name: 1..PROTO_MAX_LORA_NAME bytes of UTF-8 (rnd_str's 30 characters are at most 120 bytes). */
+static proto_str rnd_lora_name(void)
+{
+    proto_str s = rnd_str(30);
+    return s.len ? s : (proto_str){"a", 1};
+}
+
 /* version: the frame's; a request with SAMPLING gets a tail from version 4 on. */
 static void rnd_request(proto_request *r, uint16_t version)
 {
@@ -1237,6 +1259,8 @@ static void rnd_request(proto_request *r, uint16_t version)
     }
     if ((r->flags & PROTO_REQ_SCORE) && version >= 5)
         r->score_from = (int32_t)rnd();
+    if ((r->flags & PROTO_REQ_LORA) && version >= 6)
+        r->lora = rnd_lora_name();
 }
 
 static void rnd_result(proto_result *r)
@@ -1287,6 +1311,11 @@ static void rnd_result(proto_result *r)
         sc->top_logprobs = rnd_f32s((uint64_t)sc->n_scored * r->top_k);
         r->flags |= PROTO_RESULT_SCORES;
         r->scores = sc;
+    }
+    if (rnd_below(3) == 0) {    /* version 6: the adapter (the caller sets the version) */
+        r->flags |= PROTO_RESULT_LORA;
+        r->lora = rnd_lora_name();
+        r->lora_version = rnd_u64();
     }
     if (rnd_below(2)) {         /* version 2: routes of some width (the caller sets the version) */
         static const uint8_t widths[] = {1, 2, 4};
@@ -1349,7 +1378,7 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         break;
     }
     case PROTO_SUBMIT: {
-        m->version = (uint16_t)rnd_below(PROTO_VERSION + 1); /* any; 4 carries sampling tails, 5 score tails */
+        m->version = (uint16_t)rnd_below(PROTO_VERSION + 1); /* any; 4 carries sampling tails, 5 score tails, 6 lora */
         m->submit.client_id = rnd_u64();
         m->submit.n_requests = rnd_below(6);
         proto_request *r = m->submit.n_requests ? palloc(m->submit.n_requests * sizeof *r) : NULL;
@@ -1387,8 +1416,10 @@ static void rnd_msg(uint16_t type, proto_msg *m)
             rnd_result(&r[i]);
             if ((r[i].flags & PROTO_RESULT_ROUTES) && m->version < 2)
                 m->version = 2;
-            if (r[i].flags & PROTO_RESULT_SCORES)
+            if ((r[i].flags & PROTO_RESULT_SCORES) && m->version < 5)
                 m->version = 5;
+            if (r[i].flags & PROTO_RESULT_LORA)
+                m->version = 6;
         }
         m->results.results = r;
         break;
@@ -1603,7 +1634,7 @@ static void test_dense_frames(void)
     m.submit.requests = r;
     CHECK_OK(proto_encode(&b, &m));
     CHECK(proto_decode(b.data, b.len, 0, &d) == 0, "dense SUBMIT: %s", rd_errmsg());
-    CHECK(d.arena_bytes <= 2 * b.len + 256, "arena: every message but UPDATE_BEGIN keeps 2 x frame + 256");
+    CHECK(d.arena_bytes <= 3 * b.len + 256, "arena: every message but UPDATE_BEGIN keeps 3 x frame + 256");
     proto_msg_free(&d);
     /* 1-token, 1-span results */
     memset(&m, 0, sizeof m);
@@ -2188,7 +2219,7 @@ static void test_sampling(void)
     t.n_bias = PROTO_MAX_BIAS;
     CHECK(refused_with(&r, &lim, "repeats bias_ids[3]"), "repeat among 1024: %s", rd_errmsg());
 
-    /* the arena: a SUBMIT dense with tails stays within 2 x frame + 256 */
+    /* the arena: a SUBMIT dense with tails stays within 3 x frame + 256 */
     enum { N = 20000 };
     proto_request *dense = palloc(N * sizeof *dense);
     static const int32_t one_id = 5;
@@ -2206,7 +2237,7 @@ static void test_sampling(void)
     proto_buf_reset(&b2);
     CHECK_OK(proto_encode(&b2, &dm));
     CHECK(proto_decode(b2.data, b2.len, 0, &d) == 0, "dense SUBMIT with tails: %s", rd_errmsg());
-    CHECK(d.arena_bytes <= 2 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
+    CHECK(d.arena_bytes <= 3 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
     CHECK(d.submit.requests[N - 1].sampling->bias_ids[0] == 5, "fields");
     proto_msg_free(&d);
     pool_free();
@@ -2446,7 +2477,7 @@ static void test_scoring(void)
     free(cut);
 
     /* the arena: RESULTS dense with scored results (no tokens, none or one position scored, no serve tail: 100 and
-       104 wire bytes each, 200 and 208 arena bytes) decode within 2 x frame + 256 */
+       104 wire bytes each, 224 and 232 arena bytes) decode within 3 x frame + 256 */
     enum { N = 20000 };
     proto_result *dense = palloc(N * sizeof *dense);
     static const float one_lp = -2.0f;
@@ -2464,8 +2495,305 @@ static void test_scoring(void)
     CHECK_OK(proto_encode(&b2, &dm));
     CHECK(b2.len == PROTO_RESULTS_OVERHEAD + (size_t)N / 2 * (100 + 104), "dense frame of %zu bytes", b2.len);
     CHECK(proto_decode(b2.data, b2.len, 0, &d) == 0, "dense RESULTS with scores: %s", rd_errmsg());
-    CHECK(d.arena_bytes <= 2 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
+    CHECK(d.arena_bytes <= 3 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
     CHECK(d.results.results[N - 1].scores->logprobs[0] == -2.0f && d.results.results[0].scores->score_from == 1,
+          "fields");
+    proto_msg_free(&d);
+    pool_free();
+    proto_buf_free(&b);
+    proto_buf_free(&b2);
+}
+
+static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+
+/* Replaces a frame's body length (little-endian host assumed by these tests only). */
+static void set_body_len(uint8_t *frame, size_t frame_len)
+{
+    uint32_t body = (uint32_t)(frame_len - 16);
+    memcpy(frame + 8, &body, 4);
+}
+
+/* Version 6: a request's lora tail, a result's. */
+static void test_lora(void)
+{
+    proto_buf b, b2;
+    proto_buf_init(&b);
+    proto_buf_init(&b2);
+    static const int32_t prompt[] = {1, 2, 3, 4};
+    proto_sampling tail = {.repetition_penalty = 1.5f};
+    proto_request rq[3] = {
+        {.client_req_id = 1, .n = 1, .max_tokens = 8, .top_p = 1, .flags = PROTO_REQ_LORA, .n_prompt = 4,
+         .prompt = prompt, .lora = {"math-v1", 7}},
+        {.client_req_id = 2, .n = 2, .max_tokens = 8, .temperature = 1, .top_p = 1,
+         .flags = PROTO_REQ_LORA | PROTO_REQ_SAMPLING | PROTO_REQ_SCORE, .score_from = 3, .n_prompt = 4,
+         .prompt = prompt, .sampling = &tail, .lora = {"\xc3\xa9", 2}},
+        {.client_req_id = 3, .n = 1, .max_tokens = 8, .top_p = 1, .n_prompt = 4, .prompt = prompt},
+    };
+    proto_msg m = {.type = PROTO_SUBMIT, .version = 6}, d;
+    m.submit.n_requests = 3;
+    m.submit.requests = rq;
+    CHECK_OK(proto_encode(&b, &m));
+    /* the bytes: request 0's lora tail right after its prompt (72 bytes), request 1's after its sampling tail
+       (20 bytes, no pairs) and its score tail (4) */
+    const uint8_t *q0 = b.data + 16 + 12, *q1 = q0 + 72 + 2 + 7;
+    CHECK(b.len == 16 + 12 + (72 + 9) + (72 + 20 + 4 + 2 + 2) + 72, "frame of %zu bytes", b.len);
+    CHECK(le32(q0 + 44) == PROTO_REQ_LORA && le16(q0 + 72) == 7 && !memcmp(q0 + 74, "math-v1", 7), "request 0");
+    CHECK(lef32(q1 + 72) == 1.5f && (int32_t)le32(q1 + 92) == 3 && le16(q1 + 96) == 2 &&
+          !memcmp(q1 + 98, "\xc3\xa9", 2), "request 1: the sampling tail, score_from, then the lora tail");
+    CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+    CHECK(msg_eq(&d, &m), "round trip: %s", neq);
+    const proto_request *dr = d.submit.requests;
+    CHECK(!strcmp(dr[0].lora.ptr, "math-v1") && dr[1].score_from == 3 && dr[1].lora.len == 2 &&
+          dr[2].lora.len == 0 && dr[2].lora.ptr && !dr[2].lora.ptr[0], "decoded names are C strings, \"\" without");
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &d));
+    CHECK(b2.len == b.len && !memcmp(b2.data, b.data, b.len), "re-encode differs");
+    proto_msg_free(&d);
+
+    /* version rules: the tail is written and read only in version 6, exactly with the flag */
+    char name128[129];
+    memset(name128, 'x', 128);
+    name128[128] = 0;
+    proto_request lq = {.client_req_id = 7, .n = 1, .max_tokens = 4, .top_p = 1, .flags = PROTO_REQ_LORA,
+                        .n_prompt = 4, .prompt = prompt, .lora = {"math-v1", 7}};
+    proto_msg one = {.type = PROTO_SUBMIT, .version = 6};
+    one.submit.n_requests = 1;
+    one.submit.requests = &lq;
+    size_t len0 = b2.len;
+    for (uint16_t v = 0; v < 6; v++) {
+        one.version = v;
+        CHECK(proto_encode(&b2, &one) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "version 6"),
+              "an adapter name encoded in version %u", v);
+    }
+    one.version = 6;
+    lq.flags = 0;
+    CHECK(proto_encode(&b2, &one) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "needs flag PROTO_REQ_LORA"),
+          "a name without the flag: %s", rd_errmsg());
+    lq.flags = PROTO_REQ_LORA;
+    struct { proto_str name; const char *why; } badname[] = {
+        {{NULL, 0}, "0 bytes long; expected 1..127"}, {{name128, 128}, "128 bytes long; expected 1..127"},
+        {{"a\xc0\x80", 3}, "not valid UTF-8"}, {{NULL, 3}, "no bytes"},
+    };
+    for (size_t i = 0; i < sizeof badname / sizeof badname[0]; i++) {
+        lq.lora = badname[i].name;
+        CHECK(proto_encode(&b2, &one) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), badname[i].why),
+              "bad name %zu encoded: %s", i, rd_errmsg());
+    }
+    lq.lora = (proto_str){name128, 127};
+    CHECK_OK(proto_encode(&b2, &one));
+    CHECK(b2.len - len0 == 16 + 12 + 72 + 2 + 127, "the longest name");
+    /* the flag alone in version 5: no tail, decoded as an undefined bit, refused by the check */
+    lq.lora = (proto_str){NULL, 0};
+    one.version = 5;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &one));
+    CHECK(b2.len == 16 + 12 + 72, "version-5 frame of %zu bytes", b2.len);
+    CHECK_OK(proto_decode(b2.data, b2.len, 0, &d));
+    proto_hello_ok lim = {.version = 5, .vocab_size = 100, .max_context = 64, .max_prompt_tokens = 64, .max_n = 4,
+                          .max_tokens = 32, .max_stop_ids = 4, .max_logprobs_topk = 5,
+                          .max_message_bytes = PROTO_DEFAULT_MAX_MESSAGE};
+    CHECK(d.version == 5 && d.submit.requests[0].flags == PROTO_REQ_LORA && d.submit.requests[0].lora.len == 0,
+          "flag kept, no name read");
+    CHECK(refused_with(&d.submit.requests[0], &lim, "undefined bits 0x100") &&
+          strstr(rd_errmsg(), "protocol version 5"), "version 5: %s", rd_errmsg());
+    proto_msg_free(&d);
+    /* the version-6 frame relabelled version 5: its lora tail is left over */
+    lq.lora = (proto_str){"math-v1", 7};
+    one.version = 6;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &one));
+    CHECK(b2.len == 16 + 12 + 72 + 9, "one request under an adapter");
+    b2.data[4] = 5;
+    CHECK(proto_decode(b2.data, b2.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED,
+          "a version-5 frame with a lora tail decoded");
+    b2.data[4] = 6;
+    /* malformed tails: every cut inside it, a trailing byte, a name of 0 or 128 bytes, past the frame, not UTF-8 */
+    uint8_t *cut = malloc(b2.len + 200);
+    for (size_t k = b2.len - 9; k < b2.len; k++) {
+        memcpy(cut, b2.data, k);
+        set_body_len(cut, k);
+        CHECK(proto_decode(cut, k, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+              strstr(rd_errmsg(), "lora_name"), "cut at %zu: %s", k, rd_errmsg());
+    }
+    memcpy(cut, b2.data, b2.len);
+    cut[b2.len] = 0;
+    set_body_len(cut, b2.len + 1);
+    CHECK(proto_decode(cut, b2.len + 1, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED, "trailing byte");
+    size_t at = b2.len - 9;     /* the tail's u16 length */
+    struct { uint16_t len; uint8_t first; const char *why; } bad[] = {
+        {0, 'm', "lora_name is 0 bytes long; expected 1..127"}, {128, 'm', "lora_name is 128 bytes long"},
+        {8, 'm', "truncated at lora_name"}, {7, 0xff, "lora_name is not valid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memcpy(cut, b2.data, b2.len);
+        cut[at] = (uint8_t)bad[i].len;
+        cut[at + 1] = (uint8_t)(bad[i].len >> 8);
+        cut[at + 2] = bad[i].first;
+        CHECK(proto_decode(cut, b2.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+              strstr(rd_errmsg(), bad[i].why), "patch %zu: %s", i, rd_errmsg());
+    }
+    /* a 128-byte name with its bytes there is refused too, before they are read */
+    memcpy(cut, b2.data, at);
+    cut[at] = 128;
+    cut[at + 1] = 0;
+    memset(cut + at + 2, 'x', 128);
+    set_body_len(cut, at + 2 + 128);
+    CHECK(proto_decode(cut, at + 2 + 128, 0, &d) == RD_EFORMAT && strstr(rd_errmsg(), "expected 1..127"),
+          "128 bytes: %s", rd_errmsg());
+    free(cut);
+
+    /* the checks */
+    lim.version = 6;
+    CHECK(proto_check_request(&lq, &lim) == 0, "valid: %s", rd_errmsg());
+    lim.version = 5;
+    CHECK(refused_with(&lq, &lim, "undefined bits 0x100"), "the flag in version 5: %s", rd_errmsg());
+    lim.version = 6;
+    lq.lora = (proto_str){"a\0b", 3};
+    CHECK(refused_with(&lq, &lim, "request 7: the adapter name has a NUL byte at 1"), "NUL: %s", rd_errmsg());
+    lq.lora = (proto_str){NULL, 0};
+    CHECK(refused_with(&lq, &lim, "flag LORA with an adapter name of 0 bytes; expected 1..127"), "no name: %s",
+          rd_errmsg());
+    lq.lora = (proto_str){name128, 128};
+    CHECK(refused_with(&lq, &lim, "of 128 bytes; expected 1..127"), "128 bytes: %s", rd_errmsg());
+    lq.lora = (proto_str){"math-v1", 7};
+    /* the name counts in the largest result */
+    CHECK(proto_lora_bytes(7) == 17, "proto_lora_bytes");
+    uint64_t need = PROTO_RESULTS_OVERHEAD + proto_result_max_bytes(4, 0, 0) + proto_lora_bytes(7);
+    lim.max_message_bytes = need;
+    CHECK(proto_check_request(&lq, &lim) == 0, "at max_message_bytes: %s", rd_errmsg());
+    lim.max_message_bytes = need - 1;
+    CHECK(refused_with(&lq, &lim, "and its adapter's name"), "one byte over: %s", rd_errmsg());
+    lq.flags = 0;
+    lq.lora = (proto_str){NULL, 0};
+    CHECK(proto_check_request(&lq, &lim) == 0, "the same request on the base model fits: %s", rd_errmsg());
+    lim.max_message_bytes = PROTO_DEFAULT_MAX_MESSAGE;
+
+    /* a result's lora tail, after its scores */
+    proto_scores sc = {.score_from = 2};
+    proto_result res = {.seq = 1, .client_req_id = 1, .finish = PROTO_FINISH_LENGTH,
+                        .flags = PROTO_RESULT_SERVE | PROTO_RESULT_SCORES | PROTO_RESULT_LORA, .n_prompt = 2,
+                        .serve_dtype = PROTO_SERVE_AS_PUSHED, .serve_dtype_first = PROTO_SERVE_AS_PUSHED, .scores = &sc,
+                        .lora = {"math-v1", 7}, .lora_version = 0x0102030405060708ull};
+    proto_msg rm = {.type = PROTO_RESULTS, .version = 6};
+    rm.results.n_results = 1;
+    rm.results.results = &res;
+    proto_buf_reset(&b);
+    CHECK_OK(proto_encode(&b, &rm));
+    CHECK(proto_result_bytes(&res) == 88 + 4 + 12 + 17 && b.len == PROTO_RESULTS_OVERHEAD + proto_result_bytes(&res),
+          "a result of %zu bytes", b.len);
+    const uint8_t *h = b.data + PROTO_RESULTS_OVERHEAD + 88 + 4 + 12;
+    CHECK(b.data[PROTO_RESULTS_OVERHEAD + 21] == 0x1c && le16(h) == 7 && !memcmp(h + 2, "math-v1", 7) &&
+          le64(h + 9) == 0x0102030405060708ull && h + 17 == b.data + b.len, "the tail: length, name, version");
+    CHECK_OK(proto_decode(b.data, b.len, 0, &d));
+    CHECK(msg_eq(&d, &rm), "round trip: %s", neq);
+    CHECK(!strcmp(d.results.results[0].lora.ptr, "math-v1"), "NUL-terminated");
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &d));
+    CHECK(b2.len == b.len && !memcmp(b2.data, b.data, b.len), "re-encode differs");
+    proto_msg_free(&d);
+    /* a result without the flag decodes with "" and 0 */
+    proto_result plain = {.seq = 2, .client_req_id = 3, .finish = PROTO_FINISH_LENGTH};
+    rm.results.results = &plain;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &rm));
+    CHECK_OK(proto_decode(b2.data, b2.len, 0, &d));
+    CHECK(d.results.results[0].lora.ptr && d.results.results[0].lora.len == 0 &&
+          d.results.results[0].lora_version == 0, "no tail");
+    proto_msg_free(&d);
+    rm.results.results = &res;
+    /* version rules: LORA is a version-6 bit both ways */
+    rm.version = 5;
+    len0 = b2.len;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && b2.len == len0 &&
+          strstr(rd_errmsg(), "undefined in protocol version 5"), "a lora tail encoded in version 5: %s", rd_errmsg());
+    rm.version = 6;
+    memcpy(b2.data, b.data, b.len);
+    b2.data[4] = 5;
+    CHECK(proto_decode(b2.data, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED &&
+          strstr(rd_errmsg(), "flags"), "a version-5 frame with a lora tail: %s", rd_errmsg());
+    /* the encoder refuses a name or a version without the flag, the flag without a name, a name too long */
+    res.flags = PROTO_RESULT_SERVE | PROTO_RESULT_SCORES;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && strstr(rd_errmsg(), "without flag PROTO_RESULT_LORA"), "name alone");
+    res.lora = (proto_str){NULL, 0};
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && strstr(rd_errmsg(), "without flag PROTO_RESULT_LORA"),
+          "version alone");
+    res.lora_version = 0;
+    CHECK_OK(proto_encode(&b2, &rm));   /* neither: no tail */
+    res.flags |= PROTO_RESULT_LORA;
+    len0 = b2.len;
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && b2.len == len0 && strstr(rd_errmsg(), "0 bytes long"),
+          "the flag alone: %s", rd_errmsg());
+    res.lora = (proto_str){name128, 128};
+    CHECK(proto_encode(&b2, &rm) == RD_EINVAL && strstr(rd_errmsg(), "128 bytes long"), "128 bytes: %s", rd_errmsg());
+    res.lora = (proto_str){"math-v1", 7};
+    res.lora_version = 0x0102030405060708ull;
+    /* malformed: a name of 0 or 128 bytes or one past the bytes, not UTF-8; every cut; a trailing byte */
+    cut = malloc(b.len + 1);
+    at = (size_t)(h - b.data);
+    struct { uint16_t len; uint8_t first; const char *why; } rbad[] = {
+        {0, 'm', "lora_name is 0 bytes long"}, {128, 'm', "lora_name is 128 bytes long"},
+        {16, 'm', "truncated at lora_name"}, {7, 0xff, "not valid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof rbad / sizeof rbad[0]; i++) {
+        memcpy(cut, b.data, b.len);
+        cut[at] = (uint8_t)rbad[i].len;
+        cut[at + 1] = (uint8_t)(rbad[i].len >> 8);
+        cut[at + 2] = rbad[i].first;
+        CHECK(proto_decode(cut, b.len, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+              strstr(rd_errmsg(), rbad[i].why), "patch %zu: %s", i, rd_errmsg());
+    }
+    for (size_t k = at; k < b.len; k++) {
+        memcpy(cut, b.data, k);
+        set_body_len(cut, k);
+        CHECK(proto_decode(cut, k, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED && !d.arena &&
+              (strstr(rd_errmsg(), "lora_name") || strstr(rd_errmsg(), "lora_version")), "cut at %zu: %s", k,
+              rd_errmsg());
+    }
+    memcpy(cut, b.data, b.len);
+    cut[b.len] = 0;
+    set_body_len(cut, b.len + 1);
+    CHECK(proto_decode(cut, b.len + 1, 0, &d) == RD_EFORMAT && d.wire_error == PROTO_E_MALFORMED, "trailing byte");
+    free(cut);
+
+    /* the arena: a SUBMIT dense with 1-byte text prompts under 1-byte adapter names (60 wire bytes, 120 + 8 + 8
+       arena bytes each: more than 2 x frame, the bound before version 6) decodes within 3 x frame + 256 */
+    enum { N = 20000 };
+    proto_request *dense = palloc(N * sizeof *dense);
+    for (int i = 0; i < N; i++) {
+        dense[i].flags = PROTO_REQ_PROMPT_IS_TEXT | PROTO_REQ_LORA;
+        dense[i].text = (proto_str){"x", 1};
+        dense[i].lora = (proto_str){"a", 1};
+    }
+    proto_msg dm = {.type = PROTO_SUBMIT, .version = 6};
+    dm.submit.n_requests = N;
+    dm.submit.requests = dense;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &dm));
+    CHECK(b2.len == 16 + 12 + (size_t)N * 60, "dense frame of %zu bytes", b2.len);
+    CHECK(proto_decode(b2.data, b2.len, 0, &d) == 0, "dense SUBMIT with adapter names: %s", rd_errmsg());
+    CHECK(d.arena_bytes <= 3 * b2.len + 256 && d.arena_bytes <= PROTO_ARENA_BOUND(b2.len), "arena %zu for %zu bytes",
+          d.arena_bytes, b2.len);
+    CHECK(!strcmp(d.submit.requests[N - 1].lora.ptr, "a") && !strcmp(d.submit.requests[N - 1].text.ptr, "x"),
+          "fields");
+    proto_msg_free(&d);
+    /* ... and RESULTS dense with tokenless results under 1-byte adapter names (99 wire bytes, 200 arena) */
+    proto_result *rdense = palloc(N * sizeof *rdense);
+    for (int i = 0; i < N; i++) {
+        rdense[i].finish = PROTO_FINISH_LENGTH;
+        rdense[i].flags = PROTO_RESULT_LORA;
+        rdense[i].lora = (proto_str){"a", 1};
+        rdense[i].lora_version = (uint64_t)i;
+    }
+    proto_msg rdm = {.type = PROTO_RESULTS, .version = 6};
+    rdm.results.n_results = N;
+    rdm.results.results = rdense;
+    proto_buf_reset(&b2);
+    CHECK_OK(proto_encode(&b2, &rdm));
+    CHECK(b2.len == PROTO_RESULTS_OVERHEAD + (size_t)N * 99, "dense frame of %zu bytes", b2.len);
+    CHECK(proto_decode(b2.data, b2.len, 0, &d) == 0, "dense RESULTS with adapter names: %s", rd_errmsg());
+    CHECK(d.arena_bytes <= 3 * b2.len + 256, "arena %zu for a %zu-byte frame", d.arena_bytes, b2.len);
+    CHECK(d.results.results[N - 1].lora_version == N - 1 && !strcmp(d.results.results[N - 1].lora.ptr, "a"),
           "fields");
     proto_msg_free(&d);
     pool_free();
@@ -2529,6 +2857,7 @@ int main(void)
     RUN(test_routes);
     RUN(test_sampling);
     RUN(test_scoring);
+    RUN(test_lora);
     RUN(test_names);
     pool_free();
     cJSON_Delete(vectors);

@@ -34,6 +34,13 @@ compute_logprobs(prompts) is tinker's form (one list per prompt, as long as
 the prompt, its first entry None). generate(..., prompt_logprobs_from=k)
 scores the prompt and generates in one request (Sample.prompt_logprobs).
 
+LoRA adapters (protocol version 6): generate(..., lora="name") runs the
+samples under the adapter the daemon loaded as "name" (POST
+/v1/load_lora_adapter; a list gives one name or None per prompt, None the
+base model); each such Sample says .lora and .lora_version, the adapter and
+its version its tokens were drawn under. A name the daemon has not loaded is
+refused (DaemonError INVALID_PARAMS naming it).
+
 Transport (PROTOCOL.md §1): one req0 socket with NNG's request resends off,
 the receive size limit set to the daemon's max_message_bytes, and a receive
 timeout of wait_ms + 10 s for FETCH (30 s otherwise); a timed-out exchange is
@@ -143,6 +150,10 @@ class Sample:
     prompt_logprobs: Optional[np.ndarray] = None
     prompt_top_ids: Optional[np.ndarray] = None
     prompt_top_logprobs: Optional[np.ndarray] = None
+    # with lora=name (protocol version 6): the adapter the tokens were drawn under and its version (1 for the
+    # name's first load, +1 per reload; 0 when not known: the sample failed before it ran); None on the base model
+    lora: Optional[str] = None
+    lora_version: int = 0
 
     @property
     def version(self):
@@ -181,6 +192,8 @@ def _sample(r, index, routes_format=None):
             if k:
                 s.prompt_top_ids = np.array(r.prompt_top_ids, dtype=np.int32)
                 s.prompt_top_logprobs = np.array(r.prompt_top_logprobs, dtype=np.float32)
+    if r.flags & P.RESULT_LORA:
+        s.lora, s.lora_version = r.lora, r.lora_version
     if wire is not None:
         s.routes = s.routes_compact() if routes_format == "compact" else wire.astype(np.int32)
     return s
@@ -252,6 +265,8 @@ class Stream:
                 b += P.SAMPLING_TAIL_BYTES + P.BIAS_PAIR_BYTES * len(q.bias_ids)
             if q.flags & P.REQ_SCORE:
                 b += P.SCORE_TAIL_BYTES
+            if q.flags & P.REQ_LORA:
+                b += P.LORA_TAIL_BYTES + len(q.lora.encode())
             if k and size + b > limit:
                 break
             size += b
@@ -368,8 +383,12 @@ def tls_client_config(url, tls_ca_file=None):
 
 class Client:
     def __init__(self, url=DEFAULT_URL, client_id=0, name="rolloutd-python", timeout_ms=TIMEOUT_MS,
-                 auth_token=None, auth_token_file=None, tls_ca_file=None):
+                 auth_token=None, auth_token_file=None, tls_ca_file=None, max_version=P.VERSION):
         self.url = url
+        if not P.VERSION_MIN <= max_version <= P.VERSION:
+            raise ValueError(f"max_version = {max_version}; this client speaks protocol versions {P.VERSION_MIN} to "
+                             f"{P.VERSION}")
+        self.max_version = max_version   # the highest protocol version HELLO offers (a lower one pins the client)
         self._secret = auth_secret(auth_token, auth_token_file)
         self.timeout_ms = timeout_ms
         self.client_id = 0
@@ -441,10 +460,11 @@ class Client:
 
     def hello(self, client_id=0, name="rolloutd-python"):
         """HELLO: a new client (0) or resume client_id, offering protocol
-        versions 1..4 (P.VERSION_MIN..P.VERSION; the daemon picks the highest it speaks). Returns the HelloOk."""
-        ok = self._call(P.Hello(client_id=client_id, min_version=P.VERSION_MIN, max_version=P.VERSION,
+        versions P.VERSION_MIN..max_version (1..6 unless the Client was made with a lower max_version; the daemon
+        picks the highest it speaks). Returns the HelloOk."""
+        ok = self._call(P.Hello(client_id=client_id, min_version=P.VERSION_MIN, max_version=self.max_version,
                                 client_name=name), P.T.HELLO_OK)
-        self.version = ok.version if P.VERSION_MIN <= ok.version <= P.VERSION else P.VERSION_MIN
+        self.version = ok.version if P.VERSION_MIN <= ok.version <= self.max_version else P.VERSION_MIN
         if ok.client_id != client_id:
             self.last_seq = 0
             self.next_req_id = 1
@@ -545,7 +565,7 @@ class Client:
     def requests(self, prompts, n=1, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
                  seed=None, stop=None, logprobs=0, processed_logprobs=False, ignore_eos=False, chat=False,
                  return_routes=False, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
-                 min_tokens=0, logit_bias=None, prompt_logprobs_from=None):
+                 min_tokens=0, logit_bias=None, prompt_logprobs_from=None, lora=None):
         """The protocol requests for prompts (fresh client_req_ids). seed: None
         (the daemon picks one per request, reported in each sample), an int
         (used for every prompt; the n samples of a prompt still differ) or a
@@ -559,7 +579,9 @@ class Client:
         differs from its default. prompt_logprobs_from: None, or the first prompt position to score (an
         int, or a list with one per prompt; protocol version 5): each sample then carries the prompt's
         raw log-probs from there on (Sample.prompt_logprobs) and, with logprobs=k, their k alternatives;
-        max_tokens may then be 0 (score only, n = 1)."""
+        max_tokens may then be 0 (score only, n = 1). lora: None (the base model), the name of a LoRA adapter the
+        daemon has loaded (1..127 bytes of UTF-8), or a list with one name or None per prompt (protocol version
+        6): the samples run under it and say so (Sample.lora, Sample.lora_version)."""
         if _routes_format(return_routes) and self.version < 2:
             raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot return routed experts")
         tail = _sampling_tail(repetition_penalty, frequency_penalty, presence_penalty, min_tokens, logit_bias)
@@ -569,6 +591,15 @@ class Client:
         if prompt_logprobs_from is not None and self.version < 5:
             raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot score prompts "
                              "(prompt_logprobs_from needs version 5; a newer rolloutd)")
+        loras = list(lora) if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora has {len(loras)} entries for {len(prompts)} prompts")
+        for x in loras:
+            if x is not None and not isinstance(x, str):
+                raise TypeError(f"lora takes an adapter's name (a str) or None; got {type(x).__name__}")
+        if any(loras) and self.version < 6:
+            raise ValueError(f"{self.url} speaks protocol version {self.version}: it cannot run a LoRA adapter "
+                             "(lora needs version 6; a newer rolloutd)")
         if isinstance(prompts, (str, bytes)) or (len(prompts) and np.isscalar(prompts[0]) and
                                                  not isinstance(prompts[0], str)):
             raise TypeError("prompts is a list of prompts: each a list of token ids or a string")
@@ -583,7 +614,7 @@ class Client:
         if len(starts) != len(prompts):
             raise ValueError(f"prompt_logprobs_from has {len(starts)} entries for {len(prompts)} prompts")
         reqs = []
-        for p, s, start in zip(prompts, seeds, starts):
+        for p, s, start, adapter in zip(prompts, seeds, starts, loras):
             flags = (P.REQ_PROCESSED_LOGPROBS if processed_logprobs else 0) | (P.REQ_IGNORE_EOS if ignore_eos else 0) | \
                 (P.REQ_RETURN_ROUTES if _routes_format(return_routes) else 0)
             if s is not None:
@@ -599,6 +630,9 @@ class Client:
             if start is not None:
                 flags |= P.REQ_SCORE
                 q.score_from = int(start)   # checked by the daemon against the (tokenized) prompt
+            if adapter:                     # None or "": the base model, no tail (the bytes of any version)
+                flags |= P.REQ_LORA
+                q.lora = adapter            # its length is the codec's to check, its residence the daemon's
             self.next_req_id += 1
             if isinstance(p, str):
                 q.flags = flags | P.REQ_PROMPT_IS_TEXT | (P.REQ_CHAT_TEMPLATE if chat else 0)
@@ -622,7 +656,7 @@ class Client:
         (index, sample_idx). Parameters: n, max_tokens, temperature, top_p,
         top_k, min_p, seed, stop, logprobs (top-k alternatives per token),
         processed_logprobs, ignore_eos, chat, return_routes, repetition_penalty,
-        frequency_penalty, presence_penalty, min_tokens, logit_bias, prompt_logprobs_from (see requests()).
+        frequency_penalty, presence_penalty, min_tokens, logit_bias, prompt_logprobs_from, lora (see requests()).
         An invalid request raises DaemonError (code INVALID_PARAMS) naming the prompt."""
         out = list(self.stream(prompts, **params))
         out.sort(key=lambda s: (s.index, s.sample_idx))

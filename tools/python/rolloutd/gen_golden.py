@@ -49,6 +49,9 @@ LIMITS_V4.version = 4
 # ... and version 5 (prompt scoring).
 LIMITS_V5 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
 LIMITS_V5.version = 5
+# ... and version 6 (LoRA adapters).
+LIMITS_V6 = P.HelloOk(**{k: getattr(LIMITS, k) for k in LIMITS.__dataclass_fields__})
+LIMITS_V6.version = 6
 
 
 def req(rid, prompt=None, text=None, bias=None, **kw):
@@ -78,6 +81,21 @@ def scored(rid, prompt=None, score_from=0, **kw):
     q.flags |= P.REQ_SCORE
     q.score_from = score_from
     return q
+
+
+def adapted(rid, prompt=None, lora="math-v1", **kw):
+    """A request whose samples run under a LoRA adapter (version 6, flag REQ_LORA)."""
+    q = req(rid, prompt, **kw)
+    q.flags |= P.REQ_LORA
+    q.lora = lora
+    return q
+
+
+def with_lora(x, name, version):
+    """x produced under adapter name at its version (version 6, RESULT_LORA)."""
+    x.flags |= P.RESULT_LORA
+    x.lora, x.lora_version = name, version
+    return x
 
 
 def with_scores(x, score_from, n_scored=None, seed=0):
@@ -344,6 +362,57 @@ def valid_vectors():
         "routes, serve tail and scores together, from the prompt's end (none); without the serve tail, the "
         "scores ending the frame", version=5)
 
+    # LoRA adapters (protocol version 6, PROTOCOL.md §4.3, §4.6)
+    add("hello_ok_v6", LIMITS_V6, "hello_ok's dense daemon chose version 6: requests may name a LoRA adapter")
+    add("submit_lora", P.Submit(client_id=0x0123456789ABCDEF, requests=[
+        adapted(1, [1, 9690, 314, 253], n=4, max_tokens=64, temperature=0.75, seed=11, flags=P.REQ_HAS_SEED),
+        adapted(2, text="Solve: 2 + 2 = ?", lora="数学-lora ✓", max_tokens=16, flags=P.REQ_CHAT_TEMPLATE),
+        adapted(3, [1, 9690, 314, 253], lora="a", max_tokens=8, flags=P.REQ_SAMPLING | P.REQ_SCORE, score_from=2,
+                repetition_penalty=1.125, bias=[(2, -100.0)]),
+        req(4, [5, 6], max_tokens=8),
+        adapted(5, [7], lora="x" * 127, max_tokens=2),
+    ]), "version 6: a seeded rollout under adapter math-v1; a chat text prompt under a non-ASCII adapter name; a "
+        "request with the sampling tail, the score tail, then the lora tail (a 1-byte name); a request on the base "
+        "model (no tail); a last request whose 127-byte name (the longest) ends the frame",
+        check=[0, 0, 0, 0, 0], check_limits="hello_ok_v6.bin", version=6)
+    add("submit_lora_invalid", P.Submit(client_id=42, requests=[
+        adapted(80, [1, 2, 3], flags=P.REQ_RETURN_ROUTES),
+        adapted(81, [1, 2, 3], flags=0x200),
+        adapted(82, [1, 2, 3], n=0),
+        adapted(83, [1, 2, 3], lora="é" * 63 + "z"),
+    ]), "version 6: well-formed lora tails in requests that proto_check_request refuses against hello_ok_v6: routes "
+        "asked of a dense model, an undefined flag bit beside LORA, n 0; the last passes (a 127-byte name of 64 "
+        "characters). A name with a NUL byte, also refused, is the unit tests' (JSON strings here are C strings "
+        "there)",
+        check=[7, 7, 7, 0], check_limits="hello_ok_v6.bin", version=6)
+    add("submit_lora_v5", P.Submit(client_id=42, requests=[
+        req(90, [1, 2, 3], max_tokens=4, flags=P.REQ_LORA),
+        req(91, [1, 2, 3], max_tokens=4),
+    ]), "version 5: the LORA bit is undefined there, so no tail is read and check_request refuses the bit; the "
+        "request without it is fine", check=[7, 0], check_limits="hello_ok_v5.bin", version=5)
+    xl1 = with_lora(result(80, 1, 4, [(0, 4, 7)], sample_idx=0, n_prompt=4, seed=11, version_admit=7,
+                           version_finish=7, queued_us=3, first_token_us=40, total_us=90), "math-v1", 1)
+    xl1.flags |= P.RESULT_SERVE
+    xl1.serve_dtype = xl1.serve_dtype_first = P.SERVE_AS_PUSHED
+    xl2 = with_lora(with_scores(result(81, 3, 2, [(0, 2, 7)], top_k=1, sample_idx=0, n_prompt=4, seed=5,
+                                       version_admit=7, version_finish=7, queued_us=1, first_token_us=2, total_us=3),
+                                2), "数学-lora ✓", 3)
+    xl2.flags |= P.RESULT_SERVE
+    xl2.serve_dtype = xl2.serve_dtype_first = P.SERVE_Q8_0
+    xl3 = with_lora(result(82, 1, 0, [], finish=P.FINISH_ERROR, sample_idx=1, n_prompt=4, seed=11, version_admit=7,
+                           version_finish=7, queued_us=0, first_token_us=0, total_us=5), "math-v1", 0)
+    xl4 = result(83, 4, 1, [(0, 1, 7)], sample_idx=0, n_prompt=2, seed=9, version_admit=7, version_finish=7,
+                 queued_us=1, first_token_us=2, total_us=3)
+    xl5 = with_lora(result(84, 5, 2, [(0, 1, 7), (1, 2, 8)], processed=True, sample_idx=0, n_prompt=1, seed=1,
+                           version_admit=7, version_finish=8, queued_us=1, first_token_us=2, total_us=3),
+                    "math-v1", 2 ** 64 - 1)
+    add("results_lora", P.Results(ack_seq=79, pending_results=0, inflight_samples=2,
+                                  results=[xl1, xl2, xl3, xl4, xl5]),
+        "version 6: a rollout under adapter math-v1 version 1 (serve tail, then the lora tail); scores then a "
+        "non-ASCII adapter at version 3; a sample that failed before it ran (version 0: not known); a base-model "
+        "result (no tail); a last result, across a push, whose lora tail (max u64 version) ends the frame",
+        version=6)
+
     # serve_dtype (protocol version 3, PROTOCOL.md §4.6, §10.1)
     x6 = result(60, 6, 2, [(0, 1, 7), (1, 2, 8)], sample_idx=0, n_prompt=3, seed=1, version_admit=7,
                 version_finish=8, queued_us=1, first_token_us=2, total_us=3)
@@ -563,6 +632,7 @@ def invalid_vectors(valid_frames):
     serve_invalid(valid_frames, add)
     sampling_invalid(valid_frames, add)
     scores_invalid(valid_frames, add)
+    lora_invalid(valid_frames, add)
     return I
 
 
@@ -629,6 +699,51 @@ def scores_invalid(valid_frames, add):
     add("scores_flags", frame(R, patched(body, head + 4, "<I", 1), version=5), P.E.MALFORMED,
         "scores flags 1 (none defined)")
     add("scores_trailing_byte", frame(R, body + b"\0", version=5), P.E.MALFORMED, "a byte after the last scores")
+
+
+def lora_invalid(valid_frames, add):
+    """Invalid LoRA frames (version 6): submit_lora, whose last request's lora tail (a 127-byte name) ends the
+    frame, and results_lora, whose last result ends with its lora tail ("math-v1", version 2^64-1), with one
+    thing broken."""
+    sub = valid_frames["submit_lora"][16:]
+    tail = len(sub) - 127 - P.LORA_TAIL_BYTES
+    assert struct.unpack_from("<H", sub, tail) == (127,) and sub[tail + 2:] == b"x" * 127
+    body = valid_frames["results_lora"][16:]
+    rt = len(body) - 7 - P.RESULT_LORA_BYTES
+    assert struct.unpack_from("<H", body, rt) == (7,) and body[rt + 2:rt + 9] == b"math-v1"
+
+    def patched(b, at, fmt, value):
+        b = bytearray(b)
+        struct.pack_into(fmt, b, at, value)
+        return bytes(b)
+
+    S, R = P.T.SUBMIT, P.T.RESULTS
+    add("lora_tail_truncated", frame(S, sub[:-1], version=6), P.E.MALFORMED,
+        "the last request's adapter name cut by 1 byte")
+    add("lora_tail_cut_in_length", frame(S, sub[:tail + 1], version=6), P.E.MALFORMED,
+        "the last request's lora tail cut inside its u16 length")
+    add("lora_name_empty", frame(S, sub[:tail] + struct.pack("<H", 0), version=6), P.E.MALFORMED,
+        "a lora tail with a 0-byte name (a request without an adapter has no flag and no tail)")
+    add("lora_name_too_long", frame(S, sub[:tail] + struct.pack("<H", 128) + b"x" * 128, version=6), P.E.MALFORMED,
+        "a 128-byte adapter name (the limit is 127)")
+    add("lora_name_huge", frame(S, patched(sub, tail, "<H", 0xFFFF), version=6), P.E.MALFORMED,
+        "an adapter name claiming 65535 bytes")
+    add("lora_name_bad_utf8", frame(S, patched(sub, tail + 2, "<B", 0xC0), version=6), P.E.MALFORMED,
+        "an adapter name starting with 0xC0 (never valid UTF-8)")
+    add("lora_tail_trailing_byte", frame(S, sub + b"\0", version=6), P.E.MALFORMED, "a byte after the last tail")
+    add("lora_tail_in_v5", frame(S, sub, version=5), P.E.MALFORMED,
+        "the version-6 SUBMIT in a version-5 frame: LORA switches no tail on there, so the first lora tail is "
+        "read as the next request")
+    add("results_lora_in_v5", frame(R, body, version=5), P.E.MALFORMED,
+        "a version-5 RESULTS with the LORA flag (bit 4 is undefined before version 6)")
+    add("results_lora_truncated", frame(R, body[:-3], version=6), P.E.MALFORMED,
+        "the last result's lora_version cut by 3 bytes")
+    add("results_lora_name_empty", frame(R, patched(body, rt, "<H", 0), version=6), P.E.MALFORMED,
+        "a result's lora tail with a 0-byte name")
+    add("results_lora_name_bad_utf8", frame(R, patched(body, rt + 2, "<B", 0xFF), version=6), P.E.MALFORMED,
+        "a result's adapter name starting with 0xFF")
+    add("results_lora_trailing_byte", frame(R, body + b"\0", version=6), P.E.MALFORMED,
+        "a byte after the last lora tail")
 
 
 def routes_invalid(valid_frames, add):
@@ -769,7 +884,7 @@ def main():
            "default_max_len": P.DEFAULT_MAX_MESSAGE, "check_limits": "hello_ok.bin", "valid": [], "invalid": []}
     frames = {}
     limits = {"hello_ok.bin": LIMITS, "hello_ok_v2.bin": LIMITS_V2, "hello_ok_v3.bin": LIMITS_V3,
-              "hello_ok_v4.bin": LIMITS_V4, "hello_ok_v5.bin": LIMITS_V5}
+              "hello_ok_v4.bin": LIMITS_V4, "hello_ok_v5.bin": LIMITS_V5, "hello_ok_v6.bin": LIMITS_V6}
     for name, msg, desc, extra in valid_vectors():
         data = P.encode(msg, extra.get("version"))
         back = P.decode(data)

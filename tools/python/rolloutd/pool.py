@@ -9,7 +9,9 @@ generate() and stream() take the parameters of Client.generate(); prompt i goes
 to daemon i mod len(urls) (round robin), the daemons run concurrently (a
 thread each), and samples keep the index of their prompt in the call.
 score() and compute_logprobs() (protocol version 5) spread prompts the same way
-and answer in the prompts' order, as Client.score does.
+and answer in the prompts' order, as Client.score does. generate(...,
+lora="name") runs them under a LoRA adapter (protocol version 6), which every
+daemon must have loaded under that name (a list: one name or None per prompt).
 push_weights() checksums the tensors once (a PreparedUpdate) and sends them
 either as a chain (fanout="chain", the default for 2 or more daemons): this
 process sends every byte once, to the first daemon, which relays each verified
@@ -160,7 +162,7 @@ class Pool:
         for c in self.clients:
             c.close()
 
-    PER_PROMPT = ("seed", "prompt_logprobs_from")     # parameters that may be a list with one entry per prompt
+    PER_PROMPT = ("seed", "prompt_logprobs_from", "lora")  # parameters that may be a list with one entry per prompt
 
     def _split(self, prompts, params):
         """Round robin: [(client, its prompts, its params, its prompt -> call index map)]."""

@@ -33,7 +33,11 @@ prompt position scored; max_tokens may then be 0, n 1) and a result's scores
 (RESULT_SCORES): score_from, prompt_logprobs [n_scored] float32 (raw; NaN at
 position 0) and, with top_k, prompt_top_ids / prompt_top_logprobs
 [n_scored, top_k]; n_scored is n_prompt - score_from, or 0 when the daemon holds
-no scores for the sample.
+no scores for the sample. Version 6 adds LoRA adapters: a request's lora tail
+(flag REQ_LORA: lora, the adapter's name, 1..127 bytes of UTF-8 after a u16
+length) and a result's (RESULT_LORA): lora and lora_version, the adapter and
+its version the sample ran under; a Request or Result without them has lora
+"" (and lora_version 0).
 """
 import enum
 import math
@@ -46,8 +50,8 @@ import numpy as np
 from . import proto_table as _table
 
 MAGIC = b"RLDP"
-VERSION = 5                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype;
-                            # 4: a request's sampling tail; 5: prompt scoring)
+VERSION = 6                 # the newest version this codec speaks (2: routing replay; 3: delta pushes, serve_dtype;
+                            # 4: a request's sampling tail; 5: prompt scoring; 6: LoRA adapters)
 VERSION_MIN = 1             # the oldest; frames are written in it unless told otherwise
 HEADER_BYTES = 16
 DEFAULT_MAX_MESSAGE = 64 << 20
@@ -102,11 +106,15 @@ REQ_CHAT_TEMPLATE = 0x10
 REQ_RETURN_ROUTES = 0x20     # version 2: results carry the experts each position was routed to
 REQ_SAMPLING = 0x40          # version 4: a sampling tail follows the prompt (penalties, min_tokens, logit_bias)
 REQ_SCORE = 0x80             # version 5: score the prompt from score_from on (the score tail follows); max_tokens may be 0
-REQ_FLAGS = 0xFF
+REQ_LORA = 0x100             # version 6: run the samples under a LoRA adapter (the lora tail follows: u16 length, name)
+REQ_FLAGS = 0x1FF
 REQ_FLAGS_V2 = 0x20          # the bits version 2 added
 REQ_FLAGS_V4 = 0x40          # the bits version 4 added (before it no tail is read and check_request refuses them)
 REQ_FLAGS_V5 = 0x80          # the bits version 5 added (likewise)
+REQ_FLAGS_V6 = 0x100         # the bits version 6 added (likewise)
 SCORE_TAIL_BYTES = 4         # a request's score tail: i32 score_from
+MAX_LORA_NAME = 127          # bytes of an adapter name in a lora tail (1..127)
+LORA_TAIL_BYTES = 2          # a request's lora tail without its name: u16 name length
 SAMPLING_TAIL_BYTES = 20     # the sampling tail without its (i32 id, f32 bias) pairs, 8 bytes each
 MAX_BIAS = 1024              # logit_bias entries a request may carry
 MAX_ABS_BIAS = 100.0         # a bias is in [-100, 100]
@@ -117,11 +125,14 @@ RESULT_PROCESSED = 0x1
 RESULT_ROUTES = 0x2          # version 2: the routes follow the spans
 RESULT_SERVE = 0x4           # version 3: the serve tail (serve_dtype, serve_dtype_first) follows the routes/spans
 RESULT_SCORES = 0x8          # version 5: the prompt's scores follow (after the serve tail, the routes or the spans)
-RESULT_FLAGS = 0xF
+RESULT_LORA = 0x10           # version 6: the lora tail (adapter name, version) follows (after the scores, ...)
+RESULT_FLAGS = 0x1F
 RESULT_FLAGS_V2 = 0x2        # the bits version 2 added (MALFORMED in a version-1 frame)
 RESULT_FLAGS_V3 = 0x4        # the bits version 3 added (MALFORMED before version 3)
 RESULT_FLAGS_V5 = 0x8        # the bits version 5 added (MALFORMED before version 5)
+RESULT_FLAGS_V6 = 0x10       # the bits version 6 added (MALFORMED before version 6)
 SCORES_HEAD_BYTES = 12       # a result's scores before their arrays: score_from, flags (0), n_scored
+RESULT_LORA_BYTES = 10       # a result's lora tail without its name: u16 name length, u64 version
 SERVE_CONFIG, SERVE_AS_PUSHED, SERVE_Q8_0, SERVE_Q4_K, SERVE_FP8 = 0, 1, 2, 3, 4   # serve_dtype codes (0: UPDATE_BEGIN only)
 SERVE_NAMES = {0: "unknown", 1: "as_pushed", 2: "q8_0", 3: "q4_k", 4: "fp8"}   # in a result 0: a version no longer known
 SERVE_CODES = {"as_pushed": 1, "q8_0": 2, "q4_k": 3, "fp8": 4}
@@ -185,6 +196,11 @@ def routes_bytes(positions, layers, k, width):
 def scores_bytes(n_scored, top_k):
     """Bytes a result's scores add (proto_scores_bytes): the head and n_scored x (4 + 8 x top_k)."""
     return SCORES_HEAD_BYTES + n_scored * (4 + 8 * top_k)
+
+
+def lora_bytes(name_len):
+    """Bytes a result's lora tail adds (proto_lora_bytes): u16 length, the name, u64 version."""
+    return RESULT_LORA_BYTES + name_len
 
 
 class ProtoError(Exception):
@@ -279,6 +295,8 @@ class Request:
     bias_vals: np.ndarray = field(default_factory=_empty_f32)    # [n_bias] in [-100, 100], added to the logits
     # the score tail (version 5, flag REQ_SCORE): the first prompt position scored; 0 without it
     score_from: int = 0
+    # the lora tail (version 6, flag REQ_LORA): the adapter the samples run under; "" without it (the base model)
+    lora: str = ""
 
     def has_sampling(self):
         """Whether any sampling-tail field differs from its default (the tail is then needed: version 4)."""
@@ -318,6 +336,10 @@ class Result:
     prompt_logprobs: Optional[np.ndarray] = None                          # [n_scored] float32
     prompt_top_ids: Optional[np.ndarray] = None                           # [n_scored, top_k] int32
     prompt_top_logprobs: Optional[np.ndarray] = None                      # [n_scored, top_k] float32
+    # with RESULT_LORA (version 6): the adapter the sample ran under and its version (0: not known, the sample
+    # failed before it ran); "" and 0 without the flag
+    lora: str = ""
+    lora_version: int = 0
 
 
 @dataclass
@@ -440,6 +462,21 @@ class _Reader:
         self.off += n
         return s
 
+    def lora_name(self):
+        """A lora tail's adapter name (version 6): u16 length, 1..MAX_LORA_NAME, then UTF-8."""
+        n = self.u16("lora_name")
+        if not 1 <= n <= MAX_LORA_NAME:
+            raise self.malformed(f"lora_name is {n} bytes long; expected 1..{MAX_LORA_NAME} bytes")
+        self.need(n, "lora_name")
+        raw = bytes(self.buf[self.off:self.off + n])
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.malformed(f"lora_name is not valid UTF-8 (byte {e.start} of {n}, value {raw[e.start]:#04x}); "
+                                 "strings must be UTF-8") from None
+        self.off += n
+        return s
+
     def raw(self, n, fld):
         """n bytes as a memoryview of the frame (no copy)."""
         self.need(n, fld)
@@ -530,6 +567,8 @@ def _dec_request_tail(r, q, hidden):
         r.off += BIAS_PAIR_BYTES * n
     if q.flags & REQ_SCORE and r.version >= 5:       # before version 5 the bit switches nothing on
         q.score_from = r.i32("score_from")
+    if q.flags & REQ_LORA and r.version >= 6:        # before version 6 the bit switches nothing on
+        q.lora = r.lora_name()
 
 
 def _dec_result_tail(r, x, hidden):
@@ -555,6 +594,9 @@ def _dec_result_tail(r, x, hidden):
                               f"expected 0..{SERVE_MAX}, 0..{SERVE_MAX}, 0")
     if x.flags & RESULT_SCORES:
         _dec_scores(r, x)
+    if x.flags & RESULT_LORA:           # version 6 (_dec_fields refused the bit before)
+        x.lora = r.lora_name()
+        x.lora_version = r.u64("lora_version")
 
 
 def _dec_scores(r, x):
@@ -751,6 +793,8 @@ def result_bytes(x):
         size += SERVE_TAIL_BYTES
     if x.flags & RESULT_SCORES:
         size += scores_bytes(len(x.prompt_logprobs), x.top_k)
+    if x.flags & RESULT_LORA:
+        size += lora_bytes(len(x.lora.encode("utf-8")))
     return size
 
 
@@ -803,6 +847,19 @@ def _score_tail(q, version):
     return bool(q.flags & REQ_SCORE) and version >= 5
 
 
+def _lora_tail(q, version):
+    """Whether q's frame carries the lora tail: flag REQ_LORA in version 6 or later."""
+    return bool(q.flags & REQ_LORA) and version >= 6
+
+
+def _lora_name(name, what):
+    """An adapter name where a lora tail carries it, as bytes: 1..MAX_LORA_NAME bytes of UTF-8 (ValueError)."""
+    b = _utf8(name, f"{what} lora")
+    if not 1 <= len(b) <= MAX_LORA_NAME:
+        raise ValueError(f"{what}: the adapter name is {len(b)} bytes long; expected 1..{MAX_LORA_NAME} bytes")
+    return b
+
+
 def _request_check(q, what, version=VERSION_MIN):
     if not _sampling_tail(q, version) and q.has_sampling():
         raise ValueError(f"request {q.client_req_id}: sampling fields (penalties, min_tokens, logit_bias) need flag "
@@ -810,6 +867,10 @@ def _request_check(q, what, version=VERSION_MIN):
     if not _score_tail(q, version) and q.score_from != 0:
         raise ValueError(f"request {q.client_req_id}: score_from {q.score_from} needs flag REQ_SCORE in protocol "
                          f"version 5 or later; encoding version {version}, flags {q.flags:#x}")
+    lora = _lora_name(q.lora, f"request {q.client_req_id}") if _lora_tail(q, version) else None
+    if lora is None and q.lora:
+        raise ValueError(f"request {q.client_req_id}: an adapter name needs flag REQ_LORA in protocol version 6 or "
+                         f"later; encoding version {version}, flags {q.flags:#x}")
     if len(_i32(q.bias_ids)) != len(_f32(q.bias_vals)):
         raise ValueError(f"request {q.client_req_id}: {len(_i32(q.bias_ids))} bias_ids but {len(_f32(q.bias_vals))} "
                          "bias_vals; expected one value per id")
@@ -819,7 +880,7 @@ def _request_check(q, what, version=VERSION_MIN):
                          f"{len(_i32(q.prompt_ids))} token ids")
     if not text and q.prompt_text:
         raise ValueError(f"request {q.client_req_id}: has prompt text but flags lack REQ_PROMPT_IS_TEXT")
-    return {"sampling": _sampling_tail(q, version), "score": _score_tail(q, version)}
+    return {"sampling": _sampling_tail(q, version), "score": _score_tail(q, version), "lora": lora}
 
 
 def _enc_request_tail(out, q, hidden):
@@ -841,6 +902,9 @@ def _enc_request_tail(out, q, hidden):
         out.append(pairs.tobytes())
     if hidden["score"]:
         out.append(struct.pack("<i", q.score_from))
+    if hidden["lora"] is not None:
+        out.append(struct.pack("<H", len(hidden["lora"])))
+        out.append(hidden["lora"])
 
 
 def _result_check(x, what, version=VERSION_MIN):
@@ -869,7 +933,11 @@ def _result_check(x, what, version=VERSION_MIN):
         raise ValueError(f"{what}: serve_dtype {x.serve_dtype} / serve_dtype_first {x.serve_dtype_first}; "
                          f"expected 0..{SERVE_MAX}")
     _scores_check(x, what)
-    return {}
+    if x.flags & RESULT_LORA:
+        return {"lora": _lora_name(x.lora, what)}
+    if x.lora or x.lora_version:
+        raise ValueError(f"{what}: an adapter name or lora_version without flag RESULT_LORA")
+    return {"lora": None}
 
 
 def _scores_check(x, what):
@@ -930,6 +998,10 @@ def _enc_result_tail(out, x, hidden):
         if x.top_k and len(lp):
             out.append(_i32(x.prompt_top_ids).reshape(-1).tobytes())
             out.append(_f32(x.prompt_top_logprobs).reshape(-1).tobytes())
+    if hidden["lora"] is not None:
+        out.append(struct.pack("<H", len(hidden["lora"])))
+        out.append(hidden["lora"])
+        out.append(struct.pack("<Q", x.lora_version))
 
 
 def _tensor_check(t, what, version=VERSION):
@@ -1039,13 +1111,18 @@ def check_request(q, lim):
 
     version = lim.version if lim.version >= 2 else 1
     allowed = REQ_FLAGS & ~(REQ_FLAGS_V2 if version < 2 else 0) & ~(REQ_FLAGS_V4 if version < 4 else 0) & \
-        ~(REQ_FLAGS_V5 if version < 5 else 0)
+        ~(REQ_FLAGS_V5 if version < 5 else 0) & ~(REQ_FLAGS_V6 if version < 6 else 0)
     if q.flags & ~allowed:
         raise bad(f"flags {q.flags:#x} have undefined bits {q.flags & ~allowed:#x}; expected only bits "
                   f"{allowed:#x} (protocol version {version})")
     if q.flags & REQ_RETURN_ROUTES and not lim.features & FEATURE_ROUTES:
         raise bad(f"routed experts asked (return_routes), but the model ({lim.architecture}) is not a mixture of "
                   "experts; expected the flag only where HELLO_OK.features has ROUTES")
+    lora = q.lora.encode("utf-8") if q.flags & REQ_LORA else b""
+    if q.flags & REQ_LORA and not 1 <= len(lora) <= MAX_LORA_NAME:
+        raise bad(f"flag LORA with an adapter name of {len(lora)} bytes; expected 1..{MAX_LORA_NAME} bytes")
+    if b"\0" in lora:      # the daemon looks the name up as a C string: a NUL inside would name another adapter
+        raise bad(f"the adapter name has a NUL byte at {lora.index(0)}; expected a name without one")
     if not 1 <= q.n <= lim.max_n:
         raise bad(f"n = {q.n}; expected 1..{lim.max_n}")
     score = bool(q.flags & REQ_SCORE)
@@ -1079,8 +1156,10 @@ def check_request(q, lim):
     if score and not text:      # a text prompt's scores are the daemon's to count once it is tokenized
         n_prompt = len(q.prompt_ids)
         worst += scores_bytes(n_prompt - q.score_from if q.score_from <= n_prompt else 0, q.logprobs_topk)
+    if q.flags & REQ_LORA:
+        worst += lora_bytes(len(lora))
     if worst > lim.max_message_bytes:
-        what = " and its prompt's scores" if score else ""
+        what = (" and its prompt's scores" if score else "") + (" and its adapter's name" if q.flags & REQ_LORA else "")
         raise bad(f"a result of max_tokens = {q.max_tokens}{what} with these log-prob options can take {worst} "
                   f"bytes; expected it to fit max_message_bytes = {lim.max_message_bytes}")
     if q.flags & REQ_PROMPT_IS_TEXT:
@@ -1211,6 +1290,8 @@ def _request_json(q, r, version):
                          "bias_ids": _jil(q.bias_ids), "bias_vals": _jfl(q.bias_vals)}
     if _score_tail(q, version):         # version 5, flag REQ_SCORE
         r["score_from"] = int(q.score_from)
+    if _lora_tail(q, version):          # version 6, flag REQ_LORA
+        r["lora"] = q.lora
 
 
 def _json_request(r, q):
@@ -1226,6 +1307,8 @@ def _json_request(r, q):
         q.bias_vals = np.array([_fj(v) for v in t["bias_vals"]], dtype="<f4")
     if "score_from" in r:
         q.score_from = r["score_from"]
+    if "lora" in r:
+        q.lora = r["lora"]
 
 
 def _result_json(x, r, version):
@@ -1245,6 +1328,8 @@ def _result_json(x, r, version):
         r["scores"] = {"score_from": int(x.score_from), "logprobs": _jfl(x.prompt_logprobs),
                        "top_ids": _jil(x.prompt_top_ids if x.prompt_top_ids is not None else []),
                        "top_logprobs": _jfl(x.prompt_top_logprobs if x.prompt_top_logprobs is not None else [])}
+    if x.flags & RESULT_LORA:           # version 6
+        r["lora"], r["lora_version"] = x.lora, str(int(x.lora_version))
 
 
 def _json_result(r, x):
@@ -1268,6 +1353,8 @@ def _json_result(r, x):
         ns = len(x.prompt_logprobs)
         x.prompt_top_ids = np.array(t["top_ids"], dtype="<i4").reshape(ns, x.top_k)
         x.prompt_top_logprobs = np.array([_fj(v) for v in t["top_logprobs"]], dtype="<f4").reshape(ns, x.top_k)
+    if "lora" in r:
+        x.lora, x.lora_version = r["lora"], int(r["lora_version"])
 
 
 def _tensor_json(t, r, version):

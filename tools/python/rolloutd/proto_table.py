@@ -167,7 +167,7 @@ LAYOUTS = {
         ('U64', 'client_req_id', 0, 0, None),
         ('U32', 'sample_idx', 0, 0, None),
         ('ENUM8', 'finish', 1, 4, '1 (stop), 2 (length), 3 (abort) or 4 (error)'),
-        ('BITS8', 'flags', 15, 134218754, None),
+        ('BITS8', 'flags', 31, 68853695490, None),
         ('U16', 'top_k', 0, 0, None),
         ('U32', 'n_preempt', 0, 0, None),
         ('U32', 'n_prompt', 0, 0, None),
