@@ -9,7 +9,7 @@
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
 #             batch invariance, graphs) and every other op case (attention,
 #             Qwen's and Gemma's ops, the runner per family) on the real
-#             backend; test_spec with RD_TEST_BACKEND=cuda
+#             backend; test_spec and test_lora_engine with RD_TEST_BACKEND=cuda
 #   parity    greedy tokens and chosen-token log-probs vs the CPU backend,
 #             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
 #             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
@@ -202,7 +202,7 @@ fi
 # The targets every later stage needs first (so a broken daemon elsewhere in
 # the tree does not stop the GPU checks), then everything.
 CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine
-      build/tests/test_spec build/tests/test_cuda_emu)
+      build/tests/test_spec build/tests/test_cuda_emu build/tests/test_lora_engine)
 if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
   run build-all 200 make -j"$JOBS" "${MAKE_VARS[@]}" all || true
 else
@@ -283,6 +283,10 @@ if [ "$DRY" = 0 ]; then
   RD_TEST_CUDA_BACKEND=cuda run unit-ops-cuda 150 tests/gpu/cases.sh build/tests/test_cuda_emu "$OPS_CASES" || true
   # Speculative decoding's verify step (issue 21) on the device: drafts, acceptance, rollback.
   RD_TEST_BACKEND=cuda run unit-spec-cuda 120 build/tests/test_spec || true
+  # LoRA serving (issue 46) on the device: four adapters and the base model in batches of 1 to 64, each
+  # row equal to itself alone, preemption, prefix-cache salting, speculation, scoring, a replacement under
+  # captured decode graphs.
+  RD_TEST_BACKEND=cuda run unit-lora-cuda 120 build/tests/test_lora_engine || true
 else
   # The CPU-side stand-in: kernels and backend logic through the emulator
   # (~160 s of CPU; a loaded shared machine has taken over 300 s of wall time).
@@ -291,6 +295,7 @@ else
   skip_gpu unit-moe-cuda
   skip_gpu unit-ops-cuda
   skip_gpu unit-spec-cuda
+  skip_gpu unit-lora-cuda
 fi
 
 if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
