@@ -159,6 +159,11 @@ static cJSON *gen_json(api_call *c, int si, int j, const eng_result *r, const sa
                             sh_name(sh_code(&c->a->d->serve, v ? r->version_finish : c->a->d->weight_version)));
     if (v)
         cJSON_AddItemToObject(mi, "version_spans", api_spans_json(r));
+    if (v && r->lora[0]) {
+        /* the adapter every token was drawn under, and which load of it (a reload in place is the next) */
+        cJSON_AddStringToObject(mi, "lora_path", r->lora);
+        cJSON_AddNumberToObject(mi, "lora_version", (double)r->lora_version);
+    }
     if (v && c->a->d->stats.spec_decode != ENG_SPEC_OFF) {
         /* SGLang's names and meanings (its meta_info with speculative decoding on); the accept length is
          * its completion_tokens / spec_verify_ct */

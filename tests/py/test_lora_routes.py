@@ -168,6 +168,11 @@ def prime_rl_and_sglang_sequence():
     assert st == 200, text
     after = gen(d, "run-7")
     assert before != after, "load_inplace served the old adapter"
+    # SGLang's answers say which adapter and which load of it produced the tokens
+    st, doc = d.post("/generate", {"input_ids": PROMPT, "lora_path": "run-7", "sampling_params": {"max_new_tokens": 2}})
+    assert st == 200 and doc["meta_info"]["lora_path"] == "run-7" and doc["meta_info"]["lora_version"] == 2, doc
+    st, doc = d.post("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+    assert st == 200 and "lora_path" not in doc["meta_info"], doc
     st, _, body = d.http("/status")
     ads = {a["name"]: a for a in json.loads(body)["lora"]["adapters"]}
     assert ads["run-7"]["version"] == 2 and ads["run-7"]["rank"] == 16 and ads["run-7"]["bytes"] > 0, ads
