@@ -39,9 +39,6 @@
 /* A and B start on a cache line each (SIMD loads in the compute op to come). */
 #define LORA_ALIGN 64u
 
-static const char *const MOD_NAME[LORA_N_MODULES] = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-};
 /* The module's HF name inside a layer (model.layers.N.<this>). */
 static const char *const MOD_PATH[LORA_N_MODULES] = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -49,18 +46,6 @@ static const char *const MOD_PATH[LORA_N_MODULES] = {
 };
 
 static const char PREFIX[] = "base_model.model.";   /* PEFT's wrapper around the model's names */
-
-const char *lora_module_name(lora_module m)
-{
-    return (unsigned)m < LORA_N_MODULES ? MOD_NAME[m] : "?";
-}
-
-const lora_pair *lora_pair_at(const lora_adapter *a, int32_t layer, lora_module m)
-{
-    if (!a || layer < 0 || layer >= a->n_layers || (unsigned)m >= LORA_N_MODULES)
-        return NULL;
-    return &a->pairs[(size_t)layer * LORA_N_MODULES + m];
-}
 
 int lora_to_f32(const void *src, st_dtype dt, size_t n, float *dst)
 {
@@ -478,7 +463,7 @@ static int select_modules(loader *x)
                 for (int m = 0; m < LORA_N_MODULES; m++)
                     if (x->in[m])
                         snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", have[0] ? ", " : "",
-                                 MOD_NAME[m]);
+                                 lora_module_name(m));
                 return fail(x, RD_EFORMAT, "target_modules names '%.80s', which is no linear module of this %s "
                             "model (LoRA targets it has: %s)", e->valuestring, c->arch, have);
             }
@@ -575,7 +560,7 @@ static int check_pair(const loader *x, int32_t layer, lora_module m, int32_t r)
                          (long long)t->shape[d]);
             return fail(x, RD_EFORMAT, "tensor '%.120s' has shape [%s]; expected [%lld, %lld] (%s is %s with r = %d, "
                         "%s in = %d, out = %d)", t->name, got, (long long)want0, (long long)want1, ab,
-                        b ? "[out, r]" : "[r, in]", r, MOD_NAME[m], x->in[m], x->out[m]);
+                        b ? "[out, r]" : "[r, in]", r, lora_module_name(m), x->in[m], x->out[m]);
         }
     }
     return 0;

@@ -90,8 +90,15 @@ typedef struct lora_adapter {
                                    learner may overwrite the folder while the adapter serves */
 } lora_adapter;
 
-/* "q_proj", ... ("?" out of range). */
-const char *lora_module_name(lora_module m);
+/* "q_proj", ... ("?" out of range). Inline, as lora_pair_at: the runner (which the families call) reads
+ * adapters without calling into the loader, which calls the families' table (tools/check_layers.py). */
+static inline const char *lora_module_name(lora_module m)
+{
+    static const char *const names[LORA_N_MODULES] = {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    };
+    return (unsigned)m < LORA_N_MODULES ? names[m] : "?";
+}
 
 /* Reads and checks the PEFT folder dir against the model mc (its family's
  * module names and shapes). max_rank: the largest r accepted, 1 ..
@@ -106,7 +113,12 @@ int lora_load_peft_mem(const char *label, const char *config, size_t config_len,
 void lora_free(lora_adapter *a);
 
 /* The pair of module m in layer l (its a and b NULL when absent). */
-const lora_pair *lora_pair_at(const lora_adapter *a, int32_t layer, lora_module m);
+static inline const lora_pair *lora_pair_at(const lora_adapter *a, int32_t layer, lora_module m)
+{
+    if (!a || layer < 0 || layer >= a->n_layers || (unsigned)m >= LORA_N_MODULES)
+        return NULL;
+    return &a->pairs[(size_t)layer * LORA_N_MODULES + m];
+}
 
 /* Converts n values stored as dt (F32, F16, BF16) to fp32: tests, tools
  * and a reference path read A and B through it. */
