@@ -56,7 +56,7 @@ EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contra
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(BUILD)/emutests/test_engine_cudaemu \
              $(BUILD)/emutests/test_spec_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem bench-lora model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
      $(CUDA_PLUGIN)
 
@@ -286,6 +286,20 @@ bench-score: all model
 # SmolLM2's vocabulary and width (generated once into build/bench-score-32k.gguf) (build/bench-score-mem.json).
 bench-score-mem: all model
 	$(PYTHON) tools/bench_score.py --part mem --json-out $(BUILD)/bench-score-mem.json
+
+# LoRA serving (issue 46): decode tokens/s at batch 1, 8 and 32 with 0, 1 and 4 distinct adapters (rows spread
+# round-robin over them), interleaved reps, medians and the ratio to the base, prefill not timed; the adapters are 4
+# rank-32 all-linear bf16 ones for the default model (tools/gen_lora.py, seeds 1-4, rewritten each run into
+# $(BUILD)/bench-lora/) (build/bench-lora.json). Not part of `make test`.
+LORA_BENCH_DIR := $(BUILD)/bench-lora
+bench-lora: $(BUILD)/rollout-lorabench model
+	@mkdir -p $(LORA_BENCH_DIR)
+	for s in 1 2 3 4; do \
+	    $(PYTHON) tools/gen_lora.py --model $(MODEL) --out $(LORA_BENCH_DIR)/a$$s --rank 32 --alpha 64 \
+	        --targets all-linear --dtype bf16 --seed $$s || exit 1; \
+	done
+	$(BUILD)/rollout-lorabench --model $(MODEL) --threads 2 --batches 1,8,32 --adapters 0,1,4 --max-tokens 64 \
+	    --reps 5 $(foreach s,1 2 3 4,--adapter $(LORA_BENCH_DIR)/a$(s)) --json $(BUILD)/bench-lora.json
 
 # COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
 bench-commit: all model
