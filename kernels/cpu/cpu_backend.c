@@ -38,7 +38,6 @@ static int cpu_copy(rd_backend *be, void *dst, const void *src, size_t bytes)
     return 0;
 }
 
-static int cpu_sync(rd_backend *be) { return 0; }
 
 /* A linear layer's weight: fp32 panels (gemm.h), or its file dtypes
  * (gemm_quant.h). The embedding table is a linear too (row lookups). */
@@ -409,6 +408,16 @@ typedef struct {
 } cpu_be;
 
 static int kv_type_of(const rd_backend *be) { return ((const cpu_be *)be)->kv_type; }
+
+/* Ops run when called; the one that can fail without a return value (lora_apply's scratch) says so here. */
+static int cpu_sync(rd_backend *be)
+{
+    cpu_lora_scratch *l = &((cpu_be *)be)->lora;
+    if (!l->failed)
+        return 0;
+    l->failed = 0;
+    return rd_fail(RD_ENOMEM, "cpu: lora_apply: out of memory for its scratch; the step's LoRA terms are missing");
+}
 
 /* n floats into the cache's type: f32 as they are, bf16 and f16 rounded to
  * nearest even (what attention then widens back exactly). */

@@ -20,10 +20,9 @@
 typedef struct {
     int32_t rank, in, out;
     float scale;
-    float *a;                   /* [rank][in] */
-    float *b;                   /* [out][rank] */
     int32_t rounds;             /* rounds of 32 chunks: ceil((in / 8) / 32) */
-    float *ap;                  /* [rank][rounds][8][32] A's chunks in lane order (the vector paths) */
+    float *ap;                  /* [rank][rounds][8][32] A's chunks in lane order */
+    float *at;                  /* [rank][8] A's elements past its last whole chunk (in % 8 of them), then 0 */
     float *bt;                  /* [rank][out] B transposed: out is the vector dimension of the expansion */
 } cpu_lora;
 
@@ -57,13 +56,15 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
     const size_t na = (size_t)w->rank * w->in, nb = (size_t)w->out * w->rank;
     const int32_t rounds = (w->in / RD_LORA_CHUNK + RD_LORA_LANES - 1) / RD_LORA_LANES;
     const size_t nap = (size_t)w->rank * rounds * LANE_BLOCK;
+    float *a = malloc(na * sizeof(float)), *b = malloc(nb * sizeof(float));
     if (L) {
-        L->a = malloc(na * sizeof(float));
-        L->b = malloc(nb * sizeof(float));
         L->ap = aligned_alloc(64, (nap ? nap : 1) * sizeof(float));
+        L->at = calloc((size_t)w->rank * RD_LORA_CHUNK, sizeof(float));
         L->bt = malloc(nb * sizeof(float));
     }
-    if (!L || !L->a || !L->b || !L->ap || !L->bt) {
+    if (!L || !a || !b || !L->ap || !L->at || !L->bt) {
+        free(a);
+        free(b);
         cpu_lora_free(L);
         return rd_fail(RD_ENOMEM, "cpu: lora_load: out of memory for a rank-%d [%d] -> [%d] pair", w->rank, w->in,
                        w->out);
@@ -72,21 +73,26 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
     L->in = w->in;
     L->out = w->out;
     L->scale = w->scale;
-    widen(w->a, w->a_type, na, L->a);
-    widen(w->b, w->b_type, nb, L->b);
     L->rounds = rounds;
-    const int32_t chunks = w->in / RD_LORA_CHUNK;
-    for (int32_t k = 0; k < w->rank; k++)
+    widen(w->a, w->a_type, na, a);
+    widen(w->b, w->b_type, nb, b);
+    const int32_t chunks = w->in / RD_LORA_CHUNK, tail = chunks * RD_LORA_CHUNK;
+    for (int32_t k = 0; k < w->rank; k++) {
         for (int32_t r = 0; r < rounds; r++)
             for (int32_t e = 0; e < RD_LORA_CHUNK; e++)
                 for (int32_t l = 0; l < RD_LORA_LANES; l++) {
                     const int32_t c = r * RD_LORA_LANES + l;
                     L->ap[(((size_t)k * rounds + r) * RD_LORA_CHUNK + e) * RD_LORA_LANES + l] =
-                        c < chunks ? L->a[(size_t)k * w->in + (size_t)c * RD_LORA_CHUNK + e] : 0.0f;
+                        c < chunks ? a[(size_t)k * w->in + (size_t)c * RD_LORA_CHUNK + e] : 0.0f;
                 }
+        for (int32_t e = tail; e < w->in; e++)
+            L->at[(size_t)k * RD_LORA_CHUNK + (e - tail)] = a[(size_t)k * w->in + e];
+    }
     for (int32_t j = 0; j < w->out; j++)
         for (int32_t k = 0; k < w->rank; k++)
-            L->bt[(size_t)k * w->out + j] = L->b[(size_t)j * w->rank + k];
+            L->bt[(size_t)k * w->out + j] = b[(size_t)j * w->rank + k];
+    free(a);
+    free(b);
     *handle = L;
     return 0;
 }
@@ -96,9 +102,8 @@ void cpu_lora_free(void *handle)
     cpu_lora *L = handle;
     if (!L)
         return;
-    free(L->a);
-    free(L->b);
     free(L->ap);
+    free(L->at);
     free(L->bt);
     free(L);
 }
@@ -106,9 +111,9 @@ void cpu_lora_free(void *handle)
 int64_t cpu_lora_bytes(const void *handle)
 {
     const cpu_lora *L = handle;
-    /* A and B, and their copies in the vector paths' layouts */
-    return L ? ((int64_t)L->rank * L->in + 2 * (int64_t)L->out * L->rank +
-                (int64_t)L->rank * L->rounds * LANE_BLOCK) * (int64_t)sizeof(float)
+    /* A in lane order (padded to whole rounds) with its tail, B transposed; fp32 */
+    return L ? ((int64_t)L->rank * L->rounds * LANE_BLOCK + (int64_t)L->rank * RD_LORA_CHUNK +
+                (int64_t)L->out * L->rank) * (int64_t)sizeof(float)
              : 0;
 }
 
@@ -137,12 +142,13 @@ float cpu_lora_dot(const float *w, const float *x, int32_t n)
     return lanes_sum(p);
 }
 
-/* The tail elements (past the last whole chunk) into the lanes' sums p, then their xor butterfly. */
-static float finish_dot(float *p, const float *w, const float *x, int32_t n)
+/* The tail elements (past the last whole chunk; tw holds A's) into the lanes' sums p, then their xor
+ * butterfly. */
+static float finish_dot(float *p, const float *tw, const float *x, int32_t n)
 {
     const int32_t tail = n / RD_LORA_CHUNK * RD_LORA_CHUNK;
     for (int32_t e = tail; e < n; e++)
-        p[(e - tail) % RD_LORA_LANES] = fmaf(x[e], w[e], p[(e - tail) % RD_LORA_LANES]);
+        p[(e - tail) % RD_LORA_LANES] = fmaf(x[e], tw[e - tail], p[(e - tail) % RD_LORA_LANES]);
     return lanes_sum(p);
 }
 
@@ -189,7 +195,7 @@ static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
         for (int32_t q = 0; q < nk; q++) {
             _mm512_storeu_ps(p[q], acc[q][0]);
             _mm512_storeu_ps(p[q] + 16, acc[q][1]);
-            t[k + q] = finish_dot(p[q], L->a + (size_t)(k + q) * L->in, x, L->in);
+            t[k + q] = finish_dot(p[q], L->at + (size_t)(k + q) * RD_LORA_CHUNK, x, L->in);
         }
     }
     const __m512 s = _mm512_set1_ps(L->scale);
@@ -222,6 +228,70 @@ static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
         y[j] = y[j] + L->scale * u;
     }
 }
+/* Four rows of one adapter at once: each A and B vector loaded once serves the four (the base GEMM's reuse),
+ * each row's sums the same fmaf chains as row_avx512's. xp holds four rows' x in lane order. */
+static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, float *const *y)
+{
+    float t[4][RD_LORA_MAX_RANK], p[RD_LORA_LANES];
+    const int32_t R = L->rounds, rank = L->rank, out = L->out;
+    const size_t per_k = (size_t)R * LANE_BLOCK;
+    for (int32_t r = 0; r < 4; r++)
+        permute_x(x[r], L->in, R, xp + (size_t)r * per_k);
+    for (int32_t k = 0; k < rank; k += 2) {
+        const int32_t nk = rank - k < 2 ? rank - k : 2;
+        const float *a0 = L->ap + (size_t)k * per_k, *a1 = nk > 1 ? a0 + per_k : a0;
+        __m512 acc[2][4][2];
+        for (int32_t q = 0; q < 2; q++)
+            for (int32_t r = 0; r < 4; r++)
+                acc[q][r][0] = acc[q][r][1] = _mm512_setzero_ps();
+        for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
+            const __m512 w00 = _mm512_load_ps(a0 + i), w01 = _mm512_load_ps(a0 + i + 16);
+            const __m512 w10 = _mm512_load_ps(a1 + i), w11 = _mm512_load_ps(a1 + i + 16);
+            for (int32_t r = 0; r < 4; r++) {
+                const float *xr = xp + (size_t)r * per_k + i;
+                const __m512 x0 = _mm512_load_ps(xr), x1 = _mm512_load_ps(xr + 16);
+                acc[0][r][0] = _mm512_fmadd_ps(x0, w00, acc[0][r][0]);
+                acc[0][r][1] = _mm512_fmadd_ps(x1, w01, acc[0][r][1]);
+                acc[1][r][0] = _mm512_fmadd_ps(x0, w10, acc[1][r][0]);
+                acc[1][r][1] = _mm512_fmadd_ps(x1, w11, acc[1][r][1]);
+            }
+        }
+        for (int32_t q = 0; q < nk; q++)
+            for (int32_t r = 0; r < 4; r++) {
+                _mm512_storeu_ps(p, acc[q][r][0]);
+                _mm512_storeu_ps(p + 16, acc[q][r][1]);
+                t[r][k + q] = finish_dot(p, L->at + (size_t)(k + q) * RD_LORA_CHUNK, x[r], L->in);
+            }
+    }
+    const __m512 s = _mm512_set1_ps(L->scale);
+    int32_t j = 0;
+    for (; j + 32 <= out; j += 32) {
+        __m512 u[4][2];
+        for (int32_t r = 0; r < 4; r++)
+            u[r][0] = u[r][1] = _mm512_setzero_ps();
+        for (int32_t kk = 0; kk < rank; kk++) {
+            const float *b = L->bt + (size_t)kk * out + j;
+            const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            for (int32_t r = 0; r < 4; r++) {
+                const __m512 tk = _mm512_set1_ps(t[r][kk]);
+                u[r][0] = _mm512_fmadd_ps(b0, tk, u[r][0]);
+                u[r][1] = _mm512_fmadd_ps(b1, tk, u[r][1]);
+            }
+        }
+        for (int32_t r = 0; r < 4; r++) {
+            _mm512_storeu_ps(y[r] + j, _mm512_add_ps(_mm512_loadu_ps(y[r] + j), _mm512_mul_ps(s, u[r][0])));
+            _mm512_storeu_ps(y[r] + j + 16,
+                             _mm512_add_ps(_mm512_loadu_ps(y[r] + j + 16), _mm512_mul_ps(s, u[r][1])));
+        }
+    }
+    for (; j < out; j++)
+        for (int32_t r = 0; r < 4; r++) {
+            float v = 0.0f;
+            for (int32_t kk = 0; kk < rank; kk++)
+                v = fmaf(L->bt[(size_t)kk * out + j], t[r][kk], v);
+            y[r][j] = y[r][j] + L->scale * v;
+        }
+}
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -253,7 +323,7 @@ static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
         for (int32_t q = 0; q < nk; q++) {
             for (int32_t v = 0; v < 4; v++)
                 _mm256_storeu_ps(p[q] + 8 * v, acc[q][v]);
-            t[k + q] = finish_dot(p[q], L->a + (size_t)(k + q) * L->in, x, L->in);
+            t[k + q] = finish_dot(p[q], L->at + (size_t)(k + q) * RD_LORA_CHUNK, x, L->in);
         }
     }
     const __m256 s = _mm256_set1_ps(L->scale);
@@ -288,17 +358,24 @@ static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
 }
 #pragma GCC pop_options
 
-/* One row: y[out_off + j] += s (B (A x))[j]. */
-static void lora_row(const cpu_lora *L, const float *x, float *y)
+/* One row in plain C: y[out_off + j] += s (B (A x))[j], each lane's fmaf chain over A in lane order (the
+ * order cpu_lora_dot walks a row of A in). */
+static void lora_row(const cpu_lora *L, const float *x, float *xp, float *y)
 {
-    float t[RD_LORA_MAX_RANK];
-    for (int32_t k = 0; k < L->rank; k++)
-        t[k] = cpu_lora_dot(L->a + (size_t)k * L->in, x, L->in);
+    float t[RD_LORA_MAX_RANK], p[RD_LORA_LANES];
+    const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
+    permute_x(x, L->in, L->rounds, xp);
+    for (int32_t k = 0; k < L->rank; k++) {
+        const float *a = L->ap + (size_t)k * per_k;
+        memset(p, 0, sizeof p);
+        for (size_t i = 0; i < per_k; i++)
+            p[i % RD_LORA_LANES] = fmaf(xp[i], a[i], p[i % RD_LORA_LANES]);
+        t[k] = finish_dot(p, L->at + (size_t)k * RD_LORA_CHUNK, x, L->in);
+    }
     for (int32_t j = 0; j < L->out; j++) {
-        const float *bj = L->b + (size_t)j * L->rank;
         float u = 0.0f;
         for (int32_t k = 0; k < L->rank; k++)
-            u = fmaf(bj[k], t[k], u);
+            u = fmaf(L->bt[(size_t)k * L->out + j], t[k], u);
         y[j] = y[j] + L->scale * u;
     }
 }
@@ -311,11 +388,11 @@ typedef struct {
     float *y;
     int32_t y_stride, out_off;
     cpu_isa isa;                    /* the path: scalar, or a vector one with xp */
-    float *xp;                      /* [workers][xp_stride] a row's x in lane order (vector paths) */
-    size_t xp_stride;               /* floats */
+    float *xp;                      /* [workers][xp_stride] rows of x in lane order (vector paths) */
+    size_t xp_stride;               /* floats: four rows' */
 } lora_job;
 
-#define ROWS_PER_TASK 4
+#define ROWS_PER_TASK 8   /* two groups of four rows of one adapter (rows4_avx512) */
 #define LORA_INLINE_WORK (1 << 17)  /* multiply-adds below which lora_apply does not use the pool */
 
 static const cpu_lora *slot_lora(const rd_lora_batch *lb, int32_t a)
@@ -336,6 +413,24 @@ static void lora_task(void *ctx, int32_t task, int32_t worker)
         const cpu_lora *L = slot_lora(j->lb, j->slots[i]);
         if (!L)
             continue;
+        if (j->isa == CPU_ISA_AVX512 && p + 4 <= r1) {
+            /* four rows of this adapter next to each other (rows are grouped by slot): one pass over it */
+            const int32_t i1 = j->order ? j->order[p + 1] : p + 1, i2 = j->order ? j->order[p + 2] : p + 2;
+            const int32_t i3 = j->order ? j->order[p + 3] : p + 3;
+            if (slot_lora(j->lb, j->slots[i1]) == L && slot_lora(j->lb, j->slots[i2]) == L &&
+                slot_lora(j->lb, j->slots[i3]) == L) {
+                const int32_t rows[4] = {i, i1, i2, i3};
+                const float *xs[4];
+                float *ys[4];
+                for (int32_t r = 0; r < 4; r++) {
+                    xs[r] = j->x + (size_t)rows[r] * j->lb->in;
+                    ys[r] = j->y + (size_t)rows[r] * j->y_stride + j->out_off;
+                }
+                rows4_avx512(L, xs, j->xp + (size_t)worker * j->xp_stride, ys);
+                p += 3;
+                continue;
+            }
+        }
         const float *x = j->x + (size_t)i * j->lb->in;
         float *y = j->y + (size_t)i * j->y_stride + j->out_off;
         float *xp = j->xp + (size_t)worker * j->xp_stride;
@@ -344,7 +439,7 @@ static void lora_task(void *ctx, int32_t task, int32_t worker)
         else if (j->isa == CPU_ISA_AVX2)
             row_avx2(L, x, xp, y);
         else
-            lora_row(L, x, y);
+            lora_row(L, x, xp, y);
     }
 }
 
@@ -355,19 +450,19 @@ void cpu_lora_apply(cpu_lora_scratch *s, const rd_lora_batch *lb, const float *x
         out_off < 0 || out_off + lb->out > y_stride)
         return;
     lora_job j = {lb, x, slots, NULL, m, y, y_stride, out_off, cpu_isa_active(), NULL, 0};
-    if (j.isa != CPU_ISA_SCALAR) {
-        /* One x in lane order per worker; the scalar path when it cannot be had (the same bits). */
-        const int32_t rounds = (lb->in / RD_LORA_CHUNK + RD_LORA_LANES - 1) / RD_LORA_LANES;
-        j.xp_stride = (size_t)(rounds > 0 ? rounds : 1) * LANE_BLOCK;
-        const size_t need = j.xp_stride * (size_t)pool_size();
-        if (s->xp_cap < need) {
-            free(s->xp);
-            s->xp = aligned_alloc(64, need * sizeof(float));
-            s->xp_cap = s->xp ? need : 0;
-        }
-        j.xp = s->xp;
-        if (!j.xp)
-            j.isa = CPU_ISA_SCALAR;
+    /* Rows of x in lane order, four per worker (rows4_avx512). */
+    const int32_t rounds = (lb->in / RD_LORA_CHUNK + RD_LORA_LANES - 1) / RD_LORA_LANES;
+    j.xp_stride = 4 * (size_t)(rounds > 0 ? rounds : 1) * LANE_BLOCK;
+    const size_t need = j.xp_stride * (size_t)pool_size();
+    if (s->xp_cap < need) {
+        free(s->xp);
+        s->xp = aligned_alloc(64, need * sizeof(float));
+        s->xp_cap = s->xp ? need : 0;
+    }
+    j.xp = s->xp;
+    if (!j.xp) {
+        s->failed = 1; /* the step must not go on without these rows' terms: sync reports it */
+        return;
     }
     /* Rows grouped by slot (a counting sort; rows without an adapter
      * dropped), so an adapter's A and B stay in cache across its rows. If

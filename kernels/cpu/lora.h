@@ -9,7 +9,7 @@
  * order, replayed lane by lane), which depends only on the row and its
  * adapter. The AVX2 and AVX-512 paths (base/cpu_isa.h) keep warp lane l in SIMD lane l, A's
  * chunks stored in lane order at load, so each lane's sum is the same fmaf chain: the same bits on
- * every path. Why not a GEMM: OpenBLAS's sgemm changes a row's bits with M
+ * every path; on AVX-512 four rows of one adapter share each loaded vector of A and B. Why not a GEMM: OpenBLAS's sgemm changes a row's bits with M
  * (gemm.h), and the packed GEMM's order (one FMA chain over in) is not the
  * CUDA kernel's, so the two backends would disagree in the last bits; these
  * products are small (r (in + out) per row against the base's in out). */
@@ -25,8 +25,9 @@
 typedef struct {
     int32_t *order;             /* [m] rows grouped by slot, ascending within a slot */
     size_t order_cap;
-    float *xp;                  /* [workers][rounds * 256] each worker's row of x in lane order (vector paths) */
+    float *xp;                  /* [workers][4][rounds * 256] each worker's rows of x in lane order (vector paths) */
     size_t xp_cap;              /* floats */
+    int failed;                 /* a call could not get its scratch (out of memory): the backend's sync fails */
 } cpu_lora_scratch;
 
 int cpu_lora_load(const rd_lora_w *w, void **handle);
