@@ -42,6 +42,9 @@ static int widen(const void *src, int32_t type, size_t n, float *dst)
     return 0;
 }
 
+/* 64-byte aligned (the vector paths' aligned loads); aligned_alloc wants a size that is a multiple of it. */
+static void *alloc64(size_t bytes) { return aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64); }
+
 static int type_ok(int32_t t) { return t == GGML_F32 || t == GGML_F16 || t == GGML_BF16; }
 
 int cpu_lora_load(const rd_lora_w *w, void **handle)
@@ -58,7 +61,7 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
     const size_t nap = (size_t)w->rank * rounds * LANE_BLOCK;
     float *a = malloc(na * sizeof(float)), *b = malloc(nb * sizeof(float));
     if (L) {
-        L->ap = aligned_alloc(64, (nap ? nap : 1) * sizeof(float));
+        L->ap = alloc64(nap * sizeof(float));
         L->at = calloc((size_t)w->rank * RD_LORA_CHUNK, sizeof(float));
         L->bt = malloc(nb * sizeof(float));
     }
@@ -456,7 +459,7 @@ void cpu_lora_apply(cpu_lora_scratch *s, const rd_lora_batch *lb, const float *x
     const size_t need = j.xp_stride * (size_t)pool_size();
     if (s->xp_cap < need) {
         free(s->xp);
-        s->xp = aligned_alloc(64, need * sizeof(float));
+        s->xp = alloc64(need * sizeof(float));
         s->xp_cap = s->xp ? need : 0;
     }
     j.xp = s->xp;
