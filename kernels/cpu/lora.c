@@ -180,24 +180,30 @@ static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
     const int32_t R = L->rounds, rank = L->rank, out = L->out;
     const size_t per_k = (size_t)R * LANE_BLOCK;
     permute_x(x, L->in, R, xp);
-    int32_t k = 0;
-    for (; k < rank; k += 4) {
+    /* Named accumulators: GCC keeps an indexed array of vectors on the stack. Four k at a time (a
+     * missing one repeats the last k and is dropped). */
+    for (int32_t k = 0; k < rank; k += 4) {
         const int32_t nk = rank - k < 4 ? rank - k : 4;
-        __m512 acc[4][2];
-        for (int32_t q = 0; q < 4; q++)
-            acc[q][0] = acc[q][1] = _mm512_setzero_ps();
         const float *a0 = L->ap + (size_t)k * per_k;
+        const float *a1 = a0 + (nk > 1 ? per_k : 0), *a2 = a0 + (nk > 2 ? 2 * per_k : 0);
+        const float *a3 = a0 + (nk > 3 ? 3 * per_k : 0);
+        __m512 c0a = _mm512_setzero_ps(), c0b = c0a, c1a = c0a, c1b = c0a, c2a = c0a, c2b = c0a, c3a = c0a,
+               c3b = c0a;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
             const __m512 x0 = _mm512_load_ps(xp + i), x1 = _mm512_load_ps(xp + i + 16);
-            for (int32_t q = 0; q < nk; q++) {
-                const float *a = a0 + (size_t)q * per_k + i;
-                acc[q][0] = _mm512_fmadd_ps(x0, _mm512_load_ps(a), acc[q][0]);
-                acc[q][1] = _mm512_fmadd_ps(x1, _mm512_load_ps(a + 16), acc[q][1]);
-            }
+            c0a = _mm512_fmadd_ps(x0, _mm512_load_ps(a0 + i), c0a);
+            c0b = _mm512_fmadd_ps(x1, _mm512_load_ps(a0 + i + 16), c0b);
+            c1a = _mm512_fmadd_ps(x0, _mm512_load_ps(a1 + i), c1a);
+            c1b = _mm512_fmadd_ps(x1, _mm512_load_ps(a1 + i + 16), c1b);
+            c2a = _mm512_fmadd_ps(x0, _mm512_load_ps(a2 + i), c2a);
+            c2b = _mm512_fmadd_ps(x1, _mm512_load_ps(a2 + i + 16), c2b);
+            c3a = _mm512_fmadd_ps(x0, _mm512_load_ps(a3 + i), c3a);
+            c3b = _mm512_fmadd_ps(x1, _mm512_load_ps(a3 + i + 16), c3b);
         }
+        const __m512 ca[4] = {c0a, c1a, c2a, c3a}, cb[4] = {c0b, c1b, c2b, c3b};
         for (int32_t q = 0; q < nk; q++) {
-            _mm512_storeu_ps(p[q], acc[q][0]);
-            _mm512_storeu_ps(p[q] + 16, acc[q][1]);
+            _mm512_storeu_ps(p[q], ca[q]);
+            _mm512_storeu_ps(p[q] + 16, cb[q]);
             t[k + q] = finish_dot(p[q], L->at + (size_t)(k + q) * RD_LORA_CHUNK, x, L->in);
         }
     }
@@ -243,48 +249,62 @@ static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, fl
     for (int32_t k = 0; k < rank; k += 2) {
         const int32_t nk = rank - k < 2 ? rank - k : 2;
         const float *a0 = L->ap + (size_t)k * per_k, *a1 = nk > 1 ? a0 + per_k : a0;
-        __m512 acc[2][4][2];
-        for (int32_t q = 0; q < 2; q++)
-            for (int32_t r = 0; r < 4; r++)
-                acc[q][r][0] = acc[q][r][1] = _mm512_setzero_ps();
+        const float *x0p = xp, *x1p = xp + per_k, *x2p = xp + 2 * per_k, *x3p = xp + 3 * per_k;
+        /* Named accumulators (an indexed array of vectors stays on the stack): [k][row] halves a and b. */
+        __m512 z = _mm512_setzero_ps();
+        __m512 k0r0a = z, k0r0b = z, k0r1a = z, k0r1b = z, k0r2a = z, k0r2b = z, k0r3a = z, k0r3b = z;
+        __m512 k1r0a = z, k1r0b = z, k1r1a = z, k1r1b = z, k1r2a = z, k1r2b = z, k1r3a = z, k1r3b = z;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
-            const __m512 w00 = _mm512_load_ps(a0 + i), w01 = _mm512_load_ps(a0 + i + 16);
-            const __m512 w10 = _mm512_load_ps(a1 + i), w11 = _mm512_load_ps(a1 + i + 16);
-            for (int32_t r = 0; r < 4; r++) {
-                const float *xr = xp + (size_t)r * per_k + i;
-                const __m512 x0 = _mm512_load_ps(xr), x1 = _mm512_load_ps(xr + 16);
-                acc[0][r][0] = _mm512_fmadd_ps(x0, w00, acc[0][r][0]);
-                acc[0][r][1] = _mm512_fmadd_ps(x1, w01, acc[0][r][1]);
-                acc[1][r][0] = _mm512_fmadd_ps(x0, w10, acc[1][r][0]);
-                acc[1][r][1] = _mm512_fmadd_ps(x1, w11, acc[1][r][1]);
-            }
+            const __m512 w0a = _mm512_load_ps(a0 + i), w0b = _mm512_load_ps(a0 + i + 16);
+            const __m512 w1a = _mm512_load_ps(a1 + i), w1b = _mm512_load_ps(a1 + i + 16);
+#define LORA_ROW4(R)                                                                      \
+    do {                                                                                  \
+        const __m512 xa = _mm512_load_ps(x##R##p + i), xb = _mm512_load_ps(x##R##p + i + 16); \
+        k0r##R##a = _mm512_fmadd_ps(xa, w0a, k0r##R##a);                                  \
+        k0r##R##b = _mm512_fmadd_ps(xb, w0b, k0r##R##b);                                  \
+        k1r##R##a = _mm512_fmadd_ps(xa, w1a, k1r##R##a);                                  \
+        k1r##R##b = _mm512_fmadd_ps(xb, w1b, k1r##R##b);                                  \
+    } while (0)
+            LORA_ROW4(0);
+            LORA_ROW4(1);
+            LORA_ROW4(2);
+            LORA_ROW4(3);
+#undef LORA_ROW4
         }
+        const __m512 sa[2][4] = {{k0r0a, k0r1a, k0r2a, k0r3a}, {k1r0a, k1r1a, k1r2a, k1r3a}};
+        const __m512 sb[2][4] = {{k0r0b, k0r1b, k0r2b, k0r3b}, {k1r0b, k1r1b, k1r2b, k1r3b}};
         for (int32_t q = 0; q < nk; q++)
             for (int32_t r = 0; r < 4; r++) {
-                _mm512_storeu_ps(p, acc[q][r][0]);
-                _mm512_storeu_ps(p + 16, acc[q][r][1]);
+                _mm512_storeu_ps(p, sa[q][r]);
+                _mm512_storeu_ps(p + 16, sb[q][r]);
                 t[r][k + q] = finish_dot(p, L->at + (size_t)(k + q) * RD_LORA_CHUNK, x[r], L->in);
             }
     }
     const __m512 s = _mm512_set1_ps(L->scale);
     int32_t j = 0;
     for (; j + 32 <= out; j += 32) {
-        __m512 u[4][2];
-        for (int32_t r = 0; r < 4; r++)
-            u[r][0] = u[r][1] = _mm512_setzero_ps();
+        __m512 z = _mm512_setzero_ps(), u0a = z, u0b = z, u1a = z, u1b = z, u2a = z, u2b = z, u3a = z, u3b = z;
         for (int32_t kk = 0; kk < rank; kk++) {
             const float *b = L->bt + (size_t)kk * out + j;
             const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-            for (int32_t r = 0; r < 4; r++) {
-                const __m512 tk = _mm512_set1_ps(t[r][kk]);
-                u[r][0] = _mm512_fmadd_ps(b0, tk, u[r][0]);
-                u[r][1] = _mm512_fmadd_ps(b1, tk, u[r][1]);
-            }
+            __m512 tk = _mm512_set1_ps(t[0][kk]);
+            u0a = _mm512_fmadd_ps(b0, tk, u0a);
+            u0b = _mm512_fmadd_ps(b1, tk, u0b);
+            tk = _mm512_set1_ps(t[1][kk]);
+            u1a = _mm512_fmadd_ps(b0, tk, u1a);
+            u1b = _mm512_fmadd_ps(b1, tk, u1b);
+            tk = _mm512_set1_ps(t[2][kk]);
+            u2a = _mm512_fmadd_ps(b0, tk, u2a);
+            u2b = _mm512_fmadd_ps(b1, tk, u2b);
+            tk = _mm512_set1_ps(t[3][kk]);
+            u3a = _mm512_fmadd_ps(b0, tk, u3a);
+            u3b = _mm512_fmadd_ps(b1, tk, u3b);
         }
+        const __m512 ua[4] = {u0a, u1a, u2a, u3a}, ub[4] = {u0b, u1b, u2b, u3b};
         for (int32_t r = 0; r < 4; r++) {
-            _mm512_storeu_ps(y[r] + j, _mm512_add_ps(_mm512_loadu_ps(y[r] + j), _mm512_mul_ps(s, u[r][0])));
+            _mm512_storeu_ps(y[r] + j, _mm512_add_ps(_mm512_loadu_ps(y[r] + j), _mm512_mul_ps(s, ua[r])));
             _mm512_storeu_ps(y[r] + j + 16,
-                             _mm512_add_ps(_mm512_loadu_ps(y[r] + j + 16), _mm512_mul_ps(s, u[r][1])));
+                             _mm512_add_ps(_mm512_loadu_ps(y[r] + j + 16), _mm512_mul_ps(s, ub[r])));
         }
     }
     for (; j < out; j++)
@@ -307,25 +327,25 @@ static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
     permute_x(x, L->in, R, xp);
     for (int32_t k = 0; k < rank; k += 2) {
         const int32_t nk = rank - k < 2 ? rank - k : 2;
-        __m256 acc[2][4];
-        for (int32_t q = 0; q < 2; q++)
-            for (int32_t v = 0; v < 4; v++)
-                acc[q][v] = _mm256_setzero_ps();
-        const float *a0 = L->ap + (size_t)k * per_k;
+        const float *a0 = L->ap + (size_t)k * per_k, *a1 = nk > 1 ? a0 + per_k : a0;
+        /* Named accumulators (an indexed array of vectors stays on the stack). */
+        __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
             const __m256 x0 = _mm256_load_ps(xp + i), x1 = _mm256_load_ps(xp + i + 8);
             const __m256 x2 = _mm256_load_ps(xp + i + 16), x3 = _mm256_load_ps(xp + i + 24);
-            for (int32_t q = 0; q < nk; q++) {
-                const float *a = a0 + (size_t)q * per_k + i;
-                acc[q][0] = _mm256_fmadd_ps(x0, _mm256_load_ps(a), acc[q][0]);
-                acc[q][1] = _mm256_fmadd_ps(x1, _mm256_load_ps(a + 8), acc[q][1]);
-                acc[q][2] = _mm256_fmadd_ps(x2, _mm256_load_ps(a + 16), acc[q][2]);
-                acc[q][3] = _mm256_fmadd_ps(x3, _mm256_load_ps(a + 24), acc[q][3]);
-            }
+            c00 = _mm256_fmadd_ps(x0, _mm256_load_ps(a0 + i), c00);
+            c01 = _mm256_fmadd_ps(x1, _mm256_load_ps(a0 + i + 8), c01);
+            c02 = _mm256_fmadd_ps(x2, _mm256_load_ps(a0 + i + 16), c02);
+            c03 = _mm256_fmadd_ps(x3, _mm256_load_ps(a0 + i + 24), c03);
+            c10 = _mm256_fmadd_ps(x0, _mm256_load_ps(a1 + i), c10);
+            c11 = _mm256_fmadd_ps(x1, _mm256_load_ps(a1 + i + 8), c11);
+            c12 = _mm256_fmadd_ps(x2, _mm256_load_ps(a1 + i + 16), c12);
+            c13 = _mm256_fmadd_ps(x3, _mm256_load_ps(a1 + i + 24), c13);
         }
+        const __m256 c[2][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
         for (int32_t q = 0; q < nk; q++) {
             for (int32_t v = 0; v < 4; v++)
-                _mm256_storeu_ps(p[q] + 8 * v, acc[q][v]);
+                _mm256_storeu_ps(p[q] + 8 * v, c[q][v]);
             t[k + q] = finish_dot(p[q], L->at + (size_t)(k + q) * RD_LORA_CHUNK, x, L->in);
         }
     }
