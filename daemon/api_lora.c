@@ -5,8 +5,9 @@
  *                                 "Success: LoRA adapter '<name>' added successfully."; errors in
  *                                 OpenAI's shape (400; 404 for an unknown name on unload)
  *   POST /v1/unload_lora_adapter  {"lora_name"}  "Success: LoRA adapter '<name>' removed successfully."
- *   POST /load_lora_adapter       {"lora_name", "lora_path", "pinned"}  SGLang (AReaL, and prime-rl's
- *                                 route name): {"success", "error_message", "loaded_adapters": {name: path}}
+ *   POST /load_lora_adapter       {"lora_name", "lora_path"}  SGLang (AReaL, and prime-rl's
+ *                                 route name): {"success", "error_message", "loaded_adapters": {name: path}};
+ *                                 "pinned": true is refused by name
  *   POST /unload_lora_adapter     {"lora_name"}  the same shape
  *
  * lora_path is a PEFT folder on the daemon's machine (engine/model/lora.h
@@ -98,8 +99,13 @@ static void start(api *a, http_res *h, const http_req *req, int op, int vllm)
     }
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "lora_name");
     const cJSON *path = cJSON_GetObjectItemCaseSensitive(root, "lora_path");
-    int inplace = 0;
+    int inplace = 0, pinned = 0;
     api_bool(root, "load_inplace", &inplace, &e);
+    api_bool(root, "pinned", &pinned, &e);
+    if (!e.status && pinned)
+        /* SGLang's pinned keeps an adapter out of eviction; here only use does (refused, not ignored) */
+        api_bad(&e, 400, "field \"pinned\": pinned adapters are not supported (an adapter that requests use is "
+                "never evicted; unload others or raise max_loras)");
     if (!e.status && (!cJSON_IsString(name) || !name->valuestring[0] ||
                       strlen(name->valuestring) >= LORA_NAME_MAX))
         api_bad(&e, 400, "field \"lora_name\": expected the adapter's name, 1 to %d bytes", LORA_NAME_MAX - 1);

@@ -155,6 +155,18 @@ static float finish_dot(float *p, const float *tw, const float *x, int32_t n)
     return lanes_sum(p);
 }
 
+/* The expansion in plain C for outputs j0 .. out-1: y[j] += s u, u the fmaf chain over k of B[j][k] t[k]
+ * (every path's order; the vector paths take it for the outputs past their last whole vector). */
+static void expand_from(const cpu_lora *L, const float *t, float *y, int32_t j0)
+{
+    for (int32_t j = j0; j < L->out; j++) {
+        float u = 0.0f;
+        for (int32_t k = 0; k < L->rank; k++)
+            u = fmaf(L->bt[(size_t)k * L->out + j], t[k], u);
+        y[j] = y[j] + L->scale * u;
+    }
+}
+
 /* x's chunks in lane order, as cpu_lora.ap holds A's: xp [rounds][8][32]. */
 static void permute_x(const float *x, int32_t in, int32_t rounds, float *xp)
 {
@@ -230,12 +242,7 @@ static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
             u = _mm512_fmadd_ps(_mm512_loadu_ps(L->bt + (size_t)kk * out + j), _mm512_set1_ps(t[kk]), u);
         _mm512_storeu_ps(y + j, _mm512_add_ps(_mm512_loadu_ps(y + j), _mm512_mul_ps(s, u)));
     }
-    for (; j < out; j++) {
-        float u = 0.0f;
-        for (int32_t kk = 0; kk < rank; kk++)
-            u = fmaf(L->bt[(size_t)kk * out + j], t[kk], u);
-        y[j] = y[j] + L->scale * u;
-    }
+    expand_from(L, t, y, j);
 }
 /* Four rows of one adapter at once: each A and B vector loaded once serves the four (the base GEMM's reuse),
  * each row's sums the same fmaf chains as row_avx512's. xp holds four rows' x in lane order. */
@@ -307,13 +314,8 @@ static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, fl
                              _mm512_add_ps(_mm512_loadu_ps(y[r] + j + 16), _mm512_mul_ps(s, ub[r])));
         }
     }
-    for (; j < out; j++)
-        for (int32_t r = 0; r < 4; r++) {
-            float v = 0.0f;
-            for (int32_t kk = 0; kk < rank; kk++)
-                v = fmaf(L->bt[(size_t)kk * out + j], t[r][kk], v);
-            y[r][j] = y[r][j] + L->scale * v;
-        }
+    for (int32_t r = 0; r < 4; r++)
+        expand_from(L, t[r], y[r], j);
 }
 #pragma GCC pop_options
 
@@ -372,12 +374,7 @@ static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
             u = _mm256_fmadd_ps(_mm256_loadu_ps(L->bt + (size_t)kk * out + j), _mm256_set1_ps(t[kk]), u);
         _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_mul_ps(s, u)));
     }
-    for (; j < out; j++) {
-        float u = 0.0f;
-        for (int32_t kk = 0; kk < rank; kk++)
-            u = fmaf(L->bt[(size_t)kk * out + j], t[kk], u);
-        y[j] = y[j] + L->scale * u;
-    }
+    expand_from(L, t, y, j);
 }
 #pragma GCC pop_options
 
@@ -395,12 +392,7 @@ static void lora_row(const cpu_lora *L, const float *x, float *xp, float *y)
             p[i % RD_LORA_LANES] = fmaf(xp[i], a[i], p[i % RD_LORA_LANES]);
         t[k] = finish_dot(p, L->at + (size_t)k * RD_LORA_CHUNK, x, L->in);
     }
-    for (int32_t j = 0; j < L->out; j++) {
-        float u = 0.0f;
-        for (int32_t k = 0; k < L->rank; k++)
-            u = fmaf(L->bt[(size_t)k * L->out + j], t[k], u);
-        y[j] = y[j] + L->scale * u;
-    }
+    expand_from(L, t, y, 0);
 }
 
 typedef struct {

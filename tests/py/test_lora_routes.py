@@ -197,6 +197,9 @@ def bad_adapters_refused_daemon_keeps_serving():
         assert st == 400 and word in text, (path, st, text)
     st, _, text = load(d, "", adapter("style", rank=8, targets="attention", alpha=32.0, seed=2))
     assert st == 400 and "lora_name" in text, text
+    st, _, text = load(d, "pin", adapter("style", rank=8, targets="attention", alpha=32.0, seed=2), vllm=False,
+                       pinned=True)
+    assert st == 400 and '"pinned"' in json.loads(text)["error_message"], text
     st, doc = d.post("/generate", {"input_ids": PROMPT, "lora_path": "never-loaded",
                                    "sampling_params": {"max_new_tokens": 2}})
     assert st == 400 and "never-loaded" in json.dumps(doc) and "not loaded" in json.dumps(doc), (st, doc)
