@@ -23,6 +23,7 @@ static void free_cmd(et_cmd *c)
     free((void *)c->req.stop_strs);
     free(c->path);
     free(c->lora_name);
+    lora_free(c->lora_built);
     free((void *)c->req.lora);
     free(c);
 }
@@ -108,7 +109,7 @@ static et_done *run_memory(et_thread *t, const et_cmd *c)
 }
 
 /* One adapter load or unload (the engine is between steps); the answer. */
-static et_done *run_lora(et_thread *t, const et_cmd *c)
+static et_done *run_lora(et_thread *t, et_cmd *c)
 {
     et_done *d = calloc(1, sizeof *d);
     if (!d)
@@ -119,10 +120,14 @@ static et_done *run_lora(et_thread *t, const et_cmd *c)
     if (c->lora_op == ET_LORA_LOAD) {
         int32_t max_loras, max_rank;
         eng_lora_limits(t->eng, &max_loras, &max_rank);
-        lora_adapter *a = NULL;
+        lora_adapter *a = c->lora_built;
+        c->lora_built = NULL;
         rc = max_loras == 0 ? rd_fail(RD_ENOTSUP, "LoRA adapters are not served: max_loras is 0")
-                            : lora_load_peft(c->path, &eng_model(t->eng)->cfg, max_rank, &a);
-        if (!rc) {
+           : a             ? 0
+                           : lora_load_peft(c->path, &eng_model(t->eng)->cfg, max_rank, &a);
+        if (rc) {
+            lora_free(a);
+        } else {
             d->lora_rank = a->rank;
             rc = eng_lora_load(t->eng, a, c->lora_name, c->lora_version, c->lora_replace, d->lora_evicted,
                                sizeof d->lora_evicted);
@@ -514,6 +519,23 @@ int et_lora(et_thread *t, uint64_t key, int op, const char *name, const char *pa
     c->lora_op = op;
     c->lora_version = version;
     c->lora_replace = replace;
+    push_cmd(t, c);
+    return 0;
+}
+
+int et_lora_put(et_thread *t, uint64_t key, const char *name, lora_adapter *a, uint64_t version)
+{
+    et_cmd *c = calloc(1, sizeof *c);
+    if (!c || !(c->lora_name = strdup(name))) {
+        free(c);
+        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+    }
+    c->kind = ET_LORA;
+    c->key = key;
+    c->lora_op = ET_LORA_LOAD;
+    c->lora_version = version;
+    c->lora_replace = 1;
+    c->lora_built = a;
     push_cmd(t, c);
     return 0;
 }

@@ -62,6 +62,7 @@ typedef struct et_cmd {
     char *lora_name;            /* ET_LORA: the adapter's name (owned) */
     uint64_t lora_version;      /* ET_LORA load: the version it serves as */
     int lora_replace;           /* ET_LORA load: a resident adapter of that name is replaced (else refused) */
+    lora_adapter *lora_built;   /* ET_LORA load of a pushed adapter (et_lora_put): loaded already (owned) */
 } et_cmd;
 
 /* A finished sample with the engine thread's timestamps; or the progress of
@@ -134,6 +135,9 @@ int et_memory(et_thread *t, uint64_t key, int op, int tags, rd_loaded *L, const 
  * (ET_LORA_UNLOAD), between steps; the folder is read off the loop thread. The answer comes back through
  * et_take as an et_done with lora set and r.tag = key. */
 int et_lora(et_thread *t, uint64_t key, int op, const char *name, const char *path, uint64_t version, int replace);
+/* The same load for an adapter built already (a push, lora_load_tensors), replacing a resident one of that
+ * name; the engine thread takes a (frees it if the load fails). On RD_ENOMEM the caller keeps a. */
+int et_lora_put(et_thread *t, uint64_t key, const char *name, lora_adapter *a, uint64_t version);
 /* Flushes the prefix cache between steps; the answer comes back through
  * et_take as an et_done with flush set and r.tag = key. */
 int et_flush_cache(et_thread *t, uint64_t key);

@@ -27,6 +27,7 @@
 #include "daemon/clients.h"
 #include "daemon/config.h"
 #include "daemon/engine_thread.h"
+#include "daemon/lora_reg.h"
 #include "daemon/serve_hist.h"
 #include "engine/model/model.h"
 #include "proto/auth.h"
@@ -66,6 +67,7 @@ typedef struct {
     const uint64_t *max_message_bytes; /* bytes: HELLO_OK's frame limit */
     const uint64_t *t_start_us; /* monotonic µs at start (up_last.at_s) */
     const host_secret *secret;
+    lr_table *loras;            /* the adapters resident in the engine: a pushed one joins it at its COMMIT */
 } host_env;
 
 #endif

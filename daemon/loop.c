@@ -166,6 +166,8 @@ static void take_results(rd_daemon *d)
         } else if (e->mem) {
             if (d->api)
                 api_on_memory(d->api, e->r.tag, e->mem_rc, e->mem_msg);
+        } else if (e->lora && e->r.tag == XFER_LORA_KEY) {
+            wing_on_lora(&d->wing, e->mem_rc, e->mem_msg, e->lora_rank, e->lora_bytes, e->lora_evicted);
         } else if (e->lora) {
             if (d->api)
                 api_on_lora(d->api, e->r.tag, e->mem_rc, e->mem_msg, e->lora_rank, e->lora_bytes, e->lora_evicted);
@@ -260,7 +262,8 @@ static void on_hello(rd_daemon *d, br_ctx *x, const proto_hello *h)
     m.hello_ok.flags |= flags;
     m.hello_ok.weight_version = d->weight_version;
     if (d->cfg.max_staging_bytes > 0)
-        m.hello_ok.features |= PROTO_FEATURE_WEIGHT_UPDATE | PROTO_FEATURE_RELAY;
+        m.hello_ok.features |= PROTO_FEATURE_WEIGHT_UPDATE | PROTO_FEATURE_RELAY |
+                               (d->cfg.max_loras > 0 ? PROTO_FEATURE_LORA_PUSH : 0);
     m.hello_ok.pending_results = c->n_held;
     m.hello_ok.inflight_samples = c->reserved;
     loop_reply_msg(d, x, &m);
@@ -626,6 +629,7 @@ static void serve(rd_daemon *d, br_ctx *x)
     case PROTO_UPDATE_ABORT:
     case PROTO_UPDATE_PREPARE:
     case PROTO_UPDATE_FORWARD:
+    case PROTO_ADAPTER_BEGIN:
     case PROTO_WEIGHTS_SYNC: wing_on_message(&d->wing, x, &m, pipe); break;
     case PROTO_LANE_AUTH:
         loop_reply_error(d, x, PROTO_E_UNEXPECTED, m.type, "LANE_AUTH belongs on the data lane (PROTOCOL.md 10.12)");

@@ -118,6 +118,7 @@ static void wing_setup(rd_daemon *d)
         .max_message_bytes = &d->lim.max_message_bytes,
         .t_start_us = &d->t_start_us,
         .secret = &d->secret,
+        .loras = &d->loras,
     };
     wing_init(&d->wing, &env);
 }

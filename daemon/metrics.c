@@ -100,8 +100,11 @@ char *mx_status_json(const mx_snapshot *s)
         cJSON_AddNumberToObject(j, "bytes", (double)x->bytes);
         if (x->path)
             cJSON_AddStringToObject(j, "path", x->path);
+        cJSON_AddBoolToObject(j, "pushed", x->path == NULL);
         cJSON_AddItemToArray(la, j);
     }
+    cJSON_AddNumberToObject(lo, "pushes_ok", (double)s->lora_pushes_ok);
+    cJSON_AddNumberToObject(lo, "pushes_failed", (double)s->lora_pushes_failed);
     /* Speculative decoding: drafted tokens verified, those drawn as drafted, their ratio (0 before any). */
     cJSON *sp = cJSON_AddObjectToObject(o, "spec_decode");
     cJSON_AddStringToObject(sp, "mode", eng_spec_mode_name(s->eng.spec_decode));
@@ -390,6 +393,10 @@ char *mx_prometheus(const mx_snapshot *s)
                 (unsigned long long)s->loras->e[i].version, (long long)s->loras->e[i].bytes);
         }
     }
+    metric(&t, "lora_pushes_total", "counter", "LoRA adapter pushes (ADAPTER_BEGIN) committed.", labels,
+           (double)s->lora_pushes_ok);
+    metric(&t, "lora_push_failures_total", "counter", "LoRA adapter pushes aborted or refused at commit.", labels,
+           (double)s->lora_pushes_failed);
     metric(&t, "weight_version", "gauge", "Policy (weight) version now serving.", labels, (double)s->weight_version);
     metric(&t, "weight_updates_total", "counter", "Weight updates swapped in.", labels, (double)s->updates_ok);
     metric(&t, "weight_update_failures_total", "counter", "Weight transfers aborted or refused at commit.", labels,

@@ -79,6 +79,7 @@ typedef struct {
     uint64_t update_staged, update_total; /* bytes */
     const up_last *last_update;
     uint64_t updates_ok, updates_failed, update_bytes_total;
+    uint64_t lora_pushes_ok, lora_pushes_failed; /* adapter pushes (ADAPTER_BEGIN) that served, that failed */
     int lane_connections;       /* data lane connections open now */
     uint64_t lane_evicted;      /* ... closed unproven to admit new ones (max_lane_connections) */
     uint64_t lane_refused;      /* ... refused BUSY at max_lane_connections */

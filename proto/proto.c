@@ -354,7 +354,7 @@ static void *arena_alloc(cursor *c, size_t bytes)
 {
     proto_msg *m = c->m;
     if (!m->arena) {
-        size_t cap = m->type == PROTO_UPDATE_BEGIN ? PROTO_ARENA_BOUND(c->frame_len) : ARENA_CAP(c->frame_len);
+        size_t cap = m->type == PROTO_UPDATE_BEGIN || m->type == PROTO_ADAPTER_BEGIN ? PROTO_ARENA_BOUND(c->frame_len) : ARENA_CAP(c->frame_len);
         m->arena = malloc(sizeof(proto_block) + cap);
         if (!m->arena) {
             m->wire_error = PROTO_E_INTERNAL;

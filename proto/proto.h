@@ -150,6 +150,11 @@ typedef enum {
 #define PROTO_FEATURE_WEIGHT_UPDATE 0x1u /* HELLO_OK.features: UPDATE_* messages are served */
 #define PROTO_FEATURE_RELAY 0x2u        /* UPDATE_FORWARD, UPDATE_PREPARE and WEIGHTS_SYNC are served (§10.11) */
 #define PROTO_FEATURE_ROUTES 0x4u       /* version 2: a mixture-of-experts model; requests may ask RETURN_ROUTES (§4.6) */
+#define PROTO_FEATURE_LORA_PUSH 0x8u    /* ADAPTER_BEGIN is served: LoRA adapters pushed as transfers (§10.15) */
+
+#define PROTO_ADAPTER_RSLORA 0x1u       /* ADAPTER_BEGIN.flags: scale alpha / sqrt(rank) (use_rslora) */
+#define PROTO_ADAPTER_FLAGS 0x1u
+#define PROTO_MAX_ADAPTER_NAME 127      /* bytes of an adapter's name */
 
 #define PROTO_FORWARD_AUTH 0x1u         /* UPDATE_FORWARD: the next daemon's lane challenges; prove with key */
 #define PROTO_FORWARD_FLAGS 0x1u
@@ -460,6 +465,22 @@ typedef struct {
     const proto_tensor *tensors; /* [n_tensors] */
 } proto_update_begin;
 
+/* ADAPTER_BEGIN: client -> daemon; opens the transfer of a LoRA adapter
+ * (§10.15), answered with ADAPTER_BEGIN_OK (UPDATE_BEGIN_OK's layout). */
+typedef struct {
+    uint64_t client_id;
+    uint64_t version;           /* the adapter's version; above the one resident under name, if any */
+    uint8_t flags;              /* PROTO_ADAPTER_RSLORA */
+    uint32_t rank;              /* r of every pair */
+    float lora_alpha;           /* the scale is lora_alpha / rank (rsLoRA: / sqrt(rank)) */
+    uint32_t window;            /* chunks the sender wants in flight, >= 1 */
+    uint32_t max_chunk_bytes;   /* largest chunk data the sender will send, >= 1 */
+    uint64_t total_bytes;       /* bytes its chunks carry */
+    proto_str name;             /* the adapter's name, 1..PROTO_MAX_ADAPTER_NAME bytes */
+    uint32_t n_tensors;
+    const proto_tensor *tensors; /* [n_tensors]: PEFT names, base_model.model.<module>.lora_{A,B}.weight */
+} proto_adapter_begin;
+
 typedef struct {
     uint64_t xfer_id;           /* names the transfer in CHUNK/COMMIT/ABORT; never 0 */
     uint32_t window;            /* chunks the daemon stages at once (<= requested) */
@@ -591,6 +612,7 @@ typedef struct {
         proto_lane_auth lane_auth;
         proto_weights_sync weights_sync;
         proto_weights_sync_ok weights_sync_ok;
+        proto_adapter_begin adapter_begin;
     };
     proto_block *arena;         /* decoded arrays and strings (proto_msg_free) */
     size_t arena_bytes;         /* bytes allocated for them */

@@ -91,6 +91,9 @@ if [ "$MODE" != "--unit-only" ]; then
     add "asan:test_lora_routes" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
       RD_CASES=prime_rl_and_sglang_sequence,bad_adapters_refused_daemon_keeps_serving,max_loras_evicts_least_recently_used_and_metrics,daemons_exit_cleanly \
       "$PY" tests/py/test_lora_routes.py
+    # Adapter pushes over NNG against the ASan daemon: every refusal, a checksum failure at COMMIT, a good push after.
+    add "asan:test_lora_push" env RD_BUILD="$RD_ASAN_BUILD" ASAN_OPTIONS=detect_leaks=1 \
+      RD_CASES=bad_pushes_are_refused_and_the_old_adapter_keeps_serving,zz_stop "$PY" tests/py/test_lora_push.py
     # Bad model files of every family against the ASan/UBSan tools.
     add "asan:test_family_bad_input" env RD_BUILD="$RD_ASAN_BUILD" "$PY" tests/py/test_family_bad_input.py
     # The chain: a relay whose successor dies, aborts everywhere, lane authentication (ASan daemons).

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <sys/random.h>
 
 #include "base/clock.h"
@@ -57,6 +58,14 @@ struct xfer {
     uint32_t n_prequant;        /* tensors quantized that way */
     void *build_waiting;        /* a build_job queued once the prefault and the prequant jobs are done (the
                                    first writes the delta mapping, the others the tensors' blocks) */
+    /* a LoRA adapter's push (ADAPTER_BEGIN, §10.15): no weight changes */
+    int adapter;                /* 1: the staged tensors are an adapter's */
+    char lora_name[LORA_NAME_MAX];
+    int32_t lora_rank;
+    float lora_alpha;
+    int lora_rslora;
+    lora_adapter *built;        /* built by PREPARE or COMMIT; not yet handed to the engine thread */
+    lh_adapter *lora_bytes;     /* its bytes as pushed (deltas applied): the next push's base once it serves */
 };
 
 /* Where a chunk's reply goes: an NNG context, or (lane.send set) the data lane. */
@@ -82,6 +91,9 @@ typedef struct {
     xfer_state *s;
     xfer *x;
     upd_patch *patch;
+    lora_adapter *adapter;      /* an adapter's push: what it built */
+    lh_adapter *lora_bytes;     /* ... and its bytes */
+    uint64_t changed;           /* ... elements of its delta tensors whose bits changed */
     int rc;
     char err[512];
 } build_job;
@@ -115,6 +127,8 @@ static void start_prefault(xfer_state *s, xfer *x);
 
 static void xfer_free(xfer *x)
 {
+    lora_free(x->built);
+    lh_adapter_free(x->lora_bytes);
     upd_held_free(x->held_next);
     upd_stage_free(x->st);
     free(x->log);
@@ -149,6 +163,13 @@ static void xfer_end(xfer_state *s, xfer *x)
 
 static void record_end(xfer_state *s, const xfer *x, int ok, const char *error)
 {
+    if (x->adapter) { /* the weights' last update stays what it was */
+        if (ok)
+            s->adapters_ok++;
+        else
+            s->adapters_failed++;
+        return;
+    }
     up_last *l = &s->last_update;
     memset(l, 0, sizeof *l);
     l->happened = 1;
@@ -178,7 +199,11 @@ static void abort_xfer_code(xfer_state *s, uint32_t code, const char *why)
     xfer *x = s->open;
     if (!x)
         return;
-    log_line("weight update to version %llu aborted: %s", (unsigned long long)x->version, why);
+    if (x->adapter)
+        log_line("LoRA adapter '%s' push of version %llu aborted: %s", x->lora_name, (unsigned long long)x->version,
+                 why);
+    else
+        log_line("weight update to version %llu aborted: %s", (unsigned long long)x->version, why);
     record_end(s, x, 0, why);
     s->last_aborted_xfer = x->id;
     s->last_abort_code = code;
@@ -202,30 +227,85 @@ void xfer_init(xfer_state *s, const host_env *env)
 
 /* ---- UPDATE_BEGIN ---- */
 
-void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint32_t pipe)
+/* What every BEGIN checks first: a known client, a serving daemon, no
+ * transfer open. 0, or the request answered. */
+static int begin_allowed(xfer_state *s, br_ctx *ctx, uint16_t type, uint64_t client_id)
 {
     char why[600];
-    cl_client *c = cl_find(s->env->clients, b->client_id);
+    cl_client *c = cl_find(s->env->clients, client_id);
     if (!c) {
-        reply_error(s, ctx, PROTO_E_UNKNOWN_CLIENT, PROTO_UPDATE_BEGIN, "UPDATE_BEGIN from an unknown client_id; HELLO first");
-        return;
+        snprintf(why, sizeof why, "%s from an unknown client_id; HELLO first", proto_type_name(type));
+        reply_error(s, ctx, PROTO_E_UNKNOWN_CLIENT, type, why);
+        return -1;
     }
     c->last_seen_us = now_us();
     if (*s->env->state != D_SERVING) {
-        reply_error(s, ctx, PROTO_E_SHUTTING_DOWN, PROTO_UPDATE_BEGIN, "the daemon is shutting down: no weight updates");
-        return;
+        reply_error(s, ctx, PROTO_E_SHUTTING_DOWN, type, "the daemon is shutting down: no weight updates");
+        return -1;
     }
     if (atomic_load(&s->weights_busy)) {
-        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN,
+        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, type,
                     "a weights sync is reading the serving weights (a second or so); retry then");
-        return;
+        return -1;
     }
     if (s->open) {
-        snprintf(why, sizeof why, "a transfer to version %llu is %s; one at a time (UPDATE_ABORT it or wait)",
-                 (unsigned long long)s->open->version, s->open->committing ? "committing" : "open");
-        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, PROTO_UPDATE_BEGIN, why);
-        return;
+        if (s->open->adapter)
+            snprintf(why, sizeof why, "a transfer of LoRA adapter '%s' version %llu is %s; one at a time "
+                     "(UPDATE_ABORT it or wait)", s->open->lora_name, (unsigned long long)s->open->version,
+                     s->open->committing ? "committing" : "open");
+        else
+            snprintf(why, sizeof why, "a transfer to version %llu is %s; one at a time (UPDATE_ABORT it or wait)",
+                     (unsigned long long)s->open->version, s->open->committing ? "committing" : "open");
+        reply_error(s, ctx, PROTO_E_UPDATE_CONFLICT, type, why);
+        return -1;
     }
+    return 0;
+}
+
+/* A new transfer of the staged manifest st (owned from here), its id drawn;
+ * NULL when out of memory (st freed). */
+static xfer *new_xfer(xfer_state *s, upd_stage *st, uint64_t client_id, uint64_t version, uint32_t window,
+                      uint32_t max_chunk, uint32_t pipe)
+{
+    xfer *x = calloc(1, sizeof *x);
+    if (!x) {
+        upd_stage_free(st);
+        return NULL;
+    }
+    while (x->id == 0 && getrandom(&x->id, sizeof x->id, 0) != (ssize_t)sizeof x->id)
+        x->id = now_us() ^ 0x9e3779b97f4a7c15ull;
+    if (x->id == 0)
+        x->id = 1;
+    x->client_id = client_id;
+    x->version = version;
+    x->window = window < (uint32_t)s->env->cfg->update_window ? window : (uint32_t)s->env->cfg->update_window;
+    uint64_t room = *s->env->max_message_bytes - 64;
+    x->max_chunk = max_chunk < room ? max_chunk : (uint32_t)room;
+    x->pipe = pipe;
+    x->st = st;
+    x->bytes = st->total_bytes;
+    x->n_tensors = (uint32_t)st->n;
+    for (int32_t i = 0; i < st->n; i++)
+        x->tensor_bytes += st->t[i].nbytes;
+    x->t_begin_us = x->t_last_us = now_us();
+    x->steps_at_begin = engine_steps(s);
+    return x;
+}
+
+static void reply_begin_ok(xfer_state *s, br_ctx *ctx, uint16_t type, const xfer *x)
+{
+    proto_msg m = {.type = type};
+    m.update_begin_ok = (proto_update_begin_ok){.xfer_id = x->id, .window = x->window,
+                                                .max_chunk_bytes = x->max_chunk, .staging_bytes = x->bytes,
+                                                .data_port = s->lane_port};
+    reply_msg(s, ctx, &m);
+}
+
+void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint32_t pipe)
+{
+    char why[600];
+    if (begin_allowed(s, ctx, PROTO_UPDATE_BEGIN, b->client_id))
+        return;
     if (b->version <= *s->env->weight_version) {
         snprintf(why, sizeof why, "version %llu is not above the serving version %llu; versions only increase",
                  (unsigned long long)b->version, (unsigned long long)*s->env->weight_version);
@@ -292,35 +372,17 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
             return;
         }
     }
-    xfer *x = calloc(1, sizeof *x);
+    xfer *x = new_xfer(s, st, b->client_id, b->version, b->window, b->max_chunk_bytes, pipe);
     if (!x) {
-        upd_stage_free(st);
         reply_error(s, ctx, PROTO_E_BUSY, PROTO_UPDATE_BEGIN, "out of memory; retry later");
         return;
     }
-    while (x->id == 0 && getrandom(&x->id, sizeof x->id, 0) != (ssize_t)sizeof x->id)
-        x->id = now_us() ^ 0x9e3779b97f4a7c15ull;
-    if (x->id == 0)
-        x->id = 1;
-    x->client_id = b->client_id;
-    x->version = b->version;
     x->mode = b->mode;
     x->serve = convert_serve_code(b->serve_dtype, s->env->cfg->serve_dtype);
-    x->window = b->window < (uint32_t)s->env->cfg->update_window ? b->window : (uint32_t)s->env->cfg->update_window;
-    uint64_t room = *s->env->max_message_bytes - 64;
-    x->max_chunk = b->max_chunk_bytes < room ? b->max_chunk_bytes : (uint32_t)room;
-    x->pipe = pipe;
-    x->st = st;
-    x->bytes = st->total_bytes;
-    x->n_tensors = b->n_tensors;
     x->n_delta = n_delta;
-    for (int32_t i = 0; i < st->n; i++) {
-        x->tensor_bytes += st->t[i].nbytes;
+    for (int32_t i = 0; i < st->n; i++)
         if (st->t[i].delta)
             x->delta_elems += st->t[i].nbytes / proto_dtype_size(b->tensors[i].dtype);
-    }
-    x->t_begin_us = x->t_last_us = now_us();
-    x->steps_at_begin = engine_steps(s);
     s->open = x;
     if (n_delta)
         start_prefault(s, x);
@@ -329,11 +391,131 @@ void xfer_on_begin(xfer_state *s, br_ctx *ctx, const proto_update_begin *b, uint
              (unsigned long long)*s->env->weight_version, (unsigned long long)st->total_bytes,
              x->mode == PROTO_MODE_DRAIN ? "drain" : x->mode == PROTO_MODE_ABORT ? "abort" : "continue", x->window,
              sh_name(x->serve));
-    proto_msg m = {.type = PROTO_UPDATE_BEGIN_OK};
-    m.update_begin_ok = (proto_update_begin_ok){.xfer_id = x->id, .window = x->window,
-                                                .max_chunk_bytes = x->max_chunk, .staging_bytes = st->total_bytes,
-                                                .data_port = s->lane_port};
-    reply_msg(s, ctx, &m);
+    reply_begin_ok(s, ctx, PROTO_UPDATE_BEGIN_OK, x);
+}
+
+/* ---- ADAPTER_BEGIN (§10.15) ---- */
+
+static st_dtype st_dtype_of(int upd) { return upd == UPD_F16 ? ST_F16 : upd == UPD_BF16 ? ST_BF16 : ST_F32; }
+
+/* The staged tensors as the LoRA loader reads them: their bytes (bytes[i]), or NULL for the manifest alone. */
+static st_tensor *adapter_tensors(const upd_stage *st, uint8_t *const *bytes)
+{
+    st_tensor *t = calloc((size_t)st->n, sizeof *t);
+    for (int32_t i = 0; t && i < st->n; i++) {
+        const upd_tensor *u = &st->t[i];
+        t[i].name = u->name;
+        t[i].dtype = st_dtype_of(u->dtype);
+        t[i].n_dims = u->n_dims;
+        t[i].n_elems = 1;
+        for (int d = 0; d < u->n_dims; d++) {
+            t[i].shape[d] = (int64_t)u->shape[d];
+            t[i].n_elems *= u->shape[d];
+        }
+        t[i].data = bytes ? bytes[i] : NULL;
+    }
+    return t;
+}
+
+void xfer_on_adapter_begin(xfer_state *s, br_ctx *ctx, const proto_adapter_begin *b, uint32_t pipe)
+{
+    char why[800];
+    const uint16_t T = PROTO_ADAPTER_BEGIN;
+    if (begin_allowed(s, ctx, T, b->client_id))
+        return;
+    const cfg_daemon *cfg = s->env->cfg;
+    if (cfg->max_loras <= 0) {
+        reply_error(s, ctx, PROTO_E_INVALID_PARAMS, T, "LoRA adapters are not served here (max_loras is 0)");
+        return;
+    }
+    const lr_entry *e = lr_find(s->env->loras, b->name.ptr);
+    if (b->version == 0 || (e && b->version <= e->version)) {
+        snprintf(why, sizeof why, "adapter '%s' version %llu is not above the resident version %llu; versions "
+                 "only increase (and start at 1)", b->name.ptr, (unsigned long long)b->version,
+                 (unsigned long long)(e ? e->version : 0));
+        reply_error(s, ctx, PROTO_E_STALE_VERSION, T, why);
+        return;
+    }
+    if (b->window == 0 || b->max_chunk_bytes == 0 || b->n_tensors == 0 || b->rank == 0 ||
+        b->rank > (uint64_t)cfg->max_lora_rank || !isfinite(b->lora_alpha)) {
+        snprintf(why, sizeof why, "ADAPTER_BEGIN has window %u, max_chunk_bytes %u, n_tensors %u, rank %u, "
+                 "lora_alpha %g; expected each >= 1, rank at most max_lora_rank %lld and a finite alpha",
+                 b->window, b->max_chunk_bytes, b->n_tensors, b->rank, (double)b->lora_alpha,
+                 (long long)cfg->max_lora_rank);
+        reply_error(s, ctx, PROTO_E_INVALID_PARAMS, T, why);
+        return;
+    }
+    upd_spec *specs = calloc(b->n_tensors, sizeof *specs);
+    if (!specs) {
+        reply_error(s, ctx, PROTO_E_BUSY, T, "out of memory for the manifest; retry later");
+        return;
+    }
+    uint32_t n_delta = 0;
+    uint64_t base_version = 0;
+    for (uint32_t i = 0; i < b->n_tensors; i++) {
+        const proto_tensor *t = &b->tensors[i];
+        const int delta = (t->flags & PROTO_TENSOR_DELTA) != 0;
+        if (delta && n_delta++ == 0)
+            base_version = t->base_version;
+        if (delta && t->base_version != base_version) {
+            snprintf(why, sizeof why, "delta tensor '%.200s' has base_version %llu, another delta of this manifest "
+                     "%llu; expected one base per transfer", t->name.ptr, (unsigned long long)t->base_version,
+                     (unsigned long long)base_version);
+            free(specs);
+            reply_error(s, ctx, PROTO_E_INVALID_PARAMS, T, why);
+            return;
+        }
+        specs[i] = (upd_spec){.name = t->name.ptr, .dtype = convert_dtype(t->dtype), .n_dims = t->n_dims,
+                              .nbytes = t->nbytes, .crc32c = t->crc32c, .delta = delta, .wire_bytes = t->wire_bytes};
+        memcpy(specs[i].shape, t->shape, sizeof specs[i].shape);
+    }
+    upd_stage *st;
+    int rc = upd_stage_create(NULL, specs, (int32_t)b->n_tensors, b->total_bytes,
+                              (uint64_t)cfg->max_staging_bytes, &st);
+    free(specs);
+    if (rc) {
+        reply_error(s, ctx, rc == RD_ENOMEM ? PROTO_E_BUSY : PROTO_E_INVALID_PARAMS, T, rd_errmsg());
+        return;
+    }
+    if (n_delta) { /* the bases: this daemon's bytes of the adapter as pushed at base_version (§10.15) */
+        int held = lh_check(&s->lora_held, b->name.ptr, base_version, st, why, sizeof why);
+        if (held != LH_OK) {
+            upd_stage_free(st);
+            reply_error(s, ctx, held == LH_BASE_MISMATCH ? PROTO_E_BASE_MISMATCH : PROTO_E_DTYPE_MISMATCH, T, why);
+            return;
+        }
+    }
+    /* The loader's checks on the manifest now, so nothing is staged for an adapter that cannot load. */
+    st_tensor *tens = adapter_tensors(st, NULL);
+    rc = tens ? lora_load_tensors(b->name.ptr, (int32_t)b->rank, b->lora_alpha, (b->flags & PROTO_ADAPTER_RSLORA) != 0,
+                                  tens, (size_t)st->n, &s->env->m->cfg, (int32_t)cfg->max_lora_rank, NULL)
+              : rd_fail(RD_ENOMEM, "out of memory for the manifest; retry later");
+    free(tens);
+    if (rc) {
+        upd_stage_free(st);
+        reply_error(s, ctx, rc == RD_ENOMEM ? PROTO_E_BUSY : PROTO_E_INVALID_PARAMS, T, rd_errmsg());
+        return;
+    }
+    xfer *x = new_xfer(s, st, b->client_id, b->version, b->window, b->max_chunk_bytes, pipe);
+    if (!x) {
+        reply_error(s, ctx, PROTO_E_BUSY, T, "out of memory; retry later");
+        return;
+    }
+    x->adapter = 1;
+    x->n_delta = n_delta;
+    for (int32_t i = 0; i < st->n; i++)
+        if (st->t[i].delta)
+            x->delta_elems += st->t[i].nbytes / proto_dtype_size(b->tensors[i].dtype);
+    snprintf(x->lora_name, sizeof x->lora_name, "%s", b->name.ptr);
+    x->lora_rank = (int32_t)b->rank;
+    x->lora_alpha = b->lora_alpha;
+    x->lora_rslora = (b->flags & PROTO_ADAPTER_RSLORA) != 0;
+    s->open = x;
+    log_line("LoRA adapter '%s' push of version %llu begun: rank %d, alpha %g%s, %u tensors (%u deltas against %llu), "
+             "%llu bytes, window %u", x->lora_name, (unsigned long long)x->version, x->lora_rank,
+             (double)x->lora_alpha, x->lora_rslora ? " (rsLoRA)" : "", b->n_tensors, n_delta,
+             (unsigned long long)base_version, (unsigned long long)x->bytes, x->window);
+    reply_begin_ok(s, ctx, PROTO_ADAPTER_BEGIN_OK, x);
 }
 
 /* ---- UPDATE_CHUNK ---- */
@@ -611,6 +793,21 @@ static void free_patch_later(xfer_state *s, upd_patch *p)
 static void build_work(uv_work_t *w)
 {
     build_job *j = w->data;
+    const xfer *x = j->x;
+    if (x->adapter) {
+        /* Its final bytes first (deltas applied against the held base, checked), then the adapter from them. */
+        j->rc = lh_build(&j->s->lora_held, x->lora_name, x->version, x->st, &j->lora_bytes, &j->changed);
+        st_tensor *t = j->rc ? NULL : adapter_tensors(x->st, j->lora_bytes->bytes);
+        if (!j->rc)
+            j->rc = t ? lora_load_tensors(x->lora_name, x->lora_rank, x->lora_alpha, x->lora_rslora, t,
+                                          (size_t)x->st->n, &j->s->env->m->cfg,
+                                          (int32_t)j->s->env->cfg->max_lora_rank, &j->adapter)
+                      : rd_fail(RD_ENOMEM, "out of memory building the adapter");
+        free(t);
+        if (j->rc)
+            snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
+        return;
+    }
     /* Deltas are applied to the served bytes first, on the pool (the model is only read). */
     j->rc = j->x->n_delta ? upd_delta_apply(j->s->env->m, j->x->st) : 0;
     /* A serve_dtype other than as_pushed quantizes here, on this worker thread, off the engine's. */
@@ -618,6 +815,21 @@ static void build_work(uv_work_t *w)
         j->rc = upd_build(j->s->env->m, j->x->st, convert_serve_upd(j->x->serve), &j->patch);
     if (j->rc)
         snprintf(j->err, sizeof j->err, "%s", rd_errmsg());
+}
+
+/* Hands a built adapter to the engine thread, which loads it under its name
+ * between two steps; xfer_on_lora answers the COMMIT then. */
+static void swap_in_adapter(xfer_state *s, xfer *x)
+{
+    lora_adapter *a = x->built;
+    x->built = NULL;
+    if (et_lora_put(s->env->et, XFER_LORA_KEY, x->lora_name, a, x->version)) {
+        lora_free(a);
+        br_ctx *ctx = x->commit_ctx;
+        x->committing = 0;
+        abort_xfer_code(s, PROTO_E_INTERNAL, "out of memory queueing the adapter's load");
+        reply_error(s, ctx, PROTO_E_INTERNAL, PROTO_UPDATE_COMMIT, "out of memory queueing the adapter's load");
+    }
 }
 
 /* Hands a built patch to the engine thread, which swaps it in at a step
@@ -639,6 +851,9 @@ static void build_done(uv_work_t *w, int status)
     xfer_state *s = j->s;
     xfer *x = j->x;
     upd_patch *patch = j->patch;
+    lora_adapter *adapter = j->adapter;
+    lh_adapter *lora_bytes = j->lora_bytes;
+    uint64_t changed = j->changed;
     int rc = status ? RD_EINVAL : j->rc;
     char why[600];
     snprintf(why, sizeof why, "%s", status ? "the conversion job was cancelled" : j->err);
@@ -648,6 +863,8 @@ static void build_done(uv_work_t *w, int status)
     if (x->dead) { /* aborted while building (a PREPARE's build: no COMMIT waits) */
         if (patch)
             free_patch_later(s, patch);
+        lora_free(adapter);
+        lh_adapter_free(lora_bytes);
         xfer_maybe_free(x);
         return;
     }
@@ -655,7 +872,7 @@ static void build_done(uv_work_t *w, int status)
                   : rc == RD_ECHECKSUM ? PROTO_E_CHECKSUM : PROTO_E_INTERNAL;
     upd_held_free(x->held_next);
     x->held_next = NULL;
-    if (!rc && s->held && upd_held_copy(s->held, &x->held_next) == 0)
+    if (!rc && s->held && !x->adapter && upd_held_copy(s->held, &x->held_next) == 0)
         upd_held_note(x->held_next, &s->env->m->cfg, x->st, convert_serve_upd(x->serve));
     if (!rc)
         x->delta_changed = x->st->delta_changed;
@@ -673,6 +890,14 @@ static void build_done(uv_work_t *w, int status)
     if (!x->forwarded) {
         upd_stage_free(x->st);
         x->st = NULL;
+    }
+    if (x->adapter) {
+        x->built = adapter;
+        x->lora_bytes = lora_bytes;
+        x->delta_changed = changed;
+        if (x->commit_ctx)
+            swap_in_adapter(s, x);
+        return; /* else prepared: the COMMIT hands it over */
     }
     if (x->commit_ctx)
         swap_in(s, x, patch);
@@ -806,7 +1031,7 @@ static void prequant_done(uv_work_t *w, int status)
 static void start_prequant(xfer_state *s, xfer *x, uint32_t ti)
 {
     upd_tensor *t = x->st ? &x->st->t[ti] : NULL;
-    if (!t || t->staged != t->wire || t->delta || x->building || x->dead ||
+    if (!t || t->staged != t->wire || t->delta || x->building || x->dead || x->adapter ||
         convert_serve_upd(x->serve) == UPD_SERVE_AS_PUSHED || !upd_kind_quantized(&s->env->m->cfg, t->kind,
                                                                                   convert_serve_upd(x->serve)))
         return;
@@ -880,6 +1105,13 @@ void xfer_on_commit(xfer_state *s, br_ctx *ctx, const proto_update_ref *r)
                     "this transfer is already committing; repeat the COMMIT later for its result");
         return;
     }
+    if (x->built) { /* an adapter prepared: only its load is left */
+        x->committing = 1;
+        x->commit_ctx = ctx;
+        x->t_commit_us = now_us();
+        swap_in_adapter(s, x);
+        return;
+    }
     if (x->patch) { /* prepared (§10.11): only the swap is left */
         upd_patch *p = x->patch;
         x->patch = NULL;
@@ -908,7 +1140,7 @@ static void fill_prepare_ok(const xfer *x, proto_update_prepare_ok *ok)
 {
     memset(ok, 0, sizeof *ok);
     ok->xfer_id = x->id;
-    ok->state = x->patch || x->committing ? PROTO_PREP_READY : x->building ? PROTO_PREP_BUILDING
+    ok->state = x->patch || x->built || x->committing ? PROTO_PREP_READY : x->building ? PROTO_PREP_BUILDING
                                                                           : PROTO_PREP_STAGING;
     ok->bytes_staged = x->st ? x->st->staged_bytes : x->bytes;
     ok->total_bytes = x->bytes;
@@ -930,7 +1162,7 @@ void xfer_on_prepare(xfer_state *s, br_ctx *ctx, const proto_update_ref *r)
         return;
     }
     x->t_last_us = now_us();
-    if (!x->building && !x->patch && !x->committing && staged_all(x)) {
+    if (!x->building && !x->patch && !x->built && !x->committing && staged_all(x)) {
         uint32_t code = start_build(s, x, why, sizeof why);
         if (code) {
             reply_error(s, ctx, code, PROTO_UPDATE_PREPARE, why);
@@ -1099,6 +1331,50 @@ void xfer_on_wake(xfer_state *s)
     proto_msg m = {.type = PROTO_UPDATE_COMMIT_OK};
     m.update_commit_ok = ok;
     br_ctx *ctx = x->commit_ctx;
+    s->open = NULL;
+    xfer_end(s, x);
+    reply_msg(s, ctx, &m);
+}
+
+void xfer_on_lora(xfer_state *s, int rc, const char *msg, int32_t rank, int64_t bytes, const char *evicted)
+{
+    xfer *x = s->open;
+    if (!x || !x->adapter || !x->committing) { /* cannot happen: a committing transfer is never aborted */
+        log_line("LoRA adapter load answered with no adapter push committing (%s)", rc ? msg : "loaded");
+        return;
+    }
+    br_ctx *ctx = x->commit_ctx;
+    if (rc) {
+        uint32_t code = rc == RD_EBUSY ? PROTO_E_BUSY : rc == RD_ENOMEM ? PROTO_E_INTERNAL : PROTO_E_INVALID_PARAMS;
+        x->committing = 0;
+        abort_xfer_code(s, code, msg);
+        reply_error(s, ctx, code, PROTO_UPDATE_COMMIT, msg);
+        return;
+    }
+    if (evicted && evicted[0]) {
+        lr_remove(s->env->loras, evicted);
+        log_line("LoRA adapter '%s' evicted (least recently used) for '%s'", evicted, x->lora_name);
+    }
+    if (x->lora_bytes) { /* the next push of it may be deltas against these bytes */
+        lh_install(&s->lora_held, x->lora_bytes);
+        x->lora_bytes = NULL;
+    }
+    if (lr_put(s->env->loras, x->lora_name, NULL, x->version, rank, bytes))
+        log_line("LoRA adapter '%s': out of memory recording it; requests naming it are refused until it is "
+                 "loaded again", x->lora_name);
+    const uint64_t now = now_us();
+    proto_update_commit_ok ok = {.version = x->version, .wait_us = now - x->t_commit_us,
+                                 .staged_us = x->t_commit_us - x->t_begin_us};
+    record_end(s, x, 1, NULL);
+    s->last_commit_xfer = x->id;
+    s->last_commit_ok = ok;
+    log_line("LoRA adapter '%s' version %llu serving (pushed: %llu bytes, %u deltas changing %llu of %llu elements; "
+             "staged %.3f s, built %.3f s, load %.3f ms)", x->lora_name, (unsigned long long)x->version,
+             (unsigned long long)x->bytes, x->n_delta, (unsigned long long)x->delta_changed,
+             (unsigned long long)x->delta_elems,
+             (double)ok.staged_us / 1e6, (double)(x->t_built_us - x->t_build_us) / 1e6, (double)ok.wait_us / 1e3);
+    proto_msg m = {.type = PROTO_UPDATE_COMMIT_OK};
+    m.update_commit_ok = ok;
     s->open = NULL;
     xfer_end(s, x);
     reply_msg(s, ctx, &m);

@@ -12,6 +12,7 @@
 #include "daemon/metrics.h"
 #include "daemon/relay_allow.h"
 #include "daemon/update/lane_server.h"
+#include "daemon/update/lora_held.h"
 #include "engine/update/delta.h"
 #include "proto/proto.h"
 
@@ -37,14 +38,23 @@ typedef struct {
     ra_list relay_allow;        /* where UPDATE_FORWARD may send (relay_allow, parsed at init) */
     uint64_t relays_refused;    /* UPDATE_FORWARDs refused FORBIDDEN */
     upd_held *held;             /* which weights are held as pushed, in which dtype (deltas need it), or NULL */
+    uint64_t adapters_ok, adapters_failed; /* LoRA adapter pushes (ADAPTER_BEGIN) that served, that failed */
+    lh_table lora_held;         /* the pushed adapters' bytes: their deltas' bases */
     void (*room)(void *arg);    /* the lane's room signal (lane_sink.watch_room), or NULL */
     void *room_arg;
 } xfer_state;
 
 void xfer_init(xfer_state *s, const host_env *env);
 
+/* The engine key of a pushed adapter's load (et_lora_put): its answer comes back to xfer_on_lora. Apart
+ * from the HTTP keys (bit 63) and the NNG clients' (which no adapter load answers). */
+#define XFER_LORA_KEY (1ull << 62)
+
 /* The NNG requests; each is answered through env->reply (now or later). */
 void xfer_on_begin(xfer_state *s, br_ctx *x, const proto_update_begin *b, uint32_t pipe);
+/* A LoRA adapter's transfer (§10.15): staged, relayed, prepared and committed as a weight update's, built
+ * into an adapter instead of weights, and swapped in under its name by the engine thread. */
+void xfer_on_adapter_begin(xfer_state *s, br_ctx *x, const proto_adapter_begin *b, uint32_t pipe);
 /* Takes the request message: the chunk's data points into it. */
 void xfer_on_chunk(xfer_state *s, br_ctx *x, const proto_update_chunk *c, nng_msg *msg);
 void xfer_on_commit(xfer_state *s, br_ctx *x, const proto_update_ref *r);
@@ -59,6 +69,9 @@ lane_sink xfer_lane_sink(xfer_state *s);
 
 /* The engine thread swapped: the serving version moves on and the COMMIT is answered. */
 void xfer_on_wake(xfer_state *s);
+/* The engine thread loaded the committing adapter (rc 0: rank, the backend's bytes, the idle adapter it
+ * evicted or "") or refused it (rc, msg): the COMMIT is answered. */
+void xfer_on_lora(xfer_state *s, int rc, const char *msg, int32_t rank, int64_t bytes, const char *evicted);
 void xfer_on_pipe_closed(xfer_state *s, uint32_t pipe);
 /* Once a second: relays retry, an idle transfer is aborted (update_idle_s). */
 void xfer_on_tick(xfer_state *s);

@@ -27,6 +27,7 @@ int wing_on_message(wing *w, br_ctx *x, const proto_msg *m, uint32_t pipe)
 {
     switch (m->type) {
     case PROTO_UPDATE_BEGIN: xfer_on_begin(&w->xfer, x, &m->update_begin, pipe); return 1;
+    case PROTO_ADAPTER_BEGIN: xfer_on_adapter_begin(&w->xfer, x, &m->adapter_begin, pipe); return 1;
     case PROTO_UPDATE_COMMIT: xfer_on_commit(&w->xfer, x, &m->update_commit); return 1;
     case PROTO_UPDATE_ABORT: xfer_on_abort(&w->xfer, x, &m->update_abort); return 1;
     case PROTO_UPDATE_PREPARE: xfer_on_prepare(&w->xfer, x, &m->update_prepare); return 1;
@@ -42,6 +43,11 @@ void wing_on_chunk(wing *w, br_ctx *x, const proto_update_chunk *c, nng_msg *msg
 }
 
 void wing_on_wake(wing *w) { xfer_on_wake(&w->xfer); }
+
+void wing_on_lora(wing *w, int rc, const char *msg, int32_t rank, int64_t bytes, const char *evicted)
+{
+    xfer_on_lora(&w->xfer, rc, msg, rank, bytes, evicted);
+}
 
 void wing_on_tick(wing *w)
 {
@@ -61,6 +67,8 @@ void wing_snapshot(const wing *w, mx_snapshot *s)
     s->updates_ok = w->xfer.updates_ok;
     s->updates_failed = w->xfer.updates_failed;
     s->update_bytes_total = w->xfer.update_bytes_total;
+    s->lora_pushes_ok = w->xfer.adapters_ok;
+    s->lora_pushes_failed = w->xfer.adapters_failed;
     lane_counts(w->lane, &s->lane_connections, &s->lane_evicted, &s->lane_refused);
     s->relays_refused = w->xfer.relays_refused;
 }
@@ -76,4 +84,5 @@ void wing_free(wing *w)
     w->lane = NULL;
     upd_held_free(w->xfer.held);
     w->xfer.held = NULL;
+    lh_free(&w->xfer.lora_held);
 }

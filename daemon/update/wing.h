@@ -39,6 +39,8 @@ int wing_on_message(wing *w, br_ctx *x, const proto_msg *m, uint32_t pipe);
 void wing_on_chunk(wing *w, br_ctx *x, const proto_update_chunk *c, nng_msg *msg);
 /* The loop woke: a swap may have landed (the serving version moves on). */
 void wing_on_wake(wing *w);
+/* The engine thread's answer to a pushed adapter's load (an et_done with lora set and tag XFER_LORA_KEY). */
+void wing_on_lora(wing *w, int rc, const char *msg, int32_t rank, int64_t bytes, const char *evicted);
 /* Once a second: the lane's stalled connections, relay retries, idle transfers. */
 void wing_on_tick(wing *w);
 void wing_on_pipe_closed(wing *w, uint32_t pipe);

@@ -83,6 +83,7 @@ typedef struct {
     uint8_t *hit;               /* [list size]: the entry matched a module */
     const char *re_text;
     uint8_t *layer_on;          /* [n_layers], or NULL: layers_to_transform absent (every layer) */
+    int check_only;             /* lora_load_tensors without data: the checks, no copy */
     uint8_t *want;              /* [n_layers][LORA_N_MODULES]: selected by the config */
     const st_tensor **ta, **tb; /* [n_layers][LORA_N_MODULES]: found in the file */
     int32_t in[LORA_N_MODULES], out[LORA_N_MODULES];
@@ -644,7 +645,7 @@ static int load_parts(loader *x, lora_adapter *a, const char *text, const st_fil
         for (int m = 0; m < LORA_N_MODULES; m++)
             if (x->want[(size_t)l * LORA_N_MODULES + m] && (rc = check_pair(x, l, (lora_module)m, a->rank)))
                 goto out;
-    if ((rc = take_data(x, a)))
+    if (x->check_only || (rc = take_data(x, a)))
         goto out;
     memcpy(a->in, x->in, sizeof a->in);
     memcpy(a->out, x->out, sizeof a->out);
@@ -720,11 +721,12 @@ static void reset_loader(loader *x)
 /* One entry point's work: dir names the folder (or labels an in-memory adapter in messages); text and f
  * are the in-memory parts (text NULL: read the folder). */
 static int load_any(const char *dir, const char *text, const st_file *f, const model_config *mc, int32_t max_rank,
-                    lora_adapter **out)
+                    int check_only, lora_adapter **out)
 {
-    if (!out)
+    if (!out && !check_only)
         return rd_fail(RD_EINVAL, "lora_load_peft: out is NULL");
-    *out = NULL;
+    if (out)
+        *out = NULL;
     if (!dir || !*dir || !mc)
         return rd_fail(RD_EINVAL, "lora_load_peft: a folder (or a name) and a model config are needed");
     if (max_rank < 1 || max_rank > LORA_MAX_RANK)
@@ -734,7 +736,7 @@ static int load_any(const char *dir, const char *text, const st_file *f, const m
         return rd_fail(RD_EINVAL, "lora_load_peft: the model config (arch '%.32s', %d layers) names no family",
                        mc->arch, mc->n_layers);
     const size_t n = (size_t)mc->n_layers * LORA_N_MODULES;
-    loader x = {.dir = dir, .mc = mc, .ad = ad, .max_rank = max_rank};
+    loader x = {.dir = dir, .mc = mc, .ad = ad, .max_rank = max_rank, .check_only = check_only};
     lora_adapter *a = calloc(1, sizeof *a);
     int rc;
     x.want = calloc(n, 1);
@@ -752,7 +754,7 @@ static int load_any(const char *dir, const char *text, const st_file *f, const m
     free(x.want);
     free(x.ta);
     free(x.tb);
-    if (rc) {
+    if (rc || check_only) {
         lora_free(a);
         return rc;
     }
@@ -762,7 +764,75 @@ static int load_any(const char *dir, const char *text, const st_file *f, const m
 
 int lora_load_peft(const char *dir, const model_config *mc, int32_t max_rank, lora_adapter **out)
 {
-    return load_any(dir, NULL, NULL, mc, max_rank, out);
+    return load_any(dir, NULL, NULL, mc, max_rank, 0, out);
+}
+
+/* The module a PEFT tensor name is for ("model.layers.0.self_attn.q_proj"), or 0 if it is no lora_A/lora_B
+ * weight (the loader then refuses it by name). */
+static int pushed_module(const char *name, char *out, size_t cap)
+{
+    const size_t n = strlen(name), p = sizeof PREFIX - 1, tail = strlen(".lora_A.weight");
+    if (n <= p + tail || strncmp(name, PREFIX, p) ||
+        (!ends_with(name, ".lora_A.weight") && !ends_with(name, ".lora_B.weight")) || n - p - tail >= cap)
+        return 0;
+    memcpy(out, name + p, n - p - tail);
+    out[n - p - tail] = 0;
+    return 1;
+}
+
+int lora_load_tensors(const char *label, int32_t rank, float alpha, int rslora, const st_tensor *t, size_t n,
+                      const model_config *mc, int32_t max_rank, lora_adapter **out)
+{
+    const int check_only = !out;
+    if (out)
+        *out = NULL;
+    if (!t || n == 0)
+        return rd_fail(RD_EINVAL, "lora: '%.200s': a pushed adapter needs its lora_A and lora_B tensors",
+                       label ? label : "?");
+    for (size_t i = 0; i < n && !check_only; i++)
+        if (!t[i].data)
+            return rd_fail(RD_EINVAL, "lora: '%.200s': tensor '%.120s' has no data", label ? label : "?",
+                           t[i].name);
+    /* The config PEFT would have written: its targets are exactly the modules the tensors name, so every
+     * check of a folder's adapter (pairs complete, shapes, refused modules) applies unchanged. */
+    cJSON *root = cJSON_CreateObject(), *mods = cJSON_CreateArray();
+    char module[256];
+    int any = 0, rc = 0;
+    if (!root || !mods) {
+        rc = rd_fail(RD_ENOMEM, "lora: out of memory");
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (!pushed_module(t[i].name, module, sizeof module))
+                continue;
+            int seen = 0;
+            for (const cJSON *e = mods->child; e && !seen; e = e->next)
+                seen = !strcmp(e->valuestring, module);
+            if (!seen) {
+                cJSON_AddItemToArray(mods, cJSON_CreateString(module));
+                any = 1;
+            }
+        }
+        cJSON_AddStringToObject(root, "peft_type", "LORA");
+        cJSON_AddNumberToObject(root, "r", rank);
+        cJSON_AddNumberToObject(root, "lora_alpha", alpha);
+        cJSON_AddBoolToObject(root, "use_rslora", rslora != 0);
+        cJSON_AddItemToObject(root, "target_modules", mods);
+        mods = NULL;
+    }
+    char *text = rc ? NULL : cJSON_PrintUnformatted(root);
+    if (!rc && !text)
+        rc = rd_fail(RD_ENOMEM, "lora: out of memory");
+    if (!rc && !any)
+        rc = rd_fail(RD_EFORMAT, "lora: '%.200s': no tensor is a LoRA weight (base_model.model.<module>.lora_A.weight "
+                     "and .lora_B.weight; the first is '%.120s')", label ? label : "?", t[0].name);
+    if (!rc) {
+        st_file f = {.n_tensors = n, .tensors = (st_tensor *)t};
+        rc = load_any(label, text, &f, mc, max_rank, check_only, check_only ? NULL : out);
+    }
+    cJSON_free(text);
+    cJSON_Delete(mods);
+    cJSON_Delete(root);
+    return rc;
 }
 
 int lora_load_peft_mem(const char *label, const char *config, size_t config_len, const uint8_t *st, size_t st_size,
@@ -785,7 +855,7 @@ int lora_load_peft_mem(const char *label, const char *config, size_t config_len,
         snprintf(msg, sizeof msg, "%s", rd_errmsg());
         rc = rd_fail(rc, "lora: '%.200s': adapter_model.safetensors: %s", label ? label : "?", msg);
     } else {
-        rc = load_any(label, text, f, mc, max_rank, out);
+        rc = load_any(label, text, f, mc, max_rank, 0, out);
     }
     st_close(f);
     free(text);

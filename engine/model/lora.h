@@ -110,6 +110,12 @@ int lora_load_peft(const char *dir, const struct model_config *mc, int32_t max_r
  * does not keep them). label names it in messages and becomes its default name. */
 int lora_load_peft_mem(const char *label, const char *config, size_t config_len, const uint8_t *st, size_t st_size,
                        const struct model_config *mc, int32_t max_rank, lora_adapter **out);
+/* An adapter pushed as tensors (PROTOCOL.md §10.15): rank, alpha and rsLoRA as the push says, the targets
+ * the modules its tensors name, each of which needs its lora_A and lora_B (PEFT's names, shapes and
+ * dtypes, as in the file; t[i].data the bytes, copied out). Every check of lora_load_peft applies. out
+ * NULL checks a manifest alone (data may be NULL): 0 when those tensors, once filled, would load. */
+int lora_load_tensors(const char *label, int32_t rank, float alpha, int rslora, const st_tensor *t, size_t n,
+                      const struct model_config *mc, int32_t max_rank, lora_adapter **out);
 void lora_free(lora_adapter *a);
 
 /* The pair of module m in layer l (its a and b NULL when absent). */

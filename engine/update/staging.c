@@ -129,6 +129,9 @@ static int check_spec(const upd_spec *sp, int64_t rows, int64_t cols)
     return 0;
 }
 
+static int stage_alloc(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
+                       uint64_t max_bytes, upd_stage **out);
+
 int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
                      uint64_t max_bytes, upd_stage **out)
 {
@@ -139,13 +142,14 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
      * one (numbers canonical), so a table of first uses finds it in O(n);
      * comparing names pairwise took seconds on the loop thread for a MoE
      * manifest (Qwen3-30B-A3B: 18,867 tensors). */
+    if (!c)
+        return stage_alloc(NULL, specs, n, total_bytes, max_bytes, out);
     const arch_desc *a = arch_by_name(c->arch, strlen(c->arch));
     const int32_t units = c->n_experts > 1 ? c->n_experts : 1;
     int32_t *seen = calloc((size_t)(a ? a->n_tensors : 1) * (size_t)(c->n_layers + 1) * (size_t)units,
                            sizeof *seen);
     if (!seen)
         return rd_fail(RD_ENOMEM, "update: out of memory for the manifest");
-    uint64_t sum = 0;
     int rc = 0;
     for (int32_t i = 0; i < n && !rc; i++) {
         const upd_spec *sp = &specs[i];
@@ -163,13 +167,38 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         }
         *first = i + 1;
         rc = check_spec(sp, rows, cols);
-        if (!rc && sp->delta && sp->wire_bytes == 0)
-            rc = rd_fail(RD_EINVAL, "update: delta tensor '%.200s' has wire_bytes 0; expected >= 1", sp->name);
-        sum += sp->delta ? sp->wire_bytes : sp->nbytes;
     }
     free(seen);
-    if (rc)
-        return rc;
+    return rc ? rc : stage_alloc(c, specs, n, total_bytes, max_bytes, out);
+}
+
+/* The tensors' nbytes against their shapes (a manifest no model checks:
+ * c NULL), the sum, and the staging memory. */
+static int stage_alloc(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
+                       uint64_t max_bytes, upd_stage **out)
+{
+    uint64_t sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const upd_spec *sp = &specs[i];
+        if (!c) {
+            uint64_t elems = 1, bytes = 0;
+            int over = 0;
+            for (int d = 0; d < sp->n_dims && d < UPD_MAX_DIMS; d++)
+                over |= __builtin_mul_overflow(elems, sp->shape[d], &elems);
+            over |= __builtin_mul_overflow(elems, (uint64_t)upd_dtype_size(sp->dtype), &bytes);
+            if (!upd_dtype_size(sp->dtype) || sp->n_dims < 1 || over || sp->nbytes != bytes)
+                return rd_fail(RD_EINVAL, "update: tensor '%.200s' declares %llu bytes; its shape and dtype make "
+                               "%llu", sp->name, (unsigned long long)sp->nbytes,
+                               (unsigned long long)(elems * upd_dtype_size(sp->dtype)));
+            for (int32_t k = 0; k < i; k++)
+                if (!strcmp(specs[k].name, sp->name))
+                    return rd_fail(RD_EINVAL, "update: tensor '%.200s' appears twice in the manifest (%d and %d)",
+                                   sp->name, k, i);
+        }
+        if (sp->delta && sp->wire_bytes == 0)
+            return rd_fail(RD_EINVAL, "update: delta tensor '%.200s' has wire_bytes 0; expected >= 1", sp->name);
+        sum += sp->delta ? sp->wire_bytes : sp->nbytes;
+    }
     if (sum != total_bytes)
         return rd_fail(RD_EINVAL, "update: total_bytes is %llu; the tensors add up to %llu",
                        (unsigned long long)total_bytes, (unsigned long long)sum);
@@ -205,7 +234,9 @@ int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, ui
         const upd_spec *sp = &specs[i];
         upd_tensor *t = &s->t[i];
         int64_t rows, cols, row0;
-        resolve(c, sp->name, &t->kind, &t->layer, &t->expert, &rows, &cols, &row0);
+        t->kind = t->layer = -1;
+        if (c)
+            resolve(c, sp->name, &t->kind, &t->layer, &t->expert, &rows, &cols, &row0);
         t->name = strdup(sp->name);
         t->dtype = sp->dtype;
         t->n_dims = sp->n_dims;

@@ -100,7 +100,10 @@ typedef struct upd_stage {
 /* Checks the manifest against the model (every name known, no name twice,
  * shapes equal the model's, nbytes consistent, total_bytes the sum, at most
  * max_bytes) and allocates the staging memory. RD_EINVAL names the tensor and
- * what was expected; RD_ENOMEM when the memory is not there. */
+ * what was expected; RD_ENOMEM when the memory is not there. c NULL: tensors
+ * that are no weight of the model (a LoRA adapter's, which its loader
+ * checks): only no name twice, nbytes, the sum and max_bytes; their kind
+ * and layer are -1 and upd_build does not take such a stage. */
 int upd_stage_create(const model_config *c, const upd_spec *specs, int32_t n, uint64_t total_bytes,
                      uint64_t max_bytes, upd_stage **out);
 void upd_stage_free(upd_stage *s);

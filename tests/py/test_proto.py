@@ -267,7 +267,7 @@ def rnd_message(rng, t):
         return P.Bye(rnd_u64(rng), rng.getrandbits(1))
     if t == P.T.BYE_OK:
         return P.ByeOk(rng.getrandbits(32), rng.getrandbits(32))
-    if t == P.T.UPDATE_BEGIN:
+    if t in (P.T.UPDATE_BEGIN, P.T.ADAPTER_BEGIN):
         tensors = []
         for _ in range(rng.randrange(5)):
             name = ""
@@ -275,6 +275,16 @@ def rnd_message(rng, t):
                 name = rnd_str(rng, 70)
             tensors.append(P.Tensor(name, rng.randrange(3), [rnd_u64(rng) for _ in range(rng.randint(1, 4))],
                                     rnd_u64(rng), rng.getrandbits(32)))
+    if t == P.T.ADAPTER_BEGIN:
+        name = ""
+        while not 1 <= len(name.encode()) <= 127:
+            name = rnd_str(rng, 40)
+        return P.AdapterBegin(rnd_u64(rng), rnd_u64(rng), rng.getrandbits(1), rng.getrandbits(32),
+                              float(np.float32(rng.uniform(-100, 100))), rng.getrandbits(32), rng.getrandbits(32),
+                              rnd_u64(rng), name, tensors)
+    if t == P.T.ADAPTER_BEGIN_OK:
+        return P.AdapterBeginOk(rnd_u64(rng), rng.getrandbits(32), rng.getrandbits(32), rnd_u64(rng), rng.getrandbits(16))
+    if t == P.T.UPDATE_BEGIN:
         return P.UpdateBegin(rnd_u64(rng), rnd_u64(rng), rng.randrange(3), 0, rng.getrandbits(32), rng.getrandbits(32),
                              rnd_u64(rng), tensors)      # serve_dtype 0: these frames are version 1
     if t == P.T.UPDATE_BEGIN_OK:
@@ -798,7 +808,7 @@ def update_messages():
     chunk data decodes as a view of the frame; encoding takes any bytes-like
     data or a C-contiguous numpy array as raw bytes; the name limit is in bytes."""
     assert all(P.is_request(t) for t in (P.T.UPDATE_BEGIN, P.T.UPDATE_CHUNK, P.T.UPDATE_COMMIT, P.T.UPDATE_ABORT))
-    assert not any(P.is_request(t) for t in (P.T.UPDATE_BEGIN_OK, P.T.UPDATE_ABORT_OK, P.T.ERROR, 0x18))
+    assert not any(P.is_request(t) for t in (P.T.UPDATE_BEGIN_OK, P.T.UPDATE_ABORT_OK, P.T.ERROR, 0x19))
     assert all(P.is_request(t) for t in (P.T.UPDATE_FORWARD, P.T.UPDATE_PREPARE, P.T.LANE_AUTH))
     frame = bytearray(frame_bytes("update_chunk.bin"))
     m = P.decode(frame)
@@ -819,7 +829,7 @@ def update_messages():
         pass
     assert P.dtype_size(P.DTYPE_BF16) == 2 and P.dtype_size(P.DTYPE_F32) == 4 and P.dtype_size(3) == 0
     # undefined types next to the update range are UNKNOWN_TYPE, the update types decode
-    for t, code in ((0x18, P.E.UNKNOWN_TYPE), (0x96, P.E.UNKNOWN_TYPE), (0x12, P.E.MALFORMED), (0x14, P.E.MALFORMED)):
+    for t, code in ((0x19, P.E.UNKNOWN_TYPE), (0x96, P.E.UNKNOWN_TYPE), (0x12, P.E.MALFORMED), (0x14, P.E.MALFORMED)):
         try:
             P.decode(b"RLDP" + bytes([1, 0, t, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
             raise AssertionError(f"type {t:#x} decoded with an empty body")

@@ -219,6 +219,37 @@ static uint16_t type_by_name(const char *name)
     return 0;
 }
 
+/* A manifest's tensors from vectors.json. */
+static proto_tensor *json_tensors(const cJSON *a, uint32_t *n_out)
+{
+    uint32_t n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
+    proto_tensor *t = n ? palloc(n * sizeof *t) : NULL;
+    uint32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        t[i].name = jstr(e, "name");
+        t[i].dtype = (uint8_t)jnum(e, "dtype");
+        const cJSON *sh = jget(e, "shape"), *d;
+        t[i].n_dims = sh ? (uint8_t)cJSON_GetArraySize(sh) : 0;
+        uint32_t k = 0;
+        cJSON_ArrayForEach(d, sh) {
+            if (k < PROTO_MAX_DIMS)
+                t[i].shape[k] = ju64v(d);
+            k++;
+        }
+        t[i].nbytes = ju64(e, "nbytes");
+        t[i].crc32c = (uint32_t)jnum(e, "crc32c");
+        t[i].flags = (uint16_t)jnum(e, "flags");
+        if (t[i].flags & PROTO_TENSOR_DELTA) {
+            t[i].wire_bytes = ju64(e, "wire_bytes");
+            t[i].base_version = ju64(e, "base_version");
+        }
+        i++;
+    }
+    *n_out = n;
+    return t;
+}
+
 static void json_to_msg(const cJSON *o, proto_msg *m)
 {
     memset(m, 0, sizeof *m);
@@ -459,36 +490,25 @@ static void json_to_msg(const cJSON *o, proto_msg *m)
         u->window = (uint32_t)jnum(o, "window");
         u->max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
         u->total_bytes = ju64(o, "total_bytes");
-        const cJSON *a = jget(o, "tensors");
-        uint32_t n = a ? (uint32_t)cJSON_GetArraySize(a) : 0;
-        proto_tensor *t = n ? palloc(n * sizeof *t) : NULL;
-        uint32_t i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, a) {
-            t[i].name = jstr(e, "name");
-            t[i].dtype = (uint8_t)jnum(e, "dtype");
-            const cJSON *sh = jget(e, "shape"), *d;
-            t[i].n_dims = sh ? (uint8_t)cJSON_GetArraySize(sh) : 0;
-            uint32_t k = 0;
-            cJSON_ArrayForEach(d, sh) {
-                if (k < PROTO_MAX_DIMS)
-                    t[i].shape[k] = ju64v(d);
-                k++;
-            }
-            t[i].nbytes = ju64(e, "nbytes");
-            t[i].crc32c = (uint32_t)jnum(e, "crc32c");
-            t[i].flags = (uint16_t)jnum(e, "flags");
-            if (t[i].flags & PROTO_TENSOR_DELTA) {
-                t[i].wire_bytes = ju64(e, "wire_bytes");
-                t[i].base_version = ju64(e, "base_version");
-            }
-            i++;
-        }
-        u->n_tensors = n;
-        u->tensors = t;
+        u->tensors = json_tensors(jget(o, "tensors"), &u->n_tensors);
+        break;
+    }
+    case PROTO_ADAPTER_BEGIN: {
+        proto_adapter_begin *u = &m->adapter_begin;
+        u->client_id = ju64(o, "client_id");
+        u->version = ju64(o, "version");
+        u->flags = (uint8_t)jnum(o, "flags");
+        u->rank = (uint32_t)jnum(o, "rank");
+        u->lora_alpha = (float)jnum(o, "lora_alpha");
+        u->window = (uint32_t)jnum(o, "window");
+        u->max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
+        u->total_bytes = ju64(o, "total_bytes");
+        u->name = jstr(o, "name");
+        u->tensors = json_tensors(jget(o, "tensors"), &u->n_tensors);
         break;
     }
     case PROTO_UPDATE_BEGIN_OK:
+    case PROTO_ADAPTER_BEGIN_OK:
         m->update_begin_ok.xfer_id = ju64(o, "xfer_id");
         m->update_begin_ok.window = (uint32_t)jnum(o, "window");
         m->update_begin_ok.max_chunk_bytes = (uint32_t)jnum(o, "max_chunk_bytes");
@@ -619,6 +639,24 @@ static int arr_eq(const void *a, const void *b, uint64_t n, const char *name)
     return 1;
 }
 #define AFIELD(a, b, n, name) do { if (!arr_eq((a), (b), (n), (name))) return 0; } while (0)
+
+static int tensors_eq(const proto_tensor *x, const proto_tensor *y, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const proto_tensor *s = &x[i], *t = &y[i];
+        SFIELD(s->name, t->name, "tensor name");
+        FIELD(s->dtype, t->dtype, "tensor dtype");
+        FIELD(s->n_dims, t->n_dims, "tensor n_dims");
+        for (uint32_t d = 0; d < s->n_dims && d < PROTO_MAX_DIMS; d++)
+            FIELD(s->shape[d], t->shape[d], "tensor shape");
+        FIELD(s->nbytes, t->nbytes, "tensor nbytes");
+        FIELD(s->crc32c, t->crc32c, "tensor crc32c");
+        FIELD(s->flags, t->flags, "tensor flags");
+        FIELD(s->wire_bytes, t->wire_bytes, "tensor wire_bytes");
+        FIELD(s->base_version, t->base_version, "tensor base_version");
+    }
+    return 1;
+}
 
 static int request_eq(const proto_request *a, const proto_request *b)
 {
@@ -825,22 +863,24 @@ static int msg_eq(const proto_msg *a, const proto_msg *b)
         FIELD(x->max_chunk_bytes, y->max_chunk_bytes, "max_chunk_bytes");
         FIELD(x->total_bytes, y->total_bytes, "total_bytes");
         FIELD(x->n_tensors, y->n_tensors, "n_tensors");
-        for (uint32_t i = 0; i < x->n_tensors; i++) {
-            const proto_tensor *s = &x->tensors[i], *t = &y->tensors[i];
-            SFIELD(s->name, t->name, "tensor name");
-            FIELD(s->dtype, t->dtype, "tensor dtype");
-            FIELD(s->n_dims, t->n_dims, "tensor n_dims");
-            for (uint32_t d = 0; d < s->n_dims && d < PROTO_MAX_DIMS; d++)
-                FIELD(s->shape[d], t->shape[d], "tensor shape");
-            FIELD(s->nbytes, t->nbytes, "tensor nbytes");
-            FIELD(s->crc32c, t->crc32c, "tensor crc32c");
-            FIELD(s->flags, t->flags, "tensor flags");
-            FIELD(s->wire_bytes, t->wire_bytes, "tensor wire_bytes");
-            FIELD(s->base_version, t->base_version, "tensor base_version");
-        }
-        return 1;
+        return tensors_eq(x->tensors, y->tensors, x->n_tensors);
+    }
+    case PROTO_ADAPTER_BEGIN: {
+        const proto_adapter_begin *x = &a->adapter_begin, *y = &b->adapter_begin;
+        FIELD(x->client_id, y->client_id, "client_id");
+        FIELD(x->version, y->version, "version");
+        FIELD(x->flags, y->flags, "flags");
+        FIELD(x->rank, y->rank, "rank");
+        FFIELD(x->lora_alpha, y->lora_alpha, "lora_alpha");
+        FIELD(x->window, y->window, "window");
+        FIELD(x->max_chunk_bytes, y->max_chunk_bytes, "max_chunk_bytes");
+        FIELD(x->total_bytes, y->total_bytes, "total_bytes");
+        SFIELD(x->name, y->name, "name");
+        FIELD(x->n_tensors, y->n_tensors, "n_tensors");
+        return tensors_eq(x->tensors, y->tensors, x->n_tensors);
     }
     case PROTO_UPDATE_BEGIN_OK:
+    case PROTO_ADAPTER_BEGIN_OK:
         FIELD(a->update_begin_ok.xfer_id, b->update_begin_ok.xfer_id, "xfer_id");
         FIELD(a->update_begin_ok.window, b->update_begin_ok.window, "window");
         FIELD(a->update_begin_ok.max_chunk_bytes, b->update_begin_ok.max_chunk_bytes, "max_chunk_bytes");
@@ -944,7 +984,7 @@ static const uint16_t all_types[] = {
     PROTO_UPDATE_BEGIN_OK, PROTO_UPDATE_CHUNK, PROTO_UPDATE_CHUNK_OK, PROTO_UPDATE_COMMIT, PROTO_UPDATE_COMMIT_OK,
     PROTO_UPDATE_ABORT, PROTO_UPDATE_ABORT_OK, PROTO_AUTH_BEGIN, PROTO_AUTH_CHALLENGE, PROTO_AUTH, PROTO_AUTH_OK,
     PROTO_UPDATE_FORWARD, PROTO_UPDATE_FORWARD_OK, PROTO_UPDATE_PREPARE, PROTO_UPDATE_PREPARE_OK, PROTO_LANE_AUTH,
-    PROTO_WEIGHTS_SYNC, PROTO_WEIGHTS_SYNC_OK};
+    PROTO_WEIGHTS_SYNC, PROTO_WEIGHTS_SYNC_OK, PROTO_ADAPTER_BEGIN, PROTO_ADAPTER_BEGIN_OK};
 
 static void test_golden_valid(void)
 {
@@ -1332,6 +1372,26 @@ static void rnd_result(proto_result *r)
     }
 }
 
+/* 0..5 manifest tensors of random names, dtypes and shapes. */
+static proto_tensor *rnd_tensors(uint32_t *n_out)
+{
+    uint32_t n = rnd_below(6);
+    proto_tensor *t = n ? palloc(n * sizeof *t) : NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        do
+            t[i].name = rnd_str(60);
+        while (t[i].name.len == 0 || t[i].name.len > PROTO_MAX_TENSOR_NAME);
+        t[i].dtype = (uint8_t)rnd_below(3);
+        t[i].n_dims = (uint8_t)(1 + rnd_below(PROTO_MAX_DIMS));
+        for (uint32_t d = 0; d < t[i].n_dims; d++)
+            t[i].shape[d] = rnd_u64();
+        t[i].nbytes = rnd_u64();
+        t[i].crc32c = (uint32_t)rnd();
+    }
+    *n_out = n;
+    return t;
+}
+
 static void rnd_msg(uint16_t type, proto_msg *m)
 {
     memset(m, 0, sizeof *m);
@@ -1457,23 +1517,27 @@ static void rnd_msg(uint16_t type, proto_msg *m)
         u->window = (uint32_t)rnd();
         u->max_chunk_bytes = (uint32_t)rnd();
         u->total_bytes = rnd_u64();
-        u->n_tensors = rnd_below(6);
-        proto_tensor *t = u->n_tensors ? palloc(u->n_tensors * sizeof *t) : NULL;
-        for (uint32_t i = 0; i < u->n_tensors; i++) {
-            do
-                t[i].name = rnd_str(60);
-            while (t[i].name.len == 0 || t[i].name.len > PROTO_MAX_TENSOR_NAME);
-            t[i].dtype = (uint8_t)rnd_below(3);
-            t[i].n_dims = (uint8_t)(1 + rnd_below(PROTO_MAX_DIMS));
-            for (uint32_t d = 0; d < t[i].n_dims; d++)
-                t[i].shape[d] = rnd_u64();
-            t[i].nbytes = rnd_u64();
-            t[i].crc32c = (uint32_t)rnd();
-        }
-        u->tensors = t;
+        u->tensors = rnd_tensors(&u->n_tensors);
+        break;
+    }
+    case PROTO_ADAPTER_BEGIN: {
+        proto_adapter_begin *u = &m->adapter_begin;
+        u->client_id = rnd_u64();
+        u->version = rnd_u64();
+        u->flags = (uint8_t)rnd_below(2);
+        u->rank = (uint32_t)rnd();
+        u->lora_alpha = (float)rnd_below(1000) / 8.0f;
+        u->window = (uint32_t)rnd();
+        u->max_chunk_bytes = (uint32_t)rnd();
+        u->total_bytes = rnd_u64();
+        do
+            u->name = rnd_str(40);
+        while (u->name.len == 0 || u->name.len > PROTO_MAX_ADAPTER_NAME);
+        u->tensors = rnd_tensors(&u->n_tensors);
         break;
     }
     case PROTO_UPDATE_BEGIN_OK:
+    case PROTO_ADAPTER_BEGIN_OK:
         m->update_begin_ok.xfer_id = rnd_u64();
         m->update_begin_ok.window = (uint32_t)rnd();
         m->update_begin_ok.max_chunk_bytes = (uint32_t)rnd();
@@ -1810,8 +1874,8 @@ static void test_encode_refuses(void)
     m.type = PROTO_UPDATE_CHUNK_OK;
     m.update_chunk_ok.flags = 2;
     CHECK(proto_encode(&b, &m) == RD_EINVAL && b.len == len0, "CHUNK_OK flags 2 accepted");
-    m.type = 0x18;
-    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x18 encoded");
+    m.type = 0x19;
+    CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "type 0x19 encoded");
     memset(&m, 0, sizeof m);
     m.type = 0x77;
     CHECK(proto_encode(&b, &m) == RD_ENOTSUP && b.len == len0, "undefined type encoded");
@@ -2811,7 +2875,7 @@ static void test_names(void)
           proto_is_request(PROTO_UPDATE_COMMIT) && proto_is_request(PROTO_UPDATE_ABORT) &&
           !proto_is_request(PROTO_UPDATE_BEGIN_OK) && !proto_is_request(PROTO_UPDATE_ABORT_OK), "is_request");
     CHECK(proto_is_request(PROTO_AUTH_BEGIN) && proto_is_request(PROTO_AUTH) && !proto_is_request(PROTO_AUTH_OK) &&
-          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x18) &&
+          !proto_is_request(PROTO_AUTH_CHALLENGE) && !proto_is_request(0x09) && !proto_is_request(0x19) &&
           !proto_is_request(PROTO_ERROR), "is_request (auth)");
     static const char *update_names[] = {"UPDATE_BEGIN", "UPDATE_CHUNK", "UPDATE_COMMIT", "UPDATE_ABORT"};
     for (int i = 0; i < 4; i++) {
@@ -2820,7 +2884,7 @@ static void test_names(void)
         CHECK(!strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN + i)), update_names[i]) &&
               !strcmp(proto_type_name((uint16_t)(PROTO_UPDATE_BEGIN_OK + i)), ok), "update type names");
     }
-    CHECK(proto_type_name(0x18) == NULL && proto_type_name(0x96) == NULL, "0x18/0x96 have names");
+    CHECK(proto_type_name(0x19) == NULL && proto_type_name(0x96) == NULL, "0x19/0x96 have names");
     CHECK(proto_is_request(PROTO_UPDATE_FORWARD) && proto_is_request(PROTO_UPDATE_PREPARE) &&
           proto_is_request(PROTO_LANE_AUTH) && !proto_is_request(PROTO_UPDATE_PREPARE_OK) &&
           !strcmp(proto_type_name(PROTO_UPDATE_PREPARE_OK), "UPDATE_PREPARE_OK"), "chain types");

@@ -733,6 +733,26 @@ class Client:
                 sys.stderr.flush()
 
 
+    def push_adapter(self, name, tensors, version, alpha=None, rank=None, rslora=None, window=4,
+                     chunk_bytes=16 << 20, lane=True, progress=None) -> "PushResult":
+        """Pushes a LoRA adapter under name as its version (PROTOCOL.md §10.15): requests
+        admitted once it is committed use it; requests already running finish on the
+        version they started with. tensors: PEFT's lora_A / lora_B tensors by name (a
+        dict or (name, array) pairs; "base_model.model." is added where missing), or a
+        PEFT folder (adapter_config.json + adapter_model.safetensors). alpha, rank,
+        rslora: the scale's terms (from the folder's config, else rank from lora_A,
+        rslora False; alpha must then be given). version: above the daemon's version of
+        that name. Returns a PushResult (version: the adapter's)."""
+        if not (self.info.features & P.FEATURE_LORA_PUSH):
+            raise DaemonError(P.E.UNKNOWN_TYPE, "the daemon does not take adapter pushes (HELLO_OK feature bit 3 "
+                              "is off: no weight updates, or max_loras is 0)", "ADAPTER_BEGIN")
+        from .lora import adapter_push_args
+        tensors, adapter = adapter_push_args(name, tensors, alpha, rank, rslora)
+        prep = self.prepare(tensors, chunk_bytes)
+        return _Push(self, prep, int(version), P.MODE_CONTINUE, int(window), lane, progress,
+                     adapter=adapter).run()
+
+
 class VersionMismatch(Exception):
     """score(..., version=v): a prompt was scored under another weight version. got: the versions seen."""
 
@@ -1003,8 +1023,9 @@ def _send_all(sock, parts):
 class _Push:
     """One daemon's push: BEGIN, the chunks (lane or NNG), COMMIT; ABORT on failure."""
 
-    def __init__(self, client, prep, version, mode, window, lane, progress, serve=0):
+    def __init__(self, client, prep, version, mode, window, lane, progress, serve=0, adapter=None):
         self.c, self.p, self.version, self.mode = client, prep, version, mode
+        self.adapter = adapter      # an adapter's push: {name, rank, alpha, rslora} (ADAPTER_BEGIN), else None
         self.serve = serve          # UPDATE_BEGIN serve_dtype (P.SERVE_*; 0: the daemon's config)
         self.want_window, self.want_lane, self.progress = window, lane, progress
         self.cv = threading.Condition()
@@ -1040,9 +1061,18 @@ class _Push:
         """UPDATE_BEGIN; rechunks the update if the daemon grants smaller chunks."""
         c, p = self.c, self.p
         self.t0 = time.perf_counter()
-        ok = c._call(P.UpdateBegin(client_id=c.client_id, version=self.version, mode=self.mode,
-                                   serve_dtype=self.serve, window=self.want_window, max_chunk_bytes=p.chunk_bytes, total_bytes=p.total_bytes,
-                                   tensors=p.manifest), P.T.UPDATE_BEGIN_OK, BEGIN_TIMEOUT_MS, retries=1)
+        if self.adapter is not None:
+            a = self.adapter
+            ok = c._call(P.AdapterBegin(client_id=c.client_id, version=self.version,
+                                        flags=P.ADAPTER_RSLORA if a["rslora"] else 0, rank=a["rank"],
+                                        lora_alpha=a["alpha"], window=self.want_window, max_chunk_bytes=p.chunk_bytes,
+                                        total_bytes=p.total_bytes, name=a["name"], tensors=p.manifest),
+                         P.T.ADAPTER_BEGIN_OK, BEGIN_TIMEOUT_MS, retries=1)
+        else:
+            ok = c._call(P.UpdateBegin(client_id=c.client_id, version=self.version, mode=self.mode,
+                                       serve_dtype=self.serve, window=self.want_window, max_chunk_bytes=p.chunk_bytes,
+                                       total_bytes=p.total_bytes, tensors=p.manifest),
+                         P.T.UPDATE_BEGIN_OK, BEGIN_TIMEOUT_MS, retries=1)
         self.xfer, self.window, self.begin_ok = ok.xfer_id, max(1, ok.window), ok
         if ok.max_chunk_bytes < p.chunk_bytes:      # the daemon grants less than it announced room for
             self.use(p.rechunk(ok.max_chunk_bytes))

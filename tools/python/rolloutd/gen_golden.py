@@ -474,6 +474,17 @@ def valid_vectors():
     add("weights_sync", P.WeightsSync(client_id=42, url="tcp://10.0.0.9:7070"),
         "push your serving weights to the daemon at tcp://10.0.0.9:7070")
     add("weights_sync_ok", P.WeightsSyncOk(version=12), "version 12 is on its way")
+    # a LoRA adapter's push (PROTOCOL.md §10.15)
+    add("adapter_begin", P.AdapterBegin(
+        client_id=42, version=3, flags=P.ADAPTER_RSLORA, rank=8, lora_alpha=16.0, window=4, max_chunk_bytes=1 << 20,
+        total_bytes=2 * 8 * 576 * 2, name="math",
+        tensors=[P.Tensor(name="base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", dtype=P.DTYPE_BF16,
+                          shape=[8, 576], nbytes=8 * 576 * 2, crc32c=0x1234ABCD),
+                 P.Tensor(name="base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", dtype=P.DTYPE_BF16,
+                          shape=[576, 8], nbytes=576 * 8 * 2, crc32c=0x0F0E0D0C)]),
+        "adapter 'math' version 3: one q_proj pair, rank 8, rsLoRA")
+    add("adapter_begin_ok", P.AdapterBeginOk(xfer_id=0x1122334455667788, window=4, max_chunk_bytes=1 << 20,
+                                             staging_bytes=18432, data_port=7072), "staged like any transfer")
     add("lane_auth", P.LaneAuth(xfer_id=0x1122334455667788, proof=bytes(range(0x60, 0x80))),
         "a data lane sender's proof for one transfer")
     add("error_unauthorized", P.Error(code=P.E.UNAUTHORIZED, request_type=P.T.SUBMIT, version_max=1,

@@ -141,6 +141,7 @@ class Pool:
         self._lock = threading.Lock()
         self._held = {}             # name -> (dtype code, flat uint8 copy): the last push's bytes
         self._held_version = None   # the version they are
+        self._held_adapters = {}    # adapter name -> (version, {tensor: (dtype code, flat uint8 copy)}): deltas' bases
         self.last_push = None       # what the last push_weights sent (kind, wire bytes, delta stats)
         try:
             for u in self.urls:
@@ -309,6 +310,50 @@ class Pool:
                 self._keep(tensors, int(version))
             return res
 
+    def push_adapter(self, name, tensors, version, alpha=None, rank=None, rslora=None, window=4,
+                     chunk_bytes=16 << 20, lane=True, fanout=None, on_failure="abort", delta=None,
+                     keep=True) -> List[PushResult]:
+        """Pushes a LoRA adapter to every daemon under name as its version
+        (Client.push_adapter's parameters; the checksums are computed once).
+        fanout: "chain" (the default for 2 or more daemons: each byte sent
+        once, relayed along the Pool's order, committed on all once every
+        daemon has built it) or "direct". on_failure as push_weights'.
+        delta: None or True sends deltas against this Pool's last push of
+        that name (kept unless keep=False) where a tensor's dtype and size
+        are the same; a daemon that refuses them (it holds another version)
+        gets the adapter whole in this call; False sends it whole.
+        Returns one PushResult per daemon; raises PoolError if any failed."""
+        from .lora import adapter_push_args
+        if fanout is None:
+            fanout = "chain" if len(self.clients) >= 2 else "direct"
+        if fanout not in ("chain", "direct"):
+            raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
+        if on_failure not in ("abort", "commit"):
+            raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
+        items, adapter = adapter_push_args(name, tensors, alpha, rank, rslora)
+        with self._lock:
+            held = self._held_adapters.get(name)
+            prep = full = None
+            if delta is not False and held is not None:
+                prep = D.prepare_delta(items, held[1], held[0], min(int(chunk_bytes), self._room()))
+                if prep.delta_stats["delta_tensors"] == 0:
+                    full, prep = prep, None
+            if prep is None:
+                full = full or self.prepare(items, chunk_bytes)
+            res = self._push_any(prep or full, full, items, chunk_bytes, int(version), P.MODE_CONTINUE, window, lane,
+                                 None, fanout, on_failure, adapter=adapter)
+            st = prep.delta_stats if prep is not None else None
+            self.last_push = {"version": int(version), "adapter": name, "kind": "delta" if prep is not None else "full",
+                              "wire_bytes": (prep or full).total_bytes, "delta": st,
+                              "full_pushes": [r.url for r in res if getattr(r, "delta_refused", False)]}
+            if keep:
+                kept = {}
+                for k, x in items:
+                    dt, _, b = D.tensor_bytes(x)
+                    kept[k] = (dt, np.array(b, copy=True))
+                self._held_adapters[name] = (int(version), kept)
+            return res
+
     def _room(self):
         return min(c._max for c in self.clients) - CHUNK_ROOM
 
@@ -337,19 +382,20 @@ class Pool:
         self._held, self._held_version = held, version
 
     def _push_any(self, prep, full, tensors, chunk_bytes, version, mode, window, lane, progress, fanout,
-                  on_failure, serve_dtype=None):
-        """Pushes prep (a delta or a full update); daemons refusing a delta get full."""
+                  on_failure, serve_dtype=None, adapter=None):
+        """Pushes prep (a delta or a full update; adapter: a LoRA adapter's ADAPTER_BEGIN terms); daemons
+        refusing a delta get full."""
         is_delta = full is None or prep is not full
         if fanout == "chain" and lane:
             ch = _Chain(self, prep, int(version), _mode(mode), int(window), on_failure, progress,
-                        refusable=is_delta, serve=_serve(serve_dtype))
+                        refusable=is_delta, serve=_serve(serve_dtype), adapter=adapter)
             res = ch.run()
             if res is not None:
                 missing = [k for k, r in enumerate(res) if r is None]
                 if missing:
                     full = full or self.prepare(tensors, chunk_bytes)
                     extra = _run_all([(k, (lambda k=k: self._full_one(self.clients[k], full, version, mode, window,
-                                                                       lane, serve_dtype)))
+                                                                       lane, serve_dtype, adapter)))
                                       for k in missing])
                     bad = [(k, r) for k, r in extra if isinstance(r, BaseException)]
                     for k, r in extra:
@@ -361,28 +407,28 @@ class Pool:
                                          if isinstance(res[k], PushResult)])
                 return res
         if not is_delta:
-            return self._push_direct(prep, version, mode, window, lane, progress, serve_dtype)
+            return self._push_direct(prep, version, mode, window, lane, progress, serve_dtype, adapter)
 
         def one(c):
             try:
-                return c.push_weights(prep, version, mode=mode, window=window, lane=lane, serve_dtype=serve_dtype)
+                return _push_one(c, prep, version, mode, window, lane, None, serve_dtype, adapter)
             except DaemonError as e:
                 if e.code not in DELTA_REFUSALS:
                     raise
             return self._full_one(c, full or self.prepare(tensors, chunk_bytes), version, mode, window, lane,
-                                  serve_dtype)
+                                  serve_dtype, adapter)
         res = _run_all([(c.url, (lambda c=c: one(c))) for c in self.clients])
         if any(isinstance(r, BaseException) for _, r in res):
             raise PoolError(f"push of version {version}", res, [u for u, r in res if isinstance(r, PushResult)])
         return [r for _, r in res]
 
     @staticmethod
-    def _full_one(c, full, version, mode, window, lane, serve_dtype=None):
-        r = c.push_weights(full, version, mode=mode, window=window, lane=lane, serve_dtype=serve_dtype)
+    def _full_one(c, full, version, mode, window, lane, serve_dtype=None, adapter=None):
+        r = _push_one(c, full, version, mode, window, lane, None, serve_dtype, adapter)
         r.delta_refused = True      # this daemon refused the delta and got the full version
         return r
 
-    def _push_direct(self, prep, version, mode, window, lane, progress, serve_dtype=None):
+    def _push_direct(self, prep, version, mode, window, lane, progress, serve_dtype=None, adapter=None):
         done = {c.url: 0 for c in self.clients}
         cb = None
         if progress:
@@ -393,9 +439,8 @@ class Pool:
                         progress(url, d, total)
                 return f
             cb = cb_for
-        jobs = [(c.url, (lambda c=c: c.push_weights(prep, version, mode=mode, window=window, lane=lane,
-                                                       progress=cb(c.url) if cb else None,
-                                                       serve_dtype=serve_dtype)))
+        jobs = [(c.url, (lambda c=c: _push_one(c, prep, version, mode, window, lane, cb(c.url) if cb else None,
+                                                  serve_dtype, adapter)))
                 for c in self.clients]
         if progress is True:
             res = self._with_progress_line(jobs, done, prep.total_bytes)
@@ -446,6 +491,14 @@ class Pool:
         return push_tensors(self, named_tensors, version, dtype, manifest, partial, **push_kw)
 
 
+def _push_one(c, prep, version, mode, window, lane, progress, serve_dtype, adapter):
+    """One daemon's direct push: weights (Client.push_weights), or an adapter's ADAPTER_BEGIN transfer."""
+    if adapter is None:
+        return c.push_weights(prep, version, mode=mode, window=window, lane=lane, progress=progress,
+                              serve_dtype=serve_dtype)
+    return _Push(c, c.prepare(prep), int(version), _mode(mode), int(window), lane, progress, adapter=adapter).run()
+
+
 def _numeric_host(url):
     """The numeric address a relaying daemon dials for url's daemon (IPv4 first, as the daemons
     bind what their URLs say)."""
@@ -461,13 +514,14 @@ class _Chain:
     UPDATE_PREPARE polls until every daemon has verified and built the update;
     then UPDATE_COMMIT on all (or UPDATE_ABORT on all)."""
 
-    def __init__(self, pool, prep, version, mode, window, on_failure, progress, refusable=False, serve=0):
+    def __init__(self, pool, prep, version, mode, window, on_failure, progress, refusable=False, serve=0,
+                 adapter=None):
         self.pool, self.prep, self.version, self.mode = pool, prep, version, mode
         self.refusable = refusable  # a delta: daemons refusing it at BEGIN leave the chain (pushed whole after)
         self.refused = {}           # index -> the DaemonError: not in the chain, its result None
         self.window, self.on_failure, self.progress = window, on_failure, progress
         self.clients = pool.clients
-        self.pushes = [_Push(c, prep, version, mode, window, True, None, serve) for c in self.clients]
+        self.pushes = [_Push(c, prep, version, mode, window, True, None, serve, adapter) for c in self.clients]
         self.errors = {}            # index -> exception: that daemon is out of the chain
         self.feeders = {}           # index -> (thread, box): this process sends to that daemon
         self.next_of = {}           # index -> the index it forwards to

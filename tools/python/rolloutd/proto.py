@@ -146,6 +146,8 @@ BYE_FLAGS = 0x1
 FEATURE_WEIGHT_UPDATE = 0x1  # HELLO_OK.features: UPDATE_* messages are served
 FEATURE_RELAY = 0x2          # UPDATE_FORWARD and UPDATE_PREPARE are served (§10.11)
 FEATURE_ROUTES = 0x4         # version 2: a mixture-of-experts model; requests may ask REQ_RETURN_ROUTES
+FEATURE_LORA_PUSH = 0x8      # ADAPTER_BEGIN is served: LoRA adapters pushed as transfers (§10.15)
+ADAPTER_RSLORA = 0x1         # ADAPTER_BEGIN.flags: scale lora_alpha / sqrt(rank)
 FORWARD_AUTH = 0x1           # UPDATE_FORWARD: the next lane challenges; prove with the (wrapped) key
 FORWARD_FLAGS = 0x1
 PREP_STAGING, PREP_BUILDING, PREP_READY = 0, 1, 2
@@ -243,6 +245,7 @@ _DEFAULTS = {
     "ERROR": {"code": E.INTERNAL, "version_max": VERSION},
     "UPDATE_BEGIN": {"mode": MODE_CONTINUE, "window": 1},
     "UPDATE_FORWARD": {"window": 1},
+    "ADAPTER_BEGIN": {"window": 1},
 }
 _HIDDEN = ("RSV16", "RSV24", "RSV32", "COUNT", "DIMS8")   # kinds with no attribute
 

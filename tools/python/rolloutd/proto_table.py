@@ -19,6 +19,7 @@ TYPES = (
     ('UPDATE_PREPARE', 0x15, True),
     ('LANE_AUTH', 0x16, True),
     ('WEIGHTS_SYNC', 0x17, True),
+    ('ADAPTER_BEGIN', 0x18, True),
     ('HELLO_OK', 0x81, False),
     ('SUBMIT_OK', 0x82, False),
     ('RESULTS', 0x83, False),
@@ -34,6 +35,7 @@ TYPES = (
     ('UPDATE_FORWARD_OK', 0x94, False),
     ('UPDATE_PREPARE_OK', 0x95, False),
     ('WEIGHTS_SYNC_OK', 0x97, False),
+    ('ADAPTER_BEGIN_OK', 0x98, False),
     ('ERROR', 0xFF, False),
 )
 
@@ -55,6 +57,7 @@ MESSAGES = {
     'UPDATE_PREPARE': ('XFER_REF', None, None),
     'LANE_AUTH': ('LANE_AUTH', None, None),
     'WEIGHTS_SYNC': ('WEIGHTS_SYNC', None, None),
+    'ADAPTER_BEGIN': ('ADAPTER_BEGIN', 'TENSOR', 'tensors'),
     'HELLO_OK': ('HELLO_OK', None, None),
     'SUBMIT_OK': ('SUBMIT_OK', 'SUBMIT_ITEM', 'items'),
     'RESULTS': ('RESULTS', 'RESULT', 'results'),
@@ -70,6 +73,7 @@ MESSAGES = {
     'UPDATE_FORWARD_OK': ('UPDATE_FORWARD_OK', None, None),
     'UPDATE_PREPARE_OK': ('UPDATE_PREPARE_OK', None, None),
     'WEIGHTS_SYNC_OK': ('WEIGHTS_SYNC_OK', None, None),
+    'ADAPTER_BEGIN_OK': ('UPDATE_BEGIN_OK', None, None),
     'ERROR': ('ERROR', None, None),
 }
 
@@ -216,6 +220,19 @@ LAYOUTS = {
         ('U32', 'window', 0, 0, None),
         ('U32', 'max_chunk_bytes', 0, 0, None),
         ('U64', 'total_bytes', 0, 0, None),
+        ('COUNT', 'n_tensors', 28, 0, None),
+    ),
+    'ADAPTER_BEGIN': (
+        ('U64', 'client_id', 0, 0, None),
+        ('U64', 'version', 0, 0, None),
+        ('BITS8', 'flags', 1, 0, None),
+        ('RSV24', 'reserved', 0, 0, None),
+        ('U32', 'rank', 0, 0, None),
+        ('F32', 'lora_alpha', 0, 0, None),
+        ('U32', 'window', 0, 0, None),
+        ('U32', 'max_chunk_bytes', 0, 0, None),
+        ('U64', 'total_bytes', 0, 0, None),
+        ('STR', 'name', 1, 127, None),
         ('COUNT', 'n_tensors', 28, 0, None),
     ),
     'TENSOR': (
