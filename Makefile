@@ -290,9 +290,11 @@ bench-score-mem: all model
 # LoRA serving (issue 46): decode tokens/s at batch 1, 8 and 32 with 0, 1 and 4 distinct adapters (rows spread
 # round-robin over them), interleaved reps, medians and the ratio to the base, prefill not timed; the adapters are 4
 # rank-32 all-linear bf16 ones for the default model (tools/gen_lora.py, seeds 1-4, rewritten each run into
-# $(BUILD)/bench-lora/) (build/bench-lora.json). Not part of `make test`.
+# $(BUILD)/bench-lora/) (build/bench-lora.json); then an adapter push (whole, and as deltas after a step) against a
+# full bf16 push of the model, on one daemon (tools/bench_lora_push.py, build/bench-lora-push.json). Not part of
+# `make test`.
 LORA_BENCH_DIR := $(BUILD)/bench-lora
-bench-lora: $(BUILD)/rollout-lorabench model
+bench-lora: all model
 	@mkdir -p $(LORA_BENCH_DIR)
 	for s in 1 2 3 4; do \
 	    $(PYTHON) tools/gen_lora.py --model $(MODEL) --out $(LORA_BENCH_DIR)/a$$s --rank 32 --alpha 64 \
@@ -300,6 +302,7 @@ bench-lora: $(BUILD)/rollout-lorabench model
 	done
 	$(BUILD)/rollout-lorabench --model $(MODEL) --threads 2 --batches 1,8,32 --adapters 0,1,4 --max-tokens 64 \
 	    --reps 5 $(foreach s,1 2 3 4,--adapter $(LORA_BENCH_DIR)/a$(s)) --json $(BUILD)/bench-lora.json
+	$(PYTHON) tools/bench_lora_push.py
 
 # COMMIT to serving of bf16 and f32 pushes of the default model, idle and decoding (build/bench-commit.json).
 bench-commit: all model

@@ -505,36 +505,39 @@ int et_memory(et_thread *t, uint64_t key, int op, int tags, rd_loaded *L, const 
     return 0;
 }
 
-int et_lora(et_thread *t, uint64_t key, int op, const char *name, const char *path, uint64_t version, int replace)
+/* An ET_LORA command (NULL: out of memory, reported). */
+static et_cmd *lora_cmd(uint64_t key, int op, const char *name, const char *path, uint64_t version, int replace)
 {
     et_cmd *c = calloc(1, sizeof *c);
     if (!c || !(c->lora_name = strdup(name)) || (path && !(c->path = strdup(path)))) {
         if (c)
             free(c->lora_name);
         free(c);
-        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
+        rd_fail(RD_ENOMEM, "engine queue: out of memory");
+        return NULL;
     }
     c->kind = ET_LORA;
     c->key = key;
     c->lora_op = op;
     c->lora_version = version;
     c->lora_replace = replace;
+    return c;
+}
+
+int et_lora(et_thread *t, uint64_t key, int op, const char *name, const char *path, uint64_t version, int replace)
+{
+    et_cmd *c = lora_cmd(key, op, name, path, version, replace);
+    if (!c)
+        return RD_ENOMEM;
     push_cmd(t, c);
     return 0;
 }
 
 int et_lora_put(et_thread *t, uint64_t key, const char *name, lora_adapter *a, uint64_t version)
 {
-    et_cmd *c = calloc(1, sizeof *c);
-    if (!c || !(c->lora_name = strdup(name))) {
-        free(c);
-        return rd_fail(RD_ENOMEM, "engine queue: out of memory");
-    }
-    c->kind = ET_LORA;
-    c->key = key;
-    c->lora_op = ET_LORA_LOAD;
-    c->lora_version = version;
-    c->lora_replace = 1;
+    et_cmd *c = lora_cmd(key, ET_LORA_LOAD, name, NULL, version, 1);
+    if (!c)
+        return RD_ENOMEM;
     c->lora_built = a;
     push_cmd(t, c);
     return 0;

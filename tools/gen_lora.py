@@ -204,6 +204,19 @@ def adapter(model_path, rank=8, alpha=16.0, targets="attention", rslora=False, d
     return config, tensors, dtypes
 
 
+def nudged(tensors, frac, seed):
+    """bf16 tensors (uint16 bit patterns) with about frac of their elements moved by one unit in the last
+    place (away from an all-ones mantissa): an optimizer step's worth of change, for delta pushes."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, v in tensors.items():
+        w = v.copy().reshape(-1)
+        idx = rng.choice(w.size, max(1, int(w.size * frac)), replace=False)
+        w[idx] = w[idx] + np.where(w[idx] & 0x7F == 0x7F, -1, 1).astype(np.uint16)
+        out[k] = w.reshape(v.shape)
+    return out
+
+
 def write_safetensors(path, tensors, dtypes):
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
     for name, x in tensors.items():

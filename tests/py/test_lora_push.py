@@ -232,19 +232,6 @@ def bad_pushes_are_refused_and_the_old_adapter_keeps_serving():
         assert adapters_of(d)["keep"]["version"] == 4
 
 
-def nudged(tensors, frac, seed):
-    """bf16 tensors (uint16 bits) with about frac of their elements moved by one unit in the last place: an
-    optimizer step's worth of change."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for k, v in tensors.items():
-        w = v.copy().reshape(-1)
-        idx = rng.choice(w.size, max(1, int(w.size * frac)), replace=False)
-        w[idx] = w[idx] + np.where(w[idx] & 0x7F == 0x7F, -1, 1).astype(np.uint16)
-        out[k] = w.reshape(v.shape)
-    return out
-
-
 def as_folder(path, config, tensors):
     """tensors (bf16 bits) written as a PEFT folder: what loading it over HTTP reads."""
     f32 = {k: (v.astype(np.uint32) << 16).view(np.float32) for k, v in tensors.items()}
@@ -256,9 +243,9 @@ def as_folder(path, config, tensors):
 def adapter_deltas_are_exact_and_refused_without_their_base():
     d = daemon()
     config, t1 = read_peft(adapter_path(8, targets="all-linear", rank=16))
-    t2, t3, t4 = nudged(t1, 0.03, 1), None, None
-    t3 = nudged(t2, 0.03, 2)
-    t4 = nudged(t3, 0.03, 3)
+    t2 = gen_lora.nudged(t1, 0.03, 1)
+    t3 = gen_lora.nudged(t2, 0.03, 2)
+    t4 = gen_lora.nudged(t3, 0.03, 3)
     http_load(d, "ref-d2", as_folder(os.path.join(WORK, "d2"), config, t2))
     http_load(d, "ref-d3", as_folder(os.path.join(WORK, "d3"), config, t3))
     alpha = config["lora_alpha"]

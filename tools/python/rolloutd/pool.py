@@ -268,12 +268,7 @@ class Pool:
         A daemon refusing a delta (BASE_MISMATCH, DTYPE_MISMATCH,
         BASE_QUANTIZED) gets the full push in this call. keep=False does not
         keep this push's bytes (no delta against it later)."""
-        if fanout is None:
-            fanout = "chain" if len(self.clients) >= 2 else "direct"
-        if fanout not in ("chain", "direct"):
-            raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
-        if on_failure not in ("abort", "commit"):
-            raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
+        fanout = self._fanout(fanout, on_failure)
         for c in self.clients:
             _serve(serve_dtype, c)      # refuses before anything is sent
         with self._lock:
@@ -324,12 +319,7 @@ class Pool:
         gets the adapter whole in this call; False sends it whole.
         Returns one PushResult per daemon; raises PoolError if any failed."""
         from .lora import adapter_push_args
-        if fanout is None:
-            fanout = "chain" if len(self.clients) >= 2 else "direct"
-        if fanout not in ("chain", "direct"):
-            raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
-        if on_failure not in ("abort", "commit"):
-            raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
+        fanout = self._fanout(fanout, on_failure)
         items, adapter = adapter_push_args(name, tensors, alpha, rank, rslora)
         with self._lock:
             held = self._held_adapters.get(name)
@@ -353,6 +343,16 @@ class Pool:
                     kept[k] = (dt, np.array(b, copy=True))
                 self._held_adapters[name] = (int(version), kept)
             return res
+
+    def _fanout(self, fanout, on_failure):
+        """A push's fanout (None: "chain" for 2 or more daemons), its arguments checked."""
+        if fanout is None:
+            fanout = "chain" if len(self.clients) >= 2 else "direct"
+        if fanout not in ("chain", "direct"):
+            raise ValueError(f"fanout {fanout!r}; expected 'chain' or 'direct'")
+        if on_failure not in ("abort", "commit"):
+            raise ValueError(f"on_failure {on_failure!r}; expected 'abort' or 'commit'")
+        return fanout
 
     def _room(self):
         return min(c._max for c in self.clients) - CHUNK_ROOM
