@@ -9,6 +9,9 @@ APT_PKGS=(build-essential pkg-config clang libclang-rt-14-dev
 PIP_PKGS=("numpy" "gguf" "pynng" "openai" "llama-cpp-python==0.3.36" "vllm-router==0.1.17")
 PIP_PKGS+=("sglang-router==0.3.2")  # the SGLang router (a prebuilt wheel): tests/py/test_sglang_rl.py
 PIP_PKGS+=("zstandard==0.25.0")     # delta weight pushes (issue 24): tools/python/rolloutd/delta.py
+# The learner side (issue 47): transformers as the second oracle (tests/py/test_transformers.py) and torch
+# tensors pushed as they are. PyPI's torch wheel brings its CUDA libraries: about 2 minutes and 5.6 GB here.
+PIP_PKGS+=("torch==2.15.0" "transformers==5.23.0")
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

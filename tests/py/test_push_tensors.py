@@ -10,7 +10,8 @@ an independent source of names, shapes and values):
   rolloutctl push-weights (the C client reading safetensors), both on the new version; each
   tensor's host bytes were made once for the checksums and once for the chain (not held all
   at once: a bf16 push from f32 arrays peaks far below the bf16 model's bytes, traced);
-- torch tensors (CPU, and CUDA when there is one) give the same outputs (SKIP without torch);
+- torch tensors (CPU, and CUDA when there is one; fp32, bf16 and non-contiguous views) give the same
+  outputs as the same values from NumPy (torch is installed by tools/setup.sh; SKIP only without it);
 - a wrong name, a missing tensor and a transposed shape are refused together in one
   TensorMismatch naming each, before UPDATE_BEGIN: the daemons stay on their version with the
   same outputs; without a manifest the daemon's own check refuses the wrong shape and nothing
@@ -29,6 +30,7 @@ from rdtest import Daemon, stop_cleanly  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from rolloutd import Client, Pool, PoolError  # noqa: E402
 from rolloutd.tensors import StreamedUpdate, TensorMismatch, fetch_manifest  # noqa: E402
+from rolloutd.client import bf16_bits  # noqa: E402
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46], [1, 50, 60, 70, 80], [1, 7, 9]]
 SHAPE = ["--ctx", "512", "--layers", "6", "--dim", "256", "--ffn", "768"]
@@ -172,6 +174,19 @@ def torch_tensors_push_the_same():
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         with Pool([a.url]) as pa:
             pa.push_tensors(((k, torch.from_numpy(v).to(dev)) for k, v in items), version=4)
+        assert sampled(a) == sampled(b)
+        # bf16 torch tensors are the bf16 bits NumPy pushes (bf16_bits: round to nearest even, as torch does)
+        with Pool([b.url]) as pb:
+            pb.push_tensors(((k, bf16_bits(v)) for k, v in items), version=5)
+        with Pool([a.url]) as pa:
+            pa.push_tensors(((k, torch.from_numpy(v).to(dev, torch.bfloat16)) for k, v in items), version=5)
+        assert sampled(a) == sampled(b)
+        # non-contiguous views (a transposed storage) push their values, not their memory order
+        with Pool([b.url]) as pb:
+            pb.push_tensors(items, version=6)
+        with Pool([a.url]) as pa:
+            pa.push_tensors(((k, torch.from_numpy(np.ascontiguousarray(v.T)).T if v.ndim == 2
+                              else torch.from_numpy(v)) for k, v in items), version=6)
         assert sampled(a) == sampled(b)
     finally:
         stop_cleanly(a, b)
