@@ -15,7 +15,9 @@ OPT     ?= -O2
 BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP
+# -fPIC: the library's objects also make build/librdtorch.so (the learner's forward, client/rd_torch.h);
+# linked into the programs the code is the same but for the TLS model of the error message.
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g $(WARN) -I. -MMD -MP -fPIC
 LDLIBS  += -lnng -luv -lcjson -lopenblas -lpcre2-8 -lmbedtls -lmbedx509 -lmbedcrypto -lzstd -lm -lpthread
 
 # The library, floor by floor (docs/LAYOUT.md): base, engine, kernels, proto, client.
@@ -58,6 +60,7 @@ EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(
 
 .PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem bench-lora model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
+     $(BUILD)/librdtorch.so \
      $(CUDA_PLUGIN)
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
@@ -114,6 +117,11 @@ $(BUILD)/librddelta.so: client/rd_delta.c client/rd_delta.h base/crc32c.c base/e
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -O2 $(WARN) -I. -fPIC -shared client/rd_delta.c base/crc32c.c base/err.c -o $@ \
 	    -lzstd -lpthread
+
+# The learner's forward (client/rd_torch.h) for tools/python/rolloutd/torch.py: the whole library in one
+# shared object, the CPU backend only (the CUDA plugin is not linked).
+$(BUILD)/librdtorch.so: $(BUILD)/librollout.a
+	$(CC) -shared -o $@ -Wl,--whole-archive $(BUILD)/librollout.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
 $(BUILD)/librollout.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
