@@ -58,7 +58,7 @@ EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contra
 EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(BUILD)/emutests/test_engine_cudaemu \
              $(BUILD)/emutests/test_spec_cudaemu
 
-.PHONY: layers all test asan asan-build bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem bench-lora model model-gemma3 fuzz clean setup demo demo-offline
+.PHONY: layers all test asan asan-build example-grpo bench-learner bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem bench-lora model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
      $(BUILD)/librdtorch.so \
      $(CUDA_PLUGIN)
@@ -325,6 +325,16 @@ bench-quant: all model
 # The main job: rolloutd with the default model, driven by the GRPO demo learner.
 demo: all model
 	tools/run_demo.sh
+
+# A training step with rolloutd.torch against transformers' on one batch (build/bench-learner.json).
+bench-learner: all model
+	$(PYTHON) tools/bench_learner.py
+
+# GRPO with a PyTorch trainer against a daemon it starts (issue 47): exact log-probs (rolloutd.torch) by default;
+# EXAMPLE_ARGS="--policy transformers" for the standard trainer. A few minutes on 2 cores; not part of `make test`.
+EXAMPLE_ARGS ?=
+example-grpo: all model
+	$(PYTHON) tools/examples/grpo_torch.py $(EXAMPLE_ARGS)
 
 # A small batch of rollouts through the offline engine, with log-probs.
 demo-offline: all model
