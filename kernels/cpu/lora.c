@@ -205,6 +205,22 @@ static void permute_x(const float *x, int32_t in, int32_t rounds, float *xp)
  * side by side so the chains' latencies overlap. Each phase is written once for a dtype T, a constant
  * where it is inlined (one copy per dtype, the loads' branches folded): an f16 or bf16 vector widens
  * exactly in the register, so every FMA gets the operands, in the order, of the fp32 copy. */
+/* The vector paths prefetch each stream of A and B they walk, PF_A elements of a row of ap and PF_B of a
+ * row of bt ahead of their loads. Widening f16 and bf16 takes instructions that fp32's loads (folded into
+ * the FMAs) did not, so fewer of the loads fit in the out-of-order window and fewer cache misses overlap;
+ * the hardware prefetchers did not make up for it (docs/PERF.md, 2026-12-06 "bf16-resident A/B"). A
+ * prefetch changes no value, and one past a buffer's end does not fault. */
+#define PF_A 1024   /* 2 KB in f16 and bf16, 4 KB in fp32 */
+#define PF_B 64     /* the next block of outputs or two */
+
+/* The lines of n elements of p (dtype T) from element i. */
+static inline __attribute__((always_inline)) void prefetch(const void *p, size_t i, size_t n, int32_t T)
+{
+    const size_t es = T == GGML_F32 ? sizeof(float) : sizeof(uint16_t);
+    for (size_t b = 0; b < n * es; b += 64)
+        _mm_prefetch((const char *)p + i * es + b, _MM_HINT_T0);
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 /* 16 elements of ap or bt (dtype T) from element i, as fp32. */
@@ -236,6 +252,10 @@ static inline __attribute__((always_inline)) void shrink1_avx512(const cpu_lora 
                c3b = c0a;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
             const __m512 x0 = _mm512_load_ps(xp + i), x1 = _mm512_load_ps(xp + i + 16);
+            prefetch(L->ap, a0 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a1 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a2 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a3 + i + PF_A, RD_LORA_LANES, T);
             c0a = _mm512_fmadd_ps(x0, ld16(L->ap, a0 + i, T), c0a);
             c0b = _mm512_fmadd_ps(x1, ld16(L->ap, a0 + i + 16, T), c0b);
             c1a = _mm512_fmadd_ps(x0, ld16(L->ap, a1 + i, T), c1a);
@@ -266,6 +286,7 @@ static inline __attribute__((always_inline)) int32_t expand1_avx512(const cpu_lo
         for (int32_t kk = 0; kk < rank; kk++) {
             const size_t b = (size_t)kk * out + j;
             const __m512 tk = _mm512_set1_ps(t[kk]);
+            prefetch(L->bt, b + PF_B, 64, T);
             u0 = _mm512_fmadd_ps(ld16(L->bt, b, T), tk, u0);
             u1 = _mm512_fmadd_ps(ld16(L->bt, b + 16, T), tk, u1);
             u2 = _mm512_fmadd_ps(ld16(L->bt, b + 32, T), tk, u2);
@@ -323,6 +344,8 @@ static inline __attribute__((always_inline)) void shrink4_avx512(const cpu_lora 
         __m512 k0r0a = z, k0r0b = z, k0r1a = z, k0r1b = z, k0r2a = z, k0r2b = z, k0r3a = z, k0r3b = z;
         __m512 k1r0a = z, k1r0b = z, k1r1a = z, k1r1b = z, k1r2a = z, k1r2b = z, k1r3a = z, k1r3b = z;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
+            prefetch(L->ap, a0 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a1 + i + PF_A, RD_LORA_LANES, T);
             const __m512 w0a = ld16(L->ap, a0 + i, T), w0b = ld16(L->ap, a0 + i + 16, T);
             const __m512 w1a = ld16(L->ap, a1 + i, T), w1b = ld16(L->ap, a1 + i + 16, T);
 #define LORA_ROW4(R)                                                                      \
@@ -361,6 +384,7 @@ static inline __attribute__((always_inline)) int32_t expand4_avx512(const cpu_lo
         __m512 z = _mm512_setzero_ps(), u0a = z, u0b = z, u1a = z, u1b = z, u2a = z, u2b = z, u3a = z, u3b = z;
         for (int32_t kk = 0; kk < rank; kk++) {
             const size_t b = (size_t)kk * out + j;
+            prefetch(L->bt, b + PF_B, 32, T);
             const __m512 b0 = ld16(L->bt, b, T), b1 = ld16(L->bt, b + 16, T);
             __m512 tk = _mm512_set1_ps(t[0][kk]);
             u0a = _mm512_fmadd_ps(b0, tk, u0a);
@@ -436,6 +460,8 @@ static inline __attribute__((always_inline)) void shrink1_avx2(const cpu_lora *L
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
             const __m256 x0 = _mm256_load_ps(xp + i), x1 = _mm256_load_ps(xp + i + 8);
             const __m256 x2 = _mm256_load_ps(xp + i + 16), x3 = _mm256_load_ps(xp + i + 24);
+            prefetch(L->ap, a0 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a1 + i + PF_A, RD_LORA_LANES, T);
             c00 = _mm256_fmadd_ps(x0, ld8(L->ap, a0 + i, T), c00);
             c01 = _mm256_fmadd_ps(x1, ld8(L->ap, a0 + i + 8, T), c01);
             c02 = _mm256_fmadd_ps(x2, ld8(L->ap, a0 + i + 16, T), c02);
@@ -465,6 +491,7 @@ static inline __attribute__((always_inline)) int32_t expand1_avx2(const cpu_lora
         for (int32_t kk = 0; kk < rank; kk++) {
             const size_t b = (size_t)kk * out + j;
             const __m256 tk = _mm256_set1_ps(t[kk]);
+            prefetch(L->bt, b + PF_B, 32, T);
             u0 = _mm256_fmadd_ps(ld8(L->bt, b, T), tk, u0);
             u1 = _mm256_fmadd_ps(ld8(L->bt, b + 8, T), tk, u1);
             u2 = _mm256_fmadd_ps(ld8(L->bt, b + 16, T), tk, u2);
