@@ -21,29 +21,44 @@ typedef struct {
     int32_t rank, in, out;
     float scale;
     int32_t rounds;             /* rounds of 32 chunks: ceil((in / 8) / 32) */
-    float *ap;                  /* [rank][rounds][8][32] A's chunks in lane order */
-    float *at;                  /* [rank][8] A's elements past its last whole chunk (in % 8 of them), then 0 */
-    float *bt;                  /* [rank][out] B transposed: out is the vector dimension of the expansion */
+    int32_t a_type, b_type;     /* the file's dtypes (GGML_F32, F16, BF16), in which ap and at hold A, bt B */
+    void *ap;                   /* [rank][rounds][8][32] A's chunks in lane order */
+    void *at;                   /* [rank][8] A's elements past its last whole chunk (in % 8 of them), then 0 */
+    void *bt;                   /* [rank][out] B transposed: out is the vector dimension of the expansion */
 } cpu_lora;
 
-static int widen(const void *src, int32_t type, size_t n, float *dst)
+/* A and B stay in the file's dtype: the op streams them from memory every step (an adapter does not fit
+ * in cache), so their bytes bound it, and f16 and bf16 widen to fp32 exactly where they are used: the
+ * same products, the same bits as fp32 copies would give. */
+static size_t type_size(int32_t t) { return t == GGML_F32 ? sizeof(float) : sizeof(uint16_t); }
+
+/* Element i of ap, at or bt (of dtype t), widened: bf16 is an fp32's top half, f16 widens exactly. */
+static inline __attribute__((always_inline)) float elem(const void *p, int32_t t, size_t i)
 {
-    if (type == GGML_F32) {
-        memcpy(dst, src, n * sizeof(float));
-        return 0;
-    }
-    const uint16_t *h = src;
-    if (type == GGML_F16)
-        for (size_t i = 0; i < n; i++)
-            dst[i] = rd_f16_to_f32(h[i]);
-    else
-        for (size_t i = 0; i < n; i++)
-            dst[i] = rd_bf16_to_f32(h[i]);
-    return 0;
+    if (t == GGML_F32)
+        return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    if (t == GGML_F16)
+        return rd_f16_to_f32(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
-/* 64-byte aligned (the vector paths' aligned loads); aligned_alloc wants a size that is a multiple of it. */
-static void *alloc64(size_t bytes) { return aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64); }
+/* Element si of src to element di of dst, both of es bytes (the file's bits, unchanged). */
+static void put(void *dst, size_t di, const void *src, size_t si, size_t es)
+{
+    if (es == sizeof(float))
+        memcpy((char *)dst + di * sizeof(float), (const char *)src + si * sizeof(float), sizeof(float));
+    else
+        memcpy((char *)dst + di * sizeof(uint16_t), (const char *)src + si * sizeof(uint16_t), sizeof(uint16_t));
+}
+
+/* 64-byte aligned (the vector paths' loads of whole rounds); aligned_alloc wants a size that is a multiple
+ * of it, which is also what a buffer holds (cpu_lora_bytes). */
+static size_t size64(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
+static void *alloc64(size_t bytes) { return aligned_alloc(64, size64(bytes)); }
 
 static int type_ok(int32_t t) { return t == GGML_F32 || t == GGML_F16 || t == GGML_BF16; }
 
@@ -56,18 +71,16 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
                        w ? w->rank : 0, RD_LORA_MAX_RANK, w ? w->in : 0, w ? w->out : 0,
                        w ? ggml_type_name(w->a_type) : "?", w ? ggml_type_name(w->b_type) : "?");
     cpu_lora *L = calloc(1, sizeof *L);
-    const size_t na = (size_t)w->rank * w->in, nb = (size_t)w->out * w->rank;
     const int32_t rounds = (w->in / RD_LORA_CHUNK + RD_LORA_LANES - 1) / RD_LORA_LANES;
-    const size_t nap = (size_t)w->rank * rounds * LANE_BLOCK;
-    float *a = malloc(na * sizeof(float)), *b = malloc(nb * sizeof(float));
+    const size_t ea = type_size(w->a_type), eb = type_size(w->b_type);
+    const size_t nap = (size_t)w->rank * rounds * LANE_BLOCK, nat = (size_t)w->rank * RD_LORA_CHUNK;
+    const size_t nbt = (size_t)w->out * w->rank;
     if (L) {
-        L->ap = alloc64(nap * sizeof(float));
-        L->at = calloc((size_t)w->rank * RD_LORA_CHUNK, sizeof(float));
-        L->bt = malloc(nb * sizeof(float));
+        L->ap = alloc64(nap * ea);
+        L->at = alloc64(nat * ea);
+        L->bt = alloc64(nbt * eb);
     }
-    if (!L || !a || !b || !L->ap || !L->at || !L->bt) {
-        free(a);
-        free(b);
+    if (!L || !L->ap || !L->at || !L->bt) {
         cpu_lora_free(L);
         return rd_fail(RD_ENOMEM, "cpu: lora_load: out of memory for a rank-%d [%d] -> [%d] pair", w->rank, w->in,
                        w->out);
@@ -77,25 +90,27 @@ int cpu_lora_load(const rd_lora_w *w, void **handle)
     L->out = w->out;
     L->scale = w->scale;
     L->rounds = rounds;
-    widen(w->a, w->a_type, na, a);
-    widen(w->b, w->b_type, nb, b);
+    L->a_type = w->a_type;
+    L->b_type = w->b_type;
+    /* All-zero bits are +0 in each dtype: the lanes past the last chunk and the tail's padding. */
+    memset(L->ap, 0, nap * ea);
+    memset(L->at, 0, nat * ea);
     const int32_t chunks = w->in / RD_LORA_CHUNK, tail = chunks * RD_LORA_CHUNK;
     for (int32_t k = 0; k < w->rank; k++) {
         for (int32_t r = 0; r < rounds; r++)
             for (int32_t e = 0; e < RD_LORA_CHUNK; e++)
                 for (int32_t l = 0; l < RD_LORA_LANES; l++) {
                     const int32_t c = r * RD_LORA_LANES + l;
-                    L->ap[(((size_t)k * rounds + r) * RD_LORA_CHUNK + e) * RD_LORA_LANES + l] =
-                        c < chunks ? a[(size_t)k * w->in + (size_t)c * RD_LORA_CHUNK + e] : 0.0f;
+                    if (c < chunks)
+                        put(L->ap, (((size_t)k * rounds + r) * RD_LORA_CHUNK + e) * RD_LORA_LANES + l, w->a,
+                            (size_t)k * w->in + (size_t)c * RD_LORA_CHUNK + e, ea);
                 }
         for (int32_t e = tail; e < w->in; e++)
-            L->at[(size_t)k * RD_LORA_CHUNK + (e - tail)] = a[(size_t)k * w->in + e];
+            put(L->at, (size_t)k * RD_LORA_CHUNK + (e - tail), w->a, (size_t)k * w->in + e, ea);
     }
     for (int32_t j = 0; j < w->out; j++)
         for (int32_t k = 0; k < w->rank; k++)
-            L->bt[(size_t)k * w->out + j] = b[(size_t)j * w->rank + k];
-    free(a);
-    free(b);
+            put(L->bt, (size_t)k * w->out + j, w->b, (size_t)j * w->rank + k, eb);
     *handle = L;
     return 0;
 }
@@ -114,10 +129,13 @@ void cpu_lora_free(void *handle)
 int64_t cpu_lora_bytes(const void *handle)
 {
     const cpu_lora *L = handle;
-    /* A in lane order (padded to whole rounds) with its tail, B transposed; fp32 */
-    return L ? ((int64_t)L->rank * L->rounds * LANE_BLOCK + (int64_t)L->rank * RD_LORA_CHUNK +
-                (int64_t)L->out * L->rank) * (int64_t)sizeof(float)
-             : 0;
+    if (!L)
+        return 0;
+    /* the three buffers as allocated: A in lane order (padded to whole rounds) and its tail in A's dtype,
+     * B transposed in B's */
+    const size_t ea = type_size(L->a_type), eb = type_size(L->b_type);
+    return (int64_t)(size64((size_t)L->rank * L->rounds * LANE_BLOCK * ea) +
+                     size64((size_t)L->rank * RD_LORA_CHUNK * ea) + size64((size_t)L->out * L->rank * eb));
 }
 
 /* The xor butterfly as lane 0 sees it (every lane ends with these bits). */
@@ -145,13 +163,14 @@ float cpu_lora_dot(const float *w, const float *x, int32_t n)
     return lanes_sum(p);
 }
 
-/* The tail elements (past the last whole chunk; tw holds A's) into the lanes' sums p, then their xor
+/* Row k's tail elements (past the last whole chunk, held in L->at) into the lanes' sums p, then their xor
  * butterfly. */
-static float finish_dot(float *p, const float *tw, const float *x, int32_t n)
+static float finish_dot(const cpu_lora *L, int32_t k, float *p, const float *x)
 {
-    const int32_t tail = n / RD_LORA_CHUNK * RD_LORA_CHUNK;
+    const int32_t n = L->in, tail = n / RD_LORA_CHUNK * RD_LORA_CHUNK;
     for (int32_t e = tail; e < n; e++)
-        p[(e - tail) % RD_LORA_LANES] = fmaf(x[e], tw[e - tail], p[(e - tail) % RD_LORA_LANES]);
+        p[(e - tail) % RD_LORA_LANES] = fmaf(x[e], elem(L->at, L->a_type, (size_t)k * RD_LORA_CHUNK + (e - tail)),
+                                             p[(e - tail) % RD_LORA_LANES]);
     return lanes_sum(p);
 }
 
@@ -162,7 +181,7 @@ static void expand_from(const cpu_lora *L, const float *t, float *y, int32_t j0)
     for (int32_t j = j0; j < L->out; j++) {
         float u = 0.0f;
         for (int32_t k = 0; k < L->rank; k++)
-            u = fmaf(L->bt[(size_t)k * L->out + j], t[k], u);
+            u = fmaf(elem(L->bt, L->b_type, (size_t)k * L->out + j), t[k], u);
         y[j] = y[j] + L->scale * u;
     }
 }
@@ -183,53 +202,95 @@ static void permute_x(const float *x, int32_t in, int32_t rounds, float *xp)
 /* The vector paths: SIMD lane l is warp lane l, so each lane's sum is the same chain of fmaf as in
  * cpu_lora_dot (an FMA instruction rounds once, as fmaf does); the expansion keeps out in the vector
  * (one fmaf chain over k per output, as lora_row). Several k (shrink) or output blocks (expand) run
- * side by side so the chains' latencies overlap. */
+ * side by side so the chains' latencies overlap. Each phase is written once for a dtype T, a constant
+ * where it is inlined (one copy per dtype, the loads' branches folded): an f16 or bf16 vector widens
+ * exactly in the register, so every FMA gets the operands, in the order, of the fp32 copy. */
+/* The vector paths prefetch each stream of A and B they walk, PF_A elements of a row of ap and PF_B of a
+ * row of bt ahead of their loads. Widening f16 and bf16 takes instructions that fp32's loads (folded into
+ * the FMAs) did not, so fewer of the loads fit in the out-of-order window and fewer cache misses overlap;
+ * the hardware prefetchers did not make up for it (docs/PERF.md, 2026-12-06 "bf16-resident A/B"). A
+ * prefetch changes no value, and one past a buffer's end does not fault. */
+#define PF_A 1024   /* 2 KB in f16 and bf16, 4 KB in fp32 */
+#define PF_B 64     /* the next block of outputs or two */
+
+/* The lines of n elements of p (dtype T) from element i. */
+static inline __attribute__((always_inline)) void prefetch(const void *p, size_t i, size_t n, int32_t T)
+{
+    const size_t es = T == GGML_F32 ? sizeof(float) : sizeof(uint16_t);
+    for (size_t b = 0; b < n * es; b += 64)
+        _mm_prefetch((const char *)p + i * es + b, _MM_HINT_T0);
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
-static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
+/* 16 elements of ap or bt (dtype T) from element i, as fp32. */
+static inline __attribute__((always_inline)) __m512 ld16(const void *p, size_t i, int32_t T)
 {
-    float t[RD_LORA_MAX_RANK], p[4][RD_LORA_LANES];
-    const int32_t R = L->rounds, rank = L->rank, out = L->out;
-    const size_t per_k = (size_t)R * LANE_BLOCK;
-    permute_x(x, L->in, R, xp);
+    if (T == GGML_F32)
+        return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (T == GGML_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* t = A x for one row (xp: x in lane order). */
+static inline __attribute__((always_inline)) void shrink1_avx512(const cpu_lora *L, const float *x, const float *xp,
+                                                                  float *t, int32_t T)
+{
+    float p[4][RD_LORA_LANES];
+    const int32_t rank = L->rank;
+    const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     /* Named accumulators: GCC keeps an indexed array of vectors on the stack. Four k at a time (a
      * missing one repeats the last k and is dropped). */
     for (int32_t k = 0; k < rank; k += 4) {
         const int32_t nk = rank - k < 4 ? rank - k : 4;
-        const float *a0 = L->ap + (size_t)k * per_k;
-        const float *a1 = a0 + (nk > 1 ? per_k : 0), *a2 = a0 + (nk > 2 ? 2 * per_k : 0);
-        const float *a3 = a0 + (nk > 3 ? 3 * per_k : 0);
+        const size_t a0 = (size_t)k * per_k;
+        const size_t a1 = a0 + (nk > 1 ? per_k : 0), a2 = a0 + (nk > 2 ? 2 * per_k : 0);
+        const size_t a3 = a0 + (nk > 3 ? 3 * per_k : 0);
         __m512 c0a = _mm512_setzero_ps(), c0b = c0a, c1a = c0a, c1b = c0a, c2a = c0a, c2b = c0a, c3a = c0a,
                c3b = c0a;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
             const __m512 x0 = _mm512_load_ps(xp + i), x1 = _mm512_load_ps(xp + i + 16);
-            c0a = _mm512_fmadd_ps(x0, _mm512_load_ps(a0 + i), c0a);
-            c0b = _mm512_fmadd_ps(x1, _mm512_load_ps(a0 + i + 16), c0b);
-            c1a = _mm512_fmadd_ps(x0, _mm512_load_ps(a1 + i), c1a);
-            c1b = _mm512_fmadd_ps(x1, _mm512_load_ps(a1 + i + 16), c1b);
-            c2a = _mm512_fmadd_ps(x0, _mm512_load_ps(a2 + i), c2a);
-            c2b = _mm512_fmadd_ps(x1, _mm512_load_ps(a2 + i + 16), c2b);
-            c3a = _mm512_fmadd_ps(x0, _mm512_load_ps(a3 + i), c3a);
-            c3b = _mm512_fmadd_ps(x1, _mm512_load_ps(a3 + i + 16), c3b);
+            prefetch(L->ap, a0 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a1 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a2 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a3 + i + PF_A, RD_LORA_LANES, T);
+            c0a = _mm512_fmadd_ps(x0, ld16(L->ap, a0 + i, T), c0a);
+            c0b = _mm512_fmadd_ps(x1, ld16(L->ap, a0 + i + 16, T), c0b);
+            c1a = _mm512_fmadd_ps(x0, ld16(L->ap, a1 + i, T), c1a);
+            c1b = _mm512_fmadd_ps(x1, ld16(L->ap, a1 + i + 16, T), c1b);
+            c2a = _mm512_fmadd_ps(x0, ld16(L->ap, a2 + i, T), c2a);
+            c2b = _mm512_fmadd_ps(x1, ld16(L->ap, a2 + i + 16, T), c2b);
+            c3a = _mm512_fmadd_ps(x0, ld16(L->ap, a3 + i, T), c3a);
+            c3b = _mm512_fmadd_ps(x1, ld16(L->ap, a3 + i + 16, T), c3b);
         }
         const __m512 ca[4] = {c0a, c1a, c2a, c3a}, cb[4] = {c0b, c1b, c2b, c3b};
         for (int32_t q = 0; q < nk; q++) {
             _mm512_storeu_ps(p[q], ca[q]);
             _mm512_storeu_ps(p[q] + 16, cb[q]);
-            t[k + q] = finish_dot(p[q], L->at + (size_t)(k + q) * RD_LORA_CHUNK, x, L->in);
+            t[k + q] = finish_dot(L, k + q, p[q], x);
         }
     }
+}
+
+/* y += s B t for one row over the outputs in whole vectors; returns the first output left (expand_from's). */
+static inline __attribute__((always_inline)) int32_t expand1_avx512(const cpu_lora *L, const float *t, float *y,
+                                                                     int32_t T)
+{
+    const int32_t rank = L->rank, out = L->out;
     const __m512 s = _mm512_set1_ps(L->scale);
     int32_t j = 0;
     for (; j + 64 <= out; j += 64) {
         __m512 u0 = _mm512_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
         for (int32_t kk = 0; kk < rank; kk++) {
-            const float *b = L->bt + (size_t)kk * out + j;
+            const size_t b = (size_t)kk * out + j;
             const __m512 tk = _mm512_set1_ps(t[kk]);
-            u0 = _mm512_fmadd_ps(_mm512_loadu_ps(b), tk, u0);
-            u1 = _mm512_fmadd_ps(_mm512_loadu_ps(b + 16), tk, u1);
-            u2 = _mm512_fmadd_ps(_mm512_loadu_ps(b + 32), tk, u2);
-            u3 = _mm512_fmadd_ps(_mm512_loadu_ps(b + 48), tk, u3);
+            prefetch(L->bt, b + PF_B, 64, T);
+            u0 = _mm512_fmadd_ps(ld16(L->bt, b, T), tk, u0);
+            u1 = _mm512_fmadd_ps(ld16(L->bt, b + 16, T), tk, u1);
+            u2 = _mm512_fmadd_ps(ld16(L->bt, b + 32, T), tk, u2);
+            u3 = _mm512_fmadd_ps(ld16(L->bt, b + 48, T), tk, u3);
         }
         _mm512_storeu_ps(y + j, _mm512_add_ps(_mm512_loadu_ps(y + j), _mm512_mul_ps(s, u0)));
         _mm512_storeu_ps(y + j + 16, _mm512_add_ps(_mm512_loadu_ps(y + j + 16), _mm512_mul_ps(s, u1)));
@@ -239,31 +300,54 @@ static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
     for (; j + 16 <= out; j += 16) {
         __m512 u = _mm512_setzero_ps();
         for (int32_t kk = 0; kk < rank; kk++)
-            u = _mm512_fmadd_ps(_mm512_loadu_ps(L->bt + (size_t)kk * out + j), _mm512_set1_ps(t[kk]), u);
+            u = _mm512_fmadd_ps(ld16(L->bt, (size_t)kk * out + j, T), _mm512_set1_ps(t[kk]), u);
         _mm512_storeu_ps(y + j, _mm512_add_ps(_mm512_loadu_ps(y + j), _mm512_mul_ps(s, u)));
     }
+    return j;
+}
+
+static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
+{
+    float t[RD_LORA_MAX_RANK];
+    permute_x(x, L->in, L->rounds, xp);
+    if (L->a_type == GGML_BF16)
+        shrink1_avx512(L, x, xp, t, GGML_BF16);
+    else if (L->a_type == GGML_F16)
+        shrink1_avx512(L, x, xp, t, GGML_F16);
+    else
+        shrink1_avx512(L, x, xp, t, GGML_F32);
+    int32_t j;
+    if (L->b_type == GGML_BF16)
+        j = expand1_avx512(L, t, y, GGML_BF16);
+    else if (L->b_type == GGML_F16)
+        j = expand1_avx512(L, t, y, GGML_F16);
+    else
+        j = expand1_avx512(L, t, y, GGML_F32);
     expand_from(L, t, y, j);
 }
-/* Four rows of one adapter at once: each A and B vector loaded once serves the four (the base GEMM's reuse),
- * each row's sums the same fmaf chains as row_avx512's. xp holds four rows' x in lane order. */
-static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, float *const *y)
+
+/* Four rows of one adapter at once: each A and B vector loaded (and widened) once serves the four (the base
+ * GEMM's reuse), each row's sums the same fmaf chains as row_avx512's. xp holds four rows' x in lane order. */
+static inline __attribute__((always_inline)) void shrink4_avx512(const cpu_lora *L, const float *const *x,
+                                                                  const float *xp, float t[4][RD_LORA_MAX_RANK],
+                                                                  int32_t T)
 {
-    float t[4][RD_LORA_MAX_RANK], p[RD_LORA_LANES];
-    const int32_t R = L->rounds, rank = L->rank, out = L->out;
-    const size_t per_k = (size_t)R * LANE_BLOCK;
-    for (int32_t r = 0; r < 4; r++)
-        permute_x(x[r], L->in, R, xp + (size_t)r * per_k);
+    float p[RD_LORA_LANES];
+    const int32_t rank = L->rank;
+    const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     for (int32_t k = 0; k < rank; k += 2) {
         const int32_t nk = rank - k < 2 ? rank - k : 2;
-        const float *a0 = L->ap + (size_t)k * per_k, *a1 = nk > 1 ? a0 + per_k : a0;
+        const size_t a0 = (size_t)k * per_k, a1 = nk > 1 ? a0 + per_k : a0;
         const float *x0p = xp, *x1p = xp + per_k, *x2p = xp + 2 * per_k, *x3p = xp + 3 * per_k;
         /* Named accumulators (an indexed array of vectors stays on the stack): [k][row] halves a and b. */
         __m512 z = _mm512_setzero_ps();
         __m512 k0r0a = z, k0r0b = z, k0r1a = z, k0r1b = z, k0r2a = z, k0r2b = z, k0r3a = z, k0r3b = z;
         __m512 k1r0a = z, k1r0b = z, k1r1a = z, k1r1b = z, k1r2a = z, k1r2b = z, k1r3a = z, k1r3b = z;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
-            const __m512 w0a = _mm512_load_ps(a0 + i), w0b = _mm512_load_ps(a0 + i + 16);
-            const __m512 w1a = _mm512_load_ps(a1 + i), w1b = _mm512_load_ps(a1 + i + 16);
+            prefetch(L->ap, a0 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a1 + i + PF_A, RD_LORA_LANES, T);
+            const __m512 w0a = ld16(L->ap, a0 + i, T), w0b = ld16(L->ap, a0 + i + 16, T);
+            const __m512 w1a = ld16(L->ap, a1 + i, T), w1b = ld16(L->ap, a1 + i + 16, T);
 #define LORA_ROW4(R)                                                                      \
     do {                                                                                  \
         const __m512 xa = _mm512_load_ps(x##R##p + i), xb = _mm512_load_ps(x##R##p + i + 16); \
@@ -284,16 +368,24 @@ static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, fl
             for (int32_t r = 0; r < 4; r++) {
                 _mm512_storeu_ps(p, sa[q][r]);
                 _mm512_storeu_ps(p + 16, sb[q][r]);
-                t[r][k + q] = finish_dot(p, L->at + (size_t)(k + q) * RD_LORA_CHUNK, x[r], L->in);
+                t[r][k + q] = finish_dot(L, k + q, p, x[r]);
             }
     }
+}
+
+static inline __attribute__((always_inline)) int32_t expand4_avx512(const cpu_lora *L,
+                                                                     float t[4][RD_LORA_MAX_RANK], float *const *y,
+                                                                     int32_t T)
+{
+    const int32_t rank = L->rank, out = L->out;
     const __m512 s = _mm512_set1_ps(L->scale);
     int32_t j = 0;
     for (; j + 32 <= out; j += 32) {
         __m512 z = _mm512_setzero_ps(), u0a = z, u0b = z, u1a = z, u1b = z, u2a = z, u2b = z, u3a = z, u3b = z;
         for (int32_t kk = 0; kk < rank; kk++) {
-            const float *b = L->bt + (size_t)kk * out + j;
-            const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            const size_t b = (size_t)kk * out + j;
+            prefetch(L->bt, b + PF_B, 32, T);
+            const __m512 b0 = ld16(L->bt, b, T), b1 = ld16(L->bt, b + 16, T);
             __m512 tk = _mm512_set1_ps(t[0][kk]);
             u0a = _mm512_fmadd_ps(b0, tk, u0a);
             u0b = _mm512_fmadd_ps(b1, tk, u0b);
@@ -314,54 +406,96 @@ static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, fl
                              _mm512_add_ps(_mm512_loadu_ps(y[r] + j + 16), _mm512_mul_ps(s, ub[r])));
         }
     }
+    return j;
+}
+
+static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, float *const *y)
+{
+    float t[4][RD_LORA_MAX_RANK];
+    const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
+    for (int32_t r = 0; r < 4; r++)
+        permute_x(x[r], L->in, L->rounds, xp + (size_t)r * per_k);
+    if (L->a_type == GGML_BF16)
+        shrink4_avx512(L, x, xp, t, GGML_BF16);
+    else if (L->a_type == GGML_F16)
+        shrink4_avx512(L, x, xp, t, GGML_F16);
+    else
+        shrink4_avx512(L, x, xp, t, GGML_F32);
+    int32_t j;
+    if (L->b_type == GGML_BF16)
+        j = expand4_avx512(L, t, y, GGML_BF16);
+    else if (L->b_type == GGML_F16)
+        j = expand4_avx512(L, t, y, GGML_F16);
+    else
+        j = expand4_avx512(L, t, y, GGML_F32);
     for (int32_t r = 0; r < 4; r++)
         expand_from(L, t[r], y[r], j);
 }
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
-static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
+#pragma GCC target("avx2,fma,f16c")
+/* 8 elements of ap or bt (dtype T) from element i, as fp32 (F16C: CPU_ISA_AVX2 implies it). */
+static inline __attribute__((always_inline)) __m256 ld8(const void *p, size_t i, int32_t T)
 {
-    float t[RD_LORA_MAX_RANK], p[2][RD_LORA_LANES];
-    const int32_t R = L->rounds, rank = L->rank, out = L->out;
-    const size_t per_k = (size_t)R * LANE_BLOCK;
-    permute_x(x, L->in, R, xp);
+    if (T == GGML_F32)
+        return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (T == GGML_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) void shrink1_avx2(const cpu_lora *L, const float *x, const float *xp,
+                                                                float *t, int32_t T)
+{
+    float p[2][RD_LORA_LANES];
+    const int32_t rank = L->rank;
+    const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     for (int32_t k = 0; k < rank; k += 2) {
         const int32_t nk = rank - k < 2 ? rank - k : 2;
-        const float *a0 = L->ap + (size_t)k * per_k, *a1 = nk > 1 ? a0 + per_k : a0;
+        const size_t a0 = (size_t)k * per_k, a1 = nk > 1 ? a0 + per_k : a0;
         /* Named accumulators (an indexed array of vectors stays on the stack). */
         __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
         for (size_t i = 0; i < per_k; i += RD_LORA_LANES) {
             const __m256 x0 = _mm256_load_ps(xp + i), x1 = _mm256_load_ps(xp + i + 8);
             const __m256 x2 = _mm256_load_ps(xp + i + 16), x3 = _mm256_load_ps(xp + i + 24);
-            c00 = _mm256_fmadd_ps(x0, _mm256_load_ps(a0 + i), c00);
-            c01 = _mm256_fmadd_ps(x1, _mm256_load_ps(a0 + i + 8), c01);
-            c02 = _mm256_fmadd_ps(x2, _mm256_load_ps(a0 + i + 16), c02);
-            c03 = _mm256_fmadd_ps(x3, _mm256_load_ps(a0 + i + 24), c03);
-            c10 = _mm256_fmadd_ps(x0, _mm256_load_ps(a1 + i), c10);
-            c11 = _mm256_fmadd_ps(x1, _mm256_load_ps(a1 + i + 8), c11);
-            c12 = _mm256_fmadd_ps(x2, _mm256_load_ps(a1 + i + 16), c12);
-            c13 = _mm256_fmadd_ps(x3, _mm256_load_ps(a1 + i + 24), c13);
+            prefetch(L->ap, a0 + i + PF_A, RD_LORA_LANES, T);
+            prefetch(L->ap, a1 + i + PF_A, RD_LORA_LANES, T);
+            c00 = _mm256_fmadd_ps(x0, ld8(L->ap, a0 + i, T), c00);
+            c01 = _mm256_fmadd_ps(x1, ld8(L->ap, a0 + i + 8, T), c01);
+            c02 = _mm256_fmadd_ps(x2, ld8(L->ap, a0 + i + 16, T), c02);
+            c03 = _mm256_fmadd_ps(x3, ld8(L->ap, a0 + i + 24, T), c03);
+            c10 = _mm256_fmadd_ps(x0, ld8(L->ap, a1 + i, T), c10);
+            c11 = _mm256_fmadd_ps(x1, ld8(L->ap, a1 + i + 8, T), c11);
+            c12 = _mm256_fmadd_ps(x2, ld8(L->ap, a1 + i + 16, T), c12);
+            c13 = _mm256_fmadd_ps(x3, ld8(L->ap, a1 + i + 24, T), c13);
         }
         const __m256 c[2][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
         for (int32_t q = 0; q < nk; q++) {
             for (int32_t v = 0; v < 4; v++)
                 _mm256_storeu_ps(p[q] + 8 * v, c[q][v]);
-            t[k + q] = finish_dot(p[q], L->at + (size_t)(k + q) * RD_LORA_CHUNK, x, L->in);
+            t[k + q] = finish_dot(L, k + q, p[q], x);
         }
     }
+}
+
+static inline __attribute__((always_inline)) int32_t expand1_avx2(const cpu_lora *L, const float *t, float *y,
+                                                                   int32_t T)
+{
+    const int32_t rank = L->rank, out = L->out;
     const __m256 s = _mm256_set1_ps(L->scale);
     int32_t j = 0;
     for (; j + 32 <= out; j += 32) {
         __m256 u0 = _mm256_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
         for (int32_t kk = 0; kk < rank; kk++) {
-            const float *b = L->bt + (size_t)kk * out + j;
+            const size_t b = (size_t)kk * out + j;
             const __m256 tk = _mm256_set1_ps(t[kk]);
-            u0 = _mm256_fmadd_ps(_mm256_loadu_ps(b), tk, u0);
-            u1 = _mm256_fmadd_ps(_mm256_loadu_ps(b + 8), tk, u1);
-            u2 = _mm256_fmadd_ps(_mm256_loadu_ps(b + 16), tk, u2);
-            u3 = _mm256_fmadd_ps(_mm256_loadu_ps(b + 24), tk, u3);
+            prefetch(L->bt, b + PF_B, 32, T);
+            u0 = _mm256_fmadd_ps(ld8(L->bt, b, T), tk, u0);
+            u1 = _mm256_fmadd_ps(ld8(L->bt, b + 8, T), tk, u1);
+            u2 = _mm256_fmadd_ps(ld8(L->bt, b + 16, T), tk, u2);
+            u3 = _mm256_fmadd_ps(ld8(L->bt, b + 24, T), tk, u3);
         }
         _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_mul_ps(s, u0)));
         _mm256_storeu_ps(y + j + 8, _mm256_add_ps(_mm256_loadu_ps(y + j + 8), _mm256_mul_ps(s, u1)));
@@ -371,27 +505,60 @@ static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
     for (; j + 8 <= out; j += 8) {
         __m256 u = _mm256_setzero_ps();
         for (int32_t kk = 0; kk < rank; kk++)
-            u = _mm256_fmadd_ps(_mm256_loadu_ps(L->bt + (size_t)kk * out + j), _mm256_set1_ps(t[kk]), u);
+            u = _mm256_fmadd_ps(ld8(L->bt, (size_t)kk * out + j, T), _mm256_set1_ps(t[kk]), u);
         _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_mul_ps(s, u)));
     }
+    return j;
+}
+
+static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
+{
+    float t[RD_LORA_MAX_RANK];
+    permute_x(x, L->in, L->rounds, xp);
+    if (L->a_type == GGML_BF16)
+        shrink1_avx2(L, x, xp, t, GGML_BF16);
+    else if (L->a_type == GGML_F16)
+        shrink1_avx2(L, x, xp, t, GGML_F16);
+    else
+        shrink1_avx2(L, x, xp, t, GGML_F32);
+    int32_t j;
+    if (L->b_type == GGML_BF16)
+        j = expand1_avx2(L, t, y, GGML_BF16);
+    else if (L->b_type == GGML_F16)
+        j = expand1_avx2(L, t, y, GGML_F16);
+    else
+        j = expand1_avx2(L, t, y, GGML_F32);
     expand_from(L, t, y, j);
 }
 #pragma GCC pop_options
 
-/* One row in plain C: y[out_off + j] += s (B (A x))[j], each lane's fmaf chain over A in lane order (the
- * order cpu_lora_dot walks a row of A in). */
-static void lora_row(const cpu_lora *L, const float *x, float *xp, float *y)
+/* t = A x in plain C, each lane's fmaf chain over A in lane order (the order cpu_lora_dot walks a row of A
+ * in); one copy per dtype T, as the vector paths. */
+static inline __attribute__((always_inline)) void shrink1_c(const cpu_lora *L, const float *x, const float *xp,
+                                                             float *t, int32_t T)
 {
-    float t[RD_LORA_MAX_RANK], p[RD_LORA_LANES];
+    float p[RD_LORA_LANES];
     const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
-    permute_x(x, L->in, L->rounds, xp);
     for (int32_t k = 0; k < L->rank; k++) {
-        const float *a = L->ap + (size_t)k * per_k;
+        const size_t a = (size_t)k * per_k;
         memset(p, 0, sizeof p);
         for (size_t i = 0; i < per_k; i++)
-            p[i % RD_LORA_LANES] = fmaf(xp[i], a[i], p[i % RD_LORA_LANES]);
-        t[k] = finish_dot(p, L->at + (size_t)k * RD_LORA_CHUNK, x, L->in);
+            p[i % RD_LORA_LANES] = fmaf(xp[i], elem(L->ap, T, a + i), p[i % RD_LORA_LANES]);
+        t[k] = finish_dot(L, k, p, x);
     }
+}
+
+/* One row in plain C: y[out_off + j] += s (B (A x))[j]. */
+static void lora_row(const cpu_lora *L, const float *x, float *xp, float *y)
+{
+    float t[RD_LORA_MAX_RANK];
+    permute_x(x, L->in, L->rounds, xp);
+    if (L->a_type == GGML_BF16)
+        shrink1_c(L, x, xp, t, GGML_BF16);
+    else if (L->a_type == GGML_F16)
+        shrink1_c(L, x, xp, t, GGML_F16);
+    else
+        shrink1_c(L, x, xp, t, GGML_F32);
     expand_from(L, t, y, 0);
 }
 

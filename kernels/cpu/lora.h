@@ -1,18 +1,23 @@
 /* lora.h - the CPU backend's LoRA ops (backend.h lora_load, lora_apply).
  *
- * A handle holds A and B widened to fp32 once at load: f16 and bf16 widen
- * exactly, so every product is the one of the file's values, computed
- * without a conversion per use. lora_apply groups the rows by adapter (a
- * counting sort over the slots) and runs each adapter's rows together, so
- * its A and B are read from cache for all of them; every row is computed
- * on its own in the order backend.h states (RD_LORA_LANES: the CUDA warp's
- * order, replayed lane by lane), which depends only on the row and its
- * adapter. The AVX2 and AVX-512 paths (base/cpu_isa.h) keep warp lane l in SIMD lane l, A's
- * chunks stored in lane order at load, so each lane's sum is the same fmaf chain: the same bits on
- * every path; on AVX-512 four rows of one adapter share each loaded vector of A and B. Why not a GEMM: OpenBLAS's sgemm changes a row's bits with M
- * (gemm.h), and the packed GEMM's order (one FMA chain over in) is not the
- * CUDA kernel's, so the two backends would disagree in the last bits; these
- * products are small (r (in + out) per row against the base's in out). */
+ * A handle holds A and B in the file's dtype (f32, f16 or bf16; A's and B's
+ * may differ), A in lane order, B transposed: decoding streams every adapter
+ * a step uses from memory, so its bytes bound the op, and f16 and bf16 widen
+ * to fp32 exactly in the registers where they are used, so every product is
+ * the one of the file's values, as an fp32 copy would give. lora_apply
+ * groups the rows by adapter (a counting sort over the slots) and runs each
+ * adapter's rows together, so its A and B are read from cache for all of
+ * them; every row is computed on its own in the order backend.h states
+ * (RD_LORA_LANES: the CUDA warp's order, replayed lane by lane), which
+ * depends only on the row and its adapter. The AVX2 and AVX-512 paths
+ * (base/cpu_isa.h) keep warp lane l in SIMD lane l, A's chunks stored in lane
+ * order at load, so each lane's sum is the same fmaf chain: the same bits on
+ * every path; on AVX-512 four rows of one adapter share each loaded (and
+ * widened) vector of A and B. Why not a GEMM: OpenBLAS's sgemm changes a
+ * row's bits with M (gemm.h), and the packed GEMM's order (one FMA chain
+ * over in) is not the CUDA kernel's, so the two backends would disagree in
+ * the last bits; these products are small (r (in + out) per row against the
+ * base's in out). */
 #ifndef RD_CPU_LORA_H
 #define RD_CPU_LORA_H
 

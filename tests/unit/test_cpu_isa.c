@@ -11,6 +11,8 @@
  *   dtype the CPU backend keeps, the mixture of experts, every family) and of
  *   the default model, for prompts of 1, 2, 3 and 9 tokens (the one-row,
  *   small-batch and panel-decoding GEMM paths): memcmp-equal on every path;
+ * - LoRA's apply: every path memcmp-equal to plain C, and A and B kept in
+ *   f16 and bf16 (either, both, mixed) equal to fp32 copies of the same values;
  * - the level names parse, and a level the host lacks is refused.
  * Paths the host lacks are reported as SKIP lines. test_gemm runs under
  * RD_CPU_ISA=scalar and avx2 too (tests/run.sh): its checks against the
@@ -299,6 +301,161 @@ static void test_lora_paths(void)
         printf("SKIP lora_vector_paths: this CPU has no AVX2\n");
 }
 
+/* A LoRA pair's A or B of n values in dtype t: f16 (some subnormal, which widen to normal fp32), bf16 (some
+ * subnormal) or f32; v gets the values widened (rd_f16_to_f32 / rd_bf16_to_f32, not the kernels'
+ * conversions). */
+static void *lora_values(int32_t t, size_t n, uint64_t *x, float *v)
+{
+    void *p = malloc(n * (t == GGML_F32 ? sizeof(float) : sizeof(uint16_t)));
+    if (!p)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const float f = unit(x);
+        if (t == GGML_F32) {
+            ((float *)p)[i] = v[i] = f;
+            continue;
+        }
+        uint16_t h = t == GGML_F16 ? f32_to_f16(f * 0.5f) : f32_to_bf16(f);
+        if (i % 29 == 3)        /* a subnormal, with f's sign */
+            h = (uint16_t)((f < 0 ? 0x8000u : 0u) | (1u + (uint32_t)(i % (t == GGML_F16 ? 0x3ff : 0x7f))));
+        ((uint16_t *)p)[i] = h;
+        v[i] = t == GGML_F16 ? rd_f16_to_f32(h) : rd_bf16_to_f32(h);
+    }
+    return p;
+}
+
+/* Bytes the CPU backend holds for a pair: A in lane order (whole rounds of 32 chunks of 8) and its [rank][8]
+ * tail in A's dtype, B in B's, each buffer a multiple of 64 bytes. */
+static int64_t lora_resident(int32_t r, int32_t in, int32_t out, int32_t at, int32_t bt)
+{
+    const int64_t ea = at == GGML_F32 ? 4 : 2, eb = bt == GGML_F32 ? 4 : 2;
+    const int64_t rounds = (in / 8 + 31) / 32;
+#define UP64(b) (((b) + 63) / 64 * 64)
+    return UP64(r * rounds * 256 * ea) + UP64(r * 8 * ea) + UP64((int64_t)out * r * eb);
+#undef UP64
+}
+
+/* One shape of test_lora_dtypes: 8 adapters, every pairing of A's and B's dtypes with an f16 or bf16 one,
+ * loaded as they are and as fp32 copies of the same (widened) values; on each path both batches' outputs
+ * must be the fp32 ones' on plain C, bit for bit. 0, or 1 with why. */
+static int lora_dtype_case(rd_backend *be, int32_t in, int32_t out, char *why, size_t cap)
+{
+    enum { NA = 8, PER = 13, M = (NA + 1) * PER };
+    static const int32_t ranks[NA] = {7, 33, 6, 5, 10, 3, 9, 1};
+    static const int32_t at[NA] = {GGML_BF16, GGML_F16, GGML_BF16, GGML_F16, GGML_F32, GGML_BF16, GGML_F16, GGML_F32};
+    static const int32_t bt[NA] = {GGML_BF16, GGML_F16, GGML_F16, GGML_BF16, GGML_BF16, GGML_F32, GGML_F32, GGML_F16};
+    const int32_t ys = out + 3;
+    uint64_t x = 99u + (uint64_t)in * 1000u + (uint64_t)out;
+    void *h16[NA] = {NULL}, *h32[NA] = {NULL};
+    float *xin = malloc(sizeof(float) * (size_t)M * in), *ref = malloc(sizeof(float) * (size_t)M * ys);
+    float *y16 = malloc(sizeof(float) * (size_t)M * ys), *y32 = malloc(sizeof(float) * (size_t)M * ys);
+    int bad = !xin || !ref || !y16 || !y32;
+    if (bad)
+        snprintf(why, cap, "oom");
+    for (int q = 0; q < NA && !bad; q++) {
+        const int32_t r = ranks[q];
+        float *av = malloc(sizeof(float) * (size_t)r * in), *bv = malloc(sizeof(float) * (size_t)out * r);
+        void *a = av ? lora_values(at[q], (size_t)r * in, &x, av) : NULL;
+        void *b = bv ? lora_values(bt[q], (size_t)out * r, &x, bv) : NULL;
+        if (!a || !b) {
+            snprintf(why, cap, "oom");
+            bad = 1;
+        } else {
+            const float s = 0.5f + 0.25f * (float)q;
+            rd_lora_w w = {r, in, out, s, at[q], bt[q], a, b}, w32 = {r, in, out, s, GGML_F32, GGML_F32, av, bv};
+            if (be->ops->lora_load(be, &w, &h16[q]) || be->ops->lora_load(be, &w32, &h32[q])) {
+                snprintf(why, cap, "[%d] -> [%d], adapter %d: lora_load: %s", in, out, q, rd_errmsg());
+                bad = 1;
+            } else if (be->ops->lora_bytes(be, h16[q]) != lora_resident(r, in, out, at[q], bt[q]) ||
+                       be->ops->lora_bytes(be, h32[q]) != lora_resident(r, in, out, GGML_F32, GGML_F32)) {
+                snprintf(why, cap, "[%d] -> [%d], adapter %d: lora_bytes %lld and %lld (fp32 copy), want %lld and %lld",
+                         in, out, q, (long long)be->ops->lora_bytes(be, h16[q]),
+                         (long long)be->ops->lora_bytes(be, h32[q]),
+                         (long long)lora_resident(r, in, out, at[q], bt[q]),
+                         (long long)lora_resident(r, in, out, GGML_F32, GGML_F32));
+                bad = 1;
+            }
+        }
+        free(a);
+        free(b);
+        free(av);
+        free(bv);
+    }
+    /* Each adapter's 13 rows and 13 of the base model, interleaved: grouped by adapter, they make groups
+     * of four (rows4_avx512) and single rows, depending on where a task's rows start. */
+    int32_t slots[M];
+    for (int32_t i = 0; i < M; i++)
+        slots[i] = (i * 5) % (NA + 1) - 1;
+    for (size_t i = 0; i < (size_t)M * in && !bad; i++)
+        xin[i] = unit(&x);
+    rd_lora_batch l16 = {.n_slots = NA, .w = h16, .in = in, .out = out, .max_rank = 33};
+    rd_lora_batch l32 = {.n_slots = NA, .w = h32, .in = in, .out = out, .max_rank = 33};
+    for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best() && !bad; isa++) {
+        cpu_isa_set((cpu_isa)isa);
+        float *a32 = isa == CPU_ISA_SCALAR ? ref : y32;
+        for (size_t i = 0; i < (size_t)M * ys; i++)
+            a32[i] = y16[i] = (float)i * 0.001f;
+        be->ops->lora_apply(be, &l32, xin, slots, M, a32, ys, 2);
+        be->ops->lora_apply(be, &l16, xin, slots, M, y16, ys, 2);
+        /* and the first three rows alone: few enough multiply-adds to run on the calling thread */
+        float *y3 = y16 + (size_t)(M - 3) * ys;
+        for (size_t i = 0; i < (size_t)3 * ys; i++)
+            y3[i] = (float)i * 0.001f;
+        be->ops->lora_apply(be, &l16, xin, slots, 3, y3, ys, 2);
+        const char *what = memcmp(ref, a32, sizeof(float) * (size_t)M * ys) ? "the fp32 copies"
+                           : memcmp(ref, y16, sizeof(float) * (size_t)(M - 3) * ys) ? "the file's dtypes"
+                           : memcmp(ref, y3, sizeof(float) * (size_t)3 * ys) ? "the file's dtypes, rows 0-2 alone"
+                                                                             : NULL;
+        if (what) {
+            snprintf(why, cap, "[%d] -> [%d]: %s on %s differ from the fp32 copies on plain C", in, out, what,
+                     cpu_isa_name((cpu_isa)isa));
+            bad = 1;
+        }
+    }
+    cpu_isa_set(cpu_isa_best());
+    /* the adapters' rows changed (most of their outputs), the base model's rows not at all */
+    int changed = 0, base = 0;
+    for (int32_t i = 0; i < M && !bad; i++)
+        for (int32_t j = 0; j < ys; j++) {
+            const int c = ref[(size_t)i * ys + j] != (float)((size_t)i * ys + j) * 0.001f;
+            changed += c && slots[i] >= 0;
+            base += c && slots[i] < 0;
+        }
+    if (!bad && (changed < NA * PER * out / 2 || base)) {
+        snprintf(why, cap, "[%d] -> [%d]: %d outputs of the %d adapter rows changed (want most), %d of the base's",
+                 in, out, changed, NA * PER, base);
+        bad = 1;
+    }
+    for (int q = 0; q < NA; q++) {
+        be->ops->lora_free(be, h16[q]);
+        be->ops->lora_free(be, h32[q]);
+    }
+    free(xin);
+    free(ref);
+    free(y16);
+    free(y32);
+    return bad;
+}
+
+/* A and B kept in their file dtype (f16, bf16; A's and B's may differ) give the bits of fp32 copies of the
+ * same values on every path: an input with a partial round and a tail (581), one under a single round
+ * (13), one of whole rounds (512); outputs past the last whole vector of every path (100, 80) and under
+ * one vector (7); ranks not a multiple of the k blocks (2, 4); rank 1. lora_bytes is the buffers'. */
+static void test_lora_dtypes(void)
+{
+    rd_backend *be;
+    CHECK_OK(rd_backend_create("cpu", 0, &be));
+    static const int32_t shapes[3][2] = {{581, 100}, {13, 7}, {512, 80}};
+    char why[400] = "";
+    int bad = 0;
+    for (int i = 0; i < 3 && !bad; i++)
+        bad = lora_dtype_case(be, shapes[i][0], shapes[i][1], why, sizeof why);
+    be->ops->destroy(be);
+    CHECK(!bad, "%s", why);
+    if (cpu_isa_best() < CPU_ISA_AVX2)
+        printf("SKIP lora_dtypes_vector_paths: this CPU has no AVX2\n");
+}
+
 /* Logits of prompts of each length on every path, against plain C. */
 static int model_paths(const char *path, const int32_t *lens, int n_lens, char *why, size_t cap)
 {
@@ -384,6 +541,7 @@ int main(void)
     RUN(test_isa_names);
     RUN(test_attention_paths);
     RUN(test_lora_paths);
+    RUN(test_lora_dtypes);
     RUN(test_tiny_model_paths);
     RUN(test_default_model_paths);
     TEST_EXIT();

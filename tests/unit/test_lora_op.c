@@ -152,14 +152,23 @@ static void test_load_refusals(void)
     void *h = NULL;
     rd_lora_w w = {2, 4, 4, 1.0f, GGML_F32, GGML_F32, a, b};
     CHECK_OK(be->ops->lora_load(be, &w, &h));
-    /* fp32: A in lane order (no whole chunk at in = 4: all of it is the [rank][8] tail), B transposed */
-    CHECK(be->ops->lora_bytes(be, h) == 4 * (2 * 8 + 4 * 2), "%lld bytes", (long long)be->ops->lora_bytes(be, h));
+    /* fp32: A in lane order (no whole chunk at in = 4: all of it is the [rank][8] tail), B transposed; three
+     * buffers, each allocated as a multiple of 64 bytes (an empty one too) */
+    CHECK(be->ops->lora_bytes(be, h) == 64 + 64 + 64, "%lld bytes", (long long)be->ops->lora_bytes(be, h));
     be->ops->lora_free(be, h);
     w.in = 520; /* 65 chunks: three rounds of 32 in lane order, 8 x 32 floats each per rank */
     float a2[2 * 520] = {0};
     w.a = a2;
     CHECK_OK(be->ops->lora_load(be, &w, &h));
-    CHECK(be->ops->lora_bytes(be, h) == 4 * (2 * 3 * 256 + 2 * 8 + 4 * 2), "%lld bytes",
+    CHECK(be->ops->lora_bytes(be, h) == 4 * 2 * 3 * 256 + 64 + 64, "%lld bytes",
+          (long long)be->ops->lora_bytes(be, h));
+    be->ops->lora_free(be, h);
+    /* bf16 A and f16 B stay 16-bit: half of A's lane-order bytes */
+    rd_lora_w w16 = w;
+    w16.a_type = GGML_BF16;
+    w16.b_type = GGML_F16;
+    CHECK_OK(be->ops->lora_load(be, &w16, &h));
+    CHECK(be->ops->lora_bytes(be, h) == 2 * 2 * 3 * 256 + 64 + 64, "%lld bytes",
           (long long)be->ops->lora_bytes(be, h));
     be->ops->lora_free(be, h);
     w.in = 4;
