@@ -12,6 +12,8 @@ and whose backward is PyTorch's, so a trainer's log-probs equal the rollouts' bi
   same weights within 1e-4 relative per tensor (every parameter of the default model); the values differ
   from transformers' by fp32 rounding only.
 - forward(input_ids): the logits of rollout-logits (the runner's prefill), bit for bit, [B, T, vocab].
+- Every family: the tiny Llama 3, Qwen2, Qwen3, Gemma 3 and Qwen3-MoE models served from their HF folders:
+  the module's log-probs of 6 sampled rollouts each are the daemon's bits.
 The daemon ends with SIGTERM and must exit 0."""
 import os
 import sys
@@ -164,6 +166,23 @@ def forward_gives_the_runners_logits():
         assert np.array_equal(z[b].detach().numpy().view(np.uint32), want.view(np.uint32))
     z.sum().backward()
     assert policy.hf.model.embed_tokens.weight.grad is not None
+
+
+@case
+def exact_on_every_dense_family_and_the_moe():
+    """The tiny model of each family served by a daemon from its HF folder: the module on the same folder
+    gives every sampled token's log-prob bits (Qwen3-MoE too: the values are the engine's, routing included)."""
+    for fam in ("tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-moe-f32"):
+        folder = os.path.join(BUILD, "testdata", fam + ".hf")
+        d = Daemon(model=folder, timeout=120)
+        try:
+            prompts = [[1, 17, 42, 99, 7], [1, 250, 3, 18, 77, 5, 123]]
+            with Client(d.url) as c:
+                samples = [(p, s) for p in prompts
+                           for s in c.generate([p], n=3, max_tokens=12, temperature=1.0, seed=4, ignore_eos=True)]
+            assert_exact(rt.from_pretrained(folder), samples)
+        finally:
+            stop_cleanly(d)
 
 
 @case

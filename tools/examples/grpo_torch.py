@@ -96,12 +96,12 @@ def main():
     if a.policy == "exact":
         import rolloutd.torch as rt
         policy = rt.from_pretrained(export, dtype=dtype)
-        params, logprobs = policy.named_parameters, policy.token_logprobs
+        params, logprobs = policy.engine_state, policy.token_logprobs
     else:
         from transformers import AutoModelForCausalLM
         policy = AutoModelForCausalLM.from_pretrained(export, dtype=dtype)
         params, logprobs = policy.named_parameters, (lambda seqs: hf_logprobs(policy, seqs))
-    opt = torch.optim.AdamW([p for _, p in params()], lr=a.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
     detok = Detokenizer(MODEL)
     url, status = f"tcp://127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([os.path.join(ROOT, "build", "rolloutd"), "--config",

@@ -5,7 +5,7 @@ log-probs equal the daemon's bit for bit at every weight version.
     policy = rt.from_pretrained("ckpt/", dtype=torch.float32)   # an HF folder or a rolloutd export
     lp = policy.token_logprobs([prompt + completion, ...])      # [len - 1] per sequence, differentiable
     loss = -(adv * lp[0][n_prompt - 1:]).sum(); loss.backward(); opt.step()
-    pool.push_tensors(policy.named_parameters(), version=step)   # the daemons serve what the module holds
+    pool.push_tensors(policy.engine_state(), version=step)      # the daemons serve what the module holds
 
 How it is made:
 - the values come from rolloutd's engine in this process (build/librdtorch.so, client/rd_torch.h
@@ -104,16 +104,35 @@ class Module(torch.nn.Module):
     # ---- the engine side ----
 
     def _state(self):
-        return [(n, p) for n, p in self.hf.named_parameters()]
+        """(HF name, tensor) of every parameter as the engine names its weights: transformers 5 keeps a
+        mixture-of-experts layer's experts fused (mlp.experts.gate_up_proj [E, 2F, D], down_proj [E, D, F]);
+        the engine takes one tensor per expert (mlp.experts.e.{gate,up,down}_proj.weight), views of them."""
+        out = []
+        for n, p in self.hf.named_parameters():
+            if n.endswith("mlp.experts.gate_up_proj") and p.dim() == 3:
+                base, f = n[:-len("gate_up_proj")], p.shape[1] // 2
+                for e in range(p.shape[0]):
+                    out += [(f"{base}{e}.gate_proj.weight", p[e, :f]), (f"{base}{e}.up_proj.weight", p[e, f:])]
+            elif n.endswith("mlp.experts.down_proj") and p.dim() == 3:
+                base = n[:-len("down_proj")]
+                out += [(f"{base}{e}.down_proj.weight", p[e]) for e in range(p.shape[0])]
+            else:
+                out.append((n, p))
+        return out
+
+    def engine_state(self):
+        """The parameters under the names a push carries (experts one tensor each): push these to the
+        daemons, pool.push_tensors(policy.engine_state(), version)."""
+        return self._state()
 
     def sync(self):
         """Copies the parameters into the engine if any changed since the last copy (an optimizer step
         bumps their version counters); the forward calls it."""
-        items = self._state()
-        key = tuple((p.data_ptr(), p._version, p.dtype) for _, p in items)
+        params = list(self.hf.parameters())
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
         if key == self._synced:
             return False
-        host = [(n, p.detach().to("cpu").contiguous()) for n, p in items]
+        host = [(n, p.detach().to("cpu").contiguous()) for n, p in self._state()]
         n = len(host)
         names = (ctypes.c_char_p * n)(*[k.encode() for k, _ in host])
         ptrs = (ctypes.c_void_p * n)(*[t.data_ptr() for _, t in host])
