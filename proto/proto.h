@@ -37,7 +37,7 @@
 #define PROTO_MAX_CLIENT_NAME 256           /* bytes; a longer HELLO name is INVALID_PARAMS */
 #define PROTO_MAX_ERROR_MESSAGE 4096        /* bytes; proto_encode_error cuts longer ones */
 /* Arena bytes a decode of a frame of n bytes allocates (at most; once, at the
- * first array or string): 4n + 256 for an UPDATE_BEGIN (a 29-byte manifest
+ * first array or string): 4n + 256 for an UPDATE_BEGIN or ADAPTER_BEGIN (a 29-byte manifest
  * tensor becomes an 88-byte proto_tensor plus its name), 3n + 256 for every
  * other message (a 56-byte request is a 120-byte proto_request, an 88-byte
  * result a 192-byte proto_result, since version 6 gave both an adapter name). */
