@@ -11,8 +11,9 @@ same weights as f32 HF tensors (rollout-export) for the trainer, and runs --step
      advantages: the reward minus its group's mean, over the group's std (+ 1e-4);
   3. a policy-gradient step on the mean over samples of -advantage x the sample's mean token log-prob
      (one step per batch: on-policy, the importance ratio is 1), AdamW (--lr);
-  4. the new weights pushed to the daemon with Pool.push_tensors (the module's parameters as they are:
-     fp32, or bf16 with --dtype bf16), as the next version.
+  4. the new weights pushed to the daemon (the module's parameters as they are: fp32, or bf16 with
+     --dtype bf16), as the next version: Pool.push_tensors, or with --push delta (the default for
+     bf16) Pool.push_weights sending deltas against the last push.
 One line per step (--json: one JSON object per line): reward mean, the trainer's log-probs of the sampled
 tokens against the rollouts' (max |dlogprob| and the K3 KL estimator, mean of r - 1 - log r with r the
 trainer's probability over the rollout's), the rollout, train and push seconds, and the version the
@@ -84,11 +85,16 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2, help="the trainer's torch threads")
+    ap.add_argument("--push", default="auto", choices=["auto", "full", "delta"],
+                    help="full: Pool.push_tensors (nothing kept); delta: Pool.push_weights with deltas against the "
+                         "last push (keeps a copy of the pushed bytes); auto: delta for bf16 (an AdamW step changes "
+                         "few bf16 values), full for f32 (it changes nearly every f32 value)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.dtype == "f32" else torch.bfloat16
+    delta = a.push == "delta" or (a.push == "auto" and a.dtype == "bf16")
     tmp = tempfile.mkdtemp(prefix="rd-grpo-")
     export = os.path.join(tmp, "policy")
     subprocess.run([os.path.join(ROOT, "build", "rollout-export"), "--model", MODEL, "--out", export, "--dtype",
@@ -144,18 +150,25 @@ def main():
                 opt.step()
                 t2 = time.perf_counter()
                 version += 1
-                pool.push_tensors(params(), version=version)
+                if delta:
+                    pool.push_weights({n: t.detach() for n, t in params()}, version)
+                else:
+                    pool.push_tensors(params(), version=version)
                 t3 = time.perf_counter()
+                lp_push = getattr(pool, "last_push", None) or {}
                 served = sorted({s.version_finish for s in samples})
                 rewards.append(float(np.mean(rs)))
                 row = {"step": step, "reward_mean": rewards[-1], "k3_kl": k3, "max_abs_dlogprob": float(np.abs(d).max()),
                        "rollout_s": t1 - t0, "train_s": t2 - t1, "push_s": t3 - t2, "rollout_version": served,
-                       "pushed_version": version, "tokens": int(d.size)}
+                       "pushed_version": version, "tokens": int(d.size),
+                       "push_kind": lp_push.get("kind", "full") if delta else "full",
+                       "push_wire_mb": (lp_push.get("wire_bytes", 0) / 1e6) if delta else None}
                 if a.json:
                     print(json.dumps(row), flush=True)
                 else:
+                    how = f" ({row['push_kind']}, {row['push_wire_mb']:.1f} MB)" if delta else ""
                     print(f"step {step:3d}  reward {rewards[-1]:.3f}  K3 {k3:.3g}  max|dlp| {row['max_abs_dlogprob']:.3g}"
-                          f"  rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s push {row['push_s']:.1f}s"
+                          f"  rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s push {row['push_s']:.1f}s{how}"
                           f"  rollouts at v{'/'.join(map(str, served))} -> v{version}", flush=True)
         k = min(3, len(rewards))
         first, last = float(np.mean(rewards[:k])), float(np.mean(rewards[-k:]))
