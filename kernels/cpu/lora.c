@@ -222,6 +222,47 @@ static inline __attribute__((always_inline)) void prefetch(const void *p, size_t
 }
 
 #pragma GCC push_options
+#pragma GCC target("avx2")
+/* permute_x on the vector paths: each 8 chunks of a round (8 floats each) are an 8x8 transpose, chunk i's
+ * element e to xp[r][e][l0 + i]; the chunks past the last whole 8 (and the zero lanes past the last chunk)
+ * as permute_x. Only moves values: the same bits. */
+static void permute_x_avx2(const float *x, int32_t in, int32_t rounds, float *xp)
+{
+    const int32_t chunks = in / RD_LORA_CHUNK, blocks = chunks / 8;
+    for (int32_t b = 0; b < blocks; b++) {
+        const int32_t r = b / (RD_LORA_LANES / 8), l0 = b % (RD_LORA_LANES / 8) * 8;
+        const float *c = x + (size_t)b * 8 * RD_LORA_CHUNK;
+        float *d = xp + (size_t)r * LANE_BLOCK + l0;
+        /* rows i and i + 4 share a register: lo 128 bits element 0-3 of chunk i, hi of chunk i + 4 */
+#define LORA_LD2(i, h) _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(c + (i) * 8 + (h))), \
+                                            _mm_loadu_ps(c + ((i) + 4) * 8 + (h)), 1)
+        const __m256 r0 = LORA_LD2(0, 0), r1 = LORA_LD2(1, 0), r2 = LORA_LD2(2, 0), r3 = LORA_LD2(3, 0);
+        const __m256 r4 = LORA_LD2(0, 4), r5 = LORA_LD2(1, 4), r6 = LORA_LD2(2, 4), r7 = LORA_LD2(3, 4);
+#undef LORA_LD2
+        /* r0..r3: elements 0-3 of chunks (0,4), (1,5), (2,6), (3,7); r4..r7: elements 4-7 */
+        const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+        const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+        const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+        const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        _mm256_storeu_ps(d + 0 * RD_LORA_LANES, _mm256_shuffle_ps(t0, t2, 0x44));
+        _mm256_storeu_ps(d + 1 * RD_LORA_LANES, _mm256_shuffle_ps(t0, t2, 0xee));
+        _mm256_storeu_ps(d + 2 * RD_LORA_LANES, _mm256_shuffle_ps(t1, t3, 0x44));
+        _mm256_storeu_ps(d + 3 * RD_LORA_LANES, _mm256_shuffle_ps(t1, t3, 0xee));
+        _mm256_storeu_ps(d + 4 * RD_LORA_LANES, _mm256_shuffle_ps(t4, t6, 0x44));
+        _mm256_storeu_ps(d + 5 * RD_LORA_LANES, _mm256_shuffle_ps(t4, t6, 0xee));
+        _mm256_storeu_ps(d + 6 * RD_LORA_LANES, _mm256_shuffle_ps(t5, t7, 0x44));
+        _mm256_storeu_ps(d + 7 * RD_LORA_LANES, _mm256_shuffle_ps(t5, t7, 0xee));
+    }
+    for (int32_t c = blocks * 8; c < rounds * RD_LORA_LANES; c++) {
+        const int32_t r = c / RD_LORA_LANES, l = c % RD_LORA_LANES;
+        for (int32_t e = 0; e < RD_LORA_CHUNK; e++)
+            xp[((size_t)r * RD_LORA_CHUNK + e) * RD_LORA_LANES + l] =
+                c < chunks ? x[(size_t)c * RD_LORA_CHUNK + e] : 0.0f;
+    }
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 /* 16 elements of ap or bt (dtype T) from element i, as fp32. */
 static inline __attribute__((always_inline)) __m512 ld16(const void *p, size_t i, int32_t T)
@@ -234,11 +275,30 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *p, size_t i
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* finish_dot on lanes 0-15 (lo) and 16-31 (hi) in registers: lanes_sum's butterfly as vector adds of
+ * halves, each lane l < o adding p[l] + p[l + o] (first operand p[l]), the scalar order; a tail (in % 8
+ * elements) goes through finish_dot's own loop. */
+static inline __attribute__((always_inline)) float finish_avx512(const cpu_lora *L, int32_t k, __m512 lo,
+                                                                  __m512 hi, const float *x)
+{
+    if (L->in % RD_LORA_CHUNK) {
+        float p[RD_LORA_LANES];
+        _mm512_storeu_ps(p, lo);
+        _mm512_storeu_ps(p + 16, hi);
+        return finish_dot(L, k, p, x);
+    }
+    const __m512 v16 = _mm512_add_ps(lo, hi);
+    const __m256 v8 = _mm256_add_ps(_mm512_castps512_ps256(v16),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v16), 1)));
+    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    return _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+}
+
 /* t = A x for one row (xp: x in lane order). */
 static inline __attribute__((always_inline)) void shrink1_avx512(const cpu_lora *L, const float *x, const float *xp,
                                                                   float *t, int32_t T)
 {
-    float p[4][RD_LORA_LANES];
     const int32_t rank = L->rank;
     const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     /* Named accumulators: GCC keeps an indexed array of vectors on the stack. Four k at a time (a
@@ -265,12 +325,13 @@ static inline __attribute__((always_inline)) void shrink1_avx512(const cpu_lora 
             c3a = _mm512_fmadd_ps(x0, ld16(L->ap, a3 + i, T), c3a);
             c3b = _mm512_fmadd_ps(x1, ld16(L->ap, a3 + i + 16, T), c3b);
         }
-        const __m512 ca[4] = {c0a, c1a, c2a, c3a}, cb[4] = {c0b, c1b, c2b, c3b};
-        for (int32_t q = 0; q < nk; q++) {
-            _mm512_storeu_ps(p[q], ca[q]);
-            _mm512_storeu_ps(p[q] + 16, cb[q]);
-            t[k + q] = finish_dot(L, k + q, p[q], x);
-        }
+        t[k] = finish_avx512(L, k, c0a, c0b, x);
+        if (nk > 1)
+            t[k + 1] = finish_avx512(L, k + 1, c1a, c1b, x);
+        if (nk > 2)
+            t[k + 2] = finish_avx512(L, k + 2, c2a, c2b, x);
+        if (nk > 3)
+            t[k + 3] = finish_avx512(L, k + 3, c3a, c3b, x);
     }
 }
 
@@ -309,7 +370,7 @@ static inline __attribute__((always_inline)) int32_t expand1_avx512(const cpu_lo
 static void row_avx512(const cpu_lora *L, const float *x, float *xp, float *y)
 {
     float t[RD_LORA_MAX_RANK];
-    permute_x(x, L->in, L->rounds, xp);
+    permute_x_avx2(x, L->in, L->rounds, xp);
     if (L->a_type == GGML_BF16)
         shrink1_avx512(L, x, xp, t, GGML_BF16);
     else if (L->a_type == GGML_F16)
@@ -332,7 +393,6 @@ static inline __attribute__((always_inline)) void shrink4_avx512(const cpu_lora 
                                                                   const float *xp, float t[4][RD_LORA_MAX_RANK],
                                                                   int32_t T)
 {
-    float p[RD_LORA_LANES];
     const int32_t rank = L->rank;
     const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     for (int32_t k = 0; k < rank; k += 2) {
@@ -362,14 +422,16 @@ static inline __attribute__((always_inline)) void shrink4_avx512(const cpu_lora 
             LORA_ROW4(3);
 #undef LORA_ROW4
         }
-        const __m512 sa[2][4] = {{k0r0a, k0r1a, k0r2a, k0r3a}, {k1r0a, k1r1a, k1r2a, k1r3a}};
-        const __m512 sb[2][4] = {{k0r0b, k0r1b, k0r2b, k0r3b}, {k1r0b, k1r1b, k1r2b, k1r3b}};
-        for (int32_t q = 0; q < nk; q++)
-            for (int32_t r = 0; r < 4; r++) {
-                _mm512_storeu_ps(p, sa[q][r]);
-                _mm512_storeu_ps(p + 16, sb[q][r]);
-                t[r][k + q] = finish_dot(L, k + q, p, x[r]);
-            }
+        t[0][k] = finish_avx512(L, k, k0r0a, k0r0b, x[0]);
+        t[1][k] = finish_avx512(L, k, k0r1a, k0r1b, x[1]);
+        t[2][k] = finish_avx512(L, k, k0r2a, k0r2b, x[2]);
+        t[3][k] = finish_avx512(L, k, k0r3a, k0r3b, x[3]);
+        if (nk > 1) {
+            t[0][k + 1] = finish_avx512(L, k + 1, k1r0a, k1r0b, x[0]);
+            t[1][k + 1] = finish_avx512(L, k + 1, k1r1a, k1r1b, x[1]);
+            t[2][k + 1] = finish_avx512(L, k + 1, k1r2a, k1r2b, x[2]);
+            t[3][k + 1] = finish_avx512(L, k + 1, k1r3a, k1r3b, x[3]);
+        }
     }
 }
 
@@ -414,7 +476,7 @@ static void rows4_avx512(const cpu_lora *L, const float *const *x, float *xp, fl
     float t[4][RD_LORA_MAX_RANK];
     const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     for (int32_t r = 0; r < 4; r++)
-        permute_x(x[r], L->in, L->rounds, xp + (size_t)r * per_k);
+        permute_x_avx2(x[r], L->in, L->rounds, xp + (size_t)r * per_k);
     if (L->a_type == GGML_BF16)
         shrink4_avx512(L, x, xp, t, GGML_BF16);
     else if (L->a_type == GGML_F16)
@@ -446,10 +508,28 @@ static inline __attribute__((always_inline)) __m256 ld8(const void *p, size_t i,
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* finish_avx512 for lanes 0-7, 8-15, 16-23, 24-31 in c0..c3. */
+static inline __attribute__((always_inline)) float finish_avx2(const cpu_lora *L, int32_t k, __m256 c0, __m256 c1,
+                                                                __m256 c2, __m256 c3, const float *x)
+{
+    if (L->in % RD_LORA_CHUNK) {
+        float p[RD_LORA_LANES];
+        _mm256_storeu_ps(p, c0);
+        _mm256_storeu_ps(p + 8, c1);
+        _mm256_storeu_ps(p + 16, c2);
+        _mm256_storeu_ps(p + 24, c3);
+        return finish_dot(L, k, p, x);
+    }
+    const __m256 v8 = _mm256_add_ps(c0, c2), w8 = _mm256_add_ps(c1, c3);   /* o = 16 */
+    const __m256 u8 = _mm256_add_ps(v8, w8);                               /* o = 8 */
+    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(u8), _mm256_extractf128_ps(u8, 1));
+    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    return _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+}
+
 static inline __attribute__((always_inline)) void shrink1_avx2(const cpu_lora *L, const float *x, const float *xp,
                                                                 float *t, int32_t T)
 {
-    float p[2][RD_LORA_LANES];
     const int32_t rank = L->rank;
     const size_t per_k = (size_t)L->rounds * LANE_BLOCK;
     for (int32_t k = 0; k < rank; k += 2) {
@@ -471,12 +551,9 @@ static inline __attribute__((always_inline)) void shrink1_avx2(const cpu_lora *L
             c12 = _mm256_fmadd_ps(x2, ld8(L->ap, a1 + i + 16, T), c12);
             c13 = _mm256_fmadd_ps(x3, ld8(L->ap, a1 + i + 24, T), c13);
         }
-        const __m256 c[2][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
-        for (int32_t q = 0; q < nk; q++) {
-            for (int32_t v = 0; v < 4; v++)
-                _mm256_storeu_ps(p[q] + 8 * v, c[q][v]);
-            t[k + q] = finish_dot(L, k + q, p[q], x);
-        }
+        t[k] = finish_avx2(L, k, c00, c01, c02, c03, x);
+        if (nk > 1)
+            t[k + 1] = finish_avx2(L, k + 1, c10, c11, c12, c13, x);
     }
 }
 
@@ -514,7 +591,7 @@ static inline __attribute__((always_inline)) int32_t expand1_avx2(const cpu_lora
 static void row_avx2(const cpu_lora *L, const float *x, float *xp, float *y)
 {
     float t[RD_LORA_MAX_RANK];
-    permute_x(x, L->in, L->rounds, xp);
+    permute_x_avx2(x, L->in, L->rounds, xp);
     if (L->a_type == GGML_BF16)
         shrink1_avx2(L, x, xp, t, GGML_BF16);
     else if (L->a_type == GGML_F16)
