@@ -8,14 +8,14 @@ import time
 import numpy as np
 
 import harness
-from harness import ROOT, case, main
+from harness import MODEL, ROOT, TMP, case, main
 
 _n_cases = len(harness._cases)
 from test_integration import Daemon  # noqa: E402
 del harness._cases[_n_cases:]        # only the daemon helper: its cases run in their own file
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
-from rolloutd import Client, DaemonError  # noqa: E402
+from rolloutd import Client, DaemonError, Pool  # noqa: E402
 
 _d = None
 
@@ -129,6 +129,32 @@ def a_client_forgotten_after_client_ttl_submits_again_unless_it_lost_samples():
                 raise AssertionError("a client that lost a sample was silently registered again")
             except DaemonError as e:
                 assert e.code == 9 and "1 submitted samples" in e.message, e
+    finally:
+        d.stop()
+
+
+@case
+def a_forgotten_learner_still_pushes():
+    """A learner silent past client_ttl_s (its training step) pushes weights and an adapter on the same
+    Client and Pool: the push registers it again and goes through (a push holds nothing at the daemon before
+    its BEGIN, so nothing is lost)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gen_lora
+    d = Daemon("--client-ttl-s", "1")
+    try:
+        with Client(d.url) as c, Pool([d.url]) as pool:
+            w = {"model.norm.weight": np.ones(576, dtype=np.float32)}
+            first = c.client_id
+            time.sleep(3.5)
+            r = c.push_weights(w, 1)
+            assert r.version == 1 and c.client_id != first, (r.version, c.client_id, first)
+            config, tensors, dtypes = gen_lora.adapter(MODEL, rank=4, targets="attention", seed=1)
+            folder = os.path.join(TMP, "test_clients_adapter")
+            gen_lora.write(folder, config, tensors, dtypes)
+            time.sleep(3.5)
+            res = pool.push_adapter("after-ttl", folder, 1)
+            assert res[0].version == 1
+            assert c.generate([[5, 6, 7]], max_tokens=2, lora="after-ttl")[0].lora == "after-ttl"
     finally:
         d.stop()
 

@@ -1058,7 +1058,19 @@ class _Push:
             self.cv.notify_all()
 
     def begin(self):
-        """UPDATE_BEGIN; rechunks the update if the daemon grants smaller chunks."""
+        """UPDATE_BEGIN (ADAPTER_BEGIN for an adapter); rechunks the update if the daemon grants smaller
+        chunks. A learner silent for longer than the daemon's client_ttl_s (a long training step since its
+        last call) has been forgotten: a push holds nothing at the daemon before it begins, so the client
+        registers again (HELLO 0) and begins once more."""
+        try:
+            return self._begin()
+        except DaemonError as e:
+            if e.code != P.E.UNKNOWN_CLIENT:
+                raise
+            self.c.hello(0, self.c.name)
+            return self._begin()
+
+    def _begin(self):
         c, p = self.c, self.p
         self.t0 = time.perf_counter()
         if self.adapter is not None:
