@@ -115,11 +115,10 @@ def exact_after_an_optimizer_step_and_a_push():
         pool.push_tensors(policy.named_parameters(), version=3)
         with Client(daemon().url) as c:
             after = rollouts(c, version=3)
-        got = assert_exact(policy, after)
+        assert_exact(policy, after)
         moved = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(trainer_logprobs(policy, samples),
                                                                                before))
         assert moved > 1e-4, f"the step moved no log-prob ({moved})"
-        assert len(got) == 32
 
 
 @case
