@@ -92,6 +92,8 @@ struct weight {
     uint8_t *f8s;               // and their block scale bytes [out][in / 32] (engine/model/quant_fp8.h)
     int32_t out, in;
     gemm_choice *ch;            // bf16 GEMM
+    bool use_tc;                // the tensor-core GEMM serves this weight (RD_CUDA_GEMM=tc / RD_CUDA_FP8=tc)
+    cuplan_tc tc;               // and its plan
     float *w32;                 // fp32 copy for the LM head (made on first use)
     gemm_choice *ch32;
 };
@@ -209,6 +211,12 @@ struct cuda_be {
         split_sum ss;
     } pend_rope;
     bool gemm_simple_only;
+    bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
+    bool fp8_tc;                // RD_CUDA_FP8=tc: FP8 linears on it too
+    float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
+    size_t tc_part_cap;         // bytes
+    unsigned *tc_count;         // its arrival counters, zero between launches
+    size_t tc_count_cap;        // bytes
     std::mutex choice_mu;
     std::vector<gemm_choice *> choices;
 #ifndef RD_CUDA_EMU
@@ -842,6 +850,7 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
         return rc;
     }
     W->ch = choose_gemm(b, out, in, 0, W->w, true);
+    W->use_tc = b->gemm_tc && !cuplan_gemm_tc(out, in, b->n_sm, &W->tc);
     *handle = W;
     return 0;
 }
@@ -878,6 +887,7 @@ static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
         free(W);
         return rc;
     }
+    W->use_tc = b->fp8_tc && !cuplan_gemm_tc(out, in, b->n_sm, &W->tc);
     *handle = W;
     return 0;
 }
@@ -1011,12 +1021,41 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
     check_launch(b, "gemm");
 }
 
+// The tensor-core GEMM: fp32 x straight in (no bf16 copy), the sum final
+// (nothing deferred). Its scratch grows outside a capture, as the runner's
+// first step of a bucket is.
+static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate)
+{
+    const int64_t parts = gemm_tc_part_floats(W->tc, m, W->out), counters = gemm_tc_counters(m, W->out);
+    if (parts && !grow(b, (void **)&b->tc_part, &b->tc_part_cap, (size_t)parts * sizeof(float), "the GEMM's partial sums"))
+        return;
+    if (parts && b->tc_count_cap < (size_t)counters * sizeof(unsigned)) {
+        size_t cap = b->tc_count_cap;
+        if (!grow(b, (void **)&b->tc_count, &cap, (size_t)counters * sizeof(unsigned), "the GEMM's counters"))
+            return;
+        cudaMemsetAsync(b->tc_count, 0, cap, b->st); // kept zero by the kernels from here on
+        b->tc_count_cap = cap;
+    }
+    shadow_written(b, y, (size_t)m * W->out * sizeof(float));
+    tc_args a{};
+    a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
+    a.x = x, a.y = y, a.part = b->tc_part, a.count = b->tc_count;
+    a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate;
+    const bool split = b->split && !(b->split_contracting_only && W->in <= W->out);
+    launch_gemm_tc(b->st, W->tc, a, split);
+    check_launch(b, "gemm_tc");
+}
+
 static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
 {
     cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
     if (m <= 0)
         return;
+    if (W->use_tc) {
+        linear_tc(b, W, x, m, y, accumulate);
+        return;
+    }
     if (W->f8) {                // fp32 x straight in: no bf16 copy, no split
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
         launch_gemm_fp8(b->st, W->f8, W->f8s, x, m, W->out, W->in, y, accumulate);
@@ -2075,8 +2114,10 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
 {
     cuda_be *b = impl(be);
     std::lock_guard<std::mutex> g(b->choice_mu);
-    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm:", RD_CUDA_NAME, b->dev_name, b->n_sm,
-                     b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16");
+    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
+                     b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
+                     b->gemm_tc ? " (tensor-core kernel for bf16 linears, RD_CUDA_GEMM=tc)" : "",
+                     b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)" : "");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;
@@ -2102,6 +2143,8 @@ static void cu_destroy(rd_backend *be)
             cudaFree(s.bf);
     if (b->xb) cudaFree(b->xb);
     if (b->ysplit) cudaFree(b->ysplit);
+    if (b->tc_part) cudaFree(b->tc_part);
+    if (b->tc_count) cudaFree(b->tc_count);
     if (b->yhead) cudaFree(b->yhead);
     if (b->part_o) cudaFree(b->part_o);
     if (b->part_ms) cudaFree(b->part_ms);
@@ -2258,6 +2301,12 @@ static int create(int n_threads, rd_backend **out)
     b->fuse_split = !(fu && !strcmp(fu, "0"));
     const char *gm = env("RD_CUDA_GEMM");
     b->gemm_simple_only = gm && !strcmp(gm, "simple");
+    b->gemm_tc = gm && !strcmp(gm, "tc");
+    const char *f8 = env("RD_CUDA_FP8");
+    b->fp8_tc = f8 && !strcmp(f8, "tc");
+    // The tensor-core GEMM reads fp32 activations: the producers' bf16 copies would go unread.
+    if (b->gemm_tc)
+        b->use_shadow = false;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

@@ -108,6 +108,27 @@ void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32
 // multiple of 32, q 16-byte aligned. See cuda_kernels.cu for the order.
 void launch_gemm_fp8(cudaStream_t s, const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out,
                      int32_t in, float *y, int acc);
+
+// ---- the tensor-core GEMM (cuda_gemm_tc.cu) ----
+// y[m][out] (= or +=) x[m][in] W^T on tensor cores, in the plan's fixed
+// order (cuplan_gemm_tc): fp32 x split into bf16 hi and (split) lo in
+// registers; W bf16 (w), or FP8 codes and block scales (f8, f8s; w NULL).
+struct tc_args {
+    const uint16_t *w;          // [out][in] bf16, or NULL for FP8
+    const uint8_t *f8, *f8s;    // FP8 codes [out][in] and scale bytes [out][in / 32]
+    const float *x;             // [m][in]
+    float *y;                   // [m][out]
+    float *part;                // [q][m][out] sub-piece sums, when the plan's p > 1
+    unsigned *count;            // gemm_tc_counters(m, out) arrival counters, zero before and after a launch (p > 1)
+    int32_t m, out, in;
+    int acc;                    // 1: y += the product (rounded first)
+    int32_t kp, q, p;           // set by launch_gemm_tc from the plan
+    int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
+};
+// Floats of part and counters a launch of m rows needs (part: 0 when p == 1).
+int64_t gemm_tc_part_floats(const cuplan_tc &pl, int32_t m, int32_t out);
+int64_t gemm_tc_counters(int32_t m, int32_t out);
+void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
 void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);

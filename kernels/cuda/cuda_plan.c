@@ -68,3 +68,27 @@ int cuplan_gemm_check_sizes(int32_t *out, int cap)
         out[i] = sizes[i];
     return n;
 }
+
+int cuplan_gemm_tc(int32_t out, int32_t in, int32_t n_sm, cuplan_tc *pl)
+{
+    if (out <= 0 || in <= 0 || in % 32)
+        return RD_ENOTSUP;
+    const int32_t chunks = in / 32, tiles = (out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT;
+    /* Each warp takes at least 2 chunks of 32, so its loads overlap. */
+    int32_t wk = 1;
+    while (wk < CUPLAN_TC_MAX_WK && chunks % (2 * wk) == 0 && chunks / (2 * wk) >= 2)
+        wk *= 2;
+    /* CTAs along K until a batch-1 call has two per SM, each warp keeping
+     * at least 4 chunks. */
+    int32_t p = 1;
+    const int64_t want = 2 * (int64_t)(n_sm > 0 ? n_sm : 1);
+    while ((int64_t)tiles * p < want && chunks % (wk * p * 2) == 0 && chunks / (wk * p * 2) >= 4)
+        p *= 2;
+    pl->wk = wk;
+    pl->p = p;
+    pl->q = wk * p;
+    pl->kp = in / pl->q;
+    return 0;
+}
+
+int32_t cuplan_tc_mw(int32_t m) { return m <= 16 ? 1 : m <= 32 ? 2 : 4; }

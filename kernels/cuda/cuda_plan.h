@@ -115,6 +115,28 @@ int cuplan_pick_gemm(const cuplan_gemm_cand *c, int n);
  * reference. Returns the count written to out (at most cap). */
 int cuplan_gemm_check_sizes(int32_t *out, int cap);
 
+/* The tensor-core GEMM (cuda_gemm_tc.cu; RD_CUDA_GEMM=tc, RD_CUDA_FP8=tc).
+ * An output's arithmetic is fixed by the plan, which depends on the shape
+ * and the device's SM count only, never on the rows: K is cut into q equal
+ * sub-pieces of kp weights (a multiple of 32), each summed from zero by a
+ * chain of mma k-steps in increasing k, and the q partial sums are added
+ * left to right. The schedule spreads the sub-pieces over wk warps of a CTA
+ * and p CTAs (q = wk * p), so a batch-1 GEMM fills the GPU without a split
+ * count that follows the batch. */
+#define CUPLAN_TC_NT 16             /* output columns per CTA */
+#define CUPLAN_TC_MAX_WK 4          /* warps per CTA */
+typedef struct {
+    int32_t wk;                 /* warps per CTA along K, one sub-piece each */
+    int32_t p;                  /* CTAs along K */
+    int32_t q;                  /* sub-pieces: wk * p */
+    int32_t kp;                 /* weights per sub-piece: in / q, a multiple of 32 */
+} cuplan_tc;
+/* 0, or RD_ENOTSUP when in is not a positive multiple of 32 (the caller
+ * keeps its other GEMM for that shape). */
+int cuplan_gemm_tc(int32_t out, int32_t in, int32_t n_sm, cuplan_tc *pl);
+/* m16 tiles per warp for a call of m rows: the schedule only (1, 2 or 4). */
+int32_t cuplan_tc_mw(int32_t m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -227,6 +227,26 @@ uint64_t warp_exchange(uint64_t v, unsigned src_lane)
     return xch[2 * src + ph];
 }
 
+// The same two-slot scheme as warp_exchange, over a byte area per lane.
+static std::vector<unsigned char> xg(2 * 1024 * 64);
+
+void warp_allgather(const void *mine, unsigned bytes, void *all)
+{
+    if (!cur)
+        die("warp operation outside a kernel");
+    if (bytes > 64)
+        die("warp_allgather of more than 64 bytes");
+    fiber *me = cur;
+    unsigned base = me->lin - me->lin % 32, ph = me->phase++ & 1;
+    if (base + 32 > block_dim.x * block_dim.y * block_dim.z)
+        die("warp_allgather in a partial warp");
+    std::memcpy(&xg[(2 * (size_t)me->lin + ph) * 64], mine, bytes);
+    me->state = F_WARP_BAR;
+    to_scheduler(0);
+    for (unsigned l = 0; l < 32; l++)
+        std::memcpy((unsigned char *)all + (size_t)l * bytes, &xg[(2 * (size_t)(base + l) + ph) * 64], bytes);
+}
+
 static void run_block(unsigned n)
 {
     for (unsigned i = 0; i < n; i++) {

@@ -32,6 +32,9 @@ struct cuemu_uint3 {
 struct uint4 {
     unsigned x, y, z, w;
 };
+struct uint2 {
+    unsigned x, y;
+};
 struct float4 {
     float x, y, z, w;
 };
@@ -52,6 +55,9 @@ unsigned lane_id();
 unsigned char *dyn_smem();
 struct stream_t;
 void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body);
+// Warp all-gather: every live lane of the warp publishes `bytes` (at most 64)
+// from mine, then reads all 32 lanes' into all (lane l's at l * bytes).
+void warp_allgather(const void *mine, unsigned bytes, void *all);
 }  // namespace cuemu
 
 #define threadIdx (cuemu::thread_idx())
@@ -98,6 +104,49 @@ template <class T> inline T __shfl_sync(unsigned mask, T v, int src_lane, int wi
     unsigned lane = cuemu::lane_id();
     unsigned src = (lane & ~(unsigned)(width - 1)) + ((unsigned)src_lane & (unsigned)(width - 1));
     return cuemu_shfl(v, src);
+}
+
+// Blocks run one after another and memory is host memory: fences order nothing
+// more, and an L2-only load reads what any store wrote.
+inline void __threadfence() {}
+template <class T> inline T __ldcg(const T *p) { return *p; }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for one warp: d = A B + d
+// with each lane's fragments in the PTX ISA's layout (groupID g = lane / 4,
+// t = lane % 4; a[0]: A[g][2t..2t+1], a[1]: A[g+8][2t..], a[2]: A[g][2t+8..],
+// a[3]: A[g+8][2t+8..]; b[0]: B[2t..2t+1][g], b[1]: B[2t+8..][g]; d[0..1]:
+// D[g][2t..2t+1], d[2..3]: D[g+8][2t..]; the lower k or column in the low 16
+// bits). The products are exact; the emulator sums them in double and rounds
+// once (a GPU's tensor cores keep fewer bits: only tolerances compare the two).
+inline void cuemu_mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
+    struct frag {
+        uint32_t a[4], b[2];
+    } me, all[32];
+    std::memcpy(me.a, a, sizeof me.a);
+    std::memcpy(me.b, b, sizeof me.b);
+    cuemu::warp_allgather(&me, sizeof me, all);
+    float A[16][16], B[16][8];
+    auto lo = [](uint32_t v) { uint32_t u = v << 16; float f; std::memcpy(&f, &u, 4); return f; };
+    auto hi = [](uint32_t v) { uint32_t u = v & 0xffff0000u; float f; std::memcpy(&f, &u, 4); return f; };
+    for (unsigned l = 0; l < 32; l++) {
+        const unsigned g = l / 4, t = l % 4;
+        const frag &f = all[l];
+        A[g][2 * t] = lo(f.a[0]), A[g][2 * t + 1] = hi(f.a[0]);
+        A[g + 8][2 * t] = lo(f.a[1]), A[g + 8][2 * t + 1] = hi(f.a[1]);
+        A[g][2 * t + 8] = lo(f.a[2]), A[g][2 * t + 9] = hi(f.a[2]);
+        A[g + 8][2 * t + 8] = lo(f.a[3]), A[g + 8][2 * t + 9] = hi(f.a[3]);
+        B[2 * t][g] = lo(f.b[0]), B[2 * t + 1][g] = hi(f.b[0]);
+        B[2 * t + 8][g] = lo(f.b[1]), B[2 * t + 9][g] = hi(f.b[1]);
+    }
+    const unsigned lane = cuemu::lane_id(), g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const unsigned r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
+        double s = d[i];
+        for (int k = 0; k < 16; k++)
+            s += (double)A[r][k] * (double)B[k][c];
+        d[i] = (float)s;
+    }
 }
 
 inline float __int_as_float(int i)

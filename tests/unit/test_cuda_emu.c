@@ -439,6 +439,161 @@ static void test_fp8_linear(void)
     fp8_case(9, 32, 1);         /* one block per row */
 }
 
+/* ------------------------------------------------------------------ the tensor-core GEMM */
+
+/* A backend with the given environment variables set while it is created. */
+static rd_backend *dev_with(const char *k1, const char *v1, const char *k2, const char *v2)
+{
+    rd_backend *be = NULL;
+    setenv(k1, v1, 1);
+    if (k2)
+        setenv(k2, v2, 1);
+    int rc = rd_backend_create(dev_name(), 1, &be);
+    unsetenv(k1);
+    if (k2)
+        unsetenv(k2);
+    return rc ? NULL : be;
+}
+
+/* y[m][out] of weight W on be for x (m rows from host x), accumulate or not into y's values. */
+static void run_linear(rd_backend *be, void *W, const float *x, int32_t m, int32_t in, int32_t out, int acc,
+                       const float *y_in, float *y, int x_shift)
+{
+    float *dx = up(be, NULL, sizeof(float) * ((size_t)m * in + 4));
+    be->ops->h2d(be, dx + x_shift, x, sizeof(float) * (size_t)m * in);
+    float *dy = up(be, y_in, sizeof(float) * (size_t)m * out);
+    be->ops->linear(be, W, dx + x_shift, m, dy, acc);
+    CHECK_OK(down(be, y, dy, sizeof(float) * (size_t)m * out));
+    be->ops->free(be, dx);
+    be->ops->free(be, dy);
+}
+
+/* RD_CUDA_GEMM=tc on one shape: against a double reference of the same
+ * products (x's bf16 hi and lo halves, or hi alone, times the bf16 weights),
+ * and against fp32 x; every row of an m-row call equal to that row alone and
+ * to it among other rows (batch invariance); an unaligned x; accumulate.
+ * The plan's three reductions are reached by the shapes (q = 1: stores
+ * straight from the mma; p = 1: the warps' sums in shared memory; p > 1:
+ * partial sums and the last CTA's fold). */
+static void tc_case(rd_backend *be, int split, int32_t out, int32_t in, int32_t m)
+{
+    const size_t n = (size_t)out * in;
+    float *w = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * (size_t)(m + 7) * in);
+    float *y = malloc(sizeof(float) * (size_t)(m + 7) * out), *y1 = malloc(sizeof(float) * out);
+    float *y2 = malloc(sizeof(float) * (size_t)(m + 7) * out), *y0 = malloc(sizeof(float) * (size_t)m * out);
+    for (size_t i = 0; i < n; i++)
+        w[i] = frand() * 0.5f;
+    for (size_t i = 0; i < (size_t)(m + 7) * in; i++)
+        x[i] = frand() * 2.0f;
+    for (size_t i = 0; i < (size_t)m * out; i++)
+        y0[i] = frand();
+    void *W = NULL;
+    CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+    run_linear(be, W, x, m, in, out, 0, NULL, y, 0);
+    double worst = 0, worst_x = 0;
+    for (int32_t r = 0; r < m; r++)
+        for (int32_t o = 0; o < out; o++) {
+            double s = 0, sx = 0, mag = 0;
+            for (int32_t k = 0; k < in; k++) {
+                const float xv = x[(size_t)r * in + k], hi = bf(xv), lo = bf(xv - hi);
+                const double wv = bf(w[(size_t)o * in + k]);
+                s += ((double)hi + (split ? (double)lo : 0.0)) * wv;
+                sx += (double)xv * wv;
+                mag += fabs((double)xv * wv);
+            }
+            worst = worse(worst, fabs(y[(size_t)r * out + o] - s) / (mag + 1e-30));
+            worst_x = worse(worst_x, fabs(y[(size_t)r * out + o] - sx) / (mag + 1e-30));
+        }
+    cuplan_tc pl;
+    CHECK_OK(cuplan_gemm_tc(out, in, 4, &pl));
+    printf("# tc %s [%d x %d] x %d rows (on 4 SMs: %d warps x %d CTAs along K): vs its products %.3g, vs fp32 x %.3g "
+           "(relative to the terms' magnitudes)\n", split ? "split" : "bf16", out, in, m, pl.wk, pl.p, worst, worst_x);
+    CHECK(worst <= (on_emulator() ? 2e-6 : 3e-5), "tc: %.3g from a double sum of the same products", worst);
+    CHECK(worst_x <= (split ? 4e-5 : 8e-3), "tc: %.3g from fp32 x", worst_x);
+    /* each row alone, and rows 0..m-1 again as the tail of m + 7 rows */
+    for (int32_t r = 0; r < m && !test_case_failed; r++) {
+        run_linear(be, W, x + (size_t)r * in, 1, in, out, 0, NULL, y1, 0);
+        CHECK(!memcmp(y1, y + (size_t)r * out, sizeof(float) * out), "tc: row %d alone differs from it in %d rows", r, m);
+    }
+    float *xs = malloc(sizeof(float) * (size_t)(m + 7) * in);
+    memcpy(xs, x + (size_t)m * in, sizeof(float) * 7 * in);
+    memcpy(xs + (size_t)7 * in, x, sizeof(float) * (size_t)m * in);
+    run_linear(be, W, xs, m + 7, in, out, 0, NULL, y2, 0);
+    CHECK(!memcmp(y2 + (size_t)7 * out, y, sizeof(float) * (size_t)m * out), "tc: rows differ after 7 others");
+    free(xs);
+    run_linear(be, W, x, m, in, out, 0, NULL, y2, 1);
+    CHECK(!memcmp(y2, y, sizeof(float) * (size_t)m * out), "tc: an unaligned x changes the bits");
+    run_linear(be, W, x, m, in, out, 1, y0, y2, 0);
+    for (size_t i = 0; i < (size_t)m * out && !test_case_failed; i++)
+        CHECK(fbits(y2[i]) == fbits(y0[i] + y[i]), "tc accumulate: element %zu %g, expected %g", i, y2[i], y0[i] + y[i]);
+    be->ops->linear_free(be, W);
+    free(w), free(x), free(y), free(y1), free(y2), free(y0);
+}
+
+/* RD_CUDA_FP8=tc: FP8 blocks through the tensor-core GEMM give the bits of
+ * the bf16 weights holding the same (dequantized) values: the decode is
+ * exact. */
+static void tc_fp8_case(rd_backend *tc8, rd_backend *tc, int32_t out, int32_t in, int32_t m)
+{
+    const size_t n = (size_t)out * in;
+    float *w = malloc(sizeof(float) * n), *wd = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * (size_t)m * in);
+    float *y8 = malloc(sizeof(float) * (size_t)m * out), *yb = malloc(sizeof(float) * (size_t)m * out);
+    uint8_t *blk = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES);
+    for (size_t b = 0; b < n / RD_FP8_BLOCK; b++) {
+        const float sc = (float)pow(10.0, -4.0 + 5.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < RD_FP8_BLOCK; j++)
+            w[b * RD_FP8_BLOCK + j] = b == 3 ? 0.0f : frand() * sc;
+    }
+    for (size_t i = 0; i < (size_t)m * in; i++)
+        x[i] = frand();
+    CHECK_OK(rd_fp8_quant(w, n, blk));
+    rd_fp8_dequant(blk, wd, n / RD_FP8_BLOCK);
+    rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
+    void *W8 = NULL, *Wb = NULL;
+    CHECK_OK(tc8->ops->linear_load_q(tc8, &part, 1, in, &W8));
+    CHECK_OK(tc->ops->linear_load(tc, wd, out, in, &Wb));
+    run_linear(tc8, W8, x, m, in, out, 0, NULL, y8, 0);
+    run_linear(tc, Wb, x, m, in, out, 0, NULL, yb, 0);
+    CHECK(!memcmp(y8, yb, sizeof(float) * (size_t)m * out), "tc fp8 [%d x %d]: differs from bf16 weights of the same values",
+          out, in);
+    tc8->ops->linear_free(tc8, W8);
+    tc->ops->linear_free(tc, Wb);
+    free(w), free(wd), free(x), free(y8), free(yb), free(blk);
+}
+
+static void test_gemm_tc(void)
+{
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
+    rd_backend *tcb = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_ACT", "bf16");
+    rd_backend *tc8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FP8", "tc");
+    CHECK(tc && tcb && tc8, "cannot create the tc backends: %s", rd_errmsg());
+    /* the plans the cases reach on the emulator's 4 SMs */
+    cuplan_tc pl;
+    CHECK(cuplan_gemm_tc(24, 1024, 4, &pl) == 0 && pl.p == 2 && pl.q == 8, "plan [24 x 1024]: p %d q %d", pl.p, pl.q);
+    CHECK(cuplan_gemm_tc(300, 512, 4, &pl) == 0 && pl.p == 1 && pl.q == 4, "plan [300 x 512]: p %d q %d", pl.p, pl.q);
+    CHECK(cuplan_gemm_tc(100, 96, 4, &pl) == 0 && pl.q == 1, "plan [100 x 96]: q %d", pl.q);
+    CHECK(cuplan_gemm_tc(100, 100, 4, &pl) == RD_ENOTSUP, "in %% 32 != 0 must be refused");
+    if (test_case_failed)
+        goto done;
+    tc_case(tc, 1, 24, 1024, 5);        /* p = 2: partial sums, the last CTA adds them */
+    if (test_case_failed) goto done;
+    tc_case(tc, 1, 300, 512, 40);       /* p = 1, 4 warps; 4 m16 tiles per warp; out % 16 != 0 */
+    if (test_case_failed) goto done;
+    tc_case(tc, 1, 100, 96, 3);         /* q = 1; fewer chunks than the unroll */
+    if (test_case_failed) goto done;
+    tc_case(tcb, 0, 300, 512, 20);      /* hi only (RD_CUDA_ACT=bf16); 2 m16 tiles per warp */
+    if (test_case_failed) goto done;
+    tc_case(tcb, 0, 24, 1024, 17);
+    if (test_case_failed) goto done;
+    tc_fp8_case(tc8, tc, 40, 1024, 6);
+    if (test_case_failed) goto done;
+    tc_fp8_case(tc8, tc, 83, 160, 18);
+done:
+    if (tc) rd_backend_destroy(tc);
+    if (tcb) rd_backend_destroy(tcb);
+    if (tc8) rd_backend_destroy(tc8);
+}
+
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
 static void linear_bits(rd_backend *be, const float *w, int32_t out, int32_t in, const float *x, int32_t m, float *y)
 {
@@ -2924,6 +3079,17 @@ static void test_runner_tiny(void)
     runner_case("tiny-untied", 1);
 }
 
+/* RD_CUDA_GEMM=tc through the runner: the tiny models against the CPU, graphs
+ * and eager decode bit-identical, no more kernels per step than the default. */
+static void test_runner_tc(void)
+{
+    setenv("RD_CUDA_GEMM", "tc", 1);
+    runner_case("tiny-f32", 1);
+    if (!test_case_failed && !light)
+        runner_case("tiny-qwen3", 1);
+    unsetenv("RD_CUDA_GEMM");
+}
+
 /* Every family's layer recipe on the emulated backend against the CPU: the
  * Qwen2 bias, the Qwen3 per-head norms over a q width (4 x 32) wider than
  * hidden, the Llama 3 scaled RoPE table, Gemma 3's window of 8 (prompts of
@@ -4055,6 +4221,7 @@ int main(void)
     RUN_SEL(test_gemm);
     RUN_SEL(test_linear_read_native);
     RUN_SEL(test_fp8_linear);
+    RUN_SEL(test_gemm_tc);
     RUN_SEL(test_lm_head_chunks);
     RUN_SEL(test_mixed_activations);
     RUN_SEL(test_row_ops);
@@ -4088,6 +4255,7 @@ int main(void)
     RUN_SEL(test_sampler_score);
     RUN_SEL(test_sampler_edits);
     RUN_SEL(test_runner_tiny);
+    RUN_SEL(test_runner_tc);
     RUN_SEL(test_runner_tiny_bf16);
     RUN_SEL(test_runner_kv_fp8);
     RUN_SEL(test_runner_families);

@@ -1,0 +1,306 @@
+// cuda_gemm_tc.cu - the linear layers' GEMM on tensor cores, one kernel for
+// every batch size (RD_CUDA_GEMM=tc for bf16 weights, RD_CUDA_FP8=tc for FP8).
+//
+// Why its own kernel: cuBLASLt, asked for no split-K (batch invariance), runs
+// a batch-1 GEMM on a few CTAs (the 1B's down projection on 32 of 132 SMs,
+// docs/PERF.md 2026-12-04) and reads the activations as a two-piece bf16 copy
+// that a kernel before it writes. Here the fp32 activations are read as they
+// are and split into hi = bf16(x) and lo = bf16(x - hi) in registers, the K
+// dimension is cut by a plan that depends on the shape alone
+// (cuplan_gemm_tc), and the sub-pieces' sums meet in a fixed order, so a
+// batch-1 call fills the GPU and a row's bits never depend on the batch.
+//
+// Arithmetic of one output (row r, column n), for sub-piece i of q: a chain of
+// mma.sync m16n8k16 steps (bf16 x bf16 products, fp32 accumulation) from zero
+// over its 32-weight chunks in increasing k, each chunk two k-steps, each
+// step the hi product then (split activations) the lo product. The q sums are
+// then added left to right. The hardware computes each row of an mma from
+// that row's inputs alone, so neither the other rows nor the tiling changes
+// a bit; the m16 tile count per warp (cuplan_tc_mw) is schedule only.
+//
+// Within a 32-weight chunk, the mma's logical k positions are a fixed
+// permutation of the weights (both A and B use it): lane (g, t) of an n8 tile
+// reads the 8 contiguous weights [8t, 8t + 8) of row g with one 16-byte load,
+// k-step s taking [8t + 4s, 8t + 4s + 4) as the fragment's logical k
+// {2t, 2t + 1, 2t + 8, 2t + 9}. That keeps the weight reads 16 bytes wide.
+//
+// FP8 weights: the codes are decoded as k_gemm_fp8 decodes them (the code's
+// value times its block's power of two, exact) and rounded to bf16, which
+// holds them exactly unless the block scale pushes them below bf16's normal
+// range (2^-126; no real weight block).
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_fp8_decode.cuh"
+
+namespace RD_NS {
+
+RD_DEV uint32_t tc_pack(float lo16, float hi16)
+{
+    return (uint32_t)cm_f32_to_bf16(lo16) | (uint32_t)cm_f32_to_bf16(hi16) << 16;
+}
+
+// bf16(v - bf16(v)): the lo half of the split, as store_bf writes it.
+RD_DEV float tc_lo(float v) { return v - cm_bf16_to_f32(cm_f32_to_bf16(v)); }
+
+// One warp's d += A B for an m16n8k16 tile (fragment layouts in cuemu.h).
+RD_DEV void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#ifdef RD_CUDA_EMU
+    const uint32_t b[2] = {b0, b1};
+    cuemu_mma_bf16_16816(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Weights [8t, 8t + 8) of chunk c of row n as four bf16 pairs (zeros past
+// the last row).
+template <bool FP8> RD_DEV void tc_load_w(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    if (n >= a.out) {
+        u[0] = u[1] = u[2] = u[3] = 0;
+        return;
+    }
+    if (!FP8) {
+        const uint4 v = *(const uint4 *)(a.w + (int64_t)n * a.in + c + 8 * t);
+        u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
+        return;
+    }
+    const uint2 v = *(const uint2 *)(a.f8 + (int64_t)n * a.in + c + 8 * t);
+    const float s = cm_fp8_scale(a.f8s[(int64_t)n * (a.in / 32) + c / 32]);
+    float f[8];
+    fp8_decode4(v.x, s, f);
+    fp8_decode4(v.y, s, f + 4);
+RD_UNROLL
+    for (int i = 0; i < 4; i++)
+        u[i] = tc_pack(f[2 * i], f[2 * i + 1]);
+}
+
+// x[r][c + 8t .. c + 8t + 8) (zeros past the last row).
+RD_DEV void tc_load_x(const tc_args &a, int32_t r, int32_t c, int t, float (&f)[8])
+{
+    if (r >= a.m) {
+RD_UNROLL
+        for (int e = 0; e < 8; e++)
+            f[e] = 0.0f;
+        return;
+    }
+    const float *p = a.x + (int64_t)r * a.in + c + 8 * t;
+    if (a.xvec) {
+        load_f32x8(p, f);
+    } else {
+RD_UNROLL
+        for (int e = 0; e < 8; e++)
+            f[e] = p[e];
+    }
+}
+
+// A's fragment of k-step s from rows g (xa) and g + 8 (xb), hi or lo halves.
+template <bool LO> RD_DEV void tc_frag_a(const float (&xa)[8], const float (&xb)[8], int s, uint32_t (&f)[4])
+{
+    float v[8];
+RD_UNROLL
+    for (int e = 0; e < 4; e++) {
+        v[e] = LO ? tc_lo(xa[4 * s + e]) : xa[4 * s + e];
+        v[4 + e] = LO ? tc_lo(xb[4 * s + e]) : xb[4 * s + e];
+    }
+    f[0] = tc_pack(v[0], v[1]);             // row g, logical k 2t, 2t + 1
+    f[1] = tc_pack(v[4], v[5]);             // row g + 8
+    f[2] = tc_pack(v[2], v[3]);             // row g, logical k 2t + 8, 2t + 9
+    f[3] = tc_pack(v[6], v[7]);             // row g + 8
+}
+
+// One 32-weight chunk at c into the accumulators of MW m16 tiles x 2 n8 tiles.
+template <int MW, bool SPLIT>
+RD_DEV void tc_chunk(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                     float (&acc)[MW][2][4])
+{
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++) {
+        float xa[8], xb[8];
+        tc_load_x(a, r0 + 16 * mt + g, c, t, xa);
+        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, xb);
+RD_UNROLL
+        for (int s = 0; s < 2; s++) {
+            uint32_t hi[4], lo[4];
+            tc_frag_a<false>(xa, xb, s, hi);
+            if (SPLIT)
+                tc_frag_a<true>(xa, xb, s, lo);
+RD_UNROLL
+            for (int j = 0; j < 2; j++) {
+                tc_mma(acc[mt][j], hi, w[j][2 * s], w[j][2 * s + 1]);
+                if (SPLIT)
+                    tc_mma(acc[mt][j], lo, w[j][2 * s], w[j][2 * s + 1]);
+            }
+        }
+    }
+}
+
+RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
+{
+    if (r >= a.m || n >= a.out)
+        return;
+    float *dst = a.y + (int64_t)r * a.out + n;
+    *dst = a.acc ? RD_FADD(*dst, v) : v;
+}
+
+#define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
+
+// grid (column tiles of CUPLAN_TC_NT, row tiles of 16 MW, p); block 32 wk.
+template <int MW, bool SPLIT, bool FP8>
+__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
+{
+    __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
+    __shared__ int last;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wk = (int)blockDim.x / 32;
+    const int32_t n0 = (int32_t)blockIdx.x * CUPLAN_TC_NT, r0 = (int32_t)blockIdx.y * 16 * MW;
+    const int32_t qi = (int32_t)blockIdx.z * wk + warp; // this warp's sub-piece
+    const int32_t k0 = qi * a.kp, k1 = k0 + a.kp;
+
+    float acc[MW][2][4];
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                acc[mt][j][i] = 0.0f;
+    int32_t c = k0;
+    for (; c + 32 * TC_UNROLL <= k1; c += 32 * TC_UNROLL) {
+        uint32_t w[TC_UNROLL][2][4];
+RD_UNROLL
+        for (int u = 0; u < TC_UNROLL; u++)
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+                tc_load_w<FP8>(a, n0 + 8 * j + g, c + 32 * u, t, w[u][j]);
+RD_UNROLL
+        for (int u = 0; u < TC_UNROLL; u++)
+            tc_chunk<MW, SPLIT>(a, r0, c + 32 * u, g, t, w[u], acc);
+    }
+    for (; c < k1; c += 32) {
+        uint32_t w[2][4];
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+            tc_load_w<FP8>(a, n0 + 8 * j + g, c, t, w[j]);
+        tc_chunk<MW, SPLIT>(a, r0, c, g, t, w, acc);
+    }
+
+    // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2), column n0 + 8 j + 2 t + (i & 1).
+    if (a.q == 1) {
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+RD_UNROLL
+                for (int i = 0; i < 4; i++)
+                    tc_store(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (i & 1), acc[mt][j][i]);
+        return;
+    }
+    const int tile_elems = 16 * MW * CUPLAN_TC_NT;
+    if (a.p == 1) {
+        // The warps' sums meet in shared memory, added in warp (= sub-piece) order.
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+RD_UNROLL
+                for (int i = 0; i < 4; i++)
+                    red[warp][16 * mt + g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = acc[mt][j][i];
+        __syncthreads();
+        for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
+            const int rr = e / CUPLAN_TC_NT, cc = e % CUPLAN_TC_NT;
+            float v = red[0][rr][cc];
+            for (int w = 1; w < wk; w++)
+                v = RD_FADD(v, red[w][rr][cc]);
+            tc_store(a, r0 + rr, n0 + cc, v);
+        }
+        return;
+    }
+    // p CTAs share the tile: each writes its warps' sums to part[qi][row][column];
+    // the CTA that arrives last adds all q of them in order and resets the counter.
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++) {
+                const int32_t r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0), n = n0 + 8 * j + 2 * t + (i & 1);
+                if (r < a.m && n < a.out)
+                    a.part[((int64_t)qi * a.m + r) * a.out + n] = acc[mt][j][i];
+            }
+    __threadfence();
+    __syncthreads();
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0)
+        last = atomicAdd(&a.count[tile], 1u) == (unsigned)(a.p - 1);
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
+        const int32_t r = r0 + e / CUPLAN_TC_NT, n = n0 + e % CUPLAN_TC_NT;
+        if (r >= a.m || n >= a.out)
+            continue;
+        const int64_t at = (int64_t)r * a.out + n, stride = (int64_t)a.m * a.out;
+        float v = __ldcg(a.part + at);
+        for (int32_t i = 1; i < a.q; i++)
+            v = RD_FADD(v, __ldcg(a.part + i * stride + at));
+        tc_store(a, r, n, v);
+    }
+    if (threadIdx.x == 0)
+        a.count[tile] = 0;
+}
+
+template <int MW, bool SPLIT, bool FP8> static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block)
+{
+    auto kern = k_gemm_tc<MW, SPLIT, FP8>;
+    RD_LAUNCH(kern, grid, block, 0, s, a);
+}
+
+template <int MW>
+static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, bool split, bool fp8)
+{
+    if (split && fp8)
+        gemm_tc_launch<MW, true, true>(s, a, grid, block);
+    else if (split)
+        gemm_tc_launch<MW, true, false>(s, a, grid, block);
+    else if (fp8)
+        gemm_tc_launch<MW, false, true>(s, a, grid, block);
+    else
+        gemm_tc_launch<MW, false, false>(s, a, grid, block);
+}
+
+int64_t gemm_tc_part_floats(const cuplan_tc &pl, int32_t m, int32_t out)
+{
+    return pl.p > 1 ? (int64_t)pl.q * m * out : 0;
+}
+
+int64_t gemm_tc_counters(int32_t m, int32_t out)
+{
+    const int32_t rows = 16 * cuplan_tc_mw(m);
+    return (int64_t)((out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * ((m + rows - 1) / rows);
+}
+
+void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split)
+{
+    if (a.m <= 0 || a.out <= 0)
+        return;
+    a.q = pl.q, a.p = pl.p, a.kp = pl.kp;
+    a.xvec = (uintptr_t)a.x % 16 == 0;
+    const int32_t mw = cuplan_tc_mw(a.m);
+    const dim3 grid((unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT), (unsigned)((a.m + 16 * mw - 1) / (16 * mw)),
+                    (unsigned)pl.p);
+    const dim3 block((unsigned)(32 * pl.wk));
+    const bool fp8 = a.w == nullptr;
+    if (mw == 1)
+        gemm_tc_mw<1>(s, a, grid, block, split, fp8);
+    else if (mw == 2)
+        gemm_tc_mw<2>(s, a, grid, block, split, fp8);
+    else
+        gemm_tc_mw<4>(s, a, grid, block, split, fp8);
+}
+
+}  // namespace RD_NS
