@@ -210,6 +210,15 @@ struct cuda_be {
         const float *cos_sin;
         split_sum ss;
     } pend_rope;
+    // A tensor-core GEMM deferred the same way: a SwiGLU or GeGLU that reads
+    // all of its output next runs as its epilogue (TC_SWIGLU / TC_GEGLU).
+    struct {
+        const weight *W;        // NULL: none
+        const float *x;
+        int32_t m;
+        float *y;
+        int acc;
+    } pend_tc;
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc: FP8 linears on it too
@@ -292,8 +301,12 @@ static void launch_pending_rope(cuda_be *b, kv_out kv)
 }
 
 // Launches whatever is deferred (on the owner thread's stream).
+static void launch_pending_tc(cuda_be *b, int epi, float *out);
+
 static void settle(cuda_be *b)
 {
+    if (b->pend_tc.W)
+        launch_pending_tc(b, TC_PLAIN, nullptr);
     if (b->pend_rope.x)
         launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
     if (!b->pend_y)
@@ -318,6 +331,8 @@ static cuda_be *compute_op(rd_backend *be)
 static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
+    if (b->pend_tc.W)
+        launch_pending_tc(b, TC_PLAIN, nullptr);
     if (b->pend_rope.x)
         launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
     if (!b->pend_y)
@@ -1021,10 +1036,11 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
     check_launch(b, "gemm");
 }
 
-// The tensor-core GEMM: fp32 x straight in (no bf16 copy), the sum final
-// (nothing deferred). Its scratch grows outside a capture, as the runner's
-// first step of a bucket is.
-static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate)
+// The tensor-core GEMM: fp32 x straight in (no bf16 copy), its sums final.
+// Its scratch grows outside a capture, as the runner's first step of a
+// bucket is. Deferred (pend_tc) when a gated FFN could end it, launched by
+// the next op otherwise.
+static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi)
 {
     const int64_t parts = gemm_tc_part_floats(W->tc, m, W->out), counters = gemm_tc_counters(m, W->out);
     if (parts && !grow(b, (void **)&b->tc_part, &b->tc_part_cap, (size_t)parts * sizeof(float), "the GEMM's partial sums"))
@@ -1042,8 +1058,37 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
     a.x = x, a.y = y, a.part = b->tc_part, a.count = b->tc_count;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate;
     const bool split = b->split && !(b->split_contracting_only && W->in <= W->out);
-    launch_gemm_tc(b->st, W->tc, a, split);
+    launch_gemm_tc(b->st, W->tc, a, split, epi);
     check_launch(b, "gemm_tc");
+}
+
+static void launch_pending_tc(cuda_be *b, int epi, float *out)
+{
+    const auto p = b->pend_tc;
+    b->pend_tc.W = nullptr;
+    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN ? p.y : out, p.acc, epi);
+}
+
+static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate)
+{
+    if (b->fuse_split && !accumulate && W->out % 2 == 0) {
+        shadow_written(b, y, (size_t)m * W->out * sizeof(float));
+        b->pend_tc = {W, x, m, y, 0};
+        return;
+    }
+    run_tc(b, W, x, m, y, accumulate, TC_PLAIN);
+}
+
+// A SwiGLU / GeGLU on the whole output of the deferred tensor-core GEMM:
+// launched as its epilogue (true), or false after launching what was pending.
+static bool gated_tc(cuda_be *b, const float *gu, int32_t m, int32_t f, float *out, int epi)
+{
+    if (b->pend_tc.W && b->pend_tc.y == gu && b->pend_tc.m == m && b->pend_tc.W->out == 2 * f) {
+        shadow_written(b, out, (size_t)m * f * sizeof(float));
+        launch_pending_tc(b, epi, out);
+        return true;
+    }
+    return false;
 }
 
 static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
@@ -1234,6 +1279,8 @@ static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m,
 static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
 {
     cuda_be *b = compute(be);
+    if (gated_tc(b, gu, m, f, out, TC_SWIGLU))
+        return;
     const size_t n = (size_t)m * f;
     const split_sum ss = take_split(b, gu, (int64_t)n * 2);
     uint16_t *bf = shadow_claim(b, out, n);
@@ -1247,6 +1294,8 @@ static void cu_swiglu(rd_backend *be, const float *gu, int32_t m, int32_t f, flo
 static void cu_geglu(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out)
 {
     cuda_be *b = compute(be);
+    if (gated_tc(b, gu, m, f, out, TC_GEGLU))
+        return;
     const size_t n = (size_t)m * f;
     const split_sum ss = take_split(b, gu, (int64_t)n * 2);
     uint16_t *bf = shadow_claim(b, out, n);

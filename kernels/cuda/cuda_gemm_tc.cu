@@ -24,6 +24,14 @@
 // k-step s taking [8t + 4s, 8t + 4s + 4) as the fragment's logical k
 // {2t, 2t + 1, 2t + 8, 2t + 9}. That keeps the weight reads 16 bytes wide.
 //
+// Gated FFNs (TC_SWIGLU, TC_GEGLU): a gate|up weight's GEMM can end in the
+// SwiGLU or GeGLU that reads it (the backend defers the GEMM to see whether
+// that op comes next). A CTA then takes the gate rows [f0, f0 + 8) as its
+// first n8 tile and the up rows [F + f0, F + f0 + 8) as its second, so each
+// finished (gate, up) pair meets in one thread, which writes k_swiglu's
+// (k_geglu's) expression of them to out [m][F]; gate|up is never stored.
+// Columns only move between CTAs, so every sum is the unfused kernel's.
+//
 // FP8 weights: the codes are decoded as k_gemm_fp8 decodes them (the code's
 // value times its block's power of two, exact) and rounded to bf16, which
 // holds them exactly unless the block scale pushes them below bf16's normal
@@ -146,10 +154,20 @@ RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
     *dst = a.acc ? RD_FADD(*dst, v) : v;
 }
 
+// A gated FFN's output for feature f of row r from its finished gate and up.
+template <int EPI> RD_DEV void tc_store_glu(const tc_args &a, int32_t r, int32_t f, float g, float u)
+{
+    if (r >= a.m || f >= a.out / 2)
+        return;
+    a.y[(int64_t)r * (a.out / 2) + f] =
+        EPI == TC_SWIGLU ? RD_FMUL(RD_FDIV(g, RD_FADD(1.0f, expf(-g))), u) : cm_geglu(g, u);
+}
+
 #define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
 
 // grid (column tiles of CUPLAN_TC_NT, row tiles of 16 MW, p); block 32 wk.
-template <int MW, bool SPLIT, bool FP8>
+// With a gated epilogue a column tile is 8 features (gate and up rows).
+template <int MW, bool SPLIT, bool FP8, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
     __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
@@ -159,6 +177,12 @@ __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
     const int32_t n0 = (int32_t)blockIdx.x * CUPLAN_TC_NT, r0 = (int32_t)blockIdx.y * 16 * MW;
     const int32_t qi = (int32_t)blockIdx.z * wk + warp; // this warp's sub-piece
     const int32_t k0 = qi * a.kp, k1 = k0 + a.kp;
+    // the weight row (= output column) of this lane in n8 tile j
+    const int32_t F = a.out / 2, f0 = (int32_t)blockIdx.x * 8;
+    int32_t wrow[2];
+RD_UNROLL
+    for (int j = 0; j < 2; j++)
+        wrow[j] = EPI == TC_PLAIN ? n0 + 8 * j + g : f0 + g < F ? j * F + f0 + g : a.out;
 
     float acc[MW][2][4];
 RD_UNROLL
@@ -175,7 +199,7 @@ RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
 RD_UNROLL
             for (int j = 0; j < 2; j++)
-                tc_load_w<FP8>(a, n0 + 8 * j + g, c + 32 * u, t, w[u][j]);
+                tc_load_w<FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
 RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
             tc_chunk<MW, SPLIT>(a, r0, c + 32 * u, g, t, w[u], acc);
@@ -184,11 +208,21 @@ RD_UNROLL
         uint32_t w[2][4];
 RD_UNROLL
         for (int j = 0; j < 2; j++)
-            tc_load_w<FP8>(a, n0 + 8 * j + g, c, t, w[j]);
+            tc_load_w<FP8>(a, wrow[j], c, t, w[j]);
         tc_chunk<MW, SPLIT>(a, r0, c, g, t, w, acc);
     }
 
-    // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2), column n0 + 8 j + 2 t + (i & 1).
+    // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2), column n0 + 8 j + 2 t + (i & 1)
+    // (gated: gate (j 0) or up (j 1) of feature f0 + 2 t + (i & 1)).
+    if (a.q == 1 && EPI != TC_PLAIN) {
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                tc_store_glu<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), f0 + 2 * t + (i & 1), acc[mt][0][i],
+                                  acc[mt][1][i]);
+        return;
+    }
     if (a.q == 1) {
 RD_UNROLL
         for (int mt = 0; mt < MW; mt++)
@@ -210,6 +244,16 @@ RD_UNROLL
                 for (int i = 0; i < 4; i++)
                     red[warp][16 * mt + g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = acc[mt][j][i];
         __syncthreads();
+        if (EPI != TC_PLAIN) {
+            for (int e = (int)threadIdx.x; e < tile_elems / 2; e += (int)blockDim.x) {
+                const int rr = e / 8, cc = e % 8;
+                float vg = red[0][rr][cc], vu = red[0][rr][8 + cc];
+                for (int w = 1; w < wk; w++)
+                    vg = RD_FADD(vg, red[w][rr][cc]), vu = RD_FADD(vu, red[w][rr][8 + cc]);
+                tc_store_glu<EPI>(a, r0 + rr, f0 + cc, vg, vu);
+            }
+            return;
+        }
         for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
             const int rr = e / CUPLAN_TC_NT, cc = e % CUPLAN_TC_NT;
             float v = red[0][rr][cc];
@@ -227,7 +271,9 @@ RD_UNROLL
         for (int j = 0; j < 2; j++)
 RD_UNROLL
             for (int i = 0; i < 4; i++) {
-                const int32_t r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0), n = n0 + 8 * j + 2 * t + (i & 1);
+                const int32_t r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0);
+                const int32_t n = EPI == TC_PLAIN ? n0 + 8 * j + 2 * t + (i & 1)
+                                  : f0 + 2 * t + (i & 1) < F ? j * F + f0 + 2 * t + (i & 1) : a.out;
                 if (r < a.m && n < a.out)
                     a.part[((int64_t)qi * a.m + r) * a.out + n] = acc[mt][j][i];
             }
@@ -240,11 +286,27 @@ RD_UNROLL
     if (!last)
         return;
     __threadfence();
+    const int64_t stride = (int64_t)a.m * a.out;
+    if (EPI != TC_PLAIN) {
+        for (int e = (int)threadIdx.x; e < tile_elems / 2; e += (int)blockDim.x) {
+            const int32_t r = r0 + e / 8, f = f0 + e % 8;
+            if (r >= a.m || f >= F)
+                continue;
+            const int64_t at = (int64_t)r * a.out + f;
+            float vg = __ldcg(a.part + at), vu = __ldcg(a.part + at + F);
+            for (int32_t i = 1; i < a.q; i++)
+                vg = RD_FADD(vg, __ldcg(a.part + i * stride + at)), vu = RD_FADD(vu, __ldcg(a.part + i * stride + at + F));
+            tc_store_glu<EPI>(a, r, f, vg, vu);
+        }
+        if (threadIdx.x == 0)
+            a.count[tile] = 0;
+        return;
+    }
     for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
         const int32_t r = r0 + e / CUPLAN_TC_NT, n = n0 + e % CUPLAN_TC_NT;
         if (r >= a.m || n >= a.out)
             continue;
-        const int64_t at = (int64_t)r * a.out + n, stride = (int64_t)a.m * a.out;
+        const int64_t at = (int64_t)r * a.out + n;
         float v = __ldcg(a.part + at);
         for (int32_t i = 1; i < a.q; i++)
             v = RD_FADD(v, __ldcg(a.part + i * stride + at));
@@ -254,23 +316,32 @@ RD_UNROLL
         a.count[tile] = 0;
 }
 
-template <int MW, bool SPLIT, bool FP8> static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block)
+template <int MW, bool SPLIT, bool FP8>
+static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, int epi)
 {
-    auto kern = k_gemm_tc<MW, SPLIT, FP8>;
-    RD_LAUNCH(kern, grid, block, 0, s, a);
+    if (epi == TC_SWIGLU) {
+        auto kern = k_gemm_tc<MW, SPLIT, FP8, TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_GEGLU) {
+        auto kern = k_gemm_tc<MW, SPLIT, FP8, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else {
+        auto kern = k_gemm_tc<MW, SPLIT, FP8, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    }
 }
 
 template <int MW>
-static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, bool split, bool fp8)
+static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, bool split, bool fp8, int epi)
 {
     if (split && fp8)
-        gemm_tc_launch<MW, true, true>(s, a, grid, block);
+        gemm_tc_launch<MW, true, true>(s, a, grid, block, epi);
     else if (split)
-        gemm_tc_launch<MW, true, false>(s, a, grid, block);
+        gemm_tc_launch<MW, true, false>(s, a, grid, block, epi);
     else if (fp8)
-        gemm_tc_launch<MW, false, true>(s, a, grid, block);
+        gemm_tc_launch<MW, false, true>(s, a, grid, block, epi);
     else
-        gemm_tc_launch<MW, false, false>(s, a, grid, block);
+        gemm_tc_launch<MW, false, false>(s, a, grid, block, epi);
 }
 
 int64_t gemm_tc_part_floats(const cuplan_tc &pl, int32_t m, int32_t out)
@@ -284,7 +355,7 @@ int64_t gemm_tc_counters(int32_t m, int32_t out)
     return (int64_t)((out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * ((m + rows - 1) / rows);
 }
 
-void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split)
+void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, int epi)
 {
     if (a.m <= 0 || a.out <= 0)
         return;
@@ -296,11 +367,11 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split)
     const dim3 block((unsigned)(32 * pl.wk));
     const bool fp8 = a.w == nullptr;
     if (mw == 1)
-        gemm_tc_mw<1>(s, a, grid, block, split, fp8);
+        gemm_tc_mw<1>(s, a, grid, block, split, fp8, epi);
     else if (mw == 2)
-        gemm_tc_mw<2>(s, a, grid, block, split, fp8);
+        gemm_tc_mw<2>(s, a, grid, block, split, fp8, epi);
     else
-        gemm_tc_mw<4>(s, a, grid, block, split, fp8);
+        gemm_tc_mw<4>(s, a, grid, block, split, fp8, epi);
 }
 
 }  // namespace RD_NS

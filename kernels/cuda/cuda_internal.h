@@ -128,7 +128,11 @@ struct tc_args {
 // Floats of part and counters a launch of m rows needs (part: 0 when p == 1).
 int64_t gemm_tc_part_floats(const cuplan_tc &pl, int32_t m, int32_t out);
 int64_t gemm_tc_counters(int32_t m, int32_t out);
-void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split);
+// epi: TC_PLAIN; or, for a gate|up weight [2F][in] with acc 0, TC_SWIGLU /
+// TC_GEGLU: y is then the gated FFN's output [m][F] (k_swiglu's / k_geglu's
+// expression), gate|up itself never stored.
+enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2 };
+void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, int epi);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
 void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);

@@ -561,6 +561,47 @@ static void tc_fp8_case(rd_backend *tc8, rd_backend *tc, int32_t out, int32_t in
     free(w), free(wd), free(x), free(y8), free(yb), free(blk);
 }
 
+/* A gate|up GEMM ended by SwiGLU / GeGLU (the deferred tensor-core GEMM's
+ * gated epilogue) against the same two ops unfused (RD_CUDA_FUSE=0): the
+ * same bits, for each of the plan's reductions; F need not be a multiple of
+ * the 8 features a CTA takes. */
+static void tc_gated_case(rd_backend *tc, rd_backend *nofuse, int32_t F, int32_t in, int32_t m, int geglu)
+{
+    const int32_t out = 2 * F;
+    float *w = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * m * in);
+    float *y1 = malloc(sizeof(float) * m * F), *y2 = malloc(sizeof(float) * m * F);
+    for (int64_t i = 0; i < (int64_t)out * in; i++)
+        w[i] = frand() * 0.3f;
+    for (int64_t i = 0; i < (int64_t)m * in; i++)
+        x[i] = frand() * 2.0f;
+    rd_backend *bes[2] = {tc, nofuse};
+    float *ys[2] = {y1, y2};
+    uint64_t launches[2];
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        void *W = NULL;
+        CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+        float *dx = up(be, x, sizeof(float) * m * in), *dgu = up(be, NULL, sizeof(float) * m * out);
+        float *dout = up(be, NULL, sizeof(float) * m * F);
+        CHECK_OK(be->ops->sync(be));
+        uint64_t k0 = cuemu_launch_count();
+        be->ops->linear(be, W, dx, m, dgu, 0);
+        if (geglu)
+            be->ops->geglu(be, dgu, m, F, dout);
+        else
+            be->ops->swiglu(be, dgu, m, F, dout);
+        CHECK_OK(down(be, ys[k], dout, sizeof(float) * m * F));
+        launches[k] = cuemu_launch_count() - k0;
+        be->ops->free(be, dx), be->ops->free(be, dgu), be->ops->free(be, dout);
+        be->ops->linear_free(be, W);
+    }
+    CHECK(!memcmp(y1, y2, sizeof(float) * m * F), "tc %s [%d x %d] x %d: fused differs from unfused",
+          geglu ? "geglu" : "swiglu", F, in, m);
+    CHECK(!on_emulator() || (launches[0] == 1 && launches[1] == 2), "tc gated: %llu kernels fused, %llu unfused",
+          (unsigned long long)launches[0], (unsigned long long)launches[1]);
+    free(w), free(x), free(y1), free(y2);
+}
+
 static void test_gemm_tc(void)
 {
     rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
@@ -588,6 +629,16 @@ static void test_gemm_tc(void)
     tc_fp8_case(tc8, tc, 40, 1024, 6);
     if (test_case_failed) goto done;
     tc_fp8_case(tc8, tc, 83, 160, 18);
+    if (test_case_failed) goto done;
+    {
+        rd_backend *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+        CHECK(nofuse != NULL, "cannot create the unfused tc backend");
+        tc_gated_case(tc, nofuse, 12, 1024, 5, 0);  /* p = 2 */
+        if (!test_case_failed) tc_gated_case(tc, nofuse, 150, 512, 40, 0); /* p = 1; F % 8 != 0 */
+        if (!test_case_failed) tc_gated_case(tc, nofuse, 37, 96, 3, 1);    /* q = 1, GeGLU */
+        if (!test_case_failed) tc_gated_case(tc, nofuse, 12, 1024, 17, 1); /* p = 2, GeGLU, 2 m16 tiles */
+        if (nofuse) rd_backend_destroy(nofuse);
+    }
 done:
     if (tc) rd_backend_destroy(tc);
     if (tcb) rd_backend_destroy(tcb);
