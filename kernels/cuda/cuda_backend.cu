@@ -212,13 +212,25 @@ struct cuda_be {
     } pend_rope;
     // A tensor-core GEMM deferred the same way: a SwiGLU or GeGLU that reads
     // all of its output next runs as its epilogue (TC_SWIGLU / TC_GEGLU).
+    struct pend_norm_t {
+        const float *x;         // NULL: none
+        const float *w;
+        int32_t m, d;
+        float eps, w_off;
+        float *out;
+    };
     struct {
         const weight *W;        // NULL: none
         const float *x;
         int32_t m;
         float *y;
         int acc;
+        pend_norm_t norm;       // its RMSNorm prologue (norm.x NULL: none)
     } pend_tc;
+    // An RMSNorm of at most tc_norm_rows rows deferred in tensor-core mode:
+    // a tensor-core GEMM reading its output next runs it as its prologue.
+    pend_norm_t pend_norm;
+    int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc: FP8 linears on it too
@@ -303,8 +315,18 @@ static void launch_pending_rope(cuda_be *b, kv_out kv)
 // Launches whatever is deferred (on the owner thread's stream).
 static void launch_pending_tc(cuda_be *b, int epi, float *out);
 
+static void launch_pending_norm(cuda_be *b)
+{
+    const auto p = b->pend_norm;
+    b->pend_norm.x = nullptr;
+    launch_rmsnorm(b->st, (float *)p.x, p.w, p.m, p.d, p.eps, p.w_off, p.out, nullptr, 0, split_sum{nullptr, 0, 0});
+    check_launch(b, "rmsnorm");
+}
+
 static void settle(cuda_be *b)
 {
+    if (b->pend_norm.x)
+        launch_pending_norm(b);
     if (b->pend_tc.W)
         launch_pending_tc(b, TC_PLAIN, nullptr);
     if (b->pend_rope.x)
@@ -331,6 +353,8 @@ static cuda_be *compute_op(rd_backend *be)
 static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
+    if (b->pend_norm.x)
+        launch_pending_norm(b);
     if (b->pend_tc.W)
         launch_pending_tc(b, TC_PLAIN, nullptr);
     if (b->pend_rope.x)
@@ -1040,7 +1064,8 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 // Its scratch grows outside a capture, as the runner's first step of a
 // bucket is. Deferred (pend_tc) when a gated FFN could end it, launched by
 // the next op otherwise.
-static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi)
+static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
+                   const cuda_be::pend_norm_t &norm)
 {
     const int64_t parts = gemm_tc_part_floats(W->tc, m, W->out), counters = gemm_tc_counters(m, W->out);
     if (parts && !grow(b, (void **)&b->tc_part, &b->tc_part_cap, (size_t)parts * sizeof(float), "the GEMM's partial sums"))
@@ -1057,6 +1082,10 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
     a.x = x, a.y = y, a.part = b->tc_part, a.count = b->tc_count;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate;
+    if (norm.x) {
+        a.x = norm.x, a.nw = norm.w, a.eps = norm.eps, a.w_off = norm.w_off, a.xn = norm.out;
+        shadow_written(b, norm.out, (size_t)m * W->in * sizeof(float));
+    }
     const bool split = b->split && !(b->split_contracting_only && W->in <= W->out);
     launch_gemm_tc(b->st, W->tc, a, split, epi);
     check_launch(b, "gemm_tc");
@@ -1066,17 +1095,24 @@ static void launch_pending_tc(cuda_be *b, int epi, float *out)
 {
     const auto p = b->pend_tc;
     b->pend_tc.W = nullptr;
-    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN ? p.y : out, p.acc, epi);
+    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN ? p.y : out, p.acc, epi, p.norm);
 }
 
+// (b from compute(), nothing settled yet: a deferred RMSNorm of x may become the prologue.)
 static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate)
 {
+    cuda_be::pend_norm_t norm{};
+    if (b->pend_norm.x && b->pend_norm.out == x && b->pend_norm.m == m && b->pend_norm.d == W->in) {
+        norm = b->pend_norm;
+        b->pend_norm.x = nullptr;
+    }
+    settle(b);
     if (b->fuse_split && !accumulate && W->out % 2 == 0) {
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-        b->pend_tc = {W, x, m, y, 0};
+        b->pend_tc = {W, x, m, y, 0, norm};
         return;
     }
-    run_tc(b, W, x, m, y, accumulate, TC_PLAIN);
+    run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm);
 }
 
 // A SwiGLU / GeGLU on the whole output of the deferred tensor-core GEMM:
@@ -1093,14 +1129,15 @@ static bool gated_tc(cuda_be *b, const float *gu, int32_t m, int32_t f, float *o
 
 static void cu_linear(rd_backend *be, const void *w, const float *x, int32_t m, float *y, int accumulate)
 {
-    cuda_be *b = compute_op(be);
+    cuda_be *b = compute(be);
     const weight *W = (const weight *)w;
-    if (m <= 0)
-        return;
-    if (W->use_tc) {
+    if (W->use_tc && m > 0) {
         linear_tc(b, W, x, m, y, accumulate);
         return;
     }
+    settle(b);
+    if (m <= 0)
+        return;
     if (W->f8) {                // fp32 x straight in: no bf16 copy, no split
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
         launch_gemm_fp8(b->st, W->f8, W->f8s, x, m, W->out, W->in, y, accumulate);
@@ -1225,6 +1262,13 @@ static void cu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m
     cuda_be *b = compute(be);
     const size_t n = (size_t)m * d;
     const split_sum ss = take_split(b, x, (int64_t)n); // x is then written: the op's x is the residual stream
+    const char *xe = (const char *)(x + n), *oe = (const char *)(out + n);
+    if (!ss.t && b->gemm_tc && b->fuse_split && m <= b->tc_norm_rows &&
+        ((const char *)out >= xe || (const char *)x >= oe)) {
+        shadow_written(b, out, n * sizeof(float));
+        b->pend_norm = {x, w, m, d, eps, w_off, out};
+        return;
+    }
     uint16_t *bf = shadow_claim(b, out, n);
     launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, bf, b->split ? (int64_t)n : 0, ss);
     if (check_launch(b, "rmsnorm") && bf)
@@ -2356,6 +2400,8 @@ static int create(int n_threads, rd_backend **out)
     // The tensor-core GEMM reads fp32 activations: the producers' bf16 copies would go unread.
     if (b->gemm_tc)
         b->use_shadow = false;
+    const char *nr = env("RD_CUDA_NORM_ROWS");
+    b->tc_norm_rows = nr ? atoi(nr) : 8;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

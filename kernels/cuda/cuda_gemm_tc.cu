@@ -32,6 +32,16 @@
 // (k_geglu's) expression of them to out [m][F]; gate|up is never stored.
 // Columns only move between CTAs, so every sum is the unfused kernel's.
 //
+// RMSNorm as the prologue (a.nw): for a few rows (the backend decides how
+// few) the RMSNorm whose output is this GEMM's input is computed by every
+// CTA for its own rows, reading the residual stream: each row's sum of
+// squares in k_rmsnorm's order (RMS_THREADS virtual threads, a warp taking
+// lane l of all 8 virtual warps: the same butterflies and fold), and x
+// normalized with rms_apply as it is loaded. The CTAs of column tile 0 and
+// K-slice 0 also write the normalized rows, the unfused op's output, for
+// whatever else reads it (LoRA, MoE experts). Bits are those of k_rmsnorm
+// then the GEMM.
+//
 // FP8 weights: the codes are decoded as k_gemm_fp8 decodes them (the code's
 // value times its block's power of two, exact) and rounded to bf16, which
 // holds them exactly unless the block scale pushes them below bf16's normal
@@ -86,8 +96,8 @@ RD_UNROLL
         u[i] = tc_pack(f[2 * i], f[2 * i + 1]);
 }
 
-// x[r][c + 8t .. c + 8t + 8) (zeros past the last row).
-RD_DEV void tc_load_x(const tc_args &a, int32_t r, int32_t c, int t, float (&f)[8])
+// x[r][c + 8t .. c + 8t + 8) (zeros past the last row); with a.nw, normalized by inv.
+RD_DEV void tc_load_x(const tc_args &a, int32_t r, int32_t c, int t, float inv, float (&f)[8])
 {
     if (r >= a.m) {
 RD_UNROLL
@@ -103,6 +113,32 @@ RD_UNROLL
         for (int e = 0; e < 8; e++)
             f[e] = p[e];
     }
+    if (a.nw) {
+RD_UNROLL
+        for (int e = 0; e < 8; e++)
+            f[e] = rms_apply(f[e], inv, a.nw[c + 8 * t + e], a.w_off);
+    }
+}
+
+// The RMSNorm factor of row r (a.nw set; one whole warp calls it): k_rmsnorm's
+// sum of squares with lane l standing for virtual thread 32 v + l of each
+// virtual warp v.
+RD_DEV float tc_row_inv(const tc_args &a, int32_t r, int lane)
+{
+    const float *xr = a.x + (int64_t)r * a.in;
+    double v[RMS_THREADS / 32];
+RD_UNROLL
+    for (int w = 0; w < RMS_THREADS / 32; w++) {
+        v[w] = 0.0;
+        for (int32_t j = 32 * w + lane; j < a.in; j += RMS_THREADS)
+            v[w] = rms_acc(v[w], xr[j]);
+        v[w] = warp_allreduce(v[w], op_add());
+    }
+    double ss = v[0];
+RD_UNROLL
+    for (int w = 1; w < RMS_THREADS / 32; w++)
+        ss = ss + v[w];
+    return rms_inv(ss, a.in, a.eps);
 }
 
 // A's fragment of k-step s from rows g (xa) and g + 8 (xb), hi or lo halves.
@@ -123,13 +159,13 @@ RD_UNROLL
 // One 32-weight chunk at c into the accumulators of MW m16 tiles x 2 n8 tiles.
 template <int MW, bool SPLIT>
 RD_DEV void tc_chunk(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
-                     float (&acc)[MW][2][4])
+                     const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++) {
         float xa[8], xb[8];
-        tc_load_x(a, r0 + 16 * mt + g, c, t, xa);
-        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, xb);
+        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
 RD_UNROLL
         for (int s = 0; s < 2; s++) {
             uint32_t hi[4], lo[4];
@@ -171,6 +207,7 @@ template <int MW, bool SPLIT, bool FP8, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
     __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
+    __shared__ float inv_s[16 * MW];
     __shared__ int last;
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wk = (int)blockDim.x / 32;
@@ -184,6 +221,27 @@ RD_UNROLL
     for (int j = 0; j < 2; j++)
         wrow[j] = EPI == TC_PLAIN ? n0 + 8 * j + g : f0 + g < F ? j * F + f0 + g : a.out;
 
+    float inv[MW][2] = {};
+    if (a.nw) {
+        for (int rr = warp; rr < 16 * MW; rr += wk) // whole warps: rr is the same in every lane
+            if (r0 + rr < a.m) {
+                const float v = tc_row_inv(a, r0 + rr, lane);
+                if (lane == 0)
+                    inv_s[rr] = v;
+            }
+        __syncthreads();
+        if (blockIdx.x == 0 && blockIdx.z == 0)
+            for (int rr = 0; rr < 16 * MW && r0 + rr < a.m; rr++) {
+                const float *xr = a.x + (int64_t)(r0 + rr) * a.in;
+                for (int32_t j = (int32_t)threadIdx.x; j < a.in; j += (int32_t)blockDim.x)
+                    a.xn[(int64_t)(r0 + rr) * a.in + j] = rms_apply(xr[j], inv_s[rr], a.nw[j], a.w_off);
+            }
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int h = 0; h < 2; h++)
+                inv[mt][h] = r0 + 16 * mt + 8 * h + g < a.m ? inv_s[16 * mt + 8 * h + g] : 0.0f;
+    }
     float acc[MW][2][4];
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++)
@@ -202,14 +260,14 @@ RD_UNROLL
                 tc_load_w<FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
 RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
-            tc_chunk<MW, SPLIT>(a, r0, c + 32 * u, g, t, w[u], acc);
+            tc_chunk<MW, SPLIT>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
     }
     for (; c < k1; c += 32) {
         uint32_t w[2][4];
 RD_UNROLL
         for (int j = 0; j < 2; j++)
             tc_load_w<FP8>(a, wrow[j], c, t, w[j]);
-        tc_chunk<MW, SPLIT>(a, r0, c, g, t, w, acc);
+        tc_chunk<MW, SPLIT>(a, r0, c, g, t, w, inv, acc);
     }
 
     // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2), column n0 + 8 j + 2 t + (i & 1)

@@ -31,6 +31,19 @@ RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
 // out[i] = W[ids[i]] (zeros for an id outside [0, vocab): a padding row).
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
                   float *out);
+// RMSNorm's arithmetic, shared by k_rmsnorm and the tensor-core GEMM's
+// fused prologue so that both give the same bits: RMS_THREADS threads, thread
+// j summing the squares of elements j, j + RMS_THREADS, ... in double with
+// rms_acc; each warp's xor butterfly; the warps' sums left to right; rms_inv;
+// then rms_apply per element.
+#define RMS_THREADS 256
+RD_DEV double rms_acc(double ss, float v) { return ss + (double)v * (double)v; }
+RD_DEV float rms_inv(double ss, int32_t d, float eps) { return (float)(1.0 / sqrt(ss / (double)d + (double)eps)); }
+// w + 0 is not computed: the weight goes in as it is (the sign of a zero kept)
+RD_DEV float rms_apply(float x, float inv, float w, float w_off)
+{
+    return RD_FMUL(RD_FMUL(x, inv), w_off == 0.0f ? w : RD_FADD(w, w_off));
+}
 // RMSNorm per row, the sum of squares in double, as the CPU backend. With
 // ss.t, x is first completed from the split sum (and written back).
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off, float *out,
@@ -117,6 +130,9 @@ struct tc_args {
     const uint16_t *w;          // [out][in] bf16, or NULL for FP8
     const uint8_t *f8, *f8s;    // FP8 codes [out][in] and scale bytes [out][in / 32]
     const float *x;             // [m][in]
+    const float *nw;            // RMSNorm weight [in] applied to x first (NULL: x as it is), with eps and w_off
+    float eps, w_off;
+    float *xn;                  // with nw: where the normalized x goes too (the RMSNorm op's output)
     float *y;                   // [m][out]
     float *part;                // [q][m][out] sub-piece sums, when the plan's p > 1
     unsigned *count;            // gemm_tc_counters(m, out) arrival counters, zero before and after a launch (p > 1)

@@ -39,8 +39,6 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
 
 // ------------------------------------------------------------------ rmsnorm
 
-#define RMS_THREADS 256
-
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,
                                                          float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
 {
@@ -50,14 +48,13 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *
     for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
         if (sp.t) // the thread reads back only what it wrote
             xi[j] = split_value(sp, x, row * d + j);
-        ss += (double)xi[j] * (double)xi[j];
+        ss = rms_acc(ss, xi[j]);
     }
     ss = block_allreduce(ss, op_add());
-    const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    const float inv = rms_inv(ss, d, eps);
     float *oi = out + row * d;
     for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        // w + 0 is not computed: the weight goes in as it is (the sign of a zero kept)
-        float v = RD_FMUL(RD_FMUL(xi[j], inv), w_off == 0.0f ? w[j] : RD_FADD(w[j], w_off));
+        const float v = rms_apply(xi[j], inv, w[j], w_off);
         oi[j] = v;
         if (out_bf)
             store_bf(out_bf, row * d + j, lo_off, v);

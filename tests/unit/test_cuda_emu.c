@@ -602,6 +602,55 @@ static void tc_gated_case(rd_backend *tc, rd_backend *nofuse, int32_t F, int32_t
     free(w), free(x), free(y1), free(y2);
 }
 
+/* An RMSNorm whose output a tensor-core GEMM reads next (its fused
+ * prologue, for up to RD_CUDA_NORM_ROWS rows), then optionally SwiGLU: the
+ * GEMM's (or SwiGLU's) output and the norm's own output equal the unfused
+ * ops' bit for bit, with Gemma's (1 + w) offset too. */
+static void tc_norm_case(rd_backend *tc, rd_backend *nofuse, int32_t out, int32_t in, int32_t m, float w_off, int glu)
+{
+    float *w = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * m * in), *nw = malloc(sizeof(float) * in);
+    const int32_t yn = glu ? out / 2 : out;
+    float *ys[2] = {malloc(sizeof(float) * m * yn), malloc(sizeof(float) * m * yn)};
+    float *xns[2] = {malloc(sizeof(float) * m * in), malloc(sizeof(float) * m * in)};
+    for (int64_t i = 0; i < (int64_t)out * in; i++)
+        w[i] = frand() * 0.3f;
+    for (int64_t i = 0; i < (int64_t)m * in; i++)
+        x[i] = frand() * 3.0f;
+    for (int32_t i = 0; i < in; i++)
+        nw[i] = w_off != 0.0f ? frand() * 0.2f : 1.0f + frand() * 0.5f;
+    nw[1] = -0.0f;
+    rd_backend *bes[2] = {tc, nofuse};
+    uint64_t launches[2];
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        void *W = NULL;
+        CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+        float *dx = up(be, x, sizeof(float) * m * in), *dnw = up(be, nw, sizeof(float) * in);
+        float *dxn = up(be, NULL, sizeof(float) * m * in), *dy = up(be, NULL, sizeof(float) * m * out);
+        float *dg = up(be, NULL, sizeof(float) * m * yn);
+        CHECK_OK(be->ops->sync(be));
+        uint64_t k0 = cuemu_launch_count();
+        be->ops->rmsnorm(be, dx, dnw, m, in, 1e-5f, w_off, dxn);
+        be->ops->linear(be, W, dxn, m, dy, 0);
+        if (glu)
+            be->ops->swiglu(be, dy, m, yn, dg);
+        CHECK_OK(down(be, ys[k], glu ? dg : dy, sizeof(float) * m * yn));
+        CHECK_OK(down(be, xns[k], dxn, sizeof(float) * m * in));
+        launches[k] = cuemu_launch_count() - k0;
+        be->ops->free(be, dx), be->ops->free(be, dnw), be->ops->free(be, dxn), be->ops->free(be, dy);
+        be->ops->free(be, dg);
+        be->ops->linear_free(be, W);
+    }
+    CHECK(!memcmp(xns[0], xns[1], sizeof(float) * m * in), "tc norm [%d x %d] x %d: the norm's output differs", out,
+          in, m);
+    CHECK(!memcmp(ys[0], ys[1], sizeof(float) * m * yn), "tc norm [%d x %d] x %d (w_off %g%s): fused differs", out, in,
+          m, w_off, glu ? ", swiglu" : "");
+    const uint64_t want = m <= 8 ? 1 : 2; /* RD_CUDA_NORM_ROWS default: 8; SwiGLU is the GEMM epilogue either way */
+    CHECK(!on_emulator() || launches[0] == want, "tc norm: %llu kernels for %d rows, expected %llu",
+          (unsigned long long)launches[0], m, (unsigned long long)want);
+    free(w), free(x), free(nw), free(ys[0]), free(ys[1]), free(xns[0]), free(xns[1]);
+}
+
 static void test_gemm_tc(void)
 {
     rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
@@ -637,6 +686,11 @@ static void test_gemm_tc(void)
         if (!test_case_failed) tc_gated_case(tc, nofuse, 150, 512, 40, 0); /* p = 1; F % 8 != 0 */
         if (!test_case_failed) tc_gated_case(tc, nofuse, 37, 96, 3, 1);    /* q = 1, GeGLU */
         if (!test_case_failed) tc_gated_case(tc, nofuse, 12, 1024, 17, 1); /* p = 2, GeGLU, 2 m16 tiles */
+        if (!test_case_failed) tc_norm_case(tc, nofuse, 24, 1024, 3, 0.0f, 0);  /* p = 2 */
+        if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 8, 1.0f, 0);  /* p = 1, Gemma's offset */
+        if (!test_case_failed) tc_norm_case(tc, nofuse, 100, 96, 1, 0.0f, 0);   /* q = 1; in < 256 */
+        if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 5, 0.0f, 1);  /* then SwiGLU: one kernel */
+        if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 12, 0.0f, 1); /* too many rows: not fused */
         if (nofuse) rd_backend_destroy(nofuse);
     }
 done:
