@@ -231,6 +231,7 @@ struct cuda_be {
     // a tensor-core GEMM reading its output next runs it as its prologue.
     pend_norm_t pend_norm;
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
+    int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the 64 x 64 tile kernel from this many rows (default 128; 0: never)
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc: FP8 linears on it too
@@ -1067,25 +1068,26 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
                    const cuda_be::pend_norm_t &norm)
 {
-    const int64_t parts = gemm_tc_part_floats(W->tc, m, W->out), counters = gemm_tc_counters(m, W->out);
+    tc_args a{};
+    a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
+    a.x = x, a.y = y;
+    a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows;
+    if (norm.x) {
+        a.x = norm.x, a.nw = norm.w, a.eps = norm.eps, a.w_off = norm.w_off, a.xn = norm.out;
+        shadow_written(b, norm.out, (size_t)m * W->in * sizeof(float));
+    }
+    const int64_t parts = gemm_tc_part_floats(W->tc, a), counters = gemm_tc_counters(W->tc, a);
     if (parts && !grow(b, (void **)&b->tc_part, &b->tc_part_cap, (size_t)parts * sizeof(float), "the GEMM's partial sums"))
         return;
-    if (parts && b->tc_count_cap < (size_t)counters * sizeof(unsigned)) {
+    if (counters && b->tc_count_cap < (size_t)counters * sizeof(unsigned)) {
         size_t cap = b->tc_count_cap;
         if (!grow(b, (void **)&b->tc_count, &cap, (size_t)counters * sizeof(unsigned), "the GEMM's counters"))
             return;
         cudaMemsetAsync(b->tc_count, 0, cap, b->st); // kept zero by the kernels from here on
         b->tc_count_cap = cap;
     }
+    a.part = b->tc_part, a.count = b->tc_count;
     shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-    tc_args a{};
-    a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
-    a.x = x, a.y = y, a.part = b->tc_part, a.count = b->tc_count;
-    a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate;
-    if (norm.x) {
-        a.x = norm.x, a.nw = norm.w, a.eps = norm.eps, a.w_off = norm.w_off, a.xn = norm.out;
-        shadow_written(b, norm.out, (size_t)m * W->in * sizeof(float));
-    }
     const bool split = b->split && !(b->split_contracting_only && W->in <= W->out);
     launch_gemm_tc(b->st, W->tc, a, split, epi);
     check_launch(b, "gemm_tc");
@@ -2402,6 +2404,8 @@ static int create(int n_threads, rd_backend **out)
         b->use_shadow = false;
     const char *nr = env("RD_CUDA_NORM_ROWS");
     b->tc_norm_rows = nr ? atoi(nr) : 8;
+    const char *br = env("RD_CUDA_TC_BIG_ROWS");
+    b->tc_big_rows = br ? atoi(br) : 128;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

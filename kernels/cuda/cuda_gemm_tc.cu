@@ -402,15 +402,176 @@ static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, 
         gemm_tc_launch<MW, false, false>(s, a, grid, block, epi);
 }
 
-int64_t gemm_tc_part_floats(const cuplan_tc &pl, int32_t m, int32_t out)
+// ------------------------------------------------------------------ many rows
+//
+// From a.big_rows rows on, one CTA computes a 64 x 64 tile over the whole of
+// K, staging 32-weight chunks of x (as bf16 hi and lo) and W in shared memory
+// (double-buffered, the next chunk's global loads in flight while the current
+// one is multiplied), so W is read once per 64 rows and x once per 64
+// columns. The arithmetic is the plan's, unchanged: each warp keeps a
+// sub-piece's chain from zero in pc and folds it into tot left to right at
+// the sub-piece's end, the value the other kernel's shared-memory or
+// partial-sum fold gives; the mma order within a chunk and the permutation of
+// k are those of tc_chunk. Gated epilogues: a warp's n8 tiles 0-1 are 16
+// gate rows and tiles 2-3 the matching up rows.
+
+#define TCB_BM 64
+#define TCB_BN 64
+#define TCB_THREADS 128
+
+// The weight row staged at shared row rr of column tile n0 (a.out: none).
+template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
 {
-    return pl.p > 1 ? (int64_t)pl.q * m * out : 0;
+    if (EPI == TC_PLAIN)
+        return n0 + rr < a.out ? n0 + rr : a.out;
+    const int32_t F = a.out / 2, f = n0 / 2 + 16 * (rr / 32) + 8 * ((rr % 32 / 8) % 2) + rr % 8;
+    return f < F ? (rr % 32 >= 16 ? F : 0) + f : a.out;
 }
 
-int64_t gemm_tc_counters(int32_t m, int32_t out)
+template <bool SPLIT, bool FP8, int EPI>
+__global__ void __launch_bounds__(TCB_THREADS) k_gemm_tc_big(tc_args a)
 {
-    const int32_t rows = 16 * cuplan_tc_mw(m);
-    return (int64_t)((out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * ((m + rows - 1) / rows);
+    // A row's 32 weights (or x values) as 4 uint4 of 8 bf16: uint4 t is what lane t of a fragment reads.
+    __shared__ uint4 xh[2][TCB_BM][4];
+    __shared__ uint4 xl[2][SPLIT ? TCB_BM : 1][4];
+    __shared__ uint4 ws[2][TCB_BN][4];
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wm = warp / 2, wn = warp % 2; // the warp's 32 x 32 tile
+    const int32_t r0 = (int32_t)blockIdx.y * TCB_BM, n0 = (int32_t)blockIdx.x * TCB_BN;
+    const int32_t nch = a.in / 32, cpp = a.kp / 32;
+
+    // Staging: thread tid moves the 8-value pieces tid and tid + 128 (row / 4, piece % 4) of x and of W.
+    float xr[2][8];
+    uint32_t wr[2][4];
+    auto gload = [&](int32_t c) {
+RD_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+            tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
+            tc_load_w<FP8>(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+        }
+    };
+    auto sstore = [&](int buf) {
+RD_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+            const float *v = xr[i];
+            xh[buf][rr][seg] = uint4{tc_pack(v[0], v[1]), tc_pack(v[2], v[3]), tc_pack(v[4], v[5]), tc_pack(v[6], v[7])};
+            if (SPLIT)
+                xl[buf][rr][seg] = uint4{tc_pack(tc_lo(v[0]), tc_lo(v[1])), tc_pack(tc_lo(v[2]), tc_lo(v[3])),
+                                         tc_pack(tc_lo(v[4]), tc_lo(v[5])), tc_pack(tc_lo(v[6]), tc_lo(v[7]))};
+            ws[buf][rr][seg] = uint4{wr[i][0], wr[i][1], wr[i][2], wr[i][3]};
+        }
+    };
+
+    float tot[2][4][4], pc[2][4][4];
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                tot[mt][j][i] = pc[mt][j][i] = 0.0f;
+    gload(0);
+    sstore(0);
+    __syncthreads();
+    for (int32_t ci = 0; ci < nch; ci++) {
+        const int buf = ci & 1;
+        if (ci + 1 < nch)
+            gload(32 * (ci + 1));
+        uint4 bw[4], ah[2][2], al[2][2];
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+            bw[j] = ws[buf][32 * wn + 8 * j + g][t];
+RD_UNROLL
+        for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const int rr = 32 * wm + 16 * mt + 8 * h + g;
+                ah[mt][h] = xh[buf][rr][t];
+                if (SPLIT)
+                    al[mt][h] = xl[buf][rr][t];
+            }
+RD_UNROLL
+        for (int s2 = 0; s2 < 2; s2++) {
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++) {
+                const uint32_t hi[4] = {s2 ? ah[mt][0].z : ah[mt][0].x, s2 ? ah[mt][1].z : ah[mt][1].x,
+                                        s2 ? ah[mt][0].w : ah[mt][0].y, s2 ? ah[mt][1].w : ah[mt][1].y};
+                uint32_t lo[4] = {0, 0, 0, 0};
+                if (SPLIT) {
+                    lo[0] = s2 ? al[mt][0].z : al[mt][0].x, lo[1] = s2 ? al[mt][1].z : al[mt][1].x;
+                    lo[2] = s2 ? al[mt][0].w : al[mt][0].y, lo[3] = s2 ? al[mt][1].w : al[mt][1].y;
+                }
+RD_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const uint32_t b0 = s2 ? bw[j].z : bw[j].x, b1 = s2 ? bw[j].w : bw[j].y;
+                    tc_mma(pc[mt][j], hi, b0, b1);
+                    if (SPLIT)
+                        tc_mma(pc[mt][j], lo, b0, b1);
+                }
+            }
+        }
+        if (ci % cpp == cpp - 1) { // a sub-piece ends: fold it in, start the next from zero
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+RD_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
+                        pc[mt][j][i] = 0.0f;
+                    }
+        }
+        if (ci + 1 < nch)
+            sstore(buf ^ 1);
+        __syncthreads();
+    }
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const int32_t r = r0 + 32 * wm + 16 * mt + g + (i >= 2 ? 8 : 0);
+            if (EPI != TC_PLAIN) {
+RD_UNROLL
+                for (int j = 0; j < 2; j++)
+                    tc_store_glu<EPI>(a, r, n0 / 2 + 16 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i],
+                                      tot[mt][j + 2][i]);
+            } else {
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+                    tc_store(a, r, n0 + 32 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i]);
+            }
+        }
+}
+
+template <bool SPLIT, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
+{
+    if (epi == TC_SWIGLU) {
+        auto kern = k_gemm_tc_big<SPLIT, FP8, TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+    } else if (epi == TC_GEGLU) {
+        auto kern = k_gemm_tc_big<SPLIT, FP8, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+    } else {
+        auto kern = k_gemm_tc_big<SPLIT, FP8, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+    }
+}
+
+static bool use_big(const tc_args &a) { return a.big_rows > 0 && a.m >= a.big_rows && !a.nw; }
+
+int64_t gemm_tc_part_floats(const cuplan_tc &pl, const tc_args &a)
+{
+    return pl.p > 1 && !use_big(a) ? (int64_t)pl.q * a.m * a.out : 0;
+}
+
+int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
+{
+    if (pl.p == 1 || use_big(a))
+        return 0;
+    const int32_t rows = 16 * cuplan_tc_mw(a.m);
+    return (int64_t)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * ((a.m + rows - 1) / rows);
 }
 
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, int epi)
@@ -419,11 +580,23 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, 
         return;
     a.q = pl.q, a.p = pl.p, a.kp = pl.kp;
     a.xvec = (uintptr_t)a.x % 16 == 0;
+    const bool fp8 = a.w == nullptr;
+    if (use_big(a)) {
+        const dim3 grid((unsigned)((a.out + TCB_BN - 1) / TCB_BN), (unsigned)((a.m + TCB_BM - 1) / TCB_BM));
+        if (split && fp8)
+            gemm_tc_big<true, true>(s, a, grid, epi);
+        else if (split)
+            gemm_tc_big<true, false>(s, a, grid, epi);
+        else if (fp8)
+            gemm_tc_big<false, true>(s, a, grid, epi);
+        else
+            gemm_tc_big<false, false>(s, a, grid, epi);
+        return;
+    }
     const int32_t mw = cuplan_tc_mw(a.m);
     const dim3 grid((unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT), (unsigned)((a.m + 16 * mw - 1) / (16 * mw)),
                     (unsigned)pl.p);
     const dim3 block((unsigned)(32 * pl.wk));
-    const bool fp8 = a.w == nullptr;
     if (mw == 1)
         gemm_tc_mw<1>(s, a, grid, block, split, fp8, epi);
     else if (mw == 2)

@@ -138,12 +138,13 @@ struct tc_args {
     unsigned *count;            // gemm_tc_counters(m, out) arrival counters, zero before and after a launch (p > 1)
     int32_t m, out, in;
     int acc;                    // 1: y += the product (rounded first)
+    int32_t big_rows;           // from this many rows on (and without nw), the 64 x 64 tile kernel (0: never)
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
 };
-// Floats of part and counters a launch of m rows needs (part: 0 when p == 1).
-int64_t gemm_tc_part_floats(const cuplan_tc &pl, int32_t m, int32_t out);
-int64_t gemm_tc_counters(int32_t m, int32_t out);
+// Floats of part and counters a launch of a (m, out, big_rows, nw set) needs (0: none).
+int64_t gemm_tc_part_floats(const cuplan_tc &pl, const tc_args &a);
+int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // epi: TC_PLAIN; or, for a gate|up weight [2F][in] with acc 0, TC_SWIGLU /
 // TC_GEGLU: y is then the gated FFN's output [m][F] (k_swiglu's / k_geglu's
 // expression), gate|up itself never stored.

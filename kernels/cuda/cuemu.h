@@ -71,6 +71,7 @@ void warp_allgather(const void *mine, unsigned bytes, void *all);
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
 
 inline void __syncthreads() { cuemu::syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu)

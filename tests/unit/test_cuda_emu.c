@@ -693,6 +693,26 @@ static void test_gemm_tc(void)
         if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 12, 0.0f, 1); /* too many rows: not fused */
         if (nofuse) rd_backend_destroy(nofuse);
     }
+    if (test_case_failed) goto done;
+    {
+        /* The 64 x 64 tile kernel (from RD_CUDA_TC_BIG_ROWS rows on; 24 here): the same bits as the other
+           kernel, which serves the rows alone, the unfused gated op and the FP8 comparison below. */
+        rd_backend *big = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        rd_backend *big8 = NULL, *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+        setenv("RD_CUDA_FP8", "tc", 1);
+        big8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_FP8");
+        CHECK(big && big8 && nofuse, "cannot create the tile-kernel backends");
+        if (!test_case_failed) tc_case(big, 1, 300, 512, 40);  /* q = 4 sub-pieces folded in the warp */
+        if (!test_case_failed) tc_case(big, 1, 24, 1024, 30);  /* q = 8; out < 64 */
+        if (!test_case_failed) tc_case(big, 1, 100, 96, 25);   /* q = 1, 3 chunks */
+        if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 0);
+        if (!test_case_failed) tc_gated_case(big, nofuse, 37, 96, 30, 1);
+        if (!test_case_failed) tc_fp8_case(big8, tc, 83, 160, 33);
+        if (big) rd_backend_destroy(big);
+        if (big8) rd_backend_destroy(big8);
+        if (nofuse) rd_backend_destroy(nofuse);
+    }
 done:
     if (tc) rd_backend_destroy(tc);
     if (tcb) rd_backend_destroy(tcb);
