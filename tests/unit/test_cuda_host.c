@@ -357,6 +357,38 @@ static void test_gemm_pick(void)
     CHECK(n >= 8 && has1 && has64 && sz[n - 1] >= 256, "check sizes cover 1, 64 and a large reference");
 }
 
+/* The tensor-core GEMM's plan: q sub-pieces of kp weights that tile K
+ * exactly in 32-weight chunks, at most 4 warps per CTA with at least 2
+ * chunks each, CTAs along K only while a batch-1 call has fewer than two per
+ * SM and each warp keeps 4 chunks; the Llama 3.2 1B shapes on an H100's 132
+ * SMs as worked out by hand. */
+static void test_gemm_tc_plan(void)
+{
+    static const int32_t shapes[][2] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}, {24, 1024},
+                                        {300, 512}, {100, 96}, {7, 32}, {151936, 2048}, {128, 2048}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int sm = 1; sm <= 264; sm += 131) {
+            cuplan_tc p;
+            const int32_t out = shapes[i][0], in = shapes[i][1];
+            CHECK(cuplan_gemm_tc(out, in, sm, &p) == 0, "[%d x %d] refused", out, in);
+            CHECK(p.q == p.wk * p.p && p.q * p.kp == in && p.kp % 32 == 0, "[%d x %d]: q %d kp %d", out, in, p.q, p.kp);
+            CHECK(p.wk >= 1 && p.wk <= CUPLAN_TC_MAX_WK && p.p >= 1, "[%d x %d]: wk %d p %d", out, in, p.wk, p.p);
+            CHECK(p.p == 1 || p.kp / 32 >= 4, "[%d x %d]: a split warp keeps %d chunks", out, in, p.kp / 32);
+            const int64_t tiles = (out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT;
+            CHECK(p.p == 1 || tiles * p.p / 2 < 2 * sm, "[%d x %d] on %d SMs: %d CTAs along K is more than needed", out,
+                  in, sm, p.p);
+        }
+    cuplan_tc p;
+    CHECK(cuplan_gemm_tc(2048, 8192, 132, &p) == 0 && p.wk == 4 && p.p == 4 && p.kp == 512, "down: %d x %d, kp %d",
+          p.wk, p.p, p.kp);
+    CHECK(cuplan_gemm_tc(16384, 2048, 132, &p) == 0 && p.wk == 4 && p.p == 1, "gate|up: %d x %d", p.wk, p.p);
+    CHECK(cuplan_gemm_tc(3072, 2048, 132, &p) == 0 && p.p == 2 && p.kp == 256, "q|k|v: p %d kp %d", p.p, p.kp);
+    CHECK(cuplan_gemm_tc(100, 100, 132, &p) == RD_ENOTSUP && cuplan_gemm_tc(0, 64, 132, &p) == RD_ENOTSUP,
+          "in %% 32 != 0 and empty shapes are refused");
+    CHECK(cuplan_tc_mw(1) == 1 && cuplan_tc_mw(16) == 1 && cuplan_tc_mw(17) == 2 && cuplan_tc_mw(33) == 4,
+          "m16 tiles per warp");
+}
+
 static void test_graph_buckets(void)
 {
     const int32_t caps[] = {1, 3, 7, 8, 50, 64, 100, 256, 512, 4096};
@@ -429,6 +461,7 @@ int main(void)
     RUN(test_tanh);
     RUN(test_attention_plan);
     RUN(test_gemm_pick);
+    RUN(test_gemm_tc_plan);
     RUN(test_graph_buckets);
     RUN(test_kv_budget);
     RUN(test_cuda_backend_creation);
