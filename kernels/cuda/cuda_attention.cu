@@ -10,6 +10,11 @@
 // score m, its sum of exp s and its unnormalised P.V o; K and V are read once
 // for the whole group. k_attn_combine folds the partitions in index order:
 //   M = max_p m_p, w_p = exp(m_p - M), out = (sum_p w_p o_p) / (sum_p w_p s_p).
+// With P.count (RD_CUDA_ATTN_FUSE, on by default) the combine runs in
+// k_attn_part: the last of a (row, kv head)'s CTAs to finish (an arrival
+// counter, reset by it) combines the group's heads with attn_combine_head,
+// the code of k_attn_combine, so the bits are the same and a step has one
+// attention kernel per layer instead of two.
 // Every sum has an order fixed by the row's own position, the layer's window
 // and the constant partition size, so a row's output is the same in a prefill step, a decode step, a
 // CUDA graph of any bucket or next to any other rows. The grid's z dimension
@@ -56,13 +61,61 @@ template <> struct kv_read<true> {
     }
 };
 
+// Head h of row: its partitions folded in index order (threads tid, tid + nt, ... take
+// the dimensions), written to out (and out_bf); zeros for a padding row.
+RD_DEV void attn_combine_head(const attn_params &P, int32_t row, int32_t h, int32_t tid, int32_t nt)
+{
+    const int32_t hd = P.head_dim;
+    float *out = P.out + (int64_t)row * P.n_heads * hd + (int64_t)h * hd;
+    uint16_t *out_bf = P.out_bf ? P.out_bf + (int64_t)row * P.n_heads * hd + (int64_t)h * hd : nullptr;
+    if (P.row_seq[row] < 0) {
+        for (int32_t d = tid; d < hd; d += nt) {
+            out[d] = 0.0f;
+            if (out_bf)
+                store_bf(out_bf, d, P.lo_off, 0.0f);
+        }
+        return;
+    }
+    const int32_t n_parts = cuplan_attn_row_parts(P.positions[row], P.window);
+    if (n_parts > P.parts_cap) {
+        for (int32_t d = tid; d < hd; d += nt)
+            out[d] = NAN;
+        return;
+    }
+    const int64_t base = ((int64_t)row * P.n_heads + h) * P.parts_cap;
+    const float *ms = P.part_ms + base * 2;
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < n_parts; p++)
+        mx = fmaxf(mx, __ldcg(ms + 2 * p));
+    float s = 0.0f;
+    for (int32_t p = 0; p < n_parts; p++)
+        s = fmaf(__ldcg(ms + 2 * p + 1), expf(__ldcg(ms + 2 * p) - mx), s);
+    const float *po = P.part_o + base * hd;
+    for (int32_t d = tid; d < hd; d += nt) {
+        float o = 0.0f;
+        for (int32_t p = 0; p < n_parts; p++)
+            o = fmaf(__ldcg(po + (int64_t)p * hd + d), expf(__ldcg(ms + 2 * p) - mx), o);
+        const float v = o / s;
+        out[d] = v;
+        if (out_bf)
+            store_bf(out_bf, d, P.lo_off, v);
+    }
+}
+
 template <int GMAX, bool F8>
 __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
 {
+    RD_PDL_ENTRY();
+    __shared__ int last;
     const int32_t row = blockIdx.x, kvh = blockIdx.y;
     const int32_t seq = P.row_seq[row];
-    if (seq < 0)
-        return; // padding row: the combine kernel writes zeros
+    const int32_t g = P.n_heads / P.n_kv;
+    if (seq < 0) { // padding row: zeros, from the combine kernel or here
+        if (P.count && blockIdx.z == 0)
+            for (int32_t gi = 0; gi < g; gi++)
+                attn_combine_head(P, row, kvh * g + gi, threadIdx.x, AT);
+        return;
+    }
     const int32_t pos = P.positions[row];
     const int32_t k0 = cuplan_attn_key0(pos, P.window), n = pos + 1 - k0; // keys k0 .. pos
     int32_t n_parts = cuplan_attn_parts(n);
@@ -71,7 +124,6 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
     if ((int32_t)blockIdx.z >= n_parts)
         return;
     const int32_t hd = P.head_dim, bs = P.block_size, nkv = P.n_kv;
-    const int32_t g = P.n_heads / nkv;
     const cuplan_attn L = cuplan_attn_layout(g, hd);
     const int32_t *table = P.block_tables + (int64_t)seq * *P.table_stride;
     const int32_t tid = threadIdx.x;
@@ -182,45 +234,29 @@ RD_UNROLL
         }
         __syncthreads(); // sc and red are reused by the next partition
     }
+    if (!P.count)
+        return;
+    // The CTAs of this (row, kv head) that have partitions: min(z, n_parts).
+    const unsigned arrivals = (unsigned)(P.z < n_parts ? P.z : n_parts);
+    const int64_t slot = (int64_t)row * nkv + kvh;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0)
+        last = atomicAdd(&P.count[slot], 1u) == arrivals - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int32_t gi = 0; gi < g; gi++)
+        attn_combine_head(P, row, kvh * g + gi, tid, AT);
+    if (tid == 0)
+        P.count[slot] = 0;
 }
 
 __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
 {
-    const int32_t row = blockIdx.x, h = blockIdx.y, hd = P.head_dim;
-    float *out = P.out + (int64_t)row * P.n_heads * hd + (int64_t)h * hd;
-    uint16_t *out_bf = P.out_bf ? P.out_bf + (int64_t)row * P.n_heads * hd + (int64_t)h * hd : nullptr;
-    if (P.row_seq[row] < 0) {
-        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-            out[d] = 0.0f;
-            if (out_bf)
-                store_bf(out_bf, d, P.lo_off, 0.0f);
-        }
-        return;
-    }
-    const int32_t n_parts = cuplan_attn_row_parts(P.positions[row], P.window);
-    if (n_parts > P.parts_cap) {
-        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
-            out[d] = NAN;
-        return;
-    }
-    const int64_t base = ((int64_t)row * P.n_heads + h) * P.parts_cap;
-    const float *ms = P.part_ms + base * 2;
-    float mx = -INFINITY;
-    for (int32_t p = 0; p < n_parts; p++)
-        mx = fmaxf(mx, ms[2 * p]);
-    float s = 0.0f;
-    for (int32_t p = 0; p < n_parts; p++)
-        s = fmaf(ms[2 * p + 1], expf(ms[2 * p] - mx), s);
-    const float *po = P.part_o + base * hd;
-    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int32_t p = 0; p < n_parts; p++)
-            o = fmaf(po[(int64_t)p * hd + d], expf(ms[2 * p] - mx), o);
-        const float v = o / s;
-        out[d] = v;
-        if (out_bf)
-            store_bf(out_bf, d, P.lo_off, v);
-    }
+    RD_PDL_ENTRY();
+    attn_combine_head(P, blockIdx.x, blockIdx.y, threadIdx.x, blockDim.x);
 }
 
 template <int GMAX> static void launch_part(cudaStream_t s, const attn_params &p, size_t smem)
@@ -250,7 +286,8 @@ void launch_attention(cudaStream_t s, const attn_params &p)
         launch_part<8>(s, p, smem);
     else
         launch_part<16>(s, p, smem);
-    RD_LAUNCH(k_attn_combine, dim3(p.rows, p.n_heads), dim3(AT), 0, s, p);
+    if (!p.count)
+        RD_LAUNCH(k_attn_combine, dim3(p.rows, p.n_heads), dim3(AT), 0, s, p);
 }
 
 }  // namespace RD_NS

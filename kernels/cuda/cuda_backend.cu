@@ -74,6 +74,10 @@ extern "C" {
 
 namespace RD_NS {
 
+#ifndef RD_CUDA_EMU
+bool rd_pdl = false;
+#endif
+
 // ------------------------------------------------------------------ state
 
 struct gemm_choice {
@@ -180,6 +184,9 @@ struct cuda_be {
     // attention partials
     float *part_o, *part_ms;
     int32_t part_rows_cap, parts_cap, part_heads, part_hd;
+    bool attn_fuse;             // the combine inside the partition kernel (RD_CUDA_ATTN_FUSE=0: its own kernel)
+    unsigned *attn_count;       // its arrival counters [rows][n_kv], zero between launches
+    size_t attn_count_cap;      // bytes
     bool attn_checked;
     // GEMM input
     uint16_t *xb;
@@ -230,6 +237,16 @@ struct cuda_be {
     // An RMSNorm of at most tc_norm_rows rows deferred in tensor-core mode:
     // a tensor-core GEMM reading its output next runs it as its prologue.
     pend_norm_t pend_norm;
+    // A per-head RMSNorm deferred (RD_CUDA_FUSE): the next one, on the heads
+    // right after it in the same rows (Qwen3's and Gemma 3's k norm after the
+    // q norm), runs in the same launch.
+    struct {
+        float *x;               // NULL: none
+        int32_t stride, m, n_heads, head_dim;
+        const float *w;
+        float eps, w_off;
+        split_sum ss;           // the sum it took from the GEMM before it
+    } pend_hnorm;
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the 64 x 64 tile kernel from this many rows (default 128; 0: never)
     bool gemm_simple_only;
@@ -324,8 +341,19 @@ static void launch_pending_norm(cuda_be *b)
     check_launch(b, "rmsnorm");
 }
 
+static void launch_pending_hnorm(cuda_be *b, int32_t n_more, const float *w2)
+{
+    const auto p = b->pend_hnorm;
+    b->pend_hnorm.x = nullptr;
+    launch_head_rmsnorm(b->st, p.x, p.stride, p.m, p.n_heads + n_more, p.head_dim, p.w, p.n_heads, w2, p.eps, p.w_off,
+                        p.ss);
+    check_launch(b, "head_rmsnorm");
+}
+
 static void settle(cuda_be *b)
 {
+    if (b->pend_hnorm.x)
+        launch_pending_hnorm(b, 0, nullptr);
     if (b->pend_norm.x)
         launch_pending_norm(b);
     if (b->pend_tc.W)
@@ -354,6 +382,8 @@ static cuda_be *compute_op(rd_backend *be)
 static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
+    if (b->pend_hnorm.x)
+        launch_pending_hnorm(b, 0, nullptr);
     if (b->pend_norm.x)
         launch_pending_norm(b);
     if (b->pend_tc.W)
@@ -1315,10 +1345,24 @@ static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m,
     cuda_be *b = compute(be);
     if (m <= 0 || n_heads <= 0)
         return;
-    const split_sum ss = take_split(b, x, (int64_t)m * stride);
+    const auto &p = b->pend_hnorm;
+    if (p.x && x == p.x + (size_t)p.n_heads * p.head_dim && stride == p.stride && m == p.m && head_dim == p.head_dim &&
+        eps == p.eps && w_off == p.w_off && (int64_t)(p.n_heads + n_heads) * head_dim <= stride) {
+        shadow_written(b, x, (size_t)((int64_t)(m - 1) * stride + (int64_t)n_heads * head_dim) * sizeof(float));
+        launch_pending_hnorm(b, n_heads, w);
+        return;
+    }
+    const split_sum ss = take_split(b, x, (int64_t)m * stride); // (launches a pending head norm first)
     const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + (int64_t)n_heads * head_dim;
     shadow_written(b, x, (size_t)span * sizeof(float));
-    launch_head_rmsnorm(b->st, x, stride, m, n_heads, head_dim, w, eps, w_off, ss);
+    if (b->fuse_split) {
+        b->pend_hnorm.x = x;
+        b->pend_hnorm.stride = stride, b->pend_hnorm.m = m, b->pend_hnorm.n_heads = n_heads;
+        b->pend_hnorm.head_dim = head_dim, b->pend_hnorm.w = w, b->pend_hnorm.eps = eps, b->pend_hnorm.w_off = w_off;
+        b->pend_hnorm.ss = ss;
+        return;
+    }
+    launch_head_rmsnorm(b->st, x, stride, m, n_heads, head_dim, w, n_heads, nullptr, eps, w_off, ss);
     check_launch(b, "head_rmsnorm");
 }
 
@@ -1812,6 +1856,14 @@ static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q,
     }
     if (!ensure_parts(b, rows, a->n_heads, a->head_dim, b->step_max_parts))
         return;
+    const size_t counters = (size_t)rows * a->n_kv_heads * sizeof(unsigned);
+    if (b->attn_fuse && b->attn_count_cap < counters) {
+        size_t cap = b->attn_count_cap;
+        if (!grow(b, (void **)&b->attn_count, &cap, counters, "the attention counters"))
+            return;
+        cudaMemsetAsync(b->attn_count, 0, cap, b->st); // kept zero by the kernels from here on
+        b->attn_count_cap = cap;
+    }
     const size_t n = (size_t)rows * a->n_heads * a->head_dim;
     uint16_t *bf = shadow_claim(b, out, n);
     attn_params p;
@@ -1841,6 +1893,7 @@ static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q,
     p.out = out;
     p.out_bf = bf;
     p.lo_off = b->split ? (int64_t)n : 0;
+    p.count = b->attn_fuse ? b->attn_count : nullptr;
     launch_attention(b->st, p);
     if (check_launch(b, "attention") && bf)
         shadow_commit(b, out, n);
@@ -2242,6 +2295,7 @@ static void cu_destroy(rd_backend *be)
     if (b->tc_count) cudaFree(b->tc_count);
     if (b->yhead) cudaFree(b->yhead);
     if (b->part_o) cudaFree(b->part_o);
+    if (b->attn_count) cudaFree(b->attn_count);
     if (b->part_ms) cudaFree(b->part_ms);
     if (b->d_step) cudaFree(b->d_step);
     if (b->h_step) cudaFreeHost(b->h_step);
@@ -2404,6 +2458,12 @@ static int create(int n_threads, rd_backend **out)
         b->use_shadow = false;
     const char *nr = env("RD_CUDA_NORM_ROWS");
     b->tc_norm_rows = nr ? atoi(nr) : 8;
+#ifndef RD_CUDA_EMU
+    const char *pd = env("RD_CUDA_PDL");
+    rd_pdl = pd && !strcmp(pd, "1");
+#endif
+    const char *af = env("RD_CUDA_ATTN_FUSE");
+    b->attn_fuse = !(af && !strcmp(af, "0"));
     const char *br = env("RD_CUDA_TC_BIG_ROWS");
     b->tc_big_rows = br ? atoi(br) : 128;
 #ifdef RD_CUDA_EMU

@@ -20,10 +20,39 @@
     cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); })
 #define RD_DYN_SMEM(T, name) T *name = (T *)cuemu::dyn_smem()
 #define RD_UNROLL
+#define RD_PDL_ENTRY() ((void)0)
 #else
 #include <cuda_runtime.h>
 #define RD_NS rdcu
-#define RD_LAUNCH(kern, grid, block, smem, stream, ...) kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+namespace rdcu {
+// Programmatic dependent launch (RD_CUDA_PDL=1, process-wide): every kernel
+// is launched with programmatic stream serialization, so it can be scheduled
+// while the kernel before it drains; each kernel's first statement,
+// RD_PDL_ENTRY, lets its own dependents launch and then waits until the
+// kernel before it has completed and its writes are visible. Off: plain launches.
+extern bool rd_pdl;
+template <typename... K, typename... A>
+inline void rd_launch(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args)
+{
+    if (!rd_pdl) {
+        kern<<<grid, block, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kern, (K)args...);
+}
+}  // namespace rdcu
+#define RD_LAUNCH(kern, grid, block, smem, stream, ...) rdcu::rd_launch(kern, (grid), (block), (smem), (stream), __VA_ARGS__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RD_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory")
+#else
+#define RD_PDL_ENTRY() ((void)0)
+#endif
 #define RD_DYN_SMEM(T, name)                                        \
     extern __shared__ __align__(16) unsigned char rd_dyn_smem_[]; \
     T *name = (T *)rd_dyn_smem_

@@ -206,6 +206,7 @@ template <int EPI> RD_DEV void tc_store_glu(const tc_args &a, int32_t r, int32_t
 template <int MW, bool SPLIT, bool FP8, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
+    RD_PDL_ENTRY();
     __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
     __shared__ float inv_s[16 * MW];
     __shared__ int last;
@@ -310,14 +311,14 @@ RD_UNROLL
                     vg = RD_FADD(vg, red[w][rr][cc]), vu = RD_FADD(vu, red[w][rr][8 + cc]);
                 tc_store_glu<EPI>(a, r0 + rr, f0 + cc, vg, vu);
             }
-            return;
-        }
-        for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
-            const int rr = e / CUPLAN_TC_NT, cc = e % CUPLAN_TC_NT;
-            float v = red[0][rr][cc];
-            for (int w = 1; w < wk; w++)
-                v = RD_FADD(v, red[w][rr][cc]);
-            tc_store(a, r0 + rr, n0 + cc, v);
+        } else {
+            for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
+                const int rr = e / CUPLAN_TC_NT, cc = e % CUPLAN_TC_NT;
+                float v = red[0][rr][cc];
+                for (int w = 1; w < wk; w++)
+                    v = RD_FADD(v, red[w][rr][cc]);
+                tc_store(a, r0 + rr, n0 + cc, v);
+            }
         }
         return;
     }
@@ -356,19 +357,17 @@ RD_UNROLL
                 vg = RD_FADD(vg, __ldcg(a.part + i * stride + at)), vu = RD_FADD(vu, __ldcg(a.part + i * stride + at + F));
             tc_store_glu<EPI>(a, r, f, vg, vu);
         }
-        if (threadIdx.x == 0)
-            a.count[tile] = 0;
-        return;
-    }
-    for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
-        const int32_t r = r0 + e / CUPLAN_TC_NT, n = n0 + e % CUPLAN_TC_NT;
-        if (r >= a.m || n >= a.out)
-            continue;
-        const int64_t at = (int64_t)r * a.out + n;
-        float v = __ldcg(a.part + at);
-        for (int32_t i = 1; i < a.q; i++)
-            v = RD_FADD(v, __ldcg(a.part + i * stride + at));
-        tc_store(a, r, n, v);
+    } else {
+        for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
+            const int32_t r = r0 + e / CUPLAN_TC_NT, n = n0 + e % CUPLAN_TC_NT;
+            if (r >= a.m || n >= a.out)
+                continue;
+            const int64_t at = (int64_t)r * a.out + n;
+            float v = __ldcg(a.part + at);
+            for (int32_t i = 1; i < a.q; i++)
+                v = RD_FADD(v, __ldcg(a.part + i * stride + at));
+            tc_store(a, r, n, v);
+        }
     }
     if (threadIdx.x == 0)
         a.count[tile] = 0;
@@ -431,6 +430,7 @@ template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
 template <bool SPLIT, bool FP8, int EPI>
 __global__ void __launch_bounds__(TCB_THREADS) k_gemm_tc_big(tc_args a)
 {
+    RD_PDL_ENTRY();
     // A row's 32 weights (or x values) as 4 uint4 of 8 bf16: uint4 t is what lane t of a fragment reads.
     __shared__ uint4 xh[2][TCB_BM][4];
     __shared__ uint4 xl[2][SPLIT ? TCB_BM : 1][4];

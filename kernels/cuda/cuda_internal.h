@@ -53,11 +53,12 @@ void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t
 // the split sum (and written back), the bias then added to it.
 void launch_add_bias(cudaStream_t s, float *y, int32_t stride, int32_t m, int32_t n, const float *b, split_sum ss);
 // RMSNorm in place of each of the n_heads heads of head_dim floats at
-// x + row * stride + h * head_dim, all with the weight w[head_dim]; the
-// arithmetic of launch_rmsnorm. With ss.t, every element of the rows
-// [m][stride] is first completed from the split sum, heads or not.
+// x + row * stride + h * head_dim, heads h < n_first with the weight
+// w[head_dim], the others with w2; the arithmetic of launch_rmsnorm. With
+// ss.t, every element of the rows [m][stride] is first completed from the
+// split sum, heads or not.
 void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                         const float *w, float eps, float w_off, split_sum ss);
+                         const float *w, int32_t n_first, const float *w2, float eps, float w_off, split_sum ss);
 // The KV cache a RoPE launch also writes (kc NULL: none): the last n_kv of
 // the rotated heads are K, the n_kv * head_dim columns after them V; row i
 // goes to slots[i] (skipped when < 0), as launch_kv_write writes them.
@@ -238,6 +239,8 @@ struct attn_params {
     float *out;                 // [rows][n_heads * head_dim]
     uint16_t *out_bf;           // same, bf16 (may be NULL)
     int64_t lo_off;             // and the lo halves at out_bf + lo_off (0: none)
+    unsigned *count;            // [rows][n_kv] arrival counters, zero before and after: the combine in
+                                // k_attn_part (NULL: k_attn_combine)
 };
 void launch_attention(cudaStream_t s, const attn_params &p);
 

@@ -16,6 +16,7 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 
 __global__ void k_embed(const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, float *out)
 {
+    RD_PDL_ENTRY();
     const int32_t row = blockIdx.x;
     const int32_t id = ids[row];
     float *o = out + (int64_t)row * dim;
@@ -42,6 +43,7 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,
                                                          float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
 {
+    RD_PDL_ENTRY();
     const int64_t row = blockIdx.x;
     float *xi = x + row * d;
     double ss = 0.0;
@@ -77,6 +79,7 @@ void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t
 __global__ void k_add_bias(float *y, int32_t stride, int32_t m, int32_t n, int32_t cols, const float *b,
                            split_sum sp)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)m * cols)
         return;
@@ -105,13 +108,15 @@ void launch_add_bias(cudaStream_t s, float *y, int32_t stride, int32_t m, int32_
 // the butterfly, and the scaling is k_rmsnorm's. The order depends only on
 // head_dim. Blocks with blockIdx.y >= head_blocks complete the rest of the
 // row (the columns after the n_heads heads: K and V behind Q) from the split
-// sum, so no column of the GEMM's output is left without its sum.
+// sum, so no column of the GEMM's output is left without its sum. Heads from
+// n_first on take the weight w2 (Qwen3's q and k norms in one launch).
 #define HNORM_WARPS 4
 
 __global__ void __launch_bounds__(32 * HNORM_WARPS)
-    k_head_rmsnorm(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, float eps, float w_off,
-                   int32_t head_blocks, split_sum sp)
+    k_head_rmsnorm(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, int32_t n_first,
+                   const float *w2, float eps, float w_off, int32_t head_blocks, split_sum sp)
 {
+    RD_PDL_ENTRY();
     const int64_t row = blockIdx.x;
     if ((int32_t)blockIdx.y >= head_blocks) {
         const int64_t c = (int64_t)n_heads * hd + (int64_t)(blockIdx.y - head_blocks) * blockDim.x + threadIdx.x;
@@ -124,6 +129,8 @@ __global__ void __launch_bounds__(32 * HNORM_WARPS)
         return; // the whole warp: no shuffle below for it
     const int64_t o = row * stride + (int64_t)h * hd;
     float *v = x + o;
+    if (h >= n_first)
+        w = w2;
     double ss = 0.0;
     for (int32_t j = lane; j < hd; j += 32) {
         if (sp.t) // the lane reads back only what it wrote
@@ -137,7 +144,7 @@ __global__ void __launch_bounds__(32 * HNORM_WARPS)
 }
 
 void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
-                         const float *w, float eps, float w_off, split_sum ss)
+                         const float *w, int32_t n_first, const float *w2, float eps, float w_off, split_sum ss)
 {
     if (m <= 0 || n_heads <= 0 || head_dim <= 0)
         return;
@@ -145,7 +152,7 @@ void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, in
     const int64_t tail = ss.t ? (int64_t)stride - (int64_t)n_heads * head_dim : 0;
     const int32_t tail_blocks = tail > 0 ? (int32_t)blocks_for(tail, 32 * HNORM_WARPS) : 0;
     RD_LAUNCH(k_head_rmsnorm, dim3(m, head_blocks + tail_blocks), dim3(32 * HNORM_WARPS), 0, s, x, stride, n_heads,
-              head_dim, w, eps, w_off, head_blocks, ss);
+              head_dim, w, n_first, w2, eps, w_off, head_blocks, ss);
 }
 
 // ------------------------------------------------------------------ rope
@@ -166,6 +173,7 @@ RD_DEV int64_t kv_dst(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int3
 __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t half, const int32_t *positions,
                        const float *cos_sin, split_sum sp, kv_out kv)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n_rot = (int64_t)m * n_heads * half;
     const int32_t hd = 2 * half;
@@ -220,6 +228,7 @@ void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_
 __global__ void k_swiglu(float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
                          split_sum sp)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)m * f)
         return;
@@ -252,6 +261,7 @@ void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, 
 // cm_tanhf for tanhf; otherwise as k_swiglu.
 __global__ void k_geglu(float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)m * f)
         return;
@@ -283,6 +293,7 @@ void launch_geglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, u
 // x is written back completed); x == y reads the one value twice.
 __global__ void k_add(float *y, float *x, int64_t n, split_sum sp, int on_x)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -307,6 +318,7 @@ void launch_add(cudaStream_t s, float *y, float *x, int64_t n, split_sum ss, int
 
 __global__ void k_scale(float *x, int64_t n, float f, split_sum sp)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         x[i] = RD_FMUL(sp.t ? split_value(sp, x, i) : x[i], f);
@@ -322,6 +334,7 @@ void launch_scale(cudaStream_t s, float *x, int64_t n, float f, split_sum ss)
 
 __global__ void k_gather(const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)n * d)
         return;
@@ -341,6 +354,7 @@ void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t 
 
 __global__ void k_kv_write(const float *k, const float *v, int32_t stride, int32_t m, int32_t hd, kv_out kv)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)m * kv.n_kv * hd)
         return;
@@ -376,6 +390,7 @@ void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t str
 __global__ void k_kv_write_fp8(const float *k, const float *v, int32_t stride, int32_t m, int32_t n_kv, int32_t hd,
                                int32_t bs, const int32_t *slots, uint8_t *kc, uint8_t *vc)
 {
+    RD_PDL_ENTRY();
     const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int32_t lane = threadIdx.x % 32;
     if (w >= (int64_t)m * n_kv * 2)
@@ -425,6 +440,7 @@ void launch_kv_write_fp8(cudaStream_t s, const float *k, const float *v, int32_t
 __global__ void k_copy_blocks_bytes(uint8_t *kc, uint8_t *vc, const int32_t *src, const int32_t *dst,
                                     int64_t block_bytes)
 {
+    RD_PDL_ENTRY();
     const int32_t i = blockIdx.y;
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= block_bytes)
@@ -449,6 +465,7 @@ void launch_copy_blocks_bytes(cudaStream_t s, void *k_cache, void *v_cache, cons
 // Copies 8 bf16 (one uint4) per thread; block_elems is a multiple of 8.
 __global__ void k_copy_blocks(uint16_t *kc, uint16_t *vc, const int32_t *src, const int32_t *dst, int64_t vecs)
 {
+    RD_PDL_ENTRY();
     const int32_t i = blockIdx.y;
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= vecs)
@@ -471,6 +488,7 @@ void launch_copy_blocks(cudaStream_t s, uint16_t *k_cache, uint16_t *v_cache, co
 
 __global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out, int64_t lo_off)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         store_bf(out, i, lo_off, x[i]);
@@ -478,6 +496,7 @@ __global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out, int64_t lo_o
 
 __global__ void k_add_split(const float *t, int64_t n, float *y, int acc)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -495,6 +514,7 @@ void launch_add_split(cudaStream_t s, const float *t, int64_t n, float *y, int a
 // is exact in fp32 and holds at most the bits the next piece can).
 __global__ void k_to_bf16x3(const float *x, int64_t n, uint16_t *out)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -509,6 +529,7 @@ __global__ void k_to_bf16x3(const float *x, int64_t n, uint16_t *out)
 
 __global__ void k_add3(const float *t, int64_t n, float *y)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = RD_FADD(RD_FADD(t[i], t[n + i]), t[2 * n + i]);
@@ -528,6 +549,7 @@ void launch_add3(cudaStream_t s, const float *t, int64_t n, float *y)
 
 __global__ void k_from_bf16(const uint16_t *x, int64_t n, float *out)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         out[i] = cm_bf16_to_f32(x[i]);
@@ -579,6 +601,7 @@ template <typename XT, bool VEC>
 __global__ void __launch_bounds__(32 * GEMM_WARPS)
     k_gemm_simple(const uint16_t *w, const XT *x, int32_t m, int32_t out, int32_t in, float *y, int acc)
 {
+    RD_PDL_ENTRY();
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t o0 = (blockIdx.x * GEMM_WARPS + warp) * GEMM_GO;
     const int32_t r0 = blockIdx.y * GEMM_RT;
@@ -674,6 +697,7 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS)
     k_gemm_fp8(const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out, int32_t in, float *y,
                int acc)
 {
+    RD_PDL_ENTRY();
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t o0 = (blockIdx.x * GEMM_WARPS + warp) * GEMM_GO;
     const int32_t r0 = blockIdx.y * GEMM_RT;
@@ -748,6 +772,7 @@ RD_DEV float hash_unit(uint64_t i, uint32_t seed)
 
 __global__ void k_fill_bf16(uint16_t *p, int64_t n, uint32_t seed)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         p[i] = cm_f32_to_bf16(hash_unit((uint64_t)i, seed));
@@ -755,6 +780,7 @@ __global__ void k_fill_bf16(uint16_t *p, int64_t n, uint32_t seed)
 
 __global__ void k_fill_f32(float *p, int64_t n, uint32_t seed)
 {
+    RD_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         p[i] = hash_unit((uint64_t)i, seed);
@@ -775,6 +801,7 @@ void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed)
 __global__ void k_count_mismatch(const float *a, int64_t lda, const float *b, int64_t ldb, int32_t n,
                                  unsigned *count)
 {
+    RD_PDL_ENTRY();
     const int64_t r = blockIdx.x;
     int bad = 0;
     for (int32_t j = threadIdx.x; j < n; j += blockDim.x)

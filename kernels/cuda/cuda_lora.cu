@@ -42,6 +42,7 @@ struct lora_entries {
 
 __global__ void k_lora_set_table(lora_dev *table, lora_entries p, int32_t n)
 {
+    RD_PDL_ENTRY();
     const int32_t i = threadIdx.x;
     if (i < n)
         table[i] = p.e[i];
@@ -87,6 +88,7 @@ RD_UNROLL
 
 __global__ void __launch_bounds__(32 * LORA_WARPS) k_lora_shrink(lora_args a)
 {
+    RD_PDL_ENTRY();
     const int32_t i = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t k = blockIdx.y * LORA_WARPS + warp;
     const int32_t s = a.slots[i];
@@ -119,6 +121,7 @@ template <int DT> RD_DEV float expand_dot(const void *b, int64_t b0, const float
 
 __global__ void __launch_bounds__(LORA_EXP_THREADS) k_lora_expand(lora_args a)
 {
+    RD_PDL_ENTRY();
     __shared__ float s_t[RD_LORA_MAX_RANK];
     const int32_t i = blockIdx.x;
     const int32_t s = a.slots[i];

@@ -47,6 +47,7 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 __global__ void __launch_bounds__(32 * ROUTE_WARPS)
     k_moe_route(float *logits, int32_t m, int32_t E, int32_t k, int norm, int32_t *ids, float *weights, split_sum sp)
 {
+    RD_PDL_ENTRY();
     __shared__ float s_p[ROUTE_WARPS][RD_MOE_MAX_EXPERTS];
     __shared__ float s_w[ROUTE_WARPS][RD_MOE_MAX_K];
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -130,6 +131,7 @@ struct moe_ptrs {
 
 __global__ void k_moe_set_table(const uint16_t **table, moe_ptrs ptrs, int32_t at, int32_t n)
 {
+    RD_PDL_ENTRY();
     const int32_t i = threadIdx.x;
     if (i < n)
         table[at + i] = ptrs.p[i];
@@ -154,6 +156,7 @@ void launch_moe_set_table(cudaStream_t s, const uint16_t **table, const uint16_t
 // the warp: one broadcast load); m * k is at most a few thousand in decode.
 __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_t *off, int32_t *order)
 {
+    RD_PDL_ENTRY();
     __shared__ int32_t s_off[RD_MOE_MAX_EXPERTS + 1];
     const int32_t e = threadIdx.x;
     int32_t n = 0;
@@ -249,6 +252,7 @@ RD_UNROLL
 template <bool VEC>
 __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_gate_up(moe_args a)
 {
+    RD_PDL_ENTRY();
     const int32_t e = blockIdx.y;
     const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -294,6 +298,7 @@ RD_UNROLL
 template <bool VEC>
 __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
 {
+    RD_PDL_ENTRY();
     const int32_t e = blockIdx.y;
     const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -333,6 +338,7 @@ RD_UNROLL
 // (a route with an id outside [0, n_experts) adds nothing: its h is unset).
 __global__ void k_moe_combine(moe_args a)
 {
+    RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)a.m * a.dim)
         return;

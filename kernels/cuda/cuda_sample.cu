@@ -163,6 +163,7 @@ RD_DEV int32_t scan_row(const float *x, int32_t vocab, int32_t *amax)
 __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float *proc, int32_t vocab,
                                                const sample_req *reqs, sample_res *res)
 {
+    RD_PDL_ENTRY();
     const sample_req q = reqs[blockIdx.x];
     sample_res *out = res + blockIdx.x;
     const float *xr = logits + (int64_t)q.row * vocab;
@@ -331,6 +332,7 @@ __global__ void __launch_bounds__(EDIT_THREADS) k_edit_rows(const float *logits,
                                                             const sample_req *reqs, const sample_edit *edits,
                                                             float *proc)
 {
+    RD_PDL_ENTRY();
     const sample_req q = reqs[blockIdx.x];
     if (q.proc_row < 0)
         return; // the whole CTA: no barrier is left waiting

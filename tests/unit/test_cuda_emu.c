@@ -1313,11 +1313,11 @@ static void test_qwen_ops_after_linear(void)
                 return;
             for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
                 /* kernels: the linear's conversion and GEMM (and its sum when not fused:
-                   else the next op completes it), the ops (bias: 1; norms: 2), then RoPE
-                   with the KV write inside it, or (not fused, or rows wider than q|k|v)
-                   RoPE and KV write */
+                   else the next op completes it), the ops (bias: 1; norms: 2, one launch
+                   when fused), then RoPE with the KV write inside it, or (not fused, or
+                   rows wider than q|k|v) RoPE and KV write */
                 const int fused = modes[mi].fused;
-                const int64_t k = 2 + !fused + (qwen3 ? 2 : 1) + (fused && q->pad == 0 ? 1 : 2);
+                const int64_t k = 2 + !fused + (qwen3 ? 2 - fused : 1) + (fused && q->pad == 0 ? 1 : 2);
                 qwen_entry_case(modes[mi].be, modes[mi].name, q, qwen3, k, mi == 0);
                 if (test_case_failed)
                     return;
@@ -1944,6 +1944,45 @@ static void test_attention(void)
     }
 }
 
+/* The combine inside the partition kernel (the last CTA of a row and KV head
+ * folds the partitions; the default) against k_attn_combine
+ * (RD_CUDA_ATTN_FUSE=0): the same bits, with several partitions and CTAs per
+ * row, padding rows, a sliding window and the fp8 cache's reads. */
+static void test_attention_combine_fused(void)
+{
+    rd_backend *sep = dev_with("RD_CUDA_ATTN_FUSE", "0", NULL, NULL), *fused = emu;
+    CHECK(sep != NULL, "cannot create a backend with RD_CUDA_ATTN_FUSE=0: %s", rd_errmsg());
+    struct {
+        int32_t nh, nkv, hd, bs, window;
+    } cases[] = {{9, 3, 64, 16, 0}, {16, 1, 8, 7, 0}, {8, 2, 32, 16, 300}, {4, 4, 128, 16, 0}};
+    const seq_spec many[] = {{600, 3}, {37, 37}, {257, 1}, {1, 1}, {1100, 2}, {513, 1}};
+    const seq_spec one[] = {{1100, 1}}; /* one decode row: several CTAs share its partitions */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !test_case_failed; i++)
+      for (int single = 0; single < 2 && !test_case_failed; single++) {
+        const seq_spec *seqs = single ? one : many;
+        const int32_t ns = single ? 1 : 6, pad = single ? 0 : 3;
+        const attn_opts opt = {cases[i].window, NULL, 0};
+        double w1, w2;
+        int ok1, ok2;
+        emu = fused;
+        float *o1 = attn_case_opt(cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].bs, seqs, ns, pad, 77 + i, &opt, &w1, &ok1);
+        emu = sep;
+        float *o2 = attn_case_opt(cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].bs, seqs, ns, pad, 77 + i, &opt, &w2, &ok2);
+        emu = fused;
+        int32_t M = pad;
+        for (int32_t k = 0; k < ns; k++)
+            M += seqs[k].new_rows;
+        CHECK(ok1 && ok2 && o1 && o2, "case %zu failed (%s)", i, rd_errmsg());
+        if (o1 && o2)
+            CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)M * cases[i].nh * cases[i].hd),
+                  "case %zu%s: the fused combine differs from k_attn_combine", i, single ? " (one row)" : "");
+        free(o1), free(o2);
+      }
+    emu = fused;
+    if (sep)
+        rd_backend_destroy(sep);
+}
+
 /* Same sequence alone vs among others (values drawn per sequence). */
 static void test_attention_alone_vs_batched(void)
 {
@@ -2546,8 +2585,8 @@ static void test_gemma_layer(void)
         double tol;
         int graphs;
         uint64_t want_kernels;
-    } runs[4] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 2 + 16 * GL_L},
-                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 2 + 21 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 2 + 16 * GL_L}};
+    } runs[4] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 2 + 14 * GL_L},
+                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 2 + 20 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 2 + 14 * GL_L}};
     const size_t na = (size_t)31 * GL_H, nb = (size_t)2 * GL_H;
     float *xa[4], *xb[4];
     for (int r = 0; r < 4; r++) {
@@ -3144,16 +3183,17 @@ static void runner_case(const char *name, int split)
         CHECK_OK(runner_forward(&re, &st, rows, nb, lemu));
         if (step == 0) {
             /* Kernels per decode step: what a CUDA graph replays, and at batch 1 the
-               step's cost floor (launch latency). 10 per layer (the split GEMMs'
-               sums folded into the next kernel, the KV write into RoPE) plus 6 for
+               step's cost floor (launch latency). 9 per layer (the split GEMMs'
+               sums folded into the next kernel, the KV write into RoPE, attention's
+               combine into its partition kernel) plus 6 for
                the embedding and head and 1 for the last layer's sum: a change that
                adds kernels fails here. */
             uint64_t k = cuemu_launch_count() - k0;
             const int32_t L = c->n_layers;
-            /* Qwen2's bias is one kernel more per layer, Qwen3's q and k norms two. */
-            /* Gemma 3's layer is 16: its post-norms and residual adds are kernels of their own. */
-            const int32_t per_layer = lc.m->layers[0].post_attn_norm ? 16
-                                      : 10 + (lc.m->layers[0].qkv_bias ? 1 : 0) + (lc.m->layers[0].q_norm ? 2 : 0);
+            /* Qwen2's bias is one kernel more per layer, Qwen3's q and k norms one (both heads' norms in one). */
+            /* Gemma 3's layer is 14: its post-norms and residual adds are kernels of their own. */
+            const int32_t per_layer = lc.m->layers[0].post_attn_norm ? 14
+                                      : 9 + (lc.m->layers[0].qkv_bias ? 1 : 0) + (lc.m->layers[0].q_norm ? 1 : 0);
             printf("# %s%s: a decode step is %llu kernels (%d layers)\n", name, split ? "" : " (bf16 activations)",
                    (unsigned long long)k, L);
             CHECK(!on_emulator() || k <= (uint64_t)(per_layer * L + 7), "a decode step launches %llu kernels for %d layers",
@@ -4359,6 +4399,7 @@ int main(void)
     RUN_SEL(test_gemma_ops_after_linear);
     RUN_SEL(test_gemma_shadows);
     RUN_SEL(test_attention);
+    RUN_SEL(test_attention_combine_fused);
     RUN_SEL(test_attention_alone_vs_batched);
     RUN_SEL(test_attention_window);
     RUN_SEL(test_attention_vs_cpu);
