@@ -9,7 +9,8 @@
 #   copybw    device-to-device copy bandwidth (the rooflines' denominator)
 #   issue 48  decode at the roofline, the kernel variants side by side:
 #             gemm-1b (the linear op on the 1B's shapes, rows 1..512, variants
-#             default, tc, bf16act, tcbf16, fp8, fp8tc, each batch invariant);
+#             default, tc, bf16act, tcbf16, mixed, fp8, fp8tc, each batch
+#             invariant);
 #             the 1B's decode at batch 1..256 with the default GEMM and with
 #             RD_CUDA_GEMM=tc; FP8 weights on CUDA cores and with
 #             RD_CUDA_FP8=tc; invariance and parity with tc, invariance with
@@ -289,7 +290,7 @@ if [ "$DRY" = 0 ]; then
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone.
   run gemm-1b 120 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
-    --variants default,tc,bf16act,tcbf16,fp8,fp8tc --bw "$BW" --json "$LOGS/gemm-1b.json" || true
+    --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc --bw "$BW" --json "$LOGS/gemm-1b.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
   RD_CUDA_GEMM=tc run bench-1b-tc 90 "$BENCH" bench --synthetic 1b --label " tc" --bw "$BW" \
