@@ -61,6 +61,7 @@
  *   (RD_CUDA_GEMM=simple), bf16act (RD_CUDA_ACT=bf16), mixed (RD_CUDA_ACT=
  *   mixed), fp8 (weights as FP8 blocks, linear_load_q), fp8tc (fp8 and
  *   RD_CUDA_FP8=tc), tcbf16 (tc and bf16act), or VAR=value; joined by '+'.
+ *   The input is an RMSNorm's output (its bf16 copy read, as in a step).
  *   Per point: microseconds per call (warm-up, then --reps calls, default
  *   enough for ~10 ms, between syncs), the weight's bytes as held / time
  *   against the copy bandwidth, 2 x rows x out x in / time against
@@ -1670,10 +1671,22 @@ static int cmd_gemm(const opts *o)
                 peak = peak_for(desc, &peak_why);
             printf("gemm on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", be->ops->name, desc, bw, peak_why);
             printf("(TFLOP/s counts 2 x rows x out x in per call: the split fp32 input of the default doubles what "
-                   "a kernel computes)\n");
+                   "a kernel computes. The input is an RMSNorm's output, whose bf16 copy the CUDA backend's linear "
+                   "reads, as in a decode step; the default's split sum, which a step defers into the next kernel, "
+                   "runs as a kernel of its own between calls here)\n");
         }
-        float *x = be->ops->alloc(be, sizeof(float) * maxm * maxi), *y = be->ops->alloc(be, sizeof(float) * maxm * maxo);
-        int rc = x && y ? be->ops->h2d(be, x, xh, sizeof(float) * maxm * maxi) : rd_fail(RD_ENOMEM, "device buffers");
+        /* The input as a decode step has it: the output of an RMSNorm (of random rows, weight 1), for which
+         * the CUDA backend keeps a bf16 copy that its linear reads instead of converting x. */
+        float *xsrc = be->ops->alloc(be, sizeof(float) * maxm * maxi), *x = be->ops->alloc(be, sizeof(float) * maxm * maxi);
+        float *y = be->ops->alloc(be, sizeof(float) * maxm * maxo), *ones = be->ops->alloc(be, sizeof(float) * maxi);
+        int rc = xsrc && x && y && ones ? be->ops->h2d(be, xsrc, xh, sizeof(float) * maxm * maxi)
+                                        : rd_fail(RD_ENOMEM, "device buffers");
+        float *ones_h = rc ? NULL : malloc(sizeof(float) * maxi);
+        for (size_t i = 0; ones_h && i < maxi; i++)
+            ones_h[i] = 1.0f;
+        if (!rc)
+            rc = ones_h ? be->ops->h2d(be, ones, ones_h, sizeof(float) * maxi) : rd_fail(RD_ENOMEM, "host buffer");
+        free(ones_h);
         int32_t var_bad = 0;
         for (int s = 0; s < ns && !rc; s++) {
             const size_t n = (size_t)sh[s].out * sh[s].in;
@@ -1707,6 +1720,7 @@ static int cmd_gemm(const opts *o)
             const double wbytes = lin_bytes(be, h);
             const int32_t out = sh[s].out, in = sh[s].in;
             /* the rows alone: m = 1 calls, then one copy back */
+            be->ops->rmsnorm(be, xsrc, ones, maxm, in, 1e-5f, 0.0f, x);
             for (int32_t i = 0; i < maxm; i++)
                 be->ops->linear(be, h, x + (size_t)i * in, 1, y + (size_t)i * out, 0);
             rc = be->ops->d2h(be, alone, y, sizeof(float) * (size_t)maxm * out);
@@ -1714,6 +1728,7 @@ static int cmd_gemm(const opts *o)
                 rc = be->ops->sync(be);
             for (int32_t ri = 0; ri < nr && !rc; ri++) {
                 const int32_t m = rows[ri];
+                be->ops->rmsnorm(be, xsrc, ones, m, in, 1e-5f, 0.0f, x); /* the same rows, and an m-row bf16 copy */
                 gemm_call gc = {be, h, x, y, m};
                 gres *g = &res[((size_t)vi * ns + s) * nr + ri];
                 const double t = time_calls(be, gemm_call_fn, &gc, o->reps, &g->reps);
@@ -1778,8 +1793,10 @@ static int cmd_gemm(const opts *o)
                    "rows computed alone (m = 1)\n", v->name);
         printf("TABLE|gemm invariance|%s|rows of %d..%d-row calls vs alone, %d shapes: %s|%s|\n", v->name, rows[0],
                maxm, ns, var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+        if (xsrc) be->ops->free(be, xsrc);
         if (x) be->ops->free(be, x);
         if (y) be->ops->free(be, y);
+        if (ones) be->ops->free(be, ones);
         rd_backend_destroy(be);
     }
     env_apply(&sv, NULL);
