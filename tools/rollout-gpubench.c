@@ -10,9 +10,10 @@
  *                               [--prompt 128] [--steps 32] [--bw GBPS] [--label NAME] [--kv-fill]
  *   rollout-gpubench gemm       [--synthetic 1b[,qwen3-1.7b,...]] [--shapes OUTxIN,...]
  *                               [--rows 1,8,32,128,256,512] [--variants default,tc,...]
- *                               [--reps N] [--bw GBPS] [--peak-tflops T]
+ *                               [--reps N] [--flush-mib 256] [--bw GBPS] [--peak-tflops T]
  *   rollout-gpubench attn       [--synthetic 1b,qwen3-1.7b] [--shapes NH/NKVxHD,...]
- *                               [--ctx 8192,32768] [--batches 1,8] [--reps N] [--bw GBPS]
+ *                               [--ctx 8192,32768] [--batches 1,8] [--reps N] [--flush-mib 256]
+ *                               [--bw GBPS]
  * MODEL: --model PATH, or --synthetic 1b|qwen3-1.7b|qwen3-0.6b|qwen3-8b|
  * qwen3-30b-a3b|gemma3-270m|tiny|moe-tiny, that shape with random weights
  * built in memory (no tokenizer: prompts are random ids, half of them longer
@@ -62,6 +63,9 @@
  *   mixed), fp8 (weights as FP8 blocks, linear_load_q), fp8tc (fp8 and
  *   RD_CUDA_FP8=tc), tcbf16 (tc and bf16act), or VAR=value; joined by '+'.
  *   The input is an RMSNorm's output (its bf16 copy read, as in a step).
+ *   The timed calls take copies of the weight in turn, enough to exceed
+ *   --flush-mib MiB (default 256; an H100's L2 holds 50 MB), so each reads
+ *   it from DRAM as a decode step does (attn the same with its K/V caches).
  *   Per point: microseconds per call (warm-up, then --reps calls, default
  *   enough for ~10 ms, between syncs), the weight's bytes as held / time
  *   against the copy bandwidth, 2 x rows x out x in / time against
@@ -123,6 +127,7 @@ typedef struct {
     int32_t prompts, tokens, prompt_len, steps, mib, iters;
     int32_t layers;             /* --layers: a synthetic model cut to N layers (0: the shape's own) */
     int32_t reps;               /* gemm, attn: timed calls per point (0: as many as fill ~10 ms, 5..1000) */
+    int32_t flush_mib;          /* gemm, attn: operand copies taken in turn to exceed this many MiB (0: one) */
     int kv_fill;                /* bench: the prompt's KV written directly, no prefill (--kv-fill) */
     int batches_set;            /* --batches given */
     double tol, bw, peak_tflops;
@@ -1546,9 +1551,23 @@ static double time_calls(rd_backend *be, call_fn fn, void *ctx, int32_t reps, in
     return (clock_now_s() - t0) / n;
 }
 
+/* Copies of an operand the timed calls take in turn, so that together they
+ * exceed the device's last-level cache (--flush-mib, default 256 MiB; an
+ * H100's or H200's L2 is 50 MB): each call then reads its operand from DRAM,
+ * as a decode step reads each weight once, instead of the L2 that holds
+ * what the call before it read. */
+#define MAX_COPIES 64
+static int32_t copies_for(const opts *o, double bytes)
+{
+    const double want = (double)o->flush_mib * 1048576.0;
+    int32_t k = bytes > 0 && want > bytes ? (int32_t)ceil(want / bytes) : 1;
+    return k < 1 ? 1 : k > MAX_COPIES ? MAX_COPIES : k;
+}
+
 typedef struct {
     rd_backend *be;
-    const void *w;
+    void *const *w;             /* [copies] the same weight */
+    int32_t copies, next;
     const float *x;
     float *y;
     int32_t m;
@@ -1557,7 +1576,8 @@ typedef struct {
 static void gemm_call_fn(void *ctx)
 {
     gemm_call *g = ctx;
-    g->be->ops->linear(g->be, g->w, g->x, g->m, g->y, 0);
+    g->be->ops->linear(g->be, g->w[g->next], g->x, g->m, g->y, 0);
+    g->next = (g->next + 1) % g->copies;
 }
 
 typedef struct {
@@ -1698,26 +1718,42 @@ static int cmd_gemm(const opts *o)
                 }
                 fill_random(wh[s], n, 1000 + (uint64_t)s, 0.02f * 1.7320508f);
             }
-            void *h = NULL;
-            if (v->fp8) {
-                if (sh[s].in % RD_FP8_BLOCK) {
-                    printf("variant %s, %s: in %d is not a multiple of %d: no FP8 blocks\n", v->name, sh[s].name,
-                           sh[s].in, RD_FP8_BLOCK);
-                    continue;
+            if (v->fp8 && sh[s].in % RD_FP8_BLOCK) {
+                printf("variant %s, %s: in %d is not a multiple of %d: no FP8 blocks\n", v->name, sh[s].name,
+                       sh[s].in, RD_FP8_BLOCK);
+                continue;
+            }
+            if (v->fp8 && !wq[s] &&
+                (!(wq[s] = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES)) || rd_fp8_quant(wh[s], n, wq[s]))) {
+                rc = rd_fail(RD_ENOMEM, "fp8 blocks");
+                break;
+            }
+            void *hs[MAX_COPIES] = {0};
+            int32_t copies = 1;
+            double wbytes = 0;
+            for (int32_t k = 0; k < copies; k++) {
+                if (v->fp8) {
+                    rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = sh[s].out, .data = wq[s]};
+                    rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, &hs[k])
+                                                : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
+                } else {
+                    rc = be->ops->linear_load(be, wh[s], sh[s].out, sh[s].in, &hs[k]);
                 }
-                if (!wq[s] && (!(wq[s] = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES)) || rd_fp8_quant(wh[s], n, wq[s]))) {
-                    rc = rd_fail(RD_ENOMEM, "fp8 blocks");
+                if (rc && k > 0) { /* out of memory for more copies: time with those there are */
+                    rc = 0;
+                    copies = k;
                     break;
                 }
-                rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = sh[s].out, .data = wq[s]};
-                rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, &h)
-                                            : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
-            } else {
-                rc = be->ops->linear_load(be, wh[s], sh[s].out, sh[s].in, &h);
+                if (rc)
+                    break;
+                if (k == 0) {
+                    wbytes = lin_bytes(be, hs[0]);
+                    copies = copies_for(o, wbytes);
+                }
             }
             if (rc)
                 break;
-            const double wbytes = lin_bytes(be, h);
+            void *h = hs[0];
             const int32_t out = sh[s].out, in = sh[s].in;
             /* the rows alone: m = 1 calls, then one copy back */
             be->ops->rmsnorm(be, xsrc, ones, maxm, in, 1e-5f, 0.0f, x);
@@ -1729,7 +1765,7 @@ static int cmd_gemm(const opts *o)
             for (int32_t ri = 0; ri < nr && !rc; ri++) {
                 const int32_t m = rows[ri];
                 be->ops->rmsnorm(be, xsrc, ones, m, in, 1e-5f, 0.0f, x); /* the same rows, and an m-row bf16 copy */
-                gemm_call gc = {be, h, x, y, m};
+                gemm_call gc = {be, hs, copies, 0, x, y, m};
                 gres *g = &res[((size_t)vi * ns + s) * nr + ri];
                 const double t = time_calls(be, gemm_call_fn, &gc, o->reps, &g->reps);
                 if (t < 0) {
@@ -1760,6 +1796,7 @@ static int cmd_gemm(const opts *o)
                 cJSON_AddNumberToObject(e, "us", g->us);
                 cJSON_AddNumberToObject(e, "reps", g->reps);
                 cJSON_AddNumberToObject(e, "weight_bytes", wbytes);
+                cJSON_AddNumberToObject(e, "copies", copies);
                 cJSON_AddNumberToObject(e, "gbps", g->gbps);
                 if (bw > 0)
                     cJSON_AddNumberToObject(e, "x_copy", g->gbps / bw);
@@ -1770,7 +1807,8 @@ static int cmd_gemm(const opts *o)
                 cJSON_AddNumberToObject(e, "rows_differing", g->bad_rows);
                 cJSON_AddItemToArray(jr, e);
             }
-            be->ops->linear_free(be, h);
+            for (int32_t k = 0; k < copies; k++)
+                be->ops->linear_free(be, hs[k]);
         }
         if (rc) {
             printf("variant %s: %s\n", v->name, rd_errmsg());
@@ -1869,14 +1907,16 @@ typedef struct {
     const float *q;
     int32_t stride;
     const rd_step_dev *sd;
-    const float *k, *v;
+    float *const *k, *const *v; /* [copies] caches of the same K/V */
+    int32_t copies, next;
     float *out;
 } attn_call;
 
 static void attn_call_fn(void *ctx)
 {
     attn_call *c = ctx;
-    c->be->ops->attention(c->be, c->a, c->q, c->stride, c->sd, c->k, c->v, c->out);
+    c->be->ops->attention(c->be, c->a, c->q, c->stride, c->sd, c->k[c->next], c->v[c->next], c->out);
+    c->next = (c->next + 1) % c->copies;
 }
 
 typedef struct {
@@ -1964,14 +2004,23 @@ static int cmd_attn(const opts *o)
                            2 * cache / 1073741824.0, skip);
                     continue;
                 }
-                float *kc = be->ops->alloc(be, (size_t)cache), *vc = be->ops->alloc(be, (size_t)cache);
+                float *kc[MAX_COPIES] = {0}, *vc[MAX_COPIES] = {0};
+                int32_t copies = copies_for(o, 2 * cache);
+                kc[0] = be->ops->alloc(be, (size_t)cache), vc[0] = be->ops->alloc(be, (size_t)cache);
+                for (int32_t k = 1; k < copies; k++) /* fewer if memory runs out */
+                    if (!(kc[k] = be->ops->alloc(be, (size_t)cache)) || !(vc[k] = be->ops->alloc(be, (size_t)cache))) {
+                        if (kc[k]) be->ops->free(be, kc[k]);
+                        kc[k] = NULL;
+                        copies = k;
+                        break;
+                    }
                 float *q = be->ops->alloc(be, sizeof(float) * (size_t)B * nh * hd);
                 float *out = be->ops->alloc(be, sizeof(float) * (size_t)B * nh * hd);
                 const int32_t C = ctx < 1024 ? ctx : 1024;
                 float *src = kv_source(be, &a, C, 7 + (uint64_t)ctx);
                 int32_t *tab = malloc(sizeof(int32_t) * (size_t)B * bps);
                 float *qh = malloc(sizeof(float) * (size_t)B * nh * hd);
-                if (!kc || !vc || !q || !out || !src || !tab || !qh) {
+                if (!kc[0] || !vc[0] || !q || !out || !src || !tab || !qh) {
                     printf("%s, context %d, batch %d: out of memory\n", label, ctx, B);
                     printf("TABLE|%s|ctx %d batch %d|skipped: out of memory|\n", label, ctx, B);
                 } else {
@@ -1981,7 +2030,7 @@ static int cmd_attn(const opts *o)
                     rc = be->ops->h2d(be, q, qh, sizeof(float) * (size_t)B * nh * hd);
                     double tf0 = clock_now_s();
                     for (int32_t s = 0; s < B && !rc; s++)
-                        rc = kv_fill_rows(be, &a, &kc, &vc, 1, src, C, tab + (size_t)s * bps, bps, ctx);
+                        rc = kv_fill_rows(be, &a, kc, vc, copies, src, C, tab + (size_t)s * bps, bps, ctx);
                     double t_fill = clock_now_s() - tf0;
                     /* the decode step: one row per sequence at the context's last position */
                     int32_t *pos = malloc(sizeof(int32_t) * B), *slot = malloc(sizeof(int32_t) * B),
@@ -1998,7 +2047,7 @@ static int cmd_attn(const opts *o)
                     rd_step_dev sd;
                     if (!rc)
                         rc = be->ops->step_upload(be, &st, &sd);
-                    attn_call ac = {be, &a, q, nh * hd, &sd, kc, vc, out};
+                    attn_call ac = {be, &a, q, nh * hd, &sd, kc, vc, copies, 0, out};
                     int32_t reps = 0;
                     const double t = rc ? -1 : time_calls(be, attn_call_fn, &ac, o->reps, &reps);
                     free(pos), free(slot), free(tok), free(qs), free(cl);
@@ -2018,8 +2067,8 @@ static int cmd_attn(const opts *o)
                     } else {
                         const double gbps = kv_bytes / t / 1e9, x = bw > 0 ? gbps / bw : 0;
                         printf("%s, context %6d, batch %3d: %9.1f us per call, KV %.1f MB read at %.0f GB/s: "
-                               "%.2f of copy (fill %.2fs, %d reps)\n", label, ctx, B, t * 1e6, kv_bytes / 1e6, gbps,
-                               x, t_fill, reps);
+                               "%.2f of copy (fill %.2fs, %d reps over %d copies)\n", label, ctx, B, t * 1e6,
+                               kv_bytes / 1e6, gbps, x, t_fill, reps, copies);
                         printf("TABLE|%s|ctx %d batch %d|%.1f us, %.0f GB/s, %.2f of copy bandwidth (target 0.70)|\n",
                                label, ctx, B, t * 1e6, gbps, x);
                         cJSON *e = cJSON_CreateObject();
@@ -2032,13 +2081,16 @@ static int cmd_attn(const opts *o)
                         cJSON_AddNumberToObject(e, "us", t * 1e6);
                         cJSON_AddNumberToObject(e, "reps", reps);
                         cJSON_AddNumberToObject(e, "kv_bytes", kv_bytes);
+                        cJSON_AddNumberToObject(e, "copies", copies);
                         cJSON_AddNumberToObject(e, "gbps", gbps);
                         cJSON_AddNumberToObject(e, "x_copy", x);
                         cJSON_AddItemToArray(arr, e);
                     }
                 }
-                if (kc) be->ops->free(be, kc);
-                if (vc) be->ops->free(be, vc);
+                for (int32_t k = 0; k < MAX_COPIES; k++) {
+                    if (kc[k]) be->ops->free(be, kc[k]);
+                    if (vc[k]) be->ops->free(be, vc[k]);
+                }
                 if (q) be->ops->free(be, q);
                 if (out) be->ops->free(be, out);
                 if (src) be->ops->free(be, src);
@@ -2182,7 +2234,7 @@ int main(int argc, char **argv)
         usage();
     const char *cmd = argv[1];
     opts o = {.backend = "cuda", .threads = 0, .prompts = 8, .tokens = 32, .prompt_len = 128, .steps = 32,
-              .mib = 1024, .iters = 20, .tol = 0.05, .bw = 0};
+              .mib = 1024, .iters = 20, .tol = 0.05, .bw = 0, .flush_mib = 256};
     int32_t def_batches[] = {1, 8, 32, 128, 256};
     o.batches = def_batches;
     o.n_batches = 5;
@@ -2216,6 +2268,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--shapes")) o.shapes = cli_value(P, argc, argv, &i);
         else if (!strcmp(a, "--layers")) o.layers = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 512);
         else if (!strcmp(a, "--reps")) o.reps = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100000);
+        else if (!strcmp(a, "--flush-mib")) o.flush_mib = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 65536);
         else if (!strcmp(a, "--peak-tflops")) o.peak_tflops = cli_float(P, a, cli_value(P, argc, argv, &i), 0, 1e6);
         else if (!strcmp(a, "--kv-fill")) o.kv_fill = 1;
         else {

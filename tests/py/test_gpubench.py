@@ -2,7 +2,8 @@
 backend and the emulated CUDA backend at test size:
 
 - gemm: the linear op per shape, row count and variant; the JSON has a point per (variant, shape, rows)
-  with its time, weight GB/s, fraction of the copy bandwidth, TFLOP/s, and each variant's batch
+  with its time (over copies of the weight taken in turn), weight GB/s, fraction of the copy bandwidth,
+  TFLOP/s, and each variant's batch
   invariance (m-row results equal to the rows computed alone, bit for bit). With one bit of a batched
   result flipped (RD_GPUBENCH_FAULT=invariance) it must report it and exit 1. An unknown variant is a
   usage error (2).
@@ -64,6 +65,8 @@ def gemm_cpu_points_and_invariance():
     # the CPU holds fp32 panels (at least 4 bytes a weight); FP8 blocks are held there as bf16
     fp32 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "default"}
     assert fp32["96x64"] >= 96 * 64 * 4, fp32
+    # the timed calls take copies of the weight in turn, past 256 MiB (a device's L2) or 64 of them
+    assert all(r["copies"] == 64 for r in d["results"]), {r["copies"] for r in d["results"]}
     assert "TABLE|gemm invariance|fp8|" in p.stdout and "TABLE|gemm 96x64|rows 16|" in p.stdout, p.stdout[-2000:]
     assert d["peak_tflops"] == 0  # no device named: no peak assumed
 
@@ -82,7 +85,8 @@ def gemm_cpu_breaks_when_a_row_differs():
 
 @case
 def gemm_model_shapes_and_usage_errors():
-    p, d = gemm(["--backend", "cpu", "--synthetic", "tiny,moe-tiny", "--rows", "1,3", "--reps", "2"])
+    p, d = gemm(["--backend", "cpu", "--synthetic", "tiny,moe-tiny", "--rows", "1,3", "--reps", "2", "--flush-mib", "0"])
+    assert all(r["copies"] == 1 for r in d["results"])
     names = [s["name"] for s in d["shapes"]]
     assert names == ["tiny.qkv", "tiny.o", "tiny.gate_up", "tiny.down", "moe-tiny.qkv", "moe-tiny.o",
                      "moe-tiny.router"], names
@@ -121,6 +125,7 @@ def attn_cpu_points():
     pts = {(r["shape"], r["ctx"], r["batch"]) for r in d["results"]}
     assert pts == {(s, c, b) for s in ("tiny", "8/2x32") for c in (64, 300) for b in (1, 3)}, pts
     for r in d["results"]:
+        assert 2 <= r["copies"] <= 64, r  # caches taken in turn, as gemm's weights
         # the CPU's cache is fp32: K and V, every token, every KV head
         assert r["kv_bytes"] == 2 * r["batch"] * r["ctx"] * r["n_kv_heads"] * r["head_dim"] * 4, r
         assert r["us"] > 0 and r["gbps"] > 0 and r["x_copy"] > 0
