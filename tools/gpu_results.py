@@ -141,6 +141,7 @@ def assemble(logs, summary):
             for r in doc.get("results", []):
                 out["gemm"].append({"stage": stage, "shape": r.get("shape"), "out": r.get("out"), "in": r.get("in"),
                                     "rows": r.get("rows"), "variant": r.get("variant"), "us": num(r.get("us")),
+                                    "us_stream": num(r.get("us_stream")), "graph": r.get("graph"),
                                     "gbps": num(r.get("gbps"), 1), "x_copy": num(r.get("x_copy")),
                                     "tflops": num(r.get("tflops")), "x_peak": num(r.get("x_peak"), 4),
                                     "invariant": r.get("invariant")})
@@ -154,6 +155,7 @@ def assemble(logs, summary):
                 out["attention"].append({"stage": stage, "shape": r.get("shape"), "n_heads": r.get("n_heads"),
                                          "n_kv_heads": r.get("n_kv_heads"), "head_dim": r.get("head_dim"),
                                          "ctx": r.get("ctx"), "batch": r.get("batch"), "us": num(r.get("us")),
+                                         "us_stream": num(r.get("us_stream")), "graph": r.get("graph"),
                                          "kv_bytes": r.get("kv_bytes"), "gbps": num(r.get("gbps"), 1),
                                          "x_copy": num(r.get("x_copy"))})
         elif k in ("parity", "invariance", "sampler"):
@@ -209,8 +211,8 @@ def markdown(res):
         lines.append("")
     if res["gemm"]:
         variants = list(dict.fromkeys(g["variant"] for g in res["gemm"]))
-        lines.append("**GEMM (linear op): microseconds per call, weight GB/s as a fraction of the copy bandwidth, "
-                     "TFLOP/s**")
+        lines.append("**GEMM (linear op): microseconds per call (inside a graph of calls where the backend has "
+                     "graphs), weight GB/s as a fraction of the copy bandwidth, TFLOP/s**")
         lines.append("")
         lines.append("| shape | rows | " + " | ".join(variants) + " |")
         lines.append("|---|---|" + "---|" * len(variants))

@@ -66,6 +66,9 @@
  *   The timed calls take copies of the weight in turn, enough to exceed
  *   --flush-mib MiB (default 256; an H100's L2 holds 50 MB), so each reads
  *   it from DRAM as a decode step does (attn the same with its K/V caches).
+ *   Where the backend has graphs the time is per call inside a graph of
+ *   calls (a decode step is one: no launch gaps); launched one by one too
+ *   (us_stream). The graph's output is checked for invariance as well.
  *   Per point: microseconds per call (warm-up, then --reps calls, default
  *   enough for ~10 ms, between syncs), the weight's bytes as held / time
  *   against the copy bandwidth, 2 x rows x out x in / time against
@@ -1564,12 +1567,47 @@ static int32_t copies_for(const opts *o, double bytes)
     return k < 1 ? 1 : k > MAX_COPIES ? MAX_COPIES : k;
 }
 
+/* The same calls captured as one backend graph of n calls (a decode step
+ * runs as a graph: no launch costs between kernels), after pre (NULL: none)
+ * inside the graph too; one untimed launch, then `launches` timed between
+ * syncs. Seconds per call; -2 where the backend has no graphs, -1 if the
+ * capture or a launch fails (then the stream's time stands alone). */
+static double time_graph(rd_backend *be, call_fn pre, call_fn fn, void *ctx, int32_t n, int32_t launches)
+{
+    if (!be->ops->graph_begin || !be->ops->graph_end || !be->ops->graph_launch || !be->ops->graph_free)
+        return -2;
+    void *g = NULL;
+    if (be->ops->graph_begin(be))
+        return -1;
+    if (pre)
+        pre(ctx);
+    for (int32_t i = 0; i < n; i++)
+        fn(ctx);
+    int rc = be->ops->graph_end(be, &g);
+    if (!rc && !g)
+        rc = -1;
+    if (!rc)
+        rc = be->ops->graph_launch(be, g);
+    if (!rc)
+        rc = be->ops->sync(be);
+    double t0 = clock_now_s();
+    for (int32_t i = 0; i < launches && !rc; i++)
+        rc = be->ops->graph_launch(be, g);
+    if (!rc)
+        rc = be->ops->sync(be);
+    const double t = clock_now_s() - t0;
+    if (g)
+        be->ops->graph_free(be, g);
+    return rc ? -1 : t / ((double)launches * n);
+}
+
 typedef struct {
     rd_backend *be;
     void *const *w;             /* [copies] the same weight */
     int32_t copies, next;
-    const float *x;
-    float *y;
+    const float *xsrc, *ones;   /* the RMSNorm that makes x (in a graph, its first node) */
+    int32_t in;
+    float *x, *y;
     int32_t m;
 } gemm_call;
 
@@ -1580,10 +1618,16 @@ static void gemm_call_fn(void *ctx)
     g->next = (g->next + 1) % g->copies;
 }
 
+static void gemm_pre_fn(void *ctx)
+{
+    gemm_call *g = ctx;
+    g->be->ops->rmsnorm(g->be, g->xsrc, g->ones, g->m, g->in, 1e-5f, 0.0f, g->x);
+}
+
 typedef struct {
-    double us, gbps, tflops, wbytes;
+    double us, us_stream, gbps, tflops, wbytes;
     int32_t reps, bad_rows;
-    int done;
+    int done, graph;
 } gres;
 
 /* Random bf16-valued floats of std 0.02 (weights) or uniform in [-1, 1) (inputs). */
@@ -1690,6 +1734,8 @@ static int cmd_gemm(const opts *o)
             if (!(peak > 0))
                 peak = peak_for(desc, &peak_why);
             printf("gemm on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", be->ops->name, desc, bw, peak_why);
+            printf("(us: per call inside a backend graph of calls where the backend has graphs, as a decode step "
+                   "runs them; the JSON's us_stream: launched one by one)\n");
             printf("(TFLOP/s counts 2 x rows x out x in per call: the split fp32 input of the default doubles what "
                    "a kernel computes. The input is an RMSNorm's output, whose bf16 copy the CUDA backend's linear "
                    "reads, as in a decode step; the default's split sum, which a step defers into the next kernel, "
@@ -1768,10 +1814,10 @@ static int cmd_gemm(const opts *o)
             for (int32_t ri = 0; ri < nr && !rc; ri++) {
                 const int32_t m = rows[ri];
                 be->ops->rmsnorm(be, xsrc, ones, m, in, 1e-5f, 0.0f, x); /* the same rows, and an m-row bf16 copy */
-                gemm_call gc = {be, hs, copies, 0, x, y, m};
+                gemm_call gc = {be, hs, copies, 0, xsrc, ones, in, x, y, m};
                 gres *g = &res[((size_t)vi * ns + s) * nr + ri];
-                const double t = time_calls(be, gemm_call_fn, &gc, o->reps, &g->reps);
-                if (t < 0) {
+                const double t_stream = time_calls(be, gemm_call_fn, &gc, o->reps, &g->reps);
+                if (t_stream < 0) {
                     rc = RD_EINVAL;
                     break;
                 }
@@ -1784,6 +1830,21 @@ static int cmd_gemm(const opts *o)
                     memcpy(got, &bits, 4);
                 }
                 g->bad_rows = rows_differ(got, alone, m, out);
+                /* then as a graph of as many calls (at least one per copy), its output checked as well */
+                gc.next = 0;
+                const int32_t n_graph = g->reps > copies ? g->reps : copies;
+                const double t_graph = time_graph(be, gemm_pre_fn, gemm_call_fn, &gc, n_graph, 3);
+                if (t_graph >= 0) {
+                    if ((rc = be->ops->d2h(be, got, y, sizeof(float) * (size_t)m * out)) || (rc = be->ops->sync(be)))
+                        break;
+                    const int32_t bad = rows_differ(got, alone, m, out);
+                    g->bad_rows = bad > g->bad_rows ? bad : g->bad_rows;
+                } else if (t_graph == -1) {
+                    printf("variant %s, %s, %d rows: no graph timing (%s)\n", v->name, sh[s].name, m, rd_errmsg());
+                }
+                const double t = t_graph >= 0 ? t_graph : t_stream;
+                g->us_stream = t_stream * 1e6;
+                g->graph = t_graph >= 0;
                 g->us = t * 1e6;
                 g->wbytes = wbytes;
                 g->gbps = wbytes / t / 1e9;
@@ -1797,6 +1858,8 @@ static int cmd_gemm(const opts *o)
                 cJSON_AddNumberToObject(e, "rows", m);
                 cJSON_AddStringToObject(e, "variant", v->name);
                 cJSON_AddNumberToObject(e, "us", g->us);
+                cJSON_AddNumberToObject(e, "us_stream", g->us_stream);
+                cJSON_AddBoolToObject(e, "graph", g->graph);
                 cJSON_AddNumberToObject(e, "reps", g->reps);
                 cJSON_AddNumberToObject(e, "weight_bytes", wbytes);
                 cJSON_AddNumberToObject(e, "copies", copies);
@@ -2052,7 +2115,14 @@ static int cmd_attn(const opts *o)
                         rc = be->ops->step_upload(be, &st, &sd);
                     attn_call ac = {be, &a, q, nh * hd, &sd, kc, vc, copies, 0, out};
                     int32_t reps = 0;
-                    const double t = rc ? -1 : time_calls(be, attn_call_fn, &ac, o->reps, &reps);
+                    const double t_stream = rc ? -1 : time_calls(be, attn_call_fn, &ac, o->reps, &reps);
+                    /* and as a graph of as many calls (a decode step's attention runs inside one) */
+                    ac.next = 0;
+                    const double t_graph =
+                        t_stream < 0 ? -2 : time_graph(be, NULL, attn_call_fn, &ac, reps > copies ? reps : copies, 3);
+                    if (t_graph == -1)
+                        printf("%s, context %d, batch %d: no graph timing (%s)\n", label, ctx, B, rd_errmsg());
+                    const double t = t_graph >= 0 ? t_graph : t_stream;
                     free(pos), free(slot), free(tok), free(qs), free(cl);
                     /* what it computed must at least be numbers (a kernel that skips work is fast too) */
                     int32_t nonfinite = 0;
@@ -2069,9 +2139,10 @@ static int cmd_attn(const opts *o)
                         rc = 1;
                     } else {
                         const double gbps = kv_bytes / t / 1e9, x = bw > 0 ? gbps / bw : 0;
-                        printf("%s, context %6d, batch %3d: %9.1f us per call, KV %.1f MB read at %.0f GB/s: "
-                               "%.2f of copy (fill %.2fs, %d reps over %d copies)\n", label, ctx, B, t * 1e6,
-                               kv_bytes / 1e6, gbps, x, t_fill, reps, copies);
+                        printf("%s, context %6d, batch %3d: %9.1f us per call%s, KV %.1f MB read at %.0f GB/s: "
+                               "%.2f of copy (%.1f us launched one by one; fill %.2fs, %d reps over %d copies)\n",
+                               label, ctx, B, t * 1e6, t_graph >= 0 ? " in a graph" : "", kv_bytes / 1e6, gbps, x,
+                               t_stream * 1e6, t_fill, reps, copies);
                         printf("TABLE|%s|ctx %d batch %d|%.1f us, %.0f GB/s, %.2f of copy bandwidth (target 0.70)|\n",
                                label, ctx, B, t * 1e6, gbps, x);
                         cJSON *e = cJSON_CreateObject();
@@ -2082,6 +2153,8 @@ static int cmd_attn(const opts *o)
                         cJSON_AddNumberToObject(e, "ctx", ctx);
                         cJSON_AddNumberToObject(e, "batch", B);
                         cJSON_AddNumberToObject(e, "us", t * 1e6);
+                        cJSON_AddNumberToObject(e, "us_stream", t_stream * 1e6);
+                        cJSON_AddBoolToObject(e, "graph", t_graph >= 0);
                         cJSON_AddNumberToObject(e, "reps", reps);
                         cJSON_AddNumberToObject(e, "kv_bytes", kv_bytes);
                         cJSON_AddNumberToObject(e, "copies", copies);

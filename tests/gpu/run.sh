@@ -344,9 +344,10 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-gemm-cpu.json" || true
   if [ -x build/emutests/rollout-gpubench ]; then
     run tool-gemm-emu 120 build/emutests/rollout-gpubench gemm --backend cuda-emu --shapes 96x64,64x128 --rows 1,5,16 \
-      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc --reps 2 --mib 1 --iters 1 --json "$LOGS/tool-gemm-emu.json" || true
+      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc --reps 2 --flush-mib 0 --mib 1 --iters 1 \
+      --json "$LOGS/tool-gemm-emu.json" || true
     run tool-attn-emu 60 build/emutests/rollout-gpubench attn --backend cuda-emu --shapes 4/2x16 --ctx 40,300 \
-      --batches 1,2 --reps 2 --mib 1 --iters 1 --json "$LOGS/tool-attn-emu.json" || true
+      --batches 1,2 --reps 2 --flush-mib 1 --mib 1 --iters 1 --json "$LOGS/tool-attn-emu.json" || true
   fi
   run tool-attn-cpu 60 "$BENCH" attn --backend cpu --synthetic tiny --shapes 8/2x32 --ctx 64,700 --batches 1,3 \
     --mib 16 --iters 2 --json "$LOGS/tool-attn-cpu.json" || true

@@ -2,7 +2,8 @@
 backend and the emulated CUDA backend at test size:
 
 - gemm: the linear op per shape, row count and variant; the JSON has a point per (variant, shape, rows)
-  with its time (over copies of the weight taken in turn), weight GB/s, fraction of the copy bandwidth,
+  with its time (over copies of the weight taken in turn; inside a graph where the backend has them),
+  weight GB/s, fraction of the copy bandwidth,
   TFLOP/s, and each variant's batch
   invariance (m-row results equal to the rows computed alone, bit for bit). With one bit of a batched
   result flipped (RD_GPUBENCH_FAULT=invariance) it must report it and exit 1. An unknown variant is a
@@ -62,6 +63,7 @@ def gemm_cpu_points_and_invariance():
     p, d = gemm(["--backend", "cpu", "--shapes", "96x64,64x128", "--rows", "1,5,16",
                  "--variants", "default,fp8,tc,bf16act"])
     check_gemm_doc(d, ["default", "fp8", "tc", "bf16act"], [(96, 64), (64, 128)], [1, 5, 16])
+    assert all(r["graph"] is False and r["us"] == r["us_stream"] for r in d["results"])  # the CPU has no graphs
     # the CPU holds fp32 panels (at least 4 bytes a weight); FP8 blocks are held there as bf16
     fp32 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "default"}
     assert fp32["96x64"] >= 96 * 64 * 4, fp32
@@ -103,8 +105,10 @@ def gemm_emulated_cuda_variants():
         raise AssertionError(f"{EMU} missing (make all builds it)")
     variants = ["default", "tc", "bf16act", "tcbf16", "mixed", "fp8", "fp8tc", "RD_CUDA_GEMM=simple"]
     p, d = gemm(["--backend", "cuda-emu", "--shapes", "96x64,64x128", "--rows", "1,5", "--variants", ",".join(variants),
-                 "--reps", "2"], binary=EMU)
+                 "--reps", "2", "--flush-mib", "0"], binary=EMU)
     check_gemm_doc(d, variants, [(96, 64), (64, 128)], [1, 5])
+    # timed (and checked) inside backend graphs too, as a decode step runs
+    assert all(r["graph"] is True and r["us_stream"] > 0 for r in d["results"]), d["results"][0]
     env = {v["name"]: v["env"] for v in d["variants"]}
     assert env["tc"] == {"RD_CUDA_GEMM": "tc"} and env["tcbf16"] == {"RD_CUDA_GEMM": "tc", "RD_CUDA_ACT": "bf16"}
     assert env["fp8tc"] == {"RD_CUDA_FP8": "tc"} and env["RD_CUDA_GEMM=simple"] == {"RD_CUDA_GEMM": "simple"}
