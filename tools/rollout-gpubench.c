@@ -1719,6 +1719,7 @@ static int cmd_gemm(const opts *o)
         cJSON_AddItemToArray(jv, jvar);
         if (rd_backend_create(o->backend, o->threads, &be)) {
             printf("variant %s: backend: %s\n", v->name, rd_errmsg());
+            printf("TABLE|gemm invariance|%s|no backend: %.120s|ERROR|\n", v->name, rd_errmsg());
             cJSON_AddStringToObject(jvar, "error", rd_errmsg());
             setup_err = 1;
             continue;
@@ -1876,9 +1877,11 @@ static int cmd_gemm(const opts *o)
             for (int32_t k = 0; k < copies; k++)
                 be->ops->linear_free(be, hs[k]);
         }
+        char err[256] = "";
         if (rc) {
-            printf("variant %s: %s\n", v->name, rd_errmsg());
-            cJSON_AddStringToObject(jvar, "error", rd_errmsg());
+            snprintf(err, sizeof err, "%s", rd_errmsg());
+            printf("variant %s: %s\n", v->name, err);
+            cJSON_AddStringToObject(jvar, "error", err);
             setup_err = 1;
         }
         /* after the calls: the backend names each shape's GEMM choice once it has made it */
@@ -1892,11 +1895,14 @@ static int cmd_gemm(const opts *o)
         if (var_bad)
             printf("variant %-12s batch invariance FAIL: %d rows of m-row calls differ from the same rows computed "
                    "alone (m = 1)\n", v->name, var_bad);
-        else
+        else if (!rc)
             printf("variant %-12s batch invariance PASS: the rows of every m-row call equal, bit for bit, the same "
                    "rows computed alone (m = 1)\n", v->name);
-        printf("TABLE|gemm invariance|%s|rows of %d..%d-row calls vs alone, %d shapes: %s|%s|\n", v->name, rows[0],
-               maxm, ns, var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+        if (rc && !var_bad)
+            printf("TABLE|gemm invariance|%s|stopped: %.120s|ERROR|\n", v->name, err);
+        else
+            printf("TABLE|gemm invariance|%s|rows of %d..%d-row calls vs alone, %d shapes: %s|%s|\n", v->name,
+                   rows[0], maxm, ns, var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
         if (xsrc) be->ops->free(be, xsrc);
         if (x) be->ops->free(be, x);
         if (y) be->ops->free(be, y);
@@ -1938,7 +1944,8 @@ static int cmd_gemm(const opts *o)
         }
     printf("(GB/s: the weight's bytes as the backend holds them / time; x: of the copy bandwidth %.1f GB/s; "
            "TF: TFLOP/s%s)\n", bw, peak > 0 ? ", against the peak above" : "");
-    printf("gemm batch invariance %s\n", all_invariant ? "PASS" : "FAIL");
+    printf("gemm batch invariance %s%s\n", all_invariant ? "PASS" : "FAIL",
+           setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
     cJSON_AddStringToObject(doc, "backend", be_name);
     cJSON_AddStringToObject(doc, "describe", desc0);
     cJSON_AddNumberToObject(doc, "copy_gbps", bw);
