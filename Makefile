@@ -59,7 +59,8 @@ EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(
              $(BUILD)/emutests/test_spec_cudaemu
 
 .PHONY: layers all test asan asan-build example-grpo bench-learner bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem bench-lora model model-gemma3 fuzz clean setup demo demo-offline
-all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/librdcrc32c.so $(BUILD)/librddelta.so \
+all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/emutests/rollout-gpubench $(BUILD)/librdcrc32c.so \
+     $(BUILD)/librddelta.so \
      $(BUILD)/librdtorch.so \
      $(CUDA_PLUGIN)
 

@@ -7,10 +7,19 @@
  *   rollout-gpubench sampler    MODEL
  *   rollout-gpubench engine     MODEL [--batches 1,32] [--tokens 128]
  *   rollout-gpubench bench      MODEL [--batches 1,8,32,128,256]
- *                               [--prompt 128] [--steps 32] [--bw GBPS] [--label NAME]
- * MODEL: --model PATH, or --synthetic 1b|qwen3-1.7b|qwen3-0.6b|gemma3-270m|tiny,
- * that shape with random weights built in memory (no tokenizer: prompts are
- * random ids, half of them longer than a sliding window where there is one).
+ *                               [--prompt 128] [--steps 32] [--bw GBPS] [--label NAME] [--kv-fill]
+ *   rollout-gpubench gemm       [--synthetic 1b[,qwen3-1.7b,...]] [--shapes OUTxIN,...]
+ *                               [--rows 1,8,32,128,256,512] [--variants default,tc,...]
+ *                               [--reps N] [--flush-mib 256] [--bw GBPS] [--peak-tflops T]
+ *   rollout-gpubench attn       [--synthetic 1b,qwen3-1.7b] [--shapes NH/NKVxHD,...]
+ *                               [--ctx 8192,32768] [--batches 1,8] [--reps N] [--flush-mib 256]
+ *                               [--bw GBPS]
+ * MODEL: --model PATH, or --synthetic 1b|qwen3-1.7b|qwen3-0.6b|qwen3-8b|
+ * qwen3-30b-a3b|gemma3-270m|tiny|moe-tiny, that shape with random weights
+ * built in memory (no tokenizer: prompts are random ids, half of them longer
+ * than a sliding window where there is one); --layers N cuts it to N layers
+ * (qwen3-30b-a3b: 8 of its 48 unless given), and rooflines count the layers
+ * built.
  * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU),
  * --weights fp8 (the layers' dense linears re-quantized to FP8 blocks after
  * loading, as serve_dtype fp8 holds them), --kv fp8 (kv_dtype fp8).
@@ -40,7 +49,39 @@
  * bench: decode tokens/s at each batch size (prompt tokens prefilled, then
  *   --steps timed decode steps, each a forward pass plus greedy device
  *   sampling), against the memory roofline: bytes a step must read (weights
- *   as the backend stores them + the live KV cache) / copy bandwidth.
+ *   as the backend stores them + the live KV cache) / copy bandwidth. An MoE
+ *   model's counts the attention, norms, routers and head, and per layer
+ *   min(n_experts, batch x k) experts (an upper bound of the distinct experts
+ *   a step reaches), and beside it the roofline of the distinct experts the
+ *   routes of each step did reach. --kv-fill writes each prompt's K/V
+ *   directly instead of prefilling it (long contexts: --prompt 8192).
+ * gemm: the backend's linear op (linear_load, then linear) per weight shape
+ *   (a synthetic model's q|k|v, o, gate|up, down, or --shapes), row count and
+ *   variant, each variant a fresh backend created after setting its
+ *   environment: default (as started), tc (RD_CUDA_GEMM=tc), simple
+ *   (RD_CUDA_GEMM=simple), bf16act (RD_CUDA_ACT=bf16), mixed (RD_CUDA_ACT=
+ *   mixed), fp8 (weights as FP8 blocks, linear_load_q), fp8tc (fp8 and
+ *   RD_CUDA_FP8=tc), tcbf16 (tc and bf16act), or VAR=value; joined by '+'.
+ *   The input is an RMSNorm's output (its bf16 copy read, as in a step).
+ *   The timed calls take copies of the weight in turn, enough to exceed
+ *   --flush-mib MiB (default 256; an H100's L2 holds 50 MB), so each reads
+ *   it from DRAM as a decode step does (attn the same with its K/V caches).
+ *   Where the backend has graphs the time is per call inside a graph of
+ *   calls (a decode step is one: no launch gaps); launched one by one too
+ *   (us_stream). The graph's output is checked for invariance as well.
+ *   Per point: microseconds per call (warm-up, then --reps calls, default
+ *   enough for ~10 ms, between syncs), the weight's bytes as held / time
+ *   against the copy bandwidth, 2 x rows x out x in / time against
+ *   --peak-tflops (default 989 on an H100 or H200, dense bf16). Batch
+ *   invariance: every m-row result must equal, bit for bit, the same rows
+ *   computed alone (m = 1 calls); exit 1 if not (RD_GPUBENCH_FAULT=
+ *   invariance flips a bit, to test the check).
+ * attn: the attention op alone at long context: --batches sequences (default
+ *   1, 8) of --ctx tokens each (K/V filled by kv_write), one decode row per
+ *   sequence, for a model's head shape (default the 1B's 32/8 x 64 and
+ *   Qwen3-1.7B's 16/8 x 128): time per call and the KV bytes read / time
+ *   against the copy bandwidth (issue 48's target: >= 0.70). Points that do
+ *   not fit the free memory are skipped.
  *
  * Each prints a summary, "TABLE|..." lines for run.sh's final table, and the
  * JSON document to --json. Exit 0 pass, 1 a check failed, 2 usage, 3 setup
@@ -51,8 +92,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/clock.h"
+#include "base/pool.h"
 #include "engine/serve/engine.h"
 #include "base/err.h"
 #include "engine/format/gguf.h"
@@ -81,11 +124,22 @@ typedef struct {
     const char *kv;             /* NULL (the backend's), or a kv_dtype */
     const char *ref_kv;         /* parity: the CPU reference's kv_dtype (NULL: bf16 against a device, else its own) */
     const char *noise_kv;       /* parity: NULL (held to --tol), or the kv_dtype of a CPU run that sets the floor */
+    const char *variants;       /* gemm: comma-separated variants */
+    const char *shapes;         /* gemm: OUTxIN,...; attn: NH/NKVxHD,... */
     int threads;
     int32_t prompts, tokens, prompt_len, steps, mib, iters;
-    double tol, bw;
+    int32_t layers;             /* --layers: a synthetic model cut to N layers (0: the shape's own) */
+    int32_t reps;               /* gemm, attn: timed calls per point (0: as many as fill ~10 ms, 5..1000) */
+    int32_t flush_mib;          /* gemm, attn: operand copies taken in turn to exceed this many MiB (0: one) */
+    int kv_fill;                /* bench: the prompt's KV written directly, no prefill (--kv-fill) */
+    int batches_set;            /* --batches given */
+    double tol, bw, peak_tflops;
     int32_t *batches;
     int32_t n_batches;
+    int32_t *rows;              /* gemm: --rows */
+    int32_t n_rows;
+    int32_t *ctxs;              /* attn: --ctx */
+    int32_t n_ctxs;
 } opts;
 
 static int write_json(const opts *o, cJSON *doc)
@@ -221,13 +275,87 @@ typedef struct {
     int32_t *ids;
 } prompt_t;
 
-#define SYNTH_NAMES "1b, qwen3-1.7b, qwen3-0.6b, gemma3-270m or tiny"
+#define SYNTH_NAMES "1b, qwen3-1.7b, qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, gemma3-270m, tiny or moe-tiny"
 
 /* ------------------------------------------------------------------ synthetic models */
 
 typedef struct {
     uint64_t seed;
+    float embed_std;            /* the embedding's std (0: 0.02 as every matrix) */
+    float router_std;           /* the MoE routers' std (0: 0.02) */
 } synth_ctx;
+
+/* One weight: uniform in [-a, a) from the xorshift stream x, rounded to the
+ * nearest bf16 value (rd_f32_to_bf16's arithmetic, inlined: no NaN here). */
+static inline float synth_val(uint64_t *x, float a)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    /* (x >> 40) / 2^23 - 1 is exact in float: the double expression of before, bit for bit */
+    const float f = ((float)(int32_t)(*x >> 40) * (1.0f / 8388608.0f) - 1.0f) * a;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = ((u + 0x7fffu + ((u >> 16) & 1)) >> 16) << 16;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+/* Large tensors are filled in parallel, with the values of the one serial
+ * stream: xorshift64 is linear over GF(2), so the state 2^16 steps on is a
+ * fixed 64 x 64 bit matrix J times the state (J = M^(2^16), M one step),
+ * and each chunk of 2^16 values starts from J^t applied to the seed. */
+#define SYNTH_CHUNK_LOG 16
+#define SYNTH_CHUNK ((int64_t)1 << SYNTH_CHUNK_LOG)
+
+static uint64_t gf2_apply(const uint64_t *cols, uint64_t v)
+{
+    uint64_t r = 0;
+    for (int i = 0; v; i++, v >>= 1)
+        if (v & 1)
+            r ^= cols[i];
+    return r;
+}
+
+static const uint64_t *synth_jump(void)
+{
+    static uint64_t J[64];
+    static int ready;
+    if (!ready) {
+        for (int i = 0; i < 64; i++) { /* M: one step of e_i */
+            uint64_t x = (uint64_t)1 << i;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            J[i] = x;
+        }
+        for (int k = 0; k < SYNTH_CHUNK_LOG; k++) { /* squared 16 times: M^(2^16) */
+            uint64_t sq[64];
+            for (int i = 0; i < 64; i++)
+                sq[i] = gf2_apply(J, J[i]);
+            memcpy(J, sq, sizeof J);
+        }
+        ready = 1;
+    }
+    return J;
+}
+
+typedef struct {
+    float *dst;
+    int64_t n;
+    const uint64_t *start; /* [tasks] the stream's state before each chunk */
+    float a;
+} synth_job;
+
+static void synth_task(void *ctx, int32_t t, int32_t worker)
+{
+    const synth_job *j = ctx;
+    const int64_t i0 = (int64_t)t * SYNTH_CHUNK, i1 = i0 + SYNTH_CHUNK < j->n ? i0 + SYNTH_CHUNK : j->n;
+    uint64_t x = j->start[t];
+    for (int64_t i = i0; i < i1; i++)
+        j->dst[i] = synth_val(&x, j->a);
+}
 
 static int synth_fetch(void *ctx, const char *name, int64_t rows, int64_t cols, float *dst)
 {
@@ -243,15 +371,31 @@ static int synth_fetch(void *ctx, const char *name, int64_t rows, int64_t cols, 
     }
     /* uniform with std 0.02, as a freshly initialised Llama, rounded to bf16
      * values: the CPU backend keeps these fp32 weights, a device rounds them
-     * to bf16, and both then hold the same numbers */
-    const float a = 0.02f * 1.7320508f;
+     * to bf16, and both then hold the same numbers. An MoE model's embedding
+     * and routers get their own std (synth_config_opts says why). */
+    float std = 0.02f;
+    if (c->embed_std > 0 && strstr(name, "embed_tokens"))
+        std = c->embed_std;
+    else if (c->router_std > 0 && strstr(name, "mlp.gate.weight"))
+        std = c->router_std;
+    const float a = std * 1.7320508f;
     uint64_t x = h | 1;
-    for (int64_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        dst[i] = rd_bf16_to_f32(rd_f32_to_bf16((float)((double)(x >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) * a));
+    const int32_t tasks = (int32_t)((n + SYNTH_CHUNK - 1) / SYNTH_CHUNK);
+    uint64_t *start = tasks > 1 ? malloc(sizeof(uint64_t) * tasks) : NULL;
+    if (start) {
+        const uint64_t *J = synth_jump();
+        start[0] = x;
+        for (int32_t t = 1; t < tasks; t++)
+            start[t] = gf2_apply(J, start[t - 1]);
+        synth_job j = {dst, n, start, a};
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        pool_init(cores > 0 ? (int)(cores < POOL_MAX_THREADS ? cores : POOL_MAX_THREADS) : 1);
+        pool_run(tasks, synth_task, &j);
+        free(start);
+        return 0;
     }
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = synth_val(&x, a);
     return 0;
 }
 
@@ -265,16 +409,35 @@ static int synth_config(const char *which, model_config *c)
     } else if (!strcmp(which, "tiny")) {
         c->n_layers = 2, c->dim = 64, c->n_heads = 4, c->n_kv_heads = 2, c->ffn_dim = 128;
         c->vocab = 300, c->max_ctx = 1024, c->rope_theta = 10000.0f;
-    } else if (!strcmp(which, "qwen3-1.7b") || !strcmp(which, "qwen3-0.6b")) {
+    } else if (!strcmp(which, "qwen3-1.7b") || !strcmp(which, "qwen3-0.6b") || !strcmp(which, "qwen3-8b")) {
         /* Qwen3's shapes: q width 16 x 128 = 2048 (1.7B: = hidden; 0.6B: over
-         * hidden 1024), per-head q/k norms, tied embeddings, 151,936 tokens. */
+         * hidden 1024), per-head q/k norms, tied embeddings, 151,936 tokens;
+         * the 8B: 36 layers of 32 x 128 over 8 KV heads, hidden 4096, FFN
+         * 12288, an untied LM head. */
         strcpy(c->arch, "qwen3");
-        int big = !strcmp(which, "qwen3-1.7b");
+        int big = !strcmp(which, "qwen3-1.7b"), b8 = !strcmp(which, "qwen3-8b");
         c->n_layers = 28, c->dim = big ? 2048 : 1024, c->n_heads = 16, c->n_kv_heads = 8;
         c->ffn_dim = big ? 6144 : 3072, c->vocab = 151936, c->max_ctx = 4096, c->rope_theta = 1000000.0f;
         c->head_dim = 128;
         c->norm_eps = 1e-6f;
         c->tied_embeddings = 1;
+        if (b8)
+            c->n_layers = 36, c->dim = 4096, c->n_heads = 32, c->ffn_dim = 12288, c->tied_embeddings = 0;
+        return 0;
+    } else if (!strcmp(which, "qwen3-30b-a3b") || !strcmp(which, "moe-tiny")) {
+        /* Qwen3-30B-A3B's shape (its config.json): 48 layers, hidden 2048, 32
+         * query heads of 128 over 4 KV heads, q/k norms, 128 experts of FFN
+         * 768, 8 used per token, norm_topk_prob, 151,936 tokens, untied head.
+         * moe-tiny: the same family at test size. */
+        strcpy(c->arch, "qwen3moe");
+        if (!strcmp(which, "moe-tiny")) {
+            c->n_layers = 2, c->dim = 64, c->n_heads = 4, c->n_kv_heads = 2, c->head_dim = 16, c->ffn_dim = 128;
+            c->n_experts = 8, c->n_experts_used = 2, c->expert_ffn_dim = 32, c->vocab = 300, c->max_ctx = 1024;
+        } else {
+            c->n_layers = 48, c->dim = 2048, c->n_heads = 32, c->n_kv_heads = 4, c->head_dim = 128, c->ffn_dim = 6144;
+            c->n_experts = 128, c->n_experts_used = 8, c->expert_ffn_dim = 768, c->vocab = 151936, c->max_ctx = 4096;
+        }
+        c->rope_theta = 1000000.0f, c->norm_eps = 1e-6f, c->moe_norm_topk = 1;
         return 0;
     } else if (!strcmp(which, "gemma3-270m")) {
         /* Gemma 3 270M's shape: 18 layers of 4 heads x 256 over 1 KV head,
@@ -294,6 +457,43 @@ static int synth_config(const char *which, model_config *c)
     c->norm_eps = 1e-5f;
     c->tied_embeddings = 1;
     return 0;
+}
+
+/* synth_config with the command line's cuts: --layers N (the Qwen3-30B-A3B
+ * shape defaults to 8 of its 48, to fit a device's memory and a check's
+ * time; a roofline counts the layers built), and a context long enough for
+ * --prompt + --steps. The MoE shapes' random weights route like a trained
+ * model's (tools/gen_moe_model.py measured it): an embedding of std 3 keeps
+ * each token's own vector ahead of the attention outputs in the residual
+ * stream, and routers of std 2 / sqrt(hidden) spread the router logits by
+ * ~2, so B random rows reach about as many distinct experts as uniform top-k
+ * routing would; with every matrix at 0.02 a few experts take most rows. */
+static int synth_config_opts(const opts *o, const char *which, model_config *c, synth_ctx *sc)
+{
+    if (synth_config(which, c))
+        return rd_fail(RD_EINVAL, "--synthetic expects " SYNTH_NAMES ", not '%s'", which);
+    const int32_t full = c->n_layers;
+    if (o->layers > 0)
+        c->n_layers = o->layers < full ? o->layers : full;
+    else if (!strcmp(which, "qwen3-30b-a3b"))
+        c->n_layers = 8;
+    const int32_t need = o->prompt_len + o->steps + 64;
+    if (c->max_ctx < need)
+        c->max_ctx = need;
+    if (sc) {
+        memset(sc, 0, sizeof *sc);
+        sc->seed = 12345;
+        if (c->n_experts > 0)
+            sc->embed_std = 3.0f, sc->router_std = 2.0f / sqrtf((float)c->dim);
+    }
+    return 0;
+}
+
+/* The layers a synthetic shape has in full (for "N of M layers"). */
+static int32_t synth_full_layers(const char *which)
+{
+    model_config c;
+    return synth_config(which, &c) ? 0 : c.n_layers;
 }
 
 /* --weights fp8: every layer's dense linear read back and re-quantized to
@@ -348,12 +548,12 @@ static int load_plain(const opts *o, const char *backend, rd_loaded *l)
     if (!o->synthetic)
         return rd_load(o->model, backend, o->threads, l);
     model_config cfg;
-    if (synth_config(o->synthetic, &cfg))
-        return rd_fail(RD_EINVAL, "--synthetic expects " SYNTH_NAMES ", not '%s'", o->synthetic);
-    int rc = rd_backend_create(backend, o->threads, &l->be);
+    synth_ctx sc;
+    int rc = synth_config_opts(o, o->synthetic, &cfg, &sc);
     if (rc)
         return rc;
-    synth_ctx sc = {12345};
+    if ((rc = rd_backend_create(backend, o->threads, &l->be)))
+        return rc;
     if ((rc = model_build(&cfg, l->be, synth_fetch, &sc, &l->m))) {
         rd_backend_destroy(l->be);
         l->be = NULL;
@@ -850,20 +1050,95 @@ static int cmd_sampler(const opts *o)
 
 /* ------------------------------------------------------------------ decode benchmark */
 
+/* K/V of random values in every layer's cache at chunk positions of one
+ * sequence's table, written by the backend's kv_write: the layout a prefill
+ * leaves, without running the model (a long prompt's prefill would take far
+ * longer than the decode steps measured after it; attention reads the same
+ * bytes whatever the values). kv holds C rows of K|V (2 nkv hd floats). */
+static int kv_fill_rows(rd_backend *be, const rd_attn_shape *a, float *const *kc, float *const *vc, int32_t n_layers,
+                        const float *kv_dev, int32_t C, const int32_t *table, int32_t max_blocks, int32_t len)
+{
+    const int32_t kvw = a->n_kv_heads * a->head_dim, bs = a->block_size;
+    int32_t *pos = malloc(sizeof(int32_t) * C), *slot = malloc(sizeof(int32_t) * C), *tok = calloc(C, sizeof(int32_t));
+    int rc = pos && slot && tok ? 0 : rd_fail(RD_ENOMEM, "kv fill: out of memory");
+    for (int32_t p0 = 0; p0 < len && !rc; p0 += C) {
+        const int32_t n = len - p0 < C ? len - p0 : C;
+        for (int32_t i = 0; i < n; i++) {
+            pos[i] = p0 + i;
+            slot[i] = table[(p0 + i) / bs] * bs + (p0 + i) % bs;
+        }
+        int32_t qs[2] = {0, n}, ctx = p0 + n;
+        rd_step st = {n, 1, max_blocks, tok, pos, slot, qs, &ctx, table, NULL};
+        rd_step_dev sd;
+        rc = be->ops->step_upload(be, &st, &sd);
+        for (int32_t l = 0; l < n_layers && !rc; l++)
+            be->ops->kv_write(be, a, kv_dev, kv_dev + kvw, 2 * kvw, &sd, kc[l], vc[l]);
+        if (!rc)
+            rc = be->ops->sync(be); /* the step buffers are the next chunk's */
+    }
+    free(pos), free(slot), free(tok);
+    return rc;
+}
+
+/* A device buffer of C rows of random K|V (2 nkv hd floats each, |x| < 1). */
+static float *kv_source(rd_backend *be, const rd_attn_shape *a, int32_t C, uint64_t seed)
+{
+    const size_t n = (size_t)C * 2 * a->n_kv_heads * a->head_dim;
+    float *h = malloc(sizeof(float) * n), *d = be->ops->alloc(be, sizeof(float) * n);
+    for (size_t i = 0; h && i < n; i++)
+        h[i] = (float)((double)(mix(&seed) >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+    if (h && d && be->ops->h2d(be, d, h, sizeof(float) * n) == 0) {
+        free(h);
+        return d;
+    }
+    free(h);
+    if (d)
+        be->ops->free(be, d);
+    return NULL;
+}
+
+/* --kv-fill: sequences [s0, s1) as if prefilled with len tokens (batch_t as prefill_step leaves it). */
+static int kv_fill_step(runner *r, batch_t *b, int32_t s0, int32_t s1, int32_t len, uint64_t *rng)
+{
+    const int32_t C = 1024;
+    float *src = kv_source(r->be, &r->attn, C, *rng);
+    int rc = src ? 0 : rd_fail(RD_ENOMEM, "kv fill: cannot allocate %d rows", C);
+    for (int32_t s = s0; s < s1 && !rc; s++) {
+        for (int32_t k = 0; k < b->bps; k++)
+            b->tab[k] = s * b->bps + k;
+        rc = kv_fill_rows(r->be, &r->attn, r->k_cache, r->v_cache, r->m->cfg.n_layers, src, C, b->tab, b->bps, len);
+        b->ctx[s] = len;
+        b->next[s] = (int32_t)(mix(rng) % (uint64_t)r->m->cfg.vocab);
+    }
+    if (src)
+        r->be->ops->free(r->be, src);
+    return rc;
+}
+
+/* Bytes of a loaded linear as the backend holds it (0 for NULL). */
+static double lin_bytes(rd_backend *be, const void *h)
+{
+    return h && be->ops->linear_bytes ? (double)be->ops->linear_bytes(be, h) : 0.0;
+}
+
 static int cmd_bench(const opts *o)
 {
     rd_loaded l;
     memset(&l, 0, sizeof l);
     model *m = NULL;
-    const char *name;
     double t_load0 = clock_now_s();
     if (load_any(o, o->backend, 1, &l))
         return setup_fail(o->synthetic ? "building the synthetic model" : "load");
-    name = o->synthetic ? o->synthetic : base_name(o->model);
     m = l.m;
     double t_load = clock_now_s() - t_load0;
     const model_config *c = &m->cfg;
     rd_backend *be = l.be;
+    char name[160];
+    const int32_t full_layers = o->synthetic ? synth_full_layers(o->synthetic) : c->n_layers;
+    if (o->synthetic && full_layers != c->n_layers)
+        snprintf(name, sizeof name, "%s (%d of %d layers)", o->synthetic, c->n_layers, full_layers);
+    else
+        snprintf(name, sizeof name, "%s", o->synthetic ? o->synthetic : base_name(o->model));
     double bw = o->bw;
     if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
         bw = 0;
@@ -875,36 +1150,83 @@ static int cmd_bench(const opts *o)
     const int64_t hd = c->head_dim;
     const int64_t per_layer = ((int64_t)(c->n_heads + 2 * c->n_kv_heads) * hd * c->dim + (int64_t)c->dim * c->n_heads * hd +
                                2 * (int64_t)c->ffn_dim * c->dim + (int64_t)c->dim * c->ffn_dim);
-    const double weight_bytes = (double)per_layer * c->n_layers * w_elem + (double)c->vocab * c->dim * head_elem;
+    double weight_bytes = (double)per_layer * c->n_layers * w_elem + (double)c->vocab * c->dim * head_elem;
+    /* Mixture of experts: a step reads the attention, norms and router of every layer, the head, and only
+     * the experts its rows are routed to: at most min(n_experts, batch * k) per layer (an upper bound of
+     * the distinct experts), counted per batch below. The bytes of each linear as the backend holds it. */
+    const int moe = c->n_experts > 0;
+    double moe_fixed = 0, moe_expert = 0;
+    if (moe) {
+        for (int32_t li = 0; li < c->n_layers; li++) {
+            const model_layer *L = &m->layers[li];
+            moe_fixed += lin_bytes(be, L->qkv) + lin_bytes(be, L->o) + lin_bytes(be, L->router) +
+                         4.0 * (2 * c->dim + 2 * hd);
+        }
+        moe_fixed += (double)c->vocab * c->dim * head_elem + 4.0 * c->dim;
+        moe_expert = lin_bytes(be, m->layers[0].exp_gate_up[0]) + lin_bytes(be, m->layers[0].exp_down[0]);
+        weight_bytes = moe_fixed + moe_expert * c->n_experts * c->n_layers; /* all of them, for the record */
+    }
     const double kv_per_token =
         (double)c->n_layers * 2 * (double)rd_backend_kv_block_bytes(be, c->n_kv_heads, 1, (int32_t)hd);
     char desc[4096] = "";
     if (be->ops->describe)
         be->ops->describe(be, desc, sizeof desc);
-    printf("model %s: %.3g B params, weights read per step %.3f GB, KV %.1f KiB/token; load %.1fs; copy bandwidth "
-           "%.1f GB/s\n%s\n", name, m->n_params / 1e9, weight_bytes / 1e9, kv_per_token / 1024, t_load, bw, desc);
+    printf("model %s: %.3g B params, weights %s %.3f GB, KV %.1f KiB/token; load %.1fs; copy bandwidth "
+           "%.1f GB/s\n%s\n", name, m->n_params / 1e9, moe ? "held (all experts)" : "read per step",
+           weight_bytes / 1e9, kv_per_token / 1024, t_load, bw, desc);
+    if (moe)
+        printf("MoE: %d experts of %.2f MB per layer, %d used per token; a step reads %.3f GB of attention, norms, "
+               "routers and head plus the experts its rows reach: the roofline counts min(%d, batch x %d) per "
+               "layer (an upper bound of the distinct experts); the measured count is from the routes\n",
+               c->n_experts, moe_expert / 1e6, c->n_experts_used, moe_fixed / 1e9, c->n_experts, c->n_experts_used);
+    if (o->kv_fill)
+        printf("--kv-fill: each prompt's %d tokens of K/V written directly (random values), no prefill\n",
+               o->prompt_len);
     cJSON *doc = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(doc, "batches");
     cJSON_AddStringToObject(doc, "model", name);
+    if (o->synthetic)
+        cJSON_AddStringToObject(doc, "synthetic", o->synthetic);
     cJSON_AddStringToObject(doc, "backend", be->ops->name);
     cJSON_AddStringToObject(doc, "describe", desc);
+    if (o->label)
+        cJSON_AddStringToObject(doc, "label", o->label);
     cJSON_AddNumberToObject(doc, "params", (double)m->n_params);
-    cJSON_AddNumberToObject(doc, "weight_bytes_per_step", weight_bytes);
+    cJSON_AddNumberToObject(doc, "layers", c->n_layers);
+    cJSON_AddNumberToObject(doc, "layers_full", full_layers);
+    cJSON_AddNumberToObject(doc, "weight_bytes_per_step", moe ? moe_fixed : weight_bytes);
     cJSON_AddNumberToObject(doc, "kv_bytes_per_token", kv_per_token);
     cJSON_AddNumberToObject(doc, "copy_gbps", bw);
     cJSON_AddNumberToObject(doc, "prompt", o->prompt_len);
     cJSON_AddNumberToObject(doc, "steps", o->steps);
+    cJSON_AddBoolToObject(doc, "kv_fill", o->kv_fill);
+    if (o->weights)
+        cJSON_AddStringToObject(doc, "weights", o->weights);
+    if (o->kv)
+        cJSON_AddStringToObject(doc, "kv_dtype", o->kv);
+    if (moe) {
+        cJSON *mo = cJSON_AddObjectToObject(doc, "moe");
+        cJSON_AddNumberToObject(mo, "experts", c->n_experts);
+        cJSON_AddNumberToObject(mo, "experts_used", c->n_experts_used);
+        cJSON_AddNumberToObject(mo, "expert_bytes", moe_expert);
+        cJSON_AddNumberToObject(mo, "fixed_bytes_per_step", moe_fixed);
+        cJSON_AddNumberToObject(mo, "weight_bytes_all_experts", weight_bytes);
+        cJSON_AddStringToObject(mo, "roofline", "fixed bytes + layers x min(experts, batch x experts_used) x "
+                                                "expert_bytes + KV (an upper bound of the distinct experts)");
+    }
     int rc = 0;
+    const int32_t k_used = moe ? c->n_experts_used : 0;
     for (int32_t bi = 0; bi < o->n_batches && !rc; bi++) {
         const int32_t B = o->batches[bi], bs = 16, Pl = o->prompt_len, T = o->steps, warm = 3;
         const int32_t bps = (Pl + T + warm + bs) / bs + 1;
-        const int32_t chunk_seqs = 512 / Pl > 0 ? 512 / Pl : 1, max_rows = (B < chunk_seqs ? B : chunk_seqs) * Pl;
+        const int32_t chunk_seqs = 512 / Pl > 0 ? 512 / Pl : 1;
+        const int32_t max_rows = o->kv_fill ? B : (B < chunk_seqs ? B : chunk_seqs) * Pl;
         runner r;
         batch_t b;
         uint64_t rng = 42 + (uint64_t)B;
         int rrc = runner_init(&r, m, B * bps + 1, bs, max_rows > B ? max_rows : B, B);
         if (rrc) {
             printf("batch %d: %s\n", B, rd_errmsg());
-            printf("TABLE|decode %s|batch %d|setup failed: %s|\n", name, B, rd_errmsg());
+            printf("TABLE|decode %s%s|batch %d|setup failed: %s|\n", name, o->label ? o->label : "", B, rd_errmsg());
             continue;
         }
         if (batch_init(&b, B, bps, bs, max_rows > B ? max_rows : B)) {
@@ -913,16 +1235,20 @@ static int cmd_bench(const opts *o)
             break;
         }
         double tp0 = clock_now_s();
-        for (int32_t s0 = 0; s0 < B && !rrc; s0 += chunk_seqs)
-            rrc = prefill_step(&r, &b, s0, s0 + chunk_seqs < B ? s0 + chunk_seqs : B, Pl, &rng, NULL);
+        for (int32_t s0 = 0; s0 < B && !rrc; s0 += chunk_seqs) {
+            const int32_t s1 = s0 + chunk_seqs < B ? s0 + chunk_seqs : B;
+            rrc = o->kv_fill ? kv_fill_step(&r, &b, s0, s1, Pl, &rng) : prefill_step(&r, &b, s0, s1, Pl, &rng, NULL);
+        }
         double t_prefill = clock_now_s() - tp0;
         samp_params sp = samp_default();
         sp.temperature = 0.0f;
         rd_sample_req *q = malloc(sizeof(rd_sample_req) * B);
         samp_result *res = malloc(sizeof(samp_result) * B);
+        int32_t *routes = moe ? malloc(sizeof(int32_t) * (size_t)c->n_layers * B * k_used) : NULL;
+        uint8_t *seen = moe ? malloc((size_t)c->n_experts) : NULL;
         for (int32_t s = 0; s < B; s++)
             q[s] = (rd_sample_req){s, 0, 0, &sp, NULL, 0, 0, 0};
-        double t_steps = 0, t_sample = 0, kv_read = 0;
+        double t_steps = 0, t_sample = 0, kv_read = 0, distinct = 0;
         for (int32_t it = 0; it < warm + T && !rrc; it++) {
             double ctx_sum = 0;
             for (int32_t s = 0; s < B; s++)
@@ -939,24 +1265,51 @@ static int cmd_bench(const opts *o)
                 t_steps += t2 - t0;
                 t_sample += t2 - t1;
                 kv_read += ctx_sum * kv_per_token;
+                /* the experts this step's rows reached, per layer (read after the timed part) */
+                if (moe && !rrc && !(rrc = runner_routes(&r, B, routes)))
+                    for (int32_t li = 0; li < c->n_layers; li++) {
+                        memset(seen, 0, (size_t)c->n_experts);
+                        for (int32_t j = 0; j < B * k_used; j++) {
+                            const int32_t e = routes[(size_t)li * B * k_used + j];
+                            if (e >= 0 && e < c->n_experts && !seen[e])
+                                seen[e] = 1, distinct++;
+                        }
+                    }
             }
         }
         free(q);
         free(res);
+        free(routes);
+        free(seen);
         if (rrc) {
             printf("batch %d: %s\n", B, rd_errmsg());
-            printf("TABLE|decode %s|batch %d|failed: %s|\n", name, B, rd_errmsg());
+            printf("TABLE|decode %s%s|batch %d|failed: %s|\n", name, o->label ? o->label : "", B, rd_errmsg());
             rc = 1;
         } else {
-            const double step = t_steps / T, bytes = weight_bytes + kv_read / T;
+            const double bound = moe ? (B * k_used < c->n_experts ? B * k_used : c->n_experts) : 0;
+            const double measured = moe ? distinct / T / c->n_layers : 0; /* per layer, mean over the steps */
+            const double wb = moe ? moe_fixed + moe_expert * bound * c->n_layers : weight_bytes;
+            const double step = t_steps / T, bytes = wb + kv_read / T;
             const double roof = bw > 0 ? bytes / (bw * 1e9) : NAN;
+            const double bytes_meas = moe ? moe_fixed + moe_expert * measured * c->n_layers + kv_read / T : bytes;
+            const double roof_meas = bw > 0 ? bytes_meas / (bw * 1e9) : NAN;
             const double tps = B / step;
             printf("batch %4d: %9.1f tokens/s, step %7.3f ms (sample %.3f ms), roofline %7.3f ms (%.2f GB/step): "
-                   "%.2fx; prefill %d x %d in %.2fs; graphs %lld replayed, %lld captured\n",
-                   B, tps, step * 1e3, t_sample / T * 1e3, roof * 1e3, bytes / 1e9, step / roof, B, Pl, t_prefill,
-                   (long long)r.graph_replays, (long long)r.graph_captures);
-            printf("TABLE|decode %s%s|batch %d|%.0f tok/s, %.3f ms/step, %.2fx roofline (%.3f ms)|\n", name,
-                   o->label ? o->label : "", B, tps, step * 1e3, step / roof, roof * 1e3);
+                   "%.2fx; %s %d x %d in %.2fs; graphs %lld replayed, %lld captured\n",
+                   B, tps, step * 1e3, t_sample / T * 1e3, roof * 1e3, bytes / 1e9, step / roof,
+                   o->kv_fill ? "kv fill" : "prefill", B, Pl, t_prefill, (long long)r.graph_replays,
+                   (long long)r.graph_captures);
+            if (moe)
+                printf("            experts per layer: bound %.0f, measured %.1f (mean distinct over %d steps); "
+                       "roofline with the measured experts %.3f ms (%.2f GB/step): %.2fx\n",
+                       bound, measured, T, roof_meas * 1e3, bytes_meas / 1e9, step / roof_meas);
+            if (moe)
+                printf("TABLE|decode %s%s|batch %d|%.0f tok/s, %.3f ms/step, %.2fx active-expert roofline (%.3f ms, "
+                       "<= %.0f experts/layer), %.2fx with the %.1f measured|\n", name, o->label ? o->label : "", B,
+                       tps, step * 1e3, step / roof, roof * 1e3, bound, step / roof_meas, measured);
+            else
+                printf("TABLE|decode %s%s|batch %d|%.0f tok/s, %.3f ms/step, %.2fx roofline (%.3f ms)|\n", name,
+                       o->label ? o->label : "", B, tps, step * 1e3, step / roof, roof * 1e3);
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "batch", B);
             cJSON_AddNumberToObject(e, "tokens_per_s", tps);
@@ -965,14 +1318,868 @@ static int cmd_bench(const opts *o)
             cJSON_AddNumberToObject(e, "bytes_per_step", bytes);
             cJSON_AddNumberToObject(e, "roofline_ms", roof * 1e3);
             cJSON_AddNumberToObject(e, "x_roofline", step / roof);
-            cJSON_AddNumberToObject(e, "prefill_s", t_prefill);
+            cJSON_AddNumberToObject(e, o->kv_fill ? "kv_fill_s" : "prefill_s", t_prefill);
             cJSON_AddNumberToObject(e, "graph_replays", (double)r.graph_replays);
+            if (moe) {
+                cJSON_AddNumberToObject(e, "experts_per_layer_bound", bound);
+                cJSON_AddNumberToObject(e, "experts_per_layer_measured", measured);
+                cJSON_AddNumberToObject(e, "bytes_per_step_measured", bytes_meas);
+                cJSON_AddNumberToObject(e, "roofline_measured_ms", roof_meas * 1e3);
+                cJSON_AddNumberToObject(e, "x_roofline_measured", step / roof_meas);
+            }
             cJSON_AddItemToArray(arr, e);
         }
         batch_free(&b);
         runner_free(&r);
     }
     rd_unload(&l);
+    int wj = write_json(o, doc);
+    return rc ? rc : wj;
+}
+
+/* ------------------------------------------------------------------ GEMM microbenchmark */
+
+/* A weight shape of the linear op: y[m][out] = x[m][in] . W^T. */
+typedef struct {
+    char name[64];
+    int32_t out, in;
+} gshape;
+
+#define GEMM_MAX_SHAPES 64
+#define GEMM_MAX_VARIANTS 16
+#define GEMM_MAX_ENV 8
+
+/* A variant: environment variables set before a fresh backend is created
+ * (the CUDA backend reads RD_CUDA_* then), and whether the weights load as
+ * FP8 blocks (linear_load_q with RD_TYPE_FP8_B32 parts, as serve_dtype fp8). */
+typedef struct {
+    char name[96];
+    int fp8;
+    int n_env;
+    char var[GEMM_MAX_ENV][48], val[GEMM_MAX_ENV][48];
+} gvariant;
+
+static int variant_set(gvariant *v, const char *var, const char *val)
+{
+    for (int i = 0; i < v->n_env; i++)
+        if (!strcmp(v->var[i], var)) {
+            snprintf(v->val[i], sizeof v->val[i], "%s", val);
+            return 0;
+        }
+    if (v->n_env == GEMM_MAX_ENV || strlen(var) >= sizeof v->var[0] || strlen(val) >= sizeof v->val[0])
+        return -1;
+    snprintf(v->var[v->n_env], sizeof v->var[0], "%s", var);
+    snprintf(v->val[v->n_env], sizeof v->val[0], "%s", val);
+    v->n_env++;
+    return 0;
+}
+
+/* One variant from its spec: names joined by '+', each a known name or VAR=value:
+ *   default  nothing set             tc       RD_CUDA_GEMM=tc      simple  RD_CUDA_GEMM=simple
+ *   bf16act  RD_CUDA_ACT=bf16        mixed    RD_CUDA_ACT=mixed    fp8     weights as FP8 blocks
+ *   fp8tc    fp8 + RD_CUDA_FP8=tc    tcbf16   RD_CUDA_GEMM=tc + RD_CUDA_ACT=bf16
+ * e.g. "fp8+RD_CUDA_FP8=tc" is fp8tc. -1 for an unknown name. */
+static int parse_variant(const char *spec, gvariant *v)
+{
+    memset(v, 0, sizeof *v);
+    if (strlen(spec) >= sizeof v->name)
+        return -1;
+    snprintf(v->name, sizeof v->name, "%s", spec);
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s", spec);
+    int rc = 0;
+    for (char *save = NULL, *t = strtok_r(buf, "+", &save); t && !rc; t = strtok_r(NULL, "+", &save)) {
+        char *eq = strchr(t, '=');
+        if (eq) {
+            *eq = 0;
+            rc = *t ? variant_set(v, t, eq + 1) : -1;
+        } else if (!strcmp(t, "default")) {
+        } else if (!strcmp(t, "tc")) {
+            rc = variant_set(v, "RD_CUDA_GEMM", "tc");
+        } else if (!strcmp(t, "simple")) {
+            rc = variant_set(v, "RD_CUDA_GEMM", "simple");
+        } else if (!strcmp(t, "bf16act")) {
+            rc = variant_set(v, "RD_CUDA_ACT", "bf16");
+        } else if (!strcmp(t, "mixed")) {
+            rc = variant_set(v, "RD_CUDA_ACT", "mixed");
+        } else if (!strcmp(t, "fp8")) {
+            v->fp8 = 1;
+        } else if (!strcmp(t, "fp8tc")) {
+            v->fp8 = 1;
+            rc = variant_set(v, "RD_CUDA_FP8", "tc");
+        } else if (!strcmp(t, "tcbf16")) {
+            rc = variant_set(v, "RD_CUDA_GEMM", "tc");
+            if (!rc)
+                rc = variant_set(v, "RD_CUDA_ACT", "bf16");
+        } else {
+            rc = -1;
+        }
+    }
+    return rc;
+}
+
+/* The process's own values of the variables the variants set, restored
+ * before each variant applies its own ("default" is the environment the
+ * tool was started with). */
+typedef struct {
+    int n;
+    char var[GEMM_MAX_VARIANTS * GEMM_MAX_ENV][48];
+    char *orig[GEMM_MAX_VARIANTS * GEMM_MAX_ENV];
+} genv_save;
+
+static void env_save(genv_save *sv, const gvariant *vs, int nv)
+{
+    memset(sv, 0, sizeof *sv);
+    for (int i = 0; i < nv; i++)
+        for (int j = 0; j < vs[i].n_env; j++) {
+            int k = 0;
+            while (k < sv->n && strcmp(sv->var[k], vs[i].var[j]))
+                k++;
+            if (k < sv->n)
+                continue;
+            snprintf(sv->var[k], sizeof sv->var[k], "%s", vs[i].var[j]);
+            const char *cur = getenv(vs[i].var[j]);
+            sv->orig[k] = cur ? strdup(cur) : NULL;
+            sv->n++;
+        }
+}
+
+static void env_apply(const genv_save *sv, const gvariant *v)
+{
+    for (int k = 0; k < sv->n; k++) {
+        if (sv->orig[k])
+            setenv(sv->var[k], sv->orig[k], 1);
+        else
+            unsetenv(sv->var[k]);
+    }
+    for (int j = 0; v && j < v->n_env; j++)
+        setenv(v->var[j], v->val[j], 1);
+}
+
+static void env_free(genv_save *sv)
+{
+    for (int k = 0; k < sv->n; k++)
+        free(sv->orig[k]);
+}
+
+/* The four linear shapes of a model's layer: q|k|v, o, gate|up, down (an MoE
+ * layer's router instead of its FFN, whose experts run in moe_ffn). */
+static int model_shapes(const char *which, const model_config *c, gshape *out, int cap, int n)
+{
+    const int32_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    const char *names[4] = {"qkv", "o", c->n_experts ? "router" : "gate_up", "down"};
+    const int32_t o_[4] = {q + 2 * kv, c->dim, c->n_experts ? c->n_experts : 2 * c->ffn_dim, c->dim};
+    const int32_t i_[4] = {c->dim, q, c->dim, c->ffn_dim};
+    for (int g = 0; g < (c->n_experts ? 3 : 4) && n < cap; g++, n++) {
+        snprintf(out[n].name, sizeof out[n].name, "%s.%s", which, names[g]);
+        out[n].out = o_[g], out[n].in = i_[g];
+    }
+    return n;
+}
+
+/* "3072x2048,2048x2048" -> shapes named by their dims; -1 on a bad entry. */
+static int parse_shapes(const char *spec, gshape *out, int cap, int n)
+{
+    const char *p = spec;
+    while (*p && n < cap) {
+        char *end;
+        long a = strtol(p, &end, 10);
+        if (end == p || *end != 'x')
+            return -1;
+        const char *p2 = end + 1;
+        long b = strtol(p2, &end, 10);
+        if (end == p2 || (*end && *end != ',') || a < 1 || b < 1 || a > 1 << 20 || b > 1 << 20)
+            return -1;
+        snprintf(out[n].name, sizeof out[n].name, "%ldx%ld", a, b);
+        out[n].out = (int32_t)a, out[n].in = (int32_t)b;
+        n++;
+        p = *end ? end + 1 : end;
+    }
+    return *p ? -1 : n;
+}
+
+/* Dense bf16 tensor-core peak (TFLOP/s) assumed for the device describe() names, or 0 (unknown). */
+static double peak_for(const char *desc, const char **why)
+{
+    if (strstr(desc, "H100") || strstr(desc, "H200")) {
+        *why = "989 TFLOP/s: H100/H200 SXM dense bf16 (tensor cores, no sparsity)";
+        return 989.0;
+    }
+    *why = "unknown device: no peak assumed (--peak-tflops to give one)";
+    return 0.0;
+}
+
+/* Rows [0, m) of a batched result against the same rows computed alone:
+ * the number of rows whose out floats differ in any bit. */
+static int32_t rows_differ(const float *batched, const float *alone, int32_t m, int32_t out)
+{
+    int32_t bad = 0;
+    for (int32_t i = 0; i < m; i++)
+        bad += memcmp(batched + (size_t)i * out, alone + (size_t)i * out, sizeof(float) * (size_t)out) != 0;
+    return bad;
+}
+
+/* RD_GPUBENCH_FAULT=invariance flips one bit of the first batched result
+ * compared: the check (and its exit status) checked by the test suite. */
+static int fault_invariance(void)
+{
+    const char *f = getenv("RD_GPUBENCH_FAULT");
+    return f && !strcmp(f, "invariance");
+}
+
+/* Timed calls of fn: warm-up calls, one synced call to size the count (reps,
+ * or enough to fill ~10 ms, 5..1000), then that many between two syncs.
+ * Seconds per call, or < 0 on a backend error. */
+typedef void (*call_fn)(void *ctx);
+static double time_calls(rd_backend *be, call_fn fn, void *ctx, int32_t reps, int32_t *reps_out)
+{
+    for (int i = 0; i < 3; i++)
+        fn(ctx);
+    if (be->ops->sync(be))
+        return -1;
+    double t0 = clock_now_s();
+    fn(ctx);
+    if (be->ops->sync(be))
+        return -1;
+    double one = clock_now_s() - t0;
+    int32_t n = reps > 0 ? reps : (int32_t)(0.010 / (one > 1e-7 ? one : 1e-7));
+    if (reps <= 0)
+        n = n < 5 ? 5 : n > 1000 ? 1000 : n;
+    t0 = clock_now_s();
+    for (int32_t i = 0; i < n; i++)
+        fn(ctx);
+    if (be->ops->sync(be))
+        return -1;
+    *reps_out = n;
+    return (clock_now_s() - t0) / n;
+}
+
+/* Copies of an operand the timed calls take in turn, so that together they
+ * exceed the device's last-level cache (--flush-mib, default 256 MiB; an
+ * H100's or H200's L2 is 50 MB): each call then reads its operand from DRAM,
+ * as a decode step reads each weight once, instead of the L2 that holds
+ * what the call before it read. */
+#define MAX_COPIES 64
+static int32_t copies_for(const opts *o, double bytes)
+{
+    const double want = (double)o->flush_mib * 1048576.0;
+    int32_t k = bytes > 0 && want > bytes ? (int32_t)ceil(want / bytes) : 1;
+    return k < 1 ? 1 : k > MAX_COPIES ? MAX_COPIES : k;
+}
+
+/* The same calls captured as one backend graph of n calls (a decode step
+ * runs as a graph: no launch costs between kernels), after pre (NULL: none)
+ * inside the graph too; one untimed launch, then `launches` timed between
+ * syncs. Seconds per call; -2 where the backend has no graphs, -1 if the
+ * capture or a launch fails (then the stream's time stands alone). */
+static double time_graph(rd_backend *be, call_fn pre, call_fn fn, void *ctx, int32_t n, int32_t launches)
+{
+    if (!be->ops->graph_begin || !be->ops->graph_end || !be->ops->graph_launch || !be->ops->graph_free)
+        return -2;
+    void *g = NULL;
+    if (be->ops->graph_begin(be))
+        return -1;
+    if (pre)
+        pre(ctx);
+    for (int32_t i = 0; i < n; i++)
+        fn(ctx);
+    int rc = be->ops->graph_end(be, &g);
+    if (!rc && !g)
+        rc = -1;
+    if (!rc)
+        rc = be->ops->graph_launch(be, g);
+    if (!rc)
+        rc = be->ops->sync(be);
+    double t0 = clock_now_s();
+    for (int32_t i = 0; i < launches && !rc; i++)
+        rc = be->ops->graph_launch(be, g);
+    if (!rc)
+        rc = be->ops->sync(be);
+    const double t = clock_now_s() - t0;
+    if (g)
+        be->ops->graph_free(be, g);
+    return rc ? -1 : t / ((double)launches * n);
+}
+
+typedef struct {
+    rd_backend *be;
+    void *const *w;             /* [copies] the same weight */
+    int32_t copies, next;
+    const float *xsrc, *ones;   /* the RMSNorm that makes x (in a graph, its first node) */
+    int32_t in;
+    float *x, *y;
+    int32_t m;
+} gemm_call;
+
+static void gemm_call_fn(void *ctx)
+{
+    gemm_call *g = ctx;
+    g->be->ops->linear(g->be, g->w[g->next], g->x, g->m, g->y, 0);
+    g->next = (g->next + 1) % g->copies;
+}
+
+static void gemm_pre_fn(void *ctx)
+{
+    gemm_call *g = ctx;
+    g->be->ops->rmsnorm(g->be, g->xsrc, g->ones, g->m, g->in, 1e-5f, 0.0f, g->x);
+}
+
+typedef struct {
+    double us, us_stream, gbps, tflops, wbytes;
+    int32_t reps, bad_rows;
+    int done, graph;
+} gres;
+
+/* Random bf16-valued floats of std 0.02 (weights) or uniform in [-1, 1) (inputs). */
+static void fill_random(float *x, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = rd_bf16_to_f32(rd_f32_to_bf16((float)((double)(mix(&seed) >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0) *
+                                             scale));
+}
+
+static int cmd_gemm(const opts *o)
+{
+    gshape sh[GEMM_MAX_SHAPES];
+    int ns = 0;
+    if (o->synthetic) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", o->synthetic);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            model_config c;
+            if (synth_config(t, &c)) {
+                fprintf(stderr, "%s gemm: --synthetic expects a list of " SYNTH_NAMES ", not '%s'\n", P, t);
+                return 2;
+            }
+            ns = model_shapes(t, &c, sh, GEMM_MAX_SHAPES, ns);
+        }
+    }
+    if (o->shapes && (ns = parse_shapes(o->shapes, sh, GEMM_MAX_SHAPES, ns)) < 0) {
+        fprintf(stderr, "%s gemm: --shapes expects OUTxIN,... (e.g. 3072x2048,2048x8192), got '%s'\n", P, o->shapes);
+        return 2;
+    }
+    if (ns == 0) { /* the 1B's */
+        model_config c;
+        synth_config("1b", &c);
+        ns = model_shapes("1b", &c, sh, GEMM_MAX_SHAPES, 0);
+    }
+    int32_t def_rows[] = {1, 8, 32, 128, 256, 512};
+    const int32_t *rows = o->rows ? o->rows : def_rows, nr = o->rows ? o->n_rows : 6;
+    int32_t maxm = 0;
+    for (int32_t i = 0; i < nr; i++)
+        maxm = rows[i] > maxm ? rows[i] : maxm;
+    gvariant vs[GEMM_MAX_VARIANTS];
+    int nv = 0;
+    {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", o->variants ? o->variants : "default");
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (nv == GEMM_MAX_VARIANTS || parse_variant(t, &vs[nv])) {
+                fprintf(stderr, "%s gemm: bad variant '%s' (at most %d of: default, tc, simple, bf16act, mixed, "
+                                "fp8, fp8tc, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
+                return 2;
+            }
+            nv++;
+        }
+    }
+    genv_save sv;
+    env_save(&sv, vs, nv);
+    gres *res = calloc((size_t)nv * ns * nr, sizeof *res);
+    float **wh = calloc(ns, sizeof *wh);  /* host weights, made once per shape */
+    uint8_t **wq = calloc(ns, sizeof *wq); /* their FP8 blocks, when a variant asks */
+    size_t maxo = 0, maxi = 0;
+    for (int s = 0; s < ns; s++) {
+        maxo = (size_t)sh[s].out > maxo ? (size_t)sh[s].out : maxo;
+        maxi = (size_t)sh[s].in > maxi ? (size_t)sh[s].in : maxi;
+    }
+    float *xh = malloc(sizeof(float) * maxm * maxi), *alone = malloc(sizeof(float) * maxm * maxo),
+          *got = malloc(sizeof(float) * maxm * maxo);
+    if (!res || !wh || !wq || !xh || !alone || !got) {
+        fprintf(stderr, "%s gemm: out of host memory\n", P);
+        return 3;
+    }
+    fill_random(xh, (size_t)maxm * maxi, 99, 1.0f);
+    double bw = o->bw, peak = o->peak_tflops;
+    const char *peak_why = "given by --peak-tflops";
+    char desc0[4096] = "";
+    const char *be_name = o->backend;
+    cJSON *doc = cJSON_CreateObject(), *jv = cJSON_AddArrayToObject(doc, "variants"),
+          *jr = cJSON_AddArrayToObject(doc, "results");
+    int setup_err = 0, all_invariant = 1;
+    for (int vi = 0; vi < nv; vi++) {
+        const gvariant *v = &vs[vi];
+        env_apply(&sv, v);
+        rd_backend *be = NULL;
+        cJSON *jvar = cJSON_CreateObject();
+        cJSON_AddStringToObject(jvar, "name", v->name);
+        cJSON_AddBoolToObject(jvar, "fp8", v->fp8);
+        cJSON *je = cJSON_AddObjectToObject(jvar, "env");
+        for (int j = 0; j < v->n_env; j++)
+            cJSON_AddStringToObject(je, v->var[j], v->val[j]);
+        cJSON_AddItemToArray(jv, jvar);
+        if (rd_backend_create(o->backend, o->threads, &be)) {
+            printf("variant %s: backend: %s\n", v->name, rd_errmsg());
+            printf("TABLE|gemm invariance|%s|no backend: %.120s|ERROR|\n", v->name, rd_errmsg());
+            cJSON_AddStringToObject(jvar, "error", rd_errmsg());
+            setup_err = 1;
+            continue;
+        }
+        be_name = be->ops->name;
+        char desc[4096] = "";
+        if (be->ops->describe)
+            be->ops->describe(be, desc, sizeof desc);
+        if (vi == 0) {
+            snprintf(desc0, sizeof desc0, "%s", desc);
+            if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
+                bw = 0;
+            if (!(peak > 0))
+                peak = peak_for(desc, &peak_why);
+            printf("gemm on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", be->ops->name, desc, bw, peak_why);
+            printf("(us: per call inside a backend graph of calls where the backend has graphs, as a decode step "
+                   "runs them; the JSON's us_stream: launched one by one)\n");
+            printf("(TFLOP/s counts 2 x rows x out x in per call: the split fp32 input of the default doubles what "
+                   "a kernel computes. The input is an RMSNorm's output, whose bf16 copy the CUDA backend's linear "
+                   "reads, as in a decode step; the default's split sum, which a step defers into the next kernel, "
+                   "runs as a kernel of its own between calls here)\n");
+        }
+        /* The input as a decode step has it: the output of an RMSNorm (of random rows, weight 1), for which
+         * the CUDA backend keeps a bf16 copy that its linear reads instead of converting x. */
+        float *xsrc = be->ops->alloc(be, sizeof(float) * maxm * maxi), *x = be->ops->alloc(be, sizeof(float) * maxm * maxi);
+        float *y = be->ops->alloc(be, sizeof(float) * maxm * maxo), *ones = be->ops->alloc(be, sizeof(float) * maxi);
+        int rc = xsrc && x && y && ones ? be->ops->h2d(be, xsrc, xh, sizeof(float) * maxm * maxi)
+                                        : rd_fail(RD_ENOMEM, "device buffers");
+        float *ones_h = rc ? NULL : malloc(sizeof(float) * maxi);
+        for (size_t i = 0; ones_h && i < maxi; i++)
+            ones_h[i] = 1.0f;
+        if (!rc)
+            rc = ones_h ? be->ops->h2d(be, ones, ones_h, sizeof(float) * maxi) : rd_fail(RD_ENOMEM, "host buffer");
+        free(ones_h);
+        int32_t var_bad = 0;
+        for (int s = 0; s < ns && !rc; s++) {
+            const size_t n = (size_t)sh[s].out * sh[s].in;
+            if (!wh[s]) {
+                wh[s] = malloc(sizeof(float) * n);
+                if (!wh[s]) {
+                    rc = rd_fail(RD_ENOMEM, "host weights");
+                    break;
+                }
+                fill_random(wh[s], n, 1000 + (uint64_t)s, 0.02f * 1.7320508f);
+            }
+            if (v->fp8 && sh[s].in % RD_FP8_BLOCK) {
+                printf("variant %s, %s: in %d is not a multiple of %d: no FP8 blocks\n", v->name, sh[s].name,
+                       sh[s].in, RD_FP8_BLOCK);
+                continue;
+            }
+            if (v->fp8 && !wq[s] &&
+                (!(wq[s] = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES)) || rd_fp8_quant(wh[s], n, wq[s]))) {
+                rc = rd_fail(RD_ENOMEM, "fp8 blocks");
+                break;
+            }
+            void *hs[MAX_COPIES] = {0};
+            int32_t copies = 1;
+            double wbytes = 0;
+            for (int32_t k = 0; k < copies; k++) {
+                if (v->fp8) {
+                    rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = sh[s].out, .data = wq[s]};
+                    rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, &hs[k])
+                                                : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
+                } else {
+                    rc = be->ops->linear_load(be, wh[s], sh[s].out, sh[s].in, &hs[k]);
+                }
+                if (rc && k > 0) { /* out of memory for more copies: time with those there are */
+                    rc = 0;
+                    copies = k;
+                    break;
+                }
+                if (rc)
+                    break;
+                if (k == 0) {
+                    wbytes = lin_bytes(be, hs[0]);
+                    copies = copies_for(o, wbytes);
+                }
+            }
+            if (rc)
+                break;
+            void *h = hs[0];
+            const int32_t out = sh[s].out, in = sh[s].in;
+            /* the rows alone: m = 1 calls, then one copy back (first one call per copy, so that whatever a
+             * backend prepares on a weight's first use is not timed) */
+            be->ops->rmsnorm(be, xsrc, ones, maxm, in, 1e-5f, 0.0f, x);
+            for (int32_t k = 1; k < copies; k++)
+                be->ops->linear(be, hs[k], x, 1, y, 0);
+            for (int32_t i = 0; i < maxm; i++)
+                be->ops->linear(be, h, x + (size_t)i * in, 1, y + (size_t)i * out, 0);
+            rc = be->ops->d2h(be, alone, y, sizeof(float) * (size_t)maxm * out);
+            if (!rc)
+                rc = be->ops->sync(be);
+            for (int32_t ri = 0; ri < nr && !rc; ri++) {
+                const int32_t m = rows[ri];
+                be->ops->rmsnorm(be, xsrc, ones, m, in, 1e-5f, 0.0f, x); /* the same rows, and an m-row bf16 copy */
+                gemm_call gc = {be, hs, copies, 0, xsrc, ones, in, x, y, m};
+                gres *g = &res[((size_t)vi * ns + s) * nr + ri];
+                const double t_stream = time_calls(be, gemm_call_fn, &gc, o->reps, &g->reps);
+                if (t_stream < 0) {
+                    rc = RD_EINVAL;
+                    break;
+                }
+                if ((rc = be->ops->d2h(be, got, y, sizeof(float) * (size_t)m * out)) || (rc = be->ops->sync(be)))
+                    break;
+                if (fault_invariance() && vi == 0 && s == 0 && ri == nr - 1) {
+                    uint32_t bits;
+                    memcpy(&bits, got, 4);
+                    bits ^= 1;
+                    memcpy(got, &bits, 4);
+                }
+                g->bad_rows = rows_differ(got, alone, m, out);
+                /* then as a graph of as many calls (at least one per copy), its output checked as well */
+                gc.next = 0;
+                const int32_t n_graph = g->reps > copies ? g->reps : copies;
+                const double t_graph = time_graph(be, gemm_pre_fn, gemm_call_fn, &gc, n_graph, 3);
+                if (t_graph >= 0) {
+                    if ((rc = be->ops->d2h(be, got, y, sizeof(float) * (size_t)m * out)) || (rc = be->ops->sync(be)))
+                        break;
+                    const int32_t bad = rows_differ(got, alone, m, out);
+                    g->bad_rows = bad > g->bad_rows ? bad : g->bad_rows;
+                } else if (t_graph == -1) {
+                    printf("variant %s, %s, %d rows: no graph timing (%s)\n", v->name, sh[s].name, m, rd_errmsg());
+                }
+                const double t = t_graph >= 0 ? t_graph : t_stream;
+                g->us_stream = t_stream * 1e6;
+                g->graph = t_graph >= 0;
+                g->us = t * 1e6;
+                g->wbytes = wbytes;
+                g->gbps = wbytes / t / 1e9;
+                g->tflops = 2.0 * m * (double)out * in / t / 1e12;
+                g->done = 1;
+                var_bad += g->bad_rows;
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddStringToObject(e, "shape", sh[s].name);
+                cJSON_AddNumberToObject(e, "out", out);
+                cJSON_AddNumberToObject(e, "in", in);
+                cJSON_AddNumberToObject(e, "rows", m);
+                cJSON_AddStringToObject(e, "variant", v->name);
+                cJSON_AddNumberToObject(e, "us", g->us);
+                cJSON_AddNumberToObject(e, "us_stream", g->us_stream);
+                cJSON_AddBoolToObject(e, "graph", g->graph);
+                cJSON_AddNumberToObject(e, "reps", g->reps);
+                cJSON_AddNumberToObject(e, "weight_bytes", wbytes);
+                cJSON_AddNumberToObject(e, "copies", copies);
+                cJSON_AddNumberToObject(e, "gbps", g->gbps);
+                if (bw > 0)
+                    cJSON_AddNumberToObject(e, "x_copy", g->gbps / bw);
+                cJSON_AddNumberToObject(e, "tflops", g->tflops);
+                if (peak > 0)
+                    cJSON_AddNumberToObject(e, "x_peak", g->tflops / peak);
+                cJSON_AddBoolToObject(e, "invariant", g->bad_rows == 0);
+                cJSON_AddNumberToObject(e, "rows_differing", g->bad_rows);
+                cJSON_AddItemToArray(jr, e);
+            }
+            for (int32_t k = 0; k < copies; k++)
+                be->ops->linear_free(be, hs[k]);
+        }
+        char err[256] = "";
+        if (rc) {
+            snprintf(err, sizeof err, "%s", rd_errmsg());
+            printf("variant %s: %s\n", v->name, err);
+            cJSON_AddStringToObject(jvar, "error", err);
+            setup_err = 1;
+        }
+        /* after the calls: the backend names each shape's GEMM choice once it has made it */
+        if (be->ops->describe)
+            be->ops->describe(be, desc, sizeof desc);
+        printf("variant %s: %s\n", v->name, desc);
+        cJSON_AddStringToObject(jvar, "describe", desc);
+        cJSON_AddBoolToObject(jvar, "invariant", var_bad == 0);
+        cJSON_AddNumberToObject(jvar, "rows_differing", var_bad);
+        all_invariant &= var_bad == 0;
+        if (var_bad)
+            printf("variant %-12s batch invariance FAIL: %d rows of m-row calls differ from the same rows computed "
+                   "alone (m = 1)\n", v->name, var_bad);
+        else if (!rc)
+            printf("variant %-12s batch invariance PASS: the rows of every m-row call equal, bit for bit, the same "
+                   "rows computed alone (m = 1)\n", v->name);
+        if (rc && !var_bad)
+            printf("TABLE|gemm invariance|%s|stopped: %.120s|ERROR|\n", v->name, err);
+        else
+            printf("TABLE|gemm invariance|%s|rows of %d..%d-row calls vs alone, %d shapes: %s|%s|\n", v->name,
+                   rows[0], maxm, ns, var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+        if (xsrc) be->ops->free(be, xsrc);
+        if (x) be->ops->free(be, x);
+        if (y) be->ops->free(be, y);
+        if (ones) be->ops->free(be, ones);
+        rd_backend_destroy(be);
+    }
+    env_apply(&sv, NULL);
+    /* side by side: one line per (shape, rows), the variants across */
+    printf("\n%-22s %5s", "shape", "rows");
+    for (int vi = 0; vi < nv; vi++)
+        printf(" | %-28s", vs[vi].name);
+    printf("\n");
+    for (int s = 0; s < ns; s++)
+        for (int32_t ri = 0; ri < nr; ri++) {
+            char cells[4096];
+            int k = 0;
+            cells[0] = 0;
+            printf("%-22s %5d", sh[s].name, rows[ri]);
+            for (int vi = 0; vi < nv; vi++) {
+                const gres *g = &res[((size_t)vi * ns + s) * nr + ri];
+                char cell[160];
+                if (!g->done)
+                    snprintf(cell, sizeof cell, "-");
+                else
+                    snprintf(cell, sizeof cell, "%.1f us %.0f GB/s %.2fx %.1f TF", g->us, g->gbps,
+                             bw > 0 ? g->gbps / bw : 0.0, g->tflops);
+                printf(" | %-28s", cell);
+                if (g->done && k < (int)sizeof cells) /* the table's cell: time and fraction of the copy bandwidth */
+                    k += snprintf(cells + k, sizeof cells - k, "%s%s %.1fus %.2fx", vi ? "; " : "", vs[vi].name,
+                                  g->us, bw > 0 ? g->gbps / bw : 0.0);
+            }
+            printf("\n");
+            if (ri != 0 && ri != nr - 1) /* run.sh's final table: the fewest and the most rows (all in the JSON) */
+                continue;
+            char dims[32];
+            snprintf(dims, sizeof dims, "%dx%d", sh[s].out, sh[s].in);
+            printf("TABLE|gemm %s%s%s|rows %d|%s|\n", sh[s].name, strcmp(sh[s].name, dims) ? " " : "",
+                   strcmp(sh[s].name, dims) ? dims : "", rows[ri], cells);
+        }
+    printf("(GB/s: the weight's bytes as the backend holds them / time; x: of the copy bandwidth %.1f GB/s; "
+           "TF: TFLOP/s%s)\n", bw, peak > 0 ? ", against the peak above" : "");
+    printf("gemm batch invariance %s%s\n", all_invariant ? "PASS" : "FAIL",
+           setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
+    cJSON_AddStringToObject(doc, "backend", be_name);
+    cJSON_AddStringToObject(doc, "describe", desc0);
+    cJSON_AddNumberToObject(doc, "copy_gbps", bw);
+    cJSON_AddNumberToObject(doc, "peak_tflops", peak);
+    cJSON_AddStringToObject(doc, "peak_assumption", peak_why);
+    cJSON *jrows = cJSON_AddArrayToObject(doc, "rows");
+    for (int32_t i = 0; i < nr; i++)
+        cJSON_AddItemToArray(jrows, cJSON_CreateNumber(rows[i]));
+    cJSON *jsh = cJSON_AddArrayToObject(doc, "shapes");
+    for (int s = 0; s < ns; s++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", sh[s].name);
+        cJSON_AddNumberToObject(e, "out", sh[s].out);
+        cJSON_AddNumberToObject(e, "in", sh[s].in);
+        cJSON_AddItemToArray(jsh, e);
+    }
+    cJSON_AddBoolToObject(doc, "invariant", all_invariant);
+    cJSON_AddBoolToObject(doc, "pass", all_invariant && !setup_err);
+    for (int s = 0; s < ns; s++)
+        free(wh[s]), free(wq[s]);
+    free(wh), free(wq), free(xh), free(alone), free(got), free(res);
+    env_free(&sv);
+    int wj = write_json(o, doc);
+    return !all_invariant ? 1 : setup_err ? 3 : wj;
+}
+
+/* ------------------------------------------------------------------ attention at long context */
+
+typedef struct {
+    rd_backend *be;
+    const rd_attn_shape *a;
+    const float *q;
+    int32_t stride;
+    const rd_step_dev *sd;
+    float *const *k, *const *v; /* [copies] caches of the same K/V */
+    int32_t copies, next;
+    float *out;
+} attn_call;
+
+static void attn_call_fn(void *ctx)
+{
+    attn_call *c = ctx;
+    c->be->ops->attention(c->be, c->a, c->q, c->stride, c->sd, c->k[c->next], c->v[c->next], c->out);
+    c->next = (c->next + 1) % c->copies;
+}
+
+typedef struct {
+    char name[64];
+    int32_t nh, nkv, hd;
+} ashape;
+
+static int cmd_attn(const opts *o)
+{
+    ashape as[16];
+    int na = 0;
+    const char *syn = o->synthetic ? o->synthetic : o->shapes ? NULL : "1b,qwen3-1.7b";
+    if (syn) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", syn);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && na < 16; t = strtok_r(NULL, ",", &save)) {
+            model_config c;
+            if (synth_config(t, &c)) {
+                fprintf(stderr, "%s attn: --synthetic expects a list of " SYNTH_NAMES ", not '%s'\n", P, t);
+                return 2;
+            }
+            snprintf(as[na].name, sizeof as[na].name, "%s", t);
+            as[na].nh = c.n_heads, as[na].nkv = c.n_kv_heads, as[na].hd = c.head_dim;
+            na++;
+        }
+    }
+    for (const char *p = o->shapes; p && *p && na < 16;) { /* NH/NKVxHD */
+        int nh, nkv, hd, used = 0;
+        if (sscanf(p, "%d/%dx%d%n", &nh, &nkv, &hd, &used) != 3 || nh < 1 || nkv < 1 || nh % nkv || hd < 2 ||
+            hd % 2 || hd > MODEL_MAX_HEAD_DIM || (p[used] && p[used] != ',')) {
+            fprintf(stderr, "%s attn: --shapes expects NH/NKVxHD,... (e.g. 32/8x64), got '%s'\n", P, o->shapes);
+            return 2;
+        }
+        snprintf(as[na].name, sizeof as[na].name, "%d/%dx%d", nh, nkv, hd);
+        as[na].nh = nh, as[na].nkv = nkv, as[na].hd = hd;
+        na++;
+        p += used + (p[used] == ',');
+    }
+    int32_t def_ctx[] = {8192, 32768}, def_b[] = {1, 8};
+    const int32_t *ctxs = o->ctxs ? o->ctxs : def_ctx, nc = o->ctxs ? o->n_ctxs : 2;
+    const int32_t *bs_ = o->batches_set ? o->batches : def_b, nb = o->batches_set ? o->n_batches : 2;
+    rd_backend *be;
+    if (rd_backend_create(o->backend, o->threads, &be))
+        return setup_fail("backend");
+    char desc[4096] = "";
+    if (be->ops->describe)
+        be->ops->describe(be, desc, sizeof desc);
+    double bw = o->bw;
+    if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
+        bw = 0;
+    printf("attention on %s: %s\ncopy bandwidth %.1f GB/s; KV bytes read per call = batch x context x kv heads x "
+           "head_dim x 2 (K and V) x element bytes (+ scale bytes); the target is >= 0.70 of the copy bandwidth\n",
+           be->ops->name, desc, bw);
+    cJSON *doc = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(doc, "results");
+    cJSON_AddStringToObject(doc, "backend", be->ops->name);
+    cJSON_AddStringToObject(doc, "describe", desc);
+    cJSON_AddNumberToObject(doc, "copy_gbps", bw);
+    cJSON_AddNumberToObject(doc, "target_x_copy", 0.70);
+    const int32_t bs = 16;
+    int rc = 0;
+    for (int ai = 0; ai < na && !rc; ai++)
+        for (int32_t ci = 0; ci < nc && !rc; ci++)
+            for (int32_t bi = 0; bi < nb && !rc; bi++) {
+                const int32_t nh = as[ai].nh, nkv = as[ai].nkv, hd = as[ai].hd, ctx = ctxs[ci], B = bs_[bi];
+                if (ctx < 1) {
+                    continue;
+                }
+                rd_attn_shape a = {nh, nkv, hd, bs, (float)(1.0 / sqrt((double)hd)), 0};
+                const int32_t bps = (ctx + bs - 1) / bs;
+                const double blk = (double)rd_backend_kv_block_bytes(be, nkv, bs, hd);
+                const double cache = blk * bps * B; /* one of K, V */
+                const double kv_bytes = 2.0 * B * (double)ctx * rd_backend_kv_block_bytes(be, nkv, 1, hd);
+                size_t fr = 0, tot = 0;
+                const char *skip = NULL;
+                if (be->ops->mem_info && !be->ops->mem_info(be, &fr, &tot) && 2 * cache + (256 << 20) > 0.9 * fr)
+                    skip = "does not fit the free device memory";
+                else if (!strcmp(be->ops->name, "cpu") && 2 * cache > 8.0 * (1 << 30))
+                    skip = "over 8 GiB of host memory";
+                char label[160];
+                snprintf(label, sizeof label, "attention %.60s (%d/%d heads of %d)", as[ai].name, nh, nkv, hd);
+                if (skip) {
+                    printf("%s, context %d, batch %d: skipped, %.2f GiB of KV %s\n", label, ctx, B,
+                           2 * cache / 1073741824.0, skip);
+                    printf("TABLE|%s|ctx %d batch %d|skipped: %.2f GiB of KV %s|\n", label, ctx, B,
+                           2 * cache / 1073741824.0, skip);
+                    continue;
+                }
+                float *kc[MAX_COPIES] = {0}, *vc[MAX_COPIES] = {0};
+                int32_t copies = copies_for(o, 2 * cache);
+                kc[0] = be->ops->alloc(be, (size_t)cache), vc[0] = be->ops->alloc(be, (size_t)cache);
+                for (int32_t k = 1; k < copies; k++) /* fewer if memory runs out */
+                    if (!(kc[k] = be->ops->alloc(be, (size_t)cache)) || !(vc[k] = be->ops->alloc(be, (size_t)cache))) {
+                        if (kc[k]) be->ops->free(be, kc[k]);
+                        kc[k] = NULL;
+                        copies = k;
+                        break;
+                    }
+                float *q = be->ops->alloc(be, sizeof(float) * (size_t)B * nh * hd);
+                float *out = be->ops->alloc(be, sizeof(float) * (size_t)B * nh * hd);
+                const int32_t C = ctx < 1024 ? ctx : 1024;
+                float *src = kv_source(be, &a, C, 7 + (uint64_t)ctx);
+                int32_t *tab = malloc(sizeof(int32_t) * (size_t)B * bps);
+                float *qh = malloc(sizeof(float) * (size_t)B * nh * hd);
+                if (!kc[0] || !vc[0] || !q || !out || !src || !tab || !qh) {
+                    printf("%s, context %d, batch %d: out of memory\n", label, ctx, B);
+                    printf("TABLE|%s|ctx %d batch %d|skipped: out of memory|\n", label, ctx, B);
+                } else {
+                    for (int32_t i = 0; i < B * bps; i++)
+                        tab[i] = i;
+                    fill_random(qh, (size_t)B * nh * hd, 11, 1.0f);
+                    rc = be->ops->h2d(be, q, qh, sizeof(float) * (size_t)B * nh * hd);
+                    double tf0 = clock_now_s();
+                    for (int32_t s = 0; s < B && !rc; s++)
+                        rc = kv_fill_rows(be, &a, kc, vc, copies, src, C, tab + (size_t)s * bps, bps, ctx);
+                    double t_fill = clock_now_s() - tf0;
+                    /* the decode step: one row per sequence at the context's last position */
+                    int32_t *pos = malloc(sizeof(int32_t) * B), *slot = malloc(sizeof(int32_t) * B),
+                            *tok = calloc(B, sizeof(int32_t)), *qs = malloc(sizeof(int32_t) * (B + 1)),
+                            *cl = malloc(sizeof(int32_t) * B);
+                    for (int32_t s = 0; s < B; s++) {
+                        pos[s] = ctx - 1;
+                        slot[s] = tab[(size_t)s * bps + (ctx - 1) / bs] * bs + (ctx - 1) % bs;
+                        qs[s] = s;
+                        cl[s] = ctx;
+                    }
+                    qs[B] = B;
+                    rd_step st = {B, B, bps, tok, pos, slot, qs, cl, tab, NULL};
+                    rd_step_dev sd;
+                    if (!rc)
+                        rc = be->ops->step_upload(be, &st, &sd);
+                    attn_call ac = {be, &a, q, nh * hd, &sd, kc, vc, copies, 0, out};
+                    int32_t reps = 0;
+                    const double t_stream = rc ? -1 : time_calls(be, attn_call_fn, &ac, o->reps, &reps);
+                    /* and as a graph of as many calls (a decode step's attention runs inside one) */
+                    ac.next = 0;
+                    const double t_graph =
+                        t_stream < 0 ? -2 : time_graph(be, NULL, attn_call_fn, &ac, reps > copies ? reps : copies, 3);
+                    if (t_graph == -1)
+                        printf("%s, context %d, batch %d: no graph timing (%s)\n", label, ctx, B, rd_errmsg());
+                    const double t = t_graph >= 0 ? t_graph : t_stream;
+                    free(pos), free(slot), free(tok), free(qs), free(cl);
+                    /* what it computed must at least be numbers (a kernel that skips work is fast too) */
+                    int32_t nonfinite = 0;
+                    if (t >= 0 && !be->ops->d2h(be, qh, out, sizeof(float) * (size_t)B * nh * hd) && !be->ops->sync(be))
+                        for (size_t i = 0; i < (size_t)B * nh * hd; i++)
+                            nonfinite += !isfinite(qh[i]);
+                    if (nonfinite) {
+                        printf("%s, context %d, batch %d: %d outputs are not finite\n", label, ctx, B, nonfinite);
+                        printf("TABLE|%s|ctx %d batch %d|FAIL: %d outputs not finite|\n", label, ctx, B, nonfinite);
+                        rc = 1;
+                    } else if (t < 0) {
+                        printf("%s, context %d, batch %d: %s\n", label, ctx, B, rd_errmsg());
+                        printf("TABLE|%s|ctx %d batch %d|failed: %s|\n", label, ctx, B, rd_errmsg());
+                        rc = 1;
+                    } else {
+                        const double gbps = kv_bytes / t / 1e9, x = bw > 0 ? gbps / bw : 0;
+                        printf("%s, context %6d, batch %3d: %9.1f us per call%s, KV %.1f MB read at %.0f GB/s: "
+                               "%.2f of copy (%.1f us launched one by one; fill %.2fs, %d reps over %d copies)\n",
+                               label, ctx, B, t * 1e6, t_graph >= 0 ? " in a graph" : "", kv_bytes / 1e6, gbps, x,
+                               t_stream * 1e6, t_fill, reps, copies);
+                        printf("TABLE|%s|ctx %d batch %d|%.1f us, %.0f GB/s, %.2f of copy bandwidth (target 0.70)|\n",
+                               label, ctx, B, t * 1e6, gbps, x);
+                        cJSON *e = cJSON_CreateObject();
+                        cJSON_AddStringToObject(e, "shape", as[ai].name);
+                        cJSON_AddNumberToObject(e, "n_heads", nh);
+                        cJSON_AddNumberToObject(e, "n_kv_heads", nkv);
+                        cJSON_AddNumberToObject(e, "head_dim", hd);
+                        cJSON_AddNumberToObject(e, "ctx", ctx);
+                        cJSON_AddNumberToObject(e, "batch", B);
+                        cJSON_AddNumberToObject(e, "us", t * 1e6);
+                        cJSON_AddNumberToObject(e, "us_stream", t_stream * 1e6);
+                        cJSON_AddBoolToObject(e, "graph", t_graph >= 0);
+                        cJSON_AddNumberToObject(e, "reps", reps);
+                        cJSON_AddNumberToObject(e, "kv_bytes", kv_bytes);
+                        cJSON_AddNumberToObject(e, "copies", copies);
+                        cJSON_AddNumberToObject(e, "gbps", gbps);
+                        cJSON_AddNumberToObject(e, "x_copy", x);
+                        cJSON_AddItemToArray(arr, e);
+                    }
+                }
+                for (int32_t k = 0; k < MAX_COPIES; k++) {
+                    if (kc[k]) be->ops->free(be, kc[k]);
+                    if (vc[k]) be->ops->free(be, vc[k]);
+                }
+                if (q) be->ops->free(be, q);
+                if (out) be->ops->free(be, out);
+                if (src) be->ops->free(be, src);
+                free(tab), free(qh);
+            }
+    rd_backend_destroy(be);
     int wj = write_json(o, doc);
     return rc ? rc : wj;
 }
@@ -1100,7 +2307,7 @@ static int cmd_engine(const opts *o)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: %s info|copybw|parity|invariance|sampler|engine|bench [flags] (see the source header)\n", P);
+    fprintf(stderr, "usage: %s info|copybw|parity|invariance|sampler|engine|bench|gemm|attn [flags] (see the source header)\n", P);
     exit(2);
 }
 
@@ -1110,7 +2317,7 @@ int main(int argc, char **argv)
         usage();
     const char *cmd = argv[1];
     opts o = {.backend = "cuda", .threads = 0, .prompts = 8, .tokens = 32, .prompt_len = 128, .steps = 32,
-              .mib = 1024, .iters = 20, .tol = 0.05, .bw = 0};
+              .mib = 1024, .iters = 20, .tol = 0.05, .bw = 0, .flush_mib = 256};
     int32_t def_batches[] = {1, 8, 32, 128, 256};
     o.batches = def_batches;
     o.n_batches = 5;
@@ -1128,13 +2335,25 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads")) o.threads = (int)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 1024);
         else if (!strcmp(a, "--prompts")) o.prompts = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 8);
         else if (!strcmp(a, "--tokens")) o.tokens = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
-        else if (!strcmp(a, "--prompt")) o.prompt_len = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 4096);
+        else if (!strcmp(a, "--prompt")) o.prompt_len = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 262144);
         else if (!strcmp(a, "--steps")) o.steps = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100000);
         else if (!strcmp(a, "--mib")) o.mib = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 65536);
         else if (!strcmp(a, "--iters")) o.iters = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100000);
         else if (!strcmp(a, "--tol")) o.tol = cli_float(P, a, cli_value(P, argc, argv, &i), 0, 100);
         else if (!strcmp(a, "--bw")) o.bw = cli_float(P, a, cli_value(P, argc, argv, &i), 0, 1e6);
-        else if (!strcmp(a, "--batches")) o.batches = cli_ids(P, a, cli_value(P, argc, argv, &i), &o.n_batches);
+        else if (!strcmp(a, "--batches")) {
+            o.batches = cli_ids(P, a, cli_value(P, argc, argv, &i), &o.n_batches);
+            o.batches_set = 1;
+        }
+        else if (!strcmp(a, "--rows")) o.rows = cli_ids(P, a, cli_value(P, argc, argv, &i), &o.n_rows);
+        else if (!strcmp(a, "--ctx")) o.ctxs = cli_ids(P, a, cli_value(P, argc, argv, &i), &o.n_ctxs);
+        else if (!strcmp(a, "--variants")) o.variants = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--shapes")) o.shapes = cli_value(P, argc, argv, &i);
+        else if (!strcmp(a, "--layers")) o.layers = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 512);
+        else if (!strcmp(a, "--reps")) o.reps = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 1, 100000);
+        else if (!strcmp(a, "--flush-mib")) o.flush_mib = (int32_t)cli_int(P, a, cli_value(P, argc, argv, &i), 0, 65536);
+        else if (!strcmp(a, "--peak-tflops")) o.peak_tflops = cli_float(P, a, cli_value(P, argc, argv, &i), 0, 1e6);
+        else if (!strcmp(a, "--kv-fill")) o.kv_fill = 1;
         else {
             fprintf(stderr, "%s: unknown flag %s\n", P, a);
             usage();
@@ -1145,19 +2364,37 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: --batches entries must be in 1..4096\n", P);
             return 2;
         }
+    for (int32_t i = 0; i < o.n_rows; i++)
+        if (o.rows[i] < 1 || o.rows[i] > 4096) {
+            fprintf(stderr, "%s: --rows entries must be in 1..4096\n", P);
+            return 2;
+        }
+    for (int32_t i = 0; i < o.n_ctxs; i++)
+        if (o.ctxs[i] < 1 || o.ctxs[i] > (1 << 22)) {
+            fprintf(stderr, "%s: --ctx entries must be in 1..%d\n", P, 1 << 22);
+            return 2;
+        }
     int need_model = !strcmp(cmd, "parity") || !strcmp(cmd, "invariance") || !strcmp(cmd, "sampler") ||
                      !strcmp(cmd, "engine") || !strcmp(cmd, "bench");
     if (need_model && !o.model && !o.synthetic) {
         fprintf(stderr, "%s %s: --model PATH or --synthetic NAME is required\n", P, cmd);
         return 2;
     }
-    if (!strcmp(cmd, "info")) return cmd_info(&o);
-    if (!strcmp(cmd, "copybw")) return cmd_copybw(&o);
-    if (!strcmp(cmd, "parity")) return cmd_parity(&o);
-    if (!strcmp(cmd, "invariance")) return cmd_invariance(&o);
-    if (!strcmp(cmd, "sampler")) return cmd_sampler(&o);
-    if (!strcmp(cmd, "engine")) return cmd_engine(&o);
-    if (!strcmp(cmd, "bench")) return cmd_bench(&o);
-    usage();
-    return 2;
+    int rc = -1;
+    if (!strcmp(cmd, "info")) rc = cmd_info(&o);
+    else if (!strcmp(cmd, "copybw")) rc = cmd_copybw(&o);
+    else if (!strcmp(cmd, "parity")) rc = cmd_parity(&o);
+    else if (!strcmp(cmd, "invariance")) rc = cmd_invariance(&o);
+    else if (!strcmp(cmd, "sampler")) rc = cmd_sampler(&o);
+    else if (!strcmp(cmd, "engine")) rc = cmd_engine(&o);
+    else if (!strcmp(cmd, "bench")) rc = cmd_bench(&o);
+    else if (!strcmp(cmd, "gemm")) rc = cmd_gemm(&o);
+    else if (!strcmp(cmd, "attn")) rc = cmd_attn(&o);
+    if (o.batches_set)
+        free(o.batches);
+    free(o.rows);
+    free(o.ctxs);
+    if (rc < 0)
+        usage();
+    return rc;
 }

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh - every GPU check of the CUDA backend in one run, under
-# 8 minutes on one H200, with nothing to edit there:
+# 8 minutes on one H200, with nothing to edit there. In order (the budget
+# cuts the end first):
 #   deps      build packages present (installs missing Debian/PyPI ones when it can)
-#   build     make (CUDA on when nvcc exists), then the targets the checks need
+#   build     the targets the checks need (CUDA on when nvcc exists)
 #   model     the default model (make model) and the tiny test models
 #   info      device, memory, the GEMM algorithm chosen per weight shape
+#   copybw    device-to-device copy bandwidth (the rooflines' denominator)
+#   issue 48  decode at the roofline, the kernel variants side by side:
+#             gemm-1b (the linear op on the 1B's shapes, rows 1..512, variants
+#             default, tc, bf16act, tcbf16, mixed, fp8, fp8tc, each batch
+#             invariant);
+#             the 1B's decode at batch 1..256 with the default GEMM and with
+#             RD_CUDA_GEMM=tc; FP8 weights on CUDA cores and with
+#             RD_CUDA_FP8=tc; invariance and parity with tc, invariance with
+#             fp8tc; attention alone at 8192 and 32768 tokens of context; the
+#             1B's decode at 8192 tokens; Qwen3-1.7B, Qwen3-8B (default and
+#             tc) and Qwen3-30B-A3B's shape (8 of 48 layers, against the
+#             active experts' roofline); the GEMM on Qwen3's shapes
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
 #             batch invariance, graphs) and every other op case (attention,
@@ -14,28 +27,25 @@
 #             8 prompts x 32 tokens, tol 0.05 nats (and, reported only at the
 #             end, the faster RD_CUDA_ACT=bf16 and =mixed modes)
 #   invariance rollouts bit-identical alone / in a batch of 48 / without graphs
+#   sampler   device sampling vs samp_sample on the same logits
 #   gemma3    parity and invariance on Gemma 3 270M's shape (random weights,
 #             built in memory; half the prompts pass its 512-token window)
-#   sampler   device sampling vs samp_sample on the same logits
-#   copybw    device-to-device copy bandwidth (the roofline's denominator)
-#   engine    decode tokens/s through the whole engine at batch 1 and 32 on
-#             the default model, device vs host sampling side by side
-#   spec      speculative decoding off vs on (rollout-specbench): the tail at
-#             batch 1, 4, 16 and a GRPO round with spread budgets
-#   bench     decode tokens/s at batch 1, 8, 32, 128, 256 against the memory
-#             roofline, on the default model, a synthetic 1.24 B Llama, a
-#             synthetic Qwen3-1.7B and a synthetic Gemma 3 270M
-#             (and, at the end, the 1B at 1, 32, 128, 256 with
-#             RD_CUDA_ACT=bf16 and =mixed); the 1B with FP8 weights
-#             (serve_dtype fp8) and the fp8 KV cache, and their invariance
-#   profile   the 1B at batch 1 without graphs; Nsight Compute's GPU time per
-#             kernel and per graph launch of its decode steps
-# GPU_ONLY=a,b,... runs only those stages (after the build): a short rerun.
+#   reported  the 1B with FP8 weights and the fp8 KV cache and their
+#             invariance; decode on the default model and on Gemma 3 270M's
+#             shape; the whole engine at batch 1 and 32 (device vs host
+#             sampling); speculative decoding off vs on (rollout-specbench);
+#             the 1B with RD_CUDA_ACT=bf16 and =mixed, and their parity
+#   profile   the 1B at batch 1 without graphs and with the fallback GEMM;
+#             Nsight Compute's GPU time per kernel and per graph launch
+#   build-all everything else builds
+#   results   $OUT/results-YYYY-MM-DD.json and results.md (tools/gpu_results.py)
+# GPU_ONLY=a,b,... runs only those stages (after the build): a short rerun;
+# GPU_SKIP=a,b,... runs all but those.
 # Every stage has a timeout and the run goes on after a failure; the last
 # thing printed is a table. $OUT (default ./gpu-out) holds stages.tsv,
-# table.txt, summary.json and logs.tar.gz (one log and JSON per stage, from
-# $LOGS, default /tmp/rd-gpu-logs): few files, as the device tool brings back
-# at most 8.
+# table.txt, summary.json, results-YYYY-MM-DD.json, results.md and
+# logs.tar.gz (one log and JSON per stage, from $LOGS, default
+# /tmp/rd-gpu-logs): few files, as the device tool brings back at most 8.
 #
 # A machine with no package registry: tools/gpu_bundle.sh (run where PyPI and
 # Debian's mirror are reachable) packs the build packages as a sysroot, the
@@ -88,8 +98,12 @@ record() {
 run() {
   local name=$1 limit=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - START) ))
-  if [ -n "${GPU_ONLY:-}" ] && [[ ",build,build-all,testdata,$GPU_ONLY," != *",$name,"* ]]; then
+  if [ -n "${GPU_ONLY:-}" ] && [[ ",build,testdata,$GPU_ONLY," != *",$name,"* ]]; then
     return 0 # not asked for (GPU_ONLY names the stages of a rerun)
+  fi
+  if [[ ",${GPU_SKIP:-}," == *",$name,"* ]]; then
+    record "$name" SKIP "GPU_SKIP"
+    return 0
   fi
   if [ "$left" -lt 15 ]; then
     record "$name" SKIP "out of time budget"
@@ -199,12 +213,14 @@ if [ -n "$CUDA_ROOT" ] && ! ls "$CUDA_ROOT"/lib64/libcublasLt.so "$CUDA_ROOT"/ta
 fi
 
 # ------------------------------------------------------------------ build
-# The targets every later stage needs first (so a broken daemon elsewhere in
-# the tree does not stop the GPU checks), then everything.
-CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/tests/test_cuda_host build/tests/test_engine
-      build/tests/test_spec build/tests/test_cuda_emu build/tests/test_lora_engine)
+# The targets the stages need (so a broken daemon elsewhere in the tree does
+# not stop the GPU checks); everything else is built at the end (build-all),
+# after the measurements. The dry run adds the tool on the emulated backend.
+CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/rollout-specbench build/tests/test_cuda_host
+      build/tests/test_engine build/tests/test_spec build/tests/test_cuda_emu build/tests/test_lora_engine)
+[ "$DRY" = 0 ] || CORE+=(build/emutests/rollout-gpubench)
 if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
-  run build-all 200 make -j"$JOBS" "${MAKE_VARS[@]}" all || true
+  :
 else
   log "build failed: nothing else can run"
   column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
@@ -256,6 +272,96 @@ else
   fi
 fi
 
+# The copy bandwidth first: every roofline below divides by it.
+BW=0
+if [ "$DRY" = 0 ]; then
+  if run copybw 30 "$BENCH" copybw --mib 2048 --iters 20 --json "$LOGS/copybw.json"; then
+    BW=$(sed -n 's/^copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$LOGS/copybw.log" | head -n 1)
+    BW=${BW:-0}
+  fi
+fi
+
+# ------------------------------------------------------------------ issue 48: decode at the roofline
+# First, so the budget never cuts them: the kernel variants side by side.
+# RD_CUDA_GEMM=tc is the tensor-core GEMM with a shape-fixed split-K and
+# RD_CUDA_FP8=tc the FP8 weights on tensor cores (a backend that does not
+# know a value ignores it, and the variant then measures the default).
+if [ "$DRY" = 0 ]; then
+  # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
+  # any variant's m-row results differ from its rows computed alone.
+  run gemm-1b 120 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
+    --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc --bw "$BW" --json "$LOGS/gemm-1b.json" || true
+  # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
+  run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
+  RD_CUDA_GEMM=tc run bench-1b-tc 90 "$BENCH" bench --synthetic 1b --label " tc" --bw "$BW" \
+    --json "$LOGS/bench-1b-tc.json" || true
+  # Issue 26: the 1B's layers in FP8 blocks (serve_dtype fp8), on CUDA cores and with RD_CUDA_FP8=tc: the
+  # target is FP8 >= 1.5x bf16 at batch 1 (bench-1b's row).
+  run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
+    --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
+  RD_CUDA_FP8=tc run bench-1b-fp8tc 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8 tc" \
+    --batches 1,8,32,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-fp8tc.json" || true
+  # The new kernels keep the contracts: bit-exact batch invariance through the engine, parity with the CPU.
+  if [ "$HAVE_MODEL" = 1 ]; then
+    RD_CUDA_GEMM=tc run invariance-tc 120 "$BENCH" invariance --model "$MODEL" --json "$LOGS/invariance-tc.json" || true
+    RD_CUDA_GEMM=tc run parity-tc 90 "$BENCH" parity --model "$MODEL" --label " (RD_CUDA_GEMM=tc)" \
+      --json "$LOGS/parity-tc.json" || true
+  else
+    for s in invariance-tc parity-tc; do record "$s" SKIP "no model file"; done
+  fi
+  RD_CUDA_FP8=tc run invariance-fp8tc 120 "$BENCH" invariance --synthetic 1b --weights fp8 \
+    --json "$LOGS/invariance-fp8tc.json" || true
+  # Long context: the attention op alone at 8192 and 32768 tokens per sequence, batch 1 and 8, on the 1B's
+  # heads (32/8 of 64) and Qwen3-1.7B's (16/8 of 128): KV bytes read / time against the copy bandwidth
+  # (target >= 0.70); then the 1B's whole decode step at 8192 tokens of context (the K/V written directly,
+  # --kv-fill: a real 8192-token prefill per sequence would cost more than the steps measured).
+  run attn 90 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 --bw "$BW" \
+    --json "$LOGS/attn.json" || true
+  run bench-1b-ctx8k 90 "$BENCH" bench --synthetic 1b --label " ctx 8192" --prompt 8192 --kv-fill --batches 1,8 \
+    --steps 16 --bw "$BW" --json "$LOGS/bench-1b-ctx8k.json" || true
+  # Qwen3-1.7B's shape (head_dim 128, per-head q/k norms, a 151,936-row LM head), default and tc.
+  run bench-qwen3-1.7b 90 "$BENCH" bench --synthetic qwen3-1.7b --bw "$BW" --batches 1,8,32,128,256 --steps 16 \
+    --json "$LOGS/bench-qwen3-1.7b.json" || true
+  RD_CUDA_GEMM=tc run bench-qwen3-1.7b-tc 90 "$BENCH" bench --synthetic qwen3-1.7b --label " tc" --bw "$BW" \
+    --batches 1,8,32,128,256 --steps 16 --json "$LOGS/bench-qwen3-1.7b-tc.json" || true
+  # Qwen3-8B's shape (36 layers, hidden 4096, 32/8 heads of 128, FFN 12288, untied head; 16.4 GB of bf16):
+  # the target is the batch-1 step within 1.4x of its weight-read roofline.
+  run bench-qwen3-8b 120 "$BENCH" bench --synthetic qwen3-8b --bw "$BW" --batches 1,8,32 --steps 16 \
+    --json "$LOGS/bench-qwen3-8b.json" || true
+  RD_CUDA_GEMM=tc run bench-qwen3-8b-tc 120 "$BENCH" bench --synthetic qwen3-8b --label " tc" --bw "$BW" \
+    --batches 1,8,32 --steps 16 --json "$LOGS/bench-qwen3-8b-tc.json" || true
+  # Qwen3-30B-A3B's shape at full width, 8 of its 48 layers (11 GB): against the roofline of the experts a
+  # step can touch (min(128, batch x 8) per layer, an upper bound), and of those its routes did touch.
+  run bench-moe 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --bw "$BW" --batches 1,64,256 --prompt 64 \
+    --steps 16 --json "$LOGS/bench-moe.json" || true
+  # The GEMM microbenchmark on Qwen3-1.7B's and Qwen3-8B's shapes.
+  run gemm-qwen3 120 "$BENCH" gemm --synthetic qwen3-1.7b,qwen3-8b --rows 1,8,32,128,256,512 \
+    --variants default,tc,fp8,fp8tc --bw "$BW" --json "$LOGS/gemm-qwen3.json" || true
+else
+  # Dry run: the same code paths on the CPU backend at test size (CPU against itself), and the GEMM
+  # microbenchmark's variants on the emulated CUDA backend.
+  run tool-gemm-cpu 60 "$BENCH" gemm --backend cpu --shapes 96x64,64x128 --rows 1,5,16 --variants default,fp8,tc \
+    --mib 16 --iters 2 --json "$LOGS/tool-gemm-cpu.json" || true
+  if [ -x build/emutests/rollout-gpubench ]; then
+    run tool-gemm-emu 120 build/emutests/rollout-gpubench gemm --backend cuda-emu --shapes 96x64,64x128 --rows 1,5,16 \
+      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc --reps 2 --flush-mib 0 --mib 1 --iters 1 \
+      --json "$LOGS/tool-gemm-emu.json" || true
+    run tool-attn-emu 60 build/emutests/rollout-gpubench attn --backend cuda-emu --shapes 4/2x16 --ctx 40,300 \
+      --batches 1,2 --reps 2 --flush-mib 1 --mib 1 --iters 1 --json "$LOGS/tool-attn-emu.json" || true
+  fi
+  run tool-attn-cpu 60 "$BENCH" attn --backend cpu --synthetic tiny --shapes 8/2x32 --ctx 64,700 --batches 1,3 \
+    --mib 16 --iters 2 --json "$LOGS/tool-attn-cpu.json" || true
+  run tool-bench-moe-cpu 60 "$BENCH" bench --backend cpu --synthetic moe-tiny --batches 1,4,16 --prompt 16 --steps 4 \
+    --mib 16 --iters 2 --json "$LOGS/tool-bench-moe-cpu.json" || true
+  run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
+    --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
+  for s in copybw gemm-1b bench-1b bench-1b-tc bench-1b-fp8 bench-1b-fp8tc invariance-tc parity-tc invariance-fp8tc \
+    attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe gemm-qwen3; do
+    skip_gpu "$s"
+  done
+fi
+
+# ------------------------------------------------------------------ correctness
 run unit-host 60 build/tests/test_cuda_host || true
 # test_cuda_emu's cases that use no emulator hook, on the real backend
 # (RD_TEST_CUDA_BACKEND): moe_route / moe_ffn against the CPU backend, batch
@@ -343,27 +449,16 @@ else
   for s in parity invariance sampler parity-gemma3 invariance-gemma3; do skip_gpu "$s"; done
 fi
 
-BW=0
+# ------------------------------------------------------------------ reported: speed of the rest
+# Informative, after the checks (the budget may cut them).
 if [ "$DRY" = 0 ]; then
-  if run copybw 60 "$BENCH" copybw --mib 2048 --iters 20 --json "$LOGS/copybw.json"; then
-    BW=$(sed -n 's/^copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$LOGS/copybw.log" | head -n 1)
-    BW=${BW:-0}
-  fi
-  if [ "$HAVE_MODEL" = 1 ]; then
-    run bench-default 120 "$BENCH" bench --model "$MODEL" --bw "$BW" --json "$LOGS/bench-default.json" || true
-  else
-    record bench-default SKIP "no model file"
-  fi
-  run bench-1b 200 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
-  # Issue 26: the 1B's layers in FP8 blocks (serve_dtype fp8), then with the fp8 KV cache too: the
-  # target is FP8 >= 1.5x bf16 at batch 1 (compare bench-1b's row); invariance on both.
-  run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
-    --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
+  # The fp8 KV cache with FP8 weights, and their invariance (issue 26).
   run bench-1b-fp8kv 90 "$BENCH" bench --synthetic 1b --weights fp8 --kv fp8 --label " fp8+kv fp8" --batches 1,32 \
     --steps 16 --bw "$BW" --json "$LOGS/bench-1b-fp8kv.json" || true
   run invariance-fp8 90 "$BENCH" invariance --synthetic 1b --weights fp8 --kv fp8 --json "$LOGS/invariance-fp8.json" \
     || true
   if [ "$HAVE_MODEL" = 1 ]; then
+    run bench-default 120 "$BENCH" bench --model "$MODEL" --bw "$BW" --json "$LOGS/bench-default.json" || true
     run engine-default 60 "$BENCH" engine --model "$MODEL" --batches 1,32 --tokens 128 \
       --json "$LOGS/engine-default.json" || true
     # Issue 21 on the device, where a verify row is nearly free: the tail at batch 1, 4, 16 and a GRPO
@@ -373,15 +468,11 @@ if [ "$DRY" = 0 ]; then
     run spec-grpo 150 build/rollout-specbench --backend cuda --model "$MODEL" --grpo --spread --max-tokens 384 \
       --reps 1 --json-out "$LOGS/spec-grpo.json" || true
   else
-    for s in engine-default spec-tail spec-grpo; do record "$s" SKIP "no model file"; done
+    for s in bench-default engine-default spec-tail spec-grpo; do record "$s" SKIP "no model file"; done
   fi
-  # Qwen3-1.7B's shape: head_dim 128, per-head q/k norms, a 151,936-row LM head.
-  run bench-qwen3-1.7b 150 "$BENCH" bench --synthetic qwen3-1.7b --bw "$BW" --batches 1,32,128 \
-    --json "$LOGS/bench-qwen3-1.7b.json" || true
   run bench-gemma3-270m 120 "$BENCH" bench --synthetic gemma3-270m --bw "$BW" --batches 1,32,128 \
     --json "$LOGS/bench-gemma3-270m.json" || true
-  # Informative, last (the budget may cut them): what the default's precision
-  # costs, against plain bf16 GEMM inputs and against the split on the down
+  # What the default's precision costs, against plain bf16 GEMM inputs and against the split on the down
   # projection alone (RD_CUDA_ACT=mixed), in speed on the 1B and in parity.
   for act in bf16 mixed; do
     RD_CUDA_ACT=$act run bench-1b-${act}act 120 "$BENCH" bench --synthetic 1b --label " ${act}act" --batches 1,32,128,256 \
@@ -398,8 +489,8 @@ else
     run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
       --json "$LOGS/tool-engine-cpu.json" || true
   fi
-  for s in copybw bench-default bench-1b bench-1b-fp8 bench-1b-fp8kv invariance-fp8 engine-default spec-tail spec-grpo \
-    bench-gemma3-270m bench-1b-bf16act bench-1b-mixedact parity-bf16act parity-mixedact; do skip_gpu "$s"; done
+  for s in bench-1b-fp8kv invariance-fp8 bench-default engine-default spec-tail spec-grpo bench-gemma3-270m \
+    bench-1b-bf16act bench-1b-mixedact parity-bf16act parity-mixedact; do skip_gpu "$s"; done
 fi
 
 # ------------------------------------------------------------------ profile
@@ -423,6 +514,9 @@ if [ "$DRY" = 0 ]; then
   fi
 fi
 
+# Everything else builds (the daemon, every test): last, it measures nothing.
+run build-all 200 make -j"$JOBS" "${MAKE_VARS[@]}" all || true
+
 # ------------------------------------------------------------------ summary
 TOTAL=$(( $(date +%s) - START ))
 {
@@ -437,6 +531,29 @@ TOTAL=$(( $(date +%s) - START ))
   printf '\n  ]\n}\n'
 } > "$OUT/summary.json"
 
+# One results file from the stages' JSON (tools/gpu_results.py, Python 3 stdlib): the GPU, the copy
+# bandwidth, every decode benchmark, GEMM and attention point and the profile's per-kernel times, to copy to
+# docs/gpu/; and the markdown tables for docs/PERF.md.
+RESULTS=$OUT/results-$(date -u +%Y-%m-%d).json
+if [ -f tools/gpu_results.py ] && "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 6))' 2>/dev/null; then
+  if "$PY" tools/gpu_results.py --logs "$LOGS" --summary "$OUT/summary.json" --json "$RESULTS" \
+       --markdown "$OUT/results.md" > "$LOGS/results.log" 2>&1; then
+    log "results: $RESULTS, $OUT/results.md"
+  else
+    log "results: tools/gpu_results.py failed (see results.log)"; tail -n 5 "$LOGS/results.log"
+    [ "$DRY" = 0 ] || FAILED=1
+  fi
+  tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null || true
+else
+  log "results: no tools/gpu_results.py or no python3: the stage JSONs are in logs.tar.gz"
+fi
+
+# The markdown first: the summary and the table are what a cut output keeps (the end).
+if [ -s "$OUT/results.md" ]; then
+  echo
+  echo "---------------- for docs/PERF.md ($OUT/results.md) ----------------"
+  cat "$OUT/results.md"
+fi
 echo
 echo "================ GPU check summary ($([ "$DRY" = 0 ] && echo "$GPU_NAME" || echo "dry run, no GPU"), ${TOTAL}s) ================"
 column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"

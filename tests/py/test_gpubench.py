@@ -1,0 +1,218 @@
+"""rollout-gpubench's measuring side of issue 48 (tests/gpu/run.sh runs it on a GPU), here on the CPU
+backend and the emulated CUDA backend at test size:
+
+- gemm: the linear op per shape, row count and variant; the JSON has a point per (variant, shape, rows)
+  with its time (over copies of the weight taken in turn; inside a graph where the backend has them),
+  weight GB/s, fraction of the copy bandwidth,
+  TFLOP/s, and each variant's batch
+  invariance (m-row results equal to the rows computed alone, bit for bit). With one bit of a batched
+  result flipped (RD_GPUBENCH_FAULT=invariance) it must report it and exit 1. An unknown variant is a
+  usage error (2).
+- attn: the attention op at a context per sequence, the KV bytes it must read per call.
+- bench on an MoE shape: the roofline counts min(experts, batch x k) experts per layer, and beside it the
+  distinct experts the routes reached (never more than that bound); --kv-fill at a context past the
+  shape's own (the long-context stage's path).
+- tools/gpu_results.py assembles those JSONs into one results file and markdown tables."""
+import json
+import os
+
+from harness import BUILD, ROOT, TMP, case, main, run
+
+BENCH = os.path.join(BUILD, "rollout-gpubench")
+EMU = os.path.join(BUILD, "emutests", "rollout-gpubench")
+OUT = os.path.join(TMP, "gpubench")
+SMALL = ["--mib", "16", "--iters", "2"]
+
+
+def out(name):
+    os.makedirs(OUT, exist_ok=True)
+    return os.path.join(OUT, name)
+
+
+def gemm(args, env=None, check=True, binary=BENCH):
+    path = out("gemm.json" if binary == BENCH else "gemm-emu.json")
+    if os.path.exists(path):
+        os.remove(path)
+    e = dict(os.environ)
+    e.pop("RD_GPUBENCH_FAULT", None)
+    e.update(env or {})
+    p = run([binary, "gemm", "--json", path] + SMALL + args, env=e, check=check)
+    return p, (json.load(open(path)) if os.path.exists(path) else None)
+
+
+def check_gemm_doc(d, variants, shapes, rows):
+    assert [v["name"] for v in d["variants"]] == variants, d["variants"]
+    assert [(s["out"], s["in"]) for s in d["shapes"]] == shapes, d["shapes"]
+    assert d["rows"] == rows
+    got = {(r["variant"], (r["out"], r["in"]), r["rows"]) for r in d["results"]}
+    want = {(v, s, m) for v in variants for s in shapes for m in rows}
+    assert got == want, sorted(want - got)
+    for r in d["results"]:
+        for f in ("us", "gbps", "x_copy", "tflops", "weight_bytes", "reps"):
+            assert isinstance(r[f], (int, float)) and r[f] > 0, (f, r)
+        assert r["invariant"] is True and r["rows_differing"] == 0, r
+        assert abs(r["tflops"] - 2 * r["rows"] * r["out"] * r["in"] / (r["us"] * 1e-6) / 1e12) < 1e-6 * r["tflops"] + 1e-9
+        assert abs(r["gbps"] - r["weight_bytes"] / (r["us"] * 1e-6) / 1e9) < 1e-6 * r["gbps"] + 1e-9
+    assert all(v["invariant"] is True and "error" not in v for v in d["variants"]), d["variants"]
+    assert d["pass"] is True and d["invariant"] is True
+    assert d["copy_gbps"] > 0 and "peak_assumption" in d
+
+
+@case
+def gemm_cpu_points_and_invariance():
+    p, d = gemm(["--backend", "cpu", "--shapes", "96x64,64x128", "--rows", "1,5,16",
+                 "--variants", "default,fp8,tc,bf16act"])
+    check_gemm_doc(d, ["default", "fp8", "tc", "bf16act"], [(96, 64), (64, 128)], [1, 5, 16])
+    assert all(r["graph"] is False and r["us"] == r["us_stream"] for r in d["results"])  # the CPU has no graphs
+    # the CPU holds fp32 panels (at least 4 bytes a weight); FP8 blocks are held there as bf16
+    fp32 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "default"}
+    assert fp32["96x64"] >= 96 * 64 * 4, fp32
+    # the timed calls take copies of the weight in turn, past 256 MiB (a device's L2) or 64 of them
+    assert all(r["copies"] == 64 for r in d["results"]), {r["copies"] for r in d["results"]}
+    assert "TABLE|gemm invariance|fp8|" in p.stdout and "TABLE|gemm 96x64|rows 16|" in p.stdout, p.stdout[-2000:]
+    assert d["peak_tflops"] == 0  # no device named: no peak assumed
+
+
+@case
+def gemm_cpu_breaks_when_a_row_differs():
+    p, d = gemm(["--backend", "cpu", "--shapes", "64x64", "--rows", "1,8", "--variants", "default,tc"],
+                env={"RD_GPUBENCH_FAULT": "invariance"}, check=False)
+    assert p.returncode == 1, (p.returncode, p.stdout[-1500:], p.stderr[-500:])
+    assert d["pass"] is False and d["invariant"] is False
+    bad = [r for r in d["results"] if not r["invariant"]]
+    assert len(bad) == 1 and bad[0]["rows_differing"] == 1 and bad[0]["variant"] == "default", bad
+    assert [v["invariant"] for v in d["variants"]] == [False, True]
+    assert "TABLE|gemm invariance|default|" in p.stdout and "|FAIL|" in p.stdout
+
+
+@case
+def gemm_model_shapes_and_usage_errors():
+    p, d = gemm(["--backend", "cpu", "--synthetic", "tiny,moe-tiny", "--rows", "1,3", "--reps", "2", "--flush-mib", "0"])
+    assert all(r["copies"] == 1 for r in d["results"])
+    names = [s["name"] for s in d["shapes"]]
+    assert names == ["tiny.qkv", "tiny.o", "tiny.gate_up", "tiny.down", "moe-tiny.qkv", "moe-tiny.o",
+                     "moe-tiny.router"], names
+    assert [(s["out"], s["in"]) for s in d["shapes"][:4]] == [(128, 64), (64, 64), (256, 64), (64, 128)]
+    assert all(r["reps"] == 2 for r in d["results"])
+    for bad in (["--variants", "default,warp9"], ["--shapes", "64by64"], ["--synthetic", "nope"]):
+        p, _ = gemm(["--backend", "cpu"] + bad, check=False)
+        assert p.returncode == 2, (bad, p.returncode, p.stderr)
+
+
+@case
+def gemm_emulated_cuda_variants():
+    if not os.path.exists(EMU):
+        raise AssertionError(f"{EMU} missing (make all builds it)")
+    variants = ["default", "tc", "bf16act", "tcbf16", "mixed", "fp8", "fp8tc", "RD_CUDA_GEMM=simple"]
+    p, d = gemm(["--backend", "cuda-emu", "--shapes", "96x64,64x128", "--rows", "1,5", "--variants", ",".join(variants),
+                 "--reps", "2", "--flush-mib", "0"], binary=EMU)
+    check_gemm_doc(d, variants, [(96, 64), (64, 128)], [1, 5])
+    # timed (and checked) inside backend graphs too, as a decode step runs
+    assert all(r["graph"] is True and r["us_stream"] > 0 for r in d["results"]), d["results"][0]
+    env = {v["name"]: v["env"] for v in d["variants"]}
+    assert env["tc"] == {"RD_CUDA_GEMM": "tc"} and env["tcbf16"] == {"RD_CUDA_GEMM": "tc", "RD_CUDA_ACT": "bf16"}
+    assert env["fp8tc"] == {"RD_CUDA_FP8": "tc"} and env["RD_CUDA_GEMM=simple"] == {"RD_CUDA_GEMM": "simple"}
+    # the bytes each backend holds: bf16 weights (2 a weight, or more if padded), FP8 blocks (~1)
+    fp8 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "fp8"}
+    bf16 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "default"}
+    assert bf16["96x64"] >= 96 * 64 * 2 and fp8["96x64"] <= 0.6 * bf16["96x64"], (bf16, fp8)
+    # each variant's backend describes itself after its calls (its GEMM choice per shape)
+    assert all(v["describe"].startswith("cuda-emu") for v in d["variants"]), d["variants"]
+
+
+@case
+def attn_cpu_points():
+    path = out("attn.json")
+    p = run([BENCH, "attn", "--backend", "cpu", "--shapes", "8/2x32", "--synthetic", "tiny", "--ctx", "64,300",
+             "--batches", "1,3", "--json", path] + SMALL)
+    d = json.load(open(path))
+    pts = {(r["shape"], r["ctx"], r["batch"]) for r in d["results"]}
+    assert pts == {(s, c, b) for s in ("tiny", "8/2x32") for c in (64, 300) for b in (1, 3)}, pts
+    for r in d["results"]:
+        assert 2 <= r["copies"] <= 64, r  # caches taken in turn, as gemm's weights
+        # the CPU's cache is fp32: K and V, every token, every KV head
+        assert r["kv_bytes"] == 2 * r["batch"] * r["ctx"] * r["n_kv_heads"] * r["head_dim"] * 4, r
+        assert r["us"] > 0 and r["gbps"] > 0 and r["x_copy"] > 0
+    assert d["target_x_copy"] == 0.7
+    assert "TABLE|attention 8/2x32 (8/2 heads of 32)|ctx 300 batch 3|" in p.stdout
+
+
+@case
+def bench_moe_active_expert_roofline():
+    path = out("bench-moe.json")
+    p = run([BENCH, "bench", "--backend", "cpu", "--synthetic", "moe-tiny", "--batches", "1,2,16", "--prompt", "8",
+             "--steps", "3", "--json", path] + SMALL)
+    d = json.load(open(path))
+    mo = d["moe"]
+    assert mo["experts"] == 8 and mo["experts_used"] == 2 and mo["expert_bytes"] > 0
+    for b in d["batches"]:
+        bound = min(8, 2 * b["batch"])
+        assert b["experts_per_layer_bound"] == bound, b
+        assert 2 <= b["experts_per_layer_measured"] <= bound, b
+        weights = mo["fixed_bytes_per_step"] + 2 * bound * mo["expert_bytes"]  # 2 layers
+        kv = b["bytes_per_step"] - weights  # the live cache: 8 prompt tokens + up to 6 steps per sequence
+        assert 0 < kv <= b["batch"] * 14 * d["kv_bytes_per_token"], (b, weights, d["kv_bytes_per_token"])
+        assert b["x_roofline_measured"] >= b["x_roofline"] * 0.999, b
+    assert "active-expert roofline" in p.stdout and "an upper bound" in p.stdout
+
+
+@case
+def bench_long_context_kv_fill():
+    path = out("bench-ctx.json")
+    run([BENCH, "bench", "--backend", "cpu", "--synthetic", "tiny", "--prompt", "5000", "--kv-fill", "--batches", "1,2",
+         "--steps", "2", "--json", path] + SMALL)
+    d = json.load(open(path))
+    assert d["kv_fill"] is True and d["prompt"] == 5000 and len(d["batches"]) == 2
+    for b in d["batches"]:
+        # the roofline reads each sequence's ~5000 tokens of KV every step
+        kv = b["bytes_per_step"] - d["weight_bytes_per_step"]
+        assert kv >= b["batch"] * 5000 * d["kv_bytes_per_token"], (b, d["kv_bytes_per_token"])
+        assert "kv_fill_s" in b
+
+
+@case
+def gpu_results_assembles_the_stages():
+    logs = out("logs")
+    os.makedirs(logs, exist_ok=True)
+    for f in os.listdir(logs):
+        os.remove(os.path.join(logs, f))
+    for stage, args in (("gemm-x", ["gemm", "--shapes", "64x64", "--rows", "1,4", "--variants", "default,tc"]),
+                        ("attn", ["attn", "--shapes", "4/2x16", "--ctx", "40", "--batches", "1"]),
+                        ("bench-moe", ["bench", "--synthetic", "moe-tiny", "--batches", "1,4", "--prompt", "8",
+                                       "--steps", "2"]),
+                        ("copybw", ["copybw"])):
+        run([BENCH] + args + ["--backend", "cpu", "--json", os.path.join(logs, stage + ".json")] + SMALL)
+    with open(os.path.join(logs, "profile-node.log"), "w") as f:
+        f.write("==PROF== Connected\n"
+                "  k_rmsnorm(const float *, float *) (1, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0, "
+                "Invocations 33\n"
+                "    Section: Command line profiler metrics\n"
+                "    Metric Name            Metric Unit      Minimum      Maximum      Average\n"
+                "    gpu__time_duration.sum     usecond         8.19         8.77         8.45\n")
+    with open(os.path.join(logs, "broken.json"), "w") as f:
+        f.write("{ not json")
+    summary = os.path.join(OUT, "summary.json")
+    with open(summary, "w") as f:
+        json.dump({"gpu": "GPU 0: NVIDIA H200 (UUID: x)", "dry_run": True,
+                   "stages": [{"stage": "gemm-x", "status": "PASS", "note": ""}]}, f)
+    res_path, md_path = os.path.join(OUT, "results-test.json"), os.path.join(OUT, "results.md")
+    p = run(["python3", os.path.join(ROOT, "tools", "gpu_results.py"), "--logs", logs, "--summary", summary,
+             "--json", res_path, "--markdown", md_path])
+    r = json.load(open(res_path))
+    assert r["gpu"].startswith("GPU 0: NVIDIA H200") and r["copy_gbps"] > 0
+    assert r["stages"] == [{"stage": "gemm-x", "status": "PASS", "note": ""}]
+    assert {(g["variant"], g["rows"]) for g in r["gemm"]} == {("default", 1), ("default", 4), ("tc", 1), ("tc", 4)}
+    assert all(g["invariant"] is True for g in r["gemm"]) and len(r["gemm_invariance"]) == 2
+    assert [(a["ctx"], a["batch"]) for a in r["attention"]] == [(40, 1)]
+    assert [b["batch"] for b in r["bench"]] == [1, 4] and "x_roofline_measured" in r["bench"][0]
+    k = r["ncu"][0]["kernels"][0]
+    assert k["invocations"] == 33 and k["avg_us"] == 8.45 and abs(k["total_us"] - 278.85) < 1e-6, k
+    assert r["unreadable"] == ["broken"]
+    md = open(md_path).read()
+    for head in ("**Decode step", "**GEMM", "**Attention", "| 64x64 | 4 |", "k_rmsnorm"):
+        assert head in md, (head, md)
+    assert md.strip() in p.stdout
+
+
+if __name__ == "__main__":
+    main()

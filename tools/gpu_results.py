@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Assembles one results file from a GPU check's stage JSONs (tests/gpu/run.sh, issue 48).
+
+    tools/gpu_results.py --logs DIR [--summary summary.json] [--json results.json] [--markdown results.md]
+
+DIR holds a JSON per stage, named after it (rollout-gpubench's --json) and its log (NAME.log). Each
+document is recognised by its fields: bench (decode against the roofline), gemm (the linear op per
+shape, rows and variant), attn (attention at long context), copybw, info, parity, invariance. The
+profile stages' logs (ncu --print-summary per-kernel) give the per-kernel GPU times. Written: one JSON
+document (the GPU, the copy bandwidth, every row, the stages' statuses) and markdown tables for
+docs/PERF.md, also printed. Python 3 standard library only: the device machine has nothing else.
+Exit 0, or 2 on bad arguments; a stage JSON that does not parse is reported in the document's
+"unreadable" list and skipped."""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import time
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def kind(doc):
+    """What produced a stage document, by its fields."""
+    if not isinstance(doc, dict):
+        return None
+    if "batches" in doc and "weight_bytes_per_step" in doc:
+        return "bench"
+    if isinstance(doc.get("results"), list) and "variants" in doc:
+        return "gemm"
+    if isinstance(doc.get("results"), list) and "target_x_copy" in doc:
+        return "attn"
+    if "copy_gbps" in doc and "mib" in doc:
+        return "copybw"
+    if "mem_total" in doc and "describe" in doc:
+        return "info"
+    if "prompts" in doc and "tol" in doc:
+        return "parity"
+    if "equal_batched" in doc:
+        return "invariance"
+    if "draws" in doc:
+        return "sampler"
+    return None
+
+
+def num(x, nd=3):
+    return None if x is None else round(float(x), nd)
+
+
+UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+
+
+def parse_ncu(text):
+    """Per-kernel GPU time from `ncu --print-summary per-kernel --metrics gpu__time_duration.sum`: a kernel's
+    line (its name, launch shape, maybe "Invocations N"), then a table whose gpu__time_duration.sum row
+    holds the unit and the minimum, maximum and average. Best effort: lines it cannot read are skipped."""
+    kernels = []
+    header = None
+    for line in text.splitlines():
+        s = line.rstrip()
+        if not s.strip() or s.lstrip().startswith(("==", "---", "Section:", "Metric Name")):
+            continue
+        if "gpu__time_duration.sum" in s:
+            toks = s.split()
+            i = toks.index("gpu__time_duration.sum") if "gpu__time_duration.sum" in toks else -1
+            rest = toks[i + 1:] if i >= 0 else []
+            unit = rest[0] if rest and not re.match(r"^[-+0-9.,]+$", rest[0]) else "nsecond"
+            vals = []
+            for t in rest[1:] if rest and rest[0] == unit else rest:
+                try:
+                    vals.append(float(t.replace(",", "")))
+                except ValueError:
+                    pass
+            if not vals or header is None:
+                continue
+            f = UNITS_US.get(unit, 1e-3)
+            name, inv = header
+            k = {"kernel": name, "unit": unit, "avg_us": round(vals[-1] * f, 3)}
+            if len(vals) >= 3:
+                k["min_us"], k["max_us"] = round(vals[0] * f, 3), round(vals[1] * f, 3)
+            if inv:
+                k["invocations"] = inv
+                k["total_us"] = round(vals[-1] * f * inv, 3)
+            kernels.append(k)
+            continue
+        if len(s) - len(s.lstrip()) <= 2 and not s.lstrip()[0].isdigit():
+            m = re.search(r"Invocations\s+(\d+)", s)
+            name = s.strip()
+            name = re.split(r"\s+\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", name)[0]
+            header = (name[:200], int(m.group(1)) if m else None)
+    return kernels
+
+
+def assemble(logs, summary):
+    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": None, "describe": None,
+           "copy_gbps": None, "stages": [], "bench": [], "gemm": [], "gemm_invariance": [], "attention": [],
+           "checks": [], "ncu": [], "unreadable": []}
+    if summary:
+        for k in ("date", "host", "gpu", "dry_run", "seconds"):
+            if k in summary:
+                out[k] = summary[k]
+        out["stages"] = summary.get("stages", [])
+    for path in sorted(glob.glob(os.path.join(logs, "*.json"))):
+        stage = os.path.splitext(os.path.basename(path))[0]
+        doc = load(path)
+        if doc is None:
+            out["unreadable"].append(stage)
+            continue
+        k = kind(doc)
+        if k == "info":
+            out["describe"] = doc.get("describe")
+            out["mem_total"] = doc.get("mem_total")
+        elif k == "copybw":
+            out["copy_gbps"] = num(doc.get("copy_gbps"), 1)
+        elif k == "bench":
+            for b in doc.get("batches", []):
+                row = {"stage": stage, "model": doc.get("model"), "label": (doc.get("label") or "").strip(),
+                       "backend": doc.get("backend"), "weights": doc.get("weights", "bf16"),
+                       "kv_dtype": doc.get("kv_dtype"), "layers": doc.get("layers"),
+                       "layers_full": doc.get("layers_full"), "prompt": doc.get("prompt"),
+                       "kv_fill": doc.get("kv_fill", False), "batch": b.get("batch"),
+                       "step_ms": num(b.get("step_ms")), "tokens_per_s": num(b.get("tokens_per_s"), 1),
+                       "bytes_per_step": b.get("bytes_per_step"), "roofline_ms": num(b.get("roofline_ms")),
+                       "x_roofline": num(b.get("x_roofline"))}
+                for f in ("experts_per_layer_bound", "experts_per_layer_measured", "roofline_measured_ms",
+                          "x_roofline_measured"):
+                    if f in b:
+                        row[f] = num(b[f])
+                out["bench"].append(row)
+            if out["copy_gbps"] is None and doc.get("copy_gbps"):
+                out["copy_gbps"] = num(doc["copy_gbps"], 1)
+        elif k == "gemm":
+            for r in doc.get("results", []):
+                out["gemm"].append({"stage": stage, "shape": r.get("shape"), "out": r.get("out"), "in": r.get("in"),
+                                    "rows": r.get("rows"), "variant": r.get("variant"), "us": num(r.get("us")),
+                                    "us_stream": num(r.get("us_stream")), "graph": r.get("graph"),
+                                    "gbps": num(r.get("gbps"), 1), "x_copy": num(r.get("x_copy")),
+                                    "tflops": num(r.get("tflops")), "x_peak": num(r.get("x_peak"), 4),
+                                    "invariant": r.get("invariant")})
+            for v in doc.get("variants", []):
+                out["gemm_invariance"].append({"stage": stage, "variant": v.get("name"), "env": v.get("env"),
+                                               "invariant": v.get("invariant"), "error": v.get("error")})
+            out.setdefault("peak_tflops", doc.get("peak_tflops"))
+            out.setdefault("peak_assumption", doc.get("peak_assumption"))
+        elif k == "attn":
+            for r in doc.get("results", []):
+                out["attention"].append({"stage": stage, "shape": r.get("shape"), "n_heads": r.get("n_heads"),
+                                         "n_kv_heads": r.get("n_kv_heads"), "head_dim": r.get("head_dim"),
+                                         "ctx": r.get("ctx"), "batch": r.get("batch"), "us": num(r.get("us")),
+                                         "us_stream": num(r.get("us_stream")), "graph": r.get("graph"),
+                                         "kv_bytes": r.get("kv_bytes"), "gbps": num(r.get("gbps"), 1),
+                                         "x_copy": num(r.get("x_copy"))})
+        elif k in ("parity", "invariance", "sampler"):
+            c = {"stage": stage, "kind": k, "pass": doc.get("pass")}
+            for f in ("equal_prompts", "near_ties", "mismatches", "max_dlogprob", "equal_batched", "equal_nographs"):
+                if f in doc:
+                    c[f] = doc[f]
+            out["checks"].append(c)
+    for path in sorted(glob.glob(os.path.join(logs, "profile-*.log"))):
+        try:
+            with open(path, errors="replace") as f:
+                ks = parse_ncu(f.read())
+        except OSError:
+            continue
+        if ks:
+            out["ncu"].append({"stage": os.path.splitext(os.path.basename(path))[0], "kernels": ks,
+                               "sum_avg_us": round(sum(k.get("total_us", k["avg_us"]) for k in ks), 3)})
+    return out
+
+
+def fmt(x, nd=2):
+    return "" if x is None else f"{x:.{nd}f}"
+
+
+def markdown(res):
+    lines = []
+    gpu = res.get("gpu") or res.get("describe") or "(no GPU named)"
+    lines.append(f"GPU: {gpu}; copy bandwidth {fmt(res.get('copy_gbps'), 1)} GB/s"
+                 + (f"; peak {res['peak_assumption']}" if res.get("peak_assumption") else ""))
+    lines.append("")
+    if res["bench"]:
+        batches = sorted({b["batch"] for b in res["bench"] if b["batch"] is not None})
+        lines.append("**Decode step (ms) and its ratio to the roofline**")
+        lines.append("")
+        lines.append("| model | " + " | ".join(f"batch {b}" for b in batches) + " |")
+        lines.append("|---|" + "---|" * len(batches))
+        rows = {}
+        for b in res["bench"]:
+            name = b["model"] + (f" {b['label']}" if b["label"] else "")
+            rows.setdefault((b["stage"], name), {})[b["batch"]] = b
+        for (stage, name), per in rows.items():
+            cells = []
+            for bt in batches:
+                b = per.get(bt)
+                if not b or b["step_ms"] is None:
+                    cells.append("")
+                    continue
+                c = f"{fmt(b['step_ms'], 3)} ({fmt(b['x_roofline'])}x)"
+                if b.get("x_roofline_measured") is not None:
+                    c += f" [{fmt(b['x_roofline_measured'])}x of {fmt(b.get('experts_per_layer_measured'), 1)} experts]"
+                cells.append(c)
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if res["gemm"]:
+        variants = list(dict.fromkeys(g["variant"] for g in res["gemm"]))
+        lines.append("**GEMM (linear op): microseconds per call (inside a graph of calls where the backend has "
+                     "graphs), weight GB/s as a fraction of the copy bandwidth, TFLOP/s**")
+        lines.append("")
+        lines.append("| shape | rows | " + " | ".join(variants) + " |")
+        lines.append("|---|---|" + "---|" * len(variants))
+        cells = {}
+        for g in res["gemm"]:
+            cells.setdefault((g["stage"], g["shape"], g["out"], g["in"], g["rows"]), {})[g["variant"]] = g
+        for (stage, shape, o, i, r), per in cells.items():
+            cs = []
+            for v in variants:
+                g = per.get(v)
+                cs.append("" if not g else f"{fmt(g['us'], 1)} us, {fmt(g['x_copy'])}x, {fmt(g['tflops'], 1)} TF"
+                          + ("" if g["invariant"] in (True, None) else " NOT INVARIANT"))
+            dims = f"{o}x{i}"
+            lines.append(f"| {shape}{'' if shape == dims else f' ({dims})'} | {r} | " + " | ".join(cs) + " |")
+        bad = [f"{g['stage']}:{g['variant']}" for g in res["gemm_invariance"] if g["invariant"] is False]
+        lines.append("")
+        lines.append("Batch invariance of every variant (m-row results = rows alone, bit for bit): "
+                     + ("PASS" if not bad else "FAIL: " + ", ".join(bad)))
+        lines.append("")
+    if res["attention"]:
+        lines.append("**Attention at long context (one decode row per sequence)**")
+        lines.append("")
+        lines.append("| heads | context | batch | us | KV GB/s | of copy bandwidth (target 0.70) |")
+        lines.append("|---|---|---|---|---|---|")
+        for a in res["attention"]:
+            lines.append(f"| {a['shape']} ({a['n_heads']}/{a['n_kv_heads']} x {a['head_dim']}) | {a['ctx']} | "
+                         f"{a['batch']} | {fmt(a['us'], 1)} | {fmt(a['gbps'], 0)} | {fmt(a['x_copy'])} |")
+        lines.append("")
+    if res["checks"]:
+        lines.append("**Checks**: " + ", ".join(f"{c['stage']} {'PASS' if c['pass'] else 'FAIL'}"
+                                                for c in res["checks"]))
+        lines.append("")
+    for p in res["ncu"]:
+        top = sorted(p["kernels"], key=lambda k: -k.get("total_us", k["avg_us"]))[:12]
+        lines.append(f"**{p['stage']}**: the kernels taking most GPU time (ncu over the whole run: the model's load, "
+                     "the prefill and every decode step)")
+        lines.append("")
+        lines.append("| kernel | invocations | average us | total us |")
+        lines.append("|---|---|---|---|")
+        for k in top:
+            lines.append(f"| {k['kernel'][:80]} | {k.get('invocations', '')} | {fmt(k['avg_us'], 2)} | "
+                         f"{fmt(k.get('total_us'), 1)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--logs", required=True, help="the stages' JSON and logs")
+    ap.add_argument("--summary", help="run.sh's summary.json (GPU name, stage statuses)")
+    ap.add_argument("--json", help="results file to write")
+    ap.add_argument("--markdown", help="markdown tables to write (also printed)")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(a.logs):
+        print(f"gpu_results: {a.logs} is not a folder", file=sys.stderr)
+        return 2
+    summary = load(a.summary) if a.summary else None
+    res = assemble(a.logs, summary)
+    md = markdown(res)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md + "\n")
+    print(md)
+    print(f"gpu_results: {len(res['bench'])} decode rows, {len(res['gemm'])} GEMM points, "
+          f"{len(res['attention'])} attention points, {len(res['ncu'])} profiles"
+          + (f"; unreadable: {', '.join(res['unreadable'])}" if res["unreadable"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
