@@ -53,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 extern "C" {
@@ -258,6 +259,7 @@ struct cuda_be {
     size_t tc_count_cap;        // bytes
     std::mutex choice_mu;
     std::vector<gemm_choice *> choices;
+    std::vector<std::pair<std::pair<int32_t, int32_t>, cuplan_tc>> tc_plans; // (out, in) -> plan, for describe()
 #ifndef RD_CUDA_EMU
     cublasLtHandle_t lt, lt_aux;
     void *ws, *ws_aux;
@@ -896,6 +898,16 @@ static int upload_new(cuda_be *b, void **dev, const void *host, size_t bytes, co
     return 0;
 }
 
+// Remembers a tensor-core plan for describe() (once per shape).
+static void note_tc(cuda_be *b, int32_t out, int32_t in, const cuplan_tc &pl)
+{
+    std::lock_guard<std::mutex> g(b->choice_mu);
+    for (const auto &e : b->tc_plans)
+        if (e.first.first == out && e.first.second == in)
+            return;
+    b->tc_plans.push_back({{out, in}, pl});
+}
+
 static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t in, void **handle)
 {
     cuda_be *b = impl(be);
@@ -921,6 +933,8 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
     }
     W->ch = choose_gemm(b, out, in, 0, W->w, true);
     W->use_tc = b->gemm_tc && !cuplan_gemm_tc(out, in, b->n_sm, &W->tc);
+    if (W->use_tc)
+        note_tc(b, out, in, W->tc);
     *handle = W;
     return 0;
 }
@@ -958,6 +972,8 @@ static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
         return rc;
     }
     W->use_tc = b->fp8_tc && !cuplan_gemm_tc(out, in, b->n_sm, &W->tc);
+    if (W->use_tc)
+        note_tc(b, out, in, W->tc);
     *handle = W;
     return 0;
 }
@@ -2270,6 +2286,12 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
         if (k < 0 || (size_t)k >= cap)
             break;
         k += snprintf(buf + k, cap - k, " [%dx%d%s: %s]", c->out, c->in, c->f32 ? " fp32" : "", c->what);
+    }
+    for (const auto &e : b->tc_plans) {
+        if (k < 0 || (size_t)k >= cap)
+            break;
+        k += snprintf(buf + k, cap - k, " [%dx%d: tensor-core kernel, %d sub-pieces of %d (%d warps x %d CTAs along K)]",
+                      e.first.first, e.first.second, e.second.q, e.second.kp, e.second.wk, e.second.p);
     }
     return 0;
 }

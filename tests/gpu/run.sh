@@ -287,14 +287,24 @@ fi
 # RD_CUDA_FP8=tc the FP8 weights on tensor cores (a backend that does not
 # know a value ignores it, and the variant then measures the default).
 if [ "$DRY" = 0 ]; then
+  # The new kernels against the CPU on the device first (seconds): the tensor-core GEMM on every reduction path,
+  # its 64 x 64 tile kernel, the fused RMSNorm prologue and gated epilogue (bit for bit against the unfused ops),
+  # FP8 through it; attention's combine in its partition kernel; the tiny models through the runner with tc.
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_attention_combine_fused,test_runner_tc \
+    run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
-  # any variant's m-row results differ from its rows computed alone.
+  # any variant's m-row results differ from its rows computed alone. tcsmall: the tc kernel without its 64 x 64
+  # tile kernel (RD_CUDA_TC_BIG_ROWS=0), to price the tile kernel at 128 rows and up.
   run gemm-1b 120 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
-    --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc --bw "$BW" --json "$LOGS/gemm-1b.json" || true
+    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,bf16act,tcbf16,mixed,fp8,fp8tc --bw "$BW" \
+    --json "$LOGS/gemm-1b.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
   RD_CUDA_GEMM=tc run bench-1b-tc 90 "$BENCH" bench --synthetic 1b --label " tc" --bw "$BW" \
     --json "$LOGS/bench-1b-tc.json" || true
+  # Programmatic dependent launch on top of tc (each kernel scheduled while the one before drains).
+  RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run bench-1b-tc-pdl 60 "$BENCH" bench --synthetic 1b --label " tc pdl" \
+    --batches 1,8,32 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-pdl.json" || true
   # Issue 26: the 1B's layers in FP8 blocks (serve_dtype fp8), on CUDA cores and with RD_CUDA_FP8=tc: the
   # target is FP8 >= 1.5x bf16 at batch 1 (bench-1b's row).
   run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
@@ -306,8 +316,10 @@ if [ "$DRY" = 0 ]; then
     RD_CUDA_GEMM=tc run invariance-tc 120 "$BENCH" invariance --model "$MODEL" --json "$LOGS/invariance-tc.json" || true
     RD_CUDA_GEMM=tc run parity-tc 90 "$BENCH" parity --model "$MODEL" --label " (RD_CUDA_GEMM=tc)" \
       --json "$LOGS/parity-tc.json" || true
+    RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run invariance-tc-pdl 120 "$BENCH" invariance --model "$MODEL" \
+      --json "$LOGS/invariance-tc-pdl.json" || true
   else
-    for s in invariance-tc parity-tc; do record "$s" SKIP "no model file"; done
+    for s in invariance-tc parity-tc invariance-tc-pdl; do record "$s" SKIP "no model file"; done
   fi
   RD_CUDA_FP8=tc run invariance-fp8tc 120 "$BENCH" invariance --synthetic 1b --weights fp8 \
     --json "$LOGS/invariance-fp8tc.json" || true
@@ -355,7 +367,8 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-bench-moe-cpu.json" || true
   run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
-  for s in copybw gemm-1b bench-1b bench-1b-tc bench-1b-fp8 bench-1b-fp8tc invariance-tc parity-tc invariance-fp8tc \
+  for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc invariance-tc \
+    parity-tc invariance-tc-pdl invariance-fp8tc \
     attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe gemm-qwen3; do
     skip_gpu "$s"
   done
