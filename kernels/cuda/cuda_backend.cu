@@ -1112,7 +1112,7 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 // bucket is. Deferred (pend_tc) when a gated FFN could end it, launched by
 // the next op otherwise.
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
-                   const cuda_be::pend_norm_t &norm)
+                   const cuda_be::pend_norm_t &norm, int pieces)
 {
     tc_args a{};
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
@@ -1134,16 +1134,21 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     }
     a.part = b->tc_part, a.count = b->tc_count;
     shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-    const bool split = b->split && !(b->split_contracting_only && W->in <= W->out);
-    launch_gemm_tc(b->st, W->tc, a, split, epi);
+    launch_gemm_tc(b->st, W->tc, a, pieces, epi);
     check_launch(b, "gemm_tc");
+}
+
+// x's bf16 pieces for a linear layer: hi and lo (the split), or hi alone.
+static int tc_pieces(const cuda_be *b, const weight *W)
+{
+    return b->split && !(b->split_contracting_only && W->in <= W->out) ? 2 : 1;
 }
 
 static void launch_pending_tc(cuda_be *b, int epi, float *out)
 {
     const auto p = b->pend_tc;
     b->pend_tc.W = nullptr;
-    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN ? p.y : out, p.acc, epi, p.norm);
+    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W));
 }
 
 // (b from compute(), nothing settled yet: a deferred RMSNorm of x may become the prologue.)
@@ -1160,7 +1165,7 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
         b->pend_tc = {W, x, m, y, 0, norm};
         return;
     }
-    run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm);
+    run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm, tc_pieces(b, W));
 }
 
 // A SwiGLU / GeGLU on the whole output of the deferred tensor-core GEMM:
@@ -1274,6 +1279,10 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
     shadow_written(b, y, (size_t)m * W->out * sizeof(float));
     if (b->head_fp32) {
         lm_head_fp32(b, W, x, m, y);
+        return;
+    }
+    if (W->use_tc) { // x as three exact pieces in the tensor-core GEMM: one kernel
+        run_tc(b, W, x, m, y, 0, TC_PLAIN, cuda_be::pend_norm_t{}, 3);
         return;
     }
     const int32_t rows = m < HEAD_ROWS ? m : HEAD_ROWS;

@@ -56,8 +56,17 @@ RD_DEV uint32_t tc_pack(float lo16, float hi16)
     return (uint32_t)cm_f32_to_bf16(lo16) | (uint32_t)cm_f32_to_bf16(hi16) << 16;
 }
 
-// bf16(v - bf16(v)): the lo half of the split, as store_bf writes it.
-RD_DEV float tc_lo(float v) { return v - cm_bf16_to_f32(cm_f32_to_bf16(v)); }
+// Piece p of v before its rounding to bf16: p 0 is v (hi = bf16(v)); p 1 is
+// v - hi (the split's lo, as store_bf writes it; the LM head's mid); p 2 is
+// what is left after mid (the LM head's lo, as k_to_bf16x3 writes it). The
+// subtractions are exact, so hi + mid + lo = v for a normal float.
+RD_DEV float tc_piece(float v, int p)
+{
+    if (p == 0)
+        return v;
+    const float r = RD_FSUB(v, cm_bf16_to_f32(cm_f32_to_bf16(v)));
+    return p == 1 ? r : RD_FSUB(r, cm_bf16_to_f32(cm_f32_to_bf16(r)));
+}
 
 // One warp's d += A B for an m16n8k16 tile (fragment layouts in cuemu.h).
 RD_DEV void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
@@ -141,14 +150,14 @@ RD_UNROLL
     return rms_inv(ss, a.in, a.eps);
 }
 
-// A's fragment of k-step s from rows g (xa) and g + 8 (xb), hi or lo halves.
-template <bool LO> RD_DEV void tc_frag_a(const float (&xa)[8], const float (&xb)[8], int s, uint32_t (&f)[4])
+// A's fragment of k-step s from rows g (xa) and g + 8 (xb), piece p.
+RD_DEV void tc_frag_a(const float (&xa)[8], const float (&xb)[8], int s, int p, uint32_t (&f)[4])
 {
     float v[8];
 RD_UNROLL
     for (int e = 0; e < 4; e++) {
-        v[e] = LO ? tc_lo(xa[4 * s + e]) : xa[4 * s + e];
-        v[4 + e] = LO ? tc_lo(xb[4 * s + e]) : xb[4 * s + e];
+        v[e] = tc_piece(xa[4 * s + e], p);
+        v[4 + e] = tc_piece(xb[4 * s + e], p);
     }
     f[0] = tc_pack(v[0], v[1]);             // row g, logical k 2t, 2t + 1
     f[1] = tc_pack(v[4], v[5]);             // row g + 8
@@ -157,7 +166,7 @@ RD_UNROLL
 }
 
 // One 32-weight chunk at c into the accumulators of MW m16 tiles x 2 n8 tiles.
-template <int MW, bool SPLIT>
+template <int MW, int NP>
 RD_DEV void tc_chunk(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                      const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
@@ -168,16 +177,15 @@ RD_UNROLL
         tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
 RD_UNROLL
         for (int s = 0; s < 2; s++) {
-            uint32_t hi[4], lo[4];
-            tc_frag_a<false>(xa, xb, s, hi);
-            if (SPLIT)
-                tc_frag_a<true>(xa, xb, s, lo);
+            uint32_t fr[NP][4];
 RD_UNROLL
-            for (int j = 0; j < 2; j++) {
-                tc_mma(acc[mt][j], hi, w[j][2 * s], w[j][2 * s + 1]);
-                if (SPLIT)
-                    tc_mma(acc[mt][j], lo, w[j][2 * s], w[j][2 * s + 1]);
-            }
+            for (int p = 0; p < NP; p++)
+                tc_frag_a(xa, xb, s, p, fr[p]);
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    tc_mma(acc[mt][j], fr[p], w[j][2 * s], w[j][2 * s + 1]);
         }
     }
 }
@@ -203,7 +211,7 @@ template <int EPI> RD_DEV void tc_store_glu(const tc_args &a, int32_t r, int32_t
 
 // grid (column tiles of CUPLAN_TC_NT, row tiles of 16 MW, p); block 32 wk.
 // With a gated epilogue a column tile is 8 features (gate and up rows).
-template <int MW, bool SPLIT, bool FP8, int EPI>
+template <int MW, int NP, bool FP8, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
     RD_PDL_ENTRY();
@@ -261,14 +269,14 @@ RD_UNROLL
                 tc_load_w<FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
 RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
-            tc_chunk<MW, SPLIT>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
+            tc_chunk<MW, NP>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
     }
     for (; c < k1; c += 32) {
         uint32_t w[2][4];
 RD_UNROLL
         for (int j = 0; j < 2; j++)
             tc_load_w<FP8>(a, wrow[j], c, t, w[j]);
-        tc_chunk<MW, SPLIT>(a, r0, c, g, t, w, inv, acc);
+        tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
     }
 
     // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2), column n0 + 8 j + 2 t + (i & 1)
@@ -373,32 +381,37 @@ RD_UNROLL
         a.count[tile] = 0;
 }
 
-template <int MW, bool SPLIT, bool FP8>
+template <int MW, int NP, bool FP8>
 static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, int epi)
 {
     if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc<MW, SPLIT, FP8, TC_SWIGLU>;
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_SWIGLU>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc<MW, SPLIT, FP8, TC_GEGLU>;
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_GEGLU>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else {
-        auto kern = k_gemm_tc<MW, SPLIT, FP8, TC_PLAIN>;
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     }
 }
 
+// (Three pieces are the LM head's: bf16 weights, no epilogue.)
 template <int MW>
-static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, bool split, bool fp8, int epi)
+static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, int pieces, bool fp8, int epi)
 {
-    if (split && fp8)
-        gemm_tc_launch<MW, true, true>(s, a, grid, block, epi);
-    else if (split)
-        gemm_tc_launch<MW, true, false>(s, a, grid, block, epi);
-    else if (fp8)
-        gemm_tc_launch<MW, false, true>(s, a, grid, block, epi);
-    else
-        gemm_tc_launch<MW, false, false>(s, a, grid, block, epi);
+    if (pieces == 3) {
+        auto kern = k_gemm_tc<MW, 3, false, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (pieces == 2 && fp8) {
+        gemm_tc_launch<MW, 2, true>(s, a, grid, block, epi);
+    } else if (pieces == 2) {
+        gemm_tc_launch<MW, 2, false>(s, a, grid, block, epi);
+    } else if (fp8) {
+        gemm_tc_launch<MW, 1, true>(s, a, grid, block, epi);
+    } else {
+        gemm_tc_launch<MW, 1, false>(s, a, grid, block, epi);
+    }
 }
 
 // ------------------------------------------------------------------ many rows
@@ -427,13 +440,12 @@ template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
     return f < F ? (rr % 32 >= 16 ? F : 0) + f : a.out;
 }
 
-template <bool SPLIT, bool FP8, int EPI>
+template <int NP, bool FP8, int EPI>
 __global__ void __launch_bounds__(TCB_THREADS) k_gemm_tc_big(tc_args a)
 {
     RD_PDL_ENTRY();
     // A row's 32 weights (or x values) as 4 uint4 of 8 bf16: uint4 t is what lane t of a fragment reads.
-    __shared__ uint4 xh[2][TCB_BM][4];
-    __shared__ uint4 xl[2][SPLIT ? TCB_BM : 1][4];
+    __shared__ uint4 xp[NP][2][TCB_BM][4]; // x's pieces (tc_piece)
     __shared__ uint4 ws[2][TCB_BN][4];
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / 2, wn = warp % 2; // the warp's 32 x 32 tile
@@ -456,10 +468,12 @@ RD_UNROLL
         for (int i = 0; i < 2; i++) {
             const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
             const float *v = xr[i];
-            xh[buf][rr][seg] = uint4{tc_pack(v[0], v[1]), tc_pack(v[2], v[3]), tc_pack(v[4], v[5]), tc_pack(v[6], v[7])};
-            if (SPLIT)
-                xl[buf][rr][seg] = uint4{tc_pack(tc_lo(v[0]), tc_lo(v[1])), tc_pack(tc_lo(v[2]), tc_lo(v[3])),
-                                         tc_pack(tc_lo(v[4]), tc_lo(v[5])), tc_pack(tc_lo(v[6]), tc_lo(v[7]))};
+RD_UNROLL
+            for (int p = 0; p < NP; p++)
+                xp[p][buf][rr][seg] = uint4{tc_pack(tc_piece(v[0], p), tc_piece(v[1], p)),
+                                            tc_pack(tc_piece(v[2], p), tc_piece(v[3], p)),
+                                            tc_pack(tc_piece(v[4], p), tc_piece(v[5], p)),
+                                            tc_pack(tc_piece(v[6], p), tc_piece(v[7], p))};
             ws[buf][rr][seg] = uint4{wr[i][0], wr[i][1], wr[i][2], wr[i][3]};
         }
     };
@@ -479,7 +493,7 @@ RD_UNROLL
         const int buf = ci & 1;
         if (ci + 1 < nch)
             gload(32 * (ci + 1));
-        uint4 bw[4], ah[2][2], al[2][2];
+        uint4 bw[4], ax[NP][2][2];
 RD_UNROLL
         for (int j = 0; j < 4; j++)
             bw[j] = ws[buf][32 * wn + 8 * j + g][t];
@@ -488,27 +502,26 @@ RD_UNROLL
 RD_UNROLL
             for (int h = 0; h < 2; h++) {
                 const int rr = 32 * wm + 16 * mt + 8 * h + g;
-                ah[mt][h] = xh[buf][rr][t];
-                if (SPLIT)
-                    al[mt][h] = xl[buf][rr][t];
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    ax[p][mt][h] = xp[p][buf][rr][t];
             }
 RD_UNROLL
         for (int s2 = 0; s2 < 2; s2++) {
 RD_UNROLL
             for (int mt = 0; mt < 2; mt++) {
-                const uint32_t hi[4] = {s2 ? ah[mt][0].z : ah[mt][0].x, s2 ? ah[mt][1].z : ah[mt][1].x,
-                                        s2 ? ah[mt][0].w : ah[mt][0].y, s2 ? ah[mt][1].w : ah[mt][1].y};
-                uint32_t lo[4] = {0, 0, 0, 0};
-                if (SPLIT) {
-                    lo[0] = s2 ? al[mt][0].z : al[mt][0].x, lo[1] = s2 ? al[mt][1].z : al[mt][1].x;
-                    lo[2] = s2 ? al[mt][0].w : al[mt][0].y, lo[3] = s2 ? al[mt][1].w : al[mt][1].y;
+                uint32_t fr[NP][4];
+RD_UNROLL
+                for (int p = 0; p < NP; p++) {
+                    fr[p][0] = s2 ? ax[p][mt][0].z : ax[p][mt][0].x, fr[p][1] = s2 ? ax[p][mt][1].z : ax[p][mt][1].x;
+                    fr[p][2] = s2 ? ax[p][mt][0].w : ax[p][mt][0].y, fr[p][3] = s2 ? ax[p][mt][1].w : ax[p][mt][1].y;
                 }
 RD_UNROLL
                 for (int j = 0; j < 4; j++) {
                     const uint32_t b0 = s2 ? bw[j].z : bw[j].x, b1 = s2 ? bw[j].w : bw[j].y;
-                    tc_mma(pc[mt][j], hi, b0, b1);
-                    if (SPLIT)
-                        tc_mma(pc[mt][j], lo, b0, b1);
+RD_UNROLL
+                    for (int p = 0; p < NP; p++)
+                        tc_mma(pc[mt][j], fr[p], b0, b1);
                 }
             }
         }
@@ -545,16 +558,16 @@ RD_UNROLL
         }
 }
 
-template <bool SPLIT, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
+template <int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
 {
     if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_big<SPLIT, FP8, TC_SWIGLU>;
+        auto kern = k_gemm_tc_big<NP, FP8, TC_SWIGLU>;
         RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_big<SPLIT, FP8, TC_GEGLU>;
+        auto kern = k_gemm_tc_big<NP, FP8, TC_GEGLU>;
         RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
     } else {
-        auto kern = k_gemm_tc_big<SPLIT, FP8, TC_PLAIN>;
+        auto kern = k_gemm_tc_big<NP, FP8, TC_PLAIN>;
         RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
     }
 }
@@ -574,7 +587,7 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
     return (int64_t)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * ((a.m + rows - 1) / rows);
 }
 
-void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, int epi)
+void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi)
 {
     if (a.m <= 0 || a.out <= 0)
         return;
@@ -583,14 +596,18 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, 
     const bool fp8 = a.w == nullptr;
     if (use_big(a)) {
         const dim3 grid((unsigned)((a.out + TCB_BN - 1) / TCB_BN), (unsigned)((a.m + TCB_BM - 1) / TCB_BM));
-        if (split && fp8)
-            gemm_tc_big<true, true>(s, a, grid, epi);
-        else if (split)
-            gemm_tc_big<true, false>(s, a, grid, epi);
-        else if (fp8)
-            gemm_tc_big<false, true>(s, a, grid, epi);
-        else
-            gemm_tc_big<false, false>(s, a, grid, epi);
+        if (pieces == 3) {
+            auto kern = k_gemm_tc_big<3, false, TC_PLAIN>;
+            RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        } else if (pieces == 2 && fp8) {
+            gemm_tc_big<2, true>(s, a, grid, epi);
+        } else if (pieces == 2) {
+            gemm_tc_big<2, false>(s, a, grid, epi);
+        } else if (fp8) {
+            gemm_tc_big<1, true>(s, a, grid, epi);
+        } else {
+            gemm_tc_big<1, false>(s, a, grid, epi);
+        }
         return;
     }
     const int32_t mw = cuplan_tc_mw(a.m);
@@ -598,11 +615,11 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, 
                     (unsigned)pl.p);
     const dim3 block((unsigned)(32 * pl.wk));
     if (mw == 1)
-        gemm_tc_mw<1>(s, a, grid, block, split, fp8, epi);
+        gemm_tc_mw<1>(s, a, grid, block, pieces, fp8, epi);
     else if (mw == 2)
-        gemm_tc_mw<2>(s, a, grid, block, split, fp8, epi);
+        gemm_tc_mw<2>(s, a, grid, block, pieces, fp8, epi);
     else
-        gemm_tc_mw<4>(s, a, grid, block, split, fp8, epi);
+        gemm_tc_mw<4>(s, a, grid, block, pieces, fp8, epi);
 }
 
 }  // namespace RD_NS

@@ -150,7 +150,9 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // TC_GEGLU: y is then the gated FFN's output [m][F] (k_swiglu's / k_geglu's
 // expression), gate|up itself never stored.
 enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2 };
-void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, bool split, int epi);
+// pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
+// exactly: the LM head; epi TC_PLAIN and bf16 weights only).
+void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
 void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);

@@ -764,9 +764,8 @@ static void test_mixed_activations(void)
 
 /* The LM head over more rows than one chunk (128): every row equals the row
  * alone, and all are within fp32 rounding of the exact sum. */
-static void test_lm_head_chunks(void)
+static void lm_head_case(rd_backend *be, int32_t out, int32_t in, int32_t M, double tol)
 {
-    const int32_t out = 37, in = 40, M = 300;
     float *w = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * M * in);
     float *y = malloc(sizeof(float) * M * out), *ys = malloc(sizeof(float) * out);
     for (int64_t i = 0; i < (int64_t)out * in; i++)
@@ -774,22 +773,43 @@ static void test_lm_head_chunks(void)
     for (int64_t i = 0; i < (int64_t)M * in; i++)
         x[i] = frand() * 3.0f;
     void *W;
-    CHECK_OK(emu->ops->linear_load(emu, w, out, in, &W));
-    float *dx = up(emu, x, sizeof(float) * M * in), *dy = up(emu, NULL, sizeof(float) * M * out);
-    emu->ops->lm_head(emu, W, dx, M, dy);
-    CHECK_OK(down(emu, y, dy, sizeof(float) * M * out));
+    CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+    float *dx = up(be, x, sizeof(float) * M * in), *dy = up(be, NULL, sizeof(float) * M * out);
+    be->ops->lm_head(be, W, dx, M, dy);
+    CHECK_OK(down(be, y, dy, sizeof(float) * M * out));
     double worst = lm_head_error(w, x, y, out, in, M);
-    CHECK(worst < 1e-6, "lm_head over %d rows: relative error %.3g", M, worst);
+    CHECK(worst < tol, "lm_head [%d x %d] over %d rows: relative error %.3g", out, in, M, worst);
     const int32_t rows[] = {0, 127, 128, 255, 256, 299};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        emu->ops->lm_head(emu, W, dx + (size_t)rows[i] * in, 1, dy);
-        CHECK_OK(down(emu, ys, dy, sizeof(float) * out));
+        if (rows[i] >= M)
+            continue;
+        be->ops->lm_head(be, W, dx + (size_t)rows[i] * in, 1, dy);
+        CHECK_OK(down(be, ys, dy, sizeof(float) * out));
         CHECK(!memcmp(ys, y + (size_t)rows[i] * out, sizeof(float) * out), "lm_head row %d alone differs", rows[i]);
     }
-    emu->ops->free(emu, dx);
-    emu->ops->free(emu, dy);
-    emu->ops->linear_free(emu, W);
+    be->ops->free(be, dx);
+    be->ops->free(be, dy);
+    be->ops->linear_free(be, W);
     free(w), free(x), free(y), free(ys);
+}
+
+/* The LM head over more rows than one chunk (128): every row equals the row
+ * alone, and all are within fp32 rounding of the exact sum. With
+ * RD_CUDA_GEMM=tc the head is the tensor-core GEMM with x in three exact
+ * bf16 pieces: 300 rows go to its 64 x 64 tile kernel, a row alone to the
+ * other, with the same bits. */
+static void test_lm_head_chunks(void)
+{
+    lm_head_case(emu, 37, 40, 300, 1e-6);
+    if (test_case_failed)
+        return;
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
+    CHECK(tc != NULL, "cannot create the tc backend: %s", rd_errmsg());
+    lm_head_case(tc, 37, 64, 300, on_emulator() ? 1e-6 : 3e-5);
+    if (!test_case_failed)
+        lm_head_case(tc, 300, 512, 20, on_emulator() ? 1e-6 : 3e-5);
+    if (tc)
+        rd_backend_destroy(tc);
 }
 
 /* ------------------------------------------------------------------ row ops vs the CPU backend */
