@@ -217,6 +217,10 @@ struct cuda_be {
         const int32_t *positions;
         const float *cos_sin;
         split_sum ss;
+        // the per-head RMSNorm it absorbed (nw NULL: none): heads < n_first with nw, the rest with nw2
+        const float *nw, *nw2;
+        int32_t n_first;
+        float eps, w_off;
     } pend_rope;
     // A tensor-core GEMM deferred the same way: a SwiGLU or GeGLU that reads
     // all of its output next runs as its epilogue (TC_SWIGLU / TC_GEGLU).
@@ -244,7 +248,8 @@ struct cuda_be {
     struct {
         float *x;               // NULL: none
         int32_t stride, m, n_heads, head_dim;
-        const float *w;
+        const float *w, *w2;    // heads < n_first with w, the rest (a joined k norm) with w2
+        int32_t n_first;
         float eps, w_off;
         split_sum ss;           // the sum it took from the GEMM before it
     } pend_hnorm;
@@ -327,7 +332,11 @@ static bool check_launch(cuda_be *b, const char *what)
 static void launch_pending_rope(cuda_be *b, kv_out kv)
 {
     const auto &r = b->pend_rope;
-    launch_rope(b->st, r.x, r.stride, r.m, r.n_heads, r.head_dim, r.positions, r.cos_sin, r.ss, kv);
+    if (r.nw)
+        launch_hnorm_rope(b->st, r.x, r.stride, r.m, r.n_heads, r.head_dim, r.nw, r.n_first, r.nw2, r.eps, r.w_off, r.ss,
+                          r.positions, r.cos_sin, kv);
+    else
+        launch_rope(b->st, r.x, r.stride, r.m, r.n_heads, r.head_dim, r.positions, r.cos_sin, r.ss, kv);
     b->pend_rope.x = nullptr;
     check_launch(b, "rope");
 }
@@ -343,19 +352,18 @@ static void launch_pending_norm(cuda_be *b)
     check_launch(b, "rmsnorm");
 }
 
-static void launch_pending_hnorm(cuda_be *b, int32_t n_more, const float *w2)
+static void launch_pending_hnorm(cuda_be *b)
 {
     const auto p = b->pend_hnorm;
     b->pend_hnorm.x = nullptr;
-    launch_head_rmsnorm(b->st, p.x, p.stride, p.m, p.n_heads + n_more, p.head_dim, p.w, p.n_heads, w2, p.eps, p.w_off,
-                        p.ss);
+    launch_head_rmsnorm(b->st, p.x, p.stride, p.m, p.n_heads, p.head_dim, p.w, p.n_first, p.w2, p.eps, p.w_off, p.ss);
     check_launch(b, "head_rmsnorm");
 }
 
 static void settle(cuda_be *b)
 {
     if (b->pend_hnorm.x)
-        launch_pending_hnorm(b, 0, nullptr);
+        launch_pending_hnorm(b);
     if (b->pend_norm.x)
         launch_pending_norm(b);
     if (b->pend_tc.W)
@@ -385,7 +393,7 @@ static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
     if (b->pend_hnorm.x)
-        launch_pending_hnorm(b, 0, nullptr);
+        launch_pending_hnorm(b);
     if (b->pend_norm.x)
         launch_pending_norm(b);
     if (b->pend_tc.W)
@@ -1336,7 +1344,20 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
                     const int32_t *positions, const float *cos_sin)
 {
     cuda_be *b = compute(be);
-    const split_sum ss = take_split(b, x, (int64_t)m * stride); // (and an earlier RoPE: none in a forward pass)
+    const auto hn = b->pend_hnorm;
+    split_sum ss;
+    b->pend_rope.nw = nullptr;
+    if (hn.x == x && hn.n_heads == n_heads && hn.head_dim == head_dim && hn.stride == stride && hn.m == m &&
+        head_dim % 64 == 0 && head_dim <= CUPLAN_ATTN_MAX_HD) {
+        // The per-head norms of exactly these heads, pending: one kernel for both (k_hnorm_rope).
+        b->pend_hnorm.x = nullptr;
+        settle(b);
+        ss = hn.ss;
+        b->pend_rope.nw = hn.w, b->pend_rope.nw2 = hn.w2, b->pend_rope.n_first = hn.n_first;
+        b->pend_rope.eps = hn.eps, b->pend_rope.w_off = hn.w_off;
+    } else {
+        ss = take_split(b, x, (int64_t)m * stride); // (and an earlier RoPE: none in a forward pass)
+    }
     shadow_written(b, x, (size_t)m * stride * sizeof(float));
     b->pend_rope.x = x;
     b->pend_rope.stride = stride, b->pend_rope.m = m, b->pend_rope.n_heads = n_heads;
@@ -1370,11 +1391,14 @@ static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m,
     cuda_be *b = compute(be);
     if (m <= 0 || n_heads <= 0)
         return;
-    const auto &p = b->pend_hnorm;
-    if (p.x && x == p.x + (size_t)p.n_heads * p.head_dim && stride == p.stride && m == p.m && head_dim == p.head_dim &&
-        eps == p.eps && w_off == p.w_off && (int64_t)(p.n_heads + n_heads) * head_dim <= stride) {
+    auto &p = b->pend_hnorm;
+    if (p.x && p.n_first == p.n_heads && x == p.x + (size_t)p.n_heads * p.head_dim && stride == p.stride && m == p.m &&
+        head_dim == p.head_dim && eps == p.eps && w_off == p.w_off &&
+        (int64_t)(p.n_heads + n_heads) * head_dim <= stride) {
+        // the k norm joins the pending q norm (and may join the RoPE next)
         shadow_written(b, x, (size_t)((int64_t)(m - 1) * stride + (int64_t)n_heads * head_dim) * sizeof(float));
-        launch_pending_hnorm(b, n_heads, w);
+        p.n_heads += n_heads;
+        p.w2 = w;
         return;
     }
     const split_sum ss = take_split(b, x, (int64_t)m * stride); // (launches a pending head norm first)
@@ -1384,6 +1408,7 @@ static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m,
         b->pend_hnorm.x = x;
         b->pend_hnorm.stride = stride, b->pend_hnorm.m = m, b->pend_hnorm.n_heads = n_heads;
         b->pend_hnorm.head_dim = head_dim, b->pend_hnorm.w = w, b->pend_hnorm.eps = eps, b->pend_hnorm.w_off = w_off;
+        b->pend_hnorm.n_first = n_heads, b->pend_hnorm.w2 = nullptr;
         b->pend_hnorm.ss = ss;
         return;
     }

@@ -71,6 +71,12 @@ struct kv_out {
 // element of the rows [m][stride] is first completed from the split sum.
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
                  const int32_t *positions, const float *cos_sin, split_sum ss, kv_out kv);
+// launch_head_rmsnorm then launch_rope on the same heads (and the KV write),
+// in one kernel with their bits; head_dim a multiple of 64, at most
+// CUPLAN_ATTN_MAX_HD.
+void launch_hnorm_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                       const float *w, int32_t n_first, const float *w2, float eps, float w_off, split_sum ss,
+                       const int32_t *positions, const float *cos_sin, kv_out kv);
 // With ss.t, gu is first completed from the split sum (and written back).
 void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
                    split_sum ss);

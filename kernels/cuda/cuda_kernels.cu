@@ -135,12 +135,12 @@ __global__ void __launch_bounds__(32 * HNORM_WARPS)
     for (int32_t j = lane; j < hd; j += 32) {
         if (sp.t) // the lane reads back only what it wrote
             v[j] = split_value(sp, x, o + j);
-        ss += (double)v[j] * (double)v[j];
+        ss = rms_acc(ss, v[j]);
     }
     ss = warp_allreduce(ss, op_add());
-    const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+    const float inv = rms_inv(ss, hd, eps);
     for (int32_t j = lane; j < hd; j += 32)
-        v[j] = RD_FMUL(RD_FMUL(v[j], inv), w_off == 0.0f ? w[j] : RD_FADD(w[j], w_off));
+        v[j] = rms_apply(v[j], inv, w[j], w_off);
 }
 
 void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
@@ -209,6 +209,80 @@ __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int
         kv.kc[kv_dst(kv, kv.slots[i], kh, j, hd)] = cm_f32_to_bf16(ra);
         kv.kc[kv_dst(kv, kv.slots[i], kh, j + half, hd)] = cm_f32_to_bf16(rb);
     }
+}
+
+// The per-head RMSNorm, RoPE and the KV write in one kernel (Qwen3's and
+// Gemma 3's q/k norms before the rotation): one warp per (row, head) does
+// k_head_rmsnorm's arithmetic, then rotates the normalized pairs (j, j + half)
+// with k_rope's expression, both held by lane j % 32 since half is a multiple
+// of 32. Blocks from head_blocks on complete and copy the columns after the
+// heads (V) as k_rope's tail threads do. The bits of the three kernels.
+__global__ void __launch_bounds__(32 * HNORM_WARPS)
+    k_hnorm_rope(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, int32_t n_first,
+                 const float *w2, float eps, float w_off, int32_t head_blocks, split_sum sp, const int32_t *positions,
+                 const float *cos_sin, kv_out kv)
+{
+    RD_PDL_ENTRY();
+    const int64_t row = blockIdx.x;
+    if ((int32_t)blockIdx.y >= head_blocks) {
+        const int32_t tail = stride - n_heads * hd;
+        const int32_t c = (int32_t)(blockIdx.y - head_blocks) * (int32_t)blockDim.x + (int32_t)threadIdx.x;
+        if (c >= tail)
+            return;
+        const int64_t k = row * stride + (int64_t)n_heads * hd + c;
+        const float v = sp.t ? split_value(sp, x, k) : x[k];
+        if (sp.t)
+            x[k] = v;
+        if (kv.kc && kv.slots[row] >= 0)
+            kv.vc[kv_dst(kv, kv.slots[row], c / hd, c % hd, hd)] = cm_f32_to_bf16(v);
+        return;
+    }
+    const int32_t h = blockIdx.y * HNORM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (h >= n_heads)
+        return; // the whole warp: no shuffle below for it
+    const int64_t o = row * stride + (int64_t)h * hd;
+    float *v = x + o;
+    if (h >= n_first)
+        w = w2;
+    float nv[CUPLAN_ATTN_MAX_HD / 32];
+    double ss = 0.0;
+    for (int32_t i = 0; 32 * i + lane < hd; i++) {
+        const int32_t j = 32 * i + lane;
+        nv[i] = sp.t ? split_value(sp, x, o + j) : v[j];
+        ss = rms_acc(ss, nv[i]);
+    }
+    ss = warp_allreduce(ss, op_add());
+    const float inv = rms_inv(ss, hd, eps);
+    for (int32_t i = 0; 32 * i + lane < hd; i++)
+        nv[i] = rms_apply(nv[i], inv, w[32 * i + lane], w_off);
+    const int32_t half = hd / 2, hp = half / 32;
+    const float *cs = cos_sin + (int64_t)positions[row] * half * 2;
+    const int32_t kh = h - (n_heads - kv.n_kv);
+    for (int32_t i = 0; i < hp; i++) {
+        const int32_t j = 32 * i + lane;
+        const float c = cs[2 * j], sn = cs[2 * j + 1], a = nv[i], b = nv[i + hp];
+        const float ra = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
+        const float rb = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
+        v[j] = ra;
+        v[j + half] = rb;
+        if (kv.kc && kh >= 0 && kv.slots[row] >= 0) {
+            kv.kc[kv_dst(kv, kv.slots[row], kh, j, hd)] = cm_f32_to_bf16(ra);
+            kv.kc[kv_dst(kv, kv.slots[row], kh, j + half, hd)] = cm_f32_to_bf16(rb);
+        }
+    }
+}
+
+void launch_hnorm_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
+                       const float *w, int32_t n_first, const float *w2, float eps, float w_off, split_sum ss,
+                       const int32_t *positions, const float *cos_sin, kv_out kv)
+{
+    if (m <= 0 || n_heads <= 0)
+        return;
+    const int32_t head_blocks = (n_heads + HNORM_WARPS - 1) / HNORM_WARPS;
+    const int64_t tail = ss.t || kv.kc ? (int64_t)stride - (int64_t)n_heads * head_dim : 0;
+    const int32_t tail_blocks = tail > 0 ? (int32_t)blocks_for(tail, 32 * HNORM_WARPS) : 0;
+    RD_LAUNCH(k_hnorm_rope, dim3(m, head_blocks + tail_blocks), dim3(32 * HNORM_WARPS), 0, s, x, stride, n_heads,
+              head_dim, w, n_first, w2, eps, w_off, head_blocks, ss, positions, cos_sin, kv);
 }
 
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
