@@ -176,6 +176,67 @@ def assemble(logs, summary):
     return out
 
 
+# Issue 48's targets, read from the stages tests/gpu/run.sh names (bench-1b*, bench-qwen3-*, bench-1b-fp8*,
+# bench-moe, attn, gemm-1b). Each: what, the value found (None: the stage did not run), the bound, met.
+def _bench(res, stage_prefixes, batch):
+    rows = [b for b in res["bench"] if b["batch"] == batch and b["step_ms"] is not None
+            and any(b["stage"] == p or b["stage"].startswith(p + "-") for p in stage_prefixes)]
+    return rows
+
+
+def targets(res):
+    t = []
+
+    def add(what, value, bound, met, note=""):
+        t.append({"target": what, "value": value, "bound": bound, "met": None if value is None else bool(met),
+                  "note": note})
+
+    bf16_1b = [b for b in _bench(res, ["bench-1b"], 1) if b["weights"] == "bf16" and not b["kv_fill"]]
+    best = min(bf16_1b, key=lambda b: b["x_roofline"], default=None)
+    add("1.24B bf16, batch 1: step / weight-read roofline", best and best["x_roofline"], "<= 1.3",
+        best and best["x_roofline"] <= 1.3, best and best["stage"] or "")
+    for name, prefix in (("Qwen3-1.7B", "bench-qwen3-1.7b"), ("Qwen3-8B", "bench-qwen3-8b")):
+        rows = _bench(res, [prefix], 1)
+        b = min(rows, key=lambda r: r["x_roofline"], default=None)
+        add(f"{name} shape, batch 1: step / roofline", b and b["x_roofline"], "<= 1.4", b and b["x_roofline"] <= 1.4,
+            b and b["stage"] or "")
+    # GEMMs at batch 256 on the 1B's shapes: all four shapes' FLOPs over their summed time, per variant.
+    peak = res.get("peak_tflops")
+    per_var = {}
+    for g in res["gemm"]:
+        if g["stage"] == "gemm-1b" and g["rows"] == 256 and g["us"] and g["out"] and g["in"]:
+            v = per_var.setdefault(g["variant"], [0.0, 0.0])
+            v[0] += 2.0 * 256 * g["out"] * g["in"]
+            v[1] += g["us"] * 1e-6
+    frac = {k: (v[0] / v[1] / 1e12) / peak for k, v in per_var.items() if v[1] > 0 and peak}
+    bv = max(frac, key=frac.get, default=None)
+    add("1.24B shapes, batch 256: GEMM TFLOP/s / bf16 tensor-core peak", bv and round(frac[bv], 3), ">= 0.5",
+        bv and frac[bv] >= 0.5, bv and f"variant {bv}" or "")
+    # FP8 against the best bf16 step of the same shape and batch.
+    for batch, bound in ((1, 1.5), (32, 1.2), (256, 1.2)):
+        bf = [b for b in _bench(res, ["bench-1b"], batch) if b["weights"] == "bf16" and not b["kv_fill"]]
+        f8 = [b for b in _bench(res, ["bench-1b"], batch) if b["weights"] == "fp8" and b.get("kv_dtype") != "fp8"]
+        if bf and f8:
+            gain = min(b["step_ms"] for b in bf) / min(b["step_ms"] for b in f8)
+            add(f"FP8 weights, 1.24B batch {batch}: bf16 step / FP8 step", round(gain, 3), f">= {bound}",
+                gain >= bound)
+        else:
+            add(f"FP8 weights, 1.24B batch {batch}: bf16 step / FP8 step", None, f">= {bound}", False)
+    moe = _bench(res, ["bench-moe"], 1)
+    m = moe[0] if moe else None
+    xr = m and (m.get("x_roofline_measured") if m.get("x_roofline_measured") is not None else m["x_roofline"])
+    add("Qwen3-30B-A3B shape, batch 1: step / active-expert roofline", xr, "<= 1.5", xr is not None and xr <= 1.5)
+    att = [a for a in res["attention"] if a["ctx"] == 32768 and a["x_copy"] is not None]
+    a = max(att, key=lambda r: r["x_copy"], default=None)
+    add("attention at 32k context: KV bytes / time, of copy bandwidth", a and a["x_copy"], ">= 0.7",
+        a and a["x_copy"] >= 0.7, a and f"{a['shape']} batch {a['batch']}" or "")
+    failed = [s["stage"] for s in res.get("stages", []) if s.get("status") in ("FAIL", "TIMEOUT")]
+    bad_inv = [g["variant"] for g in res["gemm_invariance"] if g["invariant"] is False]
+    add("every device check passes, batch invariance on every variant", len(failed) + len(bad_inv), "0",
+        not failed and not bad_inv, ", ".join(failed + bad_inv))
+    return t
+
+
 def fmt(x, nd=2):
     return "" if x is None else f"{x:.{nd}f}"
 
@@ -186,6 +247,16 @@ def markdown(res):
     lines.append(f"GPU: {gpu}; copy bandwidth {fmt(res.get('copy_gbps'), 1)} GB/s"
                  + (f"; peak {res['peak_assumption']}" if res.get("peak_assumption") else ""))
     lines.append("")
+    if res.get("targets"):
+        lines.append("**Issue 48's targets**")
+        lines.append("")
+        lines.append("| target | value | bound | met | from |")
+        lines.append("|---|---|---|---|---|")
+        for x in res["targets"]:
+            met = "not measured" if x["met"] is None else ("yes" if x["met"] else "NO")
+            lines.append(f"| {x['target']} | {'' if x['value'] is None else x['value']} | {x['bound']} | {met} | "
+                         f"{x['note']} |")
+        lines.append("")
     if res["bench"]:
         batches = sorted({b["batch"] for b in res["bench"] if b["batch"] is not None})
         lines.append("**Decode step (ms) and its ratio to the roofline**")
@@ -271,6 +342,7 @@ def main(argv=None):
         return 2
     summary = load(a.summary) if a.summary else None
     res = assemble(a.logs, summary)
+    res["targets"] = targets(res)
     md = markdown(res)
     if a.json:
         with open(a.json, "w") as f:

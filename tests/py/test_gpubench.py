@@ -15,6 +15,7 @@ backend and the emulated CUDA backend at test size:
 - tools/gpu_results.py assembles those JSONs into one results file and markdown tables."""
 import json
 import os
+import sys
 
 from harness import BUILD, ROOT, TMP, case, main, run
 
@@ -212,6 +213,38 @@ def gpu_results_assembles_the_stages():
     for head in ("**Decode step", "**GEMM", "**Attention", "| 64x64 | 4 |", "k_rmsnorm"):
         assert head in md, (head, md)
     assert md.strip() in p.stdout
+
+
+@case
+def gpu_results_judges_the_targets():
+    """Issue 48's target table from assembled rows (numbers by hand): the best batch-1 ratio of the
+    1.24B's bf16 stages, the GEMMs' FLOPs over time at 256 rows against the peak, FP8's gain over the best
+    bf16 step, and a missing stage reported as not measured rather than failed."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gpu_results
+    def bench(stage, batch, ms, x, weights="bf16"):
+        return {"stage": stage, "batch": batch, "step_ms": ms, "x_roofline": x, "weights": weights,
+                "kv_fill": False, "kv_dtype": "bf16"}
+    res = {"bench": [bench("bench-1b", 1, 2.0, 3.4), bench("bench-1b-tc", 1, 0.75, 1.27),
+                     bench("bench-1b-fp8tc", 1, 0.55, 1.5, "fp8"), bench("bench-1b", 32, 2.5, 4.0),
+                     bench("bench-1b-fp8tc", 32, 2.2, 3.5, "fp8"), bench("bench-qwen3-1.7b-tc", 1, 1.2, 1.45)],
+           "gemm": [{"stage": "gemm-1b", "rows": 256, "us": 100.0, "out": 2048, "in": 2048, "variant": "tc"},
+                    {"stage": "gemm-1b", "rows": 256, "us": 300.0, "out": 16384, "in": 2048, "variant": "tc"},
+                    {"stage": "gemm-1b", "rows": 256, "us": 50.0, "out": 2048, "in": 2048, "variant": "default"}],
+           "peak_tflops": 989.0, "attention": [], "gemm_invariance": [], "stages": [{"stage": "x", "status": "PASS"}]}
+    t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}
+    assert t["1.24B bf16, batch 1"]["value"] == 1.27 and t["1.24B bf16, batch 1"]["met"] is True
+    assert t["Qwen3-1.7B shape, batch 1"]["met"] is False and t["Qwen3-8B shape, batch 1"]["met"] is None
+    # tc: 2*256*(2048*2048 + 16384*2048) FLOPs in 400 us = 48.3 TFLOP/s; default: 2*256*2048^2 in 50 us = 42.9
+    g = t["1.24B shapes, batch 256"]
+    assert g["note"] == "variant tc" and abs(g["value"] - 48.3e12 / 989e12) < 1e-3 and g["met"] is False, g
+    assert t["FP8 weights, 1.24B batch 1"]["value"] == round(0.75 / 0.55, 3)
+    assert t["FP8 weights, 1.24B batch 1"]["met"] is False  # 1.364 < 1.5
+    assert t["FP8 weights, 1.24B batch 32"]["met"] is False and t["FP8 weights, 1.24B batch 256"]["met"] is None
+    assert t["every device check passes, batch invariance on every variant"]["met"] is True
+    res["stages"].append({"stage": "unit-tc-cuda", "status": "FAIL"})
+    t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}
+    assert t["every device check passes, batch invariance on every variant"]["note"] == "unit-tc-cuda"
 
 
 if __name__ == "__main__":
