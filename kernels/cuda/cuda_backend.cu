@@ -360,7 +360,9 @@ static void launch_pending_hnorm(cuda_be *b)
     check_launch(b, "head_rmsnorm");
 }
 
-static void settle(cuda_be *b)
+// Everything deferred but a split sum: at most one of these is pending at a
+// time (each op launches the others first), a split sum possibly beside them.
+static void launch_pending_ops(cuda_be *b)
 {
     if (b->pend_hnorm.x)
         launch_pending_hnorm(b);
@@ -370,6 +372,11 @@ static void settle(cuda_be *b)
         launch_pending_tc(b, TC_PLAIN, nullptr);
     if (b->pend_rope.x)
         launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
+}
+
+static void settle(cuda_be *b)
+{
+    launch_pending_ops(b);
     if (!b->pend_y)
         return;
     launch_add_split(b->st, b->pend.t, b->pend.n, b->pend_y, b->pend.acc);
@@ -392,14 +399,7 @@ static cuda_be *compute_op(rd_backend *be)
 static split_sum take_split(cuda_be *b, const float *y, int64_t n)
 {
     split_sum none = {nullptr, 0, 0};
-    if (b->pend_hnorm.x)
-        launch_pending_hnorm(b);
-    if (b->pend_norm.x)
-        launch_pending_norm(b);
-    if (b->pend_tc.W)
-        launch_pending_tc(b, TC_PLAIN, nullptr);
-    if (b->pend_rope.x)
-        launch_pending_rope(b, kv_out{nullptr, 0, 0, nullptr, nullptr});
+    launch_pending_ops(b);
     if (!b->pend_y)
         return none;
     if (b->pend_y != y || b->pend.n != n) {
