@@ -238,6 +238,11 @@ struct cuda_be {
         float *y;
         int acc;
         pend_norm_t norm;       // its RMSNorm prologue (norm.x NULL: none)
+        struct {                // a RoPE on its output, deferred with it (heads 0: none): its epilogue
+            int32_t heads, head_dim;
+            const int32_t *positions;
+            const float *cos_sin;
+        } rope;
     } pend_tc;
     // An RMSNorm of at most tc_norm_rows rows deferred in tensor-core mode:
     // a tensor-core GEMM reading its output next runs it as its prologue.
@@ -342,7 +347,7 @@ static void launch_pending_rope(cuda_be *b, kv_out kv)
 }
 
 // Launches whatever is deferred (on the owner thread's stream).
-static void launch_pending_tc(cuda_be *b, int epi, float *out);
+static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr});
 
 static void launch_pending_norm(cuda_be *b)
 {
@@ -1120,9 +1125,14 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 // bucket is. Deferred (pend_tc) when a gated FFN could end it, launched by
 // the next op otherwise.
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
-                   const cuda_be::pend_norm_t &norm, int pieces)
+                   const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
+                   kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr})
 {
     tc_args a{};
+    if (epi == TC_ROPE) {
+        a.rope.heads = rope->heads, a.rope.head_dim = rope->head_dim;
+        a.rope.positions = rope->positions, a.rope.cos_sin = rope->cos_sin, a.rope.kv = kv;
+    }
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
     a.x = x, a.y = y;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows;
@@ -1152,11 +1162,16 @@ static int tc_pieces(const cuda_be *b, const weight *W)
     return b->split && !(b->split_contracting_only && W->in <= W->out) ? 2 : 1;
 }
 
-static void launch_pending_tc(cuda_be *b, int epi, float *out)
+// epi TC_PLAIN launches it as it is (with its RoPE epilogue if one joined it);
+// a gated epi writes the gated FFN's output to out.
+static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv)
 {
     const auto p = b->pend_tc;
     b->pend_tc.W = nullptr;
-    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W));
+    if (epi == TC_PLAIN && p.rope.heads)
+        epi = TC_ROPE;
+    run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN || epi == TC_ROPE ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W),
+           &p.rope, kv);
 }
 
 // (b from compute(), nothing settled yet: a deferred RMSNorm of x may become the prologue.)
@@ -1170,7 +1185,7 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
     settle(b);
     if (b->fuse_split && !accumulate && W->out % 2 == 0) {
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-        b->pend_tc = {W, x, m, y, 0, norm};
+        b->pend_tc = {W, x, m, y, 0, norm, {0, 0, nullptr, nullptr}};
         return;
     }
     run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm, tc_pieces(b, W));
@@ -1344,6 +1359,14 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
                     const int32_t *positions, const float *cos_sin)
 {
     cuda_be *b = compute(be);
+    const auto &pt = b->pend_tc;
+    if (pt.W && pt.y == x && !pt.acc && !pt.rope.heads && pt.m == m && pt.W->out == stride &&
+        head_dim % 16 == 0 && (int64_t)n_heads * head_dim <= stride && !(b->tc_big_rows > 0 && m >= b->tc_big_rows)) {
+        // The q|k|v GEMM is still pending: the RoPE (and the KV write, if it comes next) becomes its epilogue.
+        shadow_written(b, x, (size_t)m * stride * sizeof(float));
+        b->pend_tc.rope = {n_heads, head_dim, positions, cos_sin};
+        return;
+    }
     const auto hn = b->pend_hnorm;
     split_sum ss;
     b->pend_rope.nw = nullptr;
@@ -1488,6 +1511,14 @@ static void cu_kv_write(rd_backend *be, const rd_attn_shape *a, const float *k, 
     cuda_be *b = compute(be);
     const auto &r = b->pend_rope;
     const int32_t hd = a->head_dim, nkv = a->n_kv_heads;
+    const auto &pt = b->pend_tc;
+    if (!b->kv_fp8 && pt.W && pt.rope.heads && pt.m == s->n_rows && pt.rope.head_dim == hd && pt.rope.heads > nkv &&
+        k == pt.y + (size_t)(pt.rope.heads - nkv) * hd && v == pt.y + (size_t)pt.rope.heads * hd && stride == pt.W->out &&
+        stride - pt.rope.heads * hd == nkv * hd) {
+        // K is the pending RoPE's last n_kv heads, V the columns after them: the GEMM's epilogue writes both.
+        launch_pending_tc(b, TC_PLAIN, nullptr, kv_out{s->slots, nkv, a->block_size, (uint16_t *)k_cache, (uint16_t *)v_cache});
+        return;
+    }
     if (b->kv_fp8) {
         // A head's scale needs all its values: the RoPE runs first, then one
         // warp per head quantizes (not fused into the RoPE kernel).

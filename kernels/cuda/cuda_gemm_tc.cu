@@ -207,10 +207,87 @@ template <int EPI> RD_DEV void tc_store_glu(const tc_args &a, int32_t r, int32_t
         EPI == TC_SWIGLU ? RD_FMUL(RD_FDIV(g, RD_FADD(1.0f, expf(-g))), u) : cm_geglu(g, u);
 }
 
+// A CTA's columns come in 8 pairs (c, column of n8 tile 0, column of n8
+// tile 1), and each pair meets in one thread at the end:
+//   TC_PLAIN: columns n0 + c and n0 + 8 + c;
+//   TC_SWIGLU / TC_GEGLU: gate f0 + c and up F + f0 + c of feature f0 + c (f0 = 8 x the tile);
+//   TC_ROPE: in the first rope_heads heads, element j of a head and j + head_dim / 2, the
+//   pair RoPE rotates (a head takes head_dim / 16 tiles); past them (V), as TC_PLAIN.
+// a.out: no column.
+template <int EPI> RD_DEV int32_t tc_col(const tc_args &a, int32_t tile, int j, int c)
+{
+    if (EPI == TC_SWIGLU || EPI == TC_GEGLU) {
+        const int32_t F = a.out / 2, f = 8 * tile + c;
+        return f < F ? j * F + f : a.out;
+    }
+    if (EPI == TC_ROPE) {
+        const int32_t per_head = a.rope.head_dim / 16, rot_tiles = a.rope.heads * per_head;
+        if (tile < rot_tiles) {
+            const int32_t h = tile / per_head, e = 8 * (tile % per_head) + c;
+            return h * a.rope.head_dim + e + j * (a.rope.head_dim / 2);
+        }
+        const int32_t n = a.rope.heads * a.rope.head_dim + 16 * (tile - rot_tiles) + 8 * j + c;
+        return n < a.out ? n : a.out;
+    }
+    const int32_t n = 16 * tile + 8 * j + c;
+    return n < a.out ? n : a.out;
+}
+
+// Element d of KV head h at a slot (the cache layout of k_kv_write).
+RD_DEV int64_t tc_kv_at(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int32_t hd)
+{
+    return (((int64_t)(slot / kv.block_size) * kv.n_kv + h) * kv.block_size + slot % kv.block_size) * hd + d;
+}
+
+// Pair c of row r finished (v0: n8 tile 0's column, v1: tile 1's): the epilogue.
+template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t tile, int c, float v0, float v1)
+{
+    if (r >= a.m)
+        return;
+    if (EPI == TC_SWIGLU || EPI == TC_GEGLU) {
+        tc_store_glu<EPI>(a, r, 8 * tile + c, v0, v1);
+        return;
+    }
+    const int32_t c0 = tc_col<EPI>(a, tile, 0, c), c1 = tc_col<EPI>(a, tile, 1, c);
+    if (EPI == TC_ROPE) {
+        const int32_t hd = a.rope.head_dim, half = hd / 2, slot = a.rope.kv.kc ? a.rope.kv.slots[r] : -1;
+        float *y = a.y + (int64_t)r * a.out;
+        if (c0 < a.rope.heads * hd) { // k_rope's expression on the finished pair
+            const int32_t h = c0 / hd, e = c0 % hd;
+            const float *cs = a.rope.cos_sin + (int64_t)a.rope.positions[r] * half * 2;
+            const float cc = cs[2 * e], sn = cs[2 * e + 1];
+            const float ra = RD_FSUB(RD_FMUL(v0, cc), RD_FMUL(v1, sn));
+            const float rb = RD_FADD(RD_FMUL(v1, cc), RD_FMUL(v0, sn));
+            y[c0] = ra;
+            y[c1] = rb;
+            const int32_t kh = h - (a.rope.heads - a.rope.kv.n_kv);
+            if (slot >= 0 && kh >= 0) {
+                a.rope.kv.kc[tc_kv_at(a.rope.kv, slot, kh, e, hd)] = cm_f32_to_bf16(ra);
+                a.rope.kv.kc[tc_kv_at(a.rope.kv, slot, kh, e + half, hd)] = cm_f32_to_bf16(rb);
+            }
+            return;
+        }
+        const int32_t cs2[2] = {c0, c1};
+        const float vs[2] = {v0, v1};
+        for (int j = 0; j < 2; j++) {
+            if (cs2[j] >= a.out)
+                continue;
+            y[cs2[j]] = vs[j];
+            if (slot >= 0) {
+                const int32_t vc = cs2[j] - a.rope.heads * hd;
+                a.rope.kv.vc[tc_kv_at(a.rope.kv, slot, vc / hd, vc % hd, hd)] = cm_f32_to_bf16(vs[j]);
+            }
+        }
+        return;
+    }
+    tc_store(a, r, c0, v0);
+    tc_store(a, r, c1, v1);
+}
+
 #define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
 
-// grid (column tiles of CUPLAN_TC_NT, row tiles of 16 MW, p); block 32 wk.
-// With a gated epilogue a column tile is 8 features (gate and up rows).
+// grid (column tiles, row tiles of 16 MW, p); block 32 wk. A column tile is
+// 8 pairs of columns (tc_col).
 template <int MW, int NP, bool FP8, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
@@ -220,15 +297,14 @@ __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
     __shared__ int last;
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wk = (int)blockDim.x / 32;
-    const int32_t n0 = (int32_t)blockIdx.x * CUPLAN_TC_NT, r0 = (int32_t)blockIdx.y * 16 * MW;
+    const int32_t tile = (int32_t)blockIdx.x, r0 = (int32_t)blockIdx.y * 16 * MW;
     const int32_t qi = (int32_t)blockIdx.z * wk + warp; // this warp's sub-piece
     const int32_t k0 = qi * a.kp, k1 = k0 + a.kp;
     // the weight row (= output column) of this lane in n8 tile j
-    const int32_t F = a.out / 2, f0 = (int32_t)blockIdx.x * 8;
     int32_t wrow[2];
 RD_UNROLL
     for (int j = 0; j < 2; j++)
-        wrow[j] = EPI == TC_PLAIN ? n0 + 8 * j + g : f0 + g < F ? j * F + f0 + g : a.out;
+        wrow[j] = tc_col<EPI>(a, tile, j, g);
 
     float inv[MW][2] = {};
     if (a.nw) {
@@ -279,28 +355,17 @@ RD_UNROLL
         tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
     }
 
-    // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2), column n0 + 8 j + 2 t + (i & 1)
-    // (gated: gate (j 0) or up (j 1) of feature f0 + 2 t + (i & 1)).
-    if (a.q == 1 && EPI != TC_PLAIN) {
-RD_UNROLL
-        for (int mt = 0; mt < MW; mt++)
-RD_UNROLL
-            for (int i = 0; i < 4; i++)
-                tc_store_glu<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), f0 + 2 * t + (i & 1), acc[mt][0][i],
-                                  acc[mt][1][i]);
-        return;
-    }
+    // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2) of pair 2 t + (i & 1), n8 tile j.
     if (a.q == 1) {
 RD_UNROLL
         for (int mt = 0; mt < MW; mt++)
 RD_UNROLL
-            for (int j = 0; j < 2; j++)
-RD_UNROLL
-                for (int i = 0; i < 4; i++)
-                    tc_store(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), n0 + 8 * j + 2 * t + (i & 1), acc[mt][j][i]);
+            for (int i = 0; i < 4; i++)
+                tc_store2<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), tile, 2 * t + (i & 1), acc[mt][0][i],
+                               acc[mt][1][i]);
         return;
     }
-    const int tile_elems = 16 * MW * CUPLAN_TC_NT;
+    const int pairs = 16 * MW * 8;
     if (a.p == 1) {
         // The warps' sums meet in shared memory, added in warp (= sub-piece) order.
 RD_UNROLL
@@ -311,22 +376,12 @@ RD_UNROLL
                 for (int i = 0; i < 4; i++)
                     red[warp][16 * mt + g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = acc[mt][j][i];
         __syncthreads();
-        if (EPI != TC_PLAIN) {
-            for (int e = (int)threadIdx.x; e < tile_elems / 2; e += (int)blockDim.x) {
-                const int rr = e / 8, cc = e % 8;
-                float vg = red[0][rr][cc], vu = red[0][rr][8 + cc];
-                for (int w = 1; w < wk; w++)
-                    vg = RD_FADD(vg, red[w][rr][cc]), vu = RD_FADD(vu, red[w][rr][8 + cc]);
-                tc_store_glu<EPI>(a, r0 + rr, f0 + cc, vg, vu);
-            }
-        } else {
-            for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
-                const int rr = e / CUPLAN_TC_NT, cc = e % CUPLAN_TC_NT;
-                float v = red[0][rr][cc];
-                for (int w = 1; w < wk; w++)
-                    v = RD_FADD(v, red[w][rr][cc]);
-                tc_store(a, r0 + rr, n0 + cc, v);
-            }
+        for (int e = (int)threadIdx.x; e < pairs; e += (int)blockDim.x) {
+            const int rr = e / 8, cc = e % 8;
+            float v0 = red[0][rr][cc], v1 = red[0][rr][8 + cc];
+            for (int w = 1; w < wk; w++)
+                v0 = RD_FADD(v0, red[w][rr][cc]), v1 = RD_FADD(v1, red[w][rr][8 + cc]);
+            tc_store2<EPI>(a, r0 + rr, tile, cc, v0, v1);
         }
         return;
     }
@@ -338,47 +393,38 @@ RD_UNROLL
         for (int j = 0; j < 2; j++)
 RD_UNROLL
             for (int i = 0; i < 4; i++) {
-                const int32_t r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0);
-                const int32_t n = EPI == TC_PLAIN ? n0 + 8 * j + 2 * t + (i & 1)
-                                  : f0 + 2 * t + (i & 1) < F ? j * F + f0 + 2 * t + (i & 1) : a.out;
+                const int32_t r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0), n = tc_col<EPI>(a, tile, j, 2 * t + (i & 1));
                 if (r < a.m && n < a.out)
                     a.part[((int64_t)qi * a.m + r) * a.out + n] = acc[mt][j][i];
             }
     __threadfence();
     __syncthreads();
-    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    const unsigned slot = blockIdx.y * gridDim.x + blockIdx.x;
     if (threadIdx.x == 0)
-        last = atomicAdd(&a.count[tile], 1u) == (unsigned)(a.p - 1);
+        last = atomicAdd(&a.count[slot], 1u) == (unsigned)(a.p - 1);
     __syncthreads();
     if (!last)
         return;
     __threadfence();
     const int64_t stride = (int64_t)a.m * a.out;
-    if (EPI != TC_PLAIN) {
-        for (int e = (int)threadIdx.x; e < tile_elems / 2; e += (int)blockDim.x) {
-            const int32_t r = r0 + e / 8, f = f0 + e % 8;
-            if (r >= a.m || f >= F)
-                continue;
-            const int64_t at = (int64_t)r * a.out + f;
-            float vg = __ldcg(a.part + at), vu = __ldcg(a.part + at + F);
-            for (int32_t i = 1; i < a.q; i++)
-                vg = RD_FADD(vg, __ldcg(a.part + i * stride + at)), vu = RD_FADD(vu, __ldcg(a.part + i * stride + at + F));
-            tc_store_glu<EPI>(a, r, f, vg, vu);
-        }
-    } else {
-        for (int e = (int)threadIdx.x; e < tile_elems; e += (int)blockDim.x) {
-            const int32_t r = r0 + e / CUPLAN_TC_NT, n = n0 + e % CUPLAN_TC_NT;
-            if (r >= a.m || n >= a.out)
+    for (int e = (int)threadIdx.x; e < pairs; e += (int)blockDim.x) {
+        const int32_t r = r0 + e / 8, cc = e % 8;
+        if (r >= a.m)
+            continue;
+        float v[2] = {0.0f, 0.0f};
+        for (int j = 0; j < 2; j++) {
+            const int32_t n = tc_col<EPI>(a, tile, j, cc);
+            if (n >= a.out)
                 continue;
             const int64_t at = (int64_t)r * a.out + n;
-            float v = __ldcg(a.part + at);
+            v[j] = __ldcg(a.part + at);
             for (int32_t i = 1; i < a.q; i++)
-                v = RD_FADD(v, __ldcg(a.part + i * stride + at));
-            tc_store(a, r, n, v);
+                v[j] = RD_FADD(v[j], __ldcg(a.part + i * stride + at));
         }
+        tc_store2<EPI>(a, r, tile, cc, v[0], v[1]);
     }
     if (threadIdx.x == 0)
-        a.count[tile] = 0;
+        a.count[slot] = 0;
 }
 
 template <int MW, int NP, bool FP8>
@@ -389,6 +435,9 @@ static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 blo
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_GEGLU) {
         auto kern = k_gemm_tc<MW, NP, FP8, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_ROPE) {
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_ROPE>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else {
         auto kern = k_gemm_tc<MW, NP, FP8, TC_PLAIN>;
@@ -572,7 +621,7 @@ template <int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_arg
     }
 }
 
-static bool use_big(const tc_args &a) { return a.big_rows > 0 && a.m >= a.big_rows && !a.nw; }
+static bool use_big(const tc_args &a) { return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads; }
 
 int64_t gemm_tc_part_floats(const cuplan_tc &pl, const tc_args &a)
 {

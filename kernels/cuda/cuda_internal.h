@@ -145,6 +145,12 @@ struct tc_args {
     unsigned *count;            // gemm_tc_counters(m, out) arrival counters, zero before and after a launch (p > 1)
     int32_t m, out, in;
     int acc;                    // 1: y += the product (rounded first)
+    struct {                    // TC_ROPE: RoPE (and the KV write) on the finished q|k|v rows
+        int32_t heads, head_dim; // the first heads heads are rotated (k_rope's arithmetic); 0: none
+        const int32_t *positions;
+        const float *cos_sin;
+        kv_out kv;              // kv.kc NULL: no cache write; else K heads (the last kv.n_kv rotated) and V after them
+    } rope;
     int32_t big_rows;           // from this many rows on (and without nw), the 64 x 64 tile kernel (0: never)
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
@@ -155,7 +161,10 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // epi: TC_PLAIN; or, for a gate|up weight [2F][in] with acc 0, TC_SWIGLU /
 // TC_GEGLU: y is then the gated FFN's output [m][F] (k_swiglu's / k_geglu's
 // expression), gate|up itself never stored.
-enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2 };
+// TC_ROPE: q|k|v rows [m][out] with a.rope set: the first heads rotated as
+// k_rope rotates them, the K and V heads written to the cache as k_kv_write
+// does (acc 0; never the tile kernel).
+enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
 // pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
 // exactly: the LM head; epi TC_PLAIN and bf16 weights only).
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi);

@@ -651,6 +651,82 @@ static void tc_norm_case(rd_backend *tc, rd_backend *nofuse, int32_t out, int32_
     free(w), free(x), free(nw), free(ys[0]), free(ys[1]), free(xns[0]), free(xns[1]);
 }
 
+/* A q|k|v GEMM, its RoPE and the KV write (Llama's and Qwen2.5-without-bias's
+ * order): with the GEMM pending the RoPE and KV write become its epilogue
+ * (TC_ROPE: each CTA holds element j of a head and j + head_dim / 2). Its q|k|v
+ * rows and both caches equal the unfused kernels' (RD_CUDA_FUSE=0) bit for
+ * bit; a padding row (slot -1) writes no cache. */
+static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t nkv, int32_t hd, int32_t IN,
+                         int32_t M)
+{
+    const int32_t S = (nh + 2 * nkv) * hd, BS = 16, MAXB = 4, MAXPOS = 64, half = hd / 2;
+    const size_t n = (size_t)M * S, cache = (size_t)M * MAXB * nkv * BS * hd;
+    float *w = malloc(sizeof(float) * S * IN), *xin = malloc(sizeof(float) * M * IN);
+    float *cs = malloc(sizeof(float) * MAXPOS * hd), *ys[2] = {malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
+    uint16_t *kcs[2] = {malloc(2 * cache), malloc(2 * cache)}, *vcs[2] = {malloc(2 * cache), malloc(2 * cache)};
+    int32_t *tok = malloc(sizeof(int32_t) * M), *pos = malloc(sizeof(int32_t) * M), *slot = malloc(sizeof(int32_t) * M);
+    int32_t *qs = malloc(sizeof(int32_t) * (M + 1)), *ctx = malloc(sizeof(int32_t) * M);
+    int32_t *tab = malloc(sizeof(int32_t) * M * MAXB);
+    for (int64_t i = 0; i < (int64_t)S * IN; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * IN; i++)
+        xin[i] = frand() * 2.0f;
+    for (int32_t t = 0; t < MAXPOS; t++)
+        for (int32_t i = 0; i < half; i++) {
+            double ang = t * pow(1e4, -2.0 * i / hd);
+            cs[(t * half + i) * 2] = (float)cos(ang);
+            cs[(t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    for (int32_t i = 0; i < M; i++) {
+        tok[i] = i, pos[i] = (i * 37 + 3) % MAXPOS, qs[i] = i, ctx[i] = pos[i] + 1;
+        for (int32_t b = 0; b < MAXB; b++)
+            tab[i * MAXB + b] = i * MAXB + b;
+        slot[i] = i == 1 ? -1 : tab[i * MAXB + pos[i] / BS] * BS + pos[i] % BS;
+    }
+    qs[M] = M;
+    rd_step st = {M, M, MAXB, tok, pos, slot, qs, ctx, tab, NULL};
+    rd_attn_shape a = {nh, nkv, hd, BS, (float)(1.0 / sqrt((double)hd)), 0};
+    rd_backend *bes[2] = {tc, nofuse};
+    uint64_t launches[2];
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        void *W;
+        CHECK_OK(be->ops->linear_load(be, w, S, IN, &W));
+        rd_step_dev sd;
+        CHECK_OK(be->ops->step_upload(be, &st, &sd));
+        float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
+        float *dcs = up(be, cs, sizeof(float) * MAXPOS * hd);
+        uint16_t *zero = calloc(cache, 2);
+        void *dk = up(be, zero, 2 * cache), *dv = up(be, zero, 2 * cache);
+        free(zero);
+        CHECK_OK(be->ops->sync(be));
+        uint64_t k0 = cuemu_launch_count();
+        be->ops->linear(be, W, dx, M, dy, 0);
+        be->ops->rope(be, dy, S, M, nh + nkv, hd, sd.positions, dcs);
+        be->ops->kv_write(be, &a, dy + nh * hd, dy + (nh + nkv) * hd, S, &sd, dk, dv);
+        CHECK_OK(be->ops->sync(be));
+        launches[k] = cuemu_launch_count() - k0;
+        CHECK_OK(down(be, ys[k], dy, sizeof(float) * n));
+        CHECK_OK(down(be, kcs[k], dk, 2 * cache));
+        CHECK_OK(down(be, vcs[k], dv, 2 * cache));
+        be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dcs), be->ops->free(be, dk);
+        be->ops->free(be, dv);
+        be->ops->linear_free(be, W);
+    }
+    CHECK(!memcmp(ys[0], ys[1], sizeof(float) * n), "tc rope %d/%d x %d, %d rows: q|k|v differ from unfused", nh, nkv,
+          hd, M);
+    CHECK(!memcmp(kcs[0], kcs[1], 2 * cache) && !memcmp(vcs[0], vcs[1], 2 * cache),
+          "tc rope %d/%d x %d, %d rows: the KV cache differs from unfused", nh, nkv, hd, M);
+    size_t written = 0;
+    for (size_t i = 0; i < cache; i++)
+        written += kcs[0][i] != 0;
+    CHECK(written > 0, "tc rope: nothing reached the K cache");
+    CHECK(!on_emulator() || launches[0] == 1, "tc rope: %llu kernels for GEMM + RoPE + KV write",
+          (unsigned long long)launches[0]);
+    free(w), free(xin), free(cs), free(ys[0]), free(ys[1]), free(kcs[0]), free(kcs[1]), free(vcs[0]), free(vcs[1]);
+    free(tok), free(pos), free(slot), free(qs), free(ctx), free(tab);
+}
+
 static void test_gemm_tc(void)
 {
     rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
@@ -691,6 +767,9 @@ static void test_gemm_tc(void)
         if (!test_case_failed) tc_norm_case(tc, nofuse, 100, 96, 1, 0.0f, 0);   /* q = 1; in < 256 */
         if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 5, 0.0f, 1);  /* then SwiGLU: one kernel */
         if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 12, 0.0f, 1); /* too many rows: not fused */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 5, 1, 64, 96, 7);   /* q = 1 */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 4, 2, 16, 512, 20); /* p = 1, head_dim 16 */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 2, 1, 16, 1024, 3); /* p = 2 */
         if (nofuse) rd_backend_destroy(nofuse);
     }
     if (test_case_failed) goto done;
