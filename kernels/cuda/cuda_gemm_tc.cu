@@ -13,7 +13,8 @@
 // Arithmetic of one output (row r, column n), for sub-piece i of q: a chain of
 // mma.sync m16n8k16 steps (bf16 x bf16 products, fp32 accumulation) from zero
 // over its 32-weight chunks in increasing k, each chunk two k-steps, each
-// step the hi product then (split activations) the lo product. The q sums are
+// step the hi product then (split activations) the lo product (the LM head:
+// hi, mid and lo, x exactly; tc_piece). The q sums are
 // then added left to right. The hardware computes each row of an mma from
 // that row's inputs alone, so neither the other rows nor the tiling changes
 // a bit; the m16 tile count per warp (cuplan_tc_mw) is schedule only.
@@ -31,6 +32,11 @@
 // finished (gate, up) pair meets in one thread, which writes k_swiglu's
 // (k_geglu's) expression of them to out [m][F]; gate|up is never stored.
 // Columns only move between CTAs, so every sum is the unfused kernel's.
+//
+// RoPE as the epilogue (TC_ROPE): a q|k|v GEMM's CTA takes element j of a
+// head and element j + head_dim / 2 as its two n8 tiles, so the pair RoPE
+// rotates meets in one thread, which writes k_rope's expression of it and the
+// K and V cache entries k_kv_write writes (tc_col, tc_store2).
 //
 // RMSNorm as the prologue (a.nw): for a few rows (the backend decides how
 // few) the RMSNorm whose output is this GEMM's input is computed by every
