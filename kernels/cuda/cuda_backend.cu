@@ -238,6 +238,7 @@ struct cuda_be {
         float *y;
         int acc;
         pend_norm_t norm;       // its RMSNorm prologue (norm.x NULL: none)
+        const float *bias;      // a bias added to its whole output (Qwen2's q|k|v), in its epilogue; NULL: none
         struct {                // a RoPE on its output, deferred with it (heads 0: none): its epilogue
             int32_t heads, head_dim;
             const int32_t *positions;
@@ -1126,9 +1127,10 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 // the next op otherwise.
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
                    const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
-                   kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr})
+                   kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr)
 {
     tc_args a{};
+    a.bias = bias;
     if (epi == TC_ROPE) {
         a.rope.heads = rope->heads, a.rope.head_dim = rope->head_dim;
         a.rope.positions = rope->positions, a.rope.cos_sin = rope->cos_sin, a.rope.kv = kv;
@@ -1171,7 +1173,7 @@ static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv)
     if (epi == TC_PLAIN && p.rope.heads)
         epi = TC_ROPE;
     run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN || epi == TC_ROPE ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W),
-           &p.rope, kv);
+           &p.rope, kv, p.bias);
 }
 
 // (b from compute(), nothing settled yet: a deferred RMSNorm of x may become the prologue.)
@@ -1185,7 +1187,7 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
     settle(b);
     if (b->fuse_split && !accumulate && W->out % 2 == 0) {
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-        b->pend_tc = {W, x, m, y, 0, norm, {0, 0, nullptr, nullptr}};
+        b->pend_tc = {W, x, m, y, 0, norm, nullptr, {0, 0, nullptr, nullptr}};
         return;
     }
     run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm, tc_pieces(b, W));
@@ -1195,7 +1197,8 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
 // launched as its epilogue (true), or false after launching what was pending.
 static bool gated_tc(cuda_be *b, const float *gu, int32_t m, int32_t f, float *out, int epi)
 {
-    if (b->pend_tc.W && b->pend_tc.y == gu && b->pend_tc.m == m && b->pend_tc.W->out == 2 * f) {
+    if (b->pend_tc.W && b->pend_tc.y == gu && b->pend_tc.m == m && b->pend_tc.W->out == 2 * f && !b->pend_tc.bias &&
+        !b->pend_tc.rope.heads) {
         shadow_written(b, out, (size_t)m * f * sizeof(float));
         launch_pending_tc(b, epi, out);
         return true;
@@ -1397,6 +1400,13 @@ static void cu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int
     cuda_be *b = compute(be);
     if (m <= 0 || n <= 0)
         return;
+    const auto &pt = b->pend_tc;
+    if (pt.W && pt.y == y && !pt.acc && !pt.bias && !pt.rope.heads && pt.m == m && n == stride && n == pt.W->out) {
+        // On the whole output of the pending tensor-core GEMM: added in its epilogue.
+        shadow_written(b, y, (size_t)m * stride * sizeof(float));
+        b->pend_tc.bias = bias;
+        return;
+    }
     const split_sum ss = take_split(b, y, (int64_t)m * stride);
     const int64_t span = ss.t ? (int64_t)m * stride : (int64_t)(m - 1) * stride + n;
     shadow_written(b, y, (size_t)span * sizeof(float));

@@ -200,6 +200,8 @@ RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
 {
     if (r >= a.m || n >= a.out)
         return;
+    if (a.bias) // k_add_bias's sum, on the rounded output (acc is 0 then)
+        v = RD_FADD(v, a.bias[n]);
     float *dst = a.y + (int64_t)r * a.out + n;
     *dst = a.acc ? RD_FADD(*dst, v) : v;
 }
@@ -258,6 +260,10 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
     if (EPI == TC_ROPE) {
         const int32_t hd = a.rope.head_dim, half = hd / 2, slot = a.rope.kv.kc ? a.rope.kv.slots[r] : -1;
         float *y = a.y + (int64_t)r * a.out;
+        if (a.bias) { // Qwen2's q|k|v bias first, as k_add_bias adds it
+            v0 = c0 < a.out ? RD_FADD(v0, a.bias[c0]) : v0;
+            v1 = c1 < a.out ? RD_FADD(v1, a.bias[c1]) : v1;
+        }
         if (c0 < a.rope.heads * hd) { // k_rope's expression on the finished pair
             const int32_t h = c0 / hd, e = c0 % hd;
             const float *cs = a.rope.cos_sin + (int64_t)a.rope.positions[r] * half * 2;

@@ -145,6 +145,7 @@ struct tc_args {
     unsigned *count;            // gemm_tc_counters(m, out) arrival counters, zero before and after a launch (p > 1)
     int32_t m, out, in;
     int acc;                    // 1: y += the product (rounded first)
+    const float *bias;          // [out] added to each finished output, as k_add_bias (acc 0; not with a gated epi); NULL: none
     struct {                    // TC_ROPE: RoPE (and the KV write) on the finished q|k|v rows
         int32_t heads, head_dim; // the first heads heads are rotated (k_rope's arithmetic); 0: none
         const int32_t *positions;

@@ -657,7 +657,7 @@ static void tc_norm_case(rd_backend *tc, rd_backend *nofuse, int32_t out, int32_
  * rows and both caches equal the unfused kernels' (RD_CUDA_FUSE=0) bit for
  * bit; a padding row (slot -1) writes no cache. */
 static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t nkv, int32_t hd, int32_t IN,
-                         int32_t M)
+                         int32_t M, int with_bias)
 {
     const int32_t S = (nh + 2 * nkv) * hd, BS = 16, MAXB = 4, MAXPOS = 64, half = hd / 2;
     const size_t n = (size_t)M * S, cache = (size_t)M * MAXB * nkv * BS * hd;
@@ -671,6 +671,9 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
         w[i] = frand() * 0.5f;
     for (int64_t i = 0; i < (int64_t)M * IN; i++)
         xin[i] = frand() * 2.0f;
+    float *bias = malloc(sizeof(float) * S);
+    for (int32_t i = 0; i < S; i++)
+        bias[i] = frand();
     for (int32_t t = 0; t < MAXPOS; t++)
         for (int32_t i = 0; i < half; i++) {
             double ang = t * pow(1e4, -2.0 * i / hd);
@@ -695,13 +698,15 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
         rd_step_dev sd;
         CHECK_OK(be->ops->step_upload(be, &st, &sd));
         float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
-        float *dcs = up(be, cs, sizeof(float) * MAXPOS * hd);
+        float *dcs = up(be, cs, sizeof(float) * MAXPOS * hd), *db = up(be, bias, sizeof(float) * S);
         uint16_t *zero = calloc(cache, 2);
         void *dk = up(be, zero, 2 * cache), *dv = up(be, zero, 2 * cache);
         free(zero);
         CHECK_OK(be->ops->sync(be));
         uint64_t k0 = cuemu_launch_count();
         be->ops->linear(be, W, dx, M, dy, 0);
+        if (with_bias) /* Qwen2's q|k|v bias */
+            be->ops->add_bias(be, dy, S, M, S, db);
         be->ops->rope(be, dy, S, M, nh + nkv, hd, sd.positions, dcs);
         be->ops->kv_write(be, &a, dy + nh * hd, dy + (nh + nkv) * hd, S, &sd, dk, dv);
         CHECK_OK(be->ops->sync(be));
@@ -710,19 +715,20 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
         CHECK_OK(down(be, kcs[k], dk, 2 * cache));
         CHECK_OK(down(be, vcs[k], dv, 2 * cache));
         be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dcs), be->ops->free(be, dk);
-        be->ops->free(be, dv);
+        be->ops->free(be, dv), be->ops->free(be, db);
         be->ops->linear_free(be, W);
     }
-    CHECK(!memcmp(ys[0], ys[1], sizeof(float) * n), "tc rope %d/%d x %d, %d rows: q|k|v differ from unfused", nh, nkv,
-          hd, M);
+    CHECK(!memcmp(ys[0], ys[1], sizeof(float) * n), "tc rope %d/%d x %d, %d rows%s: q|k|v differ from unfused", nh,
+          nkv, hd, M, with_bias ? ", bias" : "");
     CHECK(!memcmp(kcs[0], kcs[1], 2 * cache) && !memcmp(vcs[0], vcs[1], 2 * cache),
           "tc rope %d/%d x %d, %d rows: the KV cache differs from unfused", nh, nkv, hd, M);
     size_t written = 0;
     for (size_t i = 0; i < cache; i++)
         written += kcs[0][i] != 0;
     CHECK(written > 0, "tc rope: nothing reached the K cache");
-    CHECK(!on_emulator() || launches[0] == 1, "tc rope: %llu kernels for GEMM + RoPE + KV write",
-          (unsigned long long)launches[0]);
+    CHECK(!on_emulator() || launches[0] == 1, "tc rope: %llu kernels for GEMM%s + RoPE + KV write",
+          (unsigned long long)launches[0], with_bias ? " + bias" : "");
+    free(bias);
     free(w), free(xin), free(cs), free(ys[0]), free(ys[1]), free(kcs[0]), free(kcs[1]), free(vcs[0]), free(vcs[1]);
     free(tok), free(pos), free(slot), free(qs), free(ctx), free(tab);
 }
@@ -767,9 +773,10 @@ static void test_gemm_tc(void)
         if (!test_case_failed) tc_norm_case(tc, nofuse, 100, 96, 1, 0.0f, 0);   /* q = 1; in < 256 */
         if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 5, 0.0f, 1);  /* then SwiGLU: one kernel */
         if (!test_case_failed) tc_norm_case(tc, nofuse, 300, 512, 12, 0.0f, 1); /* too many rows: not fused */
-        if (!test_case_failed) tc_rope_case(tc, nofuse, 5, 1, 64, 96, 7);   /* q = 1 */
-        if (!test_case_failed) tc_rope_case(tc, nofuse, 4, 2, 16, 512, 20); /* p = 1, head_dim 16 */
-        if (!test_case_failed) tc_rope_case(tc, nofuse, 2, 1, 16, 1024, 3); /* p = 2 */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 5, 1, 64, 96, 7, 0);   /* q = 1 */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 4, 2, 16, 512, 20, 1); /* p = 1, head_dim 16, a bias */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 2, 1, 16, 1024, 3, 1); /* p = 2, a bias */
+        if (!test_case_failed) tc_rope_case(tc, nofuse, 5, 1, 64, 96, 7, 1);   /* q = 1, a bias */
         if (nofuse) rd_backend_destroy(nofuse);
     }
     if (test_case_failed) goto done;
@@ -3357,6 +3364,8 @@ static void test_runner_tc(void)
     runner_case("tiny-f32", 1);
     if (!test_case_failed && !light)
         runner_case("tiny-qwen3", 1);
+    if (!test_case_failed && !light)
+        runner_case("tiny-qwen2", 1); /* the q|k|v bias with the RoPE in the GEMM's epilogue */
     unsetenv("RD_CUDA_GEMM");
 }
 
