@@ -241,12 +241,6 @@ template <int EPI> RD_DEV int32_t tc_col(const tc_args &a, int32_t tile, int j, 
     return n < a.out ? n : a.out;
 }
 
-// Element d of KV head h at a slot (the cache layout of k_kv_write).
-RD_DEV int64_t tc_kv_at(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int32_t hd)
-{
-    return (((int64_t)(slot / kv.block_size) * kv.n_kv + h) * kv.block_size + slot % kv.block_size) * hd + d;
-}
-
 // Pair c of row r finished (v0: n8 tile 0's column, v1: tile 1's): the epilogue.
 template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t tile, int c, float v0, float v1)
 {
@@ -274,8 +268,8 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
             y[c1] = rb;
             const int32_t kh = h - (a.rope.heads - a.rope.kv.n_kv);
             if (slot >= 0 && kh >= 0) {
-                a.rope.kv.kc[tc_kv_at(a.rope.kv, slot, kh, e, hd)] = cm_f32_to_bf16(ra);
-                a.rope.kv.kc[tc_kv_at(a.rope.kv, slot, kh, e + half, hd)] = cm_f32_to_bf16(rb);
+                a.rope.kv.kc[kv_dst(a.rope.kv, slot, kh, e, hd)] = cm_f32_to_bf16(ra);
+                a.rope.kv.kc[kv_dst(a.rope.kv, slot, kh, e + half, hd)] = cm_f32_to_bf16(rb);
             }
             return;
         }
@@ -287,7 +281,7 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
             y[cs2[j]] = vs[j];
             if (slot >= 0) {
                 const int32_t vc = cs2[j] - a.rope.heads * hd;
-                a.rope.kv.vc[tc_kv_at(a.rope.kv, slot, vc / hd, vc % hd, hd)] = cm_f32_to_bf16(vs[j]);
+                a.rope.kv.vc[kv_dst(a.rope.kv, slot, vc / hd, vc % hd, hd)] = cm_f32_to_bf16(vs[j]);
             }
         }
         return;

@@ -67,6 +67,14 @@ struct kv_out {
     int32_t n_kv, block_size;
     uint16_t *kc, *vc;
 };
+// Element d of KV head h at a slot, in the cache layout
+// [n_blocks][n_kv][block_size][head_dim] (k_kv_write, k_rope, the tensor-core GEMM's RoPE epilogue).
+RD_DEV int64_t kv_dst(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int32_t hd)
+{
+    const int64_t block = slot / kv.block_size, off = slot % kv.block_size;
+    return ((block * kv.n_kv + h) * kv.block_size + off) * hd + d;
+}
+
 // Rotates the first n_heads heads of each row in place. With ss.t, every
 // element of the rows [m][stride] is first completed from the split sum.
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,

@@ -157,12 +157,18 @@ void launch_head_rmsnorm(cudaStream_t s, float *x, int32_t stride, int32_t m, in
 
 // ------------------------------------------------------------------ rope
 
-// Element d of KV head h at a slot, in the cache layout
-// [n_blocks][n_kv][block_size][head_dim] (k_kv_write and k_rope).
-RD_DEV int64_t kv_dst(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int32_t hd)
+
+// Column c after the n_heads rotated heads of row i (V of a q|k|v row):
+// completed from the split sum (and written back), copied to the V cache.
+RD_DEV void rope_tail(float *x, int32_t stride, int32_t n_heads, int32_t hd, int64_t i, int32_t c, const split_sum &sp,
+                      const kv_out &kv)
 {
-    const int64_t block = slot / kv.block_size, off = slot % kv.block_size;
-    return ((block * kv.n_kv + h) * kv.block_size + off) * hd + d;
+    const int64_t k = i * stride + (int64_t)n_heads * hd + c;
+    const float v = sp.t ? split_value(sp, x, k) : x[k];
+    if (sp.t)
+        x[k] = v;
+    if (kv.kc && kv.slots[i] >= 0)
+        kv.vc[kv_dst(kv, kv.slots[i], c / hd, c % hd, hd)] = cm_f32_to_bf16(v);
 }
 
 // Threads [0, m * n_heads * half) rotate a pair each; the threads after them
@@ -181,14 +187,8 @@ __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int
         const int32_t tail = stride - n_heads * hd;
         if ((!sp.t && !kv.kc) || tail <= 0 || idx - n_rot >= (int64_t)m * tail)
             return;
-        const int64_t r = idx - n_rot, i = r / tail;
-        const int32_t c = (int32_t)(r % tail);
-        const int64_t k = i * stride + n_heads * hd + c;
-        const float v = sp.t ? split_value(sp, x, k) : x[k];
-        if (sp.t)
-            x[k] = v;
-        if (kv.kc && kv.slots[i] >= 0)
-            kv.vc[kv_dst(kv, kv.slots[i], c / hd, c % hd, hd)] = cm_f32_to_bf16(v);
+        const int64_t r = idx - n_rot;
+        rope_tail(x, stride, n_heads, hd, r / tail, (int32_t)(r % tail), sp, kv);
         return;
     }
     const int32_t j = (int32_t)(idx % half);
@@ -227,14 +227,8 @@ __global__ void __launch_bounds__(32 * HNORM_WARPS)
     if ((int32_t)blockIdx.y >= head_blocks) {
         const int32_t tail = stride - n_heads * hd;
         const int32_t c = (int32_t)(blockIdx.y - head_blocks) * (int32_t)blockDim.x + (int32_t)threadIdx.x;
-        if (c >= tail)
-            return;
-        const int64_t k = row * stride + (int64_t)n_heads * hd + c;
-        const float v = sp.t ? split_value(sp, x, k) : x[k];
-        if (sp.t)
-            x[k] = v;
-        if (kv.kc && kv.slots[row] >= 0)
-            kv.vc[kv_dst(kv, kv.slots[row], c / hd, c % hd, hd)] = cm_f32_to_bf16(v);
+        if (c < tail)
+            rope_tail(x, stride, n_heads, hd, row, c, sp, kv);
         return;
     }
     const int32_t h = blockIdx.y * HNORM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
