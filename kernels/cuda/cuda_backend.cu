@@ -263,7 +263,8 @@ struct cuda_be {
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the 64 x 64 tile kernel from this many rows (default 128; 0: never)
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
-    bool fp8_tc;                // RD_CUDA_FP8=tc: FP8 linears on it too
+    bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
+    bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
     float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
     size_t tc_part_cap;         // bytes
     unsigned *tc_count;         // its arrival counters, zero between launches
@@ -1158,9 +1159,12 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     check_launch(b, "gemm_tc");
 }
 
-// x's bf16 pieces for a linear layer: hi and lo (the split), or hi alone.
+// x's bf16 pieces for a linear layer: hi and lo (the split), or hi alone;
+// TC_Q8 for an FP8 weight under RD_CUDA_FP8=w8a8.
 static int tc_pieces(const cuda_be *b, const weight *W)
 {
+    if (W->f8 && b->fp8_q8)
+        return TC_Q8;
     return b->split && !(b->split_contracting_only && W->in <= W->out) ? 2 : 1;
 }
 
@@ -2356,7 +2360,9 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
     int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
                      b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
                      b->gemm_tc ? " (tensor-core kernel for bf16 linears, RD_CUDA_GEMM=tc)" : "",
-                     b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)" : "");
+                     b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
+                     : b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)"
+                                 : "");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;
@@ -2549,7 +2555,8 @@ static int create(int n_threads, rd_backend **out)
     b->gemm_simple_only = gm && !strcmp(gm, "simple");
     b->gemm_tc = gm && !strcmp(gm, "tc");
     const char *f8 = env("RD_CUDA_FP8");
-    b->fp8_tc = f8 && !strcmp(f8, "tc");
+    b->fp8_q8 = f8 && !strcmp(f8, "w8a8");
+    b->fp8_tc = b->fp8_q8 || (f8 && !strcmp(f8, "tc"));
     // The tensor-core GEMM reads fp32 activations: the producers' bf16 copies would go unread.
     if (b->gemm_tc)
         b->use_shadow = false;

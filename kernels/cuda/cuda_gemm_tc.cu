@@ -290,6 +290,168 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
     tc_store(a, r, c1, v1);
 }
 
+// ------------------------------------------------------------------ W8A8
+//
+// RD_CUDA_FP8=w8a8 (pieces TC_Q8): FP8 weights times activations quantized
+// to E4M3 as the kernel loads them, on the FP8 tensor cores (mma.sync
+// m16n8k32 e4m3: one instruction per 32-weight chunk and n8 tile, against
+// two k-steps times the pieces of the bf16 path). A row's 32 values of a
+// chunk share a power-of-two scale 2^ea, the least with max|x| <= 448 x 2^ea
+// (quant_fp8.h's block rule; ea in [-117, 120]), so no value saturates and
+// the scale is exact; codes = E4M3(x x 2^-ea), nearest even. A chunk's mma
+// runs from zero on codes alone and its sum d becomes (d x 2^ea) x 2^ew (the
+// weight block's scale), both exact products, added to the sub-piece's sum
+// in chunk order; sub-pieces meet as in the bf16 path. Every value a row's
+// output depends on comes from that row, so batch invariance holds. A
+// non-finite x makes its block's scale NaN, and its outputs NaN.
+//
+// Fragments: lane (g, t) holds codes [8t, 8t + 8) of a chunk's row (one
+// 8-byte load of the weights); the first four are the mma's k 4t..4t + 3,
+// the last four k 4t + 16..4t + 19, for A and B alike.
+
+// One warp's d = A B + d for an m16n8k32 tile of E4M3 codes (layouts in cuemu.h).
+RD_DEV void tc_mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#ifdef RD_CUDA_EMU
+    const uint32_t b[2] = {b0, b1};
+    cuemu_mma_e4m3_16832(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)d, (void)a, (void)b0, (void)b1;
+    __trap(); // the build targets sm_90: never reached
+#endif
+}
+
+// The scale exponent ea of a block from the bits of its max |x|, as 2^ea
+// (NaN for a non-finite block), and 2^-ea.
+RD_DEV void tc_q8_scale(uint32_t amax_bits, float &s, float &inv)
+{
+    if (amax_bits >= 0x7f800000u) {
+        s = cm_u2f(0x7fc00000u), inv = 1.0f;
+        return;
+    }
+    int e = amax_bits ? (int)(amax_bits >> 23) - 135 + ((amax_bits & 0x7fffffu) > 0x600000u) : 0;
+    e = e < -117 ? -117 : e > 120 ? 120 : e;
+    s = cm_u2f((uint32_t)(e + 127) << 23), inv = cm_u2f((uint32_t)(127 - e) << 23);
+}
+
+// Four E4M3 codes of v[0..3] x inv (exact), nearest even, v[0] in the low byte.
+RD_DEV uint32_t tc_q8_codes4(const float *v, float inv)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // cvt.rn.satfinite.e4m3x2.f32: nearest even, as cm_fp8_from_f32 (no value here reaches 448's saturation)
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(RD_FMUL(v[0], inv), RD_FMUL(v[1], inv)), __NV_SATFINITE,
+                                                  __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(RD_FMUL(v[2], inv), RD_FMUL(v[3], inv)), __NV_SATFINITE,
+                                                  __NV_E4M3);
+    return (lo & 0xffffu) | hi << 16;
+#else
+    uint32_t u = 0;
+RD_UNROLL
+    for (int i = 0; i < 4; i++)
+        u |= (uint32_t)cm_fp8_from_f32(RD_FMUL(v[i], inv)) << (8 * i);
+    return u;
+#endif
+}
+
+// Quantizes a lane's 8 values of a chunk's row; the 4 lanes of a quad hold
+// the row's 32 (all lanes of the warp call it). Codes c[0] (values 0-3), c[1]
+// (4-7); s = the block's scale 2^ea.
+RD_DEV void tc_q8_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
+{
+    uint32_t m = 0;
+RD_UNROLL
+    for (int e = 0; e < 8; e++) {
+        const uint32_t b = cm_f2u(v[e]) & 0x7fffffffu;
+        m = b > m ? b : m;
+    }
+    uint32_t o = __shfl_xor_sync(0xffffffffu, m, 1);
+    m = o > m ? o : m;
+    o = __shfl_xor_sync(0xffffffffu, m, 2);
+    m = o > m ? o : m;
+    float inv;
+    tc_q8_scale(m, s, inv);
+    c[0] = tc_q8_codes4(v, inv);
+    c[1] = tc_q8_codes4(v + 4, inv);
+}
+
+// The scale 2^ew of a weight block from its byte ew + 127 (0xff: NaN, a non-finite source).
+RD_DEV float tc_w8_scale(uint32_t byte) { return byte == 0xffu ? cm_u2f(0x7fc00000u) : cm_u2f(byte << 23); }
+
+// A chunk's sum d of one output, scaled and added to the running sum.
+RD_DEV float tc_q8_add(float acc, float d, float sa, float sw) { return RD_FADD(acc, RD_FMUL(RD_FMUL(d, sa), sw)); }
+
+// W8A8 codes [8t, 8t + 8) of chunk c of row n (u[0], u[1]) and the block's
+// scale's bits (u[2]); zeros past the last row.
+RD_DEV void tc_load_w8(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    u[3] = 0;
+    if (n >= a.out) {
+        u[0] = u[1] = u[2] = 0;
+        return;
+    }
+    const uint2 v = *(const uint2 *)(a.f8 + (int64_t)n * a.in + c + 8 * t);
+    u[0] = v.x, u[1] = v.y;
+    u[2] = cm_f2u(tc_w8_scale(a.f8s[(int64_t)n * (a.in / 32) + c / 32]));
+}
+
+// tc_chunk for W8A8: w[j] from tc_load_w8.
+template <int MW>
+RD_DEV void tc_chunk_q8(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+    // the weight scales of this lane's output columns 2t and 2t + 1 (rows held by lanes 8t and 8t + 4)
+    float sw[2][2];
+RD_UNROLL
+    for (int j = 0; j < 2; j++) {
+        sw[j][0] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t));
+        sw[j][1] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t + 4));
+    }
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++) {
+        float xa[8], xb[8];
+        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
+        uint32_t ca[2], cb[2];
+        float sa, sb;
+        tc_q8_quad(xa, ca, sa);
+        tc_q8_quad(xb, cb, sb);
+        const uint32_t fr[4] = {ca[0], cb[0], ca[1], cb[1]};
+RD_UNROLL
+        for (int j = 0; j < 2; j++) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tc_mma8(d, fr, w[j][0], w[j][1]);
+            acc[mt][j][0] = tc_q8_add(acc[mt][j][0], d[0], sa, sw[j][0]);
+            acc[mt][j][1] = tc_q8_add(acc[mt][j][1], d[1], sa, sw[j][1]);
+            acc[mt][j][2] = tc_q8_add(acc[mt][j][2], d[2], sb, sw[j][0]);
+            acc[mt][j][3] = tc_q8_add(acc[mt][j][3], d[3], sb, sw[j][1]);
+        }
+    }
+}
+
+// A chunk's weights for the pieces' path (TC_Q8: tc_load_w8's).
+template <int NP, bool FP8> RD_DEV void tc_load_wp(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    if constexpr (NP == TC_Q8)
+        tc_load_w8(a, n, c, t, u);
+    else
+        tc_load_w<FP8>(a, n, c, t, u);
+}
+
+template <int MW, int NP>
+RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                       const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+    if constexpr (NP == TC_Q8)
+        tc_chunk_q8<MW>(a, r0, c, g, t, w, inv, acc);
+    else
+        tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
+}
+
 #define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
 
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk. A column tile is
@@ -348,17 +510,17 @@ RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
 RD_UNROLL
             for (int j = 0; j < 2; j++)
-                tc_load_w<FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
+                tc_load_wp<NP, FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
 RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
-            tc_chunk<MW, NP>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
+            tc_chunk_p<MW, NP>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
     }
     for (; c < k1; c += 32) {
         uint32_t w[2][4];
 RD_UNROLL
         for (int j = 0; j < 2; j++)
-            tc_load_w<FP8>(a, wrow[j], c, t, w[j]);
-        tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
+            tc_load_wp<NP, FP8>(a, wrow[j], c, t, w[j]);
+        tc_chunk_p<MW, NP>(a, r0, c, g, t, w, inv, acc);
     }
 
     // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2) of pair 2 t + (i & 1), n8 tile j.
@@ -458,6 +620,8 @@ static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, 
     if (pieces == 3) {
         auto kern = k_gemm_tc<MW, 3, false, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (pieces == TC_Q8) {
+        gemm_tc_launch<MW, TC_Q8, true>(s, a, grid, block, epi);
     } else if (pieces == 2 && fp8) {
         gemm_tc_launch<MW, 2, true>(s, a, grid, block, epi);
     } else if (pieces == 2) {
@@ -493,6 +657,28 @@ template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
         return n0 + rr < a.out ? n0 + rr : a.out;
     const int32_t F = a.out / 2, f = n0 / 2 + 16 * (rr / 32) + 8 * ((rr % 32 / 8) % 2) + rr % 8;
     return f < F ? (rr % 32 >= 16 ? F : 0) + f : a.out;
+}
+
+// A tile kernel warp's finished 32 x 32 outputs (n8 tiles 0-1 gate, 2-3 up for a gated epi).
+template <int EPI>
+RD_DEV void tcb_store(const tc_args &a, int32_t r0, int32_t n0, int wm, int wn, int g, int t, const float (&tot)[2][4][4])
+{
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const int32_t r = r0 + 32 * wm + 16 * mt + g + (i >= 2 ? 8 : 0);
+            if (EPI != TC_PLAIN) {
+RD_UNROLL
+                for (int j = 0; j < 2; j++)
+                    tc_store_glu<EPI>(a, r, n0 / 2 + 16 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i],
+                                      tot[mt][j + 2][i]);
+            } else {
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+                    tc_store(a, r, n0 + 32 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i]);
+            }
+        }
 }
 
 template <int NP, bool FP8, int EPI>
@@ -595,22 +781,104 @@ RD_UNROLL
             sstore(buf ^ 1);
         __syncthreads();
     }
+    tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
+}
+
+// The tile kernel for W8A8: the same tiles, staging and sub-piece folds,
+// with x staged as E4M3 codes and a scale per (row, chunk), quantized by the
+// quad of threads that loads a row's 32 values (tc_q8_quad), and W as codes
+// and scales; the chunk arithmetic is tc_chunk_q8's.
+template <int EPI>
+__global__ void __launch_bounds__(TCB_THREADS) k_gemm_tc_big_q8(tc_args a)
+{
+    RD_PDL_ENTRY();
+    __shared__ uint2 xq[2][TCB_BM][4]; // a row's 32 codes: uint2 t is what lane t of a fragment reads
+    __shared__ uint2 wq[2][TCB_BN][4];
+    __shared__ float xs[2][TCB_BM], wsc[2][TCB_BN];
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wm = warp / 2, wn = warp % 2;
+    const int32_t r0 = (int32_t)blockIdx.y * TCB_BM, n0 = (int32_t)blockIdx.x * TCB_BN;
+    const int32_t nch = a.in / 32, cpp = a.kp / 32;
+
+    // thread tid moves segment tid % 4 of rows tid / 4 and tid / 4 + 32: a row's quad is 4 neighbouring lanes
+    float xr[2][8];
+    uint32_t wr[2][4];
+    auto gload = [&](int32_t c) {
+RD_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+            tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
+            tc_load_w8(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+        }
+    };
+    auto sstore = [&](int buf) {
+RD_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+            uint32_t cq[2];
+            float sa;
+            tc_q8_quad(xr[i], cq, sa);
+            xq[buf][rr][seg] = uint2{cq[0], cq[1]};
+            wq[buf][rr][seg] = uint2{wr[i][0], wr[i][1]};
+            if (seg == 0)
+                xs[buf][rr] = sa, wsc[buf][rr] = cm_u2f(wr[i][2]);
+        }
+    };
+
+    float tot[2][4][4], pc[2][4][4];
 RD_UNROLL
     for (int mt = 0; mt < 2; mt++)
 RD_UNROLL
-        for (int i = 0; i < 4; i++) {
-            const int32_t r = r0 + 32 * wm + 16 * mt + g + (i >= 2 ? 8 : 0);
-            if (EPI != TC_PLAIN) {
+        for (int j = 0; j < 4; j++)
 RD_UNROLL
-                for (int j = 0; j < 2; j++)
-                    tc_store_glu<EPI>(a, r, n0 / 2 + 16 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i],
-                                      tot[mt][j + 2][i]);
-            } else {
+            for (int i = 0; i < 4; i++)
+                tot[mt][j][i] = pc[mt][j][i] = 0.0f;
+    gload(0);
+    sstore(0);
+    __syncthreads();
+    for (int32_t ci = 0; ci < nch; ci++) {
+        const int buf = ci & 1;
+        if (ci + 1 < nch)
+            gload(32 * (ci + 1));
+        uint2 bw[4];
+        float sw[4][2];
 RD_UNROLL
-                for (int j = 0; j < 4; j++)
-                    tc_store(a, r, n0 + 32 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i]);
+        for (int j = 0; j < 4; j++) {
+            bw[j] = wq[buf][32 * wn + 8 * j + g][t];
+            sw[j][0] = wsc[buf][32 * wn + 8 * j + 2 * t], sw[j][1] = wsc[buf][32 * wn + 8 * j + 2 * t + 1];
+        }
+RD_UNROLL
+        for (int mt = 0; mt < 2; mt++) {
+            const int ra = 32 * wm + 16 * mt + g;
+            const uint2 xa = xq[buf][ra][t], xb = xq[buf][ra + 8][t];
+            const float sa = xs[buf][ra], sb = xs[buf][ra + 8];
+            const uint32_t fr[4] = {xa.x, xb.x, xa.y, xb.y};
+RD_UNROLL
+            for (int j = 0; j < 4; j++) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                tc_mma8(d, fr, bw[j].x, bw[j].y);
+                pc[mt][j][0] = tc_q8_add(pc[mt][j][0], d[0], sa, sw[j][0]);
+                pc[mt][j][1] = tc_q8_add(pc[mt][j][1], d[1], sa, sw[j][1]);
+                pc[mt][j][2] = tc_q8_add(pc[mt][j][2], d[2], sb, sw[j][0]);
+                pc[mt][j][3] = tc_q8_add(pc[mt][j][3], d[3], sb, sw[j][1]);
             }
         }
+        if (ci % cpp == cpp - 1) {
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+RD_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
+                        pc[mt][j][i] = 0.0f;
+                    }
+        }
+        if (ci + 1 < nch)
+            sstore(buf ^ 1);
+        __syncthreads();
+    }
+    tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
 }
 
 template <int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
@@ -623,6 +891,20 @@ template <int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_arg
         RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
     } else {
         auto kern = k_gemm_tc_big<NP, FP8, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+    }
+}
+
+static void gemm_tc_big_q8(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
+{
+    if (epi == TC_SWIGLU) {
+        auto kern = k_gemm_tc_big_q8<TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+    } else if (epi == TC_GEGLU) {
+        auto kern = k_gemm_tc_big_q8<TC_GEGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+    } else {
+        auto kern = k_gemm_tc_big_q8<TC_PLAIN>;
         RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
     }
 }
@@ -654,6 +936,8 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
         if (pieces == 3) {
             auto kern = k_gemm_tc_big<3, false, TC_PLAIN>;
             RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        } else if (pieces == TC_Q8) {
+            gemm_tc_big_q8(s, a, grid, epi);
         } else if (pieces == 2 && fp8) {
             gemm_tc_big<2, true>(s, a, grid, epi);
         } else if (pieces == 2) {

@@ -175,7 +175,10 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // does (acc 0; never the tile kernel).
 enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
 // pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
-// exactly: the LM head; epi TC_PLAIN and bf16 weights only).
+// exactly: the LM head; epi TC_PLAIN and bf16 weights only); or TC_Q8 (FP8
+// weights only: x quantized to E4M3 blocks of 32, FP8 tensor cores; W8A8,
+// RD_CUDA_FP8=w8a8).
+#define TC_Q8 0
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);

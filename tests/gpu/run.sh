@@ -290,7 +290,7 @@ if [ "$DRY" = 0 ]; then
   # The new kernels against the CPU on the device first (seconds): the tensor-core GEMM on every reduction path,
   # its 64 x 64 tile kernel, the fused RMSNorm prologue and gated epilogue (bit for bit against the unfused ops),
   # FP8 through it; attention's combine in its partition kernel; the tiny models through the runner with tc.
-  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_attention_combine_fused,test_runner_tc \
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_q8,test_attention_combine_fused,test_runner_tc \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone. tcsmall: the tc kernel without its 64 x 64

@@ -561,6 +561,204 @@ static void tc_fp8_case(rd_backend *tc8, rd_backend *tc, int32_t out, int32_t in
     free(w), free(wd), free(x), free(y8), free(yb), free(blk);
 }
 
+/* W8A8 (RD_CUDA_FP8=w8a8): the reference quantizes x itself, with
+ * quant_fp8.c's E4M3 rounding: per row and 32-value block, the least e in
+ * [-117, 120] with max|x| <= 448 x 2^e, codes rd_fp8_e4m3_from_f32(x x 2^-e).
+ * *sc gets 2^e (NaN for a non-finite block); q the codes' values. */
+static void q8_block(const float *x, float *q, float *sc)
+{
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < 32; j++) {
+        finite &= isfinite(x[j]) != 0;
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    }
+    int e = -117;
+    while (e < 120 && amax > 448.0f * ldexpf(1.0f, e))
+        e++;
+    *sc = finite ? ldexpf(1.0f, e) : NAN;
+    for (int j = 0; j < 32; j++)
+        q[j] = finite ? rd_fp8_e4m3_to_f32(rd_fp8_e4m3_from_f32(x[j] * ldexpf(1.0f, -e))) : 0.0f;
+}
+
+/* FP8 blocks of w [out][in] (rd_fp8_quant) loaded on be (NULL: failed); the
+ * codes' values and the blocks' scales into wq / ws when given. */
+static void *load_fp8(rd_backend *be, const float *w, int32_t out, int32_t in, float *wq, float *ws)
+{
+    const size_t n = (size_t)out * in;
+    uint8_t *blk = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES);
+    void *W = NULL;
+    if (rd_fp8_quant(w, n, blk)) {
+        free(blk);
+        return NULL;
+    }
+    for (size_t b = 0; wq && b < n / RD_FP8_BLOCK; b++) {
+        ws[b] = ldexpf(1.0f, (int)blk[b * RD_FP8_BYTES] - 127);
+        for (int j = 0; j < RD_FP8_BLOCK; j++)
+            wq[b * RD_FP8_BLOCK + j] = rd_fp8_e4m3_to_f32(blk[b * RD_FP8_BYTES + 1 + j]);
+    }
+    rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
+    if (be->ops->linear_load_q(be, &part, 1, in, &W))
+        W = NULL;
+    free(blk);
+    return W;
+}
+
+/* W8A8 on one shape: on the emulator the bits of the reference's arithmetic
+ * (each chunk's exact sum of code products rounded once, times 2^ea then
+ * 2^ew, added in chunk order from zero per sub-piece of the plan on 4 SMs,
+ * the sub-pieces left to right); on a GPU within 3e-4 of the terms'
+ * magnitudes (its tensor cores keep fewer bits, its plan has more pieces).
+ * Within E4M3's rounding of x (2^-4 of the terms) of fp32 x; each row alone
+ * and after 7 others bit for bit; a zero block, blocks from 1e-3 to 1e2. */
+static void tc_q8_case(rd_backend *be, int32_t out, int32_t in, int32_t m)
+{
+    const size_t n = (size_t)out * in, nb = (size_t)in / 32;
+    float *w = malloc(sizeof(float) * n), *wq = malloc(sizeof(float) * n), *ws = malloc(sizeof(float) * n / 32);
+    float *x = malloc(sizeof(float) * (size_t)(m + 7) * in), *xq = malloc(sizeof(float) * (size_t)m * in);
+    float *xs = malloc(sizeof(float) * (size_t)m * nb), *y = malloc(sizeof(float) * (size_t)(m + 7) * out);
+    float *y1 = malloc(sizeof(float) * out), *y2 = malloc(sizeof(float) * (size_t)(m + 7) * out);
+    for (size_t b = 0; b < n / 32; b++) {
+        const float sc = (float)pow(10.0, -3.0 + 3.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < 32; j++)
+            w[b * 32 + j] = frand() * sc;
+    }
+    for (size_t b = 0; b < (size_t)(m + 7) * nb; b++) {
+        const float sc = b == 1 ? 0.0f : (float)pow(10.0, -3.0 + 5.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < 32; j++)
+            x[b * 32 + j] = frand() * sc;
+    }
+    for (size_t b = 0; b < (size_t)m * nb; b++)
+        q8_block(x + b * 32, xq + b * 32, xs + b);
+    void *W = load_fp8(be, w, out, in, wq, ws);
+    CHECK(W != NULL, "w8a8: cannot load the fp8 weight: %s", rd_errmsg());
+    run_linear(be, W, x, m, in, out, 0, NULL, y, 0);
+    cuplan_tc pl;
+    CHECK_OK(cuplan_gemm_tc(out, in, 4, &pl));
+    double worst = 0, worst_x = 0;
+    size_t differ = 0;
+    for (int32_t r = 0; r < m; r++)
+        for (int32_t o = 0; o < out; o++) {
+            float tot = 0.0f;
+            double mag = 0, sx = 0;
+            for (int32_t i = 0; i < pl.q; i++) {
+                float acc = 0.0f;
+                for (int32_t c = i * pl.kp; c < (i + 1) * pl.kp; c += 32) {
+                    double d = 0;
+                    for (int k = c; k < c + 32; k++)
+                        d += (double)xq[(size_t)r * in + k] * wq[(size_t)o * in + k];
+                    const float t1 = (float)d * xs[(size_t)r * nb + c / 32], t2 = t1 * ws[((size_t)o * in + c) / 32];
+                    acc = acc + t2;
+                }
+                tot = i == 0 ? acc : tot + acc;
+            }
+            for (int32_t k = 0; k < in; k++) {
+                const size_t xi = (size_t)r * in + k, wi = (size_t)o * in + k;
+                const double dq = (double)xq[xi] * xs[(size_t)r * nb + k / 32] * wq[wi] * ws[wi / 32];
+                mag += fabs(dq);
+                sx += (double)x[xi] * wq[wi] * ws[wi / 32];
+            }
+            const float got = y[(size_t)r * out + o];
+            differ += fbits(got) != fbits(tot);
+            worst = worse(worst, fabs(got - (double)tot) / (mag + 1e-30));
+            worst_x = worse(worst_x, fabs(got - sx) / (mag + 1e-30));
+        }
+    printf("# w8a8 [%d x %d] x %d rows (on 4 SMs: q %d, %d warps x %d CTAs): %zu outputs differ from the reference's "
+           "bits, worst %.3g; vs fp32 x %.3g (relative to the terms' magnitudes)\n", out, in, m, pl.q, pl.wk, pl.p,
+           differ, worst, worst_x);
+    if (on_emulator())
+        CHECK(differ == 0, "w8a8: %zu outputs are not the reference's bits (worst %.3g)", differ, worst);
+    else
+        CHECK(worst <= 3e-4, "w8a8: %.3g from the reference", worst);
+    CHECK(worst_x <= 0.07 && worst_x > 0, "w8a8: %.3g from fp32 x (E4M3 rounds to 2^-4)", worst_x);
+    for (int32_t r = 0; r < m && !test_case_failed; r++) {
+        run_linear(be, W, x + (size_t)r * in, 1, in, out, 0, NULL, y1, 0);
+        CHECK(!memcmp(y1, y + (size_t)r * out, sizeof(float) * out), "w8a8: row %d alone differs from it in %d rows", r,
+              m);
+    }
+    float *xsh = malloc(sizeof(float) * (size_t)(m + 7) * in);
+    memcpy(xsh, x + (size_t)m * in, sizeof(float) * 7 * in);
+    memcpy(xsh + (size_t)7 * in, x, sizeof(float) * (size_t)m * in);
+    run_linear(be, W, xsh, m + 7, in, out, 0, NULL, y2, 0);
+    CHECK(!memcmp(y2 + (size_t)7 * out, y, sizeof(float) * (size_t)m * out), "w8a8: rows differ after 7 others");
+    free(xsh);
+    be->ops->linear_free(be, W);
+    free(w), free(wq), free(ws), free(x), free(xq), free(xs), free(y), free(y1), free(y2);
+}
+
+/* W8A8 through an identity weight: each output is one product, so the device
+ * returns x's quantized value exactly (the hardware's E4M3 conversion against
+ * quant_fp8.c's, bit for bit, on a GPU too): values on every side of the code
+ * grid, ties, subnormal codes, a zero row, a NaN (its row's outputs all NaN). */
+static void tc_q8_exact_case(rd_backend *be)
+{
+    const int32_t D = 256, M = 6;
+    float *w = calloc((size_t)D * D, sizeof(float)), *x = malloc(sizeof(float) * M * D), *y = malloc(sizeof(float) * M * D);
+    for (int32_t i = 0; i < D; i++)
+        w[(size_t)i * D + i] = 1.0f;
+    for (int32_t i = 0; i < M * D; i++) {
+        const int kind = i % 4;
+        const float base = ldexpf(1.0f, (int)(rnd() % 24) - 12);
+        x[i] = kind == 0 ? frand() * base * 8.0f            /* anywhere */
+             : kind == 1 ? base * (1.0f + (float)(2 * (int)(rnd() % 8) + 1) / 16.0f) /* ties between codes */
+             : kind == 2 ? frand() * base * 1e-3f            /* subnormal codes of the block */
+                         : -base * 1.9375f;
+    }
+    for (int32_t i = 0; i < D; i++)
+        x[3 * D + i] = 0.0f;
+    x[4 * D + 77] = NAN;
+    void *W = load_fp8(be, w, D, D, NULL, NULL);
+    CHECK(W != NULL, "w8a8: cannot load the fp8 weight: %s", rd_errmsg());
+    run_linear(be, W, x, M, D, D, 0, NULL, y, 0);
+    size_t bad = 0;
+    for (int32_t r = 0; r < M; r++)
+        for (int32_t b = 0; b < D / 32; b++) {
+            float q[32], sc;
+            q8_block(x + (size_t)r * D + 32 * b, q, &sc);
+            for (int j = 0; j < 32; j++) {
+                const float got = y[(size_t)r * D + 32 * b + j];
+                const float want = r == 4 ? NAN : q[j] * sc;
+                const int ok = isnan(want) ? isnan(got) : fbits(got) == fbits(want) || (got == 0.0f && want == 0.0f);
+                if (!ok && bad++ < 5)
+                    printf("# w8a8 exact: row %d column %d: x %a, got %a, want %a\n", r, 32 * b + j,
+                           x[(size_t)r * D + 32 * b + j], got, want);
+            }
+        }
+    CHECK(bad == 0, "w8a8 exact: %zu outputs are not x's E4M3 value", bad);
+    be->ops->linear_free(be, W);
+    free(w), free(x), free(y);
+}
+
+/* The same weights as FP8 blocks on two backends (W8A8 on the small and the
+ * tile kernel): the same bits. */
+static void tc_q8_pair_case(rd_backend *a, rd_backend *b, int32_t out, int32_t in, int32_t m)
+{
+    float *w = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * m * in);
+    float *ya = malloc(sizeof(float) * m * out), *yb = malloc(sizeof(float) * m * out);
+    for (int64_t i = 0; i < (int64_t)out * in; i++)
+        w[i] = frand() * 0.2f;
+    for (int64_t i = 0; i < (int64_t)m * in; i++)
+        x[i] = frand() * (float)(1 + i % 7);
+    void *Wa = load_fp8(a, w, out, in, NULL, NULL), *Wb = load_fp8(b, w, out, in, NULL, NULL);
+    CHECK(Wa && Wb, "w8a8: cannot load the fp8 weights: %s", rd_errmsg());
+    run_linear(a, Wa, x, m, in, out, 0, NULL, ya, 0);
+    run_linear(b, Wb, x, m, in, out, 0, NULL, yb, 0);
+    CHECK(!memcmp(ya, yb, sizeof(float) * m * out), "w8a8 [%d x %d] x %d: the tile kernel differs", out, in, m);
+    a->ops->linear_free(a, Wa);
+    b->ops->linear_free(b, Wb);
+    free(w), free(x), free(ya), free(yb);
+}
+
+/* Weights for the fusion cases: bf16 from fp32, or (tc_fp8_w) FP8 blocks. */
+static int tc_fp8_w;
+static int load_w(rd_backend *be, const float *w, int32_t out, int32_t in, void **W)
+{
+    if (!tc_fp8_w)
+        return be->ops->linear_load(be, w, out, in, W);
+    *W = load_fp8(be, w, out, in, NULL, NULL);
+    return *W ? 0 : RD_EINVAL;
+}
+
 /* A gate|up GEMM ended by SwiGLU / GeGLU (the deferred tensor-core GEMM's
  * gated epilogue) against the same two ops unfused (RD_CUDA_FUSE=0): the
  * same bits, for each of the plan's reductions; F need not be a multiple of
@@ -580,7 +778,7 @@ static void tc_gated_case(rd_backend *tc, rd_backend *nofuse, int32_t F, int32_t
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         void *W = NULL;
-        CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+        CHECK_OK(load_w(be, w, out, in, &W));
         float *dx = up(be, x, sizeof(float) * m * in), *dgu = up(be, NULL, sizeof(float) * m * out);
         float *dout = up(be, NULL, sizeof(float) * m * F);
         CHECK_OK(be->ops->sync(be));
@@ -624,7 +822,7 @@ static void tc_norm_case(rd_backend *tc, rd_backend *nofuse, int32_t out, int32_
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         void *W = NULL;
-        CHECK_OK(be->ops->linear_load(be, w, out, in, &W));
+        CHECK_OK(load_w(be, w, out, in, &W));
         float *dx = up(be, x, sizeof(float) * m * in), *dnw = up(be, nw, sizeof(float) * in);
         float *dxn = up(be, NULL, sizeof(float) * m * in), *dy = up(be, NULL, sizeof(float) * m * out);
         float *dg = up(be, NULL, sizeof(float) * m * yn);
@@ -694,7 +892,7 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         void *W;
-        CHECK_OK(be->ops->linear_load(be, w, S, IN, &W));
+        CHECK_OK(load_w(be, w, S, IN, &W));
         rd_step_dev sd;
         CHECK_OK(be->ops->step_upload(be, &st, &sd));
         float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
@@ -803,6 +1001,37 @@ done:
     if (tc) rd_backend_destroy(tc);
     if (tcb) rd_backend_destroy(tcb);
     if (tc8) rd_backend_destroy(tc8);
+}
+
+/* RD_CUDA_FP8=w8a8: FP8 weights times E4M3-quantized activations on the FP8
+ * tensor cores, on the plan's three reductions and the tile kernel; its
+ * fusions (gated epilogue, RMSNorm prologue, bias + RoPE + KV write) bit for
+ * bit those of the unfused ops in the same mode. */
+static void test_gemm_tc_q8(void)
+{
+    rd_backend *q8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FP8", "w8a8");
+    setenv("RD_CUDA_FP8", "w8a8", 1);
+    rd_backend *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    rd_backend *big = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    unsetenv("RD_CUDA_FP8");
+    CHECK(q8 && nofuse && big, "cannot create the w8a8 backends: %s", rd_errmsg());
+    if (!test_case_failed) tc_q8_exact_case(q8);
+    if (!test_case_failed) tc_q8_case(q8, 24, 1024, 5);    /* p = 2 */
+    if (!test_case_failed) tc_q8_case(q8, 300, 512, 40);   /* p = 1, 4 m16 tiles per warp */
+    if (!test_case_failed) tc_q8_case(q8, 100, 96, 3);     /* q = 1 */
+    if (!test_case_failed) tc_q8_case(big, 300, 512, 40);  /* the tile kernel */
+    if (!test_case_failed) tc_q8_pair_case(q8, big, 83, 160, 33);
+    tc_fp8_w = 1;
+    if (!test_case_failed) tc_gated_case(q8, nofuse, 12, 1024, 5, 0);
+    if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 1);
+    if (!test_case_failed) tc_norm_case(q8, nofuse, 24, 1024, 3, 0.0f, 0);
+    if (!test_case_failed) tc_norm_case(q8, nofuse, 300, 512, 5, 0.0f, 1);
+    if (!test_case_failed) tc_rope_case(q8, nofuse, 4, 2, 16, 512, 20, 1);
+    if (!test_case_failed) tc_rope_case(q8, nofuse, 5, 1, 64, 96, 7, 0);
+    tc_fp8_w = 0;
+    if (q8) rd_backend_destroy(q8);
+    if (nofuse) rd_backend_destroy(nofuse);
+    if (big) rd_backend_destroy(big);
 }
 
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
@@ -4501,6 +4730,7 @@ int main(void)
     RUN_SEL(test_linear_read_native);
     RUN_SEL(test_fp8_linear);
     RUN_SEL(test_gemm_tc);
+    RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_lm_head_chunks);
     RUN_SEL(test_mixed_activations);
     RUN_SEL(test_row_ops);
