@@ -4,6 +4,7 @@
  *   rollout-gpubench copybw     [--mib 1024] [--iters 20]
  *   rollout-gpubench parity     MODEL [--prompts 8] [--tokens 32] [--tol 0.05]
  *   rollout-gpubench invariance MODEL [--tokens 32]
+ *   rollout-gpubench tis        MODEL --weights fp8 [--prompts 8] [--tokens 32]
  *   rollout-gpubench sampler    MODEL
  *   rollout-gpubench engine     MODEL [--batches 1,32] [--tokens 128]
  *   rollout-gpubench bench      MODEL [--batches 1,8,32,128,256]
@@ -40,6 +41,10 @@
  * invariance: the same 8 seeded sampled rollouts alone, together with 40
  *   other requests (other batch sizes, chunked prefill, other graph buckets)
  *   and with CUDA graphs off: tokens and log-probs bit-identical.
+ * tis: the importance-sampling mismatch (mean K3 KL, |dlogprob|) of the
+ *   --weights/--kv load against the plain load on the same backend, on
+ *   tokens the plain load sampled (temperature 1), both scored by teacher
+ *   forcing (cmd_tis).
  * sampler: the device sampler (runner_sample) against samp_sample on the
  *   same real logits, over temperatures, top-k, top-p, min-p and seeds.
  * engine: decode tokens/s through the whole engine (scheduler, block tables,
@@ -61,7 +66,8 @@
  *   environment: default (as started), tc (RD_CUDA_GEMM=tc), simple
  *   (RD_CUDA_GEMM=simple), bf16act (RD_CUDA_ACT=bf16), mixed (RD_CUDA_ACT=
  *   mixed), fp8 (weights as FP8 blocks, linear_load_q), fp8tc (fp8 and
- *   RD_CUDA_FP8=tc), tcbf16 (tc and bf16act), or VAR=value; joined by '+'.
+ *   RD_CUDA_FP8=tc), w8a8 (fp8 and RD_CUDA_FP8=w8a8), tcbf16 (tc and
+ *   bf16act), or VAR=value; joined by '+'.
  *   The input is an RMSNorm's output (its bf16 copy read, as in a step).
  *   The timed calls take copies of the weight in turn, enough to exceed
  *   --flush-mib MiB (default 256; an H100's L2 holds 50 MB), so each reads
@@ -810,6 +816,122 @@ static int cmd_parity(const opts *o)
     return pass ? wj : 1;
 }
 
+/* tis: the importance-sampling mismatch of the tested load (--weights fp8 in
+ * the process's RD_CUDA_FP8 mode, --kv) against the same backend's plain load
+ * (the weights as loaded: bf16 on the GPU). Prompts sampled on the plain load
+ * at temperature 1 (seed 1), then each prompt + its tokens scored by teacher
+ * forcing on both: per token d = logp_tested - logp_plain, r = exp(d),
+ * K3 = r - 1 - d (bench_quant.py's estimate of KL(plain || tested), mean over
+ * tokens). The plain load's scores against its own sampled log-probs are the
+ * floor (scoring vs decoding on one load). */
+static int score_all(model *m, const prompt_t *pr, const eng_result *sampled, int32_t N, float **lp)
+{
+    eng_request rq[8];
+    eng_result res[8];
+    int32_t *ids[8] = {0};
+    memset(rq, 0, sizeof rq);
+    memset(res, 0, sizeof res);
+    for (int32_t i = 0; i < N; i++) {
+        const int32_t n = pr[i].n + sampled[i].n_tokens;
+        ids[i] = malloc(sizeof(int32_t) * (size_t)n);
+        memcpy(ids[i], pr[i].ids, sizeof(int32_t) * pr[i].n);
+        memcpy(ids[i] + pr[i].n, sampled[i].token_ids, sizeof(int32_t) * sampled[i].n_tokens);
+        rq[i].prompt = ids[i];
+        rq[i].n_prompt = n;
+        rq[i].n = 1;
+        rq[i].sp = samp_default();
+        rq[i].score_prompt = 1;
+        rq[i].score_from = pr[i].n;
+        rq[i].ignore_eos = 1;
+        rq[i].tag = (uint64_t)i;
+    }
+    int rc = run_engine(m, rq, N, res);
+    for (int32_t i = 0; i < N; i++) {
+        if (!rc) {
+            lp[i] = malloc(sizeof(float) * (size_t)sampled[i].n_tokens);
+            memcpy(lp[i], res[i].prompt_logprobs + pr[i].n, sizeof(float) * (size_t)sampled[i].n_tokens);
+        }
+        eng_result_free(&res[i]);
+        free(ids[i]);
+    }
+    return rc;
+}
+
+static int cmd_tis(const opts *o)
+{
+    rd_loaded lb, lt;
+    if (load_any(o, o->backend, 0, &lb))
+        return setup_fail("load (plain)");
+    if (load_any(o, o->backend, 1, &lt)) {
+        rd_unload(&lb);
+        return setup_fail("load (tested)");
+    }
+    const int32_t N = o->prompts > 8 ? 8 : o->prompts, T = o->tokens;
+    prompt_t pr[8];
+    eng_request rq[8];
+    eng_result rs[8];
+    float *lpb[8] = {0}, *lpt[8] = {0};
+    memset(rq, 0, sizeof rq);
+    memset(rs, 0, sizeof rs);
+    int rc = make_prompts(&lb, N, pr);
+    for (int32_t i = 0; i < N && !rc; i++) {
+        rq[i] = greedy_req(&pr[i], T, (uint64_t)i, 0);
+        rq[i].sp.temperature = 1.0f;
+        rq[i].sp.seed = 1;
+    }
+    if (!rc)
+        rc = run_engine(lb.m, rq, N, rs);
+    if (!rc)
+        rc = score_all(lb.m, pr, rs, N, lpb);
+    if (!rc)
+        rc = score_all(lt.m, pr, rs, N, lpt);
+    if (rc) {
+        rd_unload(&lb);
+        rd_unload(&lt);
+        return setup_fail("engine run");
+    }
+    double k3 = 0, absd = 0, maxd = 0, meand = 0, floor_max = 0;
+    int64_t n = 0;
+    for (int32_t i = 0; i < N; i++)
+        for (int32_t j = 0; j < rs[i].n_tokens; j++) {
+            const double d = (double)lpt[i][j] - lpb[i][j], f = fabs((double)lpb[i][j] - rs[i].logprobs[j]);
+            k3 += exp(d) - 1.0 - d;
+            absd += fabs(d);
+            meand += d;
+            maxd = fabs(d) > maxd ? fabs(d) : maxd;
+            floor_max = f > floor_max ? f : floor_max;
+            n++;
+        }
+    const double nn = n ? (double)n : 1.0;
+    const char *mode = getenv("RD_CUDA_FP8");
+    printf("tis%s: %lld tokens (%d prompts, temperature 1) scored on the plain load and on the tested one (weights %s, "
+           "RD_CUDA_FP8=%s, kv %s): mean K3 KL %.3e, mean |dlogprob| %.4f, max %.4f, mean dlogprob %+.5f; the plain "
+           "load's scores vs its sampled log-probs: max |diff| %.2e\n", o->label ? o->label : "", (long long)n, N,
+           o->weights ? o->weights : "as loaded", mode ? mode : "(unset)", o->kv ? o->kv : "default", k3 / nn,
+           absd / nn, maxd, meand / nn, floor_max);
+    printf("TABLE|tis%s|mean K3 KL %.3e, mean abs dlogprob %.4f, max %.4f over %lld tokens|%s|\n",
+           o->label ? o->label : "", k3 / nn, absd / nn, maxd, (long long)n, n ? "measured" : "no tokens");
+    cJSON *doc = cJSON_CreateObject();
+    cJSON_AddStringToObject(doc, "weights", o->weights ? o->weights : "as loaded");
+    cJSON_AddStringToObject(doc, "rd_cuda_fp8", mode ? mode : "");
+    cJSON_AddNumberToObject(doc, "tokens", (double)n);
+    cJSON_AddNumberToObject(doc, "mean_k3_kl", k3 / nn);
+    cJSON_AddNumberToObject(doc, "mean_abs_dlogprob", absd / nn);
+    cJSON_AddNumberToObject(doc, "max_abs_dlogprob", maxd);
+    cJSON_AddNumberToObject(doc, "mean_dlogprob", meand / nn);
+    cJSON_AddNumberToObject(doc, "plain_score_vs_sample_max", floor_max);
+    for (int32_t i = 0; i < N; i++) {
+        eng_result_free(&rs[i]);
+        free(pr[i].ids);
+        free(lpb[i]);
+        free(lpt[i]);
+    }
+    rd_unload(&lb);
+    rd_unload(&lt);
+    int wj = write_json(o, doc);
+    return n ? wj : 1;
+}
+
 static int same_result(const eng_result *a, const eng_result *b)
 {
     return a->n_tokens == b->n_tokens && !memcmp(a->token_ids, b->token_ids, sizeof(int32_t) * a->n_tokens) &&
@@ -1378,6 +1500,7 @@ static int variant_set(gvariant *v, const char *var, const char *val)
  *   default  nothing set             tc       RD_CUDA_GEMM=tc      simple  RD_CUDA_GEMM=simple
  *   bf16act  RD_CUDA_ACT=bf16        mixed    RD_CUDA_ACT=mixed    fp8     weights as FP8 blocks
  *   fp8tc    fp8 + RD_CUDA_FP8=tc    tcbf16   RD_CUDA_GEMM=tc + RD_CUDA_ACT=bf16
+ *   w8a8     fp8 + RD_CUDA_FP8=w8a8 (x quantized to E4M3 in the kernel)
  * e.g. "fp8+RD_CUDA_FP8=tc" is fp8tc. -1 for an unknown name. */
 static int parse_variant(const char *spec, gvariant *v)
 {
@@ -1407,6 +1530,9 @@ static int parse_variant(const char *spec, gvariant *v)
         } else if (!strcmp(t, "fp8tc")) {
             v->fp8 = 1;
             rc = variant_set(v, "RD_CUDA_FP8", "tc");
+        } else if (!strcmp(t, "w8a8")) {
+            v->fp8 = 1;
+            rc = variant_set(v, "RD_CUDA_FP8", "w8a8");
         } else if (!strcmp(t, "tcbf16")) {
             rc = variant_set(v, "RD_CUDA_GEMM", "tc");
             if (!rc)
@@ -1676,7 +1802,7 @@ static int cmd_gemm(const opts *o)
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             if (nv == GEMM_MAX_VARIANTS || parse_variant(t, &vs[nv])) {
                 fprintf(stderr, "%s gemm: bad variant '%s' (at most %d of: default, tc, simple, bf16act, mixed, "
-                                "fp8, fp8tc, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
+                                "fp8, fp8tc, w8a8, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
                 return 2;
             }
             nv++;
@@ -2307,7 +2433,7 @@ static int cmd_engine(const opts *o)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: %s info|copybw|parity|invariance|sampler|engine|bench|gemm|attn [flags] (see the source header)\n", P);
+    fprintf(stderr, "usage: %s info|copybw|parity|invariance|tis|sampler|engine|bench|gemm|attn [flags] (see the source header)\n", P);
     exit(2);
 }
 
@@ -2374,7 +2500,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: --ctx entries must be in 1..%d\n", P, 1 << 22);
             return 2;
         }
-    int need_model = !strcmp(cmd, "parity") || !strcmp(cmd, "invariance") || !strcmp(cmd, "sampler") ||
+    int need_model = !strcmp(cmd, "parity") || !strcmp(cmd, "invariance") || !strcmp(cmd, "tis") || !strcmp(cmd, "sampler") ||
                      !strcmp(cmd, "engine") || !strcmp(cmd, "bench");
     if (need_model && !o.model && !o.synthetic) {
         fprintf(stderr, "%s %s: --model PATH or --synthetic NAME is required\n", P, cmd);
@@ -2385,6 +2511,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "copybw")) rc = cmd_copybw(&o);
     else if (!strcmp(cmd, "parity")) rc = cmd_parity(&o);
     else if (!strcmp(cmd, "invariance")) rc = cmd_invariance(&o);
+    else if (!strcmp(cmd, "tis")) rc = cmd_tis(&o);
     else if (!strcmp(cmd, "sampler")) rc = cmd_sampler(&o);
     else if (!strcmp(cmd, "engine")) rc = cmd_engine(&o);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(&o);

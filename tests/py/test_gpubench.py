@@ -12,6 +12,7 @@ backend and the emulated CUDA backend at test size:
 - bench on an MoE shape: the roofline counts min(experts, batch x k) experts per layer, and beside it the
   distinct experts the routes reached (never more than that bound); --kv-fill at a context past the
   shape's own (the long-context stage's path).
+- tis: FP8's importance-sampling cost (K3 KL against the plain load on tokens it sampled).
 - tools/gpu_results.py assembles those JSONs into one results file and markdown tables."""
 import json
 import os
@@ -104,7 +105,7 @@ def gemm_model_shapes_and_usage_errors():
 def gemm_emulated_cuda_variants():
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
-    variants = ["default", "tc", "bf16act", "tcbf16", "mixed", "fp8", "fp8tc", "RD_CUDA_GEMM=simple"]
+    variants = ["default", "tc", "bf16act", "tcbf16", "mixed", "fp8", "fp8tc", "w8a8", "RD_CUDA_GEMM=simple"]
     p, d = gemm(["--backend", "cuda-emu", "--shapes", "96x64,64x128", "--rows", "1,5", "--variants", ",".join(variants),
                  "--reps", "2", "--flush-mib", "0"], binary=EMU)
     check_gemm_doc(d, variants, [(96, 64), (64, 128)], [1, 5])
@@ -113,6 +114,8 @@ def gemm_emulated_cuda_variants():
     env = {v["name"]: v["env"] for v in d["variants"]}
     assert env["tc"] == {"RD_CUDA_GEMM": "tc"} and env["tcbf16"] == {"RD_CUDA_GEMM": "tc", "RD_CUDA_ACT": "bf16"}
     assert env["fp8tc"] == {"RD_CUDA_FP8": "tc"} and env["RD_CUDA_GEMM=simple"] == {"RD_CUDA_GEMM": "simple"}
+    assert env["w8a8"] == {"RD_CUDA_FP8": "w8a8"}
+    assert "W8A8" in next(v["describe"] for v in d["variants"] if v["name"] == "w8a8")
     # the bytes each backend holds: bf16 weights (2 a weight, or more if padded), FP8 blocks (~1)
     fp8 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "fp8"}
     bf16 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "default"}
@@ -171,6 +174,39 @@ def bench_long_context_kv_fill():
         assert "kv_fill_s" in b
 
 
+def tis(args, binary=BENCH, env=None, name="tis.json"):
+    path = out(name)
+    if os.path.exists(path):
+        os.remove(path)
+    e = dict(os.environ)
+    e.update(env or {})
+    tiny = os.path.join(ROOT, os.environ.get("RD_TESTDATA", "build/testdata"), "tiny-f32.gguf")
+    run([binary, "tis", "--model", tiny, "--json", path] + args, env=e)
+    return json.load(open(path))
+
+
+@case
+def tis_measures_fp8_against_the_plain_load():
+    """tis: tokens sampled on the plain load, scored on it and on the tested load. With nothing changed the
+    two scores are the same bits (K3 0); FP8 weights move them (K3 > 0, finite); on the emulated GPU the
+    plain load's scores equal its decode-time log-probs, and W8A8 (activations quantized too) moves them
+    further than weight-only FP8 on the same tokens."""
+    same = tis(["--backend", "cpu", "--prompts", "3", "--tokens", "6"])
+    assert same["tokens"] == 18 and same["mean_k3_kl"] == 0 and same["max_abs_dlogprob"] == 0, same
+    f8 = tis(["--backend", "cpu", "--prompts", "3", "--tokens", "6", "--weights", "fp8"])
+    assert f8["tokens"] == 18 and 0 < f8["mean_k3_kl"] < 1 and f8["max_abs_dlogprob"] > 0, f8
+    assert f8["plain_score_vs_sample_max"] < 1e-4, f8
+    if not os.path.exists(EMU):
+        return
+    args = ["--backend", "cuda-emu", "--prompts", "2", "--tokens", "6", "--weights", "fp8"]
+    wo = tis(args, EMU, {"RD_CUDA_GEMM": "tc", "RD_CUDA_FP8": "tc"}, "tis-tc.json")
+    q8 = tis(args, EMU, {"RD_CUDA_GEMM": "tc", "RD_CUDA_FP8": "w8a8"}, "tis-w8a8.json")
+    assert wo["rd_cuda_fp8"] == "tc" and q8["rd_cuda_fp8"] == "w8a8"
+    for d in (wo, q8):
+        assert d["tokens"] == 12 and d["plain_score_vs_sample_max"] == 0 and 0 < d["mean_k3_kl"] < 1, d
+    assert q8["mean_abs_dlogprob"] > wo["mean_abs_dlogprob"], (wo, q8)
+
+
 @case
 def gpu_results_assembles_the_stages():
     logs = out("logs")
@@ -227,7 +263,9 @@ def gpu_results_judges_the_targets():
                 "kv_fill": False, "kv_dtype": "bf16"}
     res = {"bench": [bench("bench-1b", 1, 2.0, 3.4), bench("bench-1b-tc", 1, 0.75, 1.27),
                      bench("bench-1b-fp8tc", 1, 0.55, 1.5, "fp8"), bench("bench-1b", 32, 2.5, 4.0),
-                     bench("bench-1b-fp8tc", 32, 2.2, 3.5, "fp8"), bench("bench-qwen3-1.7b-tc", 1, 1.2, 1.45)],
+                     bench("bench-1b-fp8tc", 32, 2.2, 3.5, "fp8"), bench("bench-1b-w8a8", 32, 2.0, 3.2, "fp8"),
+                     bench("bench-qwen3-1.7b-tc", 1, 1.2, 1.45)],
+           "tis": [{"stage": "tis-fp8", "mean_k3_kl": 1e-4}, {"stage": "tis-w8a8", "mean_k3_kl": 3e-4}],
            "gemm": [{"stage": "gemm-1b", "rows": 256, "us": 100.0, "out": 2048, "in": 2048, "variant": "tc"},
                     {"stage": "gemm-1b", "rows": 256, "us": 300.0, "out": 16384, "in": 2048, "variant": "tc"},
                     {"stage": "gemm-1b", "rows": 256, "us": 50.0, "out": 2048, "in": 2048, "variant": "default"}],
@@ -240,7 +278,11 @@ def gpu_results_judges_the_targets():
     assert g["note"] == "variant tc" and abs(g["value"] - 48.3e12 / 989e12) < 1e-3 and g["met"] is False, g
     assert t["FP8 weights, 1.24B batch 1"]["value"] == round(0.75 / 0.55, 3)
     assert t["FP8 weights, 1.24B batch 1"]["met"] is False  # 1.364 < 1.5
-    assert t["FP8 weights, 1.24B batch 32"]["met"] is False and t["FP8 weights, 1.24B batch 256"]["met"] is None
+    assert t["FP8 weights, 1.24B batch 1"]["note"] == "bench-1b-fp8tc, K3 KL 1.00e-04 (tis-fp8)"
+    # batch 32: the fastest FP8 stage is W8A8's (2.5 / 2.0 = 1.25), with its own K3
+    f32 = t["FP8 weights, 1.24B batch 32"]
+    assert f32["value"] == 1.25 and f32["met"] is True and f32["note"] == "bench-1b-w8a8, K3 KL 3.00e-04 (tis-w8a8)", f32
+    assert t["FP8 weights, 1.24B batch 256"]["met"] is None
     assert t["every device check passes, batch invariance on every variant"]["met"] is True
     res["stages"].append({"stage": "unit-tc-cuda", "status": "FAIL"})
     t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}
