@@ -260,7 +260,8 @@ struct cuda_be {
         split_sum ss;           // the sum it took from the GEMM before it
     } pend_hnorm;
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
-    int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the 64 x 64 tile kernel from this many rows (default 128; 0: never)
+    int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
+    int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
@@ -1138,7 +1139,7 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     }
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
     a.x = x, a.y = y;
-    a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows;
+    a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows, a.big_tile = b->tc_tile;
     if (norm.x) {
         a.x = norm.x, a.nw = norm.w, a.eps = norm.eps, a.w_off = norm.w_off, a.xn = norm.out;
         shadow_written(b, norm.out, (size_t)m * W->in * sizeof(float));
@@ -2570,6 +2571,8 @@ static int create(int n_threads, rd_backend **out)
     b->attn_fuse = !(af && !strcmp(af, "0"));
     const char *br = env("RD_CUDA_TC_BIG_ROWS");
     b->tc_big_rows = br ? atoi(br) : 128;
+    const char *tt = env("RD_CUDA_TC_TILE");
+    b->tc_tile = tt && !strcmp(tt, "128") ? 128 : 64;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

@@ -635,20 +635,22 @@ static void gemm_tc_mw(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, 
 
 // ------------------------------------------------------------------ many rows
 //
-// From a.big_rows rows on, one CTA computes a 64 x 64 tile over the whole of
-// K, staging 32-weight chunks of x (as bf16 hi and lo) and W in shared memory
-// (double-buffered, the next chunk's global loads in flight while the current
-// one is multiplied), so W is read once per 64 rows and x once per 64
-// columns. The arithmetic is the plan's, unchanged: each warp keeps a
+// From a.big_rows rows on, one CTA computes a square tile over the whole of
+// K: WS x WS warps of 32 x 32 outputs each, 64 x 64 (WS 2, 128 threads) or
+// 128 x 128 (WS 4, 512 threads; RD_CUDA_TC_TILE=128), staging 32-weight
+// chunks of x (as bf16 hi and lo) and W in shared memory (double-buffered,
+// the next chunk's global loads in flight while the current one is
+// multiplied), so W is read once per 32 WS rows and x once per 32 WS
+// columns: the 128 tile does half the 64 tile's L2 traffic per FLOP. The LM
+// head's three pieces take the 64 tile (the 128 tile's staging would pass 48
+// KB of shared memory). The arithmetic is the plan's, unchanged: each warp keeps a
 // sub-piece's chain from zero in pc and folds it into tot left to right at
 // the sub-piece's end, the value the other kernel's shared-memory or
 // partial-sum fold gives; the mma order within a chunk and the permutation of
 // k are those of tc_chunk. Gated epilogues: a warp's n8 tiles 0-1 are 16
 // gate rows and tiles 2-3 the matching up rows.
 
-#define TCB_BM 64
-#define TCB_BN 64
-#define TCB_THREADS 128
+#define TCB_THREADS(WS) (32 * (WS) * (WS))
 
 // The weight row staged at shared row rr of column tile n0 (a.out: none).
 template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
@@ -681,33 +683,34 @@ RD_UNROLL
         }
 }
 
-template <int NP, bool FP8, int EPI>
-__global__ void __launch_bounds__(TCB_THREADS) k_gemm_tc_big(tc_args a)
+template <int WS, int NP, bool FP8, int EPI>
+__global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big(tc_args a)
 {
     RD_PDL_ENTRY();
+    constexpr int BT = 32 * WS, NS = 4 / WS; // tile side; 8-value pieces each thread stages per operand
     // A row's 32 weights (or x values) as 4 uint4 of 8 bf16: uint4 t is what lane t of a fragment reads.
-    __shared__ uint4 xp[NP][2][TCB_BM][4]; // x's pieces (tc_piece)
-    __shared__ uint4 ws[2][TCB_BN][4];
+    __shared__ uint4 xp[NP][2][BT][4]; // x's pieces (tc_piece)
+    __shared__ uint4 ws[2][BT][4];
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int wm = warp / 2, wn = warp % 2; // the warp's 32 x 32 tile
-    const int32_t r0 = (int32_t)blockIdx.y * TCB_BM, n0 = (int32_t)blockIdx.x * TCB_BN;
+    const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
+    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
 
-    // Staging: thread tid moves the 8-value pieces tid and tid + 128 (row / 4, piece % 4) of x and of W.
-    float xr[2][8];
-    uint32_t wr[2][4];
+    // Staging: thread tid moves the 8-value pieces tid + i x threads (row / 4, piece % 4) of x and of W.
+    float xr[NS][8];
+    uint32_t wr[NS][4];
     auto gload = [&](int32_t c) {
 RD_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
             tc_load_w<FP8>(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
         }
     };
     auto sstore = [&](int buf) {
 RD_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             const float *v = xr[i];
 RD_UNROLL
             for (int p = 0; p < NP; p++)
@@ -788,33 +791,34 @@ RD_UNROLL
 // with x staged as E4M3 codes and a scale per (row, chunk), quantized by the
 // quad of threads that loads a row's 32 values (tc_q8_quad), and W as codes
 // and scales; the chunk arithmetic is tc_chunk_q8's.
-template <int EPI>
-__global__ void __launch_bounds__(TCB_THREADS) k_gemm_tc_big_q8(tc_args a)
+template <int WS, int EPI>
+__global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big_q8(tc_args a)
 {
     RD_PDL_ENTRY();
-    __shared__ uint2 xq[2][TCB_BM][4]; // a row's 32 codes: uint2 t is what lane t of a fragment reads
-    __shared__ uint2 wq[2][TCB_BN][4];
-    __shared__ float xs[2][TCB_BM], wsc[2][TCB_BN];
+    constexpr int BT = 32 * WS, NS = 4 / WS;
+    __shared__ uint2 xq[2][BT][4]; // a row's 32 codes: uint2 t is what lane t of a fragment reads
+    __shared__ uint2 wq[2][BT][4];
+    __shared__ float xs[2][BT], wsc[2][BT];
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int wm = warp / 2, wn = warp % 2;
-    const int32_t r0 = (int32_t)blockIdx.y * TCB_BM, n0 = (int32_t)blockIdx.x * TCB_BN;
+    const int wm = warp / WS, wn = warp % WS;
+    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
 
-    // thread tid moves segment tid % 4 of rows tid / 4 and tid / 4 + 32: a row's quad is 4 neighbouring lanes
-    float xr[2][8];
-    uint32_t wr[2][4];
+    // thread tid moves segment tid % 4 of rows (tid + i x threads) / 4: a row's quad is 4 neighbouring lanes
+    float xr[NS][8];
+    uint32_t wr[NS][4];
     auto gload = [&](int32_t c) {
 RD_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
             tc_load_w8(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
         }
     };
     auto sstore = [&](int buf) {
 RD_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int idx = tid + TCB_THREADS * i, rr = idx / 4, seg = idx % 4;
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             uint32_t cq[2];
             float sa;
             tc_q8_quad(xr[i], cq, sa);
@@ -881,32 +885,49 @@ RD_UNROLL
     tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
 }
 
-template <int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
+template <int WS, int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
 {
     if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_big<NP, FP8, TC_SWIGLU>;
-        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS(WS)), 0, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_big<NP, FP8, TC_GEGLU>;
-        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS(WS)), 0, s, a);
     } else {
-        auto kern = k_gemm_tc_big<NP, FP8, TC_PLAIN>;
-        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS(WS)), 0, s, a);
     }
 }
 
-static void gemm_tc_big_q8(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
+template <int WS> static void gemm_tc_big_q8(cudaStream_t s, const tc_args &a, dim3 grid, int epi)
 {
     if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_big_q8<TC_SWIGLU>;
-        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        auto kern = k_gemm_tc_big_q8<WS, TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS(WS)), 0, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_big_q8<TC_GEGLU>;
-        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        auto kern = k_gemm_tc_big_q8<WS, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS(WS)), 0, s, a);
     } else {
-        auto kern = k_gemm_tc_big_q8<TC_PLAIN>;
-        RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
+        auto kern = k_gemm_tc_big_q8<WS, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, dim3(TCB_THREADS(WS)), 0, s, a);
     }
+}
+
+// The tile kernels with WS warps per side (pieces 3: WS 2 always).
+template <int WS> static void gemm_tc_big_ws(cudaStream_t s, const tc_args &a, int pieces, bool fp8, int epi)
+{
+    constexpr int BT = 32 * WS;
+    const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT));
+    if (pieces == TC_Q8)
+        gemm_tc_big_q8<WS>(s, a, grid, epi);
+    else if (pieces == 2 && fp8)
+        gemm_tc_big<WS, 2, true>(s, a, grid, epi);
+    else if (pieces == 2)
+        gemm_tc_big<WS, 2, false>(s, a, grid, epi);
+    else if (fp8)
+        gemm_tc_big<WS, 1, true>(s, a, grid, epi);
+    else
+        gemm_tc_big<WS, 1, false>(s, a, grid, epi);
 }
 
 static bool use_big(const tc_args &a) { return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads; }
@@ -932,20 +953,14 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
     a.xvec = (uintptr_t)a.x % 16 == 0;
     const bool fp8 = a.w == nullptr;
     if (use_big(a)) {
-        const dim3 grid((unsigned)((a.out + TCB_BN - 1) / TCB_BN), (unsigned)((a.m + TCB_BM - 1) / TCB_BM));
         if (pieces == 3) {
-            auto kern = k_gemm_tc_big<3, false, TC_PLAIN>;
-            RD_LAUNCH(kern, grid, dim3(TCB_THREADS), 0, s, a);
-        } else if (pieces == TC_Q8) {
-            gemm_tc_big_q8(s, a, grid, epi);
-        } else if (pieces == 2 && fp8) {
-            gemm_tc_big<2, true>(s, a, grid, epi);
-        } else if (pieces == 2) {
-            gemm_tc_big<2, false>(s, a, grid, epi);
-        } else if (fp8) {
-            gemm_tc_big<1, true>(s, a, grid, epi);
+            const dim3 grid((unsigned)((a.out + 63) / 64), (unsigned)((a.m + 63) / 64));
+            auto kern = k_gemm_tc_big<2, 3, false, TC_PLAIN>;
+            RD_LAUNCH(kern, grid, dim3(TCB_THREADS(2)), 0, s, a);
+        } else if (a.big_tile == 128) {
+            gemm_tc_big_ws<4>(s, a, pieces, fp8, epi);
         } else {
-            gemm_tc_big<1, false>(s, a, grid, epi);
+            gemm_tc_big_ws<2>(s, a, pieces, fp8, epi);
         }
         return;
     }

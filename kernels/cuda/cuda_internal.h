@@ -160,7 +160,8 @@ struct tc_args {
         const float *cos_sin;
         kv_out kv;              // kv.kc NULL: no cache write; else K heads (the last kv.n_kv rotated) and V after them
     } rope;
-    int32_t big_rows;           // from this many rows on (and without nw), the 64 x 64 tile kernel (0: never)
+    int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
+    int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
 };

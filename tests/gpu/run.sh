@@ -294,10 +294,11 @@ if [ "$DRY" = 0 ]; then
   RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_q8,test_attention_combine_fused,test_runner_tc \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
-  # any variant's m-row results differ from its rows computed alone. tcsmall: the tc kernel without its 64 x 64
-  # tile kernel (RD_CUDA_TC_BIG_ROWS=0), to price the tile kernel at 128 rows and up.
-  run gemm-1b 120 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
-    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,bf16act,tcbf16,mixed,fp8,fp8tc,w8a8 --bw "$BW" \
+  # any variant's m-row results differ from its rows computed alone. tc+RD_CUDA_TC_BIG_ROWS=0: the tc kernel
+  # without its tile kernel, to price the tile kernel at 128 rows and up; +RD_CUDA_TC_TILE=128: the 128 x 128
+  # tile against the 64 x 64 one (batch 256's >= 50%-of-peak target).
+  run gemm-1b 150 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
+    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128 --bw "$BW" \
     --json "$LOGS/gemm-1b.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true

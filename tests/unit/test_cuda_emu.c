@@ -993,6 +993,15 @@ static void test_gemm_tc(void)
         if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 0);
         if (!test_case_failed) tc_gated_case(big, nofuse, 37, 96, 30, 1);
         if (!test_case_failed) tc_fp8_case(big8, tc, 83, 160, 33);
+        /* the 128 x 128 tile (RD_CUDA_TC_TILE=128: 16 warps, one staged piece each per operand) */
+        setenv("RD_CUDA_TC_TILE", "128", 1);
+        rd_backend *b128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_TC_TILE");
+        CHECK(b128 != NULL, "cannot create the 128-tile backend");
+        if (!test_case_failed) tc_case(b128, 1, 300, 512, 40);  /* 3 column tiles, the last partial */
+        if (!test_case_failed) tc_case(b128, 1, 100, 96, 130);  /* 2 row tiles; q = 1 */
+        if (!test_case_failed) tc_gated_case(b128, nofuse, 150, 512, 40, 0);
+        if (b128) rd_backend_destroy(b128);
         if (big) rd_backend_destroy(big);
         if (big8) rd_backend_destroy(big8);
         if (nofuse) rd_backend_destroy(nofuse);
@@ -1021,6 +1030,17 @@ static void test_gemm_tc_q8(void)
     if (!test_case_failed) tc_q8_case(q8, 100, 96, 3);     /* q = 1 */
     if (!test_case_failed) tc_q8_case(big, 300, 512, 40);  /* the tile kernel */
     if (!test_case_failed) tc_q8_pair_case(q8, big, 83, 160, 33);
+    {
+        setenv("RD_CUDA_FP8", "w8a8", 1);
+        setenv("RD_CUDA_TC_TILE", "128", 1);
+        rd_backend *b128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_TC_TILE");
+        unsetenv("RD_CUDA_FP8");
+        CHECK(b128 != NULL, "cannot create the w8a8 128-tile backend");
+        if (!test_case_failed) tc_q8_case(b128, 300, 512, 40);
+        if (!test_case_failed) tc_q8_pair_case(q8, b128, 150, 256, 140);
+        if (b128) rd_backend_destroy(b128);
+    }
     tc_fp8_w = 1;
     if (!test_case_failed) tc_gated_case(q8, nofuse, 12, 1024, 5, 0);
     if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 1);
