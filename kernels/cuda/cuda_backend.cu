@@ -278,7 +278,7 @@ struct cuda_be {
     void *ws, *ws_aux;
 #endif
     // mixture of experts: moe_ffn's scratch (grown outside capture) and its tables
-    int32_t *moe_idx;           // [n_experts + 1] offsets, then [m k] route order
+    int32_t *moe_idx;           // [n_experts + 1] offsets, [m k] route order, [n_experts] routed experts
     size_t moe_idx_cap;         // bytes
     float *moe_act, *moe_h;     // [m k][ffn], [m k][dim]
     size_t moe_act_cap, moe_h_cap;
@@ -1700,7 +1700,7 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     if (!t)
         return;
     const size_t routes = (size_t)m * k;
-    if (!grow(b, (void **)&b->moe_idx, &b->moe_idx_cap, ((size_t)E + 1 + routes) * sizeof(int32_t),
+    if (!grow(b, (void **)&b->moe_idx, &b->moe_idx_cap, ((size_t)2 * E + 1 + routes) * sizeof(int32_t),
               "the MoE route order") ||
         !grow(b, (void **)&b->moe_act, &b->moe_act_cap, routes * f * sizeof(float), "the MoE expert activations") ||
         !grow(b, (void **)&b->moe_h, &b->moe_h_cap, routes * d * sizeof(float), "the MoE expert outputs"))
@@ -1720,6 +1720,7 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     a.y = y;
     a.off = b->moe_idx;
     a.order = b->moe_idx + E + 1;
+    a.active = b->moe_idx + E + 1 + routes;
     a.act = b->moe_act;
     a.h = b->moe_h;
     launch_moe_ffn(b->st, a);

@@ -211,11 +211,13 @@ struct moe_args {
     float *y;                   // [m][dim], += the weighted sum of the routes
     int32_t *off;               // scratch [n_experts + 1]: expert e's routes are order[off[e] .. off[e + 1])
     int32_t *order;             // scratch [m k]: route indices grouped by expert, rows ascending
+    int32_t *active;            // scratch [n_experts]: the experts with routes, ascending, then -1s
     float *act;                 // scratch [m k][ffn]: swiglu(gate_up . x), by place in order
     float *h;                   // scratch [m k][dim]: each route's expert output, by route
 };
 // Sorts the routes by expert, then runs the gate|up and down products of
-// all experts (one kernel each, a block per expert and output tile), then
+// the routed experts (one kernel each, a block per routed expert and output
+// tile: min(n_experts, m k) expert slots, so batch 1 launches k), then
 // y += sum_j w_j h_j per row. See cuda_moe.cu for the reduction orders.
 void launch_moe_ffn(cudaStream_t s, const moe_args &a);
 

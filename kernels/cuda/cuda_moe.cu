@@ -10,11 +10,14 @@
 // moe_ffn, four kernels, none of which depends on the host knowing the ids
 // (so the whole op records into a CUDA graph):
 //   1. k_moe_sort: a counting sort of the m*k routes by expert, in one block
-//      (thread e counts and then places expert e's routes, in route order).
-//   2. k_moe_gate_up: grid (ffn tile, expert); each block loops over its
-//      expert's routes, RT rows per pass, and writes swiglu(gate . x, up . x)
-//      for its features. An expert's weights come from DRAM once per call
-//      (later passes of a block hit the caches).
+//      (thread e counts and then places expert e's routes, in route order),
+//      and the list of the experts that have routes, ascending.
+//   2. k_moe_gate_up: grid (ffn tile, expert slot): slot j serves the j-th
+//      routed expert (min(n_experts, m*k) slots, so a batch-1 call of top-8
+//      launches 8 columns of blocks, not one per expert of 128); each block
+//      loops over its expert's routes, RT rows per pass, and writes
+//      swiglu(gate . x, up . x) for its features. An expert's weights come
+//      from DRAM once per call (later passes of a block hit the caches).
 //   3. k_moe_down: the same over dim tiles: h[route] = down . act.
 //   4. k_moe_combine: y[i] += fmaf over j of w_j h_j, j = 0..k-1 from 0.
 //
@@ -154,7 +157,8 @@ void launch_moe_set_table(cudaStream_t s, const uint16_t **table, const uint16_t
 // routes twice: to count expert e's, then (after the prefix sum) to place
 // them in route order. Each thread reads every id (the same address across
 // the warp: one broadcast load); m * k is at most a few thousand in decode.
-__global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_t *off, int32_t *order)
+__global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_t *off, int32_t *order,
+                           int32_t *active)
 {
     RD_PDL_ENTRY();
     __shared__ int32_t s_off[RD_MOE_MAX_EXPERTS + 1];
@@ -168,8 +172,14 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_
     __syncthreads();
     if (e == 0) {
         s_off[0] = 0;
-        for (int32_t x = 0; x < E; x++)
+        int32_t na = 0;
+        for (int32_t x = 0; x < E; x++) {
+            if (s_off[x + 1] > 0)
+                active[na++] = x;
             s_off[x + 1] += s_off[x];
+        }
+        for (; na < E; na++)
+            active[na] = -1;
     }
     __syncthreads();
     for (int32_t x = e; x <= E; x += blockDim.x)
@@ -253,7 +263,9 @@ template <bool VEC>
 __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_gate_up(moe_args a)
 {
     RD_PDL_ENTRY();
-    const int32_t e = blockIdx.y;
+    const int32_t e = a.active[blockIdx.y];
+    if (e < 0)
+        return; // the whole block: fewer experts routed than slots
     const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t o0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
@@ -299,7 +311,9 @@ template <bool VEC>
 __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
 {
     RD_PDL_ENTRY();
-    const int32_t e = blockIdx.y;
+    const int32_t e = a.active[blockIdx.y];
+    if (e < 0)
+        return; // the whole block
     const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t c0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
@@ -359,12 +373,14 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
         return;
     const int32_t routes = a.m * a.k;
     const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
-    RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.n_experts, a.off, a.order);
+    RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.n_experts, a.off, a.order, a.active);
     const int per_block = MOE_WARPS * MOE_GO;
     // x rows are 16-byte aligned when x is and dim % 8 == 0; act's rows when ffn % 8 == 0.
     const bool vec_gu = a.w_aligned && a.dim % 8 == 0 && (uintptr_t)a.x % 16 == 0;
     const bool vec_down = a.w_aligned && a.ffn % 8 == 0 && (uintptr_t)a.act % 16 == 0;
-    const dim3 g_gu(blocks_for(a.ffn, per_block), a.n_experts), g_down(blocks_for(a.dim, per_block), a.n_experts);
+    // expert slots: no more than the routes can reach (the grid depends on m, never on the ids)
+    const unsigned slots = (unsigned)(routes < a.n_experts ? routes : a.n_experts);
+    const dim3 g_gu(blocks_for(a.ffn, per_block), slots), g_down(blocks_for(a.dim, per_block), slots);
     if (vec_gu)
         RD_LAUNCH(k_moe_gate_up<true>, g_gu, dim3(32 * MOE_WARPS), 0, s, a);
     else
