@@ -79,9 +79,10 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 KERNEL_OPT ?=
 $(BUILD)/obj/kernels/cpu/%.o: CFLAGS += $(KERNEL_OPT)
 
+# -MMD -MP: the kernels' headers (cuda_gemm_tc.cuh holds the GEMM's templates) rebuild what includes them.
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/emu/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

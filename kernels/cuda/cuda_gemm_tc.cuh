@@ -1,0 +1,950 @@
+// cuda_gemm_tc.cuh - the linear layers' GEMM on tensor cores, one kernel for
+// every batch size (RD_CUDA_GEMM=tc for bf16 weights, RD_CUDA_FP8=tc for FP8,
+// RD_CUDA_FP8=w8a8 for FP8 weights times E4M3 activations): the kernels, as
+// templates. Each weight format instantiates its own in its own file, so
+// nvcc compiles them in parallel: cuda_gemm_tc.cu (bf16 weights, the LM
+// head, and launch_gemm_tc, which picks the file), cuda_gemm_tc_fp8.cu (FP8
+// weights decoded to bf16), cuda_gemm_tc_q8.cu (W8A8).
+//
+// Why its own kernel: cuBLASLt, asked for no split-K (batch invariance), runs
+// a batch-1 GEMM on a few CTAs (the 1B's down projection on 32 of 132 SMs,
+// docs/PERF.md 2026-12-04) and reads the activations as a two-piece bf16 copy
+// that a kernel before it writes. Here the fp32 activations are read as they
+// are and split into hi = bf16(x) and lo = bf16(x - hi) in registers, the K
+// dimension is cut by a plan that depends on the shape alone
+// (cuplan_gemm_tc), and the sub-pieces' sums meet in a fixed order, so a
+// batch-1 call fills the GPU and a row's bits never depend on the batch.
+//
+// Arithmetic of one output (row r, column n), for sub-piece i of q: a chain of
+// mma.sync m16n8k16 steps (bf16 x bf16 products, fp32 accumulation) from zero
+// over its 32-weight chunks in increasing k, each chunk two k-steps, each
+// step the hi product then (split activations) the lo product (the LM head:
+// hi, mid and lo, x exactly; tc_piece). The q sums are
+// then added left to right. The hardware computes each row of an mma from
+// that row's inputs alone, so neither the other rows nor the tiling changes
+// a bit; the m16 tile count per warp (cuplan_tc_mw) is schedule only.
+//
+// Within a 32-weight chunk, the mma's logical k positions are a fixed
+// permutation of the weights (both A and B use it): lane (g, t) of an n8 tile
+// reads the 8 contiguous weights [8t, 8t + 8) of row g with one 16-byte load,
+// k-step s taking [8t + 4s, 8t + 4s + 4) as the fragment's logical k
+// {2t, 2t + 1, 2t + 8, 2t + 9}. That keeps the weight reads 16 bytes wide.
+//
+// Gated FFNs (TC_SWIGLU, TC_GEGLU): a gate|up weight's GEMM can end in the
+// SwiGLU or GeGLU that reads it (the backend defers the GEMM to see whether
+// that op comes next). A CTA then takes the gate rows [f0, f0 + 8) as its
+// first n8 tile and the up rows [F + f0, F + f0 + 8) as its second, so each
+// finished (gate, up) pair meets in one thread, which writes k_swiglu's
+// (k_geglu's) expression of them to out [m][F]; gate|up is never stored.
+// Columns only move between CTAs, so every sum is the unfused kernel's.
+//
+// RoPE as the epilogue (TC_ROPE): a q|k|v GEMM's CTA takes element j of a
+// head and element j + head_dim / 2 as its two n8 tiles, so the pair RoPE
+// rotates meets in one thread, which writes k_rope's expression of it and the
+// K and V cache entries k_kv_write writes (tc_col, tc_store2).
+//
+// RMSNorm as the prologue (a.nw): for a few rows (the backend decides how
+// few) the RMSNorm whose output is this GEMM's input is computed by every
+// CTA for its own rows, reading the residual stream: each row's sum of
+// squares in k_rmsnorm's order (RMS_THREADS virtual threads, a warp taking
+// lane l of all 8 virtual warps: the same butterflies and fold), and x
+// normalized with rms_apply as it is loaded. The CTAs of column tile 0 and
+// K-slice 0 also write the normalized rows, the unfused op's output, for
+// whatever else reads it (LoRA, MoE experts). Bits are those of k_rmsnorm
+// then the GEMM.
+//
+// FP8 weights: the codes are decoded as k_gemm_fp8 decodes them (the code's
+// value times its block's power of two, exact) and rounded to bf16, which
+// holds them exactly unless the block scale pushes them below bf16's normal
+// range (2^-126; no real weight block).
+#ifndef RD_CUDA_GEMM_TC_CUH
+#define RD_CUDA_GEMM_TC_CUH
+
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_fp8_decode.cuh"
+
+namespace RD_NS {
+
+
+RD_DEV uint32_t tc_pack(float lo16, float hi16)
+{
+    return (uint32_t)cm_f32_to_bf16(lo16) | (uint32_t)cm_f32_to_bf16(hi16) << 16;
+}
+
+// Piece p of v before its rounding to bf16: p 0 is v (hi = bf16(v)); p 1 is
+// v - hi (the split's lo, as store_bf writes it; the LM head's mid); p 2 is
+// what is left after mid (the LM head's lo, as k_to_bf16x3 writes it). The
+// subtractions are exact, so hi + mid + lo = v for a normal float.
+RD_DEV float tc_piece(float v, int p)
+{
+    if (p == 0)
+        return v;
+    const float r = RD_FSUB(v, cm_bf16_to_f32(cm_f32_to_bf16(v)));
+    return p == 1 ? r : RD_FSUB(r, cm_bf16_to_f32(cm_f32_to_bf16(r)));
+}
+
+// One warp's d += A B for an m16n8k16 tile (fragment layouts in cuemu.h).
+RD_DEV void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#ifdef RD_CUDA_EMU
+    const uint32_t b[2] = {b0, b1};
+    cuemu_mma_bf16_16816(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Weights [8t, 8t + 8) of chunk c of row n as four bf16 pairs (zeros past
+// the last row).
+template <bool FP8> RD_DEV void tc_load_w(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    if (n >= a.out) {
+        u[0] = u[1] = u[2] = u[3] = 0;
+        return;
+    }
+    if (!FP8) {
+        const uint4 v = *(const uint4 *)(a.w + (int64_t)n * a.in + c + 8 * t);
+        u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
+        return;
+    }
+    const uint2 v = *(const uint2 *)(a.f8 + (int64_t)n * a.in + c + 8 * t);
+    const float s = cm_fp8_scale(a.f8s[(int64_t)n * (a.in / 32) + c / 32]);
+    float f[8];
+    fp8_decode4(v.x, s, f);
+    fp8_decode4(v.y, s, f + 4);
+RD_UNROLL
+    for (int i = 0; i < 4; i++)
+        u[i] = tc_pack(f[2 * i], f[2 * i + 1]);
+}
+
+// x[r][c + 8t .. c + 8t + 8) (zeros past the last row); with a.nw, normalized by inv.
+RD_DEV void tc_load_x(const tc_args &a, int32_t r, int32_t c, int t, float inv, float (&f)[8])
+{
+    if (r >= a.m) {
+RD_UNROLL
+        for (int e = 0; e < 8; e++)
+            f[e] = 0.0f;
+        return;
+    }
+    const float *p = a.x + (int64_t)r * a.in + c + 8 * t;
+    if (a.xvec) {
+        load_f32x8(p, f);
+    } else {
+RD_UNROLL
+        for (int e = 0; e < 8; e++)
+            f[e] = p[e];
+    }
+    if (a.nw) {
+RD_UNROLL
+        for (int e = 0; e < 8; e++)
+            f[e] = rms_apply(f[e], inv, a.nw[c + 8 * t + e], a.w_off);
+    }
+}
+
+// The RMSNorm factor of row r (a.nw set; one whole warp calls it): k_rmsnorm's
+// sum of squares with lane l standing for virtual thread 32 v + l of each
+// virtual warp v.
+RD_DEV float tc_row_inv(const tc_args &a, int32_t r, int lane)
+{
+    const float *xr = a.x + (int64_t)r * a.in;
+    double v[RMS_THREADS / 32];
+RD_UNROLL
+    for (int w = 0; w < RMS_THREADS / 32; w++) {
+        v[w] = 0.0;
+        for (int32_t j = 32 * w + lane; j < a.in; j += RMS_THREADS)
+            v[w] = rms_acc(v[w], xr[j]);
+        v[w] = warp_allreduce(v[w], op_add());
+    }
+    double ss = v[0];
+RD_UNROLL
+    for (int w = 1; w < RMS_THREADS / 32; w++)
+        ss = ss + v[w];
+    return rms_inv(ss, a.in, a.eps);
+}
+
+// A's fragment of k-step s from rows g (xa) and g + 8 (xb), piece p.
+RD_DEV void tc_frag_a(const float (&xa)[8], const float (&xb)[8], int s, int p, uint32_t (&f)[4])
+{
+    float v[8];
+RD_UNROLL
+    for (int e = 0; e < 4; e++) {
+        v[e] = tc_piece(xa[4 * s + e], p);
+        v[4 + e] = tc_piece(xb[4 * s + e], p);
+    }
+    f[0] = tc_pack(v[0], v[1]);             // row g, logical k 2t, 2t + 1
+    f[1] = tc_pack(v[4], v[5]);             // row g + 8
+    f[2] = tc_pack(v[2], v[3]);             // row g, logical k 2t + 8, 2t + 9
+    f[3] = tc_pack(v[6], v[7]);             // row g + 8
+}
+
+// One 32-weight chunk at c into the accumulators of MW m16 tiles x 2 n8 tiles.
+template <int MW, int NP>
+RD_DEV void tc_chunk(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                     const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++) {
+        float xa[8], xb[8];
+        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
+RD_UNROLL
+        for (int s = 0; s < 2; s++) {
+            uint32_t fr[NP][4];
+RD_UNROLL
+            for (int p = 0; p < NP; p++)
+                tc_frag_a(xa, xb, s, p, fr[p]);
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    tc_mma(acc[mt][j], fr[p], w[j][2 * s], w[j][2 * s + 1]);
+        }
+    }
+}
+
+RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
+{
+    if (r >= a.m || n >= a.out)
+        return;
+    if (a.bias) // k_add_bias's sum, on the rounded output (acc is 0 then)
+        v = RD_FADD(v, a.bias[n]);
+    float *dst = a.y + (int64_t)r * a.out + n;
+    *dst = a.acc ? RD_FADD(*dst, v) : v;
+}
+
+// A gated FFN's output for feature f of row r from its finished gate and up.
+template <int EPI> RD_DEV void tc_store_glu(const tc_args &a, int32_t r, int32_t f, float g, float u)
+{
+    if (r >= a.m || f >= a.out / 2)
+        return;
+    a.y[(int64_t)r * (a.out / 2) + f] =
+        EPI == TC_SWIGLU ? RD_FMUL(RD_FDIV(g, RD_FADD(1.0f, expf(-g))), u) : cm_geglu(g, u);
+}
+
+// A CTA's columns come in 8 pairs (c, column of n8 tile 0, column of n8
+// tile 1), and each pair meets in one thread at the end:
+//   TC_PLAIN: columns n0 + c and n0 + 8 + c;
+//   TC_SWIGLU / TC_GEGLU: gate f0 + c and up F + f0 + c of feature f0 + c (f0 = 8 x the tile);
+//   TC_ROPE: in the first rope_heads heads, element j of a head and j + head_dim / 2, the
+//   pair RoPE rotates (a head takes head_dim / 16 tiles); past them (V), as TC_PLAIN.
+// a.out: no column.
+template <int EPI> RD_DEV int32_t tc_col(const tc_args &a, int32_t tile, int j, int c)
+{
+    if (EPI == TC_SWIGLU || EPI == TC_GEGLU) {
+        const int32_t F = a.out / 2, f = 8 * tile + c;
+        return f < F ? j * F + f : a.out;
+    }
+    if (EPI == TC_ROPE) {
+        const int32_t per_head = a.rope.head_dim / 16, rot_tiles = a.rope.heads * per_head;
+        if (tile < rot_tiles) {
+            const int32_t h = tile / per_head, e = 8 * (tile % per_head) + c;
+            return h * a.rope.head_dim + e + j * (a.rope.head_dim / 2);
+        }
+        const int32_t n = a.rope.heads * a.rope.head_dim + 16 * (tile - rot_tiles) + 8 * j + c;
+        return n < a.out ? n : a.out;
+    }
+    const int32_t n = 16 * tile + 8 * j + c;
+    return n < a.out ? n : a.out;
+}
+
+// Pair c of row r finished (v0: n8 tile 0's column, v1: tile 1's): the epilogue.
+template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t tile, int c, float v0, float v1)
+{
+    if (r >= a.m)
+        return;
+    if (EPI == TC_SWIGLU || EPI == TC_GEGLU) {
+        tc_store_glu<EPI>(a, r, 8 * tile + c, v0, v1);
+        return;
+    }
+    const int32_t c0 = tc_col<EPI>(a, tile, 0, c), c1 = tc_col<EPI>(a, tile, 1, c);
+    if (EPI == TC_ROPE) {
+        const int32_t hd = a.rope.head_dim, half = hd / 2, slot = a.rope.kv.kc ? a.rope.kv.slots[r] : -1;
+        float *y = a.y + (int64_t)r * a.out;
+        if (a.bias) { // Qwen2's q|k|v bias first, as k_add_bias adds it
+            v0 = c0 < a.out ? RD_FADD(v0, a.bias[c0]) : v0;
+            v1 = c1 < a.out ? RD_FADD(v1, a.bias[c1]) : v1;
+        }
+        if (c0 < a.rope.heads * hd) { // k_rope's expression on the finished pair
+            const int32_t h = c0 / hd, e = c0 % hd;
+            const float *cs = a.rope.cos_sin + (int64_t)a.rope.positions[r] * half * 2;
+            const float cc = cs[2 * e], sn = cs[2 * e + 1];
+            const float ra = RD_FSUB(RD_FMUL(v0, cc), RD_FMUL(v1, sn));
+            const float rb = RD_FADD(RD_FMUL(v1, cc), RD_FMUL(v0, sn));
+            y[c0] = ra;
+            y[c1] = rb;
+            const int32_t kh = h - (a.rope.heads - a.rope.kv.n_kv);
+            if (slot >= 0 && kh >= 0) {
+                a.rope.kv.kc[kv_dst(a.rope.kv, slot, kh, e, hd)] = cm_f32_to_bf16(ra);
+                a.rope.kv.kc[kv_dst(a.rope.kv, slot, kh, e + half, hd)] = cm_f32_to_bf16(rb);
+            }
+            return;
+        }
+        const int32_t cs2[2] = {c0, c1};
+        const float vs[2] = {v0, v1};
+        for (int j = 0; j < 2; j++) {
+            if (cs2[j] >= a.out)
+                continue;
+            y[cs2[j]] = vs[j];
+            if (slot >= 0) {
+                const int32_t vc = cs2[j] - a.rope.heads * hd;
+                a.rope.kv.vc[kv_dst(a.rope.kv, slot, vc / hd, vc % hd, hd)] = cm_f32_to_bf16(vs[j]);
+            }
+        }
+        return;
+    }
+    tc_store(a, r, c0, v0);
+    tc_store(a, r, c1, v1);
+}
+
+// ------------------------------------------------------------------ W8A8
+//
+// RD_CUDA_FP8=w8a8 (pieces TC_Q8): FP8 weights times activations quantized
+// to E4M3 as the kernel loads them, on the FP8 tensor cores (mma.sync
+// m16n8k32 e4m3: one instruction per 32-weight chunk and n8 tile, against
+// two k-steps times the pieces of the bf16 path). A row's 32 values of a
+// chunk share a power-of-two scale 2^ea, the least with max|x| <= 448 x 2^ea
+// (quant_fp8.h's block rule; ea in [-117, 120]), so no value saturates and
+// the scale is exact; codes = E4M3(x x 2^-ea), nearest even. A chunk's mma
+// runs from zero on codes alone and its sum d becomes (d x 2^ea) x 2^ew (the
+// weight block's scale), both exact products, added to the sub-piece's sum
+// in chunk order; sub-pieces meet as in the bf16 path. Every value a row's
+// output depends on comes from that row, so batch invariance holds. A
+// non-finite x makes its block's scale NaN, and its outputs NaN.
+//
+// Fragments: lane (g, t) holds codes [8t, 8t + 8) of a chunk's row (one
+// 8-byte load of the weights); the first four are the mma's k 4t..4t + 3,
+// the last four k 4t + 16..4t + 19, for A and B alike.
+
+// One warp's d = A B + d for an m16n8k32 tile of E4M3 codes (layouts in cuemu.h).
+RD_DEV void tc_mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#ifdef RD_CUDA_EMU
+    const uint32_t b[2] = {b0, b1};
+    cuemu_mma_e4m3_16832(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)d, (void)a, (void)b0, (void)b1;
+    __trap(); // the build targets sm_90: never reached
+#endif
+}
+
+// The scale exponent ea of a block from the bits of its max |x|, as 2^ea
+// (NaN for a non-finite block), and 2^-ea.
+RD_DEV void tc_q8_scale(uint32_t amax_bits, float &s, float &inv)
+{
+    if (amax_bits >= 0x7f800000u) {
+        s = cm_u2f(0x7fc00000u), inv = 1.0f;
+        return;
+    }
+    int e = amax_bits ? (int)(amax_bits >> 23) - 135 + ((amax_bits & 0x7fffffu) > 0x600000u) : 0;
+    e = e < -117 ? -117 : e > 120 ? 120 : e;
+    s = cm_u2f((uint32_t)(e + 127) << 23), inv = cm_u2f((uint32_t)(127 - e) << 23);
+}
+
+// Four E4M3 codes of v[0..3] x inv (exact), nearest even, v[0] in the low byte.
+RD_DEV uint32_t tc_q8_codes4(const float *v, float inv)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // cvt.rn.satfinite.e4m3x2.f32: nearest even, as cm_fp8_from_f32 (no value here reaches 448's saturation)
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(RD_FMUL(v[0], inv), RD_FMUL(v[1], inv)), __NV_SATFINITE,
+                                                  __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(RD_FMUL(v[2], inv), RD_FMUL(v[3], inv)), __NV_SATFINITE,
+                                                  __NV_E4M3);
+    return (lo & 0xffffu) | hi << 16;
+#else
+    uint32_t u = 0;
+RD_UNROLL
+    for (int i = 0; i < 4; i++)
+        u |= (uint32_t)cm_fp8_from_f32(RD_FMUL(v[i], inv)) << (8 * i);
+    return u;
+#endif
+}
+
+// Quantizes a lane's 8 values of a chunk's row; the 4 lanes of a quad hold
+// the row's 32 (all lanes of the warp call it). Codes c[0] (values 0-3), c[1]
+// (4-7); s = the block's scale 2^ea.
+RD_DEV void tc_q8_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
+{
+    uint32_t m = 0;
+RD_UNROLL
+    for (int e = 0; e < 8; e++) {
+        const uint32_t b = cm_f2u(v[e]) & 0x7fffffffu;
+        m = b > m ? b : m;
+    }
+    uint32_t o = __shfl_xor_sync(0xffffffffu, m, 1);
+    m = o > m ? o : m;
+    o = __shfl_xor_sync(0xffffffffu, m, 2);
+    m = o > m ? o : m;
+    float inv;
+    tc_q8_scale(m, s, inv);
+    c[0] = tc_q8_codes4(v, inv);
+    c[1] = tc_q8_codes4(v + 4, inv);
+}
+
+// The scale 2^ew of a weight block from its byte ew + 127 (0xff: NaN, a non-finite source).
+RD_DEV float tc_w8_scale(uint32_t byte) { return byte == 0xffu ? cm_u2f(0x7fc00000u) : cm_u2f(byte << 23); }
+
+// A chunk's sum d of one output, scaled and added to the running sum.
+RD_DEV float tc_q8_add(float acc, float d, float sa, float sw) { return RD_FADD(acc, RD_FMUL(RD_FMUL(d, sa), sw)); }
+
+// W8A8 codes [8t, 8t + 8) of chunk c of row n (u[0], u[1]) and the block's
+// scale's bits (u[2]); zeros past the last row.
+RD_DEV void tc_load_w8(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    u[3] = 0;
+    if (n >= a.out) {
+        u[0] = u[1] = u[2] = 0;
+        return;
+    }
+    const uint2 v = *(const uint2 *)(a.f8 + (int64_t)n * a.in + c + 8 * t);
+    u[0] = v.x, u[1] = v.y;
+    u[2] = cm_f2u(tc_w8_scale(a.f8s[(int64_t)n * (a.in / 32) + c / 32]));
+}
+
+// tc_chunk for W8A8: w[j] from tc_load_w8.
+template <int MW>
+RD_DEV void tc_chunk_q8(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+    // the weight scales of this lane's output columns 2t and 2t + 1 (rows held by lanes 8t and 8t + 4)
+    float sw[2][2];
+RD_UNROLL
+    for (int j = 0; j < 2; j++) {
+        sw[j][0] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t));
+        sw[j][1] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t + 4));
+    }
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++) {
+        float xa[8], xb[8];
+        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
+        uint32_t ca[2], cb[2];
+        float sa, sb;
+        tc_q8_quad(xa, ca, sa);
+        tc_q8_quad(xb, cb, sb);
+        const uint32_t fr[4] = {ca[0], cb[0], ca[1], cb[1]};
+RD_UNROLL
+        for (int j = 0; j < 2; j++) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            tc_mma8(d, fr, w[j][0], w[j][1]);
+            acc[mt][j][0] = tc_q8_add(acc[mt][j][0], d[0], sa, sw[j][0]);
+            acc[mt][j][1] = tc_q8_add(acc[mt][j][1], d[1], sa, sw[j][1]);
+            acc[mt][j][2] = tc_q8_add(acc[mt][j][2], d[2], sb, sw[j][0]);
+            acc[mt][j][3] = tc_q8_add(acc[mt][j][3], d[3], sb, sw[j][1]);
+        }
+    }
+}
+
+// A chunk's weights for the pieces' path (TC_Q8: tc_load_w8's).
+template <int NP, bool FP8> RD_DEV void tc_load_wp(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    if constexpr (NP == TC_Q8)
+        tc_load_w8(a, n, c, t, u);
+    else
+        tc_load_w<FP8>(a, n, c, t, u);
+}
+
+template <int MW, int NP>
+RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                       const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+    if constexpr (NP == TC_Q8)
+        tc_chunk_q8<MW>(a, r0, c, g, t, w, inv, acc);
+    else
+        tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
+}
+
+#define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
+
+// grid (column tiles, row tiles of 16 MW, p); block 32 wk. A column tile is
+// 8 pairs of columns (tc_col).
+template <int MW, int NP, bool FP8, int EPI>
+__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
+{
+    RD_PDL_ENTRY();
+    __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
+    __shared__ float inv_s[16 * MW];
+    __shared__ int last;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wk = (int)blockDim.x / 32;
+    const int32_t tile = (int32_t)blockIdx.x, r0 = (int32_t)blockIdx.y * 16 * MW;
+    const int32_t qi = (int32_t)blockIdx.z * wk + warp; // this warp's sub-piece
+    const int32_t k0 = qi * a.kp, k1 = k0 + a.kp;
+    // the weight row (= output column) of this lane in n8 tile j
+    int32_t wrow[2];
+RD_UNROLL
+    for (int j = 0; j < 2; j++)
+        wrow[j] = tc_col<EPI>(a, tile, j, g);
+
+    float inv[MW][2] = {};
+    if (a.nw) {
+        for (int rr = warp; rr < 16 * MW; rr += wk) // whole warps: rr is the same in every lane
+            if (r0 + rr < a.m) {
+                const float v = tc_row_inv(a, r0 + rr, lane);
+                if (lane == 0)
+                    inv_s[rr] = v;
+            }
+        __syncthreads();
+        if (blockIdx.x == 0 && blockIdx.z == 0)
+            for (int rr = 0; rr < 16 * MW && r0 + rr < a.m; rr++) {
+                const float *xr = a.x + (int64_t)(r0 + rr) * a.in;
+                for (int32_t j = (int32_t)threadIdx.x; j < a.in; j += (int32_t)blockDim.x)
+                    a.xn[(int64_t)(r0 + rr) * a.in + j] = rms_apply(xr[j], inv_s[rr], a.nw[j], a.w_off);
+            }
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int h = 0; h < 2; h++)
+                inv[mt][h] = r0 + 16 * mt + 8 * h + g < a.m ? inv_s[16 * mt + 8 * h + g] : 0.0f;
+    }
+    float acc[MW][2][4];
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                acc[mt][j][i] = 0.0f;
+    int32_t c = k0;
+    for (; c + 32 * TC_UNROLL <= k1; c += 32 * TC_UNROLL) {
+        uint32_t w[TC_UNROLL][2][4];
+RD_UNROLL
+        for (int u = 0; u < TC_UNROLL; u++)
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+                tc_load_wp<NP, FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
+RD_UNROLL
+        for (int u = 0; u < TC_UNROLL; u++)
+            tc_chunk_p<MW, NP>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
+    }
+    for (; c < k1; c += 32) {
+        uint32_t w[2][4];
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+            tc_load_wp<NP, FP8>(a, wrow[j], c, t, w[j]);
+        tc_chunk_p<MW, NP>(a, r0, c, g, t, w, inv, acc);
+    }
+
+    // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2) of pair 2 t + (i & 1), n8 tile j.
+    if (a.q == 1) {
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                tc_store2<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), tile, 2 * t + (i & 1), acc[mt][0][i],
+                               acc[mt][1][i]);
+        return;
+    }
+    const int pairs = 16 * MW * 8;
+    if (a.p == 1) {
+        // The warps' sums meet in shared memory, added in warp (= sub-piece) order.
+RD_UNROLL
+        for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+RD_UNROLL
+                for (int i = 0; i < 4; i++)
+                    red[warp][16 * mt + g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = acc[mt][j][i];
+        __syncthreads();
+        for (int e = (int)threadIdx.x; e < pairs; e += (int)blockDim.x) {
+            const int rr = e / 8, cc = e % 8;
+            float v0 = red[0][rr][cc], v1 = red[0][rr][8 + cc];
+            for (int w = 1; w < wk; w++)
+                v0 = RD_FADD(v0, red[w][rr][cc]), v1 = RD_FADD(v1, red[w][rr][8 + cc]);
+            tc_store2<EPI>(a, r0 + rr, tile, cc, v0, v1);
+        }
+        return;
+    }
+    // p CTAs share the tile: each writes its warps' sums to part[qi][row][column];
+    // the CTA that arrives last adds all q of them in order and resets the counter.
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++)
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++) {
+                const int32_t r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0), n = tc_col<EPI>(a, tile, j, 2 * t + (i & 1));
+                if (r < a.m && n < a.out)
+                    a.part[((int64_t)qi * a.m + r) * a.out + n] = acc[mt][j][i];
+            }
+    __threadfence();
+    __syncthreads();
+    const unsigned slot = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0)
+        last = atomicAdd(&a.count[slot], 1u) == (unsigned)(a.p - 1);
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int64_t stride = (int64_t)a.m * a.out;
+    for (int e = (int)threadIdx.x; e < pairs; e += (int)blockDim.x) {
+        const int32_t r = r0 + e / 8, cc = e % 8;
+        if (r >= a.m)
+            continue;
+        float v[2] = {0.0f, 0.0f};
+        for (int j = 0; j < 2; j++) {
+            const int32_t n = tc_col<EPI>(a, tile, j, cc);
+            if (n >= a.out)
+                continue;
+            const int64_t at = (int64_t)r * a.out + n;
+            v[j] = __ldcg(a.part + at);
+            for (int32_t i = 1; i < a.q; i++)
+                v[j] = RD_FADD(v[j], __ldcg(a.part + i * stride + at));
+        }
+        tc_store2<EPI>(a, r, tile, cc, v[0], v[1]);
+    }
+    if (threadIdx.x == 0)
+        a.count[slot] = 0;
+}
+
+// ------------------------------------------------------------------ many rows
+//
+// From a.big_rows rows on, one CTA computes a square tile over the whole of
+// K: WS x WS warps of 32 x 32 outputs each, 64 x 64 (WS 2, 128 threads) or
+// 128 x 128 (WS 4, 512 threads; RD_CUDA_TC_TILE=128), staging 32-weight
+// chunks of x (as bf16 hi and lo) and W in shared memory (double-buffered,
+// the next chunk's global loads in flight while the current one is
+// multiplied), so W is read once per 32 WS rows and x once per 32 WS
+// columns: the 128 tile does half the 64 tile's L2 traffic per FLOP. The LM
+// head's three pieces take the 64 tile (the 128 tile's staging would pass 48
+// KB of shared memory). The arithmetic is the plan's, unchanged: each warp keeps a
+// sub-piece's chain from zero in pc and folds it into tot left to right at
+// the sub-piece's end, the value the other kernel's shared-memory or
+// partial-sum fold gives; the mma order within a chunk and the permutation of
+// k are those of tc_chunk. Gated epilogues: a warp's n8 tiles 0-1 are 16
+// gate rows and tiles 2-3 the matching up rows.
+
+#define TCB_THREADS(WS) (32 * (WS) * (WS))
+
+// The weight row staged at shared row rr of column tile n0 (a.out: none).
+template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
+{
+    if (EPI == TC_PLAIN)
+        return n0 + rr < a.out ? n0 + rr : a.out;
+    const int32_t F = a.out / 2, f = n0 / 2 + 16 * (rr / 32) + 8 * ((rr % 32 / 8) % 2) + rr % 8;
+    return f < F ? (rr % 32 >= 16 ? F : 0) + f : a.out;
+}
+
+// A tile kernel warp's finished 32 x 32 outputs (n8 tiles 0-1 gate, 2-3 up for a gated epi).
+template <int EPI>
+RD_DEV void tcb_store(const tc_args &a, int32_t r0, int32_t n0, int wm, int wn, int g, int t, const float (&tot)[2][4][4])
+{
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const int32_t r = r0 + 32 * wm + 16 * mt + g + (i >= 2 ? 8 : 0);
+            if (EPI != TC_PLAIN) {
+RD_UNROLL
+                for (int j = 0; j < 2; j++)
+                    tc_store_glu<EPI>(a, r, n0 / 2 + 16 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i],
+                                      tot[mt][j + 2][i]);
+            } else {
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+                    tc_store(a, r, n0 + 32 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i]);
+            }
+        }
+}
+
+template <int WS, int NP, bool FP8, int EPI>
+__global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big(tc_args a)
+{
+    RD_PDL_ENTRY();
+    constexpr int BT = 32 * WS, NS = 4 / WS; // tile side; 8-value pieces each thread stages per operand
+    // A row's 32 weights (or x values) as 4 uint4 of 8 bf16: uint4 t is what lane t of a fragment reads.
+    __shared__ uint4 xp[NP][2][BT][4]; // x's pieces (tc_piece)
+    __shared__ uint4 ws[2][BT][4];
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
+    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
+    const int32_t nch = a.in / 32, cpp = a.kp / 32;
+
+    // Staging: thread tid moves the 8-value pieces tid + i x threads (row / 4, piece % 4) of x and of W.
+    float xr[NS][8];
+    uint32_t wr[NS][4];
+    auto gload = [&](int32_t c) {
+RD_UNROLL
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
+            tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
+            tc_load_w<FP8>(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+        }
+    };
+    auto sstore = [&](int buf) {
+RD_UNROLL
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
+            const float *v = xr[i];
+RD_UNROLL
+            for (int p = 0; p < NP; p++)
+                xp[p][buf][rr][seg] = uint4{tc_pack(tc_piece(v[0], p), tc_piece(v[1], p)),
+                                            tc_pack(tc_piece(v[2], p), tc_piece(v[3], p)),
+                                            tc_pack(tc_piece(v[4], p), tc_piece(v[5], p)),
+                                            tc_pack(tc_piece(v[6], p), tc_piece(v[7], p))};
+            ws[buf][rr][seg] = uint4{wr[i][0], wr[i][1], wr[i][2], wr[i][3]};
+        }
+    };
+
+    float tot[2][4][4], pc[2][4][4];
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                tot[mt][j][i] = pc[mt][j][i] = 0.0f;
+    gload(0);
+    sstore(0);
+    __syncthreads();
+    for (int32_t ci = 0; ci < nch; ci++) {
+        const int buf = ci & 1;
+        if (ci + 1 < nch)
+            gload(32 * (ci + 1));
+        uint4 bw[4], ax[NP][2][2];
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+            bw[j] = ws[buf][32 * wn + 8 * j + g][t];
+RD_UNROLL
+        for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const int rr = 32 * wm + 16 * mt + 8 * h + g;
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    ax[p][mt][h] = xp[p][buf][rr][t];
+            }
+RD_UNROLL
+        for (int s2 = 0; s2 < 2; s2++) {
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++) {
+                uint32_t fr[NP][4];
+RD_UNROLL
+                for (int p = 0; p < NP; p++) {
+                    fr[p][0] = s2 ? ax[p][mt][0].z : ax[p][mt][0].x, fr[p][1] = s2 ? ax[p][mt][1].z : ax[p][mt][1].x;
+                    fr[p][2] = s2 ? ax[p][mt][0].w : ax[p][mt][0].y, fr[p][3] = s2 ? ax[p][mt][1].w : ax[p][mt][1].y;
+                }
+RD_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const uint32_t b0 = s2 ? bw[j].z : bw[j].x, b1 = s2 ? bw[j].w : bw[j].y;
+RD_UNROLL
+                    for (int p = 0; p < NP; p++)
+                        tc_mma(pc[mt][j], fr[p], b0, b1);
+                }
+            }
+        }
+        if (ci % cpp == cpp - 1) { // a sub-piece ends: fold it in, start the next from zero
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+RD_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
+                        pc[mt][j][i] = 0.0f;
+                    }
+        }
+        if (ci + 1 < nch)
+            sstore(buf ^ 1);
+        __syncthreads();
+    }
+    tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
+}
+
+// The tile kernel for W8A8: the same tiles, staging and sub-piece folds,
+// with x staged as E4M3 codes and a scale per (row, chunk), quantized by the
+// quad of threads that loads a row's 32 values (tc_q8_quad), and W as codes
+// and scales; the chunk arithmetic is tc_chunk_q8's.
+template <int WS, int EPI>
+__global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big_q8(tc_args a)
+{
+    RD_PDL_ENTRY();
+    constexpr int BT = 32 * WS, NS = 4 / WS;
+    __shared__ uint2 xq[2][BT][4]; // a row's 32 codes: uint2 t is what lane t of a fragment reads
+    __shared__ uint2 wq[2][BT][4];
+    __shared__ float xs[2][BT], wsc[2][BT];
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wm = warp / WS, wn = warp % WS;
+    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
+    const int32_t nch = a.in / 32, cpp = a.kp / 32;
+
+    // thread tid moves segment tid % 4 of rows (tid + i x threads) / 4: a row's quad is 4 neighbouring lanes
+    float xr[NS][8];
+    uint32_t wr[NS][4];
+    auto gload = [&](int32_t c) {
+RD_UNROLL
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
+            tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
+            tc_load_w8(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+        }
+    };
+    auto sstore = [&](int buf) {
+RD_UNROLL
+        for (int i = 0; i < NS; i++) {
+            const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
+            uint32_t cq[2];
+            float sa;
+            tc_q8_quad(xr[i], cq, sa);
+            xq[buf][rr][seg] = uint2{cq[0], cq[1]};
+            wq[buf][rr][seg] = uint2{wr[i][0], wr[i][1]};
+            if (seg == 0)
+                xs[buf][rr] = sa, wsc[buf][rr] = cm_u2f(wr[i][2]);
+        }
+    };
+
+    float tot[2][4][4], pc[2][4][4];
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++)
+                tot[mt][j][i] = pc[mt][j][i] = 0.0f;
+    gload(0);
+    sstore(0);
+    __syncthreads();
+    for (int32_t ci = 0; ci < nch; ci++) {
+        const int buf = ci & 1;
+        if (ci + 1 < nch)
+            gload(32 * (ci + 1));
+        uint2 bw[4];
+        float sw[4][2];
+RD_UNROLL
+        for (int j = 0; j < 4; j++) {
+            bw[j] = wq[buf][32 * wn + 8 * j + g][t];
+            sw[j][0] = wsc[buf][32 * wn + 8 * j + 2 * t], sw[j][1] = wsc[buf][32 * wn + 8 * j + 2 * t + 1];
+        }
+RD_UNROLL
+        for (int mt = 0; mt < 2; mt++) {
+            const int ra = 32 * wm + 16 * mt + g;
+            const uint2 xa = xq[buf][ra][t], xb = xq[buf][ra + 8][t];
+            const float sa = xs[buf][ra], sb = xs[buf][ra + 8];
+            const uint32_t fr[4] = {xa.x, xb.x, xa.y, xb.y};
+RD_UNROLL
+            for (int j = 0; j < 4; j++) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                tc_mma8(d, fr, bw[j].x, bw[j].y);
+                pc[mt][j][0] = tc_q8_add(pc[mt][j][0], d[0], sa, sw[j][0]);
+                pc[mt][j][1] = tc_q8_add(pc[mt][j][1], d[1], sa, sw[j][1]);
+                pc[mt][j][2] = tc_q8_add(pc[mt][j][2], d[2], sb, sw[j][0]);
+                pc[mt][j][3] = tc_q8_add(pc[mt][j][3], d[3], sb, sw[j][1]);
+            }
+        }
+        if (ci % cpp == cpp - 1) {
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+RD_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
+                        pc[mt][j][i] = 0.0f;
+                    }
+        }
+        if (ci + 1 < nch)
+            sstore(buf ^ 1);
+        __syncthreads();
+    }
+    tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
+}
+
+// ------------------------------------------------------------------ launching
+
+template <int MW, int NP, bool FP8>
+static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, int epi)
+{
+    if constexpr (NP == 3) { // the LM head's three pieces: bf16 weights, no epilogue
+        auto kern = k_gemm_tc<MW, 3, false, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_SWIGLU) {
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_GEGLU) {
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_ROPE) {
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_ROPE>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else {
+        auto kern = k_gemm_tc<MW, NP, FP8, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    }
+}
+
+template <int WS, int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, int epi)
+{
+    constexpr int BT = 32 * WS;
+    const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
+    if constexpr (NP == 3) {
+        auto kern = k_gemm_tc_big<WS, 3, false, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if constexpr (NP == TC_Q8) {
+        if (epi == TC_SWIGLU) {
+            auto kern = k_gemm_tc_big_q8<WS, TC_SWIGLU>;
+            RD_LAUNCH(kern, grid, block, 0, s, a);
+        } else if (epi == TC_GEGLU) {
+            auto kern = k_gemm_tc_big_q8<WS, TC_GEGLU>;
+            RD_LAUNCH(kern, grid, block, 0, s, a);
+        } else {
+            auto kern = k_gemm_tc_big_q8<WS, TC_PLAIN>;
+            RD_LAUNCH(kern, grid, block, 0, s, a);
+        }
+    } else if (epi == TC_SWIGLU) {
+        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_SWIGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_GEGLU) {
+        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_GEGLU>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else {
+        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_PLAIN>;
+        RD_LAUNCH(kern, grid, block, 0, s, a);
+    }
+}
+
+static inline bool tc_use_big(const tc_args &a)
+{
+    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads;
+}
+
+// One call with pieces NP (TC_Q8: W8A8) and weights FP8 or not: the tile
+// kernel from a.big_rows rows on (the LM head's pieces on the 64 tile),
+// else the split-K kernel with the plan's grid.
+template <int NP, bool FP8> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
+{
+    if (tc_use_big(a)) {
+        if constexpr (NP == 3)
+            gemm_tc_big<2, 3, false>(s, a, epi);
+        else if (a.big_tile == 128)
+            gemm_tc_big<4, NP, FP8>(s, a, epi);
+        else
+            gemm_tc_big<2, NP, FP8>(s, a, epi);
+        return;
+    }
+    const int32_t mw = cuplan_tc_mw(a.m);
+    const dim3 grid((unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT), (unsigned)((a.m + 16 * mw - 1) / (16 * mw)),
+                    (unsigned)pl.p);
+    const dim3 block((unsigned)(32 * pl.wk));
+    if (mw == 1)
+        gemm_tc_launch<1, NP, FP8>(s, a, grid, block, epi);
+    else if (mw == 2)
+        gemm_tc_launch<2, NP, FP8>(s, a, grid, block, epi);
+    else
+        gemm_tc_launch<4, NP, FP8>(s, a, grid, block, epi);
+}
+
+// The per-format files' entries (a set up by launch_gemm_tc).
+void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
+void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
+void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
+
+}  // namespace RD_NS
+
+#endif

@@ -1,0 +1,15 @@
+// cuda_gemm_tc_fp8.cu - the tensor-core GEMM's kernels for FP8 weights
+// decoded to bf16 in the kernel (RD_CUDA_FP8=tc; cuda_gemm_tc.cuh).
+#include "kernels/cuda/cuda_gemm_tc.cuh"
+
+namespace RD_NS {
+
+void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
+{
+    if (pieces == 2)
+        gemm_tc_pieces<2, true>(s, pl, a, epi);
+    else
+        gemm_tc_pieces<1, true>(s, pl, a, epi);
+}
+
+}  // namespace RD_NS

@@ -1,0 +1,13 @@
+// cuda_gemm_tc_q8.cu - the tensor-core GEMM's W8A8 kernels: FP8 weights
+// times activations quantized to E4M3 in the kernel, on FP8 tensor cores
+// (RD_CUDA_FP8=w8a8; cuda_gemm_tc.cuh).
+#include "kernels/cuda/cuda_gemm_tc.cuh"
+
+namespace RD_NS {
+
+void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
+{
+    gemm_tc_pieces<TC_Q8, true>(s, pl, a, epi);
+}
+
+}  // namespace RD_NS
