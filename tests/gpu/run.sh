@@ -18,7 +18,8 @@
 #             against bf16 on the default model (tis); attention alone at 8192 and 32768 tokens of context; the
 #             1B's decode at 8192 tokens; Qwen3-1.7B, Qwen3-8B (default and
 #             tc) and Qwen3-30B-A3B's shape (8 of 48 layers, against the
-#             active experts' roofline); the GEMM on Qwen3's shapes
+#             active experts' roofline); speculation's tail and GRPO
+#             round off vs on (spec-tail, spec-grpo); the GEMM on Qwen3's shapes
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
 #             batch invariance, graphs) and every other op case (attention,
@@ -34,7 +35,7 @@
 #   reported  the 1B with FP8 weights and the fp8 KV cache and their
 #             invariance; decode on the default model and on Gemma 3 270M's
 #             shape; the whole engine at batch 1 and 32 (device vs host
-#             sampling); speculative decoding off vs on (rollout-specbench);
+#             sampling);
 #             the 1B with RD_CUDA_ACT=bf16 and =mixed, and their parity
 #   profile   the 1B at batch 1 without graphs and with the fallback GEMM;
 #             Nsight Compute's GPU time per kernel and per graph launch
@@ -360,6 +361,16 @@ if [ "$DRY" = 0 ]; then
   # step can touch (min(128, batch x 8) per layer, an upper bound), and of those its routes did touch.
   run bench-moe 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --bw "$BW" --batches 1,64,256 --prompt 64 \
     --steps 16 --json "$LOGS/bench-moe.json" || true
+  # Speculation on the device (issues 21 and 48), where a verify row is nearly free: the tail at batch 1, 4, 16
+  # and a GRPO round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
+  if [ "$HAVE_MODEL" = 1 ]; then
+    run spec-tail 120 build/rollout-specbench --backend cuda --model "$MODEL" --batches 1,4,16 --max-tokens 96 \
+      --reps 2 --json-out "$LOGS/spec-tail.json" || true
+    run spec-grpo 150 build/rollout-specbench --backend cuda --model "$MODEL" --grpo --spread --max-tokens 384 \
+      --reps 1 --json-out "$LOGS/spec-grpo.json" || true
+  else
+    for s in spec-tail spec-grpo; do record "$s" SKIP "no model file"; done
+  fi
   # The GEMM microbenchmark on Qwen3-1.7B's and Qwen3-8B's shapes.
   run gemm-qwen3 120 "$BENCH" gemm --synthetic qwen3-1.7b,qwen3-8b --rows 1,8,32,128,256,512 \
     --variants default,tc,fp8,fp8tc,w8a8 --bw "$BW" --json "$LOGS/gemm-qwen3.json" || true
@@ -385,7 +396,8 @@ else
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
   for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
-    attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe gemm-qwen3; do
+    attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe spec-tail \
+    spec-grpo gemm-qwen3; do
     skip_gpu "$s"
   done
 fi
@@ -490,14 +502,8 @@ if [ "$DRY" = 0 ]; then
     run bench-default 120 "$BENCH" bench --model "$MODEL" --bw "$BW" --json "$LOGS/bench-default.json" || true
     run engine-default 60 "$BENCH" engine --model "$MODEL" --batches 1,32 --tokens 128 \
       --json "$LOGS/engine-default.json" || true
-    # Issue 21 on the device, where a verify row is nearly free: the tail at batch 1, 4, 16 and a GRPO
-    # round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
-    run spec-tail 120 build/rollout-specbench --backend cuda --model "$MODEL" --batches 1,4,16 --max-tokens 96 \
-      --reps 2 --json-out "$LOGS/spec-tail.json" || true
-    run spec-grpo 150 build/rollout-specbench --backend cuda --model "$MODEL" --grpo --spread --max-tokens 384 \
-      --reps 1 --json-out "$LOGS/spec-grpo.json" || true
   else
-    for s in bench-default engine-default spec-tail spec-grpo; do record "$s" SKIP "no model file"; done
+    for s in bench-default engine-default; do record "$s" SKIP "no model file"; done
   fi
   run bench-gemma3-270m 120 "$BENCH" bench --synthetic gemma3-270m --bw "$BW" --batches 1,32,128 \
     --json "$LOGS/bench-gemma3-270m.json" || true
@@ -518,7 +524,7 @@ else
     run tool-engine-cpu 60 "$BENCH" engine --backend cpu --model "$MODEL" --batches 1,4 --tokens 8 \
       --json "$LOGS/tool-engine-cpu.json" || true
   fi
-  for s in bench-1b-fp8kv invariance-fp8 bench-default engine-default spec-tail spec-grpo bench-gemma3-270m \
+  for s in bench-1b-fp8kv invariance-fp8 bench-default engine-default bench-gemma3-270m \
     bench-1b-bf16act bench-1b-mixedact parity-bf16act parity-mixedact; do skip_gpu "$s"; done
 fi
 
