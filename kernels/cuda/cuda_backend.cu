@@ -1140,6 +1140,9 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
     a.x = x, a.y = y;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows, a.big_tile = b->tc_tile;
+#ifndef RD_CUDA_EMU
+    a.prefetch = rd_pdl;
+#endif
     if (norm.x) {
         a.x = norm.x, a.nw = norm.w, a.eps = norm.eps, a.w_off = norm.w_off, a.xn = norm.out;
         shadow_written(b, norm.out, (size_t)m * W->in * sizeof(float));

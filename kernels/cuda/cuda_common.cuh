@@ -21,6 +21,8 @@
 #define RD_DYN_SMEM(T, name) T *name = (T *)cuemu::dyn_smem()
 #define RD_UNROLL
 #define RD_PDL_ENTRY() ((void)0)
+#define RD_PDL_LAUNCH() ((void)0)
+#define RD_PDL_WAIT() ((void)0)
 #else
 #include <cuda_runtime.h>
 #define RD_NS rdcu
@@ -48,10 +50,16 @@ inline void rd_launch(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cu
 }
 }  // namespace rdcu
 #define RD_LAUNCH(kern, grid, block, smem, stream, ...) rdcu::rd_launch(kern, (grid), (block), (smem), (stream), __VA_ARGS__)
+// RD_PDL_ENTRY is RD_PDL_LAUNCH then RD_PDL_WAIT; a kernel may do work that
+// does not read what the kernel before it writes (the weights) in between.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RD_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory")
+#define RD_PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#define RD_PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
 #else
 #define RD_PDL_ENTRY() ((void)0)
+#define RD_PDL_LAUNCH() ((void)0)
+#define RD_PDL_WAIT() ((void)0)
 #endif
 #define RD_DYN_SMEM(T, name)                                        \
     extern __shared__ __align__(16) unsigned char rd_dyn_smem_[]; \

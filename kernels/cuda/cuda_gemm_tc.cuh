@@ -463,12 +463,36 @@ RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, co
 
 #define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
 
+// With PDL (a.prefetch), the lines of the warp's weight rows over its
+// sub-piece [k0, k1) are asked into L2 before the kernel waits for the one
+// before it: the weights never depend on that kernel, so a batch-1 GEMM's
+// DRAM reads start while the previous kernel drains. A prefetch moves no
+// value, so the bits are the same with or without it.
+template <bool FP8>
+RD_DEV void tc_prefetch_w(const tc_args &a, const int32_t (&wrow)[2], int32_t k0, int32_t k1, int t)
+{
+#if defined(__CUDA_ARCH__)
+    constexpr int32_t eb = FP8 ? 1 : 2, per_line = 128 / eb; // weight bytes; weights per 128-byte line
+RD_UNROLL
+    for (int j = 0; j < 2; j++) {
+        if (wrow[j] >= a.out)
+            continue;
+        const char *row = FP8 ? (const char *)(a.f8 + (int64_t)wrow[j] * a.in)
+                              : (const char *)(a.w + (int64_t)wrow[j] * a.in);
+        for (int32_t c = k0 + per_line * t; c < k1; c += 4 * per_line)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (int64_t)c * eb));
+    }
+#else
+    (void)a, (void)wrow, (void)k0, (void)k1, (void)t;
+#endif
+}
+
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk. A column tile is
 // 8 pairs of columns (tc_col).
 template <int MW, int NP, bool FP8, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
-    RD_PDL_ENTRY();
+    RD_PDL_LAUNCH();
     __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
     __shared__ float inv_s[16 * MW];
     __shared__ int last;
@@ -482,6 +506,9 @@ __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 RD_UNROLL
     for (int j = 0; j < 2; j++)
         wrow[j] = tc_col<EPI>(a, tile, j, g);
+    if (a.prefetch)
+        tc_prefetch_w<FP8>(a, wrow, k0, k1, t);
+    RD_PDL_WAIT(); // from here on, what the kernel before wrote: x, the residual, the scratch
 
     float inv[MW][2] = {};
     if (a.nw) {

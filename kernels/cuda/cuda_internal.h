@@ -162,6 +162,7 @@ struct tc_args {
     } rope;
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
+    int prefetch;               // 1 (PDL on): the small kernel asks its weights into L2 before waiting on the kernel before
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
 };
