@@ -394,6 +394,16 @@ RD_DEV float tc_w8_scale(uint32_t byte) { return byte == 0xffu ? cm_u2f(0x7fc000
 // A chunk's sum d of one output, scaled and added to the running sum.
 RD_DEV float tc_q8_add(float acc, float d, float sa, float sw) { return RD_FADD(acc, RD_FMUL(RD_FMUL(d, sa), sw)); }
 
+// An m16n8 tile's chunk sums d (rows g, g + 8 with scales sa, sb; columns
+// 2t, 2t + 1 with scales sw[0], sw[1]) added into acc.
+RD_DEV void tc_q8_add4(float (&acc)[4], const float (&d)[4], float sa, float sb, const float (&sw)[2])
+{
+    acc[0] = tc_q8_add(acc[0], d[0], sa, sw[0]);
+    acc[1] = tc_q8_add(acc[1], d[1], sa, sw[1]);
+    acc[2] = tc_q8_add(acc[2], d[2], sb, sw[0]);
+    acc[3] = tc_q8_add(acc[3], d[3], sb, sw[1]);
+}
+
 // W8A8 codes [8t, 8t + 8) of chunk c of row n (u[0], u[1]) and the block's
 // scale's bits (u[2]); zeros past the last row.
 RD_DEV void tc_load_w8(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
@@ -434,10 +444,7 @@ RD_UNROLL
         for (int j = 0; j < 2; j++) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             tc_mma8(d, fr, w[j][0], w[j][1]);
-            acc[mt][j][0] = tc_q8_add(acc[mt][j][0], d[0], sa, sw[j][0]);
-            acc[mt][j][1] = tc_q8_add(acc[mt][j][1], d[1], sa, sw[j][1]);
-            acc[mt][j][2] = tc_q8_add(acc[mt][j][2], d[2], sb, sw[j][0]);
-            acc[mt][j][3] = tc_q8_add(acc[mt][j][3], d[3], sb, sw[j][1]);
+            tc_q8_add4(acc[mt][j], d, sa, sb, sw[j]);
         }
     }
 }
@@ -659,6 +666,23 @@ template <int EPI> RD_DEV int32_t tcb_wrow(const tc_args &a, int32_t n0, int rr)
     return f < F ? (rr % 32 >= 16 ? F : 0) + f : a.out;
 }
 
+// After chunk ci: if a sub-piece (cpp chunks) ends, fold its chain pc into
+// tot left to right (the first is tot) and start the next from zero.
+RD_DEV void tcb_fold(int32_t ci, int32_t cpp, float (&tot)[2][4][4], float (&pc)[2][4][4])
+{
+    if (ci % cpp != cpp - 1)
+        return;
+RD_UNROLL
+    for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+RD_UNROLL
+            for (int i = 0; i < 4; i++) {
+                tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
+                pc[mt][j][i] = 0.0f;
+            }
+}
+
 // A tile kernel warp's finished 32 x 32 outputs (n8 tiles 0-1 gate, 2-3 up for a gated epi).
 template <int EPI>
 RD_DEV void tcb_store(const tc_args &a, int32_t r0, int32_t n0, int wm, int wn, int g, int t, const float (&tot)[2][4][4])
@@ -720,14 +744,7 @@ RD_UNROLL
         }
     };
 
-    float tot[2][4][4], pc[2][4][4];
-RD_UNROLL
-    for (int mt = 0; mt < 2; mt++)
-RD_UNROLL
-        for (int j = 0; j < 4; j++)
-RD_UNROLL
-            for (int i = 0; i < 4; i++)
-                tot[mt][j][i] = pc[mt][j][i] = 0.0f;
+    float tot[2][4][4] = {}, pc[2][4][4] = {};
     gload(0);
     sstore(0);
     __syncthreads();
@@ -767,17 +784,7 @@ RD_UNROLL
                 }
             }
         }
-        if (ci % cpp == cpp - 1) { // a sub-piece ends: fold it in, start the next from zero
-RD_UNROLL
-            for (int mt = 0; mt < 2; mt++)
-RD_UNROLL
-                for (int j = 0; j < 4; j++)
-RD_UNROLL
-                    for (int i = 0; i < 4; i++) {
-                        tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
-                        pc[mt][j][i] = 0.0f;
-                    }
-        }
+        tcb_fold(ci, cpp, tot, pc);
         if (ci + 1 < nch)
             sstore(buf ^ 1);
         __syncthreads();
@@ -827,14 +834,7 @@ RD_UNROLL
         }
     };
 
-    float tot[2][4][4], pc[2][4][4];
-RD_UNROLL
-    for (int mt = 0; mt < 2; mt++)
-RD_UNROLL
-        for (int j = 0; j < 4; j++)
-RD_UNROLL
-            for (int i = 0; i < 4; i++)
-                tot[mt][j][i] = pc[mt][j][i] = 0.0f;
+    float tot[2][4][4] = {}, pc[2][4][4] = {};
     gload(0);
     sstore(0);
     __syncthreads();
@@ -859,23 +859,10 @@ RD_UNROLL
             for (int j = 0; j < 4; j++) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 tc_mma8(d, fr, bw[j].x, bw[j].y);
-                pc[mt][j][0] = tc_q8_add(pc[mt][j][0], d[0], sa, sw[j][0]);
-                pc[mt][j][1] = tc_q8_add(pc[mt][j][1], d[1], sa, sw[j][1]);
-                pc[mt][j][2] = tc_q8_add(pc[mt][j][2], d[2], sb, sw[j][0]);
-                pc[mt][j][3] = tc_q8_add(pc[mt][j][3], d[3], sb, sw[j][1]);
+                tc_q8_add4(pc[mt][j], d, sa, sb, sw[j]);
             }
         }
-        if (ci % cpp == cpp - 1) {
-RD_UNROLL
-            for (int mt = 0; mt < 2; mt++)
-RD_UNROLL
-                for (int j = 0; j < 4; j++)
-RD_UNROLL
-                    for (int i = 0; i < 4; i++) {
-                        tot[mt][j][i] = ci == cpp - 1 ? pc[mt][j][i] : RD_FADD(tot[mt][j][i], pc[mt][j][i]);
-                        pc[mt][j][i] = 0.0f;
-                    }
-        }
+        tcb_fold(ci, cpp, tot, pc);
         if (ci + 1 < nch)
             sstore(buf ^ 1);
         __syncthreads();
