@@ -526,7 +526,7 @@ static int requant_fp8(model *m)
                 rc = rd_fp8_quant(w, n, blk);
             rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = rows[g], .data = blk};
             if (!rc)
-                rc = be->ops->linear_load_q(be, &part, 1, cols[g], &h);
+                rc = be->ops->linear_load_q(be, &part, 1, cols[g], RD_WUSE_LINEAR, &h);
             free(w), free(blk);
             if (rc)
                 return rc == RD_ENOMEM ? rd_fail(rc, "--weights fp8: out of memory") : rc;
@@ -1907,7 +1907,7 @@ static int cmd_gemm(const opts *o)
             for (int32_t k = 0; k < copies; k++) {
                 if (v->fp8) {
                     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = sh[s].out, .data = wq[s]};
-                    rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, &hs[k])
+                    rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, RD_WUSE_LINEAR, &hs[k])
                                                 : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
                 } else {
                     rc = be->ops->linear_load(be, wh[s], sh[s].out, sh[s].in, &hs[k]);

@@ -996,7 +996,8 @@ static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
 
 // File dtypes are dequantized on the host (engine/model/dequant.c) and take the
 // fp32 path: the GPU keeps its bf16 copy either way. FP8 blocks stay FP8.
-static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
+static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
+                           void **handle)
 {
     *handle = nullptr;
     int64_t out = 0;

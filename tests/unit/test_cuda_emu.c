@@ -275,7 +275,7 @@ static void test_linear_read_native(void)
         rd_wpart two[2] = {{.type = GGML_BF16, .rows = A, .data = bf},
                            {.type = GGML_BF16, .rows = OUT - A, .data = bf + (size_t)A * IN}};
         void *W = NULL;
-        CHECK_OK(be->ops->linear_load_q(be, two, 2, IN, &W));
+        CHECK_OK(be->ops->linear_load_q(be, two, 2, IN, RD_WUSE_LINEAR, &W));
         static const int32_t ranges[][2] = {{0, OUT}, {0, 1}, {A, OUT - A}, {A - 3, 9}, {17, 30}, {OUT - 1, 1}};
         for (size_t r = 0; r < sizeof ranges / sizeof ranges[0] && !test_case_failed; r++) {
             int32_t r0 = ranges[r][0], n = ranges[r][1];
@@ -290,7 +290,7 @@ static void test_linear_read_native(void)
               be->ops->name);
         be->ops->linear_free(be, W);
         rd_wpart h = {.type = GGML_F16, .rows = OUT, .data = hf};
-        CHECK_OK(be->ops->linear_load_q(be, &h, 1, IN, &W));
+        CHECK_OK(be->ops->linear_load_q(be, &h, 1, IN, RD_WUSE_LINEAR, &W));
         int rc = be->ops->linear_read_native(be, W, GGML_F16, 5, 20, got);
         if (be == cpu)
             CHECK(rc == 0 && !memcmp(got, hf + 5 * IN, sizeof(uint16_t) * 20 * IN), "cpu: f16 rows differ (rc %d)", rc);
@@ -311,7 +311,7 @@ static void test_linear_read_native(void)
     rd_wpart mix[2] = {{.type = GGML_Q8_0, .rows = A, .data = q8},
                        {.type = GGML_BF16, .rows = OUT - A, .data = bf + (size_t)A * IN}};
     void *W = NULL;
-    CHECK_OK(cpu->ops->linear_load_q(cpu, mix, 2, IN, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, mix, 2, IN, RD_WUSE_LINEAR, &W));
     CHECK(cpu->ops->linear_read_native(cpu, W, GGML_BF16, A - 1, 2, got) == RD_ENOTSUP, "cpu: rows of a Q8_0 part");
     CHECK_OK(cpu->ops->linear_read_native(cpu, W, GGML_BF16, A, OUT - A, got));
     CHECK(!memcmp(got, bf + (size_t)A * IN, sizeof(uint16_t) * (OUT - A) * IN), "cpu: the bf16 part's rows differ");
@@ -346,8 +346,8 @@ static void fp8_case(int32_t out, int32_t in, int32_t m)
     rd_fp8_dequant(blk, wd, n / RD_FP8_BLOCK);
     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
     void *W = NULL, *Wc = NULL;
-    CHECK_OK(emu->ops->linear_load_q(emu, &part, 1, in, &W));
-    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, &Wc));
+    CHECK_OK(emu->ops->linear_load_q(emu, &part, 1, in, RD_WUSE_LINEAR, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, RD_WUSE_LINEAR, &Wc));
     if (test_case_failed)
         goto done;
     float *dx = up(emu, x, sizeof(float) * ((size_t)m * in + 1)), *dy = up(emu, NULL, sizeof(float) * (size_t)m * out);
@@ -550,7 +550,7 @@ static void tc_fp8_case(rd_backend *tc8, rd_backend *tc, int32_t out, int32_t in
     rd_fp8_dequant(blk, wd, n / RD_FP8_BLOCK);
     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
     void *W8 = NULL, *Wb = NULL;
-    CHECK_OK(tc8->ops->linear_load_q(tc8, &part, 1, in, &W8));
+    CHECK_OK(tc8->ops->linear_load_q(tc8, &part, 1, in, RD_WUSE_LINEAR, &W8));
     CHECK_OK(tc->ops->linear_load(tc, wd, out, in, &Wb));
     run_linear(tc8, W8, x, m, in, out, 0, NULL, y8, 0);
     run_linear(tc, Wb, x, m, in, out, 0, NULL, yb, 0);
@@ -598,7 +598,7 @@ static void *load_fp8(rd_backend *be, const float *w, int32_t out, int32_t in, f
             wq[b * RD_FP8_BLOCK + j] = rd_fp8_e4m3_to_f32(blk[b * RD_FP8_BYTES + 1 + j]);
     }
     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
-    if (be->ops->linear_load_q(be, &part, 1, in, &W))
+    if (be->ops->linear_load_q(be, &part, 1, in, RD_WUSE_LINEAR, &W))
         W = NULL;
     free(blk);
     return W;
