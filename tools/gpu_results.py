@@ -161,7 +161,8 @@ def assemble(logs, summary):
                                          "kv_bytes": r.get("kv_bytes"), "gbps": num(r.get("gbps"), 1),
                                          "x_copy": num(r.get("x_copy"))})
         elif k == "tis":
-            out["tis"].append({"stage": stage, "rd_cuda_fp8": doc.get("rd_cuda_fp8"), "tokens": doc.get("tokens"),
+            out["tis"].append({"stage": stage, "rd_cuda_fp8": doc.get("rd_cuda_fp8"), "rd_cuda_q8": doc.get("rd_cuda_q8"),
+                               "weights": doc.get("weights"), "tokens": doc.get("tokens"),
                                "mean_k3_kl": doc.get("mean_k3_kl"), "mean_abs_dlogprob": num(doc.get("mean_abs_dlogprob"), 5),
                                "max_abs_dlogprob": num(doc.get("max_abs_dlogprob"), 4)})
         elif k in ("parity", "invariance", "sampler"):
@@ -233,6 +234,20 @@ def targets(res):
                 gain >= bound, note)
         else:
             add(f"FP8 weights, 1.24B batch {batch}: bf16 step / FP8 step", None, f">= {bound}", False)
+    # The 8-bit alternative: Q8_0 layers held as Q8_0 (RD_CUDA_Q8=tc), the CPU's Q8_0 values at FP8's bytes,
+    # against the same bound, with its K3 KL (tis-q8).
+    for batch, bound in ((1, 1.5), (32, 1.2), (256, 1.2)):
+        bf = [b for b in _bench(res, ["bench-1b"], batch) if b["weights"] == "bf16" and not b["kv_fill"]]
+        q8 = [b for b in _bench(res, ["bench-1b"], batch) if b["weights"] == "q8_0" and b.get("kv_dtype") != "fp8"]
+        what = f"Q8_0 weights (8-bit, RD_CUDA_Q8=tc), 1.24B batch {batch}: bf16 step / Q8_0 step"
+        if bf and q8:
+            fast = min(q8, key=lambda b: b["step_ms"])
+            gain = min(b["step_ms"] for b in bf) / fast["step_ms"]
+            tis = k3.get("tis-q8")
+            note = fast["stage"] + (f", K3 KL {tis['mean_k3_kl']:.2e} ({tis['stage']})" if tis else "")
+            add(what, round(gain, 3), f">= {bound}", gain >= bound, note)
+        else:
+            add(what, None, f">= {bound}", False)
     moe = _bench(res, ["bench-moe"], 1)
     m = moe[0] if moe else None
     xr = m and (m.get("x_roofline_measured") if m.get("x_roofline_measured") is not None else m["x_roofline"])
@@ -324,14 +339,15 @@ def markdown(res):
                          f"{a['batch']} | {fmt(a['us'], 1)} | {fmt(a['gbps'], 0)} | {fmt(a['x_copy'])} |")
         lines.append("")
     if res.get("tis"):
-        lines.append("**FP8's importance-sampling cost** (the default model, bf16-sampled tokens scored on the bf16 "
-                     "and the FP8 load: mean K3 KL(bf16 || FP8), |dlogprob|)")
+        lines.append("**8-bit weights' importance-sampling cost** (the default model, bf16-sampled tokens scored on "
+                     "the bf16 and the 8-bit load: mean K3 KL(bf16 || 8-bit), |dlogprob|)")
         lines.append("")
-        lines.append("| stage | RD_CUDA_FP8 | tokens | mean K3 KL | mean abs dlogprob | max |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("| stage | weights | RD_CUDA_FP8 | RD_CUDA_Q8 | tokens | mean K3 KL | mean abs dlogprob | max |")
+        lines.append("|---|---|---|---|---|---|---|---|")
         for t in res["tis"]:
             k3v = t["mean_k3_kl"]
-            lines.append(f"| {t['stage']} | {t['rd_cuda_fp8'] or ''} | {t['tokens']} | "
+            lines.append(f"| {t['stage']} | {t.get('weights') or ''} | {t['rd_cuda_fp8'] or ''} | "
+                         f"{t.get('rd_cuda_q8') or ''} | {t['tokens']} | "
                          f"{'' if k3v is None else f'{k3v:.2e}'} | {fmt(t['mean_abs_dlogprob'], 4)} | "
                          f"{fmt(t['max_abs_dlogprob'], 4)} |")
         lines.append("")

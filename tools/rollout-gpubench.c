@@ -4,7 +4,7 @@
  *   rollout-gpubench copybw     [--mib 1024] [--iters 20]
  *   rollout-gpubench parity     MODEL [--prompts 8] [--tokens 32] [--tol 0.05]
  *   rollout-gpubench invariance MODEL [--tokens 32]
- *   rollout-gpubench tis        MODEL --weights fp8 [--prompts 8] [--tokens 32]
+ *   rollout-gpubench tis        MODEL --weights fp8|q8_0 [--prompts 8] [--tokens 32]
  *   rollout-gpubench sampler    MODEL
  *   rollout-gpubench engine     MODEL [--batches 1,32] [--tokens 128]
  *   rollout-gpubench bench      MODEL [--batches 1,8,32,128,256]
@@ -22,8 +22,10 @@
  * (qwen3-30b-a3b: 8 of its 48 unless given), and rooflines count the layers
  * built.
  * Common flags: --backend NAME (default cuda), --json FILE, --threads N (CPU),
- * --weights fp8 (the layers' dense linears re-quantized to FP8 blocks after
- * loading, as serve_dtype fp8 holds them), --kv fp8 (kv_dtype fp8).
+ * --weights fp8|q8_0 (the layers' dense linears re-quantized to FP8 or Q8_0
+ * blocks after loading, as serve_dtype fp8 / q8_0 holds them; the CUDA
+ * backend keeps Q8_0 as Q8_0 under RD_CUDA_Q8=tc, else as bf16), --kv fp8
+ * (kv_dtype fp8).
  *
  * parity: greedy rollouts of 8 fixed prompts on the CPU backend and on the
  *   tested backend through the engine; tokens must match (a divergence where
@@ -66,8 +68,9 @@
  *   environment: default (as started), tc (RD_CUDA_GEMM=tc), simple
  *   (RD_CUDA_GEMM=simple), bf16act (RD_CUDA_ACT=bf16), mixed (RD_CUDA_ACT=
  *   mixed), fp8 (weights as FP8 blocks, linear_load_q), fp8tc (fp8 and
- *   RD_CUDA_FP8=tc), w8a8 (fp8 and RD_CUDA_FP8=w8a8), tcbf16 (tc and
- *   bf16act), or VAR=value; joined by '+'.
+ *   RD_CUDA_FP8=tc), w8a8 (fp8 and RD_CUDA_FP8=w8a8), q8tc (weights as
+ *   Q8_0 blocks and RD_CUDA_Q8=tc), tcbf16 (tc and bf16act), or VAR=value;
+ *   joined by '+'.
  *   The input is an RMSNorm's output (its bf16 copy read, as in a step).
  *   The timed calls take copies of the weight in turn, enough to exceed
  *   --flush-mib MiB (default 256; an H100's L2 holds 50 MB), so each reads
@@ -106,6 +109,7 @@
 #include "base/err.h"
 #include "engine/format/gguf.h"
 #include "engine/model/loader.h"
+#include "engine/model/quant.h"
 #include "engine/model/quant_fp8.h"
 #include "engine/model/runner.h"
 #include "tools/cli.h"
@@ -126,7 +130,7 @@ typedef struct {
     const char *synthetic;
     const char *json;
     const char *label;
-    const char *weights;        /* NULL, or "fp8" */
+    const char *weights;        /* NULL, "fp8" or "q8_0" */
     const char *kv;             /* NULL (the backend's), or a kv_dtype */
     const char *ref_kv;         /* parity: the CPU reference's kv_dtype (NULL: bf16 against a device, else its own) */
     const char *noise_kv;       /* parity: NULL (held to --tol), or the kv_dtype of a CPU run that sets the floor */
@@ -502,10 +506,11 @@ static int32_t synth_full_layers(const char *which)
     return synth_config(which, &c) ? 0 : c.n_layers;
 }
 
-/* --weights fp8: every layer's dense linear read back and re-quantized to
- * FP8 blocks (engine/model/quant_fp8.h), the handle replaced: the weights a
- * bf16 push with serve_dtype fp8 leaves. */
-static int requant_fp8(model *m)
+/* --weights fp8 / q8_0: every layer's dense linear read back and
+ * re-quantized to FP8 blocks (engine/model/quant_fp8.h) or Q8_0 (llama.cpp's
+ * rounding, engine/model/quant.h), the handle replaced: the weights a bf16
+ * push with serve_dtype fp8 / q8_0 leaves. */
+static int requant(model *m, int32_t type)
 {
     const model_config *c = &m->cfg;
     rd_backend *be = m->be;
@@ -515,21 +520,21 @@ static int requant_fp8(model *m)
     for (int32_t l = 0; l < c->n_layers; l++)
         for (int g = 0; g < 4; g++) {
             void **slot = model_weight_slot(m, gs[g], l, 0);
-            if (!slot || !*slot || cols[g] % RD_FP8_BLOCK)
+            if (!slot || !*slot || cols[g] % 32)
                 continue;
             const size_t n = (size_t)rows[g] * cols[g];
             float *w = malloc(sizeof(float) * n);
-            uint8_t *blk = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES);
+            uint8_t *blk = malloc((size_t)rows[g] * ggml_row_bytes(type, (uint64_t)cols[g]));
             void *h = NULL;
             int rc = w && blk ? be->ops->linear_read(be, *slot, w) : RD_ENOMEM;
             if (!rc)
-                rc = rd_fp8_quant(w, n, blk);
-            rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = rows[g], .data = blk};
+                rc = type == GGML_Q8_0 ? ggml_quant_q8_0(w, n, blk) : rd_fp8_quant(w, n, blk);
+            rd_wpart part = {.type = type, .rows = rows[g], .data = blk};
             if (!rc)
                 rc = be->ops->linear_load_q(be, &part, 1, cols[g], RD_WUSE_LINEAR, &h);
             free(w), free(blk);
             if (rc)
-                return rc == RD_ENOMEM ? rd_fail(rc, "--weights fp8: out of memory") : rc;
+                return rc == RD_ENOMEM ? rd_fail(rc, "--weights: out of memory") : rc;
             be->ops->linear_free(be, *slot);
             *slot = h;
         }
@@ -541,10 +546,10 @@ static int requant_fp8(model *m)
 static int apply_dtypes(const opts *o, rd_loaded *l)
 {
     int rc = o->kv ? rd_backend_set_kv_dtype(l->be, o->kv) : 0;
-    if (!rc && o->weights && strcmp(o->weights, "fp8"))
-        rc = rd_fail(RD_EINVAL, "--weights expects fp8, not '%s'", o->weights);
+    if (!rc && o->weights && strcmp(o->weights, "fp8") && strcmp(o->weights, "q8_0"))
+        rc = rd_fail(RD_EINVAL, "--weights expects fp8 or q8_0, not '%s'", o->weights);
     if (!rc && o->weights)
-        rc = requant_fp8(l->m);
+        rc = requant(l->m, strcmp(o->weights, "fp8") ? GGML_Q8_0 : RD_TYPE_FP8_B32);
     return rc;
 }
 
@@ -903,17 +908,18 @@ static int cmd_tis(const opts *o)
             n++;
         }
     const double nn = n ? (double)n : 1.0;
-    const char *mode = getenv("RD_CUDA_FP8");
+    const char *mode = getenv("RD_CUDA_FP8"), *q8 = getenv("RD_CUDA_Q8");
     printf("tis%s: %lld tokens (%d prompts, temperature 1) scored on the plain load and on the tested one (weights %s, "
-           "RD_CUDA_FP8=%s, kv %s): mean K3 KL %.3e, mean |dlogprob| %.4f, max %.4f, mean dlogprob %+.5f; the plain "
+           "RD_CUDA_FP8=%s, RD_CUDA_Q8=%s, kv %s): mean K3 KL %.3e, mean |dlogprob| %.4f, max %.4f, mean dlogprob %+.5f; the plain "
            "load's scores vs its sampled log-probs: max |diff| %.2e\n", o->label ? o->label : "", (long long)n, N,
-           o->weights ? o->weights : "as loaded", mode ? mode : "(unset)", o->kv ? o->kv : "default", k3 / nn,
+           o->weights ? o->weights : "as loaded", mode ? mode : "(unset)", q8 ? q8 : "(unset)", o->kv ? o->kv : "default", k3 / nn,
            absd / nn, maxd, meand / nn, floor_max);
     printf("TABLE|tis%s|mean K3 KL %.3e, mean abs dlogprob %.4f, max %.4f over %lld tokens|%s|\n",
            o->label ? o->label : "", k3 / nn, absd / nn, maxd, (long long)n, n ? "measured" : "no tokens");
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "weights", o->weights ? o->weights : "as loaded");
     cJSON_AddStringToObject(doc, "rd_cuda_fp8", mode ? mode : "");
+    cJSON_AddStringToObject(doc, "rd_cuda_q8", q8 ? q8 : "");
     cJSON_AddNumberToObject(doc, "tokens", (double)n);
     cJSON_AddNumberToObject(doc, "mean_k3_kl", k3 / nn);
     cJSON_AddNumberToObject(doc, "mean_abs_dlogprob", absd / nn);
@@ -1265,8 +1271,13 @@ static int cmd_bench(const opts *o)
     if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
         bw = 0;
     /* Weights as stored: bf16 on the device (fp32 panels on the CPU), FP8 blocks with --weights fp8 (33 bytes
-     * per 32); the LM head's table bf16 (fp32 on the CPU, or with RD_CUDA_HEAD=fp32). */
-    const double elem = !strcmp(be->ops->name, "cpu") ? 4.0 : 2.0, w_elem = o->weights ? 33.0 / 32.0 : elem;
+     * per 32), Q8_0 with --weights q8_0 (34 per 32; bf16 on a device without RD_CUDA_Q8=tc); the LM head's
+     * table bf16 (fp32 on the CPU, or with RD_CUDA_HEAD=fp32). */
+    const double elem = !strcmp(be->ops->name, "cpu") ? 4.0 : 2.0;
+    const char *q8env = getenv("RD_CUDA_Q8");
+    const int q8_held = o->weights && !strcmp(o->weights, "q8_0") &&
+                        (!strcmp(be->ops->name, "cpu") || (q8env && !strcmp(q8env, "tc")));
+    const double w_elem = !o->weights ? elem : !strcmp(o->weights, "fp8") ? 33.0 / 32.0 : q8_held ? 34.0 / 32.0 : elem;
     const char *head = getenv("RD_CUDA_HEAD");
     const double head_elem = head && !strcmp(head, "fp32") ? 4.0 : elem;
     const int64_t hd = c->head_dim;
@@ -1476,7 +1487,7 @@ typedef struct {
  * FP8 blocks (linear_load_q with RD_TYPE_FP8_B32 parts, as serve_dtype fp8). */
 typedef struct {
     char name[96];
-    int fp8;
+    int32_t wtype;              /* 0: linear_load from fp32; RD_TYPE_FP8_B32 or GGML_Q8_0: linear_load_q of those blocks */
     int n_env;
     char var[GEMM_MAX_ENV][48], val[GEMM_MAX_ENV][48];
 } gvariant;
@@ -1501,6 +1512,7 @@ static int variant_set(gvariant *v, const char *var, const char *val)
  *   bf16act  RD_CUDA_ACT=bf16        mixed    RD_CUDA_ACT=mixed    fp8     weights as FP8 blocks
  *   fp8tc    fp8 + RD_CUDA_FP8=tc    tcbf16   RD_CUDA_GEMM=tc + RD_CUDA_ACT=bf16
  *   w8a8     fp8 + RD_CUDA_FP8=w8a8 (x quantized to E4M3 in the kernel)
+ *   q8tc     weights as Q8_0 blocks + RD_CUDA_Q8=tc (held as Q8_0)
  * e.g. "fp8+RD_CUDA_FP8=tc" is fp8tc. -1 for an unknown name. */
 static int parse_variant(const char *spec, gvariant *v)
 {
@@ -1526,13 +1538,16 @@ static int parse_variant(const char *spec, gvariant *v)
         } else if (!strcmp(t, "mixed")) {
             rc = variant_set(v, "RD_CUDA_ACT", "mixed");
         } else if (!strcmp(t, "fp8")) {
-            v->fp8 = 1;
+            v->wtype = RD_TYPE_FP8_B32;
         } else if (!strcmp(t, "fp8tc")) {
-            v->fp8 = 1;
+            v->wtype = RD_TYPE_FP8_B32;
             rc = variant_set(v, "RD_CUDA_FP8", "tc");
         } else if (!strcmp(t, "w8a8")) {
-            v->fp8 = 1;
+            v->wtype = RD_TYPE_FP8_B32;
             rc = variant_set(v, "RD_CUDA_FP8", "w8a8");
+        } else if (!strcmp(t, "q8tc")) {
+            v->wtype = GGML_Q8_0;
+            rc = variant_set(v, "RD_CUDA_Q8", "tc");
         } else if (!strcmp(t, "tcbf16")) {
             rc = variant_set(v, "RD_CUDA_GEMM", "tc");
             if (!rc)
@@ -1802,7 +1817,7 @@ static int cmd_gemm(const opts *o)
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             if (nv == GEMM_MAX_VARIANTS || parse_variant(t, &vs[nv])) {
                 fprintf(stderr, "%s gemm: bad variant '%s' (at most %d of: default, tc, simple, bf16act, mixed, "
-                                "fp8, fp8tc, w8a8, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
+                                "fp8, fp8tc, w8a8, q8tc, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
                 return 2;
             }
             nv++;
@@ -1812,7 +1827,8 @@ static int cmd_gemm(const opts *o)
     env_save(&sv, vs, nv);
     gres *res = calloc((size_t)nv * ns * nr, sizeof *res);
     float **wh = calloc(ns, sizeof *wh);  /* host weights, made once per shape */
-    uint8_t **wq = calloc(ns, sizeof *wq); /* their FP8 blocks, when a variant asks */
+    uint8_t **wq = calloc(ns, sizeof *wq); /* their FP8 or Q8_0 blocks, when a variant asks */
+    int32_t *wq_type = calloc(ns, sizeof *wq_type); /* which of the two wq[s] holds */
     size_t maxo = 0, maxi = 0;
     for (int s = 0; s < ns; s++) {
         maxo = (size_t)sh[s].out > maxo ? (size_t)sh[s].out : maxo;
@@ -1820,7 +1836,7 @@ static int cmd_gemm(const opts *o)
     }
     float *xh = malloc(sizeof(float) * maxm * maxi), *alone = malloc(sizeof(float) * maxm * maxo),
           *got = malloc(sizeof(float) * maxm * maxo);
-    if (!res || !wh || !wq || !xh || !alone || !got) {
+    if (!res || !wh || !wq || !wq_type || !xh || !alone || !got) {
         fprintf(stderr, "%s gemm: out of host memory\n", P);
         return 3;
     }
@@ -1838,7 +1854,8 @@ static int cmd_gemm(const opts *o)
         rd_backend *be = NULL;
         cJSON *jvar = cJSON_CreateObject();
         cJSON_AddStringToObject(jvar, "name", v->name);
-        cJSON_AddBoolToObject(jvar, "fp8", v->fp8);
+        cJSON_AddBoolToObject(jvar, "fp8", v->wtype == RD_TYPE_FP8_B32);
+        cJSON_AddBoolToObject(jvar, "q8_0", v->wtype == GGML_Q8_0);
         cJSON *je = cJSON_AddObjectToObject(jvar, "env");
         for (int j = 0; j < v->n_env; j++)
             cJSON_AddStringToObject(je, v->var[j], v->val[j]);
@@ -1891,22 +1908,25 @@ static int cmd_gemm(const opts *o)
                 }
                 fill_random(wh[s], n, 1000 + (uint64_t)s, 0.02f * 1.7320508f);
             }
-            if (v->fp8 && sh[s].in % RD_FP8_BLOCK) {
-                printf("variant %s, %s: in %d is not a multiple of %d: no FP8 blocks\n", v->name, sh[s].name,
-                       sh[s].in, RD_FP8_BLOCK);
+            if (v->wtype && sh[s].in % 32) {
+                printf("variant %s, %s: in %d is not a multiple of 32: no blocks\n", v->name, sh[s].name, sh[s].in);
                 continue;
             }
-            if (v->fp8 && !wq[s] &&
-                (!(wq[s] = malloc(n / RD_FP8_BLOCK * RD_FP8_BYTES)) || rd_fp8_quant(wh[s], n, wq[s]))) {
-                rc = rd_fail(RD_ENOMEM, "fp8 blocks");
-                break;
+            if (v->wtype && wq_type[s] != v->wtype) {
+                free(wq[s]);
+                wq_type[s] = v->wtype;
+                if (!(wq[s] = malloc((size_t)sh[s].out * ggml_row_bytes(v->wtype, (uint64_t)sh[s].in))) ||
+                    (v->wtype == GGML_Q8_0 ? ggml_quant_q8_0(wh[s], n, wq[s]) : rd_fp8_quant(wh[s], n, wq[s]))) {
+                    rc = rd_fail(RD_ENOMEM, "weight blocks");
+                    break;
+                }
             }
             void *hs[MAX_COPIES] = {0};
             int32_t copies = 1;
             double wbytes = 0;
             for (int32_t k = 0; k < copies; k++) {
-                if (v->fp8) {
-                    rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = sh[s].out, .data = wq[s]};
+                if (v->wtype) {
+                    rd_wpart part = {.type = v->wtype, .rows = sh[s].out, .data = wq[s]};
                     rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, RD_WUSE_LINEAR, &hs[k])
                                                 : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
                 } else {
@@ -2092,7 +2112,7 @@ static int cmd_gemm(const opts *o)
     cJSON_AddBoolToObject(doc, "pass", all_invariant && !setup_err);
     for (int s = 0; s < ns; s++)
         free(wh[s]), free(wq[s]);
-    free(wh), free(wq), free(xh), free(alone), free(got), free(res);
+    free(wh), free(wq), free(wq_type), free(xh), free(alone), free(got), free(res);
     env_free(&sv);
     int wj = write_json(o, doc);
     return !all_invariant ? 1 : setup_err ? 3 : wj;

@@ -92,9 +92,11 @@ struct gemm_choice {
 };
 
 struct weight {
-    uint16_t *w;                // [out][in] bf16; NULL for an FP8 weight
+    uint16_t *w;                // [out][in] bf16; NULL for an FP8 or Q8_0 weight
     uint8_t *f8;                // FP8 weights (serve_dtype fp8): E4M3 codes [out][in]; else NULL
     uint8_t *f8s;               // and their block scale bytes [out][in / 32] (engine/model/quant_fp8.h)
+    int8_t *q8;                 // Q8_0 layer linears under RD_CUDA_Q8=tc: codes [out][in]; else NULL
+    uint16_t *q8d;              // and their blocks' fp16 scales [out][in / 32], as in the file
     int32_t out, in;
     gemm_choice *ch;            // bf16 GEMM
     bool use_tc;                // the tensor-core GEMM serves this weight (RD_CUDA_GEMM=tc / RD_CUDA_FP8=tc)
@@ -266,6 +268,7 @@ struct cuda_be {
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
     bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
+    bool q8_tc;                 // RD_CUDA_Q8=tc: Q8_0 layer linears kept as Q8_0, on the tensor-core GEMM
     float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
     size_t tc_part_cap;         // bytes
     unsigned *tc_count;         // its arrival counters, zero between launches
@@ -994,22 +997,76 @@ static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
     return 0;
 }
 
+// Q8_0 blocks (RD_CUDA_Q8=tc, a layer's linear): the codes and the fp16
+// scales go to the device as two arrays, [out][in] and [out][in / 32], for
+// the tensor-core GEMM (cuda_gemm_tc.cuh). 1 (nothing loaded) when the
+// shape has no tensor-core plan: the caller takes the bf16 path.
+#define Q8_BLOCK 32
+#define Q8_BLOCK_BYTES 34       // fp16 d, then 32 int8 codes
+
+static int load_q80(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t out, int32_t in, void **handle)
+{
+    cuplan_tc pl;
+    if (cuplan_gemm_tc(out, in, b->n_sm, &pl))
+        return 1;
+    const size_t n = (size_t)out * in, nb = n / Q8_BLOCK;
+    int8_t *codes = (int8_t *)malloc(n);
+    uint16_t *scales = (uint16_t *)malloc(nb * sizeof(uint16_t));
+    weight *W = (weight *)calloc(1, sizeof(weight));
+    if (!codes || !scales || !W) {
+        free(codes), free(scales), free(W);
+        return rd_fail(RD_ENOMEM, "cuda: out of host memory splitting a [%d][%d] Q8_0 weight", out, in);
+    }
+    size_t blk = 0;             // blocks of the whole weight, in row order
+    for (int32_t i = 0; i < n_parts; i++) {
+        const uint8_t *src = (const uint8_t *)parts[i].data;
+        for (size_t j = 0; j < (size_t)parts[i].rows * (in / Q8_BLOCK); j++, blk++) {
+            memcpy(&scales[blk], src + j * Q8_BLOCK_BYTES, sizeof(uint16_t));
+            memcpy(codes + blk * Q8_BLOCK, src + j * Q8_BLOCK_BYTES + 2, Q8_BLOCK);
+        }
+    }
+    W->out = out;
+    W->in = in;
+    int rc = upload_new(b, (void **)&W->q8, codes, n, "a Q8_0 weight");
+    if (!rc)
+        rc = upload_new(b, (void **)&W->q8d, scales, nb * sizeof(uint16_t), "a Q8_0 weight's scales");
+    free(codes);
+    free(scales);
+    if (rc) {
+        cudaFree(W->q8);
+        free(W);
+        return rc;
+    }
+    W->use_tc = true;
+    W->tc = pl;
+    note_tc(b, out, in, W->tc);
+    *handle = W;
+    return 0;
+}
+
 // File dtypes are dequantized on the host (engine/model/dequant.c) and take the
-// fp32 path: the GPU keeps its bf16 copy either way. FP8 blocks stay FP8.
+// fp32 path: the GPU keeps its bf16 copy. FP8 blocks stay FP8; Q8_0 layer
+// linears stay Q8_0 under RD_CUDA_Q8=tc.
 static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
                            void **handle)
 {
     *handle = nullptr;
     int64_t out = 0;
-    int all_fp8 = 1;
+    int all_fp8 = 1, all_q8 = 1;
     for (int32_t i = 0; i < n_parts; i++) {
         out += parts[i].rows;
         all_fp8 &= parts[i].type == RD_TYPE_FP8_B32;
+        all_q8 &= parts[i].type == GGML_Q8_0;
     }
     if (n_parts <= 0 || out <= 0 || in <= 0 || out > INT32_MAX)
         return rd_fail(RD_EINVAL, "cuda: linear_load_q with %d parts, %lld rows of %d", n_parts, (long long)out, in);
     if (all_fp8 && in % RD_FP8_BLOCK == 0)
         return load_fp8(impl(be), parts, n_parts, (int32_t)out, in, handle);
+    if (all_q8 && use == RD_WUSE_LINEAR && impl(be)->q8_tc && in % Q8_BLOCK == 0) {
+        const int rc = load_q80(impl(be), parts, n_parts, (int32_t)out, in, handle);
+        if (rc <= 0)
+            return rc;
+    }
     float *w = (float *)malloc((size_t)out * in * sizeof(float));
     if (!w)
         return rd_fail(RD_ENOMEM, "cuda: out of host memory dequantizing a [%lld][%d] weight", (long long)out, in);
@@ -1034,6 +1091,8 @@ static void cu_linear_free(rd_backend *be, void *handle)
     cudaFree(W->w);
     cudaFree(W->f8);
     cudaFree(W->f8s);
+    cudaFree(W->q8);
+    cudaFree(W->q8d);
     if (W->w32)
         cudaFree(W->w32);
     free(W);
@@ -1060,6 +1119,40 @@ static int read_fp8(cuda_be *b, const weight *W, float *w_host)
     return rc;
 }
 
+// Rows [row0, row0 + rows) of a Q8_0 weight as the file's blocks (fp16 d, 32 codes).
+static int read_q80_blocks(cuda_be *b, const weight *W, int32_t row0, int32_t rows, uint8_t *dst)
+{
+    const size_t bpr = (size_t)W->in / Q8_BLOCK, nb = (size_t)rows * bpr;
+    int8_t *codes = (int8_t *)malloc(nb * Q8_BLOCK);
+    uint16_t *scales = (uint16_t *)malloc(nb * sizeof(uint16_t));
+    int rc = codes && scales ? 0 : rd_fail(RD_ENOMEM, "cuda: out of host memory reading a Q8_0 weight back");
+    if (!rc)
+        rc = copy(b, codes, W->q8 + (size_t)row0 * W->in, nb * Q8_BLOCK, cudaMemcpyDeviceToHost,
+                  "reading a Q8_0 weight back");
+    if (!rc)
+        rc = copy(b, scales, W->q8d + (size_t)row0 * bpr, nb * sizeof(uint16_t), cudaMemcpyDeviceToHost,
+                  "reading a Q8_0 weight's scales back");
+    for (size_t j = 0; !rc && j < nb; j++) {
+        memcpy(dst + j * Q8_BLOCK_BYTES, &scales[j], sizeof(uint16_t));
+        memcpy(dst + j * Q8_BLOCK_BYTES + 2, codes + j * Q8_BLOCK, Q8_BLOCK);
+    }
+    free(codes), free(scales);
+    return rc;
+}
+
+// A Q8_0 weight's values, exactly as ggml_dequant_row gives them (code x d).
+static int read_q80(cuda_be *b, const weight *W, float *w_host)
+{
+    const size_t n = (size_t)W->out * W->in;
+    uint8_t *blocks = (uint8_t *)malloc(n / Q8_BLOCK * Q8_BLOCK_BYTES);
+    int rc = blocks ? read_q80_blocks(b, W, 0, W->out, blocks)
+                    : rd_fail(RD_ENOMEM, "cuda: out of host memory reading a Q8_0 weight back");
+    if (!rc)
+        rc = ggml_dequant_row(GGML_Q8_0, blocks, w_host, n);
+    free(blocks);
+    return rc;
+}
+
 static int cu_linear_read(rd_backend *be, const void *handle, float *w_host)
 {
     cuda_be *b = impl(be);
@@ -1067,6 +1160,8 @@ static int cu_linear_read(rd_backend *be, const void *handle, float *w_host)
     const size_t n = (size_t)W->out * W->in;
     if (W->f8)
         return read_fp8(b, W, w_host);
+    if (W->q8)
+        return read_q80(b, W, w_host);
     uint16_t *host = (uint16_t *)malloc(n * sizeof(uint16_t));
     if (!host)
         return rd_fail(RD_ENOMEM, "cuda: out of host memory reading a weight back");
@@ -1086,6 +1181,8 @@ static int cu_linear_read_native(rd_backend *be, const void *handle, int32_t typ
     const weight *W = (const weight *)handle;
     if (row0 < 0 || rows <= 0 || row0 + rows > W->out)
         return rd_fail(RD_EINVAL, "cuda: rows [%d, %d) of a %d-row weight", row0, row0 + rows, W->out);
+    if (type == GGML_Q8_0 && W->q8)
+        return read_q80_blocks(b, W, row0, rows, (uint8_t *)dst);
     if (type != GGML_BF16 || !W->w)
         return RD_ENOTSUP;
     return copy(b, dst, W->w + (size_t)row0 * W->in, (size_t)rows * W->in * sizeof(uint16_t),
@@ -1138,7 +1235,7 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
         a.rope.heads = rope->heads, a.rope.head_dim = rope->head_dim;
         a.rope.positions = rope->positions, a.rope.cos_sin = rope->cos_sin, a.rope.kv = kv;
     }
-    a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s;
+    a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s, a.q8 = W->q8, a.q8d = W->q8d;
     a.x = x, a.y = y;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows, a.big_tile = b->tc_tile;
 #ifndef RD_CUDA_EMU
@@ -1308,7 +1405,8 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
     if (m <= 0)
         return;
     if (!W->w) {
-        fail(b, "cuda: the LM head is an fp8 weight; serve_dtype fp8 keeps it bf16");
+        fail(b, "cuda: the LM head is an %s layer linear; its table must be loaded as one (serve_dtype fp8 and "
+                "RD_CUDA_Q8 keep it bf16)", W->f8 ? "fp8" : "Q8_0");
         return;
     }
     shadow_written(b, y, (size_t)m * W->out * sizeof(float));
@@ -1340,7 +1438,8 @@ static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t 
     cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
     if (!W->w) {
-        fail(b, "cuda: the embedding is an fp8 weight; serve_dtype fp8 keeps it bf16");
+        fail(b, "cuda: the embedding is an %s layer linear; its table must be loaded as one (serve_dtype fp8 and "
+                "RD_CUDA_Q8 keep it bf16)", W->f8 ? "fp8" : "Q8_0");
         return;
     }
     shadow_written(b, out, (size_t)m * W->in * sizeof(float));
@@ -2363,12 +2462,13 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
 {
     cuda_be *b = impl(be);
     std::lock_guard<std::mutex> g(b->choice_mu);
-    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
+    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm%s%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
                      b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
                      b->gemm_tc ? " (tensor-core kernel for bf16 linears, RD_CUDA_GEMM=tc)" : "",
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
                      : b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)"
-                                 : "");
+                                 : "",
+                     b->q8_tc ? " (Q8_0 layer linears kept Q8_0, on tensor cores, RD_CUDA_Q8=tc)" : "");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;
@@ -2452,13 +2552,15 @@ static int64_t cu_linear_bytes(rd_backend *be, const void *handle)
 {
     const weight *W = (const weight *)handle;
     const int64_t n = (int64_t)W->out * W->in;
+    if (W->q8)
+        return n + n / Q8_BLOCK * (int64_t)sizeof(uint16_t);
     return W->f8 ? n + n / RD_FP8_BLOCK : n * (int64_t)sizeof(uint16_t);
 }
 
 static void cu_linear_bytes_by_type(rd_backend *be, const void *handle, int64_t *bytes)
 {
     const weight *W = (const weight *)handle;
-    bytes[W->f8 ? RD_TYPE_FP8_B32 : GGML_BF16] += cu_linear_bytes(be, handle);
+    bytes[W->f8 ? RD_TYPE_FP8_B32 : W->q8 ? GGML_Q8_0 : GGML_BF16] += cu_linear_bytes(be, handle);
 }
 
 static rd_backend_ops make_ops()
@@ -2563,6 +2665,8 @@ static int create(int n_threads, rd_backend **out)
     const char *f8 = env("RD_CUDA_FP8");
     b->fp8_q8 = f8 && !strcmp(f8, "w8a8");
     b->fp8_tc = b->fp8_q8 || (f8 && !strcmp(f8, "tc"));
+    const char *q8 = env("RD_CUDA_Q8");
+    b->q8_tc = q8 && !strcmp(q8, "tc");
     // The tensor-core GEMM reads fp32 activations: the producers' bf16 copies would go unread.
     if (b->gemm_tc)
         b->use_shadow = false;

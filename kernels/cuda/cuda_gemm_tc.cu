@@ -20,11 +20,11 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
 {
     if (pieces == 3)
-        gemm_tc_pieces<3, false>(s, pl, a, TC_PLAIN);
+        gemm_tc_pieces<3, TC_WF_BF16>(s, pl, a, TC_PLAIN);
     else if (pieces == 2)
-        gemm_tc_pieces<2, false>(s, pl, a, epi);
+        gemm_tc_pieces<2, TC_WF_BF16>(s, pl, a, epi);
     else
-        gemm_tc_pieces<1, false>(s, pl, a, epi);
+        gemm_tc_pieces<1, TC_WF_BF16>(s, pl, a, epi);
 }
 
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi)
@@ -35,6 +35,8 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
     a.xvec = (uintptr_t)a.x % 16 == 0;
     if (pieces == TC_Q8)
         gemm_tc_q8(s, pl, a, epi);
+    else if (a.q8)
+        gemm_tc_q80(s, pl, a, pieces, epi);
     else if (a.w == nullptr)
         gemm_tc_fp8(s, pl, a, pieces, epi);
     else

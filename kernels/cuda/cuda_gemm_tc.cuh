@@ -1,10 +1,11 @@
 // cuda_gemm_tc.cuh - the linear layers' GEMM on tensor cores, one kernel for
 // every batch size (RD_CUDA_GEMM=tc for bf16 weights, RD_CUDA_FP8=tc for FP8,
-// RD_CUDA_FP8=w8a8 for FP8 weights times E4M3 activations): the kernels, as
-// templates. Each weight format instantiates its own in its own file, so
-// nvcc compiles them in parallel: cuda_gemm_tc.cu (bf16 weights, the LM
-// head, and launch_gemm_tc, which picks the file), cuda_gemm_tc_fp8.cu (FP8
-// weights decoded to bf16), cuda_gemm_tc_q8.cu (W8A8).
+// RD_CUDA_FP8=w8a8 for FP8 weights times E4M3 activations, RD_CUDA_Q8=tc for
+// GGUF Q8_0 weights): the kernels, as templates. Each weight format
+// instantiates its own in its own file, so nvcc compiles them in parallel:
+// cuda_gemm_tc.cu (bf16 weights, the LM head, and launch_gemm_tc, which
+// picks the file), cuda_gemm_tc_fp8.cu (FP8 weights decoded to bf16),
+// cuda_gemm_tc_q8.cu (W8A8), cuda_gemm_tc_q80.cu (Q8_0).
 //
 // Why its own kernel: cuBLASLt, asked for no split-K (batch invariance), runs
 // a batch-1 GEMM on a few CTAs (the 1B's down projection on 32 of 132 SMs,
@@ -99,13 +100,13 @@ RD_DEV void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t 
 
 // Weights [8t, 8t + 8) of chunk c of row n as four bf16 pairs (zeros past
 // the last row).
-template <bool FP8> RD_DEV void tc_load_w(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+template <int WF> RD_DEV void tc_load_w(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
 {
     if (n >= a.out) {
         u[0] = u[1] = u[2] = u[3] = 0;
         return;
     }
-    if (!FP8) {
+    if constexpr (WF == TC_WF_BF16) {
         const uint4 v = *(const uint4 *)(a.w + (int64_t)n * a.in + c + 8 * t);
         u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
         return;
@@ -449,21 +450,109 @@ RD_UNROLL
     }
 }
 
-// A chunk's weights for the pieces' path (TC_Q8: tc_load_w8's).
-template <int NP, bool FP8> RD_DEV void tc_load_wp(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+// ------------------------------------------------------------------ Q8_0 weights
+//
+// RD_CUDA_Q8=tc: a GGUF Q8_0 linear stays Q8_0 on the device, int8 codes
+// [out][in] and an fp16 scale d per 32 weights (1.06 bytes a weight, as in
+// the file). The weights are then the file's values, code x d, which a bf16
+// copy rounds to 8 bits. A code is exact in bf16 (|code| <= 128: 8
+// significant bits), so a chunk's mma steps take the codes as bf16 weights
+// and x's pieces as the bf16 path does (hi, then lo), from zero: s, the
+// chunk's sum of code x piece products. Then acc += s x d (each rounded
+// once): d is no power of two, so code x d is no bf16 and the scale cannot
+// go into the weights. The chunk order, sub-pieces and folds are the bf16
+// path's, so a row's bits depend on nothing else in the batch.
+
+// Codes [8t, 8t + 8) of chunk c of row n, four to a word, the lower k in the
+// lower byte (u[0], u[1]), and the block's d as float bits (u[2]); zeros
+// past the last row.
+RD_DEV void tc_load_q80(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
+{
+    u[3] = 0;
+    if (n >= a.out) {
+        u[0] = u[1] = u[2] = 0;
+        return;
+    }
+    const uint2 v = *(const uint2 *)(a.q8 + (int64_t)n * a.in + c + 8 * t);
+    u[0] = v.x, u[1] = v.y;
+    u[2] = cm_f2u(cm_f16_to_f32(a.q8d[(int64_t)n * (a.in / 32) + c / 32]));
+}
+
+// Codes 2h and 2h + 1 of a word of four as a bf16 pair, the lower k in the
+// low half (exact: the float of an int8 has its low 16 bits zero).
+RD_DEV uint32_t tc_q80_pair(uint32_t codes, int h)
+{
+    const float lo = (float)(int8_t)(codes >> (16 * h)), hi = (float)(int8_t)(codes >> (16 * h + 8));
+    return cm_f2u(lo) >> 16 | (cm_f2u(hi) & 0xffff0000u);
+}
+
+// An m16n8 tile's chunk sums d scaled by their columns' d (sw[0]: column 2t,
+// sw[1]: 2t + 1) and added into acc.
+RD_DEV void tc_q80_add4(float (&acc)[4], const float (&d)[4], const float (&sw)[2])
+{
+RD_UNROLL
+    for (int i = 0; i < 4; i++)
+        acc[i] = RD_FADD(acc[i], RD_FMUL(d[i], sw[i & 1]));
+}
+
+// tc_chunk for Q8_0 weights: w[j] from tc_load_q80.
+template <int MW, int NP>
+RD_DEV void tc_chunk_q80(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                         const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+    float sw[2][2];     // the scales of this lane's columns 2t and 2t + 1 (rows held by lanes 8t and 8t + 4)
+    uint32_t b[2][4];   // n8 tile j's bf16 pairs, as tc_load_w gives them: k-step s takes b[j][2s], b[j][2s + 1]
+RD_UNROLL
+    for (int j = 0; j < 2; j++) {
+        sw[j][0] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t));
+        sw[j][1] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t + 4));
+RD_UNROLL
+        for (int i = 0; i < 4; i++)
+            b[j][i] = tc_q80_pair(w[j][i / 2], i % 2);
+    }
+RD_UNROLL
+    for (int mt = 0; mt < MW; mt++) {
+        float xa[8], xb[8];
+        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
+        float d[2][4] = {};
+RD_UNROLL
+        for (int s = 0; s < 2; s++) {
+            uint32_t fr[NP][4];
+RD_UNROLL
+            for (int p = 0; p < NP; p++)
+                tc_frag_a(xa, xb, s, p, fr[p]);
+RD_UNROLL
+            for (int j = 0; j < 2; j++)
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    tc_mma(d[j], fr[p], b[j][2 * s], b[j][2 * s + 1]);
+        }
+RD_UNROLL
+        for (int j = 0; j < 2; j++)
+            tc_q80_add4(acc[mt][j], d[j], sw[j]);
+    }
+}
+
+// A chunk's weights for the pieces' path (TC_Q8: tc_load_w8's; Q8_0: tc_load_q80's).
+template <int NP, int WF> RD_DEV void tc_load_wp(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
 {
     if constexpr (NP == TC_Q8)
         tc_load_w8(a, n, c, t, u);
+    else if constexpr (WF == TC_WF_Q8_0)
+        tc_load_q80(a, n, c, t, u);
     else
-        tc_load_w<FP8>(a, n, c, t, u);
+        tc_load_w<WF>(a, n, c, t, u);
 }
 
-template <int MW, int NP>
+template <int MW, int NP, int WF>
 RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
     if constexpr (NP == TC_Q8)
         tc_chunk_q8<MW>(a, r0, c, g, t, w, inv, acc);
+    else if constexpr (WF == TC_WF_Q8_0)
+        tc_chunk_q80<MW, NP>(a, r0, c, g, t, w, inv, acc);
     else
         tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
 }
@@ -475,17 +564,18 @@ RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, co
 // before it: the weights never depend on that kernel, so a batch-1 GEMM's
 // DRAM reads start while the previous kernel drains. A prefetch moves no
 // value, so the bits are the same with or without it.
-template <bool FP8>
+template <int WF>
 RD_DEV void tc_prefetch_w(const tc_args &a, const int32_t (&wrow)[2], int32_t k0, int32_t k1, int t)
 {
 #if defined(__CUDA_ARCH__)
-    constexpr int32_t eb = FP8 ? 1 : 2, per_line = 128 / eb; // weight bytes; weights per 128-byte line
+    constexpr int32_t eb = WF == TC_WF_BF16 ? 2 : 1, per_line = 128 / eb; // weight bytes; weights per 128-byte line
 RD_UNROLL
     for (int j = 0; j < 2; j++) {
         if (wrow[j] >= a.out)
             continue;
-        const char *row = FP8 ? (const char *)(a.f8 + (int64_t)wrow[j] * a.in)
-                              : (const char *)(a.w + (int64_t)wrow[j] * a.in);
+        const char *row = WF == TC_WF_FP8   ? (const char *)(a.f8 + (int64_t)wrow[j] * a.in)
+                        : WF == TC_WF_Q8_0 ? (const char *)(a.q8 + (int64_t)wrow[j] * a.in)
+                                           : (const char *)(a.w + (int64_t)wrow[j] * a.in);
         for (int32_t c = k0 + per_line * t; c < k1; c += 4 * per_line)
             asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (int64_t)c * eb));
     }
@@ -496,7 +586,7 @@ RD_UNROLL
 
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk. A column tile is
 // 8 pairs of columns (tc_col).
-template <int MW, int NP, bool FP8, int EPI>
+template <int MW, int NP, int WF, int EPI>
 __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
 {
     RD_PDL_LAUNCH();
@@ -514,7 +604,7 @@ RD_UNROLL
     for (int j = 0; j < 2; j++)
         wrow[j] = tc_col<EPI>(a, tile, j, g);
     if (a.prefetch)
-        tc_prefetch_w<FP8>(a, wrow, k0, k1, t);
+        tc_prefetch_w<WF>(a, wrow, k0, k1, t);
     RD_PDL_WAIT(); // from here on, what the kernel before wrote: x, the residual, the scratch
 
     float inv[MW][2] = {};
@@ -553,17 +643,17 @@ RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
 RD_UNROLL
             for (int j = 0; j < 2; j++)
-                tc_load_wp<NP, FP8>(a, wrow[j], c + 32 * u, t, w[u][j]);
+                tc_load_wp<NP, WF>(a, wrow[j], c + 32 * u, t, w[u][j]);
 RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
-            tc_chunk_p<MW, NP>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
+            tc_chunk_p<MW, NP, WF>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
     }
     for (; c < k1; c += 32) {
         uint32_t w[2][4];
 RD_UNROLL
         for (int j = 0; j < 2; j++)
-            tc_load_wp<NP, FP8>(a, wrow[j], c, t, w[j]);
-        tc_chunk_p<MW, NP>(a, r0, c, g, t, w, inv, acc);
+            tc_load_wp<NP, WF>(a, wrow[j], c, t, w[j]);
+        tc_chunk_p<MW, NP, WF>(a, r0, c, g, t, w, inv, acc);
     }
 
     // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2) of pair 2 t + (i & 1), n8 tile j.
@@ -705,7 +795,7 @@ RD_UNROLL
         }
 }
 
-template <int WS, int NP, bool FP8, int EPI>
+template <int WS, int NP, int WF, int EPI>
 __global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big(tc_args a)
 {
     RD_PDL_ENTRY();
@@ -713,6 +803,9 @@ __global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big(tc_args a)
     // A row's 32 weights (or x values) as 4 uint4 of 8 bf16: uint4 t is what lane t of a fragment reads.
     __shared__ uint4 xp[NP][2][BT][4]; // x's pieces (tc_piece)
     __shared__ uint4 ws[2][BT][4];
+    // Q8_0 weights stage as codes (uint2 t: codes [8t, 8t + 8)) and a scale per row, in ws's space
+    uint2(*const wq)[BT][4] = reinterpret_cast<uint2(*)[BT][4]>(&ws[0][0][0]);
+    float(*const wsc)[BT] = reinterpret_cast<float(*)[BT]>(&wq[2][0][0]);
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
     const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
@@ -726,7 +819,10 @@ RD_UNROLL
         for (int i = 0; i < NS; i++) {
             const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
-            tc_load_w<FP8>(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+            if constexpr (WF == TC_WF_Q8_0)
+                tc_load_q80(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+            else
+                tc_load_w<WF>(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
         }
     };
     auto sstore = [&](int buf) {
@@ -740,7 +836,13 @@ RD_UNROLL
                                             tc_pack(tc_piece(v[2], p), tc_piece(v[3], p)),
                                             tc_pack(tc_piece(v[4], p), tc_piece(v[5], p)),
                                             tc_pack(tc_piece(v[6], p), tc_piece(v[7], p))};
-            ws[buf][rr][seg] = uint4{wr[i][0], wr[i][1], wr[i][2], wr[i][3]};
+            if constexpr (WF == TC_WF_Q8_0) {
+                wq[buf][rr][seg] = uint2{wr[i][0], wr[i][1]};
+                if (seg == 0)
+                    wsc[buf][rr] = cm_u2f(wr[i][2]);
+            } else {
+                ws[buf][rr][seg] = uint4{wr[i][0], wr[i][1], wr[i][2], wr[i][3]};
+            }
         }
     };
 
@@ -753,9 +855,19 @@ RD_UNROLL
         if (ci + 1 < nch)
             gload(32 * (ci + 1));
         uint4 bw[4], ax[NP][2][2];
+        float sw[4][2];          // Q8_0: the scales of columns 2t, 2t + 1 of each n8 tile
+        float dq[2][4][4] = {};  // Q8_0: this chunk's sums, from zero
 RD_UNROLL
-        for (int j = 0; j < 4; j++)
-            bw[j] = ws[buf][32 * wn + 8 * j + g][t];
+        for (int j = 0; j < 4; j++) {
+            const int wr0 = 32 * wn + 8 * j;
+            if constexpr (WF == TC_WF_Q8_0) {
+                const uint2 cw = wq[buf][wr0 + g][t];
+                bw[j] = uint4{tc_q80_pair(cw.x, 0), tc_q80_pair(cw.x, 1), tc_q80_pair(cw.y, 0), tc_q80_pair(cw.y, 1)};
+                sw[j][0] = wsc[buf][wr0 + 2 * t], sw[j][1] = wsc[buf][wr0 + 2 * t + 1];
+            } else {
+                bw[j] = ws[buf][wr0 + g][t];
+            }
+        }
 RD_UNROLL
         for (int mt = 0; mt < 2; mt++)
 RD_UNROLL
@@ -780,9 +892,16 @@ RD_UNROLL
                     const uint32_t b0 = s2 ? bw[j].z : bw[j].x, b1 = s2 ? bw[j].w : bw[j].y;
 RD_UNROLL
                     for (int p = 0; p < NP; p++)
-                        tc_mma(pc[mt][j], fr[p], b0, b1);
+                        tc_mma(WF == TC_WF_Q8_0 ? dq[mt][j] : pc[mt][j], fr[p], b0, b1);
                 }
             }
+        }
+        if constexpr (WF == TC_WF_Q8_0) {
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                for (int j = 0; j < 4; j++)
+                    tc_q80_add4(pc[mt][j], dq[mt][j], sw[j]);
         }
         tcb_fold(ci, cpp, tot, pc);
         if (ci + 1 < nch)
@@ -872,33 +991,33 @@ RD_UNROLL
 
 // ------------------------------------------------------------------ launching
 
-template <int MW, int NP, bool FP8>
+template <int MW, int NP, int WF>
 static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, int epi)
 {
     if constexpr (NP == 3) { // the LM head's three pieces: bf16 weights, no epilogue
-        auto kern = k_gemm_tc<MW, 3, false, TC_PLAIN>;
+        auto kern = k_gemm_tc<MW, 3, TC_WF_BF16, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc<MW, NP, FP8, TC_SWIGLU>;
+        auto kern = k_gemm_tc<MW, NP, WF, TC_SWIGLU>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc<MW, NP, FP8, TC_GEGLU>;
+        auto kern = k_gemm_tc<MW, NP, WF, TC_GEGLU>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_ROPE) {
-        auto kern = k_gemm_tc<MW, NP, FP8, TC_ROPE>;
+        auto kern = k_gemm_tc<MW, NP, WF, TC_ROPE>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else {
-        auto kern = k_gemm_tc<MW, NP, FP8, TC_PLAIN>;
+        auto kern = k_gemm_tc<MW, NP, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     }
 }
 
-template <int WS, int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, const tc_args &a, int epi)
+template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const tc_args &a, int epi)
 {
     constexpr int BT = 32 * WS;
     const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
     if constexpr (NP == 3) {
-        auto kern = k_gemm_tc_big<WS, 3, false, TC_PLAIN>;
+        auto kern = k_gemm_tc_big<WS, 3, TC_WF_BF16, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if constexpr (NP == TC_Q8) {
         if (epi == TC_SWIGLU) {
@@ -912,13 +1031,13 @@ template <int WS, int NP, bool FP8> static void gemm_tc_big(cudaStream_t s, cons
             RD_LAUNCH(kern, grid, block, 0, s, a);
         }
     } else if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_SWIGLU>;
+        auto kern = k_gemm_tc_big<WS, NP, WF, TC_SWIGLU>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_GEGLU>;
+        auto kern = k_gemm_tc_big<WS, NP, WF, TC_GEGLU>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else {
-        auto kern = k_gemm_tc_big<WS, NP, FP8, TC_PLAIN>;
+        auto kern = k_gemm_tc_big<WS, NP, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     }
 }
@@ -931,15 +1050,15 @@ static inline bool tc_use_big(const tc_args &a)
 // One call with pieces NP (TC_Q8: W8A8) and weights FP8 or not: the tile
 // kernel from a.big_rows rows on (the LM head's pieces on the 64 tile),
 // else the split-K kernel with the plan's grid.
-template <int NP, bool FP8> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
+template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
 {
     if (tc_use_big(a)) {
         if constexpr (NP == 3)
-            gemm_tc_big<2, 3, false>(s, a, epi);
+            gemm_tc_big<2, 3, TC_WF_BF16>(s, a, epi);
         else if (a.big_tile == 128)
-            gemm_tc_big<4, NP, FP8>(s, a, epi);
+            gemm_tc_big<4, NP, WF>(s, a, epi);
         else
-            gemm_tc_big<2, NP, FP8>(s, a, epi);
+            gemm_tc_big<2, NP, WF>(s, a, epi);
         return;
     }
     const int32_t mw = cuplan_tc_mw(a.m);
@@ -947,17 +1066,18 @@ template <int NP, bool FP8> static void gemm_tc_pieces(cudaStream_t s, const cup
                     (unsigned)pl.p);
     const dim3 block((unsigned)(32 * pl.wk));
     if (mw == 1)
-        gemm_tc_launch<1, NP, FP8>(s, a, grid, block, epi);
+        gemm_tc_launch<1, NP, WF>(s, a, grid, block, epi);
     else if (mw == 2)
-        gemm_tc_launch<2, NP, FP8>(s, a, grid, block, epi);
+        gemm_tc_launch<2, NP, WF>(s, a, grid, block, epi);
     else
-        gemm_tc_launch<4, NP, FP8>(s, a, grid, block, epi);
+        gemm_tc_launch<4, NP, WF>(s, a, grid, block, epi);
 }
 
 // The per-format files' entries (a set up by launch_gemm_tc).
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
+void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 
 }  // namespace RD_NS
 

@@ -7,9 +7,9 @@ namespace RD_NS {
 void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
 {
     if (pieces == 2)
-        gemm_tc_pieces<2, true>(s, pl, a, epi);
+        gemm_tc_pieces<2, TC_WF_FP8>(s, pl, a, epi);
     else
-        gemm_tc_pieces<1, true>(s, pl, a, epi);
+        gemm_tc_pieces<1, TC_WF_FP8>(s, pl, a, epi);
 }
 
 }  // namespace RD_NS

@@ -7,7 +7,7 @@ namespace RD_NS {
 
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
 {
-    gemm_tc_pieces<TC_Q8, true>(s, pl, a, epi);
+    gemm_tc_pieces<TC_Q8, TC_WF_FP8>(s, pl, a, epi);
 }
 
 }  // namespace RD_NS

@@ -140,10 +140,13 @@ void launch_gemm_fp8(cudaStream_t s, const uint8_t *q, const uint8_t *sc, const 
 // ---- the tensor-core GEMM (cuda_gemm_tc.cu) ----
 // y[m][out] (= or +=) x[m][in] W^T on tensor cores, in the plan's fixed
 // order (cuplan_gemm_tc): fp32 x split into bf16 hi and (split) lo in
-// registers; W bf16 (w), or FP8 codes and block scales (f8, f8s; w NULL).
+// registers; W bf16 (w), FP8 codes and block scales (f8, f8s), or Q8_0
+// codes and block scales (q8, q8d); the other pointers NULL.
 struct tc_args {
-    const uint16_t *w;          // [out][in] bf16, or NULL for FP8
+    const uint16_t *w;          // [out][in] bf16, or NULL
     const uint8_t *f8, *f8s;    // FP8 codes [out][in] and scale bytes [out][in / 32]
+    const int8_t *q8;           // Q8_0 codes [out][in] (RD_CUDA_Q8=tc)
+    const uint16_t *q8d;        // and their blocks' fp16 scales d [out][in / 32]: weight = code x d
     const float *x;             // [m][in]
     const float *nw;            // RMSNorm weight [in] applied to x first (NULL: x as it is), with eps and w_off
     float eps, w_off;
@@ -181,6 +184,8 @@ enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
 // weights only: x quantized to E4M3 blocks of 32, FP8 tensor cores; W8A8,
 // RD_CUDA_FP8=w8a8).
 #define TC_Q8 0
+// The weight formats the kernels are instantiated for.
+enum { TC_WF_BF16 = 0, TC_WF_FP8 = 1, TC_WF_Q8_0 = 2 };
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);

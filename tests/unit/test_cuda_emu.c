@@ -749,13 +749,26 @@ static void tc_q8_pair_case(rd_backend *a, rd_backend *b, int32_t out, int32_t i
     free(w), free(x), free(ya), free(yb);
 }
 
-/* Weights for the fusion cases: bf16 from fp32, or (tc_fp8_w) FP8 blocks. */
-static int tc_fp8_w;
+/* Q8_0 blocks of w [out][in] (ggml_quant_q8_0) loaded on be as a layer's
+ * linear (NULL: failed). */
+static void *load_q80(rd_backend *be, const float *w, int32_t out, int32_t in)
+{
+    uint8_t *blk = malloc((size_t)out * ggml_row_bytes(GGML_Q8_0, (uint64_t)in));
+    void *W = NULL;
+    rd_wpart part = {.type = GGML_Q8_0, .rows = out, .data = blk};
+    if (ggml_quant_q8_0(w, (uint64_t)out * in, blk) || be->ops->linear_load_q(be, &part, 1, in, RD_WUSE_LINEAR, &W))
+        W = NULL;
+    free(blk);
+    return W;
+}
+
+/* Weights for the fusion cases: bf16 from fp32, or (tc_wfmt) FP8 blocks (1), Q8_0 blocks (2). */
+static int tc_wfmt;
 static int load_w(rd_backend *be, const float *w, int32_t out, int32_t in, void **W)
 {
-    if (!tc_fp8_w)
+    if (!tc_wfmt)
         return be->ops->linear_load(be, w, out, in, W);
-    *W = load_fp8(be, w, out, in, NULL, NULL);
+    *W = tc_wfmt == 1 ? load_fp8(be, w, out, in, NULL, NULL) : load_q80(be, w, out, in);
     return *W ? 0 : RD_EINVAL;
 }
 
@@ -1041,17 +1054,224 @@ static void test_gemm_tc_q8(void)
         if (!test_case_failed) tc_q8_pair_case(q8, b128, 150, 256, 140);
         if (b128) rd_backend_destroy(b128);
     }
-    tc_fp8_w = 1;
+    tc_wfmt = 1;
     if (!test_case_failed) tc_gated_case(q8, nofuse, 12, 1024, 5, 0);
     if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 1);
     if (!test_case_failed) tc_norm_case(q8, nofuse, 24, 1024, 3, 0.0f, 0);
     if (!test_case_failed) tc_norm_case(q8, nofuse, 300, 512, 5, 0.0f, 1);
     if (!test_case_failed) tc_rope_case(q8, nofuse, 4, 2, 16, 512, 20, 1);
     if (!test_case_failed) tc_rope_case(q8, nofuse, 5, 1, 64, 96, 7, 0);
-    tc_fp8_w = 0;
+    tc_wfmt = 0;
     if (q8) rd_backend_destroy(q8);
     if (nofuse) rd_backend_destroy(nofuse);
     if (big) rd_backend_destroy(big);
+}
+
+/* RD_CUDA_Q8=tc: a Q8_0 layer linear kept as codes and fp16 scales on the
+ * device. On the emulator every output is the reference's bits: per chunk,
+ * from zero, the mma steps of the bf16 path (k-step s takes k 8t + 4s ..
+ * + 3 of each lane quarter t; hi then lo, each step's 16 exact products
+ * summed and rounded once), then acc + s x d, chunk order within each of the
+ * plan's sub-pieces (4 SMs), the sub-pieces left to right; on a GPU within
+ * 3e-5 of the terms' magnitudes. Against the CPU's Q8_0 GEMM (fp32 fmaf of x
+ * and code x d): within the split's 4e-5, and closer than a bf16 copy of the
+ * same weights on the tensor-core GEMM (RD_CUDA_GEMM=tc), which rounds each
+ * code x d to 8 bits. Each row alone and after 7 others bit for bit; the
+ * read-back is the dequantized weight and the rows' bytes the file's. */
+static void tc_q80_case(rd_backend *be, rd_backend *tc, rd_backend *cpu, int32_t out, int32_t in, int32_t m)
+{
+    const size_t n = (size_t)out * in, nb = n / 32, rb = ggml_row_bytes(GGML_Q8_0, (uint64_t)in);
+    float *w = malloc(sizeof(float) * n), *wd = malloc(sizeof(float) * n), *back = malloc(sizeof(float) * n);
+    float *x = malloc(sizeof(float) * (size_t)(m + 7) * in), *y = malloc(sizeof(float) * (size_t)(m + 7) * out);
+    float *yc = malloc(sizeof(float) * (size_t)m * out), *yb = malloc(sizeof(float) * (size_t)m * out);
+    float *y1 = malloc(sizeof(float) * out), *y2 = malloc(sizeof(float) * (size_t)(m + 7) * out);
+    float *dsc = malloc(sizeof(float) * nb);
+    uint8_t *blk = malloc((size_t)out * rb), *rows = malloc(5 * rb);
+    for (size_t b = 0; b < nb; b++) {
+        const float sc = (float)pow(10.0, -3.0 + 3.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < 32; j++)
+            w[b * 32 + j] = b == 2 ? 0.0f : frand() * sc;
+    }
+    for (size_t i = 0; i < (size_t)(m + 7) * in; i++)
+        x[i] = frand() * 2.0f;
+    CHECK_OK(ggml_quant_q8_0(w, n, blk));
+    CHECK_OK(ggml_dequant_row(GGML_Q8_0, blk, wd, n));
+    for (size_t b = 0; b < nb; b++) { /* d = the block's value of code 1 (ggml's f16 d, widened) */
+        uint8_t one[34];
+        float v[32];
+        memcpy(one, blk + b * 34, 2);
+        memset(one + 2, 1, 32);
+        CHECK_OK(ggml_dequant_row(GGML_Q8_0, one, v, 32));
+        dsc[b] = v[0];
+    }
+    rd_wpart part = {.type = GGML_Q8_0, .rows = out, .data = blk};
+    void *W = NULL, *Wc = NULL, *Wb = NULL;
+    CHECK_OK(be->ops->linear_load_q(be, &part, 1, in, RD_WUSE_LINEAR, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, RD_WUSE_LINEAR, &Wc));
+    CHECK_OK(tc->ops->linear_load(tc, wd, out, in, &Wb));
+    if (test_case_failed)
+        goto done;
+    /* held as Q8_0: its bytes, its values, its rows */
+    CHECK(be->ops->linear_bytes(be, W) == (int64_t)(n + nb * 2), "q8_0: %lld bytes held, expected %zu",
+          (long long)be->ops->linear_bytes(be, W), n + nb * 2);
+    int64_t by[RD_WEIGHT_TYPES] = {0};
+    be->ops->linear_bytes_by_type(be, W, by);
+    CHECK(by[GGML_Q8_0] == (int64_t)(n + nb * 2) && by[GGML_BF16] == 0, "q8_0: bytes by type");
+    CHECK_OK(be->ops->linear_read(be, W, back));
+    CHECK(!memcmp(back, wd, sizeof(float) * n), "q8_0: linear_read is not the dequantized weight");
+    const int32_t r0 = out > 8 ? 3 : 0, nr = out > 8 ? 5 : 1;
+    CHECK_OK(be->ops->linear_read_native(be, W, GGML_Q8_0, r0, nr, rows));
+    CHECK(!memcmp(rows, blk + (size_t)r0 * rb, (size_t)nr * rb), "q8_0: rows [%d, %d) are not the file's bytes", r0,
+          r0 + nr);
+    CHECK(be->ops->linear_read_native(be, W, GGML_BF16, 0, 1, back) == RD_ENOTSUP, "q8_0: bf16 rows on the device");
+
+    run_linear(be, W, x, m, in, out, 0, NULL, y, 0);
+    run_linear(cpu, Wc, x, m, in, out, 0, NULL, yc, 0);
+    run_linear(tc, Wb, x, m, in, out, 0, NULL, yb, 0);
+    cuplan_tc pl;
+    CHECK_OK(cuplan_gemm_tc(out, in, 4, &pl));
+    double worst = 0, worst_c = 0, worst_b = 0;
+    size_t differ = 0;
+    for (int32_t r = 0; r < m; r++)
+        for (int32_t o = 0; o < out; o++) {
+            float tot = 0.0f;
+            double mag = 0;
+            for (int32_t i = 0; i < pl.q; i++) {
+                float acc = 0.0f;
+                for (int32_t c = i * pl.kp; c < (i + 1) * pl.kp; c += 32) {
+                    float d = 0.0f;
+                    for (int st = 0; st < 2; st++)
+                        for (int p = 0; p < 2; p++) {
+                            double sum = d;
+                            for (int t = 0; t < 4; t++)
+                                for (int e = 0; e < 4; e++) {
+                                    const int32_t k = c + 8 * t + 4 * st + e;
+                                    const float xv = x[(size_t)r * in + k], hi = bf(xv);
+                                    const double code = (double)wd[(size_t)o * in + k] / dsc[((size_t)o * in + k) / 32];
+                                    sum += (double)(p ? bf(xv - hi) : hi) * (dsc[((size_t)o * in + k) / 32] ? code : 0);
+                                }
+                            d = (float)sum;
+                        }
+                    const float t2 = d * dsc[((size_t)o * in + c) / 32];
+                    acc = acc + t2;
+                }
+                tot = i == 0 ? acc : tot + acc;
+            }
+            for (int32_t k = 0; k < in; k++)
+                mag += fabs((double)x[(size_t)r * in + k] * wd[(size_t)o * in + k]);
+            const size_t at = (size_t)r * out + o;
+            differ += fbits(y[at]) != fbits(tot);
+            worst = worse(worst, fabs(y[at] - (double)tot) / (mag + 1e-30));
+            worst_c = worse(worst_c, fabs(y[at] - (double)yc[at]) / (mag + 1e-30));
+            worst_b = worse(worst_b, fabs(yb[at] - (double)yc[at]) / (mag + 1e-30));
+        }
+    printf("# q8_0 [%d x %d] x %d rows (on 4 SMs: q %d, %d warps x %d CTAs): %zu outputs differ from the reference's "
+           "bits, worst %.3g; vs the CPU's Q8_0 GEMM %.3g (a bf16 copy of the weights: %.3g), relative to the terms' "
+           "magnitudes\n", out, in, m, pl.q, pl.wk, pl.p, differ, worst, worst_c, worst_b);
+    if (on_emulator())
+        CHECK(differ == 0, "q8_0: %zu outputs are not the reference's bits (worst %.3g)", differ, worst);
+    else
+        CHECK(worst <= 3e-5, "q8_0: %.3g from the reference", worst);
+    CHECK(worst_c <= 4e-5, "q8_0: %.3g from the CPU's Q8_0 GEMM", worst_c);
+    CHECK(worst_b > 4 * worst_c, "q8_0: no closer to the CPU (%.3g) than a bf16 copy (%.3g)", worst_c, worst_b);
+    for (int32_t r = 0; r < m && !test_case_failed; r++) {
+        run_linear(be, W, x + (size_t)r * in, 1, in, out, 0, NULL, y1, 0);
+        CHECK(!memcmp(y1, y + (size_t)r * out, sizeof(float) * out), "q8_0: row %d alone differs from it in %d rows",
+              r, m);
+    }
+    {
+        float *xsh = malloc(sizeof(float) * (size_t)(m + 7) * in);
+        memcpy(xsh, x + (size_t)m * in, sizeof(float) * 7 * in);
+        memcpy(xsh + (size_t)7 * in, x, sizeof(float) * (size_t)m * in);
+        run_linear(be, W, xsh, m + 7, in, out, 0, NULL, y2, 0);
+        CHECK(!memcmp(y2 + (size_t)7 * out, y, sizeof(float) * (size_t)m * out), "q8_0: rows differ after 7 others");
+        free(xsh);
+    }
+    /* A Q8_0 layer linear is no table: the device says so. */
+    {
+        int32_t ids[1] = {0};
+        int32_t *dids = up(be, ids, sizeof ids);
+        float *dy = up(be, NULL, sizeof(float) * (size_t)(in > out ? in : out));
+        be->ops->embed(be, W, dids, 1, dy);
+        CHECK(be->ops->sync(be) != 0 && strstr(rd_errmsg(), "Q8_0"), "q8_0 embed: no error (%s)", rd_errmsg());
+        CHECK_OK(be->ops->sync(be));
+        be->ops->free(be, dids), be->ops->free(be, dy);
+    }
+done:
+    if (W) be->ops->linear_free(be, W);
+    if (Wc) cpu->ops->linear_free(cpu, Wc);
+    if (Wb) tc->ops->linear_free(tc, Wb);
+    free(w), free(wd), free(back), free(x), free(y), free(yc), free(yb), free(y1), free(y2), free(dsc), free(blk);
+    free(rows);
+}
+
+/* RD_CUDA_Q8=tc: the plan's three reductions, both activation modes, the
+ * tile kernel on both tiles, the fusions (gated epilogue, RMSNorm prologue,
+ * bias + RoPE + KV write) bit for bit those of the unfused ops, and the
+ * uses the engine keeps bf16 (tables, experts) and shapes without a plan. */
+static void test_gemm_tc_q80(void)
+{
+    setenv("RD_CUDA_Q8", "tc", 1);
+    rd_backend *q8 = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *q8b = dev_with("RD_CUDA_ACT", "bf16", NULL, NULL);
+    rd_backend *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    rd_backend *big = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    setenv("RD_CUDA_TC_TILE", "128", 1);
+    rd_backend *b128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    unsetenv("RD_CUDA_TC_TILE");
+    unsetenv("RD_CUDA_Q8");
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *cpu = NULL;
+    CHECK_OK(rd_backend_create("cpu", 1, &cpu));
+    CHECK(q8 && q8b && nofuse && big && b128 && tc && cpu, "cannot create the q8_0 backends: %s", rd_errmsg());
+    if (!test_case_failed) tc_q80_case(q8, tc, cpu, 24, 1024, 5);    /* p = 2 */
+    if (!test_case_failed) tc_q80_case(q8, tc, cpu, 300, 512, 40);   /* p = 1, 4 m16 tiles per warp */
+    if (!test_case_failed) tc_q80_case(q8, tc, cpu, 100, 96, 3);     /* q = 1 */
+    if (!test_case_failed) tc_q80_case(big, tc, cpu, 300, 512, 40);  /* the 64 tile */
+    if (!test_case_failed) tc_q80_case(b128, tc, cpu, 150, 256, 140); /* the 128 tile, 2 row tiles */
+    if (!test_case_failed) {
+        /* RD_CUDA_ACT=bf16 (hi only), without RD_CUDA_GEMM=tc: Q8_0 still takes the tensor-core GEMM */
+        float *w = malloc(sizeof(float) * 64 * 256), *x = malloc(sizeof(float) * 3 * 256);
+        float *y = malloc(sizeof(float) * 3 * 64), *y1 = malloc(sizeof(float) * 64);
+        for (int i = 0; i < 64 * 256; i++)
+            w[i] = frand() * 0.1f;
+        for (int i = 0; i < 3 * 256; i++)
+            x[i] = frand();
+        void *W = load_q80(q8b, w, 64, 256);
+        CHECK(W != NULL, "q8_0 with RD_CUDA_ACT=bf16: %s", rd_errmsg());
+        if (W) {
+            int64_t by[RD_WEIGHT_TYPES] = {0};
+            q8b->ops->linear_bytes_by_type(q8b, W, by);
+            CHECK(by[GGML_Q8_0] > 0, "q8_0 with RD_CUDA_ACT=bf16: not held as Q8_0");
+            run_linear(q8b, W, x, 3, 256, 64, 0, NULL, y, 0);
+            run_linear(q8b, W, x + 2 * 256, 1, 256, 64, 0, NULL, y1, 0);
+            CHECK(!memcmp(y1, y + 2 * 64, sizeof(float) * 64), "q8_0 bf16 activations: row 2 alone differs");
+            q8b->ops->linear_free(q8b, W);
+        }
+        /* tables and experts stay bf16 */
+        uint8_t *blk = malloc(64 * ggml_row_bytes(GGML_Q8_0, 256));
+        CHECK_OK(ggml_quant_q8_0(w, 64 * 256, blk));
+        rd_wpart part = {.type = GGML_Q8_0, .rows = 64, .data = blk};
+        const int32_t uses[3] = {RD_WUSE_EMBED, RD_WUSE_HEAD, RD_WUSE_EXPERT};
+        for (int u = 0; u < 3 && !test_case_failed; u++) {
+            int64_t by[RD_WEIGHT_TYPES] = {0};
+            CHECK_OK(q8->ops->linear_load_q(q8, &part, 1, 256, uses[u], &W));
+            q8->ops->linear_bytes_by_type(q8, W, by);
+            CHECK(by[GGML_BF16] == 64 * 256 * 2 && by[GGML_Q8_0] == 0, "q8_0 use %d: not held as bf16", uses[u]);
+            q8->ops->linear_free(q8, W);
+        }
+        free(blk), free(w), free(x), free(y), free(y1);
+    }
+    tc_wfmt = 2;
+    if (!test_case_failed) tc_gated_case(q8, nofuse, 12, 1024, 5, 0);
+    if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 1);
+    if (!test_case_failed) tc_norm_case(q8, nofuse, 24, 1024, 3, 0.0f, 0);
+    if (!test_case_failed) tc_norm_case(q8, nofuse, 300, 512, 5, 0.0f, 1);
+    if (!test_case_failed) tc_rope_case(q8, nofuse, 4, 2, 16, 512, 20, 1);
+    if (!test_case_failed) tc_rope_case(q8, nofuse, 5, 1, 64, 96, 7, 0);
+    tc_wfmt = 0;
+    rd_backend *all[7] = {q8, q8b, nofuse, big, b128, tc, cpu};
+    for (int i = 0; i < 7; i++)
+        if (all[i])
+            rd_backend_destroy(all[i]);
 }
 
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
@@ -3618,6 +3838,63 @@ static void test_runner_tc(void)
     unsetenv("RD_CUDA_GEMM");
 }
 
+/* RD_CUDA_Q8=tc through the loader and the runner: a Q8_0 file's layer
+ * linears held as Q8_0 on the device (the embedding, which is also the tied
+ * head, as bf16); prefill logits nearer the CPU's (which computes with the
+ * file's exact values) than a bf16 copy of the weights gets; then the
+ * runner's contracts (runner_case: graphs, fusions, chunked prefill, decode). */
+static void test_runner_q80(void)
+{
+    rd_loaded lc, lq, lb;
+    setenv("RD_CUDA_Q8", "tc", 1);
+    int okc = load_model("tiny-q8_0", "cpu", &lc), okq = okc && load_model("tiny-q8_0", dev_name(), &lq);
+    unsetenv("RD_CUDA_Q8");
+    int okb = okq && load_model("tiny-q8_0", dev_name(), &lb);
+    CHECK(okc && okq && okb, "cannot load tiny-q8_0 (run tests/gen_testdata.sh): %s", rd_errmsg());
+    const model_config *c = &lc.m->cfg;
+    const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t per_layer = (q + 2 * kv) * c->dim + c->dim * q + 2 * c->ffn_dim * c->dim + c->dim * c->ffn_dim;
+    const int64_t want_q8 = c->n_layers * per_layer / 32 * 34, want_bf = (int64_t)c->vocab * c->dim * 2;
+    CHECK(lq.m->weights_bytes_by_type[GGML_Q8_0] == want_q8 && lq.m->weights_bytes_by_type[GGML_BF16] == want_bf,
+          "q8_0 holdings: %lld Q8_0 bytes (expected %lld), %lld bf16 (expected %lld)",
+          (long long)lq.m->weights_bytes_by_type[GGML_Q8_0], (long long)want_q8,
+          (long long)lq.m->weights_bytes_by_type[GGML_BF16], (long long)want_bf);
+    CHECK(lb.m->weights_bytes_by_type[GGML_Q8_0] == 0, "without RD_CUDA_Q8 the device holds Q8_0 bytes");
+    const int32_t V = c->vocab, NS = 3;
+    int32_t lens[3] = {14, 5, 23}, base[3] = {0, 4, 8}, t0[40], t1[40], t2[40];
+    for (int i = 0; i < 40; i++)
+        t0[i] = (int32_t)(rnd() % V), t1[i] = (int32_t)(rnd() % V), t2[i] = (int32_t)(rnd() % V);
+    const int32_t *toks[3] = {t0, t1, t2};
+    const int32_t M = 14 + 5 + 23;
+    float *lg[3] = {malloc(sizeof(float) * 64 * V), malloc(sizeof(float) * 64 * V), malloc(sizeof(float) * 64 * V)};
+    rd_loaded *ls[3] = {&lc, &lq, &lb};
+    setenv("RD_GRAPHS", "0", 1);
+    for (int k = 0; k < 3 && !test_case_failed; k++) {
+        runner r;
+        CHECK_OK(runner_init(&r, ls[k]->m, 16, 16, 64, 64));
+        CHECK_OK(prefill(&r, toks, lens, NS, base, 0, lg[k]));
+        runner_free(&r);
+    }
+    unsetenv("RD_GRAPHS");
+    double dq = 0, db = 0;
+    for (int64_t i = 0; i < (int64_t)M * V; i++) {
+        dq = worse(dq, fabs(lg[1][i] - lg[0][i]));
+        db = worse(db, fabs(lg[2][i] - lg[0][i]));
+    }
+    printf("# tiny-q8_0 prefill logits against the CPU: Q8_0 held (RD_CUDA_Q8=tc) max |diff| %.3g, a bf16 copy %.3g\n",
+           dq, db);
+    CHECK(dq < db, "q8_0 held: logits %.3g from the CPU's, a bf16 copy %.3g", dq, db);
+    for (int k = 0; k < 3; k++) {
+        free(lg[k]);
+        rd_unload(ls[k]);
+    }
+    if (test_case_failed)
+        return;
+    setenv("RD_CUDA_Q8", "tc", 1);
+    runner_case("tiny-q8_0", 1);
+    unsetenv("RD_CUDA_Q8");
+}
+
 /* Every family's layer recipe on the emulated backend against the CPU: the
  * Qwen2 bias, the Qwen3 per-head norms over a q width (4 x 32) wider than
  * hidden, the Llama 3 scaled RoPE table, Gemma 3's window of 8 (prompts of
@@ -4753,6 +5030,8 @@ int main(void)
     RUN_SEL(test_fp8_linear);
     RUN_SEL(test_gemm_tc);
     RUN_SEL(test_gemm_tc_q8);
+    RUN_SEL(test_gemm_tc_q80);
+    RUN_SEL(test_runner_q80);
     RUN_SEL(test_lm_head_chunks);
     RUN_SEL(test_mixed_activations);
     RUN_SEL(test_row_ops);
