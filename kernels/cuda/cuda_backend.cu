@@ -95,7 +95,7 @@ struct weight {
     uint16_t *w;                // [out][in] bf16; NULL for an FP8 or Q8_0 weight
     uint8_t *f8;                // FP8 weights (serve_dtype fp8): E4M3 codes [out][in]; else NULL
     uint8_t *f8s;               // and their block scale bytes [out][in / 32] (engine/model/quant_fp8.h)
-    int8_t *q8;                 // Q8_0 layer linears under RD_CUDA_Q8=tc: codes [out][in]; else NULL
+    int8_t *q8;                 // Q8_0 weights under RD_CUDA_Q8=tc (not MoE experts): codes [out][in]; else NULL
     uint16_t *q8d;              // and their blocks' fp16 scales [out][in / 32], as in the file
     int32_t out, in;
     gemm_choice *ch;            // bf16 GEMM
@@ -268,7 +268,7 @@ struct cuda_be {
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
     bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
-    bool q8_tc;                 // RD_CUDA_Q8=tc: Q8_0 layer linears kept as Q8_0, on the tensor-core GEMM
+    bool q8_tc;                 // RD_CUDA_Q8=tc: Q8_0 weights (not MoE experts) kept as Q8_0, on the tensor-core GEMM
     float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
     size_t tc_part_cap;         // bytes
     unsigned *tc_count;         // its arrival counters, zero between launches
@@ -997,10 +997,11 @@ static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
     return 0;
 }
 
-// Q8_0 blocks (RD_CUDA_Q8=tc, a layer's linear): the codes and the fp16
-// scales go to the device as two arrays, [out][in] and [out][in / 32], for
-// the tensor-core GEMM (cuda_gemm_tc.cuh). 1 (nothing loaded) when the
-// shape has no tensor-core plan: the caller takes the bf16 path.
+// Q8_0 blocks (RD_CUDA_Q8=tc; a layer's linear, the embedding or the LM
+// head): the codes and the fp16 scales go to the device as two arrays,
+// [out][in] and [out][in / 32], for the tensor-core GEMM (cuda_gemm_tc.cuh)
+// and the embedding gather. 1 (nothing loaded) when the shape has no
+// tensor-core plan: the caller takes the bf16 path.
 #define Q8_BLOCK 32
 #define Q8_BLOCK_BYTES 34       // fp16 d, then 32 int8 codes
 
@@ -1045,8 +1046,9 @@ static int load_q80(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
 }
 
 // File dtypes are dequantized on the host (engine/model/dequant.c) and take the
-// fp32 path: the GPU keeps its bf16 copy. FP8 blocks stay FP8; Q8_0 layer
-// linears stay Q8_0 under RD_CUDA_Q8=tc.
+// fp32 path: the GPU keeps its bf16 copy. FP8 blocks stay FP8; Q8_0 stays
+// Q8_0 under RD_CUDA_Q8=tc except for the MoE experts (their kernels read
+// bf16).
 static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
                            void **handle)
 {
@@ -1062,7 +1064,7 @@ static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_par
         return rd_fail(RD_EINVAL, "cuda: linear_load_q with %d parts, %lld rows of %d", n_parts, (long long)out, in);
     if (all_fp8 && in % RD_FP8_BLOCK == 0)
         return load_fp8(impl(be), parts, n_parts, (int32_t)out, in, handle);
-    if (all_q8 && use == RD_WUSE_LINEAR && impl(be)->q8_tc && in % Q8_BLOCK == 0) {
+    if (all_q8 && use != RD_WUSE_EXPERT && impl(be)->q8_tc && in % Q8_BLOCK == 0) {
         const int rc = load_q80(impl(be), parts, n_parts, (int32_t)out, in, handle);
         if (rc <= 0)
             return rc;
@@ -1404,13 +1406,12 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
     weight *W = (weight *)w;
     if (m <= 0)
         return;
-    if (!W->w) {
-        fail(b, "cuda: the LM head is an %s layer linear; its table must be loaded as one (serve_dtype fp8 and "
-                "RD_CUDA_Q8 keep it bf16)", W->f8 ? "fp8" : "Q8_0");
+    if (W->f8) {
+        fail(b, "cuda: the LM head is an fp8 weight; serve_dtype fp8 keeps it bf16");
         return;
     }
     shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-    if (b->head_fp32) {
+    if (b->head_fp32 && W->w) { // (a Q8_0 table's three-piece head is already fp32-exact in its products)
         lm_head_fp32(b, W, x, m, y);
         return;
     }
@@ -1437,13 +1438,15 @@ static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t 
 {
     cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
-    if (!W->w) {
-        fail(b, "cuda: the embedding is an %s layer linear; its table must be loaded as one (serve_dtype fp8 and "
-                "RD_CUDA_Q8 keep it bf16)", W->f8 ? "fp8" : "Q8_0");
+    if (W->f8) {
+        fail(b, "cuda: the embedding is an fp8 weight; serve_dtype fp8 keeps it bf16");
         return;
     }
     shadow_written(b, out, (size_t)m * W->in * sizeof(float));
-    launch_embed(b->st, W->w, W->out, W->in, ids, m, out);
+    if (W->q8)
+        launch_embed_q8(b->st, W->q8, W->q8d, W->out, W->in, ids, m, out);
+    else
+        launch_embed(b->st, W->w, W->out, W->in, ids, m, out);
     check_launch(b, "embed");
 }
 
@@ -2468,7 +2471,7 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
                      : b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)"
                                  : "",
-                     b->q8_tc ? " (Q8_0 layer linears kept Q8_0, on tensor cores, RD_CUDA_Q8=tc)" : "");
+                     b->q8_tc ? " (Q8_0 weights but MoE experts kept Q8_0, on tensor cores, RD_CUDA_Q8=tc)" : "");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;

@@ -994,8 +994,8 @@ RD_UNROLL
 template <int MW, int NP, int WF>
 static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 block, int epi)
 {
-    if constexpr (NP == 3) { // the LM head's three pieces: bf16 weights, no epilogue
-        auto kern = k_gemm_tc<MW, 3, TC_WF_BF16, TC_PLAIN>;
+    if constexpr (NP == 3) { // the LM head's three pieces: bf16 or Q8_0 weights, no epilogue
+        auto kern = k_gemm_tc<MW, 3, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if (epi == TC_SWIGLU) {
         auto kern = k_gemm_tc<MW, NP, WF, TC_SWIGLU>;
@@ -1017,7 +1017,7 @@ template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const 
     constexpr int BT = 32 * WS;
     const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
     if constexpr (NP == 3) {
-        auto kern = k_gemm_tc_big<WS, 3, TC_WF_BF16, TC_PLAIN>;
+        auto kern = k_gemm_tc_big<WS, 3, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
     } else if constexpr (NP == TC_Q8) {
         if (epi == TC_SWIGLU) {
@@ -1054,7 +1054,7 @@ template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cupla
 {
     if (tc_use_big(a)) {
         if constexpr (NP == 3)
-            gemm_tc_big<2, 3, TC_WF_BF16>(s, a, epi);
+            gemm_tc_big<2, 3, WF>(s, a, epi);
         else if (a.big_tile == 128)
             gemm_tc_big<4, NP, WF>(s, a, epi);
         else

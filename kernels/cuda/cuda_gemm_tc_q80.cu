@@ -7,7 +7,9 @@ namespace RD_NS {
 
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
 {
-    if (pieces == 2)
+    if (pieces == 3) // a Q8_0 LM head
+        gemm_tc_pieces<3, TC_WF_Q8_0>(s, pl, a, TC_PLAIN);
+    else if (pieces == 2)
         gemm_tc_pieces<2, TC_WF_Q8_0>(s, pl, a, epi);
     else
         gemm_tc_pieces<1, TC_WF_Q8_0>(s, pl, a, epi);

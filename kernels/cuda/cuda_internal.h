@@ -29,6 +29,10 @@ RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
     return ss.acc ? RD_FADD(y[k], p) : p;
 }
 // out[i] = W[ids[i]] (zeros for an id outside [0, vocab): a padding row).
+// out[i] = row ids[i] of a Q8_0 table (codes q [vocab][dim], fp16 scales d [vocab][dim / 32]) as
+// ggml_dequant_row's floats; an id outside [0, vocab) gives zeros, as launch_embed.
+void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim,
+                     const int32_t *ids, int32_t m, float *out);
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
                   float *out);
 // RMSNorm's arithmetic, shared by k_rmsnorm and the tensor-core GEMM's
@@ -180,7 +184,7 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // does (acc 0; never the tile kernel).
 enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
 // pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
-// exactly: the LM head; epi TC_PLAIN and bf16 weights only); or TC_Q8 (FP8
+// exactly: the LM head; epi TC_PLAIN, bf16 or Q8_0 weights); or TC_Q8 (FP8
 // weights only: x quantized to E4M3 blocks of 32, FP8 tensor cores; W8A8,
 // RD_CUDA_FP8=w8a8).
 #define TC_Q8 0

@@ -38,6 +38,33 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
     RD_LAUNCH(k_embed, dim3(m), dim3(128), 0, s, w, vocab, dim, ids, out);
 }
 
+// A Q8_0 table's row: code x d, the float ggml_dequant_row gives (an exact product).
+__global__ void k_embed_q8(const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim, const int32_t *ids,
+                           float *out)
+{
+    RD_PDL_ENTRY();
+    const int32_t row = blockIdx.x;
+    const int32_t id = ids[row];
+    float *o = out + (int64_t)row * dim;
+    if (id < 0 || id >= vocab) {
+        for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
+            o[j] = 0.0f;
+        return;
+    }
+    const int8_t *src = q + (int64_t)id * dim;
+    const uint16_t *ds = d + (int64_t)id * (dim / 32);
+    for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
+        o[j] = RD_FMUL((float)src[j], cm_f16_to_f32(ds[j / 32]));
+}
+
+void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim,
+                     const int32_t *ids, int32_t m, float *out)
+{
+    if (m <= 0)
+        return;
+    RD_LAUNCH(k_embed_q8, dim3(m), dim3(128), 0, s, q, d, vocab, dim, ids, out);
+}
+
 // ------------------------------------------------------------------ rmsnorm
 
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,

@@ -222,17 +222,19 @@ def tis_measures_fp8_against_the_plain_load():
 
 
 @case
-def invariance_w8a8_emulated():
-    """W8A8 through the engine on the emulated GPU (the tiny shape, FP8 weights, activations quantized in
-    the GEMM): 8 seeded sampled rollouts bit-identical alone, among 48 requests and without graphs."""
+def invariance_w8a8_and_q8_emulated():
+    """W8A8 (the tiny shape, FP8 weights, activations quantized in the GEMM) and Q8_0 weights held as Q8_0
+    (RD_CUDA_Q8=tc) through the engine on the emulated GPU: 8 seeded sampled rollouts bit-identical alone,
+    among 48 requests and without graphs."""
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
-    path = out("invariance-w8a8.json")
-    e = dict(os.environ, RD_CUDA_GEMM="tc", RD_CUDA_FP8="w8a8")
-    run([EMU, "invariance", "--backend", "cuda-emu", "--synthetic", "tiny", "--weights", "fp8", "--tokens", "4",
-         "--json", path], env=e)
-    d = json.load(open(path))
-    assert d["pass"] is True and d["equal_batched"] == 8 and d["equal_nographs"] == 8, d
+    for name, weights, env in (("w8a8", "fp8", {"RD_CUDA_FP8": "w8a8"}), ("q8tc", "q8_0", {"RD_CUDA_Q8": "tc"})):
+        path = out(f"invariance-{name}.json")
+        e = dict(os.environ, RD_CUDA_GEMM="tc", **env)
+        run([EMU, "invariance", "--backend", "cuda-emu", "--synthetic", "tiny", "--weights", weights, "--tokens", "4",
+             "--json", path], env=e)
+        d = json.load(open(path))
+        assert d["pass"] is True and d["equal_batched"] == 8 and d["equal_nographs"] == 8, (name, d)
 
 
 @case

@@ -1187,16 +1187,6 @@ static void tc_q80_case(rd_backend *be, rd_backend *tc, rd_backend *cpu, int32_t
         CHECK(!memcmp(y2 + (size_t)7 * out, y, sizeof(float) * (size_t)m * out), "q8_0: rows differ after 7 others");
         free(xsh);
     }
-    /* A Q8_0 layer linear is no table: the device says so. */
-    {
-        int32_t ids[1] = {0};
-        int32_t *dids = up(be, ids, sizeof ids);
-        float *dy = up(be, NULL, sizeof(float) * (size_t)(in > out ? in : out));
-        be->ops->embed(be, W, dids, 1, dy);
-        CHECK(be->ops->sync(be) != 0 && strstr(rd_errmsg(), "Q8_0"), "q8_0 embed: no error (%s)", rd_errmsg());
-        CHECK_OK(be->ops->sync(be));
-        be->ops->free(be, dids), be->ops->free(be, dy);
-    }
 done:
     if (W) be->ops->linear_free(be, W);
     if (Wc) cpu->ops->linear_free(cpu, Wc);
@@ -1205,10 +1195,83 @@ done:
     free(rows);
 }
 
+/* A Q8_0 table (RD_CUDA_Q8=tc, the embedding and the tied LM head) [V][D]:
+ * embed gives ggml_dequant_row's floats (the CPU's rows), bit for bit, and
+ * zeros for an id out of range; lm_head, with x as three exact bf16 pieces
+ * per chunk and the chunk's sum times d, is within 2e-6 of the terms'
+ * magnitudes of the CPU's head over the same Q8_0 table (fp32 products of
+ * the file's values), on the split-K kernel and, from 24 rows, the tile
+ * kernel; its rows alone equal them in a batch. */
+static void q80_table_case(rd_backend *be, rd_backend *cpu, int32_t V, int32_t D, int32_t m)
+{
+    const size_t n = (size_t)V * D;
+    float *w = malloc(sizeof(float) * n), *wd = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * m * D);
+    float *e = malloc(sizeof(float) * 4 * D), *y = malloc(sizeof(float) * m * V), *yc = malloc(sizeof(float) * m * V);
+    float *y1 = malloc(sizeof(float) * V);
+    uint8_t *blk = malloc((size_t)V * ggml_row_bytes(GGML_Q8_0, (uint64_t)D));
+    for (size_t i = 0; i < n; i++)
+        w[i] = frand() * 0.05f * (1 + (int)(i / 32 % 7));
+    for (int32_t i = 0; i < m * D; i++)
+        x[i] = frand() * 3.0f;
+    CHECK_OK(ggml_quant_q8_0(w, n, blk));
+    CHECK_OK(ggml_dequant_row(GGML_Q8_0, blk, wd, n));
+    rd_wpart part = {.type = GGML_Q8_0, .rows = V, .data = blk};
+    void *W = NULL, *Wc = NULL;
+    CHECK_OK(be->ops->linear_load_q(be, &part, 1, D, RD_WUSE_EMBED, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, D, RD_WUSE_EMBED, &Wc));
+    int64_t by[RD_WEIGHT_TYPES] = {0};
+    if (W)
+        be->ops->linear_bytes_by_type(be, W, by);
+    CHECK(by[GGML_Q8_0] == (int64_t)(n / 32 * 34), "q8_0 table: not held as Q8_0");
+    if (test_case_failed)
+        goto done;
+    {
+        const int32_t ids[4] = {0, V - 1, 3, V}; /* the last out of range: zeros */
+        int32_t *dids = up(be, ids, sizeof ids);
+        float *de = up(be, NULL, sizeof(float) * 4 * D);
+        be->ops->embed(be, W, dids, 4, de);
+        CHECK_OK(down(be, e, de, sizeof(float) * 4 * D));
+        for (int i = 0; i < 3; i++)
+            CHECK(!memcmp(e + (size_t)i * D, wd + (size_t)ids[i] * D, sizeof(float) * D),
+                  "q8_0 embed: row %d is not the dequantized row", ids[i]);
+        for (int32_t j = 0; j < D; j++)
+            CHECK(e[3 * D + j] == 0.0f, "q8_0 embed: an id out of range gave %g", e[3 * D + j]);
+        be->ops->free(be, dids), be->ops->free(be, de);
+    }
+    {
+        float *dx = up(be, x, sizeof(float) * m * D), *dy = up(be, NULL, sizeof(float) * m * V);
+        be->ops->lm_head(be, W, dx, m, dy);
+        CHECK_OK(down(be, y, dy, sizeof(float) * m * V));
+        be->ops->lm_head(be, W, dx + (size_t)(m - 1) * D, 1, dy);
+        CHECK_OK(down(be, y1, dy, sizeof(float) * V));
+        CHECK(!memcmp(y1, y + (size_t)(m - 1) * V, sizeof(float) * V), "q8_0 head: the last row alone differs");
+        be->ops->free(be, dx), be->ops->free(be, dy);
+        float *cx = up(cpu, x, sizeof(float) * m * D), *cy = up(cpu, NULL, sizeof(float) * m * V);
+        cpu->ops->linear(cpu, Wc, cx, m, cy, 0); /* the CPU has no lm_head op: its head is the linear */
+        CHECK_OK(down(cpu, yc, cy, sizeof(float) * m * V));
+        cpu->ops->free(cpu, cx), cpu->ops->free(cpu, cy);
+        double worst = 0;
+        for (int32_t r = 0; r < m; r++)
+            for (int32_t v = 0; v < V; v++) {
+                double mag = 0;
+                for (int32_t k = 0; k < D; k++)
+                    mag += fabs((double)x[(size_t)r * D + k] * wd[(size_t)v * D + k]);
+                worst = worse(worst, fabs(y[(size_t)r * V + v] - (double)yc[(size_t)r * V + v]) / (mag + 1e-30));
+            }
+        printf("# q8_0 table [%d x %d], %d rows: the head vs the CPU's over the same table %.3g of the terms' "
+               "magnitudes\n", V, D, m, worst);
+        CHECK(worst <= 2e-6, "q8_0 head: %.3g from the CPU's", worst);
+    }
+done:
+    if (W) be->ops->linear_free(be, W);
+    if (Wc) cpu->ops->linear_free(cpu, Wc);
+    free(w), free(wd), free(x), free(e), free(y), free(yc), free(y1), free(blk);
+}
+
 /* RD_CUDA_Q8=tc: the plan's three reductions, both activation modes, the
  * tile kernel on both tiles, the fusions (gated epilogue, RMSNorm prologue,
- * bias + RoPE + KV write) bit for bit those of the unfused ops, and the
- * uses the engine keeps bf16 (tables, experts) and shapes without a plan. */
+ * bias + RoPE + KV write) bit for bit those of the unfused ops, the tables
+ * (embedding, LM head), and the experts, which stay bf16. */
 static void test_gemm_tc_q80(void)
 {
     setenv("RD_CUDA_Q8", "tc", 1);
@@ -1227,6 +1290,8 @@ static void test_gemm_tc_q80(void)
     if (!test_case_failed) tc_q80_case(q8, tc, cpu, 100, 96, 3);     /* q = 1 */
     if (!test_case_failed) tc_q80_case(big, tc, cpu, 300, 512, 40);  /* the 64 tile */
     if (!test_case_failed) tc_q80_case(b128, tc, cpu, 150, 256, 140); /* the 128 tile, 2 row tiles */
+    if (!test_case_failed) q80_table_case(q8, cpu, 300, 256, 5);
+    if (!test_case_failed) q80_table_case(big, cpu, 200, 512, 30);       /* the head on the 64 tile */
     if (!test_case_failed) {
         /* RD_CUDA_ACT=bf16 (hi only), without RD_CUDA_GEMM=tc: Q8_0 still takes the tensor-core GEMM */
         float *w = malloc(sizeof(float) * 64 * 256), *x = malloc(sizeof(float) * 3 * 256);
@@ -1246,7 +1311,7 @@ static void test_gemm_tc_q80(void)
             CHECK(!memcmp(y1, y + 2 * 64, sizeof(float) * 64), "q8_0 bf16 activations: row 2 alone differs");
             q8b->ops->linear_free(q8b, W);
         }
-        /* tables and experts stay bf16 */
+        /* the MoE experts stay bf16 (their kernels read bf16), the tables do not */
         uint8_t *blk = malloc(64 * ggml_row_bytes(GGML_Q8_0, 256));
         CHECK_OK(ggml_quant_q8_0(w, 64 * 256, blk));
         rd_wpart part = {.type = GGML_Q8_0, .rows = 64, .data = blk};
@@ -1255,7 +1320,10 @@ static void test_gemm_tc_q80(void)
             int64_t by[RD_WEIGHT_TYPES] = {0};
             CHECK_OK(q8->ops->linear_load_q(q8, &part, 1, 256, uses[u], &W));
             q8->ops->linear_bytes_by_type(q8, W, by);
-            CHECK(by[GGML_BF16] == 64 * 256 * 2 && by[GGML_Q8_0] == 0, "q8_0 use %d: not held as bf16", uses[u]);
+            if (uses[u] == RD_WUSE_EXPERT)
+                CHECK(by[GGML_BF16] == 64 * 256 * 2 && by[GGML_Q8_0] == 0, "q8_0 expert: not held as bf16");
+            else
+                CHECK(by[GGML_Q8_0] == 64 * 256 / 32 * 34, "q8_0 use %d: not held as Q8_0", uses[u]);
             q8->ops->linear_free(q8, W);
         }
         free(blk), free(w), free(x), free(y), free(y1);
@@ -3838,11 +3906,11 @@ static void test_runner_tc(void)
     unsetenv("RD_CUDA_GEMM");
 }
 
-/* RD_CUDA_Q8=tc through the loader and the runner: a Q8_0 file's layer
- * linears held as Q8_0 on the device (the embedding, which is also the tied
- * head, as bf16); prefill logits nearer the CPU's (which computes with the
- * file's exact values) than a bf16 copy of the weights gets; then the
- * runner's contracts (runner_case: graphs, fusions, chunked prefill, decode). */
+/* RD_CUDA_Q8=tc through the loader and the runner: a Q8_0 file's linears
+ * and its embedding (also the tied head) held as Q8_0 on the device; prefill
+ * logits nearer the CPU's (which computes with the file's exact values) than
+ * a bf16 copy of the weights gets; then the runner's contracts (runner_case:
+ * graphs, fusions, chunked prefill, decode). */
 static void test_runner_q80(void)
 {
     rd_loaded lc, lq, lb;
@@ -3854,7 +3922,7 @@ static void test_runner_q80(void)
     const model_config *c = &lc.m->cfg;
     const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     const int64_t per_layer = (q + 2 * kv) * c->dim + c->dim * q + 2 * c->ffn_dim * c->dim + c->dim * c->ffn_dim;
-    const int64_t want_q8 = c->n_layers * per_layer / 32 * 34, want_bf = (int64_t)c->vocab * c->dim * 2;
+    const int64_t want_q8 = (c->n_layers * per_layer + (int64_t)c->vocab * c->dim) / 32 * 34, want_bf = 0;
     CHECK(lq.m->weights_bytes_by_type[GGML_Q8_0] == want_q8 && lq.m->weights_bytes_by_type[GGML_BF16] == want_bf,
           "q8_0 holdings: %lld Q8_0 bytes (expected %lld), %lld bf16 (expected %lld)",
           (long long)lq.m->weights_bytes_by_type[GGML_Q8_0], (long long)want_q8,
