@@ -85,16 +85,6 @@ typedef struct {
     const void *data;           /* rows x ggml_row_bytes(type, in) bytes, row-major, HF row order */
 } rd_wpart;
 
-/* What a weight loaded by linear_load_q is for: a backend may keep a dtype
- * natively for some uses only (CUDA keeps Q8_0 layer linears as Q8_0 under
- * RD_CUDA_Q8=tc, and dequantizes tables and experts as before). */
-typedef enum {
-    RD_WUSE_LINEAR = 0,         /* a layer's linear or router: ops.linear only */
-    RD_WUSE_EMBED = 1,          /* the token embedding (ops.embed; ops.lm_head too when tied) */
-    RD_WUSE_HEAD = 2,           /* an untied LM head (ops.lm_head) */
-    RD_WUSE_EXPERT = 3,         /* an MoE expert's gate|up or down (rd_moe) */
-} rd_wuse;
-
 /* One layer's mixture-of-experts FFN (ops.moe_ffn): n_experts SwiGLU
  * experts; expert e's gate|up is a linear [2 ffn][dim] (its gate rows, then
  * its up rows) and its down a linear [dim][ffn], both handles from
@@ -182,11 +172,9 @@ typedef struct rd_backend_ops {
      * equal the one linear_load of the dequantized W (ggml_dequant_row)
      * gives, bit for bit, except where the backend documents a native path
      * that is closer to the dequantized values than its linear_load (CUDA's
-     * Q8_0 linears under RD_CUDA_Q8=tc: docs/GPU.md). use (rd_wuse) says
-     * which ops the handle will meet. NULL: the loader dequantizes and calls
-     * linear_load. */
-    int (*linear_load_q)(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
-                         void **handle);
+     * Q8_0 weights under RD_CUDA_Q8=tc: docs/GPU.md). NULL: the loader
+     * dequantizes and calls linear_load. */
+    int (*linear_load_q)(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle);
     /* Bytes of backend memory a loaded weight holds (what /status reports). */
     int64_t (*linear_bytes)(rd_backend *be, const void *handle);
     /* The same bytes by dtype: adds them to bytes[ggml_type] (a fused weight

@@ -531,7 +531,7 @@ static int requant(model *m, int32_t type)
                 rc = type == GGML_Q8_0 ? ggml_quant_q8_0(w, n, blk) : rd_fp8_quant(w, n, blk);
             rd_wpart part = {.type = type, .rows = rows[g], .data = blk};
             if (!rc)
-                rc = be->ops->linear_load_q(be, &part, 1, cols[g], RD_WUSE_LINEAR, &h);
+                rc = be->ops->linear_load_q(be, &part, 1, cols[g], &h);
             free(w), free(blk);
             if (rc)
                 return rc == RD_ENOMEM ? rd_fail(rc, "--weights: out of memory") : rc;
@@ -1927,7 +1927,7 @@ static int cmd_gemm(const opts *o)
             for (int32_t k = 0; k < copies; k++) {
                 if (v->wtype) {
                     rd_wpart part = {.type = v->wtype, .rows = sh[s].out, .data = wq[s]};
-                    rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, RD_WUSE_LINEAR, &hs[k])
+                    rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &part, 1, sh[s].in, &hs[k])
                                                 : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
                 } else {
                     rc = be->ops->linear_load(be, wh[s], sh[s].out, sh[s].in, &hs[k]);

@@ -374,17 +374,6 @@ static int gguf_fetch_raw(void *ctx, const char *hf, int64_t rows, int64_t cols,
     return 0;
 }
 
-int32_t model_group_wuse(arch_group g)
-{
-    switch (g) {
-    case AG_EMBED: return RD_WUSE_EMBED;
-    case AG_LM_HEAD: return RD_WUSE_HEAD;
-    case AG_EXP_GATE_UP:
-    case AG_EXP_DOWN: return RD_WUSE_EXPERT;
-    default: return RD_WUSE_LINEAR;
-    }
-}
-
 void **model_weight_slot(model *m, arch_group g, int32_t layer, int32_t expert)
 {
     model_layer *L = arch_group_per_layer(g) ? &m->layers[layer] : NULL;
@@ -456,7 +445,7 @@ static int load_group_raw(model *m, arch_group g, int32_t l, int32_t e, uint8_t 
     }
     if (next_row != rows)
         return 1;
-    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, model_group_wuse(g), model_weight_slot(m, g, l, e));
+    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, model_weight_slot(m, g, l, e));
 }
 
 /* Fetches every member of group g (layer l, expert e) into buf at its

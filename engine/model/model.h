@@ -56,9 +56,6 @@ typedef struct {
  * expert but for per-expert groups). */
 void **model_weight_slot(model *m, arch_group g, int32_t layer, int32_t expert);
 
-/* What linear group g's handle serves as (rd_wuse, for linear_load_q). */
-int32_t model_group_wuse(arch_group g);
-
 /* Fills c->rope_div from c->rope_type and its parameters (not ROPE_FREQS,
  * whose divisors are given). RD_EINVAL names what is out of range. */
 int model_rope_divisors(model_config *c);

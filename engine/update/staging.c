@@ -649,7 +649,7 @@ static int build_group_native(const model *m, const upd_stage *s, int g, int l, 
         parts[n_parts++] = (rd_wpart){.type = upd_dtype_ggml(mem[i].dtype), .rows = (int32_t)mem[i].rows,
                                       .data = mem[i].data};
     }
-    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, model_group_wuse((arch_group)g), out);
+    return be->ops->linear_load_q(be, parts, n_parts, (int32_t)cols, out);
 }
 
 /* The type a linear group is served in under serve, or -1: as pushed.
@@ -861,7 +861,7 @@ static int build_group_quant(const model *m, const upd_stage *s, int type, const
             return rd_fail(rc, "commit: tensor '%.200s' cannot be served as %s: %s", t->name, serve, rd_errmsg());
     }
     rd_wpart part = {.type = type, .rows = (int32_t)rows, .data = qbuf};
-    return be->ops->linear_load_q(be, &part, 1, (int32_t)cols, model_group_wuse((arch_group)g), out);
+    return be->ops->linear_load_q(be, &part, 1, (int32_t)cols, out);
 }
 
 int upd_kind_quantized(const model_config *c, int kind, upd_serve serve)

@@ -70,8 +70,7 @@ static int cpu_weights_f32(void)
     return v && !strcmp(v, "f32");
 }
 
-static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
-                             void **handle);
+static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle);
 
 /* FP8 blocks (serve_dtype fp8, which the CUDA backend runs) are held here as
  * bf16: a dequantized FP8 weight is exact in bf16 (quant_fp8.h), so the
@@ -103,17 +102,15 @@ static int cpu_load_fp8_as_bf16(rd_backend *be, const rd_wpart *parts, int32_t n
         bp[i].data = conv[i];
     }
     if (!rc)
-        rc = cpu_linear_load_q(be, bp, n_parts, in, RD_WUSE_LINEAR, handle);
+        rc = cpu_linear_load_q(be, bp, n_parts, in, handle);
     for (int32_t i = 0; i < n_parts; i++)
         free(conv[i]);
     free(row);
     return rc;
 }
 
-static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
-                             void **handle)
+static int cpu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
 {
-    (void)use;                  /* the CPU holds every use alike */
     *handle = NULL;
     if (n_parts <= 0 || n_parts > GEMMQ_MAX_PARTS || in <= 0)
         return rd_fail(RD_EINVAL, "cpu: linear_load_q with %d parts of %d columns (expected 1..%d parts)", n_parts,

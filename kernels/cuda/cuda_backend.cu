@@ -95,7 +95,7 @@ struct weight {
     uint16_t *w;                // [out][in] bf16; NULL for an FP8 or Q8_0 weight
     uint8_t *f8;                // FP8 weights (serve_dtype fp8): E4M3 codes [out][in]; else NULL
     uint8_t *f8s;               // and their block scale bytes [out][in / 32] (engine/model/quant_fp8.h)
-    int8_t *q8;                 // Q8_0 weights under RD_CUDA_Q8=tc (not MoE experts): codes [out][in]; else NULL
+    int8_t *q8;                 // Q8_0 weights under RD_CUDA_Q8=tc: codes [out][in]; else NULL
     uint16_t *q8d;              // and their blocks' fp16 scales [out][in / 32], as in the file
     int32_t out, in;
     gemm_choice *ch;            // bf16 GEMM
@@ -126,8 +126,10 @@ struct graph_h {
 struct moe_table {
     const void *const *gate_up, *const *down; // the key
     int32_t n_experts;
-    std::vector<const uint16_t *> ptrs; // what dev holds: gate_up[e]->w at e, down[e]->w at n_experts + e
-    const uint16_t **dev;               // [2 n_experts]
+    std::vector<const void *> ptrs;     // what dev holds (moe_args.table): gate_up's weights at e, down's at
+                                        // n_experts + e (bf16, or Q8_0 codes), their Q8_0 scales (or NULL) at
+                                        // 2 n_experts + e and 3 n_experts + e
+    const void **dev;                   // [4 n_experts]
     int aligned;                        // every pointer 16-byte aligned
     bool in_graph;                      // last written by a captured kernel: write it again at the next call
 };
@@ -268,7 +270,7 @@ struct cuda_be {
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
     bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
-    bool q8_tc;                 // RD_CUDA_Q8=tc: Q8_0 weights (not MoE experts) kept as Q8_0, on the tensor-core GEMM
+    bool q8_tc;                 // RD_CUDA_Q8=tc: Q8_0 weights kept as Q8_0 (linears on the tensor-core GEMM)
     float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
     size_t tc_part_cap;         // bytes
     unsigned *tc_count;         // its arrival counters, zero between launches
@@ -1047,10 +1049,8 @@ static int load_q80(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
 
 // File dtypes are dequantized on the host (engine/model/dequant.c) and take the
 // fp32 path: the GPU keeps its bf16 copy. FP8 blocks stay FP8; Q8_0 stays
-// Q8_0 under RD_CUDA_Q8=tc except for the MoE experts (their kernels read
-// bf16).
-static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, int32_t use,
-                           void **handle)
+// Q8_0 under RD_CUDA_Q8=tc (linears, tables and MoE experts alike).
+static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_parts, int32_t in, void **handle)
 {
     *handle = nullptr;
     int64_t out = 0;
@@ -1064,7 +1064,7 @@ static int cu_linear_load_q(rd_backend *be, const rd_wpart *parts, int32_t n_par
         return rd_fail(RD_EINVAL, "cuda: linear_load_q with %d parts, %lld rows of %d", n_parts, (long long)out, in);
     if (all_fp8 && in % RD_FP8_BLOCK == 0)
         return load_fp8(impl(be), parts, n_parts, (int32_t)out, in, handle);
-    if (all_q8 && use != RD_WUSE_EXPERT && impl(be)->q8_tc && in % Q8_BLOCK == 0) {
+    if (all_q8 && impl(be)->q8_tc && in % Q8_BLOCK == 0) {
         const int rc = load_q80(impl(be), parts, n_parts, (int32_t)out, in, handle);
         if (rc <= 0)
             return rc;
@@ -1706,6 +1706,9 @@ static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t
 // capture. The write is a kernel on the stream: inside a capture it goes into
 // the graph (each replay rewrites the same pointers), and every later call
 // writes it again until one outside capture has: that graph may never run.
+// An expert weight's rows as the MoE kernels read them: bf16, or Q8_0 codes.
+static const void *moe_wptr(const weight *W) { return W->q8 ? (const void *)W->q8 : (const void *)W->w; }
+
 static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
 {
     const int32_t E = moe->n_experts, f = moe->ffn, d = moe->dim;
@@ -1718,12 +1721,14 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
     bool same = t && !t->in_graph;
     for (int32_t e = 0; e < E; e++) {
         const weight *gu = (const weight *)moe->gate_up[e], *dn = (const weight *)moe->down[e];
-        if (!gu || !dn || !gu->w || !dn->w || gu->out != 2 * f || gu->in != d || dn->out != d || dn->in != f) {
+        if (!gu || !dn || (!gu->w && !gu->q8) || (!dn->w && !dn->q8) || gu->out != 2 * f || gu->in != d ||
+            dn->out != d || dn->in != f) {
             fail(b, "cuda: moe_ffn: expert %d's weights are missing, fp8, or not [%d][%d] and [%d][%d]", e, 2 * f, d,
                  d, f);
             return nullptr;
         }
-        same = same && t->ptrs[e] == gu->w && t->ptrs[E + e] == dn->w;
+        same = same && t->ptrs[e] == moe_wptr(gu) && t->ptrs[E + e] == moe_wptr(dn) && t->ptrs[2 * E + e] == gu->q8d &&
+               t->ptrs[3 * E + e] == dn->q8d;
     }
     if (same)
         return t;
@@ -1737,7 +1742,7 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
         t->gate_up = moe->gate_up;
         t->down = moe->down;
         t->n_experts = E;
-        cudaError_t e = cudaMalloc((void **)&t->dev, 2 * (size_t)E * sizeof(const uint16_t *));
+        cudaError_t e = cudaMalloc((void **)&t->dev, 4 * (size_t)E * sizeof(const void *));
         if (e != cudaSuccess) {
             cudaGetLastError();
             delete t;
@@ -1746,16 +1751,18 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
         }
         b->moe_tables.push_back(t);
     }
-    t->ptrs.resize(2 * (size_t)E);
+    t->ptrs.resize(4 * (size_t)E);
     t->aligned = 1;
     for (int32_t e = 0; e < E; e++) {
-        t->ptrs[e] = ((const weight *)moe->gate_up[e])->w;
-        t->ptrs[E + e] = ((const weight *)moe->down[e])->w;
+        const weight *gu = (const weight *)moe->gate_up[e], *dn = (const weight *)moe->down[e];
+        t->ptrs[e] = moe_wptr(gu);
+        t->ptrs[E + e] = moe_wptr(dn);
+        t->ptrs[2 * E + e] = gu->q8d;
+        t->ptrs[3 * E + e] = dn->q8d;
+        t->aligned &= (uintptr_t)t->ptrs[e] % 16 == 0 && (uintptr_t)t->ptrs[E + e] % 16 == 0;
     }
-    for (const uint16_t *p : t->ptrs)
-        t->aligned &= (uintptr_t)p % 16 == 0;
     t->in_graph = b->capturing;
-    launch_moe_set_table(b->st, t->dev, t->ptrs.data(), 0, 2 * E);
+    launch_moe_set_table(b->st, t->dev, t->ptrs.data(), 0, 4 * E);
     return check_launch(b, "moe_ffn expert table") ? t : nullptr;
 }
 
@@ -2471,7 +2478,7 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
                      : b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)"
                                  : "",
-                     b->q8_tc ? " (Q8_0 weights but MoE experts kept Q8_0, on tensor cores, RD_CUDA_Q8=tc)" : "");
+                     b->q8_tc ? " (Q8_0 weights kept Q8_0, linears on tensor cores, RD_CUDA_Q8=tc)" : "");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;

@@ -208,10 +208,12 @@ void launch_moe_route(cudaStream_t s, float *logits, int32_t m, int32_t n_expert
 // table[at + i] = p[i] for i < n (p a host array of device pointers): a
 // kernel whose arguments carry the pointers, so an update of the table is
 // ordered on the stream and can be recorded in a graph.
-void launch_moe_set_table(cudaStream_t s, const uint16_t **table, const uint16_t *const *p, int32_t at, int32_t n);
+void launch_moe_set_table(cudaStream_t s, const void **table, const void *const *p, int32_t at, int32_t n);
 // One moe_ffn call: the buffers and shapes its kernels share.
 struct moe_args {
-    const uint16_t *const *table; // [2 n_experts]: expert e's gate|up [2 ffn][dim] at e, its down [dim][ffn] at n_experts + e
+    const void *const *table;   // [4 n_experts]: expert e's gate|up [2 ffn][dim] at e, its down [dim][ffn] at
+                                // n_experts + e, bf16 or Q8_0 codes; their Q8_0 scales (fp16 [rows][cols / 32])
+                                // at 2 n_experts + e and 3 n_experts + e, NULL for a bf16 weight
     int32_t n_experts, ffn, dim;
     int w_aligned;              // every weight 16-byte aligned (vector loads)
     const float *x;             // [m][dim]

@@ -129,10 +129,10 @@ void launch_moe_route(cudaStream_t s, float *logits, int32_t m, int32_t n_expert
 #define MOE_TABLE_CHUNK 256     // pointers per launch: 2 KiB of kernel arguments
 
 struct moe_ptrs {
-    const uint16_t *p[MOE_TABLE_CHUNK];
+    const void *p[MOE_TABLE_CHUNK];
 };
 
-__global__ void k_moe_set_table(const uint16_t **table, moe_ptrs ptrs, int32_t at, int32_t n)
+__global__ void k_moe_set_table(const void **table, moe_ptrs ptrs, int32_t at, int32_t n)
 {
     RD_PDL_ENTRY();
     const int32_t i = threadIdx.x;
@@ -140,7 +140,7 @@ __global__ void k_moe_set_table(const uint16_t **table, moe_ptrs ptrs, int32_t a
         table[at + i] = ptrs.p[i];
 }
 
-void launch_moe_set_table(cudaStream_t s, const uint16_t **table, const uint16_t *const *p, int32_t at, int32_t n)
+void launch_moe_set_table(cudaStream_t s, const void **table, const void *const *p, int32_t at, int32_t n)
 {
     for (int32_t c = 0; c < n; c += MOE_TABLE_CHUNK) {
         const int32_t len = n - c < MOE_TABLE_CHUNK ? n - c : MOE_TABLE_CHUNK;
@@ -198,26 +198,43 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_
 #define MOE_GO 2                // output features per warp
 #define MOE_RT 8                // routes per pass
 
-// Lane `lane`'s partial dot products of NW weight rows w[] with nx (<= MOE_RT)
-// input rows x[], each of len elements, added into a[r][g]: the chunks
-// c = lane, lane + 32, ... of 8 elements (8 fmaf in order), then the tail
-// elements 8 * (len / 8) + lane. VEC only picks 16-byte loads (weights and x
-// aligned, len % 8 == 0); the arithmetic is the same either way.
-template <int NW, bool VEC>
-RD_DEV void lane_dots(const uint16_t *const (&w)[NW], const float *const (&x)[MOE_RT], int32_t nx, int32_t len,
-                      int32_t lane, float (&a)[MOE_RT][NW])
+// Weight i of an expert's row: bf16 (w), or Q8_0 (codes w, fp16 scales d
+// per 32: code x d, the exact float ggml_dequant_row gives).
+template <bool Q8> RD_DEV float moe_w(const void *w, const uint16_t *d, int64_t i)
+{
+    if (Q8)
+        return RD_FMUL((float)((const int8_t *)w)[i], cm_f16_to_f32(d[i / 32]));
+    return cm_bf16_to_f32(((const uint16_t *)w)[i]);
+}
+
+// Lane `lane`'s partial dot products of NW weight rows w[] (Q8: codes, with
+// scale rows d[]) with nx (<= MOE_RT) input rows x[], each of len elements,
+// added into a[r][g]: the chunks c = lane, lane + 32, ... of 8 elements (8
+// fmaf in order), then the tail elements 8 * (len / 8) + lane. VEC only
+// picks 16-byte loads (weights and x aligned, len % 8 == 0); the arithmetic
+// is the same either way, and the same for both weight formats given the
+// same weight values.
+template <int NW, bool VEC, bool Q8>
+RD_DEV void lane_dots(const void *const (&w)[NW], const uint16_t *const (&d)[NW], const float *const (&x)[MOE_RT],
+                      int32_t nx, int32_t len, int32_t lane, float (&a)[MOE_RT][NW])
 {
     const int32_t chunks = len / 8;
     for (int32_t c = lane; c < chunks; c += 32) {
         float wv[NW][8];
 RD_UNROLL
         for (int g = 0; g < NW; g++) {
-            if (VEC) {
-                load_bf16x8(w[g] + (int64_t)c * 8, wv[g]);
+            if (VEC && !Q8) {
+                load_bf16x8((const uint16_t *)w[g] + (int64_t)c * 8, wv[g]);
+            } else if (VEC) { // 8 codes (8 bytes), one block's scale
+                const uint2 v = *(const uint2 *)((const int8_t *)w[g] + (int64_t)c * 8);
+                const float s = cm_f16_to_f32(d[g][c / 4]);
+RD_UNROLL
+                for (int t = 0; t < 8; t++)
+                    wv[g][t] = RD_FMUL((float)(int8_t)((t < 4 ? v.x : v.y) >> (8 * (t % 4))), s);
             } else {
 RD_UNROLL
                 for (int t = 0; t < 8; t++)
-                    wv[g][t] = cm_bf16_to_f32(w[g][(int64_t)c * 8 + t]);
+                    wv[g][t] = moe_w<Q8>(w[g], d[g], (int64_t)c * 8 + t);
             }
         }
 RD_UNROLL
@@ -243,7 +260,7 @@ RD_UNROLL
         float wt[NW];
 RD_UNROLL
         for (int g = 0; g < NW; g++)
-            wt[g] = cm_bf16_to_f32(w[g][t]);
+            wt[g] = moe_w<Q8>(w[g], d[g], t);
 RD_UNROLL
         for (int r = 0; r < MOE_RT; r++) {
             if (r >= nx)
@@ -271,13 +288,18 @@ __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_gate_up(moe_args a)
     const int32_t o0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
     if (n == 0 || o0 >= a.ffn)
         return; // the whole warp: no shuffles below for it
-    const uint16_t *wgu = a.table[e];
-    const uint16_t *w[2 * MOE_GO]; // gate rows, then the matching up rows
+    const void *wgu = a.table[e];
+    const uint16_t *dgu = (const uint16_t *)a.table[2 * a.n_experts + e]; // Q8_0 scales, or NULL: bf16
+    const int64_t es = dgu ? 1 : 2;                                       // bytes a weight
+    const void *w[2 * MOE_GO];      // gate rows, then the matching up rows
+    const uint16_t *d[2 * MOE_GO];  // their scale rows (Q8_0)
 RD_UNROLL
     for (int g = 0; g < MOE_GO; g++) {
         const int32_t o = o0 + g < a.ffn ? o0 + g : a.ffn - 1; // past the end: a copy, not stored
-        w[g] = wgu + (int64_t)o * a.dim;
-        w[MOE_GO + g] = wgu + (int64_t)(a.ffn + o) * a.dim;
+        w[g] = (const char *)wgu + (int64_t)o * a.dim * es;
+        w[MOE_GO + g] = (const char *)wgu + (int64_t)(a.ffn + o) * a.dim * es;
+        d[g] = dgu + (int64_t)o * (a.dim / 32);
+        d[MOE_GO + g] = dgu + (int64_t)(a.ffn + o) * (a.dim / 32);
     }
     for (int32_t q = 0; q < n; q += MOE_RT) {
         const int32_t nx = n - q < MOE_RT ? n - q : MOE_RT;
@@ -291,7 +313,10 @@ RD_UNROLL
 RD_UNROLL
             for (int g = 0; g < 2 * MOE_GO; g++)
                 acc[r][g] = 0.0f;
-        lane_dots<2 * MOE_GO, VEC>(w, x, nx, a.dim, lane, acc);
+        if (dgu)
+            lane_dots<2 * MOE_GO, VEC, true>(w, d, x, nx, a.dim, lane, acc);
+        else
+            lane_dots<2 * MOE_GO, VEC, false>(w, d, x, nx, a.dim, lane, acc);
 RD_UNROLL
         for (int r = 0; r < MOE_RT; r++)
 RD_UNROLL
@@ -319,11 +344,17 @@ __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
     const int32_t c0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
     if (n == 0 || c0 >= a.dim)
         return; // the whole warp
-    const uint16_t *wd = a.table[a.n_experts + e];
-    const uint16_t *w[MOE_GO];
+    const void *wd = a.table[a.n_experts + e];
+    const uint16_t *dd = (const uint16_t *)a.table[3 * a.n_experts + e]; // Q8_0 scales, or NULL: bf16
+    const int64_t es = dd ? 1 : 2;
+    const void *w[MOE_GO];
+    const uint16_t *d[MOE_GO];
 RD_UNROLL
-    for (int g = 0; g < MOE_GO; g++)
-        w[g] = wd + (int64_t)(c0 + g < a.dim ? c0 + g : a.dim - 1) * a.ffn;
+    for (int g = 0; g < MOE_GO; g++) {
+        const int64_t row = c0 + g < a.dim ? c0 + g : a.dim - 1;
+        w[g] = (const char *)wd + row * a.ffn * es;
+        d[g] = dd + row * (a.ffn / 32);
+    }
     for (int32_t q = 0; q < n; q += MOE_RT) {
         const int32_t nx = n - q < MOE_RT ? n - q : MOE_RT;
         const float *x[MOE_RT];
@@ -336,7 +367,10 @@ RD_UNROLL
 RD_UNROLL
             for (int g = 0; g < MOE_GO; g++)
                 acc[r][g] = 0.0f;
-        lane_dots<MOE_GO, VEC>(w, x, nx, a.ffn, lane, acc);
+        if (dd)
+            lane_dots<MOE_GO, VEC, true>(w, d, x, nx, a.ffn, lane, acc);
+        else
+            lane_dots<MOE_GO, VEC, false>(w, d, x, nx, a.ffn, lane, acc);
 RD_UNROLL
         for (int r = 0; r < MOE_RT; r++)
 RD_UNROLL

@@ -275,7 +275,7 @@ static void test_linear_read_native(void)
         rd_wpart two[2] = {{.type = GGML_BF16, .rows = A, .data = bf},
                            {.type = GGML_BF16, .rows = OUT - A, .data = bf + (size_t)A * IN}};
         void *W = NULL;
-        CHECK_OK(be->ops->linear_load_q(be, two, 2, IN, RD_WUSE_LINEAR, &W));
+        CHECK_OK(be->ops->linear_load_q(be, two, 2, IN, &W));
         static const int32_t ranges[][2] = {{0, OUT}, {0, 1}, {A, OUT - A}, {A - 3, 9}, {17, 30}, {OUT - 1, 1}};
         for (size_t r = 0; r < sizeof ranges / sizeof ranges[0] && !test_case_failed; r++) {
             int32_t r0 = ranges[r][0], n = ranges[r][1];
@@ -290,7 +290,7 @@ static void test_linear_read_native(void)
               be->ops->name);
         be->ops->linear_free(be, W);
         rd_wpart h = {.type = GGML_F16, .rows = OUT, .data = hf};
-        CHECK_OK(be->ops->linear_load_q(be, &h, 1, IN, RD_WUSE_LINEAR, &W));
+        CHECK_OK(be->ops->linear_load_q(be, &h, 1, IN, &W));
         int rc = be->ops->linear_read_native(be, W, GGML_F16, 5, 20, got);
         if (be == cpu)
             CHECK(rc == 0 && !memcmp(got, hf + 5 * IN, sizeof(uint16_t) * 20 * IN), "cpu: f16 rows differ (rc %d)", rc);
@@ -311,7 +311,7 @@ static void test_linear_read_native(void)
     rd_wpart mix[2] = {{.type = GGML_Q8_0, .rows = A, .data = q8},
                        {.type = GGML_BF16, .rows = OUT - A, .data = bf + (size_t)A * IN}};
     void *W = NULL;
-    CHECK_OK(cpu->ops->linear_load_q(cpu, mix, 2, IN, RD_WUSE_LINEAR, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, mix, 2, IN, &W));
     CHECK(cpu->ops->linear_read_native(cpu, W, GGML_BF16, A - 1, 2, got) == RD_ENOTSUP, "cpu: rows of a Q8_0 part");
     CHECK_OK(cpu->ops->linear_read_native(cpu, W, GGML_BF16, A, OUT - A, got));
     CHECK(!memcmp(got, bf + (size_t)A * IN, sizeof(uint16_t) * (OUT - A) * IN), "cpu: the bf16 part's rows differ");
@@ -346,8 +346,8 @@ static void fp8_case(int32_t out, int32_t in, int32_t m)
     rd_fp8_dequant(blk, wd, n / RD_FP8_BLOCK);
     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
     void *W = NULL, *Wc = NULL;
-    CHECK_OK(emu->ops->linear_load_q(emu, &part, 1, in, RD_WUSE_LINEAR, &W));
-    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, RD_WUSE_LINEAR, &Wc));
+    CHECK_OK(emu->ops->linear_load_q(emu, &part, 1, in, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, &Wc));
     if (test_case_failed)
         goto done;
     float *dx = up(emu, x, sizeof(float) * ((size_t)m * in + 1)), *dy = up(emu, NULL, sizeof(float) * (size_t)m * out);
@@ -550,7 +550,7 @@ static void tc_fp8_case(rd_backend *tc8, rd_backend *tc, int32_t out, int32_t in
     rd_fp8_dequant(blk, wd, n / RD_FP8_BLOCK);
     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
     void *W8 = NULL, *Wb = NULL;
-    CHECK_OK(tc8->ops->linear_load_q(tc8, &part, 1, in, RD_WUSE_LINEAR, &W8));
+    CHECK_OK(tc8->ops->linear_load_q(tc8, &part, 1, in, &W8));
     CHECK_OK(tc->ops->linear_load(tc, wd, out, in, &Wb));
     run_linear(tc8, W8, x, m, in, out, 0, NULL, y8, 0);
     run_linear(tc, Wb, x, m, in, out, 0, NULL, yb, 0);
@@ -598,7 +598,7 @@ static void *load_fp8(rd_backend *be, const float *w, int32_t out, int32_t in, f
             wq[b * RD_FP8_BLOCK + j] = rd_fp8_e4m3_to_f32(blk[b * RD_FP8_BYTES + 1 + j]);
     }
     rd_wpart part = {.type = RD_TYPE_FP8_B32, .rows = out, .data = blk};
-    if (be->ops->linear_load_q(be, &part, 1, in, RD_WUSE_LINEAR, &W))
+    if (be->ops->linear_load_q(be, &part, 1, in, &W))
         W = NULL;
     free(blk);
     return W;
@@ -756,7 +756,7 @@ static void *load_q80(rd_backend *be, const float *w, int32_t out, int32_t in)
     uint8_t *blk = malloc((size_t)out * ggml_row_bytes(GGML_Q8_0, (uint64_t)in));
     void *W = NULL;
     rd_wpart part = {.type = GGML_Q8_0, .rows = out, .data = blk};
-    if (ggml_quant_q8_0(w, (uint64_t)out * in, blk) || be->ops->linear_load_q(be, &part, 1, in, RD_WUSE_LINEAR, &W))
+    if (ggml_quant_q8_0(w, (uint64_t)out * in, blk) || be->ops->linear_load_q(be, &part, 1, in, &W))
         W = NULL;
     free(blk);
     return W;
@@ -1106,8 +1106,8 @@ static void tc_q80_case(rd_backend *be, rd_backend *tc, rd_backend *cpu, int32_t
     }
     rd_wpart part = {.type = GGML_Q8_0, .rows = out, .data = blk};
     void *W = NULL, *Wc = NULL, *Wb = NULL;
-    CHECK_OK(be->ops->linear_load_q(be, &part, 1, in, RD_WUSE_LINEAR, &W));
-    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, RD_WUSE_LINEAR, &Wc));
+    CHECK_OK(be->ops->linear_load_q(be, &part, 1, in, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, in, &Wc));
     CHECK_OK(tc->ops->linear_load(tc, wd, out, in, &Wb));
     if (test_case_failed)
         goto done;
@@ -1217,8 +1217,8 @@ static void q80_table_case(rd_backend *be, rd_backend *cpu, int32_t V, int32_t D
     CHECK_OK(ggml_dequant_row(GGML_Q8_0, blk, wd, n));
     rd_wpart part = {.type = GGML_Q8_0, .rows = V, .data = blk};
     void *W = NULL, *Wc = NULL;
-    CHECK_OK(be->ops->linear_load_q(be, &part, 1, D, RD_WUSE_EMBED, &W));
-    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, D, RD_WUSE_EMBED, &Wc));
+    CHECK_OK(be->ops->linear_load_q(be, &part, 1, D, &W));
+    CHECK_OK(cpu->ops->linear_load_q(cpu, &part, 1, D, &Wc));
     int64_t by[RD_WEIGHT_TYPES] = {0};
     if (W)
         be->ops->linear_bytes_by_type(be, W, by);
@@ -1270,8 +1270,8 @@ done:
 
 /* RD_CUDA_Q8=tc: the plan's three reductions, both activation modes, the
  * tile kernel on both tiles, the fusions (gated epilogue, RMSNorm prologue,
- * bias + RoPE + KV write) bit for bit those of the unfused ops, the tables
- * (embedding, LM head), and the experts, which stay bf16. */
+ * bias + RoPE + KV write) bit for bit those of the unfused ops, and the
+ * tables (embedding, LM head). */
 static void test_gemm_tc_q80(void)
 {
     setenv("RD_CUDA_Q8", "tc", 1);
@@ -1311,21 +1311,15 @@ static void test_gemm_tc_q80(void)
             CHECK(!memcmp(y1, y + 2 * 64, sizeof(float) * 64), "q8_0 bf16 activations: row 2 alone differs");
             q8b->ops->linear_free(q8b, W);
         }
-        /* the MoE experts stay bf16 (their kernels read bf16), the tables do not */
+        /* without RD_CUDA_Q8=tc the device widens Q8_0 to bf16, as before */
         uint8_t *blk = malloc(64 * ggml_row_bytes(GGML_Q8_0, 256));
         CHECK_OK(ggml_quant_q8_0(w, 64 * 256, blk));
         rd_wpart part = {.type = GGML_Q8_0, .rows = 64, .data = blk};
-        const int32_t uses[3] = {RD_WUSE_EMBED, RD_WUSE_HEAD, RD_WUSE_EXPERT};
-        for (int u = 0; u < 3 && !test_case_failed; u++) {
-            int64_t by[RD_WEIGHT_TYPES] = {0};
-            CHECK_OK(q8->ops->linear_load_q(q8, &part, 1, 256, uses[u], &W));
-            q8->ops->linear_bytes_by_type(q8, W, by);
-            if (uses[u] == RD_WUSE_EXPERT)
-                CHECK(by[GGML_BF16] == 64 * 256 * 2 && by[GGML_Q8_0] == 0, "q8_0 expert: not held as bf16");
-            else
-                CHECK(by[GGML_Q8_0] == 64 * 256 / 32 * 34, "q8_0 use %d: not held as Q8_0", uses[u]);
-            q8->ops->linear_free(q8, W);
-        }
+        int64_t by[RD_WEIGHT_TYPES] = {0};
+        CHECK_OK(tc->ops->linear_load_q(tc, &part, 1, 256, &W));
+        tc->ops->linear_bytes_by_type(tc, W, by);
+        CHECK(by[GGML_BF16] == 64 * 256 * 2 && by[GGML_Q8_0] == 0, "q8_0 without RD_CUDA_Q8: not held as bf16");
+        tc->ops->linear_free(tc, W);
         free(blk), free(w), free(x), free(y), free(y1);
     }
     tc_wfmt = 2;
@@ -3960,7 +3954,41 @@ static void test_runner_q80(void)
         return;
     setenv("RD_CUDA_Q8", "tc", 1);
     runner_case("tiny-q8_0", 1);
+    /* Qwen3-MoE from a Q8_0 file: its experts held as Q8_0 too; prefill logits near the CPU's */
+    int okm = load_model("tiny-moe-q8_0", dev_name(), &lq);
     unsetenv("RD_CUDA_Q8");
+    okm = okm && load_model("tiny-moe-q8_0", "cpu", &lc);
+    CHECK(okm, "cannot load tiny-moe-q8_0 (run tests/gen_testdata.sh): %s", rd_errmsg());
+    if (!okm)
+        return;
+    const model_config *mc = &lc.m->cfg;
+    const int64_t experts = (int64_t)mc->n_layers * mc->n_experts * 3 * mc->expert_ffn_dim * mc->dim / 32 * 34;
+    CHECK(lq.m->weights_bytes_by_type[GGML_Q8_0] >= experts, "tiny-moe-q8_0: %lld Q8_0 bytes held, the experts "
+          "alone are %lld", (long long)lq.m->weights_bytes_by_type[GGML_Q8_0], (long long)experts);
+    const int32_t VM = mc->vocab;
+    for (int i = 0; i < 40; i++)
+        t0[i] = (int32_t)(rnd() % VM), t1[i] = (int32_t)(rnd() % VM), t2[i] = (int32_t)(rnd() % VM);
+    float *lm[2] = {malloc(sizeof(float) * 64 * VM), malloc(sizeof(float) * 64 * VM)};
+    rd_loaded *lms[2] = {&lc, &lq};
+    setenv("RD_GRAPHS", "0", 1);
+    for (int k = 0; k < 2 && !test_case_failed; k++) {
+        runner r;
+        CHECK_OK(runner_init(&r, lms[k]->m, 16, 16, 64, 64));
+        CHECK_OK(prefill(&r, toks, lens, NS, base, 0, lm[k]));
+        runner_free(&r);
+    }
+    unsetenv("RD_GRAPHS");
+    double dm = 0, sm = 0;
+    for (int64_t i = 0; i < (int64_t)M * VM; i++) {
+        dm = worse(dm, fabs(lm[1][i] - lm[0][i]));
+        sm = worse(sm, fabs(lm[0][i]));
+    }
+    printf("# tiny-moe-q8_0 (RD_CUDA_Q8=tc, %lld Q8_0 bytes held, %lld bf16) prefill logits against the CPU: max "
+           "|diff| %.3g (max |logit| %.3g)\n", (long long)lq.m->weights_bytes_by_type[GGML_Q8_0],
+           (long long)lq.m->weights_bytes_by_type[GGML_BF16], dm, sm);
+    CHECK(dm <= 0.02 * (sm > 1 ? sm : 1), "tiny-moe-q8_0: logits %.3g from the CPU's", dm);
+    free(lm[0]), free(lm[1]);
+    rd_unload(&lc), rd_unload(&lq);
 }
 
 /* Every family's layer recipe on the emulated backend against the CPU: the
@@ -4600,6 +4628,96 @@ static void test_moe_ffn(void)
            worst_cpu);
 }
 
+/* Experts as Q8_0 blocks (RD_CUDA_Q8=tc: the device keeps codes and fp16
+ * scales; moe_ffn decodes code x d exactly): against a double reference on
+ * the dequantized weights within the bf16 test's 1e-5 of the error scale,
+ * as the CPU backend holding the same Q8_0 experts is; a bf16 copy of those
+ * weights (the device without RD_CUDA_Q8) is more than 10 times further.
+ * Each row alone equals it in the batch; half the experts Q8_0 and half bf16
+ * in one layer serve each with its own format. */
+static void moe_q8_case(rd_backend *q8, int32_t E, int32_t f, int32_t d, int32_t k, int32_t m)
+{
+    moe_case c;
+    CHECK_OK(moe_case_make(&c, E, f, d, k, m));
+    const size_t ngu = (size_t)2 * f * d, ndn = (size_t)d * f, n = (size_t)m * d;
+    uint8_t *qgu = malloc((size_t)E * ngu / 32 * 34), *qdn = malloc((size_t)E * ndn / 32 * 34);
+    CHECK_OK(ggml_quant_q8_0(c.gu, E * ngu, qgu));
+    CHECK_OK(ggml_quant_q8_0(c.dn, E * ndn, qdn));
+    CHECK_OK(ggml_dequant_row(GGML_Q8_0, qgu, c.gu, E * ngu)); /* the reference's weights: the Q8_0 values */
+    CHECK_OK(ggml_dequant_row(GGML_Q8_0, qdn, c.dn, E * ndn));
+    moe_dev mq = {0}, mc = {0}, mb = {0}, mx = {0};
+    rd_backend *bes[3] = {q8, cpu, q8};
+    moe_dev *mds[3] = {&mq, &mc, &mx};
+    for (int b = 0; b < 3 && !test_case_failed; b++) {
+        moe_dev *md = mds[b];
+        rd_backend *be = bes[b];
+        md->gu = calloc((size_t)E, sizeof(void *));
+        md->dn = calloc((size_t)E, sizeof(void *));
+        md->moe = (rd_moe){.n_experts = E, .ffn = f, .dim = d, .gate_up = md->gu, .down = md->dn};
+        for (int32_t e = 0; e < E; e++) {
+            rd_wpart pg = {.type = GGML_Q8_0, .rows = 2 * f, .data = qgu + (size_t)e * ngu / 32 * 34};
+            rd_wpart pd = {.type = GGML_Q8_0, .rows = d, .data = qdn + (size_t)e * ndn / 32 * 34};
+            if (b == 2 && e % 2) { /* mixed: odd experts from bf16 copies of the same values */
+                CHECK_OK(be->ops->linear_load(be, c.gu + (size_t)e * ngu, 2 * f, d, &md->gu[e]));
+                CHECK_OK(be->ops->linear_load(be, c.dn + (size_t)e * ndn, d, f, &md->dn[e]));
+            } else {
+                CHECK_OK(be->ops->linear_load_q(be, &pg, 1, d, &md->gu[e]));
+                CHECK_OK(be->ops->linear_load_q(be, &pd, 1, f, &md->dn[e]));
+            }
+        }
+    }
+    CHECK_OK(moe_dev_load(emu, c.gu, c.dn, E, f, d, &mb));
+    int64_t by[RD_WEIGHT_TYPES] = {0};
+    if (!test_case_failed)
+        q8->ops->linear_bytes_by_type(q8, mq.gu[0], by);
+    CHECK(by[GGML_Q8_0] == (int64_t)(ngu / 32 * 34), "q8_0 expert: not held as Q8_0");
+    float *yq = malloc(sizeof(float) * n), *yc = malloc(sizeof(float) * n), *yb = malloc(sizeof(float) * n);
+    float *yx = malloc(sizeof(float) * n), *y1 = malloc(sizeof(float) * d), *yxr = malloc(sizeof(float) * n);
+    double *yref = malloc(sizeof(double) * n), *mag = malloc(sizeof(double) * n);
+    if (!test_case_failed) {
+        CHECK_OK(moe_ffn_on(q8, &mq.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yq));
+        CHECK_OK(moe_ffn_on(cpu, &mc.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yc));
+        CHECK_OK(moe_ffn_on(emu, &mb.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yb));
+        CHECK_OK(moe_ffn_on(q8, &mx.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yx));
+        CHECK_OK(moe_ffn_on(q8, &mq.moe, c.x + (size_t)(m - 1) * d, 1, c.ids + (m - 1) * k, c.w + (m - 1) * k, 1, k,
+                            c.y0 + (size_t)(m - 1) * d, y1));
+        CHECK(!memcmp(y1, yq + (size_t)(m - 1) * d, sizeof(float) * d), "q8_0 experts: the last row alone differs");
+        moe_reference(&c, yref, mag);
+        const double eq = moe_error(&c, yq, yref, mag), ec = moe_error(&c, yc, yref, mag);
+        const double eb = moe_error(&c, yb, yref, mag);
+        /* mixed: the reference with the odd experts' weights rounded to bf16 */
+        for (int32_t e = 1; e < E; e += 2) {
+            for (size_t i = 0; i < ngu; i++)
+                c.gu[(size_t)e * ngu + i] = bf(c.gu[(size_t)e * ngu + i]);
+            for (size_t i = 0; i < ndn; i++)
+                c.dn[(size_t)e * ndn + i] = bf(c.dn[(size_t)e * ndn + i]);
+        }
+        double *xref = malloc(sizeof(double) * n), *xmag = malloc(sizeof(double) * n);
+        moe_reference(&c, xref, xmag);
+        const double ex = moe_error(&c, yx, xref, xmag);
+        free(xref), free(xmag);
+        printf("# moe_ffn, %d Q8_0 experts (ffn %d, dim %d, top %d, %d rows) vs a double reference on their values: "
+               "device %.3g, CPU %.3g, a bf16 copy %.3g; half Q8_0, half bf16: %.3g\n", E, f, d, k, m, eq, ec, eb, ex);
+        CHECK(eq < 1e-5 && ec < 1e-5, "q8_0 experts: device %.3g, CPU %.3g from the reference", eq, ec);
+        CHECK(eb > 10 * eq, "q8_0 experts: a bf16 copy (%.3g) is no further than Q8_0 held (%.3g)", eb, eq);
+        CHECK(ex < 1e-5, "mixed experts: %.3g from the reference", ex);
+    }
+    moe_dev_free(q8, &mq), moe_dev_free(cpu, &mc), moe_dev_free(emu, &mb), moe_dev_free(q8, &mx);
+    free(yq), free(yc), free(yb), free(yx), free(y1), free(yxr), free(yref), free(mag), free(qgu), free(qdn);
+    moe_case_free(&c);
+}
+
+static void test_moe_ffn_q8(void)
+{
+    setenv("RD_CUDA_Q8", "tc", 1);
+    rd_backend *q8 = NULL;
+    CHECK_OK(rd_backend_create(dev_name(), 1, &q8));
+    unsetenv("RD_CUDA_Q8");
+    if (!test_case_failed) moe_q8_case(q8, 8, 32, 64, 2, 33);
+    if (!test_case_failed) moe_q8_case(q8, 128, 32, 64, 8, 3); /* fewer routes than experts */
+    if (q8) rd_backend_destroy(q8);
+}
+
 /* moe_release: a layer's experts loaded, used once (which writes their
  * device table) and freed, six times over, as a daemon does when its weights
  * are released and resumed each training step. On the emulator the live
@@ -5100,6 +5218,7 @@ int main(void)
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
+    RUN_SEL(test_moe_ffn_q8);
     RUN_SEL(test_lm_head_chunks);
     RUN_SEL(test_mixed_activations);
     RUN_SEL(test_row_ops);

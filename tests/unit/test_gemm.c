@@ -646,9 +646,9 @@ static void test_quant_backend_parts(void)
     }
     void *hq, *hf;
     unsetenv("RD_CPU_WEIGHTS");
-    CHECK_OK(be->ops->linear_load_q(be, parts, 3, in, RD_WUSE_LINEAR, &hq));
+    CHECK_OK(be->ops->linear_load_q(be, parts, 3, in, &hq));
     setenv("RD_CPU_WEIGHTS", "f32", 1);
-    CHECK_OK(be->ops->linear_load_q(be, parts, 3, in, RD_WUSE_LINEAR, &hf));
+    CHECK_OK(be->ops->linear_load_q(be, parts, 3, in, &hf));
     unsetenv("RD_CPU_WEIGHTS");
     int64_t bq = be->ops->linear_bytes(be, hq), bf = be->ops->linear_bytes(be, hf);
     CHECK(bf == (int64_t)5 * 16 * in * 4 && bq < bf / 3, "bytes native %lld, f32 %lld", (long long)bq, (long long)bf);
@@ -677,7 +677,7 @@ static void test_quant_backend_parts(void)
     CHECK(!memcmp(y0, y1, sizeof(float) * 4 * in), "embedding rows differ");
     rd_wpart bad = {.type = GGML_Q4_K, .rows = 3, .data = raw[0]};
     void *h;
-    CHECK(be->ops->linear_load_q(be, &bad, 1, 96, RD_WUSE_LINEAR, &h) == RD_EINVAL, "Q4_K with K = 96 accepted");
+    CHECK(be->ops->linear_load_q(be, &bad, 1, 96, &h) == RD_EINVAL, "Q4_K with K = 96 accepted");
     be->ops->linear_free(be, hq);
     be->ops->linear_free(be, hf);
     for (int i = 0; i < 3; i++)
