@@ -960,26 +960,36 @@ static int cu_linear_load(rd_backend *be, const float *w, int32_t out, int32_t i
     return 0;
 }
 
+// Blocks of 32 one-byte codes after a scale of sbytes (FP8: 1, Q8_0's fp16
+// d: 2), as parts hold them in row order, into codes [rows][in] and scales
+// [rows][in / 32] (sbytes each).
+static void split_blocks(const rd_wpart *parts, int32_t n_parts, int32_t in, size_t sbytes, uint8_t *codes,
+                         uint8_t *scales)
+{
+    const size_t bb = sbytes + 32;  // bytes of a block
+    size_t blk = 0;                 // blocks of the whole weight, in row order
+    for (int32_t i = 0; i < n_parts; i++) {
+        const uint8_t *src = (const uint8_t *)parts[i].data;
+        for (size_t j = 0; j < (size_t)parts[i].rows * (in / 32); j++, blk++) {
+            memcpy(scales + blk * sbytes, src + j * bb, sbytes);
+            memcpy(codes + blk * 32, src + j * bb + sbytes, 32);
+        }
+    }
+}
+
 // FP8 blocks (serve_dtype fp8): the codes and the scale bytes go to the
 // device as two arrays, [out][in] and [out][in / 32], which k_gemm_fp8 reads
 // with aligned 16-byte loads.
 static int load_fp8(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t out, int32_t in, void **handle)
 {
-    const size_t n = (size_t)out * in, nb = n / RD_FP8_BLOCK, rb = (size_t)(in / RD_FP8_BLOCK) * RD_FP8_BYTES;
+    const size_t n = (size_t)out * in, nb = n / RD_FP8_BLOCK;
     uint8_t *codes = (uint8_t *)malloc(n), *scales = (uint8_t *)malloc(nb);
     weight *W = (weight *)calloc(1, sizeof(weight));
     if (!codes || !scales || !W) {
         free(codes), free(scales), free(W);
         return rd_fail(RD_ENOMEM, "cuda: out of host memory splitting a [%d][%d] fp8 weight", out, in);
     }
-    size_t blk = 0;             // blocks of the whole weight, in row order
-    for (int32_t i = 0; i < n_parts; i++) {
-        const uint8_t *src = (const uint8_t *)parts[i].data;
-        for (size_t j = 0; j < (size_t)parts[i].rows * rb / RD_FP8_BYTES; j++, blk++) {
-            scales[blk] = src[j * RD_FP8_BYTES];
-            memcpy(codes + blk * RD_FP8_BLOCK, src + j * RD_FP8_BYTES + 1, RD_FP8_BLOCK);
-        }
-    }
+    split_blocks(parts, n_parts, in, RD_FP8_BYTES - RD_FP8_BLOCK, codes, scales);
     W->out = out;
     W->in = in;
     int rc = upload_new(b, (void **)&W->f8, codes, n, "an fp8 weight");
@@ -1020,14 +1030,7 @@ static int load_q80(cuda_be *b, const rd_wpart *parts, int32_t n_parts, int32_t 
         free(codes), free(scales), free(W);
         return rd_fail(RD_ENOMEM, "cuda: out of host memory splitting a [%d][%d] Q8_0 weight", out, in);
     }
-    size_t blk = 0;             // blocks of the whole weight, in row order
-    for (int32_t i = 0; i < n_parts; i++) {
-        const uint8_t *src = (const uint8_t *)parts[i].data;
-        for (size_t j = 0; j < (size_t)parts[i].rows * (in / Q8_BLOCK); j++, blk++) {
-            memcpy(&scales[blk], src + j * Q8_BLOCK_BYTES, sizeof(uint16_t));
-            memcpy(codes + blk * Q8_BLOCK, src + j * Q8_BLOCK_BYTES + 2, Q8_BLOCK);
-        }
-    }
+    split_blocks(parts, n_parts, in, Q8_BLOCK_BYTES - Q8_BLOCK, (uint8_t *)codes, (uint8_t *)scales);
     W->out = out;
     W->in = in;
     int rc = upload_new(b, (void **)&W->q8, codes, n, "a Q8_0 weight");

@@ -419,18 +419,24 @@ RD_DEV void tc_load_w8(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (
     u[2] = cm_f2u(tc_w8_scale(a.f8s[(int64_t)n * (a.in / 32) + c / 32]));
 }
 
-// tc_chunk for W8A8: w[j] from tc_load_w8.
-template <int MW>
-RD_DEV void tc_chunk_q8(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
-                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
+// The weight scales of this lane's output columns 2t and 2t + 1 of each n8
+// tile (rows held by lanes 8t and 8t + 4), from the bits each lane loaded in w[j][2].
+RD_DEV void tc_col_scales(const uint32_t (&w)[2][4], int t, float (&sw)[2][2])
 {
-    // the weight scales of this lane's output columns 2t and 2t + 1 (rows held by lanes 8t and 8t + 4)
-    float sw[2][2];
 RD_UNROLL
     for (int j = 0; j < 2; j++) {
         sw[j][0] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t));
         sw[j][1] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t + 4));
     }
+}
+
+// tc_chunk for W8A8: w[j] from tc_load_w8.
+template <int MW>
+RD_DEV void tc_chunk_q8(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
+                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
+{
+    float sw[2][2];
+    tc_col_scales(w, t, sw);
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++) {
         float xa[8], xb[8];
@@ -500,16 +506,14 @@ template <int MW, int NP>
 RD_DEV void tc_chunk_q80(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                          const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
-    float sw[2][2];     // the scales of this lane's columns 2t and 2t + 1 (rows held by lanes 8t and 8t + 4)
+    float sw[2][2];
+    tc_col_scales(w, t, sw);
     uint32_t b[2][4];   // n8 tile j's bf16 pairs, as tc_load_w gives them: k-step s takes b[j][2s], b[j][2s + 1]
 RD_UNROLL
-    for (int j = 0; j < 2; j++) {
-        sw[j][0] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t));
-        sw[j][1] = cm_u2f(__shfl_sync(0xffffffffu, w[j][2], 8 * t + 4));
+    for (int j = 0; j < 2; j++)
 RD_UNROLL
         for (int i = 0; i < 4; i++)
             b[j][i] = tc_q80_pair(w[j][i / 2], i % 2);
-    }
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++) {
         float xa[8], xb[8];

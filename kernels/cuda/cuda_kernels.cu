@@ -14,7 +14,11 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 
 // ------------------------------------------------------------------ embed
 
-__global__ void k_embed(const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, float *out)
+// Row ids[i] of a table: bf16 (w), or Q8_0 (codes w, fp16 scales d per 32:
+// code x d, the float ggml_dequant_row gives, an exact product); zeros for
+// an id outside [0, vocab).
+template <bool Q8>
+__global__ void k_embed(const void *w, const uint16_t *d, int32_t vocab, int32_t dim, const int32_t *ids, float *out)
 {
     RD_PDL_ENTRY();
     const int32_t row = blockIdx.x;
@@ -25,9 +29,11 @@ __global__ void k_embed(const uint16_t *w, int32_t vocab, int32_t dim, const int
             o[j] = 0.0f;
         return;
     }
-    const uint16_t *src = w + (int64_t)id * dim;
-    for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
-        o[j] = cm_bf16_to_f32(src[j]);
+    for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        const int64_t at = (int64_t)id * dim + j;
+        o[j] = Q8 ? RD_FMUL((float)((const int8_t *)w)[at], cm_f16_to_f32(d[at / 32]))
+                  : cm_bf16_to_f32(((const uint16_t *)w)[at]);
+    }
 }
 
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
@@ -35,26 +41,8 @@ void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim,
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_embed, dim3(m), dim3(128), 0, s, w, vocab, dim, ids, out);
-}
-
-// A Q8_0 table's row: code x d, the float ggml_dequant_row gives (an exact product).
-__global__ void k_embed_q8(const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim, const int32_t *ids,
-                           float *out)
-{
-    RD_PDL_ENTRY();
-    const int32_t row = blockIdx.x;
-    const int32_t id = ids[row];
-    float *o = out + (int64_t)row * dim;
-    if (id < 0 || id >= vocab) {
-        for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
-            o[j] = 0.0f;
-        return;
-    }
-    const int8_t *src = q + (int64_t)id * dim;
-    const uint16_t *ds = d + (int64_t)id * (dim / 32);
-    for (int32_t j = threadIdx.x; j < dim; j += blockDim.x)
-        o[j] = RD_FMUL((float)src[j], cm_f16_to_f32(ds[j / 32]));
+    const uint16_t *none = nullptr;
+    RD_LAUNCH(k_embed<false>, dim3(m), dim3(128), 0, s, (const void *)w, none, vocab, dim, ids, out);
 }
 
 void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim,
@@ -62,7 +50,7 @@ void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_embed_q8, dim3(m), dim3(128), 0, s, q, d, vocab, dim, ids, out);
+    RD_LAUNCH(k_embed<true>, dim3(m), dim3(128), 0, s, (const void *)q, d, vocab, dim, ids, out);
 }
 
 // ------------------------------------------------------------------ rmsnorm

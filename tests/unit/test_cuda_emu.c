@@ -3900,11 +3900,44 @@ static void test_runner_tc(void)
     unsetenv("RD_CUDA_GEMM");
 }
 
+/* Prefill logits [42][vocab] of three fixed-length random prompts (the same
+ * tokens for every model loaded with this vocabulary), graphs off, into a
+ * new buffer *lg. */
+static void prefill_logits(rd_loaded *l, float **lg)
+{
+    const int32_t V = l->m->cfg.vocab;
+    int32_t lens[3] = {14, 5, 23}, base[3] = {0, 4, 8}, t[3][40];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 40; i++)
+            t[s][i] = (int32_t)((hval(93, s, i, 0) + 1) * 0.5 * V) % V;
+    const int32_t *toks[3] = {t[0], t[1], t[2]};
+    *lg = calloc((size_t)64 * V, sizeof(float));
+    runner r;
+    setenv("RD_GRAPHS", "0", 1);
+    int rc = runner_init(&r, l->m, 16, 16, 64, 64);
+    unsetenv("RD_GRAPHS");
+    CHECK_OK(rc);
+    CHECK_OK(prefill(&r, toks, lens, 3, base, 0, *lg));
+    runner_free(&r);
+}
+
+/* Largest |a - b| and |a| over n values. */
+static void max_diff(const float *a, const float *b, int64_t n, double *d, double *scale)
+{
+    *d = 0, *scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        *d = worse(*d, fabs(a[i] - b[i]));
+        *scale = worse(*scale, fabs(a[i]));
+    }
+}
+
 /* RD_CUDA_Q8=tc through the loader and the runner: a Q8_0 file's linears
  * and its embedding (also the tied head) held as Q8_0 on the device; prefill
  * logits nearer the CPU's (which computes with the file's exact values) than
  * a bf16 copy of the weights gets; then the runner's contracts (runner_case:
- * graphs, fusions, chunked prefill, decode). */
+ * graphs, fusions, chunked prefill, decode); then Qwen3-MoE from a Q8_0 file,
+ * its experts held as Q8_0 too, its logits no further from the CPU's than a
+ * bf16 copy's. */
 static void test_runner_q80(void)
 {
     rd_loaded lc, lq, lb;
@@ -3916,48 +3949,30 @@ static void test_runner_q80(void)
     const model_config *c = &lc.m->cfg;
     const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     const int64_t per_layer = (q + 2 * kv) * c->dim + c->dim * q + 2 * c->ffn_dim * c->dim + c->dim * c->ffn_dim;
-    const int64_t want_q8 = (c->n_layers * per_layer + (int64_t)c->vocab * c->dim) / 32 * 34, want_bf = 0;
-    CHECK(lq.m->weights_bytes_by_type[GGML_Q8_0] == want_q8 && lq.m->weights_bytes_by_type[GGML_BF16] == want_bf,
-          "q8_0 holdings: %lld Q8_0 bytes (expected %lld), %lld bf16 (expected %lld)",
+    const int64_t want_q8 = (c->n_layers * per_layer + (int64_t)c->vocab * c->dim) / 32 * 34;
+    CHECK(lq.m->weights_bytes_by_type[GGML_Q8_0] == want_q8 && lq.m->weights_bytes_by_type[GGML_BF16] == 0,
+          "q8_0 holdings: %lld Q8_0 bytes (expected %lld), %lld bf16 (expected 0)",
           (long long)lq.m->weights_bytes_by_type[GGML_Q8_0], (long long)want_q8,
-          (long long)lq.m->weights_bytes_by_type[GGML_BF16], (long long)want_bf);
+          (long long)lq.m->weights_bytes_by_type[GGML_BF16]);
     CHECK(lb.m->weights_bytes_by_type[GGML_Q8_0] == 0, "without RD_CUDA_Q8 the device holds Q8_0 bytes");
-    const int32_t V = c->vocab, NS = 3;
-    int32_t lens[3] = {14, 5, 23}, base[3] = {0, 4, 8}, t0[40], t1[40], t2[40];
-    for (int i = 0; i < 40; i++)
-        t0[i] = (int32_t)(rnd() % V), t1[i] = (int32_t)(rnd() % V), t2[i] = (int32_t)(rnd() % V);
-    const int32_t *toks[3] = {t0, t1, t2};
-    const int32_t M = 14 + 5 + 23;
-    float *lg[3] = {malloc(sizeof(float) * 64 * V), malloc(sizeof(float) * 64 * V), malloc(sizeof(float) * 64 * V)};
-    rd_loaded *ls[3] = {&lc, &lq, &lb};
-    setenv("RD_GRAPHS", "0", 1);
-    for (int k = 0; k < 3 && !test_case_failed; k++) {
-        runner r;
-        CHECK_OK(runner_init(&r, ls[k]->m, 16, 16, 64, 64));
-        CHECK_OK(prefill(&r, toks, lens, NS, base, 0, lg[k]));
-        runner_free(&r);
-    }
-    unsetenv("RD_GRAPHS");
-    double dq = 0, db = 0;
-    for (int64_t i = 0; i < (int64_t)M * V; i++) {
-        dq = worse(dq, fabs(lg[1][i] - lg[0][i]));
-        db = worse(db, fabs(lg[2][i] - lg[0][i]));
-    }
+    const int64_t n = (int64_t)(14 + 5 + 23) * c->vocab;
+    float *lgc, *lgq, *lgb;
+    prefill_logits(&lc, &lgc), prefill_logits(&lq, &lgq), prefill_logits(&lb, &lgb);
+    double dq, db, sc;
+    max_diff(lgc, lgq, n, &dq, &sc);
+    max_diff(lgc, lgb, n, &db, &sc);
     printf("# tiny-q8_0 prefill logits against the CPU: Q8_0 held (RD_CUDA_Q8=tc) max |diff| %.3g, a bf16 copy %.3g\n",
            dq, db);
     CHECK(dq < db, "q8_0 held: logits %.3g from the CPU's, a bf16 copy %.3g", dq, db);
-    for (int k = 0; k < 3; k++) {
-        free(lg[k]);
-        rd_unload(ls[k]);
-    }
+    free(lgc), free(lgq), free(lgb);
+    rd_unload(&lc), rd_unload(&lq), rd_unload(&lb);
     if (test_case_failed)
         return;
     setenv("RD_CUDA_Q8", "tc", 1);
     runner_case("tiny-q8_0", 1);
-    /* Qwen3-MoE from a Q8_0 file: its experts held as Q8_0 too; prefill logits near the CPU's */
     int okm = load_model("tiny-moe-q8_0", dev_name(), &lq);
     unsetenv("RD_CUDA_Q8");
-    okm = okm && load_model("tiny-moe-q8_0", "cpu", &lc);
+    okm = okm && load_model("tiny-moe-q8_0", "cpu", &lc) && load_model("tiny-moe-q8_0", dev_name(), &lb);
     CHECK(okm, "cannot load tiny-moe-q8_0 (run tests/gen_testdata.sh): %s", rd_errmsg());
     if (!okm)
         return;
@@ -3965,30 +3980,17 @@ static void test_runner_q80(void)
     const int64_t experts = (int64_t)mc->n_layers * mc->n_experts * 3 * mc->expert_ffn_dim * mc->dim / 32 * 34;
     CHECK(lq.m->weights_bytes_by_type[GGML_Q8_0] >= experts, "tiny-moe-q8_0: %lld Q8_0 bytes held, the experts "
           "alone are %lld", (long long)lq.m->weights_bytes_by_type[GGML_Q8_0], (long long)experts);
-    const int32_t VM = mc->vocab;
-    for (int i = 0; i < 40; i++)
-        t0[i] = (int32_t)(rnd() % VM), t1[i] = (int32_t)(rnd() % VM), t2[i] = (int32_t)(rnd() % VM);
-    float *lm[2] = {malloc(sizeof(float) * 64 * VM), malloc(sizeof(float) * 64 * VM)};
-    rd_loaded *lms[2] = {&lc, &lq};
-    setenv("RD_GRAPHS", "0", 1);
-    for (int k = 0; k < 2 && !test_case_failed; k++) {
-        runner r;
-        CHECK_OK(runner_init(&r, lms[k]->m, 16, 16, 64, 64));
-        CHECK_OK(prefill(&r, toks, lens, NS, base, 0, lm[k]));
-        runner_free(&r);
-    }
-    unsetenv("RD_GRAPHS");
-    double dm = 0, sm = 0;
-    for (int64_t i = 0; i < (int64_t)M * VM; i++) {
-        dm = worse(dm, fabs(lm[1][i] - lm[0][i]));
-        sm = worse(sm, fabs(lm[0][i]));
-    }
+    prefill_logits(&lc, &lgc), prefill_logits(&lq, &lgq), prefill_logits(&lb, &lgb);
+    max_diff(lgc, lgq, (int64_t)(14 + 5 + 23) * mc->vocab, &dq, &sc);
+    max_diff(lgc, lgb, (int64_t)(14 + 5 + 23) * mc->vocab, &db, &sc);
+    /* a routing near-tie that the device breaks the other way moves a row's logits far (tiny-moe-bf16 on
+       these prompts: 0.61 from the CPU); Q8_0 held must be no further than a bf16 copy */
     printf("# tiny-moe-q8_0 (RD_CUDA_Q8=tc, %lld Q8_0 bytes held, %lld bf16) prefill logits against the CPU: max "
-           "|diff| %.3g (max |logit| %.3g)\n", (long long)lq.m->weights_bytes_by_type[GGML_Q8_0],
-           (long long)lq.m->weights_bytes_by_type[GGML_BF16], dm, sm);
-    CHECK(dm <= 0.02 * (sm > 1 ? sm : 1), "tiny-moe-q8_0: logits %.3g from the CPU's", dm);
-    free(lm[0]), free(lm[1]);
-    rd_unload(&lc), rd_unload(&lq);
+           "|diff| %.3g, a bf16 copy %.3g (max |logit| %.3g)\n", (long long)lq.m->weights_bytes_by_type[GGML_Q8_0],
+           (long long)lq.m->weights_bytes_by_type[GGML_BF16], dq, db, sc);
+    CHECK(dq <= db, "tiny-moe-q8_0: logits %.3g from the CPU's, a bf16 copy %.3g", dq, db);
+    free(lgc), free(lgq), free(lgb);
+    rd_unload(&lc), rd_unload(&lq), rd_unload(&lb);
 }
 
 /* Every family's layer recipe on the emulated backend against the CPU: the
