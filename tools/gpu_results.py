@@ -234,16 +234,16 @@ def targets(res):
                 gain >= bound, note)
         else:
             add(f"FP8 weights, 1.24B batch {batch}: bf16 step / FP8 step", None, f">= {bound}", False)
-    # The 8-bit alternative: Q8_0 layers held as Q8_0 (RD_CUDA_Q8=tc), the CPU's Q8_0 values at FP8's bytes,
-    # against the same bound, with its K3 KL (tis-q8).
+    # The 8-bit alternative: Q8_0 layers held as Q8_0 (RD_CUDA_Q8=tc, or =w8a8 on int8 tensor cores), the
+    # CPU's Q8_0 values at FP8's bytes, against the same bound, with its K3 KL (tis-q8, tis-q8w8a8).
     for batch, bound in ((1, 1.5), (32, 1.2), (256, 1.2)):
         bf = [b for b in _bench(res, ["bench-1b"], batch) if b["weights"] == "bf16" and not b["kv_fill"]]
         q8 = [b for b in _bench(res, ["bench-1b"], batch) if b["weights"] == "q8_0" and b.get("kv_dtype") != "fp8"]
-        what = f"Q8_0 weights (8-bit, RD_CUDA_Q8=tc), 1.24B batch {batch}: bf16 step / Q8_0 step"
+        what = f"Q8_0 weights (8-bit, RD_CUDA_Q8), 1.24B batch {batch}: bf16 step / Q8_0 step"
         if bf and q8:
             fast = min(q8, key=lambda b: b["step_ms"])
             gain = min(b["step_ms"] for b in bf) / fast["step_ms"]
-            tis = k3.get("tis-q8")
+            tis = k3.get("tis-q8w8a8" if fast["stage"].endswith("q8w8a8") else "tis-q8")
             note = fast["stage"] + (f", K3 KL {tis['mean_k3_kl']:.2e} ({tis['stage']})" if tis else "")
             add(what, round(gain, 3), f">= {bound}", gain >= bound, note)
         else:

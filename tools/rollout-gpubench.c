@@ -69,8 +69,8 @@
  *   (RD_CUDA_GEMM=simple), bf16act (RD_CUDA_ACT=bf16), mixed (RD_CUDA_ACT=
  *   mixed), fp8 (weights as FP8 blocks, linear_load_q), fp8tc (fp8 and
  *   RD_CUDA_FP8=tc), w8a8 (fp8 and RD_CUDA_FP8=w8a8), q8tc (weights as
- *   Q8_0 blocks and RD_CUDA_Q8=tc), tcbf16 (tc and bf16act), or VAR=value;
- *   joined by '+'.
+ *   Q8_0 blocks and RD_CUDA_Q8=tc), q8w8a8 (Q8_0 blocks and RD_CUDA_Q8=
+ *   w8a8), tcbf16 (tc and bf16act), or VAR=value; joined by '+'.
  *   The input is an RMSNorm's output (its bf16 copy read, as in a step).
  *   The timed calls take copies of the weight in turn, enough to exceed
  *   --flush-mib MiB (default 256; an H100's L2 holds 50 MB), so each reads
@@ -1276,7 +1276,7 @@ static int cmd_bench(const opts *o)
     const double elem = !strcmp(be->ops->name, "cpu") ? 4.0 : 2.0;
     const char *q8env = getenv("RD_CUDA_Q8");
     const int q8_held = o->weights && !strcmp(o->weights, "q8_0") &&
-                        (!strcmp(be->ops->name, "cpu") || (q8env && !strcmp(q8env, "tc")));
+                        (!strcmp(be->ops->name, "cpu") || (q8env && (!strcmp(q8env, "tc") || !strcmp(q8env, "w8a8"))));
     const double w_elem = !o->weights ? elem : !strcmp(o->weights, "fp8") ? 33.0 / 32.0 : q8_held ? 34.0 / 32.0 : elem;
     const char *head = getenv("RD_CUDA_HEAD");
     const double head_elem = head && !strcmp(head, "fp32") ? 4.0 : elem;
@@ -1513,6 +1513,7 @@ static int variant_set(gvariant *v, const char *var, const char *val)
  *   fp8tc    fp8 + RD_CUDA_FP8=tc    tcbf16   RD_CUDA_GEMM=tc + RD_CUDA_ACT=bf16
  *   w8a8     fp8 + RD_CUDA_FP8=w8a8 (x quantized to E4M3 in the kernel)
  *   q8tc     weights as Q8_0 blocks + RD_CUDA_Q8=tc (held as Q8_0)
+ *   q8w8a8   weights as Q8_0 blocks + RD_CUDA_Q8=w8a8 (x quantized to Q8_0, int8 tensor cores)
  * e.g. "fp8+RD_CUDA_FP8=tc" is fp8tc. -1 for an unknown name. */
 static int parse_variant(const char *spec, gvariant *v)
 {
@@ -1548,6 +1549,9 @@ static int parse_variant(const char *spec, gvariant *v)
         } else if (!strcmp(t, "q8tc")) {
             v->wtype = GGML_Q8_0;
             rc = variant_set(v, "RD_CUDA_Q8", "tc");
+        } else if (!strcmp(t, "q8w8a8")) {
+            v->wtype = GGML_Q8_0;
+            rc = variant_set(v, "RD_CUDA_Q8", "w8a8");
         } else if (!strcmp(t, "tcbf16")) {
             rc = variant_set(v, "RD_CUDA_GEMM", "tc");
             if (!rc)
@@ -1817,7 +1821,7 @@ static int cmd_gemm(const opts *o)
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             if (nv == GEMM_MAX_VARIANTS || parse_variant(t, &vs[nv])) {
                 fprintf(stderr, "%s gemm: bad variant '%s' (at most %d of: default, tc, simple, bf16act, mixed, "
-                                "fp8, fp8tc, w8a8, q8tc, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
+                                "fp8, fp8tc, w8a8, q8tc, q8w8a8, tcbf16, VAR=value, joined by '+')\n", P, t, GEMM_MAX_VARIANTS);
                 return 2;
             }
             nv++;

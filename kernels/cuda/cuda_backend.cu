@@ -270,7 +270,8 @@ struct cuda_be {
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
     bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
-    bool q8_tc;                 // RD_CUDA_Q8=tc: Q8_0 weights kept as Q8_0 (linears on the tensor-core GEMM)
+    bool q8_tc;                 // RD_CUDA_Q8=tc or w8a8: Q8_0 weights kept as Q8_0 (linears on the tensor-core GEMM)
+    bool q8_i8;                 // RD_CUDA_Q8=w8a8: their linears with x quantized to Q8_0, on int8 tensor cores (TC_I8)
     float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
     size_t tc_part_cap;         // bytes
     unsigned *tc_count;         // its arrival counters, zero between launches
@@ -1267,11 +1268,14 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
 }
 
 // x's bf16 pieces for a linear layer: hi and lo (the split), or hi alone;
-// TC_Q8 for an FP8 weight under RD_CUDA_FP8=w8a8.
+// TC_Q8 for an FP8 weight under RD_CUDA_FP8=w8a8, TC_I8 for a Q8_0 one under
+// RD_CUDA_Q8=w8a8.
 static int tc_pieces(const cuda_be *b, const weight *W)
 {
     if (W->f8 && b->fp8_q8)
         return TC_Q8;
+    if (W->q8 && b->q8_i8)
+        return TC_I8;
     return b->split && !(b->split_contracting_only && W->in <= W->out) ? 2 : 1;
 }
 
@@ -2481,7 +2485,9 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
                      : b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)"
                                  : "",
-                     b->q8_tc ? " (Q8_0 weights kept Q8_0, linears on tensor cores, RD_CUDA_Q8=tc)" : "");
+                     b->q8_i8   ? " (Q8_0 weights kept Q8_0, linears W8A8 on int8 tensor cores, RD_CUDA_Q8=w8a8)"
+                     : b->q8_tc ? " (Q8_0 weights kept Q8_0, linears on tensor cores, RD_CUDA_Q8=tc)"
+                                : "");
     for (gemm_choice *c : b->choices) {
         if (k < 0 || (size_t)k >= cap)
             break;
@@ -2679,7 +2685,8 @@ static int create(int n_threads, rd_backend **out)
     b->fp8_q8 = f8 && !strcmp(f8, "w8a8");
     b->fp8_tc = b->fp8_q8 || (f8 && !strcmp(f8, "tc"));
     const char *q8 = env("RD_CUDA_Q8");
-    b->q8_tc = q8 && !strcmp(q8, "tc");
+    b->q8_i8 = q8 && !strcmp(q8, "w8a8");
+    b->q8_tc = b->q8_i8 || (q8 && !strcmp(q8, "tc"));
     // The tensor-core GEMM reads fp32 activations: the producers' bf16 copies would go unread.
     if (b->gemm_tc)
         b->use_shadow = false;

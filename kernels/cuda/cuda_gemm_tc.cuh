@@ -389,20 +389,119 @@ RD_UNROLL
     c[1] = tc_q8_codes4(v + 4, inv);
 }
 
+// ------------------------------------------------------------------ Q8_0 W8A8
+//
+// RD_CUDA_Q8=w8a8 (pieces TC_I8): Q8_0 weights times activations quantized
+// to Q8_0 as the kernel loads them, on the int8 tensor cores (mma.sync
+// m16n8k32 s8: one instruction per chunk and n8 tile, integer products and
+// sums, exact). A row's 32 values of a chunk become ggml_quant_q8_0's block:
+// d = max|x| / 127, codes roundf(x / d) (computed as x x (1 / d), as
+// quant.c does), the scale d rounded to fp16. The chunk's integer sum s is
+// then added as acc + s x (dx x dw) (llama.cpp's vec_dot_q8_0_q8_0 per
+// block), in chunk order, the sub-pieces as the bf16 path. The arithmetic
+// has no hardware-dependent rounding: a device gives the emulator's bits. A
+// non-finite x makes its block's scale NaN, and its outputs NaN.
+
+// One warp's d += A B for an m16n8k32 tile of int8 values (layouts in cuemu.h).
+RD_DEV void tc_mma_s8(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#ifdef RD_CUDA_EMU
+    const uint32_t b[2] = {b0, b1};
+    cuemu_mma_s8_16832(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Four int8 codes of v[0..3] x id, quant.c's roundf (half away from zero), v[0] in the low byte.
+RD_DEV uint32_t tc_i8_codes4(const float *v, float id)
+{
+    uint32_t u = 0;
+RD_UNROLL
+    for (int i = 0; i < 4; i++) {
+        const float x = RD_FMUL(v[i], id);
+        int32_t q = (int32_t)x;
+        const float f = RD_FSUB(x, (float)q);
+        q += (f >= 0.5f) - (f <= -0.5f);
+        u |= (uint32_t)(uint8_t)(int8_t)q << (8 * i);
+    }
+    return u;
+}
+
+// tc_q8_quad for Q8_0 blocks: codes c[0] (values 0-3), c[1] (4-7) of a
+// lane's 8 values, s = the block's fp16 scale as a float (all lanes call it).
+RD_DEV void tc_i8_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
+{
+    uint32_t m = 0;
+RD_UNROLL
+    for (int e = 0; e < 8; e++) {
+        const uint32_t b = cm_f2u(v[e]) & 0x7fffffffu;
+        m = b > m ? b : m;
+    }
+    uint32_t o = __shfl_xor_sync(0xffffffffu, m, 1);
+    m = o > m ? o : m;
+    o = __shfl_xor_sync(0xffffffffu, m, 2);
+    m = o > m ? o : m;
+    if (m >= 0x7f800000u) {
+        s = cm_u2f(0x7fc00000u), c[0] = c[1] = 0;
+        return;
+    }
+    const float d = RD_FDIV(cm_u2f(m), 127.0f), id = d != 0.0f ? RD_FDIV(1.0f, d) : 0.0f;
+    s = cm_f16_to_f32(cm_f32_to_f16(d));
+    if (cm_f2u(id) >= 0x7f800000u) { // 1 / d overflowed (a subnormal d): quant.c's zero codes
+        c[0] = c[1] = 0;
+        return;
+    }
+    c[0] = tc_i8_codes4(v, id);
+    c[1] = tc_i8_codes4(v + 4, id);
+}
+
 // The scale 2^ew of a weight block from its byte ew + 127 (0xff: NaN, a non-finite source).
 RD_DEV float tc_w8_scale(uint32_t byte) { return byte == 0xffu ? cm_u2f(0x7fc00000u) : cm_u2f(byte << 23); }
 
-// A chunk's sum d of one output, scaled and added to the running sum.
-RD_DEV float tc_q8_add(float acc, float d, float sa, float sw) { return RD_FADD(acc, RD_FMUL(RD_FMUL(d, sa), sw)); }
+// A chunk's sum d of one output, scaled and added to the running sum: FP8
+// (d x 2^ea) x 2^ew, both exact; Q8_0 (I8) d x (dx x dw), llama.cpp's order.
+template <bool I8> RD_DEV float tc_q8_add(float acc, float d, float sa, float sw)
+{
+    return I8 ? RD_FADD(acc, RD_FMUL(d, RD_FMUL(sa, sw))) : RD_FADD(acc, RD_FMUL(RD_FMUL(d, sa), sw));
+}
 
 // An m16n8 tile's chunk sums d (rows g, g + 8 with scales sa, sb; columns
 // 2t, 2t + 1 with scales sw[0], sw[1]) added into acc.
-RD_DEV void tc_q8_add4(float (&acc)[4], const float (&d)[4], float sa, float sb, const float (&sw)[2])
+template <bool I8> RD_DEV void tc_q8_add4(float (&acc)[4], const float (&d)[4], float sa, float sb, const float (&sw)[2])
 {
-    acc[0] = tc_q8_add(acc[0], d[0], sa, sw[0]);
-    acc[1] = tc_q8_add(acc[1], d[1], sa, sw[1]);
-    acc[2] = tc_q8_add(acc[2], d[2], sb, sw[0]);
-    acc[3] = tc_q8_add(acc[3], d[3], sb, sw[1]);
+    acc[0] = tc_q8_add<I8>(acc[0], d[0], sa, sw[0]);
+    acc[1] = tc_q8_add<I8>(acc[1], d[1], sa, sw[1]);
+    acc[2] = tc_q8_add<I8>(acc[2], d[2], sb, sw[0]);
+    acc[3] = tc_q8_add<I8>(acc[3], d[3], sb, sw[1]);
+}
+
+// One chunk's mma from zero, as floats: E4M3 codes (fp32 sums) or int8 (I8: an exact integer sum, exact as a
+// float: at most 32 x 128 x 127 in magnitude).
+template <bool I8> RD_DEV void tc_mma8_chunk(float (&d)[4], const uint32_t (&fr)[4], uint32_t b0, uint32_t b1)
+{
+    if constexpr (I8) {
+        int32_t di[4] = {0, 0, 0, 0};
+        tc_mma_s8(di, fr, b0, b1);
+RD_UNROLL
+        for (int i = 0; i < 4; i++)
+            d[i] = (float)di[i];
+    } else {
+        d[0] = d[1] = d[2] = d[3] = 0.0f;
+        tc_mma8(d, fr, b0, b1);
+    }
+}
+
+// A row quad's 32 values of a chunk quantized: E4M3 blocks (W8A8 on FP8) or Q8_0 (I8).
+template <bool I8> RD_DEV void tc_quant_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
+{
+    if constexpr (I8)
+        tc_i8_quad(v, c, s);
+    else
+        tc_q8_quad(v, c, s);
 }
 
 // W8A8 codes [8t, 8t + 8) of chunk c of row n (u[0], u[1]) and the block's
@@ -430,8 +529,8 @@ RD_UNROLL
     }
 }
 
-// tc_chunk for W8A8: w[j] from tc_load_w8.
-template <int MW>
+// tc_chunk for W8A8: w[j] from tc_load_w8 (FP8) or tc_load_q80 (I8: Q8_0).
+template <int MW, bool I8>
 RD_DEV void tc_chunk_q8(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                         const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
@@ -444,14 +543,14 @@ RD_UNROLL
         tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
         uint32_t ca[2], cb[2];
         float sa, sb;
-        tc_q8_quad(xa, ca, sa);
-        tc_q8_quad(xb, cb, sb);
+        tc_quant_quad<I8>(xa, ca, sa);
+        tc_quant_quad<I8>(xb, cb, sb);
         const uint32_t fr[4] = {ca[0], cb[0], ca[1], cb[1]};
 RD_UNROLL
         for (int j = 0; j < 2; j++) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            tc_mma8(d, fr, w[j][0], w[j][1]);
-            tc_q8_add4(acc[mt][j], d, sa, sb, sw[j]);
+            float d[4];
+            tc_mma8_chunk<I8>(d, fr, w[j][0], w[j][1]);
+            tc_q8_add4<I8>(acc[mt][j], d, sa, sb, sw[j]);
         }
     }
 }
@@ -538,7 +637,7 @@ RD_UNROLL
     }
 }
 
-// A chunk's weights for the pieces' path (TC_Q8: tc_load_w8's; Q8_0: tc_load_q80's).
+// A chunk's weights for the pieces' path (TC_Q8: tc_load_w8's; Q8_0, TC_I8 too: tc_load_q80's).
 template <int NP, int WF> RD_DEV void tc_load_wp(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
 {
     if constexpr (NP == TC_Q8)
@@ -553,8 +652,8 @@ template <int MW, int NP, int WF>
 RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
-    if constexpr (NP == TC_Q8)
-        tc_chunk_q8<MW>(a, r0, c, g, t, w, inv, acc);
+    if constexpr (NP == TC_Q8 || NP == TC_I8)
+        tc_chunk_q8<MW, NP == TC_I8>(a, r0, c, g, t, w, inv, acc);
     else if constexpr (WF == TC_WF_Q8_0)
         tc_chunk_q80<MW, NP>(a, r0, c, g, t, w, inv, acc);
     else
@@ -916,10 +1015,11 @@ RD_UNROLL
 }
 
 // The tile kernel for W8A8: the same tiles, staging and sub-piece folds,
-// with x staged as E4M3 codes and a scale per (row, chunk), quantized by the
-// quad of threads that loads a row's 32 values (tc_q8_quad), and W as codes
-// and scales; the chunk arithmetic is tc_chunk_q8's.
-template <int WS, int EPI>
+// with x staged as E4M3 (I8: Q8_0) codes and a scale per (row, chunk),
+// quantized by the quad of threads that loads a row's 32 values
+// (tc_quant_quad), and W as codes and scales; the chunk arithmetic is
+// tc_chunk_q8's.
+template <int WS, int EPI, bool I8>
 __global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big_q8(tc_args a)
 {
     RD_PDL_ENTRY();
@@ -940,7 +1040,10 @@ RD_UNROLL
         for (int i = 0; i < NS; i++) {
             const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             tc_load_x(a, r0 + rr, c, seg, 0.0f, xr[i]);
-            tc_load_w8(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+            if constexpr (I8)
+                tc_load_q80(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
+            else
+                tc_load_w8(a, tcb_wrow<EPI>(a, n0, rr), c, seg, wr[i]);
         }
     };
     auto sstore = [&](int buf) {
@@ -949,7 +1052,7 @@ RD_UNROLL
             const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
             uint32_t cq[2];
             float sa;
-            tc_q8_quad(xr[i], cq, sa);
+            tc_quant_quad<I8>(xr[i], cq, sa);
             xq[buf][rr][seg] = uint2{cq[0], cq[1]};
             wq[buf][rr][seg] = uint2{wr[i][0], wr[i][1]};
             if (seg == 0)
@@ -980,9 +1083,9 @@ RD_UNROLL
             const uint32_t fr[4] = {xa.x, xb.x, xa.y, xb.y};
 RD_UNROLL
             for (int j = 0; j < 4; j++) {
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                tc_mma8(d, fr, bw[j].x, bw[j].y);
-                tc_q8_add4(pc[mt][j], d, sa, sb, sw[j]);
+                float d[4];
+                tc_mma8_chunk<I8>(d, fr, bw[j].x, bw[j].y);
+                tc_q8_add4<I8>(pc[mt][j], d, sa, sb, sw[j]);
             }
         }
         tcb_fold(ci, cpp, tot, pc);
@@ -1023,15 +1126,16 @@ template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const 
     if constexpr (NP == 3) {
         auto kern = k_gemm_tc_big<WS, 3, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
-    } else if constexpr (NP == TC_Q8) {
+    } else if constexpr (NP == TC_Q8 || NP == TC_I8) {
+        constexpr bool I8 = NP == TC_I8;
         if (epi == TC_SWIGLU) {
-            auto kern = k_gemm_tc_big_q8<WS, TC_SWIGLU>;
+            auto kern = k_gemm_tc_big_q8<WS, TC_SWIGLU, I8>;
             RD_LAUNCH(kern, grid, block, 0, s, a);
         } else if (epi == TC_GEGLU) {
-            auto kern = k_gemm_tc_big_q8<WS, TC_GEGLU>;
+            auto kern = k_gemm_tc_big_q8<WS, TC_GEGLU, I8>;
             RD_LAUNCH(kern, grid, block, 0, s, a);
         } else {
-            auto kern = k_gemm_tc_big_q8<WS, TC_PLAIN>;
+            auto kern = k_gemm_tc_big_q8<WS, TC_PLAIN, I8>;
             RD_LAUNCH(kern, grid, block, 0, s, a);
         }
     } else if (epi == TC_SWIGLU) {
@@ -1051,7 +1155,7 @@ static inline bool tc_use_big(const tc_args &a)
     return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads;
 }
 
-// One call with pieces NP (TC_Q8: W8A8) and weights FP8 or not: the tile
+// One call with pieces NP (TC_Q8, TC_I8: W8A8) and a weight format WF: the tile
 // kernel from a.big_rows rows on (the LM head's pieces on the 64 tile),
 // else the split-K kernel with the plan's grid.
 template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)

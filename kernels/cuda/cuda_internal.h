@@ -188,6 +188,9 @@ enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
 // weights only: x quantized to E4M3 blocks of 32, FP8 tensor cores; W8A8,
 // RD_CUDA_FP8=w8a8).
 #define TC_Q8 0
+// TC_I8: Q8_0 weights only: x quantized to Q8_0 blocks of 32 in the kernel
+// (ggml_quant_q8_0's rule), int8 tensor cores (RD_CUDA_Q8=w8a8).
+#define TC_I8 4
 // The weight formats the kernels are instantiated for.
 enum { TC_WF_BF16 = 0, TC_WF_FP8 = 1, TC_WF_Q8_0 = 2 };
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi);

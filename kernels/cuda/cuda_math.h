@@ -97,6 +97,34 @@ RD_HD float cm_f16_to_f32(uint16_t h)
     return cm_u2f(sign | (e + 112u) << 23 | man << 13);
 }
 
+/* fp32 -> IEEE half, round to nearest even (safetensors.c's st_f32_to_f16:
+ * overflow to inf, subnormal halves, NaN kept quiet): the rounding of a Q8_0
+ * block's scale. */
+RD_HD uint16_t cm_f32_to_f16(float f)
+{
+    const uint32_t x = cm_f2u(f), sign = x >> 16 & 0x8000u, ex = x >> 23 & 0xffu, man = x & 0x7fffffu;
+    if (ex == 0xffu)
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0u));
+    const int e = (int)ex - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10)
+            return (uint16_t)sign;
+        const uint32_t m = man | 0x800000u, shift = (uint32_t)(14 - e);
+        uint32_t h = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = (uint32_t)e << 10 | man >> 13;
+    const uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
 /* ---- FP8 E4M3 (the KV cache's kv_dtype fp8; the rounding of engine/model/quant_fp8.c) ---- */
 
 /* The E4M3 code nearest v, ties to the even code, saturated at +-448; NaN

@@ -194,6 +194,39 @@ inline void cuemu_mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const ui
     }
 }
 
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for one warp: d = A B + d
+// with int8 values, four to a register in the 8-bit m16n8k32 layout above;
+// the products and the sums are exact integers (wrapping as the hardware's
+// two's complement adds would, never reached by 32 products of |x| <= 128).
+inline void cuemu_mma_s8_16832(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
+    struct frag {
+        uint32_t a[4], b[2];
+    } me, all[32];
+    std::memcpy(me.a, a, sizeof me.a);
+    std::memcpy(me.b, b, sizeof me.b);
+    cuemu::warp_allgather(&me, sizeof me, all);
+    auto val = [](uint32_t reg, int i) { return (int32_t)(int8_t)(reg >> (8 * i) & 0xffu); };
+    int32_t A[16][32], B[32][8];
+    for (unsigned l = 0; l < 32; l++) {
+        const unsigned g = l / 4, t = l % 4;
+        const frag &f = all[l];
+        for (int i = 0; i < 4; i++) {
+            A[g][4 * t + i] = val(f.a[0], i), A[g + 8][4 * t + i] = val(f.a[1], i);
+            A[g][4 * t + 16 + i] = val(f.a[2], i), A[g + 8][4 * t + 16 + i] = val(f.a[3], i);
+            B[4 * t + i][g] = val(f.b[0], i), B[4 * t + 16 + i][g] = val(f.b[1], i);
+        }
+    }
+    const unsigned lane = cuemu::lane_id(), g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const unsigned r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
+        int64_t s = d[i];
+        for (int k = 0; k < 32; k++)
+            s += (int64_t)A[r][k] * B[k][c];
+        d[i] = (int32_t)s;
+    }
+}
+
 inline float __int_as_float(int i)
 {
     float f;

@@ -10,11 +10,12 @@
 #   issue 48  decode at the roofline, the kernel variants side by side:
 #             gemm-1b (the linear op on the 1B's shapes, rows 1..512, variants
 #             default, tc, bf16act, tcbf16, mixed, fp8, fp8tc, w8a8, q8tc,
-#             each batch invariant);
+#             q8w8a8, each batch invariant);
 #             the 1B's decode at batch 1..256 with the default GEMM and with
 #             RD_CUDA_GEMM=tc; FP8 weights on CUDA cores, with
 #             RD_CUDA_FP8=tc and W8A8 (RD_CUDA_FP8=w8a8); Q8_0 weights held
-#             as Q8_0 (RD_CUDA_Q8=tc); invariance and parity with tc,
+#             as Q8_0 (RD_CUDA_Q8=tc) and with W8A8 on int8 tensor cores
+#             (RD_CUDA_Q8=w8a8); invariance and parity with tc,
 #             invariance with fp8tc, w8a8 and q8tc; FP8's and Q8_0's K3 KL
 #             against bf16 on the default model (tis); attention alone at 8192 and 32768 tokens of context; the
 #             1B's decode at 8192 tokens; Qwen3-1.7B, Qwen3-8B (default and
@@ -300,7 +301,7 @@ if [ "$DRY" = 0 ]; then
   # without its tile kernel, to price the tile kernel at 128 rows and up; +RD_CUDA_TC_TILE=128: the 128 x 128
   # tile against the 64 x 64 one (batch 256's >= 50%-of-peak target).
   run gemm-1b 150 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
-    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128,q8tc --bw "$BW" \
+    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128,q8tc,q8w8a8 --bw "$BW" \
     --json "$LOGS/gemm-1b.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
@@ -323,6 +324,9 @@ if [ "$DRY" = 0 ]; then
   # scale): the CPU's Q8_0 values at 1.06 bytes a weight, the 8-bit alternative to FP8.
   RD_CUDA_GEMM=tc RD_CUDA_Q8=tc run bench-1b-q8tc 90 "$BENCH" bench --synthetic 1b --weights q8_0 \
     --label " q8_0 tc" --batches 1,8,32,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-q8tc.json" || true
+  # and with x quantized to Q8_0 in the kernel, on int8 tensor cores (RD_CUDA_Q8=w8a8): large batches.
+  RD_CUDA_GEMM=tc RD_CUDA_Q8=w8a8 run bench-1b-q8w8a8 90 "$BENCH" bench --synthetic 1b --weights q8_0 \
+    --label " q8_0 w8a8" --batches 1,8,32,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-q8w8a8.json" || true
   # The new kernels keep the contracts: bit-exact batch invariance through the engine, parity with the CPU.
   if [ "$HAVE_MODEL" = 1 ]; then
     RD_CUDA_GEMM=tc run invariance-tc 120 "$BENCH" invariance --model "$MODEL" --json "$LOGS/invariance-tc.json" || true
@@ -338,8 +342,12 @@ if [ "$DRY" = 0 ]; then
       --json "$LOGS/tis-w8a8.json" || true
     RD_CUDA_GEMM=tc RD_CUDA_Q8=tc run tis-q8 60 "$BENCH" tis --model "$MODEL" --weights q8_0 --label " q8_0" \
       --json "$LOGS/tis-q8.json" || true
+    RD_CUDA_GEMM=tc RD_CUDA_Q8=w8a8 run tis-q8w8a8 60 "$BENCH" tis --model "$MODEL" --weights q8_0 \
+      --label " q8_0 w8a8" --json "$LOGS/tis-q8w8a8.json" || true
   else
-    for s in invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 tis-q8; do record "$s" SKIP "no model file"; done
+    for s in invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 tis-q8 tis-q8w8a8; do
+      record "$s" SKIP "no model file"
+    done
   fi
   RD_CUDA_FP8=tc run invariance-fp8tc 120 "$BENCH" invariance --synthetic 1b --weights fp8 \
     --json "$LOGS/invariance-fp8tc.json" || true
@@ -382,7 +390,7 @@ if [ "$DRY" = 0 ]; then
   fi
   # The GEMM microbenchmark on Qwen3-1.7B's and Qwen3-8B's shapes.
   run gemm-qwen3 120 "$BENCH" gemm --synthetic qwen3-1.7b,qwen3-8b --rows 1,8,32,128,256,512 \
-    --variants default,tc,fp8,fp8tc,w8a8,q8tc --bw "$BW" --json "$LOGS/gemm-qwen3.json" || true
+    --variants default,tc,fp8,fp8tc,w8a8,q8tc,q8w8a8 --bw "$BW" --json "$LOGS/gemm-qwen3.json" || true
 else
   # Dry run: the same code paths on the CPU backend at test size (CPU against itself), and the GEMM
   # microbenchmark's variants on the emulated CUDA backend.
@@ -390,7 +398,7 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-gemm-cpu.json" || true
   if [ -x build/emutests/rollout-gpubench ]; then
     run tool-gemm-emu 120 build/emutests/rollout-gpubench gemm --backend cuda-emu --shapes 96x64,64x128 --rows 1,5,16 \
-      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc,w8a8,q8tc --reps 2 --flush-mib 0 --mib 1 --iters 1 \
+      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc,w8a8,q8tc,q8w8a8 --reps 2 --flush-mib 0 --mib 1 --iters 1 \
       --json "$LOGS/tool-gemm-emu.json" || true
     RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run tool-tis-emu 120 build/emutests/rollout-gpubench tis --backend cuda-emu \
       --model "$RD_TESTDATA/tiny-f32.gguf" --weights fp8 --prompts 2 --tokens 8 --json "$LOGS/tool-tis-emu.json" || true
@@ -404,7 +412,8 @@ else
   run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
   for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
-    bench-1b-q8tc invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 tis-q8 invariance-fp8tc invariance-w8a8 \
+    bench-1b-q8tc bench-1b-q8w8a8 invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 tis-q8 tis-q8w8a8 \
+    invariance-fp8tc invariance-w8a8 \
     invariance-q8tc \
     attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe spec-tail \
     spec-grpo gemm-qwen3; do

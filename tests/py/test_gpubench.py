@@ -105,7 +105,8 @@ def gemm_model_shapes_and_usage_errors():
 def gemm_emulated_cuda_variants():
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
-    variants = ["default", "tc", "bf16act", "tcbf16", "mixed", "fp8", "fp8tc", "w8a8", "q8tc", "RD_CUDA_GEMM=simple"]
+    variants = ["default", "tc", "bf16act", "tcbf16", "mixed", "fp8", "fp8tc", "w8a8", "q8tc", "q8w8a8",
+                "RD_CUDA_GEMM=simple"]
     p, d = gemm(["--backend", "cuda-emu", "--shapes", "96x64,64x128", "--rows", "1,5", "--variants", ",".join(variants),
                  "--reps", "2", "--flush-mib", "0"], binary=EMU)
     check_gemm_doc(d, variants, [(96, 64), (64, 128)], [1, 5])
@@ -118,13 +119,16 @@ def gemm_emulated_cuda_variants():
     assert "W8A8" in next(v["describe"] for v in d["variants"] if v["name"] == "w8a8")
     assert env["q8tc"] == {"RD_CUDA_Q8": "tc"} and next(v["q8_0"] for v in d["variants"] if v["name"] == "q8tc")
     assert "Q8_0" in next(v["describe"] for v in d["variants"] if v["name"] == "q8tc")
+    assert env["q8w8a8"] == {"RD_CUDA_Q8": "w8a8"}
+    assert "int8 tensor cores" in next(v["describe"] for v in d["variants"] if v["name"] == "q8w8a8")
     # the bytes each backend holds: bf16 weights (2 a weight, or more if padded), FP8 blocks (~1)
     fp8 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "fp8"}
     bf16 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "default"}
     assert bf16["96x64"] >= 96 * 64 * 2 and fp8["96x64"] <= 0.6 * bf16["96x64"], (bf16, fp8)
     # Q8_0 held as the file's blocks: codes and an fp16 scale per 32 (34 bytes per 32 weights)
-    q8 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == "q8tc"}
-    assert q8 == {"96x64": 96 * 64 * 34 // 32, "64x128": 64 * 128 * 34 // 32}, q8
+    for name in ("q8tc", "q8w8a8"):
+        q8 = {r["shape"]: r["weight_bytes"] for r in d["results"] if r["variant"] == name}
+        assert q8 == {"96x64": 96 * 64 * 34 // 32, "64x128": 64 * 128 * 34 // 32}, (name, q8)
     # each variant's backend describes itself after its calls (its GEMM choice per shape)
     assert all(v["describe"].startswith("cuda-emu") for v in d["variants"]), d["variants"]
 
@@ -196,7 +200,7 @@ def tis_measures_fp8_against_the_plain_load():
     two scores are the same bits (K3 0); FP8 weights move them (K3 > 0, finite), Q8_0 weights a tenth as
     much or less; on the emulated GPU the plain load's scores equal its decode-time log-probs, W8A8
     (activations quantized too) moves them further than weight-only FP8 on the same tokens, and Q8_0
-    held natively (RD_CUDA_Q8=tc) a fifth as much or less."""
+    held natively (RD_CUDA_Q8=tc), with or without x quantized to Q8_0 (=w8a8), a fifth as much or less."""
     same = tis(["--backend", "cpu", "--prompts", "3", "--tokens", "6"])
     assert same["tokens"] == 18 and same["mean_k3_kl"] == 0 and same["max_abs_dlogprob"] == 0, same
     f8 = tis(["--backend", "cpu", "--prompts", "3", "--tokens", "6", "--weights", "fp8"])
@@ -219,16 +223,21 @@ def tis_measures_fp8_against_the_plain_load():
     q80e = tis(args, EMU, {"RD_CUDA_GEMM": "tc", "RD_CUDA_Q8": "tc"}, "tis-q80-emu.json")
     assert q80e["rd_cuda_q8"] == "tc" and q80e["tokens"] == 12 and q80e["plain_score_vs_sample_max"] == 0, q80e
     assert 0 < q80e["mean_k3_kl"] < wo["mean_k3_kl"] / 5, (q80e, wo)
+    # and with x quantized to Q8_0 too (RD_CUDA_Q8=w8a8, int8 tensor cores): still far below FP8 weights alone
+    q8i = tis(args, EMU, {"RD_CUDA_GEMM": "tc", "RD_CUDA_Q8": "w8a8"}, "tis-q8w8a8-emu.json")
+    assert q8i["rd_cuda_q8"] == "w8a8" and q8i["tokens"] == 12 and q8i["plain_score_vs_sample_max"] == 0, q8i
+    assert 0 < q8i["mean_k3_kl"] < wo["mean_k3_kl"] / 5, (q8i, wo)
 
 
 @case
 def invariance_w8a8_and_q8_emulated():
     """W8A8 (the tiny shape, FP8 weights, activations quantized in the GEMM) and Q8_0 weights held as Q8_0
-    (RD_CUDA_Q8=tc) through the engine on the emulated GPU: 8 seeded sampled rollouts bit-identical alone,
-    among 48 requests and without graphs."""
+    (RD_CUDA_Q8=tc, and =w8a8: x quantized to Q8_0 on int8 tensor cores) through the engine on the emulated
+    GPU: 8 seeded sampled rollouts bit-identical alone, among 48 requests and without graphs."""
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
-    for name, weights, env in (("w8a8", "fp8", {"RD_CUDA_FP8": "w8a8"}), ("q8tc", "q8_0", {"RD_CUDA_Q8": "tc"})):
+    for name, weights, env in (("w8a8", "fp8", {"RD_CUDA_FP8": "w8a8"}), ("q8tc", "q8_0", {"RD_CUDA_Q8": "tc"}),
+                               ("q8w8a8", "q8_0", {"RD_CUDA_Q8": "w8a8"})):
         path = out(f"invariance-{name}.json")
         e = dict(os.environ, RD_CUDA_GEMM="tc", **env)
         run([EMU, "invariance", "--backend", "cuda-emu", "--synthetic", "tiny", "--weights", weights, "--tokens", "4",
@@ -294,9 +303,10 @@ def gpu_results_judges_the_targets():
     res = {"bench": [bench("bench-1b", 1, 2.0, 3.4), bench("bench-1b-tc", 1, 0.75, 1.27),
                      bench("bench-1b-fp8tc", 1, 0.55, 1.5, "fp8"), bench("bench-1b", 32, 2.5, 4.0),
                      bench("bench-1b-fp8tc", 32, 2.2, 3.5, "fp8"), bench("bench-1b-w8a8", 32, 2.0, 3.2, "fp8"),
-                     bench("bench-qwen3-1.7b-tc", 1, 1.2, 1.45), bench("bench-1b-q8tc", 1, 0.5, 1.4, "q8_0")],
+                     bench("bench-qwen3-1.7b-tc", 1, 1.2, 1.45), bench("bench-1b-q8tc", 1, 0.5, 1.4, "q8_0"),
+                     bench("bench-1b-q8tc", 32, 2.1, 3.3, "q8_0"), bench("bench-1b-q8w8a8", 32, 1.9, 3.0, "q8_0")],
            "tis": [{"stage": "tis-fp8", "mean_k3_kl": 1e-4}, {"stage": "tis-w8a8", "mean_k3_kl": 3e-4},
-                   {"stage": "tis-q8", "mean_k3_kl": 2e-6}],
+                   {"stage": "tis-q8", "mean_k3_kl": 2e-6}, {"stage": "tis-q8w8a8", "mean_k3_kl": 5e-5}],
            "gemm": [{"stage": "gemm-1b", "rows": 256, "us": 100.0, "out": 2048, "in": 2048, "variant": "tc"},
                     {"stage": "gemm-1b", "rows": 256, "us": 300.0, "out": 16384, "in": 2048, "variant": "tc"},
                     {"stage": "gemm-1b", "rows": 256, "us": 50.0, "out": 2048, "in": 2048, "variant": "default"}],
@@ -315,9 +325,12 @@ def gpu_results_judges_the_targets():
     assert f32["value"] == 1.25 and f32["met"] is True and f32["note"] == "bench-1b-w8a8, K3 KL 3.00e-04 (tis-w8a8)", f32
     assert t["FP8 weights, 1.24B batch 256"]["met"] is None
     # the 8-bit alternative on its own rows: Q8_0 held (0.75 / 0.5 = 1.5), not counted as FP8
-    q1 = t["Q8_0 weights (8-bit, RD_CUDA_Q8=tc), 1.24B batch 1"]
+    q1 = t["Q8_0 weights (8-bit, RD_CUDA_Q8), 1.24B batch 1"]
     assert q1["value"] == 1.5 and q1["met"] is True and q1["note"] == "bench-1b-q8tc, K3 KL 2.00e-06 (tis-q8)", q1
-    assert t["Q8_0 weights (8-bit, RD_CUDA_Q8=tc), 1.24B batch 32"]["met"] is None
+    # batch 32: the int8 tensor cores' stage is the faster (2.5 / 1.9), with its own K3
+    q32 = t["Q8_0 weights (8-bit, RD_CUDA_Q8), 1.24B batch 32"]
+    assert q32["value"] == round(2.5 / 1.9, 3) and q32["note"] == "bench-1b-q8w8a8, K3 KL 5.00e-05 (tis-q8w8a8)", q32
+    assert t["Q8_0 weights (8-bit, RD_CUDA_Q8), 1.24B batch 256"]["met"] is None
     assert t["every device check passes, batch invariance on every variant"]["met"] is True
     res["stages"].append({"stage": "unit-tc-cuda", "status": "FAIL"})
     t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}

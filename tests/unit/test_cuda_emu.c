@@ -1268,6 +1268,131 @@ done:
     free(w), free(wd), free(x), free(e), free(y), free(yc), free(y1), free(blk);
 }
 
+/* The device's SM count as the backend describes itself ("..., N SMs, ..."): the tensor-core GEMM's plans
+ * depend on it. */
+static int32_t dev_sms(rd_backend *be)
+{
+    char buf[4096] = "";
+    int32_t n = 0;
+    if (be->ops->describe && be->ops->describe(be, buf, sizeof buf) >= 0)
+        for (const char *p = strstr(buf, " SMs"); p && p > buf; p--)
+            if (p[-1] == ' ') {
+                n = atoi(p);
+                break;
+            }
+    return n > 0 ? n : 1;
+}
+
+/* A Q8_0 block's codes and scale (ggml's f16 d, widened), as quant.c wrote them. */
+static void q80_unpack(const uint8_t *blk, int32_t *codes, float *d)
+{
+    uint8_t one[34];
+    float v[32];
+    memcpy(one, blk, 2);
+    memset(one + 2, 1, 32);
+    ggml_dequant_row(GGML_Q8_0, one, v, 32);
+    *d = v[0];
+    for (int j = 0; j < 32; j++)
+        codes[j] = (int8_t)blk[2 + j];
+}
+
+/* RD_CUDA_Q8=w8a8: Q8_0 weights times x quantized to Q8_0 in the kernel, on
+ * int8 tensor cores. The reference quantizes x itself with quant.c's
+ * ggml_quant_q8_0 (per row and 32-value block): per chunk the exact integer
+ * sum s of code products, acc + s x (dx x dw) in chunk order per sub-piece of
+ * the plan (4 SMs), the sub-pieces left to right. Integer sums leave the
+ * hardware nothing to round, so the device must give these bits too (its own
+ * plan: on a GPU the case recomputes with the device's SM count), ties of
+ * the rounding included. Within x's Q8_0 rounding of fp32 x; rows alone and
+ * after 7 others bit for bit. */
+static void tc_i8_case(rd_backend *be, int32_t out, int32_t in, int32_t m, int32_t n_sm)
+{
+    const size_t n = (size_t)out * in, nb = (size_t)in / 32, rb = ggml_row_bytes(GGML_Q8_0, (uint64_t)in);
+    float *w = malloc(sizeof(float) * n), *wd = malloc(sizeof(float) * n);
+    float *x = malloc(sizeof(float) * (size_t)(m + 7) * in), *y = malloc(sizeof(float) * (size_t)(m + 7) * out);
+    float *y1 = malloc(sizeof(float) * out), *y2 = malloc(sizeof(float) * (size_t)(m + 7) * out);
+    uint8_t *wb = malloc((size_t)out * rb), *xb = malloc((size_t)m * rb);
+    int32_t *wc = malloc(sizeof(int32_t) * n), *xc = malloc(sizeof(int32_t) * (size_t)m * in);
+    float *wdd = malloc(sizeof(float) * n / 32), *xd = malloc(sizeof(float) * (size_t)m * nb);
+    for (size_t b = 0; b < n / 32; b++) {
+        const float sc = (float)pow(10.0, -3.0 + 3.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < 32; j++)
+            w[b * 32 + j] = frand() * sc;
+    }
+    for (size_t b = 0; b < (size_t)(m + 7) * nb; b++) {
+        const float sc = b == 1 ? 0.0f : (float)pow(10.0, -3.0 + 5.0 * (double)(rnd() >> 11) * 0x1.0p-53);
+        for (int j = 0; j < 32; j++)
+            x[b * 32 + j] = frand() * sc;
+    }
+    /* row 0's first block: d = 1 exactly and codes at ties (+-0.5, +-1.5, ...: roundf goes away from zero) */
+    x[0] = 127.0f;
+    for (int j = 1; j < 32; j++)
+        x[j] = (j % 2 ? 1.0f : -1.0f) * ((float)(j / 2) + 0.5f);
+    CHECK_OK(ggml_quant_q8_0(w, n, wb));
+    CHECK_OK(ggml_dequant_row(GGML_Q8_0, wb, wd, n));
+    CHECK_OK(ggml_quant_q8_0(x, (uint64_t)m * in, xb));
+    for (size_t b = 0; b < n / 32; b++)
+        q80_unpack(wb + b * 34, wc + b * 32, &wdd[b]);
+    for (size_t b = 0; b < (size_t)m * nb; b++)
+        q80_unpack(xb + b * 34, xc + b * 32, &xd[b]);
+    rd_wpart part = {.type = GGML_Q8_0, .rows = out, .data = wb};
+    void *W = NULL;
+    CHECK_OK(be->ops->linear_load_q(be, &part, 1, in, &W));
+    if (test_case_failed)
+        goto done;
+    run_linear(be, W, x, m, in, out, 0, NULL, y, 0);
+    cuplan_tc pl;
+    CHECK_OK(cuplan_gemm_tc(out, in, n_sm, &pl));
+    size_t differ = 0;
+    double worst_x = 0;
+    for (int32_t r = 0; r < m; r++)
+        for (int32_t o = 0; o < out; o++) {
+            float tot = 0.0f;
+            for (int32_t i = 0; i < pl.q; i++) {
+                float acc = 0.0f;
+                for (int32_t c = i * pl.kp; c < (i + 1) * pl.kp; c += 32) {
+                    int32_t sum = 0;
+                    for (int k = c; k < c + 32; k++)
+                        sum += xc[(size_t)r * in + k] * wc[(size_t)o * in + k];
+                    const float sc = xd[(size_t)r * nb + c / 32] * wdd[((size_t)o * in + c) / 32];
+                    const float t = (float)sum * sc;
+                    acc = acc + t;
+                }
+                tot = i == 0 ? acc : tot + acc;
+            }
+            double sx = 0, mag = 0;
+            for (int32_t k = 0; k < in; k++) {
+                sx += (double)x[(size_t)r * in + k] * wd[(size_t)o * in + k];
+                mag += fabs((double)x[(size_t)r * in + k] * wd[(size_t)o * in + k]);
+            }
+            const float got = y[(size_t)r * out + o];
+            differ += fbits(got) != fbits(tot);
+            worst_x = worse(worst_x, fabs(got - sx) / (mag + 1e-30));
+        }
+    printf("# q8_0 w8a8 [%d x %d] x %d rows (plan on %d SMs: q %d, %d warps x %d CTAs): %zu outputs differ from the "
+           "reference's bits; vs fp32 x %.3g (relative to the terms' magnitudes)\n", out, in, m, n_sm, pl.q, pl.wk,
+           pl.p, differ, worst_x);
+    CHECK(differ == 0, "q8_0 w8a8: %zu outputs are not the reference's bits", differ);
+    /* each value within d / 2 = max|x| / 254 of its block; row 0's tie block (values 0.5 to 15.5 at d = 1) errs
+       by 6% of itself */
+    CHECK(worst_x <= 0.03 && worst_x > 0, "q8_0 w8a8: %.3g from fp32 x (Q8_0 rounds to max|x| / 254)", worst_x);
+    for (int32_t r = 0; r < m && !test_case_failed; r++) {
+        run_linear(be, W, x + (size_t)r * in, 1, in, out, 0, NULL, y1, 0);
+        CHECK(!memcmp(y1, y + (size_t)r * out, sizeof(float) * out), "q8_0 w8a8: row %d alone differs", r);
+    }
+    {
+        float *xsh = malloc(sizeof(float) * (size_t)(m + 7) * in);
+        memcpy(xsh, x + (size_t)m * in, sizeof(float) * 7 * in);
+        memcpy(xsh + (size_t)7 * in, x, sizeof(float) * (size_t)m * in);
+        run_linear(be, W, xsh, m + 7, in, out, 0, NULL, y2, 0);
+        CHECK(!memcmp(y2 + (size_t)7 * out, y, sizeof(float) * (size_t)m * out), "q8_0 w8a8: rows differ after 7 others");
+        free(xsh);
+    }
+done:
+    if (W) be->ops->linear_free(be, W);
+    free(w), free(wd), free(x), free(y), free(y1), free(y2), free(wb), free(xb), free(wc), free(xc), free(wdd), free(xd);
+}
+
 /* RD_CUDA_Q8=tc: the plan's three reductions, both activation modes, the
  * tile kernel on both tiles, the fusions (gated epilogue, RMSNorm prologue,
  * bias + RoPE + KV write) bit for bit those of the unfused ops, and the
@@ -1334,6 +1459,33 @@ static void test_gemm_tc_q80(void)
     for (int i = 0; i < 7; i++)
         if (all[i])
             rd_backend_destroy(all[i]);
+    if (test_case_failed)
+        return;
+    /* RD_CUDA_Q8=w8a8: x quantized to Q8_0 too, int8 tensor cores */
+    setenv("RD_CUDA_Q8", "w8a8", 1);
+    rd_backend *i8 = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *i8nf = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    rd_backend *i8big = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    setenv("RD_CUDA_TC_TILE", "128", 1);
+    rd_backend *i8b128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    unsetenv("RD_CUDA_TC_TILE");
+    unsetenv("RD_CUDA_Q8");
+    CHECK(i8 && i8nf && i8big && i8b128, "cannot create the q8_0 w8a8 backends: %s", rd_errmsg());
+    const int32_t sms = on_emulator() ? 4 : dev_sms(i8);
+    if (!test_case_failed) tc_i8_case(i8, 24, 1024, 5, sms);     /* p = 2 on 4 SMs */
+    if (!test_case_failed) tc_i8_case(i8, 300, 512, 40, sms);    /* p = 1, 4 m16 tiles per warp */
+    if (!test_case_failed) tc_i8_case(i8, 100, 96, 3, sms);      /* q = 1 */
+    if (!test_case_failed) tc_i8_case(i8big, 300, 512, 40, sms); /* the 64 tile */
+    if (!test_case_failed) tc_i8_case(i8b128, 150, 256, 140, sms); /* the 128 tile */
+    tc_wfmt = 2;
+    if (!test_case_failed) tc_gated_case(i8, i8nf, 12, 1024, 5, 0);
+    if (!test_case_failed) tc_gated_case(i8big, i8nf, 150, 512, 40, 1);
+    if (!test_case_failed) tc_norm_case(i8, i8nf, 300, 512, 5, 0.0f, 1);
+    if (!test_case_failed) tc_rope_case(i8, i8nf, 4, 2, 16, 512, 20, 1);
+    tc_wfmt = 0;
+    rd_backend *all8[4] = {i8, i8nf, i8big, i8b128};
+    for (int i = 0; i < 4; i++)
+        if (all8[i])
+            rd_backend_destroy(all8[i]);
 }
 
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
