@@ -506,40 +506,60 @@ static int32_t synth_full_layers(const char *which)
     return synth_config(which, &c) ? 0 : c.n_layers;
 }
 
-/* --weights fp8 / q8_0: every layer's dense linear read back and
- * re-quantized to FP8 blocks (engine/model/quant_fp8.h) or Q8_0 (llama.cpp's
- * rounding, engine/model/quant.h), the handle replaced: the weights a bf16
- * push with serve_dtype fp8 / q8_0 leaves. */
+/* One loaded weight [rows][cols] read back, quantized to type (FP8 blocks,
+ * engine/model/quant_fp8.h, or Q8_0 with llama.cpp's rounding,
+ * engine/model/quant.h) and loaded again in its place. */
+static int requant_slot(rd_backend *be, void **slot, int64_t rows, int64_t cols, int32_t type)
+{
+    const size_t n = (size_t)(rows * cols);
+    float *w = malloc(sizeof(float) * n);
+    uint8_t *blk = malloc((size_t)rows * ggml_row_bytes(type, (uint64_t)cols));
+    void *h = NULL;
+    int rc = w && blk ? be->ops->linear_read(be, *slot, w) : RD_ENOMEM;
+    if (!rc)
+        rc = type == GGML_Q8_0 ? ggml_quant_q8_0(w, n, blk) : rd_fp8_quant(w, n, blk);
+    rd_wpart part = {.type = type, .rows = (int32_t)rows, .data = blk};
+    if (!rc)
+        rc = be->ops->linear_load_q(be, &part, 1, (int32_t)cols, &h);
+    free(w), free(blk);
+    if (rc)
+        return rc == RD_ENOMEM ? rd_fail(rc, "--weights: out of memory") : rc;
+    be->ops->linear_free(be, *slot);
+    *slot = h;
+    return 0;
+}
+
+/* --weights fp8 / q8_0: the weights a bf16 push with serve_dtype fp8 / q8_0
+ * leaves. FP8: every layer's dense linear. Q8_0 (llama.cpp's choice for a
+ * Q8_0 file): every 2-D linear, the token embedding (also the tied head),
+ * an untied head and the MoE experts too; the routers stay as loaded. */
 static int requant(model *m, int32_t type)
 {
     const model_config *c = &m->cfg;
-    rd_backend *be = m->be;
-    const arch_group gs[4] = {AG_QKV, AG_O, AG_GATE_UP, AG_DOWN};
-    const int32_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
-    const int32_t rows[4] = {q + 2 * kv, c->dim, 2 * c->ffn_dim, c->dim}, cols[4] = {c->dim, q, c->dim, c->ffn_dim};
-    for (int32_t l = 0; l < c->n_layers; l++)
-        for (int g = 0; g < 4; g++) {
-            void **slot = model_weight_slot(m, gs[g], l, 0);
-            if (!slot || !*slot || cols[g] % 32)
+    const int q8 = type == GGML_Q8_0;
+    int rc = 0;
+    for (int32_t l = -1; l < c->n_layers && !rc; l++)
+        for (int g = l < 0 ? 0 : AG_FIRST_LAYER; g < (l < 0 ? AG_FIRST_LAYER : AG_COUNT) && !rc; g++) {
+            const arch_group ag = (arch_group)g;
+            const int table = ag == AG_EMBED || ag == AG_LM_HEAD, expert = ag == AG_EXP_GATE_UP || ag == AG_EXP_DOWN;
+            if (!arch_group_is_linear(ag) || ag == AG_ROUTER || (!q8 && (table || expert)))
                 continue;
-            const size_t n = (size_t)rows[g] * cols[g];
-            float *w = malloc(sizeof(float) * n);
-            uint8_t *blk = malloc((size_t)rows[g] * ggml_row_bytes(type, (uint64_t)cols[g]));
-            void *h = NULL;
-            int rc = w && blk ? be->ops->linear_read(be, *slot, w) : RD_ENOMEM;
-            if (!rc)
-                rc = type == GGML_Q8_0 ? ggml_quant_q8_0(w, n, blk) : rd_fp8_quant(w, n, blk);
-            rd_wpart part = {.type = type, .rows = rows[g], .data = blk};
-            if (!rc)
-                rc = be->ops->linear_load_q(be, &part, 1, cols[g], &h);
-            free(w), free(blk);
-            if (rc)
-                return rc == RD_ENOMEM ? rd_fail(rc, "--weights: out of memory") : rc;
-            be->ops->linear_free(be, *slot);
-            *slot = h;
+            int64_t rows, cols;
+            arch_group_shape(m->arch, c, ag, &rows, &cols);
+            if (cols % 32 || (ag == AG_LM_HEAD && m->lm_head == m->embed))
+                continue;
+            for (int32_t e = 0; e < (expert ? c->n_experts : 1) && !rc; e++) {
+                void **slot = model_weight_slot(m, ag, l, e);
+                if (!slot || !*slot)
+                    continue;
+                const int tied = ag == AG_EMBED && m->lm_head == m->embed;
+                rc = requant_slot(m->be, slot, rows, cols, type);
+                if (!rc && tied)
+                    m->lm_head = m->embed;
+            }
         }
     m->weights_gen++;
-    return 0;
+    return rc;
 }
 
 /* --kv and --weights on a loaded model (before any runner). */
@@ -1279,7 +1299,7 @@ static int cmd_bench(const opts *o)
                         (!strcmp(be->ops->name, "cpu") || (q8env && (!strcmp(q8env, "tc") || !strcmp(q8env, "w8a8"))));
     const double w_elem = !o->weights ? elem : !strcmp(o->weights, "fp8") ? 33.0 / 32.0 : q8_held ? 34.0 / 32.0 : elem;
     const char *head = getenv("RD_CUDA_HEAD");
-    const double head_elem = head && !strcmp(head, "fp32") ? 4.0 : elem;
+    const double head_elem = q8_held ? 34.0 / 32.0 : head && !strcmp(head, "fp32") ? 4.0 : elem;
     const int64_t hd = c->head_dim;
     const int64_t per_layer = ((int64_t)(c->n_heads + 2 * c->n_kv_heads) * hd * c->dim + (int64_t)c->dim * c->n_heads * hd +
                                2 * (int64_t)c->ffn_dim * c->dim + (int64_t)c->dim * c->ffn_dim);

@@ -267,7 +267,7 @@ struct cuda_be {
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
     bool gemm_simple_only;
-    bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cu)
+    bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cuh)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
     bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
     bool q8_tc;                 // RD_CUDA_Q8=tc or w8a8: Q8_0 weights kept as Q8_0 (linears on the tensor-core GEMM)

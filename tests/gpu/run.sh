@@ -301,8 +301,12 @@ if [ "$DRY" = 0 ]; then
   # without its tile kernel, to price the tile kernel at 128 rows and up; +RD_CUDA_TC_TILE=128: the 128 x 128
   # tile against the 64 x 64 one (batch 256's >= 50%-of-peak target).
   run gemm-1b 150 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
-    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128,q8tc,q8w8a8 --bw "$BW" \
+    --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128 --bw "$BW" \
     --json "$LOGS/gemm-1b.json" || true
+  # Q8_0 weights held as Q8_0 (weight-only, and W8A8 on int8 tensor cores) beside tc, a stage of its own so that
+  # gemm-1b's timeout is not shared.
+  run gemm-1b-q8 60 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 --variants tc,q8tc,q8w8a8 --bw "$BW" \
+    --json "$LOGS/gemm-1b-q8.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
   RD_CUDA_GEMM=tc run bench-1b-tc 90 "$BENCH" bench --synthetic 1b --label " tc" --bw "$BW" \
@@ -411,7 +415,7 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-bench-moe-cpu.json" || true
   run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
-  for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
+  for s in copybw unit-tc-cuda gemm-1b gemm-1b-q8 bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     bench-1b-q8tc bench-1b-q8w8a8 invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 tis-q8 tis-q8w8a8 \
     invariance-fp8tc invariance-w8a8 \
     invariance-q8tc \
