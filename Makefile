@@ -55,8 +55,8 @@ endif
 CXX     ?= g++
 EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(wildcard kernels/cuda/*.cu)) $(BUILD)/obj/emu/kernels/cuda/cuemu.o
 EMUFLAGS := -std=c++17 -D_GNU_SOURCE -DRD_CUDA_EMU $(OPT) $(ARCH) -g -ffp-contract=off $(WARN) -I. -MMD -MP
-EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(BUILD)/emutests/test_engine_cudaemu \
-             $(BUILD)/emutests/test_spec_cudaemu
+EMU_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_lora_engine_emu $(BUILD)/tests/test_update_emu \
+             $(BUILD)/emutests/test_engine_cudaemu $(BUILD)/emutests/test_spec_cudaemu
 
 .PHONY: layers all test asan asan-build example-grpo bench-learner bench bench-qwen3 bench-gemma3 bench-moe bench-http bench-push bench-chain-netns bench-commit bench-delta bench-quant bench-spec bench-score bench-score-mem bench-lora model model-gemma3 fuzz clean setup demo demo-offline
 all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/emutests/rollout-gpubench $(BUILD)/librdcrc32c.so \
@@ -158,6 +158,12 @@ $(BUILD)/tests/test_cuda_emu: tests/unit/test_cuda_emu.c $(BUILD)/librollout.a $
 $(BUILD)/tests/test_lora_engine_emu: tests/unit/test_lora_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' -DRD_TEST_LIGHT $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a \
+	  $(LDLIBS) -lstdc++
+
+# A serve_dtype q8_0 push onto the emulated CUDA backend holding Q8_0 (RD_CUDA_Q8=tc): one case, seconds.
+$(BUILD)/tests/test_update_emu: tests/unit/test_update.c $(BUILD)/librollout.a $(EMU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DRD_TEST_BACKEND_DEFAULT='"cuda-emu"' -DRD_TEST_Q8_DEVICE $< -o $@ $(EMU_OBJ) $(BUILD)/librollout.a \
 	  $(LDLIBS) -lstdc++
 
 $(BUILD)/emutests/test_engine_cudaemu: tests/unit/test_engine.c $(BUILD)/librollout.a $(EMU_OBJ)
