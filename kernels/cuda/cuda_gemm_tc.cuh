@@ -368,10 +368,10 @@ RD_UNROLL
 #endif
 }
 
-// Quantizes a lane's 8 values of a chunk's row; the 4 lanes of a quad hold
-// the row's 32 (all lanes of the warp call it). Codes c[0] (values 0-3), c[1]
-// (4-7); s = the block's scale 2^ea.
-RD_DEV void tc_q8_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
+// The bits of max |x| over a row's 32 values of a chunk, 8 per lane of a
+// quad (all lanes of the warp call it): for non-negative floats the unsigned
+// order of the bits is the order of the values; NaN and inf sort above.
+RD_DEV uint32_t tc_quad_amax(const float (&v)[8])
 {
     uint32_t m = 0;
 RD_UNROLL
@@ -382,7 +382,15 @@ RD_UNROLL
     uint32_t o = __shfl_xor_sync(0xffffffffu, m, 1);
     m = o > m ? o : m;
     o = __shfl_xor_sync(0xffffffffu, m, 2);
-    m = o > m ? o : m;
+    return o > m ? o : m;
+}
+
+// Quantizes a lane's 8 values of a chunk's row; the 4 lanes of a quad hold
+// the row's 32 (all lanes of the warp call it). Codes c[0] (values 0-3), c[1]
+// (4-7); s = the block's scale 2^ea.
+RD_DEV void tc_q8_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
+{
+    const uint32_t m = tc_quad_amax(v);
     float inv;
     tc_q8_scale(m, s, inv);
     c[0] = tc_q8_codes4(v, inv);
@@ -435,16 +443,7 @@ RD_UNROLL
 // lane's 8 values, s = the block's fp16 scale as a float (all lanes call it).
 RD_DEV void tc_i8_quad(const float (&v)[8], uint32_t (&c)[2], float &s)
 {
-    uint32_t m = 0;
-RD_UNROLL
-    for (int e = 0; e < 8; e++) {
-        const uint32_t b = cm_f2u(v[e]) & 0x7fffffffu;
-        m = b > m ? b : m;
-    }
-    uint32_t o = __shfl_xor_sync(0xffffffffu, m, 1);
-    m = o > m ? o : m;
-    o = __shfl_xor_sync(0xffffffffu, m, 2);
-    m = o > m ? o : m;
+    const uint32_t m = tc_quad_amax(v);
     if (m >= 0x7f800000u) {
         s = cm_u2f(0x7fc00000u), c[0] = c[1] = 0;
         return;

@@ -150,13 +150,13 @@ inline void cuemu_mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const ui
     }
 }
 
-// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 for one warp: d = A B + d
-// with E4M3 codes, four to a register, the lower k in the lower byte (PTX
-// ISA, the 8-bit m16n8k32 layouts: a[0]: A[g][4t..4t+3], a[1]: A[g+8][4t..],
-// a[2]: A[g][4t+16..], a[3]: A[g+8][4t+16..]; b[0]: B[4t..4t+3][g], b[1]:
-// B[4t+16..][g]; d as above). The products are exact; summed in double and
-// rounded once. A NaN code (0x7f, 0xff) makes the sums it reaches NaN.
-inline void cuemu_mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+// The warp's A [16][32] and B [32][8] of an 8-bit m16n8k32 mma from every
+// lane's registers (PTX ISA, the 8-bit m16n8k32 layouts: a[0]: A[g][4t..4t+3],
+// a[1]: A[g+8][4t..], a[2]: A[g][4t+16..], a[3]: A[g+8][4t+16..]; b[0]:
+// B[4t..4t+3][g], b[1]: B[4t+16..][g]; the lower k in the lower byte), each
+// byte read as val(register, byte index).
+template <class T, class F>
+inline void cuemu_frag8(const uint32_t (&a)[4], const uint32_t (&b)[2], F val, T (&A)[16][32], T (&B)[32][8])
 {
     struct frag {
         uint32_t a[4], b[2];
@@ -164,6 +164,23 @@ inline void cuemu_mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const ui
     std::memcpy(me.a, a, sizeof me.a);
     std::memcpy(me.b, b, sizeof me.b);
     cuemu::warp_allgather(&me, sizeof me, all);
+    for (unsigned l = 0; l < 32; l++) {
+        const unsigned g = l / 4, t = l % 4;
+        const frag &f = all[l];
+        for (int i = 0; i < 4; i++) {
+            A[g][4 * t + i] = val(f.a[0], i), A[g + 8][4 * t + i] = val(f.a[1], i);
+            A[g][4 * t + 16 + i] = val(f.a[2], i), A[g + 8][4 * t + 16 + i] = val(f.a[3], i);
+            B[4 * t + i][g] = val(f.b[0], i), B[4 * t + 16 + i][g] = val(f.b[1], i);
+        }
+    }
+}
+
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 for one warp: d = A B + d
+// with E4M3 codes, four to a register (cuemu_frag8's layout; d as above).
+// The products are exact; summed in double and
+// rounded once. A NaN code (0x7f, 0xff) makes the sums it reaches NaN.
+inline void cuemu_mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
     // a code's fields placed in fp32's read as 2^-120 times its value (subnormals included)
     auto val = [](uint32_t reg, int i) {
         const uint32_t c = reg >> (8 * i) & 0xffu;
@@ -175,15 +192,7 @@ inline void cuemu_mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const ui
         return (double)f * 0x1p120;
     };
     double A[16][32], B[32][8];
-    for (unsigned l = 0; l < 32; l++) {
-        const unsigned g = l / 4, t = l % 4;
-        const frag &f = all[l];
-        for (int i = 0; i < 4; i++) {
-            A[g][4 * t + i] = val(f.a[0], i), A[g + 8][4 * t + i] = val(f.a[1], i);
-            A[g][4 * t + 16 + i] = val(f.a[2], i), A[g + 8][4 * t + 16 + i] = val(f.a[3], i);
-            B[4 * t + i][g] = val(f.b[0], i), B[4 * t + 16 + i][g] = val(f.b[1], i);
-        }
-    }
+    cuemu_frag8(a, b, val, A, B);
     const unsigned lane = cuemu::lane_id(), g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; i++) {
         const unsigned r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
@@ -200,23 +209,9 @@ inline void cuemu_mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const ui
 // two's complement adds would, never reached by 32 products of |x| <= 128).
 inline void cuemu_mma_s8_16832(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
 {
-    struct frag {
-        uint32_t a[4], b[2];
-    } me, all[32];
-    std::memcpy(me.a, a, sizeof me.a);
-    std::memcpy(me.b, b, sizeof me.b);
-    cuemu::warp_allgather(&me, sizeof me, all);
     auto val = [](uint32_t reg, int i) { return (int32_t)(int8_t)(reg >> (8 * i) & 0xffu); };
     int32_t A[16][32], B[32][8];
-    for (unsigned l = 0; l < 32; l++) {
-        const unsigned g = l / 4, t = l % 4;
-        const frag &f = all[l];
-        for (int i = 0; i < 4; i++) {
-            A[g][4 * t + i] = val(f.a[0], i), A[g + 8][4 * t + i] = val(f.a[1], i);
-            A[g][4 * t + 16 + i] = val(f.a[2], i), A[g + 8][4 * t + 16 + i] = val(f.a[3], i);
-            B[4 * t + i][g] = val(f.b[0], i), B[4 * t + 16 + i][g] = val(f.b[1], i);
-        }
-    }
+    cuemu_frag8(a, b, val, A, B);
     const unsigned lane = cuemu::lane_id(), g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; i++) {
         const unsigned r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
