@@ -15,6 +15,8 @@
  *   rollout-gpubench attn       [--synthetic 1b,qwen3-1.7b] [--shapes NH/NKVxHD,...]
  *                               [--ctx 8192,32768] [--batches 1,8] [--reps N] [--flush-mib 256]
  *                               [--bw GBPS]
+ *   rollout-gpubench moe        [--synthetic qwen3-30b-a3b] [--rows 1,8,64,256,512]
+ *                               [--variants default,moetc,q8tc,q8tc+moetc] [--reps N] [--bw GBPS]
  * MODEL: --model PATH, or --synthetic 1b|qwen3-1.7b|qwen3-0.6b|qwen3-8b|
  * qwen3-30b-a3b|gemma3-270m|tiny|moe-tiny, that shape with random weights
  * built in memory (no tokenizer: prompts are random ids, half of them longer
@@ -91,6 +93,15 @@
  *   Qwen3-1.7B's 16/8 x 128): time per call and the KV bytes read / time
  *   against the copy bandwidth (issue 48's target: >= 0.70). Points that do
  *   not fit the free memory are skipped.
+ * moe: the experts op (moe_ffn) alone, one layer of a MoE shape (default
+ *   Qwen3-30B-A3B's 128 experts of 768 x 2048, top 8; the experts' weights
+ *   4 random sets loaded round-robin), per --rows and variant (as gemm's;
+ *   moetc is RD_CUDA_MOE=tc, the experts on tensor cores): time per call
+ *   inside a graph of calls that take 16 random route sets in turn, the
+ *   bytes of the experts a call's routes touch / time against the copy
+ *   bandwidth, 6 x rows x k x ffn x dim / time against the peak; batch
+ *   invariance as gemm's (exit 1 if an m-row call's rows differ from them
+ *   alone).
  *
  * Each prints a summary, "TABLE|..." lines for run.sh's final table, and the
  * JSON document to --json. Exit 0 pass, 1 a check failed, 2 usage, 3 setup
@@ -1534,6 +1545,7 @@ static int variant_set(gvariant *v, const char *var, const char *val)
  *   w8a8     fp8 + RD_CUDA_FP8=w8a8 (x quantized to E4M3 in the kernel)
  *   q8tc     weights as Q8_0 blocks + RD_CUDA_Q8=tc (held as Q8_0)
  *   q8w8a8   weights as Q8_0 blocks + RD_CUDA_Q8=w8a8 (x quantized to Q8_0, int8 tensor cores)
+ *   moetc    RD_CUDA_MOE=tc (moe: the experts on tensor cores)
  * e.g. "fp8+RD_CUDA_FP8=tc" is fp8tc. -1 for an unknown name. */
 static int parse_variant(const char *spec, gvariant *v)
 {
@@ -1572,6 +1584,8 @@ static int parse_variant(const char *spec, gvariant *v)
         } else if (!strcmp(t, "q8w8a8")) {
             v->wtype = GGML_Q8_0;
             rc = variant_set(v, "RD_CUDA_Q8", "w8a8");
+        } else if (!strcmp(t, "moetc")) {
+            rc = variant_set(v, "RD_CUDA_MOE", "tc");
         } else if (!strcmp(t, "tcbf16")) {
             rc = variant_set(v, "RD_CUDA_GEMM", "tc");
             if (!rc)
@@ -2142,6 +2156,345 @@ static int cmd_gemm(const opts *o)
     return !all_invariant ? 1 : setup_err ? 3 : wj;
 }
 
+/* ------------------------------------------------------------------ MoE experts */
+
+#define MOE_SETS 16         /* route sets the timed calls take in turn */
+#define MOE_HOST_EXPERTS 4  /* distinct host weights, loaded round-robin into the layer's experts */
+
+typedef struct {
+    rd_backend *be;
+    const rd_moe *moe;
+    const float *x;
+    int32_t *const *ids;    /* [MOE_SETS] device [m][k] */
+    float *const *w;        /* [MOE_SETS] device [m][k] */
+    int32_t m, k, next;
+    float *y;
+} moe_call;
+
+static void moe_call_fn(void *ctx)
+{
+    moe_call *c = ctx;
+    c->be->ops->moe_ffn(c->be, c->moe, c->x, c->ids[c->next], c->w[c->next], c->m, c->k, c->y);
+    c->next = (c->next + 1) % MOE_SETS;
+}
+
+/* m rows' routes: k distinct experts each, uniform (a trained router's are
+ * not, so this touches as many experts as a batch can), and positive
+ * weights that sum to 1. Returns the distinct experts touched. */
+static int32_t moe_routes(int32_t m, int32_t k, int32_t E, uint64_t seed, int32_t *ids, float *w, uint8_t *seen)
+{
+    memset(seen, 0, (size_t)E);
+    int32_t touched = 0;
+    for (int32_t i = 0; i < m; i++) {
+        float sum = 0.0f;
+        for (int32_t j = 0; j < k; j++) {
+            int32_t e, dup;
+            do {
+                e = (int32_t)(mix(&seed) % (uint64_t)E);
+                dup = 0;
+                for (int32_t q = 0; q < j; q++)
+                    dup |= ids[i * k + q] == e;
+            } while (dup);
+            ids[i * k + j] = e;
+            touched += !seen[e];
+            seen[e] = 1;
+            w[i * k + j] = 0.5f + (float)(mix(&seed) >> 40) / 16777216.0f;
+            sum += w[i * k + j];
+        }
+        for (int32_t j = 0; j < k; j++)
+            w[i * k + j] /= sum;
+    }
+    return touched;
+}
+
+/* moe_ffn alone, one layer of a MoE shape (default Qwen3-30B-A3B's: 128
+ * experts of 768 x 2048, top 8), per row count and variant: time per call
+ * (in a graph of calls, route sets taken in turn so that a small batch's
+ * experts change from call to call, as from layer to layer), the bytes of
+ * the experts the routes touch / time against the copy bandwidth, and
+ * 6 m k ffn dim / time against the peak. Every m-row call's rows must equal
+ * the same rows computed alone. */
+static int cmd_moe(const opts *o)
+{
+    const char *which = o->synthetic ? o->synthetic : "qwen3-30b-a3b";
+    model_config c;
+    if (synth_config(which, &c) || c.n_experts <= 0) {
+        fprintf(stderr, "%s moe: --synthetic expects a MoE shape (qwen3-30b-a3b, moe-tiny), not '%s'\n", P, which);
+        return 2;
+    }
+    const int32_t E = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, d = c.dim;
+    int32_t def_rows[] = {1, 8, 64, 256, 512};
+    const int32_t *rows = o->rows ? o->rows : def_rows, nr = o->rows ? o->n_rows : 5;
+    int32_t maxm = 0;
+    for (int32_t i = 0; i < nr; i++)
+        maxm = rows[i] > maxm ? rows[i] : maxm;
+    gvariant vs[GEMM_MAX_VARIANTS];
+    int nv = 0;
+    {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", o->variants ? o->variants : "default,moetc");
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (nv == GEMM_MAX_VARIANTS || parse_variant(t, &vs[nv]) || vs[nv].wtype == RD_TYPE_FP8_B32) {
+                fprintf(stderr, "%s moe: bad variant '%s' (at most %d of: default, moetc, q8tc, tc, VAR=value, "
+                                "joined by '+'; experts take no FP8)\n", P, t, GEMM_MAX_VARIANTS);
+                return 2;
+            }
+            nv++;
+        }
+    }
+    genv_save sv;
+    env_save(&sv, vs, nv);
+    const size_t ngu = (size_t)2 * f * d, ndn = (size_t)d * f, nx = (size_t)maxm * d;
+    float *gu = malloc(sizeof(float) * ngu * MOE_HOST_EXPERTS), *dn = malloc(sizeof(float) * ndn * MOE_HOST_EXPERTS);
+    uint8_t *qgu = NULL, *qdn = NULL;
+    float *xh = malloc(sizeof(float) * nx), *zeros = calloc(nx, sizeof(float)), *alone = malloc(sizeof(float) * nx);
+    float *got = malloc(sizeof(float) * nx), *wh = malloc(sizeof(float) * MOE_SETS * maxm * k);
+    int32_t *idh = malloc(sizeof(int32_t) * MOE_SETS * maxm * k);
+    uint8_t *seen = malloc((size_t)E);
+    gres *res = calloc((size_t)nv * nr, sizeof *res);
+    if (!gu || !dn || !xh || !zeros || !alone || !got || !wh || !idh || !seen || !res) {
+        fprintf(stderr, "%s moe: out of host memory\n", P);
+        return 3;
+    }
+    fill_random(gu, ngu * MOE_HOST_EXPERTS, 2000, 0.02f * 1.7320508f);
+    fill_random(dn, ndn * MOE_HOST_EXPERTS, 3000, 0.02f * 1.7320508f);
+    fill_random(xh, nx, 99, 1.0f);
+    double bw = o->bw, peak = o->peak_tflops;
+    const char *peak_why = "given by --peak-tflops";
+    char desc0[4096] = "";
+    const char *be_name = o->backend;
+    cJSON *doc = cJSON_CreateObject(), *jv = cJSON_AddArrayToObject(doc, "variants"),
+          *jr = cJSON_AddArrayToObject(doc, "results");
+    int setup_err = 0, all_invariant = 1;
+    for (int vi = 0; vi < nv; vi++) {
+        const gvariant *v = &vs[vi];
+        env_apply(&sv, v);
+        cJSON *jvar = cJSON_CreateObject();
+        cJSON_AddStringToObject(jvar, "name", v->name);
+        cJSON_AddBoolToObject(jvar, "q8_0", v->wtype == GGML_Q8_0);
+        cJSON *je = cJSON_AddObjectToObject(jvar, "env");
+        for (int j = 0; j < v->n_env; j++)
+            cJSON_AddStringToObject(je, v->var[j], v->val[j]);
+        cJSON_AddItemToArray(jv, jvar);
+        rd_backend *be = NULL;
+        if (rd_backend_create(o->backend, o->threads, &be)) {
+            printf("variant %s: backend: %s\n", v->name, rd_errmsg());
+            printf("TABLE|moe invariance|%s|no backend: %.120s|ERROR|\n", v->name, rd_errmsg());
+            cJSON_AddStringToObject(jvar, "error", rd_errmsg());
+            setup_err = 1;
+            continue;
+        }
+        be_name = be->ops->name;
+        char desc[4096] = "";
+        if (be->ops->describe)
+            be->ops->describe(be, desc, sizeof desc);
+        if (vi == 0) {
+            snprintf(desc0, sizeof desc0, "%s", desc);
+            if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
+                bw = 0;
+            if (!(peak > 0))
+                peak = peak_for(desc, &peak_why);
+            printf("moe on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", be->ops->name, desc, bw, peak_why);
+            printf("%s's experts: %d of [%d x %d] gate|up and [%d x %d] down, top %d\n", which, E, 2 * f, d, d, f, k);
+        }
+        int rc = be->ops->moe_ffn ? 0 : rd_fail(RD_ENOTSUP, "backend %s has no moe_ffn", be->ops->name);
+        if (!rc && v->wtype == GGML_Q8_0 && !qgu) {
+            qgu = malloc(ngu * MOE_HOST_EXPERTS / 32 * 34), qdn = malloc(ndn * MOE_HOST_EXPERTS / 32 * 34);
+            rc = qgu && qdn ? 0 : rd_fail(RD_ENOMEM, "host Q8_0 blocks");
+            if (!rc)
+                rc = ggml_quant_q8_0(gu, ngu * MOE_HOST_EXPERTS, qgu);
+            if (!rc)
+                rc = ggml_quant_q8_0(dn, ndn * MOE_HOST_EXPERTS, qdn);
+        }
+        void **hgu = calloc((size_t)E, sizeof(void *)), **hdn = calloc((size_t)E, sizeof(void *));
+        if (!rc && (!hgu || !hdn))
+            rc = rd_fail(RD_ENOMEM, "handle arrays");
+        for (int32_t e = 0; e < E && !rc; e++) {
+            const int32_t s = e % MOE_HOST_EXPERTS;
+            if (v->wtype == GGML_Q8_0) {
+                rd_wpart pg = {.type = GGML_Q8_0, .rows = 2 * f, .data = qgu + ngu * s / 32 * 34};
+                rd_wpart pd = {.type = GGML_Q8_0, .rows = d, .data = qdn + ndn * s / 32 * 34};
+                rc = be->ops->linear_load_q ? be->ops->linear_load_q(be, &pg, 1, d, &hgu[e])
+                                            : rd_fail(RD_ENOTSUP, "backend %s has no linear_load_q", be->ops->name);
+                if (!rc)
+                    rc = be->ops->linear_load_q(be, &pd, 1, f, &hdn[e]);
+            } else {
+                rc = be->ops->linear_load(be, gu + ngu * s, 2 * f, d, &hgu[e]);
+                if (!rc)
+                    rc = be->ops->linear_load(be, dn + ndn * s, d, f, &hdn[e]);
+            }
+        }
+        const rd_moe moe = {.n_experts = E, .ffn = f, .dim = d, .gate_up = hgu, .down = hdn};
+        const double expert_bytes = rc ? 0 : lin_bytes(be, hgu[0]) + lin_bytes(be, hdn[0]);
+        float *x = rc ? NULL : be->ops->alloc(be, sizeof(float) * nx), *y = rc ? NULL : be->ops->alloc(be, sizeof(float) * nx);
+        int32_t *dids[MOE_SETS] = {0};
+        float *dw[MOE_SETS] = {0};
+        for (int q = 0; q < MOE_SETS && !rc; q++) {
+            dids[q] = be->ops->alloc(be, sizeof(int32_t) * maxm * k);
+            dw[q] = be->ops->alloc(be, sizeof(float) * maxm * k);
+            if (!dids[q] || !dw[q])
+                rc = rd_fail(RD_ENOMEM, "device routes");
+        }
+        if (!rc)
+            rc = x && y ? be->ops->h2d(be, x, xh, sizeof(float) * nx) : rd_fail(RD_ENOMEM, "device buffers");
+        int32_t var_bad = 0;
+        for (int32_t ri = 0; ri < nr && !rc; ri++) {
+            const int32_t m = rows[ri];
+            const size_t nr_k = (size_t)m * k;
+            double touched = 0;
+            for (int q = 0; q < MOE_SETS && !rc; q++) {
+                touched += moe_routes(m, k, E, 7000 + 131 * (uint64_t)q + (uint64_t)m, idh + q * nr_k, wh + q * nr_k,
+                                      seen);
+                rc = be->ops->h2d(be, dids[q], idh + q * nr_k, sizeof(int32_t) * nr_k);
+                if (!rc)
+                    rc = be->ops->h2d(be, dw[q], wh + q * nr_k, sizeof(float) * nr_k);
+            }
+            touched /= MOE_SETS;
+            /* the rows alone (route set 0), then all m at once */
+            if (!rc)
+                rc = be->ops->h2d(be, y, zeros, sizeof(float) * (size_t)m * d);
+            for (int32_t i = 0; i < m && !rc; i++)
+                be->ops->moe_ffn(be, &moe, x + (size_t)i * d, dids[0] + (size_t)i * k, dw[0] + (size_t)i * k, 1, k,
+                                 y + (size_t)i * d);
+            if (!rc)
+                rc = be->ops->d2h(be, alone, y, sizeof(float) * (size_t)m * d);
+            if (!rc)
+                rc = be->ops->h2d(be, y, zeros, sizeof(float) * (size_t)m * d);
+            if (!rc)
+                be->ops->moe_ffn(be, &moe, x, dids[0], dw[0], m, k, y);
+            if (!rc && !(rc = be->ops->d2h(be, got, y, sizeof(float) * (size_t)m * d)))
+                rc = be->ops->sync(be);
+            if (rc)
+                break;
+            if (fault_invariance() && vi == 0 && ri == nr - 1) {
+                uint32_t bits;
+                memcpy(&bits, got, 4);
+                bits ^= 1;
+                memcpy(got, &bits, 4);
+            }
+            gres *g = &res[(size_t)vi * nr + ri];
+            g->bad_rows = rows_differ(got, alone, m, d);
+            moe_call mc = {be, &moe, x, dids, dw, m, k, 0, y};
+            const double t_stream = time_calls(be, moe_call_fn, &mc, o->reps, &g->reps);
+            if (t_stream < 0) {
+                rc = RD_EINVAL;
+                break;
+            }
+            mc.next = 0;
+            const int32_t n_graph = g->reps > MOE_SETS ? g->reps : MOE_SETS;
+            const double t_graph = time_graph(be, NULL, moe_call_fn, &mc, n_graph, 3);
+            if (t_graph == -1)
+                printf("variant %s, %d rows: no graph timing (%s)\n", v->name, m, rd_errmsg());
+            const double t = t_graph >= 0 ? t_graph : t_stream;
+            g->us_stream = t_stream * 1e6;
+            g->graph = t_graph >= 0;
+            g->us = t * 1e6;
+            g->wbytes = touched * expert_bytes;
+            g->gbps = g->wbytes / t / 1e9;
+            g->tflops = 6.0 * m * k * (double)f * d / t / 1e12;
+            g->done = 1;
+            var_bad += g->bad_rows;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "rows", m);
+            cJSON_AddStringToObject(e, "variant", v->name);
+            cJSON_AddNumberToObject(e, "us", g->us);
+            cJSON_AddNumberToObject(e, "us_stream", g->us_stream);
+            cJSON_AddBoolToObject(e, "graph", g->graph);
+            cJSON_AddNumberToObject(e, "reps", g->reps);
+            cJSON_AddNumberToObject(e, "experts_touched", touched);
+            cJSON_AddNumberToObject(e, "expert_bytes", expert_bytes);
+            cJSON_AddNumberToObject(e, "active_bytes", g->wbytes);
+            cJSON_AddNumberToObject(e, "gbps", g->gbps);
+            if (bw > 0)
+                cJSON_AddNumberToObject(e, "x_copy", g->gbps / bw);
+            cJSON_AddNumberToObject(e, "tflops", g->tflops);
+            if (peak > 0)
+                cJSON_AddNumberToObject(e, "x_peak", g->tflops / peak);
+            cJSON_AddBoolToObject(e, "invariant", g->bad_rows == 0);
+            cJSON_AddNumberToObject(e, "rows_differing", g->bad_rows);
+            cJSON_AddItemToArray(jr, e);
+        }
+        char err[256] = "";
+        if (rc) {
+            snprintf(err, sizeof err, "%s", rd_errmsg());
+            printf("variant %s: %s\n", v->name, err);
+            cJSON_AddStringToObject(jvar, "error", err);
+            setup_err = 1;
+        }
+        cJSON_AddStringToObject(jvar, "describe", desc);
+        cJSON_AddBoolToObject(jvar, "invariant", var_bad == 0);
+        cJSON_AddNumberToObject(jvar, "rows_differing", var_bad);
+        all_invariant &= var_bad == 0;
+        if (rc && !var_bad)
+            printf("TABLE|moe invariance|%s|stopped: %.120s|ERROR|\n", v->name, err);
+        else
+            printf("TABLE|moe invariance|%s|rows of %d..%d-row calls vs alone: %s|%s|\n", v->name, rows[0], maxm,
+                   var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+        for (int q = 0; q < MOE_SETS; q++) {
+            if (dids[q]) be->ops->free(be, dids[q]);
+            if (dw[q]) be->ops->free(be, dw[q]);
+        }
+        if (x) be->ops->free(be, x);
+        if (y) be->ops->free(be, y);
+        if (hgu && hdn && be->ops->moe_release)
+            be->ops->moe_release(be, &moe);
+        for (int32_t e = 0; e < E; e++) {
+            if (hgu && hgu[e]) be->ops->linear_free(be, hgu[e]);
+            if (hdn && hdn[e]) be->ops->linear_free(be, hdn[e]);
+        }
+        free(hgu), free(hdn);
+        rd_backend_destroy(be);
+    }
+    env_apply(&sv, NULL);
+    printf("\n%5s", "rows");
+    for (int vi = 0; vi < nv; vi++)
+        printf(" | %-34s", vs[vi].name);
+    printf("\n");
+    for (int32_t ri = 0; ri < nr; ri++) {
+        char cells[2048];
+        int n = 0;
+        cells[0] = 0;
+        printf("%5d", rows[ri]);
+        for (int vi = 0; vi < nv; vi++) {
+            const gres *g = &res[(size_t)vi * nr + ri];
+            char cell[160];
+            if (!g->done)
+                snprintf(cell, sizeof cell, "-");
+            else
+                snprintf(cell, sizeof cell, "%.1f us %.0f GB/s %.2fx %.1f TF", g->us, g->gbps, bw > 0 ? g->gbps / bw : 0.0,
+                         g->tflops);
+            printf(" | %-34s", cell);
+            if (g->done && n < (int)sizeof cells)
+                n += snprintf(cells + n, sizeof cells - n, "%s%s %.1fus %.2fx %.1fTF", vi ? "; " : "", vs[vi].name, g->us,
+                              bw > 0 ? g->gbps / bw : 0.0, g->tflops);
+        }
+        printf("\n");
+        printf("TABLE|moe %s|rows %d|%s|\n", which, rows[ri], cells);
+    }
+    printf("(GB/s: the bytes of the experts the routes touch, as the backend holds them / time; x: of the copy "
+           "bandwidth %.1f GB/s; TF: 6 x rows x k x ffn x dim / time)\n", bw);
+    printf("moe batch invariance %s%s\n", all_invariant ? "PASS" : "FAIL",
+           setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
+    cJSON *js = cJSON_AddObjectToObject(doc, "moe_shape");
+    cJSON_AddStringToObject(js, "name", which);
+    cJSON_AddNumberToObject(js, "experts", E);
+    cJSON_AddNumberToObject(js, "k", k);
+    cJSON_AddNumberToObject(js, "ffn", f);
+    cJSON_AddNumberToObject(js, "dim", d);
+    cJSON_AddStringToObject(doc, "backend", be_name);
+    cJSON_AddStringToObject(doc, "describe", desc0);
+    cJSON_AddNumberToObject(doc, "copy_gbps", bw);
+    cJSON_AddNumberToObject(doc, "peak_tflops", peak);
+    cJSON_AddStringToObject(doc, "peak_assumption", peak_why);
+    cJSON_AddBoolToObject(doc, "invariant", all_invariant);
+    cJSON_AddBoolToObject(doc, "pass", all_invariant && !setup_err);
+    free(gu), free(dn), free(qgu), free(qdn), free(xh), free(zeros), free(alone), free(got), free(wh), free(idh);
+    free(seen), free(res);
+    env_free(&sv);
+    int wj = write_json(o, doc);
+    return !all_invariant ? 1 : setup_err ? 3 : wj;
+}
+
 /* ------------------------------------------------------------------ attention at long context */
 
 typedef struct {
@@ -2477,7 +2830,7 @@ static int cmd_engine(const opts *o)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: %s info|copybw|parity|invariance|tis|sampler|engine|bench|gemm|attn [flags] (see the source header)\n", P);
+    fprintf(stderr, "usage: %s info|copybw|parity|invariance|tis|sampler|engine|bench|gemm|attn|moe [flags] (see the source header)\n", P);
     exit(2);
 }
 
@@ -2561,6 +2914,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(&o);
     else if (!strcmp(cmd, "gemm")) rc = cmd_gemm(&o);
     else if (!strcmp(cmd, "attn")) rc = cmd_attn(&o);
+    else if (!strcmp(cmd, "moe")) rc = cmd_moe(&o);
     if (o.batches_set)
         free(o.batches);
     free(o.rows);

@@ -131,6 +131,7 @@ struct moe_table {
                                         // 2 n_experts + e and 3 n_experts + e
     const void **dev;                   // [4 n_experts]
     int aligned;                        // every pointer 16-byte aligned
+    int wf;                             // TC_WF_BF16 or TC_WF_Q8_0 when every expert is that format, else -1
     bool in_graph;                      // last written by a captured kernel: write it again at the next call
 };
 
@@ -272,6 +273,7 @@ struct cuda_be {
     bool fp8_q8;                // RD_CUDA_FP8=w8a8: with x quantized to E4M3, on FP8 tensor cores (TC_Q8)
     bool q8_tc;                 // RD_CUDA_Q8=tc or w8a8: Q8_0 weights kept as Q8_0 (linears on the tensor-core GEMM)
     bool q8_i8;                 // RD_CUDA_Q8=w8a8: their linears with x quantized to Q8_0, on int8 tensor cores (TC_I8)
+    bool moe_tc;                // RD_CUDA_MOE=tc: the MoE experts on tensor cores (cuda_moe_tc.cu)
     float *tc_part;             // its sub-piece sums [q][rows][out] (plans with p > 1)
     size_t tc_part_cap;         // bytes
     unsigned *tc_count;         // its arrival counters, zero between launches
@@ -1760,6 +1762,7 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
     }
     t->ptrs.resize(4 * (size_t)E);
     t->aligned = 1;
+    int n_q8 = 0;
     for (int32_t e = 0; e < E; e++) {
         const weight *gu = (const weight *)moe->gate_up[e], *dn = (const weight *)moe->down[e];
         t->ptrs[e] = moe_wptr(gu);
@@ -1767,7 +1770,9 @@ static moe_table *moe_table_for(cuda_be *b, const rd_moe *moe)
         t->ptrs[2 * E + e] = gu->q8d;
         t->ptrs[3 * E + e] = dn->q8d;
         t->aligned &= (uintptr_t)t->ptrs[e] % 16 == 0 && (uintptr_t)t->ptrs[E + e] % 16 == 0;
+        n_q8 += (gu->q8d != nullptr) + (dn->q8d != nullptr);
     }
+    t->wf = n_q8 == 0 ? TC_WF_BF16 : n_q8 == 2 * E ? TC_WF_Q8_0 : -1;
     t->in_graph = b->capturing;
     launch_moe_set_table(b->st, t->dev, t->ptrs.data(), 0, 4 * E);
     return check_launch(b, "moe_ffn expert table") ? t : nullptr;
@@ -1820,8 +1825,14 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     if (!t)
         return;
     const size_t routes = (size_t)m * k;
-    if (!grow(b, (void **)&b->moe_idx, &b->moe_idx_cap, ((size_t)2 * E + 1 + routes) * sizeof(int32_t),
-              "the MoE route order") ||
+    // The tensor-core experts: one weight format, reduced lengths the GEMM's chunks divide, aligned
+    // weights, and a work list that fits a grid's y (else the CUDA-core kernels serve the call).
+    const int64_t n_work = (int64_t)std::min<size_t>((size_t)E, routes) + (int64_t)((routes + 15) / 16);
+    cuplan_tc pl_gu{}, pl_down{};
+    const bool tc = b->moe_tc && t->wf >= 0 && t->aligned && n_work <= 65535 && !cuplan_moe_tc(d, &pl_gu) &&
+                    !cuplan_moe_tc(f, &pl_down);
+    const size_t idx_n = (size_t)2 * E + 1 + routes + (tc ? 2 * routes + 2 * (size_t)n_work : 0);
+    if (!grow(b, (void **)&b->moe_idx, &b->moe_idx_cap, idx_n * sizeof(int32_t), "the MoE route order") ||
         !grow(b, (void **)&b->moe_act, &b->moe_act_cap, routes * f * sizeof(float), "the MoE expert activations") ||
         !grow(b, (void **)&b->moe_h, &b->moe_h_cap, routes * d * sizeof(float), "the MoE expert outputs"))
         return;
@@ -1843,6 +1854,13 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     a.active = b->moe_idx + E + 1 + routes;
     a.act = b->moe_act;
     a.h = b->moe_h;
+    a.tc_wf = tc ? t->wf : -1;
+    a.pl_gu = pl_gu;
+    a.pl_down = pl_down;
+    a.pos = tc ? a.active + E : nullptr;
+    a.xrow = tc ? a.pos + routes : nullptr;
+    a.work = tc ? a.xrow + routes : nullptr;
+    a.n_work = tc ? (int32_t)n_work : 0;
     launch_moe_ffn(b->st, a);
     check_launch(b, "moe_ffn");
 }
@@ -2479,8 +2497,9 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
 {
     cuda_be *b = impl(be);
     std::lock_guard<std::mutex> g(b->choice_mu);
-    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s; gemm%s%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
+    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s;%s gemm%s%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
                      b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
+                     b->moe_tc ? " MoE experts on tensor cores (RD_CUDA_MOE=tc);" : "",
                      b->gemm_tc ? " (tensor-core kernel for bf16 linears, RD_CUDA_GEMM=tc)" : "",
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
                      : b->fp8_tc ? " (FP8 linears on tensor cores, RD_CUDA_FP8=tc)"
@@ -2687,6 +2706,8 @@ static int create(int n_threads, rd_backend **out)
     const char *q8 = env("RD_CUDA_Q8");
     b->q8_i8 = q8 && !strcmp(q8, "w8a8");
     b->q8_tc = b->q8_i8 || (q8 && !strcmp(q8, "tc"));
+    const char *mo = env("RD_CUDA_MOE");
+    b->moe_tc = mo && !strcmp(mo, "tc");
     // The tensor-core GEMM reads fp32 activations: the producers' bf16 copies would go unread.
     if (b->gemm_tc)
         b->use_shadow = false;

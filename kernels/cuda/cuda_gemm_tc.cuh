@@ -121,7 +121,9 @@ RD_UNROLL
         u[i] = tc_pack(f[2 * i], f[2 * i + 1]);
 }
 
-// x[r][c + 8t .. c + 8t + 8) (zeros past the last row); with a.nw, normalized by inv.
+// x[r][c + 8t .. c + 8t + 8) (zeros past the last row); with a.nw, normalized by inv. XR: row r is
+// x[a.xrow[r]] (the MoE experts' routes; a template switch, so the dense kernels carry no indirection).
+template <bool XR = false>
 RD_DEV void tc_load_x(const tc_args &a, int32_t r, int32_t c, int t, float inv, float (&f)[8])
 {
     if (r >= a.m) {
@@ -130,7 +132,8 @@ RD_UNROLL
             f[e] = 0.0f;
         return;
     }
-    const float *p = a.x + (int64_t)r * a.in + c + 8 * t;
+    const int32_t xr = XR ? a.xrow[r] : r;
+    const float *p = a.x + (int64_t)xr * a.in + c + 8 * t;
     if (a.xvec) {
         load_f32x8(p, f);
     } else {
@@ -182,15 +185,15 @@ RD_UNROLL
 }
 
 // One 32-weight chunk at c into the accumulators of MW m16 tiles x 2 n8 tiles.
-template <int MW, int NP>
+template <int MW, int NP, bool XR = false>
 RD_DEV void tc_chunk(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                      const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++) {
         float xa[8], xb[8];
-        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
-        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
+        tc_load_x<XR>(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x<XR>(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
 RD_UNROLL
         for (int s = 0; s < 2; s++) {
             uint32_t fr[NP][4];
@@ -600,7 +603,7 @@ RD_UNROLL
 }
 
 // tc_chunk for Q8_0 weights: w[j] from tc_load_q80.
-template <int MW, int NP>
+template <int MW, int NP, bool XR = false>
 RD_DEV void tc_chunk_q80(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                          const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
@@ -615,8 +618,8 @@ RD_UNROLL
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++) {
         float xa[8], xb[8];
-        tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
-        tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
+        tc_load_x<XR>(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
+        tc_load_x<XR>(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
         float d[2][4] = {};
 RD_UNROLL
         for (int s = 0; s < 2; s++) {
@@ -647,16 +650,16 @@ template <int NP, int WF> RD_DEV void tc_load_wp(const tc_args &a, int32_t n, in
         tc_load_w<WF>(a, n, c, t, u);
 }
 
-template <int MW, int NP, int WF>
+template <int MW, int NP, int WF, bool XR>
 RD_DEV void tc_chunk_p(const tc_args &a, int32_t r0, int32_t c, int g, int t, const uint32_t (&w)[2][4],
                        const float (&inv)[MW][2], float (&acc)[MW][2][4])
 {
     if constexpr (NP == TC_Q8 || NP == TC_I8)
         tc_chunk_q8<MW, NP == TC_I8>(a, r0, c, g, t, w, inv, acc);
     else if constexpr (WF == TC_WF_Q8_0)
-        tc_chunk_q80<MW, NP>(a, r0, c, g, t, w, inv, acc);
+        tc_chunk_q80<MW, NP, XR>(a, r0, c, g, t, w, inv, acc);
     else
-        tc_chunk<MW, NP>(a, r0, c, g, t, w, inv, acc);
+        tc_chunk<MW, NP, XR>(a, r0, c, g, t, w, inv, acc);
 }
 
 #define TC_UNROLL 4 // chunks whose weights are loaded before any of them is used
@@ -686,19 +689,19 @@ RD_UNROLL
 #endif
 }
 
-// grid (column tiles, row tiles of 16 MW, p); block 32 wk. A column tile is
-// 8 pairs of columns (tc_col).
-template <int MW, int NP, int WF, int EPI>
-__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
+// One CTA of 32 wk threads: column tile `tile` (8 pairs of columns, tc_col)
+// of rows [r0, r0 + 16 MW), K-slice kz of the plan's p; `slot` is its arrival
+// counter (p > 1). k_gemm_tc's grid gives these; the MoE experts' kernel
+// (cuda_moe_tc.cu) gives its own from a work list.
+template <int MW, int NP, int WF, int EPI, bool XR = false>
+RD_DEV void tc_cta(const tc_args &a, int32_t tile, int32_t r0, int32_t kz, unsigned slot)
 {
-    RD_PDL_LAUNCH();
     __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
     __shared__ float inv_s[16 * MW];
     __shared__ int last;
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wk = (int)blockDim.x / 32;
-    const int32_t tile = (int32_t)blockIdx.x, r0 = (int32_t)blockIdx.y * 16 * MW;
-    const int32_t qi = (int32_t)blockIdx.z * wk + warp; // this warp's sub-piece
+    const int32_t qi = kz * wk + warp; // this warp's sub-piece
     const int32_t k0 = qi * a.kp, k1 = k0 + a.kp;
     // the weight row (= output column) of this lane in n8 tile j
     int32_t wrow[2];
@@ -718,7 +721,7 @@ RD_UNROLL
                     inv_s[rr] = v;
             }
         __syncthreads();
-        if (blockIdx.x == 0 && blockIdx.z == 0)
+        if (tile == 0 && kz == 0)
             for (int rr = 0; rr < 16 * MW && r0 + rr < a.m; rr++) {
                 const float *xr = a.x + (int64_t)(r0 + rr) * a.in;
                 for (int32_t j = (int32_t)threadIdx.x; j < a.in; j += (int32_t)blockDim.x)
@@ -748,14 +751,14 @@ RD_UNROLL
                 tc_load_wp<NP, WF>(a, wrow[j], c + 32 * u, t, w[u][j]);
 RD_UNROLL
         for (int u = 0; u < TC_UNROLL; u++)
-            tc_chunk_p<MW, NP, WF>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
+            tc_chunk_p<MW, NP, WF, XR>(a, r0, c + 32 * u, g, t, w[u], inv, acc);
     }
     for (; c < k1; c += 32) {
         uint32_t w[2][4];
 RD_UNROLL
         for (int j = 0; j < 2; j++)
             tc_load_wp<NP, WF>(a, wrow[j], c, t, w[j]);
-        tc_chunk_p<MW, NP, WF>(a, r0, c, g, t, w, inv, acc);
+        tc_chunk_p<MW, NP, WF, XR>(a, r0, c, g, t, w, inv, acc);
     }
 
     // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2) of pair 2 t + (i & 1), n8 tile j.
@@ -802,7 +805,6 @@ RD_UNROLL
             }
     __threadfence();
     __syncthreads();
-    const unsigned slot = blockIdx.y * gridDim.x + blockIdx.x;
     if (threadIdx.x == 0)
         last = atomicAdd(&a.count[slot], 1u) == (unsigned)(a.p - 1);
     __syncthreads();
@@ -828,6 +830,15 @@ RD_UNROLL
     }
     if (threadIdx.x == 0)
         a.count[slot] = 0;
+}
+
+// grid (column tiles, row tiles of 16 MW, p); block 32 wk.
+template <int MW, int NP, int WF, int EPI>
+__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
+{
+    RD_PDL_LAUNCH();
+    tc_cta<MW, NP, WF, EPI>(a, (int32_t)blockIdx.x, (int32_t)blockIdx.y * 16 * MW, (int32_t)blockIdx.z,
+                            blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 // ------------------------------------------------------------------ many rows

@@ -151,7 +151,8 @@ struct tc_args {
     const uint8_t *f8, *f8s;    // FP8 codes [out][in] and scale bytes [out][in / 32]
     const int8_t *q8;           // Q8_0 codes [out][in] (RD_CUDA_Q8=tc)
     const uint16_t *q8d;        // and their blocks' fp16 scales d [out][in / 32]: weight = code x d
-    const float *x;             // [m][in]
+    const float *x;             // [m][in]; with xrow, row r is x[xrow[r]] (the MoE experts' routes)
+    const int32_t *xrow;        // NULL: row r is x[r]
     const float *nw;            // RMSNorm weight [in] applied to x first (NULL: x as it is), with eps and w_off
     float eps, w_off;
     float *xn;                  // with nw: where the normalized x goes too (the RMSNorm op's output)
@@ -228,13 +229,23 @@ struct moe_args {
     int32_t *order;             // scratch [m k]: route indices grouped by expert, rows ascending
     int32_t *active;            // scratch [n_experts]: the experts with routes, ascending, then -1s
     float *act;                 // scratch [m k][ffn]: swiglu(gate_up . x), by place in order
-    float *h;                   // scratch [m k][dim]: each route's expert output, by route
+    float *h;                   // scratch [m k][dim]: each route's expert output, by route (tc: by place)
+    // The experts on tensor cores (RD_CUDA_MOE=tc; tc_wf >= 0): the GEMM's kernel (cuda_gemm_tc.cuh) run
+    // per (expert, 16 routes) from a work list the sort writes. tc_wf < 0: the CUDA-core kernels.
+    int tc_wf;                  // TC_WF_BF16 or TC_WF_Q8_0 (every expert of the table), or -1
+    cuplan_tc pl_gu, pl_down;   // cuplan_moe_tc(dim), cuplan_moe_tc(ffn)
+    int32_t *pos;               // scratch [m k]: each route's place in order (h's row)
+    int32_t *xrow;              // scratch [m k]: the x row of the route at each place (order / k)
+    int32_t *work;              // scratch [n_work][2]: (expert, row tile of 16 of its routes), then -1s
+    int32_t n_work;             // min(n_experts, m k) + ceil(m k / 16): no more tiles can exist
 };
 // Sorts the routes by expert, then runs the gate|up and down products of
 // the routed experts (one kernel each, a block per routed expert and output
 // tile: min(n_experts, m k) expert slots, so batch 1 launches k), then
 // y += sum_j w_j h_j per row. See cuda_moe.cu for the reduction orders.
 void launch_moe_ffn(cudaStream_t s, const moe_args &a);
+// The tensor-core experts' two launches (cuda_moe_tc.cu), after the sort.
+void launch_moe_tc(cudaStream_t s, const moe_args &a);
 
 // ---- LoRA (cuda_lora.cu) ----
 enum { LORA_DT_F32 = 0, LORA_DT_F16 = 1, LORA_DT_BF16 = 2 };

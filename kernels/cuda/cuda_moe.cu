@@ -157,8 +157,11 @@ void launch_moe_set_table(cudaStream_t s, const void **table, const void *const 
 // routes twice: to count expert e's, then (after the prefix sum) to place
 // them in route order. Each thread reads every id (the same address across
 // the warp: one broadcast load); m * k is at most a few thousand in decode.
-__global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_t *off, int32_t *order,
-                           int32_t *active)
+// With work (the tensor-core experts), also each route's place in order,
+// the x row of the route at each place, and the list of (expert, row tile
+// of 16) the experts' routes make.
+__global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t k, int32_t E, int32_t *off, int32_t *order,
+                           int32_t *active, int32_t *pos, int32_t *xrow, int32_t *work, int32_t n_work)
 {
     RD_PDL_ENTRY();
     __shared__ int32_t s_off[RD_MOE_MAX_EXPERTS + 1];
@@ -180,6 +183,16 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_
         }
         for (; na < E; na++)
             active[na] = -1;
+        if (work) {
+            int32_t nw = 0;
+            for (int32_t x = 0; x < E; x++)
+                for (int32_t r = s_off[x]; r < s_off[x + 1]; r += 16, nw++) {
+                    work[2 * nw] = x;
+                    work[2 * nw + 1] = (r - s_off[x]) / 16;
+                }
+            for (; nw < n_work; nw++)
+                work[2 * nw] = -1, work[2 * nw + 1] = 0;
+        }
     }
     __syncthreads();
     for (int32_t x = e; x <= E; x += blockDim.x)
@@ -187,8 +200,11 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t E, int32_
     if (e < E) {
         int32_t at = s_off[e];
         for (int32_t r = 0; r < routes; r++)
-            if (ids[r] == e)
+            if (ids[r] == e) {
+                if (pos)
+                    pos[r] = at, xrow[at] = r / k;
                 order[at++] = r;
+            }
     }
 }
 
@@ -396,7 +412,7 @@ __global__ void k_moe_combine(moe_args a)
         const int64_t r = i * a.k + j;
         const int32_t e = a.ids[r];
         if (e >= 0 && e < a.n_experts)
-            acc = fmaf(a.weights[r], a.h[r * a.dim + c], acc);
+            acc = fmaf(a.weights[r], a.h[(a.pos ? (int64_t)a.pos[r] : r) * a.dim + c], acc);
     }
     a.y[idx] = RD_FADD(a.y[idx], acc);
 }
@@ -407,7 +423,14 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
         return;
     const int32_t routes = a.m * a.k;
     const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
-    RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.n_experts, a.off, a.order, a.active);
+    const bool tc = a.tc_wf >= 0;
+    RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.k, a.n_experts, a.off, a.order, a.active,
+              tc ? a.pos : nullptr, tc ? a.xrow : nullptr, tc ? a.work : nullptr, a.n_work);
+    if (tc) {
+        launch_moe_tc(s, a);
+        RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
+        return;
+    }
     const int per_block = MOE_WARPS * MOE_GO;
     // x rows are 16-byte aligned when x is and dim % 8 == 0; act's rows when ffn % 8 == 0.
     const bool vec_gu = a.w_aligned && a.dim % 8 == 0 && (uintptr_t)a.x % 16 == 0;

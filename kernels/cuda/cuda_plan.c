@@ -69,15 +69,21 @@ int cuplan_gemm_check_sizes(int32_t *out, int cap)
     return n;
 }
 
+/* Warps along K for in = 32 chunks: each takes at least 2 chunks of 32, so its loads overlap. */
+static int32_t tc_warps(int32_t chunks)
+{
+    int32_t wk = 1;
+    while (wk < CUPLAN_TC_MAX_WK && chunks % (2 * wk) == 0 && chunks / (2 * wk) >= 2)
+        wk *= 2;
+    return wk;
+}
+
 int cuplan_gemm_tc(int32_t out, int32_t in, int32_t n_sm, cuplan_tc *pl)
 {
     if (out <= 0 || in <= 0 || in % 32)
         return RD_ENOTSUP;
     const int32_t chunks = in / 32, tiles = (out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT;
-    /* Each warp takes at least 2 chunks of 32, so its loads overlap. */
-    int32_t wk = 1;
-    while (wk < CUPLAN_TC_MAX_WK && chunks % (2 * wk) == 0 && chunks / (2 * wk) >= 2)
-        wk *= 2;
+    const int32_t wk = tc_warps(chunks);
     /* CTAs along K until a batch-1 call has two per SM, each warp keeping
      * at least 4 chunks. */
     int32_t p = 1;
@@ -87,6 +93,17 @@ int cuplan_gemm_tc(int32_t out, int32_t in, int32_t n_sm, cuplan_tc *pl)
     pl->wk = wk;
     pl->p = p;
     pl->q = wk * p;
+    pl->kp = in / pl->q;
+    return 0;
+}
+
+int cuplan_moe_tc(int32_t in, cuplan_tc *pl)
+{
+    if (in <= 0 || in % 32)
+        return RD_ENOTSUP;
+    pl->wk = tc_warps(in / 32);
+    pl->p = 1;
+    pl->q = pl->wk;
     pl->kp = in / pl->q;
     return 0;
 }

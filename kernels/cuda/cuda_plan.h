@@ -134,6 +134,11 @@ typedef struct {
 /* 0, or RD_ENOTSUP when in is not a positive multiple of 32 (the caller
  * keeps its other GEMM for that shape). */
 int cuplan_gemm_tc(int32_t out, int32_t in, int32_t n_sm, cuplan_tc *pl);
+/* The MoE experts on tensor cores (RD_CUDA_MOE=tc): the same sub-pieces as
+ * a GEMM over in, taken by the warps of one CTA alone (p = 1), so an
+ * expert's sums meet in shared memory and no partial sums need scratch sized
+ * by the routes. Depends on in alone. 0, or RD_ENOTSUP as cuplan_gemm_tc. */
+int cuplan_moe_tc(int32_t in, cuplan_tc *pl);
 /* m16 tiles per warp for a call of m rows: the schedule only (1, 2 or 4). */
 int32_t cuplan_tc_mw(int32_t m);
 

@@ -18,11 +18,13 @@
 #             against bf16 on the default model (tis); attention alone at 8192 and 32768 tokens of context; the
 #             1B's decode at 8192 tokens; Qwen3-1.7B, Qwen3-8B (default and
 #             tc) and Qwen3-30B-A3B's shape (8 of 48 layers, against the
-#             active experts' roofline); speculation's tail and GRPO
+#             active experts' roofline) and its experts alone (moe-30b: the
+#             CUDA-core kernels against RD_CUDA_MOE=tc); speculation's tail and GRPO
 #             round off vs on (spec-tail, spec-grpo); the GEMM on Qwen3's shapes;
 #             then Q8_0 weights held as Q8_0 (RD_CUDA_Q8=tc) and W8A8 on
 #             int8 tensor cores (RD_CUDA_Q8=w8a8): the GEMM, the 1B's decode,
-#             K3 KL (tis) and batch invariance
+#             K3 KL (tis) and batch invariance; the MoE shape's decode with
+#             RD_CUDA_MOE=tc (bench-moe-tc)
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
 #             batch invariance, graphs) and every other op case (attention,
@@ -364,6 +366,11 @@ if [ "$DRY" = 0 ]; then
   # step can touch (min(128, batch x 8) per layer, an upper bound), and of those its routes did touch.
   run bench-moe 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --bw "$BW" --batches 1,64,256 --prompt 64 \
     --steps 16 --json "$LOGS/bench-moe.json" || true
+  # One layer of its experts alone (moe_ffn: 128 experts of 768 x 2048, top 8), the CUDA-core kernels against
+  # RD_CUDA_MOE=tc (the experts through the tensor-core GEMM's CTA), bf16 and Q8_0 experts, rows 1..512: time,
+  # the touched experts' bytes against the copy bandwidth, TFLOP/s; exit 1 if a variant's rows differ alone.
+  run moe-30b 90 "$BENCH" moe --synthetic qwen3-30b-a3b --rows 1,8,64,256,512 --variants default,moetc,q8tc,q8tc+moetc \
+    --bw "$BW" --json "$LOGS/moe-30b.json" || true
   # Speculation on the device (issues 21 and 48), where a verify row is nearly free: the tail at batch 1, 4, 16
   # and a GRPO round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -398,6 +405,10 @@ if [ "$DRY" = 0 ]; then
   fi
   RD_CUDA_GEMM=tc RD_CUDA_Q8=tc run invariance-q8tc 120 "$BENCH" invariance --synthetic 1b --weights q8_0 \
     --json "$LOGS/invariance-q8tc.json" || true
+  # The MoE shape's decode with the experts on tensor cores, beside bench-moe (the issue's MoE target takes
+  # the better of the two).
+  RD_CUDA_MOE=tc run bench-moe-tc 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --label " moe tc" --bw "$BW" \
+    --batches 1,64,256 --prompt 64 --steps 16 --json "$LOGS/bench-moe-tc.json" || true
 else
   # Dry run: the same code paths on the CPU backend at test size (CPU against itself), and the GEMM
   # microbenchmark's variants on the emulated CUDA backend.
@@ -409,6 +420,8 @@ else
       --json "$LOGS/tool-gemm-emu.json" || true
     RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run tool-tis-emu 120 build/emutests/rollout-gpubench tis --backend cuda-emu \
       --model "$RD_TESTDATA/tiny-f32.gguf" --weights fp8 --prompts 2 --tokens 8 --json "$LOGS/tool-tis-emu.json" || true
+    run tool-moe-emu 60 build/emutests/rollout-gpubench moe --backend cuda-emu --synthetic moe-tiny --rows 1,5 \
+      --variants default,moetc,q8tc+moetc --reps 2 --mib 1 --iters 1 --json "$LOGS/tool-moe-emu.json" || true
     run tool-attn-emu 60 build/emutests/rollout-gpubench attn --backend cuda-emu --shapes 4/2x16 --ctx 40,300 \
       --batches 1,2 --reps 2 --flush-mib 1 --mib 1 --iters 1 --json "$LOGS/tool-attn-emu.json" || true
   fi
@@ -420,8 +433,9 @@ else
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
   for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
-    attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe spec-tail \
-    spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc; do
+    attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
+    spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
+    bench-moe-tc; do
     skip_gpu "$s"
   done
 fi
@@ -433,6 +447,8 @@ run unit-host 60 build/tests/test_cuda_host || true
 # invariance and graph capture of the experts, and moe_release (the experts'
 # device table freed with them: the same outputs over six load/release cycles).
 MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch_invariance,test_moe_graph,test_moe_release
+# the experts on tensor cores (RD_CUDA_MOE=tc): against the reference, the dense GEMM's bits, rows alone, graphs
+MOE_CASES=$MOE_CASES,test_moe_ffn_tc
 # and the FP8 ones (issue 26): the FP8 GEMM and the fp8 KV cache against the CPU.
 MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
 # Every other op case on the real backend against the CPU: GEMMs, the LM head,

@@ -133,6 +133,63 @@ def gemm_emulated_cuda_variants():
     assert all(v["describe"].startswith("cuda-emu") for v in d["variants"]), d["variants"]
 
 
+def moe(args, env=None, check=True, binary=EMU):
+    path = out("moe.json")
+    if os.path.exists(path):
+        os.remove(path)
+    e = dict(os.environ)
+    e.pop("RD_GPUBENCH_FAULT", None)
+    e.update(env or {})
+    p = run([binary, "moe", "--json", path, "--synthetic", "moe-tiny", "--reps", "2"] + SMALL + args, env=e,
+            check=check)
+    return p, (json.load(open(path)) if os.path.exists(path) else None)
+
+
+@case
+def moe_emulated_cuda_variants():
+    """The experts op alone per variant on the emulated CUDA backend: a point per (variant, rows) whose GB/s
+    are the touched experts' bytes over the time and whose TFLOP/s count 6 m k ffn dim; the touched experts
+    between k and min(experts, m k); Q8_0 experts held at 34 bytes per 32 weights; the tensor-core experts'
+    backend says so; every row of an m-row call equal to it alone, in each variant."""
+    if not os.path.exists(EMU):
+        raise AssertionError(f"{EMU} missing (make all builds it)")
+    variants = ["default", "moetc", "q8tc+moetc"]
+    p, d = moe(["--backend", "cuda-emu", "--rows", "1,5", "--variants", ",".join(variants)])
+    sh = d["moe_shape"]
+    E, k, f, dim = sh["experts"], sh["k"], sh["ffn"], sh["dim"]
+    assert (sh["name"], E, k) == ("moe-tiny", 8, 2), sh
+    assert [v["name"] for v in d["variants"]] == variants
+    assert {(r["variant"], r["rows"]) for r in d["results"]} == {(v, m) for v in variants for m in (1, 5)}
+    for r in d["results"]:
+        m = r["rows"]
+        assert r["invariant"] is True and r["graph"] is True and r["us"] > 0, r
+        assert k <= r["experts_touched"] <= min(E, m * k), r
+        assert abs(r["active_bytes"] - r["experts_touched"] * r["expert_bytes"]) < 1e-6 * r["active_bytes"], r
+        assert abs(r["gbps"] - r["active_bytes"] / (r["us"] * 1e-6) / 1e9) < 1e-6 * r["gbps"] + 1e-12, r
+        assert abs(r["tflops"] - 6 * m * k * f * dim / (r["us"] * 1e-6) / 1e12) < 1e-6 * r["tflops"] + 1e-12, r
+        if r["variant"] == "q8tc+moetc":
+            assert r["expert_bytes"] == 3 * f * dim * 34 // 32, r
+        else:
+            assert r["expert_bytes"] >= 3 * f * dim * 2, r
+    env = {v["name"]: v["env"] for v in d["variants"]}
+    assert env["moetc"] == {"RD_CUDA_MOE": "tc"} and env["q8tc+moetc"] == {"RD_CUDA_Q8": "tc", "RD_CUDA_MOE": "tc"}
+    desc = {v["name"]: v["describe"] for v in d["variants"]}
+    assert "RD_CUDA_MOE=tc" in desc["moetc"] and "RD_CUDA_MOE" not in desc["default"], desc
+    assert d["pass"] is True and "TABLE|moe moe-tiny|rows 5|" in p.stdout, p.stdout[-1500:]
+
+
+@case
+def moe_breaks_when_a_row_differs():
+    p, d = moe(["--backend", "cpu", "--rows", "1,4", "--variants", "default"], env={"RD_GPUBENCH_FAULT": "invariance"},
+               check=False, binary=BENCH)
+    assert p.returncode == 1, (p.returncode, p.stdout[-1500:], p.stderr[-500:])
+    assert d["pass"] is False and [r["rows_differing"] for r in d["results"]] == [0, 1], d["results"]
+    assert "TABLE|moe invariance|default|" in p.stdout and "|FAIL|" in p.stdout
+    for bad in (["--synthetic", "tiny"], ["--variants", "fp8"], ["--variants", "warp9"]):
+        p, _ = moe(["--backend", "cpu"] + bad, check=False, binary=BENCH)
+        assert p.returncode == 2, (bad, p.returncode, p.stderr)
+
+
 @case
 def attn_cpu_points():
     path = out("attn.json")
@@ -256,6 +313,7 @@ def gpu_results_assembles_the_stages():
                         ("attn", ["attn", "--shapes", "4/2x16", "--ctx", "40", "--batches", "1"]),
                         ("bench-moe", ["bench", "--synthetic", "moe-tiny", "--batches", "1,4", "--prompt", "8",
                                        "--steps", "2"]),
+                        ("moe-30b", ["moe", "--synthetic", "moe-tiny", "--rows", "1,3", "--reps", "2", "--variants", "default"]),
                         ("copybw", ["copybw"])):
         run([BENCH] + args + ["--backend", "cpu", "--json", os.path.join(logs, stage + ".json")] + SMALL)
     with open(os.path.join(logs, "profile-node.log"), "w") as f:
@@ -278,14 +336,18 @@ def gpu_results_assembles_the_stages():
     assert r["gpu"].startswith("GPU 0: NVIDIA H200") and r["copy_gbps"] > 0
     assert r["stages"] == [{"stage": "gemm-x", "status": "PASS", "note": ""}]
     assert {(g["variant"], g["rows"]) for g in r["gemm"]} == {("default", 1), ("default", 4), ("tc", 1), ("tc", 4)}
-    assert all(g["invariant"] is True for g in r["gemm"]) and len(r["gemm_invariance"]) == 2
+    assert all(g["invariant"] is True for g in r["gemm"])
     assert [(a["ctx"], a["batch"]) for a in r["attention"]] == [(40, 1)]
+    assert [(g["variant"], g["rows"], g["shape"]) for g in r["moe"]] == [("default", 1, "moe-tiny"), ("default", 3, "moe-tiny")]
+    assert all(g["invariant"] is True and g["experts_touched"] >= 2 for g in r["moe"]), r["moe"]
+    assert len(r["gemm_invariance"]) == 3  # gemm-x's two variants and moe-30b's one
     assert [b["batch"] for b in r["bench"]] == [1, 4] and "x_roofline_measured" in r["bench"][0]
     k = r["ncu"][0]["kernels"][0]
     assert k["invocations"] == 33 and k["avg_us"] == 8.45 and abs(k["total_us"] - 278.85) < 1e-6, k
     assert r["unreadable"] == ["broken"]
     md = open(md_path).read()
-    for head in ("**Decode step", "**GEMM", "**Attention", "| 64x64 | 4 |", "k_rmsnorm"):
+    for head in ("**Decode step", "**GEMM", "**MoE experts", "| moe-tiny | 3 |", "**Attention", "| 64x64 | 4 |",
+                 "k_rmsnorm"):
         assert head in md, (head, md)
     assert md.strip() in p.stdout
 
@@ -304,7 +366,8 @@ def gpu_results_judges_the_targets():
                      bench("bench-1b-fp8tc", 1, 0.55, 1.5, "fp8"), bench("bench-1b", 32, 2.5, 4.0),
                      bench("bench-1b-fp8tc", 32, 2.2, 3.5, "fp8"), bench("bench-1b-w8a8", 32, 2.0, 3.2, "fp8"),
                      bench("bench-qwen3-1.7b-tc", 1, 1.2, 1.45), bench("bench-1b-q8tc", 1, 0.5, 1.4, "q8_0"),
-                     bench("bench-1b-q8tc", 32, 2.1, 3.3, "q8_0"), bench("bench-1b-q8w8a8", 32, 1.9, 3.0, "q8_0")],
+                     bench("bench-1b-q8tc", 32, 2.1, 3.3, "q8_0"), bench("bench-1b-q8w8a8", 32, 1.9, 3.0, "q8_0"),
+                     bench("bench-moe", 1, 3.0, 2.4), bench("bench-moe-tc", 1, 2.0, 1.6)],
            "tis": [{"stage": "tis-fp8", "mean_k3_kl": 1e-4}, {"stage": "tis-w8a8", "mean_k3_kl": 3e-4},
                    {"stage": "tis-q8", "mean_k3_kl": 2e-6}, {"stage": "tis-q8w8a8", "mean_k3_kl": 5e-5}],
            "gemm": [{"stage": "gemm-1b", "rows": 256, "us": 100.0, "out": 2048, "in": 2048, "variant": "tc"},
@@ -331,6 +394,9 @@ def gpu_results_judges_the_targets():
     q32 = t["Q8_0 weights (8-bit, RD_CUDA_Q8), 1.24B batch 32"]
     assert q32["value"] == round(2.5 / 1.9, 3) and q32["note"] == "bench-1b-q8w8a8, K3 KL 5.00e-05 (tis-q8w8a8)", q32
     assert t["Q8_0 weights (8-bit, RD_CUDA_Q8), 1.24B batch 256"]["met"] is None
+    # the MoE row: the better of the CUDA-core and the tensor-core experts' stages
+    mo = t["Qwen3-30B-A3B shape, batch 1"]
+    assert mo["value"] == 1.6 and mo["met"] is False and mo["note"] == "bench-moe-tc", mo
     assert t["every device check passes, batch invariance on every variant"]["met"] is True
     res["stages"].append({"stage": "unit-tc-cuda", "status": "FAIL"})
     t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}

@@ -4150,6 +4150,71 @@ static void test_runner_q80(void)
     rd_unload(&lc), rd_unload(&lq), rd_unload(&lb);
 }
 
+/* RD_CUDA_MOE=tc through the runner: tiny-moe-bf16 (64-wide, experts of 32:
+ * the tensor-core experts serve it) prefills three prompts; its logits are
+ * not the CUDA-core experts' bits (the path ran), no further from the CPU's
+ * than theirs or within the runner cases' 0.02 of the largest logit, and the
+ * last prompt alone gives its rows of the three-prompt call bit for bit. */
+static void test_runner_moe_tc(void)
+{
+    rd_loaded lc, lb, lt;
+    int ok = load_model("tiny-moe-bf16", "cpu", &lc) && load_model("tiny-moe-bf16", dev_name(), &lb);
+    setenv("RD_CUDA_MOE", "tc", 1);
+    ok = ok && load_model("tiny-moe-bf16", dev_name(), &lt);
+    unsetenv("RD_CUDA_MOE");
+    CHECK(ok, "cannot load tiny-moe-bf16 (run tests/gen_testdata.sh): %s", rd_errmsg());
+    if (!ok)
+        return;
+    const int32_t V = lc.m->cfg.vocab;
+    const int64_t n = (int64_t)(14 + 5 + 23) * V;
+    float *lgc, *lgb, *lgt;
+    prefill_logits(&lc, &lgc), prefill_logits(&lb, &lgb), prefill_logits(&lt, &lgt);
+    double dt, db, sc;
+    max_diff(lgc, lgt, n, &dt, &sc);
+    max_diff(lgc, lgb, n, &db, &sc);
+    /* Rows where the CUDA-core experts follow the CPU (within the runner cases' 0.02 of the largest logit: no
+     * routing near-tie broken the other way) must stay as close with the tensor-core experts. */
+    int32_t close_b = 0, close_both = 0;
+    double worst_t = 0;
+    for (int32_t row = 0; row < 14 + 5 + 23; row++) {
+        double rb, rt, rs;
+        max_diff(lgc + (size_t)row * V, lgb + (size_t)row * V, V, &rb, &rs);
+        max_diff(lgc + (size_t)row * V, lgt + (size_t)row * V, V, &rt, &rs);
+        if (rb > 0.02 * sc)
+            continue;
+        close_b++;
+        close_both += rt <= 0.02 * sc;
+        worst_t = worse(worst_t, rt);
+    }
+    printf("# tiny-moe-bf16 prefill logits against the CPU: tensor-core experts (RD_CUDA_MOE=tc) max |diff| %.3g, "
+           "CUDA-core experts %.3g (max |logit| %.3g); on the %d of 42 rows the CUDA-core experts follow, the "
+           "tensor-core ones are within %.3g\n", dt, db, sc, close_b, worst_t);
+    CHECK(memcmp(lgt, lgb, sizeof(float) * n) != 0, "RD_CUDA_MOE=tc gave the CUDA-core experts' logits");
+    CHECK(close_b >= 21, "only %d of 42 rows follow the CPU with the CUDA-core experts (test too weak)", close_b);
+    CHECK(close_both == close_b, "tensor-core experts: %d of those %d rows are further than 0.02 x %.3g",
+          close_b - close_both, close_b, sc);
+    /* the third prompt alone: its rows of the three-prompt call */
+    int32_t t[40];
+    for (int i = 0; i < 40; i++)
+        t[i] = (int32_t)((hval(93, 2, i, 0) + 1) * 0.5 * V) % V;
+    const int32_t *toks[1] = {t};
+    int32_t lens[1] = {23}, base[1] = {8};
+    float *one = calloc((size_t)23 * V, sizeof(float));
+    runner r;
+    setenv("RD_GRAPHS", "0", 1);
+    int rc = runner_init(&r, lt.m, 16, 16, 64, 64);
+    unsetenv("RD_GRAPHS");
+    CHECK_OK(rc);
+    if (!rc) {
+        CHECK_OK(prefill(&r, toks, lens, 1, base, 0, one));
+        CHECK(!memcmp(one, lgt + (size_t)(14 + 5) * V, sizeof(float) * 23 * V),
+              "the third prompt alone differs from its rows among three prompts");
+        runner_free(&r);
+    }
+    free(lgc), free(lgb), free(lgt), free(one);
+    rd_unload(&lc), rd_unload(&lb), rd_unload(&lt);
+}
+
 /* Every family's layer recipe on the emulated backend against the CPU: the
  * Qwen2 bias, the Qwen3 per-head norms over a q width (4 x 32) wider than
  * hidden, the Llama 3 scaled RoPE table, Gemma 3's window of 8 (prompts of
@@ -5031,7 +5096,7 @@ static void test_moe_batch_invariance(void)
  * handle replaced between the eager run and the capture (a weight swap) is
  * picked up inside the capture; experts first seen during a capture fail it
  * cleanly, and the backend goes on. */
-static void test_moe_graph(void)
+static void moe_graph_case(rd_backend *be)
 {
     enum { E = 8, f = 32, d = 64, k = 2, M = 5 };
     moe_case c;
@@ -5043,7 +5108,6 @@ static void test_moe_graph(void)
     }
     for (int32_t i = 0; i < M * d; i++)
         x2[i] = frand() * 2.0f;
-    rd_backend *be = emu;
     moe_dev md;
     CHECK_OK(moe_dev_load(be, c.gu, c.dn, E, f, d, &md));
     const size_t xb = sizeof(float) * M * d, rb = (size_t)M * k * 4;
@@ -5130,6 +5194,165 @@ static void test_moe_graph(void)
     be->ops->free(be, dl), be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dw), be->ops->free(be, di);
     free(l), free(l2), free(x2), free(want), free(got), free(pre), free(gneg);
     moe_case_free(&c);
+}
+
+static void test_moe_graph(void) { moe_graph_case(emu); }
+
+/* ------------------------------------------------------------------ the experts on tensor cores */
+
+/* One expert call's routes recomputed through the backend's dense ops: for
+ * each expert, its routes' rows of x stacked, the gate|up linear, swiglu,
+ * the down linear (the tensor-core GEMM under RD_CUDA_GEMM=tc, or Q8_0's),
+ * then y = y0 + fmaf over j of w_j h_j from 0, as k_moe_combine sums. */
+static void moe_dense_on(rd_backend *be, const moe_dev *md, const moe_case *c, float *y)
+{
+    const int32_t d = c->d, f = c->f, R = c->m * c->k;
+    float *h = calloc((size_t)R * d, sizeof(float)), *xs = malloc(sizeof(float) * (size_t)R * d);
+    float *hs = malloc(sizeof(float) * (size_t)R * d);
+    int32_t *rs = malloc(sizeof(int32_t) * R);
+    for (int32_t e = 0; e < c->E && !test_case_failed; e++) {
+        int32_t n = 0;
+        for (int32_t r = 0; r < R; r++)
+            if (c->ids[r] == e) {
+                rs[n] = r;
+                memcpy(xs + (size_t)n * d, c->x + (size_t)(r / c->k) * d, sizeof(float) * d);
+                n++;
+            }
+        if (!n)
+            continue;
+        float *dx = up(be, xs, sizeof(float) * (size_t)n * d), *dg = up(be, NULL, sizeof(float) * (size_t)n * 2 * f);
+        float *da = up(be, NULL, sizeof(float) * (size_t)n * f), *dh = up(be, NULL, sizeof(float) * (size_t)n * d);
+        be->ops->linear(be, md->gu[e], dx, n, dg, 0);
+        be->ops->swiglu(be, dg, n, f, da);
+        be->ops->linear(be, md->dn[e], da, n, dh, 0);
+        CHECK_OK(down(be, hs, dh, sizeof(float) * (size_t)n * d));
+        for (int32_t i = 0; i < n; i++)
+            memcpy(h + (size_t)rs[i] * d, hs + (size_t)i * d, sizeof(float) * d);
+        be->ops->free(be, dx), be->ops->free(be, dg), be->ops->free(be, da), be->ops->free(be, dh);
+    }
+    for (int32_t i = 0; i < c->m; i++)
+        for (int32_t t = 0; t < d; t++) {
+            float acc = 0.0f;
+            for (int32_t j = 0; j < c->k; j++)
+                acc = fmaf(c->w[i * c->k + j], h[(size_t)(i * c->k + j) * d + t], acc);
+            y[(size_t)i * d + t] = c->y0[(size_t)i * d + t] + acc;
+        }
+    free(h), free(xs), free(hs), free(rs);
+}
+
+/* RD_CUDA_MOE=tc on one shape. With dim and ffn multiples of 32 (tc_able):
+ * within 4e-5 of the double reference's error scale (x and the SwiGLU
+ * output enter as two bf16 pieces: the dense tensor-core GEMM's bound
+ * against fp32 x); bit for bit the dense GEMM's arithmetic on the same
+ * routes (moe_dense_on, whose plans are the experts' own: checked); not the
+ * CUDA-core kernels' bits (so the tensor-core path did run); every row alone,
+ * from an unaligned x and among 5 rows of other data equal to itself in the
+ * batch. Otherwise the call falls back to the CUDA-core kernels: the default
+ * backend's bits. q8: the experts as Q8_0 blocks (the dense ops then run
+ * Q8_0's tensor-core GEMM). */
+static void moe_tc_case(rd_backend *tc, int q8, int32_t E, int32_t f, int32_t d, int32_t k, int32_t m)
+{
+    moe_case c, o;
+    CHECK_OK(moe_case_make(&c, E, f, d, k, m));
+    CHECK_OK(moe_case_make(&o, E, f, d, k, 5));
+    const int tc_able = d % 32 == 0 && f % 32 == 0;
+    const size_t n = (size_t)m * d, ngu = (size_t)2 * f * d, ndn = (size_t)d * f;
+    uint8_t *qgu = NULL, *qdn = NULL;
+    moe_dev mt = {0}, mb = {0};
+    if (q8) {
+        qgu = malloc((size_t)E * ngu / 32 * 34), qdn = malloc((size_t)E * ndn / 32 * 34);
+        CHECK_OK(ggml_quant_q8_0(c.gu, E * ngu, qgu));
+        CHECK_OK(ggml_quant_q8_0(c.dn, E * ndn, qdn));
+        CHECK_OK(ggml_dequant_row(GGML_Q8_0, qgu, c.gu, E * ngu)); /* the reference's weights */
+        CHECK_OK(ggml_dequant_row(GGML_Q8_0, qdn, c.dn, E * ndn));
+        mt.gu = calloc((size_t)E, sizeof(void *));
+        mt.dn = calloc((size_t)E, sizeof(void *));
+        mt.moe = (rd_moe){.n_experts = E, .ffn = f, .dim = d, .gate_up = mt.gu, .down = mt.dn};
+        for (int32_t e = 0; e < E && !test_case_failed; e++) {
+            rd_wpart pg = {.type = GGML_Q8_0, .rows = 2 * f, .data = qgu + (size_t)e * ngu / 32 * 34};
+            rd_wpart pd = {.type = GGML_Q8_0, .rows = d, .data = qdn + (size_t)e * ndn / 32 * 34};
+            CHECK_OK(tc->ops->linear_load_q(tc, &pg, 1, d, &mt.gu[e]));
+            CHECK_OK(tc->ops->linear_load_q(tc, &pd, 1, f, &mt.dn[e]));
+        }
+    } else {
+        CHECK_OK(moe_dev_load(tc, c.gu, c.dn, E, f, d, &mt));
+    }
+    CHECK_OK(moe_dev_load(emu, c.gu, c.dn, E, f, d, &mb));
+    float *y = malloc(sizeof(float) * n), *yb = malloc(sizeof(float) * n), *yd = malloc(sizeof(float) * n);
+    float *y1 = malloc(sizeof(float) * 5 * d);
+    double *yref = malloc(sizeof(double) * n), *mag = malloc(sizeof(double) * n);
+    if (test_case_failed)
+        goto done;
+    CHECK_OK(moe_ffn_on(tc, &mt.moe, c.x, 0, c.ids, c.w, m, k, c.y0, y));
+    CHECK_OK(moe_ffn_on(emu, &mb.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yb));
+    moe_reference(&c, yref, mag);
+    const double et = moe_error(&c, y, yref, mag), eb = moe_error(&c, yb, yref, mag);
+    printf("# moe_ffn, RD_CUDA_MOE=tc%s, %d experts (ffn %d, dim %d, top %d, %d rows): %.3g from the double "
+           "reference (CUDA cores: %.3g)%s\n", q8 ? ", Q8_0" : "", E, f, d, k, m, et, eb,
+           tc_able ? "" : "; dims not multiples of 32: the CUDA-core kernels");
+    if (!tc_able) {
+        CHECK(!memcmp(y, yb, sizeof(float) * n), "the fallback differs from the CUDA-core kernels' bits");
+        goto done;
+    }
+    CHECK(et < 4e-5, "tensor-core experts: %.3g from the reference", et);
+    CHECK(memcmp(y, yb, sizeof(float) * n) != 0, "the tensor-core experts gave the CUDA-core bits (did they run?)");
+    cuplan_tc pg, pd, dg, dd;
+    CHECK_OK(cuplan_moe_tc(d, &pg));
+    CHECK_OK(cuplan_moe_tc(f, &pd));
+    CHECK_OK(cuplan_gemm_tc(2 * f, d, 132, &dg));
+    CHECK_OK(cuplan_gemm_tc(d, f, 132, &dd));
+    CHECK(pg.q == dg.q && pd.q == dd.q, "the dense plans (%d, %d sub-pieces) are not the experts' (%d, %d): pick "
+          "smaller dims", dg.q, dd.q, pg.q, pd.q);
+    moe_dense_on(tc, &mt, &c, yd);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++)
+        diff += fbits(y[i]) != fbits(yd[i]);
+    CHECK(diff == 0, "%zu of %zu outputs differ from the dense GEMM's on the same routes", diff, n);
+    const int32_t rows[] = {0, m / 2, m - 1};
+    for (size_t ri = 0; ri < sizeof rows / sizeof rows[0] && !test_case_failed; ri++) {
+        const int32_t r = rows[ri];
+        const float *yr = y + (size_t)r * d;
+        for (int shift = 0; shift < 2; shift++) {
+            CHECK_OK(moe_ffn_on(tc, &mt.moe, c.x + (size_t)r * d, shift, c.ids + r * k, c.w + r * k, 1, k,
+                                c.y0 + (size_t)r * d, y1));
+            CHECK(!memcmp(y1, yr, sizeof(float) * d), "row %d alone%s differs from it in %d rows", r,
+                  shift ? " (unaligned x)" : "", m);
+        }
+        memcpy(o.x + 2 * d, c.x + (size_t)r * d, sizeof(float) * d);
+        memcpy(o.y0 + 2 * d, c.y0 + (size_t)r * d, sizeof(float) * d);
+        memcpy(o.ids + 2 * k, c.ids + r * k, sizeof(int32_t) * k);
+        memcpy(o.w + 2 * k, c.w + r * k, sizeof(float) * k);
+        CHECK_OK(moe_ffn_on(tc, &mt.moe, o.x, 0, o.ids, o.w, 5, k, o.y0, y1));
+        CHECK(!memcmp(y1 + 2 * d, yr, sizeof(float) * d), "row %d among 5 other rows differs", r);
+    }
+done:
+    moe_dev_free(tc, &mt);
+    moe_dev_free(emu, &mb);
+    free(y), free(yb), free(yd), free(y1), free(yref), free(mag), free(qgu), free(qdn);
+    moe_case_free(&c);
+    moe_case_free(&o);
+}
+
+/* The shapes: 8 experts at top 2 over 33 rows (each expert 4-14 routes: one
+ * row tile), 8 at top 4 over 40 (20 on average: two tiles, the second
+ * partial), 128 at top 8 over 3 rows and 1 (fewer routes than experts),
+ * dims 64 and 128 (one and two warps' sub-pieces); a dim of 50 falls back.
+ * Q8_0 experts at two shapes; the graph case on the tensor-core experts. */
+static void test_moe_ffn_tc(void)
+{
+    rd_backend *tc = dev_with("RD_CUDA_MOE", "tc", "RD_CUDA_GEMM", "tc");
+    rd_backend *tq = dev_with("RD_CUDA_MOE", "tc", "RD_CUDA_Q8", "tc");
+    CHECK(tc && tq, "backends: %s", rd_errmsg());
+    if (!test_case_failed) moe_tc_case(tc, 0, 8, 32, 64, 2, 33);
+    if (!test_case_failed) moe_tc_case(tc, 0, 8, 64, 128, 4, 40);
+    if (!test_case_failed) moe_tc_case(tc, 0, 128, 32, 64, 8, 3);
+    if (!test_case_failed) moe_tc_case(tc, 0, 128, 32, 64, 8, 1);
+    if (!test_case_failed) moe_tc_case(tc, 0, 5, 27, 50, 3, 21);
+    if (!test_case_failed) moe_tc_case(tq, 1, 8, 32, 64, 2, 33);
+    if (!test_case_failed) moe_tc_case(tq, 1, 8, 64, 128, 4, 40);
+    if (!test_case_failed) moe_graph_case(tc);
+    if (tc) rd_backend_destroy(tc);
+    if (tq) rd_backend_destroy(tq);
 }
 
 /* ------------------------------------------------------------------ the engine, device vs host sampling */
@@ -5405,6 +5628,8 @@ int main(void)
     RUN_SEL(test_moe_release);
     RUN_SEL(test_moe_model_release);
     RUN_SEL(test_moe_graph);
+    RUN_SEL(test_moe_ffn_tc);
+    RUN_SEL(test_runner_moe_tc);
     RUN_SEL(test_lora_vs_cpu);
     RUN_SEL(test_lora_graph);
     RUN_SEL(test_sampler);

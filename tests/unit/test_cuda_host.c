@@ -387,6 +387,18 @@ static void test_gemm_tc_plan(void)
           "in %% 32 != 0 and empty shapes are refused");
     CHECK(cuplan_tc_mw(1) == 1 && cuplan_tc_mw(16) == 1 && cuplan_tc_mw(17) == 2 && cuplan_tc_mw(33) == 4,
           "m16 tiles per warp");
+    /* The MoE experts' plan: the warps' split of the GEMM's plan for that length, one CTA along K whatever
+     * the SMs; Qwen3-30B-A3B's gate|up (in 2048) and down (in 768) by hand. */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        cuplan_tc m, g;
+        const int32_t in = shapes[i][1];
+        CHECK(cuplan_moe_tc(in, &m) == 0 && cuplan_gemm_tc(shapes[i][0], in, 132, &g) == 0, "in %d refused", in);
+        CHECK(m.p == 1 && m.wk == g.wk && m.q == m.wk && m.q * m.kp == in, "moe, in %d: wk %d p %d q %d kp %d", in,
+              m.wk, m.p, m.q, m.kp);
+    }
+    CHECK(cuplan_moe_tc(2048, &p) == 0 && p.wk == 4 && p.kp == 512, "moe gate|up: %d warps, kp %d", p.wk, p.kp);
+    CHECK(cuplan_moe_tc(768, &p) == 0 && p.wk == 4 && p.kp == 192, "moe down: %d warps, kp %d", p.wk, p.kp);
+    CHECK(cuplan_moe_tc(50, &p) == RD_ENOTSUP && cuplan_moe_tc(0, &p) == RD_ENOTSUP, "moe: in %% 32 != 0 refused");
 }
 
 static void test_graph_buckets(void)
