@@ -13,6 +13,8 @@ backend and the emulated CUDA backend at test size:
   distinct experts the routes reached (never more than that bound); --kv-fill at a context past the
   shape's own (the long-context stage's path).
 - tis: FP8's importance-sampling cost (K3 KL against the plain load on tokens it sampled).
+- moe: the MoE experts op alone per variant (RD_CUDA_MOE=tc: the experts on tensor cores), and those
+  experts' batch invariance through the engine.
 - tools/gpu_results.py assembles those JSONs into one results file and markdown tables."""
 import json
 import os
@@ -301,6 +303,20 @@ def invariance_w8a8_and_q8_emulated():
              "--json", path], env=e)
         d = json.load(open(path))
         assert d["pass"] is True and d["equal_batched"] == 8 and d["equal_nographs"] == 8, (name, d)
+
+
+@case
+def invariance_moe_tc_emulated():
+    """The MoE experts on tensor cores (RD_CUDA_MOE=tc; moe-tiny's 64-wide experts of 32 take that path)
+    through the engine on the emulated GPU: 8 seeded sampled rollouts bit-identical alone, among 48
+    requests and without graphs."""
+    if not os.path.exists(EMU):
+        raise AssertionError(f"{EMU} missing (make all builds it)")
+    path = out("invariance-moe-tc.json")
+    run([EMU, "invariance", "--backend", "cuda-emu", "--synthetic", "moe-tiny", "--tokens", "4", "--json", path],
+        env=dict(os.environ, RD_CUDA_MOE="tc"))
+    d = json.load(open(path))
+    assert d["pass"] is True and d["equal_batched"] == 8 and d["equal_nographs"] == 8, d
 
 
 @case
