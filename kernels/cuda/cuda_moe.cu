@@ -20,6 +20,8 @@
 //      from DRAM once per call (later passes of a block hit the caches).
 //   3. k_moe_down: the same over dim tiles: h[route] = down . act.
 //   4. k_moe_combine: y[i] += fmaf over j of w_j h_j, j = 0..k-1 from 0.
+// Under RD_CUDA_MOE=tc, 2 and 3 run on tensor cores instead (cuda_moe_tc.cu,
+// which says how); the sort then also writes what those kernels index by.
 //
 // Precision: bf16 weights (the backend's), fp32 activations (x and the
 // SwiGLU output are never rounded to bf16), fp32 products and sums with fmaf.

@@ -640,4 +640,10 @@ else
   echo "(no device results)"
 fi
 echo "(logs and JSON in $LOGS, packed in $OUT/logs.tar.gz)"
+# The stages the budget cut, as the command of a follow-up call (its own OUT and logs, so this run's stay).
+CUT=$(awk -F'\t' '$2 == "SKIP" && $3 == "out of time budget" { printf "%s%s", (n++ ? "," : ""), $1 }' "$OUT/stages.tsv")
+if [ -n "$CUT" ]; then
+  echo "cut by the ${BUDGET}s budget; to run them in another call:"
+  echo "  OUT=./gpu-out2 GPU_LOGS=/tmp/rd-gpu-logs2 GPU_ONLY=$CUT tests/gpu/run.sh"
+fi
 exit $FAILED
