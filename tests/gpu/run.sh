@@ -571,8 +571,9 @@ fi
 # ------------------------------------------------------------------ profile
 # Where a decode step's time goes (last; the budget may cut it): the 1B at
 # batch 1 without CUDA graphs, then Nsight Compute's per-kernel GPU time of
-# the same run with graphs (each node, then each graph launch whole). A step
-# much longer than its graph's GPU time is host time.
+# the same run with graphs (each node, then each graph launch whole), with
+# RD_CUDA_GEMM=tc, and the MoE shape with RD_CUDA_MOE=tc. A step much longer
+# than its graph's GPU time is host time.
 if [ "$DRY" = 0 ]; then
   run bench-1b-nographs 60 env RD_GRAPHS=0 "$BENCH" bench --synthetic 1b --label " no graphs" --batches 1,32 \
     --steps 16 --bw "$BW" --json "$LOGS/bench-1b-nographs.json" || true
@@ -584,6 +585,14 @@ if [ "$DRY" = 0 ]; then
       run profile-$gp 150 "$NCU" --clock-control none --graph-profiling $gp --metrics gpu__time_duration.sum \
         --print-summary per-kernel "$BENCH" bench --synthetic 1b --batches 1 --prompt 16 --steps 4 || true
     done
+    # The same per kernel with the tensor-core GEMM, and for the MoE shape (2 layers) with the experts on
+    # tensor cores: where those batch-1 steps go, kernel by kernel.
+    RD_CUDA_GEMM=tc run profile-tc-node 120 "$NCU" --clock-control none --graph-profiling node \
+      --metrics gpu__time_duration.sum --print-summary per-kernel "$BENCH" bench --synthetic 1b --batches 1 \
+      --prompt 16 --steps 4 || true
+    RD_CUDA_GEMM=tc RD_CUDA_MOE=tc run profile-moe-node 120 "$NCU" --clock-control none --graph-profiling node \
+      --metrics gpu__time_duration.sum --print-summary per-kernel "$BENCH" bench --synthetic qwen3-30b-a3b \
+      --layers 2 --batches 1 --prompt 16 --steps 4 || true
   else
     record profile-node SKIP "no ncu"
   fi
