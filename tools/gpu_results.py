@@ -272,7 +272,7 @@ def targets(res):
     att = [a for a in res["attention"] if a["ctx"] == 32768 and a["x_copy"] is not None]
     a = max(att, key=lambda r: r["x_copy"], default=None)
     add("attention at 32k context: KV bytes / time, of copy bandwidth", a and a["x_copy"], ">= 0.7",
-        a and a["x_copy"] >= 0.7, a and f"{a['shape']} batch {a['batch']}" or "")
+        a and a["x_copy"] >= 0.7, a and f"{a['stage']}: {a['shape']} batch {a['batch']}" or "")
     failed = [s["stage"] for s in res.get("stages", []) if s.get("status") in ("FAIL", "TIMEOUT")]
     bad_inv = [g["variant"] for g in res["gemm_invariance"] if g["invariant"] is False]
     add("every device check passes, batch invariance on every variant", len(failed) + len(bad_inv), "0",
@@ -367,11 +367,11 @@ def markdown(res):
     if res["attention"]:
         lines.append("**Attention at long context (one decode row per sequence)**")
         lines.append("")
-        lines.append("| heads | context | batch | us | KV GB/s | of copy bandwidth (target 0.70) |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("| stage | heads | context | batch | us | KV GB/s | of copy bandwidth (target 0.70) |")
+        lines.append("|---|---|---|---|---|---|---|")
         for a in res["attention"]:
-            lines.append(f"| {a['shape']} ({a['n_heads']}/{a['n_kv_heads']} x {a['head_dim']}) | {a['ctx']} | "
-                         f"{a['batch']} | {fmt(a['us'], 1)} | {fmt(a['gbps'], 0)} | {fmt(a['x_copy'])} |")
+            lines.append(f"| {a['stage']} | {a['shape']} ({a['n_heads']}/{a['n_kv_heads']} x {a['head_dim']}) | "
+                         f"{a['ctx']} | {a['batch']} | {fmt(a['us'], 1)} | {fmt(a['gbps'], 0)} | {fmt(a['x_copy'])} |")
         lines.append("")
     if res.get("tis"):
         lines.append("**8-bit weights' importance-sampling cost** (the default model, bf16-sampled tokens scored on "

@@ -102,7 +102,11 @@ RD_DEV void attn_combine_head(const attn_params &P, int32_t row, int32_t h, int3
     }
 }
 
-template <int GMAX, bool F8>
+// U: keys a thread loads before it uses any of them, in the score and the
+// P.V phases (CUPLAN_ATTN_UNROLL; 1 under RD_CUDA_ATTN_V0): at long contexts
+// a CTA's loads in flight are what bounds its bandwidth. Each key's products
+// and sums are the same whatever U.
+template <int GMAX, bool F8, int U>
 __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
 {
     RD_PDL_ENTRY();
@@ -147,29 +151,38 @@ __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
         const int32_t j0 = k0 + p * AP; // the partition's first key
         const int32_t len = n - p * AP < AP ? n - p * AP : AP;
 
-        // 1. scores: L.tg lanes per key, L.ng keys per round.
-        for (int32_t base = 0; base < len; base += L.ng) {
-            const int32_t jj = base + grp;
-            const bool valid = jj < len;
-            float kf[8];
-            for (int e = 0; e < 8; e++)
-                kf[e] = 0.0f;
-            if (valid && lane_on) {
-                const int32_t j = j0 + jj;
-                kv_read<F8>(P.k_cache, table[j / bs], kvh, j % bs, P).get8(d0, kf);
+        // 1. scores: L.tg lanes per key, L.ng keys per round, U rounds' keys loaded first.
+        for (int32_t base = 0; base < len; base += U * L.ng) {
+            float kf[U][8];
+RD_UNROLL
+            for (int u = 0; u < U; u++) {
+                const int32_t jj = base + u * L.ng + grp;
+                for (int e = 0; e < 8; e++)
+                    kf[u][e] = 0.0f;
+                if (jj < len && lane_on) {
+                    const int32_t j = j0 + jj;
+                    kv_read<F8>(P.k_cache, table[j / bs], kvh, j % bs, P).get8(d0, kf[u]);
+                }
             }
 RD_UNROLL
-            for (int gi = 0; gi < GMAX; gi++) {
-                if (gi >= g)
-                    break;
-                float part = 0.0f;
-                if (lane_on)
-                    for (int e = 0; e < 8; e++)
-                        part = fmaf(qs[gi * hd + d0 + e], kf[e], part);
-                for (int o = L.tg / 2; o > 0; o >>= 1)
-                    part += __shfl_xor_sync(0xffffffffu, part, o);
-                if (valid && li == 0)
-                    sc[gi * AP + jj] = part * P.scale;
+            for (int u = 0; u < U; u++) {
+                if (base + u * L.ng >= len)
+                    break; // the whole block: base is the same in every thread
+                const int32_t jj = base + u * L.ng + grp;
+                const bool valid = jj < len;
+RD_UNROLL
+                for (int gi = 0; gi < GMAX; gi++) {
+                    if (gi >= g)
+                        break;
+                    float part = 0.0f;
+                    if (lane_on)
+                        for (int e = 0; e < 8; e++)
+                            part = fmaf(qs[gi * hd + d0 + e], kf[u][e], part);
+                    for (int o = L.tg / 2; o > 0; o >>= 1)
+                        part += __shfl_xor_sync(0xffffffffu, part, o);
+                    if (valid && li == 0)
+                        sc[gi * AP + jj] = part * P.scale;
+                }
             }
         }
         __syncthreads();
@@ -202,18 +215,28 @@ RD_UNROLL
         for (int gi = 0; gi < GMAX; gi++)
             acc[gi][0] = acc[gi][1] = 0.0f;
         if (pv_on) {
-            for (int32_t jj = kli; jj < len; jj += L.kl) {
-                const int32_t j = j0 + jj;
-                float vp[2];
-                kv_read<F8>(P.v_cache, table[j / bs], kvh, j % bs, P).get2(2 * dpi, vp);
-                const float v0 = vp[0], v1 = vp[1];
+            for (int32_t jb = kli; jb < len; jb += U * L.kl) {
+                float vp[U][2];
 RD_UNROLL
-                for (int gi = 0; gi < GMAX; gi++) {
-                    if (gi >= g)
+                for (int u = 0; u < U; u++) {
+                    const int32_t j = j0 + jb + u * L.kl;
+                    vp[u][0] = vp[u][1] = 0.0f;
+                    if (jb + u * L.kl < len)
+                        kv_read<F8>(P.v_cache, table[j / bs], kvh, j % bs, P).get2(2 * dpi, vp[u]);
+                }
+RD_UNROLL
+                for (int u = 0; u < U; u++) {
+                    const int32_t jj = jb + u * L.kl; // keys in increasing order, as one at a time
+                    if (jj >= len)
                         break;
-                    const float e = sc[gi * AP + jj];
-                    acc[gi][0] = fmaf(e, v0, acc[gi][0]);
-                    acc[gi][1] = fmaf(e, v1, acc[gi][1]);
+RD_UNROLL
+                    for (int gi = 0; gi < GMAX; gi++) {
+                        if (gi >= g)
+                            break;
+                        const float e = sc[gi * AP + jj];
+                        acc[gi][0] = fmaf(e, vp[u][0], acc[gi][0]);
+                        acc[gi][1] = fmaf(e, vp[u][1], acc[gi][1]);
+                    }
                 }
             }
 RD_UNROLL
@@ -259,15 +282,23 @@ __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
     attn_combine_head(P, blockIdx.x, blockIdx.y, threadIdx.x, blockDim.x);
 }
 
-template <int GMAX> static void launch_part(cudaStream_t s, const attn_params &p, size_t smem)
+template <int GMAX, int U> static void launch_part_u(cudaStream_t s, const attn_params &p, size_t smem)
 {
     if (p.fp8) {
-        auto kern = k_attn_part<GMAX, true>;
+        auto kern = k_attn_part<GMAX, true, U>;
         RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
     } else {
-        auto kern = k_attn_part<GMAX, false>;
+        auto kern = k_attn_part<GMAX, false, U>;
         RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
     }
+}
+
+template <int GMAX> static void launch_part(cudaStream_t s, const attn_params &p, size_t smem)
+{
+    if (p.unroll == CUPLAN_ATTN_UNROLL)
+        launch_part_u<GMAX, CUPLAN_ATTN_UNROLL>(s, p, smem);
+    else
+        launch_part_u<GMAX, 1>(s, p, smem);
 }
 
 void launch_attention(cudaStream_t s, const attn_params &p)

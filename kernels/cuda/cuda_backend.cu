@@ -191,6 +191,8 @@ struct cuda_be {
     float *part_o, *part_ms;
     int32_t part_rows_cap, parts_cap, part_heads, part_hd;
     bool attn_fuse;             // the combine inside the partition kernel (RD_CUDA_ATTN_FUSE=0: its own kernel)
+    bool attn_v0;               // RD_CUDA_ATTN_V0=1: session 30's schedule (2 waves, at most 16 CTAs per row and kv
+                                // head, one key per load), to time against; the same bits
     unsigned *attn_count;       // its arrival counters [rows][n_kv], zero between launches
     size_t attn_count_cap;      // bytes
     bool attn_checked;
@@ -2121,7 +2123,8 @@ static void cu_attention(rd_backend *be, const rd_attn_shape *a, const float *q,
     // (parts_cap holds the step's rows without a window: a windowed layer's
     // need no more)
     p.z = cuplan_attn_z(rows, a->n_kv_heads, cuplan_attn_layer_parts(b->capturing ? 0 : b->step_max_parts, p.window),
-                        b->n_sm);
+                        b->n_sm, b->attn_v0 ? 2 : CUPLAN_ATTN_WAVES, b->attn_v0 ? 16 : CUPLAN_ATTN_MAX_Z);
+    p.unroll = b->attn_v0 ? 1 : CUPLAN_ATTN_UNROLL;
     p.parts_cap = b->parts_cap;
     p.part_o = b->part_o;
     p.part_ms = b->part_ms;
@@ -2719,6 +2722,8 @@ static int create(int n_threads, rd_backend **out)
 #endif
     const char *af = env("RD_CUDA_ATTN_FUSE");
     b->attn_fuse = !(af && !strcmp(af, "0"));
+    const char *a0 = env("RD_CUDA_ATTN_V0");
+    b->attn_v0 = a0 && !strcmp(a0, "1");
     const char *br = env("RD_CUDA_TC_BIG_ROWS");
     b->tc_big_rows = br ? atoi(br) : 128;
     const char *tt = env("RD_CUDA_TC_TILE");

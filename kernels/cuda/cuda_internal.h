@@ -291,6 +291,7 @@ struct attn_params {
     int32_t window;             // sliding window (keys pos - window + 1 .. pos); 0: all
     int32_t rows;
     int32_t z;                  // CTAs per (row, kv head)
+    int32_t unroll;             // keys a thread loads before using them: CUPLAN_ATTN_UNROLL, or 1 (RD_CUDA_ATTN_V0)
     int32_t parts_cap;          // partitions stored per (row, head)
     float *part_o;              // [rows][n_heads][parts_cap][head_dim] unnormalised P.V
     float *part_ms;             // [rows][n_heads][parts_cap][2] max score, sum of exp

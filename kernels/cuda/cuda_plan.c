@@ -22,13 +22,14 @@ int cuplan_attn_check(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim)
     return 0;
 }
 
-int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32_t n_sm)
+int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32_t n_sm, int32_t waves,
+                      int32_t max_z)
 {
     int64_t base = (int64_t)(rows > 0 ? rows : 1) * (n_kv_heads > 0 ? n_kv_heads : 1);
-    int64_t want = 2 * (int64_t)(n_sm > 0 ? n_sm : 1);
+    int64_t want = (int64_t)(waves > 0 ? waves : 1) * (n_sm > 0 ? n_sm : 1);
     int64_t z = (want + base - 1) / base;
-    if (z > CUPLAN_ATTN_MAX_Z)
-        z = CUPLAN_ATTN_MAX_Z;
+    if (z > max_z)
+        z = max_z;
     if (max_parts > 0 && z > max_parts)
         z = max_parts;
     return z < 1 ? 1 : (int32_t)z;

@@ -24,7 +24,9 @@ extern "C" {
 #define CUPLAN_ATTN_THREADS 128     /* threads per partition CTA */
 #define CUPLAN_ATTN_MAX_GROUP 16    /* query heads per KV head */
 #define CUPLAN_ATTN_MAX_HD 256      /* head_dim, a multiple of 8 */
-#define CUPLAN_ATTN_MAX_Z 16        /* CTAs sharing one (row, kv head) */
+#define CUPLAN_ATTN_MAX_Z 32        /* CTAs sharing one (row, kv head) */
+#define CUPLAN_ATTN_WAVES 4         /* CTAs per SM a split aims for: loads in flight at long contexts */
+#define CUPLAN_ATTN_UNROLL 4        /* keys a thread loads before it uses them (each score and P.V phase) */
 /* Dynamic shared memory a partition CTA may ask for: a block gets 48 KiB
  * without opting in (cudaFuncSetAttribute), static arrays included, and the
  * kernel's reductions hold two (block_allreduce's, 128 bytes each); 1 KiB
@@ -90,11 +92,14 @@ RD_HD int32_t cuplan_attn_layer_parts(int32_t step_parts, int32_t window)
     return step_parts > 0 && step_parts < w ? step_parts : w;
 }
 
-/* CTAs per (row, kv head): enough to fill about two waves of the SMs, at most
- * the partitions there are (max_parts; 0 = unknown, as when a CUDA graph is
- * captured for later, longer contexts) and CUPLAN_ATTN_MAX_Z. Only the
- * schedule depends on it, never a result: each partition is computed alone. */
-int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32_t n_sm);
+/* CTAs per (row, kv head): enough for `waves` CTAs per SM, at most the
+ * partitions there are (max_parts; 0 = unknown, as when a CUDA graph is
+ * captured for later, longer contexts) and max_z. Only the schedule depends
+ * on it, never a result: each partition is computed alone. The backend asks
+ * for CUPLAN_ATTN_WAVES and CUPLAN_ATTN_MAX_Z (RD_CUDA_ATTN_V0=1: 2 and 16,
+ * session 30's split). */
+int32_t cuplan_attn_z(int32_t rows, int32_t n_kv_heads, int32_t max_parts, int32_t n_sm, int32_t waves,
+                      int32_t max_z);
 
 /* fp32 -> bf16 (round to nearest even) for n values; host loop. */
 void cuplan_to_bf16(const float *src, size_t n, uint16_t *dst);

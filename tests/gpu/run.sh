@@ -349,6 +349,10 @@ if [ "$DRY" = 0 ]; then
   # --kv-fill: a real 8192-token prefill per sequence would cost more than the steps measured).
   run attn 90 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 --bw "$BW" \
     --json "$LOGS/attn.json" || true
+  # The same with session 30's schedule (RD_CUDA_ATTN_V0=1: at most 16 CTAs per row and kv head over two
+  # waves, one key per load), beside the default's (up to 32 CTAs for four per SM, 4 keys loaded at once).
+  RD_CUDA_ATTN_V0=1 run attn-v0 60 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 \
+    --bw "$BW" --json "$LOGS/attn-v0.json" || true
   run bench-1b-ctx8k 90 "$BENCH" bench --synthetic 1b --label " ctx 8192" --prompt 8192 --kv-fill --batches 1,8 \
     --steps 16 --bw "$BW" --json "$LOGS/bench-1b-ctx8k.json" || true
   # Qwen3-1.7B's shape (head_dim 128, per-head q/k norms, a 151,936-row LM head), default and tc.
@@ -433,7 +437,7 @@ else
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
   for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
-    attn bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
+    attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
     bench-moe-tc; do
     skip_gpu "$s"

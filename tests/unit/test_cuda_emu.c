@@ -2746,11 +2746,15 @@ static void test_attention(void)
 /* The combine inside the partition kernel (the last CTA of a row and KV head
  * folds the partitions; the default) against k_attn_combine
  * (RD_CUDA_ATTN_FUSE=0): the same bits, with several partitions and CTAs per
- * row, padding rows, a sliding window and the fp8 cache's reads. */
+ * row, padding rows, a sliding window and the fp8 cache's reads. And against
+ * session 30's schedule (RD_CUDA_ATTN_V0=1: other CTA counts per row, keys
+ * loaded one at a time): the same bits. */
 static void test_attention_combine_fused(void)
 {
     rd_backend *sep = dev_with("RD_CUDA_ATTN_FUSE", "0", NULL, NULL), *fused = emu;
-    CHECK(sep != NULL, "cannot create a backend with RD_CUDA_ATTN_FUSE=0: %s", rd_errmsg());
+    rd_backend *v0 = dev_with("RD_CUDA_ATTN_V0", "1", NULL, NULL);
+    CHECK(sep != NULL && v0 != NULL, "cannot create a backend with RD_CUDA_ATTN_FUSE=0 or RD_CUDA_ATTN_V0=1: %s",
+          rd_errmsg());
     struct {
         int32_t nh, nkv, hd, bs, window;
     } cases[] = {{9, 3, 64, 16, 0}, {16, 1, 8, 7, 0}, {8, 2, 32, 16, 300}, {4, 4, 128, 16, 0}};
@@ -2775,11 +2779,23 @@ static void test_attention_combine_fused(void)
         if (o1 && o2)
             CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)M * cases[i].nh * cases[i].hd),
                   "case %zu%s: the fused combine differs from k_attn_combine", i, single ? " (one row)" : "");
-        free(o1), free(o2);
+        /* session 30's schedule: fewer CTAs per (row, kv head), one key per load */
+        double w3;
+        int ok3;
+        emu = v0;
+        float *o3 = attn_case_opt(cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].bs, seqs, ns, pad, 77 + i, &opt, &w3, &ok3);
+        emu = fused;
+        CHECK(ok3 && o3, "case %zu (RD_CUDA_ATTN_V0) failed (%s)", i, rd_errmsg());
+        if (o1 && o3)
+            CHECK(!memcmp(o1, o3, sizeof(float) * (size_t)M * cases[i].nh * cases[i].hd),
+                  "case %zu%s: RD_CUDA_ATTN_V0's schedule differs", i, single ? " (one row)" : "");
+        free(o1), free(o2), free(o3);
       }
     emu = fused;
     if (sep)
         rd_backend_destroy(sep);
+    if (v0)
+        rd_backend_destroy(v0);
 }
 
 /* Same sequence alone vs among others (values drawn per sequence). */

@@ -306,10 +306,17 @@ static void test_attention_plan(void)
           accepted);
     CHECK(cuplan_attn_parts(1) == 1 && cuplan_attn_parts(CUPLAN_ATTN_PART) == 1 &&
           cuplan_attn_parts(CUPLAN_ATTN_PART + 1) == 2, "parts");
-    CHECK(cuplan_attn_z(1, 3, 0, 132) == CUPLAN_ATTN_MAX_Z, "batch 1 spreads");
-    CHECK(cuplan_attn_z(1, 3, 2, 132) == 2, "never more CTAs than partitions");
-    CHECK(cuplan_attn_z(256, 8, 0, 132) == 1, "big batches need no split");
-    CHECK(cuplan_attn_z(0, 0, 0, 0) >= 1, "degenerate input");
+#define ATTN_Z(rows, nkv, parts, sm) cuplan_attn_z(rows, nkv, parts, sm, CUPLAN_ATTN_WAVES, CUPLAN_ATTN_MAX_Z)
+    CHECK(ATTN_Z(1, 3, 0, 132) == CUPLAN_ATTN_MAX_Z, "batch 1 spreads");
+    CHECK(ATTN_Z(1, 3, 2, 132) == 2, "never more CTAs than partitions");
+    CHECK(ATTN_Z(256, 8, 0, 132) == 1, "big batches need no split");
+    CHECK(ATTN_Z(0, 0, 0, 0) >= 1 && cuplan_attn_z(1, 1, 0, 132, 0, 0) >= 1, "degenerate input");
+    /* the 1B's 8 KV heads at 32768 tokens (128 partitions) on 132 SMs: batch 1 takes the cap (256 CTAs, about 2
+     * per SM), batch 8 ceil(4 x 132 / 64) = 9 per (row, kv head); session 30's split (2 waves, at most 16): 16
+     * and 5 */
+    CHECK(ATTN_Z(1, 8, 128, 132) == 32 && ATTN_Z(8, 8, 128, 132) == 9, "long context: %d, %d", ATTN_Z(1, 8, 128, 132),
+          ATTN_Z(8, 8, 128, 132));
+    CHECK(cuplan_attn_z(1, 8, 128, 132, 2, 16) == 16 && cuplan_attn_z(8, 8, 128, 132, 2, 16) == 5, "the old split");
     /* sliding windows: keys max(0, pos - W + 1) .. pos, cut from the first */
     CHECK(cuplan_attn_key0(0, 0) == 0 && cuplan_attn_key0(5000, 0) == 0 && cuplan_attn_key0(5000, -3) == 0,
           "no window: from key 0");
@@ -329,8 +336,9 @@ static void test_attention_plan(void)
     CHECK(cuplan_attn_layer_parts(20, 512) == 2 && cuplan_attn_layer_parts(1, 512) == 1, "window: at most its own");
     CHECK(cuplan_attn_layer_parts(0, 512) == 2 && cuplan_attn_layer_parts(0, 300) == 2 &&
           cuplan_attn_layer_parts(0, 16) == 1, "capture (unknown contexts): the window bounds it");
-    CHECK(cuplan_attn_z(1, 1, cuplan_attn_layer_parts(0, 512), 132) == 2,
+    CHECK(ATTN_Z(1, 1, cuplan_attn_layer_parts(0, 512), 132) == 2,
           "Gemma 3 at batch 1 on a window of 512: 2 CTAs per (row, kv head)");
+#undef ATTN_Z
 }
 
 static void test_gemm_pick(void)
