@@ -102,11 +102,12 @@ RD_DEV void attn_combine_head(const attn_params &P, int32_t row, int32_t h, int3
     }
 }
 
-// U: keys a thread loads before it uses any of them, in the score and the
-// P.V phases (CUPLAN_ATTN_UNROLL; 1 under RD_CUDA_ATTN_V0): at long contexts
-// a CTA's loads in flight are what bounds its bandwidth. Each key's products
-// and sums are the same whatever U.
-template <int GMAX, bool F8, int U>
+// U, UV: keys a thread loads before it uses any of them, in the score phase
+// (16 bytes of K each) and the P.V phase (4 bytes of V each); CUPLAN_ATTN_UNROLL
+// and twice that, or 1 and 1 under RD_CUDA_ATTN_V0. At long contexts a
+// CTA's loads in flight are what bounds its bandwidth. Each key's products
+// and sums are the same whatever U and UV.
+template <int GMAX, bool F8, int U, int UV>
 __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
 {
     RD_PDL_ENTRY();
@@ -215,17 +216,17 @@ RD_UNROLL
         for (int gi = 0; gi < GMAX; gi++)
             acc[gi][0] = acc[gi][1] = 0.0f;
         if (pv_on) {
-            for (int32_t jb = kli; jb < len; jb += U * L.kl) {
-                float vp[U][2];
+            for (int32_t jb = kli; jb < len; jb += UV * L.kl) {
+                float vp[UV][2];
 RD_UNROLL
-                for (int u = 0; u < U; u++) {
+                for (int u = 0; u < UV; u++) {
                     const int32_t j = j0 + jb + u * L.kl;
                     vp[u][0] = vp[u][1] = 0.0f;
                     if (jb + u * L.kl < len)
                         kv_read<F8>(P.v_cache, table[j / bs], kvh, j % bs, P).get2(2 * dpi, vp[u]);
                 }
 RD_UNROLL
-                for (int u = 0; u < U; u++) {
+                for (int u = 0; u < UV; u++) {
                     const int32_t jj = jb + u * L.kl; // keys in increasing order, as one at a time
                     if (jj >= len)
                         break;
@@ -285,10 +286,10 @@ __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)
 template <int GMAX, int U> static void launch_part_u(cudaStream_t s, const attn_params &p, size_t smem)
 {
     if (p.fp8) {
-        auto kern = k_attn_part<GMAX, true, U>;
+        auto kern = k_attn_part<GMAX, true, U, U == 1 ? 1 : 2 * U>;
         RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
     } else {
-        auto kern = k_attn_part<GMAX, false, U>;
+        auto kern = k_attn_part<GMAX, false, U, U == 1 ? 1 : 2 * U>;
         RD_LAUNCH(kern, dim3(p.rows, p.n_kv, p.z), dim3(AT), smem, s, p);
     }
 }

@@ -26,7 +26,7 @@ extern "C" {
 #define CUPLAN_ATTN_MAX_HD 256      /* head_dim, a multiple of 8 */
 #define CUPLAN_ATTN_MAX_Z 32        /* CTAs sharing one (row, kv head) */
 #define CUPLAN_ATTN_WAVES 4         /* CTAs per SM a split aims for: loads in flight at long contexts */
-#define CUPLAN_ATTN_UNROLL 4        /* keys a thread loads before it uses them (each score and P.V phase) */
+#define CUPLAN_ATTN_UNROLL 4        /* keys a thread loads before it uses them (scores; P.V: twice as many) */
 /* Dynamic shared memory a partition CTA may ask for: a block gets 48 KiB
  * without opting in (cudaFuncSetAttribute), static arrays included, and the
  * kernel's reductions hold two (block_allreduce's, 128 bytes each); 1 KiB

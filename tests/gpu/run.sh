@@ -350,7 +350,8 @@ if [ "$DRY" = 0 ]; then
   run attn 90 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 --bw "$BW" \
     --json "$LOGS/attn.json" || true
   # The same with session 30's schedule (RD_CUDA_ATTN_V0=1: at most 16 CTAs per row and kv head over two
-  # waves, one key per load), beside the default's (up to 32 CTAs for four per SM, 4 keys loaded at once).
+  # waves, one key per load), beside the default's (up to 32 CTAs for four per SM, 4 keys' K and 8 keys' V
+  # loaded at once).
   RD_CUDA_ATTN_V0=1 run attn-v0 60 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 \
     --bw "$BW" --json "$LOGS/attn-v0.json" || true
   run bench-1b-ctx8k 90 "$BENCH" bench --synthetic 1b --label " ctx 8192" --prompt 8192 --kv-fill --batches 1,8 \
