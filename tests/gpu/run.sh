@@ -7,7 +7,9 @@
 #   model     the default model (make model) and the tiny test models
 #   info      device, memory, the GEMM algorithm chosen per weight shape
 #   copybw    device-to-device copy bandwidth (the rooflines' denominator)
-#   issue 48  decode at the roofline, the kernel variants side by side:
+#   issue 48  decode at the roofline, the kernel variants side by side, in
+#             two passes (first the stage behind each target, then the
+#             other variants and checks):
 #             gemm-1b (the linear op on the 1B's shapes, rows 1..512, variants
 #             default, tc, bf16act, tcbf16, mixed, fp8, fp8tc, w8a8, each
 #             batch invariant);
@@ -293,6 +295,12 @@ fi
 # RD_CUDA_GEMM=tc is the tensor-core GEMM with a shape-fixed split-K and
 # RD_CUDA_FP8=tc the FP8 weights on tensor cores (a backend that does not
 # know a value ignores it, and the variant then measures the default).
+# Two passes: first the stage behind each of the issue's targets (the
+# device checks of the new kernels, the GEMM variants, the 1B's decode with
+# each GEMM, FP8, 32k attention, the Qwen3 shapes with tc, the MoE shape
+# with both experts' paths, batch invariance with tc); then the other
+# variants and checks, which the budget cuts first (run.sh's last lines
+# name what it cut, for a follow-up call).
 if [ "$DRY" = 0 ]; then
   # The new kernels against the CPU on the device first (seconds): the tensor-core GEMM on every reduction path,
   # its 64 x 64 tile kernel, the fused RMSNorm prologue and gated epilogue (bit for bit against the unfused ops),
@@ -306,26 +314,56 @@ if [ "$DRY" = 0 ]; then
   run gemm-1b 150 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
     --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128 --bw "$BW" \
     --json "$LOGS/gemm-1b.json" || true
-  # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.4x-of-roofline target; 256: FLOPs).
+  # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.3x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
   RD_CUDA_GEMM=tc run bench-1b-tc 90 "$BENCH" bench --synthetic 1b --label " tc" --bw "$BW" \
     --json "$LOGS/bench-1b-tc.json" || true
-  # Programmatic dependent launch on top of tc (each kernel scheduled while the one before drains).
-  RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run bench-1b-tc-pdl 60 "$BENCH" bench --synthetic 1b --label " tc pdl" \
-    --batches 1,8,32 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-pdl.json" || true
-  # Issue 26: the 1B's layers in FP8 blocks (serve_dtype fp8), on CUDA cores and with RD_CUDA_FP8=tc: the
-  # target is FP8 >= 1.5x bf16 at batch 1 (bench-1b's row).
-  run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
-    --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
+  # FP8 weights (serve_dtype fp8) through the tensor-core GEMM (RD_CUDA_FP8=tc): the target is FP8 >= 1.5x
+  # bf16 at batch 1; and W8A8, the FP8 weights times activations quantized to E4M3 in the kernel, on the FP8
+  # tensor cores (RD_CUDA_FP8=w8a8, with RD_CUDA_GEMM=tc for the bf16 head and the fused norms): >= 1.2x at 32+.
   RD_CUDA_FP8=tc run bench-1b-fp8tc 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8 tc" \
     --batches 1,8,32,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-fp8tc.json" || true
-  # W8A8: the FP8 weights times activations quantized to E4M3 in the kernel, on the FP8 tensor cores
-  # (RD_CUDA_FP8=w8a8, with RD_CUDA_GEMM=tc for the bf16 head and the fused norms): the >= 1.2x target at 32+.
   RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run bench-1b-w8a8 90 "$BENCH" bench --synthetic 1b --weights fp8 \
     --label " w8a8" --batches 1,8,32,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-w8a8.json" || true
+  # Long context: the attention op alone at 8192 and 32768 tokens per sequence, batch 1 and 8, on the 1B's
+  # heads (32/8 of 64) and Qwen3-1.7B's (16/8 of 128): KV bytes read / time against the copy bandwidth
+  # (target >= 0.70).
+  run attn 90 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 --bw "$BW" \
+    --json "$LOGS/attn.json" || true
+  # Qwen3-1.7B's shape (head_dim 128, per-head q/k norms, a 151,936-row LM head) and Qwen3-8B's (36 layers,
+  # hidden 4096, 32/8 heads of 128, FFN 12288, untied head; 16.4 GB of bf16) with tc: the target is the
+  # batch-1 step within 1.4x of its weight-read roofline (the default GEMM's steps in the second pass).
+  RD_CUDA_GEMM=tc run bench-qwen3-1.7b-tc 90 "$BENCH" bench --synthetic qwen3-1.7b --label " tc" --bw "$BW" \
+    --batches 1,8,32,128,256 --steps 16 --json "$LOGS/bench-qwen3-1.7b-tc.json" || true
+  RD_CUDA_GEMM=tc run bench-qwen3-8b-tc 120 "$BENCH" bench --synthetic qwen3-8b --label " tc" --bw "$BW" \
+    --batches 1,8,32 --steps 16 --json "$LOGS/bench-qwen3-8b-tc.json" || true
+  # Qwen3-30B-A3B's shape at full width, 8 of its 48 layers (11 GB): against the roofline of the experts a
+  # step can touch (min(128, batch x 8) per layer, an upper bound), and of those its routes did touch; with
+  # the CUDA-core experts and with RD_CUDA_MOE=tc (the issue's MoE target takes the better of the two).
+  run bench-moe 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --bw "$BW" --batches 1,64,256 --prompt 64 \
+    --steps 16 --json "$LOGS/bench-moe.json" || true
+  RD_CUDA_MOE=tc run bench-moe-tc 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --label " moe tc" --bw "$BW" \
+    --batches 1,64,256 --prompt 64 --steps 16 --json "$LOGS/bench-moe-tc.json" || true
+  # One layer of its experts alone (moe_ffn: 128 experts of 768 x 2048, top 8), the CUDA-core kernels against
+  # RD_CUDA_MOE=tc (the experts through the tensor-core GEMM's CTA), bf16 and Q8_0 experts, rows 1..512: time,
+  # the touched experts' bytes against the copy bandwidth, TFLOP/s; exit 1 if a variant's rows differ alone.
+  run moe-30b 90 "$BENCH" moe --synthetic qwen3-30b-a3b --rows 1,8,64,256,512 --variants default,moetc,q8tc,q8tc+moetc \
+    --bw "$BW" --json "$LOGS/moe-30b.json" || true
   # The new kernels keep the contracts: bit-exact batch invariance through the engine, parity with the CPU.
   if [ "$HAVE_MODEL" = 1 ]; then
     RD_CUDA_GEMM=tc run invariance-tc 120 "$BENCH" invariance --model "$MODEL" --json "$LOGS/invariance-tc.json" || true
+  else
+    record invariance-tc SKIP "no model file"
+  fi
+
+  # ---- second pass: the other variants and checks
+  # Programmatic dependent launch on top of tc (each kernel scheduled while the one before drains).
+  RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run bench-1b-tc-pdl 60 "$BENCH" bench --synthetic 1b --label " tc pdl" \
+    --batches 1,8,32 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-pdl.json" || true
+  # Issue 26: the 1B's layers in FP8 blocks on CUDA cores (k_gemm_fp8), beside fp8tc.
+  run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
+    --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
+  if [ "$HAVE_MODEL" = 1 ]; then
     RD_CUDA_GEMM=tc run parity-tc 90 "$BENCH" parity --model "$MODEL" --label " (RD_CUDA_GEMM=tc)" \
       --json "$LOGS/parity-tc.json" || true
     RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run invariance-tc-pdl 120 "$BENCH" invariance --model "$MODEL" \
@@ -337,45 +375,25 @@ if [ "$DRY" = 0 ]; then
     RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run tis-w8a8 60 "$BENCH" tis --model "$MODEL" --weights fp8 --label " w8a8" \
       --json "$LOGS/tis-w8a8.json" || true
   else
-    for s in invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8; do record "$s" SKIP "no model file"; done
+    for s in parity-tc invariance-tc-pdl tis-fp8 tis-w8a8; do record "$s" SKIP "no model file"; done
   fi
   RD_CUDA_FP8=tc run invariance-fp8tc 120 "$BENCH" invariance --synthetic 1b --weights fp8 \
     --json "$LOGS/invariance-fp8tc.json" || true
   RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run invariance-w8a8 120 "$BENCH" invariance --synthetic 1b --weights fp8 \
     --json "$LOGS/invariance-w8a8.json" || true
-  # Long context: the attention op alone at 8192 and 32768 tokens per sequence, batch 1 and 8, on the 1B's
-  # heads (32/8 of 64) and Qwen3-1.7B's (16/8 of 128): KV bytes read / time against the copy bandwidth
-  # (target >= 0.70); then the 1B's whole decode step at 8192 tokens of context (the K/V written directly,
-  # --kv-fill: a real 8192-token prefill per sequence would cost more than the steps measured).
-  run attn 90 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 --bw "$BW" \
-    --json "$LOGS/attn.json" || true
-  # The same with session 30's schedule (RD_CUDA_ATTN_V0=1: at most 16 CTAs per row and kv head over two
+  # Attention with session 30's schedule (RD_CUDA_ATTN_V0=1: at most 16 CTAs per row and kv head over two
   # waves, one key per load), beside the default's (up to 32 CTAs for four per SM, 4 keys' K and 8 keys' V
-  # loaded at once).
+  # loaded at once); then the 1B's whole decode step at 8192 tokens of context (the K/V written directly,
+  # --kv-fill: a real 8192-token prefill per sequence would cost more than the steps measured).
   RD_CUDA_ATTN_V0=1 run attn-v0 60 "$BENCH" attn --synthetic 1b,qwen3-1.7b --ctx 8192,32768 --batches 1,8 \
     --bw "$BW" --json "$LOGS/attn-v0.json" || true
   run bench-1b-ctx8k 90 "$BENCH" bench --synthetic 1b --label " ctx 8192" --prompt 8192 --kv-fill --batches 1,8 \
     --steps 16 --bw "$BW" --json "$LOGS/bench-1b-ctx8k.json" || true
-  # Qwen3-1.7B's shape (head_dim 128, per-head q/k norms, a 151,936-row LM head), default and tc.
+  # The Qwen3 shapes with the default GEMM.
   run bench-qwen3-1.7b 90 "$BENCH" bench --synthetic qwen3-1.7b --bw "$BW" --batches 1,8,32,128,256 --steps 16 \
     --json "$LOGS/bench-qwen3-1.7b.json" || true
-  RD_CUDA_GEMM=tc run bench-qwen3-1.7b-tc 90 "$BENCH" bench --synthetic qwen3-1.7b --label " tc" --bw "$BW" \
-    --batches 1,8,32,128,256 --steps 16 --json "$LOGS/bench-qwen3-1.7b-tc.json" || true
-  # Qwen3-8B's shape (36 layers, hidden 4096, 32/8 heads of 128, FFN 12288, untied head; 16.4 GB of bf16):
-  # the target is the batch-1 step within 1.4x of its weight-read roofline.
   run bench-qwen3-8b 120 "$BENCH" bench --synthetic qwen3-8b --bw "$BW" --batches 1,8,32 --steps 16 \
     --json "$LOGS/bench-qwen3-8b.json" || true
-  RD_CUDA_GEMM=tc run bench-qwen3-8b-tc 120 "$BENCH" bench --synthetic qwen3-8b --label " tc" --bw "$BW" \
-    --batches 1,8,32 --steps 16 --json "$LOGS/bench-qwen3-8b-tc.json" || true
-  # Qwen3-30B-A3B's shape at full width, 8 of its 48 layers (11 GB): against the roofline of the experts a
-  # step can touch (min(128, batch x 8) per layer, an upper bound), and of those its routes did touch.
-  run bench-moe 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --bw "$BW" --batches 1,64,256 --prompt 64 \
-    --steps 16 --json "$LOGS/bench-moe.json" || true
-  # One layer of its experts alone (moe_ffn: 128 experts of 768 x 2048, top 8), the CUDA-core kernels against
-  # RD_CUDA_MOE=tc (the experts through the tensor-core GEMM's CTA), bf16 and Q8_0 experts, rows 1..512: time,
-  # the touched experts' bytes against the copy bandwidth, TFLOP/s; exit 1 if a variant's rows differ alone.
-  run moe-30b 90 "$BENCH" moe --synthetic qwen3-30b-a3b --rows 1,8,64,256,512 --variants default,moetc,q8tc,q8tc+moetc \
-    --bw "$BW" --json "$LOGS/moe-30b.json" || true
   # Speculation on the device (issues 21 and 48), where a verify row is nearly free: the tail at batch 1, 4, 16
   # and a GRPO round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -410,10 +428,6 @@ if [ "$DRY" = 0 ]; then
   fi
   RD_CUDA_GEMM=tc RD_CUDA_Q8=tc run invariance-q8tc 120 "$BENCH" invariance --synthetic 1b --weights q8_0 \
     --json "$LOGS/invariance-q8tc.json" || true
-  # The MoE shape's decode with the experts on tensor cores, beside bench-moe (the issue's MoE target takes
-  # the better of the two).
-  RD_CUDA_MOE=tc run bench-moe-tc 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --label " moe tc" --bw "$BW" \
-    --batches 1,64,256 --prompt 64 --steps 16 --json "$LOGS/bench-moe-tc.json" || true
 else
   # Dry run: the same code paths on the CPU backend at test size (CPU against itself), and the GEMM
   # microbenchmark's variants on the emulated CUDA backend.
