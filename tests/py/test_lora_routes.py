@@ -158,8 +158,10 @@ def prime_rl_and_sglang_sequence():
     st, _, text = load(d, "run-7", path, vllm=False)
     doc = json.loads(text)
     assert st == 200 and doc["success"] is True and doc["loaded_adapters"]["run-7"] == path, (st, doc)
+    # unseeded at temperature 1 (prime-rl's request): ignore_eos, or a first-token EOS ends it early (seen once)
     st, doc = d.post("/inference/v1/generate", {"model": "run-7", "token_ids": PROMPT,
-                                                "sampling_params": {"max_tokens": 4, "temperature": 1.0}})
+                                                "sampling_params": {"max_tokens": 4, "temperature": 1.0,
+                                                                    "ignore_eos": True}})
     assert st == 200 and len(doc["choices"][0]["token_ids"]) == 4, doc
     # load_inplace: the next version under the same name; /status shows it
     path2 = adapter("run-7b", rank=16, targets="q_proj,v_proj", alpha=32.0, seed=4)
