@@ -307,14 +307,15 @@ def invariance_w8a8_and_q8_emulated():
 
 @case
 def invariance_moe_tc_emulated():
-    """The MoE experts on tensor cores (RD_CUDA_MOE=tc; moe-tiny's 64-wide experts of 32 take that path)
-    through the engine on the emulated GPU: 8 seeded sampled rollouts bit-identical alone, among 48
-    requests and without graphs."""
+    """The MoE experts on tensor cores (RD_CUDA_MOE=tc; moe-tiny's 64-wide experts of 32 take that path), with
+    the dense layers on the tensor-core GEMM too (RD_CUDA_GEMM=tc: its RMSNorm prologue writes the rows the
+    experts read), through the engine on the emulated GPU: 8 seeded sampled rollouts bit-identical alone,
+    among 48 requests and without graphs."""
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
     path = out("invariance-moe-tc.json")
     run([EMU, "invariance", "--backend", "cuda-emu", "--synthetic", "moe-tiny", "--tokens", "4", "--json", path],
-        env=dict(os.environ, RD_CUDA_MOE="tc"))
+        env=dict(os.environ, RD_CUDA_MOE="tc", RD_CUDA_GEMM="tc"))
     d = json.load(open(path))
     assert d["pass"] is True and d["equal_batched"] == 8 and d["equal_nographs"] == 8, d
 

@@ -4168,16 +4168,22 @@ static void test_runner_q80(void)
 
 /* RD_CUDA_MOE=tc through the runner: tiny-moe-bf16 (64-wide, experts of 32:
  * the tensor-core experts serve it) prefills three prompts; its logits are
- * not the CUDA-core experts' bits (the path ran), no further from the CPU's
- * than theirs or within the runner cases' 0.02 of the largest logit, and the
- * last prompt alone gives its rows of the three-prompt call bit for bit. */
-static void test_runner_moe_tc(void)
+ * not the CUDA-core experts' bits (the path ran), and on the rows where the
+ * CUDA-core experts follow the CPU (no routing near-tie broken the other
+ * way) within the runner cases' 0.02 of the largest logit; the last prompt
+ * alone gives its rows of the three-prompt call bit for bit. gemm "tc": with
+ * RD_CUDA_GEMM=tc too, whose RMSNorm prologue on the router writes the
+ * normalized rows the experts read. */
+static void runner_moe_tc_case(const char *gemm)
 {
     rd_loaded lc, lb, lt;
     int ok = load_model("tiny-moe-bf16", "cpu", &lc) && load_model("tiny-moe-bf16", dev_name(), &lb);
     setenv("RD_CUDA_MOE", "tc", 1);
+    if (gemm)
+        setenv("RD_CUDA_GEMM", gemm, 1);
     ok = ok && load_model("tiny-moe-bf16", dev_name(), &lt);
     unsetenv("RD_CUDA_MOE");
+    unsetenv("RD_CUDA_GEMM");
     CHECK(ok, "cannot load tiny-moe-bf16 (run tests/gen_testdata.sh): %s", rd_errmsg());
     if (!ok)
         return;
@@ -4188,8 +4194,6 @@ static void test_runner_moe_tc(void)
     double dt, db, sc;
     max_diff(lgc, lgt, n, &dt, &sc);
     max_diff(lgc, lgb, n, &db, &sc);
-    /* Rows where the CUDA-core experts follow the CPU (within the runner cases' 0.02 of the largest logit: no
-     * routing near-tie broken the other way) must stay as close with the tensor-core experts. */
     int32_t close_b = 0, close_both = 0;
     double worst_t = 0;
     for (int32_t row = 0; row < 14 + 5 + 23; row++) {
@@ -4202,9 +4206,9 @@ static void test_runner_moe_tc(void)
         close_both += rt <= 0.02 * sc;
         worst_t = worse(worst_t, rt);
     }
-    printf("# tiny-moe-bf16 prefill logits against the CPU: tensor-core experts (RD_CUDA_MOE=tc) max |diff| %.3g, "
+    printf("# tiny-moe-bf16 prefill logits against the CPU: tensor-core experts (RD_CUDA_MOE=tc%s) max |diff| %.3g, "
            "CUDA-core experts %.3g (max |logit| %.3g); on the %d of 42 rows the CUDA-core experts follow, the "
-           "tensor-core ones are within %.3g\n", dt, db, sc, close_b, worst_t);
+           "tensor-core ones are within %.3g\n", gemm ? ", RD_CUDA_GEMM=tc" : "", dt, db, sc, close_b, worst_t);
     CHECK(memcmp(lgt, lgb, sizeof(float) * n) != 0, "RD_CUDA_MOE=tc gave the CUDA-core experts' logits");
     CHECK(close_b >= 21, "only %d of 42 rows follow the CPU with the CUDA-core experts (test too weak)", close_b);
     CHECK(close_both == close_b, "tensor-core experts: %d of those %d rows are further than 0.02 x %.3g",
@@ -4229,6 +4233,13 @@ static void test_runner_moe_tc(void)
     }
     free(lgc), free(lgb), free(lgt), free(one);
     rd_unload(&lc), rd_unload(&lb), rd_unload(&lt);
+}
+
+static void test_runner_moe_tc(void)
+{
+    runner_moe_tc_case(NULL);
+    if (!test_case_failed)
+        runner_moe_tc_case("tc");
 }
 
 /* Every family's layer recipe on the emulated backend against the CPU: the
