@@ -103,6 +103,20 @@ def parse_ncu(text):
     return kernels
 
 
+def variant_point(stage, r, what):
+    """One point of a gemm or moe stage (rollout-gpubench's variant runs): what was measured, then the numbers."""
+    return dict({"stage": stage}, **what, rows=r.get("rows"), variant=r.get("variant"), us=num(r.get("us")),
+                us_stream=num(r.get("us_stream")), graph=r.get("graph"), gbps=num(r.get("gbps"), 1),
+                x_copy=num(r.get("x_copy")), tflops=num(r.get("tflops")), x_peak=num(r.get("x_peak"), 4),
+                invariant=r.get("invariant"))
+
+
+def variant_verdicts(stage, doc):
+    """Each variant's batch-invariance verdict in a gemm or moe stage."""
+    return [{"stage": stage, "variant": v.get("name"), "env": v.get("env"), "invariant": v.get("invariant"),
+             "error": v.get("error")} for v in doc.get("variants", [])]
+
+
 def assemble(logs, summary):
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": None, "describe": None,
            "copy_gbps": None, "stages": [], "bench": [], "gemm": [], "gemm_invariance": [], "moe": [], "attention": [],
@@ -143,29 +157,17 @@ def assemble(logs, summary):
                 out["copy_gbps"] = num(doc["copy_gbps"], 1)
         elif k == "gemm":
             for r in doc.get("results", []):
-                out["gemm"].append({"stage": stage, "shape": r.get("shape"), "out": r.get("out"), "in": r.get("in"),
-                                    "rows": r.get("rows"), "variant": r.get("variant"), "us": num(r.get("us")),
-                                    "us_stream": num(r.get("us_stream")), "graph": r.get("graph"),
-                                    "gbps": num(r.get("gbps"), 1), "x_copy": num(r.get("x_copy")),
-                                    "tflops": num(r.get("tflops")), "x_peak": num(r.get("x_peak"), 4),
-                                    "invariant": r.get("invariant")})
-            for v in doc.get("variants", []):
-                out["gemm_invariance"].append({"stage": stage, "variant": v.get("name"), "env": v.get("env"),
-                                               "invariant": v.get("invariant"), "error": v.get("error")})
+                out["gemm"].append(variant_point(stage, r, {"shape": r.get("shape"), "out": r.get("out"),
+                                                            "in": r.get("in")}))
+            out["gemm_invariance"] += variant_verdicts(stage, doc)
             out.setdefault("peak_tflops", doc.get("peak_tflops"))
             out.setdefault("peak_assumption", doc.get("peak_assumption"))
         elif k == "moe":
             sh = doc.get("moe_shape") or {}
             for r in doc.get("results", []):
-                out["moe"].append({"stage": stage, "shape": sh.get("name"), "rows": r.get("rows"),
-                                   "variant": r.get("variant"), "us": num(r.get("us")), "graph": r.get("graph"),
-                                   "experts_touched": num(r.get("experts_touched"), 2),
-                                   "gbps": num(r.get("gbps"), 1), "x_copy": num(r.get("x_copy")),
-                                   "tflops": num(r.get("tflops")), "x_peak": num(r.get("x_peak"), 4),
-                                   "invariant": r.get("invariant")})
-            for v in doc.get("variants", []):
-                out["gemm_invariance"].append({"stage": stage, "variant": v.get("name"), "env": v.get("env"),
-                                               "invariant": v.get("invariant"), "error": v.get("error")})
+                out["moe"].append(variant_point(stage, r, {"shape": sh.get("name"),
+                                                           "experts_touched": num(r.get("experts_touched"), 2)}))
+            out["gemm_invariance"] += variant_verdicts(stage, doc)
         elif k == "attn":
             for r in doc.get("results", []):
                 out["attention"].append({"stage": stage, "shape": r.get("shape"), "n_heads": r.get("n_heads"),
@@ -284,6 +286,24 @@ def fmt(x, nd=2):
     return "" if x is None else f"{x:.{nd}f}"
 
 
+def variant_table(points, title, shape_cell):
+    """Markdown lines: a row per (stage, shape_cell(point), rows), the points' variants across, each cell the
+    time, the fraction of the copy bandwidth and the TFLOP/s."""
+    variants = list(dict.fromkeys(g["variant"] for g in points))
+    lines = [title, "", "| shape | rows | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
+    cells = {}
+    for g in points:
+        cells.setdefault((g["stage"], shape_cell(g), g["rows"]), {})[g["variant"]] = g
+    for (stage, shape, r), per in cells.items():
+        cs = []
+        for v in variants:
+            g = per.get(v)
+            cs.append("" if not g else f"{fmt(g['us'], 1)} us, {fmt(g['x_copy'])}x, {fmt(g['tflops'], 1)} TF"
+                      + ("" if g["invariant"] in (True, None) else " NOT INVARIANT"))
+        lines.append(f"| {shape} | {r} | " + " | ".join(cs) + " |")
+    return lines
+
+
 def markdown(res):
     lines = []
     gpu = res.get("gpu") or res.get("describe") or "(no GPU named)"
@@ -324,45 +344,21 @@ def markdown(res):
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     if res["gemm"]:
-        variants = list(dict.fromkeys(g["variant"] for g in res["gemm"]))
-        lines.append("**GEMM (linear op): microseconds per call (inside a graph of calls where the backend has "
-                     "graphs), weight GB/s as a fraction of the copy bandwidth, TFLOP/s**")
-        lines.append("")
-        lines.append("| shape | rows | " + " | ".join(variants) + " |")
-        lines.append("|---|---|" + "---|" * len(variants))
-        cells = {}
-        for g in res["gemm"]:
-            cells.setdefault((g["stage"], g["shape"], g["out"], g["in"], g["rows"]), {})[g["variant"]] = g
-        for (stage, shape, o, i, r), per in cells.items():
-            cs = []
-            for v in variants:
-                g = per.get(v)
-                cs.append("" if not g else f"{fmt(g['us'], 1)} us, {fmt(g['x_copy'])}x, {fmt(g['tflops'], 1)} TF"
-                          + ("" if g["invariant"] in (True, None) else " NOT INVARIANT"))
-            dims = f"{o}x{i}"
-            lines.append(f"| {shape}{'' if shape == dims else f' ({dims})'} | {r} | " + " | ".join(cs) + " |")
+        def gemm_shape(g):
+            dims = f"{g['out']}x{g['in']}"
+            return g["shape"] + ("" if g["shape"] == dims else f" ({dims})")
+        lines += variant_table(res["gemm"], "**GEMM (linear op): microseconds per call (inside a graph of calls "
+                               "where the backend has graphs), weight GB/s as a fraction of the copy bandwidth, "
+                               "TFLOP/s**", gemm_shape)
         bad = [f"{g['stage']}:{g['variant']}" for g in res["gemm_invariance"] if g["invariant"] is False]
         lines.append("")
         lines.append("Batch invariance of every variant (m-row results = rows alone, bit for bit): "
                      + ("PASS" if not bad else "FAIL: " + ", ".join(bad)))
         lines.append("")
     if res.get("moe"):
-        variants = list(dict.fromkeys(g["variant"] for g in res["moe"]))
-        lines.append("**MoE experts (moe_ffn alone, one layer): microseconds per call, the touched experts' GB/s "
-                     "as a fraction of the copy bandwidth, TFLOP/s**")
-        lines.append("")
-        lines.append("| shape | rows | " + " | ".join(variants) + " |")
-        lines.append("|---|---|" + "---|" * len(variants))
-        cells = {}
-        for g in res["moe"]:
-            cells.setdefault((g["stage"], g["shape"], g["rows"]), {})[g["variant"]] = g
-        for (stage, shape, r), per in cells.items():
-            cs = []
-            for v in variants:
-                g = per.get(v)
-                cs.append("" if not g else f"{fmt(g['us'], 1)} us, {fmt(g['x_copy'])}x, {fmt(g['tflops'], 1)} TF"
-                          + ("" if g["invariant"] in (True, None) else " NOT INVARIANT"))
-            lines.append(f"| {shape} | {r} | " + " | ".join(cs) + " |")
+        lines += variant_table(res["moe"], "**MoE experts (moe_ffn alone, one layer): microseconds per call, the "
+                               "touched experts' GB/s as a fraction of the copy bandwidth, TFLOP/s**",
+                               lambda g: g["shape"])
         lines.append("")
     if res["attention"]:
         lines.append("**Attention at long context (one decode row per sequence)**")

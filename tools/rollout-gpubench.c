@@ -1809,6 +1809,135 @@ typedef struct {
     int done, graph;
 } gres;
 
+/* A point's cell in the side-by-side table: time, GB/s, fraction of the copy bandwidth bw, TFLOP/s ("-": not
+ * measured). */
+static void gres_cell(const gres *g, double bw, char *cell, size_t cap)
+{
+    if (!g->done)
+        snprintf(cell, cap, "-");
+    else
+        snprintf(cell, cap, "%.1f us %.0f GB/s %.2fx %.1f TF", g->us, g->gbps, bw > 0 ? g->gbps / bw : 0.0, g->tflops);
+}
+
+/* A run of variants (gemm, moe): what each is measured against (the first backend's description, the
+ * copy bandwidth and the peak), the JSON document's variants and points, and the verdicts. */
+typedef struct {
+    const opts *o;
+    const char *what;           /* "gemm" or "moe": the command, in printed lines */
+    double bw, peak;            /* GB/s and TFLOP/s: given, or measured / assumed on the first backend */
+    const char *peak_why;
+    char desc0[4096];           /* the first backend's describe() */
+    const char *be_name;
+    cJSON *doc, *jv, *jr;       /* the document, its "variants" and "results" arrays */
+    int setup_err, all_invariant;
+} vrun;
+
+static void vrun_init(vrun *r, const opts *o, const char *what)
+{
+    memset(r, 0, sizeof *r);
+    r->o = o, r->what = what, r->bw = o->bw, r->peak = o->peak_tflops;
+    r->peak_why = "given by --peak-tflops";
+    r->be_name = o->backend;
+    r->doc = cJSON_CreateObject();
+    r->jv = cJSON_AddArrayToObject(r->doc, "variants");
+    r->jr = cJSON_AddArrayToObject(r->doc, "results");
+    r->all_invariant = 1;
+}
+
+/* Variant v's JSON entry (*jvar), then its backend, created under its environment (env_apply first), with
+ * its description in desc; NULL if it cannot be made (the error recorded). The first variant's backend
+ * measures the copy bandwidth and names the peak where the command line did not. */
+static rd_backend *vrun_open(vrun *r, const gvariant *v, int first, cJSON **jvar, char *desc, size_t cap)
+{
+    *jvar = cJSON_CreateObject();
+    cJSON_AddStringToObject(*jvar, "name", v->name);
+    cJSON_AddBoolToObject(*jvar, "fp8", v->wtype == RD_TYPE_FP8_B32);
+    cJSON_AddBoolToObject(*jvar, "q8_0", v->wtype == GGML_Q8_0);
+    cJSON *je = cJSON_AddObjectToObject(*jvar, "env");
+    for (int j = 0; j < v->n_env; j++)
+        cJSON_AddStringToObject(je, v->var[j], v->val[j]);
+    cJSON_AddItemToArray(r->jv, *jvar);
+    rd_backend *be = NULL;
+    desc[0] = 0;
+    if (rd_backend_create(r->o->backend, r->o->threads, &be)) {
+        printf("variant %s: backend: %s\n", v->name, rd_errmsg());
+        printf("TABLE|%s invariance|%s|no backend: %.120s|ERROR|\n", r->what, v->name, rd_errmsg());
+        cJSON_AddStringToObject(*jvar, "error", rd_errmsg());
+        r->setup_err = 1;
+        return NULL;
+    }
+    r->be_name = be->ops->name;
+    if (be->ops->describe)
+        be->ops->describe(be, desc, cap);
+    if (first) {
+        snprintf(r->desc0, sizeof r->desc0, "%s", desc);
+        if (!(r->bw > 0) && copy_bw(be, r->o->mib, r->o->iters, &r->bw))
+            r->bw = 0;
+        if (!(r->peak > 0))
+            r->peak = peak_for(desc, &r->peak_why);
+        printf("%s on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", r->what, be->ops->name, desc, r->bw, r->peak_why);
+    }
+    return be;
+}
+
+/* Point g's measurements into e (which already says what was measured), added to the results. */
+static void vrun_point(vrun *r, cJSON *e, const gres *g)
+{
+    cJSON_AddNumberToObject(e, "us", g->us);
+    cJSON_AddNumberToObject(e, "us_stream", g->us_stream);
+    cJSON_AddBoolToObject(e, "graph", g->graph);
+    cJSON_AddNumberToObject(e, "reps", g->reps);
+    cJSON_AddNumberToObject(e, "gbps", g->gbps);
+    if (r->bw > 0)
+        cJSON_AddNumberToObject(e, "x_copy", g->gbps / r->bw);
+    cJSON_AddNumberToObject(e, "tflops", g->tflops);
+    if (r->peak > 0)
+        cJSON_AddNumberToObject(e, "x_peak", g->tflops / r->peak);
+    cJSON_AddBoolToObject(e, "invariant", g->bad_rows == 0);
+    cJSON_AddNumberToObject(e, "rows_differing", g->bad_rows);
+    cJSON_AddItemToArray(r->jr, e);
+}
+
+/* Variant v's verdicts: rc its error (0: none, rd_errmsg() says it), var_bad the rows of m-row calls that
+ * differ from them alone over what `checked` names; its entry and TABLE line. */
+static void vrun_close(vrun *r, const gvariant *v, cJSON *jvar, const char *desc, int rc, int32_t var_bad,
+                       const char *checked)
+{
+    char err[256] = "";
+    if (rc) {
+        snprintf(err, sizeof err, "%s", rd_errmsg());
+        printf("variant %s: %s\n", v->name, err);
+        cJSON_AddStringToObject(jvar, "error", err);
+        r->setup_err = 1;
+    }
+    cJSON_AddStringToObject(jvar, "describe", desc);
+    cJSON_AddBoolToObject(jvar, "invariant", var_bad == 0);
+    cJSON_AddNumberToObject(jvar, "rows_differing", var_bad);
+    r->all_invariant &= var_bad == 0;
+    if (rc && !var_bad)
+        printf("TABLE|%s invariance|%s|stopped: %.120s|ERROR|\n", r->what, v->name, err);
+    else
+        printf("TABLE|%s invariance|%s|%s: %s|%s|\n", r->what, v->name, checked,
+               var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+}
+
+/* The document's references and verdicts, written to --json. The exit status: 1 if a variant was not batch
+ * invariant, 3 if one stopped, else write_json's. */
+static int vrun_finish(vrun *r)
+{
+    printf("%s batch invariance %s%s\n", r->what, r->all_invariant ? "PASS" : "FAIL",
+           r->setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
+    cJSON_AddStringToObject(r->doc, "backend", r->be_name);
+    cJSON_AddStringToObject(r->doc, "describe", r->desc0);
+    cJSON_AddNumberToObject(r->doc, "copy_gbps", r->bw);
+    cJSON_AddNumberToObject(r->doc, "peak_tflops", r->peak);
+    cJSON_AddStringToObject(r->doc, "peak_assumption", r->peak_why);
+    cJSON_AddBoolToObject(r->doc, "invariant", r->all_invariant);
+    cJSON_AddBoolToObject(r->doc, "pass", r->all_invariant && !r->setup_err);
+    int wj = write_json(r->o, r->doc);
+    return !r->all_invariant ? 1 : r->setup_err ? 3 : wj;
+}
+
 /* Random bf16-valued floats of std 0.02 (weights) or uniform in [-1, 1) (inputs). */
 static void fill_random(float *x, size_t n, uint64_t seed, float scale)
 {
@@ -1879,43 +2008,17 @@ static int cmd_gemm(const opts *o)
         return 3;
     }
     fill_random(xh, (size_t)maxm * maxi, 99, 1.0f);
-    double bw = o->bw, peak = o->peak_tflops;
-    const char *peak_why = "given by --peak-tflops";
-    char desc0[4096] = "";
-    const char *be_name = o->backend;
-    cJSON *doc = cJSON_CreateObject(), *jv = cJSON_AddArrayToObject(doc, "variants"),
-          *jr = cJSON_AddArrayToObject(doc, "results");
-    int setup_err = 0, all_invariant = 1;
+    vrun run;
+    vrun_init(&run, o, "gemm");
     for (int vi = 0; vi < nv; vi++) {
         const gvariant *v = &vs[vi];
         env_apply(&sv, v);
-        rd_backend *be = NULL;
-        cJSON *jvar = cJSON_CreateObject();
-        cJSON_AddStringToObject(jvar, "name", v->name);
-        cJSON_AddBoolToObject(jvar, "fp8", v->wtype == RD_TYPE_FP8_B32);
-        cJSON_AddBoolToObject(jvar, "q8_0", v->wtype == GGML_Q8_0);
-        cJSON *je = cJSON_AddObjectToObject(jvar, "env");
-        for (int j = 0; j < v->n_env; j++)
-            cJSON_AddStringToObject(je, v->var[j], v->val[j]);
-        cJSON_AddItemToArray(jv, jvar);
-        if (rd_backend_create(o->backend, o->threads, &be)) {
-            printf("variant %s: backend: %s\n", v->name, rd_errmsg());
-            printf("TABLE|gemm invariance|%s|no backend: %.120s|ERROR|\n", v->name, rd_errmsg());
-            cJSON_AddStringToObject(jvar, "error", rd_errmsg());
-            setup_err = 1;
+        cJSON *jvar;
+        char desc[4096];
+        rd_backend *be = vrun_open(&run, v, vi == 0, &jvar, desc, sizeof desc);
+        if (!be)
             continue;
-        }
-        be_name = be->ops->name;
-        char desc[4096] = "";
-        if (be->ops->describe)
-            be->ops->describe(be, desc, sizeof desc);
         if (vi == 0) {
-            snprintf(desc0, sizeof desc0, "%s", desc);
-            if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
-                bw = 0;
-            if (!(peak > 0))
-                peak = peak_for(desc, &peak_why);
-            printf("gemm on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", be->ops->name, desc, bw, peak_why);
             printf("(us: per call inside a backend graph of calls where the backend has graphs, as a decode step "
                    "runs them; the JSON's us_stream: launched one by one)\n");
             printf("(TFLOP/s counts 2 x rows x out x in per call: the split fp32 input of the default doubles what "
@@ -2042,51 +2145,26 @@ static int cmd_gemm(const opts *o)
                 cJSON_AddNumberToObject(e, "in", in);
                 cJSON_AddNumberToObject(e, "rows", m);
                 cJSON_AddStringToObject(e, "variant", v->name);
-                cJSON_AddNumberToObject(e, "us", g->us);
-                cJSON_AddNumberToObject(e, "us_stream", g->us_stream);
-                cJSON_AddBoolToObject(e, "graph", g->graph);
-                cJSON_AddNumberToObject(e, "reps", g->reps);
                 cJSON_AddNumberToObject(e, "weight_bytes", wbytes);
                 cJSON_AddNumberToObject(e, "copies", copies);
-                cJSON_AddNumberToObject(e, "gbps", g->gbps);
-                if (bw > 0)
-                    cJSON_AddNumberToObject(e, "x_copy", g->gbps / bw);
-                cJSON_AddNumberToObject(e, "tflops", g->tflops);
-                if (peak > 0)
-                    cJSON_AddNumberToObject(e, "x_peak", g->tflops / peak);
-                cJSON_AddBoolToObject(e, "invariant", g->bad_rows == 0);
-                cJSON_AddNumberToObject(e, "rows_differing", g->bad_rows);
-                cJSON_AddItemToArray(jr, e);
+                vrun_point(&run, e, g);
             }
             for (int32_t k = 0; k < copies; k++)
                 be->ops->linear_free(be, hs[k]);
-        }
-        char err[256] = "";
-        if (rc) {
-            snprintf(err, sizeof err, "%s", rd_errmsg());
-            printf("variant %s: %s\n", v->name, err);
-            cJSON_AddStringToObject(jvar, "error", err);
-            setup_err = 1;
         }
         /* after the calls: the backend names each shape's GEMM choice once it has made it */
         if (be->ops->describe)
             be->ops->describe(be, desc, sizeof desc);
         printf("variant %s: %s\n", v->name, desc);
-        cJSON_AddStringToObject(jvar, "describe", desc);
-        cJSON_AddBoolToObject(jvar, "invariant", var_bad == 0);
-        cJSON_AddNumberToObject(jvar, "rows_differing", var_bad);
-        all_invariant &= var_bad == 0;
+        char checked[96];
+        snprintf(checked, sizeof checked, "rows of %d..%d-row calls vs alone, %d shapes", rows[0], maxm, ns);
+        vrun_close(&run, v, jvar, desc, rc, var_bad, checked);
         if (var_bad)
             printf("variant %-12s batch invariance FAIL: %d rows of m-row calls differ from the same rows computed "
                    "alone (m = 1)\n", v->name, var_bad);
         else if (!rc)
             printf("variant %-12s batch invariance PASS: the rows of every m-row call equal, bit for bit, the same "
                    "rows computed alone (m = 1)\n", v->name);
-        if (rc && !var_bad)
-            printf("TABLE|gemm invariance|%s|stopped: %.120s|ERROR|\n", v->name, err);
-        else
-            printf("TABLE|gemm invariance|%s|rows of %d..%d-row calls vs alone, %d shapes: %s|%s|\n", v->name,
-                   rows[0], maxm, ns, var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
         if (xsrc) be->ops->free(be, xsrc);
         if (x) be->ops->free(be, x);
         if (y) be->ops->free(be, y);
@@ -2108,15 +2186,11 @@ static int cmd_gemm(const opts *o)
             for (int vi = 0; vi < nv; vi++) {
                 const gres *g = &res[((size_t)vi * ns + s) * nr + ri];
                 char cell[160];
-                if (!g->done)
-                    snprintf(cell, sizeof cell, "-");
-                else
-                    snprintf(cell, sizeof cell, "%.1f us %.0f GB/s %.2fx %.1f TF", g->us, g->gbps,
-                             bw > 0 ? g->gbps / bw : 0.0, g->tflops);
+                gres_cell(g, run.bw, cell, sizeof cell);
                 printf(" | %-28s", cell);
                 if (g->done && k < (int)sizeof cells) /* the table's cell: time and fraction of the copy bandwidth */
                     k += snprintf(cells + k, sizeof cells - k, "%s%s %.1fus %.2fx", vi ? "; " : "", vs[vi].name,
-                                  g->us, bw > 0 ? g->gbps / bw : 0.0);
+                                  g->us, run.bw > 0 ? g->gbps / run.bw : 0.0);
             }
             printf("\n");
             if (ri != 0 && ri != nr - 1) /* run.sh's final table: the fewest and the most rows (all in the JSON) */
@@ -2127,18 +2201,11 @@ static int cmd_gemm(const opts *o)
                    strcmp(sh[s].name, dims) ? dims : "", rows[ri], cells);
         }
     printf("(GB/s: the weight's bytes as the backend holds them / time; x: of the copy bandwidth %.1f GB/s; "
-           "TF: TFLOP/s%s)\n", bw, peak > 0 ? ", against the peak above" : "");
-    printf("gemm batch invariance %s%s\n", all_invariant ? "PASS" : "FAIL",
-           setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
-    cJSON_AddStringToObject(doc, "backend", be_name);
-    cJSON_AddStringToObject(doc, "describe", desc0);
-    cJSON_AddNumberToObject(doc, "copy_gbps", bw);
-    cJSON_AddNumberToObject(doc, "peak_tflops", peak);
-    cJSON_AddStringToObject(doc, "peak_assumption", peak_why);
-    cJSON *jrows = cJSON_AddArrayToObject(doc, "rows");
+           "TF: TFLOP/s%s)\n", run.bw, run.peak > 0 ? ", against the peak above" : "");
+    cJSON *jrows = cJSON_AddArrayToObject(run.doc, "rows");
     for (int32_t i = 0; i < nr; i++)
         cJSON_AddItemToArray(jrows, cJSON_CreateNumber(rows[i]));
-    cJSON *jsh = cJSON_AddArrayToObject(doc, "shapes");
+    cJSON *jsh = cJSON_AddArrayToObject(run.doc, "shapes");
     for (int s = 0; s < ns; s++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "name", sh[s].name);
@@ -2146,14 +2213,11 @@ static int cmd_gemm(const opts *o)
         cJSON_AddNumberToObject(e, "in", sh[s].in);
         cJSON_AddItemToArray(jsh, e);
     }
-    cJSON_AddBoolToObject(doc, "invariant", all_invariant);
-    cJSON_AddBoolToObject(doc, "pass", all_invariant && !setup_err);
     for (int s = 0; s < ns; s++)
         free(wh[s]), free(wq[s]);
     free(wh), free(wq), free(wq_type), free(xh), free(alone), free(got), free(res);
     env_free(&sv);
-    int wj = write_json(o, doc);
-    return !all_invariant ? 1 : setup_err ? 3 : wj;
+    return vrun_finish(&run);
 }
 
 /* ------------------------------------------------------------------ MoE experts */
@@ -2259,42 +2323,17 @@ static int cmd_moe(const opts *o)
     fill_random(gu, ngu * MOE_HOST_EXPERTS, 2000, 0.02f * 1.7320508f);
     fill_random(dn, ndn * MOE_HOST_EXPERTS, 3000, 0.02f * 1.7320508f);
     fill_random(xh, nx, 99, 1.0f);
-    double bw = o->bw, peak = o->peak_tflops;
-    const char *peak_why = "given by --peak-tflops";
-    char desc0[4096] = "";
-    const char *be_name = o->backend;
-    cJSON *doc = cJSON_CreateObject(), *jv = cJSON_AddArrayToObject(doc, "variants"),
-          *jr = cJSON_AddArrayToObject(doc, "results");
-    int setup_err = 0, all_invariant = 1;
+    vrun run;
+    vrun_init(&run, o, "moe");
     for (int vi = 0; vi < nv; vi++) {
         const gvariant *v = &vs[vi];
         env_apply(&sv, v);
-        cJSON *jvar = cJSON_CreateObject();
-        cJSON_AddStringToObject(jvar, "name", v->name);
-        cJSON_AddBoolToObject(jvar, "q8_0", v->wtype == GGML_Q8_0);
-        cJSON *je = cJSON_AddObjectToObject(jvar, "env");
-        for (int j = 0; j < v->n_env; j++)
-            cJSON_AddStringToObject(je, v->var[j], v->val[j]);
-        cJSON_AddItemToArray(jv, jvar);
-        rd_backend *be = NULL;
-        if (rd_backend_create(o->backend, o->threads, &be)) {
-            printf("variant %s: backend: %s\n", v->name, rd_errmsg());
-            printf("TABLE|moe invariance|%s|no backend: %.120s|ERROR|\n", v->name, rd_errmsg());
-            cJSON_AddStringToObject(jvar, "error", rd_errmsg());
-            setup_err = 1;
+        cJSON *jvar;
+        char desc[4096];
+        rd_backend *be = vrun_open(&run, v, vi == 0, &jvar, desc, sizeof desc);
+        if (!be)
             continue;
-        }
-        be_name = be->ops->name;
-        char desc[4096] = "";
-        if (be->ops->describe)
-            be->ops->describe(be, desc, sizeof desc);
         if (vi == 0) {
-            snprintf(desc0, sizeof desc0, "%s", desc);
-            if (!(bw > 0) && copy_bw(be, o->mib, o->iters, &bw))
-                bw = 0;
-            if (!(peak > 0))
-                peak = peak_for(desc, &peak_why);
-            printf("moe on %s: %s\ncopy bandwidth %.1f GB/s; peak %s\n", be->ops->name, desc, bw, peak_why);
             printf("%s's experts: %d of [%d x %d] gate|up and [%d x %d] down, top %d\n", which, E, 2 * f, d, d, f, k);
         }
         int rc = be->ops->moe_ffn ? 0 : rd_fail(RD_ENOTSUP, "backend %s has no moe_ffn", be->ops->name);
@@ -2397,39 +2436,14 @@ static int cmd_moe(const opts *o)
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "rows", m);
             cJSON_AddStringToObject(e, "variant", v->name);
-            cJSON_AddNumberToObject(e, "us", g->us);
-            cJSON_AddNumberToObject(e, "us_stream", g->us_stream);
-            cJSON_AddBoolToObject(e, "graph", g->graph);
-            cJSON_AddNumberToObject(e, "reps", g->reps);
             cJSON_AddNumberToObject(e, "experts_touched", touched);
             cJSON_AddNumberToObject(e, "expert_bytes", expert_bytes);
             cJSON_AddNumberToObject(e, "active_bytes", g->wbytes);
-            cJSON_AddNumberToObject(e, "gbps", g->gbps);
-            if (bw > 0)
-                cJSON_AddNumberToObject(e, "x_copy", g->gbps / bw);
-            cJSON_AddNumberToObject(e, "tflops", g->tflops);
-            if (peak > 0)
-                cJSON_AddNumberToObject(e, "x_peak", g->tflops / peak);
-            cJSON_AddBoolToObject(e, "invariant", g->bad_rows == 0);
-            cJSON_AddNumberToObject(e, "rows_differing", g->bad_rows);
-            cJSON_AddItemToArray(jr, e);
+            vrun_point(&run, e, g);
         }
-        char err[256] = "";
-        if (rc) {
-            snprintf(err, sizeof err, "%s", rd_errmsg());
-            printf("variant %s: %s\n", v->name, err);
-            cJSON_AddStringToObject(jvar, "error", err);
-            setup_err = 1;
-        }
-        cJSON_AddStringToObject(jvar, "describe", desc);
-        cJSON_AddBoolToObject(jvar, "invariant", var_bad == 0);
-        cJSON_AddNumberToObject(jvar, "rows_differing", var_bad);
-        all_invariant &= var_bad == 0;
-        if (rc && !var_bad)
-            printf("TABLE|moe invariance|%s|stopped: %.120s|ERROR|\n", v->name, err);
-        else
-            printf("TABLE|moe invariance|%s|rows of %d..%d-row calls vs alone: %s|%s|\n", v->name, rows[0], maxm,
-                   var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+        char checked[96];
+        snprintf(checked, sizeof checked, "rows of %d..%d-row calls vs alone", rows[0], maxm);
+        vrun_close(&run, v, jvar, desc, rc, var_bad, checked);
         for (int q = 0; q < MOE_SETS; q++) {
             if (dids[q]) be->ops->free(be, dids[q]);
             if (dw[q]) be->ops->free(be, dw[q]);
@@ -2458,41 +2472,27 @@ static int cmd_moe(const opts *o)
         for (int vi = 0; vi < nv; vi++) {
             const gres *g = &res[(size_t)vi * nr + ri];
             char cell[160];
-            if (!g->done)
-                snprintf(cell, sizeof cell, "-");
-            else
-                snprintf(cell, sizeof cell, "%.1f us %.0f GB/s %.2fx %.1f TF", g->us, g->gbps, bw > 0 ? g->gbps / bw : 0.0,
-                         g->tflops);
+            gres_cell(g, run.bw, cell, sizeof cell);
             printf(" | %-34s", cell);
             if (g->done && n < (int)sizeof cells)
                 n += snprintf(cells + n, sizeof cells - n, "%s%s %.1fus %.2fx %.1fTF", vi ? "; " : "", vs[vi].name, g->us,
-                              bw > 0 ? g->gbps / bw : 0.0, g->tflops);
+                              run.bw > 0 ? g->gbps / run.bw : 0.0, g->tflops);
         }
         printf("\n");
         printf("TABLE|moe %s|rows %d|%s|\n", which, rows[ri], cells);
     }
     printf("(GB/s: the bytes of the experts the routes touch, as the backend holds them / time; x: of the copy "
-           "bandwidth %.1f GB/s; TF: 6 x rows x k x ffn x dim / time)\n", bw);
-    printf("moe batch invariance %s%s\n", all_invariant ? "PASS" : "FAIL",
-           setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
-    cJSON *js = cJSON_AddObjectToObject(doc, "moe_shape");
+           "bandwidth %.1f GB/s; TF: 6 x rows x k x ffn x dim / time)\n", run.bw);
+    cJSON *js = cJSON_AddObjectToObject(run.doc, "moe_shape");
     cJSON_AddStringToObject(js, "name", which);
     cJSON_AddNumberToObject(js, "experts", E);
     cJSON_AddNumberToObject(js, "k", k);
     cJSON_AddNumberToObject(js, "ffn", f);
     cJSON_AddNumberToObject(js, "dim", d);
-    cJSON_AddStringToObject(doc, "backend", be_name);
-    cJSON_AddStringToObject(doc, "describe", desc0);
-    cJSON_AddNumberToObject(doc, "copy_gbps", bw);
-    cJSON_AddNumberToObject(doc, "peak_tflops", peak);
-    cJSON_AddStringToObject(doc, "peak_assumption", peak_why);
-    cJSON_AddBoolToObject(doc, "invariant", all_invariant);
-    cJSON_AddBoolToObject(doc, "pass", all_invariant && !setup_err);
     free(gu), free(dn), free(qgu), free(qdn), free(xh), free(zeros), free(alone), free(got), free(wh), free(idh);
     free(seen), free(res);
     env_free(&sv);
-    int wj = write_json(o, doc);
-    return !all_invariant ? 1 : setup_err ? 3 : wj;
+    return vrun_finish(&run);
 }
 
 /* ------------------------------------------------------------------ attention at long context */
