@@ -234,9 +234,9 @@ struct moe_args {
     // per (expert, 16 routes) from a work list the sort writes. tc_wf < 0: the CUDA-core kernels.
     int tc_wf;                  // TC_WF_BF16 or TC_WF_Q8_0 (every expert of the table), or -1
     cuplan_tc pl_gu, pl_down;   // cuplan_moe_tc(dim), cuplan_moe_tc(ffn)
-    int32_t *pos;               // scratch [m k]: each route's place in order (h's row)
-    int32_t *xrow;              // scratch [m k]: the x row of the route at each place (order / k)
-    int32_t *work;              // scratch [n_work][2]: (expert, row tile of 16 of its routes), then -1s
+    int32_t *pos;               // scratch [m k]: each route's place in order (h's row); NULL unless tc
+    int32_t *xrow;              // scratch [m k]: the x row of the route at each place (order / k); NULL unless tc
+    int32_t *work;              // scratch [n_work][2]: (expert, row tile of 16 of its routes), then -1s; NULL unless tc
     int32_t n_work;             // min(n_experts, m k) + ceil(m k / 16): no more tiles can exist
 };
 // Sorts the routes by expert, then runs the gate|up and down products of

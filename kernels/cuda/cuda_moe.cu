@@ -427,7 +427,7 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
     const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
     const bool tc = a.tc_wf >= 0;
     RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.k, a.n_experts, a.off, a.order, a.active,
-              tc ? a.pos : nullptr, tc ? a.xrow : nullptr, tc ? a.work : nullptr, a.n_work);
+              a.pos, a.xrow, a.work, a.n_work);
     if (tc) {
         launch_moe_tc(s, a);
         RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);

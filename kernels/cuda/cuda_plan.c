@@ -70,7 +70,8 @@ int cuplan_gemm_check_sizes(int32_t *out, int cap)
     return n;
 }
 
-/* Warps along K for in = 32 chunks: each takes at least 2 chunks of 32, so its loads overlap. */
+/* Warps along K for a reduced length of `chunks` chunks of 32 weights: each warp takes at least 2 chunks,
+ * so its loads overlap. */
 static int32_t tc_warps(int32_t chunks)
 {
     int32_t wk = 1;
