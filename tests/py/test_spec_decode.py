@@ -106,11 +106,13 @@ def nng_spec_on_equals_off():
     assert st_off["drafted_tokens"] == 0, st_off
     assert st_on["accepted_tokens"] > 20 and st_on["drafted_tokens"] > st_on["accepted_tokens"], st_on
     assert st_on["draft_sizing"] == "fixed" and st_m["draft_sizing"] == "measured", (st_on, st_m)
-    # The measured daemon sized its drafts by step times: decode steps of several row counts ran, so a fit
-    # exists, with a positive fixed part (every step reads all the weights) and no negative row cost; on
-    # greedy code it drafts at batch 2 on any machine where a row costs less than the rest of a step.
+    # The measured daemon sized its drafts by step times: a fit, where there is one, has a positive fixed part
+    # (every step reads all the weights) and no negative row cost. The last refit may have found none: on a
+    # loaded 2-core machine noisy step times can give a negative intercept, which spec_cost.c reads as no
+    # judgement yet (a fresh-clone CI run saw step_fit null after 72 verify steps). On greedy code it drafts at
+    # batch 2 on any machine where a row costs less than the rest of a step.
     fit = st_m["step_fit"]
-    assert fit is not None and fit["fixed_ms"] > 0 and fit["per_row_ms"] >= 0, st_m
+    assert fit is None or (fit["fixed_ms"] > 0 and fit["per_row_ms"] >= 0), st_m
     assert st_m["drafted_tokens"] > 0, st_m
     print(f"nng: {compared} samples equal across off, fixed and measured sizing; fixed {st_on}; measured {st_m}",
           flush=True)
