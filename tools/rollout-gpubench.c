@@ -1546,6 +1546,7 @@ static int variant_set(gvariant *v, const char *var, const char *val)
  *   q8tc     weights as Q8_0 blocks + RD_CUDA_Q8=tc (held as Q8_0)
  *   q8w8a8   weights as Q8_0 blocks + RD_CUDA_Q8=w8a8 (x quantized to Q8_0, int8 tensor cores)
  *   moetc    RD_CUDA_MOE=tc (moe: the experts on tensor cores)
+ *   nofuse   RD_CUDA_FUSE=0 (every fusion off: e.g. moe's small-batch sort and combine in their own kernels)
  * e.g. "fp8+RD_CUDA_FP8=tc" is fp8tc. -1 for an unknown name. */
 static int parse_variant(const char *spec, gvariant *v)
 {
@@ -1586,6 +1587,8 @@ static int parse_variant(const char *spec, gvariant *v)
             rc = variant_set(v, "RD_CUDA_Q8", "w8a8");
         } else if (!strcmp(t, "moetc")) {
             rc = variant_set(v, "RD_CUDA_MOE", "tc");
+        } else if (!strcmp(t, "nofuse")) {
+            rc = variant_set(v, "RD_CUDA_FUSE", "0");
         } else if (!strcmp(t, "tcbf16")) {
             rc = variant_set(v, "RD_CUDA_GEMM", "tc");
             if (!rc)

@@ -293,6 +293,8 @@ struct cuda_be {
     float *moe_act, *moe_h;     // [m k][ffn], [m k][dim]
     size_t moe_act_cap, moe_h_cap;
     std::vector<moe_table *> moe_tables;
+    unsigned *moe_count;        // the down kernel's fused-combine arrival counters, zero between launches
+    size_t moe_count_cap;       // bytes
     // LoRA: lora_apply's tables and its A x scratch [m][max_rank] (grown outside capture)
     std::vector<lora_table *> lora_tables;
     float *lora_t;
@@ -1811,6 +1813,8 @@ static void cu_moe_release(rd_backend *be, const rd_moe *moe)
 // The experts: the routes grouped by expert on the device, then one kernel
 // for every expert's gate|up and one for every expert's down (cuda_moe.cu:
 // bf16 weights, fp32 activations and sums), then the weighted sum into y.
+// Small batches, fusions on: the sort inside the two expert kernels and the
+// sum inside down's (two launches at batch 1, the same bits).
 static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const int32_t *ids, const float *weights,
                        int32_t m, int32_t k, float *y)
 {
@@ -1838,6 +1842,14 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
         !grow(b, (void **)&b->moe_act, &b->moe_act_cap, routes * f * sizeof(float), "the MoE expert activations") ||
         !grow(b, (void **)&b->moe_h, &b->moe_h_cap, routes * d * sizeof(float), "the MoE expert outputs"))
         return;
+    const size_t counters = (size_t)moe_dim_tiles(d) * sizeof(unsigned);
+    if (b->fuse_split && !tc && b->moe_count_cap < counters) {
+        size_t cap = b->moe_count_cap;
+        if (!grow(b, (void **)&b->moe_count, &cap, counters, "the MoE combine's counters"))
+            return;
+        cudaMemsetAsync(b->moe_count, 0, cap, b->st); // kept zero by the kernels from here on
+        b->moe_count_cap = cap;
+    }
     shadow_written(b, y, (size_t)m * d * sizeof(float));
     moe_args a;
     a.table = t->dev;
@@ -1863,6 +1875,8 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     a.xrow = tc ? a.pos + routes : nullptr;
     a.work = tc ? a.xrow + routes : nullptr;
     a.n_work = tc ? (int32_t)n_work : 0;
+    a.fuse = b->fuse_split;
+    a.count = b->fuse_split && !tc ? b->moe_count : nullptr;
     launch_moe_ffn(b->st, a);
     check_launch(b, "moe_ffn");
 }
@@ -2500,8 +2514,9 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
 {
     cuda_be *b = impl(be);
     std::lock_guard<std::mutex> g(b->choice_mu);
-    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s;%s gemm%s%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
+    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s;%s%s gemm%s%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
                      b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
+                     b->fuse_split ? "" : " fusions off (RD_CUDA_FUSE=0);",
                      b->moe_tc ? " MoE experts on tensor cores (RD_CUDA_MOE=tc);" : "",
                      b->gemm_tc ? " (tensor-core kernel for bf16 linears, RD_CUDA_GEMM=tc)" : "",
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
@@ -2554,6 +2569,7 @@ static void cu_destroy(rd_backend *be)
     if (b->moe_idx) cudaFree(b->moe_idx);
     if (b->moe_act) cudaFree(b->moe_act);
     if (b->moe_h) cudaFree(b->moe_h);
+    if (b->moe_count) cudaFree(b->moe_count);
     for (lora_table *t : b->lora_tables)
         lora_table_free(t);
     if (b->lora_t) cudaFree(b->lora_t);
@@ -2661,9 +2677,54 @@ static rd_backend_ops make_ops()
 
 static const rd_backend_ops cuda_ops = make_ops();
 
+// The switches create reads and the values each takes ("#": a non-negative
+// integer); unset or empty is the default. Anything else fails creation, so
+// a misspelt switch never runs, and is timed as, the default.
+struct env_switch {
+    const char *name;
+    const char *values[4];      // NULL-terminated
+};
+static const env_switch env_switches[] = {
+    {"RD_CUDA_DEVICE", {"#"}},        {"RD_CUDA_SHADOW", {"0", "1"}},     {"RD_CUDA_ACT", {"bf16", "mixed"}},
+    {"RD_CUDA_HEAD", {"fp32"}},       {"RD_CUDA_FUSE", {"0", "1"}},       {"RD_CUDA_GEMM", {"simple", "tc"}},
+    {"RD_CUDA_FP8", {"tc", "w8a8"}},  {"RD_CUDA_Q8", {"tc", "w8a8"}},     {"RD_CUDA_MOE", {"tc"}},
+    {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
+    {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
+};
+
+static bool env_number(const char *v)
+{
+    char *end = nullptr;
+    const long n = strtol(v, &end, 10);
+    return *v >= '0' && *v <= '9' && *end == 0 && n >= 0 && n <= 1000000;
+}
+
+static int env_check(void)
+{
+    for (const env_switch &sw : env_switches) {
+        const char *v = env(sw.name);
+        if (!v)
+            continue;
+        bool ok = false;
+        char list[64] = "";
+        for (int i = 0; sw.values[i] && !ok; i++) {
+            ok = !strcmp(sw.values[i], "#") ? env_number(v) : !strcmp(sw.values[i], v);
+            const size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "",
+                     !strcmp(sw.values[i], "#") ? "a non-negative integer" : sw.values[i]);
+        }
+        if (!ok)
+            return rd_fail(RD_EINVAL, "backend '%s': %s=%s is not a value it takes (%s; unset for the default)",
+                           RD_CUDA_NAME, sw.name, v, list);
+    }
+    return 0;
+}
+
 static int create(int n_threads, rd_backend **out)
 {
     *out = nullptr;
+    if (int rc = env_check())
+        return rc;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

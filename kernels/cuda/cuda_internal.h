@@ -238,12 +238,20 @@ struct moe_args {
     int32_t *xrow;              // scratch [m k]: the x row of the route at each place (order / k); NULL unless tc
     int32_t *work;              // scratch [n_work][2]: (expert, row tile of 16 of its routes), then -1s; NULL unless tc
     int32_t n_work;             // min(n_experts, m k) + ceil(m k / 16): no more tiles can exist
+    // Small batches (RD_CUDA_FUSE): the expert kernels sort in-block and the down kernel combines
+    // (cuda_moe.cu says when). count: [moe_dim_tiles(dim)] arrival counters, zero between launches;
+    // NULL: the combine keeps its own kernel.
+    int fuse;
+    unsigned *count;
 };
 // Sorts the routes by expert, then runs the gate|up and down products of
 // the routed experts (one kernel each, a block per routed expert and output
 // tile: min(n_experts, m k) expert slots, so batch 1 launches k), then
-// y += sum_j w_j h_j per row. See cuda_moe.cu for the reduction orders.
+// y += sum_j w_j h_j per row (small batches, fuse set: the sort inside the
+// expert kernels, the sum inside down's). See cuda_moe.cu for the reduction orders.
 void launch_moe_ffn(cudaStream_t s, const moe_args &a);
+// The down kernel's tiles along dim: moe_args.count's length.
+int32_t moe_dim_tiles(int32_t dim);
 // The tensor-core experts' two launches (cuda_moe_tc.cu), after the sort.
 void launch_moe_tc(cudaStream_t s, const moe_args &a);
 

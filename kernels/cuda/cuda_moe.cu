@@ -23,6 +23,17 @@
 // Under RD_CUDA_MOE=tc, 2 and 3 run on tensor cores instead (cuda_moe_tc.cu,
 // which says how); the sort then also writes what those kernels index by.
 //
+// Small batches (fusions on, RD_CUDA_FUSE): a batch-1 step's experts are
+// ~50 MB of weights read in two kernels; the sort and the combine are
+// microseconds of work each but a whole launch and a dependency each. So
+// with at most MOE_SORT_ROUTES routes, 2 and 3 sort the ids themselves in
+// every block (moe_slot_sort: the slot's expert, its place and its routes,
+// the values k_moe_sort would have written), and with at most
+// MOE_COMBINE_ROWS rows, the last block of each dim tile of 3 to finish
+// (an arrival counter, reset by it, as attention's combine) does 4 for that
+// tile. Every product and sum is the unfused kernels', so the bits are the
+// same and the choice, which depends on m, cannot move a row.
+//
 // Precision: bf16 weights (the backend's), fp32 activations (x and the
 // SwiGLU output are never rounded to bf16), fp32 products and sums with fmaf.
 // So unlike linear (split hi/lo bf16 inputs by default) the experts do not
@@ -215,6 +226,85 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t k, int32_
 #define MOE_WARPS 4             // warps per block
 #define MOE_GO 2                // output features per warp
 #define MOE_RT 8                // routes per pass
+#define MOE_SORT_ROUTES 64      // at most this many routes: the expert kernels sort in-block (<= 32 MOE_WARPS)
+#define MOE_COMBINE_ROWS 32     // at most this many rows: the down kernel's last blocks combine
+
+// One expert slot of a call: the slot's expert (-1: fewer routed experts than
+// slots), its routes' first place p0 in the grouped order, their count n and
+// their route indices in route order (order[0..n)).
+struct moe_slot {
+    int32_t e, p0, n;
+    const int32_t *order;
+};
+
+// The slot's expert and routes as k_moe_sort writes them.
+RD_DEV moe_slot moe_slot_sorted(const moe_args &a, int32_t slot)
+{
+    moe_slot s;
+    s.e = a.active[slot];
+    s.p0 = s.e < 0 ? 0 : a.off[s.e];
+    s.n = s.e < 0 ? 0 : a.off[s.e + 1] - s.p0;
+    s.order = a.order + s.p0;
+    return s;
+}
+
+// The same from the ids alone, by the whole block (m k <= MOE_SORT_ROUTES <=
+// blockDim.x; call before any thread returns): thread t holds route t's id.
+// The slot-th smallest distinct valid id is the slot's expert; its place is
+// the count of valid routes with a smaller id (k_moe_sort's prefix sum), its
+// routes those with its id, ascending.
+RD_DEV moe_slot moe_slot_sort(const moe_args &a, int32_t slot)
+{
+    __shared__ int32_t s_id[MOE_SORT_ROUTES], s_first[MOE_SORT_ROUTES], s_order[MOE_SORT_ROUTES];
+    __shared__ int32_t s_e, s_p0, s_n;
+    const int32_t t = threadIdx.x, routes = a.m * a.k;
+    int32_t id = -1;
+    if (t < routes) {
+        id = a.ids[t];
+        if (id < 0 || id >= a.n_experts)
+            id = -1; // routes nowhere, as in k_moe_sort
+        s_id[t] = id;
+    }
+    if (t == 0)
+        s_e = -1, s_p0 = 0, s_n = 0;
+    __syncthreads();
+    bool first = id >= 0;
+    for (int32_t u = 0; u < t && first; u++)
+        first = s_id[u] != id;
+    if (t < routes)
+        s_first[t] = first;
+    __syncthreads();
+    if (first) {
+        int32_t rank = 0, below = 0, n = 0;
+        for (int32_t u = 0; u < routes; u++) {
+            const int32_t v = s_id[u];
+            rank += s_first[u] && v >= 0 && v < id;
+            below += v >= 0 && v < id;
+            n += v == id;
+        }
+        if (rank == slot)
+            s_e = id, s_p0 = below, s_n = n;
+    }
+    __syncthreads();
+    if (id >= 0 && id == s_e) {
+        int32_t at = 0;
+        for (int32_t u = 0; u < t; u++)
+            at += s_id[u] == id;
+        s_order[at] = t;
+    }
+    __syncthreads();
+    moe_slot s;
+    s.e = s_e;
+    s.p0 = s_p0;
+    s.n = s_n;
+    s.order = s_order;
+    return s;
+}
+
+template <bool SORT> RD_DEV moe_slot moe_slot_of(const moe_args &a, int32_t slot)
+{
+    return SORT ? moe_slot_sort(a, slot) : moe_slot_sorted(a, slot);
+}
 
 // Weight i of an expert's row: bf16 (w), or Q8_0 (codes w, fp16 scales d
 // per 32: code x d, the exact float ggml_dequant_row gives).
@@ -294,14 +384,14 @@ RD_UNROLL
 // act[p][o] = silu(gate_o . x) * (up_o . x) for the routes p of expert
 // blockIdx.y, features o of this block's tile. The SwiGLU is k_swiglu's
 // expression.
-template <bool VEC>
+template <bool VEC, bool SORT>
 __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_gate_up(moe_args a)
 {
     RD_PDL_ENTRY();
-    const int32_t e = a.active[blockIdx.y];
+    const moe_slot sl = moe_slot_of<SORT>(a, blockIdx.y);
+    const int32_t e = sl.e, p0 = sl.p0, n = sl.n;
     if (e < 0)
         return; // the whole block: fewer experts routed than slots
-    const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t o0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
     if (n == 0 || o0 >= a.ffn)
@@ -324,7 +414,7 @@ RD_UNROLL
         const float *x[MOE_RT];
 RD_UNROLL
         for (int r = 0; r < MOE_RT; r++)
-            x[r] = a.x + (int64_t)(a.order[p0 + q + (r < nx ? r : nx - 1)] / a.k) * a.dim;
+            x[r] = a.x + (int64_t)(sl.order[q + (r < nx ? r : nx - 1)] / a.k) * a.dim;
         float acc[MOE_RT][2 * MOE_GO];
 RD_UNROLL
         for (int r = 0; r < MOE_RT; r++)
@@ -348,20 +438,11 @@ RD_UNROLL
     }
 }
 
-// h[route][c] = down_c . act[p] for the routes of expert blockIdx.y,
-// features c of this block's tile.
-template <bool VEC>
-__global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
+// h[route][c] = down_c . act[p] for the routes of slot sl's expert, features
+// c0 .. c0 + MOE_GO - 1, by one warp.
+template <bool VEC> RD_DEV void moe_down_warp(const moe_args &a, const moe_slot &sl, int32_t c0, int32_t lane)
 {
-    RD_PDL_ENTRY();
-    const int32_t e = a.active[blockIdx.y];
-    if (e < 0)
-        return; // the whole block
-    const int32_t p0 = a.off[e], n = a.off[e + 1] - p0;
-    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int32_t c0 = (blockIdx.x * MOE_WARPS + warp) * MOE_GO;
-    if (n == 0 || c0 >= a.dim)
-        return; // the whole warp
+    const int32_t e = sl.e, p0 = sl.p0, n = sl.n;
     const void *wd = a.table[a.n_experts + e];
     const uint16_t *dd = (const uint16_t *)a.table[3 * a.n_experts + e]; // Q8_0 scales, or NULL: bf16
     const int64_t es = dd ? 1 : 2;
@@ -395,28 +476,73 @@ RD_UNROLL
             for (int g = 0; g < MOE_GO; g++) {
                 const float v = warp_allreduce(acc[r][g], op_add());
                 if (lane == 0 && r < nx && c0 + g < a.dim)
-                    a.h[(int64_t)a.order[p0 + q + r] * a.dim + c0 + g] = v;
+                    a.h[(int64_t)sl.order[q + r] * a.dim + c0 + g] = v;
             }
     }
 }
 
 // y[i][c] += acc, acc = fmaf(w_j, h[i k + j][c], acc) over j = 0..k-1 from 0
 // (a route with an id outside [0, n_experts) adds nothing: its h is unset).
+// h is read past L1: in the fused combine other blocks wrote it.
+RD_DEV void moe_combine_one(const moe_args &a, int64_t i, int64_t c)
+{
+    float acc = 0.0f;
+    for (int32_t j = 0; j < a.k; j++) {
+        const int64_t r = i * a.k + j;
+        const int32_t e = a.ids[r];
+        if (e >= 0 && e < a.n_experts)
+            acc = fmaf(a.weights[r], __ldcg(&a.h[(a.pos ? (int64_t)a.pos[r] : r) * a.dim + c]), acc);
+    }
+    const int64_t idx = i * a.dim + c;
+    a.y[idx] = RD_FADD(a.y[idx], acc);
+}
+
+// The down products of slot blockIdx.y's expert for dim tile blockIdx.x;
+// with COMBINE, the tile's last block to arrive (of gridDim.y, one per slot)
+// then combines the tile's features for every row.
+template <bool VEC, bool SORT, bool COMBINE>
+__global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
+{
+    RD_PDL_ENTRY();
+    const moe_slot sl = moe_slot_of<SORT>(a, blockIdx.y);
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int32_t per = MOE_WARPS * MOE_GO, c0 = blockIdx.x * per + warp * MOE_GO;
+    if (sl.e >= 0 && sl.n > 0 && c0 < a.dim) // the whole warp, or none of it
+        moe_down_warp<VEC>(a, sl, c0, lane);
+    if (!COMBINE)
+        return;
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(&a.count[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int32_t t0 = blockIdx.x * per, nc = a.dim - t0 < per ? a.dim - t0 : per;
+    for (int32_t idx = threadIdx.x; idx < a.m * nc; idx += blockDim.x)
+        moe_combine_one(a, idx / nc, t0 + idx % nc);
+    if (threadIdx.x == 0)
+        a.count[blockIdx.x] = 0;
+}
+
 __global__ void k_moe_combine(moe_args a)
 {
     RD_PDL_ENTRY();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)a.m * a.dim)
         return;
-    const int64_t i = idx / a.dim, c = idx % a.dim;
-    float acc = 0.0f;
-    for (int32_t j = 0; j < a.k; j++) {
-        const int64_t r = i * a.k + j;
-        const int32_t e = a.ids[r];
-        if (e >= 0 && e < a.n_experts)
-            acc = fmaf(a.weights[r], a.h[(a.pos ? (int64_t)a.pos[r] : r) * a.dim + c], acc);
-    }
-    a.y[idx] = RD_FADD(a.y[idx], acc);
+    moe_combine_one(a, idx / a.dim, idx % a.dim);
+}
+
+template <bool VEC, bool SORT>
+static void launch_down(cudaStream_t s, const moe_args &a, dim3 grid, bool combine)
+{
+    if (combine)
+        RD_LAUNCH((k_moe_down<VEC, SORT, true>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+    else
+        RD_LAUNCH((k_moe_down<VEC, SORT, false>), grid, dim3(32 * MOE_WARPS), 0, s, a);
 }
 
 void launch_moe_ffn(cudaStream_t s, const moe_args &a)
@@ -424,10 +550,14 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
     if (a.m <= 0)
         return;
     const int32_t routes = a.m * a.k;
-    const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
     const bool tc = a.tc_wf >= 0;
-    RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.k, a.n_experts, a.off, a.order, a.active,
-              a.pos, a.xrow, a.work, a.n_work);
+    const bool sort = !tc && a.fuse && routes <= MOE_SORT_ROUTES;
+    const bool combine = !tc && a.fuse && a.count && a.m <= MOE_COMBINE_ROWS;
+    if (!sort) {
+        const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
+        RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.k, a.n_experts, a.off, a.order,
+                  a.active, a.pos, a.xrow, a.work, a.n_work);
+    }
     if (tc) {
         launch_moe_tc(s, a);
         RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
@@ -439,16 +569,27 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
     const bool vec_down = a.w_aligned && a.ffn % 8 == 0 && (uintptr_t)a.act % 16 == 0;
     // expert slots: no more than the routes can reach (the grid depends on m, never on the ids)
     const unsigned slots = (unsigned)(routes < a.n_experts ? routes : a.n_experts);
-    const dim3 g_gu(blocks_for(a.ffn, per_block), slots), g_down(blocks_for(a.dim, per_block), slots);
-    if (vec_gu)
-        RD_LAUNCH(k_moe_gate_up<true>, g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    const dim3 g_gu(blocks_for(a.ffn, per_block), slots), g_down(moe_dim_tiles(a.dim), slots);
+    if (vec_gu && sort)
+        RD_LAUNCH((k_moe_gate_up<true, true>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    else if (vec_gu)
+        RD_LAUNCH((k_moe_gate_up<true, false>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    else if (sort)
+        RD_LAUNCH((k_moe_gate_up<false, true>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
     else
-        RD_LAUNCH(k_moe_gate_up<false>, g_gu, dim3(32 * MOE_WARPS), 0, s, a);
-    if (vec_down)
-        RD_LAUNCH(k_moe_down<true>, g_down, dim3(32 * MOE_WARPS), 0, s, a);
+        RD_LAUNCH((k_moe_gate_up<false, false>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    if (vec_down && sort)
+        launch_down<true, true>(s, a, g_down, combine);
+    else if (vec_down)
+        launch_down<true, false>(s, a, g_down, combine);
+    else if (sort)
+        launch_down<false, true>(s, a, g_down, combine);
     else
-        RD_LAUNCH(k_moe_down<false>, g_down, dim3(32 * MOE_WARPS), 0, s, a);
-    RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
+        launch_down<false, false>(s, a, g_down, combine);
+    if (!combine)
+        RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
 }
+
+int32_t moe_dim_tiles(int32_t dim) { return (int32_t)blocks_for(dim, MOE_WARPS * MOE_GO); }
 
 }  // namespace RD_NS

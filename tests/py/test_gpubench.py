@@ -152,10 +152,10 @@ def moe_emulated_cuda_variants():
     """The experts op alone per variant on the emulated CUDA backend: a point per (variant, rows) whose GB/s
     are the touched experts' bytes over the time and whose TFLOP/s count 6 m k ffn dim; the touched experts
     between k and min(experts, m k); Q8_0 experts held at 34 bytes per 32 weights; the tensor-core experts'
-    backend says so; every row of an m-row call equal to it alone, in each variant."""
+    backend says so, and nofuse's that its fusions are off; every row of an m-row call equal to it alone, in each variant."""
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
-    variants = ["default", "moetc", "q8tc+moetc"]
+    variants = ["default", "nofuse", "moetc", "q8tc+moetc"]
     p, d = moe(["--backend", "cuda-emu", "--rows", "1,5", "--variants", ",".join(variants)])
     sh = d["moe_shape"]
     E, k, f, dim = sh["experts"], sh["k"], sh["ffn"], sh["dim"]
@@ -175,8 +175,10 @@ def moe_emulated_cuda_variants():
             assert r["expert_bytes"] >= 3 * f * dim * 2, r
     env = {v["name"]: v["env"] for v in d["variants"]}
     assert env["moetc"] == {"RD_CUDA_MOE": "tc"} and env["q8tc+moetc"] == {"RD_CUDA_Q8": "tc", "RD_CUDA_MOE": "tc"}
+    assert env["nofuse"] == {"RD_CUDA_FUSE": "0"}, env
     desc = {v["name"]: v["describe"] for v in d["variants"]}
     assert "RD_CUDA_MOE=tc" in desc["moetc"] and "RD_CUDA_MOE" not in desc["default"], desc
+    assert "fusions off (RD_CUDA_FUSE=0)" in desc["nofuse"] and "RD_CUDA_FUSE" not in desc["default"], desc
     assert d["pass"] is True and "TABLE|moe moe-tiny|rows 5|" in p.stdout, p.stdout[-1500:]
 
 

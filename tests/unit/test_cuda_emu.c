@@ -6,6 +6,8 @@
  *
  * What it checks, against references computed here (double precision on the
  * bf16-rounded inputs) or against the CPU backend and samp_sample:
+ *   - the RD_CUDA_* switches: a value one does not take fails the backend's
+ *     creation with a message that names it;
  *   - every op: GEMM (and accumulate, and the fp32 LM head), embed, RMSNorm,
  *     RoPE, SwiGLU, gather, KV write, copy-on-write, paged attention over
  *     several partitions with GQA, scrambled block tables, poisoned unused
@@ -21,7 +23,8 @@
  *     CPU backend and a double reference on the same bf16 weights, a row
  *     alone / among other rows / unaligned bit for bit, inside graph capture
  *     (a weight swap picked up by the capture; experts first seen in a
- *     capture fail it cleanly). These cases use no emulator hook and also
+ *     capture fail it cleanly), the small-batch fusions (in-block sort, the
+ *     combine in the down kernel) against RD_CUDA_FUSE=0 bit for bit. These cases use no emulator hook and also
  *     run on the real backend (RD_TEST_CUDA_BACKEND=cuda, tests/gpu/run.sh);
  *   - batch invariance: a row's bits do not depend on the other rows;
  *   - the device sampler against samp_sample (same token, log-probs), and
@@ -453,6 +456,39 @@ static rd_backend *dev_with(const char *k1, const char *v1, const char *k2, cons
     if (k2)
         unsetenv(k2);
     return rc ? NULL : be;
+}
+
+/* A switch with a value the backend does not take fails its creation with
+ * RD_EINVAL and a message naming the switch, the value and what it takes
+ * (a misspelt variant must not run as the default); every documented value
+ * and an empty one (unset) create. */
+static void test_env_switches(void)
+{
+    static const char *bad[][2] = {{"RD_CUDA_GEMM", "tcc"},     {"RD_CUDA_ACT", "fp16"},  {"RD_CUDA_MOE", "TC"},
+                                   {"RD_CUDA_TC_TILE", "96"},   {"RD_CUDA_PDL", "yes"},   {"RD_CUDA_FUSE", "off"},
+                                   {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(bad[i][0], bad[i][1], 1);
+        rd_backend *be = NULL;
+        const int rc = rd_backend_create(dev_name(), 1, &be);
+        unsetenv(bad[i][0]);
+        char want[96];
+        snprintf(want, sizeof want, "%s=%s is not a value it takes", bad[i][0], bad[i][1]);
+        CHECK(rc == RD_EINVAL && !be, "%s=%s: creation gave %d (want RD_EINVAL)", bad[i][0], bad[i][1], rc);
+        CHECK(strstr(rd_errmsg(), want) != NULL, "%s=%s: the error says \"%s\"", bad[i][0], bad[i][1], rd_errmsg());
+        if (be)
+            rd_backend_destroy(be);
+    }
+    static const char *good[][2] = {{"RD_CUDA_GEMM", "tc"},     {"RD_CUDA_GEMM", "simple"}, {"RD_CUDA_ACT", "mixed"},
+                                    {"RD_CUDA_TC_TILE", "128"}, {"RD_CUDA_TC_TILE", "64"},  {"RD_CUDA_NORM_ROWS", "0"},
+                                    {"RD_CUDA_TC_BIG_ROWS", "24"}, {"RD_CUDA_Q8", "w8a8"}, {"RD_CUDA_FP8", "w8a8"},
+                                    {"RD_CUDA_MOE", ""},        {"RD_CUDA_ATTN_V0", "1"},  {"RD_CUDA_HEAD", "fp32"}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        rd_backend *be = dev_with(good[i][0], good[i][1], NULL, NULL);
+        CHECK(be != NULL, "%s=%s: %s", good[i][0], good[i][1], rd_errmsg());
+        if (be)
+            rd_backend_destroy(be);
+    }
 }
 
 /* y[m][out] of weight W on be for x (m rows from host x), accumulate or not into y's values. */
@@ -4235,6 +4271,72 @@ static void runner_moe_tc_case(const char *gemm)
     rd_unload(&lc), rd_unload(&lb), rd_unload(&lt);
 }
 
+/* The small-batch MoE fusions through the runner: tiny-moe-bf16 (16
+ * experts, top 4) decoding at batch 1 and 3 (4 and 12 routes: sorted
+ * in-block, the combine in the down kernel), and a 26-row prefill (104
+ * routes: the sort's kernel, the combine in the down kernel), give
+ * RD_CUDA_FUSE=0's logits bit for bit, and a decode step launches at least
+ * two kernels fewer per MoE layer (the sort and the combine; the other
+ * fusions only remove more). */
+static void test_runner_moe_fused(void)
+{
+    rd_loaded lf, ln;
+    int ok = load_model("tiny-moe-bf16", dev_name(), &lf);
+    setenv("RD_CUDA_FUSE", "0", 1);
+    ok = ok && load_model("tiny-moe-bf16", dev_name(), &ln);
+    unsetenv("RD_CUDA_FUSE");
+    CHECK(ok, "cannot load tiny-moe-bf16 (run tests/gen_testdata.sh): %s", rd_errmsg());
+    if (!ok)
+        return;
+    const model_config *c = &lf.m->cfg;
+    const int32_t V = c->vocab, NS = 3;
+    int32_t moe_layers = 0;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        moe_layers += lf.m->layers[l].router != NULL;
+    CHECK(moe_layers > 0, "tiny-moe-bf16 has no MoE layer");
+    int32_t lens[3] = {9, 5, 12}, base[3] = {0, 4, 8}, t0[16], t1[16], t2[16];
+    for (int i = 0; i < 16; i++)
+        t0[i] = (int32_t)(rnd() % V), t1[i] = (int32_t)(rnd() % V), t2[i] = (int32_t)(rnd() % V);
+    const int32_t *toks[3] = {t0, t1, t2};
+    runner rf, rn;
+    setenv("RD_GRAPHS", "0", 1);
+    CHECK_OK(runner_init(&rf, lf.m, 16, 16, 64, 64));
+    CHECK_OK(runner_init(&rn, ln.m, 16, 16, 64, 64));
+    unsetenv("RD_GRAPHS");
+    float *a = malloc(sizeof(float) * 32 * V), *b = malloc(sizeof(float) * 32 * V);
+    CHECK_OK(prefill(&rf, toks, lens, NS, base, 0, a));
+    CHECK_OK(prefill(&rn, toks, lens, NS, base, 0, b));
+    CHECK(!memcmp(a, b, sizeof(float) * 26 * V), "prefill (26 rows): the fused kernels' logits differ");
+    int32_t cur[3] = {lens[0], lens[1], lens[2]}, cur2[3] = {lens[0], lens[1], lens[2]};
+    for (int step = 0; step < 4 && !test_case_failed; step++) {
+        const int32_t nb = step < 2 ? 1 : 3;
+        int32_t tok[3], pos[3], slot[3], rows[3] = {0, 1, 2}, qs[4], ctx[3], tab[12];
+        for (int32_t s = 0; s < nb; s++)
+            tok[s] = (int32_t)(rnd() % V);
+        rd_step st = decode_step(nb, tok, cur, base, pos, slot, qs, ctx, tab);
+        uint64_t k0 = cuemu_launch_count();
+        CHECK_OK(runner_forward(&rf, &st, rows, nb, a));
+        const uint64_t kf = cuemu_launch_count() - k0;
+        st = decode_step(nb, tok, cur2, base, pos, slot, qs, ctx, tab);
+        k0 = cuemu_launch_count();
+        CHECK_OK(runner_forward(&rn, &st, rows, nb, b));
+        const uint64_t kn = cuemu_launch_count() - k0;
+        CHECK(!memcmp(a, b, sizeof(float) * nb * V), "decode step %d (batch %d): the fused kernels' logits differ",
+              step, nb);
+        if (step == 0)
+            printf("# tiny-moe-bf16: a batch-1 decode step is %llu kernels (%d MoE layers), %llu with RD_CUDA_FUSE=0\n",
+                   (unsigned long long)kf, moe_layers, (unsigned long long)kn);
+        if (on_emulator())
+            CHECK(kf + 2 * (uint64_t)moe_layers <= kn, "batch %d: %llu kernels a step, %llu with RD_CUDA_FUSE=0 (want "
+                  "at least 2 per MoE layer fewer)", nb, (unsigned long long)kf, (unsigned long long)kn);
+    }
+    runner_free(&rf);
+    runner_free(&rn);
+    rd_unload(&lf);
+    rd_unload(&ln);
+    free(a), free(b);
+}
+
 static void test_runner_moe_tc(void)
 {
     runner_moe_tc_case(NULL);
@@ -4677,22 +4779,34 @@ typedef struct {
     rd_moe moe;
 } moe_dev;
 
-static int moe_dev_load(rd_backend *be, const float *gu, const float *dn, int32_t E, int32_t f, int32_t d,
-                        moe_dev *md)
+/* qgu/qdn non-NULL: the experts as those Q8_0 blocks (RD_CUDA_Q8=tc backends), else from gu/dn. */
+static int moe_dev_load_as(rd_backend *be, const float *gu, const float *dn, const uint8_t *qgu, const uint8_t *qdn,
+                           int32_t E, int32_t f, int32_t d, moe_dev *md)
 {
+    const size_t ngu = (size_t)2 * f * d, ndn = (size_t)d * f;
     md->gu = calloc((size_t)E, sizeof(void *));
     md->dn = calloc((size_t)E, sizeof(void *));
     md->moe = (rd_moe){.n_experts = E, .ffn = f, .dim = d, .gate_up = md->gu, .down = md->dn};
     if (!md->gu || !md->dn)
         return RD_ENOMEM;
     for (int32_t e = 0; e < E; e++) {
-        int rc = be->ops->linear_load(be, gu + (size_t)e * 2 * f * d, 2 * f, d, &md->gu[e]);
+        rd_wpart pg = {.type = GGML_Q8_0, .rows = 2 * f, .data = qgu ? qgu + (size_t)e * ngu / 32 * 34 : NULL};
+        rd_wpart pd = {.type = GGML_Q8_0, .rows = d, .data = qdn ? qdn + (size_t)e * ndn / 32 * 34 : NULL};
+        int rc = qgu ? be->ops->linear_load_q(be, &pg, 1, d, &md->gu[e])
+                     : be->ops->linear_load(be, gu + (size_t)e * ngu, 2 * f, d, &md->gu[e]);
         if (!rc)
-            rc = be->ops->linear_load(be, dn + (size_t)e * d * f, d, f, &md->dn[e]);
+            rc = qdn ? be->ops->linear_load_q(be, &pd, 1, f, &md->dn[e])
+                     : be->ops->linear_load(be, dn + (size_t)e * ndn, d, f, &md->dn[e]);
         if (rc)
             return rc;
     }
     return 0;
+}
+
+static int moe_dev_load(rd_backend *be, const float *gu, const float *dn, int32_t E, int32_t f, int32_t d,
+                        moe_dev *md)
+{
+    return moe_dev_load_as(be, gu, dn, NULL, NULL, E, f, d, md);
 }
 
 /* Frees md's handles and arrays without telling the backend (test_moe_release). */
@@ -5118,6 +5232,84 @@ static void test_moe_batch_invariance(void)
     }
 }
 
+/* Small batches: up to 64 routes the expert kernels sort the ids in-block
+ * (no k_moe_sort), up to 32 rows the down kernel's last blocks combine (no
+ * k_moe_combine). Against RD_CUDA_FUSE=0 (the four kernels), bit for bit:
+ * batch 1 to 40 rows at Qwen3-MoE's routing (128 experts, top 8) across
+ * both limits, dims that are not multiples of the 8-feature tile (a last
+ * tile of 2), an unaligned x (scalar loads), routes to ids outside [0, E)
+ * (they route nowhere), two experts' routes in one row, bf16 and Q8_0
+ * experts, and each call twice (the arrival counters are reset). Also the
+ * kernels per call, and the error against the double reference. */
+static void test_moe_small_fused(void)
+{
+    static const int32_t shapes[][5] = {{128, 32, 64, 8, 1}, {128, 32, 64, 8, 3}, {128, 32, 64, 8, 8},
+                                        {128, 32, 64, 8, 9}, {128, 32, 64, 8, 40}, {5, 27, 50, 3, 2},
+                                        {8, 32, 64, 2, 7}};
+    rd_backend *nofuse = dev_with("RD_CUDA_FUSE", "0", NULL, NULL);
+    rd_backend *q8 = dev_with("RD_CUDA_Q8", "tc", NULL, NULL), *q8nf = dev_with("RD_CUDA_Q8", "tc", "RD_CUDA_FUSE", "0");
+    CHECK(nofuse && q8 && q8nf, "cannot create the RD_CUDA_FUSE=0 / RD_CUDA_Q8=tc backends: %s", rd_errmsg());
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !test_case_failed; si++) {
+        const int32_t E = shapes[si][0], f = shapes[si][1], d = shapes[si][2], k = shapes[si][3], m = shapes[si][4];
+        const int32_t routes = m * k;
+        moe_case c;
+        CHECK_OK(moe_case_make(&c, E, f, d, k, m));
+        if (si == 2) { /* nowhere: an id past the experts and a negative one; row 1 routes twice to one expert */
+            c.ids[3] = E;
+            c.ids[k + 5] = -1;
+            c.ids[2 * k + 1] = c.ids[2 * k];
+        }
+        const size_t n = (size_t)m * d;
+        float *yf = malloc(sizeof(float) * n), *yn = malloc(sizeof(float) * n);
+        double *yref = malloc(sizeof(double) * n), *mag = malloc(sizeof(double) * n);
+        moe_dev mf, mn;
+        CHECK_OK(moe_dev_load(emu, c.gu, c.dn, E, f, d, &mf));
+        CHECK_OK(moe_dev_load(nofuse, c.gu, c.dn, E, f, d, &mn));
+        const int want = (routes <= 64 ? 0 : 1) + 1 + 1 + (m <= 32 ? 0 : 1);
+        for (int x_off = 0; x_off <= 1 && !test_case_failed; x_off++) {
+            CHECK_OK(moe_ffn_on(nofuse, &mn.moe, c.x, x_off, c.ids, c.w, m, k, c.y0, yn));
+            for (int rep = 0; rep < 2; rep++) {
+                const uint64_t k0 = cuemu_launch_count();
+                CHECK_OK(moe_ffn_on(emu, &mf.moe, c.x, x_off, c.ids, c.w, m, k, c.y0, yf));
+                const uint64_t got = cuemu_launch_count() - k0;
+                if (on_emulator() && (rep || x_off))
+                    CHECK(got == (uint64_t)want, "%d experts, top %d, %d rows: moe_ffn launched %llu kernels, "
+                          "want %d", E, k, m, (unsigned long long)got, want);
+                CHECK(!memcmp(yf, yn, sizeof(float) * n), "%d experts (ffn %d, dim %d), top %d, %d rows, x offset "
+                      "%d, call %d: the fused kernels differ from RD_CUDA_FUSE=0", E, f, d, k, m, x_off, rep + 1);
+            }
+        }
+        if (si != 2) {
+            moe_reference(&c, yref, mag);
+            const double err = moe_error(&c, yf, yref, mag);
+            CHECK(err < 1e-5, "shape %zu: %.3g from the double reference", si, err);
+        }
+        moe_dev_free(emu, &mf);
+        moe_dev_free(nofuse, &mn);
+        if (f % 32 == 0 && d % 32 == 0 && !test_case_failed) {
+            const size_t ngu = (size_t)E * 2 * f * d, ndn = (size_t)E * d * f;
+            uint8_t *qgu = malloc(ngu / 32 * 34), *qdn = malloc(ndn / 32 * 34);
+            CHECK_OK(ggml_quant_q8_0(c.gu, ngu, qgu));
+            CHECK_OK(ggml_quant_q8_0(c.dn, ndn, qdn));
+            moe_dev qf, qn;
+            CHECK_OK(moe_dev_load_as(q8, NULL, NULL, qgu, qdn, E, f, d, &qf));
+            CHECK_OK(moe_dev_load_as(q8nf, NULL, NULL, qgu, qdn, E, f, d, &qn));
+            CHECK_OK(moe_ffn_on(q8, &qf.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yf));
+            CHECK_OK(moe_ffn_on(q8nf, &qn.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yn));
+            CHECK(!memcmp(yf, yn, sizeof(float) * n), "Q8_0 experts, %d rows: the fused kernels differ from "
+                  "RD_CUDA_FUSE=0", m);
+            moe_dev_free(q8, &qf);
+            moe_dev_free(q8nf, &qn);
+            free(qgu), free(qdn);
+        }
+        free(yf), free(yn), free(yref), free(mag);
+        moe_case_free(&c);
+    }
+    if (nofuse) rd_backend_destroy(nofuse);
+    if (q8) rd_backend_destroy(q8);
+    if (q8nf) rd_backend_destroy(q8nf);
+}
+
 /* moe_route and moe_ffn inside a graph capture: the replay equals the eager
  * run, and reads the buffers' contents at launch (new rows, same graph); a
  * handle replaced between the eager run and the capture (a weight swap) is
@@ -5224,6 +5416,17 @@ static void moe_graph_case(rd_backend *be)
 }
 
 static void test_moe_graph(void) { moe_graph_case(emu); }
+
+/* The same with the four kernels (RD_CUDA_FUSE=0); test_moe_graph runs the fused ones (10 routes). */
+static void test_moe_graph_nofuse(void)
+{
+    rd_backend *nofuse = dev_with("RD_CUDA_FUSE", "0", NULL, NULL);
+    CHECK(nofuse != NULL, "cannot create an RD_CUDA_FUSE=0 backend: %s", rd_errmsg());
+    if (nofuse) {
+        moe_graph_case(nofuse);
+        rd_backend_destroy(nofuse);
+    }
+}
 
 /* ------------------------------------------------------------------ the experts on tensor cores */
 
@@ -5620,6 +5823,7 @@ int main(void)
         return 1;
     }
     ensure_testdata();
+    RUN_SEL(test_env_switches);
     RUN_SEL(test_gemm);
     RUN_SEL(test_linear_read_native);
     RUN_SEL(test_fp8_linear);
@@ -5655,8 +5859,11 @@ int main(void)
     RUN_SEL(test_moe_release);
     RUN_SEL(test_moe_model_release);
     RUN_SEL(test_moe_graph);
+    RUN_SEL(test_moe_graph_nofuse);
+    RUN_SEL(test_moe_small_fused);
     RUN_SEL(test_moe_ffn_tc);
     RUN_SEL(test_runner_moe_tc);
+    RUN_SEL(test_runner_moe_fused);
     RUN_SEL(test_lora_vs_cpu);
     RUN_SEL(test_lora_graph);
     RUN_SEL(test_sampler);
