@@ -86,13 +86,17 @@ static void answer_fetch(rd_daemon *d, br_ctx *x, cl_client *c, const proto_fetc
             break;
         unsigned need = (r->pr.flags & PROTO_RESULT_LORA)     ? 6
                         : (r->pr.flags & PROTO_RESULT_SCORES) ? 5
+                        : (r->pr.flags & PROTO_RESULT_SERVE)  ? 3
                         : (r->pr.flags & PROTO_RESULT_ROUTES) ? 2
                                                               : 1;
         if (need > (x->version ? x->version : 1u)) {
             char why[300];
             snprintf(why, sizeof why, "result seq %llu carries %s, which protocol version %u cannot say; FETCH in "
                      "version %u (the SUBMIT that asked for them was)", (unsigned long long)r->pr.seq,
-                     need == 6 ? "its LoRA adapter's name" : need == 5 ? "its prompt's scores" : "routed experts",
+                     need == 6   ? "its LoRA adapter's name"
+                     : need == 5 ? "its prompt's scores"
+                     : need == 3 ? "the serve_dtype that produced it"
+                                 : "routed experts",
                      x->version ? x->version : 1, need);
             free(rs);
             loop_reply_error(d, x, PROTO_E_UNEXPECTED, PROTO_FETCH, why);

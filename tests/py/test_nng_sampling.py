@@ -152,6 +152,16 @@ def a_version_3_client_runs_default_requests_and_is_refused_the_bit():
         assert items[0].status == 0, items[0]
         assert items[1].status == P.E.INVALID_PARAMS and "undefined bits 0x40" in items[1].message and \
             "protocol version 3" in items[1].message, items[1]
+        # a FETCH in version 2 cannot carry the serve tail: UNEXPECTED, naming the version to FETCH in
+        got = None
+        for _ in range(60):
+            reply = P.decode(rpc_v(s, P.Fetch(client_id=cid, max_results=8, wait_ms=1000), 2))
+            if isinstance(reply, P.Error):
+                got = reply
+                break
+            assert isinstance(reply, P.Results) and not reply.results, reply
+        assert got is not None and got.code == P.E.UNEXPECTED and "serve_dtype" in got.message and \
+            "version 3" in got.message, got
         results = []
         for _ in range(60):                   # FETCH in version 3 too: its results carry the serve tail
             res = P.decode(rpc_v(s, P.Fetch(client_id=cid, max_results=8, wait_ms=1000), 3))
