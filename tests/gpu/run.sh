@@ -471,6 +471,9 @@ run unit-host 60 build/tests/test_cuda_host || true
 MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch_invariance,test_moe_graph,test_moe_release
 # the experts on tensor cores (RD_CUDA_MOE=tc): against the reference, the dense GEMM's bits, rows alone, graphs
 MOE_CASES=$MOE_CASES,test_moe_ffn_tc
+# the small-batch fusions (the sort in-block, the combine by down's last block per tile) against RD_CUDA_FUSE=0,
+# bit for bit: on a device this is what checks the arrival counter's fences; and the switches' value check
+MOE_CASES=$MOE_CASES,test_moe_small_fused,test_moe_graph_nofuse,test_runner_moe_fused,test_env_switches
 # and the FP8 ones (issue 26): the FP8 GEMM and the fp8 KV cache against the CPU.
 MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
 # Every other op case on the real backend against the CPU: GEMMs, the LM head,
