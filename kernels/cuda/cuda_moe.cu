@@ -226,8 +226,9 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t k, int32_
 #define MOE_WARPS 4             // warps per block
 #define MOE_GO 2                // output features per warp
 #define MOE_RT 8                // routes per pass
-#define MOE_SORT_ROUTES 64      // at most this many routes: the expert kernels sort in-block (<= 32 MOE_WARPS)
+#define MOE_SORT_ROUTES 64      // at most this many routes: the expert kernels sort in-block
 #define MOE_COMBINE_ROWS 32     // at most this many rows: the down kernel's last blocks combine
+static_assert(MOE_SORT_ROUTES <= 32 * MOE_WARPS, "the in-block sort gives each route a thread");
 
 // One expert slot of a call: the slot's expert (-1: fewer routed experts than
 // slots), its routes' first place p0 in the grouped order, their count n and
