@@ -264,7 +264,8 @@ def targets(res):
             add(what, round(gain, 3), f">= {bound}", gain >= bound, note)
         else:
             add(what, None, f">= {bound}", False)
-    # the best of the MoE stages (bench-moe: the CUDA-core experts; bench-moe-tc: RD_CUDA_MOE=tc)
+    # the best of the MoE stages (bench-moe: default; bench-moe-gemmtc: RD_CUDA_GEMM=tc; bench-moe-tc: both
+    # RD_CUDA_GEMM=tc and RD_CUDA_MOE=tc)
     def moe_x(b):
         return b.get("x_roofline_measured") if b.get("x_roofline_measured") is not None else b["x_roofline"]
     m = min(_bench(res, ["bench-moe"], 1), key=moe_x, default=None)

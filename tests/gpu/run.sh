@@ -26,7 +26,8 @@
 #             then Q8_0 weights held as Q8_0 (RD_CUDA_Q8=tc) and W8A8 on
 #             int8 tensor cores (RD_CUDA_Q8=w8a8): the GEMM, the 1B's decode,
 #             K3 KL (tis) and batch invariance; the MoE shape's decode with
-#             RD_CUDA_MOE=tc (bench-moe-tc)
+#             RD_CUDA_GEMM=tc (bench-moe-gemmtc) and with the experts on
+#             tensor cores too (bench-moe-tc)
 #   unit      test_cuda_host; the engine tests with RD_TEST_BACKEND=cuda; the
 #             MoE cases of test_cuda_emu (routes vs the CPU, expert parity,
 #             batch invariance, graphs) and every other op case (attention,
@@ -293,8 +294,8 @@ fi
 # ------------------------------------------------------------------ issue 48: decode at the roofline
 # First, so the budget never cuts them: the kernel variants side by side.
 # RD_CUDA_GEMM=tc is the tensor-core GEMM with a shape-fixed split-K and
-# RD_CUDA_FP8=tc the FP8 weights on tensor cores (a backend that does not
-# know a value ignores it, and the variant then measures the default).
+# RD_CUDA_FP8=tc the FP8 weights on tensor cores (a backend refuses a value
+# it does not take: the stage fails rather than timing the default).
 # Two passes: first the stage behind each of the issue's targets (the
 # device checks of the new kernels, the GEMM variants, the 1B's decode with
 # each GEMM, FP8, 32k attention, the Qwen3 shapes with tc, the MoE shape
@@ -339,11 +340,15 @@ if [ "$DRY" = 0 ]; then
     --batches 1,8,32 --steps 16 --json "$LOGS/bench-qwen3-8b-tc.json" || true
   # Qwen3-30B-A3B's shape at full width, 8 of its 48 layers (11 GB): against the roofline of the experts a
   # step can touch (min(128, batch x 8) per layer, an upper bound), and of those its routes did touch; with
-  # the CUDA-core experts and with RD_CUDA_MOE=tc (the issue's MoE target takes the better of the two).
+  # the default GEMM and CUDA-core experts; with the tensor-core GEMM for the dense layers (attention, router,
+  # head: its split-K GEMVs and fusions) and the CUDA-core experts, batch 1's likely best; and with both on
+  # tensor cores (RD_CUDA_GEMM=tc RD_CUDA_MOE=tc), for 64 and 256. The issue's MoE target takes the best.
   run bench-moe 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --bw "$BW" --batches 1,64,256 --prompt 64 \
     --steps 16 --json "$LOGS/bench-moe.json" || true
-  RD_CUDA_MOE=tc run bench-moe-tc 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --label " moe tc" --bw "$BW" \
-    --batches 1,64,256 --prompt 64 --steps 16 --json "$LOGS/bench-moe-tc.json" || true
+  RD_CUDA_GEMM=tc run bench-moe-gemmtc 120 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 --label " tc" \
+    --bw "$BW" --batches 1,64 --prompt 64 --steps 16 --json "$LOGS/bench-moe-gemmtc.json" || true
+  RD_CUDA_GEMM=tc RD_CUDA_MOE=tc run bench-moe-tc 150 "$BENCH" bench --synthetic qwen3-30b-a3b --layers 8 \
+    --label " tc moe tc" --bw "$BW" --batches 1,64,256 --prompt 64 --steps 16 --json "$LOGS/bench-moe-tc.json" || true
   # One layer of its experts alone (moe_ffn: 128 experts of 768 x 2048, top 8), the CUDA-core kernels against
   # RD_CUDA_MOE=tc (the experts through the tensor-core GEMM's CTA), bf16 and Q8_0 experts, rows 1..512: time,
   # the touched experts' bytes against the copy bandwidth, TFLOP/s; exit 1 if a variant's rows differ alone.
@@ -457,7 +462,7 @@ else
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
-    bench-moe-tc; do
+    bench-moe-gemmtc bench-moe-tc; do
     skip_gpu "$s"
   done
 fi
