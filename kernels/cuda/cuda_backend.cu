@@ -1875,7 +1875,6 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     a.xrow = tc ? a.pos + routes : nullptr;
     a.work = tc ? a.xrow + routes : nullptr;
     a.n_work = tc ? (int32_t)n_work : 0;
-    a.fuse = b->fuse_split;
     a.count = b->fuse_split && !tc ? b->moe_count : nullptr;
     launch_moe_ffn(b->st, a);
     check_launch(b, "moe_ffn");

@@ -238,10 +238,9 @@ struct moe_args {
     int32_t *xrow;              // scratch [m k]: the x row of the route at each place (order / k); NULL unless tc
     int32_t *work;              // scratch [n_work][2]: (expert, row tile of 16 of its routes), then -1s; NULL unless tc
     int32_t n_work;             // min(n_experts, m k) + ceil(m k / 16): no more tiles can exist
-    // Small batches (RD_CUDA_FUSE): the expert kernels sort in-block and the down kernel combines
-    // (cuda_moe.cu says when). count: [moe_dim_tiles(dim)] arrival counters, zero between launches;
-    // NULL: the combine keeps its own kernel.
-    int fuse;
+    // Small batches: the expert kernels sort in-block and the down kernel combines (cuda_moe.cu says
+    // when). count: [moe_dim_tiles(dim)] arrival counters, zero between launches, set when the fusions
+    // are on (RD_CUDA_FUSE) and the experts on CUDA cores; NULL: the sort and the combine keep their kernels.
     unsigned *count;
 };
 // Sorts the routes by expert, then runs the gate|up and down products of

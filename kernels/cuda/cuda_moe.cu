@@ -23,9 +23,10 @@
 // Under RD_CUDA_MOE=tc, 2 and 3 run on tensor cores instead (cuda_moe_tc.cu,
 // which says how); the sort then also writes what those kernels index by.
 //
-// Small batches (fusions on, RD_CUDA_FUSE): a batch-1 step's experts are
-// ~50 MB of weights read in two kernels; the sort and the combine are
-// microseconds of work each but a whole launch and a dependency each. So
+// Small batches (fusions on, RD_CUDA_FUSE: moe_args.count set): a batch-1
+// layer's experts are ~75 MB of weights (Qwen3-30B-A3B) read in two kernels;
+// the sort and the combine are microseconds of work each but a whole launch
+// and a dependency each. So
 // with at most MOE_SORT_ROUTES routes, 2 and 3 sort the ids themselves in
 // every block (moe_slot_sort: the slot's expert, its place and its routes,
 // the values k_moe_sort would have written), and with at most
@@ -537,13 +538,24 @@ __global__ void k_moe_combine(moe_args a)
     moe_combine_one(a, idx / a.dim, idx % a.dim);
 }
 
-template <bool VEC, bool SORT>
-static void launch_down(cudaStream_t s, const moe_args &a, dim3 grid, bool combine)
+template <bool VEC> static void launch_gate_up(cudaStream_t s, const moe_args &a, dim3 grid, bool sort)
 {
-    if (combine)
-        RD_LAUNCH((k_moe_down<VEC, SORT, true>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+    if (sort)
+        RD_LAUNCH((k_moe_gate_up<VEC, true>), grid, dim3(32 * MOE_WARPS), 0, s, a);
     else
-        RD_LAUNCH((k_moe_down<VEC, SORT, false>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+        RD_LAUNCH((k_moe_gate_up<VEC, false>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+}
+
+template <bool VEC> static void launch_down(cudaStream_t s, const moe_args &a, dim3 grid, bool sort, bool combine)
+{
+    if (sort && combine)
+        RD_LAUNCH((k_moe_down<VEC, true, true>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+    else if (sort)
+        RD_LAUNCH((k_moe_down<VEC, true, false>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+    else if (combine)
+        RD_LAUNCH((k_moe_down<VEC, false, true>), grid, dim3(32 * MOE_WARPS), 0, s, a);
+    else
+        RD_LAUNCH((k_moe_down<VEC, false, false>), grid, dim3(32 * MOE_WARPS), 0, s, a);
 }
 
 void launch_moe_ffn(cudaStream_t s, const moe_args &a)
@@ -552,8 +564,8 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
         return;
     const int32_t routes = a.m * a.k;
     const bool tc = a.tc_wf >= 0;
-    const bool sort = !tc && a.fuse && routes <= MOE_SORT_ROUTES;
-    const bool combine = !tc && a.fuse && a.count && a.m <= MOE_COMBINE_ROWS;
+    const bool sort = a.count && routes <= MOE_SORT_ROUTES;
+    const bool combine = a.count && a.m <= MOE_COMBINE_ROWS;
     if (!sort) {
         const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
         RD_LAUNCH(k_moe_sort, dim3(1), dim3(sort_threads), 0, s, a.ids, routes, a.k, a.n_experts, a.off, a.order,
@@ -571,22 +583,14 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
     // expert slots: no more than the routes can reach (the grid depends on m, never on the ids)
     const unsigned slots = (unsigned)(routes < a.n_experts ? routes : a.n_experts);
     const dim3 g_gu(blocks_for(a.ffn, per_block), slots), g_down(moe_dim_tiles(a.dim), slots);
-    if (vec_gu && sort)
-        RD_LAUNCH((k_moe_gate_up<true, true>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
-    else if (vec_gu)
-        RD_LAUNCH((k_moe_gate_up<true, false>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
-    else if (sort)
-        RD_LAUNCH((k_moe_gate_up<false, true>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
+    if (vec_gu)
+        launch_gate_up<true>(s, a, g_gu, sort);
     else
-        RD_LAUNCH((k_moe_gate_up<false, false>), g_gu, dim3(32 * MOE_WARPS), 0, s, a);
-    if (vec_down && sort)
-        launch_down<true, true>(s, a, g_down, combine);
-    else if (vec_down)
-        launch_down<true, false>(s, a, g_down, combine);
-    else if (sort)
-        launch_down<false, true>(s, a, g_down, combine);
+        launch_gate_up<false>(s, a, g_gu, sort);
+    if (vec_down)
+        launch_down<true>(s, a, g_down, sort, combine);
     else
-        launch_down<false, false>(s, a, g_down, combine);
+        launch_down<false>(s, a, g_down, sort, combine);
     if (!combine)
         RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
 }

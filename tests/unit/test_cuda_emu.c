@@ -24,8 +24,9 @@
  *     alone / among other rows / unaligned bit for bit, inside graph capture
  *     (a weight swap picked up by the capture; experts first seen in a
  *     capture fail it cleanly), the small-batch fusions (in-block sort, the
- *     combine in the down kernel) against RD_CUDA_FUSE=0 bit for bit. These cases use no emulator hook and also
- *     run on the real backend (RD_TEST_CUDA_BACKEND=cuda, tests/gpu/run.sh);
+ *     combine in the down kernel) against RD_CUDA_FUSE=0 bit for bit. These
+ *     cases use no emulator hook and also run on the real backend
+ *     (RD_TEST_CUDA_BACKEND=cuda, tests/gpu/run.sh);
  *   - batch invariance: a row's bits do not depend on the other rows;
  *   - the device sampler against samp_sample (same token, log-probs), and
  *     with logit edits (bias, masks, penalties) against samp_sample_ex;
