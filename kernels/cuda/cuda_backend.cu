@@ -251,6 +251,12 @@ struct cuda_be {
             const int32_t *positions;
             const float *cos_sin;
         } rope;
+        struct {                // per-head RMSNorms on its first heads, deferred with it (heads 0: none): with
+                                // a RoPE on exactly those heads, the epilogue's first step; else run after it
+            int32_t heads, head_dim, n_first; // heads < n_first with w, the rest (a joined k norm) with w2
+            const float *w, *w2;
+            float eps, w_off;
+        } hnorm;
     } pend_tc;
     // An RMSNorm of at most tc_norm_rows rows deferred in tensor-core mode:
     // a tensor-core GEMM reading its output next runs it as its prologue.
@@ -267,6 +273,7 @@ struct cuda_be {
         split_sum ss;           // the sum it took from the GEMM before it
     } pend_hnorm;
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
+    bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
     bool gemm_simple_only;
@@ -1239,13 +1246,18 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 // the next op otherwise.
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
                    const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
-                   kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr)
+                   kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr,
+                   const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr)
 {
     tc_args a{};
     a.bias = bias;
     if (epi == TC_ROPE) {
         a.rope.heads = rope->heads, a.rope.head_dim = rope->head_dim;
         a.rope.positions = rope->positions, a.rope.cos_sin = rope->cos_sin, a.rope.kv = kv;
+        if (hnorm && hnorm->heads) { // (exactly the rotated heads: cu_rope checked)
+            a.rope.nw = hnorm->w, a.rope.nw2 = hnorm->w2, a.rope.n_first = hnorm->n_first;
+            a.rope.eps = hnorm->eps, a.rope.w_off = hnorm->w_off;
+        }
     }
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s, a.q8 = W->q8, a.q8d = W->q8d;
     a.x = x, a.y = y;
@@ -1294,7 +1306,12 @@ static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv)
     if (epi == TC_PLAIN && p.rope.heads)
         epi = TC_ROPE;
     run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN || epi == TC_ROPE ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W),
-           &p.rope, kv, p.bias);
+           &p.rope, kv, p.bias, &p.hnorm);
+    if (p.hnorm.heads && !p.rope.heads) { // no RoPE came: the norms on their own, after the GEMM
+        launch_head_rmsnorm(b->st, p.y, p.W->out, p.m, p.hnorm.heads, p.hnorm.head_dim, p.hnorm.w, p.hnorm.n_first,
+                            p.hnorm.w2, p.hnorm.eps, p.hnorm.w_off, split_sum{nullptr, 0, 0});
+        check_launch(b, "head_rmsnorm");
+    }
 }
 
 // (b from compute(), nothing settled yet: a deferred RMSNorm of x may become the prologue.)
@@ -1308,7 +1325,7 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
     settle(b);
     if (b->fuse_split && !accumulate && W->out % 2 == 0) {
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-        b->pend_tc = {W, x, m, y, 0, norm, nullptr, {0, 0, nullptr, nullptr}};
+        b->pend_tc = {W, x, m, y, 0, norm, nullptr, {0, 0, nullptr, nullptr}, {0, 0, 0, nullptr, nullptr, 0.0f, 0.0f}};
         return;
     }
     run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm, tc_pieces(b, W));
@@ -1319,7 +1336,7 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
 static bool gated_tc(cuda_be *b, const float *gu, int32_t m, int32_t f, float *out, int epi)
 {
     if (b->pend_tc.W && b->pend_tc.y == gu && b->pend_tc.m == m && b->pend_tc.W->out == 2 * f && !b->pend_tc.bias &&
-        !b->pend_tc.rope.heads) {
+        !b->pend_tc.rope.heads && !b->pend_tc.hnorm.heads) {
         shadow_written(b, out, (size_t)m * f * sizeof(float));
         launch_pending_tc(b, epi, out);
         return true;
@@ -1488,8 +1505,10 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
     cuda_be *b = compute(be);
     const auto &pt = b->pend_tc;
     if (pt.W && pt.y == x && !pt.acc && !pt.rope.heads && pt.m == m && pt.W->out == stride &&
-        head_dim % 16 == 0 && (int64_t)n_heads * head_dim <= stride && !(b->tc_big_rows > 0 && m >= b->tc_big_rows)) {
-        // The q|k|v GEMM is still pending: the RoPE (and the KV write, if it comes next) becomes its epilogue.
+        head_dim % 16 == 0 && (int64_t)n_heads * head_dim <= stride && !(b->tc_big_rows > 0 && m >= b->tc_big_rows) &&
+        (!pt.hnorm.heads || (pt.hnorm.heads == n_heads && pt.hnorm.head_dim == head_dim))) {
+        // The q|k|v GEMM is still pending (with the per-head norms of exactly these heads, if any): the RoPE
+        // (and the KV write, if it comes next) becomes its epilogue.
         shadow_written(b, x, (size_t)m * stride * sizeof(float));
         b->pend_tc.rope = {n_heads, head_dim, positions, cos_sin};
         return;
@@ -1498,7 +1517,7 @@ static void cu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t
     split_sum ss;
     b->pend_rope.nw = nullptr;
     if (hn.x == x && hn.n_heads == n_heads && hn.head_dim == head_dim && hn.stride == stride && hn.m == m &&
-        head_dim % 64 == 0 && head_dim <= CUPLAN_ATTN_MAX_HD) {
+        hnorm_rope_fits(head_dim)) {
         // The per-head norms of exactly these heads, pending: one kernel for both (k_hnorm_rope).
         b->pend_hnorm.x = nullptr;
         settle(b);
@@ -1525,7 +1544,8 @@ static void cu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int
     if (m <= 0 || n <= 0)
         return;
     const auto &pt = b->pend_tc;
-    if (pt.W && pt.y == y && !pt.acc && !pt.bias && !pt.rope.heads && pt.m == m && n == stride && n == pt.W->out) {
+    if (pt.W && pt.y == y && !pt.acc && !pt.bias && !pt.rope.heads && !pt.hnorm.heads && pt.m == m && n == stride &&
+        n == pt.W->out) {
         // On the whole output of the pending tensor-core GEMM: added in its epilogue.
         shadow_written(b, y, (size_t)m * stride * sizeof(float));
         b->pend_tc.bias = bias;
@@ -1548,6 +1568,24 @@ static void cu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m,
     cuda_be *b = compute(be);
     if (m <= 0 || n_heads <= 0)
         return;
+    auto &pt = b->pend_tc;
+    auto &hn = pt.hnorm;
+    if (b->tc_hnorm && pt.W && !pt.acc && !pt.rope.heads && pt.m == m && pt.W->out == stride &&
+        !(b->tc_big_rows > 0 && m >= b->tc_big_rows) && hnorm_rope_fits(head_dim)) {
+        // The q|k|v GEMM is still pending: the q norm waits with it for the k norm and the RoPE (the three
+        // become its epilogue); the k norm on the heads right after the q norm's joins it.
+        if (!hn.heads && x == pt.y && (int64_t)n_heads * head_dim <= stride) {
+            shadow_written(b, x, (size_t)m * stride * sizeof(float));
+            hn = {n_heads, head_dim, n_heads, w, nullptr, eps, w_off};
+            return;
+        }
+        if (hn.heads && hn.n_first == hn.heads && x == pt.y + (size_t)hn.heads * head_dim && head_dim == hn.head_dim &&
+            eps == hn.eps && w_off == hn.w_off && (int64_t)(hn.heads + n_heads) * head_dim <= stride) {
+            hn.heads += n_heads;
+            hn.w2 = w;
+            return;
+        }
+    }
     auto &p = b->pend_hnorm;
     if (p.x && p.n_first == p.n_heads && x == p.x + (size_t)p.n_heads * p.head_dim && stride == p.stride && m == p.m &&
         head_dim == p.head_dim && eps == p.eps && w_off == p.w_off &&
@@ -2689,6 +2727,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_FP8", {"tc", "w8a8"}},  {"RD_CUDA_Q8", {"tc", "w8a8"}},     {"RD_CUDA_MOE", {"tc"}},
     {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
+    {"RD_CUDA_TC_HNORM", {"0", "1"}},
 };
 
 static bool env_number(const char *v)
@@ -2780,6 +2819,8 @@ static int create(int n_threads, rd_backend **out)
     const char *pd = env("RD_CUDA_PDL");
     rd_pdl = pd && !strcmp(pd, "1");
 #endif
+    const char *hn = env("RD_CUDA_TC_HNORM");
+    b->tc_hnorm = !(hn && !strcmp(hn, "0"));
     const char *af = env("RD_CUDA_ATTN_FUSE");
     b->attn_fuse = !(af && !strcmp(af, "0"));
     const char *a0 = env("RD_CUDA_ATTN_V0");

@@ -9,12 +9,21 @@ int64_t gemm_tc_part_floats(const cuplan_tc &pl, const tc_args &a)
     return pl.p > 1 && !tc_use_big(a) ? (int64_t)pl.q * a.m * a.out : 0;
 }
 
-int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
+// The column tiles' counters (p > 1), then the normalized heads' (a.rope.nw).
+static int64_t tile_counters(const cuplan_tc &pl, const tc_args &a)
 {
     if (pl.p == 1 || tc_use_big(a))
         return 0;
     const int32_t rows = 16 * cuplan_tc_mw(a.m);
     return (int64_t)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * ((a.m + rows - 1) / rows);
+}
+
+int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
+{
+    if (!a.rope.nw || !a.rope.heads || tc_use_big(a))
+        return tile_counters(pl, a);
+    const int32_t rows = 16 * cuplan_tc_mw(a.m);
+    return tile_counters(pl, a) + (int64_t)a.rope.heads * ((a.m + rows - 1) / rows);
 }
 
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
@@ -33,6 +42,7 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
         return;
     a.q = pl.q, a.p = pl.p, a.kp = pl.kp;
     a.xvec = (uintptr_t)a.x % 16 == 0;
+    a.rope.hcount = a.count + tile_counters(pl, a);
     if (pieces == TC_Q8)
         gemm_tc_q8(s, pl, a, epi);
     else if (a.q8)

@@ -271,6 +271,11 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
             v0 = c0 < a.out ? RD_FADD(v0, a.bias[c0]) : v0;
             v1 = c1 < a.out ? RD_FADD(v1, a.bias[c1]) : v1;
         }
+        if (c0 < a.rope.heads * hd && a.rope.nw) { // the head's norm first: tc_head_finish rotates it
+            y[c0] = v0;
+            y[c1] = v1;
+            return;
+        }
         if (c0 < a.rope.heads * hd) { // k_rope's expression on the finished pair
             const int32_t h = c0 / hd, e = c0 % hd;
             const float *cs = a.rope.cos_sin + (int64_t)a.rope.positions[r] * half * 2;
@@ -689,6 +694,46 @@ RD_UNROLL
 #endif
 }
 
+// TC_ROPE with the per-head norm (a.rope.nw): the CTA that finished column
+// tile `tile` of rows [r0, r0 + 16 MW) has stored its sums as they are. The
+// head needs all head_dim / 16 of its tiles for its norm, so the last of them
+// to arrive here (an arrival counter per row tile and head, which it resets)
+// normalizes, rotates and caches the head in those rows: k_hnorm_rope's warp
+// code (hnorm_rope_head) on the finished values, a warp per row.
+template <int MW, int EPI> RD_DEV void tc_head_finish(const tc_args &a, int32_t tile, int32_t r0)
+{
+    if constexpr (EPI == TC_ROPE) {
+        const int32_t hd = a.rope.head_dim, h = tile / (hd / 16);
+        if (!a.rope.nw || h >= a.rope.heads) // (the whole CTA: V's tiles, or no norm)
+            return;
+        __shared__ int hlast;
+        unsigned *cnt = a.rope.hcount + (int64_t)(r0 / (16 * MW)) * a.rope.heads + h;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0)
+            hlast = atomicAdd(cnt, 1u) == (unsigned)(hd / 16 - 1);
+        __syncthreads();
+        if (!hlast)
+            return;
+        __threadfence();
+        const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, wk = (int)blockDim.x / 32;
+        const float *w = h < a.rope.n_first ? a.rope.nw : a.rope.nw2;
+        const kv_out &kv = a.rope.kv;
+        for (int rr = warp; rr < 16 * MW && r0 + rr < a.m; rr += wk) { // whole warps
+            const int32_t r = r0 + rr;
+            float *v = a.y + (int64_t)r * a.out + (int64_t)h * hd;
+            float nv[CUPLAN_ATTN_MAX_HD / 32];
+            for (int32_t i = 0; 32 * i + lane < hd; i++)
+                nv[i] = __ldcg(v + 32 * i + lane); // other CTAs' sums: from L2
+            hnorm_rope_head(nv, v, hd, lane, w, a.rope.eps, a.rope.w_off,
+                            a.rope.cos_sin + (int64_t)a.rope.positions[r] * hd, kv, kv.kc ? kv.slots[r] : -1,
+                            h - (a.rope.heads - kv.n_kv));
+        }
+        if (threadIdx.x == 0)
+            *cnt = 0;
+    }
+}
+
 // One CTA of 32 wk threads: column tile `tile` (8 pairs of columns, tc_col)
 // of rows [r0, r0 + 16 MW), K-slice kz of the plan's p; `slot` is its arrival
 // counter (p > 1). k_gemm_tc's grid gives these; the MoE experts' kernel
@@ -769,6 +814,7 @@ RD_UNROLL
             for (int i = 0; i < 4; i++)
                 tc_store2<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), tile, 2 * t + (i & 1), acc[mt][0][i],
                                acc[mt][1][i]);
+        tc_head_finish<MW, EPI>(a, tile, r0);
         return;
     }
     const int pairs = 16 * MW * 8;
@@ -789,6 +835,7 @@ RD_UNROLL
                 v0 = RD_FADD(v0, red[w][rr][cc]), v1 = RD_FADD(v1, red[w][rr][8 + cc]);
             tc_store2<EPI>(a, r0 + rr, tile, cc, v0, v1);
         }
+        tc_head_finish<MW, EPI>(a, tile, r0);
         return;
     }
     // p CTAs share the tile: each writes its warps' sums to part[qi][row][column];
@@ -830,6 +877,7 @@ RD_UNROLL
     }
     if (threadIdx.x == 0)
         a.count[slot] = 0;
+    tc_head_finish<MW, EPI>(a, tile, r0);
 }
 
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk.

@@ -79,13 +79,57 @@ RD_DEV int64_t kv_dst(const kv_out &kv, int32_t slot, int32_t h, int32_t d, int3
     return ((block * kv.n_kv + h) * kv.block_size + off) * hd + d;
 }
 
+// One warp's per-head RMSNorm, RoPE and K-cache write for one head of one row:
+// k_hnorm_rope's arithmetic, shared with the tensor-core GEMM's epilogue so
+// both give the same bits. nv[i] holds the head's element 32 i + lane as the
+// caller loaded it; v is where the rotated head goes; cs the row's cos/sin
+// pairs; kh the head's index among the K heads (< 0: a Q head); slot < 0 or
+// kv.kc NULL: no cache write. head_dim a multiple of 64 (a rotated pair
+// (j, j + half) then sits in one lane), at most CUPLAN_ATTN_MAX_HD, or 32 (the
+// pair in lanes j and j + 16, which swap values): hnorm_rope_fits. The whole
+// warp calls it (shuffles).
+static inline bool hnorm_rope_fits(int32_t hd) { return hd == 32 || (hd % 64 == 0 && hd <= CUPLAN_ATTN_MAX_HD); }
+RD_DEV void hnorm_rope_head(float (&nv)[CUPLAN_ATTN_MAX_HD / 32], float *v, int32_t hd, int lane, const float *w,
+                            float eps, float w_off, const float *cs, const kv_out &kv, int32_t slot, int32_t kh)
+{
+    double ss = 0.0;
+    for (int32_t i = 0; 32 * i + lane < hd; i++)
+        ss = rms_acc(ss, nv[i]);
+    ss = warp_allreduce(ss, op_add());
+    const float inv = rms_inv(ss, hd, eps);
+    for (int32_t i = 0; 32 * i + lane < hd; i++)
+        nv[i] = rms_apply(nv[i], inv, w[32 * i + lane], w_off);
+    if (hd == 32) {
+        const float other = __shfl_xor_sync(0xffffffffu, nv[0], 16);
+        const int32_t j = lane % 16;
+        const float c = cs[2 * j], sn = cs[2 * j + 1], a = lane < 16 ? nv[0] : other, b = lane < 16 ? other : nv[0];
+        const float r = lane < 16 ? RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn)) : RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
+        v[lane] = r;
+        if (kv.kc && kh >= 0 && slot >= 0)
+            kv.kc[kv_dst(kv, slot, kh, lane, hd)] = cm_f32_to_bf16(r);
+        return;
+    }
+    const int32_t half = hd / 2, hp = half / 32;
+    for (int32_t i = 0; i < hp; i++) {
+        const int32_t j = 32 * i + lane;
+        const float c = cs[2 * j], sn = cs[2 * j + 1], a = nv[i], b = nv[i + hp];
+        const float ra = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
+        const float rb = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
+        v[j] = ra;
+        v[j + half] = rb;
+        if (kv.kc && kh >= 0 && slot >= 0) {
+            kv.kc[kv_dst(kv, slot, kh, j, hd)] = cm_f32_to_bf16(ra);
+            kv.kc[kv_dst(kv, slot, kh, j + half, hd)] = cm_f32_to_bf16(rb);
+        }
+    }
+}
+
 // Rotates the first n_heads heads of each row in place. With ss.t, every
 // element of the rows [m][stride] is first completed from the split sum.
 void launch_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
                  const int32_t *positions, const float *cos_sin, split_sum ss, kv_out kv);
 // launch_head_rmsnorm then launch_rope on the same heads (and the KV write),
-// in one kernel with their bits; head_dim a multiple of 64, at most
-// CUPLAN_ATTN_MAX_HD.
+// in one kernel with their bits; head_dim as hnorm_rope_fits.
 void launch_hnorm_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
                        const float *w, int32_t n_first, const float *w2, float eps, float w_off, split_sum ss,
                        const int32_t *positions, const float *cos_sin, kv_out kv);
@@ -167,6 +211,13 @@ struct tc_args {
         const int32_t *positions;
         const float *cos_sin;
         kv_out kv;              // kv.kc NULL: no cache write; else K heads (the last kv.n_kv rotated) and V after them
+        // the per-head RMSNorm of the rotated heads before the rotation (nw NULL: none; head_dim a multiple of
+        // 64): heads < n_first with nw, the others with nw2, k_hnorm_rope's arithmetic, by the CTA that
+        // finishes a head's last column tile last (an arrival counter per row tile and head in hcount)
+        const float *nw, *nw2;
+        int32_t n_first;
+        float eps, w_off;
+        unsigned *hcount;       // set by launch_gemm_tc: after the tile counters, [row tiles][heads]
     } rope;
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
@@ -181,8 +232,9 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // TC_GEGLU: y is then the gated FFN's output [m][F] (k_swiglu's / k_geglu's
 // expression), gate|up itself never stored.
 // TC_ROPE: q|k|v rows [m][out] with a.rope set: the first heads rotated as
-// k_rope rotates them, the K and V heads written to the cache as k_kv_write
-// does (acc 0; never the tile kernel).
+// k_rope rotates them (normalized first as k_head_rmsnorm does when
+// a.rope.nw), the K and V heads written to the cache as k_kv_write does (acc
+// 0; never the tile kernel).
 enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
 // pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
 // exactly: the LM head; epi TC_PLAIN, bf16 or Q8_0 weights); or TC_Q8 (FP8

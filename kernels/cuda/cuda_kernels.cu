@@ -229,8 +229,8 @@ __global__ void k_rope(float *x, int32_t stride, int32_t m, int32_t n_heads, int
 // The per-head RMSNorm, RoPE and the KV write in one kernel (Qwen3's and
 // Gemma 3's q/k norms before the rotation): one warp per (row, head) does
 // k_head_rmsnorm's arithmetic, then rotates the normalized pairs (j, j + half)
-// with k_rope's expression, both held by lane j % 32 since half is a multiple
-// of 32. Blocks from head_blocks on complete and copy the columns after the
+// with k_rope's expression (hnorm_rope_head: both held by lane j % 32 when
+// half is a multiple of 32; at head_dim 32 lanes j and j + 16 swap them). Blocks from head_blocks on complete and copy the columns after the
 // heads (V) as k_rope's tail threads do. The bits of the three kernels.
 __global__ void __launch_bounds__(32 * HNORM_WARPS)
     k_hnorm_rope(float *x, int32_t stride, int32_t n_heads, int32_t hd, const float *w, int32_t n_first,
@@ -254,31 +254,12 @@ __global__ void __launch_bounds__(32 * HNORM_WARPS)
     if (h >= n_first)
         w = w2;
     float nv[CUPLAN_ATTN_MAX_HD / 32];
-    double ss = 0.0;
     for (int32_t i = 0; 32 * i + lane < hd; i++) {
         const int32_t j = 32 * i + lane;
         nv[i] = sp.t ? split_value(sp, x, o + j) : v[j];
-        ss = rms_acc(ss, nv[i]);
     }
-    ss = warp_allreduce(ss, op_add());
-    const float inv = rms_inv(ss, hd, eps);
-    for (int32_t i = 0; 32 * i + lane < hd; i++)
-        nv[i] = rms_apply(nv[i], inv, w[32 * i + lane], w_off);
-    const int32_t half = hd / 2, hp = half / 32;
-    const float *cs = cos_sin + (int64_t)positions[row] * half * 2;
-    const int32_t kh = h - (n_heads - kv.n_kv);
-    for (int32_t i = 0; i < hp; i++) {
-        const int32_t j = 32 * i + lane;
-        const float c = cs[2 * j], sn = cs[2 * j + 1], a = nv[i], b = nv[i + hp];
-        const float ra = RD_FSUB(RD_FMUL(a, c), RD_FMUL(b, sn));
-        const float rb = RD_FADD(RD_FMUL(b, c), RD_FMUL(a, sn));
-        v[j] = ra;
-        v[j + half] = rb;
-        if (kv.kc && kh >= 0 && kv.slots[row] >= 0) {
-            kv.kc[kv_dst(kv, kv.slots[row], kh, j, hd)] = cm_f32_to_bf16(ra);
-            kv.kc[kv_dst(kv, kv.slots[row], kh, j + half, hd)] = cm_f32_to_bf16(rb);
-        }
-    }
+    hnorm_rope_head(nv, v, hd, lane, w, eps, w_off, cos_sin + (int64_t)positions[row] * hd, kv, kv.kc ? kv.slots[row] : -1,
+                    h - (n_heads - kv.n_kv));
 }
 
 void launch_hnorm_rope(cudaStream_t s, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,

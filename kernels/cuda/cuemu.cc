@@ -463,7 +463,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int)
     std::memset(p, 0, sizeof *p);
     std::snprintf(p->name, sizeof p->name, "cuemu (host emulation)");
     p->totalGlobalMem = (size_t)16 << 30;
-    p->multiProcessorCount = 4;
+    // CUEMU_SMS: another SM count, for a test that needs a plan only a bigger GPU makes (only the plans read it)
+    const char *sms = std::getenv("CUEMU_SMS");
+    p->multiProcessorCount = sms && std::atoi(sms) > 0 ? std::atoi(sms) : 4;
     p->major = 9;
     p->minor = 0;
     p->sharedMemPerBlock = 48 * 1024;

@@ -903,9 +903,15 @@ static void tc_norm_case(rd_backend *tc, rd_backend *nofuse, int32_t out, int32_
  * order): with the GEMM pending the RoPE and KV write become its epilogue
  * (TC_ROPE: each CTA holds element j of a head and j + head_dim / 2). Its q|k|v
  * rows and both caches equal the unfused kernels' (RD_CUDA_FUSE=0) bit for
- * bit; a padding row (slot -1) writes no cache. */
-static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t nkv, int32_t hd, int32_t IN,
-                         int32_t M, int with_bias)
+ * bit; a padding row (slot -1) writes no cache. With norms (Qwen3's and Gemma
+ * 3's q and k norms before the RoPE, norm weights offset by w_off), the norms
+ * join the epilogue too: the last CTA to finish a head's column tiles
+ * normalizes and rotates it. Then nohn (RD_CUDA_TC_HNORM=0: the GEMM, then
+ * k_hnorm_rope) gives the same bits in two kernels. */
+static void fill_norm_weights(float *w, int32_t n);
+static int32_t dev_sms(rd_backend *be);
+static void tc_rope_norm_case(rd_backend *tc, rd_backend *nofuse, rd_backend *nohn, int32_t nh, int32_t nkv,
+                              int32_t hd, int32_t IN, int32_t M, int with_bias, int norms, float w_off)
 {
     const int32_t S = (nh + 2 * nkv) * hd, BS = 16, MAXB = 4, MAXPOS = 64, half = hd / 2;
     const size_t n = (size_t)M * S, cache = (size_t)M * MAXB * nkv * BS * hd;
@@ -919,9 +925,14 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
         w[i] = frand() * 0.5f;
     for (int64_t i = 0; i < (int64_t)M * IN; i++)
         xin[i] = frand() * 2.0f;
-    float *bias = malloc(sizeof(float) * S);
+    float *bias = malloc(sizeof(float) * S), *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd);
     for (int32_t i = 0; i < S; i++)
         bias[i] = frand();
+    fill_norm_weights(qn, hd);
+    fill_norm_weights(kn, hd);
+    if (w_off != 0.0f) /* Gemma's weights around 0, applied as 1 + w */
+        for (int32_t i = 0; i < hd; i++)
+            qn[i] -= 1.0f, kn[i] -= 1.25f;
     for (int32_t t = 0; t < MAXPOS; t++)
         for (int32_t i = 0; i < half; i++) {
             double ang = t * pow(1e4, -2.0 * i / hd);
@@ -937,9 +948,11 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
     qs[M] = M;
     rd_step st = {M, M, MAXB, tok, pos, slot, qs, ctx, tab, NULL};
     rd_attn_shape a = {nh, nkv, hd, BS, (float)(1.0 / sqrt((double)hd)), 0};
-    rd_backend *bes[2] = {tc, nofuse};
-    uint64_t launches[2];
-    for (int k = 0; k < 2; k++) {
+    rd_backend *bes[3] = {tc, nofuse, nohn};
+    uint64_t launches[3];
+    float *ys2 = malloc(sizeof(float) * n);
+    uint16_t *kc2 = malloc(2 * cache), *vc2 = malloc(2 * cache);
+    for (int k = 0; k < (nohn ? 3 : 2); k++) {
         rd_backend *be = bes[k];
         void *W;
         CHECK_OK(load_w(be, w, S, IN, &W));
@@ -947,6 +960,7 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
         CHECK_OK(be->ops->step_upload(be, &st, &sd));
         float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
         float *dcs = up(be, cs, sizeof(float) * MAXPOS * hd), *db = up(be, bias, sizeof(float) * S);
+        float *dqn = up(be, qn, sizeof(float) * hd), *dkn = up(be, kn, sizeof(float) * hd);
         uint16_t *zero = calloc(cache, 2);
         void *dk = up(be, zero, 2 * cache), *dv = up(be, zero, 2 * cache);
         free(zero);
@@ -955,30 +969,154 @@ static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t
         be->ops->linear(be, W, dx, M, dy, 0);
         if (with_bias) /* Qwen2's q|k|v bias */
             be->ops->add_bias(be, dy, S, M, S, db);
+        if (norms) {
+            be->ops->head_rmsnorm(be, dy, S, M, nh, hd, dqn, 1e-6f, w_off);
+            be->ops->head_rmsnorm(be, dy + nh * hd, S, M, nkv, hd, dkn, 1e-6f, w_off);
+        }
         be->ops->rope(be, dy, S, M, nh + nkv, hd, sd.positions, dcs);
         be->ops->kv_write(be, &a, dy + nh * hd, dy + (nh + nkv) * hd, S, &sd, dk, dv);
         CHECK_OK(be->ops->sync(be));
         launches[k] = cuemu_launch_count() - k0;
-        CHECK_OK(down(be, ys[k], dy, sizeof(float) * n));
-        CHECK_OK(down(be, kcs[k], dk, 2 * cache));
-        CHECK_OK(down(be, vcs[k], dv, 2 * cache));
+        CHECK_OK(down(be, k < 2 ? ys[k] : ys2, dy, sizeof(float) * n));
+        CHECK_OK(down(be, k < 2 ? kcs[k] : kc2, dk, 2 * cache));
+        CHECK_OK(down(be, k < 2 ? vcs[k] : vc2, dv, 2 * cache));
         be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dcs), be->ops->free(be, dk);
-        be->ops->free(be, dv), be->ops->free(be, db);
+        be->ops->free(be, dv), be->ops->free(be, db), be->ops->free(be, dqn), be->ops->free(be, dkn);
         be->ops->linear_free(be, W);
     }
+    const char *what = norms ? (w_off != 0.0f ? ", q/k norms (1 + w)" : ", q/k norms") : with_bias ? ", bias" : "";
     CHECK(!memcmp(ys[0], ys[1], sizeof(float) * n), "tc rope %d/%d x %d, %d rows%s: q|k|v differ from unfused", nh,
-          nkv, hd, M, with_bias ? ", bias" : "");
+          nkv, hd, M, what);
     CHECK(!memcmp(kcs[0], kcs[1], 2 * cache) && !memcmp(vcs[0], vcs[1], 2 * cache),
-          "tc rope %d/%d x %d, %d rows: the KV cache differs from unfused", nh, nkv, hd, M);
+          "tc rope %d/%d x %d, %d rows%s: the KV cache differs from unfused", nh, nkv, hd, M, what);
     size_t written = 0;
     for (size_t i = 0; i < cache; i++)
         written += kcs[0][i] != 0;
     CHECK(written > 0, "tc rope: nothing reached the K cache");
-    CHECK(!on_emulator() || launches[0] == 1, "tc rope: %llu kernels for GEMM%s + RoPE + KV write",
+    CHECK(!on_emulator() || launches[0] == 1, "tc rope%s: %llu kernels for GEMM%s + RoPE + KV write", what,
           (unsigned long long)launches[0], with_bias ? " + bias" : "");
-    free(bias);
+    if (nohn) {
+        CHECK(!memcmp(ys[0], ys2, sizeof(float) * n) && !memcmp(kcs[0], kc2, 2 * cache) &&
+                  !memcmp(vcs[0], vc2, 2 * cache),
+              "tc rope %d/%d x %d, %d rows%s: the epilogue's norms differ from RD_CUDA_TC_HNORM=0's", nh, nkv, hd, M,
+              what);
+        CHECK(!on_emulator() || launches[2] == 2, "tc rope%s, RD_CUDA_TC_HNORM=0: %llu kernels (want the GEMM, then "
+              "k_hnorm_rope)", what, (unsigned long long)launches[2]);
+    }
+    free(bias), free(qn), free(kn), free(ys2), free(kc2), free(vc2);
     free(w), free(xin), free(cs), free(ys[0]), free(ys[1]), free(kcs[0]), free(kcs[1]), free(vcs[0]), free(vcs[1]);
     free(tok), free(pos), free(slot), free(qs), free(ctx), free(tab);
+}
+
+static void tc_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t nkv, int32_t hd, int32_t IN,
+                         int32_t M, int with_bias)
+{
+    tc_rope_norm_case(tc, nofuse, NULL, nh, nkv, hd, IN, M, with_bias, 0, 0.0f);
+}
+
+/* The q and k norms pending with the q|k|v GEMM, then no RoPE (an op that
+ * reads the rows, here a download): the GEMM, then the norms on their own;
+ * the unfused kernels' bits. */
+static void tc_norm_no_rope_case(rd_backend *tc, rd_backend *nofuse, int32_t nh, int32_t nkv, int32_t hd, int32_t IN,
+                                 int32_t M)
+{
+    const int32_t S = (nh + 2 * nkv) * hd;
+    const size_t n = (size_t)M * S;
+    float *w = malloc(sizeof(float) * S * IN), *xin = malloc(sizeof(float) * M * IN);
+    float *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd);
+    float *ys[2] = {malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
+    for (int64_t i = 0; i < (int64_t)S * IN; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * IN; i++)
+        xin[i] = frand() * 2.0f;
+    fill_norm_weights(qn, hd);
+    fill_norm_weights(kn, hd);
+    rd_backend *bes[2] = {tc, nofuse};
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        void *W;
+        CHECK_OK(load_w(be, w, S, IN, &W));
+        float *dx = up(be, xin, sizeof(float) * M * IN), *dy = up(be, NULL, sizeof(float) * n);
+        float *dqn = up(be, qn, sizeof(float) * hd), *dkn = up(be, kn, sizeof(float) * hd);
+        be->ops->linear(be, W, dx, M, dy, 0);
+        be->ops->head_rmsnorm(be, dy, S, M, nh, hd, dqn, 1e-6f, 0.0f);
+        be->ops->head_rmsnorm(be, dy + nh * hd, S, M, nkv, hd, dkn, 1e-6f, 0.0f);
+        CHECK_OK(down(be, ys[k], dy, sizeof(float) * n));
+        be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dqn), be->ops->free(be, dkn);
+        be->ops->linear_free(be, W);
+    }
+    CHECK(!memcmp(ys[0], ys[1], sizeof(float) * n), "tc q/k norms without a RoPE, %d/%d x %d, %d rows: differ from "
+          "unfused", nh, nkv, hd, M);
+    free(w), free(xin), free(qn), free(kn), free(ys[0]), free(ys[1]);
+}
+
+/* Qwen3's and Gemma 3's layer entry in tc mode: the q|k|v GEMM with the q and
+ * k norms, RoPE and KV write as its epilogue (one kernel), on each of the
+ * plan's reductions, bf16 and Q8_0 weights. */
+static void test_gemm_tc_hnorm(void)
+{
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
+    rd_backend *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    rd_backend *nohn = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_HNORM", "0");
+    setenv("RD_CUDA_Q8", "tc", 1);
+    rd_backend *q8 = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *q8nf = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    rd_backend *q8nohn = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_HNORM", "0");
+    unsetenv("RD_CUDA_Q8");
+    CHECK(tc && nofuse && nohn && q8 && q8nf && q8nohn, "cannot create the tc backends: %s", rd_errmsg());
+    const struct {
+        int32_t nh, nkv, hd, in, m;
+        int bias;
+        float w_off;
+        const char *what;
+    } cases[] = {
+        {4, 2, 128, 1024, 3, 0, 0.0f, "Qwen3's head_dim"},
+        {5, 1, 64, 96, 7, 0, 0.0f, "one sub-piece"},
+        {2, 1, 256, 512, 20, 0, 1.0f, "Gemma 3's head_dim and 1 + w; 2 m16 tiles"},
+        {4, 2, 128, 512, 1, 1, 0.0f, "a q|k|v bias first; one row"},
+        {16, 8, 128, 1024, 40, 0, 0.0f, "Qwen3-0.6B's heads; 3 row tiles"},
+        {4, 2, 32, 256, 5, 0, 0.0f, "the tiny models' head_dim 32 (lanes j and j + 16 swap)"},
+    };
+    int reductions[3] = {0, 0, 0}; /* q = 1, p = 1, p > 1 */
+    const int32_t sms = on_emulator() ? 4 : dev_sms(tc);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !test_case_failed; i++) {
+        const int32_t out = (cases[i].nh + 2 * cases[i].nkv) * cases[i].hd;
+        cuplan_tc pl;
+        CHECK(cuplan_gemm_tc(out, cases[i].in, sms, &pl) == 0, "plan [%d x %d]", out, cases[i].in);
+        reductions[pl.q == 1 ? 0 : pl.p == 1 ? 1 : 2]++;
+        tc_rope_norm_case(tc, nofuse, nohn, cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].in, cases[i].m,
+                          cases[i].bias, 1, cases[i].w_off);
+        if (test_case_failed)
+            fprintf(stderr, "  (case: %s)\n", cases[i].what);
+    }
+    if (!test_case_failed) tc_norm_no_rope_case(tc, nofuse, 4, 2, 128, 512, 3);
+    if (on_emulator() && !test_case_failed) {
+        /* p > 1 needs fewer column tiles than 2 per SM: with head_dim >= 64, more SMs than the emulator's 4 */
+        setenv("CUEMU_SMS", "16", 1);
+        rd_backend *tc16 = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
+        rd_backend *nofuse16 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+        rd_backend *nohn16 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_HNORM", "0");
+        unsetenv("CUEMU_SMS");
+        cuplan_tc pl;
+        CHECK(tc16 && nofuse16 && nohn16 && dev_sms(tc16) == 16, "cannot create the 16-SM emulator backends");
+        CHECK(cuplan_gemm_tc(192, 1024, 16, &pl) == 0 && pl.p == 2, "plan [192 x 1024] on 16 SMs: p %d", pl.p);
+        if (!test_case_failed) tc_rope_norm_case(tc16, nofuse16, nohn16, 1, 1, 64, 1024, 5, 0, 1, 0.0f);
+        if (!test_case_failed) tc_rope_norm_case(tc16, nofuse16, nohn16, 1, 1, 64, 1024, 20, 0, 1, 1.0f);
+        reductions[2] += !test_case_failed;
+        rd_backend *all16[3] = {tc16, nofuse16, nohn16};
+        for (int i = 0; i < 3; i++)
+            if (all16[i])
+                rd_backend_destroy(all16[i]);
+    }
+    CHECK(test_case_failed || !on_emulator() || (reductions[0] && reductions[1] && reductions[2]),
+          "the cases miss a reduction: q = 1 x%d, p = 1 x%d, p > 1 x%d", reductions[0], reductions[1], reductions[2]);
+    tc_wfmt = 2;
+    if (!test_case_failed) tc_rope_norm_case(q8, q8nf, q8nohn, 4, 2, 128, 1024, 3, 0, 1, 0.0f);
+    if (!test_case_failed) tc_rope_norm_case(q8, q8nf, q8nohn, 2, 1, 256, 512, 9, 0, 1, 1.0f);
+    tc_wfmt = 0;
+    rd_backend *all[6] = {tc, nofuse, nohn, q8, q8nf, q8nohn};
+    for (int i = 0; i < 6; i++)
+        if (all[i])
+            rd_backend_destroy(all[i]);
 }
 
 static void test_gemm_tc(void)
@@ -1712,7 +1850,8 @@ typedef struct {
     int32_t hd, nh, nkv, m, pad;
 } qkv_shape;
 static const qkv_shape qkv_shapes[] = {
-    {64, 5, 1, 7, 0}, {128, 4, 2, 5, 8}, {256, 3, 1, 3, 0}, {128, 16, 8, 3, 0} /* Qwen3-0.6B's heads */
+    {64, 5, 1, 7, 0}, {128, 4, 2, 5, 8}, {256, 3, 1, 3, 0}, {128, 16, 8, 3, 0}, /* Qwen3-0.6B's heads */
+    {32, 4, 2, 3, 0} /* the tiny models' head_dim */
 };
 #define N_QKV_SHAPES (sizeof qkv_shapes / sizeof qkv_shapes[0])
 static int32_t qkv_stride(const qkv_shape *q) { return (q->nh + 2 * q->nkv) * q->hd + q->pad; }
@@ -2147,10 +2286,10 @@ static void test_qwen_ops_after_linear(void)
                    else the next op completes it), the ops (bias: 1; norms: 2, one launch
                    when fused), then RoPE with the KV write inside it, or (not fused, or
                    rows wider than q|k|v) RoPE and KV write. Fused with head_dim a
-                   multiple of 64, the norms, RoPE and the KV write are one kernel. */
+                   multiple of 64 or 32, the norms, RoPE and the KV write are one kernel. */
                 const int fused = modes[mi].fused;
                 int64_t k = 2 + !fused;
-                if (qwen3 && fused && q->hd % 64 == 0)
+                if (qwen3 && fused && (q->hd % 64 == 0 || q->hd == 32))
                     k += q->pad == 0 ? 1 : 2;
                 else
                     k += (qwen3 ? 2 - fused : 1) + (fused && q->pad == 0 ? 1 : 2);
@@ -5836,6 +5975,7 @@ int main(void)
     RUN_SEL(test_linear_read_native);
     RUN_SEL(test_fp8_linear);
     RUN_SEL(test_gemm_tc);
+    RUN_SEL(test_gemm_tc_hnorm);
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
