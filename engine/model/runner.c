@@ -108,20 +108,10 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
     if (op->graph_begin && op->graph_end && op->graph_launch && op->graph_free && !(g && !strcmp(g, "0"))) {
         int32_t cap = max_rows < max_logits ? max_rows : max_logits;
         r->graph_cap = cap < RUNNER_GRAPH_MAX_BATCH ? cap : RUNNER_GRAPH_MAX_BATCH;
-        r->iota_dev = balloc(be, (size_t)r->graph_cap * sizeof(int32_t), &failed);
         r->pad_host = malloc(4 * (size_t)r->graph_cap * sizeof(int32_t));
-        if (failed || !r->pad_host) {
+        if (!r->pad_host) {
             runner_free(r);
             return rd_fail(RD_ENOMEM, "runner: cannot allocate graph buffers for %d rows", cap);
-        }
-        for (int32_t i = 0; i < r->graph_cap; i++)
-            r->pad_host[i] = i;
-        int rc = op->h2d(be, r->iota_dev, r->pad_host, (size_t)r->graph_cap * sizeof(int32_t));
-        if (!rc)
-            rc = op->sync(be);
-        if (rc) {
-            runner_free(r);
-            return rc;
         }
         r->use_graphs = 1;
     }
@@ -140,8 +130,6 @@ void runner_free(runner *r)
             be->ops->free(be, bufs[i]);
     runner_kv_free(r);
     free(r->moe);
-    if (r->iota_dev)
-        be->ops->free(be, r->iota_dev);
     for (int32_t k = 0; r->lora_lb && be->ops->lora_release && k < r->m->cfg.n_layers * LORA_N_MODULES; k++)
         if (r->lora_lb[k].w)
             be->ops->lora_release(be, &r->lora_lb[k]);
@@ -530,15 +518,21 @@ static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
         m->arch->layer(r, sd, M, l);
 }
 
-/* gather the logit rows -> final norm -> LM head (fp32 where the backend has one). */
+/* gather the logit rows -> final norm -> LM head (fp32 where the backend has one).
+ * rows_dev NULL: the logit rows are rows 0..n-1 of the step, in order (a
+ * decode step), and the norm reads them where they are: no gather. */
 static void enqueue_head(runner *r, const int32_t *rows_dev, int32_t n)
 {
     const model *m = r->m;
     const model_config *c = &m->cfg;
     rd_backend *be = r->be;
     const rd_backend_ops *op = be->ops;
-    op->gather_rows(be, r->x, rows_dev, n, c->dim, r->xn);
-    op->rmsnorm(be, r->xn, m->out_norm, n, c->dim, c->norm_eps, m->arch->norm_offset, r->sel);
+    const float *rows = r->x;
+    if (rows_dev) {
+        op->gather_rows(be, r->x, rows_dev, n, c->dim, r->xn);
+        rows = r->xn;
+    }
+    op->rmsnorm(be, rows, m->out_norm, n, c->dim, c->norm_eps, m->arch->norm_offset, r->sel);
     if (op->lm_head)
         op->lm_head(be, m->lm_head, r->sel, n, r->logits);
     else
@@ -639,7 +633,7 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
         rc = op->graph_begin(be);
         if (!rc) {
             enqueue_body(r, &sd, B);
-            enqueue_head(r, r->iota_dev, B);
+            enqueue_head(r, NULL, B);
             rc = op->graph_end(be, &g->graph);
         }
         if (!rc) {
@@ -658,7 +652,7 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
     }
     if (!ran) {
         enqueue_body(r, &sd, B);
-        enqueue_head(r, r->iota_dev, B);
+        enqueue_head(r, NULL, B);
         g->seen = 1;
         r->graph_eager++;
     }
@@ -713,7 +707,10 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
     r->ns_layers += t1 - t0;
     if ((rc = op->h2d(be, r->logit_rows_dev, logit_rows, (size_t)n_logits * sizeof(int32_t))))
         return rc;
-    enqueue_head(r, r->logit_rows_dev, n_logits);
+    int identity = n_logits == M;
+    for (int32_t i = 0; identity && i < n_logits; i++)
+        identity = logit_rows[i] == i;
+    enqueue_head(r, identity ? NULL : r->logit_rows_dev, n_logits);
     r->last_logits = n_logits;
     rc = logits_host ? op->d2h(be, logits_host, r->logits, (size_t)n_logits * c->vocab * sizeof(float)) : 0;
     if (!rc)

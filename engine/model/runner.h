@@ -56,7 +56,6 @@ typedef struct runner {
     int use_graphs;
     int32_t graph_cap;          /* largest bucket: min(max_rows, max_logits, 256) */
     runner_graph graphs[RUNNER_MAX_GRAPHS];
-    int32_t *iota_dev;          /* [graph_cap] 0, 1, 2, ...: the logit rows of a padded step */
     int32_t *pad_host;          /* [4][graph_cap] token, position, slot, LoRA slot of a padded step */
     int64_t graph_replays, graph_captures, graph_eager; /* decode steps by how they ran */
     /* LoRA adapters (runner_lora_init; lora_n_slots 0 without): per (layer, module) the backend handles of

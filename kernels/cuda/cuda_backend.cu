@@ -1432,8 +1432,15 @@ static void lm_head_fp32(cuda_be *b, weight *W, const float *x, int32_t m, float
 
 static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m, float *y)
 {
-    cuda_be *b = compute_op(be);
+    cuda_be *b = compute(be);
     weight *W = (weight *)w;
+    cuda_be::pend_norm_t norm{};
+    if (W->use_tc && !(b->head_fp32 && W->w) && b->pend_norm.x && b->pend_norm.out == x && b->pend_norm.m == m &&
+        b->pend_norm.d == W->in) {
+        norm = b->pend_norm; // the final RMSNorm (a few rows: a decode step) becomes the head's prologue
+        b->pend_norm.x = nullptr;
+    }
+    settle(b);
     if (m <= 0)
         return;
     if (W->f8) {
@@ -1446,7 +1453,7 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
         return;
     }
     if (W->use_tc) { // x as three exact pieces in the tensor-core GEMM: one kernel
-        run_tc(b, W, x, m, y, 0, TC_PLAIN, cuda_be::pend_norm_t{}, 3);
+        run_tc(b, W, x, m, y, 0, TC_PLAIN, norm, 3);
         return;
     }
     const int32_t rows = m < HEAD_ROWS ? m : HEAD_ROWS;

@@ -370,6 +370,10 @@ if [ "$DRY" = 0 ]; then
   # Programmatic dependent launch on top of tc (each kernel scheduled while the one before drains).
   RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run bench-1b-tc-pdl 60 "$BENCH" bench --synthetic 1b --label " tc pdl" \
     --batches 1,8,32 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-pdl.json" || true
+  # tc without the RMSNorm prologues (RD_CUDA_NORM_ROWS=0: the layers' norms and the final one before the LM
+  # head as kernels of their own: 2 launches more per layer and 1 a step), beside bench-1b-tc.
+  RD_CUDA_GEMM=tc RD_CUDA_NORM_ROWS=0 run bench-1b-tc-norm0 60 "$BENCH" bench --synthetic 1b --label " tc norm0" \
+    --batches 1,8 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-norm0.json" || true
   # Issue 26: the 1B's layers in FP8 blocks on CUDA cores (k_gemm_fp8), beside fp8tc.
   run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
     --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
@@ -468,7 +472,7 @@ else
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
-    bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm; do
+    bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0; do
     skip_gpu "$s"
   done
 fi

@@ -1711,6 +1711,48 @@ static void test_mixed_activations(void)
     rd_backend_destroy(mixed);
 }
 
+/* The step's end in tc mode: the final RMSNorm (up to RD_CUDA_NORM_ROWS rows)
+ * as the LM head's prologue, one kernel; the logits and the norm's output
+ * bit for bit those of the norm run first (RD_CUDA_FUSE=0), bf16 or Q8_0
+ * (tc_wfmt) tables; more rows than that, the norm on its own. */
+static void tc_head_norm_case(rd_backend *tc, rd_backend *nofuse, int32_t V, int32_t dim, int32_t M, float w_off)
+{
+    float *w = malloc(sizeof(float) * V * dim), *x = malloc(sizeof(float) * M * dim), *nw = malloc(sizeof(float) * dim);
+    float *ys[2] = {malloc(sizeof(float) * M * V), malloc(sizeof(float) * M * V)};
+    float *xns[2] = {malloc(sizeof(float) * M * dim), malloc(sizeof(float) * M * dim)};
+    for (int64_t i = 0; i < (int64_t)V * dim; i++)
+        w[i] = frand() * 0.5f;
+    for (int64_t i = 0; i < (int64_t)M * dim; i++)
+        x[i] = frand() * 3.0f;
+    fill_norm_weights(nw, dim);
+    rd_backend *bes[2] = {tc, nofuse};
+    uint64_t launches[2];
+    for (int k = 0; k < 2; k++) {
+        rd_backend *be = bes[k];
+        void *W;
+        CHECK_OK(load_w(be, w, V, dim, &W));
+        float *dx = up(be, x, sizeof(float) * M * dim), *dn = up(be, nw, sizeof(float) * dim);
+        float *dxn = up(be, NULL, sizeof(float) * M * dim), *dy = up(be, NULL, sizeof(float) * M * V);
+        CHECK_OK(be->ops->sync(be));
+        const uint64_t k0 = cuemu_launch_count();
+        be->ops->rmsnorm(be, dx, dn, M, dim, 1e-6f, w_off, dxn);
+        be->ops->lm_head(be, W, dxn, M, dy);
+        CHECK_OK(be->ops->sync(be));
+        launches[k] = cuemu_launch_count() - k0;
+        CHECK_OK(down(be, ys[k], dy, sizeof(float) * M * V));
+        CHECK_OK(down(be, xns[k], dxn, sizeof(float) * M * dim));
+        be->ops->free(be, dx), be->ops->free(be, dn), be->ops->free(be, dxn), be->ops->free(be, dy);
+        be->ops->linear_free(be, W);
+    }
+    CHECK(!memcmp(ys[0], ys[1], sizeof(float) * M * V) && !memcmp(xns[0], xns[1], sizeof(float) * M * dim),
+          "tc head [%d x %d], %d rows: the norm as its prologue differs from the norm first", V, dim, M);
+    const uint64_t want = M <= 8 ? 1 : 2;
+    CHECK(!on_emulator() || (launches[0] == want && launches[1] == 2),
+          "tc head [%d x %d], %d rows: %llu kernels (want %llu), %llu unfused", V, dim, M,
+          (unsigned long long)launches[0], (unsigned long long)want, (unsigned long long)launches[1]);
+    free(w), free(x), free(nw), free(ys[0]), free(ys[1]), free(xns[0]), free(xns[1]);
+}
+
 /* The LM head over more rows than one chunk (128): every row equals the row
  * alone, and all are within fp32 rounding of the exact sum. */
 static void lm_head_case(rd_backend *be, int32_t out, int32_t in, int32_t M, double tol)
@@ -1757,8 +1799,22 @@ static void test_lm_head_chunks(void)
     lm_head_case(tc, 37, 64, 300, on_emulator() ? 1e-6 : 3e-5);
     if (!test_case_failed)
         lm_head_case(tc, 300, 512, 20, on_emulator() ? 1e-6 : 3e-5);
-    if (tc)
-        rd_backend_destroy(tc);
+    rd_backend *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    CHECK(nofuse != NULL, "cannot create the unfused tc backend: %s", rd_errmsg());
+    if (!test_case_failed) tc_head_norm_case(tc, nofuse, 300, 512, 1, 0.0f);
+    if (!test_case_failed) tc_head_norm_case(tc, nofuse, 300, 512, 8, 1.0f);  /* Gemma's 1 + w */
+    if (!test_case_failed) tc_head_norm_case(tc, nofuse, 37, 64, 9, 0.0f);    /* past RD_CUDA_NORM_ROWS */
+    setenv("RD_CUDA_Q8", "tc", 1);
+    rd_backend *q8 = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *q8nf = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    unsetenv("RD_CUDA_Q8");
+    CHECK(q8 && q8nf, "cannot create the Q8_0 tc backends: %s", rd_errmsg());
+    tc_wfmt = 2;
+    if (!test_case_failed) tc_head_norm_case(q8, q8nf, 300, 512, 3, 0.0f);
+    tc_wfmt = 0;
+    rd_backend *all[4] = {tc, nofuse, q8, q8nf};
+    for (int i = 0; i < 4; i++)
+        if (all[i])
+            rd_backend_destroy(all[i]);
 }
 
 /* ------------------------------------------------------------------ row ops vs the CPU backend */
