@@ -273,6 +273,7 @@ struct cuda_be {
         split_sum ss;           // the sum it took from the GEMM before it
     } pend_hnorm;
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
+    bool norm_v0;               // RD_CUDA_NORM_V0=1: k_rmsnorm's loop form at every width (its register form's baseline)
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
@@ -375,7 +376,8 @@ static void launch_pending_norm(cuda_be *b)
 {
     const auto p = b->pend_norm;
     b->pend_norm.x = nullptr;
-    launch_rmsnorm(b->st, (float *)p.x, p.w, p.m, p.d, p.eps, p.w_off, p.out, nullptr, 0, split_sum{nullptr, 0, 0});
+    launch_rmsnorm(b->st, (float *)p.x, p.w, p.m, p.d, p.eps, p.w_off, p.out, nullptr, 0, split_sum{nullptr, 0, 0},
+                   b->norm_v0);
     check_launch(b, "rmsnorm");
 }
 
@@ -1501,7 +1503,7 @@ static void cu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m
         return;
     }
     uint16_t *bf = shadow_claim(b, out, n);
-    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, bf, b->split ? (int64_t)n : 0, ss);
+    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, bf, b->split ? (int64_t)n : 0, ss, b->norm_v0);
     if (check_launch(b, "rmsnorm") && bf)
         shadow_commit(b, out, n);
 }
@@ -2734,7 +2736,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_FP8", {"tc", "w8a8"}},  {"RD_CUDA_Q8", {"tc", "w8a8"}},     {"RD_CUDA_MOE", {"tc"}},
     {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
-    {"RD_CUDA_TC_HNORM", {"0", "1"}},
+    {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}},
 };
 
 static bool env_number(const char *v)
@@ -2826,6 +2828,8 @@ static int create(int n_threads, rd_backend **out)
     const char *pd = env("RD_CUDA_PDL");
     rd_pdl = pd && !strcmp(pd, "1");
 #endif
+    const char *nv0 = env("RD_CUDA_NORM_V0");
+    b->norm_v0 = nv0 && !strcmp(nv0, "1");
     const char *hn = env("RD_CUDA_TC_HNORM");
     b->tc_hnorm = !(hn && !strcmp(hn, "0"));
     const char *af = env("RD_CUDA_ATTN_FUSE");

@@ -50,8 +50,9 @@ RD_DEV float rms_apply(float x, float inv, float w, float w_off)
 }
 // RMSNorm per row, the sum of squares in double, as the CPU backend. With
 // ss.t, x is first completed from the split sum (and written back).
+// v0 (RD_CUDA_NORM_V0=1): the kernel's loop form at every width (same bits).
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off, float *out,
-                    uint16_t *out_bf, int64_t lo_off, split_sum ss);
+                    uint16_t *out_bf, int64_t lo_off, split_sum ss, bool v0 = false);
 // y[i][j] += b[j] for j < n on the rows at y + i * stride (a linear's bias).
 // With ss.t, every element of the rows [m][stride] is first completed from
 // the split sum (and written back), the bias then added to it.

@@ -55,13 +55,50 @@ void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t
 
 // ------------------------------------------------------------------ rmsnorm
 
+// A row per CTA of RMS_THREADS threads, thread j taking elements j,
+// j + RMS_THREADS, ... (rms_acc in that order, then block_allreduce). With NV
+// > 0 (d <= NV x RMS_THREADS) the thread first loads all of its elements into
+// registers, so their loads are in flight together: in the loop (NV 0, wider
+// rows, or RD_CUDA_NORM_V0=1) a split sum's write-back kept each load waiting
+// for the one before it, a round trip to L2 per element. Same order, same bits.
+template <int NV>
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,
                                                          float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
 {
     RD_PDL_ENTRY();
     const int64_t row = blockIdx.x;
-    float *xi = x + row * d;
+    float *xi = x + row * d, *oi = out + row * d;
     double ss = 0.0;
+    if constexpr (NV > 0) {
+        float v[NV];
+RD_UNROLL
+        for (int i = 0; i < NV; i++) {
+            const int32_t j = (int32_t)threadIdx.x + i * RMS_THREADS;
+            v[i] = j >= d ? 0.0f : sp.t ? split_value(sp, x, row * d + j) : xi[j];
+        }
+RD_UNROLL
+        for (int i = 0; i < NV; i++) {
+            const int32_t j = (int32_t)threadIdx.x + i * RMS_THREADS;
+            if (j < d) {
+                if (sp.t)
+                    xi[j] = v[i];
+                ss = rms_acc(ss, v[i]);
+            }
+        }
+        ss = block_allreduce(ss, op_add());
+        const float inv = rms_inv(ss, d, eps);
+RD_UNROLL
+        for (int i = 0; i < NV; i++) {
+            const int32_t j = (int32_t)threadIdx.x + i * RMS_THREADS;
+            if (j < d) {
+                const float o = rms_apply(v[i], inv, w[j], w_off);
+                oi[j] = o;
+                if (out_bf)
+                    store_bf(out_bf, row * d + j, lo_off, o);
+            }
+        }
+        return;
+    }
     for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
         if (sp.t) // the thread reads back only what it wrote
             xi[j] = split_value(sp, x, row * d + j);
@@ -69,7 +106,6 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *
     }
     ss = block_allreduce(ss, op_add());
     const float inv = rms_inv(ss, d, eps);
-    float *oi = out + row * d;
     for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
         const float v = rms_apply(xi[j], inv, w[j], w_off);
         oi[j] = v;
@@ -79,11 +115,16 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *
 }
 
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off,
-                    float *out, uint16_t *out_bf, int64_t lo_off, split_sum ss)
+                    float *out, uint16_t *out_bf, int64_t lo_off, split_sum ss, bool v0)
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_rmsnorm, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
+    if (!v0 && d <= 8 * RMS_THREADS)
+        RD_LAUNCH(k_rmsnorm<8>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
+    else if (!v0 && d <= 20 * RMS_THREADS)
+        RD_LAUNCH(k_rmsnorm<20>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
+    else
+        RD_LAUNCH(k_rmsnorm<0>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
 }
 
 // ------------------------------------------------------------------ bias

@@ -467,7 +467,8 @@ static void test_env_switches(void)
 {
     static const char *bad[][2] = {{"RD_CUDA_GEMM", "tcc"},     {"RD_CUDA_ACT", "fp16"},  {"RD_CUDA_MOE", "TC"},
                                    {"RD_CUDA_TC_TILE", "96"},   {"RD_CUDA_PDL", "yes"},   {"RD_CUDA_FUSE", "off"},
-                                   {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"}};
+                                   {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"},
+                                   {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         rd_backend *be = NULL;
@@ -1833,6 +1834,62 @@ static int64_t max_ulps(const float *a, const float *b, size_t n)
         worst = d > worst ? d : worst;
     }
     return worst;
+}
+
+/* RMSNorm at the widths that pick each form of k_rmsnorm (registers up to
+ * 2048 and 5120, the loop past that): alone, within 1 ulp of the CPU; and
+ * completing a split GEMM's deferred sum with the residual add (the linear
+ * accumulating into x, as the o and down projections do), x and the output
+ * bit for bit those of the loop form (RD_CUDA_NORM_V0=1). */
+static void test_rmsnorm_widths(void)
+{
+    rd_backend *v0 = dev_with("RD_CUDA_NORM_V0", "1", NULL, NULL);
+    CHECK(v0 != NULL, "cannot create the RD_CUDA_NORM_V0 backend: %s", rd_errmsg());
+    const int32_t widths[] = {96, 2048, 2049, 4096, 5120, 5121, 8192}, M = 3, IN = 32;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0] && !test_case_failed; wi++) {
+        const int32_t D = widths[wi];
+        const size_t n = (size_t)M * D;
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * D), *lw = malloc(sizeof(float) * D * IN);
+        float *xin = malloc(sizeof(float) * M * IN), *got[3], *xs[2];
+        for (size_t i = 0; i < n; i++)
+            x[i] = frand() * 3;
+        for (int32_t i = 0; i < D; i++)
+            w[i] = frand();
+        for (int32_t i = 0; i < D * IN; i++)
+            lw[i] = frand() * 0.25f;
+        for (int32_t i = 0; i < M * IN; i++)
+            xin[i] = frand();
+        rd_backend *bes[3] = {cpu, emu, v0};
+        for (int k = 0; k < 3; k++) {
+            rd_backend *be = bes[k];
+            got[k] = malloc(sizeof(float) * n * 2);
+            float *dx = up(be, x, sizeof(float) * n), *dw = up(be, w, sizeof(float) * D), *dout = up(be, NULL, sizeof(float) * n);
+            be->ops->rmsnorm(be, dx, dw, M, D, 1e-5f, 0.0f, dout);
+            CHECK_OK(down(be, got[k], dout, sizeof(float) * n));
+            if (k > 0) { /* x += linear(xin), its split sum completed by the norm */
+                void *W;
+                float *dxin = up(be, xin, sizeof(float) * M * IN);
+                CHECK_OK(be->ops->linear_load(be, lw, D, IN, &W));
+                be->ops->linear(be, W, dxin, M, dx, 1);
+                be->ops->rmsnorm(be, dx, dw, M, D, 1e-5f, 1.0f, dout);
+                CHECK_OK(down(be, got[k] + n, dout, sizeof(float) * n));
+                xs[k - 1] = malloc(sizeof(float) * n);
+                CHECK_OK(down(be, xs[k - 1], dx, sizeof(float) * n));
+                be->ops->linear_free(be, W);
+                be->ops->free(be, dxin);
+            }
+            be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dout);
+        }
+        const int64_t ulps = max_ulps(got[0], got[1], n);
+        CHECK(ulps <= 1, "rmsnorm, width %d: %lld ulps from the CPU (double sums, another order)", D, (long long)ulps);
+        CHECK(!memcmp(got[1], got[2], sizeof(float) * n * 2) && !memcmp(xs[0], xs[1], sizeof(float) * n),
+              "rmsnorm, width %d: the register form differs from the loop form (RD_CUDA_NORM_V0=1)", D);
+        for (int k = 0; k < 3; k++)
+            free(got[k]);
+        free(xs[0]), free(xs[1]), free(x), free(w), free(lw), free(xin);
+    }
+    if (v0)
+        rd_backend_destroy(v0);
 }
 
 static void test_row_ops(void)
@@ -6032,6 +6089,7 @@ int main(void)
     RUN_SEL(test_fp8_linear);
     RUN_SEL(test_gemm_tc);
     RUN_SEL(test_gemm_tc_hnorm);
+    RUN_SEL(test_rmsnorm_widths);
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
