@@ -17,7 +17,7 @@
 #define RD_NS rdcu_emu
 // kern(args) runs once per emulated thread; arguments are copied, as for a launch.
 #define RD_LAUNCH(kern, grid, block, smem, stream, ...) \
-    cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); })
+    cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); }, #kern)
 #define RD_DYN_SMEM(T, name) T *name = (T *)cuemu::dyn_smem()
 #define RD_UNROLL
 #define RD_PDL_ENTRY() ((void)0)

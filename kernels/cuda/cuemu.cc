@@ -384,8 +384,9 @@ static int enqueue(stream_t *s, std::function<void()> op)
     return 0;
 }
 
-void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> fn)
+void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> fn, const char *name)
 {
+    static const bool trace = std::getenv("CUEMU_TRACE") && !std::strcmp(std::getenv("CUEMU_TRACE"), "1");
     unsigned n = block.x * block.y * block.z;
     if (n == 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
         grid.z > 65535 || smem > smem_buf.size()) {
@@ -394,8 +395,11 @@ void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void(
         set_err(cudaErrorInvalidConfiguration);
         die("invalid launch configuration");
     }
-    enqueue(s, [grid, block, fn]() {
+    enqueue(s, [grid, block, fn, name]() {
         std::lock_guard<std::mutex> g(launch_mu);
+        if (trace)
+            std::fprintf(stderr, "cuemu: %s grid (%u,%u,%u) block %u\n", name ? name : "?", grid.x, grid.y, grid.z,
+                         block.x * block.y * block.z);
         run_grid(grid, block, fn);
     });
 }

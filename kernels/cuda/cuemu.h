@@ -54,7 +54,8 @@ uint64_t warp_exchange(uint64_t v, unsigned src_lane);
 unsigned lane_id();
 unsigned char *dyn_smem();
 struct stream_t;
-void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body);
+// name: the kernel's, printed as it runs when CUEMU_TRACE=1 (a step's kernels, in order, graph replays included).
+void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body, const char *name = nullptr);
 // Warp all-gather: every live lane of the warp publishes `bytes` (at most 64)
 // from mine, then reads all 32 lanes' into all (lane l's at l * bytes).
 void warp_allgather(const void *mine, unsigned bytes, void *all);
