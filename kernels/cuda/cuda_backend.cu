@@ -377,7 +377,7 @@ static void launch_pending_norm(cuda_be *b)
     const auto p = b->pend_norm;
     b->pend_norm.x = nullptr;
     launch_rmsnorm(b->st, (float *)p.x, p.w, p.m, p.d, p.eps, p.w_off, p.out, nullptr, 0, split_sum{nullptr, 0, 0},
-                   b->norm_v0);
+                   nullptr, b->norm_v0);
     check_launch(b, "rmsnorm");
 }
 
@@ -1503,7 +1503,7 @@ static void cu_rmsnorm(rd_backend *be, const float *x, const float *w, int32_t m
         return;
     }
     uint16_t *bf = shadow_claim(b, out, n);
-    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, bf, b->split ? (int64_t)n : 0, ss, b->norm_v0);
+    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, bf, b->split ? (int64_t)n : 0, ss, nullptr, b->norm_v0);
     if (check_launch(b, "rmsnorm") && bf)
         shadow_commit(b, out, n);
 }
@@ -1657,6 +1657,17 @@ static void cu_add(rd_backend *be, float *y, const float *x, int64_t n)
     cuda_be *b = compute(be);
     if (n <= 0)
         return;
+    const auto pn = b->pend_norm;
+    const auto apart = [n](const float *a, const float *c) { return a + n <= c || c + n <= a; };
+    if (pn.x && pn.out == x && (int64_t)pn.m * pn.d == n && !b->pend_y && apart(y, pn.x) && apart(y, pn.out)) {
+        // x is a deferred RMSNorm's whole output (Gemma 3's post-norms, tc mode): the norm adds it to y as it writes it.
+        b->pend_norm.x = nullptr;
+        shadow_written(b, y, (size_t)n * sizeof(float));
+        launch_rmsnorm(b->st, (float *)pn.x, pn.w, pn.m, pn.d, pn.eps, pn.w_off, pn.out, nullptr, 0,
+                       split_sum{nullptr, 0, 0}, y, b->norm_v0);
+        check_launch(b, "rmsnorm_add");
+        return;
+    }
     const int on_x = x != y && b->pend_y == x && b->pend.n == n;
     const split_sum ss = take_split(b, on_x ? x : y, n);
     shadow_written(b, y, (size_t)n * sizeof(float));

@@ -50,9 +50,11 @@ RD_DEV float rms_apply(float x, float inv, float w, float w_off)
 }
 // RMSNorm per row, the sum of squares in double, as the CPU backend. With
 // ss.t, x is first completed from the split sum (and written back).
-// v0 (RD_CUDA_NORM_V0=1): the kernel's loop form at every width (same bits).
+// add_to (NULL: none): then add_to += out, launch_add's bits (Gemma 3's residual
+// add after a post-norm, in the same kernel). v0 (RD_CUDA_NORM_V0=1): the
+// kernel's loop form at every width (same bits).
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off, float *out,
-                    uint16_t *out_bf, int64_t lo_off, split_sum ss, bool v0 = false);
+                    uint16_t *out_bf, int64_t lo_off, split_sum ss, float *add_to, bool v0);
 // y[i][j] += b[j] for j < n on the rows at y + i * stride (a linear's bias).
 // With ss.t, every element of the rows [m][stride] is first completed from
 // the split sum (and written back), the bias then added to it.

@@ -85,13 +85,16 @@ void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t
 // registers, so their loads are in flight together: in the loop (NV 0, wider
 // rows, or RD_CUDA_NORM_V0=1) a split sum's write-back kept each load waiting
 // for the one before it, a round trip to L2 per element. Same order, same bits.
+// add_to (NULL: none): k_add's y += out after it, on the same [m][d] (Gemma 3's
+// residual add after a post-norm).
 template <int NV>
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,
-                                                         float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp)
+                                                         float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp,
+                                                         float *add_to)
 {
     RD_PDL_ENTRY();
     const int64_t row = blockIdx.x;
-    float *xi = x + row * d, *oi = out + row * d;
+    float *xi = x + row * d, *oi = out + row * d, *ai = add_to ? add_to + row * d : nullptr;
     double ss = 0.0;
     if constexpr (NV > 0) {
         float v[NV];
@@ -119,6 +122,8 @@ RD_UNROLL
                 oi[j] = o;
                 if (out_bf)
                     store_bf(out_bf, row * d + j, lo_off, o);
+                if (ai)
+                    ai[j] = RD_FADD(ai[j], o);
             }
         }
         return;
@@ -135,20 +140,22 @@ RD_UNROLL
         oi[j] = v;
         if (out_bf)
             store_bf(out_bf, row * d + j, lo_off, v);
+        if (ai)
+            ai[j] = RD_FADD(ai[j], v);
     }
 }
 
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off,
-                    float *out, uint16_t *out_bf, int64_t lo_off, split_sum ss, bool v0)
+                    float *out, uint16_t *out_bf, int64_t lo_off, split_sum ss, float *add_to, bool v0)
 {
     if (m <= 0)
         return;
     if (!v0 && d <= 8 * RMS_THREADS)
-        RD_LAUNCH(k_rmsnorm<8>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
+        RD_LAUNCH(k_rmsnorm<8>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss, add_to);
     else if (!v0 && d <= 20 * RMS_THREADS)
-        RD_LAUNCH(k_rmsnorm<20>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
+        RD_LAUNCH(k_rmsnorm<20>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss, add_to);
     else
-        RD_LAUNCH(k_rmsnorm<0>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss);
+        RD_LAUNCH(k_rmsnorm<0>, dim3(m), dim3(RMS_THREADS), 0, s, x, w, d, eps, w_off, out, out_bf, lo_off, ss, add_to);
 }
 
 // ------------------------------------------------------------------ bias

@@ -3683,17 +3683,22 @@ static void test_gemma_layer(void)
     int rc = rd_backend_create(dev_name(), 1, &nofuse);
     unsetenv("RD_CUDA_FUSE");
     CHECK_OK(rc);
+    /* tc: the q|k|v GEMM with its norm, the q/k norms, RoPE and KV write; attention; o; the post-attention
+       norm with the residual add; gate|up with the FFN norm and GeGLU; down; the post-FFN norm with the add */
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *tcnf = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    CHECK(tc && tcnf, "cannot create the tc backends: %s", rd_errmsg());
     struct {
         rd_backend *be;
         const char *name;
         double tol;
         int graphs;
-        uint64_t want_kernels;
-    } runs[4] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 2 + 13 * GL_L},
-                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 2 + 20 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 2 + 13 * GL_L}};
+        uint64_t want_kernels; /* 0: not counted */
+    } runs[6] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 2 + 13 * GL_L},
+                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 2 + 20 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 2 + 13 * GL_L},
+                 {tc, "tc", 1e-2, 1, 2 + 7 * GL_L}, {tcnf, "tc RD_CUDA_FUSE=0", 1e-2, 0, 0}};
     const size_t na = (size_t)31 * GL_H, nb = (size_t)2 * GL_H;
-    float *xa[4], *xb[4];
-    for (int r = 0; r < 4; r++) {
+    float *xa[6], *xb[6];
+    for (int r = 0; r < 6; r++) {
         xa[r] = malloc(sizeof(float) * na);
         xb[r] = malloc(sizeof(float) * nb);
         uint64_t kernels = 0;
@@ -3712,15 +3717,23 @@ static void test_gemma_layer(void)
                "step is %llu kernels (%d layers)\n", runs[r].name, worst, mag, (unsigned long long)kernels, GL_L);
         CHECK(worst <= runs[r].tol * mag, "%s: the layers differ from the CPU by %.3g (max |x| %.3g)", runs[r].name,
               worst, mag);
-        CHECK(!on_emulator() || kernels == runs[r].want_kernels, "%s: a decode step took %llu kernels (want %llu)", runs[r].name,
-              (unsigned long long)kernels, (unsigned long long)runs[r].want_kernels);
+        CHECK(!on_emulator() || !runs[r].want_kernels || kernels == runs[r].want_kernels,
+              "%s: a decode step took %llu kernels (want %llu)", runs[r].name, (unsigned long long)kernels,
+              (unsigned long long)runs[r].want_kernels);
     }
     if (!test_case_failed)
         CHECK(!memcmp(xa[1], xa[2], sizeof(float) * na) && !memcmp(xb[1], xb[2], sizeof(float) * nb),
               "the fused split sums and RoPE + KV write differ from RD_CUDA_FUSE=0");
-    for (int r = 0; r < 4; r++)
+    if (!test_case_failed)
+        CHECK(!memcmp(xa[4], xa[5], sizeof(float) * na) && !memcmp(xb[4], xb[5], sizeof(float) * nb),
+              "tc: the fused norms, epilogues and norm + add differ from RD_CUDA_FUSE=0");
+    for (int r = 0; r < 6; r++)
         free(xa[r]), free(xb[r]);
     rd_backend_destroy(nofuse);
+    if (tc)
+        rd_backend_destroy(tc);
+    if (tcnf)
+        rd_backend_destroy(tcnf);
     for (int l = 0; l < GL_L; l++) {
         for (int k = 0; k < 4; k++)
             free(hl[l].w[k]);
@@ -4366,6 +4379,8 @@ static void test_runner_tc(void)
         runner_case("tiny-qwen3", 1);
     if (!test_case_failed && !light)
         runner_case("tiny-qwen2", 1); /* the q|k|v bias with the RoPE in the GEMM's epilogue */
+    if (!test_case_failed && !light)
+        runner_case("tiny-gemma3", 1); /* the q/k norms (1 + w) with the RoPE in the GEMM's epilogue */
     unsetenv("RD_CUDA_GEMM");
 }
 
