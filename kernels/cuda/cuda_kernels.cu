@@ -126,22 +126,22 @@ RD_UNROLL
                     ai[j] = RD_FADD(ai[j], o);
             }
         }
-        return;
-    }
-    for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        if (sp.t) // the thread reads back only what it wrote
-            xi[j] = split_value(sp, x, row * d + j);
-        ss = rms_acc(ss, xi[j]);
-    }
-    ss = block_allreduce(ss, op_add());
-    const float inv = rms_inv(ss, d, eps);
-    for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = rms_apply(xi[j], inv, w[j], w_off);
-        oi[j] = v;
-        if (out_bf)
-            store_bf(out_bf, row * d + j, lo_off, v);
-        if (ai)
-            ai[j] = RD_FADD(ai[j], v);
+    } else {
+        for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
+            if (sp.t) // the thread reads back only what it wrote
+                xi[j] = split_value(sp, x, row * d + j);
+            ss = rms_acc(ss, xi[j]);
+        }
+        ss = block_allreduce(ss, op_add());
+        const float inv = rms_inv(ss, d, eps);
+        for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
+            const float v = rms_apply(xi[j], inv, w[j], w_off);
+            oi[j] = v;
+            if (out_bf)
+                store_bf(out_bf, row * d + j, lo_off, v);
+            if (ai)
+                ai[j] = RD_FADD(ai[j], v);
+        }
     }
 }
 
