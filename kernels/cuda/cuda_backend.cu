@@ -274,6 +274,7 @@ struct cuda_be {
     } pend_hnorm;
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
     bool norm_v0;               // RD_CUDA_NORM_V0=1: k_rmsnorm's loop form at every width (its register form's baseline)
+    bool tc_route;              // tc mode: moe_route as the router GEMM's finishing step (RD_CUDA_TC_ROUTE=0: k_moe_route)
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
@@ -1249,10 +1250,12 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
                    const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
                    kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr,
-                   const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr)
+                   const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr, const decltype(tc_args::route) *route = nullptr)
 {
     tc_args a{};
     a.bias = bias;
+    if (route)
+        a.route = *route;
     if (epi == TC_ROPE) {
         a.rope.heads = rope->heads, a.rope.head_dim = rope->head_dim;
         a.rope.positions = rope->positions, a.rope.cos_sin = rope->cos_sin, a.rope.kv = kv;
@@ -1763,10 +1766,21 @@ static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t
         return;
     }
     const int64_t n = (int64_t)m * n_experts;
-    const split_sum ss = take_split(b, logits, n);
-    shadow_written(b, logits, (size_t)n * sizeof(float));
     shadow_written(b, ids, (size_t)m * k * sizeof(int32_t));
     shadow_written(b, weights, (size_t)m * k * sizeof(float));
+    const auto &pt = b->pend_tc;
+    if (b->tc_route && pt.W && pt.y == logits && !pt.acc && !pt.bias && !pt.rope.heads && !pt.hnorm.heads && pt.m == m &&
+        pt.W->out == n_experts && !(b->tc_big_rows > 0 && m >= b->tc_big_rows)) {
+        // The router's GEMM is still pending: the routing becomes its finishing step.
+        const auto p = b->pend_tc;
+        b->pend_tc.W = nullptr;
+        const decltype(tc_args::route) route = {ids, weights, k, norm};
+        run_tc(b, p.W, p.x, p.m, p.y, 0, TC_PLAIN, p.norm, tc_pieces(b, p.W), nullptr, kv_out{nullptr, 0, 0, nullptr, nullptr},
+               nullptr, nullptr, &route);
+        return;
+    }
+    const split_sum ss = take_split(b, logits, n);
+    shadow_written(b, logits, (size_t)n * sizeof(float));
     launch_moe_route(b->st, (float *)logits, m, n_experts, k, norm, ids, weights, ss);
     check_launch(b, "moe_route");
 }
@@ -2747,7 +2761,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_FP8", {"tc", "w8a8"}},  {"RD_CUDA_Q8", {"tc", "w8a8"}},     {"RD_CUDA_MOE", {"tc"}},
     {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
-    {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}},
+    {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
 };
 
 static bool env_number(const char *v)
@@ -2841,6 +2855,8 @@ static int create(int n_threads, rd_backend **out)
 #endif
     const char *nv0 = env("RD_CUDA_NORM_V0");
     b->norm_v0 = nv0 && !strcmp(nv0, "1");
+    const char *tr = env("RD_CUDA_TC_ROUTE");
+    b->tc_route = !(tr && !strcmp(tr, "0"));
     const char *hn = env("RD_CUDA_TC_HNORM");
     b->tc_hnorm = !(hn && !strcmp(hn, "0"));
     const char *af = env("RD_CUDA_ATTN_FUSE");

@@ -9,7 +9,7 @@ int64_t gemm_tc_part_floats(const cuplan_tc &pl, const tc_args &a)
     return pl.p > 1 && !tc_use_big(a) ? (int64_t)pl.q * a.m * a.out : 0;
 }
 
-// The column tiles' counters (p > 1), then the normalized heads' (a.rope.nw).
+// The column tiles' counters (p > 1), then the finishing steps' (a.rope.nw's heads, a.route's rows).
 static int64_t tile_counters(const cuplan_tc &pl, const tc_args &a)
 {
     if (pl.p == 1 || tc_use_big(a))
@@ -20,10 +20,14 @@ static int64_t tile_counters(const cuplan_tc &pl, const tc_args &a)
 
 int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
 {
-    if (!a.rope.nw || !a.rope.heads || tc_use_big(a))
-        return tile_counters(pl, a);
-    const int32_t rows = 16 * cuplan_tc_mw(a.m);
-    return tile_counters(pl, a) + (int64_t)a.rope.heads * ((a.m + rows - 1) / rows);
+    const int32_t rows = 16 * cuplan_tc_mw(a.m), row_tiles = (a.m + rows - 1) / rows;
+    if (tc_use_big(a))
+        return 0;
+    if (a.rope.nw && a.rope.heads)
+        return tile_counters(pl, a) + (int64_t)a.rope.heads * row_tiles;
+    if (a.route.ids)
+        return tile_counters(pl, a) + row_tiles;
+    return tile_counters(pl, a);
 }
 
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
@@ -42,7 +46,7 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
         return;
     a.q = pl.q, a.p = pl.p, a.kp = pl.kp;
     a.xvec = (uintptr_t)a.x % 16 == 0;
-    a.rope.hcount = a.count + tile_counters(pl, a);
+    a.fin_count = a.count + tile_counters(pl, a);
     if (pieces == TC_Q8)
         gemm_tc_q8(s, pl, a, epi);
     else if (a.q8)

@@ -694,29 +694,45 @@ RD_UNROLL
 #endif
 }
 
-// TC_ROPE with the per-head norm (a.rope.nw): the CTA that finished column
-// tile `tile` of rows [r0, r0 + 16 MW) has stored its sums as they are. The
-// head needs all head_dim / 16 of its tiles for its norm, so the last of them
-// to arrive here (an arrival counter per row tile and head, which it resets)
-// normalizes, rotates and caches the head in those rows: k_hnorm_rope's warp
-// code (hnorm_rope_head) on the finished values, a warp per row.
-template <int MW, int EPI> RD_DEV void tc_head_finish(const tc_args &a, int32_t tile, int32_t r0)
+// The last of n CTAs to arrive at *cnt (which it resets) gets true; the
+// others false. The callers' stores before it are visible to that CTA
+// (__threadfence, then its reads through L2). The whole CTA calls it.
+RD_DEV bool tc_last_to_arrive(unsigned *cnt, unsigned n)
 {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == n - 1;
+        if (last)
+            *cnt = 0; // every arrival has counted: the next launch starts from zero
+    }
+    __syncthreads();
+    if (last)
+        __threadfence();
+    return last;
+}
+
+// A finishing step after the CTA stored its part of rows [r0, r0 + 16 MW):
+// - TC_ROPE with the per-head norm (a.rope.nw): column tile `tile` of a head
+//   holds 16 of its head_dim sums, stored as they are. The last of the head's
+//   head_dim / 16 CTAs to arrive (a counter per row tile and head) normalizes,
+//   rotates and caches the head in those rows: k_hnorm_rope's warp code
+//   (hnorm_rope_head) on the finished values, a warp per row.
+// - TC_PLAIN on a router's logits (a.route.ids): the last of the row tile's
+//   column tiles to arrive routes its rows, moe_route_warp on each row's
+//   logits staged in smem (the CTA's reduction scratch, smem_floats of it),
+//   as many warps at once as rows of E + k floats fit.
+template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile, int32_t r0, float *smem, int smem_floats)
+{
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, wk = (int)blockDim.x / 32;
+    const int32_t rt = r0 / (16 * MW);
     if constexpr (EPI == TC_ROPE) {
         const int32_t hd = a.rope.head_dim, h = tile / (hd / 16);
         if (!a.rope.nw || h >= a.rope.heads) // (the whole CTA: V's tiles, or no norm)
             return;
-        __shared__ int hlast;
-        unsigned *cnt = a.rope.hcount + (int64_t)(r0 / (16 * MW)) * a.rope.heads + h;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0)
-            hlast = atomicAdd(cnt, 1u) == (unsigned)(hd / 16 - 1);
-        __syncthreads();
-        if (!hlast)
+        if (!tc_last_to_arrive(a.fin_count + (int64_t)rt * a.rope.heads + h, (unsigned)(hd / 16)))
             return;
-        __threadfence();
-        const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, wk = (int)blockDim.x / 32;
         const float *w = h < a.rope.n_first ? a.rope.nw : a.rope.nw2;
         const kv_out &kv = a.rope.kv;
         for (int rr = warp; rr < 16 * MW && r0 + rr < a.m; rr += wk) { // whole warps
@@ -729,8 +745,23 @@ template <int MW, int EPI> RD_DEV void tc_head_finish(const tc_args &a, int32_t 
                             a.rope.cos_sin + (int64_t)a.rope.positions[r] * hd, kv, kv.kc ? kv.slots[r] : -1,
                             h - (a.rope.heads - kv.n_kv));
         }
-        if (threadIdx.x == 0)
-            *cnt = 0;
+    } else if constexpr (EPI == TC_PLAIN) {
+        if (!a.route.ids)
+            return;
+        if (!tc_last_to_arrive(a.fin_count + rt, (unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT)))
+            return;
+        const int32_t E = a.out, k = a.route.k, per = E + k;
+        const int nw = smem_floats / per < wk ? smem_floats / per : wk; // at least 1: E + k <= smem_floats
+        if (warp < nw)
+            for (int rr = warp; rr < 16 * MW && r0 + rr < a.m; rr += nw) { // whole warps
+                const int32_t r = r0 + rr;
+                float *p = smem + warp * per;
+                for (int32_t e = lane; e < E; e += 32)
+                    p[e] = __ldcg(a.y + (int64_t)r * E + e);
+                moe_route_warp(p, p + E, E, k, a.route.norm, lane, a.route.ids + (int64_t)r * k,
+                               a.route.weights + (int64_t)r * k);
+                __syncwarp(); // (p is the next row's)
+            }
     }
 }
 
@@ -814,7 +845,7 @@ RD_UNROLL
             for (int i = 0; i < 4; i++)
                 tc_store2<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), tile, 2 * t + (i & 1), acc[mt][0][i],
                                acc[mt][1][i]);
-        tc_head_finish<MW, EPI>(a, tile, r0);
+        tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
         return;
     }
     const int pairs = 16 * MW * 8;
@@ -835,7 +866,7 @@ RD_UNROLL
                 v0 = RD_FADD(v0, red[w][rr][cc]), v1 = RD_FADD(v1, red[w][rr][8 + cc]);
             tc_store2<EPI>(a, r0 + rr, tile, cc, v0, v1);
         }
-        tc_head_finish<MW, EPI>(a, tile, r0);
+        tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
         return;
     }
     // p CTAs share the tile: each writes its warps' sums to part[qi][row][column];
@@ -877,7 +908,7 @@ RD_UNROLL
     }
     if (threadIdx.x == 0)
         a.count[slot] = 0;
-    tc_head_finish<MW, EPI>(a, tile, r0);
+    tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
 }
 
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk.
@@ -1210,7 +1241,7 @@ template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const 
 
 static inline bool tc_use_big(const tc_args &a)
 {
-    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads;
+    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads && !a.route.ids;
 }
 
 // One call with pieces NP (TC_Q8, TC_I8: W8A8) and a weight format WF: the tile

@@ -188,6 +188,63 @@ void launch_gemm_simple(cudaStream_t s, const uint16_t *w, const float *x, int32
 void launch_gemm_fp8(cudaStream_t s, const uint8_t *q, const uint8_t *sc, const float *x, int32_t m, int32_t out,
                      int32_t in, float *y, int acc);
 
+// ---- the MoE router's softmax top-k, one row per warp ----
+// moe_route's arithmetic (engine/backend.h) on one row, shared by
+// k_moe_route and the tensor-core router GEMM's epilogue: p[E] (shared
+// memory) holds the row's logits, element e written by lane e % 32, which is
+// the only lane that reads or marks it until the lane-0 sum; sw[k] is shared
+// scratch. Writes the row's k ids and weights. The whole warp calls it.
+RD_DEV void moe_route_warp(float *p, float *sw, int32_t E, int32_t k, int norm, int lane, int32_t *ids, float *weights)
+{
+    float mx = -INFINITY;
+    for (int32_t e = lane; e < E; e += 32)
+        mx = p[e] > mx ? p[e] : mx;
+    // The max is the same whatever the order (a -0 / +0 choice changes no
+    // difference l - mx), so the butterfly gives the CPU's.
+    mx = warp_allreduce(mx, op_max());
+    for (int32_t e = lane; e < E; e += 32)
+        p[e] = expf(RD_FSUB(p[e], mx));
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+        for (int32_t e = 0; e < E; e++)
+            sum = RD_FADD(sum, p[e]);
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int32_t e = lane; e < E; e += 32)
+        p[e] = RD_FDIV(p[e], sum);
+    // Each lane now reads and marks only its own experts (e % 32 == lane).
+    float wsum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        // The lane's best: ascending e, strictly greater wins, so a tie keeps
+        // the lower id; a taken expert holds -1 (every p is >= 0).
+        float bp = -1.0f;
+        int32_t be = -1;
+        for (int32_t e = lane; e < E; e += 32)
+            if (p[e] >= 0.0f && (be < 0 || p[e] > bp))
+                bp = p[e], be = e;
+        // Larger p, then lower id: a total order, so every lane ends with the
+        // maximum, the expert the CPU's ascending scan picks.
+        for (int o = 16; o > 0; o >>= 1) {
+            const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || op > bp || (op == bp && oe < be)))
+                bp = op, be = oe;
+        }
+        if (be < 0)
+            bp = NAN; // no expert left with a number (NaN logits): the row is poisoned, not routed
+        else if (be % 32 == lane)
+            p[be] = -1.0f;
+        if (lane == 0) {
+            ids[j] = be;
+            sw[j] = bp;
+        }
+        wsum = RD_FADD(wsum, bp);
+    }
+    if (lane == 0)
+        for (int32_t j = 0; j < k; j++)
+            weights[j] = norm ? RD_FDIV(sw[j], wsum) : sw[j];
+}
+
 // ---- the tensor-core GEMM (cuda_gemm_tc.cu) ----
 // y[m][out] (= or +=) x[m][in] W^T on tensor cores, in the plan's fixed
 // order (cuplan_gemm_tc): fp32 x split into bf16 hi and (split) lo in
@@ -216,12 +273,20 @@ struct tc_args {
         kv_out kv;              // kv.kc NULL: no cache write; else K heads (the last kv.n_kv rotated) and V after them
         // the per-head RMSNorm of the rotated heads before the rotation (nw NULL: none; head_dim a multiple of
         // 64): heads < n_first with nw, the others with nw2, k_hnorm_rope's arithmetic, by the CTA that
-        // finishes a head's last column tile last (an arrival counter per row tile and head in hcount)
+        // finishes a head's last column tile last (an arrival counter per row tile and head in fin_count)
         const float *nw, *nw2;
         int32_t n_first;
         float eps, w_off;
-        unsigned *hcount;       // set by launch_gemm_tc: after the tile counters, [row tiles][heads]
     } rope;
+    struct {                    // TC_PLAIN on a router's logits [m][out = n_experts]: moe_route's top-k after it, by
+                                // the CTA that finishes a row tile's last column tile (an arrival counter per row tile)
+        int32_t *ids;           // [m][k]; NULL: no routing
+        float *weights;         // [m][k]
+        int32_t k;
+        int norm;
+    } route;
+    unsigned *fin_count;        // set by launch_gemm_tc: the finishing steps' counters after the tile counters:
+                                // [row tiles][heads] (rope.nw) or [row tiles] (route.ids)
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
     int prefetch;               // 1 (PDL on): the small kernel asks its weights into L2 before waiting on the kernel before

@@ -71,62 +71,16 @@ __global__ void __launch_bounds__(32 * ROUTE_WARPS)
     const int64_t i = (int64_t)blockIdx.x * ROUTE_WARPS + warp;
     if (i >= m)
         return; // the whole warp
-    float *p = s_p[warp];
     float *l = logits + i * E;
-    float mx = -INFINITY;
     for (int32_t e = lane; e < E; e += 32) {
         float v = l[e];
         if (sp.t) { // the lane writes back only what it read
             v = split_value(sp, logits, i * E + e);
             l[e] = v;
         }
-        p[e] = v;
-        mx = v > mx ? v : mx;
+        s_p[warp][e] = v;
     }
-    // The max is the same whatever the order (a -0 / +0 choice changes no
-    // difference l - mx), so the butterfly gives the CPU's.
-    mx = warp_allreduce(mx, op_max());
-    for (int32_t e = lane; e < E; e += 32)
-        p[e] = expf(RD_FSUB(p[e], mx));
-    __syncwarp();
-    float sum = 0.0f;
-    if (lane == 0)
-        for (int32_t e = 0; e < E; e++)
-            sum = RD_FADD(sum, p[e]);
-    sum = __shfl_sync(0xffffffffu, sum, 0);
-    for (int32_t e = lane; e < E; e += 32)
-        p[e] = RD_FDIV(p[e], sum);
-    // Each lane now reads and marks only its own experts (e % 32 == lane).
-    float wsum = 0.0f;
-    for (int32_t j = 0; j < k; j++) {
-        // The lane's best: ascending e, strictly greater wins, so a tie keeps
-        // the lower id; a taken expert holds -1 (every p is >= 0).
-        float bp = -1.0f;
-        int32_t be = -1;
-        for (int32_t e = lane; e < E; e += 32)
-            if (p[e] >= 0.0f && (be < 0 || p[e] > bp))
-                bp = p[e], be = e;
-        // Larger p, then lower id: a total order, so every lane ends with the
-        // maximum, the expert the CPU's ascending scan picks.
-        for (int o = 16; o > 0; o >>= 1) {
-            const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-            const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe >= 0 && (be < 0 || op > bp || (op == bp && oe < be)))
-                bp = op, be = oe;
-        }
-        if (be < 0)
-            bp = NAN; // no expert left with a number (NaN logits): the row is poisoned, not routed
-        else if (be % 32 == lane)
-            p[be] = -1.0f;
-        if (lane == 0) {
-            ids[i * k + j] = be;
-            s_w[warp][j] = bp;
-        }
-        wsum = RD_FADD(wsum, bp);
-    }
-    if (lane == 0)
-        for (int32_t j = 0; j < k; j++)
-            weights[i * k + j] = norm ? RD_FDIV(s_w[warp][j], wsum) : s_w[warp][j];
+    moe_route_warp(s_p[warp], s_w[warp], E, k, norm, lane, ids + i * k, weights + i * k);
 }
 
 void launch_moe_route(cudaStream_t s, float *logits, int32_t m, int32_t n_experts, int32_t k, int norm,

@@ -307,8 +307,8 @@ if [ "$DRY" = 0 ]; then
   # its 64 x 64 tile kernel, the fused RMSNorm prologue and gated epilogue (bit for bit against the unfused ops),
   # FP8 through it; attention's combine in its partition kernel; the tiny models through the runner with tc.
   # test_gemm_tc_hnorm: Qwen3's q/k norms, RoPE and KV write as the q|k|v GEMM's epilogue, whose per-head arrival
-  # counters only a device runs concurrently.
-  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80 \
+  # counters only a device runs concurrently; test_moe_route_tc the same for the router GEMM's top-k.
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80 \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone. tc+RD_CUDA_TC_BIG_ROWS=0: the tc kernel
@@ -412,6 +412,11 @@ if [ "$DRY" = 0 ]; then
     --json "$LOGS/bench-qwen3-1.7b.json" || true
   run bench-qwen3-8b 120 "$BENCH" bench --synthetic qwen3-8b --bw "$BW" --batches 1,8,32 --steps 16 \
     --json "$LOGS/bench-qwen3-8b.json" || true
+  # The MoE shape with tc and the routing as a kernel of its own after the router's GEMM (RD_CUDA_TC_ROUTE=0,
+  # one launch more per layer), beside bench-moe-gemmtc (the GEMM's finishing step).
+  RD_CUDA_GEMM=tc RD_CUDA_TC_ROUTE=0 run bench-moe-gemmtc-noroute 90 "$BENCH" bench --synthetic qwen3-30b-a3b \
+    --layers 8 --label " tc route0" --bw "$BW" --batches 1 --prompt 64 --steps 16 \
+    --json "$LOGS/bench-moe-gemmtc-noroute.json" || true
   # Qwen3-1.7B with tc and the q/k norms + RoPE + KV write as a kernel of their own after the q|k|v GEMM
   # (RD_CUDA_TC_HNORM=0, one launch more per layer), beside bench-qwen3-1.7b-tc (the GEMM's epilogue).
   RD_CUDA_GEMM=tc RD_CUDA_TC_HNORM=0 run bench-qwen3-1.7b-tc-nohnorm 60 "$BENCH" bench --synthetic qwen3-1.7b \
@@ -476,7 +481,7 @@ else
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
-    bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0 bench-1b-normv0; do
+    bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0 bench-1b-normv0 bench-moe-gemmtc-noroute; do
     skip_gpu "$s"
   done
 fi

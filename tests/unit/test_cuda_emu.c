@@ -5047,6 +5047,106 @@ static void test_moe_route_after_linear(void)
     free(w), free(x), free(l1), free(l2), free(wd), free(wc), free(id), free(ic);
 }
 
+/* Tensor-core mode: the router's GEMM (with the FFN norm as its prologue)
+ * then moe_route, the routing as the GEMM's finishing step (the last CTA of
+ * each row tile to finish routes its rows): one kernel, the ids, weights and
+ * logits bit for bit those of RD_CUDA_FUSE=0 and RD_CUDA_TC_ROUTE=0 (the
+ * GEMM, then k_moe_route), and the CPU's routing on those logits. Experts 128
+ * (Qwen3-MoE), 40 (a last column tile of 8) and 512 (the most: one row at a
+ * time in the scratch); top 8 normalized, top 2 not; 1 to 40 rows; p > 1 on
+ * a 16-SM emulator. */
+static void moe_route_tc_case(rd_backend *const bes[3], int32_t E, int32_t D, int32_t M, int32_t K, int norm)
+{
+    float *w = malloc(sizeof(float) * E * D), *x = malloc(sizeof(float) * M * D), *nw = malloc(sizeof(float) * D);
+    float *l[3], *wt[3];
+    int32_t *id[3];
+    for (int32_t i = 0; i < E * D; i++)
+        w[i] = frand() * 0.5f;
+    for (int32_t i = 0; i < M * D; i++)
+        x[i] = frand() * 2.0f;
+    fill_norm_weights(nw, D);
+    uint64_t launched[3];
+    for (int bi = 0; bi < 3; bi++) {
+        rd_backend *be = bes[bi];
+        l[bi] = malloc(sizeof(float) * M * E), wt[bi] = malloc(sizeof(float) * M * K);
+        id[bi] = malloc(sizeof(int32_t) * M * K);
+        void *W;
+        CHECK_OK(be->ops->linear_load(be, w, E, D, &W));
+        float *dx = up(be, x, sizeof(float) * M * D), *dn = up(be, nw, sizeof(float) * D);
+        float *dxn = up(be, NULL, sizeof(float) * M * D), *dl = up(be, NULL, sizeof(float) * M * E);
+        float *dw = up(be, NULL, sizeof(float) * M * K);
+        int32_t *di = up(be, NULL, sizeof(int32_t) * M * K);
+        float *poison = malloc(sizeof(float) * M * E);
+        for (int32_t i = 0; i < M * E; i++)
+            poison[i] = NAN;
+        for (int rep = 0; rep < 2; rep++) { /* twice: the counters are back at zero */
+            be->ops->h2d(be, dl, poison, sizeof(float) * M * E); /* a routing before all its logits shows */
+            CHECK_OK(be->ops->sync(be));
+            const uint64_t k0 = cuemu_launch_count();
+            be->ops->rmsnorm(be, dx, dn, M, D, 1e-6f, 0.0f, dxn);
+            be->ops->linear(be, W, dxn, M, dl, 0);
+            be->ops->moe_route(be, dl, M, E, K, norm, di, dw);
+            CHECK_OK(be->ops->sync(be));
+            launched[bi] = cuemu_launch_count() - k0;
+        }
+        free(poison);
+        CHECK_OK(down(be, l[bi], dl, sizeof(float) * M * E));
+        CHECK_OK(down(be, id[bi], di, sizeof(int32_t) * M * K));
+        CHECK_OK(down(be, wt[bi], dw, sizeof(float) * M * K));
+        be->ops->free(be, dx), be->ops->free(be, dn), be->ops->free(be, dxn), be->ops->free(be, dl);
+        be->ops->free(be, dw), be->ops->free(be, di);
+        be->ops->linear_free(be, W);
+    }
+    for (int bi = 1; bi < 3; bi++)
+        CHECK(!memcmp(l[0], l[bi], sizeof(float) * M * E) && !memcmp(id[0], id[bi], sizeof(int32_t) * M * K) &&
+                  !memcmp(wt[0], wt[bi], sizeof(float) * M * K),
+              "tc route, %d experts, top %d, %d rows: differs from %s", E, K, M,
+              bi == 1 ? "RD_CUDA_FUSE=0" : "RD_CUDA_TC_ROUTE=0");
+    CHECK(!on_emulator() || (launched[0] == (M <= 8 ? 1 : 2) && launched[2] == launched[0] + 1),
+          "tc route, %d experts, %d rows: %llu kernels (RD_CUDA_TC_ROUTE=0: %llu)", E, M, (unsigned long long)launched[0],
+          (unsigned long long)launched[2]);
+    int32_t *ic = malloc(sizeof(int32_t) * M * K);
+    float *wc = malloc(sizeof(float) * M * K);
+    CHECK_OK(moe_route_on(cpu, l[0], M, E, K, norm, ic, wc));
+    moe_route_compare("tc route", ic, wc, id[0], wt[0], M, K);
+    free(ic), free(wc);
+    for (int bi = 0; bi < 3; bi++)
+        free(l[bi]), free(wt[bi]), free(id[bi]);
+    free(w), free(x), free(nw);
+}
+
+static void test_moe_route_tc(void)
+{
+    int reductions[3] = {0, 0, 0}; /* q = 1, p = 1, p > 1 */
+    for (int sms = 4; sms <= 16 && !test_case_failed; sms += 12) {
+        char n[8];
+        snprintf(n, sizeof n, "%d", sms);
+        setenv("CUEMU_SMS", n, 1);
+        rd_backend *bes[3] = {dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0"),
+                              dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_ROUTE", "0")};
+        unsetenv("CUEMU_SMS");
+        CHECK(bes[0] && bes[1] && bes[2], "cannot create the tc backends: %s", rd_errmsg());
+        const int32_t real_sms = on_emulator() ? sms : dev_sms(bes[0]);
+        const struct {
+            int32_t E, D, M, K, norm, all_sms;
+        } cases[] = {{128, 1024, 1, 8, 1, 1}, {40, 1024, 5, 2, 0, 1}, {40, 96, 3, 2, 1, 0},
+                     {128, 64, 40, 8, 1, 0} /* 3 row tiles; no prologue */, {512, 32, 3, 8, 1, 0}};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !test_case_failed; i++) {
+            if (sms != 4 && !cases[i].all_sms)
+                continue;
+            cuplan_tc pl;
+            CHECK(cuplan_gemm_tc(cases[i].E, cases[i].D, real_sms, &pl) == 0, "plan");
+            reductions[pl.q == 1 ? 0 : pl.p == 1 ? 1 : 2]++;
+            moe_route_tc_case(bes, cases[i].E, cases[i].D, cases[i].M, cases[i].K, cases[i].norm);
+        }
+        for (int i = 0; i < 3; i++)
+            if (bes[i])
+                rd_backend_destroy(bes[i]);
+    }
+    CHECK(test_case_failed || !on_emulator() || (reductions[0] && reductions[1] && reductions[2]),
+          "the cases miss a reduction: q = 1 x%d, p = 1 x%d, p > 1 x%d", reductions[0], reductions[1], reductions[2]);
+}
+
 /* One layer's experts on one backend: E SwiGLU experts loaded from host
  * weights gu [E][2f][d] and dn [E][d][f]. */
 typedef struct {
@@ -6105,6 +6205,7 @@ int main(void)
     RUN_SEL(test_gemm_tc);
     RUN_SEL(test_gemm_tc_hnorm);
     RUN_SEL(test_rmsnorm_widths);
+    RUN_SEL(test_moe_route_tc);
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
