@@ -1770,12 +1770,13 @@ static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t
     shadow_written(b, weights, (size_t)m * k * sizeof(float));
     const auto &pt = b->pend_tc;
     if (b->tc_route && pt.W && pt.y == logits && !pt.acc && !pt.bias && !pt.rope.heads && !pt.hnorm.heads && pt.m == m &&
-        pt.W->out == n_experts && !(b->tc_big_rows > 0 && m >= b->tc_big_rows)) {
+        pt.W->out == n_experts && !(b->tc_big_rows > 0 && m >= b->tc_big_rows) &&
+        (tc_pieces(b, pt.W) == 1 || tc_pieces(b, pt.W) == 2)) {
         // The router's GEMM is still pending: the routing becomes its finishing step.
         const auto p = b->pend_tc;
         b->pend_tc.W = nullptr;
         const decltype(tc_args::route) route = {ids, weights, k, norm};
-        run_tc(b, p.W, p.x, p.m, p.y, 0, TC_PLAIN, p.norm, tc_pieces(b, p.W), nullptr, kv_out{nullptr, 0, 0, nullptr, nullptr},
+        run_tc(b, p.W, p.x, p.m, p.y, 0, TC_ROUTE, p.norm, tc_pieces(b, p.W), nullptr, kv_out{nullptr, 0, 0, nullptr, nullptr},
                nullptr, nullptr, &route);
         return;
     }

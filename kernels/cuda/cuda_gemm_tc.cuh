@@ -719,7 +719,7 @@ RD_DEV bool tc_last_to_arrive(unsigned *cnt, unsigned n)
 //   head_dim / 16 CTAs to arrive (a counter per row tile and head) normalizes,
 //   rotates and caches the head in those rows: k_hnorm_rope's warp code
 //   (hnorm_rope_head) on the finished values, a warp per row.
-// - TC_PLAIN on a router's logits (a.route.ids): the last of the row tile's
+// - TC_ROUTE, a router's logits (a.route): the last of the row tile's
 //   column tiles to arrive routes its rows, moe_route_warp on each row's
 //   logits staged in smem (the CTA's reduction scratch, smem_floats of it),
 //   as many warps at once as rows of E + k floats fit.
@@ -745,9 +745,7 @@ template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile,
                             a.rope.cos_sin + (int64_t)a.rope.positions[r] * hd, kv, kv.kc ? kv.slots[r] : -1,
                             h - (a.rope.heads - kv.n_kv));
         }
-    } else if constexpr (EPI == TC_PLAIN) {
-        if (!a.route.ids)
-            return;
+    } else if constexpr (EPI == TC_ROUTE) {
         if (!tc_last_to_arrive(a.fin_count + rt, (unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT)))
             return;
         const int32_t E = a.out, k = a.route.k, per = E + k;
@@ -1202,6 +1200,11 @@ static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 blo
     } else if (epi == TC_ROPE) {
         auto kern = k_gemm_tc<MW, NP, WF, TC_ROPE>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
+    } else if (epi == TC_ROUTE) {
+        if constexpr (NP == 1 || NP == 2) { // (W8A8 routers route after the GEMM: the backend asks only for these)
+            auto kern = k_gemm_tc<MW, NP, WF, TC_ROUTE>;
+            RD_LAUNCH(kern, grid, block, 0, s, a);
+        }
     } else {
         auto kern = k_gemm_tc<MW, NP, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);

@@ -278,7 +278,7 @@ struct tc_args {
         int32_t n_first;
         float eps, w_off;
     } rope;
-    struct {                    // TC_PLAIN on a router's logits [m][out = n_experts]: moe_route's top-k after it, by
+    struct {                    // TC_ROUTE, a router's logits [m][out = n_experts]: moe_route's top-k after it, by
                                 // the CTA that finishes a row tile's last column tile (an arrival counter per row tile)
         int32_t *ids;           // [m][k]; NULL: no routing
         float *weights;         // [m][k]
@@ -303,7 +303,9 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // k_rope rotates them (normalized first as k_head_rmsnorm does when
 // a.rope.nw), the K and V heads written to the cache as k_kv_write does (acc
 // 0; never the tile kernel).
-enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3 };
+// TC_ROUTE: a router's logits [m][out = n_experts] with a.route set, then
+// moe_route's top-k on them (pieces 1 or 2; never the tile kernel).
+enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3, TC_ROUTE = 4 };
 // pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
 // exactly: the LM head; epi TC_PLAIN, bf16 or Q8_0 weights); or TC_Q8 (FP8
 // weights only: x quantized to E4M3 blocks of 32, FP8 tensor cores; W8A8,

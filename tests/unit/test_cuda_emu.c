@@ -468,7 +468,7 @@ static void test_env_switches(void)
     static const char *bad[][2] = {{"RD_CUDA_GEMM", "tcc"},     {"RD_CUDA_ACT", "fp16"},  {"RD_CUDA_MOE", "TC"},
                                    {"RD_CUDA_TC_TILE", "96"},   {"RD_CUDA_PDL", "yes"},   {"RD_CUDA_FUSE", "off"},
                                    {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"},
-                                   {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}};
+                                   {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}, {"RD_CUDA_TC_ROUTE", "no"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         rd_backend *be = NULL;
