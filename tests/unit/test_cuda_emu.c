@@ -5119,7 +5119,7 @@ static void test_moe_route_tc(void)
 {
     int reductions[3] = {0, 0, 0}; /* q = 1, p = 1, p > 1 */
     for (int sms = 4; sms <= 16 && !test_case_failed; sms += 12) {
-        char n[8];
+        char n[16];
         snprintf(n, sizeof n, "%d", sms);
         setenv("CUEMU_SMS", n, 1);
         rd_backend *bes[3] = {dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0"),
