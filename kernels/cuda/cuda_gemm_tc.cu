@@ -21,13 +21,8 @@ static int64_t tile_counters(const cuplan_tc &pl, const tc_args &a)
 int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
 {
     const int32_t rows = 16 * cuplan_tc_mw(a.m), row_tiles = (a.m + rows - 1) / rows;
-    if (tc_use_big(a))
-        return 0;
-    if (a.rope.nw && a.rope.heads)
-        return tile_counters(pl, a) + (int64_t)a.rope.heads * row_tiles;
-    if (a.route.ids)
-        return tile_counters(pl, a) + row_tiles;
-    return tile_counters(pl, a);
+    const int64_t fin = a.rope.nw ? (int64_t)a.rope.heads * row_tiles : a.route.ids ? row_tiles : 0;
+    return tc_use_big(a) ? 0 : tile_counters(pl, a) + fin;
 }
 
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)

@@ -271,7 +271,7 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
             v0 = c0 < a.out ? RD_FADD(v0, a.bias[c0]) : v0;
             v1 = c1 < a.out ? RD_FADD(v1, a.bias[c1]) : v1;
         }
-        if (c0 < a.rope.heads * hd && a.rope.nw) { // the head's norm first: tc_head_finish rotates it
+        if (c0 < a.rope.heads * hd && a.rope.nw) { // the head's norm first: tc_finish rotates it
             y[c0] = v0;
             y[c1] = v1;
             return;
@@ -772,7 +772,6 @@ RD_DEV void tc_cta(const tc_args &a, int32_t tile, int32_t r0, int32_t kz, unsig
 {
     __shared__ float red[CUPLAN_TC_MAX_WK][16 * MW][CUPLAN_TC_NT];
     __shared__ float inv_s[16 * MW];
-    __shared__ int last;
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wk = (int)blockDim.x / 32;
     const int32_t qi = kz * wk + warp; // this warp's sub-piece
@@ -868,7 +867,7 @@ RD_UNROLL
         return;
     }
     // p CTAs share the tile: each writes its warps' sums to part[qi][row][column];
-    // the CTA that arrives last adds all q of them in order and resets the counter.
+    // the CTA that arrives last (tc_last_to_arrive, which resets the counter) adds all q of them in order.
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++)
 RD_UNROLL
@@ -879,14 +878,8 @@ RD_UNROLL
                 if (r < a.m && n < a.out)
                     a.part[((int64_t)qi * a.m + r) * a.out + n] = acc[mt][j][i];
             }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(&a.count[slot], 1u) == (unsigned)(a.p - 1);
-    __syncthreads();
-    if (!last)
+    if (!tc_last_to_arrive(&a.count[slot], (unsigned)a.p))
         return;
-    __threadfence();
     const int64_t stride = (int64_t)a.m * a.out;
     for (int e = (int)threadIdx.x; e < pairs; e += (int)blockDim.x) {
         const int32_t r = r0 + e / 8, cc = e % 8;
@@ -904,8 +897,6 @@ RD_UNROLL
         }
         tc_store2<EPI>(a, r, tile, cc, v[0], v[1]);
     }
-    if (threadIdx.x == 0)
-        a.count[slot] = 0;
     tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
 }
 

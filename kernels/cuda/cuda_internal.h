@@ -271,9 +271,9 @@ struct tc_args {
         const int32_t *positions;
         const float *cos_sin;
         kv_out kv;              // kv.kc NULL: no cache write; else K heads (the last kv.n_kv rotated) and V after them
-        // the per-head RMSNorm of the rotated heads before the rotation (nw NULL: none; head_dim a multiple of
-        // 64): heads < n_first with nw, the others with nw2, k_hnorm_rope's arithmetic, by the CTA that
-        // finishes a head's last column tile last (an arrival counter per row tile and head in fin_count)
+        // the per-head RMSNorm of the rotated heads before the rotation (nw NULL: none; head_dim as
+        // hnorm_rope_fits): heads < n_first with nw, the others with nw2, k_hnorm_rope's arithmetic, by the CTA
+        // that finishes a head's last column tile last (an arrival counter per row tile and head in fin_count)
         const float *nw, *nw2;
         int32_t n_first;
         float eps, w_off;

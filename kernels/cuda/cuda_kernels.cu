@@ -87,6 +87,16 @@ void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t
 // for the one before it, a round trip to L2 per element. Same order, same bits.
 // add_to (NULL: none): k_add's y += out after it, on the same [m][d] (Gemma 3's
 // residual add after a post-norm).
+// Element k = row x d + j of the norm's output o: out, its bf16 copy, add_to.
+RD_DEV void rms_store(float *out, uint16_t *out_bf, int64_t lo_off, float *add_to, int64_t k, float o)
+{
+    out[k] = o;
+    if (out_bf)
+        store_bf(out_bf, k, lo_off, o);
+    if (add_to)
+        add_to[k] = RD_FADD(add_to[k], o);
+}
+
 template <int NV>
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *w, int32_t d, float eps, float w_off,
                                                          float *out, uint16_t *out_bf, int64_t lo_off, split_sum sp,
@@ -94,7 +104,7 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(float *x, const float *
 {
     RD_PDL_ENTRY();
     const int64_t row = blockIdx.x;
-    float *xi = x + row * d, *oi = out + row * d, *ai = add_to ? add_to + row * d : nullptr;
+    float *xi = x + row * d;
     double ss = 0.0;
     if constexpr (NV > 0) {
         float v[NV];
@@ -117,14 +127,8 @@ RD_UNROLL
 RD_UNROLL
         for (int i = 0; i < NV; i++) {
             const int32_t j = (int32_t)threadIdx.x + i * RMS_THREADS;
-            if (j < d) {
-                const float o = rms_apply(v[i], inv, w[j], w_off);
-                oi[j] = o;
-                if (out_bf)
-                    store_bf(out_bf, row * d + j, lo_off, o);
-                if (ai)
-                    ai[j] = RD_FADD(ai[j], o);
-            }
+            if (j < d)
+                rms_store(out, out_bf, lo_off, add_to, row * d + j, rms_apply(v[i], inv, w[j], w_off));
         }
     } else {
         for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
@@ -134,14 +138,8 @@ RD_UNROLL
         }
         ss = block_allreduce(ss, op_add());
         const float inv = rms_inv(ss, d, eps);
-        for (int32_t j = threadIdx.x; j < d; j += blockDim.x) {
-            const float v = rms_apply(xi[j], inv, w[j], w_off);
-            oi[j] = v;
-            if (out_bf)
-                store_bf(out_bf, row * d + j, lo_off, v);
-            if (ai)
-                ai[j] = RD_FADD(ai[j], v);
-        }
+        for (int32_t j = threadIdx.x; j < d; j += blockDim.x)
+            rms_store(out, out_bf, lo_off, add_to, row * d + j, rms_apply(xi[j], inv, w[j], w_off));
     }
 }
 
