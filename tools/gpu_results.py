@@ -223,12 +223,14 @@ def targets(res):
         b = min(rows, key=lambda r: r["x_roofline"], default=None)
         add(f"{name} shape, batch 1: step / roofline", b and b["x_roofline"], "<= 1.4", b and b["x_roofline"] <= 1.4,
             b and b["stage"] or "")
-    # GEMMs at batch 256 on the 1B's shapes: all four shapes' FLOPs over their summed time, per variant.
+    # GEMMs at batch 256 on the 1B's shapes: all four shapes' FLOPs over their summed time, per variant (and
+    # stage: gemm-1b-pipe times the tile kernel's variants).
     peak = res.get("peak_tflops")
     per_var = {}
     for g in res["gemm"]:
-        if g["stage"] == "gemm-1b" and g["rows"] == 256 and g["us"] and g["out"] and g["in"]:
-            v = per_var.setdefault(g["variant"], [0.0, 0.0])
+        if g["stage"] in ("gemm-1b", "gemm-1b-pipe") and g["rows"] == 256 and g["us"] and g["out"] and g["in"]:
+            key = g["variant"] if g["stage"] == "gemm-1b" else f'{g["variant"]} ({g["stage"]})'
+            v = per_var.setdefault(key, [0.0, 0.0])
             v[0] += 2.0 * 256 * g["out"] * g["in"]
             v[1] += g["us"] * 1e-6
     frac = {k: (v[0] / v[1] / 1e12) / peak for k, v in per_var.items() if v[1] > 0 and peak}

@@ -278,6 +278,7 @@ struct cuda_be {
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
+    int tc_stages;              // RD_CUDA_TC_PIPE: its cp.async stages (bf16 weights), 4 by default; 0: register staging
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cuh)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
@@ -1267,6 +1268,7 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s, a.q8 = W->q8, a.q8d = W->q8d;
     a.x = x, a.y = y;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows, a.big_tile = b->tc_tile;
+    a.stages = b->tc_stages;
 #ifndef RD_CUDA_EMU
     a.prefetch = rd_pdl;
 #endif
@@ -2754,7 +2756,7 @@ static const rd_backend_ops cuda_ops = make_ops();
 // a misspelt switch never runs, and is timed as, the default.
 struct env_switch {
     const char *name;
-    const char *values[4];      // NULL-terminated
+    const char *values[6];      // NULL-terminated
 };
 static const env_switch env_switches[] = {
     {"RD_CUDA_DEVICE", {"#"}},        {"RD_CUDA_SHADOW", {"0", "1"}},     {"RD_CUDA_ACT", {"bf16", "mixed"}},
@@ -2763,6 +2765,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
+    {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}},
 };
 
 static bool env_number(const char *v)
@@ -2868,6 +2871,8 @@ static int create(int n_threads, rd_backend **out)
     b->tc_big_rows = br ? atoi(br) : 128;
     const char *tt = env("RD_CUDA_TC_TILE");
     b->tc_tile = tt && !strcmp(tt, "128") ? 128 : 64;
+    const char *tp = env("RD_CUDA_TC_PIPE");
+    b->tc_stages = tp ? atoi(tp) : 4;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

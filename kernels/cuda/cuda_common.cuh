@@ -17,7 +17,7 @@
 #define RD_NS rdcu_emu
 // kern(args) runs once per emulated thread; arguments are copied, as for a launch.
 #define RD_LAUNCH(kern, grid, block, smem, stream, ...) \
-    cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); }, #kern)
+    cuemu::launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); }, #kern, cuemu::fn_key(kern))
 #define RD_DYN_SMEM(T, name) T *name = (T *)cuemu::dyn_smem()
 #define RD_UNROLL
 #define RD_PDL_ENTRY() ((void)0)
@@ -134,6 +134,41 @@ RD_DEV void store_bf(uint16_t *p, int64_t i, int64_t lo_off, float v)
     p[i] = hi;
     if (lo_off)
         p[lo_off + i] = cm_f32_to_bf16(v - cm_bf16_to_f32(hi));
+}
+
+// cp.async (sm_80+): 16 bytes from global src to shared dst without passing
+// through registers, so a kernel can have several stages of loads in flight;
+// with valid false nothing is read and dst gets zeros. They land as a group:
+// cp_async_commit closes this thread's group, cp_async_wait<N> waits until all
+// of this thread's groups but the newest N have landed (then __syncthreads
+// before reading another thread's copies). The emulator lands them only at
+// the wait and poisons dst until then (cuemu.h).
+RD_DEV void cp_async16(void *dst, const void *src, bool valid)
+{
+#ifdef RD_CUDA_EMU
+    cuemu::cp_async(dst, src, 16, valid ? 16 : 0);
+#else
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+
+RD_DEV void cp_async_commit()
+{
+#ifdef RD_CUDA_EMU
+    cuemu::cp_async_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N> RD_DEV void cp_async_wait()
+{
+#ifdef RD_CUDA_EMU
+    cuemu::cp_async_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 RD_DEV void load_x8(const uint16_t *p, float *f) { load_bf16x8(p, f); }

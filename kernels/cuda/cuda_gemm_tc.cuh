@@ -67,9 +67,33 @@
 namespace RD_NS {
 
 
+// Two floats as bf16 (nearest even), lo16 in the low half. On the GPU one
+// cvt.rn.bf16x2.f32, where cm_f32_to_bf16's integer rounding takes about 6
+// operations a value: the tile kernels cut every staged x value into its
+// pieces, and those operations would otherwise outnumber the mma steps
+// several times. The same bits for every non-NaN float (round to nearest
+// even on the bits; a NaN stays a NaN, its payload aside).
 RD_DEV uint32_t tc_pack(float lo16, float hi16)
 {
+#if defined(__CUDA_ARCH__) && !defined(RD_CUDA_EMU)
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi16), "f"(lo16));
+    return r;
+#else
     return (uint32_t)cm_f32_to_bf16(lo16) | (uint32_t)cm_f32_to_bf16(hi16) << 16;
+#endif
+}
+
+// bf16(v) as a float (nearest even; tc_pack's conversion).
+RD_DEV float tc_round_bf16(float v)
+{
+#if defined(__CUDA_ARCH__) && !defined(RD_CUDA_EMU)
+    uint16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    return cm_bf16_to_f32(h);
+#else
+    return cm_bf16_to_f32(cm_f32_to_bf16(v));
+#endif
 }
 
 // Piece p of v before its rounding to bf16: p 0 is v (hi = bf16(v)); p 1 is
@@ -80,8 +104,8 @@ RD_DEV float tc_piece(float v, int p)
 {
     if (p == 0)
         return v;
-    const float r = RD_FSUB(v, cm_bf16_to_f32(cm_f32_to_bf16(v)));
-    return p == 1 ? r : RD_FSUB(r, cm_bf16_to_f32(cm_f32_to_bf16(r)));
+    const float r = RD_FSUB(v, tc_round_bf16(v));
+    return p == 1 ? r : RD_FSUB(r, tc_round_bf16(r));
 }
 
 // One warp's d += A B for an m16n8k16 tile (fragment layouts in cuemu.h).
@@ -901,8 +925,9 @@ RD_UNROLL
 }
 
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk.
+// (minBlocks 1: without it ptxas held some instantiations to 128 registers and spilled up to 56 bytes.)
 template <int MW, int NP, int WF, int EPI>
-__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_gemm_tc(tc_args a)
+__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK, 1) k_gemm_tc(tc_args a)
 {
     RD_PDL_LAUNCH();
     tc_cta<MW, NP, WF, EPI>(a, (int32_t)blockIdx.x, (int32_t)blockIdx.y * 16 * MW, (int32_t)blockIdx.z,
@@ -976,6 +1001,39 @@ RD_UNROLL
         }
 }
 
+// A staged chunk's mma steps for a warp's 32 x 32 outputs, tc_chunk's order: k-step s2, then the m16 tile,
+// the n8 tile and the piece. bw[j]: weights [8t, 8t + 8) of row g of n8 tile j; ax[p][mt][h]: piece p of
+// x [8t, 8t + 8) of row 16 mt + 8 h + g.
+template <int NP> RD_DEV void tcb_mma(const uint4 (&bw)[4], const uint4 (&ax)[NP][2][2], float (&d)[2][4][4])
+{
+RD_UNROLL
+    for (int s2 = 0; s2 < 2; s2++) {
+RD_UNROLL
+        for (int mt = 0; mt < 2; mt++) {
+            uint32_t fr[NP][4];
+RD_UNROLL
+            for (int p = 0; p < NP; p++) {
+                fr[p][0] = s2 ? ax[p][mt][0].z : ax[p][mt][0].x, fr[p][1] = s2 ? ax[p][mt][1].z : ax[p][mt][1].x;
+                fr[p][2] = s2 ? ax[p][mt][0].w : ax[p][mt][0].y, fr[p][3] = s2 ? ax[p][mt][1].w : ax[p][mt][1].y;
+            }
+RD_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const uint32_t b0 = s2 ? bw[j].z : bw[j].x, b1 = s2 ? bw[j].w : bw[j].y;
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    tc_mma(d[mt][j], fr[p], b0, b1);
+            }
+        }
+    }
+}
+
+// x's 8 values as piece p's four bf16 pairs, in the order of a fragment's uint4 (tc_frag_a).
+RD_DEV uint4 tcb_pack_piece(const float (&v)[8], int p)
+{
+    return uint4{tc_pack(tc_piece(v[0], p), tc_piece(v[1], p)), tc_pack(tc_piece(v[2], p), tc_piece(v[3], p)),
+                 tc_pack(tc_piece(v[4], p), tc_piece(v[5], p)), tc_pack(tc_piece(v[6], p), tc_piece(v[7], p))};
+}
+
 template <int WS, int NP, int WF, int EPI>
 __global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big(tc_args a)
 {
@@ -1010,13 +1068,9 @@ RD_UNROLL
 RD_UNROLL
         for (int i = 0; i < NS; i++) {
             const int idx = tid + TCB_THREADS(WS) * i, rr = idx / 4, seg = idx % 4;
-            const float *v = xr[i];
 RD_UNROLL
             for (int p = 0; p < NP; p++)
-                xp[p][buf][rr][seg] = uint4{tc_pack(tc_piece(v[0], p), tc_piece(v[1], p)),
-                                            tc_pack(tc_piece(v[2], p), tc_piece(v[3], p)),
-                                            tc_pack(tc_piece(v[4], p), tc_piece(v[5], p)),
-                                            tc_pack(tc_piece(v[6], p), tc_piece(v[7], p))};
+                xp[p][buf][rr][seg] = tcb_pack_piece(xr[i], p);
             if constexpr (WF == TC_WF_Q8_0) {
                 wq[buf][rr][seg] = uint2{wr[i][0], wr[i][1]};
                 if (seg == 0)
@@ -1058,25 +1112,10 @@ RD_UNROLL
                 for (int p = 0; p < NP; p++)
                     ax[p][mt][h] = xp[p][buf][rr][t];
             }
-RD_UNROLL
-        for (int s2 = 0; s2 < 2; s2++) {
-RD_UNROLL
-            for (int mt = 0; mt < 2; mt++) {
-                uint32_t fr[NP][4];
-RD_UNROLL
-                for (int p = 0; p < NP; p++) {
-                    fr[p][0] = s2 ? ax[p][mt][0].z : ax[p][mt][0].x, fr[p][1] = s2 ? ax[p][mt][1].z : ax[p][mt][1].x;
-                    fr[p][2] = s2 ? ax[p][mt][0].w : ax[p][mt][0].y, fr[p][3] = s2 ? ax[p][mt][1].w : ax[p][mt][1].y;
-                }
-RD_UNROLL
-                for (int j = 0; j < 4; j++) {
-                    const uint32_t b0 = s2 ? bw[j].z : bw[j].x, b1 = s2 ? bw[j].w : bw[j].y;
-RD_UNROLL
-                    for (int p = 0; p < NP; p++)
-                        tc_mma(WF == TC_WF_Q8_0 ? dq[mt][j] : pc[mt][j], fr[p], b0, b1);
-                }
-            }
-        }
+        if constexpr (WF == TC_WF_Q8_0)
+            tcb_mma<NP>(bw, ax, dq);
+        else
+            tcb_mma<NP>(bw, ax, pc);
         if constexpr (WF == TC_WF_Q8_0) {
 RD_UNROLL
             for (int mt = 0; mt < 2; mt++)
@@ -1088,6 +1127,110 @@ RD_UNROLL
         if (ci + 1 < nch)
             sstore(buf ^ 1);
         __syncthreads();
+    }
+    tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
+}
+
+// The tile kernel with its loads in flight several chunks ahead (bf16
+// weights, x 16-byte aligned; a.stages of RD_CUDA_TC_PIPE). k_gemm_tc_big
+// stages through registers one chunk ahead, so each chunk's global loads
+// wait out a round trip to L2 or memory behind one chunk of mma work: at 256
+// rows the 1B's GEMMs have one 64 x 64 tile per SM (4 warps), with nothing
+// else to hide that wait. Here cp.async copies chunk ci + stages - 1 into its
+// shared-memory stage while chunk ci is multiplied, x as the fp32 it is (its
+// pieces cut in registers from the staged values, as k_gemm_tc_big cuts them
+// before staging) and W as bf16. The mma steps, the sub-piece folds and the
+// epilogue are k_gemm_tc_big's (tcb_mma, tcb_fold, tcb_store): the same bits.
+#define TCP_XS 36 // floats per staged x row: 32 and 4 of padding, so a fragment's rows g and g + 1 use other banks
+
+RD_HD size_t tcp_stage_bytes(int ws) { return (size_t)32 * ws * (TCP_XS * 4 + 64); }
+
+template <int WS, int NP, int EPI>
+__global__ void __launch_bounds__(TCB_THREADS(WS), 1) k_gemm_tc_pipe(tc_args a)
+{
+    RD_PDL_ENTRY();
+    constexpr int BT = 32 * WS, NT = TCB_THREADS(WS);
+    constexpr int XCP = 8 * BT / NT, WCP = 4 * BT / NT; // 16-byte copies per thread and chunk: x, W
+    RD_DYN_SMEM(unsigned char, sm);
+    const int S = a.stages;
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
+    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
+    const int32_t nch = a.in / 32, cpp = a.kp / 32;
+    // Stage s: x rows [BT][TCP_XS] floats, then W rows [BT][4] uint4 (uint4 t: weights [8t, 8t + 8)).
+    auto xst = [&](int s) { return (float *)(sm + (size_t)s * tcp_stage_bytes(WS)); };
+    auto wst = [&](int s) { return (uint4 *)(sm + (size_t)s * tcp_stage_bytes(WS) + (size_t)BT * TCP_XS * 4); };
+    // Each thread's rows and weight rows are the same in every chunk.
+    const float *xsrc[XCP];
+    const uint16_t *wsrc[WCP];
+    bool xok[XCP], wok[WCP];
+RD_UNROLL
+    for (int i = 0; i < XCP; i++) {
+        const int idx = tid + NT * i, rr = idx / 8, seg = idx % 8;
+        xok[i] = r0 + rr < a.m;
+        xsrc[i] = a.x + (int64_t)(xok[i] ? r0 + rr : 0) * a.in + 4 * seg;
+    }
+RD_UNROLL
+    for (int i = 0; i < WCP; i++) {
+        const int idx = tid + NT * i, rr = idx / 4, seg = idx % 4;
+        const int32_t n = tcb_wrow<EPI>(a, n0, rr);
+        wok[i] = n < a.out;
+        wsrc[i] = a.w + (int64_t)(wok[i] ? n : 0) * a.in + 8 * seg;
+    }
+    auto issue = [&](int32_t ci) {
+        float *xd = xst(ci % S);
+        uint4 *wd = wst(ci % S);
+RD_UNROLL
+        for (int i = 0; i < XCP; i++) {
+            const int idx = tid + NT * i;
+            cp_async16(xd + (idx / 8) * TCP_XS + 4 * (idx % 8), xsrc[i] + 32 * ci, xok[i]);
+        }
+RD_UNROLL
+        for (int i = 0; i < WCP; i++)
+            cp_async16(wd + tid + NT * i, wsrc[i] + 32 * ci, wok[i]);
+    };
+    // Before chunk ci is read, all but the newest S - 2 groups have landed: chunk ci's among them.
+    auto wait = [&]() {
+        if (S == 2)
+            cp_async_wait<0>();
+        else if (S == 3)
+            cp_async_wait<1>();
+        else if (S == 4)
+            cp_async_wait<2>();
+        else
+            cp_async_wait<4>();
+    };
+
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nch)
+            issue(s);
+        cp_async_commit(); // one group per chunk, empty ones included, so the count in wait holds
+    }
+    float tot[2][4][4] = {}, pc[2][4][4] = {};
+    for (int32_t ci = 0; ci < nch; ci++) {
+        wait();
+        __syncthreads(); // chunk ci has landed for every thread, and every warp is done with chunk ci - 1's stage
+        if (ci + S - 1 < nch)
+            issue(ci + S - 1); // into chunk ci - 1's stage
+        cp_async_commit();
+        const float *xs = xst(ci % S);
+        const uint4 *ws = wst(ci % S);
+        uint4 bw[4], ax[NP][2][2];
+RD_UNROLL
+        for (int j = 0; j < 4; j++)
+            bw[j] = ws[(32 * wn + 8 * j + g) * 4 + t];
+RD_UNROLL
+        for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+            for (int h = 0; h < 2; h++) {
+                float v[8];
+                load_f32x8(xs + (32 * wm + 16 * mt + 8 * h + g) * TCP_XS + 8 * t, v);
+RD_UNROLL
+                for (int p = 0; p < NP; p++)
+                    ax[p][mt][h] = tcb_pack_piece(v, p);
+            }
+        tcb_mma<NP>(bw, ax, pc);
+        tcb_fold(ci, cpp, tot, pc);
     }
     tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
 }
@@ -1233,6 +1376,29 @@ template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const 
     }
 }
 
+template <int WS, int NP, int EPI> static void tcp_launch(cudaStream_t s, const tc_args &a)
+{
+    constexpr int BT = 32 * WS;
+    const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
+    const size_t bytes = (size_t)a.stages * tcp_stage_bytes(WS);
+    auto kern = k_gemm_tc_pipe<WS, NP, EPI>;
+    if (bytes > 48 * 1024) // past the default limit a kernel opts in (an attribute, not a stream op: fine in a capture)
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    RD_LAUNCH(kern, grid, block, bytes, s, a);
+}
+
+template <int WS, int NP> static void gemm_tc_pipe(cudaStream_t s, const tc_args &a, int epi)
+{
+    if constexpr (NP == 3)
+        tcp_launch<WS, 3, TC_PLAIN>(s, a);
+    else if (epi == TC_SWIGLU)
+        tcp_launch<WS, NP, TC_SWIGLU>(s, a);
+    else if (epi == TC_GEGLU)
+        tcp_launch<WS, NP, TC_GEGLU>(s, a);
+    else
+        tcp_launch<WS, NP, TC_PLAIN>(s, a);
+}
+
 static inline bool tc_use_big(const tc_args &a)
 {
     return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads && !a.route.ids;
@@ -1244,6 +1410,17 @@ static inline bool tc_use_big(const tc_args &a)
 template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
 {
     if (tc_use_big(a)) {
+        if constexpr (WF == TC_WF_BF16 && NP >= 1 && NP <= 3) {
+            if (a.stages && a.xvec && !a.xrow) {
+                if constexpr (NP == 3)
+                    gemm_tc_pipe<2, 3>(s, a, epi);
+                else if (a.big_tile == 128)
+                    gemm_tc_pipe<4, NP>(s, a, epi);
+                else
+                    gemm_tc_pipe<2, NP>(s, a, epi);
+                return;
+            }
+        }
         if constexpr (NP == 3)
             gemm_tc_big<2, 3, WF>(s, a, epi);
         else if (a.big_tile == 128)

@@ -289,6 +289,8 @@ struct tc_args {
                                 // [row tiles][heads] (rope.nw) or [row tiles] (route.ids)
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
+    int stages;                 // bf16 weights: the tile kernel's cp.async stages, 2, 3, 4 or 6 (RD_CUDA_TC_PIPE);
+                                // 0: k_gemm_tc_big (registers, one chunk ahead)
     int prefetch;               // 1 (PDL on): the small kernel asks its weights into L2 before waiting on the kernel before
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned

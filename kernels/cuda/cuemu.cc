@@ -1,13 +1,17 @@
 // cuemu.cc - the host emulation of CUDA (see cuemu.h). Tests only.
 #include "kernels/cuda/cuemu.h"
 
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <time.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -68,11 +72,22 @@ cuemu_switch:
 )");
 #endif
 
+// A cp.async in flight: its bytes, read at the issue (the source is global memory no kernel writes while
+// it reads it), written to dst when its group is waited for.
+struct cp_copy {
+    unsigned char *dst;
+    unsigned char data[16];
+    unsigned bytes;
+    int group;                  // -1: not yet committed
+};
+
 struct fiber {
     cuemu_uint3 tid;
     unsigned lin;               // linear thread index in the block
     int state;
     unsigned phase;             // warp exchanges done (selects the slot)
+    std::vector<cp_copy> cps;   // cp.async copies not yet landed
+    int cp_groups;              // groups committed so far
     char *stack;
     size_t stack_size;
 #ifdef __x86_64__
@@ -89,7 +104,10 @@ dim3 block_dim, grid_dim;
 static const size_t STACK = 320 * 1024; // 256 KiB for a fiber's frames, below its stagger (fiber_init)
 static std::vector<fiber> fibers;
 static std::vector<uint64_t> xch(2 * 1024);
-static std::vector<unsigned char> smem_buf(48 * 1024);
+static const size_t SMEM_DEFAULT = 48 * 1024, SMEM_OPTIN = 227 * 1024; // an H100's per-block limits
+static std::vector<unsigned char> smem_buf(SMEM_OPTIN);
+static size_t launch_smem;              // the running launch's dynamic shared memory
+static std::map<const void *, size_t> smem_optin; // cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
 static const std::function<void()> *body;
 static std::mutex launch_mu;            // one launch at a time, whatever the thread
 #ifdef __x86_64__
@@ -131,12 +149,51 @@ static void to_scheduler(int exiting)
 #endif
 }
 
+static void cp_land(fiber *f, int before_group)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < f->cps.size(); i++) {
+        cp_copy &c = f->cps[i];
+        if (c.group >= 0 && c.group < before_group)
+            std::memcpy(c.dst, c.data, c.bytes);
+        else
+            f->cps[keep++] = c;
+    }
+    f->cps.resize(keep);
+}
+
+void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes)
+{
+    if (!cur)
+        die("cp.async outside a kernel");
+    unsigned char *d = (unsigned char *)dst;
+    if (bytes > 16 || src_bytes > bytes || d < smem_buf.data() || d + bytes > smem_buf.data() + launch_smem ||
+        (uintptr_t)d % bytes || (uintptr_t)src % bytes)
+        die("cp.async: not an aligned copy of at most 16 bytes into the launch's dynamic shared memory");
+    cp_copy c{d, {}, bytes, -1};
+    std::memcpy(c.data, src, src_bytes);
+    std::memset(d, 0xff, bytes);
+    cur->cps.push_back(c);
+}
+
+void cp_async_commit()
+{
+    for (cp_copy &c : cur->cps)
+        if (c.group < 0)
+            c.group = cur->cp_groups;
+    cur->cp_groups++;
+}
+
+void cp_async_wait(unsigned newest) { cp_land(cur, cur->cp_groups - (int)newest); }
+
 static void fiber_main()
 {
 #ifdef CUEMU_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &main_stack_bottom, &main_stack_size);
 #endif
     (*body)();
+    if (!cur->cps.empty())
+        die("a thread returned with cp.async copies it never waited for");
     cur->state = F_DONE;
     to_scheduler(1);
     die("a finished fiber was resumed");
@@ -180,6 +237,8 @@ static void fiber_init(fiber *f)
 #endif
     f->state = F_RUN;
     f->phase = 0;
+    f->cps.clear();
+    f->cp_groups = 0;
 }
 
 static void run_fiber(fiber *f)
@@ -253,7 +312,7 @@ static void run_block(unsigned n)
         fiber_init(&fibers[i]);
     }
     // Poison dynamic shared memory: reading it before writing gives NaN.
-    std::memset(smem_buf.data(), 0xff, smem_buf.size());
+    std::memset(smem_buf.data(), 0xff, launch_smem);
     for (;;) {
         for (unsigned i = 0; i < n; i++)
             if (fibers[i].state == F_RUN)
@@ -384,22 +443,54 @@ static int enqueue(stream_t *s, std::function<void()> op)
     return 0;
 }
 
-void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> fn, const char *name)
+cudaError_t func_set_smem(const void *key, int bytes)
+{
+    if (bytes < 0 || (size_t)bytes > SMEM_OPTIN)
+        return set_err(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> g(launch_mu);
+    smem_optin[key] = (size_t)bytes;
+    return cudaSuccess;
+}
+
+void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> fn, const char *name,
+            const void *key)
 {
     static const bool trace = std::getenv("CUEMU_TRACE") && !std::strcmp(std::getenv("CUEMU_TRACE"), "1");
     unsigned n = block.x * block.y * block.z;
+    size_t smem_max = SMEM_DEFAULT;
+    {
+        std::lock_guard<std::mutex> g(launch_mu);
+        auto it = key ? smem_optin.find(key) : smem_optin.end();
+        if (it != smem_optin.end() && it->second > smem_max)
+            smem_max = it->second;
+    }
     if (n == 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-        grid.z > 65535 || smem > smem_buf.size()) {
+        grid.z > 65535 || smem > smem_max) {
         std::fprintf(stderr, "cuemu: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", grid.x, grid.y,
                      grid.z, block.x, block.y, block.z, smem);
         set_err(cudaErrorInvalidConfiguration);
         die("invalid launch configuration");
     }
-    enqueue(s, [grid, block, fn, name]() {
+    std::string label = name ? name : "?";
+    if (trace && key && label == "kern") { // a launch through a variable: the symbol (the programs export theirs)
+        Dl_info di;
+        int st = -1;
+        char *dm = dladdr(key, &di) && di.dli_sname ? abi::__cxa_demangle(di.dli_sname, nullptr, nullptr, &st) : nullptr;
+        if (dm && st == 0) {
+            label = dm;
+            label = label.substr(0, label.find('('));
+            const size_t ns = label.find("::"); // "void rdcu_emu::k_name<...>" -> "k_name<...>"
+            if (ns != std::string::npos && ns < label.find('<'))
+                label = label.substr(ns + 2);
+        }
+        std::free(dm);
+    }
+    enqueue(s, [grid, block, smem, fn, label]() {
         std::lock_guard<std::mutex> g(launch_mu);
         if (trace)
-            std::fprintf(stderr, "cuemu: %s grid (%u,%u,%u) block %u\n", name ? name : "?", grid.x, grid.y, grid.z,
+            std::fprintf(stderr, "cuemu: %s grid (%u,%u,%u) block %u\n", label.c_str(), grid.x, grid.y, grid.z,
                          block.x * block.y * block.z);
+        launch_smem = smem;
         run_grid(grid, block, fn);
     });
 }

@@ -54,8 +54,19 @@ uint64_t warp_exchange(uint64_t v, unsigned src_lane);
 unsigned lane_id();
 unsigned char *dyn_smem();
 struct stream_t;
-// name: the kernel's, printed as it runs when CUEMU_TRACE=1 (a step's kernels, in order, graph replays included).
-void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body, const char *name = nullptr);
+// name: the kernel's, printed as it runs when CUEMU_TRACE=1 (a step's kernels, in order, graph replays included);
+// key: the kernel function (fn_key), whose dynamic shared memory past 48 KiB must have been opted into
+// (cudaFuncSetAttribute), as on a GPU.
+void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body, const char *name = nullptr,
+            const void *key = nullptr);
+template <class F> const void *fn_key(F *f) { return reinterpret_cast<const void *>(f); }
+// cp.async of bytes (16) from global src to shared dst, src_bytes of them read (the rest zeros): the copy
+// lands only when this thread waits for its group (cp_async_wait), and dst reads as NaN bytes (0xff) from
+// the issue until then, so a read before the wait, or a copy issued over a stage another warp still reads,
+// gives NaN instead of passing by luck.
+void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes);
+void cp_async_commit();                 // the thread's copies since the last commit become a group
+void cp_async_wait(unsigned newest);    // all groups but the newest `newest` have landed
 // Warp all-gather: every live lane of the warp publishes `bytes` (at most 64)
 // from mine, then reads all 32 lanes' into all (lane l's at l * bytes).
 void warp_allgather(const void *mine, unsigned bytes, void *all);
@@ -335,6 +346,17 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+
+// Dynamic shared memory past the default 48 KiB, up to an H100's 227 KiB, is opted into per kernel.
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+namespace cuemu {
+cudaError_t func_set_smem(const void *key, int bytes);
+}
+template <class F> inline cudaError_t cudaFuncSetAttribute(F *f, cudaFuncAttribute attr, int v)
+{
+    return attr == cudaFuncAttributeMaxDynamicSharedMemorySize ? cuemu::func_set_smem(cuemu::fn_key(f), v)
+                                                                : cudaErrorInvalidValue;
+}
 
 namespace cuemu {
 // Test hooks: launches run so far; make the next cudaMalloc fail (for error paths).

@@ -12,7 +12,8 @@
 #             other variants and checks):
 #             gemm-1b (the linear op on the 1B's shapes, rows 1..512, variants
 #             default, tc, bf16act, tcbf16, mixed, fp8, fp8tc, w8a8, each
-#             batch invariant);
+#             batch invariant; gemm-1b-pipe: the tile kernel's cp.async
+#             stages against its register-staged form, 128-512 rows);
 #             the 1B's decode at batch 1..256 with the default GEMM and with
 #             RD_CUDA_GEMM=tc; FP8 weights on CUDA cores, with
 #             RD_CUDA_FP8=tc and W8A8 (RD_CUDA_FP8=w8a8); invariance and
@@ -317,6 +318,12 @@ if [ "$DRY" = 0 ]; then
   run gemm-1b 150 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
     --variants default,tc,tc+RD_CUDA_TC_BIG_ROWS=0,tc+RD_CUDA_TC_TILE=128,bf16act,tcbf16,tcbf16+RD_CUDA_TC_TILE=128,mixed,fp8,fp8tc,w8a8,w8a8+RD_CUDA_TC_TILE=128 --bw "$BW" \
     --json "$LOGS/gemm-1b.json" || true
+  # The tile kernel's loads (128 rows and up): tc's default, 4 cp.async stages, against RD_CUDA_TC_PIPE=0 (the
+  # register-staged kernel, one chunk ahead: the tile kernel before session 34) and 6 stages; the same with
+  # RD_CUDA_ACT=bf16 (one piece, half the mma steps) and on the 128 tile.
+  run gemm-1b-pipe 60 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
+    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128 \
+    --bw "$BW" --json "$LOGS/gemm-1b-pipe.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.3x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
   RD_CUDA_GEMM=tc run bench-1b-tc 90 "$BENCH" bench --synthetic 1b --label " tc" --bw "$BW" \
@@ -477,7 +484,7 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-bench-moe-cpu.json" || true
   run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
-  for s in copybw unit-tc-cuda gemm-1b bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
+  for s in copybw unit-tc-cuda gemm-1b gemm-1b-pipe bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \

@@ -468,7 +468,8 @@ static void test_env_switches(void)
     static const char *bad[][2] = {{"RD_CUDA_GEMM", "tcc"},     {"RD_CUDA_ACT", "fp16"},  {"RD_CUDA_MOE", "TC"},
                                    {"RD_CUDA_TC_TILE", "96"},   {"RD_CUDA_PDL", "yes"},   {"RD_CUDA_FUSE", "off"},
                                    {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"},
-                                   {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}, {"RD_CUDA_TC_ROUTE", "no"}};
+                                   {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}, {"RD_CUDA_TC_ROUTE", "no"},
+                                   {"RD_CUDA_TC_PIPE", "5"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         rd_backend *be = NULL;
@@ -484,7 +485,8 @@ static void test_env_switches(void)
     static const char *good[][2] = {{"RD_CUDA_GEMM", "tc"},     {"RD_CUDA_GEMM", "simple"}, {"RD_CUDA_ACT", "mixed"},
                                     {"RD_CUDA_TC_TILE", "128"}, {"RD_CUDA_TC_TILE", "64"},  {"RD_CUDA_NORM_ROWS", "0"},
                                     {"RD_CUDA_TC_BIG_ROWS", "24"}, {"RD_CUDA_Q8", "w8a8"}, {"RD_CUDA_FP8", "w8a8"},
-                                    {"RD_CUDA_MOE", ""},        {"RD_CUDA_ATTN_V0", "1"},  {"RD_CUDA_HEAD", "fp32"}};
+                                    {"RD_CUDA_MOE", ""},        {"RD_CUDA_ATTN_V0", "1"},  {"RD_CUDA_HEAD", "fp32"},
+                                    {"RD_CUDA_TC_PIPE", "0"},   {"RD_CUDA_TC_PIPE", "6"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         rd_backend *be = dev_with(good[i][0], good[i][1], NULL, NULL);
         CHECK(be != NULL, "%s=%s: %s", good[i][0], good[i][1], rd_errmsg());
@@ -1191,6 +1193,33 @@ static void test_gemm_tc(void)
         if (!test_case_failed) tc_case(b128, 1, 100, 96, 130);  /* 2 row tiles; q = 1 */
         if (!test_case_failed) tc_gated_case(b128, nofuse, 150, 512, 40, 0);
         if (b128) rd_backend_destroy(b128);
+        /* The tile kernel's cp.async stages (RD_CUDA_TC_PIPE, 4 by default as above; the emulator lands a copy
+           only at its wait and poisons the stage until then): each depth, and the register-staged kernel (0),
+           the same bits as the other kernel, on both tiles; 3 chunks under 6 stages; hi only (one piece). */
+        static const char *pipes[] = {"0", "2", "3", "6"};
+        for (size_t i = 0; i < sizeof pipes / sizeof pipes[0] && !test_case_failed; i++) {
+            setenv("RD_CUDA_TC_PIPE", pipes[i], 1);
+            rd_backend *bp = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+            setenv("RD_CUDA_ACT", "bf16", 1);
+            rd_backend *bp1 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+            unsetenv("RD_CUDA_ACT");
+            setenv("RD_CUDA_TC_TILE", "128", 1);
+            rd_backend *bp128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+            unsetenv("RD_CUDA_TC_TILE");
+            unsetenv("RD_CUDA_TC_PIPE");
+            CHECK(bp && bp128 && bp1, "cannot create the RD_CUDA_TC_PIPE=%s backends: %s", pipes[i], rd_errmsg());
+            printf("# RD_CUDA_TC_PIPE=%s\n", pipes[i]);
+            if (!test_case_failed) tc_case(bp, 1, 300, 512, 40);
+            if (!test_case_failed) tc_case(bp, 1, 100, 96, 25);
+            if (!test_case_failed) tc_gated_case(bp, nofuse, 150, 512, 40, 0);
+            if (!test_case_failed) tc_gated_case(bp, nofuse, 37, 96, 30, 1);
+            if (!test_case_failed) tc_case(bp128, 1, 100, 96, 130);
+            if (!test_case_failed) tc_case(bp1, 0, 300, 512, 40);
+            rd_backend *all[3] = {bp, bp128, bp1};
+            for (int j = 0; j < 3; j++)
+                if (all[j])
+                    rd_backend_destroy(all[j]);
+        }
         if (big) rd_backend_destroy(big);
         if (big8) rd_backend_destroy(big8);
         if (nofuse) rd_backend_destroy(nofuse);
@@ -1800,6 +1829,16 @@ static void test_lm_head_chunks(void)
     lm_head_case(tc, 37, 64, 300, on_emulator() ? 1e-6 : 3e-5);
     if (!test_case_failed)
         lm_head_case(tc, 300, 512, 20, on_emulator() ? 1e-6 : 3e-5);
+    if (!test_case_failed) /* 16 chunks through the tile kernel's 4 cp.async stages */
+        lm_head_case(tc, 100, 512, 130, on_emulator() ? 1e-6 : 3e-5);
+    {
+        rd_backend *regs = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_PIPE", "0");
+        CHECK(regs != NULL, "cannot create the RD_CUDA_TC_PIPE=0 backend: %s", rd_errmsg());
+        if (!test_case_failed) /* the register-staged tile kernel */
+            lm_head_case(regs, 100, 512, 130, on_emulator() ? 1e-6 : 3e-5);
+        if (regs)
+            rd_backend_destroy(regs);
+    }
     rd_backend *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
     CHECK(nofuse != NULL, "cannot create the unfused tc backend: %s", rd_errmsg());
     if (!test_case_failed) tc_head_norm_case(tc, nofuse, 300, 512, 1, 0.0f);
