@@ -2883,10 +2883,11 @@ static int create(int n_threads, rd_backend **out)
     ok = ok && cublasLtCreate(&b->lt) == CUBLAS_STATUS_SUCCESS && cublasLtCreate(&b->lt_aux) == CUBLAS_STATUS_SUCCESS &&
          cudaMalloc(&b->ws, LT_WS_BYTES) == cudaSuccess && cudaMalloc(&b->ws_aux, LT_WS_BYTES) == cudaSuccess;
 #endif
+    ok = ok && (b->tc_stages == 0 || gemm_tc_setup(b->tc_stages) == cudaSuccess);
     if (!ok) {
         const char *why = cudaGetErrorString(cudaGetLastError());
         cu_destroy(&b->base);
-        return rd_fail(RD_ENODEV, "backend 'cuda': cannot set up streams/cuBLASLt on device %d (%s)", dev, why);
+        return rd_fail(RD_ENODEV, "backend 'cuda': cannot set up streams/cuBLASLt/kernels on device %d (%s)", dev, why);
     }
     *out = &b->base;
     return 0;

@@ -35,6 +35,21 @@ void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pie
         gemm_tc_pieces<1, TC_WF_BF16>(s, pl, a, epi);
 }
 
+cudaError_t gemm_tc_setup(int stages)
+{
+    const cudaError_t e[] = {tcp_setup<2, 1, TC_PLAIN>(stages),  tcp_setup<2, 1, TC_SWIGLU>(stages),
+                             tcp_setup<2, 1, TC_GEGLU>(stages),  tcp_setup<2, 2, TC_PLAIN>(stages),
+                             tcp_setup<2, 2, TC_SWIGLU>(stages), tcp_setup<2, 2, TC_GEGLU>(stages),
+                             tcp_setup<2, 3, TC_PLAIN>(stages),  tcp_setup<4, 1, TC_PLAIN>(stages),
+                             tcp_setup<4, 1, TC_SWIGLU>(stages), tcp_setup<4, 1, TC_GEGLU>(stages),
+                             tcp_setup<4, 2, TC_PLAIN>(stages),  tcp_setup<4, 2, TC_SWIGLU>(stages),
+                             tcp_setup<4, 2, TC_GEGLU>(stages)};
+    for (cudaError_t x : e)
+        if (x != cudaSuccess)
+            return x;
+    return cudaSuccess;
+}
+
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi)
 {
     if (a.m <= 0 || a.out <= 0)

@@ -1380,11 +1380,15 @@ template <int WS, int NP, int EPI> static void tcp_launch(cudaStream_t s, const 
 {
     constexpr int BT = 32 * WS;
     const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
-    const size_t bytes = (size_t)a.stages * tcp_stage_bytes(WS);
     auto kern = k_gemm_tc_pipe<WS, NP, EPI>;
-    if (bytes > 48 * 1024) // past the default limit a kernel opts in (an attribute, not a stream op: fine in a capture)
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    RD_LAUNCH(kern, grid, block, bytes, s, a);
+    RD_LAUNCH(kern, grid, block, (size_t)a.stages * tcp_stage_bytes(WS), s, a); // (gemm_tc_setup opted in)
+}
+
+// Past 48 KB of dynamic shared memory a kernel opts in.
+template <int WS, int NP, int EPI> static cudaError_t tcp_setup(int stages)
+{
+    return cudaFuncSetAttribute(k_gemm_tc_pipe<WS, NP, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)((size_t)stages * tcp_stage_bytes(WS)));
 }
 
 template <int WS, int NP> static void gemm_tc_pipe(cudaStream_t s, const tc_args &a, int epi)

@@ -319,6 +319,9 @@ enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3, TC_ROUTE = 4 };
 // The weight formats the kernels are instantiated for.
 enum { TC_WF_BF16 = 0, TC_WF_FP8 = 1, TC_WF_Q8_0 = 2 };
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi);
+// Opts the tile kernel's pipelined forms into the dynamic shared memory `stages` stages take, once, at the
+// backend's creation (an attribute of the kernel, never set while a stream captures a graph).
+cudaError_t gemm_tc_setup(int stages);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
 void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);
