@@ -1177,9 +1177,9 @@ RD_UNROLL
         wok[i] = n < a.out;
         wsrc[i] = a.w + (int64_t)(wok[i] ? n : 0) * a.in + 8 * seg;
     }
-    auto issue = [&](int32_t ci) {
-        float *xd = xst(ci % S);
-        uint4 *wd = wst(ci % S);
+    auto issue = [&](int32_t ci, int stage) {
+        float *xd = xst(stage);
+        uint4 *wd = wst(stage);
 RD_UNROLL
         for (int i = 0; i < XCP; i++) {
             const int idx = tid + NT * i;
@@ -1203,18 +1203,21 @@ RD_UNROLL
 
     for (int s = 0; s < S - 1; s++) {
         if (s < nch)
-            issue(s);
+            issue(s, s);
         cp_async_commit(); // one group per chunk, empty ones included, so the count in wait holds
     }
     float tot[2][4][4] = {}, pc[2][4][4] = {};
+    int rd = 0, wr = S - 1; // the stages of chunk ci and of chunk ci + S - 1 (= ci - 1's)
     for (int32_t ci = 0; ci < nch; ci++) {
         wait();
         __syncthreads(); // chunk ci has landed for every thread, and every warp is done with chunk ci - 1's stage
         if (ci + S - 1 < nch)
-            issue(ci + S - 1); // into chunk ci - 1's stage
+            issue(ci + S - 1, wr);
         cp_async_commit();
-        const float *xs = xst(ci % S);
-        const uint4 *ws = wst(ci % S);
+        const float *xs = xst(rd);
+        const uint4 *ws = wst(rd);
+        rd = rd + 1 == S ? 0 : rd + 1;
+        wr = wr + 1 == S ? 0 : wr + 1;
         uint4 bw[4], ax[NP][2][2];
 RD_UNROLL
         for (int j = 0; j < 4; j++)
