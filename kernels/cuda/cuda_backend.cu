@@ -1917,8 +1917,8 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
         !grow(b, (void **)&b->moe_act, &b->moe_act_cap, routes * f * sizeof(float), "the MoE expert activations") ||
         !grow(b, (void **)&b->moe_h, &b->moe_h_cap, routes * d * sizeof(float), "the MoE expert outputs"))
         return;
-    const size_t counters = (size_t)moe_dim_tiles(d) * sizeof(unsigned);
-    if (b->fuse_split && !tc && b->moe_count_cap < counters) {
+    const size_t counters = (size_t)std::max(moe_dim_tiles(d), (d + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT) * sizeof(unsigned);
+    if (b->fuse_split && b->moe_count_cap < counters) {
         size_t cap = b->moe_count_cap;
         if (!grow(b, (void **)&b->moe_count, &cap, counters, "the MoE combine's counters"))
             return;
@@ -1950,7 +1950,7 @@ static void cu_moe_ffn(rd_backend *be, const rd_moe *moe, const float *x, const 
     a.xrow = tc ? a.pos + routes : nullptr;
     a.work = tc ? a.xrow + routes : nullptr;
     a.n_work = tc ? (int32_t)n_work : 0;
-    a.count = b->fuse_split && !tc ? b->moe_count : nullptr;
+    a.count = b->fuse_split ? b->moe_count : nullptr;
     launch_moe_ffn(b->st, a);
     check_launch(b, "moe_ffn");
 }

@@ -366,8 +366,9 @@ struct moe_args {
     int32_t *work;              // scratch [n_work][2]: (expert, row tile of 16 of its routes), then -1s; NULL unless tc
     int32_t n_work;             // min(n_experts, m k) + ceil(m k / 16): no more tiles can exist
     // Small batches: the expert kernels sort in-block and the down kernel combines (cuda_moe.cu says
-    // when). count: [moe_dim_tiles(dim)] arrival counters, zero between launches, set when the fusions
-    // are on (RD_CUDA_FUSE) and the experts on CUDA cores; NULL: the sort and the combine keep their kernels.
+    // when). count: arrival counters, zero between launches, one per column tile of the down kernel
+    // (moe_dim_tiles(dim) on CUDA cores, (dim + 15) / 16 on tensor cores), set when the fusions are on
+    // (RD_CUDA_FUSE); NULL: the sort and the combine keep their kernels.
     unsigned *count;
 };
 // Sorts the routes by expert, then runs the gate|up and down products of
@@ -378,8 +379,37 @@ struct moe_args {
 void launch_moe_ffn(cudaStream_t s, const moe_args &a);
 // The down kernel's tiles along dim: moe_args.count's length.
 int32_t moe_dim_tiles(int32_t dim);
-// The tensor-core experts' two launches (cuda_moe_tc.cu), after the sort.
-void launch_moe_tc(cudaStream_t s, const moe_args &a);
+// The tensor-core experts' two launches (cuda_moe_tc.cu): after the sort, or (sort) sorting in-block; with
+// combine, the down kernel's last CTA of each column tile then sums the routes for its columns.
+void launch_moe_tc(cudaStream_t s, const moe_args &a, bool sort, bool combine);
+// At most this many routes: the expert kernels sort the ids in every block (cuda_moe.cu, cuda_moe_tc.cu).
+#define MOE_SORT_ROUTES 64
+// At most this many rows: the down kernel's last blocks combine.
+#define MOE_COMBINE_ROWS 32
+
+// Route r's expert, or -1 where its id is outside [0, n_experts) (it routes nowhere, as in k_moe_sort).
+RD_DEV int32_t moe_route_expert(const moe_args &a, int32_t r)
+{
+    const int32_t id = a.ids[r];
+    return id >= 0 && id < a.n_experts ? id : -1;
+}
+
+// y[i][c] += acc, acc = fmaf(w_j, h[i k + j][c], acc) over j = 0..k-1 from 0
+// (a route with an id outside [0, n_experts) adds nothing: its h is unset);
+// h's row of route r is pos[r] when pos is set (the tensor-core experts: by
+// place), else r. h is read past L1: in the fused combine other blocks wrote it.
+RD_DEV void moe_combine_one(const moe_args &a, const int32_t *pos, int64_t i, int64_t c)
+{
+    float acc = 0.0f;
+    for (int32_t j = 0; j < a.k; j++) {
+        const int64_t r = i * a.k + j;
+        const int32_t e = a.ids[r];
+        if (e >= 0 && e < a.n_experts)
+            acc = fmaf(a.weights[r], __ldcg(&a.h[(pos ? (int64_t)pos[r] : r) * a.dim + c]), acc);
+    }
+    const int64_t idx = i * a.dim + c;
+    a.y[idx] = RD_FADD(a.y[idx], acc);
+}
 
 // ---- LoRA (cuda_lora.cu) ----
 enum { LORA_DT_F32 = 0, LORA_DT_F16 = 1, LORA_DT_BF16 = 2 };

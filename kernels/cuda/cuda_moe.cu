@@ -181,8 +181,6 @@ __global__ void k_moe_sort(const int32_t *ids, int32_t routes, int32_t k, int32_
 #define MOE_WARPS 4             // warps per block
 #define MOE_GO 2                // output features per warp
 #define MOE_RT 8                // routes per pass
-#define MOE_SORT_ROUTES 64      // at most this many routes: the expert kernels sort in-block
-#define MOE_COMBINE_ROWS 32     // at most this many rows: the down kernel's last blocks combine
 static_assert(MOE_SORT_ROUTES <= 32 * MOE_WARPS, "the in-block sort gives each route a thread");
 
 // One expert slot of a call: the slot's expert (-1: fewer routed experts than
@@ -214,13 +212,9 @@ RD_DEV moe_slot moe_slot_sort(const moe_args &a, int32_t slot)
     __shared__ int32_t s_id[MOE_SORT_ROUTES], s_first[MOE_SORT_ROUTES], s_order[MOE_SORT_ROUTES];
     __shared__ int32_t s_e, s_p0, s_n;
     const int32_t t = threadIdx.x, routes = a.m * a.k;
-    int32_t id = -1;
-    if (t < routes) {
-        id = a.ids[t];
-        if (id < 0 || id >= a.n_experts)
-            id = -1; // routes nowhere, as in k_moe_sort
+    const int32_t id = t < routes ? moe_route_expert(a, t) : -1;
+    if (t < routes)
         s_id[t] = id;
-    }
     if (t == 0)
         s_e = -1, s_p0 = 0, s_n = 0;
     __syncthreads();
@@ -437,22 +431,6 @@ RD_UNROLL
     }
 }
 
-// y[i][c] += acc, acc = fmaf(w_j, h[i k + j][c], acc) over j = 0..k-1 from 0
-// (a route with an id outside [0, n_experts) adds nothing: its h is unset).
-// h is read past L1: in the fused combine other blocks wrote it.
-RD_DEV void moe_combine_one(const moe_args &a, int64_t i, int64_t c)
-{
-    float acc = 0.0f;
-    for (int32_t j = 0; j < a.k; j++) {
-        const int64_t r = i * a.k + j;
-        const int32_t e = a.ids[r];
-        if (e >= 0 && e < a.n_experts)
-            acc = fmaf(a.weights[r], __ldcg(&a.h[(a.pos ? (int64_t)a.pos[r] : r) * a.dim + c]), acc);
-    }
-    const int64_t idx = i * a.dim + c;
-    a.y[idx] = RD_FADD(a.y[idx], acc);
-}
-
 // The down products of slot blockIdx.y's expert for dim tile blockIdx.x;
 // with COMBINE, the tile's last block to arrive (of gridDim.y, one per slot)
 // then combines the tile's features for every row.
@@ -478,7 +456,7 @@ __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
     __threadfence();
     const int32_t t0 = blockIdx.x * per, nc = a.dim - t0 < per ? a.dim - t0 : per;
     for (int32_t idx = threadIdx.x; idx < a.m * nc; idx += blockDim.x)
-        moe_combine_one(a, idx / nc, t0 + idx % nc);
+        moe_combine_one(a, a.pos, idx / nc, t0 + idx % nc);
     if (threadIdx.x == 0)
         a.count[blockIdx.x] = 0;
 }
@@ -489,7 +467,7 @@ __global__ void k_moe_combine(moe_args a)
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)a.m * a.dim)
         return;
-    moe_combine_one(a, idx / a.dim, idx % a.dim);
+    moe_combine_one(a, a.pos, idx / a.dim, idx % a.dim);
 }
 
 template <bool VEC> static void launch_gate_up(cudaStream_t s, const moe_args &a, dim3 grid, bool sort)
@@ -518,7 +496,9 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
         return;
     const int32_t routes = a.m * a.k;
     const bool tc = a.tc_wf >= 0;
-    const bool sort = a.count && routes <= MOE_SORT_ROUTES;
+    // (the tensor-core kernels' blocks, 32 x the plan's warps, must give each route a thread)
+    const bool sort = a.count && routes <= MOE_SORT_ROUTES &&
+                      (!tc || (routes <= 32 * a.pl_gu.wk && routes <= 32 * a.pl_down.wk));
     const bool combine = a.count && a.m <= MOE_COMBINE_ROWS;
     if (!sort) {
         const unsigned sort_threads = (unsigned)((a.n_experts + 31) / 32 * 32);
@@ -526,8 +506,9 @@ void launch_moe_ffn(cudaStream_t s, const moe_args &a)
                   a.active, a.pos, a.xrow, a.work, a.n_work);
     }
     if (tc) {
-        launch_moe_tc(s, a);
-        RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
+        launch_moe_tc(s, a, sort, combine);
+        if (!combine)
+            RD_LAUNCH(k_moe_combine, dim3(blocks_for((int64_t)a.m * a.dim, 256)), dim3(256), 0, s, a);
         return;
     }
     const int per_block = MOE_WARPS * MOE_GO;

@@ -362,9 +362,9 @@ if [ "$DRY" = 0 ]; then
   # RD_CUDA_MOE=tc (the experts through the tensor-core GEMM's CTA), bf16 and Q8_0 experts, rows 1..512: time,
   # the touched experts' bytes against the copy bandwidth, TFLOP/s; exit 1 if a variant's rows differ alone.
   # nofuse: the CUDA-core kernels with the sort and the combine in their own launches (the default fuses
-  # them up to 64 routes / 32 rows).
+  # them up to 64 routes / 32 rows); moetc+nofuse the same for the tensor-core experts (fused since session 34).
   run moe-30b 90 "$BENCH" moe --synthetic qwen3-30b-a3b --rows 1,8,64,256,512 \
-    --variants default,nofuse,moetc,q8tc,q8tc+moetc \
+    --variants default,nofuse,moetc,moetc+nofuse,q8tc,q8tc+moetc \
     --bw "$BW" --json "$LOGS/moe-30b.json" || true
   # The new kernels keep the contracts: bit-exact batch invariance through the engine, parity with the CPU.
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -474,7 +474,7 @@ else
     RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run tool-tis-emu 120 build/emutests/rollout-gpubench tis --backend cuda-emu \
       --model "$RD_TESTDATA/tiny-f32.gguf" --weights fp8 --prompts 2 --tokens 8 --json "$LOGS/tool-tis-emu.json" || true
     run tool-moe-emu 60 build/emutests/rollout-gpubench moe --backend cuda-emu --synthetic moe-tiny --rows 1,5 \
-      --variants default,nofuse,moetc,q8tc+moetc --reps 2 --mib 1 --iters 1 --json "$LOGS/tool-moe-emu.json" || true
+      --variants default,nofuse,moetc,moetc+nofuse,q8tc+moetc --reps 2 --mib 1 --iters 1 --json "$LOGS/tool-moe-emu.json" || true
     run tool-attn-emu 60 build/emutests/rollout-gpubench attn --backend cuda-emu --shapes 4/2x16 --ctx 40,300 \
       --batches 1,2 --reps 2 --flush-mib 1 --mib 1 --iters 1 --json "$LOGS/tool-attn-emu.json" || true
   fi
@@ -504,7 +504,7 @@ MOE_CASES=test_moe_route,test_moe_route_after_linear,test_moe_ffn,test_moe_batch
 MOE_CASES=$MOE_CASES,test_moe_ffn_tc
 # the small-batch fusions (the sort in-block, the combine by down's last block per tile) against RD_CUDA_FUSE=0,
 # bit for bit: on a device this is what checks the arrival counter's fences; and the switches' value check
-MOE_CASES=$MOE_CASES,test_moe_small_fused,test_moe_graph_nofuse,test_runner_moe_fused,test_env_switches
+MOE_CASES=$MOE_CASES,test_moe_small_fused,test_moe_small_fused_tc,test_moe_graph_nofuse,test_runner_moe_fused,test_env_switches
 # and the FP8 ones (issue 26): the FP8 GEMM and the fp8 KV cache against the CPU.
 MOE_CASES=$MOE_CASES,test_fp8_linear,test_kv_fp8
 # Every other op case on the real backend against the CPU: GEMMs, the LM head,

@@ -5724,6 +5724,87 @@ static void test_moe_small_fused(void)
     if (q8nf) rd_backend_destroy(q8nf);
 }
 
+/* The tensor-core experts (RD_CUDA_MOE=tc) at small batches: up to
+ * MOE_SORT_ROUTES routes (and no more than a block of either plan has
+ * threads: 40 routes on ffn 32's one warp take the sort kernel) each CTA
+ * finds its work entry and its routes from the ids, and up
+ * to 32 rows the down kernel's last CTA of each column tile sums the routes:
+ * 2 launches at batch 1 where there were 4. Bit for bit RD_CUDA_FUSE=0 (the
+ * sort and combine kernels), each call twice (the arrival counters reset),
+ * bf16 and Q8_0 experts, an id past the experts, a negative one and a row
+ * routed twice to one expert; within 4e-5 of the double reference. */
+static void test_moe_small_fused_tc(void)
+{
+    static const int32_t shapes[][5] = {{16, 128, 256, 8, 1}, {16, 128, 256, 8, 3}, {16, 128, 256, 8, 8},
+                                        {16, 128, 256, 8, 9}, {8, 32, 64, 2, 7},     {128, 32, 64, 8, 40},
+                                        {4, 64, 128, 2, 33},    {8, 32, 64, 8, 5}};
+    rd_backend *be[4] = {NULL, NULL, NULL, NULL}; /* bf16 fused, unfused; Q8_0 fused, unfused */
+    for (int i = 0; i < 4; i++) {
+        setenv("RD_CUDA_MOE", "tc", 1);
+        if (i >= 2)
+            setenv("RD_CUDA_Q8", "tc", 1);
+        be[i] = dev_with("RD_CUDA_FUSE", i % 2 ? "0" : "1", NULL, NULL);
+        unsetenv("RD_CUDA_MOE");
+        unsetenv("RD_CUDA_Q8");
+    }
+    CHECK(be[0] && be[1] && be[2] && be[3], "cannot create the RD_CUDA_MOE=tc backends: %s", rd_errmsg());
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !test_case_failed; si++) {
+        const int32_t E = shapes[si][0], f = shapes[si][1], d = shapes[si][2], k = shapes[si][3], m = shapes[si][4];
+        const int32_t routes = m * k;
+        cuplan_tc pg, pd;
+        CHECK_OK(cuplan_moe_tc(d, &pg));
+        CHECK_OK(cuplan_moe_tc(f, &pd));
+        const int sort = routes <= 64 && routes <= 32 * pg.wk && routes <= 32 * pd.wk;
+        const int want = (sort ? 0 : 1) + 2 + (m <= 32 ? 0 : 1);
+        moe_case c;
+        CHECK_OK(moe_case_make(&c, E, f, d, k, m));
+        if (si == 1) { /* nowhere: an id past the experts and a negative one; row 2 routes twice to one expert */
+            c.ids[3] = E;
+            c.ids[k + 5] = -1;
+            c.ids[2 * k + 1] = c.ids[2 * k];
+        }
+        const size_t n = (size_t)m * d, ngu = (size_t)E * 2 * f * d, ndn = (size_t)E * d * f;
+        float *yf = malloc(sizeof(float) * n), *yn = malloc(sizeof(float) * n);
+        double *yref = malloc(sizeof(double) * n), *mag = malloc(sizeof(double) * n);
+        uint8_t *qgu = malloc(ngu / 32 * 34), *qdn = malloc(ndn / 32 * 34);
+        CHECK_OK(ggml_quant_q8_0(c.gu, ngu, qgu));
+        CHECK_OK(ggml_quant_q8_0(c.dn, ndn, qdn));
+        for (int q = 0; q < 2 && !test_case_failed; q++) {
+            moe_dev mf, mn;
+            CHECK_OK(moe_dev_load_as(be[2 * q], q ? NULL : c.gu, q ? NULL : c.dn, q ? qgu : NULL, q ? qdn : NULL, E,
+                                     f, d, &mf));
+            CHECK_OK(moe_dev_load_as(be[2 * q + 1], q ? NULL : c.gu, q ? NULL : c.dn, q ? qgu : NULL,
+                                     q ? qdn : NULL, E, f, d, &mn));
+            CHECK_OK(moe_ffn_on(be[2 * q + 1], &mn.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yn));
+            for (int rep = 0; rep < 2 && !test_case_failed; rep++) {
+                const uint64_t k0 = cuemu_launch_count();
+                CHECK_OK(moe_ffn_on(be[2 * q], &mf.moe, c.x, 0, c.ids, c.w, m, k, c.y0, yf));
+                const uint64_t got = cuemu_launch_count() - k0;
+                if (on_emulator() && rep)
+                    CHECK(got == (uint64_t)want, "tc%s: %d experts, top %d, %d rows: moe_ffn launched %llu kernels, "
+                          "want %d", q ? " Q8_0" : "", E, k, m, (unsigned long long)got, want);
+                CHECK(!memcmp(yf, yn, sizeof(float) * n), "tc%s: %d experts (ffn %d, dim %d), top %d, %d rows, call "
+                      "%d: the fused kernels differ from RD_CUDA_FUSE=0", q ? " Q8_0" : "", E, f, d, k, m, rep + 1);
+            }
+            if (si != 1 && q == 0) {
+                moe_reference(&c, yref, mag);
+                const double err = moe_error(&c, yf, yref, mag);
+                CHECK(err < 4e-5, "tc, shape %zu: %.3g from the double reference", si, err);
+            }
+            moe_dev_free(be[2 * q], &mf);
+            moe_dev_free(be[2 * q + 1], &mn);
+        }
+        printf("# moe_ffn, RD_CUDA_MOE=tc, %d experts (ffn %d, dim %d), top %d, %d rows: %d launches (sort %s, "
+               "combine %s), bit for bit RD_CUDA_FUSE=0\n", E, f, d, k, m, want, sort ? "in-block" : "kernel",
+               m <= 32 ? "in down" : "kernel");
+        free(yf), free(yn), free(yref), free(mag), free(qgu), free(qdn);
+        moe_case_free(&c);
+    }
+    for (int i = 0; i < 4; i++)
+        if (be[i])
+            rd_backend_destroy(be[i]);
+}
+
 /* moe_route and moe_ffn inside a graph capture: the replay equals the eager
  * run, and reads the buffers' contents at launch (new rows, same graph); a
  * handle replaced between the eager run and the capture (a weight swap) is
@@ -6278,6 +6359,7 @@ int main(void)
     RUN_SEL(test_moe_graph);
     RUN_SEL(test_moe_graph_nofuse);
     RUN_SEL(test_moe_small_fused);
+    RUN_SEL(test_moe_small_fused_tc);
     RUN_SEL(test_moe_ffn_tc);
     RUN_SEL(test_runner_moe_tc);
     RUN_SEL(test_runner_moe_fused);
