@@ -153,6 +153,17 @@ RD_DEV void cp_async16(void *dst, const void *src, bool valid)
 #endif
 }
 
+// 4 bytes the same way (cp.async.ca: the 4-byte form).
+RD_DEV void cp_async4(void *dst, const void *src, bool valid)
+{
+#ifdef RD_CUDA_EMU
+    cuemu::cp_async(dst, src, 4, valid ? 4 : 0);
+#else
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 4 : 0) : "memory");
+#endif
+}
+
 RD_DEV void cp_async_commit()
 {
 #ifdef RD_CUDA_EMU

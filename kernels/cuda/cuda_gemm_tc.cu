@@ -37,17 +37,8 @@ void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pie
 
 cudaError_t gemm_tc_setup(int stages)
 {
-    const cudaError_t e[] = {tcp_setup<2, 1, TC_PLAIN>(stages),  tcp_setup<2, 1, TC_SWIGLU>(stages),
-                             tcp_setup<2, 1, TC_GEGLU>(stages),  tcp_setup<2, 2, TC_PLAIN>(stages),
-                             tcp_setup<2, 2, TC_SWIGLU>(stages), tcp_setup<2, 2, TC_GEGLU>(stages),
-                             tcp_setup<2, 3, TC_PLAIN>(stages),  tcp_setup<4, 1, TC_PLAIN>(stages),
-                             tcp_setup<4, 1, TC_SWIGLU>(stages), tcp_setup<4, 1, TC_GEGLU>(stages),
-                             tcp_setup<4, 2, TC_PLAIN>(stages),  tcp_setup<4, 2, TC_SWIGLU>(stages),
-                             tcp_setup<4, 2, TC_GEGLU>(stages)};
-    for (cudaError_t x : e)
-        if (x != cudaSuccess)
-            return x;
-    return cudaSuccess;
+    const cudaError_t e = tcp_setup_all<TC_WF_BF16>(stages);
+    return e != cudaSuccess ? e : gemm_tc_setup_fp8(stages);
 }
 
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi)

@@ -1131,63 +1131,80 @@ RD_UNROLL
     tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
 }
 
-// The tile kernel with its loads in flight several chunks ahead (bf16
-// weights, x 16-byte aligned; a.stages of RD_CUDA_TC_PIPE). k_gemm_tc_big
-// stages through registers one chunk ahead, so each chunk's global loads
-// wait out a round trip to L2 or memory behind one chunk of mma work: at 256
-// rows the 1B's GEMMs have one 64 x 64 tile per SM (4 warps), with nothing
-// else to hide that wait. Here cp.async copies chunk ci + stages - 1 into its
-// shared-memory stage while chunk ci is multiplied, x as the fp32 it is (its
-// pieces cut in registers from the staged values, as k_gemm_tc_big cuts them
-// before staging) and W as bf16. The mma steps, the sub-piece folds and the
-// epilogue are k_gemm_tc_big's (tcb_mma, tcb_fold, tcb_store): the same bits.
+// The tile kernel with its loads in flight several chunks ahead (bf16 or
+// FP8 weights, x 16-byte aligned; a.stages of RD_CUDA_TC_PIPE).
+// k_gemm_tc_big stages through registers one chunk ahead, so each chunk's
+// global loads wait out a round trip to L2 or memory behind one chunk of mma
+// work: at 256 rows the 1B's GEMMs have one 64 x 64 tile per SM (4 warps),
+// with nothing else to hide that wait. Here cp.async copies chunk
+// ci + stages - 1 into its shared-memory stage while chunk ci is multiplied,
+// x as the fp32 it is (its pieces cut in registers from the staged values,
+// as k_gemm_tc_big cuts them before staging) and W as stored: bf16, or FP8
+// codes with the 4-byte word of scale bytes that holds the chunk's (chunks
+// ci & ~3 to ci | 3 of the row; rows of in / 32 bytes, a multiple of 4),
+// decoded as tc_load_w decodes them. The mma steps, the sub-piece folds and
+// the epilogue are k_gemm_tc_big's (tcb_mma, tcb_fold, tcb_store): the same
+// bits.
 #define TCP_XS 36 // floats per staged x row: 32 and 4 of padding, so a fragment's rows g and g + 1 use other banks
 
-RD_HD size_t tcp_stage_bytes(int ws) { return (size_t)32 * ws * (TCP_XS * 4 + 64); }
+// A stage's bytes: x, then W's 32 weights a row (bf16 64 bytes; FP8 32 bytes of codes and a scale word).
+RD_HD size_t tcp_stage_bytes(int ws, int wf) { return (size_t)32 * ws * (TCP_XS * 4 + (wf == TC_WF_FP8 ? 36 : 64)); }
 
-template <int WS, int NP, int EPI>
+template <int WS, int NP, int WF, int EPI>
 __global__ void __launch_bounds__(TCB_THREADS(WS), 1) k_gemm_tc_pipe(tc_args a)
 {
     RD_PDL_ENTRY();
+    constexpr bool F8 = WF == TC_WF_FP8;
     constexpr int BT = 32 * WS, NT = TCB_THREADS(WS);
-    constexpr int XCP = 8 * BT / NT, WCP = 4 * BT / NT; // 16-byte copies per thread and chunk: x, W
+    // 16-byte copies a chunk (x: 8 a row; W: 4 a row, FP8 2), then FP8's 4-byte scale words (1 a row)
+    constexpr int XC = 8 * BT, WC = (F8 ? 2 : 4) * BT, NC = XC + WC + (F8 ? BT : 0);
+    constexpr int CP = (NC + NT - 1) / NT; // copies per thread and chunk (the last round partial for FP8)
     RD_DYN_SMEM(unsigned char, sm);
     const int S = a.stages;
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
     const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
-    // Stage s: x rows [BT][TCP_XS] floats, then W rows [BT][4] uint4 (uint4 t: weights [8t, 8t + 8)).
-    auto xst = [&](int s) { return (float *)(sm + (size_t)s * tcp_stage_bytes(WS)); };
-    auto wst = [&](int s) { return (uint4 *)(sm + (size_t)s * tcp_stage_bytes(WS) + (size_t)BT * TCP_XS * 4); };
-    // Each thread's rows and weight rows are the same in every chunk.
-    const float *xsrc[XCP];
-    const uint16_t *wsrc[WCP];
-    bool xok[XCP], wok[WCP];
+    // Stage s: x rows [BT][TCP_XS] floats, then W rows [BT] x 64 (bf16) or 32 (FP8 codes) bytes, uint4 t of a
+    // bf16 row (uint2 t of an FP8 row) its weights [8t, 8t + 8); then (FP8) a scale word per row.
+    const size_t stage = tcp_stage_bytes(WS, WF);
+    // Copy c of a chunk (c = tid + NT i): its source at chunk 0, the bytes a chunk moves it, and its place.
+    const unsigned char *src[CP];
+    int32_t step[CP], dst[CP];
+    bool ok[CP];
 RD_UNROLL
-    for (int i = 0; i < XCP; i++) {
-        const int idx = tid + NT * i, rr = idx / 8, seg = idx % 8;
-        xok[i] = r0 + rr < a.m;
-        xsrc[i] = a.x + (int64_t)(xok[i] ? r0 + rr : 0) * a.in + 4 * seg;
-    }
-RD_UNROLL
-    for (int i = 0; i < WCP; i++) {
-        const int idx = tid + NT * i, rr = idx / 4, seg = idx % 4;
-        const int32_t n = tcb_wrow<EPI>(a, n0, rr);
-        wok[i] = n < a.out;
-        wsrc[i] = a.w + (int64_t)(wok[i] ? n : 0) * a.in + 8 * seg;
-    }
-    auto issue = [&](int32_t ci, int stage) {
-        float *xd = xst(stage);
-        uint4 *wd = wst(stage);
-RD_UNROLL
-        for (int i = 0; i < XCP; i++) {
-            const int idx = tid + NT * i;
-            cp_async16(xd + (idx / 8) * TCP_XS + 4 * (idx % 8), xsrc[i] + 32 * ci, xok[i]);
+    for (int i = 0; i < CP; i++) {
+        const int c = tid + NT * i;
+        if (c < XC) {
+            const int rr = c / 8, seg = c % 8;
+            ok[i] = r0 + rr < a.m;
+            src[i] = (const unsigned char *)(a.x + (int64_t)(ok[i] ? r0 + rr : 0) * a.in + 4 * seg);
+            step[i] = 128, dst[i] = (rr * TCP_XS + 4 * seg) * 4;
+        } else if (c < XC + WC) {
+            const int wc = c - XC, per = F8 ? 2 : 4, rr = wc / per, seg = wc % per;
+            const int32_t n = tcb_wrow<EPI>(a, n0, rr);
+            ok[i] = n < a.out;
+            src[i] = F8 ? (const unsigned char *)(a.f8 + (int64_t)(ok[i] ? n : 0) * a.in + 16 * seg)
+                        : (const unsigned char *)(a.w + (int64_t)(ok[i] ? n : 0) * a.in + 8 * seg);
+            step[i] = F8 ? 32 : 64, dst[i] = BT * TCP_XS * 4 + 16 * wc;
+        } else {
+            const int rr = c - XC - WC;
+            const int32_t n = c < NC ? tcb_wrow<EPI>(a, n0, rr) : a.out;
+            ok[i] = n < a.out;
+            src[i] = a.f8s + (int64_t)(ok[i] ? n : 0) * (a.in / 32);
+            step[i] = 0, dst[i] = BT * (TCP_XS * 4 + 32) + 4 * rr;
         }
+    }
+    auto issue = [&](int32_t ci, int st) {
+        unsigned char *base = sm + (size_t)st * stage;
 RD_UNROLL
-        for (int i = 0; i < WCP; i++)
-            cp_async16(wd + tid + NT * i, wsrc[i] + 32 * ci, wok[i]);
+        for (int i = 0; i < CP; i++) {
+            const int c = tid + NT * i;
+            if (c < XC + WC)
+                cp_async16(base + dst[i], src[i] + (int64_t)step[i] * ci, ok[i]);
+            else if (c < NC) // the word of scale bytes of chunks (ci & ~3) .. (ci | 3)
+                cp_async4(base + dst[i], src[i] + (ci & ~3), ok[i]);
+        }
     };
     // Before chunk ci is read, all but the newest S - 2 groups have landed: chunk ci's among them.
     auto wait = [&]() {
@@ -1214,14 +1231,26 @@ RD_UNROLL
         if (ci + S - 1 < nch)
             issue(ci + S - 1, wr);
         cp_async_commit();
-        const float *xs = xst(rd);
-        const uint4 *ws = wst(rd);
+        const unsigned char *base = sm + (size_t)rd * stage;
+        const float *xs = (const float *)base;
         rd = rd + 1 == S ? 0 : rd + 1;
         wr = wr + 1 == S ? 0 : wr + 1;
         uint4 bw[4], ax[NP][2][2];
 RD_UNROLL
-        for (int j = 0; j < 4; j++)
-            bw[j] = ws[(32 * wn + 8 * j + g) * 4 + t];
+        for (int j = 0; j < 4; j++) {
+            const int row = 32 * wn + 8 * j + g;
+            if constexpr (F8) {
+                const uint2 v = ((const uint2 *)(base + BT * TCP_XS * 4))[row * 4 + t];
+                const uint32_t word = ((const uint32_t *)(base + BT * (TCP_XS * 4 + 32)))[row];
+                const float sc = cm_fp8_scale(word >> (8 * (ci & 3)) & 0xffu);
+                float f[8];
+                fp8_decode4(v.x, sc, f);
+                fp8_decode4(v.y, sc, f + 4);
+                bw[j] = uint4{tc_pack(f[0], f[1]), tc_pack(f[2], f[3]), tc_pack(f[4], f[5]), tc_pack(f[6], f[7])};
+            } else {
+                bw[j] = ((const uint4 *)(base + BT * TCP_XS * 4))[row * 4 + t];
+            }
+        }
 RD_UNROLL
         for (int mt = 0; mt < 2; mt++)
 RD_UNROLL
@@ -1379,31 +1408,57 @@ template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const 
     }
 }
 
-template <int WS, int NP, int EPI> static void tcp_launch(cudaStream_t s, const tc_args &a)
+template <int WS, int NP, int WF, int EPI> static void tcp_launch(cudaStream_t s, const tc_args &a)
 {
     constexpr int BT = 32 * WS;
     const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
-    auto kern = k_gemm_tc_pipe<WS, NP, EPI>;
-    RD_LAUNCH(kern, grid, block, (size_t)a.stages * tcp_stage_bytes(WS), s, a); // (gemm_tc_setup opted in)
+    auto kern = k_gemm_tc_pipe<WS, NP, WF, EPI>;
+    RD_LAUNCH(kern, grid, block, (size_t)a.stages * tcp_stage_bytes(WS, WF), s, a); // (gemm_tc_setup opted in)
 }
 
 // Past 48 KB of dynamic shared memory a kernel opts in.
-template <int WS, int NP, int EPI> static cudaError_t tcp_setup(int stages)
+template <int WS, int NP, int WF, int EPI> static cudaError_t tcp_setup(int stages)
 {
-    return cudaFuncSetAttribute(k_gemm_tc_pipe<WS, NP, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)((size_t)stages * tcp_stage_bytes(WS)));
+    return cudaFuncSetAttribute(k_gemm_tc_pipe<WS, NP, WF, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)((size_t)stages * tcp_stage_bytes(WS, WF)));
 }
 
-template <int WS, int NP> static void gemm_tc_pipe(cudaStream_t s, const tc_args &a, int epi)
+// The pipelined kernels of one weight format, each opted in (its own file's instances: a kernel's
+// attribute belongs to the copy in the file that launches it).
+template <int WF> static cudaError_t tcp_setup_all(int stages)
+{
+    const cudaError_t e[] = {tcp_setup<2, 1, WF, TC_PLAIN>(stages),  tcp_setup<2, 1, WF, TC_SWIGLU>(stages),
+                             tcp_setup<2, 1, WF, TC_GEGLU>(stages),  tcp_setup<2, 2, WF, TC_PLAIN>(stages),
+                             tcp_setup<2, 2, WF, TC_SWIGLU>(stages), tcp_setup<2, 2, WF, TC_GEGLU>(stages),
+                             tcp_setup<4, 1, WF, TC_PLAIN>(stages),  tcp_setup<4, 1, WF, TC_SWIGLU>(stages),
+                             tcp_setup<4, 1, WF, TC_GEGLU>(stages),  tcp_setup<4, 2, WF, TC_PLAIN>(stages),
+                             tcp_setup<4, 2, WF, TC_SWIGLU>(stages), tcp_setup<4, 2, WF, TC_GEGLU>(stages)};
+    for (cudaError_t x : e)
+        if (x != cudaSuccess)
+            return x;
+    if constexpr (WF == TC_WF_BF16) // the LM head's three pieces
+        return tcp_setup<2, 3, WF, TC_PLAIN>(stages);
+    return cudaSuccess;
+}
+
+template <int WS, int NP, int WF> static void gemm_tc_pipe(cudaStream_t s, const tc_args &a, int epi)
 {
     if constexpr (NP == 3)
-        tcp_launch<WS, 3, TC_PLAIN>(s, a);
+        tcp_launch<WS, 3, WF, TC_PLAIN>(s, a);
     else if (epi == TC_SWIGLU)
-        tcp_launch<WS, NP, TC_SWIGLU>(s, a);
+        tcp_launch<WS, NP, WF, TC_SWIGLU>(s, a);
     else if (epi == TC_GEGLU)
-        tcp_launch<WS, NP, TC_GEGLU>(s, a);
+        tcp_launch<WS, NP, WF, TC_GEGLU>(s, a);
     else
-        tcp_launch<WS, NP, TC_PLAIN>(s, a);
+        tcp_launch<WS, NP, WF, TC_PLAIN>(s, a);
+}
+
+// The pipelined tile kernel takes bf16 weights, and FP8 ones whose scale rows come in whole words.
+template <int WF> static bool tcp_fits(const tc_args &a)
+{
+    if (!a.stages || !a.xvec || a.xrow)
+        return false;
+    return WF == TC_WF_BF16 || (a.in / 32 % 4 == 0 && (uintptr_t)a.f8s % 4 == 0 && (uintptr_t)a.f8 % 16 == 0);
 }
 
 static inline bool tc_use_big(const tc_args &a)
@@ -1417,14 +1472,14 @@ static inline bool tc_use_big(const tc_args &a)
 template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
 {
     if (tc_use_big(a)) {
-        if constexpr (WF == TC_WF_BF16 && NP >= 1 && NP <= 3) {
-            if (a.stages && a.xvec && !a.xrow) {
+        if constexpr ((WF == TC_WF_BF16 || WF == TC_WF_FP8) && NP >= 1 && NP <= 3) {
+            if (tcp_fits<WF>(a)) {
                 if constexpr (NP == 3)
-                    gemm_tc_pipe<2, 3>(s, a, epi);
+                    gemm_tc_pipe<2, 3, WF>(s, a, epi);
                 else if (a.big_tile == 128)
-                    gemm_tc_pipe<4, NP>(s, a, epi);
+                    gemm_tc_pipe<4, NP, WF>(s, a, epi);
                 else
-                    gemm_tc_pipe<2, NP>(s, a, epi);
+                    gemm_tc_pipe<2, NP, WF>(s, a, epi);
                 return;
             }
         }
@@ -1451,6 +1506,7 @@ template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cupla
 // The per-format files' entries (a set up by launch_gemm_tc).
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
+cudaError_t gemm_tc_setup_fp8(int stages);
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 

@@ -4,6 +4,8 @@
 
 namespace RD_NS {
 
+cudaError_t gemm_tc_setup_fp8(int stages) { return tcp_setup_all<TC_WF_FP8>(stages); }
+
 void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
 {
     if (pieces == 2)

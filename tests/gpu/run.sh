@@ -320,9 +320,9 @@ if [ "$DRY" = 0 ]; then
     --json "$LOGS/gemm-1b.json" || true
   # The tile kernel's loads (128 rows and up): tc's default, 4 cp.async stages, against RD_CUDA_TC_PIPE=0 (the
   # register-staged kernel, one chunk ahead: the tile kernel before session 34) and 6 stages; the same with
-  # RD_CUDA_ACT=bf16 (one piece, half the mma steps) and on the 128 tile.
-  run gemm-1b-pipe 60 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
-    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128 \
+  # RD_CUDA_ACT=bf16 (one piece, half the mma steps), on the 128 tile, and FP8 weights (RD_CUDA_FP8=tc).
+  run gemm-1b-pipe 75 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
+    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128,fp8tc,fp8tc+RD_CUDA_TC_PIPE=0 \
     --bw "$BW" --json "$LOGS/gemm-1b-pipe.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.3x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true

@@ -1196,6 +1196,10 @@ static void test_gemm_tc(void)
         /* The tile kernel's cp.async stages (RD_CUDA_TC_PIPE, 4 by default as above; the emulator lands a copy
            only at its wait and poisons the stage until then): each depth, and the register-staged kernel (0),
            the same bits as the other kernel, on both tiles; 3 chunks under 6 stages; hi only (one piece). */
+        setenv("RD_CUDA_FP8", "tc", 1);
+        rd_backend *nf8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+        unsetenv("RD_CUDA_FP8");
+        CHECK(nf8 != NULL, "cannot create the unfused FP8 tc backend: %s", rd_errmsg());
         static const char *pipes[] = {"0", "2", "3", "6"};
         for (size_t i = 0; i < sizeof pipes / sizeof pipes[0] && !test_case_failed; i++) {
             setenv("RD_CUDA_TC_PIPE", pipes[i], 1);
@@ -1206,8 +1210,12 @@ static void test_gemm_tc(void)
             setenv("RD_CUDA_TC_TILE", "128", 1);
             rd_backend *bp128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
             unsetenv("RD_CUDA_TC_TILE");
+            setenv("RD_CUDA_FP8", "tc", 1);
+            rd_backend *bp8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+            unsetenv("RD_CUDA_FP8");
             unsetenv("RD_CUDA_TC_PIPE");
-            CHECK(bp && bp128 && bp1, "cannot create the RD_CUDA_TC_PIPE=%s backends: %s", pipes[i], rd_errmsg());
+            CHECK(bp && bp128 && bp1 && bp8, "cannot create the RD_CUDA_TC_PIPE=%s backends: %s", pipes[i],
+                  rd_errmsg());
             printf("# RD_CUDA_TC_PIPE=%s\n", pipes[i]);
             if (!test_case_failed) tc_case(bp, 1, 300, 512, 40);
             if (!test_case_failed) tc_case(bp, 1, 100, 96, 25);
@@ -1215,11 +1223,18 @@ static void test_gemm_tc(void)
             if (!test_case_failed) tc_gated_case(bp, nofuse, 37, 96, 30, 1);
             if (!test_case_failed) tc_case(bp128, 1, 100, 96, 130);
             if (!test_case_failed) tc_case(bp1, 0, 300, 512, 40);
-            rd_backend *all[3] = {bp, bp128, bp1};
-            for (int j = 0; j < 3; j++)
+            /* FP8 weights (RD_CUDA_FP8=tc): codes and words of 4 chunks' scale bytes staged, decoded as the
+               other kernel decodes them: the bits of bf16 weights of the same values, and of the unfused op */
+            if (!test_case_failed) tc_fp8_case(bp8, tc, 83, 512, 40);
+            tc_wfmt = 1;
+            if (!test_case_failed) tc_gated_case(bp8, nf8, 150, 512, 40, 0);
+            tc_wfmt = 0;
+            rd_backend *all[4] = {bp, bp128, bp1, bp8};
+            for (int j = 0; j < 4; j++)
                 if (all[j])
                     rd_backend_destroy(all[j]);
         }
+        if (nf8) rd_backend_destroy(nf8);
         if (big) rd_backend_destroy(big);
         if (big8) rd_backend_destroy(big8);
         if (nofuse) rd_backend_destroy(nofuse);
