@@ -136,31 +136,24 @@ RD_DEV void store_bf(uint16_t *p, int64_t i, int64_t lo_off, float v)
         p[lo_off + i] = cm_f32_to_bf16(v - cm_bf16_to_f32(hi));
 }
 
-// cp.async (sm_80+): 16 bytes from global src to shared dst without passing
+// cp.async (sm_80+): B bytes from global src to shared dst without passing
 // through registers, so a kernel can have several stages of loads in flight;
 // with valid false nothing is read and dst gets zeros. They land as a group:
 // cp_async_commit closes this thread's group, cp_async_wait<N> waits until all
 // of this thread's groups but the newest N have landed (then __syncthreads
 // before reading another thread's copies). The emulator lands them only at
 // the wait and poisons dst until then (cuemu.h).
-RD_DEV void cp_async16(void *dst, const void *src, bool valid)
+template <int B> RD_DEV void cp_async(void *dst, const void *src, bool valid)
 {
+    static_assert(B == 4 || B == 16, "cp.async moves 16 bytes (.cg) or 4 (.ca) here");
 #ifdef RD_CUDA_EMU
-    cuemu::cp_async(dst, src, 16, valid ? 16 : 0);
+    cuemu::cp_async(dst, src, B, valid ? B : 0);
 #else
     const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#endif
-}
-
-// 4 bytes the same way (cp.async.ca: the 4-byte form).
-RD_DEV void cp_async4(void *dst, const void *src, bool valid)
-{
-#ifdef RD_CUDA_EMU
-    cuemu::cp_async(dst, src, 4, valid ? 4 : 0);
-#else
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 4 : 0) : "memory");
+    if constexpr (B == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 4 : 0) : "memory");
 #endif
 }
 

@@ -1201,9 +1201,9 @@ RD_UNROLL
         for (int i = 0; i < CP; i++) {
             const int c = tid + NT * i;
             if (c < XC + WC)
-                cp_async16(base + dst[i], src[i] + (int64_t)step[i] * ci, ok[i]);
+                cp_async<16>(base + dst[i], src[i] + (int64_t)step[i] * ci, ok[i]);
             else if (c < NC) // the word of scale bytes of chunks (ci & ~3) .. (ci | 3)
-                cp_async4(base + dst[i], src[i] + (ci & ~3), ok[i]);
+                cp_async<4>(base + dst[i], src[i] + (ci & ~3), ok[i]);
         }
     };
     // Before chunk ci is read, all but the newest S - 2 groups have landed: chunk ci's among them.
