@@ -111,7 +111,6 @@ template <int GMAX, bool F8, int U, int UV>
 __global__ void __launch_bounds__(AT) k_attn_part(attn_params P)
 {
     RD_PDL_ENTRY();
-    __shared__ int last;
     const int32_t row = blockIdx.x, kvh = blockIdx.y;
     const int32_t seq = P.row_seq[row];
     const int32_t g = P.n_heads / P.n_kv;
@@ -263,18 +262,10 @@ RD_UNROLL
     // The CTAs of this (row, kv head) that have partitions: min(z, n_parts).
     const unsigned arrivals = (unsigned)(P.z < n_parts ? P.z : n_parts);
     const int64_t slot = (int64_t)row * nkv + kvh;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0)
-        last = atomicAdd(&P.count[slot], 1u) == arrivals - 1;
-    __syncthreads();
-    if (!last)
+    if (!last_to_arrive(&P.count[slot], arrivals))
         return;
-    __threadfence();
     for (int32_t gi = 0; gi < g; gi++)
         attn_combine_head(P, row, kvh * g + gi, tid, AT);
-    if (tid == 0)
-        P.count[slot] = 0;
 }
 
 __global__ void __launch_bounds__(AT) k_attn_combine(attn_params P)

@@ -108,6 +108,25 @@ template <class T, class Op> RD_DEV T block_allreduce(T v, Op op)
     return r;
 }
 
+// The last of n CTAs to arrive at *cnt (which it resets) gets true; the
+// others false. The callers' stores before it are visible to that CTA
+// (__threadfence, then its reads through L2). The whole CTA calls it.
+RD_DEV bool last_to_arrive(unsigned *cnt, unsigned n)
+{
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == n - 1;
+        if (last)
+            *cnt = 0; // every arrival has counted: the next launch starts from zero
+    }
+    __syncthreads();
+    if (last)
+        __threadfence();
+    return last;
+}
+
 // 8 bf16 (16 bytes, 16-byte aligned) to floats.
 RD_DEV void load_bf16x8(const uint16_t *p, float *f)
 {

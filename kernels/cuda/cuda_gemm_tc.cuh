@@ -718,25 +718,6 @@ RD_UNROLL
 #endif
 }
 
-// The last of n CTAs to arrive at *cnt (which it resets) gets true; the
-// others false. The callers' stores before it are visible to that CTA
-// (__threadfence, then its reads through L2). The whole CTA calls it.
-RD_DEV bool tc_last_to_arrive(unsigned *cnt, unsigned n)
-{
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1u) == n - 1;
-        if (last)
-            *cnt = 0; // every arrival has counted: the next launch starts from zero
-    }
-    __syncthreads();
-    if (last)
-        __threadfence();
-    return last;
-}
-
 // A finishing step after the CTA stored its part of rows [r0, r0 + 16 MW):
 // - TC_ROPE with the per-head norm (a.rope.nw): column tile `tile` of a head
 //   holds 16 of its head_dim sums, stored as they are. The last of the head's
@@ -755,7 +736,7 @@ template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile,
         const int32_t hd = a.rope.head_dim, h = tile / (hd / 16);
         if (!a.rope.nw || h >= a.rope.heads) // (the whole CTA: V's tiles, or no norm)
             return;
-        if (!tc_last_to_arrive(a.fin_count + (int64_t)rt * a.rope.heads + h, (unsigned)(hd / 16)))
+        if (!last_to_arrive(a.fin_count + (int64_t)rt * a.rope.heads + h, (unsigned)(hd / 16)))
             return;
         const float *w = h < a.rope.n_first ? a.rope.nw : a.rope.nw2;
         const kv_out &kv = a.rope.kv;
@@ -770,7 +751,7 @@ template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile,
                             h - (a.rope.heads - kv.n_kv));
         }
     } else if constexpr (EPI == TC_ROUTE) {
-        if (!tc_last_to_arrive(a.fin_count + rt, (unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT)))
+        if (!last_to_arrive(a.fin_count + rt, (unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT)))
             return;
         const int32_t E = a.out, k = a.route.k, per = E + k;
         const int nw = smem_floats / per < wk ? smem_floats / per : wk; // at least 1: E + k <= smem_floats
@@ -891,7 +872,7 @@ RD_UNROLL
         return;
     }
     // p CTAs share the tile: each writes its warps' sums to part[qi][row][column];
-    // the CTA that arrives last (tc_last_to_arrive, which resets the counter) adds all q of them in order.
+    // the CTA that arrives last (last_to_arrive, which resets the counter) adds all q of them in order.
 RD_UNROLL
     for (int mt = 0; mt < MW; mt++)
 RD_UNROLL
@@ -902,7 +883,7 @@ RD_UNROLL
                 if (r < a.m && n < a.out)
                     a.part[((int64_t)qi * a.m + r) * a.out + n] = acc[mt][j][i];
             }
-    if (!tc_last_to_arrive(&a.count[slot], (unsigned)a.p))
+    if (!last_to_arrive(&a.count[slot], (unsigned)a.p))
         return;
     const int64_t stride = (int64_t)a.m * a.out;
     for (int e = (int)threadIdx.x; e < pairs; e += (int)blockDim.x) {

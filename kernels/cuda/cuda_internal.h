@@ -289,8 +289,8 @@ struct tc_args {
                                 // [row tiles][heads] (rope.nw) or [row tiles] (route.ids)
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
-    int stages;                 // bf16 weights: the tile kernel's cp.async stages, 2, 3, 4 or 6 (RD_CUDA_TC_PIPE);
-                                // 0: k_gemm_tc_big (registers, one chunk ahead)
+    int stages;                 // bf16 and FP8 weights: the tile kernel's cp.async stages, 2, 3, 4 or 6
+                                // (RD_CUDA_TC_PIPE); 0: k_gemm_tc_big (registers, one chunk ahead)
     int prefetch;               // 1 (PDL on): the small kernel asks its weights into L2 before waiting on the kernel before
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
@@ -403,8 +403,7 @@ RD_DEV void moe_combine_one(const moe_args &a, const int32_t *pos, int64_t i, in
     float acc = 0.0f;
     for (int32_t j = 0; j < a.k; j++) {
         const int64_t r = i * a.k + j;
-        const int32_t e = a.ids[r];
-        if (e >= 0 && e < a.n_experts)
+        if (moe_route_expert(a, (int32_t)r) >= 0)
             acc = fmaf(a.weights[r], __ldcg(&a.h[(pos ? (int64_t)pos[r] : r) * a.dim + c]), acc);
     }
     const int64_t idx = i * a.dim + c;

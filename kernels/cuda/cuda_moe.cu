@@ -443,22 +443,11 @@ __global__ void __launch_bounds__(32 * MOE_WARPS) k_moe_down(moe_args a)
     const int32_t per = MOE_WARPS * MOE_GO, c0 = blockIdx.x * per + warp * MOE_GO;
     if (sl.e >= 0 && sl.n > 0 && c0 < a.dim) // the whole warp, or none of it
         moe_down_warp<VEC>(a, sl, c0, lane);
-    if (!COMBINE)
+    if (!COMBINE || !last_to_arrive(&a.count[blockIdx.x], gridDim.y))
         return;
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(&a.count[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
     const int32_t t0 = blockIdx.x * per, nc = a.dim - t0 < per ? a.dim - t0 : per;
     for (int32_t idx = threadIdx.x; idx < a.m * nc; idx += blockDim.x)
         moe_combine_one(a, a.pos, idx / nc, t0 + idx % nc);
-    if (threadIdx.x == 0)
-        a.count[blockIdx.x] = 0;
 }
 
 __global__ void k_moe_combine(moe_args a)

@@ -120,21 +120,12 @@ __global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK) k_moe_tc(tc_args g, moe
         tc_cta<1, 2, WF, EPI, gu>(a, (int32_t)blockIdx.x, 16 * w.rt, 0, 0);
     }
     if constexpr (COMBINE) {
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0)
-            last = atomicAdd(&m.count[blockIdx.x], 1u) == gridDim.y - 1;
-        __syncthreads();
-        if (!last)
+        if (!last_to_arrive(&m.count[blockIdx.x], gridDim.y)) // (it resets the counter)
             return;
-        __threadfence();
         const int32_t c0 = (int32_t)blockIdx.x * CUPLAN_TC_NT;
         const int32_t nc = m.dim - c0 < CUPLAN_TC_NT ? m.dim - c0 : CUPLAN_TC_NT;
         for (int32_t idx = threadIdx.x; idx < m.m * nc; idx += blockDim.x)
             moe_combine_one(m, SORT ? s_pos : m.pos, idx / nc, c0 + idx % nc);
-        if (threadIdx.x == 0)
-            m.count[blockIdx.x] = 0;
     }
 }
 

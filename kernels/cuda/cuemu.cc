@@ -178,13 +178,20 @@ void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes)
 
 void cp_async_commit()
 {
+    if (!cur)
+        die("cp.async.commit_group outside a kernel");
     for (cp_copy &c : cur->cps)
         if (c.group < 0)
             c.group = cur->cp_groups;
     cur->cp_groups++;
 }
 
-void cp_async_wait(unsigned newest) { cp_land(cur, cur->cp_groups - (int)newest); }
+void cp_async_wait(unsigned newest)
+{
+    if (!cur)
+        die("cp.async.wait_group outside a kernel");
+    cp_land(cur, cur->cp_groups - (int)newest);
+}
 
 static void fiber_main()
 {

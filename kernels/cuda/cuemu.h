@@ -60,7 +60,7 @@ struct stream_t;
 void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void()> body, const char *name = nullptr,
             const void *key = nullptr);
 template <class F> const void *fn_key(F *f) { return reinterpret_cast<const void *>(f); }
-// cp.async of bytes (16) from global src to shared dst, src_bytes of them read (the rest zeros): the copy
+// cp.async of bytes (4 or 16) from global src to shared dst, src_bytes of them read (the rest zeros): the copy
 // lands only when this thread waits for its group (cp_async_wait), and dst reads as NaN bytes (0xff) from
 // the issue until then, so a read before the wait, or a copy issued over a stage another warp still reads,
 // gives NaN instead of passing by luck.
