@@ -57,7 +57,8 @@
  *   device sampling and once with RD_HOST_SAMPLING=1, side by side.
  * bench: decode tokens/s at each batch size (prompt tokens prefilled, then
  *   --steps timed decode steps, each a forward pass plus greedy device
- *   sampling), against the memory roofline: bytes a step must read (weights
+ *   sampling, the sampler queued behind the forward as the engine does;
+ *   RD_FORWARD_SYNC=1 waits between them), against the memory roofline: bytes a step must read (weights
  *   as the backend stores them + the live KV cache) / copy bandwidth. An MoE
  *   model's counts the attention, norms, routers and head, and per layer
  *   min(n_experts, batch x k) experts (an upper bound of the distinct experts
@@ -1388,6 +1389,10 @@ static int cmd_bench(const opts *o)
         batch_t b;
         uint64_t rng = 42 + (uint64_t)B;
         int rrc = runner_init(&r, m, B * bps + 1, bs, max_rows > B ? max_rows : B, B);
+        /* As the engine: the step's forward stays queued while the sampler's launch follows it
+           (RD_FORWARD_SYNC=1: each forward waits, so "sample" is then the sampler alone). */
+        const char *fsync = getenv("RD_FORWARD_SYNC");
+        r.async_forward = !(fsync && fsync[0] == '1');
         if (rrc) {
             printf("batch %d: %s\n", B, rd_errmsg());
             printf("TABLE|decode %s%s|batch %d|setup failed: %s|\n", name, o->label ? o->label : "", B, rd_errmsg());
@@ -1458,9 +1463,9 @@ static int cmd_bench(const opts *o)
             const double bytes_meas = moe ? moe_fixed + moe_expert * measured * c->n_layers + kv_read / T : bytes;
             const double roof_meas = bw > 0 ? bytes_meas / (bw * 1e9) : NAN;
             const double tps = B / step;
-            printf("batch %4d: %9.1f tokens/s, step %7.3f ms (sample %.3f ms), roofline %7.3f ms (%.2f GB/step): "
+            printf("batch %4d: %9.1f tokens/s, step %7.3f ms (sample%s %.3f ms), roofline %7.3f ms (%.2f GB/step): "
                    "%.2fx; %s %d x %d in %.2fs; graphs %lld replayed, %lld captured\n",
-                   B, tps, step * 1e3, t_sample / T * 1e3, roof * 1e3, bytes / 1e9, step / roof,
+                   B, tps, step * 1e3, r.async_forward ? " with the forward's wait" : "", t_sample / T * 1e3, roof * 1e3, bytes / 1e9, step / roof,
                    o->kv_fill ? "kv fill" : "prefill", B, Pl, t_prefill, (long long)r.graph_replays,
                    (long long)r.graph_captures);
             if (moe)
@@ -1479,6 +1484,7 @@ static int cmd_bench(const opts *o)
             cJSON_AddNumberToObject(e, "tokens_per_s", tps);
             cJSON_AddNumberToObject(e, "step_ms", step * 1e3);
             cJSON_AddNumberToObject(e, "sample_ms", t_sample / T * 1e3);
+            cJSON_AddBoolToObject(e, "forward_waits", !r.async_forward);
             cJSON_AddNumberToObject(e, "bytes_per_step", bytes);
             cJSON_AddNumberToObject(e, "roofline_ms", roof * 1e3);
             cJSON_AddNumberToObject(e, "x_roofline", step / roof);

@@ -123,6 +123,7 @@ void runner_free(runner *r)
     if (!r->be)
         return;
     rd_backend *be = r->be;
+    runner_wait(r); /* queued work may still read what is freed below */
     void *bufs[] = {r->x, r->xn, r->qkv, r->att, r->gu, r->ff, r->tmp, r->sel, r->logits, r->logit_rows_dev,
                     r->cow_dev, r->router, r->route_w, r->routes};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -182,6 +183,7 @@ void runner_kv_free(runner *r)
     if (!r->be)
         return;
     rd_backend *be = r->be;
+    runner_wait(r);
     drop_graphs(r);
     for (int32_t l = 0; r->k_cache && l < r->m->cfg.n_layers; l++) {
         if (r->k_cache[l]) be->ops->free(be, r->k_cache[l]);
@@ -195,6 +197,7 @@ void runner_kv_free(runner *r)
 void runner_rebind(runner *r)
 {
     const model_config *c = &r->m->cfg;
+    runner_wait(r);
     drop_graphs(r);
     for (int32_t l = 0; r->moe && l < c->n_layers; l++) {
         r->moe[l].gate_up = r->m->layers[l].exp_gate_up;
@@ -576,6 +579,26 @@ static runner_graph *graph_slot(runner *r, int32_t bucket, int lora)
     return NULL;
 }
 
+/* The end of a forward: wait for it, unless the caller takes the logits
+ * on the backend and asked not to (async_forward). */
+static int forward_done(runner *r, const float *logits_host)
+{
+    if (r->async_forward && !logits_host) {
+        r->pending = 1;
+        return 0;
+    }
+    r->pending = 0;
+    return r->be->ops->sync(r->be);
+}
+
+int runner_wait(runner *r)
+{
+    if (!r->pending)
+        return 0;
+    r->pending = 0;
+    return r->be->ops->sync(r->be);
+}
+
 static int forward_graph(runner *r, const rd_step *s, float *logits_host)
 {
     rd_backend *be = r->be;
@@ -660,7 +683,7 @@ static int forward_graph(runner *r, const rd_step *s, float *logits_host)
     if (logits_host &&
         (rc = op->d2h(be, logits_host, r->logits, (size_t)M * r->m->cfg.vocab * sizeof(float))))
         return rc;
-    return op->sync(be);
+    return forward_done(r, logits_host);
 }
 
 int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32_t n_logits, float *logits_host)
@@ -699,6 +722,7 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
         return rc;
     enqueue_body(r, &sd, M);
     if (n_logits == 0) {
+        r->pending = 0;
         rc = op->sync(be);
         r->ns_layers += clock_now_ns() - t0;
         return rc;
@@ -714,7 +738,7 @@ int runner_forward(runner *r, const rd_step *s, const int32_t *logit_rows, int32
     r->last_logits = n_logits;
     rc = logits_host ? op->d2h(be, logits_host, r->logits, (size_t)n_logits * c->vocab * sizeof(float)) : 0;
     if (!rc)
-        rc = op->sync(be);
+        rc = forward_done(r, logits_host);
     r->ns_head += clock_now_ns() - t1;
     return rc;
 }
@@ -727,8 +751,14 @@ int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *
         if (reqs[i].row < 0 || reqs[i].row >= r->last_logits || !reqs[i].sp)
             return rd_fail(RD_ERANGE, "runner_sample: request %d asks for logit row %d; the last step left %d",
                            i, reqs[i].row, r->last_logits);
-    if (be->ops->sample)
-        return be->ops->sample(be, r->logits, vocab, reqs, n, out);
+    /* Both paths wait for the step's queued work once they succeed (the
+     * device sampler reads its results back; the host one copies logits). */
+    if (be->ops->sample) {
+        int rc = be->ops->sample(be, r->logits, vocab, reqs, n, out);
+        if (!rc)
+            r->pending = 0;
+        return rc;
+    }
     float *row = malloc(sizeof(float) * (size_t)vocab * 2), *proc = row ? row + vocab : NULL;
     void *scratch = malloc(samp_scratch_bytes(vocab));
     int rc = row && scratch ? 0 : rd_fail(RD_ENOMEM, "runner_sample: out of memory");

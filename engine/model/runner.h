@@ -72,8 +72,15 @@ typedef struct runner {
      * the layers (embedding included) and the head (gather, final norm, LM
      * head, logits to the host, sync). On a backend whose ops run when called
      * (CPU) the split is exact; on an asynchronous one (CUDA) queued layer work
-     * finishes inside the head's sync, and a graph replay counts as layers. */
+     * finishes inside the head's sync, and a graph replay counts as layers.
+     * Under async_forward that GPU time lands in whatever waits next. */
     int64_t ns_layers, ns_head;
+    /* Set by the caller: a forward whose logits stay in the backend returns
+     * with its work still queued (no wait), so the host's bookkeeping and the
+     * sampler's launch overlap it; runner_sample (which waits for its
+     * results), a d2h or runner_wait waits. Off: every forward waits. */
+    int async_forward;
+    int pending;                /* a forward's work may still be queued (async_forward) */
 } runner;
 
 /* Allocates n_blocks KV blocks of block_size tokens and buffers for steps
@@ -150,5 +157,11 @@ void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
  * (ops.sample), else on the host with samp_sample. A row whose logits the
  * sampler rejects gets token -1. */
 int runner_sample(runner *r, const rd_sample_req *reqs, int32_t n, samp_result *out);
+
+/* Waits for the work a forward left queued under async_forward (no-op
+ * otherwise); surfaces the backend's error if it failed. Callers wait
+ * before anything that may replace what the queued work reads (a weight
+ * swap, freeing the KV cache). */
+int runner_wait(runner *r);
 
 #endif

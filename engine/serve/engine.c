@@ -305,6 +305,9 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
        the download and samp_sample, to compare the two). */
     const char *hs = getenv("RD_HOST_SAMPLING");
     e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
+    /* RD_FORWARD_SYNC=1: every forward waits for its work (the old way, to time against). */
+    const char *fs = getenv("RD_FORWARD_SYNC");
+    e->run.async_forward = e->device_sampling && !(fs && fs[0] == '1');
     if (!e->device_sampling) {
         e->logits = malloc(sizeof(float) * (size_t)(e->logit_cap + e->score_chunk) * c->vocab);
         e->samp_workers = pool_size();
@@ -930,7 +933,7 @@ static int draw_tokens(engine *e, int32_t n)
     }
 }
 
-int eng_step(engine *e)
+static int step_once(engine *e)
 {
     if (e->paused || !e->kv || e->weights_released)
         return 0;
@@ -1065,6 +1068,17 @@ int eng_step(engine *e)
     if (timed)
         spec_cost_observe(&e->cost, M, clock_now_ns() - t_begin);
     return M;
+}
+
+/* One step. Under device sampling the forward returns with its work queued
+ * (runner.async_forward), so the bookkeeping between it and the draw runs
+ * beside the GPU; the step still ends with the device idle on every path,
+ * so a weight swap or a KV release between steps never races a forward. */
+int eng_step(engine *e)
+{
+    const int rc = step_once(e);
+    const int wrc = runner_wait(&e->run);
+    return rc < 0 ? rc : wrc ? wrc : rc;
 }
 
 /* ---- results ---- */

@@ -120,6 +120,7 @@ static const void *main_stack_bottom;
 static size_t main_stack_size;
 #endif
 static uint64_t n_launches;
+static uint64_t n_syncs;        // cudaStreamSynchronize / cudaDeviceSynchronize calls (the host's waits)
 
 const cuemu_uint3 &thread_idx()
 {
@@ -503,12 +504,15 @@ void launch(dim3 grid, dim3 block, size_t smem, stream_t *s, std::function<void(
 }
 
 uint64_t launches() { return n_launches; }
+uint64_t syncs() { return n_syncs; }
 void fail_next_malloc() { fail_malloc = 1; }
 
 }  // namespace cuemu
 
 // For the C tests: kernels run so far; make the next cudaMalloc fail.
 extern "C" uint64_t cuemu_launch_count(void) { return cuemu::launches(); }
+// ... and the host's waits for the device so far.
+extern "C" uint64_t cuemu_sync_count(void) { return cuemu::syncs(); }
 extern "C" void cuemu_fail_next_malloc(void) { cuemu::fail_next_malloc(); }
 // For the C tests' leak checks: device allocations not yet freed.
 static int64_t live_allocs;
@@ -581,6 +585,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 }
 cudaError_t cudaDeviceSynchronize()
 {
+    n_syncs++;
     if (capturing_streams)
         return set_err(cudaErrorStreamCaptureUnsupported);
     drain_all();
@@ -696,6 +701,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+    n_syncs++;
     if (s && s->capturing)
         return set_err(cudaErrorStreamCaptureUnsupported);
     drain(s);

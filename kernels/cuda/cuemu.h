@@ -361,6 +361,7 @@ template <class F> inline cudaError_t cudaFuncSetAttribute(F *f, cudaFuncAttribu
 namespace cuemu {
 // Test hooks: launches run so far; make the next cudaMalloc fail (for error paths).
 uint64_t launches();
+uint64_t syncs();
 void fail_next_malloc();
 }  // namespace cuemu
 
