@@ -145,7 +145,8 @@ def assemble(logs, summary):
                        "kv_dtype": doc.get("kv_dtype"), "layers": doc.get("layers"),
                        "layers_full": doc.get("layers_full"), "prompt": doc.get("prompt"),
                        "kv_fill": doc.get("kv_fill", False), "batch": b.get("batch"),
-                       "step_ms": num(b.get("step_ms")), "tokens_per_s": num(b.get("tokens_per_s"), 1),
+                       "step_ms": num(b.get("step_ms")), "sample_ms": num(b.get("sample_ms")),
+                       "forward_waits": b.get("forward_waits"), "tokens_per_s": num(b.get("tokens_per_s"), 1),
                        "bytes_per_step": b.get("bytes_per_step"), "roofline_ms": num(b.get("roofline_ms")),
                        "x_roofline": num(b.get("x_roofline"))}
                 for f in ("experts_per_layer_bound", "experts_per_layer_measured", "roofline_measured_ms",

@@ -317,6 +317,11 @@ struct cuda_be {
     size_t d_sedit_cap, h_sedit_cap; // bytes
     float *d_sproc;             // [requests with edits][vocab] their edited rows
     size_t sproc_cap;           // bytes
+    bool sample_cta;            // RD_CUDA_SAMPLE=cta: one CTA per request over its whole row (no tiles)
+    samp_tile *d_stile;         // the tiled sampler's [requests][samp_tiles(vocab)] partials
+    uint64_t *d_stop;           // [requests][tiles][largest n_top] each tile's top keys
+    unsigned *d_scount;         // [requests] arrival counters, zero between launches
+    size_t stile_cap, stop_cap, scount_cap; // bytes
 };
 
 static cuda_be *impl(rd_backend *be) { return (cuda_be *)be->impl; }
@@ -2502,6 +2507,26 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         if (rc)
             return rc;
     }
+    int32_t max_top = 0;        // the largest n_top: the tiled sampler's top keys per tile
+    bool any_cut = false;       // a request draws through a top-k / top-p cut
+    if (!b->sample_cta) {
+        for (int32_t i = 0; i < n; i++)
+            max_top = reqs[i].sp->logprobs_topk > max_top ? reqs[i].sp->logprobs_topk : max_top;
+        const size_t tiles = (size_t)n * (size_t)samp_tiles(vocab);
+        const size_t count_bytes = (size_t)n * sizeof(unsigned);
+        const bool new_counts = !b->d_scount || b->scount_cap < count_bytes;
+        int rc = sample_grow(b, (void **)&b->d_stile, &b->stile_cap, tiles * sizeof(samp_tile), false,
+                             "sampler tiles");
+        if (!rc && max_top > 0)
+            rc = sample_grow(b, (void **)&b->d_stop, &b->stop_cap, tiles * (size_t)max_top * sizeof(uint64_t),
+                             false, "sampler top keys");
+        if (!rc)
+            rc = sample_grow(b, (void **)&b->d_scount, &b->scount_cap, count_bytes, false, "sampler counters");
+        if (rc)
+            return rc;
+        if (new_counts && cudaMemsetAsync(b->d_scount, 0, b->scount_cap, b->st) != cudaSuccess)
+            return cuda_fail(cudaGetLastError(), "sample: counters");
+    }
     int64_t edit_off = 0;
     int32_t proc_row = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -2543,6 +2568,7 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         q.n_want = sp->n_want;
         for (int32_t j = 0; j < sp->n_want; j++)
             q.want_ids[j] = sp->want_ids[j];
+        any_cut = any_cut || sample_has_cut(q, vocab);
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
     if (e == cudaSuccess && n_edits > 0) {
@@ -2553,8 +2579,12 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
             e = cudaGetLastError();
         }
     }
-    if (e == cudaSuccess) {
+    if (e == cudaSuccess && b->sample_cta) {
         launch_sample(b->st, logits, n_edits > 0 ? b->d_sproc : nullptr, vocab, b->d_sreq, n, b->d_sres);
+        e = cudaGetLastError();
+    } else if (e == cudaSuccess) {
+        launch_sample_tiled(b->st, logits, n_edits > 0 ? b->d_sproc : nullptr, vocab, b->d_sreq, n, b->d_stile,
+                            b->d_stop, max_top, b->d_scount, any_cut, b->d_sres);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)
@@ -2588,9 +2618,10 @@ static int cu_describe(rd_backend *be, char *buf, size_t cap)
 {
     cuda_be *b = impl(be);
     std::lock_guard<std::mutex> g(b->choice_mu);
-    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s;%s%s gemm%s%s%s:", RD_CUDA_NAME, b->dev_name, b->n_sm,
-                     b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
+    int k = snprintf(buf, cap, "%s: %s, %d SMs, %.1f GiB; kv %s;%s%s%s gemm%s%s%s:", RD_CUDA_NAME, b->dev_name,
+                     b->n_sm, b->total_mem / 1073741824.0, b->kv_fp8 ? "fp8" : "bf16",
                      b->fuse_split ? "" : " fusions off (RD_CUDA_FUSE=0);",
+                     b->sample_cta ? " sampler one CTA per request (RD_CUDA_SAMPLE=cta);" : "",
                      b->moe_tc ? " MoE experts on tensor cores (RD_CUDA_MOE=tc);" : "",
                      b->gemm_tc ? " (tensor-core kernel for bf16 linears, RD_CUDA_GEMM=tc)" : "",
                      b->fp8_q8   ? " (FP8 linears W8A8 on FP8 tensor cores, RD_CUDA_FP8=w8a8)"
@@ -2654,6 +2685,9 @@ static void cu_destroy(rd_backend *be)
     if (b->d_sedit) cudaFree(b->d_sedit);
     if (b->h_sedit) cudaFreeHost(b->h_sedit);
     if (b->d_sproc) cudaFree(b->d_sproc);
+    if (b->d_stile) cudaFree(b->d_stile);
+    if (b->d_stop) cudaFree(b->d_stop);
+    if (b->d_scount) cudaFree(b->d_scount);
     if (b->step_ev) cudaEventDestroy(b->step_ev);
 #ifndef RD_CUDA_EMU
     if (b->lt) cublasLtDestroy(b->lt);
@@ -2765,7 +2799,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
-    {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}},
+    {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}},
 };
 
 static bool env_number(const char *v)
@@ -2859,6 +2893,8 @@ static int create(int n_threads, rd_backend **out)
 #endif
     const char *nv0 = env("RD_CUDA_NORM_V0");
     b->norm_v0 = nv0 && !strcmp(nv0, "1");
+    const char *sa = env("RD_CUDA_SAMPLE");
+    b->sample_cta = sa && !strcmp(sa, "cta");
     const char *tr = env("RD_CUDA_TC_ROUTE");
     b->tc_route = !(tr && !strcmp(tr, "0"));
     const char *hn = env("RD_CUDA_TC_HNORM");

@@ -502,6 +502,25 @@ struct sample_res {
     float want_lp[32];          // [n_want] raw log-probs of want_ids, as the sampled token's
 };
 #define RD_SAMPLE_THREADS 1024
+// The tiled sampler (the default): a request's rows in tiles of SAMP_TILE
+// tokens, a CTA of SAMP_TT threads per (request, tile), SAMP_PER contiguous
+// tokens a thread. The tiles depend on the vocabulary alone, so every sum's
+// order does too (never on the batch).
+#define SAMP_TILE 2048
+#define SAMP_TT 256
+#define SAMP_PER (SAMP_TILE / SAMP_TT)
+RD_HD int32_t samp_tiles(int32_t vocab) { return (vocab + SAMP_TILE - 1) / SAMP_TILE; }
+// One (request, tile)'s partial results; the last CTA of a request to finish
+// folds them in tile order.
+struct samp_tile {
+    uint64_t best_r, best_p;    // the largest rank key (cm_rank_key, -inf included) of the raw / edited row
+    double s_raw;               // sum of exp(x - m_raw) over the raw row's tile
+    double kept;                // draws without a top-k/top-p cut: the kept mass over the edited row's tile
+    int32_t bad;                // a NaN or +inf in either row's tile
+    int32_t rank;               // scoring: tokens whose raw logit is >= the scored token's
+    int32_t last_kept;          // draws without a cut: the tile's last kept token (-1: none)
+    int32_t pad;
+};
 // For each of the n requests with edits (proc_row >= 0): proc row proc_row
 // [vocab] = its raw logits row with its edits applied (cm_edit_logit, each
 // token's edit from the raw value). A request lists each token at most once
@@ -513,6 +532,20 @@ void launch_edit_rows(cudaStream_t s, const float *logits, int32_t vocab, const 
 // its proc row, or from the logits row when proc_row < 0.
 void launch_sample(cudaStream_t s, const float *logits, const float *proc, int32_t vocab, const sample_req *reqs,
                    int32_t n, sample_res *res);
+// The same results, the work spread over the vocabulary: tiles [n][samp_tiles(vocab)],
+// tops [n][samp_tiles(vocab)][max_top] (max_top = the largest n_top; tops unused at 0),
+// counts [n] zero (and left zero). A request with a top-k or top-p cut draws in a
+// one-CTA kernel after (any_cut: some request has one).
+void launch_sample_tiled(cudaStream_t s, const float *logits, const float *proc, int32_t vocab,
+                         const sample_req *reqs, int32_t n, samp_tile *tiles, uint64_t *tops, int32_t max_top,
+                         unsigned *counts, bool any_cut, sample_res *res);
+// Whether request q draws through a top-k or top-p cut (the one-CTA part of the tiled sampler).
+// (Greedy draws and scores without a processed log-prob take no cut.)
+RD_HD bool sample_has_cut(const sample_req &q, int32_t vocab)
+{
+    const bool score_only = q.score_token >= 0 && !q.score_proc;
+    return q.temperature != 0.0f && !score_only && ((q.top_k > 0 && q.top_k < vocab) || q.top_p < 1.0f);
+}
 
 }  // namespace RD_NS
 

@@ -18,6 +18,16 @@
 // the kept tokens in ascending index order: thread t sums its contiguous
 // chunk, thread 0 scans the chunk sums, then walks the crossing chunk.
 //
+// Two forms. The tiled one (the default) spreads a request over its row:
+// a CTA per tile of SAMP_TILE tokens finds the tile's largest rank key
+// (k_samp_scan), then, with the row's max from every tile's, the tile's
+// sums (k_samp_tiles: exp mass, kept mass, rank count, top keys); the last
+// of a request's CTAs folds them in tile order and finishes the request: the
+// log-probs, the alternatives, and a greedy draw or one without a top-k/top-p
+// cut. A draw with a cut takes its cut in k_sample afterwards, which reads
+// the row's max and mass from the tiles. RD_CUDA_SAMPLE=cta: k_sample alone,
+// one CTA per request over the whole row (the old form, to time against).
+//
 // Logit edits (bias, min-tokens mask, penalties; samp_sample_ex): k_edit_rows
 // writes a request's edited copy of its row first (cm_edit_logit is
 // samp_edit_logit's expression, so the copy is bit-identical to
@@ -158,13 +168,89 @@ RD_DEV int32_t scan_row(const float *x, int32_t vocab, int32_t *amax)
     return 0;
 }
 
+// A request's row, from its tiles' scan results (every thread the same):
+// err 1 for a NaN or +inf in either row, 2 when either is all -inf.
+struct samp_row {
+    int32_t err, amax_raw, amax;
+    float m_raw, m;
+};
+
+RD_DEV samp_row row_from_tiles(const samp_tile *tr, int32_t T, const float *xr, const float *x)
+{
+    uint64_t br = 0, bp = 0;
+    int32_t bad = 0;
+    for (int32_t t = threadIdx.x; t < T; t += blockDim.x) {
+        const uint64_t r = __ldcg(&tr[t].best_r), p = __ldcg(&tr[t].best_p);
+        br = r > br ? r : br;
+        bp = p > bp ? p : bp;
+        bad |= __ldcg(&tr[t].bad);
+    }
+    br = block_allreduce(br, op_max());
+    bp = block_allreduce(bp, op_max());
+    bad = block_allreduce(bad, op_max());
+    samp_row w;
+    w.amax_raw = cm_key_index(br);
+    w.amax = cm_key_index(bp);
+    w.m_raw = xr[w.amax_raw];
+    w.m = x[w.amax];
+    const int32_t ord_ninf = cm_logit_order(-INFINITY);
+    w.err = bad ? 1 : cm_logit_order(w.m_raw) == ord_ninf || cm_logit_order(w.m) == ord_ninf ? 2 : 0;
+    return w;
+}
+
+// The raw row's mass from its tiles, in tile order (one thread's sum, the
+// same bits wherever it is taken).
+RD_DEV double s_raw_from_tiles(const samp_tile *tr, int32_t T)
+{
+    double s = 0.0;
+    for (int32_t t = 0; t < T; t++)
+        s += __ldcg(&tr[t].s_raw);
+    return s;
+}
+
+// Step 3: the n_top largest of n candidate keys (key_at(c): a finite raw
+// logit's rank key, or 0), one block-wide max below the last per round; the
+// alternatives go to out with their raw log-probs. Returns how many.
+template <class KeyAt>
+RD_DEV int32_t alternatives(KeyAt key_at, int32_t n, int32_t n_top, const float *xr, float m_raw, float log_s,
+                            sample_res *out)
+{
+    int32_t n_alt = 0;
+    uint64_t prev = ~(uint64_t)0;
+    for (int32_t j = 0; j < n_top && j < 20; j++) {
+        uint64_t bk = 0;
+        for (int32_t c = threadIdx.x; c < n; c += blockDim.x) {
+            const uint64_t key = key_at(c);
+            if (key < prev && key > bk)
+                bk = key;
+        }
+        bk = block_allreduce(bk, op_max());
+        if (bk == 0)
+            break;
+        if (threadIdx.x == 0) {
+            const int32_t id = cm_key_index(bk);
+            out->top_ids[j] = id;
+            out->top_lp[j] = RD_FSUB(RD_FSUB(xr[id], m_raw), log_s);
+        }
+        prev = bk;
+        n_alt++;
+    }
+    return n_alt;
+}
+
 // xr: the raw row (raw log-probs, alternatives); x: the edited row the
 // token is drawn from (the same pointer when the request has no edits).
+// TILED: only requests with a cut (sample_has_cut) run, steps 1-2 come from
+// the tiles (tiles [n][T]) and step 3, the rank and the wanted log-probs
+// were written by the tiles' finishing CTA; this writes the draw alone.
+template <bool TILED>
 __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float *proc, int32_t vocab,
-                                               const sample_req *reqs, sample_res *res)
+                                               const sample_req *reqs, const samp_tile *tiles, sample_res *res)
 {
     RD_PDL_ENTRY();
-    const sample_req q = reqs[blockIdx.x];
+    const sample_req &q = reqs[blockIdx.x];
+    if (TILED && !sample_has_cut(q, vocab))
+        return;
     sample_res *out = res + blockIdx.x;
     const float *xr = logits + (int64_t)q.row * vocab;
     const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
@@ -173,54 +259,46 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
 
     // 1. scan: max logit order, bad logits; the edited row too, as the CPU
     // rejects an edit that makes a logit +inf or masks every token.
-    int32_t amax_raw = 0;
-    int32_t err = scan_row(xr, vocab, &amax_raw);
-    int32_t amax = amax_raw;
-    if (!err && x != xr)
-        err = scan_row(x, vocab, &amax);
-    if (err) {
-        if (tid == 0) {
-            out->token = -1;
-            out->err = err;
-            out->n_top = 0;
+    int32_t amax_raw = 0, amax = 0, err = 0;
+    float m_raw, m, log_s;
+    if (TILED) {
+        const int32_t T = samp_tiles(vocab);
+        const samp_tile *tr = tiles + (int64_t)blockIdx.x * T;
+        const samp_row w = row_from_tiles(tr, T, xr, x);
+        if (w.err)
+            return; // the finishing CTA wrote the rejection
+        amax_raw = w.amax_raw, amax = w.amax, m_raw = w.m_raw, m = w.m;
+        log_s = (float)log(s_raw_from_tiles(tr, T));
+    } else {
+        err = scan_row(xr, vocab, &amax_raw);
+        amax = amax_raw;
+        if (!err && x != xr)
+            err = scan_row(x, vocab, &amax);
+        if (err) {
+            if (tid == 0) {
+                out->token = -1;
+                out->err = err;
+                out->n_top = 0;
+            }
+            return;
         }
-        return;
-    }
-    const float m_raw = xr[amax_raw], m = x[amax];
+        m_raw = xr[amax_raw], m = x[amax];
 
-    // 2. raw log-probs: S = sum exp(x - m) in double, over the raw row.
-    double s_raw = 0.0;
-    for (int32_t i = tid; i < vocab; i += ST)
-        s_raw += (double)cm_exp_nonpos(RD_FSUB(xr[i], m_raw));
-    s_raw = block_allreduce(s_raw, op_add());
-    const float log_s = (float)log(s_raw);
-    for (int32_t j = tid; j < q.n_want && j < 32; j += ST)
-        out->want_lp[j] = RD_FSUB(RD_FSUB(xr[q.want_ids[j]], m_raw), log_s);
+        // 2. raw log-probs: S = sum exp(x - m) in double, over the raw row.
+        double s_raw = 0.0;
+        for (int32_t i = tid; i < vocab; i += ST)
+            s_raw += (double)cm_exp_nonpos(RD_FSUB(xr[i], m_raw));
+        s_raw = block_allreduce(s_raw, op_add());
+        log_s = (float)log(s_raw);
+        for (int32_t j = tid; j < q.n_want && j < 32; j += ST)
+            out->want_lp[j] = RD_FSUB(RD_FSUB(xr[q.want_ids[j]], m_raw), log_s);
+    }
 
     // 3. alternatives: the n_top largest rank keys among finite raw logits.
-    int32_t n_alt = 0;
-    uint64_t prev = ~(uint64_t)0;
-    for (int32_t j = 0; j < q.n_top && j < 20; j++) {
-        uint64_t bk = 0;
-        for (int32_t i = tid; i < vocab; i += ST) {
-            const float xi = xr[i];
-            if (!finite_logit(xi))
-                continue;
-            const uint64_t key = cm_rank_key(xi, i);
-            if (key < prev && key > bk)
-                bk = key;
-        }
-        bk = block_allreduce(bk, op_max());
-        if (bk == 0)
-            break;
-        if (tid == 0) {
-            const int32_t id = cm_key_index(bk);
-            out->top_ids[j] = id;
-            out->top_lp[j] = RD_FSUB(RD_FSUB(xr[id], m_raw), log_s);
-        }
-        prev = bk;
-        n_alt++;
-    }
+    const int32_t n_alt =
+        TILED ? 0
+              : alternatives([&](int32_t i) { return finite_logit(xr[i]) ? cm_rank_key(xr[i], i) : (uint64_t)0; },
+                             vocab, q.n_top, xr, m_raw, log_s, out);
 
     // 4./5. the token, from the edited row.
     int32_t tok;
@@ -228,7 +306,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
     const float t = q.temperature;
     const bool score = q.score_token >= 0;
     int32_t rank = 0;
-    if (score) {
+    if (score && !TILED) {
         // Scoring a given token (samp_score): its raw log-prob below, as a draw of it would have it, its rank,
         // and with score_proc its processed log-prob from the kept set a draw would have (scores have no edits).
         const float xt = xr[q.score_token];
@@ -316,8 +394,250 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         out->err = 0;
         out->logprob = RD_FSUB(RD_FSUB(xr[tok], m_raw), log_s);
         out->logprob_proc = lp_proc;
+        if (!TILED) {
+            out->n_top = n_alt;
+            out->rank = rank;
+        }
+    }
+}
+
+// ------------------------------------------------------------ the tiled form
+
+// Tile `tile` of a row: thread j's SAMP_PER contiguous tokens (valid: inside the vocab).
+RD_DEV int32_t tile_first(int32_t tile) { return tile * SAMP_TILE + (int32_t)threadIdx.x * SAMP_PER; }
+
+__global__ void __launch_bounds__(SAMP_TT) k_samp_scan(const float *logits, const float *proc, int32_t vocab,
+                                                       const sample_req *reqs, samp_tile *tiles)
+{
+    RD_PDL_ENTRY();
+    const sample_req &q = reqs[blockIdx.x];
+    const float *xr = logits + (int64_t)q.row * vocab;
+    const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
+    const int32_t ord_pinf = cm_logit_order(INFINITY), ord_ninf = cm_logit_order(-INFINITY);
+    const int32_t i0 = tile_first(blockIdx.y);
+    uint64_t br = 0, bp = 0;
+    int32_t bad = 0;
+    for (int32_t k = 0; k < SAMP_PER; k++) {
+        const int32_t i = i0 + k;
+        if (i >= vocab)
+            break;
+        const float vr = xr[i], vp = x[i];
+        const int32_t orr = cm_logit_order(vr), op = cm_logit_order(vp);
+        bad |= orr >= ord_pinf || orr < ord_ninf || op >= ord_pinf || op < ord_ninf;
+        const uint64_t kr = cm_rank_key(vr, i), kp = cm_rank_key(vp, i);
+        br = kr > br ? kr : br;
+        bp = kp > bp ? kp : bp;
+    }
+    br = block_allreduce(br, op_max());
+    bp = block_allreduce(bp, op_max());
+    bad = block_allreduce(bad, op_max());
+    if (threadIdx.x == 0) {
+        samp_tile *t = tiles + (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
+        t->best_r = br;
+        t->best_p = bp;
+        t->bad = bad;
+    }
+}
+
+// Kept mass of a tile in ascending index order: thread j's tokens in order
+// (chunk[j]), each warp's 32 chunks in order (lane 0: warp[w]), the warps in
+// order (the return value, every thread). *last: the tile's last kept token.
+// The tile CTA and the finishing walk call it alike, so they see the same sums.
+RD_DEV double tile_kept(const float *x, int32_t vocab, int32_t tile, const kept_rule &rule, double *chunk,
+                        double *warp, int32_t *last)
+{
+    const int32_t tid = threadIdx.x, i0 = tile_first(tile);
+    double cs = 0.0;
+    int32_t lk = -1;
+    for (int32_t k = 0; k < SAMP_PER && i0 + k < vocab; k++) {
+        float w;
+        if (rule_keeps(rule, x[i0 + k], i0 + k, &w)) {
+            cs += (double)w;
+            lk = i0 + k;
+        }
+    }
+    chunk[tid] = cs;
+    *last = block_allreduce(lk, op_max()); // its barriers also publish chunk[]
+    if (tid % 32 == 0) {
+        double ws = 0.0;
+        for (int32_t l = 0; l < 32; l++)
+            ws += chunk[tid + l];
+        warp[tid / 32] = ws;
+    }
+    __syncthreads();
+    double t = 0.0;
+    for (int32_t w = 0; w < SAMP_TT / 32; w++)
+        t += warp[w];
+    __syncthreads(); // chunk[] and warp[] stay as they are until every thread has read them
+    return t;
+}
+
+// The draw without a cut, by thread 0 of the finishing CTA: the tile where
+// the running kept mass first passes target (the last one if rounding leaves
+// every tile short), then its warps, chunks and tokens the same way (tile_kept's
+// sums, computed again by the whole CTA). -1 when rounding leaves the tile short.
+RD_DEV int32_t walk_tiles(const float *x, int32_t vocab, const samp_tile *tr, int32_t T, const kept_rule &rule,
+                          double target, double *chunk, double *warp)
+{
+    __shared__ int32_t tile_s;
+    __shared__ double cum_s;
+    if (threadIdx.x == 0) {
+        double cum = 0.0;
+        int32_t c = 0;
+        while (c < T - 1 && !(cum + __ldcg(&tr[c].kept) > target))
+            cum += __ldcg(&tr[c++].kept);
+        tile_s = c;
+        cum_s = cum;
+    }
+    __syncthreads();
+    const int32_t c = tile_s;
+    int32_t last;
+    tile_kept(x, vocab, c, rule, chunk, warp, &last);
+    int32_t found = -1;
+    if (threadIdx.x == 0) {
+        double cum = cum_s;
+        int32_t w = 0;
+        while (w < SAMP_TT / 32 - 1 && !(cum + warp[w] > target))
+            cum += warp[w++];
+        int32_t j = w * 32;
+        while (j < w * 32 + 31 && !(cum + chunk[j] > target))
+            cum += chunk[j++];
+        const int32_t end = (c + 1) * SAMP_TILE < vocab ? (c + 1) * SAMP_TILE : vocab;
+        for (int32_t i = c * SAMP_TILE + j * SAMP_PER; i < end && found < 0; i++) {
+            float wt;
+            if (rule_keeps(rule, x[i], i, &wt)) {
+                cum += (double)wt;
+                if (cum > target)
+                    found = i;
+            }
+        }
+    }
+    return found;
+}
+
+// A tile's sums, then (the request's last CTA) the request's results. tops:
+// each tile's max_top largest finite raw keys, descending, 0 past the end.
+__global__ void __launch_bounds__(SAMP_TT) k_samp_tiles(const float *logits, const float *proc, int32_t vocab,
+                                                        const sample_req *reqs, samp_tile *tiles, uint64_t *tops,
+                                                        int32_t max_top, unsigned *counts, sample_res *res)
+{
+    RD_PDL_ENTRY();
+    const sample_req &q = reqs[blockIdx.x];
+    const int32_t T = gridDim.y, tile = blockIdx.y, tid = threadIdx.x;
+    samp_tile *tr = tiles + (int64_t)blockIdx.x * T;
+    const float *xr = logits + (int64_t)q.row * vocab;
+    const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
+    const samp_row w = row_from_tiles(tr, T, xr, x);
+    const float t = q.temperature;
+    const bool score = q.score_token >= 0;
+    // A draw (or a processed score) over the whole kept set: no cut.
+    const bool kept_mass = !w.err && t != 0.0f && (!score || q.score_proc) && !sample_has_cut(q, vocab);
+    const kept_rule rule = {0, q.min_p, w.m, t};
+    __shared__ double chunk[SAMP_TT], warp[SAMP_TT / 32];
+    if (!w.err) {
+        const int32_t i0 = tile_first(tile);
+        double s = 0.0;
+        int32_t rank = 0;
+        const float xt = score ? xr[q.score_token] : 0.0f;
+        for (int32_t k = 0; k < SAMP_PER && i0 + k < vocab; k++) {
+            const float v = xr[i0 + k];
+            s += (double)cm_exp_nonpos(RD_FSUB(v, w.m_raw));
+            rank += score && v >= xt;
+        }
+        s = block_allreduce(s, op_add());
+        rank = block_allreduce(rank, op_add());
+        uint64_t *top = tops + ((int64_t)blockIdx.x * T + tile) * max_top;
+        uint64_t prev = ~(uint64_t)0;
+        for (int32_t j = 0; j < q.n_top && j < max_top; j++) {
+            uint64_t bk = 0;
+            for (int32_t k = 0; k < SAMP_PER && i0 + k < vocab; k++) {
+                const float v = xr[i0 + k];
+                const uint64_t key = cm_rank_key(v, i0 + k);
+                if (finite_logit(v) && key < prev && key > bk)
+                    bk = key;
+            }
+            bk = block_allreduce(bk, op_max());
+            if (tid == 0)
+                top[j] = bk;
+            prev = bk;
+        }
+        double kept = 0.0;
+        int32_t last = -1;
+        if (kept_mass)
+            kept = tile_kept(x, vocab, tile, rule, chunk, warp, &last);
+        if (tid == 0) {
+            tr[tile].s_raw = s;
+            tr[tile].rank = rank;
+            tr[tile].kept = kept;
+            tr[tile].last_kept = last;
+        }
+    }
+    if (!last_to_arrive(&counts[blockIdx.x], (unsigned)T))
+        return;
+
+    // The request's results, from the tiles in tile order.
+    sample_res *out = res + blockIdx.x;
+    if (w.err) {
+        if (tid == 0) {
+            out->token = -1;
+            out->err = w.err;
+            out->n_top = 0;
+        }
+        return;
+    }
+    const float log_s = (float)log(s_raw_from_tiles(tr, T));
+    for (int32_t j = tid; j < q.n_want && j < 32; j += SAMP_TT)
+        out->want_lp[j] = RD_FSUB(RD_FSUB(xr[q.want_ids[j]], w.m_raw), log_s);
+    // alternatives: the largest keys among the tiles' lists (each tile's n_top of max_top slots)
+    const uint64_t *row_tops = tops + (int64_t)blockIdx.x * T * max_top;
+    const int32_t n_top = q.n_top < max_top ? q.n_top : max_top;
+    const int32_t n_alt =
+        n_top > 0 ? alternatives([&](int32_t c) { return __ldcg(&row_tops[(c / n_top) * max_top + c % n_top]); },
+                                 T * n_top, n_top, xr, w.m_raw, log_s, out)
+                  : 0;
+    int32_t rank = 0;
+    for (int32_t c = 0; score && c < T; c++)
+        rank += __ldcg(&tr[c].rank);
+    if (tid == 0) {
         out->n_top = n_alt;
         out->rank = rank;
+    }
+    if (sample_has_cut(q, vocab))
+        return; // k_sample draws it
+    int32_t tok;
+    float lp_proc;
+    if (score && !q.score_proc) {
+        tok = q.score_token;
+        lp_proc = NAN;
+    } else if (t == 0.0f) {
+        tok = score ? q.score_token : w.amax;
+        lp_proc = tok == w.amax ? 0.0f : -INFINITY;
+    } else {
+        double z_kept = 0.0;
+        int32_t last = -1;
+        for (int32_t c = 0; c < T; c++) {
+            z_kept += __ldcg(&tr[c].kept);
+            const int32_t lk = __ldcg(&tr[c].last_kept);
+            last = lk > last ? lk : last;
+        }
+        if (score) {
+            tok = q.score_token;
+            float wt;
+            lp_proc = rule_keeps(rule, x[tok], tok, &wt)
+                          ? (float)(((double)x[tok] - (double)w.m) / (double)t - log(z_kept))
+                          : -INFINITY;
+        } else {
+            const double u = cm_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
+            const int32_t found = walk_tiles(x, vocab, tr, T, rule, u * z_kept, chunk, warp);
+            tok = found >= 0 ? found : last;
+            lp_proc = (float)(((double)x[tok] - (double)w.m) / (double)t - log(z_kept));
+        }
+    }
+    if (tid == 0) {
+        out->token = tok;
+        out->err = 0;
+        out->logprob = RD_FSUB(RD_FSUB(xr[tok], w.m_raw), log_s);
+        out->logprob_proc = lp_proc;
     }
 }
 
@@ -362,7 +682,22 @@ void launch_sample(cudaStream_t s, const float *logits, const float *proc, int32
                    int32_t n, sample_res *res)
 {
     if (n > 0)
-        RD_LAUNCH(k_sample, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, res);
+        RD_LAUNCH(k_sample<false>, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, (const samp_tile *)nullptr,
+                  res);
+}
+
+void launch_sample_tiled(cudaStream_t s, const float *logits, const float *proc, int32_t vocab,
+                         const sample_req *reqs, int32_t n, samp_tile *tiles, uint64_t *tops, int32_t max_top,
+                         unsigned *counts, bool any_cut, sample_res *res)
+{
+    if (n <= 0)
+        return;
+    const dim3 grid(n, samp_tiles(vocab));
+    RD_LAUNCH(k_samp_scan, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, tiles);
+    RD_LAUNCH(k_samp_tiles, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, tiles, tops, max_top, counts, res);
+    if (any_cut)
+        RD_LAUNCH(k_sample<true>, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, (const samp_tile *)tiles,
+                  res);
 }
 
 }  // namespace RD_NS

@@ -309,7 +309,9 @@ if [ "$DRY" = 0 ]; then
   # FP8 through it; attention's combine in its partition kernel; the tiny models through the runner with tc.
   # test_gemm_tc_hnorm: Qwen3's q/k norms, RoPE and KV write as the q|k|v GEMM's epilogue, whose per-head arrival
   # counters only a device runs concurrently; test_moe_route_tc the same for the router GEMM's top-k.
-  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80 \
+  # test_sampler_tiled: the tiled sampler (the default since session 35), whose finishing CTA is found by an
+  # arrival counter, against samp_sample and against each request alone, and RD_CUDA_SAMPLE=cta.
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80,test_sampler_tiled \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone. tc+RD_CUDA_TC_BIG_ROWS=0: the tc kernel
@@ -385,6 +387,13 @@ if [ "$DRY" = 0 ]; then
   # registers, its loads in flight together), beside bench-1b: two norms a layer at every batch.
   RD_CUDA_NORM_V0=1 run bench-1b-normv0 60 "$BENCH" bench --synthetic 1b --label " norm v0" --batches 1,8,32 \
     --steps 16 --bw "$BW" --json "$LOGS/bench-1b-normv0.json" || true
+  # The step's sampling as it was before session 35, beside bench-1b-tc: samp0 both ways (RD_CUDA_SAMPLE=cta:
+  # one CTA per request over its whole row; RD_FORWARD_SYNC=1: the host waits for the forward before it
+  # launches the sampler); fsync the tiled sampler with the wait, so its "sample" column is the sampler alone.
+  RD_CUDA_GEMM=tc RD_CUDA_SAMPLE=cta RD_FORWARD_SYNC=1 run bench-1b-tc-samp0 45 "$BENCH" bench --synthetic 1b \
+    --label " tc sampler v0" --batches 1,8 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-samp0.json" || true
+  RD_CUDA_GEMM=tc RD_FORWARD_SYNC=1 run bench-1b-tc-fsync 45 "$BENCH" bench --synthetic 1b \
+    --label " tc forward waits" --batches 1,8 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-fsync.json" || true
   # Issue 26: the 1B's layers in FP8 blocks on CUDA cores (k_gemm_fp8), beside fp8tc.
   run bench-1b-fp8 90 "$BENCH" bench --synthetic 1b --weights fp8 --label " fp8" --batches 1,8,32 --steps 16 \
     --bw "$BW" --json "$LOGS/bench-1b-fp8.json" || true
@@ -488,7 +497,8 @@ else
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
-    bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0 bench-1b-normv0 bench-moe-gemmtc-noroute; do
+    bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0 bench-1b-normv0 bench-moe-gemmtc-noroute \
+    bench-1b-tc-samp0 bench-1b-tc-fsync; do
     skip_gpu "$s"
   done
 fi

@@ -57,6 +57,7 @@
 #include "tests/unit/test.h"
 
 uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
+uint64_t cuemu_sync_count(void);
 void cuemu_fail_next_malloc(void);
 int64_t cuemu_live_allocs(void);
 
@@ -469,7 +470,7 @@ static void test_env_switches(void)
                                    {"RD_CUDA_TC_TILE", "96"},   {"RD_CUDA_PDL", "yes"},   {"RD_CUDA_FUSE", "off"},
                                    {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"},
                                    {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}, {"RD_CUDA_TC_ROUTE", "no"},
-                                   {"RD_CUDA_TC_PIPE", "5"}};
+                                   {"RD_CUDA_TC_PIPE", "5"},    {"RD_CUDA_SAMPLE", "tiled"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         rd_backend *be = NULL;
@@ -486,7 +487,7 @@ static void test_env_switches(void)
                                     {"RD_CUDA_TC_TILE", "128"}, {"RD_CUDA_TC_TILE", "64"},  {"RD_CUDA_NORM_ROWS", "0"},
                                     {"RD_CUDA_TC_BIG_ROWS", "24"}, {"RD_CUDA_Q8", "w8a8"}, {"RD_CUDA_FP8", "w8a8"},
                                     {"RD_CUDA_MOE", ""},        {"RD_CUDA_ATTN_V0", "1"},  {"RD_CUDA_HEAD", "fp32"},
-                                    {"RD_CUDA_TC_PIPE", "0"},   {"RD_CUDA_TC_PIPE", "6"}};
+                                    {"RD_CUDA_TC_PIPE", "0"},   {"RD_CUDA_TC_PIPE", "6"},  {"RD_CUDA_SAMPLE", "cta"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         rd_backend *be = dev_with(good[i][0], good[i][1], NULL, NULL);
         CHECK(be != NULL, "%s=%s: %s", good[i][0], good[i][1], rd_errmsg());
@@ -3959,6 +3960,124 @@ static void test_sampler_many_draws(void)
     CHECK(mism == 0, "%d of %d draws differ from the CPU sampler", mism, N);
 }
 
+/* The tiled sampler over rows of several tiles (20000 tokens: 9 whole tiles of 2048 and one of 1568), many
+ * requests in one call: greedy with 20 alternatives, temperatures with and without min-p, top-k and top-p cuts
+ * (drawn by the one-CTA kernel after the tiles, in the same call), scores with and without the processed log-prob,
+ * wanted log-probs. Each result is samp_sample's / samp_score's (token, rank and alternative ids equal, log-probs
+ * within sample_cmp's tolerance), and bit for bit the same request's result when it is sampled alone (the sums'
+ * order depends on the vocabulary, never on the batch). The call runs twice (the arrival counters start from zero
+ * again). With RD_CUDA_SAMPLE=cta the same requests go through the one-CTA kernel. */
+static int lp_near(float got, float want, float tol)
+{
+    return got == want || fabsf(got - want) <= tol * (1.0f + fabsf(want)); /* equal covers -inf (masked) */
+}
+
+static void sampler_tiled_case(rd_backend *be, const char *label)
+{
+    const int32_t V = 20000, R = 3, N = 28;
+    float *l = malloc(sizeof(float) * (size_t)R * V);
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t i = 0; i < V; i++) {
+            float x = frand() * 3.0f;
+            if (r == 1)
+                x = roundf(x * 4.0f) / 4.0f;        /* ties across tiles */
+            if (r == 2 && i % 5 == 1)
+                x = -INFINITY;                      /* masked */
+            if (r == 2 && i == V - 3)
+                x = 9.0f;                           /* the max in the last, short tile */
+            l[(size_t)r * V + i] = x;
+        }
+    float *dl = up(be, l, sizeof(float) * (size_t)R * V);
+    samp_params sp[7];
+    for (int k = 0; k < 7; k++) {
+        sp[k] = samp_default();
+        sp[k].seed = 500 + (uint64_t)k;
+        sp[k].processed_logprobs = 1;
+    }
+    static const int32_t want_ids[3] = {0, 19999, 4096};
+    sp[0].temperature = 0, sp[0].logprobs_topk = 20, sp[0].n_want = 3, sp[0].want_ids = want_ids;
+    sp[1].logprobs_topk = 2;
+    sp[2].temperature = 0.6f, sp[2].min_p = 0.2f;
+    sp[3].temperature = 1.4f, sp[3].logprobs_topk = 5;
+    sp[4].top_k = 40, sp[4].logprobs_topk = 1;
+    sp[5].top_p = 0.85f, sp[5].temperature = 0.9f;
+    sp[6].temperature = 0.8f, sp[6].n_want = 2, sp[6].want_ids = want_ids + 1;
+    rd_sample_req q[28];
+    for (int32_t i = 0; i < N; i++) {
+        q[i] = (rd_sample_req){i % R, (uint32_t)(i % 4), (uint32_t)(7 * i + 1), &sp[i % 7], NULL, 0, 0, 0};
+        if (i >= 21) { /* scores: of token i * 701, and with(out) the processed log-prob */
+            q[i].score = 1;
+            q[i].score_token = (i * 701) % V;
+            q[i].sp = &sp[i % 2 ? 2 : 1];
+        }
+    }
+    samp_result got[28], again[28], alone;
+    CHECK_OK(be->ops->sample(be, dl, V, q, N, got));
+    CHECK_OK(be->ops->sample(be, dl, V, q, N, again));
+    void *scratch = malloc(samp_scratch_bytes(V));
+    int cut_draws = 0;
+    for (int32_t i = 0; i < N && !test_case_failed; i++) {
+        const float *x = l + (size_t)q[i].row * V;
+        samp_result want;
+        if (q[i].score)
+            CHECK_OK(samp_score(q[i].sp, x, V, q[i].score_token, scratch, &want));
+        else
+            CHECK_OK(samp_sample(q[i].sp, x, V, q[i].sample_idx, q[i].pos, scratch, &want));
+        const samp_result *g = &got[i];
+        cut_draws += !q[i].score && (q[i].sp->top_k > 0 || q[i].sp->top_p < 1.0f);
+        CHECK(g->token == want.token, "%s request %d: token %d vs the CPU's %d", label, i, g->token, want.token);
+        CHECK(lp_near(g->logprob, want.logprob, 2e-6f), "%s request %d: log-prob %.9g vs %.9g", label, i, g->logprob,
+              want.logprob);
+        if (isfinite(want.logprob_processed))
+            CHECK(fabsf(g->logprob_processed - want.logprob_processed) <=
+                      1e-5f * (1.0f + fabsf(want.logprob_processed)),
+                  "%s request %d: processed %.9g vs %.9g", label, i, g->logprob_processed, want.logprob_processed);
+        else
+            CHECK(isnan(want.logprob_processed) ? isnan(g->logprob_processed)
+                                                : g->logprob_processed == want.logprob_processed,
+                  "%s request %d: processed %.9g vs %.9g", label, i, g->logprob_processed, want.logprob_processed);
+        CHECK(g->n_top == want.n_top, "%s request %d: %d alternatives vs %d", label, i, g->n_top, want.n_top);
+        for (int32_t j = 0; j < want.n_top; j++)
+            CHECK(g->top_ids[j] == want.top_ids[j] && lp_near(g->top_logprobs[j], want.top_logprobs[j], 2e-6f),
+                  "%s request %d alternative %d: %d %.9g vs %d %.9g", label, i, j, g->top_ids[j], g->top_logprobs[j],
+                  want.top_ids[j], want.top_logprobs[j]);
+        if (q[i].score)
+            CHECK(g->rank == want.rank, "%s request %d: rank %d vs %d", label, i, g->rank, want.rank);
+        for (int32_t j = 0; j < q[i].sp->n_want; j++)
+            CHECK(lp_near(g->want_lps[j], want.want_lps[j], 2e-6f),
+                  "%s request %d want %d: %.9g vs %.9g", label, i, j, g->want_lps[j], want.want_lps[j]);
+        /* the batch does not matter: the call again, and the request alone */
+        CHECK_OK(be->ops->sample(be, dl, V, &q[i], 1, &alone));
+        const int same_alone = alone.token == g->token && fbits(alone.logprob) == fbits(g->logprob) &&
+                               !memcmp(&alone.logprob_processed, &g->logprob_processed, sizeof(float)) &&
+                               alone.n_top == g->n_top && alone.rank == g->rank &&
+                               !memcmp(alone.top_ids, g->top_ids, sizeof(int32_t) * (size_t)g->n_top) &&
+                               !memcmp(alone.top_logprobs, g->top_logprobs, sizeof(float) * (size_t)g->n_top) &&
+                               !memcmp(alone.want_lps, g->want_lps, sizeof(float) * (size_t)q[i].sp->n_want);
+        CHECK(same_alone && !memcmp(&again[i], g, sizeof *g),
+              "%s request %d: alone or again, another result (token %d vs %d, log-prob %.9g vs %.9g)", label, i,
+              alone.token, g->token, alone.logprob, g->logprob);
+    }
+    CHECK(cut_draws == 6, "%d draws through a cut", cut_draws);
+    free(scratch);
+    free(l);
+    be->ops->free(be, dl);
+}
+
+static void test_sampler_tiled(void)
+{
+    sampler_tiled_case(emu, "tiled");
+    if (test_case_failed)
+        return;
+    rd_backend *cta = dev_with("RD_CUDA_SAMPLE", "cta", NULL, NULL);
+    CHECK(cta != NULL, "RD_CUDA_SAMPLE=cta: %s", rd_errmsg());
+    char desc[4096];
+    CHECK_OK(cta->ops->describe(cta, desc, sizeof desc));
+    CHECK(strstr(desc, "RD_CUDA_SAMPLE=cta") != NULL, "the one-CTA sampler's backend says: %.200s", desc);
+    sampler_tiled_case(cta, "one CTA");
+    rd_backend_destroy(cta);
+}
+
 /* Scoring requests (score set, issue 45): the device gives a scored token the raw log-prob and the
  * alternatives a draw of it has, bit for bit (the same kernel's steps), and samp_score's within
  * sample_cmp's tolerance; with score set nothing is drawn (the token is the one asked). */
@@ -4400,6 +4519,26 @@ static void runner_case(const char *name, int split)
                   want.logprob);
         }
         free(scratch);
+        /* The same step again with its logits left on the device and async_forward: the
+           forward returns with its work queued (no wait), the draw waits once and gives the
+           same results. The step rewrites its K/V slots with the same values. */
+        rg.async_forward = 1;
+        const uint64_t w0 = cuemu_sync_count();
+        CHECK_OK(runner_forward(&rg, &st, rows, nb, NULL));
+        CHECK(rg.pending && (!on_emulator() || cuemu_sync_count() == w0),
+              "async forward: pending %d, %llu waits (want none)", rg.pending,
+              (unsigned long long)(cuemu_sync_count() - w0));
+        samp_result again[3];
+        CHECK_OK(runner_sample(&rg, q, nb, again));
+        CHECK(!rg.pending && (!on_emulator() || cuemu_sync_count() == w0 + 1),
+              "async forward + draw: pending %d, %llu waits (want 1)", rg.pending,
+              (unsigned long long)(cuemu_sync_count() - w0));
+        for (int32_t s = 0; s < nb; s++)
+            CHECK(again[s].token == got[s].token && again[s].logprob == got[s].logprob,
+                  "async forward row %d: %d (%g) vs %d (%g)", s, again[s].token, again[s].logprob, got[s].token,
+                  got[s].logprob);
+        CHECK_OK(runner_wait(&rg)); /* nothing queued: a no-op */
+        rg.async_forward = 0;
     }
     printf("# %s: graph decode: %lld uncaptured, %lld captured, %lld replayed\n", name, (long long)rg.graph_eager,
            (long long)rg.graph_captures, (long long)rg.graph_replays);
@@ -6177,14 +6316,28 @@ static void test_engine_device_sampling(void)
 {
     rd_loaded l;
     CHECK(load_model("tiny-f32", dev_name(), &l), "cannot load tiny-f32 (run tests/gen_testdata.sh): %s", rd_errmsg());
-    run_results dev = {0}, host = {0};
-    int dev_on = 0, host_on = 1;
+    run_results dev = {0}, host = {0}, waits = {0};
+    int dev_on = 0, host_on = 1, waits_on = 0;
     CHECK_OK(run_mix(l.m, &dev, &dev_on));
     setenv("RD_HOST_SAMPLING", "1", 1);
     CHECK_OK(run_mix(l.m, &host, &host_on));
     unsetenv("RD_HOST_SAMPLING");
-    CHECK(dev_on == 1 && host_on == 0, "sampling place: device run %d, host run %d", dev_on, host_on);
-    CHECK(dev.n == 7 && host.n == 7, "results: %d on the device, %d on the host (want 7)", dev.n, host.n);
+    /* each forward waiting for its work before the draw (the engine's old order) draws the same */
+    setenv("RD_FORWARD_SYNC", "1", 1);
+    CHECK_OK(run_mix(l.m, &waits, &waits_on));
+    unsetenv("RD_FORWARD_SYNC");
+    CHECK(dev_on == 1 && host_on == 0 && waits_on == 1, "sampling place: device run %d, host run %d", dev_on,
+          host_on);
+    CHECK(dev.n == 7 && host.n == 7 && waits.n == 7, "results: %d on the device, %d on the host (want 7)", dev.n,
+          host.n);
+    for (int i = 0; i < waits.n; i++) {
+        const eng_result *w = &waits.r[i], *d = find_result(&dev, w->tag, w->sample_idx);
+        CHECK(d && d->n_tokens == w->n_tokens &&
+                  !memcmp(d->token_ids, w->token_ids, sizeof(int32_t) * (size_t)w->n_tokens) &&
+                  !memcmp(d->logprobs, w->logprobs, sizeof(float) * (size_t)w->n_tokens),
+              "request %llu sample %d: the queued forward drew otherwise than the waiting one",
+              (unsigned long long)w->tag, w->sample_idx);
+    }
     int tokens = 0, distinct_group = 0;
     for (int i = 0; i < host.n; i++) {
         const eng_result *h = &host.r[i], *d = find_result(&dev, h->tag, h->sample_idx);
@@ -6216,6 +6369,8 @@ static void test_engine_device_sampling(void)
         eng_result_free(&dev.r[i]);
     for (int i = 0; i < host.n; i++)
         eng_result_free(&host.r[i]);
+    for (int i = 0; i < waits.n; i++)
+        eng_result_free(&waits.r[i]);
     rd_unload(&l);
 }
 
@@ -6384,6 +6539,7 @@ int main(void)
     RUN_SEL(test_sampler_many_draws);
     RUN_SEL(test_sampler_score);
     RUN_SEL(test_sampler_edits);
+    RUN_SEL(test_sampler_tiled);
     RUN_SEL(test_runner_tiny);
     RUN_SEL(test_runner_tc);
     RUN_SEL(test_runner_tiny_bf16);
