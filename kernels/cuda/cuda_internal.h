@@ -516,10 +516,9 @@ struct samp_tile {
     uint64_t best_r, best_p;    // the largest rank key (cm_rank_key, -inf included) of the raw / edited row
     double s_raw;               // sum of exp(x - m_raw) over the raw row's tile
     double kept;                // draws without a top-k/top-p cut: the kept mass over the edited row's tile
-    int32_t bad;                // a NaN or +inf in either row's tile
+    int32_t bad_r, bad_p;       // a NaN or +inf in the raw / edited row's tile
     int32_t rank;               // scoring: tokens whose raw logit is >= the scored token's
     int32_t last_kept;          // draws without a cut: the tile's last kept token (-1: none)
-    int32_t pad;
 };
 // For each of the n requests with edits (proc_row >= 0): proc row proc_row
 // [vocab] = its raw logits row with its edits applied (cm_edit_logit, each

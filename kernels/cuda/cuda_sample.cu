@@ -169,7 +169,8 @@ RD_DEV int32_t scan_row(const float *x, int32_t vocab, int32_t *amax)
 }
 
 // A request's row, from its tiles' scan results (every thread the same):
-// err 1 for a NaN or +inf in either row, 2 when either is all -inf.
+// err as scan_row's, the raw row's first, then the edited row's (1: a NaN
+// or +inf, 2: all -inf).
 struct samp_row {
     int32_t err, amax_raw, amax;
     float m_raw, m;
@@ -178,23 +179,29 @@ struct samp_row {
 RD_DEV samp_row row_from_tiles(const samp_tile *tr, int32_t T, const float *xr, const float *x)
 {
     uint64_t br = 0, bp = 0;
-    int32_t bad = 0;
+    int32_t bad_r = 0, bad_p = 0;
     for (int32_t t = threadIdx.x; t < T; t += blockDim.x) {
         const uint64_t r = __ldcg(&tr[t].best_r), p = __ldcg(&tr[t].best_p);
         br = r > br ? r : br;
         bp = p > bp ? p : bp;
-        bad |= __ldcg(&tr[t].bad);
+        bad_r |= __ldcg(&tr[t].bad_r);
+        bad_p |= __ldcg(&tr[t].bad_p);
     }
     br = block_allreduce(br, op_max());
     bp = block_allreduce(bp, op_max());
-    bad = block_allreduce(bad, op_max());
+    bad_r = block_allreduce(bad_r, op_max());
+    bad_p = block_allreduce(bad_p, op_max());
     samp_row w;
     w.amax_raw = cm_key_index(br);
     w.amax = cm_key_index(bp);
     w.m_raw = xr[w.amax_raw];
     w.m = x[w.amax];
     const int32_t ord_ninf = cm_logit_order(-INFINITY);
-    w.err = bad ? 1 : cm_logit_order(w.m_raw) == ord_ninf || cm_logit_order(w.m) == ord_ninf ? 2 : 0;
+    w.err = bad_r                                     ? 1
+            : cm_logit_order(w.m_raw) == ord_ninf ? 2
+            : bad_p                                   ? 1
+            : cm_logit_order(w.m) == ord_ninf     ? 2
+                                                      : 0;
     return w;
 }
 
@@ -416,26 +423,29 @@ __global__ void __launch_bounds__(SAMP_TT) k_samp_scan(const float *logits, cons
     const int32_t ord_pinf = cm_logit_order(INFINITY), ord_ninf = cm_logit_order(-INFINITY);
     const int32_t i0 = tile_first(blockIdx.y);
     uint64_t br = 0, bp = 0;
-    int32_t bad = 0;
+    int32_t bad_r = 0, bad_p = 0;
     for (int32_t k = 0; k < SAMP_PER; k++) {
         const int32_t i = i0 + k;
         if (i >= vocab)
             break;
         const float vr = xr[i], vp = x[i];
         const int32_t orr = cm_logit_order(vr), op = cm_logit_order(vp);
-        bad |= orr >= ord_pinf || orr < ord_ninf || op >= ord_pinf || op < ord_ninf;
+        bad_r |= orr >= ord_pinf || orr < ord_ninf;
+        bad_p |= op >= ord_pinf || op < ord_ninf;
         const uint64_t kr = cm_rank_key(vr, i), kp = cm_rank_key(vp, i);
         br = kr > br ? kr : br;
         bp = kp > bp ? kp : bp;
     }
     br = block_allreduce(br, op_max());
     bp = block_allreduce(bp, op_max());
-    bad = block_allreduce(bad, op_max());
+    bad_r = block_allreduce(bad_r, op_max());
+    bad_p = block_allreduce(bad_p, op_max());
     if (threadIdx.x == 0) {
         samp_tile *t = tiles + (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
         t->best_r = br;
         t->best_p = bp;
-        t->bad = bad;
+        t->bad_r = bad_r;
+        t->bad_p = bad_p;
     }
 }
 
