@@ -366,6 +366,7 @@ void runner_lora_unbind(runner *r, int32_t slot)
 {
     if (slot < 0 || slot >= r->lora_n_slots)
         return;
+    runner_wait(r); /* a queued forward may still read the handles freed below */
     for (size_t k = 0; k < (size_t)r->m->cfg.n_layers * LORA_N_MODULES; k++) {
         void *h = r->lora_w[k * (size_t)r->lora_n_slots + slot];
         if (h) {
