@@ -321,7 +321,9 @@ struct cuda_be {
     samp_tile *d_stile;         // the tiled sampler's [requests][samp_tiles(vocab)] partials
     uint64_t *d_stop;           // [requests][tiles][largest n_top] each tile's top keys
     unsigned *d_scount;         // [requests] arrival counters, zero between launches
-    size_t stile_cap, stop_cap, scount_cap; // bytes
+    samp_cut *d_scut;           // [requests] the key searches of draws with a cut
+    samp_bin *d_sbin;           // [draws with a cut][tiles][256] their rounds' histograms
+    size_t stile_cap, stop_cap, scount_cap, scut_cap, sbin_cap; // bytes
 };
 
 static cuda_be *impl(rd_backend *be) { return (cuda_be *)be->impl; }
@@ -2508,7 +2510,8 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
             return rc;
     }
     int32_t max_top = 0;        // the largest n_top: the tiled sampler's top keys per tile
-    bool any_cut = false;       // a request draws through a top-k / top-p cut
+    int32_t n_cut = 0;          // requests that draw through a top-k / top-p cut
+    int32_t cut_rounds = 0;     // rounds of their key searches: 8 per search (top-k's, top-p's)
     if (!b->sample_cta) {
         for (int32_t i = 0; i < n; i++)
             max_top = reqs[i].sp->logprobs_topk > max_top ? reqs[i].sp->logprobs_topk : max_top;
@@ -2522,13 +2525,34 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
                              false, "sampler top keys");
         if (!rc)
             rc = sample_grow(b, (void **)&b->d_scount, &b->scount_cap, count_bytes, false, "sampler counters");
+        for (int32_t i = 0; i < n; i++) {
+            const samp_params *sp = reqs[i].sp;
+            sample_req probe = {};
+            probe.temperature = sp->temperature;
+            probe.top_k = sp->top_k;
+            probe.top_p = sp->top_p;
+            probe.score_token = reqs[i].score ? reqs[i].score_token : -1;
+            probe.score_proc = reqs[i].score && sp->processed_logprobs;
+            if (!sample_has_cut(probe, vocab))
+                continue;
+            n_cut++;
+            const int32_t searches = (sp->top_k > 0 && sp->top_k < vocab) + (sp->top_p < 1.0f);
+            cut_rounds = 8 * searches > cut_rounds ? 8 * searches : cut_rounds;
+        }
+        if (!rc && n_cut > 0)
+            rc = sample_grow(b, (void **)&b->d_scut, &b->scut_cap, (size_t)n * sizeof(samp_cut), false,
+                             "sampler key searches");
+        if (!rc && n_cut > 0)
+            rc = sample_grow(b, (void **)&b->d_sbin, &b->sbin_cap,
+                             (size_t)n_cut * (size_t)samp_tiles(vocab) * 256 * sizeof(samp_bin), false,
+                             "sampler histograms");
         if (rc)
             return rc;
         if (new_counts && cudaMemsetAsync(b->d_scount, 0, b->scount_cap, b->st) != cudaSuccess)
             return cuda_fail(cudaGetLastError(), "sample: counters");
     }
     int64_t edit_off = 0;
-    int32_t proc_row = 0;
+    int32_t proc_row = 0, cut_slot = 0;
     for (int32_t i = 0; i < n; i++) {
         const samp_params *sp = reqs[i].sp;
         sample_req &q = b->h_sreq[i];
@@ -2568,7 +2592,9 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         q.n_want = sp->n_want;
         for (int32_t j = 0; j < sp->n_want; j++)
             q.want_ids[j] = sp->want_ids[j];
-        any_cut = any_cut || sample_has_cut(q, vocab);
+        q.cut_slot = -1;
+        if (!b->sample_cta && sample_has_cut(q, vocab))
+            q.cut_slot = cut_slot++;
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
     if (e == cudaSuccess && n_edits > 0) {
@@ -2584,7 +2610,7 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         e = cudaGetLastError();
     } else if (e == cudaSuccess) {
         launch_sample_tiled(b->st, logits, n_edits > 0 ? b->d_sproc : nullptr, vocab, b->d_sreq, n, b->d_stile,
-                            b->d_stop, max_top, b->d_scount, any_cut, b->d_sres);
+                            b->d_stop, max_top, b->d_scount, n_cut, cut_rounds, b->d_scut, b->d_sbin, b->d_sres);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)
@@ -2688,6 +2714,8 @@ static void cu_destroy(rd_backend *be)
     if (b->d_stile) cudaFree(b->d_stile);
     if (b->d_stop) cudaFree(b->d_stop);
     if (b->d_scount) cudaFree(b->d_scount);
+    if (b->d_scut) cudaFree(b->d_scut);
+    if (b->d_sbin) cudaFree(b->d_sbin);
     if (b->step_ev) cudaEventDestroy(b->step_ev);
 #ifndef RD_CUDA_EMU
     if (b->lt) cublasLtDestroy(b->lt);

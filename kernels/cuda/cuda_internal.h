@@ -482,6 +482,7 @@ struct sample_req {
     int32_t score_proc;         // with score_token: 1 also its processed log-prob (samp_score's, no edits)
     int32_t n_want;             // token ids whose raw log-probs to report (samp_params.want_ids), 0..32
     int32_t want_ids[32];       // [n_want], each in 0..vocab-1 (checked on the host)
+    int32_t cut_slot;           // the tiled sampler: its place among the call's draws with a cut (-1: none)
 };
 // One token's edit: samp_edit's fields (engine/serve/sampler.h).
 struct sample_edit {
@@ -531,13 +532,36 @@ void launch_edit_rows(cudaStream_t s, const float *logits, int32_t vocab, const 
 // its proc row, or from the logits row when proc_row < 0.
 void launch_sample(cudaStream_t s, const float *logits, const float *proc, int32_t vocab, const sample_req *reqs,
                    int32_t n, sample_res *res);
+// A draw with a cut, in the tiled sampler: the radix search for its cut key,
+// a digit of 8 bits a round from the top (k_samp_cut), over the tiles'
+// histograms of the keys still in range; the draw after (k_samp_draw).
+struct samp_cut {
+    uint64_t prefix;            // the key's bits found so far (above shift)
+    uint64_t floor;             // the top-p search: keys below are out (the top-k cut; 0: none)
+    uint64_t k_cut;             // the result: keep keys >= k_cut (0: no cut)
+    double above_mass;          // the in-range-or-above tokens' mass above the digit's range, in the walk's order
+    double target;              // the top-p search: top_p x the mass of keys >= floor (< 0: not yet known)
+    int64_t above_cnt;          // the top-k search: tokens above the digit's range
+    int32_t phase;              // 0: top-k's k-th key; 1: top-p's crossing key; 2: found; 3: rejected row
+    int32_t shift;              // this round's digit: key bits shift .. shift + 7
+    float m, m_raw, log_s;      // the edited row's max, the raw row's, log of its mass
+    int32_t pad;
+};
+// One histogram bin of a tile (or, folded, of the row) for one round.
+struct samp_bin {
+    double mass;                // the bin's weights, the tile's tokens in index order
+    int32_t cnt, pad;
+    uint64_t max_key;           // its largest key (the key itself when cnt is 1)
+};
 // The same results, the work spread over the vocabulary: tiles [n][samp_tiles(vocab)],
 // tops [n][samp_tiles(vocab)][max_top] (max_top = the largest n_top; tops unused at 0),
-// counts [n] zero (and left zero). A request with a top-k or top-p cut draws in a
-// one-CTA kernel after (any_cut: some request has one).
+// counts [n] zero (and left zero). Requests with a top-k or top-p cut (cut_slot >= 0,
+// n_cut of them) take cut_rounds rounds of their key search (8 per search: top-k's,
+// top-p's; a request with both needs 16), cuts [n], bins [n_cut][samp_tiles(vocab)][256].
 void launch_sample_tiled(cudaStream_t s, const float *logits, const float *proc, int32_t vocab,
                          const sample_req *reqs, int32_t n, samp_tile *tiles, uint64_t *tops, int32_t max_top,
-                         unsigned *counts, bool any_cut, sample_res *res);
+                         unsigned *counts, int32_t n_cut, int32_t cut_rounds, samp_cut *cuts, samp_bin *bins,
+                         sample_res *res);
 // Whether request q draws through a top-k or top-p cut (the one-CTA part of the tiled sampler).
 // (Greedy draws and scores without a processed log-prob take no cut.)
 RD_HD bool sample_has_cut(const sample_req &q, int32_t vocab)

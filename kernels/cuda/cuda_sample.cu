@@ -247,17 +247,12 @@ RD_DEV int32_t alternatives(KeyAt key_at, int32_t n, int32_t n_top, const float 
 
 // xr: the raw row (raw log-probs, alternatives); x: the edited row the
 // token is drawn from (the same pointer when the request has no edits).
-// TILED: only requests with a cut (sample_has_cut) run, steps 1-2 come from
-// the tiles (tiles [n][T]) and step 3, the rank and the wanted log-probs
-// were written by the tiles' finishing CTA; this writes the draw alone.
-template <bool TILED>
+// (RD_CUDA_SAMPLE=cta: one CTA per request over its whole row.)
 __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float *proc, int32_t vocab,
-                                               const sample_req *reqs, const samp_tile *tiles, sample_res *res)
+                                               const sample_req *reqs, sample_res *res)
 {
     RD_PDL_ENTRY();
     const sample_req &q = reqs[blockIdx.x];
-    if (TILED && !sample_has_cut(q, vocab))
-        return;
     sample_res *out = res + blockIdx.x;
     const float *xr = logits + (int64_t)q.row * vocab;
     const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
@@ -266,46 +261,34 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
 
     // 1. scan: max logit order, bad logits; the edited row too, as the CPU
     // rejects an edit that makes a logit +inf or masks every token.
-    int32_t amax_raw = 0, amax = 0, err = 0;
-    float m_raw, m, log_s;
-    if (TILED) {
-        const int32_t T = samp_tiles(vocab);
-        const samp_tile *tr = tiles + (int64_t)blockIdx.x * T;
-        const samp_row w = row_from_tiles(tr, T, xr, x);
-        if (w.err)
-            return; // the finishing CTA wrote the rejection
-        amax_raw = w.amax_raw, amax = w.amax, m_raw = w.m_raw, m = w.m;
-        log_s = (float)log(s_raw_from_tiles(tr, T));
-    } else {
-        err = scan_row(xr, vocab, &amax_raw);
-        amax = amax_raw;
-        if (!err && x != xr)
-            err = scan_row(x, vocab, &amax);
-        if (err) {
-            if (tid == 0) {
-                out->token = -1;
-                out->err = err;
-                out->n_top = 0;
-            }
-            return;
+    int32_t amax_raw = 0;
+    int32_t err = scan_row(xr, vocab, &amax_raw);
+    int32_t amax = amax_raw;
+    if (!err && x != xr)
+        err = scan_row(x, vocab, &amax);
+    if (err) {
+        if (tid == 0) {
+            out->token = -1;
+            out->err = err;
+            out->n_top = 0;
         }
-        m_raw = xr[amax_raw], m = x[amax];
-
-        // 2. raw log-probs: S = sum exp(x - m) in double, over the raw row.
-        double s_raw = 0.0;
-        for (int32_t i = tid; i < vocab; i += ST)
-            s_raw += (double)cm_exp_nonpos(RD_FSUB(xr[i], m_raw));
-        s_raw = block_allreduce(s_raw, op_add());
-        log_s = (float)log(s_raw);
-        for (int32_t j = tid; j < q.n_want && j < 32; j += ST)
-            out->want_lp[j] = RD_FSUB(RD_FSUB(xr[q.want_ids[j]], m_raw), log_s);
+        return;
     }
+    const float m_raw = xr[amax_raw], m = x[amax];
+
+    // 2. raw log-probs: S = sum exp(x - m) in double, over the raw row.
+    double s_raw = 0.0;
+    for (int32_t i = tid; i < vocab; i += ST)
+        s_raw += (double)cm_exp_nonpos(RD_FSUB(xr[i], m_raw));
+    s_raw = block_allreduce(s_raw, op_add());
+    const float log_s = (float)log(s_raw);
+    for (int32_t j = tid; j < q.n_want && j < 32; j += ST)
+        out->want_lp[j] = RD_FSUB(RD_FSUB(xr[q.want_ids[j]], m_raw), log_s);
 
     // 3. alternatives: the n_top largest rank keys among finite raw logits.
     const int32_t n_alt =
-        TILED ? 0
-              : alternatives([&](int32_t i) { return finite_logit(xr[i]) ? cm_rank_key(xr[i], i) : (uint64_t)0; },
-                             vocab, q.n_top, xr, m_raw, log_s, out);
+        alternatives([&](int32_t i) { return finite_logit(xr[i]) ? cm_rank_key(xr[i], i) : (uint64_t)0; }, vocab,
+                     q.n_top, xr, m_raw, log_s, out);
 
     // 4./5. the token, from the edited row.
     int32_t tok;
@@ -313,7 +296,7 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
     const float t = q.temperature;
     const bool score = q.score_token >= 0;
     int32_t rank = 0;
-    if (score && !TILED) {
+    if (score) {
         // Scoring a given token (samp_score): its raw log-prob below, as a draw of it would have it, its rank,
         // and with score_proc its processed log-prob from the kept set a draw would have (scores have no edits).
         const float xt = xr[q.score_token];
@@ -401,10 +384,8 @@ __global__ void __launch_bounds__(ST) k_sample(const float *logits, const float 
         out->err = 0;
         out->logprob = RD_FSUB(RD_FSUB(xr[tok], m_raw), log_s);
         out->logprob_proc = lp_proc;
-        if (!TILED) {
-            out->n_top = n_alt;
-            out->rank = rank;
-        }
+        out->n_top = n_alt;
+        out->rank = rank;
     }
 }
 
@@ -525,11 +506,53 @@ RD_DEV int32_t walk_tiles(const float *x, int32_t vocab, const samp_tile *tr, in
     return found;
 }
 
+RD_DEV void write_draw(sample_res *out, int32_t tok, float lp_proc, const float *xr, float m_raw, float log_s)
+{
+    out->token = tok;
+    out->err = 0;
+    out->logprob = RD_FSUB(RD_FSUB(xr[tok], m_raw), log_s);
+    out->logprob_proc = lp_proc;
+}
+
+// A draw at temperature > 0 (or a processed score) from rule's kept set, its
+// mass from the tiles' kept masses in tile order; the whole CTA calls it.
+RD_DEV void finish_kept(const sample_req &q, int32_t vocab, const float *xr, const float *x, const samp_tile *tr,
+                        int32_t T, const kept_rule &rule, float m_raw, float log_s, double *chunk, double *warp,
+                        sample_res *out)
+{
+    double z_kept = 0.0;
+    int32_t last = -1;
+    for (int32_t c = 0; c < T; c++) {
+        z_kept += __ldcg(&tr[c].kept);
+        const int32_t lk = __ldcg(&tr[c].last_kept);
+        last = lk > last ? lk : last;
+    }
+    const double t = (double)rule.t;
+    if (q.score_token >= 0) {
+        const int32_t tok = q.score_token;
+        float wt;
+        const float lp = rule_keeps(rule, x[tok], tok, &wt)
+                             ? (float)(((double)x[tok] - (double)rule.m) / t - log(z_kept))
+                             : -INFINITY;
+        if (threadIdx.x == 0)
+            write_draw(out, tok, lp, xr, m_raw, log_s);
+        return;
+    }
+    const double u = cm_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
+    const int32_t found = walk_tiles(x, vocab, tr, T, rule, u * z_kept, chunk, warp);
+    if (threadIdx.x == 0) {
+        const int32_t tok = found >= 0 ? found : last;
+        // In double, as the CPU takes it: (x - m) / t rounded to fp32 alone is ~1 ulp of the result off.
+        write_draw(out, tok, (float)(((double)x[tok] - (double)rule.m) / t - log(z_kept)), xr, m_raw, log_s);
+    }
+}
+
 // A tile's sums, then (the request's last CTA) the request's results. tops:
 // each tile's max_top largest finite raw keys, descending, 0 past the end.
 __global__ void __launch_bounds__(SAMP_TT) k_samp_tiles(const float *logits, const float *proc, int32_t vocab,
                                                         const sample_req *reqs, samp_tile *tiles, uint64_t *tops,
-                                                        int32_t max_top, unsigned *counts, sample_res *res)
+                                                        int32_t max_top, unsigned *counts, samp_cut *cuts,
+                                                        sample_res *res)
 {
     RD_PDL_ENTRY();
     const sample_req &q = reqs[blockIdx.x];
@@ -592,6 +615,8 @@ __global__ void __launch_bounds__(SAMP_TT) k_samp_tiles(const float *logits, con
             out->token = -1;
             out->err = w.err;
             out->n_top = 0;
+            if (q.cut_slot >= 0)
+                cuts[blockIdx.x].phase = 3; // no search, no draw
         }
         return;
     }
@@ -612,43 +637,220 @@ __global__ void __launch_bounds__(SAMP_TT) k_samp_tiles(const float *logits, con
         out->n_top = n_alt;
         out->rank = rank;
     }
-    if (sample_has_cut(q, vocab))
-        return; // k_sample draws it
-    int32_t tok;
-    float lp_proc;
+    if (sample_has_cut(q, vocab)) {
+        // the key search starts (k_samp_cut), the draw after it (k_samp_draw)
+        if (tid == 0) {
+            samp_cut c = {};
+            c.phase = q.top_k > 0 && q.top_k < vocab ? 0 : 1;
+            c.shift = 56;
+            c.target = -1.0;
+            c.m = w.m, c.m_raw = w.m_raw, c.log_s = log_s;
+            cuts[blockIdx.x] = c;
+        }
+        return;
+    }
     if (score && !q.score_proc) {
-        tok = q.score_token;
-        lp_proc = NAN;
+        if (tid == 0)
+            write_draw(out, q.score_token, NAN, xr, w.m_raw, log_s);
     } else if (t == 0.0f) {
-        tok = score ? q.score_token : w.amax;
-        lp_proc = tok == w.amax ? 0.0f : -INFINITY;
+        const int32_t tok = score ? q.score_token : w.amax;
+        if (tid == 0)
+            write_draw(out, tok, tok == w.amax ? 0.0f : -INFINITY, xr, w.m_raw, log_s);
     } else {
-        double z_kept = 0.0;
-        int32_t last = -1;
-        for (int32_t c = 0; c < T; c++) {
-            z_kept += __ldcg(&tr[c].kept);
-            const int32_t lk = __ldcg(&tr[c].last_kept);
-            last = lk > last ? lk : last;
+        finish_kept(q, vocab, xr, x, tr, T, rule, w.m_raw, log_s, chunk, warp, out);
+    }
+}
+
+// ------------------------------------------------------- draws with a cut
+
+// One round of the key search of every draw with a cut (sample_has_cut):
+// each tile's histogram of the keys still in range by this round's digit
+// (count, largest key, and the weights' mass in index order: each lane sums
+// its bins over its warp's tokens in order, then the warps in order), then
+// the request's last CTA folds the tiles in tile order and walks the bins
+// from the top: the digit whose bin holds the k-th largest key (top-k) or the
+// key where the running mass reaches the target (top-p). A bin holding one
+// key ends the search early; a later round finds the request done.
+__global__ void __launch_bounds__(SAMP_TT) k_samp_cut(const float *logits, const float *proc, int32_t vocab,
+                                                      const sample_req *reqs, samp_cut *cuts, samp_bin *bins,
+                                                      unsigned *counts)
+{
+    RD_PDL_ENTRY();
+    const sample_req &q = reqs[blockIdx.x];
+    if (q.cut_slot < 0)
+        return;
+    samp_cut c = cuts[blockIdx.x];
+    if (c.phase >= 2)
+        return;
+    const int32_t T = gridDim.y, tile = blockIdx.y, tid = threadIdx.x, lane = tid % 32, wp = tid / 32;
+    const float *xr = logits + (int64_t)q.row * vocab;
+    const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
+    const uint64_t hi_mask = c.shift >= 56 ? 0 : ~(uint64_t)0 << (c.shift + 8); // the bits found so far
+    __shared__ int32_t wbin[SAMP_TT / 32][32 * SAMP_PER];
+    __shared__ float wgt[SAMP_TT / 32][32 * SAMP_PER];
+    __shared__ double wmass[SAMP_TT / 32][256];
+    __shared__ int32_t cnt[256];
+    __shared__ unsigned long long maxk[256];
+    cnt[tid] = 0;
+    maxk[tid] = 0;
+    for (int32_t w = 0; w < SAMP_TT / 32; w++)
+        wmass[w][tid] = 0.0;
+    __syncthreads();
+    const int32_t i0 = tile_first(tile);
+    for (int32_t k = 0; k < SAMP_PER; k++) {
+        const int32_t i = i0 + k;
+        int32_t b = -1;
+        float wt = 0.0f;
+        if (i < vocab && finite_logit(x[i])) {
+            const uint64_t key = cm_rank_key(x[i], i);
+            if (key >= c.floor && (key & hi_mask) == (c.prefix & hi_mask)) {
+                b = (int32_t)(key >> c.shift) & 255;
+                wt = cm_scaled_weight(x[i], c.m, q.temperature);
+                atomicAdd(&cnt[b], 1);
+                atomicMax(&maxk[b], (unsigned long long)key);
+            }
         }
-        if (score) {
-            tok = q.score_token;
-            float wt;
-            lp_proc = rule_keeps(rule, x[tok], tok, &wt)
-                          ? (float)(((double)x[tok] - (double)w.m) / (double)t - log(z_kept))
-                          : -INFINITY;
+        wbin[wp][lane * SAMP_PER + k] = b; // the warp's tokens in index order
+        wgt[wp][lane * SAMP_PER + k] = wt;
+    }
+    __syncwarp();
+    for (int32_t j = 0; j < 32 * SAMP_PER; j++) { // lane l owns bins l, l + 32, ...
+        const int32_t b = wbin[wp][j];
+        if (b >= 0 && (b & 31) == lane)
+            wmass[wp][b] += (double)wgt[wp][j];
+    }
+    __syncthreads();
+    samp_bin tb;
+    tb.mass = 0.0;
+    for (int32_t w = 0; w < SAMP_TT / 32; w++)
+        tb.mass += wmass[w][tid];
+    tb.cnt = cnt[tid];
+    tb.pad = 0;
+    tb.max_key = maxk[tid];
+    samp_bin *rb = bins + (int64_t)q.cut_slot * T * 256;
+    rb[(int64_t)tile * 256 + tid] = tb;
+    if (!last_to_arrive(&counts[blockIdx.x], (unsigned)T))
+        return;
+
+    // The row's bins, then the walk (thread 0).
+    __shared__ double mass_s[256];
+    double m = 0.0;
+    int32_t n = 0;
+    uint64_t mk = 0;
+    for (int32_t t = 0; t < T; t++) {
+        const samp_bin *p = &rb[(int64_t)t * 256 + tid];
+        m += __ldcg(&p->mass);
+        n += __ldcg(&p->cnt);
+        const uint64_t k = __ldcg(&p->max_key);
+        mk = k > mk ? k : mk;
+    }
+    mass_s[tid] = m;
+    cnt[tid] = n;
+    maxk[tid] = mk;
+    __syncthreads();
+    if (tid != 0)
+        return;
+    const bool first = c.shift == 56;
+    int32_t digit = -1;
+    if (c.phase == 0) {
+        int64_t total = 0;
+        for (int32_t b = 0; b < 256; b++)
+            total += cnt[b];
+        if (first && total <= q.top_k) {
+            c.prefix = 0; // k or fewer finite tokens: no top-k cut
+            c.shift = 0;
+            c.above_cnt = -1;
         } else {
-            const double u = cm_uniform((uint64_t)q.seed_hi << 32 | q.seed_lo, q.sample_idx, q.pos);
-            const int32_t found = walk_tiles(x, vocab, tr, T, rule, u * z_kept, chunk, warp);
-            tok = found >= 0 ? found : last;
-            lp_proc = (float)(((double)x[tok] - (double)w.m) / (double)t - log(z_kept));
+            for (int32_t b = 255; b >= 0 && digit < 0; b--) {
+                if (c.above_cnt + cnt[b] >= q.top_k)
+                    digit = b;
+                else
+                    c.above_cnt += cnt[b];
+            }
+        }
+    } else {
+        if (c.target < 0.0) {
+            double z = 0.0;
+            for (int32_t b = 0; b < 256; b++)
+                z += mass_s[b];
+            c.target = (double)q.top_p * z;
+        }
+        const double base = c.above_mass;
+        for (int32_t b = 255; b >= 0 && digit < 0; b--) {
+            if (c.above_mass + mass_s[b] >= c.target)
+                digit = b;
+            else
+                c.above_mass += mass_s[b];
+        }
+        if (digit < 0 && first) {
+            c.prefix = 0; // rounding leaves every key short: no top-p cut
+            c.shift = 0;
+            c.above_cnt = -1;
+        } else if (digit < 0) {
+            // The range falls short by rounding: its smallest keys, the mass above them as the walk had it.
+            for (int32_t b = 0; digit < 0 && b < 256; b++)
+                digit = cnt[b] > 0 ? b : -1;
+            c.above_mass = base;
+            for (int32_t b = 255; b > digit; b--)
+                c.above_mass += mass_s[b];
         }
     }
-    if (tid == 0) {
-        out->token = tok;
-        out->err = 0;
-        out->logprob = RD_FSUB(RD_FSUB(xr[tok], w.m_raw), log_s);
-        out->logprob_proc = lp_proc;
+    bool found = c.above_cnt < 0; // decided without a digit: prefix 0
+    if (digit >= 0) {
+        c.prefix |= (uint64_t)digit << c.shift;
+        if (cnt[digit] == 1) {
+            c.prefix = maxk[digit];
+            found = true;
+        } else {
+            found = c.shift == 0;
+        }
+        c.shift -= 8;
     }
+    if (found) {
+        if (c.phase == 0) {
+            c.k_cut = c.prefix;
+            c.floor = c.prefix;
+            c.phase = q.top_p < 1.0f ? 1 : 2;
+        } else {
+            c.k_cut = c.prefix > c.k_cut ? c.prefix : c.k_cut;
+            c.phase = 2;
+        }
+        c.prefix = 0;
+        c.shift = 56;
+        c.above_cnt = 0;
+        c.above_mass = 0.0;
+    }
+    cuts[blockIdx.x] = c;
+}
+
+// The draw of every request with a cut, from its kept set (rule: keys >=
+// k_cut, w >= min_p): the tiles' kept masses, then the last CTA's walk.
+__global__ void __launch_bounds__(SAMP_TT) k_samp_draw(const float *logits, const float *proc, int32_t vocab,
+                                                       const sample_req *reqs, samp_tile *tiles,
+                                                       const samp_cut *cuts, unsigned *counts, sample_res *res)
+{
+    RD_PDL_ENTRY();
+    const sample_req &q = reqs[blockIdx.x];
+    if (q.cut_slot < 0)
+        return;
+    const samp_cut c = cuts[blockIdx.x];
+    if (c.phase != 2)
+        return; // a rejected row: k_samp_tiles wrote it
+    const int32_t T = gridDim.y, tile = blockIdx.y;
+    samp_tile *tr = tiles + (int64_t)blockIdx.x * T;
+    const float *xr = logits + (int64_t)q.row * vocab;
+    const float *x = q.proc_row < 0 ? xr : proc + (int64_t)q.proc_row * vocab;
+    const kept_rule rule = {c.k_cut, q.min_p, c.m, q.temperature};
+    __shared__ double chunk[SAMP_TT], warp[SAMP_TT / 32];
+    int32_t last;
+    const double kept = tile_kept(x, vocab, tile, rule, chunk, warp, &last);
+    if (threadIdx.x == 0) {
+        tr[tile].kept = kept;
+        tr[tile].last_kept = last;
+    }
+    if (!last_to_arrive(&counts[blockIdx.x], (unsigned)T))
+        return;
+    finish_kept(q, vocab, xr, x, tr, T, rule, c.m_raw, c.log_s, chunk, warp, res + blockIdx.x);
 }
 
 // Edited rows: a CTA per (request, span of the vocab). Each copies its span
@@ -692,22 +894,26 @@ void launch_sample(cudaStream_t s, const float *logits, const float *proc, int32
                    int32_t n, sample_res *res)
 {
     if (n > 0)
-        RD_LAUNCH(k_sample<false>, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, (const samp_tile *)nullptr,
-                  res);
+        RD_LAUNCH(k_sample, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, res);
 }
 
 void launch_sample_tiled(cudaStream_t s, const float *logits, const float *proc, int32_t vocab,
                          const sample_req *reqs, int32_t n, samp_tile *tiles, uint64_t *tops, int32_t max_top,
-                         unsigned *counts, bool any_cut, sample_res *res)
+                         unsigned *counts, int32_t n_cut, int32_t cut_rounds, samp_cut *cuts, samp_bin *bins,
+                         sample_res *res)
 {
     if (n <= 0)
         return;
     const dim3 grid(n, samp_tiles(vocab));
     RD_LAUNCH(k_samp_scan, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, tiles);
-    RD_LAUNCH(k_samp_tiles, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, tiles, tops, max_top, counts, res);
-    if (any_cut)
-        RD_LAUNCH(k_sample<true>, dim3(n), dim3(ST), 0, s, logits, proc, vocab, reqs, (const samp_tile *)tiles,
-                  res);
+    RD_LAUNCH(k_samp_tiles, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, tiles, tops, max_top, counts, cuts,
+              res);
+    if (n_cut <= 0)
+        return;
+    for (int32_t r = 0; r < cut_rounds; r++)
+        RD_LAUNCH(k_samp_cut, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, cuts, bins, counts);
+    RD_LAUNCH(k_samp_draw, grid, dim3(SAMP_TT), 0, s, logits, proc, vocab, reqs, tiles, (const samp_cut *)cuts,
+              counts, res);
 }
 
 }  // namespace RD_NS

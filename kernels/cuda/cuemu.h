@@ -272,6 +272,12 @@ inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
     *p = old + v;
     return old;
 }
+inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
+{
+    unsigned long long old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
 
 // ---- runtime API subset ----
 typedef int cudaError_t;
