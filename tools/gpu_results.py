@@ -120,7 +120,7 @@ def variant_verdicts(stage, doc):
 def assemble(logs, summary):
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": None, "describe": None,
            "copy_gbps": None, "stages": [], "bench": [], "gemm": [], "gemm_invariance": [], "moe": [], "attention": [],
-           "checks": [], "tis": [], "ncu": [], "unreadable": []}
+           "checks": [], "tis": [], "ncu": [], "sampler": [], "unreadable": []}
     if summary:
         for k in ("date", "host", "gpu", "dry_run", "seconds"):
             if k in summary:
@@ -183,6 +183,12 @@ def assemble(logs, summary):
                                "mean_k3_kl": doc.get("mean_k3_kl"), "mean_abs_dlogprob": num(doc.get("mean_abs_dlogprob"), 5),
                                "max_abs_dlogprob": num(doc.get("max_abs_dlogprob"), 4)})
         elif k in ("parity", "invariance", "sampler"):
+            for e in doc.get("per_params", []) if k == "sampler" else []:
+                out["sampler"].append({"stage": stage, "form": doc.get("rd_cuda_sample"),
+                                       "rule": f"T {num(e.get('temperature'), 2)} top-k {e.get('top_k')} "
+                                               f"top-p {num(e.get('top_p'), 2)} min-p {num(e.get('min_p'), 2)}",
+                                       "ms_one_draw": num(e.get("ms_one_draw")),
+                                       "ms_per_call": num(e.get("ms_per_call"))})
             c = {"stage": stage, "kind": k, "pass": doc.get("pass")}
             for f in ("equal_prompts", "near_ties", "mismatches", "max_dlogprob", "equal_batched", "equal_nographs"):
                 if f in doc:
@@ -385,6 +391,23 @@ def markdown(res):
                          f"{t.get('rd_cuda_q8') or ''} | {t['tokens']} | "
                          f"{'' if k3v is None else f'{k3v:.2e}'} | {fmt(t['mean_abs_dlogprob'], 4)} | "
                          f"{fmt(t['max_abs_dlogprob'], 4)} |")
+        lines.append("")
+    if res.get("sampler"):
+        stages = sorted({x["stage"] for x in res["sampler"]})
+        lines.append("**Device sampler: ms per call of one draw / of 64 draws, per rule and form**")
+        lines.append("")
+        lines.append("| rule | " + " | ".join(stages) + " |")
+        lines.append("|---|" + "---|" * len(stages))
+        rules = []
+        for x in res["sampler"]:
+            if x["rule"] not in rules:
+                rules.append(x["rule"])
+        for r in rules:
+            cells = []
+            for st in stages:
+                x = next((y for y in res["sampler"] if y["stage"] == st and y["rule"] == r), None)
+                cells.append("" if x is None else f"{fmt(x['ms_one_draw'], 3)} / {fmt(x['ms_per_call'], 3)}")
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
         lines.append("")
     if res["checks"]:
         lines.append("**Checks**: " + ", ".join(f"{c['stage']} {'PASS' if c['pass'] else 'FAIL'}"

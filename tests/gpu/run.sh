@@ -559,8 +559,10 @@ if [ "$DRY" = 0 ] && [ "$HAVE_MODEL" = 1 ]; then
       --json "$LOGS/invariance-simple-gemm.json" || true
   fi
   run sampler 60 "$BENCH" sampler --model "$MODEL" --json "$LOGS/sampler.json" || true
+  # The one-CTA sampler (before session 35) on the same draws, each rule's call timed beside the tiled one's.
+  RD_CUDA_SAMPLE=cta run sampler-cta 60 "$BENCH" sampler --model "$MODEL" --json "$LOGS/sampler-cta.json" || true
 elif [ "$DRY" = 0 ]; then
-  for s in parity invariance sampler; do record "$s" SKIP "no model file"; done
+  for s in parity invariance sampler sampler-cta; do record "$s" SKIP "no model file"; done
 fi
 if [ "$DRY" = 0 ]; then
   # Gemma 3's ops (windowed attention: half the prompts are longer than its
@@ -593,7 +595,7 @@ else
     --json "$LOGS/tool-bench-cpu.json" || true
   run tool-parity-gemma3-cpu 120 "$BENCH" parity --backend cpu --synthetic gemma3-270m --prompts 2 --tokens 4 \
     --json "$LOGS/tool-parity-gemma3-cpu.json" || true
-  for s in parity invariance sampler parity-gemma3 invariance-gemma3; do skip_gpu "$s"; done
+  for s in parity invariance sampler sampler-cta parity-gemma3 invariance-gemma3; do skip_gpu "$s"; done
 fi
 
 # ------------------------------------------------------------------ reported: speed of the rest

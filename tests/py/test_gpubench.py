@@ -15,6 +15,7 @@ backend and the emulated CUDA backend at test size:
 - tis: FP8's importance-sampling cost (K3 KL against the plain load on tokens it sampled).
 - moe: the MoE experts op alone per variant (RD_CUDA_MOE=tc: the experts on tensor cores), and those
   experts' batch invariance through the engine.
+- sampler: the device sampler against samp_sample, tiled and as one CTA per request (RD_CUDA_SAMPLE=cta).
 - tools/gpu_results.py assembles those JSONs into one results file and markdown tables."""
 import json
 import os
@@ -320,6 +321,40 @@ def invariance_moe_tc_emulated():
         env=dict(os.environ, RD_CUDA_MOE="tc", RD_CUDA_GEMM="tc"))
     d = json.load(open(path))
     assert d["pass"] is True and d["equal_batched"] == 8 and d["equal_nographs"] == 8, d
+
+
+@case
+def sampler_tiled_and_one_cta_emulated():
+    """The device sampler's stage (run.sh's sampler and sampler-cta) on the emulated GPU: each form's draws equal
+    samp_sample's, a request drawn alone equals itself among 64, each rule timed both ways; gpu_results puts the two
+    forms side by side, rule by rule."""
+    if not os.path.exists(EMU):
+        raise AssertionError(f"{EMU} missing (make all builds it)")
+    tiny = os.path.join(ROOT, os.environ.get("RD_TESTDATA", "build/testdata"), "tiny-f32.gguf")
+    logs = out("sampler-logs")
+    os.makedirs(logs, exist_ok=True)
+    for f in os.listdir(logs):
+        os.remove(os.path.join(logs, f))
+    for stage, form in (("sampler", None), ("sampler-cta", "cta")):
+        e = dict(os.environ)
+        e.pop("RD_CUDA_SAMPLE", None)
+        if form:
+            e["RD_CUDA_SAMPLE"] = form
+        p = run([EMU, "sampler", "--backend", "cuda-emu", "--model", tiny, "--json", os.path.join(logs, stage + ".json")],
+                env=e)
+        d = json.load(open(os.path.join(logs, stage + ".json")))
+        assert d["pass"] is True and d["equal"] == d["draws"] == 640 and d["alone_differs"] == 0, d
+        assert d["rd_cuda_sample"] == (form or "tiled"), d["rd_cuda_sample"]
+        assert len(d["per_params"]) == 10 and all(x["ms_one_draw"] > 0 and x["ms_per_call"] > 0 for x in d["per_params"])
+        assert "per call of one" in p.stdout, p.stdout[-1000:]
+    md_path = os.path.join(OUT, "sampler-results.md")
+    run(["python3", os.path.join(ROOT, "tools", "gpu_results.py"), "--logs", logs, "--json",
+         os.path.join(OUT, "sampler-results.json"), "--markdown", md_path])
+    md = open(md_path).read()
+    assert "| rule | sampler | sampler-cta |" in md, md
+    rows = [l for l in md.splitlines() if l.startswith("| T ")]
+    assert len(rows) == 10 and all(l.count(" / ") == 2 for l in rows), rows
+    assert "| T 0.8 top-k 40 top-p 0.95 min-p 0.0 |" in md, md
 
 
 @case
