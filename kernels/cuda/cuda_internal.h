@@ -562,7 +562,7 @@ void launch_sample_tiled(cudaStream_t s, const float *logits, const float *proc,
                          const sample_req *reqs, int32_t n, samp_tile *tiles, uint64_t *tops, int32_t max_top,
                          unsigned *counts, int32_t n_cut, int32_t cut_rounds, samp_cut *cuts, samp_bin *bins,
                          sample_res *res);
-// Whether request q draws through a top-k or top-p cut (the one-CTA part of the tiled sampler).
+// Whether request q draws through a top-k or top-p cut (the tiled sampler's key search, k_samp_cut).
 // (Greedy draws and scores without a processed log-prob take no cut.)
 RD_HD bool sample_has_cut(const sample_req &q, int32_t vocab)
 {

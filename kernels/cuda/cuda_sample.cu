@@ -1,5 +1,5 @@
 // cuda_sample.cu - token selection and log-probs on the device, by the rules
-// of engine/serve/sampler.c (its header comment states them), one CTA per request.
+// of engine/serve/sampler.c (its header comment states them).
 //
 // What is bit-identical to the CPU sampler: the argmax (lowest index), the
 // fp32 weights w_i = exp_nonpos((x_i - m) / t) (cuda_math.h is a copy of the
@@ -13,10 +13,11 @@
 // Kept set (as the CPU): finite tokens with rank key >= K_cut, w > 0 and
 // w >= min_p, where K_cut is the k-th largest key (top-k) and/or the key of
 // the token whose running mass in rank order first reaches top_p * total
-// (the crossing token is kept). Keys are found by bitwise binary search over
-// the 64-bit rank keys, each step a block-wide count or mass. The draw walks
-// the kept tokens in ascending index order: thread t sums its contiguous
-// chunk, thread 0 scans the chunk sums, then walks the crossing chunk.
+// (the crossing token is kept). The one-CTA form finds the keys by bitwise
+// binary search over the 64-bit rank keys, each step a block-wide count or
+// mass, the tiled form by a radix search over the tiles. The draw walks the
+// kept tokens in ascending index order: chunks of contiguous tokens (a
+// thread's), their sums scanned in order, then the crossing chunk's tokens.
 //
 // Two forms. The tiled one (the default) spreads a request over its row:
 // a CTA per tile of SAMP_TILE tokens finds the tile's largest rank key
@@ -24,14 +25,15 @@
 // sums (k_samp_tiles: exp mass, kept mass, rank count, top keys); the last
 // of a request's CTAs folds them in tile order and finishes the request: the
 // log-probs, the alternatives, and a greedy draw or one without a top-k/top-p
-// cut. A draw with a cut takes its cut in k_sample afterwards, which reads
-// the row's max and mass from the tiles. RD_CUDA_SAMPLE=cta: k_sample alone,
-// one CTA per request over the whole row (the old form, to time against).
+// cut. A draw with a cut finds its cut key in rounds over the tiles
+// (k_samp_cut, a radix search), then draws (k_samp_draw). RD_CUDA_SAMPLE=cta:
+// k_sample alone, one CTA per request over the whole row (the old form, to
+// time against).
 //
 // Logit edits (bias, min-tokens mask, penalties; samp_sample_ex): k_edit_rows
 // writes a request's edited copy of its row first (cm_edit_logit is
 // samp_edit_logit's expression, so the copy is bit-identical to
-// samp_apply_edits'); k_sample then takes the raw log-prob and the
+// samp_apply_edits'); either form then takes the raw log-prob and the
 // alternatives from the raw row and everything about the draw from the copy.
 #include "kernels/cuda/cuda_internal.h"
 
