@@ -2525,34 +2525,13 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
                              false, "sampler top keys");
         if (!rc)
             rc = sample_grow(b, (void **)&b->d_scount, &b->scount_cap, count_bytes, false, "sampler counters");
-        for (int32_t i = 0; i < n; i++) {
-            const samp_params *sp = reqs[i].sp;
-            sample_req probe = {};
-            probe.temperature = sp->temperature;
-            probe.top_k = sp->top_k;
-            probe.top_p = sp->top_p;
-            probe.score_token = reqs[i].score ? reqs[i].score_token : -1;
-            probe.score_proc = reqs[i].score && sp->processed_logprobs;
-            if (!sample_has_cut(probe, vocab))
-                continue;
-            n_cut++;
-            const int32_t searches = (sp->top_k > 0 && sp->top_k < vocab) + (sp->top_p < 1.0f);
-            cut_rounds = 8 * searches > cut_rounds ? 8 * searches : cut_rounds;
-        }
-        if (!rc && n_cut > 0)
-            rc = sample_grow(b, (void **)&b->d_scut, &b->scut_cap, (size_t)n * sizeof(samp_cut), false,
-                             "sampler key searches");
-        if (!rc && n_cut > 0)
-            rc = sample_grow(b, (void **)&b->d_sbin, &b->sbin_cap,
-                             (size_t)n_cut * (size_t)samp_tiles(vocab) * 256 * sizeof(samp_bin), false,
-                             "sampler histograms");
         if (rc)
             return rc;
         if (new_counts && cudaMemsetAsync(b->d_scount, 0, b->scount_cap, b->st) != cudaSuccess)
             return cuda_fail(cudaGetLastError(), "sample: counters");
     }
     int64_t edit_off = 0;
-    int32_t proc_row = 0, cut_slot = 0;
+    int32_t proc_row = 0;
     for (int32_t i = 0; i < n; i++) {
         const samp_params *sp = reqs[i].sp;
         sample_req &q = b->h_sreq[i];
@@ -2593,8 +2572,21 @@ static int cu_sample(rd_backend *be, const float *logits, int32_t vocab, const r
         for (int32_t j = 0; j < sp->n_want; j++)
             q.want_ids[j] = sp->want_ids[j];
         q.cut_slot = -1;
-        if (!b->sample_cta && sample_has_cut(q, vocab))
-            q.cut_slot = cut_slot++;
+        if (!b->sample_cta && sample_has_cut(q, vocab)) {
+            q.cut_slot = n_cut++;
+            const int32_t searches = (q.top_k > 0 && q.top_k < vocab) + (q.top_p < 1.0f);
+            cut_rounds = 8 * searches > cut_rounds ? 8 * searches : cut_rounds;
+        }
+    }
+    if (n_cut > 0) {
+        int rc = sample_grow(b, (void **)&b->d_scut, &b->scut_cap, (size_t)n * sizeof(samp_cut), false,
+                             "sampler key searches");
+        if (!rc)
+            rc = sample_grow(b, (void **)&b->d_sbin, &b->sbin_cap,
+                             (size_t)n_cut * (size_t)samp_tiles(vocab) * 256 * sizeof(samp_bin), false,
+                             "sampler histograms");
+        if (rc)
+            return rc;
     }
     cudaError_t e = cudaMemcpyAsync(b->d_sreq, b->h_sreq, n * sizeof(sample_req), cudaMemcpyHostToDevice, b->st);
     if (e == cudaSuccess && n_edits > 0) {

@@ -754,14 +754,13 @@ __global__ void __launch_bounds__(SAMP_TT) k_samp_cut(const float *logits, const
         return;
     const bool first = c.shift == 56;
     int32_t digit = -1;
+    bool no_cut = false; // decided at a first round: the search keeps every key (prefix 0)
     if (c.phase == 0) {
         int64_t total = 0;
         for (int32_t b = 0; b < 256; b++)
             total += cnt[b];
         if (first && total <= q.top_k) {
-            c.prefix = 0; // k or fewer finite tokens: no top-k cut
-            c.shift = 0;
-            c.above_cnt = -1;
+            no_cut = true; // k or fewer finite tokens
         } else {
             for (int32_t b = 255; b >= 0 && digit < 0; b--) {
                 if (c.above_cnt + cnt[b] >= q.top_k)
@@ -785,9 +784,7 @@ __global__ void __launch_bounds__(SAMP_TT) k_samp_cut(const float *logits, const
                 c.above_mass += mass_s[b];
         }
         if (digit < 0 && first) {
-            c.prefix = 0; // rounding leaves every key short: no top-p cut
-            c.shift = 0;
-            c.above_cnt = -1;
+            no_cut = true; // rounding leaves every key short
         } else if (digit < 0) {
             // The range falls short by rounding: its smallest keys, the mass above them as the walk had it.
             for (int32_t b = 0; digit < 0 && b < 256; b++)
@@ -797,7 +794,7 @@ __global__ void __launch_bounds__(SAMP_TT) k_samp_cut(const float *logits, const
                 c.above_mass += mass_s[b];
         }
     }
-    bool found = c.above_cnt < 0; // decided without a digit: prefix 0
+    bool found = no_cut; // prefix 0
     if (digit >= 0) {
         c.prefix |= (uint64_t)digit << c.shift;
         if (cnt[digit] == 1) {
