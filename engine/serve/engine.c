@@ -11,6 +11,7 @@
 #include "engine/serve/engine.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,10 +209,27 @@ void eng_lora_limits(const engine *e, int32_t *max_loras, int32_t *max_rank)
     *max_rank = e->cfg.max_lora_rank;
 }
 
+/* An engine switch from the environment: unset or empty or "0" is off, "1" on; any other value refuses the
+   engine, so a misspelt switch cannot run as the default unnoticed (the backend's RD_CUDA_* do the same). */
+static int eng_env_flag(const char *name, bool *on)
+{
+    const char *v = getenv(name);
+    *on = v && !strcmp(v, "1");
+    if (v && *v && strcmp(v, "0") && strcmp(v, "1"))
+        return rd_fail(RD_EINVAL, "engine: %s=%s is not a value it takes (0 or 1; unset for 0)", name, v);
+    return 0;
+}
+
 int eng_create(model *m, const eng_config *cfg, engine **out)
 {
     *out = NULL;
     const model_config *c = &m->cfg;
+    bool host_sampling, forward_sync;
+    int env_rc = eng_env_flag("RD_HOST_SAMPLING", &host_sampling);
+    if (!env_rc)
+        env_rc = eng_env_flag("RD_FORWARD_SYNC", &forward_sync);
+    if (env_rc)
+        return env_rc;
     if (cfg->block_size < 1 || cfg->block_size > 1024)
         return rd_fail(RD_EINVAL, "engine: block_size %d must be in 1..1024", cfg->block_size);
     if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > 4096)
@@ -303,11 +321,9 @@ int eng_create(model *m, const eng_config *cfg, engine **out)
     e->logit_rows = malloc(sizeof(int32_t) * (e->logit_cap + e->score_chunk));
     /* A backend that samples keeps the logits on the device (RD_HOST_SAMPLING=1 forces
        the download and samp_sample, to compare the two). */
-    const char *hs = getenv("RD_HOST_SAMPLING");
-    e->device_sampling = m->be->ops->sample != NULL && !(hs && hs[0] == '1');
+    e->device_sampling = m->be->ops->sample != NULL && !host_sampling;
     /* RD_FORWARD_SYNC=1: every forward waits for its work (the old way, to time against). */
-    const char *fs = getenv("RD_FORWARD_SYNC");
-    e->run.async_forward = e->device_sampling && !(fs && fs[0] == '1');
+    e->run.async_forward = e->device_sampling && !forward_sync;
     if (!e->device_sampling) {
         e->logits = malloc(sizeof(float) * (size_t)(e->logit_cap + e->score_chunk) * c->vocab);
         e->samp_workers = pool_size();

@@ -278,7 +278,7 @@ struct cuda_be {
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
-    int tc_stages;              // RD_CUDA_TC_PIPE: its cp.async stages (bf16, FP8 weights), 4 by default; 0: register staging
+    int tc_stages;              // RD_CUDA_TC_PIPE: the tile kernel's cp.async stages, 4 by default; 0: register staging
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cuh)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too

@@ -164,13 +164,15 @@ RD_DEV void store_bf(uint16_t *p, int64_t i, int64_t lo_off, float v)
 // the wait and poisons dst until then (cuemu.h).
 template <int B> RD_DEV void cp_async(void *dst, const void *src, bool valid)
 {
-    static_assert(B == 4 || B == 16, "cp.async moves 16 bytes (.cg) or 4 (.ca) here");
+    static_assert(B == 4 || B == 8 || B == 16, "cp.async moves 16 bytes (.cg), 8 or 4 (.ca) here");
 #ifdef RD_CUDA_EMU
     cuemu::cp_async(dst, src, B, valid ? B : 0);
 #else
     const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
     if constexpr (B == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else if constexpr (B == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 8 : 0) : "memory");
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(src), "r"(valid ? 4 : 0) : "memory");
 #endif

@@ -37,8 +37,13 @@ void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pie
 
 cudaError_t gemm_tc_setup(int stages)
 {
-    const cudaError_t e = tcp_setup_all<TC_WF_BF16>(stages);
-    return e != cudaSuccess ? e : gemm_tc_setup_fp8(stages);
+    const cudaError_t e[] = {tcp_setup_all<1, TC_WF_BF16>(stages), tcp_setup_all<2, TC_WF_BF16>(stages),
+                             tcp_setup_all<3, TC_WF_BF16>(stages), gemm_tc_setup_fp8(stages),
+                             gemm_tc_setup_q8(stages), gemm_tc_setup_q80(stages)};
+    for (cudaError_t x : e)
+        if (x != cudaSuccess)
+            return x;
+    return cudaSuccess;
 }
 
 void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, int epi)

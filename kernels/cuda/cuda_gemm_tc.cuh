@@ -535,6 +535,17 @@ template <bool I8> RD_DEV void tc_quant_quad(const float (&v)[8], uint32_t (&c)[
         tc_q8_quad(v, c, s);
 }
 
+// The A fragment of an m16 tile's chunk from rows g (xa) and g + 8 (xb), each quantized by its quad:
+// codes [8t, 8t + 8) of each row in mma order, and the rows' block scales sa, sb.
+template <bool I8>
+RD_DEV void tc_quant_frag(const float (&xa)[8], const float (&xb)[8], uint32_t (&fr)[4], float &sa, float &sb)
+{
+    uint32_t ca[2], cb[2];
+    tc_quant_quad<I8>(xa, ca, sa);
+    tc_quant_quad<I8>(xb, cb, sb);
+    fr[0] = ca[0], fr[1] = cb[0], fr[2] = ca[1], fr[3] = cb[1];
+}
+
 // W8A8 codes [8t, 8t + 8) of chunk c of row n (u[0], u[1]) and the block's
 // scale's bits (u[2]); zeros past the last row.
 RD_DEV void tc_load_w8(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
@@ -572,11 +583,9 @@ RD_UNROLL
         float xa[8], xb[8];
         tc_load_x(a, r0 + 16 * mt + g, c, t, inv[mt][0], xa);
         tc_load_x(a, r0 + 16 * mt + g + 8, c, t, inv[mt][1], xb);
-        uint32_t ca[2], cb[2];
+        uint32_t fr[4];
         float sa, sb;
-        tc_quant_quad<I8>(xa, ca, sa);
-        tc_quant_quad<I8>(xb, cb, sb);
-        const uint32_t fr[4] = {ca[0], cb[0], ca[1], cb[1]};
+        tc_quant_frag<I8>(xa, xb, fr, sa, sb);
 RD_UNROLL
         for (int j = 0; j < 2; j++) {
             float d[4];
@@ -1112,42 +1121,54 @@ RD_UNROLL
     tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
 }
 
-// The tile kernel with its loads in flight several chunks ahead (bf16 or
-// FP8 weights, x 16-byte aligned; a.stages of RD_CUDA_TC_PIPE).
+// The tile kernel with its loads in flight several chunks ahead (any weight
+// format and pieces, x 16-byte aligned; a.stages of RD_CUDA_TC_PIPE).
 // k_gemm_tc_big stages through registers one chunk ahead, so each chunk's
 // global loads wait out a round trip to L2 or memory behind one chunk of mma
 // work: at 256 rows the 1B's GEMMs have one 64 x 64 tile per SM (4 warps),
 // with nothing else to hide that wait. Here cp.async copies chunk
 // ci + stages - 1 into its shared-memory stage while chunk ci is multiplied,
-// x as the fp32 it is (its pieces cut in registers from the staged values,
-// as k_gemm_tc_big cuts them before staging) and W as stored: bf16, or FP8
-// codes with the 4-byte word of scale bytes that holds the chunk's (chunks
-// ci & ~3 to ci | 3 of the row; rows of in / 32 bytes, a multiple of 4),
-// decoded as tc_load_w decodes them. The mma steps, the sub-piece folds and
-// the epilogue are k_gemm_tc_big's (tcb_mma, tcb_fold, tcb_store): the same
-// bits.
+// x as the fp32 it is and W as stored: bf16; FP8 codes with the 4-byte word
+// of scale bytes that holds the chunk's (chunks ci & ~3 to ci | 3 of the row;
+// rows of in / 32 bytes, a multiple of 4); Q8_0 codes with the 8 bytes of
+// fp16 scales that hold the chunk's. Each warp makes its operands from the
+// stage as the other kernels make theirs: x's pieces cut in registers (the
+// GPU's cvt.rn.bf16x2.f32), or for W8A8 (TC_Q8, TC_I8) its rows' 32 values
+// quantized by the quad of lanes that reads them (tc_quant_quad, as
+// k_gemm_tc_big_q8's staging threads do; the warps of a row tile each
+// quantize its rows, which costs ALU where the other kernel costs a trip
+// through shared memory); the weights decoded as tc_load_w / tc_load_q80 /
+// tc_load_w8 decode them. The mma steps, the chunk scaling, the sub-piece
+// folds and the epilogue are those of k_gemm_tc_big and k_gemm_tc_big_q8:
+// the same bits.
 #define TCP_XS 36 // floats per staged x row: 32 and 4 of padding, so a fragment's rows g and g + 1 use other banks
 
-// A stage's bytes: x, then W's 32 weights a row (bf16 64 bytes; FP8 32 bytes of codes and a scale word).
-RD_HD size_t tcp_stage_bytes(int ws, int wf) { return (size_t)32 * ws * (TCP_XS * 4 + (wf == TC_WF_FP8 ? 36 : 64)); }
+// A row's bytes of W in a stage: its 32 weights (bf16 64; FP8 and Q8_0 codes 32), then the scales of its
+// chunks (ci & ~3) .. (ci | 3) (FP8 a word of 4 bytes; Q8_0 4 fp16).
+RD_HD constexpr int tcp_w_bytes(int wf) { return wf == TC_WF_BF16 ? 64 : 32; }
+RD_HD constexpr int tcp_s_bytes(int wf) { return wf == TC_WF_FP8 ? 4 : wf == TC_WF_Q8_0 ? 8 : 0; }
+// A stage's bytes: x's rows, W's rows, the scale rows.
+RD_HD constexpr size_t tcp_stage_bytes(int ws, int wf) { return (size_t)32 * ws * (TCP_XS * 4 + tcp_w_bytes(wf) + tcp_s_bytes(wf)); }
 
 template <int WS, int NP, int WF, int EPI>
 __global__ void __launch_bounds__(TCB_THREADS(WS), 1) k_gemm_tc_pipe(tc_args a)
 {
     RD_PDL_ENTRY();
-    constexpr bool F8 = WF == TC_WF_FP8;
+    constexpr bool Q8 = NP == TC_Q8 || NP == TC_I8, I8 = NP == TC_I8; // W8A8: x quantized (I8: Q8_0 blocks)
     constexpr int BT = 32 * WS, NT = TCB_THREADS(WS);
-    // 16-byte copies a chunk (x: 8 a row; W: 4 a row, FP8 2), then FP8's 4-byte scale words (1 a row)
-    constexpr int XC = 8 * BT, WC = (F8 ? 2 : 4) * BT, NC = XC + WC + (F8 ? BT : 0);
-    constexpr int CP = (NC + NT - 1) / NT; // copies per thread and chunk (the last round partial for FP8)
+    constexpr int WB = tcp_w_bytes(WF), SB = tcp_s_bytes(WF);
+    // 16-byte copies a chunk (x: 8 a row; W: WB / 16 a row), then the scale copies (1 a row)
+    constexpr int XC = 8 * BT, WC = WB / 16 * BT, NC = XC + WC + (SB ? BT : 0);
+    constexpr int CP = (NC + NT - 1) / NT; // copies per thread and chunk (the last round partial with scales)
+    constexpr int XB = BT * TCP_XS * 4, SO = XB + BT * WB; // the offsets of W's rows and of the scale rows
     RD_DYN_SMEM(unsigned char, sm);
     const int S = a.stages;
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
     const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
-    // Stage s: x rows [BT][TCP_XS] floats, then W rows [BT] x 64 (bf16) or 32 (FP8 codes) bytes, uint4 t of a
-    // bf16 row (uint2 t of an FP8 row) its weights [8t, 8t + 8); then (FP8) a scale word per row.
+    // Stage s: x rows [BT][TCP_XS] floats; W rows [BT] x WB bytes (uint4 t of a bf16 row, uint2 t of a code
+    // row: its weights [8t, 8t + 8)); the scale rows [BT] x SB bytes.
     const size_t stage = tcp_stage_bytes(WS, WF);
     // Copy c of a chunk (c = tid + NT i): its source at chunk 0, the bytes a chunk moves it, and its place.
     const unsigned char *src[CP];
@@ -1162,18 +1183,20 @@ RD_UNROLL
             src[i] = (const unsigned char *)(a.x + (int64_t)(ok[i] ? r0 + rr : 0) * a.in + 4 * seg);
             step[i] = 128, dst[i] = (rr * TCP_XS + 4 * seg) * 4;
         } else if (c < XC + WC) {
-            const int wc = c - XC, per = F8 ? 2 : 4, rr = wc / per, seg = wc % per;
-            const int32_t n = tcb_wrow<EPI>(a, n0, rr);
+            const int wc = c - XC, per = WB / 16, rr = wc / per, seg = wc % per;
+            const int32_t n = tcb_wrow<EPI>(a, n0, rr), nr = n < a.out ? n : 0;
             ok[i] = n < a.out;
-            src[i] = F8 ? (const unsigned char *)(a.f8 + (int64_t)(ok[i] ? n : 0) * a.in + 16 * seg)
-                        : (const unsigned char *)(a.w + (int64_t)(ok[i] ? n : 0) * a.in + 8 * seg);
-            step[i] = F8 ? 32 : 64, dst[i] = BT * TCP_XS * 4 + 16 * wc;
+            src[i] = WF == TC_WF_BF16 ? (const unsigned char *)(a.w + (int64_t)nr * a.in + 8 * seg)
+                     : WF == TC_WF_FP8 ? (const unsigned char *)(a.f8 + (int64_t)nr * a.in + 16 * seg)
+                                       : (const unsigned char *)(a.q8 + (int64_t)nr * a.in + 16 * seg);
+            step[i] = WB, dst[i] = XB + 16 * wc;
         } else {
             const int rr = c - XC - WC;
-            const int32_t n = c < NC ? tcb_wrow<EPI>(a, n0, rr) : a.out;
+            const int32_t n = c < NC ? tcb_wrow<EPI>(a, n0, rr) : a.out, nr = n < a.out ? n : 0;
             ok[i] = n < a.out;
-            src[i] = a.f8s + (int64_t)(ok[i] ? n : 0) * (a.in / 32);
-            step[i] = 0, dst[i] = BT * (TCP_XS * 4 + 32) + 4 * rr;
+            src[i] = WF == TC_WF_FP8 ? a.f8s + (int64_t)nr * (a.in / 32)
+                                     : (const unsigned char *)(a.q8d + (int64_t)nr * (a.in / 32));
+            step[i] = 0, dst[i] = SO + SB * rr;
         }
     }
     auto issue = [&](int32_t ci, int st) {
@@ -1183,8 +1206,8 @@ RD_UNROLL
             const int c = tid + NT * i;
             if (c < XC + WC)
                 cp_async<16>(base + dst[i], src[i] + (int64_t)step[i] * ci, ok[i]);
-            else if (c < NC) // the word of scale bytes of chunks (ci & ~3) .. (ci | 3)
-                cp_async<4>(base + dst[i], src[i] + (ci & ~3), ok[i]);
+            else if (c < NC) // the scales of chunks (ci & ~3) .. (ci | 3)
+                cp_async<SB ? SB : 4>(base + dst[i], src[i] + (int64_t)(SB / 4) * (ci & ~3), ok[i]);
         }
     };
     // Before chunk ci is read, all but the newest S - 2 groups have landed: chunk ci's among them.
@@ -1197,6 +1220,16 @@ RD_UNROLL
             cp_async_wait<2>();
         else
             cp_async_wait<4>();
+    };
+    // The scale of weight row `row` (in the tile) for chunk ci: FP8 2^ew as tc_load_w decodes it (bf16 path) or
+    // as tc_load_w8 (W8A8); Q8_0 its d.
+    auto wscale = [&](const unsigned char *base, int row, int32_t ci) -> float {
+        if constexpr (WF == TC_WF_FP8) {
+            const uint32_t byte = ((const uint32_t *)(base + SO))[row] >> (8 * (ci & 3)) & 0xffu;
+            return Q8 ? tc_w8_scale(byte) : cm_fp8_scale(byte);
+        } else {
+            return cm_f16_to_f32(((const uint16_t *)(base + SO))[row * 4 + (ci & 3)]);
+        }
     };
 
     for (int s = 0; s < S - 1; s++) {
@@ -1216,33 +1249,74 @@ RD_UNROLL
         const float *xs = (const float *)base;
         rd = rd + 1 == S ? 0 : rd + 1;
         wr = wr + 1 == S ? 0 : wr + 1;
-        uint4 bw[4], ax[NP][2][2];
+        if constexpr (Q8) {
+            uint2 bw[4];
+            float sw[4][2];
 RD_UNROLL
-        for (int j = 0; j < 4; j++) {
-            const int row = 32 * wn + 8 * j + g;
-            if constexpr (F8) {
-                const uint2 v = ((const uint2 *)(base + BT * TCP_XS * 4))[row * 4 + t];
-                const uint32_t word = ((const uint32_t *)(base + BT * (TCP_XS * 4 + 32)))[row];
-                const float sc = cm_fp8_scale(word >> (8 * (ci & 3)) & 0xffu);
-                float f[8];
-                fp8_decode4(v.x, sc, f);
-                fp8_decode4(v.y, sc, f + 4);
-                bw[j] = uint4{tc_pack(f[0], f[1]), tc_pack(f[2], f[3]), tc_pack(f[4], f[5]), tc_pack(f[6], f[7])};
+            for (int j = 0; j < 4; j++) {
+                const int wr0 = 32 * wn + 8 * j;
+                bw[j] = ((const uint2 *)(base + XB))[(wr0 + g) * 4 + t];
+                sw[j][0] = wscale(base, wr0 + 2 * t, ci), sw[j][1] = wscale(base, wr0 + 2 * t + 1, ci);
+            }
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++) {
+                const int ra = 32 * wm + 16 * mt + g;
+                float va[8], vb[8];
+                load_f32x8(xs + ra * TCP_XS + 8 * t, va);
+                load_f32x8(xs + (ra + 8) * TCP_XS + 8 * t, vb);
+                uint32_t fr[4];
+                float sa, sb;
+                tc_quant_frag<I8>(va, vb, fr, sa, sb);
+RD_UNROLL
+                for (int j = 0; j < 4; j++) {
+                    float d[4];
+                    tc_mma8_chunk<I8>(d, fr, bw[j].x, bw[j].y);
+                    tc_q8_add4<I8>(pc[mt][j], d, sa, sb, sw[j]);
+                }
+            }
+        } else {
+            uint4 bw[4], ax[NP][2][2];
+            float sw[4][2]; // Q8_0: the scales of columns 2t, 2t + 1 of each n8 tile
+RD_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const int row = 32 * wn + 8 * j + g;
+                if constexpr (WF == TC_WF_FP8) {
+                    const uint2 v = ((const uint2 *)(base + XB))[row * 4 + t];
+                    const float sc = wscale(base, row, ci);
+                    float f[8];
+                    fp8_decode4(v.x, sc, f);
+                    fp8_decode4(v.y, sc, f + 4);
+                    bw[j] = uint4{tc_pack(f[0], f[1]), tc_pack(f[2], f[3]), tc_pack(f[4], f[5]), tc_pack(f[6], f[7])};
+                } else if constexpr (WF == TC_WF_Q8_0) {
+                    const uint2 cw = ((const uint2 *)(base + XB))[row * 4 + t];
+                    bw[j] = uint4{tc_q80_pair(cw.x, 0), tc_q80_pair(cw.x, 1), tc_q80_pair(cw.y, 0), tc_q80_pair(cw.y, 1)};
+                    sw[j][0] = wscale(base, row - g + 2 * t, ci), sw[j][1] = wscale(base, row - g + 2 * t + 1, ci);
+                } else {
+                    bw[j] = ((const uint4 *)(base + XB))[row * 4 + t];
+                }
+            }
+RD_UNROLL
+            for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    float v[8];
+                    load_f32x8(xs + (32 * wm + 16 * mt + 8 * h + g) * TCP_XS + 8 * t, v);
+RD_UNROLL
+                    for (int p = 0; p < NP; p++)
+                        ax[p][mt][h] = tcb_pack_piece(v, p);
+                }
+            if constexpr (WF == TC_WF_Q8_0) { // each chunk's sums from zero, then times their columns' d
+                float dq[2][4][4] = {};
+                tcb_mma<NP>(bw, ax, dq);
+RD_UNROLL
+                for (int mt = 0; mt < 2; mt++)
+RD_UNROLL
+                    for (int j = 0; j < 4; j++)
+                        tc_q80_add4(pc[mt][j], dq[mt][j], sw[j]);
             } else {
-                bw[j] = ((const uint4 *)(base + BT * TCP_XS * 4))[row * 4 + t];
+                tcb_mma<NP>(bw, ax, pc);
             }
         }
-RD_UNROLL
-        for (int mt = 0; mt < 2; mt++)
-RD_UNROLL
-            for (int h = 0; h < 2; h++) {
-                float v[8];
-                load_f32x8(xs + (32 * wm + 16 * mt + 8 * h + g) * TCP_XS + 8 * t, v);
-RD_UNROLL
-                for (int p = 0; p < NP; p++)
-                    ax[p][mt][h] = tcb_pack_piece(v, p);
-            }
-        tcb_mma<NP>(bw, ax, pc);
         tcb_fold(ci, cpp, tot, pc);
     }
     tcb_store<EPI>(a, r0, n0, wm, wn, g, t, tot);
@@ -1404,22 +1478,21 @@ template <int WS, int NP, int WF, int EPI> static cudaError_t tcp_setup(int stag
                                 (int)((size_t)stages * tcp_stage_bytes(WS, WF)));
 }
 
-// The pipelined kernels of one weight format, each opted in (its own file's instances: a kernel's
-// attribute belongs to the copy in the file that launches it).
-template <int WF> static cudaError_t tcp_setup_all(int stages)
+// The pipelined kernels of pieces NP and weight format WF, each opted in (its own file's instances: a
+// kernel's attribute belongs to the copy in the file that launches it).
+template <int NP, int WF> static cudaError_t tcp_setup_all(int stages)
 {
-    const cudaError_t e[] = {tcp_setup<2, 1, WF, TC_PLAIN>(stages),  tcp_setup<2, 1, WF, TC_SWIGLU>(stages),
-                             tcp_setup<2, 1, WF, TC_GEGLU>(stages),  tcp_setup<2, 2, WF, TC_PLAIN>(stages),
-                             tcp_setup<2, 2, WF, TC_SWIGLU>(stages), tcp_setup<2, 2, WF, TC_GEGLU>(stages),
-                             tcp_setup<4, 1, WF, TC_PLAIN>(stages),  tcp_setup<4, 1, WF, TC_SWIGLU>(stages),
-                             tcp_setup<4, 1, WF, TC_GEGLU>(stages),  tcp_setup<4, 2, WF, TC_PLAIN>(stages),
-                             tcp_setup<4, 2, WF, TC_SWIGLU>(stages), tcp_setup<4, 2, WF, TC_GEGLU>(stages)};
-    for (cudaError_t x : e)
-        if (x != cudaSuccess)
-            return x;
-    if constexpr (WF == TC_WF_BF16) // the LM head's three pieces
+    if constexpr (NP == 3) { // the LM head's three pieces, on the 64 tile
         return tcp_setup<2, 3, WF, TC_PLAIN>(stages);
-    return cudaSuccess;
+    } else {
+        const cudaError_t e[] = {tcp_setup<2, NP, WF, TC_PLAIN>(stages),  tcp_setup<2, NP, WF, TC_SWIGLU>(stages),
+                                 tcp_setup<2, NP, WF, TC_GEGLU>(stages),  tcp_setup<4, NP, WF, TC_PLAIN>(stages),
+                                 tcp_setup<4, NP, WF, TC_SWIGLU>(stages), tcp_setup<4, NP, WF, TC_GEGLU>(stages)};
+        for (cudaError_t x : e)
+            if (x != cudaSuccess)
+                return x;
+        return cudaSuccess;
+    }
 }
 
 template <int WS, int NP, int WF> static void gemm_tc_pipe(cudaStream_t s, const tc_args &a, int epi)
@@ -1434,12 +1507,26 @@ template <int WS, int NP, int WF> static void gemm_tc_pipe(cudaStream_t s, const
         tcp_launch<WS, NP, WF, TC_PLAIN>(s, a);
 }
 
-// The pipelined tile kernel takes bf16 weights, and FP8 ones whose scale rows come in whole words.
+// The pipelined tile kernel takes weights whose rows of chunk scales come in whole 4-chunk copies (FP8: a
+// word; Q8_0: 8 bytes), and x 16-byte aligned.
 template <int WF> static bool tcp_fits(const tc_args &a)
 {
     if (!a.stages || !a.xvec || a.xrow)
         return false;
-    return WF == TC_WF_BF16 || (a.in / 32 % 4 == 0 && (uintptr_t)a.f8s % 4 == 0 && (uintptr_t)a.f8 % 16 == 0);
+    if constexpr (WF == TC_WF_FP8)
+        return a.in / 32 % 4 == 0 && (uintptr_t)a.f8s % 4 == 0 && (uintptr_t)a.f8 % 16 == 0;
+    else if constexpr (WF == TC_WF_Q8_0)
+        return a.in / 32 % 4 == 0 && (uintptr_t)a.q8d % 8 == 0 && (uintptr_t)a.q8 % 16 == 0;
+    return true;
+}
+
+// A tile kernel call: pipelined where the operands allow it, else register-staged.
+template <int WS, int NP, int WF> static void gemm_tc_tile(cudaStream_t s, const tc_args &a, int epi)
+{
+    if (tcp_fits<WF>(a))
+        gemm_tc_pipe<WS, NP, WF>(s, a, epi);
+    else
+        gemm_tc_big<WS, NP, WF>(s, a, epi);
 }
 
 static inline bool tc_use_big(const tc_args &a)
@@ -1453,23 +1540,12 @@ static inline bool tc_use_big(const tc_args &a)
 template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
 {
     if (tc_use_big(a)) {
-        if constexpr ((WF == TC_WF_BF16 || WF == TC_WF_FP8) && NP >= 1 && NP <= 3) {
-            if (tcp_fits<WF>(a)) {
-                if constexpr (NP == 3)
-                    gemm_tc_pipe<2, 3, WF>(s, a, epi);
-                else if (a.big_tile == 128)
-                    gemm_tc_pipe<4, NP, WF>(s, a, epi);
-                else
-                    gemm_tc_pipe<2, NP, WF>(s, a, epi);
-                return;
-            }
-        }
         if constexpr (NP == 3)
-            gemm_tc_big<2, 3, WF>(s, a, epi);
+            gemm_tc_tile<2, 3, WF>(s, a, epi);
         else if (a.big_tile == 128)
-            gemm_tc_big<4, NP, WF>(s, a, epi);
+            gemm_tc_tile<4, NP, WF>(s, a, epi);
         else
-            gemm_tc_big<2, NP, WF>(s, a, epi);
+            gemm_tc_tile<2, NP, WF>(s, a, epi);
         return;
     }
     const int32_t mw = cuplan_tc_mw(a.m);
@@ -1488,6 +1564,8 @@ template <int NP, int WF> static void gemm_tc_pieces(cudaStream_t s, const cupla
 void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 cudaError_t gemm_tc_setup_fp8(int stages);
+cudaError_t gemm_tc_setup_q8(int stages);
+cudaError_t gemm_tc_setup_q80(int stages);
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 

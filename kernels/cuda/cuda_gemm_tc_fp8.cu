@@ -4,7 +4,11 @@
 
 namespace RD_NS {
 
-cudaError_t gemm_tc_setup_fp8(int stages) { return tcp_setup_all<TC_WF_FP8>(stages); }
+cudaError_t gemm_tc_setup_fp8(int stages)
+{
+    const cudaError_t e = tcp_setup_all<1, TC_WF_FP8>(stages);
+    return e != cudaSuccess ? e : tcp_setup_all<2, TC_WF_FP8>(stages);
+}
 
 void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
 {

@@ -5,6 +5,8 @@
 
 namespace RD_NS {
 
+cudaError_t gemm_tc_setup_q8(int stages) { return tcp_setup_all<TC_Q8, TC_WF_FP8>(stages); }
+
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi)
 {
     gemm_tc_pieces<TC_Q8, TC_WF_FP8>(s, pl, a, epi);

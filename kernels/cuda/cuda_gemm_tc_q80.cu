@@ -6,6 +6,16 @@
 
 namespace RD_NS {
 
+cudaError_t gemm_tc_setup_q80(int stages)
+{
+    const cudaError_t e[] = {tcp_setup_all<1, TC_WF_Q8_0>(stages), tcp_setup_all<2, TC_WF_Q8_0>(stages),
+                             tcp_setup_all<3, TC_WF_Q8_0>(stages), tcp_setup_all<TC_I8, TC_WF_Q8_0>(stages)};
+    for (cudaError_t x : e)
+        if (x != cudaSuccess)
+            return x;
+    return cudaSuccess;
+}
+
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi)
 {
     if (pieces == TC_I8) // W8A8 on int8 tensor cores

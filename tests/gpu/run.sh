@@ -322,9 +322,11 @@ if [ "$DRY" = 0 ]; then
     --json "$LOGS/gemm-1b.json" || true
   # The tile kernel's loads (128 rows and up): tc's default, 4 cp.async stages, against RD_CUDA_TC_PIPE=0 (the
   # register-staged kernel, one chunk ahead: the tile kernel before session 34) and 6 stages; the same with
-  # RD_CUDA_ACT=bf16 (one piece, half the mma steps), on the 128 tile, and FP8 weights (RD_CUDA_FP8=tc).
-  run gemm-1b-pipe 75 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
-    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128,fp8tc,fp8tc+RD_CUDA_TC_PIPE=0 \
+  # RD_CUDA_ACT=bf16 (one piece, half the mma steps), on the 128 tile, FP8 weights (RD_CUDA_FP8=tc) and W8A8
+  # (session 36: x quantized by each warp from the staged floats, against RD_CUDA_TC_PIPE=0's once-per-tile
+  # quantization through registers).
+  run gemm-1b-pipe 90 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
+    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128,fp8tc,fp8tc+RD_CUDA_TC_PIPE=0,w8a8,w8a8+RD_CUDA_TC_PIPE=0 \
     --bw "$BW" --json "$LOGS/gemm-1b-pipe.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.3x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
@@ -455,7 +457,9 @@ if [ "$DRY" = 0 ]; then
   # to FP8), and with x quantized to Q8_0 on int8 tensor cores (RD_CUDA_Q8=w8a8). After the issue's own
   # targets, so the budget cuts these first: the GEMM alone beside tc, the 1B's decode, K3 KL on the default
   # model, batch invariance through the engine.
-  run gemm-1b-q8 60 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 --variants tc,q8tc,q8w8a8 --bw "$BW" \
+  # From 128 rows the Q8_0 tile kernels stage by cp.async (session 36); +RD_CUDA_TC_PIPE=0: through registers.
+  run gemm-1b-q8 75 "$BENCH" gemm --synthetic 1b --rows 1,8,32,128,256,512 \
+    --variants tc,q8tc,q8w8a8,q8tc+RD_CUDA_TC_PIPE=0,q8w8a8+RD_CUDA_TC_PIPE=0 --bw "$BW" \
     --json "$LOGS/gemm-1b-q8.json" || true
   RD_CUDA_GEMM=tc RD_CUDA_Q8=tc run bench-1b-q8tc 90 "$BENCH" bench --synthetic 1b --weights q8_0 \
     --label " q8_0 tc" --batches 1,8,32,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-q8tc.json" || true

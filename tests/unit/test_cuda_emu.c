@@ -770,26 +770,6 @@ static void tc_q8_exact_case(rd_backend *be)
     free(w), free(x), free(y);
 }
 
-/* The same weights as FP8 blocks on two backends (W8A8 on the small and the
- * tile kernel): the same bits. */
-static void tc_q8_pair_case(rd_backend *a, rd_backend *b, int32_t out, int32_t in, int32_t m)
-{
-    float *w = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * m * in);
-    float *ya = malloc(sizeof(float) * m * out), *yb = malloc(sizeof(float) * m * out);
-    for (int64_t i = 0; i < (int64_t)out * in; i++)
-        w[i] = frand() * 0.2f;
-    for (int64_t i = 0; i < (int64_t)m * in; i++)
-        x[i] = frand() * (float)(1 + i % 7);
-    void *Wa = load_fp8(a, w, out, in, NULL, NULL), *Wb = load_fp8(b, w, out, in, NULL, NULL);
-    CHECK(Wa && Wb, "w8a8: cannot load the fp8 weights: %s", rd_errmsg());
-    run_linear(a, Wa, x, m, in, out, 0, NULL, ya, 0);
-    run_linear(b, Wb, x, m, in, out, 0, NULL, yb, 0);
-    CHECK(!memcmp(ya, yb, sizeof(float) * m * out), "w8a8 [%d x %d] x %d: the tile kernel differs", out, in, m);
-    a->ops->linear_free(a, Wa);
-    b->ops->linear_free(b, Wb);
-    free(w), free(x), free(ya), free(yb);
-}
-
 /* Q8_0 blocks of w [out][in] (ggml_quant_q8_0) loaded on be as a layer's
  * linear (NULL: failed). */
 static void *load_q80(rd_backend *be, const float *w, int32_t out, int32_t in)
@@ -811,6 +791,35 @@ static int load_w(rd_backend *be, const float *w, int32_t out, int32_t in, void 
         return be->ops->linear_load(be, w, out, in, W);
     *W = tc_wfmt == 1 ? load_fp8(be, w, out, in, NULL, NULL) : load_q80(be, w, out, in);
     return *W ? 0 : RD_EINVAL;
+}
+
+/* The same weights (tc_wfmt's format) on two backends, e.g. the split-K and
+ * a tile kernel, or two tile kernels: the same bits; and not all zero, so a
+ * kernel that wrote nothing would not pass. */
+static void tc_pair_case(rd_backend *a, rd_backend *b, int32_t out, int32_t in, int32_t m)
+{
+    float *w = malloc(sizeof(float) * out * in), *x = malloc(sizeof(float) * m * in);
+    float *ya = malloc(sizeof(float) * m * out), *yb = malloc(sizeof(float) * m * out);
+    for (int64_t i = 0; i < (int64_t)out * in; i++)
+        w[i] = frand() * 0.2f;
+    for (int64_t i = 0; i < (int64_t)m * in; i++)
+        x[i] = frand() * (float)(1 + i % 7);
+    void *Wa = NULL, *Wb = NULL;
+    CHECK(!load_w(a, w, out, in, &Wa) && !load_w(b, w, out, in, &Wb), "cannot load the weights (format %d): %s",
+          tc_wfmt, rd_errmsg());
+    if (!test_case_failed) {
+        run_linear(a, Wa, x, m, in, out, 0, NULL, ya, 0);
+        run_linear(b, Wb, x, m, in, out, 0, NULL, yb, 0);
+        CHECK(!memcmp(ya, yb, sizeof(float) * m * out), "[%d x %d] x %d, format %d: the two kernels differ", out,
+              in, m, tc_wfmt);
+        double mag = 0;
+        for (int64_t i = 0; i < (int64_t)m * out; i++)
+            mag += fabs(ya[i]);
+        CHECK(mag > 0, "[%d x %d] x %d: all outputs zero", out, in, m);
+    }
+    if (Wa) a->ops->linear_free(a, Wa);
+    if (Wb) b->ops->linear_free(b, Wb);
+    free(w), free(x), free(ya), free(yb);
 }
 
 /* A gate|up GEMM ended by SwiGLU / GeGLU (the deferred tensor-core GEMM's
@@ -1263,7 +1272,9 @@ static void test_gemm_tc_q8(void)
     if (!test_case_failed) tc_q8_case(q8, 300, 512, 40);   /* p = 1, 4 m16 tiles per warp */
     if (!test_case_failed) tc_q8_case(q8, 100, 96, 3);     /* q = 1 */
     if (!test_case_failed) tc_q8_case(big, 300, 512, 40);  /* the tile kernel */
-    if (!test_case_failed) tc_q8_pair_case(q8, big, 83, 160, 33);
+    tc_wfmt = 1;
+    if (!test_case_failed) tc_pair_case(q8, big, 83, 160, 33);
+    tc_wfmt = 0;
     {
         setenv("RD_CUDA_FP8", "w8a8", 1);
         setenv("RD_CUDA_TC_TILE", "128", 1);
@@ -1272,10 +1283,33 @@ static void test_gemm_tc_q8(void)
         unsetenv("RD_CUDA_FP8");
         CHECK(b128 != NULL, "cannot create the w8a8 128-tile backend");
         if (!test_case_failed) tc_q8_case(b128, 300, 512, 40);
-        if (!test_case_failed) tc_q8_pair_case(q8, b128, 150, 256, 140);
+        tc_wfmt = 1;
+        if (!test_case_failed) tc_pair_case(q8, b128, 150, 256, 140);
+        tc_wfmt = 0;
         if (b128) rd_backend_destroy(b128);
     }
+    /* The tile kernels' forms (RD_CUDA_TC_PIPE: cp.async stages, x quantized by each warp from the staged floats;
+       0: register-staged, x quantized once as it is stored; 4, the default, above): the split-K kernel's bits on
+       both tiles, with the gated epilogue too. 512 inputs: 16 chunks in words of 4 scale bytes. */
+    static const char *pipes[] = {"0", "2", "3", "6"};
     tc_wfmt = 1;
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0] && !test_case_failed; i++) {
+        setenv("RD_CUDA_FP8", "w8a8", 1);
+        setenv("RD_CUDA_TC_PIPE", pipes[i], 1);
+        rd_backend *bp = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        setenv("RD_CUDA_TC_TILE", "128", 1);
+        rd_backend *bp128 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_TC_TILE");
+        unsetenv("RD_CUDA_TC_PIPE");
+        unsetenv("RD_CUDA_FP8");
+        CHECK(bp && bp128, "cannot create the w8a8 RD_CUDA_TC_PIPE=%s backends: %s", pipes[i], rd_errmsg());
+        printf("# w8a8, RD_CUDA_TC_PIPE=%s\n", pipes[i]);
+        if (!test_case_failed) tc_pair_case(q8, bp, 83, 512, 40);
+        if (!test_case_failed) tc_pair_case(q8, bp128, 150, 256, 140);
+        if (!test_case_failed) tc_gated_case(bp, nofuse, 150, 512, 40, 0);
+        if (bp) rd_backend_destroy(bp);
+        if (bp128) rd_backend_destroy(bp128);
+    }
     if (!test_case_failed) tc_gated_case(q8, nofuse, 12, 1024, 5, 0);
     if (!test_case_failed) tc_gated_case(big, nofuse, 150, 512, 40, 1);
     if (!test_case_failed) tc_norm_case(q8, nofuse, 24, 1024, 3, 0.0f, 0);
@@ -1681,12 +1715,12 @@ static void test_gemm_tc_q80(void)
     if (!test_case_failed) tc_rope_case(q8, nofuse, 4, 2, 16, 512, 20, 1);
     if (!test_case_failed) tc_rope_case(q8, nofuse, 5, 1, 64, 96, 7, 0);
     tc_wfmt = 0;
-    rd_backend *all[7] = {q8, q8b, nofuse, big, b128, tc, cpu};
-    for (int i = 0; i < 7; i++)
+    rd_backend *all[5] = {q8b, big, b128, tc};
+    for (int i = 0; i < 5; i++)
         if (all[i])
             rd_backend_destroy(all[i]);
     if (test_case_failed)
-        return;
+        goto done;
     /* RD_CUDA_Q8=w8a8: x quantized to Q8_0 too, int8 tensor cores */
     setenv("RD_CUDA_Q8", "w8a8", 1);
     rd_backend *i8 = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *i8nf = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
@@ -1703,6 +1737,34 @@ static void test_gemm_tc_q80(void)
     if (!test_case_failed) tc_i8_case(i8big, 300, 512, 40, sms); /* the 64 tile */
     if (!test_case_failed) tc_i8_case(i8b128, 150, 256, 140, sms); /* the 128 tile */
     tc_wfmt = 2;
+    /* The tile kernels' forms (RD_CUDA_TC_PIPE; 4, the default, above): codes and 8 bytes of 4 chunks' fp16
+       scales staged by cp.async, or register-staged (0). Weight-only Q8_0 (its LM head's three pieces too, on 0)
+       and W8A8: the split-K kernel's bits on both tiles and with the gated epilogue. */
+    static const char *pipes[] = {"0", "2", "3", "6"};
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0] && !test_case_failed; i++) {
+        rd_backend *bp[4] = {NULL, NULL, NULL, NULL}; /* Q8_0 64 tile, 128 tile; W8A8 64 tile, 128 tile */
+        setenv("RD_CUDA_TC_PIPE", pipes[i], 1);
+        for (int f = 0; f < 2; f++) {
+            setenv("RD_CUDA_Q8", f ? "w8a8" : "tc", 1);
+            bp[2 * f] = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+            bp[2 * f + 1] = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_TILE", "128");
+        }
+        unsetenv("RD_CUDA_Q8");
+        unsetenv("RD_CUDA_TC_PIPE");
+        CHECK(bp[0] && bp[1] && bp[2] && bp[3], "cannot create the q8_0 RD_CUDA_TC_PIPE=%s backends: %s", pipes[i],
+              rd_errmsg());
+        printf("# q8_0, RD_CUDA_TC_PIPE=%s\n", pipes[i]);
+        if (!test_case_failed) tc_pair_case(q8, bp[0], 83, 512, 40);
+        if (!test_case_failed) tc_pair_case(q8, bp[1], 150, 256, 140);
+        if (!test_case_failed) tc_gated_case(bp[0], nofuse, 150, 512, 40, 1);
+        if (!test_case_failed && !strcmp(pipes[i], "0")) q80_table_case(bp[0], cpu, 200, 512, 30);
+        if (!test_case_failed) tc_pair_case(i8, bp[2], 83, 512, 40);
+        if (!test_case_failed) tc_pair_case(i8, bp[3], 150, 256, 140);
+        if (!test_case_failed) tc_gated_case(bp[2], i8nf, 150, 512, 40, 0);
+        for (int j = 0; j < 4; j++)
+            if (bp[j])
+                rd_backend_destroy(bp[j]);
+    }
     if (!test_case_failed) tc_gated_case(i8, i8nf, 12, 1024, 5, 0);
     if (!test_case_failed) tc_gated_case(i8big, i8nf, 150, 512, 40, 1);
     if (!test_case_failed) tc_norm_case(i8, i8nf, 300, 512, 5, 0.0f, 1);
@@ -1712,6 +1774,11 @@ static void test_gemm_tc_q80(void)
     for (int i = 0; i < 4; i++)
         if (all8[i])
             rd_backend_destroy(all8[i]);
+done:;
+    rd_backend *rest[3] = {q8, nofuse, cpu};
+    for (int i = 0; i < 3; i++)
+        if (rest[i])
+            rd_backend_destroy(rest[i]);
 }
 
 /* y[m][out] from a fresh linear layer of weights w on backend be. */
@@ -6330,6 +6397,32 @@ static void test_engine_device_sampling(void)
     unsetenv("RD_FORWARD_SYNC");
     CHECK(dev_on == 1 && host_on == 0 && waits_on == 1, "sampling place: device run %d, host run %d", dev_on,
           host_on);
+    /* a value the switches do not take refuses the engine, naming it; "0" is the default */
+    static const char *sw[][2] = {{"RD_FORWARD_SYNC", "yes"}, {"RD_HOST_SAMPLING", "true"}, {"RD_FORWARD_SYNC", "10"}};
+    for (int i = 0; i < 3; i++) {
+        run_results none = {0};
+        int on = -1;
+        char want[64];
+        snprintf(want, sizeof want, "%s=%s", sw[i][0], sw[i][1]);
+        setenv(sw[i][0], sw[i][1], 1);
+        const int rc = run_mix(l.m, &none, &on);
+        unsetenv(sw[i][0]);
+        CHECK(rc == RD_EINVAL && strstr(rd_errmsg(), want), "%s: engine created (rc %d, \"%s\")", want, rc,
+              rd_errmsg());
+    }
+    {
+        run_results zero = {0};
+        int on = 0;
+        setenv("RD_FORWARD_SYNC", "0", 1);
+        setenv("RD_HOST_SAMPLING", "0", 1);
+        CHECK_OK(run_mix(l.m, &zero, &on));
+        unsetenv("RD_FORWARD_SYNC");
+        unsetenv("RD_HOST_SAMPLING");
+        CHECK(on == 1 && zero.n == 7, "RD_FORWARD_SYNC=0 RD_HOST_SAMPLING=0: device sampling %d, %d results", on,
+              zero.n);
+        for (int i = 0; i < zero.n; i++)
+            eng_result_free(&zero.r[i]);
+    }
     CHECK(dev.n == 7 && host.n == 7 && waits.n == 7, "results: %d on the device, %d on the host (want 7)", dev.n,
           host.n);
     for (int i = 0; i < waits.n; i++) {
