@@ -1428,7 +1428,7 @@ static int cmd_bench(const opts *o)
         /* As the engine: the step's forward stays queued while the sampler's launch follows it
            (RD_FORWARD_SYNC=1: each forward waits, so "sample" is then the sampler alone). */
         const char *fsync = getenv("RD_FORWARD_SYNC");
-        r.async_forward = !(fsync && fsync[0] == '1');
+        r.async_forward = !(fsync && !strcmp(fsync, "1"));
         if (rrc) {
             printf("batch %d: %s\n", B, rd_errmsg());
             printf("TABLE|decode %s%s|batch %d|setup failed: %s|\n", name, o->label ? o->label : "", B, rd_errmsg());

@@ -5,7 +5,7 @@
 // instantiates its own in its own file, so nvcc compiles them in parallel:
 // cuda_gemm_tc.cu (bf16 weights, the LM head, and launch_gemm_tc, which
 // picks the file), cuda_gemm_tc_fp8.cu (FP8 weights decoded to bf16),
-// cuda_gemm_tc_q8.cu (W8A8), cuda_gemm_tc_q80.cu (Q8_0).
+// cuda_gemm_tc_q8.cu (W8A8), cuda_gemm_tc_q80.cu (Q8_0), cuda_gemm_tc_i8.cu (Q8_0 W8A8).
 //
 // Why its own kernel: cuBLASLt, asked for no split-K (batch invariance), runs
 // a batch-1 GEMM on a few CTAs (the 1B's down projection on 32 of 132 SMs,
@@ -1566,6 +1566,8 @@ void gemm_tc_fp8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int piec
 cudaError_t gemm_tc_setup_fp8(int stages);
 cudaError_t gemm_tc_setup_q8(int stages);
 cudaError_t gemm_tc_setup_q80(int stages);
+cudaError_t gemm_tc_setup_i8(int stages);
+void gemm_tc_i8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
 
