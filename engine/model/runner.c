@@ -39,8 +39,6 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
         missing = "head_rmsnorm";
     else if (m->layers[0].post_attn_norm && (!ops->add || !ops->geglu))
         missing = !ops->add ? "add" : "geglu";
-    else if (c->embed_scale != 0.0f && !ops->scale)
-        missing = "scale";
     else if (c->n_experts > 0 && (!ops->moe_route || !ops->moe_ffn))
         missing = !ops->moe_route ? "moe_route" : "moe_ffn";
     if (missing)
@@ -515,9 +513,7 @@ static void enqueue_body(runner *r, const rd_step_dev *sd, int32_t M)
 {
     const model *m = r->m;
     rd_backend *be = r->be;
-    be->ops->embed(be, m->embed, sd->token_ids, M, r->x);
-    if (m->cfg.embed_scale != 0.0f)
-        be->ops->scale(be, r->x, (int64_t)M * m->cfg.dim, m->cfg.embed_scale);
+    be->ops->embed(be, m->embed, sd->token_ids, M, m->cfg.embed_scale != 0.0f ? m->cfg.embed_scale : 1.0f, r->x);
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
         m->arch->layer(r, sd, M, l);
 }

@@ -259,15 +259,19 @@ static void cpu_linear(rd_backend *be, const void *w, const float *x, int32_t m,
         gemm_forward(&L->f, x, m, y, accumulate);
 }
 
-static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out)
+static void cpu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float scale, float *out)
 {
     const cpu_lin *L = w;
     const int32_t in = L->native ? L->q.in : L->f.in;
     for (int32_t i = 0; i < m; i++) {
+        float *o = out + (size_t)i * in;
         if (L->native)
-            gemm_qlinear_row(&L->q, ids[i], out + (size_t)i * in);
+            gemm_qlinear_row(&L->q, ids[i], o);
         else
-            gemm_row(&L->f, ids[i], out + (size_t)i * in);
+            gemm_row(&L->f, ids[i], o);
+        if (scale != 1.0f)
+            for (int32_t j = 0; j < in; j++)
+                o[j] *= scale;
     }
 }
 

@@ -1485,7 +1485,7 @@ static void cu_lm_head(rd_backend *be, const void *w, const float *x, int32_t m,
     }
 }
 
-static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float *out)
+static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float scale, float *out)
 {
     cuda_be *b = compute_op(be);
     const weight *W = (const weight *)w;
@@ -1495,9 +1495,9 @@ static void cu_embed(rd_backend *be, const void *w, const int32_t *ids, int32_t 
     }
     shadow_written(b, out, (size_t)m * W->in * sizeof(float));
     if (W->q8)
-        launch_embed_q8(b->st, W->q8, W->q8d, W->out, W->in, ids, m, out);
+        launch_embed_q8(b->st, W->q8, W->q8d, W->out, W->in, ids, m, scale, out);
     else
-        launch_embed(b->st, W->w, W->out, W->in, ids, m, out);
+        launch_embed(b->st, W->w, W->out, W->in, ids, m, scale, out);
     check_launch(b, "embed");
 }
 

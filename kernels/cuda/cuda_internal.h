@@ -28,13 +28,14 @@ RD_DEV float split_value(const split_sum &ss, const float *y, int64_t k)
     const float p = RD_FADD(ss.t[k], ss.t[ss.n + k]);
     return ss.acc ? RD_FADD(y[k], p) : p;
 }
-// out[i] = W[ids[i]] (zeros for an id outside [0, vocab): a padding row).
+// out[i] = W[ids[i]] x scale (zeros for an id outside [0, vocab): a padding row).
 // out[i] = row ids[i] of a Q8_0 table (codes q [vocab][dim], fp16 scales d [vocab][dim / 32]) as
-// ggml_dequant_row's floats; an id outside [0, vocab) gives zeros, as launch_embed.
+// ggml_dequant_row's floats, x scale; an id outside [0, vocab) gives zeros, as launch_embed.
+// scale 1: the rows as they are.
 void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim,
-                     const int32_t *ids, int32_t m, float *out);
+                     const int32_t *ids, int32_t m, float scale, float *out);
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
-                  float *out);
+                  float scale, float *out);
 // RMSNorm's arithmetic, shared by k_rmsnorm and the tensor-core GEMM's
 // fused prologue so that both give the same bits: RMS_THREADS threads, thread
 // j summing the squares of elements j, j + RMS_THREADS, ... in double with

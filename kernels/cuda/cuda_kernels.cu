@@ -16,14 +16,16 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 
 // Row ids[i] of a table: bf16 (w), or Q8_0 (codes w, fp16 scales d per 32:
 // code x d, the float ggml_dequant_row gives, an exact product); zeros for
-// an id outside [0, vocab). With dim a multiple of 8 a thread moves 8
+// an id outside [0, vocab); each value then times scale unless it is 1
+// (Gemma's sqrt(hidden): the scale op's one rounding, without its pass over
+// the rows). With dim a multiple of 8 a thread moves 8
 // contiguous values a pass (one 16-byte load of bf16, 8 bytes of codes), so a
 // 2048-wide row is one pass of EMBED_THREADS, not a loop of loads that each
 // wait for the store before them.
 #define EMBED_THREADS 256
 template <bool Q8>
 __global__ void __launch_bounds__(EMBED_THREADS)
-    k_embed(const void *w, const uint16_t *d, int32_t vocab, int32_t dim, const int32_t *ids, float *out)
+    k_embed(const void *w, const uint16_t *d, int32_t vocab, int32_t dim, const int32_t *ids, float scale, float *out)
 {
     RD_PDL_ENTRY();
     const int32_t row = blockIdx.x;
@@ -43,6 +45,10 @@ RD_UNROLL
             } else if (in_table) {
                 load_bf16x8((const uint16_t *)w + at, f);
             }
+            if (scale != 1.0f && in_table)
+RD_UNROLL
+                for (int e = 0; e < 8; e++)
+                    f[e] = RD_FMUL(f[e], scale);
             *(float4 *)(o + j) = float4{f[0], f[1], f[2], f[3]};
             *(float4 *)(o + j + 4) = float4{f[4], f[5], f[6], f[7]};
         }
@@ -55,26 +61,27 @@ RD_UNROLL
     }
     for (int32_t j = threadIdx.x; j < dim; j += blockDim.x) {
         const int64_t at = (int64_t)id * dim + j;
-        o[j] = Q8 ? RD_FMUL((float)((const int8_t *)w)[at], cm_f16_to_f32(d[at / 32]))
-                  : cm_bf16_to_f32(((const uint16_t *)w)[at]);
+        const float v = Q8 ? RD_FMUL((float)((const int8_t *)w)[at], cm_f16_to_f32(d[at / 32]))
+                           : cm_bf16_to_f32(((const uint16_t *)w)[at]);
+        o[j] = scale != 1.0f ? RD_FMUL(v, scale) : v;
     }
 }
 
 void launch_embed(cudaStream_t s, const uint16_t *w, int32_t vocab, int32_t dim, const int32_t *ids, int32_t m,
-                  float *out)
+                  float scale, float *out)
 {
     if (m <= 0)
         return;
     const uint16_t *none = nullptr;
-    RD_LAUNCH(k_embed<false>, dim3(m), dim3(EMBED_THREADS), 0, s, (const void *)w, none, vocab, dim, ids, out);
+    RD_LAUNCH(k_embed<false>, dim3(m), dim3(EMBED_THREADS), 0, s, (const void *)w, none, vocab, dim, ids, scale, out);
 }
 
 void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t vocab, int32_t dim,
-                     const int32_t *ids, int32_t m, float *out)
+                     const int32_t *ids, int32_t m, float scale, float *out)
 {
     if (m <= 0)
         return;
-    RD_LAUNCH(k_embed<true>, dim3(m), dim3(EMBED_THREADS), 0, s, (const void *)q, d, vocab, dim, ids, out);
+    RD_LAUNCH(k_embed<true>, dim3(m), dim3(EMBED_THREADS), 0, s, (const void *)q, d, vocab, dim, ids, scale, out);
 }
 
 // ------------------------------------------------------------------ rmsnorm

@@ -224,11 +224,19 @@ static void gemm_case(rd_backend *emu, int32_t out, int32_t in, int32_t M)
     int32_t ids[4] = {0, out - 1, -1, out / 2};
     int32_t *dids = up(emu, ids, sizeof ids);
     float *de = up(emu, NULL, sizeof(float) * 4 * in), *e = malloc(sizeof(float) * 4 * in);
-    emu->ops->embed(emu, W, dids, 4, de);
+    emu->ops->embed(emu, W, dids, 4, 1.0f, de);
     CHECK_OK(down(emu, e, de, sizeof(float) * 4 * in));
     for (int i = 0; i < 4; i++)
         for (int32_t k = 0; k < in; k++)
             CHECK(e[i * in + k] == (ids[i] < 0 ? 0.0f : bf(w[(int64_t)ids[i] * in + k])), "embed row %d", i);
+    /* scaled (Gemma's sqrt(hidden)): each value times the scale, rounded once; still zeros for the padding id */
+    const float esc = sqrtf((float)in);
+    emu->ops->embed(emu, W, dids, 4, esc, de);
+    CHECK_OK(down(emu, e, de, sizeof(float) * 4 * in));
+    for (int i = 0; i < 4; i++)
+        for (int32_t k = 0; k < in; k++)
+            CHECK(fbits(e[i * in + k]) == fbits(ids[i] < 0 ? 0.0f : bf(w[(int64_t)ids[i] * in + k]) * esc),
+                  "scaled embed row %d column %d", i, k);
     emu->ops->free(emu, dids);
     emu->ops->free(emu, de);
     free(e);
@@ -419,7 +427,7 @@ static void fp8_case(int32_t out, int32_t in, int32_t m)
     /* An FP8 weight is no embedding or LM head: the device says so. */
     int32_t ids[1] = {0};
     int32_t *dids = up(emu, ids, sizeof ids);
-    emu->ops->embed(emu, W, dids, 1, dy);
+    emu->ops->embed(emu, W, dids, 1, 1.0f, dy);
     CHECK(emu->ops->sync(emu) != 0 && strstr(rd_errmsg(), "fp8"), "fp8 embed: no error (%s)", rd_errmsg());
     emu->ops->lm_head(emu, W, dx, 1, dy);
     CHECK(emu->ops->sync(emu) != 0 && strstr(rd_errmsg(), "fp8"), "fp8 lm_head: no error (%s)", rd_errmsg());
@@ -1484,13 +1492,22 @@ static void q80_table_case(rd_backend *be, rd_backend *cpu, int32_t V, int32_t D
         const int32_t ids[4] = {0, V - 1, 3, V}; /* the last out of range: zeros */
         int32_t *dids = up(be, ids, sizeof ids);
         float *de = up(be, NULL, sizeof(float) * 4 * D);
-        be->ops->embed(be, W, dids, 4, de);
+        be->ops->embed(be, W, dids, 4, 1.0f, de);
         CHECK_OK(down(be, e, de, sizeof(float) * 4 * D));
         for (int i = 0; i < 3; i++)
             CHECK(!memcmp(e + (size_t)i * D, wd + (size_t)ids[i] * D, sizeof(float) * D),
                   "q8_0 embed: row %d is not the dequantized row", ids[i]);
         for (int32_t j = 0; j < D; j++)
             CHECK(e[3 * D + j] == 0.0f, "q8_0 embed: an id out of range gave %g", e[3 * D + j]);
+        /* scaled: the CPU's embed with the same scale, bit for bit */
+        float *ec = malloc(sizeof(float) * 4 * D);
+        be->ops->embed(be, W, dids, 4, 45.25f, de);
+        CHECK_OK(down(be, e, de, sizeof(float) * 4 * D));
+        cpu->ops->embed(cpu, Wc, ids, 3, 45.25f, ec);
+        CHECK(!memcmp(e, ec, sizeof(float) * 3 * D), "q8_0 embed x 45.25: not the CPU's rows");
+        for (int32_t j = 0; j < D && !test_case_failed; j++)
+            CHECK(fbits(e[j]) == fbits(wd[j] * 45.25f), "q8_0 embed x 45.25: column %d", j);
+        free(ec);
         be->ops->free(be, dids), be->ops->free(be, de);
     }
     {
@@ -3673,8 +3690,7 @@ static void gl_forward(gl_model *m, const rd_step_dev *sd, const int32_t *window
     const rd_backend_ops *o = be->ops;
     const int32_t M = sd->n_rows;
     const float eps = 1e-6f;
-    o->embed(be, m->embed, sd->token_ids, M, m->x);
-    o->scale(be, m->x, (int64_t)M * GL_H, sqrtf((float)GL_H));
+    o->embed(be, m->embed, sd->token_ids, M, sqrtf((float)GL_H), m->x);
     for (int l = 0; l < GL_L; l++) {
         rd_attn_shape a = {GL_NH, GL_NKV, GL_HD, GL_BS, 1.0f / 16.0f, windows[l]};
         o->rmsnorm(be, m->x, m->norm[l][0], M, GL_H, eps, 1.0f, m->xn);
@@ -3815,9 +3831,9 @@ static void test_gemma_layer(void)
         double tol;
         int graphs;
         uint64_t want_kernels; /* 0: not counted */
-    } runs[6] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 2 + 13 * GL_L},
-                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 2 + 20 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 2 + 13 * GL_L},
-                 {tc, "tc", 1e-2, 1, 2 + 7 * GL_L}, {tcnf, "tc RD_CUDA_FUSE=0", 1e-2, 0, 0}};
+    } runs[6] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 1 + 13 * GL_L},
+                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 1 + 20 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 1 + 13 * GL_L},
+                 {tc, "tc", 1e-2, 1, 1 + 7 * GL_L}, {tcnf, "tc RD_CUDA_FUSE=0", 1e-2, 0, 0}};
     const size_t na = (size_t)31 * GL_H, nb = (size_t)2 * GL_H;
     float *xa[6], *xb[6];
     for (int r = 0; r < 6; r++) {

@@ -672,9 +672,13 @@ static void test_quant_backend_parts(void)
               !memcmp(r0 + 64 * in, w[2], sizeof(float) * 7 * in),
           "linear_read is not the dequantized parts");
     int32_t ids[4] = {70, 0, 39, 40};
-    be->ops->embed(be, hq, ids, 4, y0);
-    be->ops->embed(be, hf, ids, 4, y1);
+    be->ops->embed(be, hq, ids, 4, 1.0f, y0);
+    be->ops->embed(be, hf, ids, 4, 1.0f, y1);
     CHECK(!memcmp(y0, y1, sizeof(float) * 4 * in), "embedding rows differ");
+    /* scaled (Gemma's sqrt(hidden)): the rows times the scale, each value rounded once */
+    be->ops->embed(be, hq, ids, 4, 11.3137f, y1);
+    for (int64_t i = 0; i < (int64_t)4 * in; i++)
+        CHECK(y1[i] == y0[i] * 11.3137f, "scaled embedding value %lld", (long long)i);
     rd_wpart bad = {.type = GGML_Q4_K, .rows = 3, .data = raw[0]};
     void *h;
     CHECK(be->ops->linear_load_q(be, &bad, 1, 96, &h) == RD_EINVAL, "Q4_K with K = 96 accepted");
