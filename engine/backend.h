@@ -212,8 +212,13 @@ typedef struct rd_backend_ops {
     /* out[M][f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's gated FFN), with
      * gelu_tanh(g) = 0.5 g (1 + tanh(0.7978845608 (g + 0.044715 g^3))). */
     void (*geglu)(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out);
-    /* y[i] += x[i] for n floats (a residual added after a norm: Gemma's
-     * post-attention and post-FFN norms). */
+    /* rmsnorm of x into out as rmsnorm gives it, then y[i] += out[i] as add
+     * adds it: a post-norm whose output joins the residual stream (Gemma 3's
+     * post-attention and post-FFN norms), one pass where a backend can.
+     * x, out and y are [m][d] and distinct. */
+    void (*rmsnorm_add)(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
+                        float w_offset, float *out, float *y);
+    /* y[i] += x[i] for n floats. */
     void (*add)(rd_backend *be, float *y, const float *x, int64_t n);
     /* x[i] *= s for n floats (an elementwise op; Gemma's embedding scale rides embed since session 36). */
     void (*scale)(rd_backend *be, float *x, int64_t n, float s);

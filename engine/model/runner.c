@@ -37,8 +37,8 @@ int runner_init(runner *r, model *m, int32_t n_blocks, int32_t block_size, int32
         missing = "add_bias";
     else if (m->layers[0].q_norm && !ops->head_rmsnorm)
         missing = "head_rmsnorm";
-    else if (m->layers[0].post_attn_norm && (!ops->add || !ops->geglu))
-        missing = !ops->add ? "add" : "geglu";
+    else if (m->layers[0].post_attn_norm && (!ops->rmsnorm_add || !ops->geglu))
+        missing = !ops->rmsnorm_add ? "rmsnorm_add" : "geglu";
     else if (c->n_experts > 0 && (!ops->moe_route || !ops->moe_ffn))
         missing = !ops->moe_route ? "moe_route" : "moe_ffn";
     if (missing)
@@ -494,8 +494,7 @@ void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
     op->attention(be, &a, r->qkv, qkv_dim, sd, r->k_cache[l], r->v_cache[l], r->att);
     op->linear(be, L->o, r->att, M, r->tmp, 0);
     lora_add(r, l, LORA_O, r->att, M, r->tmp, d, 0);
-    op->rmsnorm(be, r->tmp, L->post_attn_norm, M, d, eps, one, r->xn);
-    op->add(be, r->x, r->xn, (int64_t)M * d);
+    op->rmsnorm_add(be, r->tmp, L->post_attn_norm, M, d, eps, one, r->xn, r->x);
     op->rmsnorm(be, r->x, L->ffn_norm, M, d, eps, one, r->xn);
     op->linear(be, L->gate_up, r->xn, M, r->gu, 0);
     lora_add(r, l, LORA_GATE, r->xn, M, r->gu, 2 * c->ffn_dim, 0);
@@ -503,8 +502,7 @@ void runner_layer_gemma3(runner *r, const rd_step_dev *sd, int32_t M, int32_t l)
     op->geglu(be, r->gu, M, c->ffn_dim, r->ff);
     op->linear(be, L->down, r->ff, M, r->tmp, 0);
     lora_add(r, l, LORA_DOWN, r->ff, M, r->tmp, d, 0);
-    op->rmsnorm(be, r->tmp, L->post_ffn_norm, M, d, eps, one, r->xn);
-    op->add(be, r->x, r->xn, (int64_t)M * d);
+    op->rmsnorm_add(be, r->tmp, L->post_ffn_norm, M, d, eps, one, r->xn, r->x);
 }
 
 /* embed (scaled where the family scales it) -> the family's layer recipe

@@ -1669,17 +1669,6 @@ static void cu_add(rd_backend *be, float *y, const float *x, int64_t n)
     cuda_be *b = compute(be);
     if (n <= 0)
         return;
-    const auto pn = b->pend_norm;
-    const auto apart = [n](const float *a, const float *c) { return a + n <= c || c + n <= a; };
-    if (pn.x && pn.out == x && (int64_t)pn.m * pn.d == n && !b->pend_y && apart(y, pn.x) && apart(y, pn.out)) {
-        // x is a deferred RMSNorm's whole output (Gemma 3's post-norms, tc mode): the norm adds it to y as it writes it.
-        b->pend_norm.x = nullptr;
-        shadow_written(b, y, (size_t)n * sizeof(float));
-        launch_rmsnorm(b->st, (float *)pn.x, pn.w, pn.m, pn.d, pn.eps, pn.w_off, pn.out, nullptr, 0,
-                       split_sum{nullptr, 0, 0}, y, b->norm_v0);
-        check_launch(b, "rmsnorm_add");
-        return;
-    }
     const int on_x = x != y && b->pend_y == x && b->pend.n == n;
     const split_sum ss = take_split(b, on_x ? x : y, n);
     shadow_written(b, y, (size_t)n * sizeof(float));
@@ -1689,7 +1678,23 @@ static void cu_add(rd_backend *be, float *y, const float *x, int64_t n)
     check_launch(b, "add");
 }
 
-// x *= s (Gemma's embedding scale), completing x's deferred sum if it has one.
+// out = RMSNorm(x), y += out in one kernel (Gemma 3's post-norms), completing x's deferred sum (the o or down
+// projection's) as it reads it. No bf16 copy of out: the add is its reader.
+static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
+                           float w_off, float *out, float *y)
+{
+    cuda_be *b = compute(be);
+    const size_t n = (size_t)m * d;
+    if (n == 0)
+        return;
+    const split_sum ss = take_split(b, x, (int64_t)n); // (another deferred sum, y's included, is completed first)
+    shadow_written(b, out, n * sizeof(float));
+    shadow_written(b, y, n * sizeof(float));
+    launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, nullptr, 0, ss, y, b->norm_v0);
+    check_launch(b, "rmsnorm_add");
+}
+
+// x *= s, completing x's deferred sum if it has one.
 static void cu_scale(rd_backend *be, float *x, int64_t n, float s)
 {
     cuda_be *b = compute(be);
@@ -2774,6 +2779,7 @@ static rd_backend_ops make_ops()
     o.swiglu = cu_swiglu;
     o.geglu = cu_geglu;
     o.add = cu_add;
+    o.rmsnorm_add = cu_rmsnorm_add;
     o.scale = cu_scale;
     o.gather_rows = cu_gather_rows;
     o.moe_route = cu_moe_route;

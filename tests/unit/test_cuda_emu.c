@@ -2784,7 +2784,8 @@ static void test_gemma_elementwise(void)
 
 /* Gemma's ops on a linear layer's output as the runner calls them, in one
  * activation mode: rmsnorm (+1) of the o/down projection's output, geglu of
- * gate|up, add with the output as y and as x, scale. With split activations
+ * gate|up, add with the output as y and as x, scale, rmsnorm_add (the
+ * post-norm and the residual add: rmsnorm's bits, then the add's). With split activations
  * the GEMM's sum is still deferred when the op runs and the op completes it
  * (one kernel: `kernels` checks that nothing was launched apart); whatever the
  * mode, the result is the CPU ops' on the product computed alone (geglu: the
@@ -2812,9 +2813,10 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
     CHECK_OK(down(be, p, dy, sizeof(float) * n)); /* the product alone */
     float *cp = up(cpu, p, sizeof(float) * n), *cz = up(cpu, z, sizeof(float) * n), *cnw = up(cpu, nw, sizeof(float) * OUT);
     float *cout = up(cpu, NULL, sizeof(float) * n);
-    const char *what[5] = {"rmsnorm(+1)", "geglu", "add(y = product)", "add(x = product)", "scale"};
+    const char *what[6] = {"rmsnorm(+1)", "geglu", "add(y = product)", "add(x = product)", "scale", "rmsnorm_add"};
     const float sc = sqrtf(640.0f);
-    for (int op = 0; op < 5; op++) {
+    float *norm0 = malloc(sizeof(float) * n); /* op 0's device result: rmsnorm_add's norm must be its bits */
+    for (int op = 0; op < 6; op++) {
         size_t nr = op == 1 ? (size_t)M * F : n;
         /* the CPU on the product */
         cpu->ops->h2d(cpu, cp, p, sizeof(float) * n);
@@ -2828,8 +2830,10 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             cpu->ops->add(cpu, cp, cz, (int64_t)n), cres = cp;
         else if (op == 3)
             cpu->ops->add(cpu, cz, cp, (int64_t)n), cres = cz;
-        else
+        else if (op == 4)
             cpu->ops->scale(cpu, cp, (int64_t)n, sc), cres = cp;
+        else
+            cpu->ops->rmsnorm_add(cpu, cp, cnw, M, OUT, 1e-6f, 1.0f, cout, cz), cres = cz;
         CHECK_OK(down(cpu, want, cres, sizeof(float) * nr));
         /* the backend on the linear's fresh output */
         be->ops->h2d(be, dy, poison, sizeof(float) * n); /* a column the sum misses shows */
@@ -2846,8 +2850,10 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             be->ops->add(be, dy, dz, (int64_t)n), res = dy;
         else if (op == 3)
             be->ops->add(be, dz, dy, (int64_t)n), res = dz;
-        else
+        else if (op == 4)
             be->ops->scale(be, dy, (int64_t)n, sc), res = dy;
+        else
+            be->ops->rmsnorm_add(be, dy, dnw, M, OUT, 1e-6f, 1.0f, dout, dz), res = dz;
         CHECK_OK(be->ops->sync(be));
         const uint64_t launched = cuemu_launch_count() - k0;
         CHECK_OK(down(be, got, res, sizeof(float) * nr));
@@ -2858,13 +2864,29 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             char why[300];
             geglu_compare(p, M, F, want, got, &worst, &ok, why, sizeof why);
             CHECK(ok, "%s: linear then geglu: %s", mode, why);
+        } else if (op == 5) {
+            /* the norm is op 0's bits, the sum z + norm rounded once; the CPU's within its norm's 1 ulp */
+            float *nrm = malloc(sizeof(float) * n);
+            CHECK_OK(down(be, nrm, dout, sizeof(float) * n));
+            CHECK(!memcmp(nrm, norm0, sizeof(float) * n), "%s: rmsnorm_add's norm differs from rmsnorm's", mode);
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) {
+                bad += fbits(got[i]) != fbits(z[i] + norm0[i]);
+                const double tol = ldexp(fabs(norm0[i]), -23) + ldexp(fabs(want[i]), -24);
+                CHECK(fabs((double)got[i] - want[i]) <= tol, "%s: rmsnorm_add at %zu: %a vs the CPU's %a", mode,
+                      i, got[i], want[i]);
+            }
+            CHECK(bad == 0, "%s: rmsnorm_add: %zu sums are not z + the norm", mode, bad);
+            free(nrm);
         } else {
             int64_t ulps = max_ulps(want, got, nr);
             CHECK(op == 0 ? ulps <= 1 : bit_diffs(want, got, nr) == 0,
                   "%s: linear then %s differs from the CPU op on its product (%lld ulps)", mode, what[op],
                   (long long)ulps);
+            if (op == 0)
+                memcpy(norm0, got, sizeof(float) * n);
         }
-        if (op == 0 || op == 1 || op == 3) /* the product is completed in place (ops 2 and 4 overwrite it) */
+        if (op == 0 || op == 1 || op == 3 || op == 5) /* the product is completed in place (2 and 4 overwrite it) */
             CHECK(!memcmp(got2, p, sizeof(float) * n), "%s: after linear then %s the linear's output is not the "
                   "product", mode, what[op]);
         /* the linear's conversion and GEMM, the op; the sum alone when not fused */
@@ -2874,7 +2896,7 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
     cpu->ops->free(cpu, cp), cpu->ops->free(cpu, cz), cpu->ops->free(cpu, cnw), cpu->ops->free(cpu, cout);
     be->ops->free(be, dx), be->ops->free(be, dy), be->ops->free(be, dz), be->ops->free(be, dnw), be->ops->free(be, dout);
     be->ops->linear_free(be, W);
-    free(w), free(xin), free(nw), free(z), free(p), free(want), free(got), free(got2), free(poison);
+    free(w), free(xin), free(nw), free(z), free(p), free(want), free(got), free(got2), free(poison), free(norm0);
 }
 
 static void test_gemma_ops_after_linear(void)
@@ -3701,14 +3723,12 @@ static void gl_forward(gl_model *m, const rd_step_dev *sd, const int32_t *window
         o->kv_write(be, &a, m->qkv + GL_NH * GL_HD, m->qkv + (GL_NH + GL_NKV) * GL_HD, GL_S, sd, m->kc[l], m->vc[l]);
         o->attention(be, &a, m->qkv, GL_S, sd, m->kc[l], m->vc[l], m->att);
         o->linear(be, m->w[l][1], m->att, M, m->tmp, 0);
-        o->rmsnorm(be, m->tmp, m->norm[l][3], M, GL_H, eps, 1.0f, m->normed);
-        o->add(be, m->x, m->normed, (int64_t)M * GL_H);
+        o->rmsnorm_add(be, m->tmp, m->norm[l][3], M, GL_H, eps, 1.0f, m->normed, m->x);
         o->rmsnorm(be, m->x, m->norm[l][4], M, GL_H, eps, 1.0f, m->xn);
         o->linear(be, m->w[l][2], m->xn, M, m->gu, 0);
         o->geglu(be, m->gu, M, GL_F, m->act);
         o->linear(be, m->w[l][3], m->act, M, m->tmp, 0);
-        o->rmsnorm(be, m->tmp, m->norm[l][5], M, GL_H, eps, 1.0f, m->normed);
-        o->add(be, m->x, m->normed, (int64_t)M * GL_H);
+        o->rmsnorm_add(be, m->tmp, m->norm[l][5], M, GL_H, eps, 1.0f, m->normed, m->x);
     }
 }
 
@@ -3831,8 +3851,8 @@ static void test_gemma_layer(void)
         double tol;
         int graphs;
         uint64_t want_kernels; /* 0: not counted */
-    } runs[6] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 1 + 13 * GL_L},
-                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 1 + 20 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 1 + 13 * GL_L},
+    } runs[6] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 1 + 11 * GL_L},
+                 {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 1 + 18 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 1 + 11 * GL_L},
                  {tc, "tc", 1e-2, 1, 1 + 7 * GL_L}, {tcnf, "tc RD_CUDA_FUSE=0", 1e-2, 0, 0}};
     const size_t na = (size_t)31 * GL_H, nb = (size_t)2 * GL_H;
     float *xa[6], *xb[6];
@@ -4573,9 +4593,9 @@ static void runner_case(const char *name, int split)
             uint64_t k = cuemu_launch_count() - k0;
             const int32_t L = c->n_layers;
             /* Qwen2's bias is one kernel more per layer, Qwen3's q and k norms one (both heads' norms in one). */
-            /* Gemma 3's layer is 14 (13 when head_dim is a multiple of 64: the q/k norms, RoPE and the KV
-               write in one kernel): its post-norms and residual adds are kernels of their own. */
-            const int32_t per_layer = lc.m->layers[0].post_attn_norm ? 14
+            /* Gemma 3's layer is 12 (11 when head_dim is a multiple of 64: the q/k norms, RoPE and the KV
+               write in one kernel): each post-norm adds its output to the residual stream (rmsnorm_add). */
+            const int32_t per_layer = lc.m->layers[0].post_attn_norm ? 12
                                       : 9 + (lc.m->layers[0].qkv_bias ? 1 : 0) + (lc.m->layers[0].q_norm ? 1 : 0);
             printf("# %s%s: a decode step is %llu kernels (%d layers)\n", name, split ? "" : " (bf16 activations)",
                    (unsigned long long)k, L);
