@@ -2921,10 +2921,11 @@ static void test_gemma_ops_after_linear(void)
     rd_backend_destroy(nofuse);
 }
 
-/* bf16 copies: add and scale drop the copy an earlier RMSNorm left of the
- * buffer they change (a GEMM reading it next sees the new values), add leaves
- * its x's copy alone, and geglu's copy of its output serves the down
- * projection (no conversion kernel) with the bits of a fresh conversion. */
+/* bf16 copies: add, scale and rmsnorm_add (as y, and as out) drop the copy
+ * an earlier RMSNorm left of the buffer they change (a GEMM reading it next
+ * sees the new values), add leaves its x's copy alone, and geglu's copy of
+ * its output serves the down projection (no conversion kernel) with the bits
+ * of a fresh conversion. */
 static void test_gemma_shadows(void)
 {
     const int32_t M = 4, S = 48, OUT = 24, F = S / 2;
@@ -2945,16 +2946,20 @@ static void test_gemma_shadows(void)
     void *W, *Wd;
     CHECK_OK(emu->ops->linear_load(emu, w, OUT, S, &W));
     CHECK_OK(emu->ops->linear_load(emu, wd, OUT, F, &Wd));
-    const char *what[3] = {"add(y, z)", "scale(y)", "add(z, y)"};
-    for (int op = 0; op < 3; op++) {
+    const char *what[5] = {"add(y, z)", "scale(y)", "add(z, y)", "rmsnorm_add(y)", "rmsnorm_add(out)"};
+    for (int op = 0; op < 5; op++) {
         emu->ops->rmsnorm(emu, dx, dnw, M, S, 1e-6f, 1.0f, dy); /* dy gets a bf16 copy */
         float *target = dy;
         if (op == 0)
             emu->ops->add(emu, dy, dz, (int64_t)n);
         else if (op == 1)
             emu->ops->scale(emu, dy, (int64_t)n, 25.3f);
-        else
+        else if (op == 2)
             emu->ops->add(emu, dz, dy, (int64_t)n); /* dy unchanged: its copy is still good */
+        else if (op == 3)
+            emu->ops->rmsnorm_add(emu, dz, dnw, M, S, 1e-6f, 1.0f, dm, dy);
+        else
+            emu->ops->rmsnorm_add(emu, dz, dnw, M, S, 1e-6f, 1.0f, dy, dm);
         emu->ops->linear(emu, W, target, M, dout, 0);
         CHECK_OK(down(emu, got, dout, sizeof(float) * M * OUT));
         CHECK_OK(down(emu, mid, target, sizeof(float) * n));
