@@ -186,8 +186,8 @@ typedef struct rd_backend_ops {
      * product is rounded first, so accumulate equals a separate add). */
     void (*linear)(rd_backend *be, const void *w, const float *x, int32_t m, float *y,
                    int accumulate);
-    /* out[M][d] = W[ids[i]] x scale, each value's product rounded once as the scale op rounds it (scale 1:
-     * the rows as they are; Gemma's sqrt(hidden) otherwise, so its embedding takes no second pass). */
+    /* out[M][d] = W[ids[i]] x scale, each value's product rounded once in fp32 (scale 1: the rows as they
+     * are; Gemma's sqrt(hidden) otherwise, so its embedding takes no second pass). */
     void (*embed)(rd_backend *be, const void *w, const int32_t *ids, int32_t m, float scale, float *out);
     /* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * (w + w_offset), per row of d.
      * w_offset is 0, or 1 for Gemma's (1 + w) norms (the weights stay HF's w;
@@ -218,10 +218,6 @@ typedef struct rd_backend_ops {
      * x, out and y are [m][d] and distinct. */
     void (*rmsnorm_add)(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
                         float w_offset, float *out, float *y);
-    /* y[i] += x[i] for n floats. */
-    void (*add)(rd_backend *be, float *y, const float *x, int64_t n);
-    /* x[i] *= s for n floats (an elementwise op; Gemma's embedding scale rides embed since session 36). */
-    void (*scale)(rd_backend *be, float *x, int64_t n, float s);
     /* out[i] = x[rows[i]] for n rows of d floats */
     void (*gather_rows)(rd_backend *be, const float *x, const int32_t *rows, int32_t n,
                         int32_t d, float *out);

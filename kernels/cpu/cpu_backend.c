@@ -318,23 +318,12 @@ static void cpu_head_rmsnorm(rd_backend *be, float *x, int32_t stride, int32_t m
         }
 }
 
-static void cpu_add(rd_backend *be, float *y, const float *x, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        y[i] += x[i];
-}
-
 static void cpu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
                             float w_offset, float *out, float *y)
 {
     cpu_rmsnorm(be, x, w, m, d, eps, w_offset, out);
-    cpu_add(be, y, out, (int64_t)m * d);
-}
-
-static void cpu_scale(rd_backend *be, float *x, int64_t n, float s)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] *= s;
+    for (int64_t i = 0; i < (int64_t)m * d; i++)
+        y[i] += out[i];
 }
 
 static void cpu_rope(rd_backend *be, float *x, int32_t stride, int32_t m, int32_t n_heads, int32_t head_dim,
@@ -555,9 +544,7 @@ static const rd_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,
-    .add = cpu_add,
     .rmsnorm_add = cpu_rmsnorm_add,
-    .scale = cpu_scale,
     .gather_rows = cpu_gather_rows,
     .moe_route = cpu_moe_route_op,
     .moe_ffn = cpu_moe_ffn_op,

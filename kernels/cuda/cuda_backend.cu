@@ -7,7 +7,7 @@
 // (the weights are read once) and summed after: ~16 bits of the input, so the
 // products are those of fp32 activations and bf16 weights to ~2^-17. The sum
 // is deferred into the next kernel that reads the output (RMSNorm, RoPE,
-// SwiGLU, GeGLU, a bias, the per-head norms, add, scale; see settle and
+// SwiGLU, GeGLU, a bias, the per-head norms, RMSNorm + add; see settle and
 // take_split), so the split adds no kernel. RoPE is deferred in turn, so
 // that the KV write runs inside it (cu_kv_write).
 // RD_CUDA_ACT=bf16 passes hi only (half the GEMM FLOPs, a plain bf16 GEMM);
@@ -1660,24 +1660,6 @@ static void cu_geglu(rd_backend *be, const float *gu, int32_t m, int32_t f, floa
         shadow_commit(b, out, n);
 }
 
-// y += x (Gemma's residual adds after its post-norms). A deferred sum whose
-// destination is y, or x, over exactly these n floats is completed in the
-// same kernel (x is then written back too); any other is launched first.
-// The bf16 copies of what it writes are dropped.
-static void cu_add(rd_backend *be, float *y, const float *x, int64_t n)
-{
-    cuda_be *b = compute(be);
-    if (n <= 0)
-        return;
-    const int on_x = x != y && b->pend_y == x && b->pend.n == n;
-    const split_sum ss = take_split(b, on_x ? x : y, n);
-    shadow_written(b, y, (size_t)n * sizeof(float));
-    if (ss.t && on_x)
-        shadow_written(b, x, (size_t)n * sizeof(float));
-    launch_add(b->st, y, (float *)x, n, ss, on_x);
-    check_launch(b, "add");
-}
-
 // out = RMSNorm(x), y += out in one kernel (Gemma 3's post-norms), completing x's deferred sum (the o or down
 // projection's) as it reads it. No bf16 copy of out: the add is its reader.
 static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
@@ -1692,18 +1674,6 @@ static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32
     shadow_written(b, y, n * sizeof(float));
     launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, nullptr, 0, ss, y, b->norm_v0);
     check_launch(b, "rmsnorm_add");
-}
-
-// x *= s, completing x's deferred sum if it has one.
-static void cu_scale(rd_backend *be, float *x, int64_t n, float s)
-{
-    cuda_be *b = compute(be);
-    if (n <= 0)
-        return;
-    const split_sum ss = take_split(b, x, n);
-    shadow_written(b, x, (size_t)n * sizeof(float));
-    launch_scale(b->st, x, n, s, ss);
-    check_launch(b, "scale");
 }
 
 static void cu_gather_rows(rd_backend *be, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out)
@@ -2778,9 +2748,7 @@ static rd_backend_ops make_ops()
     o.rope = cu_rope;
     o.swiglu = cu_swiglu;
     o.geglu = cu_geglu;
-    o.add = cu_add;
     o.rmsnorm_add = cu_rmsnorm_add;
-    o.scale = cu_scale;
     o.gather_rows = cu_gather_rows;
     o.moe_route = cu_moe_route;
     o.moe_ffn = cu_moe_ffn;

@@ -143,12 +143,6 @@ void launch_swiglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, 
 // out = gelu_tanh(gu[:, :f]) * gu[:, f:] (cm_geglu); otherwise as launch_swiglu.
 void launch_geglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, uint16_t *out_bf, int64_t lo_off,
                   split_sum ss);
-// y[i] += x[i] for n floats (x == y allowed, no other overlap). With ss.t,
-// the split sum is y's (on_x 0) or x's (on_x 1: x is completed and written
-// back first).
-void launch_add(cudaStream_t s, float *y, float *x, int64_t n, split_sum ss, int on_x);
-// x[i] *= f for n floats; with ss.t, x is completed from the split sum first.
-void launch_scale(cudaStream_t s, float *x, int64_t n, float f, split_sum ss);
 void launch_gather(cudaStream_t s, const float *x, const int32_t *rows, int32_t n, int32_t d, float *out);
 // Rows with slot < 0 (padding) are skipped.
 void launch_kv_write(cudaStream_t s, const float *k, const float *v, int32_t stride, const int32_t *slots,

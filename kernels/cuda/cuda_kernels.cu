@@ -17,8 +17,8 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 // Row ids[i] of a table: bf16 (w), or Q8_0 (codes w, fp16 scales d per 32:
 // code x d, the float ggml_dequant_row gives, an exact product); zeros for
 // an id outside [0, vocab); each value then times scale unless it is 1
-// (Gemma's sqrt(hidden): the scale op's one rounding, without its pass over
-// the rows). With dim a multiple of 8 a thread moves 8
+// (Gemma's sqrt(hidden): one fp32 rounding, as a separate pass over the
+// rows would give). With dim a multiple of 8 a thread moves 8
 // contiguous values a pass (one 16-byte load of bf16, 8 bytes of codes), so a
 // 2048-wide row is one pass of EMBED_THREADS, not a loop of loads that each
 // wait for the store before them.
@@ -426,49 +426,6 @@ void launch_geglu(cudaStream_t s, float *gu, int32_t m, int32_t f, float *out, u
     if (total <= 0)
         return;
     RD_LAUNCH(k_geglu, dim3(blocks_for(total, 256)), dim3(256), 0, s, gu, m, f, out, out_bf, lo_off, ss);
-}
-
-// ------------------------------------------------------------------ add, scale
-
-// y[i] += x[i]. The split sum, if any, is y's (on_x 0) or x's (on_x 1, and
-// x is written back completed); x == y reads the one value twice.
-__global__ void k_add(float *y, float *x, int64_t n, split_sum sp, int on_x)
-{
-    RD_PDL_ENTRY();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
-        return;
-    const float yv = sp.t && !on_x ? split_value(sp, y, i) : y[i];
-    float xv;
-    if (x == y) {
-        xv = yv;
-    } else if (sp.t && on_x) {
-        xv = split_value(sp, x, i);
-        x[i] = xv;
-    } else {
-        xv = x[i];
-    }
-    y[i] = RD_FADD(yv, xv);
-}
-
-void launch_add(cudaStream_t s, float *y, float *x, int64_t n, split_sum ss, int on_x)
-{
-    if (n > 0)
-        RD_LAUNCH(k_add, dim3(blocks_for(n, 256)), dim3(256), 0, s, y, x, n, ss, on_x);
-}
-
-__global__ void k_scale(float *x, int64_t n, float f, split_sum sp)
-{
-    RD_PDL_ENTRY();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] = RD_FMUL(sp.t ? split_value(sp, x, i) : x[i], f);
-}
-
-void launch_scale(cudaStream_t s, float *x, int64_t n, float f, split_sum ss)
-{
-    if (n > 0)
-        RD_LAUNCH(k_scale, dim3(blocks_for(n, 256)), dim3(256), 0, s, x, n, f, ss);
 }
 
 // ------------------------------------------------------------------ gather

@@ -2230,8 +2230,8 @@ static double geglu_compare(const float *gu, int32_t m, int32_t f, const float *
 
 /* RoPE is deferred (to run with the KV write); an op that reads the rotated
  * rows next must still see them rotated: RMSNorm, SwiGLU, add_bias,
- * head_rmsnorm, GeGLU, add (the rows as y and as x) and scale right after a
- * RoPE on their input give the CPU's result. */
+ * head_rmsnorm, GeGLU and rmsnorm_add (the rows as x) right after a RoPE on
+ * their input give the CPU's result. */
 static void test_rope_then_row_op(void)
 {
     const int32_t M = 5, NH = 4, HD = 64, S = NH * HD, MAXPOS = 40, F = S / 2;
@@ -2248,15 +2248,16 @@ static void test_rope_then_row_op(void)
             cs[(p * HD / 2 + i) * 2] = (float)cos(ang);
             cs[(p * HD / 2 + i) * 2 + 1] = (float)sin(ang);
         }
-    const char *what[8] = {"rmsnorm", "swiglu", "add_bias", "head_rmsnorm", "geglu", "add(y)", "add(x)", "scale"};
-    float *res[2][8], *rot[2];
+    const char *what[6] = {"rmsnorm", "swiglu", "add_bias", "head_rmsnorm", "geglu", "rmsnorm_add"};
+    float *res[2][6], *rot[2];
     rd_backend *bes[2] = {cpu, emu};
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         float *dx = up(be, x, sizeof(float) * n), *dw = up(be, w, sizeof(float) * S), *dout = up(be, NULL, sizeof(float) * n);
         float *dcs = up(be, cs, sizeof(float) * MAXPOS * HD);
         int32_t *dpos = up(be, pos, sizeof pos);
-        for (int op = 0; op < 8; op++) {
+        float *dz = up(be, x, sizeof(float) * n);
+        for (int op = 0; op < 6; op++) {
             res[k][op] = malloc(sizeof(float) * n);
             be->ops->h2d(be, dx, x, sizeof(float) * n);
             be->ops->h2d(be, dout, x + 1, sizeof(float) * (n - 1));
@@ -2276,20 +2277,18 @@ static void test_rope_then_row_op(void)
                 rot[k] = malloc(sizeof(float) * n);
                 CHECK_OK(down(be, rot[k], dx, sizeof(float) * n));
             }
-            else if (op == 5)
-                be->ops->add(be, dx, dout, (int64_t)n - 1), from = dx;
-            else if (op == 6)
-                be->ops->add(be, dout, dx, (int64_t)n - 1);
-            else
-                be->ops->scale(be, dx, (int64_t)n, 0.75f), from = dx;
+            else {
+                be->ops->h2d(be, dz, x, sizeof(float) * n);
+                be->ops->rmsnorm_add(be, dx, dw, M, S, 1e-5f, 0.0f, dout, dz), from = dz;
+            }
             CHECK_OK(down(be, res[k][op], from, sizeof(float) * nr));
             if (nr < n)
                 memset(res[k][op] + nr, 0, sizeof(float) * (n - nr));
         }
         be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dout), be->ops->free(be, dcs);
-        be->ops->free(be, dpos);
+        be->ops->free(be, dpos), be->ops->free(be, dz);
     }
-    for (int op = 0; op < 8; op++) {
+    for (int op = 0; op < 6; op++) {
         if (op == 4) { /* geglu: the CPU's tanhf and the device's differ by up to 2 ulps */
             double worst = 0;
             int ok;
@@ -2299,6 +2298,14 @@ static void test_rope_then_row_op(void)
             CHECK(ok, "rope then geglu: %s (did the op run before the RoPE?)", why);
             continue;
         }
+        if (op == 5) { /* x + the norm: the norm's 1 ulp, in the sum's units where x cancels it */
+            double worst = 0;
+            for (size_t i = 0; i < n; i++)
+                worst = worse(worst, fabs((double)res[0][op][i] - res[1][op][i]) / (fabs(res[0][op][i] - x[i]) + 1e-30));
+            CHECK(worst <= 0x1.0p-22, "rope then rmsnorm_add differs from the CPU by %.3g of the norm (did the op run "
+                  "before the RoPE?)", worst);
+            continue;
+        }
         int64_t ulps = max_ulps(res[0][op], res[1][op], n);
         const int64_t tol = op == 1 && !on_emulator() ? SWIGLU_DEVICE_ULPS : 1; /* swiglu: CUDA's expf */
         CHECK(ulps <= tol, "rope then %s differs from the CPU by %lld ulps (did the op run before the RoPE?)", what[op],
@@ -2306,7 +2313,7 @@ static void test_rope_then_row_op(void)
     }
     for (int k = 0; k < 2; k++) {
         free(rot[k]);
-        for (int op = 0; op < 8; op++)
+        for (int op = 0; op < 6; op++)
             free(res[k][op]);
     }
     free(x), free(w), free(cs);
@@ -2726,66 +2733,43 @@ static double geglu_compare(const float *gu, int32_t m, int32_t f, const float *
     return (double)same / ((double)m * f);
 }
 
-/* geglu, add and scale on plain buffers (no deferred sum) vs the CPU
- * backend, odd sizes: geglu over g in [-8, 8) and special values (+-inf,
- * NaN, +-1e20, -0, a subnormal), add bit for bit (and y += y), scale bit for
- * bit (Gemma's sqrt(640)). */
+/* geglu on plain buffers (no deferred sum) vs the CPU backend, odd sizes:
+ * g in [-8, 8) and special values (+-inf, NaN, +-1e20, -0, a subnormal). */
 static void test_gemma_elementwise(void)
 {
     const int32_t M = 7, F = 333;
     const size_t ngu = (size_t)M * 2 * F, n = (size_t)M * F;
-    float *gu = malloc(sizeof(float) * ngu), *y = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * n);
+    float *gu = malloc(sizeof(float) * ngu);
     for (size_t i = 0; i < ngu; i++)
         gu[i] = frand() * 8.0f;
     const float special[] = {INFINITY, -INFINITY, NAN, 1e20f, -1e20f, -0.0f, 0x1p-140f, -3.5f, -9.5f, 12.0f};
     for (size_t k = 0; k < sizeof special / sizeof special[0]; k++)
         gu[k * 5] = special[k], gu[F + k * 7] = special[k]; /* gates of row 0, ups of row 0 */
-    for (size_t i = 0; i < n; i++)
-        y[i] = frand() * 100.0f, x[i] = frand();
-    float *res[2][4];
+    float *res[2];
     rd_backend *bes[2] = {cpu, emu};
-    const float sc = sqrtf(640.0f);
     for (int k = 0; k < 2; k++) {
         rd_backend *be = bes[k];
         float *dgu = up(be, gu, sizeof(float) * ngu), *dout = up(be, NULL, sizeof(float) * n);
-        float *dy = up(be, y, sizeof(float) * n), *dx = up(be, x, sizeof(float) * n);
-        for (int j = 0; j < 4; j++)
-            res[k][j] = malloc(sizeof(float) * n);
+        res[k] = malloc(sizeof(float) * n);
         be->ops->geglu(be, dgu, M, F, dout);
-        CHECK_OK(down(be, res[k][0], dout, sizeof(float) * n));
-        be->ops->add(be, dy, dx, (int64_t)n);
-        CHECK_OK(down(be, res[k][1], dy, sizeof(float) * n));
-        be->ops->add(be, dy, dy, (int64_t)n - 2); /* the last two left alone */
-        CHECK_OK(down(be, res[k][2], dy, sizeof(float) * n));
-        be->ops->scale(be, dy, (int64_t)n - 1, sc);
-        CHECK_OK(down(be, res[k][3], dy, sizeof(float) * n));
-        be->ops->free(be, dgu), be->ops->free(be, dout), be->ops->free(be, dy), be->ops->free(be, dx);
+        CHECK_OK(down(be, res[k], dout, sizeof(float) * n));
+        be->ops->free(be, dgu), be->ops->free(be, dout);
     }
     double worst = 0;
     int ok;
     char why[300];
-    const double same = geglu_compare(gu, M, F, res[0][0], res[1][0], &worst, &ok, why, sizeof why);
+    const double same = geglu_compare(gu, M, F, res[0], res[1], &worst, &ok, why, sizeof why);
     CHECK(ok, "geglu: %s", why);
     printf("# geglu, emulated CUDA vs CPU (tanhf): %.2f%% bit-identical, the rest within %.2f x |0.5 g u| 2^-24\n",
            100.0 * same, worst);
     CHECK(same > 0.9, "geglu: only %.1f%% identical to the CPU", 100.0 * same);
-    for (size_t i = 0; i < n; i++) {
-        CHECK(fbits(res[1][1][i]) == fbits(y[i] + x[i]) && fbits(res[0][1][i]) == fbits(res[1][1][i]), "add at %zu", i);
-        const float yy = i < n - 2 ? res[1][1][i] + res[1][1][i] : res[1][1][i];
-        CHECK(fbits(res[1][2][i]) == fbits(yy) && fbits(res[0][2][i]) == fbits(yy), "add(y, y) at %zu", i);
-        const float ys = i < n - 1 ? yy * sc : yy;
-        CHECK(fbits(res[1][3][i]) == fbits(ys) && fbits(res[0][3][i]) == fbits(ys), "scale at %zu", i);
-    }
-    for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 4; j++)
-            free(res[k][j]);
-    free(gu), free(y), free(x);
+    free(res[0]), free(res[1]), free(gu);
 }
 
 /* Gemma's ops on a linear layer's output as the runner calls them, in one
  * activation mode: rmsnorm (+1) of the o/down projection's output, geglu of
- * gate|up, add with the output as y and as x, scale, rmsnorm_add (the
- * post-norm and the residual add: rmsnorm's bits, then the add's). With split activations
+ * gate|up, rmsnorm_add (the post-norm and the residual add: rmsnorm's bits,
+ * then the add's). With split activations
  * the GEMM's sum is still deferred when the op runs and the op completes it
  * (one kernel: `kernels` checks that nothing was launched apart); whatever the
  * mode, the result is the CPU ops' on the product computed alone (geglu: the
@@ -2813,10 +2797,9 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
     CHECK_OK(down(be, p, dy, sizeof(float) * n)); /* the product alone */
     float *cp = up(cpu, p, sizeof(float) * n), *cz = up(cpu, z, sizeof(float) * n), *cnw = up(cpu, nw, sizeof(float) * OUT);
     float *cout = up(cpu, NULL, sizeof(float) * n);
-    const char *what[6] = {"rmsnorm(+1)", "geglu", "add(y = product)", "add(x = product)", "scale", "rmsnorm_add"};
-    const float sc = sqrtf(640.0f);
+    const char *what[3] = {"rmsnorm(+1)", "geglu", "rmsnorm_add"};
     float *norm0 = malloc(sizeof(float) * n); /* op 0's device result: rmsnorm_add's norm must be its bits */
-    for (int op = 0; op < 6; op++) {
+    for (int op = 0; op < 3; op++) {
         size_t nr = op == 1 ? (size_t)M * F : n;
         /* the CPU on the product */
         cpu->ops->h2d(cpu, cp, p, sizeof(float) * n);
@@ -2826,12 +2809,6 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             cpu->ops->rmsnorm(cpu, cp, cnw, M, OUT, 1e-6f, 1.0f, cout);
         else if (op == 1)
             cpu->ops->geglu(cpu, cp, M, F, cout);
-        else if (op == 2)
-            cpu->ops->add(cpu, cp, cz, (int64_t)n), cres = cp;
-        else if (op == 3)
-            cpu->ops->add(cpu, cz, cp, (int64_t)n), cres = cz;
-        else if (op == 4)
-            cpu->ops->scale(cpu, cp, (int64_t)n, sc), cres = cp;
         else
             cpu->ops->rmsnorm_add(cpu, cp, cnw, M, OUT, 1e-6f, 1.0f, cout, cz), cres = cz;
         CHECK_OK(down(cpu, want, cres, sizeof(float) * nr));
@@ -2846,12 +2823,6 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             be->ops->rmsnorm(be, dy, dnw, M, OUT, 1e-6f, 1.0f, dout);
         else if (op == 1)
             be->ops->geglu(be, dy, M, F, dout);
-        else if (op == 2)
-            be->ops->add(be, dy, dz, (int64_t)n), res = dy;
-        else if (op == 3)
-            be->ops->add(be, dz, dy, (int64_t)n), res = dz;
-        else if (op == 4)
-            be->ops->scale(be, dy, (int64_t)n, sc), res = dy;
         else
             be->ops->rmsnorm_add(be, dy, dnw, M, OUT, 1e-6f, 1.0f, dout, dz), res = dz;
         CHECK_OK(be->ops->sync(be));
@@ -2864,7 +2835,7 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             char why[300];
             geglu_compare(p, M, F, want, got, &worst, &ok, why, sizeof why);
             CHECK(ok, "%s: linear then geglu: %s", mode, why);
-        } else if (op == 5) {
+        } else if (op == 2) {
             /* the norm is op 0's bits, the sum z + norm rounded once; the CPU's within its norm's 1 ulp */
             float *nrm = malloc(sizeof(float) * n);
             CHECK_OK(down(be, nrm, dout, sizeof(float) * n));
@@ -2886,9 +2857,9 @@ static void gemma_chain_case(rd_backend *be, const char *mode, int fused)
             if (op == 0)
                 memcpy(norm0, got, sizeof(float) * n);
         }
-        if (op == 0 || op == 1 || op == 3 || op == 5) /* the product is completed in place (2 and 4 overwrite it) */
-            CHECK(!memcmp(got2, p, sizeof(float) * n), "%s: after linear then %s the linear's output is not the "
-                  "product", mode, what[op]);
+        /* the product is completed in place */
+        CHECK(!memcmp(got2, p, sizeof(float) * n), "%s: after linear then %s the linear's output is not the product",
+              mode, what[op]);
         /* the linear's conversion and GEMM, the op; the sum alone when not fused */
         CHECK(!on_emulator() || launched == (uint64_t)(3 + !fused), "%s: linear then %s took %llu kernels (want %d)", mode, what[op],
               (unsigned long long)launched, 3 + !fused);
@@ -2921,11 +2892,10 @@ static void test_gemma_ops_after_linear(void)
     rd_backend_destroy(nofuse);
 }
 
-/* bf16 copies: add, scale and rmsnorm_add (as y, and as out) drop the copy
- * an earlier RMSNorm left of the buffer they change (a GEMM reading it next
- * sees the new values), add leaves its x's copy alone, and geglu's copy of
- * its output serves the down projection (no conversion kernel) with the bits
- * of a fresh conversion. */
+/* bf16 copies: rmsnorm_add drops the copy an earlier RMSNorm left of the
+ * buffer it changes, as y and as out (a GEMM reading it next sees the new
+ * values), and geglu's copy of its output serves the down projection (no
+ * conversion kernel) with the bits of a fresh conversion. */
 static void test_gemma_shadows(void)
 {
     const int32_t M = 4, S = 48, OUT = 24, F = S / 2;
@@ -2946,17 +2916,11 @@ static void test_gemma_shadows(void)
     void *W, *Wd;
     CHECK_OK(emu->ops->linear_load(emu, w, OUT, S, &W));
     CHECK_OK(emu->ops->linear_load(emu, wd, OUT, F, &Wd));
-    const char *what[5] = {"add(y, z)", "scale(y)", "add(z, y)", "rmsnorm_add(y)", "rmsnorm_add(out)"};
-    for (int op = 0; op < 5; op++) {
+    const char *what[2] = {"rmsnorm_add(y)", "rmsnorm_add(out)"};
+    for (int op = 0; op < 2; op++) {
         emu->ops->rmsnorm(emu, dx, dnw, M, S, 1e-6f, 1.0f, dy); /* dy gets a bf16 copy */
         float *target = dy;
         if (op == 0)
-            emu->ops->add(emu, dy, dz, (int64_t)n);
-        else if (op == 1)
-            emu->ops->scale(emu, dy, (int64_t)n, 25.3f);
-        else if (op == 2)
-            emu->ops->add(emu, dz, dy, (int64_t)n); /* dy unchanged: its copy is still good */
-        else if (op == 3)
             emu->ops->rmsnorm_add(emu, dz, dnw, M, S, 1e-6f, 1.0f, dm, dy);
         else
             emu->ops->rmsnorm_add(emu, dz, dnw, M, S, 1e-6f, 1.0f, dy, dm);
