@@ -212,10 +212,10 @@ typedef struct rd_backend_ops {
     /* out[M][f] = gelu_tanh(gu[:, :f]) * gu[:, f:] (Gemma's gated FFN), with
      * gelu_tanh(g) = 0.5 g (1 + tanh(0.7978845608 (g + 0.044715 g^3))). */
     void (*geglu)(rd_backend *be, const float *gu, int32_t m, int32_t f, float *out);
-    /* rmsnorm of x into out as rmsnorm gives it, then y[i] += out[i] as add
-     * adds it: a post-norm whose output joins the residual stream (Gemma 3's
-     * post-attention and post-FFN norms), one pass where a backend can.
-     * x, out and y are [m][d] and distinct. */
+    /* rmsnorm of x into out as rmsnorm gives it, then y[i] += out[i] (one
+     * fp32 rounding): a post-norm whose output joins the residual stream
+     * (Gemma 3's post-attention and post-FFN norms), one pass where a backend
+     * can. x, out and y are [m][d] and distinct. */
     void (*rmsnorm_add)(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
                         float w_offset, float *out, float *y);
     /* out[i] = x[rows[i]] for n rows of d floats */

@@ -1670,6 +1670,8 @@ static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32
     if (n == 0)
         return;
     const split_sum ss = take_split(b, x, (int64_t)n); // (another deferred sum, y's included, is completed first)
+    if (ss.t) // x is written back completed
+        shadow_written(b, x, n * sizeof(float));
     shadow_written(b, out, n * sizeof(float));
     shadow_written(b, y, n * sizeof(float));
     launch_rmsnorm(b->st, (float *)x, w, m, d, eps, w_off, out, nullptr, 0, ss, y, b->norm_v0);

@@ -92,8 +92,8 @@ void launch_embed_q8(cudaStream_t s, const int8_t *q, const uint16_t *d, int32_t
 // registers, so their loads are in flight together: in the loop (NV 0, wider
 // rows, or RD_CUDA_NORM_V0=1) a split sum's write-back kept each load waiting
 // for the one before it, a round trip to L2 per element. Same order, same bits.
-// add_to (NULL: none): k_add's y += out after it, on the same [m][d] (Gemma 3's
-// residual add after a post-norm).
+// add_to (NULL: none): add_to += out as it is written, on the same [m][d]
+// (rmsnorm_add: Gemma 3's residual add after a post-norm).
 // Element k = row x d + j of the norm's output o: out, its bf16 copy, add_to.
 RD_DEV void rms_store(float *out, uint16_t *out_bf, int64_t lo_off, float *add_to, int64_t k, float o)
 {
