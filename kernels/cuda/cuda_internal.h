@@ -51,8 +51,8 @@ RD_DEV float rms_apply(float x, float inv, float w, float w_off)
 }
 // RMSNorm per row, the sum of squares in double, as the CPU backend. With
 // ss.t, x is first completed from the split sum (and written back).
-// add_to (NULL: none): then add_to += out, launch_add's bits (Gemma 3's residual
-// add after a post-norm, in the same kernel). v0 (RD_CUDA_NORM_V0=1): the
+// add_to (NULL: none): then add_to += out, one fp32 add (rmsnorm_add: Gemma 3's
+// residual add after a post-norm, in the same kernel). v0 (RD_CUDA_NORM_V0=1): the
 // kernel's loop form at every width (same bits).
 void launch_rmsnorm(cudaStream_t s, float *x, const float *w, int32_t m, int32_t d, float eps, float w_off, float *out,
                     uint16_t *out_bf, int64_t lo_off, split_sum ss, float *add_to, bool v0);
