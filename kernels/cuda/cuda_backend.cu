@@ -275,6 +275,7 @@ struct cuda_be {
     int32_t tc_norm_rows;       // RD_CUDA_NORM_ROWS (default 8; 0: never)
     bool norm_v0;               // RD_CUDA_NORM_V0=1: k_rmsnorm's loop form at every width (its register form's baseline)
     bool tc_route;              // tc mode: moe_route as the router GEMM's finishing step (RD_CUDA_TC_ROUTE=0: k_moe_route)
+    bool tc_normadd;            // tc mode: rmsnorm_add as the projection's finishing step (RD_CUDA_TC_NORMADD=0: k_rmsnorm)
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
@@ -1258,12 +1259,15 @@ static void gemm(cuda_be *b, gemm_choice *ch, const void *A, const void *x, int3
 static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float *y, int accumulate, int epi,
                    const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
                    kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr,
-                   const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr, const decltype(tc_args::route) *route = nullptr)
+                   const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr, const decltype(tc_args::route) *route = nullptr,
+                   const decltype(tc_args::nadd) *nadd = nullptr)
 {
     tc_args a{};
     a.bias = bias;
     if (route)
         a.route = *route;
+    if (nadd)
+        a.nadd = *nadd;
     if (epi == TC_ROPE) {
         a.rope.heads = rope->heads, a.rope.head_dim = rope->head_dim;
         a.rope.positions = rope->positions, a.rope.cos_sin = rope->cos_sin, a.rope.kv = kv;
@@ -1661,7 +1665,8 @@ static void cu_geglu(rd_backend *be, const float *gu, int32_t m, int32_t f, floa
 }
 
 // out = RMSNorm(x), y += out in one kernel (Gemma 3's post-norms), completing x's deferred sum (the o or down
-// projection's) as it reads it. No bf16 copy of out: the add is its reader.
+// projection's) as it reads it; in tc mode, up to tc_norm_rows rows, the pending projection's finishing step
+// (TC_NORMADD). No bf16 copy of out: the add is its reader.
 static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32_t m, int32_t d, float eps,
                            float w_off, float *out, float *y)
 {
@@ -1669,6 +1674,22 @@ static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32
     const size_t n = (size_t)m * d;
     if (n == 0)
         return;
+    const auto &pt = b->pend_tc;
+    if (b->tc_normadd && pt.W && pt.y == x && !pt.acc && !pt.bias && !pt.rope.heads && !pt.hnorm.heads && pt.m == m &&
+        pt.W->out == d && m <= b->tc_norm_rows && !(b->tc_big_rows > 0 && m >= b->tc_big_rows) && !b->pend_y &&
+        (tc_pieces(b, pt.W) == 1 || tc_pieces(b, pt.W) == 2) && out != y && out != x && y != x && out != pt.x &&
+        y != pt.x && (!pt.norm.x || (out != pt.norm.out && y != pt.norm.out && out != pt.norm.x && y != pt.norm.x))) {
+        // The projection is still pending (and nothing else is): the norm and the add become its finishing step,
+        // one warp a row of the row tile's last CTA, so only a few rows (the prologue's bound).
+        const auto p = b->pend_tc;
+        b->pend_tc.W = nullptr;
+        shadow_written(b, out, n * sizeof(float));
+        shadow_written(b, y, n * sizeof(float));
+        const decltype(tc_args::nadd) nadd = {w, eps, w_off, out, y};
+        run_tc(b, p.W, p.x, p.m, p.y, 0, TC_NORMADD, p.norm, tc_pieces(b, p.W), nullptr,
+               kv_out{nullptr, 0, 0, nullptr, nullptr}, nullptr, nullptr, nullptr, &nadd);
+        return;
+    }
     const split_sum ss = take_split(b, x, (int64_t)n); // (another deferred sum, y's included, is completed first)
     if (ss.t) // x is written back completed
         shadow_written(b, x, n * sizeof(float));
@@ -2795,7 +2816,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_NORM_ROWS", {"#"}},     {"RD_CUDA_PDL", {"0", "1"}},        {"RD_CUDA_ATTN_FUSE", {"0", "1"}},
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
-    {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}},
+    {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}}, {"RD_CUDA_TC_NORMADD", {"0", "1"}},
 };
 
 static bool env_number(const char *v)
@@ -2893,6 +2914,8 @@ static int create(int n_threads, rd_backend **out)
     b->sample_cta = sa && !strcmp(sa, "cta");
     const char *tr = env("RD_CUDA_TC_ROUTE");
     b->tc_route = !(tr && !strcmp(tr, "0"));
+    const char *na = env("RD_CUDA_TC_NORMADD");
+    b->tc_normadd = !(na && !strcmp(na, "0"));
     const char *hn = env("RD_CUDA_TC_HNORM");
     b->tc_hnorm = !(hn && !strcmp(hn, "0"));
     const char *af = env("RD_CUDA_ATTN_FUSE");

@@ -9,7 +9,7 @@ int64_t gemm_tc_part_floats(const cuplan_tc &pl, const tc_args &a)
     return pl.p > 1 && !tc_use_big(a) ? (int64_t)pl.q * a.m * a.out : 0;
 }
 
-// The column tiles' counters (p > 1), then the finishing steps' (a.rope.nw's heads, a.route's rows).
+// The column tiles' counters (p > 1), then the finishing steps' (a.rope.nw's heads, a.route's and a.nadd's row tiles).
 static int64_t tile_counters(const cuplan_tc &pl, const tc_args &a)
 {
     if (pl.p == 1 || tc_use_big(a))
@@ -21,7 +21,7 @@ static int64_t tile_counters(const cuplan_tc &pl, const tc_args &a)
 int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a)
 {
     const int32_t rows = 16 * cuplan_tc_mw(a.m), row_tiles = (a.m + rows - 1) / rows;
-    const int64_t fin = a.rope.nw ? (int64_t)a.rope.heads * row_tiles : a.route.ids ? row_tiles : 0;
+    const int64_t fin = a.rope.nw ? (int64_t)a.rope.heads * row_tiles : a.route.ids || a.nadd.out ? row_tiles : 0;
     return tc_use_big(a) ? 0 : tile_counters(pl, a) + fin;
 }
 

@@ -172,25 +172,30 @@ RD_UNROLL
     }
 }
 
-// The RMSNorm factor of row r (a.nw set; one whole warp calls it): k_rmsnorm's
+// The RMSNorm factor of a row xr[d] (one whole warp calls it): k_rmsnorm's
 // sum of squares with lane l standing for virtual thread 32 v + l of each
-// virtual warp v.
-RD_DEV float tc_row_inv(const tc_args &a, int32_t r, int lane)
+// virtual warp v. CG: xr read through L2 (other CTAs of the kernel wrote it).
+template <bool CG = false> RD_DEV float tc_inv_of(const float *xr, int32_t d, float eps, int lane)
 {
-    const float *xr = a.x + (int64_t)r * a.in;
     double v[RMS_THREADS / 32];
 RD_UNROLL
     for (int w = 0; w < RMS_THREADS / 32; w++) {
         v[w] = 0.0;
-        for (int32_t j = 32 * w + lane; j < a.in; j += RMS_THREADS)
-            v[w] = rms_acc(v[w], xr[j]);
+        for (int32_t j = 32 * w + lane; j < d; j += RMS_THREADS)
+            v[w] = rms_acc(v[w], CG ? __ldcg(xr + j) : xr[j]);
         v[w] = warp_allreduce(v[w], op_add());
     }
     double ss = v[0];
 RD_UNROLL
     for (int w = 1; w < RMS_THREADS / 32; w++)
         ss = ss + v[w];
-    return rms_inv(ss, a.in, a.eps);
+    return rms_inv(ss, d, eps);
+}
+
+// The prologue's factor of x's row r (a.nw set).
+RD_DEV float tc_row_inv(const tc_args &a, int32_t r, int lane)
+{
+    return tc_inv_of(a.x + (int64_t)r * a.in, a.in, a.eps, lane);
 }
 
 // A's fragment of k-step s from rows g (xa) and g + 8 (xb), piece p.
@@ -737,6 +742,10 @@ RD_UNROLL
 //   column tiles to arrive routes its rows, moe_route_warp on each row's
 //   logits staged in smem (the CTA's reduction scratch, smem_floats of it),
 //   as many warps at once as rows of E + k floats fit.
+// - TC_NORMADD (a.nadd): the last of the row tile's column tiles to arrive
+//   runs rmsnorm_add on its rows, a warp per row: the factor as tc_row_inv
+//   takes it (k_rmsnorm's order), then out = rms_apply per element and
+//   y += out, k_rmsnorm's expressions.
 template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile, int32_t r0, float *smem, int smem_floats)
 {
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, wk = (int)blockDim.x / 32;
@@ -774,6 +783,18 @@ template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile,
                                a.route.weights + (int64_t)r * k);
                 __syncwarp(); // (p is the next row's)
             }
+    } else if constexpr (EPI == TC_NORMADD) {
+        if (!last_to_arrive(a.fin_count + rt, (unsigned)((a.out + CUPLAN_TC_NT - 1) / CUPLAN_TC_NT)))
+            return;
+        for (int rr = warp; rr < 16 * MW && r0 + rr < a.m; rr += wk) { // whole warps
+            const int64_t at = (int64_t)(r0 + rr) * a.out;
+            const float inv = tc_inv_of<true>(a.y + at, a.out, a.nadd.eps, lane);
+            for (int32_t j = lane; j < a.out; j += 32) {
+                const float o = rms_apply(__ldcg(a.y + at + j), inv, a.nadd.w[j], a.nadd.w_off);
+                a.nadd.out[at + j] = o;
+                a.nadd.y[at + j] = RD_FADD(a.nadd.y[at + j], o);
+            }
+        }
     }
 }
 
@@ -1426,6 +1447,11 @@ static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 blo
             auto kern = k_gemm_tc<MW, NP, WF, TC_ROUTE>;
             RD_LAUNCH(kern, grid, block, 0, s, a);
         }
+    } else if (epi == TC_NORMADD) {
+        if constexpr (NP == 1 || NP == 2) { // (as TC_ROUTE: W8A8's projections are followed by k_rmsnorm)
+            auto kern = k_gemm_tc<MW, NP, WF, TC_NORMADD>;
+            RD_LAUNCH(kern, grid, block, 0, s, a);
+        }
     } else {
         auto kern = k_gemm_tc<MW, NP, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
@@ -1531,7 +1557,7 @@ template <int WS, int NP, int WF> static void gemm_tc_tile(cudaStream_t s, const
 
 static inline bool tc_use_big(const tc_args &a)
 {
-    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads && !a.route.ids;
+    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads && !a.route.ids && !a.nadd.out;
 }
 
 // One call with pieces NP (TC_Q8, TC_I8: W8A8) and a weight format WF: the tile

@@ -280,8 +280,15 @@ struct tc_args {
         int32_t k;
         int norm;
     } route;
+    struct {                    // TC_NORMADD, a projection's rows [m][out] (Gemma 3's o and down): rmsnorm_add on
+                                // them, by the CTA that finishes a row tile's last column tile (a counter per row tile)
+        const float *w;         // [out] the norm's weight, with eps and w_off (k_rmsnorm's arithmetic)
+        float eps, w_off;
+        float *out;             // [m][out] the norm's output; NULL: no finishing step
+        float *y;               // [m][out] the residual stream: y += out
+    } nadd;
     unsigned *fin_count;        // set by launch_gemm_tc: the finishing steps' counters after the tile counters:
-                                // [row tiles][heads] (rope.nw) or [row tiles] (route.ids)
+                                // [row tiles][heads] (rope.nw) or [row tiles] (route.ids, nadd.out)
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
     int stages;                 // bf16 and FP8 weights: the tile kernel's cp.async stages, 2, 3, 4 or 6
@@ -302,7 +309,10 @@ int64_t gemm_tc_counters(const cuplan_tc &pl, const tc_args &a);
 // 0; never the tile kernel).
 // TC_ROUTE: a router's logits [m][out = n_experts] with a.route set, then
 // moe_route's top-k on them (pieces 1 or 2; never the tile kernel).
-enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3, TC_ROUTE = 4 };
+// TC_NORMADD: rows [m][out] with a.nadd set, then rmsnorm_add on them (out =
+// the norm as k_rmsnorm gives it, y += out; acc 0, pieces 1 or 2, never the
+// tile kernel).
+enum { TC_PLAIN = 0, TC_SWIGLU = 1, TC_GEGLU = 2, TC_ROPE = 3, TC_ROUTE = 4, TC_NORMADD = 5 };
 // pieces: x as bf16 hi (1), hi + lo (2: the split), or hi + mid + lo (3, x
 // exactly: the LM head; epi TC_PLAIN, bf16 or Q8_0 weights); or TC_Q8 (FP8
 // weights only: x quantized to E4M3 blocks of 32, FP8 tensor cores; W8A8,

@@ -308,10 +308,11 @@ if [ "$DRY" = 0 ]; then
   # its 64 x 64 tile kernel, the fused RMSNorm prologue and gated epilogue (bit for bit against the unfused ops),
   # FP8 through it; attention's combine in its partition kernel; the tiny models through the runner with tc.
   # test_gemm_tc_hnorm: Qwen3's q/k norms, RoPE and KV write as the q|k|v GEMM's epilogue, whose per-head arrival
-  # counters only a device runs concurrently; test_moe_route_tc the same for the router GEMM's top-k.
+  # counters only a device runs concurrently; test_moe_route_tc the same for the router GEMM's top-k, and
+  # test_gemm_tc_normadd for Gemma 3's post-norms with the residual add after the o and down GEMMs.
   # test_sampler_tiled: the tiled sampler (the default since session 35), whose finishing CTA is found by an
   # arrival counter, against samp_sample and against each request alone, and RD_CUDA_SAMPLE=cta.
-  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80,test_sampler_tiled \
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_gemm_tc_normadd,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80,test_sampler_tiled \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone. tc+RD_CUDA_TC_BIG_ROWS=0: the tc kernel
@@ -439,6 +440,12 @@ if [ "$DRY" = 0 ]; then
   # (RD_CUDA_TC_HNORM=0, one launch more per layer), beside bench-qwen3-1.7b-tc (the GEMM's epilogue).
   RD_CUDA_GEMM=tc RD_CUDA_TC_HNORM=0 run bench-qwen3-1.7b-tc-nohnorm 60 "$BENCH" bench --synthetic qwen3-1.7b \
     --label " tc hnorm0" --bw "$BW" --batches 1,8 --steps 16 --json "$LOGS/bench-qwen3-1.7b-tc-nohnorm.json" || true
+  # Gemma 3 270M's shape with tc: its post-attention and post-FFN norms with the residual add as the o and down
+  # GEMMs' finishing steps (5 kernels a layer), beside RD_CUDA_TC_NORMADD=0 (k_rmsnorm after each: 7).
+  RD_CUDA_GEMM=tc run bench-gemma3-tc 60 "$BENCH" bench --synthetic gemma3-270m --label " tc" --bw "$BW" \
+    --batches 1,8 --steps 16 --json "$LOGS/bench-gemma3-tc.json" || true
+  RD_CUDA_GEMM=tc RD_CUDA_TC_NORMADD=0 run bench-gemma3-tc-normadd0 60 "$BENCH" bench --synthetic gemma3-270m \
+    --label " tc normadd0" --bw "$BW" --batches 1,8 --steps 16 --json "$LOGS/bench-gemma3-tc-normadd0.json" || true
   # Speculation on the device (issues 21 and 48), where a verify row is nearly free: the tail at batch 1, 4, 16
   # and a GRPO round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -502,7 +509,7 @@ else
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
     bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0 bench-1b-normv0 bench-moe-gemmtc-noroute \
-    bench-1b-tc-samp0 bench-1b-tc-fsync; do
+    bench-1b-tc-samp0 bench-1b-tc-fsync bench-gemma3-tc bench-gemma3-tc-normadd0; do
     skip_gpu "$s"
   done
 fi
@@ -589,6 +596,9 @@ if [ "$DRY" = 0 ]; then
       --label " gemma3-270m shape, RD_CUDA_FUSE=0 RD_CUDA_SHADOW=0" --json "$LOGS/parity-gemma3-nofuse.json" || true
   fi
   run invariance-gemma3 150 "$BENCH" invariance --synthetic gemma3-270m --json "$LOGS/invariance-gemma3.json" || true
+  # The same with tc: the q/k norms in the q|k|v GEMM's epilogue, the post-norms and adds as finishing steps.
+  RD_CUDA_GEMM=tc run invariance-gemma3-tc 120 "$BENCH" invariance --synthetic gemma3-270m \
+    --json "$LOGS/invariance-gemma3-tc.json" || true
 else
   # Dry run: the tool's logic on the CPU backend (CPU against itself).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -599,7 +609,7 @@ else
     --json "$LOGS/tool-bench-cpu.json" || true
   run tool-parity-gemma3-cpu 120 "$BENCH" parity --backend cpu --synthetic gemma3-270m --prompts 2 --tokens 4 \
     --json "$LOGS/tool-parity-gemma3-cpu.json" || true
-  for s in parity invariance sampler sampler-cta parity-gemma3 invariance-gemma3; do skip_gpu "$s"; done
+  for s in parity invariance sampler sampler-cta parity-gemma3 invariance-gemma3 invariance-gemma3-tc; do skip_gpu "$s"; done
 fi
 
 # ------------------------------------------------------------------ reported: speed of the rest

@@ -3773,10 +3773,13 @@ static void gl_run(rd_backend *be, const float *emb, const gl_host_layer *hl, fl
  * the per-head norms of 256, a key's rounding moves its score by ~0.03; a
  * CPU given bf16 K and V is within 6e-4 of the split run); the fused
  * split sums and RoPE + KV write bit-identical to RD_CUDA_FUSE=0; a captured
- * decode step replays the eager bits; a decode step is 2 + 16 kernels per
- * layer (embed, scale; per layer the RMSNorm, the four GEMMs, the two head
- * norms, RoPE with the KV write, attention and its combine, the two
- * post-norms, the two adds, the FFN norm, GeGLU). */
+ * decode step replays the eager bits; a decode step is the embedding (with
+ * its scale) and per layer 11 kernels (the RMSNorm, the four GEMMs, the q/k
+ * norms with RoPE and the KV write, attention, the two post-norms with their
+ * adds, the FFN norm, GeGLU), 18 with RD_CUDA_FUSE=0, 5 in tc mode (the
+ * q|k|v GEMM with its prologue and head norms, attention, o with the post-
+ * attention norm and add, gate|up with its prologue and GeGLU, down with the
+ * post-FFN norm and add). */
 static void test_gemma_layer(void)
 {
     float *emb = malloc(sizeof(float) * GL_V * GL_H);
@@ -3822,7 +3825,7 @@ static void test_gemma_layer(void)
         uint64_t want_kernels; /* 0: not counted */
     } runs[6] = {{cpu, "cpu", 0, 0, 0}, {emu, "split", 1e-2, 1, 1 + 11 * GL_L},
                  {nofuse, "RD_CUDA_FUSE=0", 1e-2, 0, 1 + 18 * GL_L}, {emu_bf16, "bf16", 3e-2, 1, 1 + 11 * GL_L},
-                 {tc, "tc", 1e-2, 1, 1 + 7 * GL_L}, {tcnf, "tc RD_CUDA_FUSE=0", 1e-2, 0, 0}};
+                 {tc, "tc", 1e-2, 1, 1 + 5 * GL_L}, {tcnf, "tc RD_CUDA_FUSE=0", 1e-2, 0, 0}};
     const size_t na = (size_t)31 * GL_H, nb = (size_t)2 * GL_H;
     float *xa[6], *xb[6];
     for (int r = 0; r < 6; r++) {
@@ -5314,6 +5317,27 @@ static void test_moe_route_after_linear(void)
     free(w), free(x), free(l1), free(l2), free(wd), free(wc), free(id), free(ic);
 }
 
+/* The three tc backends a finishing step's case compares: fused, RD_CUDA_FUSE=0, and the step's own switch
+ * `off` at 0; on an emulator of sms SMs (a device ignores CUEMU_SMS). False if one cannot be created. */
+static int tc_trio(rd_backend *bes[3], int sms, const char *off)
+{
+    char n[16];
+    snprintf(n, sizeof n, "%d", sms);
+    setenv("CUEMU_SMS", n, 1);
+    bes[0] = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL);
+    bes[1] = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    bes[2] = dev_with("RD_CUDA_GEMM", "tc", off, "0");
+    unsetenv("CUEMU_SMS");
+    return bes[0] && bes[1] && bes[2];
+}
+
+static void tc_trio_free(rd_backend *bes[3])
+{
+    for (int i = 0; i < 3; i++)
+        if (bes[i])
+            rd_backend_destroy(bes[i]);
+}
+
 /* Tensor-core mode: the router's GEMM (with the FFN norm as its prologue)
  * then moe_route, the routing as the GEMM's finishing step (the last CTA of
  * each row tile to finish routes its rows): one kernel, the ids, weights and
@@ -5386,13 +5410,8 @@ static void test_moe_route_tc(void)
 {
     int reductions[3] = {0, 0, 0}; /* q = 1, p = 1, p > 1 */
     for (int sms = 4; sms <= 16 && !test_case_failed; sms += 12) {
-        char n[16];
-        snprintf(n, sizeof n, "%d", sms);
-        setenv("CUEMU_SMS", n, 1);
-        rd_backend *bes[3] = {dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0"),
-                              dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_ROUTE", "0")};
-        unsetenv("CUEMU_SMS");
-        CHECK(bes[0] && bes[1] && bes[2], "cannot create the tc backends: %s", rd_errmsg());
+        rd_backend *bes[3];
+        CHECK(tc_trio(bes, sms, "RD_CUDA_TC_ROUTE"), "cannot create the tc backends: %s", rd_errmsg());
         const int32_t real_sms = on_emulator() ? sms : dev_sms(bes[0]);
         const struct {
             int32_t E, D, M, K, norm, all_sms;
@@ -5406,12 +5425,156 @@ static void test_moe_route_tc(void)
             reductions[pl.q == 1 ? 0 : pl.p == 1 ? 1 : 2]++;
             moe_route_tc_case(bes, cases[i].E, cases[i].D, cases[i].M, cases[i].K, cases[i].norm);
         }
-        for (int i = 0; i < 3; i++)
-            if (bes[i])
-                rd_backend_destroy(bes[i]);
+        tc_trio_free(bes);
     }
     CHECK(test_case_failed || !on_emulator() || (reductions[0] && reductions[1] && reductions[2]),
           "the cases miss a reduction: q = 1 x%d, p = 1 x%d, p > 1 x%d", reductions[0], reductions[1], reductions[2]);
+}
+
+/* Tensor-core mode, Gemma 3's post-norms: a projection (optionally with an
+ * RMSNorm prologue) then rmsnorm_add on its output, the norm and the residual
+ * add as the projection's finishing step (the last CTA of each row tile to
+ * finish runs them on its rows): one kernel up to RD_CUDA_NORM_ROWS rows; the
+ * projection's rows, the norm's output and the residual bit for bit those of
+ * RD_CUDA_FUSE=0 and RD_CUDA_TC_NORMADD=0 (the GEMM, then k_rmsnorm with the
+ * add); and against the host: out within 4e-7 relative of the norm of the
+ * projection's rows computed here in double, y exactly y0 + out. Weights in
+ * tc_wfmt's format; fused: whether the backends fuse it (W8A8 does not). */
+static void tc_normadd_case(rd_backend *const bes[3], int32_t D, int32_t IN, int32_t M, float w_off, int prologue,
+                            int fused)
+{
+    float *w = malloc(sizeof(float) * D * IN), *x = malloc(sizeof(float) * M * IN), *pw = malloc(sizeof(float) * IN);
+    float *nw = malloc(sizeof(float) * D), *y0 = malloc(sizeof(float) * M * D);
+    float *l[3], *o[3], *y[3];
+    for (int64_t i = 0; i < (int64_t)D * IN; i++)
+        w[i] = frand() * 0.3f;
+    for (int32_t i = 0; i < M * IN; i++)
+        x[i] = frand() * 2.0f;
+    for (int32_t i = 0; i < M * D; i++)
+        y0[i] = frand() * 4.0f;
+    fill_norm_weights(pw, IN);
+    if (w_off != 0.0f)
+        fill_gemma_norm(nw, D);
+    else
+        fill_norm_weights(nw, D);
+    uint64_t launched[3];
+    for (int bi = 0; bi < 3; bi++) {
+        rd_backend *be = bes[bi];
+        l[bi] = malloc(sizeof(float) * M * D), o[bi] = malloc(sizeof(float) * M * D), y[bi] = malloc(sizeof(float) * M * D);
+        void *W;
+        CHECK_OK(load_w(be, w, D, IN, &W));
+        if (test_case_failed)
+            break;
+        float *dx = up(be, x, sizeof(float) * M * IN), *dpw = up(be, pw, sizeof(float) * IN);
+        float *dxn = up(be, NULL, sizeof(float) * M * IN), *dl = up(be, NULL, sizeof(float) * M * D);
+        float *dnw = up(be, nw, sizeof(float) * D), *dout = up(be, NULL, sizeof(float) * M * D);
+        float *dy = up(be, NULL, sizeof(float) * M * D);
+        float *poison = malloc(sizeof(float) * M * D);
+        for (int32_t i = 0; i < M * D; i++)
+            poison[i] = NAN;
+        for (int rep = 0; rep < 2; rep++) { /* twice: the counters are back at zero */
+            be->ops->h2d(be, dl, poison, sizeof(float) * M * D); /* a norm before all its row shows */
+            be->ops->h2d(be, dy, y0, sizeof(float) * M * D);
+            CHECK_OK(be->ops->sync(be));
+            const uint64_t k0 = cuemu_launch_count();
+            if (prologue)
+                be->ops->rmsnorm(be, dx, dpw, M, IN, 1e-6f, 0.0f, dxn);
+            be->ops->linear(be, W, prologue ? dxn : dx, M, dl, 0);
+            be->ops->rmsnorm_add(be, dl, dnw, M, D, 1e-6f, w_off, dout, dy);
+            CHECK_OK(be->ops->sync(be));
+            launched[bi] = cuemu_launch_count() - k0;
+        }
+        free(poison);
+        CHECK_OK(down(be, l[bi], dl, sizeof(float) * M * D));
+        CHECK_OK(down(be, o[bi], dout, sizeof(float) * M * D));
+        CHECK_OK(down(be, y[bi], dy, sizeof(float) * M * D));
+        be->ops->free(be, dx), be->ops->free(be, dpw), be->ops->free(be, dxn), be->ops->free(be, dl);
+        be->ops->free(be, dnw), be->ops->free(be, dout), be->ops->free(be, dy);
+        be->ops->linear_free(be, W);
+    }
+    const size_t nb = sizeof(float) * M * D;
+    for (int bi = 1; bi < 3 && !test_case_failed; bi++)
+        CHECK(!memcmp(l[0], l[bi], nb) && !memcmp(o[0], o[bi], nb) && !memcmp(y[0], y[bi], nb),
+              "tc norm + add, [%d x %d] x %d rows (format %d): differs from %s", D, IN, M, tc_wfmt,
+              bi == 1 ? "RD_CUDA_FUSE=0" : "RD_CUDA_TC_NORMADD=0");
+    const int small = M <= 8; /* RD_CUDA_NORM_ROWS's default: the prologue and the finishing step */
+    const uint64_t want = fused && small ? 1 : (uint64_t)(2 + (prologue && !small));
+    CHECK(!on_emulator() || test_case_failed || (launched[0] == want && launched[2] == (uint64_t)(2 + (prologue && !small))),
+          "tc norm + add, [%d x %d] x %d rows%s: %llu kernels (want %llu; RD_CUDA_TC_NORMADD=0: %llu)", D, IN, M,
+          prologue ? ", with a prologue" : "", (unsigned long long)launched[0], (unsigned long long)want,
+          (unsigned long long)launched[2]);
+    double worst = 0;
+    for (int32_t r = 0; r < M && !test_case_failed; r++) {
+        double ss = 0;
+        for (int32_t j = 0; j < D; j++)
+            ss += (double)l[0][r * D + j] * l[0][r * D + j];
+        const double inv = 1.0 / sqrt(ss / D + 1e-6);
+        for (int32_t j = 0; j < D; j++) {
+            const int64_t k = (int64_t)r * D + j;
+            const double ref = (double)l[0][k] * inv * ((double)nw[j] + w_off);
+            const double scale = fabs((double)l[0][k] * inv * ((double)nw[j] + w_off)) + 1e-30;
+            worst = worse(worst, fabs(o[0][k] - ref) / scale);
+            CHECK(y[0][k] == y0[k] + o[0][k], "tc norm + add: y[%d][%d] = %.9g is not y0 + out = %.9g + %.9g", r, j,
+                  y[0][k], y0[k], o[0][k]);
+            if (test_case_failed)
+                break;
+        }
+    }
+    CHECK(test_case_failed || worst <= 4e-7, "tc norm + add, [%d x %d] x %d rows: out is %.3g (relative) from the "
+          "host's norm", D, IN, M, worst);
+    for (int bi = 0; bi < 3; bi++)
+        free(l[bi]), free(o[bi]), free(y[bi]);
+    free(w), free(x), free(pw), free(nw), free(y0);
+}
+
+/* tc_normadd_case on each of the plan's reductions (a 4- and a 16-SM
+ * emulator), Gemma 3 1B's o projection and 270M's down projection, widths
+ * that leave a part-filled column tile and are no multiple of 256, one to 8
+ * rows (and 9 and 20: past the bound, the two kernels), with and without a
+ * prologue; Q8_0 and decoded-FP8 weights; W8A8 FP8 (not fused). */
+static void test_gemm_tc_normadd(void)
+{
+    int reductions[3] = {0, 0, 0}; /* q = 1, p = 1, p > 1 */
+    for (int sms = 4; sms <= 16 && !test_case_failed; sms += 12) {
+        rd_backend *bes[3];
+        CHECK(tc_trio(bes, sms, "RD_CUDA_TC_NORMADD"), "cannot create the tc backends: %s", rd_errmsg());
+        const int32_t real_sms = on_emulator() ? sms : dev_sms(bes[0]);
+        const struct {
+            int32_t D, IN, M;
+            float w_off;
+            int prologue, all_sms;
+        } cases[] = {{1152, 1024, 1, 1.0f, 0, 1} /* Gemma 3 1B's o */, {640, 2048, 5, 1.0f, 0, 1} /* 270M's down */,
+                     {200, 96, 8, 0.0f, 1, 1}, {72, 64, 3, 1.0f, 1, 0}, {200, 96, 9, 1.0f, 1, 0},
+                     {1152, 256, 20, 1.0f, 0, 0}, {192, 1024, 5, 0.0f, 1, 1} /* p > 1 on 16 SMs */,
+                     {64, 128, 3, 1.0f, 0, 1} /* tiny-gemma3 */};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !test_case_failed; i++) {
+            if (sms != 4 && !cases[i].all_sms)
+                continue;
+            cuplan_tc pl;
+            CHECK(cuplan_gemm_tc(cases[i].D, cases[i].IN, real_sms, &pl) == 0, "plan");
+            reductions[pl.q == 1 ? 0 : pl.p == 1 ? 1 : 2]++;
+            tc_normadd_case(bes, cases[i].D, cases[i].IN, cases[i].M, cases[i].w_off, cases[i].prologue, 1);
+        }
+        tc_trio_free(bes);
+    }
+    CHECK(test_case_failed || !on_emulator() || (reductions[0] && reductions[1] && reductions[2]),
+          "the cases miss a reduction: q = 1 x%d, p = 1 x%d, p > 1 x%d", reductions[0], reductions[1], reductions[2]);
+    static const struct {
+        const char *var, *val;
+        int wfmt, fused;
+    } fmts[] = {{"RD_CUDA_Q8", "tc", 2, 1}, {"RD_CUDA_FP8", "tc", 1, 1}, {"RD_CUDA_FP8", "w8a8", 1, 0}};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0] && !test_case_failed; f++) {
+        setenv(fmts[f].var, fmts[f].val, 1);
+        rd_backend *bes[3];
+        const int ok = tc_trio(bes, 4, "RD_CUDA_TC_NORMADD");
+        unsetenv(fmts[f].var);
+        CHECK(ok, "cannot create the %s=%s backends: %s", fmts[f].var, fmts[f].val, rd_errmsg());
+        tc_wfmt = fmts[f].wfmt;
+        if (!test_case_failed)
+            tc_normadd_case(bes, 640, 1024, 3, 1.0f, 1, fmts[f].fused);
+        tc_wfmt = 0;
+        tc_trio_free(bes);
+    }
 }
 
 /* One layer's experts on one backend: E SwiGLU experts loaded from host
@@ -6596,6 +6759,7 @@ int main(void)
     RUN_SEL(test_gemm_tc_hnorm);
     RUN_SEL(test_rmsnorm_widths);
     RUN_SEL(test_moe_route_tc);
+    RUN_SEL(test_gemm_tc_normadd);
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
