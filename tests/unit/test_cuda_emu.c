@@ -478,7 +478,7 @@ static void test_env_switches(void)
                                    {"RD_CUDA_TC_TILE", "96"},   {"RD_CUDA_PDL", "yes"},   {"RD_CUDA_FUSE", "off"},
                                    {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"},
                                    {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}, {"RD_CUDA_TC_ROUTE", "no"},
-                                   {"RD_CUDA_TC_PIPE", "5"},    {"RD_CUDA_SAMPLE", "tiled"}};
+                                   {"RD_CUDA_TC_PIPE", "5"},    {"RD_CUDA_SAMPLE", "tiled"}, {"RD_CUDA_TC_NORMADD", "off"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         rd_backend *be = NULL;
@@ -495,7 +495,8 @@ static void test_env_switches(void)
                                     {"RD_CUDA_TC_TILE", "128"}, {"RD_CUDA_TC_TILE", "64"},  {"RD_CUDA_NORM_ROWS", "0"},
                                     {"RD_CUDA_TC_BIG_ROWS", "24"}, {"RD_CUDA_Q8", "w8a8"}, {"RD_CUDA_FP8", "w8a8"},
                                     {"RD_CUDA_MOE", ""},        {"RD_CUDA_ATTN_V0", "1"},  {"RD_CUDA_HEAD", "fp32"},
-                                    {"RD_CUDA_TC_PIPE", "0"},   {"RD_CUDA_TC_PIPE", "6"},  {"RD_CUDA_SAMPLE", "cta"}};
+                                    {"RD_CUDA_TC_PIPE", "0"},   {"RD_CUDA_TC_PIPE", "6"},  {"RD_CUDA_SAMPLE", "cta"},
+                                    {"RD_CUDA_TC_NORMADD", "0"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         rd_backend *be = dev_with(good[i][0], good[i][1], NULL, NULL);
         CHECK(be != NULL, "%s=%s: %s", good[i][0], good[i][1], rd_errmsg());
