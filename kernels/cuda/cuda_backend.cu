@@ -257,6 +257,7 @@ struct cuda_be {
             const float *w, *w2;
             float eps, w_off;
         } hnorm;
+        decltype(tc_args::lora) lora; // lora_apply calls on its output whose expand is its epilogue (n 0: none)
     } pend_tc;
     // An RMSNorm of at most tc_norm_rows rows deferred in tensor-core mode:
     // a tensor-core GEMM reading its output next runs it as its prologue.
@@ -276,6 +277,8 @@ struct cuda_be {
     bool norm_v0;               // RD_CUDA_NORM_V0=1: k_rmsnorm's loop form at every width (its register form's baseline)
     bool tc_route;              // tc mode: moe_route as the router GEMM's finishing step (RD_CUDA_TC_ROUTE=0: k_moe_route)
     bool tc_normadd;            // tc mode: rmsnorm_add as the projection's finishing step (RD_CUDA_TC_NORMADD=0: k_rmsnorm)
+    bool tc_lora;               // tc mode: lora_apply's expand in the pending GEMM's epilogue (RD_CUDA_TC_LORA=0: its own)
+    int64_t lora_t_used;        // floats of lora_t the pending GEMM's LoRA terms hold
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
@@ -1260,9 +1263,11 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
                    const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
                    kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr,
                    const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr, const decltype(tc_args::route) *route = nullptr,
-                   const decltype(tc_args::nadd) *nadd = nullptr)
+                   const decltype(tc_args::nadd) *nadd = nullptr, const decltype(tc_args::lora) *lora = nullptr)
 {
     tc_args a{};
+    if (lora)
+        a.lora = *lora;
     a.bias = bias;
     if (route)
         a.route = *route;
@@ -1324,7 +1329,8 @@ static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv)
     if (epi == TC_PLAIN && p.rope.heads)
         epi = TC_ROPE;
     run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN || epi == TC_ROPE ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W),
-           &p.rope, kv, p.bias, &p.hnorm);
+           &p.rope, kv, p.bias, &p.hnorm, nullptr, nullptr, &p.lora);
+    b->lora_t_used = 0;
     if (p.hnorm.heads && !p.rope.heads) { // no RoPE came: the norms on their own, after the GEMM
         launch_head_rmsnorm(b->st, p.y, p.W->out, p.m, p.hnorm.heads, p.hnorm.head_dim, p.hnorm.w, p.hnorm.n_first,
                             p.hnorm.w2, p.hnorm.eps, p.hnorm.w_off, split_sum{nullptr, 0, 0});
@@ -1341,9 +1347,11 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
         b->pend_norm.x = nullptr;
     }
     settle(b);
-    if (b->fuse_split && !accumulate && W->out % 2 == 0) {
+    if (b->fuse_split && W->out % 2 == 0) {
+        // (accumulating ones too, Llama's o and down onto the residual: their LoRA terms can join them)
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
-        b->pend_tc = {W, x, m, y, 0, norm, nullptr, {0, 0, nullptr, nullptr}, {0, 0, 0, nullptr, nullptr, 0.0f, 0.0f}};
+        b->pend_tc = {W, x, m, y, accumulate, norm, nullptr, {0, 0, nullptr, nullptr},
+                      {0, 0, 0, nullptr, nullptr, 0.0f, 0.0f}, {}};
         return;
     }
     run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm, tc_pieces(b, W));
@@ -1353,8 +1361,8 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
 // launched as its epilogue (true), or false after launching what was pending.
 static bool gated_tc(cuda_be *b, const float *gu, int32_t m, int32_t f, float *out, int epi)
 {
-    if (b->pend_tc.W && b->pend_tc.y == gu && b->pend_tc.m == m && b->pend_tc.W->out == 2 * f && !b->pend_tc.bias &&
-        !b->pend_tc.rope.heads && !b->pend_tc.hnorm.heads) {
+    if (b->pend_tc.W && b->pend_tc.y == gu && b->pend_tc.m == m && b->pend_tc.W->out == 2 * f && !b->pend_tc.acc &&
+        !b->pend_tc.bias && !b->pend_tc.rope.heads && !b->pend_tc.hnorm.heads) {
         shadow_written(b, out, (size_t)m * f * sizeof(float));
         launch_pending_tc(b, epi, out);
         return true;
@@ -1569,8 +1577,8 @@ static void cu_add_bias(rd_backend *be, float *y, int32_t stride, int32_t m, int
     if (m <= 0 || n <= 0)
         return;
     const auto &pt = b->pend_tc;
-    if (pt.W && pt.y == y && !pt.acc && !pt.bias && !pt.rope.heads && !pt.hnorm.heads && pt.m == m && n == stride &&
-        n == pt.W->out) {
+    if (pt.W && pt.y == y && !pt.acc && !pt.bias && !pt.rope.heads && !pt.hnorm.heads && !pt.lora.n && pt.m == m &&
+        n == stride && n == pt.W->out) {
         // On the whole output of the pending tensor-core GEMM: added in its epilogue.
         shadow_written(b, y, (size_t)m * stride * sizeof(float));
         b->pend_tc.bias = bias;
@@ -1687,7 +1695,8 @@ static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32
         shadow_written(b, y, n * sizeof(float));
         const decltype(tc_args::nadd) nadd = {w, eps, w_off, out, y};
         run_tc(b, p.W, p.x, p.m, p.y, 0, TC_NORMADD, p.norm, tc_pieces(b, p.W), nullptr,
-               kv_out{nullptr, 0, 0, nullptr, nullptr}, nullptr, nullptr, nullptr, &nadd);
+               kv_out{nullptr, 0, 0, nullptr, nullptr}, nullptr, nullptr, nullptr, &nadd, &p.lora);
+        b->lora_t_used = 0;
         return;
     }
     const split_sum ss = take_split(b, x, (int64_t)n); // (another deferred sum, y's included, is completed first)
@@ -1784,7 +1793,8 @@ static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t
         b->pend_tc.W = nullptr;
         const decltype(tc_args::route) route = {ids, weights, k, norm};
         run_tc(b, p.W, p.x, p.m, p.y, 0, TC_ROUTE, p.norm, tc_pieces(b, p.W), nullptr, kv_out{nullptr, 0, 0, nullptr, nullptr},
-               nullptr, nullptr, &route);
+               nullptr, nullptr, &route, nullptr, &p.lora);
+        b->lora_t_used = 0;
         return;
     }
     const split_sum ss = take_split(b, logits, n);
@@ -2102,22 +2112,20 @@ static void cu_lora_release(rd_backend *be, const rd_lora_batch *lb)
 static void cu_lora_apply(rd_backend *be, const rd_lora_batch *lb, const float *x, const int32_t *slots, int32_t m,
                           float *y, int32_t y_stride, int32_t out_off)
 {
-    cuda_be *b = compute_op(be);
+    cuda_be *b = compute(be);
     if (m <= 0)
         return;
     if (!lb || lb->n_slots < 1 || lb->n_slots > RD_LORA_MAX_SLOTS || lb->in <= 0 || lb->out <= 0 ||
         lb->max_rank < 1 || lb->max_rank > RD_LORA_MAX_RANK || out_off < 0 || out_off + lb->out > y_stride) {
+        settle(b);
         fail(b, "cuda: lora_apply with %d slots, [%d] -> [%d] at %d of %d, max rank %d", lb ? lb->n_slots : 0,
              lb ? lb->in : 0, lb ? lb->out : 0, out_off, y_stride, lb ? lb->max_rank : 0);
         return;
     }
-    lora_table *t = lora_table_for(b, lb);
+    lora_table *t = lora_table_for(b, lb); // (its table write, if any, goes before the pending GEMM: it reads it)
     if (!t)
         return;
-    if (!grow(b, (void **)&b->lora_t, &b->lora_t_cap, (size_t)m * lb->max_rank * sizeof(float), "the LoRA A x"))
-        return;
-    shadow_written(b, y, (size_t)m * y_stride * sizeof(float));
-    lora_args a;
+    lora_args a{};
     a.table = t->dev;
     a.n_slots = lb->n_slots;
     a.in = lb->in;
@@ -2126,10 +2134,39 @@ static void cu_lora_apply(rd_backend *be, const rd_lora_batch *lb, const float *
     a.x = x;
     a.slots = slots;
     a.m = m;
-    a.t = b->lora_t;
     a.y = y;
     a.y_stride = y_stride;
     a.out_off = out_off;
+    const int64_t need = (int64_t)m * lb->max_rank;
+    auto &pt = b->pend_tc;
+    const float *gx = pt.norm.x ? pt.norm.out : pt.x; // what the pending GEMM multiplies
+    if (b->tc_lora && pt.W && pt.y == y && pt.W->out == y_stride && pt.m == m && x == gx && lb->in == pt.W->in &&
+        !pt.rope.heads && !pt.hnorm.heads && pt.lora.n < TC_LORA_MAX && (!pt.lora.n || pt.lora.slots == slots) &&
+        !(b->tc_big_rows > 0 && m >= b->tc_big_rows) && !b->pend_y &&
+        (pt.lora.n ? (size_t)(b->lora_t_used + need) * sizeof(float) <= b->lora_t_cap
+                   : grow(b, (void **)&b->lora_t, &b->lora_t_cap, (size_t)(TC_LORA_MAX * need) * sizeof(float),
+                          "the LoRA A x"))) {
+        // The GEMM that wrote y is still pending: the shrink runs now (on the GEMM's input: with its RMSNorm
+        // prologue, normalizing x as the prologue will), the expand becomes its epilogue, t kept per call.
+        if (!pt.lora.n)
+            b->lora_t_used = 0;
+        if (pt.norm.x)
+            a.x = pt.norm.x, a.nw = pt.norm.w, a.eps = pt.norm.eps, a.w_off = pt.norm.w_off;
+        a.t = b->lora_t + b->lora_t_used;
+        launch_lora_shrink(b->st, a);
+        if (!check_launch(b, "lora_shrink"))
+            return;
+        shadow_written(b, y, (size_t)m * y_stride * sizeof(float));
+        pt.lora.tg[pt.lora.n++] = tc_lora{t->dev, lb->n_slots, lb->max_rank, a.t, out_off, lb->out};
+        pt.lora.slots = slots;
+        b->lora_t_used += need;
+        return;
+    }
+    settle(b);
+    if (b->err || !grow(b, (void **)&b->lora_t, &b->lora_t_cap, (size_t)need * sizeof(float), "the LoRA A x"))
+        return;
+    a.t = b->lora_t;
+    shadow_written(b, y, (size_t)m * y_stride * sizeof(float));
     launch_lora_apply(b->st, a);
     check_launch(b, "lora_apply");
 }
@@ -2817,6 +2854,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
     {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}}, {"RD_CUDA_TC_NORMADD", {"0", "1"}},
+    {"RD_CUDA_TC_LORA", {"0", "1"}},
 };
 
 static bool env_number(const char *v)
@@ -2916,6 +2954,8 @@ static int create(int n_threads, rd_backend **out)
     b->tc_route = !(tr && !strcmp(tr, "0"));
     const char *na = env("RD_CUDA_TC_NORMADD");
     b->tc_normadd = !(na && !strcmp(na, "0"));
+    const char *tl = env("RD_CUDA_TC_LORA");
+    b->tc_lora = !(tl && !strcmp(tl, "0"));
     const char *hn = env("RD_CUDA_TC_HNORM");
     b->tc_hnorm = !(hn && !strcmp(hn, "0"));
     const char *af = env("RD_CUDA_ATTN_FUSE");

@@ -172,30 +172,10 @@ RD_UNROLL
     }
 }
 
-// The RMSNorm factor of a row xr[d] (one whole warp calls it): k_rmsnorm's
-// sum of squares with lane l standing for virtual thread 32 v + l of each
-// virtual warp v. CG: xr read through L2 (other CTAs of the kernel wrote it).
-template <bool CG = false> RD_DEV float tc_inv_of(const float *xr, int32_t d, float eps, int lane)
-{
-    double v[RMS_THREADS / 32];
-RD_UNROLL
-    for (int w = 0; w < RMS_THREADS / 32; w++) {
-        v[w] = 0.0;
-        for (int32_t j = 32 * w + lane; j < d; j += RMS_THREADS)
-            v[w] = rms_acc(v[w], CG ? __ldcg(xr + j) : xr[j]);
-        v[w] = warp_allreduce(v[w], op_add());
-    }
-    double ss = v[0];
-RD_UNROLL
-    for (int w = 1; w < RMS_THREADS / 32; w++)
-        ss = ss + v[w];
-    return rms_inv(ss, d, eps);
-}
-
 // The prologue's factor of x's row r (a.nw set).
 RD_DEV float tc_row_inv(const tc_args &a, int32_t r, int lane)
 {
-    return tc_inv_of(a.x + (int64_t)r * a.in, a.in, a.eps, lane);
+    return rms_row_inv(a.x + (int64_t)r * a.in, a.in, a.eps, lane);
 }
 
 // A's fragment of k-step s from rows g (xa) and g + 8 (xb), piece p.
@@ -238,6 +218,22 @@ RD_UNROLL
     }
 }
 
+// The LoRA terms (a.lora) on output column c of row r, added to its value v in call order: what k_lora_expand
+// adds to the stored output, each target whose columns hold c.
+RD_DEV float tc_lora_add(const tc_args &a, int32_t r, int32_t c, float v)
+{
+    for (int32_t i = 0; i < a.lora.n; i++) {
+        const tc_lora &g = a.lora.tg[i];
+        const int32_t s = a.lora.slots[r];
+        if (c < g.off || c >= g.off + g.out || s < 0 || s >= g.n_slots)
+            continue;
+        const lora_dev d = g.table[s];
+        if (d.b && d.rank <= g.max_rank)
+            v = RD_FADD(v, lora_term(d, c - g.off, g.t + (int64_t)r * g.max_rank));
+    }
+    return v;
+}
+
 RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
 {
     if (r >= a.m || n >= a.out)
@@ -245,7 +241,8 @@ RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
     if (a.bias) // k_add_bias's sum, on the rounded output (acc is 0 then)
         v = RD_FADD(v, a.bias[n]);
     float *dst = a.y + (int64_t)r * a.out + n;
-    *dst = a.acc ? RD_FADD(*dst, v) : v;
+    v = a.acc ? RD_FADD(*dst, v) : v;
+    *dst = a.lora.n ? tc_lora_add(a, r, n, v) : v;
 }
 
 // A gated FFN's output for feature f of row r from its finished gate and up.
@@ -289,7 +286,10 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
     if (r >= a.m)
         return;
     if (EPI == TC_SWIGLU || EPI == TC_GEGLU) {
-        tc_store_glu<EPI>(a, r, 8 * tile + c, v0, v1);
+        const int32_t f = 8 * tile + c;
+        if (a.lora.n && f < a.out / 2) // the gate's and the up's adapters before the gate
+            v0 = tc_lora_add(a, r, f, v0), v1 = tc_lora_add(a, r, a.out / 2 + f, v1);
+        tc_store_glu<EPI>(a, r, f, v0, v1);
         return;
     }
     const int32_t c0 = tc_col<EPI>(a, tile, 0, c), c1 = tc_col<EPI>(a, tile, 1, c);
@@ -299,6 +299,10 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
         if (a.bias) { // Qwen2's q|k|v bias first, as k_add_bias adds it
             v0 = c0 < a.out ? RD_FADD(v0, a.bias[c0]) : v0;
             v1 = c1 < a.out ? RD_FADD(v1, a.bias[c1]) : v1;
+        }
+        if (a.lora.n) { // then the adapters of q, k and v, before the norms and the rotation
+            v0 = c0 < a.out ? tc_lora_add(a, r, c0, v0) : v0;
+            v1 = c1 < a.out ? tc_lora_add(a, r, c1, v1) : v1;
         }
         if (c0 < a.rope.heads * hd && a.rope.nw) { // the head's norm first: tc_finish rotates it
             y[c0] = v0;
@@ -788,7 +792,7 @@ template <int MW, int EPI> RD_DEV void tc_finish(const tc_args &a, int32_t tile,
             return;
         for (int rr = warp; rr < 16 * MW && r0 + rr < a.m; rr += wk) { // whole warps
             const int64_t at = (int64_t)(r0 + rr) * a.out;
-            const float inv = tc_inv_of<true>(a.y + at, a.out, a.nadd.eps, lane);
+            const float inv = rms_row_inv<true>(a.y + at, a.out, a.nadd.eps, lane);
             for (int32_t j = lane; j < a.out; j += 32) {
                 const float o = rms_apply(__ldcg(a.y + at + j), inv, a.nadd.w[j], a.nadd.w_off);
                 a.nadd.out[at + j] = o;
@@ -1557,7 +1561,7 @@ template <int WS, int NP, int WF> static void gemm_tc_tile(cudaStream_t s, const
 
 static inline bool tc_use_big(const tc_args &a)
 {
-    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads && !a.route.ids && !a.nadd.out;
+    return a.big_rows > 0 && a.m >= a.big_rows && !a.nw && !a.rope.heads && !a.route.ids && !a.nadd.out && !a.lora.n;
 }
 
 // One call with pieces NP (TC_Q8, TC_I8: W8A8) and a weight format WF: the tile

@@ -49,6 +49,26 @@ RD_DEV float rms_apply(float x, float inv, float w, float w_off)
 {
     return RD_FMUL(RD_FMUL(x, inv), w_off == 0.0f ? w : RD_FADD(w, w_off));
 }
+// The RMSNorm factor of a row xr[d] (one whole warp calls it): k_rmsnorm's
+// sum of squares with lane l standing for virtual thread 32 v + l of each
+// virtual warp v. CG: xr read through L2 (other CTAs of the kernel wrote it).
+template <bool CG = false> RD_DEV float rms_row_inv(const float *xr, int32_t d, float eps, int lane)
+{
+    double v[RMS_THREADS / 32];
+RD_UNROLL
+    for (int w = 0; w < RMS_THREADS / 32; w++) {
+        v[w] = 0.0;
+        for (int32_t j = 32 * w + lane; j < d; j += RMS_THREADS)
+            v[w] = rms_acc(v[w], CG ? __ldcg(xr + j) : xr[j]);
+        v[w] = warp_allreduce(v[w], op_add());
+    }
+    double ss = v[0];
+RD_UNROLL
+    for (int w = 1; w < RMS_THREADS / 32; w++)
+        ss = ss + v[w];
+    return rms_inv(ss, d, eps);
+}
+
 // RMSNorm per row, the sum of squares in double, as the CPU backend. With
 // ss.t, x is first completed from the split sum (and written back).
 // add_to (NULL: none): then add_to += out, one fp32 add (rmsnorm_add: Gemma 3's
@@ -240,6 +260,56 @@ RD_DEV void moe_route_warp(float *p, float *sw, int32_t E, int32_t k, int norm, 
             weights[j] = norm ? RD_FDIV(sw[j], wsum) : sw[j];
 }
 
+// ---- LoRA's pairs (cuda_lora.cu; the tensor-core GEMM's epilogue adds their terms too) ----
+enum { LORA_DT_F32 = 0, LORA_DT_F16 = 1, LORA_DT_BF16 = 2 };
+// One slot of a lora_apply table (device memory): the adapter's pair for
+// this module, or a and b NULL (no adapter: its rows are left alone).
+struct lora_dev {
+    const void *a;              // A [rank][in], a_dt
+    const void *b;              // B [out][rank], b_dt
+    float scale;
+    int32_t rank;
+    int32_t a_dt, b_dt;         // LORA_DT_*
+};
+
+template <int DT> RD_DEV float lora_wload(const void *p, int64_t i)
+{
+    if constexpr (DT == LORA_DT_F32)
+        return ((const float *)p)[i];
+    else if constexpr (DT == LORA_DT_F16)
+        return cm_f16_to_f32(((const uint16_t *)p)[i]);
+    else
+        return cm_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+// The expand's term of output j for a row whose A x is t[0..rank): u = B[j] . t with fmaf in k order (backend.h's
+// order), then s x u rounded, what lora_apply adds to y[j].
+RD_DEV float lora_term(const lora_dev &d, int32_t j, const float *t)
+{
+    const int64_t b0 = (int64_t)j * d.rank;
+    float u = 0.0f;
+    if (d.b_dt == LORA_DT_F32)
+        for (int32_t k = 0; k < d.rank; k++)
+            u = fmaf(lora_wload<LORA_DT_F32>(d.b, b0 + k), t[k], u);
+    else if (d.b_dt == LORA_DT_F16)
+        for (int32_t k = 0; k < d.rank; k++)
+            u = fmaf(lora_wload<LORA_DT_F16>(d.b, b0 + k), t[k], u);
+    else
+        for (int32_t k = 0; k < d.rank; k++)
+            u = fmaf(lora_wload<LORA_DT_BF16>(d.b, b0 + k), t[k], u);
+    return RD_FMUL(d.scale, u);
+}
+
+// A lora_apply whose expand the pending tensor-core GEMM's epilogue runs (tc_args.lora): its shrink has run
+// (t = A x per row), and output column c in [off, off + out) of a row gets y + lora_term.
+struct tc_lora {
+    const lora_dev *table;      // [n_slots]
+    int32_t n_slots, max_rank;
+    const float *t;             // [m][max_rank]
+    int32_t off, out;           // the columns of the GEMM's output the term lands on
+};
+#define TC_LORA_MAX 3           // targets one GEMM takes: q, k and v of a q|k|v weight
+
 // ---- the tensor-core GEMM (cuda_gemm_tc.cu) ----
 // y[m][out] (= or +=) x[m][in] W^T on tensor cores, in the plan's fixed
 // order (cuplan_gemm_tc): fp32 x split into bf16 hi and (split) lo in
@@ -287,6 +357,12 @@ struct tc_args {
         float *out;             // [m][out] the norm's output; NULL: no finishing step
         float *y;               // [m][out] the residual stream: y += out
     } nadd;
+    struct {                    // LoRA terms on the finished outputs, in call order, after the bias and before any
+                                // other epilogue (the runner's order); n 0: none (never the tile kernel)
+        int32_t n;
+        tc_lora tg[TC_LORA_MAX];
+        const int32_t *slots;   // [m] each row's slot; outside [0, n_slots): none
+    } lora;
     unsigned *fin_count;        // set by launch_gemm_tc: the finishing steps' counters after the tile counters:
                                 // [row tiles][heads] (rope.nw) or [row tiles] (route.ids, nadd.out)
     int32_t big_rows;           // from this many rows on (and without nw), the tile kernel (0: never)
@@ -416,16 +492,6 @@ RD_DEV void moe_combine_one(const moe_args &a, const int32_t *pos, int64_t i, in
 }
 
 // ---- LoRA (cuda_lora.cu) ----
-enum { LORA_DT_F32 = 0, LORA_DT_F16 = 1, LORA_DT_BF16 = 2 };
-// One slot of a lora_apply table (device memory): the adapter's pair for
-// this module, or a and b NULL (no adapter: its rows are left alone).
-struct lora_dev {
-    const void *a;              // A [rank][in], a_dt
-    const void *b;              // B [out][rank], b_dt
-    float scale;
-    int32_t rank;
-    int32_t a_dt, b_dt;         // LORA_DT_*
-};
 // table[i] = p[i] for i < n (p host memory), by kernels whose arguments carry
 // the entries, so the write is ordered on the stream and can be recorded.
 void launch_lora_set_table(cudaStream_t s, lora_dev *table, const lora_dev *p, int32_t n);
@@ -433,6 +499,8 @@ struct lora_args {
     const lora_dev *table;      // [n_slots]
     int32_t n_slots, in, out, max_rank;
     const float *x;             // [m][in]
+    const float *nw;            // with nw, x is an RMSNorm's input, normalized as the shrink reads it (the pending
+    float eps, w_off;           // GEMM's prologue: its output is not written yet); NULL: x as it is
     const int32_t *slots;       // [m] each row's slot; outside [0, n_slots): none
     int32_t m;
     float *t;                   // scratch [m][max_rank]: A x per row
@@ -443,6 +511,8 @@ struct lora_args {
 // index) then an expand kernel (a thread per row and output), both of a
 // shape fixed by m, max_rank and out; see cuda_lora.cu for the orders.
 void launch_lora_apply(cudaStream_t s, const lora_args &a);
+// Its shrink alone (t = A x): the expand is the pending tensor-core GEMM's epilogue (tc_args.lora).
+void launch_lora_shrink(cudaStream_t s, const lora_args &a);
 
 // ---- paged attention (cuda_attention.cu) ----
 struct attn_params {

@@ -59,34 +59,32 @@ void launch_lora_set_table(cudaStream_t s, lora_dev *table, const lora_dev *p, i
     }
 }
 
-template <int DT> RD_DEV float wload(const void *p, int64_t i);
-template <> RD_DEV float wload<LORA_DT_F32>(const void *p, int64_t i) { return ((const float *)p)[i]; }
-template <> RD_DEV float wload<LORA_DT_F16>(const void *p, int64_t i)
+// Element e of x's row: as it is, or with NORM that row's RMSNorm output (inv its factor), the value
+// k_rmsnorm (and the tensor-core GEMM's prologue) gives.
+template <bool NORM> RD_DEV float shrink_x(const lora_args &a, const float *x, int64_t e, float inv)
 {
-    return cm_f16_to_f32(((const uint16_t *)p)[i]);
-}
-template <> RD_DEV float wload<LORA_DT_BF16>(const void *p, int64_t i)
-{
-    return cm_bf16_to_f32(((const uint16_t *)p)[i]);
+    return NORM ? rms_apply(x[e], inv, a.nw[e], a.w_off) : x[e];
 }
 
 // Lane `lane`'s partial of w[0..n) . x[0..n) (w's elements from index w0).
-template <int DT> RD_DEV float lane_part(const void *w, int64_t w0, const float *x, int32_t n, int32_t lane)
+template <int DT, bool NORM>
+RD_DEV float lane_part(const lora_args &a, const void *w, int64_t w0, const float *x, float inv, int32_t lane)
 {
+    const int32_t n = a.in;
     float acc = 0.0f;
     const int32_t chunks = n / RD_LORA_CHUNK;
     for (int32_t c = lane; c < chunks; c += RD_LORA_LANES)
 RD_UNROLL
         for (int t = 0; t < RD_LORA_CHUNK; t++) {
             const int64_t e = (int64_t)c * RD_LORA_CHUNK + t;
-            acc = fmaf(x[e], wload<DT>(w, w0 + e), acc);
+            acc = fmaf(shrink_x<NORM>(a, x, e, inv), lora_wload<DT>(w, w0 + e), acc);
         }
     for (int32_t e = chunks * RD_LORA_CHUNK + lane; e < n; e += RD_LORA_LANES)
-        acc = fmaf(x[e], wload<DT>(w, w0 + e), acc);
+        acc = fmaf(shrink_x<NORM>(a, x, e, inv), lora_wload<DT>(w, w0 + e), acc);
     return acc;
 }
 
-__global__ void __launch_bounds__(32 * LORA_WARPS) k_lora_shrink(lora_args a)
+template <bool NORM> __global__ void __launch_bounds__(32 * LORA_WARPS) k_lora_shrink(lora_args a)
 {
     RD_PDL_ENTRY();
     const int32_t i = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -98,25 +96,18 @@ __global__ void __launch_bounds__(32 * LORA_WARPS) k_lora_shrink(lora_args a)
     if (!d.a || k >= d.rank)
         return; // the whole warp: no shuffles below for it
     const float *x = a.x + (int64_t)i * a.in;
+    const float inv = NORM ? rms_row_inv(x, a.in, a.eps, lane) : 0.0f; // (each warp its own: the same value)
     const int64_t w0 = (int64_t)k * a.in;
     float p;
     if (d.a_dt == LORA_DT_F32)
-        p = lane_part<LORA_DT_F32>(d.a, w0, x, a.in, lane);
+        p = lane_part<LORA_DT_F32, NORM>(a, d.a, w0, x, inv, lane);
     else if (d.a_dt == LORA_DT_F16)
-        p = lane_part<LORA_DT_F16>(d.a, w0, x, a.in, lane);
+        p = lane_part<LORA_DT_F16, NORM>(a, d.a, w0, x, inv, lane);
     else
-        p = lane_part<LORA_DT_BF16>(d.a, w0, x, a.in, lane);
+        p = lane_part<LORA_DT_BF16, NORM>(a, d.a, w0, x, inv, lane);
     p = warp_allreduce(p, op_add());
     if (lane == 0)
         a.t[(int64_t)i * a.max_rank + k] = p;
-}
-
-template <int DT> RD_DEV float expand_dot(const void *b, int64_t b0, const float *t, int32_t rank)
-{
-    float u = 0.0f;
-    for (int32_t k = 0; k < rank; k++)
-        u = fmaf(wload<DT>(b, b0 + k), t[k], u);
-    return u;
 }
 
 __global__ void __launch_bounds__(LORA_EXP_THREADS) k_lora_expand(lora_args a)
@@ -136,24 +127,26 @@ __global__ void __launch_bounds__(LORA_EXP_THREADS) k_lora_expand(lora_args a)
     const int32_t j = blockIdx.y * LORA_EXP_THREADS + threadIdx.x;
     if (j >= a.out)
         return;
-    const int64_t b0 = (int64_t)j * d.rank;
-    float u;
-    if (d.b_dt == LORA_DT_F32)
-        u = expand_dot<LORA_DT_F32>(d.b, b0, s_t, d.rank);
-    else if (d.b_dt == LORA_DT_F16)
-        u = expand_dot<LORA_DT_F16>(d.b, b0, s_t, d.rank);
-    else
-        u = expand_dot<LORA_DT_BF16>(d.b, b0, s_t, d.rank);
     float *yj = a.y + (int64_t)i * a.y_stride + a.out_off + j;
-    *yj = RD_FADD(*yj, RD_FMUL(d.scale, u));
+    *yj = RD_FADD(*yj, lora_term(d, j, s_t));
+}
+
+void launch_lora_shrink(cudaStream_t s, const lora_args &a)
+{
+    if (a.m <= 0 || a.max_rank <= 0)
+        return;
+    const dim3 grid((unsigned)a.m, (unsigned)((a.max_rank + LORA_WARPS - 1) / LORA_WARPS)), block(32 * LORA_WARPS);
+    if (a.nw)
+        RD_LAUNCH(k_lora_shrink<true>, grid, block, 0, s, a);
+    else
+        RD_LAUNCH(k_lora_shrink<false>, grid, block, 0, s, a);
 }
 
 void launch_lora_apply(cudaStream_t s, const lora_args &a)
 {
     if (a.m <= 0 || a.max_rank <= 0 || a.out <= 0)
         return;
-    RD_LAUNCH(k_lora_shrink, dim3((unsigned)a.m, (unsigned)((a.max_rank + LORA_WARPS - 1) / LORA_WARPS)),
-              dim3(32 * LORA_WARPS), 0, s, a);
+    launch_lora_shrink(s, a);
     RD_LAUNCH(k_lora_expand, dim3((unsigned)a.m, (unsigned)((a.out + LORA_EXP_THREADS - 1) / LORA_EXP_THREADS)),
               dim3(LORA_EXP_THREADS), 0, s, a);
 }

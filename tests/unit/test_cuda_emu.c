@@ -49,6 +49,7 @@
 #include "engine/model/loader.h"
 #include "engine/model/quant.h"
 #include "engine/model/quant_fp8.h"
+#include "engine/model/lora.h"
 #include "engine/model/runner.h"
 #include "engine/serve/sampler.h"
 #include "kernels/cuda/cuda_math.h"
@@ -4415,9 +4416,10 @@ static int load_model(const char *name, const char *backend, rd_loaded *l)
     return rd_load(path, backend, 2, l) == 0;
 }
 
-/* Prefills nseq sequences (lens[]), logits for every row, into out. */
-static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, int32_t nseq, const int32_t *base_block,
-                   int32_t from, float *out)
+/* Prefills nseq sequences (lens[]), logits for every row, into out; sequence s's rows under LoRA slot
+ * seq_lora[s] (NULL: no adapters). */
+static int prefill_lora(runner *r, const int32_t *const *toks, const int32_t *lens, int32_t nseq,
+                        const int32_t *base_block, int32_t from, const int32_t *seq_lora, float *out)
 {
     const int32_t bs = r->attn.block_size;
     int32_t M = 0, maxb = 1;
@@ -4425,7 +4427,7 @@ static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, i
         M += lens[s] - from;
         maxb = (lens[s] + bs - 1) / bs > maxb ? (lens[s] + bs - 1) / bs : maxb;
     }
-    int32_t tok[256], pos[256], slot[256], rows[256], qs[17], ctx[16], tab[16 * 32];
+    int32_t tok[256], pos[256], slot[256], rows[256], qs[17], ctx[16], tab[16 * 32], lora[256];
     int32_t m = 0;
     for (int32_t s = 0; s < nseq; s++) {
         qs[s] = m;
@@ -4437,11 +4439,18 @@ static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, i
             pos[m] = p;
             slot[m] = (base_block[s] + p / bs) * bs + p % bs;
             rows[m] = m;
+            lora[m] = seq_lora ? seq_lora[s] : -1;
         }
     }
     qs[nseq] = m;
-    rd_step st = {M, nseq, maxb, tok, pos, slot, qs, ctx, tab, NULL};
+    rd_step st = {M, nseq, maxb, tok, pos, slot, qs, ctx, tab, seq_lora ? lora : NULL};
     return runner_forward(r, &st, rows, M, out);
+}
+
+static int prefill(runner *r, const int32_t *const *toks, const int32_t *lens, int32_t nseq, const int32_t *base_block,
+                   int32_t from, float *out)
+{
+    return prefill_lora(r, toks, lens, nseq, base_block, from, NULL, out);
 }
 
 /* One decode step of nb sequences (blocks of 16, sequence s's table base[s] ..
@@ -4653,6 +4662,100 @@ static void test_runner_tc(void)
     if (!test_case_failed && !light)
         runner_case("tiny-gemma3", 1); /* the q/k norms (1 + w) with the RoPE in the GEMM's epilogue */
     unsetenv("RD_CUDA_GEMM");
+}
+
+/* LoRA through the runner in tc mode: a model with an adapter on every module it serves, rows of it and of
+ * the base model in one step; the prefill's and 4 decode steps' logits bit for bit those of RD_CUDA_FUSE=0 and
+ * RD_CUDA_TC_LORA=0 (Gemma 3: the terms before the q/k norms, the RoPE and the KV write of the q|k|v GEMM's
+ * epilogue, before the GeGLU of gate|up's, before the post-norms with their adds; Llama: onto the residual);
+ * a decode step fewer kernels than with RD_CUDA_TC_LORA=0; and the adapter moves its rows' logits. */
+static void runner_tc_lora_case(const char *model, const char *adapter)
+{
+    static const char *vars[3][2] = {{NULL, NULL}, {"RD_CUDA_FUSE", "0"}, {"RD_CUDA_TC_LORA", "0"}};
+    rd_loaded l[3];
+    runner r[3];
+    int ok = 1;
+    for (int bi = 0; bi < 3; bi++) {
+        setenv("RD_CUDA_GEMM", "tc", 1);
+        if (vars[bi][0])
+            setenv(vars[bi][0], vars[bi][1], 1);
+        ok = ok && load_model(model, dev_name(), &l[bi]);
+        unsetenv("RD_CUDA_GEMM");
+        if (vars[bi][0])
+            unsetenv(vars[bi][0]);
+    }
+    CHECK(ok, "cannot load %s: %s", model, rd_errmsg());
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/lora/%s", testdata(), adapter);
+    const int32_t V = l[0].m->cfg.vocab, NS = 3, seq_lora[3] = {0, -1, 0};
+    int32_t lens[3] = {9, 5, 12}, base[3] = {0, 4, 8}, t[3][40];
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < 40; i++)
+            t[s][i] = (int32_t)((hval(71, s, i, 0) + 1) * 0.5 * V) % V;
+    const int32_t *toks[3] = {t[0], t[1], t[2]};
+    float *lg[3], *base_lg = malloc(sizeof(float) * 64 * V);
+    uint64_t kernels[3] = {0, 0, 0};
+    for (int bi = 0; bi < 3; bi++) {
+        lg[bi] = malloc(sizeof(float) * 64 * V);
+        setenv("RD_GRAPHS", "0", 1);
+        CHECK_OK(runner_init(&r[bi], l[bi].m, 16, 16, 64, 64));
+        unsetenv("RD_GRAPHS");
+        CHECK_OK(runner_lora_init(&r[bi], 2, 64));
+        lora_adapter *a;
+        void **h;
+        int64_t bytes;
+        CHECK_OK(lora_load_peft(dir, &l[bi].m->cfg, 64, &a));
+        CHECK_OK(runner_lora_prepare(&r[bi], a, &h, &bytes));
+        runner_lora_bind(&r[bi], 0, h);
+        lora_free(a);
+        if (bi == 0) { /* the same prompts on the base model alone, for the adapter's effect */
+            CHECK_OK(prefill(&r[0], toks, lens, NS, base, 0, base_lg));
+        }
+        CHECK_OK(prefill_lora(&r[bi], toks, lens, NS, base, 0, seq_lora, lg[bi]));
+    }
+    const int32_t M = 9 + 5 + 12;
+    for (int bi = 1; bi < 3; bi++)
+        CHECK(!memcmp(lg[0], lg[bi], sizeof(float) * M * V), "%s + %s: prefill logits differ from %s", model, adapter,
+              bi == 1 ? "RD_CUDA_FUSE=0" : "RD_CUDA_TC_LORA=0");
+    int32_t moved = 0;
+    for (int32_t i = 0; i < M * V; i++)
+        moved += lg[0][i] != base_lg[i];
+    CHECK(moved > 9 * V / 2, "%s + %s: the adapter moved %d of the prefill's logits", model, adapter, moved);
+    int32_t cur[3][3] = {{9, 5, 12}, {9, 5, 12}, {9, 5, 12}};
+    for (int step = 0; step < 4; step++) {
+        int32_t tok[3], lora[3] = {0, -1, 0}, rows[3] = {0, 1, 2};
+        for (int s = 0; s < 3; s++)
+            tok[s] = (int32_t)((hval(72, s, step, 0) + 1) * 0.5 * V) % V;
+        for (int bi = 0; bi < 3; bi++) {
+            int32_t pos[3], slot[3], qs[4], ctx[3], tab[3 * 4];
+            rd_step st = decode_step(3, tok, cur[bi], base, pos, slot, qs, ctx, tab);
+            st.lora_slots = lora;
+            const uint64_t k0 = cuemu_launch_count();
+            CHECK_OK(runner_forward(&r[bi], &st, rows, 3, lg[bi]));
+            kernels[bi] = cuemu_launch_count() - k0;
+        }
+        for (int bi = 1; bi < 3; bi++)
+            CHECK(!memcmp(lg[0], lg[bi], sizeof(float) * 3 * V), "%s + %s: decode step %d differs from %s", model,
+                  adapter, step, bi == 1 ? "RD_CUDA_FUSE=0" : "RD_CUDA_TC_LORA=0");
+    }
+    printf("# %s + %s (tc): a decode step with adapter rows is %llu kernels (RD_CUDA_TC_LORA=0: %llu, "
+           "RD_CUDA_FUSE=0: %llu; %d layers)\n", model, adapter, (unsigned long long)kernels[0],
+           (unsigned long long)kernels[2], (unsigned long long)kernels[1], l[0].m->cfg.n_layers);
+    CHECK(!on_emulator() || kernels[0] < kernels[2], "%s: %llu kernels with the terms fused, %llu without", model,
+          (unsigned long long)kernels[0], (unsigned long long)kernels[2]);
+    for (int bi = 0; bi < 3; bi++) {
+        runner_free(&r[bi]);
+        rd_unload(&l[bi]);
+        free(lg[bi]);
+    }
+    free(base_lg);
+}
+
+static void test_runner_tc_lora(void)
+{
+    runner_tc_lora_case("tiny-gemma3", "tiny-gemma3-r8-all");
+    if (!test_case_failed)
+        runner_tc_lora_case("tiny-f32", "tiny-f32-r64-all");
 }
 
 /* Prefill logits [42][vocab] of three fixed-length random prompts (the same
@@ -5128,6 +5231,157 @@ static void test_lora_vs_cpu(void)
         }
         free(x), free(y0), free(yc), free(yd), free(y1);
     }
+}
+
+/* LoRA in tc mode: a linear whose output lora_apply then adds adapters' terms to (each call one module's
+ * columns) takes those terms in its epilogue, the shrinks run before it (on its input as its RMSNorm prologue
+ * will normalize it): the GEMM's output, and what reads it next, bit for bit those of RD_CUDA_FUSE=0 and
+ * RD_CUDA_TC_LORA=0 (the GEMM, then the shrink and expand of each call), and, without a gated or norm step
+ * after it, of the CPU backend's lora_apply run in order on the device's plain GEMM output. Modes: 0 q|k|v (3
+ * calls, q 64 + k 32 + v 32 columns); 1 the same with the RMSNorm prologue; 2 gate|up then SwiGLU (2 calls);
+ * 3 Gemma's o then rmsnorm_add; 4 Llama's o onto the residual (accumulate). Adapters of rank 8 (f32), 16
+ * (f16), 64 (bf16) per module, a slot whose adapter leaves the module alone, rows with no adapter. */
+enum { TL_IN = 128, TL_NS = 5 };
+static int tc_trio(rd_backend *bes[3], int sms, const char *off);
+static void tc_trio_free(rd_backend *bes[3]);
+static void tc_lora_case(rd_backend *const bes[3], int mode, int32_t M)
+{
+    static const int32_t ranks[3] = {8, 16, 64}, types[3] = {GGML_F32, GGML_F16, GGML_BF16};
+    const int32_t n_t = mode <= 1 ? 3 : mode == 2 ? 2 : 1;
+    const int32_t widths[3] = {mode <= 1 ? 64 : mode == 2 ? 48 : 64, mode <= 1 ? 32 : 48, 32};
+    int32_t offs[3], OUT = 0;
+    for (int32_t t = 0; t < n_t; t++)
+        offs[t] = OUT, OUT += widths[t];
+    const int norm = mode == 1, acc = mode == 4;
+    const int32_t NO = mode == 2 ? OUT / 2 : OUT; /* the follow-up's width */
+    lora_host h[3][3];
+    for (int32_t t = 0; t < n_t; t++)
+        for (int k = 0; k < 3; k++)
+            lora_host_make(&h[t][k], ranks[k], TL_IN, widths[t], types[k], 1.5f / (float)(k + 1));
+    int32_t *slots = malloc(sizeof(int32_t) * M);
+    float *w = malloc(sizeof(float) * OUT * TL_IN), *x = malloc(sizeof(float) * M * TL_IN);
+    float *nw = malloc(sizeof(float) * (TL_IN > OUT ? TL_IN : OUT)), *y0 = malloc(sizeof(float) * M * OUT);
+    float *res[3], *fol[3], *plain = malloc(sizeof(float) * M * OUT), *xn = malloc(sizeof(float) * M * TL_IN);
+    float *plain0 = malloc(sizeof(float) * M * OUT);
+    static const int32_t pattern[7] = {2, -1, 0, 1, 3, 4, 0};
+    for (int32_t i = 0; i < M; i++)
+        slots[i] = pattern[i % 7];
+    for (int32_t i = 0; i < OUT * TL_IN; i++)
+        w[i] = bf(frand() * 0.2f);
+    for (int32_t i = 0; i < M * TL_IN; i++)
+        x[i] = frand() * 2.0f;
+    for (int32_t i = 0; i < M * OUT; i++)
+        y0[i] = frand();
+    fill_norm_weights(nw, TL_IN > OUT ? TL_IN : OUT);
+    uint64_t launched[3];
+    for (int bi = 0; bi < 3 && !test_case_failed; bi++) {
+        rd_backend *be = bes[bi];
+        res[bi] = malloc(sizeof(float) * M * OUT), fol[bi] = malloc(sizeof(float) * M * NO);
+        void *W, *hd[3][TL_NS];
+        rd_lora_batch lb[3];
+        CHECK_OK(be->ops->linear_load(be, w, OUT, TL_IN, &W));
+        for (int32_t t = 0; t < n_t; t++) {
+            for (int k = 0; k < 3; k++)
+                CHECK_OK(be->ops->lora_load(be, &h[t][k].w, &hd[t][k]));
+            hd[t][3] = NULL, hd[t][4] = hd[t][1]; /* a slot the module has no adapter in; two slots sharing one */
+            lb[t] = (rd_lora_batch){TL_NS, hd[t], TL_IN, widths[t], 64};
+        }
+        float *dx = up(be, x, sizeof(float) * M * TL_IN), *dxn = up(be, NULL, sizeof(float) * M * TL_IN);
+        float *dnw = up(be, nw, sizeof(float) * (TL_IN > OUT ? TL_IN : OUT)), *dy = up(be, y0, sizeof(float) * M * OUT);
+        float *dout = up(be, NULL, sizeof(float) * M * NO), *dres = up(be, y0, sizeof(float) * M * NO);
+        int32_t *ds = up(be, slots, sizeof(int32_t) * M);
+        const float *xin = norm ? dxn : dx;
+        if (bi == 0) { /* the plain GEMM (and the prologue's output) for the CPU's reference */
+            if (norm)
+                be->ops->rmsnorm(be, dx, dnw, M, TL_IN, 1e-6f, 0.0f, dxn);
+            be->ops->linear(be, W, xin, M, dy, acc);
+            CHECK_OK(down(be, plain, dy, sizeof(float) * M * OUT));
+            CHECK_OK(down(be, xn, xin, sizeof(float) * M * TL_IN));
+            be->ops->h2d(be, dy, y0, sizeof(float) * M * OUT);
+        }
+        for (int rep = 0; rep < 2; rep++) { /* the second time with the scratch grown */
+            be->ops->h2d(be, dy, y0, sizeof(float) * M * OUT);
+            be->ops->h2d(be, dres, y0, sizeof(float) * M * NO);
+            CHECK_OK(be->ops->sync(be));
+            const uint64_t k0 = cuemu_launch_count();
+            if (norm)
+                be->ops->rmsnorm(be, dx, dnw, M, TL_IN, 1e-6f, 0.0f, dxn);
+            be->ops->linear(be, W, xin, M, dy, acc);
+            for (int32_t t = 0; t < n_t; t++)
+                be->ops->lora_apply(be, &lb[t], xin, ds, M, dy, OUT, offs[t]);
+            if (mode == 2)
+                be->ops->swiglu(be, dy, M, OUT / 2, dout);
+            else if (mode == 3)
+                be->ops->rmsnorm_add(be, dy, dnw, M, OUT, 1e-6f, 1.0f, dout, dres);
+            CHECK_OK(be->ops->sync(be));
+            launched[bi] = cuemu_launch_count() - k0;
+        }
+        if (mode != 2)
+            CHECK_OK(down(be, res[bi], dy, sizeof(float) * M * OUT));
+        CHECK_OK(down(be, fol[bi], mode == 3 ? dres : dout, sizeof(float) * M * NO));
+        be->ops->free(be, dx), be->ops->free(be, dxn), be->ops->free(be, dnw), be->ops->free(be, dy);
+        be->ops->free(be, dout), be->ops->free(be, dres), be->ops->free(be, ds);
+        for (int32_t t = 0; t < n_t; t++) {
+            be->ops->lora_release(be, &lb[t]);
+            for (int k = 0; k < 3; k++)
+                be->ops->lora_free(be, hd[t][k]);
+        }
+        be->ops->linear_free(be, W);
+    }
+    static const char *modes[5] = {"q|k|v", "q|k|v after an RMSNorm", "gate|up, SwiGLU", "o, rmsnorm_add",
+                                   "o onto the residual"};
+    for (int bi = 1; bi < 3 && !test_case_failed; bi++)
+        CHECK((mode == 2 || !memcmp(res[0], res[bi], sizeof(float) * M * OUT)) &&
+                  (mode != 2 && mode != 3 ? 1 : !memcmp(fol[0], fol[bi], sizeof(float) * M * NO)),
+              "tc LoRA, %s, %d rows: differs from %s", modes[mode], M, bi == 1 ? "RD_CUDA_FUSE=0" : "RD_CUDA_TC_LORA=0");
+    if (!test_case_failed && mode != 2 && mode != 3) {
+        /* the CPU's lora_apply, call by call, on the device's plain GEMM output */
+        memcpy(plain0, plain, sizeof(float) * M * OUT);
+        void *hc[3][TL_NS];
+        rd_lora_batch lc[3];
+        for (int32_t t = 0; t < n_t && !test_case_failed; t++) {
+            for (int k = 0; k < 3; k++)
+                CHECK_OK(cpu->ops->lora_load(cpu, &h[t][k].w, &hc[t][k]));
+            hc[t][3] = NULL, hc[t][4] = hc[t][1];
+            lc[t] = (rd_lora_batch){TL_NS, hc[t], TL_IN, widths[t], 64};
+            CHECK_OK(lora_on(cpu, &lc[t], xn, slots, M, plain, OUT, offs[t], plain));
+            for (int k = 0; k < 3; k++)
+                cpu->ops->lora_free(cpu, hc[t][k]);
+        }
+        CHECK(test_case_failed || !memcmp(plain, res[0], sizeof(float) * M * OUT),
+              "tc LoRA, %s, %d rows: not the CPU's lora_apply on the plain GEMM's output", modes[mode], M);
+        int32_t changed = 0;
+        for (int32_t i = 0; i < M * OUT; i++)
+            changed += plain0[i] != res[0][i];
+        CHECK(changed > M * OUT / 4, "tc LoRA, %s: the terms changed %d of %d outputs", modes[mode], changed, M * OUT);
+    }
+    /* kernels: the shrinks and the GEMM (with the follow-up in its epilogue up to RD_CUDA_NORM_ROWS rows); from
+       RD_CUDA_TC_BIG_ROWS rows as RD_CUDA_TC_LORA=0 */
+    const int small = M <= 8;
+    const uint64_t want = M >= 128 ? launched[2] : (uint64_t)(n_t + 1 + (norm && !small) + (mode == 3 && !small));
+    CHECK(test_case_failed || !on_emulator() || (launched[0] == want && (M >= 128 || launched[2] > launched[0])),
+          "tc LoRA, %s, %d rows: %llu kernels (want %llu; RD_CUDA_TC_LORA=0: %llu)", modes[mode], M,
+          (unsigned long long)launched[0], (unsigned long long)want, (unsigned long long)launched[2]);
+    for (int bi = 0; bi < 3; bi++)
+        free(res[bi]), free(fol[bi]);
+    for (int32_t t = 0; t < n_t; t++)
+        for (int k = 0; k < 3; k++)
+            lora_host_free(&h[t][k]);
+    free(slots), free(w), free(x), free(nw), free(y0), free(plain), free(plain0), free(xn);
+}
+
+static void test_gemm_tc_lora(void)
+{
+    rd_backend *bes[3];
+    CHECK(tc_trio(bes, 4, "RD_CUDA_TC_LORA"), "cannot create the tc backends: %s", rd_errmsg());
+    static const int32_t rows[4] = {1, 5, 20, 130};
+    for (int mode = 0; mode < 5 && !test_case_failed; mode++)
+        for (int ri = 0; ri < 4 && !test_case_failed; ri++) {
+            if (rows[ri] == 130 && mode != 0)
+                continue;
+            tc_lora_case(bes, mode, rows[ri]);
+        }
+    tc_trio_free(bes);
 }
 
 /* lora_apply on the CUDA backend after the linear it belongs to (the
@@ -6799,6 +7053,7 @@ int main(void)
     RUN_SEL(test_runner_moe_tc);
     RUN_SEL(test_runner_moe_fused);
     RUN_SEL(test_lora_vs_cpu);
+    RUN_SEL(test_gemm_tc_lora);
     RUN_SEL(test_lora_graph);
     RUN_SEL(test_sampler);
     RUN_SEL(test_sampler_many_draws);
@@ -6807,6 +7062,7 @@ int main(void)
     RUN_SEL(test_sampler_tiled);
     RUN_SEL(test_runner_tiny);
     RUN_SEL(test_runner_tc);
+    RUN_SEL(test_runner_tc_lora);
     RUN_SEL(test_runner_tiny_bf16);
     RUN_SEL(test_runner_kv_fp8);
     RUN_SEL(test_runner_families);
