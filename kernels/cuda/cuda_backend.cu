@@ -258,6 +258,7 @@ struct cuda_be {
             float eps, w_off;
         } hnorm;
         decltype(tc_args::lora) lora; // lora_apply calls on its output whose expand is its epilogue (n 0: none)
+        lora_args lora_shr[TC_LORA_MAX]; // and their shrinks, launched together just before it
     } pend_tc;
     // An RMSNorm of at most tc_norm_rows rows deferred in tensor-core mode:
     // a tensor-core GEMM reading its output next runs it as its prologue.
@@ -1263,11 +1264,16 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
                    const cuda_be::pend_norm_t &norm, int pieces, const decltype(cuda_be::pend_tc.rope) *rope = nullptr,
                    kv_out kv = kv_out{nullptr, 0, 0, nullptr, nullptr}, const float *bias = nullptr,
                    const decltype(cuda_be::pend_tc.hnorm) *hnorm = nullptr, const decltype(tc_args::route) *route = nullptr,
-                   const decltype(tc_args::nadd) *nadd = nullptr, const decltype(tc_args::lora) *lora = nullptr)
+                   const decltype(tc_args::nadd) *nadd = nullptr, const decltype(tc_args::lora) *lora = nullptr,
+                   const lora_args *lora_shr = nullptr)
 {
     tc_args a{};
-    if (lora)
+    if (lora && lora->n) { // the shrinks the epilogue's terms read, in one launch before it
         a.lora = *lora;
+        launch_lora_shrinks(b->st, lora_shr, lora->n);
+        if (!check_launch(b, "lora_shrink"))
+            return;
+    }
     a.bias = bias;
     if (route)
         a.route = *route;
@@ -1329,7 +1335,7 @@ static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv)
     if (epi == TC_PLAIN && p.rope.heads)
         epi = TC_ROPE;
     run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN || epi == TC_ROPE ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W),
-           &p.rope, kv, p.bias, &p.hnorm, nullptr, nullptr, &p.lora);
+           &p.rope, kv, p.bias, &p.hnorm, nullptr, nullptr, &p.lora, p.lora_shr);
     b->lora_t_used = 0;
     if (p.hnorm.heads && !p.rope.heads) { // no RoPE came: the norms on their own, after the GEMM
         launch_head_rmsnorm(b->st, p.y, p.W->out, p.m, p.hnorm.heads, p.hnorm.head_dim, p.hnorm.w, p.hnorm.n_first,
@@ -1351,7 +1357,7 @@ static void linear_tc(cuda_be *b, const weight *W, const float *x, int32_t m, fl
         // (accumulating ones too, Llama's o and down onto the residual: their LoRA terms can join them)
         shadow_written(b, y, (size_t)m * W->out * sizeof(float));
         b->pend_tc = {W, x, m, y, accumulate, norm, nullptr, {0, 0, nullptr, nullptr},
-                      {0, 0, 0, nullptr, nullptr, 0.0f, 0.0f}, {}};
+                      {0, 0, 0, nullptr, nullptr, 0.0f, 0.0f}, {}, {}};
         return;
     }
     run_tc(b, W, x, m, y, accumulate, TC_PLAIN, norm, tc_pieces(b, W));
@@ -1695,7 +1701,7 @@ static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32
         shadow_written(b, y, n * sizeof(float));
         const decltype(tc_args::nadd) nadd = {w, eps, w_off, out, y};
         run_tc(b, p.W, p.x, p.m, p.y, 0, TC_NORMADD, p.norm, tc_pieces(b, p.W), nullptr,
-               kv_out{nullptr, 0, 0, nullptr, nullptr}, nullptr, nullptr, nullptr, &nadd, &p.lora);
+               kv_out{nullptr, 0, 0, nullptr, nullptr}, nullptr, nullptr, nullptr, &nadd, &p.lora, p.lora_shr);
         b->lora_t_used = 0;
         return;
     }
@@ -1793,7 +1799,7 @@ static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t
         b->pend_tc.W = nullptr;
         const decltype(tc_args::route) route = {ids, weights, k, norm};
         run_tc(b, p.W, p.x, p.m, p.y, 0, TC_ROUTE, p.norm, tc_pieces(b, p.W), nullptr, kv_out{nullptr, 0, 0, nullptr, nullptr},
-               nullptr, nullptr, &route, nullptr, &p.lora);
+               nullptr, nullptr, &route, nullptr, &p.lora, p.lora_shr);
         b->lora_t_used = 0;
         return;
     }
@@ -2146,17 +2152,17 @@ static void cu_lora_apply(rd_backend *be, const rd_lora_batch *lb, const float *
         (pt.lora.n ? (size_t)(b->lora_t_used + need) * sizeof(float) <= b->lora_t_cap
                    : grow(b, (void **)&b->lora_t, &b->lora_t_cap, (size_t)(TC_LORA_MAX * need) * sizeof(float),
                           "the LoRA A x"))) {
-        // The GEMM that wrote y is still pending: the shrink runs now (on the GEMM's input: with its RMSNorm
-        // prologue, normalizing x as the prologue will), the expand becomes its epilogue, t kept per call.
+        // The GEMM that wrote y is still pending: its expand becomes the GEMM's epilogue, and its shrink (on the
+        // GEMM's input: with its RMSNorm prologue, normalizing x as the prologue will) joins the other calls' in
+        // one launch just before the GEMM; t kept per call. (The joins after it write the GEMM's output or, for
+        // rmsnorm_add, buffers other than its x: the shrink reads what it would have read now.)
         if (!pt.lora.n)
             b->lora_t_used = 0;
         if (pt.norm.x)
             a.x = pt.norm.x, a.nw = pt.norm.w, a.eps = pt.norm.eps, a.w_off = pt.norm.w_off;
         a.t = b->lora_t + b->lora_t_used;
-        launch_lora_shrink(b->st, a);
-        if (!check_launch(b, "lora_shrink"))
-            return;
         shadow_written(b, y, (size_t)m * y_stride * sizeof(float));
+        pt.lora_shr[pt.lora.n] = a;
         pt.lora.tg[pt.lora.n++] = tc_lora{t->dev, lb->n_slots, lb->max_rank, a.t, out_off, lb->out};
         pt.lora.slots = slots;
         b->lora_t_used += need;

@@ -511,8 +511,9 @@ struct lora_args {
 // index) then an expand kernel (a thread per row and output), both of a
 // shape fixed by m, max_rank and out; see cuda_lora.cu for the orders.
 void launch_lora_apply(cudaStream_t s, const lora_args &a);
-// Its shrink alone (t = A x): the expand is the pending tensor-core GEMM's epilogue (tc_args.lora).
-void launch_lora_shrink(cudaStream_t s, const lora_args &a);
+// The shrinks alone (t = A x) of n <= TC_LORA_MAX calls on the same rows (m, x, nw, slots alike), in one launch:
+// their expands are the pending tensor-core GEMM's epilogue (tc_args.lora).
+void launch_lora_shrinks(cudaStream_t s, const lora_args *a, int n);
 
 // ---- paged attention (cuda_attention.cu) ----
 struct attn_params {

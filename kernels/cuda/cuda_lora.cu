@@ -84,11 +84,22 @@ RD_UNROLL
     return acc;
 }
 
-template <bool NORM> __global__ void __launch_bounds__(32 * LORA_WARPS) k_lora_shrink(lora_args a)
+// The shrinks of up to TC_LORA_MAX calls on the same rows of x (the q, k and v of a q|k|v GEMM) in one
+// launch: blockIdx.y runs over each call's rank blocks in turn.
+struct lora_shrinks {
+    lora_args a[TC_LORA_MAX];
+    int32_t y0[TC_LORA_MAX + 1]; // call c's blocks are [y0[c], y0[c + 1])
+};
+
+template <bool NORM> __global__ void __launch_bounds__(32 * LORA_WARPS) k_lora_shrink(lora_shrinks sh)
 {
     RD_PDL_ENTRY();
+    int c = 0;
+    while (c + 1 < TC_LORA_MAX && (int32_t)blockIdx.y >= sh.y0[c + 1])
+        c++;
+    const lora_args &a = sh.a[c];
     const int32_t i = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int32_t k = blockIdx.y * LORA_WARPS + warp;
+    const int32_t k = ((int32_t)blockIdx.y - sh.y0[c]) * LORA_WARPS + warp;
     const int32_t s = a.slots[i];
     if (s < 0 || s >= a.n_slots)
         return; // the whole block
@@ -131,22 +142,28 @@ __global__ void __launch_bounds__(LORA_EXP_THREADS) k_lora_expand(lora_args a)
     *yj = RD_FADD(*yj, lora_term(d, j, s_t));
 }
 
-void launch_lora_shrink(cudaStream_t s, const lora_args &a)
+void launch_lora_shrinks(cudaStream_t s, const lora_args *a, int n)
 {
-    if (a.m <= 0 || a.max_rank <= 0)
+    if (n < 1 || n > TC_LORA_MAX || a[0].m <= 0)
         return;
-    const dim3 grid((unsigned)a.m, (unsigned)((a.max_rank + LORA_WARPS - 1) / LORA_WARPS)), block(32 * LORA_WARPS);
-    if (a.nw)
-        RD_LAUNCH(k_lora_shrink<true>, grid, block, 0, s, a);
+    lora_shrinks sh;
+    memset(&sh, 0, sizeof sh);
+    for (int c = 0; c < TC_LORA_MAX; c++) {
+        sh.a[c] = a[c < n ? c : n - 1];
+        sh.y0[c + 1] = sh.y0[c] + (c < n ? (a[c].max_rank + LORA_WARPS - 1) / LORA_WARPS : 0);
+    }
+    const dim3 grid((unsigned)a[0].m, (unsigned)sh.y0[TC_LORA_MAX]), block(32 * LORA_WARPS);
+    if (a[0].nw)
+        RD_LAUNCH(k_lora_shrink<true>, grid, block, 0, s, sh);
     else
-        RD_LAUNCH(k_lora_shrink<false>, grid, block, 0, s, a);
+        RD_LAUNCH(k_lora_shrink<false>, grid, block, 0, s, sh);
 }
 
 void launch_lora_apply(cudaStream_t s, const lora_args &a)
 {
     if (a.m <= 0 || a.max_rank <= 0 || a.out <= 0)
         return;
-    launch_lora_shrink(s, a);
+    launch_lora_shrinks(s, &a, 1);
     RD_LAUNCH(k_lora_expand, dim3((unsigned)a.m, (unsigned)((a.out + LORA_EXP_THREADS - 1) / LORA_EXP_THREADS)),
               dim3(LORA_EXP_THREADS), 0, s, a);
 }

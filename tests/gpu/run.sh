@@ -227,7 +227,7 @@ fi
 # The targets the stages need (so a broken daemon elsewhere in the tree does
 # not stop the GPU checks); everything else is built at the end (build-all),
 # after the measurements. The dry run adds the tool on the emulated backend.
-CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/rollout-specbench build/tests/test_cuda_host
+CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/rollout-specbench build/rollout-lorabench build/tests/test_cuda_host
       build/tests/test_engine build/tests/test_spec build/tests/test_cuda_emu build/tests/test_lora_engine)
 [ "$DRY" = 0 ] || CORE+=(build/emutests/rollout-gpubench)
 if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
@@ -314,10 +314,11 @@ if [ "$DRY" = 0 ]; then
   # FP8 through it; attention's combine in its partition kernel; the tiny models through the runner with tc.
   # test_gemm_tc_hnorm: Qwen3's q/k norms, RoPE and KV write as the q|k|v GEMM's epilogue, whose per-head arrival
   # counters only a device runs concurrently; test_moe_route_tc the same for the router GEMM's top-k, and
-  # test_gemm_tc_normadd for Gemma 3's post-norms with the residual add after the o and down GEMMs.
+  # test_gemm_tc_normadd for Gemma 3's post-norms with the residual add after the o and down GEMMs;
+  # test_gemm_tc_lora and test_runner_tc_lora: LoRA's terms in the GEMMs' epilogues, their shrinks before them.
   # test_sampler_tiled: the tiled sampler (the default since session 35), whose finishing CTA is found by an
   # arrival counter, against samp_sample and against each request alone, and RD_CUDA_SAMPLE=cta.
-  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_gemm_tc_normadd,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80,test_sampler_tiled \
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_gemm_tc_normadd,test_gemm_tc_lora,test_runner_tc_lora,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80,test_sampler_tiled \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone. tc+RD_CUDA_TC_BIG_ROWS=0: the tc kernel
@@ -451,6 +452,24 @@ if [ "$DRY" = 0 ]; then
     --batches 1,8 --steps 16 --json "$LOGS/bench-gemma3-tc.json" || true
   RD_CUDA_GEMM=tc RD_CUDA_TC_NORMADD=0 run bench-gemma3-tc-normadd0 60 "$BENCH" bench --synthetic gemma3-270m \
     --label " tc normadd0" --bw "$BW" --batches 1,8 --steps 16 --json "$LOGS/bench-gemma3-tc-normadd0.json" || true
+  # LoRA decode with tc: the adapters' terms in the GEMMs' epilogues and their shrinks in one launch before each
+  # (9 kernels a layer), beside RD_CUDA_TC_LORA=0 (each lora_apply's shrink and expand after its GEMM: 21-23);
+  # the default model with 2 rank-32 all-linear bf16 adapters (tools/gen_lora.py, as make bench-lora makes
+  # them), batch 1 and 8, every row on an adapter against the base model.
+  if [ "$HAVE_MODEL" = 1 ]; then
+    LORA_DIR=$LOGS/lora
+    if run lora-gen 30 bash -c "mkdir -p '$LORA_DIR' && for s in 1 2; do '$PY' tools/gen_lora.py --model '$MODEL' \
+         --out '$LORA_DIR'/a\$s --rank 32 --alpha 64 --targets all-linear --dtype bf16 --seed \$s || exit 1; done"; then
+      RD_CUDA_GEMM=tc run lora-tc 60 build/rollout-lorabench --backend cuda --model "$MODEL" --batches 1,8 \
+        --adapters 0,2 --max-tokens 32 --reps 2 --adapter "$LORA_DIR/a1" --adapter "$LORA_DIR/a2" \
+        --json "$LOGS/lora-tc.json" || true
+      RD_CUDA_GEMM=tc RD_CUDA_TC_LORA=0 run lora-tc-unfused 60 build/rollout-lorabench --backend cuda --model "$MODEL" \
+        --batches 1,8 --adapters 0,2 --max-tokens 32 --reps 2 --adapter "$LORA_DIR/a1" --adapter "$LORA_DIR/a2" \
+        --json "$LOGS/lora-tc-unfused.json" || true
+    fi
+  else
+    for s in lora-gen lora-tc lora-tc-unfused; do record "$s" SKIP "no model file"; done
+  fi
   # Speculation on the device (issues 21 and 48), where a verify row is nearly free: the tail at batch 1, 4, 16
   # and a GRPO round whose budgets spread to a small-batch tail, speculation off vs on (fails if outputs differ).
   if [ "$HAVE_MODEL" = 1 ]; then
@@ -514,7 +533,7 @@ else
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \
     bench-moe-gemmtc bench-moe-tc bench-qwen3-1.7b-tc-nohnorm bench-1b-tc-norm0 bench-1b-normv0 bench-moe-gemmtc-noroute \
-    bench-1b-tc-samp0 bench-1b-tc-fsync bench-gemma3-tc bench-gemma3-tc-normadd0; do
+    bench-1b-tc-samp0 bench-1b-tc-fsync bench-gemma3-tc bench-gemma3-tc-normadd0 lora-gen lora-tc lora-tc-unfused; do
     skip_gpu "$s"
   done
 fi
