@@ -4750,6 +4750,7 @@ static void runner_tc_lora_case(const char *model, const char *adapter)
           "%s: %llu kernels with the terms fused (want %llu), %llu without", model, (unsigned long long)kernels[0],
           (unsigned long long)want, (unsigned long long)kernels[2]);
     for (int bi = 0; bi < 3; bi++) {
+        runner_lora_unbind(&r[bi], 0);
         runner_free(&r[bi]);
         rd_unload(&l[bi]);
         free(lg[bi]);
