@@ -52,6 +52,8 @@ def kind(doc):
         return "sampler"
     if "mean_k3_kl" in doc:
         return "tis"
+    if isinstance(doc.get("results"), list) and isinstance(doc.get("adapters"), list):
+        return "lora"
     return None
 
 
@@ -120,7 +122,7 @@ def variant_verdicts(stage, doc):
 def assemble(logs, summary):
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": None, "describe": None,
            "copy_gbps": None, "stages": [], "bench": [], "gemm": [], "gemm_invariance": [], "moe": [], "attention": [],
-           "checks": [], "tis": [], "ncu": [], "sampler": [], "unreadable": []}
+           "checks": [], "tis": [], "ncu": [], "sampler": [], "lora": [], "unreadable": []}
     if summary:
         for k in ("date", "host", "gpu", "dry_run", "seconds"):
             if k in summary:
@@ -182,6 +184,13 @@ def assemble(logs, summary):
                                "weights": doc.get("weights"), "tokens": doc.get("tokens"),
                                "mean_k3_kl": doc.get("mean_k3_kl"), "mean_abs_dlogprob": num(doc.get("mean_abs_dlogprob"), 5),
                                "max_abs_dlogprob": num(doc.get("max_abs_dlogprob"), 4)})
+        elif k == "lora":
+            ok = (doc.get("checks") or {}).get("ok") if isinstance(doc.get("checks"), dict) else None
+            for r in doc.get("results", []):
+                out["lora"].append({"stage": stage, "backend": doc.get("backend"), "batch": r.get("batch"),
+                                    "adapters": r.get("adapters"),
+                                    "tokens_per_s": num(r.get("tokens_per_s_median"), 1),
+                                    "ratio_to_base": num(r.get("ratio_to_base")), "checks_ok": ok})
         elif k in ("parity", "invariance", "sampler"):
             for e in doc.get("per_params", []) if k == "sampler" else []:
                 out["sampler"].append({"stage": stage, "form": doc.get("rd_cuda_sample"),
@@ -408,6 +417,16 @@ def markdown(res):
                 x = next((y for y in res["sampler"] if y["stage"] == st and y["rule"] == r), None)
                 cells.append("" if x is None else f"{fmt(x['ms_one_draw'], 3)} / {fmt(x['ms_per_call'], 3)}")
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if res.get("lora"):
+        lines.append("**LoRA decode (rollout-lorabench): tokens/s, median of the reps, and the ratio to the base "
+                     "model at the same batch**")
+        lines.append("")
+        lines.append("| stage | batch | adapters | tokens/s | ratio to base |")
+        lines.append("|---|---|---|---|---|")
+        for x in res["lora"]:
+            lines.append(f"| {x['stage']} | {x['batch']} | {x['adapters']} | {fmt(x['tokens_per_s'], 1)} | "
+                         f"{fmt(x['ratio_to_base'], 3)} |")
         lines.append("")
     if res["checks"]:
         lines.append("**Checks**: " + ", ".join(f"{c['stage']} {'PASS' if c['pass'] else 'FAIL'}"
