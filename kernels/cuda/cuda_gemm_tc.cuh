@@ -219,12 +219,14 @@ RD_UNROLL
 }
 
 // The LoRA terms (a.lora) on output column c of row r, added to its value v in call order: what k_lora_expand
-// adds to the stored output, each target whose columns hold c.
-RD_DEV float tc_lora_add(const tc_args &a, int32_t r, int32_t c, float v)
+// adds to the stored output, each call whose columns hold c. Called, not inlined (RD_DEV_CALL): inlined at
+// every store of every kernel it multiplied ptxas's time by 7. a is the kernel's __grid_constant__ parameter
+// (RD_GRID_CONST), so passing it by reference copies nothing.
+RD_DEV_CALL float tc_lora_add(const tc_args &a, int32_t r, int32_t c, float v)
 {
+    const int32_t s = a.lora.slots[r];
     for (int32_t i = 0; i < a.lora.n; i++) {
         const tc_lora &g = a.lora.tg[i];
-        const int32_t s = a.lora.slots[r];
         if (c < g.off || c >= g.off + g.out || s < 0 || s >= g.n_slots)
             continue;
         const lora_dev d = g.table[s];
@@ -234,7 +236,13 @@ RD_DEV float tc_lora_add(const tc_args &a, int32_t r, int32_t c, float v)
     return v;
 }
 
-RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
+// Whether a split-K CTA of pieces NP and epilogue EPI can carry LoRA's terms (not the LM head's three pieces,
+// not a router, not the MoE experts' rows, XR).
+#define TC_LORA_OK(NP, EPI, XR) ((NP) != 3 && (EPI) != TC_ROUTE && !(XR))
+
+// LORA false: a kernel that never takes LoRA's terms (the tile kernels, the LM head, the router) leaves their
+// code out.
+template <bool LORA = true> RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
 {
     if (r >= a.m || n >= a.out)
         return;
@@ -242,7 +250,9 @@ RD_DEV void tc_store(const tc_args &a, int32_t r, int32_t n, float v)
         v = RD_FADD(v, a.bias[n]);
     float *dst = a.y + (int64_t)r * a.out + n;
     v = a.acc ? RD_FADD(*dst, v) : v;
-    *dst = a.lora.n ? tc_lora_add(a, r, n, v) : v;
+    if constexpr (LORA)
+        v = a.lora.n ? tc_lora_add(a, r, n, v) : v;
+    *dst = v;
 }
 
 // A gated FFN's output for feature f of row r from its finished gate and up.
@@ -281,14 +291,16 @@ template <int EPI> RD_DEV int32_t tc_col(const tc_args &a, int32_t tile, int j, 
 }
 
 // Pair c of row r finished (v0: n8 tile 0's column, v1: tile 1's): the epilogue.
-template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t tile, int c, float v0, float v1)
+template <int EPI, bool LORA = true>
+RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t tile, int c, float v0, float v1)
 {
     if (r >= a.m)
         return;
     if (EPI == TC_SWIGLU || EPI == TC_GEGLU) {
         const int32_t f = 8 * tile + c;
-        if (a.lora.n && f < a.out / 2) // the gate's and the up's adapters before the gate
-            v0 = tc_lora_add(a, r, f, v0), v1 = tc_lora_add(a, r, a.out / 2 + f, v1);
+        if constexpr (LORA)
+            if (a.lora.n && f < a.out / 2) // the gate's and the up's adapters before the gate
+                v0 = tc_lora_add(a, r, f, v0), v1 = tc_lora_add(a, r, a.out / 2 + f, v1);
         tc_store_glu<EPI>(a, r, f, v0, v1);
         return;
     }
@@ -300,10 +312,11 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
             v0 = c0 < a.out ? RD_FADD(v0, a.bias[c0]) : v0;
             v1 = c1 < a.out ? RD_FADD(v1, a.bias[c1]) : v1;
         }
-        if (a.lora.n) { // then the adapters of q, k and v, before the norms and the rotation
-            v0 = c0 < a.out ? tc_lora_add(a, r, c0, v0) : v0;
-            v1 = c1 < a.out ? tc_lora_add(a, r, c1, v1) : v1;
-        }
+        if constexpr (LORA)
+            if (a.lora.n) { // then the adapters of q, k and v, before the norms and the rotation
+                v0 = c0 < a.out ? tc_lora_add(a, r, c0, v0) : v0;
+                v1 = c1 < a.out ? tc_lora_add(a, r, c1, v1) : v1;
+            }
         if (c0 < a.rope.heads * hd && a.rope.nw) { // the head's norm first: tc_finish rotates it
             y[c0] = v0;
             y[c1] = v1;
@@ -337,8 +350,8 @@ template <int EPI> RD_DEV void tc_store2(const tc_args &a, int32_t r, int32_t ti
         }
         return;
     }
-    tc_store(a, r, c0, v0);
-    tc_store(a, r, c1, v1);
+    tc_store<LORA>(a, r, c0, v0);
+    tc_store<LORA>(a, r, c1, v1);
 }
 
 // ------------------------------------------------------------------ W8A8
@@ -874,13 +887,16 @@ RD_UNROLL
     }
 
     // acc[mt][j][i] is row r0 + 16 mt + g (+ 8 for i >= 2) of pair 2 t + (i & 1), n8 tile j.
-    if (a.q == 1) {
+    // (With LoRA's terms, q = 1 takes the shared-memory path below, one warp adding nothing: the same values,
+    // and the terms' calls in one loop rather than at each of these unrolled stores.)
+    constexpr bool LORA = TC_LORA_OK(NP, EPI, XR);
+    if (a.q == 1 && !(LORA && a.lora.n)) {
 RD_UNROLL
         for (int mt = 0; mt < MW; mt++)
 RD_UNROLL
             for (int i = 0; i < 4; i++)
-                tc_store2<EPI>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), tile, 2 * t + (i & 1), acc[mt][0][i],
-                               acc[mt][1][i]);
+                tc_store2<EPI, false>(a, r0 + 16 * mt + g + (i >= 2 ? 8 : 0), tile, 2 * t + (i & 1), acc[mt][0][i],
+                                      acc[mt][1][i]);
         tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
         return;
     }
@@ -900,7 +916,7 @@ RD_UNROLL
             float v0 = red[0][rr][cc], v1 = red[0][rr][8 + cc];
             for (int w = 1; w < wk; w++)
                 v0 = RD_FADD(v0, red[w][rr][cc]), v1 = RD_FADD(v1, red[w][rr][8 + cc]);
-            tc_store2<EPI>(a, r0 + rr, tile, cc, v0, v1);
+            tc_store2<EPI, LORA>(a, r0 + rr, tile, cc, v0, v1);
         }
         tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
         return;
@@ -934,7 +950,7 @@ RD_UNROLL
             for (int32_t i = 1; i < a.q; i++)
                 v[j] = RD_FADD(v[j], __ldcg(a.part + i * stride + at));
         }
-        tc_store2<EPI>(a, r, tile, cc, v[0], v[1]);
+        tc_store2<EPI, LORA>(a, r, tile, cc, v[0], v[1]);
     }
     tc_finish<MW, EPI>(a, tile, r0, &red[0][0][0], (int)(sizeof red / sizeof(float)));
 }
@@ -942,7 +958,7 @@ RD_UNROLL
 // grid (column tiles, row tiles of 16 MW, p); block 32 wk.
 // (minBlocks 1: without it ptxas held some instantiations to 128 registers and spilled up to 56 bytes.)
 template <int MW, int NP, int WF, int EPI>
-__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK, 1) k_gemm_tc(tc_args a)
+__global__ void __launch_bounds__(32 * CUPLAN_TC_MAX_WK, 1) k_gemm_tc(const RD_GRID_CONST tc_args a)
 {
     RD_PDL_LAUNCH();
     tc_cta<MW, NP, WF, EPI>(a, (int32_t)blockIdx.x, (int32_t)blockIdx.y * 16 * MW, (int32_t)blockIdx.z,
@@ -1011,7 +1027,7 @@ RD_UNROLL
             } else {
 RD_UNROLL
                 for (int j = 0; j < 4; j++)
-                    tc_store(a, r, n0 + 32 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i]);
+                    tc_store<false>(a, r, n0 + 32 * wn + 8 * j + 2 * t + (i & 1), tot[mt][j][i]);
             }
         }
 }
