@@ -279,7 +279,6 @@ struct cuda_be {
     bool tc_route;              // tc mode: moe_route as the router GEMM's finishing step (RD_CUDA_TC_ROUTE=0: k_moe_route)
     bool tc_normadd;            // tc mode: rmsnorm_add as the projection's finishing step (RD_CUDA_TC_NORMADD=0: k_rmsnorm)
     bool tc_lora;               // tc mode: lora_apply's expand in the pending GEMM's epilogue (RD_CUDA_TC_LORA=0: its own)
-    int64_t lora_t_used;        // floats of lora_t the pending GEMM's LoRA terms hold
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
@@ -1336,7 +1335,6 @@ static void launch_pending_tc(cuda_be *b, int epi, float *out, kv_out kv)
         epi = TC_ROPE;
     run_tc(b, p.W, p.x, p.m, epi == TC_PLAIN || epi == TC_ROPE ? p.y : out, p.acc, epi, p.norm, tc_pieces(b, p.W),
            &p.rope, kv, p.bias, &p.hnorm, nullptr, nullptr, &p.lora, p.lora_shr);
-    b->lora_t_used = 0;
     if (p.hnorm.heads && !p.rope.heads) { // no RoPE came: the norms on their own, after the GEMM
         launch_head_rmsnorm(b->st, p.y, p.W->out, p.m, p.hnorm.heads, p.hnorm.head_dim, p.hnorm.w, p.hnorm.n_first,
                             p.hnorm.w2, p.hnorm.eps, p.hnorm.w_off, split_sum{nullptr, 0, 0});
@@ -1702,8 +1700,7 @@ static void cu_rmsnorm_add(rd_backend *be, const float *x, const float *w, int32
         const decltype(tc_args::nadd) nadd = {w, eps, w_off, out, y};
         run_tc(b, p.W, p.x, p.m, p.y, 0, TC_NORMADD, p.norm, tc_pieces(b, p.W), nullptr,
                kv_out{nullptr, 0, 0, nullptr, nullptr}, nullptr, nullptr, nullptr, &nadd, &p.lora, p.lora_shr);
-        b->lora_t_used = 0;
-        return;
+            return;
     }
     const split_sum ss = take_split(b, x, (int64_t)n); // (another deferred sum, y's included, is completed first)
     if (ss.t) // x is written back completed
@@ -1800,8 +1797,7 @@ static void cu_moe_route(rd_backend *be, const float *logits, int32_t m, int32_t
         const decltype(tc_args::route) route = {ids, weights, k, norm};
         run_tc(b, p.W, p.x, p.m, p.y, 0, TC_ROUTE, p.norm, tc_pieces(b, p.W), nullptr, kv_out{nullptr, 0, 0, nullptr, nullptr},
                nullptr, nullptr, &route, nullptr, &p.lora, p.lora_shr);
-        b->lora_t_used = 0;
-        return;
+            return;
     }
     const split_sum ss = take_split(b, logits, n);
     shadow_written(b, logits, (size_t)n * sizeof(float));
@@ -2145,27 +2141,27 @@ static void cu_lora_apply(rd_backend *be, const rd_lora_batch *lb, const float *
     a.out_off = out_off;
     const int64_t need = (int64_t)m * lb->max_rank;
     auto &pt = b->pend_tc;
+    // this call's A x goes after the last joined call's in lora_t
+    const tc_lora *last = pt.lora.n ? &pt.lora.tg[pt.lora.n - 1] : nullptr;
+    const int64_t used = last ? (last->t - b->lora_t) + (int64_t)m * last->max_rank : 0;
     const float *gx = pt.norm.x ? pt.norm.out : pt.x; // what the pending GEMM multiplies
     if (b->tc_lora && pt.W && pt.y == y && pt.W->out == y_stride && pt.m == m && x == gx && lb->in == pt.W->in &&
         !pt.rope.heads && !pt.hnorm.heads && pt.lora.n < TC_LORA_MAX && (!pt.lora.n || pt.lora.slots == slots) &&
         !(b->tc_big_rows > 0 && m >= b->tc_big_rows) && !b->pend_y &&
-        (pt.lora.n ? (size_t)(b->lora_t_used + need) * sizeof(float) <= b->lora_t_cap
+        (pt.lora.n ? (size_t)(used + need) * sizeof(float) <= b->lora_t_cap
                    : grow(b, (void **)&b->lora_t, &b->lora_t_cap, (size_t)(TC_LORA_MAX * need) * sizeof(float),
                           "the LoRA A x"))) {
         // The GEMM that wrote y is still pending: its expand becomes the GEMM's epilogue, and its shrink (on the
         // GEMM's input: with its RMSNorm prologue, normalizing x as the prologue will) joins the other calls' in
         // one launch just before the GEMM; t kept per call. (The joins after it write the GEMM's output or, for
         // rmsnorm_add, buffers other than its x: the shrink reads what it would have read now.)
-        if (!pt.lora.n)
-            b->lora_t_used = 0;
         if (pt.norm.x)
             a.x = pt.norm.x, a.nw = pt.norm.w, a.eps = pt.norm.eps, a.w_off = pt.norm.w_off;
-        a.t = b->lora_t + b->lora_t_used;
+        a.t = b->lora_t + used;
         shadow_written(b, y, (size_t)m * y_stride * sizeof(float));
         pt.lora_shr[pt.lora.n] = a;
         pt.lora.tg[pt.lora.n++] = tc_lora{t->dev, lb->n_slots, lb->max_rank, a.t, out_off, lb->out};
         pt.lora.slots = slots;
-        b->lora_t_used += need;
         return;
     }
     settle(b);
