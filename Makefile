@@ -44,8 +44,11 @@ TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test
 ifeq ($(CUDA),1)
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
-NVFLAGS := -O2 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-           -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter $(if $(WERROR),-Xcompiler -Werror)
+NVFLAGS := -O2 -std=c++17 -I. -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter $(if $(WERROR),-Xcompiler -Werror)
+# sm_90 code for H100/H200 and compute_90 PTX for newer parts; the wgmma kernel's file is Hopper's own
+# (sm_90a: wgmma exists on no other target), and the backend launches it only on compute capability 9.0.
+NVARCH  := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+$(BUILD)/obj/kernels/cuda/cuda_gemm_tc_wg.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
 CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
 LDLIBS  += -rdynamic -ldl
 CUDA_PLUGIN := $(if $(CU_SRC),$(BUILD)/librdcuda.so)
@@ -69,7 +72,7 @@ all: $(BUILD)/librollout.a $(TOOLS) $(DAEMON) $(TESTS) $(EMU_TESTS) $(BUILD)/emu
 
 # Objects depend on a stamp named after the flags, so changing CUDA=, OPT= or
 # ARCH= rebuilds them instead of mixing old and new objects.
-FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(CUDA) $(CXX) $(EMUFLAGS) $(KERNEL_OPT)' | md5sum | cut -c1-10)
+FLAGS_STAMP := $(BUILD)/flags.$(shell echo '$(CC) $(CFLAGS) $(NVFLAGS) $(NVARCH) $(CUDA) $(CXX) $(EMUFLAGS) $(KERNEL_OPT)' | md5sum | cut -c1-10)
 $(FLAGS_STAMP):
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/flags.* && touch $@
 
@@ -85,7 +88,7 @@ $(BUILD)/obj/kernels/cpu/%.o: CFLAGS += $(KERNEL_OPT)
 # -MMD -MP: the kernels' headers (cuda_gemm_tc.cuh holds the GEMM's templates) rebuild what includes them.
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVFLAGS) $(NVARCH) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/emu/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

@@ -240,11 +240,11 @@ def targets(res):
         add(f"{name} shape, batch 1: step / roofline", b and b["x_roofline"], "<= 1.4", b and b["x_roofline"] <= 1.4,
             b and b["stage"] or "")
     # GEMMs at batch 256 on the 1B's shapes: all four shapes' FLOPs over their summed time, per variant (and
-    # stage: gemm-1b-pipe times the tile kernel's variants).
+    # stage: gemm-1b-pipe and gemm-1b-wg time the tile kernel's variants).
     peak = res.get("peak_tflops")
     per_var = {}
     for g in res["gemm"]:
-        if g["stage"] in ("gemm-1b", "gemm-1b-pipe") and g["rows"] == 256 and g["us"] and g["out"] and g["in"]:
+        if g["stage"] in ("gemm-1b", "gemm-1b-pipe", "gemm-1b-wg") and g["rows"] == 256 and g["us"] and g["out"] and g["in"]:
             key = g["variant"] if g["stage"] == "gemm-1b" else f'{g["variant"]} ({g["stage"]})'
             v = per_var.setdefault(key, [0.0, 0.0])
             v[0] += 2.0 * 256 * g["out"] * g["in"]

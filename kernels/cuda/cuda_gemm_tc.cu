@@ -53,7 +53,9 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
     a.q = pl.q, a.p = pl.p, a.kp = pl.kp;
     a.xvec = (uintptr_t)a.x % 16 == 0;
     a.fin_count = a.count + tile_counters(pl, a);
-    if (pieces == TC_Q8)
+    if (tc_wg_fits(a, pieces, epi))
+        gemm_tc_wg(s, a, pieces, epi);
+    else if (pieces == TC_Q8)
         gemm_tc_q8(s, pl, a, epi);
     else if (a.q8)
         gemm_tc_q80(s, pl, a, pieces, epi);

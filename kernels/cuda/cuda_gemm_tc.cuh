@@ -1616,6 +1616,9 @@ cudaError_t gemm_tc_setup_i8(int stages);
 void gemm_tc_i8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
+// The wgmma tile kernel (cuda_gemm_tc_wg.cu, sm_90a): whether it takes a call, and the call.
+bool tc_wg_fits(const tc_args &a, int pieces, int epi);
+void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi);
 
 }  // namespace RD_NS
 

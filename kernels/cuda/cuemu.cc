@@ -81,6 +81,16 @@ struct cp_copy {
     int group;                  // -1: not yet committed
 };
 
+// A wgmma.mma_async in flight (m64nNk16, bf16, A from registers, B from shared memory): run when its group is
+// waited for, so B is read then and d written then, as on a GPU where neither may be touched before the wait.
+struct wg_op {
+    float *d;                   // the thread's N / 2 accumulators
+    unsigned n;                 // N
+    uint32_t a[4];              // the thread's A fragment (read at the issue)
+    uint64_t desc;              // B's descriptor
+    int group;                  // -1: not yet committed
+};
+
 struct fiber {
     cuemu_uint3 tid;
     unsigned lin;               // linear thread index in the block
@@ -88,6 +98,8 @@ struct fiber {
     unsigned phase;             // warp exchanges done (selects the slot)
     std::vector<cp_copy> cps;   // cp.async copies not yet landed
     int cp_groups;              // groups committed so far
+    std::vector<wg_op> wgs;     // wgmma operations not yet waited for
+    int wg_groups;              // wgmma groups committed so far
     char *stack;
     size_t stack_size;
 #ifdef __x86_64__
@@ -202,6 +214,8 @@ static void fiber_main()
     (*body)();
     if (!cur->cps.empty())
         die("a thread returned with cp.async copies it never waited for");
+    if (!cur->wgs.empty())
+        die("a thread returned with wgmma operations it never waited for");
     cur->state = F_DONE;
     to_scheduler(1);
     die("a finished fiber was resumed");
@@ -247,6 +261,8 @@ static void fiber_init(fiber *f)
     f->phase = 0;
     f->cps.clear();
     f->cp_groups = 0;
+    f->wgs.clear();
+    f->wg_groups = 0;
 }
 
 static void run_fiber(fiber *f)
@@ -312,6 +328,86 @@ void warp_allgather(const void *mine, unsigned bytes, void *all)
     to_scheduler(0);
     for (unsigned l = 0; l < 32; l++)
         std::memcpy((unsigned char *)all + (size_t)l * bytes, &xg[(2 * (size_t)(base + l) + ph) * 64], bytes);
+}
+
+// B's element (k, col) of a K-major, unswizzled operand (PTX ISA, "Shared Memory Matrix Layout": core
+// matrices of 8 rows of 16 bytes, LBO from one core matrix to the next along K, SBO along N).
+static float wg_b(uint64_t desc, unsigned k, unsigned col)
+{
+    const size_t start = (size_t)(desc & 0x3fffu) << 4, lbo = (size_t)(desc >> 16 & 0x3fffu) << 4,
+                 sbo = (size_t)(desc >> 32 & 0x3fffu) << 4;
+    const size_t off = start + (col % 8) * 16 + (col / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo;
+    if (off + 2 > launch_smem)
+        die("wgmma: B reaches past the launch's dynamic shared memory");
+    uint16_t h;
+    std::memcpy(&h, smem_buf.data() + off, 2);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint64_t n_wgmma; // wgmma operations run (test hook: a kernel meant to use them did)
+
+static void wg_run(const wg_op &op)
+{
+    n_wgmma++;
+    uint32_t all[32][4];
+    warp_allgather(op.a, sizeof op.a, all);
+    auto lo = [](uint32_t v) { uint32_t u = v << 16; float f; std::memcpy(&f, &u, 4); return f; };
+    auto hi = [](uint32_t v) { uint32_t u = v & 0xffff0000u; float f; std::memcpy(&f, &u, 4); return f; };
+    const unsigned lane = cur->lin % 32, g = lane / 4, t = lane % 4;
+    float A[2][16]; // rows g and g + 8 of the warp's 16
+    for (unsigned tt = 0; tt < 4; tt++) {
+        const uint32_t *f = all[4 * g + tt];
+        A[0][2 * tt] = lo(f[0]), A[0][2 * tt + 1] = hi(f[0]), A[1][2 * tt] = lo(f[1]), A[1][2 * tt + 1] = hi(f[1]);
+        A[0][2 * tt + 8] = lo(f[2]), A[0][2 * tt + 9] = hi(f[2]), A[1][2 * tt + 8] = lo(f[3]), A[1][2 * tt + 9] = hi(f[3]);
+    }
+    for (unsigned j = 0; j < op.n / 8; j++)
+        for (unsigned i = 0; i < 4; i++) {
+            const unsigned col = 8 * j + 2 * t + (i & 1);
+            double s = op.d[4 * j + i];
+            for (unsigned k = 0; k < 16; k++)
+                s += (double)A[i / 2][k] * (double)wg_b(op.desc, k, col);
+            op.d[4 * j + i] = (float)s;
+        }
+}
+
+void wgmma_bf16(float *d, unsigned n, const uint32_t (&a)[4], uint64_t desc)
+{
+    if (!cur)
+        die("wgmma outside a kernel");
+    if ((block_dim.x * block_dim.y * block_dim.z) % 128)
+        die("wgmma in a block that is not whole warpgroups");
+    if (n % 8 || n == 0 || n > 256 || desc >> 46)
+        die("wgmma: N not a multiple of 8 up to 256, or a descriptor with a base offset or swizzle");
+    wg_op op{d, n, {a[0], a[1], a[2], a[3]}, desc, -1};
+    cur->wgs.push_back(op);
+}
+
+void wgmma_commit()
+{
+    if (!cur)
+        die("wgmma.commit_group outside a kernel");
+    for (wg_op &o : cur->wgs)
+        if (o.group < 0)
+            o.group = cur->wg_groups;
+    cur->wg_groups++;
+}
+
+void wgmma_wait(unsigned newest)
+{
+    if (!cur)
+        die("wgmma.wait_group outside a kernel");
+    const int before = cur->wg_groups - (int)newest;
+    size_t keep = 0;
+    std::vector<wg_op> ops = cur->wgs;
+    for (const wg_op &o : ops)
+        if (o.group >= 0 && o.group < before)
+            wg_run(o);
+        else
+            cur->wgs[keep++] = o;
+    cur->wgs.resize(keep);
 }
 
 static void run_block(unsigned n)
@@ -511,6 +607,7 @@ void fail_next_malloc() { fail_malloc = 1; }
 
 // For the C tests: kernels run so far; make the next cudaMalloc fail.
 extern "C" uint64_t cuemu_launch_count(void) { return cuemu::launches(); }
+extern "C" uint64_t cuemu_wgmma_count(void) { return cuemu::n_wgmma; }
 // ... and the host's waits for the device so far.
 extern "C" uint64_t cuemu_sync_count(void) { return cuemu::syncs(); }
 extern "C" void cuemu_fail_next_malloc(void) { cuemu::fail_next_malloc(); }

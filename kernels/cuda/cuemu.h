@@ -67,6 +67,14 @@ template <class F> const void *fn_key(F *f) { return reinterpret_cast<const void
 void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes);
 void cp_async_commit();                 // the thread's copies since the last commit become a group
 void cp_async_wait(unsigned newest);    // all groups but the newest `newest` have landed
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 with A from registers (each warp of the warpgroup
+// its 16 rows, in mma.sync m16n8k16's A layout) and B from dynamic shared memory through a K-major,
+// unswizzled descriptor; d: the thread's N / 2 accumulators (N / 8 blocks of 4, as mma.sync's D). It runs
+// when its group is waited for (wgmma_wait): B is read and d written then, so a B overwritten or d read
+// before the wait gives other values, as it would on a GPU. Products exact, summed in double, rounded once.
+void wgmma_bf16(float *d, unsigned n, const uint32_t (&a)[4], uint64_t desc);
+void wgmma_commit();                    // the thread's wgmma operations since the last commit become a group
+void wgmma_wait(unsigned newest);       // all groups but the newest `newest` have run
 // Warp all-gather: every live lane of the warp publishes `bytes` (at most 64)
 // from mine, then reads all 32 lanes' into all (lane l's at l * bytes).
 void warp_allgather(const void *mine, unsigned bytes, void *all);

@@ -58,6 +58,7 @@
 #include "tests/unit/test.h"
 
 uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
+uint64_t cuemu_wgmma_count(void);     /* wgmma operations run so far */
 uint64_t cuemu_sync_count(void);
 void cuemu_fail_next_malloc(void);
 int64_t cuemu_live_allocs(void);
@@ -1264,6 +1265,43 @@ done:
     if (tc) rd_backend_destroy(tc);
     if (tcb) rd_backend_destroy(tcb);
     if (tc8) rd_backend_destroy(tc8);
+}
+
+/* RD_CUDA_TC_WG=1: the tile kernel on Hopper's warpgroup MMA (cuda_gemm_tc_wg.cu; here from 24 rows on). Each
+ * row the bits of the split-K kernel serving it alone (tc_case), of the register-staged tile kernel (an unaligned
+ * x, which the wgmma kernel leaves to it), of the unfused gated op, and FP8 weights those of bf16 weights of the
+ * same values: the plan's sub-pieces and k order, whichever MMA. On the emulator the operations run at their
+ * wait and read B from shared memory then, so a stage overwritten before its MMA finished shows. */
+static void test_gemm_tc_wg(void)
+{
+    setenv("RD_CUDA_TC_WG", "1", 1);
+    rd_backend *wg = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    setenv("RD_CUDA_ACT", "bf16", 1);
+    rd_backend *wg1 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    unsetenv("RD_CUDA_ACT");
+    setenv("RD_CUDA_FP8", "tc", 1);
+    rd_backend *wg8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+    unsetenv("RD_CUDA_TC_WG");
+    rd_backend *nf8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    unsetenv("RD_CUDA_FP8");
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    CHECK(wg && wg1 && wg8 && nf8 && tc && nofuse, "cannot create the wgmma backends: %s", rd_errmsg());
+    const uint64_t w0 = on_emulator() ? cuemu_wgmma_count() : 0;
+    if (!test_case_failed) tc_case(wg, 1, 300, 512, 40);   /* 5 weight tiles, the last partial; q = 4 */
+    if (!test_case_failed) tc_case(wg, 1, 100, 96, 130);   /* 3 batch tiles, the last partial; q = 1 */
+    if (!test_case_failed) tc_case(wg, 1, 24, 1024, 30);   /* q = 8; out < 64 */
+    if (!test_case_failed) tc_case(wg1, 0, 300, 512, 40);  /* hi only (RD_CUDA_ACT=bf16) */
+    if (!test_case_failed) tc_gated_case(wg, nofuse, 150, 512, 40, 0);
+    if (!test_case_failed) tc_gated_case(wg, nofuse, 37, 96, 70, 1);    /* GeGLU; F % 32 != 0 */
+    if (!test_case_failed) tc_fp8_case(wg8, tc, 83, 512, 40);
+    tc_wfmt = 1;
+    if (!test_case_failed) tc_gated_case(wg8, nf8, 150, 512, 40, 0);
+    tc_wfmt = 0;
+    CHECK(test_case_failed || !on_emulator() || cuemu_wgmma_count() > w0, "RD_CUDA_TC_WG=1: no wgmma operation ran");
+    rd_backend *all[6] = {wg, wg1, wg8, nf8, tc, nofuse};
+    for (int i = 0; i < 6; i++)
+        if (all[i])
+            rd_backend_destroy(all[i]);
 }
 
 /* RD_CUDA_FP8=w8a8: FP8 weights times E4M3-quantized activations on the FP8
@@ -7022,6 +7060,7 @@ int main(void)
     RUN_SEL(test_rmsnorm_widths);
     RUN_SEL(test_moe_route_tc);
     RUN_SEL(test_gemm_tc_normadd);
+    RUN_SEL(test_gemm_tc_wg);
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
