@@ -283,7 +283,8 @@ struct cuda_be {
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
     int tc_stages;              // RD_CUDA_TC_PIPE: the tile kernel's cp.async stages, 4 by default; 0: register staging
-    bool tc_wg;                 // RD_CUDA_TC_WG=1 on compute capability 9.0: the wgmma tile kernel (cuda_gemm_tc_wg.cu)
+    int tc_wg;                  // RD_CUDA_TC_WG=1, 2, 4 on compute capability 9.0: the wgmma tile kernel
+                                // (cuda_gemm_tc_wg.cu) with that many warpgroups a CTA; 0: the mma.sync ones
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cuh)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
@@ -2857,7 +2858,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
     {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}}, {"RD_CUDA_TC_NORMADD", {"0", "1"}},
-    {"RD_CUDA_TC_LORA", {"0", "1"}},  {"RD_CUDA_TC_WG", {"0", "1"}},
+    {"RD_CUDA_TC_LORA", {"0", "1"}},  {"RD_CUDA_TC_WG", {"0", "1", "2", "4"}},
 };
 
 static bool env_number(const char *v)
@@ -2972,7 +2973,7 @@ static int create(int n_threads, rd_backend **out)
     const char *tp = env("RD_CUDA_TC_PIPE");
     b->tc_stages = tp ? atoi(tp) : 4;
     const char *wg = env("RD_CUDA_TC_WG"); // sm_90a code only: other devices keep the mma.sync tile kernels
-    b->tc_wg = wg && !strcmp(wg, "1") && prop.major == 9 && prop.minor == 0;
+    b->tc_wg = wg && prop.major == 9 && prop.minor == 0 ? atoi(wg) : 0;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

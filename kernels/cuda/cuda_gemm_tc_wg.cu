@@ -138,15 +138,16 @@ RD_DEV void tc_wg_mma(float (&d)[TC_WG_BN / 2], const uint32_t (&a)[4], uint64_t
 #endif
 }
 
-// The weight row that A row i of a CTA at weight tile bx holds: plain, rows 64 bx + i; gated, a warp's rows
-// 0-7 are the gate rows of features 32 bx + 8 w + g and rows 8-15 their up rows (a.out: none, zeros).
-template <int EPI> RD_DEV int32_t tc_wg_wrow(const tc_args &a, int32_t bx, int w, int h, int g)
+// The weight row that row g + 8 h of warp w's 16 A rows holds in a CTA of WGS warpgroups at weight tile bx:
+// plain, row 64 WGS bx + 16 w + 8 h + g; gated, rows g are the gate rows of features 32 WGS bx + 8 w + g and
+// rows g + 8 their up rows (a.out: none, zeros).
+template <int EPI, int WGS> RD_DEV int32_t tc_wg_wrow(const tc_args &a, int32_t bx, int w, int h, int g)
 {
     if (EPI == TC_PLAIN) {
-        const int32_t n = 64 * bx + 16 * w + 8 * h + g;
+        const int32_t n = 64 * WGS * bx + 16 * w + 8 * h + g;
         return n < a.out ? n : a.out;
     }
-    const int32_t F = a.out / 2, f = 32 * bx + 8 * w + g;
+    const int32_t F = a.out / 2, f = 32 * WGS * bx + 8 * w + g;
     return f < F ? h * F + f : a.out;
 }
 
@@ -166,37 +167,43 @@ RD_UNROLL
         }
 }
 
-// One CTA: weight tile blockIdx.x (64 rows; gated: 32 features), batch tile blockIdx.y (TC_WG_BN rows), 128
-// threads (one warpgroup), two stages of NP x 2 B blocks in dynamic shared memory. While chunk ci's MMA runs
-// on stage ci % 2, the threads write chunk ci + 1's pieces to the other stage (its last reader, chunk ci - 1's
-// MMA, every warp waited for before the barrier that ended chunk ci - 1) and load chunk ci + 1's weights and
-// chunk ci + 2's x into registers; a barrier ends each chunk.
-template <int NP, int WF, int EPI> __global__ void __launch_bounds__(128) k_gemm_tc_wg(tc_args a)
+// One CTA: weight tile blockIdx.x (64 WGS rows; gated: 32 WGS features), batch tile blockIdx.y (TC_WG_BN
+// rows), WGS warpgroups of 128 threads, each 64 weight rows times the same B: two stages of NP x 2 B blocks
+// in dynamic shared memory. More warpgroups read x from L2 fewer times (once a 64 WGS-row weight tile), and
+// fill fewer SMs. While chunk ci's MMA runs on stage ci % 2, the threads write chunk ci + 1's pieces to the
+// other stage (its last reader, chunk ci - 1's MMA, every warp waited for before the barrier that ended chunk
+// ci - 1) and load chunk ci + 1's weights and chunk ci + 2's x into registers; a barrier ends each chunk.
+template <int NP, int WF, int EPI, int WGS> __global__ void __launch_bounds__(128 * WGS) k_gemm_tc_wg(tc_args a)
 {
     RD_PDL_ENTRY();
     RD_DYN_SMEM(unsigned char, sm);
     const int tid = (int)threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int32_t bx = (int32_t)blockIdx.x, r0 = (int32_t)blockIdx.y * TC_WG_BN;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
-    const int32_t wr0 = tc_wg_wrow<EPI>(a, bx, w, 0, g), wr1 = tc_wg_wrow<EPI>(a, bx, w, 1, g);
+    const int32_t wr0 = tc_wg_wrow<EPI, WGS>(a, bx, w, 0, g), wr1 = tc_wg_wrow<EPI, WGS>(a, bx, w, 1, g);
     constexpr int STAGE = 2 * NP * TC_WG_BLOCK;
-    // x: this thread's units (batch row xr + 32 i, t = tid % 4) of the next chunk to write; the weights of rows
-    // wr0 and wr1 (A rows g and g + 8 of the warp) for this chunk (wv) and the next (wn)
-    const int xr = tid / 4, xt = tid % 4;
-    float xv[2][8];
+    // x: this thread's units (batch row xr + 32 i, t = tid % 4) of the next chunk to write, U of them (64 rows x
+    // 4 units: 4 warpgroups leave it to their first two); the weights of rows wr0 and wr1 (A rows g and g + 8
+    // of the warp) for this chunk (wv) and the next (wn)
+    constexpr int U = WGS == 1 ? 2 : 1;
+    const int xr = tid / 4 < TC_WG_BN ? tid / 4 : TC_WG_BN, xt = tid % 4;
+    const int32_t xg = xr < TC_WG_BN ? r0 + xr : a.m; // the batch row it loads (a.m: none, zeros, no load)
+    float xv[U][8];
     uint32_t wv[2][4], wn[2][4];
 RD_UNROLL
-    for (int i = 0; i < 2; i++)
-        tc_load_x<false>(a, r0 + xr + 32 * i, 0, xt, 1.0f, xv[i]);
+    for (int i = 0; i < U; i++)
+        tc_load_x<false>(a, xg + 32 * i, 0, xt, 1.0f, xv[i]);
     tc_load_w<WF>(a, wr0, 0, t, wv[0]);
     tc_load_w<WF>(a, wr1, 0, t, wv[1]);
+    if (xr < TC_WG_BN) {
 RD_UNROLL
-    for (int i = 0; i < 2; i++)
-        tc_wg_put_x<NP>(sm, xr + 32 * i, xt, xv[i]);
+        for (int i = 0; i < U; i++)
+            tc_wg_put_x<NP>(sm, xr + 32 * i, xt, xv[i]);
+    }
     if (nch > 1) {
 RD_UNROLL
-        for (int i = 0; i < 2; i++)
-            tc_load_x<false>(a, r0 + xr + 32 * i, 32, xt, 1.0f, xv[i]);
+        for (int i = 0; i < U; i++)
+            tc_load_x<false>(a, xg + 32 * i, 32, xt, 1.0f, xv[i]);
     }
     tc_wg_fence_proxy();
     __syncthreads();
@@ -230,12 +237,14 @@ RD_UNROLL
             tc_load_w<WF>(a, wr0, 32 * c1, t, wn[0]);
             tc_load_w<WF>(a, wr1, 32 * c1, t, wn[1]);
             unsigned char *next = sm + ((ci + 1) & 1) * STAGE;
+            if (xr < TC_WG_BN) { // (warps 8-15 of 4 warpgroups write none)
 RD_UNROLL
-            for (int i = 0; i < 2; i++)
-                tc_wg_put_x<NP>(next, xr + 32 * i, xt, xv[i]);
+                for (int i = 0; i < U; i++)
+                    tc_wg_put_x<NP>(next, xr + 32 * i, xt, xv[i]);
+            }
 RD_UNROLL
-            for (int i = 0; i < 2; i++)
-                tc_load_x<false>(a, r0 + xr + 32 * i, 32 * c2, xt, 1.0f, xv[i]);
+            for (int i = 0; i < U; i++)
+                tc_load_x<false>(a, xg + 32 * i, 32 * c2, xt, 1.0f, xv[i]);
         }
         tc_wg_wait0();
         tc_wg_keep<NP>(fa, desc);
@@ -270,37 +279,49 @@ RD_UNROLL
         }
 }
 
-// Whether the wgmma kernel takes this call (RD_CUDA_TC_WG=1 on a compute capability 9.0 device sets a.wg): bf16 or FP8 weights, pieces 1 or 2,
-// the plain or a gated epilogue, x 16-byte aligned and not gathered; the tile kernel's rows (tc_use_big).
+// Whether the wgmma kernel takes this call (RD_CUDA_TC_WG=1, 2 or 4 on a compute capability 9.0 device sets
+// a.wg, its warpgroups a CTA): bf16 or FP8 weights, pieces 1 or 2, the plain or a gated epilogue, x 16-byte
+// aligned and not gathered; the tile kernel's rows (tc_use_big).
 bool tc_wg_fits(const tc_args &a, int pieces, int epi)
 {
     return a.wg && (pieces == 1 || pieces == 2) && (a.w || a.f8) && !a.q8 && a.xvec && !a.xrow &&
            (epi == TC_PLAIN || epi == TC_SWIGLU || epi == TC_GEGLU) && a.in % 32 == 0 && tc_use_big(a);
 }
 
-template <int NP, int WF> static void tc_wg_launch(cudaStream_t s, const tc_args &a, int epi)
+template <int NP, int WF, int WGS> static void tc_wg_launch(cudaStream_t s, const tc_args &a, int epi)
 {
-    // 64 weight rows a CTA (gated: 32 features' gate and up rows)
-    const dim3 grid((unsigned)((a.out + 63) / 64), (unsigned)((a.m + TC_WG_BN - 1) / TC_WG_BN));
+    // 64 WGS weight rows a CTA (gated: 32 WGS features' gate and up rows)
+    const dim3 grid((unsigned)((a.out + 64 * WGS - 1) / (64 * WGS)), (unsigned)((a.m + TC_WG_BN - 1) / TC_WG_BN));
+    const dim3 block(128 * WGS);
     const size_t smem = (size_t)2 * 2 * NP * TC_WG_BLOCK;
     if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_wg<NP, WF, TC_SWIGLU>;
-        RD_LAUNCH(kern, grid, dim3(128), smem, s, a);
+        auto kern = k_gemm_tc_wg<NP, WF, TC_SWIGLU, WGS>;
+        RD_LAUNCH(kern, grid, block, smem, s, a);
     } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_wg<NP, WF, TC_GEGLU>;
-        RD_LAUNCH(kern, grid, dim3(128), smem, s, a);
+        auto kern = k_gemm_tc_wg<NP, WF, TC_GEGLU, WGS>;
+        RD_LAUNCH(kern, grid, block, smem, s, a);
     } else {
-        auto kern = k_gemm_tc_wg<NP, WF, TC_PLAIN>;
-        RD_LAUNCH(kern, grid, dim3(128), smem, s, a);
+        auto kern = k_gemm_tc_wg<NP, WF, TC_PLAIN, WGS>;
+        RD_LAUNCH(kern, grid, block, smem, s, a);
     }
+}
+
+template <int NP, int WF> static void tc_wg_groups(cudaStream_t s, const tc_args &a, int epi)
+{
+    if (a.wg == 4)
+        tc_wg_launch<NP, WF, 4>(s, a, epi);
+    else if (a.wg == 2)
+        tc_wg_launch<NP, WF, 2>(s, a, epi);
+    else
+        tc_wg_launch<NP, WF, 1>(s, a, epi);
 }
 
 void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi)
 {
     if (a.w)
-        pieces == 2 ? tc_wg_launch<2, TC_WF_BF16>(s, a, epi) : tc_wg_launch<1, TC_WF_BF16>(s, a, epi);
+        pieces == 2 ? tc_wg_groups<2, TC_WF_BF16>(s, a, epi) : tc_wg_groups<1, TC_WF_BF16>(s, a, epi);
     else
-        pieces == 2 ? tc_wg_launch<2, TC_WF_FP8>(s, a, epi) : tc_wg_launch<1, TC_WF_FP8>(s, a, epi);
+        pieces == 2 ? tc_wg_groups<2, TC_WF_FP8>(s, a, epi) : tc_wg_groups<1, TC_WF_FP8>(s, a, epi);
 }
 
 }  // namespace RD_NS

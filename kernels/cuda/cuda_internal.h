@@ -369,8 +369,9 @@ struct tc_args {
     int32_t big_tile;           // its tile side: 64 or 128 (RD_CUDA_TC_TILE)
     int stages;                 // bf16 and FP8 weights: the tile kernel's cp.async stages, 2, 3, 4 or 6
                                 // (RD_CUDA_TC_PIPE); 0: k_gemm_tc_big (registers, one chunk ahead)
-    int wg;                     // 1: from big_rows rows on, the wgmma tile kernel where it fits (RD_CUDA_TC_WG=1
-                                // on a compute capability 9.0 device; tc_wg_fits)
+    int wg;                     // 1, 2, 4: from big_rows rows on, the wgmma tile kernel where it fits, with that
+                                // many warpgroups a CTA (RD_CUDA_TC_WG on a compute capability 9.0 device;
+                                // tc_wg_fits); 0: the mma.sync tile kernels
     int prefetch;               // 1 (PDL on): the small kernel asks its weights into L2 before waiting on the kernel before
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
