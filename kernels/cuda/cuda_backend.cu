@@ -284,7 +284,8 @@ struct cuda_be {
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
     int tc_stages;              // RD_CUDA_TC_PIPE: the tile kernel's cp.async stages, 4 by default; 0: register staging
     int tc_wg;                  // RD_CUDA_TC_WG=1, 2, 4 on compute capability 9.0: the wgmma tile kernel
-                                // (cuda_gemm_tc_wg.cu) with that many warpgroups a CTA; 0: the mma.sync ones
+                                // (cuda_gemm_tc_wg.cu) with that many warpgroups a CTA; -1 (auto): per call,
+                                // cuplan_wg_groups; 0: the mma.sync ones
     bool gemm_simple_only;
     bool gemm_tc;               // RD_CUDA_GEMM=tc: bf16 linears on the tensor-core GEMM (cuda_gemm_tc.cuh)
     bool fp8_tc;                // RD_CUDA_FP8=tc or w8a8: FP8 linears on it too
@@ -1291,7 +1292,7 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s, a.q8 = W->q8, a.q8d = W->q8d;
     a.x = x, a.y = y;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows, a.big_tile = b->tc_tile;
-    a.stages = b->tc_stages, a.wg = b->tc_wg;
+    a.stages = b->tc_stages, a.wg = b->tc_wg >= 0 ? b->tc_wg : cuplan_wg_groups(W->out, m, b->n_sm);
 #ifndef RD_CUDA_EMU
     a.prefetch = rd_pdl;
 #endif
@@ -2858,7 +2859,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_ATTN_V0", {"0", "1"}},  {"RD_CUDA_TC_BIG_ROWS", {"#"}},     {"RD_CUDA_TC_TILE", {"64", "128"}},
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
     {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}}, {"RD_CUDA_TC_NORMADD", {"0", "1"}},
-    {"RD_CUDA_TC_LORA", {"0", "1"}},  {"RD_CUDA_TC_WG", {"0", "1", "2", "4"}},
+    {"RD_CUDA_TC_LORA", {"0", "1"}},  {"RD_CUDA_TC_WG", {"0", "1", "2", "4", "auto"}},
 };
 
 static bool env_number(const char *v)
@@ -2973,7 +2974,7 @@ static int create(int n_threads, rd_backend **out)
     const char *tp = env("RD_CUDA_TC_PIPE");
     b->tc_stages = tp ? atoi(tp) : 4;
     const char *wg = env("RD_CUDA_TC_WG"); // sm_90a code only: other devices keep the mma.sync tile kernels
-    b->tc_wg = wg && prop.major == 9 && prop.minor == 0 ? atoi(wg) : 0;
+    b->tc_wg = wg && prop.major == 9 && prop.minor == 0 ? (!strcmp(wg, "auto") ? -1 : atoi(wg)) : 0;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

@@ -111,3 +111,12 @@ int cuplan_moe_tc(int32_t in, cuplan_tc *pl)
 }
 
 int32_t cuplan_tc_mw(int32_t m) { return m <= 16 ? 1 : m <= 32 ? 2 : 4; }
+
+int cuplan_wg_groups(int32_t out, int32_t m, int32_t n_sm)
+{
+    const int64_t batch_tiles = ((int64_t)m + 63) / 64;
+    for (int wgs = 4; wgs > 1; wgs /= 2)
+        if (((int64_t)out + 64 * wgs - 1) / (64 * wgs) * batch_tiles >= n_sm)
+            return wgs;
+    return 1;
+}

@@ -146,6 +146,10 @@ int cuplan_gemm_tc(int32_t out, int32_t in, int32_t n_sm, cuplan_tc *pl);
 int cuplan_moe_tc(int32_t in, cuplan_tc *pl);
 /* m16 tiles per warp for a call of m rows: the schedule only (1, 2 or 4). */
 int32_t cuplan_tc_mw(int32_t m);
+/* RD_CUDA_TC_WG=auto: the wgmma tile kernel's warpgroups a CTA for a weight of out rows times m rows, the
+ * most (4, then 2) whose grid of 64 x warpgroups weight rows by 64 batch rows still has a CTA for every SM,
+ * else 1. More warpgroups read x from L2 fewer times; fewer CTAs fill fewer SMs. The schedule only. */
+int cuplan_wg_groups(int32_t out, int32_t m, int32_t n_sm);
 
 #ifdef __cplusplus
 }

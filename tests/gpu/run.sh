@@ -344,9 +344,10 @@ if [ "$DRY" = 0 ]; then
   # FP8 weights too: batch 256's >= 50%-of-peak target. The stage fails if a variant's rows differ from the rows
   # computed alone (by the split-K mma.sync kernel): whether wgmma sums a k16 step as mma.sync does. The mma.sync
   # variants first: a fault in the new kernel ends the process after them.
-  # =2 and =4: 2 and 4 warpgroups a CTA on one staged x tile (x read from L2 half and a quarter as often).
+  # =2 and =4: 2 and 4 warpgroups a CTA on one staged x tile (x read from L2 half and a quarter as often);
+  # auto: per call, the most that still fill the SMs (cuplan_wg_groups).
   run gemm-1b-wg 90 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
-    --variants tc,tcbf16,fp8tc,tc+RD_CUDA_TC_WG=1,tc+RD_CUDA_TC_WG=2,tc+RD_CUDA_TC_WG=4,tcbf16+RD_CUDA_TC_WG=2,tcbf16+RD_CUDA_TC_WG=4,fp8tc+RD_CUDA_TC_WG=2 \
+    --variants tc,tcbf16,fp8tc,tc+RD_CUDA_TC_WG=1,tc+RD_CUDA_TC_WG=2,tc+RD_CUDA_TC_WG=4,tc+RD_CUDA_TC_WG=auto,tcbf16+RD_CUDA_TC_WG=4,tcbf16+RD_CUDA_TC_WG=auto,fp8tc+RD_CUDA_TC_WG=auto \
     --bw "$BW" --json "$LOGS/gemm-1b-wg.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.3x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true

@@ -1267,7 +1267,7 @@ done:
     if (tc8) rd_backend_destroy(tc8);
 }
 
-/* RD_CUDA_TC_WG=1, 2, 4: the tile kernel on Hopper's warpgroup MMA (cuda_gemm_tc_wg.cu; here from 24 rows on). Each
+/* RD_CUDA_TC_WG=1, 2, 4, auto: the tile kernel on Hopper's warpgroup MMA (cuda_gemm_tc_wg.cu; here from 24 rows on). Each
  * row the bits of the split-K kernel serving it alone (tc_case), of the register-staged tile kernel (an unaligned
  * x, which the wgmma kernel leaves to it), of the unfused gated op, and FP8 weights those of bf16 weights of the
  * same values: the plan's sub-pieces and k order, whichever MMA. On the emulator the operations run at their
@@ -1300,17 +1300,22 @@ static void test_gemm_tc_wg(void)
     CHECK(test_case_failed || !on_emulator() || cuemu_wgmma_count() > w0, "RD_CUDA_TC_WG=1: no wgmma operation ran");
     /* 2 and 4 warpgroups a CTA (128 and 256 weight rows on one staged B): the same bits; 4 leaves the pieces'
        writing to its first two warpgroups */
-    static const char *groups[] = {"2", "4"};
-    for (size_t i = 0; i < 2 && !test_case_failed; i++) {
+    /* auto (cuplan_wg_groups): here 1 warpgroup for 300 x 512 at 40 rows, 4 for 1024 x 64 at 24 rows */
+    static const char *groups[] = {"2", "4", "auto"};
+    for (size_t i = 0; i < 3 && !test_case_failed; i++) {
         setenv("RD_CUDA_TC_WG", groups[i], 1);
         rd_backend *wgn = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
         unsetenv("RD_CUDA_TC_WG");
         CHECK(wgn != NULL, "cannot create the RD_CUDA_TC_WG=%s backend: %s", groups[i], rd_errmsg());
         printf("# RD_CUDA_TC_WG=%s\n", groups[i]);
         if (!test_case_failed) tc_case(wgn, 1, 300, 512, 40);  /* 3 (2 groups) or 2 (4) weight tiles, the last partial */
-        if (!test_case_failed) tc_case(wgn, 1, 100, 96, 130);
-        if (!test_case_failed) tc_gated_case(wgn, nofuse, 150, 512, 40, 0);
-        if (!test_case_failed) tc_gated_case(wgn, nofuse, 37, 96, 70, 1);
+        if (i == 2) { /* auto: the kernel per call */
+            if (!test_case_failed) tc_case(wgn, 1, 1024, 64, 24);
+        } else {
+            if (!test_case_failed) tc_case(wgn, 1, 100, 96, 130);
+            if (!test_case_failed) tc_gated_case(wgn, nofuse, 150, 512, 40, 0);
+            if (!test_case_failed) tc_gated_case(wgn, nofuse, 37, 96, 70, 1);
+        }
         if (wgn) rd_backend_destroy(wgn);
     }
     rd_backend *all[6] = {wg, wg1, wg8, nf8, tc, nofuse};

@@ -395,6 +395,16 @@ static void test_gemm_tc_plan(void)
           "in %% 32 != 0 and empty shapes are refused");
     CHECK(cuplan_tc_mw(1) == 1 && cuplan_tc_mw(16) == 1 && cuplan_tc_mw(17) == 2 && cuplan_tc_mw(33) == 4,
           "m16 tiles per warp");
+    /* RD_CUDA_TC_WG=auto on the 1B's shapes at 256 rows (4 batch tiles) on 132 SMs, by hand: gate|up's 16384
+       rows give 64 CTAs of 4 warpgroups a batch tile (256 in all); o's and down's 2048 and q|k|v's 3072 fill
+       the SMs only with 1 (128 and 192 CTAs; 2 warpgroups: 64 and 96) */
+    CHECK(cuplan_wg_groups(16384, 256, 132) == 4 && cuplan_wg_groups(2048, 256, 132) == 1 &&
+              cuplan_wg_groups(3072, 256, 132) == 1, "warpgroups at 256 rows: %d %d %d",
+          cuplan_wg_groups(16384, 256, 132), cuplan_wg_groups(2048, 256, 132), cuplan_wg_groups(3072, 256, 132));
+    CHECK(cuplan_wg_groups(3072, 512, 132) == 2 && cuplan_wg_groups(2048, 128, 132) == 1 &&
+              cuplan_wg_groups(1024, 40, 4) == 4 && cuplan_wg_groups(300, 40, 4) == 1 && cuplan_wg_groups(300, 130, 4) == 4,
+          "warpgroups: %d %d %d %d %d", cuplan_wg_groups(3072, 512, 132), cuplan_wg_groups(2048, 128, 132),
+          cuplan_wg_groups(1024, 40, 4), cuplan_wg_groups(300, 40, 4), cuplan_wg_groups(300, 130, 4));
     /* The MoE experts' plan: the warps' split of the GEMM's plan for that length, one CTA along K whatever
      * the SMs; Qwen3-30B-A3B's gate|up (in 2048) and down (in 768) by hand. */
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
