@@ -20,7 +20,8 @@
 // memory in wgmma's K-major, unswizzled layout with the permutation applied;
 // D = W rows x batch rows, 32 accumulators a thread, and as many again for
 // the folded total. bf16 and FP8 (decoded to bf16 as the loads do) weights,
-// pieces 1 or 2, the plain and the gated epilogues.
+// pieces 1 or 2, the plain and the gated epilogues; the LM head's three
+// exact pieces (hi, mid, lo) on a bf16 table.
 #include "kernels/cuda/cuda_gemm_tc.cuh"
 
 namespace RD_NS {
@@ -284,17 +285,22 @@ RD_UNROLL
 // aligned and not gathered; the tile kernel's rows (tc_use_big).
 bool tc_wg_fits(const tc_args &a, int pieces, int epi)
 {
-    return a.wg && (pieces == 1 || pieces == 2) && (a.w || a.f8) && !a.q8 && a.xvec && !a.xrow &&
+    const bool head = pieces == 3 && epi == TC_PLAIN && a.w; // the LM head's three exact pieces, bf16 table
+    return a.wg && (pieces == 1 || pieces == 2 || head) && (a.w || a.f8) && !a.q8 && a.xvec && !a.xrow &&
            (epi == TC_PLAIN || epi == TC_SWIGLU || epi == TC_GEGLU) && a.in % 32 == 0 && tc_use_big(a);
 }
 
 template <int NP, int WF, int WGS> static void tc_wg_launch(cudaStream_t s, const tc_args &a, int epi)
 {
+    static_assert(NP != 3 || WF == TC_WF_BF16, "the LM head's pieces: a bf16 table, no epilogue");
     // 64 WGS weight rows a CTA (gated: 32 WGS features' gate and up rows)
     const dim3 grid((unsigned)((a.out + 64 * WGS - 1) / (64 * WGS)), (unsigned)((a.m + TC_WG_BN - 1) / TC_WG_BN));
     const dim3 block(128 * WGS);
     const size_t smem = (size_t)2 * 2 * NP * TC_WG_BLOCK;
-    if (epi == TC_SWIGLU) {
+    if constexpr (NP == 3) {
+        auto kern = k_gemm_tc_wg<3, WF, TC_PLAIN, WGS>;
+        RD_LAUNCH(kern, grid, block, smem, s, a);
+    } else if (epi == TC_SWIGLU) {
         auto kern = k_gemm_tc_wg<NP, WF, TC_SWIGLU, WGS>;
         RD_LAUNCH(kern, grid, block, smem, s, a);
     } else if (epi == TC_GEGLU) {
@@ -318,7 +324,9 @@ template <int NP, int WF> static void tc_wg_groups(cudaStream_t s, const tc_args
 
 void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi)
 {
-    if (a.w)
+    if (pieces == 3)
+        tc_wg_groups<3, TC_WF_BF16>(s, a, TC_PLAIN);
+    else if (a.w)
         pieces == 2 ? tc_wg_groups<2, TC_WF_BF16>(s, a, epi) : tc_wg_groups<1, TC_WF_BF16>(s, a, epi);
     else
         pieces == 2 ? tc_wg_groups<2, TC_WF_FP8>(s, a, epi) : tc_wg_groups<1, TC_WF_FP8>(s, a, epi);

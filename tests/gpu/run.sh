@@ -399,6 +399,10 @@ if [ "$DRY" = 0 ]; then
   fi
 
   # ---- second pass: the other variants and checks
+  # The 1B's decode step at 128 and 256 rows with the wgmma tile kernel (RD_CUDA_TC_WG=auto: its layers and the
+  # LM head's three pieces), beside bench-1b-tc's rows.
+  RD_CUDA_GEMM=tc RD_CUDA_TC_WG=auto run bench-1b-tc-wg 60 "$BENCH" bench --synthetic 1b --label " tc wg" \
+    --batches 128,256 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-wg.json" || true
   # Programmatic dependent launch on top of tc (each kernel scheduled while the one before drains).
   RD_CUDA_GEMM=tc RD_CUDA_PDL=1 run bench-1b-tc-pdl 60 "$BENCH" bench --synthetic 1b --label " tc pdl" \
     --batches 1,8,32 --steps 16 --bw "$BW" --json "$LOGS/bench-1b-tc-pdl.json" || true
@@ -542,7 +546,7 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-bench-moe-cpu.json" || true
   run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
-  for s in copybw unit-tc-cuda unit-tc-wg-cuda gemm-1b gemm-1b-pipe gemm-1b-wg bench-1b bench-1b-tc bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
+  for s in copybw unit-tc-cuda unit-tc-wg-cuda gemm-1b gemm-1b-pipe gemm-1b-wg bench-1b bench-1b-tc bench-1b-tc-wg bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \

@@ -1267,6 +1267,8 @@ done:
     if (tc8) rd_backend_destroy(tc8);
 }
 
+static void lm_head_case(rd_backend *be, int32_t out, int32_t in, int32_t M, double tol);
+
 /* RD_CUDA_TC_WG=1, 2, 4, auto: the tile kernel on Hopper's warpgroup MMA (cuda_gemm_tc_wg.cu; here from 24 rows on). Each
  * row the bits of the split-K kernel serving it alone (tc_case), of the register-staged tile kernel (an unaligned
  * x, which the wgmma kernel leaves to it), of the unfused gated op, and FP8 weights those of bf16 weights of the
@@ -1297,6 +1299,8 @@ static void test_gemm_tc_wg(void)
     tc_wfmt = 1;
     if (!test_case_failed) tc_gated_case(wg8, nf8, 150, 512, 40, 0);
     tc_wfmt = 0;
+    /* the LM head's three exact pieces of x (130 rows: the tile kernel's), every row the row alone's bits */
+    if (!test_case_failed) lm_head_case(wg, 100, 512, 130, on_emulator() ? 1e-6 : 3e-5);
     CHECK(test_case_failed || !on_emulator() || cuemu_wgmma_count() > w0, "RD_CUDA_TC_WG=1: no wgmma operation ran");
     /* 2 and 4 warpgroups a CTA (128 and 256 weight rows on one staged B): the same bits; 4 leaves the pieces'
        writing to its first two warpgroups */
