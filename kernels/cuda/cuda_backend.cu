@@ -283,7 +283,7 @@ struct cuda_be {
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
     int tc_stages;              // RD_CUDA_TC_PIPE: the tile kernel's cp.async stages, 4 by default; 0: register staging
-    int tc_wg;                  // RD_CUDA_TC_WG=1, 2, 4 on compute capability 9.0: the wgmma tile kernel
+    int tc_wg;                  // RD_CUDA_TC_WG=1, 2, 4 (compute capability 9.0 only): the wgmma tile kernel
                                 // (cuda_gemm_tc_wg.cu) with that many warpgroups a CTA; -1 (auto): per call,
                                 // cuplan_wg_groups; 0: the mma.sync ones
     bool gemm_simple_only;
@@ -2913,6 +2913,11 @@ static int create(int n_threads, rd_backend **out)
     if ((e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess)
         return rd_fail(RD_ENODEV, "backend 'cuda': device %d: %s", dev, cudaGetErrorString(e));
 
+    const char *wg = env("RD_CUDA_TC_WG"); // sm_90a code only: refused elsewhere rather than ignored
+    if (wg && strcmp(wg, "0") && !(prop.major == 9 && prop.minor == 0))
+        return rd_fail(RD_EINVAL, "backend '%s': RD_CUDA_TC_WG=%s needs a compute capability 9.0 device (wgmma); "
+                       "device %d is %d.%d", RD_CUDA_NAME, wg, dev, prop.major, prop.minor);
+
     cuda_be *b = new cuda_be();
     b->ops = cuda_ops;
     b->base.ops = &b->ops;
@@ -2973,8 +2978,7 @@ static int create(int n_threads, rd_backend **out)
     b->tc_tile = tt && !strcmp(tt, "128") ? 128 : 64;
     const char *tp = env("RD_CUDA_TC_PIPE");
     b->tc_stages = tp ? atoi(tp) : 4;
-    const char *wg = env("RD_CUDA_TC_WG"); // sm_90a code only: other devices keep the mma.sync tile kernels
-    b->tc_wg = wg && prop.major == 9 && prop.minor == 0 ? (!strcmp(wg, "auto") ? -1 : atoi(wg)) : 0;
+    b->tc_wg = wg ? (!strcmp(wg, "auto") ? -1 : atoi(wg)) : 0;
 #ifdef RD_CUDA_EMU
     b->gemm_simple_only = true;
 #endif

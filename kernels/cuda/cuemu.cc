@@ -189,14 +189,20 @@ void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes)
     cur->cps.push_back(c);
 }
 
+// The thread's uncommitted operations (group -1) become group `groups`, the next.
+template <class T> static void commit_group(std::vector<T> &ops, int &groups)
+{
+    for (T &o : ops)
+        if (o.group < 0)
+            o.group = groups;
+    groups++;
+}
+
 void cp_async_commit()
 {
     if (!cur)
         die("cp.async.commit_group outside a kernel");
-    for (cp_copy &c : cur->cps)
-        if (c.group < 0)
-            c.group = cur->cp_groups;
-    cur->cp_groups++;
+    commit_group(cur->cps, cur->cp_groups);
 }
 
 void cp_async_wait(unsigned newest)
@@ -389,10 +395,7 @@ void wgmma_commit()
 {
     if (!cur)
         die("wgmma.commit_group outside a kernel");
-    for (wg_op &o : cur->wgs)
-        if (o.group < 0)
-            o.group = cur->wg_groups;
-    cur->wg_groups++;
+    commit_group(cur->wgs, cur->wg_groups);
 }
 
 void wgmma_wait(unsigned newest)
@@ -400,13 +403,14 @@ void wgmma_wait(unsigned newest)
     if (!cur)
         die("wgmma.wait_group outside a kernel");
     const int before = cur->wg_groups - (int)newest;
-    size_t keep = 0;
-    std::vector<wg_op> ops = cur->wgs;
-    for (const wg_op &o : ops)
+    size_t keep = 0; // (wg_run yields to the other fibers, which touch only their own lists)
+    for (size_t i = 0; i < cur->wgs.size(); i++) {
+        const wg_op o = cur->wgs[i];
         if (o.group >= 0 && o.group < before)
             wg_run(o);
         else
             cur->wgs[keep++] = o;
+    }
     cur->wgs.resize(keep);
 }
 
