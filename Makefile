@@ -46,9 +46,11 @@ CU_SRC  := $(wildcard kernels/cuda/*.cu)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 NVFLAGS := -O2 -std=c++17 -I. -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter $(if $(WERROR),-Xcompiler -Werror)
 # sm_90 code for H100/H200 and compute_90 PTX for newer parts; the wgmma kernel's file is Hopper's own
-# (sm_90a: wgmma exists on no other target), and the backend launches it only on compute capability 9.0.
+# (sm_90a: wgmma exists on no other target), and so is its pipelined form's; the backend launches them only on
+# compute capability 9.0.
 NVARCH  := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 $(BUILD)/obj/kernels/cuda/cuda_gemm_tc_wg.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
+$(BUILD)/obj/kernels/cuda/cuda_gemm_tc_wgp.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
 CFLAGS  += $(if $(CU_SRC),-DRD_HAVE_CUDA=1)
 LDLIBS  += -rdynamic -ldl
 CUDA_PLUGIN := $(if $(CU_SRC),$(BUILD)/librdcuda.so)

@@ -282,6 +282,7 @@ struct cuda_be {
     bool tc_hnorm;              // tc mode: q/k norms + RoPE + KV write in the q|k|v GEMM's epilogue (RD_CUDA_TC_HNORM=0: k_hnorm_rope)
     int32_t tc_big_rows;        // RD_CUDA_TC_BIG_ROWS: the tile kernel from this many rows (default 128; 0: never)
     int32_t tc_tile;            // RD_CUDA_TC_TILE: its tile side, 64 (default) or 128
+    int tc_wmajor;              // RD_CUDA_TC_ORDER=weight: the tile kernels' grid with weight tiles fastest (tc_tile_grid)
     int tc_stages;              // RD_CUDA_TC_PIPE: the tile kernel's cp.async stages, 4 by default; 0: register staging
     int tc_wg;                  // RD_CUDA_TC_WG=1, 2, 4 (compute capability 9.0 only): the wgmma tile kernel
                                 // (cuda_gemm_tc_wg.cu) with that many warpgroups a CTA; -1 (auto): per call,
@@ -1292,6 +1293,7 @@ static void run_tc(cuda_be *b, const weight *W, const float *x, int32_t m, float
     a.w = W->w, a.f8 = W->f8, a.f8s = W->f8s, a.q8 = W->q8, a.q8d = W->q8d;
     a.x = x, a.y = y;
     a.m = m, a.out = W->out, a.in = W->in, a.acc = accumulate, a.big_rows = b->tc_big_rows, a.big_tile = b->tc_tile;
+    a.wmajor = b->tc_wmajor;
     a.stages = b->tc_stages, a.wg = b->tc_wg >= 0 ? b->tc_wg : cuplan_wg_groups(W->out, m, b->n_sm);
 #ifndef RD_CUDA_EMU
     a.prefetch = rd_pdl;
@@ -2860,6 +2862,7 @@ static const env_switch env_switches[] = {
     {"RD_CUDA_TC_HNORM", {"0", "1"}}, {"RD_CUDA_NORM_V0", {"0", "1"}}, {"RD_CUDA_TC_ROUTE", {"0", "1"}},
     {"RD_CUDA_TC_PIPE", {"0", "2", "3", "4", "6"}}, {"RD_CUDA_SAMPLE", {"cta"}}, {"RD_CUDA_TC_NORMADD", {"0", "1"}},
     {"RD_CUDA_TC_LORA", {"0", "1"}},  {"RD_CUDA_TC_WG", {"0", "1", "2", "4", "auto"}},
+    {"RD_CUDA_TC_ORDER", {"batch", "weight"}},
 };
 
 static bool env_number(const char *v)
@@ -2976,6 +2979,8 @@ static int create(int n_threads, rd_backend **out)
     b->tc_big_rows = br ? atoi(br) : 128;
     const char *tt = env("RD_CUDA_TC_TILE");
     b->tc_tile = tt && !strcmp(tt, "128") ? 128 : 64;
+    const char *to = env("RD_CUDA_TC_ORDER");
+    b->tc_wmajor = to && !strcmp(to, "weight");
     const char *tp = env("RD_CUDA_TC_PIPE");
     b->tc_stages = tp ? atoi(tp) : 4;
     b->tc_wg = wg ? (!strcmp(wg, "auto") ? -1 : atoi(wg)) : 0;
@@ -2990,6 +2995,7 @@ static int create(int n_threads, rd_backend **out)
          cudaMalloc(&b->ws, LT_WS_BYTES) == cudaSuccess && cudaMalloc(&b->ws_aux, LT_WS_BYTES) == cudaSuccess;
 #endif
     ok = ok && (b->tc_stages == 0 || gemm_tc_setup(b->tc_stages) == cudaSuccess);
+    ok = ok && (b->tc_stages == 0 || b->tc_wg == 0 || gemm_tc_wgp_setup(b->tc_stages) == cudaSuccess);
     if (!ok) {
         const char *why = cudaGetErrorString(cudaGetLastError());
         cu_destroy(&b->base);

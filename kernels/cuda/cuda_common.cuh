@@ -206,6 +206,20 @@ template <int N> RD_DEV void cp_async_wait()
 #endif
 }
 
+// A ring of `stages` cp.async groups (RD_CUDA_TC_PIPE: 2, 3, 4 or 6), one committed per chunk: all but the
+// newest stages - 2 have landed.
+RD_DEV void cp_async_wait_ring(int stages)
+{
+    if (stages == 2)
+        cp_async_wait<0>();
+    else if (stages == 3)
+        cp_async_wait<1>();
+    else if (stages == 4)
+        cp_async_wait<2>();
+    else
+        cp_async_wait<4>();
+}
+
 RD_DEV void load_x8(const uint16_t *p, float *f) { load_bf16x8(p, f); }
 RD_DEV void load_x8(const float *p, float *f) { load_f32x8(p, f); }
 RD_DEV float load_x1(const uint16_t *p) { return cm_bf16_to_f32(*p); }

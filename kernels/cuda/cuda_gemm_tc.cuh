@@ -122,6 +122,18 @@ RD_DEV void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t 
 #endif
 }
 
+// 8 FP8 codes (v) of a chunk with the chunk's scale byte as four bf16 pairs.
+RD_DEV void tc_decode_w8(uint2 v, uint32_t scale_byte, uint32_t (&u)[4])
+{
+    const float s = cm_fp8_scale(scale_byte);
+    float f[8];
+    fp8_decode4(v.x, s, f);
+    fp8_decode4(v.y, s, f + 4);
+RD_UNROLL
+    for (int i = 0; i < 4; i++)
+        u[i] = tc_pack(f[2 * i], f[2 * i + 1]);
+}
+
 // Weights [8t, 8t + 8) of chunk c of row n as four bf16 pairs (zeros past
 // the last row).
 template <int WF> RD_DEV void tc_load_w(const tc_args &a, int32_t n, int32_t c, int t, uint32_t (&u)[4])
@@ -135,14 +147,7 @@ template <int WF> RD_DEV void tc_load_w(const tc_args &a, int32_t n, int32_t c, 
         u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
         return;
     }
-    const uint2 v = *(const uint2 *)(a.f8 + (int64_t)n * a.in + c + 8 * t);
-    const float s = cm_fp8_scale(a.f8s[(int64_t)n * (a.in / 32) + c / 32]);
-    float f[8];
-    fp8_decode4(v.x, s, f);
-    fp8_decode4(v.y, s, f + 4);
-RD_UNROLL
-    for (int i = 0; i < 4; i++)
-        u[i] = tc_pack(f[2 * i], f[2 * i + 1]);
+    tc_decode_w8(*(const uint2 *)(a.f8 + (int64_t)n * a.in + c + 8 * t), a.f8s[(int64_t)n * (a.in / 32) + c / 32], u);
 }
 
 // x[r][c + 8t .. c + 8t + 8) (zeros past the last row); with a.nw, normalized by inv. XR: row r is
@@ -1058,6 +1063,19 @@ RD_UNROLL
     }
 }
 
+// The tile kernels' grid and a CTA's tiles in it (a.wmajor). Why batch tiles fastest: CTAs start in
+// blockIdx order, so the CTAs resident together then take a few weight tiles, each with all of its batch tiles,
+// and read each weight tile from memory once, the other batch tiles' reads hitting L2. Weight tiles fastest,
+// a wave takes every weight tile for one or two batch tiles, and a weight larger than L2 (the 1B's gate|up,
+// 64 MB, at 256 rows) is read from memory again for the next ones. x, the smaller operand at decode sizes,
+// is what stays in L2 then.
+static inline dim3 tc_tile_grid(const tc_args &a, int32_t w_tiles, int32_t b_tiles)
+{
+    return a.wmajor ? dim3((unsigned)w_tiles, (unsigned)b_tiles) : dim3((unsigned)b_tiles, (unsigned)w_tiles);
+}
+RD_DEV int32_t tc_tile_w(const tc_args &a) { return (int32_t)(a.wmajor ? blockIdx.x : blockIdx.y); }
+RD_DEV int32_t tc_tile_b(const tc_args &a) { return (int32_t)(a.wmajor ? blockIdx.y : blockIdx.x); }
+
 // x's 8 values as piece p's four bf16 pairs, in the order of a fragment's uint4 (tc_frag_a).
 RD_DEV uint4 tcb_pack_piece(const float (&v)[8], int p)
 {
@@ -1078,7 +1096,7 @@ __global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big(tc_args a)
     float(*const wsc)[BT] = reinterpret_cast<float(*)[BT]>(&wq[2][0][0]);
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
-    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
+    const int32_t r0 = tc_tile_b(a) * BT, n0 = tc_tile_w(a) * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
 
     // Staging: thread tid moves the 8-value pieces tid + i x threads (row / 4, piece % 4) of x and of W.
@@ -1206,7 +1224,7 @@ __global__ void __launch_bounds__(TCB_THREADS(WS), 1) k_gemm_tc_pipe(tc_args a)
     const int S = a.stages;
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WS, wn = warp % WS; // the warp's 32 x 32 tile
-    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
+    const int32_t r0 = tc_tile_b(a) * BT, n0 = tc_tile_w(a) * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
     // Stage s: x rows [BT][TCP_XS] floats; W rows [BT] x WB bytes (uint4 t of a bf16 row, uint2 t of a code
     // row: its weights [8t, 8t + 8)); the scale rows [BT] x SB bytes.
@@ -1251,17 +1269,6 @@ RD_UNROLL
                 cp_async<SB ? SB : 4>(base + dst[i], src[i] + (int64_t)(SB / 4) * (ci & ~3), ok[i]);
         }
     };
-    // Before chunk ci is read, all but the newest S - 2 groups have landed: chunk ci's among them.
-    auto wait = [&]() {
-        if (S == 2)
-            cp_async_wait<0>();
-        else if (S == 3)
-            cp_async_wait<1>();
-        else if (S == 4)
-            cp_async_wait<2>();
-        else
-            cp_async_wait<4>();
-    };
     // The scale of weight row `row` (in the tile) for chunk ci: FP8 2^ew as tc_load_w decodes it (bf16 path) or
     // as tc_load_w8 (W8A8); Q8_0 its d.
     auto wscale = [&](const unsigned char *base, int row, int32_t ci) -> float {
@@ -1281,7 +1288,7 @@ RD_UNROLL
     float tot[2][4][4] = {}, pc[2][4][4] = {};
     int rd = 0, wr = S - 1; // the stages of chunk ci and of chunk ci + S - 1 (= ci - 1's)
     for (int32_t ci = 0; ci < nch; ci++) {
-        wait();
+        cp_async_wait_ring(S); // (all but the newest S - 2 groups: chunk ci's among them)
         __syncthreads(); // chunk ci has landed for every thread, and every warp is done with chunk ci - 1's stage
         if (ci + S - 1 < nch)
             issue(ci + S - 1, wr);
@@ -1378,7 +1385,7 @@ __global__ void __launch_bounds__(TCB_THREADS(WS)) k_gemm_tc_big_q8(tc_args a)
     __shared__ float xs[2][BT], wsc[2][BT];
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / WS, wn = warp % WS;
-    const int32_t r0 = (int32_t)blockIdx.y * BT, n0 = (int32_t)blockIdx.x * BT;
+    const int32_t r0 = tc_tile_b(a) * BT, n0 = tc_tile_w(a) * BT;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
 
     // thread tid moves segment tid % 4 of rows (tid + i x threads) / 4: a row's quad is 4 neighbouring lanes
@@ -1481,7 +1488,7 @@ static void gemm_tc_launch(cudaStream_t s, const tc_args &a, dim3 grid, dim3 blo
 template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const tc_args &a, int epi)
 {
     constexpr int BT = 32 * WS;
-    const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
+    const dim3 grid = tc_tile_grid(a, (a.out + BT - 1) / BT, (a.m + BT - 1) / BT), block(TCB_THREADS(WS));
     if constexpr (NP == 3) {
         auto kern = k_gemm_tc_big<WS, 3, WF, TC_PLAIN>;
         RD_LAUNCH(kern, grid, block, 0, s, a);
@@ -1512,7 +1519,7 @@ template <int WS, int NP, int WF> static void gemm_tc_big(cudaStream_t s, const 
 template <int WS, int NP, int WF, int EPI> static void tcp_launch(cudaStream_t s, const tc_args &a)
 {
     constexpr int BT = 32 * WS;
-    const dim3 grid((unsigned)((a.out + BT - 1) / BT), (unsigned)((a.m + BT - 1) / BT)), block(TCB_THREADS(WS));
+    const dim3 grid = tc_tile_grid(a, (a.out + BT - 1) / BT, (a.m + BT - 1) / BT), block(TCB_THREADS(WS));
     auto kern = k_gemm_tc_pipe<WS, NP, WF, EPI>;
     RD_LAUNCH(kern, grid, block, (size_t)a.stages * tcp_stage_bytes(WS, WF), s, a); // (gemm_tc_setup opted in)
 }
@@ -1619,6 +1626,8 @@ void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int piec
 // The wgmma tile kernel (cuda_gemm_tc_wg.cu, sm_90a): whether it takes a call, and the call.
 bool tc_wg_fits(const tc_args &a, int pieces, int epi);
 void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi);
+// Its pipelined form (cuda_gemm_tc_wgp.cu): the call if its operands allow it (else false, nothing launched).
+bool gemm_tc_wgp(cudaStream_t s, const tc_args &a, int pieces, int epi);
 
 }  // namespace RD_NS
 

@@ -22,153 +22,11 @@
 // the folded total. bf16 and FP8 (decoded to bf16 as the loads do) weights,
 // pieces 1 or 2, the plain and the gated epilogues; the LM head's three
 // exact pieces (hi, mid, lo) on a bf16 table.
-#include "kernels/cuda/cuda_gemm_tc.cuh"
+#include "kernels/cuda/cuda_gemm_tc_wg.cuh"
 
 namespace RD_NS {
 
-#define TC_WG_BN 64                     // batch rows a CTA (wgmma's N)
-#define TC_WG_BLOCK (TC_WG_BN * 32)     // bytes of one (piece, k-step) B block: BN rows x 16 bf16
-// B's K-major, unswizzled layout (PTX ISA, "Shared Memory Matrix Layout"): core matrices of 8 rows x 16
-// bytes (8 k), the two along K at LBO, the row groups at SBO.
-#define TC_WG_LBO 128
-#define TC_WG_SBO 256
-
-#if defined(RD_CUDA_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TC_WG_HAVE 1
-#else
-#define TC_WG_HAVE 0 // the host pass, or a device pass without sm_90a's instructions (never launched there:
-                     // the backend sets a.wg only on compute capability 9.0)
-#endif
-
-RD_DEV uint32_t tc_wg_smem_addr(const void *p)
-{
-#ifdef RD_CUDA_EMU
-    return (uint32_t)((const unsigned char *)p - cuemu::dyn_smem());
-#else
-    return (uint32_t)__cvta_generic_to_shared(p);
-#endif
-}
-
-RD_DEV uint64_t tc_wg_desc(uint32_t smem_addr)
-{
-    return (uint64_t)((smem_addr & 0x3ffffu) >> 4) | (uint64_t)(TC_WG_LBO >> 4) << 16 | (uint64_t)(TC_WG_SBO >> 4) << 32;
-}
-
-// Ordinary stores to shared memory that the tensor cores read next.
-RD_DEV void tc_wg_fence_proxy()
-{
-#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-RD_DEV void tc_wg_fence()
-{
-#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-RD_DEV void tc_wg_commit()
-{
-#ifdef RD_CUDA_EMU
-    cuemu::wgmma_commit();
-#elif TC_WG_HAVE
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-RD_DEV void tc_wg_wait0()
-{
-#ifdef RD_CUDA_EMU
-    cuemu::wgmma_wait(0);
-#elif TC_WG_HAVE
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-
-// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMA.
-RD_DEV void tc_wg_hold(float (&d)[TC_WG_BN / 2])
-{
-#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
-RD_UNROLL
-    for (int i = 0; i < TC_WG_BN / 2; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-#else
-    (void)d;
-#endif
-}
-
-// Keeps the MMAs' A fragments and descriptors live until their wait: else the compiler may define other
-// values in their registers while the MMAs still read them, and ptxas then serializes the MMAs.
-template <int NP> RD_DEV void tc_wg_keep(const uint32_t (&fa)[2][4], const uint64_t (&desc)[2][NP])
-{
-#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
-RD_UNROLL
-    for (int s2 = 0; s2 < 2; s2++) {
-        asm volatile("" ::"r"(fa[s2][0]), "r"(fa[s2][1]), "r"(fa[s2][2]), "r"(fa[s2][3]) : "memory");
-RD_UNROLL
-        for (int p = 0; p < NP; p++)
-            asm volatile("" ::"l"(desc[s2][p]) : "memory");
-    }
-#else
-    (void)fa, (void)desc;
-#endif
-}
-
-// d += A B: wgmma m64n64k16, f32 += bf16 x bf16, A from registers, B K-major in shared memory.
-RD_DEV void tc_wg_mma(float (&d)[TC_WG_BN / 2], const uint32_t (&a)[4], uint64_t desc)
-{
-#ifdef RD_CUDA_EMU
-    cuemu::wgmma_bf16(d, TC_WG_BN, a, desc);
-#elif TC_WG_HAVE
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d, (void)a, (void)desc;
-    __trap();
-#endif
-}
-
-// The weight row that row g + 8 h of warp w's 16 A rows holds in a CTA of WGS warpgroups at weight tile bx:
-// plain, row 64 WGS bx + 16 w + 8 h + g; gated, rows g are the gate rows of features 32 WGS bx + 8 w + g and
-// rows g + 8 their up rows (a.out: none, zeros).
-template <int EPI, int WGS> RD_DEV int32_t tc_wg_wrow(const tc_args &a, int32_t bx, int w, int h, int g)
-{
-    if (EPI == TC_PLAIN) {
-        const int32_t n = 64 * WGS * bx + 16 * w + 8 * h + g;
-        return n < a.out ? n : a.out;
-    }
-    const int32_t F = a.out / 2, f = 32 * WGS * bx + 8 * w + g;
-    return f < F ? h * F + f : a.out;
-}
-
-// Piece p of x's 8 values [8t, 8t + 8) of batch row n into the (p, k-step) blocks of stage `st`: values 0-1
-// and 2-3 are k-step 0's k 2t, 2t + 1 and 2t + 8, 2t + 9; values 4-7 the same k of k-step 1 (tc_frag_a's
-// permutation, which the weights' fragments follow).
-template <int NP> RD_DEV void tc_wg_put_x(unsigned char *st, int n, int t, const float (&v)[8])
-{
-    const int row = (n % 8) * 16 + (n / 8) * TC_WG_SBO;
-RD_UNROLL
-    for (int p = 0; p < NP; p++)
-RD_UNROLL
-        for (int s2 = 0; s2 < 2; s2++) {
-            unsigned char *blk = st + (2 * p + s2) * TC_WG_BLOCK + row;
-            *(uint32_t *)(blk + 4 * t) = tc_pack(tc_piece(v[4 * s2], p), tc_piece(v[4 * s2 + 1], p));
-            *(uint32_t *)(blk + TC_WG_LBO + 4 * t) = tc_pack(tc_piece(v[4 * s2 + 2], p), tc_piece(v[4 * s2 + 3], p));
-        }
-}
-
-// One CTA: weight tile blockIdx.x (64 WGS rows; gated: 32 WGS features), batch tile blockIdx.y (TC_WG_BN
+// One CTA: weight tile tc_tile_w (64 WGS rows; gated: 32 WGS features), batch tile tc_tile_b (TC_WG_BN
 // rows), WGS warpgroups of 128 threads, each 64 weight rows times the same B: two stages of NP x 2 B blocks
 // in dynamic shared memory. More warpgroups read x from L2 fewer times (once a 64 WGS-row weight tile), and
 // fill fewer SMs. While chunk ci's MMA runs on stage ci % 2, the threads write chunk ci + 1's pieces to the
@@ -179,7 +37,7 @@ template <int NP, int WF, int EPI, int WGS> __global__ void __launch_bounds__(12
     RD_PDL_ENTRY();
     RD_DYN_SMEM(unsigned char, sm);
     const int tid = (int)threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int32_t bx = (int32_t)blockIdx.x, r0 = (int32_t)blockIdx.y * TC_WG_BN;
+    const int32_t bx = tc_tile_w(a), r0 = tc_tile_b(a) * TC_WG_BN;
     const int32_t nch = a.in / 32, cpp = a.kp / 32;
     const int32_t wr0 = tc_wg_wrow<EPI, WGS>(a, bx, w, 0, g), wr1 = tc_wg_wrow<EPI, WGS>(a, bx, w, 1, g);
     constexpr int STAGE = 2 * NP * TC_WG_BLOCK;
@@ -247,7 +105,7 @@ RD_UNROLL
             for (int i = 0; i < U; i++)
                 tc_load_x<false>(a, xg + 32 * i, 32 * c2, xt, 1.0f, xv[i]);
         }
-        tc_wg_wait0();
+        tc_wg_wait<0>();
         tc_wg_keep<NP>(fa, desc);
         tc_wg_hold(pc);
         // A sub-piece ends: fold it into the total, left to right. Selects, not a branch: the branch's merged
@@ -265,19 +123,7 @@ RD_UNROLL
         for (int i = 0; i < 4; i++)
             wv[0][i] = wn[0][i], wv[1][i] = wn[1][i];
     }
-    // tot[4 j + i]: weight row (A) g + 8 (i / 2) of the warp's 16, batch row 8 j + 2 t + i % 2.
-RD_UNROLL
-    for (int j = 0; j < TC_WG_BN / 8; j++)
-RD_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int32_t r = r0 + 8 * j + 2 * t + i;
-            if (EPI == TC_PLAIN) {
-                tc_store<false>(a, r, wr0, tot[4 * j + i]);
-                tc_store<false>(a, r, wr1, tot[4 * j + i + 2]);
-            } else if (wr0 < a.out) { // wr0 is the gate row of feature wr0
-                tc_store_glu<EPI>(a, r, wr0, tot[4 * j + i], tot[4 * j + i + 2]);
-            }
-        }
+    tc_wg_store<EPI>(a, r0, wr0, wr1, t, tot);
 }
 
 // Whether the wgmma kernel takes this call (RD_CUDA_TC_WG=1, 2 or 4 on a compute capability 9.0 device sets
@@ -294,7 +140,7 @@ template <int NP, int WF, int WGS> static void tc_wg_launch(cudaStream_t s, cons
 {
     static_assert(NP != 3 || WF == TC_WF_BF16, "the LM head's pieces: a bf16 table, no epilogue");
     // 64 WGS weight rows a CTA (gated: 32 WGS features' gate and up rows)
-    const dim3 grid((unsigned)((a.out + 64 * WGS - 1) / (64 * WGS)), (unsigned)((a.m + TC_WG_BN - 1) / TC_WG_BN));
+    const dim3 grid = tc_tile_grid(a, (a.out + 64 * WGS - 1) / (64 * WGS), (a.m + TC_WG_BN - 1) / TC_WG_BN);
     const dim3 block(128 * WGS);
     const size_t smem = (size_t)2 * 2 * NP * TC_WG_BLOCK;
     if constexpr (NP == 3) {
@@ -324,6 +170,8 @@ template <int NP, int WF> static void tc_wg_groups(cudaStream_t s, const tc_args
 
 void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi)
 {
+    if (a.stages && gemm_tc_wgp(s, a, pieces, epi))
+        return;
     if (pieces == 3)
         tc_wg_groups<3, TC_WF_BF16>(s, a, TC_PLAIN);
     else if (a.w)

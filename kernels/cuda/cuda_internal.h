@@ -372,6 +372,8 @@ struct tc_args {
     int wg;                     // 1, 2, 4: from big_rows rows on, the wgmma tile kernel where it fits, with that
                                 // many warpgroups a CTA (RD_CUDA_TC_WG on a compute capability 9.0 device;
                                 // tc_wg_fits); 0: the mma.sync tile kernels
+    int wmajor;                 // the tile kernels' grid: 0, batch tiles fastest (blockIdx.x), so the CTAs that run
+                                // together share weight tiles; 1 (RD_CUDA_TC_ORDER=weight), weight tiles fastest
     int prefetch;               // 1 (PDL on): the small kernel asks its weights into L2 before waiting on the kernel before
     int32_t kp, q, p;           // set by launch_gemm_tc from the plan
     int xvec;                   // set by launch_gemm_tc: x 16-byte aligned
@@ -406,6 +408,9 @@ void launch_gemm_tc(cudaStream_t s, const cuplan_tc &pl, tc_args a, int pieces, 
 // Opts the tile kernel's pipelined forms into the dynamic shared memory `stages` stages take, once, at the
 // backend's creation (an attribute of the kernel, never set while a stream captures a graph).
 cudaError_t gemm_tc_setup(int stages);
+// The same for the wgmma tile kernel's pipelined form (cuda_gemm_tc_wgp.cu; sm_90a code, so only on a compute
+// capability 9.0 device).
+cudaError_t gemm_tc_wgp_setup(int stages);
 // Deterministic pseudo-random bf16 / fp32 values in [-1, 1) (GEMM self-test).
 void launch_fill_random(cudaStream_t s, uint16_t *p, int64_t n, uint32_t seed);
 void launch_fill_random(cudaStream_t s, float *p, int64_t n, uint32_t seed);

@@ -87,6 +87,7 @@ struct wg_op {
     float *d;                   // the thread's N / 2 accumulators
     unsigned n;                 // N
     uint32_t a[4];              // the thread's A fragment (read at the issue)
+    const uint32_t *a_regs;     // its registers, which must hold it until the wait
     uint64_t desc;              // B's descriptor
     int group;                  // -1: not yet committed
 };
@@ -175,6 +176,8 @@ static void cp_land(fiber *f, int before_group)
     f->cps.resize(keep);
 }
 
+static uint64_t n_cp_async; // cp.async copies issued (test hook: which form of a kernel ran)
+
 void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes)
 {
     if (!cur)
@@ -183,6 +186,7 @@ void cp_async(void *dst, const void *src, unsigned bytes, unsigned src_bytes)
     if (bytes > 16 || src_bytes > bytes || d < smem_buf.data() || d + bytes > smem_buf.data() + launch_smem ||
         (uintptr_t)d % bytes || (uintptr_t)src % bytes)
         die("cp.async: not an aligned copy of at most 16 bytes into the launch's dynamic shared memory");
+    n_cp_async++;
     cp_copy c{d, {}, bytes, -1};
     std::memcpy(c.data, src, src_bytes);
     std::memset(d, 0xff, bytes);
@@ -358,6 +362,8 @@ static uint64_t n_wgmma; // wgmma operations run (test hook: a kernel meant to u
 static void wg_run(const wg_op &op)
 {
     n_wgmma++;
+    if (std::memcmp(op.a, op.a_regs, sizeof op.a))
+        die("wgmma: A's registers were written before the wait for its operation");
     uint32_t all[32][4];
     warp_allgather(op.a, sizeof op.a, all);
     auto lo = [](uint32_t v) { uint32_t u = v << 16; float f; std::memcpy(&f, &u, 4); return f; };
@@ -387,7 +393,7 @@ void wgmma_bf16(float *d, unsigned n, const uint32_t (&a)[4], uint64_t desc)
         die("wgmma in a block that is not whole warpgroups");
     if (n % 8 || n == 0 || n > 256 || desc >> 46)
         die("wgmma: N not a multiple of 8 up to 256, or a descriptor with a base offset or swizzle");
-    wg_op op{d, n, {a[0], a[1], a[2], a[3]}, desc, -1};
+    wg_op op{d, n, {a[0], a[1], a[2], a[3]}, a, desc, -1};
     cur->wgs.push_back(op);
 }
 
@@ -612,6 +618,7 @@ void fail_next_malloc() { fail_malloc = 1; }
 // For the C tests: kernels run so far; make the next cudaMalloc fail.
 extern "C" uint64_t cuemu_launch_count(void) { return cuemu::launches(); }
 extern "C" uint64_t cuemu_wgmma_count(void) { return cuemu::n_wgmma; }
+extern "C" uint64_t cuemu_cp_async_count(void) { return cuemu::n_cp_async; }
 // ... and the host's waits for the device so far.
 extern "C" uint64_t cuemu_sync_count(void) { return cuemu::syncs(); }
 extern "C" void cuemu_fail_next_malloc(void) { cuemu::fail_next_malloc(); }

@@ -71,7 +71,8 @@ void cp_async_wait(unsigned newest);    // all groups but the newest `newest` ha
 // its 16 rows, in mma.sync m16n8k16's A layout) and B from dynamic shared memory through a K-major,
 // unswizzled descriptor; d: the thread's N / 2 accumulators (N / 8 blocks of 4, as mma.sync's D). It runs
 // when its group is waited for (wgmma_wait): B is read and d written then, so a B overwritten or d read
-// before the wait gives other values, as it would on a GPU. Products exact, summed in double, rounded once.
+// before the wait gives other values, as it would on a GPU; A's registers (a) written before then abort.
+// Products exact, summed in double, rounded once.
 void wgmma_bf16(float *d, unsigned n, const uint32_t (&a)[4], uint64_t desc);
 void wgmma_commit();                    // the thread's wgmma operations since the last commit become a group
 void wgmma_wait(unsigned newest);       // all groups but the newest `newest` have run

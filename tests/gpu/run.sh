@@ -322,8 +322,10 @@ if [ "$DRY" = 0 ]; then
   RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc,test_gemm_tc_hnorm,test_moe_route_tc,test_gemm_tc_normadd,test_gemm_tc_lora,test_runner_tc_lora,test_rmsnorm_widths,test_gemm_tc_q8,test_gemm_tc_q80,test_attention_combine_fused,test_runner_tc,test_runner_q80,test_sampler_tiled \
     run unit-tc-cuda 90 build/tests/test_cuda_emu || true
   # The tile kernel on wgmma (RD_CUDA_TC_WG=1, session 38: never run on a GPU before), in a process of its own so
-  # a fault in it cannot take the other cases' context: each row the split-K kernel's bits, or it fails.
+  # a fault in it cannot take the other cases' context: each row the split-K kernel's bits, or it fails. Its
+  # register-staged form (RD_CUDA_TC_PIPE=0, session 38), then its pipelined form (session 39), each in its own.
   RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc_wg run unit-tc-wg-cuda 30 build/tests/test_cuda_emu || true
+  RD_TEST_CUDA_BACKEND=cuda RD_TEST_ONLY=test_gemm_tc_wgp run unit-tc-wgp-cuda 30 build/tests/test_cuda_emu || true
   # The linear op alone on the 1B's four shapes, rows 1..512, per variant (a fresh backend each); exit 1 if
   # any variant's m-row results differ from its rows computed alone. tc+RD_CUDA_TC_BIG_ROWS=0: the tc kernel
   # without its tile kernel, to price the tile kernel at 128 rows and up; +RD_CUDA_TC_TILE=128: the 128 x 128
@@ -336,8 +338,10 @@ if [ "$DRY" = 0 ]; then
   # RD_CUDA_ACT=bf16 (one piece, half the mma steps), on the 128 tile, FP8 weights (RD_CUDA_FP8=tc) and W8A8
   # (session 36: x quantized by each warp from the staged floats, against RD_CUDA_TC_PIPE=0's once-per-tile
   # quantization through registers).
-  run gemm-1b-pipe 90 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
-    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128,fp8tc,fp8tc+RD_CUDA_TC_PIPE=0,w8a8,w8a8+RD_CUDA_TC_PIPE=0 \
+  # +RD_CUDA_TC_ORDER=weight: the tile kernels' grid with weight tiles fastest, the order before session 39 (now
+  # batch tiles fastest, so the CTAs running together read each weight tile from memory once).
+  run gemm-1b-pipe 105 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
+    --variants tc,tc+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_PIPE=6,tcbf16,tcbf16+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_TILE=128+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_TILE=128,fp8tc,fp8tc+RD_CUDA_TC_PIPE=0,w8a8,w8a8+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_ORDER=weight,tcbf16+RD_CUDA_TC_ORDER=weight \
     --bw "$BW" --json "$LOGS/gemm-1b-pipe.json" || true
   # The tile kernel on Hopper's warpgroup MMA (RD_CUDA_TC_WG=1, session 38: wgmma m64n64k16, A = the weights from
   # registers, B = x's pieces in shared memory) beside the mma.sync tile kernel it replaces, split and one piece,
@@ -345,9 +349,12 @@ if [ "$DRY" = 0 ]; then
   # computed alone (by the split-K mma.sync kernel): whether wgmma sums a k16 step as mma.sync does. The mma.sync
   # variants first: a fault in the new kernel ends the process after them.
   # =2 and =4: 2 and 4 warpgroups a CTA on one staged x tile (x read from L2 half and a quarter as often);
-  # auto: per call, the most that still fill the SMs (cuplan_wg_groups).
-  run gemm-1b-wg 90 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
-    --variants tc,tcbf16,fp8tc,tc+RD_CUDA_TC_WG=1,tc+RD_CUDA_TC_WG=2,tc+RD_CUDA_TC_WG=4,tc+RD_CUDA_TC_WG=auto,tcbf16+RD_CUDA_TC_WG=4,tcbf16+RD_CUDA_TC_WG=auto,fp8tc+RD_CUDA_TC_WG=auto \
+  # auto: per call, the most that still fill the SMs (cuplan_wg_groups). With the default RD_CUDA_TC_PIPE (4) the
+  # kernel's pipelined form (session 39: each thread's operands copied 3 chunks ahead with cp.async, the MMA
+  # waited for one chunk later), against +RD_CUDA_TC_PIPE=0 (registers, one chunk ahead, the MMA drained every
+  # chunk: session 38's form, first: a fault in the new form ends the process after them) and =6.
+  run gemm-1b-wg 130 "$BENCH" gemm --synthetic 1b --rows 128,256,512 \
+    --variants tc,tcbf16,fp8tc,tc+RD_CUDA_TC_WG=1+RD_CUDA_TC_PIPE=0,tcbf16+RD_CUDA_TC_WG=auto+RD_CUDA_TC_PIPE=0,fp8tc+RD_CUDA_TC_WG=auto+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_WG=1,tc+RD_CUDA_TC_WG=2,tc+RD_CUDA_TC_WG=4,tc+RD_CUDA_TC_WG=auto,tcbf16+RD_CUDA_TC_WG=1,tcbf16+RD_CUDA_TC_WG=4,tcbf16+RD_CUDA_TC_WG=auto,tcbf16+RD_CUDA_TC_WG=auto+RD_CUDA_TC_PIPE=6,tcbf16+RD_CUDA_TC_WG=auto+RD_CUDA_TC_ORDER=weight,fp8tc+RD_CUDA_TC_WG=auto \
     --bw "$BW" --json "$LOGS/gemm-1b-wg.json" || true
   # The 1B's decode step, default GEMM and tc side by side (batch 1: the 1.3x-of-roofline target; 256: FLOPs).
   run bench-1b 90 "$BENCH" bench --synthetic 1b --bw "$BW" --json "$LOGS/bench-1b.json" || true
@@ -531,7 +538,7 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-gemm-cpu.json" || true
   if [ -x build/emutests/rollout-gpubench ]; then
     run tool-gemm-emu 120 build/emutests/rollout-gpubench gemm --backend cuda-emu --shapes 96x64,64x128 --rows 1,5,16,130 \
-      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc,w8a8,q8tc,q8w8a8,tc+RD_CUDA_TC_WG=1,tc+RD_CUDA_TC_WG=4 --reps 2 --flush-mib 0 --mib 1 --iters 1 \
+      --variants default,tc,bf16act,tcbf16,mixed,fp8,fp8tc,w8a8,q8tc,q8w8a8,tc+RD_CUDA_TC_WG=1,tc+RD_CUDA_TC_WG=1+RD_CUDA_TC_PIPE=0,tc+RD_CUDA_TC_WG=4,tc+RD_CUDA_TC_ORDER=weight --reps 2 --flush-mib 0 --mib 1 --iters 1 \
       --json "$LOGS/tool-gemm-emu.json" || true
     RD_CUDA_GEMM=tc RD_CUDA_FP8=w8a8 run tool-tis-emu 120 build/emutests/rollout-gpubench tis --backend cuda-emu \
       --model "$RD_TESTDATA/tiny-f32.gguf" --weights fp8 --prompts 2 --tokens 8 --json "$LOGS/tool-tis-emu.json" || true
@@ -546,7 +553,7 @@ else
     --mib 16 --iters 2 --json "$LOGS/tool-bench-moe-cpu.json" || true
   run tool-bench-ctx-cpu 60 "$BENCH" bench --backend cpu --synthetic tiny --prompt 2048 --kv-fill --batches 1,2 \
     --steps 4 --mib 16 --iters 2 --json "$LOGS/tool-bench-ctx-cpu.json" || true
-  for s in copybw unit-tc-cuda unit-tc-wg-cuda gemm-1b gemm-1b-pipe gemm-1b-wg bench-1b bench-1b-tc bench-1b-tc-wg bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
+  for s in copybw unit-tc-cuda unit-tc-wg-cuda unit-tc-wgp-cuda gemm-1b gemm-1b-pipe gemm-1b-wg bench-1b bench-1b-tc bench-1b-tc-wg bench-1b-tc-pdl bench-1b-fp8 bench-1b-fp8tc bench-1b-w8a8 \
     invariance-tc parity-tc invariance-tc-pdl tis-fp8 tis-w8a8 invariance-fp8tc invariance-w8a8 \
     attn attn-v0 bench-1b-ctx8k bench-qwen3-1.7b bench-qwen3-1.7b-tc bench-qwen3-8b bench-qwen3-8b-tc bench-moe moe-30b \
     spec-tail spec-grpo gemm-qwen3 gemm-1b-q8 bench-1b-q8tc bench-1b-q8w8a8 tis-q8 tis-q8w8a8 invariance-q8tc \

@@ -59,6 +59,7 @@
 
 uint64_t cuemu_launch_count(void);    /* kernels/cuda/cuemu.cc */
 uint64_t cuemu_wgmma_count(void);     /* wgmma operations run so far */
+uint64_t cuemu_cp_async_count(void);  /* cp.async copies issued so far */
 uint64_t cuemu_sync_count(void);
 void cuemu_fail_next_malloc(void);
 int64_t cuemu_live_allocs(void);
@@ -481,7 +482,7 @@ static void test_env_switches(void)
                                    {"RD_CUDA_NORM_ROWS", "8x"}, {"RD_CUDA_TC_BIG_ROWS", "-1"}, {"RD_CUDA_Q8", "int8"},
                                    {"RD_CUDA_TC_HNORM", "off"}, {"RD_CUDA_NORM_V0", "2"}, {"RD_CUDA_TC_ROUTE", "no"},
                                    {"RD_CUDA_TC_PIPE", "5"},    {"RD_CUDA_SAMPLE", "tiled"}, {"RD_CUDA_TC_NORMADD", "off"},
-                                   {"RD_CUDA_TC_LORA", "2"}};
+                                   {"RD_CUDA_TC_LORA", "2"},    {"RD_CUDA_TC_ORDER", "rows"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
         rd_backend *be = NULL;
@@ -499,7 +500,8 @@ static void test_env_switches(void)
                                     {"RD_CUDA_TC_BIG_ROWS", "24"}, {"RD_CUDA_Q8", "w8a8"}, {"RD_CUDA_FP8", "w8a8"},
                                     {"RD_CUDA_MOE", ""},        {"RD_CUDA_ATTN_V0", "1"},  {"RD_CUDA_HEAD", "fp32"},
                                     {"RD_CUDA_TC_PIPE", "0"},   {"RD_CUDA_TC_PIPE", "6"},  {"RD_CUDA_SAMPLE", "cta"},
-                                    {"RD_CUDA_TC_NORMADD", "0"}, {"RD_CUDA_TC_LORA", "0"}};
+                                    {"RD_CUDA_TC_NORMADD", "0"}, {"RD_CUDA_TC_LORA", "0"}, {"RD_CUDA_TC_ORDER", "weight"},
+                                    {"RD_CUDA_TC_ORDER", "batch"}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         rd_backend *be = dev_with(good[i][0], good[i][1], NULL, NULL);
         CHECK(be != NULL, "%s=%s: %s", good[i][0], good[i][1], rd_errmsg());
@@ -1269,13 +1271,15 @@ done:
 
 static void lm_head_case(rd_backend *be, int32_t out, int32_t in, int32_t M, double tol);
 
-/* RD_CUDA_TC_WG=1, 2, 4, auto: the tile kernel on Hopper's warpgroup MMA (cuda_gemm_tc_wg.cu; here from 24 rows on). Each
- * row the bits of the split-K kernel serving it alone (tc_case), of the register-staged tile kernel (an unaligned
- * x, which the wgmma kernel leaves to it), of the unfused gated op, and FP8 weights those of bf16 weights of the
- * same values: the plan's sub-pieces and k order, whichever MMA. On the emulator the operations run at their
- * wait and read B from shared memory then, so a stage overwritten before its MMA finished shows. */
+/* RD_CUDA_TC_WG=1, 2, 4, auto: the tile kernel on Hopper's warpgroup MMA (cuda_gemm_tc_wg.cu; here from 24 rows on),
+ * its register-staged form (RD_CUDA_TC_PIPE=0; test_gemm_tc_wgp the pipelined one). Each row the bits of the split-K
+ * kernel serving it alone (tc_case), of the register-staged tile kernel (an unaligned x, which the wgmma kernel
+ * leaves to it), of the unfused gated op, and FP8 weights those of bf16 weights of the same values: the plan's
+ * sub-pieces and k order, whichever MMA. On the emulator the operations run at their wait and read B from shared
+ * memory then, so a stage overwritten before its MMA finished shows; A's registers written before it abort. */
 static void test_gemm_tc_wg(void)
 {
+    setenv("RD_CUDA_TC_PIPE", "0", 1);
     setenv("RD_CUDA_TC_WG", "1", 1);
     rd_backend *wg = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
     setenv("RD_CUDA_ACT", "bf16", 1);
@@ -1288,7 +1292,7 @@ static void test_gemm_tc_wg(void)
     unsetenv("RD_CUDA_FP8");
     rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
     CHECK(wg && wg1 && wg8 && nf8 && tc && nofuse, "cannot create the wgmma backends: %s", rd_errmsg());
-    const uint64_t w0 = on_emulator() ? cuemu_wgmma_count() : 0;
+    const uint64_t w0 = on_emulator() ? cuemu_wgmma_count() : 0, c0 = on_emulator() ? cuemu_cp_async_count() : 0;
     if (!test_case_failed) tc_case(wg, 1, 300, 512, 40);   /* 5 weight tiles, the last partial; q = 4 */
     if (!test_case_failed) tc_case(wg, 1, 100, 96, 130);   /* 3 batch tiles, the last partial; q = 1 */
     if (!test_case_failed) tc_case(wg, 1, 24, 1024, 30);   /* q = 8; out < 64 */
@@ -1302,6 +1306,8 @@ static void test_gemm_tc_wg(void)
     /* the LM head's three exact pieces of x (130 rows: the tile kernel's), every row the row alone's bits */
     if (!test_case_failed) lm_head_case(wg, 100, 512, 130, on_emulator() ? 1e-6 : 3e-5);
     CHECK(test_case_failed || !on_emulator() || cuemu_wgmma_count() > w0, "RD_CUDA_TC_WG=1: no wgmma operation ran");
+    CHECK(test_case_failed || !on_emulator() || cuemu_cp_async_count() == c0,
+          "RD_CUDA_TC_PIPE=0: a cp.async copy, so not the register-staged form");
     /* 2 and 4 warpgroups a CTA (128 and 256 weight rows on one staged B): the same bits; 4 leaves the pieces'
        writing to its first two warpgroups */
     /* auto (cuplan_wg_groups): here 1 warpgroup for 300 x 512 at 40 rows, 4 for 1024 x 64 at 24 rows */
@@ -1322,8 +1328,117 @@ static void test_gemm_tc_wg(void)
         }
         if (wgn) rd_backend_destroy(wgn);
     }
+    unsetenv("RD_CUDA_TC_PIPE");
     rd_backend *all[6] = {wg, wg1, wg8, nf8, tc, nofuse};
     for (int i = 0; i < 6; i++)
+        if (all[i])
+            rd_backend_destroy(all[i]);
+}
+
+/* RD_CUDA_TC_ORDER=weight: the tile kernels' grid with weight tiles fastest (the order before session 39; every
+ * other case runs the default, batch tiles fastest): each tile kernel the same bits in both orders (and the first the
+ * split-K kernel's rows alone), on a grid of 5 weight tiles x 3 batch tiles (64 tiles; 3 x 2 with the 128 tile). */
+static void test_gemm_tc_order(void)
+{
+    static const char *forms[][4] = {
+        {"RD_CUDA_TC_PIPE", "4", NULL, NULL},             {"RD_CUDA_TC_PIPE", "0", NULL, NULL},
+        {"RD_CUDA_TC_TILE", "128", NULL, NULL},           {"RD_CUDA_FP8", "w8a8", NULL, NULL},
+        {"RD_CUDA_TC_WG", "1", "RD_CUDA_TC_PIPE", "0"},  {"RD_CUDA_TC_WG", "1", NULL, NULL},
+        {"RD_CUDA_TC_WG", "4", NULL, NULL}};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0] && !test_case_failed; i++) {
+        rd_backend *b[2];
+        for (int o = 0; o < 2; o++) {
+            setenv(forms[i][0], forms[i][1], 1);
+            if (forms[i][2])
+                setenv(forms[i][2], forms[i][3], 1);
+            if (o)
+                setenv("RD_CUDA_TC_ORDER", "weight", 1);
+            b[o] = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+            unsetenv("RD_CUDA_TC_ORDER");
+            unsetenv(forms[i][0]);
+            if (forms[i][2])
+                unsetenv(forms[i][2]);
+        }
+        CHECK(b[0] && b[1], "cannot create the %s=%s backends: %s", forms[i][0], forms[i][1], rd_errmsg());
+        if (forms[i][2])
+            printf("# %s=%s %s=%s: RD_CUDA_TC_ORDER=weight against batch\n", forms[i][0], forms[i][1], forms[i][2],
+                   forms[i][3]);
+        else
+            printf("# %s=%s: RD_CUDA_TC_ORDER=weight against batch\n", forms[i][0], forms[i][1]);
+        const int w8a8 = !strcmp(forms[i][0], "RD_CUDA_FP8");
+        tc_wfmt = w8a8;
+        if (!test_case_failed) tc_pair_case(b[1], b[0], 300, 512, 130);
+        tc_wfmt = 0;
+        if (!test_case_failed && i == 0) tc_case(b[1], 1, 300, 512, 130);
+        for (int o = 0; o < 2; o++)
+            if (b[o])
+                rd_backend_destroy(b[o]);
+    }
+}
+
+/* The wgmma tile kernel's pipelined form (cuda_gemm_tc_wgp.cu; RD_CUDA_TC_WG with RD_CUDA_TC_PIPE 2, 3, 4 (the
+ * default) or 6: each thread's operands copied with cp.async that many chunks less one ahead, the MMA waited for
+ * one chunk later): test_gemm_tc_wg's bits, where the plan's sub-pieces have an even count of chunks (q = 4 and
+ * 8 here; 96 inputs, q = 1 and 3 chunks, stay on the register-staged form, checked there). */
+static void test_gemm_tc_wgp(void)
+{
+    rd_backend *tc = dev_with("RD_CUDA_GEMM", "tc", NULL, NULL), *nofuse = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    setenv("RD_CUDA_FP8", "tc", 1);
+    rd_backend *nf8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_FUSE", "0");
+    unsetenv("RD_CUDA_FP8");
+    CHECK(tc && nofuse && nf8, "cannot create the reference backends: %s", rd_errmsg());
+    static const char *pipes[] = {NULL, "2", "3", "6"};
+    for (size_t i = 0; i < 4 && !test_case_failed; i++) {
+        setenv("RD_CUDA_TC_WG", "1", 1);
+        if (pipes[i])
+            setenv("RD_CUDA_TC_PIPE", pipes[i], 1);
+        rd_backend *wp = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        setenv("RD_CUDA_ACT", "bf16", 1);
+        rd_backend *wp1 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_ACT");
+        setenv("RD_CUDA_FP8", "tc", 1);
+        rd_backend *wp8 = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_FP8");
+        unsetenv("RD_CUDA_TC_PIPE");
+        unsetenv("RD_CUDA_TC_WG");
+        CHECK(wp && wp1 && wp8, "cannot create the RD_CUDA_TC_PIPE=%s wgmma backends: %s", pipes[i] ? pipes[i] : "4",
+              rd_errmsg());
+        printf("# RD_CUDA_TC_WG=1 RD_CUDA_TC_PIPE=%s\n", pipes[i] ? pipes[i] : "4 (the default)");
+        const uint64_t cp = on_emulator() ? cuemu_cp_async_count() : 0;
+        if (!test_case_failed) tc_case(wp, 1, 300, 512, 40);
+        if (!test_case_failed) tc_case(wp, 1, 24, 1024, 30);
+        if (!test_case_failed) tc_case(wp1, 0, 300, 512, 40);
+        if (!test_case_failed) tc_gated_case(wp, nofuse, 150, 512, 40, 0);
+        if (!test_case_failed) tc_fp8_case(wp8, tc, 83, 512, 40);
+        tc_wfmt = 1;
+        if (!test_case_failed) tc_gated_case(wp8, nf8, 150, 512, 40, 0);
+        tc_wfmt = 0;
+        if (!test_case_failed) lm_head_case(wp, 100, 512, 130, on_emulator() ? 1e-6 : 3e-5);
+        CHECK(test_case_failed || !on_emulator() || cuemu_cp_async_count() > cp,
+              "RD_CUDA_TC_PIPE=%s: no cp.async copy: the pipelined form never ran", pipes[i] ? pipes[i] : "4");
+        rd_backend *b[3] = {wp, wp1, wp8};
+        for (int j = 0; j < 3; j++)
+            if (b[j])
+                rd_backend_destroy(b[j]);
+    }
+    /* 2 and 4 warpgroups a CTA (4: x units with the first two only), auto; GeGLU */
+    static const char *groups[] = {"2", "4", "auto"};
+    for (size_t i = 0; i < 3 && !test_case_failed; i++) {
+        setenv("RD_CUDA_TC_WG", groups[i], 1);
+        rd_backend *wgn = dev_with("RD_CUDA_GEMM", "tc", "RD_CUDA_TC_BIG_ROWS", "24");
+        unsetenv("RD_CUDA_TC_WG");
+        CHECK(wgn != NULL, "cannot create the RD_CUDA_TC_WG=%s backend: %s", groups[i], rd_errmsg());
+        printf("# RD_CUDA_TC_WG=%s RD_CUDA_TC_PIPE=4\n", groups[i]);
+        const uint64_t cp = on_emulator() ? cuemu_cp_async_count() : 0;
+        if (!test_case_failed) tc_case(wgn, 1, 300, 512, 40);
+        if (!test_case_failed) tc_gated_case(wgn, nofuse, 150, 512, 40, 0);
+        if (!test_case_failed) tc_gated_case(wgn, nofuse, 75, 512, 40, 1);
+        CHECK(test_case_failed || !on_emulator() || cuemu_cp_async_count() > cp,
+              "RD_CUDA_TC_WG=%s: no cp.async copy: the pipelined form never ran", groups[i]);
+        if (wgn) rd_backend_destroy(wgn);
+    }
+    rd_backend *all[3] = {tc, nofuse, nf8};
+    for (int i = 0; i < 3; i++)
         if (all[i])
             rd_backend_destroy(all[i]);
 }
@@ -7085,6 +7200,8 @@ int main(void)
     RUN_SEL(test_moe_route_tc);
     RUN_SEL(test_gemm_tc_normadd);
     RUN_SEL(test_gemm_tc_wg);
+    RUN_SEL(test_gemm_tc_wgp);
+    RUN_SEL(test_gemm_tc_order);
     RUN_SEL(test_gemm_tc_q8);
     RUN_SEL(test_gemm_tc_q80);
     RUN_SEL(test_runner_q80);
