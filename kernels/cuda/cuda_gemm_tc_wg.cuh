@@ -40,7 +40,9 @@ RD_DEV uint64_t tc_wg_desc(uint32_t smem_addr)
 // Ordinary stores to shared memory that the tensor cores read next.
 RD_DEV void tc_wg_fence_proxy()
 {
-#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
+#ifdef RD_CUDA_EMU
+    cuemu::fence_proxy_async();
+#elif TC_WG_HAVE
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
@@ -162,6 +164,9 @@ RD_UNROLL
             *(uint32_t *)(blk + 4 * t) = tc_pack(tc_piece(v[4 * s2], p), tc_piece(v[4 * s2 + 1], p));
             *(uint32_t *)(blk + TC_WG_LBO + 4 * t) = tc_pack(tc_piece(v[4 * s2 + 2], p), tc_piece(v[4 * s2 + 3], p));
         }
+#ifdef RD_CUDA_EMU
+    cuemu::smem_async_write(); // (stores the tensor cores read: fenced before the barrier, checked)
+#endif
 }
 
 // tot[4 j + i]: weight row (A) g + 8 (i / 2) of the warp's 16 (wr0, wr1), batch row r0 + 8 j + 2 t + i % 2.

@@ -101,6 +101,7 @@ struct fiber {
     int cp_groups;              // groups committed so far
     std::vector<wg_op> wgs;     // wgmma operations not yet waited for
     int wg_groups;              // wgmma groups committed so far
+    bool async_unfenced;        // shared-memory stores for the tensor cores since the last fence.proxy.async
     char *stack;
     size_t stack_size;
 #ifdef __x86_64__
@@ -273,6 +274,7 @@ static void fiber_init(fiber *f)
     f->cp_groups = 0;
     f->wgs.clear();
     f->wg_groups = 0;
+    f->async_unfenced = false;
 }
 
 static void run_fiber(fiber *f)
@@ -293,10 +295,26 @@ static void run_fiber(fiber *f)
     cur = nullptr;
 }
 
+void smem_async_write()
+{
+    if (!cur)
+        die("a store for wgmma outside a kernel");
+    cur->async_unfenced = true;
+}
+
+void fence_proxy_async()
+{
+    if (!cur)
+        die("fence.proxy.async outside a kernel");
+    cur->async_unfenced = false;
+}
+
 void syncthreads()
 {
     if (!cur)
         die("__syncthreads outside a kernel");
+    if (cur->async_unfenced)
+        die("a barrier after shared-memory stores for wgmma without fence.proxy.async");
     cur->state = F_BLOCK_BAR;
     to_scheduler(0);
 }
@@ -393,6 +411,8 @@ void wgmma_bf16(float *d, unsigned n, const uint32_t (&a)[4], uint64_t desc)
         die("wgmma in a block that is not whole warpgroups");
     if (n % 8 || n == 0 || n > 256 || desc >> 46)
         die("wgmma: N not a multiple of 8 up to 256, or a descriptor with a base offset or swizzle");
+    if (cur->async_unfenced)
+        die("wgmma issued after this thread's shared-memory stores for it without fence.proxy.async");
     wg_op op{d, n, {a[0], a[1], a[2], a[3]}, a, desc, -1};
     cur->wgs.push_back(op);
 }

@@ -74,6 +74,11 @@ void cp_async_wait(unsigned newest);    // all groups but the newest `newest` ha
 // before the wait gives other values, as it would on a GPU; A's registers (a) written before then abort.
 // Products exact, summed in double, rounded once.
 void wgmma_bf16(float *d, unsigned n, const uint32_t (&a)[4], uint64_t desc);
+// The tensor cores read shared memory through the async proxy: ordinary stores meant for them (a kernel marks its
+// own with smem_async_write) need the writer's fence.proxy.async (fence_proxy_async) before the barrier that
+// publishes them, or before its own wgmma; a barrier or a wgmma with such stores unfenced aborts.
+void smem_async_write();
+void fence_proxy_async();
 void wgmma_commit();                    // the thread's wgmma operations since the last commit become a group
 void wgmma_wait(unsigned newest);       // all groups but the newest `newest` have run
 // Warp all-gather: every live lane of the warp publishes `bytes` (at most 64)
