@@ -10,7 +10,9 @@ profile stages' logs (ncu --print-summary per-kernel) give the per-kernel GPU ti
 document (the GPU, the copy bandwidth, every row, the stages' statuses) and markdown tables for
 docs/PERF.md, also printed. Python 3 standard library only: the device machine has nothing else.
 Exit 0, or 2 on bad arguments; a stage JSON that does not parse is reported in the document's
-"unreadable" list and skipped."""
+"unreadable" list and skipped. A gemm, moe or bench document with "complete": false is the snapshot a stage
+left when its timeout or a fault ended it (written after each variant or batch): its rows are used, and the
+stage is named in the "partial" list."""
 import argparse
 import glob
 import json
@@ -122,7 +124,7 @@ def variant_verdicts(stage, doc):
 def assemble(logs, summary):
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": None, "describe": None,
            "copy_gbps": None, "stages": [], "bench": [], "gemm": [], "gemm_invariance": [], "moe": [], "attention": [],
-           "checks": [], "tis": [], "ncu": [], "sampler": [], "lora": [], "unreadable": []}
+           "checks": [], "tis": [], "ncu": [], "sampler": [], "lora": [], "unreadable": [], "partial": []}
     if summary:
         for k in ("date", "host", "gpu", "dry_run", "seconds"):
             if k in summary:
@@ -134,6 +136,8 @@ def assemble(logs, summary):
         if doc is None:
             out["unreadable"].append(stage)
             continue
+        if isinstance(doc, dict) and doc.get("complete") is False:
+            out["partial"].append(stage)
         k = kind(doc)
         if k == "info":
             out["describe"] = doc.get("describe")
@@ -329,6 +333,9 @@ def markdown(res):
     lines.append(f"GPU: {gpu}; copy bandwidth {fmt(res.get('copy_gbps'), 1)} GB/s"
                  + (f"; peak {res['peak_assumption']}" if res.get("peak_assumption") else ""))
     lines.append("")
+    if res.get("partial"):
+        lines.append(f"Cut short (a timeout or a fault; the rows before it kept): {', '.join(res['partial'])}")
+        lines.append("")
     if res.get("targets"):
         lines.append("**Issue 48's targets**")
         lines.append("")
@@ -470,7 +477,8 @@ def main(argv=None):
     print(md)
     print(f"gpu_results: {len(res['bench'])} decode rows, {len(res['gemm'])} GEMM points, "
           f"{len(res['attention'])} attention points, {len(res['ncu'])} profiles"
-          + (f"; unreadable: {', '.join(res['unreadable'])}" if res["unreadable"] else ""))
+          + (f"; unreadable: {', '.join(res['unreadable'])}" if res["unreadable"] else "")
+          + (f"; partial (cut by a timeout or a fault): {', '.join(res['partial'])}" if res["partial"] else ""))
     return 0
 
 

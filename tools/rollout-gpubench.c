@@ -27,7 +27,9 @@
  * --weights fp8|q8_0 (the layers' dense linears re-quantized to FP8 or Q8_0
  * blocks after loading, as serve_dtype fp8 / q8_0 holds them; the CUDA
  * backend keeps Q8_0 as Q8_0 under RD_CUDA_Q8=tc, else as bf16), --kv fp8
- * (kv_dtype fp8).
+ * (kv_dtype fp8). gemm, moe and bench write --json after each variant or
+ * batch too ("complete": false until the end), so a run that a timeout or a
+ * fault ends keeps what it measured before.
  *
  * parity: greedy rollouts of 8 fixed prompts on the CPU backend and on the
  *   tested backend through the engine; tokens must match (a divergence where
@@ -166,22 +168,55 @@ typedef struct {
     int32_t n_ctxs;
 } opts;
 
+/* doc to --json (then freed), through a temporary file renamed over it: a process killed while writing (a
+ * stage's timeout) leaves the previous snapshot whole. */
 static int write_json(const opts *o, cJSON *doc)
 {
     char *txt = cJSON_Print(doc);
     int rc = 0;
     if (o->json && txt) {
-        FILE *f = fopen(o->json, "w");
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", o->json);
+        FILE *f = fopen(tmp, "w");
         if (!f || fputs(txt, f) < 0 || fputc('\n', f) < 0)
             rc = 1;
-        if (f)
-            fclose(f);
+        if (f && fclose(f))
+            rc = 1;
+        if (!rc && rename(tmp, o->json))
+            rc = 1;
         if (rc)
             fprintf(stderr, "%s: cannot write %s\n", P, o->json);
     }
     free(txt);
     cJSON_Delete(doc);
     return rc;
+}
+
+/* RD_GPUBENCH_FAULT=abort ends the process (as a GPU fault in a kernel under test does) after the first
+ * variant (gemm, moe) or batch (bench) and its snapshot: the test suite checks what --json holds then. */
+static void fault_abort_point(void)
+{
+    const char *f = getenv("RD_GPUBENCH_FAULT");
+    if (f && !strcmp(f, "abort")) {
+        fflush(stdout);
+        abort();
+    }
+}
+
+/* What is measured so far, as a document with "complete": false, written to --json after each variant or
+ * batch: a stage cut by its timeout, or a fault that ends the process, keeps what came before it. */
+static void write_snapshot(const opts *o, const cJSON *doc, void (*fill)(const void *ctx, cJSON *snap),
+                           const void *ctx)
+{
+    if (!o->json)
+        return;
+    cJSON *snap = cJSON_Duplicate(doc, 1);
+    if (!snap)
+        return;
+    if (fill)
+        fill(ctx, snap);
+    cJSON_AddBoolToObject(snap, "complete", 0);
+    write_json(o, snap);
 }
 
 /* The file name of a path (the model's label in tables). */
@@ -1534,11 +1569,14 @@ static int cmd_bench(const opts *o)
                 cJSON_AddNumberToObject(e, "x_roofline_measured", step / roof_meas);
             }
             cJSON_AddItemToArray(arr, e);
+            write_snapshot(o, doc, NULL, NULL);
+            fault_abort_point();
         }
         batch_free(&b);
         runner_free(&r);
     }
     rd_unload(&l);
+    cJSON_AddBoolToObject(doc, "complete", 1);
     int wj = write_json(o, doc);
     return rc ? rc : wj;
 }
@@ -1552,7 +1590,7 @@ typedef struct {
 } gshape;
 
 #define GEMM_MAX_SHAPES 64
-#define GEMM_MAX_VARIANTS 16
+#define GEMM_MAX_VARIANTS 32
 #define GEMM_MAX_ENV 8
 
 /* A variant: environment variables set before a fresh backend is created
@@ -1943,6 +1981,19 @@ static void vrun_point(vrun *r, cJSON *e, const gres *g)
     cJSON_AddItemToArray(r->jr, e);
 }
 
+/* The document's references and verdicts so far (vrun_finish's, and each snapshot's). */
+static void vrun_fill(const void *ctx, cJSON *doc)
+{
+    const vrun *r = ctx;
+    cJSON_AddStringToObject(doc, "backend", r->be_name);
+    cJSON_AddStringToObject(doc, "describe", r->desc0);
+    cJSON_AddNumberToObject(doc, "copy_gbps", r->bw);
+    cJSON_AddNumberToObject(doc, "peak_tflops", r->peak);
+    cJSON_AddStringToObject(doc, "peak_assumption", r->peak_why);
+    cJSON_AddBoolToObject(doc, "invariant", r->all_invariant);
+    cJSON_AddBoolToObject(doc, "pass", r->all_invariant && !r->setup_err);
+}
+
 /* Variant v's verdicts: rc its error (0: none, rd_errmsg() says it), var_bad the rows of m-row calls that
  * differ from them alone over what `checked` names; its entry and TABLE line. */
 static void vrun_close(vrun *r, const gvariant *v, cJSON *jvar, const char *desc, int rc, int32_t var_bad,
@@ -1964,6 +2015,8 @@ static void vrun_close(vrun *r, const gvariant *v, cJSON *jvar, const char *desc
     else
         printf("TABLE|%s invariance|%s|%s: %s|%s|\n", r->what, v->name, checked,
                var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
+    write_snapshot(r->o, r->doc, vrun_fill, r);
+    fault_abort_point();
 }
 
 /* The document's references and verdicts, written to --json. The exit status: 1 if a variant was not batch
@@ -1972,13 +2025,8 @@ static int vrun_finish(vrun *r)
 {
     printf("%s batch invariance %s%s\n", r->what, r->all_invariant ? "PASS" : "FAIL",
            r->setup_err ? " where measured; a variant stopped (see above): exit 3" : "");
-    cJSON_AddStringToObject(r->doc, "backend", r->be_name);
-    cJSON_AddStringToObject(r->doc, "describe", r->desc0);
-    cJSON_AddNumberToObject(r->doc, "copy_gbps", r->bw);
-    cJSON_AddNumberToObject(r->doc, "peak_tflops", r->peak);
-    cJSON_AddStringToObject(r->doc, "peak_assumption", r->peak_why);
-    cJSON_AddBoolToObject(r->doc, "invariant", r->all_invariant);
-    cJSON_AddBoolToObject(r->doc, "pass", r->all_invariant && !r->setup_err);
+    vrun_fill(r, r->doc);
+    cJSON_AddBoolToObject(r->doc, "complete", 1);
     int wj = write_json(r->o, r->doc);
     return !r->all_invariant ? 1 : r->setup_err ? 3 : wj;
 }
@@ -2055,6 +2103,17 @@ static int cmd_gemm(const opts *o)
     fill_random(xh, (size_t)maxm * maxi, 99, 1.0f);
     vrun run;
     vrun_init(&run, o, "gemm");
+    cJSON *jrows = cJSON_AddArrayToObject(run.doc, "rows"); /* (first: the snapshots after each variant too) */
+    for (int32_t i = 0; i < nr; i++)
+        cJSON_AddItemToArray(jrows, cJSON_CreateNumber(rows[i]));
+    cJSON *jsh = cJSON_AddArrayToObject(run.doc, "shapes");
+    for (int s = 0; s < ns; s++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", sh[s].name);
+        cJSON_AddNumberToObject(e, "out", sh[s].out);
+        cJSON_AddNumberToObject(e, "in", sh[s].in);
+        cJSON_AddItemToArray(jsh, e);
+    }
     for (int vi = 0; vi < nv; vi++) {
         const gvariant *v = &vs[vi];
         env_apply(&sv, v);
@@ -2247,17 +2306,6 @@ static int cmd_gemm(const opts *o)
         }
     printf("(GB/s: the weight's bytes as the backend holds them / time; x: of the copy bandwidth %.1f GB/s; "
            "TF: TFLOP/s%s)\n", run.bw, run.peak > 0 ? ", against the peak above" : "");
-    cJSON *jrows = cJSON_AddArrayToObject(run.doc, "rows");
-    for (int32_t i = 0; i < nr; i++)
-        cJSON_AddItemToArray(jrows, cJSON_CreateNumber(rows[i]));
-    cJSON *jsh = cJSON_AddArrayToObject(run.doc, "shapes");
-    for (int s = 0; s < ns; s++) {
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "name", sh[s].name);
-        cJSON_AddNumberToObject(e, "out", sh[s].out);
-        cJSON_AddNumberToObject(e, "in", sh[s].in);
-        cJSON_AddItemToArray(jsh, e);
-    }
     for (int s = 0; s < ns; s++)
         free(wh[s]), free(wq[s]);
     free(wh), free(wq), free(wq_type), free(xh), free(alone), free(got), free(res);
@@ -2370,6 +2418,12 @@ static int cmd_moe(const opts *o)
     fill_random(xh, nx, 99, 1.0f);
     vrun run;
     vrun_init(&run, o, "moe");
+    cJSON *js = cJSON_AddObjectToObject(run.doc, "moe_shape"); /* (first: the snapshots after each variant too) */
+    cJSON_AddStringToObject(js, "name", which);
+    cJSON_AddNumberToObject(js, "experts", E);
+    cJSON_AddNumberToObject(js, "k", k);
+    cJSON_AddNumberToObject(js, "ffn", f);
+    cJSON_AddNumberToObject(js, "dim", d);
     for (int vi = 0; vi < nv; vi++) {
         const gvariant *v = &vs[vi];
         env_apply(&sv, v);
@@ -2528,12 +2582,6 @@ static int cmd_moe(const opts *o)
     }
     printf("(GB/s: the bytes of the experts the routes touch, as the backend holds them / time; x: of the copy "
            "bandwidth %.1f GB/s; TF: 6 x rows x k x ffn x dim / time)\n", run.bw);
-    cJSON *js = cJSON_AddObjectToObject(run.doc, "moe_shape");
-    cJSON_AddStringToObject(js, "name", which);
-    cJSON_AddNumberToObject(js, "experts", E);
-    cJSON_AddNumberToObject(js, "k", k);
-    cJSON_AddNumberToObject(js, "ffn", f);
-    cJSON_AddNumberToObject(js, "dim", d);
     free(gu), free(dn), free(qgu), free(qdn), free(xh), free(zeros), free(alone), free(got), free(wh), free(idh);
     free(seen), free(res);
     env_free(&sv);

@@ -91,6 +91,52 @@ def gemm_cpu_breaks_when_a_row_differs():
 
 
 @case
+def gemm_and_bench_keep_what_came_before_a_fault():
+    """A stage that a fault or its timeout ends keeps what it measured before: gemm writes its document after each
+    variant ("complete": false), bench after each batch; a finished run's document says "complete": true.
+    RD_GPUBENCH_FAULT=abort ends the process after the first variant or batch, as a GPU fault would."""
+    variants = ["default", "tc", "fp8"]
+    args = ["--backend", "cpu", "--shapes", "96x64,64x128", "--rows", "1,5", "--variants", ",".join(variants)]
+    p, d = gemm(args, env={"RD_GPUBENCH_FAULT": "abort"}, check=False)
+    assert p.returncode != 0 and d is not None, (p.returncode, p.stderr[-500:])
+    assert d["complete"] is False and [v["name"] for v in d["variants"]] == ["default"], d["variants"]
+    assert {(r["variant"], r["shape"], r["rows"]) for r in d["results"]} == \
+        {("default", s, m) for s in ("96x64", "64x128") for m in (1, 5)}, d["results"]
+    assert d["rows"] == [1, 5] and len(d["shapes"]) == 2 and d["copy_gbps"] > 0
+    assert not os.path.exists(out("gemm.json") + ".tmp")
+    # tools/gpu_results.py takes the partial document's points and names the stage as cut short
+    logs = out("logs-partial")
+    os.makedirs(logs, exist_ok=True)
+    for f in os.listdir(logs):
+        os.remove(os.path.join(logs, f))
+    with open(os.path.join(logs, "gemm-1b-wg.json"), "w") as f:
+        json.dump(d, f)
+    res_path = os.path.join(OUT, "results-partial.json")
+    p = run(["python3", os.path.join(ROOT, "tools", "gpu_results.py"), "--logs", logs, "--json", res_path])
+    r = json.load(open(res_path))
+    assert r["partial"] == ["gemm-1b-wg"] and {g["variant"] for g in r["gemm"]} == {"default"}, r["partial"]
+    assert "Cut short" in p.stdout and "gemm-1b-wg" in p.stdout
+    p, d = gemm(args)
+    check_gemm_doc(d, variants, [(96, 64), (64, 128)], [1, 5])
+    assert d["complete"] is True
+    path = out("bench-abort.json")
+    for f in (path, path + ".tmp"):
+        if os.path.exists(f):
+            os.remove(f)
+    e = dict(os.environ, RD_GPUBENCH_FAULT="abort")
+    cmd = [BENCH, "bench", "--backend", "cpu", "--synthetic", "tiny", "--batches", "1,2", "--prompt", "8",
+           "--steps", "2", "--json", path] + SMALL
+    p = run(cmd, env=e, check=False)
+    assert p.returncode != 0, p.returncode
+    d = json.load(open(path))
+    assert d["complete"] is False and [b["batch"] for b in d["batches"]] == [1], d["batches"]
+    e.pop("RD_GPUBENCH_FAULT")
+    run(cmd, env=e)
+    d = json.load(open(path))
+    assert d["complete"] is True and [b["batch"] for b in d["batches"]] == [1, 2], d["batches"]
+
+
+@case
 def gemm_model_shapes_and_usage_errors():
     p, d = gemm(["--backend", "cpu", "--synthetic", "tiny,moe-tiny", "--rows", "1,3", "--reps", "2", "--flush-mib", "0"])
     assert all(r["copies"] == 1 for r in d["results"])
@@ -398,7 +444,7 @@ def gpu_results_assembles_the_stages():
     assert [b["batch"] for b in r["bench"]] == [1, 4] and "x_roofline_measured" in r["bench"][0]
     k = r["ncu"][0]["kernels"][0]
     assert k["invocations"] == 33 and k["avg_us"] == 8.45 and abs(k["total_us"] - 278.85) < 1e-6, k
-    assert r["unreadable"] == ["broken"]
+    assert r["unreadable"] == ["broken"] and r["partial"] == []
     md = open(md_path).read()
     for head in ("**Decode step", "**GEMM", "**MoE experts", "| moe-tiny | 3 |", "**Attention", "| 64x64 | 4 |",
                  "k_rmsnorm"):
