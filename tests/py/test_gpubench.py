@@ -16,7 +16,9 @@ backend and the emulated CUDA backend at test size:
 - moe: the MoE experts op alone per variant (RD_CUDA_MOE=tc: the experts on tensor cores), and those
   experts' batch invariance through the engine.
 - sampler: the device sampler against samp_sample, tiled and as one CTA per request (RD_CUDA_SAMPLE=cta).
-- tools/gpu_results.py assembles those JSONs into one results file and markdown tables."""
+- tools/gpu_results.py assembles those JSONs into one results file and markdown tables.
+- a run that a fault ends keeps what it measured before (the JSON written after each variant or batch);
+  every --variants list of tests/gpu/run.sh's device stages runs on the emulated CUDA backend."""
 import json
 import os
 import sys
@@ -134,6 +136,31 @@ def gemm_and_bench_keep_what_came_before_a_fault():
     run(cmd, env=e)
     d = json.load(open(path))
     assert d["complete"] is True and [b["batch"] for b in d["batches"]] == [1, 2], d["batches"]
+
+
+@case
+def gpu_sweep_variant_lists_run():
+    """Every --variants list of tests/gpu/run.sh's gemm and moe stages (run only on a GPU; the dry run takes other
+    lists) parses, and each variant's environment creates a CUDA backend (the emulated one: a misspelt switch or
+    value fails its creation there as on the device) and runs: a typo would cost the device run a stage."""
+    if not os.path.exists(EMU):
+        raise AssertionError(f"{EMU} missing (make all builds it)")
+    text = open(os.path.join(ROOT, "tests", "gpu", "run.sh")).read().replace("\\\n", " ")
+    lists = []
+    for line in text.splitlines():
+        for cmd in ("gemm", "moe"):
+            if f'"$BENCH" {cmd} ' in line and "--variants" in line and "--backend" not in line:
+                lists.append((cmd, line.split("--variants", 1)[1].split()[0]))
+    assert len(lists) >= 6 and {c for c, _ in lists} == {"gemm", "moe"}, lists
+    for cmd, variants in lists:
+        path = out("sweep-" + cmd + ".json")
+        args = ["--shapes", "64x64"] if cmd == "gemm" else ["--synthetic", "moe-tiny"]
+        p = run([EMU, cmd, "--backend", "cuda-emu", "--rows", "1", "--variants", variants, "--reps", "1",
+                 "--flush-mib", "0", "--mib", "1", "--iters", "1", "--json", path] + args, check=False)
+        assert p.returncode == 0, (cmd, variants, p.returncode, p.stdout[-800:], p.stderr[-800:])
+        d = json.load(open(path))
+        assert [v["name"] for v in d["variants"]] == variants.split(","), (variants, d["variants"])
+        assert all("error" not in v for v in d["variants"]), d["variants"]
 
 
 @case
