@@ -19,8 +19,10 @@ backend and the emulated CUDA backend at test size:
 - tools/gpu_results.py assembles those JSONs into one results file and markdown tables.
 - a run that a fault ends keeps what it measured before (the JSON written after each variant or batch);
   every --variants list of tests/gpu/run.sh's device stages runs on the emulated CUDA backend."""
+import glob
 import json
 import os
+import re
 import sys
 
 from harness import BUILD, ROOT, TMP, case, main, run
@@ -141,8 +143,9 @@ def gemm_and_bench_keep_what_came_before_a_fault():
 @case
 def gpu_sweep_variant_lists_run():
     """Every --variants list of tests/gpu/run.sh's gemm and moe stages (run only on a GPU; the dry run takes other
-    lists) parses, and each variant's environment creates a CUDA backend (the emulated one: a misspelt switch or
-    value fails its creation there as on the device) and runs: a typo would cost the device run a stage."""
+    lists) parses, and each variant's environment creates a CUDA backend (the emulated one: a bad value fails its
+    creation there as on the device) and runs; every RD_CUDA_ switch the script sets is one the backend reads
+    (a misspelt name is ignored, not refused), with a value it takes. A typo would cost the device run a stage."""
     if not os.path.exists(EMU):
         raise AssertionError(f"{EMU} missing (make all builds it)")
     text = open(os.path.join(ROOT, "tests", "gpu", "run.sh")).read().replace("\\\n", " ")
@@ -161,6 +164,18 @@ def gpu_sweep_variant_lists_run():
         d = json.load(open(path))
         assert [v["name"] for v in d["variants"]] == variants.split(","), (variants, d["variants"])
         assert all("error" not in v for v in d["variants"]), d["variants"]
+    # every RD_CUDA_ switch the sweep sets (stage prefixes too) is one the backend reads, and its value one it takes
+    src = "".join(open(f).read() for f in glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cu")))
+    pairs = sorted(set(re.findall(r"(RD_CUDA_[A-Z0-9_]+)=([A-Za-z0-9]+)", text)))
+    assert len(pairs) >= 20, pairs
+    unknown = [n for n, _ in pairs if f'"{n}"' not in src]
+    assert not unknown, f"switches the CUDA backend never reads: {unknown}"
+    for i in range(0, len(pairs), 16):
+        variants = ",".join(f"{n}={v}" for n, v in pairs[i:i + 16])
+        path = out("sweep-env.json")
+        p = run([EMU, "gemm", "--backend", "cuda-emu", "--rows", "1", "--variants", variants, "--reps", "1",
+                 "--flush-mib", "0", "--mib", "1", "--iters", "1", "--shapes", "64x64", "--json", path], check=False)
+        assert p.returncode == 0, (variants, p.returncode, p.stdout[-800:], p.stderr[-800:])
 
 
 @case
