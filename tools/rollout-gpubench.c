@@ -203,18 +203,13 @@ static void fault_abort_point(void)
     }
 }
 
-/* What is measured so far, as a document with "complete": false, written to --json after each variant or
- * batch: a stage cut by its timeout, or a fault that ends the process, keeps what came before it. */
-static void write_snapshot(const opts *o, const cJSON *doc, void (*fill)(const void *ctx, cJSON *snap),
-                           const void *ctx)
+/* What is measured so far (snap: a copy of the document, then freed), marked "complete": false and written to
+ * --json after each variant or batch: a stage cut by its timeout, or a fault that ends the process, keeps what
+ * came before it. */
+static void write_snapshot(const opts *o, cJSON *snap)
 {
-    if (!o->json)
-        return;
-    cJSON *snap = cJSON_Duplicate(doc, 1);
     if (!snap)
         return;
-    if (fill)
-        fill(ctx, snap);
     cJSON_AddBoolToObject(snap, "complete", 0);
     write_json(o, snap);
 }
@@ -1569,7 +1564,8 @@ static int cmd_bench(const opts *o)
                 cJSON_AddNumberToObject(e, "x_roofline_measured", step / roof_meas);
             }
             cJSON_AddItemToArray(arr, e);
-            write_snapshot(o, doc, NULL, NULL);
+            if (o->json)
+                write_snapshot(o, cJSON_Duplicate(doc, 1));
             fault_abort_point();
         }
         batch_free(&b);
@@ -1982,9 +1978,8 @@ static void vrun_point(vrun *r, cJSON *e, const gres *g)
 }
 
 /* The document's references and verdicts so far (vrun_finish's, and each snapshot's). */
-static void vrun_fill(const void *ctx, cJSON *doc)
+static void vrun_fill(const vrun *r, cJSON *doc)
 {
-    const vrun *r = ctx;
     cJSON_AddStringToObject(doc, "backend", r->be_name);
     cJSON_AddStringToObject(doc, "describe", r->desc0);
     cJSON_AddNumberToObject(doc, "copy_gbps", r->bw);
@@ -2015,7 +2010,12 @@ static void vrun_close(vrun *r, const gvariant *v, cJSON *jvar, const char *desc
     else
         printf("TABLE|%s invariance|%s|%s: %s|%s|\n", r->what, v->name, checked,
                var_bad ? "rows differ" : "bit-identical", var_bad ? "FAIL" : "PASS");
-    write_snapshot(r->o, r->doc, vrun_fill, r);
+    if (r->o->json) {
+        cJSON *snap = cJSON_Duplicate(r->doc, 1);
+        if (snap)
+            vrun_fill(r, snap);
+        write_snapshot(r->o, snap);
+    }
     fault_abort_point();
 }
 

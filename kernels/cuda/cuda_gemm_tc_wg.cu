@@ -136,36 +136,13 @@ bool tc_wg_fits(const tc_args &a, int pieces, int epi)
            (epi == TC_PLAIN || epi == TC_SWIGLU || epi == TC_GEGLU) && a.in % 32 == 0 && tc_use_big(a);
 }
 
-template <int NP, int WF, int WGS> static void tc_wg_launch(cudaStream_t s, const tc_args &a, int epi)
-{
-    static_assert(NP != 3 || WF == TC_WF_BF16, "the LM head's pieces: a bf16 table, no epilogue");
-    // 64 WGS weight rows a CTA (gated: 32 WGS features' gate and up rows)
-    const dim3 grid = tc_tile_grid(a, (a.out + 64 * WGS - 1) / (64 * WGS), (a.m + TC_WG_BN - 1) / TC_WG_BN);
-    const dim3 block(128 * WGS);
-    const size_t smem = (size_t)2 * 2 * NP * TC_WG_BLOCK;
-    if constexpr (NP == 3) {
-        auto kern = k_gemm_tc_wg<3, WF, TC_PLAIN, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    } else if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_wg<NP, WF, TC_SWIGLU, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_wg<NP, WF, TC_GEGLU, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    } else {
-        auto kern = k_gemm_tc_wg<NP, WF, TC_PLAIN, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    }
-}
-
 template <int NP, int WF> static void tc_wg_groups(cudaStream_t s, const tc_args &a, int epi)
 {
-    if (a.wg == 4)
-        tc_wg_launch<NP, WF, 4>(s, a, epi);
-    else if (a.wg == 2)
-        tc_wg_launch<NP, WF, 2>(s, a, epi);
-    else
-        tc_wg_launch<NP, WF, 1>(s, a, epi);
+    static_assert(NP != 3 || WF == TC_WF_BF16, "the LM head's pieces: a bf16 table, no epilogue");
+    tc_wg_instance<NP>(a.wg, epi, [&](auto wgs, auto e) {
+        auto kern = k_gemm_tc_wg<NP, WF, decltype(e)::value, decltype(wgs)::value>;
+        RD_LAUNCH(kern, tc_wg_grid(a, wgs), dim3(128 * wgs), (size_t)2 * 2 * NP * TC_WG_BLOCK, s, a);
+    });
 }
 
 void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi)

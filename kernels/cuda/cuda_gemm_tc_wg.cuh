@@ -5,6 +5,8 @@
 #ifndef RD_CUDA_GEMM_TC_WG_CUH
 #define RD_CUDA_GEMM_TC_WG_CUH
 
+#include <type_traits>
+
 #include "kernels/cuda/cuda_gemm_tc.cuh"
 
 namespace RD_NS {
@@ -87,22 +89,8 @@ RD_UNROLL
 
 // Keeps the MMAs' A fragments and descriptors live until their wait: else the compiler may define other
 // values in their registers while the MMAs still read them, and ptxas then serializes the MMAs.
-template <int NP> RD_DEV void tc_wg_keep(const uint32_t (&fa)[2][4], const uint64_t (&desc)[2][NP])
-{
-#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
-RD_UNROLL
-    for (int s2 = 0; s2 < 2; s2++) {
-        asm volatile("" ::"r"(fa[s2][0]), "r"(fa[s2][1]), "r"(fa[s2][2]), "r"(fa[s2][3]) : "memory");
-RD_UNROLL
-        for (int p = 0; p < NP; p++)
-            asm volatile("" ::"l"(desc[s2][p]) : "memory");
-    }
-#else
-    (void)fa, (void)desc;
-#endif
-}
-
-// The same for A's fragments alone.
+// Keeps the MMAs' A fragments live until their wait: else the compiler may define other values in their
+// registers while the MMAs still read them, and ptxas then serializes the MMAs.
 RD_DEV void tc_wg_keep_a(const uint32_t (&fa)[2][4])
 {
 #if TC_WG_HAVE && !defined(RD_CUDA_EMU)
@@ -111,6 +99,21 @@ RD_UNROLL
         asm volatile("" ::"r"(fa[s2][0]), "r"(fa[s2][1]), "r"(fa[s2][2]), "r"(fa[s2][3]) : "memory");
 #else
     (void)fa;
+#endif
+}
+
+// The same for the fragments and the B descriptors of a chunk's MMAs.
+template <int NP> RD_DEV void tc_wg_keep(const uint32_t (&fa)[2][4], const uint64_t (&desc)[2][NP])
+{
+    tc_wg_keep_a(fa);
+#if TC_WG_HAVE && !defined(RD_CUDA_EMU)
+RD_UNROLL
+    for (int s2 = 0; s2 < 2; s2++)
+RD_UNROLL
+        for (int p = 0; p < NP; p++)
+            asm volatile("" ::"l"(desc[s2][p]) : "memory");
+#else
+    (void)desc;
 #endif
 }
 
@@ -167,6 +170,34 @@ RD_UNROLL
 #ifdef RD_CUDA_EMU
     cuemu::smem_async_write(); // (stores the tensor cores read: fenced before the barrier, checked)
 #endif
+}
+
+// The instance a call takes: f(WGS, EPI), both std::integral_constant, for a.wg warpgroups a CTA and the
+// epilogue epi (NP 3, the LM head's pieces: plain). Both forms' launchers pick their kernel through it.
+template <int NP, class F> static void tc_wg_instance(int wg, int epi, F &&f)
+{
+    auto by_epi = [&](auto wgs) {
+        if constexpr (NP == 3)
+            f(wgs, std::integral_constant<int, TC_PLAIN>());
+        else if (epi == TC_SWIGLU)
+            f(wgs, std::integral_constant<int, TC_SWIGLU>());
+        else if (epi == TC_GEGLU)
+            f(wgs, std::integral_constant<int, TC_GEGLU>());
+        else
+            f(wgs, std::integral_constant<int, TC_PLAIN>());
+    };
+    if (wg == 4)
+        by_epi(std::integral_constant<int, 4>());
+    else if (wg == 2)
+        by_epi(std::integral_constant<int, 2>());
+    else
+        by_epi(std::integral_constant<int, 1>());
+}
+
+// A CTA's grid: 64 WGS weight rows (gated: 32 WGS features' gate and up rows) by TC_WG_BN batch rows.
+static inline dim3 tc_wg_grid(const tc_args &a, int wgs)
+{
+    return tc_tile_grid(a, (a.out + 64 * wgs - 1) / (64 * wgs), (a.m + TC_WG_BN - 1) / TC_WG_BN);
 }
 
 // tot[4 j + i]: weight row (A) g + 8 (i / 2) of the warp's 16 (wr0, wr1), batch row r0 + 8 j + 2 t + i % 2.

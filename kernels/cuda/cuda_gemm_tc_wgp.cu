@@ -20,6 +20,7 @@
 namespace RD_NS {
 
 #define TC_WGP_BSTAGES 3 // B stages: chunk ci's read by the MMA in flight, ci - 1's maybe, ci + 1's being written
+#define TC_WGP_SMEM_MAX (227 * 1024) // dynamic shared memory a CTA may opt into (H100, H200)
 
 // A thread's 16-byte slots in one ring stage: its weight rows g and g + 8 (FP8: codes in the first 8 bytes), FP8's
 // scale words (rows g and g + 8 at bytes 0 and 4), then 2 per x unit.
@@ -117,8 +118,8 @@ RD_UNROLL
     tc_wg_hold(pc);
     int rs = 0, bs = 0; // chunk ci's ring stage and B stage
     // Chunk ci: its MMA (fragments fc), then chunk ci + 1's operands (into fn, whose MMA, chunk ci - 1's, has
-    // run by then) while it runs. No branch and no access to pc in here: ptxas makes a step wait for the MMA in
-    // flight at either.
+    // run by then) while it runs. No access to pc in here, and no branch that joins values of pc: ptxas makes a
+    // step wait for the MMA in flight at either.
     auto step = [&](int32_t ci, uint32_t(&fc)[2][4], uint32_t(&fn)[2][4]) {
         const int rn = rs + 1 == S ? 0 : rs + 1, bn = bs + 1 == TC_WGP_BSTAGES ? 0 : bs + 1;
         // the refill: chunk ci + S - 1 into the ring stage of chunk ci - 1 (read in step ci - 2)
@@ -165,11 +166,10 @@ RD_UNROLL
 }
 
 // Whether the pipelined form takes a call that tc_wg_fits: sub-pieces of an even count of chunks (chunks taken in
-// pairs), FP8's
-// scale rows in whole words and codes 8-byte aligned, and its shared memory within a CTA's 227 KB.
+// pairs), FP8's scale rows in whole words and codes 8-byte aligned, and its shared memory within a CTA's limit.
 template <int NP, int WF, int WGS> static bool tc_wgp_fits(const tc_args &a)
 {
-    if (a.stages < 2 || a.stages == 5 || a.stages > 6 || a.kp % 64 || tc_wgp_smem<NP, WF, WGS>(a.stages) > 227 * 1024)
+    if (a.stages < 2 || a.stages == 5 || a.stages > 6 || a.kp % 64 || tc_wgp_smem<NP, WF, WGS>(a.stages) > TC_WGP_SMEM_MAX)
         return false;
     if constexpr (WF == TC_WF_FP8)
         return a.in / 32 % 4 == 0 && (uintptr_t)a.f8s % 4 == 0 && (uintptr_t)a.f8 % 8 == 0;
@@ -179,7 +179,7 @@ template <int NP, int WF, int WGS> static bool tc_wgp_fits(const tc_args &a)
 template <int NP, int WF, int EPI, int WGS> static cudaError_t tc_wgp_setup(int stages)
 {
     const size_t bytes = tc_wgp_smem<NP, WF, WGS>(stages);
-    if (bytes > 227 * 1024)
+    if (bytes > TC_WGP_SMEM_MAX)
         return cudaSuccess; // (never launched: tc_wgp_fits)
     return cudaFuncSetAttribute(k_gemm_tc_wgp<NP, WF, EPI, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
@@ -219,36 +219,19 @@ cudaError_t gemm_tc_wgp_setup(int stages)
     return cudaSuccess;
 }
 
-template <int NP, int WF, int WGS> static bool tc_wgp_launch(cudaStream_t s, const tc_args &a, int epi)
-{
-    if (!tc_wgp_fits<NP, WF, WGS>(a))
-        return false;
-    const dim3 grid = tc_tile_grid(a, (a.out + 64 * WGS - 1) / (64 * WGS), (a.m + TC_WG_BN - 1) / TC_WG_BN);
-    const dim3 block(128 * WGS);
-    const size_t smem = tc_wgp_smem<NP, WF, WGS>(a.stages); // (opted in by gemm_tc_wgp_setup)
-    if constexpr (NP == 3) {
-        auto kern = k_gemm_tc_wgp<3, WF, TC_PLAIN, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    } else if (epi == TC_SWIGLU) {
-        auto kern = k_gemm_tc_wgp<NP, WF, TC_SWIGLU, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    } else if (epi == TC_GEGLU) {
-        auto kern = k_gemm_tc_wgp<NP, WF, TC_GEGLU, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    } else {
-        auto kern = k_gemm_tc_wgp<NP, WF, TC_PLAIN, WGS>;
-        RD_LAUNCH(kern, grid, block, smem, s, a);
-    }
-    return true;
-}
-
 template <int NP, int WF> static bool tc_wgp_groups(cudaStream_t s, const tc_args &a, int epi)
 {
-    if (a.wg == 4)
-        return tc_wgp_launch<NP, WF, 4>(s, a, epi);
-    if (a.wg == 2)
-        return tc_wgp_launch<NP, WF, 2>(s, a, epi);
-    return tc_wgp_launch<NP, WF, 1>(s, a, epi);
+    bool took = false;
+    tc_wg_instance<NP>(a.wg, epi, [&](auto wgs, auto e) {
+        constexpr int WGS = decltype(wgs)::value;
+        if (!tc_wgp_fits<NP, WF, WGS>(a))
+            return;
+        auto kern = k_gemm_tc_wgp<NP, WF, decltype(e)::value, WGS>;
+        const size_t smem = tc_wgp_smem<NP, WF, WGS>(a.stages); // (opted into by gemm_tc_wgp_setup)
+        RD_LAUNCH(kern, tc_wg_grid(a, WGS), dim3(128 * WGS), smem, s, a);
+        took = true;
+    });
+    return took;
 }
 
 bool gemm_tc_wgp(cudaStream_t s, const tc_args &a, int pieces, int epi)
