@@ -8,7 +8,8 @@ document is recognised by its fields: bench (decode against the roofline), gemm 
 shape, rows and variant), attn (attention at long context), copybw, info, parity, invariance. The
 profile stages' logs (ncu --print-summary per-kernel) give the per-kernel GPU times. Written: one JSON
 document (the GPU, the copy bandwidth, every row, the stages' statuses) and markdown tables for
-docs/PERF.md, also printed. Python 3 standard library only: the device machine has nothing else.
+docs/PERF.md, also printed: issue 48's targets judged, then the defaults the run settles (each default set
+before a device could time it, against its alternative, with a verdict). Python 3 standard library only: the device machine has nothing else.
 Exit 0, or 2 on bad arguments; a stage JSON that does not parse is reported in the document's
 "unreadable" list and skipped. A gemm, moe or bench document with "complete": false is the snapshot a stage
 left when its timeout or a fault ended it (written after each variant or batch): its rows are used, and the
@@ -305,6 +306,211 @@ def targets(res):
     return t
 
 
+# The defaults that were set (or left off) without a device's numbers, each with the stages and variants that time
+# it against its alternative, the rule from the session that built it, and what to change where it loses. A
+# point is (label, the default's time, the alternative's time, the (stage, variant) pairs behind it): lower is
+# better. Rules: "all" (change when the
+# alternative is faster at every point by more than MARGIN), "any" (change when it is faster at any point by
+# more than MARGIN), "noslower" (change when it is nowhere slower by more than MARGIN), "report" (no verdict:
+# a trade-off the numbers alone do not settle). A gate names stages that must have passed (a check of the
+# alternative); a failed gate keeps the default whatever the times say.
+MARGIN = 0.02
+
+
+def _bench_pts(res, st_def, st_alt, field="step_ms"):
+    def per(stage):
+        return {b["batch"]: b[field] for b in res["bench"] if b["stage"] == stage and b.get(field) is not None}
+    a, b = per(st_def), per(st_alt)
+    return [(f"{st_alt} b{k}", a[k], b[k], ()) for k in sorted(a) if k in b]
+
+
+def _variant_pts(res, key, stage, pairs, rows):
+    """(default variant, alternative variant) pairs of a gemm or moe stage: at each rows, the summed time over the
+    shapes both have."""
+    pts = []
+    for vd, va in pairs:
+        for r in rows:
+            def per(v):
+                return {g["shape"]: g["us"] for g in res.get(key, []) if g["stage"] == stage and g["variant"] == v
+                        and g["rows"] == r and g["us"] is not None}
+            a, b = per(vd), per(va)
+            common = [s for s in a if s in b]
+            if common:
+                pts.append((f"{va} r{r}", sum(a[s] for s in common), sum(b[s] for s in common),
+                            ((stage, vd), (stage, va))))
+    return pts
+
+
+def _best_variant(res, stage, vd, alts, rows, at):
+    """The alternative that is fastest at `at` rows (over the shapes it shares with vd), against vd at every rows."""
+    times = {va: p[0][2] for va in alts for p in [_variant_pts(res, "gemm", stage, [(vd, va)], (at,))] if p}
+    best = min(times, key=times.get, default=None)
+    return _variant_pts(res, "gemm", stage, [(vd, best)], rows) if best else []
+
+
+def _keyed_pts(res, key, st_def, st_alt, ident, value):
+    def per(stage):
+        return {ident(x): value(x) for x in res.get(key, []) if x["stage"] == stage and value(x) is not None}
+    a, b = per(st_def), per(st_alt)
+    return [(f"{st_alt} {k}", a[k], b[k], ()) for k in a if k in b]
+
+
+def points(res, src):
+    """A source's points: ("bench", default stage, alternative stage[, field]); ("gemm" or "moe", stage, [(default
+    variant, alternative variant)], rows); ("best", stage, default variant, [alternatives], rows, the rows that
+    pick the fastest); ("attn" / "sampler" / "lora", default stage, alternative stage)."""
+    k = src[0]
+    if k == "bench":
+        return _bench_pts(res, *src[1:])
+    if k in ("gemm", "moe"):
+        return _variant_pts(res, k, *src[1:])
+    if k == "best":
+        return _best_variant(res, *src[1:])
+    if k == "attn":
+        return _keyed_pts(res, "attention", src[1], src[2], lambda a: f"{a['shape']} ctx {a['ctx']} b{a['batch']}",
+                          lambda a: a["us"])
+    if k == "sampler":
+        return _keyed_pts(res, "sampler", src[1], src[2], lambda x: x["rule"], lambda x: x["ms_per_call"])
+    if k == "lora":  # adapter rows only; tokens/s as seconds a token
+        return _keyed_pts(res, "lora", src[1], src[2], lambda x: f"b{x['batch']} {x['adapters']} adapters",
+                          lambda x: 1.0 / x["tokens_per_s"] if x["tokens_per_s"] and x["adapters"] else None)
+    raise ValueError(f"unknown source {src}")
+
+
+TILE_ROWS = (128, 256, 512)
+DEFAULTS = [
+    {"setting": "RD_CUDA_GEMM (bf16 linears)", "now": "cuBLASLt", "alt": "tc",
+     "sources": [("bench", "bench-1b", "bench-1b-tc"), ("bench", "bench-qwen3-8b", "bench-qwen3-8b-tc"),
+                 ("bench", "bench-qwen3-1.7b", "bench-qwen3-1.7b-tc")],
+     "gate": ["unit-tc-cuda", "parity-tc", "invariance-tc"], "rule": "all",
+     "change": "cuda_backend.cu create(): gemm_tc on by default; the kernel-count tests follow"},
+    {"setting": "RD_CUDA_TC_TILE", "now": "64", "alt": "128",
+     "sources": [("gemm", "gemm-1b", [("tc", "tc+RD_CUDA_TC_TILE=128"), ("tcbf16", "tcbf16+RD_CUDA_TC_TILE=128"),
+                                      ("w8a8", "w8a8+RD_CUDA_TC_TILE=128")], TILE_ROWS)],
+     "gate": [], "rule": "all", "change": "create(): tc_tile 128 by default"},
+    {"setting": "RD_CUDA_TC_BIG_ROWS (the tile kernel from 128 rows)", "now": "128", "alt": "0 (split-K kernel only)",
+     "sources": [("gemm", "gemm-1b", [("tc", "tc+RD_CUDA_TC_BIG_ROWS=0")], TILE_ROWS)],
+     "gate": [], "rule": "all", "change": "create(): tc_big_rows past the rows where the split-K kernel wins"},
+    {"setting": "RD_CUDA_TC_PIPE (tile kernel loads)", "now": "4 cp.async stages", "alt": "0 (registers)",
+     "sources": [("gemm", "gemm-1b-pipe", [("tc", "tc+RD_CUDA_TC_PIPE=0"), ("tcbf16", "tcbf16+RD_CUDA_TC_PIPE=0"),
+                                           ("fp8tc", "fp8tc+RD_CUDA_TC_PIPE=0"), ("w8a8", "w8a8+RD_CUDA_TC_PIPE=0")],
+                  TILE_ROWS),
+                 ("gemm", "gemm-1b-q8", [("q8tc", "q8tc+RD_CUDA_TC_PIPE=0"), ("q8w8a8", "q8w8a8+RD_CUDA_TC_PIPE=0")],
+                  TILE_ROWS)],
+     "gate": [], "rule": "all", "change": "create(): tc_stages 0 by default"},
+    {"setting": "RD_CUDA_TC_PIPE depth", "now": "4", "alt": "6",
+     "sources": [("gemm", "gemm-1b-pipe", [("tc", "tc+RD_CUDA_TC_PIPE=6")], TILE_ROWS)],
+     "gate": [], "rule": "all", "change": "create(): tc_stages 6 by default"},
+    {"setting": "RD_CUDA_TC_ORDER (tile grid)", "now": "batch tiles fastest", "alt": "weight",
+     "sources": [("gemm", "gemm-1b-pipe", [("tc", "tc+RD_CUDA_TC_ORDER=weight"),
+                                           ("tcbf16", "tcbf16+RD_CUDA_TC_ORDER=weight")], TILE_ROWS),
+                 ("gemm", "gemm-1b-wg", [("tcbf16+RD_CUDA_TC_WG=auto",
+                                          "tcbf16+RD_CUDA_TC_WG=auto+RD_CUDA_TC_ORDER=weight")], TILE_ROWS)],
+     "gate": [], "rule": "any", "change": "create(): tc_wmajor 1 by default (the order before session 39)"},
+    {"setting": "RD_CUDA_TC_WG (wgmma tile kernel on Hopper)", "now": "0 (mma.sync tiles)",
+     "alt": "the fastest of 1/2/4/auto at 256 rows",
+     "sources": [("best", "gemm-1b-wg", "tc", [f"tc+RD_CUDA_TC_WG={w}" for w in ("1", "2", "4", "auto")], TILE_ROWS,
+                  256),
+                 ("best", "gemm-1b-wg", "tcbf16", [f"tcbf16+RD_CUDA_TC_WG={w}" for w in ("1", "4", "auto")], TILE_ROWS,
+                  256),
+                 ("gemm", "gemm-1b-wg", [("fp8tc", "fp8tc+RD_CUDA_TC_WG=auto")], TILE_ROWS),
+                 ("bench", "bench-1b-tc", "bench-1b-tc-wg")],
+     "gate": ["unit-tc-wg-cuda", "unit-tc-wgp-cuda", "gemm-1b-wg"], "rule": "all",
+     "change": "create(): tc_wg = the fastest setting on compute capability 9.0"},
+    {"setting": "wgmma tile kernel's form", "now": "pipelined (cp.async ring)", "alt": "registers (RD_CUDA_TC_PIPE=0)",
+     "sources": [("gemm", "gemm-1b-wg", [("tc+RD_CUDA_TC_WG=1", "tc+RD_CUDA_TC_WG=1+RD_CUDA_TC_PIPE=0"),
+                                         ("tcbf16+RD_CUDA_TC_WG=auto", "tcbf16+RD_CUDA_TC_WG=auto+RD_CUDA_TC_PIPE=0"),
+                                         ("fp8tc+RD_CUDA_TC_WG=auto", "fp8tc+RD_CUDA_TC_WG=auto+RD_CUDA_TC_PIPE=0")],
+                  TILE_ROWS)],
+     "gate": ["unit-tc-wgp-cuda"], "rule": "all",
+     "change": "create(): the register form with RD_CUDA_TC_WG (no gemm_tc_wgp_setup)"},
+    {"setting": "wgmma pipelined form's depth", "now": "4", "alt": "6",
+     "sources": [("gemm", "gemm-1b-wg", [("tcbf16+RD_CUDA_TC_WG=auto", "tcbf16+RD_CUDA_TC_WG=auto+RD_CUDA_TC_PIPE=6")],
+                  TILE_ROWS)],
+     "gate": [], "rule": "all", "change": "create(): 6 stages for the wgmma kernel only"},
+    {"setting": "RD_CUDA_PDL", "now": "off", "alt": "on", "sources": [("bench", "bench-1b-tc", "bench-1b-tc-pdl")],
+     "gate": ["invariance-tc-pdl"], "rule": "all", "change": "create(): rd_pdl on by default"},
+    {"setting": "RD_CUDA_NORM_ROWS (RMSNorm as the GEMM's prologue)", "now": "8", "alt": "0",
+     "sources": [("bench", "bench-1b-tc", "bench-1b-tc-norm0")],
+     "gate": [], "rule": "all", "change": "create(): tc_norm_rows 0 (or the rows where the prologue still wins)"},
+    {"setting": "RD_CUDA_NORM_V0 (k_rmsnorm)", "now": "register form", "alt": "loop form",
+     "sources": [("bench", "bench-1b", "bench-1b-normv0")],
+     "gate": [], "rule": "all", "change": "create(): norm_v0 on by default"},
+    {"setting": "RD_CUDA_SAMPLE (device sampler)", "now": "tiled", "alt": "cta",
+     "sources": [("bench", "bench-1b-tc-fsync", "bench-1b-tc-samp0", "sample_ms"), ("sampler", "sampler", "sampler-cta")],
+     "gate": ["sampler-cta"], "rule": "all", "change": "create(): sample_cta on by default (or per rule where it wins)"},
+    {"setting": "RD_FORWARD_SYNC (engine)", "now": "sampler queued behind the forward", "alt": "host waits",
+     "sources": [("bench", "bench-1b-tc", "bench-1b-tc-fsync")],
+     "gate": [], "rule": "all", "change": "engine.c: forward_sync on by default"},
+    {"setting": "RD_CUDA_ATTN_V0 (attention schedule)", "now": "4 CTAs an SM, keys loaded 4/8 at once", "alt": "v0",
+     "sources": [("attn", "attn", "attn-v0")], "gate": [], "rule": "all", "change": "create(): attn_v0 on by default"},
+    {"setting": "RD_CUDA_TC_HNORM (q/k norms in the QKV GEMM's epilogue)", "now": "on", "alt": "0",
+     "sources": [("bench", "bench-qwen3-1.7b-tc", "bench-qwen3-1.7b-tc-nohnorm")],
+     "gate": [], "rule": "all", "change": "create(): tc_hnorm off by default"},
+    {"setting": "RD_CUDA_TC_ROUTE (MoE routing in the router GEMM)", "now": "on", "alt": "0",
+     "sources": [("bench", "bench-moe-gemmtc", "bench-moe-gemmtc-noroute")],
+     "gate": [], "rule": "all", "change": "create(): tc_route off by default"},
+    {"setting": "RD_CUDA_TC_NORMADD (Gemma 3's post-norms)", "now": "on", "alt": "0",
+     "sources": [("bench", "bench-gemma3-tc", "bench-gemma3-tc-normadd0")],
+     "gate": [], "rule": "all", "change": "create(): tc_normadd off by default"},
+    {"setting": "RD_CUDA_TC_LORA (LoRA terms in the GEMM epilogue)", "now": "on", "alt": "0",
+     "sources": [("lora", "lora-tc", "lora-tc-unfused")], "gate": [], "rule": "all",
+     "change": "create(): tc_lora off by default"},
+    {"setting": "MoE small-batch fusions (CUDA-core experts)", "now": "on", "alt": "nofuse",
+     "sources": [("moe", "moe-30b", [("default", "nofuse")], (1, 8))],
+     "gate": [], "rule": "all", "change": "cuda_internal.h: lower MOE_SORT_ROUTES"},
+    {"setting": "MoE fusions (tensor-core experts)", "now": "on", "alt": "nofuse",
+     "sources": [("moe", "moe-30b", [("moetc", "moetc+nofuse")], (1, 8))],
+     "gate": [], "rule": "all", "change": "cuda_moe_tc.cu: the fused combine off at small batches"},
+    {"setting": "RD_CUDA_MOE (experts)", "now": "CUDA cores", "alt": "tc",
+     "sources": [("bench", "bench-moe-gemmtc", "bench-moe-tc"), ("moe", "moe-30b", [("default", "moetc")],
+                                                                 (1, 8, 64, 256, 512))],
+     "gate": ["unit-moe-cuda"], "rule": "all", "change": "create(): moe_tc on by default"},
+    {"setting": "RD_CUDA_FP8 (FP8 weights)", "now": "CUDA cores (k_gemm_fp8)", "alt": "tc",
+     "sources": [("bench", "bench-1b-fp8", "bench-1b-fp8tc")],
+     "gate": ["invariance-fp8tc"], "rule": "all", "change": "create(): fp8_tc on by default"},
+    {"setting": "RD_CUDA_Q8 (Q8_0 files)", "now": "dequantized to bf16", "alt": "tc (held as Q8_0)",
+     "sources": [("bench", "bench-1b-tc", "bench-1b-q8tc")],
+     "gate": ["invariance-q8tc"], "rule": "noslower",
+     "change": "create(): q8_tc on by default (half the weight memory where it is no slower)"},
+    {"setting": "RD_CUDA_ACT (activation split)", "now": "split (hi + lo)", "alt": "bf16",
+     "sources": [("gemm", "gemm-1b", [("tc", "tcbf16"), ("default", "bf16act")], (1, 32, 256))],
+     "gate": [], "rule": "report",
+     "change": "a numerics choice: weigh the speed against parity's bf16/mixed mismatch before changing it"},
+]
+
+
+def settle(d, res):
+    """One default's verdict: the points, the alternative's time over the default's at each, the verdict. A
+    variant behind a point that broke batch invariance fails the gate as a failed check stage does."""
+    pts = [p for src in d["sources"] for p in points(res, src) if p[1] and p[2] is not None]
+    ratios = [(lbl, round(alt / now, 3)) for lbl, now, alt, _ in pts]
+    status = {s["stage"]: s.get("status") for s in res.get("stages", [])}
+    bad_inv = {(g["stage"], g["variant"]) for g in res.get("gemm_invariance", []) if g["invariant"] is False}
+    failed = [g for g in d["gate"] if status.get(g) in ("FAIL", "TIMEOUT")]
+    failed += sorted({f"{st}:{v}" for p in pts for st, v in p[3] if (st, v) in bad_inv})
+    wins = [x < 1 - MARGIN for _, x in ratios]
+    losses = [x > 1 + MARGIN for _, x in ratios]
+    if not ratios:
+        verdict = "not measured"
+    elif d["rule"] == "report":
+        verdict = "report"
+    elif failed:
+        verdict = "keep (failed: " + ", ".join(failed) + ")"
+    elif d["rule"] == "all":
+        verdict = "change" if all(wins) else ("keep" if not any(wins) else "mixed")
+    elif d["rule"] == "any":
+        verdict = "change" if any(wins) else "keep"
+    else:  # noslower
+        verdict = "change" if not any(losses) else ("keep" if not any(wins) else "mixed")
+    return {"setting": d["setting"], "now": d["now"], "alt": d["alt"], "rule": d["rule"], "ratios": ratios,
+            "verdict": verdict, "change": d["change"]}
+
+
+def defaults(res):
+    return [settle(d, res) for d in DEFAULTS]
+
+
 def fmt(x, nd=2):
     return "" if x is None else f"{x:.{nd}f}"
 
@@ -345,6 +551,17 @@ def markdown(res):
             met = "not measured" if x["met"] is None else ("yes" if x["met"] else "NO")
             lines.append(f"| {x['target']} | {'' if x['value'] is None else x['value']} | {x['bound']} | {met} | "
                          f"{x['note']} |")
+        lines.append("")
+    if res.get("defaults"):
+        lines.append(f"**Defaults the run settles** (time with the alternative / with the default, per point; "
+                     f"\"change\" where the rule says the alternative wins by more than {MARGIN:.0%})")
+        lines.append("")
+        lines.append("| setting | default | alternative | rule | alternative / default | verdict | if changed |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for x in res["defaults"]:
+            rs = ", ".join(f"{lbl} {v:.2f}" for lbl, v in x["ratios"])
+            lines.append(f"| {x['setting']} | {x['now']} | {x['alt']} | {x['rule']} | {rs} | {x['verdict']} | "
+                         f"{x['change'] if x['verdict'] in ('change', 'mixed') else ''} |")
         lines.append("")
     if res["bench"]:
         batches = sorted({b["batch"] for b in res["bench"] if b["batch"] is not None})
@@ -466,6 +683,7 @@ def main(argv=None):
     summary = load(a.summary) if a.summary else None
     res = assemble(a.logs, summary)
     res["targets"] = targets(res)
+    res["defaults"] = defaults(res)
     md = markdown(res)
     if a.json:
         with open(a.json, "w") as f:

@@ -552,5 +552,139 @@ def gpu_results_judges_the_targets():
     assert t["every device check passes, batch invariance on every variant"]["note"] == "unit-tc-cuda"
 
 
+
+@case
+def gpu_results_settles_the_defaults():
+    """The defaults set without a device's numbers, each judged from rows made by hand: the alternative's time over
+    the default's per point, "change" only past the 2% margin and by the default's rule, a failed check or a
+    variant that broke batch invariance keeping the default, and no rows read as not measured."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gpu_results
+    def bench(stage, batch, ms, sample=None):
+        return {"stage": stage, "batch": batch, "step_ms": ms, "sample_ms": sample}
+    def g(stage, variant, rows, us, shape="o"):
+        return {"stage": stage, "variant": variant, "rows": rows, "us": us, "shape": shape}
+    res = {"bench": [bench("bench-1b", 1, 2.0), bench("bench-1b", 256, 9.0), bench("bench-1b-tc", 1, 0.8),
+                     bench("bench-1b-tc", 256, 6.0), bench("bench-1b-tc", 8, 1.0),  # batch 8 only in one: no point
+                     bench("bench-1b-tc-pdl", 1, 0.79), bench("bench-1b-q8tc", 1, 0.808)],
+           "gemm": [g("gemm-1b-pipe", "tc", 256, 10.0), g("gemm-1b-pipe", "tc+RD_CUDA_TC_PIPE=0", 256, 12.0),
+                    g("gemm-1b-pipe", "tc", 512, 20.0), g("gemm-1b-pipe", "tc+RD_CUDA_TC_ORDER=weight", 512, 18.0),
+                    g("gemm-1b-pipe", "tc+RD_CUDA_TC_ORDER=weight", 256, 10.5),
+                    # the tile side: faster at 256, slower at 128; its 512 rows lack a shape the default has
+                    g("gemm-1b", "tc", 128, 5.0), g("gemm-1b", "tc+RD_CUDA_TC_TILE=128", 128, 6.0),
+                    g("gemm-1b", "tc", 256, 10.0), g("gemm-1b", "tc+RD_CUDA_TC_TILE=128", 256, 8.0),
+                    g("gemm-1b", "tc", 512, 20.0), g("gemm-1b", "tc", 512, 30.0, "down"),
+                    g("gemm-1b", "tc+RD_CUDA_TC_TILE=128", 512, 19.0),
+                    # wgmma: WG=4 the fastest at 256 rows, so it is the one judged at every rows
+                    g("gemm-1b-wg", "tc", 128, 6.0), g("gemm-1b-wg", "tc", 256, 10.0),
+                    g("gemm-1b-wg", "tc+RD_CUDA_TC_WG=1", 256, 9.0), g("gemm-1b-wg", "tc+RD_CUDA_TC_WG=4", 256, 7.0),
+                    g("gemm-1b-wg", "tc+RD_CUDA_TC_WG=4", 128, 5.0)],
+           "moe": [], "attention": [], "sampler": [], "lora": [],
+           "gemm_invariance": [], "stages": [{"stage": "unit-tc-cuda", "status": "PASS"}]}
+    d = {x["setting"].split(" (")[0]: x for x in gpu_results.defaults(res)}
+    assert len(d) == len(gpu_results.DEFAULTS)
+    gm = d["RD_CUDA_GEMM"]
+    assert gm["ratios"] == [("bench-1b-tc b1", 0.4), ("bench-1b-tc b256", round(6.0 / 9.0, 3))], gm
+    assert gm["verdict"] == "change" and "gemm_tc" in gm["change"], gm
+    assert d["RD_CUDA_TC_PIPE"]["verdict"] == "keep" and d["RD_CUDA_TC_PIPE"]["ratios"] == [("tc+RD_CUDA_TC_PIPE=0 r256", 1.2)]
+    # the order's rule is "any": weight-first 10% faster at 512 rows (and 5% slower at 256) is a change
+    assert d["RD_CUDA_TC_ORDER"]["verdict"] == "change", d["RD_CUDA_TC_ORDER"]
+    # the tile: 1.2 at 128, 0.8 at 256, and at 512 only the shape both have (19 / 20)
+    assert d["RD_CUDA_TC_TILE"]["ratios"] == [("tc+RD_CUDA_TC_TILE=128 r128", 1.2), ("tc+RD_CUDA_TC_TILE=128 r256", 0.8),
+                                              ("tc+RD_CUDA_TC_TILE=128 r512", 0.95)], d["RD_CUDA_TC_TILE"]
+    assert d["RD_CUDA_TC_TILE"]["verdict"] == "mixed"
+    wg = d["RD_CUDA_TC_WG"]
+    assert wg["ratios"] == [("tc+RD_CUDA_TC_WG=4 r128", round(5 / 6, 3)), ("tc+RD_CUDA_TC_WG=4 r256", 0.7)], wg
+    assert wg["verdict"] == "change", wg
+    assert d["RD_CUDA_PDL"]["verdict"] == "keep", d["RD_CUDA_PDL"]  # 1.25% faster: inside the margin
+    assert d["RD_CUDA_Q8"]["verdict"] == "change", d["RD_CUDA_Q8"]  # 1% slower: "no slower" within the margin
+    assert d["RD_CUDA_ATTN_V0"]["verdict"] == "not measured" and d["RD_CUDA_ATTN_V0"]["ratios"] == []
+    # a check of the alternative that failed, and a variant that broke batch invariance, keep the default
+    res["stages"].append({"stage": "parity-tc", "status": "FAIL"})
+    res["gemm_invariance"].append({"stage": "gemm-1b-wg", "variant": "tc+RD_CUDA_TC_WG=4", "invariant": False})
+    d = {x["setting"].split(" (")[0]: x for x in gpu_results.defaults(res)}
+    assert d["RD_CUDA_GEMM"]["verdict"] == "keep (failed: parity-tc)", d["RD_CUDA_GEMM"]
+    assert d["RD_CUDA_TC_WG"]["verdict"] == "keep (failed: gemm-1b-wg:tc+RD_CUDA_TC_WG=4)", d["RD_CUDA_TC_WG"]
+    assert d["RD_CUDA_TC_PIPE"]["verdict"] == "keep"
+    # sampler rules, attention points and LoRA's adapter rows (tokens/s: higher is better)
+    res["sampler"] = [{"stage": "sampler", "rule": "T 1", "ms_per_call": 0.1}, {"stage": "sampler-cta", "rule": "T 1",
+                                                                                  "ms_per_call": 0.2}]
+    res["lora"] = [{"stage": "lora-tc", "batch": 8, "adapters": 2, "tokens_per_s": 800.0},
+                   {"stage": "lora-tc-unfused", "batch": 8, "adapters": 2, "tokens_per_s": 1000.0},
+                   {"stage": "lora-tc", "batch": 8, "adapters": 0, "tokens_per_s": 900.0},
+                   {"stage": "lora-tc-unfused", "batch": 8, "adapters": 0, "tokens_per_s": 100.0}]
+    d = {x["setting"].split(" (")[0]: x for x in gpu_results.defaults(res)}
+    assert d["RD_CUDA_SAMPLE"]["ratios"] == [("sampler-cta T 1", 2.0)] and d["RD_CUDA_SAMPLE"]["verdict"] == "keep"
+    assert d["RD_CUDA_TC_LORA"]["ratios"] == [("lora-tc-unfused b8 2 adapters", 0.8)], d["RD_CUDA_TC_LORA"]
+    assert d["RD_CUDA_TC_LORA"]["verdict"] == "change"
+    # the markdown table says what to change where the verdict asks for it
+    md = gpu_results.markdown({"defaults": gpu_results.defaults(res), "targets": [], "bench": [], "gemm": [],
+                               "attention": [], "checks": [], "ncu": []})
+    row = next(l for l in md.splitlines() if l.startswith("| RD_CUDA_TC_LORA"))
+    assert "| change | create(): tc_lora off by default |" in row, row
+    row = next(l for l in md.splitlines() if l.startswith("| RD_CUDA_PDL"))
+    assert row.endswith("| keep |  |"), row
+
+
+def sweep_stages():
+    """tests/gpu/run.sh's stages: name -> (the rollout-gpubench or lorabench command, its --variants, --rows and
+    --batches lists)."""
+    text = open(os.path.join(ROOT, "tests", "gpu", "run.sh")).read().replace("\\\n", " ")
+    stages = {}
+    for m in re.finditer(r"\brun ([a-z0-9.-]+) \d+ (.*)", text):
+        name, rest = m.group(1), m.group(2)
+        cmd = re.match(r'(?:"\$BENCH"|\S*rollout-gpubench|env \S+ "\$BENCH") (\w+)', rest)
+        cmd = cmd.group(1) if cmd else ("lora" if "rollout-lorabench" in rest else None)
+        def opt(flag):
+            o = re.search(flag + r" (\S+)", rest)
+            return o.group(1).split(",") if o else None
+        stages[name] = (cmd, opt("--variants"), opt("--rows"), opt("--batches"))
+    return stages
+
+
+@case
+def gpu_results_defaults_name_the_sweeps_stages():
+    """Every stage, variant, row count and batch that gpu_results' defaults table reads is one tests/gpu/run.sh
+    measures (a renamed stage or variant would leave its default "not measured" on the device run), and every
+    gate is a stage the sweep runs."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gpu_results
+    st = sweep_stages()
+    assert len(st) > 40 and st["gemm-1b-wg"][0] == "gemm" and "tc+RD_CUDA_TC_WG=4" in st["gemm-1b-wg"][1], st["gemm-1b-wg"]
+    default_batches = ["1", "8", "32", "128", "256"]  # rollout-gpubench bench without --batches
+    bad = []
+    for d in gpu_results.DEFAULTS:
+        for g in d["gate"]:
+            if g not in st:
+                bad.append((d["setting"], "gate", g))
+        for src in d["sources"]:
+            k = src[0]
+            if k == "bench":
+                a, b = (st.get(src[1]), st.get(src[2]))
+                if not a or not b or a[0] != "bench" or b[0] != "bench":
+                    bad.append((d["setting"], src))
+                elif not set(a[3] or default_batches) & set(b[3] or default_batches):
+                    bad.append((d["setting"], src, "no batch in common"))
+            elif k in ("gemm", "moe", "best"):
+                stage = src[1]
+                pairs = src[2] if k != "best" else [(src[2], v) for v in src[3]]
+                rows = src[3] if k != "best" else src[4]
+                s = st.get(stage)
+                if not s or s[0] != k.replace("best", "gemm"):
+                    bad.append((d["setting"], src))
+                    continue
+                for vd, va in pairs:
+                    for v in (vd, va):
+                        if v not in s[1]:
+                            bad.append((d["setting"], stage, v))
+                if not {str(r) for r in rows} <= set(s[2]):
+                    bad.append((d["setting"], stage, "rows", rows, s[2]))
+            else:
+                want = {"attn": "attn", "sampler": "sampler", "lora": "lora"}[k]
+                for stage in src[1:]:
+                    if st.get(stage, (None,))[0] != want:
+                        bad.append((d["setting"], stage))
+    assert not bad, bad
+
 if __name__ == "__main__":
     main()
