@@ -87,8 +87,6 @@ RD_UNROLL
 #endif
 }
 
-// Keeps the MMAs' A fragments and descriptors live until their wait: else the compiler may define other
-// values in their registers while the MMAs still read them, and ptxas then serializes the MMAs.
 // Keeps the MMAs' A fragments live until their wait: else the compiler may define other values in their
 // registers while the MMAs still read them, and ptxas then serializes the MMAs.
 RD_DEV void tc_wg_keep_a(const uint32_t (&fa)[2][4])
