@@ -1,5 +1,6 @@
 // cuda_gemm_tc.cu - the tensor-core GEMM's entry (launch_gemm_tc) and its
-// bf16-weight kernels, the LM head's included (cuda_gemm_tc.cuh has them).
+// bf16-weight kernels for x as one piece and the LM head's three
+// (cuda_gemm_tc.cuh has them; two pieces: cuda_gemm_tc_p2.cu).
 #include "kernels/cuda/cuda_gemm_tc.cuh"
 
 namespace RD_NS {
@@ -30,14 +31,14 @@ void gemm_tc_bf16(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pie
     if (pieces == 3)
         gemm_tc_pieces<3, TC_WF_BF16>(s, pl, a, TC_PLAIN);
     else if (pieces == 2)
-        gemm_tc_pieces<2, TC_WF_BF16>(s, pl, a, epi);
+        gemm_tc_bf16_p2(s, pl, a, epi);
     else
         gemm_tc_pieces<1, TC_WF_BF16>(s, pl, a, epi);
 }
 
 cudaError_t gemm_tc_setup(int stages)
 {
-    const cudaError_t e[] = {tcp_setup_all<1, TC_WF_BF16>(stages), tcp_setup_all<2, TC_WF_BF16>(stages),
+    const cudaError_t e[] = {tcp_setup_all<1, TC_WF_BF16>(stages), gemm_tc_setup_bf16_p2(stages),
                              tcp_setup_all<3, TC_WF_BF16>(stages), gemm_tc_setup_fp8(stages),
                              gemm_tc_setup_q8(stages), gemm_tc_setup_q80(stages)};
     for (cudaError_t x : e)

@@ -5,7 +5,10 @@
 // instantiates its own in its own file, so nvcc compiles them in parallel:
 // cuda_gemm_tc.cu (bf16 weights, the LM head, and launch_gemm_tc, which
 // picks the file), cuda_gemm_tc_fp8.cu (FP8 weights decoded to bf16),
-// cuda_gemm_tc_q8.cu (W8A8), cuda_gemm_tc_q80.cu (Q8_0), cuda_gemm_tc_i8.cu (Q8_0 W8A8).
+// cuda_gemm_tc_q8.cu (W8A8), cuda_gemm_tc_q80.cu (Q8_0), cuda_gemm_tc_i8.cu (Q8_0 W8A8);
+// the two-piece kernels (x as hi + lo) of bf16, FP8 and Q8_0 weights in a
+// file each beside them (cuda_gemm_tc_p2.cu, _fp8_p2.cu, _q80_p2.cu): nvcc's
+// longest file bounds the device's build, which runs in its time budget.
 //
 // Why its own kernel: cuBLASLt, asked for no split-K (batch invariance), runs
 // a batch-1 GEMM on a few CTAs (the 1B's down projection on 32 of 132 SMs,
@@ -1623,6 +1626,13 @@ cudaError_t gemm_tc_setup_i8(int stages);
 void gemm_tc_i8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q8(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 void gemm_tc_q80(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int pieces, int epi);
+// Their two-piece kernels, each format's in a file of its own.
+cudaError_t gemm_tc_setup_bf16_p2(int stages);
+cudaError_t gemm_tc_setup_fp8_p2(int stages);
+cudaError_t gemm_tc_setup_q80_p2(int stages);
+void gemm_tc_bf16_p2(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
+void gemm_tc_fp8_p2(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
+void gemm_tc_q80_p2(cudaStream_t s, const cuplan_tc &pl, const tc_args &a, int epi);
 // The wgmma tile kernel (cuda_gemm_tc_wg.cu, sm_90a): whether it takes a call, and the call.
 bool tc_wg_fits(const tc_args &a, int pieces, int epi);
 void gemm_tc_wg(cudaStream_t s, const tc_args &a, int pieces, int epi);
