@@ -228,7 +228,9 @@ fi
 # The targets the stages need (so a broken daemon elsewhere in the tree does
 # not stop the GPU checks); everything else is built at the end (build-all),
 # after the measurements. The dry run adds the tool on the emulated backend.
-CORE=(build/librollout.a build/librdcuda.so build/rollout-gpubench build/rollout-specbench build/rollout-lorabench build/tests/test_cuda_host
+# The CUDA library first: make -j starts its goals' jobs in order, and nvcc's
+# files are the build's longest jobs (about 50 s each here).
+CORE=(build/librdcuda.so build/librollout.a build/rollout-gpubench build/rollout-specbench build/rollout-lorabench build/tests/test_cuda_host
       build/tests/test_engine build/tests/test_spec build/tests/test_cuda_emu build/tests/test_lora_engine)
 [ "$DRY" = 0 ] || CORE+=(build/emutests/rollout-gpubench)
 if run build 300 make -j"$JOBS" "${MAKE_VARS[@]}" "${CORE[@]}"; then
