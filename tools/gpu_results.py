@@ -9,7 +9,8 @@ shape, rows and variant), attn (attention at long context), copybw, info, parity
 profile stages' logs (ncu --print-summary per-kernel) give the per-kernel GPU times. Written: one JSON
 document (the GPU, the copy bandwidth, every row, the stages' statuses) and markdown tables for
 docs/PERF.md, also printed: issue 48's targets judged, then the defaults the run settles (each default set
-before a device could time it, against its alternative, with a verdict). Python 3 standard library only: the device machine has nothing else.
+before a device could time it, against its alternative, with a verdict). Python 3 standard library only: the
+device machine has nothing else.
 Exit 0, or 2 on bad arguments; a stage JSON that does not parse is reported in the document's
 "unreadable" list and skipped. A gemm, moe or bench document with "complete": false is the snapshot a stage
 left when its timeout or a fault ended it (written after each variant or batch): its rows are used, and the
@@ -309,19 +310,11 @@ def targets(res):
 # The defaults that were set (or left off) without a device's numbers, each with the stages and variants that time
 # it against its alternative, the rule from the session that built it, and what to change where it loses. A
 # point is (label, the default's time, the alternative's time, the (stage, variant) pairs behind it): lower is
-# better. Rules: "all" (change when the
-# alternative is faster at every point by more than MARGIN), "any" (change when it is faster at any point by
-# more than MARGIN), "noslower" (change when it is nowhere slower by more than MARGIN), "report" (no verdict:
-# a trade-off the numbers alone do not settle). A gate names stages that must have passed (a check of the
+# better. Rules: "all" (change when the alternative is faster at every point by more than MARGIN), "any"
+# (change when it is faster at any point by more than MARGIN), "noslower" (change when it is nowhere slower by
+# more than MARGIN), "report" (no verdict: a trade-off the numbers alone do not settle). A gate names stages that must have passed (a check of the
 # alternative); a failed gate keeps the default whatever the times say.
 MARGIN = 0.02
-
-
-def _bench_pts(res, st_def, st_alt, field="step_ms"):
-    def per(stage):
-        return {b["batch"]: b[field] for b in res["bench"] if b["stage"] == stage and b.get(field) is not None}
-    a, b = per(st_def), per(st_alt)
-    return [(f"{st_alt} b{k}", a[k], b[k], ()) for k in sorted(a) if k in b]
 
 
 def _variant_pts(res, key, stage, pairs, rows):
@@ -361,7 +354,8 @@ def points(res, src):
     pick the fastest); ("attn" / "sampler" / "lora", default stage, alternative stage)."""
     k = src[0]
     if k == "bench":
-        return _bench_pts(res, *src[1:])
+        field = src[3] if len(src) > 3 else "step_ms"
+        return _keyed_pts(res, "bench", src[1], src[2], lambda b: f"b{b['batch']}", lambda b: b.get(field))
     if k in ("gemm", "moe"):
         return _variant_pts(res, k, *src[1:])
     if k == "best":
