@@ -300,7 +300,7 @@ def targets(res):
     a = max(att, key=lambda r: r["x_copy"], default=None)
     add("attention at 32k context: KV bytes / time, of copy bandwidth", a and a["x_copy"], ">= 0.7",
         a and a["x_copy"] >= 0.7, a and f"{a['stage']}: {a['shape']} batch {a['batch']}" or "")
-    failed = [s["stage"] for s in res.get("stages", []) if s.get("status") in ("FAIL", "TIMEOUT")]
+    failed = [s["stage"] for s in res.get("stages", []) if s.get("status") in ("FAIL", "TIMEOUT", "ERROR")]
     bad_inv = [g["variant"] for g in res["gemm_invariance"] if g["invariant"] is False]
     add("every device check passes, batch invariance on every variant", len(failed) + len(bad_inv), "0",
         not failed and not bad_inv, ", ".join(failed + bad_inv))
@@ -481,7 +481,7 @@ def settle(d, res):
     ratios = [(lbl, round(alt / now, 3)) for lbl, now, alt, _ in pts]
     status = {s["stage"]: s.get("status") for s in res.get("stages", [])}
     bad_inv = {(g["stage"], g["variant"]) for g in res.get("gemm_invariance", []) if g["invariant"] is False}
-    failed = [g for g in d["gate"] if status.get(g) in ("FAIL", "TIMEOUT")]
+    failed = [g for g in d["gate"] if status.get(g) in ("FAIL", "TIMEOUT", "ERROR")]
     failed += sorted({f"{st}:{v}" for p in pts for st, v in p[3] if (st, v) in bad_inv})
     wins = [x < 1 - MARGIN for _, x in ratios]
     losses = [x > 1 + MARGIN for _, x in ratios]

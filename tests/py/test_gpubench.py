@@ -550,6 +550,9 @@ def gpu_results_judges_the_targets():
     res["stages"].append({"stage": "unit-tc-cuda", "status": "FAIL"})
     t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}
     assert t["every device check passes, batch invariance on every variant"]["note"] == "unit-tc-cuda"
+    res["stages"][-1]["status"] = "ERROR"  # a crash, not a failed check
+    t = {x["target"].split(":")[0]: x for x in gpu_results.targets(res)}
+    assert t["every device check passes, batch invariance on every variant"]["met"] is False
 
 
 
@@ -606,6 +609,13 @@ def gpu_results_settles_the_defaults():
     assert d["RD_CUDA_GEMM"]["verdict"] == "keep (failed: parity-tc)", d["RD_CUDA_GEMM"]
     assert d["RD_CUDA_TC_WG"]["verdict"] == "keep (failed: gemm-1b-wg:tc+RD_CUDA_TC_WG=4)", d["RD_CUDA_TC_WG"]
     assert d["RD_CUDA_TC_PIPE"]["verdict"] == "keep"
+    # a check that crashed (run.sh's ERROR: an exit other than a failed check's) fails the gate too
+    res["stages"].append({"stage": "invariance-tc-pdl", "status": "ERROR"})
+    res["bench"].append(bench("bench-1b-tc-pdl", 256, 3.0))
+    d = {x["setting"].split(" (")[0]: x for x in gpu_results.defaults(res)}
+    assert d["RD_CUDA_PDL"]["verdict"] == "keep (failed: invariance-tc-pdl)", d["RD_CUDA_PDL"]
+    res["bench"].pop()
+    res["stages"].pop()
     # sampler rules, attention points and LoRA's adapter rows (tokens/s: higher is better)
     res["sampler"] = [{"stage": "sampler", "rule": "T 1", "ms_per_call": 0.1}, {"stage": "sampler-cta", "rule": "T 1",
                                                                                   "ms_per_call": 0.2}]
